@@ -1,0 +1,188 @@
+//! The `atou` command line.
+//!
+//! Exit codes: 0 success, 1 the transfer failed, 2 usage error.
+
+mod tuning_args;
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use atou::proto::{TimedEvent, TraceRecord};
+use atou::sim::{LinkSpec, Observer, Outcome, SimConfig, Simulation};
+use atou::summary::config_lines;
+use atou::units::parse_size;
+
+pub use tuning_args::TuningArgs;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "atou",
+    version,
+    about = "Reliable transfer over a tunable, instrumented TCP-like protocol on UDP",
+    long_about = "Reliable transfer over a tunable, instrumented TCP-like protocol on UDP, \
+                  after ORNL's atou (\"almost TCP over UDP\"). Every transport knob can be set \
+                  per run, and every run can be traced and replayed."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Simulate a transfer in virtual time over modelled links, reproducibly from a seed
+    Sim(SimArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Link SPECs use tc-netem words: rate RATE [OVERHEAD], limit PACKETS, \
+    delay TIME [JITTER], loss P | loss every N, duplicate P, reorder P [gap N], seed S. \
+    Rates are bits/s (kbit, mbit, gbit), probabilities 1% or 0.01.\n\n\
+    Example: atou sim --bytes 100MB --fwd 'rate 100mbit delay 50ms limit 1000 loss 1%' --rev 'delay 50ms'"
+)]
+struct SimArgs {
+    /// Forward (data) path, in tc-netem words
+    #[arg(long, value_name = "SPEC", default_value = "rate 100mbit delay 25ms limit 1000", value_parser = parse_spec)]
+    fwd: LinkSpec,
+    /// Return (ACK) path, in tc-netem words
+    #[arg(long, value_name = "SPEC", default_value = "delay 25ms", value_parser = parse_spec)]
+    rev: LinkSpec,
+    /// Bytes to transfer: 100MB (10^6), 64MiB or 64M (2^20); 0 runs until --maxtime/--maxpkts
+    #[arg(long, value_name = "SIZE", default_value = "10MiB", value_parser = parse_bytes)]
+    bytes: u64,
+    /// Seed for every random choice of the links: same seed, same run
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    seed: u64,
+    /// Write atou's packet trace to FILE (`time seg xmt`, `time ack rtt cwnd ssthresh ack`)
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Print atou's event lines (3duprxmit, timerxmit, packrxmit, badack, ...) on stderr
+    #[arg(long)]
+    events: bool,
+    /// Print the summary as JSON instead of atou's layout
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    tuning: TuningArgs,
+}
+
+fn parse_spec(s: &str) -> Result<LinkSpec, String> {
+    s.parse()
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    parse_size(s)
+}
+
+/// Writes events to stderr and trace lines to a file as the run goes.
+struct Output {
+    events: bool,
+    trace: Option<BufWriter<File>>,
+    trace_path: Option<PathBuf>,
+    error: Option<io::Error>,
+}
+
+impl Observer for Output {
+    fn on_event(&mut self, event: &TimedEvent) {
+        if self.events {
+            eprintln!("{event}");
+        }
+    }
+
+    fn on_trace(&mut self, record: &TraceRecord) {
+        if let (Some(w), None) = (self.trace.as_mut(), self.error.as_ref()) {
+            if let Err(e) = writeln!(w, "{record}") {
+                self.error = Some(e);
+            }
+        }
+    }
+}
+
+fn create_trace(path: &Path, header: &[String]) -> Result<BufWriter<File>> {
+    let file = File::create(path)
+        .with_context(|| format!("cannot create trace file {}", path.display()))?;
+    let mut w = BufWriter::new(file);
+    for line in header {
+        writeln!(w, "# {line}").with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(w)
+}
+
+fn sim(args: SimArgs) -> Result<ExitCode> {
+    let (tuning, notes) = args.tuning.resolve()?;
+    for note in notes {
+        eprintln!("atou: {note}");
+    }
+    let bytes = (args.bytes > 0).then_some(args.bytes);
+    let mut config = SimConfig::new(tuning.clone(), args.fwd, args.rev, bytes, args.seed);
+    config.trace = args.trace.is_some();
+
+    let mut header = vec![
+        "atou trace: `time seg xmt` per transmission, `time ack rtt cwnd ssthresh ack` per ACK"
+            .to_string(),
+        format!("atou {} sim seed {}", env!("CARGO_PKG_VERSION"), args.seed),
+        format!("fwd {}", config.fwd),
+        format!("rev {}", config.rev),
+        format!("bytes {}", args.bytes),
+    ];
+    header.extend(config_lines(&tuning));
+    let trace = match &args.trace {
+        Some(path) => Some(create_trace(path, &header)?),
+        None => None,
+    };
+    let mut out = Output {
+        events: args.events,
+        trace,
+        trace_path: args.trace.clone(),
+        error: None,
+    };
+    let result = Simulation::new(config)?.run(&mut out)?;
+    if let Some(mut w) = out.trace.take() {
+        let path = out.trace_path.as_deref().unwrap_or(Path::new("trace"));
+        if let Some(e) = out.error.take() {
+            return Err(e).with_context(|| format!("cannot write trace file {}", path.display()));
+        }
+        w.flush()
+            .with_context(|| format!("cannot write trace file {}", path.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&result.summary)?);
+    } else {
+        print!("{}", result.summary);
+    }
+    let intact = result
+        .summary
+        .sim
+        .as_ref()
+        .is_some_and(|s| s.first_error.is_none());
+    Ok(if result.outcome == Outcome::Finished && intact {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Sim(args) => sim(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("atou: {e:#}");
+            ExitCode::from(e.downcast_ref::<UsageError>().map_or(1, |_| 2))
+        }
+    }
+}
+
+/// A mistake in what the user asked for (exit status 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);

@@ -1,0 +1,230 @@
+//! atou's instrumentation: event lines and the packet trace.
+//!
+//! These are program output, not logs. Event lines keep atou's names and
+//! fields (atou Fig. 2) behind a time column; trace lines keep atou's format
+//! exactly (`time seg xmt`, `time ack rtt cwnd ssthresh ack`), so existing
+//! scripts such as atou's `probeall.pl` read them.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Why the sender entered loss recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecoveryTrigger {
+    /// `dup_thresh` duplicate ACKs.
+    DupAcks,
+    /// RFC 6675 IsLost: `dup_thresh` segments SACKed above the first hole.
+    SackLoss,
+    /// FACK: the forward-most SACK lies more than `dup_thresh` beyond snd_una.
+    Fack,
+}
+
+impl RecoveryTrigger {
+    fn name(self) -> &'static str {
+        match self {
+            RecoveryTrigger::DupAcks => "3dup",
+            RecoveryTrigger::SackLoss => "sack",
+            RecoveryTrigger::Fack => "fack",
+        }
+    }
+}
+
+/// Writes an ssthresh: a number, or `inf` before the first loss.
+pub struct Thresh(pub u64);
+
+impl fmt::Display for Thresh {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 == u64::MAX {
+            f.write_str("inf")
+        } else {
+            write!(f, "{}", self.0)
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// `3duprxmit`: fast retransmit; window values from before the reduction.
+    FastRetransmit {
+        seg: u64,
+        snd_nxt: u64,
+        snd_max: u64,
+        cwnd: u64,
+        ssthresh: u64,
+        recover: u64,
+    },
+    /// `timerxmit`: retransmission timeout; values after the reduction.
+    TimeoutRetransmit {
+        seg: u64,
+        snd_nxt: u64,
+        snd_max: u64,
+        cwnd: u64,
+        ssthresh: u64,
+    },
+    /// `packrxmit`: any further retransmission during recovery (NewReno's
+    /// partial-ACK retransmits, SACK and FACK repairs).
+    RecoveryRetransmit {
+        seg: u64,
+        snd_nxt: u64,
+        snd_max: u64,
+        cwnd: u64,
+        ssthresh: u64,
+        recover: u64,
+        snd_una: u64,
+    },
+    /// `badack`: an ACK below snd_una (out of order) or above snd_max.
+    BadAck {
+        ack: u64,
+        snd_max: u64,
+        snd_nxt: u64,
+        snd_una: u64,
+    },
+    EnterRecovery {
+        trigger: RecoveryTrigger,
+        snd_una: u64,
+        recover: u64,
+        cwnd: u64,
+        ssthresh: u64,
+    },
+    LeaveRecovery {
+        snd_una: u64,
+        cwnd: u64,
+        ssthresh: u64,
+        /// How long recovery lasted.
+        duration: Duration,
+    },
+    /// No ACK for `maxidle`: the sender gives up.
+    Idle { idle: Duration },
+}
+
+impl fmt::Display for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Event::FastRetransmit { seg, snd_nxt, snd_max, cwnd, ssthresh, recover } => write!(
+                f,
+                "3duprxmit pkt {seg} nxt {snd_nxt} max {snd_max} cwnd {cwnd} thresh {} recover {recover}",
+                Thresh(ssthresh)
+            ),
+            Event::TimeoutRetransmit { seg, snd_nxt, snd_max, cwnd, ssthresh } => write!(
+                f,
+                "timerxmit pkt {seg} snd_nxt {snd_nxt} snd_max {snd_max} snd_cwnd {cwnd} thresh {}",
+                Thresh(ssthresh)
+            ),
+            Event::RecoveryRetransmit { seg, snd_nxt, snd_max, cwnd, ssthresh, recover, snd_una } => write!(
+                f,
+                "packrxmit pkt {seg} nxt {snd_nxt} max {snd_max} cwnd {cwnd} thresh {} recover {recover} una {snd_una}",
+                Thresh(ssthresh)
+            ),
+            Event::BadAck { ack, snd_max, snd_nxt, snd_una } => write!(
+                f,
+                "badack {ack} snd_max {snd_max} snd_nxt {snd_nxt} snd_una {snd_una}"
+            ),
+            Event::EnterRecovery { trigger, snd_una, recover, cwnd, ssthresh } => write!(
+                f,
+                "enter_recovery una {snd_una} recover {recover} cwnd {cwnd} thresh {} trigger {}",
+                Thresh(ssthresh),
+                trigger.name()
+            ),
+            Event::LeaveRecovery { snd_una, cwnd, ssthresh, duration } => write!(
+                f,
+                "leave_recovery una {snd_una} cwnd {cwnd} thresh {} secs {:.6}",
+                Thresh(ssthresh),
+                duration.as_secs_f64()
+            ),
+            Event::Idle { idle } => write!(f, "maxidle no ACK for {:.3} s, giving up", idle.as_secs_f64()),
+        }
+    }
+}
+
+/// An event and when it happened, relative to the start of the transfer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimedEvent {
+    pub time: Duration,
+    pub event: Event,
+}
+
+impl fmt::Display for TimedEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.6} {}", self.time.as_secs_f64(), self.event)
+    }
+}
+
+/// One line of atou's packet trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceRecord {
+    /// A segment transmitted (first time or again).
+    Xmt { time: Duration, seg: u64 },
+    /// An ACK processed: cumulative ACK, RTT sample, and the window after it.
+    Ack {
+        time: Duration,
+        ack: u64,
+        rtt: Duration,
+        cwnd: u64,
+        ssthresh: u64,
+    },
+}
+
+impl fmt::Display for TraceRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            TraceRecord::Xmt { time, seg } => write!(f, "{:.6} {seg} xmt", time.as_secs_f64()),
+            TraceRecord::Ack {
+                time,
+                ack,
+                rtt,
+                cwnd,
+                ssthresh,
+            } => write!(
+                f,
+                "{:.6} {ack} {:.6} {cwnd} {} ack",
+                time.as_secs_f64(),
+                rtt.as_secs_f64(),
+                Thresh(ssthresh)
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_match_atou_figure_2_and_the_trace_format() {
+        let e = Event::FastRetransmit {
+            seg: 416,
+            snd_nxt: 616,
+            snd_max: 616,
+            cwnd: 200,
+            ssthresh: 200,
+            recover: 0,
+        };
+        assert_eq!(
+            e.to_string(),
+            "3duprxmit pkt 416 nxt 616 max 616 cwnd 200 thresh 200 recover 0"
+        );
+        let e = Event::BadAck {
+            ack: 6636,
+            snd_max: 6808,
+            snd_nxt: 6808,
+            snd_una: 6661,
+        };
+        assert_eq!(
+            e.to_string(),
+            "badack 6636 snd_max 6808 snd_nxt 6808 snd_una 6661"
+        );
+        let t = TraceRecord::Ack {
+            time: Duration::from_micros(408_196),
+            ack: 234,
+            rtt: Duration::from_micros(38_062),
+            cwnd: 26,
+            ssthresh: 26,
+        };
+        assert_eq!(t.to_string(), "0.408196 234 0.038062 26 26 ack");
+        let x = TraceRecord::Xmt {
+            time: Duration::from_micros(408_133),
+            seg: 258,
+        };
+        assert_eq!(x.to_string(), "0.408133 258 xmt");
+    }
+}

@@ -1,0 +1,41 @@
+//! The transport, sans I/O: wire codec, sender, receiver, recovery,
+//! congestion control, RTT/RTO, events and trace.
+//!
+//! Nothing here touches a socket, a thread or a clock. Time comes in as an
+//! argument ([`Time`]), datagrams come in as byte slices and go out into
+//! caller-supplied buffers. That makes every run reproducible: the
+//! simulator drives the same code in virtual time.
+
+pub mod events;
+pub mod payload;
+pub mod receiver;
+pub mod recovery;
+pub mod rtt;
+pub mod scoreboard;
+pub mod sender;
+pub mod time;
+pub mod tuning;
+pub mod wire;
+
+use thiserror::Error;
+
+pub use events::{Event, TimedEvent, TraceRecord};
+pub use payload::{PatternSource, PatternVerifier, PayloadSource};
+pub use receiver::{Receiver, ReceiverConfig, ReceiverStats};
+pub use recovery::{Phase, SenderStats};
+pub use sender::{Sender, SenderSnapshot, SenderState};
+pub use time::Time;
+pub use tuning::{RecoveryKind, Tuning};
+
+/// Why an endpoint did not accept a datagram. Its state is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum InputError {
+    #[error(transparent)]
+    Wire(#[from] wire::WireError),
+    #[error("packet for connection {got:#x}, expected {expected:#x}")]
+    WrongConnection { expected: u64, got: u64 },
+    #[error("a data segment arrived at the sender")]
+    UnexpectedData,
+    #[error("an ACK arrived at the receiver")]
+    UnexpectedAck,
+}

@@ -1,0 +1,464 @@
+//! The receiving side of a connection, driven from outside.
+//!
+//! Feed it with [`Receiver::handle_datagram`] and [`Receiver::handle_timeout`],
+//! take data with [`Receiver::read`], send what [`Receiver::poll_transmit`]
+//! returns, sleep until [`Receiver::poll_timeout`].
+//!
+//! ACK policy:
+//! - cumulative ACK = next segment expected;
+//! - with SACK, up to four blocks, the one holding the newest segment first,
+//!   then the most recently reported others (RFC 2018 §4); never an empty
+//!   block (atou §4.4); a D-SACK block for a duplicate (RFC 2883);
+//! - delayed ACK counted in segments: at least every second segment,
+//!   whatever its size (Brakmo §3.3), else after `delack`; immediately for a
+//!   segment out of order, a duplicate, or one that fills a hole;
+//! - window = free buffer: `rcvbuf` minus what arrived in order but has not
+//!   been read; out-of-order data sits inside the window, so duplicate ACKs
+//!   keep the same right edge, as TCP's do.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use super::time::Time;
+use super::tuning::Tuning;
+use super::wire::{Ack, DataSegment, Packet, SackBlock, ACK_MAX_LEN};
+use super::InputError;
+
+/// How many recently received out-of-order segments are remembered for
+/// choosing which SACK blocks to repeat.
+const RECENT_SACKS: usize = 16;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReceiverStats {
+    /// Data segments accepted (new, in window).
+    pub segments: u64,
+    /// Payload bytes accepted.
+    pub bytes: u64,
+    pub acks: u64,
+    /// Segments that had arrived before.
+    pub duplicates: u64,
+    /// Segments that arrived above a hole.
+    pub out_of_order: u64,
+    /// Segments beyond the advertised window, discarded.
+    pub beyond_window: u64,
+    /// Datagrams that failed to decode or belonged to another connection.
+    pub bad_packets: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiverConfig {
+    pub sack: bool,
+    pub delack: Duration,
+    pub rcvbuf: u32,
+}
+
+impl ReceiverConfig {
+    pub fn from_tuning(t: &Tuning) -> ReceiverConfig {
+        ReceiverConfig {
+            sack: t.recovery.uses_sack(),
+            delack: t.delack,
+            rcvbuf: t.rcvbuf,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Stored {
+    offset: u64,
+    data: Vec<u8>,
+}
+
+#[derive(Debug)]
+pub struct Receiver {
+    conn_id: u64,
+    config: ReceiverConfig,
+    /// Next segment expected (the cumulative ACK).
+    rcv_nxt: u64,
+    /// Next segment the application will read.
+    read_nxt: u64,
+    /// Segments held, in order or not, keyed by number.
+    held: BTreeMap<u64, Stored>,
+    /// Out-of-order ranges above `rcv_nxt`, `start -> end`.
+    ooo: BTreeMap<u64, u64>,
+    /// Recently received out-of-order segments, newest first.
+    recent: VecDeque<u64>,
+    /// Segments received in order since the last ACK.
+    unacked: u32,
+    ack_pending: bool,
+    delack_at: Option<Time>,
+    dsack: Option<SackBlock>,
+    echo: u32,
+    /// Segment number after the FIN segment, once seen.
+    end: Option<u64>,
+    /// Window advertised in the last ACK, for window updates.
+    last_window: u32,
+    stats: ReceiverStats,
+}
+
+impl Receiver {
+    pub fn new(config: ReceiverConfig, conn_id: u64) -> Receiver {
+        Receiver {
+            conn_id,
+            config,
+            rcv_nxt: 0,
+            read_nxt: 0,
+            held: BTreeMap::new(),
+            ooo: BTreeMap::new(),
+            recent: VecDeque::new(),
+            unacked: 0,
+            ack_pending: false,
+            delack_at: None,
+            dsack: None,
+            echo: 0,
+            end: None,
+            last_window: config.rcvbuf,
+            stats: ReceiverStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> &ReceiverStats {
+        &self.stats
+    }
+
+    /// The cumulative ACK: every segment below it has arrived.
+    pub fn rcv_nxt(&self) -> u64 {
+        self.rcv_nxt
+    }
+
+    /// All data up to the FIN segment has arrived.
+    pub fn is_complete(&self) -> bool {
+        self.end.is_some_and(|end| self.rcv_nxt >= end)
+    }
+
+    /// Free buffer, in segments, measured from the cumulative ACK.
+    pub fn window(&self) -> u32 {
+        let in_order_unread = self.rcv_nxt - self.read_nxt;
+        u32::try_from(u64::from(self.config.rcvbuf).saturating_sub(in_order_unread)).unwrap_or(0)
+    }
+
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.delack_at
+    }
+
+    pub fn handle_timeout(&mut self, now: Time) {
+        if self.delack_at.is_some_and(|at| at <= now) {
+            self.delack_at = None;
+            self.ack_pending = true;
+        }
+    }
+
+    /// Handles one datagram. Nothing changes unless it is a valid data
+    /// segment of this connection.
+    pub fn handle_datagram(&mut self, now: Time, datagram: &[u8]) -> Result<(), InputError> {
+        let result = match Packet::decode(datagram) {
+            Err(e) => Err(InputError::Wire(e)),
+            Ok(Packet::Ack(_)) => Err(InputError::UnexpectedAck),
+            Ok(Packet::Data(seg)) if seg.header.conn_id != self.conn_id => {
+                Err(InputError::WrongConnection {
+                    expected: self.conn_id,
+                    got: seg.header.conn_id,
+                })
+            }
+            Ok(Packet::Data(seg)) => {
+                self.on_segment(now, &seg);
+                Ok(())
+            }
+        };
+        if result.is_err() {
+            self.stats.bad_packets += 1;
+        }
+        result
+    }
+
+    fn on_segment(&mut self, now: Time, seg: &DataSegment<'_>) {
+        let n = seg.header.seg;
+        self.echo = seg.header.timestamp;
+        if n < self.rcv_nxt || self.held.contains_key(&n) {
+            // RFC 2883: report the duplicate at once.
+            self.stats.duplicates += 1;
+            self.dsack = SackBlock::new(n, n + 1);
+            self.ack_pending = true;
+            return;
+        }
+        if n >= self.read_nxt + u64::from(self.config.rcvbuf) {
+            self.stats.beyond_window += 1;
+            self.ack_pending = true;
+            return;
+        }
+        if seg.header.flags.fin {
+            self.end = Some(n + 1);
+        }
+        self.stats.segments += 1;
+        self.stats.bytes += seg.payload.len() as u64;
+        self.held.insert(
+            n,
+            Stored {
+                offset: seg.header.offset,
+                data: seg.payload.to_vec(),
+            },
+        );
+        if n == self.rcv_nxt {
+            let had_holes = !self.ooo.is_empty();
+            self.rcv_nxt += 1;
+            // Absorb the out-of-order range that now joins up.
+            if let Some(end) = self.ooo.remove(&self.rcv_nxt) {
+                self.rcv_nxt = end;
+            }
+            if had_holes {
+                // Filled a hole: ACK at once so recovery sees it.
+                self.ack_pending = true;
+            } else {
+                self.unacked += 1;
+                if self.config.delack.is_zero() || self.unacked >= 2 {
+                    self.ack_pending = true;
+                } else if self.delack_at.is_none() {
+                    self.delack_at = Some(now + self.config.delack);
+                }
+            }
+        } else {
+            self.stats.out_of_order += 1;
+            self.insert_ooo(n);
+            self.recent.retain(|&s| s != n);
+            self.recent.push_front(n);
+            self.recent.truncate(RECENT_SACKS);
+            self.ack_pending = true;
+        }
+        if self.is_complete() {
+            self.ack_pending = true;
+        }
+    }
+
+    fn insert_ooo(&mut self, n: u64) {
+        let mut start = n;
+        let mut end = n + 1;
+        if let Some((&s, &e)) = self.ooo.range(..=n).next_back() {
+            if e == n {
+                start = s;
+                self.ooo.remove(&s);
+            }
+        }
+        if let Some(e) = self.ooo.remove(&end) {
+            end = e;
+        }
+        self.ooo.insert(start, end);
+    }
+
+    /// The next in-order chunk: its stream offset and bytes.
+    pub fn read(&mut self) -> Option<(u64, Vec<u8>)> {
+        if self.read_nxt >= self.rcv_nxt {
+            return None;
+        }
+        let stored = self.held.remove(&self.read_nxt)?;
+        self.read_nxt += 1;
+        // Tell a sender stalled on a small window that it has opened (a
+        // window update, RFC 1122 §4.2.3.3: once half the buffer is free).
+        let half = self.config.rcvbuf / 2;
+        if self.last_window < half.max(1) && self.window() >= half.max(1) {
+            self.ack_pending = true;
+        }
+        Some((stored.offset, stored.data))
+    }
+
+    /// Writes an ACK into `buf` (at least [`ACK_MAX_LEN`] bytes) if one is due.
+    pub fn poll_transmit(&mut self, _now: Time, buf: &mut [u8]) -> Option<usize> {
+        if !self.ack_pending {
+            return None;
+        }
+        let window = self.window();
+        let mut ack = Ack::new(self.conn_id, self.echo, self.rcv_nxt, window);
+        if self.config.sack {
+            ack.dsack = self.dsack;
+            self.recent.retain(|&s| s >= self.rcv_nxt);
+            for &seg in &self.recent {
+                let Some((&s, &e)) = self.ooo.range(..=seg).next_back() else {
+                    continue;
+                };
+                let block = SackBlock { start: s, end: e };
+                if e > seg && !ack.sack_blocks().contains(&block) && !ack.push_sack(block) {
+                    break;
+                }
+            }
+        }
+        debug_assert!(buf.len() >= ACK_MAX_LEN);
+        let n = ack.emit(buf).ok()?;
+        self.ack_pending = false;
+        self.dsack = None;
+        self.unacked = 0;
+        self.delack_at = None;
+        self.last_window = window;
+        self.stats.acks += 1;
+        Some(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::wire::{DataFlags, DataHeader, DATA_HEADER_LEN};
+
+    fn config(delack_ms: u64) -> ReceiverConfig {
+        ReceiverConfig {
+            sack: true,
+            delack: Duration::from_millis(delack_ms),
+            rcvbuf: 64,
+        }
+    }
+
+    fn data(seg: u64) -> Vec<u8> {
+        let mut buf = vec![0u8; DATA_HEADER_LEN + 4];
+        DataHeader {
+            conn_id: 1,
+            seg,
+            offset: seg * 4,
+            timestamp: seg as u32,
+            flags: DataFlags::default(),
+        }
+        .emit(&mut buf)
+        .unwrap();
+        buf
+    }
+
+    #[track_caller]
+    fn send(r: &mut Receiver, seg: u64) {
+        r.handle_datagram(Time::ZERO, &data(seg)).unwrap();
+    }
+
+    #[track_caller]
+    fn recv_ack(r: &mut Receiver) -> Ack {
+        let mut buf = [0u8; ACK_MAX_LEN];
+        let n = r.poll_transmit(Time::ZERO, &mut buf).expect("an ACK");
+        match Packet::decode(&buf[..n]).unwrap() {
+            Packet::Ack(a) => a,
+            Packet::Data(_) => unreachable!(),
+        }
+    }
+
+    #[track_caller]
+    fn recv_nothing(r: &mut Receiver) {
+        let mut buf = [0u8; ACK_MAX_LEN];
+        assert_eq!(r.poll_transmit(Time::ZERO, &mut buf), None);
+    }
+
+    fn blocks(a: &Ack) -> Vec<(u64, u64)> {
+        a.sack_blocks().iter().map(|b| (b.start, b.end)).collect()
+    }
+
+    #[test]
+    fn acks_every_segment_without_delack() {
+        let mut r = Receiver::new(config(0), 1);
+        send(&mut r, 0);
+        assert_eq!(recv_ack(&mut r).cum_ack, 1);
+        send(&mut r, 1);
+        assert_eq!(recv_ack(&mut r).cum_ack, 2);
+    }
+
+    #[test]
+    fn delayed_ack_every_second_segment_or_on_timer() {
+        // Brakmo §3.3: every second segment whatever its size.
+        let mut r = Receiver::new(config(200), 1);
+        send(&mut r, 0);
+        recv_nothing(&mut r);
+        assert_eq!(
+            r.poll_timeout(),
+            Some(Time::ZERO + Duration::from_millis(200))
+        );
+        send(&mut r, 1);
+        assert_eq!(recv_ack(&mut r).cum_ack, 2);
+        assert_eq!(r.poll_timeout(), None);
+        send(&mut r, 2);
+        recv_nothing(&mut r);
+        r.handle_timeout(Time::ZERO + Duration::from_millis(200));
+        let a = recv_ack(&mut r);
+        assert_eq!((a.cum_ack, a.echo_timestamp), (3, 2));
+    }
+
+    #[test]
+    fn out_of_order_and_hole_filling_are_acked_at_once() {
+        let mut r = Receiver::new(config(200), 1);
+        send(&mut r, 0);
+        send(&mut r, 2);
+        let a = recv_ack(&mut r);
+        assert_eq!((a.cum_ack, blocks(&a)), (1, vec![(2, 3)]));
+        send(&mut r, 1);
+        let a = recv_ack(&mut r);
+        assert_eq!((a.cum_ack, blocks(&a)), (3, vec![]));
+        assert_eq!(r.stats().out_of_order, 1);
+    }
+
+    #[test]
+    fn sack_blocks_in_rfc2018_order() {
+        let mut r = Receiver::new(config(0), 1);
+        for s in [2, 4, 6, 8, 10] {
+            send(&mut r, s);
+            recv_ack(&mut r);
+        }
+        send(&mut r, 5);
+        let a = recv_ack(&mut r);
+        // Newest block first, then the most recently reported others.
+        assert_eq!(blocks(&a), vec![(4, 7), (10, 11), (8, 9), (2, 3)]);
+        assert!(a.dsack.is_none());
+    }
+
+    #[test]
+    fn duplicates_get_a_dsack() {
+        let mut r = Receiver::new(config(200), 1);
+        send(&mut r, 0);
+        send(&mut r, 1);
+        recv_ack(&mut r);
+        send(&mut r, 0);
+        let a = recv_ack(&mut r);
+        assert_eq!(a.dsack, SackBlock::new(0, 1));
+        assert_eq!(r.stats().duplicates, 1);
+        send(&mut r, 5);
+        send(&mut r, 5);
+        let a = recv_ack(&mut r);
+        assert_eq!(a.dsack, SackBlock::new(5, 6));
+        assert_eq!(blocks(&a), vec![(5, 6)]);
+    }
+
+    #[test]
+    fn window_is_free_buffer_and_beyond_is_dropped() {
+        let mut r = Receiver::new(
+            ReceiverConfig {
+                sack: false,
+                delack: Duration::ZERO,
+                rcvbuf: 4,
+            },
+            1,
+        );
+        for s in 0..3 {
+            send(&mut r, s);
+        }
+        assert_eq!(recv_ack(&mut r).window, 1);
+        send(&mut r, 9);
+        assert_eq!(r.stats().beyond_window, 1);
+        assert!(r.read().is_some());
+        assert!(r.read().is_some());
+        assert_eq!(r.window(), 3);
+        // Half the buffer came free: a window update goes out.
+        assert_eq!(recv_ack(&mut r).window, 3);
+        let a = recv_ack_if_any(&mut r);
+        assert!(a.is_none());
+    }
+
+    fn recv_ack_if_any(r: &mut Receiver) -> Option<Ack> {
+        let mut buf = [0u8; ACK_MAX_LEN];
+        let n = r.poll_transmit(Time::ZERO, &mut buf)?;
+        match Packet::decode(&buf[..n]).ok()? {
+            Packet::Ack(a) => Some(a),
+            Packet::Data(_) => None,
+        }
+    }
+
+    #[test]
+    fn garbage_changes_nothing() {
+        let mut r = Receiver::new(config(0), 1);
+        assert!(r.handle_datagram(Time::ZERO, b"garbage").is_err());
+        let mut other = data(0);
+        other[11] = 9; // another connection id
+        assert!(r.handle_datagram(Time::ZERO, &other).is_err());
+        recv_nothing(&mut r);
+        assert_eq!(r.stats().bad_packets, 2);
+        assert_eq!(r.rcv_nxt(), 0);
+    }
+}

@@ -1,0 +1,495 @@
+//! The sender's scoreboard: what is known of every segment in
+//! `[snd_una, snd_max)`.
+//!
+//! Each segment may be SACKed, marked lost, and have a retransmission in
+//! flight. Counters kept up to date on every change give RFC 6675's `pipe`
+//! in constant time:
+//!
+//! `pipe = outstanding - sacked - lost + retransmitted`
+//!
+//! which counts a segment neither SACKed nor lost once, a lost one whose
+//! retransmission is in flight once, a lost one not yet resent zero times,
+//! and a non-lost one that was resent twice (RFC 6675 §4, SetPipe).
+//! Marking is idempotent and cursors make it amortised O(1) per segment.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::time::Time;
+use super::wire::SackBlock;
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Seg {
+    sent_at: Time,
+    xmits: u32,
+    sacked: bool,
+    lost: bool,
+    /// A retransmission is in flight (cleared when presumed lost again).
+    retx: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Scoreboard {
+    una: u64,
+    segs: VecDeque<Seg>,
+    /// Disjoint, non-adjacent SACKed ranges `start -> end`, all at or above `una`.
+    sacked_ranges: BTreeMap<u64, u64>,
+    n_sacked: u64,
+    /// Lost and not SACKed.
+    n_lost: u64,
+    /// Retransmission in flight and not SACKed.
+    n_retx: u64,
+    /// Lost, not SACKed, not yet retransmitted: what awaits retransmission.
+    n_lost_pending: u64,
+    /// Every un-SACKed segment below it has been through `mark_lost_below`.
+    loss_frontier: u64,
+    /// No lost-pending segment lies below it.
+    retx_cursor: u64,
+}
+
+/// What a cumulative ACK removed from the scoreboard.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Acked {
+    pub segments: u64,
+    /// Of those, how many had been retransmitted.
+    pub retransmitted: u64,
+}
+
+impl Scoreboard {
+    pub fn una(&self) -> u64 {
+        self.una
+    }
+
+    /// One past the highest segment sent.
+    pub fn max(&self) -> u64 {
+        self.una + self.segs.len() as u64
+    }
+
+    pub fn outstanding(&self) -> u64 {
+        self.segs.len() as u64
+    }
+
+    pub fn sacked(&self) -> u64 {
+        self.n_sacked
+    }
+
+    pub fn lost_pending(&self) -> u64 {
+        self.n_lost_pending
+    }
+
+    /// RFC 6675 §4 SetPipe, in segments.
+    pub fn pipe(&self) -> u64 {
+        self.outstanding() - self.n_sacked - self.n_lost + self.n_retx
+    }
+
+    /// Segments sent and not known to have left the network by ACK or by a
+    /// loss not yet repaired: BSD's `snd_nxt - snd_una`. SACKed segments
+    /// count, as RFC 5681's FlightSize does.
+    pub fn flight(&self) -> u64 {
+        self.outstanding() - self.n_lost_pending
+    }
+
+    fn get(&self, seg: u64) -> Option<&Seg> {
+        seg.checked_sub(self.una)
+            .and_then(|i| self.segs.get(usize::try_from(i).ok()?))
+    }
+
+    fn get_mut(&mut self, seg: u64) -> Option<&mut Seg> {
+        let i = usize::try_from(seg.checked_sub(self.una)?).ok()?;
+        self.segs.get_mut(i)
+    }
+
+    pub fn is_sacked(&self, seg: u64) -> bool {
+        self.get(seg).is_some_and(|s| s.sacked)
+    }
+
+    pub fn is_lost(&self, seg: u64) -> bool {
+        self.get(seg).is_some_and(|s| s.lost)
+    }
+
+    pub fn xmits(&self, seg: u64) -> u32 {
+        self.get(seg).map_or(0, |s| s.xmits)
+    }
+
+    pub fn sent_at(&self, seg: u64) -> Option<Time> {
+        self.get(seg).map(|s| s.sent_at)
+    }
+
+    /// Records the first transmission of the next new segment; returns its number.
+    pub fn on_send_new(&mut self, now: Time) -> u64 {
+        self.segs.push_back(Seg {
+            sent_at: now,
+            xmits: 1,
+            ..Seg::default()
+        });
+        self.max() - 1
+    }
+
+    /// Records a retransmission of `seg`.
+    pub fn on_retransmit(&mut self, seg: u64, now: Time) {
+        let Some(s) = self.get_mut(seg) else { return };
+        debug_assert!(!s.sacked, "retransmitting a SACKed segment");
+        s.sent_at = now;
+        s.xmits += 1;
+        if !s.retx && !s.sacked {
+            s.retx = true;
+            let lost = s.lost;
+            self.n_retx += 1;
+            if lost {
+                self.n_lost_pending -= 1;
+            }
+        }
+    }
+
+    /// Removes every segment below `cum` (the receiver has them all).
+    pub fn ack_through(&mut self, cum: u64) -> Acked {
+        let mut acked = Acked::default();
+        while self.una < cum {
+            let Some(s) = self.segs.pop_front() else {
+                break;
+            };
+            self.una += 1;
+            acked.segments += 1;
+            if s.xmits > 1 {
+                acked.retransmitted += 1;
+            }
+            if s.sacked {
+                self.n_sacked -= 1;
+            } else {
+                if s.lost {
+                    self.n_lost -= 1;
+                    if !s.retx {
+                        self.n_lost_pending -= 1;
+                    }
+                }
+                if s.retx {
+                    self.n_retx -= 1;
+                }
+            }
+        }
+        while let Some((&start, &end)) = self.sacked_ranges.iter().next() {
+            if start >= self.una {
+                break;
+            }
+            self.sacked_ranges.remove(&start);
+            if end > self.una {
+                self.sacked_ranges.insert(self.una, end);
+            }
+        }
+        self.loss_frontier = self.loss_frontier.max(self.una);
+        self.retx_cursor = self.retx_cursor.max(self.una);
+        acked
+    }
+
+    /// Marks the segments of `block` SACKed; returns how many were new.
+    pub fn apply_sack(&mut self, block: SackBlock) -> u64 {
+        let start = block.start.max(self.una);
+        let end = block.end.min(self.max());
+        if start >= end {
+            return 0;
+        }
+        // The parts of [start, end) not yet covered.
+        let mut gaps = Vec::new();
+        let mut at = start;
+        let mut merged_start = start;
+        let mut merged_end = end;
+        let overlapping: Vec<(u64, u64)> = self
+            .sacked_ranges
+            .range(..=end)
+            .rev()
+            .take_while(|(_, &e)| e >= start)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for &(s, e) in overlapping.iter().rev() {
+            if s > at {
+                gaps.push((at, s.min(end)));
+            }
+            at = at.max(e);
+            merged_start = merged_start.min(s);
+            merged_end = merged_end.max(e);
+            self.sacked_ranges.remove(&s);
+        }
+        if at < end {
+            gaps.push((at, end));
+        }
+        self.sacked_ranges.insert(merged_start, merged_end);
+        let mut newly = 0;
+        for (a, b) in gaps {
+            for seg in a..b {
+                newly += u64::from(self.mark_sacked(seg));
+            }
+        }
+        newly
+    }
+
+    fn mark_sacked(&mut self, seg: u64) -> bool {
+        let Some(s) = self.get_mut(seg) else {
+            return false;
+        };
+        if s.sacked {
+            return false;
+        }
+        let (lost, retx) = (s.lost, s.retx);
+        s.sacked = true;
+        s.lost = false;
+        s.retx = false;
+        self.n_sacked += 1;
+        if lost {
+            self.n_lost -= 1;
+            if !retx {
+                self.n_lost_pending -= 1;
+            }
+        }
+        if retx {
+            self.n_retx -= 1;
+        }
+        true
+    }
+
+    /// The highest SACKed segment.
+    pub fn highest_sacked(&self) -> Option<u64> {
+        self.sacked_ranges.iter().next_back().map(|(_, &e)| e - 1)
+    }
+
+    /// The `k`-th highest SACKed segment: every segment below it has at least
+    /// `k` SACKed segments above it (RFC 6675 §4 IsLost, in segments).
+    pub fn kth_highest_sacked(&self, k: u64) -> Option<u64> {
+        let mut need = k.max(1);
+        for (&s, &e) in self.sacked_ranges.iter().rev() {
+            let len = e - s;
+            if len >= need {
+                return Some(e - need);
+            }
+            need -= len;
+        }
+        None
+    }
+
+    /// Marks `seg` lost unless it is SACKed or already lost; returns whether it changed.
+    pub fn mark_lost(&mut self, seg: u64) -> bool {
+        let Some(s) = self.get_mut(seg) else {
+            return false;
+        };
+        if s.sacked || s.lost {
+            return false;
+        }
+        s.lost = true;
+        let retx = s.retx;
+        self.n_lost += 1;
+        if !retx {
+            self.n_lost_pending += 1;
+            self.retx_cursor = self.retx_cursor.min(seg);
+        }
+        true
+    }
+
+    /// Marks every un-SACKed segment below `limit` lost; returns how many changed.
+    pub fn mark_lost_below(&mut self, limit: u64) -> u64 {
+        let limit = limit.min(self.max());
+        let mut n = 0;
+        let mut seg = self.loss_frontier.max(self.una);
+        while seg < limit {
+            n += u64::from(self.mark_lost(seg));
+            seg += 1;
+        }
+        self.loss_frontier = self.loss_frontier.max(limit);
+        n
+    }
+
+    /// After a retransmission timeout every un-SACKed segment is presumed
+    /// lost, retransmissions included, and will be sent again.
+    pub fn mark_all_lost(&mut self) {
+        let mut lost = 0;
+        for s in self.segs.iter_mut().filter(|s| !s.sacked) {
+            s.lost = true;
+            s.retx = false;
+            lost += 1;
+        }
+        self.n_lost = lost;
+        self.n_lost_pending = lost;
+        self.n_retx = 0;
+        self.loss_frontier = self.max();
+        self.retx_cursor = self.una;
+    }
+
+    /// The lowest segment awaiting retransmission.
+    pub fn next_lost_pending(&mut self) -> Option<u64> {
+        if self.n_lost_pending == 0 {
+            return None;
+        }
+        let mut seg = self.retx_cursor.max(self.una);
+        while let Some(s) = self.get(seg) {
+            if s.lost && !s.retx && !s.sacked {
+                self.retx_cursor = seg;
+                return Some(seg);
+            }
+            seg += 1;
+        }
+        debug_assert!(false, "n_lost_pending > 0 but none found");
+        None
+    }
+
+    /// The lowest segment in `[from, below)` neither SACKed nor retransmitted
+    /// (RFC 6675 NextSeg rule 3).
+    pub fn next_unsacked_unretransmitted(&self, from: u64, below: u64) -> Option<u64> {
+        (from.max(self.una)..below.min(self.max())).find(|&seg| {
+            self.get(seg)
+                .is_some_and(|s| !s.sacked && !s.retx && !s.lost)
+        })
+    }
+
+    /// The highest segment that is neither SACKed nor has a retransmission
+    /// in flight (RFC 6675 NextSeg rule 4, the rescue retransmission).
+    pub fn highest_unsacked_unretransmitted(&self) -> Option<u64> {
+        (self.una..self.max())
+            .rev()
+            .find(|&seg| self.get(seg).is_some_and(|s| !s.sacked && !s.retx))
+    }
+
+    /// Recounts everything from scratch and compares: for tests and
+    /// property checks, O(window).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let (mut sacked, mut lost, mut retx, mut pending) = (0, 0, 0, 0);
+        for (i, s) in self.segs.iter().enumerate() {
+            let seg = self.una + i as u64;
+            let in_ranges = self
+                .sacked_ranges
+                .range(..=seg)
+                .next_back()
+                .is_some_and(|(_, &e)| seg < e);
+            if s.sacked != in_ranges {
+                return Err(format!("segment {seg}: sacked flag disagrees with ranges"));
+            }
+            if s.sacked {
+                sacked += 1;
+                continue;
+            }
+            lost += u64::from(s.lost);
+            retx += u64::from(s.retx);
+            pending += u64::from(s.lost && !s.retx);
+            if s.lost && !s.retx && seg < self.retx_cursor {
+                return Err(format!("lost segment {seg} below the retransmit cursor"));
+            }
+        }
+        let counted = (self.n_sacked, self.n_lost, self.n_retx, self.n_lost_pending);
+        if counted != (sacked, lost, retx, pending) {
+            return Err(format!(
+                "counters {counted:?} != recount {:?}",
+                (sacked, lost, retx, pending)
+            ));
+        }
+        let mut prev_end = None;
+        for (&s, &e) in &self.sacked_ranges {
+            if s < self.una || e <= s || prev_end.is_some_and(|p| p >= s) {
+                return Err(format!("bad SACK range {s}..{e}"));
+            }
+            prev_end = Some(e);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn board(n: u64) -> Scoreboard {
+        let mut sb = Scoreboard::default();
+        for _ in 0..n {
+            sb.on_send_new(Time::ZERO);
+        }
+        sb
+    }
+
+    fn block(s: u64, e: u64) -> SackBlock {
+        SackBlock::new(s, e).unwrap()
+    }
+
+    #[test]
+    fn rfc6675_pipe_counts() {
+        let mut sb = board(10);
+        assert_eq!(sb.pipe(), 10);
+        assert_eq!(sb.apply_sack(block(3, 6)), 3);
+        assert_eq!(sb.pipe(), 7);
+        assert!(sb.mark_lost(0));
+        assert_eq!(sb.pipe(), 6, "lost, not resent: 0");
+        sb.on_retransmit(0, Time::ZERO);
+        assert_eq!(sb.pipe(), 7, "lost and resent: 1");
+        sb.on_retransmit(1, Time::ZERO);
+        assert_eq!(sb.pipe(), 8, "not lost and resent: 2");
+        sb.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn sack_merges_and_counts_only_new_segments() {
+        let mut sb = board(20);
+        assert_eq!(sb.apply_sack(block(5, 7)), 2);
+        assert_eq!(sb.apply_sack(block(10, 12)), 2);
+        assert_eq!(sb.apply_sack(block(5, 12)), 3);
+        assert_eq!(sb.apply_sack(block(4, 13)), 2);
+        assert_eq!(sb.apply_sack(block(4, 13)), 0);
+        assert_eq!(sb.sacked(), 9);
+        assert_eq!(sb.highest_sacked(), Some(12));
+        sb.check_invariants().unwrap();
+        // Blocks beyond what was sent are clipped.
+        assert_eq!(sb.apply_sack(block(19, 40)), 1);
+        sb.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn kth_highest_sacked_walks_ranges() {
+        let mut sb = board(30);
+        sb.apply_sack(block(20, 22));
+        sb.apply_sack(block(10, 12));
+        assert_eq!(sb.kth_highest_sacked(1), Some(21));
+        assert_eq!(sb.kth_highest_sacked(2), Some(20));
+        assert_eq!(sb.kth_highest_sacked(3), Some(11));
+        assert_eq!(sb.kth_highest_sacked(4), Some(10));
+        assert_eq!(sb.kth_highest_sacked(5), None);
+    }
+
+    #[test]
+    fn cumulative_ack_trims_ranges_and_counters() {
+        let mut sb = board(10);
+        sb.apply_sack(block(2, 6));
+        sb.mark_lost(0);
+        sb.mark_lost(1);
+        sb.on_retransmit(0, Time::ZERO);
+        let acked = sb.ack_through(4);
+        assert_eq!(
+            acked,
+            Acked {
+                segments: 4,
+                retransmitted: 1
+            }
+        );
+        assert_eq!((sb.una(), sb.sacked(), sb.pipe()), (4, 2, 4));
+        sb.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn lost_segments_come_out_lowest_first() {
+        let mut sb = board(10);
+        sb.apply_sack(block(6, 9));
+        assert_eq!(sb.mark_lost_below(sb.kth_highest_sacked(3).unwrap()), 6);
+        assert_eq!(sb.next_lost_pending(), Some(0));
+        sb.on_retransmit(0, Time::ZERO);
+        assert_eq!(sb.next_lost_pending(), Some(1));
+        assert_eq!(sb.mark_lost_below(6), 0, "idempotent");
+        sb.mark_all_lost();
+        assert_eq!(sb.next_lost_pending(), Some(0));
+        assert_eq!(sb.pipe(), 0);
+        assert_eq!(sb.lost_pending(), 7);
+        sb.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn sack_of_a_lost_segment_clears_its_loss() {
+        let mut sb = board(5);
+        sb.mark_lost(2);
+        sb.on_retransmit(2, Time::ZERO);
+        sb.apply_sack(block(2, 3));
+        assert_eq!(sb.pipe(), 4);
+        assert_eq!(sb.lost_pending(), 0);
+        sb.check_invariants().unwrap();
+    }
+}

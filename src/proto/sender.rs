@@ -1,0 +1,684 @@
+//! The sending side of a connection, driven from outside.
+//!
+//! Feed it with [`Sender::handle_datagram`] (ACKs) and
+//! [`Sender::handle_timeout`]; then drain, in this order,
+//! [`Sender::poll_transmit`] until it returns `None`, [`Sender::poll_event`]
+//! and [`Sender::poll_trace`]; then sleep until [`Sender::poll_timeout`].
+//! Time is always an argument: the sender never reads a clock, never
+//! touches a socket, and is therefore exactly reproducible.
+//!
+//! Segments are numbered from 0. Segment `n` carries stream bytes from
+//! `n * payload_size`. cwnd and ssthresh are in segments.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::events::{Event, TimedEvent, TraceRecord};
+use super::payload::PayloadSource;
+use super::recovery::{self, AckSummary, Flow, Forced, Phase, Recovery, SenderStats};
+use super::rtt::RttEstimator;
+use super::time::{wire_elapsed, Time};
+use super::tuning::{DropList, Tuning, TuningError};
+use super::wire::{Ack, DataFlags, DataHeader, Packet, DATA_HEADER_LEN};
+use super::InputError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SenderState {
+    Sending,
+    /// Everything sent was acknowledged and nothing is left to send.
+    Finished,
+    /// No ACK for `maxidle`.
+    Failed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timer {
+    /// Retransmission timeout.
+    Rto,
+    /// `maxidle` without an ACK.
+    Idle,
+    /// Zero-window probe.
+    Persist,
+}
+
+const TIMERS: [Timer; 3] = [Timer::Rto, Timer::Idle, Timer::Persist];
+
+/// Window values and RTT figures at one instant, for summaries.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SenderSnapshot {
+    pub snd_una: u64,
+    pub snd_nxt: u64,
+    pub snd_max: u64,
+    pub cwnd: u64,
+    pub ssthresh: u64,
+    pub rto: Duration,
+    pub srtt: Duration,
+    pub rttvar: Duration,
+    pub minrtt: Duration,
+    pub maxrtt: Duration,
+    pub avgrtt: Duration,
+    pub good_bytes: u64,
+    /// From creation to the last ACK (or now, while running).
+    pub elapsed: Duration,
+}
+
+#[derive(Debug)]
+pub struct Sender {
+    conn_id: u64,
+    tuning: Tuning,
+    droplist: DropList,
+    flow: Flow,
+    recovery: Box<dyn Recovery>,
+    rtt: RttEstimator,
+    timers: [Option<Time>; TIMERS.len()],
+    start: Time,
+    payload_size: u64,
+    stream_len: Option<u64>,
+    /// Segments in the stream, when its length is known.
+    total_segments: Option<u64>,
+    /// Stop sending new data at this time (`maxtime`).
+    send_deadline: Option<Time>,
+    /// `cum_ack + window` of the latest ACK: new data must stay below it.
+    peer_right_edge: u64,
+    last_ack_at: Time,
+    /// Segments sent since the last ACK or timer.
+    burst: u64,
+    state: SenderState,
+    finished_at: Option<Time>,
+    persist_probe: bool,
+    trace: Option<VecDeque<TraceRecord>>,
+    /// Transmissions the window did not permit; must stay zero.
+    window_violations: u64,
+}
+
+impl Sender {
+    /// A sender of `stream_len` bytes (or, with `None`, of pattern data
+    /// until `maxtime` or `maxpkts` ends it).
+    pub fn new(
+        tuning: &Tuning,
+        conn_id: u64,
+        stream_len: Option<u64>,
+        now: Time,
+    ) -> Result<Sender, TuningError> {
+        tuning.validate()?;
+        if stream_len.is_none() && tuning.maxtime.is_zero() && tuning.maxpkts == 0 {
+            return Err(TuningError {
+                key: "maxtime".into(),
+                message: "an unlimited stream needs maxtime or maxpkts to end it".into(),
+            });
+        }
+        let payload_size = tuning.payload_size() as u64;
+        let mut s = Sender {
+            conn_id,
+            tuning: tuning.clone(),
+            droplist: tuning.droplist.clone(),
+            flow: Flow::new(tuning, now),
+            recovery: recovery::for_kind(tuning),
+            rtt: RttEstimator::new(tuning),
+            timers: [None; TIMERS.len()],
+            start: now,
+            payload_size,
+            stream_len,
+            total_segments: stream_len.map(|n| n.div_ceil(payload_size)),
+            send_deadline: (!tuning.maxtime.is_zero()).then(|| now + tuning.maxtime),
+            // Until the peer speaks, assume the buffer we asked it for.
+            peer_right_edge: u64::from(tuning.rcvbuf),
+            last_ack_at: now,
+            burst: 0,
+            state: SenderState::Sending,
+            finished_at: None,
+            persist_probe: false,
+            trace: None,
+            window_violations: 0,
+        };
+        s.arm_idle();
+        s.update_state(now);
+        Ok(s)
+    }
+
+    /// Records atou's packet trace, drained with [`Sender::poll_trace`].
+    pub fn enable_trace(&mut self) {
+        self.trace.get_or_insert_with(VecDeque::new);
+    }
+
+    pub fn tuning(&self) -> &Tuning {
+        &self.tuning
+    }
+
+    pub fn state(&self) -> SenderState {
+        self.state
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.state != SenderState::Sending
+    }
+
+    pub fn stats(&self) -> &SenderStats {
+        &self.flow.stats
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.flow.phase
+    }
+
+    pub fn snapshot(&mut self, now: Time) -> SenderSnapshot {
+        let end = self.finished_at.unwrap_or(now);
+        SenderSnapshot {
+            snd_una: self.flow.sb.una(),
+            snd_nxt: self.flow.snd_nxt(),
+            snd_max: self.flow.sb.max(),
+            cwnd: self.flow.cwnd,
+            ssthresh: self.flow.ssthresh,
+            rto: self.rtt.rto(),
+            srtt: self.rtt.srtt(),
+            rttvar: self.rtt.rttvar(),
+            minrtt: self.rtt.min(),
+            maxrtt: self.rtt.max(),
+            avgrtt: self.rtt.avg(),
+            good_bytes: self.good_bytes(),
+            elapsed: end.saturating_since(self.start),
+        }
+    }
+
+    /// Payload bytes the receiver has acknowledged.
+    pub fn good_bytes(&self) -> u64 {
+        let bytes = self.flow.sb.una().saturating_mul(self.payload_size);
+        self.stream_len.map_or(bytes, |len| bytes.min(len))
+    }
+
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.timers.iter().flatten().min().copied()
+    }
+
+    pub fn poll_event(&mut self) -> Option<TimedEvent> {
+        self.flow.events.pop_front()
+    }
+
+    pub fn poll_trace(&mut self) -> Option<TraceRecord> {
+        self.trace.as_mut()?.pop_front()
+    }
+
+    fn advance(&mut self, now: Time) {
+        // Time never runs backwards inside the sender, whatever the caller does.
+        self.flow.now = self.flow.now.max(now);
+    }
+
+    fn since_start(&self) -> Duration {
+        self.flow.now.saturating_since(self.start)
+    }
+
+    fn set_timer(&mut self, t: Timer, at: Option<Time>) {
+        self.timers[t as usize] = at;
+    }
+
+    fn timer(&self, t: Timer) -> Option<Time> {
+        self.timers[t as usize]
+    }
+
+    fn arm_rto(&mut self) {
+        let at = self.rtt.deadline(self.flow.now, self.rtt.rto());
+        self.set_timer(Timer::Rto, Some(at));
+    }
+
+    fn arm_idle(&mut self) {
+        let at = (!self.tuning.maxidle.is_zero()).then(|| self.last_ack_at + self.tuning.maxidle);
+        self.set_timer(Timer::Idle, at);
+    }
+
+    /// Handles one datagram from the peer.
+    pub fn handle_datagram(&mut self, now: Time, datagram: &[u8]) -> Result<(), InputError> {
+        self.advance(now);
+        self.flow.stats.pkts_in += 1;
+        let result = match Packet::decode(datagram) {
+            Err(e) => Err(InputError::Wire(e)),
+            Ok(Packet::Data(_)) => Err(InputError::UnexpectedData),
+            Ok(Packet::Ack(ack)) if ack.conn_id != self.conn_id => {
+                Err(InputError::WrongConnection {
+                    expected: self.conn_id,
+                    got: ack.conn_id,
+                })
+            }
+            Ok(Packet::Ack(ack)) => {
+                self.on_ack(&ack);
+                Ok(())
+            }
+        };
+        if result.is_err() {
+            self.flow.stats.bad_packets += 1;
+        }
+        result
+    }
+
+    fn on_ack(&mut self, ack: &Ack) {
+        if self.state != SenderState::Sending {
+            return;
+        }
+        self.burst = 0;
+        let now = self.flow.now;
+        let (una, max) = (self.flow.sb.una(), self.flow.sb.max());
+        if ack.cum_ack < una || ack.cum_ack > max {
+            // atou's badack: an ACK older than one already processed, or
+            // one for data never sent.
+            self.flow.stats.badacks += 1;
+            let snd_nxt = self.flow.snd_nxt();
+            self.flow.emit(Event::BadAck {
+                ack: ack.cum_ack,
+                snd_max: max,
+                snd_nxt,
+                snd_una: una,
+            });
+            return;
+        }
+        self.last_ack_at = now;
+        self.arm_idle();
+
+        let rtt = wire_elapsed(now.wire_micros(), ack.echo_timestamp);
+        // An echo from the future or from before we started is not ours.
+        let sample_ok = rtt <= self.since_start();
+        if sample_ok {
+            self.rtt.on_sample(now, rtt);
+        }
+
+        let right_edge = ack.cum_ack.saturating_add(u64::from(ack.window));
+        let window_changed = right_edge != self.peer_right_edge;
+        self.peer_right_edge = right_edge;
+
+        let uses_sack = self.recovery.kind().uses_sack();
+        let mut newly_sacked = 0;
+        if uses_sack {
+            for block in ack.sack_blocks() {
+                newly_sacked += self.flow.sb.apply_sack(*block);
+            }
+        }
+        if ack.dsack.is_some() {
+            self.flow.stats.dsacks += 1;
+        }
+        let newly_acked = self.flow.sb.ack_through(ack.cum_ack).segments;
+        self.flow.stats.maxack = self.flow.stats.maxack.max(newly_acked);
+        let outstanding = self.flow.sb.outstanding();
+        // RFC 5681 §2 (non-SACK: same window) and RFC 6675 §2 (SACK: new SACK info).
+        let is_dupack = newly_acked == 0
+            && outstanding > 0
+            && if uses_sack {
+                newly_sacked > 0
+            } else {
+                !window_changed
+            };
+
+        if newly_acked > 0 {
+            self.flow.dupacks = 0;
+            self.rtt.reset_backoff();
+            // RFC 6298 §5.3 and §5.2.
+            if outstanding > 0 {
+                self.arm_rto();
+            } else {
+                self.set_timer(Timer::Rto, None);
+            }
+        }
+        if is_dupack {
+            self.flow.dupacks += 1;
+            self.flow.stats.dups += 1;
+        }
+        if self.flow.phase == Phase::Loss && self.flow.recovery_point_acked() {
+            self.flow.phase = Phase::Open;
+        }
+
+        let was_in_recovery = self.flow.phase == Phase::Recovery;
+        let summary = AckSummary {
+            newly_acked,
+            newly_sacked,
+            is_dupack,
+        };
+        self.recovery.on_ack(&mut self.flow, &summary);
+
+        if !was_in_recovery && self.flow.phase != Phase::Recovery && newly_acked > 0 {
+            self.grow_cwnd(newly_acked);
+        }
+        if matches!(self.flow.phase, Phase::Open | Phase::Disorder) {
+            self.flow.phase = if self.flow.dupacks > 0 || self.flow.sb.sacked() > 0 {
+                Phase::Disorder
+            } else {
+                Phase::Open
+            };
+        }
+        self.moderate_burst(newly_acked);
+
+        if let Some(trace) = self.trace.as_mut() {
+            trace.push_back(TraceRecord::Ack {
+                time: now.saturating_since(self.start),
+                ack: ack.cum_ack,
+                rtt: if sample_ok { rtt } else { Duration::ZERO },
+                cwnd: self.flow.cwnd,
+                ssthresh: self.flow.ssthresh,
+            });
+        }
+        self.update_state(now);
+    }
+
+    /// Slow start and congestion avoidance (RFC 5681 §3.1), capped at the
+    /// sender window since a cwnd that cannot be used is not validated.
+    fn grow_cwnd(&mut self, newly_acked: u64) {
+        let f = &mut self.flow;
+        let cap = u64::from(self.tuning.rcvwin);
+        if f.cwnd >= cap {
+            return;
+        }
+        if f.cwnd < f.ssthresh {
+            // RFC 3465 §2.2: appropriate byte counting with L = 2.
+            f.cwnd += newly_acked.min(2);
+        } else {
+            // RFC 5681 eq. (3), tracked exactly: `increment` virtual segments
+            // per window of ACKs. Per ACK, not per segment acknowledged, so
+            // delayed ACKs halve the rate (Mathis footnote 2) and the window
+            // never grows more than `increment` per RTT (Brakmo §3.3–3.4).
+            f.cwnd_cnt += u64::from(self.tuning.increment) * f.vmss;
+            while f.cwnd_cnt >= f.cwnd {
+                f.cwnd_cnt -= f.cwnd;
+                f.cwnd += 1;
+            }
+        }
+        f.cwnd = f.cwnd.min(cap);
+    }
+
+    /// Brakmo §3.5: an ACK of three or more segments must not release a
+    /// burst; cwnd comes down to what is in flight plus three and slow start
+    /// takes it back to where it was (ssthresh remembers it).
+    fn moderate_burst(&mut self, newly_acked: u64) {
+        const MAX_BURST: u64 = 3;
+        let f = &mut self.flow;
+        if f.phase == Phase::Recovery || newly_acked < MAX_BURST {
+            return;
+        }
+        let flight = f.sb.flight();
+        if f.cwnd > flight + MAX_BURST {
+            f.ssthresh = f.ssthresh.max(f.cwnd);
+            f.cwnd = flight + MAX_BURST;
+            f.cwnd_cnt = 0;
+        }
+    }
+
+    /// Handles expired timers.
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.advance(now);
+        if self.state != SenderState::Sending {
+            return;
+        }
+        for t in TIMERS {
+            if self.timer(t).is_some_and(|at| at <= now) {
+                self.set_timer(t, None);
+                self.burst = 0;
+                match t {
+                    Timer::Rto => self.on_rto(),
+                    Timer::Idle => {
+                        self.state = SenderState::Failed;
+                        let idle = now.saturating_since(self.last_ack_at);
+                        self.flow.emit(Event::Idle { idle });
+                        self.timers = [None; TIMERS.len()];
+                        return;
+                    }
+                    Timer::Persist => self.persist_probe = true,
+                }
+            }
+        }
+        self.update_state(now);
+    }
+
+    fn on_rto(&mut self) {
+        let f = &mut self.flow;
+        if f.sb.outstanding() == 0 {
+            return;
+        }
+        f.stats.timeouts += 1;
+        // RFC 5681 §3.1 eq. (4); a repeated timeout of the same data keeps ssthresh.
+        if self.rtt.backoff() == 0 {
+            f.ssthresh = f.reduced_ssthresh();
+        }
+        // RFC 5681 §3.1: loss window of one (virtual, atou §4.1) segment.
+        f.cwnd = f.vmss;
+        f.cwnd_cnt = 0;
+        f.dupacks = 0;
+        f.recover = f.sb.max();
+        f.phase = Phase::Loss;
+        f.force_retransmit = None;
+        f.sb.mark_all_lost();
+        self.recovery.on_timeout();
+        let event = Event::TimeoutRetransmit {
+            seg: f.sb.una(),
+            snd_nxt: f.sb.una(),
+            snd_max: f.sb.max(),
+            cwnd: f.cwnd,
+            ssthresh: f.ssthresh,
+        };
+        f.emit(event);
+        // RFC 6298 §5.5–5.6.
+        self.rtt.back_off();
+        self.arm_rto();
+    }
+
+    fn more_data(&self, seg: u64) -> bool {
+        self.total_segments.is_none_or(|n| seg < n)
+            && (self.tuning.maxpkts == 0 || seg < self.tuning.maxpkts)
+            && self.send_deadline.is_none_or(|d| self.flow.now < d)
+    }
+
+    fn limited_transmit_allowance(&self) -> u64 {
+        if self.tuning.limited_transmit && self.flow.phase == Phase::Disorder {
+            // RFC 3042 sends on the first two duplicates; with a larger
+            // dup_thresh, on each one below it (Sarolahti §5).
+            u64::from(self.flow.dupacks).min(self.flow.dup_thresh.saturating_sub(1))
+        } else {
+            0
+        }
+    }
+
+    fn window_open(&self) -> bool {
+        let f = &self.flow;
+        match f.phase {
+            Phase::Recovery | Phase::Loss => f.sb.pipe() < f.cwnd,
+            Phase::Open | Phase::Disorder => {
+                f.sb.flight() < f.cwnd + self.limited_transmit_allowance()
+            }
+        }
+    }
+
+    fn may_send_new(&self) -> bool {
+        let seg = self.flow.sb.max();
+        self.more_data(seg)
+            && seg < self.flow.sb.una() + u64::from(self.tuning.rcvwin)
+            && (seg < self.peer_right_edge || self.persist_probe)
+    }
+
+    /// Chooses the next segment to send, and whether it was forced.
+    fn next_segment(&mut self) -> Option<(u64, Option<Forced>)> {
+        while let Some(forced) = self.flow.force_retransmit.take() {
+            let seg = forced.seg();
+            if seg >= self.flow.sb.una() && seg < self.flow.sb.max() && !self.flow.sb.is_sacked(seg)
+            {
+                return Some((seg, Some(forced)));
+            }
+        }
+        if !self.window_open() {
+            return None;
+        }
+        if matches!(self.flow.phase, Phase::Recovery | Phase::Loss) {
+            if let Some(seg) = self.flow.sb.next_lost_pending() {
+                return Some((seg, None));
+            }
+        }
+        if self.may_send_new() {
+            return Some((self.flow.sb.max(), None));
+        }
+        self.recovery
+            .extra_retransmission(&self.flow)
+            .map(|seg| (seg, None))
+    }
+
+    /// Writes the next datagram to send into `buf` (at least `mss` bytes)
+    /// and returns its length; `None` when nothing may be sent now.
+    pub fn poll_transmit(
+        &mut self,
+        now: Time,
+        buf: &mut [u8],
+        source: &mut dyn PayloadSource,
+    ) -> Option<usize> {
+        self.advance(now);
+        loop {
+            if self.state != SenderState::Sending {
+                return None;
+            }
+            if self.tuning.burst_limit > 0 && self.burst >= u64::from(self.tuning.burst_limit) {
+                return None;
+            }
+            let (seg, forced) = self.next_segment()?;
+            let is_new = seg == self.flow.sb.max();
+            if is_new {
+                self.persist_probe = false;
+                self.flow.sb.on_send_new(now);
+            } else {
+                self.record_retransmission(seg, forced, now);
+            }
+            if forced.is_none() && !self.sent_within_window(is_new) {
+                self.window_violations += 1;
+            }
+            self.burst += 1;
+            self.flow.stats.maxburst = self.flow.stats.maxburst.max(self.burst);
+            self.flow.stats.pkts_out += 1;
+            if let Some(trace) = self.trace.as_mut() {
+                trace.push_back(TraceRecord::Xmt {
+                    time: now.saturating_since(self.start),
+                    seg,
+                });
+            }
+            // RFC 6298 §5.1; and a forced retransmission restarts the timer
+            // so it is not pre-empted by a timeout armed a round trip
+            // earlier (Linux, Sarolahti §4.1; RFC 6582 §3.2 step 5).
+            if self.timer(Timer::Rto).is_none() || forced.is_some() {
+                self.arm_rto();
+            }
+            self.set_timer(Timer::Persist, None);
+            if self.droplist.consume(seg) {
+                // Scripted loss: sent as far as the protocol knows, but it
+                // never reaches the wire.
+                self.flow.stats.dropped += 1;
+                continue;
+            }
+            let len = self.write_segment(seg, !is_new, buf, source);
+            self.flow.stats.bytes_out += len as u64;
+            return Some(len);
+        }
+    }
+
+    fn record_retransmission(&mut self, seg: u64, forced: Option<Forced>, now: Time) {
+        self.flow.sb.on_retransmit(seg, now);
+        self.flow.stats.rxmts += 1;
+        let is_fast_retransmit = matches!(forced, Some(Forced::FastRetransmit(_)));
+        if self.flow.phase == Phase::Recovery && !is_fast_retransmit {
+            self.flow.stats.packs += 1;
+            let f = &mut self.flow;
+            let event = Event::RecoveryRetransmit {
+                seg,
+                snd_nxt: f.snd_nxt(),
+                snd_max: f.sb.max(),
+                cwnd: f.cwnd,
+                ssthresh: f.ssthresh,
+                recover: f.recover,
+                snd_una: f.sb.una(),
+            };
+            f.emit(event);
+        }
+    }
+
+    /// Re-checks, after the fact, that an unforced transmission fitted the
+    /// windows: the property tests assert no violation is ever counted.
+    fn sent_within_window(&self, is_new: bool) -> bool {
+        let f = &self.flow;
+        let cwnd_ok = match f.phase {
+            Phase::Recovery | Phase::Loss => f.sb.pipe() <= f.cwnd,
+            Phase::Open | Phase::Disorder => {
+                f.sb.flight() <= f.cwnd + self.limited_transmit_allowance()
+            }
+        };
+        let rcvwin_ok = f.sb.outstanding() <= u64::from(self.tuning.rcvwin);
+        let peer_ok = !is_new || f.sb.max() <= self.peer_right_edge + 1;
+        cwnd_ok && rcvwin_ok && peer_ok
+    }
+
+    fn write_segment(
+        &self,
+        seg: u64,
+        retransmission: bool,
+        buf: &mut [u8],
+        source: &mut dyn PayloadSource,
+    ) -> usize {
+        let offset = seg * self.payload_size;
+        let len = match self.stream_len {
+            Some(total) => self.payload_size.min(total - offset),
+            None => self.payload_size,
+        } as usize;
+        let header = DataHeader {
+            conn_id: self.conn_id,
+            seg,
+            offset,
+            timestamp: self.flow.now.wire_micros(),
+            flags: DataFlags {
+                fin: self.stream_len == Some(offset + len as u64),
+                retransmission,
+            },
+        };
+        let n = header
+            .emit(buf)
+            .expect("poll_transmit needs a buffer of at least mss bytes");
+        debug_assert_eq!(n, DATA_HEADER_LEN);
+        source.read_at(offset, &mut buf[n..n + len]);
+        n + len
+    }
+
+    fn update_state(&mut self, now: Time) {
+        if self.state != SenderState::Sending {
+            return;
+        }
+        let f = &self.flow;
+        if f.sb.outstanding() == 0 && !self.more_data(f.sb.max()) {
+            self.state = SenderState::Finished;
+            self.finished_at = Some(now);
+            self.timers = [None; TIMERS.len()];
+            return;
+        }
+        // Persist: nothing in flight, data to send, but the peer's window is
+        // shut. Probe after an RTO so a lost window update cannot deadlock.
+        let blocked = f.sb.outstanding() == 0 && !self.may_send_new() && self.more_data(f.sb.max());
+        if blocked && self.timer(Timer::Persist).is_none() && !self.persist_probe {
+            let at = self.rtt.deadline(now, self.rtt.rto());
+            self.set_timer(Timer::Persist, Some(at));
+        }
+    }
+
+    /// Checks the sender's invariants; O(window), for tests.
+    pub fn check_invariants(&mut self) -> Result<(), String> {
+        self.flow.sb.check_invariants()?;
+        let (una, max) = (self.flow.sb.una(), self.flow.sb.max());
+        let nxt = self.flow.snd_nxt();
+        if !(una <= nxt && nxt <= max) {
+            return Err(format!(
+                "snd_una {una} <= snd_nxt {nxt} <= snd_max {max} fails"
+            ));
+        }
+        if self.flow.cwnd < 1 {
+            return Err("cwnd below one segment".into());
+        }
+        if max - una > u64::from(self.tuning.rcvwin) {
+            return Err(format!(
+                "{} segments outstanding, rcvwin {}",
+                max - una,
+                self.tuning.rcvwin
+            ));
+        }
+        if self.window_violations > 0 {
+            return Err(format!(
+                "{} transmissions outside the window",
+                self.window_violations
+            ));
+        }
+        Ok(())
+    }
+}

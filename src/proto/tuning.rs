@@ -1,0 +1,702 @@
+//! Every knob of a transfer, in one struct.
+//!
+//! Filled from defaults, then a config file (atou's `name value` lines are
+//! accepted verbatim), then command-line flags. [`KNOBS`] is the single list
+//! of knobs: the config parser, the CLI flags, `--help`, the `config:` lines
+//! of the summary and the trace header are all generated from it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Serialize;
+use thiserror::Error;
+
+use super::wire::DATA_HEADER_LEN;
+use crate::units::{parse_duration, TimeUnit};
+
+/// Loss recovery and congestion control variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecoveryKind {
+    /// RFC 5681 fast retransmit and fast recovery.
+    Reno,
+    /// RFC 6582: stays in recovery across partial ACKs (Hoe §3.2).
+    NewReno,
+    /// RFC 6675 pipe and NextSeg over SACK (RFC 2018).
+    Sack,
+    /// Forward acknowledgement (Mathis & Mahdavi 1996), optional rampdown.
+    Fack,
+}
+
+impl RecoveryKind {
+    pub const ALL: [RecoveryKind; 4] = [
+        RecoveryKind::Reno,
+        RecoveryKind::NewReno,
+        RecoveryKind::Sack,
+        RecoveryKind::Fack,
+    ];
+
+    /// Whether the receiver must send SACK blocks for this variant.
+    pub fn uses_sack(self) -> bool {
+        matches!(self, RecoveryKind::Sack | RecoveryKind::Fack)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RecoveryKind::Reno => "reno",
+            RecoveryKind::NewReno => "newreno",
+            RecoveryKind::Sack => "sack",
+            RecoveryKind::Fack => "fack",
+        }
+    }
+}
+
+impl fmt::Display for RecoveryKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for RecoveryKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "reno" => Ok(RecoveryKind::Reno),
+            "newreno" => Ok(RecoveryKind::NewReno),
+            "sack" => Ok(RecoveryKind::Sack),
+            "fack" => Ok(RecoveryKind::Fack),
+            _ => Err(format!(
+                "`{s}` is not a recovery variant (reno, newreno, sack, fack)"
+            )),
+        }
+    }
+}
+
+/// Segments dropped by the sender itself on their first transmissions:
+/// scripted loss (atou's `droplist`). A number listed twice is dropped on its
+/// first two transmissions, which forces a timeout (atou appendix B).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DropList {
+    remaining: BTreeMap<u64, u32>,
+}
+
+impl DropList {
+    pub fn is_empty(&self) -> bool {
+        self.remaining.is_empty()
+    }
+
+    /// True if this transmission of `seg` is to be dropped; uses it up.
+    pub fn consume(&mut self, seg: u64) -> bool {
+        match self.remaining.get_mut(&seg) {
+            None => false,
+            Some(n) => {
+                *n -= 1;
+                if *n == 0 {
+                    self.remaining.remove(&seg);
+                }
+                true
+            }
+        }
+    }
+
+    /// Total drops still to happen.
+    pub fn len(&self) -> u64 {
+        self.remaining.values().map(|&n| u64::from(n)).sum()
+    }
+}
+
+impl FromStr for DropList {
+    type Err = String;
+    /// `300,302,310-315` or atou's `200 200`; `-` or empty means none.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut list = DropList::default();
+        for tok in s
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|t| !t.is_empty() && *t != "-")
+        {
+            let (lo, hi) = match tok.split_once('-') {
+                Some((a, b)) => (parse_seg(a, tok)?, parse_seg(b, tok)?),
+                None => {
+                    let n = parse_seg(tok, tok)?;
+                    (n, n)
+                }
+            };
+            if hi < lo {
+                return Err(format!("droplist range `{tok}` runs backwards"));
+            }
+            if hi - lo >= 1_000_000 || list.len() + (hi - lo) >= 1_000_000 {
+                return Err(format!(
+                    "droplist `{tok}`: at most a million drops can be scripted"
+                ));
+            }
+            for seg in lo..=hi {
+                *list.remaining.entry(seg).or_insert(0) += 1;
+            }
+        }
+        Ok(list)
+    }
+}
+
+fn parse_seg(s: &str, tok: &str) -> Result<u64, String> {
+    s.trim().parse().map_err(|_| {
+        format!("droplist entry `{tok}` is not a segment number or range like 310-315")
+    })
+}
+
+impl fmt::Display for DropList {
+    /// Compact form: runs of single drops become ranges; repeats are repeated.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.remaining.is_empty() {
+            return f.write_str("-");
+        }
+        let mut parts: Vec<String> = Vec::new();
+        let mut run: Option<(u64, u64)> = None;
+        let flush = |run: &mut Option<(u64, u64)>, parts: &mut Vec<String>| {
+            if let Some((a, b)) = run.take() {
+                parts.push(if a == b {
+                    a.to_string()
+                } else {
+                    format!("{a}-{b}")
+                });
+            }
+        };
+        for (&seg, &n) in &self.remaining {
+            if n == 1 {
+                match run {
+                    Some((a, b)) if b + 1 == seg => run = Some((a, seg)),
+                    _ => {
+                        flush(&mut run, &mut parts);
+                        run = Some((seg, seg));
+                    }
+                }
+            } else {
+                flush(&mut run, &mut parts);
+                for _ in 0..n {
+                    parts.push(seg.to_string());
+                }
+            }
+        }
+        flush(&mut run, &mut parts);
+        f.write_str(&parts.join(","))
+    }
+}
+
+impl Serialize for DropList {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+/// The transfer's knobs. Units are in the field docs and in [`KNOBS`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Tuning {
+    /// UDP datagram size in bytes: the 33-byte data header plus payload.
+    pub mss: u32,
+    /// Sender's window limit in segments.
+    pub rcvwin: u32,
+    pub recovery: RecoveryKind,
+    pub rampdown: bool,
+    /// Fixed retransmission timeout; zero selects the adaptive RTO.
+    #[serde(serialize_with = "secs")]
+    pub timeout: Duration,
+    #[serde(serialize_with = "secs")]
+    pub min_rto: Duration,
+    #[serde(serialize_with = "secs")]
+    pub max_rto: Duration,
+    /// Timer granularity; zero is fine-grained, otherwise Brakmo §3.2's
+    /// coarse-clock estimator runs in ticks of this length.
+    #[serde(serialize_with = "secs")]
+    pub tick: Duration,
+    /// Give up after this long without an ACK; zero never gives up.
+    #[serde(serialize_with = "secs")]
+    pub maxidle: Duration,
+    /// Initial window, in virtual segments (`vmss`).
+    pub initsegs: u32,
+    /// ssthresh = multiplier × flight on loss.
+    pub multiplier: f64,
+    /// Congestion-avoidance increase per RTT, in virtual segments.
+    pub increment: u32,
+    /// Initial ssthresh as a fraction of `rcvwin`; zero means unlimited.
+    pub thresh_init: f64,
+    pub dup_thresh: u32,
+    /// Most segments sent in response to one event; zero is unlimited.
+    pub burst_limit: u32,
+    /// Segments to send; zero is unlimited.
+    pub maxpkts: u64,
+    /// Stop sending new data after this long; zero is unlimited.
+    #[serde(serialize_with = "secs")]
+    pub maxtime: Duration,
+    pub droplist: DropList,
+    /// Virtual MSS in segments (atou §4.1).
+    pub vmss: u32,
+    /// RFC 3042.
+    pub limited_transmit: bool,
+    /// Receiver: delayed-ACK timer; zero ACKs every segment.
+    #[serde(serialize_with = "secs")]
+    pub delack: Duration,
+    /// Receiver: buffer in segments, advertised as the window.
+    pub rcvbuf: u32,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            mss: 1472,
+            rcvwin: 8192,
+            recovery: RecoveryKind::Sack,
+            rampdown: false,
+            timeout: Duration::ZERO,
+            min_rto: Duration::from_millis(200),
+            max_rto: Duration::from_secs(60),
+            tick: Duration::ZERO,
+            maxidle: Duration::from_secs(10),
+            initsegs: 10,
+            multiplier: 0.5,
+            increment: 1,
+            thresh_init: 0.0,
+            dup_thresh: 3,
+            burst_limit: 0,
+            maxpkts: 0,
+            maxtime: Duration::ZERO,
+            droplist: DropList::default(),
+            vmss: 1,
+            limited_transmit: true,
+            delack: Duration::ZERO,
+            rcvbuf: 8192,
+        }
+    }
+}
+
+/// One knob: its name, atou aliases, unit and help. Defaults come from
+/// `Tuning::default()` so they cannot drift from the code.
+#[derive(Debug)]
+pub struct Knob {
+    pub name: &'static str,
+    pub aliases: &'static [&'static str],
+    pub value_name: &'static str,
+    pub help: &'static str,
+}
+
+/// Every knob, in the order the summary prints them.
+pub const KNOBS: &[Knob] = &[
+    Knob { name: "mss", aliases: &[], value_name: "BYTES",
+        help: "UDP datagram size in bytes, 33-byte header included (atou Table 1: normally 1472)" },
+    Knob { name: "rcvwin", aliases: &["rcvrwin"], value_name: "SEGMENTS",
+        help: "sender window limit in segments (atou Table 1)" },
+    Knob { name: "recovery", aliases: &[], value_name: "VARIANT",
+        help: "loss recovery: reno (RFC 5681), newreno (RFC 6582), sack (RFC 6675), fack (Mathis-Mahdavi)" },
+    Knob { name: "rampdown", aliases: &[], value_name: "0|1",
+        help: "FACK only: halve cwnd gradually, one segment per two ACKs (Mathis appendix A)" },
+    Knob { name: "timeout", aliases: &[], value_name: "SECONDS",
+        help: "fixed retransmission timeout in seconds; 0 selects the adaptive RTO of RFC 6298" },
+    Knob { name: "min_rto", aliases: &[], value_name: "SECONDS",
+        help: "lower bound of the adaptive RTO in seconds (Linux uses 0.2, RFC 6298 says 1)" },
+    Knob { name: "max_rto", aliases: &[], value_name: "SECONDS",
+        help: "upper bound of the RTO, backoff included, in seconds" },
+    Knob { name: "tick", aliases: &[], value_name: "SECONDS",
+        help: "timer granularity in seconds; 0 is fine-grained, >0 runs Brakmo's coarse-clock RTO estimator (§3.2)" },
+    Knob { name: "maxidle", aliases: &[], value_name: "SECONDS",
+        help: "give up after this many seconds without an ACK; 0 never gives up" },
+    Knob { name: "initsegs", aliases: &[], value_name: "SEGMENTS",
+        help: "initial congestion window in (virtual) segments" },
+    Knob { name: "multiplier", aliases: &[], value_name: "FACTOR",
+        help: "on loss, ssthresh = multiplier x flight (AIMD decrease; 0 < f < 1)" },
+    Knob { name: "increment", aliases: &[], value_name: "SEGMENTS",
+        help: "congestion-avoidance increase per RTT in (virtual) segments (AIMD increase)" },
+    Knob { name: "thresh_init", aliases: &[], value_name: "FRACTION",
+        help: "initial ssthresh as a fraction of rcvwin; 0 means unlimited" },
+    Knob { name: "dup_thresh", aliases: &[], value_name: "ACKS",
+        help: "duplicate ACKs that trigger fast retransmit" },
+    Knob { name: "burst_limit", aliases: &[], value_name: "SEGMENTS",
+        help: "most segments sent in response to one ACK or timer; 0 is unlimited" },
+    Knob { name: "maxpkts", aliases: &[], value_name: "SEGMENTS",
+        help: "stop after sending this many segments; 0 is unlimited" },
+    Knob { name: "maxtime", aliases: &[], value_name: "SECONDS",
+        help: "stop sending new data after this many seconds; 0 is unlimited" },
+    Knob { name: "droplist", aliases: &[], value_name: "LIST",
+        help: "segments the sender drops on their first transmissions, e.g. 300,302,310-315; repeat a number to drop it again" },
+    Knob { name: "vmss", aliases: &[], value_name: "K",
+        help: "virtual MSS: initial window, loss window and additive increase in units of K segments (atou §4.1)" },
+    Knob { name: "limited_transmit", aliases: &[], value_name: "0|1",
+        help: "send new data on the duplicate ACKs below dup_thresh (RFC 3042)" },
+    Knob { name: "delack", aliases: &[], value_name: "MS",
+        help: "receiver delayed-ACK timer in milliseconds; ACKs at least every 2nd segment; 0 ACKs every segment" },
+    Knob { name: "rcvbuf", aliases: &[], value_name: "SEGMENTS",
+        help: "receiver buffer in segments; its free space is the advertised window" },
+];
+
+/// A bad value for one knob.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{key}: {message}")]
+pub struct TuningError {
+    pub key: String,
+    pub message: String,
+}
+
+/// A bad line in a config file.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("line {line}: {error}")]
+pub struct ConfigError {
+    pub line: usize,
+    pub error: TuningError,
+}
+
+fn err(key: &str, message: impl Into<String>) -> TuningError {
+    TuningError {
+        key: key.to_string(),
+        message: message.into(),
+    }
+}
+
+fn parse_bool(key: &str, v: &str) -> Result<bool, TuningError> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "on" | "yes" | "true" => Ok(true),
+        "0" | "off" | "no" | "false" => Ok(false),
+        _ => Err(err(key, format!("`{v}` is not 0 or 1"))),
+    }
+}
+
+fn parse_int<T: FromStr + PartialOrd + fmt::Display + Copy>(
+    key: &str,
+    v: &str,
+    min: T,
+    max: T,
+) -> Result<T, TuningError> {
+    let n: T = v
+        .parse()
+        .map_err(|_| err(key, format!("`{v}` is not a whole number")))?;
+    if n < min || n > max {
+        return Err(err(key, format!("{v} is outside {min}..={max}")));
+    }
+    Ok(n)
+}
+
+fn parse_f64(
+    key: &str,
+    v: &str,
+    ok: impl Fn(f64) -> bool,
+    range: &str,
+) -> Result<f64, TuningError> {
+    let x: f64 = v
+        .parse()
+        .map_err(|_| err(key, format!("`{v}` is not a number")))?;
+    if !x.is_finite() || !ok(x) {
+        return Err(err(key, format!("{v} must be {range}")));
+    }
+    Ok(x)
+}
+
+fn parse_time(key: &str, v: &str, bare: TimeUnit, max: Duration) -> Result<Duration, TuningError> {
+    let d = parse_duration(v, bare).map_err(|m| err(key, m))?;
+    if d > max {
+        return Err(err(key, format!("{v} is longer than {}s", max.as_secs())));
+    }
+    Ok(d)
+}
+
+fn canonical(key: &str) -> String {
+    key.trim()
+        .trim_start_matches("--")
+        .replace('-', "_")
+        .to_ascii_lowercase()
+}
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+impl Tuning {
+    /// Payload bytes in a full segment.
+    pub fn payload_size(&self) -> usize {
+        self.mss as usize - DATA_HEADER_LEN
+    }
+
+    /// Initial ssthresh in segments (atou's `thresh_init`, 0 = unlimited).
+    pub fn initial_ssthresh(&self) -> u64 {
+        if self.thresh_init <= 0.0 {
+            u64::MAX
+        } else {
+            ((f64::from(self.rcvwin) * self.thresh_init).floor() as u64).max(2)
+        }
+    }
+
+    /// Sets one knob from text, by its name or an atou alias. atou's
+    /// `newreno`, `sack` and `fack` flags select the recovery variant.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), TuningError> {
+        let key = canonical(key);
+        let v = value.trim();
+        match key.as_str() {
+            "mss" => {
+                self.mss = parse_int(&key, v, (DATA_HEADER_LEN + 1) as u32, 65_507)?;
+            }
+            "rcvwin" | "rcvrwin" => self.rcvwin = parse_int(&key, v, 1, 1 << 24)?,
+            "recovery" => self.recovery = v.parse().map_err(|m| err(&key, m))?,
+            "rampdown" => self.rampdown = parse_bool(&key, v)?,
+            "newreno" => {
+                let on = parse_bool(&key, v)?;
+                match (on, self.recovery) {
+                    (true, RecoveryKind::Reno) => self.recovery = RecoveryKind::NewReno,
+                    (false, RecoveryKind::NewReno) => self.recovery = RecoveryKind::Reno,
+                    _ => {}
+                }
+            }
+            "sack" => {
+                let on = parse_bool(&key, v)?;
+                match (on, self.recovery) {
+                    (true, RecoveryKind::Reno | RecoveryKind::NewReno) => {
+                        self.recovery = RecoveryKind::Sack
+                    }
+                    (false, RecoveryKind::Sack | RecoveryKind::Fack) => {
+                        self.recovery = RecoveryKind::NewReno
+                    }
+                    _ => {}
+                }
+            }
+            "fack" => {
+                let on = parse_bool(&key, v)?;
+                match (on, self.recovery) {
+                    (true, _) => self.recovery = RecoveryKind::Fack,
+                    (false, RecoveryKind::Fack) => self.recovery = RecoveryKind::Sack,
+                    _ => {}
+                }
+            }
+            "timeout" => {
+                self.timeout = parse_time(&key, v, TimeUnit::Seconds, Duration::from_secs(3600))?
+            }
+            "min_rto" => {
+                self.min_rto = parse_time(&key, v, TimeUnit::Seconds, Duration::from_secs(3600))?
+            }
+            "max_rto" => {
+                self.max_rto = parse_time(&key, v, TimeUnit::Seconds, Duration::from_secs(3600))?
+            }
+            "tick" => self.tick = parse_time(&key, v, TimeUnit::Seconds, Duration::from_secs(10))?,
+            "maxidle" => self.maxidle = parse_time(&key, v, TimeUnit::Seconds, DAY)?,
+            "initsegs" => self.initsegs = parse_int(&key, v, 1, 1 << 20)?,
+            "multiplier" => {
+                self.multiplier = parse_f64(
+                    &key,
+                    v,
+                    |x| x > 0.0 && x < 1.0,
+                    "between 0 and 1 (exclusive)",
+                )?
+            }
+            "increment" => self.increment = parse_int(&key, v, 1, 1 << 16)?,
+            "thresh_init" => {
+                self.thresh_init = parse_f64(&key, v, |x| (0.0..=1e6).contains(&x), "0 or more")?
+            }
+            "dup_thresh" => self.dup_thresh = parse_int(&key, v, 1, 1 << 16)?,
+            "burst_limit" => self.burst_limit = parse_int(&key, v, 0, u32::MAX)?,
+            "maxpkts" => self.maxpkts = parse_int(&key, v, 0, u64::MAX >> 1)?,
+            "maxtime" => self.maxtime = parse_time(&key, v, TimeUnit::Seconds, 365 * DAY)?,
+            "droplist" => self.droplist = v.parse().map_err(|m| err(&key, m))?,
+            "vmss" => self.vmss = parse_int(&key, v, 1, 1 << 16)?,
+            "limited_transmit" => self.limited_transmit = parse_bool(&key, v)?,
+            "delack" => {
+                self.delack = parse_time(&key, v, TimeUnit::Millis, Duration::from_secs(10))?
+            }
+            "rcvbuf" => self.rcvbuf = parse_int(&key, v, 1, 1 << 24)?,
+            _ => {
+                return Err(err(
+                    &key,
+                    "unknown knob (see `atou sim --help` or docs/tuning.md)",
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// The value of a knob as text that [`Tuning::set`] reads back.
+    pub fn get(&self, key: &str) -> Option<String> {
+        let s = |d: Duration| format!("{}", d.as_secs_f64());
+        Some(match canonical(key).as_str() {
+            "mss" => self.mss.to_string(),
+            "rcvwin" | "rcvrwin" => self.rcvwin.to_string(),
+            "recovery" => self.recovery.to_string(),
+            "rampdown" => u8::from(self.rampdown).to_string(),
+            "timeout" => s(self.timeout),
+            "min_rto" => s(self.min_rto),
+            "max_rto" => s(self.max_rto),
+            "tick" => s(self.tick),
+            "maxidle" => s(self.maxidle),
+            "initsegs" => self.initsegs.to_string(),
+            "multiplier" => self.multiplier.to_string(),
+            "increment" => self.increment.to_string(),
+            "thresh_init" => self.thresh_init.to_string(),
+            "dup_thresh" => self.dup_thresh.to_string(),
+            "burst_limit" => self.burst_limit.to_string(),
+            "maxpkts" => self.maxpkts.to_string(),
+            "maxtime" => s(self.maxtime),
+            "droplist" => self.droplist.to_string(),
+            "vmss" => self.vmss.to_string(),
+            "limited_transmit" => u8::from(self.limited_transmit).to_string(),
+            "delack" => format!("{}", self.delack.as_secs_f64() * 1e3),
+            "rcvbuf" => self.rcvbuf.to_string(),
+            _ => return None,
+        })
+    }
+
+    /// Applies a config file's text: `name value` lines, `#` comments.
+    /// atou's own configs load unchanged; knobs that only matter to real
+    /// sockets (`port`, `sndbuf`, `debug`) are accepted and reported back
+    /// as notes. When the file names any of atou's `newreno`/`sack`/`fack`
+    /// flags, they start from atou's defaults (newreno only) so the file
+    /// means what it meant to atou.
+    pub fn apply_config(&mut self, text: &str) -> Result<Vec<String>, ConfigError> {
+        let mut notes = Vec::new();
+        let lines: Vec<(usize, &str, &str)> = text
+            .lines()
+            .enumerate()
+            .filter_map(|(i, raw)| {
+                let line = raw.split('#').next().unwrap_or("").trim();
+                if line.is_empty() {
+                    return None;
+                }
+                let (k, v) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+                Some((i + 1, k, v.trim()))
+            })
+            .collect();
+        if lines
+            .iter()
+            .any(|(_, k, _)| matches!(canonical(k).as_str(), "newreno" | "sack" | "fack"))
+        {
+            self.recovery = RecoveryKind::NewReno;
+        }
+        for (line, key, value) in lines {
+            match canonical(key).as_str() {
+                "debug" => notes.push(format!(
+                    "line {line}: `debug {value}` ignored; use --events and --trace FILE"
+                )),
+                "port" | "sndbuf" => notes.push(format!(
+                    "line {line}: `{key} {value}` ignored; it applies to real sockets, not to this run"
+                )),
+                _ => {
+                    if value.is_empty() && canonical(key) != "droplist" {
+                        return Err(ConfigError {
+                            line,
+                            error: err(key, "missing value"),
+                        });
+                    }
+                    self.set(key, value).map_err(|error| ConfigError { line, error })?;
+                }
+            }
+        }
+        Ok(notes)
+    }
+
+    /// Checks relations between knobs.
+    pub fn validate(&self) -> Result<(), TuningError> {
+        if self.min_rto > self.max_rto {
+            return Err(err("min_rto", "is larger than max_rto"));
+        }
+        if self.rampdown && self.recovery != RecoveryKind::Fack {
+            return Err(err("rampdown", "only applies to --recovery fack"));
+        }
+        Ok(())
+    }
+
+    /// Every knob as `name value` lines, loadable with `--config`.
+    pub fn config_lines(&self) -> Vec<String> {
+        KNOBS
+            .iter()
+            .map(|k| format!("{} {}", k.name, self.get(k.name).unwrap_or_default()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atou_appendix_b_configs_load_verbatim() {
+        // The FACK example of atou appendix B.
+        let mut t = Tuning::default();
+        let notes = t
+            .apply_config(
+                "newreno 0\nfack 1\nsack 1\nrampdown 1\nrcvrwin 26\nmaxtime 10\ndroplist 200 200\ndebug 4\n",
+            )
+            .unwrap();
+        assert_eq!(t.recovery, RecoveryKind::Fack);
+        assert!(t.rampdown);
+        assert_eq!(t.rcvwin, 26);
+        assert_eq!(t.maxtime, Duration::from_secs(10));
+        assert_eq!(t.droplist.len(), 2);
+        assert_eq!(notes.len(), 1);
+
+        // The virtual-MSS example: newreno only, although our default is sack.
+        let mut t = Tuning::default();
+        t.apply_config("newreno 1\nrcvrwin 1000\nmaxtime 10\ninitsegs 10\nincrement 10\ndroplist 1400\ndebug 3\n")
+            .unwrap();
+        assert_eq!(t.recovery, RecoveryKind::NewReno);
+        assert_eq!((t.initsegs, t.increment), (10, 10));
+    }
+
+    #[test]
+    fn config_errors_name_line_and_key() {
+        let mut t = Tuning::default();
+        let e = t.apply_config("mss 1472\n\ndup_thresh zero\n").unwrap_err();
+        assert_eq!(e.line, 3);
+        assert_eq!(e.error.key, "dup_thresh");
+        let e = t.apply_config("wibble 3").unwrap_err();
+        assert!(e.to_string().contains("wibble"), "{e}");
+    }
+
+    #[test]
+    fn every_knob_round_trips_through_its_text() {
+        let mut t = Tuning {
+            droplist: "5,7-9,7".parse().unwrap(),
+            delack: Duration::from_millis(200),
+            recovery: RecoveryKind::Fack,
+            rampdown: true,
+            ..Tuning::default()
+        };
+        t.multiplier = 0.9;
+        let text = t.config_lines().join("\n");
+        let mut back = Tuning::default();
+        back.apply_config(&text).unwrap();
+        assert_eq!(back, t);
+    }
+
+    #[test]
+    fn droplist_syntax() {
+        let d: DropList = "300,302,310-315".parse().unwrap();
+        assert_eq!(d.len(), 8);
+        assert_eq!(d.to_string(), "300,302,310-315");
+        let mut d: DropList = "200 200".parse().unwrap();
+        assert!(d.consume(200));
+        assert!(d.consume(200));
+        assert!(!d.consume(200));
+        assert!("9-3".parse::<DropList>().is_err());
+        assert!("x".parse::<DropList>().is_err());
+    }
+
+    #[test]
+    fn flags_and_aliases() {
+        let mut t = Tuning::default();
+        t.set("--dup-thresh", "9").unwrap();
+        t.set("rcvrwin", "60").unwrap();
+        t.set("delack", "200ms").unwrap();
+        t.set("timeout", "0.5").unwrap();
+        assert_eq!(t.dup_thresh, 9);
+        assert_eq!(t.rcvwin, 60);
+        assert_eq!(t.delack, Duration::from_millis(200));
+        assert_eq!(t.timeout, Duration::from_millis(500));
+        assert!(t.set("multiplier", "1.5").is_err());
+        assert!(t.set("mss", "20").is_err());
+    }
+
+    #[test]
+    fn thresh_init_is_a_fraction_of_rcvwin() {
+        let t = Tuning {
+            rcvwin: 50,
+            thresh_init: 1.28,
+            ..Tuning::default()
+        };
+        assert_eq!(t.initial_ssthresh(), 64);
+        assert_eq!(Tuning::default().initial_ssthresh(), u64::MAX);
+    }
+}

@@ -1,0 +1,557 @@
+//! The wire format. Documented byte by byte in `docs/protocol.md`.
+//!
+//! Every packet starts with the same 12-byte header (magic, version, kind,
+//! connection id). Parsing is strict: lengths are checked against the buffer
+//! before anything is read, unknown flag bits and trailing bytes are errors,
+//! and nothing is allocated, so no input can panic or exhaust memory.
+
+use thiserror::Error;
+
+/// `"AT"`: lets a receiver discard stray datagrams cheaply.
+pub const MAGIC: [u8; 2] = *b"AT";
+/// Bumped on any incompatible change to the layout below.
+pub const VERSION: u8 = 1;
+/// Bytes of the header common to every packet.
+pub const HEADER_LEN: usize = 12;
+/// Bytes before the payload of a data segment.
+pub const DATA_HEADER_LEN: usize = HEADER_LEN + 8 + 8 + 4 + 1;
+/// Bytes of an ACK without SACK or D-SACK blocks.
+pub const ACK_MIN_LEN: usize = HEADER_LEN + 4 + 8 + 4 + 1 + 1;
+/// Most SACK blocks one ACK carries (atou carried three; RFC 2018 allows four
+/// when no timestamp option competes for space, and ours has room).
+pub const MAX_SACK_BLOCKS: usize = 4;
+const DSACK_LEN: usize = 8 + 4;
+const SACK_BLOCK_LEN: usize = 4 + 4;
+/// Largest ACK on the wire.
+pub const ACK_MAX_LEN: usize = ACK_MIN_LEN + DSACK_LEN + MAX_SACK_BLOCKS * SACK_BLOCK_LEN;
+
+const KIND_DATA: u8 = 1;
+const KIND_ACK: u8 = 2;
+
+const DATA_FLAG_FIN: u8 = 0x01;
+const DATA_FLAG_RETRANSMISSION: u8 = 0x02;
+const DATA_FLAGS_KNOWN: u8 = DATA_FLAG_FIN | DATA_FLAG_RETRANSMISSION;
+const ACK_FLAG_DSACK: u8 = 0x01;
+const ACK_FLAGS_KNOWN: u8 = ACK_FLAG_DSACK;
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum WireError {
+    #[error("datagram too short: {needed} bytes needed, {actual} present")]
+    Truncated { needed: usize, actual: usize },
+    #[error("not an atou packet (bad magic)")]
+    BadMagic,
+    #[error("protocol version {0} is not supported (this build speaks version {VERSION})")]
+    UnsupportedVersion(u8),
+    #[error("unknown packet kind {0}")]
+    UnknownKind(u8),
+    #[error("unknown flag bits {0:#04x}")]
+    UnknownFlags(u8),
+    #[error("{0} SACK blocks (at most {MAX_SACK_BLOCKS} allowed)")]
+    TooManySackBlocks(u8),
+    #[error("empty SACK block")]
+    EmptySackBlock,
+    #[error("SACK block does not lie above the cumulative ACK")]
+    SackBlockNotAboveAck,
+    #[error("sequence number overflow")]
+    SequenceOverflow,
+    #[error("{0} unexpected bytes after the end of the packet")]
+    TrailingBytes(usize),
+    #[error("buffer of {actual} bytes too small for a {needed}-byte packet")]
+    BufferTooSmall { needed: usize, actual: usize },
+}
+
+/// Flags of a data segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DataFlags {
+    /// The last segment of the stream: the receiver knows the stream length.
+    pub fin: bool,
+    /// Sent before; informational (the receiver counts them).
+    pub retransmission: bool,
+}
+
+impl DataFlags {
+    fn to_byte(self) -> u8 {
+        (if self.fin { DATA_FLAG_FIN } else { 0 })
+            | (if self.retransmission {
+                DATA_FLAG_RETRANSMISSION
+            } else {
+                0
+            })
+    }
+
+    fn from_byte(b: u8) -> Result<Self, WireError> {
+        if b & !DATA_FLAGS_KNOWN != 0 {
+            return Err(WireError::UnknownFlags(b));
+        }
+        Ok(DataFlags {
+            fin: b & DATA_FLAG_FIN != 0,
+            retransmission: b & DATA_FLAG_RETRANSMISSION != 0,
+        })
+    }
+}
+
+/// The header of a data segment; the payload follows it on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataHeader {
+    pub conn_id: u64,
+    /// Segment number, counted from 0.
+    pub seg: u64,
+    /// Byte offset of the payload in the transfer stream.
+    pub offset: u64,
+    /// Sender's clock in microseconds (wrapping), echoed by the ACK.
+    pub timestamp: u32,
+    pub flags: DataFlags,
+}
+
+impl DataHeader {
+    /// Writes the header into `buf`; the caller writes the payload after it.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        check_room(buf, DATA_HEADER_LEN)?;
+        emit_header(buf, KIND_DATA, self.conn_id);
+        buf[12..20].copy_from_slice(&self.seg.to_be_bytes());
+        buf[20..28].copy_from_slice(&self.offset.to_be_bytes());
+        buf[28..32].copy_from_slice(&self.timestamp.to_be_bytes());
+        buf[32] = self.flags.to_byte();
+        Ok(DATA_HEADER_LEN)
+    }
+}
+
+/// A data segment as parsed from a datagram, borrowing its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataSegment<'a> {
+    pub header: DataHeader,
+    pub payload: &'a [u8],
+}
+
+/// A block of segments `[start, end)`, never empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SackBlock {
+    pub start: u64,
+    pub end: u64,
+}
+
+impl SackBlock {
+    pub fn new(start: u64, end: u64) -> Option<SackBlock> {
+        (end > start).then_some(SackBlock { start, end })
+    }
+
+    pub fn len(&self) -> u64 {
+        self.end - self.start
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.end == self.start
+    }
+
+    pub fn contains(&self, seg: u64) -> bool {
+        (self.start..self.end).contains(&seg)
+    }
+}
+
+/// An acknowledgement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ack {
+    pub conn_id: u64,
+    /// Timestamp of the data segment that triggered this ACK.
+    pub echo_timestamp: u32,
+    /// Next segment expected: every segment below it has arrived.
+    pub cum_ack: u64,
+    /// Segments the receiver can accept beyond `cum_ack`.
+    pub window: u32,
+    sack: [SackBlock; MAX_SACK_BLOCKS],
+    sack_len: u8,
+    /// A duplicate that arrived (RFC 2883); may lie below `cum_ack`.
+    pub dsack: Option<SackBlock>,
+}
+
+impl Ack {
+    pub fn new(conn_id: u64, echo_timestamp: u32, cum_ack: u64, window: u32) -> Ack {
+        Ack {
+            conn_id,
+            echo_timestamp,
+            cum_ack,
+            window,
+            sack: [SackBlock { start: 0, end: 1 }; MAX_SACK_BLOCKS],
+            sack_len: 0,
+            dsack: None,
+        }
+    }
+
+    /// SACK blocks in RFC 2018 order: the block holding the newest segment first.
+    pub fn sack_blocks(&self) -> &[SackBlock] {
+        &self.sack[..usize::from(self.sack_len)]
+    }
+
+    /// Appends a SACK block; returns false when the ACK is already full or
+    /// the block does not lie above the cumulative ACK.
+    pub fn push_sack(&mut self, block: SackBlock) -> bool {
+        if usize::from(self.sack_len) == MAX_SACK_BLOCKS || block.start <= self.cum_ack {
+            return false;
+        }
+        self.sack[usize::from(self.sack_len)] = block;
+        self.sack_len += 1;
+        true
+    }
+
+    pub fn encoded_len(&self) -> usize {
+        ACK_MIN_LEN
+            + if self.dsack.is_some() { DSACK_LEN } else { 0 }
+            + usize::from(self.sack_len) * SACK_BLOCK_LEN
+    }
+
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        let len = self.encoded_len();
+        check_room(buf, len)?;
+        emit_header(buf, KIND_ACK, self.conn_id);
+        buf[12..16].copy_from_slice(&self.echo_timestamp.to_be_bytes());
+        buf[16..24].copy_from_slice(&self.cum_ack.to_be_bytes());
+        buf[24..28].copy_from_slice(&self.window.to_be_bytes());
+        buf[28] = if self.dsack.is_some() {
+            ACK_FLAG_DSACK
+        } else {
+            0
+        };
+        buf[29] = self.sack_len;
+        let mut at = ACK_MIN_LEN;
+        if let Some(d) = self.dsack {
+            buf[at..at + 8].copy_from_slice(&d.start.to_be_bytes());
+            buf[at + 8..at + 12].copy_from_slice(&clamp_u32(d.len()).to_be_bytes());
+            at += DSACK_LEN;
+        }
+        for b in self.sack_blocks() {
+            // Blocks lie within the receive window, which is a u32 of segments.
+            buf[at..at + 4].copy_from_slice(&clamp_u32(b.start - self.cum_ack).to_be_bytes());
+            buf[at + 4..at + 8].copy_from_slice(&clamp_u32(b.len()).to_be_bytes());
+            at += SACK_BLOCK_LEN;
+        }
+        Ok(len)
+    }
+}
+
+fn clamp_u32(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+/// A parsed packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Packet<'a> {
+    Data(DataSegment<'a>),
+    Ack(Ack),
+}
+
+impl<'a> Packet<'a> {
+    /// Parses one datagram. Never panics; every field is validated.
+    pub fn decode(buf: &'a [u8]) -> Result<Packet<'a>, WireError> {
+        let (kind, conn_id) = decode_header(buf)?;
+        match kind {
+            KIND_DATA => decode_data(buf, conn_id).map(Packet::Data),
+            KIND_ACK => decode_ack(buf, conn_id).map(Packet::Ack),
+            other => Err(WireError::UnknownKind(other)),
+        }
+    }
+}
+
+/// The connection id of a datagram, for demultiplexing before a full parse.
+pub fn peek_conn_id(buf: &[u8]) -> Result<u64, WireError> {
+    decode_header(buf).map(|(_, id)| id)
+}
+
+fn check_room(buf: &[u8], needed: usize) -> Result<(), WireError> {
+    if buf.len() < needed {
+        return Err(WireError::BufferTooSmall {
+            needed,
+            actual: buf.len(),
+        });
+    }
+    Ok(())
+}
+
+fn check_len(buf: &[u8], needed: usize) -> Result<(), WireError> {
+    if buf.len() < needed {
+        return Err(WireError::Truncated {
+            needed,
+            actual: buf.len(),
+        });
+    }
+    Ok(())
+}
+
+fn emit_header(buf: &mut [u8], kind: u8, conn_id: u64) {
+    buf[0..2].copy_from_slice(&MAGIC);
+    buf[2] = VERSION;
+    buf[3] = kind;
+    buf[4..12].copy_from_slice(&conn_id.to_be_bytes());
+}
+
+fn decode_header(buf: &[u8]) -> Result<(u8, u64), WireError> {
+    check_len(buf, HEADER_LEN)?;
+    if buf[0..2] != MAGIC {
+        return Err(WireError::BadMagic);
+    }
+    if buf[2] != VERSION {
+        return Err(WireError::UnsupportedVersion(buf[2]));
+    }
+    Ok((buf[3], read_u64(buf, 4)))
+}
+
+fn decode_data(buf: &[u8], conn_id: u64) -> Result<DataSegment<'_>, WireError> {
+    check_len(buf, DATA_HEADER_LEN)?;
+    let header = DataHeader {
+        conn_id,
+        seg: read_u64(buf, 12),
+        offset: read_u64(buf, 20),
+        timestamp: read_u32(buf, 28),
+        flags: DataFlags::from_byte(buf[32])?,
+    };
+    let payload = &buf[DATA_HEADER_LEN..];
+    // The stream must be addressable to the payload's last byte.
+    header
+        .offset
+        .checked_add(payload.len() as u64)
+        .ok_or(WireError::SequenceOverflow)?;
+    header
+        .seg
+        .checked_add(1)
+        .ok_or(WireError::SequenceOverflow)?;
+    Ok(DataSegment { header, payload })
+}
+
+fn decode_ack(buf: &[u8], conn_id: u64) -> Result<Ack, WireError> {
+    check_len(buf, ACK_MIN_LEN)?;
+    let flags = buf[28];
+    if flags & !ACK_FLAGS_KNOWN != 0 {
+        return Err(WireError::UnknownFlags(flags));
+    }
+    let nsack = buf[29];
+    if usize::from(nsack) > MAX_SACK_BLOCKS {
+        return Err(WireError::TooManySackBlocks(nsack));
+    }
+    let has_dsack = flags & ACK_FLAG_DSACK != 0;
+    let total =
+        ACK_MIN_LEN + if has_dsack { DSACK_LEN } else { 0 } + usize::from(nsack) * SACK_BLOCK_LEN;
+    check_len(buf, total)?;
+    if buf.len() > total {
+        return Err(WireError::TrailingBytes(buf.len() - total));
+    }
+    let mut ack = Ack::new(
+        conn_id,
+        read_u32(buf, 12),
+        read_u64(buf, 16),
+        read_u32(buf, 24),
+    );
+    let mut at = ACK_MIN_LEN;
+    if has_dsack {
+        let start = read_u64(buf, at);
+        let len = u64::from(read_u32(buf, at + 8));
+        ack.dsack = Some(block_from(start, len)?);
+        at += DSACK_LEN;
+    }
+    for _ in 0..nsack {
+        let delta = u64::from(read_u32(buf, at));
+        let len = u64::from(read_u32(buf, at + 4));
+        if delta == 0 {
+            return Err(WireError::SackBlockNotAboveAck);
+        }
+        let start = ack
+            .cum_ack
+            .checked_add(delta)
+            .ok_or(WireError::SequenceOverflow)?;
+        let block = block_from(start, len)?;
+        ack.sack[usize::from(ack.sack_len)] = block;
+        ack.sack_len += 1;
+        at += SACK_BLOCK_LEN;
+    }
+    Ok(ack)
+}
+
+fn block_from(start: u64, len: u64) -> Result<SackBlock, WireError> {
+    if len == 0 {
+        return Err(WireError::EmptySackBlock);
+    }
+    let end = start.checked_add(len).ok_or(WireError::SequenceOverflow)?;
+    Ok(SackBlock { start, end })
+}
+
+fn read_u64(buf: &[u8], at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&buf[at..at + 8]);
+    u64::from_be_bytes(b)
+}
+
+fn read_u32(buf: &[u8], at: usize) -> u32 {
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&buf[at..at + 4]);
+    u32::from_be_bytes(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const DATA: DataHeader = DataHeader {
+        conn_id: 0x0102_0304_0506_0708,
+        seg: 300,
+        offset: 300 * 1439,
+        timestamp: 123_456,
+        flags: DataFlags {
+            fin: false,
+            retransmission: false,
+        },
+    };
+
+    fn encode_data(h: &DataHeader, payload: &[u8]) -> Vec<u8> {
+        let mut buf = vec![0u8; DATA_HEADER_LEN + payload.len()];
+        let n = h.emit(&mut buf).unwrap();
+        buf[n..].copy_from_slice(payload);
+        buf
+    }
+
+    fn encode_ack(ack: &Ack) -> Vec<u8> {
+        let mut buf = vec![0u8; ACK_MAX_LEN];
+        let n = ack.emit(&mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    #[test]
+    fn data_layout_is_as_documented() {
+        let buf = encode_data(&DATA, b"xy");
+        assert_eq!(&buf[0..4], b"AT\x01\x01");
+        assert_eq!(buf.len(), 33 + 2);
+        assert_eq!(&buf[33..], b"xy");
+    }
+
+    #[test]
+    fn ack_without_blocks_is_30_bytes() {
+        // atou §4.4: ACK bandwidth matters on slow return paths; no empty blocks.
+        let ack = Ack::new(7, 1, 10, 64);
+        assert_eq!(encode_ack(&ack).len(), ACK_MIN_LEN);
+        assert_eq!(ACK_MIN_LEN, 30);
+    }
+
+    #[test]
+    fn rejects_bad_magic_version_kind() {
+        let mut buf = encode_data(&DATA, b"");
+        buf[0] = b'X';
+        assert_eq!(Packet::decode(&buf), Err(WireError::BadMagic));
+        let mut buf = encode_data(&DATA, b"");
+        buf[2] = 9;
+        assert_eq!(Packet::decode(&buf), Err(WireError::UnsupportedVersion(9)));
+        let mut buf = encode_data(&DATA, b"");
+        buf[3] = 77;
+        assert_eq!(Packet::decode(&buf), Err(WireError::UnknownKind(77)));
+    }
+
+    #[test]
+    fn rejects_every_truncation_of_an_ack() {
+        let mut ack = Ack::new(1, 2, 100, 50);
+        ack.dsack = SackBlock::new(90, 91);
+        assert!(ack.push_sack(SackBlock::new(105, 110).unwrap()));
+        assert!(ack.push_sack(SackBlock::new(102, 103).unwrap()));
+        let buf = encode_ack(&ack);
+        for cut in 0..buf.len() {
+            assert!(Packet::decode(&buf[..cut]).is_err(), "cut at {cut}");
+        }
+        assert_eq!(Packet::decode(&buf), Ok(Packet::Ack(ack)));
+        let mut longer = buf.clone();
+        longer.push(0);
+        assert_eq!(Packet::decode(&longer), Err(WireError::TrailingBytes(1)));
+    }
+
+    #[test]
+    fn rejects_empty_and_misplaced_sack_blocks() {
+        let mut ack = Ack::new(1, 2, 100, 50);
+        assert!(ack.push_sack(SackBlock::new(105, 110).unwrap()));
+        let good = encode_ack(&ack);
+        let mut empty = good.clone();
+        empty[ACK_MIN_LEN + 4..ACK_MIN_LEN + 8].copy_from_slice(&0u32.to_be_bytes());
+        assert_eq!(Packet::decode(&empty), Err(WireError::EmptySackBlock));
+        let mut at_ack = good.clone();
+        at_ack[ACK_MIN_LEN..ACK_MIN_LEN + 4].copy_from_slice(&0u32.to_be_bytes());
+        assert_eq!(
+            Packet::decode(&at_ack),
+            Err(WireError::SackBlockNotAboveAck)
+        );
+        let mut five = good;
+        five[29] = 5;
+        assert_eq!(Packet::decode(&five), Err(WireError::TooManySackBlocks(5)));
+    }
+
+    #[test]
+    fn rejects_sequence_overflow() {
+        let h = DataHeader {
+            offset: u64::MAX,
+            ..DATA
+        };
+        let buf = encode_data(&h, b"z");
+        assert_eq!(Packet::decode(&buf), Err(WireError::SequenceOverflow));
+        let mut ack = Ack::new(1, 2, u64::MAX - 2, 50);
+        assert!(ack.push_sack(SackBlock::new(u64::MAX - 1, u64::MAX).unwrap()));
+        let mut buf = encode_ack(&ack);
+        buf[ACK_MIN_LEN + 4..ACK_MIN_LEN + 8].copy_from_slice(&9u32.to_be_bytes());
+        assert_eq!(Packet::decode(&buf), Err(WireError::SequenceOverflow));
+    }
+
+    #[test]
+    fn rejects_unknown_flags() {
+        let mut buf = encode_data(&DATA, b"");
+        buf[32] = 0x80;
+        assert_eq!(Packet::decode(&buf), Err(WireError::UnknownFlags(0x80)));
+    }
+
+    #[test]
+    fn push_sack_refuses_blocks_at_or_below_the_ack() {
+        let mut ack = Ack::new(1, 2, 100, 50);
+        assert!(!ack.push_sack(SackBlock::new(100, 101).unwrap()));
+        assert!(ack.sack_blocks().is_empty());
+    }
+
+    fn arb_block_above(cum: u64) -> impl Strategy<Value = SackBlock> {
+        (1u64..1_000_000, 1u64..100_000).prop_map(move |(d, l)| SackBlock {
+            start: cum + d,
+            end: cum + d + l,
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn data_round_trips(seg in any::<u64>().prop_map(|s| s >> 1), offset in any::<u32>(),
+                            ts in any::<u32>(), fin in any::<bool>(), rx in any::<bool>(),
+                            payload in proptest::collection::vec(any::<u8>(), 0..1500)) {
+            let h = DataHeader { conn_id: 99, seg, offset: u64::from(offset), timestamp: ts,
+                                 flags: DataFlags { fin, retransmission: rx } };
+            let buf = encode_data(&h, &payload);
+            let parsed = Packet::decode(&buf).unwrap();
+            prop_assert_eq!(parsed, Packet::Data(DataSegment { header: h, payload: &payload }));
+        }
+
+        #[test]
+        fn ack_round_trips(cum in 0u64..(1 << 60), win in any::<u32>(), ts in any::<u32>(),
+                           dsack in proptest::option::of((0u64..(1 << 60), 1u64..1000)),
+                           blocks in proptest::collection::vec(arb_block_above(0), 0..=4)) {
+            let mut ack = Ack::new(5, ts, cum, win);
+            ack.dsack = dsack.map(|(s, l)| SackBlock { start: s, end: s + l });
+            for b in blocks {
+                let shifted = SackBlock { start: b.start + cum, end: b.end + cum };
+                prop_assert!(ack.push_sack(shifted));
+            }
+            let buf = encode_ack(&ack);
+            prop_assert_eq!(buf.len(), ack.encoded_len());
+            prop_assert_eq!(Packet::decode(&buf).unwrap(), Packet::Ack(ack));
+        }
+
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
+            let _ = Packet::decode(&bytes);
+        }
+
+        #[test]
+        fn decode_never_panics_behind_a_valid_header(kind in 1u8..=2,
+                bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
+            let mut buf = vec![b'A', b'T', VERSION, kind, 0, 0, 0, 0, 0, 0, 0, 1];
+            buf.extend_from_slice(&bytes);
+            let _ = Packet::decode(&buf);
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! atou's end-of-run summary: printed in atou's layout, or as JSON with
+//! atou's names as keys (times in seconds, rates in bits per second).
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::proto::events::Thresh;
+use crate::proto::tuning::KNOBS;
+use crate::proto::{ReceiverStats, SenderSnapshot, SenderStats, Tuning};
+use crate::sim::LinkStats;
+
+/// The receiver's report (atousrv's counters).
+#[derive(Debug, Clone, Serialize)]
+pub struct ReceiverReport {
+    pub segments: u64,
+    pub bytes: u64,
+    pub acks: u64,
+    pub duplicates: u64,
+    pub out_of_order: u64,
+    pub beyond_window: u64,
+    pub bad_packets: u64,
+}
+
+impl From<&ReceiverStats> for ReceiverReport {
+    fn from(s: &ReceiverStats) -> Self {
+        ReceiverReport {
+            segments: s.segments,
+            bytes: s.bytes,
+            acks: s.acks,
+            duplicates: s.duplicates,
+            out_of_order: s.out_of_order,
+            beyond_window: s.beyond_window,
+            bad_packets: s.bad_packets,
+        }
+    }
+}
+
+/// What the simulator adds: the paths and what they did.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimReport {
+    pub seed: u64,
+    pub fwd: String,
+    pub rev: String,
+    pub fwd_stats: LinkStats,
+    pub rev_stats: LinkStats,
+    /// Bytes delivered in order and checked against what was sent.
+    pub verified_bytes: u64,
+    /// Offset of the first wrong byte, if the stream was not intact.
+    pub first_error: Option<u64>,
+}
+
+fn secs_f64<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+fn thresh<S: serde::Serializer>(t: &u64, s: S) -> Result<S::Ok, S::Error> {
+    if *t == u64::MAX {
+        s.serialize_none()
+    } else {
+        s.serialize_u64(*t)
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// `local => remote`.
+    pub path: String,
+    /// `finished`, or why not.
+    pub status: String,
+    /// Good (acknowledged payload) bytes.
+    pub bytes: u64,
+    pub secs: f64,
+    pub goodput_bps: f64,
+    pub pkts_in: u64,
+    pub pkts_out: u64,
+    pub bytes_out: u64,
+    pub enobufs: u64,
+    pub rxmts: u64,
+    pub dup3s: u64,
+    pub packs: u64,
+    pub timeouts: u64,
+    pub dups: u64,
+    pub badacks: u64,
+    pub maxack: u64,
+    pub maxburst: u64,
+    /// Transmissions dropped by the droplist.
+    pub dropped: u64,
+    pub dsacks: u64,
+    pub bad_packets: u64,
+    #[serde(serialize_with = "secs_f64")]
+    pub minrtt: Duration,
+    #[serde(serialize_with = "secs_f64")]
+    pub maxrtt: Duration,
+    #[serde(serialize_with = "secs_f64")]
+    pub avgrtt: Duration,
+    #[serde(serialize_with = "secs_f64")]
+    pub rto: Duration,
+    #[serde(serialize_with = "secs_f64")]
+    pub srtt: Duration,
+    #[serde(serialize_with = "secs_f64")]
+    pub rttvar: Duration,
+    pub snd_nxt: u64,
+    pub snd_una: u64,
+    pub snd_max: u64,
+    pub cwnd: u64,
+    /// `null` while unlimited (no loss yet and `thresh_init 0`).
+    #[serde(serialize_with = "thresh")]
+    pub ssthresh: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receiver: Option<ReceiverReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sim: Option<SimReport>,
+    pub tuning: Tuning,
+}
+
+impl Summary {
+    pub fn new(
+        path: String,
+        status: String,
+        tuning: &Tuning,
+        stats: &SenderStats,
+        snap: &SenderSnapshot,
+    ) -> Summary {
+        let secs = snap.elapsed.as_secs_f64();
+        Summary {
+            path,
+            status,
+            bytes: snap.good_bytes,
+            secs,
+            goodput_bps: if secs > 0.0 {
+                snap.good_bytes as f64 * 8.0 / secs
+            } else {
+                0.0
+            },
+            pkts_in: stats.pkts_in,
+            pkts_out: stats.pkts_out,
+            bytes_out: stats.bytes_out,
+            enobufs: 0,
+            rxmts: stats.rxmts,
+            dup3s: stats.dup3s,
+            packs: stats.packs,
+            timeouts: stats.timeouts,
+            dups: stats.dups,
+            badacks: stats.badacks,
+            maxack: stats.maxack,
+            maxburst: stats.maxburst,
+            dropped: stats.dropped,
+            dsacks: stats.dsacks,
+            bad_packets: stats.bad_packets,
+            minrtt: snap.minrtt,
+            maxrtt: snap.maxrtt,
+            avgrtt: snap.avgrtt,
+            rto: snap.rto,
+            srtt: snap.srtt,
+            rttvar: snap.rttvar,
+            snd_nxt: snap.snd_nxt,
+            snd_una: snap.snd_una,
+            snd_max: snap.snd_max,
+            cwnd: snap.cwnd,
+            ssthresh: snap.ssthresh,
+            receiver: None,
+            sim: None,
+            tuning: tuning.clone(),
+        }
+    }
+}
+
+/// The `config:` lines: every knob, five to a line, then what the caller adds.
+pub fn config_lines(tuning: &Tuning) -> Vec<String> {
+    KNOBS
+        .chunks(5)
+        .map(|chunk| {
+            let pairs: Vec<String> = chunk
+                .iter()
+                .map(|k| format!("{} {}", k.name, tuning.get(k.name).unwrap_or_default()))
+                .collect();
+            format!("config: {}", pairs.join(" "))
+        })
+        .collect()
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = &self.tuning;
+        writeln!(
+            f,
+            "config: atou {} {}",
+            env!("CARGO_PKG_VERSION"),
+            self.path
+        )?;
+        for line in config_lines(t) {
+            writeln!(f, "{line}")?;
+        }
+        if let Some(sim) = &self.sim {
+            writeln!(
+                f,
+                "config: seed {} fwd \"{}\" rev \"{}\"",
+                sim.seed, sim.fwd, sim.rev
+            )?;
+        }
+        let mbs = self.goodput_bps / 1e6;
+        writeln!(
+            f,
+            "{} {mbs:.6} Mbs win {} rxmts {}",
+            self.path, t.rcvwin, self.rxmts
+        )?;
+        writeln!(
+            f,
+            "{:.6} secs {} good bytes goodput {:.6} KBs {mbs:.6} Mbs",
+            self.secs,
+            self.bytes,
+            self.goodput_bps / 8e3
+        )?;
+        writeln!(
+            f,
+            "pkts in {} out {} enobufs {}",
+            self.pkts_in, self.pkts_out, self.enobufs
+        )?;
+        let loss = if self.pkts_out > 0 {
+            self.rxmts as f64 * 100.0 / self.pkts_out as f64
+        } else {
+            0.0
+        };
+        let out_mbs = if self.secs > 0.0 {
+            self.bytes_out as f64 * 8.0 / self.secs / 1e6
+        } else {
+            0.0
+        };
+        writeln!(
+            f,
+            "total bytes out {} loss {loss:.3} % {out_mbs:.6} Mbs",
+            self.bytes_out
+        )?;
+        writeln!(
+            f,
+            "rxmts {} dup3s {} packs {} timeouts {} dups {} badacks {} maxack {} maxburst {}",
+            self.rxmts,
+            self.dup3s,
+            self.packs,
+            self.timeouts,
+            self.dups,
+            self.badacks,
+            self.maxack,
+            self.maxburst
+        )?;
+        writeln!(
+            f,
+            "minrtt {:.6} maxrtt {:.6} avgrtt {:.6}",
+            self.minrtt.as_secs_f64(),
+            self.maxrtt.as_secs_f64(),
+            self.avgrtt.as_secs_f64()
+        )?;
+        writeln!(
+            f,
+            "rto {:.6} srtt {:.6} rttvar {:.6}",
+            self.rto.as_secs_f64(),
+            self.srtt.as_secs_f64(),
+            self.rttvar.as_secs_f64()
+        )?;
+        let avg = self.avgrtt.as_secs_f64();
+        let win_bits = f64::from(t.rcvwin) * t.payload_size() as f64 * 8.0;
+        let win_rtt = if avg > 0.0 { win_bits / avg / 1e6 } else { 0.0 };
+        let bwdelay = self.goodput_bps * avg / 8.0;
+        writeln!(
+            f,
+            "win/rtt = {win_rtt:.6} Mbs bwdelay = {:.0} KB {:.0} segs",
+            bwdelay / 1e3,
+            bwdelay / t.payload_size() as f64
+        )?;
+        writeln!(
+            f,
+            "snd_nxt {} snd_cwnd {} snd_una {} ssthresh {} snd_max {}",
+            self.snd_nxt,
+            self.cwnd,
+            self.snd_una,
+            Thresh(self.ssthresh),
+            self.snd_max
+        )?;
+        if self.dropped > 0 || self.dsacks > 0 || self.bad_packets > 0 {
+            writeln!(
+                f,
+                "droplist drops {} dsacks {} bad packets {}",
+                self.dropped, self.dsacks, self.bad_packets
+            )?;
+        }
+        if let Some(r) = &self.receiver {
+            writeln!(
+                f,
+                "receiver: segments {} bytes {} acks {} dups {} out-of-order {} beyond-window {}",
+                r.segments, r.bytes, r.acks, r.duplicates, r.out_of_order, r.beyond_window
+            )?;
+        }
+        if let Some(sim) = &self.sim {
+            for (name, s) in [("fwd", &sim.fwd_stats), ("rev", &sim.rev_stats)] {
+                writeln!(
+                    f,
+                    "{name}: offered {} delivered {} lost {} queue-drops {} duplicated {} reordered {}",
+                    s.offered, s.delivered, s.lost, s.queue_drops, s.duplicated, s.reordered
+                )?;
+            }
+            match sim.first_error {
+                None => writeln!(f, "verified {} bytes in order", sim.verified_bytes)?,
+                Some(at) => writeln!(f, "STREAM CORRUPT at byte {at}")?,
+            }
+        }
+        if self.status != "finished" {
+            writeln!(f, "status: {}", self.status)?;
+        }
+        Ok(())
+    }
+}
