@@ -508,8 +508,11 @@ impl Sender {
         if self.may_send_new() {
             return Some((self.flow.sb.max(), None));
         }
+        if self.more_data(self.flow.sb.max()) {
+            return None;
+        }
         self.recovery
-            .extra_retransmission(&self.flow)
+            .tail_retransmission(&self.flow)
             .map(|seg| (seg, None))
     }
 

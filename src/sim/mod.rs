@@ -6,6 +6,7 @@
 //! is identical, trace included, on every machine.
 
 pub mod link;
+pub mod scenarios;
 
 use std::time::Duration;
 

@@ -228,10 +228,10 @@ pub trait Recovery: fmt::Debug + Send {
     /// Decide about entering, continuing and leaving recovery.
     fn on_ack(&mut self, flow: &mut Flow, ack: &AckSummary);
 
-    /// A segment to retransmit when no segment is marked lost and no new
-    /// data may be sent (RFC 6675 NextSeg rules 3 and 4). Most variants have
-    /// none.
-    fn extra_retransmission(&mut self, _flow: &Flow) -> Option<u64> {
+    /// A segment to retransmit when no segment is marked lost and the
+    /// stream has no new data left (RFC 6675 NextSeg rules 3 and 4). Most
+    /// variants have none.
+    fn tail_retransmission(&mut self, _flow: &Flow) -> Option<u64> {
         None
     }
 

@@ -6,6 +6,11 @@
 //! `pipe < cwnd`, choosing with NextSeg: lost segments first (rule 1), then
 //! new data (rule 2, in the sender), then un-SACKed segments below the
 //! highest SACK (rule 3), then one rescue retransmission (rule 4).
+//!
+//! Deviation: rules 3 and 4 apply only once the stream has no new data
+//! left, the tail case they exist for. While the sender is merely held by
+//! a window, more ACKs are coming and they would only resend segments
+//! still in flight.
 
 use super::{AckSummary, Flow, Phase, Recovery};
 use crate::proto::events::RecoveryTrigger;
@@ -57,7 +62,7 @@ impl Recovery for Sack {
         }
     }
 
-    fn extra_retransmission(&mut self, flow: &Flow) -> Option<u64> {
+    fn tail_retransmission(&mut self, flow: &Flow) -> Option<u64> {
         if flow.phase != Phase::Recovery {
             return None;
         }

@@ -1,0 +1,115 @@
+//! Measurements from the papers, shared by the tests (which assert on them)
+//! and the examples (which print them).
+
+use std::time::Duration;
+
+use super::link::{Link, LinkSpec, SimLink};
+use super::{Recorder, SimConfig, SimError, Simulation};
+use crate::proto::{Event, RecoveryKind, Time, Tuning};
+
+/// Mathis §3.1: MSS in the paper's sense, payload bytes per segment.
+pub const MATHIS_MSS: u64 = 1460;
+
+/// One measurement of Mathis's constant.
+#[derive(Debug, Clone, Copy)]
+pub struct MathisRun {
+    /// C = BW · RTT · √p / MSS.
+    pub c: f64,
+    /// Goodput in bits per second over the measured span.
+    pub bw_bps: f64,
+    /// The connection's own average RTT (Mathis §3.2: the right RTT to use).
+    pub rtt: Duration,
+    /// Loss episodes in the measured span.
+    pub episodes: usize,
+    pub timeouts: u64,
+}
+
+/// Mathis §3.1, queueless random loss: 100 ms RTT, MSS 1460, link loss `p`,
+/// a link ten times faster than the flow so no queue stands. Runs for
+/// `losses / p` segments and measures from the tenth recovery on, leaving
+/// out the slow-start overshoot (Mathis appendix B).
+pub fn mathis(
+    kind: RecoveryKind,
+    delayed_ack: bool,
+    p: f64,
+    losses: f64,
+    seed: u64,
+) -> Result<MathisRun, SimError> {
+    const WARMUP_EPISODES: usize = 10;
+    let tuning = Tuning {
+        mss: (MATHIS_MSS as usize + crate::proto::wire::DATA_HEADER_LEN) as u32,
+        recovery: kind,
+        delack: if delayed_ack {
+            Duration::from_millis(200)
+        } else {
+            Duration::ZERO
+        },
+        // Window never limits (Mathis §2, item 1).
+        rcvwin: 1 << 20,
+        rcvbuf: 1 << 20,
+        maxpkts: (losses / p) as u64,
+        ..Tuning::default()
+    };
+    let fwd: LinkSpec = format!("rate 100mbit delay 50ms loss {}%", p * 100.0)
+        .parse()
+        .expect("valid spec");
+    let rev: LinkSpec = "delay 50ms".parse().expect("valid spec");
+    let mut recorder = Recorder::default();
+    let result = Simulation::new(SimConfig::new(tuning, fwd, rev, None, seed))?.run(&mut recorder)?;
+    let exits: Vec<(Duration, u64)> = recorder
+        .events
+        .iter()
+        .filter_map(|e| match e.event {
+            Event::LeaveRecovery { snd_una, .. } => Some((e.time, snd_una)),
+            _ => None,
+        })
+        .collect();
+    let s = &result.summary;
+    let (t0, una0) = exits
+        .get(WARMUP_EPISODES - 1)
+        .copied()
+        .unwrap_or((Duration::ZERO, 0));
+    let span = s.secs - t0.as_secs_f64();
+    let bw_bps = (s.snd_una - una0) as f64 * MATHIS_MSS as f64 * 8.0 / span;
+    let rtt = s.avgrtt;
+    Ok(MathisRun {
+        c: bw_bps / 8.0 * rtt.as_secs_f64() * p.sqrt() / MATHIS_MSS as f64,
+        bw_bps,
+        rtt,
+        episodes: exits.len().saturating_sub(WARMUP_EPISODES),
+        timeouts: s.timeouts,
+    })
+}
+
+/// Mathis Table 1: the expected C for random loss.
+pub fn mathis_expected_c(delayed_ack: bool) -> f64 {
+    if delayed_ack {
+        0.93
+    } else {
+        1.31
+    }
+}
+
+/// How a link reorders: sends `packets` numbered datagrams of `size` bytes
+/// every `interval` and returns (fraction arriving out of place, largest
+/// displacement in positions).
+pub fn displacement(spec: &LinkSpec, packets: u32, size: usize, interval: Duration, seed: u64) -> (f64, u64) {
+    let mut link = SimLink::new(spec.clone(), seed);
+    for i in 0..packets {
+        let mut p = vec![0u8; size.max(4)];
+        p[..4].copy_from_slice(&i.to_be_bytes());
+        link.enqueue(Time::ZERO + interval * i, p);
+    }
+    let mut displaced = 0u64;
+    let mut max = 0u64;
+    let mut pos = 0i64;
+    while let Some(at) = link.next_release() {
+        let Some(p) = link.poll(at) else { break };
+        let id = i64::from(u32::from_be_bytes([p[0], p[1], p[2], p[3]]));
+        let d = (pos - id).unsigned_abs();
+        displaced += u64::from(d > 0);
+        max = max.max(d);
+        pos += 1;
+    }
+    (displaced as f64 / pos.max(1) as f64, max)
+}

@@ -1,0 +1,402 @@
+//! The papers' scenarios, run in the simulator. Each test names its
+//! scenario and cites the section whose figures it checks.
+
+use std::time::Duration;
+
+use atou::proto::rtt::RttEstimator;
+use atou::proto::{Event, RecoveryKind, Time, TimedEvent, TraceRecord, Tuning};
+use atou::sim::scenarios::{displacement, mathis, mathis_expected_c};
+use atou::sim::{LinkSpec, Outcome, Recorder, SimConfig, SimResult, Simulation};
+
+fn simulate(tuning: Tuning, fwd: &str, rev: &str, bytes: u64, seed: u64) -> (SimResult, Recorder) {
+    let fwd: LinkSpec = fwd.parse().expect("fwd spec");
+    let rev: LinkSpec = rev.parse().expect("rev spec");
+    let mut config = SimConfig::new(tuning, fwd, rev, Some(bytes), seed);
+    config.trace = true;
+    config.check_invariants = true;
+    let mut rec = Recorder::default();
+    let result = Simulation::new(config).unwrap().run(&mut rec).unwrap();
+    assert!(result.delivered_intact(bytes), "transfer incomplete: {}", result.summary);
+    (result, rec)
+}
+
+fn exits(events: &[TimedEvent]) -> Vec<(u64, u64, Duration)> {
+    events
+        .iter()
+        .filter_map(|e| match e.event {
+            Event::LeaveRecovery { cwnd, ssthresh, duration, .. } => Some((cwnd, ssthresh, duration)),
+            _ => None,
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Brakmo & Peterson, "Performance Problems in BSD4.4 TCP"
+// ---------------------------------------------------------------------------
+
+/// Brakmo §3.2, Table 2: with a 500 ms clock the corrected estimator gives
+/// the "new RTO" column from the RTT column. The estimator is primed, as
+/// RFC 6298 §2.2 says, from a first measurement (one tick) taken before
+/// the table's rows.
+#[test]
+fn brakmo_3_2_rto_with_500ms_tick_reproduces_table_2() {
+    const TICK: Duration = Duration::from_millis(500);
+    let rtt_ticks = [0u32, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1];
+    let new_rto = [3u64, 3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 3];
+    let mut e = RttEstimator::new(&Tuning {
+        tick: TICK,
+        ..Tuning::default()
+    });
+    // Each segment leaves 100 ms after a tick; its ACK comes `m` ticks later.
+    let mut now = Time::ZERO;
+    let mut measure = |e: &mut RttEstimator, m: u32| {
+        now += TICK * 4;
+        let sent = now + Duration::from_millis(100);
+        let acked = sent + TICK * m;
+        e.on_sample(acked, acked - sent);
+    };
+    measure(&mut e, 1);
+    let got: Vec<u64> = rtt_ticks
+        .iter()
+        .map(|&m| {
+            measure(&mut e, m);
+            e.rto_ticks().unwrap()
+        })
+        .collect();
+    assert_eq!(got, new_rto);
+    assert_eq!(e.base_rto(), TICK * 3);
+}
+
+/// Cwnd at each ACK of a run, from the trace.
+fn cwnd_series(trace: &[TraceRecord]) -> Vec<(f64, u64)> {
+    trace
+        .iter()
+        .filter_map(|r| match *r {
+            TraceRecord::Ack { time, cwnd, .. } => Some((time.as_secs_f64(), cwnd)),
+            TraceRecord::Xmt { .. } => None,
+        })
+        .collect()
+}
+
+/// The largest and the average cwnd growth over one RTT, once cwnd has
+/// passed `from`.
+fn growth_per_rtt(series: &[(f64, u64)], rtt: f64, from: u64) -> (u64, f64) {
+    let start = series.iter().position(|&(_, c)| c >= from).expect("reached ssthresh");
+    let s = &series[start..];
+    let mut worst = 0;
+    let mut j = 0;
+    for i in 0..s.len() {
+        while j < s.len() && s[j].0 < s[i].0 + rtt {
+            j += 1;
+        }
+        if j < s.len() {
+            worst = worst.max(s[j - 1].1.saturating_sub(s[i].1));
+        }
+    }
+    let (t0, c0) = s[0];
+    let (t1, c1) = s[s.len() - 1];
+    (worst, (c1 - c0) as f64 / ((t1 - t0) / rtt))
+}
+
+/// Brakmo §3.3–3.4: loss-free congestion avoidance opens the window by at
+/// most one segment per RTT, with and without delayed ACKs (the `+MSS/8`
+/// of BSD would open it by cwnd/8 more). Delayed ACKs halve the rate
+/// (Mathis footnote 2).
+#[test]
+fn brakmo_3_4_congestion_avoidance_at_most_one_segment_per_rtt() {
+    for (delack, expected_rate) in [(0u64, 1.0), (200, 0.5)] {
+        let tuning = Tuning {
+            rcvwin: 400,
+            rcvbuf: 400,
+            initsegs: 2,
+            thresh_init: 0.05, // ssthresh 20: congestion avoidance early
+            delack: Duration::from_millis(delack),
+            ..Tuning::default()
+        };
+        let (result, rec) = simulate(tuning, "rate 1gbit delay 50ms", "delay 50ms", 30 << 20, 1);
+        assert_eq!(result.summary.rxmts, 0);
+        let rtt = result.summary.minrtt.as_secs_f64();
+        let (worst, average) = growth_per_rtt(&cwnd_series(&rec.trace), rtt, 21);
+        assert!(worst <= 1, "delack {delack}: cwnd grew {worst} segments in one RTT");
+        assert!(
+            (average - expected_rate).abs() < 0.1,
+            "delack {delack}: average growth {average:.3} per RTT, expected {expected_rate}"
+        );
+    }
+}
+
+/// Brakmo §3.5: an ACK that acknowledges three or more segments releases
+/// no more than three. ACK loss on the return path makes such ACKs common.
+#[test]
+fn brakmo_3_5_no_burst_above_three_after_a_big_cumulative_ack() {
+    let tuning = Tuning {
+        recovery: RecoveryKind::NewReno,
+        rcvwin: 200,
+        ..Tuning::default()
+    };
+    let (_, rec) = simulate(tuning, "rate 100mbit delay 20ms", "delay 20ms loss 60%", 20 << 20, 3);
+    let mut last_ack = 0;
+    let mut big_acks = 0;
+    let mut i = 0;
+    while i < rec.trace.len() {
+        if let TraceRecord::Ack { time, ack, .. } = rec.trace[i] {
+            let acked = ack.saturating_sub(last_ack);
+            last_ack = last_ack.max(ack);
+            let sent = rec.trace[i + 1..]
+                .iter()
+                .take_while(|r| matches!(r, TraceRecord::Xmt { time: t, .. } if *t == time))
+                .count();
+            if acked >= 3 {
+                big_acks += 1;
+                assert!(sent <= 3, "an ACK of {acked} segments at {time:?} released {sent}");
+            }
+        }
+        i += 1;
+    }
+    assert!(big_acks > 100, "scenario produced only {big_acks} big ACKs");
+}
+
+/// Brakmo §3.1 and §3.6: when fast recovery ends, cwnd is deflated to
+/// ssthresh, also when exactly `dup_thresh` duplicates arrived (`>=`, not
+/// `>`). A four-segment window gives exactly three duplicates per loss.
+#[test]
+fn brakmo_3_6_cwnd_equals_ssthresh_when_fast_recovery_ends() {
+    for kind in RecoveryKind::ALL {
+        for (rcvwin, drops) in [(4u32, "40"), (40, "300,302,310-313")] {
+            let tuning = Tuning {
+                recovery: kind,
+                rcvwin,
+                droplist: drops.parse().unwrap(),
+                ..Tuning::default()
+            };
+            let (result, rec) = simulate(tuning, "rate 10mbit delay 20ms", "delay 20ms", 1 << 20, 1);
+            let exits = exits(&rec.events);
+            assert!(!exits.is_empty(), "{kind} rcvwin {rcvwin}: no recovery happened");
+            for (cwnd, ssthresh, _) in exits {
+                assert_eq!(cwnd, ssthresh, "{kind} rcvwin {rcvwin}: cwnd not deflated");
+            }
+            if rcvwin == 4 {
+                assert_eq!(result.summary.dups, 3, "{kind}: expected exactly dup_thresh duplicates");
+                assert_eq!(result.summary.timeouts, 0, "{kind}");
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Hoe, "Improving the Start-up Behavior of a Congestion Control Scheme for TCP"
+// ---------------------------------------------------------------------------
+
+/// Hoe §2.2.2 and appendix A.1.2 (H1): 1 MB over a 1.6 Mbit/s bottleneck
+/// with a 10-packet drop-tail queue, MSS 1024, window 50 segments, initial
+/// ssthresh 64 segments, ~100 ms RTT. Slow start overflows the queue and
+/// loses many segments of one window: Reno needs a timeout, NewReno none.
+#[test]
+fn hoe_h1_reno_times_out_newreno_does_not() {
+    let run = |kind| {
+        let tuning = Tuning {
+            recovery: kind,
+            mss: 1024 + 33,
+            rcvwin: 50,
+            thresh_init: 64.0 / 50.0,
+            initsegs: 1,
+            ..Tuning::default()
+        };
+        assert_eq!(tuning.initial_ssthresh(), 64);
+        simulate(tuning, "rate 1.6mbit delay 50ms limit 10", "delay 50ms", 1 << 20, 1).0
+    };
+    let reno = run(RecoveryKind::Reno).summary;
+    let newreno = run(RecoveryKind::NewReno).summary;
+    assert!(reno.timeouts >= 1, "Reno: {} timeouts", reno.timeouts);
+    assert_eq!(newreno.timeouts, 0, "NewReno timed out");
+    assert!(newreno.packs > 5, "NewReno repaired only {} losses by partial ACKs", newreno.packs);
+    assert!(newreno.secs < reno.secs, "NewReno {:.2}s, Reno {:.2}s", newreno.secs, reno.secs);
+}
+
+/// Hoe §2.2.2 and §3.2 (H2): segments k+1 and k+3 of one window lost.
+/// NewReno repairs both with one halving and no timeout; Reno needs a
+/// second reduction (another fast retransmit or a timeout).
+#[test]
+fn hoe_h2_newreno_recovers_two_losses_with_one_halving() {
+    let run = |kind| {
+        let tuning = Tuning {
+            recovery: kind,
+            rcvwin: 20,
+            droplist: "101,103".parse().unwrap(),
+            ..Tuning::default()
+        };
+        simulate(tuning, "rate 10mbit delay 50ms", "delay 50ms", 1 << 20, 1)
+    };
+    let (newreno, rec) = run(RecoveryKind::NewReno);
+    let s = &newreno.summary;
+    assert_eq!((s.rxmts, s.dup3s, s.packs, s.timeouts), (2, 1, 1, 0), "{s}");
+    let exits = exits(&rec.events);
+    assert_eq!(exits.len(), 1);
+    assert_eq!(exits[0].1, 10, "one halving of the 20-segment window");
+    let (reno, _) = run(RecoveryKind::Reno);
+    let r = &reno.summary;
+    assert!(r.dup3s + r.timeouts >= 2, "Reno reduced its window only once: {r}");
+}
+
+// ---------------------------------------------------------------------------
+// Sarolahti & Kuznetsov, "Congestion Control in Linux TCP", §3 (L6)
+// ---------------------------------------------------------------------------
+
+/// Linux §3 (L6): 2, 3 and 5 losses in one 40-segment window. NewReno,
+/// SACK and FACK each halve once and never time out; SACK and FACK repair
+/// everything in about one RTT, NewReno one loss per RTT.
+#[test]
+fn linux_l6_multiple_losses_in_one_window() {
+    for (n, drops) in [(2u64, "201,204"), (3, "201,204,207"), (5, "201,204,207,210,213")] {
+        for kind in [RecoveryKind::NewReno, RecoveryKind::Sack, RecoveryKind::Fack] {
+            let tuning = Tuning {
+                recovery: kind,
+                rcvwin: 40,
+                droplist: drops.parse().unwrap(),
+                ..Tuning::default()
+            };
+            let (result, rec) = simulate(tuning, "rate 10mbit delay 50ms", "delay 50ms", 1 << 20, 1);
+            let s = &result.summary;
+            assert_eq!((s.rxmts, s.dup3s, s.timeouts), (n, 1, 0), "{kind}, {n} losses: {s}");
+            let exits = exits(&rec.events);
+            assert_eq!(exits.len(), 1, "{kind}, {n} losses");
+            assert_eq!(exits[0].1, 20, "{kind}: one halving of 40");
+            let rtts = exits[0].2.as_secs_f64() / s.minrtt.as_secs_f64();
+            if kind == RecoveryKind::NewReno {
+                assert!(
+                    rtts >= (n - 1) as f64 && rtts <= (n + 1) as f64,
+                    "NewReno took {rtts:.2} RTTs for {n} losses"
+                );
+            } else {
+                assert!(rtts < 1.6, "{kind} took {rtts:.2} RTTs for {n} losses");
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Mathis, Semke, Mahdavi & Ott, "The Macroscopic Behavior of the TCP
+// Congestion Avoidance Algorithm"
+// ---------------------------------------------------------------------------
+
+/// Mathis §3.1 and Table 1: under random loss with no standing queue,
+/// C = BW·RTT·√p/MSS is within ±20 % of 1.31 with an ACK per segment and
+/// of 0.93 with delayed ACKs, for every variant, at p = 0.1 %, 0.3 %, 1 %.
+#[test]
+fn mathis_3_1_random_loss_constant_c() {
+    let mut failures = Vec::new();
+    for delayed in [false, true] {
+        for p in [0.001, 0.003, 0.01] {
+            for kind in RecoveryKind::ALL {
+                let run = mathis(kind, delayed, p, 300.0, 1).unwrap();
+                let expected = mathis_expected_c(delayed);
+                assert!(run.episodes >= 150, "{kind} p {p}: only {} loss episodes", run.episodes);
+                if (run.c / expected - 1.0).abs() > 0.20 {
+                    failures.push(format!(
+                        "{kind} p={p} delayed={delayed}: C = {:.3}, expected {expected} ± 20 %",
+                        run.c
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+// ---------------------------------------------------------------------------
+// Dunigan & Fowler, "A TCP-over-UDP Test Harness" (atou)
+// ---------------------------------------------------------------------------
+
+/// atou §4.3 (ORNL-cable): a path that sends 60 % of packets ahead of the
+/// rest, displacing them by up to about 30 positions at 6 Mbit/s. With
+/// `dup_thresh 9` the transfer gets at least 1.5 times the goodput it gets
+/// with `dup_thresh 3` (the paper saw 700 kbit/s become 1.7 Mbit/s).
+#[test]
+fn atou_4_3_dup_thresh_9_beats_3_on_a_reordering_path() {
+    const FWD: &str = "rate 6mbit delay 60ms reorder 60%";
+    // First, that the path is the paper's: most packets out of place, by up to ~30.
+    let (out_of_place, max_shift) =
+        displacement(&FWD.parse().unwrap(), 20_000, 1472, Duration::from_micros(1963), 1);
+    assert!(out_of_place > 0.6, "only {:.0} % out of place", out_of_place * 100.0);
+    assert!((20..=40).contains(&max_shift), "displacement up to {max_shift}");
+
+    for kind in [RecoveryKind::NewReno, RecoveryKind::Sack] {
+        let goodput = |dup_thresh| {
+            let tuning = Tuning {
+                recovery: kind,
+                dup_thresh,
+                rcvwin: 200,
+                ..Tuning::default()
+            };
+            simulate(tuning, FWD, "delay 10ms", 10 << 20, 1).0.summary.goodput_bps
+        };
+        let (g3, g9) = (goodput(3), goodput(9));
+        assert!(
+            g9 >= 1.5 * g3,
+            "{kind}: dup_thresh 9 gave {:.2} Mbit/s, dup_thresh 3 {:.2} Mbit/s",
+            g9 / 1e6,
+            g3 / 1e6
+        );
+    }
+}
+
+/// atou appendix B: `droplist 200 200` drops segment 200 twice, which a
+/// fast retransmit cannot repair, so a timeout does.
+#[test]
+fn atou_appendix_b_droplist_twice_forces_a_timeout() {
+    let mut tuning = Tuning::default();
+    tuning
+        .apply_config("newreno 0\nfack 1\nsack 1\nrampdown 1\nrcvrwin 26\ndroplist 200 200\n")
+        .unwrap();
+    let (result, rec) = simulate(tuning, "rate 10mbit delay 20ms", "delay 20ms", 1 << 20, 1);
+    let s = &result.summary;
+    assert_eq!((s.dropped, s.timeouts), (2, 1), "{s}");
+    assert!(rec
+        .events
+        .iter()
+        .any(|e| matches!(e.event, Event::TimeoutRetransmit { seg: 200, .. })));
+}
+
+/// Same seed, tuning and specs: the same trace, byte for byte.
+#[test]
+fn same_seed_gives_an_identical_trace() {
+    let run = |seed| {
+        let tuning = Tuning::default();
+        let (_, rec) = simulate(
+            tuning,
+            "rate 20mbit delay 30ms 5ms limit 50 loss 2% duplicate 1% reorder 5% gap 4",
+            "delay 30ms loss 1%",
+            2 << 20,
+            seed,
+        );
+        let mut text = String::new();
+        for r in &rec.trace {
+            text.push_str(&r.to_string());
+            text.push('\n');
+        }
+        text
+    };
+    let a = run(11);
+    assert_eq!(a, run(11));
+    assert_ne!(a, run(12));
+}
+
+/// A path that delivers nothing makes the sender give up after maxidle,
+/// instead of hanging.
+#[test]
+fn a_dead_path_fails_after_maxidle() {
+    let tuning = Tuning {
+        maxidle: Duration::from_secs(5),
+        ..Tuning::default()
+    };
+    let config = SimConfig::new(
+        tuning,
+        "delay 10ms loss 100%".parse().unwrap(),
+        "delay 10ms".parse().unwrap(),
+        Some(100_000),
+        1,
+    );
+    let result = Simulation::new(config).unwrap().run(&mut ()).unwrap();
+    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.end, Time::ZERO + Duration::from_secs(5));
+}
