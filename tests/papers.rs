@@ -238,6 +238,30 @@ fn hoe_h2_newreno_recovers_two_losses_with_one_halving() {
     assert!(r.dup3s + r.timeouts >= 2, "Reno reduced its window only once: {r}");
 }
 
+/// Hoe §2.2.3 and Table 1: odd segments of a window are lost and so is the
+/// fast retransmit, so a timeout follows. Go-back-N then resends segments
+/// the receiver already holds; their duplicate ACKs make Reno fast
+/// retransmit again although nothing was lost. NewReno ignores them
+/// (Hoe §3.2 step (v)).
+#[test]
+fn hoe_2_2_3_newreno_ignores_false_dupacks_after_a_timeout() {
+    let run = |kind| {
+        let tuning = Tuning {
+            recovery: kind,
+            rcvwin: 40,
+            droplist: "201 201 203 205 207 209 211 213".parse().unwrap(),
+            ..Tuning::default()
+        };
+        simulate(tuning, "rate 10mbit delay 50ms", "delay 50ms", 1 << 20, 1).0.summary
+    };
+    let reno = run(RecoveryKind::Reno);
+    let newreno = run(RecoveryKind::NewReno);
+    assert_eq!((reno.timeouts, newreno.timeouts), (1, 1));
+    assert!(reno.dup3s >= 2, "Reno made no false fast retransmit: {reno}");
+    assert_eq!(newreno.dup3s, 1, "NewReno fast-retransmitted after the timeout: {newreno}");
+    assert!(newreno.dsacks > 0, "the receiver reported no duplicates");
+}
+
 // ---------------------------------------------------------------------------
 // Sarolahti & Kuznetsov, "Congestion Control in Linux TCP", §3 (L6)
 // ---------------------------------------------------------------------------

@@ -8,7 +8,8 @@
 //! - cumulative ACK = next segment expected;
 //! - with SACK, up to four blocks, the one holding the newest segment first,
 //!   then the most recently reported others (RFC 2018 §4); never an empty
-//!   block (atou §4.4); a D-SACK block for a duplicate (RFC 2883);
+//!   block (atou §4.4); with or without SACK, a D-SACK block for a
+//!   duplicate (RFC 2883);
 //! - delayed ACK counted in segments: at least every second segment,
 //!   whatever its size (Brakmo §3.3), else after `delack`; immediately for a
 //!   segment out of order, a duplicate, or one that fills a hole;
@@ -266,8 +267,11 @@ impl Receiver {
         }
         let window = self.window();
         let mut ack = Ack::new(self.conn_id, self.echo, self.rcv_nxt, window);
+        // D-SACK whether or not SACK blocks are on: it costs 12 bytes, only
+        // on ACKs a duplicate triggered, and lets the sender tell those
+        // ACKs from evidence of loss.
+        ack.dsack = self.dsack;
         if self.config.sack {
-            ack.dsack = self.dsack;
             self.recent.retain(|&s| s >= self.rcv_nxt);
             for &seg in &self.recent {
                 let Some((&s, &e)) = self.ooo.range(..=seg).next_back() else {

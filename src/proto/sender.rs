@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use super::events::{Event, TimedEvent, TraceRecord};
 use super::payload::PayloadSource;
-use super::recovery::{self, AckSummary, Flow, Forced, Phase, Recovery, SenderStats};
+use super::recovery::{self, AckSummary, DupEvidence, Flow, Forced, Phase, Recovery, SenderStats};
 use super::rtt::RttEstimator;
 use super::time::{wire_elapsed, Time};
 use super::tuning::{DropList, Tuning, TuningError};
@@ -296,14 +296,13 @@ impl Sender {
         let newly_acked = self.flow.sb.ack_through(ack.cum_ack).segments;
         self.flow.stats.maxack = self.flow.stats.maxack.max(newly_acked);
         let outstanding = self.flow.sb.outstanding();
-        // RFC 5681 §2 (non-SACK: same window) and RFC 6675 §2 (SACK: new SACK info).
         let is_dupack = newly_acked == 0
             && outstanding > 0
-            && if uses_sack {
-                newly_sacked > 0
-            } else {
-                !window_changed
-            };
+            && self.recovery.is_duplicate(&DupEvidence {
+                newly_sacked,
+                window_changed,
+                dsack: ack.dsack.is_some(),
+            });
 
         if newly_acked > 0 {
             self.flow.dupacks = 0;

@@ -53,6 +53,19 @@ impl Forced {
     }
 }
 
+/// What an ACK that acknowledged nothing new carried: the variant decides
+/// whether it is a duplicate ACK.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DupEvidence {
+    /// Segments newly covered by SACK blocks.
+    pub newly_sacked: u64,
+    /// The advertised right edge moved (a window update).
+    pub window_changed: bool,
+    /// The ACK reports a duplicate segment (RFC 2883): the receiver got
+    /// something twice, which says nothing about loss.
+    pub dsack: bool,
+}
+
 /// What one ACK changed, as the variants need it.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AckSummary {
@@ -224,6 +237,13 @@ impl Flow {
 /// congestion-window growth (which it does itself outside recovery).
 pub trait Recovery: fmt::Debug + Send {
     fn kind(&self) -> RecoveryKind;
+
+    /// Whether an ACK that acknowledged nothing new, with data outstanding,
+    /// is a duplicate ACK. The default is RFC 6675 §2: it carries new SACK
+    /// information.
+    fn is_duplicate(&self, evidence: &DupEvidence) -> bool {
+        evidence.newly_sacked > 0
+    }
 
     /// Decide about entering, continuing and leaving recovery.
     fn on_ack(&mut self, flow: &mut Flow, ack: &AckSummary);

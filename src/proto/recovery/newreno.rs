@@ -5,9 +5,10 @@
 //! waiting for a timeout, so several losses in one window cost one halving
 //! and one round trip each. Duplicate ACKs for data sent before a timeout
 //! are ignored (Hoe §3.2 step (v); RFC 6582 §4.1): the sender is then in the
-//! `Loss` phase, which only ends when that data is acknowledged.
+//! `Loss` phase, which only ends when that data is acknowledged; and ACKs
+//! that report a duplicate segment are not duplicate ACKs.
 
-use super::{AckSummary, Flow, Forced, Phase, Recovery};
+use super::{AckSummary, DupEvidence, Flow, Forced, Phase, Recovery};
 use crate::proto::events::RecoveryTrigger;
 use crate::proto::tuning::RecoveryKind;
 
@@ -17,6 +18,15 @@ pub struct NewReno;
 impl Recovery for NewReno {
     fn kind(&self) -> RecoveryKind {
         RecoveryKind::NewReno
+    }
+
+    /// RFC 5681 §2, except that an ACK reporting a duplicate segment (our
+    /// D-SACK, RFC 2883) is not one: after a timeout, go-back-N resends
+    /// segments the receiver already holds, and their ACKs would otherwise
+    /// trigger a false fast retransmit once `recover` is passed (Hoe §2.2.3,
+    /// Table 1).
+    fn is_duplicate(&self, e: &DupEvidence) -> bool {
+        !e.window_changed && !e.dsack
     }
 
     fn on_ack(&mut self, flow: &mut Flow, ack: &AckSummary) {

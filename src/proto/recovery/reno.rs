@@ -6,7 +6,7 @@
 //! go-back-N retransmissions can trigger a false fast retransmit (Hoe §2.2.3).
 //! Both are kept on purpose: this is the baseline the other variants beat.
 
-use super::{AckSummary, Flow, Phase, Recovery};
+use super::{AckSummary, DupEvidence, Flow, Phase, Recovery};
 use crate::proto::events::RecoveryTrigger;
 use crate::proto::tuning::RecoveryKind;
 
@@ -16,6 +16,12 @@ pub struct Reno;
 impl Recovery for Reno {
     fn kind(&self) -> RecoveryKind {
         RecoveryKind::Reno
+    }
+
+    /// RFC 5681 §2: same ACK, same window. Every such ACK counts, those
+    /// caused by its own needless retransmissions included.
+    fn is_duplicate(&self, e: &DupEvidence) -> bool {
+        !e.window_changed
     }
 
     fn on_ack(&mut self, flow: &mut Flow, ack: &AckSummary) {
