@@ -8,7 +8,10 @@ use atou::proto::RecoveryKind;
 use atou::sim::scenarios::{mathis, mathis_expected_c};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    println!("{:>8} {:>6} {:>8} {:>7} {:>7} {:>9} {:>8}", "acks", "p", "variant", "C", "paper", "episodes", "timeouts");
+    println!(
+        "{:>8} {:>6} {:>8} {:>7} {:>7} {:>9} {:>8}",
+        "acks", "p", "variant", "C", "paper", "episodes", "timeouts"
+    );
     for delayed in [false, true] {
         for p in [0.001, 0.003, 0.01] {
             for kind in RecoveryKind::ALL {

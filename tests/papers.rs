@@ -16,7 +16,11 @@ fn simulate(tuning: Tuning, fwd: &str, rev: &str, bytes: u64, seed: u64) -> (Sim
     config.check_invariants = true;
     let mut rec = Recorder::default();
     let result = Simulation::new(config).unwrap().run(&mut rec).unwrap();
-    assert!(result.delivered_intact(bytes), "transfer incomplete: {}", result.summary);
+    assert!(
+        result.delivered_intact(bytes),
+        "transfer incomplete: {}",
+        result.summary
+    );
     (result, rec)
 }
 
@@ -24,7 +28,12 @@ fn exits(events: &[TimedEvent]) -> Vec<(u64, u64, Duration)> {
     events
         .iter()
         .filter_map(|e| match e.event {
-            Event::LeaveRecovery { cwnd, ssthresh, duration, .. } => Some((cwnd, ssthresh, duration)),
+            Event::LeaveRecovery {
+                cwnd,
+                ssthresh,
+                duration,
+                ..
+            } => Some((cwnd, ssthresh, duration)),
             _ => None,
         })
         .collect()
@@ -81,7 +90,10 @@ fn cwnd_series(trace: &[TraceRecord]) -> Vec<(f64, u64)> {
 /// The largest and the average cwnd growth over one RTT, once cwnd has
 /// passed `from`.
 fn growth_per_rtt(series: &[(f64, u64)], rtt: f64, from: u64) -> (u64, f64) {
-    let start = series.iter().position(|&(_, c)| c >= from).expect("reached ssthresh");
+    let start = series
+        .iter()
+        .position(|&(_, c)| c >= from)
+        .expect("reached ssthresh");
     let s = &series[start..];
     let mut worst = 0;
     let mut j = 0;
@@ -117,7 +129,10 @@ fn brakmo_3_4_congestion_avoidance_at_most_one_segment_per_rtt() {
         assert_eq!(result.summary.rxmts, 0);
         let rtt = result.summary.minrtt.as_secs_f64();
         let (worst, average) = growth_per_rtt(&cwnd_series(&rec.trace), rtt, 21);
-        assert!(worst <= 1, "delack {delack}: cwnd grew {worst} segments in one RTT");
+        assert!(
+            worst <= 1,
+            "delack {delack}: cwnd grew {worst} segments in one RTT"
+        );
         assert!(
             (average - expected_rate).abs() < 0.1,
             "delack {delack}: average growth {average:.3} per RTT, expected {expected_rate}"
@@ -134,7 +149,13 @@ fn brakmo_3_5_no_burst_above_three_after_a_big_cumulative_ack() {
         rcvwin: 200,
         ..Tuning::default()
     };
-    let (_, rec) = simulate(tuning, "rate 100mbit delay 20ms", "delay 20ms loss 60%", 20 << 20, 3);
+    let (_, rec) = simulate(
+        tuning,
+        "rate 100mbit delay 20ms",
+        "delay 20ms loss 60%",
+        20 << 20,
+        3,
+    );
     let mut last_ack = 0;
     let mut big_acks = 0;
     let mut i = 0;
@@ -148,7 +169,10 @@ fn brakmo_3_5_no_burst_above_three_after_a_big_cumulative_ack() {
                 .count();
             if acked >= 3 {
                 big_acks += 1;
-                assert!(sent <= 3, "an ACK of {acked} segments at {time:?} released {sent}");
+                assert!(
+                    sent <= 3,
+                    "an ACK of {acked} segments at {time:?} released {sent}"
+                );
             }
         }
         i += 1;
@@ -169,14 +193,21 @@ fn brakmo_3_6_cwnd_equals_ssthresh_when_fast_recovery_ends() {
                 droplist: drops.parse().unwrap(),
                 ..Tuning::default()
             };
-            let (result, rec) = simulate(tuning, "rate 10mbit delay 20ms", "delay 20ms", 1 << 20, 1);
+            let (result, rec) =
+                simulate(tuning, "rate 10mbit delay 20ms", "delay 20ms", 1 << 20, 1);
             let exits = exits(&rec.events);
-            assert!(!exits.is_empty(), "{kind} rcvwin {rcvwin}: no recovery happened");
+            assert!(
+                !exits.is_empty(),
+                "{kind} rcvwin {rcvwin}: no recovery happened"
+            );
             for (cwnd, ssthresh, _) in exits {
                 assert_eq!(cwnd, ssthresh, "{kind} rcvwin {rcvwin}: cwnd not deflated");
             }
             if rcvwin == 4 {
-                assert_eq!(result.summary.dups, 3, "{kind}: expected exactly dup_thresh duplicates");
+                assert_eq!(
+                    result.summary.dups, 3,
+                    "{kind}: expected exactly dup_thresh duplicates"
+                );
                 assert_eq!(result.summary.timeouts, 0, "{kind}");
             }
         }
@@ -203,14 +234,30 @@ fn hoe_h1_reno_times_out_newreno_does_not() {
             ..Tuning::default()
         };
         assert_eq!(tuning.initial_ssthresh(), 64);
-        simulate(tuning, "rate 1.6mbit delay 50ms limit 10", "delay 50ms", 1 << 20, 1).0
+        simulate(
+            tuning,
+            "rate 1.6mbit delay 50ms limit 10",
+            "delay 50ms",
+            1 << 20,
+            1,
+        )
+        .0
     };
     let reno = run(RecoveryKind::Reno).summary;
     let newreno = run(RecoveryKind::NewReno).summary;
     assert!(reno.timeouts >= 1, "Reno: {} timeouts", reno.timeouts);
     assert_eq!(newreno.timeouts, 0, "NewReno timed out");
-    assert!(newreno.packs > 5, "NewReno repaired only {} losses by partial ACKs", newreno.packs);
-    assert!(newreno.secs < reno.secs, "NewReno {:.2}s, Reno {:.2}s", newreno.secs, reno.secs);
+    assert!(
+        newreno.packs > 5,
+        "NewReno repaired only {} losses by partial ACKs",
+        newreno.packs
+    );
+    assert!(
+        newreno.secs < reno.secs,
+        "NewReno {:.2}s, Reno {:.2}s",
+        newreno.secs,
+        reno.secs
+    );
 }
 
 /// Hoe §2.2.2 and §3.2 (H2): segments k+1 and k+3 of one window lost.
@@ -235,7 +282,10 @@ fn hoe_h2_newreno_recovers_two_losses_with_one_halving() {
     assert_eq!(exits[0].1, 10, "one halving of the 20-segment window");
     let (reno, _) = run(RecoveryKind::Reno);
     let r = &reno.summary;
-    assert!(r.dup3s + r.timeouts >= 2, "Reno reduced its window only once: {r}");
+    assert!(
+        r.dup3s + r.timeouts >= 2,
+        "Reno reduced its window only once: {r}"
+    );
 }
 
 /// Hoe §2.2.3 and Table 1: odd segments of a window are lost and so is the
@@ -252,13 +302,21 @@ fn hoe_2_2_3_newreno_ignores_false_dupacks_after_a_timeout() {
             droplist: "201 201 203 205 207 209 211 213".parse().unwrap(),
             ..Tuning::default()
         };
-        simulate(tuning, "rate 10mbit delay 50ms", "delay 50ms", 1 << 20, 1).0.summary
+        simulate(tuning, "rate 10mbit delay 50ms", "delay 50ms", 1 << 20, 1)
+            .0
+            .summary
     };
     let reno = run(RecoveryKind::Reno);
     let newreno = run(RecoveryKind::NewReno);
     assert_eq!((reno.timeouts, newreno.timeouts), (1, 1));
-    assert!(reno.dup3s >= 2, "Reno made no false fast retransmit: {reno}");
-    assert_eq!(newreno.dup3s, 1, "NewReno fast-retransmitted after the timeout: {newreno}");
+    assert!(
+        reno.dup3s >= 2,
+        "Reno made no false fast retransmit: {reno}"
+    );
+    assert_eq!(
+        newreno.dup3s, 1,
+        "NewReno fast-retransmitted after the timeout: {newreno}"
+    );
     assert!(newreno.dsacks > 0, "the receiver reported no duplicates");
 }
 
@@ -271,17 +329,30 @@ fn hoe_2_2_3_newreno_ignores_false_dupacks_after_a_timeout() {
 /// everything in about one RTT, NewReno one loss per RTT.
 #[test]
 fn linux_l6_multiple_losses_in_one_window() {
-    for (n, drops) in [(2u64, "201,204"), (3, "201,204,207"), (5, "201,204,207,210,213")] {
-        for kind in [RecoveryKind::NewReno, RecoveryKind::Sack, RecoveryKind::Fack] {
+    for (n, drops) in [
+        (2u64, "201,204"),
+        (3, "201,204,207"),
+        (5, "201,204,207,210,213"),
+    ] {
+        for kind in [
+            RecoveryKind::NewReno,
+            RecoveryKind::Sack,
+            RecoveryKind::Fack,
+        ] {
             let tuning = Tuning {
                 recovery: kind,
                 rcvwin: 40,
                 droplist: drops.parse().unwrap(),
                 ..Tuning::default()
             };
-            let (result, rec) = simulate(tuning, "rate 10mbit delay 50ms", "delay 50ms", 1 << 20, 1);
+            let (result, rec) =
+                simulate(tuning, "rate 10mbit delay 50ms", "delay 50ms", 1 << 20, 1);
             let s = &result.summary;
-            assert_eq!((s.rxmts, s.dup3s, s.timeouts), (n, 1, 0), "{kind}, {n} losses: {s}");
+            assert_eq!(
+                (s.rxmts, s.dup3s, s.timeouts),
+                (n, 1, 0),
+                "{kind}, {n} losses: {s}"
+            );
             let exits = exits(&rec.events);
             assert_eq!(exits.len(), 1, "{kind}, {n} losses");
             assert_eq!(exits[0].1, 20, "{kind}: one halving of 40");
@@ -314,7 +385,11 @@ fn mathis_3_1_random_loss_constant_c() {
             for kind in RecoveryKind::ALL {
                 let run = mathis(kind, delayed, p, 300.0, 1).unwrap();
                 let expected = mathis_expected_c(delayed);
-                assert!(run.episodes >= 150, "{kind} p {p}: only {} loss episodes", run.episodes);
+                assert!(
+                    run.episodes >= 150,
+                    "{kind} p {p}: only {} loss episodes",
+                    run.episodes
+                );
                 if (run.c / expected - 1.0).abs() > 0.20 {
                     failures.push(format!(
                         "{kind} p={p} delayed={delayed}: C = {:.3}, expected {expected} ± 20 %",
@@ -339,10 +414,22 @@ fn mathis_3_1_random_loss_constant_c() {
 fn atou_4_3_dup_thresh_9_beats_3_on_a_reordering_path() {
     const FWD: &str = "rate 6mbit delay 60ms reorder 60%";
     // First, that the path is the paper's: most packets out of place, by up to ~30.
-    let (out_of_place, max_shift) =
-        displacement(&FWD.parse().unwrap(), 20_000, 1472, Duration::from_micros(1963), 1);
-    assert!(out_of_place > 0.6, "only {:.0} % out of place", out_of_place * 100.0);
-    assert!((20..=40).contains(&max_shift), "displacement up to {max_shift}");
+    let (out_of_place, max_shift) = displacement(
+        &FWD.parse().unwrap(),
+        20_000,
+        1472,
+        Duration::from_micros(1963),
+        1,
+    );
+    assert!(
+        out_of_place > 0.6,
+        "only {:.0} % out of place",
+        out_of_place * 100.0
+    );
+    assert!(
+        (20..=40).contains(&max_shift),
+        "displacement up to {max_shift}"
+    );
 
     for kind in [RecoveryKind::NewReno, RecoveryKind::Sack] {
         let goodput = |dup_thresh| {
@@ -352,7 +439,10 @@ fn atou_4_3_dup_thresh_9_beats_3_on_a_reordering_path() {
                 rcvwin: 200,
                 ..Tuning::default()
             };
-            simulate(tuning, FWD, "delay 10ms", 10 << 20, 1).0.summary.goodput_bps
+            simulate(tuning, FWD, "delay 10ms", 10 << 20, 1)
+                .0
+                .summary
+                .goodput_bps
         };
         let (g3, g9) = (goodput(3), goodput(9));
         assert!(

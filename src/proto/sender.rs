@@ -684,3 +684,410 @@ impl Sender {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Scripted at packet level: feed ACKs, assert what is sent next. A
+    //! ten-byte payload keeps every segment visible.
+    use super::*;
+    use crate::proto::payload::PatternSource;
+    use crate::proto::tuning::RecoveryKind;
+    use crate::proto::wire::SackBlock;
+
+    const PAYLOAD: u32 = 10;
+    const CONN: u64 = 7;
+
+    fn tuning(kind: RecoveryKind) -> Tuning {
+        Tuning {
+            mss: DATA_HEADER_LEN as u32 + PAYLOAD,
+            recovery: kind,
+            initsegs: 4,
+            rcvwin: 100,
+            rcvbuf: 100,
+            ..Tuning::default()
+        }
+    }
+
+    fn sender(t: Tuning) -> Sender {
+        Sender::new(&t, CONN, Some(u64::from(PAYLOAD) * 1000), Time::ZERO).unwrap()
+    }
+
+    fn at(ms: u64) -> Time {
+        Time::from_nanos(ms * 1_000_000)
+    }
+
+    /// Everything the sender sends now, as segment numbers.
+    #[track_caller]
+    fn send(s: &mut Sender, now: Time) -> Vec<u64> {
+        let mut buf = vec![0u8; 2048];
+        let mut segs = Vec::new();
+        while let Some(n) = s.poll_transmit(now, &mut buf, &mut PatternSource) {
+            match Packet::decode(&buf[..n]).unwrap() {
+                Packet::Data(d) => segs.push(d.header.seg),
+                Packet::Ack(_) => unreachable!(),
+            }
+        }
+        s.check_invariants().unwrap();
+        segs
+    }
+
+    struct AckSpec<'a> {
+        cum: u64,
+        sack: &'a [(u64, u64)],
+        dsack: Option<(u64, u64)>,
+        window: u32,
+    }
+
+    const ACK: AckSpec<'static> = AckSpec {
+        cum: 0,
+        sack: &[],
+        dsack: None,
+        window: 100,
+    };
+
+    #[track_caller]
+    fn ack(s: &mut Sender, now: Time, spec: AckSpec<'_>) {
+        let mut a = Ack::new(
+            CONN,
+            now.wire_micros().wrapping_sub(50_000),
+            spec.cum,
+            spec.window,
+        );
+        for &(start, end) in spec.sack {
+            assert!(a.push_sack(SackBlock::new(start, end).unwrap()));
+        }
+        a.dsack = spec.dsack.and_then(|(x, y)| SackBlock::new(x, y));
+        let mut buf = [0u8; 128];
+        let n = a.emit(&mut buf).unwrap();
+        s.handle_datagram(now, &buf[..n]).unwrap();
+    }
+
+    fn events(s: &mut Sender) -> Vec<String> {
+        std::iter::from_fn(|| s.poll_event())
+            .map(|e| e.event.to_string())
+            .collect()
+    }
+
+    /// Sends the initial window, grows it to `segments` in flight by slow
+    /// start, and returns the next segment number.
+    fn fill(s: &mut Sender, segments: u64) -> u64 {
+        let mut sent = send(s, at(0)).len() as u64;
+        let mut acked = 0;
+        while sent < segments {
+            acked += 1;
+            ack(s, at(acked), AckSpec { cum: acked, ..ACK });
+            sent += send(s, at(acked)).len() as u64;
+        }
+        sent
+    }
+
+    #[test]
+    fn initial_window_is_initsegs_times_vmss() {
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        assert_eq!(send(&mut s, at(0)), vec![0, 1, 2, 3]);
+        let mut s = sender(Tuning {
+            vmss: 3,
+            ..tuning(RecoveryKind::Sack)
+        });
+        assert_eq!(send(&mut s, at(0)).len(), 12);
+    }
+
+    #[test]
+    fn slow_start_releases_two_per_ack_of_one() {
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        send(&mut s, at(0));
+        ack(&mut s, at(100), AckSpec { cum: 1, ..ACK });
+        assert_eq!(send(&mut s, at(100)), vec![4, 5]);
+        // An ACK of two segments (delayed ACK) releases four: RFC 3465 L = 2.
+        ack(&mut s, at(101), AckSpec { cum: 3, ..ACK });
+        assert_eq!(send(&mut s, at(101)), vec![6, 7, 8, 9]);
+    }
+
+    /// RFC 3042, then RFC 5681 §3.2: new data on the first two duplicates,
+    /// the fast retransmit on the third.
+    #[test]
+    fn limited_transmit_then_fast_retransmit_on_the_third_duplicate() {
+        for kind in [RecoveryKind::Reno, RecoveryKind::NewReno] {
+            let mut s = sender(tuning(kind));
+            let next = fill(&mut s, 10);
+            let una = s.snapshot(at(10)).snd_una;
+            for (i, expect) in [vec![next], vec![next + 1], vec![una]]
+                .into_iter()
+                .enumerate()
+            {
+                ack(&mut s, at(20 + i as u64), AckSpec { cum: una, ..ACK });
+                assert_eq!(
+                    send(&mut s, at(20 + i as u64)),
+                    expect,
+                    "{kind}, duplicate {}",
+                    i + 1
+                );
+            }
+            let ev = events(&mut s);
+            assert!(
+                ev[0].starts_with(&format!("3duprxmit pkt {una} ")),
+                "{ev:?}"
+            );
+            assert_eq!(s.stats().dup3s, 1);
+        }
+        let mut s = sender(Tuning {
+            limited_transmit: false,
+            ..tuning(RecoveryKind::NewReno)
+        });
+        fill(&mut s, 10);
+        let una = s.snapshot(at(10)).snd_una;
+        ack(&mut s, at(20), AckSpec { cum: una, ..ACK });
+        assert!(send(&mut s, at(20)).is_empty());
+    }
+
+    /// Hoe §3.2, RFC 6582: a partial ACK retransmits the next hole at once
+    /// and recovery goes on; Reno leaves recovery on it instead.
+    #[test]
+    fn newreno_retransmits_on_a_partial_ack_reno_does_not() {
+        for (kind, expect_retransmit) in
+            [(RecoveryKind::NewReno, true), (RecoveryKind::Reno, false)]
+        {
+            let mut s = sender(tuning(kind));
+            fill(&mut s, 12);
+            // Segments 6 and 8 lost; 7, 9, 10, 11 arrive.
+            for t in 20..24 {
+                ack(&mut s, at(t), AckSpec { cum: 6, ..ACK });
+            }
+            let sent = send(&mut s, at(23));
+            assert_eq!(sent[0], 6, "{kind}: fast retransmit");
+            ack(&mut s, at(30), AckSpec { cum: 8, ..ACK });
+            let sent = send(&mut s, at(30));
+            assert_eq!(
+                sent.first() == Some(&8),
+                expect_retransmit,
+                "{kind}: {sent:?}"
+            );
+            assert_eq!(s.phase() == Phase::Recovery, expect_retransmit, "{kind}");
+        }
+    }
+
+    /// RFC 6298 §5, RFC 5681 §3.1: a timeout resends snd_una with a
+    /// one-segment window and halves ssthresh; then, for NewReno, duplicate
+    /// ACKs for data sent before it do not start a fast retransmit
+    /// (Hoe §3.2 (v)); Reno has no such memory.
+    #[test]
+    fn after_a_timeout_newreno_ignores_duplicates_reno_does_not() {
+        for (kind, fast_retransmits) in [(RecoveryKind::NewReno, 0), (RecoveryKind::Reno, 1)] {
+            let mut s = sender(tuning(kind));
+            fill(&mut s, 12); // 4..=11 outstanding
+            let rto_at = s.poll_timeout().unwrap();
+            s.handle_timeout(rto_at);
+            assert_eq!(
+                send(&mut s, rto_at),
+                vec![4],
+                "{kind}: go-back-N from snd_una"
+            );
+            let snap = s.snapshot(rto_at);
+            assert_eq!(
+                (snap.cwnd, snap.ssthresh),
+                (1, 4),
+                "{kind}: half of 8 in flight"
+            );
+            assert_eq!(s.phase(), Phase::Loss);
+            // Original segments still in flight arrive above a hole.
+            let t = rto_at + Duration::from_millis(1);
+            for _ in 0..4 {
+                ack(&mut s, t, AckSpec { cum: 4, ..ACK });
+            }
+            send(&mut s, t);
+            assert_eq!(s.stats().dup3s, fast_retransmits, "{kind}");
+        }
+    }
+
+    /// RFC 6675: entering recovery on three SACKs drops cwnd to ssthresh
+    /// and sends only while pipe < cwnd; every hole below the third-highest
+    /// SACK is retransmitted, lowest first.
+    #[test]
+    fn sack_recovery_follows_pipe_and_nextseg() {
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        fill(&mut s, 16); // 6..=15 outstanding, cwnd 10
+                          // 6 and 8 lost; 7, 9, 10 SACKed.
+        ack(
+            &mut s,
+            at(20),
+            AckSpec {
+                cum: 6,
+                sack: &[(7, 8)],
+                ..ACK
+            },
+        );
+        ack(
+            &mut s,
+            at(21),
+            AckSpec {
+                cum: 6,
+                sack: &[(9, 10), (7, 8)],
+                ..ACK
+            },
+        );
+        ack(
+            &mut s,
+            at(22),
+            AckSpec {
+                cum: 6,
+                sack: &[(9, 11), (7, 8)],
+                ..ACK
+            },
+        );
+        assert_eq!(send(&mut s, at(22)), vec![6], "the fast retransmit");
+        let snap = s.snapshot(at(22));
+        assert_eq!((snap.cwnd, snap.ssthresh), (5, 5));
+        // pipe = 10 outstanding - 3 SACKed - 1 lost (6) + 1 resent = 7 > 5.
+        assert!(send(&mut s, at(22)).is_empty());
+        // Now 7 SACKed, so 8 has three above it and is lost too:
+        // pipe = 10 - 7 - 2 + 1 = 2, room for three.
+        ack(
+            &mut s,
+            at(23),
+            AckSpec {
+                cum: 6,
+                sack: &[(9, 15), (7, 8)],
+                ..ACK
+            },
+        );
+        assert_eq!(
+            send(&mut s, at(23)),
+            vec![8, 16, 17],
+            "NextSeg rules 1 then 2"
+        );
+    }
+
+    /// FACK: every un-SACKed segment below the highest SACK is lost once
+    /// recovery starts, which it does as soon as that SACK is more than
+    /// dup_thresh beyond snd_una.
+    #[test]
+    fn fack_starts_on_distance_and_marks_all_holes() {
+        let mut s = sender(tuning(RecoveryKind::Fack));
+        fill(&mut s, 16);
+        // 6, 7, 8 lost; one SACK for 9 and 10 puts snd.fack at 11 > 6 + 3.
+        ack(
+            &mut s,
+            at(20),
+            AckSpec {
+                cum: 6,
+                sack: &[(9, 11)],
+                ..ACK
+            },
+        );
+        assert_eq!(s.phase(), Phase::Recovery);
+        assert_eq!(s.stats().dups, 1);
+        let sent = send(&mut s, at(20));
+        assert_eq!(sent.first(), Some(&6));
+        ack(
+            &mut s,
+            at(21),
+            AckSpec {
+                cum: 6,
+                sack: &[(9, 15)],
+                ..ACK
+            },
+        );
+        ack(
+            &mut s,
+            at(22),
+            AckSpec {
+                cum: 6,
+                sack: &[(9, 19)],
+                ..ACK
+            },
+        );
+        assert_eq!(send(&mut s, at(22))[..2], [7, 8]);
+    }
+
+    #[test]
+    fn bad_acks_are_counted_and_change_nothing() {
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        fill(&mut s, 8);
+        let before = s.snapshot(at(10));
+        ack(&mut s, at(10), AckSpec { cum: 1, ..ACK });
+        ack(&mut s, at(10), AckSpec { cum: 999, ..ACK });
+        assert_eq!(s.stats().badacks, 2);
+        assert_eq!(s.snapshot(at(10)), before);
+        let ev = events(&mut s);
+        assert!(ev.iter().all(|e| e.starts_with("badack ")), "{ev:?}");
+        assert!(s.handle_datagram(at(10), b"\x00junk").is_err());
+        assert_eq!(s.stats().bad_packets, 1);
+    }
+
+    #[test]
+    fn burst_limit_caps_sends_per_event() {
+        let mut s = sender(Tuning {
+            burst_limit: 2,
+            initsegs: 10,
+            ..tuning(RecoveryKind::Sack)
+        });
+        assert_eq!(send(&mut s, at(0)), vec![0, 1]);
+        ack(&mut s, at(1), AckSpec { cum: 2, ..ACK });
+        assert_eq!(send(&mut s, at(1)), vec![2, 3]);
+        assert_eq!(s.stats().maxburst, 2);
+    }
+
+    #[test]
+    fn droplist_drops_first_transmissions_only() {
+        let mut s = sender(Tuning {
+            droplist: "1,2".parse().unwrap(),
+            ..tuning(RecoveryKind::Sack)
+        });
+        assert_eq!(send(&mut s, at(0)), vec![0, 3]);
+        assert_eq!(s.stats().dropped, 2);
+        assert_eq!(s.stats().pkts_out, 4);
+    }
+
+    /// A zero window stops new data; a probe goes out after an RTO so a
+    /// lost window update cannot deadlock the transfer.
+    #[test]
+    fn zero_window_is_probed() {
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        send(&mut s, at(0));
+        ack(
+            &mut s,
+            at(10),
+            AckSpec {
+                cum: 4,
+                window: 0,
+                ..ACK
+            },
+        );
+        assert!(send(&mut s, at(10)).is_empty());
+        let probe_at = s.poll_timeout().unwrap();
+        assert!(probe_at > at(10));
+        s.handle_timeout(probe_at);
+        assert_eq!(send(&mut s, probe_at), vec![4]);
+        ack(
+            &mut s,
+            probe_at,
+            AckSpec {
+                cum: 5,
+                window: 50,
+                ..ACK
+            },
+        );
+        assert!(!send(&mut s, probe_at).is_empty());
+    }
+
+    #[test]
+    fn maxtime_ends_an_unlimited_stream() {
+        let t = Tuning {
+            maxtime: Duration::from_millis(50),
+            ..tuning(RecoveryKind::Sack)
+        };
+        let mut s = Sender::new(&t, CONN, None, Time::ZERO).unwrap();
+        assert_eq!(send(&mut s, at(0)).len(), 4);
+        ack(&mut s, at(60), AckSpec { cum: 4, ..ACK });
+        assert!(send(&mut s, at(60)).is_empty());
+        assert_eq!(s.state(), SenderState::Finished);
+        assert!(Sender::new(&tuning(RecoveryKind::Sack), CONN, None, Time::ZERO).is_err());
+    }
+
+    #[test]
+    fn nothing_to_send_finishes_at_once() {
+        let s = Sender::new(&tuning(RecoveryKind::Sack), CONN, Some(0), Time::ZERO).unwrap();
+        assert_eq!(s.state(), SenderState::Finished);
+        assert_eq!(s.poll_timeout(), None);
+    }
+}

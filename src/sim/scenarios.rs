@@ -55,7 +55,8 @@ pub fn mathis(
         .expect("valid spec");
     let rev: LinkSpec = "delay 50ms".parse().expect("valid spec");
     let mut recorder = Recorder::default();
-    let result = Simulation::new(SimConfig::new(tuning, fwd, rev, None, seed))?.run(&mut recorder)?;
+    let result =
+        Simulation::new(SimConfig::new(tuning, fwd, rev, None, seed))?.run(&mut recorder)?;
     let exits: Vec<(Duration, u64)> = recorder
         .events
         .iter()
@@ -93,7 +94,13 @@ pub fn mathis_expected_c(delayed_ack: bool) -> f64 {
 /// How a link reorders: sends `packets` numbered datagrams of `size` bytes
 /// every `interval` and returns (fraction arriving out of place, largest
 /// displacement in positions).
-pub fn displacement(spec: &LinkSpec, packets: u32, size: usize, interval: Duration, seed: u64) -> (f64, u64) {
+pub fn displacement(
+    spec: &LinkSpec,
+    packets: u32,
+    size: usize,
+    interval: Duration,
+    seed: u64,
+) -> (f64, u64) {
     let mut link = SimLink::new(spec.clone(), seed);
     for i in 0..packets {
         let mut p = vec![0u8; size.max(4)];
