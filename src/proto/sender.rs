@@ -294,6 +294,13 @@ impl Sender {
             self.flow.stats.dsacks += 1;
         }
         let newly_acked = self.flow.sb.ack_through(ack.cum_ack).segments;
+        // A retransmission queued for a segment this ACK covers is moot.
+        if let Some(forced) = self.flow.force_retransmit {
+            let seg = forced.seg();
+            if seg < self.flow.sb.una() || self.flow.sb.is_sacked(seg) {
+                self.flow.force_retransmit = None;
+            }
+        }
         self.flow.stats.maxack = self.flow.stats.maxack.max(newly_acked);
         let outstanding = self.flow.sb.outstanding();
         let is_dupack = newly_acked == 0
@@ -489,12 +496,10 @@ impl Sender {
 
     /// Chooses the next segment to send, and whether it was forced.
     fn next_segment(&mut self) -> Option<(u64, Option<Forced>)> {
-        while let Some(forced) = self.flow.force_retransmit.take() {
+        if let Some(forced) = self.flow.force_retransmit.take() {
             let seg = forced.seg();
-            if seg >= self.flow.sb.una() && seg < self.flow.sb.max() && !self.flow.sb.is_sacked(seg)
-            {
-                return Some((seg, Some(forced)));
-            }
+            debug_assert!(seg >= self.flow.sb.una() && !self.flow.sb.is_sacked(seg));
+            return Some((seg, Some(forced)));
         }
         if !self.window_open() {
             return None;
