@@ -15,23 +15,22 @@ pub enum TimeUnit {
     Seconds,
 }
 
-fn split_number(s: &str) -> Result<(f64, &str), String> {
+/// Splits `12.5ms` into 12.5 and `ms`; `what` names the expected form.
+fn split_number<'a>(s: &'a str, what: &str) -> Result<(f64, &'a str), String> {
     let s = s.trim();
     let end = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+' || c == 'e'))
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
         .unwrap_or(s.len());
-    // "1e3ms" would be ambiguous with a unit starting with 'e'; none does.
     let (num, unit) = s.split_at(end);
-    let value: f64 = num.parse().map_err(|_| format!("`{s}` is not a number"))?;
-    if !value.is_finite() {
-        return Err(format!("`{s}` is not a finite number"));
+    match num.parse::<f64>() {
+        Ok(value) if value.is_finite() => Ok((value, unit.trim())),
+        _ => Err(format!("`{s}` is not {what}")),
     }
-    Ok((value, unit.trim()))
 }
 
 /// Parses `200ms`, `1.5s`, `50us`, or a bare number in `bare`.
 pub fn parse_duration(s: &str, bare: TimeUnit) -> Result<Duration, String> {
-    let (value, unit) = split_number(s)?;
+    let (value, unit) = split_number(s, "a time like 50ms")?;
     if value < 0.0 {
         return Err(format!("`{s}`: a duration cannot be negative"));
     }
@@ -61,7 +60,7 @@ pub fn parse_duration(s: &str, bare: TimeUnit) -> Result<Duration, String> {
 /// Parses a rate in bits per second: `100mbit`, `1.6mbit`, `128kbit`, `10gbit`,
 /// `500bit`; `bps`, `kbps`, `mbps`, `gbps` are bytes per second, as in tc(8).
 pub fn parse_rate(s: &str) -> Result<u64, String> {
-    let (value, unit) = split_number(s)?;
+    let (value, unit) = split_number(s, "a rate like 100mbit")?;
     let unit_l = unit.to_ascii_lowercase();
     let mult = match unit_l.as_str() {
         "" | "bit" => 1.0,
@@ -91,7 +90,7 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 
 /// Parses a size in bytes: `1500`, `64KiB`, `100M` (MiB), `100MB` (10^8).
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let (value, unit) = split_number(s)?;
+    let (value, unit) = split_number(s, "a size like 64MiB")?;
     if value < 0.0 {
         return Err(format!("`{s}`: a size cannot be negative"));
     }

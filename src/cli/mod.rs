@@ -91,7 +91,8 @@ struct Output {
 impl Observer for Output {
     fn on_event(&mut self, event: &TimedEvent) {
         if self.events {
-            eprintln!("{event}");
+            // stderr closed by the reader: nothing useful to do about it.
+            let _ = writeln!(io::stderr().lock(), "{event}");
         }
     }
 
@@ -106,7 +107,7 @@ impl Observer for Output {
 
 fn create_trace(path: &Path, header: &[String]) -> Result<BufWriter<File>> {
     let file = File::create(path)
-        .with_context(|| format!("cannot create trace file {}", path.display()))?;
+        .map_err(|e| UsageError(format!("cannot create trace file {}: {e}", path.display())))?;
     let mut w = BufWriter::new(file);
     for line in header {
         writeln!(w, "# {line}").with_context(|| format!("cannot write {}", path.display()))?;
@@ -151,11 +152,12 @@ fn sim(args: SimArgs) -> Result<ExitCode> {
         w.flush()
             .with_context(|| format!("cannot write trace file {}", path.display()))?;
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&result.summary)?);
+    let text = if args.json {
+        serde_json::to_string_pretty(&result.summary)? + "\n"
     } else {
-        print!("{}", result.summary);
-    }
+        result.summary.to_string()
+    };
+    print_stdout(&text)?;
     let intact = result
         .summary
         .sim
@@ -168,8 +170,34 @@ fn sim(args: SimArgs) -> Result<ExitCode> {
     })
 }
 
+/// Writes to stdout; a reader that went away (`atou sim | head`) is not an error.
+fn print_stdout(text: &str) -> Result<()> {
+    let mut out = io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e).context("cannot write to stdout"),
+        _ => Ok(()),
+    }
+}
+
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version.
+            let _ = print_stdout(&e.render().to_string());
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // One line that names the offending flag or token.
+            let text = e.render().to_string();
+            let line = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("bad arguments");
+            eprintln!("atou: {}", line.trim_start_matches("error: "));
+            return ExitCode::from(2);
+        }
+    };
     let result = match cli.command {
         Command::Sim(args) => sim(args),
     };

@@ -93,9 +93,12 @@ impl FromStr for LinkSpec {
                 .copied()
                 .ok_or_else(|| format!("`{}` needs {what}", toks[i - 1]))
         };
-        // An optional argument: present when the next token is not a keyword.
-        let optional =
-            |i: usize| -> Option<&str> { toks.get(i).copied().filter(|t| !KEYWORDS.contains(t)) };
+        // An optional numeric argument (jitter, packet overhead).
+        let optional = |i: usize| -> Option<&str> {
+            toks.get(i)
+                .copied()
+                .filter(|t| t.starts_with(|c: char| c.is_ascii_digit() || c == '.'))
+        };
         while i < toks.len() {
             let key = toks[i];
             i += 1;
@@ -229,21 +232,6 @@ fn format_time_tc(d: Duration) -> String {
         format!("{us}us")
     }
 }
-
-const KEYWORDS: &[&str] = &[
-    "rate",
-    "limit",
-    "delay",
-    "loss",
-    "duplicate",
-    "reorder",
-    "seed",
-    "corrupt",
-    "slot",
-    "ecn",
-    "distribution",
-    "gap",
-];
 
 impl fmt::Display for LinkSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Simulator speed: 100 MB over `rate 100mbit delay 50ms limit 1000 loss 1%`
+# (issue 2, point 8; target: under 2 s of CPU in release). A loss-free run
+# of the same 100 MB in the same invocation is the reference the ratio is
+# taken against, so the figure means something on any machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --quiet
+atou=target/release/atou
+bytes=${BYTES:-100MB}
+lossy=${FWD:-"rate 100mbit delay 50ms limit 1000 loss 1%"}
+clean="rate 100mbit delay 50ms limit 1000"
+rev="delay 50ms"
+
+# Runs atou sim with SPEC; prints "cpu_seconds pkts_out pkts_in virtual_secs goodput_bps".
+run() {
+    local spec=$1 out cpu
+    local TIMEFORMAT='%U %S'
+    exec 3>&1
+    cpu=$( { time "$atou" sim --bytes "$bytes" --fwd "$spec" --rev "$rev" --json > /tmp/atou-bench-sim.json; } 2>&1 )
+    exec 3>&-
+    python3 - "$cpu" <<'PY'
+import json, sys
+u, s = map(float, sys.argv[1].split())
+j = json.load(open("/tmp/atou-bench-sim.json"))
+assert j["status"] == "finished", j["status"]
+assert j["sim"]["first_error"] is None
+print(f'{u + s:.3f} {j["pkts_out"]} {j["pkts_in"]} {j["secs"]:.1f} {j["goodput_bps"]:.0f}')
+PY
+}
+
+read -r cpu out in vsecs goodput < <(run "$lossy")
+read -r ref_cpu ref_out ref_in ref_vsecs ref_goodput < <(run "$clean")
+
+python3 - "$cpu" "$out" "$in" "$vsecs" "$goodput" "$ref_cpu" "$ref_out" "$ref_in" "$bytes" "$lossy" <<'PY'
+import sys
+cpu, out, acks, vsecs, goodput, ref_cpu, ref_out, ref_in = map(float, sys.argv[1:9])
+bytes_, spec = sys.argv[9], sys.argv[10]
+print(f"atou sim, {bytes_} over '{spec}' (rev 'delay 50ms')")
+print(f"  simulated: {vsecs:.1f} s of virtual time, {out:.0f} data segments, {acks:.0f} ACKs, goodput {goodput/1e6:.3f} Mbit/s")
+print(f"  CPU: {cpu:.3f} s  ({out/cpu:,.0f} data segments/s, {(out+acks)/cpu:,.0f} packets/s)")
+print(f"  target: under 2 s of CPU -> {'MET' if cpu < 2 else 'MISSED'} ({cpu/2:.2f} of the budget)")
+print(f"reference, same run: {bytes_} loss-free: CPU {ref_cpu:.3f} s ({ref_out/ref_cpu:,.0f} data segments/s)")
+print(f"  lossy/loss-free CPU ratio: {cpu/ref_cpu:.2f}")
+PY

@@ -1,0 +1,244 @@
+//! `atou sim` as a person and a script use it.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+fn atou(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_atou"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run atou")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("atou-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+const LOSSY: &[&str] = &[
+    "sim",
+    "--bytes",
+    "2MB",
+    "--fwd",
+    "rate 100mbit delay 50ms limit 1000 loss 1%",
+    "--rev",
+    "delay 50ms",
+];
+
+#[test]
+fn a_lossy_transfer_prints_atous_summary() {
+    let o = atou(LOSSY);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for line in [
+        "config: mss 1472 rcvwin 8192 recovery sack",
+        "good bytes goodput",
+        "pkts in",
+        "rxmts ",
+        "minrtt ",
+        "rto ",
+        "snd_nxt 1390 snd_cwnd",
+        "verified 2000000 bytes in order",
+    ] {
+        assert!(out.contains(line), "missing `{line}` in:\n{out}");
+    }
+}
+
+#[test]
+fn json_uses_atous_names() {
+    let mut args = LOSSY.to_vec();
+    args.push("--json");
+    let o = atou(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
+    for key in [
+        "bytes",
+        "secs",
+        "goodput_bps",
+        "rxmts",
+        "dup3s",
+        "packs",
+        "timeouts",
+        "dups",
+        "badacks",
+        "minrtt",
+        "maxrtt",
+        "avgrtt",
+        "rto",
+        "srtt",
+        "rttvar",
+        "snd_nxt",
+        "snd_una",
+        "snd_max",
+        "cwnd",
+        "ssthresh",
+        "maxburst",
+        "tuning",
+    ] {
+        assert!(v.get(key).is_some(), "no `{key}` in {v}");
+    }
+    assert_eq!(v["bytes"], 2_000_000);
+    assert_eq!(v["tuning"]["recovery"], "sack");
+    assert_eq!(v["tuning"]["min_rto"], 0.2);
+    assert!(v["rxmts"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn the_same_seed_writes_the_same_trace() {
+    let run = |seed: &str, name: &str| {
+        let path = tmp(name);
+        let mut args = LOSSY.to_vec();
+        args.extend(["--seed", seed, "--trace", path.to_str().unwrap()]);
+        let o = atou(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        std::fs::read(path).unwrap()
+    };
+    let a = run("5", "a.trace");
+    assert_eq!(a, run("5", "b.trace"));
+    assert_ne!(a, run("6", "c.trace"));
+    let text = String::from_utf8(a).unwrap();
+    assert!(text.starts_with("# atou trace"));
+    assert!(text.contains("# recovery sack") || text.contains("recovery sack"));
+    let body: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    assert!(body
+        .iter()
+        .any(|l| l.ends_with(" xmt") && l.split(' ').count() == 3));
+    assert!(body
+        .iter()
+        .any(|l| l.ends_with(" ack") && l.split(' ').count() == 6));
+}
+
+#[test]
+fn events_go_to_stderr_in_atous_words() {
+    let mut args = LOSSY.to_vec();
+    args.push("--events");
+    let o = atou(&args);
+    let err = stderr(&o);
+    assert!(err.lines().any(|l| l.contains(" 3duprxmit pkt ")), "{err}");
+    assert!(err.lines().any(|l| l.contains(" leave_recovery ")), "{err}");
+}
+
+#[test]
+fn atous_own_config_file_loads_verbatim_and_flags_win() {
+    let path = tmp("fack.conf");
+    // atou appendix B, the FACK example, verbatim.
+    std::fs::write(
+        &path,
+        "newreno 0\nfack 1\nsack 1\nrampdown 1\nrcvrwin 26\nmaxtime 10\ndroplist 200 200\ndebug 4\n",
+    )
+    .unwrap();
+    let o = atou(&[
+        "sim",
+        "--bytes",
+        "1MB",
+        "--config",
+        path.to_str().unwrap(),
+        "--rcvwin",
+        "30",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["tuning"]["recovery"], "fack");
+    assert_eq!(v["tuning"]["rampdown"], true);
+    assert_eq!(v["tuning"]["rcvwin"], 30, "the flag overrides the file");
+    assert_eq!(v["timeouts"], 1, "segment 200 dropped twice");
+    assert!(
+        stderr(&o).contains("debug 4"),
+        "the ignored line is reported"
+    );
+}
+
+#[test]
+fn mistakes_get_one_line_naming_the_token_and_exit_2() {
+    let bad_conf = tmp("bad.conf");
+    std::fs::write(&bad_conf, "mss 1472\ndup_thresh three\n").unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["sim", "--fwd", "rate 10mbit wobble 3"], "wobble"),
+        (vec!["sim", "--fwd", "rate fast"], "fast"),
+        (vec!["sim", "--rev", "loss 150%"], "150%"),
+        (vec!["sim", "--dup-thresh", "0"], "--dup-thresh"),
+        (vec!["sim", "--recovery", "vegas"], "vegas"),
+        (vec!["sim", "--delack", "forever"], "forever"),
+        (vec!["sim", "--bytes", "lots"], "lots"),
+        (vec!["sim", "--no-such-flag"], "--no-such-flag"),
+        (
+            vec!["sim", "--config", bad_conf.to_str().unwrap()],
+            "line 2",
+        ),
+        (vec!["sim", "--config", "/no/such/file"], "/no/such/file"),
+        (vec!["sim", "--trace", "/no/such/dir/t"], "/no/such/dir/t"),
+    ];
+    for (args, needle) in cases {
+        let o = atou(&args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?} should name `{needle}`: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn a_failed_transfer_exits_1_with_the_reason() {
+    let o = atou(&[
+        "sim",
+        "--bytes",
+        "100KB",
+        "--fwd",
+        "delay 10ms loss 100%",
+        "--maxidle",
+        "2",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stdout(&o).contains("status: failed: no ACK for 2 s (maxidle)"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn help_explains_every_knob_with_unit_and_default() {
+    let o = atou(&["sim", "--help"]);
+    assert!(o.status.success());
+    let help = stdout(&o);
+    for k in atou::proto::tuning::KNOBS {
+        let flag = format!("--{}", k.name.replace('_', "-"));
+        assert!(help.contains(&flag), "{flag} missing from --help");
+        assert!(
+            help.contains(k.value_name),
+            "{} has no unit in --help",
+            k.name
+        );
+    }
+    assert!(help.contains("[default: 1472]"));
+    assert!(help.contains("--rcvrwin"), "atou's alias is shown");
+}
+
+#[test]
+fn a_closed_pipe_is_not_an_error() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_atou"))
+        .args(["sim", "--bytes", "1MB"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    assert!(o.status.success());
+}
