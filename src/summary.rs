@@ -88,6 +88,7 @@ pub struct Summary {
     /// Transmissions dropped by the droplist.
     pub dropped: u64,
     pub dsacks: u64,
+    pub reneges: u64,
     pub bad_packets: u64,
     #[serde(serialize_with = "secs_f64")]
     pub minrtt: Duration,
@@ -148,6 +149,7 @@ impl Summary {
             maxburst: stats.maxburst,
             dropped: stats.dropped,
             dsacks: stats.dsacks,
+            reneges: stats.reneges,
             bad_packets: stats.bad_packets,
             minrtt: snap.minrtt,
             maxrtt: snap.maxrtt,
@@ -278,11 +280,11 @@ impl fmt::Display for Summary {
             Thresh(self.ssthresh),
             self.snd_max
         )?;
-        if self.dropped > 0 || self.dsacks > 0 || self.bad_packets > 0 {
+        if self.dropped > 0 || self.dsacks > 0 || self.bad_packets > 0 || self.reneges > 0 {
             writeln!(
                 f,
-                "droplist drops {} dsacks {} bad packets {}",
-                self.dropped, self.dsacks, self.bad_packets
+                "droplist drops {} dsacks {} reneges {} bad packets {}",
+                self.dropped, self.dsacks, self.reneges, self.bad_packets
             )?;
         }
         if let Some(r) = &self.receiver {

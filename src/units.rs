@@ -2,9 +2,15 @@
 //!
 //! Rates are bits per second, 1000-based, as `tc` and `iperf3` print them.
 //! Sizes are bytes; `K`/`M`/`G` and `KiB`/`MiB`/`GiB` are 1024-based,
-//! `KB`/`MB`/`GB` 1000-based. Durations take `us`, `ms` or `s`; a bare number
-//! is in the unit the caller names (atou's knobs mix seconds and milliseconds).
+//! `KB`/`MB`/`GB` 1000-based. Durations take `ns`, `us`, `ms` or `s`; a bare
+//! number is in the unit the caller names (atou's knobs mix seconds and
+//! milliseconds).
+//!
+//! Numbers are read as exact decimals, never through floating point, and
+//! printed exactly, so what a trace header or a summary prints parses back
+//! to the same value: a run can be repeated from its own record.
 
+use std::fmt;
 use std::time::Duration;
 
 /// The unit a bare number is read in.
@@ -15,124 +21,242 @@ pub enum TimeUnit {
     Seconds,
 }
 
-/// Splits `12.5ms` into 12.5 and `ms`; `what` names the expected form.
-fn split_number<'a>(s: &'a str, what: &str) -> Result<(f64, &'a str), String> {
-    let s = s.trim();
-    let end = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(end);
-    match num.parse::<f64>() {
-        Ok(value) if value.is_finite() => Ok((value, unit.trim())),
-        _ => Err(format!("`{s}` is not {what}")),
+/// A non-negative decimal read exactly: `mantissa / 10^fraction_digits`.
+#[derive(Debug, Clone, Copy)]
+struct Decimal {
+    mantissa: u128,
+    fraction_digits: u32,
+}
+
+impl Decimal {
+    /// `self × mult`, rounded to the nearest integer; `None` on overflow.
+    fn times(self, mult: u128) -> Option<u128> {
+        let den = 10u128.pow(self.fraction_digits);
+        let num = self.mantissa.checked_mul(mult)?;
+        Some((num + den / 2) / den)
     }
 }
 
-/// Parses `200ms`, `1.5s`, `50us`, or a bare number in `bare`.
+/// Splits `12.5ms` into an exact 12.5 and `ms`; `what` names the expected form.
+fn split_number<'a>(s: &'a str, what: &str) -> Result<(Decimal, &'a str), String> {
+    let t = s.trim();
+    let end = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(end);
+    let bad = || format!("`{t}` is not {what}");
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if int.is_empty() && frac.is_empty() || int.len() + frac.len() > 24 || frac.contains('.') {
+        return Err(bad());
+    }
+    let digits = format!("{int}{frac}");
+    let mantissa: u128 = if digits.is_empty() {
+        0
+    } else {
+        digits.parse().map_err(|_| bad())?
+    };
+    Ok((
+        Decimal {
+            mantissa,
+            fraction_digits: frac.len() as u32,
+        },
+        unit.trim(),
+    ))
+}
+
+const NANOS_PER_SEC: u128 = 1_000_000_000;
+
+/// Parses `200ms`, `1.5s`, `50us`, `250ns`, or a bare number in `bare`.
 pub fn parse_duration(s: &str, bare: TimeUnit) -> Result<Duration, String> {
     let (value, unit) = split_number(s, "a time like 50ms")?;
-    if value < 0.0 {
-        return Err(format!("`{s}`: a duration cannot be negative"));
-    }
-    let secs = match unit.to_ascii_lowercase().as_str() {
+    let nanos_per_unit: u128 = match unit.to_ascii_lowercase().as_str() {
         "" => match bare {
-            TimeUnit::Micros => value / 1e6,
-            TimeUnit::Millis => value / 1e3,
-            TimeUnit::Seconds => value,
+            TimeUnit::Micros => 1_000,
+            TimeUnit::Millis => 1_000_000,
+            TimeUnit::Seconds => NANOS_PER_SEC,
         },
-        "ns" => value / 1e9,
-        "us" | "usec" | "usecs" | "µs" => value / 1e6,
-        "ms" | "msec" | "msecs" => value / 1e3,
-        "s" | "sec" | "secs" => value,
-        "m" | "min" => value * 60.0,
+        "ns" | "nsec" => 1,
+        "us" | "usec" | "usecs" | "µs" => 1_000,
+        "ms" | "msec" | "msecs" => 1_000_000,
+        "s" | "sec" | "secs" => NANOS_PER_SEC,
+        "m" | "min" => 60 * NANOS_PER_SEC,
         other => {
             return Err(format!(
-                "`{s}`: unknown time unit `{other}` (use us, ms or s)"
+                "`{}`: unknown time unit `{other}` (use us, ms or s)",
+                s.trim()
             ))
         }
     };
-    if secs > 1e9 {
-        return Err(format!("`{s}` is too long"));
-    }
-    Ok(Duration::from_secs_f64(secs))
+    let nanos = value
+        .times(nanos_per_unit)
+        .filter(|&n| n <= 1_000_000_000 * NANOS_PER_SEC)
+        .ok_or_else(|| format!("`{}` is too long", s.trim()))?;
+    Ok(Duration::from_nanos(nanos as u64))
 }
 
 /// Parses a rate in bits per second: `100mbit`, `1.6mbit`, `128kbit`, `10gbit`,
 /// `500bit`; `bps`, `kbps`, `mbps`, `gbps` are bytes per second, as in tc(8).
 pub fn parse_rate(s: &str) -> Result<u64, String> {
     let (value, unit) = split_number(s, "a rate like 100mbit")?;
-    let unit_l = unit.to_ascii_lowercase();
-    let mult = match unit_l.as_str() {
-        "" | "bit" => 1.0,
-        "kbit" => 1e3,
-        "mbit" => 1e6,
-        "gbit" => 1e9,
-        "tbit" => 1e12,
-        "kibit" => 1024.0,
-        "mibit" => 1024.0 * 1024.0,
-        "gibit" => 1024.0 * 1024.0 * 1024.0,
-        "bps" => 8.0,
-        "kbps" => 8e3,
-        "mbps" => 8e6,
-        "gbps" => 8e9,
+    let mult: u128 = match unit.to_ascii_lowercase().as_str() {
+        "" | "bit" => 1,
+        "kbit" => 1_000,
+        "mbit" => 1_000_000,
+        "gbit" => 1_000_000_000,
+        "tbit" => 1_000_000_000_000,
+        "kibit" => 1 << 10,
+        "mibit" => 1 << 20,
+        "gibit" => 1 << 30,
+        "bps" => 8,
+        "kbps" => 8_000,
+        "mbps" => 8_000_000,
+        "gbps" => 8_000_000_000,
         other => {
             return Err(format!(
-                "`{s}`: unknown rate unit `{other}` (use bit, kbit, mbit, gbit, or bps for bytes/s)"
+                "`{}`: unknown rate unit `{other}` (use bit, kbit, mbit, gbit, or bps for bytes/s)",
+                s.trim()
             ))
         }
     };
-    let bits = value * mult;
-    if !(1.0..=1e15).contains(&bits) {
-        return Err(format!("`{s}`: rate must be between 1bit and 1000tbit"));
+    match value.times(mult) {
+        Some(bits) if (1..=1_000_000_000_000_000).contains(&bits) => Ok(bits as u64),
+        _ => Err(format!(
+            "`{}`: rate must be between 1bit and 1000tbit",
+            s.trim()
+        )),
     }
-    Ok(bits.round() as u64)
 }
 
 /// Parses a size in bytes: `1500`, `64KiB`, `100M` (MiB), `100MB` (10^8).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let (value, unit) = split_number(s, "a size like 64MiB")?;
-    if value < 0.0 {
-        return Err(format!("`{s}`: a size cannot be negative"));
-    }
-    let mult: f64 = match unit {
-        "" | "B" | "b" => 1.0,
-        "K" | "k" | "KiB" | "kiB" => 1024.0,
-        "M" | "m" | "MiB" => 1024.0 * 1024.0,
-        "G" | "g" | "GiB" => 1024.0 * 1024.0 * 1024.0,
-        "T" | "t" | "TiB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        "KB" | "kB" => 1e3,
-        "MB" => 1e6,
-        "GB" => 1e9,
-        "TB" => 1e12,
+    let mult: u128 = match unit {
+        "" | "B" | "b" => 1,
+        "K" | "k" | "KiB" | "kiB" => 1 << 10,
+        "M" | "m" | "MiB" => 1 << 20,
+        "G" | "g" | "GiB" => 1 << 30,
+        "T" | "t" | "TiB" => 1 << 40,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
         other => {
             return Err(format!(
-                "`{s}`: unknown size unit `{other}` (use K/M/G or KiB/MiB/GiB for 1024-based, KB/MB/GB for 1000-based)"
+                "`{}`: unknown size unit `{other}` (use K/M/G or KiB/MiB/GiB for 1024-based, KB/MB/GB for 1000-based)",
+                s.trim()
             ))
         }
     };
-    let bytes = value * mult;
-    if bytes > 1.0e18 {
-        return Err(format!("`{s}` is too large"));
-    }
-    Ok(bytes.round() as u64)
+    value
+        .times(mult)
+        .filter(|&b| b <= 1_000_000_000_000_000_000)
+        .map(|b| b as u64)
+        .ok_or_else(|| format!("`{}` is too large", s.trim()))
 }
 
-/// Parses a probability: `1%`, `0.5%`, or a bare fraction `0.01` (as tc does).
-pub fn parse_probability(s: &str) -> Result<f64, String> {
-    let t = s.trim();
-    let p = if let Some(num) = t.strip_suffix('%') {
-        num.trim()
-            .parse::<f64>()
-            .map_err(|_| format!("`{s}` is not a percentage"))?
-            / 100.0
-    } else {
-        t.parse::<f64>()
-            .map_err(|_| format!("`{s}` is not a probability (write 1% or 0.01)"))?
-    };
-    if !(0.0..=1.0).contains(&p) {
-        return Err(format!("`{s}` is not between 0% and 100%"));
+/// A probability, held exactly in parts per billion.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Probability(u32);
+
+impl Probability {
+    pub const ZERO: Probability = Probability(0);
+    pub const ONE: Probability = Probability(1_000_000_000);
+
+    pub fn from_ppb(ppb: u32) -> Probability {
+        Probability(ppb.min(Self::ONE.0))
     }
-    Ok(p)
+
+    pub fn ppb(self) -> u32 {
+        self.0
+    }
+
+    pub fn is_zero(self) -> bool {
+        self.0 == 0
+    }
+
+    pub fn as_f64(self) -> f64 {
+        f64::from(self.0) / 1e9
+    }
+
+    /// True with this probability, given a uniformly random `u64`.
+    pub fn happens(self, random: u64) -> bool {
+        self.0 > 0 && random % 1_000_000_000 < u64::from(self.0)
+    }
+}
+
+/// Parses `1%`, `0.5%`, or a bare fraction `0.01` (as tc does).
+pub fn parse_probability(s: &str) -> Result<Probability, String> {
+    let t = s.trim();
+    let (num, per_unit) = match t.strip_suffix('%') {
+        Some(n) => (n, 10_000_000u128),
+        None => (t, 1_000_000_000u128),
+    };
+    let (value, rest) = split_number(num, "a probability like 1% or 0.01")?;
+    if !rest.is_empty() {
+        return Err(format!("`{t}` is not a probability like 1% or 0.01"));
+    }
+    match value.times(per_unit) {
+        Some(ppb) if ppb <= 1_000_000_000 => Ok(Probability(ppb as u32)),
+        _ => Err(format!("`{t}` is not between 0% and 100%")),
+    }
+}
+
+/// Writes `int.frac` with trailing zeros of the fraction dropped.
+fn write_fixed(f: &mut fmt::Formatter<'_>, value: u128, scale_digits: u32) -> fmt::Result {
+    let den = 10u128.pow(scale_digits);
+    let (int, frac) = (value / den, value % den);
+    if frac == 0 {
+        return write!(f, "{int}");
+    }
+    let frac = format!("{frac:0width$}", width = scale_digits as usize);
+    write!(f, "{int}.{}", frac.trim_end_matches('0'))
+}
+
+impl fmt::Display for Probability {
+    /// As a percentage, exactly: `1%`, `0.025%`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_fixed(f, u128::from(self.0), 7)?;
+        f.write_str("%")
+    }
+}
+
+/// A duration as a number of `unit`s, exactly (`0.2` s, `1.5` ms).
+pub struct Exact(pub Duration, pub TimeUnit);
+
+impl fmt::Display for Exact {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let digits = match self.1 {
+            TimeUnit::Micros => 3,
+            TimeUnit::Millis => 6,
+            TimeUnit::Seconds => 9,
+        };
+        write_fixed(f, self.0.as_nanos(), digits)
+    }
+}
+
+/// A duration as tc writes it: the largest unit that keeps it whole.
+pub fn format_time_tc(d: Duration) -> String {
+    let ns = d.as_nanos();
+    for (div, unit) in [(1_000_000_000, "s"), (1_000_000, "ms"), (1_000, "us")] {
+        if ns % div == 0 {
+            return format!("{}{unit}", ns / div);
+        }
+    }
+    format!("{ns}ns")
+}
+
+/// A rate as tc writes it: the largest unit that keeps it whole.
+pub fn format_rate_tc(bits: u64) -> String {
+    for (div, unit) in [
+        (1_000_000_000, "gbit"),
+        (1_000_000, "mbit"),
+        (1_000, "kbit"),
+    ] {
+        if bits % div == 0 {
+            return format!("{}{unit}", bits / div);
+        }
+    }
+    format!("{bits}bit")
 }
 
 /// `12.345 Mbit/s`, 1000-based.
@@ -149,7 +273,7 @@ pub fn format_rate(bits_per_sec: f64) -> String {
     format!("{v:.3} {u}")
 }
 
-/// `64.0 MiB`, 1024-based.
+/// `64.00 MiB`, 1024-based.
 pub fn format_size(bytes: u64) -> String {
     let b = bytes as f64;
     const K: f64 = 1024.0;
@@ -164,36 +288,29 @@ pub fn format_size(bytes: u64) -> String {
     }
 }
 
-/// Seconds with microsecond precision, the way atou prints times.
-pub fn secs6(d: Duration) -> String {
-    format!("{:.6}", d.as_secs_f64())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn durations() {
-        assert_eq!(
-            parse_duration("200ms", TimeUnit::Seconds),
-            Ok(Duration::from_millis(200))
-        );
-        assert_eq!(
-            parse_duration("200", TimeUnit::Millis),
-            Ok(Duration::from_millis(200))
-        );
-        assert_eq!(
-            parse_duration("0.5", TimeUnit::Seconds),
-            Ok(Duration::from_millis(500))
-        );
+        let ms = Duration::from_millis;
+        assert_eq!(parse_duration("200ms", TimeUnit::Seconds), Ok(ms(200)));
+        assert_eq!(parse_duration("200", TimeUnit::Millis), Ok(ms(200)));
+        assert_eq!(parse_duration("0.5", TimeUnit::Seconds), Ok(ms(500)));
         assert_eq!(
             parse_duration("50us", TimeUnit::Seconds),
             Ok(Duration::from_micros(50))
         );
-        assert!(parse_duration("5 parsecs", TimeUnit::Seconds).is_err());
-        assert!(parse_duration("-1", TimeUnit::Seconds).is_err());
-        assert!(parse_duration("", TimeUnit::Seconds).is_err());
+        assert_eq!(
+            parse_duration("88888888888808", TimeUnit::Micros),
+            Ok(Duration::from_micros(88_888_888_888_808)),
+            "exact, not through f64"
+        );
+        for bad in ["5 parsecs", "-1", "", "1.2.3", "ms", "1e3ms"] {
+            assert!(parse_duration(bad, TimeUnit::Seconds).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -217,10 +334,18 @@ mod tests {
 
     #[test]
     fn probabilities() {
-        assert_eq!(parse_probability("1%"), Ok(0.01));
-        assert_eq!(parse_probability("0.25"), Ok(0.25));
+        assert_eq!(
+            parse_probability("1%").map(Probability::ppb),
+            Ok(10_000_000)
+        );
+        assert_eq!(
+            parse_probability("0.25").map(Probability::ppb),
+            Ok(250_000_000)
+        );
         assert!(parse_probability("101%").is_err());
         assert!(parse_probability("lots").is_err());
+        assert_eq!(Probability::from_ppb(250_000).to_string(), "0.025%");
+        assert_eq!(Probability::from_ppb(10_000_000).to_string(), "1%");
     }
 
     #[test]
@@ -228,5 +353,31 @@ mod tests {
         assert_eq!(format_rate(1_534_000.0), "1.534 Mbit/s");
         assert_eq!(format_size(64 << 20), "64.00 MiB");
         assert_eq!(format_size(12), "12 B");
+        assert_eq!(format_time_tc(Duration::from_micros(1500)), "1500us");
+        assert_eq!(format_rate_tc(1_600_000), "1600kbit");
+        assert_eq!(
+            Exact(Duration::from_millis(200), TimeUnit::Seconds).to_string(),
+            "0.2"
+        );
+        assert_eq!(
+            Exact(Duration::from_micros(1500), TimeUnit::Millis).to_string(),
+            "1.5"
+        );
+    }
+
+    proptest! {
+        /// Printing and parsing are exact inverses.
+        #[test]
+        fn printed_values_parse_back(ns in 0u64..=1_000_000_000_000_000_000, bits in 1u64..1_000_000_000_000_000,
+                                     ppb in 0u32..=1_000_000_000) {
+            let d = Duration::from_nanos(ns);
+            prop_assert_eq!(parse_duration(&format_time_tc(d), TimeUnit::Seconds), Ok(d));
+            for unit in [TimeUnit::Micros, TimeUnit::Millis, TimeUnit::Seconds] {
+                prop_assert_eq!(parse_duration(&Exact(d, unit).to_string(), unit), Ok(d));
+            }
+            prop_assert_eq!(parse_rate(&format_rate_tc(bits)), Ok(bits));
+            let p = Probability::from_ppb(ppb);
+            prop_assert_eq!(parse_probability(&p.to_string()), Ok(p));
+        }
     }
 }

@@ -8,6 +8,6 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
     if let Ok(spec) = text.parse::<LinkSpec>() {
         let again: LinkSpec = spec.to_string().parse().expect("printed spec parses");
-        assert_eq!(again.to_string(), spec.to_string());
+        assert_eq!(again, spec);
     }
 });

@@ -181,43 +181,39 @@ impl Scoreboard {
     }
 
     /// Marks the segments of `block` SACKed; returns how many were new.
+    /// Walks the ranges it overlaps from the top down, marking only the
+    /// gaps between them, then stores the merged range: no allocation.
     pub fn apply_sack(&mut self, block: SackBlock) -> u64 {
         let start = block.start.max(self.una);
         let end = block.end.min(self.max());
         if start >= end {
             return 0;
         }
-        // The parts of [start, end) not yet covered.
-        let mut gaps = Vec::new();
-        let mut at = start;
-        let mut merged_start = start;
-        let mut merged_end = end;
-        let overlapping: Vec<(u64, u64)> = self
-            .sacked_ranges
-            .range(..=end)
-            .rev()
-            .take_while(|(_, &e)| e >= start)
-            .map(|(&s, &e)| (s, e))
-            .collect();
-        for &(s, e) in overlapping.iter().rev() {
-            if s > at {
-                gaps.push((at, s.min(end)));
+        let (mut merged_start, mut merged_end) = (start, end);
+        let mut newly = 0;
+        // Everything in [start, hi) not yet examined.
+        let mut hi = end;
+        while hi > start {
+            match self.sacked_ranges.range(..=hi).next_back() {
+                // Overlapping or adjacent (e == start, s == end): merge.
+                Some((&s, &e)) if e >= start => {
+                    for seg in e.max(start)..hi {
+                        newly += u64::from(self.mark_sacked(seg));
+                    }
+                    self.sacked_ranges.remove(&s);
+                    merged_start = merged_start.min(s);
+                    merged_end = merged_end.max(e);
+                    hi = s;
+                }
+                _ => {
+                    for seg in start..hi {
+                        newly += u64::from(self.mark_sacked(seg));
+                    }
+                    hi = start;
+                }
             }
-            at = at.max(e);
-            merged_start = merged_start.min(s);
-            merged_end = merged_end.max(e);
-            self.sacked_ranges.remove(&s);
-        }
-        if at < end {
-            gaps.push((at, end));
         }
         self.sacked_ranges.insert(merged_start, merged_end);
-        let mut newly = 0;
-        for (a, b) in gaps {
-            for seg in a..b {
-                newly += u64::from(self.mark_sacked(seg));
-            }
-        }
         newly
     }
 
@@ -243,6 +239,17 @@ impl Scoreboard {
             self.n_retx -= 1;
         }
         true
+    }
+
+    /// Forgets every SACK: the receiver reneged (RFC 2018 §8), so what it
+    /// reported holding may be gone. Segments go back to plain outstanding.
+    pub fn clear_sacks(&mut self) {
+        for s in self.segs.iter_mut().filter(|s| s.sacked) {
+            s.sacked = false;
+        }
+        self.sacked_ranges.clear();
+        self.n_sacked = 0;
+        self.loss_frontier = self.una;
     }
 
     /// The highest SACKed segment.

@@ -294,6 +294,13 @@ impl Sender {
             self.flow.stats.dsacks += 1;
         }
         let newly_acked = self.flow.sb.ack_through(ack.cum_ack).segments;
+        // RFC 2018 §8: a cumulative ACK that stops at a segment the receiver
+        // SACKed means it threw SACKed data away; trust no SACK until new
+        // ones arrive.
+        if self.flow.sb.is_sacked(self.flow.sb.una()) {
+            self.flow.sb.clear_sacks();
+            self.flow.stats.reneges += 1;
+        }
         // A retransmission queued for a segment this ACK covers is moot.
         if let Some(forced) = self.flow.force_retransmit {
             let seg = forced.seg();
@@ -1002,6 +1009,43 @@ mod tests {
             },
         );
         assert_eq!(send(&mut s, at(22))[..2], [7, 8]);
+    }
+
+    /// RFC 2018 §8: SACKs are advisory. A receiver that SACKs a segment and
+    /// then stops its cumulative ACK there has reneged: the sender forgets
+    /// its SACKs and fast-retransmits the first unacknowledged segment.
+    #[test]
+    fn a_reneging_receiver_makes_the_sender_forget_its_sacks() {
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        send(&mut s, at(0));
+        ack(
+            &mut s,
+            at(1),
+            AckSpec {
+                cum: 0,
+                sack: &[(2, 4)],
+                ..ACK
+            },
+        );
+        ack(&mut s, at(2), AckSpec { cum: 2, ..ACK });
+        assert_eq!(s.stats().reneges, 1);
+        assert_eq!(send(&mut s, at(2)), vec![4, 5, 6, 7]);
+        // Three duplicates with new SACKs: limited transmit twice, then the
+        // fast retransmit of segment 2, which was SACKed and then reneged.
+        let mut sent = Vec::new();
+        for t in 3..6 {
+            ack(
+                &mut s,
+                at(t),
+                AckSpec {
+                    cum: 2,
+                    sack: &[(3, t + 1)],
+                    ..ACK
+                },
+            );
+            sent.push(send(&mut s, at(t)));
+        }
+        assert_eq!(sent, vec![vec![8], vec![9], vec![2]]);
     }
 
     #[test]

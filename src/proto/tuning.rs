@@ -14,7 +14,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use super::wire::DATA_HEADER_LEN;
-use crate::units::{parse_duration, TimeUnit};
+use crate::units::{parse_duration, Exact, TimeUnit};
 
 /// Loss recovery and congestion control variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -511,7 +511,7 @@ impl Tuning {
 
     /// The value of a knob as text that [`Tuning::set`] reads back.
     pub fn get(&self, key: &str) -> Option<String> {
-        let s = |d: Duration| format!("{}", d.as_secs_f64());
+        let s = |d: Duration| Exact(d, TimeUnit::Seconds).to_string();
         Some(match canonical(key).as_str() {
             "mss" => self.mss.to_string(),
             "rcvwin" | "rcvrwin" => self.rcvwin.to_string(),
@@ -533,7 +533,7 @@ impl Tuning {
             "droplist" => self.droplist.to_string(),
             "vmss" => self.vmss.to_string(),
             "limited_transmit" => u8::from(self.limited_transmit).to_string(),
-            "delack" => format!("{}", self.delack.as_secs_f64() * 1e3),
+            "delack" => Exact(self.delack, TimeUnit::Millis).to_string(),
             "rcvbuf" => self.rcvbuf.to_string(),
             _ => return None,
         })

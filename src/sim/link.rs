@@ -30,7 +30,10 @@ use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::proto::Time;
-use crate::units::{parse_duration, parse_probability, parse_rate, TimeUnit};
+use crate::units::{
+    format_rate_tc, format_time_tc, parse_duration, parse_probability, parse_rate, Probability,
+    TimeUnit,
+};
 
 /// A one-way path in virtual time.
 pub trait Link {
@@ -64,10 +67,10 @@ pub struct LinkSpec {
     pub limit: Option<u32>,
     pub delay: Duration,
     pub jitter: Duration,
-    pub loss: f64,
+    pub loss: Probability,
     pub loss_every: u64,
-    pub duplicate: f64,
-    pub reorder: f64,
+    pub duplicate: Probability,
+    pub reorder: Probability,
     pub reorder_gap: u64,
     pub seed: Option<u64>,
 }
@@ -191,7 +194,7 @@ impl FromStr for LinkSpec {
                 other => return Err(format!("unknown keyword `{other}`")),
             }
         }
-        if spec.reorder > 0.0 && spec.delay.is_zero() {
+        if !spec.reorder.is_zero() && spec.delay.is_zero() {
             return Err("reorder needs a delay to reorder against (as in netem)".into());
         }
         if spec.limit.is_some() && spec.rate.is_none() {
@@ -201,35 +204,6 @@ impl FromStr for LinkSpec {
             return Err("delay jitter larger than the delay".into());
         }
         Ok(spec)
-    }
-}
-
-/// A rate as tc writes it: the largest unit that keeps it whole.
-fn format_rate_tc(bits: u64) -> String {
-    for (div, unit) in [
-        (1_000_000_000, "gbit"),
-        (1_000_000, "mbit"),
-        (1_000, "kbit"),
-    ] {
-        if bits % div == 0 {
-            return format!("{}{unit}", bits / div);
-        }
-    }
-    if bits >= 1_000_000 {
-        // Not whole: keep exactness with a decimal.
-        return format!("{}mbit", bits as f64 / 1e6);
-    }
-    format!("{bits}bit")
-}
-
-fn format_time_tc(d: Duration) -> String {
-    let us = d.as_micros();
-    if us % 1_000_000 == 0 {
-        format!("{}s", us / 1_000_000)
-    } else if us % 1000 == 0 {
-        format!("{}ms", us / 1000)
-    } else {
-        format!("{us}us")
     }
 }
 
@@ -251,17 +225,17 @@ impl fmt::Display for LinkSpec {
                 parts.push(format_time_tc(self.jitter));
             }
         }
-        if self.loss > 0.0 {
-            parts.push(format!("loss {}%", self.loss * 100.0));
+        if !self.loss.is_zero() {
+            parts.push(format!("loss {}", self.loss));
         }
         if self.loss_every > 0 {
             parts.push(format!("loss every {}", self.loss_every));
         }
-        if self.duplicate > 0.0 {
-            parts.push(format!("duplicate {}%", self.duplicate * 100.0));
+        if !self.duplicate.is_zero() {
+            parts.push(format!("duplicate {}", self.duplicate));
         }
-        if self.reorder > 0.0 {
-            parts.push(format!("reorder {}%", self.reorder * 100.0));
+        if !self.reorder.is_zero() {
+            parts.push(format!("reorder {}", self.reorder));
             if self.reorder_gap > 0 {
                 parts.push(format!("gap {}", self.reorder_gap));
             }
@@ -269,11 +243,8 @@ impl fmt::Display for LinkSpec {
         if let Some(s) = self.seed {
             parts.push(format!("seed {s}"));
         }
-        if parts.is_empty() {
-            f.write_str("(perfect)")
-        } else {
-            f.write_str(&parts.join(" "))
-        }
+        // An empty spec is a perfect link, and prints (and parses) as such.
+        f.write_str(&parts.join(" "))
     }
 }
 
@@ -322,8 +293,10 @@ impl SimLink {
         (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
-    fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && self.uniform() < p
+    /// Draws only when `p` is not zero, so a spec without randomness
+    /// consumes none.
+    fn chance(&mut self, p: Probability) -> bool {
+        !p.is_zero() && p.happens(self.rng.next_u64())
     }
 
     fn transmit(&mut self, now: Time, packet: Vec<u8>) {
@@ -348,7 +321,7 @@ impl SimLink {
         // netem's reorder: after gap-1 packets in order, each one may be
         // sent at once instead of after the delay.
         let gap = self.spec.reorder_gap.max(1);
-        let reorder = if self.spec.reorder > 0.0 && self.since_reorder + 1 >= gap {
+        let reorder = if !self.spec.reorder.is_zero() && self.since_reorder + 1 >= gap {
             self.chance(self.spec.reorder)
         } else {
             false
@@ -435,7 +408,7 @@ mod tests {
         assert_eq!(s.rate, Some(1_600_000));
         assert_eq!(s.limit(), 10);
         assert_eq!(s.delay, Duration::from_millis(50));
-        assert_eq!(s.loss, 0.01);
+        assert_eq!(s.loss.ppb(), 10_000_000);
         assert_eq!(s.to_string().parse::<LinkSpec>().unwrap(), s);
     }
 

@@ -50,7 +50,7 @@ pub fn mathis(
         maxpkts: (losses / p) as u64,
         ..Tuning::default()
     };
-    let fwd: LinkSpec = format!("rate 100mbit delay 50ms loss {}%", p * 100.0)
+    let fwd: LinkSpec = format!("rate 100mbit delay 50ms loss {p}")
         .parse()
         .expect("valid spec");
     let rev: LinkSpec = "delay 50ms".parse().expect("valid spec");

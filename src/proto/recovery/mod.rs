@@ -101,6 +101,9 @@ pub struct SenderStats {
     pub bad_packets: u64,
     /// ACKs carrying a D-SACK block: a segment arrived twice.
     pub dsacks: u64,
+    /// Times the receiver reneged on a SACK (a cumulative ACK stopped at a
+    /// segment it had SACKed); SACK information was discarded.
+    pub reneges: u64,
     /// Most segments one ACK acknowledged.
     pub maxack: u64,
     /// Most segments sent in response to one event.
