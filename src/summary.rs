@@ -11,32 +11,6 @@ use crate::proto::tuning::KNOBS;
 use crate::proto::{ReceiverStats, SenderSnapshot, SenderStats, Tuning};
 use crate::sim::LinkStats;
 
-/// The receiver's report (atousrv's counters).
-#[derive(Debug, Clone, Serialize)]
-pub struct ReceiverReport {
-    pub segments: u64,
-    pub bytes: u64,
-    pub acks: u64,
-    pub duplicates: u64,
-    pub out_of_order: u64,
-    pub beyond_window: u64,
-    pub bad_packets: u64,
-}
-
-impl From<&ReceiverStats> for ReceiverReport {
-    fn from(s: &ReceiverStats) -> Self {
-        ReceiverReport {
-            segments: s.segments,
-            bytes: s.bytes,
-            acks: s.acks,
-            duplicates: s.duplicates,
-            out_of_order: s.out_of_order,
-            beyond_window: s.beyond_window,
-            bad_packets: s.bad_packets,
-        }
-    }
-}
-
 /// What the simulator adds: the paths and what they did.
 #[derive(Debug, Clone, Serialize)]
 pub struct SimReport {
@@ -110,7 +84,7 @@ pub struct Summary {
     #[serde(serialize_with = "thresh")]
     pub ssthresh: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub receiver: Option<ReceiverReport>,
+    pub receiver: Option<ReceiverStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sim: Option<SimReport>,
     pub tuning: Tuning,

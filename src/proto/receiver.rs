@@ -29,7 +29,8 @@ use super::InputError;
 /// choosing which SACK blocks to repeat.
 const RECENT_SACKS: usize = 16;
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// atousrv's counters, reported after each connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ReceiverStats {
     /// Data segments accepted (new, in window).
     pub segments: u64,

@@ -71,7 +71,6 @@ pub struct Sender {
     recovery: Box<dyn Recovery>,
     rtt: RttEstimator,
     timers: [Option<Time>; TIMERS.len()],
-    start: Time,
     payload_size: u64,
     stream_len: Option<u64>,
     /// Segments in the stream, when its length is known.
@@ -116,7 +115,6 @@ impl Sender {
             recovery: recovery::for_kind(tuning),
             rtt: RttEstimator::new(tuning),
             timers: [None; TIMERS.len()],
-            start: now,
             payload_size,
             stream_len,
             total_segments: stream_len.map(|n| n.div_ceil(payload_size)),
@@ -176,7 +174,7 @@ impl Sender {
             maxrtt: self.rtt.max(),
             avgrtt: self.rtt.avg(),
             good_bytes: self.good_bytes(),
-            elapsed: end.saturating_since(self.start),
+            elapsed: end.saturating_since(self.flow.start),
         }
     }
 
@@ -204,7 +202,7 @@ impl Sender {
     }
 
     fn since_start(&self) -> Duration {
-        self.flow.now.saturating_since(self.start)
+        self.flow.now.saturating_since(self.flow.start)
     }
 
     fn set_timer(&mut self, t: Timer, at: Option<Time>) {
@@ -358,7 +356,7 @@ impl Sender {
 
         if let Some(trace) = self.trace.as_mut() {
             trace.push_back(TraceRecord::Ack {
-                time: now.saturating_since(self.start),
+                time: now.saturating_since(self.flow.start),
                 ack: ack.cum_ack,
                 rtt: if sample_ok { rtt } else { Duration::ZERO },
                 cwnd: self.flow.cwnd,
@@ -559,7 +557,7 @@ impl Sender {
             self.flow.stats.pkts_out += 1;
             if let Some(trace) = self.trace.as_mut() {
                 trace.push_back(TraceRecord::Xmt {
-                    time: now.saturating_since(self.start),
+                    time: now.saturating_since(self.flow.start),
                     seg,
                 });
             }

@@ -20,7 +20,7 @@ use crate::proto::{
     PatternSource, PatternVerifier, Receiver, ReceiverConfig, Sender, SenderState, Time,
     TimedEvent, TraceRecord, Tuning,
 };
-use crate::summary::{ReceiverReport, SimReport, Summary};
+use crate::summary::{SimReport, Summary};
 
 #[derive(Debug, Clone)]
 pub struct SimConfig {
@@ -247,7 +247,7 @@ impl Simulation {
             self.sender.stats(),
             &snapshot,
         );
-        summary.receiver = Some(ReceiverReport::from(self.receiver.stats()));
+        summary.receiver = Some(*self.receiver.stats());
         summary.sim = Some(SimReport {
             seed: self.config.seed,
             fwd: self.config.fwd.to_string(),

@@ -133,7 +133,8 @@ pub struct Flow {
     pub stats: SenderStats,
     pub events: VecDeque<TimedEvent>,
     pub now: Time,
-    start: Time,
+    /// When the connection started: event and trace times count from it.
+    pub start: Time,
     recovery_started: Time,
 }
 
