@@ -174,10 +174,6 @@ impl Probability {
         self.0 == 0
     }
 
-    pub fn as_f64(self) -> f64 {
-        f64::from(self.0) / 1e9
-    }
-
     /// True with this probability, given a uniformly random `u64`.
     pub fn happens(self, random: u64) -> bool {
         self.0 > 0 && random % 1_000_000_000 < u64::from(self.0)
@@ -259,35 +255,6 @@ pub fn format_rate_tc(bits: u64) -> String {
     format!("{bits}bit")
 }
 
-/// `12.345 Mbit/s`, 1000-based.
-pub fn format_rate(bits_per_sec: f64) -> String {
-    let (v, u) = if bits_per_sec >= 1e9 {
-        (bits_per_sec / 1e9, "Gbit/s")
-    } else if bits_per_sec >= 1e6 {
-        (bits_per_sec / 1e6, "Mbit/s")
-    } else if bits_per_sec >= 1e3 {
-        (bits_per_sec / 1e3, "kbit/s")
-    } else {
-        (bits_per_sec, "bit/s")
-    };
-    format!("{v:.3} {u}")
-}
-
-/// `64.00 MiB`, 1024-based.
-pub fn format_size(bytes: u64) -> String {
-    let b = bytes as f64;
-    const K: f64 = 1024.0;
-    if b >= K * K * K {
-        format!("{:.2} GiB", b / (K * K * K))
-    } else if b >= K * K {
-        format!("{:.2} MiB", b / (K * K))
-    } else if b >= K {
-        format!("{:.2} KiB", b / K)
-    } else {
-        format!("{bytes} B")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,9 +317,6 @@ mod tests {
 
     #[test]
     fn formatting() {
-        assert_eq!(format_rate(1_534_000.0), "1.534 Mbit/s");
-        assert_eq!(format_size(64 << 20), "64.00 MiB");
-        assert_eq!(format_size(12), "12 B");
         assert_eq!(format_time_tc(Duration::from_micros(1500)), "1500us");
         assert_eq!(format_rate_tc(1_600_000), "1600kbit");
         assert_eq!(

@@ -205,10 +205,6 @@ impl RttEstimator {
             self.sum / u32::try_from(self.samples).unwrap_or(u32::MAX)
         }
     }
-
-    pub fn samples(&self) -> u64 {
-        self.samples
-    }
 }
 
 /// Brakmo §3.2: `rto = max(m + 2, ((sa >> 3) + sd) >> 2)` ticks. The `m + 2`

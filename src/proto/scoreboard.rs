@@ -14,13 +14,10 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::time::Time;
 use super::wire::SackBlock;
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Seg {
-    sent_at: Time,
-    xmits: u32,
     sacked: bool,
     lost: bool,
     /// A retransmission is in flight (cleared when presumed lost again).
@@ -44,14 +41,6 @@ pub struct Scoreboard {
     loss_frontier: u64,
     /// No lost-pending segment lies below it.
     retx_cursor: u64,
-}
-
-/// What a cumulative ACK removed from the scoreboard.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Acked {
-    pub segments: u64,
-    /// Of those, how many had been retransmitted.
-    pub retransmitted: u64,
 }
 
 impl Scoreboard {
@@ -102,34 +91,16 @@ impl Scoreboard {
         self.get(seg).is_some_and(|s| s.sacked)
     }
 
-    pub fn is_lost(&self, seg: u64) -> bool {
-        self.get(seg).is_some_and(|s| s.lost)
-    }
-
-    pub fn xmits(&self, seg: u64) -> u32 {
-        self.get(seg).map_or(0, |s| s.xmits)
-    }
-
-    pub fn sent_at(&self, seg: u64) -> Option<Time> {
-        self.get(seg).map(|s| s.sent_at)
-    }
-
     /// Records the first transmission of the next new segment; returns its number.
-    pub fn on_send_new(&mut self, now: Time) -> u64 {
-        self.segs.push_back(Seg {
-            sent_at: now,
-            xmits: 1,
-            ..Seg::default()
-        });
+    pub fn on_send_new(&mut self) -> u64 {
+        self.segs.push_back(Seg::default());
         self.max() - 1
     }
 
     /// Records a retransmission of `seg`.
-    pub fn on_retransmit(&mut self, seg: u64, now: Time) {
+    pub fn on_retransmit(&mut self, seg: u64) {
         let Some(s) = self.get_mut(seg) else { return };
         debug_assert!(!s.sacked, "retransmitting a SACKed segment");
-        s.sent_at = now;
-        s.xmits += 1;
         if !s.retx && !s.sacked {
             s.retx = true;
             let lost = s.lost;
@@ -140,18 +111,16 @@ impl Scoreboard {
         }
     }
 
-    /// Removes every segment below `cum` (the receiver has them all).
-    pub fn ack_through(&mut self, cum: u64) -> Acked {
-        let mut acked = Acked::default();
+    /// Removes every segment below `cum` (the receiver has them all);
+    /// returns how many.
+    pub fn ack_through(&mut self, cum: u64) -> u64 {
+        let mut acked = 0;
         while self.una < cum {
             let Some(s) = self.segs.pop_front() else {
                 break;
             };
             self.una += 1;
-            acked.segments += 1;
-            if s.xmits > 1 {
-                acked.retransmitted += 1;
-            }
+            acked += 1;
             if s.sacked {
                 self.n_sacked -= 1;
             } else {
@@ -402,7 +371,7 @@ mod tests {
     fn board(n: u64) -> Scoreboard {
         let mut sb = Scoreboard::default();
         for _ in 0..n {
-            sb.on_send_new(Time::ZERO);
+            sb.on_send_new();
         }
         sb
     }
@@ -419,9 +388,9 @@ mod tests {
         assert_eq!(sb.pipe(), 7);
         assert!(sb.mark_lost(0));
         assert_eq!(sb.pipe(), 6, "lost, not resent: 0");
-        sb.on_retransmit(0, Time::ZERO);
+        sb.on_retransmit(0);
         assert_eq!(sb.pipe(), 7, "lost and resent: 1");
-        sb.on_retransmit(1, Time::ZERO);
+        sb.on_retransmit(1);
         assert_eq!(sb.pipe(), 8, "not lost and resent: 2");
         sb.check_invariants().unwrap();
     }
@@ -460,15 +429,8 @@ mod tests {
         sb.apply_sack(block(2, 6));
         sb.mark_lost(0);
         sb.mark_lost(1);
-        sb.on_retransmit(0, Time::ZERO);
-        let acked = sb.ack_through(4);
-        assert_eq!(
-            acked,
-            Acked {
-                segments: 4,
-                retransmitted: 1
-            }
-        );
+        sb.on_retransmit(0);
+        assert_eq!(sb.ack_through(4), 4);
         assert_eq!((sb.una(), sb.sacked(), sb.pipe()), (4, 2, 4));
         sb.check_invariants().unwrap();
     }
@@ -479,7 +441,7 @@ mod tests {
         sb.apply_sack(block(6, 9));
         assert_eq!(sb.mark_lost_below(sb.kth_highest_sacked(3).unwrap()), 6);
         assert_eq!(sb.next_lost_pending(), Some(0));
-        sb.on_retransmit(0, Time::ZERO);
+        sb.on_retransmit(0);
         assert_eq!(sb.next_lost_pending(), Some(1));
         assert_eq!(sb.mark_lost_below(6), 0, "idempotent");
         sb.mark_all_lost();
@@ -493,7 +455,7 @@ mod tests {
     fn sack_of_a_lost_segment_clears_its_loss() {
         let mut sb = board(5);
         sb.mark_lost(2);
-        sb.on_retransmit(2, Time::ZERO);
+        sb.on_retransmit(2);
         sb.apply_sack(block(2, 3));
         assert_eq!(sb.pipe(), 4);
         assert_eq!(sb.lost_pending(), 0);

@@ -251,11 +251,6 @@ impl<'a> Packet<'a> {
     }
 }
 
-/// The connection id of a datagram, for demultiplexing before a full parse.
-pub fn peek_conn_id(buf: &[u8]) -> Result<u64, WireError> {
-    decode_header(buf).map(|(_, id)| id)
-}
-
 fn check_room(buf: &[u8], needed: usize) -> Result<(), WireError> {
     if buf.len() < needed {
         return Err(WireError::BufferTooSmall {
