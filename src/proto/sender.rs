@@ -330,7 +330,6 @@ impl Sender {
         let was_in_recovery = self.flow.phase == Phase::Recovery;
         let summary = AckSummary {
             newly_acked,
-            newly_sacked,
             is_dupack,
         };
         self.recovery.on_ack(&mut self.flow, &summary);
@@ -445,7 +444,6 @@ impl Sender {
         f.phase = Phase::Loss;
         f.force_retransmit = None;
         f.sb.mark_all_lost();
-        self.recovery.on_timeout();
         let event = Event::TimeoutRetransmit {
             seg: f.sb.una(),
             snd_nxt: f.sb.una(),

@@ -71,10 +71,7 @@ pub struct DupEvidence {
 pub struct AckSummary {
     /// Segments newly covered by the cumulative ACK.
     pub newly_acked: u64,
-    /// Segments newly covered by SACK blocks.
-    pub newly_sacked: u64,
-    /// A duplicate ACK: nothing new acknowledged, data outstanding, and
-    /// (with SACK) new SACK information (RFC 6675 §2).
+    /// A duplicate ACK, as the variant's [`Recovery::is_duplicate`] judged it.
     pub is_dupack: bool,
 }
 
@@ -258,10 +255,6 @@ pub trait Recovery: fmt::Debug + Send {
     fn tail_retransmission(&mut self, _flow: &Flow) -> Option<u64> {
         None
     }
-
-    /// A retransmission timeout fired (the sender has already reset the
-    /// windows and marked everything lost).
-    fn on_timeout(&mut self) {}
 }
 
 /// Builds the variant a tuning asks for.
