@@ -119,7 +119,7 @@ fn brakmo_3_4_congestion_avoidance_at_most_one_segment_per_rtt() {
     for (delack, expected_rate) in [(0u64, 1.0), (200, 0.5)] {
         let tuning = Tuning {
             rcvwin: 400,
-            rcvbuf: 400,
+            rcvsegs: 400,
             initsegs: 2,
             thresh_init: 0.05, // ssthresh 20: congestion avoidance early
             delack: Duration::from_millis(delack),

@@ -52,7 +52,7 @@ prop_compose! {
                     payload in 1u32..1500,
                     dup_thresh in 1u32..10,
                     delack_ms in prop_oneof![Just(0u64), 1u64..300],
-                    rcvbuf in 1u32..64,
+                    rcvsegs in 1u32..64,
                     rcvwin in 1u32..128,
                     initsegs in 1u32..10,
                     vmss in 1u32..4,
@@ -69,7 +69,7 @@ prop_compose! {
             rampdown: rampdown && kind == RecoveryKind::Fack,
             dup_thresh,
             delack: Duration::from_millis(delack_ms),
-            rcvbuf,
+            rcvsegs,
             rcvwin,
             initsegs,
             vmss,
@@ -189,12 +189,12 @@ proptest! {
 
     /// Any sequence of data segments (duplicates, far out of window,
     /// overlapping FINs) and garbage keeps the receiver bounded: it holds
-    /// at most rcvbuf segments and its ACKs always decode.
+    /// at most rcvsegs segments and its ACKs always decode.
     #[test]
     fn the_receiver_stays_bounded(segs in proptest::collection::vec((0u64..300, any::<bool>(), 0usize..40), 1..300),
                                   reads in any::<bool>()) {
-        let rcvbuf = 32;
-        let mut r = Receiver::new(ReceiverConfig { sack: true, delack: Duration::from_millis(50), rcvbuf }, 1);
+        let rcvsegs = 32;
+        let mut r = Receiver::new(ReceiverConfig { sack: true, delack: Duration::from_millis(50), rcvsegs }, 1);
         let mut buf = vec![0u8; 2048];
         for (i, (seg, fin, len)) in segs.into_iter().enumerate() {
             let now = Time::from_nanos(i as u64 * 1_000_000);
@@ -209,7 +209,7 @@ proptest! {
             while let Some(n) = r.poll_transmit(now, &mut buf) {
                 prop_assert!(atou::proto::wire::Packet::decode(&buf[..n]).is_ok());
             }
-            prop_assert!(u64::from(r.window()) <= u64::from(rcvbuf));
+            prop_assert!(u64::from(r.window()) <= u64::from(rcvsegs));
         }
     }
 }

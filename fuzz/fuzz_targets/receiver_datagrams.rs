@@ -1,5 +1,5 @@
 //! The receiver fed an arbitrary sequence of datagrams: it never panics,
-//! holds at most rcvbuf segments, and every ACK it sends decodes.
+//! holds at most rcvsegs segments, and every ACK it sends decodes.
 //!
 //! Input: records of [flags: u8][len: u8][bytes; len]. Flag bit 0 puts a
 //! valid data header (this connection) in front of the bytes so the fuzzer
@@ -12,11 +12,11 @@ use atou::proto::wire::{Packet, ACK_MAX_LEN, MAGIC, VERSION};
 use atou::proto::{Receiver, ReceiverConfig, Time};
 use libfuzzer_sys::fuzz_target;
 
-const RCVBUF: u32 = 16;
+const RCVSEGS: u32 = 16;
 
 fuzz_target!(|data: &[u8]| {
     let mut r = Receiver::new(
-        ReceiverConfig { sack: true, delack: Duration::from_millis(40), rcvbuf: RCVBUF },
+        ReceiverConfig { sack: true, delack: Duration::from_millis(40), rcvsegs: RCVSEGS },
         1,
     );
     let mut now = Time::ZERO;
@@ -43,6 +43,6 @@ fuzz_target!(|data: &[u8]| {
         while let Some(n) = r.poll_transmit(now, &mut out) {
             assert!(matches!(Packet::decode(&out[..n]), Ok(Packet::Ack(_))));
         }
-        assert!(r.window() <= RCVBUF);
+        assert!(r.window() <= RCVSEGS);
     }
 });

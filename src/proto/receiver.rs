@@ -13,7 +13,7 @@
 //! - delayed ACK counted in segments: at least every second segment,
 //!   whatever its size (Brakmo §3.3), else after `delack`; immediately for a
 //!   segment out of order, a duplicate, or one that fills a hole;
-//! - window = free buffer: `rcvbuf` minus what arrived in order but has not
+//! - window = free buffer: `rcvsegs` minus what arrived in order but has not
 //!   been read; out-of-order data sits inside the window, so duplicate ACKs
 //!   keep the same right edge, as TCP's do.
 
@@ -51,7 +51,7 @@ pub struct ReceiverStats {
 pub struct ReceiverConfig {
     pub sack: bool,
     pub delack: Duration,
-    pub rcvbuf: u32,
+    pub rcvsegs: u32,
 }
 
 impl ReceiverConfig {
@@ -59,7 +59,7 @@ impl ReceiverConfig {
         ReceiverConfig {
             sack: t.recovery.uses_sack(),
             delack: t.delack,
-            rcvbuf: t.rcvbuf,
+            rcvsegs: t.rcvsegs,
         }
     }
 }
@@ -113,7 +113,7 @@ impl Receiver {
             dsack: None,
             echo: 0,
             end: None,
-            last_window: config.rcvbuf,
+            last_window: config.rcvsegs,
             stats: ReceiverStats::default(),
         }
     }
@@ -135,7 +135,7 @@ impl Receiver {
     /// Free buffer, in segments, measured from the cumulative ACK.
     pub fn window(&self) -> u32 {
         let in_order_unread = self.rcv_nxt - self.read_nxt;
-        u32::try_from(u64::from(self.config.rcvbuf).saturating_sub(in_order_unread)).unwrap_or(0)
+        u32::try_from(u64::from(self.config.rcvsegs).saturating_sub(in_order_unread)).unwrap_or(0)
     }
 
     pub fn poll_timeout(&self) -> Option<Time> {
@@ -182,7 +182,7 @@ impl Receiver {
             self.ack_pending = true;
             return;
         }
-        if n >= self.read_nxt + u64::from(self.config.rcvbuf) {
+        if n >= self.read_nxt + u64::from(self.config.rcvsegs) {
             self.stats.beyond_window += 1;
             self.ack_pending = true;
             return;
@@ -254,7 +254,7 @@ impl Receiver {
         self.read_nxt += 1;
         // Tell a sender stalled on a small window that it has opened (a
         // window update, RFC 1122 §4.2.3.3: once half the buffer is free).
-        let half = self.config.rcvbuf / 2;
+        let half = self.config.rcvsegs / 2;
         if self.last_window < half.max(1) && self.window() >= half.max(1) {
             self.ack_pending = true;
         }
@@ -305,7 +305,7 @@ mod tests {
         ReceiverConfig {
             sack: true,
             delack: Duration::from_millis(delack_ms),
-            rcvbuf: 64,
+            rcvsegs: 64,
         }
     }
 
@@ -427,7 +427,7 @@ mod tests {
             ReceiverConfig {
                 sack: false,
                 delack: Duration::ZERO,
-                rcvbuf: 4,
+                rcvsegs: 4,
             },
             1,
         );

@@ -121,7 +121,7 @@ impl Sender {
             total_segments: stream_len.map(|n| n.div_ceil(payload_size)),
             send_deadline: (!tuning.maxtime.is_zero()).then(|| now + tuning.maxtime),
             // Until the peer speaks, assume the buffer we asked it for.
-            peer_right_edge: u64::from(tuning.rcvbuf),
+            peer_right_edge: u64::from(tuning.rcvsegs),
             last_ack_at: now,
             burst: 0,
             state: SenderState::Sending,
@@ -705,7 +705,7 @@ mod tests {
             recovery: kind,
             initsegs: 4,
             rcvwin: 100,
-            rcvbuf: 100,
+            rcvsegs: 100,
             ..Tuning::default()
         }
     }

@@ -14,7 +14,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use super::wire::DATA_HEADER_LEN;
-use crate::units::{parse_duration, Exact, TimeUnit};
+use crate::units::{parse_duration, parse_size, Exact, TimeUnit};
 
 /// Loss recovery and congestion control variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -241,6 +241,11 @@ pub struct Tuning {
     #[serde(serialize_with = "secs")]
     pub delack: Duration,
     /// Receiver: buffer in segments, advertised as the window.
+    pub rcvsegs: u32,
+    /// UDP socket send buffer in bytes (SO_SNDBUF), real sockets only.
+    pub sndbuf: u32,
+    /// UDP socket receive buffer in bytes (SO_RCVBUF), both ends of a real
+    /// transfer: the server grows its socket's buffer to what the client asks.
     pub rcvbuf: u32,
 }
 
@@ -268,7 +273,9 @@ impl Default for Tuning {
             vmss: 1,
             limited_transmit: true,
             delack: Duration::ZERO,
-            rcvbuf: 8192,
+            rcvsegs: 8192,
+            sndbuf: 4 << 20,
+            rcvbuf: 4 << 20,
         }
     }
 }
@@ -327,8 +334,12 @@ pub const KNOBS: &[Knob] = &[
         help: "send new data on the duplicate ACKs below dup_thresh (RFC 3042)" },
     Knob { name: "delack", aliases: &[], value_name: "MS",
         help: "receiver delayed-ACK timer in milliseconds; ACKs at least every 2nd segment; 0 ACKs every segment" },
-    Knob { name: "rcvbuf", aliases: &[], value_name: "SEGMENTS",
+    Knob { name: "rcvsegs", aliases: &[], value_name: "SEGMENTS",
         help: "receiver buffer in segments; its free space is the advertised window" },
+    Knob { name: "sndbuf", aliases: &[], value_name: "BYTES",
+        help: "UDP socket send buffer (SO_SNDBUF) in bytes, e.g. 4MiB (atou Table 1); real sockets only" },
+    Knob { name: "rcvbuf", aliases: &[], value_name: "BYTES",
+        help: "UDP socket receive buffer (SO_RCVBUF) in bytes, e.g. 4MiB, at both ends (atou Table 1, atousrv -b); real sockets only" },
 ];
 
 /// A bad value for one knob.
@@ -398,6 +409,15 @@ fn parse_time(key: &str, v: &str, bare: TimeUnit, max: Duration) -> Result<Durat
         return Err(err(key, format!("{v} is longer than {}s", max.as_secs())));
     }
     Ok(d)
+}
+
+/// A socket buffer size: `65536`, `4MiB`; at most 1 GiB (setsockopt takes an int).
+fn parse_bytes(key: &str, v: &str) -> Result<u32, TuningError> {
+    let n = parse_size(v).map_err(|m| err(key, m))?;
+    if !(1024..=1 << 30).contains(&n) {
+        return Err(err(key, format!("{v} is outside 1KiB..=1GiB")));
+    }
+    Ok(n as u32)
 }
 
 fn canonical(key: &str) -> String {
@@ -498,7 +518,9 @@ impl Tuning {
             "delack" => {
                 self.delack = parse_time(&key, v, TimeUnit::Millis, Duration::from_secs(10))?
             }
-            "rcvbuf" => self.rcvbuf = parse_int(&key, v, 1, 1 << 24)?,
+            "rcvsegs" => self.rcvsegs = parse_int(&key, v, 1, 1 << 24)?,
+            "sndbuf" => self.sndbuf = parse_bytes(&key, v)?,
+            "rcvbuf" => self.rcvbuf = parse_bytes(&key, v)?,
             _ => {
                 return Err(err(
                     &key,
@@ -534,15 +556,16 @@ impl Tuning {
             "vmss" => self.vmss.to_string(),
             "limited_transmit" => u8::from(self.limited_transmit).to_string(),
             "delack" => Exact(self.delack, TimeUnit::Millis).to_string(),
+            "rcvsegs" => self.rcvsegs.to_string(),
+            "sndbuf" => self.sndbuf.to_string(),
             "rcvbuf" => self.rcvbuf.to_string(),
             _ => return None,
         })
     }
 
     /// Applies a config file's text: `name value` lines, `#` comments.
-    /// atou's own configs load unchanged; knobs that only matter to real
-    /// sockets (`port`, `sndbuf`, `debug`) are accepted and reported back
-    /// as notes. When the file names any of atou's `newreno`/`sack`/`fack`
+    /// atou's own configs load unchanged; `port` and `debug`, which have
+    /// other spellings here, are accepted and reported back as notes. When the file names any of atou's `newreno`/`sack`/`fack`
     /// flags, they start from atou's defaults (newreno only) so the file
     /// means what it meant to atou.
     pub fn apply_config(&mut self, text: &str) -> Result<Vec<String>, ConfigError> {
@@ -570,8 +593,8 @@ impl Tuning {
                 "debug" => notes.push(format!(
                     "line {line}: `debug {value}` ignored; use --events and --trace FILE"
                 )),
-                "port" | "sndbuf" => notes.push(format!(
-                    "line {line}: `{key} {value}` ignored; it applies to real sockets, not to this run"
+                "port" => notes.push(format!(
+                    "line {line}: `port {value}` ignored; give the port as HOST:PORT or --bind"
                 )),
                 _ => {
                     if value.is_empty() && canonical(key) != "droplist" {

@@ -46,7 +46,7 @@ pub fn mathis(
         },
         // Window never limits (Mathis §2, item 1).
         rcvwin: 1 << 20,
-        rcvbuf: 1 << 20,
+        rcvsegs: 1 << 20,
         maxpkts: (losses / p) as u64,
         ..Tuning::default()
     };
