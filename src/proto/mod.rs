@@ -21,7 +21,7 @@ use thiserror::Error;
 
 pub use events::{Event, TimedEvent, TraceRecord};
 pub use payload::{PatternSource, PatternVerifier, PayloadSource};
-pub use receiver::{Receiver, ReceiverConfig, ReceiverStats};
+pub use receiver::{NewData, Receiver, ReceiverConfig, ReceiverStats};
 pub use recovery::{Phase, SenderStats};
 pub use sender::{Sender, SenderSnapshot, SenderState};
 pub use time::Time;
@@ -34,8 +34,6 @@ pub enum InputError {
     Wire(#[from] wire::WireError),
     #[error("packet for connection {got:#x}, expected {expected:#x}")]
     WrongConnection { expected: u64, got: u64 },
-    #[error("a data segment arrived at the sender")]
-    UnexpectedData,
-    #[error("an ACK arrived at the receiver")]
-    UnexpectedAck,
+    #[error("a {0} packet arrived where none belongs")]
+    Unexpected(&'static str),
 }

@@ -64,6 +64,13 @@ impl ReceiverConfig {
     }
 }
 
+/// A segment's payload accepted for the first time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewData<'a> {
+    pub offset: u64,
+    pub payload: &'a [u8],
+}
+
 #[derive(Debug)]
 struct Stored {
     offset: u64,
@@ -90,6 +97,8 @@ pub struct Receiver {
     delack_at: Option<Time>,
     dsack: Option<SackBlock>,
     echo: u32,
+    /// Keep payloads for [`Receiver::read`]; a sink only counts them.
+    hold_data: bool,
     /// Segment number after the FIN segment, once seen.
     end: Option<u64>,
     /// Window advertised in the last ACK, for window updates.
@@ -112,9 +121,20 @@ impl Receiver {
             delack_at: None,
             dsack: None,
             echo: 0,
+            hold_data: true,
             end: None,
             last_window: config.rcvsegs,
             stats: ReceiverStats::default(),
+        }
+    }
+
+    /// A receiver that keeps no data: each payload is returned once by
+    /// [`Receiver::handle_segment`] and is read the moment it is in order,
+    /// so the window stays fully open (atousrv's memory-to-memory sink).
+    pub fn sink(config: ReceiverConfig, conn_id: u64) -> Receiver {
+        Receiver {
+            hold_data: false,
+            ..Receiver::new(config, conn_id)
         }
     }
 
@@ -151,60 +171,91 @@ impl Receiver {
 
     /// Handles one datagram. Nothing changes unless it is a valid data
     /// segment of this connection.
-    pub fn handle_datagram(&mut self, now: Time, datagram: &[u8]) -> Result<(), InputError> {
-        let result = match Packet::decode(datagram) {
-            Err(e) => Err(InputError::Wire(e)),
-            Ok(Packet::Ack(_)) => Err(InputError::UnexpectedAck),
-            Ok(Packet::Data(seg)) if seg.header.conn_id != self.conn_id => {
-                Err(InputError::WrongConnection {
-                    expected: self.conn_id,
-                    got: seg.header.conn_id,
-                })
+    pub fn handle_datagram<'a>(
+        &mut self,
+        now: Time,
+        datagram: &'a [u8],
+    ) -> Result<Option<NewData<'a>>, InputError> {
+        match Packet::decode(datagram) {
+            Ok(Packet::Data(seg)) => self.handle_segment(now, &seg),
+            Err(e) => {
+                self.stats.bad_packets += 1;
+                Err(InputError::Wire(e))
             }
-            Ok(Packet::Data(seg)) => {
-                self.on_segment(now, &seg);
-                Ok(())
+            Ok(other) => {
+                self.stats.bad_packets += 1;
+                Err(InputError::Unexpected(other.kind_name()))
             }
-        };
-        if result.is_err() {
-            self.stats.bad_packets += 1;
         }
-        result
     }
 
-    fn on_segment(&mut self, now: Time, seg: &DataSegment<'_>) {
+    /// Handles one decoded data segment; returns its payload when it was
+    /// new and accepted (for callers that check or store data as it comes).
+    pub fn handle_segment<'a>(
+        &mut self,
+        now: Time,
+        seg: &DataSegment<'a>,
+    ) -> Result<Option<NewData<'a>>, InputError> {
+        if seg.header.conn_id != self.conn_id {
+            self.stats.bad_packets += 1;
+            return Err(InputError::WrongConnection {
+                expected: self.conn_id,
+                got: seg.header.conn_id,
+            });
+        }
+        Ok(self.on_segment(now, seg).then_some(NewData {
+            offset: seg.header.offset,
+            payload: seg.payload,
+        }))
+    }
+
+    fn is_held_out_of_order(&self, n: u64) -> bool {
+        self.ooo
+            .range(..=n)
+            .next_back()
+            .is_some_and(|(_, &end)| n < end)
+    }
+
+    /// Returns true when the segment was new and accepted.
+    fn on_segment(&mut self, now: Time, seg: &DataSegment<'_>) -> bool {
         let n = seg.header.seg;
         self.echo = seg.header.timestamp;
-        if n < self.rcv_nxt || self.held.contains_key(&n) {
+        if n < self.rcv_nxt || self.is_held_out_of_order(n) {
             // RFC 2883: report the duplicate at once.
             self.stats.duplicates += 1;
             self.dsack = SackBlock::new(n, n + 1);
             self.ack_pending = true;
-            return;
+            return false;
         }
         if n >= self.read_nxt + u64::from(self.config.rcvsegs) {
             self.stats.beyond_window += 1;
             self.ack_pending = true;
-            return;
+            return false;
         }
         if seg.header.flags.fin {
             self.end = Some(n + 1);
         }
         self.stats.segments += 1;
         self.stats.bytes += seg.payload.len() as u64;
-        self.held.insert(
-            n,
-            Stored {
-                offset: seg.header.offset,
-                data: seg.payload.to_vec(),
-            },
-        );
+        if self.hold_data {
+            self.held.insert(
+                n,
+                Stored {
+                    offset: seg.header.offset,
+                    data: seg.payload.to_vec(),
+                },
+            );
+        }
         if n == self.rcv_nxt {
             let had_holes = !self.ooo.is_empty();
             self.rcv_nxt += 1;
             // Absorb the out-of-order range that now joins up.
             if let Some(end) = self.ooo.remove(&self.rcv_nxt) {
                 self.rcv_nxt = end;
+            }
+            if !self.hold_data {
+                // Nothing is kept, so everything in order counts as read.
+                self.read_nxt = self.rcv_nxt;
             }
             if had_holes {
                 // Filled a hole: ACK at once so recovery sees it.
@@ -228,6 +279,7 @@ impl Receiver {
         if self.is_complete() {
             self.ack_pending = true;
         }
+        true
     }
 
     fn insert_ooo(&mut self, n: u64) {
@@ -334,7 +386,7 @@ mod tests {
         let n = r.poll_transmit(Time::ZERO, &mut buf).expect("an ACK");
         match Packet::decode(&buf[..n]).unwrap() {
             Packet::Ack(a) => a,
-            Packet::Data(_) => unreachable!(),
+            other => panic!("{} packet from a receiver", other.kind_name()),
         }
     }
 
@@ -451,7 +503,7 @@ mod tests {
         let n = r.poll_transmit(Time::ZERO, &mut buf)?;
         match Packet::decode(&buf[..n]).ok()? {
             Packet::Ack(a) => Some(a),
-            Packet::Data(_) => None,
+            _ => None,
         }
     }
 

@@ -218,26 +218,30 @@ impl Sender {
 
     /// Handles one datagram from the peer.
     pub fn handle_datagram(&mut self, now: Time, datagram: &[u8]) -> Result<(), InputError> {
-        self.advance(now);
-        self.flow.stats.pkts_in += 1;
         let result = match Packet::decode(datagram) {
             Err(e) => Err(InputError::Wire(e)),
-            Ok(Packet::Data(_)) => Err(InputError::UnexpectedData),
-            Ok(Packet::Ack(ack)) if ack.conn_id != self.conn_id => {
-                Err(InputError::WrongConnection {
-                    expected: self.conn_id,
-                    got: ack.conn_id,
-                })
-            }
-            Ok(Packet::Ack(ack)) => {
-                self.on_ack(&ack);
-                Ok(())
-            }
+            Ok(Packet::Ack(ack)) => return self.handle_ack(now, &ack),
+            Ok(other) => Err(InputError::Unexpected(other.kind_name())),
         };
-        if result.is_err() {
-            self.flow.stats.bad_packets += 1;
-        }
+        self.advance(now);
+        self.flow.stats.pkts_in += 1;
+        self.flow.stats.bad_packets += 1;
         result
+    }
+
+    /// Handles one decoded ACK.
+    pub fn handle_ack(&mut self, now: Time, ack: &Ack) -> Result<(), InputError> {
+        self.advance(now);
+        self.flow.stats.pkts_in += 1;
+        if ack.conn_id != self.conn_id {
+            self.flow.stats.bad_packets += 1;
+            return Err(InputError::WrongConnection {
+                expected: self.conn_id,
+                got: ack.conn_id,
+            });
+        }
+        self.on_ack(ack);
+        Ok(())
     }
 
     fn on_ack(&mut self, ack: &Ack) {
@@ -726,7 +730,7 @@ mod tests {
         while let Some(n) = s.poll_transmit(now, &mut buf, &mut PatternSource) {
             match Packet::decode(&buf[..n]).unwrap() {
                 Packet::Data(d) => segs.push(d.header.seg),
-                Packet::Ack(_) => unreachable!(),
+                other => panic!("{} packet from a sender", other.kind_name()),
             }
         }
         s.check_invariants().unwrap();

@@ -6,6 +6,7 @@
 //! and nothing is allocated, so no input can panic or exhaust memory.
 
 use thiserror::Error;
+use super::receiver::ReceiverStats;
 
 /// `"AT"`: lets a receiver discard stray datagrams cheaply.
 pub const MAGIC: [u8; 2] = *b"AT";
@@ -27,6 +28,24 @@ pub const ACK_MAX_LEN: usize = ACK_MIN_LEN + DSACK_LEN + MAX_SACK_BLOCKS * SACK_
 
 const KIND_DATA: u8 = 1;
 const KIND_ACK: u8 = 2;
+const KIND_HELLO: u8 = 3;
+const KIND_WELCOME: u8 = 4;
+const KIND_CLOSE: u8 = 5;
+const KIND_CLOSE_ACK: u8 = 6;
+/// The header and this kind's body are the same in every protocol version,
+/// so a peer can always say which version it speaks.
+const KIND_REJECT: u8 = 7;
+
+/// Lengths of the control packets.
+pub const HELLO_LEN: usize = HEADER_LEN + 4 * 5 + 1;
+pub const WELCOME_LEN: usize = HEADER_LEN + 4 * 3 + 1;
+pub const CLOSE_LEN: usize = HEADER_LEN + 8 + 8;
+pub const CLOSE_ACK_LEN: usize = HEADER_LEN + 8 * 7;
+pub const REJECT_LEN: usize = HEADER_LEN + 2;
+/// The longest control packet.
+pub const CONTROL_MAX_LEN: usize = CLOSE_ACK_LEN;
+
+const HELLO_FLAG_SACK: u8 = 0x01;
 
 const DATA_FLAG_FIN: u8 = 0x01;
 const DATA_FLAG_RETRANSMISSION: u8 = 0x02;
@@ -44,6 +63,8 @@ pub enum WireError {
     UnsupportedVersion(u8),
     #[error("unknown packet kind {0}")]
     UnknownKind(u8),
+    #[error("unknown reject reason {0}")]
+    UnknownReason(u8),
     #[error("unknown flag bits {0:#04x}")]
     UnknownFlags(u8),
     #[error("{0} SACK blocks (at most {MAX_SACK_BLOCKS} allowed)")]
@@ -232,22 +253,286 @@ fn clamp_u32(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
+/// The receiver-side settings a client asks for and the server applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiverParams {
+    /// Receiver buffer in segments (the advertised window).
+    pub rcvsegs: u32,
+    /// Socket receive buffer in bytes.
+    pub rcvbuf: u32,
+    /// Delayed-ACK timer in microseconds; 0 ACKs every segment.
+    pub delack_us: u32,
+    pub sack: bool,
+}
+
+/// Client to server: opens connection `conn_id` (chosen fresh by the
+/// client) in the header's protocol version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    pub conn_id: u64,
+    /// Largest datagram the client will send.
+    pub mss: u32,
+    /// The connection ends after this long without a packet; 0 never.
+    pub maxidle_ms: u32,
+    pub receiver: ReceiverParams,
+}
+
+/// Server to client: the connection is open with these settings (the
+/// server may have granted less than asked, e.g. a smaller socket buffer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Welcome {
+    pub conn_id: u64,
+    pub receiver: ReceiverParams,
+}
+
+/// Client to server: everything sent was acknowledged; the connection ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Close {
+    pub conn_id: u64,
+    /// Segments the sender sent (its `snd_max`).
+    pub segments: u64,
+    /// Stream bytes acknowledged.
+    pub bytes: u64,
+}
+
+/// Server to client: the close arrived; the receiver's counters at that point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CloseAck {
+    pub conn_id: u64,
+    pub stats: ReceiverStats,
+}
+
+/// Why a hello was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectReason {
+    /// The hello's protocol version is not the server's; `version` in the
+    /// reject is the server's.
+    UnsupportedVersion,
+    /// The hello asked for something the server cannot give.
+    BadHello,
+}
+
+/// Refuses a connection. Its layout is the same in every protocol version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reject {
+    pub conn_id: u64,
+    pub reason: RejectReason,
+    /// The protocol version the sender of the reject speaks.
+    pub version: u8,
+}
+
 /// A parsed packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Packet<'a> {
     Data(DataSegment<'a>),
     Ack(Ack),
+    Hello(Hello),
+    Welcome(Welcome),
+    Close(Close),
+    CloseAck(CloseAck),
+    Reject(Reject),
 }
 
 impl<'a> Packet<'a> {
+    /// The kind's name, for messages.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Packet::Data(_) => "data",
+            Packet::Ack(_) => "ack",
+            Packet::Hello(_) => "hello",
+            Packet::Welcome(_) => "welcome",
+            Packet::Close(_) => "close",
+            Packet::CloseAck(_) => "close-ack",
+            Packet::Reject(_) => "reject",
+        }
+    }
+
     /// Parses one datagram. Never panics; every field is validated.
     pub fn decode(buf: &'a [u8]) -> Result<Packet<'a>, WireError> {
         let (kind, conn_id) = decode_header(buf)?;
         match kind {
             KIND_DATA => decode_data(buf, conn_id).map(Packet::Data),
             KIND_ACK => decode_ack(buf, conn_id).map(Packet::Ack),
+            KIND_HELLO => decode_hello(buf, conn_id).map(Packet::Hello),
+            KIND_WELCOME => decode_welcome(buf, conn_id).map(Packet::Welcome),
+            KIND_CLOSE => {
+                exact_len(buf, CLOSE_LEN)?;
+                Ok(Packet::Close(Close {
+                    conn_id,
+                    segments: read_u64(buf, 12),
+                    bytes: read_u64(buf, 20),
+                }))
+            }
+            KIND_CLOSE_ACK => {
+                exact_len(buf, CLOSE_ACK_LEN)?;
+                let f = |i: usize| read_u64(buf, HEADER_LEN + 8 * i);
+                Ok(Packet::CloseAck(CloseAck {
+                    conn_id,
+                    stats: ReceiverStats {
+                        segments: f(0),
+                        bytes: f(1),
+                        acks: f(2),
+                        duplicates: f(3),
+                        out_of_order: f(4),
+                        beyond_window: f(5),
+                        bad_packets: f(6),
+                    },
+                }))
+            }
+            KIND_REJECT => decode_reject(buf, conn_id).map(Packet::Reject),
             other => Err(WireError::UnknownKind(other)),
         }
+    }
+}
+
+/// The fixed header fields, read without validating the rest: for
+/// demultiplexing by connection and for answering a foreign version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderPeek {
+    pub version: u8,
+    pub kind: u8,
+    pub conn_id: u64,
+}
+
+impl HeaderPeek {
+    /// `None` unless the datagram starts with atou's magic and a full header.
+    pub fn read(buf: &[u8]) -> Option<HeaderPeek> {
+        (buf.len() >= HEADER_LEN && buf[0..2] == MAGIC).then(|| HeaderPeek {
+            version: buf[2],
+            kind: buf[3],
+            conn_id: read_u64(buf, 4),
+        })
+    }
+
+    pub fn is_hello(&self) -> bool {
+        self.kind == KIND_HELLO
+    }
+}
+
+fn write_params(buf: &mut [u8], at: usize, p: &ReceiverParams) -> usize {
+    buf[at..at + 4].copy_from_slice(&p.rcvsegs.to_be_bytes());
+    buf[at + 4..at + 8].copy_from_slice(&p.rcvbuf.to_be_bytes());
+    buf[at + 8..at + 12].copy_from_slice(&p.delack_us.to_be_bytes());
+    buf[at + 12] = if p.sack { HELLO_FLAG_SACK } else { 0 };
+    at + 13
+}
+
+fn read_params(buf: &[u8], at: usize) -> Result<ReceiverParams, WireError> {
+    let flags = buf[at + 12];
+    if flags & !HELLO_FLAG_SACK != 0 {
+        return Err(WireError::UnknownFlags(flags));
+    }
+    Ok(ReceiverParams {
+        rcvsegs: read_u32(buf, at),
+        rcvbuf: read_u32(buf, at + 4),
+        delack_us: read_u32(buf, at + 8),
+        sack: flags & HELLO_FLAG_SACK != 0,
+    })
+}
+
+fn exact_len(buf: &[u8], len: usize) -> Result<(), WireError> {
+    check_len(buf, len)?;
+    if buf.len() > len {
+        return Err(WireError::TrailingBytes(buf.len() - len));
+    }
+    Ok(())
+}
+
+fn decode_hello(buf: &[u8], conn_id: u64) -> Result<Hello, WireError> {
+    exact_len(buf, HELLO_LEN)?;
+    Ok(Hello {
+        conn_id,
+        mss: read_u32(buf, 12),
+        maxidle_ms: read_u32(buf, 16),
+        receiver: read_params(buf, 20)?,
+    })
+}
+
+fn decode_welcome(buf: &[u8], conn_id: u64) -> Result<Welcome, WireError> {
+    exact_len(buf, WELCOME_LEN)?;
+    Ok(Welcome {
+        conn_id,
+        receiver: read_params(buf, 12)?,
+    })
+}
+
+fn decode_reject(buf: &[u8], conn_id: u64) -> Result<Reject, WireError> {
+    exact_len(buf, REJECT_LEN)?;
+    let reason = match buf[12] {
+        1 => RejectReason::UnsupportedVersion,
+        2 => RejectReason::BadHello,
+        other => return Err(WireError::UnknownReason(other)),
+    };
+    Ok(Reject {
+        conn_id,
+        reason,
+        version: buf[13],
+    })
+}
+
+impl Hello {
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        check_room(buf, HELLO_LEN)?;
+        emit_header(buf, KIND_HELLO, self.conn_id);
+        buf[12..16].copy_from_slice(&self.mss.to_be_bytes());
+        buf[16..20].copy_from_slice(&self.maxidle_ms.to_be_bytes());
+        Ok(write_params(buf, 20, &self.receiver))
+    }
+}
+
+impl Welcome {
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        check_room(buf, WELCOME_LEN)?;
+        emit_header(buf, KIND_WELCOME, self.conn_id);
+        Ok(write_params(buf, 12, &self.receiver))
+    }
+}
+
+impl Close {
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        check_room(buf, CLOSE_LEN)?;
+        emit_header(buf, KIND_CLOSE, self.conn_id);
+        buf[12..20].copy_from_slice(&self.segments.to_be_bytes());
+        buf[20..28].copy_from_slice(&self.bytes.to_be_bytes());
+        Ok(CLOSE_LEN)
+    }
+}
+
+impl CloseAck {
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        check_room(buf, CLOSE_ACK_LEN)?;
+        emit_header(buf, KIND_CLOSE_ACK, self.conn_id);
+        let s = &self.stats;
+        let fields = [
+            s.segments,
+            s.bytes,
+            s.acks,
+            s.duplicates,
+            s.out_of_order,
+            s.beyond_window,
+            s.bad_packets,
+        ];
+        for (i, v) in fields.iter().enumerate() {
+            let at = HEADER_LEN + 8 * i;
+            buf[at..at + 8].copy_from_slice(&v.to_be_bytes());
+        }
+        Ok(CLOSE_ACK_LEN)
+    }
+}
+
+impl Reject {
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        check_room(buf, REJECT_LEN)?;
+        emit_header(buf, KIND_REJECT, self.conn_id);
+        // Written in the version it names, so an older or newer peer reads
+        // both the same way.
+        buf[2] = self.version;
+        buf[12] = match self.reason {
+            RejectReason::UnsupportedVersion => 1,
+            RejectReason::BadHello => 2,
+        };
+        buf[13] = self.version;
+        Ok(REJECT_LEN)
     }
 }
 
@@ -283,7 +568,7 @@ fn decode_header(buf: &[u8]) -> Result<(u8, u64), WireError> {
     if buf[0..2] != MAGIC {
         return Err(WireError::BadMagic);
     }
-    if buf[2] != VERSION {
+    if buf[2] != VERSION && buf[3] != KIND_REJECT {
         return Err(WireError::UnsupportedVersion(buf[2]));
     }
     Ok((buf[3], read_u64(buf, 4)))
@@ -542,11 +827,75 @@ mod tests {
         }
 
         #[test]
-        fn decode_never_panics_behind_a_valid_header(kind in 1u8..=2,
+        fn decode_never_panics_behind_a_valid_header(kind in 1u8..=8,
                 bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
             let mut buf = vec![b'A', b'T', VERSION, kind, 0, 0, 0, 0, 0, 0, 0, 1];
             buf.extend_from_slice(&bytes);
             let _ = Packet::decode(&buf);
         }
+    }
+
+    fn encode(emit: impl Fn(&mut [u8]) -> Result<usize, WireError>) -> Vec<u8> {
+        let mut buf = vec![0u8; CONTROL_MAX_LEN];
+        let n = emit(&mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    #[test]
+    fn control_packets_round_trip_and_reject_extra_bytes() {
+        let params = ReceiverParams {
+            rcvsegs: 8192,
+            rcvbuf: 4 << 20,
+            delack_us: 200_000,
+            sack: true,
+        };
+        let hello = Hello {
+            conn_id: 7,
+            mss: 1472,
+            maxidle_ms: 10_000,
+            receiver: params,
+        };
+        let welcome = Welcome {
+            conn_id: 7,
+            receiver: ReceiverParams { sack: false, ..params },
+        };
+        let close = Close { conn_id: 7, segments: 10, bytes: 14390 };
+        let close_ack = CloseAck {
+            conn_id: 7,
+            stats: ReceiverStats { segments: 1, bytes: 2, acks: 3, duplicates: 4, out_of_order: 5, beyond_window: 6, bad_packets: 7 },
+        };
+        let cases: [(Vec<u8>, Packet<'_>, usize); 4] = [
+            (encode(|b| hello.emit(b)), Packet::Hello(hello), HELLO_LEN),
+            (encode(|b| welcome.emit(b)), Packet::Welcome(welcome), WELCOME_LEN),
+            (encode(|b| close.emit(b)), Packet::Close(close), CLOSE_LEN),
+            (encode(|b| close_ack.emit(b)), Packet::CloseAck(close_ack), CLOSE_ACK_LEN),
+        ];
+        for (bytes, packet, len) in cases {
+            assert_eq!(bytes.len(), len);
+            assert_eq!(Packet::decode(&bytes).unwrap(), packet);
+            let mut long = bytes.clone();
+            long.push(0);
+            assert_eq!(Packet::decode(&long), Err(WireError::TrailingBytes(1)));
+            assert!(Packet::decode(&bytes[..len - 1]).is_err());
+        }
+        assert_eq!(HELLO_LEN, 33);
+    }
+
+    #[test]
+    fn a_reject_reads_the_same_in_any_version() {
+        let reject = Reject { conn_id: 9, reason: RejectReason::UnsupportedVersion, version: 200 };
+        let bytes = encode(|b| reject.emit(b));
+        assert_eq!(bytes[2], 200);
+        assert_eq!(Packet::decode(&bytes).unwrap(), Packet::Reject(reject));
+        // Any other kind in a foreign version is refused, but peekable.
+        let mut hello = encode(|b| Hello { conn_id: 3, mss: 1472, maxidle_ms: 0,
+            receiver: ReceiverParams { rcvsegs: 1, rcvbuf: 1024, delack_us: 0, sack: false } }.emit(b));
+        hello[2] = 2;
+        assert_eq!(Packet::decode(&hello), Err(WireError::UnsupportedVersion(2)));
+        let peek = HeaderPeek::read(&hello).unwrap();
+        assert!(peek.is_hello());
+        assert_eq!((peek.version, peek.conn_id), (2, 3));
+        assert_eq!(HeaderPeek::read(b"XT\x01\x03aaaaaaaa"), None);
     }
 }
