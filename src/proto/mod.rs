@@ -6,6 +6,7 @@
 //! caller-supplied buffers. That makes every run reproducible: the
 //! simulator drives the same code in virtual time.
 
+pub mod client;
 pub mod events;
 pub mod payload;
 pub mod receiver;
@@ -13,17 +14,20 @@ pub mod recovery;
 pub mod rtt;
 pub mod scoreboard;
 pub mod sender;
+pub mod server;
 pub mod time;
 pub mod tuning;
 pub mod wire;
 
 use thiserror::Error;
 
+pub use client::{Client, Closed, ConnError};
 pub use events::{Event, TimedEvent, TraceRecord};
-pub use payload::{PatternSource, PatternVerifier, PayloadSource};
+pub use payload::{fill_pattern, pattern_mismatch, PatternSource, PatternVerifier, PayloadSource};
 pub use receiver::{NewData, Receiver, ReceiverConfig, ReceiverStats};
 pub use recovery::{Phase, SenderStats};
 pub use sender::{Sender, SenderSnapshot, SenderState};
+pub use server::{ConnEnd, ConnReport, Notice, Server, ServerLimits, ServerStats};
 pub use time::Time;
 pub use tuning::{RecoveryKind, Tuning};
 

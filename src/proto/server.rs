@@ -1,0 +1,574 @@
+//! The server's side: many connections behind one socket, sans I/O.
+//!
+//! [`Server`] demultiplexes datagrams by connection id (and checks they come
+//! from the address that opened the connection), answers hellos, runs one
+//! sink [`Receiver`] per connection, and reports each connection when it
+//! closes or goes idle. Datagrams that do not decode, or that belong to no
+//! connection, are counted and dropped; nothing a peer sends can make it
+//! panic or stall.
+//!
+//! Drive it like the other endpoints: [`Server::handle_datagram`], then
+//! drain [`Server::poll_transmit`] (after every datagram, so that ACKs are
+//! not merged: the ACK policy is per segment), [`Server::handle_timeout`]
+//! at [`Server::poll_timeout`], and collect [`Server::poll_report`].
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::payload::pattern_mismatch;
+use super::receiver::{Receiver, ReceiverConfig, ReceiverStats};
+use super::time::Time;
+use super::wire::{
+    CloseAck, HeaderPeek, Hello, Packet, ReceiverParams, Reject, RejectReason, Welcome,
+    DATA_HEADER_LEN, VERSION,
+};
+
+/// A client that asked for `maxidle 0` is still forgotten after this long
+/// without a packet: a persistent server must not keep state forever.
+const MAXIDLE_CAP: Duration = Duration::from_secs(600);
+/// How long a closed connection stays to answer repeated closes.
+const LINGER: Duration = Duration::from_secs(2);
+/// Largest datagram a client may announce (IPv4's UDP limit).
+const MSS_MAX: u32 = 65_507;
+
+/// What the server counts across all connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ServerStats {
+    pub datagrams: u64,
+    /// Not an atou packet, or malformed.
+    pub undecodable: u64,
+    /// For a connection the server does not have (or from another address).
+    pub unknown_connection: u64,
+    /// A packet kind a server never receives.
+    pub unexpected: u64,
+    /// Hellos refused: foreign protocol version.
+    pub version_rejects: u64,
+    /// Hellos refused: parameters out of range.
+    pub bad_hellos: u64,
+    pub connections: u64,
+}
+
+/// How a connection ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConnEnd {
+    /// The client closed it.
+    Closed,
+    /// No packet for `maxidle`.
+    Idle,
+}
+
+/// One line per connection, like atousrv's report.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConnReport {
+    pub conn_id: u64,
+    pub peer: SocketAddr,
+    pub end: ConnEnd,
+    /// From the hello to the close (or the last packet).
+    pub secs: f64,
+    pub stats: ReceiverStats,
+    /// Segments the client said it sent, from its close.
+    pub client_segments: Option<u64>,
+    /// Bytes that were not the test pattern (0 on an intact path).
+    pub corrupt_bytes: u64,
+    pub maxidle_secs: f64,
+}
+
+/// Something for the operator that is not a connection report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// A hello in a protocol version this server does not speak.
+    VersionRejected { peer: SocketAddr, theirs: u8 },
+    BadHello { peer: SocketAddr, why: String },
+}
+
+impl std::fmt::Display for Notice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Notice::VersionRejected { peer, theirs } => write!(
+                f,
+                "refused {peer}: it speaks atou protocol version {theirs}, this server speaks {VERSION}"
+            ),
+            Notice::BadHello { peer, why } => write!(f, "refused {peer}: {why}"),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Conn {
+    peer: SocketAddr,
+    receiver: Receiver,
+    params: ReceiverParams,
+    opened: Time,
+    last_heard: Time,
+    maxidle: Duration,
+    welcome_pending: bool,
+    close_ack_pending: bool,
+    closed_at: Option<Time>,
+    client_segments: Option<u64>,
+    corrupt_bytes: u64,
+    /// In the ready queue.
+    queued: bool,
+}
+
+impl Conn {
+    fn deadline(&self) -> Time {
+        match self.closed_at {
+            Some(at) => self.last_heard.max(at) + LINGER,
+            None => self.last_heard + self.maxidle,
+        }
+    }
+
+    fn poll_timeout(&self) -> Time {
+        let d = self.deadline();
+        self.receiver.poll_timeout().map_or(d, |t| t.min(d))
+    }
+
+    fn report(&self, conn_id: u64, end: ConnEnd, until: Time) -> ConnReport {
+        ConnReport {
+            conn_id,
+            peer: self.peer,
+            end,
+            secs: until.saturating_since(self.opened).as_secs_f64(),
+            stats: *self.receiver.stats(),
+            client_segments: self.client_segments,
+            corrupt_bytes: self.corrupt_bytes,
+            maxidle_secs: self.maxidle.as_secs_f64(),
+        }
+    }
+}
+
+/// Bounds on what a client may ask for.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerLimits {
+    /// Largest receiver buffer, in segments, granted to one connection.
+    pub max_rcvsegs: u32,
+    /// Most connections open at once.
+    pub max_connections: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_rcvsegs: 1 << 20,
+            max_connections: 4096,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Server {
+    limits: ServerLimits,
+    conns: HashMap<u64, Conn>,
+    ready: VecDeque<u64>,
+    rejects: VecDeque<(SocketAddr, Reject)>,
+    reports: VecDeque<ConnReport>,
+    notices: VecDeque<Notice>,
+    stats: ServerStats,
+    /// Largest socket receive buffer any client asked for.
+    wanted_rcvbuf: u32,
+    /// What the kernel gave the socket, as the I/O layer reports it.
+    granted_rcvbuf: u32,
+}
+
+impl Server {
+    pub fn new(limits: ServerLimits, socket_rcvbuf: u32) -> Server {
+        Server {
+            limits,
+            conns: HashMap::new(),
+            ready: VecDeque::new(),
+            rejects: VecDeque::new(),
+            reports: VecDeque::new(),
+            notices: VecDeque::new(),
+            stats: ServerStats::default(),
+            wanted_rcvbuf: socket_rcvbuf,
+            granted_rcvbuf: socket_rcvbuf,
+        }
+    }
+
+    pub fn stats(&self) -> &ServerStats {
+        &self.stats
+    }
+
+    pub fn open_connections(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// The socket receive buffer the clients want, when it is more than
+    /// the socket has; the I/O layer grows the socket and calls
+    /// [`Server::set_socket_rcvbuf`] before draining transmits.
+    pub fn wanted_rcvbuf(&self) -> Option<u32> {
+        (self.wanted_rcvbuf > self.granted_rcvbuf).then_some(self.wanted_rcvbuf)
+    }
+
+    pub fn set_socket_rcvbuf(&mut self, granted: u32) {
+        self.granted_rcvbuf = granted;
+        // Asking again would not get more.
+        self.wanted_rcvbuf = self.wanted_rcvbuf.min(granted);
+    }
+
+    fn enqueue(&mut self, conn_id: u64) {
+        if let Some(c) = self.conns.get_mut(&conn_id) {
+            if !c.queued {
+                c.queued = true;
+                self.ready.push_back(conn_id);
+            }
+        }
+    }
+
+    /// Handles one datagram from `from`.
+    pub fn handle_datagram(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+        self.stats.datagrams += 1;
+        let Some(peek) = HeaderPeek::read(datagram) else {
+            self.stats.undecodable += 1;
+            return;
+        };
+        if peek.version != VERSION {
+            if peek.is_hello() {
+                self.stats.version_rejects += 1;
+                self.notices.push_back(Notice::VersionRejected {
+                    peer: from,
+                    theirs: peek.version,
+                });
+                self.rejects.push_back((
+                    from,
+                    Reject {
+                        conn_id: peek.conn_id,
+                        reason: RejectReason::UnsupportedVersion,
+                        version: VERSION,
+                    },
+                ));
+            } else {
+                self.stats.undecodable += 1;
+            }
+            return;
+        }
+        let packet = match Packet::decode(datagram) {
+            Ok(p) => p,
+            Err(_) => {
+                self.stats.undecodable += 1;
+                return;
+            }
+        };
+        if let Packet::Hello(hello) = packet {
+            self.on_hello(now, from, &hello);
+            return;
+        }
+        let conn_id = peek.conn_id;
+        let Some(conn) = self.conns.get_mut(&conn_id).filter(|c| c.peer == from) else {
+            self.stats.unknown_connection += 1;
+            return;
+        };
+        conn.last_heard = now;
+        match packet {
+            Packet::Data(seg) if conn.closed_at.is_none() => {
+                if let Ok(Some(new)) = conn.receiver.handle_segment(now, &seg) {
+                    if pattern_mismatch(new.offset, new.payload).is_some() {
+                        conn.corrupt_bytes += new.payload.len() as u64;
+                    }
+                }
+            }
+            // Data after the close is a late copy; the close said all was acknowledged.
+            Packet::Data(_) => {}
+            Packet::Close(close) => {
+                conn.close_ack_pending = true;
+                if conn.closed_at.is_none() {
+                    conn.closed_at = Some(now);
+                    conn.client_segments = Some(close.segments);
+                    let report = conn.report(conn_id, ConnEnd::Closed, now);
+                    self.reports.push_back(report);
+                }
+            }
+            _ => {
+                self.stats.unexpected += 1;
+                return;
+            }
+        }
+        self.enqueue(conn_id);
+    }
+
+    fn on_hello(&mut self, now: Time, from: SocketAddr, hello: &Hello) {
+        if let Some(conn) = self.conns.get_mut(&hello.conn_id) {
+            if conn.peer == from {
+                // Our welcome was lost: say it again.
+                conn.last_heard = now;
+                conn.welcome_pending = true;
+                self.enqueue(hello.conn_id);
+            } else {
+                self.stats.unknown_connection += 1;
+            }
+            return;
+        }
+        let p = hello.receiver;
+        let why = if !(DATA_HEADER_LEN as u32 + 1..=MSS_MAX).contains(&hello.mss) {
+            Some(format!("mss {} outside {}..={MSS_MAX}", hello.mss, DATA_HEADER_LEN + 1))
+        } else if p.rcvsegs == 0 {
+            Some("a receiver buffer of 0 segments".to_string())
+        } else if self.conns.len() >= self.limits.max_connections {
+            Some(format!(
+                "already serving {} connections",
+                self.limits.max_connections
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            self.stats.bad_hellos += 1;
+            self.notices.push_back(Notice::BadHello { peer: from, why });
+            self.rejects.push_back((
+                from,
+                Reject {
+                    conn_id: hello.conn_id,
+                    reason: RejectReason::BadHello,
+                    version: VERSION,
+                },
+            ));
+            return;
+        }
+        let params = ReceiverParams {
+            rcvsegs: p.rcvsegs.min(self.limits.max_rcvsegs),
+            ..p
+        };
+        self.wanted_rcvbuf = self.wanted_rcvbuf.max(p.rcvbuf);
+        let config = ReceiverConfig {
+            sack: params.sack,
+            delack: Duration::from_micros(u64::from(params.delack_us)),
+            rcvsegs: params.rcvsegs,
+        };
+        let maxidle = match Duration::from_millis(u64::from(hello.maxidle_ms)) {
+            d if d.is_zero() => MAXIDLE_CAP,
+            d => d.min(MAXIDLE_CAP),
+        };
+        self.stats.connections += 1;
+        self.conns.insert(
+            hello.conn_id,
+            Conn {
+                peer: from,
+                receiver: Receiver::sink(config, hello.conn_id),
+                params,
+                opened: now,
+                last_heard: now,
+                maxidle,
+                welcome_pending: true,
+                close_ack_pending: false,
+                closed_at: None,
+                client_segments: None,
+                corrupt_bytes: 0,
+                queued: false,
+            },
+        );
+        self.enqueue(hello.conn_id);
+    }
+
+    /// Writes the next datagram into `buf` (at least
+    /// [`super::wire::CONTROL_MAX_LEN`] and [`super::wire::ACK_MAX_LEN`]
+    /// bytes); returns where to send it and its length.
+    pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(SocketAddr, usize)> {
+        if let Some((to, reject)) = self.rejects.pop_front() {
+            return reject.emit(buf).ok().map(|n| (to, n));
+        }
+        while let Some(&conn_id) = self.ready.front() {
+            let granted_rcvbuf = self.granted_rcvbuf;
+            let Some(conn) = self.conns.get_mut(&conn_id) else {
+                self.ready.pop_front();
+                continue;
+            };
+            if conn.welcome_pending {
+                conn.welcome_pending = false;
+                let welcome = Welcome {
+                    conn_id,
+                    receiver: ReceiverParams {
+                        rcvbuf: granted_rcvbuf,
+                        ..conn.params
+                    },
+                };
+                return welcome.emit(buf).ok().map(|n| (conn.peer, n));
+            }
+            if let Some(n) = conn.receiver.poll_transmit(now, buf) {
+                return Some((conn.peer, n));
+            }
+            if conn.close_ack_pending {
+                conn.close_ack_pending = false;
+                let ack = CloseAck {
+                    conn_id,
+                    stats: *conn.receiver.stats(),
+                };
+                return ack.emit(buf).ok().map(|n| (conn.peer, n));
+            }
+            conn.queued = false;
+            self.ready.pop_front();
+        }
+        None
+    }
+
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.conns.values().map(Conn::poll_timeout).min()
+    }
+
+    pub fn handle_timeout(&mut self, now: Time) {
+        let mut expired = Vec::new();
+        let mut woken = Vec::new();
+        for (&id, conn) in &mut self.conns {
+            if conn.receiver.poll_timeout().is_some_and(|t| t <= now) {
+                conn.receiver.handle_timeout(now);
+                woken.push(id);
+            }
+            if conn.deadline() <= now {
+                expired.push(id);
+            }
+        }
+        for id in woken {
+            self.enqueue(id);
+        }
+        for id in expired {
+            let conn = self.conns.remove(&id).expect("listed above");
+            if conn.closed_at.is_none() {
+                self.reports
+                    .push_back(conn.report(id, ConnEnd::Idle, conn.last_heard));
+            }
+        }
+    }
+
+    pub fn poll_report(&mut self) -> Option<ConnReport> {
+        self.reports.pop_front()
+    }
+
+    pub fn poll_notice(&mut self) -> Option<Notice> {
+        self.notices.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::client::Client;
+    use crate::proto::payload::PatternSource;
+    use crate::proto::Tuning;
+
+    fn addr(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    /// Client and server wired back to back, no loss: the whole life of a
+    /// connection, and garbage in between.
+    #[test]
+    fn hello_transfer_close_with_garbage_in_between() {
+        let tuning = Tuning {
+            mss: 200,
+            ..Tuning::default()
+        };
+        let mut now = Time::ZERO;
+        let mut client = Client::new(&tuning, 42, Some(10_000), now).unwrap();
+        let mut server = Server::new(ServerLimits::default(), 1 << 20);
+        let mut buf = vec![0u8; 2048];
+        for round in 0..10_000 {
+            while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
+                server.handle_datagram(now, addr(1), &buf[..n]);
+                // Garbage and a stranger's packet between real ones.
+                server.handle_datagram(now, addr(1), b"not atou at all");
+                server.handle_datagram(now, addr(2), &buf[..n]);
+                let mut out = vec![0u8; 2048];
+                while let Some((to, m)) = server.poll_transmit(now, &mut out) {
+                    assert_eq!(to, addr(1));
+                    let _ = client.handle_datagram(now, &out[..m]);
+                }
+            }
+            if client.outcome().is_some() {
+                break;
+            }
+            now = now + Duration::from_millis(1);
+            client.handle_timeout(now);
+            server.handle_timeout(now);
+            assert!(round < 9_999, "did not finish");
+        }
+        let closed = client.outcome().unwrap().clone().unwrap();
+        let peer = closed.peer.expect("close acknowledged");
+        assert_eq!(peer.bytes, 10_000);
+        let report = server.poll_report().unwrap();
+        assert_eq!(report.end, ConnEnd::Closed);
+        assert_eq!(report.stats.bytes, 10_000);
+        assert_eq!(report.corrupt_bytes, 0);
+        let s = server.stats();
+        assert_eq!(s.undecodable, s.unknown_connection);
+        assert!(s.undecodable > 50);
+        // The closed connection lingers, then goes without a second report.
+        server.handle_timeout(now + LINGER + Duration::from_secs(1));
+        assert_eq!(server.open_connections(), 0);
+        assert!(server.poll_report().is_none());
+    }
+
+    #[test]
+    fn foreign_version_hello_is_rejected_with_our_version() {
+        let mut server = Server::new(ServerLimits::default(), 1 << 20);
+        let mut hello = vec![0u8; 64];
+        let n = Hello {
+            conn_id: 5,
+            mss: 1472,
+            maxidle_ms: 1000,
+            receiver: ReceiverParams {
+                rcvsegs: 10,
+                rcvbuf: 1024,
+                delack_us: 0,
+                sack: true,
+            },
+        }
+        .emit(&mut hello)
+        .unwrap();
+        hello[2] = VERSION + 1;
+        server.handle_datagram(Time::ZERO, addr(9), &hello[..n]);
+        let mut out = [0u8; 64];
+        let (to, m) = server.poll_transmit(Time::ZERO, &mut out).unwrap();
+        assert_eq!(to, addr(9));
+        match Packet::decode(&out[..m]).unwrap() {
+            Packet::Reject(r) => {
+                assert_eq!(r.reason, RejectReason::UnsupportedVersion);
+                assert_eq!(r.version, VERSION);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(server.stats().version_rejects, 1);
+        assert_eq!(server.open_connections(), 0);
+        assert!(matches!(
+            server.poll_notice(),
+            Some(Notice::VersionRejected { theirs, .. }) if theirs == VERSION + 1
+        ));
+
+        // And the client side turns that reject into a clear error.
+        let mut client = Client::new(&Tuning::default(), 5, Some(1), Time::ZERO).unwrap();
+        client.handle_datagram(Time::ZERO, &out[..m]).unwrap();
+        assert!(matches!(
+            client.outcome(),
+            Some(Err(crate::proto::client::ConnError::VersionMismatch { theirs })) if *theirs == VERSION
+        ));
+    }
+
+    #[test]
+    fn an_idle_connection_is_reported_and_forgotten() {
+        let tuning = Tuning {
+            maxidle: Duration::from_secs(3),
+            ..Tuning::default()
+        };
+        let mut client = Client::new(&tuning, 7, Some(1_000_000), Time::ZERO).unwrap();
+        let mut server = Server::new(ServerLimits::default(), 1 << 20);
+        let mut buf = vec![0u8; 2048];
+        let n = client
+            .poll_transmit(Time::ZERO, &mut buf, &mut PatternSource)
+            .unwrap();
+        server.handle_datagram(Time::ZERO, addr(1), &buf[..n]);
+        assert_eq!(server.open_connections(), 1);
+        let at = server.poll_timeout().unwrap();
+        assert_eq!(at, Time::ZERO + Duration::from_secs(3));
+        server.handle_timeout(at);
+        assert_eq!(server.open_connections(), 0);
+        assert_eq!(server.poll_report().unwrap().end, ConnEnd::Idle);
+        // The client, never welcomed, gives up after maxidle too.
+        client.handle_timeout(at);
+        assert!(matches!(
+            client.outcome(),
+            Some(Err(crate::proto::client::ConnError::Idle { .. }))
+        ));
+    }
+}
