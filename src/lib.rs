@@ -6,6 +6,7 @@
 //! - [`summary`]: atou's end-of-run report.
 //! - [`units`]: parsing and printing of rates, sizes and durations.
 
+pub mod io;
 pub mod proto;
 pub mod sim;
 pub mod summary;

@@ -87,7 +87,19 @@ pub struct Summary {
     pub receiver: Option<ReceiverStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sim: Option<SimReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sockets: Option<SocketReport>,
     pub tuning: Tuning,
+}
+
+/// What a real-socket run adds: the buffers the kernels granted.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SocketReport {
+    /// This end's SO_SNDBUF and SO_RCVBUF as the kernel reports them.
+    pub sndbuf: u32,
+    pub rcvbuf: u32,
+    /// The server's socket receive buffer, from its welcome.
+    pub server_rcvbuf: Option<u32>,
 }
 
 impl Summary {
@@ -138,6 +150,7 @@ impl Summary {
             ssthresh: snap.ssthresh,
             receiver: None,
             sim: None,
+            sockets: None,
             tuning: tuning.clone(),
         }
     }
@@ -279,6 +292,17 @@ impl fmt::Display for Summary {
             match sim.first_error {
                 None => writeln!(f, "verified {} bytes in order", sim.verified_bytes)?,
                 Some(at) => writeln!(f, "STREAM CORRUPT at byte {at}")?,
+            }
+        }
+        if let Some(k) = &self.sockets {
+            write!(
+                f,
+                "sockets: sndbuf {} rcvbuf {} granted",
+                k.sndbuf, k.rcvbuf
+            )?;
+            match k.server_rcvbuf {
+                Some(r) => writeln!(f, "; server rcvbuf {r}")?,
+                None => writeln!(f)?,
             }
         }
         if self.status != "finished" {

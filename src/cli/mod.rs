@@ -2,6 +2,7 @@
 //!
 //! Exit codes: 0 success, 1 the transfer failed, 2 usage error.
 
+mod net;
 mod tuning_args;
 
 use std::fs::File;
@@ -37,6 +38,10 @@ struct Cli {
 enum Command {
     /// Simulate a transfer in virtual time over modelled links, reproducibly from a seed
     Sim(SimArgs),
+    /// Send test data to an `atou serve` over real UDP and print atou's summary (atou's client)
+    Probe(net::ProbeArgs),
+    /// Receive probes on a UDP port, many at once, one report line per connection (atou's server)
+    Serve(net::ServeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -81,7 +86,7 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 }
 
 /// Writes events to stderr and trace lines to a file as the run goes.
-struct Output {
+pub(crate) struct Output {
     events: bool,
     trace: Option<BufWriter<File>>,
     trace_path: Option<PathBuf>,
@@ -105,7 +110,7 @@ impl Observer for Output {
     }
 }
 
-fn create_trace(path: &Path, header: &[String]) -> Result<BufWriter<File>> {
+pub(crate) fn create_trace(path: &Path, header: &[String]) -> Result<BufWriter<File>> {
     let file = File::create(path)
         .map_err(|e| UsageError(format!("cannot create trace file {}: {e}", path.display())))?;
     let mut w = BufWriter::new(file);
@@ -144,14 +149,7 @@ fn sim(args: SimArgs) -> Result<ExitCode> {
         error: None,
     };
     let result = Simulation::new(config)?.run(&mut out)?;
-    if let Some(mut w) = out.trace.take() {
-        let path = out.trace_path.as_deref().unwrap_or(Path::new("trace"));
-        if let Some(e) = out.error.take() {
-            return Err(e).with_context(|| format!("cannot write trace file {}", path.display()));
-        }
-        w.flush()
-            .with_context(|| format!("cannot write trace file {}", path.display()))?;
-    }
+    finish_trace(&mut out)?;
     let text = if args.json {
         serde_json::to_string_pretty(&result.summary)? + "\n"
     } else {
@@ -170,8 +168,21 @@ fn sim(args: SimArgs) -> Result<ExitCode> {
     })
 }
 
+/// Flushes the trace file, reporting the first write error.
+pub(crate) fn finish_trace(out: &mut Output) -> Result<()> {
+    if let Some(mut w) = out.trace.take() {
+        let path = out.trace_path.as_deref().unwrap_or(Path::new("trace"));
+        if let Some(e) = out.error.take() {
+            return Err(e).with_context(|| format!("cannot write trace file {}", path.display()));
+        }
+        w.flush()
+            .with_context(|| format!("cannot write trace file {}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// Writes to stdout; a reader that went away (`atou sim | head`) is not an error.
-fn print_stdout(text: &str) -> Result<()> {
+pub(crate) fn print_stdout(text: &str) -> Result<()> {
     let mut out = io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e).context("cannot write to stdout"),
@@ -200,6 +211,8 @@ pub fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Sim(args) => sim(args),
+        Command::Probe(args) => net::probe(args),
+        Command::Serve(args) => net::serve(args),
     };
     match result {
         Ok(code) => code,

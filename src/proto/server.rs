@@ -75,6 +75,8 @@ pub struct ConnReport {
     /// Bytes that were not the test pattern (0 on an intact path).
     pub corrupt_bytes: u64,
     pub maxidle_secs: f64,
+    /// The server-wide counters when this report was made.
+    pub server: ServerStats,
 }
 
 /// Something for the operator that is not a connection report.
@@ -127,7 +129,7 @@ impl Conn {
         self.receiver.poll_timeout().map_or(d, |t| t.min(d))
     }
 
-    fn report(&self, conn_id: u64, end: ConnEnd, until: Time) -> ConnReport {
+    fn report(&self, conn_id: u64, end: ConnEnd, until: Time, server: ServerStats) -> ConnReport {
         ConnReport {
             conn_id,
             peer: self.peer,
@@ -137,6 +139,7 @@ impl Conn {
             client_segments: self.client_segments,
             corrupt_bytes: self.corrupt_bytes,
             maxidle_secs: self.maxidle.as_secs_f64(),
+            server,
         }
     }
 }
@@ -278,7 +281,7 @@ impl Server {
                 if conn.closed_at.is_none() {
                     conn.closed_at = Some(now);
                     conn.client_segments = Some(close.segments);
-                    let report = conn.report(conn_id, ConnEnd::Closed, now);
+                    let report = conn.report(conn_id, ConnEnd::Closed, now, self.stats);
                     self.reports.push_back(report);
                 }
             }
@@ -427,7 +430,7 @@ impl Server {
             let conn = self.conns.remove(&id).expect("listed above");
             if conn.closed_at.is_none() {
                 self.reports
-                    .push_back(conn.report(id, ConnEnd::Idle, conn.last_heard));
+                    .push_back(conn.report(id, ConnEnd::Idle, conn.last_heard, self.stats));
             }
         }
     }

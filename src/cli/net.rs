@@ -1,0 +1,306 @@
+//! `atou serve` and `atou probe`: atou's server and client on real UDP.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use atou::io::{self, ProbeConfig, ProbeError, ServeConfig, ServeEvent, DEFAULT_PORT};
+use atou::proto::{ConnEnd, ConnReport, ServerStats, Tuning};
+use atou::summary::{config_lines, SocketReport};
+use atou::units::{parse_size, parse_duration, TimeUnit};
+
+use super::{create_trace, finish_trace, print_stdout, Output, TuningArgs, UsageError};
+
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    atou probe 10.0.0.2 --bytes 1GiB\n  \
+    atou probe server.example.org:7891 --maxtime 30 --recovery newreno --delack 200ms\n  \
+    atou probe 10.0.0.2 --config atou.conf --dup-thresh 9 --json\n\n\
+    Without --bytes, --maxtime or --maxpkts the probe sends for 10 s, as atou's client. \
+    Exit status: 0 finished, 1 the transfer failed (the reason is on stderr), 2 usage error.")]
+pub struct ProbeArgs {
+    /// The server: HOST or HOST:PORT (default port 7890); IPv6 as [ADDR]:PORT
+    #[arg(value_name = "HOST[:PORT]")]
+    host: String,
+    /// Bytes to send: 100MB (10^6), 64MiB or 64M (2^20); 0 sends until --maxtime/--maxpkts
+    #[arg(long, value_name = "SIZE", default_value = "0", value_parser = parse_bytes)]
+    bytes: u64,
+    /// Write atou's packet trace to FILE (`time seg xmt`, `time ack rtt cwnd ssthresh ack`)
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Print atou's event lines (3duprxmit, timerxmit, packrxmit, badack, ...) on stderr
+    #[arg(long)]
+    events: bool,
+    /// Print the summary as JSON instead of atou's layout
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    tuning: TuningArgs,
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "Prints one line per connection on stdout (JSON Lines with --json), \
+    like atousrv's report, and notices on stderr. The receiver-side tuning (delack, SACK, \
+    rcvsegs, rcvbuf) comes from each client's hello. Ctrl-C stops it.")]
+pub struct ServeArgs {
+    /// Address to listen on: ADDR, ADDR:PORT, :PORT or [IPV6]:PORT
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:7890", value_parser = parse_bind)]
+    bind: SocketAddr,
+    /// Exit after the first connection ends
+    #[arg(long)]
+    once: bool,
+    /// Print each connection's report as a JSON line
+    #[arg(long)]
+    json: bool,
+    /// UDP socket send buffer in bytes (SO_SNDBUF), e.g. 4MiB
+    #[arg(long, value_name = "BYTES", default_value = "4MiB", value_parser = parse_sockbuf)]
+    sndbuf: u32,
+    /// UDP socket receive buffer in bytes (SO_RCVBUF, atousrv -b); grows when a client asks for more
+    #[arg(long, value_name = "BYTES", default_value = "4MiB", value_parser = parse_sockbuf)]
+    rcvbuf: u32,
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    parse_size(s)
+}
+
+fn parse_sockbuf(s: &str) -> Result<u32, String> {
+    let mut t = Tuning::default();
+    t.set("rcvbuf", s).map_err(|e| e.message)?;
+    Ok(t.rcvbuf)
+}
+
+fn parse_bind(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, DEFAULT_PORT));
+    }
+    if let Some(port) = s.strip_prefix(':').or(Some(s)) {
+        if let Ok(port) = port.parse::<u16>() {
+            return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port));
+        }
+    }
+    Err(format!(
+        "`{s}` is not an address to listen on (ADDR, ADDR:PORT, :PORT or [IPV6]:PORT)"
+    ))
+}
+
+/// Resolves HOST or HOST:PORT, port 7890 by default.
+fn resolve(host: &str) -> Result<SocketAddr> {
+    if let Ok(a) = host.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, DEFAULT_PORT));
+    }
+    let target = match host.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => {
+            let port: u16 = p.parse().map_err(|_| {
+                UsageError(format!("`{p}` in `{host}` is not a port number"))
+            })?;
+            (h.to_string(), port)
+        }
+        _ => (host.to_string(), DEFAULT_PORT),
+    };
+    let addrs = (target.0.as_str(), target.1)
+        .to_socket_addrs()
+        .map_err(|e| UsageError(format!("cannot resolve `{}`: {e}", target.0)))?;
+    let addrs: Vec<SocketAddr> = addrs.collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| UsageError(format!("`{}` has no address", target.0)).into())
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the I/O runtime")
+}
+
+async fn ctrl_c() {
+    if tokio::signal::ctrl_c().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Notes a socket buffer the kernel granted below what was asked, once.
+fn note_buffer(what: &str, asked: u32, granted: u32, sysctl: &str) {
+    // Linux reports twice the size it set; half of that is comparable.
+    if granted / 2 < asked {
+        eprintln!(
+            "atou: note: UDP {what} buffer: asked for {asked} bytes, the kernel granted {}; \
+             raise it with `sysctl -w {sysctl}={asked}` (or run as root)",
+            granted / 2
+        );
+    }
+}
+
+pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
+    let (mut tuning, notes) = args.tuning.resolve()?;
+    for note in notes {
+        eprintln!("atou: {note}");
+    }
+    let peer = resolve(&args.host)?;
+    let bytes = (args.bytes > 0).then_some(args.bytes);
+    if bytes.is_none() && tuning.maxtime.is_zero() && tuning.maxpkts == 0 {
+        // atou's client default.
+        tuning.maxtime = parse_duration("10", TimeUnit::Seconds).expect("a valid duration");
+    }
+    let mut header = vec![
+        "atou trace: `time seg xmt` per transmission, `time ack rtt cwnd ssthresh ack` per ACK"
+            .to_string(),
+        format!("atou {} probe {} ({peer})", env!("CARGO_PKG_VERSION"), args.host),
+        format!("bytes {}", args.bytes),
+    ];
+    header.extend(config_lines(&tuning));
+    let trace = match &args.trace {
+        Some(path) => Some(create_trace(path, &header)?),
+        None => None,
+    };
+    let mut out = Output {
+        events: args.events,
+        trace,
+        trace_path: args.trace.clone(),
+        error: None,
+    };
+    let config = ProbeConfig {
+        peer,
+        peer_name: args.host.clone(),
+        tuning: tuning.clone(),
+        bytes,
+        trace: args.trace.is_some(),
+        conn_id: io::fresh_conn_id(),
+    };
+    let result = runtime()?.block_on(io::probe(config, &mut out, ctrl_c()));
+    finish_trace(&mut out)?;
+    let defaults = Tuning::default();
+    if tuning.sndbuf != defaults.sndbuf {
+        note_buffer("send", tuning.sndbuf, result.buffers.sndbuf, "net.core.wmem_max");
+    }
+    if tuning.rcvbuf != defaults.rcvbuf {
+        note_buffer("receive", tuning.rcvbuf, result.buffers.rcvbuf, "net.core.rmem_max");
+    }
+    if let Some(mut summary) = result.summary {
+        summary.sockets = Some(SocketReport {
+            sndbuf: result.buffers.sndbuf,
+            rcvbuf: result.buffers.rcvbuf,
+            server_rcvbuf: result.granted.map(|g| g.rcvbuf),
+        });
+        let text = if args.json {
+            serde_json::to_string_pretty(&summary)? + "\n"
+        } else {
+            summary.to_string()
+        };
+        print_stdout(&text)?;
+    }
+    match result.outcome {
+        Ok(_) => Ok(ExitCode::SUCCESS),
+        Err(ProbeError::Interrupted) => {
+            eprintln!("atou: probe to {} interrupted", args.host);
+            Ok(ExitCode::from(130))
+        }
+        Err(e) => {
+            eprintln!("atou: probe to {} failed: {e}", args.host);
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+fn report_line(r: &ConnReport, server: &ServerStats) -> String {
+    let s = &r.stats;
+    let mbs = if r.secs > 0.0 {
+        s.bytes as f64 * 8.0 / r.secs / 1e6
+    } else {
+        0.0
+    };
+    let end = match r.end {
+        ConnEnd::Closed => "closed".to_string(),
+        ConnEnd::Idle => format!("idle {:.0} s (maxidle), dropped", r.maxidle_secs),
+    };
+    let sent = r
+        .client_segments
+        .map_or(String::new(), |n| format!(" (client sent {n})"));
+    format!(
+        "{} conn {:016x} {end} after {:.6} s: bytes {} segments {}{sent} acks {} dups {} \
+         out-of-order {} beyond-window {} corrupt {} {mbs:.6} Mbs; \
+         server dropped undecodable {} unknown-connection {}",
+        r.peer,
+        r.conn_id,
+        r.secs,
+        s.bytes,
+        s.segments,
+        s.acks,
+        s.duplicates,
+        s.out_of_order,
+        s.beyond_window,
+        r.corrupt_bytes,
+        server.undecodable,
+        server.unknown_connection + server.unexpected,
+    )
+}
+
+pub fn serve(args: ServeArgs) -> Result<ExitCode> {
+    let config = ServeConfig {
+        bind: args.bind,
+        once: args.once,
+        sndbuf: args.sndbuf,
+        rcvbuf: args.rcvbuf,
+    };
+    let json = args.json;
+    let mut write_error = None;
+    // Reports carry the server-wide counters at the time they print.
+    let mut totals = ServerStats::default();
+    let stats = runtime()?.block_on(io::serve(
+        config,
+        |event| match event {
+            ServeEvent::Listening { addr, buffers } => {
+                eprintln!(
+                    "atou serve: listening on {addr} (socket buffers granted: sndbuf {} rcvbuf {})",
+                    buffers.sndbuf, buffers.rcvbuf
+                );
+                note_buffer("send", args.sndbuf, buffers.sndbuf, "net.core.wmem_max");
+                note_buffer("receive", args.rcvbuf, buffers.rcvbuf, "net.core.rmem_max");
+            }
+            ServeEvent::Report(r) => {
+                totals = r.server;
+                let line = if json {
+                    serde_json::to_string(&r).unwrap_or_default()
+                } else {
+                    report_line(&r, &totals)
+                };
+                if let Err(e) = print_stdout(&(line + "\n")) {
+                    write_error.get_or_insert(e);
+                }
+            }
+            ServeEvent::Notice(n) => eprintln!("atou serve: {n}"),
+            ServeEvent::RcvbufGrown { asked, granted } => {
+                eprintln!("atou serve: socket receive buffer grown for a client: asked {asked}, granted {granted}");
+            }
+        },
+        ctrl_c(),
+    ))?;
+    if let Some(e) = write_error {
+        return Err(e);
+    }
+    eprintln!(
+        "atou serve: stopped after {} connections; datagrams {} undecodable {} unknown-connection {} \
+         unexpected {} refused hellos {}",
+        stats.connections,
+        stats.datagrams,
+        stats.undecodable,
+        stats.unknown_connection,
+        stats.unexpected,
+        stats.version_rejects + stats.bad_hellos
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,471 @@
+//! Drives the sans-IO endpoints over real UDP: tokio for readiness and
+//! timers, quinn-udp for batched receive (recvmmsg, GRO) and segmentation
+//! offload on send (GSO).
+//!
+//! Each driver runs on one thread: a current-thread runtime, a loop that
+//! drains transmits into a [`TxBatch`] (sent as GSO runs), reads what is
+//! waiting in one recvmmsg, and otherwise sleeps until the socket is
+//! readable or the endpoint's next timer. The endpoint is polled after
+//! every datagram so the ACK policy stays per segment.
+
+pub mod socket;
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+pub use socket::{RecvBatch, SocketBuffers, TxBatch, UdpIo};
+
+use crate::proto::wire::{ReceiverParams, ACK_MAX_LEN, CONTROL_MAX_LEN};
+use crate::proto::{
+    Client, Closed, ConnError, ConnReport, Notice, PatternSource, Server, ServerLimits,
+    ServerStats, Time, Tuning,
+};
+use crate::sim::Observer;
+use crate::summary::Summary;
+
+/// Default UDP port, as atou's.
+pub const DEFAULT_PORT: u16 = 7890;
+/// Most datagrams queued before they are sent, so that receiving (ACKs)
+/// is not starved by a wide-open window.
+const TX_BURST: usize = 256;
+
+/// The endpoints' clock: nanoseconds since the driver started.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    base: Instant,
+}
+
+impl Clock {
+    fn new() -> Clock {
+        Clock {
+            base: Instant::now(),
+        }
+    }
+
+    fn now(&self) -> Time {
+        Time::from_nanos(u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    fn instant(&self, t: Time) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.base + Duration::from_nanos(t.as_nanos()))
+    }
+}
+
+/// Sleeps until `at`, or forever.
+async fn sleep_until(clock: Clock, at: Option<Time>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(clock.instant(t)).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn is_unreachable(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH)
+    )
+}
+
+/// Why a probe failed.
+#[derive(Debug, Error)]
+pub enum ProbeError {
+    #[error("cannot open a UDP socket for {peer}: {source}")]
+    Socket { peer: SocketAddr, source: io::Error },
+    #[error("{peer}: {source}{hint}")]
+    Conn {
+        peer: SocketAddr,
+        source: ConnError,
+        /// What else was seen, e.g. ICMP errors from the host.
+        hint: String,
+    },
+    #[error(
+        "no atou server at {peer}: {source} (ICMP); start `atou serve` there or check the port"
+    )]
+    Unreachable { peer: SocketAddr, source: io::Error },
+    #[error("datagrams of {mss} bytes do not fit the path to {peer} ({source}); lower --mss")]
+    TooBig {
+        peer: SocketAddr,
+        mss: u32,
+        source: io::Error,
+    },
+    #[error("sending to {peer} failed: {source}")]
+    Send { peer: SocketAddr, source: io::Error },
+    #[error("receiving from {peer} failed: {source}")]
+    Recv { peer: SocketAddr, source: io::Error },
+    #[error("interrupted")]
+    Interrupted,
+}
+
+/// A probe: memory-to-memory transfer of the test pattern to a server.
+#[derive(Debug, Clone)]
+pub struct ProbeConfig {
+    pub peer: SocketAddr,
+    /// The peer as the user named it, for the summary.
+    pub peer_name: String,
+    pub tuning: Tuning,
+    /// Bytes to send; `None` sends until `maxtime`/`maxpkts`.
+    pub bytes: Option<u64>,
+    pub trace: bool,
+    /// Connection id; fresh per run.
+    pub conn_id: u64,
+}
+
+#[derive(Debug)]
+pub struct ProbeResult {
+    pub outcome: Result<Closed, ProbeError>,
+    /// `None` when the server never answered.
+    pub summary: Option<Summary>,
+    pub buffers: SocketBuffers,
+    pub granted: Option<ReceiverParams>,
+}
+
+/// A fresh connection id: unpredictable enough that two clients on one
+/// host do not collide, without a crypto dependency.
+pub fn fresh_conn_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// Runs a probe to the end on the current tokio runtime. `stop` ends it
+/// early (Ctrl-C), with the summary so far.
+pub async fn probe(
+    config: ProbeConfig,
+    observer: &mut dyn Observer,
+    stop: impl std::future::Future<Output = ()>,
+) -> ProbeResult {
+    let peer = config.peer;
+    let local: SocketAddr = if peer.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let fail = |e: ProbeError| ProbeResult {
+        outcome: Err(e),
+        summary: None,
+        buffers: SocketBuffers { sndbuf: 0, rcvbuf: 0 },
+        granted: None,
+    };
+    let io = match UdpIo::bind(local) {
+        Ok(io) => io,
+        Err(source) => return fail(ProbeError::Socket { peer, source }),
+    };
+    if let Err(source) = io.connect(peer).await {
+        return fail(ProbeError::Socket { peer, source });
+    }
+    let buffers = match io.set_buffers(config.tuning.sndbuf, config.tuning.rcvbuf) {
+        Ok(b) => b,
+        Err(source) => return fail(ProbeError::Socket { peer, source }),
+    };
+    let clock = Clock::new();
+    let mut client = match Client::new(&config.tuning, config.conn_id, config.bytes, clock.now()) {
+        Ok(c) => c,
+        Err(e) => {
+            return fail(ProbeError::Socket {
+                peer,
+                source: io::Error::new(io::ErrorKind::InvalidInput, e),
+            })
+        }
+    };
+    if config.trace {
+        client.enable_trace();
+    }
+    let mut driver = ClientDriver {
+        io,
+        clock,
+        peer,
+        mss: config.tuning.mss,
+        client,
+        tx: TxBatch::new(),
+        rx: RecvBatch::new(),
+        unreachable: 0,
+    };
+    let outcome = driver.run(observer, stop).await;
+    let ClientDriver {
+        mut client,
+        clock,
+        tx,
+        ..
+    } = driver;
+    let now = clock.now();
+    let granted = client.granted();
+    let bad_packets = client.bad_packets();
+    let summary = client.sender_mut().map(|sender| {
+        let status = match &outcome {
+            Ok(Closed { peer: Some(_) }) => "finished".to_string(),
+            Ok(Closed { peer: None }) => {
+                "finished (all data acknowledged; the close was not)".to_string()
+            }
+            Err(e) => format!("failed: {e}"),
+        };
+        let snap = sender.snapshot(now);
+        let mut s = Summary::new(
+            format!("{} => {}", local_name(), config.peer_name),
+            status,
+            &config.tuning,
+            sender.stats(),
+            &snap,
+        );
+        s.enobufs = tx.enobufs;
+        s.bad_packets += bad_packets;
+        if let Ok(Closed { peer: Some(p) }) = &outcome {
+            s.receiver = Some(*p);
+        }
+        s
+    });
+    ProbeResult {
+        outcome,
+        summary,
+        buffers,
+        granted,
+    }
+}
+
+fn local_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+struct ClientDriver {
+    io: UdpIo,
+    clock: Clock,
+    peer: SocketAddr,
+    mss: u32,
+    client: Client,
+    tx: TxBatch,
+    rx: RecvBatch,
+    /// ICMP unreachable errors seen.
+    unreachable: u64,
+}
+
+impl ClientDriver {
+    fn conn_error(&self, source: ConnError) -> ProbeError {
+        let hint = if self.unreachable > 0 {
+            format!(
+                "; the host answered {} datagrams with ICMP unreachable: is `atou serve` still running there?",
+                self.unreachable
+            )
+        } else {
+            String::new()
+        };
+        ProbeError::Conn {
+            peer: self.peer,
+            source,
+            hint,
+        }
+    }
+
+    fn in_hello(&self) -> bool {
+        self.client.sender().is_none()
+    }
+
+    /// An error from the socket: ICMP unreachable fails a hello at once
+    /// (nobody is listening) but only counts during a transfer, where
+    /// maxidle decides (a server restart is not fatal until then).
+    fn socket_error(&mut self, e: io::Error, sending: bool) -> Option<ProbeError> {
+        if is_unreachable(&e) {
+            self.unreachable += 1;
+            return self.in_hello().then_some(ProbeError::Unreachable {
+                peer: self.peer,
+                source: e,
+            });
+        }
+        let peer = self.peer;
+        Some(if quinn_udp::is_msg_size_err(&e) {
+            ProbeError::TooBig {
+                peer,
+                mss: self.mss,
+                source: e,
+            }
+        } else if sending {
+            ProbeError::Send { peer, source: e }
+        } else {
+            ProbeError::Recv { peer, source: e }
+        })
+    }
+
+    async fn run(
+        &mut self,
+        observer: &mut dyn Observer,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<Closed, ProbeError> {
+        let mut source = PatternSource;
+        let max_len = (self.mss as usize).max(CONTROL_MAX_LEN);
+        tokio::pin!(stop);
+        loop {
+            let now = self.clock.now();
+            if self.client.poll_timeout().is_some_and(|t| t <= now) {
+                self.client.handle_timeout(now);
+            }
+            let peer = self.peer;
+            let mut more = false;
+            loop {
+                if self.tx.len() >= TX_BURST {
+                    more = true;
+                    break;
+                }
+                let client = &mut self.client;
+                if !self.tx.push_with(max_len, |b| {
+                    client.poll_transmit(now, b, &mut source).map(|n| (peer, n))
+                }) {
+                    break;
+                }
+            }
+            while let Some(e) = self.client.poll_event() {
+                observer.on_event(&e);
+            }
+            while let Some(r) = self.client.poll_trace() {
+                observer.on_trace(&r);
+            }
+            if let Err(e) = self.tx.flush(&self.io).await {
+                if let Some(err) = self.socket_error(e, true) {
+                    return Err(err);
+                }
+            }
+            if let Some(outcome) = self.client.outcome() {
+                return outcome.clone().map_err(|e| self.conn_error(e));
+            }
+            let received = match self.receive() {
+                Ok(n) => n,
+                Err(e) => match self.socket_error(e, false) {
+                    Some(err) => return Err(err),
+                    None => 0,
+                },
+            };
+            if received > 0 || more {
+                continue;
+            }
+            let deadline = self.client.poll_timeout();
+            tokio::select! {
+                r = self.io.readable() => {
+                    if let Err(e) = r {
+                        return Err(ProbeError::Recv { peer: self.peer, source: e });
+                    }
+                }
+                () = sleep_until(self.clock, deadline) => {}
+                () = &mut stop => return Err(ProbeError::Interrupted),
+            }
+        }
+    }
+
+    fn receive(&mut self) -> io::Result<usize> {
+        let now = self.clock.now();
+        let client = &mut self.client;
+        let peer = self.peer;
+        self.io.try_recv(&mut self.rx, |from, datagram| {
+            if from == peer {
+                // Undecodable or stray datagrams are counted by the client.
+                let _ = client.handle_datagram(now, datagram);
+            }
+        })
+    }
+}
+
+/// What `atou serve` was asked to do.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub bind: SocketAddr,
+    /// Stop after the first connection ends.
+    pub once: bool,
+    pub sndbuf: u32,
+    pub rcvbuf: u32,
+}
+
+/// What the server tells its operator as it runs.
+#[derive(Debug)]
+pub enum ServeEvent {
+    Listening {
+        addr: SocketAddr,
+        buffers: SocketBuffers,
+    },
+    Report(ConnReport),
+    Notice(Notice),
+    /// The socket receive buffer grew for a client that asked for more.
+    RcvbufGrown { asked: u32, granted: u32 },
+}
+
+#[derive(Debug, Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: io::Error },
+    #[error("socket error on {addr}: {source}")]
+    Socket { addr: SocketAddr, source: io::Error },
+}
+
+/// Serves probes until `stop` resolves (or, with `once`, until the first
+/// connection ends). Returns the server's counters.
+pub async fn serve(
+    config: ServeConfig,
+    mut on_event: impl FnMut(ServeEvent),
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<ServerStats, ServeError> {
+    let addr = config.bind;
+    let io = UdpIo::bind(addr).map_err(|source| ServeError::Bind { addr, source })?;
+    let addr = io.local_addr().unwrap_or(addr);
+    let sock_err = |source| ServeError::Socket { addr, source };
+    let buffers = io
+        .set_buffers(config.sndbuf, config.rcvbuf)
+        .map_err(sock_err)?;
+    on_event(ServeEvent::Listening { addr, buffers });
+    let clock = Clock::new();
+    let mut server = Server::new(ServerLimits::default(), buffers.rcvbuf);
+    let mut tx = TxBatch::new();
+    let mut rx = RecvBatch::new();
+    let max_len = ACK_MAX_LEN.max(CONTROL_MAX_LEN);
+    tokio::pin!(stop);
+    let mut done = false;
+    loop {
+        let now = clock.now();
+        if server.poll_timeout().is_some_and(|t| t <= now) {
+            server.handle_timeout(now);
+            while tx.push_with(max_len, |b| server.poll_transmit(now, b)) {}
+        }
+        while let Some(n) = server.poll_notice() {
+            on_event(ServeEvent::Notice(n));
+        }
+        while let Some(r) = server.poll_report() {
+            on_event(ServeEvent::Report(r));
+            done |= config.once;
+        }
+        // Send errors to one client (its host unreachable, say) must not
+        // stop the server; they are as good as lost datagrams.
+        let _ = tx.flush(&io).await;
+        if done {
+            return Ok(*server.stats());
+        }
+        let received = io
+            .try_recv(&mut rx, |from, datagram| {
+                let now = clock.now();
+                server.handle_datagram(now, from, datagram);
+                if let Some(asked) = server.wanted_rcvbuf() {
+                    let granted = io.grow_rcvbuf(asked).unwrap_or(asked);
+                    server.set_socket_rcvbuf(granted);
+                    on_event(ServeEvent::RcvbufGrown { asked, granted });
+                }
+                while tx.push_with(max_len, |b| server.poll_transmit(now, b)) {}
+            })
+            .or_else(|e| if is_unreachable(&e) { Ok(0) } else { Err(e) })
+            .map_err(sock_err)?;
+        if received > 0 || tx.len() > 0 {
+            continue;
+        }
+        let deadline = server.poll_timeout();
+        tokio::select! {
+            r = io.readable() => r.map_err(sock_err)?,
+            () = sleep_until(clock, deadline) => {}
+            () = &mut stop => return Ok(*server.stats()),
+        }
+    }
+}
