@@ -10,7 +10,7 @@ use clap::Args;
 use atou::io::{self, ProbeConfig, ProbeError, ServeConfig, ServeEvent, DEFAULT_PORT};
 use atou::proto::{ConnEnd, ConnReport, ServerStats, Tuning};
 use atou::summary::{config_lines, SocketReport};
-use atou::units::{parse_size, parse_duration, TimeUnit};
+use atou::units::{parse_duration, parse_size, TimeUnit};
 
 use super::{create_trace, finish_trace, print_stdout, Output, TuningArgs, UsageError};
 
@@ -42,9 +42,11 @@ pub struct ProbeArgs {
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "Prints one line per connection on stdout (JSON Lines with --json), \
+#[command(
+    after_help = "Prints one line per connection on stdout (JSON Lines with --json), \
     like atousrv's report, and notices on stderr. The receiver-side tuning (delack, SACK, \
-    rcvsegs, rcvbuf) comes from each client's hello. Ctrl-C stops it.")]
+    rcvsegs, rcvbuf) comes from each client's hello. Ctrl-C stops it."
+)]
 pub struct ServeArgs {
     /// Address to listen on: ADDR, ADDR:PORT, :PORT or [IPV6]:PORT
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:7890", value_parser = parse_bind)]
@@ -101,9 +103,9 @@ fn resolve(host: &str) -> Result<SocketAddr> {
     }
     let target = match host.rsplit_once(':') {
         Some((h, p)) if !h.contains(':') => {
-            let port: u16 = p.parse().map_err(|_| {
-                UsageError(format!("`{p}` in `{host}` is not a port number"))
-            })?;
+            let port: u16 = p
+                .parse()
+                .map_err(|_| UsageError(format!("`{p}` in `{host}` is not a port number")))?;
             (h.to_string(), port)
         }
         _ => (host.to_string(), DEFAULT_PORT),
@@ -159,7 +161,11 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
     let mut header = vec![
         "atou trace: `time seg xmt` per transmission, `time ack rtt cwnd ssthresh ack` per ACK"
             .to_string(),
-        format!("atou {} probe {} ({peer})", env!("CARGO_PKG_VERSION"), args.host),
+        format!(
+            "atou {} probe {} ({peer})",
+            env!("CARGO_PKG_VERSION"),
+            args.host
+        ),
         format!("bytes {}", args.bytes),
     ];
     header.extend(config_lines(&tuning));
@@ -185,10 +191,20 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
     finish_trace(&mut out)?;
     let defaults = Tuning::default();
     if tuning.sndbuf != defaults.sndbuf {
-        note_buffer("send", tuning.sndbuf, result.buffers.sndbuf, "net.core.wmem_max");
+        note_buffer(
+            "send",
+            tuning.sndbuf,
+            result.buffers.sndbuf,
+            "net.core.wmem_max",
+        );
     }
     if tuning.rcvbuf != defaults.rcvbuf {
-        note_buffer("receive", tuning.rcvbuf, result.buffers.rcvbuf, "net.core.rmem_max");
+        note_buffer(
+            "receive",
+            tuning.rcvbuf,
+            result.buffers.rcvbuf,
+            "net.core.rmem_max",
+        );
     }
     if let Some(mut summary) = result.summary {
         summary.sockets = Some(SocketReport {

@@ -72,29 +72,30 @@ fn is_unreachable(e: &io::Error) -> bool {
 /// Why a probe failed.
 #[derive(Debug, Error)]
 pub enum ProbeError {
-    #[error("cannot open a UDP socket for {peer}: {source}")]
-    Socket { peer: SocketAddr, source: io::Error },
-    #[error("{peer}: {source}{hint}")]
+    #[error("cannot open a UDP socket for {peer}: {error}")]
+    Socket { peer: SocketAddr, error: io::Error },
+    #[error("{peer}: {error}{hint}")]
     Conn {
         peer: SocketAddr,
-        source: ConnError,
+        error: ConnError,
         /// What else was seen, e.g. ICMP errors from the host.
         hint: String,
     },
     #[error(
-        "no atou server at {peer}: {source} (ICMP); start `atou serve` there or check the port"
+        "no atou server at {peer}: the host answered ICMP unreachable ({error}); \
+         start `atou serve` there or check the host and port"
     )]
-    Unreachable { peer: SocketAddr, source: io::Error },
-    #[error("datagrams of {mss} bytes do not fit the path to {peer} ({source}); lower --mss")]
+    Unreachable { peer: SocketAddr, error: io::Error },
+    #[error("datagrams of {mss} bytes do not fit the path to {peer} ({error}); lower --mss")]
     TooBig {
         peer: SocketAddr,
         mss: u32,
-        source: io::Error,
+        error: io::Error,
     },
-    #[error("sending to {peer} failed: {source}")]
-    Send { peer: SocketAddr, source: io::Error },
-    #[error("receiving from {peer} failed: {source}")]
-    Recv { peer: SocketAddr, source: io::Error },
+    #[error("sending to {peer} failed: {error}")]
+    Send { peer: SocketAddr, error: io::Error },
+    #[error("receiving from {peer} failed: {error}")]
+    Recv { peer: SocketAddr, error: io::Error },
     #[error("interrupted")]
     Interrupted,
 }
@@ -152,19 +153,22 @@ pub async fn probe(
     let fail = |e: ProbeError| ProbeResult {
         outcome: Err(e),
         summary: None,
-        buffers: SocketBuffers { sndbuf: 0, rcvbuf: 0 },
+        buffers: SocketBuffers {
+            sndbuf: 0,
+            rcvbuf: 0,
+        },
         granted: None,
     };
     let io = match UdpIo::bind(local) {
         Ok(io) => io,
-        Err(source) => return fail(ProbeError::Socket { peer, source }),
+        Err(error) => return fail(ProbeError::Socket { peer, error }),
     };
-    if let Err(source) = io.connect(peer).await {
-        return fail(ProbeError::Socket { peer, source });
+    if let Err(error) = io.connect(peer).await {
+        return fail(ProbeError::Socket { peer, error });
     }
     let buffers = match io.set_buffers(config.tuning.sndbuf, config.tuning.rcvbuf) {
         Ok(b) => b,
-        Err(source) => return fail(ProbeError::Socket { peer, source }),
+        Err(error) => return fail(ProbeError::Socket { peer, error }),
     };
     let clock = Clock::new();
     let mut client = match Client::new(&config.tuning, config.conn_id, config.bytes, clock.now()) {
@@ -172,7 +176,7 @@ pub async fn probe(
         Err(e) => {
             return fail(ProbeError::Socket {
                 peer,
-                source: io::Error::new(io::ErrorKind::InvalidInput, e),
+                error: io::Error::new(io::ErrorKind::InvalidInput, e),
             })
         }
     };
@@ -251,7 +255,7 @@ struct ClientDriver {
 }
 
 impl ClientDriver {
-    fn conn_error(&self, source: ConnError) -> ProbeError {
+    fn conn_error(&self, error: ConnError) -> ProbeError {
         let hint = if self.unreachable > 0 {
             format!(
                 "; the host answered {} datagrams with ICMP unreachable: is `atou serve` still running there?",
@@ -262,7 +266,7 @@ impl ClientDriver {
         };
         ProbeError::Conn {
             peer: self.peer,
-            source,
+            error,
             hint,
         }
     }
@@ -279,7 +283,7 @@ impl ClientDriver {
             self.unreachable += 1;
             return self.in_hello().then_some(ProbeError::Unreachable {
                 peer: self.peer,
-                source: e,
+                error: e,
             });
         }
         let peer = self.peer;
@@ -287,12 +291,12 @@ impl ClientDriver {
             ProbeError::TooBig {
                 peer,
                 mss: self.mss,
-                source: e,
+                error: e,
             }
         } else if sending {
-            ProbeError::Send { peer, source: e }
+            ProbeError::Send { peer, error: e }
         } else {
-            ProbeError::Recv { peer, source: e }
+            ProbeError::Recv { peer, error: e }
         })
     }
 
@@ -301,7 +305,7 @@ impl ClientDriver {
         observer: &mut dyn Observer,
         stop: impl std::future::Future<Output = ()>,
     ) -> Result<Closed, ProbeError> {
-        let mut source = PatternSource;
+        let mut pattern = PatternSource;
         let max_len = (self.mss as usize).max(CONTROL_MAX_LEN);
         tokio::pin!(stop);
         loop {
@@ -318,7 +322,9 @@ impl ClientDriver {
                 }
                 let client = &mut self.client;
                 if !self.tx.push_with(max_len, |b| {
-                    client.poll_transmit(now, b, &mut source).map(|n| (peer, n))
+                    client
+                        .poll_transmit(now, b, &mut pattern)
+                        .map(|n| (peer, n))
                 }) {
                     break;
                 }
@@ -351,7 +357,7 @@ impl ClientDriver {
             tokio::select! {
                 r = self.io.readable() => {
                     if let Err(e) = r {
-                        return Err(ProbeError::Recv { peer: self.peer, source: e });
+                        return Err(ProbeError::Recv { peer: self.peer, error: e });
                     }
                 }
                 () = sleep_until(self.clock, deadline) => {}
@@ -393,15 +399,18 @@ pub enum ServeEvent {
     Report(ConnReport),
     Notice(Notice),
     /// The socket receive buffer grew for a client that asked for more.
-    RcvbufGrown { asked: u32, granted: u32 },
+    RcvbufGrown {
+        asked: u32,
+        granted: u32,
+    },
 }
 
 #[derive(Debug, Error)]
 pub enum ServeError {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: io::Error },
-    #[error("socket error on {addr}: {source}")]
-    Socket { addr: SocketAddr, source: io::Error },
+    #[error("cannot listen on {addr}: {error}")]
+    Bind { addr: SocketAddr, error: io::Error },
+    #[error("socket error on {addr}: {error}")]
+    Socket { addr: SocketAddr, error: io::Error },
 }
 
 /// Serves probes until `stop` resolves (or, with `once`, until the first
@@ -412,9 +421,9 @@ pub async fn serve(
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<ServerStats, ServeError> {
     let addr = config.bind;
-    let io = UdpIo::bind(addr).map_err(|source| ServeError::Bind { addr, source })?;
+    let io = UdpIo::bind(addr).map_err(|error| ServeError::Bind { addr, error })?;
     let addr = io.local_addr().unwrap_or(addr);
-    let sock_err = |source| ServeError::Socket { addr, source };
+    let sock_err = |error| ServeError::Socket { addr, error };
     let buffers = io
         .set_buffers(config.sndbuf, config.rcvbuf)
         .map_err(sock_err)?;

@@ -173,7 +173,11 @@ impl UdpIo {
         let mut count = 0;
         for (meta, buf) in metas.iter().zip(slices.iter()).take(msgs) {
             let data = &buf[..meta.len];
-            let stride = if meta.stride == 0 { meta.len } else { meta.stride };
+            let stride = if meta.stride == 0 {
+                meta.len
+            } else {
+                meta.stride
+            };
             for datagram in data.chunks(stride.max(1)) {
                 f(meta.addr, datagram);
                 count += 1;
@@ -220,8 +224,7 @@ impl UdpIo {
         };
         loop {
             match self.sock.try_io(Interest::WRITABLE, || {
-                self.state
-                    .try_send(UdpSockRef::from(&self.sock), &transmit)
+                self.state.try_send(UdpSockRef::from(&self.sock), &transmit)
             }) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.sock.writable().await?,
                 // The kernel's queue to the device is full: wait a moment.

@@ -77,7 +77,9 @@ enum State {
     Hello,
     Transfer,
     /// Everything acknowledged; waiting for the close acknowledgement.
-    Closing { deadline: Time },
+    Closing {
+        deadline: Time,
+    },
     Done(Result<Closed, ConnError>),
 }
 
@@ -236,7 +238,9 @@ impl Client {
         }
         match (packet, &self.state) {
             (Packet::Reject(r), State::Hello) => self.fail(match r.reason {
-                RejectReason::UnsupportedVersion => ConnError::VersionMismatch { theirs: r.version },
+                RejectReason::UnsupportedVersion => {
+                    ConnError::VersionMismatch { theirs: r.version }
+                }
                 RejectReason::BadHello => ConnError::Refused,
             }),
             (Packet::Welcome(w), State::Hello) => {
@@ -252,7 +256,10 @@ impl Client {
                 self.state = State::Transfer;
             }
             (Packet::Ack(ack), State::Transfer | State::Closing { .. }) => {
-                let sender = self.sender.as_mut().expect("sender exists after the welcome");
+                let sender = self
+                    .sender
+                    .as_mut()
+                    .expect("sender exists after the welcome");
                 sender.handle_ack(now, &ack)?;
                 self.after_sender(now);
             }

@@ -59,7 +59,9 @@ pub fn pattern_mismatch(offset: u64, data: &[u8]) -> Option<usize> {
         if data[at..at + n] == word.to_le_bytes()[skip..skip + n] {
             return true;
         }
-        bad = (0..n).map(|i| at + i).find(|&i| data[i] != pattern_byte(offset + i as u64));
+        bad = (0..n)
+            .map(|i| at + i)
+            .find(|&i| data[i] != pattern_byte(offset + i as u64));
         false
     });
     bad

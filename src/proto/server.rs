@@ -83,8 +83,14 @@ pub struct ConnReport {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
     /// A hello in a protocol version this server does not speak.
-    VersionRejected { peer: SocketAddr, theirs: u8 },
-    BadHello { peer: SocketAddr, why: String },
+    VersionRejected {
+        peer: SocketAddr,
+        theirs: u8,
+    },
+    BadHello {
+        peer: SocketAddr,
+        why: String,
+    },
 }
 
 impl std::fmt::Display for Notice {
@@ -307,7 +313,11 @@ impl Server {
         }
         let p = hello.receiver;
         let why = if !(DATA_HEADER_LEN as u32 + 1..=MSS_MAX).contains(&hello.mss) {
-            Some(format!("mss {} outside {}..={MSS_MAX}", hello.mss, DATA_HEADER_LEN + 1))
+            Some(format!(
+                "mss {} outside {}..={MSS_MAX}",
+                hello.mss,
+                DATA_HEADER_LEN + 1
+            ))
         } else if p.rcvsegs == 0 {
             Some("a receiver buffer of 0 segments".to_string())
         } else if self.conns.len() >= self.limits.max_connections {

@@ -603,7 +603,8 @@ impl Tuning {
                             error: err(key, "missing value"),
                         });
                     }
-                    self.set(key, value).map_err(|error| ConfigError { line, error })?;
+                    self.set(key, value)
+                        .map_err(|error| ConfigError { line, error })?;
                 }
             }
         }

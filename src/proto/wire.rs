@@ -5,8 +5,8 @@
 //! before anything is read, unknown flag bits and trailing bytes are errors,
 //! and nothing is allocated, so no input can panic or exhaust memory.
 
-use thiserror::Error;
 use super::receiver::ReceiverStats;
+use thiserror::Error;
 
 /// `"AT"`: lets a receiver discard stray datagrams cheaply.
 pub const MAGIC: [u8; 2] = *b"AT";
@@ -858,18 +858,41 @@ mod tests {
         };
         let welcome = Welcome {
             conn_id: 7,
-            receiver: ReceiverParams { sack: false, ..params },
+            receiver: ReceiverParams {
+                sack: false,
+                ..params
+            },
         };
-        let close = Close { conn_id: 7, segments: 10, bytes: 14390 };
+        let close = Close {
+            conn_id: 7,
+            segments: 10,
+            bytes: 14390,
+        };
         let close_ack = CloseAck {
             conn_id: 7,
-            stats: ReceiverStats { segments: 1, bytes: 2, acks: 3, duplicates: 4, out_of_order: 5, beyond_window: 6, bad_packets: 7 },
+            stats: ReceiverStats {
+                segments: 1,
+                bytes: 2,
+                acks: 3,
+                duplicates: 4,
+                out_of_order: 5,
+                beyond_window: 6,
+                bad_packets: 7,
+            },
         };
         let cases: [(Vec<u8>, Packet<'_>, usize); 4] = [
             (encode(|b| hello.emit(b)), Packet::Hello(hello), HELLO_LEN),
-            (encode(|b| welcome.emit(b)), Packet::Welcome(welcome), WELCOME_LEN),
+            (
+                encode(|b| welcome.emit(b)),
+                Packet::Welcome(welcome),
+                WELCOME_LEN,
+            ),
             (encode(|b| close.emit(b)), Packet::Close(close), CLOSE_LEN),
-            (encode(|b| close_ack.emit(b)), Packet::CloseAck(close_ack), CLOSE_ACK_LEN),
+            (
+                encode(|b| close_ack.emit(b)),
+                Packet::CloseAck(close_ack),
+                CLOSE_ACK_LEN,
+            ),
         ];
         for (bytes, packet, len) in cases {
             assert_eq!(bytes.len(), len);
@@ -884,15 +907,34 @@ mod tests {
 
     #[test]
     fn a_reject_reads_the_same_in_any_version() {
-        let reject = Reject { conn_id: 9, reason: RejectReason::UnsupportedVersion, version: 200 };
+        let reject = Reject {
+            conn_id: 9,
+            reason: RejectReason::UnsupportedVersion,
+            version: 200,
+        };
         let bytes = encode(|b| reject.emit(b));
         assert_eq!(bytes[2], 200);
         assert_eq!(Packet::decode(&bytes).unwrap(), Packet::Reject(reject));
         // Any other kind in a foreign version is refused, but peekable.
-        let mut hello = encode(|b| Hello { conn_id: 3, mss: 1472, maxidle_ms: 0,
-            receiver: ReceiverParams { rcvsegs: 1, rcvbuf: 1024, delack_us: 0, sack: false } }.emit(b));
+        let mut hello = encode(|b| {
+            Hello {
+                conn_id: 3,
+                mss: 1472,
+                maxidle_ms: 0,
+                receiver: ReceiverParams {
+                    rcvsegs: 1,
+                    rcvbuf: 1024,
+                    delack_us: 0,
+                    sack: false,
+                },
+            }
+            .emit(b)
+        });
         hello[2] = 2;
-        assert_eq!(Packet::decode(&hello), Err(WireError::UnsupportedVersion(2)));
+        assert_eq!(
+            Packet::decode(&hello),
+            Err(WireError::UnsupportedVersion(2))
+        );
         let peek = HeaderPeek::read(&hello).unwrap();
         assert!(peek.is_hello());
         assert_eq!((peek.version, peek.conn_id), (2, 3));
