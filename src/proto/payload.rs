@@ -24,47 +24,49 @@ pub fn pattern_byte(offset: u64) -> u8 {
     pattern_word(offset / 8).to_le_bytes()[(offset % 8) as usize]
 }
 
-/// Calls `f(offset, chunk)` over `len` bytes from `offset`, split so that
-/// every chunk but the first and last is one aligned 8-byte word.
-fn for_each_word(offset: u64, len: usize, mut f: impl FnMut(usize, u64, usize) -> bool) -> bool {
-    let mut at = 0;
-    while at < len {
-        let o = offset + at as u64;
-        let in_word = (o % 8) as usize;
-        let n = (8 - in_word).min(len - at);
-        if !f(at, pattern_word(o / 8), n) {
-            return false;
-        }
-        at += n;
-    }
-    true
+/// Bytes before the first aligned word, at most `len`.
+fn unaligned_head(offset: u64, len: usize) -> usize {
+    (((8 - offset % 8) % 8) as usize).min(len)
 }
 
 /// Fills `buf` with the pattern bytes from `offset`.
 pub fn fill_pattern(offset: u64, buf: &mut [u8]) {
-    let len = buf.len();
-    for_each_word(offset, len, |at, word, n| {
-        let skip = ((offset + at as u64) % 8) as usize;
-        buf[at..at + n].copy_from_slice(&word.to_le_bytes()[skip..skip + n]);
-        true
-    });
+    let head = unaligned_head(offset, buf.len());
+    let (first, body) = buf.split_at_mut(head);
+    for (i, b) in first.iter_mut().enumerate() {
+        *b = pattern_byte(offset + i as u64);
+    }
+    let at = offset + head as u64;
+    let tail_at = at + (body.len() / 8 * 8) as u64;
+    let mut words = body.chunks_exact_mut(8);
+    for (k, w) in words.by_ref().enumerate() {
+        w.copy_from_slice(&pattern_word(at / 8 + k as u64).to_le_bytes());
+    }
+    for (i, b) in words.into_remainder().iter_mut().enumerate() {
+        *b = pattern_byte(tail_at + i as u64);
+    }
 }
 
 /// The position of the first byte of `data` that is not the pattern at
 /// `offset`, if any.
 pub fn pattern_mismatch(offset: u64, data: &[u8]) -> Option<usize> {
-    let mut bad = None;
-    for_each_word(offset, data.len(), |at, word, n| {
-        let skip = ((offset + at as u64) % 8) as usize;
-        if data[at..at + n] == word.to_le_bytes()[skip..skip + n] {
-            return true;
+    let bytewise = |from: usize, to: usize| {
+        (from..to).find(|&i| data[i] != pattern_byte(offset + i as u64))
+    };
+    let head = unaligned_head(offset, data.len());
+    if let Some(i) = bytewise(0, head) {
+        return Some(i);
+    }
+    let at = offset + head as u64;
+    let body = &data[head..];
+    for (k, w) in body.chunks_exact(8).enumerate() {
+        let word = u64::from_le_bytes(w.try_into().expect("chunks of 8"));
+        if word != pattern_word(at / 8 + k as u64) {
+            let from = head + 8 * k;
+            return bytewise(from, from + 8);
         }
-        bad = (0..n)
-            .map(|i| at + i)
-            .find(|&i| data[i] != pattern_byte(offset + i as u64));
-        false
-    });
-    bad
+    }
+    bytewise(head + body.len() / 8 * 8, data.len())
 }
 
 /// A stream whose bytes are [`pattern_byte`] of their offset.
