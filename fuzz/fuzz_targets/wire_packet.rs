@@ -1,7 +1,7 @@
 //! Any datagram: decoding never panics, and what decodes re-encodes to the
 //! same bytes.
 #![no_main]
-use atou::proto::wire::{Packet, ACK_MAX_LEN};
+use atou::proto::wire::{Packet, ACK_MAX_LEN, CONTROL_MAX_LEN};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -16,6 +16,19 @@ fuzz_target!(|data: &[u8]| {
             let n = seg.header.emit(&mut buf).expect("fits");
             buf[n..].copy_from_slice(seg.payload);
             assert_eq!(buf, data);
+        }
+        Ok(control) => {
+            let mut buf = [0u8; CONTROL_MAX_LEN];
+            let n = match control {
+                Packet::Hello(p) => p.emit(&mut buf),
+                Packet::Welcome(p) => p.emit(&mut buf),
+                Packet::Close(p) => p.emit(&mut buf),
+                Packet::CloseAck(p) => p.emit(&mut buf),
+                Packet::Reject(p) => p.emit(&mut buf),
+                Packet::Ack(_) | Packet::Data(_) => unreachable!(),
+            }
+            .expect("fits");
+            assert_eq!(&buf[..n], data);
         }
         Err(_) => {}
     }

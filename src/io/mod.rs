@@ -467,7 +467,7 @@ pub async fn serve(
             })
             .or_else(|e| if is_unreachable(&e) { Ok(0) } else { Err(e) })
             .map_err(sock_err)?;
-        if received > 0 || tx.len() > 0 {
+        if received > 0 || !tx.is_empty() {
             continue;
         }
         let deadline = server.poll_timeout();

@@ -492,7 +492,7 @@ mod tests {
             if client.outcome().is_some() {
                 break;
             }
-            now = now + Duration::from_millis(1);
+            now += Duration::from_millis(1);
             client.handle_timeout(now);
             server.handle_timeout(now);
             assert!(round < 9_999, "did not finish");

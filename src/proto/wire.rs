@@ -65,6 +65,8 @@ pub enum WireError {
     UnknownKind(u8),
     #[error("unknown reject reason {0}")]
     UnknownReason(u8),
+    #[error("a reject whose header and body name different versions")]
+    InconsistentVersion,
     #[error("unknown flag bits {0:#04x}")]
     UnknownFlags(u8),
     #[error("{0} SACK blocks (at most {MAX_SACK_BLOCKS} allowed)")]
@@ -458,6 +460,9 @@ fn decode_welcome(buf: &[u8], conn_id: u64) -> Result<Welcome, WireError> {
 
 fn decode_reject(buf: &[u8], conn_id: u64) -> Result<Reject, WireError> {
     exact_len(buf, REJECT_LEN)?;
+    if buf[2] != buf[13] {
+        return Err(WireError::InconsistentVersion);
+    }
     let reason = match buf[12] {
         1 => RejectReason::UnsupportedVersion,
         2 => RejectReason::BadHello,
