@@ -326,3 +326,25 @@ fn serve_once_exits_after_one_connection() {
     let exit = server.child.wait().unwrap();
     assert!(exit.success());
 }
+
+/// The hello carries the receiver-side tuning and the server applies it:
+/// with `--delack 200ms` it ACKs every second segment.
+#[test]
+fn the_server_applies_the_receiver_tuning_from_the_hello() {
+    let mut server = Server::start(&[]);
+    for (delack, low, high) in [("0", 1.0, 1.0), ("200ms", 0.45, 0.6)] {
+        let s = summary(&probe(
+            server.addr,
+            &["--bytes", "2MB", "--delack", delack, "--rcvwin", "64"],
+        ));
+        let r = server.report();
+        let segments = r["stats"]["segments"].as_f64().unwrap();
+        let acks = r["stats"]["acks"].as_f64().unwrap();
+        let ratio = acks / segments;
+        assert!(
+            (low..=high).contains(&ratio),
+            "delack {delack}: {acks} ACKs for {segments} segments"
+        );
+        assert_eq!(s["receiver"]["acks"], r["stats"]["acks"]);
+    }
+}

@@ -50,9 +50,8 @@ pub fn fill_pattern(offset: u64, buf: &mut [u8]) {
 /// The position of the first byte of `data` that is not the pattern at
 /// `offset`, if any.
 pub fn pattern_mismatch(offset: u64, data: &[u8]) -> Option<usize> {
-    let bytewise = |from: usize, to: usize| {
-        (from..to).find(|&i| data[i] != pattern_byte(offset + i as u64))
-    };
+    let bytewise =
+        |from: usize, to: usize| (from..to).find(|&i| data[i] != pattern_byte(offset + i as u64));
     let head = unaligned_head(offset, data.len());
     if let Some(i) = bytewise(0, head) {
         return Some(i);
