@@ -110,7 +110,31 @@ impl Observer for Output {
     }
 }
 
-pub(crate) fn create_trace(path: &Path, header: &[String]) -> Result<BufWriter<File>> {
+impl Output {
+    /// Events to stderr if asked; the trace file, if asked, created now
+    /// with its `#` header: what ran (`run`), then every knob.
+    pub(crate) fn open(
+        events: bool,
+        trace: Option<&Path>,
+        run: Vec<String>,
+        tuning: &atou::proto::Tuning,
+    ) -> Result<Output> {
+        let mut header = vec![
+            "atou trace: `time seg xmt` per transmission, `time ack rtt cwnd ssthresh ack` per ACK"
+                .to_string(),
+        ];
+        header.extend(run);
+        header.extend(config_lines(tuning));
+        Ok(Output {
+            events,
+            trace: trace.map(|p| create_trace(p, &header)).transpose()?,
+            trace_path: trace.map(Path::to_path_buf),
+            error: None,
+        })
+    }
+}
+
+fn create_trace(path: &Path, header: &[String]) -> Result<BufWriter<File>> {
     let file = File::create(path)
         .map_err(|e| UsageError(format!("cannot create trace file {}: {e}", path.display())))?;
     let mut w = BufWriter::new(file);
@@ -129,25 +153,17 @@ fn sim(args: SimArgs) -> Result<ExitCode> {
     let mut config = SimConfig::new(tuning.clone(), args.fwd, args.rev, bytes, args.seed);
     config.trace = args.trace.is_some();
 
-    let mut header = vec![
-        "atou trace: `time seg xmt` per transmission, `time ack rtt cwnd ssthresh ack` per ACK"
-            .to_string(),
-        format!("atou {} sim seed {}", env!("CARGO_PKG_VERSION"), args.seed),
-        format!("fwd {}", config.fwd),
-        format!("rev {}", config.rev),
-        format!("bytes {}", args.bytes),
-    ];
-    header.extend(config_lines(&tuning));
-    let trace = match &args.trace {
-        Some(path) => Some(create_trace(path, &header)?),
-        None => None,
-    };
-    let mut out = Output {
-        events: args.events,
-        trace,
-        trace_path: args.trace.clone(),
-        error: None,
-    };
+    let mut out = Output::open(
+        args.events,
+        args.trace.as_deref(),
+        vec![
+            format!("atou {} sim seed {}", env!("CARGO_PKG_VERSION"), args.seed),
+            format!("fwd {}", config.fwd),
+            format!("rev {}", config.rev),
+            format!("bytes {}", args.bytes),
+        ],
+        &tuning,
+    )?;
     let result = Simulation::new(config)?.run(&mut out)?;
     finish_trace(&mut out)?;
     let text = if args.json {

@@ -9,10 +9,10 @@ use clap::Args;
 
 use atou::io::{self, ProbeConfig, ProbeError, ServeConfig, ServeEvent, DEFAULT_PORT};
 use atou::proto::{ConnEnd, ConnReport, ServerStats, Tuning};
-use atou::summary::{config_lines, SocketReport};
+use atou::summary::SocketReport;
 use atou::units::{parse_duration, parse_size, TimeUnit};
 
-use super::{create_trace, finish_trace, print_stdout, Output, TuningArgs, UsageError};
+use super::{finish_trace, print_stdout, Output, TuningArgs, UsageError};
 
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -158,27 +158,19 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
         // atou's client default.
         tuning.maxtime = parse_duration("10", TimeUnit::Seconds).expect("a valid duration");
     }
-    let mut header = vec![
-        "atou trace: `time seg xmt` per transmission, `time ack rtt cwnd ssthresh ack` per ACK"
-            .to_string(),
-        format!(
-            "atou {} probe {} ({peer})",
-            env!("CARGO_PKG_VERSION"),
-            args.host
-        ),
-        format!("bytes {}", args.bytes),
-    ];
-    header.extend(config_lines(&tuning));
-    let trace = match &args.trace {
-        Some(path) => Some(create_trace(path, &header)?),
-        None => None,
-    };
-    let mut out = Output {
-        events: args.events,
-        trace,
-        trace_path: args.trace.clone(),
-        error: None,
-    };
+    let mut out = Output::open(
+        args.events,
+        args.trace.as_deref(),
+        vec![
+            format!(
+                "atou {} probe {} ({peer})",
+                env!("CARGO_PKG_VERSION"),
+                args.host
+            ),
+            format!("bytes {}", args.bytes),
+        ],
+        &tuning,
+    )?;
     let config = ProbeConfig {
         peer,
         peer_name: args.host.clone(),
