@@ -29,7 +29,9 @@ if ! command -v iperf3 >/dev/null; then
         exit 1
     fi
     echo "bench-loopback: installing iperf3" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3 >/dev/null
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq iperf3 >/dev/null 2>&1 ||
+        { apt-get update -qq && apt-get install -y -qq iperf3 >/dev/null; }
 fi
 cargo build --release --quiet
 atou=target/release/atou
