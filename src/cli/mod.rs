@@ -64,17 +64,24 @@ struct SimArgs {
     /// Seed for every random choice of the links: same seed, same run
     #[arg(long, value_name = "N", default_value_t = 1)]
     seed: u64,
-    /// Write atou's packet trace to FILE (`time seg xmt`, `time ack rtt cwnd ssthresh ack`)
-    #[arg(long, value_name = "FILE")]
-    trace: Option<PathBuf>,
-    /// Print atou's event lines (3duprxmit, timerxmit, packrxmit, badack, ...) on stderr
-    #[arg(long)]
-    events: bool,
-    /// Print the summary as JSON instead of atou's layout
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: OutputArgs,
     #[command(flatten)]
     tuning: TuningArgs,
+}
+
+/// What a run writes besides its summary; shared by sim and probe.
+#[derive(Args, Debug)]
+pub(crate) struct OutputArgs {
+    /// Write atou's packet trace to FILE (`time seg xmt`, `time ack rtt cwnd ssthresh ack`)
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Print atou's event lines (3duprxmit, timerxmit, packrxmit, badack, ...) on stderr
+    #[arg(long)]
+    pub events: bool,
+    /// Print the summary as JSON instead of atou's layout
+    #[arg(long)]
+    pub json: bool,
 }
 
 fn parse_spec(s: &str) -> Result<LinkSpec, String> {
@@ -151,11 +158,11 @@ fn sim(args: SimArgs) -> Result<ExitCode> {
     }
     let bytes = (args.bytes > 0).then_some(args.bytes);
     let mut config = SimConfig::new(tuning.clone(), args.fwd, args.rev, bytes, args.seed);
-    config.trace = args.trace.is_some();
+    config.trace = args.output.trace.is_some();
 
     let mut out = Output::open(
-        args.events,
-        args.trace.as_deref(),
+        args.output.events,
+        args.output.trace.as_deref(),
         vec![
             format!("atou {} sim seed {}", env!("CARGO_PKG_VERSION"), args.seed),
             format!("fwd {}", config.fwd),
@@ -166,7 +173,7 @@ fn sim(args: SimArgs) -> Result<ExitCode> {
     )?;
     let result = Simulation::new(config)?.run(&mut out)?;
     finish_trace(&mut out)?;
-    let text = if args.json {
+    let text = if args.output.json {
         serde_json::to_string_pretty(&result.summary)? + "\n"
     } else {
         result.summary.to_string()

@@ -1,7 +1,6 @@
 //! `atou serve` and `atou probe`: atou's server and client on real UDP.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -12,7 +11,7 @@ use atou::proto::{ConnEnd, ConnReport, ServerStats, Tuning};
 use atou::summary::SocketReport;
 use atou::units::{parse_duration, parse_size, TimeUnit};
 
-use super::{finish_trace, print_stdout, Output, TuningArgs, UsageError};
+use super::{finish_trace, print_stdout, Output, OutputArgs, TuningArgs, UsageError};
 
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -28,15 +27,8 @@ pub struct ProbeArgs {
     /// Bytes to send: 100MB (10^6), 64MiB or 64M (2^20); 0 sends until --maxtime/--maxpkts
     #[arg(long, value_name = "SIZE", default_value = "0", value_parser = parse_bytes)]
     bytes: u64,
-    /// Write atou's packet trace to FILE (`time seg xmt`, `time ack rtt cwnd ssthresh ack`)
-    #[arg(long, value_name = "FILE")]
-    trace: Option<PathBuf>,
-    /// Print atou's event lines (3duprxmit, timerxmit, packrxmit, badack, ...) on stderr
-    #[arg(long)]
-    events: bool,
-    /// Print the summary as JSON instead of atou's layout
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: OutputArgs,
     #[command(flatten)]
     tuning: TuningArgs,
 }
@@ -159,8 +151,8 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
         tuning.maxtime = parse_duration("10", TimeUnit::Seconds).expect("a valid duration");
     }
     let mut out = Output::open(
-        args.events,
-        args.trace.as_deref(),
+        args.output.events,
+        args.output.trace.as_deref(),
         vec![
             format!(
                 "atou {} probe {} ({peer})",
@@ -176,7 +168,7 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
         peer_name: args.host.clone(),
         tuning: tuning.clone(),
         bytes,
-        trace: args.trace.is_some(),
+        trace: args.output.trace.is_some(),
         conn_id: io::fresh_conn_id(),
     };
     let result = runtime()?.block_on(io::probe(config, &mut out, ctrl_c()));
@@ -204,7 +196,7 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
             rcvbuf: result.buffers.rcvbuf,
             server_rcvbuf: result.granted.map(|g| g.rcvbuf),
         });
-        let text = if args.json {
+        let text = if args.output.json {
             serde_json::to_string_pretty(&summary)? + "\n"
         } else {
             summary.to_string()
