@@ -26,7 +26,7 @@ fuzz_target!(|data: &[u8]| {
         max_rcvsegs: 64,
         max_connections: 3,
     };
-    let mut server = Server::new(limits, 1 << 20);
+    let mut server = Server::new(limits, 1 << 20, 2 << 20);
     let mut now = Time::ZERO;
     let mut out = [0u8; ACK_MAX_LEN + CONTROL_MAX_LEN];
     let mut rest = data;

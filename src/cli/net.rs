@@ -233,7 +233,7 @@ fn report_line(r: &ConnReport, server: &ServerStats) -> String {
     format!(
         "{} conn {:016x} {end} after {:.6} s: bytes {} segments {}{sent} acks {} dups {} \
          out-of-order {} beyond-window {} corrupt {} {mbs:.6} Mbs; \
-         server dropped undecodable {} unknown-connection {}",
+         server dropped undecodable {} unknown-connection {} unexpected {}",
         r.peer,
         r.conn_id,
         r.secs,
@@ -245,7 +245,8 @@ fn report_line(r: &ConnReport, server: &ServerStats) -> String {
         s.beyond_window,
         r.corrupt_bytes,
         server.undecodable,
-        server.unknown_connection + server.unexpected,
+        server.unknown_connection,
+        server.unexpected,
     )
 }
 

@@ -98,6 +98,8 @@ pub enum ProbeError {
     Recv { peer: SocketAddr, error: io::Error },
     #[error("interrupted")]
     Interrupted,
+    #[error("bad tuning: {0}")]
+    Tuning(crate::proto::tuning::TuningError),
 }
 
 /// A probe: memory-to-memory transfer of the test pattern to a server.
@@ -159,6 +161,12 @@ pub async fn probe(
         },
         granted: None,
     };
+    // The tuning first: a bad one should not cost a socket.
+    let clock = Clock::new();
+    let mut client = match Client::new(&config.tuning, config.conn_id, config.bytes, clock.now()) {
+        Ok(c) => c,
+        Err(e) => return fail(ProbeError::Tuning(e)),
+    };
     let io = match UdpIo::bind(local) {
         Ok(io) => io,
         Err(error) => return fail(ProbeError::Socket { peer, error }),
@@ -169,16 +177,6 @@ pub async fn probe(
     let buffers = match io.set_buffers(config.tuning.sndbuf, config.tuning.rcvbuf) {
         Ok(b) => b,
         Err(error) => return fail(ProbeError::Socket { peer, error }),
-    };
-    let clock = Clock::new();
-    let mut client = match Client::new(&config.tuning, config.conn_id, config.bytes, clock.now()) {
-        Ok(c) => c,
-        Err(e) => {
-            return fail(ProbeError::Socket {
-                peer,
-                error: io::Error::new(io::ErrorKind::InvalidInput, e),
-            })
-        }
     };
     if config.trace {
         client.enable_trace();
@@ -429,7 +427,7 @@ pub async fn serve(
         .map_err(sock_err)?;
     on_event(ServeEvent::Listening { addr, buffers });
     let clock = Clock::new();
-    let mut server = Server::new(ServerLimits::default(), buffers.rcvbuf);
+    let mut server = Server::new(ServerLimits::default(), config.rcvbuf, buffers.rcvbuf);
     let mut tx = TxBatch::new();
     let mut rx = RecvBatch::new();
     let max_len = ACK_MAX_LEN.max(CONTROL_MAX_LEN);
@@ -459,7 +457,7 @@ pub async fn serve(
                 let now = clock.now();
                 server.handle_datagram(now, from, datagram);
                 if let Some(asked) = server.wanted_rcvbuf() {
-                    let granted = io.grow_rcvbuf(asked).unwrap_or(asked);
+                    let granted = io.set_rcvbuf(asked).unwrap_or(asked);
                     server.set_socket_rcvbuf(granted);
                     on_event(ServeEvent::RcvbufGrown { asked, granted });
                 }

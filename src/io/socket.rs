@@ -17,7 +17,7 @@ const GSO_MAX_BYTES: usize = 65_000;
 
 /// Socket buffer sizes the kernel reports after setting them (Linux
 /// reports twice the value set, for its bookkeeping).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SocketBuffers {
     pub sndbuf: u32,
     pub rcvbuf: u32,
@@ -138,12 +138,8 @@ impl UdpIo {
         })
     }
 
-    /// Grows the receive buffer (never shrinks it); returns the size now.
-    pub fn grow_rcvbuf(&self, bytes: u32) -> io::Result<u32> {
-        let now = self.state.recv_buffer_size(UdpSockRef::from(&self.sock))?;
-        if now >= bytes as usize {
-            return Ok(u32::try_from(now).unwrap_or(u32::MAX));
-        }
+    /// Sets SO_RCVBUF alone; returns what the kernel granted.
+    pub fn set_rcvbuf(&self, bytes: u32) -> io::Result<u32> {
         self.size(Buf::Recv, bytes)
     }
 
@@ -198,8 +194,7 @@ impl UdpIo {
     ) -> io::Result<()> {
         let result = self.send_once(to, contents, segment_size).await;
         match (result, segment_size) {
-            (Err(e), Some(size)) if size < contents.len() && self.max_gso_segments() == 1 => {
-                let _ = e;
+            (Err(_), Some(size)) if size < contents.len() && self.max_gso_segments() == 1 => {
                 for chunk in contents.chunks(size) {
                     self.send_once(to, chunk, None).await?;
                 }
@@ -240,17 +235,21 @@ impl UdpIo {
 
 /// Datagrams waiting to be sent, packed back to back, sent as GSO runs.
 pub struct TxBatch {
+    /// Only grows: datagrams are written in place, never zeroed first.
     buf: Vec<u8>,
+    /// Bytes of `buf` in use.
+    used: usize,
     /// (destination, start, length) of each datagram.
     items: Vec<(SocketAddr, usize, usize)>,
-    /// ENOBUFS from the kernel (atou's `enobufs`): the datagram is lost.
+    /// Datagrams refused with ENOBUFS (atou's `enobufs`): lost.
     pub enobufs: u64,
 }
 
 impl TxBatch {
     pub fn new() -> TxBatch {
         TxBatch {
-            buf: Vec::with_capacity(256 * 1024),
+            buf: Vec::new(),
+            used: 0,
             items: Vec::new(),
             enobufs: 0,
         }
@@ -271,19 +270,18 @@ impl TxBatch {
         max_len: usize,
         fill: impl FnOnce(&mut [u8]) -> Option<(SocketAddr, usize)>,
     ) -> bool {
-        let start = self.buf.len();
-        self.buf.resize(start + max_len, 0);
-        match fill(&mut self.buf[start..]) {
+        let start = self.used;
+        if self.buf.len() < start + max_len {
+            self.buf.resize(start + max_len, 0);
+        }
+        match fill(&mut self.buf[start..start + max_len]) {
             Some((to, n)) => {
                 debug_assert!(n <= max_len);
-                self.buf.truncate(start + n);
+                self.used = start + n;
                 self.items.push((to, start, n));
                 true
             }
-            None => {
-                self.buf.truncate(start);
-                false
-            }
+            None => false,
         }
     }
 
@@ -313,19 +311,22 @@ impl TxBatch {
             }
             let segment_size = (j - i > 1).then_some(size);
             match io.send(to, &self.buf[start..end], segment_size).await {
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => self.enobufs += 1,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => self.enobufs += (j - i) as u64,
                 Err(e) => {
-                    self.buf.clear();
-                    self.items.clear();
+                    self.clear();
                     return Err(e);
                 }
                 Ok(()) => {}
             }
             i = j;
         }
-        self.buf.clear();
-        self.items.clear();
+        self.clear();
         Ok(())
+    }
+
+    fn clear(&mut self) {
+        self.used = 0;
+        self.items.clear();
     }
 }
 

@@ -157,10 +157,6 @@ impl Client {
         }
     }
 
-    pub fn conn_id(&self) -> u64 {
-        self.conn_id
-    }
-
     /// The sender, once the server has answered.
     pub fn sender(&self) -> Option<&Sender> {
         self.sender.as_ref()

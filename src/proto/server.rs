@@ -177,14 +177,20 @@ pub struct Server {
     reports: VecDeque<ConnReport>,
     notices: VecDeque<Notice>,
     stats: ServerStats,
-    /// Largest socket receive buffer any client asked for.
-    wanted_rcvbuf: u32,
-    /// What the kernel gave the socket, as the I/O layer reports it.
+    /// Largest receive buffer set on the socket so far, in the bytes
+    /// asked for (the server's own setting, then clients' hellos).
+    largest_rcvbuf_asked: u32,
+    /// A larger size a hello asked for, not yet set on the socket.
+    pending_rcvbuf: Option<u32>,
+    /// What the kernel reports for the socket (Linux: twice the size set,
+    /// capped), passed on in welcomes.
     granted_rcvbuf: u32,
 }
 
 impl Server {
-    pub fn new(limits: ServerLimits, socket_rcvbuf: u32) -> Server {
+    /// A server whose socket was given `rcvbuf_set` bytes of receive
+    /// buffer, which the kernel reports as `rcvbuf_granted`.
+    pub fn new(limits: ServerLimits, rcvbuf_set: u32, rcvbuf_granted: u32) -> Server {
         Server {
             limits,
             conns: HashMap::new(),
@@ -193,8 +199,9 @@ impl Server {
             reports: VecDeque::new(),
             notices: VecDeque::new(),
             stats: ServerStats::default(),
-            wanted_rcvbuf: socket_rcvbuf,
-            granted_rcvbuf: socket_rcvbuf,
+            largest_rcvbuf_asked: rcvbuf_set,
+            pending_rcvbuf: None,
+            granted_rcvbuf: rcvbuf_granted,
         }
     }
 
@@ -206,17 +213,18 @@ impl Server {
         self.conns.len()
     }
 
-    /// The socket receive buffer the clients want, when it is more than
-    /// the socket has; the I/O layer grows the socket and calls
-    /// [`Server::set_socket_rcvbuf`] before draining transmits.
+    /// A socket receive buffer larger than any set before, asked for by a
+    /// hello; the I/O layer sets it and calls [`Server::set_socket_rcvbuf`]
+    /// before draining transmits, so the welcome reports the result. Each
+    /// size is asked for once: a kernel that capped it would cap it again.
     pub fn wanted_rcvbuf(&self) -> Option<u32> {
-        (self.wanted_rcvbuf > self.granted_rcvbuf).then_some(self.wanted_rcvbuf)
+        self.pending_rcvbuf
     }
 
+    /// Records what the kernel reports after the socket was resized.
     pub fn set_socket_rcvbuf(&mut self, granted: u32) {
         self.granted_rcvbuf = granted;
-        // Asking again would not get more.
-        self.wanted_rcvbuf = self.wanted_rcvbuf.min(granted);
+        self.pending_rcvbuf = None;
     }
 
     fn enqueue(&mut self, conn_id: u64) {
@@ -345,7 +353,10 @@ impl Server {
             rcvsegs: p.rcvsegs.min(self.limits.max_rcvsegs),
             ..p
         };
-        self.wanted_rcvbuf = self.wanted_rcvbuf.max(p.rcvbuf);
+        if p.rcvbuf > self.largest_rcvbuf_asked {
+            self.largest_rcvbuf_asked = p.rcvbuf;
+            self.pending_rcvbuf = Some(p.rcvbuf);
+        }
         let config = ReceiverConfig {
             sack: params.sack,
             delack: Duration::from_micros(u64::from(params.delack_us)),
@@ -475,7 +486,7 @@ mod tests {
         };
         let mut now = Time::ZERO;
         let mut client = Client::new(&tuning, 42, Some(10_000), now).unwrap();
-        let mut server = Server::new(ServerLimits::default(), 1 << 20);
+        let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
         let mut buf = vec![0u8; 2048];
         for round in 0..10_000 {
             while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
@@ -515,7 +526,7 @@ mod tests {
 
     #[test]
     fn foreign_version_hello_is_rejected_with_our_version() {
-        let mut server = Server::new(ServerLimits::default(), 1 << 20);
+        let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
         let mut hello = vec![0u8; 64];
         let n = Hello {
             conn_id: 5,
@@ -565,7 +576,7 @@ mod tests {
             ..Tuning::default()
         };
         let mut client = Client::new(&tuning, 7, Some(1_000_000), Time::ZERO).unwrap();
-        let mut server = Server::new(ServerLimits::default(), 1 << 20);
+        let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
         let mut buf = vec![0u8; 2048];
         let n = client
             .poll_transmit(Time::ZERO, &mut buf, &mut PatternSource)
@@ -583,5 +594,47 @@ mod tests {
             client.outcome(),
             Some(Err(crate::proto::client::ConnError::Idle { .. }))
         ));
+    }
+
+    #[test]
+    fn each_larger_socket_buffer_is_asked_for_once() {
+        let mut server = Server::new(ServerLimits::default(), 4 << 20, 8 << 20);
+        let hello = |conn_id, rcvbuf| {
+            let mut b = [0u8; 64];
+            let n = Hello {
+                conn_id,
+                mss: 1472,
+                maxidle_ms: 1000,
+                receiver: ReceiverParams {
+                    rcvsegs: 10,
+                    rcvbuf,
+                    delack_us: 0,
+                    sack: true,
+                },
+            }
+            .emit(&mut b)
+            .unwrap();
+            b[..n].to_vec()
+        };
+        let mut out = [0u8; 128];
+        let welcome_rcvbuf = |server: &mut Server, out: &mut [u8]| {
+            let (_, n) = server.poll_transmit(Time::ZERO, out).unwrap();
+            match Packet::decode(&out[..n]).unwrap() {
+                Packet::Welcome(w) => w.receiver.rcvbuf,
+                other => panic!("{other:?}"),
+            }
+        };
+        // No more than the server's own setting: nothing to do.
+        server.handle_datagram(Time::ZERO, addr(1), &hello(1, 4 << 20));
+        assert_eq!(server.wanted_rcvbuf(), None);
+        assert_eq!(welcome_rcvbuf(&mut server, &mut out), 8 << 20);
+        // More: asked once; the welcome carries what the kernel granted.
+        server.handle_datagram(Time::ZERO, addr(2), &hello(2, 16 << 20));
+        assert_eq!(server.wanted_rcvbuf(), Some(16 << 20));
+        server.set_socket_rcvbuf(12 << 20);
+        assert_eq!(welcome_rcvbuf(&mut server, &mut out), 12 << 20);
+        // The same size again, though capped: not asked again.
+        server.handle_datagram(Time::ZERO, addr(3), &hello(3, 16 << 20));
+        assert_eq!(server.wanted_rcvbuf(), None);
     }
 }
