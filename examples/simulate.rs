@@ -25,7 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tuning.apply_config("mss 1057\nthresh_init 1.28\n")?;
     let config = SimConfig::new(
         tuning,
-        "rate 1.6mbit delay 50ms limit 10".parse()?,
+        "rate 1.6mbit limit 10 | delay 50ms".parse()?,
         "delay 50ms".parse()?,
         Some(1 << 20),
         1,

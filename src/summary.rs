@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::netem::NetemStats;
 use crate::proto::events::Thresh;
 use crate::proto::tuning::KNOBS;
 use crate::proto::{ReceiverStats, SenderSnapshot, SenderStats, Tuning};
-use crate::sim::LinkStats;
 
 /// What the simulator adds: the paths and what they did.
 #[derive(Debug, Clone, Serialize)]
@@ -17,8 +17,8 @@ pub struct SimReport {
     pub seed: u64,
     pub fwd: String,
     pub rev: String,
-    pub fwd_stats: LinkStats,
-    pub rev_stats: LinkStats,
+    pub fwd_stats: NetemStats,
+    pub rev_stats: NetemStats,
     /// Bytes delivered in order and checked against what was sent.
     pub verified_bytes: u64,
     /// Offset of the first wrong byte, if the stream was not intact.
@@ -285,8 +285,8 @@ impl fmt::Display for Summary {
             for (name, s) in [("fwd", &sim.fwd_stats), ("rev", &sim.rev_stats)] {
                 writeln!(
                     f,
-                    "{name}: offered {} delivered {} lost {} queue-drops {} duplicated {} reordered {}",
-                    s.offered, s.delivered, s.lost, s.queue_drops, s.duplicated, s.reordered
+                    "{name}: offered {} delivered {} lost {} limit-drops {} duplicated {} reordered {} corrupted {}",
+                    s.offered, s.delivered, s.lost, s.limit_drops, s.duplicated, s.reordered, s.corrupted
                 )?;
             }
             match sim.first_error {

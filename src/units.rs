@@ -180,18 +180,16 @@ impl Probability {
     }
 }
 
-/// Parses `1%`, `0.5%`, or a bare fraction `0.01` (as tc does).
+/// Parses a percentage, `1%` or `0.5%`. A bare number is a percentage too,
+/// as tc(8) reads it (`loss 1` is 1 %, `loss 0.01` is 0.01 %).
 pub fn parse_probability(s: &str) -> Result<Probability, String> {
     let t = s.trim();
-    let (num, per_unit) = match t.strip_suffix('%') {
-        Some(n) => (n, 10_000_000u128),
-        None => (t, 1_000_000_000u128),
-    };
-    let (value, rest) = split_number(num, "a probability like 1% or 0.01")?;
+    let num = t.strip_suffix('%').unwrap_or(t);
+    let (value, rest) = split_number(num, "a percentage like 1%")?;
     if !rest.is_empty() {
-        return Err(format!("`{t}` is not a probability like 1% or 0.01"));
+        return Err(format!("`{t}` is not a percentage like 1%"));
     }
-    match value.times(per_unit) {
+    match value.times(10_000_000) {
         Some(ppb) if ppb <= 1_000_000_000 => Ok(Probability(ppb as u32)),
         _ => Err(format!("`{t}` is not between 0% and 100%")),
     }
@@ -305,9 +303,10 @@ mod tests {
             parse_probability("1%").map(Probability::ppb),
             Ok(10_000_000)
         );
+        // A bare number is a percentage, as in tc.
         assert_eq!(
             parse_probability("0.25").map(Probability::ppb),
-            Ok(250_000_000)
+            Ok(2_500_000)
         );
         assert!(parse_probability("101%").is_err());
         assert!(parse_probability("lots").is_err());

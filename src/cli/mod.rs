@@ -13,8 +13,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+use atou::netem::NetemSpec;
 use atou::proto::{TimedEvent, TraceRecord};
-use atou::sim::{LinkSpec, Observer, Outcome, SimConfig, Simulation};
+use atou::sim::{Observer, Outcome, SimConfig, Simulation};
 use atou::summary::config_lines;
 use atou::units::parse_size;
 
@@ -46,18 +47,23 @@ enum Command {
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Link SPECs use tc-netem words: rate RATE [OVERHEAD], limit PACKETS, \
-    delay TIME [JITTER], loss P | loss every N, duplicate P, reorder P [gap N], seed S. \
-    Rates are bits/s (kbit, mbit, gbit), probabilities 1% or 0.01.\n\n\
+    after_help = "Path SPECs are tc-netem(8) options with the kernel's meaning: limit PACKETS; \
+    delay TIME [JITTER [CORR]] [distribution uniform|normal|pareto|paretonormal]; \
+    loss [random] P [CORR] | loss state p13 [p31 [p32 [p23 [p14]]]] | loss gemodel p [r [1-h [1-k]]] | loss every N; \
+    corrupt P [CORR]; duplicate P [CORR]; reorder P [CORR] [gap N]; rate RATE [OVERHEAD [CELLSIZE [CELLOVERHEAD]]]; \
+    slot MIN [MAX] [packets N] [bytes B]; seed S. Stages joined by `|` feed each other: \
+    one netem's limit also counts its delay line, so a bottleneck queue is `rate R limit N | delay D`. \
+    Rates are bits/s (kbit, mbit, gbit); a bare probability is a percentage, as in tc; a bare time is microseconds. \
+    See docs/netem.md.\n\n\
     Example: atou sim --bytes 100MB --fwd 'rate 100mbit delay 50ms limit 1000 loss 1%' --rev 'delay 50ms'"
 )]
 struct SimArgs {
     /// Forward (data) path, in tc-netem words
     #[arg(long, value_name = "SPEC", default_value = "rate 100mbit delay 25ms limit 1000", value_parser = parse_spec)]
-    fwd: LinkSpec,
+    fwd: NetemSpec,
     /// Return (ACK) path, in tc-netem words
     #[arg(long, value_name = "SPEC", default_value = "delay 25ms", value_parser = parse_spec)]
-    rev: LinkSpec,
+    rev: NetemSpec,
     /// Bytes to transfer: 100MB (10^6), 64MiB or 64M (2^20); 0 runs until --maxtime/--maxpkts
     #[arg(long, value_name = "SIZE", default_value = "10MiB", value_parser = parse_bytes)]
     bytes: u64,
@@ -84,7 +90,7 @@ pub(crate) struct OutputArgs {
     pub json: bool,
 }
 
-fn parse_spec(s: &str) -> Result<LinkSpec, String> {
+fn parse_spec(s: &str) -> Result<NetemSpec, String> {
     s.parse()
 }
 

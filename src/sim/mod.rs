@@ -1,18 +1,18 @@
-//! A virtual-time simulator: a sender and a receiver over two one-way links.
+//! A virtual-time simulator: a sender and a receiver over two one-way paths,
+//! each a [`crate::netem`] model.
 //!
 //! Events are processed one at a time in time order (ties: forward packet,
 //! return packet, sender timer, receiver timer), and after each one both
 //! endpoints are drained. With the same seed, tuning and link specs a run
 //! is identical, trace included, on every machine.
 
-pub mod link;
 pub mod scenarios;
 
 use std::time::Duration;
 
 use thiserror::Error;
 
-pub use link::{Link, LinkSpec, LinkStats, SimLink};
+use crate::netem::{mix_seed, Netem, NetemSpec};
 
 use crate::proto::tuning::TuningError;
 use crate::proto::wire::ACK_MAX_LEN;
@@ -25,8 +25,8 @@ use crate::summary::{SimReport, Summary};
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     pub tuning: Tuning,
-    pub fwd: LinkSpec,
-    pub rev: LinkSpec,
+    pub fwd: NetemSpec,
+    pub rev: NetemSpec,
     /// Bytes to transfer; `None` runs until `maxtime`/`maxpkts`.
     pub bytes: Option<u64>,
     pub seed: u64,
@@ -41,8 +41,8 @@ pub struct SimConfig {
 impl SimConfig {
     pub fn new(
         tuning: Tuning,
-        fwd: LinkSpec,
-        rev: LinkSpec,
+        fwd: NetemSpec,
+        rev: NetemSpec,
         bytes: Option<u64>,
         seed: u64,
     ) -> Self {
@@ -123,20 +123,12 @@ impl SimResult {
     }
 }
 
-/// SplitMix64: derives independent seeds (connection id, each link) from one.
-fn mix(seed: u64, stream: u64) -> u64 {
-    let mut z = seed.wrapping_add(stream.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 pub struct Simulation {
     config: SimConfig,
     sender: Sender,
     receiver: Receiver,
-    fwd: SimLink,
-    rev: SimLink,
+    fwd: Netem<Vec<u8>>,
+    rev: Netem<Vec<u8>>,
     verifier: PatternVerifier,
     now: Time,
     buf: Vec<u8>,
@@ -144,15 +136,15 @@ pub struct Simulation {
 
 impl Simulation {
     pub fn new(config: SimConfig) -> Result<Simulation, SimError> {
-        let conn_id = mix(config.seed, 0);
+        let conn_id = mix_seed(config.seed, 0);
         let mut sender = Sender::new(&config.tuning, conn_id, config.bytes, Time::ZERO)?;
         if config.trace {
             sender.enable_trace();
         }
         let receiver = Receiver::new(ReceiverConfig::from_tuning(&config.tuning), conn_id);
         Ok(Simulation {
-            fwd: SimLink::new(config.fwd.clone(), mix(config.seed, 1)),
-            rev: SimLink::new(config.rev.clone(), mix(config.seed, 2)),
+            fwd: Netem::new(config.fwd.clone(), mix_seed(config.seed, 1)),
+            rev: Netem::new(config.rev.clone(), mix_seed(config.seed, 2)),
             buf: vec![0; (config.tuning.mss as usize).max(ACK_MAX_LEN)],
             config,
             sender,

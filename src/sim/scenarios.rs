@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use super::link::{Link, LinkSpec, SimLink};
 use super::{Recorder, SimConfig, SimError, Simulation};
+use crate::netem::{Netem, NetemSpec};
 use crate::proto::{Event, RecoveryKind, Time, Tuning};
+use crate::units::Probability;
 
 /// Mathis §3.1: MSS in the paper's sense, payload bytes per segment.
 pub const MATHIS_MSS: u64 = 1460;
@@ -50,10 +51,12 @@ pub fn mathis(
         maxpkts: (losses / p) as u64,
         ..Tuning::default()
     };
-    let fwd: LinkSpec = format!("rate 100mbit delay 50ms loss {p}")
+    // A limit the window never reaches: the loss is the only signal.
+    let loss = Probability::from_ppb((p * 1e9).round() as u32);
+    let fwd: NetemSpec = format!("rate 100mbit delay 50ms limit 100000 loss {loss}")
         .parse()
         .expect("valid spec");
-    let rev: LinkSpec = "delay 50ms".parse().expect("valid spec");
+    let rev: NetemSpec = "delay 50ms".parse().expect("valid spec");
     let mut recorder = Recorder::default();
     let result =
         Simulation::new(SimConfig::new(tuning, fwd, rev, None, seed))?.run(&mut recorder)?;
@@ -95,28 +98,40 @@ pub fn mathis_expected_c(delayed_ack: bool) -> f64 {
 /// every `interval` and returns (fraction arriving out of place, largest
 /// displacement in positions).
 pub fn displacement(
-    spec: &LinkSpec,
+    spec: &NetemSpec,
     packets: u32,
     size: usize,
     interval: Duration,
     seed: u64,
 ) -> (f64, u64) {
-    let mut link = SimLink::new(spec.clone(), seed);
+    let mut link: Netem<Vec<u8>> = Netem::new(spec.clone(), seed);
+    let mut arrivals = Vec::new();
+    // Packets leave as soon as they are due, as they would on a wire.
+    let mut release_until = |link: &mut Netem<Vec<u8>>, until: Option<Time>| {
+        while let Some(at) = link.next_release() {
+            if until.is_some_and(|u| at > u) {
+                break;
+            }
+            if let Some(p) = link.poll(at) {
+                arrivals.push(u32::from_be_bytes([p[0], p[1], p[2], p[3]]));
+            }
+        }
+    };
     for i in 0..packets {
+        let now = Time::ZERO + interval * i;
+        release_until(&mut link, Some(now));
         let mut p = vec![0u8; size.max(4)];
         p[..4].copy_from_slice(&i.to_be_bytes());
-        link.enqueue(Time::ZERO + interval * i, p);
+        link.enqueue(now, p);
     }
+    release_until(&mut link, None);
     let mut displaced = 0u64;
     let mut max = 0u64;
-    let mut pos = 0i64;
-    while let Some(at) = link.next_release() {
-        let Some(p) = link.poll(at) else { break };
-        let id = i64::from(u32::from_be_bytes([p[0], p[1], p[2], p[3]]));
-        let d = (pos - id).unsigned_abs();
+    for (pos, &id) in arrivals.iter().enumerate() {
+        let d = (pos as i64 - i64::from(id)).unsigned_abs();
         displaced += u64::from(d > 0);
         max = max.max(d);
-        pos += 1;
     }
+    let pos = arrivals.len();
     (displaced as f64 / pos.max(1) as f64, max)
 }

@@ -1,0 +1,731 @@
+//! The impairment description, in tc-netem(8)'s words.
+//!
+//! One [`QdiscSpec`] is what `tc qdisc add dev X root netem ...` takes. A
+//! [`NetemSpec`] is one or more of them chained with `|`, each feeding the
+//! next (as a netem qdisc with a netem child would). `rate 1.6mbit limit 10 |
+//! delay 50ms` is a bottleneck with a 10-packet queue followed by 50 ms of
+//! propagation; a single netem's `limit` also counts the packets in its delay
+//! line, so one qdisc cannot express that.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::units::{
+    format_rate_tc, format_time_tc, parse_duration, parse_probability, parse_rate, parse_size,
+    Probability, TimeUnit,
+};
+
+/// tc's default `limit`: packets held by one netem qdisc.
+pub const DEFAULT_LIMIT: u32 = 1000;
+
+/// The shape of the delay jitter (`distribution`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Distribution {
+    Uniform,
+    Normal,
+    Pareto,
+    ParetoNormal,
+}
+
+impl Distribution {
+    fn name(self) -> &'static str {
+        match self {
+            Distribution::Uniform => "uniform",
+            Distribution::Normal => "normal",
+            Distribution::Pareto => "pareto",
+            Distribution::ParetoNormal => "paretonormal",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Distribution, String> {
+        Ok(match s {
+            "uniform" => Distribution::Uniform,
+            "normal" => Distribution::Normal,
+            "pareto" => Distribution::Pareto,
+            "paretonormal" => Distribution::ParetoNormal,
+            other => {
+                return Err(format!(
+                    "distribution `{other}`: use uniform, normal, pareto or paretonormal \
+                     (table files are not read)"
+                ))
+            }
+        })
+    }
+}
+
+/// A probability with tc's optional correlation to the previous draw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Chance {
+    pub p: Probability,
+    pub corr: Probability,
+}
+
+impl Chance {
+    pub fn is_zero(&self) -> bool {
+        self.p.is_zero()
+    }
+}
+
+/// `loss ...`: which model decides drops.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Loss {
+    #[default]
+    None,
+    /// `loss [random] P [CORR]`.
+    Random(Chance),
+    /// `loss state p13 [p31 [p32 [p23 [p14]]]]`: the 4-state Markov model
+    /// (Salsano et al., as in the kernel's `loss_4state`).
+    State {
+        p13: Probability,
+        p31: Probability,
+        p32: Probability,
+        p23: Probability,
+        p14: Probability,
+    },
+    /// `loss gemodel p [r [1-h [1-k]]]`: Gilbert-Elliott. `p` good→bad,
+    /// `r` bad→good, `1-h` loss in bad, `1-k` loss in good.
+    Gemodel {
+        p: Probability,
+        r: Probability,
+        one_minus_h: Probability,
+        one_minus_k: Probability,
+    },
+    /// `loss every N`: drop every Nth packet offered. An atou extension for
+    /// exactly repeatable tests; the kernel has no such model.
+    Every(u64),
+}
+
+/// `rate RATE [PACKETOVERHEAD [CELLSIZE [CELLOVERHEAD]]]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    /// Bits per second.
+    pub bits: u64,
+    /// Bytes added to (or, negative, taken from) each packet's length.
+    pub packet_overhead: i32,
+    /// Link-layer cell size in bytes (ATM: 53); 0 for none.
+    pub cell_size: u32,
+    pub cell_overhead: i32,
+}
+
+/// How long each slot waits before it opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotDelay {
+    /// `slot MIN [MAX]`: uniform in [MIN, MAX].
+    Range { min: Duration, max: Duration },
+    /// `slot distribution D DELAY JITTER`.
+    Distribution {
+        dist: Distribution,
+        delay: Duration,
+        jitter: Duration,
+    },
+}
+
+/// `slot ...`: packets leave in bursts, as on Wi-Fi or DOCSIS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    pub delay: SlotDelay,
+    /// At most this many packets per slot.
+    pub packets: Option<u32>,
+    /// At most this many bytes per slot.
+    pub bytes: Option<u32>,
+}
+
+/// One netem qdisc.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QdiscSpec {
+    pub limit: Option<u32>,
+    pub delay: Duration,
+    pub jitter: Duration,
+    pub delay_corr: Probability,
+    pub distribution: Option<Distribution>,
+    pub loss: Loss,
+    pub corrupt: Chance,
+    pub duplicate: Chance,
+    pub reorder: Chance,
+    /// `gap N`; with `reorder` and no gap, tc uses 1.
+    pub gap: Option<u32>,
+    pub rate: Option<Rate>,
+    pub slot: Option<Slot>,
+    pub seed: Option<u64>,
+}
+
+impl QdiscSpec {
+    pub fn limit(&self) -> u32 {
+        self.limit.unwrap_or(DEFAULT_LIMIT)
+    }
+
+    /// The reorder gap in effect: 0 (never) without `reorder`.
+    pub fn gap(&self) -> u32 {
+        if self.reorder.is_zero() {
+            0
+        } else {
+            self.gap.unwrap_or(1)
+        }
+    }
+
+    /// True when the kernel's netem cannot run this stage (atou extensions).
+    pub fn kernel_unsupported(&self) -> Option<&'static str> {
+        match self.loss {
+            Loss::Every(_) => Some("`loss every N` is an atou extension the kernel lacks"),
+            _ => None,
+        }
+    }
+}
+
+/// A chain of netem qdiscs, `A | B | ...`; the empty string is a perfect link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetemSpec {
+    pub stages: Vec<QdiscSpec>,
+}
+
+impl Default for NetemSpec {
+    fn default() -> NetemSpec {
+        NetemSpec {
+            stages: vec![QdiscSpec::default()],
+        }
+    }
+}
+
+impl NetemSpec {
+    /// The first stage naming its own seed, if any.
+    pub fn seed(&self) -> Option<u64> {
+        self.stages.iter().find_map(|s| s.seed)
+    }
+}
+
+impl FromStr for NetemSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<NetemSpec, String> {
+        if s.trim().is_empty() {
+            return Ok(NetemSpec::default());
+        }
+        let stages = s
+            .split('|')
+            .enumerate()
+            .map(|(i, part)| {
+                if part.trim().is_empty() {
+                    return Err(format!(
+                        "stage {} is empty: write `A | B`, each a netem description",
+                        i + 1
+                    ));
+                }
+                part.parse::<QdiscSpec>()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(NetemSpec { stages })
+    }
+}
+
+impl fmt::Display for NetemSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, stage) in self.stages.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" | ")?;
+            }
+            write!(f, "{stage}")?;
+        }
+        Ok(())
+    }
+}
+
+/// tc's `NEXT_IS_NUMBER`: an optional argument starts with a digit.
+fn is_number(tok: Option<&&str>) -> bool {
+    tok.is_some_and(|t| t.starts_with(|c: char| c.is_ascii_digit() || c == '.'))
+}
+
+fn is_signed_number(tok: Option<&&str>) -> bool {
+    is_number(tok) || tok.is_some_and(|t| t.starts_with('-'))
+}
+
+struct Tokens<'a> {
+    toks: Vec<&'a str>,
+    i: usize,
+}
+
+impl<'a> Tokens<'a> {
+    fn next(&mut self) -> Option<&'a str> {
+        let t = self.toks.get(self.i).copied();
+        self.i += 1;
+        t
+    }
+
+    fn peek(&self) -> Option<&&'a str> {
+        self.toks.get(self.i)
+    }
+
+    /// The argument `key` needs, described as `what` if missing.
+    fn arg(&mut self, key: &str, what: &str) -> Result<&'a str, String> {
+        self.next().ok_or_else(|| format!("`{key}` needs {what}"))
+    }
+
+    fn percent(&mut self, key: &str) -> Result<Probability, String> {
+        let v = self.arg(key, "a percentage like 1%")?;
+        parse_probability(v).map_err(|e| format!("{key}: {e}"))
+    }
+
+    fn optional_percent(&mut self, key: &str) -> Result<Option<Probability>, String> {
+        if is_number(self.peek()) {
+            self.percent(key).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn time(&mut self, key: &str) -> Result<Duration, String> {
+        let v = self.arg(key, "a time like 50ms")?;
+        parse_duration(v, TimeUnit::Micros).map_err(|e| format!("{key}: {e}"))
+    }
+
+    fn count<T: FromStr + PartialOrd + Default>(&mut self, key: &str) -> Result<T, String> {
+        let v = self.arg(key, "a count")?;
+        v.parse::<T>()
+            .ok()
+            .filter(|n| *n > T::default())
+            .ok_or_else(|| format!("{key}: `{v}` is not a positive count"))
+    }
+
+    fn signed(&mut self, key: &str) -> Result<i32, String> {
+        let v = self.arg(key, "a byte count")?;
+        v.parse()
+            .map_err(|_| format!("{key}: `{v}` is not a byte count"))
+    }
+}
+
+impl FromStr for QdiscSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<QdiscSpec, String> {
+        let mut t = Tokens {
+            toks: s.split_whitespace().collect(),
+            i: 0,
+        };
+        let mut spec = QdiscSpec::default();
+        let mut loss_given = false;
+        while let Some(key) = t.next() {
+            match key {
+                "limit" => spec.limit = Some(t.count("limit")?),
+                "delay" | "latency" => {
+                    spec.delay = t.time("delay")?;
+                    if is_number(t.peek()) {
+                        spec.jitter = t.time("delay jitter")?;
+                        if let Some(c) = t.optional_percent("delay correlation")? {
+                            spec.delay_corr = c;
+                        }
+                    }
+                }
+                "distribution" => {
+                    let d = t.arg("distribution", "uniform, normal, pareto or paretonormal")?;
+                    spec.distribution = Some(Distribution::parse(d)?);
+                }
+                "loss" | "drop" => {
+                    if loss_given {
+                        return Err("`loss` given twice".into());
+                    }
+                    loss_given = true;
+                    spec.loss = parse_loss(&mut t)?;
+                }
+                "corrupt" => {
+                    spec.corrupt.p = t.percent("corrupt")?;
+                    spec.corrupt.corr = t
+                        .optional_percent("corrupt correlation")?
+                        .unwrap_or_default();
+                }
+                "duplicate" => {
+                    spec.duplicate.p = t.percent("duplicate")?;
+                    spec.duplicate.corr = t
+                        .optional_percent("duplicate correlation")?
+                        .unwrap_or_default();
+                }
+                "reorder" => {
+                    spec.reorder.p = t.percent("reorder")?;
+                    spec.reorder.corr = t
+                        .optional_percent("reorder correlation")?
+                        .unwrap_or_default();
+                }
+                "gap" => spec.gap = Some(t.count("gap")?),
+                "rate" => {
+                    let v = t.arg("rate", "a rate like 100mbit")?;
+                    let mut rate = Rate {
+                        bits: parse_rate(v).map_err(|e| format!("rate: {e}"))?,
+                        packet_overhead: 0,
+                        cell_size: 0,
+                        cell_overhead: 0,
+                    };
+                    if is_signed_number(t.peek()) {
+                        rate.packet_overhead = t.signed("rate packet overhead")?;
+                        if is_number(t.peek()) {
+                            rate.cell_size = t.count("rate cell size")?;
+                            if is_signed_number(t.peek()) {
+                                rate.cell_overhead = t.signed("rate cell overhead")?;
+                            }
+                        }
+                    }
+                    spec.rate = Some(rate);
+                }
+                "slot" => spec.slot = Some(parse_slot(&mut t)?),
+                "seed" => {
+                    let v = t.arg("seed", "a number")?;
+                    spec.seed = Some(
+                        v.parse()
+                            .map_err(|_| format!("seed: `{v}` is not a number"))?,
+                    );
+                }
+                "ecn" => {
+                    return Err(
+                        "`ecn` is not supported: atou marks nothing and its datagrams \
+                         carry no ECN bits (docs/netem.md)"
+                            .into(),
+                    )
+                }
+                other => return Err(format!("unknown keyword `{other}`")),
+            }
+        }
+        // tc's own checks (q_netem.c).
+        if !spec.reorder.is_zero() && spec.delay.is_zero() {
+            return Err("reordering is not possible without some delay (as in tc)".into());
+        }
+        if spec.gap.is_some() && spec.reorder.is_zero() {
+            return Err("gap given without a reorder probability (as in tc)".into());
+        }
+        if spec.distribution.is_some() && (spec.delay.is_zero() || spec.jitter.is_zero()) {
+            return Err("distribution needs a delay and a jitter (as in tc)".into());
+        }
+        Ok(spec)
+    }
+}
+
+fn parse_loss(t: &mut Tokens<'_>) -> Result<Loss, String> {
+    let first = t.arg(
+        "loss",
+        "a percentage, `random P`, `state ...` or `gemodel ...`",
+    )?;
+    let random = |t: &mut Tokens<'_>, v: &str| -> Result<Loss, String> {
+        let p = parse_probability(v).map_err(|e| format!("loss: {e}"))?;
+        let corr = t.optional_percent("loss correlation")?.unwrap_or_default();
+        Ok(Loss::Random(Chance { p, corr }))
+    };
+    match first {
+        "random" => {
+            let v = t.arg("loss random", "a percentage")?;
+            random(t, v)
+        }
+        "state" => {
+            let p13 = t.percent("loss state p13")?;
+            // tc's defaults: p31 = 1 - p13, p32 = 0, p23 = 100 %, p14 = 0.
+            let mut p31 = Probability::from_ppb(Probability::ONE.ppb() - p13.ppb());
+            let mut p32 = Probability::ZERO;
+            let mut p23 = Probability::ONE;
+            let mut p14 = Probability::ZERO;
+            for (name, slot) in [
+                ("p31", &mut p31),
+                ("p32", &mut p32),
+                ("p23", &mut p23),
+                ("p14", &mut p14),
+            ] {
+                match t.optional_percent(&format!("loss state {name}"))? {
+                    Some(p) => *slot = p,
+                    None => break,
+                }
+            }
+            if u64::from(p13.ppb()) + u64::from(p14.ppb()) > u64::from(Probability::ONE.ppb())
+                || u64::from(p31.ppb()) + u64::from(p32.ppb()) > u64::from(Probability::ONE.ppb())
+            {
+                return Err("loss state: p13 + p14 and p31 + p32 must each be at most 100%".into());
+            }
+            Ok(Loss::State {
+                p13,
+                p31,
+                p32,
+                p23,
+                p14,
+            })
+        }
+        "gemodel" => {
+            let p = t.percent("loss gemodel p")?;
+            // tc's defaults: r = 1 - p, 1-h = 100 %, 1-k = 0.
+            let mut r = Probability::from_ppb(Probability::ONE.ppb() - p.ppb());
+            let mut one_minus_h = Probability::ONE;
+            let mut one_minus_k = Probability::ZERO;
+            for (name, slot) in [
+                ("r", &mut r),
+                ("1-h", &mut one_minus_h),
+                ("1-k", &mut one_minus_k),
+            ] {
+                match t.optional_percent(&format!("loss gemodel {name}"))? {
+                    Some(v) => *slot = v,
+                    None => break,
+                }
+            }
+            Ok(Loss::Gemodel {
+                p,
+                r,
+                one_minus_h,
+                one_minus_k,
+            })
+        }
+        "every" => Ok(Loss::Every(t.count("loss every")?)),
+        v if is_number(Some(&v)) => random(t, v),
+        other => Err(format!(
+            "loss `{other}`: use a percentage, `random P`, `state ...`, `gemodel ...` or `every N`"
+        )),
+    }
+}
+
+fn parse_slot(t: &mut Tokens<'_>) -> Result<Slot, String> {
+    let delay = if t.peek() == Some(&"distribution") {
+        t.next();
+        let d = t.arg(
+            "slot distribution",
+            "uniform, normal, pareto or paretonormal",
+        )?;
+        let dist = Distribution::parse(d)?;
+        let delay = t.time("slot distribution delay")?;
+        let jitter = t.time("slot distribution jitter")?;
+        SlotDelay::Distribution {
+            dist,
+            delay,
+            jitter,
+        }
+    } else {
+        let min = t.time("slot")?;
+        let max = if is_number(t.peek()) {
+            t.time("slot max")?
+        } else {
+            min
+        };
+        if max < min {
+            return Err("slot: MAX is smaller than MIN".into());
+        }
+        SlotDelay::Range { min, max }
+    };
+    let mut slot = Slot {
+        delay,
+        packets: None,
+        bytes: None,
+    };
+    loop {
+        match t.peek() {
+            Some(&"packets") => {
+                t.next();
+                slot.packets = Some(t.count("slot packets")?);
+            }
+            Some(&"bytes") => {
+                t.next();
+                let v = t.arg("slot bytes", "a size")?;
+                let b = parse_size(v).map_err(|e| format!("slot bytes: {e}"))?;
+                slot.bytes = Some(
+                    u32::try_from(b)
+                        .ok()
+                        .filter(|&b| b > 0)
+                        .ok_or_else(|| format!("slot bytes: `{v}` must be 1 to 4294967295"))?,
+                );
+            }
+            _ => break,
+        }
+    }
+    Ok(slot)
+}
+
+impl fmt::Display for QdiscSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts: Vec<String> = Vec::new();
+        let chance = |parts: &mut Vec<String>, key: &str, c: &Chance| {
+            if !c.is_zero() {
+                parts.push(format!("{key} {}", c.p));
+                if !c.corr.is_zero() {
+                    parts.push(c.corr.to_string());
+                }
+            }
+        };
+        if let Some(l) = self.limit {
+            parts.push(format!("limit {l}"));
+        }
+        if !self.delay.is_zero() || !self.jitter.is_zero() {
+            parts.push(format!("delay {}", format_time_tc(self.delay)));
+            if !self.jitter.is_zero() {
+                parts.push(format_time_tc(self.jitter));
+                if !self.delay_corr.is_zero() {
+                    parts.push(self.delay_corr.to_string());
+                }
+            }
+        }
+        if let Some(d) = self.distribution {
+            parts.push(format!("distribution {}", d.name()));
+        }
+        match self.loss {
+            Loss::None => {}
+            Loss::Random(c) => chance(&mut parts, "loss", &c),
+            Loss::State {
+                p13,
+                p31,
+                p32,
+                p23,
+                p14,
+            } => parts.push(format!("loss state {p13} {p31} {p32} {p23} {p14}")),
+            Loss::Gemodel {
+                p,
+                r,
+                one_minus_h,
+                one_minus_k,
+            } => parts.push(format!("loss gemodel {p} {r} {one_minus_h} {one_minus_k}")),
+            Loss::Every(n) => parts.push(format!("loss every {n}")),
+        }
+        chance(&mut parts, "corrupt", &self.corrupt);
+        chance(&mut parts, "duplicate", &self.duplicate);
+        chance(&mut parts, "reorder", &self.reorder);
+        if let Some(g) = self.gap {
+            parts.push(format!("gap {g}"));
+        }
+        if let Some(r) = self.rate {
+            parts.push(format!("rate {}", format_rate_tc(r.bits)));
+            if r.packet_overhead != 0 || r.cell_size != 0 {
+                parts.push(r.packet_overhead.to_string());
+            }
+            if r.cell_size != 0 {
+                parts.push(r.cell_size.to_string());
+                if r.cell_overhead != 0 {
+                    parts.push(r.cell_overhead.to_string());
+                }
+            }
+        }
+        if let Some(s) = self.slot {
+            match s.delay {
+                SlotDelay::Range { min, max } => {
+                    parts.push(format!("slot {}", format_time_tc(min)));
+                    if max != min {
+                        parts.push(format_time_tc(max));
+                    }
+                }
+                SlotDelay::Distribution {
+                    dist,
+                    delay,
+                    jitter,
+                } => parts.push(format!(
+                    "slot distribution {} {} {}",
+                    dist.name(),
+                    format_time_tc(delay),
+                    format_time_tc(jitter)
+                )),
+            }
+            if let Some(p) = s.packets {
+                parts.push(format!("packets {p}"));
+            }
+            if let Some(b) = s.bytes {
+                parts.push(format!("bytes {b}"));
+            }
+        }
+        if let Some(s) = self.seed {
+            parts.push(format!("seed {s}"));
+        }
+        f.write_str(&parts.join(" "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(s: &str) -> QdiscSpec {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn the_man_page_examples_parse_and_print_back() {
+        for s in [
+            "delay 100ms",
+            "delay 100ms 10ms",
+            "delay 100ms 10ms 25%",
+            "delay 100ms 20ms distribution normal",
+            "loss 0.1%",
+            "loss 0.3% 25%",
+            "loss state 1% 30% 5% 40% 0.1%",
+            "loss gemodel 1% 10% 70% 0.1%",
+            "duplicate 1%",
+            "corrupt 0.1%",
+            "delay 10ms reorder 25% 50%",
+            "delay 10ms reorder 25% gap 5",
+            "rate 5kbit 20 100 5",
+            "rate 100mbit -4",
+            "delay 1ms slot 800us 1ms packets 42 bytes 64000",
+            "slot distribution pareto 1ms 2ms packets 8",
+            "limit 50 rate 20mbit seed 7",
+            "rate 1600kbit limit 10 | delay 50ms",
+        ] {
+            let parsed: NetemSpec = s.parse().unwrap_or_else(|e| panic!("{s}: {e}"));
+            let again: NetemSpec = parsed.to_string().parse().unwrap();
+            assert_eq!(again, parsed, "{s} printed as {parsed}");
+        }
+    }
+
+    #[test]
+    fn bare_numbers_are_percent_and_times_microseconds_as_in_tc() {
+        let s = spec("loss 1 delay 200");
+        assert_eq!(
+            s.loss,
+            Loss::Random(Chance {
+                p: Probability::from_ppb(10_000_000),
+                corr: Probability::ZERO
+            })
+        );
+        assert_eq!(s.delay, Duration::from_micros(200));
+    }
+
+    #[test]
+    fn defaults_follow_tc() {
+        let s = spec("delay 10ms reorder 25%");
+        assert_eq!(s.gap(), 1);
+        assert_eq!(s.limit(), 1000);
+        let Loss::State {
+            p31, p32, p23, p14, ..
+        } = spec("loss state 5%").loss
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (p31.ppb(), p32, p23, p14),
+            (
+                950_000_000,
+                Probability::ZERO,
+                Probability::ONE,
+                Probability::ZERO
+            )
+        );
+        let Loss::Gemodel {
+            r,
+            one_minus_h,
+            one_minus_k,
+            ..
+        } = spec("loss gemodel 2%").loss
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (r.ppb(), one_minus_h, one_minus_k),
+            (980_000_000, Probability::ONE, Probability::ZERO)
+        );
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        for (s, needle) in [
+            ("rate fast", "fast"),
+            ("delay", "delay"),
+            ("wobble 3", "wobble"),
+            ("loss 200%", "200%"),
+            ("reorder 10%", "delay"),
+            ("delay 1ms gap 3", "gap"),
+            ("delay 1ms distribution normal", "jitter"),
+            ("delay 1ms 1ms distribution lumpy", "lumpy"),
+            ("loss 1% loss 2%", "twice"),
+            ("ecn", "ecn"),
+            ("slot 2ms 1ms", "MAX"),
+            ("delay 1ms | | delay 2ms", "stage 2"),
+            ("loss state 60% 0 0 0 50%", "p14"),
+        ] {
+            let e = s.parse::<NetemSpec>().unwrap_err();
+            assert!(e.contains(needle), "{s}: {e}");
+        }
+    }
+}
