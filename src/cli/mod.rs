@@ -3,6 +3,7 @@
 //! Exit codes: 0 success, 1 the transfer failed, 2 usage error.
 
 mod net;
+mod netem;
 mod tuning_args;
 
 use std::fs::File;
@@ -43,6 +44,8 @@ enum Command {
     Probe(net::ProbeArgs),
     /// Receive probes on a UDP port, many at once, one report line per connection (atou's server)
     Serve(net::ServeArgs),
+    /// Impair real traffic as tc-netem would: a UDP relay, or two test hosts in network namespaces
+    Netem(netem::NetemArgs),
 }
 
 #[derive(Args, Debug)]
@@ -242,6 +245,7 @@ pub fn main() -> ExitCode {
         Command::Sim(args) => sim(args),
         Command::Probe(args) => net::probe(args),
         Command::Serve(args) => net::serve(args),
+        Command::Netem(args) => netem::netem(args),
     };
     match result {
         Ok(code) => code,

@@ -85,7 +85,7 @@ fn parse_bind(s: &str) -> Result<SocketAddr, String> {
 }
 
 /// Resolves HOST or HOST:PORT, port 7890 by default.
-fn resolve(host: &str) -> Result<SocketAddr> {
+pub(crate) fn resolve(host: &str) -> Result<SocketAddr> {
     if let Ok(a) = host.parse::<SocketAddr>() {
         return Ok(a);
     }
@@ -114,7 +114,7 @@ fn resolve(host: &str) -> Result<SocketAddr> {
         .ok_or_else(|| UsageError(format!("`{}` has no address", target.0)).into())
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -8,7 +8,9 @@
 //! readable or the endpoint's next timer. The endpoint is polled after
 //! every datagram so the ACK policy stays per segment.
 
+pub mod netem;
 pub mod socket;
+pub mod tun;
 
 use std::io;
 use std::net::SocketAddr;

@@ -1,0 +1,740 @@
+//! `atou netem relay` and `atou netem bridge`: the netem model on real
+//! packets.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::process::{Command as StdCommand, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use serde::Serialize;
+
+use atou::io::netem::Direction;
+use atou::io::tun::Tun;
+use atou::netem::{mix_seed, Datagram, Netem, NetemSpec, NetemStats};
+
+use super::net::{resolve, runtime};
+use super::UsageError;
+
+#[derive(Args, Debug)]
+pub struct NetemArgs {
+    #[command(subcommand)]
+    command: NetemCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum NetemCommand {
+    /// Relay UDP between clients and one server, impairing each direction in real time
+    Relay(RelayArgs),
+    /// Make two test hosts (network namespaces) joined by an impaired path; needs root
+    Bridge(BridgeArgs),
+}
+
+const SPEC_HELP: &str = "SPECs are tc-netem(8) options with the kernel's meaning (limit, delay, \
+    distribution, loss random|state|gemodel, corrupt, duplicate, reorder, gap, rate, slot, seed); \
+    stages joined by `|` feed each other. A bare probability is a percentage and a bare time is \
+    microseconds, as in tc. See docs/netem.md.";
+
+#[derive(Args, Debug)]
+#[command(after_help = SPEC_HELP)]
+struct RelayArgs {
+    /// Address clients send to, e.g. 127.0.0.1:9000
+    #[arg(long, value_name = "ADDR")]
+    listen: SocketAddr,
+    /// Where their datagrams go: HOST:PORT (the port is required)
+    #[arg(long, value_name = "HOST:PORT")]
+    to: String,
+    /// Impairment from clients to the server, in tc-netem words
+    #[arg(long, value_name = "SPEC", default_value = "", value_parser = parse_spec)]
+    fwd: NetemSpec,
+    /// Impairment from the server back to clients (default: none)
+    #[arg(long, value_name = "SPEC", default_value = "", value_parser = parse_spec)]
+    rev: NetemSpec,
+    /// Seed for every random choice (a `seed` inside a SPEC wins for its stage);
+    /// default: drawn from the clock and printed
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+    /// Stop by itself after this long (e.g. 30s); default: run until Ctrl-C or SIGTERM
+    #[arg(long = "for", value_name = "TIME", value_parser = parse_seconds)]
+    run_for: Option<Duration>,
+    /// Print the final counts as one JSON object
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    /// tc when the kernel has sch_netem, else tun
+    Auto,
+    /// TUN devices and atou's own model, in this process
+    Tun,
+    /// A veth pair and the kernel's netem qdisc
+    Tc,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Side {
+    A,
+    B,
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = SPEC_HELP)]
+struct BridgeArgs {
+    /// Impairment from host A to host B, in tc-netem words
+    #[arg(long, value_name = "SPEC", default_value = "", value_parser = parse_spec)]
+    fwd: NetemSpec,
+    /// Impairment from host B to host A (default: none)
+    #[arg(long, value_name = "SPEC", default_value = "", value_parser = parse_spec)]
+    rev: NetemSpec,
+    /// Seed for every random choice (tun backend; passed as `seed` to tc); default: from the clock, printed
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+    /// Who impairs the packets
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    backend: Backend,
+    /// Names of the two network namespaces (hosts A and B)
+    #[arg(long, value_name = "A,B", default_value = "atou-a,atou-b", value_parser = parse_pair)]
+    hosts: (String, String),
+    /// IPv4 addresses of hosts A and B, each with an optional /PREFIX (default /24)
+    #[arg(long, value_name = "A,B", default_value = "10.77.0.1,10.77.0.2", value_parser = parse_pair)]
+    addrs: (String, String),
+    /// MTU of the link between them, bytes
+    #[arg(long, value_name = "BYTES", default_value_t = 1500)]
+    mtu: u32,
+    /// Host that runs CMD
+    #[arg(long = "in", value_enum, default_value_t = Side::A)]
+    run_in: Side,
+    /// Print the final counts as one JSON object
+    #[arg(long)]
+    json: bool,
+    /// Command to run inside a host; the bridge is torn down when it exits
+    /// and atou exits with its status. Without one, runs until Ctrl-C or SIGTERM
+    #[arg(last = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+fn parse_spec(s: &str) -> Result<NetemSpec, String> {
+    s.parse()
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    atou::units::parse_duration(s, atou::units::TimeUnit::Seconds)
+}
+
+fn parse_pair(s: &str) -> Result<(String, String), String> {
+    match s.split_once(',') {
+        Some((a, b)) if !a.trim().is_empty() && !b.trim().is_empty() => {
+            Ok((a.trim().to_string(), b.trim().to_string()))
+        }
+        _ => Err(format!("`{s}`: give two values separated by a comma")),
+    }
+}
+
+pub fn netem(args: NetemArgs) -> Result<ExitCode> {
+    match args.command {
+        NetemCommand::Relay(a) => relay(a),
+        NetemCommand::Bridge(a) => bridge(a),
+    }
+}
+
+fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_000)
+}
+
+/// A datagram and where it goes next.
+#[derive(Clone)]
+struct Routed<T: Clone> {
+    bytes: Vec<u8>,
+    to: T,
+}
+
+impl<T: Clone> Datagram for Routed<T> {
+    fn wire_len(&self) -> usize {
+        self.bytes.len()
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+}
+
+/// Packets waiting for a direction's thread; beyond this the reader blocks,
+/// as a full NIC queue would.
+const CHANNEL_DEPTH: usize = 65_536;
+const READ_WAKE: Duration = Duration::from_millis(100);
+
+/// Final counts, as printed.
+#[derive(Serialize)]
+struct DirectionReport {
+    spec: String,
+    #[serde(flatten)]
+    stats: NetemStats,
+}
+
+fn report_line(name: &str, spec: &NetemSpec, s: &NetemStats) -> String {
+    format!(
+        "{name} \"{spec}\": offered {} passed {} dropped {} (loss {} limit {}) duplicated {} reordered {} corrupted {}",
+        s.offered, s.delivered, s.dropped(), s.lost, s.limit_drops, s.duplicated, s.reordered, s.corrupted
+    )
+}
+
+fn print_report(json: bool, seed: u64, backend: &str, dirs: &[(&str, &NetemSpec, NetemStats)]) {
+    if json {
+        let mut obj = serde_json::Map::new();
+        obj.insert("seed".into(), seed.into());
+        obj.insert("backend".into(), backend.into());
+        for (name, spec, stats) in dirs {
+            let r = DirectionReport {
+                spec: spec.to_string(),
+                stats: *stats,
+            };
+            obj.insert((*name).into(), serde_json::to_value(r).unwrap_or_default());
+        }
+        println!("{}", serde_json::Value::Object(obj));
+    } else {
+        for (name, spec, stats) in dirs {
+            println!("{}", report_line(name, spec, stats));
+        }
+    }
+}
+
+/// Waits for Ctrl-C, SIGTERM or `limit`.
+async fn until_stopped(limit: Option<Duration>) {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let term = async {
+        match term.as_mut() {
+            Some(t) => {
+                t.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    let limit = async {
+        match limit {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+        _ = limit => {}
+    }
+}
+
+fn relay(args: RelayArgs) -> Result<ExitCode> {
+    let to = resolve(&args.to)?;
+    if !args.to.contains(':') {
+        return Err(UsageError(format!("--to `{}` needs a port: HOST:PORT", args.to)).into());
+    }
+    let seed = args.seed.unwrap_or_else(clock_seed);
+    let listen = UdpSocket::bind(args.listen)
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    listen.set_read_timeout(Some(READ_WAKE))?;
+    let listen = Arc::new(listen);
+    let stop = Arc::new(AtomicBool::new(false));
+    let epoch = Instant::now();
+    let (fwd_tx, fwd_rx) = sync_channel::<Routed<Arc<UdpSocket>>>(CHANNEL_DEPTH);
+    let (rev_tx, rev_rx) = sync_channel::<Routed<SocketAddr>>(CHANNEL_DEPTH);
+    let fwd = Direction::spawn(
+        "netem-fwd",
+        Netem::new(args.fwd.clone(), mix_seed(seed, 1)),
+        fwd_rx,
+        |p: Routed<Arc<UdpSocket>>| {
+            let _ = p.to.send(&p.bytes);
+        },
+        epoch,
+        Arc::clone(&stop),
+    )?;
+    let out = Arc::clone(&listen);
+    let rev = Direction::spawn(
+        "netem-rev",
+        Netem::new(args.rev.clone(), mix_seed(seed, 2)),
+        rev_rx,
+        move |p: Routed<SocketAddr>| {
+            let _ = out.send_to(&p.bytes, p.to);
+        },
+        epoch,
+        Arc::clone(&stop),
+    )?;
+    {
+        let (listen, stop) = (Arc::clone(&listen), Arc::clone(&stop));
+        std::thread::Builder::new()
+            .name("relay-listen".into())
+            .spawn(move || relay_clients(&listen, to, &fwd_tx, &rev_tx, &stop))?;
+    }
+    eprintln!(
+        "atou netem relay: {} -> {to}, seed {seed}\n  fwd \"{}\"\n  rev \"{}\"\nready",
+        listen.local_addr()?,
+        args.fwd,
+        args.rev
+    );
+    runtime()?.block_on(until_stopped(args.run_for));
+    stop.store(true, Ordering::Relaxed);
+    let (f, r) = (fwd.join(), rev.join());
+    print_report(
+        args.json,
+        seed,
+        "relay",
+        &[("fwd", &args.fwd, f), ("rev", &args.rev, r)],
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reads from clients; each new client gets its own socket towards the
+/// server, so replies can be told apart.
+fn relay_clients(
+    listen: &UdpSocket,
+    to: SocketAddr,
+    fwd: &SyncSender<Routed<Arc<UdpSocket>>>,
+    rev: &SyncSender<Routed<SocketAddr>>,
+    stop: &Arc<AtomicBool>,
+) {
+    let mut upstream: HashMap<SocketAddr, Arc<UdpSocket>> = HashMap::new();
+    let mut buf = vec![0u8; 65_536];
+    while !stop.load(Ordering::Relaxed) {
+        let (n, client) = match listen.recv_from(&mut buf) {
+            Ok(x) => x,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            // ICMP errors from a client that went away; keep relaying.
+            Err(_) => continue,
+        };
+        let sock = match upstream.get(&client) {
+            Some(s) => Arc::clone(s),
+            None => match open_upstream(to, client, rev, stop) {
+                Ok(s) => {
+                    upstream.insert(client, Arc::clone(&s));
+                    s
+                }
+                Err(e) => {
+                    eprintln!(
+                        "atou netem relay: cannot open a socket towards {to} for {client}: {e}"
+                    );
+                    continue;
+                }
+            },
+        };
+        if fwd
+            .send(Routed {
+                bytes: buf[..n].to_vec(),
+                to: sock,
+            })
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+fn open_upstream(
+    to: SocketAddr,
+    client: SocketAddr,
+    rev: &SyncSender<Routed<SocketAddr>>,
+    stop: &Arc<AtomicBool>,
+) -> std::io::Result<Arc<UdpSocket>> {
+    let any: SocketAddr = if to.is_ipv4() {
+        "0.0.0.0:0".parse().expect("literal")
+    } else {
+        "[::]:0".parse().expect("literal")
+    };
+    let sock = UdpSocket::bind(any)?;
+    sock.connect(to)?;
+    sock.set_read_timeout(Some(READ_WAKE))?;
+    let sock = Arc::new(sock);
+    let (reader, rev, stop) = (Arc::clone(&sock), rev.clone(), Arc::clone(stop));
+    std::thread::Builder::new()
+        .name("relay-upstream".into())
+        .spawn(move || {
+            let mut buf = vec![0u8; 65_536];
+            while !stop.load(Ordering::Relaxed) {
+                match reader.recv(&mut buf) {
+                    Ok(n) => {
+                        let p = Routed {
+                            bytes: buf[..n].to_vec(),
+                            to: client,
+                        };
+                        if rev.send(p).is_err() {
+                            return;
+                        }
+                    }
+                    // Timeouts, and ICMP unreachable while the server is down.
+                    Err(_) => continue,
+                }
+            }
+        })?;
+    Ok(sock)
+}
+
+// ---------------------------------------------------------------------------
+// The bridge
+// ---------------------------------------------------------------------------
+
+/// Where the bridge records which namespaces it made, by pid, so that a
+/// later run can tell its own stale leftovers from someone else's.
+const STATE_DIR: &str = "/run/atou-netem";
+/// The link's name inside each host.
+const LINK: &str = "atou0";
+/// netem on a veth counts the Ethernet header; the TUN model adds the same.
+const ETHERNET_HEADER: usize = 14;
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// Runs a command, failing with its stderr.
+fn run(program: &str, args: &[&str]) -> Result<()> {
+    let out = StdCommand::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => anyhow!(
+                "`{program}` is not installed (it comes with iproute2: apt-get install iproute2)"
+            ),
+            _ => anyhow!("cannot run `{program}`: {e}"),
+        })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        bail!(
+            "`{program} {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+    }
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    run("ip", args)
+}
+
+fn pid_file(ns: &str) -> PathBuf {
+    PathBuf::from(STATE_DIR).join(format!("{ns}.pid"))
+}
+
+fn namespace_exists(ns: &str) -> bool {
+    std::path::Path::new("/run/netns").join(ns).exists()
+}
+
+/// Removes `ns` if an earlier bridge left it behind; refuses if it is in
+/// use or not ours.
+fn clear_stale(ns: &str) -> Result<()> {
+    let file = pid_file(ns);
+    let owner: Option<u32> = std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    if !namespace_exists(ns) {
+        let _ = std::fs::remove_file(&file);
+        return Ok(());
+    }
+    match owner {
+        None => Err(UsageError(format!(
+            "network namespace `{ns}` exists and was not made by atou; remove it \
+             (ip netns del {ns}) or pick other names with --hosts"
+        ))
+        .into()),
+        Some(pid) if std::path::Path::new(&format!("/proc/{pid}")).exists() => {
+            Err(UsageError(format!(
+                "network namespace `{ns}` belongs to a running atou netem bridge (pid {pid}); \
+                 stop it or pick other names with --hosts"
+            ))
+            .into())
+        }
+        Some(pid) => {
+            eprintln!("atou netem bridge: removing `{ns}`, left behind by pid {pid}");
+            ip(&["netns", "del", ns])?;
+            let _ = std::fs::remove_file(&file);
+            Ok(())
+        }
+    }
+}
+
+/// Deletes what the bridge made, whatever way it ends.
+struct Namespaces {
+    names: Vec<String>,
+}
+
+impl Namespaces {
+    fn add(&mut self, ns: &str) -> Result<()> {
+        std::fs::create_dir_all(STATE_DIR).with_context(|| format!("cannot create {STATE_DIR}"))?;
+        ip(&["netns", "add", ns])?;
+        self.names.push(ns.to_string());
+        std::fs::write(pid_file(ns), std::process::id().to_string())
+            .with_context(|| format!("cannot write {}", pid_file(ns).display()))?;
+        Ok(())
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for ns in self.names.drain(..).rev() {
+            if let Err(e) = ip(&["netns", "del", &ns]) {
+                eprintln!("atou netem bridge: could not remove namespace `{ns}`: {e:#}");
+            }
+            let _ = std::fs::remove_file(pid_file(&ns));
+        }
+    }
+}
+
+/// True when the kernel's netem qdisc can be attached here.
+fn kernel_netem_available() -> bool {
+    let ns = format!("atou-probe-{}", std::process::id());
+    let mut guard = Namespaces { names: Vec::new() };
+    if guard.add(&ns).is_err() {
+        return false;
+    }
+    ip(&[
+        "-n", &ns, "link", "add", "p0", "type", "veth", "peer", "name", "p1",
+    ])
+    .is_ok()
+        && run(
+            "ip",
+            &[
+                "netns", "exec", &ns, "tc", "qdisc", "add", "dev", "p0", "root", "netem", "delay",
+                "1ms",
+            ],
+        )
+        .is_ok()
+}
+
+fn with_prefix(addr: &str) -> Result<String> {
+    let (host, prefix) = addr.split_once('/').unwrap_or((addr, "24"));
+    host.parse::<std::net::Ipv4Addr>()
+        .map_err(|_| UsageError(format!("`{host}` is not an IPv4 address")))?;
+    match prefix.parse::<u8>() {
+        Ok(p) if p <= 32 => Ok(format!("{host}/{p}")),
+        _ => Err(UsageError(format!("`/{prefix}` is not a prefix length")).into()),
+    }
+}
+
+/// Moves `dev` into `ns` as [`LINK`], addresses it and brings it up.
+fn configure_host(dev: &str, ns: &str, addr: &str, mtu: u32) -> Result<()> {
+    ip(&["link", "set", "dev", dev, "netns", ns])?;
+    ip(&["-n", ns, "link", "set", "dev", dev, "name", LINK])?;
+    ip(&["-n", ns, "addr", "add", addr, "dev", LINK])?;
+    ip(&[
+        "-n",
+        ns,
+        "link",
+        "set",
+        "dev",
+        LINK,
+        "mtu",
+        &mtu.to_string(),
+        "up",
+    ])?;
+    ip(&["-n", ns, "link", "set", "dev", "lo", "up"])?;
+    // Keep IPv6 chatter (router solicitations) off the impaired link.
+    let _ = run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            ns,
+            "sysctl",
+            "-qw",
+            &format!("net.ipv6.conf.{LINK}.disable_ipv6=1"),
+        ],
+    );
+    Ok(())
+}
+
+/// `tc` arguments for a chain: the root netem, then each stage as the
+/// previous one's child.
+fn tc_commands(spec: &NetemSpec, seed: Option<u64>) -> Result<Vec<Vec<String>>> {
+    let mut cmds = Vec::new();
+    for (i, stage) in spec.stages.iter().enumerate() {
+        if let Some(why) = stage.kernel_unsupported() {
+            bail!(UsageError(format!(
+                "--backend tc: {why}; use --backend tun"
+            )));
+        }
+        let mut stage = stage.clone();
+        if stage.seed.is_none() {
+            stage.seed = seed.map(|s| mix_seed(s, i as u64));
+        }
+        let mut args: Vec<String> = vec!["qdisc".into(), "add".into(), "dev".into(), LINK.into()];
+        if i == 0 {
+            args.extend(["root".into(), "handle".into(), "1:".into()]);
+        } else {
+            args.extend([
+                "parent".into(),
+                format!("{i}:1"),
+                "handle".into(),
+                format!("{}:", i + 1),
+            ]);
+        }
+        args.push("netem".into());
+        args.extend(stage.to_string().split_whitespace().map(String::from));
+        cmds.push(args);
+    }
+    Ok(cmds)
+}
+
+fn bridge(args: BridgeArgs) -> Result<ExitCode> {
+    if !is_root() {
+        bail!(
+            "atou netem bridge needs root: it makes network namespaces and TUN or veth devices. \
+             Run it as root (sudo atou netem bridge ...)"
+        );
+    }
+    let (ns_a, ns_b) = (&args.hosts.0, &args.hosts.1);
+    if ns_a == ns_b {
+        return Err(UsageError("--hosts: the two names must differ".into()).into());
+    }
+    let addr_a = with_prefix(&args.addrs.0)?;
+    let addr_b = with_prefix(&args.addrs.1)?;
+    clear_stale(ns_a)?;
+    clear_stale(ns_b)?;
+    let backend = match args.backend {
+        Backend::Auto if kernel_netem_available() => Backend::Tc,
+        Backend::Auto => Backend::Tun,
+        b => b,
+    };
+    let seed = args.seed.unwrap_or_else(clock_seed);
+    let mut hosts = Namespaces { names: Vec::new() };
+    hosts.add(ns_a)?;
+    hosts.add(ns_b)?;
+    // Devices are made in this namespace under names unique to this run,
+    // then moved into the hosts and renamed.
+    let temp = |side: char| format!("atnm{}{side}", std::process::id() % 1_000_000);
+    let (dev_a, dev_b) = (temp('a'), temp('b'));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut directions = Vec::new();
+    match backend {
+        Backend::Tc => {
+            ip(&[
+                "link", "add", &dev_a, "type", "veth", "peer", "name", &dev_b,
+            ])?;
+            configure_host(&dev_a, ns_a, &addr_a, args.mtu)?;
+            configure_host(&dev_b, ns_b, &addr_b, args.mtu)?;
+            for (ns, spec, stream) in [(ns_a, &args.fwd, 1), (ns_b, &args.rev, 2)] {
+                for cmd in tc_commands(spec, args.seed.map(|s| mix_seed(s, stream)))? {
+                    let mut full = vec!["netns", "exec", ns.as_str(), "tc"];
+                    full.extend(cmd.iter().map(String::as_str));
+                    ip(&full)?;
+                }
+            }
+        }
+        Backend::Tun | Backend::Auto => {
+            let tun_a = Tun::create(&dev_a).context("cannot create a TUN device")?;
+            let tun_b = Tun::create(&dev_b).context("cannot create a TUN device")?;
+            configure_host(&dev_a, ns_a, &addr_a, args.mtu)?;
+            configure_host(&dev_b, ns_b, &addr_b, args.mtu)?;
+            let epoch = Instant::now();
+            for (name, from, to, spec, stream) in [
+                ("netem-fwd", &tun_a, &tun_b, &args.fwd, 1),
+                ("netem-rev", &tun_b, &tun_a, &args.rev, 2),
+            ] {
+                let mut netem: Netem<Vec<u8>> = Netem::new(spec.clone(), mix_seed(seed, stream));
+                netem.set_frame_overhead(ETHERNET_HEADER);
+                let (tx, rx) = sync_channel::<Vec<u8>>(CHANNEL_DEPTH);
+                let mut out = to.try_clone()?;
+                directions.push(Direction::spawn(
+                    name,
+                    netem,
+                    rx,
+                    move |p: Vec<u8>| {
+                        let _ = out.send(&p);
+                    },
+                    epoch,
+                    Arc::clone(&stop),
+                )?);
+                let mut reader = from.try_clone()?;
+                let mtu = args.mtu as usize;
+                std::thread::Builder::new()
+                    .name(format!("tun-{}", reader.name()))
+                    .spawn(move || {
+                        let mut buf = vec![0u8; mtu.max(1500) + 64];
+                        while let Ok(n) = reader.recv(&mut buf) {
+                            if tx.send(buf[..n].to_vec()).is_err() {
+                                return;
+                            }
+                        }
+                    })?;
+            }
+        }
+    }
+    let backend_name = if backend == Backend::Tc { "tc" } else { "tun" };
+    let mut banner = String::new();
+    let _ = writeln!(
+        banner,
+        "atou netem bridge: backend {backend_name}, seed {seed}\n  \
+         host {ns_a} {addr_a} (dev {LINK}) -> host {ns_b} {addr_b}: fwd \"{}\"\n  \
+         host {ns_b} -> host {ns_a}: rev \"{}\"",
+        args.fwd, args.rev
+    );
+    if args.command.is_empty() {
+        let _ = write!(
+            banner,
+            "  run programs with: ip netns exec {ns_a} CMD (or {ns_b}); Ctrl-C removes both hosts\nready"
+        );
+    } else {
+        let _ = write!(banner, "ready");
+    }
+    eprintln!("{banner}");
+
+    let rt = runtime()?;
+    let status = if args.command.is_empty() {
+        rt.block_on(until_stopped(None));
+        None
+    } else {
+        let ns = if args.run_in == Side::A { ns_a } else { ns_b };
+        let mut child = tokio::process::Command::new("ip");
+        child.args(["netns", "exec", ns]).args(&args.command);
+        Some(rt.block_on(async {
+            let mut child = child
+                .spawn()
+                .with_context(|| format!("cannot run `{}` in {ns}", args.command.join(" ")))?;
+            tokio::select! {
+                s = child.wait() => s.context("waiting for the command"),
+                _ = until_stopped(None) => {
+                    let _ = child.kill().await;
+                    child.wait().await.context("waiting for the command")
+                }
+            }
+        })?)
+    };
+    stop.store(true, Ordering::Relaxed);
+    let stats: Vec<NetemStats> = directions.into_iter().map(Direction::join).collect();
+    if backend == Backend::Tc {
+        for ns in [ns_a, ns_b] {
+            let out = StdCommand::new("ip")
+                .args([
+                    "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", LINK,
+                ])
+                .output();
+            if let Ok(out) = out {
+                eprintln!("{ns}: {}", String::from_utf8_lossy(&out.stdout).trim());
+            }
+        }
+    } else {
+        print_report(
+            args.json,
+            seed,
+            backend_name,
+            &[("fwd", &args.fwd, stats[0]), ("rev", &args.rev, stats[1])],
+        );
+    }
+    drop(hosts);
+    Ok(match status {
+        None => ExitCode::SUCCESS,
+        Some(s) => ExitCode::from(s.code().map_or(1, |c| c.clamp(0, 255) as u8)),
+    })
+}
