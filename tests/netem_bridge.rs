@@ -1,0 +1,242 @@
+//! Scenarios across `atou netem bridge`: two network namespaces joined by
+//! an impaired path, real sockets on both sides, atou and kernel TCP alike.
+//! Needs root (CI runs as root); elsewhere each scenario prints why it is
+//! skipped. Each records its specs, backend and seed with its result.
+
+mod netem_support;
+
+use std::process::Command;
+use std::sync::Mutex;
+
+use netem_support::{probe, record, say, skip_bridge, u, Bridge, Server};
+use serde_json::{json, Value};
+
+/// One bridge at a time: the scenarios are real-time and share two cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn dropped(dir: &Value) -> u64 {
+    u(&dir["lost"]) + u(&dir["limit_drops"])
+}
+
+/// 50 MB across `delay 20ms rate 100mbit loss 1%`: the transfer completes
+/// and atou retransmits about as many segments as the path dropped.
+#[test]
+fn fifty_megabytes_across_one_percent_loss() {
+    if skip_bridge("fifty_megabytes_across_one_percent_loss") {
+        return;
+    }
+    let _g = serial();
+    let (fwd, rev, seed) = ("delay 20ms rate 100mbit loss 1%", "delay 20ms", 11);
+    let bridge = Bridge::start(11, fwd, rev, seed);
+    let server = Server::start(Some(&bridge.b), &format!("{}:7890", bridge.addr_b));
+    // The aggressive profile keeps this under a minute; Reno-style defaults
+    // would take about 100 s at this loss rate (Mathis: ~3.8 Mbit/s).
+    let tuning = ["--vmss", "10", "--multiplier", "0.9", "--increment", "10"];
+    let mut args = vec!["--bytes", "50MB", "--recovery", "sack"];
+    args.extend(tuning);
+    let s = probe(Some(&bridge.a), &bridge.addr_b, &args);
+    let report = server.report();
+    drop(server);
+    let backend = bridge.backend.clone();
+    let counts = bridge.stop();
+    record(
+        "50MB at 1% loss",
+        &format!("bridge/{backend}"),
+        fwd,
+        rev,
+        seed,
+        json!({"tuning": tuning.join(" "), "status": s["status"], "goodput_bps": s["goodput_bps"],
+               "rxmts": s["rxmts"], "timeouts": s["timeouts"], "bridge": counts}),
+    );
+    assert_eq!(s["status"], "finished", "{s}");
+    assert_eq!(u(&report["stats"]["bytes"]), 50_000_000);
+    assert_eq!(u(&report["corrupt_bytes"]), 0);
+    if backend == "tun" {
+        let (rxmts, drops) = (u(&s["rxmts"]) as f64, dropped(&counts["fwd"]) as f64);
+        assert!(drops > 300.0, "the path dropped only {drops}");
+        assert!(
+            (rxmts - drops).abs() <= 0.3 * drops,
+            "rxmts {rxmts} vs {drops} dropped by the path"
+        );
+    }
+}
+
+/// Gilbert-Elliott bursts (mean 3 packets, about 3 % lost): SACK and FACK
+/// repair several losses per window and time out less often than Reno.
+#[test]
+fn gilbert_elliott_bursts_sack_and_fack_time_out_less_than_reno() {
+    if skip_bridge("gilbert_elliott_bursts_sack_and_fack_time_out_less_than_reno") {
+        return;
+    }
+    let _g = serial();
+    let (fwd, rev, seed) = (
+        "delay 20ms rate 20mbit loss gemodel 1% 33%",
+        "delay 20ms",
+        12,
+    );
+    let bridge = Bridge::start(12, fwd, rev, seed);
+    let server = Server::start(Some(&bridge.b), &format!("{}:7890", bridge.addr_b));
+    let mut results = serde_json::Map::new();
+    let mut timeouts = std::collections::HashMap::new();
+    for recovery in ["reno", "sack", "fack"] {
+        let s = probe(
+            Some(&bridge.a),
+            &bridge.addr_b,
+            // netem's bad state advances per packet, not per second, so a
+            // timed-out sender's lone retransmissions can stay in it for a
+            // while: let Reno back off as far as it must and still finish.
+            &[
+                "--bytes",
+                "2MB",
+                "--recovery",
+                recovery,
+                "--rcvwin",
+                "100",
+                "--maxidle",
+                "200",
+            ],
+        );
+        server.report();
+        assert_eq!(s["status"], "finished", "{recovery}: {s}");
+        timeouts.insert(recovery, u(&s["timeouts"]));
+        results.insert(
+            recovery.into(),
+            json!({"timeouts": s["timeouts"], "rxmts": s["rxmts"], "goodput_bps": s["goodput_bps"]}),
+        );
+    }
+    drop(server);
+    let backend = bridge.backend.clone();
+    results.insert("bridge".into(), bridge.stop());
+    record(
+        "Gilbert-Elliott bursts",
+        &format!("bridge/{backend}"),
+        fwd,
+        rev,
+        seed,
+        Value::Object(results),
+    );
+    assert!(timeouts["reno"] > 0, "reno never timed out: {timeouts:?}");
+    assert!(timeouts["sack"] < timeouts["reno"], "{timeouts:?}");
+    assert!(timeouts["fack"] < timeouts["reno"], "{timeouts:?}");
+}
+
+/// Duplication, corruption and reordering together, both ways: the kernel
+/// drops what its checksums catch, atou repairs the rest, and the server
+/// receives exactly the pattern it expects.
+#[test]
+fn duplicate_corrupt_reorder_stream_is_byte_identical() {
+    if skip_bridge("duplicate_corrupt_reorder_stream_is_byte_identical") {
+        return;
+    }
+    let _g = serial();
+    let (fwd, rev, seed) = (
+        "delay 10ms reorder 25% gap 5 duplicate 5% corrupt 5%",
+        "delay 10ms duplicate 5% corrupt 5%",
+        13,
+    );
+    let bridge = Bridge::start(13, fwd, rev, seed);
+    let server = Server::start(Some(&bridge.b), &format!("{}:7890", bridge.addr_b));
+    let s = probe(Some(&bridge.a), &bridge.addr_b, &["--bytes", "5MB"]);
+    let report = server.report();
+    drop(server);
+    let backend = bridge.backend.clone();
+    let counts = bridge.stop();
+    record(
+        "duplicate+corrupt+reorder",
+        &format!("bridge/{backend}"),
+        fwd,
+        rev,
+        seed,
+        json!({"status": s["status"], "rxmts": s["rxmts"], "server": report, "bridge": counts}),
+    );
+    assert_eq!(s["status"], "finished", "{s}");
+    assert_eq!(u(&report["stats"]["bytes"]), 5_000_000, "{report}");
+    assert_eq!(u(&report["corrupt_bytes"]), 0, "{report}");
+    if backend == "tun" {
+        for key in ["duplicated", "corrupted", "reordered"] {
+            assert!(u(&counts["fwd"][key]) > 50, "fwd {key}: {counts}");
+        }
+        assert!(u(&counts["rev"]["corrupted"]) > 50, "{counts}");
+    }
+}
+
+/// Kernel TCP crosses the same bridge, so atou and TCP can be compared on
+/// one path (scripts/bench-netem.sh does so at length).
+#[test]
+fn kernel_tcp_crosses_the_same_bridge() {
+    if skip_bridge("kernel_tcp_crosses_the_same_bridge") {
+        return;
+    }
+    if Command::new("iperf3").arg("--version").output().is_err() {
+        say("SKIPPED kernel_tcp_crosses_the_same_bridge: iperf3 is not installed (.ci/run installs it)");
+        return;
+    }
+    let _g = serial();
+    let (fwd, rev, seed) = ("delay 20ms rate 50mbit loss 0.5%", "delay 20ms", 14);
+    let bridge = Bridge::start(14, fwd, rev, seed);
+    let mut server = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &bridge.b,
+            "iperf3",
+            "-s",
+            "-1",
+            "-B",
+            &bridge.addr_b,
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("iperf3 -s");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &bridge.a,
+            "iperf3",
+            "-c",
+            &bridge.addr_b,
+            "-t",
+            "4",
+            "-J",
+        ])
+        .output()
+        .expect("iperf3 -c");
+    let _ = server.wait();
+    let atou_server = Server::start(Some(&bridge.b), &format!("{}:7890", bridge.addr_b));
+    let atou = probe(Some(&bridge.a), &bridge.addr_b, &["--maxtime", "4"]);
+    drop(atou_server);
+    let backend = bridge.backend.clone();
+    let counts = bridge.stop();
+    assert!(
+        out.status.success(),
+        "iperf3: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let j: Value = serde_json::from_slice(&out.stdout).expect("iperf3 JSON");
+    let tcp_bps = j["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0);
+    let retransmits = j["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0);
+    record(
+        "kernel TCP beside atou",
+        &format!("bridge/{backend}"),
+        fwd,
+        rev,
+        seed,
+        json!({"tcp_goodput_bps": tcp_bps, "tcp_retransmits": retransmits,
+               "tcp_congestion": j["end"]["sender_tcp_congestion"],
+               "atou_goodput_bps": atou["goodput_bps"], "atou_rxmts": atou["rxmts"], "bridge": counts}),
+    );
+    assert!(tcp_bps > 100_000.0, "kernel TCP moved {tcp_bps} bit/s");
+    assert!(retransmits > 0, "the path's loss reached TCP");
+    assert!(
+        atou["goodput_bps"].as_f64().unwrap_or(0.0) > 100_000.0,
+        "{atou}"
+    );
+}

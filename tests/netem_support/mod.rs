@@ -1,0 +1,342 @@
+//! Shared by the netem suites: starting `atou serve`, `atou netem relay` and
+//! `atou netem bridge` as real processes, and recording each scenario.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+pub const ATOU: &str = env!("CARGO_BIN_EXE_atou");
+
+/// Writes past the test harness's capture, so a skip or a result shows in
+/// CI's log without `--nocapture`.
+pub fn say(line: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+/// Records a scenario's specs, backend and seed with its result, in the
+/// log and in `target/netem-suite.jsonl`.
+pub fn record(scenario: &str, via: &str, fwd: &str, rev: &str, seed: u64, result: Value) {
+    let rec = json!({
+        "scenario": scenario, "via": via, "fwd": fwd, "rev": rev, "seed": seed, "result": result,
+    });
+    say(&format!("netem-suite: {rec}"));
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/netem-suite.jsonl");
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "{rec}");
+    }
+}
+
+/// Reads a child's stderr on a thread, forwarding lines until one
+/// contains `ready`; returns all lines seen by then.
+fn wait_ready(child: &mut Child, what: &str) -> Vec<String> {
+    let stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut sent = false;
+        for line in stderr.lines().map_while(Result::ok) {
+            if !sent {
+                seen.push(line.clone());
+                if line.trim() == "ready" {
+                    let _ = tx.send(Ok(std::mem::take(&mut seen)));
+                    sent = true;
+                }
+            } else {
+                say(&format!("  {line}"));
+            }
+        }
+        if !sent {
+            let _ = tx.send(Err(seen));
+        }
+    });
+    match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(Ok(lines)) => lines,
+        Ok(Err(lines)) => panic!("{what} exited before it was ready:\n{}", lines.join("\n")),
+        Err(_) => panic!("{what} was not ready after 20 s"),
+    }
+}
+
+/// SIGTERM, so the process tears down and reports (SIGKILL would not).
+fn terminate(child: &Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+}
+
+fn final_json(child: Child, what: &str) -> Value {
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{what} failed: {:?}", out.status);
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{what}: {e}: `{text}`"))
+}
+
+/// `atou serve --json`, in a host if `netns` is given.
+pub struct Server {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    reports: mpsc::Receiver<Value>,
+}
+
+impl Server {
+    pub fn start(netns: Option<&str>, bind: &str) -> Server {
+        let mut cmd = in_host(netns, &["serve", "--bind", bind, "--json"]);
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start atou serve");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        let addr = line
+            .split_whitespace()
+            .skip_while(|w| *w != "on")
+            .nth(1)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no address in `{line}`"));
+        std::thread::spawn(move || {
+            for l in stderr.lines().map_while(Result::ok) {
+                say(&format!("  serve: {l}"));
+            }
+        });
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (tx, reports) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in stdout.lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&l) {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        Server {
+            child: Some(child),
+            addr,
+            reports,
+        }
+    }
+
+    /// The next connection's report.
+    pub fn report(&self) -> Value {
+        self.reports
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a connection report from atou serve")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            terminate(&c);
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `atou ARGS`, or `ip netns exec NS atou ARGS`.
+pub fn in_host(netns: Option<&str>, args: &[&str]) -> Command {
+    match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, ATOU]).args(args);
+            c
+        }
+        None => {
+            let mut c = Command::new(ATOU);
+            c.args(args);
+            c
+        }
+    }
+}
+
+/// Runs `atou probe TARGET --json ARGS` and returns its summary; panics
+/// with its stderr if it fails.
+pub fn probe(netns: Option<&str>, target: &str, args: &[&str]) -> Value {
+    let mut all = vec!["probe", target, "--json"];
+    all.extend_from_slice(args);
+    let out: Output = in_host(netns, &all).output().expect("run atou probe");
+    assert!(
+        out.status.success(),
+        "probe {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON summary")
+}
+
+/// `atou netem relay` on an ephemeral loopback port.
+pub struct Relay {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+}
+
+impl Relay {
+    pub fn start(to: SocketAddr, fwd: &str, rev: &str, seed: u64) -> Relay {
+        let mut child = Command::new(ATOU)
+            .args([
+                "netem",
+                "relay",
+                "--listen",
+                "127.0.0.1:0",
+                "--to",
+                &to.to_string(),
+            ])
+            .args([
+                "--fwd",
+                fwd,
+                "--rev",
+                rev,
+                "--seed",
+                &seed.to_string(),
+                "--json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start atou netem relay");
+        let lines = wait_ready(&mut child, "atou netem relay");
+        let addr = lines[0]
+            .split_whitespace()
+            .nth(3)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no address in `{}`", lines[0]));
+        Relay {
+            child: Some(child),
+            addr,
+        }
+    }
+
+    /// Stops the relay; its final counts.
+    pub fn stop(mut self) -> Value {
+        let child = self.child.take().unwrap();
+        terminate(&child);
+        final_json(child, "atou netem relay")
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            terminate(&c);
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Why the bridge suite cannot run here, if it cannot.
+pub fn bridge_unavailable() -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(1)
+        != 0
+    {
+        return Some(
+            "not root (network namespaces and TUN devices need root; CI runs as root)".into(),
+        );
+    }
+    if !std::path::Path::new("/dev/net/tun").exists() {
+        return Some("no /dev/net/tun".into());
+    }
+    if Command::new("ip").arg("-V").output().is_err() {
+        return Some("`ip` (iproute2) is not installed".into());
+    }
+    None
+}
+
+/// Prints why a root-only scenario is skipped; true if it must be.
+pub fn skip_bridge(scenario: &str) -> bool {
+    match bridge_unavailable() {
+        Some(why) => {
+            say(&format!("SKIPPED {scenario}: {why}"));
+            true
+        }
+        None => false,
+    }
+}
+
+/// `atou netem bridge` with its own hosts `atou-tN-a`, `atou-tN-b` on
+/// 10.77.N.0/24, so scenarios can run side by side.
+pub struct Bridge {
+    child: Option<Child>,
+    pub a: String,
+    pub b: String,
+    pub addr_b: String,
+    pub backend: String,
+}
+
+impl Bridge {
+    pub fn start(n: u8, fwd: &str, rev: &str, seed: u64) -> Bridge {
+        let (a, b) = (format!("atou-t{n}-a"), format!("atou-t{n}-b"));
+        let addrs = format!("10.77.{n}.1,10.77.{n}.2");
+        let mut child = Command::new(ATOU)
+            .args([
+                "netem",
+                "bridge",
+                "--hosts",
+                &format!("{a},{b}"),
+                "--addrs",
+                &addrs,
+            ])
+            .args([
+                "--fwd",
+                fwd,
+                "--rev",
+                rev,
+                "--seed",
+                &seed.to_string(),
+                "--json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start atou netem bridge");
+        let lines = wait_ready(&mut child, "atou netem bridge");
+        let backend = lines[0]
+            .split_whitespace()
+            .skip_while(|w| *w != "backend")
+            .nth(1)
+            .unwrap_or("?")
+            .trim_end_matches(',')
+            .to_string();
+        Bridge {
+            child: Some(child),
+            a,
+            b,
+            addr_b: format!("10.77.{n}.2"),
+            backend,
+        }
+    }
+
+    /// Stops the bridge; its final counts (tun backend).
+    pub fn stop(mut self) -> Value {
+        let child = self.child.take().unwrap();
+        terminate(&child);
+        if self.backend == "tc" {
+            let _ = child.wait_with_output();
+            return Value::Null;
+        }
+        final_json(child, "atou netem bridge")
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            terminate(&c);
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
