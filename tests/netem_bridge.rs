@@ -37,7 +37,16 @@ fn fifty_megabytes_across_one_percent_loss() {
     // would take about 100 s at this loss rate (Mathis: ~3.8 Mbit/s).
     // The window is capped below what the path holds (BDP 340 segments
     // plus the 1000-packet limit), so the drops are the loss model's.
-    let tuning = ["--vmss", "10", "--multiplier", "0.9", "--increment", "10", "--rcvwin", "600"];
+    let tuning = [
+        "--vmss",
+        "10",
+        "--multiplier",
+        "0.9",
+        "--increment",
+        "10",
+        "--rcvwin",
+        "600",
+    ];
     let mut args = vec!["--bytes", "50MB", "--recovery", "sack"];
     args.extend(tuning);
     let s = probe(Some(&bridge.a), &bridge.addr_b, &args);
