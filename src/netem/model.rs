@@ -111,7 +111,6 @@ pub struct Qdisc<P> {
     loss_state: LossState,
     /// Gilbert-Elliott: in the bad state.
     ge_bad: bool,
-    offered_count: u64,
     /// Packets delayed normally since the last one sent ahead (`gap`).
     reorder_counter: u32,
     /// Packets sent ahead by `reorder`: they leave at once, last in first.
@@ -131,13 +130,16 @@ pub struct Qdisc<P> {
 impl<P: Datagram> Qdisc<P> {
     /// A qdisc; `seed` is used unless the spec names its own.
     pub fn new(spec: QdiscSpec, seed: u64) -> Qdisc<P> {
-        let slot = spec.slot.map(|_| SlotState {
+        let slot = spec.slot.map(|slot| {
+            let (packets_left, bytes_left) = slot_budget(slot);
             // The kernel opens the first slot when the qdisc is configured.
-            next: Time::ZERO,
-            packets_left: 0,
-            bytes_left: 0,
+            SlotState {
+                next: Time::ZERO,
+                packets_left,
+                bytes_left,
+            }
         });
-        let mut q = Qdisc {
+        Qdisc {
             rng: ChaCha8Rng::seed_from_u64(spec.seed.unwrap_or(seed)),
             loss_corr: Correlated::new(match spec.loss {
                 Loss::Random(c) => c.corr,
@@ -150,7 +152,6 @@ impl<P: Datagram> Qdisc<P> {
             spec,
             loss_state: LossState::GapReceive,
             ge_bad: false,
-            offered_count: 0,
             reorder_counter: 0,
             ahead: VecDeque::new(),
             tfifo: BinaryHeap::new(),
@@ -159,52 +160,24 @@ impl<P: Datagram> Qdisc<P> {
             frame_overhead: 0,
             seq: 0,
             stats: NetemStats::default(),
-        };
-        if let Some(s) = &mut q.slot {
-            let (p, b) = q.spec.slot.map(slot_budget).unwrap_or_default();
-            s.packets_left = p;
-            s.bytes_left = b;
         }
-        q
     }
 
     pub fn set_frame_overhead(&mut self, bytes: usize) {
         self.frame_overhead = bytes;
     }
 
-    pub fn spec(&self) -> &QdiscSpec {
-        &self.spec
-    }
-
     pub fn stats(&self) -> NetemStats {
         self.stats
-    }
-
-    /// Packets held.
-    pub fn len(&self) -> usize {
-        self.ahead.len() + self.tfifo.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn chance(&mut self, c: Chance, which: fn(&mut Self) -> &mut Correlated) -> bool {
-        if c.is_zero() {
-            return false;
-        }
-        let mut corr = std::mem::take(which(self));
-        let rnd = corr.next(&mut self.rng);
-        *which(self) = corr;
-        happens(scaled(c.p), rnd)
     }
 
     /// sch_netem's `loss_event`.
     fn loss_event(&mut self) -> bool {
         match self.spec.loss {
             Loss::None => false,
-            Loss::Random(c) => self.chance(c, |q| &mut q.loss_corr),
-            Loss::Every(n) => self.offered_count % n == 0,
+            Loss::Random(c) => chance(&mut self.rng, &mut self.loss_corr, c),
+            // Counts packets offered, not the copies `duplicate` makes.
+            Loss::Every(n) => self.stats.offered % n == 0,
             // sch_netem `loss_4state`; one draw per packet.
             Loss::State {
                 p13,
@@ -261,13 +234,12 @@ impl<P: Datagram> Qdisc<P> {
     /// Offers a packet at `now` (sch_netem's `netem_enqueue`).
     pub fn enqueue(&mut self, now: Time, packet: P) {
         self.stats.offered += 1;
-        self.offered_count += 1;
         self.enqueue_one(now, packet, true);
     }
 
     fn enqueue_one(&mut self, now: Time, mut packet: P, may_duplicate: bool) {
         let mut count = 1;
-        if may_duplicate && self.chance(self.spec.duplicate, |q| &mut q.dup_corr) {
+        if may_duplicate && chance(&mut self.rng, &mut self.dup_corr, self.spec.duplicate) {
             count += 1;
         }
         if self.loss_event() {
@@ -283,7 +255,7 @@ impl<P: Datagram> Qdisc<P> {
             self.stats.duplicated += 1;
             self.enqueue_one(now, packet.clone(), false);
         }
-        if self.chance(self.spec.corrupt, |q| &mut q.corrupt_corr) {
+        if chance(&mut self.rng, &mut self.corrupt_corr, self.spec.corrupt) {
             let bytes = packet.bytes_mut();
             if !bytes.is_empty() {
                 let at = ((u64::from(self.rng.next_u32()) * bytes.len() as u64) >> 32) as usize;
@@ -298,7 +270,7 @@ impl<P: Datagram> Qdisc<P> {
         let gap = self.spec.gap();
         let in_order = gap == 0
             || self.reorder_counter < gap - 1
-            || !self.chance(self.spec.reorder, |q| &mut q.reorder_corr);
+            || !chance(&mut self.rng, &mut self.reorder_corr, self.spec.reorder);
         if !in_order {
             // Sent ahead: to the head of the queue, leaving at once.
             self.reorder_counter = 0;
@@ -309,10 +281,7 @@ impl<P: Datagram> Qdisc<P> {
         let rnd = if self.spec.jitter.is_zero() {
             0
         } else {
-            let mut corr = std::mem::take(&mut self.delay_corr);
-            let r = corr.next(&mut self.rng);
-            self.delay_corr = corr;
-            r
+            self.delay_corr.next(&mut self.rng)
         };
         let mut delay = tabledist(
             nanos(self.spec.delay),
@@ -426,6 +395,12 @@ impl<P: Datagram> Qdisc<P> {
     }
 }
 
+/// A draw for `c`, correlated with the last one; none when `c` is zero, so
+/// a spec without randomness consumes none.
+fn chance(rng: &mut ChaCha8Rng, corr: &mut Correlated, c: Chance) -> bool {
+    !c.is_zero() && happens(scaled(c.p), corr.next(rng))
+}
+
 fn slot_budget(slot: super::spec::Slot) -> (i64, i64) {
     (
         slot.packets.map_or(i64::from(i32::MAX), i64::from),
@@ -447,7 +422,6 @@ pub fn mix_seed(seed: u64, stream: u64) -> u64 {
 
 /// One direction of a path: the qdiscs of a [`NetemSpec`] in a chain.
 pub struct Netem<P> {
-    spec: NetemSpec,
     stages: Vec<Qdisc<P>>,
 }
 
@@ -457,15 +431,11 @@ impl<P: Datagram> Netem<P> {
     pub fn new(spec: NetemSpec, seed: u64) -> Netem<P> {
         let stages = spec
             .stages
-            .iter()
+            .into_iter()
             .enumerate()
-            .map(|(i, s)| Qdisc::new(s.clone(), mix_seed(seed, i as u64)))
+            .map(|(i, s)| Qdisc::new(s, mix_seed(seed, i as u64)))
             .collect();
-        Netem { spec, stages }
-    }
-
-    pub fn spec(&self) -> &NetemSpec {
-        &self.spec
+        Netem { stages }
     }
 
     /// See [`Qdisc::set_frame_overhead`].
@@ -502,15 +472,6 @@ impl<P: Datagram> Netem<P> {
         self.stages.last_mut().and_then(|s| s.poll(now))
     }
 
-    /// Packets held in all stages.
-    pub fn len(&self) -> usize {
-        self.stages.iter().map(Qdisc::len).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Totals over the chain: offered to the first stage, delivered by the
     /// last, every drop, copy, reordering and corruption on the way.
     pub fn stats(&self) -> NetemStats {
@@ -528,11 +489,6 @@ impl<P: Datagram> Netem<P> {
             t.corrupted += s.corrupted;
         }
         t
-    }
-
-    /// Each stage's own counts.
-    pub fn stage_stats(&self) -> Vec<NetemStats> {
-        self.stages.iter().map(Qdisc::stats).collect()
     }
 }
 

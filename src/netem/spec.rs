@@ -187,13 +187,6 @@ impl Default for NetemSpec {
     }
 }
 
-impl NetemSpec {
-    /// The first stage naming its own seed, if any.
-    pub fn seed(&self) -> Option<u64> {
-        self.stages.iter().find_map(|s| s.seed)
-    }
-}
-
 impl FromStr for NetemSpec {
     type Err = String;
 
