@@ -42,6 +42,26 @@ const SPEC_HELP: &str = "SPECs are tc-netem(8) options with the kernel's meaning
     stages joined by `|` feed each other. A bare probability is a percentage and a bare time is \
     microseconds, as in tc. See docs/netem.md.";
 
+/// The impaired path and its record, for the relay and the bridge alike.
+#[derive(Args, Debug)]
+struct PathArgs {
+    /// Impairment in the forward direction (relay: clients to server;
+    /// bridge: host A to host B), in tc-netem words; default: none
+    #[arg(long, value_name = "SPEC", default_value = "", value_parser = parse_spec)]
+    fwd: NetemSpec,
+    /// Impairment in the reverse direction; default: none
+    #[arg(long, value_name = "SPEC", default_value = "", value_parser = parse_spec)]
+    rev: NetemSpec,
+    /// Seed for every random choice (a `seed` inside a SPEC wins for its
+    /// stage; the tc backend passes it as netem's `seed`); default: drawn
+    /// from the clock and printed
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+    /// Print the final counts as one JSON object
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Args, Debug)]
 #[command(after_help = SPEC_HELP)]
 struct RelayArgs {
@@ -51,22 +71,11 @@ struct RelayArgs {
     /// Where their datagrams go: HOST:PORT (the port is required)
     #[arg(long, value_name = "HOST:PORT")]
     to: String,
-    /// Impairment from clients to the server, in tc-netem words
-    #[arg(long, value_name = "SPEC", default_value = "", value_parser = parse_spec)]
-    fwd: NetemSpec,
-    /// Impairment from the server back to clients (default: none)
-    #[arg(long, value_name = "SPEC", default_value = "", value_parser = parse_spec)]
-    rev: NetemSpec,
-    /// Seed for every random choice (a `seed` inside a SPEC wins for its stage);
-    /// default: drawn from the clock and printed
-    #[arg(long, value_name = "N")]
-    seed: Option<u64>,
+    #[command(flatten)]
+    path: PathArgs,
     /// Stop by itself after this long (e.g. 30s); default: run until Ctrl-C or SIGTERM
     #[arg(long = "for", value_name = "TIME", value_parser = parse_seconds)]
     run_for: Option<Duration>,
-    /// Print the final counts as one JSON object
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -88,15 +97,8 @@ enum Side {
 #[derive(Args, Debug)]
 #[command(after_help = SPEC_HELP)]
 struct BridgeArgs {
-    /// Impairment from host A to host B, in tc-netem words
-    #[arg(long, value_name = "SPEC", default_value = "", value_parser = parse_spec)]
-    fwd: NetemSpec,
-    /// Impairment from host B to host A (default: none)
-    #[arg(long, value_name = "SPEC", default_value = "", value_parser = parse_spec)]
-    rev: NetemSpec,
-    /// Seed for every random choice (tun backend; passed as `seed` to tc); default: from the clock, printed
-    #[arg(long, value_name = "N")]
-    seed: Option<u64>,
+    #[command(flatten)]
+    path: PathArgs,
     /// Who impairs the packets
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
@@ -112,9 +114,6 @@ struct BridgeArgs {
     /// Host that runs CMD
     #[arg(long = "in", value_enum, default_value_t = Side::A)]
     run_in: Side,
-    /// Print the final counts as one JSON object
-    #[arg(long)]
-    json: bool,
     /// Command to run inside a host; the bridge is torn down when it exits
     /// and atou exits with its status. Without one, runs until Ctrl-C or SIGTERM
     #[arg(last = true, value_name = "CMD")]
@@ -232,11 +231,11 @@ async fn until_stopped(limit: Option<Duration>) {
 }
 
 fn relay(args: RelayArgs) -> Result<ExitCode> {
-    let to = resolve(&args.to)?;
     if !args.to.contains(':') {
         return Err(UsageError(format!("--to `{}` needs a port: HOST:PORT", args.to)).into());
     }
-    let seed = args.seed.unwrap_or_else(clock_seed);
+    let to = resolve(&args.to)?;
+    let seed = args.path.seed.unwrap_or_else(clock_seed);
     let listen = UdpSocket::bind(args.listen)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     listen.set_read_timeout(Some(READ_WAKE))?;
@@ -247,7 +246,7 @@ fn relay(args: RelayArgs) -> Result<ExitCode> {
     let (rev_tx, rev_rx) = sync_channel::<Routed<SocketAddr>>(CHANNEL_DEPTH);
     let fwd = Direction::spawn(
         "netem-fwd",
-        Netem::new(args.fwd.clone(), mix_seed(seed, 1)),
+        Netem::new(args.path.fwd.clone(), mix_seed(seed, 1)),
         fwd_rx,
         |p: Routed<Arc<UdpSocket>>| {
             let _ = p.to.send(&p.bytes);
@@ -258,7 +257,7 @@ fn relay(args: RelayArgs) -> Result<ExitCode> {
     let out = Arc::clone(&listen);
     let rev = Direction::spawn(
         "netem-rev",
-        Netem::new(args.rev.clone(), mix_seed(seed, 2)),
+        Netem::new(args.path.rev.clone(), mix_seed(seed, 2)),
         rev_rx,
         move |p: Routed<SocketAddr>| {
             let _ = out.send_to(&p.bytes, p.to);
@@ -275,17 +274,17 @@ fn relay(args: RelayArgs) -> Result<ExitCode> {
     eprintln!(
         "atou netem relay: {} -> {to}, seed {seed}\n  fwd \"{}\"\n  rev \"{}\"\nready",
         listen.local_addr()?,
-        args.fwd,
-        args.rev
+        args.path.fwd,
+        args.path.rev
     );
     runtime()?.block_on(until_stopped(args.run_for));
     stop.store(true, Ordering::Relaxed);
     let (f, r) = (fwd.join(), rev.join());
     print_report(
-        args.json,
+        args.path.json,
         seed,
         "relay",
-        &[("fwd", &args.fwd, f), ("rev", &args.rev, r)],
+        &[("fwd", &args.path.fwd, f), ("rev", &args.path.rev, r)],
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -607,7 +606,7 @@ fn bridge(args: BridgeArgs) -> Result<ExitCode> {
         Backend::Auto => Backend::Tun,
         b => b,
     };
-    let seed = args.seed.unwrap_or_else(clock_seed);
+    let seed = args.path.seed.unwrap_or_else(clock_seed);
     let mut hosts = Namespaces { names: Vec::new() };
     hosts.add(ns_a)?;
     hosts.add(ns_b)?;
@@ -624,8 +623,8 @@ fn bridge(args: BridgeArgs) -> Result<ExitCode> {
             ])?;
             configure_host(&dev_a, ns_a, &addr_a, args.mtu)?;
             configure_host(&dev_b, ns_b, &addr_b, args.mtu)?;
-            for (ns, spec, stream) in [(ns_a, &args.fwd, 1), (ns_b, &args.rev, 2)] {
-                for cmd in tc_commands(spec, args.seed.map(|s| mix_seed(s, stream)))? {
+            for (ns, spec, stream) in [(ns_a, &args.path.fwd, 1), (ns_b, &args.path.rev, 2)] {
+                for cmd in tc_commands(spec, args.path.seed.map(|s| mix_seed(s, stream)))? {
                     let mut full = vec!["netns", "exec", ns.as_str(), "tc"];
                     full.extend(cmd.iter().map(String::as_str));
                     ip(&full)?;
@@ -639,8 +638,8 @@ fn bridge(args: BridgeArgs) -> Result<ExitCode> {
             configure_host(&dev_b, ns_b, &addr_b, args.mtu)?;
             let epoch = Instant::now();
             for (name, from, to, spec, stream) in [
-                ("netem-fwd", &tun_a, &tun_b, &args.fwd, 1),
-                ("netem-rev", &tun_b, &tun_a, &args.rev, 2),
+                ("netem-fwd", &tun_a, &tun_b, &args.path.fwd, 1),
+                ("netem-rev", &tun_b, &tun_a, &args.path.rev, 2),
             ] {
                 let mut netem: Netem<Vec<u8>> = Netem::new(spec.clone(), mix_seed(seed, stream));
                 netem.set_frame_overhead(ETHERNET_HEADER);
@@ -678,7 +677,7 @@ fn bridge(args: BridgeArgs) -> Result<ExitCode> {
         "atou netem bridge: backend {backend_name}, seed {seed}\n  \
          host {ns_a} {addr_a} (dev {LINK}) -> host {ns_b} {addr_b}: fwd \"{}\"\n  \
          host {ns_b} -> host {ns_a}: rev \"{}\"",
-        args.fwd, args.rev
+        args.path.fwd, args.path.rev
     );
     if args.command.is_empty() {
         let _ = write!(
@@ -726,10 +725,13 @@ fn bridge(args: BridgeArgs) -> Result<ExitCode> {
         }
     } else {
         print_report(
-            args.json,
+            args.path.json,
             seed,
             backend_name,
-            &[("fwd", &args.fwd, stats[0]), ("rev", &args.rev, stats[1])],
+            &[
+                ("fwd", &args.path.fwd, stats[0]),
+                ("rev", &args.path.rev, stats[1]),
+            ],
         );
     }
     drop(hosts);

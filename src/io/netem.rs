@@ -18,6 +18,9 @@ use crate::proto::Time;
 
 /// Longest sleep between checks of the stop flag.
 const IDLE_WAKE: Duration = Duration::from_millis(100);
+/// How often the counts are published to [`Direction::stats`]: not per
+/// packet, which would take a lock on the forwarding path.
+const PUBLISH_EVERY: Duration = Duration::from_millis(50);
 
 /// A direction running on its own thread.
 pub struct Direction {
@@ -46,12 +49,16 @@ impl Direction {
         let thread = std::thread::Builder::new()
             .name(name.to_string())
             .spawn(move || {
+                let mut published = Instant::now();
                 while !stop.load(Ordering::Relaxed) {
                     let t = now();
                     while let Some(p) = netem.poll(t) {
                         output(p);
                     }
-                    *shared.lock().unwrap_or_else(|e| e.into_inner()) = netem.stats();
+                    if published.elapsed() >= PUBLISH_EVERY {
+                        *shared.lock().unwrap_or_else(|e| e.into_inner()) = netem.stats();
+                        published = Instant::now();
+                    }
                     let wait = netem
                         .next_release()
                         .map_or(IDLE_WAKE, |at| at.saturating_since(t).min(IDLE_WAKE));
