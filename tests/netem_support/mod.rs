@@ -73,6 +73,28 @@ fn terminate(child: &Child) {
         .status();
 }
 
+/// A process that is sent SIGTERM and reaped when dropped, so a failing
+/// test never leaves a relay, bridge or server behind.
+struct Daemon(Option<Child>);
+
+impl Daemon {
+    /// Sends SIGTERM and hands the process over to be waited for.
+    fn stop(mut self) -> Child {
+        let child = self.0.take().expect("not yet stopped");
+        terminate(&child);
+        child
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            terminate(&c);
+            let _ = c.wait();
+        }
+    }
+}
+
 fn final_json(child: Child, what: &str) -> Value {
     let out = child.wait_with_output().expect("wait");
     assert!(out.status.success(), "{what} failed: {:?}", out.status);
@@ -82,7 +104,7 @@ fn final_json(child: Child, what: &str) -> Value {
 
 /// `atou serve --json`, in a host if `netns` is given.
 pub struct Server {
-    child: Option<Child>,
+    _process: Daemon,
     pub addr: SocketAddr,
     reports: mpsc::Receiver<Value>,
 }
@@ -119,7 +141,7 @@ impl Server {
             }
         });
         Server {
-            child: Some(child),
+            _process: Daemon(Some(child)),
             addr,
             reports,
         }
@@ -130,15 +152,6 @@ impl Server {
         self.reports
             .recv_timeout(Duration::from_secs(30))
             .expect("a connection report from atou serve")
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            terminate(&c);
-            let _ = c.wait();
-        }
     }
 }
 
@@ -174,7 +187,7 @@ pub fn probe(netns: Option<&str>, target: &str, args: &[&str]) -> Value {
 
 /// `atou netem relay` on an ephemeral loopback port.
 pub struct Relay {
-    child: Option<Child>,
+    process: Daemon,
     pub addr: SocketAddr,
 }
 
@@ -209,25 +222,14 @@ impl Relay {
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("no address in `{}`", lines[0]));
         Relay {
-            child: Some(child),
+            process: Daemon(Some(child)),
             addr,
         }
     }
 
     /// Stops the relay; its final counts.
-    pub fn stop(mut self) -> Value {
-        let child = self.child.take().unwrap();
-        terminate(&child);
-        final_json(child, "atou netem relay")
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            terminate(&c);
-            let _ = c.wait();
-        }
+    pub fn stop(self) -> Value {
+        final_json(self.process.stop(), "atou netem relay")
     }
 }
 
@@ -266,7 +268,7 @@ pub fn skip_bridge(scenario: &str) -> bool {
 /// `atou netem bridge` with its own hosts `atou-tN-a`, `atou-tN-b` on
 /// 10.77.N.0/24, so scenarios can run side by side.
 pub struct Bridge {
-    child: Option<Child>,
+    process: Daemon,
     pub a: String,
     pub b: String,
     pub addr_b: String,
@@ -308,7 +310,7 @@ impl Bridge {
             .trim_end_matches(',')
             .to_string();
         Bridge {
-            child: Some(child),
+            process: Daemon(Some(child)),
             a,
             b,
             addr_b: format!("10.77.{n}.2"),
@@ -317,23 +319,13 @@ impl Bridge {
     }
 
     /// Stops the bridge; its final counts (tun backend).
-    pub fn stop(mut self) -> Value {
-        let child = self.child.take().unwrap();
-        terminate(&child);
+    pub fn stop(self) -> Value {
+        let child = self.process.stop();
         if self.backend == "tc" {
             let _ = child.wait_with_output();
             return Value::Null;
         }
         final_json(child, "atou netem bridge")
-    }
-}
-
-impl Drop for Bridge {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            terminate(&c);
-            let _ = c.wait();
-        }
     }
 }
 
