@@ -176,7 +176,10 @@ atou_run() {
     done
     grep -q listening "$work/serve.err" ||
         die "loss $loss%: atou serve did not start: $(tail -n 1 "$work/serve.err")"
-    in_a timeout $((secs + 60)) "$atou" probe "${addrs[1]}:$port" --maxtime "$secs" --json "$@" \
+    # --maxidle 60 (sent to the server in the hello): a Reno-style backoff
+    # after a slow-start overshoot can go quiet for more than the default
+    # 10 s, which once ended a run by hand. The goodput is unaffected.
+    in_a timeout $((secs + 60)) "$atou" probe "${addrs[1]}:$port" --maxtime "$secs" --maxidle 60 --json "$@" \
         >"$work/probe.json" 2>"$work/probe.err" ||
         die "loss $loss%: atou probe ($kind) failed: $(tail -n 1 "$work/probe.err")"
     # The server ends with the connection; give it a moment, then stop it.
