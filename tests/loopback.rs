@@ -262,6 +262,7 @@ fn protocol_version_mismatch_is_a_clear_error_on_both_sides() {
         conn_id: 77,
         mss: 1472,
         maxidle_ms: 1000,
+        session: 0,
         receiver: ReceiverParams {
             rcvsegs: 10,
             rcvbuf: 65536,

@@ -3,17 +3,20 @@
 //! holds more connections than its limit.
 //!
 //! Input: records of [op: u8][who: u8][millis: u8][len: u8][bytes; len].
-//! `op % 4` picks what goes in front of the bytes so the fuzzer gets past
+//! `op % 5` picks what goes in front of the bytes so the fuzzer gets past
 //! the header checks: 0 nothing (raw bytes), 1 a valid hello, 2 a data
-//! header, 3 a close; `op / 4 % 4` picks one of four connection ids, `who
-//! % 4` one of four source addresses.
+//! header, 3 a close, 4 a fetch; `op / 5 % 4` picks one of four connection
+//! ids, `who % 4` one of four source addresses. Session connections' data
+//! is released and their streams answered as an application would.
 #![no_main]
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use atou::proto::wire::{
-    Close, DataFlags, DataHeader, Hello, Packet, ReceiverParams, ACK_MAX_LEN, CONTROL_MAX_LEN,
+    Close, DataFlags, DataHeader, Fetch, Hello, Packet, ReceiverParams, ACK_MAX_LEN,
+    CONTROL_MAX_LEN,
 };
+use atou::proto::server::SessionEvent;
 use atou::proto::{Server, ServerLimits, Time};
 use libfuzzer_sys::fuzz_target;
 
@@ -28,19 +31,22 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut server = Server::new(limits, 1 << 20, 2 << 20);
     let mut now = Time::ZERO;
-    let mut out = [0u8; ACK_MAX_LEN + CONTROL_MAX_LEN];
+    let mut out = [0u8; Server::MAX_TRANSMIT_LEN + ACK_MAX_LEN + CONTROL_MAX_LEN];
     let mut rest = data;
     while let [op, who, millis, len, tail @ ..] = rest {
         let n = usize::from(*len).min(tail.len());
         let (body, next) = tail.split_at(n);
         rest = next;
-        let conn_id = u64::from(op / 4 % 4);
+        let conn_id = u64::from(op / 5 % 4);
         let mut dgram = vec![0u8; 64];
-        let head = match op % 4 {
+        let head = match op % 5 {
             1 => Hello {
                 conn_id,
                 mss: 34 + word(body, 0) * 64,
                 maxidle_ms: word(body, 1) * 100,
+                // Some connections belong to a session: their data goes to
+                // the application, which releases and replies below.
+                session: u64::from(word(body, 6) % 2),
                 receiver: ReceiverParams {
                     rcvsegs: word(body, 2),
                     rcvbuf: word(body, 3) << 12,
@@ -69,10 +75,16 @@ fuzz_target!(|data: &[u8]| {
             }
             .emit(&mut dgram)
             .unwrap(),
+            4 => Fetch {
+                conn_id,
+                offset: word(body, 0) * 100,
+            }
+            .emit(&mut dgram)
+            .unwrap(),
             _ => 0,
         };
         dgram.truncate(head);
-        if op % 4 != 1 {
+        if op % 5 != 1 {
             dgram.extend_from_slice(body);
         }
         now += Duration::from_millis(u64::from(*millis) * 20);
@@ -80,7 +92,17 @@ fuzz_target!(|data: &[u8]| {
         if server.poll_timeout().is_some_and(|t| t <= now) {
             server.handle_timeout(now);
         }
-        server.handle_datagram(now, from, &dgram);
+        if let Some(a) = server.handle_datagram(now, from, &dgram) {
+            assert_ne!(a.session, 0);
+            if word(body, 7) % 2 == 1 {
+                server.release(a.conn_id, a.offset + a.payload.len() as u64);
+            }
+        }
+        while let Some(e) = server.poll_session_event() {
+            if let SessionEvent::Complete { conn_id } = e {
+                server.respond(conn_id, body.repeat(usize::from(*millis) % 40));
+            }
+        }
         while let Some((_, m)) = server.poll_transmit(now, &mut out) {
             assert!(Packet::decode(&out[..m]).is_ok());
         }

@@ -205,8 +205,8 @@ pub async fn probe(
     let bad_packets = client.bad_packets();
     let summary = client.sender_mut().map(|sender| {
         let status = match &outcome {
-            Ok(Closed { peer: Some(_) }) => "finished".to_string(),
-            Ok(Closed { peer: None }) => {
+            Ok(Closed { peer: Some(_), .. }) => "finished".to_string(),
+            Ok(Closed { peer: None, .. }) => {
                 "finished (all data acknowledged; the close was not)".to_string()
             }
             Err(e) => format!("failed: {e}"),
@@ -221,7 +221,7 @@ pub async fn probe(
         );
         s.enobufs = tx.enobufs;
         s.bad_packets += bad_packets;
-        if let Ok(Closed { peer: Some(p) }) = &outcome {
+        if let Ok(Closed { peer: Some(p), .. }) = &outcome {
             s.receiver = Some(*p);
         }
         s

@@ -12,6 +12,7 @@
 //! sent is acknowledged the client sends a close, repeated the same way,
 //! and finishes when the server acknowledges it with its counters.
 
+use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
 use thiserror::Error;
@@ -20,10 +21,12 @@ use super::events::{TimedEvent, TraceRecord};
 use super::payload::PayloadSource;
 use super::receiver::ReceiverStats;
 use super::sender::{Sender, SenderState};
+use super::server::reply_fragment_len;
 use super::time::Time;
 use super::tuning::{Tuning, TuningError};
 use super::wire::{
-    Close, Hello, Packet, ReceiverParams, RejectReason, WireError, CONTROL_MAX_LEN, VERSION,
+    Close, Fetch, Hello, Packet, ReceiverParams, RejectReason, Reply, WireError, CONTROL_MAX_LEN,
+    VERSION,
 };
 use super::InputError;
 
@@ -33,12 +36,22 @@ const CONTROL_RETRY_FIRST: Duration = Duration::from_millis(250);
 const CONTROL_RETRY_MAX: Duration = Duration::from_secs(2);
 /// How long to wait for the close to be acknowledged when `maxidle` is 0.
 const CLOSE_WAIT_DEFAULT: Duration = Duration::from_secs(10);
+/// Reply fragments asked for at once.
+const FETCH_WINDOW: usize = 64;
+/// After "not ready yet", ask again after this long, growing by half each
+/// time up to [`FETCH_PENDING_MAX`]: quick for a reply that is nearly
+/// done, gentle for one that takes minutes (hashing a large partial file).
+const FETCH_PENDING_FIRST: Duration = Duration::from_millis(5);
+const FETCH_PENDING_MAX: Duration = Duration::from_secs(1);
+/// A reply longer than this is refused rather than allocated.
+pub const REPLY_MAX: u32 = 256 << 20;
 
 /// Where a connection was when it failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
     Hello,
     Transfer,
+    Reply,
 }
 
 impl std::fmt::Display for Stage {
@@ -46,6 +59,7 @@ impl std::fmt::Display for Stage {
         f.write_str(match self {
             Stage::Hello => "waiting for the server to answer the hello",
             Stage::Transfer => "during the transfer",
+            Stage::Reply => "waiting for the server's reply",
         })
     }
 }
@@ -62,20 +76,78 @@ pub enum ConnError {
     VersionMismatch { theirs: u8 },
     #[error("the server refused the hello (mss or buffer sizes out of its range)")]
     Refused,
+    #[error("the server's reply is {0} bytes, more than the {REPLY_MAX} this client accepts")]
+    ReplyTooLong(u32),
 }
 
 /// How a finished connection ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Closed {
     /// The server's counters from its close acknowledgement; `None` when
     /// the close went unanswered (the data itself was all acknowledged).
     pub peer: Option<ReceiverStats>,
+    /// The server's reply to the stream, for a session connection.
+    pub reply: Option<Vec<u8>>,
+}
+
+/// A reply being fetched: fragments asked for a window at a time, asked
+/// again when they do not come within a retransmission timeout.
+#[derive(Debug)]
+struct Fetching {
+    total: Option<u32>,
+    fragment: u32,
+    bytes: Vec<u8>,
+    /// Fragment numbers not yet received (known once `total` is).
+    missing: BTreeSet<u32>,
+    /// Fragment numbers asked for and not yet answered.
+    asked: BTreeSet<u32>,
+    /// Fetches to put on the wire.
+    queue: VecDeque<u32>,
+    /// When to ask again for what was asked and not answered.
+    again_at: Time,
+    pending_wait: Duration,
+    last_heard: Time,
+}
+
+impl Fetching {
+    fn new(now: Time, mss: u32) -> Fetching {
+        Fetching {
+            total: None,
+            fragment: reply_fragment_len(mss) as u32,
+            bytes: Vec::new(),
+            missing: BTreeSet::new(),
+            asked: BTreeSet::new(),
+            queue: VecDeque::from([0]),
+            again_at: now,
+            pending_wait: FETCH_PENDING_FIRST,
+            last_heard: now,
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.total.is_some() && self.missing.is_empty()
+    }
+
+    /// Tops the window up with fragments not yet asked for.
+    fn fill_window(&mut self) {
+        let room = FETCH_WINDOW.saturating_sub(self.asked.len() + self.queue.len());
+        let next: Vec<u32> = self
+            .missing
+            .iter()
+            .filter(|k| !self.asked.contains(k) && !self.queue.contains(k))
+            .take(room)
+            .copied()
+            .collect();
+        self.queue.extend(next);
+    }
 }
 
 #[derive(Debug)]
 enum State {
     Hello,
     Transfer,
+    /// Everything acknowledged; fetching the server's reply.
+    Fetching(Box<Fetching>),
     /// Everything acknowledged; waiting for the close acknowledgement.
     Closing {
         deadline: Time,
@@ -111,6 +183,9 @@ impl Retry {
 #[derive(Debug)]
 pub struct Client {
     conn_id: u64,
+    /// 0 for a probe; else the file-transfer session.
+    session: u64,
+    reply: Option<Vec<u8>>,
     tuning: Tuning,
     stream_len: Option<u64>,
     state: State,
@@ -137,6 +212,8 @@ impl Client {
         Sender::new(tuning, conn_id, stream_len, now)?;
         Ok(Client {
             conn_id,
+            session: 0,
+            reply: None,
             tuning: tuning.clone(),
             stream_len,
             state: State::Hello,
@@ -147,6 +224,14 @@ impl Client {
             trace: false,
             bad_packets: 0,
         })
+    }
+
+    /// Makes this a connection of file-transfer session `session`: the
+    /// server hands its stream to the session, and once all of it is
+    /// acknowledged the client fetches the server's reply before closing.
+    pub fn with_session(mut self, session: u64) -> Client {
+        self.session = session;
+        self
     }
 
     /// Records atou's packet trace (see [`Sender::enable_trace`]).
@@ -189,6 +274,7 @@ impl Client {
             conn_id: self.conn_id,
             mss: t.mss,
             maxidle_ms: u32::try_from(t.maxidle.as_millis()).unwrap_or(u32::MAX),
+            session: self.session,
             receiver: ReceiverParams {
                 rcvsegs: t.rcvsegs,
                 rcvbuf: t.rcvbuf,
@@ -220,6 +306,7 @@ impl Client {
             Packet::Welcome(w) => w.conn_id,
             Packet::CloseAck(c) => c.conn_id,
             Packet::Reject(r) => r.conn_id,
+            Packet::Reply(r) => r.conn_id(),
             other => {
                 self.bad_packets += 1;
                 return Err(InputError::Unexpected(other.kind_name()));
@@ -251,7 +338,8 @@ impl Client {
                 self.sender = Some(sender);
                 self.state = State::Transfer;
             }
-            (Packet::Ack(ack), State::Transfer | State::Closing { .. }) => {
+            (Packet::Reply(reply), State::Fetching(_)) => self.on_reply(now, reply),
+            (Packet::Ack(ack), State::Transfer | State::Fetching(_) | State::Closing { .. }) => {
                 let sender = self
                     .sender
                     .as_mut()
@@ -262,6 +350,7 @@ impl Client {
             (Packet::CloseAck(c), State::Closing { .. }) => {
                 self.state = State::Done(Ok(Closed {
                     peer: Some(c.stats),
+                    reply: self.reply.take(),
                 }));
             }
             // Late copies of a welcome or an ACK, or a reject after the
@@ -271,11 +360,84 @@ impl Client {
         Ok(())
     }
 
+    fn on_reply(&mut self, now: Time, reply: Reply<'_>) {
+        let timeout = self.fetch_timeout();
+        let State::Fetching(f) = &mut self.state else {
+            return;
+        };
+        f.last_heard = now;
+        match reply {
+            Reply::Pending { .. } => {
+                f.asked.clear();
+                f.queue.clear();
+                f.again_at = now + f.pending_wait;
+                f.pending_wait = (f.pending_wait * 3 / 2).min(FETCH_PENDING_MAX);
+            }
+            Reply::Fragment {
+                offset,
+                total,
+                data,
+                ..
+            } => {
+                if f.total.is_none() {
+                    if total > REPLY_MAX {
+                        self.fail(ConnError::ReplyTooLong(total));
+                        return;
+                    }
+                    f.total = Some(total);
+                    f.bytes = vec![0; total as usize];
+                    f.missing = (0..total.div_ceil(f.fragment)).collect();
+                }
+                let k = offset / f.fragment;
+                let expected_len = (f.fragment as usize).min(f.bytes.len() - offset as usize);
+                if f.total != Some(total)
+                    || offset % f.fragment != 0
+                    || data.len() != expected_len
+                    || !f.missing.remove(&k)
+                {
+                    return;
+                }
+                f.bytes[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+                f.asked.remove(&k);
+                f.pending_wait = FETCH_PENDING_FIRST;
+                if f.is_done() {
+                    self.reply = Some(std::mem::take(&mut f.bytes));
+                    self.start_closing(now);
+                } else {
+                    f.fill_window();
+                    f.again_at = now + timeout;
+                }
+            }
+        }
+    }
+
+    /// How long a fetched fragment may take before it is asked for again.
+    fn fetch_timeout(&self) -> Duration {
+        self.sender
+            .as_ref()
+            .map_or(CONTROL_RETRY_FIRST, |s| s.rto())
+    }
+
+    fn start_closing(&mut self, now: Time) {
+        let wait = if self.tuning.maxidle.is_zero() {
+            CLOSE_WAIT_DEFAULT
+        } else {
+            self.tuning.maxidle
+        };
+        self.retry = Retry::now(now);
+        self.state = State::Closing {
+            deadline: now + wait,
+        };
+    }
+
     fn after_sender(&mut self, now: Time) {
         let Some(sender) = self.sender.as_ref() else {
             return;
         };
         match (sender.state(), &self.state) {
+            (SenderState::Finished, State::Transfer) if self.session != 0 => {
+                self.state = State::Fetching(Box::new(Fetching::new(now, self.tuning.mss)));
+            }
             (SenderState::Finished, State::Transfer) => {
                 let wait = if self.tuning.maxidle.is_zero() {
                     CLOSE_WAIT_DEFAULT
@@ -315,8 +477,36 @@ impl Client {
                 }
                 self.after_sender(now);
             }
+            State::Fetching(ref mut f) => {
+                let idle = now.saturating_since(f.last_heard);
+                if !self.tuning.maxidle.is_zero() && idle >= self.tuning.maxidle {
+                    self.fail(ConnError::Idle {
+                        stage: Stage::Reply,
+                        idle,
+                    });
+                } else if now >= f.again_at {
+                    // Ask again for everything unanswered (or, before the
+                    // first fragment, for the first).
+                    f.asked.clear();
+                    f.queue.clear();
+                    if f.total.is_none() {
+                        f.queue.push_back(0);
+                    }
+                    f.fill_window();
+                    let wait = self
+                        .sender
+                        .as_ref()
+                        .map_or(CONTROL_RETRY_FIRST, |s| s.rto());
+                    if let State::Fetching(f) = &mut self.state {
+                        f.again_at = now + wait;
+                    }
+                }
+            }
             State::Closing { deadline } if now >= deadline => {
-                self.state = State::Done(Ok(Closed { peer: None }));
+                self.state = State::Done(Ok(Closed {
+                    peer: None,
+                    reply: self.reply.take(),
+                }));
             }
             State::Closing { .. } | State::Done(_) => {}
         }
@@ -336,6 +526,16 @@ impl Client {
                 let n = self.sender.as_mut()?.poll_transmit(now, buf, source);
                 self.after_sender(now);
                 n
+            }
+            State::Fetching(ref mut f) => {
+                let k = f.queue.pop_front()?;
+                f.asked.insert(k);
+                Fetch {
+                    conn_id: self.conn_id,
+                    offset: k * f.fragment,
+                }
+                .emit(buf)
+                .ok()
             }
             State::Closing { .. } if self.retry.due(now) => {
                 let s = self.sender.as_ref()?;
@@ -359,6 +559,11 @@ impl Client {
                 [Some(self.retry.next), give_up].into_iter().flatten().min()
             }
             State::Transfer => self.sender.as_ref()?.poll_timeout(),
+            State::Fetching(ref f) => {
+                let give_up =
+                    (!self.tuning.maxidle.is_zero()).then(|| f.last_heard + self.tuning.maxidle);
+                [Some(f.again_at), give_up].into_iter().flatten().min()
+            }
             State::Closing { deadline } => Some(self.retry.next.min(deadline)),
             State::Done(_) => None,
         }

@@ -77,6 +77,18 @@ struct Stored {
     data: Vec<u8>,
 }
 
+/// What becomes of accepted payloads, and so what frees the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Kept until [`Receiver::read`] takes them in order.
+    Hold,
+    /// Counted and forgotten: the window never closes.
+    Sink,
+    /// Handed out by [`Receiver::handle_segment`] for the application to
+    /// place; the window opens as it calls [`Receiver::release`].
+    Place,
+}
+
 #[derive(Debug)]
 pub struct Receiver {
     conn_id: u64,
@@ -97,8 +109,7 @@ pub struct Receiver {
     delack_at: Option<Time>,
     dsack: Option<SackBlock>,
     echo: u32,
-    /// Keep payloads for [`Receiver::read`]; a sink only counts them.
-    hold_data: bool,
+    mode: Mode,
     /// Segment number after the FIN segment, once seen.
     end: Option<u64>,
     /// Window advertised in the last ACK, for window updates.
@@ -121,7 +132,7 @@ impl Receiver {
             delack_at: None,
             dsack: None,
             echo: 0,
-            hold_data: true,
+            mode: Mode::Hold,
             end: None,
             last_window: config.rcvsegs,
             stats: ReceiverStats::default(),
@@ -133,7 +144,20 @@ impl Receiver {
     /// so the window stays fully open (atousrv's memory-to-memory sink).
     pub fn sink(config: ReceiverConfig, conn_id: u64) -> Receiver {
         Receiver {
-            hold_data: false,
+            mode: Mode::Sink,
+            ..Receiver::new(config, conn_id)
+        }
+    }
+
+    /// A receiver that keeps no data and leaves the window to its caller:
+    /// each new payload is returned once by [`Receiver::handle_segment`],
+    /// in whatever order it arrives, for the caller to place (at its
+    /// stream offset); the window is `rcvsegs` beyond the point the caller
+    /// last passed to [`Receiver::release`]. This is how a slow disk
+    /// throttles the sender instead of causing loss.
+    pub fn placing(config: ReceiverConfig, conn_id: u64) -> Receiver {
+        Receiver {
+            mode: Mode::Place,
             ..Receiver::new(config, conn_id)
         }
     }
@@ -237,7 +261,7 @@ impl Receiver {
         }
         self.stats.segments += 1;
         self.stats.bytes += seg.payload.len() as u64;
-        if self.hold_data {
+        if self.mode == Mode::Hold {
             self.held.insert(
                 n,
                 Stored {
@@ -253,7 +277,7 @@ impl Receiver {
             if let Some(end) = self.ooo.remove(&self.rcv_nxt) {
                 self.rcv_nxt = end;
             }
-            if !self.hold_data {
+            if self.mode == Mode::Sink {
                 // Nothing is kept, so everything in order counts as read.
                 self.read_nxt = self.rcv_nxt;
             }
@@ -304,13 +328,29 @@ impl Receiver {
         }
         let stored = self.held.remove(&self.read_nxt)?;
         self.read_nxt += 1;
+        self.after_read();
+        Some((stored.offset, stored.data))
+    }
+
+    /// For a [`Receiver::placing`] receiver: the caller is done with every
+    /// segment below `seg`, so the window may reach `seg + rcvsegs`. Never
+    /// moves back, nor past the cumulative ACK.
+    pub fn release(&mut self, seg: u64) {
+        debug_assert_eq!(self.mode, Mode::Place);
+        let seg = seg.min(self.rcv_nxt);
+        if seg > self.read_nxt {
+            self.read_nxt = seg;
+            self.after_read();
+        }
+    }
+
+    fn after_read(&mut self) {
         // Tell a sender stalled on a small window that it has opened (a
         // window update, RFC 1122 §4.2.3.3: once half the buffer is free).
-        let half = self.config.rcvsegs / 2;
-        if self.last_window < half.max(1) && self.window() >= half.max(1) {
+        let half = (self.config.rcvsegs / 2).max(1);
+        if self.last_window < half && self.window() >= half {
             self.ack_pending = true;
         }
-        Some((stored.offset, stored.data))
     }
 
     /// Writes an ACK into `buf` (at least [`ACK_MAX_LEN`] bytes) if one is due.
@@ -517,5 +557,37 @@ mod tests {
         recv_nothing(&mut r);
         assert_eq!(r.stats().bad_packets, 2);
         assert_eq!(r.rcv_nxt(), 0);
+    }
+
+    #[test]
+    fn a_placing_receiver_hands_out_data_and_opens_the_window_on_release() {
+        let mut r = Receiver::placing(
+            ReceiverConfig {
+                sack: true,
+                delack: Duration::ZERO,
+                rcvsegs: 4,
+            },
+            1,
+        );
+        // Out of order first: handed out at once, at its offset.
+        let d = data(1);
+        let got = r.handle_datagram(Time::ZERO, &d).unwrap().unwrap();
+        assert_eq!(got.offset, 4);
+        let d = data(0);
+        assert!(r.handle_datagram(Time::ZERO, &d).unwrap().is_some());
+        send(&mut r, 2);
+        send(&mut r, 3);
+        assert_eq!(r.window(), 0);
+        assert_eq!(r.read(), None, "nothing is held");
+        send(&mut r, 4);
+        assert_eq!(r.stats().beyond_window, 1);
+        while recv_ack_if_any(&mut r).is_some() {}
+        r.release(2);
+        assert_eq!(r.window(), 2);
+        assert_eq!(recv_ack(&mut r).window, 2, "window update");
+        // Never back, never past the cumulative ACK.
+        r.release(1);
+        r.release(99);
+        assert_eq!(r.window(), 4);
     }
 }

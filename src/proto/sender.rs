@@ -77,6 +77,11 @@ pub struct Sender {
     total_segments: Option<u64>,
     /// Stop sending new data at this time (`maxtime`).
     send_deadline: Option<Time>,
+    /// Stream bytes the application has ready to send; `None`: all of them.
+    available: Option<u64>,
+    /// Nothing in flight and the next segment not ready: the peer has
+    /// nothing to answer, so its silence does not count towards maxidle.
+    app_limited: bool,
     /// `cum_ack + window` of the latest ACK: new data must stay below it.
     peer_right_edge: u64,
     last_ack_at: Time,
@@ -121,6 +126,8 @@ impl Sender {
             total_segments: stream_len.map(|n| n.div_ceil(payload_size)),
             send_deadline: (!tuning.maxtime.is_zero()).then(|| now + tuning.maxtime),
             // Until the peer speaks, assume the buffer we asked it for.
+            available: None,
+            app_limited: false,
             peer_right_edge: u64::from(tuning.rcvsegs),
             last_ack_at: now,
             burst: 0,
@@ -133,6 +140,30 @@ impl Sender {
         s.arm_idle();
         s.update_state(now);
         Ok(s)
+    }
+
+    /// Limits new data to the stream's first `bytes`, for an application
+    /// that produces the stream as it goes (a file read ahead by other
+    /// threads). Only ever raised; call [`Sender::poll_transmit`] after.
+    pub fn set_available(&mut self, now: Time, bytes: u64) {
+        self.advance(now);
+        self.available = Some(self.available.map_or(bytes, |a| a.max(bytes)));
+        self.update_state(now);
+    }
+
+    /// The current retransmission timeout.
+    pub fn rto(&self) -> Duration {
+        self.rtt.rto()
+    }
+
+    /// Whether all of segment `seg` is available to send.
+    fn data_ready(&self, seg: u64) -> bool {
+        let Some(available) = self.available else {
+            return true;
+        };
+        let end = (seg + 1).saturating_mul(self.payload_size);
+        let end = self.stream_len.map_or(end, |len| end.min(len));
+        end <= available
     }
 
     /// Records atou's packet trace, drained with [`Sender::poll_trace`].
@@ -490,6 +521,7 @@ impl Sender {
     fn may_send_new(&self) -> bool {
         let seg = self.flow.sb.max();
         self.more_data(seg)
+            && self.data_ready(seg)
             && seg < self.flow.sb.una() + u64::from(self.tuning.rcvwin)
             && (seg < self.peer_right_edge || self.persist_probe)
     }
@@ -652,6 +684,19 @@ impl Sender {
             self.timers = [None; TIMERS.len()];
             return;
         }
+        if f.sb.outstanding() == 0 && !self.data_ready(f.sb.max()) {
+            self.app_limited = true;
+            self.set_timer(Timer::Idle, None);
+            self.set_timer(Timer::Persist, None);
+            return;
+        }
+        if self.app_limited {
+            // The peer's silence counts again from now.
+            self.app_limited = false;
+            self.last_ack_at = self.last_ack_at.max(now);
+            self.arm_idle();
+        }
+        let f = &self.flow;
         // Persist: nothing in flight, data to send, but the peer's window is
         // shut. Probe after an RTO so a lost window update cannot deadlock.
         let blocked = f.sb.outstanding() == 0 && !self.may_send_new() && self.more_data(f.sb.max());
@@ -1132,5 +1177,31 @@ mod tests {
         let s = Sender::new(&tuning(RecoveryKind::Sack), CONN, Some(0), Time::ZERO).unwrap();
         assert_eq!(s.state(), SenderState::Finished);
         assert_eq!(s.poll_timeout(), None);
+    }
+
+    /// A sender whose application reads ahead sends only what is ready,
+    /// and its idle timer does not run while it waits for the application:
+    /// the peer has nothing to answer.
+    #[test]
+    fn sends_only_available_data_and_waiting_for_it_is_not_idle() {
+        let t = Tuning {
+            maxidle: Duration::from_secs(2),
+            ..tuning(RecoveryKind::Sack)
+        };
+        let mut s = sender(t);
+        s.set_available(at(0), 25);
+        // Segments 0 and 1 are whole; segment 2 would need bytes 20..30.
+        assert_eq!(send(&mut s, at(0)), vec![0, 1]);
+        ack(&mut s, at(10), AckSpec { cum: 2, ..ACK });
+        assert_eq!(send(&mut s, at(10)), Vec::<u64>::new());
+        assert_eq!(s.poll_timeout(), None, "no timer while the app is behind");
+        s.handle_timeout(at(60_000));
+        assert_eq!(s.state(), SenderState::Sending);
+        s.set_available(at(60_000), 50);
+        assert_eq!(send(&mut s, at(60_000)), vec![2, 3, 4]);
+        // The idle clock starts again from when data was ready.
+        assert_eq!(s.timer(Timer::Idle), Some(at(62_000)));
+        s.handle_timeout(at(62_000));
+        assert_eq!(s.state(), SenderState::Failed);
     }
 }

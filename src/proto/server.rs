@@ -22,8 +22,8 @@ use super::payload::pattern_mismatch;
 use super::receiver::{Receiver, ReceiverConfig, ReceiverStats};
 use super::time::Time;
 use super::wire::{
-    CloseAck, HeaderPeek, Hello, Packet, ReceiverParams, Reject, RejectReason, Welcome,
-    DATA_HEADER_LEN, VERSION,
+    CloseAck, HeaderPeek, Hello, Packet, ReceiverParams, Reject, RejectReason, Reply, Welcome,
+    DATA_HEADER_LEN, REPLY_HEADER_LEN, VERSION,
 };
 
 /// A client that asked for `maxidle 0` is still forgotten after this long
@@ -33,7 +33,18 @@ const MAXIDLE_CAP: Duration = Duration::from_secs(600);
 const LINGER: Duration = Duration::from_secs(2);
 /// Largest datagram a client may announce (IPv4's UDP limit).
 const MSS_MAX: u32 = 65_507;
+/// Largest reply fragment (smaller when the client's mss is).
+pub const REPLY_FRAGMENT_MAX: usize = 1200;
+/// Fetches remembered per connection until answered; a client asks for a
+/// window of fragments at a time, and asks again for those lost.
+const FETCH_QUEUE_MAX: usize = 256;
 
+/// Bytes of reply carried by one fragment to a client of `mss`.
+pub fn reply_fragment_len(mss: u32) -> usize {
+    (mss as usize)
+        .saturating_sub(REPLY_HEADER_LEN)
+        .clamp(1, REPLY_FRAGMENT_MAX)
+}
 /// What the server counts across all connections.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct ServerStats {
@@ -65,6 +76,8 @@ pub enum ConnEnd {
 #[derive(Debug, Clone, Serialize)]
 pub struct ConnReport {
     pub conn_id: u64,
+    /// The file-transfer session, 0 for a probe.
+    pub session: u64,
     pub peer: SocketAddr,
     pub end: ConnEnd,
     /// From the hello to the close (or the last packet).
@@ -105,9 +118,44 @@ impl std::fmt::Display for Notice {
     }
 }
 
+/// Something a session connection's application must act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// A hello opened connection `conn_id` in `session`.
+    Opened {
+        conn_id: u64,
+        session: u64,
+        peer: SocketAddr,
+        /// Stream bytes per segment, for [`Server::release`].
+        payload_size: u64,
+    },
+    /// Every byte of the connection's stream has arrived; the client now
+    /// waits for the reply ([`Server::respond`]).
+    Complete { conn_id: u64 },
+    /// The connection is gone: closed after its reply, or idle.
+    Ended { conn_id: u64, end: ConnEnd },
+}
+
+/// New stream bytes of a session connection, for its application to place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrival<'a> {
+    pub conn_id: u64,
+    pub session: u64,
+    pub offset: u64,
+    pub payload: &'a [u8],
+}
+
 #[derive(Debug)]
 struct Conn {
     peer: SocketAddr,
+    /// 0 for a probe (a sink), else the session its data is for.
+    session: u64,
+    mss: u32,
+    /// The application's answer to the stream, once given.
+    reply: Option<Vec<u8>>,
+    /// Reply offsets asked for and not yet answered.
+    fetches: VecDeque<u32>,
+    complete_told: bool,
     receiver: Receiver,
     params: ReceiverParams,
     opened: Time,
@@ -138,6 +186,7 @@ impl Conn {
     fn report(&self, conn_id: u64, end: ConnEnd, until: Time, server: ServerStats) -> ConnReport {
         ConnReport {
             conn_id,
+            session: self.session,
             peer: self.peer,
             end,
             secs: until.saturating_since(self.opened).as_secs_f64(),
@@ -176,6 +225,7 @@ pub struct Server {
     rejects: VecDeque<(SocketAddr, Reject)>,
     reports: VecDeque<ConnReport>,
     notices: VecDeque<Notice>,
+    session_events: VecDeque<SessionEvent>,
     stats: ServerStats,
     /// Largest receive buffer set on the socket so far, in the bytes
     /// asked for (the server's own setting, then clients' hellos).
@@ -198,6 +248,7 @@ impl Server {
             rejects: VecDeque::new(),
             reports: VecDeque::new(),
             notices: VecDeque::new(),
+            session_events: VecDeque::new(),
             stats: ServerStats::default(),
             largest_rcvbuf_asked: rcvbuf_set,
             pending_rcvbuf: None,
@@ -236,12 +287,19 @@ impl Server {
         }
     }
 
-    /// Handles one datagram from `from`.
-    pub fn handle_datagram(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+    /// Handles one datagram from `from`. New data of a session connection
+    /// is returned for the application to place; a probe's is only counted
+    /// and checked against the test pattern.
+    pub fn handle_datagram<'a>(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        datagram: &'a [u8],
+    ) -> Option<Arrival<'a>> {
         self.stats.datagrams += 1;
         let Some(peek) = HeaderPeek::read(datagram) else {
             self.stats.undecodable += 1;
-            return;
+            return None;
         };
         if peek.version != VERSION {
             if peek.is_hello() {
@@ -261,31 +319,49 @@ impl Server {
             } else {
                 self.stats.undecodable += 1;
             }
-            return;
+            return None;
         }
         let packet = match Packet::decode(datagram) {
             Ok(p) => p,
             Err(_) => {
                 self.stats.undecodable += 1;
-                return;
+                return None;
             }
         };
         if let Packet::Hello(hello) = packet {
             self.on_hello(now, from, &hello);
-            return;
+            return None;
         }
         let conn_id = peek.conn_id;
         let Some(conn) = self.conns.get_mut(&conn_id).filter(|c| c.peer == from) else {
             self.stats.unknown_connection += 1;
-            return;
+            return None;
         };
         conn.last_heard = now;
+        let mut arrival = None;
         match packet {
             Packet::Data(seg) if conn.closed_at.is_none() => {
                 if let Ok(Some(new)) = conn.receiver.handle_segment(now, &seg) {
-                    if pattern_mismatch(new.offset, new.payload).is_some() {
+                    if conn.session != 0 {
+                        arrival = Some(Arrival {
+                            conn_id,
+                            session: conn.session,
+                            offset: new.offset,
+                            payload: new.payload,
+                        });
+                    } else if pattern_mismatch(new.offset, new.payload).is_some() {
                         conn.corrupt_bytes += new.payload.len() as u64;
                     }
+                }
+                if conn.session != 0 && !conn.complete_told && conn.receiver.is_complete() {
+                    conn.complete_told = true;
+                    self.session_events
+                        .push_back(SessionEvent::Complete { conn_id });
+                }
+            }
+            Packet::Fetch(f) if conn.session != 0 => {
+                if conn.fetches.len() < FETCH_QUEUE_MAX && !conn.fetches.contains(&f.offset) {
+                    conn.fetches.push_back(f.offset);
                 }
             }
             // Data after the close is a late copy; the close said all was acknowledged.
@@ -297,14 +373,21 @@ impl Server {
                     conn.client_segments = Some(close.segments);
                     let report = conn.report(conn_id, ConnEnd::Closed, now, self.stats);
                     self.reports.push_back(report);
+                    if conn.session != 0 {
+                        self.session_events.push_back(SessionEvent::Ended {
+                            conn_id,
+                            end: ConnEnd::Closed,
+                        });
+                    }
                 }
             }
             _ => {
                 self.stats.unexpected += 1;
-                return;
+                return None;
             }
         }
         self.enqueue(conn_id);
+        arrival
     }
 
     fn on_hello(&mut self, now: Time, from: SocketAddr, hello: &Hello) {
@@ -367,11 +450,27 @@ impl Server {
             d => d.min(MAXIDLE_CAP),
         };
         self.stats.connections += 1;
+        let receiver = if hello.session == 0 {
+            Receiver::sink(config, hello.conn_id)
+        } else {
+            self.session_events.push_back(SessionEvent::Opened {
+                conn_id: hello.conn_id,
+                session: hello.session,
+                peer: from,
+                payload_size: u64::from(hello.mss) - DATA_HEADER_LEN as u64,
+            });
+            Receiver::placing(config, hello.conn_id)
+        };
         self.conns.insert(
             hello.conn_id,
             Conn {
                 peer: from,
-                receiver: Receiver::sink(config, hello.conn_id),
+                session: hello.session,
+                mss: hello.mss,
+                reply: None,
+                fetches: VecDeque::new(),
+                complete_told: false,
+                receiver,
                 params,
                 opened: now,
                 last_heard: now,
@@ -414,6 +513,30 @@ impl Server {
             if let Some(n) = conn.receiver.poll_transmit(now, buf) {
                 return Some((conn.peer, n));
             }
+            if let Some(offset) = conn.fetches.pop_front() {
+                let reply = match &conn.reply {
+                    None => {
+                        // One "not yet" answers every fetch queued.
+                        conn.fetches.clear();
+                        Reply::Pending { conn_id }
+                    }
+                    Some(bytes) => {
+                        let total = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+                        let start = (offset as usize).min(bytes.len());
+                        let end = (start + reply_fragment_len(conn.mss)).min(bytes.len());
+                        if start == end && total != 0 {
+                            continue;
+                        }
+                        Reply::Fragment {
+                            conn_id,
+                            offset,
+                            total,
+                            data: &bytes[start..end],
+                        }
+                    }
+                };
+                return reply.emit(buf).ok().map(|n| (conn.peer, n));
+            }
             if conn.close_ack_pending {
                 conn.close_ack_pending = false;
                 let ack = CloseAck {
@@ -430,6 +553,33 @@ impl Server {
 
     pub fn poll_timeout(&self) -> Option<Time> {
         self.conns.values().map(Conn::poll_timeout).min()
+    }
+
+    /// The longest datagram [`Server::poll_transmit`] writes.
+    pub const MAX_TRANSMIT_LEN: usize = REPLY_HEADER_LEN + REPLY_FRAGMENT_MAX;
+
+    /// The application has placed every byte of `conn_id`'s stream below
+    /// `offset`: its window may move on.
+    pub fn release(&mut self, conn_id: u64, offset: u64) {
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        let payload = u64::from(conn.mss) - DATA_HEADER_LEN as u64;
+        conn.receiver.release(offset / payload);
+        self.enqueue(conn_id);
+    }
+
+    /// The application's answer to `conn_id`'s stream, sent as the client
+    /// fetches it. Replies longer than 4 GiB are not representable.
+    pub fn respond(&mut self, conn_id: u64, reply: Vec<u8>) {
+        debug_assert!(u32::try_from(reply.len()).is_ok());
+        if let Some(conn) = self.conns.get_mut(&conn_id) {
+            conn.reply = Some(reply);
+        }
+    }
+
+    pub fn poll_session_event(&mut self) -> Option<SessionEvent> {
+        self.session_events.pop_front()
     }
 
     pub fn handle_timeout(&mut self, now: Time) {
@@ -452,6 +602,12 @@ impl Server {
             if conn.closed_at.is_none() {
                 self.reports
                     .push_back(conn.report(id, ConnEnd::Idle, conn.last_heard, self.stats));
+                if conn.session != 0 {
+                    self.session_events.push_back(SessionEvent::Ended {
+                        conn_id: id,
+                        end: ConnEnd::Idle,
+                    });
+                }
             }
         }
     }
@@ -469,7 +625,7 @@ impl Server {
 mod tests {
     use super::*;
     use crate::proto::client::Client;
-    use crate::proto::payload::PatternSource;
+    use crate::proto::payload::{PatternSource, PayloadSource};
     use crate::proto::Tuning;
 
     fn addr(port: u16) -> SocketAddr {
@@ -532,6 +688,7 @@ mod tests {
             conn_id: 5,
             mss: 1472,
             maxidle_ms: 1000,
+            session: 0,
             receiver: ReceiverParams {
                 rcvsegs: 10,
                 rcvbuf: 1024,
@@ -605,6 +762,7 @@ mod tests {
                 conn_id,
                 mss: 1472,
                 maxidle_ms: 1000,
+                session: 0,
                 receiver: ReceiverParams {
                     rcvsegs: 10,
                     rcvbuf,
@@ -636,5 +794,93 @@ mod tests {
         // The same size again, though capped: not asked again.
         server.handle_datagram(Time::ZERO, addr(3), &hello(3, 16 << 20));
         assert_eq!(server.wanted_rcvbuf(), None);
+    }
+
+    /// A session connection end to end over a link that loses every
+    /// seventh datagram each way: the application gets every stream byte
+    /// once, at its offset, holds the window shut until it releases, and its
+    /// reply (several fragments) reaches the client intact.
+    #[test]
+    fn a_session_stream_is_placed_released_and_answered_through_loss() {
+        const LEN: usize = 30_000;
+        let tuning = Tuning {
+            mss: 200,
+            rcvsegs: 20,
+            ..Tuning::default()
+        };
+        let mut now = Time::ZERO;
+        let mut client = Client::new(&tuning, 9, Some(LEN as u64), now)
+            .unwrap()
+            .with_session(77);
+        let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
+        let mut placed = vec![None::<u8>; LEN];
+        let mut released = 0u64;
+        let reply: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        let (mut to_server, mut to_client) = (0u64, 0u64);
+        let mut buf = vec![0u8; 2048];
+        let mut out = vec![0u8; 2048];
+        for round in 0..100_000 {
+            while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
+                to_server += 1;
+                if to_server % 7 == 0 {
+                    continue;
+                }
+                if let Some(a) = server.handle_datagram(now, addr(1), &buf[..n]) {
+                    assert_eq!((a.conn_id, a.session), (9, 77));
+                    for (i, &b) in a.payload.iter().enumerate() {
+                        let at = a.offset as usize + i;
+                        assert!(placed[at].replace(b).is_none(), "byte {at} twice");
+                    }
+                }
+                while let Some((_, m)) = server.poll_transmit(now, &mut out) {
+                    to_client += 1;
+                    if to_client % 7 != 0 {
+                        let _ = client.handle_datagram(now, &out[..m]);
+                    }
+                }
+            }
+            // The application frees its buffer slowly: a window's worth
+            // every 5 ms, up to what has arrived in order.
+            if round % 5 == 0 {
+                let in_order = placed.iter().take_while(|b| b.is_some()).count() as u64;
+                released = in_order.min(released + 2000);
+                server.release(9, released);
+            }
+            while let Some(e) = server.poll_session_event() {
+                match e {
+                    SessionEvent::Opened { payload_size, .. } => assert_eq!(payload_size, 167),
+                    SessionEvent::Complete { conn_id } => server.respond(conn_id, reply.clone()),
+                    SessionEvent::Ended { end, .. } => assert_eq!(end, ConnEnd::Closed),
+                }
+            }
+            while let Some((_, m)) = server.poll_transmit(now, &mut out) {
+                to_client += 1;
+                if to_client % 7 != 0 {
+                    let _ = client.handle_datagram(now, &out[..m]);
+                }
+            }
+            if client.outcome().is_some() {
+                break;
+            }
+            now += Duration::from_millis(1);
+            client.handle_timeout(now);
+            server.handle_timeout(now);
+            assert!(round < 99_999, "did not finish");
+        }
+        let closed = client.outcome().unwrap().clone().unwrap();
+        assert_eq!(closed.reply.as_deref(), Some(&reply[..]));
+        let mut want = vec![0u8; LEN];
+        PatternSource.read_at(0, &mut want);
+        let got: Vec<u8> = placed
+            .iter()
+            .map(|b| b.expect("every byte placed"))
+            .collect();
+        assert_eq!(got, want);
+        let report = server.poll_report().unwrap();
+        assert_eq!((report.session, report.stats.bytes), (77, LEN as u64));
+        // The sender kept inside the window, and the window held it back:
+        // 2000 bytes released per 5 ms make at least 70 ms for 30 000.
+        assert_eq!(report.stats.beyond_window, 0);
+        assert!(now >= Time::ZERO + Duration::from_millis(70), "{now:?}");
     }
 }

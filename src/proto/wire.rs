@@ -11,7 +11,7 @@ use thiserror::Error;
 /// `"AT"`: lets a receiver discard stray datagrams cheaply.
 pub const MAGIC: [u8; 2] = *b"AT";
 /// Bumped on any incompatible change to the layout below.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Bytes of the header common to every packet.
 pub const HEADER_LEN: usize = 12;
 /// Bytes before the payload of a data segment.
@@ -35,13 +35,18 @@ const KIND_CLOSE_ACK: u8 = 6;
 /// The header and this kind's body are the same in every protocol version,
 /// so a peer can always say which version it speaks.
 const KIND_REJECT: u8 = 7;
+const KIND_FETCH: u8 = 8;
+const KIND_REPLY: u8 = 9;
 
 /// Lengths of the control packets.
-pub const HELLO_LEN: usize = HEADER_LEN + 4 * 5 + 1;
+pub const HELLO_LEN: usize = HEADER_LEN + 4 * 5 + 8 + 1;
 pub const WELCOME_LEN: usize = HEADER_LEN + 4 * 3 + 1;
 pub const CLOSE_LEN: usize = HEADER_LEN + 8 + 8;
 pub const CLOSE_ACK_LEN: usize = HEADER_LEN + 8 * 7;
 pub const REJECT_LEN: usize = HEADER_LEN + 2;
+pub const FETCH_LEN: usize = HEADER_LEN + 4;
+/// Bytes of a reply before its fragment.
+pub const REPLY_HEADER_LEN: usize = HEADER_LEN + 4 + 4 + 1;
 /// The longest control packet.
 pub const CONTROL_MAX_LEN: usize = CLOSE_ACK_LEN;
 
@@ -79,6 +84,8 @@ pub enum WireError {
     SequenceOverflow,
     #[error("{0} unexpected bytes after the end of the packet")]
     TrailingBytes(usize),
+    #[error("a reply fragment that does not lie inside its reply")]
+    BadReply,
     #[error("buffer of {actual} bytes too small for a {needed}-byte packet")]
     BufferTooSmall { needed: usize, actual: usize },
 }
@@ -276,6 +283,9 @@ pub struct Hello {
     pub mss: u32,
     /// The connection ends after this long without a packet; 0 never.
     pub maxidle_ms: u32,
+    /// The file-transfer session this connection belongs to; 0 for a
+    /// probe, whose data the server only counts.
+    pub session: u64,
     pub receiver: ReceiverParams,
 }
 
@@ -323,6 +333,41 @@ pub struct Reject {
     pub version: u8,
 }
 
+/// Client to server, once all its data is acknowledged: send the reply to
+/// this connection's stream from byte `offset`. Only session connections
+/// have replies; the client asks for several fragments at once and asks
+/// again for those that do not come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fetch {
+    pub conn_id: u64,
+    pub offset: u32,
+}
+
+/// Server to client: a fragment of the reply, or word that it is not
+/// ready yet (the server is still writing or checking the data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply<'a> {
+    Pending {
+        conn_id: u64,
+    },
+    Fragment {
+        conn_id: u64,
+        /// Where `data` starts in the reply.
+        offset: u32,
+        /// The reply's whole length.
+        total: u32,
+        data: &'a [u8],
+    },
+}
+
+impl Reply<'_> {
+    pub fn conn_id(&self) -> u64 {
+        match *self {
+            Reply::Pending { conn_id } | Reply::Fragment { conn_id, .. } => conn_id,
+        }
+    }
+}
+
 /// A parsed packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Packet<'a> {
@@ -333,6 +378,8 @@ pub enum Packet<'a> {
     Close(Close),
     CloseAck(CloseAck),
     Reject(Reject),
+    Fetch(Fetch),
+    Reply(Reply<'a>),
 }
 
 impl<'a> Packet<'a> {
@@ -346,6 +393,8 @@ impl<'a> Packet<'a> {
             Packet::Close(_) => "close",
             Packet::CloseAck(_) => "close-ack",
             Packet::Reject(_) => "reject",
+            Packet::Fetch(_) => "fetch",
+            Packet::Reply(_) => "reply",
         }
     }
 
@@ -382,6 +431,14 @@ impl<'a> Packet<'a> {
                 }))
             }
             KIND_REJECT => decode_reject(buf, conn_id).map(Packet::Reject),
+            KIND_FETCH => {
+                exact_len(buf, FETCH_LEN)?;
+                Ok(Packet::Fetch(Fetch {
+                    conn_id,
+                    offset: read_u32(buf, 12),
+                }))
+            }
+            KIND_REPLY => decode_reply(buf, conn_id).map(Packet::Reply),
             other => Err(WireError::UnknownKind(other)),
         }
     }
@@ -446,7 +503,8 @@ fn decode_hello(buf: &[u8], conn_id: u64) -> Result<Hello, WireError> {
         conn_id,
         mss: read_u32(buf, 12),
         maxidle_ms: read_u32(buf, 16),
-        receiver: read_params(buf, 20)?,
+        session: read_u64(buf, 20),
+        receiver: read_params(buf, 28)?,
     })
 }
 
@@ -481,7 +539,8 @@ impl Hello {
         emit_header(buf, KIND_HELLO, self.conn_id);
         buf[12..16].copy_from_slice(&self.mss.to_be_bytes());
         buf[16..20].copy_from_slice(&self.maxidle_ms.to_be_bytes());
-        Ok(write_params(buf, 20, &self.receiver))
+        buf[20..28].copy_from_slice(&self.session.to_be_bytes());
+        Ok(write_params(buf, 28, &self.receiver))
     }
 }
 
@@ -538,6 +597,70 @@ impl Reject {
         };
         buf[13] = self.version;
         Ok(REJECT_LEN)
+    }
+}
+
+impl Fetch {
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        check_room(buf, FETCH_LEN)?;
+        emit_header(buf, KIND_FETCH, self.conn_id);
+        buf[12..16].copy_from_slice(&self.offset.to_be_bytes());
+        Ok(FETCH_LEN)
+    }
+}
+
+const REPLY_PENDING: u8 = 0;
+const REPLY_FRAGMENT: u8 = 1;
+
+impl Reply<'_> {
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        let (conn_id, status, offset, total, data) = match *self {
+            Reply::Pending { conn_id } => (conn_id, REPLY_PENDING, 0, 0, &[][..]),
+            Reply::Fragment {
+                conn_id,
+                offset,
+                total,
+                data,
+            } => (conn_id, REPLY_FRAGMENT, offset, total, data),
+        };
+        let len = REPLY_HEADER_LEN + data.len();
+        check_room(buf, len)?;
+        emit_header(buf, KIND_REPLY, conn_id);
+        buf[12..16].copy_from_slice(&offset.to_be_bytes());
+        buf[16..20].copy_from_slice(&total.to_be_bytes());
+        buf[20] = status;
+        buf[REPLY_HEADER_LEN..len].copy_from_slice(data);
+        Ok(len)
+    }
+}
+
+fn decode_reply(buf: &[u8], conn_id: u64) -> Result<Reply<'_>, WireError> {
+    check_len(buf, REPLY_HEADER_LEN)?;
+    let offset = read_u32(buf, 12);
+    let total = read_u32(buf, 16);
+    let data = &buf[REPLY_HEADER_LEN..];
+    match buf[20] {
+        REPLY_PENDING => {
+            if offset != 0 || total != 0 || !data.is_empty() {
+                return Err(WireError::BadReply);
+            }
+            Ok(Reply::Pending { conn_id })
+        }
+        REPLY_FRAGMENT => {
+            // A fragment lies inside its reply, and only an empty reply
+            // has an empty fragment.
+            let end = u64::from(offset) + data.len() as u64;
+            if end > u64::from(total) || (data.is_empty() && total != 0) {
+                return Err(WireError::BadReply);
+            }
+            Ok(Reply::Fragment {
+                conn_id,
+                offset,
+                total,
+                data,
+            })
+        }
+        other => Err(WireError::UnknownFlags(other)),
     }
 }
 
@@ -702,7 +825,7 @@ mod tests {
     #[test]
     fn data_layout_is_as_documented() {
         let buf = encode_data(&DATA, b"xy");
-        assert_eq!(&buf[0..4], b"AT\x01\x01");
+        assert_eq!(&buf[0..4], b"AT\x02\x01");
         assert_eq!(buf.len(), 33 + 2);
         assert_eq!(&buf[33..], b"xy");
     }
@@ -832,7 +955,7 @@ mod tests {
         }
 
         #[test]
-        fn decode_never_panics_behind_a_valid_header(kind in 1u8..=8,
+        fn decode_never_panics_behind_a_valid_header(kind in 1u8..=10,
                 bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
             let mut buf = vec![b'A', b'T', VERSION, kind, 0, 0, 0, 0, 0, 0, 0, 1];
             buf.extend_from_slice(&bytes);
@@ -859,6 +982,7 @@ mod tests {
             conn_id: 7,
             mss: 1472,
             maxidle_ms: 10_000,
+            session: 0x1122_3344_5566_7788,
             receiver: params,
         };
         let welcome = Welcome {
@@ -907,7 +1031,7 @@ mod tests {
             assert_eq!(Packet::decode(&long), Err(WireError::TrailingBytes(1)));
             assert!(Packet::decode(&bytes[..len - 1]).is_err());
         }
-        assert_eq!(HELLO_LEN, 33);
+        assert_eq!(HELLO_LEN, 41);
     }
 
     #[test]
@@ -926,6 +1050,7 @@ mod tests {
                 conn_id: 3,
                 mss: 1472,
                 maxidle_ms: 0,
+                session: 0,
                 receiver: ReceiverParams {
                     rcvsegs: 1,
                     rcvbuf: 1024,
@@ -935,14 +1060,52 @@ mod tests {
             }
             .emit(b)
         });
-        hello[2] = 2;
+        hello[2] = 1;
         assert_eq!(
             Packet::decode(&hello),
-            Err(WireError::UnsupportedVersion(2))
+            Err(WireError::UnsupportedVersion(1))
         );
         let peek = HeaderPeek::read(&hello).unwrap();
         assert!(peek.is_hello());
-        assert_eq!((peek.version, peek.conn_id), (2, 3));
+        assert_eq!((peek.version, peek.conn_id), (1, 3));
         assert_eq!(HeaderPeek::read(b"XT\x01\x03aaaaaaaa"), None);
+    }
+
+    #[test]
+    fn fetch_and_reply_round_trip_and_fragments_stay_inside() {
+        let fetch = Fetch {
+            conn_id: 4,
+            offset: 2878,
+        };
+        let bytes = encode(|b| fetch.emit(b));
+        assert_eq!(bytes.len(), FETCH_LEN);
+        assert_eq!(Packet::decode(&bytes).unwrap(), Packet::Fetch(fetch));
+        let frag = Reply::Fragment {
+            conn_id: 4,
+            offset: 10,
+            total: 13,
+            data: b"xyz",
+        };
+        let mut buf = vec![0u8; 64];
+        let n = frag.emit(&mut buf).unwrap();
+        assert_eq!(n, REPLY_HEADER_LEN + 3);
+        assert_eq!(Packet::decode(&buf[..n]).unwrap(), Packet::Reply(frag));
+        // One byte past the reply's end.
+        buf[19] = 12;
+        assert_eq!(Packet::decode(&buf[..n]), Err(WireError::BadReply));
+        let pending = Reply::Pending { conn_id: 4 };
+        let n = pending.emit(&mut buf).unwrap();
+        assert_eq!(Packet::decode(&buf[..n]).unwrap(), Packet::Reply(pending));
+        let mut with_data = buf[..n].to_vec();
+        with_data.push(1);
+        assert_eq!(Packet::decode(&with_data), Err(WireError::BadReply));
+        let empty = Reply::Fragment {
+            conn_id: 4,
+            offset: 0,
+            total: 0,
+            data: b"",
+        };
+        let n = empty.emit(&mut buf).unwrap();
+        assert_eq!(Packet::decode(&buf[..n]).unwrap(), Packet::Reply(empty));
     }
 }
