@@ -11,4 +11,5 @@ pub mod netem;
 pub mod proto;
 pub mod sim;
 pub mod summary;
+pub mod transfer;
 pub mod units;

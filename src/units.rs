@@ -253,10 +253,52 @@ pub fn format_rate_tc(bits: u64) -> String {
     format!("{bits}bit")
 }
 
+/// A size for people, 1024-based: `512 B`, `1.50 MiB`, `4.00 GiB`.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.2} {}", UNITS[unit])
+}
+
+/// A rate for people, in bits per second, 1000-based as iperf3 prints
+/// them: `950 bit/s`, `94.3 Mbit/s`, `10.7 Gbit/s`.
+pub fn format_rate(bits_per_sec: f64) -> String {
+    let mut v = bits_per_sec;
+    for unit in ["bit/s", "kbit/s", "Mbit/s", "Gbit/s"] {
+        if v < 1000.0 {
+            return if unit == "bit/s" {
+                format!("{v:.0} {unit}")
+            } else {
+                format!("{v:.1} {unit}")
+            };
+        }
+        v /= 1000.0;
+    }
+    format!("{v:.1} Tbit/s")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn sizes_and_rates_for_people() {
+        assert_eq!(format_size(512), "512 B");
+        assert_eq!(format_size(1536), "1.50 KiB");
+        assert_eq!(format_size(4 << 30), "4.00 GiB");
+        assert_eq!(format_rate(950.0), "950 bit/s");
+        assert_eq!(format_rate(94_300_000.0), "94.3 Mbit/s");
+        assert_eq!(format_rate(10.72e9), "10.7 Gbit/s");
+    }
 
     #[test]
     fn durations() {

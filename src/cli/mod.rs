@@ -4,6 +4,7 @@
 
 mod net;
 mod netem;
+mod transfer;
 mod tuning_args;
 
 use std::fs::File;
@@ -38,11 +39,15 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Send files and directory trees to an `atou serve --dir` (resumable, every file verified)
+    Send(transfer::SendArgs),
+    /// Copy files and trees to a local directory (through atou over loopback) or to HOST[:PORT]:PATH
+    Copy(transfer::CopyArgs),
     /// Simulate a transfer in virtual time over modelled links, reproducibly from a seed
     Sim(SimArgs),
     /// Send test data to an `atou serve` over real UDP and print atou's summary (atou's client)
     Probe(net::ProbeArgs),
-    /// Receive probes on a UDP port, many at once, one report line per connection (atou's server)
+    /// Receive files (--dir) and probes on a UDP port, many at once (atou's server)
     Serve(net::ServeArgs),
     /// Impair real traffic as tc-netem would: a UDP relay, or two test hosts in network namespaces
     Netem(netem::NetemArgs),
@@ -242,6 +247,8 @@ pub fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
+        Command::Send(args) => transfer::send_cmd(args),
+        Command::Copy(args) => transfer::copy_cmd(args),
         Command::Sim(args) => sim(args),
         Command::Probe(args) => net::probe(args),
         Command::Serve(args) => net::serve(args),

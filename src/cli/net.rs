@@ -6,9 +6,10 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use atou::io::{self, ProbeConfig, ProbeError, ServeConfig, ServeEvent, DEFAULT_PORT};
+use atou::io::{self, ProbeConfig, ProbeError, ServeApp, ServeConfig, ServeEvent, DEFAULT_PORT};
 use atou::proto::{ConnEnd, ConnReport, ServerStats, Tuning};
 use atou::summary::SocketReport;
+use atou::transfer::receive::{check_root, FileReceiver, NoFiles, ReceiveConfig, ReceiveEvent};
 use atou::units::{parse_duration, parse_size, TimeUnit};
 
 use super::{finish_trace, print_stdout, Output, OutputArgs, TuningArgs, UsageError};
@@ -43,7 +44,13 @@ pub struct ServeArgs {
     /// Address to listen on: ADDR, ADDR:PORT, :PORT or [IPV6]:PORT
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:7890", value_parser = parse_bind)]
     bind: SocketAddr,
-    /// Exit after the first connection ends
+    /// Receive files into DEST (an existing directory): what `atou send` and `atou copy HOST:PATH` send
+    #[arg(long, value_name = "DEST")]
+    dir: Option<std::path::PathBuf>,
+    /// Writer threads for --dir (default: one per core, at least 2)
+    #[arg(long, value_name = "N")]
+    writers: Option<usize>,
+    /// Exit after the first connection (with --dir, the first transfer) ends
     #[arg(long)]
     once: bool,
     /// Print each connection's report as a JSON line
@@ -170,6 +177,7 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
         bytes,
         trace: args.output.trace.is_some(),
         conn_id: io::fresh_conn_id(),
+        session: 0,
     };
     let result = runtime()?.block_on(io::probe(config, &mut out, ctrl_c()));
     finish_trace(&mut out)?;
@@ -251,18 +259,53 @@ fn report_line(r: &ConnReport, server: &ServerStats) -> String {
 }
 
 pub fn serve(args: ServeArgs) -> Result<ExitCode> {
+    let json = args.json;
+    let mut app: Box<dyn ServeApp> = match &args.dir {
+        None => Box::new(NoFiles),
+        Some(dir) => {
+            let root = check_root(dir).map_err(UsageError)?;
+            Box::new(FileReceiver::new(
+                ReceiveConfig {
+                    root,
+                    writers: args.writers.unwrap_or_else(|| {
+                        std::thread::available_parallelism()
+                            .map_or(2, |n| n.get())
+                            .max(2)
+                    }),
+                    once: args.once,
+                },
+                move |event| {
+                    let line = match (&event, json) {
+                        (ReceiveEvent::Done(r), true) => {
+                            serde_json::json!({"transfer": r}).to_string()
+                        }
+                        (ReceiveEvent::Done(r), false) => super::transfer::transfer_line(r),
+                        (ReceiveEvent::Failed { peer, dest, why }, true) => serde_json::json!({
+                            "failed": {"peer": peer, "dest": dest, "why": why}
+                        })
+                        .to_string(),
+                        (ReceiveEvent::Failed { peer, dest, why }, false) => {
+                            format!("{peer} transfer into {} failed: {why}", dest.display())
+                        }
+                    };
+                    let _ = print_stdout(&(line + "\n"));
+                },
+            ))
+        }
+    };
     let config = ServeConfig {
         bind: args.bind,
-        once: args.once,
+        // With --dir, `once` means one transfer, which the receiver decides.
+        once: args.once && args.dir.is_none(),
         sndbuf: args.sndbuf,
         rcvbuf: args.rcvbuf,
     };
-    let json = args.json;
     let mut write_error = None;
     // Reports carry the server-wide counters at the time they print.
     let mut totals = ServerStats::default();
     let stats = runtime()?.block_on(io::serve(
         config,
+        app.as_mut(),
         |event| match event {
             ServeEvent::Listening { addr, buffers } => {
                 eprintln!(
@@ -272,6 +315,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
                 note_buffer("send", args.sndbuf, buffers.sndbuf, "net.core.wmem_max");
                 note_buffer("receive", args.rcvbuf, buffers.rcvbuf, "net.core.rmem_max");
             }
+            ServeEvent::Report(r) if r.session != 0 => totals = r.server,
             ServeEvent::Report(r) => {
                 totals = r.server;
                 let line = if json {

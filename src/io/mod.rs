@@ -14,16 +14,19 @@ pub mod tun;
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
+use tokio::sync::Notify;
 
 pub use socket::{RecvBatch, SocketBuffers, TxBatch, UdpIo};
 
+use crate::proto::server::{Arrival, SessionEvent};
 use crate::proto::wire::{ReceiverParams, ACK_MAX_LEN, CONTROL_MAX_LEN};
 use crate::proto::{
-    Client, Closed, ConnError, ConnReport, Notice, PatternSource, Server, ServerLimits,
-    ServerStats, Time, Tuning,
+    Client, Closed, ConnError, ConnReport, Notice, PatternSource, PayloadSource, Server,
+    ServerLimits, ServerStats, Time, Tuning,
 };
 use crate::sim::Observer;
 use crate::summary::Summary;
@@ -53,6 +56,36 @@ impl Clock {
 
     fn instant(&self, t: Time) -> tokio::time::Instant {
         tokio::time::Instant::from_std(self.base + Duration::from_nanos(t.as_nanos()))
+    }
+}
+
+/// Waits for a notification, or forever.
+async fn notified(waker: Option<&Notify>) {
+    match waker {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A connection's stream as the client's driver sees it: bytes that other
+/// threads may still be producing.
+pub trait StreamFeed: PayloadSource {
+    /// Takes in what other threads produced, given the stream bytes
+    /// acknowledged so far (which it may forget). Returns the stream bytes
+    /// ready to send, or `None` when all of them always are; an error
+    /// (a file that cannot be read) ends the connection.
+    fn refill(&mut self, acked: u64) -> Result<Option<u64>, String>;
+    /// Notified when [`StreamFeed::refill`] may have more.
+    fn waker(&self) -> Option<Arc<Notify>>;
+}
+
+impl StreamFeed for PatternSource {
+    fn refill(&mut self, _acked: u64) -> Result<Option<u64>, String> {
+        Ok(None)
+    }
+
+    fn waker(&self) -> Option<Arc<Notify>> {
+        None
     }
 }
 
@@ -100,6 +133,9 @@ pub enum ProbeError {
     Recv { peer: SocketAddr, error: io::Error },
     #[error("interrupted")]
     Interrupted,
+    /// The stream's data could not be produced (a file could not be read).
+    #[error("{0}")]
+    Source(String),
     #[error("bad tuning: {0}")]
     Tuning(crate::proto::tuning::TuningError),
 }
@@ -116,6 +152,8 @@ pub struct ProbeConfig {
     pub trace: bool,
     /// Connection id; fresh per run.
     pub conn_id: u64,
+    /// File-transfer session; 0 for a probe.
+    pub session: u64,
 }
 
 #[derive(Debug)]
@@ -148,6 +186,16 @@ pub async fn probe(
     observer: &mut dyn Observer,
     stop: impl std::future::Future<Output = ()>,
 ) -> ProbeResult {
+    connect(config, &mut PatternSource, observer, stop).await
+}
+
+/// Runs one connection to the end, sending the stream `feed` produces.
+pub async fn connect<F: StreamFeed>(
+    config: ProbeConfig,
+    feed: &mut F,
+    observer: &mut dyn Observer,
+    stop: impl std::future::Future<Output = ()>,
+) -> ProbeResult {
     let peer = config.peer;
     let local: SocketAddr = if peer.is_ipv4() {
         (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
@@ -166,7 +214,7 @@ pub async fn probe(
     // The tuning first: a bad one should not cost a socket.
     let clock = Clock::new();
     let mut client = match Client::new(&config.tuning, config.conn_id, config.bytes, clock.now()) {
-        Ok(c) => c,
+        Ok(c) => c.with_session(config.session),
         Err(e) => return fail(ProbeError::Tuning(e)),
     };
     let io = match UdpIo::bind(local) {
@@ -193,7 +241,7 @@ pub async fn probe(
         rx: RecvBatch::new(),
         unreachable: 0,
     };
-    let outcome = driver.run(observer, stop).await;
+    let outcome = driver.run(feed, observer, stop).await;
     let ClientDriver {
         mut client,
         clock,
@@ -300,16 +348,23 @@ impl ClientDriver {
         })
     }
 
-    async fn run(
+    async fn run<F: StreamFeed>(
         &mut self,
+        feed: &mut F,
         observer: &mut dyn Observer,
         stop: impl std::future::Future<Output = ()>,
     ) -> Result<Closed, ProbeError> {
-        let mut pattern = PatternSource;
         let max_len = (self.mss as usize).max(CONTROL_MAX_LEN);
+        let waker = feed.waker();
         tokio::pin!(stop);
         loop {
             let now = self.clock.now();
+            let acked = self.client.sender().map_or(0, |s| s.good_bytes());
+            match feed.refill(acked) {
+                Ok(Some(ready)) => self.client.set_available(now, ready),
+                Ok(None) => {}
+                Err(why) => return Err(ProbeError::Source(why)),
+            }
             if self.client.poll_timeout().is_some_and(|t| t <= now) {
                 self.client.handle_timeout(now);
             }
@@ -322,9 +377,7 @@ impl ClientDriver {
                 }
                 let client = &mut self.client;
                 if !self.tx.push_with(max_len, |b| {
-                    client
-                        .poll_transmit(now, b, &mut pattern)
-                        .map(|n| (peer, n))
+                    client.poll_transmit(now, b, feed).map(|n| (peer, n))
                 }) {
                     break;
                 }
@@ -361,6 +414,7 @@ impl ClientDriver {
                     }
                 }
                 () = sleep_until(self.clock, deadline) => {}
+                () = notified(waker.as_deref()) => {}
                 () = &mut stop => return Err(ProbeError::Interrupted),
             }
         }
@@ -413,10 +467,29 @@ pub enum ServeError {
     Socket { addr: SocketAddr, error: io::Error },
 }
 
-/// Serves probes until `stop` resolves (or, with `once`, until the first
-/// connection ends). Returns the server's counters.
+/// What a server does with session connections (file transfers): placed
+/// on the driver's thread, so each call must be quick; slow work goes to
+/// other threads, which call the waker when there is something to
+/// [`ServeApp::poll`].
+pub trait ServeApp {
+    fn on_arrival(&mut self, server: &mut Server, arrival: Arrival<'_>);
+    fn on_event(&mut self, server: &mut Server, event: SessionEvent);
+    /// Takes in what other threads finished.
+    fn poll(&mut self, server: &mut Server);
+    fn waker(&self) -> Option<Arc<Notify>>;
+    /// Stop serving (the in-process receiver of `atou copy`, once its one
+    /// transfer is over).
+    fn finished(&self) -> bool {
+        false
+    }
+}
+
+/// Serves probes (and, through `app`, file transfers) until `stop`
+/// resolves, `app` is finished, or, with `once`, the first connection
+/// ends. Returns the server's counters.
 pub async fn serve(
     config: ServeConfig,
+    app: &mut dyn ServeApp,
     mut on_event: impl FnMut(ServeEvent),
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<ServerStats, ServeError> {
@@ -432,15 +505,22 @@ pub async fn serve(
     let mut server = Server::new(ServerLimits::default(), config.rcvbuf, buffers.rcvbuf);
     let mut tx = TxBatch::new();
     let mut rx = RecvBatch::new();
-    let max_len = ACK_MAX_LEN.max(CONTROL_MAX_LEN);
+    let max_len = ACK_MAX_LEN
+        .max(CONTROL_MAX_LEN)
+        .max(Server::MAX_TRANSMIT_LEN);
+    let waker = app.waker();
     tokio::pin!(stop);
     let mut done = false;
     loop {
         let now = clock.now();
         if server.poll_timeout().is_some_and(|t| t <= now) {
             server.handle_timeout(now);
-            while tx.push_with(max_len, |b| server.poll_transmit(now, b)) {}
         }
+        app.poll(&mut server);
+        while let Some(e) = server.poll_session_event() {
+            app.on_event(&mut server, e);
+        }
+        while tx.push_with(max_len, |b| server.poll_transmit(now, b)) {}
         while let Some(n) = server.poll_notice() {
             on_event(ServeEvent::Notice(n));
         }
@@ -451,13 +531,18 @@ pub async fn serve(
         // Send errors to one client (its host unreachable, say) must not
         // stop the server; they are as good as lost datagrams.
         let _ = tx.flush(&io).await;
-        if done {
+        if done || app.finished() {
             return Ok(*server.stats());
         }
         let received = io
             .try_recv(&mut rx, |from, datagram| {
                 let now = clock.now();
-                server.handle_datagram(now, from, datagram);
+                if let Some(arrival) = server.handle_datagram(now, from, datagram) {
+                    app.on_arrival(&mut server, arrival);
+                }
+                while let Some(e) = server.poll_session_event() {
+                    app.on_event(&mut server, e);
+                }
                 if let Some(asked) = server.wanted_rcvbuf() {
                     let granted = io.set_rcvbuf(asked).unwrap_or(asked);
                     server.set_socket_rcvbuf(granted);
@@ -474,6 +559,7 @@ pub async fn serve(
         tokio::select! {
             r = io.readable() => r.map_err(sock_err)?,
             () = sleep_until(clock, deadline) => {}
+            () = notified(waker.as_deref()) => {}
             () = &mut stop => return Ok(*server.stats()),
         }
     }

@@ -186,6 +186,8 @@ pub struct Client {
     /// 0 for a probe; else the file-transfer session.
     session: u64,
     reply: Option<Vec<u8>>,
+    /// Stream bytes ready to send, when the application limits them.
+    available: Option<u64>,
     tuning: Tuning,
     stream_len: Option<u64>,
     state: State,
@@ -214,6 +216,7 @@ impl Client {
             conn_id,
             session: 0,
             reply: None,
+            available: None,
             tuning: tuning.clone(),
             stream_len,
             state: State::Hello,
@@ -232,6 +235,15 @@ impl Client {
     pub fn with_session(mut self, session: u64) -> Client {
         self.session = session;
         self
+    }
+
+    /// Limits the data sent to the stream's first `bytes` (see
+    /// [`Sender::set_available`]); kept for the sender made at the welcome.
+    pub fn set_available(&mut self, now: Time, bytes: u64) {
+        self.available = Some(self.available.map_or(bytes, |a| a.max(bytes)));
+        if let Some(s) = self.sender.as_mut() {
+            s.set_available(now, bytes);
+        }
     }
 
     /// Records atou's packet trace (see [`Sender::enable_trace`]).
@@ -334,6 +346,9 @@ impl Client {
                     .expect("tuning was checked when the client was made");
                 if self.trace {
                     sender.enable_trace();
+                }
+                if let Some(bytes) = self.available {
+                    sender.set_available(now, bytes);
                 }
                 self.sender = Some(sender);
                 self.state = State::Transfer;

@@ -1,0 +1,509 @@
+//! `atou send`, `atou copy` and the file side of `atou serve --dir`.
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use clap::Args;
+
+use atou::io::{self, ServeConfig, DEFAULT_PORT};
+use atou::transfer::manifest::RelPath;
+use atou::transfer::messages::Options;
+use atou::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveEvent, TransferReport};
+use atou::transfer::send::{send, Progress, SendConfig, SendError, SendReport};
+use atou::units::{format_rate, format_size, parse_size};
+
+use super::net::{resolve, runtime};
+use super::{print_stdout, TuningArgs, UsageError};
+
+/// Read-ahead (sender) and window (receiver) per transfer, over all streams.
+pub const DEFAULT_BUFFER: &str = "64MiB";
+/// Transport connections per transfer; see docs/transfer.md for how it was chosen.
+pub const DEFAULT_STREAMS: usize = 2;
+
+#[derive(Args, Debug)]
+pub struct TransferArgs {
+    /// Transport connections at once; chunks are shared out over them, largest files first
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_STREAMS, value_parser = parse_streams)]
+    streams: usize,
+    /// Memory for data in flight, in bytes (e.g. 64MiB): the sender's read-ahead and the receive window, shared by the streams; at least 2 MiB per stream
+    #[arg(long, value_name = "SIZE", default_value = DEFAULT_BUFFER, value_parser = parse_bytes)]
+    buffer: u64,
+    /// Replace files that already exist at the destination (default: refuse the transfer)
+    #[arg(long)]
+    overwrite: bool,
+    /// Leave alone existing files of the same size and modification time (and identical symlinks)
+    #[arg(long)]
+    skip_existing: bool,
+    /// Sync each file to disk at the receiver before renaming it into place
+    #[arg(long)]
+    fsync: bool,
+    /// Send what symlinks point to instead of the symlinks
+    #[arg(long)]
+    follow: bool,
+    /// Reader threads (default: one per core, at least 2)
+    #[arg(long, value_name = "N")]
+    readers: Option<usize>,
+    /// No progress display
+    #[arg(long, short)]
+    quiet: bool,
+    /// Print the final report as JSON on stdout
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    tuning: TuningArgs,
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    atou send data/ results.tar server.example.org\n  \
+    atou send big.img 10.0.0.2:7891:incoming --streams 4 --recovery sack\n  \
+    atou send tree/ '[2001:db8::2]:7890:backup' --skip-existing\n\n\
+    Each SRC arrives as DEST/SUBDIR/NAME, NAME being its last component, with modes and mtimes \
+    kept. A numeric SUBDIR needs the port spelled out (host:7890:2024). Exit status: 0 every \
+    file sent and verified, 1 the transfer failed (the reason is on stderr), 2 usage error, \
+    130 interrupted; run the same command again to resume.")]
+pub struct SendArgs {
+    /// Files and directories to send
+    #[arg(value_name = "SRC", required = true, num_args = 1..)]
+    sources: Vec<PathBuf>,
+    /// The receiver, an `atou serve --dir DEST`: HOST, HOST:PORT or HOST:PORT:SUBDIR (default port 7890)
+    #[arg(value_name = "HOST[:PORT][:SUBDIR]")]
+    dest: String,
+    #[command(flatten)]
+    transfer: TransferArgs,
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    atou copy dataset/ /mnt/scratch\n  \
+    atou copy a.bin b.bin server.example.org:7890:incoming\n\n\
+    A DEST with a colon before any slash is remote (as in scp): HOST[:PORT]:PATH, sent to \
+    an `atou serve --dir` there. Anything else is a local directory (created if missing): \
+    atou runs the receiver itself over loopback UDP, so one command does the whole job. \
+    Each SRC arrives as DEST/NAME.")]
+pub struct CopyArgs {
+    /// Files and directories to copy
+    #[arg(value_name = "SRC", required = true, num_args = 1..)]
+    sources: Vec<PathBuf>,
+    /// A local directory, or HOST[:PORT]:PATH
+    #[arg(value_name = "DEST")]
+    dest: String,
+    #[command(flatten)]
+    transfer: TransferArgs,
+}
+
+fn parse_streams(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ 1..=64) => Ok(n),
+        _ => Err(format!("`{s}` is not a number of streams from 1 to 64")),
+    }
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    parse_size(s)
+}
+
+/// `HOST[:PORT][:SUBDIR]` split into the host (with port) and the subdir.
+fn split_remote(dest: &str) -> Result<(String, Option<RelPath>)> {
+    let (host, rest) = if let Some(inner) = dest.strip_prefix('[') {
+        let (addr, rest) = inner.split_once(']').ok_or_else(|| {
+            UsageError(format!("`{dest}`: an IPv6 address needs its closing `]`"))
+        })?;
+        (format!("[{addr}]"), rest.strip_prefix(':').unwrap_or(rest))
+    } else {
+        match dest.split_once(':') {
+            Some((h, rest)) => (h.to_string(), rest),
+            None => (dest.to_string(), ""),
+        }
+    };
+    if host.is_empty() || host == "[]" {
+        return Err(UsageError(format!("`{dest}` names no host")).into());
+    }
+    let (port, subdir) = match rest.split_once(':') {
+        Some((p, s)) if p.chars().all(|c| c.is_ascii_digit()) && !p.is_empty() => (Some(p), s),
+        Some(_) => (None, rest),
+        None if !rest.is_empty() && rest.chars().all(|c| c.is_ascii_digit()) => (Some(rest), ""),
+        None => (None, rest),
+    };
+    let port: u16 = match port {
+        Some(p) => p
+            .parse()
+            .map_err(|_| UsageError(format!("`{p}` in `{dest}` is not a port number")))?,
+        None => DEFAULT_PORT,
+    };
+    let subdir = subdir.trim_start_matches("./").trim_end_matches('/');
+    let subdir = if subdir.is_empty() || subdir == "." {
+        None
+    } else {
+        Some(
+            RelPath::new(subdir.as_bytes().to_vec())
+                .map_err(|e| UsageError(format!("destination subdirectory in `{dest}`: {e}")))?,
+        )
+    };
+    Ok((format!("{host}:{port}"), subdir))
+}
+
+/// scp's rule: a colon before any slash makes DEST remote.
+fn is_remote(dest: &str) -> bool {
+    match dest.find(':') {
+        Some(colon) => !dest[..colon].contains('/'),
+        None => false,
+    }
+}
+
+fn readers(n: Option<usize>) -> usize {
+    n.unwrap_or_else(|| {
+        thread::available_parallelism()
+            .map_or(2, |n| n.get())
+            .max(2)
+    })
+}
+
+impl TransferArgs {
+    fn config(
+        &self,
+        peer: SocketAddr,
+        host: String,
+        subdir: Option<RelPath>,
+    ) -> Result<SendConfig> {
+        let (mut tuning, notes) = self.tuning.resolve()?;
+        for note in notes {
+            eprintln!("atou: {note}");
+        }
+        let per_stream = self.buffer / self.streams as u64;
+        let min = 2 * (atou::transfer::hash::CHUNK_SIZE + 32);
+        if per_stream < min {
+            return Err(UsageError(format!(
+                "--buffer {} is too small for {} streams: at least {} each (two 1 MiB chunks)",
+                format_size(self.buffer),
+                self.streams,
+                format_size(min)
+            ))
+            .into());
+        }
+        // The window each stream asks for is its share of the buffer,
+        // unless --rcvsegs asked for less.
+        let payload = tuning.payload_size() as u64;
+        let want = (per_stream / payload).min(u64::from(u32::MAX)) as u32;
+        if tuning.rcvsegs != atou::proto::Tuning::default().rcvsegs {
+            let need = min.div_ceil(payload) as u32;
+            if tuning.rcvsegs < need {
+                return Err(UsageError(format!(
+                    "--rcvsegs {} is too small for a file transfer: the window must hold two \
+                     1 MiB chunks, {need} segments of {payload} bytes",
+                    tuning.rcvsegs
+                ))
+                .into());
+            }
+            tuning.rcvsegs = tuning.rcvsegs.min(want.max(need));
+        } else {
+            tuning.rcvsegs = want;
+        }
+        Ok(SendConfig {
+            peer,
+            host,
+            subdir,
+            tuning,
+            options: Options {
+                overwrite: self.overwrite,
+                skip_existing: self.skip_existing,
+                fsync: self.fsync,
+            },
+            follow: self.follow,
+            streams: self.streams,
+            buffer: self.buffer,
+            readers: readers(self.readers),
+        })
+    }
+}
+
+/// Shows progress on stderr until `done` is set: bars on a terminal, a
+/// line every few seconds otherwise.
+fn show_progress(progress: Arc<Progress>, done: Arc<Mutex<bool>>, tty: bool) {
+    let started = Instant::now();
+    if tty {
+        use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+        let multi = MultiProgress::new();
+        let bar = multi.add(ProgressBar::new(0));
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{msg:>12} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
+        );
+        let files = multi.add(ProgressBar::new_spinner());
+        while !*done.lock().expect("progress lock") {
+            bar.set_length(progress.total.load(Ordering::Relaxed));
+            bar.set_position(progress.done.load(Ordering::Relaxed));
+            bar.set_message(progress.stage.lock().expect("progress lock").clone());
+            let current = progress.current.lock().expect("progress lock").join(", ");
+            files.set_message(current);
+            files.tick();
+            thread::sleep(Duration::from_millis(100));
+        }
+        bar.finish_and_clear();
+        files.finish_and_clear();
+        return;
+    }
+    let mut last = Instant::now();
+    let mut last_done = 0;
+    while !*done.lock().expect("progress lock") {
+        thread::sleep(Duration::from_millis(100));
+        if last.elapsed() < Duration::from_secs(5) {
+            continue;
+        }
+        let d = progress.done.load(Ordering::Relaxed);
+        let t = progress.total.load(Ordering::Relaxed);
+        let rate = (d - last_done.min(d)) as f64 * 8.0 / last.elapsed().as_secs_f64();
+        eprintln!(
+            "atou: {:.0} s: {} of {} sent, {} ({})",
+            started.elapsed().as_secs_f64(),
+            format_size(d),
+            format_size(t),
+            format_rate(rate),
+            progress.stage.lock().expect("progress lock")
+        );
+        last = Instant::now();
+        last_done = d;
+    }
+}
+
+fn report_text(r: &SendReport) -> String {
+    let mut s = format!(
+        "atou: sent {} file{} ({} dir{}, {} symlink{}) to {}: {} in {:.2} s, {}",
+        r.files,
+        if r.files == 1 { "" } else { "s" },
+        r.dirs,
+        if r.dirs == 1 { "" } else { "s" },
+        r.symlinks,
+        if r.symlinks == 1 { "" } else { "s" },
+        r.host,
+        format_size(r.bytes_sent),
+        r.secs,
+        format_rate(r.goodput_bps),
+    );
+    if r.bytes_skipped > 0 || r.skipped_files > 0 {
+        s += &format!(
+            "; {} not sent (already there: {} file{} skipped, the rest resumed)",
+            format_size(r.bytes_skipped),
+            r.skipped_files,
+            if r.skipped_files == 1 { "" } else { "s" }
+        );
+    }
+    if r.chunks_resent > 0 {
+        s += &format!(
+            "; {} chunks failed their check and were sent again",
+            r.chunks_resent
+        );
+    }
+    s += "\natou: every file verified at the receiver (BLAKE3 per chunk and per file)\n";
+    for (i, t) in r.streams.iter().enumerate() {
+        s += &format!(
+            "stream {}: {} in {:.2} s, {}; segments {} rxmts {} timeouts {} srtt {:.3} ms cwnd {}\n",
+            i + 1,
+            format_size(t.bytes),
+            t.secs,
+            format_rate(t.goodput_bps),
+            t.pkts_out,
+            t.rxmts,
+            t.timeouts,
+            t.srtt.as_secs_f64() * 1e3,
+            t.cwnd,
+        );
+    }
+    s
+}
+
+/// Runs a send and reports it; the exit code.
+fn run_send(sources: &[PathBuf], config: SendConfig, args: &TransferArgs) -> Result<ExitCode> {
+    let progress = Arc::new(Progress::default());
+    let done = Arc::new(Mutex::new(false));
+    let shower = (!args.quiet).then(|| {
+        let (p, d) = (progress.clone(), done.clone());
+        let tty = std::io::stderr().is_terminal();
+        thread::spawn(move || show_progress(p, d, tty))
+    });
+    {
+        let p = progress.clone();
+        // Ctrl-C: stop the connections; the partial files stay for a resume.
+        let _ = ctrlc_hook(move || p.stop.store(true, Ordering::Relaxed));
+    }
+    let result = send(sources, &config, progress.clone());
+    *done.lock().expect("progress lock") = true;
+    if let Some(h) = shower {
+        let _ = h.join();
+    }
+    match result {
+        Ok(report) => {
+            if args.json {
+                print_stdout(&(serde_json::to_string_pretty(&report)? + "\n"))?;
+            } else if !args.quiet {
+                eprint!("{}", report_text(&report));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(SendError::Interrupted) => {
+            eprintln!("atou: interrupted; run the same command again to resume");
+            Ok(ExitCode::from(130))
+        }
+        Err(e) => {
+            eprintln!("atou: {e}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// Calls `f` on the first Ctrl-C, from a thread of its own.
+fn ctrlc_hook(f: impl FnOnce() + Send + 'static) -> Result<()> {
+    let rt = runtime()?;
+    thread::spawn(move || {
+        rt.block_on(async {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                f();
+            }
+        })
+    });
+    Ok(())
+}
+
+pub fn send_cmd(args: SendArgs) -> Result<ExitCode> {
+    let (host, subdir) = split_remote(&args.dest)?;
+    let peer = resolve(&host)?;
+    let config = args.transfer.config(peer, host, subdir)?;
+    run_send(&args.sources, config, &args.transfer)
+}
+
+pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
+    if is_remote(&args.dest) {
+        let (host, subdir) = split_remote(&args.dest)?;
+        let peer = resolve(&host)?;
+        let config = args.transfer.config(peer, host, subdir)?;
+        return run_send(&args.sources, config, &args.transfer);
+    }
+    let root = Path::new(&args.dest);
+    std::fs::create_dir_all(root).map_err(|e| {
+        UsageError(atou::transfer::dest::io_error(
+            "create destination",
+            root,
+            &e,
+        ))
+    })?;
+    let root = atou::transfer::receive::check_root(root).map_err(UsageError)?;
+    // The receiver, in-process on loopback.
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    let addr = sock.local_addr()?;
+    drop(sock);
+    let failure: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    let mut receiver = FileReceiver::new(
+        ReceiveConfig {
+            root: root.clone(),
+            writers: readers(args.transfer.readers),
+            once: true,
+        },
+        {
+            let failure = failure.clone();
+            move |e| {
+                if let ReceiveEvent::Failed { why, .. } = e {
+                    failure.lock().expect("lock").get_or_insert(why);
+                }
+            }
+        },
+    );
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let server = {
+        let stop = stop.clone();
+        let rcvbuf = args.transfer.tuning.resolve()?.0.rcvbuf;
+        thread::spawn(move || -> Result<()> {
+            let rt = runtime()?;
+            rt.block_on(io::serve(
+                ServeConfig {
+                    bind: addr,
+                    once: false,
+                    sndbuf: 4 << 20,
+                    rcvbuf,
+                },
+                &mut receiver,
+                |e| {
+                    if let io::ServeEvent::Listening { .. } = e {
+                        let _ = ready_tx.send(());
+                    }
+                },
+                async move { stop.notified().await },
+            ))?;
+            Ok(())
+        })
+    };
+    if ready_rx.recv_timeout(Duration::from_secs(10)).is_err() {
+        return match server.join() {
+            Ok(Err(e)) => Err(e.context("cannot start the local receiver")),
+            _ => Err(anyhow::anyhow!("the local receiver did not start")),
+        };
+    }
+    let config = args
+        .transfer
+        .config(addr, format!("{}", root.display()), None)?;
+    let code = run_send(&args.sources, config, &args.transfer);
+    stop.notify_one();
+    let _ = server.join();
+    code
+}
+
+/// The line `atou serve --dir` prints when a transfer ends.
+pub fn transfer_line(r: &TransferReport) -> String {
+    format!(
+        "{} transfer {:016x} into {}: {} files, {} dirs, {} symlinks, {} skipped; {} written, {} resumed; \
+         {} chunks rejected and re-sent; {:.2} s; every file verified",
+        r.peer,
+        r.session,
+        r.dest.display(),
+        r.files,
+        r.dirs,
+        r.symlinks,
+        r.skipped,
+        format_size(r.bytes_written),
+        format_size(r.bytes_resumed),
+        r.chunks_rejected,
+        r.secs
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_destinations() {
+        let s = |d: &str| split_remote(d).map(|(h, s)| (h, s.map(|s| s.to_string())));
+        assert_eq!(s("h").unwrap(), ("h:7890".into(), None));
+        assert_eq!(s("h:7891").unwrap(), ("h:7891".into(), None));
+        assert_eq!(s("h:in/x").unwrap(), ("h:7890".into(), Some("in/x".into())));
+        assert_eq!(
+            s("h:7891:2024").unwrap(),
+            ("h:7891".into(), Some("2024".into()))
+        );
+        assert_eq!(
+            s("h:7891:a:b/").unwrap(),
+            ("h:7891".into(), Some("a:b".into()))
+        );
+        assert_eq!(
+            s("[::1]:7891:x").unwrap(),
+            ("[::1]:7891".into(), Some("x".into()))
+        );
+        assert_eq!(s("[::1]").unwrap(), ("[::1]:7890".into(), None));
+        assert!(s("h:../up").is_err());
+        assert!(s("h:99999:x").is_err());
+        assert!(s(":x").is_err());
+        assert!(is_remote("host:dir"));
+        assert!(!is_remote("./a:b"));
+        assert!(!is_remote("/tmp/x"));
+    }
+}

@@ -1,0 +1,973 @@
+//! The manifest: every entry of the trees being sent, sent before any data.
+//!
+//! The receiver decodes and validates it before anything touches its disk,
+//! so [`Manifest::decode`] is a security boundary: it never panics, checks
+//! every length against the bytes left before reading, allocates at most a
+//! small multiple of the input, and names the offending path in every error.
+//!
+//! # Encoding (all integers big-endian)
+//!
+//! ```text
+//! offset  size  field
+//!      0     4  magic b"ATMF"
+//!      4     1  version = 1
+//!      5     4  entry count (u32, at most MAX_ENTRIES)
+//!      9        entries, back to back, each:
+//!        +0  1  kind: 1 dir, 2 file, 3 symlink
+//!        +1  4  mode (u32, permission bits only: <= 0o7777)
+//!        +5  8  mtime seconds (i64, since the Unix epoch)
+//!       +13  4  mtime nanoseconds (u32, < 1_000_000_000)
+//!       +17  2  path length N (u16)
+//!       +19  N  path: '/'-separated bytes (see RelPath)
+//!             file:    8  size in bytes (u64)
+//!             symlink: 2  target length T (u16), then T target bytes
+//! ```
+//!
+//! Nothing may follow the last entry.
+//!
+//! # Validity
+//!
+//! Every path is a valid [`RelPath`]; no path appears twice; every entry's
+//! parent is a directory entry listed earlier, so nothing can be placed under
+//! a file or a symlink. Symlink targets are stored as given (they may point
+//! anywhere): the writer creates them last-level only and never follows them.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
+use std::fmt;
+use std::fs;
+use std::io;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+pub const MAGIC: [u8; 4] = *b"ATMF";
+pub const VERSION: u8 = 1;
+/// Most entries one manifest may hold.
+pub const MAX_ENTRIES: u64 = 1 << 24;
+/// Longest path, and longest symlink target, in bytes.
+pub const MAX_PATH_LEN: usize = 4096;
+/// Longest path component in bytes.
+pub const MAX_COMPONENT_LEN: usize = 255;
+const HEADER_LEN: usize = 4 + 1 + 4;
+/// A directory entry with a one-byte name: the smallest entry on the wire.
+const MIN_ENTRY_LEN: usize = 1 + 4 + 8 + 4 + 2 + 1;
+const KIND_DIR: u8 = 1;
+const KIND_FILE: u8 = 2;
+const KIND_SYMLINK: u8 = 3;
+
+/// Bytes shown for a person: lossy UTF-8 with control and bidi characters
+/// escaped, so a hostile name cannot drive the terminal or disguise itself.
+struct Escaped<'a>(&'a [u8]);
+
+impl fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for chunk in self.0.utf8_chunks() {
+            for c in chunk.valid().chars() {
+                match c {
+                    '\n' => f.write_str("\\n")?,
+                    '\t' => f.write_str("\\t")?,
+                    '\r' => f.write_str("\\r")?,
+                    c if c.is_ascii_control() => write!(f, "\\x{:02x}", c as u32)?,
+                    c if c.is_control() || is_layout_control(c) => {
+                        write!(f, "\\u{{{:x}}}", c as u32)?
+                    }
+                    c => write!(f, "{c}")?,
+                }
+            }
+            if !chunk.invalid().is_empty() {
+                f.write_str("\u{fffd}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Bidi overrides and line separators: they reorder or break what follows.
+fn is_layout_control(c: char) -> bool {
+    let bidi = matches!(
+        c,
+        '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}'
+    );
+    bidi || matches!(c, '\u{2028}' | '\u{2029}' | '\u{2066}'..='\u{2069}')
+}
+
+fn shown(bytes: &[u8]) -> Escaped<'_> {
+    Escaped(bytes)
+}
+
+fn shown_path(path: &Path) -> Escaped<'_> {
+    Escaped(path.as_os_str().as_bytes())
+}
+
+/// The start of a long name, for messages about names that are too long.
+fn head(bytes: &[u8]) -> String {
+    const SHOWN: usize = 48;
+    match bytes.get(..SHOWN) {
+        Some(start) if bytes.len() > SHOWN => format!("{}…", Escaped(start)),
+        _ => Escaped(bytes).to_string(),
+    }
+}
+
+/// Why a name cannot be a [`RelPath`]. Each variant holds the raw name.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum NameError {
+    #[error("empty path")]
+    Empty,
+    #[error("`{}`: path is {len} bytes long (at most {MAX_PATH_LEN} allowed)", head(.name))]
+    TooLong { name: Vec<u8>, len: usize },
+    #[error("`{}`: a component is {len} bytes long (at most 255 allowed)", head(.name))]
+    ComponentTooLong { name: Vec<u8>, len: usize },
+    #[error("`{}`: absolute paths are not allowed in the destination", shown(.name))]
+    Absolute { name: Vec<u8> },
+    /// `component` is "." or "..".
+    #[error("`{}`: `{component}` {}", shown(.name), dot_problem(.component))]
+    DotComponent {
+        name: Vec<u8>,
+        component: &'static str,
+    },
+    #[error("`{}`: empty component (a trailing or doubled `/`)", shown(.name))]
+    EmptyComponent { name: Vec<u8> },
+    #[error("`{}`: contains a NUL byte", shown(.name))]
+    Nul { name: Vec<u8> },
+}
+
+fn dot_problem(component: &str) -> &'static str {
+    match component {
+        ".." => "would leave the destination",
+        _ => "components are not allowed",
+    }
+}
+
+/// A relative path inside the destination, '/'-separated bytes, validated:
+/// non-empty; at most 4096 bytes; components non-empty (no leading, trailing
+/// or double '/'), not "." or "..", at most 255 bytes each; no NUL byte.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RelPath(Vec<u8>);
+
+impl RelPath {
+    pub fn new(name: Vec<u8>) -> Result<RelPath, NameError> {
+        use NameError as N;
+        let len = name.len();
+        if name.is_empty() {
+            return Err(N::Empty);
+        } else if name.contains(&0) {
+            return Err(N::Nul { name });
+        } else if len > MAX_PATH_LEN {
+            return Err(N::TooLong { name, len });
+        } else if name[0] == b'/' {
+            return Err(N::Absolute { name });
+        }
+        for c in name.split(|&b| b == b'/') {
+            let component = match c {
+                b"" => return Err(N::EmptyComponent { name }),
+                b"." => ".",
+                b".." => "..",
+                c if c.len() > MAX_COMPONENT_LEN => {
+                    let len = c.len();
+                    return Err(N::ComponentTooLong { name, len });
+                }
+                _ => continue,
+            };
+            return Err(N::DotComponent { name, component });
+        }
+        Ok(RelPath(name))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn components(&self) -> impl Iterator<Item = &[u8]> {
+        self.0.split(|&b| b == b'/')
+    }
+
+    /// `None` for a single component.
+    pub fn parent(&self) -> Option<RelPath> {
+        let slash = self.0.iter().rposition(|&b| b == b'/')?;
+        Some(RelPath(self.0[..slash].to_vec()))
+    }
+
+    /// `self/name`, validated as a whole.
+    pub fn join(&self, name: &[u8]) -> Result<RelPath, NameError> {
+        RelPath::new([&self.0, &b"/"[..], name].concat())
+    }
+
+    pub fn to_path(&self) -> &Path {
+        Path::new(OsStr::from_bytes(&self.0))
+    }
+}
+
+impl fmt::Display for RelPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        Escaped(&self.0).fmt(f)
+    }
+}
+
+impl fmt::Debug for RelPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "\"{}\"", Escaped(&self.0))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryKind {
+    Dir,
+    File { size: u64 },
+    Symlink { target: Vec<u8> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub path: RelPath,
+    pub kind: EntryKind,
+    /// Permission bits (mode & 0o7777).
+    pub mode: u32,
+    pub mtime_sec: i64,
+    /// Below 1_000_000_000.
+    pub mtime_nsec: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Manifest {
+    pub entries: Vec<Entry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ManifestError {
+    #[error("manifest truncated: {needed} bytes needed, {actual} present")]
+    Truncated { needed: usize, actual: usize },
+    #[error("not an atou manifest (bad magic)")]
+    BadMagic,
+    #[error("manifest version {0} is not supported (this build reads version {VERSION})")]
+    UnsupportedVersion(u8),
+    #[error("manifest entry {index}: unknown entry kind {kind}")]
+    UnknownKind { index: usize, kind: u8 },
+    #[error("{0} unexpected bytes after the last manifest entry")]
+    TrailingBytes(usize),
+    #[error("manifest has {0} entries (at most {MAX_ENTRIES} allowed)")]
+    TooManyEntries(u64),
+    #[error("manifest entry {index}: {error}")]
+    BadName { index: usize, error: NameError },
+    #[error("`{0}` appears twice in the manifest")]
+    Duplicate(RelPath),
+    #[error("`{path}`: its parent directory `{parent}` is not listed before it")]
+    ParentMissing { path: RelPath, parent: RelPath },
+    /// `what` is "a file" or "a symlink".
+    #[error("`{path}`: its parent `{parent}` is {what}, not a directory")]
+    ParentNotDir {
+        path: RelPath,
+        parent: RelPath,
+        what: &'static str,
+    },
+    #[error("`{path}`: symlink target {problem}")]
+    BadTarget {
+        path: RelPath,
+        problem: &'static str,
+    },
+    #[error("`{path}`: mode {mode:#o} has bits beyond 0o7777")]
+    BadMode { path: RelPath, mode: u32 },
+    #[error("`{path}`: mtime nanoseconds {nsec} not below 1000000000")]
+    BadMtime { path: RelPath, nsec: u32 },
+}
+
+/// A cursor that checks every length against what is left before reading.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ManifestError> {
+        let rest = &self.buf[self.pos..];
+        let Some(bytes) = rest.get(..n) else {
+            let (needed, actual) = (self.pos.saturating_add(n), self.buf.len());
+            return Err(ManifestError::Truncated { needed, actual });
+        };
+        self.pos += n;
+        Ok(bytes)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], ManifestError> {
+        let mut a = [0; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+
+    /// A u16 length, then that many bytes.
+    fn bytes(&mut self) -> Result<&'a [u8], ManifestError> {
+        let len = u16::from_be_bytes(self.array()?);
+        self.take(len.into())
+    }
+
+    fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    let len = u16::try_from(bytes.len()).expect("validated manifest: length fits in u16");
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn target_problem(target: &[u8]) -> Option<&'static str> {
+    match target {
+        [] => Some("is empty"),
+        t if t.len() > MAX_PATH_LEN => Some("is longer than 4096 bytes"),
+        t if t.contains(&0) => Some("contains a NUL byte"),
+        _ => None,
+    }
+}
+
+impl Manifest {
+    /// Bytes of the manifest on the wire.
+    ///
+    /// # Panics
+    /// If a symlink target is longer than 65535 bytes or there are more than
+    /// `u32::MAX` entries; [`Manifest::validate`] rejects both.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_LEN + self.entries.len() * 40);
+        out.extend_from_slice(&MAGIC);
+        out.push(VERSION);
+        let count = u32::try_from(self.entries.len()).expect("validated manifest: entry count");
+        out.extend_from_slice(&count.to_be_bytes());
+        for e in &self.entries {
+            out.push(match e.kind {
+                EntryKind::Dir => KIND_DIR,
+                EntryKind::File { .. } => KIND_FILE,
+                EntryKind::Symlink { .. } => KIND_SYMLINK,
+            });
+            out.extend_from_slice(&e.mode.to_be_bytes());
+            out.extend_from_slice(&e.mtime_sec.to_be_bytes());
+            out.extend_from_slice(&e.mtime_nsec.to_be_bytes());
+            put_bytes(&mut out, e.path.as_bytes());
+            match &e.kind {
+                EntryKind::Dir => {}
+                EntryKind::File { size } => out.extend_from_slice(&size.to_be_bytes()),
+                EntryKind::Symlink { target } => put_bytes(&mut out, target),
+            }
+        }
+        out
+    }
+
+    /// Parses and validates; never panics.
+    pub fn decode(bytes: &[u8]) -> Result<Manifest, ManifestError> {
+        let mut r = Reader { buf: bytes, pos: 0 };
+        if r.array()? != MAGIC {
+            return Err(ManifestError::BadMagic);
+        }
+        let [version] = r.array()?;
+        if version != VERSION {
+            return Err(ManifestError::UnsupportedVersion(version));
+        }
+        let count = u32::from_be_bytes(r.array()?);
+        if u64::from(count) > MAX_ENTRIES {
+            return Err(ManifestError::TooManyEntries(count.into()));
+        }
+        // Every entry takes at least MIN_ENTRY_LEN bytes, so this bounds the
+        // allocation below by the input length.
+        let count = count as usize;
+        if count > r.remaining() / MIN_ENTRY_LEN {
+            let (needed, actual) = (HEADER_LEN + count * MIN_ENTRY_LEN, bytes.len());
+            return Err(ManifestError::Truncated { needed, actual });
+        }
+        let mut entries = Vec::with_capacity(count);
+        for index in 0..count {
+            let [kind] = r.array()?;
+            if !(KIND_DIR..=KIND_SYMLINK).contains(&kind) {
+                return Err(ManifestError::UnknownKind { index, kind });
+            }
+            let mode = u32::from_be_bytes(r.array()?);
+            let mtime_sec = i64::from_be_bytes(r.array()?);
+            let mtime_nsec = u32::from_be_bytes(r.array()?);
+            let path = RelPath::new(r.bytes()?.to_vec())
+                .map_err(|error| ManifestError::BadName { index, error })?;
+            let kind = match kind {
+                KIND_DIR => EntryKind::Dir,
+                KIND_FILE => EntryKind::File {
+                    size: u64::from_be_bytes(r.array()?),
+                },
+                _ => EntryKind::Symlink {
+                    target: r.bytes()?.to_vec(),
+                },
+            };
+            let entry = Entry {
+                path,
+                kind,
+                mode,
+                mtime_sec,
+                mtime_nsec,
+            };
+            entries.push(entry);
+        }
+        if r.remaining() != 0 {
+            return Err(ManifestError::TrailingBytes(r.remaining()));
+        }
+        let manifest = Manifest { entries };
+        manifest.validate()?;
+        Ok(manifest)
+    }
+
+    /// Every check of [`Manifest::decode`] beyond the byte layout, public so
+    /// a sender can check what it built: paths unique; each parent a
+    /// directory listed earlier; symlink targets non-empty, at most 4096
+    /// bytes, without NUL; mode at most 0o7777; mtime_nsec below 1e9.
+    pub fn validate(&self) -> Result<(), ManifestError> {
+        use ManifestError as E;
+        if self.entries.len() as u64 > MAX_ENTRIES {
+            return Err(E::TooManyEntries(self.entries.len() as u64));
+        }
+        let mut seen: HashMap<&RelPath, &EntryKind> = HashMap::with_capacity(self.entries.len());
+        for e in &self.entries {
+            let path = || e.path.clone();
+            let (mode, nsec) = (e.mode, e.mtime_nsec);
+            if mode > 0o7777 {
+                return Err(E::BadMode { path: path(), mode });
+            }
+            if nsec >= 1_000_000_000 {
+                return Err(E::BadMtime { path: path(), nsec });
+            }
+            if let EntryKind::Symlink { target } = &e.kind {
+                if let Some(problem) = target_problem(target) {
+                    return Err(E::BadTarget {
+                        path: path(),
+                        problem,
+                    });
+                }
+            }
+            if let Some(parent) = e.path.parent() {
+                let what = match seen.get(&parent) {
+                    Some(EntryKind::Dir) => None,
+                    Some(EntryKind::File { .. }) => Some("a file"),
+                    Some(EntryKind::Symlink { .. }) => Some("a symlink"),
+                    None => {
+                        return Err(E::ParentMissing {
+                            path: path(),
+                            parent,
+                        })
+                    }
+                };
+                if let Some(what) = what {
+                    return Err(E::ParentNotDir {
+                        path: path(),
+                        parent,
+                        what,
+                    });
+                }
+            }
+            if seen.insert(&e.path, &e.kind).is_some() {
+                return Err(E::Duplicate(path()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sum of the sizes of all files, saturating.
+    pub fn total_file_bytes(&self) -> u64 {
+        self.entries.iter().fold(0, |sum, e| match e.kind {
+            EntryKind::File { size } => sum.saturating_add(size),
+            _ => sum,
+        })
+    }
+
+    pub fn file_count(&self) -> usize {
+        let files = self
+            .entries
+            .iter()
+            .filter(|e| matches!(e.kind, EntryKind::File { .. }));
+        files.count()
+    }
+}
+
+/// One entry plus where it is on the sender's disk.
+#[derive(Debug, Clone)]
+pub struct LocalEntry {
+    pub entry: Entry,
+    pub source: PathBuf,
+}
+
+#[derive(Debug, Error)]
+pub enum WalkError {
+    #[error("cannot read {}: {error}", shown_path(.path))]
+    Io { path: PathBuf, error: io::Error },
+    #[error("cannot send {}: {error}", shown_path(.path))]
+    Name { path: PathBuf, error: NameError },
+    #[error("{} is a {what}; only files, directories and symlinks are sent", shown_path(.path))]
+    Unsupported { path: PathBuf, what: &'static str },
+    /// Two sources with the same final component.
+    #[error("two sources are both named `{name}`; give each a different name")]
+    DuplicateName { name: String },
+    /// The source is "/".
+    #[error("{} has no name to send it under; send what is inside it", shown_path(.path))]
+    NoName { path: PathBuf },
+    /// A directory inside itself: a symlink loop (with `follow`) or a bind mount.
+    #[error("{} leads back to a directory that contains it (a symlink loop)", shown_path(.path))]
+    Loop { path: PathBuf },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> WalkError + '_ {
+    |error| WalkError::Io {
+        path: path.into(),
+        error,
+    }
+}
+
+fn name_err(path: &Path) -> impl FnOnce(NameError) -> WalkError + '_ {
+    |error| WalkError::Name {
+        path: path.into(),
+        error,
+    }
+}
+
+/// Walks each SRC: the entry for SRC itself is named by SRC's final
+/// component (for "." or a path ending in "/", the canonicalised directory's
+/// name; "/" itself is an error); directories are walked recursively,
+/// children sorted by name bytes, parents before children. Symlinks are
+/// recorded as symlinks unless `follow`, in which case what they point at is
+/// sent; a directory met again inside itself is an error naming the path.
+pub fn walk(sources: &[PathBuf], follow: bool) -> Result<Vec<LocalEntry>, WalkError> {
+    let mut out = Vec::new();
+    let mut names = HashSet::new();
+    for src in sources {
+        let (source, name) = top_name(src)?;
+        let rel = RelPath::new(name).map_err(name_err(&source))?;
+        if !names.insert(rel.clone()) {
+            let name = rel.to_string();
+            return Err(WalkError::DuplicateName { name });
+        }
+        walk_one(source, rel, follow, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// Where to read SRC from, and the name to send it under.
+fn top_name(src: &Path) -> Result<(PathBuf, Vec<u8>), WalkError> {
+    let last = src.as_os_str().as_bytes().rsplit(|&b| b == b'/').next();
+    match last {
+        Some(last) if !matches!(last, b"" | b"." | b"..") => Ok((src.into(), last.to_vec())),
+        _ => {
+            let canon = fs::canonicalize(src).map_err(io_err(src))?;
+            match canon.file_name() {
+                Some(name) => Ok((canon.clone(), name.as_bytes().to_vec())),
+                None => Err(WalkError::NoName { path: src.into() }),
+            }
+        }
+    }
+}
+
+/// Depth-first with an explicit stack, so a deep tree cannot overflow ours;
+/// `ancestors` holds the (dev, ino) of the directories above the entry.
+fn walk_one(
+    source: PathBuf,
+    rel: RelPath,
+    follow: bool,
+    out: &mut Vec<LocalEntry>,
+) -> Result<(), WalkError> {
+    let mut stack = vec![(source, rel, 0usize)];
+    let mut ancestors: Vec<(u64, u64)> = Vec::new();
+    while let Some((source, path, depth)) = stack.pop() {
+        ancestors.truncate(depth);
+        let md = match follow {
+            true => fs::metadata(&source),
+            false => fs::symlink_metadata(&source),
+        };
+        let md = md.map_err(io_err(&source))?;
+        let ft = md.file_type();
+        let kind = if ft.is_dir() {
+            EntryKind::Dir
+        } else if ft.is_file() {
+            EntryKind::File { size: md.len() }
+        } else if ft.is_symlink() {
+            let target = fs::read_link(&source).map_err(io_err(&source))?;
+            EntryKind::Symlink {
+                target: target.into_os_string().into_vec(),
+            }
+        } else {
+            let what = match () {
+                _ if ft.is_socket() => "socket",
+                _ if ft.is_fifo() => "FIFO",
+                _ if ft.is_block_device() => "block device",
+                _ if ft.is_char_device() => "character device",
+                _ => "special file",
+            };
+            return Err(WalkError::Unsupported { path: source, what });
+        };
+        if ft.is_dir() {
+            let id = (md.dev(), md.ino());
+            if ancestors.contains(&id) {
+                return Err(WalkError::Loop { path: source });
+            }
+            ancestors.push(id);
+            let names = fs::read_dir(&source).and_then(|dir| {
+                let names = dir.map(|e| e.map(|e| e.file_name()));
+                names.collect::<io::Result<Vec<_>>>()
+            });
+            let mut names = names.map_err(io_err(&source))?;
+            // Pushed in descending order so that they pop in ascending order.
+            names.sort_by(|a, b| b.as_bytes().cmp(a.as_bytes()));
+            for name in names {
+                let child_source = source.join(&name);
+                let child = path
+                    .join(name.as_bytes())
+                    .map_err(name_err(&child_source))?;
+                stack.push((child_source, child, depth + 1));
+            }
+        }
+        let (mode, mtime_sec) = (md.mode() & 0o7777, md.mtime());
+        let mtime_nsec = md.mtime_nsec().clamp(0, 999_999_999) as u32;
+        let entry = Entry {
+            path,
+            kind,
+            mode,
+            mtime_sec,
+            mtime_nsec,
+        };
+        out.push(LocalEntry { entry, source });
+    }
+    Ok(())
+}
+
+/// The manifest of walked entries, in the same order.
+pub fn manifest_of(entries: &[LocalEntry]) -> Manifest {
+    let entries = entries.iter().map(|e| e.entry.clone()).collect();
+    Manifest { entries }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::os::unix::fs::symlink;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use ManifestError as E;
+
+    /// A fresh directory under the system temp dir, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(tag: &str) -> TempDir {
+            static N: AtomicUsize = AtomicUsize::new(0);
+            let n = N.fetch_add(1, Ordering::Relaxed);
+            let name = format!("atou-manifest-{tag}-{}-{n}", std::process::id());
+            let dir = std::env::temp_dir().join(name);
+            let _ = fs::remove_dir_all(&dir);
+            fs::create_dir(&dir).unwrap();
+            TempDir(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// An entry with an unchecked path, for encoding invalid manifests.
+    fn raw(path: &[u8], kind: EntryKind) -> Entry {
+        let (path, mode, mtime_sec, mtime_nsec) = (RelPath(path.to_vec()), 0o644, 1 << 30, 5);
+        Entry {
+            path,
+            kind,
+            mode,
+            mtime_sec,
+            mtime_nsec,
+        }
+    }
+
+    fn file(path: &[u8]) -> Entry {
+        raw(path, EntryKind::File { size: 3 })
+    }
+
+    fn dir(path: &[u8]) -> Entry {
+        raw(path, EntryKind::Dir)
+    }
+
+    fn link(target: &[u8]) -> EntryKind {
+        EntryKind::Symlink {
+            target: target.to_vec(),
+        }
+    }
+
+    #[track_caller]
+    fn decode_err(entries: Vec<Entry>) -> ManifestError {
+        Manifest::decode(&Manifest { entries }.encode()).unwrap_err()
+    }
+
+    fn sample() -> Manifest {
+        let odd = Entry {
+            mode: 0o7777,
+            mtime_sec: -1,
+            mtime_nsec: 999_999_999,
+            ..file(b"d/sp ace")
+        };
+        let entries = vec![
+            dir(b"d"),
+            file("d/ünï côde.txt".as_bytes()),
+            file(b"-rf"),
+            raw(b"d/link", link(b"../../etc/passwd")),
+            odd,
+        ];
+        Manifest { entries }
+    }
+
+    #[test]
+    fn round_trip_all_kinds() {
+        let m = sample();
+        m.validate().unwrap();
+        assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
+        assert_eq!((m.file_count(), m.total_file_bytes()), (3, 9));
+        let empty = Manifest::default();
+        assert_eq!(Manifest::decode(&empty.encode()).unwrap(), empty);
+    }
+
+    #[test]
+    fn rejects_unsafe_names() {
+        let long_component = [b'a'; 256];
+        let long_path = [b"a/".repeat(2048), b"a".to_vec()].concat();
+        let cases: [(&[u8], &str); 8] = [
+            (b"../x", "entry 0: `../x`: `..` would leave the destination"),
+            (b"/abs", "`/abs`: absolute paths are not allowed"),
+            (b"a//b", "`a//b`: empty component"),
+            (b"a/", "`a/`: empty component"),
+            (b"a/./b", "`a/./b`: `.` components are not allowed"),
+            (b"a\0b", "`a\\x00b`: contains a NUL byte"),
+            (&long_component, "a component is 256 bytes long"),
+            (
+                &long_path,
+                "`a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/…`: path is 4097 bytes",
+            ),
+        ];
+        for (name, message) in cases {
+            let err = decode_err(vec![file(name)]);
+            assert!(matches!(err, E::BadName { index: 0, .. }), "{err:?}");
+            assert!(err.to_string().contains(message), "{err}");
+            assert!(RelPath::new(name.to_vec()).is_err());
+        }
+        let empty = decode_err(vec![file(b"")]);
+        assert!(matches!(
+            empty,
+            E::BadName {
+                error: NameError::Empty,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn rejects_bad_structure() {
+        let dup = decode_err(vec![dir(b"a"), dir(b"a")]);
+        assert_eq!(dup.to_string(), "`a` appears twice in the manifest");
+        let err = decode_err(vec![file(b"a"), file(b"a/b")]);
+        assert_eq!(
+            err.to_string(),
+            "`a/b`: its parent `a` is a file, not a directory"
+        );
+        let err = decode_err(vec![raw(b"l", link(b"/etc")), file(b"l/passwd")]);
+        assert!(
+            matches!(
+                err,
+                E::ParentNotDir {
+                    what: "a symlink",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let err = decode_err(vec![file(b"d/x"), dir(b"d")]);
+        let expected = "`d/x`: its parent directory `d` is not listed before it";
+        assert_eq!(err.to_string(), expected);
+        for t in [&b""[..], b"a\0b", &[b'x'; 4097]] {
+            let err = decode_err(vec![raw(b"l", link(t))]);
+            assert!(matches!(err, E::BadTarget { .. }));
+        }
+        let err = decode_err(vec![Entry {
+            mode: 0o10000,
+            ..file(b"f")
+        }]);
+        assert!(matches!(err, E::BadMode { .. }));
+        let err = decode_err(vec![Entry {
+            mtime_nsec: 1_000_000_000,
+            ..file(b"f")
+        }]);
+        assert!(matches!(err, E::BadMtime { .. }));
+    }
+
+    #[test]
+    fn rejects_bad_bytes() {
+        let enc = sample().encode();
+        for cut in 0..enc.len() {
+            assert!(Manifest::decode(&enc[..cut]).is_err(), "cut at {cut}");
+        }
+        let decode_changed = |at: usize, byte: u8| {
+            let mut bad = enc.clone();
+            bad[at] = byte;
+            Manifest::decode(&bad)
+        };
+        assert_eq!(decode_changed(0, b'X'), Err(E::BadMagic));
+        assert_eq!(decode_changed(4, 2), Err(E::UnsupportedVersion(2)));
+        let unknown = decode_changed(HEADER_LEN, 9);
+        assert_eq!(unknown, Err(E::UnknownKind { index: 0, kind: 9 }));
+        let long = [&enc[..], &[0]].concat();
+        assert_eq!(Manifest::decode(&long), Err(E::TrailingBytes(1)));
+        let huge = Manifest::decode(b"ATMF\x01\xff\xff\xff\xff");
+        assert_eq!(huge, Err(E::TooManyEntries(u32::MAX.into())));
+        let many = Manifest::decode(b"ATMF\x01\x00\xff\xff\xff\x01\x00\x00");
+        assert!(matches!(many, Err(E::Truncated { .. })), "{many:?}");
+    }
+
+    #[test]
+    fn display_escapes_control_characters() {
+        let p = RelPath::new(b"a\x1b[31m\n\t\xff\xe2\x80\xaeb".to_vec()).unwrap();
+        assert_eq!(p.to_string(), "a\\x1b[31m\\n\\t\u{fffd}\\u{202e}b");
+        assert_eq!(format!("{p:?}"), "\"a\\x1b[31m\\n\\t\u{fffd}\\u{202e}b\"");
+        let q = RelPath::new(b"a/b/c".to_vec()).unwrap();
+        assert_eq!(q.parent().unwrap().as_bytes(), b"a/b");
+        assert_eq!(q.components().collect::<Vec<_>>(), [b"a", b"b", b"c"]);
+        assert_eq!(q.join(b"d").unwrap().to_path(), Path::new("a/b/c/d"));
+        assert!(q.join(b"..").is_err());
+        assert_eq!(RelPath::new(b"a".to_vec()).unwrap().parent(), None);
+    }
+
+    #[test]
+    fn walks_a_tree_parents_first() {
+        let tmp = TempDir::new("tree");
+        let root = tmp.0.join("top");
+        fs::create_dir_all(root.join("sub")).unwrap();
+        fs::create_dir(root.join("empty")).unwrap();
+        fs::write(root.join("sub/inner.txt"), b"hello").unwrap();
+        for name in ["empty.txt", "-rf", "sp ace", "ünï"] {
+            fs::write(root.join(name), b"").unwrap();
+        }
+        symlink("sub/inner.txt", root.join("link")).unwrap();
+        let walked = walk(std::slice::from_ref(&root), false).unwrap();
+        let m = manifest_of(&walked);
+        m.validate().unwrap();
+        let names: Vec<String> = m.entries.iter().map(|e| e.path.to_string()).collect();
+        let expected = "top top/-rf top/empty top/empty.txt top/link top/sp ace top/sub \
+                        top/sub/inner.txt top/ünï";
+        assert_eq!(names.join(" "), expected);
+        let kind = |i: usize| &m.entries[i].kind;
+        assert_eq!(
+            (kind(2), kind(4)),
+            (&EntryKind::Dir, &link(b"sub/inner.txt"))
+        );
+        assert_eq!(
+            (kind(3), kind(7)),
+            (&EntryKind::File { size: 0 }, &EntryKind::File { size: 5 })
+        );
+        assert_eq!(walked[7].source, root.join("sub/inner.txt"));
+        assert_eq!((m.file_count(), m.total_file_bytes()), (5, 5));
+        // A trailing '/' names the directory itself; "/" has no name.
+        let slash = PathBuf::from(format!("{}/", root.join("sub").display()));
+        assert_eq!(
+            walk(&[slash], false).unwrap()[0].entry.path.as_bytes(),
+            b"sub"
+        );
+        let root_dir = walk(&[PathBuf::from("/")], false);
+        assert!(matches!(root_dir, Err(WalkError::NoName { .. })));
+        let twice = walk(&[root.join("sub"), tmp.0.join("top/sub")], false);
+        assert!(matches!(twice, Err(WalkError::DuplicateName { .. })));
+    }
+
+    #[test]
+    fn follow_and_loops() {
+        let tmp = TempDir::new("follow");
+        fs::write(tmp.0.join("target"), b"abc").unwrap();
+        symlink("target", tmp.0.join("link")).unwrap();
+        let kind = |follow| {
+            walk(&[tmp.0.join("link")], follow).unwrap()[0]
+                .entry
+                .kind
+                .clone()
+        };
+        assert_eq!(kind(true), EntryKind::File { size: 3 });
+        assert_eq!(kind(false), link(b"target"));
+        let d = vec![tmp.0.join("d")];
+        fs::create_dir(&d[0]).unwrap();
+        symlink("..", d[0].join("up")).unwrap();
+        assert!(walk(&d, false).is_ok());
+        let err = walk(&d, true).unwrap_err();
+        assert!(matches!(err, WalkError::Loop { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .ends_with("d/up/d leads back to a directory that contains it (a symlink loop)"),
+            "{err}"
+        );
+        let sock = tmp.0.join("sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let err = walk(&[sock], false).unwrap_err().to_string();
+        assert!(err.ends_with("sock is a socket; only files, directories and symlinks are sent"));
+    }
+
+    /// Valid manifests: each item goes under an earlier directory (or the
+    /// top) when the joined name is valid and new.
+    fn arb_manifest() -> impl Strategy<Value = Manifest> {
+        let name = prop::collection::vec(1..=255u8, 1..12);
+        let kind = prop_oneof![
+            Just(EntryKind::Dir),
+            any::<u64>().prop_map(|size| EntryKind::File { size }),
+            prop::collection::vec(1..=255u8, 1..40)
+                .prop_map(|target| EntryKind::Symlink { target }),
+        ];
+        let item = (
+            any::<usize>(),
+            name,
+            kind,
+            0..=0o7777u32,
+            any::<i64>(),
+            0..1_000_000_000u32,
+        );
+        prop::collection::vec(item, 0..40).prop_map(|items| {
+            let (mut dirs, mut seen, mut entries) = (vec![], HashSet::new(), vec![]);
+            for (at, mut name, kind, mode, mtime_sec, mtime_nsec) in items {
+                name.iter_mut()
+                    .filter(|b| **b == b'/')
+                    .for_each(|b| *b = b'_');
+                let path = match at % (dirs.len() + 1) {
+                    0 => RelPath::new(name),
+                    i => RelPath::join(&dirs[i - 1], &name),
+                };
+                let Ok(path) = path else { continue };
+                if !seen.insert(path.clone()) {
+                    continue;
+                }
+                if kind == EntryKind::Dir {
+                    dirs.push(path.clone());
+                }
+                entries.push(Entry {
+                    path,
+                    kind,
+                    mode,
+                    mtime_sec,
+                    mtime_nsec,
+                });
+            }
+            Manifest { entries }
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(header: bool, tail in prop::collection::vec(any::<u8>(), 0..512)) {
+            let bytes = if header { [&b"ATMF\x01"[..], &tail].concat() } else { tail };
+            if let Ok(m) = Manifest::decode(&bytes) {
+                prop_assert_eq!(m.encode(), bytes);
+            }
+        }
+
+        #[test]
+        fn valid_manifests_round_trip(m in arb_manifest(), at: usize, flip: u8) {
+            prop_assert_eq!(m.validate(), Ok(()));
+            let mut enc = m.encode();
+            prop_assert_eq!(&Manifest::decode(&enc).unwrap(), &m);
+            // A corrupted encoding is an error or another valid manifest.
+            let i = at % enc.len();
+            enc[i] ^= flip;
+            if let Ok(other) = Manifest::decode(&enc) {
+                prop_assert_eq!(other.encode(), enc);
+            }
+        }
+    }
+}

@@ -1,0 +1,642 @@
+//! What a sender and a receiver say to each other inside a session.
+//!
+//! Every transport connection of a session carries one request stream and
+//! gets one reply (see [`crate::proto::server`]). The first byte of the
+//! stream says which request it is:
+//!
+//! | request | stream | reply |
+//! |---|---|---|
+//! | `P` plan | options, destination subdirectory, [manifest](super::manifest) | refused (why), or per file: send all, skip, or the BLAKE3 values of the chunks a partial file already holds |
+//! | `D` data | the chunks it carries ([`DataHeader`]), then each chunk's bytes followed by its 32-byte BLAKE3 value | the chunks that failed their check, or why the stream failed |
+//! | `F` finish | every file's BLAKE3 hash | files verified and in place, or why not |
+//!
+//! All integers are big-endian. Files are numbered in manifest order,
+//! counting only file entries. Decoding checks every length against the
+//! bytes present and never allocates more than the input implies.
+
+use thiserror::Error;
+
+use super::hash::{chunk_count, Cv};
+use super::manifest::{Manifest, ManifestError, NameError, RelPath};
+
+const KIND_PLAN: u8 = b'P';
+const KIND_DATA: u8 = b'D';
+const KIND_FINISH: u8 = b'F';
+/// Bumped on any incompatible change below.
+const SESSION_VERSION: u8 = 1;
+
+const OPT_OVERWRITE: u8 = 0x01;
+const OPT_SKIP_EXISTING: u8 = 0x02;
+const OPT_FSYNC: u8 = 0x04;
+const OPTS_KNOWN: u8 = OPT_OVERWRITE | OPT_SKIP_EXISTING | OPT_FSYNC;
+
+/// Longest message a reply or error carries.
+const MESSAGE_MAX: usize = 4096;
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum MessageError {
+    #[error("message truncated")]
+    Truncated,
+    #[error("unknown request kind {0:#04x}")]
+    UnknownKind(u8),
+    #[error("session protocol version {0}, this atou speaks {SESSION_VERSION}")]
+    Version(u8),
+    #[error("unknown option bits {0:#04x}")]
+    UnknownOptions(u8),
+    #[error("{0} unexpected bytes at the end")]
+    TrailingBytes(usize),
+    #[error("destination subdirectory: {0}")]
+    Subdir(NameError),
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error("chunk {chunk} of file {file} does not exist")]
+    NoSuchChunk { file: u32, chunk: u64 },
+    #[error("file number {0} is not in the manifest")]
+    NoSuchFile(u32),
+    #[error("chunk {chunk} of file {file} appears twice")]
+    RepeatedChunk { file: u32, chunk: u64 },
+    #[error("{got} values for {want} items")]
+    WrongCount { got: u64, want: u64 },
+    #[error("unknown status {0}")]
+    UnknownStatus(u8),
+    #[error("a message that is not UTF-8")]
+    NotUtf8,
+}
+
+/// Reads big-endian fields, checking each against what is left.
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn new(buf: &'a [u8]) -> Reader<'a> {
+        Reader { buf }
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], MessageError> {
+        if self.buf.len() < n {
+            return Err(MessageError::Truncated);
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+
+    fn u8(&mut self) -> Result<u8, MessageError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, MessageError> {
+        Ok(u16::from_be_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
+    }
+
+    fn u32(&mut self) -> Result<u32, MessageError> {
+        Ok(u32::from_be_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    fn cv(&mut self) -> Result<Cv, MessageError> {
+        Ok(self.take(32)?.try_into().expect("32 bytes"))
+    }
+
+    /// A count of items of at least `item_len` bytes each, refused when the
+    /// rest of the input could not hold that many.
+    fn count(&mut self, item_len: usize) -> Result<usize, MessageError> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(item_len) > self.buf.len() {
+            return Err(MessageError::Truncated);
+        }
+        Ok(n)
+    }
+
+    fn text(&mut self) -> Result<String, MessageError> {
+        let n = usize::from(self.u16()?);
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| MessageError::NotUtf8)
+    }
+
+    fn rest(&mut self) -> &'a [u8] {
+        std::mem::take(&mut self.buf)
+    }
+
+    fn end(&self) -> Result<(), MessageError> {
+        match self.buf.len() {
+            0 => Ok(()),
+            n => Err(MessageError::TrailingBytes(n)),
+        }
+    }
+}
+
+fn put_text(out: &mut Vec<u8>, s: &str) {
+    let mut end = s.len().min(MESSAGE_MAX);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    out.extend_from_slice(&(end as u16).to_be_bytes());
+    out.extend_from_slice(&s.as_bytes()[..end]);
+}
+
+/// What the sender asks of the receiver for existing files.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Replace existing files.
+    pub overwrite: bool,
+    /// Leave alone existing files of the same size and modification time.
+    pub skip_existing: bool,
+    /// Sync each file to disk before it is renamed into place.
+    pub fsync: bool,
+}
+
+/// The first request of a session: where, how, and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanRequest {
+    pub options: Options,
+    /// Under the receiver's directory; `None` for the directory itself.
+    pub subdir: Option<RelPath>,
+    pub manifest: Manifest,
+}
+
+/// The chunks a data stream carries, in stream order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkRange {
+    /// File number (manifest order, files only).
+    pub file: u32,
+    pub first: u64,
+    pub count: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataHeader {
+    pub ranges: Vec<ChunkRange>,
+}
+
+/// A request, as the receiver reads it from a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Plan(PlanRequest),
+    /// The header; the chunks follow it in the stream.
+    Data(DataHeader),
+    /// Every file's BLAKE3 hash, in file order.
+    Finish(Vec<Cv>),
+}
+
+/// Bytes of a data header with `ranges` ranges.
+pub fn data_header_len(ranges: usize) -> usize {
+    1 + 4 + ranges * 12
+}
+
+impl PlanRequest {
+    pub fn encode(&self) -> Vec<u8> {
+        let manifest = self.manifest.encode();
+        let mut out = Vec::with_capacity(manifest.len() + 64);
+        out.push(KIND_PLAN);
+        out.push(SESSION_VERSION);
+        let o = &self.options;
+        out.push(
+            if o.overwrite { OPT_OVERWRITE } else { 0 }
+                | if o.skip_existing {
+                    OPT_SKIP_EXISTING
+                } else {
+                    0
+                }
+                | if o.fsync { OPT_FSYNC } else { 0 },
+        );
+        let subdir = self.subdir.as_ref().map_or(&[][..], |s| s.as_bytes());
+        out.extend_from_slice(&(subdir.len() as u16).to_be_bytes());
+        out.extend_from_slice(subdir);
+        out.extend_from_slice(&manifest);
+        out
+    }
+}
+
+impl DataHeader {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(data_header_len(self.ranges.len()));
+        out.push(KIND_DATA);
+        out.extend_from_slice(&(self.ranges.len() as u32).to_be_bytes());
+        for r in &self.ranges {
+            out.extend_from_slice(&r.file.to_be_bytes());
+            out.extend_from_slice(&(r.first as u32).to_be_bytes());
+            out.extend_from_slice(&(r.count as u32).to_be_bytes());
+        }
+        out
+    }
+
+    /// Reads a data header from the start of a stream; `Ok(None)` when
+    /// more bytes are needed. Returns the header and its length.
+    pub fn parse(prefix: &[u8]) -> Result<Option<(DataHeader, usize)>, MessageError> {
+        if prefix.len() < 5 {
+            return Ok(None);
+        }
+        if prefix[0] != KIND_DATA {
+            return Err(MessageError::UnknownKind(prefix[0]));
+        }
+        let n = u32::from_be_bytes(prefix[1..5].try_into().expect("4 bytes")) as usize;
+        let len = data_header_len(n);
+        if prefix.len() < len {
+            return Ok(None);
+        }
+        let ranges = prefix[5..len]
+            .chunks_exact(12)
+            .map(|r| {
+                let word = |i: usize| u32::from_be_bytes(r[i..i + 4].try_into().expect("4"));
+                ChunkRange {
+                    file: word(0),
+                    first: u64::from(word(4)),
+                    count: u64::from(word(8)),
+                }
+            })
+            .collect();
+        Ok(Some((DataHeader { ranges }, len)))
+    }
+
+    /// Checks the ranges against the files' sizes: every chunk exists and
+    /// none is named twice.
+    pub fn check(&self, file_sizes: &[u64]) -> Result<(), MessageError> {
+        let mut seen: Vec<(u32, u64, u64)> = Vec::with_capacity(self.ranges.len());
+        for r in &self.ranges {
+            let size = *file_sizes
+                .get(r.file as usize)
+                .ok_or(MessageError::NoSuchFile(r.file))?;
+            let end = r.first.saturating_add(r.count);
+            if r.count == 0 || end > chunk_count(size) {
+                return Err(MessageError::NoSuchChunk {
+                    file: r.file,
+                    chunk: end.saturating_sub(1),
+                });
+            }
+            seen.push((r.file, r.first, end));
+        }
+        seen.sort_unstable();
+        for w in seen.windows(2) {
+            if w[0].0 == w[1].0 && w[1].1 < w[0].2 {
+                return Err(MessageError::RepeatedChunk {
+                    file: w[1].0,
+                    chunk: w[1].1,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Encodes a finish request.
+pub fn encode_finish(hashes: &[Cv]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + hashes.len() * 32);
+    out.push(KIND_FINISH);
+    out.extend_from_slice(&(hashes.len() as u32).to_be_bytes());
+    for h in hashes {
+        out.extend_from_slice(h);
+    }
+    out
+}
+
+impl Request {
+    /// Decodes a whole plan or finish request. (A data stream is read with
+    /// [`DataHeader::parse`] as it arrives.)
+    pub fn decode(bytes: &[u8]) -> Result<Request, MessageError> {
+        let mut r = Reader::new(bytes);
+        match r.u8()? {
+            KIND_PLAN => {
+                let version = r.u8()?;
+                if version != SESSION_VERSION {
+                    return Err(MessageError::Version(version));
+                }
+                let opts = r.u8()?;
+                if opts & !OPTS_KNOWN != 0 {
+                    return Err(MessageError::UnknownOptions(opts));
+                }
+                let n = usize::from(r.u16()?);
+                let subdir = r.take(n)?;
+                let subdir = if subdir.is_empty() {
+                    None
+                } else {
+                    Some(RelPath::new(subdir.to_vec()).map_err(MessageError::Subdir)?)
+                };
+                let manifest = Manifest::decode(r.rest())?;
+                Ok(Request::Plan(PlanRequest {
+                    options: Options {
+                        overwrite: opts & OPT_OVERWRITE != 0,
+                        skip_existing: opts & OPT_SKIP_EXISTING != 0,
+                        fsync: opts & OPT_FSYNC != 0,
+                    },
+                    subdir,
+                    manifest,
+                }))
+            }
+            KIND_DATA => match DataHeader::parse(bytes)? {
+                Some((h, len)) if len == bytes.len() => Ok(Request::Data(h)),
+                Some((_, len)) => Err(MessageError::TrailingBytes(bytes.len() - len)),
+                None => Err(MessageError::Truncated),
+            },
+            KIND_FINISH => {
+                let n = r.count(32)?;
+                let hashes = (0..n).map(|_| r.cv()).collect::<Result<_, _>>()?;
+                r.end()?;
+                Ok(Request::Finish(hashes))
+            }
+            other => Err(MessageError::UnknownKind(other)),
+        }
+    }
+}
+
+/// What the receiver will do with one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FilePlan {
+    /// Send every chunk.
+    SendAll,
+    /// An identical file is already there (`--skip-existing`).
+    Skip,
+    /// A partial file from an earlier attempt: the BLAKE3 value of each of
+    /// its chunks as it stands. Chunks whose value matches the sender's are
+    /// not sent again.
+    Held(Vec<Cv>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanReply {
+    Refused(String),
+    /// One plan per file, in file order.
+    Accepted(Vec<FilePlan>),
+}
+
+const STATUS_OK: u8 = 0;
+const STATUS_FAILED: u8 = 1;
+const PLAN_SEND_ALL: u8 = 0;
+const PLAN_SKIP: u8 = 1;
+const PLAN_HELD: u8 = 2;
+
+impl PlanReply {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        match self {
+            PlanReply::Refused(why) => {
+                out.push(STATUS_FAILED);
+                put_text(&mut out, why);
+            }
+            PlanReply::Accepted(files) => {
+                out.push(STATUS_OK);
+                out.extend_from_slice(&(files.len() as u32).to_be_bytes());
+                for f in files {
+                    match f {
+                        FilePlan::SendAll => out.push(PLAN_SEND_ALL),
+                        FilePlan::Skip => out.push(PLAN_SKIP),
+                        FilePlan::Held(cvs) => {
+                            out.push(PLAN_HELD);
+                            out.extend_from_slice(&(cvs.len() as u32).to_be_bytes());
+                            for cv in cvs {
+                                out.extend_from_slice(cv);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Decodes a plan reply for a manifest whose files have these sizes.
+    pub fn decode(bytes: &[u8], file_sizes: &[u64]) -> Result<PlanReply, MessageError> {
+        let mut r = Reader::new(bytes);
+        let reply = match r.u8()? {
+            STATUS_FAILED => PlanReply::Refused(r.text()?),
+            STATUS_OK => {
+                let n = r.count(1)?;
+                if n != file_sizes.len() {
+                    return Err(MessageError::WrongCount {
+                        got: n as u64,
+                        want: file_sizes.len() as u64,
+                    });
+                }
+                let mut files = Vec::with_capacity(n);
+                for &size in file_sizes {
+                    files.push(match r.u8()? {
+                        PLAN_SEND_ALL => FilePlan::SendAll,
+                        PLAN_SKIP => FilePlan::Skip,
+                        PLAN_HELD => {
+                            let k = r.count(32)?;
+                            if k as u64 != chunk_count(size) {
+                                return Err(MessageError::WrongCount {
+                                    got: k as u64,
+                                    want: chunk_count(size),
+                                });
+                            }
+                            FilePlan::Held((0..k).map(|_| r.cv()).collect::<Result<_, _>>()?)
+                        }
+                        other => return Err(MessageError::UnknownStatus(other)),
+                    });
+                }
+                PlanReply::Accepted(files)
+            }
+            other => return Err(MessageError::UnknownStatus(other)),
+        };
+        r.end()?;
+        Ok(reply)
+    }
+}
+
+/// A chunk, by file number and index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ChunkRef {
+    pub file: u32,
+    pub chunk: u64,
+}
+
+/// The answer to a data stream, or to a finish request: done (with the
+/// chunks that failed their check, for a data stream), or failed and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Done { bad: Vec<ChunkRef> },
+    Failed(String),
+}
+
+impl Outcome {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        match self {
+            Outcome::Done { bad } => {
+                out.push(STATUS_OK);
+                out.extend_from_slice(&(bad.len() as u32).to_be_bytes());
+                for c in bad {
+                    out.extend_from_slice(&c.file.to_be_bytes());
+                    out.extend_from_slice(&(c.chunk as u32).to_be_bytes());
+                }
+            }
+            Outcome::Failed(why) => {
+                out.push(STATUS_FAILED);
+                put_text(&mut out, why);
+            }
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Outcome, MessageError> {
+        let mut r = Reader::new(bytes);
+        let outcome = match r.u8()? {
+            STATUS_OK => {
+                let n = r.count(8)?;
+                let bad = (0..n)
+                    .map(|_| {
+                        Ok(ChunkRef {
+                            file: r.u32()?,
+                            chunk: u64::from(r.u32()?),
+                        })
+                    })
+                    .collect::<Result<_, MessageError>>()?;
+                Outcome::Done { bad }
+            }
+            STATUS_FAILED => Outcome::Failed(r.text()?),
+            other => return Err(MessageError::UnknownStatus(other)),
+        };
+        r.end()?;
+        Ok(outcome)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transfer::manifest::{Entry, EntryKind};
+
+    fn rel(s: &str) -> RelPath {
+        RelPath::new(s.as_bytes().to_vec()).unwrap()
+    }
+
+    fn manifest() -> Manifest {
+        let entry = |path: &str, kind| Entry {
+            path: rel(path),
+            kind,
+            mode: 0o644,
+            mtime_sec: 1_700_000_000,
+            mtime_nsec: 5,
+        };
+        Manifest {
+            entries: vec![
+                entry("d", EntryKind::Dir),
+                entry("d/a", EntryKind::File { size: 3 << 20 }),
+                entry("d/b", EntryKind::File { size: 0 }),
+            ],
+        }
+    }
+
+    #[test]
+    fn requests_round_trip_and_every_truncation_fails() {
+        let plan = PlanRequest {
+            options: Options {
+                overwrite: true,
+                skip_existing: false,
+                fsync: true,
+            },
+            subdir: Some(rel("in/here")),
+            manifest: manifest(),
+        };
+        let header = DataHeader {
+            ranges: vec![ChunkRange {
+                file: 0,
+                first: 1,
+                count: 2,
+            }],
+        };
+        let cases = [
+            (plan.encode(), Request::Plan(plan)),
+            (header.encode(), Request::Data(header)),
+            (
+                encode_finish(&[[7; 32], [9; 32]]),
+                Request::Finish(vec![[7; 32], [9; 32]]),
+            ),
+        ];
+        for (bytes, want) in cases {
+            assert_eq!(Request::decode(&bytes).unwrap(), want);
+            for cut in 0..bytes.len() {
+                assert!(Request::decode(&bytes[..cut]).is_err(), "cut {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_subdir_that_climbs_out_is_refused() {
+        let mut bytes = PlanRequest {
+            options: Options::default(),
+            subdir: Some(rel("ab")),
+            manifest: manifest(),
+        }
+        .encode();
+        bytes[5..7].copy_from_slice(b"..");
+        assert!(matches!(
+            Request::decode(&bytes),
+            Err(MessageError::Subdir(_))
+        ));
+    }
+
+    #[test]
+    fn data_headers_are_checked_against_the_files() {
+        let sizes = [3 << 20, 0];
+        let h = |file, first, count| DataHeader {
+            ranges: vec![ChunkRange { file, first, count }],
+        };
+        assert!(h(0, 0, 3).check(&sizes).is_ok());
+        assert!(h(0, 2, 2).check(&sizes).is_err(), "past the last chunk");
+        assert!(h(1, 0, 1).check(&sizes).is_err(), "an empty file has none");
+        assert!(h(2, 0, 1).check(&sizes).is_err(), "no such file");
+        let twice = DataHeader {
+            ranges: vec![
+                ChunkRange {
+                    file: 0,
+                    first: 0,
+                    count: 2,
+                },
+                ChunkRange {
+                    file: 0,
+                    first: 1,
+                    count: 1,
+                },
+            ],
+        };
+        assert!(matches!(
+            twice.check(&sizes),
+            Err(MessageError::RepeatedChunk { chunk: 1, .. })
+        ));
+        // Parsing waits for the whole header.
+        let bytes = h(0, 0, 3).encode();
+        assert_eq!(DataHeader::parse(&bytes[..7]).unwrap(), None);
+        assert_eq!(
+            DataHeader::parse(&bytes).unwrap(),
+            Some((h(0, 0, 3), bytes.len()))
+        );
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        let sizes = [3 << 20, 0, 5];
+        let plan = PlanReply::Accepted(vec![
+            FilePlan::Held(vec![[1; 32], [2; 32], [3; 32]]),
+            FilePlan::SendAll,
+            FilePlan::Skip,
+        ]);
+        assert_eq!(PlanReply::decode(&plan.encode(), &sizes).unwrap(), plan);
+        let wrong = PlanReply::Accepted(vec![FilePlan::Held(vec![[1; 32]])]);
+        assert!(PlanReply::decode(&wrong.encode(), &sizes[..1]).is_err());
+        let refused = PlanReply::Refused("no room".into());
+        assert_eq!(
+            PlanReply::decode(&refused.encode(), &sizes).unwrap(),
+            refused
+        );
+        for o in [
+            Outcome::Done {
+                bad: vec![ChunkRef { file: 3, chunk: 9 }],
+            },
+            Outcome::Failed("disk full".into()),
+        ] {
+            assert_eq!(Outcome::decode(&o.encode()).unwrap(), o);
+        }
+        // A long message is cut at a character boundary, not mid-character.
+        let long = "é".repeat(3000);
+        let Outcome::Failed(back) = Outcome::decode(&Outcome::Failed(long).encode()).unwrap()
+        else {
+            panic!()
+        };
+        assert!(back.len() <= MESSAGE_MAX && back.chars().all(|c| c == 'é'));
+    }
+}

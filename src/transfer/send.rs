@@ -1,0 +1,797 @@
+//! The sending end of a transfer.
+//!
+//! 1. Walk the sources and send the manifest (the plan request); the
+//!    receiver answers what to send for each file.
+//! 2. For files the receiver holds part of, hash our chunks and keep only
+//!    those that differ (resume).
+//! 3. Share the chunks out over `streams` connections, largest files
+//!    first, balancing bytes. Each connection's thread asks a pool of
+//!    reader threads to read chunks ahead (positioned reads, BLAKE3 of
+//!    each chunk computed as it is read), at most its share of `buffer`
+//!    at a time; a chunk's memory is freed once the receiver has
+//!    acknowledged all of it.
+//! 4. Chunks the receiver found corrupt are sent again, in a new round.
+//! 5. Send every file's hash (the finish request): the receiver checks
+//!    them and puts the files in place.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread;
+use std::time::Instant;
+
+use thiserror::Error;
+use tokio::sync::Notify;
+
+use super::hash::{chunk_count, chunk_cv, chunk_len, file_hash, Cv, CHUNK_SIZE};
+use super::layout::{header_for, Layout, CV_LEN};
+use super::manifest::{manifest_of, walk, EntryKind, LocalEntry, RelPath, WalkError};
+use super::messages::{
+    encode_finish, ChunkRef, FilePlan, Options, Outcome, PlanReply, PlanRequest,
+};
+use crate::io::{self, fresh_conn_id, ProbeConfig, ProbeError, StreamFeed};
+use crate::proto::{PayloadSource, Tuning};
+use crate::sim::Observer;
+use crate::summary::Summary;
+
+/// Rounds of re-sending chunks that failed their check before giving up.
+const MAX_ROUNDS: usize = 4;
+
+#[derive(Debug, Error)]
+pub enum SendError {
+    #[error("{0}")]
+    Walk(#[from] WalkError),
+    #[error("{0}")]
+    Conn(ProbeError),
+    #[error("{host} refused the transfer: {why}")]
+    Refused { host: String, why: String },
+    #[error("the transfer to {host} failed: {why}")]
+    Failed { host: String, why: String },
+    #[error("{0}")]
+    Source(String),
+    #[error(
+        "a reply from {host} that does not decode ({why}); are both ends the same atou release?"
+    )]
+    BadReply { host: String, why: String },
+    #[error("interrupted")]
+    Interrupted,
+}
+
+#[derive(Debug, Clone)]
+pub struct SendConfig {
+    pub peer: SocketAddr,
+    /// The receiver as the user named it, for messages.
+    pub host: String,
+    pub subdir: Option<RelPath>,
+    pub tuning: Tuning,
+    pub options: Options,
+    pub follow: bool,
+    /// Transport connections at once.
+    pub streams: usize,
+    /// Bytes read ahead, over all streams.
+    pub buffer: u64,
+    pub readers: usize,
+}
+
+/// Counters a progress display reads while the transfer runs.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// File bytes to send in this round (after skips and resume).
+    pub total: AtomicU64,
+    /// File bytes acknowledged by the receiver.
+    pub done: AtomicU64,
+    /// File bytes already at the receiver and not sent.
+    pub skipped: AtomicU64,
+    pub files: AtomicU64,
+    /// What is happening, for the display.
+    pub stage: Mutex<String>,
+    /// Files being sent, by name.
+    pub current: Mutex<Vec<String>>,
+    pub stop: AtomicBool,
+}
+
+impl Progress {
+    fn set_stage(&self, s: impl Into<String>) {
+        *self.stage.lock().expect("progress lock") = s.into();
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SendReport {
+    pub host: String,
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    /// Files the receiver already had (`--skip-existing`).
+    pub skipped_files: u64,
+    /// File bytes in the manifest.
+    pub bytes_total: u64,
+    /// File bytes sent (chunks; a chunk sent twice counts twice).
+    pub bytes_sent: u64,
+    /// File bytes not sent: skipped files and chunks the receiver held.
+    pub bytes_skipped: u64,
+    pub chunks_resent: u64,
+    pub secs: f64,
+    /// File bytes sent per second of the whole run, in bits/s.
+    pub goodput_bps: f64,
+    pub rounds: usize,
+    /// Every file verified by the receiver (BLAKE3 per chunk and per file).
+    pub verified: bool,
+    /// One transport summary per connection that carried data.
+    pub streams: Vec<Summary>,
+}
+
+/// A stream whose bytes are all in memory: a plan or finish request.
+struct BytesFeed(Vec<u8>);
+
+impl PayloadSource for BytesFeed {
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) {
+        let at = offset as usize;
+        buf.copy_from_slice(&self.0[at..at + buf.len()]);
+    }
+}
+
+impl StreamFeed for BytesFeed {
+    fn refill(&mut self, _acked: u64) -> Result<Option<u64>, String> {
+        Ok(None)
+    }
+
+    fn waker(&self) -> Option<Arc<Notify>> {
+        None
+    }
+}
+
+/// An observer that wants nothing.
+struct Quiet;
+
+impl Observer for Quiet {
+    fn on_event(&mut self, _: &crate::proto::TimedEvent) {}
+    fn on_trace(&mut self, _: &crate::proto::TraceRecord) {}
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("cannot start the I/O runtime")
+}
+
+/// Runs one connection of `session` carrying `feed`; returns the reply
+/// and the transport's summary.
+fn run_conn<F: StreamFeed>(
+    config: &SendConfig,
+    session: u64,
+    len: u64,
+    feed: &mut F,
+    stop: &Progress,
+) -> (Result<Vec<u8>, SendError>, Option<Summary>) {
+    let probe = ProbeConfig {
+        peer: config.peer,
+        peer_name: config.host.clone(),
+        tuning: config.tuning.clone(),
+        bytes: Some(len),
+        trace: false,
+        conn_id: fresh_conn_id(),
+        session,
+    };
+    let stopped = async {
+        while !stop.stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    let result = runtime().block_on(io::connect(probe, feed, &mut Quiet, stopped));
+    let reply = match result.outcome {
+        Ok(closed) => closed.reply.ok_or_else(|| SendError::Failed {
+            host: config.host.clone(),
+            why: "the connection closed without a reply".into(),
+        }),
+        Err(ProbeError::Interrupted) => Err(SendError::Interrupted),
+        Err(ProbeError::Source(why)) => Err(SendError::Source(why)),
+        Err(e) => Err(SendError::Conn(e)),
+    };
+    (reply, result.summary)
+}
+
+fn outcome(config: &SendConfig, reply: &[u8]) -> Result<Vec<ChunkRef>, SendError> {
+    match Outcome::decode(reply) {
+        Ok(Outcome::Done { bad }) => Ok(bad),
+        Ok(Outcome::Failed(why)) => Err(SendError::Failed {
+            host: config.host.clone(),
+            why,
+        }),
+        Err(e) => Err(SendError::BadReply {
+            host: config.host.clone(),
+            why: e.to_string(),
+        }),
+    }
+}
+
+/// A chunk read from disk: its data followed by its BLAKE3 value.
+struct ReadDone {
+    slot: usize,
+    result: Result<Vec<u8>, String>,
+}
+
+struct ReadJob {
+    path: Arc<PathBuf>,
+    size: u64,
+    chunk: u64,
+    slot: usize,
+    done: mpsc::Sender<ReadDone>,
+    notify: Arc<Notify>,
+}
+
+fn read_chunk(job: &ReadJob) -> Result<Vec<u8>, String> {
+    let path = &job.path;
+    let file =
+        std::fs::File::open(path.as_path()).map_err(|e| super::dest::io_error("open", path, &e))?;
+    let len = chunk_len(job.size, job.chunk);
+    let mut buf = vec![0u8; len + CV_LEN as usize];
+    let mut at = 0;
+    while at < len {
+        match file.read_at(&mut buf[at..len], job.chunk * CHUNK_SIZE + at as u64) {
+            Ok(0) => {
+                return Err(format!(
+                    "{} shrank while it was being sent ({} bytes in the manifest); send it again",
+                    path.display(),
+                    job.size
+                ))
+            }
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(super::dest::io_error("read", path, &e)),
+        }
+    }
+    let cv = chunk_cv(job.size, job.chunk, &buf[..len]);
+    buf[len..].copy_from_slice(&cv);
+    Ok(buf)
+}
+
+/// Reader threads: read and hash chunks for whichever stream asks.
+struct Readers {
+    jobs: mpsc::Sender<ReadJob>,
+}
+
+impl Readers {
+    fn start(n: usize) -> Readers {
+        let (jobs, rx) = mpsc::channel::<ReadJob>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..n.max(1) {
+            let rx = rx.clone();
+            thread::Builder::new()
+                .name(format!("atou-reader-{i}"))
+                .spawn(move || loop {
+                    let job = match rx.lock().expect("a reader panicked").recv() {
+                        Ok(j) => j,
+                        Err(_) => return,
+                    };
+                    let result = read_chunk(&job);
+                    let _ = job.done.send(ReadDone {
+                        slot: job.slot,
+                        result,
+                    });
+                    job.notify.notify_one();
+                })
+                .expect("cannot start a reader thread");
+        }
+        Readers { jobs }
+    }
+}
+
+/// One data stream's bytes: its header, then chunks read ahead by the
+/// readers, each freed once acknowledged.
+struct FileFeed {
+    header: Vec<u8>,
+    layout: Layout,
+    paths: Arc<Vec<Arc<PathBuf>>>,
+    sizes: Arc<Vec<u64>>,
+    jobs: mpsc::Sender<ReadJob>,
+    done_tx: mpsc::Sender<ReadDone>,
+    done_rx: mpsc::Receiver<ReadDone>,
+    notify: Arc<Notify>,
+    /// Chunks read and not yet acknowledged, by slot.
+    ready: BTreeMap<usize, Vec<u8>>,
+    /// Next slot to ask the readers for.
+    next_request: usize,
+    /// Slots asked for and not yet back.
+    reading: usize,
+    /// Bytes asked for or held, not yet freed.
+    held_bytes: u64,
+    budget: u64,
+    /// Every slot below this one is acknowledged and freed.
+    first_held: usize,
+    /// Every stream byte below this is ready.
+    contiguous: u64,
+    cvs: Vec<(ChunkRef, Cv)>,
+    progress: Arc<Progress>,
+    /// Stream bytes of acknowledged data counted into progress so far.
+    counted: u64,
+}
+
+impl FileFeed {
+    fn slot_bytes(&self, i: usize) -> u64 {
+        u64::from(self.layout.slots[i].len) + CV_LEN
+    }
+}
+
+impl PayloadSource for FileFeed {
+    fn read_at(&mut self, mut offset: u64, mut buf: &mut [u8]) {
+        while !buf.is_empty() {
+            let (src, at): (&[u8], u64) = if offset < self.layout.header_len {
+                (&self.header, offset)
+            } else {
+                let i = self
+                    .layout
+                    .slot_at(offset)
+                    .expect("the sender reads inside the stream");
+                let data = self
+                    .ready
+                    .get(&i)
+                    .expect("the sender reads only bytes made available");
+                (data, offset - self.layout.slots[i].offset)
+            };
+            let n = (src.len() - at as usize).min(buf.len());
+            buf[..n].copy_from_slice(&src[at as usize..at as usize + n]);
+            buf = &mut buf[n..];
+            offset += n as u64;
+        }
+    }
+}
+
+impl StreamFeed for FileFeed {
+    fn refill(&mut self, acked: u64) -> Result<Option<u64>, String> {
+        while let Ok(done) = self.done_rx.try_recv() {
+            self.reading -= 1;
+            let buf = done.result?;
+            let slot = self.layout.slots[done.slot];
+            let len = slot.len as usize;
+            let cv: Cv = buf[len..].try_into().expect("32 bytes");
+            self.cvs.push((slot.chunk, cv));
+            self.ready.insert(done.slot, buf);
+        }
+        // Free what the receiver has acknowledged.
+        while self.first_held < self.next_request
+            && self.layout.slots[self.first_held].end() <= acked
+        {
+            if self.ready.remove(&self.first_held).is_none() {
+                break;
+            }
+            self.held_bytes -= self.slot_bytes(self.first_held);
+            let len = u64::from(self.layout.slots[self.first_held].len);
+            self.progress.done.fetch_add(len, Ordering::Relaxed);
+            self.counted += len;
+            self.first_held += 1;
+        }
+        // Read ahead within the budget (always at least one chunk).
+        while self.next_request < self.layout.slots.len()
+            && (self.held_bytes == 0
+                || self.held_bytes + self.slot_bytes(self.next_request) <= self.budget)
+        {
+            let i = self.next_request;
+            let slot = self.layout.slots[i];
+            let file = slot.chunk.file as usize;
+            let _ = self.jobs.send(ReadJob {
+                path: self.paths[file].clone(),
+                size: self.sizes[file],
+                chunk: slot.chunk.chunk,
+                slot: i,
+                done: self.done_tx.clone(),
+                notify: self.notify.clone(),
+            });
+            self.held_bytes += self.slot_bytes(i);
+            self.reading += 1;
+            self.next_request += 1;
+        }
+        let mut end = self.contiguous.max(self.layout.header_len);
+        let mut i = self.layout.slot_at(end).unwrap_or(self.layout.slots.len());
+        while i < self.layout.slots.len() && self.ready.contains_key(&i) {
+            end = self.layout.slots[i].end();
+            i += 1;
+        }
+        self.contiguous = end;
+        Ok(Some(end))
+    }
+
+    fn waker(&self) -> Option<Arc<Notify>> {
+        Some(self.notify.clone())
+    }
+}
+
+/// What one data stream gives back.
+struct StreamResult {
+    bad: Result<Vec<ChunkRef>, SendError>,
+    cvs: Vec<(ChunkRef, Cv)>,
+    summary: Option<Summary>,
+    sent: u64,
+}
+
+struct Plan {
+    entries: Vec<LocalEntry>,
+    /// Per file: where it is here, and its size.
+    paths: Arc<Vec<Arc<PathBuf>>>,
+    sizes: Arc<Vec<u64>>,
+    names: Vec<String>,
+}
+
+/// Shares chunks out over `n` streams: largest files first, each chunk
+/// to the stream with the fewest bytes so far.
+fn share_out(chunks: &[ChunkRef], sizes: &[u64], n: usize) -> Vec<Vec<ChunkRef>> {
+    let mut order: Vec<ChunkRef> = chunks.to_vec();
+    order.sort_by_key(|c| (std::cmp::Reverse(sizes[c.file as usize]), c.file, c.chunk));
+    let mut streams: Vec<(u64, Vec<ChunkRef>)> = vec![(0, Vec::new()); n.max(1)];
+    for c in order {
+        let s = streams
+            .iter_mut()
+            .min_by_key(|(bytes, _)| *bytes)
+            .expect("at least one stream");
+        s.0 += chunk_len(sizes[c.file as usize], c.chunk) as u64;
+        s.1.push(c);
+    }
+    streams
+        .into_iter()
+        .map(|(_, c)| c)
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+/// Chunks the receiver holds, split by comparing them with ours.
+struct Compared {
+    /// Different from ours: to send.
+    differ: Vec<ChunkRef>,
+    /// The same as ours, with their values.
+    same: Vec<(ChunkRef, Cv)>,
+}
+
+/// Hashes our copy of the chunks the receiver already holds, on the
+/// reader threads, and compares.
+fn compare_held(
+    plan: &Plan,
+    held: &[(usize, Vec<Cv>)],
+    readers: &Readers,
+) -> Result<Compared, SendError> {
+    let (tx, rx) = mpsc::channel();
+    let notify = Arc::new(Notify::new());
+    let mut jobs = Vec::new();
+    for (file, cvs) in held {
+        for chunk in 0..cvs.len() as u64 {
+            jobs.push(ChunkRef {
+                file: *file as u32,
+                chunk,
+            });
+        }
+    }
+    for (slot, c) in jobs.iter().enumerate() {
+        let f = c.file as usize;
+        let _ = readers.jobs.send(ReadJob {
+            path: plan.paths[f].clone(),
+            size: plan.sizes[f],
+            chunk: c.chunk,
+            slot,
+            done: tx.clone(),
+            notify: notify.clone(),
+        });
+    }
+    drop(tx);
+    let theirs: BTreeMap<ChunkRef, Cv> = held
+        .iter()
+        .flat_map(|(f, cvs)| {
+            cvs.iter().enumerate().map(move |(k, cv)| {
+                (
+                    ChunkRef {
+                        file: *f as u32,
+                        chunk: k as u64,
+                    },
+                    *cv,
+                )
+            })
+        })
+        .collect();
+    let mut differ = Vec::new();
+    let mut same = Vec::new();
+    for done in rx {
+        let buf = done.result.map_err(SendError::Source)?;
+        let c = jobs[done.slot];
+        let len = buf.len() - CV_LEN as usize;
+        let ours: Cv = buf[len..].try_into().expect("32 bytes");
+        if theirs.get(&c) == Some(&ours) {
+            same.push((c, ours));
+        } else {
+            differ.push(c);
+        }
+    }
+    differ.sort();
+    Ok(Compared { differ, same })
+}
+
+/// Sends `sources` to the receiver; `progress` is updated as it goes.
+pub fn send(
+    sources: &[PathBuf],
+    config: &SendConfig,
+    progress: Arc<Progress>,
+) -> Result<SendReport, SendError> {
+    let started = Instant::now();
+    progress.set_stage("reading the sources");
+    let entries = walk(sources, config.follow)?;
+    let manifest = manifest_of(&entries);
+    let mut paths = Vec::new();
+    let mut sizes = Vec::new();
+    let mut names = Vec::new();
+    let (mut dirs, mut symlinks) = (0, 0);
+    for e in &entries {
+        match e.entry.kind {
+            EntryKind::File { size } => {
+                paths.push(Arc::new(e.source.clone()));
+                sizes.push(size);
+                names.push(e.entry.path.to_string());
+            }
+            EntryKind::Dir => dirs += 1,
+            EntryKind::Symlink { .. } => symlinks += 1,
+        }
+    }
+    let plan = Plan {
+        entries,
+        paths: Arc::new(paths),
+        sizes: Arc::new(sizes),
+        names,
+    };
+    let bytes_total: u64 = plan.sizes.iter().sum();
+    let session = fresh_conn_id() | 1;
+
+    // 1. The plan.
+    progress.set_stage(format!(
+        "sending the manifest ({} entries)",
+        plan.entries.len()
+    ));
+    let request = PlanRequest {
+        options: config.options,
+        subdir: config.subdir.clone(),
+        manifest,
+    }
+    .encode();
+    let len = request.len() as u64;
+    let (reply, _) = run_conn(config, session, len, &mut BytesFeed(request), &progress);
+    let reply = reply?;
+    let plans = match PlanReply::decode(&reply, &plan.sizes) {
+        Ok(PlanReply::Accepted(p)) => p,
+        Ok(PlanReply::Refused(why)) => {
+            return Err(SendError::Refused {
+                host: config.host.clone(),
+                why,
+            })
+        }
+        Err(e) => {
+            return Err(SendError::BadReply {
+                host: config.host.clone(),
+                why: e.to_string(),
+            })
+        }
+    };
+
+    // 2. What to send.
+    let readers = Readers::start(config.readers);
+    let mut cvs: Vec<Vec<Option<Cv>>> = plan
+        .sizes
+        .iter()
+        .map(|&s| vec![None; chunk_count(s) as usize])
+        .collect();
+    let mut to_send = Vec::new();
+    let mut held = Vec::new();
+    let mut skipped_files = 0;
+    let mut bytes_skipped = 0;
+    for (f, p) in plans.iter().enumerate() {
+        match p {
+            FilePlan::SendAll => {
+                to_send.extend((0..chunk_count(plan.sizes[f])).map(|chunk| ChunkRef {
+                    file: f as u32,
+                    chunk,
+                }))
+            }
+            FilePlan::Skip => {
+                skipped_files += 1;
+                bytes_skipped += plan.sizes[f];
+            }
+            FilePlan::Held(theirs) => held.push((f, theirs.clone())),
+        }
+    }
+    if !held.is_empty() {
+        progress.set_stage(format!(
+            "comparing {} partial file{} at the receiver",
+            held.len(),
+            if held.len() == 1 { "" } else { "s" }
+        ));
+        let Compared { differ, same } = compare_held(&plan, &held, &readers)?;
+        for (c, cv) in same {
+            bytes_skipped += chunk_len(plan.sizes[c.file as usize], c.chunk) as u64;
+            cvs[c.file as usize][c.chunk as usize] = Some(cv);
+        }
+        to_send.extend(differ);
+    }
+    progress.skipped.store(bytes_skipped, Ordering::Relaxed);
+
+    // 3–4. Data, in rounds.
+    let mut summaries = Vec::new();
+    let mut bytes_sent = 0;
+    let mut chunks_resent = 0;
+    let mut rounds = 0;
+    while !to_send.is_empty() {
+        rounds += 1;
+        if rounds > MAX_ROUNDS {
+            return Err(SendError::Failed {
+                host: config.host.clone(),
+                why: format!(
+                    "{} chunks still failed their BLAKE3 check after {MAX_ROUNDS} rounds; \
+                     the path corrupts data faster than it can be repaired",
+                    to_send.len()
+                ),
+            });
+        }
+        let total: u64 = to_send
+            .iter()
+            .map(|c| chunk_len(plan.sizes[c.file as usize], c.chunk) as u64)
+            .sum();
+        progress.total.fetch_add(total, Ordering::Relaxed);
+        progress.set_stage(if rounds == 1 {
+            "sending".to_string()
+        } else {
+            format!("sending {} chunks again", to_send.len())
+        });
+        let shares = share_out(&to_send, &plan.sizes, config.streams);
+        let budget = (config.buffer / shares.len().max(1) as u64).max(2 * (CHUNK_SIZE + CV_LEN));
+        {
+            let mut current = progress.current.lock().expect("progress lock");
+            current.clear();
+            for share in &shares {
+                if let Some(c) = share.first() {
+                    current.push(plan.names[c.file as usize].clone());
+                }
+            }
+        }
+        let results: Vec<StreamResult> = thread::scope(|scope| {
+            let handles: Vec<_> = shares
+                .iter()
+                .map(|share| {
+                    let header = header_for(share);
+                    let layout = Layout::new(&header, &plan.sizes);
+                    let (done_tx, done_rx) = mpsc::channel();
+                    let mut feed = FileFeed {
+                        header: header.encode(),
+                        layout,
+                        paths: plan.paths.clone(),
+                        sizes: plan.sizes.clone(),
+                        jobs: readers.jobs.clone(),
+                        done_tx,
+                        done_rx,
+                        notify: Arc::new(Notify::new()),
+                        ready: BTreeMap::new(),
+                        next_request: 0,
+                        reading: 0,
+                        held_bytes: 0,
+                        budget,
+                        first_held: 0,
+                        contiguous: 0,
+                        cvs: Vec::new(),
+                        progress: progress.clone(),
+                        counted: 0,
+                    };
+                    let sent: u64 = feed.layout.slots.iter().map(|s| u64::from(s.len)).sum();
+                    let progress = &progress;
+                    scope.spawn(move || {
+                        let len = feed.layout.total_len();
+                        let (reply, summary) = run_conn(config, session, len, &mut feed, progress);
+                        // Whatever was acknowledged but not yet counted.
+                        progress
+                            .done
+                            .fetch_add(sent.saturating_sub(feed.counted), Ordering::Relaxed);
+                        StreamResult {
+                            bad: reply.and_then(|r| outcome(config, &r)),
+                            cvs: std::mem::take(&mut feed.cvs),
+                            summary,
+                            sent,
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a stream thread panicked"))
+                .collect()
+        });
+        let mut bad = Vec::new();
+        let mut first_error = None;
+        for r in results {
+            summaries.extend(r.summary);
+            bytes_sent += r.sent;
+            for (c, cv) in r.cvs {
+                cvs[c.file as usize][c.chunk as usize] = Some(cv);
+            }
+            match r.bad {
+                Ok(b) => bad.extend(b),
+                Err(e) => {
+                    if first_error.is_none() {
+                        first_error = Some(e);
+                    }
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        chunks_resent += bad.len() as u64;
+        to_send = bad;
+    }
+
+    // 5. The finish.
+    progress.set_stage("verifying at the receiver");
+    progress.current.lock().expect("progress lock").clear();
+    let mut hashes = Vec::with_capacity(plan.sizes.len());
+    for (f, file_cvs) in cvs.iter().enumerate() {
+        if plans[f] == FilePlan::Skip {
+            hashes.push([0; 32]);
+            continue;
+        }
+        let all: Option<Vec<Cv>> = file_cvs.iter().copied().collect();
+        let all = all.expect("every chunk was read or compared");
+        hashes.push(
+            *file_hash(plan.sizes[f], &all)
+                .expect("one per chunk")
+                .as_bytes(),
+        );
+    }
+    let request = encode_finish(&hashes);
+    let len = request.len() as u64;
+    let (reply, _) = run_conn(config, session, len, &mut BytesFeed(request), &progress);
+    outcome(config, &reply?)?;
+    let secs = started.elapsed().as_secs_f64();
+    let files = plan.sizes.len() as u64;
+    Ok(SendReport {
+        host: config.host.clone(),
+        files,
+        dirs,
+        symlinks,
+        skipped_files,
+        bytes_total,
+        bytes_sent,
+        bytes_skipped,
+        chunks_resent,
+        secs,
+        goodput_bps: if secs > 0.0 {
+            bytes_sent as f64 * 8.0 / secs
+        } else {
+            0.0
+        },
+        rounds,
+        verified: true,
+        streams: summaries,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_are_shared_largest_files_first_and_balanced() {
+        let sizes = [CHUNK_SIZE, 3 * CHUNK_SIZE, 10];
+        let chunks: Vec<ChunkRef> = [(0, 0), (1, 0), (1, 1), (1, 2), (2, 0)]
+            .iter()
+            .map(|&(file, chunk)| ChunkRef { file, chunk })
+            .collect();
+        let shares = share_out(&chunks, &sizes, 2);
+        assert_eq!(shares.len(), 2);
+        // The big file's chunks lead both streams.
+        assert_eq!(shares[0][0], ChunkRef { file: 1, chunk: 0 });
+        assert_eq!(shares[1][0], ChunkRef { file: 1, chunk: 1 });
+        let bytes = |s: &[ChunkRef]| -> u64 {
+            s.iter()
+                .map(|c| chunk_len(sizes[c.file as usize], c.chunk) as u64)
+                .sum()
+        };
+        assert_eq!(bytes(&shares[0]) + bytes(&shares[1]), 4 * CHUNK_SIZE + 10);
+        assert!(bytes(&shares[0]).abs_diff(bytes(&shares[1])) <= CHUNK_SIZE);
+        // More streams than chunks: no empty stream.
+        assert_eq!(share_out(&chunks[..1], &sizes, 4).len(), 1);
+    }
+}
