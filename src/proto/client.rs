@@ -354,6 +354,14 @@ impl Client {
                 self.state = State::Transfer;
             }
             (Packet::Reply(reply), State::Fetching(_)) => self.on_reply(now, reply),
+            // The server answered before all was sent (it failed): stop
+            // sending and fetch the answer.
+            (Packet::Reply(reply @ Reply::Fragment { .. }), State::Transfer)
+                if self.session != 0 =>
+            {
+                self.state = State::Fetching(Box::new(Fetching::new(now, self.tuning.mss)));
+                self.on_reply(now, reply);
+            }
             (Packet::Ack(ack), State::Transfer | State::Fetching(_) | State::Closing { .. }) => {
                 let sender = self
                     .sender

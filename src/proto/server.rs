@@ -341,6 +341,11 @@ impl Server {
         let mut arrival = None;
         match packet {
             Packet::Data(seg) if conn.closed_at.is_none() => {
+                // Answered early: say so again, now and then, until the
+                // client stops sending and fetches.
+                if conn.reply.is_some() && seg.header.seg % 32 == 0 && conn.fetches.is_empty() {
+                    conn.fetches.push_back(0);
+                }
                 if let Ok(Some(new)) = conn.receiver.handle_segment(now, &seg) {
                     if conn.session != 0 {
                         arrival = Some(Arrival {
@@ -571,10 +576,19 @@ impl Server {
 
     /// The application's answer to `conn_id`'s stream, sent as the client
     /// fetches it. Replies longer than 4 GiB are not representable.
+    ///
+    /// A reply before the stream is complete (the application failed) is
+    /// pushed to the client unasked, and again now and then while data
+    /// keeps coming: the client stops sending and fetches the rest.
     pub fn respond(&mut self, conn_id: u64, reply: Vec<u8>) {
         debug_assert!(u32::try_from(reply.len()).is_ok());
-        if let Some(conn) = self.conns.get_mut(&conn_id) {
-            conn.reply = Some(reply);
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        conn.reply = Some(reply);
+        if !conn.receiver.is_complete() {
+            conn.fetches.push_back(0);
+            self.enqueue(conn_id);
         }
     }
 
@@ -882,5 +896,49 @@ mod tests {
         // 2000 bytes released per 5 ms make at least 70 ms for 30 000.
         assert_eq!(report.stats.beyond_window, 0);
         assert!(now >= Time::ZERO + Duration::from_millis(70), "{now:?}");
+    }
+
+    /// An application that fails answers before the stream is in: the
+    /// client stops sending, fetches the answer and closes.
+    #[test]
+    fn an_early_reply_stops_the_sender() {
+        let tuning = Tuning {
+            mss: 200,
+            ..Tuning::default()
+        };
+        let mut now = Time::ZERO;
+        let mut client = Client::new(&tuning, 3, Some(10_000_000), now)
+            .unwrap()
+            .with_session(5);
+        let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
+        let mut buf = vec![0u8; 2048];
+        let mut out = vec![0u8; 2048];
+        let mut answered = false;
+        for round in 0..10_000 {
+            while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
+                if server.handle_datagram(now, addr(1), &buf[..n]).is_some() && !answered {
+                    answered = true;
+                    server.respond(3, b"disk full".to_vec());
+                }
+                while let Some((_, m)) = server.poll_transmit(now, &mut out) {
+                    let _ = client.handle_datagram(now, &out[..m]);
+                }
+            }
+            if client.outcome().is_some() {
+                break;
+            }
+            now += Duration::from_millis(1);
+            client.handle_timeout(now);
+            server.handle_timeout(now);
+            assert!(round < 9_999, "did not finish");
+        }
+        let closed = client.outcome().unwrap().clone().unwrap();
+        assert_eq!(closed.reply.as_deref(), Some(&b"disk full"[..]));
+        let report = server.poll_report().unwrap();
+        assert!(
+            report.stats.bytes < 1_000_000,
+            "{} bytes sent",
+            report.stats.bytes
+        );
     }
 }

@@ -16,7 +16,7 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -34,7 +34,15 @@ pub fn io_error(action: &str, path: &Path, e: &io::Error) -> String {
         Some(libc::EDQUOT) => "disk quota exceeded".to_string(),
         Some(libc::EACCES) | Some(libc::EPERM) => "permission denied".to_string(),
         Some(libc::EROFS) => "read-only file system".to_string(),
-        _ => e.to_string(),
+        Some(libc::ENOENT) => "no such file or directory".to_string(),
+        _ => {
+            // "No such device (os error 19)" -> "No such device".
+            let text = e.to_string();
+            match text.find(" (os error") {
+                Some(at) => text[..at].to_string(),
+                None => text,
+            }
+        }
     };
     format!("cannot {action} {}: {cause}", path.display())
 }
@@ -49,10 +57,14 @@ pub struct FileTarget {
     /// Created empty by this transfer: chunks of zeros need not be written
     /// (the file is already that long and reads as zeros).
     pub fresh: bool,
+    pub mode: u32,
+    pub mtime: SystemTime,
     pub handle: Mutex<Option<File>>,
     /// Chunks handed to writers and not yet written; the file is closed
     /// when this comes back to zero.
     pub writing: AtomicU64,
+    /// Renamed to its final name.
+    pub in_place: AtomicBool,
 }
 
 impl FileTarget {
@@ -87,6 +99,36 @@ impl FileTarget {
             }
         }
         result
+    }
+
+    /// Sets the mode and mtime of a complete, verified file and renames it
+    /// to its final name (syncing it first, and its directory after, with
+    /// `fsync`).
+    pub fn put_in_place(&self, fsync: bool) -> Result<(), String> {
+        let file = OpenOptions::new()
+            .write(true)
+            .open(&self.part)
+            .map_err(|e| io_error("open", &self.part, &e))?;
+        if fsync {
+            file.sync_all()
+                .map_err(|e| io_error("sync", &self.part, &e))?;
+        }
+        file.set_permissions(fs::Permissions::from_mode(self.mode))
+            .map_err(|e| io_error("set the mode of", &self.part, &e))?;
+        file.set_times(fs::FileTimes::new().set_modified(self.mtime))
+            .map_err(|e| io_error("set the mtime of", &self.part, &e))?;
+        drop(file);
+        fs::rename(&self.part, &self.final_path)
+            .map_err(|e| io_error("rename into place", &self.final_path, &e))?;
+        if fsync {
+            if let Some(dir) = self.final_path.parent() {
+                File::open(dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|e| io_error("sync", dir, &e))?;
+            }
+        }
+        self.in_place.store(true, Ordering::Release);
+        Ok(())
     }
 }
 
@@ -278,8 +320,11 @@ pub fn prepare(root: &Path, request: PlanRequest) -> Result<Prepared, String> {
                     final_path: path,
                     size: *size,
                     fresh,
+                    mode: entry.mode,
+                    mtime: to_system_time(entry.mtime_sec, entry.mtime_nsec),
                     handle: Mutex::new(None),
                     writing: AtomicU64::new(0),
+                    in_place: AtomicBool::new(false),
                 }));
             }
             EntryKind::Symlink { target } => match found {
@@ -359,11 +404,10 @@ pub struct Finished {
     pub skipped: u64,
 }
 
-/// Puts every verified file in place: checks each file's BLAKE3 hash
-/// (from the values of its verified chunks) against the sender's, syncs
-/// it when asked, sets its mode and mtime, and renames it over its final
-/// name; then creates the symlinks and sets the directories' modes and
-/// mtimes, deepest first.
+/// Checks each file's BLAKE3 hash (merged from the values of its verified
+/// chunks) against the sender's and puts in place those not there yet
+/// (files resumed from a partial file, empty files); then creates the
+/// symlinks and sets the directories' modes and mtimes, deepest first.
 pub fn finish(
     prepared: &Prepared,
     verified: &[Vec<Option<Cv>>],
@@ -378,10 +422,8 @@ pub fn finish(
         ));
     }
     let mut file_no = 0;
-    let mut synced_dirs = std::collections::BTreeSet::new();
     for (i, entry) in prepared.entries.iter().enumerate() {
         let path = prepared.dest.join(entry.path.to_path());
-        let mtime = to_system_time(entry.mtime_sec, entry.mtime_nsec);
         if prepared.skip[i] {
             done.skipped += 1;
             if matches!(entry.kind, EntryKind::File { .. }) {
@@ -411,23 +453,8 @@ pub fn finish(
                         super::hash::short_hex(&sender_hashes[n])
                     ));
                 }
-                let file = OpenOptions::new()
-                    .write(true)
-                    .open(&t.part)
-                    .map_err(|e| io_error("open", &t.part, &e))?;
-                if prepared.options.fsync {
-                    file.sync_all().map_err(|e| io_error("sync", &t.part, &e))?;
-                }
-                file.set_permissions(fs::Permissions::from_mode(entry.mode))
-                    .map_err(|e| io_error("set the mode of", &t.part, &e))?;
-                file.set_times(fs::FileTimes::new().set_modified(mtime))
-                    .map_err(|e| io_error("set the mtime of", &t.part, &e))?;
-                drop(file);
-                fs::rename(&t.part, &path).map_err(|e| io_error("rename into place", &path, &e))?;
-                if prepared.options.fsync {
-                    if let Some(parent) = path.parent() {
-                        synced_dirs.insert(parent.to_path_buf());
-                    }
+                if !t.in_place.load(Ordering::Acquire) {
+                    t.put_in_place(prepared.options.fsync)?;
                 }
                 done.files += 1;
             }
@@ -454,11 +481,6 @@ pub fn finish(
         )
         .map_err(|e| io_error("set the mtime of", &path, &e))?;
         done.dirs += 1;
-    }
-    for dir in synced_dirs {
-        if let Ok(d) = File::open(&dir) {
-            d.sync_all().map_err(|e| io_error("sync", &dir, &e))?;
-        }
     }
     Ok(done)
 }

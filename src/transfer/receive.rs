@@ -94,6 +94,20 @@ enum Done {
         conn_id: u64,
         result: Result<Finished, String>,
     },
+    InPlace {
+        session: u64,
+        result: Result<(), String>,
+    },
+}
+
+enum Job {
+    Write(WriteJob),
+    /// A file whose every chunk is written and verified: rename it.
+    PutInPlace {
+        session: u64,
+        target: Arc<FileTarget>,
+        fsync: bool,
+    },
 }
 
 enum WriteFailure {
@@ -158,6 +172,13 @@ struct Session {
     file_sizes: Vec<u64>,
     /// Per file, per chunk: the value of the verified data now in place.
     verified: Vec<Vec<Option<Cv>>>,
+    /// Per file sent whole: chunks not yet verified. At zero the file is
+    /// put in place at once, so a later failure leaves it whole.
+    unverified: Vec<u64>,
+    /// Files being put in place; the finish waits for them.
+    putting_in_place: usize,
+    /// A finish request that waits for those.
+    finish_waiting: Option<(u64, Vec<Cv>)>,
     failed: Option<String>,
     started: Instant,
     open_conns: usize,
@@ -170,7 +191,7 @@ pub struct FileReceiver {
     config: ReceiveConfig,
     sessions: HashMap<u64, Session>,
     conns: HashMap<u64, Conn>,
-    jobs: mpsc::Sender<WriteJob>,
+    jobs: mpsc::Sender<Job>,
     done_tx: mpsc::Sender<Done>,
     done_rx: mpsc::Receiver<Done>,
     notify: Arc<Notify>,
@@ -182,14 +203,20 @@ pub struct FileReceiver {
     finished: bool,
 }
 
-fn writer(
-    jobs: Arc<Mutex<mpsc::Receiver<WriteJob>>>,
-    done: mpsc::Sender<Done>,
-    notify: Arc<Notify>,
-) {
+fn writer(jobs: Arc<Mutex<mpsc::Receiver<Job>>>, done: mpsc::Sender<Done>, notify: Arc<Notify>) {
     loop {
         let job = match jobs.lock().expect("a writer panicked").recv() {
-            Ok(job) => job,
+            Ok(Job::Write(job)) => job,
+            Ok(Job::PutInPlace {
+                session,
+                target,
+                fsync,
+            }) => {
+                let result = target.put_in_place(fsync);
+                let _ = done.send(Done::InPlace { session, result });
+                notify.notify_one();
+                continue;
+            }
             Err(_) => return,
         };
         let t = &job.target;
@@ -220,7 +247,7 @@ impl FileReceiver {
         config: ReceiveConfig,
         on_event: impl FnMut(ReceiveEvent) + Send + 'static,
     ) -> FileReceiver {
-        let (jobs, job_rx) = mpsc::channel();
+        let (jobs, job_rx) = mpsc::channel::<Job>();
         let (done_tx, done_rx) = mpsc::channel();
         let notify = Arc::new(Notify::new());
         let job_rx = Arc::new(Mutex::new(job_rx));
@@ -332,6 +359,9 @@ impl FileReceiver {
                             .iter()
                             .map(|&s| vec![None; chunk_count(s) as usize])
                             .collect(),
+                        unverified: Vec::new(),
+                        putting_in_place: 0,
+                        finish_waiting: None,
                         file_sizes,
                         failed: None,
                         started: now,
@@ -354,7 +384,7 @@ impl FileReceiver {
                 });
             }
             Request::Finish(hashes) => {
-                let Some(s) = self.sessions.get(&session) else {
+                let Some(s) = self.sessions.get_mut(&session) else {
                     self.unknown_session(server, conn_id);
                     return;
                 };
@@ -363,24 +393,41 @@ impl FileReceiver {
                     self.answer(server, conn_id, reply);
                     return;
                 }
-                let Some(prepared) = s.prepared.clone() else {
+                if s.prepared.is_none() {
                     self.unknown_session(server, conn_id);
                     return;
-                };
-                let verified = s.verified.clone();
-                let (done, notify) = (self.done_tx.clone(), self.notify.clone());
-                thread::spawn(move || {
-                    let result = dest::finish(&prepared, &verified, &hashes);
-                    let _ = done.send(Done::Finish {
-                        session,
-                        conn_id,
-                        result,
-                    });
-                    notify.notify_one();
-                });
+                }
+                s.finish_waiting = Some((conn_id, hashes));
+                self.start_finish(session);
             }
             Request::Data(_) => unreachable!("data streams are read as they arrive"),
         }
+    }
+
+    /// Starts a waiting finish once no file is still being put in place.
+    fn start_finish(&mut self, session: u64) {
+        let Some(s) = self.sessions.get_mut(&session) else {
+            return;
+        };
+        if s.putting_in_place > 0 {
+            return;
+        }
+        let (Some((conn_id, hashes)), Some(prepared)) =
+            (s.finish_waiting.take(), s.prepared.clone())
+        else {
+            return;
+        };
+        let verified = s.verified.clone();
+        let (done, notify) = (self.done_tx.clone(), self.notify.clone());
+        thread::spawn(move || {
+            let result = dest::finish(&prepared, &verified, &hashes);
+            let _ = done.send(Done::Finish {
+                session,
+                conn_id,
+                result,
+            });
+            notify.notify_one();
+        });
     }
 
     fn refuse(&mut self, server: &mut Server, conn_id: u64, peer: SocketAddr, why: String) {
@@ -556,7 +603,7 @@ impl FileReceiver {
                     unreachable!("matched above")
                 };
                 dc.writing += 1;
-                let _ = self.jobs.send(WriteJob {
+                let _ = self.jobs.send(Job::Write(WriteJob {
                     session,
                     conn_id,
                     slot: i,
@@ -564,7 +611,7 @@ impl FileReceiver {
                     chunk: slot.chunk.chunk,
                     buf,
                     fsync,
-                });
+                }));
             }
         }
     }
@@ -620,9 +667,22 @@ impl FileReceiver {
                 match result {
                     Ok(cv) => {
                         if let Some(s) = s {
-                            s.verified[info.chunk.file as usize][info.chunk.chunk as usize] =
-                                Some(cv);
+                            let file = info.chunk.file as usize;
+                            let was = s.verified[file][info.chunk.chunk as usize].replace(cv);
                             s.bytes_written += u64::from(info.len);
+                            if was.is_none() && s.unverified[file] > 0 {
+                                s.unverified[file] -= 1;
+                                if s.unverified[file] == 0 {
+                                    if let Some(p) = &s.prepared {
+                                        s.putting_in_place += 1;
+                                        let _ = self.jobs.send(Job::PutInPlace {
+                                            session,
+                                            target: p.files[file].clone(),
+                                            fsync: p.options.fsync,
+                                        });
+                                    }
+                                }
+                            }
                         }
                     }
                     Err(WriteFailure::Corrupt) => {
@@ -660,6 +720,15 @@ impl FileReceiver {
                     let Some(s) = self.sessions.get_mut(&session) else {
                         return;
                     };
+                    s.unverified = prepared
+                        .plans
+                        .iter()
+                        .zip(&s.file_sizes)
+                        .map(|(p, &size)| match p {
+                            FilePlan::SendAll => chunk_count(size),
+                            _ => 0,
+                        })
+                        .collect();
                     for (n, cvs) in prepared.held.iter().enumerate() {
                         // Held chunks count as verified until data replaces them.
                         for (k, cv) in cvs.iter().enumerate() {
@@ -673,6 +742,16 @@ impl FileReceiver {
                     s.prepared = Some(Arc::new(prepared));
                 }
             },
+            Done::InPlace { session, result } => {
+                let Some(s) = self.sessions.get_mut(&session) else {
+                    return;
+                };
+                s.putting_in_place -= 1;
+                match result {
+                    Ok(()) => self.start_finish(session),
+                    Err(why) => self.fail_session(server, session, why),
+                }
+            }
             Done::Finish {
                 session,
                 conn_id,
