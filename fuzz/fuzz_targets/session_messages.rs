@@ -1,0 +1,48 @@
+//! Any bytes as a session request, a plan reply, or a data or finish
+//! answer: decoding never panics, and what decodes re-encodes to the same
+//! bytes' meaning. A data header that decodes is checked against file
+//! sizes taken from the input and, if it passes, laid out.
+#![no_main]
+use atou::transfer::layout::Layout;
+use atou::transfer::messages::{DataHeader, Outcome, PlanReply, Request};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&pick, rest)) = data.split_first() else {
+        return;
+    };
+    match pick % 4 {
+        0 => match Request::decode(rest) {
+            Ok(Request::Plan(p)) => {
+                assert_eq!(Request::decode(&p.encode()).unwrap(), Request::Plan(p));
+            }
+            Ok(Request::Data(h)) => assert_eq!(DataHeader::parse(&h.encode()).unwrap().unwrap().0, h),
+            Ok(Request::Finish(_)) | Err(_) => {}
+        },
+        1 => {
+            // Sizes from the first bytes, a plan reply from the rest.
+            let sizes: Vec<u64> = rest.iter().take(3).map(|&b| u64::from(b) << 18).collect();
+            let body = rest.get(3..).unwrap_or_default();
+            if let Ok(r) = PlanReply::decode(body, &sizes) {
+                assert_eq!(PlanReply::decode(&r.encode(), &sizes).unwrap(), r);
+            }
+        }
+        2 => {
+            if let Ok(o) = Outcome::decode(rest) {
+                assert_eq!(Outcome::decode(&o.encode()).unwrap(), o);
+            }
+        }
+        _ => {
+            let sizes: Vec<u64> = rest.iter().take(4).map(|&b| u64::from(b) << 19).collect();
+            let body = rest.get(4..).unwrap_or_default();
+            if let Ok(Some((h, _))) = DataHeader::parse(body) {
+                if h.check(&sizes).is_ok() {
+                    let layout = Layout::new(&h, &sizes);
+                    if let Some(last) = layout.slots.last() {
+                        assert_eq!(layout.slot_at(last.offset), Some(layout.slots.len() - 1));
+                    }
+                }
+            }
+        }
+    }
+});
