@@ -351,7 +351,7 @@ pub fn prepare(root: &Path, request: PlanRequest) -> Result<Prepared, String> {
         };
         return Err(format!(
             "{} already exist{} in {}: {}{more}; use --overwrite to replace, or --skip-existing to keep identical files",
-            if conflicts.len() == 1 { "1 file".to_string() } else { format!("{} files", conflicts.len()) },
+            if conflicts.len() == 1 { "1 entry".to_string() } else { format!("{} entries", conflicts.len()) },
             if conflicts.len() == 1 { "s" } else { "" },
             dest.display(),
             shown.join(", ")

@@ -75,14 +75,37 @@ fn terminate(child: &Child) {
 
 /// A process that is sent SIGTERM and reaped when dropped, so a failing
 /// test never leaves a relay, bridge or server behind.
-struct Daemon(Option<Child>);
+pub struct Daemon(Option<Child>);
 
 impl Daemon {
+    pub fn new(child: Child) -> Daemon {
+        Daemon(Some(child))
+    }
+
+    /// The running process, e.g. to poll it with `try_wait`.
+    pub fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("not yet stopped")
+    }
+
     /// Sends SIGTERM and hands the process over to be waited for.
-    fn stop(mut self) -> Child {
+    pub fn stop(mut self) -> Child {
         let child = self.0.take().expect("not yet stopped");
         terminate(&child);
         child
+    }
+
+    /// Hands the process over without a signal (it has exited, or the
+    /// caller waits for it to).
+    pub fn release(mut self) -> Child {
+        self.0.take().expect("not yet stopped")
+    }
+
+    /// SIGKILL and reap: the process gets no chance to tidy up, as when a
+    /// machine loses power or the OOM killer strikes.
+    pub fn kill(mut self) -> std::process::ExitStatus {
+        let mut child = self.0.take().expect("not yet stopped");
+        let _ = child.kill();
+        child.wait().expect("reap a killed process")
     }
 }
 

@@ -1,0 +1,1199 @@
+//! `atou send` into `atou serve --dir` as real processes over loopback (and
+//! through `atou netem relay`): what arrives is what was sent — names,
+//! kinds, bytes, modes, mtimes, symlink targets — and what must be refused
+//! is refused, with one readable line on stderr.
+//!
+//! Each test has its own scratch directory under the system's temp dir
+//! (kept, and named in the log, when the test fails) and its own ephemeral
+//! ports.
+
+mod netem_support;
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, FileTimes};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::os::unix::fs::{symlink, FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use atou::transfer::manifest::Manifest;
+use atou::transfer::messages::Request;
+use netem_support::{say, u, Daemon, Relay, ATOU};
+use serde_json::Value;
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+/// 2001-02-03 00:00:00 UTC.
+const FEB_3_2001: u64 = 981_158_400;
+
+// ---------------------------------------------------------------------------
+// Scratch space, content, times
+// ---------------------------------------------------------------------------
+
+/// A directory of the test's own under the temp dir, removed when the test
+/// passes and kept (and named) when it fails.
+struct Scratch {
+    root: PathBuf,
+}
+
+impl Scratch {
+    fn new(test: &str) -> Scratch {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let root = std::env::temp_dir().join(format!(
+            "atou-transfer-{test}-{}-{nanos:09}",
+            std::process::id()
+        ));
+        fs::create_dir_all(&root).unwrap();
+        Scratch { root }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    /// `rel`, created (with its parents).
+    fn dir(&self, rel: &str) -> PathBuf {
+        let p = self.root.join(rel);
+        fs::create_dir_all(&p).unwrap();
+        p
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            say(&format!("  kept {} for inspection", self.root.display()));
+        } else if let Err(e) = fs::remove_dir_all(&self.root) {
+            say(&format!("  could not remove {}: {e}", self.root.display()));
+        }
+    }
+}
+
+/// xorshift64: reproducible content without a rand crate.
+struct XorShift(u64);
+
+impl XorShift {
+    fn new(seed: u64) -> XorShift {
+        XorShift(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn fill(&mut self, buf: &mut [u8]) {
+        for c in buf.chunks_mut(8) {
+            let v = self.next().to_le_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+    }
+}
+
+/// A file of `size` random bytes, written 1 MiB at a time.
+fn write_random(path: &Path, size: u64, seed: u64) {
+    let mut rng = XorShift::new(seed);
+    let mut f = File::create(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+    let mut buf = vec![0u8; MIB as usize];
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(MIB) as usize;
+        rng.fill(&mut buf[..n]);
+        f.write_all(&buf[..n]).unwrap();
+        left -= n as u64;
+    }
+}
+
+fn set_mtime(path: &Path, sec: u64, nsec: u32) {
+    let t = UNIX_EPOCH + Duration::new(sec, nsec);
+    File::open(path)
+        .and_then(|f| f.set_times(FileTimes::new().set_modified(t).set_accessed(t)))
+        .unwrap_or_else(|e| panic!("set the mtime of {}: {e}", path.display()));
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// Trees
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    File,
+    Dir,
+    Symlink,
+}
+
+fn kind_of(m: &fs::Metadata) -> Kind {
+    let t = m.file_type();
+    if t.is_symlink() {
+        Kind::Symlink
+    } else if t.is_dir() {
+        Kind::Dir
+    } else if t.is_file() {
+        Kind::File
+    } else {
+        panic!("unexpected file type {t:?}")
+    }
+}
+
+/// Every entry under `root` (and `root` itself, as ""), symlinks not
+/// followed, by relative path.
+fn walk(root: &Path) -> BTreeMap<PathBuf, fs::Metadata> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let full = root.join(&rel);
+        let m =
+            fs::symlink_metadata(&full).unwrap_or_else(|e| panic!("stat {}: {e}", full.display()));
+        if m.is_dir() {
+            for e in fs::read_dir(&full).unwrap() {
+                stack.push(rel.join(e.unwrap().file_name()));
+            }
+        }
+        out.insert(rel, m);
+    }
+    out
+}
+
+/// Files, directories and symlinks under `root`, the root not counted.
+fn census(root: &Path) -> (usize, usize, usize) {
+    let mut c = (0, 0, 0);
+    for (rel, m) in walk(root) {
+        match kind_of(&m) {
+            Kind::File => c.0 += 1,
+            Kind::Dir if rel.as_os_str().is_empty() => {}
+            Kind::Dir => c.1 += 1,
+            Kind::Symlink => c.2 += 1,
+        }
+    }
+    c
+}
+
+/// Reads up to `buf.len()` bytes, short only at the end of the file.
+fn read_full(f: &mut File, buf: &mut [u8]) -> usize {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]).unwrap() {
+            0 => break,
+            k => n += k,
+        }
+    }
+    n
+}
+
+/// `None` if the two files hold the same bytes, else where they first
+/// differ. Streams both 1 MiB at a time, so a 2 GiB file costs 2 MiB.
+fn first_difference(a: &Path, b: &Path) -> Option<u64> {
+    let (mut fa, mut fb) = (File::open(a).unwrap(), File::open(b).unwrap());
+    let (mut ba, mut bb) = (vec![0u8; MIB as usize], vec![0u8; MIB as usize]);
+    let mut offset = 0u64;
+    loop {
+        let (na, nb) = (read_full(&mut fa, &mut ba), read_full(&mut fb, &mut bb));
+        if ba[..na] != bb[..nb] {
+            let at = ba[..na]
+                .iter()
+                .zip(&bb[..nb])
+                .position(|(x, y)| x != y)
+                .unwrap_or(na.min(nb));
+            return Some(offset + at as u64);
+        }
+        if na == 0 {
+            return None;
+        }
+        offset += na as u64;
+    }
+}
+
+/// Panics, listing the first differences, unless the tree at `dst` is the
+/// tree at `src`: the same relative paths, of the same kinds; files
+/// byte-identical; the same permission bits and mtimes (to the nanosecond)
+/// on files and directories; the same symlink targets. Returns the number
+/// of entries compared.
+fn assert_same_tree(src: &Path, dst: &Path) -> usize {
+    let (a, b) = (walk(src), walk(dst));
+    let mut problems = Vec::new();
+    for rel in a.keys().filter(|k| !b.contains_key(*k)) {
+        problems.push(format!("missing at the destination: {}", rel.display()));
+    }
+    for rel in b.keys().filter(|k| !a.contains_key(*k)) {
+        problems.push(format!("extra at the destination: {}", rel.display()));
+    }
+    for (rel, ma) in &a {
+        let Some(mb) = b.get(rel) else { continue };
+        let shown = if rel.as_os_str().is_empty() {
+            "(the top directory)".to_string()
+        } else {
+            rel.display().to_string()
+        };
+        let (ka, kb) = (kind_of(ma), kind_of(mb));
+        if ka != kb {
+            problems.push(format!("{shown}: a {ka:?} became a {kb:?}"));
+            continue;
+        }
+        if ka == Kind::Symlink {
+            let (ta, tb) = (
+                fs::read_link(src.join(rel)).unwrap(),
+                fs::read_link(dst.join(rel)).unwrap(),
+            );
+            if ta != tb {
+                problems.push(format!(
+                    "{shown}: symlink to {} arrived pointing to {}",
+                    ta.display(),
+                    tb.display()
+                ));
+            }
+            continue;
+        }
+        if ma.mode() & 0o7777 != mb.mode() & 0o7777 {
+            problems.push(format!(
+                "{shown}: mode {:04o} arrived as {:04o}",
+                ma.mode() & 0o7777,
+                mb.mode() & 0o7777
+            ));
+        }
+        if (ma.mtime(), ma.mtime_nsec()) != (mb.mtime(), mb.mtime_nsec()) {
+            problems.push(format!(
+                "{shown}: mtime {}.{:09} arrived as {}.{:09}",
+                ma.mtime(),
+                ma.mtime_nsec(),
+                mb.mtime(),
+                mb.mtime_nsec()
+            ));
+        }
+        if ka == Kind::File {
+            if ma.len() != mb.len() {
+                problems.push(format!(
+                    "{shown}: {} bytes arrived as {}",
+                    ma.len(),
+                    mb.len()
+                ));
+            } else if let Some(at) = first_difference(&src.join(rel), &dst.join(rel)) {
+                problems.push(format!("{shown}: contents differ from byte {at}"));
+            }
+        }
+    }
+    if !problems.is_empty() {
+        let n = problems.len();
+        problems.truncate(25);
+        panic!(
+            "{} differs from {} in {n} ways:\n  {}",
+            dst.display(),
+            src.display(),
+            problems.join("\n  ")
+        );
+    }
+    a.len()
+}
+
+// ---------------------------------------------------------------------------
+// Processes
+// ---------------------------------------------------------------------------
+
+/// `atou serve --dir DEST --json` on an ephemeral loopback port; SIGTERM
+/// and reaped when dropped.
+struct Serve {
+    process: Option<Daemon>,
+    addr: SocketAddr,
+    reports: mpsc::Receiver<Value>,
+}
+
+impl Serve {
+    fn start(dest: &Path) -> Serve {
+        let mut child = Command::new(ATOU)
+            .args(["serve", "--bind", "127.0.0.1:0", "--json", "--dir"])
+            .arg(dest)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start atou serve");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let process = Daemon::new(child);
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        let addr = line
+            .split_whitespace()
+            .skip_while(|w| *w != "on")
+            .nth(1)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no address in `{line}`"));
+        std::thread::spawn(move || {
+            for l in stderr.lines().map_while(Result::ok) {
+                say(&format!("  serve: {l}"));
+            }
+        });
+        let (tx, reports) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in stdout.lines().map_while(Result::ok) {
+                say(&format!("  serve: {l}"));
+                if let Ok(v) = serde_json::from_str::<Value>(&l) {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        Serve {
+            process: Some(process),
+            addr,
+            reports,
+        }
+    }
+
+    fn target(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// The next transfer's report line.
+    fn report(&self) -> Value {
+        self.reports
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a transfer report from atou serve")
+    }
+
+    /// SIGKILL: the receiver dies mid-write, as in a crash.
+    fn kill(&mut self) {
+        let status = self.process.take().expect("running").kill();
+        say(&format!("  serve killed: {status}"));
+    }
+}
+
+/// What a finished `atou send` left.
+struct Sent {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+    secs: f64,
+}
+
+impl Sent {
+    fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+
+    /// The JSON report of a successful send, checked to be one.
+    fn report(&self) -> Value {
+        assert_eq!(
+            self.code(),
+            Some(0),
+            "atou send failed ({}):\n{}",
+            self.status,
+            self.stderr
+        );
+        let r: Value = serde_json::from_str(self.stdout.trim())
+            .unwrap_or_else(|e| panic!("send --json: {e}: `{}`", self.stdout));
+        assert_eq!(r["verified"], true, "{r}");
+        r
+    }
+
+    /// The one-line reason of a failed send, checked to be exit status 1
+    /// and one readable line.
+    fn failure(&self) -> String {
+        assert_eq!(
+            self.code(),
+            Some(1),
+            "atou send should have failed with status 1 ({}); stdout:\n{}\nstderr:\n{}",
+            self.status,
+            self.stdout,
+            self.stderr
+        );
+        one_readable_line(&self.stderr)
+    }
+}
+
+/// Checks that a failed command's stderr is one line, for a person: no
+/// panic, no backtrace, no bare `Os { code: .. }`.
+fn one_readable_line(stderr: &str) -> String {
+    let text = stderr.trim_end();
+    for bad in ["panicked", "backtrace", "RUST_BACKTRACE", "Os {", "Error {"] {
+        assert!(!text.contains(bad), "stderr contains `{bad}`:\n{text}");
+    }
+    assert!(
+        !text.is_empty() && !text.contains('\n'),
+        "stderr is not one line:\n{text}"
+    );
+    assert!(text.starts_with("atou: "), "stderr: {text}");
+    text.to_string()
+}
+
+/// `atou send --quiet --json ARGS SRC... TARGET` as a process, SIGTERMed
+/// and reaped if the test fails before it ends.
+struct Sending {
+    process: Daemon,
+    out: mpsc::Receiver<String>,
+    err: mpsc::Receiver<String>,
+    started: Instant,
+}
+
+fn spawn_send(sources: &[&Path], target: &str, args: &[&str]) -> Sending {
+    let mut child = Command::new(ATOU)
+        .args(["send", "--quiet", "--json"])
+        .args(args)
+        .args(sources)
+        .arg(target)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start atou send");
+    let drain = |mut r: Box<dyn Read + Send>| {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            let _ = tx.send(s);
+        });
+        rx
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
+    Sending {
+        process: Daemon::new(child),
+        out,
+        err,
+        started: Instant::now(),
+    }
+}
+
+impl Sending {
+    fn running(&mut self) -> bool {
+        self.process.child().try_wait().unwrap().is_none()
+    }
+
+    /// Waits for the send to end by itself (panics after `limit`).
+    fn finish(mut self, limit: Duration) -> Sent {
+        while self.running() {
+            assert!(
+                self.started.elapsed() < limit,
+                "atou send still running after {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let secs = self.started.elapsed().as_secs_f64();
+        let status = self.process.release().wait().unwrap();
+        Sent {
+            status,
+            stdout: self.out.recv().unwrap_or_default(),
+            stderr: self.err.recv().unwrap_or_default(),
+            secs,
+        }
+    }
+
+    fn kill(self) {
+        let status = self.process.kill();
+        say(&format!("  send killed: {status}"));
+    }
+}
+
+/// Runs `atou send` to the end (at most 5 minutes).
+fn send(sources: &[&Path], target: &str, args: &[&str]) -> Sent {
+    spawn_send(sources, target, args).finish(Duration::from_secs(300))
+}
+
+/// Bytes the file at `path` has on disk.
+fn allocated(path: &Path) -> u64 {
+    fs::metadata(path).map_or(0, |m| m.blocks() * 512)
+}
+
+fn report_u(r: &Value, key: &str) -> u64 {
+    u(&r[key])
+}
+
+// ---------------------------------------------------------------------------
+// 1. Everything a tree can hold arrives as it was
+// ---------------------------------------------------------------------------
+
+/// The odd-names tree: every kind, size edge, mode and mtime that must
+/// survive, 10,000 small files in 100 directories, and a sparse 2 GiB file.
+fn build_odd_tree(root: &Path) {
+    fs::create_dir_all(root).unwrap();
+    let mut rng = XorShift::new(1);
+    let mut mtimes: Vec<(PathBuf, u64, u32)> = Vec::new();
+    // Entry i's mtime: its own second and nanosecond.
+    let next_time = |p: &Path, i: u64| {
+        let nsec = (i * 123_456_789 % 1_000_000_000) as u32;
+        (p.to_path_buf(), FEB_3_2001 + i * 3601, nsec)
+    };
+
+    let mut files: Vec<(&str, u64)> = vec![
+        ("name with spaces.txt", 1000),
+        ("ünïcødé ✓.txt", 777),
+        ("-rf", 11),
+        ("--help", 12),
+        ("empty.bin", 0),
+        ("also empty", 0),
+    ];
+    for d in ["empty_dir", "nested/empty/deeper", "sizes", "perms/private"] {
+        fs::create_dir_all(root.join(d)).unwrap();
+    }
+    files.extend([
+        ("sizes/one", 1),
+        ("sizes/mib_minus_1", MIB - 1),
+        ("sizes/mib", MIB),
+        ("sizes/mib_plus_1", MIB + 1),
+        ("sizes/three_mib_17", 3 * MIB + 17),
+        ("sizes/zero", 0),
+        ("perms/private/secret", 4 * KIB),
+        ("perms/script.sh", 300),
+        ("perms/readonly", 5000),
+    ]);
+    for (i, (name, size)) in files.iter().enumerate() {
+        let p = root.join(name);
+        write_random(&p, *size, 100 + i as u64);
+        mtimes.push(next_time(&p, i as u64 + 1));
+    }
+    symlink("sizes/one", root.join("link_to_one")).unwrap();
+    symlink("no/such/file", root.join("dangling")).unwrap();
+
+    // 10,000 files of 1–4 KiB in 100 directories, each its own mtime.
+    let mut buf = vec![0u8; 4 * KIB as usize];
+    for d in 0..100 {
+        let dir = root.join(format!("many/d{d:03}"));
+        fs::create_dir_all(&dir).unwrap();
+        for f in 0..100 {
+            let n = (KIB + rng.below(3 * KIB + 1)) as usize;
+            rng.fill(&mut buf[..n]);
+            let p = dir.join(format!("f{f:03}"));
+            fs::write(&p, &buf[..n]).unwrap();
+            let k = (d * 100 + f) as u64;
+            let nsec = (k * 7919 % 1_000_000_000) as u32;
+            let t = UNIX_EPOCH + Duration::new(FEB_3_2001 + 86_400 + k, nsec);
+            File::options()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_times(FileTimes::new().set_modified(t))
+                .unwrap();
+        }
+    }
+
+    // Sparse: 2 GiB long, a few bytes at 0, 1 GiB and the end.
+    let sparse = root.join("sparse_2g");
+    let f = File::create(&sparse).unwrap();
+    f.set_len(2 << 30).unwrap();
+    f.write_all_at(b"start", 0).unwrap();
+    f.write_all_at(b"middle", 1 << 30).unwrap();
+    f.write_all_at(b"end", (2 << 30) - 3).unwrap();
+    drop(f);
+    mtimes.push(next_time(&sparse, 40));
+
+    // Modes, then mtimes (chmod leaves mtime alone), directories last and
+    // deepest first, as creating their children moved theirs.
+    set_mode(&root.join("perms/private/secret"), 0o600);
+    set_mode(&root.join("perms/script.sh"), 0o755);
+    set_mode(&root.join("perms/readonly"), 0o444);
+    set_mode(&root.join("perms/private"), 0o700);
+    for (p, s, ns) in &mtimes {
+        set_mtime(p, *s, *ns);
+    }
+    let dirs = [
+        "nested/empty/deeper",
+        "nested/empty",
+        "nested",
+        "empty_dir",
+        "sizes",
+        "perms/private",
+        "perms",
+        "many/d042",
+        "",
+    ];
+    for (i, d) in dirs.iter().enumerate() {
+        let (_, s, ns) = next_time(&root.join(d), 50 + i as u64);
+        set_mtime(&root.join(d), s, ns);
+    }
+}
+
+#[test]
+fn a_tree_with_odd_names_arrives_identical() {
+    let t0 = Instant::now();
+    let scratch = Scratch::new("odd-tree");
+    let tree = scratch.path("src/odd tree");
+    build_odd_tree(&tree);
+    let dest = scratch.dir("dest");
+    let built = t0.elapsed().as_secs_f64();
+
+    let server = Serve::start(&dest);
+    let sent = send(&[&tree], &server.target(), &[]);
+    let r = sent.report();
+    let (files, dirs, symlinks) = census(&tree);
+    assert_eq!(report_u(&r, "files"), files as u64, "{r}");
+    assert_eq!(
+        report_u(&r, "dirs"),
+        dirs as u64 + 1,
+        "the top directory counts: {r}"
+    );
+    assert_eq!(report_u(&r, "symlinks"), symlinks as u64, "{r}");
+    assert_eq!(report_u(&r, "skipped_files"), 0);
+    let served = server.report();
+    assert!(served.get("transfer").is_some(), "{served}");
+
+    let t1 = Instant::now();
+    let n = assert_same_tree(&tree, &dest.join("odd tree"));
+    let compared = t1.elapsed().as_secs_f64();
+    let sparse = dest.join("odd tree/sparse_2g");
+    say(&format!(
+        "a_tree_with_odd_names_arrives_identical: {n} entries ({files} files, {} bytes) in {:.1} s \
+         ({} sent); build {built:.1} s, compare {compared:.1} s, total {:.1} s; the 2 GiB sparse file \
+         takes {} on disk at the destination",
+        report_u(&r, "bytes_total"),
+        sent.secs,
+        report_u(&r, "bytes_sent"),
+        t0.elapsed().as_secs_f64(),
+        allocated(&sparse),
+    ));
+}
+
+// ---------------------------------------------------------------------------
+// 2. Crafted manifests and plan requests
+// ---------------------------------------------------------------------------
+
+const KIND_DIR: u8 = 1;
+const KIND_FILE: u8 = 2;
+const KIND_SYMLINK: u8 = 3;
+
+/// One manifest entry, encoded by hand as src/transfer/manifest.rs
+/// documents it. `extra` is the file size or the symlink target.
+fn entry(kind: u8, path: &[u8], extra: &[u8]) -> Vec<u8> {
+    let mut e = vec![kind];
+    e.extend_from_slice(&0o644u32.to_be_bytes());
+    e.extend_from_slice(&(FEB_3_2001 as i64).to_be_bytes());
+    e.extend_from_slice(&5u32.to_be_bytes());
+    e.extend_from_slice(&(path.len() as u16).to_be_bytes());
+    e.extend_from_slice(path);
+    match kind {
+        KIND_FILE => {
+            e.extend_from_slice(&u64::from_be_bytes(extra.try_into().unwrap()).to_be_bytes())
+        }
+        KIND_SYMLINK => {
+            e.extend_from_slice(&(extra.len() as u16).to_be_bytes());
+            e.extend_from_slice(extra);
+        }
+        _ => {}
+    }
+    e
+}
+
+fn file(path: &[u8], size: u64) -> Vec<u8> {
+    entry(KIND_FILE, path, &size.to_be_bytes())
+}
+
+fn manifest(entries: &[Vec<u8>]) -> Vec<u8> {
+    let mut m = b"ATMF".to_vec();
+    m.push(1);
+    m.extend_from_slice(&(entries.len() as u32).to_be_bytes());
+    for e in entries {
+        m.extend_from_slice(e);
+    }
+    m
+}
+
+fn plan_request(subdir: &[u8], manifest: &[u8]) -> Vec<u8> {
+    let mut p = vec![b'P', 1, 0];
+    p.extend_from_slice(&(subdir.len() as u16).to_be_bytes());
+    p.extend_from_slice(subdir);
+    p.extend_from_slice(manifest);
+    p
+}
+
+#[test]
+fn path_traversal_in_a_crafted_manifest_is_refused_at_decode() {
+    // The hand encoding is right: a harmless manifest decodes, alone and in
+    // a plan request.
+    let good = manifest(&[
+        entry(KIND_DIR, b"ok", &[]),
+        file(b"ok/x", 3),
+        entry(KIND_SYMLINK, b"ok/s", b"../../anywhere"),
+    ]);
+    let m = Manifest::decode(&good).expect("a valid manifest decodes");
+    assert_eq!(m.entries.len(), 3);
+    assert!(matches!(
+        Request::decode(&plan_request(b"in/coming", &good)),
+        Ok(Request::Plan(_))
+    ));
+
+    // Each bad path, and how the message must name it.
+    let bad: [(&[u8], &str); 4] = [
+        (b"../evil", "../evil"),
+        (b"/etc/x", "/etc/x"),
+        (b"a/../../b", "a/../../b"),
+        (b"ok/\0x", "ok/\\x00x"),
+    ];
+    for (path, shown) in bad {
+        for (what, entries) in [
+            ("a file", vec![file(path, 1)]),
+            ("a directory", vec![entry(KIND_DIR, path, &[])]),
+            ("a symlink", vec![entry(KIND_SYMLINK, path, b"t")]),
+            (
+                "after a good entry",
+                vec![entry(KIND_DIR, b"ok", &[]), file(path, 1)],
+            ),
+        ] {
+            let bytes = manifest(&entries);
+            let e = Manifest::decode(&bytes)
+                .expect_err(&format!("{shown:?} as {what} must not decode"))
+                .to_string();
+            assert!(
+                e.contains(shown),
+                "{shown} as {what}: the error `{e}` does not name it"
+            );
+            // The same inside a plan request.
+            let e = Request::decode(&plan_request(b"", &bytes))
+                .expect_err(&format!("a plan with {shown:?} as {what} must not decode"))
+                .to_string();
+            assert!(e.contains(shown), "plan with {shown} as {what}: `{e}`");
+        }
+    }
+
+    // A plan whose destination subdirectory leaves the destination.
+    for (subdir, shown) in [
+        (&b".."[..], ".."),
+        (b"../up", "../up"),
+        (b"in/../..", "in/../.."),
+        (b"/etc", "/etc"),
+    ] {
+        let e = Request::decode(&plan_request(subdir, &good))
+            .expect_err(&format!("subdir {shown:?} must not decode"))
+            .to_string();
+        assert!(e.contains(&format!("`{shown}`")), "subdir {shown}: `{e}`");
+    }
+
+    // Nothing may be placed under a symlink (or a file): the receiver would
+    // write through it.
+    for (parent, what) in [
+        (entry(KIND_SYMLINK, b"s", b"/etc"), "symlink"),
+        (file(b"s", 0), "file"),
+    ] {
+        for child in [file(b"s/x", 1), entry(KIND_DIR, b"s/x", &[])] {
+            let bytes = manifest(&[parent.clone(), child]);
+            let e = Manifest::decode(&bytes)
+                .expect_err(&format!("an entry under a {what} must not decode"))
+                .to_string();
+            assert!(
+                e.contains("s/x") && e.contains(what),
+                "under a {what}: `{e}`"
+            );
+        }
+    }
+    // Nor under a directory that was not listed first.
+    let e = Manifest::decode(&manifest(&[file(b"d/x", 1), entry(KIND_DIR, b"d", &[])]))
+        .expect_err("a parent listed after its child")
+        .to_string();
+    assert!(e.contains("d/x"), "`{e}`");
+}
+
+// ---------------------------------------------------------------------------
+// 3. A symlink in the destination
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_symlink_in_the_destination_is_not_followed() {
+    let t0 = Instant::now();
+    let scratch = Scratch::new("dest-symlink");
+    let src = scratch.dir("src/out");
+    write_random(&src.join("payload"), 10_000, 3);
+    fs::create_dir(src.join("sub")).unwrap();
+    write_random(&src.join("sub/deeper"), 100, 4);
+    let elsewhere = scratch.dir("elsewhere");
+    let dest = scratch.dir("dest");
+    symlink(&elsewhere, dest.join("out")).unwrap();
+
+    let server = Serve::start(&dest);
+    let sent = send(&[&src], &server.target(), &[]);
+    let why = sent.failure();
+    assert!(
+        why.contains("symlink") && why.contains("out"),
+        "the reason does not name the symlink: {why}"
+    );
+    let written: Vec<_> = fs::read_dir(&elsewhere).unwrap().collect();
+    assert!(
+        written.is_empty(),
+        "written through the symlink: {written:?}"
+    );
+    assert!(fs::symlink_metadata(dest.join("out"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(
+        fs::read_dir(&dest).unwrap().count(),
+        1,
+        "only the symlink in DEST"
+    );
+
+    // --overwrite does not make it follow the symlink either.
+    let sent = send(&[&src], &server.target(), &["--overwrite"]);
+    let why2 = sent.failure();
+    assert!(why2.contains("symlink"), "{why2}");
+    assert_eq!(fs::read_dir(&elsewhere).unwrap().count(), 0);
+    say(&format!(
+        "a_symlink_in_the_destination_is_not_followed: `{why}` ({:.1} s)",
+        t0.elapsed().as_secs_f64()
+    ));
+}
+
+// ---------------------------------------------------------------------------
+// 4. Existing files: refuse, skip, overwrite
+// ---------------------------------------------------------------------------
+
+#[test]
+fn existing_files_are_refused_unless_overwrite_and_skip_existing_skips_identical() {
+    let t0 = Instant::now();
+    let scratch = Scratch::new("existing");
+    let tree = scratch.dir("src/tree");
+    fs::create_dir(tree.join("sub")).unwrap();
+    for (i, (name, size)) in [
+        ("a", 1000),
+        ("b", 2 * MIB + 5),
+        ("sub/c", 70_000),
+        ("sub/empty", 0),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let p = tree.join(name);
+        write_random(&p, *size, 40 + i as u64);
+        set_mtime(&p, FEB_3_2001 + i as u64, 500 + i as u32);
+    }
+    symlink("a", tree.join("sub/link")).unwrap();
+    let (files, _, _) = census(&tree);
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    let target = server.target();
+
+    let first = send(&[&tree], &target, &[]).report();
+    assert_eq!(report_u(&first, "files"), files as u64);
+    assert_same_tree(&tree, &dest.join("tree"));
+
+    // Again: refused, nothing changed.
+    let again = send(&[&tree], &target, &[]);
+    let why = again.failure();
+    assert!(why.contains("--overwrite"), "{why}");
+    assert_same_tree(&tree, &dest.join("tree"));
+
+    // --skip-existing: every file is already there.
+    let skip = send(&[&tree], &target, &["--skip-existing"]).report();
+    assert_eq!(report_u(&skip, "skipped_files"), files as u64, "{skip}");
+    assert_eq!(report_u(&skip, "bytes_sent"), 0, "{skip}");
+    assert_same_tree(&tree, &dest.join("tree"));
+
+    // Change one file (same size, new content and mtime): --overwrite
+    // replaces it.
+    let b = tree.join("b");
+    write_random(&b, 2 * MIB + 5, 99);
+    set_mtime(&b, FEB_3_2001 + 1_000_000, 42);
+    assert!(first_difference(&b, &dest.join("tree/b")).is_some());
+    let over = send(&[&tree], &target, &["--overwrite"]).report();
+    assert_same_tree(&tree, &dest.join("tree"));
+    say(&format!(
+        "existing_files_…: refused with `{why}`; --skip-existing skipped {} files, sent {} bytes; \
+         --overwrite sent {} of {} bytes (skipped {}); {:.1} s",
+        report_u(&skip, "skipped_files"),
+        report_u(&skip, "bytes_sent"),
+        report_u(&over, "bytes_sent"),
+        report_u(&over, "bytes_total"),
+        report_u(&over, "bytes_skipped"),
+        t0.elapsed().as_secs_f64()
+    ));
+}
+
+// ---------------------------------------------------------------------------
+// 5. Resume after a kill
+// ---------------------------------------------------------------------------
+
+const BIG: u64 = 400 * MIB;
+/// Slow enough that "half" can be caught: 400 MiB take ~8 s.
+const RATE: &str = "rate 400mbit";
+
+/// Waits until about half of `size` bytes of `part` are on disk; panics if
+/// the send ends first or it takes more than a minute.
+fn wait_for_half(part: &Path, size: u64, sending: &mut Sending) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let a = allocated(part);
+        if a >= size / 2 {
+            return a;
+        }
+        assert!(
+            sending.running(),
+            "atou send ended before half was written ({a} bytes)"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "only {a} bytes written after 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn check_resumed(what: &str, src: &Path, dest: &Path, r: &Value, at_kill: u64) {
+    let (sent, skipped) = (report_u(r, "bytes_sent"), report_u(r, "bytes_skipped"));
+    say(&format!(
+        "a_killed_transfer_resumes…: {what}: killed with {} MiB on disk; the rerun sent {sent} bytes \
+         ({:.1} %), skipped {skipped} ({:.1} %), chunks_resent {}, rounds {}",
+        at_kill / MIB,
+        100.0 * sent as f64 / BIG as f64,
+        100.0 * skipped as f64 / BIG as f64,
+        r["chunks_resent"],
+        r["rounds"],
+    ));
+    assert!(
+        first_difference(src, &dest.join("big.bin")).is_none(),
+        "{what}: the resumed file differs"
+    );
+    assert!(
+        !dest.join("big.bin.atou-part").exists(),
+        "{what}: the part file remains"
+    );
+    assert!(skipped > 0, "{what}: nothing was resumed: {r}");
+    assert!(
+        (sent as f64) < 0.6 * BIG as f64,
+        "{what}: the rerun sent {sent} of {BIG} bytes"
+    );
+    assert_eq!(sent + skipped, BIG, "{what}: {r}");
+}
+
+#[test]
+fn a_killed_transfer_resumes_and_resends_under_60_percent() {
+    let t0 = Instant::now();
+    let scratch = Scratch::new("resume");
+    let src = scratch.dir("src").join("big.bin");
+    write_random(&src, BIG, 5);
+    let args = ["--streams", "1", "--maxidle", "3"];
+
+    // The sender is killed half way.
+    {
+        let dest = scratch.dir("dest-sender-killed");
+        let server = Serve::start(&dest);
+        let relay = Relay::start(server.addr, RATE, "", 5);
+        let mut sending = spawn_send(&[&src], &relay.addr.to_string(), &args);
+        let part = dest.join("big.bin.atou-part");
+        let at_kill = wait_for_half(&part, BIG, &mut sending);
+        let took = sending.started.elapsed().as_secs_f64();
+        sending.kill();
+        say(&format!(
+            "  half of {BIG} bytes in {took:.1} s through `{RATE}`"
+        ));
+        assert!(part.exists());
+        assert!(!dest.join("big.bin").exists());
+        let rerun = send(&[&src], &server.target(), &args);
+        check_resumed("sender killed", &src, &dest, &rerun.report(), at_kill);
+        drop(relay);
+    }
+
+    // The receiver is killed half way, and started again.
+    {
+        let dest = scratch.dir("dest-server-killed");
+        let mut server = Serve::start(&dest);
+        let relay = Relay::start(server.addr, RATE, "", 6);
+        let mut sending = spawn_send(&[&src], &relay.addr.to_string(), &args);
+        let part = dest.join("big.bin.atou-part");
+        let at_kill = wait_for_half(&part, BIG, &mut sending);
+        server.kill();
+        let failed = sending.finish(Duration::from_secs(60));
+        let why = failed.failure();
+        say(&format!(
+            "  the sender, its receiver killed: `{why}` after {:.1} s",
+            failed.secs
+        ));
+        drop(relay);
+        assert!(part.exists());
+        let server = Serve::start(&dest);
+        let rerun = send(&[&src], &server.target(), &args);
+        check_resumed("receiver killed", &src, &dest, &rerun.report(), at_kill);
+    }
+    say(&format!(
+        "a_killed_transfer_resumes_and_resends_under_60_percent: {:.1} s",
+        t0.elapsed().as_secs_f64()
+    ));
+}
+
+// ---------------------------------------------------------------------------
+// 6. A full destination
+// ---------------------------------------------------------------------------
+
+fn is_root() -> bool {
+    fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(1) == 0
+}
+
+/// A mounted tmpfs, unmounted when dropped (also when the test fails).
+struct Mount(PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let ok = Command::new("umount")
+            .arg(&self.0)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            say(&format!(
+                "  umount {} failed; detaching it lazily",
+                self.0.display()
+            ));
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+#[test]
+fn a_full_destination_fails_cleanly() {
+    let name = "a_full_destination_fails_cleanly";
+    if !is_root() {
+        say(&format!(
+            "SKIPPED {name}: not root (mounting a small tmpfs needs root; CI runs as root)"
+        ));
+        return;
+    }
+    let t0 = Instant::now();
+    let scratch = Scratch::new("full");
+    let tree = scratch.dir("src/t");
+    // atou sends the largest files first: the 5 MiB file fits in the 8 MiB
+    // tmpfs and completes first; the small ones after it overflow.
+    write_random(&tree.join("a_big"), 5 * MIB, 60);
+    let smalls: Vec<String> = (1..=20).map(|i| format!("z_small_{i:02}")).collect();
+    for (i, small) in smalls.iter().enumerate() {
+        write_random(&tree.join(small), 200 * KIB, 61 + i as u64);
+    }
+    let dest = scratch.dir("dest");
+    let mount = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&dest)
+        .output()
+        .expect("run mount");
+    if !mount.status.success() {
+        say(&format!(
+            "SKIPPED {name}: cannot mount a tmpfs: {}",
+            String::from_utf8_lossy(&mount.stderr).trim()
+        ));
+        return;
+    }
+    let _mounted = Mount(dest.clone());
+    let server = Serve::start(&dest);
+
+    let sent = send(&[&tree], &server.target(), &[]);
+    let why = sent.failure();
+    let listing: Vec<String> = fs::read_dir(dest.join("t"))
+        .map(|d| {
+            let mut names: Vec<String> = d
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        })
+        .unwrap_or_default();
+    say(&format!(
+        "{name}: `{why}`; in DEST/t: {listing:?} ({:.1} s)",
+        t0.elapsed().as_secs_f64()
+    ));
+    assert!(why.contains("no space left"), "{why}");
+    assert!(
+        smalls.iter().any(|s| why.contains(s.as_str())),
+        "the reason does not name the file: {why}"
+    );
+    // The file completed before the disk filled is in place and whole.
+    let big = dest.join("t/a_big");
+    assert!(
+        big.exists(),
+        "a_big, complete before the disk filled, is not in place: {listing:?}"
+    );
+    assert_eq!(
+        first_difference(&tree.join("a_big"), &big),
+        None,
+        "a_big differs"
+    );
+    // Whatever else is under its final name is whole; the rest is partial.
+    let mut in_place = 0;
+    for small in &smalls {
+        let got = dest.join("t").join(small);
+        if got.exists() {
+            in_place += 1;
+            assert_eq!(
+                first_difference(&tree.join(small), &got),
+                None,
+                "{small} differs"
+            );
+        }
+    }
+    assert!(
+        in_place < smalls.len(),
+        "every file is in place, yet the disk filled"
+    );
+    drop(server);
+}
+
+// ---------------------------------------------------------------------------
+// 7. Through a lossy path
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_transfer_through_a_lossy_relay_arrives_identical() {
+    let t0 = Instant::now();
+    let (fwd, rev, seed) = ("loss 1% delay 20ms", "delay 20ms", 11);
+    let scratch = Scratch::new("lossy");
+    let tree = scratch.dir("src/lossy");
+    for (i, (name, size)) in [
+        ("eight", 8 * MIB),
+        ("six", 6 * MIB + 3),
+        ("four", 4 * MIB),
+        ("one", MIB + 5),
+        ("half", 512 * KIB),
+        ("tiny", 100),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let p = tree.join(name);
+        write_random(&p, *size, 70 + i as u64);
+        set_mtime(&p, FEB_3_2001 + 7 * i as u64, 7 + i as u32);
+    }
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    let relay = Relay::start(server.addr, fwd, rev, seed);
+    let sent = send(&[&tree], &relay.addr.to_string(), &[]);
+    let r = sent.report();
+    let counts = relay.stop();
+    assert_same_tree(&tree, &dest.join("lossy"));
+    let rxmts: Vec<u64> = r["streams"]
+        .as_array()
+        .expect("streams")
+        .iter()
+        .map(|s| u(&s["rxmts"]))
+        .collect();
+    let timeouts: Vec<u64> = r["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| u(&s["timeouts"]))
+        .collect();
+    say(&format!(
+        "a_transfer_through_a_lossy_relay_arrives_identical: fwd `{fwd}` rev `{rev}` seed {seed}: \
+         {} bytes in {:.1} s, per-stream rxmts {rxmts:?}, timeouts {timeouts:?}; relay lost {} of {} \
+         ({:.1} s in all)",
+        report_u(&r, "bytes_sent"),
+        sent.secs,
+        counts["fwd"]["lost"],
+        counts["fwd"]["offered"],
+        t0.elapsed().as_secs_f64()
+    ));
+    assert!(
+        u(&counts["fwd"]["lost"]) > 0,
+        "the relay lost nothing: {counts}"
+    );
+    assert!(
+        rxmts.iter().sum::<u64>() > 0,
+        "lost segments were never retransmitted?"
+    );
+}
