@@ -118,6 +118,15 @@ impl std::fmt::Display for Notice {
     }
 }
 
+/// A segment's offset is its number times the payload size, and only the
+/// last one (FIN) may be short.
+fn placement_ok(seg: &super::wire::DataSegment<'_>, payload_size: u64) -> bool {
+    let h = &seg.header;
+    let len = seg.payload.len() as u64;
+    h.seg.checked_mul(payload_size) == Some(h.offset)
+        && (len == payload_size || (h.flags.fin && len <= payload_size))
+}
+
 /// Something a session connection's application must act on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionEvent {
@@ -340,6 +349,17 @@ impl Server {
         conn.last_heard = now;
         let mut arrival = None;
         match packet {
+            // A session's data must sit where its number says: a header
+            // changed on the way (the UDP checksum missed it, or a relay
+            // corrupted after it) must not place bytes at the wrong
+            // offset. Such a segment is as good as lost.
+            Packet::Data(seg)
+                if conn.session != 0
+                    && !placement_ok(&seg, u64::from(conn.mss) - DATA_HEADER_LEN as u64) =>
+            {
+                self.stats.undecodable += 1;
+                return None;
+            }
             Packet::Data(seg) if conn.closed_at.is_none() => {
                 // Answered early: say so again, now and then, until the
                 // client stops sending and fetches.

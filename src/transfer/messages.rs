@@ -11,8 +11,12 @@
 //! | `F` finish | every file's BLAKE3 hash | files verified and in place, or why not |
 //!
 //! All integers are big-endian. Files are numbered in manifest order,
-//! counting only file entries. Decoding checks every length against the
-//! bytes present and never allocates more than the input implies.
+//! counting only file entries. Every request, data header and answer ends
+//! with the BLAKE3 hash of what precedes it (chunks carry their own), so
+//! whatever a path corrupts past the UDP checksum is caught: a message is
+//! refused as corrupted, a chunk is sent again. Decoding checks every
+//! length against the bytes present and never allocates more than the
+//! input implies.
 
 use thiserror::Error;
 
@@ -61,6 +65,32 @@ pub enum MessageError {
     UnknownStatus(u8),
     #[error("a message that is not UTF-8")]
     NotUtf8,
+    #[error(
+        "a message corrupted in transit (its BLAKE3 hash does not match); run the transfer again"
+    )]
+    Corrupt,
+}
+
+/// Bytes of the hash that ends every message.
+const SEAL_LEN: usize = 32;
+
+/// Appends the BLAKE3 hash of `out` to it.
+fn seal(mut out: Vec<u8>) -> Vec<u8> {
+    let hash = blake3::hash(&out);
+    out.extend_from_slice(hash.as_bytes());
+    out
+}
+
+/// The message without its hash, if the hash matches.
+fn open(bytes: &[u8]) -> Result<&[u8], MessageError> {
+    if bytes.len() < SEAL_LEN {
+        return Err(MessageError::Truncated);
+    }
+    let (body, hash) = bytes.split_at(bytes.len() - SEAL_LEN);
+    if blake3::hash(body).as_bytes()[..] != *hash {
+        return Err(MessageError::Corrupt);
+    }
+    Ok(body)
 }
 
 /// Reads big-endian fields, checking each against what is left.
@@ -182,9 +212,9 @@ pub enum Request {
     Finish(Vec<Cv>),
 }
 
-/// Bytes of a data header with `ranges` ranges.
+/// Bytes of a data header with `ranges` ranges, its hash included.
 pub fn data_header_len(ranges: usize) -> usize {
-    1 + 4 + ranges * 12
+    1 + 4 + ranges.saturating_mul(12).saturating_add(SEAL_LEN)
 }
 
 impl PlanRequest {
@@ -207,7 +237,7 @@ impl PlanRequest {
         out.extend_from_slice(&(subdir.len() as u16).to_be_bytes());
         out.extend_from_slice(subdir);
         out.extend_from_slice(&manifest);
-        out
+        seal(out)
     }
 }
 
@@ -221,7 +251,7 @@ impl DataHeader {
             out.extend_from_slice(&(r.first as u32).to_be_bytes());
             out.extend_from_slice(&(r.count as u32).to_be_bytes());
         }
-        out
+        seal(out)
     }
 
     /// Reads a data header from the start of a stream; `Ok(None)` when
@@ -238,7 +268,8 @@ impl DataHeader {
         if prefix.len() < len {
             return Ok(None);
         }
-        let ranges = prefix[5..len]
+        let body = open(&prefix[..len])?;
+        let ranges = body[5..]
             .chunks_exact(12)
             .map(|r| {
                 let word = |i: usize| u32::from_be_bytes(r[i..i + 4].try_into().expect("4"));
@@ -290,14 +321,21 @@ pub fn encode_finish(hashes: &[Cv]) -> Vec<u8> {
     for h in hashes {
         out.extend_from_slice(h);
     }
-    out
+    seal(out)
 }
 
 impl Request {
     /// Decodes a whole plan or finish request. (A data stream is read with
     /// [`DataHeader::parse`] as it arrives.)
     pub fn decode(bytes: &[u8]) -> Result<Request, MessageError> {
-        let mut r = Reader::new(bytes);
+        if bytes.first() == Some(&KIND_DATA) {
+            return match DataHeader::parse(bytes)? {
+                Some((h, len)) if len == bytes.len() => Ok(Request::Data(h)),
+                Some((_, len)) => Err(MessageError::TrailingBytes(bytes.len() - len)),
+                None => Err(MessageError::Truncated),
+            };
+        }
+        let mut r = Reader::new(open(bytes)?);
         match r.u8()? {
             KIND_PLAN => {
                 let version = r.u8()?;
@@ -326,11 +364,6 @@ impl Request {
                     manifest,
                 }))
             }
-            KIND_DATA => match DataHeader::parse(bytes)? {
-                Some((h, len)) if len == bytes.len() => Ok(Request::Data(h)),
-                Some((_, len)) => Err(MessageError::TrailingBytes(bytes.len() - len)),
-                None => Err(MessageError::Truncated),
-            },
             KIND_FINISH => {
                 let n = r.count(32)?;
                 let hashes = (0..n).map(|_| r.cv()).collect::<Result<_, _>>()?;
@@ -394,12 +427,12 @@ impl PlanReply {
                 }
             }
         }
-        out
+        seal(out)
     }
 
     /// Decodes a plan reply for a manifest whose files have these sizes.
     pub fn decode(bytes: &[u8], file_sizes: &[u64]) -> Result<PlanReply, MessageError> {
-        let mut r = Reader::new(bytes);
+        let mut r = Reader::new(open(bytes)?);
         let reply = match r.u8()? {
             STATUS_FAILED => PlanReply::Refused(r.text()?),
             STATUS_OK => {
@@ -469,11 +502,11 @@ impl Outcome {
                 put_text(&mut out, why);
             }
         }
-        out
+        seal(out)
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Outcome, MessageError> {
-        let mut r = Reader::new(bytes);
+        let mut r = Reader::new(open(bytes)?);
         let outcome = match r.u8()? {
             STATUS_OK => {
                 let n = r.count(8)?;
@@ -556,6 +589,24 @@ mod tests {
     }
 
     #[test]
+    fn a_flipped_bit_anywhere_is_caught() {
+        let bytes = PlanRequest {
+            options: Options::default(),
+            subdir: None,
+            manifest: manifest(),
+        }
+        .encode();
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x10;
+            assert!(Request::decode(&bad).is_err(), "byte {i}");
+        }
+        let mut o = Outcome::Failed("disk full".into()).encode();
+        o[3] ^= 1;
+        assert_eq!(Outcome::decode(&o), Err(MessageError::Corrupt));
+    }
+
+    #[test]
     fn a_subdir_that_climbs_out_is_refused() {
         let mut bytes = PlanRequest {
             options: Options::default(),
@@ -564,6 +615,9 @@ mod tests {
         }
         .encode();
         bytes[5..7].copy_from_slice(b"..");
+        // Sealed again, as a hostile sender would.
+        bytes.truncate(bytes.len() - SEAL_LEN);
+        let bytes = seal(bytes);
         assert!(matches!(
             Request::decode(&bytes),
             Err(MessageError::Subdir(_))
