@@ -50,7 +50,7 @@ pub struct ServeArgs {
     /// Writer threads for --dir (default: one per core, at least 2)
     #[arg(long, value_name = "N")]
     writers: Option<usize>,
-    /// Exit after the first connection (with --dir, the first transfer) ends
+    /// Exit after the first connection (with --dir, the first transfer) ends; with --dir, exit 1 if that transfer failed
     #[arg(long)]
     once: bool,
     /// Print each connection's report as a JSON line
@@ -260,6 +260,8 @@ fn report_line(r: &ConnReport, server: &ServerStats) -> String {
 
 pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     let json = args.json;
+    let transfer_failed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let failed_flag = transfer_failed.clone();
     let mut app: Box<dyn ServeApp> = match &args.dir {
         None => Box::new(NoFiles),
         Some(dir) => {
@@ -275,6 +277,9 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
                     once: args.once,
                 },
                 move |event| {
+                    if let ReceiveEvent::Failed { .. } = event {
+                        failed_flag.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
                     let line = match (&event, json) {
                         (ReceiveEvent::Done(r), true) => {
                             serde_json::json!({"transfer": r}).to_string()
@@ -347,5 +352,9 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         stats.unexpected,
         stats.version_rejects + stats.bad_hellos
     );
+    // `--once --dir`: the status says how the one transfer went.
+    if args.once && transfer_failed.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(ExitCode::from(1));
+    }
     Ok(ExitCode::SUCCESS)
 }

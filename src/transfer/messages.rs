@@ -9,6 +9,7 @@
 //! | `P` plan | options, destination subdirectory, [manifest](super::manifest) | refused (why), or per file: send all, skip, or the BLAKE3 values of the chunks a partial file already holds |
 //! | `D` data | the chunks it carries ([`DataHeader`]), then each chunk's bytes followed by its 32-byte BLAKE3 value | the chunks that failed their check, or why the stream failed |
 //! | `F` finish | every file's BLAKE3 hash | files verified and in place, or why not |
+//! | `A` abort | why the sender gives up | done |
 //!
 //! All integers are big-endian. Files are numbered in manifest order,
 //! counting only file entries. Every request, data header and answer ends
@@ -26,6 +27,7 @@ use super::manifest::{Manifest, ManifestError, NameError, RelPath};
 const KIND_PLAN: u8 = b'P';
 const KIND_DATA: u8 = b'D';
 const KIND_FINISH: u8 = b'F';
+const KIND_ABORT: u8 = b'A';
 /// Bumped on any incompatible change below.
 const SESSION_VERSION: u8 = 1;
 
@@ -210,6 +212,9 @@ pub enum Request {
     Data(DataHeader),
     /// Every file's BLAKE3 hash, in file order.
     Finish(Vec<Cv>),
+    /// The sender gives up, and why: the receiver ends the session now
+    /// rather than when it goes idle.
+    Abort(String),
 }
 
 /// Bytes of a data header with `ranges` ranges, its hash included.
@@ -324,6 +329,13 @@ pub fn encode_finish(hashes: &[Cv]) -> Vec<u8> {
     seal(out)
 }
 
+/// Encodes an abort request.
+pub fn encode_abort(why: &str) -> Vec<u8> {
+    let mut out = vec![KIND_ABORT];
+    put_text(&mut out, why);
+    seal(out)
+}
+
 impl Request {
     /// Decodes a whole plan or finish request. (A data stream is read with
     /// [`DataHeader::parse`] as it arrives.)
@@ -363,6 +375,11 @@ impl Request {
                     subdir,
                     manifest,
                 }))
+            }
+            KIND_ABORT => {
+                let why = r.text()?;
+                r.end()?;
+                Ok(Request::Abort(why))
             }
             KIND_FINISH => {
                 let n = r.count(32)?;

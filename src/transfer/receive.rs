@@ -400,6 +400,12 @@ impl FileReceiver {
                 s.finish_waiting = Some((conn_id, hashes));
                 self.start_finish(session);
             }
+            Request::Abort(why) => {
+                if self.sessions.contains_key(&session) {
+                    self.fail_session(server, session, format!("the sender gave up: {why}"));
+                }
+                self.answer(server, conn_id, Outcome::Done { bad: Vec::new() }.encode());
+            }
             Request::Data(_) => unreachable!("data streams are read as they arrive"),
         }
     }
@@ -911,7 +917,17 @@ impl ServeApp for FileReceiver {
             .map(|(&id, _)| id)
             .collect();
         for id in stale {
-            self.sessions.remove(&id);
+            if let Some(s) = self.sessions.remove(&id) {
+                if s.failed.is_none() {
+                    (self.on_event)(ReceiveEvent::Failed {
+                        peer: s.peer,
+                        dest: s.prepared.map_or_else(|| self.config.root.clone(), |p| p.dest.clone()),
+                        why: "the sender stopped before finishing; run the same transfer again to resume"
+                            .to_string(),
+                    });
+                    self.end_once();
+                }
+            }
         }
     }
 

@@ -30,7 +30,7 @@ use super::hash::{chunk_count, chunk_cv, chunk_len, file_hash, Cv, CHUNK_SIZE};
 use super::layout::{header_for, Layout, CV_LEN};
 use super::manifest::{manifest_of, walk, EntryKind, LocalEntry, RelPath, WalkError};
 use super::messages::{
-    encode_finish, ChunkRef, FilePlan, Options, Outcome, PlanReply, PlanRequest,
+    encode_abort, encode_finish, ChunkRef, FilePlan, Options, Outcome, PlanReply, PlanRequest,
 };
 use crate::io::{self, fresh_conn_id, ProbeConfig, ProbeError, StreamFeed};
 use crate::proto::{PayloadSource, Tuning};
@@ -507,11 +507,38 @@ fn compare_held(
 }
 
 /// Sends `sources` to the receiver; `progress` is updated as it goes.
+/// A transfer that fails after the plan tells the receiver why (if it
+/// can), so the receiver ends the session at once.
 pub fn send(
     sources: &[PathBuf],
     config: &SendConfig,
     progress: Arc<Progress>,
 ) -> Result<SendReport, SendError> {
+    let mut session = None;
+    let result = send_session(sources, config, &progress, &mut session);
+    if let (Err(e), Some(id)) = (&result, session) {
+        let why = match e {
+            SendError::Interrupted => "interrupted".to_string(),
+            other => other.to_string(),
+        };
+        let mut quick = config.clone();
+        quick.tuning.maxidle = std::time::Duration::from_secs(2);
+        let request = encode_abort(&why);
+        let len = request.len() as u64;
+        // Best effort: the receiver may be what failed.
+        let calm = Progress::default();
+        let _ = run_conn(&quick, id, len, &mut BytesFeed(request), &calm);
+    }
+    result
+}
+
+fn send_session(
+    sources: &[PathBuf],
+    config: &SendConfig,
+    progress: &Arc<Progress>,
+    session_out: &mut Option<u64>,
+) -> Result<SendReport, SendError> {
+    let progress = progress.clone();
     let started = Instant::now();
     progress.set_stage("reading the sources");
     let entries = walk(sources, config.follow)?;
@@ -555,7 +582,10 @@ pub fn send(
     let (reply, _) = run_conn(config, session, len, &mut BytesFeed(request), &progress);
     let reply = reply?;
     let plans = match PlanReply::decode(&reply, &plan.sizes) {
-        Ok(PlanReply::Accepted(p)) => p,
+        Ok(PlanReply::Accepted(p)) => {
+            *session_out = Some(session);
+            p
+        }
         Ok(PlanReply::Refused(why)) => {
             return Err(SendError::Refused {
                 host: config.host.clone(),
