@@ -244,7 +244,9 @@ fn show_progress(progress: Arc<Progress>, done: Arc<Mutex<bool>>, tty: bool) {
             bar.set_length(progress.total.load(Ordering::Relaxed));
             bar.set_position(progress.done.load(Ordering::Relaxed));
             bar.set_message(progress.stage.lock().expect("progress lock").clone());
-            let current = progress.current.lock().expect("progress lock").join(", ");
+            let mut current = progress.current.lock().expect("progress lock").clone();
+            current.dedup();
+            let current = current.join(", ");
             files.set_message(current);
             files.tick();
             thread::sleep(Duration::from_millis(100));

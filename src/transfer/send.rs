@@ -309,6 +309,9 @@ struct FileFeed {
     progress: Arc<Progress>,
     /// Stream bytes of acknowledged data counted into progress so far.
     counted: u64,
+    /// This stream's place in `progress.current`, and the files' names.
+    index: usize,
+    names: Arc<Vec<String>>,
 }
 
 impl FileFeed {
@@ -364,6 +367,15 @@ impl StreamFeed for FileFeed {
             self.progress.done.fetch_add(len, Ordering::Relaxed);
             self.counted += len;
             self.first_held += 1;
+            if let Some(next) = self.layout.slots.get(self.first_held) {
+                let name = &self.names[next.chunk.file as usize];
+                let mut current = self.progress.current.lock().expect("progress lock");
+                if current.get(self.index) != Some(name) {
+                    if let Some(c) = current.get_mut(self.index) {
+                        c.clone_from(name);
+                    }
+                }
+            }
         }
         // Read ahead within the budget (always at least one chunk).
         while self.next_request < self.layout.slots.len()
@@ -413,7 +425,7 @@ struct Plan {
     /// Per file: where it is here, and its size.
     paths: Arc<Vec<Arc<PathBuf>>>,
     sizes: Arc<Vec<u64>>,
-    names: Vec<String>,
+    names: Arc<Vec<String>>,
 }
 
 /// Shares chunks out over `n` streams: largest files first, each chunk
@@ -562,7 +574,7 @@ fn send_session(
         entries,
         paths: Arc::new(paths),
         sizes: Arc::new(sizes),
-        names,
+        names: Arc::new(names),
     };
     let bytes_total: u64 = plan.sizes.iter().sum();
     let session = fresh_conn_id() | 1;
@@ -691,7 +703,8 @@ fn send_session(
         let results: Vec<StreamResult> = thread::scope(|scope| {
             let handles: Vec<_> = shares
                 .iter()
-                .map(|share| {
+                .enumerate()
+                .map(|(index, share)| {
                     let header = header_for(share);
                     let layout = Layout::new(&header, &plan.sizes);
                     let (done_tx, done_rx) = mpsc::channel();
@@ -714,6 +727,8 @@ fn send_session(
                         cvs: Vec::new(),
                         progress: progress.clone(),
                         counted: 0,
+                        index,
+                        names: plan.names.clone(),
                     };
                     let sent: u64 = feed.layout.slots.iter().map(|s| u64::from(s.len)).sum();
                     let progress = &progress;
