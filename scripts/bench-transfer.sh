@@ -1,0 +1,340 @@
+#!/usr/bin/env bash
+# File transfer on loopback: atou send/serve against cp, scp and rsync over
+# ssh, all in one run, on two data sets:
+#   big:  one file of BIG_SIZE (default 4G) of random content;
+#   tree: SMALL_FILES files (default 10000) of 1-64 KiB (random sizes,
+#         random content) spread over 100 directories.
+# Each data set is copied, one tool after another, into a fresh destination:
+#   cp -r (the page-cache baseline);
+#   scp -r over a private sshd on 127.0.0.1;
+#   rsync -a over ssh to the same sshd;
+#   atou send --quiet --json to `atou serve --dir DST --once`.
+# The sources are read once beforehand and stay in the page cache; each copy
+# starts after a `sync` so that earlier writeback does not bill it, is checked
+# (cmp, diff -r) and then deleted. Timings are wall clock around the copying
+# command (for atou, the sender; it exits once the receiver has verified every
+# file). Prints seconds, MB/s (10^6 bytes/s of the data set), atou's ratio to
+# each tool and atou's peak RSS at both ends (/usr/bin/time -v), then the
+# targets as PASS/MISS: big atou >= 2x scp, big atou >= 0.5x cp, tree atou >=
+# 1.0x rsync. A MISS is only reported; the script fails when a tool fails or
+# a copy is wrong.
+#
+# Run as root (installs openssh-server/-client, rsync and time when missing,
+# creates /run/sshd):   scripts/bench-transfer.sh
+# Quick run:            BIG_SIZE=256M SMALL_FILES=1000 scripts/bench-transfer.sh
+# Environment: BIG_SIZE (head -c size, default 4G), SMALL_FILES (default 10000),
+# BENCH_DIR (where data and destinations go, default /tmp), STREAMS (atou send
+# --streams), ATOU_ARGS (extra atou send arguments), PORT (atou, default 7890),
+# SSH_PORT (default: the first free port from 2222), TIMEOUT (seconds per
+# copy, default 3600).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+big_size=${BIG_SIZE:-4G}
+small_files=${SMALL_FILES:-10000}
+bench_dir=${BENCH_DIR:-/tmp}
+port=${PORT:-7890}
+limit=${TIMEOUT:-3600}
+read -r -a atou_extra <<<"${ATOU_ARGS:-}"
+[ -z "${STREAMS:-}" ] || atou_extra=(--streams "$STREAMS" "${atou_extra[@]}")
+
+die() { echo "bench-transfer: $*" >&2; exit 1; }
+note() { echo "bench-transfer: $*" >&2; }
+
+[[ "$big_size" =~ ^[1-9][0-9]*[KMGT]?$ ]] || die "BIG_SIZE must be a size like 4G, 256M or 1000000, got '$big_size'"
+[[ "$small_files" =~ ^[1-9][0-9]*$ ]] || die "SMALL_FILES must be a positive whole number, got '$small_files'"
+[[ "$limit" =~ ^[1-9][0-9]*$ ]] || die "TIMEOUT must be a positive whole number of seconds, got '$limit'"
+[ -d "$bench_dir" ] || die "BENCH_DIR $bench_dir is not a directory"
+
+work=
+sshd_pid=
+serve_pid=
+policy_rc=
+cleanup() {
+    if [ -n "$serve_pid" ]; then kill "$serve_pid" 2>/dev/null || true; wait "$serve_pid" 2>/dev/null || true; fi
+    if [ -n "$sshd_pid" ]; then kill "$sshd_pid" 2>/dev/null || true; wait "$sshd_pid" 2>/dev/null || true; fi
+    [ -z "$policy_rc" ] || rm -f "$policy_rc"
+    [ -z "$work" ] || rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Tools: install what is missing (Debian/Ubuntu package names).
+need=()
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+{ command -v ssh && command -v scp && command -v ssh-keygen; } >/dev/null || need+=(openssh-client)
+command -v rsync >/dev/null || need+=(rsync)
+[ -x /usr/bin/time ] || need+=(time)
+if [ ${#need[@]} -gt 0 ]; then
+    [ "$(id -u)" -eq 0 ] || die "missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root"
+    note "installing ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    # Keep the package's own sshd from starting on port 22 (as Docker images do).
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        policy_rc=/usr/sbin/policy-rc.d
+        printf '#!/bin/sh\nexit 101\n' >"$policy_rc"
+        chmod +x "$policy_rc"
+    fi
+    apt-get install -y -qq "${need[@]}" </dev/null >/dev/null 2>&1 ||
+        { apt-get update -qq </dev/null && apt-get install -y -qq "${need[@]}" </dev/null >/dev/null; } ||
+        die "could not install ${need[*]}"
+    [ -z "$policy_rc" ] || { rm -f "$policy_rc"; policy_rc=; }
+fi
+for c in python3 openssl cmp diff timeout; do
+    command -v "$c" >/dev/null || die "$c is missing"
+done
+
+cargo build --release --quiet
+work=$(mktemp -d "$bench_dir/atou-bench-transfer.XXXXXX")
+[[ "$work" != *[[:space:]]* ]] || die "the work directory '$work' has white space in it (remote paths would split)"
+chmod 755 "$work"
+mkdir "$work/ssh" "$work/data" "$work/log" "$work/bin"
+# One binary for the whole run, even if target/release/atou is rebuilt meanwhile.
+cp target/release/atou "$work/bin/atou"
+atou=$work/bin/atou
+rev=$(git describe --always --dirty 2>/dev/null || echo unknown)
+chmod 700 "$work/ssh"
+results=$work/log/results   # lines: set tool secs bytes
+: >"$results"
+
+free_port() {  # free_port tcp|udp FIRST: the first port from FIRST nobody holds on 127.0.0.1
+    python3 - "$1" "$2" <<'PY'
+import socket, sys
+kind = socket.SOCK_STREAM if sys.argv[1] == "tcp" else socket.SOCK_DGRAM
+for p in range(int(sys.argv[2]), int(sys.argv[2]) + 200):
+    s = socket.socket(socket.AF_INET, kind)
+    try:
+        s.bind(("127.0.0.1", p))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(p)
+    break
+else:
+    sys.exit(f"no free {sys.argv[1]} port from {sys.argv[2]}")
+PY
+}
+
+# A private sshd on 127.0.0.1 with its own host key and one authorized key.
+ssh_port=${SSH_PORT:-$(free_port tcp 2222)}
+ssh_user=$(id -un)
+ssh-keygen -q -t ed25519 -N '' -C atou-bench-host -f "$work/ssh/host_key"
+ssh-keygen -q -t ed25519 -N '' -C atou-bench-client -f "$work/ssh/client_key"
+cp "$work/ssh/client_key.pub" "$work/ssh/authorized_keys"
+sftp=internal-sftp
+for s in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server /usr/libexec/sftp-server; do
+    [ -x "$s" ] && { sftp=$s; break; }
+done
+cat >"$work/ssh/sshd_config" <<EOF
+Port $ssh_port
+ListenAddress 127.0.0.1
+HostKey $work/ssh/host_key
+PidFile $work/ssh/sshd.pid
+AuthorizedKeysFile $work/ssh/authorized_keys
+PermitRootLogin yes
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+UseDNS no
+PrintMotd no
+Subsystem sftp $sftp
+EOF
+[ "$(id -u)" -ne 0 ] || { mkdir -p /run/sshd; chmod 755 /run/sshd; }
+/usr/sbin/sshd -t -f "$work/ssh/sshd_config" 2>"$work/log/sshd-t.err" ||
+    die "sshd rejects its config: $(tail -n 1 "$work/log/sshd-t.err")"
+/usr/sbin/sshd -D -f "$work/ssh/sshd_config" -E "$work/log/sshd.log" &
+sshd_pid=$!
+ssh_opts=(-i "$work/ssh/client_key" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null
+          -o BatchMode=yes -o LogLevel=ERROR)
+ssh_cmd="ssh ${ssh_opts[*]} -p $ssh_port"
+remote=$ssh_user@127.0.0.1
+for i in $(seq 50); do
+    ssh "${ssh_opts[@]}" -p "$ssh_port" "$remote" true </dev/null 2>"$work/log/ssh.err" && break
+    kill -0 "$sshd_pid" 2>/dev/null || die "sshd exited: $(tail -n 1 "$work/log/sshd.log" 2>/dev/null)"
+    [ "$i" -lt 50 ] || die "cannot log in to the private sshd on port $ssh_port: $(tail -n 1 "$work/log/ssh.err")"
+    sleep 0.1
+done
+port=$(free_port udp "$port")
+note "sshd on 127.0.0.1:$ssh_port (user $ssh_user), atou on udp 127.0.0.1:$port, data in $work"
+
+# Data: the big file and the tree.
+src=$work/data
+t0=$(date +%s.%N)
+openssl enc -aes-128-ctr -pass pass:atou-bench -nosalt -pbkdf2 </dev/zero 2>/dev/null |
+    head -c "$big_size" >"$src/big.bin" || true   # head closes the pipe: openssl's SIGPIPE is expected
+big_bytes=$(stat -c %s "$src/big.bin")
+want=${big_size%[KMGT]}
+case $big_size in
+*K) want=$((want << 10)) ;; *M) want=$((want << 20)) ;; *G) want=$((want << 30)) ;; *T) want=$((want << 40)) ;;
+esac
+[ "$big_bytes" -eq "$want" ] || die "big.bin has $big_bytes bytes, not $want (disk full?)"
+python3 - "$src/tree" "$small_files" <<'PY'
+import os, random, sys
+root, n = sys.argv[1], int(sys.argv[2])
+ndirs = min(100, n)
+rng = random.Random(1)
+for d in range(ndirs):
+    os.makedirs(os.path.join(root, f"d{d:03d}"))
+for i in range(n):
+    with open(os.path.join(root, f"d{i % ndirs:03d}", f"f{i:05d}.bin"), "wb") as f:
+        f.write(os.urandom(rng.randint(1024, 65536)))
+PY
+tree_bytes=$(find "$src/tree" -type f -printf '%s\n' | awk '{s += $1} END {print s}')
+t1=$(date +%s.%N)
+note "generated big.bin ($big_bytes bytes) and tree/ ($small_files files, $tree_bytes bytes) in $(python3 -c "print(f'{$t1 - $t0:.1f}')") s"
+# Warm the page cache with the sources, then flush the generator's writeback.
+cat "$src/big.bin" >/dev/null
+find "$src/tree" -type f -print0 | xargs -0 cat >/dev/null
+sync
+read -r load_before _ </proc/loadavg
+
+# exit_why RC: "exit RC", and what timeout's 124 means.
+exit_why() { if [ "$1" -eq 124 ]; then echo "timed out after $limit s"; else echo "exit $1"; fi; }
+
+elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.6f}')" "$1" "$2"; }
+
+# verify SET DST: the copy DST/NAME of the set's source is exact; then delete DST.
+verify() {
+    local set=$1 dst=$2 tool=$3
+    case $set in
+    big)
+        [ -f "$dst/big.bin" ] || die "$tool: $dst/big.bin is missing"
+        cmp "$src/big.bin" "$dst/big.bin" || die "$tool: big.bin differs from the source"
+        ;;
+    tree)
+        [ -d "$dst/tree" ] || die "$tool: $dst/tree is missing"
+        diff -r "$src/tree" "$dst/tree" >"$work/log/diff.out" 2>&1 ||
+            die "$tool: tree differs from the source: $(head -n 3 "$work/log/diff.out")"
+        ;;
+    esac
+    rm -rf "$dst"
+}
+
+# timed SET TOOL CMD...: run CMD (which copies SET, $bytes bytes) and record its wall time.
+timed() {
+    local set=$1 tool=$2 t0 t1 rc=0
+    shift 2
+    note "$set: $tool"
+    sync
+    t0=$(date +%s.%N)
+    timeout "$limit" "$@" </dev/null >"$work/log/out" 2>"$work/log/err" || rc=$?
+    t1=$(date +%s.%N)
+    [ "$rc" -eq 0 ] || die "$set: $tool failed ($(exit_why "$rc")): $(tail -n 3 "$work/log/err")"
+    echo "$set $tool $(elapsed "$t0" "$t1") $bytes" >>"$results"
+}
+
+rss_kib() { sed -n 's/^[[:space:]]*Maximum resident set size (kbytes): //p' "$1"; }
+
+# atou_run SET NAME DST: atou serve --dir DST --once in the background, atou send
+# SRC/NAME to it (timed), the server's exit and the sender's report checked.
+atou_run() {
+    local set=$1 name=$2 dst=$3 t0 t1 rc=0
+    : >"$work/log/serve.err"
+    timeout "$limit" /usr/bin/time -v -o "$work/log/serve.time" \
+        "$atou" serve --bind "127.0.0.1:$port" --dir "$dst" --once --json \
+        </dev/null >"$work/log/serve.json" 2>"$work/log/serve.err" &
+    serve_pid=$!
+    for i in $(seq 100); do
+        grep -q listening "$work/log/serve.err" && break
+        kill -0 "$serve_pid" 2>/dev/null || { wait "$serve_pid" || true; serve_pid=;
+            die "$set: atou serve exited before listening: $(tail -n 2 "$work/log/serve.err")"; }
+        [ "$i" -lt 100 ] || die "$set: atou serve not listening after 10 s: $(tail -n 2 "$work/log/serve.err")"
+        sleep 0.1
+    done
+    note "$set: atou send${atou_extra[*]:+ ${atou_extra[*]}}"
+    sync
+    t0=$(date +%s.%N)
+    timeout "$limit" /usr/bin/time -v -o "$work/log/send.time" \
+        "$atou" send "$src/$name" "127.0.0.1:$port" --quiet --json "${atou_extra[@]}" \
+        </dev/null >"$work/log/send.json" 2>"$work/log/send.err" || rc=$?
+    t1=$(date +%s.%N)
+    [ "$rc" -eq 0 ] || die "$set: atou send failed ($(exit_why "$rc")): $(grep -v '^[[:space:]]' "$work/log/send.err" | tail -n 3)"
+    # The server ends with the transfer (--once); give it a while.
+    for _ in $(seq 300); do
+        kill -0 "$serve_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$serve_pid" 2>/dev/null; then
+        note "$set: atou serve --once still running 30 s after the send; stopping it"
+        kill "$serve_pid" 2>/dev/null || true
+    fi
+    rc=0
+    wait "$serve_pid" || rc=$?
+    serve_pid=
+    [ "$rc" -eq 0 ] || die "$set: atou serve exited with status $rc: $(grep -v '^[[:space:]]' "$work/log/serve.err" | tail -n 3)"
+    python3 - "$work/log/send.json" "$bytes" <<'PY' || die "$set: atou send's report does not add up"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["verified"] is True, f"verified {r['verified']!r}"
+assert r["bytes_total"] == int(sys.argv[2]), f"bytes_total {r['bytes_total']}, data set {sys.argv[2]}"
+bad = [s["status"] for s in r["streams"] if s["status"] != "finished"]
+assert not bad, f"stream status {bad}"
+PY
+    local rss_send rss_serve extra
+    rss_send=$(rss_kib "$work/log/send.time")
+    rss_serve=$(rss_kib "$work/log/serve.time")
+    extra=$(python3 - "$work/log/send.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+s = r["streams"]
+rx, to = sum(x["rxmts"] for x in s), sum(x["timeouts"] for x in s)
+print(f"streams={len(s)} rxmts={rx} timeouts={to} chunks_resent={r['chunks_resent']} rounds={r['rounds']}")
+PY
+)
+    echo "$set atou $(elapsed "$t0" "$t1") $bytes $rss_send $rss_serve $extra" >>"$results"
+}
+
+for set in big tree; do
+    case $set in
+    big) name=big.bin; bytes=$big_bytes ;;
+    tree) name=tree; bytes=$tree_bytes ;;
+    esac
+    dst=$work/dst-$set
+    mkdir "$dst"; timed "$set" cp cp -r "$src/$name" "$dst/"; verify "$set" "$dst" cp
+    mkdir "$dst"; timed "$set" scp scp -q -r "${ssh_opts[@]}" -P "$ssh_port" "$src/$name" "$remote:$dst/"; verify "$set" "$dst" scp
+    mkdir "$dst"; timed "$set" rsync rsync -a -e "$ssh_cmd" "$src/$name" "$remote:$dst/"; verify "$set" "$dst" rsync
+    mkdir "$dst"; atou_run "$set" "$name" "$dst"; verify "$set" "$dst" atou
+done
+
+read -r load_after _ </proc/loadavg
+python3 - "$results" "$big_size" "$small_files" "${STREAMS:-}" "${ATOU_ARGS:-}" "$rev" "$load_before" "$load_after" "$(nproc)" <<'PY'
+import sys
+rows, big_size, small_files, streams, atou_args, rev, load0, load1, ncpu = sys.argv[1:10]
+res, rss, extra = {}, {}, {}
+for line in open(rows):
+    f = line.split()
+    s, tool, secs, nbytes = f[0], f[1], float(f[2]), int(f[3])
+    res[(s, tool)] = (secs, nbytes, nbytes / secs / 1e6)
+    if tool == "atou":
+        rss[s] = (int(f[4]) / 1024, int(f[5]) / 1024)
+        extra[s] = " ".join(f[6:])
+sets = {"big": f"big ({big_size} file)", "tree": f"tree ({small_files} files)"}
+tools = ["cp", "scp", "rsync", "atou"]
+args = " ".join(x for x in ([f"--streams {streams}"] if streams else []) + ([atou_args] if atou_args else []))
+print(f"loopback file transfer, one run; atou {rev}, atou send {args or '(defaults)'}")
+print(f"{ncpu} cores; 1-minute load average {load0} before the copies, {load1} after (other work skews the figures)")
+print("MB/s = 10^6 bytes/s of the data set; atou/tool = atou MB/s / tool MB/s")
+print()
+print(f"  {'data set':<22} {'tool':<6} {'bytes':>12} {'seconds':>9} {'MB/s':>9} {'atou/tool':>10}")
+for s in ("big", "tree"):
+    a = res[(s, "atou")][2]
+    for t in tools:
+        secs, nbytes, mbps = res[(s, t)]
+        ratio = "" if t == "atou" else f"{a / mbps:9.2f}x"
+        print(f"  {sets[s]:<22} {t:<6} {nbytes:>12} {secs:9.2f} {mbps:9.1f} {ratio:>10}")
+print()
+print("atou peak RSS (/usr/bin/time -v, maximum resident set size)")
+for s in ("big", "tree"):
+    print(f"  {sets[s]:<22} sender {rss[s][0]:8.1f} MiB   receiver {rss[s][1]:8.1f} MiB   ({extra[s]})")
+print()
+print("targets (figures only; a MISS does not fail the script)")
+def target(label, s, t, want):
+    r = res[(s, "atou")][2] / res[(s, t)][2]
+    print(f"  {label:<28} {r:6.2f}x  (target >= {want}x): {'PASS' if r >= want else 'MISS'}")
+target("big file: atou / scp", "big", "scp", 2.0)
+target("big file: atou / cp", "big", "cp", 0.5)
+target("tree: atou / rsync", "tree", "rsync", 1.0)
+PY
