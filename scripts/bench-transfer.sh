@@ -23,7 +23,8 @@
 # creates /run/sshd):   scripts/bench-transfer.sh
 # Quick run:            BIG_SIZE=256M SMALL_FILES=1000 scripts/bench-transfer.sh
 # Environment: BIG_SIZE (head -c size, default 4G), SMALL_FILES (default 10000),
-# BENCH_DIR (where data and destinations go, default /tmp), STREAMS (atou send
+# BENCH_DIR (where data and destinations go; default /dev/shm when it has
+# room for 2.5 x BIG_SIZE + 1 GiB, else /tmp), STREAMS (atou send
 # --streams), ATOU_ARGS (extra atou send arguments), PORT (atou, default 7890),
 # SSH_PORT (default: the first free port from 2222), TIMEOUT (seconds per
 # copy, default 3600).
@@ -32,7 +33,18 @@ cd "$(dirname "$0")/.."
 
 big_size=${BIG_SIZE:-4G}
 small_files=${SMALL_FILES:-10000}
-bench_dir=${BENCH_DIR:-/tmp}
+# Default: a tmpfs, so that every tool writes to the page cache only (the
+# baseline the targets are stated against) and this machine's disk, whose
+# writeback throttles every tool alike after a few GB, stays out of it.
+# Needs room for the data and one copy; otherwise /tmp.
+if [ -n "${BENCH_DIR:-}" ]; then
+  bench_dir=$BENCH_DIR
+else
+  bench_dir=/tmp
+  want_kib=$(( $(numfmt --from=iec "${big_size}") * 5 / 2 / 1024 + 1024 * 1024 ))
+  shm_kib=$(df -k --output=avail /dev/shm 2>/dev/null | tail -1 || echo 0)
+  [ "${shm_kib:-0}" -gt "$want_kib" ] && bench_dir=/dev/shm
+fi
 port=${PORT:-7890}
 limit=${TIMEOUT:-3600}
 read -r -a atou_extra <<<"${ATOU_ARGS:-}"

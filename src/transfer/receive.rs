@@ -125,6 +125,8 @@ struct WriteJob {
     /// Data then the sender's 32-byte value.
     buf: Vec<u8>,
     fsync: bool,
+    /// The file's only chunk, of a file sent whole: put it in place too.
+    whole: bool,
 }
 
 #[derive(Debug)]
@@ -227,9 +229,12 @@ fn writer(jobs: Arc<Mutex<mpsc::Receiver<Job>>>, done: mpsc::Sender<Done>, notif
             Err(WriteFailure::Corrupt)
         } else {
             let cv: Cv = sent_cv.try_into().expect("32 bytes");
-            t.write_chunk(job.chunk, data, job.fsync)
-                .map(|()| cv)
-                .map_err(WriteFailure::Io)
+            let written = if job.whole {
+                t.write_whole(data, job.fsync)
+            } else {
+                t.write_chunk(job.chunk, data, job.fsync)
+            };
+            written.map(|()| cv).map_err(WriteFailure::Io)
         };
         let _ = done.send(Done::Write {
             session: job.session,
@@ -609,14 +614,19 @@ impl FileReceiver {
                     unreachable!("matched above")
                 };
                 dc.writing += 1;
+                let file = slot.chunk.file as usize;
+                let target = prepared.files[file].clone();
+                let whole =
+                    prepared.plans[file] == FilePlan::SendAll && chunk_count(target.size) == 1;
                 let _ = self.jobs.send(Job::Write(WriteJob {
                     session,
                     conn_id,
                     slot: i,
-                    target: prepared.files[slot.chunk.file as usize].clone(),
+                    target,
                     chunk: slot.chunk.chunk,
                     buf,
                     fsync,
+                    whole,
                 }));
             }
         }
@@ -678,7 +688,10 @@ impl FileReceiver {
                             s.bytes_written += u64::from(info.len);
                             if was.is_none() && s.unverified[file] > 0 {
                                 s.unverified[file] -= 1;
-                                if s.unverified[file] == 0 {
+                                let done_already = s.prepared.as_ref().is_some_and(|p| {
+                                    p.files[file].in_place.load(Ordering::Acquire)
+                                });
+                                if s.unverified[file] == 0 && !done_already {
                                     if let Some(p) = &s.prepared {
                                         s.putting_in_place += 1;
                                         let _ = self.jobs.send(Job::PutInPlace {
