@@ -68,10 +68,16 @@ fn fifty_megabytes_across_one_percent_loss() {
     assert_eq!(u(&report["corrupt_bytes"]), 0);
     if backend == "tun" {
         let (rxmts, drops) = (u(&s["rxmts"]) as f64, dropped(&counts["fwd"]) as f64);
+        let timeouts = u(&s["timeouts"]) as f64;
         assert!(drops > 300.0, "the path dropped only {drops}");
+        // About one retransmission per drop. A timeout (spurious ones too,
+        // when a loaded host delays the bridge) also resends what was in
+        // flight and not SACKed: allow a few dozen per timeout. Seen: +13 %
+        // with 2-4 timeouts idle, +40 % with 8 under load; the go-back bug
+        // this guards against was +55 % with thousands of drops.
         assert!(
-            (rxmts - drops).abs() <= 0.3 * drops,
-            "rxmts {rxmts} vs {drops} dropped by the path"
+            (rxmts - drops).abs() <= 0.3 * drops + 30.0 * timeouts,
+            "rxmts {rxmts} vs {drops} dropped by the path, {timeouts} timeouts"
         );
     }
 }
