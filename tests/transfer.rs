@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use atou::transfer::manifest::Manifest;
 use atou::transfer::messages::Request;
-use netem_support::{say, u, Daemon, Relay, ATOU};
+use netem_support::{listening_addr, say, u, Daemon, Relay, ATOU};
 use serde_json::Value;
 
 const KIB: u64 = 1 << 10;
@@ -323,22 +323,9 @@ impl Serve {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start atou serve");
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let addr = listening_addr(&mut child);
         let stdout = BufReader::new(child.stdout.take().unwrap());
         let process = Daemon::new(child);
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
-        let addr = line
-            .split_whitespace()
-            .skip_while(|w| *w != "on")
-            .nth(1)
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("no address in `{line}`"));
-        std::thread::spawn(move || {
-            for l in stderr.lines().map_while(Result::ok) {
-                say(&format!("  serve: {l}"));
-            }
-        });
         let (tx, reports) = mpsc::channel();
         std::thread::spawn(move || {
             for l in stdout.lines().map_while(Result::ok) {

@@ -461,17 +461,7 @@ impl Client {
             (SenderState::Finished, State::Transfer) if self.session != 0 => {
                 self.state = State::Fetching(Box::new(Fetching::new(now, self.tuning.mss)));
             }
-            (SenderState::Finished, State::Transfer) => {
-                let wait = if self.tuning.maxidle.is_zero() {
-                    CLOSE_WAIT_DEFAULT
-                } else {
-                    self.tuning.maxidle
-                };
-                self.retry = Retry::now(now);
-                self.state = State::Closing {
-                    deadline: now + wait,
-                };
-            }
+            (SenderState::Finished, State::Transfer) => self.start_closing(now),
             (SenderState::Failed, State::Transfer) => {
                 let idle = self.tuning.maxidle;
                 self.fail(ConnError::Idle {

@@ -125,6 +125,26 @@ fn final_json(child: Child, what: &str) -> Value {
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{what}: {e}: `{text}`"))
 }
 
+/// Reads `atou serve`'s first stderr line, "listening on ADDR ...", and
+/// passes the rest of its stderr through (past the test capture).
+pub fn listening_addr(child: &mut Child) -> SocketAddr {
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr piped"));
+    let mut line = String::new();
+    stderr.read_line(&mut line).expect("read serve's stderr");
+    let addr = line
+        .split_whitespace()
+        .skip_while(|w| *w != "on")
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in `{line}`"));
+    std::thread::spawn(move || {
+        for l in stderr.lines().map_while(Result::ok) {
+            say(&format!("  serve: {l}"));
+        }
+    });
+    addr
+}
+
 /// `atou serve --json`, in a host if `netns` is given.
 pub struct Server {
     _process: Daemon,
@@ -140,20 +160,7 @@ impl Server {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start atou serve");
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
-        let addr = line
-            .split_whitespace()
-            .skip_while(|w| *w != "on")
-            .nth(1)
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("no address in `{line}`"));
-        std::thread::spawn(move || {
-            for l in stderr.lines().map_while(Result::ok) {
-                say(&format!("  serve: {l}"));
-            }
-        });
+        let addr = listening_addr(&mut child);
         let stdout = BufReader::new(child.stdout.take().unwrap());
         let (tx, reports) = mpsc::channel();
         std::thread::spawn(move || {
