@@ -144,7 +144,6 @@ struct DataConn {
     first_unwritten: usize,
     writing: usize,
     bad: Vec<ChunkRef>,
-    complete: bool,
 }
 
 enum ConnState {
@@ -524,7 +523,6 @@ impl FileReceiver {
                 first_unwritten: 0,
                 writing: 0,
                 bad: Vec::new(),
-                complete: false,
             })),
         ) else {
             unreachable!()
@@ -652,7 +650,10 @@ impl FileReceiver {
             .get(dc.first_unwritten)
             .map_or(u64::MAX, |s| s.offset);
         server.release(conn_id, released);
-        if dc.complete && dc.writing == 0 {
+        // Answered once every chunk is written, whatever the transport
+        // says of the stream's end: a FIN bit flipped on the way (set or
+        // cleared) must neither answer early nor never.
+        if dc.first_unwritten == dc.slots.len() {
             let bad = std::mem::take(&mut dc.bad);
             self.answer(server, conn_id, Outcome::Done { bad }.encode());
         }
@@ -884,10 +885,8 @@ impl ServeApp for FileReceiver {
                             self.on_request(server, conn_id, &bytes);
                         }
                     }
-                    ConnState::Data(dc) => {
-                        dc.complete = true;
-                        self.advance(server, conn_id);
-                    }
+                    // Answered when its last chunk is written (advance).
+                    ConnState::Data(_) => {}
                     ConnState::Opening { .. } => {
                         // A stream too short to say what it is.
                         let reply = Outcome::Failed(MessageError::Truncated.to_string()).encode();
