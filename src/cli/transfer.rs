@@ -66,7 +66,8 @@ pub struct TransferArgs {
     atou send big.img 10.0.0.2:7891:incoming --streams 4 --recovery sack\n  \
     atou send tree/ '[2001:db8::2]:7890:backup' --skip-existing\n\n\
     Each SRC arrives as DEST/SUBDIR/NAME, NAME being its last component, with modes and mtimes \
-    kept. A numeric SUBDIR needs the port spelled out (host:7890:2024). Exit status: 0 every \
+    kept. The tuning flags apply to each connection; --rcvsegs defaults to each stream's share \
+    of --buffer (and may only be smaller), and --maxtime/--maxpkts do not apply. A numeric SUBDIR needs the port spelled out (host:7890:2024). Exit status: 0 every \
     file sent and verified, 1 the transfer failed (the reason is on stderr), 2 usage error, \
     130 interrupted; run the same command again to resume.")]
 pub struct SendArgs {
@@ -87,7 +88,7 @@ pub struct SendArgs {
     A DEST with a colon before any slash is remote (as in scp): HOST[:PORT]:PATH, sent to \
     an `atou serve --dir` there. Anything else is a local directory (created if missing): \
     atou runs the receiver itself over loopback UDP, so one command does the whole job. \
-    Each SRC arrives as DEST/NAME.")]
+    Each SRC arrives as DEST/NAME. Flags as for `atou send`.")]
 pub struct CopyArgs {
     /// Files and directories to copy
     #[arg(value_name = "SRC", required = true, num_args = 1..)]
@@ -176,6 +177,13 @@ impl TransferArgs {
         let (mut tuning, notes) = self.tuning.resolve()?;
         for note in notes {
             eprintln!("atou: {note}");
+        }
+        if !tuning.maxtime.is_zero() || tuning.maxpkts != 0 {
+            return Err(UsageError(
+                "--maxtime and --maxpkts end a probe early; a transfer ends when its files are sent"
+                    .to_string(),
+            )
+            .into());
         }
         let per_stream = self.buffer / self.streams as u64;
         let min = 2 * (atou::transfer::hash::CHUNK_SIZE + 32);
