@@ -4,7 +4,7 @@
 //! sizes taken from the input and, if it passes, laid out.
 #![no_main]
 use atou::transfer::layout::Layout;
-use atou::transfer::messages::{DataHeader, Outcome, PlanReply, Request};
+use atou::transfer::messages::{encode_abort, DataHeader, Outcome, PlanReply, Request};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -17,6 +17,10 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(Request::decode(&p.encode()).unwrap(), Request::Plan(p));
             }
             Ok(Request::Data(h)) => assert_eq!(DataHeader::parse(&h.encode()).unwrap().unwrap().0, h),
+            Ok(Request::Abort(why)) => {
+                let again = Request::decode(&encode_abort(&why)).unwrap();
+                assert_eq!(again, Request::Abort(why));
+            }
             Ok(Request::Finish(_)) | Err(_) => {}
         },
         1 => {

@@ -11,6 +11,11 @@ fuzz_target!(|data: &[u8]| {
             let n = ack.emit(&mut buf).expect("fits");
             assert_eq!(&buf[..n], data);
         }
+        Ok(Packet::Reply(reply)) => {
+            let mut buf = vec![0u8; data.len()];
+            let n = reply.emit(&mut buf).expect("fits");
+            assert_eq!(&buf[..n], data);
+        }
         Ok(Packet::Data(seg)) => {
             let mut buf = vec![0u8; data.len()];
             let n = seg.header.emit(&mut buf).expect("fits");
@@ -25,7 +30,8 @@ fuzz_target!(|data: &[u8]| {
                 Packet::Close(p) => p.emit(&mut buf),
                 Packet::CloseAck(p) => p.emit(&mut buf),
                 Packet::Reject(p) => p.emit(&mut buf),
-                Packet::Ack(_) | Packet::Data(_) => unreachable!(),
+                Packet::Fetch(p) => p.emit(&mut buf),
+                Packet::Ack(_) | Packet::Data(_) | Packet::Reply(_) => unreachable!(),
             }
             .expect("fits");
             assert_eq!(&buf[..n], data);

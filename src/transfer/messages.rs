@@ -67,6 +67,8 @@ pub enum MessageError {
     UnknownStatus(u8),
     #[error("a message that is not UTF-8")]
     NotUtf8,
+    #[error("a message of {0} bytes (at most {MESSAGE_MAX})")]
+    TextTooLong(usize),
     #[error(
         "a message corrupted in transit (its BLAKE3 hash does not match); run the transfer again"
     )]
@@ -146,6 +148,9 @@ impl<'a> Reader<'a> {
 
     fn text(&mut self) -> Result<String, MessageError> {
         let n = usize::from(self.u16()?);
+        if n > MESSAGE_MAX {
+            return Err(MessageError::TextTooLong(n));
+        }
         String::from_utf8(self.take(n)?.to_vec()).map_err(|_| MessageError::NotUtf8)
     }
 
