@@ -1051,7 +1051,8 @@ fn a_full_destination_fails_cleanly() {
     let scratch = Scratch::new("full");
     let tree = scratch.dir("src/t");
     // atou sends the largest files first: the 5 MiB file fits in the 8 MiB
-    // tmpfs and completes first; the small ones after it overflow.
+    // left on the tmpfs and completes first; the small ones after it
+    // overflow.
     write_random(&tree.join("a_big"), 5 * MIB, 60);
     let smalls: Vec<String> = (1..=20).map(|i| format!("z_small_{i:02}")).collect();
     for (i, small) in smalls.iter().enumerate() {
@@ -1059,7 +1060,7 @@ fn a_full_destination_fails_cleanly() {
     }
     let dest = scratch.dir("dest");
     let mount = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .args(["-t", "tmpfs", "-o", "size=12m", "tmpfs"])
         .arg(&dest)
         .output()
         .expect("run mount");
@@ -1071,7 +1072,27 @@ fn a_full_destination_fails_cleanly() {
         return;
     }
     let _mounted = Mount(dest.clone());
+    // 4 MiB already used, by someone else: 8 MiB left of 12.
+    write_random(&dest.join("ballast"), 4 * MIB, 59);
     let server = Serve::start(&dest);
+
+    // Files that could never fit (a sparse 1 GiB file into 12 MiB) are
+    // refused before anything is written: the receiver keeps a value per
+    // chunk, so a manifest must not claim more than the file system holds.
+    let huge = scratch.dir("src/huge");
+    File::create(huge.join("sparse"))
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let refused = send(&[&huge], &server.target(), &[]).failure();
+    assert!(
+        refused.contains("more than the whole file system"),
+        "{refused}"
+    );
+    assert!(
+        !dest.join("huge").exists(),
+        "a refused transfer wrote something"
+    );
 
     let sent = send(&[&tree], &server.target(), &[]);
     let why = sent.failure();

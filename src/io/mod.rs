@@ -8,6 +8,7 @@
 //! readable or the endpoint's next timer. The endpoint is polled after
 //! every datagram so the ACK policy stays per segment.
 
+pub mod fs;
 pub mod netem;
 pub mod socket;
 pub mod tun;

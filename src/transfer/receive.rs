@@ -353,6 +353,22 @@ impl FileReceiver {
                     return;
                 }
                 let file_sizes = super::file_sizes(&plan.manifest);
+                // The session keeps a value per chunk it is told of: a
+                // manifest cannot claim more than the file system holds.
+                let total = file_sizes.iter().fold(0u64, |a, &s| a.saturating_add(s));
+                match crate::io::fs::filesystem_size(&self.config.root) {
+                    Ok(fs_size) if total > fs_size => {
+                        let why = format!(
+                            "the files add up to {}, more than the whole file system of {} ({})",
+                            crate::units::format_size(total),
+                            self.config.root.display(),
+                            crate::units::format_size(fs_size)
+                        );
+                        self.refuse(server, conn_id, peer, why);
+                        return;
+                    }
+                    _ => {}
+                }
                 let now = Instant::now();
                 self.sessions.insert(
                     session,
