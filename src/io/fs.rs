@@ -17,7 +17,7 @@ pub fn filesystem_size(path: &Path) -> io::Result<u64> {
     if unsafe { libc::statvfs(c_path.as_ptr(), &mut st) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(u64::from(st.f_blocks).saturating_mul(u64::from(st.f_frsize)))
+    Ok(st.f_blocks.saturating_mul(st.f_frsize))
 }
 
 #[cfg(test)]
