@@ -1094,7 +1094,10 @@ fn a_full_destination_fails_cleanly() {
         "a refused transfer wrote something"
     );
 
-    let sent = send(&[&tree], &server.target(), &[]);
+    // One stream, so the big file's chunks all go (and are written) before
+    // any small file's: with two, a small file could take the space the
+    // big file's last chunk needs.
+    let sent = send(&[&tree], &server.target(), &["--streams", "1"]);
     let why = sent.failure();
     let listing: Vec<String> = fs::read_dir(dest.join("t"))
         .map(|d| {
