@@ -11,7 +11,7 @@ mod netem_support;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, FileTimes};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::os::unix::fs::{symlink, FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use atou::transfer::manifest::Manifest;
 use atou::transfer::messages::Request;
-use netem_support::{listening_addr, say, u, Daemon, Relay, ATOU};
+use netem_support::{json_lines, listening_addr, say, u, Daemon, Relay, ATOU};
 use serde_json::Value;
 
 const KIB: u64 = 1 << 10;
@@ -324,17 +324,8 @@ impl Serve {
             .spawn()
             .expect("start atou serve");
         let addr = listening_addr(&mut child);
-        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let reports = json_lines(&mut child, true);
         let process = Daemon::new(child);
-        let (tx, reports) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in stdout.lines().map_while(Result::ok) {
-                say(&format!("  serve: {l}"));
-                if let Ok(v) = serde_json::from_str::<Value>(&l) {
-                    let _ = tx.send(v);
-                }
-            }
-        });
         Serve {
             process: Some(process),
             addr,

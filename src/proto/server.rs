@@ -666,6 +666,17 @@ mod tests {
         SocketAddr::from(([127, 0, 0, 1], port))
     }
 
+    /// True once the client is done; else a millisecond passes for both.
+    fn done_or_tick(now: &mut Time, client: &mut Client, server: &mut Server) -> bool {
+        if client.outcome().is_some() {
+            return true;
+        }
+        *now += Duration::from_millis(1);
+        client.handle_timeout(*now);
+        server.handle_timeout(*now);
+        false
+    }
+
     /// Client and server wired back to back, no loss: the whole life of a
     /// connection, and garbage in between.
     #[test]
@@ -690,12 +701,9 @@ mod tests {
                     let _ = client.handle_datagram(now, &out[..m]);
                 }
             }
-            if client.outcome().is_some() {
+            if done_or_tick(&mut now, &mut client, &mut server) {
                 break;
             }
-            now += Duration::from_millis(1);
-            client.handle_timeout(now);
-            server.handle_timeout(now);
             assert!(round < 9_999, "did not finish");
         }
         let closed = client.outcome().unwrap().clone().unwrap();
@@ -893,12 +901,9 @@ mod tests {
                     let _ = client.handle_datagram(now, &out[..m]);
                 }
             }
-            if client.outcome().is_some() {
+            if done_or_tick(&mut now, &mut client, &mut server) {
                 break;
             }
-            now += Duration::from_millis(1);
-            client.handle_timeout(now);
-            server.handle_timeout(now);
             assert!(round < 99_999, "did not finish");
         }
         let closed = client.outcome().unwrap().clone().unwrap();
@@ -944,12 +949,9 @@ mod tests {
                     let _ = client.handle_datagram(now, &out[..m]);
                 }
             }
-            if client.outcome().is_some() {
+            if done_or_tick(&mut now, &mut client, &mut server) {
                 break;
             }
-            now += Duration::from_millis(1);
-            client.handle_timeout(now);
-            server.handle_timeout(now);
             assert!(round < 9_999, "did not finish");
         }
         let closed = client.outcome().unwrap().clone().unwrap();

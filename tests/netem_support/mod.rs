@@ -145,6 +145,24 @@ pub fn listening_addr(child: &mut Child) -> SocketAddr {
     addr
 }
 
+/// A child's stdout as JSON values, one per line (other lines skipped);
+/// each line is also said past the capture when `echo`.
+pub fn json_lines(child: &mut Child, echo: bool) -> mpsc::Receiver<Value> {
+    let stdout = BufReader::new(child.stdout.take().expect("stdout piped"));
+    let (tx, values) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in stdout.lines().map_while(Result::ok) {
+            if echo {
+                say(&format!("  serve: {l}"));
+            }
+            if let Ok(v) = serde_json::from_str::<Value>(&l) {
+                let _ = tx.send(v);
+            }
+        }
+    });
+    values
+}
+
 /// `atou serve --json`, in a host if `netns` is given.
 pub struct Server {
     _process: Daemon,
@@ -161,15 +179,7 @@ impl Server {
             .spawn()
             .expect("start atou serve");
         let addr = listening_addr(&mut child);
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let (tx, reports) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in stdout.lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<Value>(&l) {
-                    let _ = tx.send(v);
-                }
-            }
-        });
+        let reports = json_lines(&mut child, false);
         Server {
             _process: Daemon(Some(child)),
             addr,
