@@ -6,7 +6,10 @@ use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use atou::proto::wire::{Hello, Packet, ReceiverParams, RejectReason, VERSION};
+use netem_support::listening_addr;
 use serde_json::Value;
+
+mod netem_support;
 
 struct Server {
     child: Child,
@@ -24,21 +27,7 @@ impl Server {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start atou serve");
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
-        let addr = line
-            .split_whitespace()
-            .skip_while(|w| *w != "on")
-            .nth(1)
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("no address in `{line}`"));
-        // Keep draining stderr so the server never blocks on it.
-        std::thread::spawn(move || {
-            for l in stderr.lines().map_while(Result::ok) {
-                eprintln!("serve: {l}");
-            }
-        });
+        let addr = listening_addr(&mut child);
         let stdout = BufReader::new(child.stdout.take().unwrap());
         Server {
             child,

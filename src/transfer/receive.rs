@@ -138,11 +138,14 @@ enum SlotState {
 }
 
 struct DataConn {
+    /// The session's files, looked up once rather than per segment.
+    prepared: Arc<Prepared>,
     layout: Layout,
     slots: Vec<SlotState>,
     /// Every slot below this one is written.
     first_unwritten: usize,
-    writing: usize,
+    /// Stream offset last passed to `Server::release`.
+    released: u64,
     bad: Vec<ChunkRef>,
 }
 
@@ -284,12 +287,6 @@ impl FileReceiver {
             self.over = true;
             self.finished = self.conns.is_empty();
         }
-    }
-
-    fn take_buf(&mut self, len: usize) -> Vec<u8> {
-        let mut buf = self.spare.pop().unwrap_or_default();
-        buf.resize(len, 0);
-        buf
     }
 
     fn answer(&mut self, server: &mut Server, conn_id: u64, reply: Vec<u8>) {
@@ -534,10 +531,11 @@ impl FileReceiver {
         let ConnState::Opening { pieces } = std::mem::replace(
             &mut self.conns.get_mut(&conn_id).expect("looked up above").state,
             ConnState::Data(Box::new(DataConn {
+                prepared,
                 layout,
                 slots,
                 first_unwritten: 0,
-                writing: 0,
+                released: 0,
                 bad: Vec::new(),
             })),
         ) else {
@@ -574,28 +572,20 @@ impl FileReceiver {
     /// Copies stream bytes into their chunks' buffers; full chunks go to
     /// the writers.
     fn place(&mut self, conn_id: u64, mut offset: u64, mut data: &[u8]) {
-        let Some(conn) = self.conns.get(&conn_id) else {
+        // One lookup per segment; the spare buffers and the job queue are
+        // other fields, borrowed alongside.
+        let FileReceiver {
+            conns, spare, jobs, ..
+        } = self;
+        let Some(Conn {
+            session,
+            state: ConnState::Data(dc),
+            ..
+        }) = conns.get_mut(&conn_id)
+        else {
             return;
         };
-        let session = conn.session;
-        let Some(prepared) = self.sessions.get(&session).and_then(|s| s.prepared.clone()) else {
-            return;
-        };
-        let fsync = prepared.options.fsync;
         while !data.is_empty() {
-            let mut fresh_buf = None;
-            if let Some(ConnState::Data(dc)) = self.conns.get(&conn_id).map(|c| &c.state) {
-                if let Some(i) = dc.layout.slot_at(offset) {
-                    if matches!(dc.slots[i], SlotState::Empty) {
-                        let len = dc.layout.slots[i].len as usize + CV_LEN as usize;
-                        fresh_buf = Some(self.take_buf(len));
-                    }
-                }
-            }
-            let Some(ConnState::Data(dc)) = self.conns.get_mut(&conn_id).map(|c| &mut c.state)
-            else {
-                return;
-            };
             let Some(i) = dc.layout.slot_at(offset) else {
                 // Header bytes, already read.
                 let skip =
@@ -606,7 +596,9 @@ impl FileReceiver {
             };
             let slot = dc.layout.slots[i];
             let slot_len = u64::from(slot.len) + CV_LEN;
-            if let Some(buf) = fresh_buf {
+            if matches!(dc.slots[i], SlotState::Empty) {
+                let mut buf = spare.pop().unwrap_or_default();
+                buf.resize(slot_len as usize, 0);
                 dc.slots[i] = SlotState::Filling { buf, got: 0 };
             }
             let at = offset - slot.offset;
@@ -627,19 +619,18 @@ impl FileReceiver {
                 else {
                     unreachable!("matched above")
                 };
-                dc.writing += 1;
                 let file = slot.chunk.file as usize;
-                let target = prepared.files[file].clone();
+                let target = dc.prepared.files[file].clone();
                 let whole =
-                    prepared.plans[file] == FilePlan::SendAll && chunk_count(target.size) == 1;
-                let _ = self.jobs.send(Job::Write(WriteJob {
-                    session,
+                    dc.prepared.plans[file] == FilePlan::SendAll && chunk_count(target.size) == 1;
+                let _ = jobs.send(Job::Write(WriteJob {
+                    session: *session,
                     conn_id,
                     slot: i,
                     target,
                     chunk: slot.chunk.chunk,
                     buf,
-                    fsync,
+                    fsync: dc.prepared.options.fsync,
                     whole,
                 }));
             }
@@ -665,7 +656,10 @@ impl FileReceiver {
             .slots
             .get(dc.first_unwritten)
             .map_or(u64::MAX, |s| s.offset);
-        server.release(conn_id, released);
+        if released != dc.released {
+            dc.released = released;
+            server.release(conn_id, released);
+        }
         // Answered once every chunk is written, whatever the transport
         // says of the stream's end: a FIN bit flipped on the way (set or
         // cleared) must neither answer early nor never.
@@ -694,7 +688,6 @@ impl FileReceiver {
                 let ConnState::Data(dc) = &mut conn.state else {
                     return;
                 };
-                dc.writing -= 1;
                 dc.slots[slot] = SlotState::Written;
                 let info = dc.layout.slots[slot];
                 match result {

@@ -1,5 +1,6 @@
-//! Shared by the netem suites: starting `atou serve`, `atou netem relay` and
-//! `atou netem bridge` as real processes, and recording each scenario.
+//! Shared by the suites that run atou as real processes (netem, loopback,
+//! transfer): starting `atou serve`, `atou netem relay` and `atou netem
+//! bridge`, and recording each scenario.
 
 #![allow(dead_code)]
 
