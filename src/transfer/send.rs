@@ -83,9 +83,6 @@ pub struct Progress {
     pub total: AtomicU64,
     /// File bytes acknowledged by the receiver.
     pub done: AtomicU64,
-    /// File bytes already at the receiver and not sent.
-    pub skipped: AtomicU64,
-    pub files: AtomicU64,
     /// What is happening, for the display.
     pub stage: Mutex<String>,
     /// Files being sent, by name.
@@ -296,8 +293,6 @@ struct FileFeed {
     ready: BTreeMap<usize, Vec<u8>>,
     /// Next slot to ask the readers for.
     next_request: usize,
-    /// Slots asked for and not yet back.
-    reading: usize,
     /// Bytes asked for or held, not yet freed.
     held_bytes: u64,
     budget: u64,
@@ -347,7 +342,6 @@ impl PayloadSource for FileFeed {
 impl StreamFeed for FileFeed {
     fn refill(&mut self, acked: u64) -> Result<Option<u64>, String> {
         while let Ok(done) = self.done_rx.try_recv() {
-            self.reading -= 1;
             let buf = done.result?;
             let slot = self.layout.slots[done.slot];
             let len = slot.len as usize;
@@ -394,7 +388,6 @@ impl StreamFeed for FileFeed {
                 notify: self.notify.clone(),
             });
             self.held_bytes += self.slot_bytes(i);
-            self.reading += 1;
             self.next_request += 1;
         }
         let mut end = self.contiguous.max(self.layout.header_len);
@@ -651,7 +644,6 @@ fn send_session(
         }
         to_send.extend(differ);
     }
-    progress.skipped.store(bytes_skipped, Ordering::Relaxed);
 
     // 3–4. Data, in rounds.
     let mut summaries = Vec::new();
@@ -719,7 +711,6 @@ fn send_session(
                         notify: Arc::new(Notify::new()),
                         ready: BTreeMap::new(),
                         next_request: 0,
-                        reading: 0,
                         held_bytes: 0,
                         budget,
                         first_held: 0,
