@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use atou::io::netem::Direction;
 use atou::io::tun::Tun;
-use atou::netem::{mix_seed, Datagram, Netem, NetemSpec, NetemStats};
+use atou::netem::{mix_seed, Datagram, Distribution, Netem, NetemSpec, NetemStats, SlotDelay};
 
 use super::net::{resolve, runtime};
 use super::UsageError;
@@ -554,9 +554,25 @@ fn configure_host(dev: &str, ns: &str, addr: &str, mtu: u32) -> Result<()> {
     Ok(())
 }
 
+/// Whether this `tc` parses netem's `seed` (iproute2 6.4 and later; 6.1
+/// answers `What is "seed"?`). The trailing `help` makes tc print its usage
+/// and stop before it talks to the kernel, so nothing is added.
+fn tc_knows_netem_seed() -> bool {
+    StdCommand::new("tc")
+        .args([
+            "qdisc", "add", "dev", "lo", "root", "netem", "seed", "1", "help",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .is_ok_and(|out| {
+            let text = [out.stdout, out.stderr].concat();
+            !String::from_utf8_lossy(&text).contains("What is \"seed\"")
+        })
+}
+
 /// `tc` arguments for a chain: the root netem, then each stage as the
-/// previous one's child.
-fn tc_commands(spec: &NetemSpec, seed: Option<u64>) -> Result<Vec<Vec<String>>> {
+/// previous one's child. Seeds are left out when `tc_has_seed` is false.
+fn tc_commands(spec: &NetemSpec, seed: Option<u64>, tc_has_seed: bool) -> Result<Vec<Vec<String>>> {
     let mut cmds = Vec::new();
     for (i, stage) in spec.stages.iter().enumerate() {
         if let Some(why) = stage.kernel_unsupported() {
@@ -567,6 +583,28 @@ fn tc_commands(spec: &NetemSpec, seed: Option<u64>) -> Result<Vec<Vec<String>>> 
         let mut stage = stage.clone();
         if stage.seed.is_none() {
             stage.seed = seed.map(|s| mix_seed(s, i as u64));
+        }
+        if !tc_has_seed {
+            stage.seed = None;
+        }
+        // iproute2 ships no uniform table (`distribution uniform` fails with
+        // "No distribution data"): without a table the kernel's tabledist()
+        // is uniform already, and a uniform slot is the range MIN..MAX.
+        if stage.distribution == Some(Distribution::Uniform) {
+            stage.distribution = None;
+        }
+        if let Some(slot) = &mut stage.slot {
+            if let SlotDelay::Distribution {
+                dist: Distribution::Uniform,
+                delay,
+                jitter,
+            } = slot.delay
+            {
+                slot.delay = SlotDelay::Range {
+                    min: delay.saturating_sub(jitter),
+                    max: delay + jitter,
+                };
+            }
         }
         let mut args: Vec<String> = vec!["qdisc".into(), "add".into(), "dev".into(), LINK.into()];
         if i == 0 {
@@ -618,16 +656,46 @@ fn bridge(args: BridgeArgs) -> Result<ExitCode> {
     let mut directions = Vec::new();
     match backend {
         Backend::Tc => {
+            let tc_has_seed = tc_knows_netem_seed();
+            let seeded = args.path.seed.is_some()
+                || [&args.path.fwd, &args.path.rev]
+                    .iter()
+                    .any(|spec| spec.stages.iter().any(|stage| stage.seed.is_some()));
+            if seeded && !tc_has_seed {
+                eprintln!(
+                    "atou netem bridge: note: this tc has no netem `seed` (iproute2 before 6.4), \
+                     so the kernel's random draws differ from run to run; \
+                     --backend tun repeats them from the seed"
+                );
+            }
             ip(&[
                 "link", "add", &dev_a, "type", "veth", "peer", "name", &dev_b,
             ])?;
-            configure_host(&dev_a, ns_a, &addr_a, args.mtu)?;
-            configure_host(&dev_b, ns_b, &addr_b, args.mtu)?;
+            let moved = configure_host(&dev_a, ns_a, &addr_a, args.mtu)
+                .and_then(|()| configure_host(&dev_b, ns_b, &addr_b, args.mtu));
+            if let Err(e) = moved {
+                // An end still in this namespace outlives the hosts; deleting
+                // either end deletes the pair.
+                for dev in [&dev_a, &dev_b] {
+                    let _ = ip(&["link", "del", dev]);
+                }
+                return Err(e);
+            }
             for (ns, spec, stream) in [(ns_a, &args.path.fwd, 1), (ns_b, &args.path.rev, 2)] {
-                for cmd in tc_commands(spec, args.path.seed.map(|s| mix_seed(s, stream)))? {
+                let seed = args.path.seed.map(|s| mix_seed(s, stream));
+                for cmd in tc_commands(spec, seed, tc_has_seed)? {
                     let mut full = vec!["netns", "exec", ns.as_str(), "tc"];
                     full.extend(cmd.iter().map(String::as_str));
-                    ip(&full)?;
+                    ip(&full).map_err(|e| {
+                        if format!("{e}").contains("qdisc kind is unknown") {
+                            anyhow!(
+                                "{e:#}\nthis kernel has no netem qdisc (sch_netem); \
+                                 use --backend tun (or auto, which picks it)"
+                            )
+                        } else {
+                            e
+                        }
+                    })?;
                 }
             }
         }
@@ -739,4 +807,115 @@ fn bridge(args: BridgeArgs) -> Result<ExitCode> {
         None => ExitCode::SUCCESS,
         Some(s) => ExitCode::from(s.code().map_or(1, |c| c.clamp(0, 255) as u8)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(s: &str) -> NetemSpec {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    /// Every keyword the tc backend passes on, alone and in a chain.
+    const TC_SPECS: &[&str] = &[
+        "limit 1000 delay 50ms 10ms 25% distribution normal",
+        "delay 20ms 5ms distribution pareto",
+        "delay 20ms 5ms distribution paretonormal",
+        "delay 20ms 5ms distribution uniform",
+        "loss random 1% 25%",
+        "loss state 1% 30% 5% 40% 0.1%",
+        "loss gemodel 1% 10% 70% 0.1%",
+        "corrupt 0.1% 10% duplicate 1%",
+        "delay 10ms reorder 25% 50% gap 5",
+        "rate 100mbit 20 100 5",
+        "rate 1.6mbit limit 10",
+        "slot 800us 8.5ms packets 42 bytes 16384",
+        "slot distribution pareto 10ms 2ms packets 8",
+        "slot distribution uniform 10ms 2ms",
+        "delay 10ms seed 7",
+        "rate 100mbit limit 1000 | delay 50ms loss 1%",
+    ];
+
+    #[test]
+    fn a_chain_hangs_each_stage_below_the_one_before() {
+        let cmds = tc_commands(&spec("rate 1mbit | delay 10ms | loss 1%"), None, true).unwrap();
+        let netem = |c: &Vec<String>| c.iter().position(|w| w == "netem").unwrap();
+        let heads: Vec<String> = cmds.iter().map(|c| c[4..netem(c)].join(" ")).collect();
+        assert_eq!(
+            heads,
+            [
+                "root handle 1:",
+                "parent 1:1 handle 2:",
+                "parent 2:1 handle 3:"
+            ]
+        );
+        assert!(cmds.iter().all(|c| c[..4] == ["qdisc", "add", "dev", LINK]));
+        assert_eq!(cmds[2][netem(&cmds[2]) + 1..], ["loss", "1%"]);
+    }
+
+    #[test]
+    fn uniform_becomes_what_the_kernel_does_without_a_table() {
+        let words = |s: &str| tc_commands(&spec(s), None, true).unwrap()[0].join(" ");
+        assert!(words("delay 20ms 5ms distribution uniform").ends_with("netem delay 20ms 5ms"));
+        assert!(words("slot distribution uniform 10ms 2ms packets 4")
+            .ends_with("netem slot 8ms 12ms packets 4"));
+    }
+
+    #[test]
+    fn seeds_reach_tc_only_when_it_parses_them() {
+        let chain = spec("delay 10ms | loss 1% seed 9");
+        let with = tc_commands(&chain, Some(5), true).unwrap();
+        let without = tc_commands(&chain, Some(5), false).unwrap();
+        let seeds = |cmds: &[Vec<String>]| -> Vec<Option<String>> {
+            cmds.iter()
+                .map(|c| c.iter().position(|w| w == "seed").map(|i| c[i + 1].clone()))
+                .collect()
+        };
+        assert_eq!(
+            seeds(&with),
+            [Some(mix_seed(5, 0).to_string()), Some("9".to_string())]
+        );
+        assert_eq!(seeds(&without), [None, None]);
+        assert!(tc_commands(&spec("loss every 10"), None, true).is_err());
+    }
+
+    /// Runs each stage's words through the real `tc` in a scratch namespace.
+    /// A kernel without sch_netem rejects the qdisc only after tc's parser
+    /// accepted the words, so that answer counts as parsed.
+    #[test]
+    fn the_real_tc_parses_every_command_the_tc_backend_makes() {
+        if !is_root() {
+            eprintln!("SKIPPED the_real_tc_parses_every_command_the_tc_backend_makes: not root (needs a scratch network namespace)");
+            return;
+        }
+        if StdCommand::new("tc").arg("-V").output().is_err() {
+            eprintln!("SKIPPED the_real_tc_parses_every_command_the_tc_backend_makes: no `tc` (apt-get install iproute2)");
+            return;
+        }
+        let ns = format!("atou-tcparse-{}", std::process::id());
+        let mut scratch = Namespaces { names: Vec::new() };
+        scratch.add(&ns).unwrap();
+        let has_seed = tc_knows_netem_seed();
+        let mut refused = Vec::new();
+        for s in TC_SPECS {
+            for cmd in tc_commands(&spec(s), Some(1), has_seed).unwrap() {
+                let netem = cmd.iter().position(|w| w == "netem").unwrap();
+                let mut args = vec!["netns", "exec", &ns, "tc", "qdisc", "add", "dev", "lo"];
+                args.push("root");
+                args.extend(cmd[netem..].iter().map(String::as_str));
+                let out = StdCommand::new("ip").args(&args).output().unwrap();
+                let err = String::from_utf8_lossy(&out.stderr);
+                if !out.status.success() && !err.contains("qdisc kind is unknown") {
+                    refused.push(format!("`{}`: {}", args[3..].join(" "), err.trim()));
+                }
+                let _ = StdCommand::new("ip")
+                    .args([
+                        "netns", "exec", &ns, "tc", "qdisc", "del", "dev", "lo", "root",
+                    ])
+                    .output();
+            }
+        }
+        assert!(refused.is_empty(), "tc refused:\n{}", refused.join("\n"));
+    }
 }
