@@ -4,7 +4,8 @@
 #   big:  one file of BIG_SIZE (default 4G) of random content;
 #   tree: SMALL_FILES files (default 10000) of 1-64 KiB (random sizes,
 #         random content) spread over 100 directories.
-# Each data set is copied, one tool after another, into a fresh destination:
+# Each data set is copied, one tool after another, into a fresh destination,
+# in ROUNDS rounds (default 3); each tool's figure is its median round:
 #   cp -r (the page-cache baseline);
 #   scp -r over a private sshd on 127.0.0.1;
 #   rsync -a over ssh to the same sshd;
@@ -13,7 +14,12 @@
 # starts after a `sync` so that earlier writeback does not bill it, is checked
 # (cmp, diff -r) and then deleted. Timings are wall clock around the copying
 # command (for atou, the sender; it exits once the receiver has verified every
-# file). Prints seconds, MB/s (10^6 bytes/s of the data set), atou's ratio to
+# file). Rounds, because on this VM fresh memory is slow and uneven: the
+# first 4 GiB written to a tmpfs ran at 393 MB/s with dd, the same again
+# right after at 1.1 and then 2.7 GB/s, and atou send of a 4 GiB file took
+# 15.8, 10.5 and 7.3 s in three runs in a row; the rounds give every tool the
+# same mix of cold and warm memory. Prints seconds and MB/s (10^6 bytes/s of
+# the data set) of the median round and MB/s of every round, atou's ratio to
 # each tool and atou's peak RSS at both ends (/usr/bin/time -v), then the
 # targets as PASS/MISS: big atou >= 2x scp, big atou >= 0.5x cp, tree atou >=
 # 1.0x rsync. A MISS is only reported; the script fails when a tool fails or
@@ -23,6 +29,7 @@
 # creates /run/sshd):   scripts/bench-transfer.sh
 # Quick run:            BIG_SIZE=256M SMALL_FILES=1000 scripts/bench-transfer.sh
 # Environment: BIG_SIZE (head -c size, default 4G), SMALL_FILES (default 10000),
+# ROUNDS (default 3),
 # BENCH_DIR (where data and destinations go; default /dev/shm when it has
 # room for 2.5 x BIG_SIZE + 1 GiB, else /tmp), STREAMS (atou send
 # --streams), ATOU_ARGS (extra atou send arguments), PORT (atou, default 7890),
@@ -32,6 +39,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 big_size=${BIG_SIZE:-4G}
+rounds=${ROUNDS:-3}
 small_files=${SMALL_FILES:-10000}
 # Default: a tmpfs, so that every tool writes to the page cache only (the
 # baseline the targets are stated against) and this machine's disk, whose
@@ -55,6 +63,7 @@ note() { echo "bench-transfer: $*" >&2; }
 
 [[ "$big_size" =~ ^[1-9][0-9]*[KMGT]?$ ]] || die "BIG_SIZE must be a size like 4G, 256M or 1000000, got '$big_size'"
 [[ "$small_files" =~ ^[1-9][0-9]*$ ]] || die "SMALL_FILES must be a positive whole number, got '$small_files'"
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive whole number, got '$rounds'"
 [[ "$limit" =~ ^[1-9][0-9]*$ ]] || die "TIMEOUT must be a positive whole number of seconds, got '$limit'"
 [ -d "$bench_dir" ] || die "BENCH_DIR $bench_dir is not a directory"
 
@@ -229,7 +238,7 @@ verify() {
 timed() {
     local set=$1 tool=$2 t0 t1 rc=0
     shift 2
-    note "$set: $tool"
+    note "round $round: $set: $tool"
     sync
     t0=$(date +%s.%N)
     timeout "$limit" "$@" </dev/null >"$work/log/out" 2>"$work/log/err" || rc=$?
@@ -256,7 +265,7 @@ atou_run() {
         [ "$i" -lt 100 ] || die "$set: atou serve not listening after 10 s: $(tail -n 2 "$work/log/serve.err")"
         sleep 0.1
     done
-    note "$set: atou send${atou_extra[*]:+ ${atou_extra[*]}}"
+    note "round $round: $set: atou send${atou_extra[*]:+ ${atou_extra[*]}}"
     sync
     t0=$(date +%s.%N)
     timeout "$limit" /usr/bin/time -v -o "$work/log/send.time" \
@@ -299,50 +308,61 @@ PY
     echo "$set atou $(elapsed "$t0" "$t1") $bytes $rss_send $rss_serve $extra" >>"$results"
 }
 
-for set in big tree; do
-    case $set in
-    big) name=big.bin; bytes=$big_bytes ;;
-    tree) name=tree; bytes=$tree_bytes ;;
-    esac
-    dst=$work/dst-$set
-    mkdir "$dst"; timed "$set" cp cp -r "$src/$name" "$dst/"; verify "$set" "$dst" cp
-    mkdir "$dst"; timed "$set" scp scp -q -r "${ssh_opts[@]}" -P "$ssh_port" "$src/$name" "$remote:$dst/"; verify "$set" "$dst" scp
-    mkdir "$dst"; timed "$set" rsync rsync -a -e "$ssh_cmd" "$src/$name" "$remote:$dst/"; verify "$set" "$dst" rsync
-    mkdir "$dst"; atou_run "$set" "$name" "$dst"; verify "$set" "$dst" atou
+for round in $(seq "$rounds"); do
+    for set in big tree; do
+        case $set in
+        big) name=big.bin; bytes=$big_bytes ;;
+        tree) name=tree; bytes=$tree_bytes ;;
+        esac
+        dst=$work/dst-$set
+        mkdir "$dst"; timed "$set" cp cp -r "$src/$name" "$dst/"; verify "$set" "$dst" cp
+        mkdir "$dst"; timed "$set" scp scp -q -r "${ssh_opts[@]}" -P "$ssh_port" "$src/$name" "$remote:$dst/"; verify "$set" "$dst" scp
+        mkdir "$dst"; timed "$set" rsync rsync -a -e "$ssh_cmd" "$src/$name" "$remote:$dst/"; verify "$set" "$dst" rsync
+        mkdir "$dst"; atou_run "$set" "$name" "$dst"; verify "$set" "$dst" atou
+    done
 done
 
 read -r load_after _ </proc/loadavg
-python3 - "$results" "$big_size" "$small_files" "${STREAMS:-}" "${ATOU_ARGS:-}" "$rev" "$load_before" "$load_after" "$(nproc)" <<'PY'
-import sys
-rows, big_size, small_files, streams, atou_args, rev, load0, load1, ncpu = sys.argv[1:10]
-res, rss, extra = {}, {}, {}
+python3 - "$results" "$big_size" "$small_files" "${STREAMS:-}" "${ATOU_ARGS:-}" "$rev" "$load_before" "$load_after" "$(nproc)" "$rounds" <<'PY'
+import statistics, sys
+rows, big_size, small_files, streams, atou_args, rev, load0, load1, ncpu, rounds = sys.argv[1:11]
+runs, rss, extra = {}, {}, {}
 for line in open(rows):
     f = line.split()
     s, tool, secs, nbytes = f[0], f[1], float(f[2]), int(f[3])
-    res[(s, tool)] = (secs, nbytes, nbytes / secs / 1e6)
+    runs.setdefault((s, tool), []).append((secs, nbytes))
     if tool == "atou":
-        rss[s] = (int(f[4]) / 1024, int(f[5]) / 1024)
-        extra[s] = " ".join(f[6:])
+        sender, receiver = rss.get(s, (0, 0))
+        rss[s] = (max(sender, int(f[4]) / 1024), max(receiver, int(f[5]) / 1024))
+        extra.setdefault(s, []).append(" ".join(f[6:]))
+# The median of the rounds' seconds (every round copies the same bytes).
+res = {}
+for key, rs in runs.items():
+    secs, nbytes = statistics.median(t for t, _ in rs), rs[0][1]
+    res[key] = (secs, nbytes, nbytes / secs / 1e6, [n / t / 1e6 for t, n in rs])
 sets = {"big": f"big ({big_size} file)", "tree": f"tree ({small_files} files)"}
 tools = ["cp", "scp", "rsync", "atou"]
 args = " ".join(x for x in ([f"--streams {streams}"] if streams else []) + ([atou_args] if atou_args else []))
-print(f"loopback file transfer, one run; atou {rev}, atou send {args or '(defaults)'}")
+print(f"loopback file transfer, {rounds} round(s), the median shown; atou {rev}, atou send {args or '(defaults)'}")
 print(f"{ncpu} cores; 1-minute load average {load0} before the copies, {load1} after (other work skews the figures)")
-print("MB/s = 10^6 bytes/s of the data set; atou/tool = atou MB/s / tool MB/s")
+print("MB/s = 10^6 bytes/s of the data set; atou/tool = atou MB/s / tool MB/s, medians")
 print()
-print(f"  {'data set':<22} {'tool':<6} {'bytes':>12} {'seconds':>9} {'MB/s':>9} {'atou/tool':>10}")
+print(f"  {'data set':<22} {'tool':<6} {'bytes':>12} {'seconds':>9} {'MB/s':>9} {'atou/tool':>10}   MB/s by round")
 for s in ("big", "tree"):
     a = res[(s, "atou")][2]
     for t in tools:
-        secs, nbytes, mbps = res[(s, t)]
+        secs, nbytes, mbps, each = res[(s, t)]
         ratio = "" if t == "atou" else f"{a / mbps:9.2f}x"
-        print(f"  {sets[s]:<22} {t:<6} {nbytes:>12} {secs:9.2f} {mbps:9.1f} {ratio:>10}")
+        rounds_text = " ".join(f"{x:.1f}" for x in each)
+        print(f"  {sets[s]:<22} {t:<6} {nbytes:>12} {secs:9.2f} {mbps:9.1f} {ratio:>10}   {rounds_text}")
 print()
-print("atou peak RSS (/usr/bin/time -v, maximum resident set size)")
+print("atou peak RSS over the rounds (/usr/bin/time -v, maximum resident set size)")
 for s in ("big", "tree"):
-    print(f"  {sets[s]:<22} sender {rss[s][0]:8.1f} MiB   receiver {rss[s][1]:8.1f} MiB   ({extra[s]})")
+    print(f"  {sets[s]:<22} sender {rss[s][0]:8.1f} MiB   receiver {rss[s][1]:8.1f} MiB")
+    for i, e in enumerate(extra[s], 1):
+        print(f"  {'':<22} round {i}: {e}")
 print()
-print("targets (figures only; a MISS does not fail the script)")
+print("targets, on the medians (figures only; a MISS does not fail the script)")
 def target(label, s, t, want):
     r = res[(s, "atou")][2] / res[(s, t)][2]
     print(f"  {label:<28} {r:6.2f}x  (target >= {want}x): {'PASS' if r >= want else 'MISS'}")
