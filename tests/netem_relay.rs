@@ -136,6 +136,14 @@ fn atou_4_3_dup_thresh_9_beats_3_on_a_reordering_path() {
 
 /// atou §4.4: when the return path is slow enough to limit the ACKs, a
 /// receiver that ACKs every other segment moves at least as much data.
+///
+/// The sender is window-limited (`--rcvwin 64`, 94 KB), as the paper's
+/// home path was: its rate is the window over the RTT, and the ACKs'
+/// queue on the 128 kbit/s return path is part of that RTT. ACKing every
+/// segment fills that queue (117 ms RTT here, 6.0 Mbit/s); ACKing every
+/// other one halves it (74 ms, 9.4 Mbit/s). Without the window limit the
+/// outcome hung on whether one timeout happened, and a CI run saw delayed
+/// ACK off at 9.09 Mbit/s against 8.92 on.
 #[test]
 fn atou_4_4_delayed_ack_helps_on_an_ack_limited_path() {
     let _g = serial();
@@ -152,7 +160,16 @@ fn atou_4_4_delayed_ack_helps_on_an_ack_limited_path() {
         let s = probe(
             None,
             &target,
-            &["--bytes", "3MB", "--recovery", "sack", "--delack", delack],
+            &[
+                "--bytes",
+                "3MB",
+                "--recovery",
+                "sack",
+                "--rcvwin",
+                "64",
+                "--delack",
+                delack,
+            ],
         );
         assert_eq!(s["status"], "finished", "{s}");
         let r = &s["receiver"];
@@ -162,6 +179,7 @@ fn atou_4_4_delayed_ack_helps_on_an_ack_limited_path() {
                 s["goodput_bps"].as_f64().unwrap(),
                 u(&r["acks"]),
                 u(&r["segments"]),
+                s["avgrtt"].as_f64().unwrap(),
             ),
         );
     }
@@ -173,12 +191,19 @@ fn atou_4_4_delayed_ack_helps_on_an_ack_limited_path() {
         fwd,
         rev,
         seed,
-        json!({"delack_off": {"goodput_bps": off.0, "acks": off.1, "segments": off.2},
-               "delack_on": {"goodput_bps": on.0, "acks": on.1, "segments": on.2},
-               "relay": counts}),
+        json!({"delack_off": {"goodput_bps": off.0, "acks": off.1, "segments": off.2, "avgrtt": off.3},
+               "delack_on": {"goodput_bps": on.0, "acks": on.1, "segments": on.2, "avgrtt": on.3},
+               "rcvwin": 64, "relay": counts}),
     );
-    // The receiver did delay its ACKs, and that helped.
+    // The receiver did delay its ACKs, which shortened the ACKs' queue, and
+    // that helped.
     assert!((on.1 as f64) < 0.7 * on.2 as f64, "{on:?}");
+    assert!(
+        on.3 < off.3,
+        "avgrtt with delayed ACK {} s, without {} s",
+        on.3,
+        off.3
+    );
     assert!(
         on.0 >= off.0,
         "delayed ACK on {:.0} bit/s, off {:.0} bit/s",
