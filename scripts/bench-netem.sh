@@ -22,8 +22,8 @@
 # (Mathis Table 1: random loss, no delayed ACK, as atou's default), with RTT
 # the mean sample over the measured T, and p both as set on the bridge and as
 # atou saw it (resends / sends over the measured T): the model is stated for
-# the loss rate a connection sees, and 0.1% of a 30-s run is a couple of dozen
-# losses. Targets, reported as met / not met but never fatal:
+# the loss rate a connection sees, and at 0.1% a 30-s run holds only about a
+# dozen losses. Targets, reported as met / not met but never fatal:
 # atou default within +-25% of Mathis and of kernel reno at 0.1% and 1% loss;
 # aggressive >= 5x kernel cubic at 1% loss. The script fails only when the
 # bridge does not come up or a transfer fails outright.
