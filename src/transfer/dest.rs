@@ -70,38 +70,41 @@ pub struct FileTarget {
 
 impl FileTarget {
     /// Writes one verified chunk at its place, opening the file if needed
-    /// and closing it when no other chunk of it is being written.
-    pub fn write_chunk(&self, chunk: u64, data: &[u8], fsync: bool) -> Result<(), String> {
+    /// (it stays open until [`chunk_done`](Self::chunk_done) closes it).
+    pub fn write_chunk(&self, chunk: u64, data: &[u8]) -> Result<(), String> {
         use std::os::unix::fs::FileExt;
-        let result = (|| {
-            if self.fresh && data.iter().all(|&b| b == 0) {
-                return Ok(());
-            }
-            let mut handle = self.handle.lock().expect("writer panicked");
-            if handle.is_none() {
-                *handle = Some(
-                    OpenOptions::new()
-                        .write(true)
-                        .create(true)
-                        .truncate(false)
-                        .open(&self.part)
-                        .map_err(|e| io_error("create", &self.part, &e))?,
-                );
-            }
-            let file = handle.as_ref().expect("opened above");
-            file.write_all_at(data, chunk * CHUNK_SIZE)
-                .map_err(|e| io_error("write", &self.part, &e))
-        })();
-        if self.writing.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let mut handle = self.handle.lock().expect("writer panicked");
-            if let Some(file) = handle.take() {
-                if fsync {
-                    file.sync_all()
-                        .map_err(|e| io_error("sync", &self.part, &e))?;
-                }
-            }
+        if self.fresh && data.iter().all(|&b| b == 0) {
+            return Ok(());
         }
-        result
+        let mut handle = self.handle.lock().expect("writer panicked");
+        if handle.is_none() {
+            *handle = Some(
+                OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&self.part)
+                    .map_err(|e| io_error("create", &self.part, &e))?,
+            );
+        }
+        let file = handle.as_ref().expect("opened above");
+        file.write_all_at(data, chunk * CHUNK_SIZE)
+            .map_err(|e| io_error("write", &self.part, &e))
+    }
+
+    /// A chunk handed to a writer is done with, written or not: when it was
+    /// the last one outstanding, the file is synced (with `fsync`) and
+    /// closed.
+    pub fn chunk_done(&self, fsync: bool) -> Result<(), String> {
+        if self.writing.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return Ok(());
+        }
+        match self.handle.lock().expect("writer panicked").take() {
+            Some(file) if fsync => file
+                .sync_all()
+                .map_err(|e| io_error("sync", &self.part, &e)),
+            _ => Ok(()),
+        }
     }
 
     /// Sets the mode and mtime of a complete, verified file and renames it
@@ -122,7 +125,6 @@ impl FileTarget {
     /// tree of small files.
     pub fn write_whole(&self, data: &[u8], fsync: bool) -> Result<(), String> {
         use std::os::unix::fs::FileExt;
-        self.writing.fetch_sub(1, Ordering::AcqRel);
         let file = OpenOptions::new()
             .write(true)
             .create(true)
@@ -509,4 +511,45 @@ pub fn finish(
         done.dirs += 1;
     }
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(dir: &Path, writing: u64) -> FileTarget {
+        FileTarget {
+            rel: RelPath::new(b"f".to_vec()).unwrap(),
+            part: dir.join("f.atou-part"),
+            final_path: dir.join("f"),
+            size: 2 * CHUNK_SIZE,
+            fresh: true,
+            mode: 0o644,
+            mtime: SystemTime::UNIX_EPOCH,
+            handle: Mutex::new(None),
+            writing: AtomicU64::new(writing),
+            in_place: AtomicBool::new(false),
+        }
+    }
+
+    /// The file stays open while chunks are outstanding and is closed by the
+    /// last one handed back, whether that one was written or not (a chunk
+    /// that failed its check is handed back unwritten).
+    #[test]
+    fn the_last_chunk_handed_back_closes_the_file_written_or_not() {
+        let dir = std::env::temp_dir().join(format!("atou-dest-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let t = target(&dir, 2);
+        t.write_chunk(0, &[7u8; 16]).unwrap();
+        assert!(t.handle.lock().unwrap().is_some());
+        t.chunk_done(false).unwrap();
+        assert!(t.handle.lock().unwrap().is_some(), "one chunk still out");
+        t.chunk_done(false).unwrap();
+        assert!(
+            t.handle.lock().unwrap().is_none(),
+            "closed by the unwritten last chunk"
+        );
+        assert_eq!(t.writing.load(Ordering::Relaxed), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

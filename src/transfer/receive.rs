@@ -227,17 +227,19 @@ fn writer(jobs: Arc<Mutex<mpsc::Receiver<Job>>>, done: mpsc::Sender<Done>, notif
         let len = job.buf.len() - CV_LEN as usize;
         let (data, sent_cv) = job.buf.split_at(len);
         let result = if chunk_cv(t.size, job.chunk, data)[..] != *sent_cv {
-            t.writing.fetch_sub(1, Ordering::AcqRel);
             Err(WriteFailure::Corrupt)
         } else {
             let cv: Cv = sent_cv.try_into().expect("32 bytes");
             let written = if job.whole {
                 t.write_whole(data, job.fsync)
             } else {
-                t.write_chunk(job.chunk, data, job.fsync)
+                t.write_chunk(job.chunk, data)
             };
             written.map(|()| cv).map_err(WriteFailure::Io)
         };
+        // Every outcome hands the chunk back, so the last one closes the file.
+        let closed = t.chunk_done(job.fsync);
+        let result = result.and_then(|cv| closed.map(|()| cv).map_err(WriteFailure::Io));
         let _ = done.send(Done::Write {
             session: job.session,
             conn_id: job.conn_id,
