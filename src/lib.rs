@@ -11,5 +11,6 @@ pub mod netem;
 pub mod proto;
 pub mod sim;
 pub mod summary;
+pub mod text;
 pub mod transfer;
 pub mod units;

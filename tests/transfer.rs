@@ -19,6 +19,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use atou::io::dest_dir::STAGING_DIR;
 use atou::transfer::manifest::Manifest;
 use atou::transfer::messages::Request;
 use netem_support::{json_lines, listening_addr, say, u, Daemon, Relay, ATOU};
@@ -316,9 +317,15 @@ struct Serve {
 
 impl Serve {
     fn start(dest: &Path) -> Serve {
+        Serve::start_with(dest, &[])
+    }
+
+    /// With receiver policy flags (`--allow-overwrite`, …).
+    fn start_with(dest: &Path, args: &[&str]) -> Serve {
         let mut child = Command::new(ATOU)
             .args(["serve", "--bind", "127.0.0.1:0", "--json", "--dir"])
             .arg(dest)
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -809,11 +816,12 @@ fn a_symlink_in_the_destination_is_not_followed() {
         .unwrap()
         .file_type()
         .is_symlink());
-    assert_eq!(
-        fs::read_dir(&dest).unwrap().count(),
-        1,
-        "only the symlink in DEST"
-    );
+    let names: Vec<_> = fs::read_dir(&dest)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != STAGING_DIR)
+        .collect();
+    assert_eq!(names, ["out"], "only the symlink in DEST");
 
     // --overwrite does not make it follow the symlink either.
     let sent = send(&[&src], &server.target(), &["--overwrite"]);
@@ -877,7 +885,13 @@ fn existing_files_are_refused_unless_overwrite_and_skip_existing_skips_identical
     write_random(&b, 2 * MIB + 5, 99);
     set_mtime(&b, FEB_3_2001 + 1_000_000, 42);
     assert!(first_difference(&b, &dest.join("tree/b")).is_some());
-    let over = send(&[&tree], &target, &["--overwrite"]).report();
+    // The sender may ask; this server does not allow it.
+    let refused = send(&[&tree], &target, &["--overwrite"]).failure();
+    assert!(refused.contains("--allow-overwrite"), "{refused}");
+    assert!(first_difference(&b, &dest.join("tree/b")).is_some());
+    drop(server);
+    let server = Serve::start_with(&dest, &["--allow-overwrite"]);
+    let over = send(&[&tree], &server.target(), &["--overwrite"]).report();
     assert_same_tree(&tree, &dest.join("tree"));
     say(&format!(
         "existing_files_…: refused with `{why}`; --skip-existing skipped {} files, sent {} bytes; \
@@ -920,6 +934,26 @@ fn wait_for_half(part: &Path, size: u64, sending: &mut Sending) -> u64 {
     }
 }
 
+/// The partial file of DEST's one file being received, in the staging
+/// directory (named by where it goes, not nameable by a sender).
+fn staged_part(dest: &Path) -> PathBuf {
+    let staging = dest.join(STAGING_DIR);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let parts: Vec<PathBuf> = fs::read_dir(&staging)
+            .map(|d| d.map(|e| e.unwrap().path()).collect())
+            .unwrap_or_default();
+        match parts.as_slice() {
+            [one] => return one.clone(),
+            [] if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            other => panic!(
+                "expected one partial file in {}: {other:?}",
+                staging.display()
+            ),
+        }
+    }
+}
+
 fn check_resumed(what: &str, src: &Path, dest: &Path, r: &Value, at_kill: u64) {
     let (sent, skipped) = (report_u(r, "bytes_sent"), report_u(r, "bytes_skipped"));
     say(&format!(
@@ -935,10 +969,10 @@ fn check_resumed(what: &str, src: &Path, dest: &Path, r: &Value, at_kill: u64) {
         first_difference(src, &dest.join("big.bin")).is_none(),
         "{what}: the resumed file differs"
     );
-    assert!(
-        !dest.join("big.bin.atou-part").exists(),
-        "{what}: the part file remains"
-    );
+    let left: Vec<_> = fs::read_dir(dest.join(STAGING_DIR))
+        .map(|d| d.collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{what}: the part file remains: {left:?}");
     assert!(skipped > 0, "{what}: nothing was resumed: {r}");
     assert!(
         (sent as f64) < 0.6 * BIG as f64,
@@ -961,7 +995,7 @@ fn a_killed_transfer_resumes_and_resends_under_60_percent() {
         let server = Serve::start(&dest);
         let relay = Relay::start(server.addr, RATE, "", 5);
         let mut sending = spawn_send(&[&src], &relay.addr.to_string(), &args);
-        let part = dest.join("big.bin.atou-part");
+        let part = staged_part(&dest);
         let at_kill = wait_for_half(&part, BIG, &mut sending);
         let took = sending.started.elapsed().as_secs_f64();
         sending.kill();
@@ -981,7 +1015,7 @@ fn a_killed_transfer_resumes_and_resends_under_60_percent() {
         let mut server = Serve::start(&dest);
         let relay = Relay::start(server.addr, RATE, "", 6);
         let mut sending = spawn_send(&[&src], &relay.addr.to_string(), &args);
-        let part = dest.join("big.bin.atou-part");
+        let part = staged_part(&dest);
         let at_kill = wait_for_half(&part, BIG, &mut sending);
         server.kill();
         let failed = sending.finish(Duration::from_secs(60));
@@ -1108,34 +1142,26 @@ fn a_full_destination_fails_cleanly() {
         smalls.iter().any(|s| why.contains(s.as_str())),
         "the reason does not name the file: {why}"
     );
-    // The file completed before the disk filled is in place and whole.
-    let big = dest.join("t/a_big");
+    // No file takes its final name before the finish has compared its
+    // hash, and the finish never came: nothing is in place, and a_big,
+    // complete before the disk filled, waits whole in the staging
+    // directory for the rerun.
+    let in_place: Vec<&String> = smalls
+        .iter()
+        .filter(|s| dest.join("t").join(s).exists())
+        .collect();
     assert!(
-        big.exists(),
-        "a_big, complete before the disk filled, is not in place: {listing:?}"
+        in_place.is_empty(),
+        "in place without a finish: {in_place:?}"
     );
-    assert_eq!(
-        first_difference(&tree.join("a_big"), &big),
-        None,
-        "a_big differs"
-    );
-    // Whatever else is under its final name is whole; the rest is partial.
-    let mut in_place = 0;
-    for small in &smalls {
-        let got = dest.join("t").join(small);
-        if got.exists() {
-            in_place += 1;
-            assert_eq!(
-                first_difference(&tree.join(small), &got),
-                None,
-                "{small} differs"
-            );
-        }
-    }
     assert!(
-        in_place < smalls.len(),
-        "every file is in place, yet the disk filled"
+        !dest.join("t/a_big").exists(),
+        "a_big in place without a finish"
     );
+    let whole_big = fs::read_dir(dest.join(STAGING_DIR))
+        .unwrap()
+        .any(|e| first_difference(&tree.join("a_big"), &e.unwrap().path()).is_none());
+    assert!(whole_big, "a_big is not whole in the staging directory");
     drop(server);
 }
 

@@ -7,9 +7,14 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use atou::io::{self, ProbeConfig, ProbeError, ServeApp, ServeConfig, ServeEvent, DEFAULT_PORT};
+use atou::proto::ServerLimits;
 use atou::proto::{ConnEnd, ConnReport, ServerStats, Tuning};
 use atou::summary::SocketReport;
-use atou::transfer::receive::{check_root, FileReceiver, NoFiles, ReceiveConfig, ReceiveEvent};
+use atou::text::shown_path;
+use atou::transfer::dest::{Policy, SymlinkPolicy};
+use atou::transfer::receive::{
+    check_root, FileReceiver, NoFiles, ReceiveConfig, ReceiveEvent, ReceiveLimits,
+};
 use atou::units::{parse_duration, parse_size, TimeUnit};
 
 use super::{finish_trace, print_stdout, Output, OutputArgs, TuningArgs, UsageError};
@@ -59,9 +64,105 @@ pub struct ServeArgs {
     /// UDP socket send buffer in bytes (SO_SNDBUF), e.g. 4MiB
     #[arg(long, value_name = "BYTES", default_value = "4MiB", value_parser = parse_sockbuf)]
     sndbuf: u32,
-    /// UDP socket receive buffer in bytes (SO_RCVBUF, atousrv -b); grows when a client asks for more
+    /// UDP socket receive buffer in bytes (SO_RCVBUF, atousrv -b); never grown past this, whatever a client asks
     #[arg(long, value_name = "BYTES", default_value = "4MiB", value_parser = parse_sockbuf)]
     rcvbuf: u32,
+    #[command(flatten)]
+    receiver: ReceiverArgs,
+}
+
+/// What `atou serve --dir` lets senders do, and what it lets them make it hold.
+#[derive(Args, Debug)]
+#[command(next_help_heading = "Receiver policy and budgets (with --dir)")]
+pub struct ReceiverArgs {
+    /// Let a sender that asks (`--overwrite`) replace existing files and re-mode existing directories (default: refuse)
+    #[arg(long)]
+    allow_overwrite: bool,
+    /// Permission bits cleared from every mode that arrives, in octal
+    #[arg(long, value_name = "OCTAL", default_value = "022", value_parser = parse_umask)]
+    umask: u32,
+    /// Keep setuid, setgid and sticky bits as sent (default: cleared)
+    #[arg(long)]
+    allow_special_bits: bool,
+    /// Do not sync files and directories to disk before a transfer is reported verified (default: sync, so "verified" survives a power cut); a sender's --fsync still syncs
+    #[arg(long)]
+    no_fsync: bool,
+    /// Symlinks a sender may create: `safe` only relative ones that stay inside DEST (rsync's --safe-links), `all` any, `none` no symlinks
+    #[arg(long, value_name = "POLICY", default_value = "safe", value_parser = parse_symlinks)]
+    symlinks: SymlinkPolicy,
+    /// Memory for receive windows over all connections, in bytes
+    #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_bytes)]
+    buffer: u64,
+    /// Largest receive window of one connection, in bytes (at most --buffer)
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_bytes)]
+    max_window: u64,
+    /// Connections open at once, in all
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    max_connections: usize,
+    /// Connections open at once from one IP address
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    max_connections_per_ip: usize,
+    /// Transfers in progress at once, in all
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    max_sessions: usize,
+    /// Transfers in progress at once from one IP address
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    max_sessions_per_ip: usize,
+    /// Largest plan request (the manifest of a transfer), in bytes
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_bytes)]
+    max_request: u64,
+    /// Threads that check plans against the disk and finish transfers
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    planners: usize,
+}
+
+fn parse_umask(s: &str) -> Result<u32, String> {
+    match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
+        Ok(m) if m <= 0o777 => Ok(m),
+        _ => Err(format!("`{s}` is not an octal umask from 000 to 777")),
+    }
+}
+
+fn parse_symlinks(s: &str) -> Result<SymlinkPolicy, String> {
+    match s {
+        "safe" => Ok(SymlinkPolicy::Safe),
+        "all" => Ok(SymlinkPolicy::All),
+        "none" => Ok(SymlinkPolicy::None),
+        _ => Err(format!("`{s}` is not a symlink policy: safe, all or none")),
+    }
+}
+
+impl ReceiverArgs {
+    fn policy(&self) -> Policy {
+        Policy {
+            allow_overwrite: self.allow_overwrite,
+            umask: self.umask,
+            special_bits: self.allow_special_bits,
+            fsync: !self.no_fsync,
+            symlinks: self.symlinks,
+        }
+    }
+
+    fn limits(&self) -> ReceiveLimits {
+        ReceiveLimits {
+            max_sessions: self.max_sessions,
+            max_sessions_per_ip: self.max_sessions_per_ip,
+            max_request: self.max_request,
+            planners: self.planners.max(1),
+            ..ReceiveLimits::default()
+        }
+    }
+
+    fn server_limits(&self, rcvbuf: u32) -> ServerLimits {
+        ServerLimits {
+            max_connections: self.max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
+            max_window_bytes: self.max_window.min(self.buffer),
+            total_window_bytes: self.buffer,
+            max_socket_rcvbuf: rcvbuf,
+            ..ServerLimits::default()
+        }
+    }
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -266,36 +367,41 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         None => Box::new(NoFiles),
         Some(dir) => {
             let root = check_root(dir).map_err(UsageError)?;
-            Box::new(FileReceiver::new(
-                ReceiveConfig {
-                    root,
-                    writers: args.writers.unwrap_or_else(|| {
-                        std::thread::available_parallelism()
-                            .map_or(2, |n| n.get())
-                            .max(2)
-                    }),
-                    once: args.once,
-                },
-                move |event| {
-                    if let ReceiveEvent::Failed { .. } = event {
-                        failed_flag.store(true, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    let line = match (&event, json) {
-                        (ReceiveEvent::Done(r), true) => {
-                            serde_json::json!({"transfer": r}).to_string()
+            Box::new(
+                FileReceiver::new(
+                    ReceiveConfig {
+                        root,
+                        writers: args.writers.unwrap_or_else(|| {
+                            std::thread::available_parallelism()
+                                .map_or(2, |n| n.get())
+                                .max(2)
+                        }),
+                        once: args.once,
+                        policy: args.receiver.policy(),
+                        limits: args.receiver.limits(),
+                    },
+                    move |event| {
+                        if let ReceiveEvent::Failed { .. } = event {
+                            failed_flag.store(true, std::sync::atomic::Ordering::Relaxed);
                         }
-                        (ReceiveEvent::Done(r), false) => super::transfer::transfer_line(r),
-                        (ReceiveEvent::Failed { peer, dest, why }, true) => serde_json::json!({
-                            "failed": {"peer": peer, "dest": dest, "why": why}
-                        })
-                        .to_string(),
-                        (ReceiveEvent::Failed { peer, dest, why }, false) => {
-                            format!("{peer} transfer into {} failed: {why}", dest.display())
-                        }
-                    };
-                    let _ = print_stdout(&(line + "\n"));
-                },
-            ))
+                        let line = match (&event, json) {
+                            (ReceiveEvent::Done(r), true) => {
+                                serde_json::json!({"transfer": r}).to_string()
+                            }
+                            (ReceiveEvent::Done(r), false) => super::transfer::transfer_line(r),
+                            (ReceiveEvent::Failed { peer, dest, why }, true) => serde_json::json!({
+                                "failed": {"peer": peer, "dest": dest, "why": why}
+                            })
+                            .to_string(),
+                            (ReceiveEvent::Failed { peer, dest, why }, false) => {
+                                format!("{peer} transfer into {} failed: {why}", shown_path(dest))
+                            }
+                        };
+                        let _ = print_stdout(&(line + "\n"));
+                    },
+                )
+                .map_err(UsageError)?,
+            )
         }
     };
     let config = ServeConfig {
@@ -304,6 +410,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         once: args.once && args.dir.is_none(),
         sndbuf: args.sndbuf,
         rcvbuf: args.rcvbuf,
+        limits: args.receiver.server_limits(args.rcvbuf),
     };
     let mut write_error = None;
     // Reports carry the server-wide counters at the time they print.
@@ -332,6 +439,10 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
                     write_error.get_or_insert(e);
                 }
             }
+            ServeEvent::Notice(n) if json => {
+                let line = serde_json::json!({"notice": n.to_string()}).to_string();
+                let _ = print_stdout(&(line + "\n"));
+            }
             ServeEvent::Notice(n) => eprintln!("atou serve: {n}"),
             ServeEvent::RcvbufGrown { asked, granted } => {
                 eprintln!("atou serve: socket receive buffer grown for a client: asked {asked}, granted {granted}");
@@ -350,7 +461,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         stats.undecodable,
         stats.unknown_connection,
         stats.unexpected,
-        stats.version_rejects + stats.bad_hellos
+        stats.version_rejects + stats.bad_hellos + stats.busy_rejects
     );
     // `--once --dir`: the status says how the one transfer went.
     if args.once && transfer_failed.load(std::sync::atomic::Ordering::Relaxed) {

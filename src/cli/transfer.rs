@@ -13,9 +13,13 @@ use anyhow::Result;
 use clap::Args;
 
 use atou::io::{self, ServeConfig, DEFAULT_PORT};
+use atou::text::shown_path;
+use atou::transfer::dest::Policy;
 use atou::transfer::manifest::RelPath;
 use atou::transfer::messages::Options;
-use atou::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveEvent, TransferReport};
+use atou::transfer::receive::{
+    FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
+};
 use atou::transfer::send::{send, Progress, SendConfig, SendError, SendReport};
 use atou::units::{format_rate, format_size, parse_size};
 
@@ -314,7 +318,18 @@ fn report_text(r: &SendReport) -> String {
             r.chunks_resent
         );
     }
-    s += "\natou: every file verified at the receiver (BLAKE3 per chunk and per file)\n";
+    if r.skipped_files > 0 {
+        // --skip-existing compared size and mtime, not contents: say so.
+        s += &format!(
+            "\natou: every file sent was verified at the receiver (BLAKE3 per chunk and per file); \
+             {} file{} already there {} skipped on size and mtime alone (contents not compared)\n",
+            r.skipped_files,
+            if r.skipped_files == 1 { "" } else { "s" },
+            if r.skipped_files == 1 { "was" } else { "were" },
+        );
+    } else {
+        s += "\natou: every file verified at the receiver (BLAKE3 per chunk and per file)\n";
+    }
     for (i, t) in r.streams.iter().enumerate() {
         s += &format!(
             "stream {}: {} in {:.2} s, {}; segments {} rxmts {} timeouts {} srtt {:.3} ms cwnd {}\n",
@@ -417,6 +432,10 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
             root: root.clone(),
             writers: readers(args.transfer.readers),
             once: true,
+            // The user's own directory: modes and symlinks as `rsync -a`
+            // keeps them; the flags given to `atou copy` decide the rest.
+            policy: Policy::own(),
+            limits: ReceiveLimits::default(),
         },
         {
             let failure = failure.clone();
@@ -426,7 +445,8 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
                 }
             }
         },
-    );
+    )
+    .map_err(UsageError)?;
     let stop = Arc::new(tokio::sync::Notify::new());
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let server = {
@@ -440,6 +460,13 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
                     once: false,
                     sndbuf: 4 << 20,
                     rcvbuf,
+                    // The one sender is the user: its windows are what it
+                    // asked for (--buffer per stream at most).
+                    limits: atou::proto::ServerLimits {
+                        max_window_bytes: args.transfer.buffer,
+                        total_window_bytes: u64::MAX / 2,
+                        ..Default::default()
+                    },
                 },
                 &mut receiver,
                 |e| {
@@ -469,12 +496,17 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
 
 /// The line `atou serve --dir` prints when a transfer ends.
 pub fn transfer_line(r: &TransferReport) -> String {
+    let verified = if r.skipped > 0 {
+        "every file sent verified, the skipped ones on size and mtime alone"
+    } else {
+        "every file verified"
+    };
     format!(
         "{} transfer {:016x} into {}: {} files, {} dirs, {} symlinks, {} skipped; {} written, {} resumed; \
-         {} chunks rejected and re-sent; {:.2} s; every file verified",
+         {} chunks rejected and re-sent; {:.2} s; {verified}",
         r.peer,
         r.session,
-        r.dest.display(),
+        shown_path(&r.dest),
         r.files,
         r.dirs,
         r.symlinks,

@@ -8,6 +8,7 @@
 //! readable or the endpoint's next timer. The endpoint is polled after
 //! every datagram so the ACK policy stays per segment.
 
+pub mod dest_dir;
 pub mod fs;
 pub mod netem;
 pub mod socket;
@@ -442,6 +443,8 @@ pub struct ServeConfig {
     pub once: bool,
     pub sndbuf: u32,
     pub rcvbuf: u32,
+    /// The operator's budgets for what clients may make the server hold.
+    pub limits: ServerLimits,
 }
 
 /// What the server tells its operator as it runs.
@@ -503,7 +506,11 @@ pub async fn serve(
         .map_err(sock_err)?;
     on_event(ServeEvent::Listening { addr, buffers });
     let clock = Clock::new();
-    let mut server = Server::new(ServerLimits::default(), config.rcvbuf, buffers.rcvbuf);
+    let limits = ServerLimits {
+        max_socket_rcvbuf: config.limits.max_socket_rcvbuf.min(config.rcvbuf),
+        ..config.limits
+    };
+    let mut server = Server::new(limits, config.rcvbuf, buffers.rcvbuf);
     let mut tx = TxBatch::new();
     let mut rx = RecvBatch::new();
     let max_len = ACK_MAX_LEN

@@ -76,6 +76,11 @@ pub enum ConnError {
     VersionMismatch { theirs: u8 },
     #[error("the server refused the hello (mss or buffer sizes out of its range)")]
     Refused,
+    #[error(
+        "the server is busy (at its limit of connections or receive memory); try again later, \
+         or ask its operator to raise --max-connections or --buffer"
+    )]
+    Busy,
     #[error("the server's reply is {0} bytes, more than the {REPLY_MAX} this client accepts")]
     ReplyTooLong(u32),
 }
@@ -337,6 +342,7 @@ impl Client {
                     ConnError::VersionMismatch { theirs: r.version }
                 }
                 RejectReason::BadHello => ConnError::Refused,
+                RejectReason::Busy => ConnError::Busy,
             }),
             (Packet::Welcome(w), State::Hello) => {
                 self.granted = Some(w.receiver);

@@ -29,6 +29,9 @@ use super::wire::{
 /// A client that asked for `maxidle 0` is still forgotten after this long
 /// without a packet: a persistent server must not keep state forever.
 const MAXIDLE_CAP: Duration = Duration::from_secs(600);
+/// Refusals told to the operator per second; the rest are counted and
+/// summed up in one line, so a flood of hellos cannot flood the log.
+const NOTICES_PER_SEC: u32 = 10;
 /// How long a closed connection stays to answer repeated closes.
 const LINGER: Duration = Duration::from_secs(2);
 /// Largest datagram a client may announce (IPv4's UDP limit).
@@ -59,6 +62,8 @@ pub struct ServerStats {
     pub version_rejects: u64,
     /// Hellos refused: parameters out of range.
     pub bad_hellos: u64,
+    /// Hellos turned away: the server is at a limit (connections, windows).
+    pub busy_rejects: u64,
     pub connections: u64,
 }
 
@@ -104,6 +109,15 @@ pub enum Notice {
         peer: SocketAddr,
         why: String,
     },
+    /// A hello refused because the server is at one of its limits.
+    Busy {
+        peer: SocketAddr,
+        why: String,
+    },
+    /// Refusals not shown in the last second (over [`NOTICES_PER_SEC`]).
+    Suppressed {
+        count: u64,
+    },
 }
 
 impl std::fmt::Display for Notice {
@@ -114,6 +128,10 @@ impl std::fmt::Display for Notice {
                 "refused {peer}: it speaks atou protocol version {theirs}, this server speaks {VERSION}"
             ),
             Notice::BadHello { peer, why } => write!(f, "refused {peer}: {why}"),
+            Notice::Busy { peer, why } => write!(f, "turned away {peer}: busy ({why})"),
+            Notice::Suppressed { count } => {
+                write!(f, "{count} more refusals in the last second not shown")
+            }
         }
     }
 }
@@ -177,18 +195,26 @@ struct Conn {
     corrupt_bytes: u64,
     /// In the ready queue.
     queued: bool,
+    /// A data segment has arrived: until then the connection is a hello
+    /// that may go nowhere, and expires after `hello_idle`.
+    heard_data: bool,
+    /// Receive window held for a session connection, in bytes.
+    window_bytes: u64,
 }
 
 impl Conn {
-    fn deadline(&self) -> Time {
+    fn deadline(&self, hello_idle: Duration) -> Time {
         match self.closed_at {
             Some(at) => self.last_heard.max(at) + LINGER,
+            // Counted from the first hello, not the last: repeating a
+            // hello does not keep a connection that never sends.
+            None if !self.heard_data => self.opened + self.maxidle.min(hello_idle),
             None => self.last_heard + self.maxidle,
         }
     }
 
-    fn poll_timeout(&self) -> Time {
-        let d = self.deadline();
+    fn poll_timeout(&self, hello_idle: Duration) -> Time {
+        let d = self.deadline(hello_idle);
         self.receiver.poll_timeout().map_or(d, |t| t.min(d))
     }
 
@@ -208,20 +234,37 @@ impl Conn {
     }
 }
 
-/// Bounds on what a client may ask for.
+/// Bounds on what a client may ask for: the operator's budgets.
 #[derive(Debug, Clone, Copy)]
 pub struct ServerLimits {
     /// Largest receiver buffer, in segments, granted to one connection.
     pub max_rcvsegs: u32,
     /// Most connections open at once.
     pub max_connections: usize,
+    /// Most connections open at once from one IP address.
+    pub max_connections_per_ip: usize,
+    /// Largest receive window of one session connection, in bytes: what
+    /// its application may have to hold for it.
+    pub max_window_bytes: u64,
+    /// All session connections' windows together, in bytes.
+    pub total_window_bytes: u64,
+    /// A connection that has sent no data expires after this long.
+    pub hello_idle: Duration,
+    /// The socket receive buffer is never grown past this, whatever a
+    /// hello asks (the operator's own setting).
+    pub max_socket_rcvbuf: u32,
 }
 
 impl Default for ServerLimits {
     fn default() -> Self {
         ServerLimits {
             max_rcvsegs: 1 << 20,
-            max_connections: 4096,
+            max_connections: 1024,
+            max_connections_per_ip: 64,
+            max_window_bytes: 64 << 20,
+            total_window_bytes: 1 << 30,
+            hello_idle: Duration::from_secs(10),
+            max_socket_rcvbuf: 8 << 20,
         }
     }
 }
@@ -244,6 +287,14 @@ pub struct Server {
     /// What the kernel reports for the socket (Linux: twice the size set,
     /// capped), passed on in welcomes.
     granted_rcvbuf: u32,
+    /// Session windows granted and not yet given back, in bytes.
+    windows_held: u64,
+    /// Open connections and session windows held, per IP address.
+    per_ip: HashMap<std::net::IpAddr, (usize, u64)>,
+    /// Notices told in the current second, and refusals not told.
+    notice_second: Time,
+    notices_told: u32,
+    notices_suppressed: u64,
 }
 
 impl Server {
@@ -262,7 +313,52 @@ impl Server {
             largest_rcvbuf_asked: rcvbuf_set,
             pending_rcvbuf: None,
             granted_rcvbuf: rcvbuf_granted,
+            windows_held: 0,
+            per_ip: HashMap::new(),
+            notice_second: Time::ZERO,
+            notices_told: 0,
+            notices_suppressed: 0,
         }
+    }
+
+    /// Queues a notice for the operator, at most [`NOTICES_PER_SEC`] a
+    /// second; the rest are counted and reported as one line.
+    fn notice(&mut self, now: Time, notice: Notice) {
+        if now.saturating_since(self.notice_second) >= Duration::from_secs(1) {
+            if self.notices_suppressed > 0 {
+                self.notices.push_back(Notice::Suppressed {
+                    count: self.notices_suppressed,
+                });
+            }
+            self.notice_second = now;
+            self.notices_told = 0;
+            self.notices_suppressed = 0;
+        }
+        if self.notices_told < NOTICES_PER_SEC {
+            self.notices_told += 1;
+            self.notices.push_back(notice);
+        } else {
+            self.notices_suppressed += 1;
+        }
+    }
+
+    /// Takes a connection out, giving back what it held.
+    fn remove_conn(&mut self, conn_id: u64) -> Option<Conn> {
+        let conn = self.conns.remove(&conn_id)?;
+        self.windows_held = self.windows_held.saturating_sub(conn.window_bytes);
+        if let Some((n, bytes)) = self.per_ip.get_mut(&conn.peer.ip()) {
+            *n -= 1;
+            *bytes = bytes.saturating_sub(conn.window_bytes);
+            if *n == 0 {
+                self.per_ip.remove(&conn.peer.ip());
+            }
+        }
+        Some(conn)
+    }
+
+    /// Session windows granted and not given back, in bytes.
+    pub fn windows_held(&self) -> u64 {
+        self.windows_held
     }
 
     pub fn stats(&self) -> &ServerStats {
@@ -313,18 +409,14 @@ impl Server {
         if peek.version != VERSION {
             if peek.is_hello() {
                 self.stats.version_rejects += 1;
-                self.notices.push_back(Notice::VersionRejected {
-                    peer: from,
-                    theirs: peek.version,
-                });
-                self.rejects.push_back((
-                    from,
-                    Reject {
-                        conn_id: peek.conn_id,
-                        reason: RejectReason::UnsupportedVersion,
-                        version: VERSION,
+                self.notice(
+                    now,
+                    Notice::VersionRejected {
+                        peer: from,
+                        theirs: peek.version,
                     },
-                ));
+                );
+                self.reject(from, peek.conn_id, RejectReason::UnsupportedVersion);
             } else {
                 self.stats.undecodable += 1;
             }
@@ -347,6 +439,7 @@ impl Server {
             return None;
         };
         conn.last_heard = now;
+        conn.heard_data |= matches!(packet, Packet::Data(_));
         let mut arrival = None;
         match packet {
             // A session's data must sit where its number says: a header
@@ -428,7 +521,7 @@ impl Server {
             return;
         }
         let p = hello.receiver;
-        let why = if !(DATA_HEADER_LEN as u32 + 1..=MSS_MAX).contains(&hello.mss) {
+        let bad = if !(DATA_HEADER_LEN as u32 + 1..=MSS_MAX).contains(&hello.mss) {
             Some(format!(
                 "mss {} outside {}..={MSS_MAX}",
                 hello.mss,
@@ -436,32 +529,68 @@ impl Server {
             ))
         } else if p.rcvsegs == 0 {
             Some("a receiver buffer of 0 segments".to_string())
-        } else if self.conns.len() >= self.limits.max_connections {
+        } else {
+            None
+        };
+        let payload = u64::from(hello.mss.saturating_sub(DATA_HEADER_LEN as u32).max(1));
+        let limits = self.limits;
+        // A session connection's window is memory its application holds:
+        // granted from the operator's budget, never more than asked.
+        let rcvsegs = u64::from(p.rcvsegs.min(limits.max_rcvsegs))
+            .min(limits.max_window_bytes / payload)
+            .max(1);
+        let window_bytes = if hello.session == 0 {
+            0
+        } else {
+            rcvsegs * payload
+        };
+        let (from_ip, ip_window) = self.per_ip.get(&from.ip()).copied().unwrap_or((0, 0));
+        // One address may hold a quarter of the window budget (at least
+        // one connection's worth), so a flood from one cannot starve the rest.
+        let ip_window_cap = (limits.total_window_bytes / 4).max(limits.max_window_bytes);
+        let busy = if bad.is_some() {
+            None
+        } else if self.conns.len() >= limits.max_connections {
             Some(format!(
                 "already serving {} connections",
-                self.limits.max_connections
+                limits.max_connections
+            ))
+        } else if from_ip >= limits.max_connections_per_ip {
+            Some(format!(
+                "{} connections from {} already",
+                limits.max_connections_per_ip,
+                from.ip()
+            ))
+        } else if ip_window + window_bytes > ip_window_cap {
+            Some(format!(
+                "{} holds its share of the receive windows ({ip_window_cap} bytes)",
+                from.ip()
+            ))
+        } else if self.windows_held + window_bytes > limits.total_window_bytes {
+            Some(format!(
+                "its receive windows are all in use ({} bytes)",
+                limits.total_window_bytes
             ))
         } else {
             None
         };
-        if let Some(why) = why {
+        if let Some(why) = bad {
             self.stats.bad_hellos += 1;
-            self.notices.push_back(Notice::BadHello { peer: from, why });
-            self.rejects.push_back((
-                from,
-                Reject {
-                    conn_id: hello.conn_id,
-                    reason: RejectReason::BadHello,
-                    version: VERSION,
-                },
-            ));
+            self.notice(now, Notice::BadHello { peer: from, why });
+            self.reject(from, hello.conn_id, RejectReason::BadHello);
+            return;
+        }
+        if let Some(why) = busy {
+            self.stats.busy_rejects += 1;
+            self.notice(now, Notice::Busy { peer: from, why });
+            self.reject(from, hello.conn_id, RejectReason::Busy);
             return;
         }
         let params = ReceiverParams {
-            rcvsegs: p.rcvsegs.min(self.limits.max_rcvsegs),
+            rcvsegs: rcvsegs as u32,
             ..p
         };
-        if p.rcvbuf > self.largest_rcvbuf_asked {
+        if p.rcvbuf > self.largest_rcvbuf_asked && p.rcvbuf <= limits.max_socket_rcvbuf {
             self.largest_rcvbuf_asked = p.rcvbuf;
             self.pending_rcvbuf = Some(p.rcvbuf);
         }
@@ -506,9 +635,30 @@ impl Server {
                 client_segments: None,
                 corrupt_bytes: 0,
                 queued: false,
+                heard_data: false,
+                window_bytes,
             },
         );
+        self.windows_held += window_bytes;
+        let ip = self.per_ip.entry(from.ip()).or_insert((0, 0));
+        ip.0 += 1;
+        ip.1 += window_bytes;
         self.enqueue(hello.conn_id);
+    }
+
+    fn reject(&mut self, to: SocketAddr, conn_id: u64, reason: RejectReason) {
+        // Rejects are sent once per hello and are no longer than it: no
+        // amplification, and a queue bounded by what arrived.
+        if self.rejects.len() < FETCH_QUEUE_MAX {
+            self.rejects.push_back((
+                to,
+                Reject {
+                    conn_id,
+                    reason,
+                    version: VERSION,
+                },
+            ));
+        }
     }
 
     /// Writes the next datagram into `buf` (at least
@@ -577,7 +727,11 @@ impl Server {
     }
 
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.conns.values().map(Conn::poll_timeout).min()
+        let hello_idle = self.limits.hello_idle;
+        self.conns
+            .values()
+            .map(|c| c.poll_timeout(hello_idle))
+            .min()
     }
 
     /// The longest datagram [`Server::poll_transmit`] writes.
@@ -624,7 +778,7 @@ impl Server {
                 conn.receiver.handle_timeout(now);
                 woken.push(id);
             }
-            if conn.deadline() <= now {
+            if conn.deadline(self.limits.hello_idle) <= now {
                 expired.push(id);
             }
         }
@@ -632,7 +786,7 @@ impl Server {
             self.enqueue(id);
         }
         for id in expired {
-            let conn = self.conns.remove(&id).expect("listed above");
+            let conn = self.remove_conn(id).expect("listed above");
             if conn.closed_at.is_none() {
                 self.reports
                     .push_back(conn.report(id, ConnEnd::Idle, conn.last_heard, self.stats));
@@ -796,8 +950,12 @@ mod tests {
     }
 
     #[test]
-    fn each_larger_socket_buffer_is_asked_for_once() {
-        let mut server = Server::new(ServerLimits::default(), 4 << 20, 8 << 20);
+    fn each_larger_socket_buffer_is_asked_for_once_and_never_past_the_operators_cap() {
+        let limits = ServerLimits {
+            max_socket_rcvbuf: 16 << 20,
+            ..ServerLimits::default()
+        };
+        let mut server = Server::new(limits, 4 << 20, 8 << 20);
         let hello = |conn_id, rcvbuf| {
             let mut b = [0u8; 64];
             let n = Hello {
@@ -835,6 +993,11 @@ mod tests {
         assert_eq!(welcome_rcvbuf(&mut server, &mut out), 12 << 20);
         // The same size again, though capped: not asked again.
         server.handle_datagram(Time::ZERO, addr(3), &hello(3, 16 << 20));
+        assert_eq!(server.wanted_rcvbuf(), None);
+        // Past the operator's cap (2 GiB, as SO_RCVBUFFORCE would give
+        // root): never asked for.
+        let _ = welcome_rcvbuf(&mut server, &mut out);
+        server.handle_datagram(Time::ZERO, addr(4), &hello(4, 2 << 30));
         assert_eq!(server.wanted_rcvbuf(), None);
     }
 

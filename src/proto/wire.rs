@@ -322,6 +322,9 @@ pub enum RejectReason {
     UnsupportedVersion,
     /// The hello asked for something the server cannot give.
     BadHello,
+    /// The server is at one of its limits (connections, memory); the same
+    /// hello may succeed later.
+    Busy,
 }
 
 /// Refuses a connection. Its layout is the same in every protocol version.
@@ -524,6 +527,7 @@ fn decode_reject(buf: &[u8], conn_id: u64) -> Result<Reject, WireError> {
     let reason = match buf[12] {
         1 => RejectReason::UnsupportedVersion,
         2 => RejectReason::BadHello,
+        3 => RejectReason::Busy,
         other => return Err(WireError::UnknownReason(other)),
     };
     Ok(Reject {
@@ -594,6 +598,7 @@ impl Reject {
         buf[12] = match self.reason {
             RejectReason::UnsupportedVersion => 1,
             RejectReason::BadHello => 2,
+            RejectReason::Busy => 3,
         };
         buf[13] = self.version;
         Ok(REJECT_LEN)

@@ -1,31 +1,38 @@
 //! The receiver's side of the disk: checking a manifest against the
 //! destination, partial files, and putting verified files in place.
 //!
-//! Nothing is written until every entry has been checked: a name that
-//! would escape the destination (through an existing symlink), a file in
-//! the way, or an existing file without `--overwrite` refuses the whole
-//! transfer. Data goes to `NAME.atou-part`, which is renamed to `NAME` only
-//! once every chunk of it has been verified and its BLAKE3 hash matches the
-//! sender's. A partial file left by an interrupted transfer is the resume
-//! state: its chunks are hashed and the sender sends only the ones that
+//! Every name is resolved beneath DEST's directory descriptor and no
+//! symlink is ever followed ([`DestDir`]). Nothing is written until every
+//! entry has been checked: a symlink or file in the way, an existing file
+//! the policy does not let us replace, a symlink the policy refuses, or a
+//! reserved name refuses the whole transfer. Data goes to a partial file in
+//! DEST's private staging directory, and a file takes its final name only
+//! at the finish, once its whole-file BLAKE3 hash matches the sender's. A
+//! partial file left by an interrupted transfer is the resume state: the
+//! chunks it holds are hashed and the sender sends only the ones that
 //! differ.
+//!
+//! What is allowed (replacing files, modes, symlinks, syncing) is the
+//! receiver's [`Policy`]; the sender's [`Options`] only ask.
 
-use std::ffi::OsString;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom};
-use std::os::unix::ffi::OsStringExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::fs::File;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::hash::{chunk_count, chunk_cv, file_hash, Cv, CHUNK_SIZE};
+use super::hash::{chunk_count, chunk_cv, chunk_len, file_hash, Cv, CHUNK_SIZE};
 use super::manifest::{Entry, EntryKind, RelPath};
 use super::messages::{FilePlan, Options, PlanRequest};
+use crate::io::dest_dir::{self, DestDir, Found, STAGING_DIR};
+use crate::text::shown;
 
-/// Suffix of a file being received.
-pub const PART_SUFFIX: &str = ".atou-part";
+/// The value sent for a chunk a partial file does not hold: no chunk's
+/// BLAKE3 value is all zeros, so the sender sends it.
+pub const NOT_HELD: Cv = [0; 32];
 
 /// "cannot ACTION PATH: CAUSE", the cause in words rather than `Os { .. }`.
 pub fn io_error(action: &str, path: &Path, e: &io::Error) -> String {
@@ -35,6 +42,11 @@ pub fn io_error(action: &str, path: &Path, e: &io::Error) -> String {
         Some(libc::EACCES) | Some(libc::EPERM) => "permission denied".to_string(),
         Some(libc::EROFS) => "read-only file system".to_string(),
         Some(libc::ENOENT) => "no such file or directory".to_string(),
+        Some(libc::ELOOP) | Some(libc::EXDEV) => {
+            "a symlink is on the way, and atou never writes through symlinks at the destination"
+                .to_string()
+        }
+        Some(libc::EEXIST) => "something else is there now".to_string(),
         _ => {
             // "No such device (os error 19)" -> "No such device".
             let text = e.to_string();
@@ -44,52 +56,199 @@ pub fn io_error(action: &str, path: &Path, e: &io::Error) -> String {
             }
         }
     };
-    format!("cannot {action} {}: {cause}", path.display())
+    format!(
+        "cannot {action} {}: {cause}",
+        shown(path.as_os_str().as_encoded_bytes())
+    )
+}
+
+/// Which symlinks a receiver creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SymlinkPolicy {
+    /// Every symlink as sent (`rsync -a`): nothing at the receiver follows
+    /// them, but other programs may.
+    All,
+    /// Only relative symlinks that stay inside DEST, read as written
+    /// (rsync's `--safe-links`); others refuse the transfer.
+    #[default]
+    Safe,
+    /// No symlinks: a manifest holding one is refused.
+    None,
+}
+
+/// What the receiver allows, whatever the sender asks: the operator's
+/// choice (`atou serve --dir` flags), or the user's own for `atou copy`.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Policy {
+    /// A sender that asks (`--overwrite`) may replace existing files.
+    pub allow_overwrite: bool,
+    /// Permission bits cleared from every mode that arrives.
+    pub umask: u32,
+    /// setuid, setgid and sticky bits are kept rather than cleared.
+    pub special_bits: bool,
+    /// Sync every file and directory before the transfer is reported
+    /// verified, whether or not the sender asks.
+    pub fsync: bool,
+    pub symlinks: SymlinkPolicy,
+}
+
+impl Policy {
+    /// `atou serve --dir`'s defaults: a receiver for other people.
+    pub fn server() -> Policy {
+        Policy {
+            allow_overwrite: false,
+            umask: 0o022,
+            special_bits: false,
+            fsync: true,
+            symlinks: SymlinkPolicy::Safe,
+        }
+    }
+
+    /// `atou copy` into the user's own directory: modes and symlinks kept as
+    /// `rsync -a` keeps them; the sender's flags decide the rest.
+    pub fn own() -> Policy {
+        Policy {
+            allow_overwrite: true,
+            umask: 0,
+            special_bits: true,
+            fsync: false,
+            symlinks: SymlinkPolicy::All,
+        }
+    }
+
+    /// The mode a file or directory gets.
+    pub fn mode(&self, sent: u32) -> u32 {
+        let keep = if self.special_bits { 0o7777 } else { 0o777 };
+        sent & keep & !self.umask
+    }
+}
+
+/// Is `target`, a symlink at `depth` directories below DEST, relative and
+/// inside DEST when read as written? (rsync's `--safe-links` test: `..`
+/// components may not climb above DEST at any point.)
+pub fn symlink_stays_inside(target: &[u8], depth: usize) -> bool {
+    if target.is_empty() || target.starts_with(b"/") {
+        return false;
+    }
+    let mut level = depth as i64;
+    for c in target.split(|&b| b == b'/') {
+        match c {
+            b"" | b"." => {}
+            b".." => {
+                level -= 1;
+                if level < 0 {
+                    return false;
+                }
+            }
+            _ => level += 1,
+        }
+    }
+    true
 }
 
 /// Where one file of the manifest is going.
 #[derive(Debug)]
 pub struct FileTarget {
     pub rel: RelPath,
-    pub part: PathBuf,
-    pub final_path: PathBuf,
     pub size: u64,
-    /// Did not exist before this transfer: chunks of zeros need not be
-    /// written (unwritten ranges read as zeros, and the length is set when
-    /// the file is put in place), so sparse files stay sparse.
+    /// No partial file existed: chunks of zeros need not be written
+    /// (unwritten ranges read as zeros, and the length is set when the
+    /// file is complete), so sparse files stay sparse.
     pub fresh: bool,
+    /// The mode it gets, after the policy.
     pub mode: u32,
     pub mtime: SystemTime,
-    pub handle: Mutex<Option<File>>,
     /// Chunks handed to writers and not yet written; the file is closed
     /// when this comes back to zero.
     pub writing: AtomicU64,
-    /// Renamed to its final name.
-    pub in_place: AtomicBool,
+    /// Complete: its length, mode and mtime are set (and it is synced,
+    /// with `fsync`). It takes its final name at the finish.
+    pub ready: AtomicBool,
+    dest: Arc<DestDir>,
+    /// Its directory, relative to DEST (the SUBDIR included).
+    dir: Vec<u8>,
+    name: Vec<u8>,
+    /// Its partial file's name in the staging directory.
+    staged: String,
+    /// The partial file exists (created by this transfer or an earlier one).
+    created: AtomicBool,
+    handle: Mutex<Option<File>>,
+}
+
+/// The staging name of whatever goes to `rel` (relative to DEST): derived
+/// from the path, so a rerun finds it, and not nameable by a manifest.
+fn staged_name(rel: &[u8]) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(b"atou staging v1\0");
+    h.update(rel);
+    let hex = h.finalize().to_hex();
+    format!("{}.part", &hex[..32])
+}
+
+fn join_rel(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    if dir.is_empty() {
+        name.to_vec()
+    } else {
+        [dir, b"/", name].concat()
+    }
+}
+
+/// `rel` split into its directory and last component.
+fn split_rel(rel: &[u8]) -> (&[u8], &[u8]) {
+    match rel.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&rel[..i], &rel[i + 1..]),
+        None => (&[][..], rel),
+    }
 }
 
 impl FileTarget {
+    /// DEST/…/NAME, for messages.
+    pub fn shown(&self) -> PathBuf {
+        self.dest.shown(&join_rel(&self.dir, &self.name))
+    }
+
+    /// The partial file, for messages: named by where it goes, since that
+    /// is what a person knows it by.
+    fn staged_shown(&self) -> PathBuf {
+        self.shown()
+    }
+
+    /// The open partial file, created if this transfer is the first to
+    /// write it (`O_EXCL`: another transfer writing the same file at once
+    /// is refused rather than interleaved).
+    fn open(&self, handle: &mut Option<File>) -> Result<(), String> {
+        if handle.is_some() {
+            return Ok(());
+        }
+        let file = if self.created.load(Ordering::Acquire) {
+            self.dest.open_staged(&self.staged, true)
+        } else {
+            self.dest.create_staged(&self.staged)
+        };
+        let file = file.map_err(|e| match e.raw_os_error() {
+            Some(libc::EEXIST) => format!(
+                "`{}` is being received by another transfer at the same time; run this one again when it is done",
+                self.rel
+            ),
+            _ => io_error("create", &self.staged_shown(), &e),
+        })?;
+        self.created.store(true, Ordering::Release);
+        *handle = Some(file);
+        Ok(())
+    }
+
     /// Writes one verified chunk at its place, opening the file if needed
     /// (it stays open until [`chunk_done`](Self::chunk_done) closes it).
     pub fn write_chunk(&self, chunk: u64, data: &[u8]) -> Result<(), String> {
-        use std::os::unix::fs::FileExt;
         if self.fresh && data.iter().all(|&b| b == 0) {
             return Ok(());
         }
         let mut handle = self.handle.lock().expect("writer panicked");
-        if handle.is_none() {
-            *handle = Some(
-                OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&self.part)
-                    .map_err(|e| io_error("create", &self.part, &e))?,
-            );
-        }
+        self.open(&mut handle)?;
         let file = handle.as_ref().expect("opened above");
         file.write_all_at(data, chunk * CHUNK_SIZE)
-            .map_err(|e| io_error("write", &self.part, &e))
+            .map_err(|e| io_error("write", &self.staged_shown(), &e))
     }
 
     /// A chunk handed to a writer is done with, written or not: when it was
@@ -102,89 +261,88 @@ impl FileTarget {
         match self.handle.lock().expect("writer panicked").take() {
             Some(file) if fsync => file
                 .sync_all()
-                .map_err(|e| io_error("sync", &self.part, &e)),
+                .map_err(|e| io_error("sync", &self.staged_shown(), &e)),
             _ => Ok(()),
         }
     }
 
-    /// Sets the mode and mtime of a complete, verified file and renames it
-    /// to its final name (syncing it first, and its directory after, with
-    /// `fsync`).
-    pub fn put_in_place(&self, fsync: bool) -> Result<(), String> {
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&self.part)
-            .map_err(|e| io_error("create", &self.part, &e))?;
-        self.finish_file(file, fsync)
+    /// Gives a file whose every chunk is verified its length, mode and
+    /// mtime (and syncs it, with `fsync`). It keeps its staging name until
+    /// the finish has compared its hash.
+    pub fn make_ready(&self, fsync: bool) -> Result<(), String> {
+        let mut handle = self.handle.lock().expect("writer panicked");
+        self.open(&mut handle)?;
+        let file = handle.take().expect("opened above");
+        self.set_attrs(&file, fsync)
     }
 
-    /// Writes a file of one chunk, already verified, and puts it in place
-    /// at once: one open instead of two, which is most of the cost of a
-    /// tree of small files.
+    /// Writes a file of one chunk, already verified, and makes it ready at
+    /// once: one open instead of two, which is most of the cost of a tree
+    /// of small files.
     pub fn write_whole(&self, data: &[u8], fsync: bool) -> Result<(), String> {
-        use std::os::unix::fs::FileExt;
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&self.part)
-            .map_err(|e| io_error("create", &self.part, &e))?;
+        let mut handle = self.handle.lock().expect("writer panicked");
+        self.open(&mut handle)?;
+        let file = handle.take().expect("opened above");
         if !data.iter().all(|&b| b == 0) {
             file.write_all_at(data, 0)
-                .map_err(|e| io_error("write", &self.part, &e))?;
+                .map_err(|e| io_error("write", &self.staged_shown(), &e))?;
         }
-        self.finish_file(file, fsync)
+        self.set_attrs(&file, fsync)
     }
 
-    fn finish_file(&self, file: File, fsync: bool) -> Result<(), String> {
+    fn set_attrs(&self, file: &File, fsync: bool) -> Result<(), String> {
+        let at = self.staged_shown();
         // Chunks of zeros at the end were not written, and a partial file
         // from an earlier attempt may be longer: the length is set here.
         let len = file
             .metadata()
-            .map_err(|e| io_error("look at", &self.part, &e))?
+            .map_err(|e| io_error("look at", &at, &e))?
             .len();
         if len != self.size {
             file.set_len(self.size)
-                .map_err(|e| io_error("size", &self.part, &e))?;
+                .map_err(|e| io_error("size", &at, &e))?;
         }
+        dest_dir::set_mode(file, self.mode).map_err(|e| io_error("set the mode of", &at, &e))?;
+        file.set_times(std::fs::FileTimes::new().set_modified(self.mtime))
+            .map_err(|e| io_error("set the mtime of", &at, &e))?;
         if fsync {
-            file.sync_all()
-                .map_err(|e| io_error("sync", &self.part, &e))?;
+            file.sync_all().map_err(|e| io_error("sync", &at, &e))?;
         }
-        file.set_permissions(fs::Permissions::from_mode(self.mode))
-            .map_err(|e| io_error("set the mode of", &self.part, &e))?;
-        file.set_times(fs::FileTimes::new().set_modified(self.mtime))
-            .map_err(|e| io_error("set the mtime of", &self.part, &e))?;
-        drop(file);
-        fs::rename(&self.part, &self.final_path)
-            .map_err(|e| io_error("rename into place", &self.final_path, &e))?;
-        if fsync {
-            if let Some(dir) = self.final_path.parent() {
-                File::open(dir)
-                    .and_then(|d| d.sync_all())
-                    .map_err(|e| io_error("sync", dir, &e))?;
-            }
-        }
-        self.in_place.store(true, Ordering::Release);
+        self.ready.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// Renames the ready file to its final name in `dir` (its directory,
+    /// opened beneath DEST).
+    fn put_in_place(&self, dir: &OwnedFd, replace: bool) -> Result<(), String> {
+        self.dest
+            .place(&self.staged, dir, &self.name, replace)
+            .map_err(|e| io_error("rename into place", &self.shown(), &e))
     }
 }
 
 /// What checking a plan request against the destination decided.
 #[derive(Debug)]
 pub struct Prepared {
+    /// DEST/SUBDIR, for messages and reports.
     pub dest: PathBuf,
     pub entries: Vec<Entry>,
-    pub files: Vec<std::sync::Arc<FileTarget>>,
+    pub files: Vec<Arc<FileTarget>>,
     pub plans: Vec<FilePlan>,
     /// Per file, per chunk: the BLAKE3 value of what the partial file
-    /// already holds (resume), if anything.
+    /// already holds (resume), [`NOT_HELD`] past its end.
     pub held: Vec<Vec<Cv>>,
     /// Per entry: an identical one is already there (`--skip-existing`).
     pub skip: Vec<bool>,
+    /// Per entry: a directory this transfer created (only those get the
+    /// sender's mode and mtime, unless replacing is allowed and asked).
+    pub created: Vec<bool>,
+    /// What this session may do: the sender's asks, as the policy allows.
     pub options: Options,
+    policy: Policy,
+    dest_dir: Arc<DestDir>,
+    /// DEST-relative path of each entry (the SUBDIR included).
+    rels: Vec<Vec<u8>>,
 }
 
 fn to_system_time(sec: i64, nsec: u32) -> SystemTime {
@@ -195,27 +353,24 @@ fn to_system_time(sec: i64, nsec: u32) -> SystemTime {
     }
 }
 
-/// `path` with `.atou-part` added to its last component.
-fn part_path(path: &Path) -> PathBuf {
-    let mut name: OsString = path.as_os_str().to_owned();
-    name.push(PART_SUFFIX);
-    PathBuf::from(name)
-}
-
-/// Hashes a partial file's chunks as if it were `size` bytes long (bytes
-/// past its end read as zeros, which is what extending it gives).
-fn hash_partial(path: &Path, size: u64) -> io::Result<Vec<Cv>> {
-    let mut file = File::open(path)?;
+/// Hashes the chunks a partial file holds, for a file of `size` bytes:
+/// only over the bytes it has (a chunk it holds part of reads as zeros
+/// past its end, which is what extending it gives); chunks wholly past
+/// its end are [`NOT_HELD`], at no cost.
+fn hash_partial(file: &File, size: u64) -> io::Result<Vec<Cv>> {
+    let have = file.metadata()?.len();
     let mut buf = vec![0u8; CHUNK_SIZE as usize];
     (0..chunk_count(size))
         .map(|i| {
-            let len = super::hash::chunk_len(size, i);
+            if i * CHUNK_SIZE >= have && size > 0 {
+                return Ok(NOT_HELD);
+            }
+            let len = chunk_len(size, i);
             let data = &mut buf[..len];
             data.fill(0);
-            file.seek(SeekFrom::Start(i * CHUNK_SIZE))?;
             let mut at = 0;
             while at < len {
-                match file.read(&mut data[at..])? {
+                match file.read_at(&mut data[at..], i * CHUNK_SIZE + at as u64)? {
                     0 => break,
                     n => at += n,
                 }
@@ -225,90 +380,137 @@ fn hash_partial(path: &Path, size: u64) -> io::Result<Vec<Cv>> {
         .collect()
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Found {
-    Nothing,
-    Dir,
-    File { size: u64, mtime: i64 },
-    Symlink,
-    Other,
+/// A cache of the last directory opened beneath DEST: entries come
+/// grouped by directory, so most lookups hit.
+struct DirCache<'a> {
+    dest: &'a DestDir,
+    last: Option<(Vec<u8>, OwnedFd)>,
 }
 
-fn look(path: &Path) -> Result<Found, String> {
-    match fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_symlink() => Ok(Found::Symlink),
-        Ok(m) if m.is_dir() => Ok(Found::Dir),
-        Ok(m) if m.is_file() => Ok(Found::File {
-            size: m.len(),
-            mtime: m.mtime(),
-        }),
-        Ok(_) => Ok(Found::Other),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Found::Nothing),
-        Err(e) => Err(io_error("look at", path, &e)),
+impl<'a> DirCache<'a> {
+    fn new(dest: &'a DestDir) -> Self {
+        DirCache { dest, last: None }
+    }
+
+    fn get(&mut self, rel: &[u8]) -> io::Result<&OwnedFd> {
+        if self.last.as_ref().is_none_or(|(r, _)| r != rel) {
+            self.last = None;
+            let fd = self.dest.open_dir(rel)?;
+            self.last = Some((rel.to_vec(), fd));
+        }
+        Ok(&self.last.as_ref().expect("set above").1)
+    }
+
+    /// What `rel` is; `Nothing` when its directory does not exist yet.
+    fn look(&mut self, rel: &[u8]) -> Result<Found, String> {
+        let (dir, name) = split_rel(rel);
+        match self.get(dir) {
+            Ok(fd) => {
+                dest_dir::look(fd, name).map_err(|e| io_error("look at", &self.dest.shown(rel), &e))
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(Found::Nothing),
+            Err(e) => Err(io_error("look at", &self.dest.shown(rel), &e)),
+        }
     }
 }
 
-/// Checks a plan request against the destination `root`, then creates the
-/// directories (partial files are created by their first write: pre-sizing
-/// ten thousand of them cost 2.9 s on ext4 here). Returns why not, as one line, if the
-/// transfer cannot go ahead; nothing is written in that case unless the
-/// failure was in creating (a full disk, say).
-pub fn prepare(root: &Path, request: PlanRequest) -> Result<Prepared, String> {
+fn symlink_in_the_way(path: &Path) -> String {
+    format!(
+        "{} is a symlink; atou does not write through symlinks in the destination",
+        shown(path.as_os_str().as_encoded_bytes())
+    )
+}
+
+/// Checks a plan request against the destination under `policy`, then
+/// creates the directories (partial files are created by their first
+/// write: pre-creating ten thousand of them cost 2.9 s on ext4 here).
+/// Returns why not, as one line, if the transfer cannot go ahead; nothing
+/// is written in that case unless the failure was in creating (a full
+/// disk, say).
+pub fn prepare(
+    dest_dir: &Arc<DestDir>,
+    policy: &Policy,
+    request: PlanRequest,
+) -> Result<Prepared, String> {
     let PlanRequest {
-        options,
+        options: asked,
         subdir,
         manifest,
     } = request;
+    let options = Options {
+        overwrite: asked.overwrite && policy.allow_overwrite,
+        skip_existing: asked.skip_existing,
+        fsync: asked.fsync || policy.fsync,
+    };
+    let sub: Vec<u8> = subdir
+        .as_ref()
+        .map_or(Vec::new(), |s| s.as_bytes().to_vec());
+    let dest = dest_dir.shown(&sub);
+    let reserved = |rel: &[u8]| split_first(rel) == STAGING_DIR.as_bytes();
+    let mut dirs = DirCache::new(dest_dir);
     // The subdirectory: every existing component must be a real directory.
-    let mut dest = root.to_path_buf();
-    let mut to_create = Vec::new();
-    if let Some(sub) = &subdir {
-        for c in sub.components() {
-            dest.push(OsString::from_vec(c.to_vec()));
-            match look(&dest)? {
+    let mut to_create: Vec<Vec<u8>> = Vec::new();
+    if let Some(s) = &subdir {
+        if reserved(s.as_bytes()) {
+            return Err(format!(
+                "{STAGING_DIR} is reserved for atou's partial files"
+            ));
+        }
+        let mut rel = Vec::new();
+        for c in s.components() {
+            rel = join_rel(&rel, c);
+            if !to_create.is_empty() {
+                to_create.push(rel.clone());
+                continue;
+            }
+            match dirs.look(&rel)? {
                 Found::Dir => {}
-                Found::Nothing => to_create.push(dest.clone()),
-                Found::Symlink => {
+                Found::Nothing => to_create.push(rel.clone()),
+                Found::Symlink => return Err(symlink_in_the_way(&dest_dir.shown(&rel))),
+                _ => {
                     return Err(format!(
-                        "{} is a symlink; atou does not write through symlinks in the destination",
-                        dest.display()
+                        "{} exists and is not a directory",
+                        shown(dest_dir.shown(&rel).as_os_str().as_encoded_bytes())
                     ))
                 }
-                _ => return Err(format!("{} exists and is not a directory", dest.display())),
             }
         }
     }
     let dest_exists = to_create.is_empty();
+    let depth0 = subdir.as_ref().map_or(0, |s| s.components().count());
     let mut plans = Vec::new();
     let mut held = Vec::new();
     let mut targets = Vec::new();
     let mut conflicts = Vec::new();
     let mut skip = vec![false; manifest.entries.len()];
+    let mut rels = Vec::with_capacity(manifest.entries.len());
     for (i, entry) in manifest.entries.iter().enumerate() {
-        let path = dest.join(entry.path.to_path());
+        let rel = join_rel(&sub, entry.path.as_bytes());
+        if reserved(&rel) {
+            return Err(format!(
+                "`{}`: the name {STAGING_DIR} is reserved for atou's partial files",
+                entry.path
+            ));
+        }
+        let path = dest_dir.shown(&rel);
         // Parents are checked before children (the manifest guarantees
-        // they come first), so only the entry itself needs looking at;
-        // below a directory that does not exist yet nothing exists.
+        // they come first); below a directory that does not exist yet
+        // nothing exists.
         let found = if dest_exists {
-            look(&path)?
+            dirs.look(&rel)?
         } else {
             Found::Nothing
         };
         let in_the_way = |what: &str| {
             format!(
                 "{} exists and is {what}; remove it or choose another destination",
-                path.display()
+                shown(path.as_os_str().as_encoded_bytes())
             )
         };
         match &entry.kind {
             EntryKind::Dir => match found {
                 Found::Nothing | Found::Dir => {}
-                Found::Symlink => {
-                    return Err(format!(
-                        "{} is a symlink; atou does not write through symlinks in the destination",
-                        path.display()
-                    ))
-                }
+                Found::Symlink => return Err(symlink_in_the_way(&path)),
                 _ => return Err(in_the_way("not a directory")),
             },
             EntryKind::File { size } => {
@@ -327,89 +529,124 @@ pub fn prepare(root: &Path, request: PlanRequest) -> Result<Prepared, String> {
                     }
                     _ => {}
                 }
-                let part = part_path(&path);
-                if path.file_name().map_or(0, |n| n.len()) + PART_SUFFIX.len() > 255 {
-                    return Err(format!(
-                        "`{}`: the name is too long to add {PART_SUFFIX} for the partial file",
-                        entry.path
-                    ));
-                }
+                let staged = staged_name(&rel);
                 let mut cvs = Vec::new();
                 let mut fresh = true;
                 if plan != FilePlan::Skip {
-                    match look(&part)? {
-                        Found::Nothing => {}
-                        Found::File { .. } => {
-                            cvs = hash_partial(&part, *size)
-                                .map_err(|e| io_error("read", &part, &e))?;
+                    match dest_dir.look_staged(&staged) {
+                        Ok(Found::Nothing) => {}
+                        Ok(Found::File { .. }) => {
+                            let at = dest_dir.path().join(STAGING_DIR).join(&staged);
+                            cvs = dest_dir
+                                .open_staged(&staged, false)
+                                .and_then(|f| hash_partial(&f, *size))
+                                .map_err(|e| io_error("read", &at, &e))?;
                             plan = FilePlan::Held(cvs.clone());
                             fresh = false;
                         }
-                        _ => {
+                        Ok(_) => {
                             return Err(format!(
-                                "{} exists and is not a regular file; remove it",
-                                part.display()
+                                "the partial file of `{}` in {STAGING_DIR} is not a regular file; remove it",
+                                entry.path
                             ))
                         }
+                        Err(e) => return Err(io_error("look at", &path, &e)),
                     }
                 }
+                let (dir, name) = split_rel(&rel);
                 plans.push(plan);
                 held.push(cvs);
-                targets.push(std::sync::Arc::new(FileTarget {
+                targets.push(Arc::new(FileTarget {
                     rel: entry.path.clone(),
-                    part,
-                    final_path: path,
                     size: *size,
                     fresh,
-                    mode: entry.mode,
+                    mode: policy.mode(entry.mode),
                     mtime: to_system_time(entry.mtime_sec, entry.mtime_nsec),
-                    handle: Mutex::new(None),
                     writing: AtomicU64::new(0),
-                    in_place: AtomicBool::new(false),
+                    ready: AtomicBool::new(false),
+                    dest: dest_dir.clone(),
+                    dir: dir.to_vec(),
+                    name: name.to_vec(),
+                    staged,
+                    created: AtomicBool::new(!fresh),
+                    handle: Mutex::new(None),
                 }));
             }
-            EntryKind::Symlink { target } => match found {
-                Found::Dir => return Err(in_the_way("a directory")),
-                Found::Nothing => {}
-                Found::Symlink
-                    if options.skip_existing
-                        && fs::read_link(&path)
-                            .is_ok_and(|t| t.into_os_string().into_vec() == *target) =>
-                {
-                    skip[i] = true;
+            EntryKind::Symlink { target } => {
+                let depth = depth0 + entry.path.components().count() - 1;
+                let allowed = match policy.symlinks {
+                    SymlinkPolicy::All => true,
+                    SymlinkPolicy::Safe => symlink_stays_inside(target, depth),
+                    SymlinkPolicy::None => false,
+                };
+                if !allowed {
+                    return Err(format!(
+                        "`{}` is a symlink to `{}`, {}; this server's symlink policy is {}: its \
+                         operator can start it with --symlinks all, or send with --follow",
+                        entry.path,
+                        shown(target),
+                        if policy.symlinks == SymlinkPolicy::None {
+                            "and this server takes no symlinks"
+                        } else {
+                            "which leaves the destination"
+                        },
+                        match policy.symlinks {
+                            SymlinkPolicy::None => "none",
+                            _ => "safe",
+                        }
+                    ));
                 }
-                _ if !options.overwrite => conflicts.push(entry.path.to_string()),
-                _ => {}
-            },
+                match found {
+                    Found::Dir => return Err(in_the_way("a directory")),
+                    Found::Nothing => {}
+                    Found::Symlink
+                        if options.skip_existing
+                            && dirs_read_link(&mut dirs, &rel).is_some_and(|t| t == *target) =>
+                    {
+                        skip[i] = true;
+                    }
+                    _ if !options.overwrite => conflicts.push(entry.path.to_string()),
+                    _ => {}
+                }
+            }
         }
+        rels.push(rel);
     }
     if !conflicts.is_empty() {
-        let shown: Vec<&str> = conflicts.iter().take(5).map(String::as_str).collect();
+        let shown_names: Vec<&str> = conflicts.iter().take(5).map(String::as_str).collect();
         let more = if conflicts.len() > 5 {
             format!(" and {} more", conflicts.len() - 5)
         } else {
             String::new()
         };
+        let what_to_do = if asked.overwrite && !policy.allow_overwrite {
+            "this server does not let senders replace files (its operator can start it with \
+             --allow-overwrite); use --skip-existing to keep identical files"
+        } else {
+            "use --overwrite to replace, or --skip-existing to keep identical files"
+        };
         return Err(format!(
-            "{} already exist{} in {}: {}{more}; use --overwrite to replace, or --skip-existing to keep identical files",
-            if conflicts.len() == 1 { "1 entry".to_string() } else { format!("{} entries", conflicts.len()) },
+            "{} already exist{} in {}: {}{more}; {what_to_do}",
+            if conflicts.len() == 1 {
+                "1 entry".to_string()
+            } else {
+                format!("{} entries", conflicts.len())
+            },
             if conflicts.len() == 1 { "s" } else { "" },
-            dest.display(),
-            shown.join(", ")
+            shown(dest.as_os_str().as_encoded_bytes()),
+            shown_names.join(", ")
         ));
     }
-    // Everything checked: now create.
-    for dir in &to_create {
-        fs::create_dir(dir).map_err(|e| io_error("create directory", dir, &e))?;
+    // Everything checked: now create. New directories are private until
+    // the finish gives them their mode, as tar does.
+    let sub_mode = 0o777 & !policy.umask;
+    for rel in &to_create {
+        make_dir(dest_dir, rel, sub_mode)?;
     }
-    for entry in &manifest.entries {
+    let mut created = vec![false; manifest.entries.len()];
+    for (i, entry) in manifest.entries.iter().enumerate() {
         if entry.kind == EntryKind::Dir {
-            let path = dest.join(entry.path.to_path());
-            match fs::create_dir(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(io_error("create directory", &path, &e)),
-            }
+            created[i] = make_dir(dest_dir, &rels[i], 0o700)?;
         }
     }
     Ok(Prepared {
@@ -419,8 +656,29 @@ pub fn prepare(root: &Path, request: PlanRequest) -> Result<Prepared, String> {
         plans,
         held,
         skip,
+        created,
         options,
+        policy: *policy,
+        dest_dir: dest_dir.clone(),
+        rels,
     })
+}
+
+fn split_first(rel: &[u8]) -> &[u8] {
+    rel.split(|&b| b == b'/').next().unwrap_or(rel)
+}
+
+fn dirs_read_link(dirs: &mut DirCache<'_>, rel: &[u8]) -> Option<Vec<u8>> {
+    let (dir, name) = split_rel(rel);
+    dest_dir::read_link(dirs.get(dir).ok()?, name).ok()
+}
+
+/// Creates directory `rel` beneath DEST; whether it is new.
+fn make_dir(dest: &DestDir, rel: &[u8], mode: u32) -> Result<bool, String> {
+    let (dir, name) = split_rel(rel);
+    dest.open_dir(dir)
+        .and_then(|fd| dest.make_dir(&fd, name, mode))
+        .map_err(|e| io_error("create directory", &dest.shown(rel), &e))
 }
 
 /// What the finish did.
@@ -433,9 +691,9 @@ pub struct Finished {
 }
 
 /// Checks each file's BLAKE3 hash (merged from the values of its verified
-/// chunks) against the sender's and puts in place those not there yet
-/// (files resumed from a partial file, empty files); then creates the
-/// symlinks and sets the directories' modes and mtimes, deepest first.
+/// chunks) against the sender's and only then renames it into place; then
+/// creates the symlinks and sets the directories' modes and mtimes,
+/// deepest first.
 pub fn finish(
     prepared: &Prepared,
     verified: &[Vec<Option<Cv>>],
@@ -449,9 +707,15 @@ pub fn finish(
             prepared.files.len()
         ));
     }
+    let fsync = prepared.options.fsync;
+    let replace = prepared.options.overwrite;
+    let dest_dir = &prepared.dest_dir;
+    let mut dirs = DirCache::new(dest_dir);
+    let mut synced_dirs: Vec<Vec<u8>> = Vec::new();
     let mut file_no = 0;
     for (i, entry) in prepared.entries.iter().enumerate() {
-        let path = prepared.dest.join(entry.path.to_path());
+        let rel = &prepared.rels[i];
+        let (dir_rel, name) = split_rel(rel);
         if prepared.skip[i] {
             done.skipped += 1;
             if matches!(entry.kind, EntryKind::File { .. }) {
@@ -481,34 +745,61 @@ pub fn finish(
                         super::hash::short_hex(&sender_hashes[n])
                     ));
                 }
-                if !t.in_place.load(Ordering::Acquire) {
-                    t.put_in_place(prepared.options.fsync)?;
+                if !t.ready.load(Ordering::Acquire) {
+                    t.make_ready(fsync)?;
+                }
+                let fd = dirs
+                    .get(dir_rel)
+                    .map_err(|e| io_error("open", &dest_dir.shown(dir_rel), &e))?;
+                t.put_in_place(fd, replace)?;
+                if fsync && synced_dirs.last().is_none_or(|d| d != dir_rel) {
+                    synced_dirs.push(dir_rel.to_vec());
                 }
                 done.files += 1;
             }
             EntryKind::Symlink { target } => {
-                let tmp = part_path(&path);
-                let _ = fs::remove_file(&tmp);
-                std::os::unix::fs::symlink(OsString::from_vec(target.clone()), &tmp)
-                    .map_err(|e| io_error("create symlink", &tmp, &e))?;
-                fs::rename(&tmp, &path).map_err(|e| io_error("rename into place", &path, &e))?;
+                let staged = format!("{}.link", &staged_name(rel)[..32]);
+                let shown_path = dest_dir.shown(rel);
+                dest_dir
+                    .symlink_staged(target, &staged)
+                    .map_err(|e| io_error("create symlink", &shown_path, &e))?;
+                let fd = dirs
+                    .get(dir_rel)
+                    .map_err(|e| io_error("open", &dest_dir.shown(dir_rel), &e))?;
+                dest_dir
+                    .place(&staged, fd, name, replace)
+                    .map_err(|e| io_error("rename into place", &shown_path, &e))?;
                 done.symlinks += 1;
             }
         }
     }
-    for entry in prepared.entries.iter().rev() {
-        if entry.kind != EntryKind::Dir {
+    for (i, entry) in prepared.entries.iter().enumerate().rev() {
+        if entry.kind != EntryKind::Dir || !(prepared.created[i] || prepared.options.overwrite) {
             continue;
         }
-        let path = prepared.dest.join(entry.path.to_path());
-        fs::set_permissions(&path, fs::Permissions::from_mode(entry.mode))
-            .map_err(|e| io_error("set the mode of", &path, &e))?;
-        let dir = File::open(&path).map_err(|e| io_error("open", &path, &e))?;
-        dir.set_times(
-            fs::FileTimes::new().set_modified(to_system_time(entry.mtime_sec, entry.mtime_nsec)),
+        let rel = &prepared.rels[i];
+        let path = dest_dir.shown(rel);
+        let fd = dest_dir
+            .open_dir(rel)
+            .map_err(|e| io_error("open", &path, &e))?;
+        if fsync {
+            dest_dir::sync_dir(&fd).map_err(|e| io_error("sync", &path, &e))?;
+        }
+        dest_dir::set_dir_attrs(
+            fd,
+            prepared.policy.mode(entry.mode),
+            to_system_time(entry.mtime_sec, entry.mtime_nsec),
         )
-        .map_err(|e| io_error("set the mtime of", &path, &e))?;
+        .map_err(|e| io_error("set the mode and mtime of", &path, &e))?;
         done.dirs += 1;
+    }
+    if fsync {
+        for rel in synced_dirs {
+            let fd = dest_dir
+                .open_dir(&rel)
+                .map_err(|e| io_error("open", &dest_dir.shown(&rel), &e))?;
+            dest_dir::sync_dir(&fd).map_err(|e| io_error("sync", &dest_dir.shown(&rel), &e))?;
+        }
     }
     Ok(done)
 }
@@ -517,18 +808,21 @@ pub fn finish(
 mod tests {
     use super::*;
 
-    fn target(dir: &Path, writing: u64) -> FileTarget {
+    fn target(dest: &Arc<DestDir>, writing: u64) -> FileTarget {
         FileTarget {
             rel: RelPath::new(b"f".to_vec()).unwrap(),
-            part: dir.join("f.atou-part"),
-            final_path: dir.join("f"),
             size: 2 * CHUNK_SIZE,
             fresh: true,
             mode: 0o644,
             mtime: SystemTime::UNIX_EPOCH,
-            handle: Mutex::new(None),
             writing: AtomicU64::new(writing),
-            in_place: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
+            dest: dest.clone(),
+            dir: Vec::new(),
+            name: b"f".to_vec(),
+            staged: staged_name(b"f"),
+            created: AtomicBool::new(false),
+            handle: Mutex::new(None),
         }
     }
 
@@ -538,8 +832,10 @@ mod tests {
     #[test]
     fn the_last_chunk_handed_back_closes_the_file_written_or_not() {
         let dir = std::env::temp_dir().join(format!("atou-dest-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let t = target(&dir, 2);
+        let dest = Arc::new(DestDir::open(&dir).unwrap());
+        let t = target(&dest, 2);
         t.write_chunk(0, &[7u8; 16]).unwrap();
         assert!(t.handle.lock().unwrap().is_some());
         t.chunk_done(false).unwrap();
@@ -551,5 +847,23 @@ mod tests {
         );
         assert_eq!(t.writing.load(Ordering::Relaxed), 0);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn safe_symlinks_stay_inside_as_written() {
+        assert!(symlink_stays_inside(b"a/b", 0));
+        assert!(symlink_stays_inside(b"../x", 1));
+        assert!(symlink_stays_inside(b"./a/../b", 0));
+        assert!(!symlink_stays_inside(b"../x", 0));
+        assert!(!symlink_stays_inside(b"a/../../x", 0));
+        assert!(!symlink_stays_inside(b"/etc/passwd", 3));
+        assert!(!symlink_stays_inside(b"", 0));
+    }
+
+    #[test]
+    fn the_policy_strips_special_bits_and_applies_its_umask() {
+        assert_eq!(Policy::server().mode(0o4777), 0o755);
+        assert_eq!(Policy::server().mode(0o640), 0o640);
+        assert_eq!(Policy::own().mode(0o4755), 0o4755);
     }
 }

@@ -57,49 +57,7 @@ const KIND_DIR: u8 = 1;
 const KIND_FILE: u8 = 2;
 const KIND_SYMLINK: u8 = 3;
 
-/// Bytes shown for a person: lossy UTF-8 with control and bidi characters
-/// escaped, so a hostile name cannot drive the terminal or disguise itself.
-struct Escaped<'a>(&'a [u8]);
-
-impl fmt::Display for Escaped<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for chunk in self.0.utf8_chunks() {
-            for c in chunk.valid().chars() {
-                match c {
-                    '\n' => f.write_str("\\n")?,
-                    '\t' => f.write_str("\\t")?,
-                    '\r' => f.write_str("\\r")?,
-                    c if c.is_ascii_control() => write!(f, "\\x{:02x}", c as u32)?,
-                    c if c.is_control() || is_layout_control(c) => {
-                        write!(f, "\\u{{{:x}}}", c as u32)?
-                    }
-                    c => write!(f, "{c}")?,
-                }
-            }
-            if !chunk.invalid().is_empty() {
-                f.write_str("\u{fffd}")?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Bidi overrides and line separators: they reorder or break what follows.
-fn is_layout_control(c: char) -> bool {
-    let bidi = matches!(
-        c,
-        '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}'
-    );
-    bidi || matches!(c, '\u{2028}' | '\u{2029}' | '\u{2066}'..='\u{2069}')
-}
-
-fn shown(bytes: &[u8]) -> Escaped<'_> {
-    Escaped(bytes)
-}
-
-fn shown_path(path: &Path) -> Escaped<'_> {
-    Escaped(path.as_os_str().as_bytes())
-}
+use crate::text::{shown, shown_path, Escaped};
 
 /// The start of a long name, for messages about names that are too long.
 fn head(bytes: &[u8]) -> String {

@@ -11,7 +11,7 @@
 //! and run on threads of their own.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
@@ -21,16 +21,17 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::dest::{self, FileTarget, Finished, Prepared};
+use super::dest::{self, FileTarget, Finished, Policy, Prepared, NOT_HELD};
 use super::hash::{chunk_count, chunk_cv, Cv};
 use super::layout::{Layout, CV_LEN};
-use super::messages::{ChunkRef, DataHeader, FilePlan, MessageError, Outcome, PlanReply, Request};
+use super::messages::{
+    data_header_len, ChunkRef, DataHeader, FilePlan, MessageError, Outcome, PlanReply, Request,
+};
+use crate::io::dest_dir::DestDir;
 use crate::io::ServeApp;
 use crate::proto::server::{Arrival, ConnEnd, SessionEvent};
 use crate::proto::Server;
 
-/// Largest plan or finish request taken into memory.
-const REQUEST_MAX: u64 = 256 << 20;
 /// A session with no connection for this long is forgotten.
 const SESSION_IDLE: Duration = Duration::from_secs(120);
 
@@ -73,40 +74,96 @@ pub struct ReceiveConfig {
     pub writers: usize,
     /// Stop after the first transfer ends, well or not (`atou copy`).
     pub once: bool,
+    /// What senders may do here.
+    pub policy: Policy,
+    pub limits: ReceiveLimits,
+}
+
+/// What one receiver lets its peers make it hold: the operator's budgets.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct ReceiveLimits {
+    /// Transfers in progress at once.
+    pub max_sessions: usize,
+    /// Transfers in progress at once from one IP address.
+    pub max_sessions_per_ip: usize,
+    /// Largest plan request (the manifest), in bytes; a finish request is
+    /// held to 32 bytes per file of its plan.
+    pub max_request: u64,
+    /// Threads that check plans against the disk and finish transfers.
+    pub planners: usize,
+    /// Plans and finishes waiting for a planner; past this a sender is
+    /// told the server is busy.
+    pub plan_queue: usize,
+}
+
+impl Default for ReceiveLimits {
+    fn default() -> Self {
+        ReceiveLimits {
+            max_sessions: 64,
+            max_sessions_per_ip: 8,
+            max_request: 64 << 20,
+            planners: 2,
+            plan_queue: 16,
+        }
+    }
 }
 
 /// Work done by other threads.
+/// A session, by the IP address it came from and the id its sender chose:
+/// a peer at another address cannot join or end it by guessing the id.
+type SessionKey = (IpAddr, u64);
+
 enum Done {
     Write {
-        session: u64,
+        session: SessionKey,
         conn_id: u64,
+        /// The connection's key, so a result never lands on a later
+        /// connection that reused the client's id.
+        conn_key: u64,
         slot: usize,
         result: Result<Cv, WriteFailure>,
         buf: Vec<u8>,
     },
     Plan {
-        session: u64,
+        session: SessionKey,
         conn_id: u64,
         result: Result<Prepared, String>,
     },
     Finish {
-        session: u64,
+        session: SessionKey,
         conn_id: u64,
         result: Result<Finished, String>,
     },
-    InPlace {
-        session: u64,
+    Ready {
+        session: SessionKey,
         result: Result<(), String>,
     },
 }
 
 enum Job {
     Write(WriteJob),
-    /// A file whose every chunk is written and verified: rename it.
-    PutInPlace {
-        session: u64,
+    /// A file whose every chunk is written and verified: give it its
+    /// length, mode and mtime (it is renamed at the finish).
+    MakeReady {
+        session: SessionKey,
         target: Arc<FileTarget>,
         fsync: bool,
+    },
+}
+
+/// Slow work on the disk, done by the planner pool.
+enum PlanJob {
+    Plan {
+        session: SessionKey,
+        conn_id: u64,
+        bytes: Vec<u8>,
+    },
+    Finish {
+        session: SessionKey,
+        conn_id: u64,
+        prepared: Arc<Prepared>,
+        verified: Vec<Vec<Option<Cv>>>,
+        hashes: Vec<Cv>,
     },
 }
 
@@ -117,8 +174,9 @@ enum WriteFailure {
 }
 
 struct WriteJob {
-    session: u64,
+    session: SessionKey,
     conn_id: u64,
+    conn_key: u64,
     slot: usize,
     target: Arc<FileTarget>,
     chunk: u64,
@@ -149,24 +207,57 @@ struct DataConn {
     bad: Vec<ChunkRef>,
 }
 
+/// Stream bytes as they arrive: the contiguous start, and pieces past a
+/// hole (within the window, so bounded by it).
+#[derive(Default)]
+struct Assembly {
+    prefix: Vec<u8>,
+    pieces: BTreeMap<u64, Vec<u8>>,
+    /// Bytes in `pieces`.
+    held: u64,
+}
+
+impl Assembly {
+    /// Takes `data` at `offset`; returns whether the prefix grew. Each
+    /// stream byte arrives once (the transport drops duplicates), and
+    /// pieces are moved into the prefix once: O(new bytes).
+    fn add(&mut self, offset: u64, data: &[u8]) -> bool {
+        let before = self.prefix.len();
+        if offset == before as u64 {
+            self.prefix.extend_from_slice(data);
+        } else if offset > before as u64 {
+            self.held += data.len() as u64;
+            self.pieces.insert(offset, data.to_vec());
+        }
+        while let Some(piece) = self.pieces.remove(&(self.prefix.len() as u64)) {
+            self.held -= piece.len() as u64;
+            self.prefix.extend_from_slice(&piece);
+        }
+        self.prefix.len() > before
+    }
+
+    fn bytes(&self) -> u64 {
+        self.prefix.len() as u64 + self.held
+    }
+}
+
 enum ConnState {
-    /// Until the stream's first bytes say what it is: pieces by offset.
-    Opening {
-        pieces: BTreeMap<u64, Vec<u8>>,
-    },
-    /// A plan or finish request, taken in whole.
-    Message {
-        bytes: Vec<u8>,
-        len: u64,
-    },
+    /// Until the stream's first bytes say what it is.
+    Opening(Assembly),
+    /// A plan or finish request, taken in whole; its bytes grow only with
+    /// what arrived, up to the request's budget.
+    Message(Assembly),
     Data(Box<DataConn>),
     /// Answered, or its session is gone: data is let through unread.
     Drained,
 }
 
 struct Conn {
-    session: u64,
+    session: SessionKey,
     peer: SocketAddr,
+    /// Ours, never the client's: results of work on another thread carry
+    /// it and are dropped if the connection is not the same one.
+    key: u64,
     state: ConnState,
 }
 
@@ -179,8 +270,8 @@ struct Session {
     /// Per file sent whole: chunks not yet verified. At zero the file is
     /// put in place at once, so a later failure leaves it whole.
     unverified: Vec<u64>,
-    /// Files being put in place; the finish waits for them.
-    putting_in_place: usize,
+    /// Files being made ready; the finish waits for them.
+    readying: usize,
     /// A finish request that waits for those.
     finish_waiting: Option<(u64, Vec<Cv>)>,
     failed: Option<String>,
@@ -193,10 +284,12 @@ struct Session {
 
 pub struct FileReceiver {
     config: ReceiveConfig,
-    sessions: HashMap<u64, Session>,
+    dest: Arc<DestDir>,
+    sessions: HashMap<SessionKey, Session>,
     conns: HashMap<u64, Conn>,
+    next_conn_key: u64,
     jobs: mpsc::Sender<Job>,
-    done_tx: mpsc::Sender<Done>,
+    plan_jobs: mpsc::SyncSender<PlanJob>,
     done_rx: mpsc::Receiver<Done>,
     notify: Arc<Notify>,
     /// Chunk buffers to reuse.
@@ -211,13 +304,13 @@ fn writer(jobs: Arc<Mutex<mpsc::Receiver<Job>>>, done: mpsc::Sender<Done>, notif
     loop {
         let job = match jobs.lock().expect("a writer panicked").recv() {
             Ok(Job::Write(job)) => job,
-            Ok(Job::PutInPlace {
+            Ok(Job::MakeReady {
                 session,
                 target,
                 fsync,
             }) => {
-                let result = target.put_in_place(fsync);
-                let _ = done.send(Done::InPlace { session, result });
+                let result = target.make_ready(fsync);
+                let _ = done.send(Done::Ready { session, result });
                 notify.notify_one();
                 continue;
             }
@@ -243,6 +336,7 @@ fn writer(jobs: Arc<Mutex<mpsc::Receiver<Job>>>, done: mpsc::Sender<Done>, notif
         let _ = done.send(Done::Write {
             session: job.session,
             conn_id: job.conn_id,
+            conn_key: job.conn_key,
             slot: job.slot,
             result,
             buf: job.buf,
@@ -251,35 +345,123 @@ fn writer(jobs: Arc<Mutex<mpsc::Receiver<Job>>>, done: mpsc::Sender<Done>, notif
     }
 }
 
+/// A planner: checks plans against the disk and finishes transfers, off
+/// the I/O thread. Plans are decoded here too: a manifest's decode is
+/// work in proportion to its size.
+fn planner(
+    jobs: Arc<Mutex<mpsc::Receiver<PlanJob>>>,
+    dest: Arc<DestDir>,
+    policy: Policy,
+    done: mpsc::Sender<Done>,
+    notify: Arc<Notify>,
+) {
+    loop {
+        let job = match jobs.lock().expect("a planner panicked").recv() {
+            Ok(job) => job,
+            Err(_) => return,
+        };
+        let result = match job {
+            PlanJob::Plan {
+                session,
+                conn_id,
+                bytes,
+            } => {
+                let result = match Request::decode(&bytes) {
+                    Ok(Request::Plan(plan)) => {
+                        fits(&dest, &plan).and_then(|()| dest::prepare(&dest, &policy, plan))
+                    }
+                    Ok(_) => Err("a request that is not a plan where a plan belongs".to_string()),
+                    Err(e) => Err(format!("a malformed plan: {e}")),
+                };
+                Done::Plan {
+                    session,
+                    conn_id,
+                    result,
+                }
+            }
+            PlanJob::Finish {
+                session,
+                conn_id,
+                prepared,
+                verified,
+                hashes,
+            } => Done::Finish {
+                session,
+                conn_id,
+                result: dest::finish(&prepared, &verified, &hashes),
+            },
+        };
+        let _ = done.send(result);
+        notify.notify_one();
+    }
+}
+
+/// The session keeps a value per chunk it is told of: a manifest cannot
+/// claim more than DEST's whole file system, checked before anything is
+/// allocated or written.
+fn fits(dest: &DestDir, plan: &super::messages::PlanRequest) -> Result<(), String> {
+    let total = super::file_sizes(&plan.manifest)
+        .iter()
+        .fold(0u64, |a, &s| a.saturating_add(s));
+    match dest.filesystem_size() {
+        Ok(fs_size) if total > fs_size => Err(format!(
+            "the files add up to {}, more than the whole file system of {} ({})",
+            crate::units::format_size(total),
+            dest.path().display(),
+            crate::units::format_size(fs_size)
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl FileReceiver {
+    /// A receiver into `config.root`, with its writer and planner threads;
+    /// why not, if DEST cannot be opened or the threads cannot start.
     pub fn new(
         config: ReceiveConfig,
         on_event: impl FnMut(ReceiveEvent) + Send + 'static,
-    ) -> FileReceiver {
+    ) -> Result<FileReceiver, String> {
+        let dest = Arc::new(
+            DestDir::open(&config.root)
+                .map_err(|e| dest::io_error("use destination", &config.root, &e))?,
+        );
         let (jobs, job_rx) = mpsc::channel::<Job>();
+        let (plan_jobs, plan_rx) = mpsc::sync_channel::<PlanJob>(config.limits.plan_queue);
         let (done_tx, done_rx) = mpsc::channel();
         let notify = Arc::new(Notify::new());
         let job_rx = Arc::new(Mutex::new(job_rx));
+        let plan_rx = Arc::new(Mutex::new(plan_rx));
+        let cannot = |e: std::io::Error| format!("cannot start a receiver thread: {e}");
         for i in 0..config.writers.max(1) {
             let (j, d, n) = (job_rx.clone(), done_tx.clone(), notify.clone());
             thread::Builder::new()
                 .name(format!("atou-writer-{i}"))
                 .spawn(move || writer(j, d, n))
-                .expect("cannot start a writer thread");
+                .map_err(cannot)?;
         }
-        FileReceiver {
+        for i in 0..config.limits.planners.max(1) {
+            let (j, d, n) = (plan_rx.clone(), done_tx.clone(), notify.clone());
+            let (dest, policy) = (dest.clone(), config.policy);
+            thread::Builder::new()
+                .name(format!("atou-planner-{i}"))
+                .spawn(move || planner(j, dest, policy, d, n))
+                .map_err(cannot)?;
+        }
+        Ok(FileReceiver {
             config,
+            dest,
             sessions: HashMap::new(),
             conns: HashMap::new(),
+            next_conn_key: 0,
             jobs,
-            done_tx,
+            plan_jobs,
             done_rx,
             notify,
             spare: Vec::new(),
             on_event: Box::new(on_event),
             over: false,
             finished: false,
-        }
+        })
     }
 
     /// With `once`, the one transfer is over: serving stops once its
@@ -299,7 +481,7 @@ impl FileReceiver {
         server.release(conn_id, u64::MAX);
     }
 
-    fn fail_session(&mut self, server: &mut Server, session: u64, why: String) {
+    fn fail_session(&mut self, server: &mut Server, session: SessionKey, why: String) {
         let Some(s) = self.sessions.get_mut(&session) else {
             return;
         };
@@ -330,13 +512,76 @@ impl FileReceiver {
         }
     }
 
-    /// A whole plan or finish request has arrived.
-    fn on_request(&mut self, server: &mut Server, conn_id: u64, bytes: &[u8]) {
+    /// Why a new session from `ip` cannot start now, if it cannot.
+    fn session_budget(&self, ip: IpAddr) -> Option<String> {
+        let limits = &self.config.limits;
+        let from_ip = self.sessions.keys().filter(|k| k.0 == ip).count();
+        if self.sessions.len() >= limits.max_sessions {
+            Some(format!(
+                "this server is busy: {} transfers in progress, its limit (--max-sessions); try again later",
+                limits.max_sessions
+            ))
+        } else if from_ip >= limits.max_sessions_per_ip {
+            Some(format!(
+                "this server is busy: {} transfers from {ip} in progress, its limit per address \
+                 (--max-sessions-per-ip); try again later",
+                limits.max_sessions_per_ip
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// A whole plan, finish or abort request has arrived.
+    fn on_request(&mut self, server: &mut Server, conn_id: u64, bytes: Vec<u8>) {
         let Some(conn) = self.conns.get(&conn_id) else {
             return;
         };
         let (session, peer) = (conn.session, conn.peer);
-        let request = match Request::decode(bytes) {
+        if bytes.first() == Some(&b'P') {
+            if self.sessions.contains_key(&session) {
+                let why = "a second plan for one session".to_string();
+                self.refuse(server, conn_id, peer, why);
+                return;
+            }
+            if let Some(why) = self.session_budget(peer.ip()) {
+                self.refuse(server, conn_id, peer, why);
+                return;
+            }
+            let job = PlanJob::Plan {
+                session,
+                conn_id,
+                bytes,
+            };
+            if self.plan_jobs.try_send(job).is_err() {
+                let why =
+                    "this server is busy: too many plans waiting to be checked; try again later"
+                        .to_string();
+                self.refuse(server, conn_id, peer, why);
+                return;
+            }
+            let now = Instant::now();
+            self.sessions.insert(
+                session,
+                Session {
+                    peer,
+                    prepared: None,
+                    verified: Vec::new(),
+                    unverified: Vec::new(),
+                    readying: 0,
+                    finish_waiting: None,
+                    file_sizes: Vec::new(),
+                    failed: None,
+                    started: now,
+                    open_conns: 1,
+                    last_active: now,
+                    bytes_written: 0,
+                    chunks_rejected: 0,
+                },
+            );
+            return;
+        }
+        let request = match Request::decode(&bytes) {
             Ok(r) => r,
             Err(e) => {
                 let why = format!("a malformed request from {peer}: {e}");
@@ -345,63 +590,6 @@ impl FileReceiver {
             }
         };
         match request {
-            Request::Plan(plan) => {
-                if self.sessions.contains_key(&session) {
-                    let why = "a second plan for one session".to_string();
-                    self.refuse(server, conn_id, peer, why);
-                    return;
-                }
-                let file_sizes = super::file_sizes(&plan.manifest);
-                // The session keeps a value per chunk it is told of: a
-                // manifest cannot claim more than the file system holds.
-                let total = file_sizes.iter().fold(0u64, |a, &s| a.saturating_add(s));
-                match crate::io::fs::filesystem_size(&self.config.root) {
-                    Ok(fs_size) if total > fs_size => {
-                        let why = format!(
-                            "the files add up to {}, more than the whole file system of {} ({})",
-                            crate::units::format_size(total),
-                            self.config.root.display(),
-                            crate::units::format_size(fs_size)
-                        );
-                        self.refuse(server, conn_id, peer, why);
-                        return;
-                    }
-                    _ => {}
-                }
-                let now = Instant::now();
-                self.sessions.insert(
-                    session,
-                    Session {
-                        peer,
-                        prepared: None,
-                        verified: file_sizes
-                            .iter()
-                            .map(|&s| vec![None; chunk_count(s) as usize])
-                            .collect(),
-                        unverified: Vec::new(),
-                        putting_in_place: 0,
-                        finish_waiting: None,
-                        file_sizes,
-                        failed: None,
-                        started: now,
-                        open_conns: 1,
-                        last_active: now,
-                        bytes_written: 0,
-                        chunks_rejected: 0,
-                    },
-                );
-                let root = self.config.root.clone();
-                let (done, notify) = (self.done_tx.clone(), self.notify.clone());
-                thread::spawn(move || {
-                    let result = dest::prepare(&root, plan);
-                    let _ = done.send(Done::Plan {
-                        session,
-                        conn_id,
-                        result,
-                    });
-                    notify.notify_one();
-                });
-            }
             Request::Finish(hashes) => {
                 let Some(s) = self.sessions.get_mut(&session) else {
                     self.unknown_session(server, conn_id);
@@ -417,24 +605,30 @@ impl FileReceiver {
                     return;
                 }
                 s.finish_waiting = Some((conn_id, hashes));
-                self.start_finish(session);
+                self.start_finish(server, session);
             }
             Request::Abort(why) => {
                 if self.sessions.contains_key(&session) {
-                    self.fail_session(server, session, format!("the sender gave up: {why}"));
+                    let why = format!(
+                        "the sender gave up: {}",
+                        crate::text::escape(why.as_bytes())
+                    );
+                    self.fail_session(server, session, why);
                 }
                 self.answer(server, conn_id, Outcome::Done { bad: Vec::new() }.encode());
             }
-            Request::Data(_) => unreachable!("data streams are read as they arrive"),
+            Request::Plan(_) | Request::Data(_) => {
+                unreachable!("plans go to a planner, data streams are read as they arrive")
+            }
         }
     }
 
-    /// Starts a waiting finish once no file is still being put in place.
-    fn start_finish(&mut self, session: u64) {
+    /// Starts a waiting finish once no file is still being made ready.
+    fn start_finish(&mut self, server: &mut Server, session: SessionKey) {
         let Some(s) = self.sessions.get_mut(&session) else {
             return;
         };
-        if s.putting_in_place > 0 {
+        if s.readying > 0 {
             return;
         }
         let (Some((conn_id, hashes)), Some(prepared)) =
@@ -442,17 +636,20 @@ impl FileReceiver {
         else {
             return;
         };
-        let verified = s.verified.clone();
-        let (done, notify) = (self.done_tx.clone(), self.notify.clone());
-        thread::spawn(move || {
-            let result = dest::finish(&prepared, &verified, &hashes);
-            let _ = done.send(Done::Finish {
-                session,
-                conn_id,
-                result,
-            });
-            notify.notify_one();
-        });
+        let job = PlanJob::Finish {
+            session,
+            conn_id,
+            prepared,
+            verified: s.verified.clone(),
+            hashes,
+        };
+        if let Err(mpsc::TrySendError::Full(PlanJob::Finish { hashes, .. })) =
+            self.plan_jobs.try_send(job)
+        {
+            // Busy: the finish waits and is tried again at the next poll.
+            s.finish_waiting = Some((conn_id, hashes));
+            let _ = server;
+        }
     }
 
     fn refuse(&mut self, server: &mut Server, conn_id: u64, peer: SocketAddr, why: String) {
@@ -471,41 +668,74 @@ impl FileReceiver {
         self.answer(server, conn_id, Outcome::Failed(why).encode());
     }
 
-    /// The first bytes of a stream are in: decide what it is.
-    fn classify(&mut self, server: &mut Server, conn_id: u64) {
+    /// The most bytes a request on this session's stream may take: a plan
+    /// up to `max_request`; once planned, a finish of 32 bytes per file
+    /// (or an abort).
+    fn request_budget(&self, session: &SessionKey) -> u64 {
+        match self.sessions.get(session).and_then(|s| s.prepared.as_ref()) {
+            Some(p) => (p.files.len() as u64 * 32 + 64).max(8 << 10),
+            None => self.config.limits.max_request,
+        }
+    }
+
+    /// New bytes of a stream that has not said what it is yet.
+    fn on_opening_bytes(&mut self, server: &mut Server, conn_id: u64, offset: u64, data: &[u8]) {
+        let budget = self
+            .conns
+            .get(&conn_id)
+            .map_or(0, |c| self.request_budget(&c.session));
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
-        let ConnState::Opening { pieces } = &mut conn.state else {
+        let ConnState::Opening(asm) = &mut conn.state else {
             return;
         };
-        let Some(first) = pieces.get(&0).and_then(|p| p.first().copied()) else {
+        if !asm.add(offset, data) {
+            return;
+        }
+        let Some(&first) = asm.prefix.first() else {
             return;
         };
         if first != b'D' {
-            let mut pieces = std::mem::take(pieces);
-            conn.state = ConnState::Message {
-                bytes: Vec::new(),
-                len: 0,
-            };
-            server.release(conn_id, u64::MAX);
-            for (offset, piece) in std::mem::take(&mut pieces) {
-                self.on_message_bytes(server, conn_id, offset, &piece);
-            }
+            let asm = std::mem::take(asm);
+            conn.state = ConnState::Message(asm);
+            self.on_message_bytes(server, conn_id, budget);
             return;
         }
-        // The contiguous start of the stream, enough for the header?
-        let mut prefix = Vec::new();
-        for (&offset, piece) in pieces.iter() {
-            if offset as usize != prefix.len() {
-                break;
-            }
-            prefix.extend_from_slice(piece);
-        }
+        // The header's length is in its first five bytes: parse it once,
+        // when all of it is in, not on every arrival.
+        let Some(count) = asm.prefix.get(1..5) else {
+            return;
+        };
+        let count = u32::from_be_bytes(count.try_into().expect("4 bytes")) as usize;
+        let header_len = data_header_len(count) as u64;
         let session = conn.session;
-        let header = match DataHeader::parse(&prefix) {
-            Ok(None) => return,
+        if header_len > self.config.limits.max_request {
+            let why = format!(
+                "a data header of {header_len} bytes, over this server's limit of {} (--max-request)",
+                self.config.limits.max_request
+            );
+            self.fail_session(server, session, why);
+            return;
+        }
+        if (asm.prefix.len() as u64) < header_len {
+            return;
+        }
+        self.classify_data(server, conn_id);
+    }
+
+    /// A data stream's header is in: check it and start placing.
+    fn classify_data(&mut self, server: &mut Server, conn_id: u64) {
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        let ConnState::Opening(asm) = &mut conn.state else {
+            return;
+        };
+        let session = conn.session;
+        let header = match DataHeader::parse(&asm.prefix) {
             Ok(Some((h, _))) => h,
+            Ok(None) => return,
             Err(e) => {
                 self.fail_session(server, session, format!("a malformed data stream: {e}"));
                 return;
@@ -530,7 +760,7 @@ impl FileReceiver {
                 .fetch_add(1, Ordering::AcqRel);
         }
         let slots = (0..layout.slots.len()).map(|_| SlotState::Empty).collect();
-        let ConnState::Opening { pieces } = std::mem::replace(
+        let ConnState::Opening(asm) = std::mem::replace(
             &mut self.conns.get_mut(&conn_id).expect("looked up above").state,
             ConnState::Data(Box::new(DataConn {
                 prepared,
@@ -543,32 +773,32 @@ impl FileReceiver {
         ) else {
             unreachable!()
         };
-        for (offset, piece) in pieces {
+        self.place(conn_id, 0, &asm.prefix);
+        for (offset, piece) in asm.pieces {
             self.place(conn_id, offset, &piece);
         }
         self.advance(server, conn_id);
     }
 
-    fn on_message_bytes(&mut self, server: &mut Server, conn_id: u64, offset: u64, data: &[u8]) {
-        let Some(conn) = self.conns.get_mut(&conn_id) else {
+    /// A request's bytes grew: the window moves with its contiguous start,
+    /// and a request over its budget is refused.
+    fn on_message_bytes(&mut self, server: &mut Server, conn_id: u64, budget: u64) {
+        let Some(conn) = self.conns.get(&conn_id) else {
             return;
         };
-        let ConnState::Message { bytes, len } = &mut conn.state else {
+        let ConnState::Message(asm) = &conn.state else {
             return;
         };
-        let end = offset + data.len() as u64;
-        if end > REQUEST_MAX {
-            let (session, peer) = (conn.session, conn.peer);
-            let why = format!("a request of more than {} MiB", REQUEST_MAX >> 20);
+        if asm.bytes() > budget {
+            let peer = conn.peer;
+            let why = format!(
+                "a request of more than {budget} bytes, over this server's limit (--max-request)"
+            );
             self.refuse(server, conn_id, peer, why);
-            let _ = session;
             return;
         }
-        if bytes.len() < end as usize {
-            bytes.resize(end as usize, 0);
-        }
-        bytes[offset as usize..end as usize].copy_from_slice(data);
-        *len += data.len() as u64;
+        let contiguous = asm.prefix.len() as u64;
+        server.release(conn_id, contiguous);
     }
 
     /// Copies stream bytes into their chunks' buffers; full chunks go to
@@ -581,6 +811,7 @@ impl FileReceiver {
         } = self;
         let Some(Conn {
             session,
+            key,
             state: ConnState::Data(dc),
             ..
         }) = conns.get_mut(&conn_id)
@@ -589,9 +820,12 @@ impl FileReceiver {
         };
         while !data.is_empty() {
             let Some(i) = dc.layout.slot_at(offset) else {
+                if offset >= dc.layout.header_len {
+                    // Past the last chunk: nothing of ours.
+                    return;
+                }
                 // Header bytes, already read.
-                let skip =
-                    (dc.layout.header_len.saturating_sub(offset) as usize).clamp(1, data.len());
+                let skip = ((dc.layout.header_len - offset) as usize).min(data.len());
                 offset += skip as u64;
                 data = &data[skip..];
                 continue;
@@ -628,6 +862,7 @@ impl FileReceiver {
                 let _ = jobs.send(Job::Write(WriteJob {
                     session: *session,
                     conn_id,
+                    conn_key: *key,
                     slot: i,
                     target,
                     chunk: slot.chunk.chunk,
@@ -671,11 +906,187 @@ impl FileReceiver {
         }
     }
 
+    fn on_write_done(
+        &mut self,
+        server: &mut Server,
+        session: SessionKey,
+        conn_id: u64,
+        conn_key: u64,
+        slot: usize,
+        result: Result<Cv, WriteFailure>,
+    ) {
+        let s = self.sessions.get_mut(&session);
+        let Some(conn) = self.conns.get_mut(&conn_id).filter(|c| c.key == conn_key) else {
+            return;
+        };
+        let ConnState::Data(dc) = &mut conn.state else {
+            return;
+        };
+        let (Some(state), Some(&info)) = (dc.slots.get_mut(slot), dc.layout.slots.get(slot)) else {
+            return;
+        };
+        *state = SlotState::Written;
+        match result {
+            Ok(cv) => {
+                if let Some(s) = s {
+                    let file = info.chunk.file as usize;
+                    let was = s.verified[file][info.chunk.chunk as usize].replace(cv);
+                    s.bytes_written += u64::from(info.len);
+                    if was.is_none() && s.unverified[file] > 0 {
+                        s.unverified[file] -= 1;
+                        let ready = s
+                            .prepared
+                            .as_ref()
+                            .is_some_and(|p| p.files[file].ready.load(Ordering::Acquire));
+                        if s.unverified[file] == 0 && !ready {
+                            if let Some(p) = &s.prepared {
+                                s.readying += 1;
+                                let _ = self.jobs.send(Job::MakeReady {
+                                    session,
+                                    target: p.files[file].clone(),
+                                    fsync: p.options.fsync,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+            Err(WriteFailure::Corrupt) => {
+                dc.bad.push(info.chunk);
+                if let Some(s) = s {
+                    s.chunks_rejected += 1;
+                }
+            }
+            Err(WriteFailure::Io(why)) => {
+                self.fail_session(server, session, why);
+                return;
+            }
+        }
+        self.advance(server, conn_id);
+    }
+
+    fn on_plan_done(
+        &mut self,
+        server: &mut Server,
+        session: SessionKey,
+        conn_id: u64,
+        result: Result<Prepared, String>,
+    ) {
+        let prepared = result.map(|p| {
+            let sizes = super::file_sizes_of(&p.entries);
+            (p, sizes)
+        });
+        match prepared {
+            Err(why) => {
+                let peer = self.sessions.get(&session).map(|s| s.peer);
+                if let Some(peer) = peer {
+                    (self.on_event)(ReceiveEvent::Failed {
+                        peer,
+                        dest: self.config.root.clone(),
+                        why: why.clone(),
+                    });
+                }
+                self.sessions.remove(&session);
+                server.respond(conn_id, PlanReply::Refused(why).encode());
+                self.end_once();
+            }
+            Ok((prepared, file_sizes)) => {
+                let Some(s) = self.sessions.get_mut(&session) else {
+                    return;
+                };
+                s.verified = file_sizes
+                    .iter()
+                    .map(|&size| vec![None; chunk_count(size) as usize])
+                    .collect();
+                s.unverified = prepared
+                    .plans
+                    .iter()
+                    .zip(&file_sizes)
+                    .map(|(p, &size)| match p {
+                        FilePlan::SendAll => chunk_count(size),
+                        _ => 0,
+                    })
+                    .collect();
+                s.file_sizes = file_sizes;
+                for (n, cvs) in prepared.held.iter().enumerate() {
+                    // Held chunks count as verified until data replaces them.
+                    for (k, cv) in cvs.iter().enumerate() {
+                        if *cv != NOT_HELD {
+                            s.verified[n][k] = Some(*cv);
+                        }
+                    }
+                }
+                server.respond(
+                    conn_id,
+                    PlanReply::Accepted(prepared.plans.clone()).encode(),
+                );
+                s.prepared = Some(Arc::new(prepared));
+            }
+        }
+    }
+
+    fn on_finish_done(
+        &mut self,
+        server: &mut Server,
+        session: SessionKey,
+        conn_id: u64,
+        result: Result<Finished, String>,
+    ) {
+        let Some(s) = self.sessions.get(&session) else {
+            return;
+        };
+        match result {
+            Ok(f) => {
+                // Every chunk of a file not skipped is written once,
+                // unless its partial file already held it.
+                let resumed = s.prepared.as_ref().map_or(0, |p| {
+                    p.files
+                        .iter()
+                        .zip(&p.plans)
+                        .filter(|(_, plan)| **plan != FilePlan::Skip)
+                        .map(|(t, _)| t.size)
+                        .sum::<u64>()
+                        .saturating_sub(s.bytes_written)
+                });
+                let report = TransferReport {
+                    session: session.1,
+                    peer: s.peer,
+                    dest: s
+                        .prepared
+                        .as_ref()
+                        .map(|p| p.dest.clone())
+                        .unwrap_or_default(),
+                    files: f.files,
+                    dirs: f.dirs,
+                    symlinks: f.symlinks,
+                    skipped: f.skipped,
+                    bytes_written: s.bytes_written,
+                    bytes_resumed: resumed,
+                    chunks_rejected: s.chunks_rejected,
+                    secs: s.started.elapsed().as_secs_f64(),
+                };
+                (self.on_event)(ReceiveEvent::Done(report));
+                server.respond(conn_id, Outcome::Done { bad: Vec::new() }.encode());
+                self.sessions.remove(&session);
+                if self.config.once {
+                    // The one transfer is over and nothing else uses DEST.
+                    self.dest.remove_staging_if_empty();
+                }
+                self.end_once();
+            }
+            Err(why) => {
+                self.fail_session(server, session, why.clone());
+                server.respond(conn_id, Outcome::Failed(why).encode());
+            }
+        }
+    }
+
     fn on_done(&mut self, server: &mut Server, done: Done) {
         match done {
             Done::Write {
                 session,
                 conn_id,
+                conn_key,
                 slot,
                 result,
                 buf,
@@ -683,103 +1094,20 @@ impl FileReceiver {
                 if self.spare.len() < 64 {
                     self.spare.push(buf);
                 }
-                let s = self.sessions.get_mut(&session);
-                let Some(conn) = self.conns.get_mut(&conn_id) else {
-                    return;
-                };
-                let ConnState::Data(dc) = &mut conn.state else {
-                    return;
-                };
-                dc.slots[slot] = SlotState::Written;
-                let info = dc.layout.slots[slot];
-                match result {
-                    Ok(cv) => {
-                        if let Some(s) = s {
-                            let file = info.chunk.file as usize;
-                            let was = s.verified[file][info.chunk.chunk as usize].replace(cv);
-                            s.bytes_written += u64::from(info.len);
-                            if was.is_none() && s.unverified[file] > 0 {
-                                s.unverified[file] -= 1;
-                                let done_already = s.prepared.as_ref().is_some_and(|p| {
-                                    p.files[file].in_place.load(Ordering::Acquire)
-                                });
-                                if s.unverified[file] == 0 && !done_already {
-                                    if let Some(p) = &s.prepared {
-                                        s.putting_in_place += 1;
-                                        let _ = self.jobs.send(Job::PutInPlace {
-                                            session,
-                                            target: p.files[file].clone(),
-                                            fsync: p.options.fsync,
-                                        });
-                                    }
-                                }
-                            }
-                        }
-                    }
-                    Err(WriteFailure::Corrupt) => {
-                        dc.bad.push(info.chunk);
-                        if let Some(s) = s {
-                            s.chunks_rejected += 1;
-                        }
-                    }
-                    Err(WriteFailure::Io(why)) => {
-                        self.fail_session(server, session, why);
-                        return;
-                    }
-                }
-                self.advance(server, conn_id);
+                self.on_write_done(server, session, conn_id, conn_key, slot, result);
             }
             Done::Plan {
                 session,
                 conn_id,
                 result,
-            } => match result {
-                Err(why) => {
-                    let peer = self.sessions.get(&session).map(|s| s.peer);
-                    if let Some(peer) = peer {
-                        (self.on_event)(ReceiveEvent::Failed {
-                            peer,
-                            dest: self.config.root.clone(),
-                            why: why.clone(),
-                        });
-                    }
-                    self.sessions.remove(&session);
-                    server.respond(conn_id, PlanReply::Refused(why).encode());
-                    self.end_once();
-                }
-                Ok(prepared) => {
-                    let Some(s) = self.sessions.get_mut(&session) else {
-                        return;
-                    };
-                    s.unverified = prepared
-                        .plans
-                        .iter()
-                        .zip(&s.file_sizes)
-                        .map(|(p, &size)| match p {
-                            FilePlan::SendAll => chunk_count(size),
-                            _ => 0,
-                        })
-                        .collect();
-                    for (n, cvs) in prepared.held.iter().enumerate() {
-                        // Held chunks count as verified until data replaces them.
-                        for (k, cv) in cvs.iter().enumerate() {
-                            s.verified[n][k] = Some(*cv);
-                        }
-                    }
-                    server.respond(
-                        conn_id,
-                        PlanReply::Accepted(prepared.plans.clone()).encode(),
-                    );
-                    s.prepared = Some(Arc::new(prepared));
-                }
-            },
-            Done::InPlace { session, result } => {
+            } => self.on_plan_done(server, session, conn_id, result),
+            Done::Ready { session, result } => {
                 let Some(s) = self.sessions.get_mut(&session) else {
                     return;
                 };
-                s.putting_in_place -= 1;
+                s.readying -= 1;
                 match result {
-                    Ok(()) => self.start_finish(session),
+                    Ok(()) => self.start_finish(server, session),
                     Err(why) => self.fail_session(server, session, why),
                 }
             }
@@ -787,51 +1115,7 @@ impl FileReceiver {
                 session,
                 conn_id,
                 result,
-            } => {
-                let Some(s) = self.sessions.get(&session) else {
-                    return;
-                };
-                match result {
-                    Ok(f) => {
-                        // Every chunk of a file not skipped is written once,
-                        // unless its partial file already held it.
-                        let resumed = s.prepared.as_ref().map_or(0, |p| {
-                            p.files
-                                .iter()
-                                .zip(&p.plans)
-                                .filter(|(_, plan)| **plan != FilePlan::Skip)
-                                .map(|(t, _)| t.size)
-                                .sum::<u64>()
-                                .saturating_sub(s.bytes_written)
-                        });
-                        let report = TransferReport {
-                            session,
-                            peer: s.peer,
-                            dest: s
-                                .prepared
-                                .as_ref()
-                                .map(|p| p.dest.clone())
-                                .unwrap_or_default(),
-                            files: f.files,
-                            dirs: f.dirs,
-                            symlinks: f.symlinks,
-                            skipped: f.skipped,
-                            bytes_written: s.bytes_written,
-                            bytes_resumed: resumed,
-                            chunks_rejected: s.chunks_rejected,
-                            secs: s.started.elapsed().as_secs_f64(),
-                        };
-                        (self.on_event)(ReceiveEvent::Done(report));
-                        server.respond(conn_id, Outcome::Done { bad: Vec::new() }.encode());
-                        self.sessions.remove(&session);
-                        self.end_once();
-                    }
-                    Err(why) => {
-                        self.fail_session(server, session, why.clone());
-                        server.respond(conn_id, Outcome::Failed(why).encode());
-                    }
-                }
-            }
+            } => self.on_finish_done(server, session, conn_id, result),
         }
     }
 }
@@ -842,14 +1126,12 @@ impl ServeApp for FileReceiver {
             return;
         };
         match &mut conn.state {
-            ConnState::Opening { pieces } => {
-                pieces.insert(a.offset, a.payload.to_vec());
-                if a.offset == 0 || pieces.contains_key(&0) {
-                    self.classify(server, a.conn_id);
-                }
-            }
-            ConnState::Message { .. } => {
-                self.on_message_bytes(server, a.conn_id, a.offset, a.payload);
+            ConnState::Opening(_) => self.on_opening_bytes(server, a.conn_id, a.offset, a.payload),
+            ConnState::Message(asm) => {
+                asm.add(a.offset, a.payload);
+                let session = conn.session;
+                let budget = self.request_budget(&session);
+                self.on_message_bytes(server, a.conn_id, budget);
             }
             ConnState::Data(_) => {
                 self.place(a.conn_id, a.offset, a.payload);
@@ -867,14 +1149,16 @@ impl ServeApp for FileReceiver {
                 peer,
                 ..
             } => {
+                let session = (peer.ip(), session);
+                let key = self.next_conn_key;
+                self.next_conn_key += 1;
                 self.conns.insert(
                     conn_id,
                     Conn {
                         session,
                         peer,
-                        state: ConnState::Opening {
-                            pieces: BTreeMap::new(),
-                        },
+                        key,
+                        state: ConnState::Opening(Assembly::default()),
                     },
                 );
                 if let Some(s) = self.sessions.get_mut(&session) {
@@ -890,15 +1174,16 @@ impl ServeApp for FileReceiver {
                     return;
                 };
                 match &mut conn.state {
-                    ConnState::Message { bytes, len } => {
-                        if *len as usize == bytes.len() {
-                            let bytes = std::mem::take(bytes);
-                            self.on_request(server, conn_id, &bytes);
+                    ConnState::Message(asm) => {
+                        if asm.pieces.is_empty() {
+                            let bytes = std::mem::take(&mut asm.prefix);
+                            conn.state = ConnState::Drained;
+                            self.on_request(server, conn_id, bytes);
                         }
                     }
                     // Answered when its last chunk is written (advance).
                     ConnState::Data(_) => {}
-                    ConnState::Opening { .. } => {
+                    ConnState::Opening(_) => {
                         // A stream too short to say what it is.
                         let reply = Outcome::Failed(MessageError::Truncated.to_string()).encode();
                         self.answer(server, conn_id, reply);
@@ -933,7 +1218,17 @@ impl ServeApp for FileReceiver {
         while let Ok(done) = self.done_rx.try_recv() {
             self.on_done(server, done);
         }
-        let stale: Vec<u64> = self
+        // Finishes that found the planners busy.
+        let waiting: Vec<SessionKey> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.finish_waiting.is_some() && s.readying == 0)
+            .map(|(&k, _)| k)
+            .collect();
+        for k in waiting {
+            self.start_finish(server, k);
+        }
+        let stale: Vec<SessionKey> = self
             .sessions
             .iter()
             .filter(|(_, s)| s.open_conns == 0 && s.last_active.elapsed() > SESSION_IDLE)

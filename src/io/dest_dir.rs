@@ -1,0 +1,413 @@
+//! The receiver's destination as one directory descriptor.
+//!
+//! Every name a peer sends is resolved beneath the descriptor of DEST with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` (or, on kernels before
+//! 5.6, a walk of `O_NOFOLLOW | O_DIRECTORY` opens, one component at a
+//! time), and the last component is then acted on with the `*at` calls,
+//! which never follow it either. So no symlink in DEST, planted before or
+//! swapped in during a transfer, is ever followed: the kernel refuses the
+//! path (`ELOOP`) instead of the check-then-open race a path-based receiver
+//! has.
+//!
+//! Partial files live in `DEST/.atou-staging`, a directory private to the
+//! receiving user (mode 0700, checked at every open), under names derived
+//! from where they will go: a manifest cannot name them (the name
+//! `.atou-staging` at the top of DEST is refused), so it cannot aim a
+//! symlink at one, and `NAME.atou-part` is an ordinary name.
+//!
+//! The system calls go through rustix, the well-kept safe wrapper of the
+//! Linux and POSIX `*at` family, so this module needs no `unsafe`.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags};
+
+/// The directory under DEST that holds partial files.
+pub const STAGING_DIR: &str = ".atou-staging";
+
+/// What a name in a directory is, looked at without following it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    Nothing,
+    Dir,
+    File { size: u64, mtime: i64 },
+    Symlink,
+    Other,
+}
+
+/// How names are resolved beneath DEST.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolve {
+    /// `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` (Linux 5.6+).
+    Openat2,
+    /// One `openat(O_NOFOLLOW | O_DIRECTORY)` per component.
+    Walk,
+}
+
+/// DEST, held open, and its private staging directory.
+#[derive(Debug)]
+pub struct DestDir {
+    root: OwnedFd,
+    staging: OwnedFd,
+    path: PathBuf,
+    resolve: Resolve,
+}
+
+fn to_io(e: rustix::io::Errno) -> io::Error {
+    io::Error::from_raw_os_error(e.raw_os_error())
+}
+
+fn found(st: &rfs::Stat) -> Found {
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::Directory => Found::Dir,
+        FileType::RegularFile => Found::File {
+            size: st.st_size as u64,
+            mtime: st.st_mtime,
+        },
+        FileType::Symlink => Found::Symlink,
+        _ => Found::Other,
+    }
+}
+
+const DIR_FLAGS: OFlags = OFlags::DIRECTORY
+    .union(OFlags::RDONLY)
+    .union(OFlags::CLOEXEC)
+    .union(OFlags::NOFOLLOW);
+
+impl DestDir {
+    /// Opens DEST (the operator's own choice, so a symlink there is taken as
+    /// given) and creates or opens its staging directory, which must be a
+    /// real directory owned by this user and closed to others.
+    pub fn open(path: &Path) -> io::Result<DestDir> {
+        let root: OwnedFd = File::open(path)?.into();
+        if FileType::from_raw_mode(rfs::fstat(&root).map_err(to_io)?.st_mode) != FileType::Directory
+        {
+            return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+        }
+        let resolve = match rfs::openat2(
+            &root,
+            ".",
+            DIR_FLAGS,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+        ) {
+            Ok(_) => Resolve::Openat2,
+            Err(_) => Resolve::Walk,
+        };
+        Self::with_resolve(root, path, resolve)
+    }
+
+    /// As [`DestDir::open`], resolving names the given way (tests use this
+    /// to run the fallback walk on kernels that have `openat2`).
+    pub fn open_with(path: &Path, resolve: Resolve) -> io::Result<DestDir> {
+        let root: OwnedFd = File::open(path)?.into();
+        Self::with_resolve(root, path, resolve)
+    }
+
+    fn with_resolve(root: OwnedFd, path: &Path, resolve: Resolve) -> io::Result<DestDir> {
+        match rfs::mkdirat(&root, STAGING_DIR, Mode::from_raw_mode(0o700)) {
+            Ok(()) => {}
+            Err(e) if e == rustix::io::Errno::EXIST => {}
+            Err(e) => return Err(to_io(e)),
+        }
+        let staging = rfs::openat(&root, STAGING_DIR, DIR_FLAGS, Mode::empty()).map_err(to_io)?;
+        let st = rfs::fstat(&staging).map_err(to_io)?;
+        if st.st_uid != rustix::process::geteuid().as_raw() || st.st_mode & 0o077 != 0 {
+            return Err(io::Error::other(format!(
+                "{} is not private to this user (it must be a directory of ours with mode 0700); remove it",
+                path.join(STAGING_DIR).display()
+            )));
+        }
+        Ok(DestDir {
+            root,
+            staging,
+            path: path.to_path_buf(),
+            resolve,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn resolve(&self) -> Resolve {
+        self.resolve
+    }
+
+    /// `rel` under DEST, for messages.
+    pub fn shown(&self, rel: &[u8]) -> PathBuf {
+        if rel.is_empty() {
+            self.path.clone()
+        } else {
+            self.path.join(std::ffi::OsStr::from_bytes(rel))
+        }
+    }
+
+    /// Opens directory `rel` (`b""` for DEST itself) beneath DEST; any
+    /// symlink on the way is an error (`ELOOP`), never followed.
+    pub fn open_dir(&self, rel: &[u8]) -> io::Result<OwnedFd> {
+        let rel = if rel.is_empty() { &b"."[..] } else { rel };
+        match self.resolve {
+            // No O_NOFOLLOW here: RESOLVE_NO_SYMLINKS covers the last
+            // component too, and says ELOOP rather than ENOTDIR.
+            Resolve::Openat2 => rfs::openat2(
+                &self.root,
+                rel,
+                DIR_FLAGS.difference(OFlags::NOFOLLOW),
+                Mode::empty(),
+                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+            )
+            .map_err(to_io),
+            Resolve::Walk => {
+                let mut dir =
+                    rfs::openat(&self.root, ".", DIR_FLAGS, Mode::empty()).map_err(to_io)?;
+                for c in rel
+                    .split(|&b| b == b'/')
+                    .filter(|c| !c.is_empty() && *c != b".")
+                {
+                    if c == b".." {
+                        return Err(io::Error::from_raw_os_error(libc::EXDEV));
+                    }
+                    // O_NOFOLLOW | O_DIRECTORY: a symlink fails with ENOTDIR
+                    // or ELOOP, so the walk never leaves DEST.
+                    dir = rfs::openat(&dir, c, DIR_FLAGS, Mode::empty()).map_err(|e| {
+                        if e == rustix::io::Errno::NOTDIR
+                            && matches!(look(&dir, c), Ok(Found::Symlink))
+                        {
+                            io::Error::from_raw_os_error(libc::ELOOP)
+                        } else {
+                            to_io(e)
+                        }
+                    })?;
+                }
+                Ok(dir)
+            }
+        }
+    }
+
+    /// Creates directory `name` in `dir` with `mode`; `Ok(false)` if a
+    /// directory (not a symlink to one) is already there.
+    pub fn make_dir(&self, dir: &OwnedFd, name: &[u8], mode: u32) -> io::Result<bool> {
+        match rfs::mkdirat(dir, name, Mode::from_raw_mode(mode)) {
+            Ok(()) => Ok(true),
+            Err(e) if e == rustix::io::Errno::EXIST => match look(dir, name)? {
+                Found::Dir => Ok(false),
+                Found::Symlink => Err(io::Error::from_raw_os_error(libc::ELOOP)),
+                _ => Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
+            },
+            Err(e) => Err(to_io(e)),
+        }
+    }
+
+    /// A partial file, created new: `O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600.
+    pub fn create_staged(&self, name: &str) -> io::Result<File> {
+        rfs::openat(
+            &self.staging,
+            name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map(File::from)
+        .map_err(to_io)
+    }
+
+    /// A partial file that exists, for reading or writing.
+    pub fn open_staged(&self, name: &str, write: bool) -> io::Result<File> {
+        let access = if write { OFlags::RDWR } else { OFlags::RDONLY };
+        rfs::openat(
+            &self.staging,
+            name,
+            access | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map(File::from)
+        .map_err(to_io)
+    }
+
+    pub fn look_staged(&self, name: &str) -> io::Result<Found> {
+        look(&self.staging, name.as_bytes())
+    }
+
+    pub fn remove_staged(&self, name: &str) -> io::Result<()> {
+        rfs::unlinkat(&self.staging, name, AtFlags::empty()).map_err(to_io)
+    }
+
+    /// Creates a symlink to `target` in the staging directory; nothing
+    /// here ever follows it.
+    pub fn symlink_staged(&self, target: &[u8], name: &str) -> io::Result<()> {
+        match rfs::unlinkat(&self.staging, name, AtFlags::empty()) {
+            Ok(()) => {}
+            Err(e) if e == rustix::io::Errno::NOENT => {}
+            Err(e) => return Err(to_io(e)),
+        }
+        rfs::symlinkat(target, &self.staging, name).map_err(to_io)
+    }
+
+    /// Moves a staged file or symlink to `name` in `dir`. Without
+    /// `replace`, an entry already there is never replaced
+    /// (`RENAME_NOREPLACE`: no check-then-rename race). A symlink already at
+    /// `name` is replaced as a name; its target is never touched.
+    pub fn place(&self, staged: &str, dir: &OwnedFd, name: &[u8], replace: bool) -> io::Result<()> {
+        let flags = if replace {
+            RenameFlags::empty()
+        } else {
+            RenameFlags::NOREPLACE
+        };
+        rfs::renameat_with(&self.staging, staged, dir, name, flags).map_err(to_io)
+    }
+
+    /// Removes the staging directory if it holds nothing (no partial file
+    /// to resume); only when no other transfer can be using it.
+    pub fn remove_staging_if_empty(&self) {
+        let _ = rfs::unlinkat(&self.root, STAGING_DIR, AtFlags::REMOVEDIR);
+    }
+
+    /// The size of DEST's file system in bytes (statvfs: blocks times
+    /// fragment size).
+    pub fn filesystem_size(&self) -> io::Result<u64> {
+        let st = rfs::fstatvfs(&self.root).map_err(to_io)?;
+        Ok(st.f_blocks.saturating_mul(st.f_frsize))
+    }
+}
+
+/// What `name` in `dir` is, not following it.
+pub fn look(dir: &impl AsFd, name: &[u8]) -> io::Result<Found> {
+    match rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(found(&st)),
+        Err(e) if e == rustix::io::Errno::NOENT => Ok(Found::Nothing),
+        Err(e) => Err(to_io(e)),
+    }
+}
+
+/// The target of symlink `name` in `dir`.
+pub fn read_link(dir: &impl AsFd, name: &[u8]) -> io::Result<Vec<u8>> {
+    rfs::readlinkat(dir, name, Vec::new())
+        .map(|c| c.into_bytes())
+        .map_err(to_io)
+}
+
+/// Opens regular file `name` in `dir` for reading, not following a symlink.
+pub fn open_file(dir: &impl AsFd, name: &[u8]) -> io::Result<File> {
+    rfs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map(File::from)
+    .map_err(to_io)
+}
+
+/// Sets a directory's mode and mtime through its descriptor.
+pub fn set_dir_attrs(dir: OwnedFd, mode: u32, mtime: SystemTime) -> io::Result<()> {
+    let dir = File::from(dir);
+    rfs::fchmod(&dir, Mode::from_raw_mode(mode)).map_err(to_io)?;
+    dir.set_times(std::fs::FileTimes::new().set_modified(mtime))
+}
+
+/// Syncs a directory (after a rename into it, with `fsync`).
+pub fn sync_dir(dir: &OwnedFd) -> io::Result<()> {
+    rfs::fsync(dir).map_err(to_io)
+}
+
+/// Sets a file's mode exactly (no umask applies to fchmod).
+pub fn set_mode(file: &File, mode: u32) -> io::Result<()> {
+    rfs::fchmod(file, Mode::from_raw_mode(mode)).map_err(to_io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("atou-destdir-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A symlink anywhere on the way, to a directory outside DEST or
+    /// inside it, is refused by both ways of resolving.
+    #[test]
+    fn no_symlink_on_the_way_is_followed_either_way() {
+        let base = scratch("walk");
+        let dest = base.join("dest");
+        let outside = base.join("outside");
+        std::fs::create_dir_all(dest.join("real/deeper")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        symlink(&outside, dest.join("out")).unwrap();
+        symlink("real", dest.join("inner")).unwrap();
+        for resolve in [Resolve::Openat2, Resolve::Walk] {
+            let d = DestDir::open_with(&dest, resolve).unwrap();
+            if resolve == Resolve::Openat2 && DestDir::open(&dest).unwrap().resolve() != resolve {
+                continue; // this kernel has no openat2
+            }
+            assert!(d.open_dir(b"real/deeper").is_ok(), "{resolve:?}");
+            for bad in [&b"out"[..], b"inner", b"inner/deeper", b"out/x"] {
+                let e = d.open_dir(bad).unwrap_err();
+                assert!(
+                    matches!(
+                        e.raw_os_error(),
+                        Some(libc::ELOOP) | Some(libc::ENOTDIR) | Some(libc::ENOENT)
+                    ),
+                    "{resolve:?} {}: {e}",
+                    String::from_utf8_lossy(bad)
+                );
+            }
+            assert!(d.open_dir(b"..").is_err(), "{resolve:?}: .. leaves DEST");
+        }
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// Another user's (or a world-writable) staging directory is refused.
+    #[test]
+    fn a_staging_directory_open_to_others_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dest = scratch("staging");
+        std::fs::create_dir(dest.join(STAGING_DIR)).unwrap();
+        std::fs::set_permissions(
+            dest.join(STAGING_DIR),
+            std::fs::Permissions::from_mode(0o777),
+        )
+        .unwrap();
+        let e = DestDir::open(&dest).unwrap_err().to_string();
+        assert!(e.contains("not private"), "{e}");
+        std::fs::remove_dir_all(dest.join(STAGING_DIR)).unwrap();
+        symlink("/tmp", dest.join(STAGING_DIR)).unwrap();
+        assert!(DestDir::open(&dest).is_err(), "a symlinked staging dir");
+        std::fs::remove_dir_all(&dest).unwrap();
+    }
+
+    /// Without replace, an existing name is never clobbered; with it, a
+    /// symlink at the name is replaced and its target left alone.
+    #[test]
+    fn place_replaces_only_when_told_and_never_through_a_symlink() {
+        let base = scratch("place");
+        let dest = base.join("dest");
+        std::fs::create_dir_all(&dest).unwrap();
+        std::fs::write(base.join("victim"), b"keep").unwrap();
+        symlink(base.join("victim"), dest.join("x")).unwrap();
+        let d = DestDir::open(&dest).unwrap();
+        let root = d.open_dir(b"").unwrap();
+        use std::io::Write;
+        d.create_staged("s1").unwrap().write_all(b"new").unwrap();
+        assert_eq!(
+            d.place("s1", &root, b"x", false)
+                .unwrap_err()
+                .raw_os_error(),
+            Some(libc::EEXIST)
+        );
+        d.place("s1", &root, b"x", true).unwrap();
+        assert_eq!(std::fs::read(dest.join("x")).unwrap(), b"new");
+        assert_eq!(std::fs::read(base.join("victim")).unwrap(), b"keep");
+        assert!(d.create_staged("s2").is_ok());
+        assert!(d.create_staged("s2").is_err(), "O_EXCL");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+}

@@ -1,0 +1,739 @@
+//! A hostile peer against `atou serve --dir`: each test is an attack from
+//! the receiver-safety review, made with the crate's own encoders (the
+//! manifest, plan, data and finish messages, the wire packets), and checks
+//! that it fails: nothing outside DEST changes, memory stays in budget, the
+//! server stays up and answers others, the log says only what is true.
+//!
+//! The server is the binary under test; `ATOU_UNDER_TEST=/path/to/atou`
+//! points the same attacks at another build (that is how each was seen to
+//! succeed against ec3118b's receiver).
+
+mod netem_support;
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, UdpSocket};
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use atou::io::{self, fresh_conn_id, ProbeConfig, StreamFeed};
+use atou::proto::payload::PayloadSource;
+use atou::proto::wire::{
+    DataFlags, DataHeader as WireHeader, Hello, ReceiverParams, DATA_HEADER_LEN,
+};
+use atou::proto::Tuning;
+use atou::transfer::hash::{chunk_cv, file_hash, Cv};
+use atou::transfer::manifest::{Entry, EntryKind, Manifest, RelPath};
+use atou::transfer::messages::{
+    encode_abort, encode_finish, ChunkRange, DataHeader, Options, Outcome, PlanReply, PlanRequest,
+};
+use netem_support::{say, Daemon, ATOU};
+
+fn atou_bin() -> String {
+    std::env::var("ATOU_UNDER_TEST").unwrap_or_else(|_| ATOU.to_string())
+}
+
+/// A scratch directory with DEST and a sibling OUTSIDE that nothing may touch.
+struct Scratch {
+    root: PathBuf,
+}
+
+impl Scratch {
+    fn new(test: &str) -> Scratch {
+        let root = std::env::temp_dir().join(format!("atou-adv-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("dest")).unwrap();
+        std::fs::create_dir_all(root.join("outside")).unwrap();
+        Scratch { root }
+    }
+    fn dest(&self) -> PathBuf {
+        self.root.join("dest")
+    }
+    fn outside(&self) -> PathBuf {
+        self.root.join("outside")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+/// `atou serve --dir DEST` on a loopback port; its stdout lines kept.
+struct Serve {
+    process: Daemon,
+    addr: SocketAddr,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Serve {
+    fn start(dest: &Path, args: &[&str]) -> Serve {
+        let mut child = Command::new(atou_bin())
+            .args(["serve", "--bind", "127.0.0.1:0", "--dir"])
+            .arg(dest)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start atou serve");
+        let addr = netem_support::listening_addr(&mut child);
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let l = lines.clone();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                say(&format!("  serve: {line}"));
+                l.lock().unwrap().push(line);
+            }
+        });
+        Serve {
+            process: Daemon::new(child),
+            addr,
+            lines,
+        }
+    }
+
+    fn pid(&mut self) -> u32 {
+        self.process.child().id()
+    }
+
+    /// The server is still running.
+    fn alive(&mut self) -> bool {
+        self.process.child().try_wait().unwrap().is_none()
+    }
+
+    /// Resident memory, from /proc.
+    fn rss_mib(&mut self) -> u64 {
+        proc_status(self.pid(), "VmRSS:") / 1024
+    }
+
+    fn threads(&mut self) -> u64 {
+        proc_status(self.pid(), "Threads:")
+    }
+
+    fn output(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+}
+
+fn proc_status(pid: u32, key: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A stream whose bytes are all in memory: what the hostile peer says.
+struct Bytes(Vec<u8>);
+
+impl PayloadSource for Bytes {
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) {
+        let at = offset as usize;
+        buf.copy_from_slice(&self.0[at..at + buf.len()]);
+    }
+}
+
+impl StreamFeed for Bytes {
+    fn refill(&mut self, _acked: u64) -> Result<Option<u64>, String> {
+        Ok(None)
+    }
+    fn waker(&self) -> Option<Arc<tokio::sync::Notify>> {
+        None
+    }
+}
+
+/// Sends `bytes` as one connection of `session` through the real transport
+/// and returns the server's reply (or why there was none).
+fn stream(to: SocketAddr, session: u64, bytes: Vec<u8>) -> Result<Vec<u8>, String> {
+    let tuning = Tuning {
+        maxidle: Duration::from_secs(5),
+        ..Tuning::default()
+    };
+    let config = ProbeConfig {
+        peer: to,
+        peer_name: to.to_string(),
+        tuning,
+        bytes: Some(bytes.len() as u64),
+        trace: false,
+        conn_id: fresh_conn_id(),
+        session,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut feed = Bytes(bytes);
+    let r = rt.block_on(io::connect(
+        config,
+        &mut feed,
+        &mut (),
+        std::future::pending(),
+    ));
+    match r.outcome {
+        Ok(closed) => closed.reply.ok_or_else(|| "no reply".to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn entry(path: &str, kind: EntryKind, mode: u32) -> Entry {
+    Entry {
+        path: RelPath::new(path.as_bytes().to_vec()).unwrap(),
+        kind,
+        mode,
+        mtime_sec: 1_000_000_000,
+        mtime_nsec: 0,
+    }
+}
+
+fn plan(entries: Vec<Entry>, options: Options) -> Vec<u8> {
+    PlanRequest {
+        options,
+        subdir: None,
+        manifest: Manifest { entries },
+    }
+    .encode()
+}
+
+/// Plans `entries`; the server's decision.
+fn send_plan(s: &Serve, session: u64, entries: Vec<Entry>, options: Options) -> Result<(), String> {
+    let sizes: Vec<u64> = entries
+        .iter()
+        .filter_map(|e| match e.kind {
+            EntryKind::File { size } => Some(size),
+            _ => None,
+        })
+        .collect();
+    let reply = stream(s.addr, session, plan(entries, options))?;
+    match PlanReply::decode(&reply, &sizes) {
+        Ok(PlanReply::Accepted(_)) => Ok(()),
+        Ok(PlanReply::Refused(why)) => Err(why),
+        Err(_) => match Outcome::decode(&reply) {
+            Ok(Outcome::Failed(why)) => Err(why),
+            other => Err(format!("{other:?}")),
+        },
+    }
+}
+
+/// Sends file 0's only chunk, `data`, in a data stream.
+fn send_chunk(s: &Serve, session: u64, file: u32, size: u64, data: &[u8]) -> Result<(), String> {
+    let mut bytes = DataHeader {
+        ranges: vec![ChunkRange {
+            file,
+            first: 0,
+            count: 1,
+        }],
+    }
+    .encode();
+    bytes.extend_from_slice(data);
+    bytes.extend_from_slice(&chunk_cv(size, 0, data));
+    match Outcome::decode(&stream(s.addr, session, bytes)?) {
+        Ok(Outcome::Done { .. }) => Ok(()),
+        Ok(Outcome::Failed(why)) => Err(why),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn send_finish(s: &Serve, session: u64, hashes: &[Cv]) -> Result<(), String> {
+    match Outcome::decode(&stream(s.addr, session, encode_finish(hashes))?) {
+        Ok(Outcome::Done { .. }) => Ok(()),
+        Ok(Outcome::Failed(why)) => Err(why),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn hash_of(data: &[u8]) -> Cv {
+    let cvs: Vec<Cv> = if data.is_empty() {
+        Vec::new()
+    } else {
+        vec![chunk_cv(data.len() as u64, 0, data)]
+    };
+    *file_hash(data.len() as u64, &cvs).unwrap().as_bytes()
+}
+
+fn session_id() -> u64 {
+    fresh_conn_id() | 1
+}
+
+fn own(overwrite: bool) -> Options {
+    Options {
+        overwrite,
+        skip_existing: false,
+        fsync: false,
+    }
+}
+
+/// Walks `dir` (not following symlinks): every path with its mode, size
+/// and content hash, to show nothing in it changed.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, u32, u64, [u8; 32])> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        let h = if m.is_file() {
+            *blake3::hash(&std::fs::read(&p).unwrap()).as_bytes()
+        } else {
+            [0; 32]
+        };
+        out.push((p.clone(), m.mode(), m.len(), h));
+        if m.is_dir() {
+            out.extend(snapshot(&p));
+        }
+    }
+    out.sort();
+    out
+}
+
+// ---------------------------------------------------------------------------
+// Writes outside DEST
+// ---------------------------------------------------------------------------
+
+/// The review's first finding: a manifest symlink named like the partial
+/// file of a file in the same manifest made the receiver truncate and
+/// chmod 04777 a file outside DEST. Under every symlink policy, even the
+/// one that creates every symlink as sent, nothing outside changes.
+#[test]
+fn a_symlink_named_like_a_partial_file_cannot_truncate_or_chmod_a_file_outside() {
+    for policy in [&[][..], &["--symlinks", "all", "--allow-special-bits"][..]] {
+        let scratch = Scratch::new("partial-symlink");
+        let victim = scratch.outside().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let before = snapshot(&scratch.outside());
+        let s = Serve::start(&scratch.dest(), policy);
+        let session = session_id();
+        let entries = vec![
+            entry(
+                "x.atou-part",
+                EntryKind::Symlink {
+                    target: victim.as_os_str().as_encoded_bytes().to_vec(),
+                },
+                0o777,
+            ),
+            entry("x", EntryKind::File { size: 0 }, 0o4777),
+        ];
+        let planned = send_plan(&s, session, entries, own(true));
+        let finished = planned
+            .clone()
+            .and_then(|()| send_finish(&s, session, &[hash_of(b"")]));
+        say(&format!(
+            "policy {policy:?}: plan {planned:?}, finish {finished:?}"
+        ));
+        assert_eq!(snapshot(&scratch.outside()), before, "outside DEST changed");
+        if finished.is_ok() {
+            // Everything arrived as named, and nothing was followed.
+            let x = std::fs::symlink_metadata(scratch.dest().join("x")).unwrap();
+            assert!(x.is_file() && x.len() == 0);
+            let link = std::fs::symlink_metadata(scratch.dest().join("x.atou-part")).unwrap();
+            assert!(link.file_type().is_symlink());
+        }
+    }
+}
+
+/// A manifest directory swapped for a symlink to OUTSIDE after the plan
+/// created it (a local user racing the receiver): the data and the finish
+/// go nowhere outside, and the transfer fails naming the symlink.
+#[test]
+fn a_directory_swapped_for_a_symlink_mid_transfer_redirects_nothing() {
+    let scratch = Scratch::new("dir-swap");
+    let s = Serve::start(&scratch.dest(), &[]);
+    let session = session_id();
+    let data = b"planted by a race".to_vec();
+    let entries = vec![
+        entry("d", EntryKind::Dir, 0o755),
+        entry(
+            "d/f",
+            EntryKind::File {
+                size: data.len() as u64,
+            },
+            0o644,
+        ),
+    ];
+    send_plan(&s, session, entries, own(false)).expect("the plan is fine");
+    let d = scratch.dest().join("d");
+    std::fs::rename(&d, scratch.root.join("moved-away")).unwrap();
+    symlink(scratch.outside(), &d).unwrap();
+    let sent = send_chunk(&s, session, 0, data.len() as u64, &data);
+    let finished = send_finish(&s, session, &[hash_of(&data)]);
+    say(&format!("data {sent:?}, finish {finished:?}"));
+    assert!(
+        std::fs::read_dir(scratch.outside())
+            .unwrap()
+            .next()
+            .is_none(),
+        "written through the swapped-in symlink"
+    );
+    let why = finished.expect_err("the finish cannot put d/f in place");
+    assert!(why.contains("symlink"), "{why}");
+}
+
+/// Modes are the receiver's: setuid, setgid and sticky are cleared and the
+/// server's umask applies, whatever the manifest says.
+#[test]
+fn setuid_setgid_and_sticky_bits_from_a_sender_are_cleared() {
+    let scratch = Scratch::new("modes");
+    let s = Serve::start(&scratch.dest(), &[]);
+    let session = session_id();
+    let data = b"#!/bin/sh\necho owned\n".to_vec();
+    let entries = vec![
+        entry("bin", EntryKind::Dir, 0o3777),
+        entry(
+            "bin/sh",
+            EntryKind::File {
+                size: data.len() as u64,
+            },
+            0o6777,
+        ),
+    ];
+    send_plan(&s, session, entries, own(false)).unwrap();
+    send_chunk(&s, session, 0, data.len() as u64, &data).unwrap();
+    send_finish(&s, session, &[hash_of(&data)]).unwrap();
+    let mode = |p: &str| std::fs::metadata(scratch.dest().join(p)).unwrap().mode() & 0o7777;
+    assert_eq!(mode("bin/sh"), 0o755);
+    assert_eq!(mode("bin"), 0o755);
+}
+
+/// `--overwrite` is a request: a server without `--allow-overwrite` says
+/// no, names the option, and the file is untouched.
+#[test]
+fn a_sender_cannot_overwrite_unless_the_server_allows_it() {
+    let scratch = Scratch::new("overwrite");
+    std::fs::write(scratch.dest().join("keep"), b"mine").unwrap();
+    let s = Serve::start(&scratch.dest(), &[]);
+    let why = send_plan(
+        &s,
+        session_id(),
+        vec![entry("keep", EntryKind::File { size: 5 }, 0o644)],
+        own(true),
+    )
+    .expect_err("refused");
+    assert!(why.contains("--allow-overwrite"), "{why}");
+    assert_eq!(std::fs::read(scratch.dest().join("keep")).unwrap(), b"mine");
+}
+
+/// A symlink whose target leaves DEST is refused by a server for others
+/// (rsync's --safe-links), before anything is written.
+#[test]
+fn a_symlink_leaving_dest_is_refused_by_default() {
+    let scratch = Scratch::new("unsafe-link");
+    let s = Serve::start(&scratch.dest(), &[]);
+    for target in ["/etc/passwd", "../outside", "a/../../x"] {
+        let why = send_plan(
+            &s,
+            session_id(),
+            vec![entry(
+                "l",
+                EntryKind::Symlink {
+                    target: target.as_bytes().to_vec(),
+                },
+                0o777,
+            )],
+            own(false),
+        )
+        .expect_err("refused");
+        assert!(why.contains("--symlinks all"), "{target}: {why}");
+        assert!(std::fs::symlink_metadata(scratch.dest().join("l")).is_err());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// "Verified" means verified
+// ---------------------------------------------------------------------------
+
+/// A single-chunk file used to take its final name as soon as its chunk
+/// verified, before the finish compared the file's hash: whoever knew the
+/// session id left their bytes in place while the finish failed.
+#[test]
+fn a_file_takes_its_final_name_only_after_its_hash_matches_at_the_finish() {
+    let scratch = Scratch::new("early-rename");
+    let s = Serve::start(&scratch.dest(), &[]);
+    let session = session_id();
+    let data = b"not what the sender has".to_vec();
+    let size = data.len() as u64;
+    send_plan(
+        &s,
+        session,
+        vec![entry("f", EntryKind::File { size }, 0o644)],
+        own(false),
+    )
+    .unwrap();
+    send_chunk(&s, session, 0, size, &data).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !scratch.dest().join("f").exists(),
+        "in place before the finish"
+    );
+    let why = send_finish(&s, session, &[[7u8; 32]]).expect_err("hash mismatch");
+    assert!(why.contains("BLAKE3"), "{why}");
+    assert!(
+        !scratch.dest().join("f").exists(),
+        "in place after a failed finish"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Memory, threads, slots
+// ---------------------------------------------------------------------------
+
+fn hello(session: u64, conn_id: u64, mss: u32, rcvsegs: u32, rcvbuf: u32) -> Vec<u8> {
+    let mut b = [0u8; 128];
+    let n = Hello {
+        conn_id,
+        mss,
+        maxidle_ms: 600_000,
+        session,
+        receiver: ReceiverParams {
+            rcvsegs,
+            rcvbuf,
+            delack_us: 0,
+            sack: true,
+        },
+    }
+    .emit(&mut b)
+    .unwrap();
+    b[..n].to_vec()
+}
+
+fn segment(conn_id: u64, seg: u64, payload: &[u8], payload_size: u64, fin: bool) -> Vec<u8> {
+    let mut b = vec![0u8; DATA_HEADER_LEN + payload.len()];
+    WireHeader {
+        conn_id,
+        seg,
+        offset: seg * payload_size,
+        timestamp: 0,
+        flags: DataFlags {
+            fin,
+            retransmission: false,
+        },
+    }
+    .emit(&mut b)
+    .unwrap();
+    b[DATA_HEADER_LEN..].copy_from_slice(payload);
+    b
+}
+
+/// 12 KB of UDP used to take the server from 7 MB to 1 GB: a request
+/// stream's first byte, then segments far out in a window of 2^20
+/// segments, each zero-filling the request buffer up to it.
+#[test]
+fn far_offsets_in_a_request_stream_allocate_nothing() {
+    let scratch = Scratch::new("far-offsets");
+    let mut s = Serve::start(&scratch.dest(), &[]);
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (mss, conn) = (1472u32, fresh_conn_id());
+    let payload = u64::from(mss) - DATA_HEADER_LEN as u64;
+    sock.send_to(&hello(session_id(), conn, mss, 1 << 20, 0), s.addr)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let before = s.rss_mib();
+    let mut body = vec![0u8; payload as usize];
+    body[0] = b'P';
+    sock.send_to(&segment(conn, 0, &body, payload, false), s.addr)
+        .unwrap();
+    for k in 1..=8u64 {
+        let seg = k * ((255 << 20) / payload / 8);
+        sock.send_to(&segment(conn, seg, &body, payload, false), s.addr)
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let after = s.rss_mib();
+    say(&format!("RSS {before} MiB -> {after} MiB"));
+    assert!(s.alive(), "the server died");
+    assert!(after < before + 64, "RSS {before} -> {after} MiB");
+}
+
+/// One segment per 1 MiB chunk across a huge asked-for window used to pin
+/// a chunk buffer each (883 KB sent pinned 609 MB). The window is the
+/// server's to grant, so memory stays within its budget.
+#[test]
+fn one_segment_per_chunk_across_a_huge_window_pins_no_more_than_the_budget() {
+    let scratch = Scratch::new("chunk-pin");
+    let mut s = Serve::start(&scratch.dest(), &["--max-window", "16MiB"]);
+    let session = session_id();
+    let size = 900u64 << 20;
+    send_plan(
+        &s,
+        session,
+        vec![entry("big", EntryKind::File { size }, 0o644)],
+        own(false),
+    )
+    .unwrap();
+    let header = DataHeader {
+        ranges: vec![ChunkRange {
+            file: 0,
+            first: 0,
+            count: 900,
+        }],
+    }
+    .encode();
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (mss, conn) = (1472u32, fresh_conn_id());
+    let payload = u64::from(mss) - DATA_HEADER_LEN as u64;
+    sock.send_to(&hello(session, conn, mss, 1 << 20, 0), s.addr)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let before = s.rss_mib();
+    let mut first = vec![0u8; payload as usize];
+    first[..header.len()].copy_from_slice(&header);
+    sock.send_to(&segment(conn, 0, &first, payload, false), s.addr)
+        .unwrap();
+    let stride = (1 << 20) + 32;
+    for chunk in 1..900u64 {
+        let seg = (header.len() as u64 + chunk * stride) / payload;
+        sock.send_to(&segment(conn, seg, &first, payload, false), s.addr)
+            .unwrap();
+        if chunk % 64 == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let after = s.rss_mib();
+    say(&format!("RSS {before} MiB -> {after} MiB"));
+    assert!(s.alive());
+    assert!(after < before + 64, "RSS {before} -> {after} MiB");
+}
+
+/// 4096 hellos (168 KB) used to hold every connection slot for 600 s and
+/// lock out everyone. Now one address gets its share, hellos that send
+/// nothing expire in seconds, a full server says "busy", and the refusals
+/// do not flood the log.
+#[test]
+fn a_flood_of_hellos_from_one_address_does_not_lock_out_another() {
+    let scratch = Scratch::new("hello-flood");
+    let mut s = Serve::start(&scratch.dest(), &["--json"]);
+    let flood = UdpSocket::bind("127.0.0.2:0").unwrap();
+    for _ in 0..4096 {
+        flood
+            .send_to(
+                &hello(session_id(), fresh_conn_id(), 1472, 1 << 20, 0),
+                s.addr,
+            )
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // A real sender from another address.
+    let src = scratch.root.join("src");
+    std::fs::write(&src, b"hello").unwrap();
+    let t0 = Instant::now();
+    let out = Command::new(atou_bin())
+        .args(["send", "--quiet", "--maxidle", "5"])
+        .arg(&src)
+        .arg(s.addr.to_string())
+        .output()
+        .unwrap();
+    say(&format!(
+        "send after the flood: {} in {:.2} s: {}",
+        out.status,
+        t0.elapsed().as_secs_f64(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    ));
+    assert!(out.status.success(), "locked out by the flood");
+    assert!(s.alive());
+    let notices = s.output().matches("notice").count();
+    assert!(notices < 100, "{notices} notices for one flood");
+    // The flood's connections expire in seconds, not 600 s.
+    std::thread::sleep(Duration::from_secs(11));
+    let one = UdpSocket::bind("127.0.0.2:0").unwrap();
+    one.send_to(&hello(session_id(), fresh_conn_id(), 1472, 64, 0), s.addr)
+        .unwrap();
+    one.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut b = [0u8; 256];
+    let (n, _) = one.recv_from(&mut b).expect("an answer");
+    let welcomed = matches!(
+        atou::proto::wire::Packet::decode(&b[..n]),
+        Ok(atou::proto::wire::Packet::Welcome(_))
+    );
+    assert!(welcomed, "the flood's slots were not given back");
+}
+
+/// A hello asking for a 2 GiB socket buffer no longer grows the server's
+/// (as root, SO_RCVBUFFORCE would grant it).
+#[test]
+fn a_hello_cannot_grow_the_servers_socket_buffer() {
+    let scratch = Scratch::new("rcvbuf");
+    let s = Serve::start(&scratch.dest(), &["--rcvbuf", "1MiB"]);
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.send_to(&hello(0, fresh_conn_id(), 1472, 64, 2 << 30), s.addr)
+        .unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut b = [0u8; 256];
+    let (n, _) = sock.recv_from(&mut b).unwrap();
+    match atou::proto::wire::Packet::decode(&b[..n]).unwrap() {
+        atou::proto::wire::Packet::Welcome(w) => {
+            assert!(
+                w.receiver.rcvbuf < 64 << 20,
+                "granted {}",
+                w.receiver.rcvbuf
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Plans used to get a thread each; now a fixed pool with a bounded queue
+/// answers "busy", and the thread count stays put.
+#[test]
+fn many_plans_at_once_get_a_bounded_pool_not_a_thread_each() {
+    let scratch = Scratch::new("plans");
+    let mut s = Serve::start(&scratch.dest(), &["--max-sessions-per-ip", "1000"]);
+    let base = s.threads();
+    let addr = s.addr;
+    let handles: Vec<_> = (0..48)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let entries = (0..2000)
+                    .map(|k| entry(&format!("p{i}-{k}"), EntryKind::File { size: 1 }, 0o644))
+                    .collect();
+                let bytes = plan(entries, own(false));
+                stream(addr, session_id(), bytes).is_ok()
+            })
+        })
+        .collect();
+    let mut peak = base;
+    while handles.iter().any(|h| !h.is_finished()) {
+        peak = peak.max(s.threads());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for h in handles {
+        let _ = h.join();
+    }
+    say(&format!("threads: {base} before, peak {peak}"));
+    assert!(s.alive());
+    assert!(peak <= base + 2, "threads grew from {base} to {peak}");
+}
+
+// ---------------------------------------------------------------------------
+// The log
+// ---------------------------------------------------------------------------
+
+/// An abort's text reached the server's log raw: a forged "every file
+/// verified" line and terminal escapes. It is escaped now.
+#[test]
+fn an_abort_text_cannot_forge_a_log_line_or_drive_the_terminal() {
+    let scratch = Scratch::new("log");
+    let s = Serve::start(&scratch.dest(), &[]);
+    let session = session_id();
+    send_plan(
+        &s,
+        session,
+        vec![entry("a", EntryKind::Dir, 0o755)],
+        own(false),
+    )
+    .unwrap();
+    let forged = "x\n127.0.0.1:1 transfer 00 into /srv: 1 files; every file verified\x1b[2J";
+    let _ = stream(s.addr, session, encode_abort(forged));
+    std::thread::sleep(Duration::from_millis(300));
+    let out = s.output();
+    assert!(out.contains("gave up"), "{out}");
+    assert!(!out.contains('\x1b'), "an escape reached the log: {out:?}");
+    assert!(
+        !out.lines().any(|l| l.starts_with("127.0.0.1:1 transfer")),
+        "a forged line: {out}"
+    );
+}
