@@ -737,3 +737,181 @@ fn an_abort_text_cannot_forge_a_log_line_or_drive_the_terminal() {
         "a forged line: {out}"
     );
 }
+
+// ---------------------------------------------------------------------------
+// A remote panic, driven sans-IO: the server and the file receiver fed
+// datagrams directly, so the order of events is the test's to choose.
+// ---------------------------------------------------------------------------
+
+mod sans_io {
+    use super::*;
+    use atou::io::ServeApp;
+    use atou::proto::{Server, ServerLimits, Time};
+    use atou::transfer::dest::Policy;
+    use atou::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits};
+
+    const MSS: u32 = 1472;
+
+    struct Rig {
+        server: Server,
+        app: FileReceiver,
+        now: Time,
+        events: Arc<Mutex<Vec<ReceiveEvent>>>,
+    }
+
+    impl Rig {
+        fn new(dest: &Path) -> Rig {
+            let events = Arc::new(Mutex::new(Vec::new()));
+            let e = events.clone();
+            let app = FileReceiver::new(
+                ReceiveConfig {
+                    root: dest.to_path_buf(),
+                    writers: 2,
+                    once: false,
+                    policy: Policy::server(),
+                    limits: ReceiveLimits::default(),
+                },
+                move |ev| e.lock().unwrap().push(ev),
+            )
+            .unwrap();
+            Rig {
+                server: Server::new(ServerLimits::default(), 1 << 20, 1 << 20),
+                app,
+                now: Time::ZERO,
+                events,
+            }
+        }
+
+        fn deliver(&mut self, from: SocketAddr, d: &[u8]) {
+            if let Some(a) = self.server.handle_datagram(self.now, from, d) {
+                self.app.on_arrival(&mut self.server, a);
+            }
+            self.events_in();
+        }
+
+        fn events_in(&mut self) {
+            while let Some(e) = self.server.poll_session_event() {
+                self.app.on_event(&mut self.server, e);
+            }
+            let mut out = vec![0u8; 4096];
+            while self.server.poll_transmit(self.now, &mut out).is_some() {}
+        }
+
+        /// Lets the writer and planner threads finish and takes in their work.
+        fn settle(&mut self) {
+            for _ in 0..100 {
+                std::thread::sleep(Duration::from_millis(2));
+                self.app.poll(&mut self.server);
+                self.events_in();
+            }
+        }
+
+        fn stream(&mut self, from: SocketAddr, session: u64, conn: u64, bytes: &[u8]) {
+            self.stream_without(from, session, conn, bytes, 0..0);
+        }
+
+        /// The stream, less the segments wholly inside `hole` (bytes).
+        fn stream_without(
+            &mut self,
+            from: SocketAddr,
+            session: u64,
+            conn: u64,
+            bytes: &[u8],
+            hole: std::ops::Range<u64>,
+        ) {
+            self.deliver(from, &hello(session, conn, MSS, 1 << 16, 0));
+            let payload = u64::from(MSS) - DATA_HEADER_LEN as u64;
+            let n = (bytes.len() as u64).div_ceil(payload);
+            for k in 0..n {
+                let (start, end) = (k * payload, ((k + 1) * payload).min(bytes.len() as u64));
+                if hole.start <= start && end <= hole.end {
+                    continue;
+                }
+                let piece = &bytes[start as usize..end as usize];
+                self.deliver(from, &segment(conn, k, piece, payload, k + 1 == n));
+            }
+        }
+    }
+
+    fn data_stream(chunks: u64, size: u64) -> Vec<u8> {
+        let mut s = DataHeader {
+            ranges: vec![ChunkRange {
+                file: 0,
+                first: 0,
+                count: chunks,
+            }],
+        }
+        .encode();
+        for c in 0..chunks {
+            let len = (size - c * (1 << 20)).min(1 << 20) as usize;
+            let data = vec![c as u8 + 1; len];
+            s.extend_from_slice(&data);
+            s.extend_from_slice(&chunk_cv(size, c, &data));
+        }
+        s
+    }
+
+    /// Writer results used to be matched to a connection by the id the
+    /// client chose: a connection that went idle with chunks at the
+    /// writers, and a new one under the same id with fewer chunks, made the
+    /// late results index past its slots (a panic, exit 101).
+    #[test]
+    fn a_reused_connection_id_after_an_idle_timeout_does_not_panic_the_receiver() {
+        let scratch = Scratch::new("reused-id");
+        let mut rig = Rig::new(&scratch.dest());
+        let from: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+        let session = 77;
+        let size = 4u64 << 20;
+        let (other, small) = (78, 1u64 << 20);
+        rig.stream(
+            from,
+            session,
+            1,
+            &plan(
+                vec![entry("f", EntryKind::File { size }, 0o644)],
+                own(false),
+            ),
+        );
+        rig.stream(
+            from,
+            other,
+            2,
+            &plan(
+                vec![entry("g", EntryKind::File { size: small }, 0o644)],
+                own(false),
+            ),
+        );
+        rig.settle();
+        // Chunks 1 to 3 go to the writers (chunk 0 never comes); before
+        // their results are taken in, the connection goes idle, and the
+        // same id comes back in the peer's other transfer with a stream of
+        // one chunk.
+        let header_len = atou::transfer::messages::data_header_len(1) as u64;
+        let chunk0 = header_len..header_len + (1 << 20) + 32;
+        rig.stream_without(from, session, 9, &data_stream(4, size), chunk0);
+        rig.now += Duration::from_secs(700);
+        rig.server.handle_timeout(rig.now);
+        rig.events_in();
+        let mut one = DataHeader {
+            ranges: vec![ChunkRange {
+                file: 0,
+                first: 0,
+                count: 1,
+            }],
+        }
+        .encode();
+        let last = vec![4u8; 1 << 20];
+        one.extend_from_slice(&last);
+        one.extend_from_slice(&chunk_cv(small, 0, &last));
+        rig.stream(from, other, 9, &one);
+        rig.settle();
+        let failed = rig
+            .events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| matches!(e, ReceiveEvent::Failed { .. }))
+            .count();
+        say(&format!("survived; {failed} failure events"));
+    }
+}

@@ -28,6 +28,7 @@ fuzz_target!(|data: &[u8]| {
     let limits = ServerLimits {
         max_rcvsegs: 64,
         max_connections: 3,
+        ..ServerLimits::default()
     };
     let mut server = Server::new(limits, 1 << 20, 2 << 20);
     let mut now = Time::ZERO;
