@@ -9,7 +9,13 @@
 #   cp -r (the page-cache baseline);
 #   scp -r over a private sshd on 127.0.0.1;
 #   rsync -a over ssh to the same sshd;
-#   atou send --quiet --json to `atou serve --dir DST --once`.
+#   atou send --quiet --json to `atou serve --dir DST --once --no-fsync`
+#   (no tool here syncs, so neither does atou in the comparison).
+# And the cost of `atou serve`'s default, which syncs every file and
+# directory before it reports a transfer verified, measured where syncing
+# costs something (FSYNC_DIR, default /var/tmp, on disk): atou-disk with
+# --no-fsync against atou-disk-fsync with the default, reported apart from
+# the targets.
 # The sources are read once beforehand and stay in the page cache; each copy
 # starts after a `sync` so that earlier writeback does not bill it, is checked
 # (cmp, diff -r) and then deleted. Timings are wall clock around the copying
@@ -34,7 +40,7 @@
 # room for 2.5 x BIG_SIZE + 1 GiB, else /tmp), STREAMS (atou send
 # --streams), ATOU_ARGS (extra atou send arguments), PORT (atou, default 7890),
 # SSH_PORT (default: the first free port from 2222), TIMEOUT (seconds per
-# copy, default 3600).
+# copy, default 3600), FSYNC_DIR (on disk, for the fsync cost; default /var/tmp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -66,8 +72,11 @@ note() { echo "bench-transfer: $*" >&2; }
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive whole number, got '$rounds'"
 [[ "$limit" =~ ^[1-9][0-9]*$ ]] || die "TIMEOUT must be a positive whole number of seconds, got '$limit'"
 [ -d "$bench_dir" ] || die "BENCH_DIR $bench_dir is not a directory"
+fsync_dir=${FSYNC_DIR:-/var/tmp}
+[ -d "$fsync_dir" ] || die "FSYNC_DIR $fsync_dir is not a directory"
 
 work=
+disk_work=
 sshd_pid=
 serve_pid=
 policy_rc=
@@ -76,6 +85,7 @@ cleanup() {
     if [ -n "$sshd_pid" ]; then kill "$sshd_pid" 2>/dev/null || true; wait "$sshd_pid" 2>/dev/null || true; fi
     [ -z "$policy_rc" ] || rm -f "$policy_rc"
     [ -z "$work" ] || rm -rf "$work"
+    [ -z "$disk_work" ] || rm -rf "$disk_work"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -107,6 +117,7 @@ done
 
 cargo build --release --quiet
 work=$(mktemp -d "$bench_dir/atou-bench-transfer.XXXXXX")
+disk_work=$(mktemp -d "$fsync_dir/atou-bench-fsync.XXXXXX")
 [[ "$work" != *[[:space:]]* ]] || die "the work directory '$work' has white space in it (remote paths would split)"
 chmod 755 "$work"
 mkdir "$work/ssh" "$work/data" "$work/log" "$work/bin"
@@ -249,13 +260,15 @@ timed() {
 
 rss_kib() { sed -n 's/^[[:space:]]*Maximum resident set size (kbytes): //p' "$1"; }
 
-# atou_run SET NAME DST: atou serve --dir DST --once in the background, atou send
-# SRC/NAME to it (timed), the server's exit and the sender's report checked.
+# atou_run SET NAME DST TOOL [SERVE_ARG...]: atou serve --dir DST --once in the
+# background, atou send SRC/NAME to it (timed), the server's exit and the
+# sender's report checked; the result is recorded as TOOL.
 atou_run() {
-    local set=$1 name=$2 dst=$3 t0 t1 rc=0
+    local set=$1 name=$2 dst=$3 tool=$4 t0 t1 rc=0
+    shift 4
     : >"$work/log/serve.err"
     timeout "$limit" /usr/bin/time -v -o "$work/log/serve.time" \
-        "$atou" serve --bind "127.0.0.1:$port" --dir "$dst" --once --json \
+        "$atou" serve --bind "127.0.0.1:$port" --dir "$dst" --once --json "$@" \
         </dev/null >"$work/log/serve.json" 2>"$work/log/serve.err" &
     serve_pid=$!
     for i in $(seq 100); do
@@ -305,7 +318,7 @@ rx, to = sum(x["rxmts"] for x in s), sum(x["timeouts"] for x in s)
 print(f"streams={len(s)} rxmts={rx} timeouts={to} chunks_resent={r['chunks_resent']} rounds={r['rounds']}")
 PY
 )
-    echo "$set atou $(elapsed "$t0" "$t1") $bytes $rss_send $rss_serve $extra" >>"$results"
+    echo "$set $tool $(elapsed "$t0" "$t1") $bytes $rss_send $rss_serve $extra" >>"$results"
 }
 
 for round in $(seq "$rounds"); do
@@ -318,23 +331,26 @@ for round in $(seq "$rounds"); do
         mkdir "$dst"; timed "$set" cp cp -r "$src/$name" "$dst/"; verify "$set" "$dst" cp
         mkdir "$dst"; timed "$set" scp scp -q -r "${ssh_opts[@]}" -P "$ssh_port" "$src/$name" "$remote:$dst/"; verify "$set" "$dst" scp
         mkdir "$dst"; timed "$set" rsync rsync -a -e "$ssh_cmd" "$src/$name" "$remote:$dst/"; verify "$set" "$dst" rsync
-        mkdir "$dst"; atou_run "$set" "$name" "$dst"; verify "$set" "$dst" atou
+        mkdir "$dst"; atou_run "$set" "$name" "$dst" atou --no-fsync; verify "$set" "$dst" atou
+        dst=$disk_work/dst-$set
+        mkdir "$dst"; atou_run "$set" "$name" "$dst" atou-disk --no-fsync; verify "$set" "$dst" atou-disk
+        mkdir "$dst"; atou_run "$set" "$name" "$dst" atou-disk-fsync; verify "$set" "$dst" atou-disk-fsync
     done
 done
 
 read -r load_after _ </proc/loadavg
-python3 - "$results" "$big_size" "$small_files" "${STREAMS:-}" "${ATOU_ARGS:-}" "$rev" "$load_before" "$load_after" "$(nproc)" "$rounds" <<'PY'
+python3 - "$results" "$big_size" "$small_files" "${STREAMS:-}" "${ATOU_ARGS:-}" "$rev" "$load_before" "$load_after" "$(nproc)" "$rounds" "$fsync_dir" <<'PY'
 import statistics, sys
-rows, big_size, small_files, streams, atou_args, rev, load0, load1, ncpu, rounds = sys.argv[1:11]
+rows, big_size, small_files, streams, atou_args, rev, load0, load1, ncpu, rounds, fsync_dir = sys.argv[1:12]
 runs, rss, extra = {}, {}, {}
 for line in open(rows):
     f = line.split()
     s, tool, secs, nbytes = f[0], f[1], float(f[2]), int(f[3])
     runs.setdefault((s, tool), []).append((secs, nbytes))
-    if tool == "atou":
+    if tool.startswith("atou"):
         sender, receiver = rss.get(s, (0, 0))
         rss[s] = (max(sender, int(f[4]) / 1024), max(receiver, int(f[5]) / 1024))
-        extra.setdefault(s, []).append(" ".join(f[6:]))
+        extra.setdefault(s, []).append(tool + ": " + " ".join(f[6:]))
 # The median of the rounds' seconds (every round copies the same bytes).
 res = {}
 for key, rs in runs.items():
@@ -352,7 +368,7 @@ for s in ("big", "tree"):
     a = res[(s, "atou")][2]
     for t in tools:
         secs, nbytes, mbps, each = res[(s, t)]
-        ratio = "" if t == "atou" else f"{a / mbps:9.2f}x"
+        ratio = "" if t.startswith("atou") else f"{a / mbps:9.2f}x"
         rounds_text = " ".join(f"{x:.1f}" for x in each)
         print(f"  {sets[s]:<22} {t:<6} {nbytes:>12} {secs:9.2f} {mbps:9.1f} {ratio:>10}   {rounds_text}")
 print()
@@ -360,7 +376,12 @@ print("atou peak RSS over the rounds (/usr/bin/time -v, maximum resident set siz
 for s in ("big", "tree"):
     print(f"  {sets[s]:<22} sender {rss[s][0]:8.1f} MiB   receiver {rss[s][1]:8.1f} MiB")
     for i, e in enumerate(extra[s], 1):
-        print(f"  {'':<22} round {i}: {e}")
+        print(f"  {'':<22} run {i}: {e}")
+print()
+print(f"fsync at the receiver (atou serve's default; --no-fsync above), into {fsync_dir} on disk, medians")
+for s in ("big", "tree"):
+    plain, synced = res[(s, "atou-disk")][0], res[(s, "atou-disk-fsync")][0]
+    print(f"  {sets[s]:<22} {plain:8.2f} s with --no-fsync, {synced:8.2f} s syncing: {synced / plain:5.2f}x the time")
 print()
 print("targets, on the medians (figures only; a MISS does not fail the script)")
 def target(label, s, t, want):
