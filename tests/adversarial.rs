@@ -708,6 +708,20 @@ fn many_plans_at_once_get_a_bounded_pool_not_a_thread_each() {
     assert!(peak <= base + 2, "threads grew from {base} to {peak}");
 }
 
+/// A manifest of more entries than the server plans for is refused before
+/// anything is created, naming the option.
+#[test]
+fn a_manifest_over_the_servers_entry_budget_is_refused() {
+    let scratch = Scratch::new("max-files");
+    let s = Serve::start(&scratch.dest(), &["--max-files", "5"]);
+    let entries = (0..10)
+        .map(|k| entry(&format!("d{k}"), EntryKind::Dir, 0o755))
+        .collect();
+    let why = send_plan(&s, session_id(), entries, own(false)).expect_err("refused");
+    assert!(why.contains("--max-files"), "{why}");
+    assert!(!scratch.dest().join("d0").exists());
+}
+
 // ---------------------------------------------------------------------------
 // The log
 // ---------------------------------------------------------------------------

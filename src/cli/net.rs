@@ -111,6 +111,9 @@ pub struct ReceiverArgs {
     /// Largest plan request (the manifest of a transfer), in bytes
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_bytes)]
     max_request: u64,
+    /// Most entries (files, directories, symlinks) in one transfer
+    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    max_files: usize,
     /// Threads that check plans against the disk and finish transfers
     #[arg(long, value_name = "N", default_value_t = 2)]
     planners: usize,
@@ -148,6 +151,7 @@ impl ReceiverArgs {
             max_sessions: self.max_sessions,
             max_sessions_per_ip: self.max_sessions_per_ip,
             max_request: self.max_request,
+            max_entries: self.max_files,
             planners: self.planners.max(1),
             ..ReceiveLimits::default()
         }

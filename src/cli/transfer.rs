@@ -380,7 +380,9 @@ fn run_send(sources: &[PathBuf], config: SendConfig, args: &TransferArgs) -> Res
             Ok(ExitCode::from(130))
         }
         Err(e) => {
-            eprintln!("atou: {e}");
+            // The reason may quote the server's words: escaped, so a
+            // hostile server cannot drive the terminal.
+            eprintln!("atou: {}", atou::text::escape(e.to_string().as_bytes()));
             Ok(ExitCode::from(1))
         }
     }

@@ -89,6 +89,8 @@ pub struct ReceiveLimits {
     /// Largest plan request (the manifest), in bytes; a finish request is
     /// held to 32 bytes per file of its plan.
     pub max_request: u64,
+    /// Most entries (files, directories, symlinks) one transfer may plan.
+    pub max_entries: usize,
     /// Threads that check plans against the disk and finish transfers.
     pub planners: usize,
     /// Plans and finishes waiting for a planner; past this a sender is
@@ -102,6 +104,7 @@ impl Default for ReceiveLimits {
             max_sessions: 64,
             max_sessions_per_ip: 8,
             max_request: 64 << 20,
+            max_entries: 1_000_000,
             planners: 2,
             plan_queue: 16,
         }
@@ -352,6 +355,7 @@ fn planner(
     jobs: Arc<Mutex<mpsc::Receiver<PlanJob>>>,
     dest: Arc<DestDir>,
     policy: Policy,
+    max_entries: usize,
     done: mpsc::Sender<Done>,
     notify: Arc<Notify>,
 ) {
@@ -367,6 +371,13 @@ fn planner(
                 bytes,
             } => {
                 let result = match Request::decode(&bytes) {
+                    Ok(Request::Plan(plan)) if plan.manifest.entries.len() > max_entries => {
+                        Err(format!(
+                            "a transfer of {} entries, over this server's limit of {max_entries} \
+                             (--max-files); send it in parts",
+                            plan.manifest.entries.len()
+                        ))
+                    }
                     Ok(Request::Plan(plan)) => {
                         fits(&dest, &plan).and_then(|()| dest::prepare(&dest, &policy, plan))
                     }
@@ -441,10 +452,10 @@ impl FileReceiver {
         }
         for i in 0..config.limits.planners.max(1) {
             let (j, d, n) = (plan_rx.clone(), done_tx.clone(), notify.clone());
-            let (dest, policy) = (dest.clone(), config.policy);
+            let (dest, policy, max) = (dest.clone(), config.policy, config.limits.max_entries);
             thread::Builder::new()
                 .name(format!("atou-planner-{i}"))
-                .spawn(move || planner(j, dest, policy, d, n))
+                .spawn(move || planner(j, dest, policy, max, d, n))
                 .map_err(cannot)?;
         }
         Ok(FileReceiver {
