@@ -264,8 +264,7 @@ fn session_id() -> u64 {
 fn own(overwrite: bool) -> Options {
     Options {
         overwrite,
-        skip_existing: false,
-        fsync: false,
+        ..Options::default()
     }
 }
 

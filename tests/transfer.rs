@@ -905,6 +905,54 @@ fn existing_files_are_refused_unless_overwrite_and_skip_existing_skips_identical
     ));
 }
 
+/// `--skip-existing` alone trusts size and mtime (and says so); with
+/// `--checksum` the receiver compares by BLAKE3: only the chunk that
+/// differs is sent, and a file that differs is replaced only where the
+/// sender may replace files.
+#[test]
+fn checksum_compares_existing_files_by_content_not_mtime() {
+    let scratch = Scratch::new("checksum");
+    let tree = scratch.dir("src/tree");
+    let f = tree.join("f");
+    write_random(&f, 3 * MIB + 7, 70);
+    set_mtime(&f, FEB_3_2001, 0);
+    let dest = scratch.dir("dest");
+    let server = Serve::start_with(&dest, &["--allow-overwrite"]);
+    let target = server.target();
+    send(&[&tree], &target, &[]).report();
+    // Same size and mtime, one chunk's content changed at the source.
+    {
+        let file = fs::OpenOptions::new().write(true).open(&f).unwrap();
+        file.write_all_at(b"changed", MIB + 10).unwrap();
+    }
+    set_mtime(&f, FEB_3_2001, 0);
+    let trusting = send(&[&tree], &target, &["--skip-existing"]).report();
+    assert_eq!(report_u(&trusting, "skipped_files"), 1, "{trusting}");
+    assert!(first_difference(&f, &dest.join("tree/f")).is_some());
+    // --checksum without --overwrite: it differs, so it is refused.
+    let why = send(&[&tree], &target, &["--skip-existing", "--checksum"]).failure();
+    assert!(
+        why.contains("differs") && why.contains("--overwrite"),
+        "{why}"
+    );
+    assert!(first_difference(&f, &dest.join("tree/f")).is_some());
+    let r = send(
+        &[&tree],
+        &target,
+        &["--skip-existing", "--checksum", "--overwrite"],
+    )
+    .report();
+    assert_eq!(first_difference(&f, &dest.join("tree/f")), None);
+    assert_eq!(
+        report_u(&r, "bytes_sent"),
+        MIB,
+        "only the changed chunk: {r}"
+    );
+    // Identical now: nothing sent, the file left as it is.
+    let r = send(&[&tree], &target, &["--skip-existing", "--checksum"]).report();
+    assert_eq!(report_u(&r, "bytes_sent"), 0, "{r}");
+}
+
 // ---------------------------------------------------------------------------
 // 5. Resume after a kill
 // ---------------------------------------------------------------------------

@@ -200,7 +200,8 @@ fuzz_target!(|data: &[u8]| {
                 &PlanRequest {
                     options: Options {
                         overwrite: body.first().is_some_and(|b| b % 2 == 1),
-                        skip_existing: false,
+                        skip_existing: body.first().is_some_and(|b| b % 4 >= 2),
+                        checksum: body.first().is_some_and(|b| b % 8 >= 4),
                         fsync: false,
                     },
                     subdir: None,

@@ -45,6 +45,9 @@ pub struct TransferArgs {
     /// Leave alone existing files of the same size and modification time (and identical symlinks)
     #[arg(long)]
     skip_existing: bool,
+    /// With --skip-existing: compare existing files of the same size by BLAKE3 instead of mtime (as rsync -c); the receiver reads them whole, and only chunks that differ are sent
+    #[arg(long, requires = "skip_existing")]
+    checksum: bool,
     /// Sync each file to disk at the receiver before renaming it into place
     #[arg(long)]
     fsync: bool,
@@ -227,6 +230,7 @@ impl TransferArgs {
                 overwrite: self.overwrite,
                 skip_existing: self.skip_existing,
                 fsync: self.fsync,
+                checksum: self.checksum,
             },
             follow: self.follow,
             streams: self.streams,
@@ -498,7 +502,9 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
 
 /// The line `atou serve --dir` prints when a transfer ends.
 pub fn transfer_line(r: &TransferReport) -> String {
-    let verified = if r.skipped > 0 {
+    let verified = if r.skipped > 0 && r.skipped_by_checksum {
+        "every file verified, the skipped ones found identical by BLAKE3"
+    } else if r.skipped > 0 {
         "every file sent verified, the skipped ones on size and mtime alone"
     } else {
         "every file verified"

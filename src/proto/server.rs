@@ -491,6 +491,13 @@ impl Server {
                     conn.client_segments = Some(close.segments);
                     let report = conn.report(conn_id, ConnEnd::Closed, now, self.stats);
                     self.reports.push_back(report);
+                    // A closed connection lingers only to answer repeated
+                    // closes: its window goes back to the budget now.
+                    let freed = std::mem::take(&mut conn.window_bytes);
+                    self.windows_held -= freed;
+                    if let Some((_, bytes)) = self.per_ip.get_mut(&from.ip()) {
+                        *bytes = bytes.saturating_sub(freed);
+                    }
                     if conn.session != 0 {
                         self.session_events.push_back(SessionEvent::Ended {
                             conn_id,
@@ -545,9 +552,9 @@ impl Server {
             rcvsegs * payload
         };
         let (from_ip, ip_window) = self.per_ip.get(&from.ip()).copied().unwrap_or((0, 0));
-        // One address may hold a quarter of the window budget (at least
+        // One address may hold half the window budget (at least
         // one connection's worth), so a flood from one cannot starve the rest.
-        let ip_window_cap = (limits.total_window_bytes / 4).max(limits.max_window_bytes);
+        let ip_window_cap = (limits.total_window_bytes / 2).max(limits.max_window_bytes);
         let busy = if bad.is_some() {
             None
         } else if self.conns.len() >= limits.max_connections {

@@ -173,7 +173,19 @@ pub struct FileTarget {
     staged: String,
     /// The partial file exists (created by this transfer or an earlier one).
     created: AtomicBool,
+    /// `--checksum`: an existing file of the same size, whose chunk values
+    /// were sent as held. Untouched at the finish (no chunk differed), it is
+    /// identical and stays; a chunk that differs replaces it, if the policy
+    /// and the sender allow, starting from a copy of it.
+    existing: Option<Existing>,
     handle: Mutex<Option<File>>,
+}
+
+/// An existing file `--checksum` compared.
+#[derive(Debug, Clone, Copy)]
+struct Existing {
+    /// Replacing it is allowed and asked.
+    replace: bool,
 }
 
 /// The staging name of whatever goes to `rel` (relative to DEST): derived
@@ -221,6 +233,11 @@ impl FileTarget {
         if handle.is_some() {
             return Ok(());
         }
+        if let Some(existing) = self.existing {
+            if !self.created.load(Ordering::Acquire) {
+                return self.start_from_existing(existing, handle);
+            }
+        }
         let file = if self.created.load(Ordering::Acquire) {
             self.dest.open_staged(&self.staged, true)
         } else {
@@ -236,6 +253,43 @@ impl FileTarget {
         self.created.store(true, Ordering::Release);
         *handle = Some(file);
         Ok(())
+    }
+
+    /// A chunk of an existing file differs: the new version starts as a
+    /// copy of it, in the staging directory, so the chunks not sent are
+    /// there.
+    fn start_from_existing(
+        &self,
+        existing: Existing,
+        handle: &mut Option<File>,
+    ) -> Result<(), String> {
+        if !existing.replace {
+            return Err(format!(
+                "`{}` already exists at the destination and differs from the sender's (BLAKE3); \
+                 use --overwrite to replace it",
+                self.rel
+            ));
+        }
+        let dir = self
+            .dest
+            .open_dir(&self.dir)
+            .map_err(|e| io_error("open", &self.dest.shown(&self.dir), &e))?;
+        let mut old = dest_dir::open_file(&dir, &self.name)
+            .map_err(|e| io_error("read", &self.shown(), &e))?;
+        let mut new = self
+            .dest
+            .create_staged(&self.staged)
+            .map_err(|e| io_error("create", &self.shown(), &e))?;
+        io::copy(&mut old, &mut new).map_err(|e| io_error("copy", &self.shown(), &e))?;
+        self.created.store(true, Ordering::Release);
+        *handle = Some(new);
+        Ok(())
+    }
+
+    /// Identical to the sender's file as it already is (`--checksum`, and
+    /// no chunk of it differed): nothing to write or rename.
+    fn unchanged_existing(&self) -> bool {
+        self.existing.is_some() && !self.created.load(Ordering::Acquire)
     }
 
     /// Writes one verified chunk at its place, opening the file if needed
@@ -441,6 +495,7 @@ pub fn prepare(
         overwrite: asked.overwrite && policy.allow_overwrite,
         skip_existing: asked.skip_existing,
         fsync: asked.fsync || policy.fsync,
+        checksum: asked.checksum && asked.skip_existing,
     };
     let sub: Vec<u8> = subdir
         .as_ref()
@@ -515,9 +570,16 @@ pub fn prepare(
             },
             EntryKind::File { size } => {
                 let mut plan = FilePlan::SendAll;
+                let mut existing = None;
                 match found {
                     Found::Dir => return Err(in_the_way("a directory")),
                     Found::Other => return Err(in_the_way("not a regular file")),
+                    // rsync's -c: same size, compared by content below.
+                    Found::File { size: have, .. } if options.checksum && have == *size => {
+                        existing = Some(Existing {
+                            replace: options.overwrite,
+                        });
+                    }
                     Found::File { size: have, mtime }
                         if options.skip_existing && have == *size && mtime == entry.mtime_sec =>
                     {
@@ -534,8 +596,23 @@ pub fn prepare(
                 let mut fresh = true;
                 if plan != FilePlan::Skip {
                     match dest_dir.look_staged(&staged) {
+                        Ok(Found::Nothing) if existing.is_some() => {
+                            // Its chunks' values, as if it were a partial
+                            // file: the sender sends only those that differ.
+                            let (d, n) = split_rel(&rel);
+                            cvs = dirs
+                                .get(d)
+                                .and_then(|fd| dest_dir::open_file(fd, n))
+                                .and_then(|f| hash_partial(&f, *size))
+                                .map_err(|e| io_error("read", &path, &e))?;
+                            plan = FilePlan::Held(cvs.clone());
+                            fresh = false;
+                        }
                         Ok(Found::Nothing) => {}
                         Ok(Found::File { .. }) => {
+                            // A partial file of a replacement in progress
+                            // wins over the existing file.
+                            existing = None;
                             let at = dest_dir.path().join(STAGING_DIR).join(&staged);
                             cvs = dest_dir
                                 .open_staged(&staged, false)
@@ -568,7 +645,8 @@ pub fn prepare(
                     dir: dir.to_vec(),
                     name: name.to_vec(),
                     staged,
-                    created: AtomicBool::new(!fresh),
+                    created: AtomicBool::new(!fresh && existing.is_none()),
+                    existing,
                     handle: Mutex::new(None),
                 }));
             }
@@ -745,13 +823,18 @@ pub fn finish(
                         super::hash::short_hex(&sender_hashes[n])
                     ));
                 }
+                if t.unchanged_existing() {
+                    // --checksum found it identical: it stays as it is.
+                    done.skipped += 1;
+                    continue;
+                }
                 if !t.ready.load(Ordering::Acquire) {
                     t.make_ready(fsync)?;
                 }
                 let fd = dirs
                     .get(dir_rel)
                     .map_err(|e| io_error("open", &dest_dir.shown(dir_rel), &e))?;
-                t.put_in_place(fd, replace)?;
+                t.put_in_place(fd, replace || t.existing.is_some())?;
                 if fsync && synced_dirs.last().is_none_or(|d| d != dir_rel) {
                     synced_dirs.push(dir_rel.to_vec());
                 }
@@ -822,6 +905,7 @@ mod tests {
             name: b"f".to_vec(),
             staged: staged_name(b"f"),
             created: AtomicBool::new(false),
+            existing: None,
             handle: Mutex::new(None),
         }
     }

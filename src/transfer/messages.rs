@@ -34,7 +34,8 @@ const SESSION_VERSION: u8 = 1;
 const OPT_OVERWRITE: u8 = 0x01;
 const OPT_SKIP_EXISTING: u8 = 0x02;
 const OPT_FSYNC: u8 = 0x04;
-const OPTS_KNOWN: u8 = OPT_OVERWRITE | OPT_SKIP_EXISTING | OPT_FSYNC;
+const OPT_CHECKSUM: u8 = 0x08;
+const OPTS_KNOWN: u8 = OPT_OVERWRITE | OPT_SKIP_EXISTING | OPT_FSYNC | OPT_CHECKSUM;
 
 /// Longest message a reply or error carries.
 const MESSAGE_MAX: usize = 4096;
@@ -184,6 +185,9 @@ pub struct Options {
     pub skip_existing: bool,
     /// Sync each file to disk before it is renamed into place.
     pub fsync: bool,
+    /// With `skip_existing`: compare existing files of the same size by
+    /// their BLAKE3 chunk values, not by mtime (rsync's `-c`).
+    pub checksum: bool,
 }
 
 /// The first request of a session: where, how, and what.
@@ -241,7 +245,8 @@ impl PlanRequest {
                 } else {
                     0
                 }
-                | if o.fsync { OPT_FSYNC } else { 0 },
+                | if o.fsync { OPT_FSYNC } else { 0 }
+                | if o.checksum { OPT_CHECKSUM } else { 0 },
         );
         let subdir = self.subdir.as_ref().map_or(&[][..], |s| s.as_bytes());
         out.extend_from_slice(&(subdir.len() as u16).to_be_bytes());
@@ -376,6 +381,7 @@ impl Request {
                         overwrite: opts & OPT_OVERWRITE != 0,
                         skip_existing: opts & OPT_SKIP_EXISTING != 0,
                         fsync: opts & OPT_FSYNC != 0,
+                        checksum: opts & OPT_CHECKSUM != 0,
                     },
                     subdir,
                     manifest,
@@ -583,6 +589,7 @@ mod tests {
                 overwrite: true,
                 skip_existing: false,
                 fsync: true,
+                checksum: true,
             },
             subdir: Some(rel("in/here")),
             manifest: manifest(),

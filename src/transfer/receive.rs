@@ -57,6 +57,9 @@ pub struct TransferReport {
     pub dirs: u64,
     pub symlinks: u64,
     pub skipped: u64,
+    /// The skipped files were compared by BLAKE3 (`--checksum`), not by
+    /// size and mtime.
+    pub skipped_by_checksum: bool,
     /// Chunk bytes received, verified and written.
     pub bytes_written: u64,
     /// Bytes already there from an earlier attempt and not sent again.
@@ -1071,6 +1074,7 @@ impl FileReceiver {
                     dirs: f.dirs,
                     symlinks: f.symlinks,
                     skipped: f.skipped,
+                    skipped_by_checksum: s.prepared.as_ref().is_some_and(|p| p.options.checksum),
                     bytes_written: s.bytes_written,
                     bytes_resumed: resumed,
                     chunks_rejected: s.chunks_rejected,
