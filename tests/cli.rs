@@ -242,3 +242,43 @@ fn a_closed_pipe_is_not_an_error() {
     assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
     assert!(o.status.success());
 }
+
+/// Every receiver policy and budget flag of `atou serve` is in
+/// docs/security.md's tables, with the default `--help` gives.
+#[test]
+fn security_md_documents_every_receiver_flag_with_its_default() {
+    let help = stdout(&atou(&["serve", "--help"]));
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/security.md")).unwrap();
+    let section = help
+        .split("Receiver policy")
+        .nth(1)
+        .expect("a receiver policy heading in serve --help");
+    // Each flag's entry: its line (six spaces, then the flag) and the
+    // wrapped lines after it.
+    let mut entries: Vec<String> = Vec::new();
+    for line in section.lines() {
+        if line.starts_with("      --") {
+            entries.push(line.trim().to_string());
+        } else if let Some(e) = entries.last_mut().filter(|_| line.starts_with("        ")) {
+            e.push(' ');
+            e.push_str(line.trim());
+        }
+    }
+    let flags = entries.len();
+    for e in &entries {
+        let flag = e.split_whitespace().next().unwrap();
+        let row = doc
+            .lines()
+            .find(|l| l.starts_with('|') && l.contains(&format!("`{flag}")))
+            .unwrap_or_else(|| panic!("docs/security.md has no row for {flag}"));
+        if let Some(d) = e
+            .split("[default: ")
+            .nth(1)
+            .and_then(|d| d.split(']').next())
+        {
+            assert!(row.contains(d), "{flag}: default {d} not in `{row}`");
+        }
+    }
+    assert!(flags >= 10, "only {flags} flags found under the heading");
+}

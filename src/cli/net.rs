@@ -42,7 +42,9 @@ pub struct ProbeArgs {
 #[derive(Args, Debug)]
 #[command(
     after_help = "Prints one line per connection on stdout (JSON Lines with --json), \
-    like atousrv's report, and notices on stderr. The receiver-side tuning (delack, SACK, \
+    like atousrv's report, and notices on stderr (on stdout as JSON with --json). What a sender \
+    may do with --dir and what it may make the server hold are the server's to set: see \
+    docs/security.md. The receiver-side tuning (delack, SACK, \
     rcvsegs, rcvbuf) comes from each client's hello. Ctrl-C stops it."
 )]
 pub struct ServeArgs {
@@ -58,7 +60,7 @@ pub struct ServeArgs {
     /// Exit after the first connection (with --dir, the first transfer) ends; with --dir, exit 1 if that transfer failed
     #[arg(long)]
     once: bool,
-    /// Print each connection's report as a JSON line
+    /// Print every report, transfer, failure and notice as one JSON object per line on stdout
     #[arg(long)]
     json: bool,
     /// UDP socket send buffer in bytes (SO_SNDBUF), e.g. 4MiB
@@ -73,7 +75,7 @@ pub struct ServeArgs {
 
 /// What `atou serve --dir` lets senders do, and what it lets them make it hold.
 #[derive(Args, Debug)]
-#[command(next_help_heading = "Receiver policy and budgets (with --dir)")]
+#[command(next_help_heading = "Receiver policy (with --dir) and budgets")]
 pub struct ReceiverArgs {
     /// Let a sender that asks (`--overwrite`) replace existing files and re-mode existing directories (default: refuse)
     #[arg(long)]
