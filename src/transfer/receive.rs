@@ -115,9 +115,12 @@ impl Default for ReceiveLimits {
 }
 
 /// Work done by other threads.
-/// A session, by the IP address it came from and the id its sender chose:
-/// a peer at another address cannot join or end it by guessing the id.
-type SessionKey = (IpAddr, u64);
+/// A session, by a serial number of ours: results of work on other
+/// threads for a session that is gone never land on a later one. Peers
+/// name sessions by the IP address they come from and the id the sender
+/// chose (a peer at another address cannot join or end one by guessing
+/// the id), looked up in `FileReceiver::session_ids`.
+type SessionKey = u64;
 
 enum Done {
     Write {
@@ -260,6 +263,8 @@ enum ConnState {
 
 struct Conn {
     session: SessionKey,
+    /// The id its sender chose for the session.
+    session_id: u64,
     peer: SocketAddr,
     /// Ours, never the client's: results of work on another thread carry
     /// it and are dropped if the connection is not the same one.
@@ -269,6 +274,8 @@ struct Conn {
 
 struct Session {
     peer: SocketAddr,
+    /// The id its sender chose.
+    id: u64,
     prepared: Option<Arc<Prepared>>,
     file_sizes: Vec<u64>,
     /// Per file, per chunk: the value of the verified data now in place.
@@ -292,6 +299,10 @@ pub struct FileReceiver {
     config: ReceiveConfig,
     dest: Arc<DestDir>,
     sessions: HashMap<SessionKey, Session>,
+    /// A peer's (address, session id) to our key, from a connection's
+    /// hello until the session and its connections are gone.
+    session_ids: HashMap<(IpAddr, u64), SessionKey>,
+    next_session_key: SessionKey,
     conns: HashMap<u64, Conn>,
     next_conn_key: u64,
     jobs: mpsc::Sender<Job>,
@@ -465,6 +476,8 @@ impl FileReceiver {
             config,
             dest,
             sessions: HashMap::new(),
+            session_ids: HashMap::new(),
+            next_session_key: 0,
             conns: HashMap::new(),
             next_conn_key: 0,
             jobs,
@@ -526,10 +539,29 @@ impl FileReceiver {
         }
     }
 
+    /// Forgets a session (done, refused or stale), and its peer's name for
+    /// it once no connection of it is left.
+    fn remove_session(&mut self, session: SessionKey) -> Option<Session> {
+        let s = self.sessions.remove(&session)?;
+        self.forget_session_id(session, s.peer.ip(), s.id);
+        Some(s)
+    }
+
+    /// Drops a peer's name for a session once neither the session nor any
+    /// connection of it is left: a later hello with the same id starts
+    /// afresh, under a new key.
+    fn forget_session_id(&mut self, session: SessionKey, ip: IpAddr, id: u64) {
+        if !self.sessions.contains_key(&session)
+            && !self.conns.values().any(|c| c.session == session)
+        {
+            self.session_ids.remove(&(ip, id));
+        }
+    }
+
     /// Why a new session from `ip` cannot start now, if it cannot.
     fn session_budget(&self, ip: IpAddr) -> Option<String> {
         let limits = &self.config.limits;
-        let from_ip = self.sessions.keys().filter(|k| k.0 == ip).count();
+        let from_ip = self.sessions.values().filter(|s| s.peer.ip() == ip).count();
         if self.sessions.len() >= limits.max_sessions {
             Some(format!(
                 "this server is busy: {} transfers in progress, its limit (--max-sessions); try again later",
@@ -551,7 +583,7 @@ impl FileReceiver {
         let Some(conn) = self.conns.get(&conn_id) else {
             return;
         };
-        let (session, peer) = (conn.session, conn.peer);
+        let (session, peer, conn_session_id) = (conn.session, conn.peer, conn.session_id);
         if bytes.first() == Some(&b'P') {
             if self.sessions.contains_key(&session) {
                 let why = "a second plan for one session".to_string();
@@ -579,6 +611,7 @@ impl FileReceiver {
                 session,
                 Session {
                     peer,
+                    id: conn_session_id,
                     prepared: None,
                     verified: Vec::new(),
                     unverified: Vec::new(),
@@ -1000,7 +1033,7 @@ impl FileReceiver {
                         why: why.clone(),
                     });
                 }
-                self.sessions.remove(&session);
+                self.remove_session(session);
                 server.respond(conn_id, PlanReply::Refused(why).encode());
                 self.end_once();
             }
@@ -1063,7 +1096,7 @@ impl FileReceiver {
                         .saturating_sub(s.bytes_written)
                 });
                 let report = TransferReport {
-                    session: session.1,
+                    session: s.id,
                     peer: s.peer,
                     dest: s
                         .prepared
@@ -1082,7 +1115,7 @@ impl FileReceiver {
                 };
                 (self.on_event)(ReceiveEvent::Done(report));
                 server.respond(conn_id, Outcome::Done { bad: Vec::new() }.encode());
-                self.sessions.remove(&session);
+                self.remove_session(session);
                 if self.config.once {
                     // The one transfer is over and nothing else uses DEST.
                     self.dest.remove_staging_if_empty();
@@ -1120,7 +1153,7 @@ impl FileReceiver {
                 let Some(s) = self.sessions.get_mut(&session) else {
                     return;
                 };
-                s.readying -= 1;
+                s.readying = s.readying.saturating_sub(1);
                 match result {
                     Ok(()) => self.start_finish(server, session),
                     Err(why) => self.fail_session(server, session, why),
@@ -1164,13 +1197,21 @@ impl ServeApp for FileReceiver {
                 peer,
                 ..
             } => {
-                let session = (peer.ip(), session);
+                let session_id = session;
+                let session = *self
+                    .session_ids
+                    .entry((peer.ip(), session_id))
+                    .or_insert_with(|| {
+                        self.next_session_key += 1;
+                        self.next_session_key
+                    });
                 let key = self.next_conn_key;
                 self.next_conn_key += 1;
                 self.conns.insert(
                     conn_id,
                     Conn {
                         session,
+                        session_id,
                         peer,
                         key,
                         state: ConnState::Opening(Assembly::default()),
@@ -1216,6 +1257,7 @@ impl ServeApp for FileReceiver {
                     s.open_conns = s.open_conns.saturating_sub(1);
                     s.last_active = Instant::now();
                 }
+                self.forget_session_id(session, conn.peer.ip(), conn.session_id);
                 if self.over && self.conns.is_empty() {
                     self.finished = true;
                 }
@@ -1250,7 +1292,7 @@ impl ServeApp for FileReceiver {
             .map(|(&id, _)| id)
             .collect();
         for id in stale {
-            if let Some(s) = self.sessions.remove(&id) {
+            if let Some(s) = self.remove_session(id) {
                 if s.failed.is_none() {
                     (self.on_event)(ReceiveEvent::Failed {
                         peer: s.peer,
