@@ -14,7 +14,7 @@
 //! 5. Send every file's hash (the finish request): the receiver checks
 //!    them and puts the files in place.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -157,13 +157,15 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// Runs one connection of `session` carrying `feed`; returns the reply
-/// and the transport's summary.
+/// (refused if longer than `reply_limit`, what the request can be
+/// answered with) and the transport's summary.
 fn run_conn<F: StreamFeed>(
     config: &SendConfig,
     session: u64,
     len: u64,
     feed: &mut F,
     stop: &Progress,
+    reply_limit: u64,
 ) -> (Result<Vec<u8>, SendError>, Option<Summary>) {
     let probe = ProbeConfig {
         peer: config.peer,
@@ -173,6 +175,7 @@ fn run_conn<F: StreamFeed>(
         trace: false,
         conn_id: fresh_conn_id(),
         session,
+        reply_limit: u32::try_from(reply_limit).unwrap_or(u32::MAX),
     };
     let stopped = async {
         while !stop.stop.load(Ordering::Relaxed) {
@@ -204,6 +207,32 @@ fn outcome(config: &SendConfig, reply: &[u8]) -> Result<Vec<ChunkRef>, SendError
             why: e.to_string(),
         }),
     }
+}
+
+/// The chunks a data stream's answer names as bad, each checked to be one
+/// the stream carried (the server chose these numbers), once each.
+fn carried(
+    config: &SendConfig,
+    share: &[ChunkRef],
+    bad: Vec<ChunkRef>,
+) -> Result<Vec<ChunkRef>, SendError> {
+    let sent: HashSet<ChunkRef> = share.iter().copied().collect();
+    let mut seen = HashSet::with_capacity(bad.len().min(sent.len()));
+    for c in &bad {
+        if !sent.contains(c) {
+            return Err(SendError::BadReply {
+                host: config.host.clone(),
+                why: format!(
+                    "it names chunk {} of file {}, which that stream did not carry",
+                    c.chunk, c.file
+                ),
+            });
+        }
+        seen.insert(*c);
+    }
+    let mut bad: Vec<ChunkRef> = seen.into_iter().collect();
+    bad.sort_unstable();
+    Ok(bad)
 }
 
 /// A chunk read from disk: its data followed by its BLAKE3 value.
@@ -532,7 +561,8 @@ pub fn send(
         let len = request.len() as u64;
         // Best effort: the receiver may be what failed.
         let calm = Progress::default();
-        let _ = run_conn(&quick, id, len, &mut BytesFeed(request), &calm);
+        let limit = Outcome::max_len(0);
+        let _ = run_conn(&quick, id, len, &mut BytesFeed(request), &calm, limit);
     }
     result
 }
@@ -584,7 +614,15 @@ fn send_session(
     }
     .encode();
     let len = request.len() as u64;
-    let (reply, _) = run_conn(config, session, len, &mut BytesFeed(request), &progress);
+    let limit = PlanReply::max_len(&plan.sizes);
+    let (reply, _) = run_conn(
+        config,
+        session,
+        len,
+        &mut BytesFeed(request),
+        &progress,
+        limit,
+    );
     let reply = reply?;
     let plans = match PlanReply::decode(&reply, &plan.sizes) {
         Ok(PlanReply::Accepted(p)) => {
@@ -725,13 +763,17 @@ fn send_session(
                     let progress = &progress;
                     scope.spawn(move || {
                         let len = feed.layout.total_len();
-                        let (reply, summary) = run_conn(config, session, len, &mut feed, progress);
+                        let limit = Outcome::max_len(feed.layout.slots.len() as u64);
+                        let (reply, summary) =
+                            run_conn(config, session, len, &mut feed, progress, limit);
                         // Whatever was acknowledged but not yet counted.
                         progress
                             .done
                             .fetch_add(sent.saturating_sub(feed.counted), Ordering::Relaxed);
                         StreamResult {
-                            bad: reply.and_then(|r| outcome(config, &r)),
+                            bad: reply
+                                .and_then(|r| outcome(config, &r))
+                                .and_then(|bad| carried(config, share, bad)),
                             cvs: std::mem::take(&mut feed.cvs),
                             summary,
                             sent,
@@ -787,7 +829,15 @@ fn send_session(
     }
     let request = encode_finish(&hashes);
     let len = request.len() as u64;
-    let (reply, _) = run_conn(config, session, len, &mut BytesFeed(request), &progress);
+    let limit = Outcome::max_len(0);
+    let (reply, _) = run_conn(
+        config,
+        session,
+        len,
+        &mut BytesFeed(request),
+        &progress,
+        limit,
+    );
     outcome(config, &reply?)?;
     let secs = started.elapsed().as_secs_f64();
     let files = plan.sizes.len() as u64;
