@@ -3,12 +3,17 @@
 //! an application that answers each request with bytes built by the
 //! crate's own message encoders, chosen by the test. Whatever it answers,
 //! `send` returns an error that names the host; it never panics.
+//!
+//! Also the sender against a local user racing the source tree: the real
+//! receiver (`FileReceiver`), with a hook that changes the source while
+//! its chunks are in flight.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use atou::io::{self, ServeApp, ServeConfig, ServeEvent};
@@ -17,6 +22,7 @@ use atou::proto::{Server, Tuning};
 use atou::transfer::messages::{
     ChunkRef, DataHeader, FilePlan, Options, Outcome, PlanReply, Request,
 };
+use atou::transfer::receive::{FileReceiver, ReceiveConfig};
 use atou::transfer::send::{send, Progress, SendConfig, SendError, SendReport};
 use tokio::sync::Notify;
 
@@ -257,4 +263,122 @@ fn a_server_announcing_a_huge_plan_reply_is_refused() {
     }));
     let err = send_one(&src, server.addr).unwrap_err().to_string();
     assert!(err.contains("announced a reply of 2097152 bytes"), "{err}");
+}
+
+// ---------------------------------------------------------------------------
+// A local user racing the source tree
+// ---------------------------------------------------------------------------
+
+/// The real receiver, with `hook` run once, on the first bytes of the
+/// first data stream: by then the sender has read at most two chunks
+/// (its read-ahead budget, with `buffer` 0), and it reads the rest after
+/// the hook has run, since it frees a chunk only when the receiver has
+/// acknowledged it.
+struct Racing {
+    inner: FileReceiver,
+    hook: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl ServeApp for Racing {
+    fn on_arrival(&mut self, server: &mut Server, arrival: Arrival<'_>) {
+        if arrival.offset == 0 && arrival.payload.first() == Some(&b'D') {
+            if let Some(hook) = self.hook.take() {
+                hook();
+            }
+        }
+        self.inner.on_arrival(server, arrival);
+    }
+
+    fn on_event(&mut self, server: &mut Server, event: SessionEvent) {
+        self.inner.on_event(server, event);
+    }
+
+    fn poll(&mut self, server: &mut Server) {
+        self.inner.poll(server);
+    }
+
+    fn waker(&self) -> Option<Arc<Notify>> {
+        self.inner.waker()
+    }
+}
+
+fn racing_receiver(dest: &Path, hook: impl FnOnce() + Send + 'static) -> Running {
+    let failures = Arc::new(Mutex::new(Vec::new()));
+    let inner = FileReceiver::new(
+        ReceiveConfig {
+            root: dest.to_path_buf(),
+            writers: 1,
+            once: false,
+        },
+        move |e| failures.lock().unwrap().push(format!("{e:?}")),
+    );
+    run_server(Racing {
+        inner,
+        hook: Some(Box::new(hook)),
+    })
+}
+
+/// A file rewritten in place (same size, other bytes, a new mtime) while
+/// its chunks are being sent arrives torn; the run must fail, naming the
+/// file, and never report it verified.
+#[test]
+fn a_file_rewritten_while_it_is_sent_is_never_reported_verified() {
+    let tmp = Scratch::new("torn");
+    let (src, dest) = (tmp.path("src"), tmp.path("dest"));
+    fs::create_dir_all(&dest).unwrap();
+    let size = 8 * MIB;
+    fs::write(&src, pattern(size, 3)).unwrap();
+    let victim = src.clone();
+    let server = racing_receiver(&dest, move || {
+        let f = fs::OpenOptions::new().write(true).open(&victim).unwrap();
+        f.write_all_at(&pattern(size, 99), 0).unwrap();
+        let later = SystemTime::now() + Duration::from_secs(3600);
+        f.set_modified(later).unwrap();
+    });
+    let result = send_one(&src, server.addr);
+    match result {
+        Err(e) => {
+            let text = e.to_string();
+            assert!(text.contains("changed while it was being sent"), "{text}");
+            assert!(text.contains(&src.display().to_string()), "{text}");
+        }
+        Ok(r) => panic!(
+            "a torn file was reported verified: {} bytes sent, verified {}",
+            r.bytes_sent, r.verified
+        ),
+    }
+}
+
+/// The source path is swapped for a symlink to a file the sender may read
+/// but did not list (a secret) after the walk and before the data is
+/// read: the secret's bytes must not leave.
+#[test]
+fn a_source_swapped_for_a_symlink_after_the_walk_is_not_followed() {
+    let tmp = Scratch::new("swap");
+    let (tree, dest) = (tmp.path("tree"), tmp.path("dest"));
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    fs::create_dir_all(&dest).unwrap();
+    let size = 4 * MIB;
+    let secret = tmp.path("secret");
+    fs::write(&secret, pattern(size, 7)).unwrap();
+    // Two files: the first data stream's first bytes (file 0) run the
+    // hook before file 1 is opened (with `buffer` 0 and one reader, a
+    // chunk of file 1 is read only once file 0's are acknowledged).
+    fs::write(tree.join("sub/a"), pattern(size, 5)).unwrap();
+    fs::write(tree.join("sub/b"), pattern(size - 1, 6)).unwrap();
+    let (victim, target) = (tree.join("sub/b"), secret.clone());
+    let server = racing_receiver(&dest, move || {
+        fs::remove_file(&victim).unwrap();
+        std::os::unix::fs::symlink(&target, &victim).unwrap();
+    });
+    let result = send_one(&tree, server.addr);
+    let got = fs::read(dest.join("tree/sub/b")).unwrap_or_default();
+    let secret = fs::read(&secret).unwrap();
+    let leaked = (0..size as usize).step_by(MIB as usize).any(|at| {
+        got.get(at..at + 4096)
+            .is_some_and(|g| g == &secret[at..at + 4096])
+    });
+    assert!(!leaked, "the secret's bytes reached the receiver");
+    let err = result.expect_err("a swapped source must fail the run");
+    assert!(err.to_string().contains("sub/b"), "{err}");
 }

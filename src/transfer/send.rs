@@ -16,7 +16,6 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -32,6 +31,7 @@ use super::manifest::{manifest_of, walk, EntryKind, LocalEntry, RelPath, WalkErr
 use super::messages::{
     encode_abort, encode_finish, ChunkRef, FilePlan, Options, Outcome, PlanReply, PlanRequest,
 };
+use super::source::{SourceSpec, Sources};
 use crate::io::{self, fresh_conn_id, ProbeConfig, ProbeError, StreamFeed};
 use crate::proto::{PayloadSource, Tuning};
 use crate::sim::Observer;
@@ -242,36 +242,23 @@ struct ReadDone {
 }
 
 struct ReadJob {
-    path: Arc<PathBuf>,
-    size: u64,
+    sources: Arc<Sources>,
+    file: usize,
     chunk: u64,
     slot: usize,
     done: mpsc::Sender<ReadDone>,
     notify: Arc<Notify>,
 }
 
+/// Reads a chunk from its file's one descriptor (see [`Sources`]) and
+/// appends its BLAKE3 value.
 fn read_chunk(job: &ReadJob) -> Result<Vec<u8>, String> {
-    let path = &job.path;
-    let file =
-        std::fs::File::open(path.as_path()).map_err(|e| super::dest::io_error("open", path, &e))?;
-    let len = chunk_len(job.size, job.chunk);
+    let size = job.sources.size(job.file);
+    let len = chunk_len(size, job.chunk);
     let mut buf = vec![0u8; len + CV_LEN as usize];
-    let mut at = 0;
-    while at < len {
-        match file.read_at(&mut buf[at..len], job.chunk * CHUNK_SIZE + at as u64) {
-            Ok(0) => {
-                return Err(format!(
-                    "{} shrank while it was being sent ({} bytes in the manifest); send it again",
-                    path.display(),
-                    job.size
-                ))
-            }
-            Ok(n) => at += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(super::dest::io_error("read", path, &e)),
-        }
-    }
-    let cv = chunk_cv(job.size, job.chunk, &buf[..len]);
+    job.sources
+        .read_chunk(job.file, job.chunk, &mut buf[..len])?;
+    let cv = chunk_cv(size, job.chunk, &buf[..len]);
     buf[len..].copy_from_slice(&cv);
     Ok(buf)
 }
@@ -312,8 +299,7 @@ impl Readers {
 struct FileFeed {
     header: Vec<u8>,
     layout: Layout,
-    paths: Arc<Vec<Arc<PathBuf>>>,
-    sizes: Arc<Vec<u64>>,
+    sources: Arc<Sources>,
     jobs: mpsc::Sender<ReadJob>,
     done_tx: mpsc::Sender<ReadDone>,
     done_rx: mpsc::Receiver<ReadDone>,
@@ -409,8 +395,8 @@ impl StreamFeed for FileFeed {
             let slot = self.layout.slots[i];
             let file = slot.chunk.file as usize;
             let _ = self.jobs.send(ReadJob {
-                path: self.paths[file].clone(),
-                size: self.sizes[file],
+                sources: self.sources.clone(),
+                file,
                 chunk: slot.chunk.chunk,
                 slot: i,
                 done: self.done_tx.clone(),
@@ -444,8 +430,8 @@ struct StreamResult {
 
 struct Plan {
     entries: Vec<LocalEntry>,
-    /// Per file: where it is here, and its size.
-    paths: Arc<Vec<Arc<PathBuf>>>,
+    /// Per file: where it is here, opened for reading as chunks are read.
+    sources: Arc<Sources>,
     sizes: Arc<Vec<u64>>,
     names: Arc<Vec<String>>,
 }
@@ -497,11 +483,13 @@ fn compare_held(
             });
         }
     }
+    for c in &jobs {
+        plan.sources.expect(c.file as usize, 1);
+    }
     for (slot, c) in jobs.iter().enumerate() {
-        let f = c.file as usize;
         let _ = readers.jobs.send(ReadJob {
-            path: plan.paths[f].clone(),
-            size: plan.sizes[f],
+            sources: plan.sources.clone(),
+            file: c.file as usize,
             chunk: c.chunk,
             slot,
             done: tx.clone(),
@@ -578,15 +566,27 @@ fn send_session(
     progress.set_stage("reading the sources");
     let entries = walk(sources, config.follow)?;
     let manifest = manifest_of(&entries);
-    let mut paths = Vec::new();
+    let mut specs = Vec::new();
     let mut sizes = Vec::new();
     let mut names = Vec::new();
     let (mut dirs, mut symlinks) = (0, 0);
     for e in &entries {
-        match e.entry.kind {
+        match &e.entry.kind {
             EntryKind::File { size } => {
-                paths.push(Arc::new(e.source.clone()));
-                sizes.push(size);
+                let Some(stamp) = e.stamp else {
+                    let shown = e.source.display();
+                    return Err(SendError::Source(format!(
+                        "{shown} was not read by the walk"
+                    )));
+                };
+                specs.push(SourceSpec {
+                    top: e.top.clone(),
+                    path: e.entry.path.clone(),
+                    shown: e.source.clone(),
+                    stamp,
+                    follow: config.follow,
+                });
+                sizes.push(*size);
                 names.push(e.entry.path.to_string());
             }
             EntryKind::Dir => dirs += 1,
@@ -595,7 +595,7 @@ fn send_session(
     }
     let plan = Plan {
         entries,
-        paths: Arc::new(paths),
+        sources: Arc::new(Sources::new(specs)),
         sizes: Arc::new(sizes),
         names: Arc::new(names),
     };
@@ -719,6 +719,9 @@ fn send_session(
         } else {
             format!("sending {} chunks again", to_send.len())
         });
+        for c in &to_send {
+            plan.sources.expect(c.file as usize, 1);
+        }
         let shares = share_out(&to_send, &plan.sizes, config.streams);
         let budget = (config.buffer / shares.len().max(1) as u64).max(2 * (CHUNK_SIZE + CV_LEN));
         {
@@ -741,8 +744,7 @@ fn send_session(
                     let mut feed = FileFeed {
                         header: header.encode(),
                         layout,
-                        paths: plan.paths.clone(),
-                        sizes: plan.sizes.clone(),
+                        sources: plan.sources.clone(),
                         jobs: readers.jobs.clone(),
                         done_tx,
                         done_rx,
