@@ -824,4 +824,33 @@ mod tests {
         }
         assert_eq!(c.reply.as_deref(), Some(&reply[..]));
     }
+
+    proptest::proptest! {
+        /// Any sequence of reply fragments a server may craft (any offset,
+        /// total and length the wire decoder lets through, repeated, out of
+        /// order, changing length): no panic, and the client holds no more
+        /// than its limit plus the fragments it keeps ahead.
+        #[test]
+        fn hostile_reply_fragments_never_panic_and_stay_bounded(
+            limit in 1u32..20_000,
+            frags in proptest::collection::vec(
+                (0u32..30_000, 0u32..30_000, 0usize..400), 1..60),
+        ) {
+            let (c, now) = client();
+            let mut c = c.with_reply_limit(limit);
+            let mut most = 0;
+            for (offset, total, len) in frags {
+                let total = total.max(offset.saturating_add(len as u32));
+                fragment(&mut c, now, offset, total, &vec![9; len]);
+                most = most.max(c.reply_bytes_held());
+                let mut buf = [0u8; 256];
+                while c.poll_transmit(now, &mut buf, &mut PatternSource).is_some() {}
+            }
+            let ahead = FETCH_AHEAD as usize * frag_len() as usize;
+            proptest::prop_assert!(most <= 2 * limit as usize + ahead, "{most} held");
+            if let Some(Ok(closed)) = c.outcome() {
+                proptest::prop_assert!(closed.reply.as_ref().is_none_or(|r| r.len() <= limit as usize));
+            }
+        }
+    }
 }

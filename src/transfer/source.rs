@@ -260,14 +260,17 @@ impl Sources {
         result
     }
 
+    /// The file's descriptor, opened now if no reader has it open. The
+    /// open runs outside the lock, so readers of different files do not
+    /// wait for each other's opens; of two readers that open one file at
+    /// once, the first to finish keeps its descriptor.
     fn with_file(&self, file: usize) -> Result<Arc<File>, String> {
-        let mut open = self.lock();
-        if let Some(f) = &open[file].file {
+        if let Some(f) = &self.lock()[file].file {
             return Ok(f.clone());
         }
-        let f = Arc::new(self.specs[file].open()?);
-        open[file].file = Some(f.clone());
-        Ok(f)
+        let opened = Arc::new(self.specs[file].open()?);
+        let mut open = self.lock();
+        Ok(open[file].file.get_or_insert(opened).clone())
     }
 
     /// Files open now (for tests of the descriptor budget).
