@@ -164,6 +164,7 @@ fn stream(to: SocketAddr, session: u64, bytes: Vec<u8>) -> Result<Vec<u8>, Strin
         trace: false,
         conn_id: fresh_conn_id(),
         session,
+        reply_limit: 1 << 20,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -211,3 +211,70 @@ fn atou_4_4_delayed_ack_helps_on_an_ack_limited_path() {
         off.0
     );
 }
+
+/// Waits for one datagram on `sink` (up to `patience`); its first byte.
+fn tag_of_next(sink: &UdpSocket) -> Option<u8> {
+    let mut buf = [0u8; 64];
+    sink.recv(&mut buf).ok().map(|_| buf[0])
+}
+
+/// Whoever can send UDP to the relay could make it hold a socket and a
+/// thread per source address, forever (300 one-datagram sources held 286
+/// threads and 294 descriptors). With `--max-sources 3`: three sources
+/// get through, a fourth is dropped and counted; once the three have been
+/// idle for `--idle`, they are forgotten and the fourth gets through.
+#[test]
+fn sources_beyond_the_cap_are_refused_until_idle_ones_are_reclaimed() {
+    let _g = serial();
+    let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sink.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let relay = Relay::start_with(
+        sink.local_addr().unwrap(),
+        "",
+        "",
+        1,
+        &["--max-sources", "3", "--idle", "1s"],
+    );
+    let sources: Vec<UdpSocket> = (0..4)
+        .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let mut got = Vec::new();
+    for (tag, s) in sources[..3].iter().enumerate() {
+        s.send_to(&[tag as u8], relay.addr).unwrap();
+        // One at a time, so the three are held before the fourth comes.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.len() <= tag && Instant::now() < deadline {
+            got.extend(tag_of_next(&sink));
+        }
+    }
+    assert_eq!(got, [0, 1, 2], "the first three sources get through");
+    // The fourth, while the three are held: dropped. It keeps trying
+    // until the three are reclaimed and it gets through.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut tries = 0u64;
+    let mut fourth = None;
+    while fourth.is_none() && Instant::now() < deadline {
+        sources[3].send_to(&[3], relay.addr).unwrap();
+        tries += 1;
+        fourth = tag_of_next(&sink);
+    }
+    assert_eq!(
+        fourth,
+        Some(3),
+        "the fourth source got through once the others were idle"
+    );
+    let counts = relay.stop();
+    let s = &counts["sources"];
+    assert_eq!(u(&s["opened"]), 4, "{counts}");
+    assert_eq!(u(&s["reclaimed"]), 3, "{counts}");
+    assert_eq!(u(&s["live"]), 1, "{counts}");
+    let refused = u(&s["refused"]);
+    assert!(refused >= 1 && refused < tries, "{counts}, {tries} tries");
+    // Exactly the datagrams of admitted sources were forwarded.
+    assert_eq!(
+        u(&counts["fwd"]["offered"]),
+        3 + tries - refused,
+        "{counts}"
+    );
+}

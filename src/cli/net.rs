@@ -285,6 +285,7 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
         trace: args.output.trace.is_some(),
         conn_id: io::fresh_conn_id(),
         session: 0,
+        reply_limit: 0,
     };
     let result = runtime()?.block_on(io::probe(config, &mut out, ctrl_c()));
     finish_trace(&mut out)?;

@@ -1,7 +1,6 @@
 //! `atou netem relay` and `atou netem bridge`: the netem model on real
 //! packets.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::unix::fs::MetadataExt;
@@ -16,7 +15,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
-use atou::io::netem::Direction;
+use atou::io::netem::{Direction, SourceStats, SourceTable};
 use atou::io::tun::Tun;
 use atou::netem::{mix_seed, Datagram, Distribution, Netem, NetemSpec, NetemStats, SlotDelay};
 
@@ -76,6 +75,17 @@ struct RelayArgs {
     /// Stop by itself after this long (e.g. 30s); default: run until Ctrl-C or SIGTERM
     #[arg(long = "for", value_name = "TIME", value_parser = parse_seconds)]
     run_for: Option<Duration>,
+    /// Forget a source address (its socket and thread towards the server)
+    /// after this long without a datagram from it, e.g. 30s or 500ms; a
+    /// bare number is seconds
+    #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_seconds)]
+    idle: Duration,
+    /// Most source addresses held at once (each has a socket and a thread);
+    /// datagrams from further sources are dropped and counted until one
+    /// goes idle
+    #[arg(long, value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    max_sources: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -186,7 +196,14 @@ fn report_line(name: &str, spec: &NetemSpec, s: &NetemStats) -> String {
     )
 }
 
-fn print_report(json: bool, seed: u64, backend: &str, dirs: &[(&str, &NetemSpec, NetemStats)]) {
+/// The final counts; the relay's include what it did with sources.
+fn print_report(
+    json: bool,
+    seed: u64,
+    backend: &str,
+    dirs: &[(&str, &NetemSpec, NetemStats)],
+    sources: Option<SourceStats>,
+) {
     if json {
         let mut obj = serde_json::Map::new();
         obj.insert("seed".into(), seed.into());
@@ -198,10 +215,22 @@ fn print_report(json: bool, seed: u64, backend: &str, dirs: &[(&str, &NetemSpec,
             };
             obj.insert((*name).into(), serde_json::to_value(r).unwrap_or_default());
         }
+        if let Some(s) = sources {
+            obj.insert(
+                "sources".into(),
+                serde_json::to_value(s).unwrap_or_default(),
+            );
+        }
         println!("{}", serde_json::Value::Object(obj));
     } else {
         for (name, spec, stats) in dirs {
             println!("{}", report_line(name, spec, stats));
+        }
+        if let Some(s) = sources {
+            println!(
+                "sources: opened {} reclaimed {} live {} refused {} datagrams",
+                s.opened, s.reclaimed, s.live, s.refused
+            );
         }
     }
 }
@@ -234,6 +263,9 @@ fn relay(args: RelayArgs) -> Result<ExitCode> {
     if !args.to.contains(':') {
         return Err(UsageError(format!("--to `{}` needs a port: HOST:PORT", args.to)).into());
     }
+    if args.idle.is_zero() {
+        return Err(UsageError("--idle must be longer than 0 (e.g. 60s)".into()).into());
+    }
     let to = resolve(&args.to)?;
     let seed = args.path.seed.unwrap_or_else(clock_seed);
     let listen = UdpSocket::bind(args.listen)
@@ -265,12 +297,13 @@ fn relay(args: RelayArgs) -> Result<ExitCode> {
         epoch,
         Arc::clone(&stop),
     )?;
-    {
+    let clients = {
         let (listen, stop) = (Arc::clone(&listen), Arc::clone(&stop));
+        let table = SourceTable::new(args.max_sources as usize, args.idle);
         std::thread::Builder::new()
             .name("relay-listen".into())
-            .spawn(move || relay_clients(&listen, to, &fwd_tx, &rev_tx, &stop))?;
-    }
+            .spawn(move || relay_clients(&listen, to, table, &fwd_tx, &rev_tx, &stop))?
+    };
     eprintln!(
         "atou netem relay: {} -> {to}, seed {seed}\n  fwd \"{}\"\n  rev \"{}\"\nready",
         listen.local_addr()?,
@@ -280,54 +313,106 @@ fn relay(args: RelayArgs) -> Result<ExitCode> {
     runtime()?.block_on(until_stopped(args.run_for));
     stop.store(true, Ordering::Relaxed);
     let (f, r) = (fwd.join(), rev.join());
+    let sources = clients.join().unwrap_or_default();
     print_report(
         args.path.json,
         seed,
         "relay",
         &[("fwd", &args.path.fwd, f), ("rev", &args.path.rev, r)],
+        Some(sources),
     );
     Ok(ExitCode::SUCCESS)
 }
 
+/// How often at most the relay says it is dropping new sources.
+const REFUSAL_NOTICE_EVERY: Duration = Duration::from_secs(10);
+
+/// A source's way to the server: its socket, and a flag that ends its
+/// reader thread.
+struct Upstream {
+    sock: Arc<UdpSocket>,
+    gone: Arc<AtomicBool>,
+}
+
+/// Says, at most every [`REFUSAL_NOTICE_EVERY`], that datagrams from new
+/// sources are being dropped.
+struct RefusalNotice {
+    max: usize,
+    idle: Duration,
+    last: Option<Instant>,
+    unsaid: u64,
+}
+
+impl RefusalNotice {
+    fn refused(&mut self, now: Instant) {
+        self.unsaid += 1;
+        if self
+            .last
+            .is_some_and(|t| now.saturating_duration_since(t) < REFUSAL_NOTICE_EVERY)
+        {
+            return;
+        }
+        eprintln!(
+            "atou netem relay: dropped {} datagram{} from new sources: {} sources are held \
+             already (--max-sources); one is forgotten after {} without a datagram (--idle)",
+            self.unsaid,
+            if self.unsaid == 1 { "" } else { "s" },
+            self.max,
+            atou::units::format_time_tc(self.idle),
+        );
+        self.last = Some(now);
+        self.unsaid = 0;
+    }
+}
+
 /// Reads from clients; each new client gets its own socket towards the
-/// server, so replies can be told apart.
+/// server, so replies can be told apart, up to the table's cap; sources
+/// idle past its timeout are forgotten (their threads end). Returns what
+/// it did with sources once `stop` is set.
 fn relay_clients(
     listen: &UdpSocket,
     to: SocketAddr,
+    mut table: SourceTable<Upstream>,
     fwd: &SyncSender<Routed<Arc<UdpSocket>>>,
     rev: &SyncSender<Routed<SocketAddr>>,
     stop: &Arc<AtomicBool>,
-) {
-    let mut upstream: HashMap<SocketAddr, Arc<UdpSocket>> = HashMap::new();
+) -> SourceStats {
     let mut buf = vec![0u8; 65_536];
+    let (max, idle) = (table.max(), table.idle());
+    let sweep_every = (idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let mut next_sweep = Instant::now() + sweep_every;
+    let mut notice = RefusalNotice {
+        max,
+        idle,
+        last: None,
+        unsaid: 0,
+    };
     while !stop.load(Ordering::Relaxed) {
-        let (n, client) = match listen.recv_from(&mut buf) {
-            Ok(x) => x,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
+        let received = listen.recv_from(&mut buf);
+        let now = Instant::now();
+        if now >= next_sweep {
+            for gone in table.reclaim(now) {
+                gone.gone.store(true, Ordering::Relaxed);
             }
-            // ICMP errors from a client that went away; keep relaying.
+            next_sweep = now + sweep_every;
+        }
+        let (n, client) = match received {
+            Ok(x) => x,
+            // Timeouts, and ICMP errors from a client that went away;
+            // keep relaying.
             Err(_) => continue,
         };
-        let sock = match upstream.get(&client) {
-            Some(s) => Arc::clone(s),
-            None => match open_upstream(to, client, rev, stop) {
-                Ok(s) => {
-                    upstream.insert(client, Arc::clone(&s));
-                    s
-                }
-                Err(e) => {
-                    eprintln!(
-                        "atou netem relay: cannot open a socket towards {to} for {client}: {e}"
-                    );
-                    continue;
-                }
-            },
+        let admitted = table.admit(now, client, || open_upstream(to, client, rev, stop));
+        let sock = match admitted {
+            Ok(Some(up)) => Arc::clone(&up.sock),
+            Ok(None) => {
+                notice.refused(now);
+                continue;
+            }
+            Err(e) => {
+                eprintln!("atou netem relay: cannot open a socket towards {to} for {client}: {e}");
+                continue;
+            }
         };
         if fwd
             .send(Routed {
@@ -336,9 +421,14 @@ fn relay_clients(
             })
             .is_err()
         {
-            return;
+            break;
         }
     }
+    let stats = table.stats();
+    for up in table.drain() {
+        up.gone.store(true, Ordering::Relaxed);
+    }
+    stats
 }
 
 fn open_upstream(
@@ -346,7 +436,7 @@ fn open_upstream(
     client: SocketAddr,
     rev: &SyncSender<Routed<SocketAddr>>,
     stop: &Arc<AtomicBool>,
-) -> std::io::Result<Arc<UdpSocket>> {
+) -> std::io::Result<Upstream> {
     let any: SocketAddr = if to.is_ipv4() {
         "0.0.0.0:0".parse().expect("literal")
     } else {
@@ -356,12 +446,18 @@ fn open_upstream(
     sock.connect(to)?;
     sock.set_read_timeout(Some(READ_WAKE))?;
     let sock = Arc::new(sock);
-    let (reader, rev, stop) = (Arc::clone(&sock), rev.clone(), Arc::clone(stop));
+    let gone = Arc::new(AtomicBool::new(false));
+    let (reader, rev, stop, mine) = (
+        Arc::clone(&sock),
+        rev.clone(),
+        Arc::clone(stop),
+        Arc::clone(&gone),
+    );
     std::thread::Builder::new()
         .name("relay-upstream".into())
         .spawn(move || {
             let mut buf = vec![0u8; 65_536];
-            while !stop.load(Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) && !mine.load(Ordering::Relaxed) {
                 match reader.recv(&mut buf) {
                     Ok(n) => {
                         let p = Routed {
@@ -377,7 +473,7 @@ fn open_upstream(
                 }
             }
         })?;
-    Ok(sock)
+    Ok(Upstream { sock, gone })
 }
 
 // ---------------------------------------------------------------------------
@@ -800,6 +896,7 @@ fn bridge(args: BridgeArgs) -> Result<ExitCode> {
                 ("fwd", &args.path.fwd, stats[0]),
                 ("rev", &args.path.rev, stats[1]),
             ],
+            None,
         );
     }
     drop(hosts);

@@ -156,6 +156,9 @@ pub struct ProbeConfig {
     pub conn_id: u64,
     /// File-transfer session; 0 for a probe.
     pub session: u64,
+    /// Longest reply the session's request can be answered with (see
+    /// [`Client::with_reply_limit`]).
+    pub reply_limit: u32,
 }
 
 #[derive(Debug)]
@@ -216,7 +219,9 @@ pub async fn connect<F: StreamFeed>(
     // The tuning first: a bad one should not cost a socket.
     let clock = Clock::new();
     let mut client = match Client::new(&config.tuning, config.conn_id, config.bytes, clock.now()) {
-        Ok(c) => c.with_session(config.session),
+        Ok(c) => c
+            .with_session(config.session)
+            .with_reply_limit(config.reply_limit),
         Err(e) => return fail(ProbeError::Tuning(e)),
     };
     let io = match UdpIo::bind(local) {

@@ -12,7 +12,7 @@
 //! sent is acknowledged the client sends a close, repeated the same way,
 //! and finishes when the server acknowledges it with its counters.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use thiserror::Error;
@@ -38,12 +38,16 @@ const CONTROL_RETRY_MAX: Duration = Duration::from_secs(2);
 const CLOSE_WAIT_DEFAULT: Duration = Duration::from_secs(10);
 /// Reply fragments asked for at once.
 const FETCH_WINDOW: usize = 64;
+/// How far past the first missing reply fragment a fragment is kept
+/// (4 × 64 fragments of at most 1200 bytes: 300 KiB).
+const FETCH_AHEAD: u32 = 4 * FETCH_WINDOW as u32;
 /// After "not ready yet", ask again after this long, growing by half each
 /// time up to [`FETCH_PENDING_MAX`]: quick for a reply that is nearly
 /// done, gentle for one that takes minutes (hashing a large partial file).
 const FETCH_PENDING_FIRST: Duration = Duration::from_millis(5);
 const FETCH_PENDING_MAX: Duration = Duration::from_secs(1);
-/// A reply longer than this is refused rather than allocated.
+/// The longest reply any request may have; a caller that knows its
+/// request sets a tighter limit ([`Client::with_reply_limit`]).
 pub const REPLY_MAX: u32 = 256 << 20;
 
 /// Where a connection was when it failed.
@@ -81,8 +85,11 @@ pub enum ConnError {
          or ask its operator to raise --max-connections or --buffer"
     )]
     Busy,
-    #[error("the server's reply is {0} bytes, more than the {REPLY_MAX} this client accepts")]
-    ReplyTooLong(u32),
+    #[error(
+        "the server announced a reply of {total} bytes, more than the {limit} this request \
+         can be answered with; is the server a compatible atou?"
+    )]
+    ReplyTooLong { total: u32, limit: u32 },
 }
 
 /// How a finished connection ended.
@@ -97,13 +104,24 @@ pub struct Closed {
 
 /// A reply being fetched: fragments asked for a window at a time, asked
 /// again when they do not come within a retransmission timeout.
+///
+/// Everything about the reply comes from the server, so nothing is
+/// allocated for what it announces: the buffer grows with the fragments
+/// that arrive, in order, and fragments that arrive ahead of the first
+/// missing one are kept only within [`FETCH_AHEAD`] of it.
 #[derive(Debug)]
 struct Fetching {
+    /// The reply's length, from its first fragment; at most `limit`.
     total: Option<u32>,
+    /// Most bytes the request can legitimately be answered with.
+    limit: u32,
     fragment: u32,
+    /// The reply's first `done` fragments, in order.
     bytes: Vec<u8>,
-    /// Fragment numbers not yet received (known once `total` is).
-    missing: BTreeSet<u32>,
+    done: u32,
+    /// Fragments received past `done`, by number (each below
+    /// `done + FETCH_AHEAD`).
+    early: BTreeMap<u32, Vec<u8>>,
     /// Fragment numbers asked for and not yet answered.
     asked: BTreeSet<u32>,
     /// Fetches to put on the wire.
@@ -115,12 +133,14 @@ struct Fetching {
 }
 
 impl Fetching {
-    fn new(now: Time, mss: u32) -> Fetching {
+    fn new(now: Time, mss: u32, limit: u32) -> Fetching {
         Fetching {
             total: None,
+            limit,
             fragment: reply_fragment_len(mss) as u32,
             bytes: Vec::new(),
-            missing: BTreeSet::new(),
+            done: 0,
+            early: BTreeMap::new(),
             asked: BTreeSet::new(),
             queue: VecDeque::from([0]),
             again_at: now,
@@ -129,21 +149,77 @@ impl Fetching {
         }
     }
 
+    /// Fragments in the reply, once its length is known.
+    fn count(&self) -> Option<u32> {
+        Some(self.total?.div_ceil(self.fragment))
+    }
+
     fn is_done(&self) -> bool {
-        self.total.is_some() && self.missing.is_empty()
+        self.count() == Some(self.done)
+    }
+
+    /// Fragment numbers a fragment may have and be kept.
+    fn wanted(&self) -> std::ops::Range<u32> {
+        let end = self.done.saturating_add(FETCH_AHEAD);
+        self.done..self.count().map_or(0, |c| c.min(end))
     }
 
     /// Tops the window up with fragments not yet asked for.
     fn fill_window(&mut self) {
-        let room = FETCH_WINDOW.saturating_sub(self.asked.len() + self.queue.len());
-        let next: Vec<u32> = self
-            .missing
-            .iter()
-            .filter(|k| !self.asked.contains(k) && !self.queue.contains(k))
-            .take(room)
-            .copied()
-            .collect();
-        self.queue.extend(next);
+        let mut room = FETCH_WINDOW.saturating_sub(self.asked.len() + self.queue.len());
+        for k in self.wanted() {
+            if room == 0 {
+                break;
+            }
+            if !self.early.contains_key(&k) && !self.asked.contains(&k) && !self.queue.contains(&k)
+            {
+                self.queue.push_back(k);
+                room -= 1;
+            }
+        }
+    }
+
+    /// Takes in fragment `offset` of a reply of `total` bytes. Fragments
+    /// that do not fit what is known of the reply (another length, not on
+    /// a fragment boundary, the wrong size, already held, or too far ahead)
+    /// are ignored: a path may corrupt or repeat them. `Err` when the reply
+    /// is longer than the request can produce.
+    fn take(&mut self, offset: u32, total: u32, data: &[u8]) -> Result<(), ConnError> {
+        if self.total.is_none() {
+            if total > self.limit {
+                return Err(ConnError::ReplyTooLong {
+                    total,
+                    limit: self.limit,
+                });
+            }
+            self.total = Some(total);
+        }
+        if self.total != Some(total) || offset % self.fragment != 0 {
+            return Ok(());
+        }
+        let k = offset / self.fragment;
+        // Inside the reply, since k < count.
+        let expected = self.fragment.min(total.saturating_sub(offset)) as usize;
+        if !self.wanted().contains(&k) || self.early.contains_key(&k) || data.len() != expected {
+            return Ok(());
+        }
+        self.asked.remove(&k);
+        if k != self.done {
+            self.early.insert(k, data.to_vec());
+            return Ok(());
+        }
+        self.bytes.extend_from_slice(data);
+        self.done += 1;
+        while let Some(next) = self.early.remove(&self.done) {
+            self.bytes.extend_from_slice(&next);
+            self.done += 1;
+        }
+        Ok(())
+    }
+
+    /// Bytes held for the reply so far.
+    fn held(&self) -> usize {
+        self.bytes.capacity() + self.early.values().map(Vec::capacity).sum::<usize>()
     }
 }
 
@@ -190,6 +266,8 @@ pub struct Client {
     conn_id: u64,
     /// 0 for a probe; else the file-transfer session.
     session: u64,
+    /// Longest reply accepted for this connection's stream.
+    reply_limit: u32,
     reply: Option<Vec<u8>>,
     /// Stream bytes ready to send, when the application limits them.
     available: Option<u64>,
@@ -220,6 +298,7 @@ impl Client {
         Ok(Client {
             conn_id,
             session: 0,
+            reply_limit: REPLY_MAX,
             reply: None,
             available: None,
             tuning: tuning.clone(),
@@ -239,6 +318,14 @@ impl Client {
     /// acknowledged the client fetches the server's reply before closing.
     pub fn with_session(mut self, session: u64) -> Client {
         self.session = session;
+        self
+    }
+
+    /// Refuses a reply longer than `bytes` (at most [`REPLY_MAX`]): what
+    /// the request can legitimately be answered with. The reply's memory
+    /// grows only with the fragments that arrive, whatever the limit.
+    pub fn with_reply_limit(mut self, bytes: u32) -> Client {
+        self.reply_limit = bytes.min(REPLY_MAX);
         self
     }
 
@@ -275,6 +362,14 @@ impl Client {
 
     pub fn bad_packets(&self) -> u64 {
         self.bad_packets
+    }
+
+    /// Bytes held for the server's reply while it is fetched.
+    pub fn reply_bytes_held(&self) -> usize {
+        match &self.state {
+            State::Fetching(f) => f.held(),
+            _ => 0,
+        }
     }
 
     /// `Some` once the connection is over.
@@ -365,7 +460,11 @@ impl Client {
             (Packet::Reply(reply @ Reply::Fragment { .. }), State::Transfer)
                 if self.session != 0 =>
             {
-                self.state = State::Fetching(Box::new(Fetching::new(now, self.tuning.mss)));
+                self.state = State::Fetching(Box::new(Fetching::new(
+                    now,
+                    self.tuning.mss,
+                    self.reply_limit,
+                )));
                 self.on_reply(now, reply);
             }
             (Packet::Ack(ack), State::Transfer | State::Fetching(_) | State::Closing { .. }) => {
@@ -408,27 +507,14 @@ impl Client {
                 data,
                 ..
             } => {
-                if f.total.is_none() {
-                    if total > REPLY_MAX {
-                        self.fail(ConnError::ReplyTooLong(total));
-                        return;
-                    }
-                    f.total = Some(total);
-                    f.bytes = vec![0; total as usize];
-                    f.missing = (0..total.div_ceil(f.fragment)).collect();
-                }
-                let k = offset / f.fragment;
-                let expected_len = (f.fragment as usize).min(f.bytes.len() - offset as usize);
-                if f.total != Some(total)
-                    || offset % f.fragment != 0
-                    || data.len() != expected_len
-                    || !f.missing.remove(&k)
-                {
+                let before = (f.done, f.early.len());
+                if let Err(e) = f.take(offset, total, data) {
+                    self.fail(e);
                     return;
                 }
-                f.bytes[offset as usize..offset as usize + data.len()].copy_from_slice(data);
-                f.asked.remove(&k);
-                f.pending_wait = FETCH_PENDING_FIRST;
+                if (f.done, f.early.len()) != before {
+                    f.pending_wait = FETCH_PENDING_FIRST;
+                }
                 if f.is_done() {
                     self.reply = Some(std::mem::take(&mut f.bytes));
                     self.start_closing(now);
@@ -465,7 +551,11 @@ impl Client {
         };
         match (sender.state(), &self.state) {
             (SenderState::Finished, State::Transfer) if self.session != 0 => {
-                self.state = State::Fetching(Box::new(Fetching::new(now, self.tuning.mss)));
+                self.state = State::Fetching(Box::new(Fetching::new(
+                    now,
+                    self.tuning.mss,
+                    self.reply_limit,
+                )));
             }
             (SenderState::Finished, State::Transfer) => self.start_closing(now),
             (SenderState::Failed, State::Transfer) => {
@@ -594,5 +684,179 @@ impl Client {
 
     pub fn poll_trace(&mut self) -> Option<TraceRecord> {
         self.sender.as_mut()?.poll_trace()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A hostile server, sans-IO: crafted reply fragments built with the
+    //! wire encoders, fed straight to a client that is fetching.
+    use super::*;
+    use crate::proto::payload::PatternSource;
+    use crate::proto::wire::Welcome;
+
+    const CONN: u64 = 41;
+
+    /// A session client past its welcome, with `mss` 200 (179-byte
+    /// fragments).
+    fn client() -> (Client, Time) {
+        let tuning = Tuning {
+            mss: 200,
+            ..Tuning::default()
+        };
+        let now = Time::ZERO;
+        let mut c = Client::new(&tuning, CONN, Some(1000), now)
+            .unwrap()
+            .with_session(7);
+        let mut buf = [0u8; 256];
+        let n = Welcome {
+            conn_id: CONN,
+            receiver: ReceiverParams {
+                rcvsegs: 16,
+                rcvbuf: 1 << 20,
+                delack_us: 0,
+                sack: true,
+            },
+        }
+        .emit(&mut buf)
+        .unwrap();
+        c.handle_datagram(now, &buf[..n]).unwrap();
+        assert!(c.sender().is_some());
+        (c, now)
+    }
+
+    #[track_caller]
+    fn fragment(c: &mut Client, now: Time, offset: u32, total: u32, data: &[u8]) {
+        let mut buf = vec![0u8; 2048];
+        let n = Reply::Fragment {
+            conn_id: CONN,
+            offset,
+            total,
+            data,
+        }
+        .emit(&mut buf)
+        .unwrap();
+        let _ = c.handle_datagram(now, &buf[..n]);
+    }
+
+    fn frag_len() -> u32 {
+        reply_fragment_len(200) as u32
+    }
+
+    /// The server announces one length, then sends a fragment of a longer
+    /// reply that lies past the first one's end: `bytes.len() - offset`
+    /// must not underflow.
+    #[test]
+    fn a_server_that_changes_the_reply_length_cannot_panic_the_client() {
+        let (mut c, now) = client();
+        let f = frag_len();
+        fragment(&mut c, now, 0, 3 * f, &vec![1; f as usize]);
+        fragment(&mut c, now, 10 * f, 20 * f, &vec![2; f as usize]);
+        fragment(&mut c, now, f, 20 * f, &vec![2; f as usize]);
+        assert!(c.outcome().is_none(), "stray fragments are ignored");
+        // The honest rest still completes the reply.
+        fragment(&mut c, now, f, 3 * f, &vec![3; f as usize]);
+        fragment(&mut c, now, 2 * f, 3 * f, &vec![4; f as usize]);
+        let mut buf = [0u8; 256];
+        let _ = c.poll_transmit(now, &mut buf, &mut PatternSource);
+        let mut want = vec![1; f as usize];
+        want.extend(vec![3; f as usize]);
+        want.extend(vec![4; f as usize]);
+        assert!(matches!(c.state, State::Closing { .. }), "{:?}", c.state);
+        assert_eq!(c.reply.as_deref(), Some(&want[..]));
+    }
+
+    /// The server announces a reply of 256 MiB and sends one fragment,
+    /// then one near the end: the client holds what arrived, not what
+    /// was announced.
+    #[test]
+    fn a_server_announcing_a_huge_reply_does_not_make_the_client_allocate_it() {
+        let (mut c, now) = client();
+        let f = frag_len();
+        let total = REPLY_MAX / f * f;
+        fragment(&mut c, now, 0, total, &vec![1; f as usize]);
+        fragment(&mut c, now, total - f, total, &vec![1; f as usize]);
+        assert!(c.outcome().is_none());
+        let held = c.reply_bytes_held();
+        assert!(held <= 64 << 10, "{held} bytes held for 2 fragments");
+    }
+
+    /// A reply longer than the request can produce ends the connection
+    /// with an error that says so, before anything is held for it.
+    #[test]
+    fn a_reply_longer_than_the_request_allows_is_refused() {
+        let (c, now) = client();
+        let mut c = c.with_reply_limit(4096);
+        let f = frag_len();
+        fragment(&mut c, now, 0, 1 << 20, &vec![1; f as usize]);
+        let Some(Err(e)) = c.outcome() else {
+            panic!("{:?}", c.outcome())
+        };
+        assert_eq!(
+            *e,
+            ConnError::ReplyTooLong {
+                total: 1 << 20,
+                limit: 4096
+            }
+        );
+        assert!(e.to_string().contains("1048576 bytes"), "{e}");
+    }
+
+    /// Fragments out of order (last first) and repeated still make the
+    /// reply, and the fetches ask only for what is missing.
+    #[test]
+    fn fragments_out_of_order_and_repeated_make_the_reply() {
+        let (mut c, now) = client();
+        let f = frag_len() as usize;
+        let reply: Vec<u8> = (0..5 * f - 7).map(|i| (i % 251) as u8).collect();
+        let total = reply.len() as u32;
+        let pieces: Vec<(u32, &[u8])> = reply
+            .chunks(f)
+            .enumerate()
+            .map(|(k, d)| ((k * f) as u32, d))
+            .collect();
+        fragment(&mut c, now, pieces[4].0, total, pieces[4].1);
+        let mut asked = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Some(n) = c.poll_transmit(now, &mut buf, &mut PatternSource) {
+            if let Ok(Packet::Fetch(fetch)) = Packet::decode(&buf[..n]) {
+                asked.push(fetch.offset);
+            }
+        }
+        let want: Vec<u32> = pieces[..4].iter().map(|p| p.0).collect();
+        assert_eq!(asked, want, "the missing fragments, once each");
+        for k in [2, 2, 0, 3, 0, 1] {
+            fragment(&mut c, now, pieces[k].0, total, pieces[k].1);
+        }
+        assert_eq!(c.reply.as_deref(), Some(&reply[..]));
+    }
+
+    proptest::proptest! {
+        /// Any sequence of reply fragments a server may craft (any offset,
+        /// total and length the wire decoder lets through, repeated, out of
+        /// order, changing length): no panic, and the client holds no more
+        /// than its limit plus the fragments it keeps ahead.
+        #[test]
+        fn hostile_reply_fragments_never_panic_and_stay_bounded(
+            limit in 1u32..20_000,
+            frags in proptest::collection::vec(
+                (0u32..30_000, 0u32..30_000, 0usize..400), 1..60),
+        ) {
+            let (c, now) = client();
+            let mut c = c.with_reply_limit(limit);
+            let mut most = 0;
+            for (offset, total, len) in frags {
+                let total = total.max(offset.saturating_add(len as u32));
+                fragment(&mut c, now, offset, total, &vec![9; len]);
+                most = most.max(c.reply_bytes_held());
+                let mut buf = [0u8; 256];
+                while c.poll_transmit(now, &mut buf, &mut PatternSource).is_some() {}
+            }
+            let ahead = FETCH_AHEAD as usize * frag_len() as usize;
+            proptest::prop_assert!(most <= 2 * limit as usize + ahead, "{most} held");
+            if let Some(Ok(closed)) = c.outcome() {
+                proptest::prop_assert!(closed.reply.as_ref().is_none_or(|r| r.len() <= limit as usize));
+            }
+        }
     }
 }

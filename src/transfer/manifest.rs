@@ -37,10 +37,14 @@ use std::ffi::OsStr;
 use std::fmt;
 use std::fs;
 use std::io;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use thiserror::Error;
+
+use super::source::{self, Stamp};
 
 pub const MAGIC: [u8; 4] = *b"ATMF";
 pub const VERSION: u8 = 1;
@@ -443,7 +447,13 @@ impl Manifest {
 #[derive(Debug, Clone)]
 pub struct LocalEntry {
     pub entry: Entry,
+    /// Its path here, for messages.
     pub source: PathBuf,
+    /// The SRC it was found under, as the user named it: files are
+    /// opened beneath it (see [`super::source`]).
+    pub top: Arc<PathBuf>,
+    /// For a file: what the walk saw, checked again when it is read.
+    pub stamp: Option<Stamp>,
 }
 
 #[derive(Debug, Error)]
@@ -517,31 +527,39 @@ fn top_name(src: &Path) -> Result<(PathBuf, Vec<u8>), WalkError> {
 
 /// Depth-first with an explicit stack, so a deep tree cannot overflow ours;
 /// `ancestors` holds the (dev, ino) of the directories above the entry.
+///
+/// Each entry is looked at through an `O_PATH` descriptor opened beneath
+/// its parent directory's descriptor (see [`super::source`]), so a
+/// directory swapped for a symlink while the walk runs is seen as the
+/// symlink, never walked through; only SRC itself is opened by its path.
+/// At most one descriptor per level of the tree is open at a time.
 fn walk_one(
     source: PathBuf,
     rel: RelPath,
     follow: bool,
     out: &mut Vec<LocalEntry>,
 ) -> Result<(), WalkError> {
-    let mut stack = vec![(source, rel, 0usize)];
+    let top = Arc::new(source.clone());
+    let mut stack: Vec<(Option<Arc<OwnedFd>>, PathBuf, RelPath, usize)> =
+        vec![(None, source, rel, 0)];
     let mut ancestors: Vec<(u64, u64)> = Vec::new();
-    while let Some((source, path, depth)) = stack.pop() {
+    while let Some((parent, source, path, depth)) = stack.pop() {
         ancestors.truncate(depth);
-        let md = match follow {
-            true => fs::metadata(&source),
-            false => fs::symlink_metadata(&source),
-        };
-        let md = md.map_err(io_err(&source))?;
+        let name = source.file_name().map_or(source.as_path(), Path::new);
+        let fd =
+            source::open_entry(parent.as_deref(), &top, name, follow).map_err(io_err(&source))?;
+        drop(parent);
+        let md = source::metadata(&fd).map_err(io_err(&source))?;
         let ft = md.file_type();
+        let mut stamp = None;
         let kind = if ft.is_dir() {
             EntryKind::Dir
         } else if ft.is_file() {
+            stamp = Some(Stamp::of(&md));
             EntryKind::File { size: md.len() }
         } else if ft.is_symlink() {
-            let target = fs::read_link(&source).map_err(io_err(&source))?;
-            EntryKind::Symlink {
-                target: target.into_os_string().into_vec(),
-            }
+            let target = source::read_link(&fd).map_err(io_err(&source))?;
+            EntryKind::Symlink { target }
         } else {
             let what = match () {
                 _ if ft.is_socket() => "socket",
@@ -558,19 +576,14 @@ fn walk_one(
                 return Err(WalkError::Loop { path: source });
             }
             ancestors.push(id);
-            let names = fs::read_dir(&source).and_then(|dir| {
-                let names = dir.map(|e| e.map(|e| e.file_name()));
-                names.collect::<io::Result<Vec<_>>>()
-            });
-            let mut names = names.map_err(io_err(&source))?;
+            let mut names = source::list_dir(&fd).map_err(io_err(&source))?;
             // Pushed in descending order so that they pop in ascending order.
-            names.sort_by(|a, b| b.as_bytes().cmp(a.as_bytes()));
+            names.sort_by(|a, b| b.cmp(a));
+            let dir = Arc::new(fd);
             for name in names {
-                let child_source = source.join(&name);
-                let child = path
-                    .join(name.as_bytes())
-                    .map_err(name_err(&child_source))?;
-                stack.push((child_source, child, depth + 1));
+                let child_source = source.join(OsStr::from_bytes(&name));
+                let child = path.join(&name).map_err(name_err(&child_source))?;
+                stack.push((Some(dir.clone()), child_source, child, depth + 1));
             }
         }
         let (mode, mtime_sec) = (md.mode() & 0o7777, md.mtime());
@@ -582,7 +595,12 @@ fn walk_one(
             mtime_sec,
             mtime_nsec,
         };
-        out.push(LocalEntry { entry, source });
+        out.push(LocalEntry {
+            entry,
+            source,
+            top: top.clone(),
+            stamp,
+        });
     }
     Ok(())
 }

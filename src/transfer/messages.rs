@@ -425,6 +425,11 @@ pub enum PlanReply {
 
 const STATUS_OK: u8 = 0;
 const STATUS_FAILED: u8 = 1;
+
+/// A failure: its status, the longest text, the hash.
+fn failed_max_len() -> u64 {
+    (1 + 2 + MESSAGE_MAX + SEAL_LEN) as u64
+}
 const PLAN_SEND_ALL: u8 = 0;
 const PLAN_SKIP: u8 = 1;
 const PLAN_HELD: u8 = 2;
@@ -456,6 +461,18 @@ impl PlanReply {
             }
         }
         seal(out)
+    }
+
+    /// The longest plan reply a manifest whose files have these sizes can
+    /// get: every file held in part (a status, a count and a value per
+    /// chunk), or a refusal; so the client never accepts more.
+    pub fn max_len(file_sizes: &[u64]) -> u64 {
+        let held = file_sizes
+            .iter()
+            .fold(1 + 4 + SEAL_LEN as u64, |sum, &size| {
+                sum.saturating_add(chunk_count(size).saturating_mul(32).saturating_add(1 + 4))
+            });
+        held.max(failed_max_len())
     }
 
     /// Decodes a plan reply for a manifest whose files have these sizes.
@@ -531,6 +548,16 @@ impl Outcome {
             }
         }
         seal(out)
+    }
+
+    /// The longest answer to a stream of `chunks` chunks (every one
+    /// failed its check) or to a finish (`chunks` 0): so the client never
+    /// accepts more.
+    pub fn max_len(chunks: u64) -> u64 {
+        let done = chunks
+            .saturating_mul(8)
+            .saturating_add(1 + 4 + SEAL_LEN as u64);
+        done.max(failed_max_len())
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Outcome, MessageError> {
@@ -721,5 +748,27 @@ mod tests {
             panic!()
         };
         assert!(back.len() <= MESSAGE_MAX && back.chars().all(|c| c == 'é'));
+    }
+
+    /// The reply limits a client sets are never below what an honest
+    /// receiver sends: the longest of each kind fits exactly or with room.
+    #[test]
+    fn reply_limits_hold_the_longest_honest_replies() {
+        let sizes = [200 << 20, 0, 5];
+        let held = PlanReply::Accepted(vec![
+            FilePlan::Held(vec![[1; 32]; 200]),
+            FilePlan::Held(vec![]),
+            FilePlan::Held(vec![[2; 32]]),
+        ]);
+        assert_eq!(held.encode().len() as u64, PlanReply::max_len(&sizes));
+        let refused = PlanReply::Refused("x".repeat(5000)).encode();
+        assert_eq!(refused.len() as u64, PlanReply::max_len(&[]));
+        let bad = vec![ChunkRef { file: 1, chunk: 2 }; 1000];
+        let done = Outcome::Done { bad }.encode();
+        assert_eq!(done.len() as u64, Outcome::max_len(1000));
+        let failed = Outcome::Failed("y".repeat(5000)).encode();
+        assert_eq!(failed.len() as u64, Outcome::max_len(0));
+        // A manifest's worth of huge files saturates instead of wrapping.
+        assert_eq!(PlanReply::max_len(&vec![u64::MAX; 1 << 16]), u64::MAX);
     }
 }

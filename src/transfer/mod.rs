@@ -14,6 +14,7 @@ pub mod manifest;
 pub mod messages;
 pub mod receive;
 pub mod send;
+pub mod source;
 
 use manifest::{EntryKind, Manifest};
 

@@ -14,9 +14,8 @@
 //! 5. Send every file's hash (the finish request): the receiver checks
 //!    them and puts the files in place.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -32,6 +31,7 @@ use super::manifest::{manifest_of, walk, EntryKind, LocalEntry, RelPath, WalkErr
 use super::messages::{
     encode_abort, encode_finish, ChunkRef, FilePlan, Options, Outcome, PlanReply, PlanRequest,
 };
+use super::source::{SourceSpec, Sources};
 use crate::io::{self, fresh_conn_id, ProbeConfig, ProbeError, StreamFeed};
 use crate::proto::{PayloadSource, Tuning};
 use crate::sim::Observer;
@@ -157,13 +157,15 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// Runs one connection of `session` carrying `feed`; returns the reply
-/// and the transport's summary.
+/// (refused if longer than `reply_limit`, what the request can be
+/// answered with) and the transport's summary.
 fn run_conn<F: StreamFeed>(
     config: &SendConfig,
     session: u64,
     len: u64,
     feed: &mut F,
     stop: &Progress,
+    reply_limit: u64,
 ) -> (Result<Vec<u8>, SendError>, Option<Summary>) {
     let probe = ProbeConfig {
         peer: config.peer,
@@ -173,6 +175,7 @@ fn run_conn<F: StreamFeed>(
         trace: false,
         conn_id: fresh_conn_id(),
         session,
+        reply_limit: u32::try_from(reply_limit).unwrap_or(u32::MAX),
     };
     let stopped = async {
         while !stop.stop.load(Ordering::Relaxed) {
@@ -206,6 +209,32 @@ fn outcome(config: &SendConfig, reply: &[u8]) -> Result<Vec<ChunkRef>, SendError
     }
 }
 
+/// The chunks a data stream's answer names as bad, each checked to be one
+/// the stream carried (the server chose these numbers), once each.
+fn carried(
+    config: &SendConfig,
+    share: &[ChunkRef],
+    bad: Vec<ChunkRef>,
+) -> Result<Vec<ChunkRef>, SendError> {
+    let sent: HashSet<ChunkRef> = share.iter().copied().collect();
+    let mut seen = HashSet::with_capacity(bad.len().min(sent.len()));
+    for c in &bad {
+        if !sent.contains(c) {
+            return Err(SendError::BadReply {
+                host: config.host.clone(),
+                why: format!(
+                    "it names chunk {} of file {}, which that stream did not carry",
+                    c.chunk, c.file
+                ),
+            });
+        }
+        seen.insert(*c);
+    }
+    let mut bad: Vec<ChunkRef> = seen.into_iter().collect();
+    bad.sort_unstable();
+    Ok(bad)
+}
+
 /// A chunk read from disk: its data followed by its BLAKE3 value.
 struct ReadDone {
     slot: usize,
@@ -213,36 +242,23 @@ struct ReadDone {
 }
 
 struct ReadJob {
-    path: Arc<PathBuf>,
-    size: u64,
+    sources: Arc<Sources>,
+    file: usize,
     chunk: u64,
     slot: usize,
     done: mpsc::Sender<ReadDone>,
     notify: Arc<Notify>,
 }
 
+/// Reads a chunk from its file's one descriptor (see [`Sources`]) and
+/// appends its BLAKE3 value.
 fn read_chunk(job: &ReadJob) -> Result<Vec<u8>, String> {
-    let path = &job.path;
-    let file =
-        std::fs::File::open(path.as_path()).map_err(|e| super::dest::io_error("open", path, &e))?;
-    let len = chunk_len(job.size, job.chunk);
+    let size = job.sources.size(job.file);
+    let len = chunk_len(size, job.chunk);
     let mut buf = vec![0u8; len + CV_LEN as usize];
-    let mut at = 0;
-    while at < len {
-        match file.read_at(&mut buf[at..len], job.chunk * CHUNK_SIZE + at as u64) {
-            Ok(0) => {
-                return Err(format!(
-                    "{} shrank while it was being sent ({} bytes in the manifest); send it again",
-                    path.display(),
-                    job.size
-                ))
-            }
-            Ok(n) => at += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(super::dest::io_error("read", path, &e)),
-        }
-    }
-    let cv = chunk_cv(job.size, job.chunk, &buf[..len]);
+    job.sources
+        .read_chunk(job.file, job.chunk, &mut buf[..len])?;
+    let cv = chunk_cv(size, job.chunk, &buf[..len]);
     buf[len..].copy_from_slice(&cv);
     Ok(buf)
 }
@@ -283,8 +299,7 @@ impl Readers {
 struct FileFeed {
     header: Vec<u8>,
     layout: Layout,
-    paths: Arc<Vec<Arc<PathBuf>>>,
-    sizes: Arc<Vec<u64>>,
+    sources: Arc<Sources>,
     jobs: mpsc::Sender<ReadJob>,
     done_tx: mpsc::Sender<ReadDone>,
     done_rx: mpsc::Receiver<ReadDone>,
@@ -380,8 +395,8 @@ impl StreamFeed for FileFeed {
             let slot = self.layout.slots[i];
             let file = slot.chunk.file as usize;
             let _ = self.jobs.send(ReadJob {
-                path: self.paths[file].clone(),
-                size: self.sizes[file],
+                sources: self.sources.clone(),
+                file,
                 chunk: slot.chunk.chunk,
                 slot: i,
                 done: self.done_tx.clone(),
@@ -415,8 +430,8 @@ struct StreamResult {
 
 struct Plan {
     entries: Vec<LocalEntry>,
-    /// Per file: where it is here, and its size.
-    paths: Arc<Vec<Arc<PathBuf>>>,
+    /// Per file: where it is here, opened for reading as chunks are read.
+    sources: Arc<Sources>,
     sizes: Arc<Vec<u64>>,
     names: Arc<Vec<String>>,
 }
@@ -468,11 +483,13 @@ fn compare_held(
             });
         }
     }
+    for c in &jobs {
+        plan.sources.expect(c.file as usize, 1);
+    }
     for (slot, c) in jobs.iter().enumerate() {
-        let f = c.file as usize;
         let _ = readers.jobs.send(ReadJob {
-            path: plan.paths[f].clone(),
-            size: plan.sizes[f],
+            sources: plan.sources.clone(),
+            file: c.file as usize,
             chunk: c.chunk,
             slot,
             done: tx.clone(),
@@ -532,7 +549,8 @@ pub fn send(
         let len = request.len() as u64;
         // Best effort: the receiver may be what failed.
         let calm = Progress::default();
-        let _ = run_conn(&quick, id, len, &mut BytesFeed(request), &calm);
+        let limit = Outcome::max_len(0);
+        let _ = run_conn(&quick, id, len, &mut BytesFeed(request), &calm, limit);
     }
     result
 }
@@ -548,15 +566,27 @@ fn send_session(
     progress.set_stage("reading the sources");
     let entries = walk(sources, config.follow)?;
     let manifest = manifest_of(&entries);
-    let mut paths = Vec::new();
+    let mut specs = Vec::new();
     let mut sizes = Vec::new();
     let mut names = Vec::new();
     let (mut dirs, mut symlinks) = (0, 0);
     for e in &entries {
-        match e.entry.kind {
+        match &e.entry.kind {
             EntryKind::File { size } => {
-                paths.push(Arc::new(e.source.clone()));
-                sizes.push(size);
+                let Some(stamp) = e.stamp else {
+                    let shown = e.source.display();
+                    return Err(SendError::Source(format!(
+                        "{shown} was not read by the walk"
+                    )));
+                };
+                specs.push(SourceSpec {
+                    top: e.top.clone(),
+                    path: e.entry.path.clone(),
+                    shown: e.source.clone(),
+                    stamp,
+                    follow: config.follow,
+                });
+                sizes.push(*size);
                 names.push(e.entry.path.to_string());
             }
             EntryKind::Dir => dirs += 1,
@@ -565,7 +595,7 @@ fn send_session(
     }
     let plan = Plan {
         entries,
-        paths: Arc::new(paths),
+        sources: Arc::new(Sources::new(specs)),
         sizes: Arc::new(sizes),
         names: Arc::new(names),
     };
@@ -584,7 +614,15 @@ fn send_session(
     }
     .encode();
     let len = request.len() as u64;
-    let (reply, _) = run_conn(config, session, len, &mut BytesFeed(request), &progress);
+    let limit = PlanReply::max_len(&plan.sizes);
+    let (reply, _) = run_conn(
+        config,
+        session,
+        len,
+        &mut BytesFeed(request),
+        &progress,
+        limit,
+    );
     let reply = reply?;
     let plans = match PlanReply::decode(&reply, &plan.sizes) {
         Ok(PlanReply::Accepted(p)) => {
@@ -681,6 +719,9 @@ fn send_session(
         } else {
             format!("sending {} chunks again", to_send.len())
         });
+        for c in &to_send {
+            plan.sources.expect(c.file as usize, 1);
+        }
         let shares = share_out(&to_send, &plan.sizes, config.streams);
         let budget = (config.buffer / shares.len().max(1) as u64).max(2 * (CHUNK_SIZE + CV_LEN));
         {
@@ -703,8 +744,7 @@ fn send_session(
                     let mut feed = FileFeed {
                         header: header.encode(),
                         layout,
-                        paths: plan.paths.clone(),
-                        sizes: plan.sizes.clone(),
+                        sources: plan.sources.clone(),
                         jobs: readers.jobs.clone(),
                         done_tx,
                         done_rx,
@@ -725,13 +765,17 @@ fn send_session(
                     let progress = &progress;
                     scope.spawn(move || {
                         let len = feed.layout.total_len();
-                        let (reply, summary) = run_conn(config, session, len, &mut feed, progress);
+                        let limit = Outcome::max_len(feed.layout.slots.len() as u64);
+                        let (reply, summary) =
+                            run_conn(config, session, len, &mut feed, progress, limit);
                         // Whatever was acknowledged but not yet counted.
                         progress
                             .done
                             .fetch_add(sent.saturating_sub(feed.counted), Ordering::Relaxed);
                         StreamResult {
-                            bad: reply.and_then(|r| outcome(config, &r)),
+                            bad: reply
+                                .and_then(|r| outcome(config, &r))
+                                .and_then(|bad| carried(config, share, bad)),
                             cvs: std::mem::take(&mut feed.cvs),
                             summary,
                             sent,
@@ -787,7 +831,15 @@ fn send_session(
     }
     let request = encode_finish(&hashes);
     let len = request.len() as u64;
-    let (reply, _) = run_conn(config, session, len, &mut BytesFeed(request), &progress);
+    let limit = Outcome::max_len(0);
+    let (reply, _) = run_conn(
+        config,
+        session,
+        len,
+        &mut BytesFeed(request),
+        &progress,
+        limit,
+    );
     outcome(config, &reply?)?;
     let secs = started.elapsed().as_secs_f64();
     let files = plan.sizes.len() as u64;

@@ -234,6 +234,11 @@ pub struct Relay {
 
 impl Relay {
     pub fn start(to: SocketAddr, fwd: &str, rev: &str, seed: u64) -> Relay {
+        Relay::start_with(to, fwd, rev, seed, &[])
+    }
+
+    /// With more flags (`--max-sources`, `--idle`).
+    pub fn start_with(to: SocketAddr, fwd: &str, rev: &str, seed: u64, more: &[&str]) -> Relay {
         let mut child = Command::new(ATOU)
             .args([
                 "netem",
@@ -252,6 +257,7 @@ impl Relay {
                 &seed.to_string(),
                 "--json",
             ])
+            .args(more)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
