@@ -5,7 +5,9 @@
 #   tree: SMALL_FILES files (default 10000) of 1-64 KiB (random sizes,
 #         random content) spread over 100 directories.
 # Each data set is copied, one tool after another, into a fresh destination,
-# in ROUNDS rounds (default 3); each tool's figure is its median round:
+# in an uncounted warm-up round and then ROUNDS rounds (default 3), the
+# tools taking turns to go first (the order rotates each round); each tool's
+# figure is its median round, with its min and max:
 #   cp -r (the page-cache baseline);
 #   scp -r over a private sshd on 127.0.0.1;
 #   rsync -a over ssh to the same sshd;
@@ -321,22 +323,43 @@ PY
     echo "$set $tool $(elapsed "$t0" "$t1") $bytes $rss_send $rss_serve $extra" >>"$results"
 }
 
-for round in $(seq "$rounds"); do
+# run_tool SET NAME TOOL: one copy of SET by TOOL into a fresh destination, checked.
+run_tool() {
+    local set=$1 name=$2 tool=$3 dst=$work/dst-$1
+    case $tool in
+    atou-disk*) dst=$disk_work/dst-$set ;;
+    esac
+    mkdir "$dst"
+    case $tool in
+    cp) timed "$set" cp cp -r "$src/$name" "$dst/" ;;
+    scp) timed "$set" scp scp -q -r "${ssh_opts[@]}" -P "$ssh_port" "$src/$name" "$remote:$dst/" ;;
+    rsync) timed "$set" rsync rsync -a -e "$ssh_cmd" "$src/$name" "$remote:$dst/" ;;
+    atou | atou-disk) atou_run "$set" "$name" "$dst" "$tool" --no-fsync ;;
+    atou-disk-fsync) atou_run "$set" "$name" "$dst" "$tool" ;;
+    esac
+    verify "$set" "$dst" "$tool"
+}
+
+# Round 0 is a warm-up, not counted: every tool meets the page cache and
+# fresh memory once before anything is timed. Then the tools take turns
+# going first (the order rotates every round), so none always finds the
+# memory another one warmed.
+tools_in_order=(cp scp rsync atou atou-disk atou-disk-fsync)
+all_results=$results
+for round in $(seq 0 "$rounds"); do
+    if [ "$round" -eq 0 ]; then results=/dev/null; else results=$all_results; fi
+    n=${#tools_in_order[@]}
     for set in big tree; do
         case $set in
         big) name=big.bin; bytes=$big_bytes ;;
         tree) name=tree; bytes=$tree_bytes ;;
         esac
-        dst=$work/dst-$set
-        mkdir "$dst"; timed "$set" cp cp -r "$src/$name" "$dst/"; verify "$set" "$dst" cp
-        mkdir "$dst"; timed "$set" scp scp -q -r "${ssh_opts[@]}" -P "$ssh_port" "$src/$name" "$remote:$dst/"; verify "$set" "$dst" scp
-        mkdir "$dst"; timed "$set" rsync rsync -a -e "$ssh_cmd" "$src/$name" "$remote:$dst/"; verify "$set" "$dst" rsync
-        mkdir "$dst"; atou_run "$set" "$name" "$dst" atou --no-fsync; verify "$set" "$dst" atou
-        dst=$disk_work/dst-$set
-        mkdir "$dst"; atou_run "$set" "$name" "$dst" atou-disk --no-fsync; verify "$set" "$dst" atou-disk
-        mkdir "$dst"; atou_run "$set" "$name" "$dst" atou-disk-fsync; verify "$set" "$dst" atou-disk-fsync
+        for k in $(seq 0 $((n - 1))); do
+            run_tool "$set" "$name" "${tools_in_order[$(((k + round) % n))]}"
+        done
     done
 done
+results=$all_results
 
 read -r load_after _ </proc/loadavg
 python3 - "$results" "$big_size" "$small_files" "${STREAMS:-}" "${ATOU_ARGS:-}" "$rev" "$load_before" "$load_after" "$(nproc)" "$rounds" "$fsync_dir" <<'PY'
@@ -350,27 +373,29 @@ for line in open(rows):
     if tool.startswith("atou"):
         sender, receiver = rss.get(s, (0, 0))
         rss[s] = (max(sender, int(f[4]) / 1024), max(receiver, int(f[5]) / 1024))
-        extra.setdefault(s, []).append(tool + ": " + " ".join(f[6:]))
+    if tool in ("atou",):
+        extra.setdefault(s, []).append(" ".join(f[6:]))
 # The median of the rounds' seconds (every round copies the same bytes).
 res = {}
 for key, rs in runs.items():
     secs, nbytes = statistics.median(t for t, _ in rs), rs[0][1]
-    res[key] = (secs, nbytes, nbytes / secs / 1e6, [n / t / 1e6 for t, n in rs])
+    ts = [t for t, _ in rs]
+    res[key] = (secs, nbytes, nbytes / secs / 1e6, [n / t / 1e6 for t, n in rs], min(ts), max(ts))
 sets = {"big": f"big ({big_size} file)", "tree": f"tree ({small_files} files)"}
 tools = ["cp", "scp", "rsync", "atou"]
 args = " ".join(x for x in ([f"--streams {streams}"] if streams else []) + ([atou_args] if atou_args else []))
-print(f"loopback file transfer, {rounds} round(s), the median shown; atou {rev}, atou send {args or '(defaults)'}")
+print(f"loopback file transfer, {rounds} round(s) after an uncounted warm-up, tools in rotating order; atou {rev}, atou send {args or '(defaults)'}")
 print(f"{ncpu} cores; 1-minute load average {load0} before the copies, {load1} after (other work skews the figures)")
 print("MB/s = 10^6 bytes/s of the data set; atou/tool = atou MB/s / tool MB/s, medians")
 print()
-print(f"  {'data set':<22} {'tool':<6} {'bytes':>12} {'seconds':>9} {'MB/s':>9} {'atou/tool':>10}   MB/s by round")
+print(f"  {'data set':<22} {'tool':<6} {'bytes':>12} {'s min':>7} {'s median':>9} {'s max':>7} {'MB/s':>9} {'atou/tool':>10}   MB/s by round")
 for s in ("big", "tree"):
     a = res[(s, "atou")][2]
     for t in tools:
-        secs, nbytes, mbps, each = res[(s, t)]
+        secs, nbytes, mbps, each, lo, hi = res[(s, t)]
         ratio = "" if t.startswith("atou") else f"{a / mbps:9.2f}x"
         rounds_text = " ".join(f"{x:.1f}" for x in each)
-        print(f"  {sets[s]:<22} {t:<6} {nbytes:>12} {secs:9.2f} {mbps:9.1f} {ratio:>10}   {rounds_text}")
+        print(f"  {sets[s]:<22} {t:<6} {nbytes:>12} {lo:7.2f} {secs:9.2f} {hi:7.2f} {mbps:9.1f} {ratio:>10}   {rounds_text}")
 print()
 print("atou peak RSS over the rounds (/usr/bin/time -v, maximum resident set size)")
 for s in ("big", "tree"):
