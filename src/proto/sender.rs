@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::congestion::{self, AckEvent, CongestionEvent, Controller, RecoveryStep};
+use super::congestion::{self, AckEvent, CongestionEvent, Controller, DeliveryRate, RecoveryStep};
 use super::events::{Event, RecoveryTrigger, TimedEvent, TraceRecord};
 use super::loss::{self, AckSummary, DupEvidence, Forced, LossRecovery, LossState, Phase, Verdict};
 use super::payload::PayloadSource;
@@ -110,6 +110,8 @@ pub struct Sender {
     recovery: Box<dyn LossRecovery>,
     /// How much may be in flight.
     cc: Box<dyn Controller>,
+    /// Delivery-rate sampling for the controller.
+    rate: DeliveryRate,
     stats: SenderStats,
     events: VecDeque<TimedEvent>,
     /// The latest time the sender was given.
@@ -169,6 +171,7 @@ impl Sender {
             loss: LossState::new(tuning),
             recovery: loss::for_kind(tuning),
             cc: congestion::build(tuning),
+            rate: DeliveryRate::default(),
             stats: SenderStats::default(),
             events: VecDeque::new(),
             now,
@@ -387,6 +390,9 @@ impl Sender {
             self.stats.dsacks += 1;
         }
         let newly_acked = self.sb.ack_through(ack.cum_ack);
+        for stamp in self.sb.take_delivered() {
+            self.rate.on_delivered(now, &stamp);
+        }
         // RFC 2018 §8: a cumulative ACK that stops at a segment the receiver
         // SACKed means it threw SACKed data away; trust no SACK until new
         // ones arrive.
@@ -457,6 +463,7 @@ impl Sender {
             flight: self.sb.flight(),
             pipe: self.sb.pipe(),
             rtt: sample_ok.then_some(rtt),
+            rate: self.rate.sample(self.sb.lost_total(), self.rtt.min()),
         });
         self.loss.settle(&self.sb);
 
@@ -649,14 +656,22 @@ impl Sender {
             if self.tuning.burst_limit > 0 && self.burst >= u64::from(self.tuning.burst_limit) {
                 return None;
             }
-            let (seg, forced) = self.next_segment()?;
+            let Some((seg, forced)) = self.next_segment() else {
+                self.note_app_limited();
+                return None;
+            };
             let is_new = seg == self.sb.max();
+            let outstanding = self.sb.outstanding();
             if is_new {
                 self.persist_probe = false;
                 self.sb.on_send_new();
             } else {
                 self.record_retransmission(seg, forced);
             }
+            let stamp = self
+                .rate
+                .on_sent(now, outstanding, self.sb.pipe(), self.sb.lost_total());
+            self.sb.stamp(seg, stamp);
             // Test bookkeeping: the property tests assert it stays zero.
             if cfg!(debug_assertions) && forced.is_none() && !self.sent_within_window(is_new) {
                 self.window_violations += 1;
@@ -686,6 +701,16 @@ impl Sender {
             let len = self.write_segment(seg, !is_new, buf, source);
             self.stats.bytes_out += len as u64;
             return Some(len);
+        }
+    }
+
+    /// DRE "Detecting application-limited phases": the window has room and
+    /// nothing lost awaits a resend, yet nothing may go out: the sender waits
+    /// for the application's data or the receiver's window, so what is
+    /// delivered meanwhile says nothing of the path's capacity.
+    fn note_app_limited(&mut self) {
+        if self.window_open() && self.sb.lost_pending() == 0 && !self.may_send_new() {
+            self.rate.on_app_limited(self.sb.pipe());
         }
     }
 
@@ -1251,6 +1276,54 @@ mod tests {
         let s = Sender::new(&tuning(RecoveryKind::Sack), CONN, Some(0), Time::ZERO).unwrap();
         assert_eq!(s.state(), SenderState::Finished);
         assert_eq!(s.poll_timeout(), None);
+    }
+
+    /// DRE "Detecting application-limited phases": a sender with room in
+    /// its window that waits for the application's data, or for the
+    /// receiver's window, is application-limited; one held by cwnd is not.
+    #[test]
+    fn waiting_for_data_or_the_peer_window_is_app_limited_cwnd_is_not() {
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        send(&mut s, at(0));
+        assert!(!s.rate.is_app_limited(), "held by cwnd");
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        s.set_available(at(0), 25);
+        send(&mut s, at(0));
+        assert!(s.rate.is_app_limited(), "waiting for the application");
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        send(&mut s, at(0));
+        ack(
+            &mut s,
+            at(50),
+            AckSpec {
+                cum: 2,
+                window: 4,
+                ..ACK
+            },
+        );
+        assert_eq!(send(&mut s, at(50)), vec![4, 5]);
+        assert!(s.rate.is_app_limited(), "held by the receiver's window");
+    }
+
+    /// Every ACK that delivers a segment sent a minimum RTT earlier or more
+    /// gives a rate sample; the sampler counts each segment once, whether
+    /// SACKed first or cumulatively acknowledged.
+    #[test]
+    fn each_segment_is_counted_delivered_once() {
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        send(&mut s, at(0));
+        ack(
+            &mut s,
+            at(50),
+            AckSpec {
+                cum: 0,
+                sack: &[(1, 3)],
+                ..ACK
+            },
+        );
+        assert_eq!(s.rate.delivered(), 2);
+        ack(&mut s, at(51), AckSpec { cum: 4, ..ACK });
+        assert_eq!(s.rate.delivered(), 4);
     }
 
     /// A sender whose application reads ahead sends only what is ready,

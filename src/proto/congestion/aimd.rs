@@ -227,6 +227,7 @@ mod tests {
             flight,
             pipe: flight,
             rtt: None,
+            rate: None,
         }
     }
 

@@ -9,11 +9,13 @@
 //! new file and one arm in [`build`].
 
 mod aimd;
+pub mod delivery_rate;
 
 use std::fmt;
 use std::time::Duration;
 
 pub use aimd::Aimd;
+pub use delivery_rate::{DeliveryRate, RateSample, SendStamp};
 
 use super::time::Time;
 use super::tuning::{CcKind, Tuning};
@@ -56,6 +58,8 @@ pub struct AckEvent {
     pub pipe: u64,
     /// The RTT sample this ACK gave, if any.
     pub rtt: Option<Duration>,
+    /// The delivery rate this ACK measured, if it gave a valid sample.
+    pub rate: Option<RateSample>,
 }
 
 /// Fast recovery begins: loss recovery has judged an ACK to signal
