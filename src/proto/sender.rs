@@ -13,7 +13,9 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::congestion::{self, AckEvent, CongestionEvent, Controller, DeliveryRate, RecoveryStep};
+use super::congestion::{
+    self, AckEvent, CongestionEvent, Controller, DeliveryRate, Pacer, RecoveryStep,
+};
 use super::events::{Event, RecoveryTrigger, TimedEvent, TraceRecord};
 use super::loss::{self, AckSummary, DupEvidence, Forced, LossRecovery, LossState, Phase, Verdict};
 use super::payload::PayloadSource;
@@ -41,9 +43,11 @@ enum Timer {
     Idle,
     /// Zero-window probe.
     Persist,
+    /// The pacer lets the next datagram go.
+    Pacing,
 }
 
-const TIMERS: [Timer; 3] = [Timer::Rto, Timer::Idle, Timer::Persist];
+const TIMERS: [Timer; 4] = [Timer::Rto, Timer::Idle, Timer::Persist, Timer::Pacing];
 
 /// Counters that the summary reports with atou's names.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -96,6 +100,8 @@ pub struct SenderSnapshot {
     pub good_bytes: u64,
     /// From creation to the last ACK (or now, while running).
     pub elapsed: Duration,
+    /// The controller's pacing rate in bytes per second; `None` unpaced.
+    pub pacing_rate: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -112,6 +118,8 @@ pub struct Sender {
     cc: Box<dyn Controller>,
     /// Delivery-rate sampling for the controller.
     rate: DeliveryRate,
+    /// Spreads transmissions at the controller's pacing rate, if it has one.
+    pacer: Pacer,
     stats: SenderStats,
     events: VecDeque<TimedEvent>,
     /// The latest time the sender was given.
@@ -172,6 +180,7 @@ impl Sender {
             recovery: loss::for_kind(tuning),
             cc: congestion::build(tuning),
             rate: DeliveryRate::default(),
+            pacer: Pacer::new(u64::from(tuning.mss), now),
             stats: SenderStats::default(),
             events: VecDeque::new(),
             now,
@@ -257,6 +266,7 @@ impl Sender {
             avgrtt: self.rtt.avg(),
             good_bytes: self.good_bytes(),
             elapsed: end.saturating_since(self.start),
+            pacing_rate: self.cc.pacing_rate(),
         }
     }
 
@@ -545,6 +555,8 @@ impl Sender {
                         return;
                     }
                     Timer::Persist => self.persist_probe = true,
+                    // poll_transmit, called next, sends what the pacer allows.
+                    Timer::Pacing => {}
                 }
             }
         }
@@ -656,6 +668,17 @@ impl Sender {
             if self.tuning.burst_limit > 0 && self.burst >= u64::from(self.tuning.burst_limit) {
                 return None;
             }
+            let pacing = self.cc.pacing_rate();
+            if let Some(rate) = pacing {
+                let at = self.pacer.earliest(now, rate);
+                if at > now {
+                    // Wake when the pacer allows, if anything is waiting.
+                    let waiting = self.loss.force_retransmit.is_some() || self.window_open();
+                    self.set_timer(Timer::Pacing, waiting.then_some(at));
+                    return None;
+                }
+                self.set_timer(Timer::Pacing, None);
+            }
             let Some((seg, forced)) = self.next_segment() else {
                 self.note_app_limited();
                 return None;
@@ -696,9 +719,15 @@ impl Sender {
                 // Scripted loss: sent as far as the protocol knows, but it
                 // never reaches the wire.
                 self.stats.dropped += 1;
+                if let Some(rate) = pacing {
+                    self.pacer.on_sent(now, rate, u64::from(self.tuning.mss));
+                }
                 continue;
             }
             let len = self.write_segment(seg, !is_new, buf, source);
+            if let Some(rate) = pacing {
+                self.pacer.on_sent(now, rate, len as u64);
+            }
             self.stats.bytes_out += len as u64;
             return Some(len);
         }
@@ -1276,6 +1305,69 @@ mod tests {
         let s = Sender::new(&tuning(RecoveryKind::Sack), CONN, Some(0), Time::ZERO).unwrap();
         assert_eq!(s.state(), SenderState::Finished);
         assert_eq!(s.poll_timeout(), None);
+    }
+
+    /// A controller with a fixed window and pacing rate.
+    #[derive(Debug)]
+    struct Fixed {
+        window: u64,
+        rate: u64,
+    }
+
+    impl Controller for Fixed {
+        fn kind(&self) -> crate::proto::tuning::CcKind {
+            crate::proto::tuning::CcKind::Aimd
+        }
+        fn on_ack(&mut self, _: &AckEvent) {}
+        fn on_congestion_event(&mut self, _: &CongestionEvent) {}
+        fn on_recovery_end(&mut self, _: Time) {}
+        fn on_rto(&mut self, _: Time, _: u64, _: bool) {}
+        fn window(&self) -> u64 {
+            self.window
+        }
+        fn ssthresh(&self) -> Option<u64> {
+            None
+        }
+        fn pacing_rate(&self) -> Option<u64> {
+            Some(self.rate)
+        }
+    }
+
+    fn paced(window: u64) -> Sender {
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        // One 43-byte datagram per millisecond; a quantum is two datagrams.
+        let mss = u64::from(s.tuning.mss);
+        s.cc = Box::new(Fixed {
+            window,
+            rate: mss * 1000,
+        });
+        s
+    }
+
+    /// A paced sender sends a quantum, then nothing until the pacer allows,
+    /// and says when that is in poll_timeout.
+    #[test]
+    fn a_paced_sender_waits_for_the_pacer() {
+        let mut s = paced(100);
+        assert_eq!(send(&mut s, at(0)), vec![0, 1], "a quantum at once");
+        assert_eq!(s.poll_timeout(), Some(at(1)));
+        let half = at(0) + Duration::from_micros(500);
+        assert!(send(&mut s, half).is_empty(), "not before the deadline");
+        s.handle_timeout(at(1));
+        assert_eq!(send(&mut s, at(1)), vec![2]);
+        assert_eq!(s.poll_timeout(), Some(at(2)));
+        assert_eq!(s.snapshot(at(1)).pacing_rate, Some(43_000));
+    }
+
+    /// With the window full there is nothing for the pacer to release: no
+    /// pacing wake-up, only the retransmission timer.
+    #[test]
+    fn a_full_window_sets_no_pacing_timer() {
+        let mut s = paced(2);
+        send(&mut s, at(0));
+        assert!(send(&mut s, at(0)).is_empty());
+        assert_eq!(s.timer(Timer::Pacing), None);
+        assert_eq!(s.poll_timeout(), s.timer(Timer::Rto));
     }
 
     /// DRE "Detecting application-limited phases": a sender with room in

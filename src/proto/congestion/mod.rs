@@ -10,12 +10,14 @@
 
 mod aimd;
 pub mod delivery_rate;
+pub mod pacer;
 
 use std::fmt;
 use std::time::Duration;
 
 pub use aimd::Aimd;
 pub use delivery_rate::{DeliveryRate, RateSample, SendStamp};
+pub use pacer::Pacer;
 
 use super::time::Time;
 use super::tuning::{CcKind, Tuning};
