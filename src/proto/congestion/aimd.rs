@@ -10,46 +10,16 @@
 //!   (RFC 5681 eq. (4) with atou's multiplier); a timeout leaves a loss
 //!   window of one virtual segment.
 //! - During fast recovery cwnd comes down to ssthresh in the way the
-//!   recovery variant's accounting needs ([`Reduction`]), and equals it
-//!   when recovery ends (Brakmo §3.1, §3.6).
+//!   recovery variant's accounting needs (`congestion::reduction`), and
+//!   equals it when recovery ends (Brakmo §3.1, §3.6).
 //!
 //! Windows are capped at `rcvwin`: a cwnd that cannot be used is not
 //! validated.
 
+use super::reduction::Reduction;
 use super::{AckEvent, CongestionEvent, Controller, RecoveryStep};
 use crate::proto::time::Time;
-use crate::proto::tuning::{CcKind, RecoveryKind, Tuning};
-
-/// How cwnd moves during fast recovery, from the reduction to its end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reduction {
-    /// RFC 5681 §3.2 steps 3–4, RFC 6582 §3.2 steps 2–4: without SACK,
-    /// duplicate ACKs stand in for segments that left the network. cwnd =
-    /// ssthresh + dup_thresh, one more per duplicate ACK; a partial ACK
-    /// deflates it by what it acknowledged and adds one back.
-    Inflation { dup_thresh: u64 },
-    /// RFC 6675 §5 (4.2): cwnd = ssthresh at once; pipe does the counting.
-    Immediate,
-    /// Mathis & Mahdavi appendix A (FACK `rampdown`): cwnd comes down one
-    /// segment per two ACKs to ssthresh, never above pipe + 1, so sending
-    /// goes on at half the ACK rate (Linux's rate-halving, Sarolahti §3).
-    RateHalving {
-        /// ACKs received in this recovery.
-        acks: u64,
-    },
-}
-
-impl Reduction {
-    fn for_tuning(t: &Tuning) -> Reduction {
-        match t.recovery {
-            RecoveryKind::Reno | RecoveryKind::NewReno => Reduction::Inflation {
-                dup_thresh: u64::from(t.dup_thresh),
-            },
-            RecoveryKind::Fack if t.rampdown => Reduction::RateHalving { acks: 0 },
-            RecoveryKind::Sack | RecoveryKind::Fack => Reduction::Immediate,
-        }
-    }
-}
+use crate::proto::tuning::{CcKind, Tuning};
 
 /// Brakmo §3.5: an ACK of this many segments or more must not release a burst.
 const MAX_BURST: u64 = 3;
@@ -113,30 +83,6 @@ impl Aimd {
         self.cwnd = self.cwnd.min(self.cap);
     }
 
-    /// One ACK during fast recovery that did not end it.
-    fn reduce(&mut self, ack: &AckEvent) {
-        match &mut self.reduction {
-            Reduction::Inflation { .. } => {
-                if ack.newly_acked > 0 {
-                    // RFC 6582 §3.2 step 3, partial acknowledgement.
-                    self.cwnd = self.cwnd.saturating_sub(ack.newly_acked).max(1) + 1;
-                } else if ack.is_dupack {
-                    // RFC 5681 §3.2 step 4, RFC 6582 §3.2 step 4: each
-                    // further duplicate means a segment left the network.
-                    self.cwnd += 1;
-                }
-            }
-            Reduction::Immediate => {}
-            Reduction::RateHalving { acks } => {
-                *acks += 1;
-                if *acks % 2 == 0 && self.cwnd > self.ssthresh {
-                    self.cwnd -= 1;
-                }
-                self.cwnd = self.cwnd.min(ack.pipe + 1).max(1);
-            }
-        }
-    }
-
     /// Brakmo §3.5: an ACK of three or more segments must not release a
     /// burst; cwnd comes down to what is in flight plus three and slow start
     /// takes it back to where it was (ssthresh remembers it).
@@ -161,7 +107,9 @@ impl Controller for Aimd {
         match ack.recovery {
             RecoveryStep::Outside if ack.newly_acked > 0 => self.grow(ack.newly_acked),
             RecoveryStep::Outside | RecoveryStep::Entered | RecoveryStep::Left => {}
-            RecoveryStep::During => self.reduce(ack),
+            RecoveryStep::During => {
+                self.cwnd = self.reduction.on_ack(self.cwnd, self.ssthresh, ack);
+            }
         }
         if !ack.recovery.in_recovery() {
             self.moderate_burst(ack.newly_acked, ack.flight);
@@ -171,15 +119,7 @@ impl Controller for Aimd {
     fn on_congestion_event(&mut self, event: &CongestionEvent) {
         self.ssthresh = self.reduced_ssthresh(event.flight);
         self.cwnd_cnt = 0;
-        self.cwnd = match &mut self.reduction {
-            // RFC 5681 §3.2 step 3: inflate by the segments that left.
-            Reduction::Inflation { dup_thresh } => self.ssthresh + *dup_thresh,
-            Reduction::Immediate => self.ssthresh,
-            Reduction::RateHalving { acks } => {
-                *acks = 0;
-                self.cwnd.min(event.pipe + 1).max(1)
-            }
-        };
+        self.cwnd = self.reduction.start(self.cwnd, self.ssthresh, event.pipe);
     }
 
     /// Brakmo §3.1, §3.6: fast recovery ends with cwnd deflated to ssthresh.
@@ -212,6 +152,7 @@ mod tests {
     //! The arithmetic alone; the sender's tests and tests/papers.rs check
     //! it in context.
     use super::*;
+    use crate::proto::tuning::RecoveryKind;
 
     /// A controller with a sender window of 1000 segments.
     fn aimd(t: Tuning) -> Aimd {

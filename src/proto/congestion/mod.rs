@@ -11,6 +11,7 @@
 mod aimd;
 pub mod delivery_rate;
 pub mod pacer;
+mod reduction;
 
 use std::fmt;
 use std::time::Duration;
