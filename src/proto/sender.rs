@@ -400,8 +400,10 @@ impl Sender {
             self.stats.dsacks += 1;
         }
         let newly_acked = self.sb.ack_through(ack.cum_ack);
+        let mut newly_delivered = 0;
         for stamp in self.sb.take_delivered() {
             self.rate.on_delivered(now, &stamp);
+            newly_delivered += 1;
         }
         // RFC 2018 §8: a cumulative ACK that stops at a segment the receiver
         // SACKed means it threw SACKed data away; trust no SACK until new
@@ -468,11 +470,16 @@ impl Sender {
         self.cc.on_ack(&AckEvent {
             now,
             newly_acked,
+            newly_delivered,
             is_dupack,
             recovery: step,
             flight: self.sb.flight(),
             pipe: self.sb.pipe(),
             rtt: sample_ok.then_some(rtt),
+            srtt: self.rtt.srtt(),
+            snd_una: self.sb.una(),
+            snd_max: self.sb.max(),
+            app_limited: self.rate.is_app_limited(),
             rate: self.rate.sample(self.sb.lost_total(), self.rtt.min()),
         });
         self.loss.settle(&self.sb);

@@ -81,14 +81,17 @@ pub enum CcKind {
     /// atou's AIMD: RFC 5681 slow start and congestion avoidance with the
     /// `multiplier`, `increment`, `vmss`, `initsegs` and `thresh_init` knobs.
     Aimd,
+    /// RFC 9438 CUBIC with HyStart++ (RFC 9406) slow start, paced.
+    Cubic,
 }
 
 impl CcKind {
-    pub const ALL: [CcKind; 1] = [CcKind::Aimd];
+    pub const ALL: [CcKind; 2] = [CcKind::Aimd, CcKind::Cubic];
 
     pub fn name(self) -> &'static str {
         match self {
             CcKind::Aimd => "aimd",
+            CcKind::Cubic => "cubic",
         }
     }
 }
@@ -104,7 +107,10 @@ impl FromStr for CcKind {
     fn from_str(s: &str) -> Result<Self, String> {
         match s.to_ascii_lowercase().as_str() {
             "aimd" => Ok(CcKind::Aimd),
-            _ => Err(format!("`{s}` is not a congestion controller (aimd)")),
+            "cubic" => Ok(CcKind::Cubic),
+            _ => Err(format!(
+                "`{s}` is not a congestion controller (aimd, cubic)"
+            )),
         }
     }
 }
@@ -382,7 +388,7 @@ pub const KNOBS: &[Knob] = &[
     // Knobs added after atou's own go last, so that the `config:` lines of
     // a run that leaves them at their defaults read as before.
     Knob { name: "cc", aliases: &[], value_name: "CONTROLLER",
-        help: "congestion controller: aimd (RFC 5681 with atou's multiplier, increment, vmss, initsegs, thresh_init); an atou config file means aimd" },
+        help: "congestion controller: aimd (RFC 5681 with atou's multiplier, increment, vmss, initsegs, thresh_init) or cubic (RFC 9438 with HyStart++, paced); an atou config file means aimd" },
 ];
 
 /// A bad value for one knob.
@@ -613,7 +619,7 @@ impl Tuning {
     /// other spellings here, are accepted and reported back as notes. When the file names any of atou's `newreno`/`sack`/`fack`
     /// flags, they start from atou's defaults (newreno only) so the file
     /// means what it meant to atou. A config file selects `cc aimd`, atou's
-    /// only controller, unless it names another itself.
+    /// own controller, unless it names another itself.
     pub fn apply_config(&mut self, text: &str) -> Result<Vec<String>, ConfigError> {
         let mut notes = Vec::new();
         self.cc = CcKind::Aimd;
@@ -665,6 +671,22 @@ impl Tuning {
         }
         if self.rampdown && self.recovery != RecoveryKind::Fack {
             return Err(err("rampdown", "only applies to --recovery fack"));
+        }
+        if self.cc != CcKind::Aimd {
+            let d = Tuning::default();
+            for (key, changed) in [
+                ("multiplier", self.multiplier != d.multiplier),
+                ("increment", self.increment != d.increment),
+                ("vmss", self.vmss != d.vmss),
+                ("thresh_init", self.thresh_init != d.thresh_init),
+            ] {
+                if changed {
+                    return Err(err(
+                        key,
+                        format!("only applies to --cc aimd, not {}", self.cc),
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -770,6 +792,20 @@ mod tests {
         for kind in CcKind::ALL {
             assert_eq!(kind.name().parse::<CcKind>(), Ok(kind));
         }
+    }
+
+    /// An atou config file means AIMD, whatever was selected before it,
+    /// unless it names a controller itself.
+    #[test]
+    fn a_config_file_means_aimd() {
+        let mut t = Tuning {
+            cc: CcKind::Cubic,
+            ..Tuning::default()
+        };
+        t.apply_config("rcvwin 100\n").unwrap();
+        assert_eq!(t.cc, CcKind::Aimd);
+        t.apply_config("cc cubic\nrcvwin 100\n").unwrap();
+        assert_eq!(t.cc, CcKind::Cubic);
     }
 
     #[test]

@@ -151,6 +151,8 @@ impl Controller for Aimd {
 mod tests {
     //! The arithmetic alone; the sender's tests and tests/papers.rs check
     //! it in context.
+    use std::time::Duration;
+
     use super::*;
     use crate::proto::tuning::RecoveryKind;
 
@@ -163,11 +165,16 @@ mod tests {
         AckEvent {
             now: Time::ZERO,
             newly_acked,
+            newly_delivered: newly_acked,
             is_dupack: newly_acked == 0,
             recovery,
             flight,
             pipe: flight,
             rtt: None,
+            srtt: Duration::ZERO,
+            snd_una: 0,
+            snd_max: 0,
+            app_limited: false,
             rate: None,
         }
     }

@@ -9,6 +9,7 @@
 //! new file and one arm in [`build`].
 
 mod aimd;
+mod cubic;
 pub mod delivery_rate;
 pub mod pacer;
 mod reduction;
@@ -17,6 +18,7 @@ use std::fmt;
 use std::time::Duration;
 
 pub use aimd::Aimd;
+pub use cubic::Cubic;
 pub use delivery_rate::{DeliveryRate, RateSample, SendStamp};
 pub use pacer::Pacer;
 
@@ -52,6 +54,11 @@ pub struct AckEvent {
     pub now: Time,
     /// Segments newly covered by the cumulative ACK.
     pub newly_acked: u64,
+    /// Segments this ACK reported delivered for the first time, SACKed or
+    /// cumulatively acknowledged: what a controller counts as acknowledged
+    /// data (RFC 3465 byte counting, RFC 9438 `segments_acked`) when
+    /// SACKed segments must not count twice.
+    pub newly_delivered: u64,
     /// A duplicate ACK, as the loss-recovery variant judged it.
     pub is_dupack: bool,
     pub recovery: RecoveryStep,
@@ -61,6 +68,16 @@ pub struct AckEvent {
     pub pipe: u64,
     /// The RTT sample this ACK gave, if any.
     pub rtt: Option<Duration>,
+    /// The smoothed RTT (RFC 6298), zero before the first sample.
+    pub srtt: Duration,
+    /// snd_una after the ACK and snd_max: what is acknowledged, and what
+    /// has been sent, in segment numbers (for counting round trips).
+    pub snd_una: u64,
+    pub snd_max: u64,
+    /// The sender is application-limited (delivery-rate estimation's
+    /// definition): it is not using its window, so its window has not
+    /// been tested and should not grow (RFC 9438 §5.8, RFC 7661).
+    pub app_limited: bool,
     /// The delivery rate this ACK measured, if it gave a valid sample.
     pub rate: Option<RateSample>,
 }
@@ -120,5 +137,6 @@ pub trait Controller: fmt::Debug + Send {
 pub fn build(t: &Tuning) -> Box<dyn Controller> {
     match t.cc {
         CcKind::Aimd => Box::new(Aimd::new(t)),
+        CcKind::Cubic => Box::new(Cubic::new(t)),
     }
 }
