@@ -83,6 +83,10 @@ pub struct Summary {
     /// `null` while unlimited (no loss yet and `thresh_init 0`).
     #[serde(serialize_with = "thresh")]
     pub ssthresh: u64,
+    /// The controller's pacing rate at the end, in bits per second; absent
+    /// for a controller that does not pace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pacing_bps: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub receiver: Option<ReceiverStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -148,6 +152,7 @@ impl Summary {
             snd_max: snap.snd_max,
             cwnd: snap.cwnd,
             ssthresh: snap.ssthresh,
+            pacing_bps: snap.pacing_rate.map(|r| r as f64 * 8.0),
             receiver: None,
             sim: None,
             sockets: None,
@@ -267,6 +272,9 @@ impl fmt::Display for Summary {
             Thresh(self.ssthresh),
             self.snd_max
         )?;
+        if let Some(bps) = self.pacing_bps {
+            writeln!(f, "pacing rate {:.6} Mbs", bps / 1e6)?;
+        }
         if self.dropped > 0 || self.dsacks > 0 || self.bad_packets > 0 || self.reneges > 0 {
             writeln!(
                 f,

@@ -7,6 +7,12 @@
 //! waiting in one recvmmsg, and otherwise sleeps until the socket is
 //! readable or the endpoint's next timer. The endpoint is polled after
 //! every datagram so the ACK policy stays per segment.
+//!
+//! Pacing: a paced sender's next timer includes the time its pacer lets
+//! the next datagram go (`proto::congestion::pacer`). tokio's timers fire
+//! on millisecond ticks, so each wake-up finds at least a millisecond of
+//! credit (the pacer's quantum) and the loop below sends it as one burst,
+//! one GSO run where the kernel offers it.
 
 pub mod dest_dir;
 pub mod fs;

@@ -1,4 +1,4 @@
-//! The transport, sans I/O: wire codec, sender, receiver, recovery,
+//! The transport, sans I/O: wire codec, sender, receiver, loss recovery,
 //! congestion control, RTT/RTO, events and trace.
 //!
 //! Nothing here touches a socket, a thread or a clock. Time comes in as an
@@ -7,10 +7,11 @@
 //! simulator drives the same code in virtual time.
 
 pub mod client;
+pub mod congestion;
 pub mod events;
+pub mod loss;
 pub mod payload;
 pub mod receiver;
-pub mod recovery;
 pub mod rtt;
 pub mod scoreboard;
 pub mod sender;
@@ -23,13 +24,13 @@ use thiserror::Error;
 
 pub use client::{Client, Closed, ConnError};
 pub use events::{Event, TimedEvent, TraceRecord};
+pub use loss::Phase;
 pub use payload::{fill_pattern, pattern_mismatch, PatternSource, PatternVerifier, PayloadSource};
 pub use receiver::{NewData, Receiver, ReceiverConfig, ReceiverStats};
-pub use recovery::{Phase, SenderStats};
-pub use sender::{Sender, SenderSnapshot, SenderState};
+pub use sender::{Sender, SenderSnapshot, SenderState, SenderStats};
 pub use server::{ConnEnd, ConnReport, Notice, Server, ServerLimits, ServerStats};
 pub use time::Time;
-pub use tuning::{RecoveryKind, Tuning};
+pub use tuning::{CcKind, RecoveryKind, Tuning};
 
 /// Why an endpoint did not accept a datagram. Its state is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

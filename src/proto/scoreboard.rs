@@ -11,9 +11,16 @@
 //! retransmission is in flight once, a lost one not yet resent zero times,
 //! and a non-lost one that was resent twice (RFC 6675 §4, SetPipe).
 //! Marking is idempotent and cursors make it amortised O(1) per segment.
+//!
+//! Each segment also keeps the delivery-rate stamp of its latest
+//! transmission (send time, delivered count, app-limited flag:
+//! [`SendStamp`]). When a SACK or cumulative ACK first reports it
+//! delivered, the stamp moves to a queue the sender drains with
+//! [`Scoreboard::take_delivered`], so each delivery is counted once.
 
 use std::collections::{BTreeMap, VecDeque};
 
+use super::congestion::delivery_rate::SendStamp;
 use super::wire::SackBlock;
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -22,6 +29,8 @@ struct Seg {
     lost: bool,
     /// A retransmission is in flight (cleared when presumed lost again).
     retx: bool,
+    /// The latest transmission's stamp, until the segment is delivered.
+    stamp: Option<SendStamp>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -41,6 +50,10 @@ pub struct Scoreboard {
     loss_frontier: u64,
     /// No lost-pending segment lies below it.
     retx_cursor: u64,
+    /// Segments ever marked lost (each marking counts).
+    lost_total: u64,
+    /// Stamps of segments delivered since the last `take_delivered`.
+    delivered: Vec<SendStamp>,
 }
 
 impl Scoreboard {
@@ -87,6 +100,26 @@ impl Scoreboard {
         self.segs.get_mut(i)
     }
 
+    /// How many times a segment has been marked lost, in total.
+    pub fn lost_total(&self) -> u64 {
+        self.lost_total
+    }
+
+    /// Keeps the delivery-rate stamp of `seg`'s latest transmission.
+    pub fn stamp(&mut self, seg: u64, stamp: SendStamp) {
+        if let Some(s) = self.get_mut(seg) {
+            if !s.sacked {
+                s.stamp = Some(stamp);
+            }
+        }
+    }
+
+    /// The stamps of the segments delivered (first SACKed or cumulatively
+    /// acknowledged) since the last call, in the order they were reported.
+    pub fn take_delivered(&mut self) -> impl Iterator<Item = SendStamp> + '_ {
+        self.delivered.drain(..)
+    }
+
     pub fn is_sacked(&self, seg: u64) -> bool {
         self.get(seg).is_some_and(|s| s.sacked)
     }
@@ -121,6 +154,7 @@ impl Scoreboard {
             };
             self.una += 1;
             acked += 1;
+            self.delivered.extend(s.stamp);
             if s.sacked {
                 self.n_sacked -= 1;
             } else {
@@ -194,6 +228,7 @@ impl Scoreboard {
             return false;
         }
         let (lost, retx) = (s.lost, s.retx);
+        let stamp = s.stamp.take();
         s.sacked = true;
         s.lost = false;
         s.retx = false;
@@ -207,6 +242,7 @@ impl Scoreboard {
         if retx {
             self.n_retx -= 1;
         }
+        self.delivered.extend(stamp);
         true
     }
 
@@ -251,6 +287,7 @@ impl Scoreboard {
         s.lost = true;
         let retx = s.retx;
         self.n_lost += 1;
+        self.lost_total += 1;
         if !retx {
             self.n_lost_pending += 1;
             self.retx_cursor = self.retx_cursor.min(seg);
@@ -276,6 +313,9 @@ impl Scoreboard {
     pub fn mark_all_lost(&mut self) {
         let mut lost = 0;
         for s in self.segs.iter_mut().filter(|s| !s.sacked) {
+            if !s.lost || s.retx {
+                self.lost_total += 1;
+            }
             s.lost = true;
             s.retx = false;
             lost += 1;

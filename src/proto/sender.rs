@@ -13,10 +13,14 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::events::{Event, TimedEvent, TraceRecord};
+use super::congestion::{
+    self, AckEvent, CongestionEvent, Controller, DeliveryRate, Pacer, RecoveryStep,
+};
+use super::events::{Event, RecoveryTrigger, TimedEvent, TraceRecord};
+use super::loss::{self, AckSummary, DupEvidence, Forced, LossRecovery, LossState, Phase, Verdict};
 use super::payload::PayloadSource;
-use super::recovery::{self, AckSummary, DupEvidence, Flow, Forced, Phase, Recovery, SenderStats};
 use super::rtt::RttEstimator;
+use super::scoreboard::Scoreboard;
 use super::time::{wire_elapsed, Time};
 use super::tuning::{DropList, Tuning, TuningError};
 use super::wire::{Ack, DataFlags, DataHeader, Packet, DATA_HEADER_LEN};
@@ -39,9 +43,45 @@ enum Timer {
     Idle,
     /// Zero-window probe.
     Persist,
+    /// The pacer lets the next datagram go.
+    Pacing,
 }
 
-const TIMERS: [Timer; 3] = [Timer::Rto, Timer::Idle, Timer::Persist];
+const TIMERS: [Timer; 4] = [Timer::Rto, Timer::Idle, Timer::Persist, Timer::Pacing];
+
+/// Counters that the summary reports with atou's names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SenderStats {
+    /// Datagrams handed to the network, retransmissions and scripted drops included.
+    pub pkts_out: u64,
+    pub bytes_out: u64,
+    /// Datagrams received from the peer, undecodable ones included.
+    pub pkts_in: u64,
+    pub rxmts: u64,
+    /// Transmissions dropped by the droplist.
+    pub dropped: u64,
+    /// Fast retransmits (recovery entries).
+    pub dup3s: u64,
+    /// Retransmissions during recovery after the fast retransmit.
+    pub packs: u64,
+    pub timeouts: u64,
+    /// Duplicate ACKs.
+    pub dups: u64,
+    pub badacks: u64,
+    /// Datagrams that failed to decode or belonged to another connection.
+    pub bad_packets: u64,
+    /// ACKs carrying a D-SACK block: a segment arrived twice.
+    pub dsacks: u64,
+    /// Times the receiver reneged on a SACK (a cumulative ACK stopped at a
+    /// segment it had SACKed); SACK information was discarded.
+    pub reneges: u64,
+    /// Most segments one ACK acknowledged.
+    pub maxack: u64,
+    /// Most segments sent in response to one event.
+    pub maxburst: u64,
+    /// Payload bytes acknowledged.
+    pub good_bytes: u64,
+}
 
 /// Window values and RTT figures at one instant, for summaries.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -60,6 +100,8 @@ pub struct SenderSnapshot {
     pub good_bytes: u64,
     /// From creation to the last ACK (or now, while running).
     pub elapsed: Duration,
+    /// The controller's pacing rate in bytes per second; `None` unpaced.
+    pub pacing_rate: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -67,8 +109,24 @@ pub struct Sender {
     conn_id: u64,
     tuning: Tuning,
     droplist: DropList,
-    flow: Flow,
-    recovery: Box<dyn Recovery>,
+    /// What is known of every segment in flight.
+    sb: Scoreboard,
+    /// What is lost and what to resend.
+    loss: LossState,
+    recovery: Box<dyn LossRecovery>,
+    /// How much may be in flight.
+    cc: Box<dyn Controller>,
+    /// Delivery-rate sampling for the controller.
+    rate: DeliveryRate,
+    /// Spreads transmissions at the controller's pacing rate, if it has one.
+    pacer: Pacer,
+    stats: SenderStats,
+    events: VecDeque<TimedEvent>,
+    /// The latest time the sender was given.
+    now: Time,
+    /// When the connection started: event and trace times count from it.
+    start: Time,
+    recovery_started: Time,
     rtt: RttEstimator,
     timers: [Option<Time>; TIMERS.len()],
     payload_size: u64,
@@ -117,8 +175,17 @@ impl Sender {
             conn_id,
             tuning: tuning.clone(),
             droplist: tuning.droplist.clone(),
-            flow: Flow::new(tuning, now),
-            recovery: recovery::for_kind(tuning),
+            sb: Scoreboard::default(),
+            loss: LossState::new(tuning),
+            recovery: loss::for_kind(tuning),
+            cc: congestion::build(tuning),
+            rate: DeliveryRate::default(),
+            pacer: Pacer::new(u64::from(tuning.mss), now),
+            stats: SenderStats::default(),
+            events: VecDeque::new(),
+            now,
+            start: now,
+            recovery_started: now,
             rtt: RttEstimator::new(tuning),
             timers: [None; TIMERS.len()],
             payload_size,
@@ -176,21 +243,21 @@ impl Sender {
     }
 
     pub fn stats(&self) -> &SenderStats {
-        &self.flow.stats
+        &self.stats
     }
 
     pub fn phase(&self) -> Phase {
-        self.flow.phase
+        self.loss.phase
     }
 
     pub fn snapshot(&mut self, now: Time) -> SenderSnapshot {
         let end = self.finished_at.unwrap_or(now);
         SenderSnapshot {
-            snd_una: self.flow.sb.una(),
-            snd_nxt: self.flow.snd_nxt(),
-            snd_max: self.flow.sb.max(),
-            cwnd: self.flow.cwnd,
-            ssthresh: self.flow.ssthresh,
+            snd_una: self.sb.una(),
+            snd_nxt: self.loss.snd_nxt(&mut self.sb),
+            snd_max: self.sb.max(),
+            cwnd: self.cc.window(),
+            ssthresh: self.ssthresh(),
             rto: self.rtt.rto(),
             srtt: self.rtt.srtt(),
             rttvar: self.rtt.rttvar(),
@@ -198,13 +265,14 @@ impl Sender {
             maxrtt: self.rtt.max(),
             avgrtt: self.rtt.avg(),
             good_bytes: self.good_bytes(),
-            elapsed: end.saturating_since(self.flow.start),
+            elapsed: end.saturating_since(self.start),
+            pacing_rate: self.cc.pacing_rate(),
         }
     }
 
     /// Payload bytes the receiver has acknowledged.
     pub fn good_bytes(&self) -> u64 {
-        let bytes = self.flow.sb.una().saturating_mul(self.payload_size);
+        let bytes = self.sb.una().saturating_mul(self.payload_size);
         self.stream_len.map_or(bytes, |len| bytes.min(len))
     }
 
@@ -213,20 +281,32 @@ impl Sender {
     }
 
     pub fn poll_event(&mut self) -> Option<TimedEvent> {
-        self.flow.events.pop_front()
+        self.events.pop_front()
     }
 
     pub fn poll_trace(&mut self) -> Option<TraceRecord> {
         self.trace.as_mut()?.pop_front()
     }
 
+    fn emit(&mut self, event: Event) {
+        self.events.push_back(TimedEvent {
+            time: self.now.saturating_since(self.start),
+            event,
+        });
+    }
+
+    /// The controller's ssthresh for reports; `inf` for one that has none.
+    fn ssthresh(&self) -> u64 {
+        self.cc.ssthresh().unwrap_or(u64::MAX)
+    }
+
     fn advance(&mut self, now: Time) {
         // Time never runs backwards inside the sender, whatever the caller does.
-        self.flow.now = self.flow.now.max(now);
+        self.now = self.now.max(now);
     }
 
     fn since_start(&self) -> Duration {
-        self.flow.now.saturating_since(self.flow.start)
+        self.now.saturating_since(self.start)
     }
 
     fn set_timer(&mut self, t: Timer, at: Option<Time>) {
@@ -238,7 +318,7 @@ impl Sender {
     }
 
     fn arm_rto(&mut self) {
-        let at = self.rtt.deadline(self.flow.now, self.rtt.rto());
+        let at = self.rtt.deadline(self.now, self.rtt.rto());
         self.set_timer(Timer::Rto, Some(at));
     }
 
@@ -255,17 +335,17 @@ impl Sender {
             Ok(other) => Err(InputError::Unexpected(other.kind_name())),
         };
         self.advance(now);
-        self.flow.stats.pkts_in += 1;
-        self.flow.stats.bad_packets += 1;
+        self.stats.pkts_in += 1;
+        self.stats.bad_packets += 1;
         result
     }
 
     /// Handles one decoded ACK.
     pub fn handle_ack(&mut self, now: Time, ack: &Ack) -> Result<(), InputError> {
         self.advance(now);
-        self.flow.stats.pkts_in += 1;
+        self.stats.pkts_in += 1;
         if ack.conn_id != self.conn_id {
-            self.flow.stats.bad_packets += 1;
+            self.stats.bad_packets += 1;
             return Err(InputError::WrongConnection {
                 expected: self.conn_id,
                 got: ack.conn_id,
@@ -280,14 +360,14 @@ impl Sender {
             return;
         }
         self.burst = 0;
-        let now = self.flow.now;
-        let (una, max) = (self.flow.sb.una(), self.flow.sb.max());
+        let now = self.now;
+        let (una, max) = (self.sb.una(), self.sb.max());
         if ack.cum_ack < una || ack.cum_ack > max {
             // atou's badack: an ACK older than one already processed, or
             // one for data never sent.
-            self.flow.stats.badacks += 1;
-            let snd_nxt = self.flow.snd_nxt();
-            self.flow.emit(Event::BadAck {
+            self.stats.badacks += 1;
+            let snd_nxt = self.loss.snd_nxt(&mut self.sb);
+            self.emit(Event::BadAck {
                 ack: ack.cum_ack,
                 snd_max: max,
                 snd_nxt,
@@ -313,29 +393,34 @@ impl Sender {
         let mut newly_sacked = 0;
         if uses_sack {
             for block in ack.sack_blocks() {
-                newly_sacked += self.flow.sb.apply_sack(*block);
+                newly_sacked += self.sb.apply_sack(*block);
             }
         }
         if ack.dsack.is_some() {
-            self.flow.stats.dsacks += 1;
+            self.stats.dsacks += 1;
         }
-        let newly_acked = self.flow.sb.ack_through(ack.cum_ack);
+        let newly_acked = self.sb.ack_through(ack.cum_ack);
+        let mut newly_delivered = 0;
+        for stamp in self.sb.take_delivered() {
+            self.rate.on_delivered(now, &stamp);
+            newly_delivered += 1;
+        }
         // RFC 2018 §8: a cumulative ACK that stops at a segment the receiver
         // SACKed means it threw SACKed data away; trust no SACK until new
         // ones arrive.
-        if self.flow.sb.is_sacked(self.flow.sb.una()) {
-            self.flow.sb.clear_sacks();
-            self.flow.stats.reneges += 1;
+        if self.sb.is_sacked(self.sb.una()) {
+            self.sb.clear_sacks();
+            self.stats.reneges += 1;
         }
         // A retransmission queued for a segment this ACK covers is moot.
-        if let Some(forced) = self.flow.force_retransmit {
+        if let Some(forced) = self.loss.force_retransmit {
             let seg = forced.seg();
-            if seg < self.flow.sb.una() || self.flow.sb.is_sacked(seg) {
-                self.flow.force_retransmit = None;
+            if seg < self.sb.una() || self.sb.is_sacked(seg) {
+                self.loss.force_retransmit = None;
             }
         }
-        self.flow.stats.maxack = self.flow.stats.maxack.max(newly_acked);
-        let outstanding = self.flow.sb.outstanding();
+        self.stats.maxack = self.stats.maxack.max(newly_acked);
+        let outstanding = self.sb.outstanding();
         let is_dupack = newly_acked == 0
             && outstanding > 0
             && self.recovery.is_duplicate(&DupEvidence {
@@ -345,7 +430,7 @@ impl Sender {
             });
 
         if newly_acked > 0 {
-            self.flow.dupacks = 0;
+            self.loss.dupacks = 0;
             self.rtt.reset_backoff();
             // RFC 6298 §5.3 and §5.2.
             if outstanding > 0 {
@@ -355,84 +440,106 @@ impl Sender {
             }
         }
         if is_dupack {
-            self.flow.dupacks += 1;
-            self.flow.stats.dups += 1;
+            self.loss.dupacks += 1;
+            self.stats.dups += 1;
         }
-        if self.flow.phase == Phase::Loss && self.flow.recovery_point_acked() {
-            self.flow.phase = Phase::Open;
+        if self.loss.phase == Phase::Loss && self.loss.recovery_point_acked(&self.sb) {
+            self.loss.phase = Phase::Open;
         }
 
-        let was_in_recovery = self.flow.phase == Phase::Recovery;
         let summary = AckSummary {
             newly_acked,
             is_dupack,
         };
-        self.recovery.on_ack(&mut self.flow, &summary);
-
-        if !was_in_recovery && self.flow.phase != Phase::Recovery && newly_acked > 0 {
-            self.grow_cwnd(newly_acked);
-        }
-        if matches!(self.flow.phase, Phase::Open | Phase::Disorder) {
-            self.flow.phase = if self.flow.dupacks > 0 || self.flow.sb.sacked() > 0 {
-                Phase::Disorder
-            } else {
-                Phase::Open
-            };
-        }
-        self.moderate_burst(newly_acked);
+        let was_in_recovery = self.loss.phase == Phase::Recovery;
+        let step = match self.recovery.on_ack(&mut self.sb, &mut self.loss, &summary) {
+            Verdict::Enter {
+                trigger,
+                lost_below,
+            } => {
+                self.enter_recovery(trigger, lost_below);
+                RecoveryStep::Entered
+            }
+            Verdict::Leave => {
+                self.leave_recovery();
+                RecoveryStep::Left
+            }
+            Verdict::Continue if was_in_recovery => RecoveryStep::During,
+            Verdict::Continue | Verdict::Stay => RecoveryStep::Outside,
+        };
+        self.cc.on_ack(&AckEvent {
+            now,
+            newly_acked,
+            newly_delivered,
+            is_dupack,
+            recovery: step,
+            flight: self.sb.flight(),
+            pipe: self.sb.pipe(),
+            rtt: sample_ok.then_some(rtt),
+            srtt: self.rtt.srtt(),
+            snd_una: self.sb.una(),
+            snd_max: self.sb.max(),
+            app_limited: self.rate.is_app_limited(),
+            rate: self.rate.sample(self.sb.lost_total(), self.rtt.min()),
+        });
+        self.loss.settle(&self.sb);
 
         if let Some(trace) = self.trace.as_mut() {
             trace.push_back(TraceRecord::Ack {
-                time: now.saturating_since(self.flow.start),
+                time: now.saturating_since(self.start),
                 ack: ack.cum_ack,
                 rtt: if sample_ok { rtt } else { Duration::ZERO },
-                cwnd: self.flow.cwnd,
-                ssthresh: self.flow.ssthresh,
+                cwnd: self.cc.window(),
+                ssthresh: self.cc.ssthresh().unwrap_or(u64::MAX),
             });
         }
         self.update_state(now);
     }
 
-    /// Slow start and congestion avoidance (RFC 5681 §3.1), capped at the
-    /// sender window since a cwnd that cannot be used is not validated.
-    fn grow_cwnd(&mut self, newly_acked: u64) {
-        let f = &mut self.flow;
-        let cap = u64::from(self.tuning.rcvwin);
-        if f.cwnd >= cap {
-            return;
-        }
-        if f.cwnd < f.ssthresh {
-            // RFC 3465 §2.2: appropriate byte counting with L = 2.
-            f.cwnd += newly_acked.min(2);
-        } else {
-            // RFC 5681 eq. (3), tracked exactly: `increment` virtual segments
-            // per window of ACKs. Per ACK, not per segment acknowledged, so
-            // delayed ACKs halve the rate (Mathis footnote 2) and the window
-            // never grows more than `increment` per RTT (Brakmo §3.3–3.4).
-            f.cwnd_cnt += u64::from(self.tuning.increment) * f.vmss;
-            while f.cwnd_cnt >= f.cwnd {
-                f.cwnd_cnt -= f.cwnd;
-                f.cwnd += 1;
-            }
-        }
-        f.cwnd = f.cwnd.min(cap);
+    /// Fast retransmit: the controller reduces its window, snd_una is
+    /// marked lost and goes out now.
+    fn enter_recovery(&mut self, trigger: RecoveryTrigger, lost_below: Option<u64>) {
+        let una = self.sb.una();
+        let cwnd = self.cc.window();
+        let event = Event::FastRetransmit {
+            seg: una,
+            snd_nxt: self.sb.max(),
+            snd_max: self.sb.max(),
+            cwnd,
+            ssthresh: self.ssthresh(),
+            recover: self.loss.recover,
+        };
+        self.emit(event);
+        let flight = self.sb.flight();
+        self.loss.enter_recovery(&mut self.sb, lost_below);
+        self.cc.on_congestion_event(&CongestionEvent {
+            now: self.now,
+            flight,
+            pipe: self.sb.pipe(),
+        });
+        self.recovery_started = self.now;
+        self.stats.dup3s += 1;
+        let event = Event::EnterRecovery {
+            trigger,
+            snd_una: una,
+            recover: self.loss.recover,
+            cwnd,
+            ssthresh: self.ssthresh(),
+        };
+        self.emit(event);
     }
 
-    /// Brakmo §3.5: an ACK of three or more segments must not release a
-    /// burst; cwnd comes down to what is in flight plus three and slow start
-    /// takes it back to where it was (ssthresh remembers it).
-    fn moderate_burst(&mut self, newly_acked: u64) {
-        const MAX_BURST: u64 = 3;
-        let f = &mut self.flow;
-        if f.phase == Phase::Recovery || newly_acked < MAX_BURST {
-            return;
-        }
-        let flight = f.sb.flight();
-        if f.cwnd > flight + MAX_BURST {
-            f.ssthresh = f.ssthresh.max(f.cwnd);
-            f.cwnd = flight + MAX_BURST;
-            f.cwnd_cnt = 0;
-        }
+    /// Ends fast recovery; the controller sets the window it goes on with.
+    fn leave_recovery(&mut self) {
+        self.loss.phase = Phase::Open;
+        self.cc.on_recovery_end(self.now);
+        let event = Event::LeaveRecovery {
+            snd_una: self.sb.una(),
+            cwnd: self.cc.window(),
+            ssthresh: self.ssthresh(),
+            duration: self.now.saturating_since(self.recovery_started),
+        };
+        self.emit(event);
     }
 
     /// Handles expired timers.
@@ -450,11 +557,13 @@ impl Sender {
                     Timer::Idle => {
                         self.state = SenderState::Failed;
                         let idle = now.saturating_since(self.last_ack_at);
-                        self.flow.emit(Event::Idle { idle });
+                        self.emit(Event::Idle { idle });
                         self.timers = [None; TIMERS.len()];
                         return;
                     }
                     Timer::Persist => self.persist_probe = true,
+                    // poll_transmit, called next, sends what the pacer allows.
+                    Timer::Pacing => {}
                 }
             }
         }
@@ -462,31 +571,21 @@ impl Sender {
     }
 
     fn on_rto(&mut self) {
-        let f = &mut self.flow;
-        if f.sb.outstanding() == 0 {
+        if self.sb.outstanding() == 0 {
             return;
         }
-        f.stats.timeouts += 1;
-        // RFC 5681 §3.1 eq. (4); a repeated timeout of the same data keeps ssthresh.
-        if self.rtt.backoff() == 0 {
-            f.ssthresh = f.reduced_ssthresh();
-        }
-        // RFC 5681 §3.1: loss window of one (virtual, atou §4.1) segment.
-        f.cwnd = f.vmss;
-        f.cwnd_cnt = 0;
-        f.dupacks = 0;
-        f.recover = f.sb.max();
-        f.phase = Phase::Loss;
-        f.force_retransmit = None;
-        f.sb.mark_all_lost();
+        self.stats.timeouts += 1;
+        let first = self.rtt.backoff() == 0;
+        self.cc.on_rto(self.now, self.sb.flight(), first);
+        self.loss.on_rto(&mut self.sb);
         let event = Event::TimeoutRetransmit {
-            seg: f.sb.una(),
-            snd_nxt: f.sb.una(),
-            snd_max: f.sb.max(),
-            cwnd: f.cwnd,
-            ssthresh: f.ssthresh,
+            seg: self.sb.una(),
+            snd_nxt: self.sb.una(),
+            snd_max: self.sb.max(),
+            cwnd: self.cc.window(),
+            ssthresh: self.ssthresh(),
         };
-        f.emit(event);
+        self.emit(event);
         // RFC 6298 §5.5–5.6.
         self.rtt.back_off();
         self.arm_rto();
@@ -495,60 +594,68 @@ impl Sender {
     fn more_data(&self, seg: u64) -> bool {
         self.total_segments.is_none_or(|n| seg < n)
             && (self.tuning.maxpkts == 0 || seg < self.tuning.maxpkts)
-            && self.send_deadline.is_none_or(|d| self.flow.now < d)
+            && self.send_deadline.is_none_or(|d| self.now < d)
     }
 
     fn limited_transmit_allowance(&self) -> u64 {
-        if self.tuning.limited_transmit && self.flow.phase == Phase::Disorder {
+        if self.tuning.limited_transmit && self.loss.phase == Phase::Disorder {
             // RFC 3042 sends on the first two duplicates; with a larger
             // dup_thresh, on each one below it (Sarolahti §5).
-            u64::from(self.flow.dupacks).min(self.flow.dup_thresh.saturating_sub(1))
+            u64::from(self.loss.dupacks).min(self.loss.dup_thresh.saturating_sub(1))
         } else {
             0
         }
     }
 
-    fn window_open(&self) -> bool {
-        let f = &self.flow;
-        match f.phase {
-            Phase::Recovery | Phase::Loss => f.sb.pipe() < f.cwnd,
+    /// The window rule: what counts as in the network, and how much may
+    /// be. During recovery and timeout repair RFC 6675 pipe counts against
+    /// cwnd; otherwise FlightSize, with limited transmit's allowance.
+    fn window_use(&self) -> (u64, u64) {
+        let cwnd = self.cc.window();
+        match self.loss.phase {
+            Phase::Recovery | Phase::Loss => (self.sb.pipe(), cwnd),
             Phase::Open | Phase::Disorder => {
-                f.sb.flight() < f.cwnd + self.limited_transmit_allowance()
+                (self.sb.flight(), cwnd + self.limited_transmit_allowance())
             }
         }
     }
 
+    fn window_open(&self) -> bool {
+        let (used, allowed) = self.window_use();
+        used < allowed
+    }
+
     fn may_send_new(&self) -> bool {
-        let seg = self.flow.sb.max();
+        let seg = self.sb.max();
         self.more_data(seg)
             && self.data_ready(seg)
-            && seg < self.flow.sb.una() + u64::from(self.tuning.rcvwin)
+            && seg < self.sb.una() + u64::from(self.tuning.rcvwin)
             && (seg < self.peer_right_edge || self.persist_probe)
     }
 
     /// Chooses the next segment to send, and whether it was forced.
     fn next_segment(&mut self) -> Option<(u64, Option<Forced>)> {
-        if let Some(forced) = self.flow.force_retransmit.take() {
+        if let Some(forced) = self.loss.force_retransmit.take() {
             let seg = forced.seg();
-            debug_assert!(seg >= self.flow.sb.una() && !self.flow.sb.is_sacked(seg));
+            debug_assert!(seg >= self.sb.una() && !self.sb.is_sacked(seg));
             return Some((seg, Some(forced)));
         }
         if !self.window_open() {
             return None;
         }
-        if matches!(self.flow.phase, Phase::Recovery | Phase::Loss) {
-            if let Some(seg) = self.flow.sb.next_lost_pending() {
+        if matches!(self.loss.phase, Phase::Recovery | Phase::Loss) {
+            if let Some(seg) = self.sb.next_lost_pending() {
                 return Some((seg, None));
             }
         }
         if self.may_send_new() {
-            return Some((self.flow.sb.max(), None));
+            return Some((self.sb.max(), None));
         }
-        if self.more_data(self.flow.sb.max()) {
+        if self.more_data(self.sb.max()) {
             return None;
         }
         self.recovery
-            .tail_retransmission(&self.flow)
+            .tail_retransmission(&self.sb, &self.loss)
             .map(|seg| (seg, None))
     }
 
@@ -568,24 +675,43 @@ impl Sender {
             if self.tuning.burst_limit > 0 && self.burst >= u64::from(self.tuning.burst_limit) {
                 return None;
             }
-            let (seg, forced) = self.next_segment()?;
-            let is_new = seg == self.flow.sb.max();
+            let pacing = self.cc.pacing_rate();
+            if let Some(rate) = pacing {
+                let at = self.pacer.earliest(now, rate);
+                if at > now {
+                    // Wake when the pacer allows, if anything is waiting.
+                    let waiting = self.loss.force_retransmit.is_some() || self.window_open();
+                    self.set_timer(Timer::Pacing, waiting.then_some(at));
+                    return None;
+                }
+                self.set_timer(Timer::Pacing, None);
+            }
+            let Some((seg, forced)) = self.next_segment() else {
+                self.note_app_limited();
+                return None;
+            };
+            let is_new = seg == self.sb.max();
+            let outstanding = self.sb.outstanding();
             if is_new {
                 self.persist_probe = false;
-                self.flow.sb.on_send_new();
+                self.sb.on_send_new();
             } else {
                 self.record_retransmission(seg, forced);
             }
+            let stamp = self
+                .rate
+                .on_sent(now, outstanding, self.sb.pipe(), self.sb.lost_total());
+            self.sb.stamp(seg, stamp);
             // Test bookkeeping: the property tests assert it stays zero.
             if cfg!(debug_assertions) && forced.is_none() && !self.sent_within_window(is_new) {
                 self.window_violations += 1;
             }
             self.burst += 1;
-            self.flow.stats.maxburst = self.flow.stats.maxburst.max(self.burst);
-            self.flow.stats.pkts_out += 1;
+            self.stats.maxburst = self.stats.maxburst.max(self.burst);
+            self.stats.pkts_out += 1;
             if let Some(trace) = self.trace.as_mut() {
                 trace.push_back(TraceRecord::Xmt {
-                    time: now.saturating_since(self.flow.start),
+                    time: now.saturating_since(self.start),
                     seg,
                 });
             }
@@ -599,47 +725,57 @@ impl Sender {
             if self.droplist.consume(seg) {
                 // Scripted loss: sent as far as the protocol knows, but it
                 // never reaches the wire.
-                self.flow.stats.dropped += 1;
+                self.stats.dropped += 1;
+                if let Some(rate) = pacing {
+                    self.pacer.on_sent(now, rate, u64::from(self.tuning.mss));
+                }
                 continue;
             }
             let len = self.write_segment(seg, !is_new, buf, source);
-            self.flow.stats.bytes_out += len as u64;
+            if let Some(rate) = pacing {
+                self.pacer.on_sent(now, rate, len as u64);
+            }
+            self.stats.bytes_out += len as u64;
             return Some(len);
         }
     }
 
+    /// DRE "Detecting application-limited phases": the window has room and
+    /// nothing lost awaits a resend, yet nothing may go out: the sender waits
+    /// for the application's data or the receiver's window, so what is
+    /// delivered meanwhile says nothing of the path's capacity.
+    fn note_app_limited(&mut self) {
+        if self.window_open() && self.sb.lost_pending() == 0 && !self.may_send_new() {
+            self.rate.on_app_limited(self.sb.pipe());
+        }
+    }
+
     fn record_retransmission(&mut self, seg: u64, forced: Option<Forced>) {
-        self.flow.sb.on_retransmit(seg);
-        self.flow.stats.rxmts += 1;
+        self.sb.on_retransmit(seg);
+        self.stats.rxmts += 1;
         let is_fast_retransmit = matches!(forced, Some(Forced::FastRetransmit(_)));
-        if self.flow.phase == Phase::Recovery && !is_fast_retransmit {
-            self.flow.stats.packs += 1;
-            let f = &mut self.flow;
+        if self.loss.phase == Phase::Recovery && !is_fast_retransmit {
+            self.stats.packs += 1;
             let event = Event::RecoveryRetransmit {
                 seg,
-                snd_nxt: f.snd_nxt(),
-                snd_max: f.sb.max(),
-                cwnd: f.cwnd,
-                ssthresh: f.ssthresh,
-                recover: f.recover,
-                snd_una: f.sb.una(),
+                snd_nxt: self.loss.snd_nxt(&mut self.sb),
+                snd_max: self.sb.max(),
+                cwnd: self.cc.window(),
+                ssthresh: self.ssthresh(),
+                recover: self.loss.recover,
+                snd_una: self.sb.una(),
             };
-            f.emit(event);
+            self.emit(event);
         }
     }
 
     /// Re-checks, after the fact, that an unforced transmission fitted the
     /// windows: the property tests assert no violation is ever counted.
     fn sent_within_window(&self, is_new: bool) -> bool {
-        let f = &self.flow;
-        let cwnd_ok = match f.phase {
-            Phase::Recovery | Phase::Loss => f.sb.pipe() <= f.cwnd,
-            Phase::Open | Phase::Disorder => {
-                f.sb.flight() <= f.cwnd + self.limited_transmit_allowance()
-            }
-        };
-        let rcvwin_ok = f.sb.outstanding() <= u64::from(self.tuning.rcvwin);
-        let peer_ok = !is_new || f.sb.max() <= self.peer_right_edge + 1;
+        let (used, allowed) = self.window_use();
+        let cwnd_ok = used <= allowed;
+        let rcvwin_ok = self.sb.outstanding() <= u64::from(self.tuning.rcvwin);
+        let peer_ok = !is_new || self.sb.max() <= self.peer_right_edge + 1;
         cwnd_ok && rcvwin_ok && peer_ok
     }
 
@@ -659,7 +795,7 @@ impl Sender {
             conn_id: self.conn_id,
             seg,
             offset,
-            timestamp: self.flow.now.wire_micros(),
+            timestamp: self.now.wire_micros(),
             flags: DataFlags {
                 fin: self.stream_len == Some(offset + len as u64),
                 retransmission,
@@ -677,14 +813,13 @@ impl Sender {
         if self.state != SenderState::Sending {
             return;
         }
-        let f = &self.flow;
-        if f.sb.outstanding() == 0 && !self.more_data(f.sb.max()) {
+        if self.sb.outstanding() == 0 && !self.more_data(self.sb.max()) {
             self.state = SenderState::Finished;
             self.finished_at = Some(now);
             self.timers = [None; TIMERS.len()];
             return;
         }
-        if f.sb.outstanding() == 0 && !self.data_ready(f.sb.max()) {
+        if self.sb.outstanding() == 0 && !self.data_ready(self.sb.max()) {
             self.app_limited = true;
             self.set_timer(Timer::Idle, None);
             self.set_timer(Timer::Persist, None);
@@ -696,10 +831,10 @@ impl Sender {
             self.last_ack_at = self.last_ack_at.max(now);
             self.arm_idle();
         }
-        let f = &self.flow;
         // Persist: nothing in flight, data to send, but the peer's window is
         // shut. Probe after an RTO so a lost window update cannot deadlock.
-        let blocked = f.sb.outstanding() == 0 && !self.may_send_new() && self.more_data(f.sb.max());
+        let blocked =
+            self.sb.outstanding() == 0 && !self.may_send_new() && self.more_data(self.sb.max());
         if blocked && self.timer(Timer::Persist).is_none() && !self.persist_probe {
             let at = self.rtt.deadline(now, self.rtt.rto());
             self.set_timer(Timer::Persist, Some(at));
@@ -708,15 +843,15 @@ impl Sender {
 
     /// Checks the sender's invariants; O(window), for tests.
     pub fn check_invariants(&mut self) -> Result<(), String> {
-        self.flow.sb.check_invariants()?;
-        let (una, max) = (self.flow.sb.una(), self.flow.sb.max());
-        let nxt = self.flow.snd_nxt();
+        self.sb.check_invariants()?;
+        let (una, max) = (self.sb.una(), self.sb.max());
+        let nxt = self.loss.snd_nxt(&mut self.sb);
         if !(una <= nxt && nxt <= max) {
             return Err(format!(
                 "snd_una {una} <= snd_nxt {nxt} <= snd_max {max} fails"
             ));
         }
-        if self.flow.cwnd < 1 {
+        if self.cc.window() < 1 {
             return Err("cwnd below one segment".into());
         }
         if max - una > u64::from(self.tuning.rcvwin) {
@@ -1177,6 +1312,117 @@ mod tests {
         let s = Sender::new(&tuning(RecoveryKind::Sack), CONN, Some(0), Time::ZERO).unwrap();
         assert_eq!(s.state(), SenderState::Finished);
         assert_eq!(s.poll_timeout(), None);
+    }
+
+    /// A controller with a fixed window and pacing rate.
+    #[derive(Debug)]
+    struct Fixed {
+        window: u64,
+        rate: u64,
+    }
+
+    impl Controller for Fixed {
+        fn kind(&self) -> crate::proto::tuning::CcKind {
+            crate::proto::tuning::CcKind::Aimd
+        }
+        fn on_ack(&mut self, _: &AckEvent) {}
+        fn on_congestion_event(&mut self, _: &CongestionEvent) {}
+        fn on_recovery_end(&mut self, _: Time) {}
+        fn on_rto(&mut self, _: Time, _: u64, _: bool) {}
+        fn window(&self) -> u64 {
+            self.window
+        }
+        fn ssthresh(&self) -> Option<u64> {
+            None
+        }
+        fn pacing_rate(&self) -> Option<u64> {
+            Some(self.rate)
+        }
+    }
+
+    fn paced(window: u64) -> Sender {
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        // One 43-byte datagram per millisecond; a quantum is two datagrams.
+        let mss = u64::from(s.tuning.mss);
+        s.cc = Box::new(Fixed {
+            window,
+            rate: mss * 1000,
+        });
+        s
+    }
+
+    /// A paced sender sends a quantum, then nothing until the pacer allows,
+    /// and says when that is in poll_timeout.
+    #[test]
+    fn a_paced_sender_waits_for_the_pacer() {
+        let mut s = paced(100);
+        assert_eq!(send(&mut s, at(0)), vec![0, 1], "a quantum at once");
+        assert_eq!(s.poll_timeout(), Some(at(1)));
+        let half = at(0) + Duration::from_micros(500);
+        assert!(send(&mut s, half).is_empty(), "not before the deadline");
+        s.handle_timeout(at(1));
+        assert_eq!(send(&mut s, at(1)), vec![2]);
+        assert_eq!(s.poll_timeout(), Some(at(2)));
+        assert_eq!(s.snapshot(at(1)).pacing_rate, Some(43_000));
+    }
+
+    /// With the window full there is nothing for the pacer to release: no
+    /// pacing wake-up, only the retransmission timer.
+    #[test]
+    fn a_full_window_sets_no_pacing_timer() {
+        let mut s = paced(2);
+        send(&mut s, at(0));
+        assert!(send(&mut s, at(0)).is_empty());
+        assert_eq!(s.timer(Timer::Pacing), None);
+        assert_eq!(s.poll_timeout(), s.timer(Timer::Rto));
+    }
+
+    /// DRE "Detecting application-limited phases": a sender with room in
+    /// its window that waits for the application's data, or for the
+    /// receiver's window, is application-limited; one held by cwnd is not.
+    #[test]
+    fn waiting_for_data_or_the_peer_window_is_app_limited_cwnd_is_not() {
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        send(&mut s, at(0));
+        assert!(!s.rate.is_app_limited(), "held by cwnd");
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        s.set_available(at(0), 25);
+        send(&mut s, at(0));
+        assert!(s.rate.is_app_limited(), "waiting for the application");
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        send(&mut s, at(0));
+        ack(
+            &mut s,
+            at(50),
+            AckSpec {
+                cum: 2,
+                window: 4,
+                ..ACK
+            },
+        );
+        assert_eq!(send(&mut s, at(50)), vec![4, 5]);
+        assert!(s.rate.is_app_limited(), "held by the receiver's window");
+    }
+
+    /// Every ACK that delivers a segment sent a minimum RTT earlier or more
+    /// gives a rate sample; the sampler counts each segment once, whether
+    /// SACKed first or cumulatively acknowledged.
+    #[test]
+    fn each_segment_is_counted_delivered_once() {
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        send(&mut s, at(0));
+        ack(
+            &mut s,
+            at(50),
+            AckSpec {
+                cum: 0,
+                sack: &[(1, 3)],
+                ..ACK
+            },
+        );
+        assert_eq!(s.rate.delivered(), 2);
+        ack(&mut s, at(51), AckSpec { cum: 4, ..ACK });
+        assert_eq!(s.rate.delivered(), 4);
     }
 
     /// A sender whose application reads ahead sends only what is ready,

@@ -74,6 +74,47 @@ impl FromStr for RecoveryKind {
     }
 }
 
+/// Congestion controller: how much may be in flight and how fast to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CcKind {
+    /// atou's AIMD: RFC 5681 slow start and congestion avoidance with the
+    /// `multiplier`, `increment`, `vmss`, `initsegs` and `thresh_init` knobs.
+    Aimd,
+    /// RFC 9438 CUBIC with HyStart++ (RFC 9406) slow start, paced.
+    Cubic,
+}
+
+impl CcKind {
+    pub const ALL: [CcKind; 2] = [CcKind::Aimd, CcKind::Cubic];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CcKind::Aimd => "aimd",
+            CcKind::Cubic => "cubic",
+        }
+    }
+}
+
+impl fmt::Display for CcKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for CcKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "aimd" => Ok(CcKind::Aimd),
+            "cubic" => Ok(CcKind::Cubic),
+            _ => Err(format!(
+                "`{s}` is not a congestion controller (aimd, cubic)"
+            )),
+        }
+    }
+}
+
 /// Segments dropped by the sender itself on their first transmissions:
 /// scripted loss (atou's `droplist`). A number listed twice is dropped on its
 /// first two transmissions, which forces a timeout (atou appendix B).
@@ -200,6 +241,9 @@ pub struct Tuning {
     pub mss: u32,
     /// Sender's window limit in segments.
     pub rcvwin: u32,
+    /// Congestion controller.
+    pub cc: CcKind,
+    /// Loss recovery: what is lost and what to resend.
     pub recovery: RecoveryKind,
     pub rampdown: bool,
     /// Fixed retransmission timeout; zero selects the adaptive RTO.
@@ -254,6 +298,7 @@ impl Default for Tuning {
         Tuning {
             mss: 1472,
             rcvwin: 8192,
+            cc: CcKind::Aimd,
             recovery: RecoveryKind::Sack,
             rampdown: false,
             timeout: Duration::ZERO,
@@ -340,6 +385,10 @@ pub const KNOBS: &[Knob] = &[
         help: "UDP socket send buffer (SO_SNDBUF) in bytes, e.g. 4MiB (atou Table 1); real sockets only" },
     Knob { name: "rcvbuf", aliases: &[], value_name: "BYTES",
         help: "UDP socket receive buffer (SO_RCVBUF) in bytes, e.g. 4MiB, at both ends (atou Table 1, atousrv -b); real sockets only" },
+    // Knobs added after atou's own go last, so that the `config:` lines of
+    // a run that leaves them at their defaults read as before.
+    Knob { name: "cc", aliases: &[], value_name: "CONTROLLER",
+        help: "congestion controller: aimd (RFC 5681 with atou's multiplier, increment, vmss, initsegs, thresh_init) or cubic (RFC 9438 with HyStart++, paced); an atou config file means aimd" },
 ];
 
 /// A bad value for one knob.
@@ -454,6 +503,7 @@ impl Tuning {
                 self.mss = parse_int(&key, v, (DATA_HEADER_LEN + 1) as u32, 65_507)?;
             }
             "rcvwin" | "rcvrwin" => self.rcvwin = parse_int(&key, v, 1, 1 << 24)?,
+            "cc" => self.cc = v.parse().map_err(|m| err(&key, m))?,
             "recovery" => self.recovery = v.parse().map_err(|m| err(&key, m))?,
             "rampdown" => self.rampdown = parse_bool(&key, v)?,
             "newreno" => {
@@ -537,6 +587,7 @@ impl Tuning {
         Some(match canonical(key).as_str() {
             "mss" => self.mss.to_string(),
             "rcvwin" | "rcvrwin" => self.rcvwin.to_string(),
+            "cc" => self.cc.to_string(),
             "recovery" => self.recovery.to_string(),
             "rampdown" => u8::from(self.rampdown).to_string(),
             "timeout" => s(self.timeout),
@@ -567,9 +618,11 @@ impl Tuning {
     /// atou's own configs load unchanged; `port` and `debug`, which have
     /// other spellings here, are accepted and reported back as notes. When the file names any of atou's `newreno`/`sack`/`fack`
     /// flags, they start from atou's defaults (newreno only) so the file
-    /// means what it meant to atou.
+    /// means what it meant to atou. A config file selects `cc aimd`, atou's
+    /// own controller, unless it names another itself.
     pub fn apply_config(&mut self, text: &str) -> Result<Vec<String>, ConfigError> {
         let mut notes = Vec::new();
+        self.cc = CcKind::Aimd;
         let lines: Vec<(usize, &str, &str)> = text
             .lines()
             .enumerate()
@@ -618,6 +671,22 @@ impl Tuning {
         }
         if self.rampdown && self.recovery != RecoveryKind::Fack {
             return Err(err("rampdown", "only applies to --recovery fack"));
+        }
+        if self.cc != CcKind::Aimd {
+            let d = Tuning::default();
+            for (key, changed) in [
+                ("multiplier", self.multiplier != d.multiplier),
+                ("increment", self.increment != d.increment),
+                ("vmss", self.vmss != d.vmss),
+                ("thresh_init", self.thresh_init != d.thresh_init),
+            ] {
+                if changed {
+                    return Err(err(
+                        key,
+                        format!("only applies to --cc aimd, not {}", self.cc),
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -711,6 +780,32 @@ mod tests {
         assert_eq!(t.timeout, Duration::from_millis(500));
         assert!(t.set("multiplier", "1.5").is_err());
         assert!(t.set("mss", "20").is_err());
+    }
+
+    #[test]
+    fn cc_names_a_controller() {
+        let mut t = Tuning::default();
+        t.set("--cc", "AIMD").unwrap();
+        assert_eq!(t.cc, CcKind::Aimd);
+        let e = t.set("cc", "vegas").unwrap_err();
+        assert!(e.message.contains("aimd"), "{e}");
+        for kind in CcKind::ALL {
+            assert_eq!(kind.name().parse::<CcKind>(), Ok(kind));
+        }
+    }
+
+    /// An atou config file means AIMD, whatever was selected before it,
+    /// unless it names a controller itself.
+    #[test]
+    fn a_config_file_means_aimd() {
+        let mut t = Tuning {
+            cc: CcKind::Cubic,
+            ..Tuning::default()
+        };
+        t.apply_config("rcvwin 100\n").unwrap();
+        assert_eq!(t.cc, CcKind::Aimd);
+        t.apply_config("cc cubic\nrcvwin 100\n").unwrap();
+        assert_eq!(t.cc, CcKind::Cubic);
     }
 
     #[test]

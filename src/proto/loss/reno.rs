@@ -5,15 +5,18 @@
 //! keeps no memory of a timeout either: duplicate ACKs caused by its own
 //! go-back-N retransmissions can trigger a false fast retransmit (Hoe §2.2.3).
 //! Both are kept on purpose: this is the baseline the other variants beat.
+//! The window inflation of RFC 5681 §3.2 steps 3–4 is the congestion
+//! controller's (`congestion::aimd`).
 
-use super::{AckSummary, DupEvidence, Flow, Phase, Recovery};
+use super::{AckSummary, DupEvidence, LossRecovery, LossState, Phase, Verdict};
 use crate::proto::events::RecoveryTrigger;
+use crate::proto::scoreboard::Scoreboard;
 use crate::proto::tuning::RecoveryKind;
 
 #[derive(Debug)]
 pub struct Reno;
 
-impl Recovery for Reno {
+impl LossRecovery for Reno {
     fn kind(&self) -> RecoveryKind {
         RecoveryKind::Reno
     }
@@ -24,23 +27,22 @@ impl Recovery for Reno {
         !e.window_changed
     }
 
-    fn on_ack(&mut self, flow: &mut Flow, ack: &AckSummary) {
-        if flow.phase == Phase::Recovery {
-            if ack.newly_acked > 0 {
-                // RFC 5681 §3.2 step 6: deflate to ssthresh (Brakmo §3.1).
-                flow.leave_recovery();
-            } else if ack.is_dupack {
-                // RFC 5681 §3.2 step 4: each further duplicate means a
-                // segment left the network.
-                flow.cwnd += 1;
-            }
-            return;
+    fn on_ack(&mut self, _sb: &mut Scoreboard, st: &mut LossState, ack: &AckSummary) -> Verdict {
+        if st.phase == Phase::Recovery {
+            return if ack.newly_acked > 0 {
+                // RFC 5681 §3.2 step 6.
+                Verdict::Leave
+            } else {
+                Verdict::Continue
+            };
         }
-        // Brakmo §3.6: `>=`, not `>`.
-        if ack.is_dupack && u64::from(flow.dupacks) >= flow.dup_thresh {
-            flow.enter_recovery(RecoveryTrigger::DupAcks);
-            // RFC 5681 §3.2 step 3: inflate by the segments that left.
-            flow.cwnd = flow.ssthresh + flow.dup_thresh;
+        if st.enough_dupacks(ack) {
+            Verdict::Enter {
+                trigger: RecoveryTrigger::DupAcks,
+                lost_below: None,
+            }
+        } else {
+            Verdict::Stay
         }
     }
 }

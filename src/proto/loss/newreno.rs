@@ -6,16 +6,19 @@
 //! and one round trip each. Duplicate ACKs for data sent before a timeout
 //! are ignored (Hoe §3.2 step (v); RFC 6582 §4.1): the sender is then in the
 //! `Loss` phase, which only ends when that data is acknowledged; and ACKs
-//! that report a duplicate segment are not duplicate ACKs.
+//! that report a duplicate segment are not duplicate ACKs. The window
+//! inflation and deflation of RFC 6582 §3.2 is the congestion controller's
+//! (`congestion::aimd`).
 
-use super::{AckSummary, DupEvidence, Flow, Forced, Phase, Recovery};
+use super::{AckSummary, DupEvidence, Forced, LossRecovery, LossState, Phase, Verdict};
 use crate::proto::events::RecoveryTrigger;
+use crate::proto::scoreboard::Scoreboard;
 use crate::proto::tuning::RecoveryKind;
 
 #[derive(Debug)]
 pub struct NewReno;
 
-impl Recovery for NewReno {
+impl LossRecovery for NewReno {
     fn kind(&self) -> RecoveryKind {
         RecoveryKind::NewReno
     }
@@ -29,37 +32,30 @@ impl Recovery for NewReno {
         !e.window_changed && !e.dsack
     }
 
-    fn on_ack(&mut self, flow: &mut Flow, ack: &AckSummary) {
-        match flow.phase {
+    fn on_ack(&mut self, sb: &mut Scoreboard, st: &mut LossState, ack: &AckSummary) -> Verdict {
+        match st.phase {
             Phase::Recovery if ack.newly_acked > 0 => {
-                if flow.recovery_point_acked() {
+                if st.recovery_point_acked(sb) {
                     // RFC 6582 §3.2 step 3, full acknowledgement.
-                    flow.leave_recovery();
+                    Verdict::Leave
                 } else {
                     // RFC 6582 §3.2 step 3, partial acknowledgement: resend
-                    // the first unacknowledged segment now, deflate cwnd by
-                    // what was acknowledged and add back one segment.
-                    let una = flow.sb.una();
-                    flow.sb.mark_lost(una);
-                    flow.force_retransmit = Some(Forced::PartialAck(una));
-                    flow.cwnd = flow.cwnd.saturating_sub(ack.newly_acked).max(1) + 1;
+                    // the first unacknowledged segment now.
+                    let una = sb.una();
+                    sb.mark_lost(una);
+                    st.force_retransmit = Some(Forced::PartialAck(una));
+                    Verdict::Continue
                 }
             }
-            Phase::Recovery => {
-                if ack.is_dupack {
-                    // RFC 6582 §3.2 step 4.
-                    flow.cwnd += 1;
-                }
-            }
+            Phase::Recovery => Verdict::Continue,
             // Hoe §3.2 (v): not a new congestion signal.
-            Phase::Loss => {}
-            Phase::Open | Phase::Disorder => {
-                if ack.is_dupack && u64::from(flow.dupacks) >= flow.dup_thresh {
-                    flow.enter_recovery(RecoveryTrigger::DupAcks);
-                    // RFC 6582 §3.2 step 2 (RFC 5681 step 3).
-                    flow.cwnd = flow.ssthresh + flow.dup_thresh;
-                }
-            }
+            Phase::Loss => Verdict::Stay,
+            // RFC 6582 §3.2 step 2 (RFC 5681 step 3).
+            Phase::Open | Phase::Disorder if st.enough_dupacks(ack) => Verdict::Enter {
+                trigger: RecoveryTrigger::DupAcks,
+                lost_below: None,
+            },
+            Phase::Open | Phase::Disorder => Verdict::Stay,
         }
     }
 }

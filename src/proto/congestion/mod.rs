@@ -1,0 +1,142 @@
+//! Congestion control: how much may be in flight, and how fast to send.
+//!
+//! Apart from loss recovery ([`super::loss`]), which decides what is lost
+//! and what to resend and never moves the window. The sender owns the
+//! scoreboard; it tells its [`Controller`] what each ACK, congestion event
+//! and timeout did, and asks it for the window (and, for controllers that
+//! pace, a rate). One trait object per connection, built from the tuning by
+//! [`build`] (quinn-proto's `ControllerFactory`). Adding a controller is one
+//! new file and one arm in [`build`].
+
+mod aimd;
+mod cubic;
+pub mod delivery_rate;
+pub mod pacer;
+mod reduction;
+
+use std::fmt;
+use std::time::Duration;
+
+pub use aimd::Aimd;
+pub use cubic::Cubic;
+pub use delivery_rate::{DeliveryRate, RateSample, SendStamp};
+pub use pacer::Pacer;
+
+use super::time::Time;
+use super::tuning::{CcKind, Tuning};
+
+/// Where an ACK left fast recovery, as loss recovery decided it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecoveryStep {
+    /// Not in fast recovery before or after this ACK (a retransmission
+    /// timeout's `Loss` phase counts as outside).
+    Outside,
+    /// This ACK started fast recovery; [`Controller::on_congestion_event`]
+    /// has been called for it.
+    Entered,
+    /// In fast recovery before and after this ACK.
+    During,
+    /// This ACK ended fast recovery.
+    Left,
+}
+
+impl RecoveryStep {
+    /// Whether the sender is in fast recovery after this ACK.
+    pub fn in_recovery(self) -> bool {
+        matches!(self, RecoveryStep::Entered | RecoveryStep::During)
+    }
+}
+
+/// What one valid ACK did, once the scoreboard and loss recovery have
+/// processed it. Segment counts are in segments.
+#[derive(Debug, Clone, Copy)]
+pub struct AckEvent {
+    pub now: Time,
+    /// Segments newly covered by the cumulative ACK.
+    pub newly_acked: u64,
+    /// Segments this ACK reported delivered for the first time, SACKed or
+    /// cumulatively acknowledged: what a controller counts as acknowledged
+    /// data (RFC 3465 byte counting, RFC 9438 `segments_acked`) when
+    /// SACKed segments must not count twice.
+    pub newly_delivered: u64,
+    /// A duplicate ACK, as the loss-recovery variant judged it.
+    pub is_dupack: bool,
+    pub recovery: RecoveryStep,
+    /// RFC 5681 FlightSize after the ACK (SACKed segments included).
+    pub flight: u64,
+    /// RFC 6675 pipe after the ACK.
+    pub pipe: u64,
+    /// The RTT sample this ACK gave, if any.
+    pub rtt: Option<Duration>,
+    /// The smoothed RTT (RFC 6298), zero before the first sample.
+    pub srtt: Duration,
+    /// snd_una after the ACK and snd_max: what is acknowledged, and what
+    /// has been sent, in segment numbers (for counting round trips).
+    pub snd_una: u64,
+    pub snd_max: u64,
+    /// The sender is application-limited (delivery-rate estimation's
+    /// definition): it is not using its window, so its window has not
+    /// been tested and should not grow (RFC 9438 §5.8, RFC 7661).
+    pub app_limited: bool,
+    /// The delivery rate this ACK measured, if it gave a valid sample.
+    pub rate: Option<RateSample>,
+}
+
+/// Fast recovery begins: loss recovery has judged an ACK to signal
+/// congestion.
+#[derive(Debug, Clone, Copy)]
+pub struct CongestionEvent {
+    pub now: Time,
+    /// RFC 5681 FlightSize when recovery began, before anything was marked
+    /// lost.
+    pub flight: u64,
+    /// RFC 6675 pipe once loss recovery has marked what it presumes lost.
+    pub pipe: u64,
+}
+
+/// The controller's half of the sender: it decides how much may be in
+/// flight and how fast to send. It never marks a segment lost.
+///
+/// The sender calls, for each valid ACK: [`Controller::on_congestion_event`]
+/// first if loss recovery starts fast recovery on it, or
+/// [`Controller::on_recovery_end`] if it ends it; then
+/// [`Controller::on_ack`]. A retransmission timeout calls
+/// [`Controller::on_rto`]; it ends fast recovery without
+/// `on_recovery_end`.
+pub trait Controller: fmt::Debug + Send {
+    fn kind(&self) -> CcKind;
+
+    /// An ACK, after loss recovery has processed it.
+    fn on_ack(&mut self, ack: &AckEvent);
+
+    /// Loss recovery starts fast recovery.
+    fn on_congestion_event(&mut self, event: &CongestionEvent);
+
+    /// Fast recovery ends: everything sent before it began is acknowledged.
+    fn on_recovery_end(&mut self, now: Time);
+
+    /// A retransmission timeout; `flight` is counted before everything is
+    /// marked lost; `first` is false for a repeated timeout of the same data.
+    fn on_rto(&mut self, now: Time, flight: u64, first: bool);
+
+    /// The congestion window, in segments: the most that may be in flight.
+    fn window(&self) -> u64;
+
+    /// The slow-start threshold in segments, for controllers that have one;
+    /// `Some(u64::MAX)` before the first reduction.
+    fn ssthresh(&self) -> Option<u64>;
+
+    /// The rate to pace at, in bytes per second; `None` sends as fast as the
+    /// window allows.
+    fn pacing_rate(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// Builds the controller a tuning asks for.
+pub fn build(t: &Tuning) -> Box<dyn Controller> {
+    match t.cc {
+        CcKind::Aimd => Box::new(Aimd::new(t)),
+        CcKind::Cubic => Box::new(Cubic::new(t)),
+    }
+}

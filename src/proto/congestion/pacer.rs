@@ -1,0 +1,156 @@
+//! Pacing: a token bucket that spreads transmissions at the controller's
+//! rate.
+//!
+//! Tokens are bytes and accrue at the pacing rate up to a quantum: the
+//! larger of two full datagrams and what the rate sends in
+//! [`PACING_QUANTUM`]. A datagram may go when a full datagram's worth of
+//! tokens is there, so the sender transmits a quantum in a burst after a
+//! pause, then one datagram per `size / rate`. The simulator wakes the
+//! sender at exactly the time [`Pacer::earliest`] gives; a real driver,
+//! whose timers have millisecond resolution, wakes up to a millisecond
+//! later and finds a quantum of tokens to spend (Linux fq's quantum, BBR's
+//! send quantum; draft-ietf-ccwg-bbr "Pacing Rate").
+//!
+//! Integer arithmetic throughout: credit is kept in byte-nanoseconds, so a
+//! run replays exactly.
+
+use std::time::Duration;
+
+use crate::proto::time::Time;
+
+/// The time whose worth of sending a pacer may release in one burst:
+/// the resolution of the I/O driver's timers.
+pub const PACING_QUANTUM: Duration = Duration::from_millis(1);
+
+const NANOS_PER_SEC: u128 = 1_000_000_000;
+
+#[derive(Debug, Clone)]
+pub struct Pacer {
+    /// Bytes of sending credit, times 10^9 (byte-nanoseconds per second).
+    credit: u128,
+    /// When `credit` was last brought up to date.
+    updated: Time,
+    /// Bytes per second the credit was last accruing at.
+    rate: u64,
+    /// The largest datagram, in bytes.
+    mss: u64,
+}
+
+impl Pacer {
+    /// A pacer for datagrams of at most `mss` bytes, starting with a full
+    /// quantum (the initial window goes out at once, as unpaced).
+    pub fn new(mss: u64, now: Time) -> Pacer {
+        Pacer {
+            credit: u128::MAX,
+            updated: now,
+            rate: 0,
+            mss,
+        }
+    }
+
+    /// The most credit the bucket holds at `rate`, in byte-nanoseconds.
+    fn capacity(&self, rate: u64) -> u128 {
+        let quantum = u128::from(rate) * PACING_QUANTUM.as_nanos() / NANOS_PER_SEC;
+        quantum.max(2 * u128::from(self.mss)) * NANOS_PER_SEC
+    }
+
+    /// Brings the credit up to `now` at `rate` bytes per second.
+    fn refill(&mut self, now: Time, rate: u64) {
+        let elapsed = u128::from(now.as_nanos().saturating_sub(self.updated.as_nanos()));
+        self.credit = self
+            .credit
+            .saturating_add(elapsed * u128::from(rate))
+            .min(self.capacity(rate));
+        self.updated = self.updated.max(now);
+        self.rate = rate;
+    }
+
+    /// The earliest time a datagram of `mss` bytes may go at `rate` bytes
+    /// per second: `now` or later.
+    pub fn earliest(&mut self, now: Time, rate: u64) -> Time {
+        self.refill(now, rate);
+        let need = u128::from(self.mss) * NANOS_PER_SEC;
+        if self.credit >= need || rate == 0 {
+            return now;
+        }
+        let wait = (need - self.credit).div_ceil(u128::from(rate));
+        now + Duration::from_nanos(u64::try_from(wait).unwrap_or(u64::MAX))
+    }
+
+    /// A datagram of `len` bytes went out at `now`.
+    pub fn on_sent(&mut self, now: Time, rate: u64, len: u64) {
+        self.refill(now, rate);
+        self.credit = self.credit.saturating_sub(u128::from(len) * NANOS_PER_SEC);
+    }
+
+    /// The rate last paced at, in bytes per second.
+    pub fn rate(&self) -> u64 {
+        self.rate
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MSS: u64 = 1000;
+
+    fn at_us(us: u64) -> Time {
+        Time::from_nanos(us * 1_000)
+    }
+
+    /// Sends as soon as the pacer lets it, from `from` until `until`;
+    /// returns the send times.
+    fn drain(p: &mut Pacer, rate: u64, from: Time, until: Time) -> Vec<Time> {
+        let mut now = from;
+        let mut sent = Vec::new();
+        loop {
+            now = p.earliest(now, rate);
+            if now > until {
+                return sent;
+            }
+            p.on_sent(now, rate, MSS);
+            sent.push(now);
+        }
+    }
+
+    /// After the first quantum, datagrams leave exactly `mss / rate` apart,
+    /// and over a long run the average rate is the pacing rate.
+    #[test]
+    fn datagrams_leave_at_the_pacing_rate() {
+        let rate = 10_000_000; // 10 MB/s: a 1000-byte datagram per 100 µs
+        let mut p = Pacer::new(MSS, Time::ZERO);
+        let sent = drain(&mut p, rate, Time::ZERO, at_us(1_000_000));
+        // A quantum: 1 ms at 10 MB/s is 10 kB, ten datagrams at once.
+        assert_eq!(sent.iter().filter(|&&t| t == Time::ZERO).count(), 10);
+        for w in sent[10..].windows(2) {
+            assert_eq!(w[1].saturating_since(w[0]), Duration::from_micros(100));
+        }
+        // One second: the quantum plus 10^4 spaced sends.
+        assert_eq!(sent.len(), 10 + 10_000);
+    }
+
+    /// An idle pacer banks at most a quantum: a pause does not buy a burst
+    /// beyond it.
+    #[test]
+    fn an_idle_pause_buys_at_most_a_quantum() {
+        let rate = 1_000_000; // 1 MB/s: 1 ms is 1 kB, less than two datagrams
+        let mut p = Pacer::new(MSS, Time::ZERO);
+        drain(&mut p, rate, Time::ZERO, at_us(10_000));
+        let burst = drain(&mut p, rate, at_us(5_000_000), at_us(5_000_000));
+        assert_eq!(burst.len(), 2, "two datagrams, the floor of a quantum");
+    }
+
+    /// A driver that wakes late (a millisecond timer) finds the tokens that
+    /// accrued meanwhile, up to a quantum, and sends them in one burst.
+    #[test]
+    fn a_late_wakeup_sends_what_accrued() {
+        let rate = 100_000_000; // 100 MB/s: 100 datagrams per ms
+        let mut p = Pacer::new(MSS, Time::ZERO);
+        drain(&mut p, rate, Time::ZERO, Time::ZERO);
+        let next = p.earliest(Time::ZERO, rate);
+        assert_eq!(next, at_us(10));
+        let late = drain(&mut p, rate, at_us(1_000), at_us(1_000));
+        assert_eq!(late.len(), 100);
+    }
+}

@@ -1,0 +1,264 @@
+//! Congestion controllers in the simulator: each test names the section
+//! whose behaviour it checks.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use atou::netem::NetemSpec;
+use atou::proto::{CcKind, Event, RecoveryKind, TimedEvent, TraceRecord, Tuning};
+use atou::sim::{Outcome, Recorder, SimConfig, SimError, SimResult, Simulation};
+
+/// RFC 9438 §5.1 and §4.6.
+const C: f64 = 0.4;
+const BETA: f64 = 0.7;
+
+/// 100 ms each way, no bottleneck, room for any window: the only losses
+/// are the droplist's, and the RTT stays 200 ms.
+const PATH: &str = "delay 100ms limit 1000000";
+const RTT: f64 = 0.2;
+
+fn simulate(tuning: Tuning, fwd: &str, rev: &str, bytes: u64) -> (SimResult, Recorder) {
+    let mut config = SimConfig::new(
+        tuning,
+        fwd.parse().unwrap(),
+        rev.parse().unwrap(),
+        Some(bytes),
+        1,
+    );
+    config.trace = true;
+    config.check_invariants = true;
+    let mut rec = Recorder::default();
+    let result = Simulation::new(config).unwrap().run(&mut rec).unwrap();
+    assert!(
+        result.delivered_intact(bytes),
+        "transfer incomplete: {}",
+        result.summary
+    );
+    (result, rec)
+}
+
+fn cubic(droplist: &str) -> Tuning {
+    Tuning {
+        cc: CcKind::Cubic,
+        rcvwin: 100_000,
+        rcvsegs: 100_000,
+        droplist: droplist.parse().unwrap(),
+        ..Tuning::default()
+    }
+}
+
+/// One congestion event as the events report it.
+#[derive(Debug, Clone, Copy)]
+struct Reduction {
+    /// cwnd when fast retransmit began.
+    cwnd: u64,
+    ssthresh: u64,
+    /// When recovery ended.
+    left: f64,
+}
+
+fn reductions(events: &[TimedEvent]) -> Vec<Reduction> {
+    let mut out = Vec::new();
+    let mut cwnd = 0;
+    let mut ssthresh = 0;
+    for e in events {
+        match e.event {
+            Event::FastRetransmit { cwnd: c, .. } => cwnd = c,
+            Event::EnterRecovery { ssthresh: s, .. } => ssthresh = s,
+            Event::LeaveRecovery { .. } => out.push(Reduction {
+                cwnd,
+                ssthresh,
+                left: e.time.as_secs_f64(),
+            }),
+            Event::TimeoutRetransmit { .. } => panic!("a timeout: {e}"),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// (time, cwnd) at each ACK.
+fn cwnds(trace: &[TraceRecord]) -> Vec<(f64, u64)> {
+    trace
+        .iter()
+        .filter_map(|r| match *r {
+            TraceRecord::Ack { time, cwnd, .. } => Some((time.as_secs_f64(), cwnd)),
+            TraceRecord::Xmt { .. } => None,
+        })
+        .collect()
+}
+
+/// Checks that from `epoch` until `until` cwnd stays within two segments
+/// of W_cubic(t) for some t within an RTT of the true one (cwnd chases
+/// W_cubic one RTT ahead, RFC 9438 §4.4–4.5), and returns the last t seen.
+fn follows_w_cubic(series: &[(f64, u64)], epoch: f64, until: f64, w_max: f64, cwnd0: f64) -> f64 {
+    let k = ((w_max - cwnd0) / C).cbrt();
+    let w = |t: f64| C * (t - k).powi(3) + w_max;
+    let mut last = 0.0;
+    for &(time, cwnd) in series {
+        let t = time - epoch;
+        if t < 2.0 * RTT || time >= until {
+            continue;
+        }
+        let (lo, hi) = (w(t - 2.0 * RTT) - 2.0, w(t + RTT) + 2.0);
+        assert!(
+            lo <= cwnd as f64 && cwnd as f64 <= hi,
+            "t {t:.3}: cwnd {cwnd} outside W_cubic [{lo:.1}, {hi:.1}] (W_max {w_max}, K {k:.2})"
+        );
+        last = t;
+    }
+    last
+}
+
+/// RFC 9438 §4.6: a loss cuts ssthresh to β = 0.7 of the flight; §4.1–4.5:
+/// then the window follows W_cubic(t) = C (t − K)³ + W_max, concave up to
+/// the window of the loss at t = K, convex beyond.
+#[test]
+fn rfc9438_4_cubic_window_follows_w_cubic_after_a_loss() {
+    let (_, rec) = simulate(cubic("600"), PATH, PATH, 60_000_000);
+    let r = reductions(&rec.events);
+    assert_eq!(r.len(), 1, "{r:?}");
+    let Reduction {
+        cwnd: w_max,
+        ssthresh,
+        left,
+    } = r[0];
+    // Window-limited slow start: flight = cwnd when the loss is found.
+    assert_eq!(ssthresh, (w_max as f64 * BETA) as u64);
+    let series = cwnds(&rec.trace);
+    let epoch = series.iter().find(|s| s.0 > left).unwrap().0;
+    let k = ((w_max - ssthresh) as f64 / C).cbrt();
+    let seen = follows_w_cubic(&series, epoch, f64::MAX, w_max as f64, ssthresh as f64);
+    assert!(
+        seen > k + 2.0,
+        "the run must reach the convex region: {seen} vs K {k}"
+    );
+}
+
+/// RFC 9438 §4.7: a second loss while the window is still below the W_max
+/// of the first sets W_max to cwnd × (1 + β) / 2, so the next plateau is
+/// lower than the window the loss was found at.
+#[test]
+fn rfc9438_4_7_fast_convergence() {
+    // Where the window stands halfway to K after the first loss.
+    let (_, rec) = simulate(cubic("600"), PATH, PATH, 30_000_000);
+    let first = reductions(&rec.events)[0];
+    let k = ((first.cwnd - first.ssthresh) as f64 / C).cbrt();
+    let halfway = first.left + k / 2.0;
+    let seg = rec
+        .trace
+        .iter()
+        .find_map(|r| match *r {
+            TraceRecord::Xmt { time, seg } if time.as_secs_f64() >= halfway => Some(seg),
+            _ => None,
+        })
+        .unwrap();
+
+    let (_, rec) = simulate(cubic(&format!("600,{seg}")), PATH, PATH, 60_000_000);
+    let r = reductions(&rec.events);
+    assert_eq!(r.len(), 2, "{r:?}");
+    let second = r[1];
+    assert!(second.cwnd < first.cwnd, "{r:?}");
+    let w_max = second.cwnd as f64 * (1.0 + BETA) / 2.0;
+    let series = cwnds(&rec.trace);
+    let epoch = series.iter().find(|s| s.0 > second.left).unwrap().0;
+    let k2 = ((w_max - second.ssthresh as f64) / C).cbrt();
+    let seen = follows_w_cubic(&series, epoch, f64::MAX, w_max, second.ssthresh as f64);
+    assert!(seen > k2 + 1.0, "{seen} vs K {k2}");
+}
+
+/// Bursts: (transmissions at one instant, cwnd at the last ACK before),
+/// from `after` on.
+fn bursts(trace: &[TraceRecord], after: Duration) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let (mut at, mut cwnd) = (Duration::MAX, 0);
+    for r in trace {
+        match *r {
+            TraceRecord::Ack { cwnd: c, .. } => cwnd = c,
+            TraceRecord::Xmt { time, .. } if time >= after => {
+                match out.last_mut() {
+                    Some((n, _)) if time == at => *n += 1,
+                    _ => out.push((1, cwnd)),
+                }
+                at = time;
+            }
+            TraceRecord::Xmt { .. } => {}
+        }
+    }
+    out
+}
+
+/// Pacing (issue 14 point 3): over a path with no bottleneck to space the
+/// ACKs, an unpaced sender's slow start sends much of its window at one
+/// instant; CUBIC, paced at twice cwnd per RTT in slow start, sends no more
+/// than a quantum, a millisecond of that rate (cwnd / 100 segments here),
+/// at once. The summary reports the pacing rate.
+#[test]
+fn a_paced_controller_spreads_its_window() {
+    let bytes = 20_000_000;
+    let aimd = Tuning {
+        cc: CcKind::Aimd,
+        ..cubic("")
+    };
+    let (unpaced, rec) = simulate(aimd, PATH, PATH, bytes);
+    let biggest = bursts(&rec.trace, Duration::from_secs(1))
+        .into_iter()
+        .max()
+        .unwrap();
+    assert!(biggest.0 > 1000, "{biggest:?}");
+    assert!(unpaced.summary.pacing_bps.is_none());
+    assert!(!unpaced.summary.to_string().contains("pacing"));
+
+    let (paced, rec) = simulate(cubic(""), PATH, PATH, bytes);
+    let bps = paced.summary.pacing_bps.expect("cubic paces");
+    for (n, cwnd) in bursts(&rec.trace, Duration::from_millis(300)) {
+        assert!(n <= (cwnd / 100).max(2) + 2, "{n} at once with cwnd {cwnd}");
+    }
+    assert!(bps > 0.0);
+    assert!(paced.summary.to_string().contains("pacing rate "));
+}
+
+fn percent(max: f64) -> impl Strategy<Value = f64> {
+    prop_oneof![Just(0.0), 0.0..max]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 100, ..ProptestConfig::default() })]
+
+    /// CUBIC, paced, under any loss, duplication, reordering and queue:
+    /// the receiver gets exactly the bytes sent and the sender's invariants
+    /// hold after every step (no transmission outside the window).
+    #[test]
+    fn cubic_delivers_the_stream_intact(kind in prop::sample::select(RecoveryKind::ALL.to_vec()),
+                                        rate in 1u64..200, limit in 2u32..300,
+                                        delay_ms in 1u64..60, loss in percent(10.0),
+                                        dup in percent(5.0), reorder in percent(30.0),
+                                        ack_loss in percent(10.0), delack_ms in prop_oneof![Just(0u64), 1u64..300],
+                                        seed in any::<u64>(), segments in 0u64..1500) {
+        let tuning = Tuning {
+            cc: CcKind::Cubic,
+            recovery: kind,
+            delack: Duration::from_millis(delack_ms),
+            maxidle: Duration::from_secs(900),
+            rcvwin: 512,
+            rcvsegs: 256,
+            ..Tuning::default()
+        };
+        let bytes = segments * tuning.payload_size() as u64;
+        let fwd: NetemSpec = format!(
+            "rate {rate}mbit limit {limit} | delay {delay_ms}ms reorder {reorder}% loss {loss}% duplicate {dup}%"
+        ).parse().unwrap();
+        let rev: NetemSpec = format!("delay {delay_ms}ms loss {ack_loss}%").parse().unwrap();
+        let mut config = SimConfig::new(tuning, fwd, rev, Some(bytes), seed);
+        config.check_invariants = true;
+        let result = match Simulation::new(config).unwrap().run(&mut ()) {
+            Err(SimError::Invariant { time, what }) => {
+                return Err(TestCaseError::fail(format!("invariant broken at {time:?}: {what}")));
+            }
+            other => other.unwrap(),
+        };
+        prop_assert_eq!(result.outcome, Outcome::Finished, "{}", result.summary);
+        prop_assert!(result.delivered_intact(bytes), "{}", result.summary);
+    }
+}
