@@ -62,29 +62,24 @@ fn flags(follow: bool) -> OFlags {
 
 /// An `O_PATH` descriptor for `name` beneath `parent`, or for the path
 /// `top` itself when there is no parent; a symlink is the link itself
-/// unless `follow`.
+/// unless `follow`. (A `File` only to reach fstat: it cannot be read.)
 pub fn open_entry(
-    parent: Option<&OwnedFd>,
+    parent: Option<&File>,
     top: &Path,
     name: &Path,
     follow: bool,
-) -> io::Result<OwnedFd> {
+) -> io::Result<File> {
     let how = flags(follow) | OFlags::PATH;
     let fd = match parent {
         Some(dir) => rustix::fs::openat(dir, name, how, Mode::empty())?,
         None => rustix::fs::open(top, how, Mode::empty())?,
     };
-    Ok(fd)
-}
-
-/// What `fd` is (fstat; an `O_PATH` descriptor will do).
-pub fn metadata(fd: &OwnedFd) -> io::Result<Metadata> {
-    File::from(fd.try_clone()?).metadata()
+    Ok(File::from(fd))
 }
 
 /// The names in the directory `dir` (an `O_PATH` descriptor of it), "."
 /// and ".." left out.
-pub fn list_dir(dir: &OwnedFd) -> io::Result<Vec<Vec<u8>>> {
+pub fn list_dir(dir: &File) -> io::Result<Vec<Vec<u8>>> {
     let fd = rustix::fs::openat(
         dir,
         ".",
@@ -102,7 +97,7 @@ pub fn list_dir(dir: &OwnedFd) -> io::Result<Vec<Vec<u8>>> {
 }
 
 /// The target of the symlink `link` (an `O_PATH` descriptor of it).
-pub fn read_link(link: &OwnedFd) -> io::Result<Vec<u8>> {
+pub fn read_link(link: &File) -> io::Result<Vec<u8>> {
     Ok(rustix::fs::readlinkat(link.as_fd(), "", Vec::new())?.into_bytes())
 }
 
