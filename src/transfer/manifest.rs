@@ -62,7 +62,7 @@ const KIND_SYMLINK: u8 = 3;
 
 /// Bytes shown for a person: lossy UTF-8 with control and bidi characters
 /// escaped, so a hostile name cannot drive the terminal or disguise itself.
-struct Escaped<'a>(&'a [u8]);
+pub(crate) struct Escaped<'a>(&'a [u8]);
 
 impl fmt::Display for Escaped<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -100,7 +100,8 @@ fn shown(bytes: &[u8]) -> Escaped<'_> {
     Escaped(bytes)
 }
 
-fn shown_path(path: &Path) -> Escaped<'_> {
+/// A path for a person: control and bidi characters escaped.
+pub(crate) fn shown_path(path: &Path) -> Escaped<'_> {
     Escaped(path.as_os_str().as_bytes())
 }
 

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use rustix::fs::{Mode, OFlags};
 
 use super::hash::CHUNK_SIZE;
-use super::manifest::RelPath;
+use super::manifest::{shown_path, RelPath};
 
 /// What identifies a file and tells whether it changed: compared after
 /// the walk, at the open and after every read.
@@ -109,7 +109,7 @@ pub struct SourceSpec {
     pub top: Arc<PathBuf>,
     /// Its path in the manifest, whose first component is the top's.
     pub path: RelPath,
-    /// Where it is, for messages.
+    /// Where it is, for messages (shown escaped: the tree may be hostile).
     pub shown: PathBuf,
     pub stamp: Stamp,
     pub follow: bool,
@@ -120,7 +120,7 @@ impl SourceSpec {
     /// directory and none a symlink (unless `follow`), and checks that it
     /// is the file the walk saw, unchanged.
     fn open(&self) -> Result<File, String> {
-        let shown = self.shown.display();
+        let shown = shown_path(&self.shown);
         let below: Vec<&[u8]> = self.path.components().skip(1).collect();
         let how = flags(self.follow);
         let opened: io::Result<OwnedFd> = (|| {
@@ -166,11 +166,11 @@ impl SourceSpec {
     fn stamp_of(&self, file: &File) -> Result<Stamp, String> {
         let md = file
             .metadata()
-            .map_err(|e| format!("cannot read {}: {}", self.shown.display(), plain(&e)))?;
+            .map_err(|e| format!("cannot read {}: {}", shown_path(&self.shown), plain(&e)))?;
         if !md.is_file() {
             return Err(format!(
                 "{} is no longer a regular file; run again",
-                self.shown.display()
+                shown_path(&self.shown)
             ));
         }
         Ok(Stamp::of(&md))
@@ -182,7 +182,7 @@ impl SourceSpec {
         }
         Err(format!(
             "{} changed while it was being sent; run again",
-            self.shown.display()
+            shown_path(&self.shown)
         ))
     }
 }
@@ -287,7 +287,7 @@ fn read_exact_at(
                 return Err(format!(
                     "{} changed while it was being sent (it shrank below the {} bytes listed); \
                      run again",
-                    spec.shown.display(),
+                    shown_path(&spec.shown),
                     spec.stamp.size
                 ))
             }
@@ -296,7 +296,7 @@ fn read_exact_at(
             Err(e) => {
                 return Err(format!(
                     "cannot read {}: {}",
-                    spec.shown.display(),
+                    shown_path(&spec.shown),
                     plain(&e)
                 ))
             }
@@ -398,6 +398,21 @@ mod tests {
         std::os::unix::fs::symlink(tmp.0.join("sub.real"), tree.join("sub")).unwrap();
         s.expect(0, 1);
         assert!(read(&s, 0, 0).unwrap_err().contains("not followed"));
+    }
+
+    /// A file whose name holds an escape sequence is named escaped: the
+    /// tree may belong to whoever wants to drive the sender's terminal.
+    #[test]
+    fn a_hostile_name_in_a_message_is_escaped() {
+        let tmp = Tmp::new("escape");
+        let tree = tmp.0.join("tree");
+        fs::create_dir_all(&tree).unwrap();
+        fs::write(tree.join("a\x1b[2Jb"), b"x").unwrap();
+        let s = sources(&tree);
+        fs::remove_file(tree.join("a\x1b[2Jb")).unwrap();
+        s.expect(0, 1);
+        let err = read(&s, 0, 0).unwrap_err();
+        assert!(err.contains("tree/a\\x1b[2Jb was removed"), "{err}");
     }
 
     /// A file replaced by another (a rename over it: same name, size and
