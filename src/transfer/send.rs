@@ -27,7 +27,7 @@ use tokio::sync::Notify;
 
 use super::hash::{chunk_count, chunk_cv, chunk_len, file_hash, Cv, CHUNK_SIZE};
 use super::layout::{header_for, Layout, CV_LEN};
-use super::manifest::{manifest_of, walk, EntryKind, LocalEntry, RelPath, WalkError};
+use super::manifest::{manifest_of, shown_path, walk, EntryKind, LocalEntry, RelPath, WalkError};
 use super::messages::{
     encode_abort, encode_finish, ChunkRef, FilePlan, Options, Outcome, PlanReply, PlanRequest,
 };
@@ -574,7 +574,7 @@ fn send_session(
         match &e.entry.kind {
             EntryKind::File { size } => {
                 let Some(stamp) = e.stamp else {
-                    let shown = e.source.display();
+                    let shown = shown_path(&e.source);
                     return Err(SendError::Source(format!(
                         "{shown} was not read by the walk"
                     )));
