@@ -906,6 +906,24 @@ fn existing_files_are_refused_unless_overwrite_and_skip_existing_skips_identical
     ));
 }
 
+/// Names ending in `.atou-part` are ordinary names: a tree with a file
+/// `foo.atou-part` and a symlink `foo` beside it arrives whole (the
+/// partial file used to be `foo.atou-part`, and the symlink replaced it).
+#[test]
+fn a_file_named_like_a_partial_file_arrives_beside_its_namesake() {
+    let scratch = Scratch::new("part-names");
+    let tree = scratch.dir("src/tree");
+    write_random(&tree.join("foo.atou-part"), 5000, 81);
+    symlink("foo.atou-part", tree.join("foo")).unwrap();
+    write_random(&tree.join("bar"), 3 * MIB, 82);
+    write_random(&tree.join("bar.atou-part"), 2 * MIB + 1, 83);
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    let r = send(&[&tree], &server.target(), &[]).report();
+    assert_eq!(report_u(&r, "files"), 3, "{r}");
+    assert_same_tree(&tree, &dest.join("tree"));
+}
+
 /// `--skip-existing` alone trusts size and mtime (and says so); with
 /// `--checksum` the receiver compares by BLAKE3: only the chunk that
 /// differs is sent, and a file that differs is replaced only where the

@@ -334,34 +334,34 @@ struct Upstream {
     gone: Arc<AtomicBool>,
 }
 
-/// Says, at most every [`REFUSAL_NOTICE_EVERY`], that datagrams from new
-/// sources are being dropped.
-struct RefusalNotice {
-    max: usize,
-    idle: Duration,
+/// A message said at most every [`REFUSAL_NOTICE_EVERY`], with how many
+/// times it happened since it was last said.
+#[derive(Default)]
+struct Throttle {
     last: Option<Instant>,
     unsaid: u64,
 }
 
-impl RefusalNotice {
-    fn refused(&mut self, now: Instant) {
+impl Throttle {
+    /// Counts one more; `Some(count)` when it is time to say so.
+    fn happened(&mut self, now: Instant) -> Option<u64> {
         self.unsaid += 1;
         if self
             .last
             .is_some_and(|t| now.saturating_duration_since(t) < REFUSAL_NOTICE_EVERY)
         {
-            return;
+            return None;
         }
-        eprintln!(
-            "atou netem relay: dropped {} datagram{} from new sources: {} sources are held \
-             already (--max-sources); one is forgotten after {} without a datagram (--idle)",
-            self.unsaid,
-            if self.unsaid == 1 { "" } else { "s" },
-            self.max,
-            atou::units::format_time_tc(self.idle),
-        );
         self.last = Some(now);
-        self.unsaid = 0;
+        Some(std::mem::take(&mut self.unsaid))
+    }
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
     }
 }
 
@@ -381,12 +381,7 @@ fn relay_clients(
     let (max, idle) = (table.max(), table.idle());
     let sweep_every = (idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
     let mut next_sweep = Instant::now() + sweep_every;
-    let mut notice = RefusalNotice {
-        max,
-        idle,
-        last: None,
-        unsaid: 0,
-    };
+    let (mut refusals, mut failures) = (Throttle::default(), Throttle::default());
     while !stop.load(Ordering::Relaxed) {
         let received = listen.recv_from(&mut buf);
         let now = Instant::now();
@@ -406,11 +401,25 @@ fn relay_clients(
         let sock = match admitted {
             Ok(Some(up)) => Arc::clone(&up.sock),
             Ok(None) => {
-                notice.refused(now);
+                if let Some(n) = refusals.happened(now) {
+                    eprintln!(
+                        "atou netem relay: dropped {n} datagram{} from new sources: {max} \
+                         sources are held already (--max-sources); one is forgotten after {} \
+                         without a datagram (--idle)",
+                        plural(n),
+                        atou::units::format_time_tc(idle),
+                    );
+                }
                 continue;
             }
             Err(e) => {
-                eprintln!("atou netem relay: cannot open a socket towards {to} for {client}: {e}");
+                if let Some(n) = failures.happened(now) {
+                    eprintln!(
+                        "atou netem relay: cannot open a socket and a thread towards {to} for \
+                         {client}: {e} ({n} datagram{} dropped for this since the last message)",
+                        plural(n)
+                    );
+                }
                 continue;
             }
         };

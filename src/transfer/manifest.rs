@@ -37,7 +37,6 @@ use std::ffi::OsStr;
 use std::fmt;
 use std::fs;
 use std::io;
-use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -61,6 +60,7 @@ const KIND_DIR: u8 = 1;
 const KIND_FILE: u8 = 2;
 const KIND_SYMLINK: u8 = 3;
 
+// One escaping function for every name shown to a person (src/text.rs).
 use crate::text::{shown, shown_path, Escaped};
 
 /// The start of a long name, for messages about names that are too long.
@@ -540,7 +540,7 @@ fn walk_one(
     out: &mut Vec<LocalEntry>,
 ) -> Result<(), WalkError> {
     let top = Arc::new(source.clone());
-    let mut stack: Vec<(Option<Arc<OwnedFd>>, PathBuf, RelPath, usize)> =
+    let mut stack: Vec<(Option<Arc<fs::File>>, PathBuf, RelPath, usize)> =
         vec![(None, source, rel, 0)];
     let mut ancestors: Vec<(u64, u64)> = Vec::new();
     while let Some((parent, source, path, depth)) = stack.pop() {
@@ -549,7 +549,7 @@ fn walk_one(
         let fd =
             source::open_entry(parent.as_deref(), &top, name, follow).map_err(io_err(&source))?;
         drop(parent);
-        let md = source::metadata(&fd).map_err(io_err(&source))?;
+        let md = fd.metadata().map_err(io_err(&source))?;
         let ft = md.file_type();
         let mut stamp = None;
         let kind = if ft.is_dir() {

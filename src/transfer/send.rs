@@ -36,6 +36,7 @@ use crate::io::{self, fresh_conn_id, ProbeConfig, ProbeError, StreamFeed};
 use crate::proto::{PayloadSource, Tuning};
 use crate::sim::Observer;
 use crate::summary::Summary;
+use crate::text::shown_path;
 
 /// Most rounds of re-sending chunks that failed their check.
 const MAX_ROUNDS: usize = 16;
@@ -574,7 +575,7 @@ fn send_session(
         match &e.entry.kind {
             EntryKind::File { size } => {
                 let Some(stamp) = e.stamp else {
-                    let shown = e.source.display();
+                    let shown = shown_path(&e.source);
                     return Err(SendError::Source(format!(
                         "{shown} was not read by the walk"
                     )));

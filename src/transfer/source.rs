@@ -23,6 +23,7 @@ use rustix::fs::{Mode, OFlags};
 
 use super::hash::CHUNK_SIZE;
 use super::manifest::RelPath;
+use crate::text::shown_path;
 
 /// What identifies a file and tells whether it changed: compared after
 /// the walk, at the open and after every read.
@@ -62,29 +63,24 @@ fn flags(follow: bool) -> OFlags {
 
 /// An `O_PATH` descriptor for `name` beneath `parent`, or for the path
 /// `top` itself when there is no parent; a symlink is the link itself
-/// unless `follow`.
+/// unless `follow`. (A `File` only to reach fstat: it cannot be read.)
 pub fn open_entry(
-    parent: Option<&OwnedFd>,
+    parent: Option<&File>,
     top: &Path,
     name: &Path,
     follow: bool,
-) -> io::Result<OwnedFd> {
+) -> io::Result<File> {
     let how = flags(follow) | OFlags::PATH;
     let fd = match parent {
         Some(dir) => rustix::fs::openat(dir, name, how, Mode::empty())?,
         None => rustix::fs::open(top, how, Mode::empty())?,
     };
-    Ok(fd)
-}
-
-/// What `fd` is (fstat; an `O_PATH` descriptor will do).
-pub fn metadata(fd: &OwnedFd) -> io::Result<Metadata> {
-    File::from(fd.try_clone()?).metadata()
+    Ok(File::from(fd))
 }
 
 /// The names in the directory `dir` (an `O_PATH` descriptor of it), "."
 /// and ".." left out.
-pub fn list_dir(dir: &OwnedFd) -> io::Result<Vec<Vec<u8>>> {
+pub fn list_dir(dir: &File) -> io::Result<Vec<Vec<u8>>> {
     let fd = rustix::fs::openat(
         dir,
         ".",
@@ -102,7 +98,7 @@ pub fn list_dir(dir: &OwnedFd) -> io::Result<Vec<Vec<u8>>> {
 }
 
 /// The target of the symlink `link` (an `O_PATH` descriptor of it).
-pub fn read_link(link: &OwnedFd) -> io::Result<Vec<u8>> {
+pub fn read_link(link: &File) -> io::Result<Vec<u8>> {
     Ok(rustix::fs::readlinkat(link.as_fd(), "", Vec::new())?.into_bytes())
 }
 
@@ -114,7 +110,7 @@ pub struct SourceSpec {
     pub top: Arc<PathBuf>,
     /// Its path in the manifest, whose first component is the top's.
     pub path: RelPath,
-    /// Where it is, for messages.
+    /// Where it is, for messages (shown escaped: the tree may be hostile).
     pub shown: PathBuf,
     pub stamp: Stamp,
     pub follow: bool,
@@ -125,7 +121,7 @@ impl SourceSpec {
     /// directory and none a symlink (unless `follow`), and checks that it
     /// is the file the walk saw, unchanged.
     fn open(&self) -> Result<File, String> {
-        let shown = self.shown.display();
+        let shown = shown_path(&self.shown);
         let below: Vec<&[u8]> = self.path.components().skip(1).collect();
         let how = flags(self.follow);
         let opened: io::Result<OwnedFd> = (|| {
@@ -171,11 +167,11 @@ impl SourceSpec {
     fn stamp_of(&self, file: &File) -> Result<Stamp, String> {
         let md = file
             .metadata()
-            .map_err(|e| format!("cannot read {}: {}", self.shown.display(), plain(&e)))?;
+            .map_err(|e| format!("cannot read {}: {}", shown_path(&self.shown), plain(&e)))?;
         if !md.is_file() {
             return Err(format!(
                 "{} is no longer a regular file; run again",
-                self.shown.display()
+                shown_path(&self.shown)
             ));
         }
         Ok(Stamp::of(&md))
@@ -187,7 +183,7 @@ impl SourceSpec {
         }
         Err(format!(
             "{} changed while it was being sent; run again",
-            self.shown.display()
+            shown_path(&self.shown)
         ))
     }
 }
@@ -292,7 +288,7 @@ fn read_exact_at(
                 return Err(format!(
                     "{} changed while it was being sent (it shrank below the {} bytes listed); \
                      run again",
-                    spec.shown.display(),
+                    shown_path(&spec.shown),
                     spec.stamp.size
                 ))
             }
@@ -301,7 +297,7 @@ fn read_exact_at(
             Err(e) => {
                 return Err(format!(
                     "cannot read {}: {}",
-                    spec.shown.display(),
+                    shown_path(&spec.shown),
                     plain(&e)
                 ))
             }
@@ -403,6 +399,21 @@ mod tests {
         std::os::unix::fs::symlink(tmp.0.join("sub.real"), tree.join("sub")).unwrap();
         s.expect(0, 1);
         assert!(read(&s, 0, 0).unwrap_err().contains("not followed"));
+    }
+
+    /// A file whose name holds an escape sequence is named escaped: the
+    /// tree may belong to whoever wants to drive the sender's terminal.
+    #[test]
+    fn a_hostile_name_in_a_message_is_escaped() {
+        let tmp = Tmp::new("escape");
+        let tree = tmp.0.join("tree");
+        fs::create_dir_all(&tree).unwrap();
+        fs::write(tree.join("a\x1b[2Jb"), b"x").unwrap();
+        let s = sources(&tree);
+        fs::remove_file(tree.join("a\x1b[2Jb")).unwrap();
+        s.expect(0, 1);
+        let err = read(&s, 0, 0).unwrap_err();
+        assert!(err.contains("tree/a\\x1b[2Jb was removed"), "{err}");
     }
 
     /// A file replaced by another (a rename over it: same name, size and
