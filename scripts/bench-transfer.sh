@@ -42,7 +42,10 @@
 # room for 2.5 x BIG_SIZE + 1 GiB, else /tmp), STREAMS (atou send
 # --streams), ATOU_ARGS (extra atou send arguments), PORT (atou, default 7890),
 # SSH_PORT (default: the first free port from 2222), TIMEOUT (seconds per
-# copy, default 3600), FSYNC_DIR (on disk, for the fsync cost; default /var/tmp).
+# copy, default 3600), FSYNC_DIR (on disk, for the fsync cost; default
+# /var/tmp; FSYNC_DIR=none skips those runs), REF_ATOU (another atou binary,
+# e.g. an earlier release's, run as one more tool, "atou-ref", with its own
+# serve defaults: the same-run ratio of this build to it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,7 +78,9 @@ note() { echo "bench-transfer: $*" >&2; }
 [[ "$limit" =~ ^[1-9][0-9]*$ ]] || die "TIMEOUT must be a positive whole number of seconds, got '$limit'"
 [ -d "$bench_dir" ] || die "BENCH_DIR $bench_dir is not a directory"
 fsync_dir=${FSYNC_DIR:-/var/tmp}
-[ -d "$fsync_dir" ] || die "FSYNC_DIR $fsync_dir is not a directory"
+[ "$fsync_dir" = none ] || [ -d "$fsync_dir" ] || die "FSYNC_DIR $fsync_dir is not a directory"
+ref_atou=${REF_ATOU:-}
+[ -z "$ref_atou" ] || [ -x "$ref_atou" ] || die "REF_ATOU $ref_atou is not an executable"
 
 work=
 disk_work=
@@ -119,12 +124,13 @@ done
 
 cargo build --release --quiet
 work=$(mktemp -d "$bench_dir/atou-bench-transfer.XXXXXX")
-disk_work=$(mktemp -d "$fsync_dir/atou-bench-fsync.XXXXXX")
+[ "$fsync_dir" = none ] || disk_work=$(mktemp -d "$fsync_dir/atou-bench-fsync.XXXXXX")
 [[ "$work" != *[[:space:]]* ]] || die "the work directory '$work' has white space in it (remote paths would split)"
 chmod 755 "$work"
 mkdir "$work/ssh" "$work/data" "$work/log" "$work/bin"
 # One binary for the whole run, even if target/release/atou is rebuilt meanwhile.
 cp target/release/atou "$work/bin/atou"
+[ -z "$ref_atou" ] || cp "$ref_atou" "$work/bin/atou-ref"
 atou=$work/bin/atou
 rev=$(git describe --always --dirty 2>/dev/null || echo unknown)
 chmod 700 "$work/ssh"
@@ -266,8 +272,9 @@ rss_kib() { sed -n 's/^[[:space:]]*Maximum resident set size (kbytes): //p' "$1"
 # background, atou send SRC/NAME to it (timed), the server's exit and the
 # sender's report checked; the result is recorded as TOOL.
 atou_run() {
-    local set=$1 name=$2 dst=$3 tool=$4 t0 t1 rc=0
+    local set=$1 name=$2 dst=$3 tool=$4 t0 t1 rc=0 atou=$atou
     shift 4
+    [ "$tool" != atou-ref ] || atou=$work/bin/atou-ref
     : >"$work/log/serve.err"
     timeout "$limit" /usr/bin/time -v -o "$work/log/serve.time" \
         "$atou" serve --bind "127.0.0.1:$port" --dir "$dst" --once --json "$@" \
@@ -335,7 +342,7 @@ run_tool() {
     scp) timed "$set" scp scp -q -r "${ssh_opts[@]}" -P "$ssh_port" "$src/$name" "$remote:$dst/" ;;
     rsync) timed "$set" rsync rsync -a -e "$ssh_cmd" "$src/$name" "$remote:$dst/" ;;
     atou | atou-disk) atou_run "$set" "$name" "$dst" "$tool" --no-fsync ;;
-    atou-disk-fsync) atou_run "$set" "$name" "$dst" "$tool" ;;
+    atou-disk-fsync | atou-ref) atou_run "$set" "$name" "$dst" "$tool" ;;
     esac
     verify "$set" "$dst" "$tool"
 }
@@ -344,7 +351,9 @@ run_tool() {
 # fresh memory once before anything is timed. Then the tools take turns
 # going first (the order rotates every round), so none always finds the
 # memory another one warmed.
-tools_in_order=(cp scp rsync atou atou-disk atou-disk-fsync)
+tools_in_order=(cp scp rsync atou)
+[ -z "$ref_atou" ] || tools_in_order+=(atou-ref)
+[ "$fsync_dir" = none ] || tools_in_order+=(atou-disk atou-disk-fsync)
 all_results=$results
 for round in $(seq 0 "$rounds"); do
     if [ "$round" -eq 0 ]; then results=/dev/null; else results=$all_results; fi
@@ -382,7 +391,7 @@ for key, rs in runs.items():
     ts = [t for t, _ in rs]
     res[key] = (secs, nbytes, nbytes / secs / 1e6, [n / t / 1e6 for t, n in rs], min(ts), max(ts))
 sets = {"big": f"big ({big_size} file)", "tree": f"tree ({small_files} files)"}
-tools = ["cp", "scp", "rsync", "atou"]
+tools = ["cp", "scp", "rsync", "atou"] + (["atou-ref"] if any(t == "atou-ref" for _, t in runs) else [])
 args = " ".join(x for x in ([f"--streams {streams}"] if streams else []) + ([atou_args] if atou_args else []))
 print(f"loopback file transfer, {rounds} round(s) after an uncounted warm-up, tools in rotating order; atou {rev}, atou send {args or '(defaults)'}")
 print(f"{ncpu} cores; 1-minute load average {load0} before the copies, {load1} after (other work skews the figures)")
@@ -403,8 +412,17 @@ for s in ("big", "tree"):
     for i, e in enumerate(extra[s], 1):
         print(f"  {'':<22} run {i}: {e}")
 print()
+if "atou-ref" in tools:
+    print()
+    print("this build against REF_ATOU (atou-ref), same run, medians")
+    for s in ("big", "tree"):
+        print(f"  {sets[s]:<22} {res[(s, 'atou')][2] / res[(s, 'atou-ref')][2]:6.2f}x")
+print()
 print(f"fsync at the receiver (atou serve's default; --no-fsync above), into {fsync_dir} on disk, medians")
 for s in ("big", "tree"):
+    if (s, "atou-disk") not in res:
+        print("  not measured (FSYNC_DIR=none)")
+        break
     plain, synced = res[(s, "atou-disk")][0], res[(s, "atou-disk-fsync")][0]
     print(f"  {sets[s]:<22} {plain:8.2f} s with --no-fsync, {synced:8.2f} s syncing: {synced / plain:5.2f}x the time")
 print()
