@@ -178,7 +178,7 @@ impl Sender {
             sb: Scoreboard::default(),
             loss: LossState::new(tuning),
             recovery: loss::for_kind(tuning),
-            cc: congestion::build(tuning),
+            cc: congestion::build(tuning, conn_id),
             rate: DeliveryRate::default(),
             pacer: Pacer::new(u64::from(tuning.mss), now),
             stats: SenderStats::default(),
@@ -452,6 +452,7 @@ impl Sender {
             is_dupack,
         };
         let was_in_recovery = self.loss.phase == Phase::Recovery;
+        let lost_before = self.sb.lost_total();
         let step = match self.recovery.on_ack(&mut self.sb, &mut self.loss, &summary) {
             Verdict::Enter {
                 trigger,
@@ -471,6 +472,8 @@ impl Sender {
             now,
             newly_acked,
             newly_delivered,
+            newly_lost: self.sb.lost_total() - lost_before,
+            delivered: self.rate.delivered(),
             is_dupack,
             recovery: step,
             flight: self.sb.flight(),

@@ -83,15 +83,18 @@ pub enum CcKind {
     Aimd,
     /// RFC 9438 CUBIC with HyStart++ (RFC 9406) slow start, paced.
     Cubic,
+    /// draft-ietf-ccwg-bbr (BBRv3): paced at the measured bandwidth.
+    Bbr,
 }
 
 impl CcKind {
-    pub const ALL: [CcKind; 2] = [CcKind::Aimd, CcKind::Cubic];
+    pub const ALL: [CcKind; 3] = [CcKind::Aimd, CcKind::Cubic, CcKind::Bbr];
 
     pub fn name(self) -> &'static str {
         match self {
             CcKind::Aimd => "aimd",
             CcKind::Cubic => "cubic",
+            CcKind::Bbr => "bbr",
         }
     }
 }
@@ -108,8 +111,9 @@ impl FromStr for CcKind {
         match s.to_ascii_lowercase().as_str() {
             "aimd" => Ok(CcKind::Aimd),
             "cubic" => Ok(CcKind::Cubic),
+            "bbr" => Ok(CcKind::Bbr),
             _ => Err(format!(
-                "`{s}` is not a congestion controller (aimd, cubic)"
+                "`{s}` is not a congestion controller (aimd, cubic, bbr)"
             )),
         }
     }
@@ -388,7 +392,7 @@ pub const KNOBS: &[Knob] = &[
     // Knobs added after atou's own go last, so that the `config:` lines of
     // a run that leaves them at their defaults read as before.
     Knob { name: "cc", aliases: &[], value_name: "CONTROLLER",
-        help: "congestion controller: aimd (RFC 5681 with atou's multiplier, increment, vmss, initsegs, thresh_init) or cubic (RFC 9438 with HyStart++, paced); an atou config file means aimd" },
+        help: "congestion controller: aimd (RFC 5681 with atou's multiplier, increment, vmss, initsegs, thresh_init), cubic (RFC 9438 with HyStart++, paced) or bbr (draft-ietf-ccwg-bbr, BBRv3); an atou config file means aimd" },
 ];
 
 /// A bad value for one knob.

@@ -9,6 +9,7 @@
 //! new file and one arm in [`build`].
 
 mod aimd;
+pub mod bbr;
 mod cubic;
 pub mod delivery_rate;
 pub mod pacer;
@@ -18,6 +19,7 @@ use std::fmt;
 use std::time::Duration;
 
 pub use aimd::Aimd;
+pub use bbr::Bbr;
 pub use cubic::Cubic;
 pub use delivery_rate::{DeliveryRate, RateSample, SendStamp};
 pub use pacer::Pacer;
@@ -59,6 +61,10 @@ pub struct AckEvent {
     /// data (RFC 3465 byte counting, RFC 9438 `segments_acked`) when
     /// SACKed segments must not count twice.
     pub newly_delivered: u64,
+    /// Segments loss recovery newly marked lost while processing this ACK.
+    pub newly_lost: u64,
+    /// Segments delivered so far (delivery-rate estimation's C.delivered).
+    pub delivered: u64,
     /// A duplicate ACK, as the loss-recovery variant judged it.
     pub is_dupack: bool,
     pub recovery: RecoveryStep,
@@ -133,9 +139,11 @@ pub trait Controller: fmt::Debug + Send {
     }
 }
 
-/// Builds the controller a tuning asks for.
-pub fn build(t: &Tuning) -> Box<dyn Controller> {
+/// Builds the controller a tuning asks for; `seed` makes its random
+/// choices (BBR's probe timing) reproducible and different per connection.
+pub fn build(t: &Tuning, seed: u64) -> Box<dyn Controller> {
     match t.cc {
+        CcKind::Bbr => Box::new(Bbr::new(t, seed)),
         CcKind::Aimd => Box::new(Aimd::new(t)),
         CcKind::Cubic => Box::new(Cubic::new(t)),
     }
