@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::{AckPhase, Bbr, Sample, State, BETA, DEFAULT_CWND_GAIN};
+use super::{AckPhase, Bbr, Sample, State, DEFAULT_CWND_GAIN};
 
 impl Bbr {
     /// "BBREnterProbeBW".
@@ -162,13 +162,13 @@ impl Bbr {
 
     /// "BBRCheckInflightTooHigh" and "BBRHandleInflightTooHigh".
     fn check_inflight_too_high(&mut self, s: &Sample) -> bool {
-        if !s.has_rate || !Self::is_inflight_too_high(s) {
+        if !s.has_rate || !self.is_inflight_too_high(s) {
             return false;
         }
         if self.bw_probe_samples {
             self.bw_probe_samples = false;
             if !s.is_app_limited {
-                self.inflight_hi = (s.tx_in_flight as f64).max(self.target_inflight() * BETA);
+                self.inflight_hi = (s.tx_in_flight as f64).max(self.target_inflight() * self.beta);
             }
             if self.state == State::ProbeBwUp {
                 self.start_probe_bw_down(s);
