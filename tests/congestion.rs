@@ -271,6 +271,22 @@ fn bbr_fills_the_pipe_and_keeps_the_queue_short() {
     assert!(avg <= 1.25 * BASE_RTT, "mean RTT {avg}");
     assert!(r.summary.goodput_bps >= 0.8 * 100e6, "{}", r.summary);
     assert!(r.summary.pacing_bps.is_some());
+    // --events follows the state machine: Startup, Drain, then ProbeBW;
+    // the summary names the state and the estimates it ended with.
+    let mut states: Vec<&str> = rec
+        .events
+        .iter()
+        .filter_map(|e| match e.event {
+            Event::Controller { state, .. } => Some(state),
+            _ => None,
+        })
+        .collect();
+    states.dedup();
+    assert_eq!(&states[..2], ["Startup", "Drain"], "{states:?}");
+    assert!(states[2].starts_with("ProbeBW_"), "{states:?}");
+    let c = r.summary.controller.expect("bbr reports its model");
+    assert!((0.9e8..=1.01e8).contains(&(c.bw_bps as f64)), "{c:?}");
+    assert!(r.summary.to_string().contains("cc bbr state "));
 }
 
 /// draft-ietf-ccwg-bbr "ProbeRTT": with the minimum RTT not seen again for

@@ -22,6 +22,7 @@ pub use aimd::Aimd;
 pub use bbr::Bbr;
 pub use cubic::Cubic;
 pub use delivery_rate::{DeliveryRate, RateSample, SendStamp};
+// `CcReport` is defined below.
 pub use pacer::Pacer;
 
 use super::time::Time;
@@ -100,6 +101,23 @@ pub struct CongestionEvent {
     pub pipe: u64,
 }
 
+/// What a model-based controller reports of itself: for `--events`, the
+/// summary and `--json`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct CcReport {
+    /// The state, with the specification's name for it.
+    pub state: &'static str,
+    /// The bottleneck-bandwidth estimate, bits per second.
+    pub bw_bps: u64,
+    /// The minimum-RTT estimate.
+    #[serde(serialize_with = "secs")]
+    pub min_rtt: Duration,
+}
+
+fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
 /// The controller's half of the sender: it decides how much may be in
 /// flight and how fast to send. It never marks a segment lost.
 ///
@@ -135,6 +153,12 @@ pub trait Controller: fmt::Debug + Send {
     /// The rate to pace at, in bytes per second; `None` sends as fast as the
     /// window allows.
     fn pacing_rate(&self) -> Option<u64> {
+        None
+    }
+
+    /// The state and model of a model-based controller; `None` for the
+    /// others.
+    fn report(&self) -> Option<CcReport> {
         None
     }
 }

@@ -31,7 +31,7 @@ mod startup;
 
 use std::time::Duration;
 
-use super::{AckEvent, CongestionEvent, Controller, RecoveryStep};
+use super::{AckEvent, CcReport, CongestionEvent, Controller, RecoveryStep};
 use crate::proto::time::Time;
 use crate::proto::tuning::{CcKind, Tuning};
 
@@ -72,6 +72,19 @@ pub enum State {
 }
 
 impl State {
+    /// The draft's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Startup => "Startup",
+            State::Drain => "Drain",
+            State::ProbeBwDown => "ProbeBW_DOWN",
+            State::ProbeBwCruise => "ProbeBW_CRUISE",
+            State::ProbeBwRefill => "ProbeBW_REFILL",
+            State::ProbeBwUp => "ProbeBW_UP",
+            State::ProbeRtt => "ProbeRTT",
+        }
+    }
+
     fn is_probe_bw(self) -> bool {
         matches!(
             self,
@@ -621,6 +634,14 @@ impl Controller for Bbr {
 
     fn pacing_rate(&self) -> Option<u64> {
         Some(self.pacing_rate as u64).filter(|&r| r > 0)
+    }
+
+    fn report(&self) -> Option<CcReport> {
+        Some(CcReport {
+            state: self.state.name(),
+            bw_bps: (self.max_bw * self.mss as f64 * 8.0) as u64,
+            min_rtt: self.min_rtt.unwrap_or_default(),
+        })
     }
 }
 
