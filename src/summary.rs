@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::netem::NetemStats;
+use crate::proto::congestion::CcReport;
 use crate::proto::events::Thresh;
 use crate::proto::tuning::KNOBS;
 use crate::proto::{ReceiverStats, SenderSnapshot, SenderStats, Tuning};
@@ -87,6 +88,9 @@ pub struct Summary {
     /// for a controller that does not pace.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pacing_bps: Option<f64>,
+    /// A model-based controller's state and estimates at the end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub controller: Option<CcReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub receiver: Option<ReceiverStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -153,6 +157,7 @@ impl Summary {
             cwnd: snap.cwnd,
             ssthresh: snap.ssthresh,
             pacing_bps: snap.pacing_rate.map(|r| r as f64 * 8.0),
+            controller: snap.cc,
             receiver: None,
             sim: None,
             sockets: None,
@@ -274,6 +279,16 @@ impl fmt::Display for Summary {
         )?;
         if let Some(bps) = self.pacing_bps {
             writeln!(f, "pacing rate {:.6} Mbs", bps / 1e6)?;
+        }
+        if let Some(c) = &self.controller {
+            writeln!(
+                f,
+                "cc {} state {} bw {:.6} Mbs min_rtt {:.6}",
+                t.cc,
+                c.state,
+                c.bw_bps as f64 / 1e6,
+                c.min_rtt.as_secs_f64()
+            )?;
         }
         if self.dropped > 0 || self.dsacks > 0 || self.bad_packets > 0 || self.reneges > 0 {
             writeln!(

@@ -95,6 +95,18 @@ pub enum Event {
     },
     /// No ACK for `maxidle`: the sender gives up.
     Idle { idle: Duration },
+    /// `cc_state`: a model-based controller changed state, or its
+    /// bandwidth estimate (by a quarter or more) or minimum RTT changed.
+    Controller {
+        controller: &'static str,
+        state: &'static str,
+        /// Bandwidth estimate, bits per second.
+        bw_bps: u64,
+        min_rtt: Duration,
+        cwnd: u64,
+        /// Pacing rate, bits per second.
+        pacing_bps: u64,
+    },
 }
 
 impl fmt::Display for Event {
@@ -132,6 +144,13 @@ impl fmt::Display for Event {
                 duration.as_secs_f64()
             ),
             Event::Idle { idle } => write!(f, "maxidle no ACK for {:.3} s, giving up", idle.as_secs_f64()),
+            Event::Controller { controller, state, bw_bps, min_rtt, cwnd, pacing_bps } => write!(
+                f,
+                "cc_state {controller} {state} bw {:.6} Mbs min_rtt {:.6} cwnd {cwnd} pacing {:.6} Mbs",
+                bw_bps as f64 / 1e6,
+                min_rtt.as_secs_f64(),
+                pacing_bps as f64 / 1e6
+            ),
         }
     }
 }

@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::congestion::{
-    self, AckEvent, CongestionEvent, Controller, DeliveryRate, Pacer, RecoveryStep,
+    self, AckEvent, CcReport, CongestionEvent, Controller, DeliveryRate, Pacer, RecoveryStep,
 };
 use super::events::{Event, RecoveryTrigger, TimedEvent, TraceRecord};
 use super::loss::{self, AckSummary, DupEvidence, Forced, LossRecovery, LossState, Phase, Verdict};
@@ -102,6 +102,8 @@ pub struct SenderSnapshot {
     pub elapsed: Duration,
     /// The controller's pacing rate in bytes per second; `None` unpaced.
     pub pacing_rate: Option<u64>,
+    /// A model-based controller's state and estimates.
+    pub cc: Option<CcReport>,
 }
 
 #[derive(Debug)]
@@ -120,6 +122,8 @@ pub struct Sender {
     rate: DeliveryRate,
     /// Spreads transmissions at the controller's pacing rate, if it has one.
     pacer: Pacer,
+    /// The controller report last logged as an event.
+    cc_logged: Option<CcReport>,
     stats: SenderStats,
     events: VecDeque<TimedEvent>,
     /// The latest time the sender was given.
@@ -178,9 +182,10 @@ impl Sender {
             sb: Scoreboard::default(),
             loss: LossState::new(tuning),
             recovery: loss::for_kind(tuning),
-            cc: congestion::build(tuning),
+            cc: congestion::build(tuning, conn_id),
             rate: DeliveryRate::default(),
             pacer: Pacer::new(u64::from(tuning.mss), now),
+            cc_logged: None,
             stats: SenderStats::default(),
             events: VecDeque::new(),
             now,
@@ -267,6 +272,7 @@ impl Sender {
             good_bytes: self.good_bytes(),
             elapsed: end.saturating_since(self.start),
             pacing_rate: self.cc.pacing_rate(),
+            cc: self.cc.report(),
         }
     }
 
@@ -452,6 +458,7 @@ impl Sender {
             is_dupack,
         };
         let was_in_recovery = self.loss.phase == Phase::Recovery;
+        let lost_before = self.sb.lost_total();
         let step = match self.recovery.on_ack(&mut self.sb, &mut self.loss, &summary) {
             Verdict::Enter {
                 trigger,
@@ -471,6 +478,8 @@ impl Sender {
             now,
             newly_acked,
             newly_delivered,
+            newly_lost: self.sb.lost_total() - lost_before,
+            delivered: self.rate.delivered(),
             is_dupack,
             recovery: step,
             flight: self.sb.flight(),
@@ -483,6 +492,7 @@ impl Sender {
             rate: self.rate.sample(self.sb.lost_total(), self.rtt.min()),
         });
         self.loss.settle(&self.sb);
+        self.note_controller();
 
         if let Some(trace) = self.trace.as_mut() {
             trace.push_back(TraceRecord::Ack {
@@ -494,6 +504,30 @@ impl Sender {
             });
         }
         self.update_state(now);
+    }
+
+    /// `--events` for a model-based controller: a new state, a new minimum
+    /// RTT, or a bandwidth estimate a quarter off the one last logged.
+    fn note_controller(&mut self) {
+        let Some(r) = self.cc.report() else { return };
+        let changed = self.cc_logged.is_none_or(|l| {
+            l.state != r.state
+                || l.min_rtt != r.min_rtt
+                || r.bw_bps.abs_diff(l.bw_bps) as f64 >= 0.25 * l.bw_bps as f64
+        });
+        if !changed {
+            return;
+        }
+        self.cc_logged = Some(r);
+        let event = Event::Controller {
+            controller: self.cc.kind().name(),
+            state: r.state,
+            bw_bps: r.bw_bps,
+            min_rtt: r.min_rtt,
+            cwnd: self.cc.window(),
+            pacing_bps: self.cc.pacing_rate().unwrap_or(0).saturating_mul(8),
+        };
+        self.emit(event);
     }
 
     /// Fast retransmit: the controller reduces its window, snd_una is
@@ -577,6 +611,7 @@ impl Sender {
         self.stats.timeouts += 1;
         let first = self.rtt.backoff() == 0;
         self.cc.on_rto(self.now, self.sb.flight(), first);
+        self.note_controller();
         self.loss.on_rto(&mut self.sb);
         let event = Event::TimeoutRetransmit {
             seg: self.sb.una(),

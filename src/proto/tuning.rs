@@ -83,15 +83,18 @@ pub enum CcKind {
     Aimd,
     /// RFC 9438 CUBIC with HyStart++ (RFC 9406) slow start, paced.
     Cubic,
+    /// draft-ietf-ccwg-bbr (BBRv3): paced at the measured bandwidth.
+    Bbr,
 }
 
 impl CcKind {
-    pub const ALL: [CcKind; 2] = [CcKind::Aimd, CcKind::Cubic];
+    pub const ALL: [CcKind; 3] = [CcKind::Aimd, CcKind::Cubic, CcKind::Bbr];
 
     pub fn name(self) -> &'static str {
         match self {
             CcKind::Aimd => "aimd",
             CcKind::Cubic => "cubic",
+            CcKind::Bbr => "bbr",
         }
     }
 }
@@ -108,8 +111,9 @@ impl FromStr for CcKind {
         match s.to_ascii_lowercase().as_str() {
             "aimd" => Ok(CcKind::Aimd),
             "cubic" => Ok(CcKind::Cubic),
+            "bbr" => Ok(CcKind::Bbr),
             _ => Err(format!(
-                "`{s}` is not a congestion controller (aimd, cubic)"
+                "`{s}` is not a congestion controller (aimd, cubic, bbr)"
             )),
         }
     }
@@ -291,6 +295,16 @@ pub struct Tuning {
     /// UDP socket receive buffer in bytes (SO_RCVBUF), both ends of a real
     /// transfer: the server grows its socket's buffer to what the client asks.
     pub rcvbuf: u32,
+    /// BBR: loss per round trip, in percent of what was in flight, above
+    /// which loss is a congestion signal.
+    pub bbr_loss_thresh: f64,
+    /// BBR: the multiplicative cut of its bounds on congestion loss.
+    pub bbr_beta: f64,
+    /// BBR: share of inflight_hi left unused while cruising.
+    pub bbr_headroom: f64,
+    /// BBR: loss events (ACKs reporting new losses) a round trip needs
+    /// before its loss counts.
+    pub bbr_loss_events: u32,
 }
 
 impl Default for Tuning {
@@ -321,6 +335,10 @@ impl Default for Tuning {
             rcvsegs: 8192,
             sndbuf: 4 << 20,
             rcvbuf: 4 << 20,
+            bbr_loss_thresh: 2.0,
+            bbr_beta: 0.7,
+            bbr_headroom: 0.15,
+            bbr_loss_events: 1,
         }
     }
 }
@@ -386,9 +404,17 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "rcvbuf", aliases: &[], value_name: "BYTES",
         help: "UDP socket receive buffer (SO_RCVBUF) in bytes, e.g. 4MiB, at both ends (atou Table 1, atousrv -b); real sockets only" },
     // Knobs added after atou's own go last, so that the `config:` lines of
-    // a run that leaves them at their defaults read as before.
+    // atou's knobs read as before.
     Knob { name: "cc", aliases: &[], value_name: "CONTROLLER",
-        help: "congestion controller: aimd (RFC 5681 with atou's multiplier, increment, vmss, initsegs, thresh_init) or cubic (RFC 9438 with HyStart++, paced); an atou config file means aimd" },
+        help: "congestion controller: aimd (RFC 5681 with atou's multiplier, increment, vmss, initsegs, thresh_init), cubic (RFC 9438 with HyStart++, paced) or bbr (draft-ietf-ccwg-bbr, BBRv3); an atou config file means aimd" },
+    Knob { name: "bbr_loss_thresh", aliases: &[], value_name: "PERCENT",
+        help: "bbr only: loss per round trip, in percent of what was in flight, above which BBR treats loss as congestion (draft: 2%; 20% is BBRv1-like)" },
+    Knob { name: "bbr_beta", aliases: &[], value_name: "FACTOR",
+        help: "bbr only: multiplicative cut of BBR's bandwidth and inflight bounds on congestion loss (0 < f < 1)" },
+    Knob { name: "bbr_headroom", aliases: &[], value_name: "FRACTION",
+        help: "bbr only: share of inflight_hi BBR leaves unused while cruising" },
+    Knob { name: "bbr_loss_events", aliases: &[], value_name: "N",
+        help: "bbr only: ACKs reporting new losses a round trip needs before its loss counts (quiche-style)" },
 ];
 
 /// A bad value for one knob.
@@ -571,6 +597,28 @@ impl Tuning {
             "rcvsegs" => self.rcvsegs = parse_int(&key, v, 1, 1 << 24)?,
             "sndbuf" => self.sndbuf = parse_bytes(&key, v)?,
             "rcvbuf" => self.rcvbuf = parse_bytes(&key, v)?,
+            "bbr_loss_thresh" => {
+                let pct = v.strip_suffix('%').unwrap_or(v).trim();
+                self.bbr_loss_thresh = parse_f64(
+                    &key,
+                    pct,
+                    |x| x > 0.0 && x <= 100.0,
+                    "a percentage above 0, e.g. 2%",
+                )?
+            }
+            "bbr_beta" => {
+                self.bbr_beta = parse_f64(
+                    &key,
+                    v,
+                    |x| x > 0.0 && x < 1.0,
+                    "between 0 and 1 (exclusive)",
+                )?
+            }
+            "bbr_headroom" => {
+                self.bbr_headroom =
+                    parse_f64(&key, v, |x| (0.0..1.0).contains(&x), "0 or more, below 1")?
+            }
+            "bbr_loss_events" => self.bbr_loss_events = parse_int(&key, v, 1, 1 << 20)?,
             _ => {
                 return Err(err(
                     &key,
@@ -610,6 +658,10 @@ impl Tuning {
             "rcvsegs" => self.rcvsegs.to_string(),
             "sndbuf" => self.sndbuf.to_string(),
             "rcvbuf" => self.rcvbuf.to_string(),
+            "bbr_loss_thresh" => format!("{}%", self.bbr_loss_thresh),
+            "bbr_beta" => self.bbr_beta.to_string(),
+            "bbr_headroom" => self.bbr_headroom.to_string(),
+            "bbr_loss_events" => self.bbr_loss_events.to_string(),
             _ => return None,
         })
     }
@@ -672,8 +724,23 @@ impl Tuning {
         if self.rampdown && self.recovery != RecoveryKind::Fack {
             return Err(err("rampdown", "only applies to --recovery fack"));
         }
+        let d = Tuning::default();
+        if self.cc != CcKind::Bbr {
+            for (key, changed) in [
+                ("bbr_loss_thresh", self.bbr_loss_thresh != d.bbr_loss_thresh),
+                ("bbr_beta", self.bbr_beta != d.bbr_beta),
+                ("bbr_headroom", self.bbr_headroom != d.bbr_headroom),
+                ("bbr_loss_events", self.bbr_loss_events != d.bbr_loss_events),
+            ] {
+                if changed {
+                    return Err(err(
+                        key,
+                        format!("only applies to --cc bbr, not {}", self.cc),
+                    ));
+                }
+            }
+        }
         if self.cc != CcKind::Aimd {
-            let d = Tuning::default();
             for (key, changed) in [
                 ("multiplier", self.multiplier != d.multiplier),
                 ("increment", self.increment != d.increment),
@@ -792,6 +859,23 @@ mod tests {
         for kind in CcKind::ALL {
             assert_eq!(kind.name().parse::<CcKind>(), Ok(kind));
         }
+    }
+
+    /// BBR's loss response reads percentages with or without `%`, writes
+    /// them back with it, and applies to `--cc bbr` only.
+    #[test]
+    fn bbr_knobs_parse_and_apply_to_bbr_only() {
+        let mut t = Tuning::default();
+        t.set("bbr-loss-thresh", "20%").unwrap();
+        assert_eq!(t.bbr_loss_thresh, 20.0);
+        assert_eq!(t.get("bbr_loss_thresh").unwrap(), "20%");
+        t.set("bbr_loss_thresh", "0.5").unwrap();
+        assert_eq!(t.bbr_loss_thresh, 0.5);
+        assert!(t.set("bbr_loss_thresh", "0%").is_err());
+        assert!(t.set("bbr_beta", "1").is_err());
+        assert_eq!(t.validate().unwrap_err().key, "bbr_loss_thresh");
+        t.cc = CcKind::Bbr;
+        t.validate().unwrap();
     }
 
     /// An atou config file means AIMD, whatever was selected before it,

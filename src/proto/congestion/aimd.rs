@@ -166,6 +166,8 @@ mod tests {
             now: Time::ZERO,
             newly_acked,
             newly_delivered: newly_acked,
+            newly_lost: 0,
+            delivered: 0,
             is_dupack: newly_acked == 0,
             recovery,
             flight,

@@ -380,6 +380,8 @@ mod tests {
             now,
             newly_acked: 1,
             newly_delivered: 1,
+            newly_lost: 0,
+            delivered: 0,
             is_dupack: false,
             recovery: RecoveryStep::Outside,
             flight: 0,

@@ -9,6 +9,7 @@
 //! new file and one arm in [`build`].
 
 mod aimd;
+pub mod bbr;
 mod cubic;
 pub mod delivery_rate;
 pub mod pacer;
@@ -18,8 +19,10 @@ use std::fmt;
 use std::time::Duration;
 
 pub use aimd::Aimd;
+pub use bbr::Bbr;
 pub use cubic::Cubic;
 pub use delivery_rate::{DeliveryRate, RateSample, SendStamp};
+// `CcReport` is defined below.
 pub use pacer::Pacer;
 
 use super::time::Time;
@@ -59,6 +62,10 @@ pub struct AckEvent {
     /// data (RFC 3465 byte counting, RFC 9438 `segments_acked`) when
     /// SACKed segments must not count twice.
     pub newly_delivered: u64,
+    /// Segments loss recovery newly marked lost while processing this ACK.
+    pub newly_lost: u64,
+    /// Segments delivered so far (delivery-rate estimation's C.delivered).
+    pub delivered: u64,
     /// A duplicate ACK, as the loss-recovery variant judged it.
     pub is_dupack: bool,
     pub recovery: RecoveryStep,
@@ -92,6 +99,23 @@ pub struct CongestionEvent {
     pub flight: u64,
     /// RFC 6675 pipe once loss recovery has marked what it presumes lost.
     pub pipe: u64,
+}
+
+/// What a model-based controller reports of itself: for `--events`, the
+/// summary and `--json`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct CcReport {
+    /// The state, with the specification's name for it.
+    pub state: &'static str,
+    /// The bottleneck-bandwidth estimate, bits per second.
+    pub bw_bps: u64,
+    /// The minimum-RTT estimate.
+    #[serde(serialize_with = "secs")]
+    pub min_rtt: Duration,
+}
+
+fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
 }
 
 /// The controller's half of the sender: it decides how much may be in
@@ -131,11 +155,19 @@ pub trait Controller: fmt::Debug + Send {
     fn pacing_rate(&self) -> Option<u64> {
         None
     }
+
+    /// The state and model of a model-based controller; `None` for the
+    /// others.
+    fn report(&self) -> Option<CcReport> {
+        None
+    }
 }
 
-/// Builds the controller a tuning asks for.
-pub fn build(t: &Tuning) -> Box<dyn Controller> {
+/// Builds the controller a tuning asks for; `seed` makes its random
+/// choices (BBR's probe timing) reproducible and different per connection.
+pub fn build(t: &Tuning, seed: u64) -> Box<dyn Controller> {
     match t.cc {
+        CcKind::Bbr => Box::new(Bbr::new(t, seed)),
         CcKind::Aimd => Box::new(Aimd::new(t)),
         CcKind::Cubic => Box::new(Cubic::new(t)),
     }

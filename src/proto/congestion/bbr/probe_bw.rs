@@ -1,0 +1,203 @@
+//! draft-ietf-ccwg-bbr, "ProbeBW": the steady state, a cycle of Down (drain
+//! what probing queued), Cruise (at the estimate, with headroom), Refill
+//! (fill the pipe again) and Up (probe for more bandwidth), 2–3 s apart or
+//! sooner where a Reno flow would probe.
+
+use std::time::Duration;
+
+use super::{AckPhase, Bbr, Sample, State, DEFAULT_CWND_GAIN};
+
+impl Bbr {
+    /// "BBREnterProbeBW".
+    pub(super) fn enter_probe_bw(&mut self, s: &Sample) {
+        self.start_probe_bw_down(s);
+    }
+
+    /// "BBRStartProbeBW_DOWN".
+    pub(super) fn start_probe_bw_down(&mut self, s: &Sample) {
+        self.reset_congestion_signals();
+        self.bw_probe_up_cnt = f64::INFINITY;
+        self.pick_probe_wait();
+        self.cycle_stamp = s.now;
+        self.ack_phase = AckPhase::ProbeStopping;
+        self.start_round();
+        self.state = State::ProbeBwDown;
+        self.pacing_gain = 0.9;
+        self.cwnd_gain = DEFAULT_CWND_GAIN;
+    }
+
+    /// "BBRStartProbeBW_CRUISE".
+    pub(super) fn start_probe_bw_cruise(&mut self) {
+        self.state = State::ProbeBwCruise;
+        self.pacing_gain = 1.0;
+        self.cwnd_gain = DEFAULT_CWND_GAIN;
+    }
+
+    /// "BBRStartProbeBW_REFILL": lower bounds off, a round at the estimate.
+    fn start_probe_bw_refill(&mut self) {
+        self.reset_lower_bounds();
+        self.bw_probe_up_rounds = 0;
+        self.bw_probe_up_acks = 0.0;
+        self.ack_phase = AckPhase::Refilling;
+        self.start_round();
+        self.state = State::ProbeBwRefill;
+        self.pacing_gain = 1.0;
+        self.cwnd_gain = DEFAULT_CWND_GAIN;
+    }
+
+    /// "BBRStartProbeBW_UP".
+    fn start_probe_bw_up(&mut self, s: &Sample) {
+        self.ack_phase = AckPhase::ProbeStarting;
+        self.start_round();
+        self.full_bw = s.rate;
+        self.full_bw_count = 0;
+        self.cycle_stamp = s.now;
+        self.state = State::ProbeBwUp;
+        self.pacing_gain = 1.25;
+        self.cwnd_gain = 2.25;
+        self.raise_inflight_hi_slope();
+    }
+
+    /// "BBRPickProbeWait": 2–3 s, and 0 or 1 rounds, at random.
+    fn pick_probe_wait(&mut self) {
+        self.rounds_since_bw_probe = u64::from(self.random() < 0.5);
+        self.bw_probe_wait = Duration::from_secs_f64(2.0 + self.random());
+    }
+
+    fn has_elapsed_in_phase(&self, now: crate::proto::time::Time, d: Duration) -> bool {
+        now > self.cycle_stamp + d
+    }
+
+    /// "BBRIsRenoCoexistenceProbeTime": probe at least as often as Reno
+    /// would grow its window by one BDP, capped at 63 rounds.
+    fn is_reno_coexistence_probe_time(&self) -> bool {
+        let reno_rounds = self.target_inflight().min(63.0);
+        self.rounds_since_bw_probe as f64 >= reno_rounds
+    }
+
+    /// "BBRCheckTimeToProbeBW".
+    fn check_time_to_probe_bw(&mut self, s: &Sample) -> bool {
+        if self.has_elapsed_in_phase(s.now, self.bw_probe_wait)
+            || self.is_reno_coexistence_probe_time()
+        {
+            self.start_probe_bw_refill();
+            return true;
+        }
+        false
+    }
+
+    /// "BBRCheckTimeToCruise".
+    fn check_time_to_cruise(&self, s: &Sample) -> bool {
+        let inflight = s.inflight as f64;
+        if inflight > self.inflight_with_headroom() {
+            return false;
+        }
+        inflight <= self.inflight(self.max_bw, 1.0)
+    }
+
+    /// "BBRUpdateProbeBWCyclePhase".
+    pub(super) fn update_probe_bw_cycle_phase(&mut self, s: &Sample) {
+        if !self.filled_pipe {
+            return;
+        }
+        self.adapt_upper_bounds(s);
+        if !self.state.is_probe_bw() {
+            return;
+        }
+        match self.state {
+            State::ProbeBwDown => {
+                if !self.check_time_to_probe_bw(s) && self.check_time_to_cruise(s) {
+                    self.start_probe_bw_cruise();
+                }
+            }
+            State::ProbeBwCruise => {
+                self.check_time_to_probe_bw(s);
+            }
+            State::ProbeBwRefill => {
+                // After a round of refilling, start probing.
+                if self.round_start {
+                    self.bw_probe_samples = true;
+                    self.start_probe_bw_up(s);
+                }
+            }
+            State::ProbeBwUp => {
+                let min_rtt = self.min_rtt.unwrap_or_default();
+                if self.has_elapsed_in_phase(s.now, min_rtt)
+                    && s.inflight as f64 > self.inflight(self.max_bw, 1.25)
+                {
+                    self.start_probe_bw_down(s);
+                }
+            }
+            State::Startup | State::Drain | State::ProbeRtt => {}
+        }
+    }
+
+    /// "BBRAdaptUpperBounds": a new cycle ages the bandwidth filter; loss
+    /// above the threshold while probing sets inflight_hi; without loss,
+    /// inflight_hi follows what was in flight and grows while probing up.
+    fn adapt_upper_bounds(&mut self, s: &Sample) {
+        if self.ack_phase == AckPhase::ProbeStarting && self.round_start {
+            self.ack_phase = AckPhase::ProbeFeedback;
+        }
+        if self.ack_phase == AckPhase::ProbeStopping && self.round_start {
+            self.bw_probe_samples = false;
+            self.ack_phase = AckPhase::Init;
+            if self.state.is_probe_bw() && !s.is_app_limited {
+                self.advance_max_bw_filter();
+            }
+        }
+        if self.check_inflight_too_high(s) {
+            return;
+        }
+        if self.inflight_hi.is_infinite() {
+            return;
+        }
+        if s.tx_in_flight as f64 > self.inflight_hi {
+            self.inflight_hi = s.tx_in_flight as f64;
+        }
+        if self.state == State::ProbeBwUp {
+            self.probe_inflight_hi_upward(s);
+        }
+    }
+
+    /// "BBRCheckInflightTooHigh" and "BBRHandleInflightTooHigh".
+    fn check_inflight_too_high(&mut self, s: &Sample) -> bool {
+        if !s.has_rate || !self.is_inflight_too_high(s) {
+            return false;
+        }
+        if self.bw_probe_samples {
+            self.bw_probe_samples = false;
+            if !s.is_app_limited {
+                self.inflight_hi = (s.tx_in_flight as f64).max(self.target_inflight() * self.beta);
+            }
+            if self.state == State::ProbeBwUp {
+                self.start_probe_bw_down(s);
+            }
+        }
+        true
+    }
+
+    /// "BBRProbeInflightHiUpward": grow inflight_hi by 1, 2, 4, ... segments
+    /// per round while the window is full.
+    fn probe_inflight_hi_upward(&mut self, s: &Sample) {
+        if s.is_app_limited || (self.cwnd as f64) < self.inflight_hi {
+            return;
+        }
+        self.bw_probe_up_acks += s.newly_acked as f64;
+        if self.bw_probe_up_acks >= self.bw_probe_up_cnt {
+            let delta = (self.bw_probe_up_acks / self.bw_probe_up_cnt).floor();
+            self.bw_probe_up_acks -= delta * self.bw_probe_up_cnt;
+            self.inflight_hi += delta;
+        }
+        if self.round_start {
+            self.raise_inflight_hi_slope();
+        }
+    }
+
+    /// "BBRRaiseInflightHiSlope".
+    fn raise_inflight_hi_slope(&mut self) {
+        let growth_this_round = f64::from(1u32 << self.bw_probe_up_rounds);
+        self.bw_probe_up_rounds = (self.bw_probe_up_rounds + 1).min(30);
+        self.bw_probe_up_cnt = (self.cwnd as f64 / growth_this_round).max(1.0);
+    }
+}
