@@ -7,6 +7,7 @@
 //! simulator drives the same code in virtual time.
 
 pub mod client;
+pub mod crypto;
 pub mod events;
 pub mod payload;
 pub mod receiver;
