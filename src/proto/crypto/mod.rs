@@ -5,14 +5,29 @@
 //!   AEAD's limits (RFC 9001 §6.6); a [`Null`](Protection::Null) protection
 //!   with the same interface and no overhead.
 //! - [`replay`]: the sliding anti-replay window of RFC 6479.
+//! - [`handshake`]: Noise IK on `snow`, 1 RTT, mutual authentication by
+//!   static X25519 keys, the version and the transfer's parameters bound
+//!   in; out come the two traffic secrets and the peer's static key.
+//! - [`cookie`]: stateless address validation under load (WireGuard's
+//!   cookie reply, QUIC's Retry).
+//! - [`amplification`]: at most 3× the bytes received to an address not
+//!   yet validated (RFC 9000 §8.1).
 //!
 //! Nothing here reads a clock or a socket. Randomness (ephemeral keys,
 //! cookie secrets) comes from the OS CSPRNG through the crypto crates, or
 //! is passed in where a test needs it fixed.
 
+pub mod amplification;
+pub mod cookie;
+pub mod handshake;
 pub mod protect;
 pub mod replay;
 
+pub use cookie::{Cookie, CookieSecret};
+pub use handshake::{
+    ClientConfig, Decision, Established, HandshakeError, Initiator, Progress, PublicKey,
+    RefuseReason, Reply, Responder, StaticKeypair,
+};
 pub use protect::{
     Cipher, DropCounters, Dropped, Opener, PacketKey, Protection, SealError, Sealer, Slot,
     TrafficSecret,
