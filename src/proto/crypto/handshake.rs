@@ -574,6 +574,9 @@ pub enum Reply {
     Accepted {
         datagram: Vec<u8>,
         session: Box<Established>,
+        /// The hello carried a valid cookie: its address is validated
+        /// (RFC 9000 §8.1), the 3× limit no longer applies to it.
+        address_validated: bool,
     },
     /// Send `datagram`, an authenticated refusal the client can explain;
     /// nothing is kept.
@@ -666,7 +669,8 @@ impl Responder {
             return Err(HandshakeError::Malformed("padding"));
         }
         // Under load, a valid cookie before any public-key operation.
-        if under_load && !cookie.is_some_and(|c| self.cookies.verify(&c, &peer, now)) {
+        let address_validated = cookie.is_some_and(|c| self.cookies.verify(&c, &peer, now));
+        if under_load && !address_validated {
             let mut reply = Vec::with_capacity(PREFIX_LEN + 8 + COOKIE_LEN);
             reply.extend_from_slice(&prefix(KIND_COOKIE));
             reply.extend_from_slice(&client_id.to_be_bytes());
@@ -740,6 +744,7 @@ impl Responder {
         let (c2s, s2c) = noise.dangerously_get_raw_split();
         Ok(Reply::Accepted {
             datagram,
+            address_validated,
             session: Box::new(Established {
                 peer_static: client_key,
                 client_id,
@@ -830,11 +835,16 @@ mod tests {
         let mut w = world();
         let mut client = Initiator::new(&config(&w), 42, 1).unwrap();
         assert!(client.hello().len() >= HELLO_MIN_LEN);
-        let Reply::Accepted { datagram, session } = hello_at(&mut w, &client, false).unwrap()
+        let Reply::Accepted {
+            datagram,
+            session,
+            address_validated,
+        } = hello_at(&mut w, &client, false).unwrap()
         else {
             panic!("not accepted");
         };
         assert!(datagram.len() <= 3 * client.hello().len(), "RFC 9000 §8.1");
+        assert!(!address_validated, "no cookie, no proof of address");
         let Progress::Established(mine) = client.on_datagram(&datagram).unwrap() else {
             panic!("not established");
         };
@@ -1065,13 +1075,18 @@ mod tests {
         assert!(matches!(r, Reply::Cookie(_)));
 
         // From its address, in time: accepted.
-        let Reply::Accepted { datagram, .. } = w
+        let Reply::Accepted {
+            datagram,
+            address_validated,
+            ..
+        } = w
             .server
             .on_hello(T0, here, client.hello(), true, 1, only(allowed))
             .unwrap()
         else {
             panic!("not accepted with a valid cookie");
         };
+        assert!(address_validated);
         assert!(matches!(
             client.on_datagram(&datagram),
             Ok(Progress::Established(_))

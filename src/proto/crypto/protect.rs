@@ -848,6 +848,28 @@ mod tests {
             }
         }
 
+        /// Forgeries (any packet number, phase, header and bytes, under no
+        /// key the opener knows) interleaved with genuine packets across
+        /// key updates: no forgery opens, and none keeps a genuine packet
+        /// from opening exactly once (the fuzz target `opener`, as a test).
+        #[test]
+        fn forgeries_never_open_nor_block_genuine_packets(
+            ops in proptest::collection::vec(
+                (any::<bool>(), prop_oneof![0u64..64, any::<u64>()], any::<bool>(),
+                 proptest::collection::vec(any::<u8>(), 0..48)), 1..80)) {
+            let (mut s, mut o) = pair(Cipher::ChaCha20Poly1305, 4);
+            for (genuine, pn, phase, bytes) in ops {
+                if genuine {
+                    let p = seal_one(&mut s, &bytes);
+                    prop_assert_eq!(open(&mut o, &p), Ok(bytes));
+                    prop_assert_eq!(open(&mut o, &p), Err(Dropped::Replayed));
+                } else {
+                    let mut buf = bytes.clone();
+                    prop_assert!(o.open_in_place(pn, phase, HEADER, &mut buf).is_err());
+                }
+            }
+        }
+
         /// Across key updates the sealer never uses a (key, nonce) pair
         /// twice, and packet numbers only rise.
         #[test]
