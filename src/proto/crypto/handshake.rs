@@ -72,7 +72,6 @@ const KIND_HELLO: u8 = 0x20;
 const KIND_RESPONSE: u8 = 0x21;
 const KIND_COOKIE: u8 = 0x22;
 const PREFIX_LEN: usize = 4;
-const NOISE_MAX: usize = 65_535;
 /// Noise IK overheads: e (32) + encrypted s (32 + 16) + payload tag (16);
 /// e (32) + payload tag (16).
 const HELLO_NOISE_OVERHEAD: usize = 32 + 48 + 16;
@@ -515,11 +514,7 @@ impl Initiator {
                 RefuseReason::from_code(status).ok_or(HandshakeError::Malformed("status"))?;
             return Err(HandshakeError::Refused(reason));
         }
-        let peer_static = noise
-            .get_remote_static()
-            .and_then(|k| k.try_into().ok())
-            .map(PublicKey)
-            .ok_or(HandshakeError::Malformed("no server key"))?;
+        let peer_static = remote_static(&noise)?;
         let handshake_hash = noise.get_handshake_hash().to_vec();
         let (c2s, s2c) = noise.dangerously_get_raw_split();
         Ok(Progress::Established(Box::new(Established {
@@ -649,89 +644,43 @@ impl Responder {
         server_id: u64,
         decide: impl FnOnce(&PublicKey, &[u8]) -> Decision,
     ) -> Result<Reply, HandshakeError> {
-        let mut r = Reader(strip_prefix(datagram, KIND_HELLO)?);
-        if datagram.len() < HELLO_MIN_LEN {
-            return Err(HandshakeError::HelloTooShort(datagram.len()));
-        }
-        let client_id = r.u64("client id")?;
-        let cookie = match r.u8("cookie flag")? {
-            0 => None,
-            1 => Some(Cookie::from_bytes(
-                r.take(COOKIE_LEN, "cookie")?
-                    .try_into()
-                    .expect("cookie length"),
-            )),
-            _ => return Err(HandshakeError::Malformed("cookie flag")),
-        };
-        let len = r.u16("noise length")? as usize;
-        let msg = r.take(len, "noise message")?;
-        if r.0.iter().any(|&b| b != 0) {
-            return Err(HandshakeError::Malformed("padding"));
-        }
+        let hello = HelloFrame::parse(datagram)?;
         // Under load, a valid cookie before any public-key operation.
-        let address_validated = cookie.is_some_and(|c| self.cookies.verify(&c, &peer, now));
+        let address_validated = hello
+            .cookie
+            .is_some_and(|c| self.cookies.verify(&c, &peer, now));
         if under_load && !address_validated {
-            let mut reply = Vec::with_capacity(PREFIX_LEN + 8 + COOKIE_LEN);
-            reply.extend_from_slice(&prefix(KIND_COOKIE));
-            reply.extend_from_slice(&client_id.to_be_bytes());
-            reply.extend_from_slice(self.cookies.issue(&peer, now).as_bytes());
-            return Ok(Reply::Cookie(reply));
+            let cookie = self.cookies.issue(&peer, now);
+            return Ok(Reply::Cookie(cookie_reply(hello.client_id, &cookie)));
         }
         let prologue = prologue();
         let mut noise = snow::Builder::new(noise_params())
             .local_private_key(self.identity.private_bytes())?
             .prologue(&prologue)?
             .build_responder()?;
-        let mut payload = vec![0u8; len.min(NOISE_MAX)];
-        let n = noise.read_message(msg, &mut payload)?;
-        let mut p = Reader(&payload[..n]);
-        let cipher =
-            cipher_from_code(p.u8("cipher")?).ok_or(HandshakeError::Malformed("cipher"))?;
-        let timestamp = p.u64("timestamp")?;
-        let inner_client = p.u64("client id")?;
-        let params = p.0;
-        if inner_client != client_id {
+        let mut buf = vec![0u8; hello.noise.len()];
+        let n = noise.read_message(hello.noise, &mut buf)?;
+        let payload = HelloPayload::parse(&buf[..n])?;
+        if payload.client_id != hello.client_id {
             return Err(HandshakeError::Malformed(
                 "ids in clear differ from the encrypted ones",
             ));
         }
-        if params.len() > MAX_PARAMS_LEN {
-            return Err(HandshakeError::ParamsTooLong(params.len()));
-        }
-        let client_key = noise
-            .get_remote_static()
-            .and_then(|k| k.try_into().ok())
-            .map(PublicKey)
-            .ok_or(HandshakeError::Malformed("no client key"))?;
+        let client_key = remote_static(&noise)?;
         // Replay (WireGuard's timestamp rule): only a newer hello.
         if self
             .newest
             .get(&client_key)
-            .is_some_and(|&t| timestamp <= t)
+            .is_some_and(|&t| payload.timestamp <= t)
         {
             return Err(HandshakeError::Replayed);
         }
-        let (status, server_params) = match decide(&client_key, params) {
+        let ids = (hello.client_id, server_id);
+        let (status, server_params) = match decide(&client_key, payload.params) {
             Decision::Accept(sp) => (0, sp),
             Decision::Refuse(reason) => (reason.code(), Vec::new()),
         };
-        if server_params.len() > MAX_PARAMS_LEN {
-            return Err(HandshakeError::ParamsTooLong(server_params.len()));
-        }
-        let peer_params = params.to_vec();
-        let mut out_payload = Vec::with_capacity(RESPONSE_PAYLOAD_FIXED + server_params.len());
-        out_payload.push(status);
-        out_payload.extend_from_slice(&client_id.to_be_bytes());
-        out_payload.extend_from_slice(&server_id.to_be_bytes());
-        out_payload.extend_from_slice(&server_params);
-        let mut out_msg = vec![0u8; RESPONSE_NOISE_OVERHEAD + out_payload.len()];
-        let m = noise.write_message(&out_payload, &mut out_msg)?;
-        let mut datagram = Vec::with_capacity(PREFIX_LEN + 18 + m);
-        datagram.extend_from_slice(&prefix(KIND_RESPONSE));
-        datagram.extend_from_slice(&client_id.to_be_bytes());
-        datagram.extend_from_slice(&server_id.to_be_bytes());
-        datagram.extend_from_slice(&(m as u16).to_be_bytes());
-        datagram.extend_from_slice(&out_msg[..m]);
+        let datagram = response(&mut noise, status, ids, &server_params)?;
         if let Some(reason) = RefuseReason::from_code(status) {
             return Ok(Reply::Refused {
                 datagram,
@@ -739,7 +688,7 @@ impl Responder {
                 reason,
             });
         }
-        self.remember(client_key, timestamp);
+        self.remember(client_key, payload.timestamp);
         let handshake_hash = noise.get_handshake_hash().to_vec();
         let (c2s, s2c) = noise.dangerously_get_raw_split();
         Ok(Reply::Accepted {
@@ -747,10 +696,10 @@ impl Responder {
             address_validated,
             session: Box::new(Established {
                 peer_static: client_key,
-                client_id,
-                server_id,
-                cipher,
-                peer_params,
+                client_id: ids.0,
+                server_id: ids.1,
+                cipher: payload.cipher,
+                peer_params: payload.params.to_vec(),
                 handshake_hash,
                 send: TrafficSecret::new(s2c),
                 recv: TrafficSecret::new(c2s),
@@ -766,6 +715,114 @@ impl Responder {
         }
         self.newest.insert(key, timestamp);
     }
+}
+
+/// HELLO as it arrives: prefix, client id, cookie flag and cookie, the
+/// Noise message with its length, zero padding to [`HELLO_MIN_LEN`].
+struct HelloFrame<'a> {
+    client_id: u64,
+    cookie: Option<Cookie>,
+    noise: &'a [u8],
+}
+
+impl<'a> HelloFrame<'a> {
+    fn parse(datagram: &'a [u8]) -> Result<HelloFrame<'a>, HandshakeError> {
+        let mut r = Reader(strip_prefix(datagram, KIND_HELLO)?);
+        if datagram.len() < HELLO_MIN_LEN {
+            return Err(HandshakeError::HelloTooShort(datagram.len()));
+        }
+        let client_id = r.u64("client id")?;
+        let cookie = match r.u8("cookie flag")? {
+            0 => None,
+            1 => {
+                let bytes = r.take(COOKIE_LEN, "cookie")?;
+                Some(Cookie::from_bytes(bytes.try_into().expect("cookie length")))
+            }
+            _ => return Err(HandshakeError::Malformed("cookie flag")),
+        };
+        let len = r.u16("noise length")? as usize;
+        let noise = r.take(len, "noise message")?;
+        if r.0.iter().any(|&b| b != 0) {
+            return Err(HandshakeError::Malformed("padding"));
+        }
+        Ok(HelloFrame {
+            client_id,
+            cookie,
+            noise,
+        })
+    }
+}
+
+/// The hello's encrypted payload: cipher, timestamp, client id, params.
+struct HelloPayload<'a> {
+    cipher: Cipher,
+    timestamp: u64,
+    client_id: u64,
+    params: &'a [u8],
+}
+
+impl<'a> HelloPayload<'a> {
+    fn parse(bytes: &'a [u8]) -> Result<HelloPayload<'a>, HandshakeError> {
+        let mut p = Reader(bytes);
+        let cipher =
+            cipher_from_code(p.u8("cipher")?).ok_or(HandshakeError::Malformed("cipher"))?;
+        let timestamp = p.u64("timestamp")?;
+        let client_id = p.u64("client id")?;
+        if p.0.len() > MAX_PARAMS_LEN {
+            return Err(HandshakeError::ParamsTooLong(p.0.len()));
+        }
+        Ok(HelloPayload {
+            cipher,
+            timestamp,
+            client_id,
+            params: p.0,
+        })
+    }
+}
+
+/// COOKIE: prefix, client id, cookie.
+fn cookie_reply(client_id: u64, cookie: &Cookie) -> Vec<u8> {
+    let mut reply = Vec::with_capacity(PREFIX_LEN + 8 + COOKIE_LEN);
+    reply.extend_from_slice(&prefix(KIND_COOKIE));
+    reply.extend_from_slice(&client_id.to_be_bytes());
+    reply.extend_from_slice(cookie.as_bytes());
+    reply
+}
+
+/// RESPONSE: prefix, both ids, the Noise message (status, ids and the
+/// server's parameters encrypted) with its length.
+fn response(
+    noise: &mut snow::HandshakeState,
+    status: u8,
+    (client_id, server_id): (u64, u64),
+    server_params: &[u8],
+) -> Result<Vec<u8>, HandshakeError> {
+    if server_params.len() > MAX_PARAMS_LEN {
+        return Err(HandshakeError::ParamsTooLong(server_params.len()));
+    }
+    let mut payload = Vec::with_capacity(RESPONSE_PAYLOAD_FIXED + server_params.len());
+    payload.push(status);
+    payload.extend_from_slice(&client_id.to_be_bytes());
+    payload.extend_from_slice(&server_id.to_be_bytes());
+    payload.extend_from_slice(server_params);
+    let mut msg = vec![0u8; RESPONSE_NOISE_OVERHEAD + payload.len()];
+    let m = noise.write_message(&payload, &mut msg)?;
+    let mut datagram = Vec::with_capacity(PREFIX_LEN + 18 + m);
+    datagram.extend_from_slice(&prefix(KIND_RESPONSE));
+    datagram.extend_from_slice(&client_id.to_be_bytes());
+    datagram.extend_from_slice(&server_id.to_be_bytes());
+    datagram.extend_from_slice(&(m as u16).to_be_bytes());
+    datagram.extend_from_slice(&msg[..m]);
+    Ok(datagram)
+}
+
+/// The peer's static key, once the handshake has read it.
+fn remote_static(noise: &snow::HandshakeState) -> Result<PublicKey, HandshakeError> {
+    noise
+        .get_remote_static()
+        .and_then(|k| k.try_into().ok())
+        .map(PublicKey)
+        .ok_or(HandshakeError::Malformed("no static key"))
 }
 
 #[cfg(test)]

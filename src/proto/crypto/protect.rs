@@ -774,6 +774,30 @@ mod tests {
         assert_eq!(o.generation(), 1);
     }
 
+    /// RFC 9001 §6.6: the real interval, not a test one. Slots are cheap;
+    /// only the packets on either side of the update are sealed.
+    #[test]
+    fn the_first_key_protects_exactly_2_pow_23_packets() {
+        let mut s = Sealer::new(Cipher::Aes256Gcm, secret(4));
+        let mut o = Opener::new(Cipher::Aes256Gcm, secret(4));
+        for _ in 0..KEY_UPDATE_INTERVAL - 1 {
+            s.next_slot().unwrap();
+        }
+        let last_old = seal_one(&mut s, b"old");
+        assert_eq!(
+            (last_old.0, last_old.1, s.generation()),
+            (KEY_UPDATE_INTERVAL - 1, false, 0)
+        );
+        let first_new = seal_one(&mut s, b"new");
+        assert_eq!(
+            (first_new.0, first_new.1, s.generation()),
+            (KEY_UPDATE_INTERVAL, true, 1)
+        );
+        assert_eq!(open(&mut o, &first_new).unwrap(), b"new");
+        assert_eq!(open(&mut o, &last_old).unwrap(), b"old");
+        assert_eq!(o.generation(), 1);
+    }
+
     #[test]
     fn a_slot_taken_before_a_key_update_cannot_be_sealed_after_it() {
         let mut s = Sealer::with_interval(Cipher::Aes256Gcm, secret(1), 1);
