@@ -102,6 +102,24 @@ impl Cipher {
     }
 }
 
+impl std::str::FromStr for Cipher {
+    type Err = String;
+
+    /// `--cipher`: `aes-256-gcm`, `chacha20-poly1305`, or `auto`
+    /// ([`Cipher::for_this_cpu`]).
+    fn from_str(s: &str) -> Result<Cipher, String> {
+        match s {
+            "aes-256-gcm" | "aes" => Ok(Cipher::Aes256Gcm),
+            "chacha20-poly1305" | "chacha" => Ok(Cipher::ChaCha20Poly1305),
+            "auto" => Ok(Cipher::for_this_cpu()),
+            other => Err(format!(
+                "unknown cipher `{}`: aes-256-gcm, chacha20-poly1305 or auto",
+                crate::text::escape(other.as_bytes())
+            )),
+        }
+    }
+}
+
 impl fmt::Display for Cipher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -815,6 +833,18 @@ mod tests {
         let s = Sealer::with_interval(Cipher::Aes256Gcm, secret(1), u64::MAX);
         assert_eq!(s.state.as_ref().unwrap().interval, KEY_UPDATE_INTERVAL);
         assert_eq!(KEY_UPDATE_INTERVAL, 1 << 23, "RFC 9001 §6.6");
+    }
+
+    #[test]
+    fn cipher_names_round_trip() {
+        for c in [Cipher::Aes256Gcm, Cipher::ChaCha20Poly1305] {
+            assert_eq!(c.to_string().parse::<Cipher>(), Ok(c));
+        }
+        assert_eq!("auto".parse::<Cipher>(), Ok(Cipher::for_this_cpu()));
+        assert!("rot13"
+            .parse::<Cipher>()
+            .unwrap_err()
+            .contains("aes-256-gcm"));
     }
 
     #[test]
