@@ -7,6 +7,7 @@
 //! - [`units`]: parsing and printing of rates, sizes and durations.
 
 pub mod io;
+pub mod keys;
 pub mod netem;
 pub mod proto;
 pub mod sim;

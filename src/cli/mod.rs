@@ -2,6 +2,7 @@
 //!
 //! Exit codes: 0 success, 1 the transfer failed, 2 usage error.
 
+mod keygen;
 mod net;
 mod netem;
 mod transfer;
@@ -51,6 +52,8 @@ enum Command {
     Serve(net::ServeArgs),
     /// Impair real traffic as tc-netem would: a UDP relay, or two test hosts in network namespaces
     Netem(netem::NetemArgs),
+    /// Write a key pair for authenticated transfers (private key mode 0600), as ssh-keygen
+    Keygen(keygen::KeygenArgs),
 }
 
 #[derive(Args, Debug)]
@@ -253,6 +256,7 @@ pub fn main() -> ExitCode {
         Command::Probe(args) => net::probe(args),
         Command::Serve(args) => net::serve(args),
         Command::Netem(args) => netem::netem(args),
+        Command::Keygen(args) => keygen::keygen(args),
     };
     match result {
         Ok(code) => code,

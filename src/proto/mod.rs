@@ -8,6 +8,7 @@
 
 pub mod client;
 pub mod congestion;
+pub mod crypto;
 pub mod events;
 pub mod loss;
 pub mod payload;

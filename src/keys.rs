@@ -1,0 +1,897 @@
+//! Key files, as ssh keeps them (issue 13).
+//!
+//! - An identity: a private key file (mode 0600, created with `O_EXCL`,
+//!   refused if others may read it) and `FILE.pub` beside it, under
+//!   `$XDG_CONFIG_HOME/atou/` or `~/.config/atou/` (directory mode 0700).
+//!   `atou keygen` writes them.
+//! - `authorized_keys` (the server's): one key a line,
+//!   `[OPTIONS] atou-x25519 BASE64 [COMMENT]`, OPTIONS a comma-separated
+//!   list of `subdir=PATH` (the key may write only beneath PATH, relative
+//!   to `--dir`) and `overwrite` (the key may replace files, if the server
+//!   allows it at all). Blank lines and `#` comments are skipped; any
+//!   malformed line refuses the whole file, naming the line.
+//! - `known_hosts` (the client's): `HOST atou-x25519 BASE64` a line. A
+//!   host seen for the first time is recorded; a host whose key changed is
+//!   refused with the file and line to edit, as ssh does.
+//!
+//! Keys are base64 (RFC 4648 §4, standard alphabet, padded) of the 32
+//! bytes of an X25519 key.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use thiserror::Error;
+use zeroize::Zeroize;
+
+use crate::proto::crypto::{PublicKey, StaticKeypair};
+
+/// The key type word of a public key line.
+pub const KEY_TYPE: &str = "atou-x25519";
+/// The first word of a private key file.
+pub const PRIVATE_KEY_TYPE: &str = "atou-x25519-private";
+/// The identity's file name in the config directory.
+pub const IDENTITY_FILE: &str = "id_x25519";
+pub const KNOWN_HOSTS_FILE: &str = "known_hosts";
+pub const AUTHORIZED_KEYS_FILE: &str = "authorized_keys";
+/// Longest line read from a key file (ssh allows 8 KiB too).
+pub const MAX_LINE: usize = 8192;
+/// Largest key file read.
+pub const MAX_FILE: u64 = 4 << 20;
+
+/// Why a key file could not be read or written. Each message names the
+/// file (and line) and, where there is one, the fix.
+#[derive(Debug, Error)]
+pub enum KeyError {
+    #[error("neither XDG_CONFIG_HOME nor HOME is set: give the key file's path")]
+    NoConfigDir,
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{path} already exists; use --force to replace it")]
+    Exists { path: PathBuf },
+    #[error("{path} may be read by others (mode {mode:03o}); run `chmod 600 {path}`")]
+    Unprotected { path: PathBuf, mode: u32 },
+    #[error("{path} is over {MAX_FILE} bytes, too large for a key file")]
+    TooLarge { path: PathBuf },
+    #[error("{path}:{line}: {reason}")]
+    Line {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
+    #[error(
+        "the key of {host} has CHANGED since it was recorded in {path} line {line}: \
+         someone may be intercepting the connection, or the server's key was replaced. \
+         If you know the new key is right, delete line {line} of {path} and connect again"
+    )]
+    HostKeyChanged {
+        host: String,
+        path: PathBuf,
+        line: usize,
+    },
+    #[error("`{}` cannot be recorded as a host name (spaces, control characters or '#')", crate::text::escape(.0.as_bytes()))]
+    BadHostName(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> KeyError + '_ {
+    move |source| KeyError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// `$XDG_CONFIG_HOME/atou` if that is set to an absolute path, else
+/// `$HOME/.config/atou` (XDG Base Directory Specification).
+pub fn config_dir_from(
+    xdg_config_home: Option<&Path>,
+    home: Option<&Path>,
+) -> Result<PathBuf, KeyError> {
+    match (xdg_config_home, home) {
+        (Some(x), _) if x.is_absolute() => Ok(x.join("atou")),
+        (_, Some(h)) if !h.as_os_str().is_empty() => Ok(h.join(".config").join("atou")),
+        _ => Err(KeyError::NoConfigDir),
+    }
+}
+
+/// The user's atou config directory, from the environment.
+pub fn config_dir() -> Result<PathBuf, KeyError> {
+    let xdg = std::env::var_os("XDG_CONFIG_HOME").map(PathBuf::from);
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    config_dir_from(xdg.as_deref(), home.as_deref())
+}
+
+/// `FILE.pub`.
+pub fn public_path(private: &Path) -> PathBuf {
+    let mut p = private.as_os_str().to_owned();
+    p.push(".pub");
+    PathBuf::from(p)
+}
+
+/// `atou-x25519 BASE64 COMMENT`.
+pub fn format_public_key(key: &PublicKey, comment: &str) -> String {
+    let b64 = STANDARD.encode(key.0);
+    if comment.is_empty() {
+        format!("{KEY_TYPE} {b64}")
+    } else {
+        format!("{KEY_TYPE} {b64} {comment}")
+    }
+}
+
+fn decode_key(b64: &str) -> Result<[u8; 32], String> {
+    let bytes = STANDARD
+        .decode(b64)
+        .map_err(|e| format!("the key is not valid base64 ({e})"))?;
+    <[u8; 32]>::try_from(bytes.as_slice())
+        .map_err(|_| format!("the key is {} bytes, not 32", bytes.len()))
+}
+
+/// A public key as written: `atou-x25519 BASE64 [COMMENT]` or the bare
+/// BASE64 (`--server-key`).
+pub fn parse_public_key(s: &str) -> Result<PublicKey, String> {
+    let mut words = s.split_ascii_whitespace();
+    let first = words.next().ok_or("an empty key")?;
+    let b64 = if first == KEY_TYPE {
+        words.next().ok_or("no key after the key type")?
+    } else {
+        first
+    };
+    decode_key(b64).map(PublicKey)
+}
+
+/// Reads at most [`MAX_FILE`] bytes.
+fn read_limited(path: &Path) -> Result<Vec<u8>, KeyError> {
+    let file = File::open(path).map_err(io_err(path))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io_err(path))?;
+    if bytes.len() as u64 > MAX_FILE {
+        return Err(KeyError::TooLarge {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(bytes)
+}
+
+/// The lines of a key file, numbered from 1, each checked for length,
+/// NUL bytes and UTF-8; blank lines and `#` comments left out.
+fn lines<'a>(
+    bytes: &'a [u8],
+    path: &'a Path,
+) -> impl Iterator<Item = Result<(usize, &'a str), KeyError>> + 'a {
+    bytes
+        .split(|&b| b == b'\n')
+        .enumerate()
+        .filter_map(move |(i, raw)| {
+            let line = i + 1;
+            let err = |reason: &str| {
+                Some(Err(KeyError::Line {
+                    path: path.to_path_buf(),
+                    line,
+                    reason: reason.to_string(),
+                }))
+            };
+            if raw.len() > MAX_LINE {
+                return err(&format!(
+                    "a line of {} bytes, over the {MAX_LINE} allowed",
+                    raw.len()
+                ));
+            }
+            if raw.contains(&0) {
+                return err("a NUL byte");
+            }
+            let Ok(text) = std::str::from_utf8(raw) else {
+                return err("not UTF-8");
+            };
+            let text = text.strip_suffix('\r').unwrap_or(text).trim();
+            if text.is_empty() || text.starts_with('#') {
+                return None;
+            }
+            if text.chars().any(|c| c.is_control() && c != '\t') {
+                return err("a control character");
+            }
+            Some(Ok((line, text)))
+        })
+}
+
+/// Writes a new key pair: the private key to `path` (mode 0600, created
+/// exclusively; with `force`, written beside it and renamed over it) and
+/// the public key to `path.pub`. Creates the directory (mode 0700) if
+/// missing.
+pub fn write_identity(
+    path: &Path,
+    keypair: &StaticKeypair,
+    comment: &str,
+    force: bool,
+) -> Result<(), KeyError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io_err(dir))?;
+    }
+    let public = public_path(path);
+    if !force {
+        for p in [path, public.as_path()] {
+            if p.symlink_metadata().is_ok() {
+                return Err(KeyError::Exists {
+                    path: p.to_path_buf(),
+                });
+            }
+        }
+    }
+    let mut private = format!(
+        "{PRIVATE_KEY_TYPE} {}\n",
+        STANDARD.encode(keypair.private_bytes())
+    );
+    let result = write_new(path, private.as_bytes(), 0o600, force);
+    private.zeroize();
+    result?;
+    let line = format_public_key(&keypair.public(), comment) + "\n";
+    write_new(&public, line.as_bytes(), 0o644, force)
+}
+
+/// Creates `path` with `O_EXCL` (never through a symlink); with `replace`,
+/// creates `path.tmp` that way and renames it over `path`.
+fn write_new(path: &Path, contents: &[u8], mode: u32, replace: bool) -> Result<(), KeyError> {
+    let target = if replace {
+        let mut t = path.as_os_str().to_owned();
+        t.push(".tmp");
+        PathBuf::from(t)
+    } else {
+        path.to_path_buf()
+    };
+    if replace {
+        // A leftover of an interrupted run; never a file we did not make
+        // in this place.
+        let _ = fs::remove_file(&target);
+    }
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&target)
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::AlreadyExists => KeyError::Exists {
+                path: target.clone(),
+            },
+            _ => KeyError::Io {
+                path: target.clone(),
+                source: e,
+            },
+        })?;
+    // The umask may have cleared bits but never adds any; make it exact.
+    f.set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(io_err(&target))?;
+    f.write_all(contents)
+        .and_then(|()| f.sync_all())
+        .map_err(io_err(&target))?;
+    if replace {
+        fs::rename(&target, path).map_err(io_err(path))?;
+    }
+    Ok(())
+}
+
+/// Reads a private key file, refusing one that others may read (as ssh
+/// refuses an "UNPROTECTED PRIVATE KEY FILE").
+pub fn read_identity(path: &Path) -> Result<StaticKeypair, KeyError> {
+    let meta = fs::metadata(path).map_err(io_err(path))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(KeyError::Unprotected {
+            path: path.to_path_buf(),
+            mode,
+        });
+    }
+    let mut bytes = read_limited(path)?;
+    let result = parse_identity(&bytes, path);
+    bytes.zeroize();
+    result
+}
+
+fn parse_identity(bytes: &[u8], path: &Path) -> Result<StaticKeypair, KeyError> {
+    let mut found = None;
+    for item in lines(bytes, path) {
+        let (line, text) = item?;
+        let bad = |reason: &str| KeyError::Line {
+            path: path.to_path_buf(),
+            line,
+            reason: reason.to_string(),
+        };
+        if found.is_some() {
+            return Err(bad("more than one key in a private key file"));
+        }
+        let mut words = text.split_ascii_whitespace();
+        if words.next() != Some(PRIVATE_KEY_TYPE) {
+            return Err(bad(&format!(
+                "not an atou private key (expected `{PRIVATE_KEY_TYPE} BASE64`)"
+            )));
+        }
+        let b64 = words
+            .next()
+            .ok_or_else(|| bad("no key after the key type"))?;
+        if words.next().is_some() {
+            return Err(bad("words after the key"));
+        }
+        let mut key = decode_key(b64).map_err(|r| bad(&r))?;
+        let kp = StaticKeypair::from_private(key).map_err(|e| bad(&e.to_string()));
+        key.zeroize();
+        found = Some(kp?);
+    }
+    found.ok_or_else(|| KeyError::Line {
+        path: path.to_path_buf(),
+        line: 1,
+        reason: "no key in the file".into(),
+    })
+}
+
+/// What an authorized key may do, from its options.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyOptions {
+    /// `subdir=PATH`: writes only beneath this path of `--dir` (relative,
+    /// no `..`).
+    pub subdir: Option<PathBuf>,
+    /// `overwrite`: may replace files, where the server allows it.
+    pub overwrite: bool,
+}
+
+/// One line of `authorized_keys`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthorizedKey {
+    pub key: PublicKey,
+    pub options: KeyOptions,
+    pub comment: String,
+    /// Line in the file, for messages.
+    pub line: usize,
+}
+
+/// A parsed `authorized_keys` file.
+#[derive(Debug, Clone, Default)]
+pub struct AuthorizedKeys {
+    entries: Vec<AuthorizedKey>,
+}
+
+impl AuthorizedKeys {
+    /// Reads and parses `path`; any malformed line refuses the file.
+    pub fn load(path: &Path) -> Result<AuthorizedKeys, KeyError> {
+        AuthorizedKeys::parse(&read_limited(path)?, path)
+    }
+
+    /// Parses the bytes of an `authorized_keys` file (`path` for messages).
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<AuthorizedKeys, KeyError> {
+        let mut entries: Vec<AuthorizedKey> = Vec::new();
+        for item in lines(bytes, path) {
+            let (line, text) = item?;
+            let entry = parse_authorized_line(text, line).map_err(|reason| KeyError::Line {
+                path: path.to_path_buf(),
+                line,
+                reason,
+            })?;
+            if let Some(prev) = entries.iter().find(|e| e.key == entry.key) {
+                return Err(KeyError::Line {
+                    path: path.to_path_buf(),
+                    line,
+                    reason: format!("the same key as line {} (which options apply?)", prev.line),
+                });
+            }
+            entries.push(entry);
+        }
+        Ok(AuthorizedKeys { entries })
+    }
+
+    pub fn find(&self, key: &PublicKey) -> Option<&AuthorizedKey> {
+        self.entries.iter().find(|e| e.key == *key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+fn parse_authorized_line(text: &str, line: usize) -> Result<AuthorizedKey, String> {
+    let mut words = text.split_ascii_whitespace();
+    let first = words.next().ok_or("an empty line")?;
+    let options = if first == KEY_TYPE {
+        KeyOptions::default()
+    } else {
+        let o = parse_options(first)?;
+        if words.next() != Some(KEY_TYPE) {
+            return Err(format!("expected `[OPTIONS] {KEY_TYPE} BASE64 [COMMENT]`"));
+        }
+        o
+    };
+    let b64 = words.next().ok_or("no key after the key type")?;
+    let key = PublicKey(decode_key(b64)?);
+    let comment = words.collect::<Vec<_>>().join(" ");
+    Ok(AuthorizedKey {
+        key,
+        options,
+        comment,
+        line,
+    })
+}
+
+fn parse_options(s: &str) -> Result<KeyOptions, String> {
+    let mut o = KeyOptions::default();
+    for opt in s.split(',') {
+        if opt == "overwrite" {
+            if o.overwrite {
+                return Err("`overwrite` given twice".into());
+            }
+            o.overwrite = true;
+        } else if let Some(dir) = opt.strip_prefix("subdir=") {
+            if o.subdir.is_some() {
+                return Err("`subdir=` given twice".into());
+            }
+            o.subdir = Some(parse_subdir(dir)?);
+        } else {
+            return Err(format!(
+                "unknown option `{}` (known: subdir=PATH, overwrite), or a key type other than {KEY_TYPE}",
+                crate::text::escape(opt.as_bytes())
+            ));
+        }
+    }
+    Ok(o)
+}
+
+/// A relative path that stays beneath `--dir`: no root, no `..`.
+fn parse_subdir(s: &str) -> Result<PathBuf, String> {
+    let p = Path::new(s);
+    if s.is_empty() || p.is_absolute() {
+        return Err("subdir= needs a relative path beneath --dir".into());
+    }
+    if p.components()
+        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err("subdir= may not contain `..`".into());
+    }
+    Ok(p.to_path_buf())
+}
+
+/// What [`KnownHosts::check`] found for a host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostStatus {
+    /// Recorded with this key.
+    Known,
+    /// Not recorded.
+    Unknown,
+    /// Recorded with another key, on this line.
+    Changed { line: usize },
+}
+
+/// What [`KnownHosts::verify`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verified {
+    /// The key matched the one recorded.
+    Matched,
+    /// First use: the key was recorded.
+    Recorded,
+}
+
+/// The client's `known_hosts`.
+#[derive(Debug, Clone)]
+pub struct KnownHosts {
+    path: PathBuf,
+    entries: Vec<(String, PublicKey, usize)>,
+}
+
+impl KnownHosts {
+    /// Reads `path`; a missing file is an empty store.
+    pub fn load(path: &Path) -> Result<KnownHosts, KeyError> {
+        match read_limited(path) {
+            Ok(bytes) => KnownHosts::parse(&bytes, path),
+            Err(KeyError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                Ok(KnownHosts {
+                    path: path.to_path_buf(),
+                    entries: Vec::new(),
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<KnownHosts, KeyError> {
+        let mut entries = Vec::new();
+        for item in lines(bytes, path) {
+            let (line, text) = item?;
+            let bad = |reason: String| KeyError::Line {
+                path: path.to_path_buf(),
+                line,
+                reason,
+            };
+            let mut words = text.split_ascii_whitespace();
+            let host = words.next().ok_or_else(|| bad("an empty line".into()))?;
+            if words.next() != Some(KEY_TYPE) {
+                return Err(bad(format!("expected `HOST {KEY_TYPE} BASE64`")));
+            }
+            let b64 = words
+                .next()
+                .ok_or_else(|| bad("no key after the key type".into()))?;
+            let key = PublicKey(decode_key(b64).map_err(bad)?);
+            if words.next().is_some() {
+                return Err(bad("words after the key".into()));
+            }
+            entries.push((host.to_string(), key, line));
+        }
+        Ok(KnownHosts {
+            path: path.to_path_buf(),
+            entries,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The first line naming `host` decides, as in ssh.
+    pub fn check(&self, host: &str, key: &PublicKey) -> HostStatus {
+        match self.entries.iter().find(|(h, _, _)| h == host) {
+            None => HostStatus::Unknown,
+            Some((_, k, _)) if k == key => HostStatus::Known,
+            Some((_, _, line)) => HostStatus::Changed { line: *line },
+        }
+    }
+
+    /// Trust on first use: a known key passes, an unknown host is
+    /// recorded (appended to the file, created mode 0600 if missing), a
+    /// changed key is refused naming the file and line to edit.
+    pub fn verify(&mut self, host: &str, key: &PublicKey) -> Result<Verified, KeyError> {
+        match self.check(host, key) {
+            HostStatus::Known => Ok(Verified::Matched),
+            HostStatus::Changed { line } => Err(KeyError::HostKeyChanged {
+                host: crate::text::escape(host.as_bytes()),
+                path: self.path.clone(),
+                line,
+            }),
+            HostStatus::Unknown => {
+                self.record(host, key)?;
+                Ok(Verified::Recorded)
+            }
+        }
+    }
+
+    fn record(&mut self, host: &str, key: &PublicKey) -> Result<(), KeyError> {
+        if host.is_empty()
+            || host.starts_with('#')
+            || host.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(KeyError::BadHostName(host.to_string()));
+        }
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(io_err(dir))?;
+        }
+        let mut f = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&self.path)
+            .map_err(io_err(&self.path))?;
+        // A file that does not end in a newline gets one first.
+        let len = f.metadata().map_err(io_err(&self.path))?.len();
+        let needs_newline = len > 0 && {
+            let bytes = read_limited(&self.path)?;
+            bytes.last() != Some(&b'\n')
+        };
+        let mut text = String::new();
+        if needs_newline {
+            text.push('\n');
+        }
+        text.push_str(host);
+        text.push(' ');
+        text.push_str(&format_public_key(key, ""));
+        text.push('\n');
+        f.write_all(text.as_bytes()).map_err(io_err(&self.path))?;
+        let line = count_lines(&self.path);
+        self.entries.push((host.to_string(), *key, line));
+        Ok(())
+    }
+}
+
+fn count_lines(path: &Path) -> usize {
+    read_limited(path).map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("atou-keys-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn key(b: u8) -> PublicKey {
+        PublicKey([b; 32])
+    }
+
+    fn line_of(k: &PublicKey) -> String {
+        format_public_key(k, "")
+    }
+
+    fn authorized(text: &[u8]) -> Result<AuthorizedKeys, KeyError> {
+        AuthorizedKeys::parse(text, Path::new("authorized_keys"))
+    }
+
+    fn line_error(r: Result<impl std::fmt::Debug, KeyError>) -> (usize, String) {
+        match r {
+            Err(KeyError::Line { line, reason, .. }) => (line, reason),
+            other => panic!("expected a line error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_config_dir_follows_xdg_then_home() {
+        let p = |s: &str| PathBuf::from(s);
+        assert_eq!(
+            config_dir_from(Some(&p("/x")), Some(&p("/h"))).unwrap(),
+            p("/x/atou")
+        );
+        assert_eq!(
+            config_dir_from(Some(&p("rel")), Some(&p("/h"))).unwrap(),
+            p("/h/.config/atou")
+        );
+        assert_eq!(
+            config_dir_from(None, Some(&p("/h"))).unwrap(),
+            p("/h/.config/atou")
+        );
+        assert!(matches!(
+            config_dir_from(None, None),
+            Err(KeyError::NoConfigDir)
+        ));
+    }
+
+    #[test]
+    fn keygen_writes_a_0600_private_key_that_reads_back_and_refuses_to_overwrite() {
+        let dir = tmp("keygen");
+        let path = dir.join("sub/id_x25519");
+        let kp = StaticKeypair::generate().unwrap();
+        write_identity(&path, &kp, "me@here", false).unwrap();
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            fs::metadata(dir.join("sub")).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        assert_eq!(read_identity(&path).unwrap().public(), kp.public());
+        let public = fs::read_to_string(public_path(&path)).unwrap();
+        assert_eq!(
+            public,
+            format!("{}\n", format_public_key(&kp.public(), "me@here"))
+        );
+        assert_eq!(parse_public_key(&public).unwrap(), kp.public());
+
+        let other = StaticKeypair::generate().unwrap();
+        assert!(matches!(
+            write_identity(&path, &other, "", false),
+            Err(KeyError::Exists { .. })
+        ));
+        assert_eq!(read_identity(&path).unwrap().public(), kp.public());
+        write_identity(&path, &other, "", true).unwrap();
+        assert_eq!(read_identity(&path).unwrap().public(), other.public());
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn keygen_does_not_write_through_a_symlink() {
+        let dir = tmp("symlink");
+        let victim = dir.join("victim");
+        fs::write(&victim, "precious").unwrap();
+        let path = dir.join("id_x25519");
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        let kp = StaticKeypair::generate().unwrap();
+        assert!(matches!(
+            write_identity(&path, &kp, "", false),
+            Err(KeyError::Exists { .. })
+        ));
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_private_key_others_can_read_is_refused() {
+        let dir = tmp("unprotected");
+        let path = dir.join("id");
+        write_identity(&path, &StaticKeypair::generate().unwrap(), "", false).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        let err = read_identity(&path).unwrap_err();
+        assert!(matches!(err, KeyError::Unprotected { mode: 0o644, .. }));
+        assert!(err.to_string().contains("chmod 600"));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn hostile_private_key_files_are_refused() {
+        let p = Path::new("id");
+        for (bytes, why) in [
+            (&b""[..], "no key"),
+            (b"atou-x25519-private", "no key after"),
+            (b"atou-x25519-private !!!!", "base64"),
+            (b"atou-x25519-private AAAA", "3 bytes"),
+            (b"ssh-ed25519 AAAA", "not an atou private key"),
+            (b"atou-x25519-private \0AAA", "NUL"),
+        ] {
+            let (_, reason) = line_error(parse_identity(bytes, p));
+            assert!(reason.contains(why), "{why}: {reason}");
+        }
+    }
+
+    #[test]
+    fn authorized_keys_with_options_comments_and_blank_lines() {
+        let (a, b, c) = (key(1), key(2), key(3));
+        let text = format!(
+            "# the team\n\n{} alice@laptop\nsubdir=projects/x,overwrite {} bob\r\noverwrite {}\n",
+            line_of(&a),
+            line_of(&b),
+            line_of(&c)
+        );
+        let keys = authorized(text.as_bytes()).unwrap();
+        assert_eq!(keys.len(), 3);
+        let ka = keys.find(&a).unwrap();
+        assert_eq!(
+            (ka.comment.as_str(), ka.line, &ka.options),
+            ("alice@laptop", 3, &KeyOptions::default())
+        );
+        let kb = keys.find(&b).unwrap();
+        assert_eq!(kb.options.subdir.as_deref(), Some(Path::new("projects/x")));
+        assert!(kb.options.overwrite);
+        assert_eq!(kb.comment, "bob");
+        assert!(keys.find(&c).unwrap().options.overwrite);
+        assert!(keys.find(&key(4)).is_none());
+    }
+
+    #[test]
+    fn malformed_authorized_keys_lines_are_refused_by_number() {
+        let good = line_of(&key(1));
+        let cases: Vec<(String, &str)> = vec![
+            ("atou-x25519 not!base64".into(), "base64"),
+            ("atou-x25519 AAAA".into(), "3 bytes"),
+            ("atou-x25519".into(), "no key"),
+            (format!("subdir=../etc {good}"), ".."),
+            (format!("subdir=/etc {good}"), "relative"),
+            (format!("subdir= {good}"), "relative"),
+            (format!("overwrite,overwrite {good}"), "twice"),
+            (format!("command=\"rm -rf\" {good}"), "unknown option"),
+            (
+                "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA x".into(),
+                "unknown option",
+            ),
+            (
+                format!("overwrite ssh-rsa {}", STANDARD.encode([1u8; 32])),
+                "expected",
+            ),
+            (format!("{good}\0"), "NUL"),
+            (format!("{good} \x1b[31m"), "control"),
+            ("x".repeat(MAX_LINE + 1), "over the"),
+        ];
+        for (bad, why) in cases {
+            let text = format!("{good}\n# ok\n{bad}\n");
+            let (line, reason) = line_error(authorized(text.as_bytes()));
+            assert_eq!(line, 3, "{bad:?}");
+            assert!(reason.contains(why), "{why}: {reason}");
+        }
+        let (line, reason) = line_error(authorized(b"\n\xff\xfe\n"));
+        assert_eq!((line, reason.as_str()), (2, "not UTF-8"));
+        let dup = format!("{good}\noverwrite {good}\n");
+        let (line, reason) = line_error(authorized(dup.as_bytes()));
+        assert_eq!(line, 2);
+        assert!(reason.contains("line 1"));
+    }
+
+    #[test]
+    fn a_hostile_option_is_escaped_in_the_message() {
+        let text = format!("evil\u{202e}x {}\n", line_of(&key(1)));
+        let err = authorized(text.as_bytes()).unwrap_err().to_string();
+        assert!(!err.contains('\u{202e}'), "{err}");
+    }
+
+    #[test]
+    fn known_hosts_records_on_first_use_and_refuses_a_changed_key_naming_the_line() {
+        let dir = tmp("known");
+        let path = dir.join("cfg/known_hosts");
+        let mut kh = KnownHosts::load(&path).unwrap();
+        assert_eq!(
+            kh.verify("a.example:4000", &key(1)).unwrap(),
+            Verified::Recorded
+        );
+        assert_eq!(
+            kh.verify("b.example:4000", &key(2)).unwrap(),
+            Verified::Recorded
+        );
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+
+        let mut kh = KnownHosts::load(&path).unwrap();
+        assert_eq!(
+            kh.verify("a.example:4000", &key(1)).unwrap(),
+            Verified::Matched
+        );
+        assert_eq!(
+            kh.check("b.example:4000", &key(9)),
+            HostStatus::Changed { line: 2 }
+        );
+        let err = kh.verify("b.example:4000", &key(9)).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, KeyError::HostKeyChanged { line: 2, .. }));
+        assert!(
+            msg.contains("line 2") && msg.contains(&path.display().to_string()),
+            "{msg}"
+        );
+        // Nothing was recorded for the changed key.
+        let kh = KnownHosts::load(&path).unwrap();
+        assert_eq!(kh.check("b.example:4000", &key(2)), HostStatus::Known);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn known_hosts_appends_after_a_last_line_without_newline() {
+        let dir = tmp("append");
+        let path = dir.join("known_hosts");
+        fs::write(&path, format!("a {}", line_of(&key(1)))).unwrap();
+        let mut kh = KnownHosts::load(&path).unwrap();
+        kh.verify("b", &key(2)).unwrap();
+        let kh = KnownHosts::load(&path).unwrap();
+        assert_eq!(kh.check("a", &key(1)), HostStatus::Known);
+        assert_eq!(kh.check("b", &key(2)), HostStatus::Known);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn hostile_known_hosts_lines_and_names_are_refused() {
+        let good = line_of(&key(1));
+        for (bad, why) in [
+            (format!("h {good} extra"), "words after"),
+            ("h atou-x25519 ***".to_string(), "base64"),
+            (good.clone(), "expected"),
+            (format!("h\0 {good}"), "NUL"),
+            ("h".repeat(MAX_LINE + 1), "over the"),
+        ] {
+            let (line, reason) = line_error(KnownHosts::parse(
+                format!("\n{bad}").as_bytes(),
+                Path::new("kh"),
+            ));
+            assert_eq!(line, 2);
+            assert!(reason.contains(why), "{why}: {reason}");
+        }
+        let mut kh = KnownHosts::parse(b"", Path::new("/nonexistent/kh")).unwrap();
+        for name in ["", "a b", "#x", "a\nb"] {
+            assert!(
+                matches!(kh.verify(name, &key(1)), Err(KeyError::BadHostName(_))),
+                "{name:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn public_keys_parse_with_or_without_the_type() {
+        let k = key(7);
+        let b64 = STANDARD.encode(k.0);
+        assert_eq!(parse_public_key(&b64).unwrap(), k);
+        assert_eq!(parse_public_key(&format!("{KEY_TYPE} {b64} c")).unwrap(), k);
+        assert!(parse_public_key("").is_err());
+        assert!(parse_public_key("atou-x25519").is_err());
+        assert!(parse_public_key(&"A".repeat(100_000)).is_err());
+    }
+}

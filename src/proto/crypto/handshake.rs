@@ -1,0 +1,1228 @@
+//! The handshake: Noise IK (Noise spec §7.5, the pattern WireGuard uses)
+//! on the `snow` crate, 1 RTT, sans I/O.
+//!
+//! ```text
+//! client (initiator)                                   server (responder)
+//! knows its static key s_c and the server's S_s        knows s_s
+//!   HELLO  [cookie?] -> e, es, s, ss, {cipher, time, client_id, params}
+//!                                                      [under load, no valid cookie:
+//!                                                       <- COOKIE, nothing kept]
+//!          <- RESPONSE  e, ee, se, {status, client_id, server_id, params}
+//! both: Split() -> (client->server, server->client) traffic secrets
+//! ```
+//!
+//! - Mutual authentication by static X25519 keys: the client pins the
+//!   server's key (it encrypts to it: a server without the private key
+//!   cannot read the hello); the server learns the client's key from the
+//!   hello and the caller decides whether it is authorized.
+//! - Forward secrecy from the ephemeral keys (`ee`, `se`): the traffic
+//!   secrets survive no static key's compromise.
+//! - The protocol version is the Noise prologue (Noise spec §6): a peer of
+//!   another version derives other keys and fails. The transfer's
+//!   parameters, the cipher and both connection ids travel in the
+//!   encrypted payloads, so they are bound to the handshake hash and keys
+//!   (the ids also travel in clear and must match their encrypted copies).
+//! - A hello is padded to at least [`HELLO_MIN_LEN`] bytes and a shorter
+//!   one is dropped (RFC 9000 §14.1), so that with the 3× rule of
+//!   [`amplification`](super::amplification) an answer never amplifies.
+//! - Under load the server answers a hello without a valid cookie with a
+//!   [`Cookie`] for the hello's address and keeps nothing (WireGuard's
+//!   cookie reply); the client sends the same hello again with it.
+//! - Replay: a hello is a Noise message anyone can capture and resend.
+//!   The client puts a timestamp in it (WireGuard's TAI64N); the server
+//!   keeps, per authorized static key, the greatest accepted, and refuses
+//!   a hello that is not newer: a replayed hello creates no second session.
+//!   The server's session still counts as unconfirmed until the client's
+//!   first protected packet arrives (key confirmation; the integration's
+//!   job, as WireGuard's).
+//!
+//! Nothing here reads a clock: cookie checks take `now`, hello timestamps
+//! are given by the caller (wall-clock nanoseconds, strictly increasing
+//! per client key). Ephemeral keys and ids come from the OS CSPRNG through
+//! snow and ring.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+
+use snow::params::NoiseParams;
+use thiserror::Error;
+use zeroize::Zeroize;
+
+use super::cookie::{Cookie, CookieSecret, COOKIE_LEN};
+use super::protect::{Cipher, Opener, Sealer, TrafficSecret};
+use crate::proto::wire::{MAGIC, VERSION};
+use crate::proto::Time;
+
+/// The Noise protocol name (Noise spec §8): IK, X25519, ChaCha20-Poly1305,
+/// BLAKE2s, as WireGuard. The handshake's AEAD is independent of the one
+/// that protects packets, which the client chooses.
+pub const NOISE_PATTERN: &str = "Noise_IK_25519_ChaChaPoly_BLAKE2s";
+
+/// Smallest hello a server reads (RFC 9000 §14.1's 1200 bytes).
+pub const HELLO_MIN_LEN: usize = 1200;
+
+/// Largest parameters blob either side may send.
+pub const MAX_PARAMS_LEN: usize = 1024;
+
+/// Hello timestamps remembered at most (one per authorized client key).
+pub const DEFAULT_MAX_REMEMBERED: usize = 65_536;
+
+const KIND_HELLO: u8 = 0x20;
+const KIND_RESPONSE: u8 = 0x21;
+const KIND_COOKIE: u8 = 0x22;
+const PREFIX_LEN: usize = 4;
+/// Noise IK overheads: e (32) + encrypted s (32 + 16) + payload tag (16);
+/// e (32) + payload tag (16).
+const HELLO_NOISE_OVERHEAD: usize = 32 + 48 + 16;
+const RESPONSE_NOISE_OVERHEAD: usize = 32 + 16;
+const HELLO_PAYLOAD_FIXED: usize = 1 + 8 + 8;
+const RESPONSE_PAYLOAD_FIXED: usize = 1 + 8 + 8;
+
+fn noise_params() -> NoiseParams {
+    // Cannot fail: a constant, valid protocol name.
+    NOISE_PATTERN.parse().expect("valid Noise protocol name")
+}
+
+/// The prologue (Noise spec §6): the protocol and its version, so peers of
+/// different versions never agree on keys.
+fn prologue() -> [u8; 8] {
+    [b'a', b't', b'o', b'u', b'/', b'1', b'3', VERSION]
+}
+
+/// An X25519 public key.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PublicKey(pub [u8; 32]);
+
+impl fmt::Debug for PublicKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PublicKey(")?;
+        for b in &self.0[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, "..)")
+    }
+}
+
+/// A static X25519 key pair. The private half is wiped when dropped and
+/// never printed.
+#[derive(Clone)]
+pub struct StaticKeypair {
+    private: [u8; 32],
+    public: PublicKey,
+}
+
+impl Drop for StaticKeypair {
+    fn drop(&mut self) {
+        self.private.zeroize();
+    }
+}
+
+impl fmt::Debug for StaticKeypair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StaticKeypair")
+            .field("public", &self.public)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StaticKeypair {
+    /// A new key pair from the OS CSPRNG.
+    pub fn generate() -> Result<StaticKeypair, HandshakeError> {
+        let kp = snow::Builder::new(noise_params()).generate_keypair()?;
+        let mut private = [0u8; 32];
+        let mut public = [0u8; 32];
+        private.copy_from_slice(&kp.private);
+        public.copy_from_slice(&kp.public);
+        Ok(StaticKeypair {
+            private,
+            public: PublicKey(public),
+        })
+    }
+
+    /// The pair of a private key read from a file; the public half is
+    /// computed (X25519 of the base point, by snow's resolver), never
+    /// trusted from elsewhere.
+    pub fn from_private(private: [u8; 32]) -> Result<StaticKeypair, HandshakeError> {
+        use snow::resolvers::{CryptoResolver, DefaultResolver};
+        let mut dh = DefaultResolver
+            .resolve_dh(&snow::params::DHChoice::Curve25519)
+            .ok_or(HandshakeError::Noise("no X25519".into()))?;
+        dh.set(&private);
+        let public = dh
+            .pubkey()
+            .try_into()
+            .map_err(|_| HandshakeError::Malformed("public key"))?;
+        Ok(StaticKeypair {
+            private,
+            public: PublicKey(public),
+        })
+    }
+
+    pub fn public(&self) -> PublicKey {
+        self.public
+    }
+
+    pub fn private_bytes(&self) -> &[u8; 32] {
+        &self.private
+    }
+}
+
+/// Why the server refused an authenticated client; sent to the client
+/// inside the (authenticated) response, so the client can say so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefuseReason {
+    /// The client's key is not in the server's authorized keys.
+    NotAuthorized,
+    /// The server does not accept the transfer's parameters.
+    ParamsRefused,
+    /// The server is at one of its limits.
+    Busy,
+}
+
+impl RefuseReason {
+    fn code(self) -> u8 {
+        match self {
+            RefuseReason::NotAuthorized => 1,
+            RefuseReason::ParamsRefused => 2,
+            RefuseReason::Busy => 3,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<RefuseReason> {
+        match code {
+            1 => Some(RefuseReason::NotAuthorized),
+            2 => Some(RefuseReason::ParamsRefused),
+            3 => Some(RefuseReason::Busy),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for RefuseReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RefuseReason::NotAuthorized => {
+                "the server does not know this client's key (add its public key to the server's authorized keys)"
+            }
+            RefuseReason::ParamsRefused => "the server refused the transfer's parameters",
+            RefuseReason::Busy => "the server is busy (at one of its limits); try again later",
+        })
+    }
+}
+
+/// Why a handshake message was not accepted. Neither side's state changes
+/// on an error, except where noted.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum HandshakeError {
+    #[error("not an atou handshake message")]
+    NotHandshake,
+    #[error("protocol version {got}, this atou speaks {ours}")]
+    Version { got: u8, ours: u8 },
+    #[error("a hello of {0} bytes, under the {HELLO_MIN_LEN} required")]
+    HelloTooShort(usize),
+    #[error("malformed handshake message: {0}")]
+    Malformed(&'static str),
+    #[error("parameters of {0} bytes, over the {MAX_PARAMS_LEN} allowed")]
+    ParamsTooLong(usize),
+    #[error("the message does not decrypt: tampered, or meant for another key")]
+    Undecryptable,
+    #[error("a hello no newer than one already accepted from this key (a replay)")]
+    Replayed,
+    #[error("the answer is for another connection")]
+    WrongConnection,
+    #[error("the server refused: {0}")]
+    Refused(RefuseReason),
+    #[error("the handshake is already complete")]
+    Finished,
+    #[error("noise: {0}")]
+    Noise(String),
+}
+
+impl From<snow::Error> for HandshakeError {
+    fn from(e: snow::Error) -> Self {
+        match e {
+            snow::Error::Decrypt => HandshakeError::Undecryptable,
+            other => HandshakeError::Noise(other.to_string()),
+        }
+    }
+}
+
+/// A completed handshake: who the peer is, what it asked, and the keys.
+pub struct Established {
+    /// The peer's static key, authenticated: what authorization looks up.
+    pub peer_static: PublicKey,
+    pub client_id: u64,
+    pub server_id: u64,
+    pub cipher: Cipher,
+    /// The peer's parameters blob, authenticated.
+    pub peer_params: Vec<u8>,
+    /// The Noise handshake hash (spec §5.2 GetHandshakeHash): a channel
+    /// binding, the same on both sides.
+    pub handshake_hash: Vec<u8>,
+    send: TrafficSecret,
+    recv: TrafficSecret,
+}
+
+impl fmt::Debug for Established {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Established")
+            .field("peer_static", &self.peer_static)
+            .field("client_id", &self.client_id)
+            .field("server_id", &self.server_id)
+            .field("cipher", &self.cipher)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Established {
+    /// The packet protection of this side: sealing what it sends, opening
+    /// what it receives.
+    pub fn into_protection(self) -> (Sealer, Opener) {
+        (
+            Sealer::new(self.cipher, self.send.clone()),
+            Opener::new(self.cipher, self.recv.clone()),
+        )
+    }
+}
+
+fn cipher_code(c: Cipher) -> u8 {
+    match c {
+        Cipher::Aes256Gcm => 1,
+        Cipher::ChaCha20Poly1305 => 2,
+    }
+}
+
+fn cipher_from_code(c: u8) -> Option<Cipher> {
+    match c {
+        1 => Some(Cipher::Aes256Gcm),
+        2 => Some(Cipher::ChaCha20Poly1305),
+        _ => None,
+    }
+}
+
+/// Checks magic, version and kind; returns the bytes after them.
+fn strip_prefix(datagram: &[u8], kind: u8) -> Result<&[u8], HandshakeError> {
+    if datagram.len() < PREFIX_LEN || datagram[..2] != MAGIC {
+        return Err(HandshakeError::NotHandshake);
+    }
+    if datagram[2] != VERSION {
+        return Err(HandshakeError::Version {
+            got: datagram[2],
+            ours: VERSION,
+        });
+    }
+    if datagram[3] != kind {
+        return Err(HandshakeError::NotHandshake);
+    }
+    Ok(&datagram[PREFIX_LEN..])
+}
+
+fn prefix(kind: u8) -> [u8; PREFIX_LEN] {
+    [MAGIC[0], MAGIC[1], VERSION, kind]
+}
+
+/// A bounds-checked reader: no length is trusted before it is checked.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], HandshakeError> {
+        if self.0.len() < n {
+            return Err(HandshakeError::Malformed(what));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u8(&mut self, what: &'static str) -> Result<u8, HandshakeError> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    fn u16(&mut self, what: &'static str) -> Result<u16, HandshakeError> {
+        let b = self.take(2, what)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+
+    fn u64(&mut self, what: &'static str) -> Result<u64, HandshakeError> {
+        let b = self.take(8, what)?;
+        Ok(u64::from_be_bytes(b.try_into().expect("8 bytes")))
+    }
+}
+
+/// A random 64-bit id from the OS CSPRNG.
+pub fn random_id() -> Result<u64, HandshakeError> {
+    let mut b = [0u8; 8];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b)
+        .map_err(|_| HandshakeError::Noise("the OS random generator failed".into()))?;
+    Ok(u64::from_be_bytes(b))
+}
+
+/// What a client brings to a handshake.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    pub identity: StaticKeypair,
+    /// The server's key, pinned (known_hosts, `--server-key`, or the ssh
+    /// channel).
+    pub server_key: PublicKey,
+    pub cipher: Cipher,
+    /// The transfer's parameters, bound into the handshake.
+    pub params: Vec<u8>,
+}
+
+/// What the client should do after an answer.
+#[derive(Debug)]
+pub enum Progress {
+    /// The server asked for a cookie: send [`Initiator::hello`] again.
+    SendHelloAgain,
+    Established(Box<Established>),
+}
+
+/// The client's side of the handshake.
+///
+/// Drive it as: [`Initiator::new`], send [`hello`](Self::hello), feed every
+/// datagram from the server to [`on_datagram`](Self::on_datagram) until it
+/// returns [`Progress::Established`]; on a timeout, send `hello` again (the
+/// same bytes: the server has kept nothing) or start a new initiator.
+/// Garbage, forged or tampered answers return an error and change nothing,
+/// so an off-path attacker cannot end the handshake.
+pub struct Initiator {
+    noise: Option<Box<snow::HandshakeState>>,
+    client_id: u64,
+    cipher: Cipher,
+    noise_msg: Vec<u8>,
+    cookie: Option<Cookie>,
+    hello: Vec<u8>,
+}
+
+impl fmt::Debug for Initiator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Initiator")
+            .field("client_id", &self.client_id)
+            .field("finished", &self.noise.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Initiator {
+    /// Starts a handshake. `timestamp` is the wall clock in nanoseconds
+    /// (strictly increasing per client key: the server refuses a hello
+    /// that is not newer than the last it accepted from the key).
+    pub fn new(
+        config: &ClientConfig,
+        client_id: u64,
+        timestamp: u64,
+    ) -> Result<Initiator, HandshakeError> {
+        if config.params.len() > MAX_PARAMS_LEN {
+            return Err(HandshakeError::ParamsTooLong(config.params.len()));
+        }
+        let prologue = prologue();
+        let mut noise = snow::Builder::new(noise_params())
+            .local_private_key(config.identity.private_bytes())?
+            .remote_public_key(&config.server_key.0)?
+            .prologue(&prologue)?
+            .build_initiator()?;
+        let mut payload = Vec::with_capacity(HELLO_PAYLOAD_FIXED + 8 + config.params.len());
+        payload.push(cipher_code(config.cipher));
+        payload.extend_from_slice(&timestamp.to_be_bytes());
+        payload.extend_from_slice(&client_id.to_be_bytes());
+        payload.extend_from_slice(&config.params);
+        let mut noise_msg = vec![0u8; HELLO_NOISE_OVERHEAD + payload.len()];
+        let n = noise.write_message(&payload, &mut noise_msg)?;
+        noise_msg.truncate(n);
+        let mut i = Initiator {
+            noise: Some(Box::new(noise)),
+            client_id,
+            cipher: config.cipher,
+            noise_msg,
+            cookie: None,
+            hello: Vec::new(),
+        };
+        i.build_hello();
+        Ok(i)
+    }
+
+    /// HELLO: prefix, client id, cookie flag and cookie, the Noise message
+    /// with its length, zeros to [`HELLO_MIN_LEN`].
+    fn build_hello(&mut self) {
+        let mut h = Vec::with_capacity(HELLO_MIN_LEN);
+        h.extend_from_slice(&prefix(KIND_HELLO));
+        h.extend_from_slice(&self.client_id.to_be_bytes());
+        match &self.cookie {
+            None => h.push(0),
+            Some(c) => {
+                h.push(1);
+                h.extend_from_slice(c.as_bytes());
+            }
+        }
+        h.extend_from_slice(&(self.noise_msg.len() as u16).to_be_bytes());
+        h.extend_from_slice(&self.noise_msg);
+        if h.len() < HELLO_MIN_LEN {
+            h.resize(HELLO_MIN_LEN, 0);
+        }
+        self.hello = h;
+    }
+
+    /// The hello to send (again after [`Progress::SendHelloAgain`]).
+    pub fn hello(&self) -> &[u8] {
+        &self.hello
+    }
+
+    pub fn client_id(&self) -> u64 {
+        self.client_id
+    }
+
+    /// An answer from the server: a cookie reply or the response.
+    pub fn on_datagram(&mut self, datagram: &[u8]) -> Result<Progress, HandshakeError> {
+        if self.noise.is_none() {
+            return Err(HandshakeError::Finished);
+        }
+        if datagram.len() > 3 && datagram[3] == KIND_COOKIE {
+            return self.on_cookie(datagram);
+        }
+        let mut r = Reader(strip_prefix(datagram, KIND_RESPONSE)?);
+        let client_id = r.u64("client id")?;
+        let server_id = r.u64("server id")?;
+        let len = r.u16("noise length")? as usize;
+        let msg = r.take(len, "noise message")?;
+        if !r.0.is_empty() {
+            return Err(HandshakeError::Malformed("trailing bytes"));
+        }
+        if client_id != self.client_id {
+            return Err(HandshakeError::WrongConnection);
+        }
+        let noise = self.noise.as_mut().ok_or(HandshakeError::Finished)?;
+        let mut payload = vec![0u8; len];
+        // A failed read leaves snow's state as it was (it restores its
+        // checkpoint), so a forged answer cannot end the handshake.
+        let n = noise.read_message(msg, &mut payload)?;
+        let mut p = Reader(&payload[..n]);
+        let status = p.u8("status")?;
+        let inner_client = p.u64("client id")?;
+        let inner_server = p.u64("server id")?;
+        let params = p.0.to_vec();
+        if inner_client != client_id || inner_server != server_id {
+            // Authenticated by the server yet inconsistent: a broken peer.
+            self.noise = None;
+            return Err(HandshakeError::Malformed(
+                "ids in clear differ from the encrypted ones",
+            ));
+        }
+        let mut noise = self.noise.take().ok_or(HandshakeError::Finished)?;
+        if status != 0 {
+            let reason =
+                RefuseReason::from_code(status).ok_or(HandshakeError::Malformed("status"))?;
+            return Err(HandshakeError::Refused(reason));
+        }
+        let peer_static = remote_static(&noise)?;
+        let handshake_hash = noise.get_handshake_hash().to_vec();
+        let (c2s, s2c) = noise.dangerously_get_raw_split();
+        Ok(Progress::Established(Box::new(Established {
+            peer_static,
+            client_id,
+            server_id,
+            cipher: self.cipher,
+            peer_params: params,
+            handshake_hash,
+            send: TrafficSecret::new(c2s),
+            recv: TrafficSecret::new(s2c),
+        })))
+    }
+
+    /// COOKIE: prefix, client id, cookie. Not authenticated (as QUIC's
+    /// Retry is not confidential): a forged cookie only costs the client a
+    /// round trip, which anyone on the path could cost it anyway.
+    fn on_cookie(&mut self, datagram: &[u8]) -> Result<Progress, HandshakeError> {
+        let mut r = Reader(strip_prefix(datagram, KIND_COOKIE)?);
+        let client_id = r.u64("client id")?;
+        let cookie = r.take(COOKIE_LEN, "cookie")?;
+        if !r.0.is_empty() {
+            return Err(HandshakeError::Malformed("trailing bytes"));
+        }
+        if client_id != self.client_id {
+            return Err(HandshakeError::WrongConnection);
+        }
+        self.cookie = Some(Cookie::from_bytes(
+            cookie.try_into().expect("cookie length"),
+        ));
+        self.build_hello();
+        Ok(Progress::SendHelloAgain)
+    }
+}
+
+/// The server's decision about an authenticated client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Accept, answering with these parameters.
+    Accept(Vec<u8>),
+    Refuse(RefuseReason),
+}
+
+/// What the server sends back for a hello.
+#[derive(Debug)]
+pub enum Reply {
+    /// Under load and no valid cookie: send this cookie reply; nothing is
+    /// kept.
+    Cookie(Vec<u8>),
+    /// Send `datagram`; the session starts (unconfirmed until the client's
+    /// first protected packet).
+    Accepted {
+        datagram: Vec<u8>,
+        session: Box<Established>,
+        /// The hello carried a valid cookie: its address is validated
+        /// (RFC 9000 §8.1), the 3× limit no longer applies to it.
+        address_validated: bool,
+    },
+    /// Send `datagram`, an authenticated refusal the client can explain;
+    /// nothing is kept.
+    Refused {
+        datagram: Vec<u8>,
+        peer: PublicKey,
+        reason: RefuseReason,
+    },
+}
+
+/// The server's side of the handshake: stateless per hello (IK completes
+/// in the server's one answer); it keeps only its key, the cookie secret
+/// and, per authorized client key, the newest hello timestamp.
+pub struct Responder {
+    identity: StaticKeypair,
+    cookies: CookieSecret,
+    newest: HashMap<PublicKey, u64>,
+    max_remembered: usize,
+}
+
+impl fmt::Debug for Responder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Responder")
+            .field("public", &self.identity.public())
+            .field("remembered", &self.newest.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Responder {
+    pub fn new(identity: StaticKeypair, cookies: CookieSecret) -> Responder {
+        Responder {
+            identity,
+            cookies,
+            newest: HashMap::new(),
+            max_remembered: DEFAULT_MAX_REMEMBERED,
+        }
+    }
+
+    /// Caps the table of hello timestamps (one per accepted client key).
+    /// When full, the key with the oldest timestamp is forgotten: a hello
+    /// of that key captured before could then be replayed once, and would
+    /// create an unconfirmed session no one can use.
+    pub fn with_max_remembered(mut self, max: usize) -> Responder {
+        self.max_remembered = max.max(1);
+        self
+    }
+
+    pub fn public(&self) -> PublicKey {
+        self.identity.public()
+    }
+
+    /// Rotates the cookie secret (`fresh` from the OS CSPRNG); call about
+    /// every [`BUCKET`](super::cookie::BUCKET).
+    pub fn rotate_cookie_secret(&mut self, fresh: [u8; 32]) {
+        self.cookies.rotate(fresh);
+    }
+
+    /// A hello from `peer`. `under_load`: the server's budgets are tight,
+    /// so a hello must carry a valid cookie before any Diffie-Hellman is
+    /// spent on it. `decide` sees the authenticated client key and its
+    /// parameters. `server_id` is the id this server assigns (from
+    /// [`random_id`] or the server's own allocator).
+    pub fn on_hello(
+        &mut self,
+        now: Time,
+        peer: SocketAddr,
+        datagram: &[u8],
+        under_load: bool,
+        server_id: u64,
+        decide: impl FnOnce(&PublicKey, &[u8]) -> Decision,
+    ) -> Result<Reply, HandshakeError> {
+        let hello = HelloFrame::parse(datagram)?;
+        // Under load, a valid cookie before any public-key operation.
+        let address_validated = hello
+            .cookie
+            .is_some_and(|c| self.cookies.verify(&c, &peer, now));
+        if under_load && !address_validated {
+            let cookie = self.cookies.issue(&peer, now);
+            return Ok(Reply::Cookie(cookie_reply(hello.client_id, &cookie)));
+        }
+        let prologue = prologue();
+        let mut noise = snow::Builder::new(noise_params())
+            .local_private_key(self.identity.private_bytes())?
+            .prologue(&prologue)?
+            .build_responder()?;
+        let mut buf = vec![0u8; hello.noise.len()];
+        let n = noise.read_message(hello.noise, &mut buf)?;
+        let payload = HelloPayload::parse(&buf[..n])?;
+        if payload.client_id != hello.client_id {
+            return Err(HandshakeError::Malformed(
+                "ids in clear differ from the encrypted ones",
+            ));
+        }
+        let client_key = remote_static(&noise)?;
+        // Replay (WireGuard's timestamp rule): only a newer hello.
+        if self
+            .newest
+            .get(&client_key)
+            .is_some_and(|&t| payload.timestamp <= t)
+        {
+            return Err(HandshakeError::Replayed);
+        }
+        let ids = (hello.client_id, server_id);
+        let (status, server_params) = match decide(&client_key, payload.params) {
+            Decision::Accept(sp) => (0, sp),
+            Decision::Refuse(reason) => (reason.code(), Vec::new()),
+        };
+        let datagram = response(&mut noise, status, ids, &server_params)?;
+        if let Some(reason) = RefuseReason::from_code(status) {
+            return Ok(Reply::Refused {
+                datagram,
+                peer: client_key,
+                reason,
+            });
+        }
+        self.remember(client_key, payload.timestamp);
+        let handshake_hash = noise.get_handshake_hash().to_vec();
+        let (c2s, s2c) = noise.dangerously_get_raw_split();
+        Ok(Reply::Accepted {
+            datagram,
+            address_validated,
+            session: Box::new(Established {
+                peer_static: client_key,
+                client_id: ids.0,
+                server_id: ids.1,
+                cipher: payload.cipher,
+                peer_params: payload.params.to_vec(),
+                handshake_hash,
+                send: TrafficSecret::new(s2c),
+                recv: TrafficSecret::new(c2s),
+            }),
+        })
+    }
+
+    fn remember(&mut self, key: PublicKey, timestamp: u64) {
+        if !self.newest.contains_key(&key) && self.newest.len() >= self.max_remembered {
+            if let Some(oldest) = self.newest.iter().min_by_key(|(_, &t)| t).map(|(k, _)| *k) {
+                self.newest.remove(&oldest);
+            }
+        }
+        self.newest.insert(key, timestamp);
+    }
+}
+
+/// HELLO as it arrives: prefix, client id, cookie flag and cookie, the
+/// Noise message with its length, zero padding to [`HELLO_MIN_LEN`].
+struct HelloFrame<'a> {
+    client_id: u64,
+    cookie: Option<Cookie>,
+    noise: &'a [u8],
+}
+
+impl<'a> HelloFrame<'a> {
+    fn parse(datagram: &'a [u8]) -> Result<HelloFrame<'a>, HandshakeError> {
+        let mut r = Reader(strip_prefix(datagram, KIND_HELLO)?);
+        if datagram.len() < HELLO_MIN_LEN {
+            return Err(HandshakeError::HelloTooShort(datagram.len()));
+        }
+        let client_id = r.u64("client id")?;
+        let cookie = match r.u8("cookie flag")? {
+            0 => None,
+            1 => {
+                let bytes = r.take(COOKIE_LEN, "cookie")?;
+                Some(Cookie::from_bytes(bytes.try_into().expect("cookie length")))
+            }
+            _ => return Err(HandshakeError::Malformed("cookie flag")),
+        };
+        let len = r.u16("noise length")? as usize;
+        let noise = r.take(len, "noise message")?;
+        if r.0.iter().any(|&b| b != 0) {
+            return Err(HandshakeError::Malformed("padding"));
+        }
+        Ok(HelloFrame {
+            client_id,
+            cookie,
+            noise,
+        })
+    }
+}
+
+/// The hello's encrypted payload: cipher, timestamp, client id, params.
+struct HelloPayload<'a> {
+    cipher: Cipher,
+    timestamp: u64,
+    client_id: u64,
+    params: &'a [u8],
+}
+
+impl<'a> HelloPayload<'a> {
+    fn parse(bytes: &'a [u8]) -> Result<HelloPayload<'a>, HandshakeError> {
+        let mut p = Reader(bytes);
+        let cipher =
+            cipher_from_code(p.u8("cipher")?).ok_or(HandshakeError::Malformed("cipher"))?;
+        let timestamp = p.u64("timestamp")?;
+        let client_id = p.u64("client id")?;
+        if p.0.len() > MAX_PARAMS_LEN {
+            return Err(HandshakeError::ParamsTooLong(p.0.len()));
+        }
+        Ok(HelloPayload {
+            cipher,
+            timestamp,
+            client_id,
+            params: p.0,
+        })
+    }
+}
+
+/// COOKIE: prefix, client id, cookie.
+fn cookie_reply(client_id: u64, cookie: &Cookie) -> Vec<u8> {
+    let mut reply = Vec::with_capacity(PREFIX_LEN + 8 + COOKIE_LEN);
+    reply.extend_from_slice(&prefix(KIND_COOKIE));
+    reply.extend_from_slice(&client_id.to_be_bytes());
+    reply.extend_from_slice(cookie.as_bytes());
+    reply
+}
+
+/// RESPONSE: prefix, both ids, the Noise message (status, ids and the
+/// server's parameters encrypted) with its length.
+fn response(
+    noise: &mut snow::HandshakeState,
+    status: u8,
+    (client_id, server_id): (u64, u64),
+    server_params: &[u8],
+) -> Result<Vec<u8>, HandshakeError> {
+    if server_params.len() > MAX_PARAMS_LEN {
+        return Err(HandshakeError::ParamsTooLong(server_params.len()));
+    }
+    let mut payload = Vec::with_capacity(RESPONSE_PAYLOAD_FIXED + server_params.len());
+    payload.push(status);
+    payload.extend_from_slice(&client_id.to_be_bytes());
+    payload.extend_from_slice(&server_id.to_be_bytes());
+    payload.extend_from_slice(server_params);
+    let mut msg = vec![0u8; RESPONSE_NOISE_OVERHEAD + payload.len()];
+    let m = noise.write_message(&payload, &mut msg)?;
+    let mut datagram = Vec::with_capacity(PREFIX_LEN + 18 + m);
+    datagram.extend_from_slice(&prefix(KIND_RESPONSE));
+    datagram.extend_from_slice(&client_id.to_be_bytes());
+    datagram.extend_from_slice(&server_id.to_be_bytes());
+    datagram.extend_from_slice(&(m as u16).to_be_bytes());
+    datagram.extend_from_slice(&msg[..m]);
+    Ok(datagram)
+}
+
+/// The peer's static key, once the handshake has read it.
+fn remote_static(noise: &snow::HandshakeState) -> Result<PublicKey, HandshakeError> {
+    noise
+        .get_remote_static()
+        .and_then(|k| k.try_into().ok())
+        .map(PublicKey)
+        .ok_or(HandshakeError::Malformed("no static key"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::crypto::cookie::BUCKET;
+    use crate::proto::crypto::protect::TAG_LEN;
+    use proptest::prelude::*;
+
+    const T0: Time = Time::from_nanos(1_000_000_000);
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    struct World {
+        client_key: StaticKeypair,
+        server: Responder,
+    }
+
+    fn world() -> World {
+        let server_key = StaticKeypair::generate().unwrap();
+        World {
+            client_key: StaticKeypair::generate().unwrap(),
+            server: Responder::new(server_key, CookieSecret::new([5; 32])),
+        }
+    }
+
+    fn config(w: &World) -> ClientConfig {
+        ClientConfig {
+            identity: w.client_key.clone(),
+            server_key: w.server.public(),
+            cipher: Cipher::Aes256Gcm,
+            params: b"window=64MiB".to_vec(),
+        }
+    }
+
+    /// The server's policy in these tests: only `allowed` is authorized.
+    fn only(allowed: PublicKey) -> impl FnOnce(&PublicKey, &[u8]) -> Decision {
+        move |k, _| {
+            if *k == allowed {
+                Decision::Accept(b"granted".to_vec())
+            } else {
+                Decision::Refuse(RefuseReason::NotAuthorized)
+            }
+        }
+    }
+
+    fn hello_at(
+        w: &mut World,
+        client: &Initiator,
+        under_load: bool,
+    ) -> Result<Reply, HandshakeError> {
+        let allowed = w.client_key.public();
+        w.server.on_hello(
+            T0,
+            addr("192.0.2.7:5000"),
+            client.hello(),
+            under_load,
+            77,
+            only(allowed),
+        )
+    }
+
+    #[test]
+    fn a_full_handshake_gives_both_sides_matching_keys_and_each_others_identity() {
+        let mut w = world();
+        let mut client = Initiator::new(&config(&w), 42, 1).unwrap();
+        assert!(client.hello().len() >= HELLO_MIN_LEN);
+        let Reply::Accepted {
+            datagram,
+            session,
+            address_validated,
+        } = hello_at(&mut w, &client, false).unwrap()
+        else {
+            panic!("not accepted");
+        };
+        assert!(datagram.len() <= 3 * client.hello().len(), "RFC 9000 §8.1");
+        assert!(!address_validated, "no cookie, no proof of address");
+        let Progress::Established(mine) = client.on_datagram(&datagram).unwrap() else {
+            panic!("not established");
+        };
+        assert_eq!(mine.peer_static, w.server.public());
+        assert_eq!(session.peer_static, w.client_key.public());
+        assert_eq!((mine.client_id, mine.server_id), (42, 77));
+        assert_eq!((session.client_id, session.server_id), (42, 77));
+        assert_eq!(session.peer_params, b"window=64MiB");
+        assert_eq!(mine.peer_params, b"granted");
+        assert_eq!(session.cipher, Cipher::Aes256Gcm);
+        assert_eq!(mine.handshake_hash, session.handshake_hash);
+
+        // Each direction's keys open what the other side sealed, and
+        // only in that direction.
+        let (mut c_seal, mut c_open) = mine.into_protection();
+        let (mut s_seal, mut s_open) = session.into_protection();
+        let mut buf = b"to the server".to_vec();
+        buf.resize(buf.len() + TAG_LEN, 0);
+        let slot = c_seal.next_slot().unwrap();
+        let pn = slot.pn();
+        c_seal.seal_in_place(slot, b"hdr", &mut buf).unwrap();
+        let mut copy = buf.clone();
+        assert_eq!(
+            s_open.open_in_place(pn, false, b"hdr", &mut buf).unwrap(),
+            b"to the server"
+        );
+        assert!(c_open.open_in_place(pn, false, b"hdr", &mut copy).is_err());
+        let mut back = b"to the client".to_vec();
+        back.resize(back.len() + TAG_LEN, 0);
+        let slot = s_seal.next_slot().unwrap();
+        s_seal.seal_in_place(slot, b"h", &mut back).unwrap();
+        assert_eq!(
+            c_open.open_in_place(0, false, b"h", &mut back).unwrap(),
+            b"to the client"
+        );
+    }
+
+    #[test]
+    fn a_client_pinning_the_wrong_server_key_gets_no_session() {
+        let mut w = world();
+        let mut cfg = config(&w);
+        cfg.server_key = StaticKeypair::generate().unwrap().public();
+        let client = Initiator::new(&cfg, 1, 1).unwrap();
+        // The real server cannot read a hello encrypted to another key, and
+        // answers nothing.
+        assert_eq!(
+            hello_at(&mut w, &client, false).unwrap_err(),
+            HandshakeError::Undecryptable
+        );
+    }
+
+    #[test]
+    fn an_impostor_server_cannot_answer_a_pinned_client() {
+        let w = world();
+        let client = Initiator::new(&config(&w), 1, 1).unwrap();
+        let mut impostor = Responder::new(
+            StaticKeypair::generate().unwrap(),
+            CookieSecret::new([0; 32]),
+        );
+        let r = impostor.on_hello(
+            T0,
+            addr("192.0.2.7:5000"),
+            client.hello(),
+            false,
+            9,
+            |_, _| Decision::Accept(vec![]),
+        );
+        assert_eq!(r.unwrap_err(), HandshakeError::Undecryptable);
+    }
+
+    #[test]
+    fn an_unauthorized_client_is_refused_with_a_reason_it_can_print() {
+        let mut w = world();
+        let mut cfg = config(&w);
+        cfg.identity = StaticKeypair::generate().unwrap();
+        let stranger = cfg.identity.public();
+        let mut client = Initiator::new(&cfg, 3, 1).unwrap();
+        let Reply::Refused {
+            datagram,
+            peer,
+            reason,
+        } = hello_at(&mut w, &client, false).unwrap()
+        else {
+            panic!("not refused");
+        };
+        assert_eq!((peer, reason), (stranger, RefuseReason::NotAuthorized));
+        let err = client.on_datagram(&datagram).unwrap_err();
+        assert_eq!(err, HandshakeError::Refused(RefuseReason::NotAuthorized));
+        assert!(err.to_string().contains("authorized keys"), "{err}");
+        assert_eq!(
+            client.on_datagram(&datagram).unwrap_err(),
+            HandshakeError::Finished
+        );
+    }
+
+    #[test]
+    fn a_tampered_hello_is_refused_and_answered_with_nothing() {
+        let mut w = world();
+        let client = Initiator::new(&config(&w), 1, 1).unwrap();
+        let noise_start = PREFIX_LEN + 8 + 1 + 2;
+        for i in [noise_start, noise_start + 40, noise_start + 100] {
+            let mut h = client.hello().to_vec();
+            h[i] ^= 0x01;
+            let r = w
+                .server
+                .on_hello(T0, addr("192.0.2.7:1"), &h, false, 1, |_, _| {
+                    Decision::Accept(vec![])
+                });
+            assert_eq!(r.unwrap_err(), HandshakeError::Undecryptable, "byte {i}");
+        }
+        // The client id in clear is checked against its encrypted copy.
+        let mut h = client.hello().to_vec();
+        h[PREFIX_LEN] ^= 0x80;
+        let r = w
+            .server
+            .on_hello(T0, addr("192.0.2.7:1"), &h, false, 1, |_, _| {
+                Decision::Accept(vec![])
+            });
+        assert!(matches!(r.unwrap_err(), HandshakeError::Malformed(_)));
+    }
+
+    #[test]
+    fn a_tampered_response_is_ignored_and_the_genuine_one_still_completes() {
+        let mut w = world();
+        let mut client = Initiator::new(&config(&w), 1, 1).unwrap();
+        let Reply::Accepted { datagram, .. } = hello_at(&mut w, &client, false).unwrap() else {
+            panic!("not accepted");
+        };
+        let mut bad = datagram.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 0x20;
+        assert_eq!(
+            client.on_datagram(&bad).unwrap_err(),
+            HandshakeError::Undecryptable
+        );
+        assert_eq!(
+            client.on_datagram(&datagram[..14]).unwrap_err(),
+            HandshakeError::Malformed("server id")
+        );
+        assert!(matches!(
+            client.on_datagram(&datagram),
+            Ok(Progress::Established(_))
+        ));
+    }
+
+    #[test]
+    fn a_replayed_hello_creates_no_second_session() {
+        let mut w = world();
+        let client = Initiator::new(&config(&w), 1, 100).unwrap();
+        assert!(matches!(
+            hello_at(&mut w, &client, false),
+            Ok(Reply::Accepted { .. })
+        ));
+        assert_eq!(
+            hello_at(&mut w, &client, false).unwrap_err(),
+            HandshakeError::Replayed
+        );
+        // An older hello captured before is a replay too.
+        let older = Initiator::new(&config(&w), 2, 99).unwrap();
+        assert_eq!(
+            hello_at(&mut w, &older, false).unwrap_err(),
+            HandshakeError::Replayed
+        );
+        // The client's next handshake, newer, is accepted.
+        let next = Initiator::new(&config(&w), 3, 101).unwrap();
+        assert!(matches!(
+            hello_at(&mut w, &next, false),
+            Ok(Reply::Accepted { .. })
+        ));
+    }
+
+    #[test]
+    fn forgetting_the_oldest_key_keeps_the_table_bounded() {
+        let mut w = world();
+        w.server = Responder::new(
+            StaticKeypair::generate().unwrap(),
+            CookieSecret::new([5; 32]),
+        )
+        .with_max_remembered(2);
+        for i in 0..5u64 {
+            let mut cfg = config(&w);
+            cfg.identity = StaticKeypair::generate().unwrap();
+            let c = Initiator::new(&cfg, i, 10).unwrap();
+            let r = w
+                .server
+                .on_hello(T0, addr("192.0.2.7:1"), c.hello(), false, i, |_, _| {
+                    Decision::Accept(vec![])
+                });
+            assert!(matches!(r, Ok(Reply::Accepted { .. })));
+        }
+        assert_eq!(w.server.newest.len(), 2);
+    }
+
+    #[test]
+    fn under_load_a_hello_needs_a_cookie_for_its_address_and_time() {
+        let mut w = world();
+        let mut client = Initiator::new(&config(&w), 8, 1).unwrap();
+        let here = addr("198.51.100.1:7000");
+        let allowed = w.client_key.public();
+        // No cookie: a cookie reply, far smaller than the hello.
+        let Reply::Cookie(reply) = w
+            .server
+            .on_hello(T0, here, client.hello(), true, 1, only(allowed))
+            .unwrap()
+        else {
+            panic!("no cookie reply");
+        };
+        assert!(reply.len() * 3 <= client.hello().len());
+        assert!(matches!(
+            client.on_datagram(&reply),
+            Ok(Progress::SendHelloAgain)
+        ));
+        assert!(client.hello().len() >= HELLO_MIN_LEN);
+
+        // The cookie from another address, or after its bucket, is refused
+        // (another cookie reply, no session).
+        let there = addr("198.51.100.2:7000");
+        let r = w
+            .server
+            .on_hello(T0, there, client.hello(), true, 1, only(allowed))
+            .unwrap();
+        assert!(matches!(r, Reply::Cookie(_)));
+        let later = T0 + BUCKET * 2;
+        let r = w
+            .server
+            .on_hello(later, here, client.hello(), true, 1, only(allowed))
+            .unwrap();
+        assert!(matches!(r, Reply::Cookie(_)));
+
+        // From its address, in time: accepted.
+        let Reply::Accepted {
+            datagram,
+            address_validated,
+            ..
+        } = w
+            .server
+            .on_hello(T0, here, client.hello(), true, 1, only(allowed))
+            .unwrap()
+        else {
+            panic!("not accepted with a valid cookie");
+        };
+        assert!(address_validated);
+        assert!(matches!(
+            client.on_datagram(&datagram),
+            Ok(Progress::Established(_))
+        ));
+    }
+
+    #[test]
+    fn not_under_load_no_cookie_is_needed() {
+        let mut w = world();
+        let client = Initiator::new(&config(&w), 8, 1).unwrap();
+        assert!(matches!(
+            hello_at(&mut w, &client, false),
+            Ok(Reply::Accepted { .. })
+        ));
+    }
+
+    #[test]
+    fn a_short_hello_and_another_version_are_refused() {
+        let mut w = world();
+        let client = Initiator::new(&config(&w), 8, 1).unwrap();
+        let h = client.hello();
+        let r = w.server.on_hello(
+            T0,
+            addr("192.0.2.7:1"),
+            &h[..HELLO_MIN_LEN - 1],
+            false,
+            1,
+            |_, _| Decision::Accept(vec![]),
+        );
+        assert_eq!(
+            r.unwrap_err(),
+            HandshakeError::HelloTooShort(HELLO_MIN_LEN - 1)
+        );
+        let mut other = h.to_vec();
+        other[2] = VERSION.wrapping_add(1);
+        let r = w
+            .server
+            .on_hello(T0, addr("192.0.2.7:1"), &other, false, 1, |_, _| {
+                Decision::Accept(vec![])
+            });
+        assert!(matches!(r.unwrap_err(), HandshakeError::Version { .. }));
+    }
+
+    #[test]
+    fn parameters_over_the_limit_are_refused_before_anything_is_sent() {
+        let w = world();
+        let mut cfg = config(&w);
+        cfg.params = vec![0; MAX_PARAMS_LEN + 1];
+        assert_eq!(
+            Initiator::new(&cfg, 1, 1).unwrap_err(),
+            HandshakeError::ParamsTooLong(MAX_PARAMS_LEN + 1)
+        );
+    }
+
+    #[test]
+    fn a_key_pair_rebuilt_from_its_private_half_has_the_same_public_key() {
+        let kp = StaticKeypair::generate().unwrap();
+        let again = StaticKeypair::from_private(*kp.private_bytes()).unwrap();
+        assert_eq!(again.public(), kp.public());
+        assert!(!format!("{kp:?}").contains(&format!("{:?}", kp.private_bytes())));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Any bytes, to either side: an error or a cookie reply, never a
+        /// panic or a session.
+        #[test]
+        fn arbitrary_datagrams_never_panic_or_establish(bytes in proptest::collection::vec(any::<u8>(), 0..1400),
+                                                        kind in prop_oneof![Just(KIND_HELLO), Just(KIND_RESPONSE), Just(KIND_COOKIE)]) {
+            let mut w = world();
+            let mut d = bytes;
+            if d.len() >= PREFIX_LEN {
+                d[..PREFIX_LEN].copy_from_slice(&prefix(kind));
+            }
+            let r = w.server.on_hello(T0, addr("192.0.2.7:1"), &d, false, 1, |_, _| Decision::Accept(vec![]));
+            prop_assert!(r.is_err());
+            let mut client = Initiator::new(&config(&w), 1, 1).unwrap();
+            let r = client.on_datagram(&d);
+            prop_assert!(!matches!(r, Ok(Progress::Established(_))));
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! Handshake and packet protection (issue 13), sans I/O.
+//!
+//! - [`protect`]: per-direction AEAD keys, sealing and opening a datagram as
+//!   a pure function of key, packet number and bytes; key updates before the
+//!   AEAD's limits (RFC 9001 §6.6); a [`Null`](Protection::Null) protection
+//!   with the same interface and no overhead.
+//! - [`replay`]: the sliding anti-replay window of RFC 6479.
+//! - [`handshake`]: Noise IK on `snow`, 1 RTT, mutual authentication by
+//!   static X25519 keys, the version and the transfer's parameters bound
+//!   in; out come the two traffic secrets and the peer's static key.
+//! - [`cookie`]: stateless address validation under load (WireGuard's
+//!   cookie reply, QUIC's Retry).
+//! - [`amplification`]: at most 3× the bytes received to an address not
+//!   yet validated (RFC 9000 §8.1).
+//!
+//! Nothing here reads a clock or a socket. Randomness (ephemeral keys,
+//! cookie secrets) comes from the OS CSPRNG through the crypto crates, or
+//! is passed in where a test needs it fixed.
+
+pub mod amplification;
+pub mod cookie;
+pub mod handshake;
+pub mod protect;
+pub mod replay;
+
+pub use cookie::{Cookie, CookieSecret};
+pub use handshake::{
+    ClientConfig, Decision, Established, HandshakeError, Initiator, Progress, PublicKey,
+    RefuseReason, Reply, Responder, StaticKeypair,
+};
+pub use protect::{
+    Cipher, DropCounters, Dropped, Opener, PacketKey, Protection, SealError, Sealer, Slot,
+    TrafficSecret,
+};
+pub use replay::ReplayWindow;
+
+use super::wire::DATA_HEADER_LEN;
+
+/// Payload bytes in a full data segment of `mss` bytes protected with a
+/// tag of `tag_len` bytes: the one place this is computed for protected
+/// packets. With [`Protection::Null`] (`tag_len` 0) it is today's
+/// `Tuning::payload_size`, so unprotected runs keep their segment sizes.
+/// `None` if the header and tag leave no room for a payload byte.
+pub fn payload_size(mss: usize, tag_len: usize) -> Option<usize> {
+    mss.checked_sub(DATA_HEADER_LEN + tag_len)
+        .filter(|&n| n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::Tuning;
+
+    #[test]
+    fn null_protection_keeps_todays_payload_size() {
+        let t = Tuning::default();
+        assert_eq!(
+            payload_size(t.mss as usize, Protection::Null.tag_len()),
+            Some(t.payload_size())
+        );
+    }
+
+    #[test]
+    fn a_tag_takes_its_bytes_from_the_payload_and_a_tiny_mss_gives_none() {
+        assert_eq!(payload_size(1400, 16), Some(1400 - DATA_HEADER_LEN - 16));
+        assert_eq!(payload_size(DATA_HEADER_LEN + 16, 16), None);
+        assert_eq!(payload_size(3, 16), None);
+    }
+}
