@@ -15,7 +15,6 @@
 //! one GSO run where the kernel offers it.
 
 pub mod dest_dir;
-pub mod fs;
 pub mod netem;
 pub mod socket;
 pub mod tun;

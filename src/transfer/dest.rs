@@ -215,15 +215,10 @@ fn split_rel(rel: &[u8]) -> (&[u8], &[u8]) {
 }
 
 impl FileTarget {
-    /// DEST/…/NAME, for messages.
+    /// DEST/…/NAME, for messages (about its partial file too: that is the
+    /// name a person knows it by).
     pub fn shown(&self) -> PathBuf {
         self.dest.shown(&join_rel(&self.dir, &self.name))
-    }
-
-    /// The partial file, for messages: named by where it goes, since that
-    /// is what a person knows it by.
-    fn staged_shown(&self) -> PathBuf {
-        self.shown()
     }
 
     /// The open partial file, created if this transfer is the first to
@@ -248,7 +243,7 @@ impl FileTarget {
                 "`{}` is being received by another transfer at the same time; run this one again when it is done",
                 self.rel
             ),
-            _ => io_error("create", &self.staged_shown(), &e),
+            _ => io_error("create", &self.shown(), &e),
         })?;
         self.created.store(true, Ordering::Release);
         *handle = Some(file);
@@ -302,7 +297,7 @@ impl FileTarget {
         self.open(&mut handle)?;
         let file = handle.as_ref().expect("opened above");
         file.write_all_at(data, chunk * CHUNK_SIZE)
-            .map_err(|e| io_error("write", &self.staged_shown(), &e))
+            .map_err(|e| io_error("write", &self.shown(), &e))
     }
 
     /// A chunk handed to a writer is done with, written or not: when it was
@@ -315,7 +310,7 @@ impl FileTarget {
         match self.handle.lock().expect("writer panicked").take() {
             Some(file) if fsync => file
                 .sync_all()
-                .map_err(|e| io_error("sync", &self.staged_shown(), &e)),
+                .map_err(|e| io_error("sync", &self.shown(), &e)),
             _ => Ok(()),
         }
     }
@@ -339,13 +334,13 @@ impl FileTarget {
         let file = handle.take().expect("opened above");
         if !data.iter().all(|&b| b == 0) {
             file.write_all_at(data, 0)
-                .map_err(|e| io_error("write", &self.staged_shown(), &e))?;
+                .map_err(|e| io_error("write", &self.shown(), &e))?;
         }
         self.set_attrs(&file, fsync)
     }
 
     fn set_attrs(&self, file: &File, fsync: bool) -> Result<(), String> {
-        let at = self.staged_shown();
+        let at = self.shown();
         // Chunks of zeros at the end were not written, and a partial file
         // from an earlier attempt may be longer: the length is set here.
         let len = file
@@ -834,7 +829,7 @@ pub fn finish(
                 let fd = dirs
                     .get(dir_rel)
                     .map_err(|e| io_error("open", &dest_dir.shown(dir_rel), &e))?;
-                t.put_in_place(fd, replace || t.existing.is_some())?;
+                t.put_in_place(fd, replace)?;
                 if fsync && synced_dirs.last().is_none_or(|d| d != dir_rel) {
                     synced_dirs.push(dir_rel.to_vec());
                 }

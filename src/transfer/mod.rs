@@ -20,12 +20,8 @@ use manifest::{EntryKind, Manifest};
 
 /// The sizes of the manifest's files, in order: file numbers index this.
 pub fn file_sizes(manifest: &Manifest) -> Vec<u64> {
-    file_sizes_of(&manifest.entries)
-}
-
-/// The sizes of the files among `entries`, in order.
-pub fn file_sizes_of(entries: &[manifest::Entry]) -> Vec<u64> {
-    entries
+    manifest
+        .entries
         .iter()
         .filter_map(|e| match e.kind {
             EntryKind::File { size } => Some(size),

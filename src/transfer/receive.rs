@@ -652,7 +652,7 @@ impl FileReceiver {
                     return;
                 }
                 s.finish_waiting = Some((conn_id, hashes));
-                self.start_finish(server, session);
+                self.start_finish(session);
             }
             Request::Abort(why) => {
                 if self.sessions.contains_key(&session) {
@@ -671,7 +671,7 @@ impl FileReceiver {
     }
 
     /// Starts a waiting finish once no file is still being made ready.
-    fn start_finish(&mut self, server: &mut Server, session: SessionKey) {
+    fn start_finish(&mut self, session: SessionKey) {
         let Some(s) = self.sessions.get_mut(&session) else {
             return;
         };
@@ -693,9 +693,9 @@ impl FileReceiver {
         if let Err(mpsc::TrySendError::Full(PlanJob::Finish { hashes, .. })) =
             self.plan_jobs.try_send(job)
         {
-            // Busy: the finish waits and is tried again at the next poll.
+            // Busy: the finish waits, and is tried again when a planner
+            // has finished something.
             s.finish_waiting = Some((conn_id, hashes));
-            let _ = server;
         }
     }
 
@@ -1020,7 +1020,7 @@ impl FileReceiver {
         result: Result<Prepared, String>,
     ) {
         let prepared = result.map(|p| {
-            let sizes = super::file_sizes_of(&p.entries);
+            let sizes: Vec<u64> = p.files.iter().map(|t| t.size).collect();
             (p, sizes)
         });
         match prepared {
@@ -1155,7 +1155,7 @@ impl FileReceiver {
                 };
                 s.readying = s.readying.saturating_sub(1);
                 match result {
-                    Ok(()) => self.start_finish(server, session),
+                    Ok(()) => self.start_finish(session),
                     Err(why) => self.fail_session(server, session, why),
                 }
             }
@@ -1272,18 +1272,23 @@ impl ServeApp for FileReceiver {
     }
 
     fn poll(&mut self, server: &mut Server) {
+        let mut any = false;
         while let Ok(done) = self.done_rx.try_recv() {
+            any = true;
             self.on_done(server, done);
         }
-        // Finishes that found the planners busy.
-        let waiting: Vec<SessionKey> = self
-            .sessions
-            .iter()
-            .filter(|(_, s)| s.finish_waiting.is_some() && s.readying == 0)
-            .map(|(&k, _)| k)
-            .collect();
-        for k in waiting {
-            self.start_finish(server, k);
+        // Finishes that found the planners busy: only worth a look when
+        // other threads finished something (called on every loop).
+        if any {
+            let waiting: Vec<SessionKey> = self
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.finish_waiting.is_some() && s.readying == 0)
+                .map(|(&k, _)| k)
+                .collect();
+            for k in waiting {
+                self.start_finish(k);
+            }
         }
         let stale: Vec<SessionKey> = self
             .sessions

@@ -196,6 +196,27 @@ fn run_conn<F: StreamFeed>(
     (reply, result.summary)
 }
 
+/// Sends a request held in memory (a plan or a finish) on a connection of
+/// its own and returns the reply, at most `reply_limit` bytes.
+fn ask(
+    config: &SendConfig,
+    session: u64,
+    request: Vec<u8>,
+    stop: &Progress,
+    reply_limit: u64,
+) -> Result<Vec<u8>, SendError> {
+    let len = request.len() as u64;
+    run_conn(
+        config,
+        session,
+        len,
+        &mut BytesFeed(request),
+        stop,
+        reply_limit,
+    )
+    .0
+}
+
 fn outcome(config: &SendConfig, reply: &[u8]) -> Result<Vec<ChunkRef>, SendError> {
     match Outcome::decode(reply) {
         Ok(Outcome::Done { bad }) => Ok(bad),
@@ -546,12 +567,14 @@ pub fn send(
         };
         let mut quick = config.clone();
         quick.tuning.maxidle = std::time::Duration::from_secs(2);
-        let request = encode_abort(&why);
-        let len = request.len() as u64;
         // Best effort: the receiver may be what failed.
-        let calm = Progress::default();
-        let limit = Outcome::max_len(0);
-        let _ = run_conn(&quick, id, len, &mut BytesFeed(request), &calm, limit);
+        let _ = ask(
+            &quick,
+            id,
+            encode_abort(&why),
+            &Progress::default(),
+            Outcome::max_len(0),
+        );
     }
     result
 }
@@ -614,17 +637,13 @@ fn send_session(
         manifest,
     }
     .encode();
-    let len = request.len() as u64;
-    let limit = PlanReply::max_len(&plan.sizes);
-    let (reply, _) = run_conn(
+    let reply = ask(
         config,
         session,
-        len,
-        &mut BytesFeed(request),
+        request,
         &progress,
-        limit,
-    );
-    let reply = reply?;
+        PlanReply::max_len(&plan.sizes),
+    )?;
     let plans = match PlanReply::decode(&reply, &plan.sizes) {
         Ok(PlanReply::Accepted(p)) => {
             *session_out = Some(session);
@@ -831,17 +850,10 @@ fn send_session(
         );
     }
     let request = encode_finish(&hashes);
-    let len = request.len() as u64;
-    let limit = Outcome::max_len(0);
-    let (reply, _) = run_conn(
+    outcome(
         config,
-        session,
-        len,
-        &mut BytesFeed(request),
-        &progress,
-        limit,
-    );
-    outcome(config, &reply?)?;
+        &ask(config, session, request, &progress, Outcome::max_len(0))?,
+    )?;
     let secs = started.elapsed().as_secs_f64();
     let files = plan.sizes.len() as u64;
     Ok(SendReport {
