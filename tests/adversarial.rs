@@ -165,6 +165,7 @@ fn stream(to: SocketAddr, session: u64, bytes: Vec<u8>) -> Result<Vec<u8>, Strin
         conn_id: fresh_conn_id(),
         session,
         reply_limit: 1 << 20,
+        auth: None,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -95,6 +95,7 @@ fn run_server<A: ServeApp + Send + 'static>(mut app: A) -> Running {
                     sndbuf: 4 << 20,
                     rcvbuf: 4 << 20,
                     limits: Default::default(),
+                    auth: atou::proto::crypto::ServerAuth::plain(),
                 },
                 &mut app,
                 |e| {
@@ -128,6 +129,7 @@ fn config(peer: SocketAddr) -> SendConfig {
         streams: 1,
         buffer: 0,
         readers: 1,
+        auth: None,
     }
 }
 

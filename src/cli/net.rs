@@ -286,6 +286,7 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
         conn_id: io::fresh_conn_id(),
         session: 0,
         reply_limit: 0,
+        auth: None,
     };
     let result = runtime()?.block_on(io::probe(config, &mut out, ctrl_c()));
     finish_trace(&mut out)?;
@@ -418,6 +419,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         sndbuf: args.sndbuf,
         rcvbuf: args.rcvbuf,
         limits: args.receiver.server_limits(args.rcvbuf),
+        auth: atou::proto::crypto::ServerAuth::plain(),
     };
     let mut write_error = None;
     // Reports carry the server-wide counters at the time they print.

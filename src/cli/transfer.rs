@@ -236,6 +236,7 @@ impl TransferArgs {
             streams: self.streams,
             buffer: self.buffer,
             readers: readers(self.readers),
+            auth: None,
         })
     }
 }
@@ -473,6 +474,7 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
                         total_window_bytes: u64::MAX / 2,
                         ..Default::default()
                     },
+                    auth: atou::proto::crypto::ServerAuth::plain(),
                 },
                 &mut receiver,
                 |e| {

@@ -164,6 +164,8 @@ pub struct ProbeConfig {
     /// Longest reply the session's request can be answered with (see
     /// [`Client::with_reply_limit`]).
     pub reply_limit: u32,
+    /// Authenticate and encrypt with these keys; `None`: plain.
+    pub auth: Option<crate::proto::crypto::ClientAuth>,
 }
 
 #[derive(Debug)]
@@ -455,6 +457,8 @@ pub struct ServeConfig {
     pub rcvbuf: u32,
     /// The operator's budgets for what clients may make the server hold.
     pub limits: ServerLimits,
+    /// Keys: the server's, and which clients it accepts.
+    pub auth: crate::proto::crypto::ServerAuth,
 }
 
 /// What the server tells its operator as it runs.

@@ -75,6 +75,8 @@ pub struct SendConfig {
     /// Bytes read ahead, over all streams.
     pub buffer: u64,
     pub readers: usize,
+    /// Authenticate and encrypt with these keys; `None`: plain (`--no-auth`).
+    pub auth: Option<crate::proto::crypto::ClientAuth>,
 }
 
 /// Counters a progress display reads while the transfer runs.
@@ -169,6 +171,7 @@ fn run_conn<F: StreamFeed>(
     reply_limit: u64,
 ) -> (Result<Vec<u8>, SendError>, Option<Summary>) {
     let probe = ProbeConfig {
+        auth: config.auth.clone(),
         peer: config.peer,
         peer_name: config.host.clone(),
         tuning: config.tuning.clone(),

@@ -34,7 +34,44 @@ pub use protect::{
 };
 pub use replay::ReplayWindow;
 
+use std::sync::Arc;
+
 use super::wire::DATA_HEADER_LEN;
+use crate::keys::AuthorizedKeys;
+
+/// What a client brings to an authenticated connection: its key, the
+/// server's key it pins (known_hosts, `--server-key`, or the ssh
+/// channel), and the packet cipher it asks for.
+#[derive(Debug, Clone)]
+pub struct ClientAuth {
+    pub identity: StaticKeypair,
+    pub server_key: PublicKey,
+    pub cipher: Cipher,
+}
+
+/// What a server accepts.
+#[derive(Debug, Clone, Default)]
+pub struct ServerAuth {
+    /// The server's key; `None`: no authenticated hello is answered.
+    pub identity: Option<StaticKeypair>,
+    /// Client keys allowed, with their restrictions; `None` accepts any
+    /// key (a probe sink: nothing is written anywhere).
+    pub authorized: Option<Arc<AuthorizedKeys>>,
+    /// Unauthenticated, unencrypted hellos are served too (`--no-auth`,
+    /// or a plain `atou serve` for probes).
+    pub allow_plain: bool,
+}
+
+impl ServerAuth {
+    /// Today's behaviour: plain hellos only.
+    pub fn plain() -> ServerAuth {
+        ServerAuth {
+            identity: None,
+            authorized: None,
+            allow_plain: true,
+        }
+    }
+}
 
 /// Payload bytes in a full data segment of `mss` bytes protected with a
 /// tag of `tag_len` bytes: the one place this is computed for protected
