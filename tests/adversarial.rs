@@ -798,7 +798,7 @@ mod sans_io {
         }
 
         fn deliver(&mut self, from: SocketAddr, d: &[u8]) {
-            if let Some(a) = self.server.handle_datagram(self.now, from, d) {
+            if let Some(a) = self.server.handle_datagram(self.now, from, &mut d.to_vec()) {
                 self.app.on_arrival(&mut self.server, a);
             }
             self.events_in();

@@ -231,6 +231,21 @@ pub async fn connect<F: StreamFeed>(
             .with_reply_limit(config.reply_limit),
         Err(e) => return fail(ProbeError::Tuning(e)),
     };
+    if let Some(auth) = config.auth.clone() {
+        let wall_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        client = match client.with_auth(auth, wall_ns) {
+            Ok(c) => c,
+            Err(error) => {
+                return fail(ProbeError::Conn {
+                    peer,
+                    error,
+                    hint: String::new(),
+                })
+            }
+        };
+    }
     let io = match UdpIo::bind(local) {
         Ok(io) => io,
         Err(error) => return fail(ProbeError::Socket { peer, error }),
@@ -368,7 +383,7 @@ impl ClientDriver {
         observer: &mut dyn Observer,
         stop: impl std::future::Future<Output = ()>,
     ) -> Result<Closed, ProbeError> {
-        let max_len = (self.mss as usize).max(CONTROL_MAX_LEN);
+        let max_len = self.client.max_transmit_len();
         let waker = feed.waker();
         tokio::pin!(stop);
         loop {
@@ -483,6 +498,8 @@ pub enum ServeError {
     Bind { addr: SocketAddr, error: io::Error },
     #[error("socket error on {addr}: {error}")]
     Socket { addr: SocketAddr, error: io::Error },
+    #[error("cannot set up authentication: {0}")]
+    Auth(String),
 }
 
 /// What a server does with session connections (file transfers): placed
@@ -524,11 +541,13 @@ pub async fn serve(
         max_socket_rcvbuf: config.limits.max_socket_rcvbuf.min(config.rcvbuf),
         ..config.limits
     };
-    let mut server = Server::new(limits, config.rcvbuf, buffers.rcvbuf);
+    let mut server = Server::new(limits, config.rcvbuf, buffers.rcvbuf)
+        .with_auth(config.auth.clone())
+        .map_err(|e| ServeError::Auth(e.to_string()))?;
     let mut tx = TxBatch::new();
     let mut rx = RecvBatch::new();
-    let max_len = ACK_MAX_LEN
-        .max(CONTROL_MAX_LEN)
+    let max_len = (ACK_MAX_LEN + crate::proto::crypto::frame::overhead(16))
+        .max(CONTROL_MAX_LEN + crate::proto::crypto::frame::overhead(16))
         .max(Server::MAX_TRANSMIT_LEN);
     let waker = app.waker();
     tokio::pin!(stop);

@@ -68,7 +68,7 @@ pub const MAX_PARAMS_LEN: usize = 1024;
 /// Hello timestamps remembered at most (one per authorized client key).
 pub const DEFAULT_MAX_REMEMBERED: usize = 65_536;
 
-const KIND_HELLO: u8 = 0x20;
+pub const KIND_HELLO: u8 = 0x20;
 const KIND_RESPONSE: u8 = 0x21;
 const KIND_COOKIE: u8 = 0x22;
 const PREFIX_LEN: usize = 4;
