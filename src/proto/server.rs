@@ -620,7 +620,8 @@ impl Server {
             return None;
         }
         let conn_id = peek.conn_id;
-        let datagram: &'a [u8] = if frame::is_protected(datagram) {
+        let protected = frame::is_protected(datagram);
+        let datagram: &'a [u8] = if protected {
             let inner = self.open(now, from, conn_id, datagram)?;
             inner
         } else {
@@ -643,7 +644,13 @@ impl Server {
             self.on_hello(now, from, &hello);
             return None;
         }
-        let Some(conn) = self.conns.get_mut(&conn_id).filter(|c| c.peer == from) else {
+        // A plain packet never belongs to an authenticated connection,
+        // whatever id it names: only what opened may reach it.
+        let Some(conn) = self
+            .conns
+            .get_mut(&conn_id)
+            .filter(|c| c.peer == from && (c.secure.is_some() == protected))
+        else {
             self.stats.unknown_connection += 1;
             return None;
         };
