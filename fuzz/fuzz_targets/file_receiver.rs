@@ -145,6 +145,7 @@ fuzz_target!(|data: &[u8]| {
                 plan_queue: 2,
                 ..ReceiveLimits::default()
             },
+            authorized: None,
         },
         |_| {},
     )

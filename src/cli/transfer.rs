@@ -65,6 +65,8 @@ pub struct TransferArgs {
     json: bool,
     #[command(flatten)]
     tuning: TuningArgs,
+    #[command(flatten)]
+    auth: super::auth::ClientAuthArgs,
 }
 
 #[derive(Args, Debug)]
@@ -409,7 +411,8 @@ fn ctrlc_hook(f: impl FnOnce() + Send + 'static) -> Result<()> {
 pub fn send_cmd(args: SendArgs) -> Result<ExitCode> {
     let (host, subdir) = split_remote(&args.dest)?;
     let peer = resolve(&host)?;
-    let config = args.transfer.config(peer, host, subdir)?;
+    let mut config = args.transfer.config(peer, host, subdir)?;
+    config.auth = args.transfer.auth.resolve(&config.host, peer, false)?;
     run_send(&args.sources, config, &args.transfer)
 }
 
@@ -417,7 +420,8 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
     if is_remote(&args.dest) {
         let (host, subdir) = split_remote(&args.dest)?;
         let peer = resolve(&host)?;
-        let config = args.transfer.config(peer, host, subdir)?;
+        let mut config = args.transfer.config(peer, host, subdir)?;
+        config.auth = args.transfer.auth.resolve(&config.host, peer, false)?;
         return run_send(&args.sources, config, &args.transfer);
     }
     let root = Path::new(&args.dest);
@@ -429,6 +433,12 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
         ))
     })?;
     let root = atou::transfer::receive::check_root(root).map_err(UsageError)?;
+    let (client_auth, server_auth) = if args.transfer.auth.no_auth() {
+        (None, atou::proto::crypto::ServerAuth::plain())
+    } else {
+        let (c, s) = args.transfer.auth.ephemeral_pair()?;
+        (Some(c), s)
+    };
     // The receiver, in-process on loopback.
     let sock = std::net::UdpSocket::bind("127.0.0.1:0")?;
     let addr = sock.local_addr()?;
@@ -443,6 +453,7 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
             // keeps them; the flags given to `atou copy` decide the rest.
             policy: Policy::own(),
             limits: ReceiveLimits::default(),
+            authorized: None,
         },
         {
             let failure = failure.clone();
@@ -474,7 +485,7 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
                         total_window_bytes: u64::MAX / 2,
                         ..Default::default()
                     },
-                    auth: atou::proto::crypto::ServerAuth::plain(),
+                    auth: server_auth,
                 },
                 &mut receiver,
                 |e| {
@@ -493,9 +504,10 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
             _ => Err(anyhow::anyhow!("the local receiver did not start")),
         };
     }
-    let config = args
+    let mut config = args
         .transfer
         .config(addr, format!("{}", root.display()), None)?;
+    config.auth = client_auth;
     let code = run_send(&args.sources, config, &args.transfer);
     stop.notify_one();
     let _ = server.join();

@@ -30,7 +30,7 @@ use tokio::sync::Notify;
 pub use socket::{RecvBatch, SocketBuffers, TxBatch, UdpIo};
 
 use crate::proto::server::{Arrival, SessionEvent};
-use crate::proto::wire::{ReceiverParams, ACK_MAX_LEN, CONTROL_MAX_LEN};
+use crate::proto::wire::{ReceiverParams, RejectReason, ACK_MAX_LEN, CONTROL_MAX_LEN};
 use crate::proto::{
     Client, Closed, ConnError, ConnReport, Notice, PatternSource, PayloadSource, Server,
     ServerLimits, ServerStats, Time, Tuning,
@@ -138,6 +138,12 @@ pub enum ProbeError {
     Send { peer: SocketAddr, error: io::Error },
     #[error("receiving from {peer} failed: {error}")]
     Recv { peer: SocketAddr, error: io::Error },
+    #[error(
+        "{peer} did not tell its key within {:.0} s: is `atou serve` running there, with a key \
+         (`atou keygen`)? Or pass the server's key with --server-key",
+        wait.as_secs_f64()
+    )]
+    NoKey { peer: SocketAddr, wait: Duration },
     #[error("interrupted")]
     Interrupted,
     /// The stream's data could not be produced (a file could not be read).
@@ -189,6 +195,74 @@ pub fn fresh_conn_id() -> u64 {
     );
     h.write_u32(std::process::id());
     h.finish()
+}
+
+/// Asks the server at `peer` for its public key (trust on first use: the
+/// answer is not authenticated; the caller records it and says so).
+/// Asks every 250 ms for `wait`.
+pub async fn query_server_key(
+    peer: SocketAddr,
+    wait: Duration,
+) -> Result<crate::proto::crypto::PublicKey, ProbeError> {
+    use crate::proto::crypto::handshake;
+    let local: SocketAddr = if peer.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let sock = tokio::net::UdpSocket::bind(local)
+        .await
+        .map_err(|error| ProbeError::Socket { peer, error })?;
+    sock.connect(peer)
+        .await
+        .map_err(|error| ProbeError::Socket { peer, error })?;
+    let id = fresh_conn_id();
+    let query = handshake::key_query(id);
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut buf = vec![0u8; 2048];
+    loop {
+        match sock.send(&query).await {
+            Err(e) if is_unreachable(&e) => return Err(ProbeError::Unreachable { peer, error: e }),
+            Err(error) => return Err(ProbeError::Send { peer, error }),
+            Ok(_) => {}
+        }
+        let round = (tokio::time::Instant::now() + Duration::from_millis(250)).min(deadline);
+        loop {
+            match tokio::time::timeout_at(round, sock.recv(&mut buf)).await {
+                Err(_) => break,
+                Ok(Err(e)) if is_unreachable(&e) => {
+                    return Err(ProbeError::Unreachable { peer, error: e })
+                }
+                Ok(Err(error)) => return Err(ProbeError::Recv { peer, error }),
+                Ok(Ok(n)) => {
+                    if let Some(key) = handshake::parse_key_answer(&buf[..n], id) {
+                        return Ok(key);
+                    }
+                    if let Ok(crate::proto::wire::Packet::Reject(r)) =
+                        crate::proto::wire::Packet::decode(&buf[..n])
+                    {
+                        if r.conn_id == id {
+                            return Err(match r.reason {
+                                RejectReason::NoIdentity => ProbeError::Conn {
+                                    peer,
+                                    error: ConnError::NoIdentity,
+                                    hint: String::new(),
+                                },
+                                _ => ProbeError::Conn {
+                                    peer,
+                                    error: ConnError::VersionMismatch { theirs: r.version },
+                                    hint: String::new(),
+                                },
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ProbeError::NoKey { peer, wait });
+        }
+    }
 }
 
 /// Runs a probe to the end on the current tokio runtime. `stop` ends it

@@ -507,6 +507,14 @@ impl Server {
         Ok(self)
     }
 
+    /// Queues a handshake answer; bounded like the rejects, by what
+    /// arrived since the last drain.
+    fn queue_handshake(&mut self, to: SocketAddr, bytes: Vec<u8>) {
+        if self.handshake_out.len() < FETCH_QUEUE_MAX {
+            self.handshake_out.push_back((to, bytes));
+        }
+    }
+
     /// The server's public key, if it has one.
     pub fn public_key(&self) -> Option<PublicKey> {
         self.responder.as_ref().map(Responder::public)
@@ -617,6 +625,21 @@ impl Server {
         }
         if peek.kind == handshake::KIND_HELLO {
             self.on_secure_hello(now, from, datagram);
+            return None;
+        }
+        if peek.kind == handshake::KIND_KEY_QUERY {
+            match self
+                .public_key()
+                .and_then(|key| handshake::answer_key_query(datagram, &key))
+            {
+                Some(answer) => self.queue_handshake(from, answer),
+                // No key to tell: say so (a reject is shorter than the
+                // padded query), so the client need not wait.
+                None if self.responder.is_none() && datagram.len() >= handshake::HELLO_MIN_LEN => {
+                    self.reject(from, peek.conn_id, RejectReason::NoIdentity);
+                }
+                None => self.stats.bad_handshakes += 1,
+            }
             return None;
         }
         let conn_id = peek.conn_id;
@@ -880,7 +903,7 @@ impl Server {
         let mut answer = |server: &mut Server, bytes: Vec<u8>| {
             if budget.may_send(bytes.len()) {
                 budget.on_sent(bytes.len());
-                server.handshake_out.push_back((from, bytes));
+                server.queue_handshake(from, bytes);
             }
         };
         match result {
