@@ -336,7 +336,9 @@ fn keys() -> &'static Keys {
         let server = keygen("server");
         let client = keygen("client");
         let authorized = dir.join("authorized_keys");
-        fs::copy(dir.join("client.pub"), &authorized).unwrap();
+        // `overwrite`: tests that replace files need it, as a user would.
+        let line = fs::read_to_string(dir.join("client.pub")).unwrap();
+        fs::write(&authorized, format!("overwrite {line}")).unwrap();
         Keys {
             server_pub: dir.join("server.pub"),
             server,
@@ -471,10 +473,16 @@ struct Sending {
 fn spawn_send(sources: &[&Path], target: &str, args: &[&str]) -> Sending {
     let mut child = Command::new(ATOU)
         .args(["send", "--quiet", "--json"])
-        .arg("--identity")
-        .arg(&keys().client)
-        .arg("--server-key")
-        .arg(&keys().server_pub)
+        .args(if args.contains(&"--no-auth") {
+            vec![]
+        } else {
+            vec![
+                "--identity".into(),
+                keys().client.clone().into_os_string(),
+                "--server-key".into(),
+                keys().server_pub.clone().into_os_string(),
+            ]
+        })
         .args(args)
         .args(sources)
         .arg(target)
@@ -1344,8 +1352,11 @@ fn a_transfer_through_a_lossy_relay_arrives_identical() {
 }
 
 /// A path that corrupts datagrams past the UDP checksum (the relay flips a
-/// bit and re-sends): a corrupted chunk fails its BLAKE3 check and is sent
-/// again; a corrupted header cannot place data elsewhere.
+/// bit and re-sends), unauthenticated (`--no-auth`), so that corrupted
+/// datagrams reach the transfer: a corrupted chunk fails its BLAKE3 check
+/// and is sent again; a corrupted header cannot place data elsewhere.
+/// (Authenticated, the same datagrams are dropped before the transport:
+/// `corrupted_datagrams_are_dropped_by_the_authenticated_path`.)
 #[test]
 fn corrupted_chunks_are_sent_again() {
     let t0 = Instant::now();
@@ -1354,9 +1365,9 @@ fn corrupted_chunks_are_sent_again() {
     write_random(&tree.join("twenty"), 20 * MIB, 90);
     write_random(&tree.join("small"), 1000, 91);
     let dest = scratch.dir("dest");
-    let server = Serve::start(&dest);
+    let server = Serve::start_with(&dest, &["--no-auth"]);
     let relay = Relay::start(server.addr, "corrupt 0.1%", "", 5);
-    let sent = send(&[&tree], &relay.addr.to_string(), &[]);
+    let sent = send(&[&tree], &relay.addr.to_string(), &["--no-auth"]);
     let r = sent.report();
     let counts = relay.stop();
     assert_same_tree(&tree, &dest.join("c"));
@@ -1367,5 +1378,33 @@ fn corrupted_chunks_are_sent_again() {
         t0.elapsed().as_secs_f64()
     ));
     assert!(resent > 0, "no chunk was corrupted: the test tests nothing");
+    assert!(r["verified"].as_bool().unwrap());
+}
+
+/// The same corrupting path, authenticated (the default): every corrupted
+/// datagram fails to open and is dropped before the transport, so no
+/// corrupted chunk ever reaches its BLAKE3 check.
+#[test]
+fn corrupted_datagrams_are_dropped_by_the_authenticated_path() {
+    let t0 = Instant::now();
+    let scratch = Scratch::new("corrupt-auth");
+    let tree = scratch.dir("src/c");
+    write_random(&tree.join("twenty"), 20 * MIB, 92);
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    let relay = Relay::start(server.addr, "corrupt 0.1%", "corrupt 0.1%", 6);
+    let sent = send(&[&tree], &relay.addr.to_string(), &[]);
+    let r = sent.report();
+    let counts = relay.stop();
+    assert_same_tree(&tree, &dest.join("c"));
+    say(&format!(
+        "corrupted_datagrams_are_dropped_by_the_authenticated_path: relay {counts} ({:.1} s)",
+        t0.elapsed().as_secs_f64()
+    ));
+    assert!(
+        u(&counts["fwd"]["corrupted"]) > 0,
+        "nothing was corrupted: the test tests nothing ({counts})"
+    );
+    assert_eq!(u(&r["chunks_resent"]), 0, "a corrupted chunk got through");
     assert!(r["verified"].as_bool().unwrap());
 }

@@ -80,10 +80,13 @@ impl ClientAuthArgs {
     /// `plain_if_keyless`: a server that has no key is used unauthenticated
     /// (said on stderr) instead of refused; for probes, whose test pattern
     /// is nobody's secret.
+    ///
+    /// `maxidle` bounds the wait for the server's key (at most 5 s).
     pub fn resolve(
         &self,
         host: &str,
         peer: SocketAddr,
+        maxidle: Duration,
         plain_if_keyless: bool,
     ) -> Result<Option<ClientAuth>> {
         if self.no_auth {
@@ -92,7 +95,7 @@ impl ClientAuthArgs {
         let identity = self.identity()?;
         let server_key = match &self.server_key {
             Some(k) => read_key_arg(k)?,
-            None => match self.known_server_key(host, peer) {
+            None => match self.known_server_key(host, peer, maxidle) {
                 Ok(k) => k,
                 Err(e)
                     if plain_if_keyless
@@ -131,7 +134,17 @@ impl ClientAuthArgs {
         }
     }
 
-    fn known_server_key(&self, host: &str, peer: SocketAddr) -> Result<PublicKey> {
+    fn known_server_key(
+        &self,
+        host: &str,
+        peer: SocketAddr,
+        maxidle: Duration,
+    ) -> Result<PublicKey> {
+        let wait = if maxidle.is_zero() {
+            KEY_QUERY_WAIT
+        } else {
+            maxidle.min(KEY_QUERY_WAIT)
+        };
         let path = match &self.known_hosts {
             Some(p) => p.clone(),
             None => keys::config_dir()?.join(KNOWN_HOSTS_FILE),
@@ -140,7 +153,7 @@ impl ClientAuthArgs {
         // Asked even when recorded (one round trip): a changed key is then
         // refused with the file and line to edit, as ssh does, instead of
         // a handshake that goes unanswered.
-        let key = runtime()?.block_on(atou::io::query_server_key(peer, KEY_QUERY_WAIT))?;
+        let key = runtime()?.block_on(atou::io::query_server_key(peer, wait))?;
         // The answer is not authenticated: a recorded key decides, and a
         // different one is refused (ssh's rule); the handshake then proves
         // the server holds the key.

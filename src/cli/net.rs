@@ -149,6 +149,7 @@ impl ReceiverArgs {
             special_bits: self.allow_special_bits,
             fsync: !self.no_fsync,
             symlinks: self.symlinks,
+            key_forbids_overwrite: false,
         }
     }
 
@@ -290,7 +291,7 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
         conn_id: io::fresh_conn_id(),
         session: 0,
         reply_limit: 0,
-        auth: args.auth.resolve(&args.host, peer, true)?,
+        auth: args.auth.resolve(&args.host, peer, tuning.maxidle, true)?,
     };
     let result = runtime()?.block_on(io::probe(config, &mut out, ctrl_c()));
     finish_trace(&mut out)?;

@@ -412,7 +412,10 @@ pub fn send_cmd(args: SendArgs) -> Result<ExitCode> {
     let (host, subdir) = split_remote(&args.dest)?;
     let peer = resolve(&host)?;
     let mut config = args.transfer.config(peer, host, subdir)?;
-    config.auth = args.transfer.auth.resolve(&config.host, peer, false)?;
+    config.auth = args
+        .transfer
+        .auth
+        .resolve(&config.host, peer, config.tuning.maxidle, false)?;
     run_send(&args.sources, config, &args.transfer)
 }
 
@@ -421,7 +424,10 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
         let (host, subdir) = split_remote(&args.dest)?;
         let peer = resolve(&host)?;
         let mut config = args.transfer.config(peer, host, subdir)?;
-        config.auth = args.transfer.auth.resolve(&config.host, peer, false)?;
+        config.auth =
+            args.transfer
+                .auth
+                .resolve(&config.host, peer, config.tuning.maxidle, false)?;
         return run_send(&args.sources, config, &args.transfer);
     }
     let root = Path::new(&args.dest);

@@ -139,8 +139,8 @@ pub enum ProbeError {
     #[error("receiving from {peer} failed: {error}")]
     Recv { peer: SocketAddr, error: io::Error },
     #[error(
-        "{peer} did not tell its key within {:.0} s: is `atou serve` running there, with a key \
-         (`atou keygen`)? Or pass the server's key with --server-key",
+        "no answer from {peer} within {:.1} s (maxidle) to a query for its key, before the \
+         hello: is `atou serve` running there? (or pass the server's key with --server-key)",
         wait.as_secs_f64()
     )]
     NoKey { peer: SocketAddr, wait: Duration },
@@ -238,9 +238,18 @@ pub async fn query_server_key(
                     if let Some(key) = handshake::parse_key_answer(&buf[..n], id) {
                         return Ok(key);
                     }
-                    if let Ok(crate::proto::wire::Packet::Reject(r)) =
-                        crate::proto::wire::Packet::decode(&buf[..n])
+                    let decoded = crate::proto::wire::Packet::decode(&buf[..n]);
+                    if let Err(crate::proto::wire::WireError::UnsupportedVersion(theirs)) = decoded
                     {
+                        if n >= 12 && buf[4..12] == id.to_be_bytes() {
+                            return Err(ProbeError::Conn {
+                                peer,
+                                error: ConnError::VersionMismatch { theirs },
+                                hint: String::new(),
+                            });
+                        }
+                    }
+                    if let Ok(crate::proto::wire::Packet::Reject(r)) = decoded {
                         if r.conn_id == id {
                             return Err(match r.reason {
                                 RejectReason::NoIdentity => ProbeError::Conn {

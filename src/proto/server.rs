@@ -608,7 +608,10 @@ impl Server {
             return None;
         };
         if peek.version != VERSION {
-            if peek.is_hello() || peek.kind == handshake::KIND_HELLO {
+            if peek.is_hello()
+                || peek.kind == handshake::KIND_HELLO
+                || peek.kind == handshake::KIND_KEY_QUERY
+            {
                 self.stats.version_rejects += 1;
                 self.notice(
                     now,

@@ -91,6 +91,9 @@ pub struct Policy {
     /// verified, whether or not the sender asks.
     pub fsync: bool,
     pub symlinks: SymlinkPolicy,
+    /// The sender's key may not replace files, whatever `allow_overwrite`
+    /// says (its authorized_keys line has no `overwrite`).
+    pub key_forbids_overwrite: bool,
 }
 
 impl Policy {
@@ -102,6 +105,7 @@ impl Policy {
             special_bits: false,
             fsync: true,
             symlinks: SymlinkPolicy::Safe,
+            key_forbids_overwrite: false,
         }
     }
 
@@ -114,6 +118,7 @@ impl Policy {
             special_bits: true,
             fsync: false,
             symlinks: SymlinkPolicy::All,
+            key_forbids_overwrite: false,
         }
     }
 
@@ -487,7 +492,7 @@ pub fn prepare(
         manifest,
     } = request;
     let options = Options {
-        overwrite: asked.overwrite && policy.allow_overwrite,
+        overwrite: asked.overwrite && policy.allow_overwrite && !policy.key_forbids_overwrite,
         skip_existing: asked.skip_existing,
         fsync: asked.fsync || policy.fsync,
         checksum: asked.checksum && asked.skip_existing,
@@ -692,7 +697,10 @@ pub fn prepare(
         } else {
             String::new()
         };
-        let what_to_do = if asked.overwrite && !policy.allow_overwrite {
+        let what_to_do = if asked.overwrite && policy.key_forbids_overwrite {
+            "this client's key may not replace files here (its line in the server's authorized \
+             keys has no `overwrite` option); use --skip-existing to keep identical files"
+        } else if asked.overwrite && !policy.allow_overwrite {
             "this server does not let senders replace files (its operator can start it with \
              --allow-overwrite); use --skip-existing to keep identical files"
         } else {

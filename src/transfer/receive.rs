@@ -396,7 +396,7 @@ fn granted(
         return Ok((plan, *policy));
     };
     let mut policy = *policy;
-    policy.allow_overwrite &= grant.overwrite;
+    policy.key_forbids_overwrite |= !grant.overwrite;
     if let Some(base) = grant.subdir {
         let mut path = base;
         if let Some(sub) = &plan.subdir {
