@@ -363,13 +363,18 @@ impl Serve {
 
     /// With receiver policy flags (`--allow-overwrite`, …).
     fn start_with(dest: &Path, args: &[&str]) -> Serve {
+        Serve::start_keyed(dest, &keys().authorized, args)
+    }
+
+    /// With another authorized keys file.
+    fn start_keyed(dest: &Path, authorized: &Path, args: &[&str]) -> Serve {
         let mut child = Command::new(ATOU)
             .args(["serve", "--bind", "127.0.0.1:0", "--json", "--dir"])
             .arg(dest)
             .arg("--identity")
             .arg(&keys().server)
             .arg("--authorized-keys")
-            .arg(&keys().authorized)
+            .arg(authorized)
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -473,16 +478,26 @@ struct Sending {
 fn spawn_send(sources: &[&Path], target: &str, args: &[&str]) -> Sending {
     let mut child = Command::new(ATOU)
         .args(["send", "--quiet", "--json"])
-        .args(if args.contains(&"--no-auth") {
-            vec![]
-        } else {
-            vec![
-                "--identity".into(),
-                keys().client.clone().into_os_string(),
-                "--server-key".into(),
-                keys().server_pub.clone().into_os_string(),
-            ]
-        })
+        .args(
+            if args.contains(&"--no-auth") || args.contains(&"--identity") {
+                vec![]
+            } else {
+                vec!["--identity".into(), keys().client.clone().into_os_string()]
+            },
+        )
+        .args(
+            if ["--no-auth", "--known-hosts", "--server-key"]
+                .iter()
+                .any(|a| args.contains(a))
+            {
+                vec![]
+            } else {
+                vec![
+                    "--server-key".into(),
+                    keys().server_pub.clone().into_os_string(),
+                ]
+            },
+        )
         .args(args)
         .args(sources)
         .arg(target)
@@ -1407,4 +1422,152 @@ fn corrupted_datagrams_are_dropped_by_the_authenticated_path() {
     );
     assert_eq!(u(&r["chunks_resent"]), 0, "a corrupted chunk got through");
     assert!(r["verified"].as_bool().unwrap());
+}
+
+/// An authorized key with `subdir=` writes only beneath it, and without
+/// `overwrite` cannot replace files even where the server allows it.
+#[test]
+fn an_authorized_keys_subdir_confines_its_key() {
+    let scratch = Scratch::new("confined");
+    let tree = scratch.dir("src/tree");
+    write_random(&tree.join("a"), 1000, 93);
+    let dest = scratch.dir("dest");
+    let key = scratch.path("confined");
+    let out = Command::new(ATOU)
+        .args(["keygen", "-C", "confined", "-f"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let authorized = scratch.path("authorized_keys");
+    let line = fs::read_to_string(scratch.path("confined.pub")).unwrap();
+    fs::write(&authorized, format!("subdir=jail {line}")).unwrap();
+    let server = Serve::start_keyed(&dest, &authorized, &["--allow-overwrite"]);
+    let identity = key.to_str().unwrap();
+    let target = format!("{}:sub", server.target());
+    let sent = send(&[&tree], &target, &["--identity", identity]);
+    sent.report();
+    assert_same_tree(&tree, &dest.join("jail/sub/tree"));
+    assert!(
+        !dest.join("sub").exists(),
+        "the key wrote outside its subdir"
+    );
+    // `..` cannot climb out: the subdir is a plain relative name.
+    let out = send(
+        &[&tree],
+        &format!("{}:../x", server.target()),
+        &["--identity", identity],
+    );
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    // Replacing needs `overwrite` on the key's line.
+    let again = send(&[&tree], &target, &["--identity", identity, "--overwrite"]);
+    assert_eq!(again.code(), Some(1), "{}", again.stderr);
+    assert!(again.stderr.contains("`overwrite`"), "{}", again.stderr);
+    // The standard test key is not in this file at all.
+    let stranger = send(&[&tree], &target, &[]);
+    assert_eq!(stranger.code(), Some(1), "{}", stranger.stderr);
+    assert!(
+        stranger.stderr.contains("does not know this client's key"),
+        "{}",
+        stranger.stderr
+    );
+}
+
+/// UDP ports bound to 127.0.0.1 and not connected, held by process `pid`.
+fn loopback_listening_ports(pid: u32) -> Vec<u16> {
+    let inodes: Vec<String> = fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+                .filter_map(|l| {
+                    let l = l.to_string_lossy().to_string();
+                    l.strip_prefix("socket:[")?
+                        .strip_suffix(']')
+                        .map(String::from)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let table = fs::read_to_string(format!("/proc/{pid}/net/udp")).unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (local, remote, inode) = (f.get(1)?, f.get(2)?, f.get(9)?);
+            let (ip, port) = local.split_once(':')?;
+            (ip == "0100007F" && *remote == "00000000:0000" && inodes.iter().any(|i| i == inode))
+                .then(|| u16::from_str_radix(port, 16).ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// `atou copy SRC LOCALDIR` receives on a loopback port any local user can
+/// find in /proc/net/udp: nobody but the copy itself gets in, plain or
+/// with a key of their own.
+#[test]
+fn another_local_process_cannot_write_through_atou_copy() {
+    let scratch = Scratch::new("copy-intruder");
+    let src = scratch.dir("src");
+    // Sparse and large, so the copy is still running while we try.
+    File::create(src.join("big"))
+        .unwrap()
+        .set_len(4 << 30)
+        .unwrap();
+    let dest = scratch.path("dest");
+    let planted = scratch.dir("planted");
+    fs::write(planted.join(".bashrc"), b"echo owned\n").unwrap();
+    let mut copy = Command::new(ATOU)
+        // A window of 4 segments: the copy crawls, and its receiver's
+        // socket never fills (a debug build could not drain a full one).
+        .args(["copy", "--quiet", "--rcvwin", "4"])
+        .arg(src.join("big"))
+        .arg(&dest)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = copy.id();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let port = loop {
+        if let Some(p) = loopback_listening_ports(pid).first() {
+            break *p;
+        }
+        assert!(Instant::now() < deadline, "no loopback port appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let target = format!("127.0.0.1:{port}");
+    say(&format!("  the copy's receiver: {target}"));
+    let known = scratch.path("known_hosts");
+    let plain = send(&[&planted.join(".bashrc")], &target, &["--no-auth"]);
+    let keyed = send(
+        &[&planted.join(".bashrc")],
+        &target,
+        &[
+            "--known-hosts",
+            known.to_str().unwrap(),
+            "--identity",
+            keys().client.to_str().unwrap(),
+        ],
+    );
+    let still_running = copy.try_wait().unwrap().is_none();
+    let _ = copy.kill();
+    let _ = copy.wait();
+    assert!(
+        still_running,
+        "the copy ended before the attempts: the test tests nothing"
+    );
+    assert_eq!(plain.code(), Some(1), "{}", plain.stderr);
+    assert!(
+        plain.stderr.contains("authenticated clients only"),
+        "{}",
+        plain.stderr
+    );
+    assert_eq!(keyed.code(), Some(1), "{}", keyed.stderr);
+    assert!(
+        keyed.stderr.contains("does not know this client's key"),
+        "{}",
+        keyed.stderr
+    );
+    assert!(!dest.join(".bashrc").exists());
 }

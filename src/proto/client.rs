@@ -58,6 +58,8 @@ pub const REPLY_MAX: u32 = 256 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
     Hello,
+    /// The authenticated hello (issue 13).
+    Handshake,
     Transfer,
     Reply,
 }
@@ -66,6 +68,11 @@ impl std::fmt::Display for Stage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Stage::Hello => "waiting for the server to answer the hello",
+            Stage::Handshake => {
+                "waiting for the server to answer the hello (a server that does not hold the \
+                 key this client pinned cannot read it, and stays silent: check the server's \
+                 key)"
+            }
             Stage::Transfer => "during the transfer",
             Stage::Reply => "waiting for the server's reply",
         })
@@ -797,8 +804,13 @@ impl Client {
             State::Hello => {
                 let waited = now.saturating_since(self.started);
                 if !self.tuning.maxidle.is_zero() && waited >= self.tuning.maxidle {
+                    let stage = if self.secure.is_some() {
+                        Stage::Handshake
+                    } else {
+                        Stage::Hello
+                    };
                     self.fail(ConnError::Idle {
-                        stage: Stage::Hello,
+                        stage,
                         idle: waited,
                     });
                 }
