@@ -97,7 +97,22 @@ pub struct Summary {
     pub sim: Option<SimReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sockets: Option<SocketReport>,
+    /// Authentication and packet protection of a real-socket run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub security: Option<SecurityReport>,
     pub tuning: Tuning,
+}
+
+/// How a connection was protected (issue 13).
+#[derive(Debug, Clone, Serialize)]
+pub struct SecurityReport {
+    /// The packet cipher, or "none" for a plain (`--no-auth`) connection.
+    pub cipher: String,
+    /// From the first hello to the server's accepting answer, in seconds.
+    pub handshake_secs: Option<f64>,
+    /// Datagrams that failed to open (forged, corrupted, replayed),
+    /// dropped unanswered.
+    pub dropped: u64,
 }
 
 /// What a real-socket run adds: the buffers the kernels granted.
@@ -161,6 +176,7 @@ impl Summary {
             receiver: None,
             sim: None,
             sockets: None,
+            security: None,
             tuning: tuning.clone(),
         }
     }
@@ -326,6 +342,16 @@ impl fmt::Display for Summary {
             match k.server_rcvbuf {
                 Some(r) => writeln!(f, "; server rcvbuf {r}")?,
                 None => writeln!(f)?,
+            }
+        }
+        if let Some(s) = &self.security {
+            match s.handshake_secs {
+                Some(h) => writeln!(
+                    f,
+                    "security: {} (Noise IK, keys pinned) handshake {h:.6} secs dropped {}",
+                    s.cipher, s.dropped
+                )?,
+                None => writeln!(f, "security: {} (unauthenticated, unencrypted)", s.cipher)?,
             }
         }
         if self.status != "finished" {

@@ -363,6 +363,9 @@ pub async fn connect<F: StreamFeed>(
     let now = clock.now();
     let granted = client.granted();
     let bad_packets = client.bad_packets();
+    let cipher = client.cipher();
+    let handshake = client.handshake_time();
+    let crypto_dropped = client.crypto_drops().total();
     let summary = client.sender_mut().map(|sender| {
         let status = match &outcome {
             Ok(Closed { peer: Some(_), .. }) => "finished".to_string(),
@@ -381,6 +384,11 @@ pub async fn connect<F: StreamFeed>(
         );
         s.enobufs = tx.enobufs;
         s.bad_packets += bad_packets;
+        s.security = Some(crate::summary::SecurityReport {
+            cipher: cipher.map_or("none".to_string(), |c| c.name().to_string()),
+            handshake_secs: handshake.map(|d| d.as_secs_f64()),
+            dropped: crypto_dropped,
+        });
         if let Ok(Closed { peer: Some(p), .. }) = &outcome {
             s.receiver = Some(*p);
         }

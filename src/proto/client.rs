@@ -135,6 +135,8 @@ struct Secure {
     server_id: u64,
     /// Where a protected datagram is opened.
     scratch: Vec<u8>,
+    /// When the server's answer established the session.
+    established_at: Option<Time>,
 }
 
 impl std::fmt::Debug for Secure {
@@ -406,6 +408,7 @@ impl Client {
             keys: None,
             server_id: 0,
             scratch: Vec::new(),
+            established_at: None,
         }));
         Ok(self)
     }
@@ -413,6 +416,17 @@ impl Client {
     /// Whether packets are authenticated and encrypted.
     pub fn is_secure(&self) -> bool {
         self.secure.is_some()
+    }
+
+    /// The packet cipher, `None` for a plain connection.
+    pub fn cipher(&self) -> Option<super::crypto::Cipher> {
+        self.secure.as_ref().map(|s| s.config.cipher)
+    }
+
+    /// From the client's start to the session's establishment.
+    pub fn handshake_time(&self) -> Option<Duration> {
+        let at = self.secure.as_ref()?.established_at?;
+        Some(at.saturating_since(self.started))
     }
 
     /// The longest datagram [`Client::poll_transmit`] writes: `mss`, or a
@@ -590,6 +604,7 @@ impl Client {
                 let established = *e;
                 let params = established.peer_params.clone();
                 secure.server_id = established.server_id;
+                secure.established_at = Some(now);
                 secure.keys = Some(established.into_protection());
                 secure.initiator = None;
                 match Packet::decode(&params) {

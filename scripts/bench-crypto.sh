@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# What authentication and encryption cost (issue 13, point 8), in one run:
+#   1. atou probe on loopback: --no-auth, aes-256-gcm, chacha20-poly1305,
+#      interleaved, ROUNDS rounds after a warm-up; goodput min/median/max
+#      and CPU seconds per GB at each end (target: encrypted >= 0.8x plain);
+#   2. atou copy of a BIG file into a local directory: the default
+#      (keys made in the process, AES-256-GCM) against --no-auth
+#      (target >= 0.85x), and against REF_ATOU's copy if given (an older
+#      build: "today's unencrypted figure");
+#   3. the handshake over a 100 ms round trip (atou netem relay, 50 ms each
+#      way): from the client's start to the session, with the server's key
+#      pinned (target <= 1 RTT; under load a cookie adds one round trip,
+#      which tests/auth.rs checks in virtual time).
+# scp is measured against atou in scripts/bench-transfer.sh.
+#
+# Environment: BYTES (probe, default 2G), BIG (copy, default 1G),
+# ROUNDS (default 3), REF_ATOU (optional), PORT (default 7895).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bytes=${BYTES:-2G}
+big=${BIG:-1G}
+rounds=${ROUNDS:-3}
+port=${PORT:-7895}
+ref=${REF_ATOU:-}
+work=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+die() { echo "bench-crypto: $*" >&2; exit 1; }
+
+cargo build --release --quiet
+atou=$PWD/target/release/atou
+[ -z "$ref" ] || [ -x "$ref" ] || die "REF_ATOU=$ref is not an executable"
+
+"$atou" keygen -q -f "$work/server" >/dev/null 2>&1 || "$atou" keygen -f "$work/server" >/dev/null
+"$atou" keygen -f "$work/client" >/dev/null
+cp "$work/client.pub" "$work/authorized_keys"
+
+# serve ARGS...: a probe sink on $port with the server key; waits for it.
+serve() {
+    "$atou" serve --bind "127.0.0.1:$port" --identity "$work/server" --once --json "$@" \
+        >"$work/serve.json" 2>"$work/serve.err" &
+    serve_pid=$!
+    pids+=("$serve_pid")
+    for _ in $(seq 50); do
+        grep -q listening "$work/serve.err" 2>/dev/null && return
+        sleep 0.1
+    done
+    die "atou serve did not start: $(tail -n 1 "$work/serve.err")"
+}
+
+# probe NAME ARGS...: one probe; appends "NAME goodput_bps cpu_probe cpu_serve bytes" to results.
+probe() {
+    local name=$1; shift
+    /usr/bin/time -f '%U %S' -o "$work/serve.time" true
+    serve_time() { :; }
+    "$atou" serve --bind "127.0.0.1:$port" --identity "$work/server" --once --json \
+        >"$work/serve.json" 2>"$work/serve.err" &
+    local s=$!
+    pids+=("$s")
+    for _ in $(seq 50); do grep -q listening "$work/serve.err" 2>/dev/null && break; sleep 0.1; done
+    local t0
+    t0=$(awk '{print $14+$15}' "/proc/$s/stat")
+    /usr/bin/time -f '%U %S' -o "$work/probe.time" \
+        "$atou" probe "127.0.0.1:$port" --bytes "$bytes" --json "$@" >"$work/probe.json" 2>"$work/probe.err" ||
+        die "$name: probe failed: $(tail -n 2 "$work/probe.err")"
+    local t1
+    t1=$(awk '{print $14+$15}' "/proc/$s/stat" 2>/dev/null || echo "$t0")
+    wait "$s" || true
+    python3 - "$work" "$name" "$t0" "$t1" "$(getconf CLK_TCK)" >>"$work/probes" <<'PY'
+import json, sys
+work, name, t0, t1, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+p = json.load(open(f"{work}/probe.json"))
+assert p["status"] == "finished", p["status"]
+cpu = sum(map(float, open(f"{work}/probe.time").read().split()[-2:]))
+print(name, p["goodput_bps"], cpu, (t1 - t0) / hz, p["bytes"], (p.get("security") or {}).get("cipher", "none"))
+PY
+}
+
+echo "bench-crypto: probes of $bytes on loopback, warm-up then $rounds rounds, tools interleaved" >&2
+: >"$work/probes"
+probe warmup --no-auth >/dev/null
+: >"$work/probes"
+order=(plain aes chacha)
+for r in $(seq "$rounds"); do
+    for k in 0 1 2; do
+        name=${order[$(( (k + r) % 3 ))]}
+        case $name in
+            plain) probe plain --no-auth ;;
+            aes) probe aes --server-key "$work/server.pub" --identity "$work/client" --cipher aes-256-gcm ;;
+            chacha) probe chacha --server-key "$work/server.pub" --identity "$work/client" --cipher chacha20-poly1305 ;;
+        esac
+    done
+done
+
+echo "bench-crypto: atou copy of a $big file into a local directory" >&2
+head -c "$big" /dev/urandom >"$work/big" 2>/dev/null || die "cannot make the $big test file"
+: >"$work/copies"
+copy() {
+    local name=$1 bin=$2; shift 2
+    rm -rf "$work/dest"
+    local t0 t1
+    t0=$(date +%s.%N)
+    "$bin" copy --quiet "$@" "$work/big" "$work/dest" 2>"$work/copy.err" ||
+        die "$name: copy failed: $(tail -n 2 "$work/copy.err")"
+    t1=$(date +%s.%N)
+    cmp -s "$work/big" "$work/dest/big" || die "$name: the copy differs"
+    echo "$name $(echo "$t1 - $t0" | bc -l)" >>"$work/copies"
+}
+copy warmup "$atou" --no-auth
+: >"$work/copies"
+for r in $(seq "$rounds"); do
+    if [ $((r % 2)) -eq 1 ]; then
+        copy encrypted "$atou"; copy plain "$atou" --no-auth
+    else
+        copy plain "$atou" --no-auth; copy encrypted "$atou"
+    fi
+    [ -z "$ref" ] || copy ref "$ref"
+done
+
+echo "bench-crypto: the handshake over a 100 ms round trip (relay, 50 ms each way)" >&2
+: >"$work/handshakes"
+relay_port=$((port + 1))
+"$atou" netem relay --listen "127.0.0.1:$relay_port" --to "127.0.0.1:$port" \
+    --fwd "delay 50ms" --rev "delay 50ms" --seed 1 >/dev/null 2>"$work/relay.err" &
+relay=$!
+pids+=("$relay")
+sleep 0.3
+for r in $(seq "$rounds"); do
+    "$atou" serve --bind "127.0.0.1:$port" --identity "$work/server" --once --json \
+        >"$work/serve.json" 2>"$work/serve.err" &
+    s=$!
+    pids+=("$s")
+    for _ in $(seq 50); do grep -q listening "$work/serve.err" 2>/dev/null && break; sleep 0.1; done
+    "$atou" probe "127.0.0.1:$relay_port" --bytes 100KB --json --server-key "$work/server.pub" \
+        --identity "$work/client" >"$work/hs.json" 2>"$work/hs.err" ||
+        die "handshake probe failed: $(tail -n 2 "$work/hs.err")"
+    wait "$s" || true
+    python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); print(p["security"]["handshake_secs"], p["minrtt"]["secs"] + p["minrtt"]["nanos"]/1e9 if isinstance(p["minrtt"], dict) else p["minrtt"])' \
+        "$work/hs.json" >>"$work/handshakes"
+done
+
+python3 - "$work" "$rounds" "$bytes" "$big" "$ref" <<'PY'
+import statistics, sys
+work, rounds, nbytes, big, ref = sys.argv[1:6]
+def mmm(xs):
+    return f"{min(xs):.3f} / {statistics.median(xs):.3f} / {max(xs):.3f}"
+rows = [l.split() for l in open(f"{work}/probes")]
+by = {}
+for name, bps, cpu_p, cpu_s, b, cipher in rows:
+    by.setdefault(name, []).append((float(bps), float(cpu_p), float(cpu_s), int(b), cipher))
+print(f"loopback probes of {nbytes}, {rounds} rounds after a warm-up, interleaved: min / median / max")
+print(f"  {'':28} {'Gbit/s':>24}  {'CPU s/GB probe':>15} {'CPU s/GB serve':>15}")
+for name in ["plain", "aes", "chacha"]:
+    r = by[name]
+    g = [x[0] / 1e9 for x in r]
+    cp = statistics.median(x[1] / (x[3] / 1e9) for x in r)
+    cs = statistics.median(x[2] / (x[3] / 1e9) for x in r)
+    label = {"plain": "--no-auth", "aes": "aes-256-gcm", "chacha": "chacha20-poly1305"}[name]
+    print(f"  {label:28} {mmm(g):>24}  {cp:15.3f} {cs:15.3f}   (cipher as reported: {r[0][4]})")
+med = {n: statistics.median(x[0] for x in by[n]) for n in by}
+print(f"  aes-256-gcm / plain: {med['aes']/med['plain']:.2f}x   chacha20-poly1305 / plain: {med['chacha']/med['plain']:.2f}x   (target >= 0.8x)")
+copies = {}
+for l in open(f"{work}/copies"):
+    n, s = l.split()
+    copies.setdefault(n, []).append(float(s))
+print(f"atou copy of a {big} file to a local directory, {rounds} rounds, seconds: min / median / max")
+for n in ["encrypted", "plain", "ref"]:
+    if n in copies:
+        print(f"  {n:10} {mmm(copies[n])}")
+e, p = statistics.median(copies["encrypted"]), statistics.median(copies["plain"])
+print(f"  encrypted speed / --no-auth speed: {p/e:.2f}x (target >= 0.85x)")
+if "ref" in copies:
+    print(f"  encrypted speed / REF_ATOU ({ref}) speed: {statistics.median(copies['ref'])/e:.2f}x (target >= 0.85x)")
+hs = [tuple(map(float, l.split())) for l in open(f"{work}/handshakes")]
+print(f"handshake over a 100 ms round trip (relay 50 ms each way), {len(hs)} runs: "
+      f"{mmm([h[0]*1e3 for h in hs])} ms; min RTT seen {min(h[1] for h in hs)*1e3:.1f} ms (target <= 1 RTT)")
+PY
