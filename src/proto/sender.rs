@@ -17,7 +17,10 @@ use super::congestion::{
     self, AckEvent, CcReport, CongestionEvent, Controller, DeliveryRate, Pacer, RecoveryStep,
 };
 use super::events::{Event, RecoveryTrigger, TimedEvent, TraceRecord};
-use super::loss::{self, AckSummary, DupEvidence, Forced, LossRecovery, LossState, Phase, Verdict};
+use super::loss::{
+    self, AckSummary, DupEvidence, Forced, LossRecovery, LossState, Phase, TimerContext,
+    TimerVerdict, Verdict,
+};
 use super::payload::PayloadSource;
 use super::rtt::RttEstimator;
 use super::scoreboard::Scoreboard;
@@ -45,9 +48,20 @@ enum Timer {
     Persist,
     /// The pacer lets the next datagram go.
     Pacing,
+    /// The loss-recovery variant's own timer (RACK's reordering timer,
+    /// TLP's probe timeout).
+    Recovery,
 }
 
-const TIMERS: [Timer; 4] = [Timer::Rto, Timer::Idle, Timer::Persist, Timer::Pacing];
+/// In the order they are handled when several expire at once: a probe
+/// timeout capped at the RTO goes first and defers it (RFC 8985 §7.3).
+const TIMERS: [Timer; 5] = [
+    Timer::Recovery,
+    Timer::Rto,
+    Timer::Idle,
+    Timer::Persist,
+    Timer::Pacing,
+];
 
 /// Counters that the summary reports with atou's names.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -79,6 +93,8 @@ pub struct SenderStats {
     pub maxack: u64,
     /// Most segments sent in response to one event.
     pub maxburst: u64,
+    /// Tail loss probes sent (RFC 8985 §7).
+    pub tlps: u64,
     /// Payload bytes acknowledged.
     pub good_bytes: u64,
 }
@@ -395,6 +411,7 @@ impl Sender {
         let window_changed = right_edge != self.peer_right_edge;
         self.peer_right_edge = right_edge;
 
+        self.sb.clear_deliveries();
         let uses_sack = self.recovery.kind().uses_sack();
         let mut newly_sacked = 0;
         if uses_sack {
@@ -455,7 +472,13 @@ impl Sender {
 
         let summary = AckSummary {
             newly_acked,
+            newly_sacked,
             is_dupack,
+            now,
+            echo: ack.echo_timestamp,
+            dsack: ack.dsack,
+            srtt: self.rtt.srtt(),
+            min_rtt: self.rtt.min(),
         };
         let was_in_recovery = self.loss.phase == Phase::Recovery;
         let lost_before = self.sb.lost_total();
@@ -465,6 +488,10 @@ impl Sender {
                 lost_below,
             } => {
                 self.enter_recovery(trigger, lost_below);
+                RecoveryStep::Entered
+            }
+            Verdict::EnterMarked { trigger } => {
+                self.enter_recovery_marked(trigger);
                 RecoveryStep::Entered
             }
             Verdict::Leave => {
@@ -491,8 +518,18 @@ impl Sender {
             app_limited: self.rate.is_app_limited(),
             rate: self.rate.sample(self.sb.lost_total(), self.rtt.min()),
         });
+        if self.recovery.take_probe_loss() {
+            // RFC 8985 §7.4: the probe repaired a loss; one reduction.
+            self.cc.on_congestion_event(&CongestionEvent {
+                now,
+                flight: self.sb.flight(),
+                pipe: self.sb.pipe(),
+            });
+            self.cc.on_recovery_end(now);
+        }
         self.loss.settle(&self.sb);
         self.note_controller();
+        self.arm_recovery_timer(newly_acked > 0);
 
         if let Some(trace) = self.trace.as_mut() {
             trace.push_back(TraceRecord::Ack {
@@ -563,6 +600,88 @@ impl Sender {
         self.emit(event);
     }
 
+    /// Fast recovery on losses the variant has already marked (RACK): the
+    /// controller reduces its window and the lost segments go out as pipe
+    /// allows, lowest first; nothing is forced.
+    fn enter_recovery_marked(&mut self, trigger: RecoveryTrigger) {
+        let una = self.sb.una();
+        let cwnd = self.cc.window();
+        let seg = self.sb.next_lost_pending().unwrap_or(una);
+        self.loss.recover = self.sb.max();
+        self.emit(Event::FastRetransmit {
+            seg,
+            snd_nxt: self.sb.max(),
+            snd_max: self.sb.max(),
+            cwnd,
+            ssthresh: self.ssthresh(),
+            recover: self.loss.recover,
+        });
+        // FlightSize before the losses were taken out of it.
+        let flight = self.sb.flight() + self.sb.lost_pending();
+        self.loss.phase = Phase::Recovery;
+        // The fast retransmit goes out whatever pipe says (RFC 5681 §3.2
+        // step 2; PRR's at-least-one, RFC 6937).
+        self.loss.force_retransmit = self.sb.next_lost_pending().map(Forced::FastRetransmit);
+        self.cc.on_congestion_event(&CongestionEvent {
+            now: self.now,
+            flight,
+            pipe: self.sb.pipe(),
+        });
+        self.recovery_started = self.now;
+        self.stats.dup3s += 1;
+        let event = Event::EnterRecovery {
+            trigger,
+            snd_una: una,
+            recover: self.loss.recover,
+            cwnd,
+            ssthresh: self.ssthresh(),
+        };
+        self.emit(event);
+    }
+
+    /// Asks the loss-recovery variant to arm its timer; `restart` after new
+    /// data went out or the cumulative ACK advanced (RFC 8985 §7.2).
+    fn arm_recovery_timer(&mut self, restart: bool) {
+        let ctx = TimerContext {
+            now: self.now,
+            srtt: self.rtt.srtt(),
+            rto_at: self.timer(Timer::Rto),
+            max_ack_delay: self.tuning.delack,
+            restart,
+        };
+        self.recovery.arm(&ctx, &self.sb, &self.loss);
+        let at = self.recovery.deadline();
+        self.set_timer(Timer::Recovery, at);
+    }
+
+    /// The variant's timer fired: it may mark losses, or ask for a probe.
+    fn on_recovery_timer(&mut self) {
+        let new_data = self.may_send_new();
+        let now = self.now;
+        match self
+            .recovery
+            .on_deadline(now, &mut self.sb, &mut self.loss, new_data)
+        {
+            TimerVerdict::Nothing | TimerVerdict::Lost => {}
+            TimerVerdict::Enter(trigger) => self.enter_recovery_marked(trigger),
+            TimerVerdict::Probe(seg) => {
+                self.stats.tlps += 1;
+                self.loss.force_retransmit = Some(Forced::Probe(seg));
+                let event = Event::LossProbe {
+                    seg,
+                    snd_max: self.sb.max(),
+                    retransmission: seg < self.sb.max(),
+                };
+                self.emit(event);
+                // RFC 8985 §7.3: the RTO timer, not the probe timer, runs
+                // after a probe.
+                self.arm_rto();
+            }
+        }
+        let at = self.recovery.deadline();
+        self.set_timer(Timer::Recovery, at);
+    }
+
     /// Ends fast recovery; the controller sets the window it goes on with.
     fn leave_recovery(&mut self) {
         self.loss.phase = Phase::Open;
@@ -596,6 +715,7 @@ impl Sender {
                         return;
                     }
                     Timer::Persist => self.persist_probe = true,
+                    Timer::Recovery => self.on_recovery_timer(),
                     // poll_transmit, called next, sends what the pacer allows.
                     Timer::Pacing => {}
                 }
@@ -613,6 +733,8 @@ impl Sender {
         self.cc.on_rto(self.now, self.sb.flight(), first);
         self.note_controller();
         self.loss.on_rto(&mut self.sb);
+        self.recovery.on_rto();
+        self.set_timer(Timer::Recovery, None);
         let event = Event::TimeoutRetransmit {
             seg: self.sb.una(),
             snd_nxt: self.sb.una(),
@@ -750,13 +872,20 @@ impl Sender {
                     seg,
                 });
             }
-            // RFC 6298 §5.1; and a forced retransmission restarts the timer
-            // so it is not pre-empted by a timeout armed a round trip
-            // earlier (Linux, Sarolahti §4.1; RFC 6582 §3.2 step 5).
-            if self.timer(Timer::Rto).is_none() || forced.is_some() {
+            // RFC 6298 §5.1; and a forced retransmission, or any of
+            // snd_una, restarts the timer so it is not pre-empted by a
+            // timeout armed a round trip earlier (Linux, Sarolahti §4.1;
+            // RFC 6582 §3.2 step 5; Linux's tcp_xmit_retransmit_queue
+            // re-arms it for the head, which RACK resends when its
+            // retransmission is lost, RFC 8985 §6.2).
+            let head_again = !is_new && seg == self.sb.una();
+            if self.timer(Timer::Rto).is_none() || forced.is_some() || head_again {
                 self.arm_rto();
             }
             self.set_timer(Timer::Persist, None);
+            if is_new {
+                self.arm_recovery_timer(true);
+            }
             if self.droplist.consume(seg) {
                 // Scripted loss: sent as far as the protocol knows, but it
                 // never reaches the wire.
@@ -1255,6 +1384,94 @@ mod tests {
             sent.push(send(&mut s, at(t)));
         }
         assert_eq!(sent, vec![vec![8], vec![9], vec![2]]);
+    }
+
+    /// RFC 8985 §6.2–6.3: a segment is lost once one sent after it is
+    /// delivered and an RTT and the reordering window (min_rtt / 4, with
+    /// fewer than dup_thresh SACKed) have passed since it left; the RACK
+    /// timer finds it without another ACK. Its retransmission is judged the
+    /// same way, by its own send time: lost again and resent, no timeout.
+    #[test]
+    fn rack_marks_by_time_and_finds_a_lost_retransmission() {
+        let mut s = sender(tuning(RecoveryKind::Rack));
+        // 6..=15 outstanding; 6 and 7 left at 2 ms.
+        assert_eq!(fill(&mut s, 16), 16);
+        // 7 arrives, 6 does not: 6 is not lost yet (reordering window).
+        ack(
+            &mut s,
+            at(60),
+            AckSpec {
+                cum: 6,
+                sack: &[(7, 8)],
+                ..ACK
+            },
+        );
+        assert_eq!(s.phase(), Phase::Disorder);
+        let sent = send(&mut s, at(60));
+        assert!(!sent.contains(&6), "{sent:?}");
+        // The RACK timer: 7 took 58 ms; with min_rtt 50 ms the window is
+        // 12.5 ms, so 6 is lost at 2 + 58 + 12.5 ms.
+        let due = s.poll_timeout().unwrap();
+        assert_eq!(due, Time::from_nanos(72_500_000));
+        s.handle_timeout(due);
+        assert_eq!(s.phase(), Phase::Recovery);
+        assert_eq!(send(&mut s, due).first(), Some(&6), "fast retransmit");
+        // The retransmission is lost. What was sent before it arrives...
+        ack(
+            &mut s,
+            at(100),
+            AckSpec {
+                cum: 6,
+                sack: &[(7, 16)],
+                ..ACK
+            },
+        );
+        let later = send(&mut s, at(100));
+        assert!(!later.is_empty() && !later.contains(&6), "{later:?}");
+        // ...then what was sent after it, 60 ms later: 6's retransmission,
+        // sent 87.5 ms ago, is lost too and goes out again.
+        let top = s.snapshot(at(160)).snd_max;
+        ack(
+            &mut s,
+            at(160),
+            AckSpec {
+                cum: 6,
+                sack: &[(7, top)],
+                ..ACK
+            },
+        );
+        assert_eq!(send(&mut s, at(160)).first(), Some(&6));
+        assert_eq!(s.stats().timeouts, 0);
+        assert_eq!(s.stats().dup3s, 1, "one recovery");
+    }
+
+    /// RFC 8985 §7: a lost last segment, with nothing SACKed, draws a tail
+    /// loss probe two SRTTs after the last ACK, before the RTO; the probe
+    /// resends the highest segment, and its ACK ends the transfer.
+    #[test]
+    fn tlp_probes_a_lost_tail_before_the_rto() {
+        let t = tuning(RecoveryKind::Rack);
+        let mut s = Sender::new(&t, CONN, Some(u64::from(PAYLOAD) * 6), Time::ZERO).unwrap();
+        assert_eq!(send(&mut s, at(0)), vec![0, 1, 2, 3]);
+        ack(&mut s, at(50), AckSpec { cum: 4, ..ACK });
+        assert_eq!(send(&mut s, at(50)), vec![4, 5]);
+        // 5 is lost: only 4 is acknowledged.
+        ack(&mut s, at(100), AckSpec { cum: 5, ..ACK });
+        assert!(send(&mut s, at(100)).is_empty());
+        let due = s.poll_timeout().unwrap();
+        assert_eq!(due, at(200), "PTO = 2 x SRTT (50 ms) after the ACK");
+        assert!(due < at(100) + s.rto(), "before the RTO");
+        s.handle_timeout(due);
+        assert_eq!(send(&mut s, due), vec![5]);
+        assert_eq!(s.stats().tlps, 1);
+        assert!(events(&mut s).iter().any(|e| e == "tlp pkt 5 max 6 rxmt"));
+        ack(
+            &mut s,
+            due + Duration::from_millis(50),
+            AckSpec { cum: 6, ..ACK },
+        );
+        assert_eq!(s.state(), SenderState::Finished);
+        assert_eq!(s.stats().timeouts, 0);
     }
 
     #[test]

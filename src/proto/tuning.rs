@@ -28,19 +28,26 @@ pub enum RecoveryKind {
     Sack,
     /// Forward acknowledgement (Mathis & Mahdavi 1996), optional rampdown.
     Fack,
+    /// RACK-TLP (RFC 8985): time-based loss detection over SACK, tail
+    /// loss probes.
+    Rack,
 }
 
 impl RecoveryKind {
-    pub const ALL: [RecoveryKind; 4] = [
+    pub const ALL: [RecoveryKind; 5] = [
         RecoveryKind::Reno,
         RecoveryKind::NewReno,
         RecoveryKind::Sack,
         RecoveryKind::Fack,
+        RecoveryKind::Rack,
     ];
 
     /// Whether the receiver must send SACK blocks for this variant.
     pub fn uses_sack(self) -> bool {
-        matches!(self, RecoveryKind::Sack | RecoveryKind::Fack)
+        matches!(
+            self,
+            RecoveryKind::Sack | RecoveryKind::Fack | RecoveryKind::Rack
+        )
     }
 
     pub fn name(self) -> &'static str {
@@ -49,6 +56,7 @@ impl RecoveryKind {
             RecoveryKind::NewReno => "newreno",
             RecoveryKind::Sack => "sack",
             RecoveryKind::Fack => "fack",
+            RecoveryKind::Rack => "rack",
         }
     }
 }
@@ -67,8 +75,9 @@ impl FromStr for RecoveryKind {
             "newreno" => Ok(RecoveryKind::NewReno),
             "sack" => Ok(RecoveryKind::Sack),
             "fack" => Ok(RecoveryKind::Fack),
+            "rack" => Ok(RecoveryKind::Rack),
             _ => Err(format!(
-                "`{s}` is not a recovery variant (reno, newreno, sack, fack)"
+                "`{s}` is not a recovery variant (reno, newreno, sack, fack, rack)"
             )),
         }
     }
@@ -360,7 +369,7 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "rcvwin", aliases: &["rcvrwin"], value_name: "SEGMENTS",
         help: "sender window limit in segments (atou Table 1)" },
     Knob { name: "recovery", aliases: &[], value_name: "VARIANT",
-        help: "loss recovery: reno (RFC 5681), newreno (RFC 6582), sack (RFC 6675), fack (Mathis-Mahdavi)" },
+        help: "loss recovery: reno (RFC 5681), newreno (RFC 6582), sack (RFC 6675), fack (Mathis-Mahdavi), rack (RFC 8985 RACK-TLP)" },
     Knob { name: "rampdown", aliases: &[], value_name: "0|1",
         help: "FACK only: halve cwnd gradually, one segment per two ACKs (Mathis appendix A)" },
     Knob { name: "timeout", aliases: &[], value_name: "SECONDS",
@@ -546,7 +555,7 @@ impl Tuning {
                     (true, RecoveryKind::Reno | RecoveryKind::NewReno) => {
                         self.recovery = RecoveryKind::Sack
                     }
-                    (false, RecoveryKind::Sack | RecoveryKind::Fack) => {
+                    (false, RecoveryKind::Sack | RecoveryKind::Fack | RecoveryKind::Rack) => {
                         self.recovery = RecoveryKind::NewReno
                     }
                     _ => {}
