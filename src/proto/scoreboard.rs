@@ -429,6 +429,22 @@ impl Scoreboard {
         self.retx_cursor = self.una;
     }
 
+    /// Forgets every loss not yet retransmitted: a spurious timeout or
+    /// recovery was undone, so those segments are still in flight
+    /// (Sarolahti §6: "the lost mark is removed from all segments").
+    pub fn clear_pending_losses(&mut self) {
+        let una = self.una;
+        for (i, s) in self.segs.iter_mut().enumerate() {
+            if s.lost && !s.retx && !s.sacked {
+                s.lost = false;
+                self.n_lost -= 1;
+                self.n_lost_pending -= 1;
+                self.by_xmit.insert((s.xmit, una + i as u64));
+            }
+        }
+        self.loss_frontier = una;
+    }
+
     /// The lowest segment awaiting retransmission.
     pub fn next_lost_pending(&mut self) -> Option<u64> {
         if self.n_lost_pending == 0 {

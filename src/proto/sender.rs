@@ -95,6 +95,8 @@ pub struct SenderStats {
     pub maxburst: u64,
     /// Tail loss probes sent (RFC 8985 §7).
     pub tlps: u64,
+    /// Reductions undone as spurious (Sarolahti §6).
+    pub undos: u64,
     /// Payload bytes acknowledged.
     pub good_bytes: u64,
 }
@@ -122,6 +124,22 @@ pub struct SenderSnapshot {
     pub cc: Option<CcReport>,
 }
 
+/// A fast recovery or timeout whose reduction may yet be undone
+/// (Sarolahti §6, Linux's undo_marker and undo_retrans).
+#[derive(Debug, Clone, Copy)]
+struct UndoEpisode {
+    /// snd_una and snd_max when it began: the D-SACKs that count lie between.
+    una: u64,
+    max: u64,
+    /// Retransmissions sent during it, and D-SACKs that proved one unnecessary.
+    retransmitted: u64,
+    dsacked: u64,
+    /// When its first retransmission left (Linux's retrans_stamp).
+    first_retx: Option<Time>,
+    /// Eifel looks at the first ACK for new data after the retransmission only.
+    eifel_checked: bool,
+}
+
 #[derive(Debug)]
 pub struct Sender {
     conn_id: u64,
@@ -140,6 +158,8 @@ pub struct Sender {
     pacer: Pacer,
     /// The controller report last logged as an event.
     cc_logged: Option<CcReport>,
+    /// The last reduction, while it may be undone (`undo`).
+    undo: Option<UndoEpisode>,
     stats: SenderStats,
     events: VecDeque<TimedEvent>,
     /// The latest time the sender was given.
@@ -202,6 +222,7 @@ impl Sender {
             rate: DeliveryRate::default(),
             pacer: Pacer::new(u64::from(tuning.mss), now),
             cc_logged: None,
+            undo: None,
             stats: SenderStats::default(),
             events: VecDeque::new(),
             now,
@@ -466,6 +487,7 @@ impl Sender {
             self.loss.dupacks += 1;
             self.stats.dups += 1;
         }
+        self.check_undo(ack, newly_acked);
         if self.loss.phase == Phase::Loss && self.loss.recovery_point_acked(&self.sb) {
             self.loss.phase = Phase::Open;
         }
@@ -582,6 +604,7 @@ impl Sender {
         };
         self.emit(event);
         let flight = self.sb.flight();
+        self.begin_undo_episode(false);
         self.loss.enter_recovery(&mut self.sb, lost_below);
         self.cc.on_congestion_event(&CongestionEvent {
             now: self.now,
@@ -618,6 +641,7 @@ impl Sender {
         });
         // FlightSize before the losses were taken out of it.
         let flight = self.sb.flight() + self.sb.lost_pending();
+        self.begin_undo_episode(false);
         self.loss.phase = Phase::Recovery;
         // The fast retransmit goes out whatever pipe says (RFC 5681 §3.2
         // step 2; PRR's at-least-one, RFC 6937).
@@ -634,6 +658,75 @@ impl Sender {
             snd_una: una,
             recover: self.loss.recover,
             cwnd,
+            ssthresh: self.ssthresh(),
+        };
+        self.emit(event);
+    }
+
+    /// Starts an undo episode when a reduction begins; a repeated timeout
+    /// of the same data continues the one under way.
+    fn begin_undo_episode(&mut self, repeated: bool) {
+        if !self.tuning.undo || (repeated && self.undo.is_some()) {
+            return;
+        }
+        self.undo = Some(UndoEpisode {
+            una: self.sb.una(),
+            max: self.sb.max(),
+            retransmitted: 0,
+            dsacked: 0,
+            first_retx: None,
+            eifel_checked: false,
+        });
+    }
+
+    /// Sarolahti §6: the reduction was spurious if the first ACK for new
+    /// data after the first retransmission echoes a timestamp older than
+    /// that retransmission, so the original arrived (Eifel); or if D-SACKs
+    /// (RFC 2883) report every retransmission of the episode a duplicate.
+    fn check_undo(&mut self, ack: &Ack, newly_acked: u64) {
+        let Some(mut ep) = self.undo else { return };
+        let mut how = None;
+        if let Some(first) = ep.first_retx {
+            if newly_acked > 0 && !ep.eifel_checked {
+                ep.eifel_checked = true;
+                let echo_older = (first.wire_micros().wrapping_sub(ack.echo_timestamp) as i32) > 0;
+                if echo_older && self.loss.phase != Phase::Open {
+                    how = Some("timestamp");
+                }
+            }
+        }
+        if let Some(d) = ack.dsack {
+            if d.start >= ep.una && d.start < ep.max {
+                ep.dsacked += 1;
+                if ep.retransmitted > 0 && ep.dsacked >= ep.retransmitted {
+                    how = how.or(Some("dsack"));
+                }
+            }
+        }
+        self.undo = Some(ep);
+        if let Some(how) = how {
+            self.undo_reduction(how);
+        }
+    }
+
+    /// Reverts a spurious reduction: the controller goes back to its
+    /// window, segments marked lost and not yet resent are in flight again,
+    /// and the sender leaves recovery or timeout repair to go on with new
+    /// data (Sarolahti §6).
+    fn undo_reduction(&mut self, how: &'static str) {
+        self.undo = None;
+        self.stats.undos += 1;
+        self.cc.undo(self.now);
+        self.sb.clear_pending_losses();
+        if matches!(self.loss.phase, Phase::Recovery | Phase::Loss) {
+            self.loss.phase = Phase::Open;
+            self.loss.dupacks = 0;
+        }
+        self.loss.force_retransmit = None;
+        let event = Event::Undo {
+            how,
+            snd_una: self.sb.una(),
+            cwnd: self.cc.window(),
             ssthresh: self.ssthresh(),
         };
         self.emit(event);
@@ -730,6 +823,7 @@ impl Sender {
         }
         self.stats.timeouts += 1;
         let first = self.rtt.backoff() == 0;
+        self.begin_undo_episode(self.loss.phase == Phase::Loss);
         self.cc.on_rto(self.now, self.sb.flight(), first);
         self.note_controller();
         self.loss.on_rto(&mut self.sb);
@@ -917,6 +1011,10 @@ impl Sender {
     fn record_retransmission(&mut self, seg: u64, forced: Option<Forced>) {
         self.sb.on_retransmit(seg);
         self.stats.rxmts += 1;
+        if let Some(ep) = &mut self.undo {
+            ep.retransmitted += 1;
+            ep.first_retx.get_or_insert(self.now);
+        }
         let is_fast_retransmit = matches!(forced, Some(Forced::FastRetransmit(_)));
         if self.loss.phase == Phase::Recovery && !is_fast_retransmit {
             self.stats.packs += 1;

@@ -294,6 +294,9 @@ pub struct Tuning {
     pub vmss: u32,
     /// RFC 3042.
     pub limited_transmit: bool,
+    /// Undo a reduction whose retransmissions all prove spurious (D-SACK,
+    /// RFC 2883; timestamps, Eifel; Sarolahti §6).
+    pub undo: bool,
     /// Receiver: delayed-ACK timer; zero ACKs every segment.
     #[serde(serialize_with = "secs")]
     pub delack: Duration,
@@ -340,6 +343,7 @@ impl Default for Tuning {
             droplist: DropList::default(),
             vmss: 1,
             limited_transmit: true,
+            undo: false,
             delack: Duration::ZERO,
             rcvsegs: 8192,
             sndbuf: 4 << 20,
@@ -422,6 +426,8 @@ pub const KNOBS: &[Knob] = &[
         help: "bbr only: multiplicative cut of BBR's bandwidth and inflight bounds on congestion loss (0 < f < 1)" },
     Knob { name: "bbr_headroom", aliases: &[], value_name: "FRACTION",
         help: "bbr only: share of inflight_hi BBR leaves unused while cruising" },
+    Knob { name: "undo", aliases: &[], value_name: "0|1",
+        help: "revert a window reduction when D-SACKs or echoed timestamps prove every retransmission of it spurious (Sarolahti §6, RFC 2883, Eifel); an atou config file means 0" },
     Knob { name: "bbr_loss_events", aliases: &[], value_name: "N",
         help: "bbr only: ACKs reporting new losses a round trip needs before its loss counts (quiche-style)" },
 ];
@@ -600,6 +606,7 @@ impl Tuning {
             "droplist" => self.droplist = v.parse().map_err(|m| err(&key, m))?,
             "vmss" => self.vmss = parse_int(&key, v, 1, 1 << 16)?,
             "limited_transmit" => self.limited_transmit = parse_bool(&key, v)?,
+            "undo" => self.undo = parse_bool(&key, v)?,
             "delack" => {
                 self.delack = parse_time(&key, v, TimeUnit::Millis, Duration::from_secs(10))?
             }
@@ -663,6 +670,7 @@ impl Tuning {
             "droplist" => self.droplist.to_string(),
             "vmss" => self.vmss.to_string(),
             "limited_transmit" => u8::from(self.limited_transmit).to_string(),
+            "undo" => u8::from(self.undo).to_string(),
             "delack" => Exact(self.delack, TimeUnit::Millis).to_string(),
             "rcvsegs" => self.rcvsegs.to_string(),
             "sndbuf" => self.sndbuf.to_string(),
