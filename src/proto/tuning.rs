@@ -534,6 +534,20 @@ impl Tuning {
         }
     }
 
+    /// The defaults of atou's commands (`send`, `copy`, `sim`, `probe`,
+    /// `serve`): BBR, RACK-TLP and undo (issue 14 point 7). Flags and config
+    /// files start from here. [`Tuning::default`] is atou's own baseline,
+    /// AIMD with SACK recovery and no undo: what an atou config file means,
+    /// and what the papers' scenarios and the unit tests build on.
+    pub fn command_default() -> Tuning {
+        Tuning {
+            cc: CcKind::Bbr,
+            recovery: RecoveryKind::Rack,
+            undo: true,
+            ..Tuning::default()
+        }
+    }
+
     /// Sets one knob from text, by its name or an atou alias. atou's
     /// `newreno`, `sack` and `fack` flags select the recovery variant.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), TuningError> {
@@ -687,11 +701,16 @@ impl Tuning {
     /// atou's own configs load unchanged; `port` and `debug`, which have
     /// other spellings here, are accepted and reported back as notes. When the file names any of atou's `newreno`/`sack`/`fack`
     /// flags, they start from atou's defaults (newreno only) so the file
-    /// means what it meant to atou. A config file selects `cc aimd`, atou's
-    /// own controller, unless it names another itself.
+    /// means what it meant to atou. A config file selects atou's baseline,
+    /// [`Tuning::default`] (`cc aimd`, `recovery sack`, `undo 0`), unless
+    /// it names others itself.
     pub fn apply_config(&mut self, text: &str) -> Result<Vec<String>, ConfigError> {
         let mut notes = Vec::new();
-        self.cc = CcKind::Aimd;
+        // atou's baseline, whatever the command's defaults.
+        let atou = Tuning::default();
+        self.cc = atou.cc;
+        self.recovery = atou.recovery;
+        self.undo = atou.undo;
         let lines: Vec<(usize, &str, &str)> = text
             .lines()
             .enumerate()
@@ -918,5 +937,29 @@ mod tests {
         };
         assert_eq!(t.initial_ssthresh(), 64);
         assert_eq!(Tuning::default().initial_ssthresh(), u64::MAX);
+    }
+
+    /// Issue 14 point 7: the commands run bbr with rack and undo; an atou
+    /// config file means atou's baseline unless it names others.
+    #[test]
+    fn commands_default_to_bbr_with_rack_config_files_to_atous_baseline() {
+        let t = Tuning::command_default();
+        assert_eq!(
+            (t.cc, t.recovery, t.undo),
+            (CcKind::Bbr, RecoveryKind::Rack, true)
+        );
+        t.validate().unwrap();
+        let mut t = Tuning::command_default();
+        t.apply_config("rcvrwin 26\n").unwrap();
+        assert_eq!(
+            (t.cc, t.recovery, t.undo),
+            (CcKind::Aimd, RecoveryKind::Sack, false)
+        );
+        let mut t = Tuning::command_default();
+        t.apply_config("cc bbr\nrecovery rack\nundo 1\n").unwrap();
+        assert_eq!(
+            (t.cc, t.recovery, t.undo),
+            (CcKind::Bbr, RecoveryKind::Rack, true)
+        );
     }
 }
