@@ -101,6 +101,11 @@ impl Scoreboard {
         self.n_sacked
     }
 
+    /// Retransmissions in flight.
+    pub fn retransmissions_in_flight(&self) -> u64 {
+        self.n_retx
+    }
+
     pub fn lost_pending(&self) -> u64 {
         self.n_lost_pending
     }

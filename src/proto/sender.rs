@@ -134,9 +134,10 @@ struct UndoEpisode {
     /// Retransmissions sent during it, and D-SACKs that proved one unnecessary.
     retransmitted: u64,
     dsacked: u64,
-    /// When its first retransmission left (Linux's retrans_stamp).
-    first_retx: Option<Time>,
-    /// Eifel looks at the first ACK for new data after the retransmission only.
+    /// When its first retransmission left, and which segment it was
+    /// (Linux's retrans_stamp): the earliest retransmission in flight.
+    first_retx: Option<(Time, u64)>,
+    /// Eifel looks only at the ACK that first covers that segment.
     eifel_checked: bool,
 }
 
@@ -487,7 +488,7 @@ impl Sender {
             self.loss.dupacks += 1;
             self.stats.dups += 1;
         }
-        self.check_undo(ack, newly_acked);
+        self.check_undo(ack, una);
         if self.loss.phase == Phase::Loss && self.loss.recovery_point_acked(&self.sb) {
             self.loss.phase = Phase::Open;
         }
@@ -669,28 +670,39 @@ impl Sender {
         if !self.tuning.undo || (repeated && self.undo.is_some()) {
             return;
         }
+        // Retransmissions of an earlier episode still in flight belong to
+        // this one too (Linux's tcp_init_undo): D-SACKs must cover them,
+        // and Eifel's reference is the earliest of them, or, if that is
+        // unknown, Eifel stays out of it.
+        let in_flight = self.sb.retransmissions_in_flight();
+        let carried = self
+            .undo
+            .and_then(|e| e.first_retx)
+            .filter(|_| in_flight > 0);
         self.undo = Some(UndoEpisode {
             una: self.sb.una(),
             max: self.sb.max(),
-            retransmitted: 0,
+            retransmitted: in_flight,
             dsacked: 0,
-            first_retx: None,
-            eifel_checked: false,
+            first_retx: carried,
+            eifel_checked: in_flight > 0 && carried.is_none(),
         });
     }
 
-    /// Sarolahti §6: the reduction was spurious if the first ACK for new
-    /// data after the first retransmission echoes a timestamp older than
-    /// that retransmission, so the original arrived (Eifel); or if D-SACKs
-    /// (RFC 2883) report every retransmission of the episode a duplicate.
-    fn check_undo(&mut self, ack: &Ack, newly_acked: u64) {
+    /// Sarolahti §6: the reduction was spurious if the ACK that first
+    /// covers the episode's first retransmission, when that segment was
+    /// snd_una, echoes a timestamp older than the retransmission, so the
+    /// original arrived (Eifel); or if D-SACKs (RFC 2883) report every
+    /// retransmission of the episode a duplicate. `prior_una` is snd_una
+    /// before this ACK.
+    fn check_undo(&mut self, ack: &Ack, prior_una: u64) {
         let Some(mut ep) = self.undo else { return };
         let mut how = None;
-        if let Some(first) = ep.first_retx {
-            if newly_acked > 0 && !ep.eifel_checked {
+        if let (Some((sent, seg)), false) = (ep.first_retx, ep.eifel_checked) {
+            if ack.cum_ack > seg {
                 ep.eifel_checked = true;
-                let echo_older = (first.wire_micros().wrapping_sub(ack.echo_timestamp) as i32) > 0;
-                if echo_older && self.loss.phase != Phase::Open {
+                let echo_older = (sent.wire_micros().wrapping_sub(ack.echo_timestamp) as i32) > 0;
+                if prior_una == seg && echo_older && self.loss.phase != Phase::Open {
                     how = Some("timestamp");
                 }
             }
@@ -1013,7 +1025,7 @@ impl Sender {
         self.stats.rxmts += 1;
         if let Some(ep) = &mut self.undo {
             ep.retransmitted += 1;
-            ep.first_retx.get_or_insert(self.now);
+            ep.first_retx.get_or_insert((self.now, seg));
         }
         let is_fast_retransmit = matches!(forced, Some(Forced::FastRetransmit(_)));
         if self.loss.phase == Phase::Recovery && !is_fast_retransmit {
@@ -1403,6 +1415,52 @@ mod tests {
             vec![8, 16, 17],
             "NextSeg rules 1 then 2"
         );
+    }
+
+    /// Sarolahti §6, RFC 2883: a fast retransmit whose segment was only
+    /// reordered. The first ACK after it echoes the retransmission, so the
+    /// timestamps cannot tell; the D-SACK for the retransmission, the only
+    /// one of the episode, proves it spurious and the window before the
+    /// recovery comes back.
+    #[test]
+    fn a_dsack_for_every_retransmission_undoes_the_reduction() {
+        let mut s = sender(Tuning {
+            undo: true,
+            ..tuning(RecoveryKind::Sack)
+        });
+        fill(&mut s, 16); // 6..=15 outstanding, cwnd 10
+        for (t, top) in [(20, 8), (21, 10), (22, 11)] {
+            ack(
+                &mut s,
+                at(t),
+                AckSpec {
+                    cum: 6,
+                    sack: &[(7, top)],
+                    ..ACK
+                },
+            );
+        }
+        assert_eq!(send(&mut s, at(22)), vec![6]);
+        let snap = s.snapshot(at(22));
+        assert_eq!((snap.cwnd, snap.ssthresh), (5, 5));
+        ack(&mut s, at(100), AckSpec { cum: 16, ..ACK });
+        send(&mut s, at(100));
+        assert_eq!(s.stats().undos, 0, "the ACK echoes the retransmission");
+        ack(
+            &mut s,
+            at(101),
+            AckSpec {
+                cum: 16,
+                dsack: Some((6, 7)),
+                ..ACK
+            },
+        );
+        assert_eq!(s.stats().undos, 1);
+        let snap = s.snapshot(at(101));
+        assert_eq!((snap.cwnd, snap.ssthresh), (10, u64::MAX));
+        assert!(events(&mut s)
+            .iter()
+            .any(|e| e.starts_with("undo dsack una 16 cwnd 10")));
     }
 
     /// FACK: every un-SACKed segment below the highest SACK is lost once

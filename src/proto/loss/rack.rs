@@ -311,3 +311,89 @@ impl LossRecovery for Rack {
         std::mem::take(&mut self.probe_loss)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::congestion::DeliveryRate;
+    use crate::proto::wire::SackBlock;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn at(ms: u64) -> Time {
+        Time::from_nanos(ms * 1_000_000)
+    }
+
+    /// Ten segments sent 1 ms apart from 0 ms.
+    fn setup() -> (Rack, Scoreboard, LossState) {
+        let t = Tuning::default();
+        let mut rate = DeliveryRate::default();
+        let mut sb = Scoreboard::default();
+        for ms in 0..10 {
+            let seg = sb.on_send_new();
+            sb.stamp(seg, rate.on_sent(at(ms), seg, seg, 0));
+        }
+        (Rack::new(&t), sb, LossState::new(&t))
+    }
+
+    fn ack(now: Time, dsack: Option<(u64, u64)>) -> AckSummary {
+        AckSummary {
+            now,
+            echo: now.wire_micros(),
+            dsack: dsack.and_then(|(s, e)| SackBlock::new(s, e)),
+            srtt: 100 * MS,
+            min_rtt: 100 * MS,
+            ..AckSummary::default()
+        }
+    }
+
+    /// RFC 8985 §6.2 step 4: the window is min_rtt / 4, one more step per
+    /// round trip with a D-SACK (not per D-SACK), and back to one step
+    /// after 16 recoveries without one.
+    #[test]
+    fn rfc8985_6_2_reo_wnd_grows_with_dsacks_once_per_round() {
+        let (mut rack, mut sb, mut st) = setup();
+        sb.clear_deliveries();
+        sb.apply_sack(SackBlock::new(5, 6).unwrap());
+        rack.on_ack(&mut sb, &mut st, &ack(at(105), None));
+        assert_eq!(rack.reo_wnd, 25 * MS);
+        // Segments 0..=4 were sent before 5 and are not lost before
+        // 0 + 100 + 25 ms: the timer says when.
+        assert_eq!(rack.reo_timer, Some(at(125)));
+        assert_eq!(sb.lost_pending(), 0);
+        sb.clear_deliveries();
+        rack.on_ack(&mut sb, &mut st, &ack(at(106), Some((2, 3))));
+        assert_eq!(rack.reo_wnd, 50 * MS);
+        rack.on_ack(&mut sb, &mut st, &ack(at(107), Some((3, 4))));
+        assert_eq!(rack.reo_wnd, 50 * MS, "same round trip");
+        // Once snd_una passes the round's end, a D-SACK counts again.
+        sb.ack_through(10);
+        sb.clear_deliveries();
+        rack.on_ack(&mut sb, &mut st, &ack(at(210), Some((4, 5))));
+        assert_eq!(rack.reo_wnd_mult, 3);
+        for _ in 0..REO_WND_PERSIST {
+            rack.on_recovery_exit();
+        }
+        assert_eq!(rack.reo_wnd_mult, 1);
+    }
+
+    /// RFC 8985 §6.2 step 5: at the timer, everything sent before the
+    /// delivered segment whose time is up is lost.
+    #[test]
+    fn rfc8985_6_3_the_timer_marks_what_no_ack_will() {
+        let (mut rack, mut sb, mut st) = setup();
+        sb.clear_deliveries();
+        sb.apply_sack(SackBlock::new(5, 6).unwrap());
+        assert_eq!(
+            rack.on_ack(&mut sb, &mut st, &ack(at(105), None)),
+            Verdict::Stay
+        );
+        assert_eq!(
+            rack.on_deadline(at(125), &mut sb, &mut st, true),
+            TimerVerdict::Enter(RecoveryTrigger::Rack)
+        );
+        // 0 is due at 125 ms; 1 at 126 ms, so the timer goes again.
+        assert_eq!(sb.lost_pending(), 1);
+        assert_eq!(rack.deadline(), Some(at(126)));
+    }
+}
