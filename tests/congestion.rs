@@ -445,6 +445,10 @@ fn rfc8985_7_a_tail_loss_is_repaired_by_a_probe() {
                 .filter(|e| matches!(e.event, Event::LossProbe { .. }))
                 .collect();
             assert_eq!(probes.len(), tlps, "{recovery} {cc}: {probes:?}");
+            assert_eq!(
+                s.tlps, tlps as u64,
+                "{recovery} {cc}: the summary counts them"
+            );
             if let Some(p) = probes.first() {
                 assert!(
                     matches!(p.event, Event::LossProbe { seg, retransmission: true, .. } if seg == last),
