@@ -65,6 +65,10 @@ pub struct Summary {
     pub dsacks: u64,
     pub reneges: u64,
     pub bad_packets: u64,
+    /// Tail loss probes (RFC 8985 §7).
+    pub tlps: u64,
+    /// Reductions undone as spurious (Sarolahti §6).
+    pub undos: u64,
     #[serde(serialize_with = "secs_f64")]
     pub minrtt: Duration,
     #[serde(serialize_with = "secs_f64")]
@@ -159,6 +163,8 @@ impl Summary {
             dropped: stats.dropped,
             dsacks: stats.dsacks,
             reneges: stats.reneges,
+            tlps: stats.tlps,
+            undos: stats.undos,
             bad_packets: stats.bad_packets,
             minrtt: snap.minrtt,
             maxrtt: snap.maxrtt,
@@ -312,6 +318,9 @@ impl fmt::Display for Summary {
                 "droplist drops {} dsacks {} reneges {} bad packets {}",
                 self.dropped, self.dsacks, self.reneges, self.bad_packets
             )?;
+        }
+        if self.tlps > 0 || self.undos > 0 {
+            writeln!(f, "tlps {} undos {}", self.tlps, self.undos)?;
         }
         if let Some(r) = &self.receiver {
             writeln!(

@@ -41,7 +41,8 @@ fn a_lossy_transfer_prints_atous_summary() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     for line in [
-        "config: mss 1472 rcvwin 8192 recovery sack",
+        "config: mss 1472 rcvwin 8192 recovery rack",
+        "cc bbr",
         "good bytes goodput",
         "pkts in",
         "rxmts ",
@@ -88,7 +89,11 @@ fn json_uses_atous_names() {
         assert!(v.get(key).is_some(), "no `{key}` in {v}");
     }
     assert_eq!(v["bytes"], 2_000_000);
-    assert_eq!(v["tuning"]["recovery"], "sack");
+    // Issue 14 point 7: bbr with rack unless told otherwise, named in the
+    // JSON with the controller's state.
+    assert_eq!(v["tuning"]["recovery"], "rack");
+    assert_eq!(v["tuning"]["cc"], "bbr");
+    assert!(v["controller"]["state"].is_string(), "{v}");
     assert_eq!(v["tuning"]["min_rto"], 0.2);
     assert!(v["rxmts"].as_u64().unwrap() > 0);
 }
@@ -108,7 +113,8 @@ fn the_same_seed_writes_the_same_trace() {
     assert_ne!(a, run("6", "c.trace"));
     let text = String::from_utf8(a).unwrap();
     assert!(text.starts_with("# atou trace"));
-    assert!(text.contains("# recovery sack") || text.contains("recovery sack"));
+    assert!(text.contains("recovery rack"), "{text}");
+    assert!(text.contains("cc bbr"), "{text}");
     let body: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
     assert!(body
         .iter()
@@ -150,6 +156,11 @@ fn atous_own_config_file_loads_verbatim_and_flags_win() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["tuning"]["recovery"], "fack");
+    assert_eq!(
+        v["tuning"]["cc"], "aimd",
+        "a config file means atou's baseline"
+    );
+    assert_eq!(v["tuning"]["undo"], false);
     assert_eq!(v["tuning"]["rampdown"], true);
     assert_eq!(v["tuning"]["rcvwin"], 30, "the flag overrides the file");
     assert_eq!(v["timeouts"], 1, "segment 200 dropped twice");

@@ -378,3 +378,131 @@ proptest! {
         prop_assert!(result.delivered_intact(bytes), "{}", result.summary);
     }
 }
+
+// ---------------------------------------------------------------------------
+// RACK-TLP (RFC 8985)
+// ---------------------------------------------------------------------------
+
+fn rack(cc: CcKind, droplist: &str) -> Tuning {
+    Tuning {
+        cc,
+        recovery: RecoveryKind::Rack,
+        droplist: droplist.parse().unwrap(),
+        ..Tuning::default()
+    }
+}
+
+/// RFC 8985 §6.2: a retransmission is judged by its own send time like
+/// any segment, so when segment 200's fast retransmission is dropped too,
+/// RACK resends it a round trip later; SACK alone waits for the RTO
+/// (atou appendix B's `droplist 200 200`). New data must go out after the
+/// retransmission for RACK to judge it, so the window is not held at a
+/// limit, and aimd starts congestion avoidance at 32 segments, about the
+/// path's BDP, so that no queue stretches the round trip past the RTO.
+#[test]
+fn rfc8985_6_2_a_lost_retransmission_is_found_without_a_timeout() {
+    for (recovery, timeouts) in [(RecoveryKind::Sack, 1), (RecoveryKind::Rack, 0)] {
+        for cc in [CcKind::Aimd, CcKind::Bbr] {
+            let t = Tuning {
+                recovery,
+                thresh_init: if cc == CcKind::Aimd { 0.004 } else { 0.0 },
+                ..rack(cc, "200,200")
+            };
+            let (r, _) = simulate(t, "rate 10mbit delay 20ms", "delay 20ms", 1 << 20);
+            let s = &r.summary;
+            assert_eq!(s.dropped, 2, "{recovery} {cc}: {s}");
+            assert_eq!(s.timeouts, timeouts, "{recovery} {cc}: {s}");
+            if recovery == RecoveryKind::Rack {
+                assert_eq!(s.rxmts, 2, "{cc}: only segment 200, twice: {s}");
+            }
+        }
+    }
+}
+
+/// RFC 8985 §7: the last segment of the transfer is lost, so no later
+/// segment can draw a SACK; a tail loss probe resends it two SRTTs later
+/// and the transfer ends without a timeout. SACK alone times out.
+#[test]
+fn rfc8985_7_a_tail_loss_is_repaired_by_a_probe() {
+    let bytes: u64 = 1 << 20;
+    let last = bytes.div_ceil(1439) - 1;
+    for (recovery, timeouts, tlps) in [(RecoveryKind::Sack, 1, 0), (RecoveryKind::Rack, 0, 1)] {
+        for cc in [CcKind::Aimd, CcKind::Bbr] {
+            let t = Tuning {
+                recovery,
+                ..rack(cc, &last.to_string())
+            };
+            let (r, rec) = simulate(t, "rate 10mbit delay 20ms", "delay 20ms", bytes);
+            let s = &r.summary;
+            assert_eq!(
+                (s.dropped, s.timeouts),
+                (1, timeouts),
+                "{recovery} {cc}: {s}"
+            );
+            let probes: Vec<_> = rec
+                .events
+                .iter()
+                .filter(|e| matches!(e.event, Event::LossProbe { .. }))
+                .collect();
+            assert_eq!(probes.len(), tlps, "{recovery} {cc}: {probes:?}");
+            assert_eq!(
+                s.tlps, tlps as u64,
+                "{recovery} {cc}: the summary counts them"
+            );
+            if let Some(p) = probes.first() {
+                assert!(
+                    matches!(p.event, Event::LossProbe { seg, retransmission: true, .. } if seg == last),
+                    "{p}"
+                );
+            }
+        }
+    }
+}
+
+/// Issue 14 point 8: with bbr and rack on the bench path (100 Mbit/s,
+/// 100 ms, 1000-packet queue) at 1 % random loss, once Startup is over
+/// goodput is at least 0.9 × rate × (1 − p), and no loss, however often
+/// its retransmission is lost too, ends in a timeout. BBR's loss
+/// threshold is raised to 5 %: at the default 2 % a ProbeBW probe at a
+/// reduced in-flight count sees "too much" loss, inflight_hi is cut and the
+/// bandwidth estimate decays cycle by cycle (measured: 300 MB at 10 Mbit/s).
+#[test]
+fn bbr_with_rack_keeps_90_percent_of_the_rate_at_one_percent_loss() {
+    let (p, rate) = (0.01, 100e6);
+    let t = Tuning {
+        bbr_loss_thresh: 5.0,
+        ..rack(CcKind::Bbr, "")
+    };
+    let mut config = SimConfig::new(
+        t,
+        "rate 100mbit limit 1000 | delay 50ms loss 1%"
+            .parse()
+            .unwrap(),
+        RETURN.parse().unwrap(),
+        Some(200_000_000),
+        1,
+    );
+    config.trace = true;
+    let mut rec = Recorder::default();
+    let r = Simulation::new(config).unwrap().run(&mut rec).unwrap();
+    assert!(r.delivered_intact(200_000_000), "{}", r.summary);
+    assert_eq!(r.summary.timeouts, 0, "{}", r.summary);
+    let acks: Vec<(f64, u64)> = rec
+        .trace
+        .iter()
+        .filter_map(|r| match *r {
+            TraceRecord::Ack { time, ack, .. } => Some((time.as_secs_f64(), ack)),
+            TraceRecord::Xmt { .. } => None,
+        })
+        .collect();
+    let start = acks.iter().find(|a| a.0 >= 5.0).unwrap();
+    let end = acks.last().unwrap();
+    let payload = f64::from(Tuning::default().payload_size() as u32);
+    let goodput = (end.1 - start.1) as f64 * payload * 8.0 / (end.0 - start.0);
+    assert!(
+        goodput >= 0.9 * rate * (1.0 - p),
+        "{:.1} Mbit/s after Startup: {}",
+        goodput / 1e6,
+        r.summary
+    );
+}

@@ -4,12 +4,12 @@ use atou::proto::tuning::KNOBS;
 use atou::proto::Tuning;
 
 /// docs/tuning.md has a table row for every knob, showing the default the
-/// code actually uses.
+/// commands actually use.
 #[test]
 fn tuning_md_documents_every_knob_with_its_default() {
     let doc =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/tuning.md")).unwrap();
-    let defaults = Tuning::default();
+    let defaults = Tuning::command_default();
     for k in KNOBS {
         let row = doc
             .lines()

@@ -373,6 +373,88 @@ fn linux_l6_multiple_losses_in_one_window() {
     }
 }
 
+/// Sarolahti & Kuznetsov §6, Figure 4: a three-second link-layer stall in
+/// the middle of a 200 KB transfer fires the retransmission timer although
+/// nothing is lost. "When TCP timestamps were not used, the TCP sender
+/// retransmitted 11 packets unnecessarily": after the stall the ACKs of the
+/// delayed originals come back in a burst and the sender, in the Loss
+/// state, resends the last window as they open its window. With undo the
+/// first ACK after the timeout echoes the original's timestamp, older
+/// than the retransmission (Eifel), so the sender restores its window and
+/// goes on with new data: "none of the segments are transmitted
+/// unnecessarily". Counted here: retransmissions sent from the first ACK
+/// after the stall on (the path loses nothing, so every one is
+/// unnecessary); the timeouts during the stall resend the first segment in
+/// both runs, as in the paper's. The window is 12 segments, so that the
+/// last window is about the paper's.
+#[test]
+fn linux_6_undo_after_a_three_second_delay_spike() {
+    const STALL_START: Duration = Duration::from_secs(1);
+    const STALL: Duration = Duration::from_secs(3);
+    let run = |undo: bool| {
+        let tuning = Tuning {
+            undo,
+            rcvwin: 12,
+            ..Tuning::default()
+        };
+        let mut config = SimConfig::new(
+            tuning,
+            "rate 1mbit delay 50ms".parse().unwrap(),
+            "delay 50ms".parse().unwrap(),
+            Some(200_000),
+            1,
+        );
+        config.trace = true;
+        config.check_invariants = true;
+        config.fwd_stall = Some((STALL_START, STALL));
+        let mut rec = Recorder::default();
+        let result = Simulation::new(config).unwrap().run(&mut rec).unwrap();
+        assert!(result.delivered_intact(200_000), "{}", result.summary);
+        // From the first ACK after the stall: the burst.
+        let burst = rec
+            .trace
+            .iter()
+            .find_map(|r| match *r {
+                TraceRecord::Ack { time, .. } if time >= STALL_START + STALL => Some(time),
+                _ => None,
+            })
+            .unwrap();
+        let mut sent = std::collections::HashSet::new();
+        let mut after_stall = 0;
+        for r in &rec.trace {
+            if let TraceRecord::Xmt { time, seg } = *r {
+                if !sent.insert(seg) && time >= burst {
+                    after_stall += 1;
+                }
+            }
+        }
+        let undone = rec
+            .events
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e.event,
+                    Event::Undo {
+                        how: "timestamp",
+                        ..
+                    }
+                )
+            })
+            .count();
+        (result, after_stall, undone)
+    };
+    let (plain, plain_rxmts, plain_undos) = run(false);
+    let (undo, undo_rxmts, undo_undos) = run(true);
+    assert!(plain.summary.timeouts >= 1 && undo.summary.timeouts >= 1);
+    assert_eq!((plain_undos, undo_undos), (0, 1));
+    assert!(
+        (8..=14).contains(&plain_rxmts),
+        "without undo: {plain_rxmts} unnecessary retransmissions (paper: 11)"
+    );
+    assert_eq!(undo_rxmts, 0, "with undo (paper: 0)");
+    assert!(undo.summary.goodput_bps > plain.summary.goodput_bps);
+}
+
 // ---------------------------------------------------------------------------
 // Mathis, Semke, Mahdavi & Ott, "The Macroscopic Behavior of the TCP
 // Congestion Avoidance Algorithm"

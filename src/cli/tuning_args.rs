@@ -26,10 +26,11 @@ fn flag(name: &str) -> String {
 }
 
 impl TuningArgs {
-    /// Defaults, then the config file, then the flags. Returns notes about
-    /// config lines that were accepted but do not apply.
+    /// The commands' defaults ([`Tuning::command_default`]: bbr, rack),
+    /// then the config file, then the flags. Returns notes about config
+    /// lines that were accepted but do not apply.
     pub fn resolve(&self) -> Result<(Tuning, Vec<String>)> {
-        let mut tuning = Tuning::default();
+        let mut tuning = Tuning::command_default();
         let mut notes = Vec::new();
         if let Some(path) = &self.config {
             let text = std::fs::read_to_string(path).map_err(|e| {
@@ -73,7 +74,7 @@ impl FromArgMatches for TuningArgs {
 
 impl Args for TuningArgs {
     fn augment_args(cmd: Command) -> Command {
-        let defaults = Tuning::default();
+        let defaults = Tuning::command_default();
         let mut cmd = cmd.arg(
             Arg::new("config")
                 .long("config")

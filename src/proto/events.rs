@@ -17,6 +17,9 @@ pub enum RecoveryTrigger {
     SackLoss,
     /// FACK: the forward-most SACK lies more than `dup_thresh` beyond snd_una.
     Fack,
+    /// RACK (RFC 8985 §6.2): a segment sent before one since delivered has
+    /// waited longer than an RTT and the reordering window.
+    Rack,
 }
 
 impl RecoveryTrigger {
@@ -25,6 +28,7 @@ impl RecoveryTrigger {
             RecoveryTrigger::DupAcks => "3dup",
             RecoveryTrigger::SackLoss => "sack",
             RecoveryTrigger::Fack => "fack",
+            RecoveryTrigger::Rack => "rack",
         }
     }
 }
@@ -95,6 +99,23 @@ pub enum Event {
     },
     /// No ACK for `maxidle`: the sender gives up.
     Idle { idle: Duration },
+    /// `tlp`: a tail loss probe (RFC 8985 §7.3): new data, or the highest
+    /// segment sent again.
+    LossProbe {
+        seg: u64,
+        snd_max: u64,
+        retransmission: bool,
+    },
+    /// `undo`: every retransmission of a recovery or a timeout proved
+    /// spurious (D-SACK, RFC 2883; or the echoed timestamp, Eifel) and the
+    /// reduction was reverted (Sarolahti §6). Values after the undo.
+    Undo {
+        /// `dsack` or `timestamp`.
+        how: &'static str,
+        snd_una: u64,
+        cwnd: u64,
+        ssthresh: u64,
+    },
     /// `cc_state`: a model-based controller changed state, or its
     /// bandwidth estimate (by a quarter or more) or minimum RTT changed.
     Controller {
@@ -144,6 +165,16 @@ impl fmt::Display for Event {
                 duration.as_secs_f64()
             ),
             Event::Idle { idle } => write!(f, "maxidle no ACK for {:.3} s, giving up", idle.as_secs_f64()),
+            Event::LossProbe { seg, snd_max, retransmission } => write!(
+                f,
+                "tlp pkt {seg} max {snd_max} {}",
+                if retransmission { "rxmt" } else { "new" }
+            ),
+            Event::Undo { how, snd_una, cwnd, ssthresh } => write!(
+                f,
+                "undo {how} una {snd_una} cwnd {cwnd} thresh {}",
+                Thresh(ssthresh)
+            ),
             Event::Controller { controller, state, bw_bps, min_rtt, cwnd, pacing_bps } => write!(
                 f,
                 "cc_state {controller} {state} bw {:.6} Mbs min_rtt {:.6} cwnd {cwnd} pacing {:.6} Mbs",

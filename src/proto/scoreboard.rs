@@ -17,11 +17,29 @@
 //! [`SendStamp`]). When a SACK or cumulative ACK first reports it
 //! delivered, the stamp moves to a queue the sender drains with
 //! [`Scoreboard::take_delivered`], so each delivery is counted once.
+//!
+//! For time-based loss detection (RACK, RFC 8985) each segment also keeps
+//! the time of its latest transmission, and the segments in flight (sent,
+//! neither SACKed nor awaiting retransmission) are kept ordered by that
+//! time, RFC 8985 §8's time-ordered list: [`Scoreboard::in_flight_by_xmit`].
+//! Each delivery is also recorded as a [`Delivery`] for the ACK being
+//! processed ([`Scoreboard::deliveries`]).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::congestion::delivery_rate::SendStamp;
+use super::time::Time;
 use super::wire::SackBlock;
+
+/// A segment an ACK reported delivered for the first time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    pub seg: u64,
+    /// When its latest transmission left.
+    pub xmit: Time,
+    /// It was sent more than once, so which copy arrived is ambiguous.
+    pub retransmitted: bool,
+}
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Seg {
@@ -31,6 +49,10 @@ struct Seg {
     retx: bool,
     /// The latest transmission's stamp, until the segment is delivered.
     stamp: Option<SendStamp>,
+    /// When the latest transmission left.
+    xmit: Time,
+    /// Sent more than once.
+    retransmitted: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -54,6 +76,11 @@ pub struct Scoreboard {
     lost_total: u64,
     /// Stamps of segments delivered since the last `take_delivered`.
     delivered: Vec<SendStamp>,
+    /// `(xmit, seg)` of every segment in flight: not SACKed, and not
+    /// marked lost unless its retransmission is out.
+    by_xmit: BTreeSet<(Time, u64)>,
+    /// Segments delivered since the last `clear_deliveries`.
+    deliveries: Vec<Delivery>,
 }
 
 impl Scoreboard {
@@ -72,6 +99,11 @@ impl Scoreboard {
 
     pub fn sacked(&self) -> u64 {
         self.n_sacked
+    }
+
+    /// Retransmissions in flight.
+    pub fn retransmissions_in_flight(&self) -> u64 {
+        self.n_retx
     }
 
     pub fn lost_pending(&self) -> u64 {
@@ -105,13 +137,42 @@ impl Scoreboard {
         self.lost_total
     }
 
-    /// Keeps the delivery-rate stamp of `seg`'s latest transmission.
+    /// Keeps the delivery-rate stamp of `seg`'s latest transmission, and
+    /// its send time (`stamp.sent_time`) for time-based loss detection.
     pub fn stamp(&mut self, seg: u64, stamp: SendStamp) {
-        if let Some(s) = self.get_mut(seg) {
-            if !s.sacked {
-                s.stamp = Some(stamp);
-            }
+        let Some(s) = self.get_mut(seg) else { return };
+        if s.sacked {
+            return;
         }
+        let old = s.xmit;
+        s.stamp = Some(stamp);
+        s.xmit = stamp.sent_time;
+        let in_flight = !s.lost || s.retx;
+        self.by_xmit.remove(&(old, seg));
+        if in_flight {
+            self.by_xmit.insert((stamp.sent_time, seg));
+        }
+    }
+
+    /// When `seg`'s latest transmission left.
+    pub fn xmit_time(&self, seg: u64) -> Option<Time> {
+        self.get(seg).map(|s| s.xmit)
+    }
+
+    /// The segments in flight, oldest transmission first (RFC 8985 §8):
+    /// `(xmit, seg)`.
+    pub fn in_flight_by_xmit(&self) -> impl Iterator<Item = (Time, u64)> + '_ {
+        self.by_xmit.iter().copied()
+    }
+
+    /// The segments first reported delivered since the last
+    /// [`Scoreboard::clear_deliveries`].
+    pub fn deliveries(&self) -> &[Delivery] {
+        &self.deliveries
+    }
+
+    pub fn clear_deliveries(&mut self) {
+        self.deliveries.clear();
     }
 
     /// The stamps of the segments delivered (first SACKed or cumulatively
@@ -127,19 +188,23 @@ impl Scoreboard {
     /// Records the first transmission of the next new segment; returns its number.
     pub fn on_send_new(&mut self) -> u64 {
         self.segs.push_back(Seg::default());
-        self.max() - 1
+        let seg = self.max() - 1;
+        self.by_xmit.insert((Time::ZERO, seg));
+        seg
     }
 
     /// Records a retransmission of `seg`.
     pub fn on_retransmit(&mut self, seg: u64) {
         let Some(s) = self.get_mut(seg) else { return };
         debug_assert!(!s.sacked, "retransmitting a SACKed segment");
+        s.retransmitted = true;
         if !s.retx && !s.sacked {
             s.retx = true;
-            let lost = s.lost;
+            let (lost, xmit) = (s.lost, s.xmit);
             self.n_retx += 1;
             if lost {
                 self.n_lost_pending -= 1;
+                self.by_xmit.insert((xmit, seg));
             }
         }
     }
@@ -155,6 +220,14 @@ impl Scoreboard {
             self.una += 1;
             acked += 1;
             self.delivered.extend(s.stamp);
+            if !s.sacked {
+                self.by_xmit.remove(&(s.xmit, self.una - 1));
+                self.deliveries.push(Delivery {
+                    seg: self.una - 1,
+                    xmit: s.xmit,
+                    retransmitted: s.retransmitted,
+                });
+            }
             if s.sacked {
                 self.n_sacked -= 1;
             } else {
@@ -229,10 +302,17 @@ impl Scoreboard {
         }
         let (lost, retx) = (s.lost, s.retx);
         let stamp = s.stamp.take();
+        let delivery = Delivery {
+            seg,
+            xmit: s.xmit,
+            retransmitted: s.retransmitted,
+        };
         s.sacked = true;
         s.lost = false;
         s.retx = false;
         self.n_sacked += 1;
+        self.by_xmit.remove(&(delivery.xmit, seg));
+        self.deliveries.push(delivery);
         if lost {
             self.n_lost -= 1;
             if !retx {
@@ -249,8 +329,9 @@ impl Scoreboard {
     /// Forgets every SACK: the receiver reneged (RFC 2018 §8), so what it
     /// reported holding may be gone. Segments go back to plain outstanding.
     pub fn clear_sacks(&mut self) {
-        for s in self.segs.iter_mut().filter(|s| s.sacked) {
+        for (i, s) in self.segs.iter_mut().enumerate().filter(|(_, s)| s.sacked) {
             s.sacked = false;
+            self.by_xmit.insert((s.xmit, self.una + i as u64));
         }
         self.sacked_ranges.clear();
         self.n_sacked = 0;
@@ -285,13 +366,38 @@ impl Scoreboard {
             return false;
         }
         s.lost = true;
-        let retx = s.retx;
+        let (retx, xmit) = (s.retx, s.xmit);
         self.n_lost += 1;
         self.lost_total += 1;
         if !retx {
             self.n_lost_pending += 1;
             self.retx_cursor = self.retx_cursor.min(seg);
+            self.by_xmit.remove(&(xmit, seg));
         }
+        true
+    }
+
+    /// Marks `seg` lost whatever it was: a lost segment whose
+    /// retransmission is in flight is presumed lost again and awaits
+    /// another retransmission (RFC 8985 §6.2: a retransmission is judged
+    /// by its own send time like any segment). Returns whether it changed.
+    pub fn mark_lost_again(&mut self, seg: u64) -> bool {
+        let Some(s) = self.get_mut(seg) else {
+            return false;
+        };
+        if s.sacked || (s.lost && !s.retx) {
+            return false;
+        }
+        if !s.lost {
+            return self.mark_lost(seg);
+        }
+        s.retx = false;
+        let xmit = s.xmit;
+        self.n_retx -= 1;
+        self.n_lost_pending += 1;
+        self.lost_total += 1;
+        self.retx_cursor = self.retx_cursor.min(seg);
+        self.by_xmit.remove(&(xmit, seg));
         true
     }
 
@@ -323,8 +429,25 @@ impl Scoreboard {
         self.n_lost = lost;
         self.n_lost_pending = lost;
         self.n_retx = 0;
+        self.by_xmit.clear();
         self.loss_frontier = self.max();
         self.retx_cursor = self.una;
+    }
+
+    /// Forgets every loss not yet retransmitted: a spurious timeout or
+    /// recovery was undone, so those segments are still in flight
+    /// (Sarolahti §6: "the lost mark is removed from all segments").
+    pub fn clear_pending_losses(&mut self) {
+        let una = self.una;
+        for (i, s) in self.segs.iter_mut().enumerate() {
+            if s.lost && !s.retx && !s.sacked {
+                s.lost = false;
+                self.n_lost -= 1;
+                self.n_lost_pending -= 1;
+                self.by_xmit.insert((s.xmit, una + i as u64));
+            }
+        }
+        self.loss_frontier = una;
     }
 
     /// The lowest segment awaiting retransmission.
@@ -353,6 +476,14 @@ impl Scoreboard {
         })
     }
 
+    /// The highest segment not SACKed (RFC 8985 §7.3: what a tail loss
+    /// probe resends when there is no new data).
+    pub fn highest_unsacked(&self) -> Option<u64> {
+        (self.una..self.max())
+            .rev()
+            .find(|&seg| self.get(seg).is_some_and(|s| !s.sacked))
+    }
+
     /// The highest segment that is neither SACKed nor has a retransmission
     /// in flight (RFC 6675 NextSeg rule 4, the rescue retransmission).
     pub fn highest_unsacked_unretransmitted(&self) -> Option<u64> {
@@ -379,6 +510,9 @@ impl Scoreboard {
                 sacked += 1;
                 continue;
             }
+            if (!s.lost || s.retx) != self.by_xmit.contains(&(s.xmit, seg)) {
+                return Err(format!("segment {seg}: time-ordered list disagrees"));
+            }
             lost += u64::from(s.lost);
             retx += u64::from(s.retx);
             pending += u64::from(s.lost && !s.retx);
@@ -392,6 +526,13 @@ impl Scoreboard {
                 "counters {counted:?} != recount {:?}",
                 (sacked, lost, retx, pending)
             ));
+        }
+        let in_flight = self
+            .segs
+            .iter()
+            .filter(|s| !s.sacked && (!s.lost || s.retx));
+        if in_flight.count() != self.by_xmit.len() {
+            return Err("time-ordered list holds segments not in flight".into());
         }
         let mut prev_end = None;
         for (&s, &e) in &self.sacked_ranges {
@@ -488,6 +629,34 @@ mod tests {
         assert_eq!(sb.next_lost_pending(), Some(0));
         assert_eq!(sb.pipe(), 0);
         assert_eq!(sb.lost_pending(), 7);
+        sb.check_invariants().unwrap();
+    }
+
+    /// RFC 8985 §8: segments in flight in the order they were last sent; a
+    /// retransmission moves to the end, a lost one leaves until resent.
+    #[test]
+    fn in_flight_segments_are_ordered_by_last_transmission() {
+        use crate::proto::congestion::DeliveryRate;
+        let mut rate = DeliveryRate::default();
+        let mut sb = Scoreboard::default();
+        let at = |ms: u64| Time::from_nanos(ms * 1_000_000);
+        for ms in 0..4 {
+            let seg = sb.on_send_new();
+            sb.stamp(seg, rate.on_sent(at(ms), seg, 0, 0));
+        }
+        sb.mark_lost(1);
+        let order = |sb: &Scoreboard| sb.in_flight_by_xmit().map(|(_, s)| s).collect::<Vec<_>>();
+        assert_eq!(order(&sb), vec![0, 2, 3]);
+        sb.on_retransmit(1);
+        sb.stamp(1, rate.on_sent(at(10), 4, 0, 0));
+        assert_eq!(order(&sb), vec![0, 2, 3, 1]);
+        assert!(sb.mark_lost_again(1), "its retransmission is lost");
+        assert_eq!(sb.lost_pending(), 1);
+        sb.apply_sack(block(2, 3));
+        sb.ack_through(1);
+        assert_eq!(order(&sb), vec![3]);
+        let delivered: Vec<u64> = sb.deliveries().iter().map(|d| d.seg).collect();
+        assert_eq!(delivered, vec![2, 0]);
         sb.check_invariants().unwrap();
     }
 

@@ -17,7 +17,10 @@ use super::congestion::{
     self, AckEvent, CcReport, CongestionEvent, Controller, DeliveryRate, Pacer, RecoveryStep,
 };
 use super::events::{Event, RecoveryTrigger, TimedEvent, TraceRecord};
-use super::loss::{self, AckSummary, DupEvidence, Forced, LossRecovery, LossState, Phase, Verdict};
+use super::loss::{
+    self, AckSummary, DupEvidence, Forced, LossRecovery, LossState, Phase, TimerContext,
+    TimerVerdict, Verdict,
+};
 use super::payload::PayloadSource;
 use super::rtt::RttEstimator;
 use super::scoreboard::Scoreboard;
@@ -45,9 +48,20 @@ enum Timer {
     Persist,
     /// The pacer lets the next datagram go.
     Pacing,
+    /// The loss-recovery variant's own timer (RACK's reordering timer,
+    /// TLP's probe timeout).
+    Recovery,
 }
 
-const TIMERS: [Timer; 4] = [Timer::Rto, Timer::Idle, Timer::Persist, Timer::Pacing];
+/// In the order they are handled when several expire at once: a probe
+/// timeout capped at the RTO goes first and defers it (RFC 8985 §7.3).
+const TIMERS: [Timer; 5] = [
+    Timer::Recovery,
+    Timer::Rto,
+    Timer::Idle,
+    Timer::Persist,
+    Timer::Pacing,
+];
 
 /// Counters that the summary reports with atou's names.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -79,6 +93,10 @@ pub struct SenderStats {
     pub maxack: u64,
     /// Most segments sent in response to one event.
     pub maxburst: u64,
+    /// Tail loss probes sent (RFC 8985 §7).
+    pub tlps: u64,
+    /// Reductions undone as spurious (Sarolahti §6).
+    pub undos: u64,
     /// Payload bytes acknowledged.
     pub good_bytes: u64,
 }
@@ -106,6 +124,23 @@ pub struct SenderSnapshot {
     pub cc: Option<CcReport>,
 }
 
+/// A fast recovery or timeout whose reduction may yet be undone
+/// (Sarolahti §6, Linux's undo_marker and undo_retrans).
+#[derive(Debug, Clone, Copy)]
+struct UndoEpisode {
+    /// snd_una and snd_max when it began: the D-SACKs that count lie between.
+    una: u64,
+    max: u64,
+    /// Retransmissions sent during it, and D-SACKs that proved one unnecessary.
+    retransmitted: u64,
+    dsacked: u64,
+    /// When its first retransmission left, and which segment it was
+    /// (Linux's retrans_stamp): the earliest retransmission in flight.
+    first_retx: Option<(Time, u64)>,
+    /// Eifel looks only at the ACK that first covers that segment.
+    eifel_checked: bool,
+}
+
 #[derive(Debug)]
 pub struct Sender {
     conn_id: u64,
@@ -124,6 +159,8 @@ pub struct Sender {
     pacer: Pacer,
     /// The controller report last logged as an event.
     cc_logged: Option<CcReport>,
+    /// The last reduction, while it may be undone (`undo`).
+    undo: Option<UndoEpisode>,
     stats: SenderStats,
     events: VecDeque<TimedEvent>,
     /// The latest time the sender was given.
@@ -186,6 +223,7 @@ impl Sender {
             rate: DeliveryRate::default(),
             pacer: Pacer::new(u64::from(tuning.mss), now),
             cc_logged: None,
+            undo: None,
             stats: SenderStats::default(),
             events: VecDeque::new(),
             now,
@@ -395,6 +433,7 @@ impl Sender {
         let window_changed = right_edge != self.peer_right_edge;
         self.peer_right_edge = right_edge;
 
+        self.sb.clear_deliveries();
         let uses_sack = self.recovery.kind().uses_sack();
         let mut newly_sacked = 0;
         if uses_sack {
@@ -449,13 +488,20 @@ impl Sender {
             self.loss.dupacks += 1;
             self.stats.dups += 1;
         }
+        self.check_undo(ack, una);
         if self.loss.phase == Phase::Loss && self.loss.recovery_point_acked(&self.sb) {
             self.loss.phase = Phase::Open;
         }
 
         let summary = AckSummary {
             newly_acked,
+            newly_sacked,
             is_dupack,
+            now,
+            echo: ack.echo_timestamp,
+            dsack: ack.dsack,
+            srtt: self.rtt.srtt(),
+            min_rtt: self.rtt.min(),
         };
         let was_in_recovery = self.loss.phase == Phase::Recovery;
         let lost_before = self.sb.lost_total();
@@ -465,6 +511,10 @@ impl Sender {
                 lost_below,
             } => {
                 self.enter_recovery(trigger, lost_below);
+                RecoveryStep::Entered
+            }
+            Verdict::EnterMarked { trigger } => {
+                self.enter_recovery_marked(trigger);
                 RecoveryStep::Entered
             }
             Verdict::Leave => {
@@ -491,8 +541,18 @@ impl Sender {
             app_limited: self.rate.is_app_limited(),
             rate: self.rate.sample(self.sb.lost_total(), self.rtt.min()),
         });
+        if self.recovery.take_probe_loss() {
+            // RFC 8985 §7.4: the probe repaired a loss; one reduction.
+            self.cc.on_congestion_event(&CongestionEvent {
+                now,
+                flight: self.sb.flight(),
+                pipe: self.sb.pipe(),
+            });
+            self.cc.on_recovery_end(now);
+        }
         self.loss.settle(&self.sb);
         self.note_controller();
+        self.arm_recovery_timer(newly_acked > 0);
 
         if let Some(trace) = self.trace.as_mut() {
             trace.push_back(TraceRecord::Ack {
@@ -545,6 +605,7 @@ impl Sender {
         };
         self.emit(event);
         let flight = self.sb.flight();
+        self.begin_undo_episode(false);
         self.loss.enter_recovery(&mut self.sb, lost_below);
         self.cc.on_congestion_event(&CongestionEvent {
             now: self.now,
@@ -561,6 +622,169 @@ impl Sender {
             ssthresh: self.ssthresh(),
         };
         self.emit(event);
+    }
+
+    /// Fast recovery on losses the variant has already marked (RACK): the
+    /// controller reduces its window and the lost segments go out as pipe
+    /// allows, lowest first; nothing is forced.
+    fn enter_recovery_marked(&mut self, trigger: RecoveryTrigger) {
+        let una = self.sb.una();
+        let cwnd = self.cc.window();
+        let seg = self.sb.next_lost_pending().unwrap_or(una);
+        self.loss.recover = self.sb.max();
+        self.emit(Event::FastRetransmit {
+            seg,
+            snd_nxt: self.sb.max(),
+            snd_max: self.sb.max(),
+            cwnd,
+            ssthresh: self.ssthresh(),
+            recover: self.loss.recover,
+        });
+        // FlightSize before the losses were taken out of it.
+        let flight = self.sb.flight() + self.sb.lost_pending();
+        self.begin_undo_episode(false);
+        self.loss.phase = Phase::Recovery;
+        // The fast retransmit goes out whatever pipe says (RFC 5681 §3.2
+        // step 2; PRR's at-least-one, RFC 6937).
+        self.loss.force_retransmit = self.sb.next_lost_pending().map(Forced::FastRetransmit);
+        self.cc.on_congestion_event(&CongestionEvent {
+            now: self.now,
+            flight,
+            pipe: self.sb.pipe(),
+        });
+        self.recovery_started = self.now;
+        self.stats.dup3s += 1;
+        let event = Event::EnterRecovery {
+            trigger,
+            snd_una: una,
+            recover: self.loss.recover,
+            cwnd,
+            ssthresh: self.ssthresh(),
+        };
+        self.emit(event);
+    }
+
+    /// Starts an undo episode when a reduction begins; a repeated timeout
+    /// of the same data continues the one under way.
+    fn begin_undo_episode(&mut self, repeated: bool) {
+        if !self.tuning.undo || (repeated && self.undo.is_some()) {
+            return;
+        }
+        // Retransmissions of an earlier episode still in flight belong to
+        // this one too (Linux's tcp_init_undo): D-SACKs must cover them,
+        // and Eifel's reference is the earliest of them, or, if that is
+        // unknown, Eifel stays out of it.
+        let in_flight = self.sb.retransmissions_in_flight();
+        let carried = self
+            .undo
+            .and_then(|e| e.first_retx)
+            .filter(|_| in_flight > 0);
+        self.undo = Some(UndoEpisode {
+            una: self.sb.una(),
+            max: self.sb.max(),
+            retransmitted: in_flight,
+            dsacked: 0,
+            first_retx: carried,
+            eifel_checked: in_flight > 0 && carried.is_none(),
+        });
+    }
+
+    /// Sarolahti §6: the reduction was spurious if the ACK that first
+    /// covers the episode's first retransmission, when that segment was
+    /// snd_una, echoes a timestamp older than the retransmission, so the
+    /// original arrived (Eifel); or if D-SACKs (RFC 2883) report every
+    /// retransmission of the episode a duplicate. `prior_una` is snd_una
+    /// before this ACK.
+    fn check_undo(&mut self, ack: &Ack, prior_una: u64) {
+        let Some(mut ep) = self.undo else { return };
+        let mut how = None;
+        if let (Some((sent, seg)), false) = (ep.first_retx, ep.eifel_checked) {
+            if ack.cum_ack > seg {
+                ep.eifel_checked = true;
+                let echo_older = (sent.wire_micros().wrapping_sub(ack.echo_timestamp) as i32) > 0;
+                if prior_una == seg && echo_older && self.loss.phase != Phase::Open {
+                    how = Some("timestamp");
+                }
+            }
+        }
+        if let Some(d) = ack.dsack {
+            if d.start >= ep.una && d.start < ep.max {
+                ep.dsacked += 1;
+                if ep.retransmitted > 0 && ep.dsacked >= ep.retransmitted {
+                    how = how.or(Some("dsack"));
+                }
+            }
+        }
+        self.undo = Some(ep);
+        if let Some(how) = how {
+            self.undo_reduction(how);
+        }
+    }
+
+    /// Reverts a spurious reduction: the controller goes back to its
+    /// window, segments marked lost and not yet resent are in flight again,
+    /// and the sender leaves recovery or timeout repair to go on with new
+    /// data (Sarolahti §6).
+    fn undo_reduction(&mut self, how: &'static str) {
+        self.undo = None;
+        self.stats.undos += 1;
+        self.cc.undo(self.now);
+        self.sb.clear_pending_losses();
+        if matches!(self.loss.phase, Phase::Recovery | Phase::Loss) {
+            self.loss.phase = Phase::Open;
+            self.loss.dupacks = 0;
+        }
+        self.loss.force_retransmit = None;
+        let event = Event::Undo {
+            how,
+            snd_una: self.sb.una(),
+            cwnd: self.cc.window(),
+            ssthresh: self.ssthresh(),
+        };
+        self.emit(event);
+    }
+
+    /// Asks the loss-recovery variant to arm its timer; `restart` after new
+    /// data went out or the cumulative ACK advanced (RFC 8985 §7.2).
+    fn arm_recovery_timer(&mut self, restart: bool) {
+        let ctx = TimerContext {
+            now: self.now,
+            srtt: self.rtt.srtt(),
+            rto_at: self.timer(Timer::Rto),
+            max_ack_delay: self.tuning.delack,
+            restart,
+        };
+        self.recovery.arm(&ctx, &self.sb, &self.loss);
+        let at = self.recovery.deadline();
+        self.set_timer(Timer::Recovery, at);
+    }
+
+    /// The variant's timer fired: it may mark losses, or ask for a probe.
+    fn on_recovery_timer(&mut self) {
+        let new_data = self.may_send_new();
+        let now = self.now;
+        match self
+            .recovery
+            .on_deadline(now, &mut self.sb, &mut self.loss, new_data)
+        {
+            TimerVerdict::Nothing | TimerVerdict::Lost => {}
+            TimerVerdict::Enter(trigger) => self.enter_recovery_marked(trigger),
+            TimerVerdict::Probe(seg) => {
+                self.stats.tlps += 1;
+                self.loss.force_retransmit = Some(Forced::Probe(seg));
+                let event = Event::LossProbe {
+                    seg,
+                    snd_max: self.sb.max(),
+                    retransmission: seg < self.sb.max(),
+                };
+                self.emit(event);
+                // RFC 8985 §7.3: the RTO timer, not the probe timer, runs
+                // after a probe.
+                self.arm_rto();
+            }
+        }
+        let at = self.recovery.deadline();
+        self.set_timer(Timer::Recovery, at);
     }
 
     /// Ends fast recovery; the controller sets the window it goes on with.
@@ -596,6 +820,7 @@ impl Sender {
                         return;
                     }
                     Timer::Persist => self.persist_probe = true,
+                    Timer::Recovery => self.on_recovery_timer(),
                     // poll_transmit, called next, sends what the pacer allows.
                     Timer::Pacing => {}
                 }
@@ -610,9 +835,12 @@ impl Sender {
         }
         self.stats.timeouts += 1;
         let first = self.rtt.backoff() == 0;
+        self.begin_undo_episode(self.loss.phase == Phase::Loss);
         self.cc.on_rto(self.now, self.sb.flight(), first);
         self.note_controller();
         self.loss.on_rto(&mut self.sb);
+        self.recovery.on_rto();
+        self.set_timer(Timer::Recovery, None);
         let event = Event::TimeoutRetransmit {
             seg: self.sb.una(),
             snd_nxt: self.sb.una(),
@@ -750,13 +978,20 @@ impl Sender {
                     seg,
                 });
             }
-            // RFC 6298 §5.1; and a forced retransmission restarts the timer
-            // so it is not pre-empted by a timeout armed a round trip
-            // earlier (Linux, Sarolahti §4.1; RFC 6582 §3.2 step 5).
-            if self.timer(Timer::Rto).is_none() || forced.is_some() {
+            // RFC 6298 §5.1; and a forced retransmission, or any of
+            // snd_una, restarts the timer so it is not pre-empted by a
+            // timeout armed a round trip earlier (Linux, Sarolahti §4.1;
+            // RFC 6582 §3.2 step 5; Linux's tcp_xmit_retransmit_queue
+            // re-arms it for the head, which RACK resends when its
+            // retransmission is lost, RFC 8985 §6.2).
+            let head_again = !is_new && seg == self.sb.una();
+            if self.timer(Timer::Rto).is_none() || forced.is_some() || head_again {
                 self.arm_rto();
             }
             self.set_timer(Timer::Persist, None);
+            if is_new {
+                self.arm_recovery_timer(true);
+            }
             if self.droplist.consume(seg) {
                 // Scripted loss: sent as far as the protocol knows, but it
                 // never reaches the wire.
@@ -788,6 +1023,10 @@ impl Sender {
     fn record_retransmission(&mut self, seg: u64, forced: Option<Forced>) {
         self.sb.on_retransmit(seg);
         self.stats.rxmts += 1;
+        if let Some(ep) = &mut self.undo {
+            ep.retransmitted += 1;
+            ep.first_retx.get_or_insert((self.now, seg));
+        }
         let is_fast_retransmit = matches!(forced, Some(Forced::FastRetransmit(_)));
         if self.loss.phase == Phase::Recovery && !is_fast_retransmit {
             self.stats.packs += 1;
@@ -1178,6 +1417,52 @@ mod tests {
         );
     }
 
+    /// Sarolahti §6, RFC 2883: a fast retransmit whose segment was only
+    /// reordered. The first ACK after it echoes the retransmission, so the
+    /// timestamps cannot tell; the D-SACK for the retransmission, the only
+    /// one of the episode, proves it spurious and the window before the
+    /// recovery comes back.
+    #[test]
+    fn a_dsack_for_every_retransmission_undoes_the_reduction() {
+        let mut s = sender(Tuning {
+            undo: true,
+            ..tuning(RecoveryKind::Sack)
+        });
+        fill(&mut s, 16); // 6..=15 outstanding, cwnd 10
+        for (t, top) in [(20, 8), (21, 10), (22, 11)] {
+            ack(
+                &mut s,
+                at(t),
+                AckSpec {
+                    cum: 6,
+                    sack: &[(7, top)],
+                    ..ACK
+                },
+            );
+        }
+        assert_eq!(send(&mut s, at(22)), vec![6]);
+        let snap = s.snapshot(at(22));
+        assert_eq!((snap.cwnd, snap.ssthresh), (5, 5));
+        ack(&mut s, at(100), AckSpec { cum: 16, ..ACK });
+        send(&mut s, at(100));
+        assert_eq!(s.stats().undos, 0, "the ACK echoes the retransmission");
+        ack(
+            &mut s,
+            at(101),
+            AckSpec {
+                cum: 16,
+                dsack: Some((6, 7)),
+                ..ACK
+            },
+        );
+        assert_eq!(s.stats().undos, 1);
+        let snap = s.snapshot(at(101));
+        assert_eq!((snap.cwnd, snap.ssthresh), (10, u64::MAX));
+        assert!(events(&mut s)
+            .iter()
+            .any(|e| e.starts_with("undo dsack una 16 cwnd 10")));
+    }
+
     /// FACK: every un-SACKed segment below the highest SACK is lost once
     /// recovery starts, which it does as soon as that SACK is more than
     /// dup_thresh beyond snd_una.
@@ -1255,6 +1540,94 @@ mod tests {
             sent.push(send(&mut s, at(t)));
         }
         assert_eq!(sent, vec![vec![8], vec![9], vec![2]]);
+    }
+
+    /// RFC 8985 §6.2–6.3: a segment is lost once one sent after it is
+    /// delivered and an RTT and the reordering window (min_rtt / 4, with
+    /// fewer than dup_thresh SACKed) have passed since it left; the RACK
+    /// timer finds it without another ACK. Its retransmission is judged the
+    /// same way, by its own send time: lost again and resent, no timeout.
+    #[test]
+    fn rack_marks_by_time_and_finds_a_lost_retransmission() {
+        let mut s = sender(tuning(RecoveryKind::Rack));
+        // 6..=15 outstanding; 6 and 7 left at 2 ms.
+        assert_eq!(fill(&mut s, 16), 16);
+        // 7 arrives, 6 does not: 6 is not lost yet (reordering window).
+        ack(
+            &mut s,
+            at(60),
+            AckSpec {
+                cum: 6,
+                sack: &[(7, 8)],
+                ..ACK
+            },
+        );
+        assert_eq!(s.phase(), Phase::Disorder);
+        let sent = send(&mut s, at(60));
+        assert!(!sent.contains(&6), "{sent:?}");
+        // The RACK timer: 7 took 58 ms; with min_rtt 50 ms the window is
+        // 12.5 ms, so 6 is lost at 2 + 58 + 12.5 ms.
+        let due = s.poll_timeout().unwrap();
+        assert_eq!(due, Time::from_nanos(72_500_000));
+        s.handle_timeout(due);
+        assert_eq!(s.phase(), Phase::Recovery);
+        assert_eq!(send(&mut s, due).first(), Some(&6), "fast retransmit");
+        // The retransmission is lost. What was sent before it arrives...
+        ack(
+            &mut s,
+            at(100),
+            AckSpec {
+                cum: 6,
+                sack: &[(7, 16)],
+                ..ACK
+            },
+        );
+        let later = send(&mut s, at(100));
+        assert!(!later.is_empty() && !later.contains(&6), "{later:?}");
+        // ...then what was sent after it, 60 ms later: 6's retransmission,
+        // sent 87.5 ms ago, is lost too and goes out again.
+        let top = s.snapshot(at(160)).snd_max;
+        ack(
+            &mut s,
+            at(160),
+            AckSpec {
+                cum: 6,
+                sack: &[(7, top)],
+                ..ACK
+            },
+        );
+        assert_eq!(send(&mut s, at(160)).first(), Some(&6));
+        assert_eq!(s.stats().timeouts, 0);
+        assert_eq!(s.stats().dup3s, 1, "one recovery");
+    }
+
+    /// RFC 8985 §7: a lost last segment, with nothing SACKed, draws a tail
+    /// loss probe two SRTTs after the last ACK, before the RTO; the probe
+    /// resends the highest segment, and its ACK ends the transfer.
+    #[test]
+    fn tlp_probes_a_lost_tail_before_the_rto() {
+        let t = tuning(RecoveryKind::Rack);
+        let mut s = Sender::new(&t, CONN, Some(u64::from(PAYLOAD) * 6), Time::ZERO).unwrap();
+        assert_eq!(send(&mut s, at(0)), vec![0, 1, 2, 3]);
+        ack(&mut s, at(50), AckSpec { cum: 4, ..ACK });
+        assert_eq!(send(&mut s, at(50)), vec![4, 5]);
+        // 5 is lost: only 4 is acknowledged.
+        ack(&mut s, at(100), AckSpec { cum: 5, ..ACK });
+        assert!(send(&mut s, at(100)).is_empty());
+        let due = s.poll_timeout().unwrap();
+        assert_eq!(due, at(200), "PTO = 2 x SRTT (50 ms) after the ACK");
+        assert!(due < at(100) + s.rto(), "before the RTO");
+        s.handle_timeout(due);
+        assert_eq!(send(&mut s, due), vec![5]);
+        assert_eq!(s.stats().tlps, 1);
+        assert!(events(&mut s).iter().any(|e| e == "tlp pkt 5 max 6 rxmt"));
+        ack(
+            &mut s,
+            due + Duration::from_millis(50),
+            AckSpec { cum: 6, ..ACK },
+        );
+        assert_eq!(s.state(), SenderState::Finished);
+        assert_eq!(s.stats().timeouts, 0);
     }
 
     #[test]

@@ -28,19 +28,26 @@ pub enum RecoveryKind {
     Sack,
     /// Forward acknowledgement (Mathis & Mahdavi 1996), optional rampdown.
     Fack,
+    /// RACK-TLP (RFC 8985): time-based loss detection over SACK, tail
+    /// loss probes.
+    Rack,
 }
 
 impl RecoveryKind {
-    pub const ALL: [RecoveryKind; 4] = [
+    pub const ALL: [RecoveryKind; 5] = [
         RecoveryKind::Reno,
         RecoveryKind::NewReno,
         RecoveryKind::Sack,
         RecoveryKind::Fack,
+        RecoveryKind::Rack,
     ];
 
     /// Whether the receiver must send SACK blocks for this variant.
     pub fn uses_sack(self) -> bool {
-        matches!(self, RecoveryKind::Sack | RecoveryKind::Fack)
+        matches!(
+            self,
+            RecoveryKind::Sack | RecoveryKind::Fack | RecoveryKind::Rack
+        )
     }
 
     pub fn name(self) -> &'static str {
@@ -49,6 +56,7 @@ impl RecoveryKind {
             RecoveryKind::NewReno => "newreno",
             RecoveryKind::Sack => "sack",
             RecoveryKind::Fack => "fack",
+            RecoveryKind::Rack => "rack",
         }
     }
 }
@@ -67,8 +75,9 @@ impl FromStr for RecoveryKind {
             "newreno" => Ok(RecoveryKind::NewReno),
             "sack" => Ok(RecoveryKind::Sack),
             "fack" => Ok(RecoveryKind::Fack),
+            "rack" => Ok(RecoveryKind::Rack),
             _ => Err(format!(
-                "`{s}` is not a recovery variant (reno, newreno, sack, fack)"
+                "`{s}` is not a recovery variant (reno, newreno, sack, fack, rack)"
             )),
         }
     }
@@ -285,6 +294,9 @@ pub struct Tuning {
     pub vmss: u32,
     /// RFC 3042.
     pub limited_transmit: bool,
+    /// Undo a reduction whose retransmissions all prove spurious (D-SACK,
+    /// RFC 2883; timestamps, Eifel; Sarolahti §6).
+    pub undo: bool,
     /// Receiver: delayed-ACK timer; zero ACKs every segment.
     #[serde(serialize_with = "secs")]
     pub delack: Duration,
@@ -331,6 +343,7 @@ impl Default for Tuning {
             droplist: DropList::default(),
             vmss: 1,
             limited_transmit: true,
+            undo: false,
             delack: Duration::ZERO,
             rcvsegs: 8192,
             sndbuf: 4 << 20,
@@ -360,7 +373,7 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "rcvwin", aliases: &["rcvrwin"], value_name: "SEGMENTS",
         help: "sender window limit in segments (atou Table 1)" },
     Knob { name: "recovery", aliases: &[], value_name: "VARIANT",
-        help: "loss recovery: reno (RFC 5681), newreno (RFC 6582), sack (RFC 6675), fack (Mathis-Mahdavi)" },
+        help: "loss recovery: reno (RFC 5681), newreno (RFC 6582), sack (RFC 6675), fack (Mathis-Mahdavi), rack (RFC 8985 RACK-TLP)" },
     Knob { name: "rampdown", aliases: &[], value_name: "0|1",
         help: "FACK only: halve cwnd gradually, one segment per two ACKs (Mathis appendix A)" },
     Knob { name: "timeout", aliases: &[], value_name: "SECONDS",
@@ -413,6 +426,8 @@ pub const KNOBS: &[Knob] = &[
         help: "bbr only: multiplicative cut of BBR's bandwidth and inflight bounds on congestion loss (0 < f < 1)" },
     Knob { name: "bbr_headroom", aliases: &[], value_name: "FRACTION",
         help: "bbr only: share of inflight_hi BBR leaves unused while cruising" },
+    Knob { name: "undo", aliases: &[], value_name: "0|1",
+        help: "revert a window reduction when D-SACKs or echoed timestamps prove every retransmission of it spurious (Sarolahti §6, RFC 2883, Eifel); an atou config file means 0" },
     Knob { name: "bbr_loss_events", aliases: &[], value_name: "N",
         help: "bbr only: ACKs reporting new losses a round trip needs before its loss counts (quiche-style)" },
 ];
@@ -519,6 +534,20 @@ impl Tuning {
         }
     }
 
+    /// The defaults of atou's commands (`send`, `copy`, `sim`, `probe`,
+    /// `serve`): BBR, RACK-TLP and undo (issue 14 point 7). Flags and config
+    /// files start from here. [`Tuning::default`] is atou's own baseline,
+    /// AIMD with SACK recovery and no undo: what an atou config file means,
+    /// and what the papers' scenarios and the unit tests build on.
+    pub fn command_default() -> Tuning {
+        Tuning {
+            cc: CcKind::Bbr,
+            recovery: RecoveryKind::Rack,
+            undo: true,
+            ..Tuning::default()
+        }
+    }
+
     /// Sets one knob from text, by its name or an atou alias. atou's
     /// `newreno`, `sack` and `fack` flags select the recovery variant.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), TuningError> {
@@ -546,7 +575,7 @@ impl Tuning {
                     (true, RecoveryKind::Reno | RecoveryKind::NewReno) => {
                         self.recovery = RecoveryKind::Sack
                     }
-                    (false, RecoveryKind::Sack | RecoveryKind::Fack) => {
+                    (false, RecoveryKind::Sack | RecoveryKind::Fack | RecoveryKind::Rack) => {
                         self.recovery = RecoveryKind::NewReno
                     }
                     _ => {}
@@ -591,6 +620,7 @@ impl Tuning {
             "droplist" => self.droplist = v.parse().map_err(|m| err(&key, m))?,
             "vmss" => self.vmss = parse_int(&key, v, 1, 1 << 16)?,
             "limited_transmit" => self.limited_transmit = parse_bool(&key, v)?,
+            "undo" => self.undo = parse_bool(&key, v)?,
             "delack" => {
                 self.delack = parse_time(&key, v, TimeUnit::Millis, Duration::from_secs(10))?
             }
@@ -654,6 +684,7 @@ impl Tuning {
             "droplist" => self.droplist.to_string(),
             "vmss" => self.vmss.to_string(),
             "limited_transmit" => u8::from(self.limited_transmit).to_string(),
+            "undo" => u8::from(self.undo).to_string(),
             "delack" => Exact(self.delack, TimeUnit::Millis).to_string(),
             "rcvsegs" => self.rcvsegs.to_string(),
             "sndbuf" => self.sndbuf.to_string(),
@@ -670,11 +701,16 @@ impl Tuning {
     /// atou's own configs load unchanged; `port` and `debug`, which have
     /// other spellings here, are accepted and reported back as notes. When the file names any of atou's `newreno`/`sack`/`fack`
     /// flags, they start from atou's defaults (newreno only) so the file
-    /// means what it meant to atou. A config file selects `cc aimd`, atou's
-    /// own controller, unless it names another itself.
+    /// means what it meant to atou. A config file selects atou's baseline,
+    /// [`Tuning::default`] (`cc aimd`, `recovery sack`, `undo 0`), unless
+    /// it names others itself.
     pub fn apply_config(&mut self, text: &str) -> Result<Vec<String>, ConfigError> {
         let mut notes = Vec::new();
-        self.cc = CcKind::Aimd;
+        // atou's baseline, whatever the command's defaults.
+        let atou = Tuning::default();
+        self.cc = atou.cc;
+        self.recovery = atou.recovery;
+        self.undo = atou.undo;
         let lines: Vec<(usize, &str, &str)> = text
             .lines()
             .enumerate()
@@ -901,5 +937,29 @@ mod tests {
         };
         assert_eq!(t.initial_ssthresh(), 64);
         assert_eq!(Tuning::default().initial_ssthresh(), u64::MAX);
+    }
+
+    /// Issue 14 point 7: the commands run bbr with rack and undo; an atou
+    /// config file means atou's baseline unless it names others.
+    #[test]
+    fn commands_default_to_bbr_with_rack_config_files_to_atous_baseline() {
+        let t = Tuning::command_default();
+        assert_eq!(
+            (t.cc, t.recovery, t.undo),
+            (CcKind::Bbr, RecoveryKind::Rack, true)
+        );
+        t.validate().unwrap();
+        let mut t = Tuning::command_default();
+        t.apply_config("rcvrwin 26\n").unwrap();
+        assert_eq!(
+            (t.cc, t.recovery, t.undo),
+            (CcKind::Aimd, RecoveryKind::Sack, false)
+        );
+        let mut t = Tuning::command_default();
+        t.apply_config("cc bbr\nrecovery rack\nundo 1\n").unwrap();
+        assert_eq!(
+            (t.cc, t.recovery, t.undo),
+            (CcKind::Bbr, RecoveryKind::Rack, true)
+        );
     }
 }

@@ -36,6 +36,11 @@ pub struct SimConfig {
     pub check_invariants: bool,
     /// Stop after this much virtual time whatever happens.
     pub time_limit: Duration,
+    /// A link-layer stall on the forward path, `(start, length)`: what
+    /// would come out of it meanwhile is held and released, in order, when
+    /// the stall ends (Sarolahti & Kuznetsov §6's three-second delay, link
+    /// retransmissions holding frames in a receive buffer).
+    pub fwd_stall: Option<(Duration, Duration)>,
 }
 
 impl SimConfig {
@@ -55,6 +60,7 @@ impl SimConfig {
             trace: false,
             check_invariants: false,
             time_limit: Duration::from_secs(30 * 86_400),
+            fwd_stall: None,
         }
     }
 }
@@ -163,7 +169,7 @@ impl Simulation {
                 SenderState::Failed => break Outcome::Failed,
                 SenderState::Sending => {}
             }
-            let fwd_at = self.fwd.next_release();
+            let fwd_at = self.fwd.next_release().map(|t| self.after_stall(t));
             let rev_at = self.rev.next_release();
             let snd_at = self.sender.poll_timeout();
             let rcv_at = self.receiver.poll_timeout();
@@ -192,6 +198,21 @@ impl Simulation {
         };
         self.pump(observer)?;
         Ok(self.finish(outcome))
+    }
+
+    /// When a forward release at `t` happens, given the stall.
+    fn after_stall(&self, t: Time) -> Time {
+        match self.config.fwd_stall {
+            Some((start, len)) => {
+                let (from, until) = (Time::ZERO + start, Time::ZERO + start + len);
+                if t >= from && t < until {
+                    until
+                } else {
+                    t
+                }
+            }
+            None => t,
+        }
     }
 
     /// Drains both endpoints at the current instant.

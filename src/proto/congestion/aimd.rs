@@ -38,6 +38,8 @@ pub struct Aimd {
     /// The sender window (`rcvwin`): cwnd never grows beyond it.
     cap: u64,
     reduction: Reduction,
+    /// cwnd and ssthresh before the last reduction, for `undo`.
+    prior: Option<(u64, u64)>,
 }
 
 impl Aimd {
@@ -51,6 +53,7 @@ impl Aimd {
             vmss: u64::from(t.vmss),
             cap: u64::from(t.rcvwin),
             reduction: Reduction::for_tuning(t),
+            prior: None,
         }
     }
 
@@ -117,6 +120,7 @@ impl Controller for Aimd {
     }
 
     fn on_congestion_event(&mut self, event: &CongestionEvent) {
+        self.prior = Some((self.cwnd, self.ssthresh));
         self.ssthresh = self.reduced_ssthresh(event.flight);
         self.cwnd_cnt = 0;
         self.cwnd = self.reduction.start(self.cwnd, self.ssthresh, event.pipe);
@@ -126,6 +130,16 @@ impl Controller for Aimd {
     fn on_recovery_end(&mut self, _now: Time) {
         self.cwnd = self.ssthresh;
         self.cwnd_cnt = 0;
+    }
+
+    /// Linux's tcp_undo_cwnd_reduction (Sarolahti §6): cwnd back to at
+    /// least what it was, ssthresh to what it was if that is higher.
+    fn undo(&mut self, _now: Time) {
+        if let Some((cwnd, ssthresh)) = self.prior.take() {
+            self.cwnd = self.cwnd.max(cwnd).min(self.cap);
+            self.ssthresh = self.ssthresh.max(ssthresh);
+            self.cwnd_cnt = 0;
+        }
     }
 
     fn on_rto(&mut self, _now: Time, flight: u64, first: bool) {

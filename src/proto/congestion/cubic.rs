@@ -178,9 +178,33 @@ pub struct Cubic {
     mss: u64,
     srtt: Duration,
     last_ack: Time,
+    /// The state before the last reduction, for `undo` (RFC 9438 §4.9).
+    prior: Option<Prior>,
+}
+
+/// RFC 9438 §4.9: what a spurious congestion event restores.
+#[derive(Debug, Clone, Copy)]
+struct Prior {
+    cwnd: u64,
+    ssthresh: u64,
+    w_max: f64,
+    w_est: f64,
+    epoch: Option<Epoch>,
+    after_rto: bool,
 }
 
 impl Cubic {
+    fn save_prior(&mut self) {
+        self.prior = Some(Prior {
+            cwnd: self.cwnd,
+            ssthresh: self.ssthresh,
+            w_max: self.w_max,
+            w_est: self.w_est,
+            epoch: self.epoch,
+            after_rto: self.after_rto,
+        });
+    }
+
     pub fn new(t: &Tuning) -> Cubic {
         Cubic {
             cwnd: u64::from(t.initsegs),
@@ -196,6 +220,7 @@ impl Cubic {
             mss: u64::from(t.mss),
             srtt: Duration::ZERO,
             last_ack: Time::ZERO,
+            prior: None,
         }
     }
 
@@ -304,6 +329,7 @@ impl Controller for Cubic {
 
     /// RFC 9438 §4.6–4.7.
     fn on_congestion_event(&mut self, event: &CongestionEvent) {
+        self.save_prior();
         let cwnd = self.cwnd as f64;
         // §4.7 fast convergence: a flow whose window shrank since the last
         // event releases bandwidth for newer flows.
@@ -330,6 +356,7 @@ impl Controller for Cubic {
     /// congestion-avoidance stage starts with K = 0.
     fn on_rto(&mut self, _now: Time, flight: u64, first: bool) {
         if first {
+            self.save_prior();
             self.ssthresh = ((flight as f64 * BETA) as u64).max(2);
         }
         self.cwnd = 1;
@@ -337,6 +364,20 @@ impl Controller for Cubic {
         self.epoch = None;
         self.after_rto = true;
         self.hystart.on_congestion();
+    }
+
+    /// RFC 9438 §4.9: a spurious congestion event restores cwnd,
+    /// ssthresh, W_max, W_est and the stage from before it.
+    fn undo(&mut self, _now: Time) {
+        if let Some(p) = self.prior.take() {
+            self.cwnd = self.cwnd.max(p.cwnd).min(self.cap);
+            self.ssthresh = p.ssthresh;
+            self.w_max = p.w_max;
+            self.w_est = p.w_est;
+            self.epoch = p.epoch;
+            self.after_rto = p.after_rto;
+            self.credit = 0.0;
+        }
     }
 
     fn window(&self) -> u64 {

@@ -126,7 +126,8 @@ fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 /// [`Controller::on_recovery_end`] if it ends it; then
 /// [`Controller::on_ack`]. A retransmission timeout calls
 /// [`Controller::on_rto`]; it ends fast recovery without
-/// `on_recovery_end`.
+/// `on_recovery_end`. [`Controller::undo`] may follow either, instead of
+/// or after `on_recovery_end`.
 pub trait Controller: fmt::Debug + Send {
     fn kind(&self) -> CcKind;
 
@@ -142,6 +143,13 @@ pub trait Controller: fmt::Debug + Send {
     /// A retransmission timeout; `flight` is counted before everything is
     /// marked lost; `first` is false for a repeated timeout of the same data.
     fn on_rto(&mut self, now: Time, flight: u64, first: bool);
+
+    /// Loss recovery has proved the last reduction (fast recovery or
+    /// timeout) spurious: every retransmission of it was unnecessary
+    /// (D-SACK, RFC 2883; the echoed timestamp, Eifel; Sarolahti §6).
+    /// Controllers that reduce go back to the window and ssthresh from
+    /// before it (RFC 9438 §4.9); the default does nothing.
+    fn undo(&mut self, _now: Time) {}
 
     /// The congestion window, in segments: the most that may be in flight.
     fn window(&self) -> u64;

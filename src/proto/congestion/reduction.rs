@@ -34,7 +34,7 @@ impl Reduction {
                 dup_thresh: u64::from(t.dup_thresh),
             },
             RecoveryKind::Fack if t.rampdown => Reduction::RateHalving { acks: 0 },
-            RecoveryKind::Sack | RecoveryKind::Fack => Reduction::Immediate,
+            RecoveryKind::Sack | RecoveryKind::Fack | RecoveryKind::Rack => Reduction::Immediate,
         }
     }
 

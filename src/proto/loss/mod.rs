@@ -12,14 +12,18 @@
 
 mod fack;
 mod newreno;
+mod rack;
 mod reno;
 mod sack;
 
 use std::fmt;
+use std::time::Duration;
 
 use super::events::RecoveryTrigger;
 use super::scoreboard::Scoreboard;
+use super::time::Time;
 use super::tuning::{RecoveryKind, Tuning};
+use super::wire::SackBlock;
 
 /// The sender's loss state, after Linux's (Sarolahti §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,12 +47,15 @@ pub enum Forced {
     FastRetransmit(u64),
     /// NewReno's retransmit on a partial ACK (RFC 6582 §3.2 step 3).
     PartialAck(u64),
+    /// A tail loss probe (RFC 8985 §7.3): new data when the segment is
+    /// snd_max, otherwise a retransmission.
+    Probe(u64),
 }
 
 impl Forced {
     pub fn seg(self) -> u64 {
         match self {
-            Forced::FastRetransmit(s) | Forced::PartialAck(s) => s,
+            Forced::FastRetransmit(s) | Forced::PartialAck(s) | Forced::Probe(s) => s,
         }
     }
 }
@@ -66,13 +73,51 @@ pub struct DupEvidence {
     pub dsack: bool,
 }
 
-/// What one ACK changed, as the variants need it.
+/// What one ACK changed, as the variants need it. The segments it
+/// delivered are in [`Scoreboard::deliveries`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AckSummary {
     /// Segments newly covered by the cumulative ACK.
     pub newly_acked: u64,
+    /// Segments newly covered by SACK blocks.
+    pub newly_sacked: u64,
     /// A duplicate ACK, as the variant's [`LossRecovery::is_duplicate`] judged it.
     pub is_dupack: bool,
+    /// When the ACK arrived.
+    pub now: Time,
+    /// The timestamp the ACK echoes (wire microseconds).
+    pub echo: u32,
+    /// The D-SACK block it carries (RFC 2883).
+    pub dsack: Option<SackBlock>,
+    /// RFC 6298 SRTT and the minimum RTT, after this ACK's sample.
+    pub srtt: Duration,
+    pub min_rtt: Duration,
+}
+
+/// What a variant's timer needs to know of the sender when it is armed.
+#[derive(Debug, Clone, Copy)]
+pub struct TimerContext {
+    pub now: Time,
+    pub srtt: Duration,
+    /// When the retransmission timer will fire, if armed.
+    pub rto_at: Option<Time>,
+    /// The receiver's delayed-ACK timer (RFC 8985 §7.2 WCDelAckT).
+    pub max_ack_delay: Duration,
+    /// Restart the probe timer: new data went out, or the cumulative ACK
+    /// advanced (RFC 8985 §7.2).
+    pub restart: bool,
+}
+
+/// What a variant's timer decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimerVerdict {
+    Nothing,
+    /// Segments were marked lost outside fast recovery: start it.
+    Enter(RecoveryTrigger),
+    /// Segments were marked lost during recovery or timeout repair.
+    Lost,
+    /// Send a tail loss probe: this segment (snd_max for new data).
+    Probe(u64),
 }
 
 /// What an ACK means for fast recovery, as a variant decides it.
@@ -86,6 +131,9 @@ pub enum Verdict {
         trigger: RecoveryTrigger,
         lost_below: Option<u64>,
     },
+    /// Start fast recovery with the losses the variant has marked, and
+    /// nothing forced: what is lost goes out as pipe allows (RACK).
+    EnterMarked { trigger: RecoveryTrigger },
     /// Stay in fast recovery.
     Continue,
     /// Leave fast recovery: everything sent before it began is acknowledged.
@@ -198,6 +246,36 @@ pub trait LossRecovery: fmt::Debug + Send {
     fn tail_retransmission(&mut self, _sb: &Scoreboard, _st: &LossState) -> Option<u64> {
         None
     }
+
+    /// When the variant's own timer (RACK's reordering timer, TLP's probe
+    /// timeout) should fire.
+    fn deadline(&self) -> Option<Time> {
+        None
+    }
+
+    /// After an ACK or a transmission: arm or cancel the variant's timer.
+    fn arm(&mut self, _ctx: &TimerContext, _sb: &Scoreboard, _st: &LossState) {}
+
+    /// The variant's timer expired; `new_data` says whether a segment of
+    /// new data may go out (the receiver's window and the stream allow).
+    fn on_deadline(
+        &mut self,
+        _now: Time,
+        _sb: &mut Scoreboard,
+        _st: &mut LossState,
+        _new_data: bool,
+    ) -> TimerVerdict {
+        TimerVerdict::Nothing
+    }
+
+    /// A retransmission timeout.
+    fn on_rto(&mut self) {}
+
+    /// Whether the last ACK showed that a tail loss probe repaired a loss
+    /// the congestion controller has not yet answered (RFC 8985 §7.4).
+    fn take_probe_loss(&mut self) -> bool {
+        false
+    }
 }
 
 /// Builds the variant a tuning asks for.
@@ -207,5 +285,6 @@ pub fn for_kind(t: &Tuning) -> Box<dyn LossRecovery> {
         RecoveryKind::NewReno => Box::new(newreno::NewReno),
         RecoveryKind::Sack => Box::new(sack::Sack::default()),
         RecoveryKind::Fack => Box::new(fack::Fack),
+        RecoveryKind::Rack => Box::new(rack::Rack::new(t)),
     }
 }

@@ -617,6 +617,13 @@ impl Controller for Bbr {
 
     fn on_recovery_end(&mut self, _now: Time) {}
 
+    /// A spurious reduction: the cwnd saved before it comes back
+    /// (Linux's bbr_undo_cwnd), and packet conservation ends.
+    fn undo(&mut self, _now: Time) {
+        self.packet_conservation = false;
+        self.restore_cwnd();
+    }
+
     /// A timeout: cwnd to one segment; the model stays.
     fn on_rto(&mut self, _now: Time, _flight: u64, _first: bool) {
         self.save_cwnd();
