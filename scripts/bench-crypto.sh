@@ -36,28 +36,13 @@ cargo build --release --quiet
 atou=$PWD/target/release/atou
 [ -z "$ref" ] || [ -x "$ref" ] || die "REF_ATOU=$ref is not an executable"
 
-"$atou" keygen -q -f "$work/server" >/dev/null 2>&1 || "$atou" keygen -f "$work/server" >/dev/null
+"$atou" keygen -f "$work/server" >/dev/null
 "$atou" keygen -f "$work/client" >/dev/null
 cp "$work/client.pub" "$work/authorized_keys"
-
-# serve ARGS...: a probe sink on $port with the server key; waits for it.
-serve() {
-    "$atou" serve --bind "127.0.0.1:$port" --identity "$work/server" --once --json "$@" \
-        >"$work/serve.json" 2>"$work/serve.err" &
-    serve_pid=$!
-    pids+=("$serve_pid")
-    for _ in $(seq 50); do
-        grep -q listening "$work/serve.err" 2>/dev/null && return
-        sleep 0.1
-    done
-    die "atou serve did not start: $(tail -n 1 "$work/serve.err")"
-}
 
 # probe NAME ARGS...: one probe; appends "NAME goodput_bps cpu_probe cpu_serve bytes" to results.
 probe() {
     local name=$1; shift
-    /usr/bin/time -f '%U %S' -o "$work/serve.time" true
-    serve_time() { :; }
     "$atou" serve --bind "127.0.0.1:$port" --identity "$work/server" --once --json \
         >"$work/serve.json" 2>"$work/serve.err" &
     local s=$!

@@ -2,7 +2,9 @@
 # Real-socket speed on loopback (issue 3, point 6), all in one run:
 #   iperf3 UDP blast (-u -b 0 -l 1472): the rate its receiver got;
 #   iperf3 TCP: the kernel's reliable stream;
-#   atou probe --bytes 4G --mss 1472 against atou serve: goodput.
+#   atou probe --bytes 4G --mss 1472 --no-auth against atou serve: goodput
+#   (the transport against iperf3; scripts/bench-crypto.sh measures what
+#   encryption costs).
 # Prints atou's goodput as a ratio of each (target: >= 1.0x iperf3's UDP
 # received rate, stretch 2x) and atou's CPU seconds per GB at each end.
 #
@@ -65,7 +67,7 @@ for _ in $(seq 50); do
     sleep 0.1
 done
 /usr/bin/time -f '%U %S' -o "$work/probe.time" \
-    "$atou" probe "127.0.0.1:$port" --bytes "$bytes" --mss 1472 --json >"$work/probe.json"
+    "$atou" probe "127.0.0.1:$port" --bytes "$bytes" --mss 1472 --no-auth --json >"$work/probe.json"
 wait "$serve_pid"
 
 python3 - "$work" "$udp_bps" "$udp_lost" "$tcp_bps" "$bytes" "$secs" <<'PY'

@@ -12,7 +12,12 @@
 #   scp -r over a private sshd on 127.0.0.1;
 #   rsync -a over ssh to the same sshd;
 #   atou send --quiet --json to `atou serve --dir DST --once --no-fsync`
-#   (no tool here syncs, so neither does atou in the comparison).
+#   (no tool here syncs, so neither does atou in the comparison),
+#   authenticated and encrypted as by default (keys made for the run, the
+#   server's pinned with --server-key; cipher auto);
+#   atou-plain: the same with --no-auth at both ends, for what
+#   authentication and encryption cost (issue 13: target atou >= 0.85x
+#   atou-plain).
 # And the cost of `atou serve`'s default, which syncs every file and
 # directory before it reports a transfer verified, measured where syncing
 # costs something (FSYNC_DIR, default /var/tmp, on disk): atou-disk with
@@ -132,6 +137,14 @@ mkdir "$work/ssh" "$work/data" "$work/log" "$work/bin"
 cp target/release/atou "$work/bin/atou"
 [ -z "$ref_atou" ] || cp "$ref_atou" "$work/bin/atou-ref"
 atou=$work/bin/atou
+"$atou" keygen -f "$work/bin/server" -C bench-server >/dev/null
+"$atou" keygen -f "$work/bin/client" -C bench-client >/dev/null
+cp "$work/bin/client.pub" "$work/bin/authorized_keys"
+# A REF_ATOU from before issue 13 has no keys; one from after needs --no-auth.
+ref_plain=()
+if [ -n "$ref_atou" ] && "$work/bin/atou-ref" serve --help 2>/dev/null | grep -q -- --no-auth; then
+    ref_plain=(--no-auth)
+fi
 rev=$(git describe --always --dirty 2>/dev/null || echo unknown)
 chmod 700 "$work/ssh"
 results=$work/log/results   # lines: set tool secs bytes
@@ -274,10 +287,15 @@ rss_kib() { sed -n 's/^[[:space:]]*Maximum resident set size (kbytes): //p' "$1"
 atou_run() {
     local set=$1 name=$2 dst=$3 tool=$4 t0 t1 rc=0 atou=$atou
     shift 4
-    [ "$tool" != atou-ref ] || atou=$work/bin/atou-ref
+    local serve_keys=(--identity "$work/bin/server" --authorized-keys "$work/bin/authorized_keys")
+    local send_keys=(--identity "$work/bin/client" --server-key "$work/bin/server.pub")
+    case $tool in
+    atou-ref) atou=$work/bin/atou-ref; serve_keys=("${ref_plain[@]}"); send_keys=("${ref_plain[@]}") ;;
+    atou-plain) serve_keys=(--no-auth); send_keys=(--no-auth) ;;
+    esac
     : >"$work/log/serve.err"
     timeout "$limit" /usr/bin/time -v -o "$work/log/serve.time" \
-        "$atou" serve --bind "127.0.0.1:$port" --dir "$dst" --once --json "$@" \
+        "$atou" serve --bind "127.0.0.1:$port" --dir "$dst" --once --json "${serve_keys[@]}" "$@" \
         </dev/null >"$work/log/serve.json" 2>"$work/log/serve.err" &
     serve_pid=$!
     for i in $(seq 100); do
@@ -291,7 +309,7 @@ atou_run() {
     sync
     t0=$(date +%s.%N)
     timeout "$limit" /usr/bin/time -v -o "$work/log/send.time" \
-        "$atou" send "$src/$name" "127.0.0.1:$port" --quiet --json "${atou_extra[@]}" \
+        "$atou" send "$src/$name" "127.0.0.1:$port" --quiet --json "${send_keys[@]}" "${atou_extra[@]}" \
         </dev/null >"$work/log/send.json" 2>"$work/log/send.err" || rc=$?
     t1=$(date +%s.%N)
     [ "$rc" -eq 0 ] || die "$set: atou send failed ($(exit_why "$rc")): $(grep -v '^[[:space:]]' "$work/log/send.err" | tail -n 3)"
@@ -341,7 +359,7 @@ run_tool() {
     cp) timed "$set" cp cp -r "$src/$name" "$dst/" ;;
     scp) timed "$set" scp scp -q -r "${ssh_opts[@]}" -P "$ssh_port" "$src/$name" "$remote:$dst/" ;;
     rsync) timed "$set" rsync rsync -a -e "$ssh_cmd" "$src/$name" "$remote:$dst/" ;;
-    atou | atou-disk) atou_run "$set" "$name" "$dst" "$tool" --no-fsync ;;
+    atou | atou-plain | atou-disk) atou_run "$set" "$name" "$dst" "$tool" --no-fsync ;;
     atou-disk-fsync | atou-ref) atou_run "$set" "$name" "$dst" "$tool" ;;
     esac
     verify "$set" "$dst" "$tool"
@@ -351,7 +369,7 @@ run_tool() {
 # fresh memory once before anything is timed. Then the tools take turns
 # going first (the order rotates every round), so none always finds the
 # memory another one warmed.
-tools_in_order=(cp scp rsync atou)
+tools_in_order=(cp scp rsync atou atou-plain)
 [ -z "$ref_atou" ] || tools_in_order+=(atou-ref)
 [ "$fsync_dir" = none ] || tools_in_order+=(atou-disk atou-disk-fsync)
 all_results=$results
@@ -391,20 +409,20 @@ for key, rs in runs.items():
     ts = [t for t, _ in rs]
     res[key] = (secs, nbytes, nbytes / secs / 1e6, [n / t / 1e6 for t, n in rs], min(ts), max(ts))
 sets = {"big": f"big ({big_size} file)", "tree": f"tree ({small_files} files)"}
-tools = ["cp", "scp", "rsync", "atou"] + (["atou-ref"] if any(t == "atou-ref" for _, t in runs) else [])
+tools = ["cp", "scp", "rsync", "atou", "atou-plain"] + (["atou-ref"] if any(t == "atou-ref" for _, t in runs) else [])
 args = " ".join(x for x in ([f"--streams {streams}"] if streams else []) + ([atou_args] if atou_args else []))
 print(f"loopback file transfer, {rounds} round(s) after an uncounted warm-up, tools in rotating order; atou {rev}, atou send {args or '(defaults)'}")
 print(f"{ncpu} cores; 1-minute load average {load0} before the copies, {load1} after (other work skews the figures)")
 print("MB/s = 10^6 bytes/s of the data set; atou/tool = atou MB/s / tool MB/s, medians")
 print()
-print(f"  {'data set':<22} {'tool':<6} {'bytes':>12} {'s min':>7} {'s median':>9} {'s max':>7} {'MB/s':>9} {'atou/tool':>10}   MB/s by round")
+print(f"  {'data set':<22} {'tool':<10} {'bytes':>12} {'s min':>7} {'s median':>9} {'s max':>7} {'MB/s':>9} {'atou/tool':>10}   MB/s by round")
 for s in ("big", "tree"):
     a = res[(s, "atou")][2]
     for t in tools:
         secs, nbytes, mbps, each, lo, hi = res[(s, t)]
-        ratio = "" if t.startswith("atou") else f"{a / mbps:9.2f}x"
+        ratio = "" if t == "atou" else f"{a / mbps:9.2f}x"
         rounds_text = " ".join(f"{x:.1f}" for x in each)
-        print(f"  {sets[s]:<22} {t:<6} {nbytes:>12} {lo:7.2f} {secs:9.2f} {hi:7.2f} {mbps:9.1f} {ratio:>10}   {rounds_text}")
+        print(f"  {sets[s]:<22} {t:<10} {nbytes:>12} {lo:7.2f} {secs:9.2f} {hi:7.2f} {mbps:9.1f} {ratio:>10}   {rounds_text}")
 print()
 print("atou peak RSS over the rounds (/usr/bin/time -v, maximum resident set size)")
 for s in ("big", "tree"):
@@ -433,4 +451,5 @@ def target(label, s, t, want):
 target("big file: atou / scp", "big", "scp", 2.0)
 target("big file: atou / cp", "big", "cp", 0.5)
 target("tree: atou / rsync", "tree", "rsync", 1.0)
+target("big file: atou / atou-plain", "big", "atou-plain", 0.85)
 PY

@@ -443,9 +443,14 @@ impl Bbr {
         }
     }
 
-    /// "Send quantum": a millisecond at the pacing rate, 2 to 64 KiB.
+    /// "Send quantum" (BBRSetSendQuantum): a millisecond at the pacing
+    /// rate, at most 64 KiB, then at least two segments: the floor wins
+    /// for segments over 32 KiB (a loopback copy), where a clamp would
+    /// have min > max.
     fn send_quantum(&self) -> f64 {
-        let bytes = (self.pacing_rate * 0.001).clamp(2.0 * self.mss as f64, 65536.0);
+        let bytes = (self.pacing_rate * 0.001)
+            .min(65536.0)
+            .max(2.0 * self.mss as f64);
         bytes / self.mss as f64
     }
 
