@@ -5,6 +5,7 @@
 mod keygen;
 mod net;
 mod netem;
+mod remote;
 mod transfer;
 mod tuning_args;
 
@@ -54,6 +55,9 @@ enum Command {
     Netem(netem::NetemArgs),
     /// Write a key pair for authenticated transfers (private key mode 0600), as ssh-keygen
     Keygen(keygen::KeygenArgs),
+    /// The far end of `atou copy` over ssh (run by ssh, not by people)
+    #[command(name = "__remote", hide = true)]
+    Remote(remote::RemoteArgs),
 }
 
 #[derive(Args, Debug)]
@@ -257,6 +261,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => net::serve(args),
         Command::Netem(args) => netem::netem(args),
         Command::Keygen(args) => keygen::keygen(args),
+        Command::Remote(args) => remote::remote(args),
     };
     match result {
         Ok(code) => code,
