@@ -183,7 +183,7 @@ impl RemoteEnd {
             let (tail, live, shown) = (tail.clone(), live.clone(), target.to_string());
             thread::spawn(move || {
                 for line in BufReader::new(stderr).split(b'\n').map_while(|l| l.ok()) {
-                    let line = escape(&line);
+                    let line = escape(line.trim_ascii_end());
                     let line = line.strip_prefix("atou: ").unwrap_or(&line).to_string();
                     if live.load(Ordering::Relaxed) {
                         eprintln!("atou: {shown}: {line}");
@@ -363,11 +363,31 @@ fn client_auth(identity: StaticKeypair, server_key: PublicKey) -> ClientAuth {
     }
 }
 
-fn udp_blocked(host: &str, port: u16, secs: f64) -> String {
+/// `HOST:PORT`, with the address tried if HOST is not that address.
+fn udp_target(host: &str, peer: SocketAddr) -> String {
+    if host.trim_start_matches('[').trim_end_matches(']') == peer.ip().to_string() {
+        format!("{peer}")
+    } else {
+        format!("{host}:{} ({})", peer.port(), peer.ip())
+    }
+}
+
+fn udp_blocked(host: &str, peer: SocketAddr, secs: f64) -> String {
     format!(
-        "UDP to {host}:{port} blocked? tried {secs:.0} s, no datagram arrived; \
-         open the --port range in the firewall"
+        "UDP to {} blocked? tried {secs:.0} s, no datagram arrived; \
+         open the --port range in the firewall",
+        udp_target(host, peer)
     )
+}
+
+/// After a transfer that did not finish: the staging directory goes if
+/// empty, and so does the destination if this run created it and it is
+/// empty, so a failed run leaves nothing behind but resumable partial files.
+fn tidy(root: &Path, created: bool) {
+    let _ = std::fs::remove_dir(root.join(atou::io::dest_dir::STAGING_DIR));
+    if created {
+        let _ = std::fs::remove_dir(root);
+    }
 }
 
 /// `atou copy` with a remote SRC or DEST.
@@ -474,15 +494,19 @@ fn push(
                         idle,
                     },
                 ..
-            }) => Some(udp_blocked(&host, peer.port(), idle.as_secs_f64())),
-            SendError::Conn(ProbeError::Unreachable { .. }) => Some(format!(
-                "UDP to {host}:{} was refused (ICMP unreachable): a firewall in the way? \
+            }) => Some(udp_blocked(&host, peer, idle.as_secs_f64())),
+            SendError::Conn(ProbeError::Unreachable { error, .. }) => Some(format!(
+                "UDP to {} was refused ({error}): a firewall in the way? \
                  open the --port range in it",
-                peer.port()
+                udp_target(&host, peer)
             )),
             _ => None,
         },
     )?;
+    if code != ExitCode::SUCCESS {
+        // The reason is said; what the remote adds as it goes is noise.
+        remote.live.store(false, Ordering::Relaxed);
+    }
     match remote.finish() {
         Some(s) if s.success() || code != ExitCode::SUCCESS => Ok(code),
         Some(s) => Err(anyhow!(
@@ -504,15 +528,6 @@ fn pull(
     for note in notes {
         eprintln!("atou: {note}");
     }
-    let root = Path::new(dest);
-    std::fs::create_dir_all(root).map_err(|e| {
-        UsageError(atou::transfer::dest::io_error(
-            "create destination",
-            root,
-            &e,
-        ))
-    })?;
-    let root = check_root(root).map_err(UsageError)?;
     let identity = one_time_key()?;
     let token = random_token().map_err(|e| anyhow!(e))?;
     let hello = Hello {
@@ -530,7 +545,37 @@ fn pull(
     let mut remote = RemoteEnd::start(ssh, target, &args)?;
     let answer = remote.bootstrap(&hello)?;
     let ip = peer_ip(&remote, &answer)?;
+    // Created only now: a failed bootstrap leaves nothing behind.
+    let root = Path::new(dest);
+    let created = !root.exists();
+    std::fs::create_dir_all(root).map_err(|e| {
+        UsageError(atou::transfer::dest::io_error(
+            "create destination",
+            root,
+            &e,
+        ))
+    })?;
+    let root = check_root(root).map_err(UsageError)?;
+    let result = pull_into(&mut remote, &answer, ip, &root, identity, token, transfer, &tuning);
+    tidy(&root, created);
+    result
+}
+
+/// A pull once the remote end has answered: receive into `root`.
+#[allow(clippy::too_many_arguments)]
+fn pull_into(
+    remote: &mut RemoteEnd,
+    answer: &Answer,
+    ip: IpAddr,
+    root: &Path,
+    identity: StaticKeypair,
+    token: [u8; 32],
+    transfer: &TransferArgs,
+    tuning: &atou::proto::Tuning,
+) -> Result<ExitCode> {
     let host = remote.host().to_string();
+    let target = remote.target.clone();
+    let root = root.to_path_buf();
     let any: IpAddr = match ip {
         IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
         IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
@@ -628,7 +673,7 @@ fn pull(
                     stop_server(server);
                     return Err(anyhow!(udp_blocked(
                         &host,
-                        answer.ports[0],
+                        SocketAddr::new(ip, answer.ports[0]),
                         started.elapsed().as_secs_f64()
                     )));
                 }
@@ -678,7 +723,7 @@ fn pull(
             if transfer.json() {
                 super::print_stdout(&(serde_json::to_string_pretty(&r)? + "\n"))?;
             } else if !transfer.quiet() {
-                eprint!("{}", received_text(&r, target));
+                eprint!("{}", received_text(&r, &target));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -693,7 +738,10 @@ fn pull(
         None => {
             let tail = remote.tail();
             let status = status.map_or("no status".to_string(), |s| s.to_string());
-            eprintln!("atou: the transfer from {host} did not finish (the remote end: {status}): {tail}; run the same command again to resume");
+            eprintln!(
+                "atou: the transfer from {host} did not finish (the remote end: {status}; \
+                 its last words: {tail}); run the same command again to resume"
+            );
             Ok(ExitCode::from(1))
         }
     }
@@ -784,6 +832,7 @@ fn remote_receive(
     gone: Arc<tokio::sync::Notify>,
 ) -> Result<ExitCode> {
     let root = remote_path(&args.path);
+    let created = !root.exists();
     std::fs::create_dir_all(&root).map_err(|e| {
         anyhow!(atou::transfer::dest::io_error(
             "create destination",
@@ -792,6 +841,20 @@ fn remote_receive(
         ))
     })?;
     let root = check_root(&root).map_err(|e| anyhow!(e))?;
+    let result = receive_into(&root, args, hello, ip, watch, gone);
+    tidy(&root, created);
+    result
+}
+
+fn receive_into(
+    root: &Path,
+    args: RemoteReceiveArgs,
+    hello: Hello,
+    ip: Option<IpAddr>,
+    watch: impl FnOnce() + Send + 'static,
+    gone: Arc<tokio::sync::Notify>,
+) -> Result<ExitCode> {
+    let root = root.to_path_buf();
     let sock = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), args.port, 1)
         .map_err(|e| anyhow!(e))?
         .remove(0);
@@ -870,6 +933,13 @@ fn remote_send(
         ));
     };
     let (tuning, _) = args.transfer.tuning().resolve()?;
+    // A SRC that is not there fails the bootstrap, with its reason.
+    let sources: Vec<PathBuf> = args.sources.iter().map(|s| remote_path(s)).collect();
+    for s in &sources {
+        if let Err(e) = std::fs::symlink_metadata(s) {
+            return Err(anyhow!("cannot read {}: {e}", shown_path(s)));
+        }
+    }
     let streams = args.transfer.streams();
     let socks = bind_in_range(
         ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()),
@@ -947,7 +1017,6 @@ fn remote_send(
             p.stop.store(true, Ordering::Relaxed);
         });
     }
-    let sources: Vec<PathBuf> = args.sources.iter().map(|s| remote_path(s)).collect();
     run_send_from(&sources, config, &args.transfer, &from, progress, |_| None)
 }
 
