@@ -225,6 +225,15 @@ impl RemoteEnd {
         }
     }
 
+    /// `: LAST LINES` of stderr, or nothing if there were none.
+    fn last_words(&self) -> String {
+        if self.tail.lock().expect("tail lock").is_empty() {
+            String::new()
+        } else {
+            format!(": {}", self.tail())
+        }
+    }
+
     /// Waits for ssh to exit (its output is all read by then) and says why
     /// the remote end stopped early.
     fn failure(&mut self, before: &str) -> anyhow::Error {
@@ -480,27 +489,41 @@ fn push(
     let mut config = transfer.send_config(peer, shown, None)?;
     config.auth = Some(client_auth(identity, answer.key));
     let host = remote.host().to_string();
+    let shared = Mutex::new(&mut remote);
     let code = run_send_from(
         sources,
         config,
         transfer,
         &[],
         Arc::new(Progress::default()),
-        |e| match e {
-            SendError::Conn(ProbeError::Conn {
-                error:
-                    ConnError::Idle {
-                        stage: Stage::Hello,
-                        idle,
-                    },
-                ..
-            }) => Some(udp_blocked(&host, peer, idle.as_secs_f64())),
-            SendError::Conn(ProbeError::Unreachable { error, .. }) => Some(format!(
-                "UDP to {} was refused ({error}): a firewall in the way? \
+        |e| {
+            // The remote end died: that, not the silence after it, is news.
+            if let SendError::Conn(ProbeError::Conn { .. }) = e {
+                let mut r = shared.lock().expect("remote lock");
+                if let Some(status) = r.child.try_wait().ok().flatten().filter(|s| !s.success()) {
+                    return Some(format!(
+                        "atou on {host} ended during the transfer (ssh: {status}){}; run the \
+                         same command again to resume",
+                        r.last_words()
+                    ));
+                }
+            }
+            match e {
+                SendError::Conn(ProbeError::Conn {
+                    error:
+                        ConnError::Idle {
+                            stage: Stage::Hello,
+                            idle,
+                        },
+                    ..
+                }) => Some(udp_blocked(&host, peer, idle.as_secs_f64())),
+                SendError::Conn(ProbeError::Unreachable { error, .. }) => Some(format!(
+                    "UDP to {} was refused ({error}): a firewall in the way? \
                  open the --port range in it",
-                udp_target(&host, peer)
-            )),
-            _ => None,
+                    udp_target(&host, peer)
+                )),
+                _ => None,
+            }
         },
     )?;
     if code != ExitCode::SUCCESS {
@@ -556,7 +579,16 @@ fn pull(
         ))
     })?;
     let root = check_root(root).map_err(UsageError)?;
-    let result = pull_into(&mut remote, &answer, ip, &root, identity, token, transfer, &tuning);
+    let result = pull_into(
+        &mut remote,
+        &answer,
+        ip,
+        &root,
+        identity,
+        token,
+        transfer,
+        &tuning,
+    );
     tidy(&root, created);
     result
 }
@@ -736,11 +768,11 @@ fn pull_into(
             Ok(ExitCode::from(1))
         }
         None => {
-            let tail = remote.tail();
             let status = status.map_or("no status".to_string(), |s| s.to_string());
             eprintln!(
-                "atou: the transfer from {host} did not finish (the remote end: {status}; \
-                 its last words: {tail}); run the same command again to resume"
+                "atou: the transfer from {host} did not finish: atou there ended (ssh: {status}){}; \
+                 run the same command again to resume",
+                remote.last_words()
             );
             Ok(ExitCode::from(1))
         }
