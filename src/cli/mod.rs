@@ -43,7 +43,7 @@ struct Cli {
 enum Command {
     /// Send files and directory trees to an `atou serve --dir` (resumable, every file verified)
     Send(transfer::SendArgs),
-    /// Copy files and trees to a local directory (through atou over loopback) or to HOST[:PORT]:PATH
+    /// Copy files and trees: locally (through atou over loopback), or to or from [USER@]HOST:PATH, running the other end over ssh
     Copy(transfer::CopyArgs),
     /// Simulate a transfer in virtual time over modelled links, reproducibly from a seed
     Sim(SimArgs),
