@@ -497,6 +497,29 @@ fn no_atou_on_the_remote_and_a_failing_ssh_say_so_and_write_nothing() {
         "{err}"
     );
     assert!(!local.exists(), "the pull left {}", local.display());
+
+    // The same for a push: silence, or an ICMP error where the sandbox
+    // has no route; either way one line naming UDP and the port.
+    let out = run(&mut sshd.copy_with(
+        wrapper.to_str().unwrap(),
+        &[src.to_str().unwrap(), &sshd.at(&dest), "--maxidle", "2"],
+    ));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    say(&format!("UDP blocked (push): {}", err.trim()));
+    assert!(err.starts_with("atou: UDP to 127.0.0.1:"), "{err}");
+    assert!(err.contains("(192.0.2.1)"), "{err}");
+    assert!(
+        err.contains("blocked? tried 2 s") || err.contains("was refused"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    let until = Instant::now() + Duration::from_secs(10);
+    while dest.exists() && Instant::now() < until {
+        // The remote end tidies up as it exits.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!dest.exists(), "the push left {}", dest.display());
 }
 
 /// The partial file of the one file being received under `dest`.

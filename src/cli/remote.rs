@@ -517,9 +517,9 @@ fn push(
                         },
                     ..
                 }) => Some(udp_blocked(&host, peer, idle.as_secs_f64())),
-                SendError::Conn(ProbeError::Unreachable { error, .. }) => Some(format!(
-                    "UDP to {} was refused ({error}): a firewall in the way? \
-                 open the --port range in it",
+                SendError::Conn(ProbeError::Unreachable { .. }) => Some(format!(
+                    "UDP to {} was refused: the host or a firewall answered ICMP unreachable; \
+                     open the --port range in the firewall",
                     udp_target(&host, peer)
                 )),
                 _ => None,
