@@ -1055,6 +1055,61 @@ fn remote_send(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Local {
+        #[command(flatten)]
+        transfer: TransferArgs,
+    }
+
+    #[derive(Parser)]
+    struct Far {
+        #[command(subcommand)]
+        role: Role,
+    }
+
+    #[test]
+    fn a_pull_forwards_the_senders_flags_and_every_knob_exactly() {
+        let local = Local::try_parse_from([
+            "copy",
+            "--streams",
+            "3",
+            "--buffer",
+            "32MiB",
+            "--overwrite",
+            "--follow",
+            "--delack",
+            "1ms",
+            "--recovery",
+            "newreno",
+            "--rcvwin",
+            "7",
+        ])
+        .unwrap();
+        let mut argv = vec!["__remote".to_string(), "send".to_string()];
+        argv.extend(local.transfer.remote_send_args().unwrap());
+        argv.extend(["--".to_string(), "-odd name".to_string()]);
+        let Far {
+            role: Role::Send(far),
+        } = Far::try_parse_from(&argv).unwrap()
+        else {
+            panic!("not a send")
+        };
+        assert_eq!(far.sources, vec!["-odd name".to_string()]);
+        assert_eq!(far.transfer.streams(), 3);
+        assert_eq!(far.transfer.buffer(), 32 << 20);
+        assert!(far.transfer.quiet());
+        let (a, _) = local.transfer.tuning().resolve().unwrap();
+        let (b, _) = far.transfer.tuning().resolve().unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, atou::proto::Tuning::default());
+        let config = far
+            .transfer
+            .send_config("127.0.0.1:1".parse().unwrap(), "h".into(), None)
+            .unwrap();
+        assert!(config.options.overwrite && config.follow && !config.options.fsync);
+    }
 
     #[test]
     fn remote_paths_are_relative_to_home() {
