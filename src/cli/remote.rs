@@ -720,6 +720,7 @@ fn pull_into(
     // The remote sends; wait for the receiver to finish, or the remote
     // to fail, or Ctrl-C.
     let mut remote_status = None;
+    let mut until = None;
     while !server.is_finished() {
         if interrupted.load(Ordering::Relaxed) {
             stop_server(server);
@@ -729,15 +730,14 @@ fn pull_into(
         if remote_status.is_none() {
             if let Ok(Some(s)) = remote.child.try_wait() {
                 remote_status = Some(s);
-                if !s.success() {
-                    // Give the receiver a moment to hear the sender's abort.
-                    let until = Instant::now() + Duration::from_secs(2);
-                    while !server.is_finished() && Instant::now() < until {
-                        thread::sleep(Duration::from_millis(20));
-                    }
-                    break;
-                }
+                // The receiver hears the sender's last word (its finish,
+                // or an abort) within moments; a sender killed says none.
+                let grace = if s.success() { 10 } else { 2 };
+                until = Some(Instant::now() + Duration::from_secs(grace));
             }
+        }
+        if until.is_some_and(|t| Instant::now() >= t) {
+            break;
         }
         thread::sleep(Duration::from_millis(20));
     }
