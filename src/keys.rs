@@ -531,6 +531,14 @@ impl KnownHosts {
         &self.path
     }
 
+    /// The key recorded for `host` (the first line naming it, as in ssh).
+    pub fn lookup(&self, host: &str) -> Option<PublicKey> {
+        self.entries
+            .iter()
+            .find(|(h, _, _)| h == host)
+            .map(|(_, k, _)| *k)
+    }
+
     /// The first line naming `host` decides, as in ssh.
     pub fn check(&self, host: &str, key: &PublicKey) -> HostStatus {
         match self.entries.iter().find(|(h, _, _)| h == host) {

@@ -76,6 +76,10 @@ impl Serve {
         let mut child = Command::new(atou_bin())
             .args(["serve", "--bind", "127.0.0.1:0", "--dir"])
             .arg(dest)
+            // These attacks speak the plain protocol: they test what the
+            // receiver lets a sender do to DEST, which --no-auth leaves
+            // to anyone (tests/auth.rs attacks the authenticated path).
+            .arg("--no-auth")
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -623,7 +627,7 @@ fn a_flood_of_hellos_from_one_address_does_not_lock_out_another() {
     std::fs::write(&src, b"hello").unwrap();
     let t0 = Instant::now();
     let out = Command::new(atou_bin())
-        .args(["send", "--quiet", "--maxidle", "5"])
+        .args(["send", "--quiet", "--no-auth", "--maxidle", "5"])
         .arg(&src)
         .arg(s.addr.to_string())
         .output()
@@ -785,6 +789,7 @@ mod sans_io {
                     once: false,
                     policy: Policy::server(),
                     limits: ReceiveLimits::default(),
+                    authorized: None,
                 },
                 move |ev| e.lock().unwrap().push(ev),
             )
@@ -798,7 +803,7 @@ mod sans_io {
         }
 
         fn deliver(&mut self, from: SocketAddr, d: &[u8]) {
-            if let Some(a) = self.server.handle_datagram(self.now, from, d) {
+            if let Some(a) = self.server.handle_datagram(self.now, from, &mut d.to_vec()) {
                 self.app.on_arrival(&mut self.server, a);
             }
             self.events_in();

@@ -314,6 +314,7 @@ fn racing_receiver(dest: &Path, hook: impl FnOnce() + Send + 'static) -> Running
             once: false,
             policy: atou::transfer::dest::Policy::own(),
             limits: Default::default(),
+            authorized: None,
         },
         move |e| failures.lock().unwrap().push(format!("{e:?}")),
     )

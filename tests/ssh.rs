@@ -661,3 +661,83 @@ fn a_transfer_killed_at_either_end_completes_when_run_again() {
         assert!(!dest.join(".atou-staging").exists(), "{what}: staging left");
     }
 }
+
+/// The remote end of a push, run here without ssh: it accepts only the
+/// one-time key the channel named, and nothing plain.
+#[test]
+fn the_remote_end_takes_only_the_key_named_on_the_ssh_channel() {
+    use std::io::{BufRead, BufReader};
+    let s = Scratch::new("pinned");
+    let dest = s.path("dest");
+    let file = s.path("f");
+    fs::write(&file, b"pinned").unwrap();
+    for name in ["told", "stranger"] {
+        let out = run(Command::new(ATOU)
+            .args(["keygen", "-C", name, "-f"])
+            .arg(s.path(name)));
+        assert!(out.status.success(), "keygen: {}", text(&out));
+    }
+    let told = fs::read_to_string(s.path("told.pub")).unwrap();
+    let told_b64 = told.split_whitespace().nth(1).unwrap().to_string();
+    let mut far = Command::new(ATOU)
+        .args([
+            "__remote", "receive", "--buffer", "67108864", "--rcvbuf", "4194304", "--",
+        ])
+        .arg(&dest)
+        .env_remove("SSH_CONNECTION")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = far.stdin.take().unwrap();
+    writeln!(stdin, "ATOU-BOOTSTRAP 1 {told_b64}").unwrap();
+    let mut line = String::new();
+    BufReader::new(far.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words.len(), 5, "{line}");
+    let (port, key) = (words[2], words[3]);
+    let to = format!("127.0.0.1:{port}");
+    let send = |extra: &[&str]| {
+        run(Command::new(ATOU)
+            .arg("send")
+            .arg(&file)
+            .arg(&to)
+            .args(["--maxidle", "3", "--quiet"])
+            .args(extra))
+    };
+    let stranger = send(&[
+        "--identity",
+        s.path("stranger").to_str().unwrap(),
+        "--server-key",
+        key,
+    ]);
+    assert!(
+        !stranger.status.success(),
+        "a stranger's key: {}",
+        text(&stranger)
+    );
+    say(&format!(
+        "pinned: a stranger's key: {}",
+        String::from_utf8_lossy(&stranger.stderr).trim()
+    ));
+    let plain = send(&["--no-auth"]);
+    assert!(!plain.status.success(), "plain: {}", text(&plain));
+    say(&format!(
+        "pinned: plain: {}",
+        String::from_utf8_lossy(&plain.stderr).trim()
+    ));
+    assert!(!dest.join("f").exists());
+    let told = send(&[
+        "--identity",
+        s.path("told").to_str().unwrap(),
+        "--server-key",
+        key,
+    ]);
+    assert!(told.status.success(), "the told key: {}", text(&told));
+    assert_eq!(fs::read(dest.join("f")).unwrap(), b"pinned");
+    drop(stdin);
+    assert!(far.wait().unwrap().success());
+}

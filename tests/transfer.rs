@@ -307,8 +307,47 @@ fn assert_same_tree(src: &Path, dst: &Path) -> usize {
 // Processes
 // ---------------------------------------------------------------------------
 
-/// `atou serve --dir DEST --json` on an ephemeral loopback port; SIGTERM
-/// and reaped when dropped.
+/// Key files shared by every test here: the server's identity, one
+/// authorized client, and the client's identity. Transfers in these tests
+/// are authenticated and encrypted, as a user's are by default.
+struct Keys {
+    server: PathBuf,
+    server_pub: PathBuf,
+    client: PathBuf,
+    authorized: PathBuf,
+}
+
+fn keys() -> &'static Keys {
+    static KEYS: std::sync::OnceLock<Keys> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("atou-transfer-keys-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let keygen = |name: &str| {
+            let path = dir.join(name);
+            let out = Command::new(ATOU)
+                .args(["keygen", "-C", name, "-f"])
+                .arg(&path)
+                .output()
+                .expect("atou keygen");
+            assert!(out.status.success(), "{out:?}");
+            path
+        };
+        let server = keygen("server");
+        let client = keygen("client");
+        let authorized = dir.join("authorized_keys");
+        fs::copy(dir.join("client.pub"), &authorized).unwrap();
+        Keys {
+            server_pub: dir.join("server.pub"),
+            server,
+            client,
+            authorized,
+        }
+    })
+}
+
+/// `atou serve --dir DEST --json` on an ephemeral loopback port, with the
+/// test keys; SIGTERM and reaped when dropped.
 struct Serve {
     process: Option<Daemon>,
     addr: SocketAddr,
@@ -325,6 +364,10 @@ impl Serve {
         let mut child = Command::new(ATOU)
             .args(["serve", "--bind", "127.0.0.1:0", "--json", "--dir"])
             .arg(dest)
+            .arg("--identity")
+            .arg(&keys().server)
+            .arg("--authorized-keys")
+            .arg(&keys().authorized)
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -428,6 +471,10 @@ struct Sending {
 fn spawn_send(sources: &[&Path], target: &str, args: &[&str]) -> Sending {
     let mut child = Command::new(ATOU)
         .args(["send", "--quiet", "--json"])
+        .arg("--identity")
+        .arg(&keys().client)
+        .arg("--server-key")
+        .arg(&keys().server_pub)
         .args(args)
         .args(sources)
         .arg(target)

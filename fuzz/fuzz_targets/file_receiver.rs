@@ -145,6 +145,7 @@ fuzz_target!(|data: &[u8]| {
                 plan_queue: 2,
                 ..ReceiveLimits::default()
             },
+            authorized: None,
         },
         |_| {},
     )
@@ -159,7 +160,7 @@ fuzz_target!(|data: &[u8]| {
         let conn_id = u64::from(op / 6 % 4) + 1;
         let session = u64::from(who / 3 % 2) + 1;
         let from = SocketAddr::from(([127, 0, 0, 1], 2000 + u16::from(who % 3)));
-        let datagrams = match op % 6 {
+        let mut datagrams = match op % 6 {
             0 => {
                 let mut d = vec![0u8; 64];
                 let len = Hello {
@@ -234,7 +235,7 @@ fuzz_target!(|data: &[u8]| {
         if server.poll_timeout().is_some_and(|t| t <= now) {
             server.handle_timeout(now);
         }
-        for d in &datagrams {
+        for d in &mut datagrams {
             if let Some(a) = server.handle_datagram(now, from, d) {
                 app.on_arrival(&mut server, a);
             }

@@ -93,7 +93,7 @@ fuzz_target!(|data: &[u8]| {
         if server.poll_timeout().is_some_and(|t| t <= now) {
             server.handle_timeout(now);
         }
-        if let Some(a) = server.handle_datagram(now, from, &dgram) {
+        if let Some(a) = server.handle_datagram(now, from, &mut dgram) {
             assert_ne!(a.session, 0);
             if word(body, 7) % 2 == 1 {
                 server.release(a.conn_id, a.offset + a.payload.len() as u64);

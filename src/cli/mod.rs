@@ -2,6 +2,7 @@
 //!
 //! Exit codes: 0 success, 1 the transfer failed, 2 usage error.
 
+mod auth;
 mod keygen;
 mod net;
 mod netem;

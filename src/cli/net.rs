@@ -37,6 +37,8 @@ pub struct ProbeArgs {
     output: OutputArgs,
     #[command(flatten)]
     tuning: TuningArgs,
+    #[command(flatten)]
+    auth: super::auth::ClientAuthArgs,
 }
 
 #[derive(Args, Debug)]
@@ -71,6 +73,8 @@ pub struct ServeArgs {
     rcvbuf: u32,
     #[command(flatten)]
     receiver: ReceiverArgs,
+    #[command(flatten)]
+    auth: super::auth::ServeAuthArgs,
 }
 
 /// What `atou serve --dir` lets senders do, and what it lets them make it hold.
@@ -286,7 +290,7 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
         conn_id: io::fresh_conn_id(),
         session: 0,
         reply_limit: 0,
-        auth: None,
+        auth: args.auth.resolve(&args.host, peer, true)?,
     };
     let result = runtime()?.block_on(io::probe(config, &mut out, ctrl_c()));
     finish_trace(&mut out)?;
@@ -369,6 +373,7 @@ fn report_line(r: &ConnReport, server: &ServerStats) -> String {
 
 pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     let json = args.json;
+    let auth = args.auth.resolve(args.dir.is_some())?;
     let transfer_failed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let failed_flag = transfer_failed.clone();
     let mut app: Box<dyn ServeApp> = match &args.dir {
@@ -387,6 +392,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
                         once: args.once,
                         policy: args.receiver.policy(),
                         limits: args.receiver.limits(),
+                        authorized: auth.authorized.clone(),
                     },
                     move |event| {
                         if let ReceiveEvent::Failed { .. } = event {
@@ -412,6 +418,8 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
             )
         }
     };
+    let server_key = auth.identity.as_ref().map(|k| k.public());
+    let allow_plain = auth.allow_plain;
     let config = ServeConfig {
         bind: args.bind,
         // With --dir, `once` means one transfer, which the receiver decides.
@@ -419,7 +427,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         sndbuf: args.sndbuf,
         rcvbuf: args.rcvbuf,
         limits: args.receiver.server_limits(args.rcvbuf),
-        auth: atou::proto::crypto::ServerAuth::plain(),
+        auth,
     };
     let mut write_error = None;
     // Reports carry the server-wide counters at the time they print.
@@ -433,6 +441,21 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
                     "atou serve: listening on {addr} (socket buffers granted: sndbuf {} rcvbuf {})",
                     buffers.sndbuf, buffers.rcvbuf
                 );
+                match &server_key {
+                    Some(key) => eprintln!(
+                        "atou serve: key {} ({})",
+                        atou::keys::format_public_key(key, ""),
+                        if allow_plain {
+                            "authenticated clients pin it; plain clients accepted too"
+                        } else {
+                            "clients pin it with --server-key or record it on first use"
+                        }
+                    ),
+                    None => eprintln!(
+                        "atou serve: no key (`atou keygen` makes one): unauthenticated, \
+                         unencrypted clients only"
+                    ),
+                }
                 note_buffer("send", args.sndbuf, buffers.sndbuf, "net.core.wmem_max");
                 note_buffer("receive", args.rcvbuf, buffers.rcvbuf, "net.core.rmem_max");
             }

@@ -624,6 +624,8 @@ fn pull_into(
             once: true,
             policy: Policy::own(),
             limits: ReceiveLimits::default(),
+            // The other end's one-time key, `overwrite` allowed.
+            authorized: Some(only(&answer.key)?),
         },
         {
             let outcome = outcome.clone();
@@ -902,6 +904,8 @@ fn receive_into(
             once: true,
             policy: Policy::own(),
             limits: ReceiveLimits::default(),
+            // The other end's one-time key, `overwrite` allowed.
+            authorized: Some(only(&hello.key)?),
         },
         {
             let outcome = outcome.clone();

@@ -65,6 +65,8 @@ pub struct TransferArgs {
     json: bool,
     #[command(flatten)]
     tuning: TuningArgs,
+    #[command(flatten)]
+    auth: super::auth::ClientAuthArgs,
 }
 
 #[derive(Args, Debug)]
@@ -438,7 +440,8 @@ pub(super) fn ctrlc_hook(f: impl FnOnce() + Send + 'static) -> Result<()> {
 pub fn send_cmd(args: SendArgs) -> Result<ExitCode> {
     let (host, subdir) = split_remote(&args.dest)?;
     let peer = resolve(&host)?;
-    let config = args.transfer.config(peer, host, subdir)?;
+    let mut config = args.transfer.config(peer, host, subdir)?;
+    config.auth = args.transfer.auth.resolve(&config.host, peer, false)?;
     run_send(&args.sources, config, &args.transfer)
 }
 
@@ -460,6 +463,12 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
         ))
     })?;
     let root = atou::transfer::receive::check_root(root).map_err(UsageError)?;
+    let (client_auth, server_auth) = if args.transfer.auth.no_auth() {
+        (None, atou::proto::crypto::ServerAuth::plain())
+    } else {
+        let (c, s) = args.transfer.auth.ephemeral_pair()?;
+        (Some(c), s)
+    };
     // The receiver, in-process on loopback.
     let sock = std::net::UdpSocket::bind("127.0.0.1:0")?;
     let addr = sock.local_addr()?;
@@ -474,6 +483,7 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
             // keeps them; the flags given to `atou copy` decide the rest.
             policy: Policy::own(),
             limits: ReceiveLimits::default(),
+            authorized: None,
         },
         {
             let failure = failure.clone();
@@ -505,7 +515,7 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
                         total_window_bytes: u64::MAX / 2,
                         ..Default::default()
                     },
-                    auth: atou::proto::crypto::ServerAuth::plain(),
+                    auth: server_auth,
                 },
                 &mut receiver,
                 |e| {
@@ -524,9 +534,10 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
             _ => Err(anyhow::anyhow!("the local receiver did not start")),
         };
     }
-    let config = args
+    let mut config = args
         .transfer
         .config(addr, format!("{}", root.display()), None)?;
+    config.auth = client_auth;
     let code = run_send(&args.sources, config, &args.transfer);
     stop.notify_one();
     let _ = server.join();

@@ -30,7 +30,7 @@ use tokio::sync::Notify;
 pub use socket::{RecvBatch, SocketBuffers, TxBatch, UdpIo};
 
 use crate::proto::server::{Arrival, SessionEvent};
-use crate::proto::wire::{ReceiverParams, ACK_MAX_LEN, CONTROL_MAX_LEN};
+use crate::proto::wire::{ReceiverParams, RejectReason, ACK_MAX_LEN, CONTROL_MAX_LEN};
 use crate::proto::{
     Client, Closed, ConnError, ConnReport, Notice, PatternSource, PayloadSource, Server,
     ServerLimits, ServerStats, Time, Tuning,
@@ -138,6 +138,12 @@ pub enum ProbeError {
     Send { peer: SocketAddr, error: io::Error },
     #[error("receiving from {peer} failed: {error}")]
     Recv { peer: SocketAddr, error: io::Error },
+    #[error(
+        "{peer} did not tell its key within {:.0} s: is `atou serve` running there, with a key \
+         (`atou keygen`)? Or pass the server's key with --server-key",
+        wait.as_secs_f64()
+    )]
+    NoKey { peer: SocketAddr, wait: Duration },
     #[error("interrupted")]
     Interrupted,
     /// The stream's data could not be produced (a file could not be read).
@@ -189,6 +195,74 @@ pub fn fresh_conn_id() -> u64 {
     );
     h.write_u32(std::process::id());
     h.finish()
+}
+
+/// Asks the server at `peer` for its public key (trust on first use: the
+/// answer is not authenticated; the caller records it and says so).
+/// Asks every 250 ms for `wait`.
+pub async fn query_server_key(
+    peer: SocketAddr,
+    wait: Duration,
+) -> Result<crate::proto::crypto::PublicKey, ProbeError> {
+    use crate::proto::crypto::handshake;
+    let local: SocketAddr = if peer.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let sock = tokio::net::UdpSocket::bind(local)
+        .await
+        .map_err(|error| ProbeError::Socket { peer, error })?;
+    sock.connect(peer)
+        .await
+        .map_err(|error| ProbeError::Socket { peer, error })?;
+    let id = fresh_conn_id();
+    let query = handshake::key_query(id);
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut buf = vec![0u8; 2048];
+    loop {
+        match sock.send(&query).await {
+            Err(e) if is_unreachable(&e) => return Err(ProbeError::Unreachable { peer, error: e }),
+            Err(error) => return Err(ProbeError::Send { peer, error }),
+            Ok(_) => {}
+        }
+        let round = (tokio::time::Instant::now() + Duration::from_millis(250)).min(deadline);
+        loop {
+            match tokio::time::timeout_at(round, sock.recv(&mut buf)).await {
+                Err(_) => break,
+                Ok(Err(e)) if is_unreachable(&e) => {
+                    return Err(ProbeError::Unreachable { peer, error: e })
+                }
+                Ok(Err(error)) => return Err(ProbeError::Recv { peer, error }),
+                Ok(Ok(n)) => {
+                    if let Some(key) = handshake::parse_key_answer(&buf[..n], id) {
+                        return Ok(key);
+                    }
+                    if let Ok(crate::proto::wire::Packet::Reject(r)) =
+                        crate::proto::wire::Packet::decode(&buf[..n])
+                    {
+                        if r.conn_id == id {
+                            return Err(match r.reason {
+                                RejectReason::NoIdentity => ProbeError::Conn {
+                                    peer,
+                                    error: ConnError::NoIdentity,
+                                    hint: String::new(),
+                                },
+                                _ => ProbeError::Conn {
+                                    peer,
+                                    error: ConnError::VersionMismatch { theirs: r.version },
+                                    hint: String::new(),
+                                },
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ProbeError::NoKey { peer, wait });
+        }
+    }
 }
 
 /// Runs a probe to the end on the current tokio runtime. `stop` ends it
@@ -245,6 +319,21 @@ pub async fn connect_from<F: StreamFeed>(
             .with_reply_limit(config.reply_limit),
         Err(e) => return fail(ProbeError::Tuning(e)),
     };
+    if let Some(auth) = config.auth.clone() {
+        let wall_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        client = match client.with_auth(auth, wall_ns) {
+            Ok(c) => c,
+            Err(error) => {
+                return fail(ProbeError::Conn {
+                    peer,
+                    error,
+                    hint: String::new(),
+                })
+            }
+        };
+    }
     let io = match socket.map_or_else(|| UdpIo::bind(local), UdpIo::from_std) {
         Ok(io) => io,
         Err(error) => return fail(ProbeError::Socket { peer, error }),
@@ -382,7 +471,7 @@ impl ClientDriver {
         observer: &mut dyn Observer,
         stop: impl std::future::Future<Output = ()>,
     ) -> Result<Closed, ProbeError> {
-        let max_len = (self.mss as usize).max(CONTROL_MAX_LEN);
+        let max_len = self.client.max_transmit_len();
         let waker = feed.waker();
         tokio::pin!(stop);
         loop {
@@ -497,6 +586,8 @@ pub enum ServeError {
     Bind { addr: SocketAddr, error: io::Error },
     #[error("socket error on {addr}: {error}")]
     Socket { addr: SocketAddr, error: io::Error },
+    #[error("cannot set up authentication: {0}")]
+    Auth(String),
 }
 
 /// What a server does with session connections (file transfers): placed
@@ -553,11 +644,13 @@ pub async fn serve_from(
         max_socket_rcvbuf: config.limits.max_socket_rcvbuf.min(config.rcvbuf),
         ..config.limits
     };
-    let mut server = Server::new(limits, config.rcvbuf, buffers.rcvbuf);
+    let mut server = Server::new(limits, config.rcvbuf, buffers.rcvbuf)
+        .with_auth(config.auth.clone())
+        .map_err(|e| ServeError::Auth(e.to_string()))?;
     let mut tx = TxBatch::new();
     let mut rx = RecvBatch::new();
-    let max_len = ACK_MAX_LEN
-        .max(CONTROL_MAX_LEN)
+    let max_len = (ACK_MAX_LEN + crate::proto::crypto::frame::overhead(16))
+        .max(CONTROL_MAX_LEN + crate::proto::crypto::frame::overhead(16))
         .max(Server::MAX_TRANSMIT_LEN);
     let waker = app.waker();
     tokio::pin!(stop);

@@ -161,7 +161,7 @@ impl UdpIo {
     pub fn try_recv(
         &self,
         batch: &mut RecvBatch,
-        mut f: impl FnMut(SocketAddr, &[u8]),
+        mut f: impl FnMut(SocketAddr, &mut [u8]),
     ) -> io::Result<usize> {
         let RecvBatch { bufs, metas } = batch;
         let mut slices: Vec<IoSliceMut<'_>> = bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
@@ -174,14 +174,14 @@ impl UdpIo {
             Err(e) => return Err(e),
         };
         let mut count = 0;
-        for (meta, buf) in metas.iter().zip(slices.iter()).take(msgs) {
-            let data = &buf[..meta.len];
+        for (meta, buf) in metas.iter().zip(slices.iter_mut()).take(msgs) {
+            let data = &mut buf[..meta.len];
             let stride = if meta.stride == 0 {
                 meta.len
             } else {
                 meta.stride
             };
-            for datagram in data.chunks(stride.max(1)) {
+            for datagram in data.chunks_mut(stride.max(1)) {
                 f(meta.addr, datagram);
                 count += 1;
             }

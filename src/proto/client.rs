@@ -17,6 +17,10 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use super::crypto::{
+    frame, handshake, ClientAuth, HandshakeError, Initiator, Opener, Progress, Protection,
+    RefuseReason, Sealer,
+};
 use super::events::{TimedEvent, TraceRecord};
 use super::payload::PayloadSource;
 use super::receiver::ReceiverStats;
@@ -85,11 +89,55 @@ pub enum ConnError {
          or ask its operator to raise --max-connections or --buffer"
     )]
     Busy,
+    #[error("the server refused this client: {0}")]
+    AuthRefused(RefuseReason),
+    #[error(
+        "the server accepts authenticated clients only; give this client its key \
+         (--server-key, or the host's line in known_hosts) and an identity (--identity, \
+         made by `atou keygen`)"
+    )]
+    AuthRequired,
+    #[error(
+        "the server has no key, so it cannot authenticate (it serves unauthenticated clients \
+         only); give the server a key (`atou keygen`, `atou serve --identity`), or connect \
+         with --no-auth on a network you trust"
+    )]
+    NoIdentity,
+    #[error("the handshake failed: {0}")]
+    Handshake(HandshakeError),
     #[error(
         "the server announced a reply of {total} bytes, more than the {limit} this request \
          can be answered with; is the server a compatible atou?"
     )]
     ReplyTooLong { total: u32, limit: u32 },
+}
+
+/// The handshake and packet protection of an authenticated client
+/// (issue 13; `src/proto/crypto`).
+struct Secure {
+    config: handshake::ClientConfig,
+    /// Wall-clock nanoseconds at `Client::started`: hello timestamps are
+    /// this plus the time since, so each new hello is newer (the server
+    /// refuses one that is not: the replay rule).
+    wall_start_ns: u64,
+    initiator: Option<Initiator>,
+    /// The server asked for a cookie: send the hello again at once.
+    hello_again: bool,
+    keys: Option<(Sealer, Opener)>,
+    /// The server's id for this connection, once established.
+    server_id: u64,
+    /// Where a protected datagram is opened.
+    scratch: Vec<u8>,
+}
+
+impl std::fmt::Debug for Secure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secure")
+            .field("cipher", &self.config.cipher)
+            .field("server_id", &self.server_id)
+            .field("established", &self.keys.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// How a finished connection ended.
@@ -282,6 +330,7 @@ pub struct Client {
     trace: bool,
     /// Datagrams that did not decode or were not for this connection.
     bad_packets: u64,
+    secure: Option<Box<Secure>>,
 }
 
 impl Client {
@@ -310,7 +359,72 @@ impl Client {
             granted: None,
             trace: false,
             bad_packets: 0,
+            secure: None,
         })
+    }
+
+    /// Authenticates both ends and protects every packet (issue 13): the
+    /// hello becomes a Noise IK handshake to `auth.server_key`, carrying
+    /// the hello's parameters, and every packet after it is sealed.
+    /// Segments shrink by [`frame::overhead`] so datagrams keep to `mss`.
+    /// `wall_clock_ns`: the wall clock now, in nanoseconds since the Unix
+    /// epoch (hello timestamps; see [`handshake::Initiator::new`]).
+    pub fn with_auth(mut self, auth: ClientAuth, wall_clock_ns: u64) -> Result<Client, ConnError> {
+        let overhead = frame::overhead(Protection::Aead(auth.cipher).tag_len()) as u32;
+        let mut inner = self.tuning.clone();
+        inner.mss = inner.mss.saturating_sub(overhead);
+        Sender::new(&inner, self.conn_id, self.stream_len, self.started).map_err(|e| {
+            ConnError::Handshake(HandshakeError::Noise(format!(
+                "--mss {} leaves too little room once packets are protected: {e}",
+                self.tuning.mss
+            )))
+        })?;
+        self.tuning = inner;
+        let mut params = vec![0u8; CONTROL_MAX_LEN];
+        let n = self
+            .hello()
+            .emit(&mut params)
+            .expect("a hello fits CONTROL_MAX_LEN");
+        params.truncate(n);
+        self.secure = Some(Box::new(Secure {
+            config: handshake::ClientConfig {
+                identity: auth.identity,
+                server_key: auth.server_key,
+                cipher: auth.cipher,
+                params,
+            },
+            wall_start_ns: wall_clock_ns,
+            initiator: None,
+            hello_again: false,
+            keys: None,
+            server_id: 0,
+            scratch: Vec::new(),
+        }));
+        Ok(self)
+    }
+
+    /// Whether packets are authenticated and encrypted.
+    pub fn is_secure(&self) -> bool {
+        self.secure.is_some()
+    }
+
+    /// The longest datagram [`Client::poll_transmit`] writes: `mss`, or a
+    /// padded hello.
+    pub fn max_transmit_len(&self) -> usize {
+        let overhead = frame::overhead(16);
+        (self.tuning.mss as usize + overhead)
+            .max(CONTROL_MAX_LEN + overhead)
+            .max(handshake::HELLO_MIN_LEN)
+    }
+
+    /// Datagrams dropped because they failed to open (forged, corrupted,
+    /// replayed), by reason; zeros for a plain connection.
+    pub fn crypto_drops(&self) -> super::crypto::DropCounters {
+        self.secure
+            .as_ref()
+            .and_then(|s| s.keys.as_ref())
+            .map(|(_, o)| o.counters())
+            .unwrap_or_default()
     }
 
     /// Makes this a connection of file-transfer session `session`: the
@@ -402,6 +516,106 @@ impl Client {
 
     /// Handles one datagram from the server.
     pub fn handle_datagram(&mut self, now: Time, datagram: &[u8]) -> Result<(), InputError> {
+        let Some(secure) = self.secure.as_mut() else {
+            return self.handle_plain(now, datagram);
+        };
+        if secure.keys.is_none() {
+            return self.handle_handshake(now, datagram);
+        }
+        if !frame::is_protected(datagram) {
+            self.bad_packets += 1;
+            return Err(InputError::Unexpected("unprotected"));
+        }
+        let mut scratch = std::mem::take(&mut secure.scratch);
+        scratch.clear();
+        scratch.extend_from_slice(datagram);
+        let (_, opener) = secure.keys.as_mut().expect("established");
+        let result = match frame::open(opener, self.conn_id, &mut scratch) {
+            Ok(inner) => self.handle_plain(now, &scratch[inner]),
+            Err(_) => {
+                // Counted by the opener; never answered.
+                self.bad_packets += 1;
+                Ok(())
+            }
+        };
+        if let Some(s) = self.secure.as_mut() {
+            s.scratch = scratch;
+        }
+        result
+    }
+
+    /// A datagram while the handshake runs: the server's response or
+    /// cookie reply; a plain reject only to say the server speaks another
+    /// version. Anything else (forgeries included) changes nothing.
+    fn handle_handshake(&mut self, now: Time, datagram: &[u8]) -> Result<(), InputError> {
+        let secure = self.secure.as_mut().expect("a secure client");
+        if let Ok(Packet::Reject(r)) = Packet::decode(datagram) {
+            if r.conn_id == self.conn_id {
+                match r.reason {
+                    RejectReason::UnsupportedVersion => {
+                        self.fail(ConnError::VersionMismatch { theirs: r.version });
+                        return Ok(());
+                    }
+                    RejectReason::NoIdentity => {
+                        self.fail(ConnError::NoIdentity);
+                        return Ok(());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if let Err(WireError::UnsupportedVersion(theirs)) = Packet::decode(datagram) {
+            if datagram.len() >= 12 && datagram[4..12] == self.conn_id.to_be_bytes() {
+                self.fail(ConnError::VersionMismatch { theirs });
+                return Ok(());
+            }
+        }
+        let Some(initiator) = secure.initiator.as_mut() else {
+            self.bad_packets += 1;
+            return Err(InputError::Unexpected("handshake answer before a hello"));
+        };
+        match initiator.on_datagram(datagram) {
+            Ok(Progress::SendHelloAgain) => {
+                secure.hello_again = true;
+                Ok(())
+            }
+            Ok(Progress::Established(e)) => {
+                let established = *e;
+                let params = established.peer_params.clone();
+                secure.server_id = established.server_id;
+                secure.keys = Some(established.into_protection());
+                secure.initiator = None;
+                match Packet::decode(&params) {
+                    Ok(Packet::Welcome(w)) if w.conn_id == self.conn_id => {
+                        self.on_welcome(now, w.receiver);
+                        Ok(())
+                    }
+                    _ => {
+                        self.fail(ConnError::Handshake(HandshakeError::Malformed(
+                            "the server's parameters are not a welcome",
+                        )));
+                        Ok(())
+                    }
+                }
+            }
+            Err(HandshakeError::Refused(reason)) => {
+                self.fail(ConnError::AuthRefused(reason));
+                Ok(())
+            }
+            Err(HandshakeError::Version { got, .. }) => {
+                self.fail(ConnError::VersionMismatch { theirs: got });
+                Ok(())
+            }
+            Err(_) => {
+                self.bad_packets += 1;
+                Err(InputError::Unexpected(
+                    "handshake message that does not open",
+                ))
+            }
+        }
+    }
+
+    fn handle_plain(&mut self, now: Time, datagram: &[u8]) -> Result<(), InputError> {
         let packet = match Packet::decode(datagram) {
             Ok(p) => p,
             Err(WireError::UnsupportedVersion(theirs)) if matches!(self.state, State::Hello) => {
@@ -438,21 +652,11 @@ impl Client {
                 }
                 RejectReason::BadHello => ConnError::Refused,
                 RejectReason::Busy => ConnError::Busy,
+                RejectReason::AuthRequired => ConnError::AuthRequired,
+                RejectReason::NoIdentity => ConnError::NoIdentity,
             }),
-            (Packet::Welcome(w), State::Hello) => {
-                self.granted = Some(w.receiver);
-                let mut tuning = self.tuning.clone();
-                tuning.rcvsegs = w.receiver.rcvsegs.max(1);
-                let mut sender = Sender::new(&tuning, self.conn_id, self.stream_len, now)
-                    .expect("tuning was checked when the client was made");
-                if self.trace {
-                    sender.enable_trace();
-                }
-                if let Some(bytes) = self.available {
-                    sender.set_available(now, bytes);
-                }
-                self.sender = Some(sender);
-                self.state = State::Transfer;
+            (Packet::Welcome(w), State::Hello) if self.secure.is_none() => {
+                self.on_welcome(now, w.receiver)
             }
             (Packet::Reply(reply), State::Fetching(_)) => self.on_reply(now, reply),
             // The server answered before all was sent (it failed): stop
@@ -486,6 +690,25 @@ impl Client {
             _ => {}
         }
         Ok(())
+    }
+
+    fn on_welcome(&mut self, now: Time, granted: ReceiverParams) {
+        if !matches!(self.state, State::Hello) {
+            return;
+        }
+        self.granted = Some(granted);
+        let mut tuning = self.tuning.clone();
+        tuning.rcvsegs = granted.rcvsegs.max(1);
+        let mut sender = Sender::new(&tuning, self.conn_id, self.stream_len, now)
+            .expect("tuning was checked when the client was made");
+        if self.trace {
+            sender.enable_trace();
+        }
+        if let Some(bytes) = self.available {
+            sender.set_available(now, bytes);
+        }
+        self.sender = Some(sender);
+        self.state = State::Transfer;
     }
 
     fn on_reply(&mut self, now: Time, reply: Reply<'_>) {
@@ -621,7 +844,8 @@ impl Client {
         }
     }
 
-    /// Writes the next datagram into `buf` (at least `mss` bytes).
+    /// Writes the next datagram into `buf` (at least
+    /// [`max_transmit_len`](Self::max_transmit_len) bytes).
     pub fn poll_transmit(
         &mut self,
         now: Time,
@@ -629,6 +853,56 @@ impl Client {
         source: &mut dyn PayloadSource,
     ) -> Option<usize> {
         debug_assert!(buf.len() >= CONTROL_MAX_LEN);
+        let Some(secure) = self.secure.as_mut() else {
+            return self.poll_inner(now, buf, source);
+        };
+        if secure.keys.is_none() {
+            if !matches!(self.state, State::Hello) {
+                return None;
+            }
+            let again = std::mem::take(&mut secure.hello_again) && secure.initiator.is_some();
+            if !again {
+                if !self.retry.due(now) {
+                    return None;
+                }
+                // A new handshake each time (new ephemeral key, newer
+                // timestamp): the server refuses a hello it has seen, so
+                // repeating the same bytes after a lost response would
+                // never be answered (WireGuard does the same).
+                let timestamp =
+                    secure.wall_start_ns + now.saturating_since(self.started).as_nanos() as u64;
+                match Initiator::new(&secure.config, self.conn_id, timestamp) {
+                    Ok(i) => secure.initiator = Some(i),
+                    Err(e) => {
+                        self.fail(ConnError::Handshake(e));
+                        return None;
+                    }
+                }
+            }
+            let hello = secure.initiator.as_ref()?.hello();
+            let n = hello.len().min(buf.len());
+            buf[..n].copy_from_slice(&hello[..n]);
+            return Some(n);
+        }
+        let n = self.poll_inner(now, &mut buf[frame::PN_LEN..], source)?;
+        let secure = self.secure.as_mut().expect("secure");
+        let server_id = secure.server_id;
+        let (sealer, _) = secure.keys.as_mut().expect("established");
+        match frame::seal(sealer, server_id, buf, n) {
+            Ok(len) => Some(len),
+            Err(e) => {
+                self.fail(ConnError::Handshake(HandshakeError::Noise(e.to_string())));
+                None
+            }
+        }
+    }
+
+    fn poll_inner(
+        &mut self,
+        now: Time,
+        buf: &mut [u8],
+        source: &mut dyn PayloadSource,
+    ) -> Option<usize> {
         match self.state {
             State::Hello if self.retry.due(now) => self.hello().emit(buf).ok(),
             State::Transfer => {
@@ -665,7 +939,11 @@ impl Client {
             State::Hello => {
                 let give_up =
                     (!self.tuning.maxidle.is_zero()).then(|| self.started + self.tuning.maxidle);
-                [Some(self.retry.next), give_up].into_iter().flatten().min()
+                let next = match &self.secure {
+                    Some(s) if s.hello_again => self.started,
+                    _ => self.retry.next,
+                };
+                [Some(next), give_up].into_iter().flatten().min()
             }
             State::Transfer => self.sender.as_ref()?.poll_timeout(),
             State::Fetching(ref f) => {

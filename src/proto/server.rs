@@ -18,12 +18,17 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::crypto::amplification::Budget;
+use super::crypto::{
+    frame, handshake, CookieSecret, Decision, HandshakeError, Opener, PublicKey, RefuseReason,
+    Responder, Sealer, ServerAuth,
+};
 use super::payload::pattern_mismatch;
 use super::receiver::{Receiver, ReceiverConfig, ReceiverStats};
 use super::time::Time;
 use super::wire::{
     CloseAck, HeaderPeek, Hello, Packet, ReceiverParams, Reject, RejectReason, Reply, Welcome,
-    DATA_HEADER_LEN, REPLY_HEADER_LEN, VERSION,
+    CONTROL_MAX_LEN, DATA_HEADER_LEN, REPLY_HEADER_LEN, VERSION,
 };
 
 /// A client that asked for `maxidle 0` is still forgotten after this long
@@ -41,6 +46,13 @@ pub const REPLY_FRAGMENT_MAX: usize = 1200;
 /// Fetches remembered per connection until answered; a client asks for a
 /// window of fragments at a time, and asks again for those lost.
 const FETCH_QUEUE_MAX: usize = 256;
+/// Authenticated hellos (each costs four X25519 operations) worked
+/// through per second before hellos must carry a cookie: past this the
+/// server is under load (WireGuard's cookie reply; RFC 9000 §8.1.2).
+const HANDSHAKES_PER_SEC: u32 = 200;
+/// Authenticated packets from a connection's new address before the 3×
+/// limit on what is sent there is lifted (see [`Conn::path_budget`]).
+const NEW_PATH_PACKETS: u32 = 16;
 
 /// Bytes of reply carried by one fragment to a client of `mss`.
 pub fn reply_fragment_len(mss: u32) -> usize {
@@ -65,6 +77,21 @@ pub struct ServerStats {
     /// Hellos turned away: the server is at a limit (connections, windows).
     pub busy_rejects: u64,
     pub connections: u64,
+    /// Authenticated handshakes completed (sessions made).
+    pub handshakes: u64,
+    /// Hellos answered with a cookie (under load).
+    pub cookies_sent: u64,
+    /// Authenticated clients refused (unknown key, busy, bad parameters).
+    pub auth_refused: u64,
+    /// Handshake messages that did not open or parse (dropped, unanswered).
+    pub bad_handshakes: u64,
+    /// Plain hellos refused because the server requires authentication.
+    pub plain_refused: u64,
+    /// Protected datagrams that failed to open (forged, corrupted,
+    /// replayed), dropped unanswered.
+    pub crypto_dropped: u64,
+    /// Connections moved to a new client address (NAT rebinding).
+    pub migrations: u64,
 }
 
 /// How a connection ended.
@@ -114,6 +141,21 @@ pub enum Notice {
         peer: SocketAddr,
         why: String,
     },
+    /// An authenticated client refused.
+    AuthRefused {
+        peer: SocketAddr,
+        key: PublicKey,
+        why: String,
+    },
+    /// A plain hello to a server that requires authentication.
+    PlainRefused {
+        peer: SocketAddr,
+    },
+    /// A connection moved to a new address.
+    Migrated {
+        from: SocketAddr,
+        to: SocketAddr,
+    },
     /// Refusals not shown in the last second (over [`NOTICES_PER_SEC`]).
     Suppressed {
         count: u64,
@@ -129,6 +171,19 @@ impl std::fmt::Display for Notice {
             ),
             Notice::BadHello { peer, why } => write!(f, "refused {peer}: {why}"),
             Notice::Busy { peer, why } => write!(f, "turned away {peer}: busy ({why})"),
+            Notice::AuthRefused { peer, key, why } => write!(
+                f,
+                "refused {peer} (key {}): {why}",
+                crate::keys::format_public_key(key, "").trim_end()
+            ),
+            Notice::PlainRefused { peer } => write!(
+                f,
+                "refused {peer}: an unauthenticated hello, and this server requires keys \
+                 (it runs with --authorized-keys; --no-auth would allow plain clients)"
+            ),
+            Notice::Migrated { from, to } => {
+                write!(f, "a connection moved from {from} to {to} (authenticated)")
+            }
             Notice::Suppressed { count } => {
                 write!(f, "{count} more refusals in the last second not shown")
             }
@@ -153,6 +208,8 @@ pub enum SessionEvent {
         conn_id: u64,
         session: u64,
         peer: SocketAddr,
+        /// The client's authenticated key; `None` for a plain connection.
+        peer_key: Option<PublicKey>,
         /// Stream bytes per segment, for [`Server::release`].
         payload_size: u64,
     },
@@ -200,9 +257,106 @@ struct Conn {
     heard_data: bool,
     /// Receive window held for a session connection, in bytes.
     window_bytes: u64,
+    /// Keys and peer of an authenticated connection.
+    secure: Option<Box<ConnSecure>>,
+}
+
+/// An authenticated connection's keys and peer (issue 13).
+struct ConnSecure {
+    sealer: Sealer,
+    opener: Opener,
+    peer_key: PublicKey,
+    /// The client's id for the connection: what its packets carry inside,
+    /// and the recipient id of everything sent to it.
+    client_id: u64,
+    /// A packet from the client has opened: its keys are confirmed and
+    /// its address validated (RFC 9000 §8.1).
+    confirmed: bool,
+    /// After a move to a new address: what was received there, so that
+    /// at most 3× that is sent there (RFC 9000 §9.3's limit) until
+    /// [`NEW_PATH_PACKETS`] authenticated packets have come from it.
+    path_budget: Option<(Budget, u32)>,
+}
+
+impl std::fmt::Debug for ConnSecure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnSecure")
+            .field("peer_key", &self.peer_key)
+            .field("client_id", &self.client_id)
+            .field("confirmed", &self.confirmed)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a hello was granted, before its connection exists.
+struct Admission {
+    params: ReceiverParams,
+    window_bytes: u64,
+    maxidle: Duration,
+}
+
+/// What a connection has to send next.
+enum Next {
+    Packet(usize),
+    /// Nothing this time; ask again.
+    Skip,
+    /// Nothing until something happens.
+    Idle,
 }
 
 impl Conn {
+    /// Writes the connection's next packet (cleartext) into `buf`.
+    fn next_inner(&mut self, conn_id: u64, granted_rcvbuf: u32, now: Time, buf: &mut [u8]) -> Next {
+        let packet = |r: Result<usize, _>| r.map_or(Next::Skip, Next::Packet);
+        if self.welcome_pending {
+            self.welcome_pending = false;
+            let welcome = Welcome {
+                conn_id,
+                receiver: ReceiverParams {
+                    rcvbuf: granted_rcvbuf,
+                    ..self.params
+                },
+            };
+            return packet(welcome.emit(buf));
+        }
+        if let Some(n) = self.receiver.poll_transmit(now, buf) {
+            return Next::Packet(n);
+        }
+        if let Some(offset) = self.fetches.pop_front() {
+            let reply = match &self.reply {
+                None => {
+                    // One "not yet" answers every fetch queued.
+                    self.fetches.clear();
+                    Reply::Pending { conn_id }
+                }
+                Some(bytes) => {
+                    let total = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+                    let start = (offset as usize).min(bytes.len());
+                    let end = (start + reply_fragment_len(self.mss)).min(bytes.len());
+                    if start == end && total != 0 {
+                        return Next::Skip;
+                    }
+                    Reply::Fragment {
+                        conn_id,
+                        offset,
+                        total,
+                        data: &bytes[start..end],
+                    }
+                }
+            };
+            return packet(reply.emit(buf));
+        }
+        if self.close_ack_pending {
+            self.close_ack_pending = false;
+            let ack = CloseAck {
+                conn_id,
+                stats: *self.receiver.stats(),
+            };
+            return packet(ack.emit(buf));
+        }
+        Next::Idle
+    }
+
     fn deadline(&self, hello_idle: Duration) -> Time {
         match self.closed_at {
             Some(at) => self.last_heard.max(at) + LINGER,
@@ -272,6 +426,15 @@ impl Default for ServerLimits {
 #[derive(Debug)]
 pub struct Server {
     limits: ServerLimits,
+    auth: ServerAuth,
+    /// The handshake's server side, when the server has a key.
+    responder: Option<Responder>,
+    /// Handshake answers (responses, cookie replies) to send.
+    handshake_out: VecDeque<(SocketAddr, Vec<u8>)>,
+    /// Authenticated hellos worked through in the current second.
+    hello_second: Time,
+    hellos_this_second: u32,
+    cookie_rotated: Time,
     conns: HashMap<u64, Conn>,
     ready: VecDeque<u64>,
     rejects: VecDeque<(SocketAddr, Reject)>,
@@ -303,6 +466,12 @@ impl Server {
     pub fn new(limits: ServerLimits, rcvbuf_set: u32, rcvbuf_granted: u32) -> Server {
         Server {
             limits,
+            auth: ServerAuth::plain(),
+            responder: None,
+            handshake_out: VecDeque::new(),
+            hello_second: Time::ZERO,
+            hellos_this_second: 0,
+            cookie_rotated: Time::ZERO,
             conns: HashMap::new(),
             ready: VecDeque::new(),
             rejects: VecDeque::new(),
@@ -319,6 +488,36 @@ impl Server {
             notices_told: 0,
             notices_suppressed: 0,
         }
+    }
+
+    /// Serves authenticated clients as `auth` says (issue 13): hellos
+    /// become Noise IK handshakes under the server's key, and every packet
+    /// of such a connection is sealed. Plain hellos are served only if
+    /// `auth.allow_plain`.
+    pub fn with_auth(mut self, auth: ServerAuth) -> Result<Server, HandshakeError> {
+        self.responder = match &auth.identity {
+            Some(id) => {
+                let cookies = CookieSecret::random()
+                    .map_err(|_| HandshakeError::Noise("the OS random generator failed".into()))?;
+                Some(Responder::new(id.clone(), cookies))
+            }
+            None => None,
+        };
+        self.auth = auth;
+        Ok(self)
+    }
+
+    /// Queues a handshake answer; bounded like the rejects, by what
+    /// arrived since the last drain.
+    fn queue_handshake(&mut self, to: SocketAddr, bytes: Vec<u8>) {
+        if self.handshake_out.len() < FETCH_QUEUE_MAX {
+            self.handshake_out.push_back((to, bytes));
+        }
+    }
+
+    /// The server's public key, if it has one.
+    pub fn public_key(&self) -> Option<PublicKey> {
+        self.responder.as_ref().map(Responder::public)
     }
 
     /// Queues a notice for the operator, at most [`NOTICES_PER_SEC`] a
@@ -395,11 +594,13 @@ impl Server {
     /// Handles one datagram from `from`. New data of a session connection
     /// is returned for the application to place; a probe's is only counted
     /// and checked against the test pattern.
+    ///
+    /// A protected datagram is opened in place, in `datagram`.
     pub fn handle_datagram<'a>(
         &mut self,
         now: Time,
         from: SocketAddr,
-        datagram: &'a [u8],
+        datagram: &'a mut [u8],
     ) -> Option<Arrival<'a>> {
         self.stats.datagrams += 1;
         let Some(peek) = HeaderPeek::read(datagram) else {
@@ -407,7 +608,7 @@ impl Server {
             return None;
         };
         if peek.version != VERSION {
-            if peek.is_hello() {
+            if peek.is_hello() || peek.kind == handshake::KIND_HELLO {
                 self.stats.version_rejects += 1;
                 self.notice(
                     now,
@@ -422,6 +623,33 @@ impl Server {
             }
             return None;
         }
+        if peek.kind == handshake::KIND_HELLO {
+            self.on_secure_hello(now, from, datagram);
+            return None;
+        }
+        if peek.kind == handshake::KIND_KEY_QUERY {
+            match self
+                .public_key()
+                .and_then(|key| handshake::answer_key_query(datagram, &key))
+            {
+                Some(answer) => self.queue_handshake(from, answer),
+                // No key to tell: say so (a reject is shorter than the
+                // padded query), so the client need not wait.
+                None if self.responder.is_none() && datagram.len() >= handshake::HELLO_MIN_LEN => {
+                    self.reject(from, peek.conn_id, RejectReason::NoIdentity);
+                }
+                None => self.stats.bad_handshakes += 1,
+            }
+            return None;
+        }
+        let conn_id = peek.conn_id;
+        let protected = frame::is_protected(datagram);
+        let datagram: &'a [u8] = if protected {
+            let inner = self.open(now, from, conn_id, datagram)?;
+            inner
+        } else {
+            datagram
+        };
         let packet = match Packet::decode(datagram) {
             Ok(p) => p,
             Err(_) => {
@@ -430,11 +658,22 @@ impl Server {
             }
         };
         if let Packet::Hello(hello) = packet {
+            if !self.auth.allow_plain {
+                self.stats.plain_refused += 1;
+                self.notice(now, Notice::PlainRefused { peer: from });
+                self.reject(from, hello.conn_id, RejectReason::AuthRequired);
+                return None;
+            }
             self.on_hello(now, from, &hello);
             return None;
         }
-        let conn_id = peek.conn_id;
-        let Some(conn) = self.conns.get_mut(&conn_id).filter(|c| c.peer == from) else {
+        // A plain packet never belongs to an authenticated connection,
+        // whatever id it names: only what opened may reach it.
+        let Some(conn) = self
+            .conns
+            .get_mut(&conn_id)
+            .filter(|c| c.peer == from && (c.secure.is_some() == protected))
+        else {
             self.stats.unknown_connection += 1;
             return None;
         };
@@ -515,30 +754,261 @@ impl Server {
         arrival
     }
 
-    fn on_hello(&mut self, now: Time, from: SocketAddr, hello: &Hello) {
-        if let Some(conn) = self.conns.get_mut(&hello.conn_id) {
-            if conn.peer == from {
-                // Our welcome was lost: say it again.
-                conn.last_heard = now;
-                conn.welcome_pending = true;
-                self.enqueue(hello.conn_id);
+    /// Opens a protected datagram for connection `conn_id` in place and
+    /// returns its inner packet; `None` (counted) if it does not open.
+    /// An authenticated packet from a new address moves the connection
+    /// there (WireGuard's roaming), under the 3× limit until the new path
+    /// has proved itself.
+    fn open<'a>(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        conn_id: u64,
+        datagram: &'a mut [u8],
+    ) -> Option<&'a [u8]> {
+        let len = datagram.len();
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            self.stats.unknown_connection += 1;
+            return None;
+        };
+        let Some(secure) = conn.secure.as_mut() else {
+            self.stats.unknown_connection += 1;
+            return None;
+        };
+        let Ok(inner) = frame::open(&mut secure.opener, secure.client_id, datagram) else {
+            self.stats.crypto_dropped += 1;
+            return None;
+        };
+        secure.confirmed = true;
+        if conn.peer == from {
+            if let Some((budget, packets)) = secure.path_budget.as_mut() {
+                budget.on_received(len);
+                *packets += 1;
+                if *packets >= NEW_PATH_PACKETS {
+                    secure.path_budget = None;
+                }
+            }
+        } else {
+            let mut budget = Budget::new();
+            budget.on_received(len);
+            secure.path_budget = Some((budget, 1));
+            let old = std::mem::replace(&mut conn.peer, from);
+            let window = conn.window_bytes;
+            if let Some((n, bytes)) = self.per_ip.get_mut(&old.ip()) {
+                *n -= 1;
+                *bytes = bytes.saturating_sub(window);
+                if *n == 0 {
+                    self.per_ip.remove(&old.ip());
+                }
+            }
+            let ip = self.per_ip.entry(from.ip()).or_insert((0, 0));
+            ip.0 += 1;
+            ip.1 += window;
+            self.stats.migrations += 1;
+            self.notice(
+                now,
+                Notice::Migrated {
+                    from: old,
+                    to: from,
+                },
+            );
+        }
+        let datagram: &'a [u8] = datagram;
+        Some(&datagram[inner])
+    }
+
+    /// A Noise hello (issue 13). Nothing is kept for it unless it opens,
+    /// its key is authorized and the hello's parameters are admitted;
+    /// under load, nothing at all without a valid cookie.
+    fn on_secure_hello(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+        let Some(mut responder) = self.responder.take() else {
+            // No key to answer with: say so, in no more than arrived.
+            if datagram.len() >= handshake::HELLO_MIN_LEN {
+                let client_id = HeaderPeek::read(datagram).map_or(0, |p| p.conn_id);
+                self.reject(from, client_id, RejectReason::NoIdentity);
             } else {
-                self.stats.unknown_connection += 1;
+                self.stats.bad_handshakes += 1;
             }
             return;
-        }
-        let p = hello.receiver;
-        let bad = if !(DATA_HEADER_LEN as u32 + 1..=MSS_MAX).contains(&hello.mss) {
-            Some(format!(
-                "mss {} outside {}..={MSS_MAX}",
-                hello.mss,
-                DATA_HEADER_LEN + 1
-            ))
-        } else if p.rcvsegs == 0 {
-            Some("a receiver buffer of 0 segments".to_string())
-        } else {
-            None
         };
+        if now.saturating_since(self.cookie_rotated) >= super::crypto::cookie::BUCKET {
+            let mut fresh = [0u8; 32];
+            if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut fresh).is_ok()
+            {
+                responder.rotate_cookie_secret(fresh);
+                self.cookie_rotated = now;
+            }
+        }
+        if now.saturating_since(self.hello_second) >= Duration::from_secs(1) {
+            self.hello_second = now;
+            self.hellos_this_second = 0;
+        }
+        let under_load = self.hellos_this_second >= HANDSHAKES_PER_SEC
+            || self.conns.len() >= self.limits.max_connections * 3 / 4
+            || self
+                .per_ip
+                .get(&from.ip())
+                .is_some_and(|(n, _)| *n >= self.limits.max_connections_per_ip * 3 / 4);
+        let mut server_id = handshake::random_id().unwrap_or(0);
+        while server_id == 0 || self.conns.contains_key(&server_id) {
+            server_id = server_id.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        }
+        let mut admitted: Option<(Hello, Admission)> = None;
+        let mut refused_why = String::new();
+        let result =
+            responder.on_hello(now, from, datagram, under_load, server_id, |key, params| {
+                if let Some(keys) = &self.auth.authorized {
+                    if keys.find(key).is_none() {
+                        refused_why = "its key is not in the authorized keys".to_string();
+                        return Decision::Refuse(RefuseReason::NotAuthorized);
+                    }
+                }
+                let hello = match Packet::decode(params) {
+                    Ok(Packet::Hello(h)) => h,
+                    _ => {
+                        refused_why = "its parameters are not a hello".to_string();
+                        return Decision::Refuse(RefuseReason::ParamsRefused);
+                    }
+                };
+                match self.admission(from, &hello) {
+                    Ok(admission) => {
+                        let welcome = Welcome {
+                            conn_id: hello.conn_id,
+                            receiver: ReceiverParams {
+                                rcvbuf: self.granted_rcvbuf,
+                                ..admission.params
+                            },
+                        };
+                        let mut bytes = vec![0u8; CONTROL_MAX_LEN];
+                        let n = welcome.emit(&mut bytes).unwrap_or(0);
+                        bytes.truncate(n);
+                        admitted = Some((hello, admission));
+                        Decision::Accept(bytes)
+                    }
+                    Err((reason, why)) => {
+                        refused_why = why;
+                        Decision::Refuse(if reason == RejectReason::Busy {
+                            RefuseReason::Busy
+                        } else {
+                            RefuseReason::ParamsRefused
+                        })
+                    }
+                }
+            });
+        self.responder = Some(responder);
+        // What is sent to an address not yet validated: at most 3× what
+        // came from it (RFC 9000 §8.1).
+        let mut budget = Budget::new();
+        budget.on_received(datagram.len());
+        let mut answer = |server: &mut Server, bytes: Vec<u8>| {
+            if budget.may_send(bytes.len()) {
+                budget.on_sent(bytes.len());
+                server.queue_handshake(from, bytes);
+            }
+        };
+        match result {
+            Ok(handshake::Reply::Cookie(bytes)) => {
+                self.stats.cookies_sent += 1;
+                answer(self, bytes);
+            }
+            Ok(handshake::Reply::Refused {
+                datagram,
+                peer,
+                reason,
+            }) => {
+                self.hellos_this_second += 1;
+                self.stats.auth_refused += 1;
+                if reason == RefuseReason::Busy {
+                    self.stats.busy_rejects += 1;
+                }
+                self.notice(
+                    now,
+                    Notice::AuthRefused {
+                        peer: from,
+                        key: peer,
+                        why: refused_why,
+                    },
+                );
+                answer(self, datagram);
+            }
+            Ok(handshake::Reply::Accepted {
+                datagram, session, ..
+            }) => {
+                self.hellos_this_second += 1;
+                let Some((hello, admission)) = admitted else {
+                    return;
+                };
+                let established = *session;
+                // A hello repeated after a lost response made a session
+                // the client will never use: the newer one replaces it.
+                let stale: Vec<u64> = self
+                    .conns
+                    .iter()
+                    .filter(|(_, c)| {
+                        c.secure.as_ref().is_some_and(|s| {
+                            !s.confirmed
+                                && s.peer_key == established.peer_static
+                                && s.client_id == established.client_id
+                        })
+                    })
+                    .map(|(&id, _)| id)
+                    .collect();
+                for id in stale {
+                    self.remove_conn(id);
+                }
+                self.stats.handshakes += 1;
+                let peer_key = established.peer_static;
+                let client_id = established.client_id;
+                let (sealer, opener) = established.into_protection();
+                let secure = ConnSecure {
+                    sealer,
+                    opener,
+                    peer_key,
+                    client_id,
+                    confirmed: false,
+                    path_budget: None,
+                };
+                self.insert_conn(
+                    now,
+                    from,
+                    server_id,
+                    &hello,
+                    admission,
+                    Some(Box::new(secure)),
+                );
+                answer(self, datagram);
+            }
+            Err(_) => {
+                self.hellos_this_second += 1;
+                self.stats.bad_handshakes += 1;
+            }
+        }
+    }
+
+    /// What a hello may have, under the operator's budgets; `Err` with
+    /// the reject and the operator's explanation.
+    fn admission(
+        &self,
+        from: SocketAddr,
+        hello: &Hello,
+    ) -> Result<Admission, (RejectReason, String)> {
+        let p = hello.receiver;
+        if !(DATA_HEADER_LEN as u32 + 1..=MSS_MAX).contains(&hello.mss) {
+            return Err((
+                RejectReason::BadHello,
+                format!(
+                    "mss {} outside {}..={MSS_MAX}",
+                    hello.mss,
+                    DATA_HEADER_LEN + 1
+                ),
+            ));
+        }
+        if p.rcvsegs == 0 {
+            return Err((
+                RejectReason::BadHello,
+                "a receiver buffer of 0 segments".to_string(),
+            ));
+        }
         let payload = u64::from(hello.mss.saturating_sub(DATA_HEADER_LEN as u32).max(1));
         let limits = self.limits;
         // A session connection's window is memory its application holds:
@@ -555,9 +1025,7 @@ impl Server {
         // One address may hold half the window budget (at least
         // one connection's worth), so a flood from one cannot starve the rest.
         let ip_window_cap = (limits.total_window_bytes / 2).max(limits.max_window_bytes);
-        let busy = if bad.is_some() {
-            None
-        } else if self.conns.len() >= limits.max_connections {
+        let busy = if self.conns.len() >= limits.max_connections {
             Some(format!(
                 "already serving {} connections",
                 limits.max_connections
@@ -581,49 +1049,96 @@ impl Server {
         } else {
             None
         };
-        if let Some(why) = bad {
-            self.stats.bad_hellos += 1;
-            self.notice(now, Notice::BadHello { peer: from, why });
-            self.reject(from, hello.conn_id, RejectReason::BadHello);
-            return;
-        }
         if let Some(why) = busy {
-            self.stats.busy_rejects += 1;
-            self.notice(now, Notice::Busy { peer: from, why });
-            self.reject(from, hello.conn_id, RejectReason::Busy);
+            return Err((RejectReason::Busy, why));
+        }
+        let maxidle = match Duration::from_millis(u64::from(hello.maxidle_ms)) {
+            d if d.is_zero() => MAXIDLE_CAP,
+            d => d.min(MAXIDLE_CAP),
+        };
+        Ok(Admission {
+            params: ReceiverParams {
+                rcvsegs: rcvsegs as u32,
+                ..p
+            },
+            window_bytes,
+            maxidle,
+        })
+    }
+
+    fn on_hello(&mut self, now: Time, from: SocketAddr, hello: &Hello) {
+        if let Some(conn) = self.conns.get_mut(&hello.conn_id) {
+            if conn.peer == from && conn.secure.is_none() {
+                // Our welcome was lost: say it again.
+                conn.last_heard = now;
+                conn.welcome_pending = true;
+                self.enqueue(hello.conn_id);
+            } else {
+                self.stats.unknown_connection += 1;
+            }
             return;
         }
-        let params = ReceiverParams {
-            rcvsegs: rcvsegs as u32,
-            ..p
-        };
-        if p.rcvbuf > self.largest_rcvbuf_asked && p.rcvbuf <= limits.max_socket_rcvbuf {
-            self.largest_rcvbuf_asked = p.rcvbuf;
-            self.pending_rcvbuf = Some(p.rcvbuf);
+        match self.admission(from, hello) {
+            Ok(admission) => {
+                self.insert_conn(now, from, hello.conn_id, hello, admission, None);
+            }
+            Err((RejectReason::Busy, why)) => {
+                self.stats.busy_rejects += 1;
+                self.notice(now, Notice::Busy { peer: from, why });
+                self.reject(from, hello.conn_id, RejectReason::Busy);
+            }
+            Err((reason, why)) => {
+                self.stats.bad_hellos += 1;
+                self.notice(now, Notice::BadHello { peer: from, why });
+                self.reject(from, hello.conn_id, reason);
+            }
+        }
+    }
+
+    /// Opens connection `key` for an admitted hello. A plain connection
+    /// answers with a welcome; an authenticated one's welcome was in the
+    /// handshake's response.
+    fn insert_conn(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        key: u64,
+        hello: &Hello,
+        admission: Admission,
+        secure: Option<Box<ConnSecure>>,
+    ) {
+        let Admission {
+            params,
+            window_bytes,
+            maxidle,
+        } = admission;
+        if params.rcvbuf > self.largest_rcvbuf_asked
+            && params.rcvbuf <= self.limits.max_socket_rcvbuf
+        {
+            self.largest_rcvbuf_asked = params.rcvbuf;
+            self.pending_rcvbuf = Some(params.rcvbuf);
         }
         let config = ReceiverConfig {
             sack: params.sack,
             delack: Duration::from_micros(u64::from(params.delack_us)),
             rcvsegs: params.rcvsegs,
         };
-        let maxidle = match Duration::from_millis(u64::from(hello.maxidle_ms)) {
-            d if d.is_zero() => MAXIDLE_CAP,
-            d => d.min(MAXIDLE_CAP),
-        };
         self.stats.connections += 1;
         let receiver = if hello.session == 0 {
             Receiver::sink(config, hello.conn_id)
         } else {
             self.session_events.push_back(SessionEvent::Opened {
-                conn_id: hello.conn_id,
+                conn_id: key,
                 session: hello.session,
                 peer: from,
+                peer_key: secure.as_ref().map(|s| s.peer_key),
                 payload_size: u64::from(hello.mss) - DATA_HEADER_LEN as u64,
             });
             Receiver::placing(config, hello.conn_id)
         };
+        let welcome_pending = secure.is_none();
         self.conns.insert(
-            hello.conn_id,
+            key,
             Conn {
                 peer: from,
                 session: hello.session,
@@ -636,7 +1151,7 @@ impl Server {
                 opened: now,
                 last_heard: now,
                 maxidle,
-                welcome_pending: true,
+                welcome_pending,
                 close_ack_pending: false,
                 closed_at: None,
                 client_segments: None,
@@ -644,13 +1159,14 @@ impl Server {
                 queued: false,
                 heard_data: false,
                 window_bytes,
+                secure,
             },
         );
         self.windows_held += window_bytes;
         let ip = self.per_ip.entry(from.ip()).or_insert((0, 0));
         ip.0 += 1;
         ip.1 += window_bytes;
-        self.enqueue(hello.conn_id);
+        self.enqueue(key);
     }
 
     fn reject(&mut self, to: SocketAddr, conn_id: u64, reason: RejectReason) {
@@ -672,6 +1188,11 @@ impl Server {
     /// [`super::wire::CONTROL_MAX_LEN`] and [`super::wire::ACK_MAX_LEN`]
     /// bytes); returns where to send it and its length.
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(SocketAddr, usize)> {
+        if let Some((to, bytes)) = self.handshake_out.pop_front() {
+            let n = bytes.len().min(buf.len());
+            buf[..n].copy_from_slice(&bytes[..n]);
+            return Some((to, n));
+        }
         if let Some((to, reject)) = self.rejects.pop_front() {
             return reject.emit(buf).ok().map(|n| (to, n));
         }
@@ -681,54 +1202,43 @@ impl Server {
                 self.ready.pop_front();
                 continue;
             };
-            if conn.welcome_pending {
-                conn.welcome_pending = false;
-                let welcome = Welcome {
-                    conn_id,
-                    receiver: ReceiverParams {
-                        rcvbuf: granted_rcvbuf,
-                        ..conn.params
-                    },
-                };
-                return welcome.emit(buf).ok().map(|n| (conn.peer, n));
-            }
-            if let Some(n) = conn.receiver.poll_transmit(now, buf) {
-                return Some((conn.peer, n));
-            }
-            if let Some(offset) = conn.fetches.pop_front() {
-                let reply = match &conn.reply {
-                    None => {
-                        // One "not yet" answers every fetch queued.
-                        conn.fetches.clear();
-                        Reply::Pending { conn_id }
+            // A protected packet is written at PN_LEN, then sealed around.
+            let at = if conn.secure.is_some() {
+                frame::PN_LEN
+            } else {
+                0
+            };
+            match conn.next_inner(conn_id, granted_rcvbuf, now, &mut buf[at..]) {
+                Next::Packet(n) => {
+                    let to = conn.peer;
+                    let Some(secure) = conn.secure.as_mut() else {
+                        return Some((to, n));
+                    };
+                    // Nothing goes to an unconfirmed client (its hello's
+                    // response was all), nor past the 3× limit on a new path.
+                    if !secure.confirmed {
+                        continue;
                     }
-                    Some(bytes) => {
-                        let total = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
-                        let start = (offset as usize).min(bytes.len());
-                        let end = (start + reply_fragment_len(conn.mss)).min(bytes.len());
-                        if start == end && total != 0 {
+                    let len = n + frame::overhead(secure.sealer.tag_len());
+                    if let Some((budget, _)) = secure.path_budget.as_mut() {
+                        if !budget.may_send(len) {
                             continue;
                         }
-                        Reply::Fragment {
-                            conn_id,
-                            offset,
-                            total,
-                            data: &bytes[start..end],
-                        }
+                        budget.on_sent(len);
                     }
-                };
-                return reply.emit(buf).ok().map(|n| (conn.peer, n));
+                    match frame::seal(&mut secure.sealer, secure.client_id, buf, n) {
+                        Ok(len) => return Some((to, len)),
+                        // Packet numbers exhausted (2^62): the connection
+                        // cannot go on; the client's maxidle ends it.
+                        Err(_) => continue,
+                    }
+                }
+                Next::Skip => continue,
+                Next::Idle => {
+                    conn.queued = false;
+                    self.ready.pop_front();
+                }
             }
-            if conn.close_ack_pending {
-                conn.close_ack_pending = false;
-                let ack = CloseAck {
-                    conn_id,
-                    stats: *conn.receiver.stats(),
-                };
-                return ack.emit(buf).ok().map(|n| (conn.peer, n));
-            }
-            conn.queued = false;
-            self.ready.pop_front();
         }
         None
     }
@@ -741,8 +1251,9 @@ impl Server {
             .min()
     }
 
-    /// The longest datagram [`Server::poll_transmit`] writes.
-    pub const MAX_TRANSMIT_LEN: usize = REPLY_HEADER_LEN + REPLY_FRAGMENT_MAX;
+    /// The longest datagram [`Server::poll_transmit`] writes (a reply
+    /// fragment, protected).
+    pub const MAX_TRANSMIT_LEN: usize = REPLY_HEADER_LEN + REPLY_FRAGMENT_MAX + frame::overhead(16);
 
     /// The application has placed every byte of `conn_id`'s stream below
     /// `offset`: its window may move on.
@@ -852,10 +1363,10 @@ mod tests {
         let mut buf = vec![0u8; 2048];
         for round in 0..10_000 {
             while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
-                server.handle_datagram(now, addr(1), &buf[..n]);
+                server.handle_datagram(now, addr(1), &mut buf[..n].to_vec());
                 // Garbage and a stranger's packet between real ones.
-                server.handle_datagram(now, addr(1), b"not atou at all");
-                server.handle_datagram(now, addr(2), &buf[..n]);
+                server.handle_datagram(now, addr(1), &mut b"not atou at all".to_vec());
+                server.handle_datagram(now, addr(2), &mut buf[..n].to_vec());
                 let mut out = vec![0u8; 2048];
                 while let Some((to, m)) = server.poll_transmit(now, &mut out) {
                     assert_eq!(to, addr(1));
@@ -902,7 +1413,7 @@ mod tests {
         .emit(&mut hello)
         .unwrap();
         hello[2] = VERSION + 1;
-        server.handle_datagram(Time::ZERO, addr(9), &hello[..n]);
+        server.handle_datagram(Time::ZERO, addr(9), &mut hello[..n].to_vec());
         let mut out = [0u8; 64];
         let (to, m) = server.poll_transmit(Time::ZERO, &mut out).unwrap();
         assert_eq!(to, addr(9));
@@ -941,7 +1452,7 @@ mod tests {
         let n = client
             .poll_transmit(Time::ZERO, &mut buf, &mut PatternSource)
             .unwrap();
-        server.handle_datagram(Time::ZERO, addr(1), &buf[..n]);
+        server.handle_datagram(Time::ZERO, addr(1), &mut buf[..n].to_vec());
         assert_eq!(server.open_connections(), 1);
         let at = server.poll_timeout().unwrap();
         assert_eq!(at, Time::ZERO + Duration::from_secs(3));
@@ -990,21 +1501,21 @@ mod tests {
             }
         };
         // No more than the server's own setting: nothing to do.
-        server.handle_datagram(Time::ZERO, addr(1), &hello(1, 4 << 20));
+        server.handle_datagram(Time::ZERO, addr(1), &mut hello(1, 4 << 20));
         assert_eq!(server.wanted_rcvbuf(), None);
         assert_eq!(welcome_rcvbuf(&mut server, &mut out), 8 << 20);
         // More: asked once; the welcome carries what the kernel granted.
-        server.handle_datagram(Time::ZERO, addr(2), &hello(2, 16 << 20));
+        server.handle_datagram(Time::ZERO, addr(2), &mut hello(2, 16 << 20));
         assert_eq!(server.wanted_rcvbuf(), Some(16 << 20));
         server.set_socket_rcvbuf(12 << 20);
         assert_eq!(welcome_rcvbuf(&mut server, &mut out), 12 << 20);
         // The same size again, though capped: not asked again.
-        server.handle_datagram(Time::ZERO, addr(3), &hello(3, 16 << 20));
+        server.handle_datagram(Time::ZERO, addr(3), &mut hello(3, 16 << 20));
         assert_eq!(server.wanted_rcvbuf(), None);
         // Past the operator's cap (2 GiB, as SO_RCVBUFFORCE would give
         // root): never asked for.
         let _ = welcome_rcvbuf(&mut server, &mut out);
-        server.handle_datagram(Time::ZERO, addr(4), &hello(4, 2 << 30));
+        server.handle_datagram(Time::ZERO, addr(4), &mut hello(4, 2 << 30));
         assert_eq!(server.wanted_rcvbuf(), None);
     }
 
@@ -1037,7 +1548,7 @@ mod tests {
                 if to_server % 7 == 0 {
                     continue;
                 }
-                if let Some(a) = server.handle_datagram(now, addr(1), &buf[..n]) {
+                if let Some(a) = server.handle_datagram(now, addr(1), &mut buf[..n].to_vec()) {
                     assert_eq!((a.conn_id, a.session), (9, 77));
                     for (i, &b) in a.payload.iter().enumerate() {
                         let at = a.offset as usize + i;
@@ -1111,7 +1622,11 @@ mod tests {
         let mut answered = false;
         for round in 0..10_000 {
             while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
-                if server.handle_datagram(now, addr(1), &buf[..n]).is_some() && !answered {
+                if server
+                    .handle_datagram(now, addr(1), &mut buf[..n].to_vec())
+                    .is_some()
+                    && !answered
+                {
                     answered = true;
                     server.respond(3, b"disk full".to_vec());
                 }

@@ -11,7 +11,7 @@ use thiserror::Error;
 /// `"AT"`: lets a receiver discard stray datagrams cheaply.
 pub const MAGIC: [u8; 2] = *b"AT";
 /// Bumped on any incompatible change to the layout below.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Bytes of the header common to every packet.
 pub const HEADER_LEN: usize = 12;
 /// Bytes before the payload of a data segment.
@@ -325,6 +325,12 @@ pub enum RejectReason {
     /// The server is at one of its limits (connections, memory); the same
     /// hello may succeed later.
     Busy,
+    /// The server serves authenticated clients only (issue 13's
+    /// handshake); a plain hello is answered with this.
+    AuthRequired,
+    /// The server has no key, so it cannot answer an authenticated hello
+    /// (it serves plain clients only).
+    NoIdentity,
 }
 
 /// Refuses a connection. Its layout is the same in every protocol version.
@@ -528,6 +534,8 @@ fn decode_reject(buf: &[u8], conn_id: u64) -> Result<Reject, WireError> {
         1 => RejectReason::UnsupportedVersion,
         2 => RejectReason::BadHello,
         3 => RejectReason::Busy,
+        4 => RejectReason::AuthRequired,
+        5 => RejectReason::NoIdentity,
         other => return Err(WireError::UnknownReason(other)),
     };
     Ok(Reject {
@@ -599,6 +607,8 @@ impl Reject {
             RejectReason::UnsupportedVersion => 1,
             RejectReason::BadHello => 2,
             RejectReason::Busy => 3,
+            RejectReason::AuthRequired => 4,
+            RejectReason::NoIdentity => 5,
         };
         buf[13] = self.version;
         Ok(REJECT_LEN)
@@ -830,7 +840,7 @@ mod tests {
     #[test]
     fn data_layout_is_as_documented() {
         let buf = encode_data(&DATA, b"xy");
-        assert_eq!(&buf[0..4], b"AT\x02\x01");
+        assert_eq!(&buf[0..4], b"AT\x03\x01");
         assert_eq!(buf.len(), 33 + 2);
         assert_eq!(&buf[33..], b"xy");
     }

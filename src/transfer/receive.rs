@@ -80,6 +80,9 @@ pub struct ReceiveConfig {
     /// What senders may do here.
     pub policy: Policy,
     pub limits: ReceiveLimits,
+    /// The server's authorized keys: a key's `subdir=` and `overwrite`
+    /// restrict what its transfers may do (`None`: no restrictions).
+    pub authorized: Option<Arc<crate::keys::AuthorizedKeys>>,
 }
 
 /// What one receiver lets its peers make it hold: the operator's budgets.
@@ -117,10 +120,27 @@ impl Default for ReceiveLimits {
 /// Work done by other threads.
 /// A session, by a serial number of ours: results of work on other
 /// threads for a session that is gone never land on a later one. Peers
-/// name sessions by the IP address they come from and the id the sender
-/// chose (a peer at another address cannot join or end one by guessing
-/// the id), looked up in `FileReceiver::session_ids`.
+/// name sessions by who they are and the id the sender chose, looked up
+/// in `FileReceiver::session_ids`: a peer that is not the session's
+/// cannot join or end it by guessing the id.
 type SessionKey = u64;
+
+/// Who a peer is: its authenticated key (issue 13), or, for a plain
+/// connection, its IP address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Who {
+    Key(crate::proto::crypto::PublicKey),
+    Addr(IpAddr),
+}
+
+/// What an authorized key's options allow its transfers.
+#[derive(Debug, Clone)]
+struct Grant {
+    /// Everything the key sends goes beneath this, in DEST.
+    subdir: Option<Vec<u8>>,
+    /// The key may replace files (where the server allows replacing).
+    overwrite: bool,
+}
 
 enum Done {
     Write {
@@ -166,6 +186,7 @@ enum PlanJob {
         session: SessionKey,
         conn_id: u64,
         bytes: Vec<u8>,
+        grant: Option<Grant>,
     },
     Finish {
         session: SessionKey,
@@ -266,6 +287,7 @@ struct Conn {
     /// The id its sender chose for the session.
     session_id: u64,
     peer: SocketAddr,
+    who: Who,
     /// Ours, never the client's: results of work on another thread carry
     /// it and are dropped if the connection is not the same one.
     key: u64,
@@ -274,6 +296,7 @@ struct Conn {
 
 struct Session {
     peer: SocketAddr,
+    who: Who,
     /// The id its sender chose.
     id: u64,
     prepared: Option<Arc<Prepared>>,
@@ -301,7 +324,7 @@ pub struct FileReceiver {
     sessions: HashMap<SessionKey, Session>,
     /// A peer's (address, session id) to our key, from a connection's
     /// hello until the session and its connections are gone.
-    session_ids: HashMap<(IpAddr, u64), SessionKey>,
+    session_ids: HashMap<(Who, u64), SessionKey>,
     next_session_key: SessionKey,
     conns: HashMap<u64, Conn>,
     next_conn_key: u64,
@@ -362,6 +385,32 @@ fn writer(jobs: Arc<Mutex<mpsc::Receiver<Job>>>, done: mpsc::Sender<Done>, notif
     }
 }
 
+/// A plan as its key's grant allows it: beneath the key's subdirectory,
+/// replacing files only if the key may.
+fn granted(
+    mut plan: crate::transfer::messages::PlanRequest,
+    policy: &Policy,
+    grant: Option<Grant>,
+) -> Result<(crate::transfer::messages::PlanRequest, Policy), String> {
+    let Some(grant) = grant else {
+        return Ok((plan, *policy));
+    };
+    let mut policy = *policy;
+    policy.allow_overwrite &= grant.overwrite;
+    if let Some(base) = grant.subdir {
+        let mut path = base;
+        if let Some(sub) = &plan.subdir {
+            path.push(b'/');
+            path.extend_from_slice(sub.as_bytes());
+        }
+        plan.subdir = Some(
+            crate::transfer::manifest::RelPath::new(path)
+                .map_err(|e| format!("the key's subdir= with the plan's: {e}"))?,
+        );
+    }
+    Ok((plan, policy))
+}
+
 /// A planner: checks plans against the disk and finishes transfers, off
 /// the I/O thread. Plans are decoded here too: a manifest's decode is
 /// work in proportion to its size.
@@ -383,6 +432,7 @@ fn planner(
                 session,
                 conn_id,
                 bytes,
+                grant,
             } => {
                 let result = match Request::decode(&bytes) {
                     Ok(Request::Plan(plan)) if plan.manifest.entries.len() > max_entries => {
@@ -393,7 +443,9 @@ fn planner(
                         ))
                     }
                     Ok(Request::Plan(plan)) => {
-                        fits(&dest, &plan).and_then(|()| dest::prepare(&dest, &policy, plan))
+                        granted(plan, &policy, grant).and_then(|(plan, policy)| {
+                            fits(&dest, &plan).and_then(|()| dest::prepare(&dest, &policy, plan))
+                        })
                     }
                     Ok(_) => Err("a request that is not a plan where a plan belongs".to_string()),
                     Err(e) => Err(format!("a malformed plan: {e}")),
@@ -543,19 +595,38 @@ impl FileReceiver {
     /// it once no connection of it is left.
     fn remove_session(&mut self, session: SessionKey) -> Option<Session> {
         let s = self.sessions.remove(&session)?;
-        self.forget_session_id(session, s.peer.ip(), s.id);
+        self.forget_session_id(session, s.who, s.id);
         Some(s)
     }
 
     /// Drops a peer's name for a session once neither the session nor any
     /// connection of it is left: a later hello with the same id starts
     /// afresh, under a new key.
-    fn forget_session_id(&mut self, session: SessionKey, ip: IpAddr, id: u64) {
+    fn forget_session_id(&mut self, session: SessionKey, who: Who, id: u64) {
         if !self.sessions.contains_key(&session)
             && !self.conns.values().any(|c| c.session == session)
         {
-            self.session_ids.remove(&(ip, id));
+            self.session_ids.remove(&(who, id));
         }
+    }
+
+    /// What `who` may do, from its authorized key's options; `Err` if the
+    /// key is not (or no longer) authorized.
+    fn grant(&self, who: Who) -> Result<Option<Grant>, String> {
+        let (Who::Key(key), Some(keys)) = (who, &self.config.authorized) else {
+            return Ok(None);
+        };
+        let Some(entry) = keys.find(&key) else {
+            return Err("its key is not in this server's authorized keys".to_string());
+        };
+        Ok(Some(Grant {
+            subdir: entry
+                .options
+                .subdir
+                .as_ref()
+                .map(|p| p.as_os_str().as_encoded_bytes().to_vec()),
+            overwrite: entry.options.overwrite,
+        }))
     }
 
     /// Why a new session from `ip` cannot start now, if it cannot.
@@ -583,8 +654,16 @@ impl FileReceiver {
         let Some(conn) = self.conns.get(&conn_id) else {
             return;
         };
-        let (session, peer, conn_session_id) = (conn.session, conn.peer, conn.session_id);
+        let (session, peer, conn_session_id, who) =
+            (conn.session, conn.peer, conn.session_id, conn.who);
         if bytes.first() == Some(&b'P') {
+            let grant = match self.grant(who) {
+                Ok(g) => g,
+                Err(why) => {
+                    self.refuse(server, conn_id, peer, why);
+                    return;
+                }
+            };
             if self.sessions.contains_key(&session) {
                 let why = "a second plan for one session".to_string();
                 self.refuse(server, conn_id, peer, why);
@@ -598,6 +677,7 @@ impl FileReceiver {
                 session,
                 conn_id,
                 bytes,
+                grant,
             };
             if self.plan_jobs.try_send(job).is_err() {
                 let why =
@@ -611,6 +691,7 @@ impl FileReceiver {
                 session,
                 Session {
                     peer,
+                    who,
                     id: conn_session_id,
                     prepared: None,
                     verified: Vec::new(),
@@ -1195,12 +1276,14 @@ impl ServeApp for FileReceiver {
                 conn_id,
                 session,
                 peer,
+                peer_key,
                 ..
             } => {
                 let session_id = session;
+                let who = peer_key.map_or(Who::Addr(peer.ip()), Who::Key);
                 let session = *self
                     .session_ids
-                    .entry((peer.ip(), session_id))
+                    .entry((who, session_id))
                     .or_insert_with(|| {
                         self.next_session_key += 1;
                         self.next_session_key
@@ -1213,6 +1296,7 @@ impl ServeApp for FileReceiver {
                         session,
                         session_id,
                         peer,
+                        who,
                         key,
                         state: ConnState::Opening(Assembly::default()),
                     },
@@ -1257,7 +1341,7 @@ impl ServeApp for FileReceiver {
                     s.open_conns = s.open_conns.saturating_sub(1);
                     s.last_active = Instant::now();
                 }
-                self.forget_session_id(session, conn.peer.ip(), conn.session_id);
+                self.forget_session_id(session, conn.who, conn.session_id);
                 if self.over && self.conns.is_empty() {
                     self.finished = true;
                 }

@@ -68,9 +68,14 @@ pub const MAX_PARAMS_LEN: usize = 1024;
 /// Hello timestamps remembered at most (one per authorized client key).
 pub const DEFAULT_MAX_REMEMBERED: usize = 65_536;
 
-const KIND_HELLO: u8 = 0x20;
+pub const KIND_HELLO: u8 = 0x20;
 const KIND_RESPONSE: u8 = 0x21;
 const KIND_COOKIE: u8 = 0x22;
+/// A client that does not know the server's key yet asks for it (trust
+/// on first use, as ssh's first connection); the answer is not
+/// authenticated, so the client records it and says so.
+pub const KIND_KEY_QUERY: u8 = 0x23;
+const KIND_KEY_ANSWER: u8 = 0x24;
 const PREFIX_LEN: usize = 4;
 /// Noise IK overheads: e (32) + encrypted s (32 + 16) + payload tag (16);
 /// e (32) + payload tag (16).
@@ -781,6 +786,39 @@ impl<'a> HelloPayload<'a> {
 }
 
 /// COOKIE: prefix, client id, cookie.
+/// KEY QUERY: prefix, client id, zeros to [`HELLO_MIN_LEN`] (so that its
+/// answer, 44 bytes, never amplifies).
+pub fn key_query(client_id: u64) -> Vec<u8> {
+    let mut q = Vec::with_capacity(HELLO_MIN_LEN);
+    q.extend_from_slice(&prefix(KIND_KEY_QUERY));
+    q.extend_from_slice(&client_id.to_be_bytes());
+    q.resize(HELLO_MIN_LEN, 0);
+    q
+}
+
+/// The answer to a key query, if `datagram` is one (at least
+/// [`HELLO_MIN_LEN`] bytes, all padding zero): the server's public key.
+pub fn answer_key_query(datagram: &[u8], server: &PublicKey) -> Option<Vec<u8>> {
+    let rest = strip_prefix(datagram, KIND_KEY_QUERY).ok()?;
+    if datagram.len() < HELLO_MIN_LEN || rest[8..].iter().any(|&b| b != 0) {
+        return None;
+    }
+    let mut a = Vec::with_capacity(PREFIX_LEN + 8 + 32);
+    a.extend_from_slice(&prefix(KIND_KEY_ANSWER));
+    a.extend_from_slice(&rest[..8]);
+    a.extend_from_slice(&server.0);
+    Some(a)
+}
+
+/// The key in an answer to the query of `client_id`.
+pub fn parse_key_answer(datagram: &[u8], client_id: u64) -> Option<PublicKey> {
+    let rest = strip_prefix(datagram, KIND_KEY_ANSWER).ok()?;
+    if rest.len() != 8 + 32 || rest[..8] != client_id.to_be_bytes() {
+        return None;
+    }
+    Some(PublicKey(rest[8..].try_into().ok()?))
+}
+
 fn cookie_reply(client_id: u64, cookie: &Cookie) -> Vec<u8> {
     let mut reply = Vec::with_capacity(PREFIX_LEN + 8 + COOKIE_LEN);
     reply.extend_from_slice(&prefix(KIND_COOKIE));

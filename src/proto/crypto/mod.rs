@@ -19,6 +19,7 @@
 
 pub mod amplification;
 pub mod cookie;
+pub mod frame;
 pub mod handshake;
 pub mod protect;
 pub mod replay;

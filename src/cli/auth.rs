@@ -1,0 +1,261 @@
+//! Key flags: what a client proves and pins, what a server accepts
+//! (issue 13; docs/security.md).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+
+use atou::keys::{
+    self, format_public_key, AuthorizedKeys, KnownHosts, Verified, AUTHORIZED_KEYS_FILE,
+    IDENTITY_FILE, KNOWN_HOSTS_FILE,
+};
+use atou::proto::crypto::{Cipher, ClientAuth, PublicKey, ServerAuth, StaticKeypair};
+
+use super::net::runtime;
+use super::UsageError;
+
+/// How long a first connection waits for the server to tell its key.
+const KEY_QUERY_WAIT: Duration = Duration::from_secs(5);
+
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Authentication and encryption")]
+pub struct ClientAuthArgs {
+    /// This client's private key (default: $XDG_CONFIG_HOME/atou/id_x25519 or ~/.config/atou/id_x25519, made by `atou keygen`; without one, a key made for this run, which only servers that accept any key take)
+    #[arg(long, value_name = "FILE")]
+    identity: Option<PathBuf>,
+    /// The server's public key, pinned: `atou-x25519 BASE64`, the base64 alone, or a file holding it (the server prints it at start); known_hosts is then not consulted
+    #[arg(long, value_name = "KEY|FILE")]
+    server_key: Option<String>,
+    /// Where servers' keys are recorded on first use and checked after, as ssh's known_hosts (default: $XDG_CONFIG_HOME/atou/known_hosts or ~/.config/atou/known_hosts)
+    #[arg(long, value_name = "FILE")]
+    known_hosts: Option<PathBuf>,
+    /// Packet cipher: aes-256-gcm, chacha20-poly1305, or auto (AES-256-GCM where the CPU has AES instructions, else ChaCha20-Poly1305)
+    #[arg(long, value_name = "CIPHER", default_value = "auto", value_parser = parse_cipher)]
+    cipher: Cipher,
+    /// No authentication and no encryption, for a server run with --no-auth on a network you trust
+    #[arg(long, conflicts_with_all = ["identity", "server_key", "known_hosts"])]
+    no_auth: bool,
+}
+
+fn parse_cipher(s: &str) -> Result<Cipher, String> {
+    s.parse()
+}
+
+impl ClientAuthArgs {
+    pub fn no_auth(&self) -> bool {
+        self.no_auth
+    }
+
+    /// Fresh keys for both ends of a transfer this process runs itself
+    /// (`atou copy` to a local directory): nobody else holds either key,
+    /// so no other local user can join the loopback receiver.
+    pub fn ephemeral_pair(&self) -> Result<(ClientAuth, ServerAuth)> {
+        let gen =
+            || StaticKeypair::generate().map_err(|e| anyhow::anyhow!("cannot make a key: {e}"));
+        let (client, server) = (gen()?, gen()?);
+        let line = format_public_key(&client.public(), "this atou copy") + "\n";
+        let authorized = AuthorizedKeys::parse(line.as_bytes(), Path::new("(in memory)"))?;
+        Ok((
+            ClientAuth {
+                identity: client,
+                server_key: server.public(),
+                cipher: self.cipher,
+            },
+            ServerAuth {
+                identity: Some(server),
+                authorized: Some(Arc::new(authorized)),
+                allow_plain: false,
+            },
+        ))
+    }
+
+    /// Keys for a connection to `host` (as the user named it) at `peer`;
+    /// `None` with --no-auth. A server seen for the first time is asked
+    /// for its key, which is recorded in known_hosts and said so.
+    ///
+    /// `plain_if_keyless`: a server that has no key is used unauthenticated
+    /// (said on stderr) instead of refused; for probes, whose test pattern
+    /// is nobody's secret.
+    pub fn resolve(
+        &self,
+        host: &str,
+        peer: SocketAddr,
+        plain_if_keyless: bool,
+    ) -> Result<Option<ClientAuth>> {
+        if self.no_auth {
+            return Ok(None);
+        }
+        let identity = self.identity()?;
+        let server_key = match &self.server_key {
+            Some(k) => read_key_arg(k)?,
+            None => match self.known_server_key(host, peer) {
+                Ok(k) => k,
+                Err(e)
+                    if plain_if_keyless
+                        && matches!(
+                            e.downcast_ref::<atou::io::ProbeError>(),
+                            Some(atou::io::ProbeError::Conn {
+                                error: atou::proto::ConnError::NoIdentity,
+                                ..
+                            })
+                        ) =>
+                {
+                    eprintln!(
+                        "atou: {host} has no key: this probe is unauthenticated and unencrypted"
+                    );
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        Ok(Some(ClientAuth {
+            identity,
+            server_key,
+            cipher: self.cipher,
+        }))
+    }
+
+    fn identity(&self) -> Result<StaticKeypair> {
+        if let Some(path) = &self.identity {
+            return Ok(keys::read_identity(path)?);
+        }
+        let default = keys::config_dir().ok().map(|d| d.join(IDENTITY_FILE));
+        match default {
+            Some(path) if path.exists() => Ok(keys::read_identity(&path)?),
+            _ => Ok(StaticKeypair::generate()
+                .map_err(|e| anyhow::anyhow!("cannot make a key for this run: {e}"))?),
+        }
+    }
+
+    fn known_server_key(&self, host: &str, peer: SocketAddr) -> Result<PublicKey> {
+        let path = match &self.known_hosts {
+            Some(p) => p.clone(),
+            None => keys::config_dir()?.join(KNOWN_HOSTS_FILE),
+        };
+        let mut known = KnownHosts::load(&path)?;
+        // Asked even when recorded (one round trip): a changed key is then
+        // refused with the file and line to edit, as ssh does, instead of
+        // a handshake that goes unanswered.
+        let key = runtime()?.block_on(atou::io::query_server_key(peer, KEY_QUERY_WAIT))?;
+        // The answer is not authenticated: a recorded key decides, and a
+        // different one is refused (ssh's rule); the handshake then proves
+        // the server holds the key.
+        match known.verify(host, &key)? {
+            Verified::Matched => {}
+            Verified::Recorded => eprintln!(
+                "atou: first connection to {host}: recorded its key {} in {} (check it against \
+                 what `atou serve` printed there; a later change will be refused)",
+                format_public_key(&key, ""),
+                path.display()
+            ),
+        }
+        Ok(key)
+    }
+}
+
+/// `--server-key`: a key, or a file whose first word pair is one.
+fn read_key_arg(arg: &str) -> Result<PublicKey> {
+    if let Ok(k) = keys::parse_public_key(arg) {
+        return Ok(k);
+    }
+    let path = Path::new(arg);
+    if path.exists() {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| UsageError(format!("--server-key {}: {e}", path.display())))?;
+        let line = text.lines().next().unwrap_or("");
+        return keys::parse_public_key(line).map_err(|e| {
+            UsageError(format!(
+                "--server-key {}: not an atou public key: {e}",
+                path.display()
+            ))
+            .into()
+        });
+    }
+    Err(UsageError(format!(
+        "--server-key `{}` is neither an atou public key (`atou-x25519 BASE64`) nor a file",
+        atou::text::escape(arg.as_bytes())
+    ))
+    .into())
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Authentication and encryption")]
+pub struct ServeAuthArgs {
+    /// The server's private key (default: $XDG_CONFIG_HOME/atou/id_x25519 or ~/.config/atou/id_x25519; make one with `atou keygen`); its public key is printed at start for clients to pin
+    #[arg(long, value_name = "FILE")]
+    identity: Option<PathBuf>,
+    /// Client keys allowed, one `[OPTIONS] atou-x25519 BASE64 [COMMENT]` per line; OPTIONS `subdir=PATH` (the key writes only beneath PATH in DEST) and `overwrite` (default: $XDG_CONFIG_HOME/atou/authorized_keys or ~/.config/atou/authorized_keys). Required with --dir unless --no-auth
+    #[arg(long, value_name = "FILE")]
+    authorized_keys: Option<PathBuf>,
+    /// Serve unauthenticated, unencrypted clients too: anyone who can send UDP here may write into --dir. Only on a network you trust
+    #[arg(long)]
+    no_auth: bool,
+}
+
+impl ServeAuthArgs {
+    /// What the server accepts. `files`: it writes into a directory,
+    /// which needs authorized keys unless --no-auth.
+    pub fn resolve(&self, files: bool) -> Result<ServerAuth> {
+        let config = keys::config_dir().ok();
+        let identity = match &self.identity {
+            Some(p) => Some(keys::read_identity(p)?),
+            None => match config.as_ref().map(|d| d.join(IDENTITY_FILE)) {
+                Some(p) if p.exists() => Some(keys::read_identity(&p)?),
+                _ => None,
+            },
+        };
+        let authorized = match &self.authorized_keys {
+            Some(p) => Some(Arc::new(AuthorizedKeys::load(p)?)),
+            None => match config.as_ref().map(|d| d.join(AUTHORIZED_KEYS_FILE)) {
+                Some(p) if p.exists() => Some(Arc::new(AuthorizedKeys::load(&p)?)),
+                _ => None,
+            },
+        };
+        if self.no_auth {
+            return Ok(ServerAuth {
+                identity,
+                authorized: None,
+                allow_plain: true,
+            });
+        }
+        if !files {
+            // A probe sink writes nothing: any key, and plain probes too
+            // (still under the 3× rule and the budgets).
+            return Ok(ServerAuth {
+                identity,
+                authorized,
+                allow_plain: true,
+            });
+        }
+        let Some(identity) = identity else {
+            return Err(UsageError(format!(
+                "--dir needs a server key: run `atou keygen` (it writes {}), or pass --identity \
+                 FILE; or --no-auth to let anyone who can reach this port write into the \
+                 directory (only on a network you trust)",
+                config
+                    .map(|d| d.join(IDENTITY_FILE).display().to_string())
+                    .unwrap_or_else(|| "~/.config/atou/id_x25519".into())
+            ))
+            .into());
+        };
+        match authorized {
+            Some(a) if !a.is_empty() => Ok(ServerAuth {
+                identity: Some(identity),
+                authorized: Some(a),
+                allow_plain: false,
+            }),
+            _ => Err(UsageError(
+                "--dir needs authorized keys: pass --authorized-keys FILE (one client public \
+                 key per line, as `atou keygen` prints it on the client), or put them in \
+                 ~/.config/atou/authorized_keys; or --no-auth to let anyone who can reach this \
+                 port write into the directory (only on a network you trust)"
+                    .to_string(),
+            )
+            .into()),
+        }
+    }
+}

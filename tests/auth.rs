@@ -1,0 +1,534 @@
+//! Authenticated, encrypted connections (issue 13), sans I/O: a client
+//! and a server wired back to back in virtual time, and hostile peers
+//! built from the crate's own encoders in between.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use atou::keys::{format_public_key, AuthorizedKeys};
+use atou::proto::crypto::frame::{self, PROTECTED};
+use atou::proto::crypto::{Cipher, ClientAuth, RefuseReason, ServerAuth, StaticKeypair};
+use atou::proto::wire::{Close, DataFlags, DataHeader, Hello, ReceiverParams};
+use atou::proto::{Client, ConnError, PatternSource, Server, ServerLimits, Time, Tuning};
+
+const BYTES: u64 = 300_000;
+
+fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([10, 0, 0, 1], port))
+}
+
+fn tuning() -> Tuning {
+    Tuning {
+        maxidle: Duration::from_secs(20),
+        ..Tuning::default()
+    }
+}
+
+fn authorized(keys: &[&StaticKeypair]) -> Arc<AuthorizedKeys> {
+    let text: String = keys
+        .iter()
+        .map(|k| format_public_key(&k.public(), "test") + "\n")
+        .collect();
+    Arc::new(AuthorizedKeys::parse(text.as_bytes(), Path::new("authorized_keys")).unwrap())
+}
+
+fn server_with(auth: ServerAuth) -> Server {
+    Server::new(ServerLimits::default(), 1 << 20, 2 << 20)
+        .with_auth(auth)
+        .unwrap()
+}
+
+fn secure_client(id: u64, identity: &StaticKeypair, server: &StaticKeypair) -> Client {
+    Client::new(&tuning(), id, Some(BYTES), Time::ZERO)
+        .unwrap()
+        .with_auth(
+            ClientAuth {
+                identity: identity.clone(),
+                server_key: server.public(),
+                cipher: Cipher::Aes256Gcm,
+            },
+            1_000_000_000,
+        )
+        .unwrap()
+}
+
+/// Which way a datagram goes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Dir {
+    ToServer,
+    ToClient,
+}
+
+/// Runs the pair until the client is done or `limit` passes; every
+/// datagram goes through `path`, which returns what arrives (none, one,
+/// several; the source address of a datagram to the server may change).
+fn run(
+    client: &mut Client,
+    server: &mut Server,
+    client_addr: SocketAddr,
+    limit: Duration,
+    mut path: impl FnMut(Time, Dir, Vec<u8>) -> Vec<(SocketAddr, Vec<u8>)>,
+) -> Time {
+    let mut now = Time::ZERO;
+    let mut buf = vec![0u8; 65536];
+    while client.outcome().is_none() && now.saturating_since(Time::ZERO) < limit {
+        client.handle_timeout(now);
+        server.handle_timeout(now);
+        for _ in 0..64 {
+            let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) else {
+                break;
+            };
+            for (from, mut d) in path(now, Dir::ToServer, buf[..n].to_vec()) {
+                server.handle_datagram(now, from, &mut d);
+            }
+        }
+        while let Some((to, n)) = server.poll_transmit(now, &mut buf) {
+            if to != client_addr && to.port() != 7 {
+                continue;
+            }
+            for (_, d) in path(now, Dir::ToClient, buf[..n].to_vec()) {
+                let _ = client.handle_datagram(now, &d);
+            }
+        }
+        now += Duration::from_millis(1);
+    }
+    now
+}
+
+fn straight(from: SocketAddr) -> impl FnMut(Time, Dir, Vec<u8>) -> Vec<(SocketAddr, Vec<u8>)> {
+    move |_, _, d| vec![(from, d)]
+}
+
+#[test]
+fn an_authenticated_transfer_completes_and_nothing_after_the_hello_is_in_clear() {
+    let (server_key, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let mut server = server_with(ServerAuth {
+        identity: Some(server_key.clone()),
+        authorized: Some(authorized(&[&client_key])),
+        allow_plain: false,
+    });
+    let mut client = secure_client(11, &client_key, &server_key);
+    // The pattern atou sends is recognisable: 64 bytes of it must never
+    // be seen on the wire.
+    let mut pattern = vec![0u8; 4096];
+    atou::proto::fill_pattern(0, &mut pattern);
+    let needle = &pattern[1000..1064];
+    let mut datagrams = 0;
+    let mut clear = 0;
+    run(
+        &mut client,
+        &mut server,
+        addr(1),
+        Duration::from_secs(30),
+        |_, dir, d| {
+            datagrams += 1;
+            let handshake = d[3] == 0x20 || d[3] == 0x21;
+            if !handshake && d[3] & PROTECTED == 0 {
+                clear += 1;
+            }
+            assert!(
+                !d.windows(needle.len()).any(|w| w == needle),
+                "{dir:?}: the data is in clear"
+            );
+            vec![(addr(1), d)]
+        },
+    );
+    let outcome = client.outcome().expect("finished").clone();
+    assert!(outcome.is_ok(), "{outcome:?}");
+    assert_eq!(clear, 0, "of {datagrams} datagrams");
+    assert_eq!(client.sender().unwrap().good_bytes(), BYTES);
+    let stats = *server.stats();
+    assert_eq!((stats.handshakes, stats.crypto_dropped), (1, 0));
+}
+
+#[test]
+fn an_unknown_key_is_refused_with_a_reason_and_nothing_is_kept() {
+    let (server_key, known, stranger) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let mut server = server_with(ServerAuth {
+        identity: Some(server_key.clone()),
+        authorized: Some(authorized(&[&known])),
+        allow_plain: false,
+    });
+    let mut client = secure_client(12, &stranger, &server_key);
+    run(
+        &mut client,
+        &mut server,
+        addr(1),
+        Duration::from_secs(5),
+        straight(addr(1)),
+    );
+    assert_eq!(
+        client.outcome(),
+        Some(&Err(ConnError::AuthRefused(RefuseReason::NotAuthorized)))
+    );
+    let msg = client.outcome().unwrap().clone().unwrap_err().to_string();
+    assert!(msg.contains("authorized keys"), "{msg}");
+    assert_eq!(server.open_connections(), 0);
+    assert_eq!(server.stats().auth_refused, 1);
+}
+
+#[test]
+fn a_client_pinning_the_wrong_server_key_gets_no_session() {
+    let (server_key, impostor, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let mut server = server_with(ServerAuth {
+        identity: Some(server_key),
+        authorized: None,
+        allow_plain: false,
+    });
+    // The client believes the server's key is `impostor`'s.
+    let mut client = secure_client(13, &client_key, &impostor);
+    run(
+        &mut client,
+        &mut server,
+        addr(1),
+        Duration::from_secs(3),
+        straight(addr(1)),
+    );
+    assert!(matches!(
+        client.outcome(),
+        None | Some(Err(ConnError::Idle { .. }))
+    ));
+    assert_eq!(server.open_connections(), 0);
+    assert!(server.stats().bad_handshakes > 0);
+}
+
+#[test]
+fn a_plain_hello_to_a_server_that_requires_keys_is_told_so() {
+    let server_key = StaticKeypair::generate().unwrap();
+    let mut server = server_with(ServerAuth {
+        identity: Some(server_key),
+        authorized: Some(authorized(&[])),
+        allow_plain: false,
+    });
+    let mut client = Client::new(&tuning(), 14, Some(BYTES), Time::ZERO).unwrap();
+    run(
+        &mut client,
+        &mut server,
+        addr(1),
+        Duration::from_secs(3),
+        straight(addr(1)),
+    );
+    assert_eq!(client.outcome(), Some(&Err(ConnError::AuthRequired)));
+    assert_eq!(server.open_connections(), 0);
+    assert_eq!(server.stats().plain_refused, 1);
+}
+
+#[test]
+fn an_authenticating_client_is_told_when_the_server_has_no_key() {
+    let (server_key, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let mut server = server_with(ServerAuth::plain());
+    let mut client = secure_client(15, &client_key, &server_key);
+    run(
+        &mut client,
+        &mut server,
+        addr(1),
+        Duration::from_secs(3),
+        straight(addr(1)),
+    );
+    assert_eq!(client.outcome(), Some(&Err(ConnError::NoIdentity)));
+}
+
+/// netem's `corrupt`: a bit flipped in one datagram in 20, both ways.
+#[test]
+fn flipped_bits_are_dropped_and_counted_and_the_transfer_still_completes() {
+    let (server_key, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let mut server = server_with(ServerAuth {
+        identity: Some(server_key.clone()),
+        authorized: Some(authorized(&[&client_key])),
+        allow_plain: false,
+    });
+    let mut client = secure_client(16, &client_key, &server_key);
+    let mut k = [0u64; 2];
+    let mut flipped = [0u64; 2];
+    run(
+        &mut client,
+        &mut server,
+        addr(1),
+        Duration::from_secs(60),
+        |_, dir, mut d| {
+            let way = usize::from(dir == Dir::ToClient);
+            let established = d[3] & PROTECTED != 0;
+            k[way] += u64::from(established);
+            let k = k[way];
+            if established && k % 20 == 0 {
+                let bit = (k * 7919) as usize % (d.len() * 8);
+                // Not the magic or the kind: those only make it not atou's.
+                let bit = bit.max(32);
+                d[bit / 8] ^= 1 << (bit % 8);
+                flipped[way] += 1;
+            }
+            vec![(addr(1), d)]
+        },
+    );
+    let outcome = client.outcome().expect("finished").clone();
+    assert!(outcome.is_ok(), "{outcome:?}");
+    assert_eq!(client.sender().unwrap().good_bytes(), BYTES);
+    assert!(flipped[0] > 0 && flipped[1] > 0, "{flipped:?}");
+    // Every flipped datagram to the server was dropped before the
+    // transport saw it (a flip in the recipient id makes it unknown).
+    let s = *server.stats();
+    assert_eq!(s.crypto_dropped + s.unknown_connection, flipped[0], "{s:?}");
+    let c = client.crypto_drops();
+    assert!(
+        c.bad_tag > 0 && c.bad_tag <= flipped[1],
+        "{c:?} of {}",
+        flipped[1]
+    );
+}
+
+#[test]
+fn replayed_datagrams_are_dropped_and_counted() {
+    let (server_key, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let mut server = server_with(ServerAuth {
+        identity: Some(server_key.clone()),
+        authorized: Some(authorized(&[&client_key])),
+        allow_plain: false,
+    });
+    let mut client = secure_client(17, &client_key, &server_key);
+    let mut replayed = 0;
+    run(
+        &mut client,
+        &mut server,
+        addr(1),
+        Duration::from_secs(30),
+        |_, dir, d| {
+            if dir == Dir::ToServer && d[3] & PROTECTED != 0 {
+                replayed += 1;
+                return vec![(addr(1), d.clone()), (addr(1), d)];
+            }
+            vec![(addr(1), d)]
+        },
+    );
+    assert!(client.outcome().unwrap().is_ok());
+    assert!(replayed > 100);
+    assert_eq!(server.stats().crypto_dropped, replayed);
+    // The transport never saw a copy: nothing arrived twice.
+    let reports: Vec<_> = std::iter::from_fn(|| server.poll_report()).collect();
+    assert_eq!(reports[0].stats.duplicates, 0, "{:?}", reports[0].stats);
+}
+
+/// Someone who sees every datagram of a session (but has no key) tries to
+/// inject: altered copies, plain packets under either connection id, a
+/// plain close. Nothing of it reaches the transport.
+#[test]
+fn a_captured_session_cannot_be_injected_into() {
+    let (server_key, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let mut server = server_with(ServerAuth {
+        identity: Some(server_key.clone()),
+        authorized: Some(authorized(&[&client_key])),
+        allow_plain: true,
+    });
+    let mut client = secure_client(18, &client_key, &server_key);
+    let mut injected = 0u64;
+    run(
+        &mut client,
+        &mut server,
+        addr(1),
+        Duration::from_secs(30),
+        |_, dir, d| {
+            let mut out = vec![(addr(1), d.clone())];
+            if dir == Dir::ToServer && d[3] & PROTECTED != 0 {
+                let server_id = frame::recipient_id(&d);
+                // An altered copy with a fresh packet number.
+                let mut altered = d.clone();
+                altered[12..20].copy_from_slice(&(1u64 << 40).to_be_bytes());
+                let last = altered.len() - 1;
+                altered[last] ^= 1;
+                // A plain data segment and a plain close under the server's
+                // id and under the client's.
+                let mut seg = vec![0u8; 64];
+                let header = DataHeader {
+                    conn_id: server_id,
+                    seg: 0,
+                    offset: 0,
+                    timestamp: 0,
+                    flags: DataFlags::default(),
+                };
+                let n = header.emit(&mut seg).unwrap();
+                seg.truncate(n + 8);
+                let mut close = vec![0u8; 64];
+                let n = Close {
+                    conn_id: 18,
+                    segments: 1,
+                    bytes: 1,
+                }
+                .emit(&mut close)
+                .unwrap();
+                close.truncate(n);
+                out.push((addr(1), altered));
+                out.push((addr(1), seg));
+                out.push((addr(1), close));
+                injected += 3;
+            }
+            out
+        },
+    );
+    assert!(client.outcome().unwrap().is_ok());
+    assert_eq!(client.sender().unwrap().good_bytes(), BYTES);
+    let s = *server.stats();
+    assert!(injected > 0);
+    assert_eq!(s.crypto_dropped + s.unknown_connection, injected, "{s:?}");
+    let reports: Vec<_> = std::iter::from_fn(|| server.poll_report()).collect();
+    assert_eq!(reports.len(), 1);
+    assert_eq!(reports[0].stats.bytes, BYTES);
+}
+
+/// A NAT rebinding halfway: the client's packets start coming from
+/// another port. The connection follows them.
+#[test]
+fn a_connection_follows_its_client_to_a_new_address() {
+    let (server_key, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let mut server = server_with(ServerAuth {
+        identity: Some(server_key.clone()),
+        authorized: Some(authorized(&[&client_key])),
+        allow_plain: false,
+    });
+    let mut client = secure_client(19, &client_key, &server_key);
+    run(
+        &mut client,
+        &mut server,
+        addr(1),
+        Duration::from_secs(30),
+        |now, _, d| {
+            let from = if now >= Time::ZERO + Duration::from_millis(50) {
+                addr(7)
+            } else {
+                addr(1)
+            };
+            vec![(from, d)]
+        },
+    );
+    let outcome = client.outcome().expect("finished").clone();
+    assert!(outcome.is_ok(), "{outcome:?}");
+    assert_eq!(server.stats().migrations, 1);
+    let notices: Vec<_> = std::iter::from_fn(|| server.poll_notice()).collect();
+    assert!(
+        notices.iter().any(|n| n.to_string().contains("moved")),
+        "{notices:?}"
+    );
+}
+
+/// A flood of hellos from spoofed addresses (each a different one, and
+/// each a genuine Noise hello from a key the server does not know): the
+/// server answers each address with at most 3× what it sent, and turns
+/// to cookies; a legitimate client still gets in within a second.
+#[test]
+fn a_spoofed_hello_flood_gets_at_most_three_times_back_and_a_client_still_connects() {
+    let (server_key, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let mut server = server_with(ServerAuth {
+        identity: Some(server_key.clone()),
+        authorized: Some(authorized(&[&client_key])),
+        allow_plain: false,
+    });
+    let attacker = StaticKeypair::generate().unwrap();
+    let mut flood = Vec::new();
+    for i in 0..300u64 {
+        let mut c = secure_client(1000 + i, &attacker, &server_key);
+        let mut buf = vec![0u8; 2048];
+        let n = c
+            .poll_transmit(Time::ZERO, &mut buf, &mut PatternSource)
+            .unwrap();
+        flood.push(buf[..n].to_vec());
+    }
+    let mut received = std::collections::HashMap::<SocketAddr, (usize, usize)>::new();
+    let mut buf = vec![0u8; 65536];
+    let now = Time::ZERO;
+    for (i, hello) in flood.iter().enumerate() {
+        let from = SocketAddr::from(([192, 0, 2, (i % 250) as u8], 1000 + i as u16));
+        received.entry(from).or_default().0 += hello.len();
+        server.handle_datagram(now, from, &mut hello.clone());
+        while let Some((to, n)) = server.poll_transmit(now, &mut buf) {
+            received.entry(to).or_default().1 += n;
+        }
+    }
+    for (a, (inb, out)) in &received {
+        assert!(*out <= 3 * inb, "{a}: {out} bytes out for {inb} in");
+    }
+    assert!(server.stats().cookies_sent > 0, "{:?}", server.stats());
+    assert_eq!(server.open_connections(), 0);
+    // Now the real client, in the same second.
+    let mut client = secure_client(20, &client_key, &server_key);
+    let mut answered = None;
+    let mut t = now;
+    while t.saturating_since(now) < Duration::from_secs(1) {
+        client.handle_timeout(t);
+        while let Some(n) = client.poll_transmit(t, &mut buf, &mut PatternSource) {
+            let mut d = buf[..n].to_vec();
+            server.handle_datagram(t, addr(1), &mut d);
+        }
+        while let Some((_, n)) = server.poll_transmit(t, &mut buf) {
+            let d = buf[..n].to_vec();
+            let _ = client.handle_datagram(t, &d);
+        }
+        if client.sender().is_some() {
+            answered = Some(t);
+            break;
+        }
+        t += Duration::from_millis(1);
+    }
+    assert!(answered.is_some(), "no session within a second");
+    assert_eq!(server.stats().handshakes, 1);
+}
+
+#[test]
+fn a_plain_hello_still_works_where_the_operator_allows_it() {
+    let mut server = server_with(ServerAuth::plain());
+    let mut client = Client::new(&tuning(), 21, Some(BYTES), Time::ZERO).unwrap();
+    run(
+        &mut client,
+        &mut server,
+        addr(1),
+        Duration::from_secs(30),
+        straight(addr(1)),
+    );
+    assert!(client.outcome().unwrap().is_ok());
+    // A hello is not the only thing plain: the wire is unchanged.
+    let mut buf = vec![0u8; 256];
+    let n = Hello {
+        conn_id: 1,
+        mss: 1400,
+        maxidle_ms: 0,
+        session: 0,
+        receiver: ReceiverParams {
+            rcvsegs: 10,
+            rcvbuf: 0,
+            delack_us: 0,
+            sack: true,
+        },
+    }
+    .emit(&mut buf)
+    .unwrap();
+    assert_eq!(buf[3] & PROTECTED, 0);
+    assert!(n < 100);
+}
