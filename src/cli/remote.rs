@@ -1103,7 +1103,7 @@ mod tests {
         assert_eq!(far.sources, vec!["-odd name".to_string()]);
         assert_eq!(far.transfer.streams(), 3);
         assert_eq!(far.transfer.buffer(), 32 << 20);
-        assert!(far.transfer.quiet());
+        assert!(!far.transfer.quiet() && far.transfer.json());
         let (a, _) = local.transfer.tuning().resolve().unwrap();
         let (b, _) = far.transfer.tuning().resolve().unwrap();
         assert_eq!(a, b);

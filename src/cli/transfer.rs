@@ -602,11 +602,15 @@ impl TransferArgs {
     }
 
     /// The flags the remote sender of a pull needs, as arguments: what
-    /// the sender asks of the receiver, its streams and buffer, and every
-    /// knob (from flags or --config) that is not at its default.
+    /// the sender asks of the receiver, its streams and buffer, whether
+    /// it shows progress, and every knob (from flags or --config) that is
+    /// not at its default.
     pub(super) fn remote_send_args(&self) -> Result<Vec<String>> {
         let mut a = vec![
-            "--quiet".to_string(),
+            // Its progress lines come through ssh's stderr; its report
+            // (JSON, on the channel's stdout) is not shown: the local end
+            // reports what it received.
+            if self.quiet { "--quiet" } else { "--json" }.to_string(),
             "--streams".to_string(),
             self.streams.to_string(),
             "--buffer".to_string(),
