@@ -6,6 +6,7 @@ mod auth;
 mod keygen;
 mod net;
 mod netem;
+mod remote;
 mod transfer;
 mod tuning_args;
 
@@ -43,7 +44,7 @@ struct Cli {
 enum Command {
     /// Send files and directory trees to an `atou serve --dir` (resumable, every file verified)
     Send(transfer::SendArgs),
-    /// Copy files and trees to a local directory (through atou over loopback) or to HOST[:PORT]:PATH
+    /// Copy files and trees: locally (through atou over loopback), or to or from [USER@]HOST:PATH, running the other end over ssh
     Copy(transfer::CopyArgs),
     /// Simulate a transfer in virtual time over modelled links, reproducibly from a seed
     Sim(SimArgs),
@@ -55,6 +56,9 @@ enum Command {
     Netem(netem::NetemArgs),
     /// Write a key pair for authenticated transfers (private key mode 0600), as ssh-keygen
     Keygen(keygen::KeygenArgs),
+    /// The far end of `atou copy` over ssh (run by ssh, not by people)
+    #[command(name = "__remote", hide = true)]
+    Remote(remote::RemoteArgs),
 }
 
 #[derive(Args, Debug)]
@@ -258,6 +262,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => net::serve(args),
         Command::Netem(args) => netem::netem(args),
         Command::Keygen(args) => keygen::keygen(args),
+        Command::Remote(args) => remote::remote(args),
     };
     match result {
         Ok(code) => code,

@@ -53,7 +53,7 @@ pub struct ServeArgs {
     /// Address to listen on: ADDR, ADDR:PORT, :PORT or [IPV6]:PORT
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:7890", value_parser = parse_bind)]
     bind: SocketAddr,
-    /// Receive files into DEST (an existing directory): what `atou send` and `atou copy HOST:PATH` send
+    /// Receive files into DEST (an existing directory): what `atou send` sends
     #[arg(long, value_name = "DEST")]
     dir: Option<std::path::PathBuf>,
     /// Writer threads for --dir (default: one per core, at least 2)

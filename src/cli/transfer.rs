@@ -20,7 +20,7 @@ use atou::transfer::messages::Options;
 use atou::transfer::receive::{
     FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
 };
-use atou::transfer::send::{send, Progress, SendConfig, SendError, SendReport};
+use atou::transfer::send::{Progress, SendConfig, SendError, SendReport};
 use atou::units::{format_rate, format_size, parse_size};
 
 use super::net::{resolve, runtime};
@@ -93,20 +93,28 @@ pub struct SendArgs {
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
     atou copy dataset/ /mnt/scratch\n  \
-    atou copy a.bin b.bin server.example.org:7890:incoming\n\n\
-    A DEST with a colon before any slash is remote (as in scp): HOST[:PORT]:PATH, sent to \
-    an `atou serve --dir` there. Anything else is a local directory (created if missing): \
-    atou runs the receiver itself over loopback UDP, so one command does the whole job. \
-    Each SRC arrives as DEST/NAME. Flags as for `atou send`.")]
+    atou copy a.bin b.bin alice@server.example.org:incoming      # push over ssh\n  \
+    atou copy server.example.org:results/run7 ./runs             # pull over ssh\n  \
+    atou copy tree/ gpu1:/scratch --ssh 'ssh -p 2222' --port 7000-7010\n\n\
+    A SRC or DEST with a colon before any slash is remote, as in scp: [USER@]HOST:PATH, PATH \
+    relative to the remote user's home (`./a:b` is a local name). atou runs the other end \
+    with ssh (`--ssh`; ~/.ssh/config, agents, ProxyJump and known_hosts apply), which needs \
+    atou installed there (`--remote-atou`); the two ends trade one-time keys over ssh and \
+    move the data over UDP (`--port`), each end pinning the other's key. Every SRC of a \
+    pull is on one host. Anything else is a local directory (created if missing): atou \
+    runs the receiver itself over loopback UDP. Each SRC arrives as DEST/NAME. Flags as for \
+    `atou send`; to send to a running `atou serve --dir`, use `atou send`.")]
 pub struct CopyArgs {
-    /// Files and directories to copy
+    /// Files and directories to copy: local paths, or [USER@]HOST:PATH on one host (a pull)
     #[arg(value_name = "SRC", required = true, num_args = 1..)]
     sources: Vec<PathBuf>,
-    /// A local directory, or HOST[:PORT]:PATH
+    /// A local directory, or [USER@]HOST:PATH (a push)
     #[arg(value_name = "DEST")]
     dest: String,
     #[command(flatten)]
     transfer: TransferArgs,
+    #[command(flatten)]
+    ssh: super::remote::SshArgs,
 }
 
 fn parse_streams(s: &str) -> Result<usize, String> {
@@ -161,14 +169,14 @@ fn split_remote(dest: &str) -> Result<(String, Option<RelPath>)> {
 }
 
 /// scp's rule: a colon before any slash makes DEST remote.
-fn is_remote(dest: &str) -> bool {
+pub(super) fn is_remote(dest: &str) -> bool {
     match dest.find(':') {
         Some(colon) => !dest[..colon].contains('/'),
         None => false,
     }
 }
 
-fn readers(n: Option<usize>) -> usize {
+pub(super) fn readers(n: Option<usize>) -> usize {
     n.unwrap_or_else(|| {
         thread::available_parallelism()
             .map_or(2, |n| n.get())
@@ -356,7 +364,27 @@ fn report_text(r: &SendReport) -> String {
 
 /// Runs a send and reports it; the exit code.
 fn run_send(sources: &[PathBuf], config: SendConfig, args: &TransferArgs) -> Result<ExitCode> {
-    let progress = Arc::new(Progress::default());
+    run_send_from(
+        sources,
+        config,
+        args,
+        &[],
+        Arc::new(Progress::default()),
+        |_| None,
+    )
+}
+
+/// [`run_send`] from sockets already bound (`from`, see
+/// [`atou::transfer::send::send_from`]); `explain` may replace an
+/// error's message with a better one.
+pub(super) fn run_send_from(
+    sources: &[PathBuf],
+    config: SendConfig,
+    args: &TransferArgs,
+    from: &[atou::transfer::send::Bound],
+    progress: Arc<Progress>,
+    explain: impl Fn(&SendError) -> Option<String>,
+) -> Result<ExitCode> {
     let done = Arc::new(Mutex::new(false));
     let shower = (!args.quiet).then(|| {
         let (p, d) = (progress.clone(), done.clone());
@@ -368,7 +396,7 @@ fn run_send(sources: &[PathBuf], config: SendConfig, args: &TransferArgs) -> Res
         // Ctrl-C: stop the connections; the partial files stay for a resume.
         let _ = ctrlc_hook(move || p.stop.store(true, Ordering::Relaxed));
     }
-    let result = send(sources, &config, progress.clone());
+    let result = atou::transfer::send::send_from(sources, &config, progress.clone(), from);
     *done.lock().expect("progress lock") = true;
     if let Some(h) = shower {
         let _ = h.join();
@@ -389,14 +417,15 @@ fn run_send(sources: &[PathBuf], config: SendConfig, args: &TransferArgs) -> Res
         Err(e) => {
             // The reason may quote the server's words: escaped, so a
             // hostile server cannot drive the terminal.
-            eprintln!("atou: {}", atou::text::escape(e.to_string().as_bytes()));
+            let why = explain(&e).unwrap_or_else(|| e.to_string());
+            eprintln!("atou: {}", atou::text::escape(why.as_bytes()));
             Ok(ExitCode::from(1))
         }
     }
 }
 
 /// Calls `f` on the first Ctrl-C, from a thread of its own.
-fn ctrlc_hook(f: impl FnOnce() + Send + 'static) -> Result<()> {
+pub(super) fn ctrlc_hook(f: impl FnOnce() + Send + 'static) -> Result<()> {
     let rt = runtime()?;
     thread::spawn(move || {
         rt.block_on(async {
@@ -420,15 +449,13 @@ pub fn send_cmd(args: SendArgs) -> Result<ExitCode> {
 }
 
 pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
-    if is_remote(&args.dest) {
-        let (host, subdir) = split_remote(&args.dest)?;
-        let peer = resolve(&host)?;
-        let mut config = args.transfer.config(peer, host, subdir)?;
-        config.auth =
-            args.transfer
-                .auth
-                .resolve(&config.host, peer, config.tuning.maxidle, false)?;
-        return run_send(&args.sources, config, &args.transfer);
+    // A remote SRC or DEST: the other end is run over ssh.
+    let remote_source = args
+        .sources
+        .iter()
+        .any(|s| s.to_str().is_some_and(is_remote));
+    if remote_source || is_remote(&args.dest) {
+        return super::remote::copy(&args.sources, &args.dest, &args.transfer, &args.ssh);
     }
     let root = Path::new(&args.dest);
     std::fs::create_dir_all(root).map_err(|e| {
@@ -544,6 +571,78 @@ pub fn transfer_line(r: &TransferReport) -> String {
         r.chunks_rejected,
         r.secs
     )
+}
+
+/// What the ssh bootstrap (`cli/remote.rs`) needs of the transfer flags.
+impl TransferArgs {
+    pub(super) fn send_config(
+        &self,
+        peer: SocketAddr,
+        host: String,
+        subdir: Option<RelPath>,
+    ) -> Result<SendConfig> {
+        self.config(peer, host, subdir)
+    }
+
+    pub(super) fn streams(&self) -> usize {
+        self.streams
+    }
+
+    pub(super) fn quiet(&self) -> bool {
+        self.quiet
+    }
+
+    pub(super) fn json(&self) -> bool {
+        self.json
+    }
+
+    pub(super) fn buffer(&self) -> u64 {
+        self.buffer
+    }
+
+    pub(super) fn tuning(&self) -> &TuningArgs {
+        &self.tuning
+    }
+
+    /// The flags the remote sender of a pull needs, as arguments: what
+    /// the sender asks of the receiver, its streams and buffer, whether
+    /// it shows progress, and every knob (from flags or --config) that is
+    /// not at its default.
+    pub(super) fn remote_send_args(&self) -> Result<Vec<String>> {
+        let mut a = vec![
+            // Its progress lines come through ssh's stderr; its report
+            // (JSON, on the channel's stdout) is not shown: the local end
+            // reports what it received.
+            if self.quiet { "--quiet" } else { "--json" }.to_string(),
+            "--streams".to_string(),
+            self.streams.to_string(),
+            "--buffer".to_string(),
+            self.buffer.to_string(),
+        ];
+        for (on, flag) in [
+            (self.overwrite, "--overwrite"),
+            (self.skip_existing, "--skip-existing"),
+            (self.checksum, "--checksum"),
+            (self.fsync, "--fsync"),
+            (self.follow, "--follow"),
+        ] {
+            if on {
+                a.push(flag.to_string());
+            }
+        }
+        let (tuning, _) = self.tuning.resolve()?;
+        let defaults = atou::proto::Tuning::default();
+        for k in atou::proto::tuning::KNOBS {
+            let value = tuning.get(k.name);
+            if value != defaults.get(k.name) {
+                if let Some(v) = value {
+                    a.push(format!("--{}", k.name.replace('_', "-")));
+                    a.push(v);
+                }
+            }
+        }
+        Ok(a)
+    }
 }
 
 #[cfg(test)]

@@ -291,6 +291,20 @@ pub async fn connect<F: StreamFeed>(
     observer: &mut dyn Observer,
     stop: impl std::future::Future<Output = ()>,
 ) -> ProbeResult {
+    connect_from(None, config, feed, observer, stop).await
+}
+
+/// [`connect`] from `socket` if given, a socket already bound (the ssh
+/// bootstrap's pull: the one a punch datagram came in on, so the
+/// connection leaves through the mapping the peer's NAT opened); else
+/// from a fresh one.
+pub async fn connect_from<F: StreamFeed>(
+    socket: Option<std::net::UdpSocket>,
+    config: ProbeConfig,
+    feed: &mut F,
+    observer: &mut dyn Observer,
+    stop: impl std::future::Future<Output = ()>,
+) -> ProbeResult {
     let peer = config.peer;
     let local: SocketAddr = if peer.is_ipv4() {
         (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
@@ -329,7 +343,7 @@ pub async fn connect<F: StreamFeed>(
             }
         };
     }
-    let io = match UdpIo::bind(local) {
+    let io = match socket.map_or_else(|| UdpIo::bind(local), UdpIo::from_std) {
         Ok(io) => io,
         Err(error) => return fail(ProbeError::Socket { peer, error }),
     };
@@ -616,11 +630,26 @@ pub trait ServeApp {
 pub async fn serve(
     config: ServeConfig,
     app: &mut dyn ServeApp,
+    on_event: impl FnMut(ServeEvent),
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<ServerStats, ServeError> {
+    serve_from(None, config, app, on_event, stop).await
+}
+
+/// [`serve`] on `socket` if given, a socket already bound (the ssh
+/// bootstrap's: on a port of `--port`'s range, or the one the punch
+/// datagrams left from), instead of binding `config.bind`.
+pub async fn serve_from(
+    socket: Option<std::net::UdpSocket>,
+    config: ServeConfig,
+    app: &mut dyn ServeApp,
     mut on_event: impl FnMut(ServeEvent),
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<ServerStats, ServeError> {
     let addr = config.bind;
-    let io = UdpIo::bind(addr).map_err(|error| ServeError::Bind { addr, error })?;
+    let io = socket
+        .map_or_else(|| UdpIo::bind(addr), UdpIo::from_std)
+        .map_err(|error| ServeError::Bind { addr, error })?;
     let addr = io.local_addr().unwrap_or(addr);
     let sock_err = |error| ServeError::Socket { addr, error };
     let buffers = io

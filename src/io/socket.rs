@@ -66,7 +66,14 @@ impl UdpIo {
         }
         sock.set_nonblocking(true)?;
         sock.bind(&addr.into())?;
-        let std_sock: std::net::UdpSocket = sock.into();
+        UdpIo::from_std(sock.into())
+    }
+
+    /// Takes over a socket already bound (the ssh bootstrap's, which sent
+    /// or received a punch datagram through a NAT): made non-blocking and
+    /// registered with the current tokio runtime.
+    pub fn from_std(std_sock: std::net::UdpSocket) -> io::Result<UdpIo> {
+        std_sock.set_nonblocking(true)?;
         let state = UdpSocketState::new(UdpSockRef::from(&std_sock))?;
         let sock = UdpSocket::from_std(std_sock)?;
         Ok(UdpIo { sock, state })

@@ -7,6 +7,7 @@
 //! connections at once), then a finish (every file's hash out, "all
 //! verified and in place" back). See [`messages`] for what each says.
 
+pub mod bootstrap;
 pub mod dest;
 pub mod hash;
 pub mod layout;

@@ -164,15 +164,26 @@ fn runtime() -> tokio::runtime::Runtime {
 /// answered with) and the transport's summary.
 fn run_conn<F: StreamFeed>(
     config: &SendConfig,
+    from: Option<&Bound>,
     session: u64,
     len: u64,
     feed: &mut F,
     stop: &Progress,
     reply_limit: u64,
 ) -> (Result<Vec<u8>, SendError>, Option<Summary>) {
+    let socket = match from.map(|b| b.socket.try_clone()).transpose() {
+        Ok(s) => s,
+        Err(error) => {
+            let peer = from.map_or(config.peer, |b| b.peer);
+            return (
+                Err(SendError::Conn(ProbeError::Socket { peer, error })),
+                None,
+            );
+        }
+    };
     let probe = ProbeConfig {
         auth: config.auth.clone(),
-        peer: config.peer,
+        peer: from.map_or(config.peer, |b| b.peer),
         peer_name: config.host.clone(),
         tuning: config.tuning.clone(),
         bytes: Some(len),
@@ -186,7 +197,7 @@ fn run_conn<F: StreamFeed>(
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     };
-    let result = runtime().block_on(io::connect(probe, feed, &mut Quiet, stopped));
+    let result = runtime().block_on(io::connect_from(socket, probe, feed, &mut Quiet, stopped));
     let reply = match result.outcome {
         Ok(closed) => closed.reply.ok_or_else(|| SendError::Failed {
             host: config.host.clone(),
@@ -203,6 +214,7 @@ fn run_conn<F: StreamFeed>(
 /// its own and returns the reply, at most `reply_limit` bytes.
 fn ask(
     config: &SendConfig,
+    from: Option<&Bound>,
     session: u64,
     request: Vec<u8>,
     stop: &Progress,
@@ -211,6 +223,7 @@ fn ask(
     let len = request.len() as u64;
     run_conn(
         config,
+        from,
         session,
         len,
         &mut BytesFeed(request),
@@ -561,8 +574,29 @@ pub fn send(
     config: &SendConfig,
     progress: Arc<Progress>,
 ) -> Result<SendReport, SendError> {
+    send_from(sources, config, progress, &[])
+}
+
+/// A socket already bound and the peer it sends to (the ssh bootstrap's
+/// pull: the socket a punch datagram arrived on, and where it came from).
+#[derive(Debug)]
+pub struct Bound {
+    pub socket: std::net::UdpSocket,
+    pub peer: SocketAddr,
+}
+
+/// [`send`], each connection from one of `from` (stream `i` from
+/// `from[i % len]`, the plan and the finish from `from[0]`) to its peer,
+/// instead of from a fresh socket to `config.peer`. Connections on one
+/// socket follow each other; the receiver tells them apart by id.
+pub fn send_from(
+    sources: &[PathBuf],
+    config: &SendConfig,
+    progress: Arc<Progress>,
+    from: &[Bound],
+) -> Result<SendReport, SendError> {
     let mut session = None;
-    let result = send_session(sources, config, &progress, &mut session);
+    let result = send_session(sources, config, from, &progress, &mut session);
     if let (Err(e), Some(id)) = (&result, session) {
         let why = match e {
             SendError::Interrupted => "interrupted".to_string(),
@@ -573,6 +607,7 @@ pub fn send(
         // Best effort: the receiver may be what failed.
         let _ = ask(
             &quick,
+            from.first(),
             id,
             encode_abort(&why),
             &Progress::default(),
@@ -585,6 +620,7 @@ pub fn send(
 fn send_session(
     sources: &[PathBuf],
     config: &SendConfig,
+    from: &[Bound],
     progress: &Arc<Progress>,
     session_out: &mut Option<u64>,
 ) -> Result<SendReport, SendError> {
@@ -642,6 +678,7 @@ fn send_session(
     .encode();
     let reply = ask(
         config,
+        from.first(),
         session,
         request,
         &progress,
@@ -789,8 +826,9 @@ fn send_session(
                     scope.spawn(move || {
                         let len = feed.layout.total_len();
                         let limit = Outcome::max_len(feed.layout.slots.len() as u64);
+                        let bound = (!from.is_empty()).then(|| &from[index % from.len()]);
                         let (reply, summary) =
-                            run_conn(config, session, len, &mut feed, progress, limit);
+                            run_conn(config, bound, session, len, &mut feed, progress, limit);
                         // Whatever was acknowledged but not yet counted.
                         progress
                             .done
@@ -855,7 +893,14 @@ fn send_session(
     let request = encode_finish(&hashes);
     outcome(
         config,
-        &ask(config, session, request, &progress, Outcome::max_len(0))?,
+        &ask(
+            config,
+            from.first(),
+            session,
+            request,
+            &progress,
+            Outcome::max_len(0),
+        )?,
     )?;
     let secs = started.elapsed().as_secs_f64();
     let files = plan.sizes.len() as u64;
