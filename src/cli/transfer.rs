@@ -28,6 +28,11 @@ use super::{print_stdout, TuningArgs, UsageError};
 
 /// Read-ahead (sender) and window (receiver) per transfer, over all streams.
 pub const DEFAULT_BUFFER: &str = "64MiB";
+/// Datagram size of `atou copy` to a local directory, unless --mss says
+/// otherwise: a jumbo frame's, on loopback (MTU 64 KiB), so that the
+/// per-datagram costs (system calls, ACKs, and each seal and open) are
+/// paid a sixth as often as at 1472 bytes.
+pub const LOOPBACK_MSS: u32 = 8972;
 /// Transport connections per transfer; see docs/transfer.md for how it was chosen.
 pub const DEFAULT_STREAMS: usize = 2;
 
@@ -191,7 +196,22 @@ impl TransferArgs {
         host: String,
         subdir: Option<RelPath>,
     ) -> Result<SendConfig> {
+        self.config_with(peer, host, subdir, None)
+    }
+
+    /// `default_mss`: the datagram size unless the user set one (`atou
+    /// copy` to a local directory runs over loopback, whose MTU is 64 KiB).
+    fn config_with(
+        &self,
+        peer: SocketAddr,
+        host: String,
+        subdir: Option<RelPath>,
+        default_mss: Option<u32>,
+    ) -> Result<SendConfig> {
         let (mut tuning, notes) = self.tuning.resolve()?;
+        if let Some(mss) = default_mss.filter(|_| !self.tuning.sets("mss")) {
+            tuning.mss = mss;
+        }
         for note in notes {
             eprintln!("atou: {note}");
         }
@@ -537,9 +557,12 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
             _ => Err(anyhow::anyhow!("the local receiver did not start")),
         };
     }
-    let mut config = args
-        .transfer
-        .config(addr, format!("{}", root.display()), None)?;
+    let mut config = args.transfer.config_with(
+        addr,
+        format!("{}", root.display()),
+        None,
+        Some(LOOPBACK_MSS),
+    )?;
     config.auth = client_auth;
     let code = run_send(&args.sources, config, &args.transfer);
     stop.notify_one();

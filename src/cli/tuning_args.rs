@@ -29,6 +29,11 @@ impl TuningArgs {
     /// The commands' defaults ([`Tuning::command_default`]: bbr, rack),
     /// then the config file, then the flags. Returns notes about config
     /// lines that were accepted but do not apply.
+    /// Whether the user set knob `name`, by flag or in a config file.
+    pub fn sets(&self, name: &str) -> bool {
+        self.config.is_some() || self.flags.iter().any(|(n, _)| *n == name)
+    }
+
     pub fn resolve(&self) -> Result<(Tuning, Vec<String>)> {
         let mut tuning = Tuning::command_default();
         let mut notes = Vec::new();
