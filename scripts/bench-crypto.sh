@@ -43,26 +43,23 @@ cp "$work/client.pub" "$work/authorized_keys"
 # probe NAME ARGS...: one probe; appends "NAME goodput_bps cpu_probe cpu_serve bytes" to results.
 probe() {
     local name=$1; shift
-    "$atou" serve --bind "127.0.0.1:$port" --identity "$work/server" --once --json \
+    /usr/bin/time -f '%U %S' -o "$work/serve.time" \
+        "$atou" serve --bind "127.0.0.1:$port" --identity "$work/server" --once --json \
         >"$work/serve.json" 2>"$work/serve.err" &
     local s=$!
     pids+=("$s")
     for _ in $(seq 50); do grep -q listening "$work/serve.err" 2>/dev/null && break; sleep 0.1; done
-    local t0
-    t0=$(awk '{print $14+$15}' "/proc/$s/stat")
     /usr/bin/time -f '%U %S' -o "$work/probe.time" \
         "$atou" probe "127.0.0.1:$port" --bytes "$bytes" --json "$@" >"$work/probe.json" 2>"$work/probe.err" ||
         die "$name: probe failed: $(tail -n 2 "$work/probe.err")"
-    local t1
-    t1=$(awk '{print $14+$15}' "/proc/$s/stat" 2>/dev/null || echo "$t0")
     wait "$s" || true
-    python3 - "$work" "$name" "$t0" "$t1" "$(getconf CLK_TCK)" >>"$work/probes" <<'PY'
+    python3 - "$work" "$name" >>"$work/probes" <<'PY'
 import json, sys
-work, name, t0, t1, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+work, name = sys.argv[1], sys.argv[2]
 p = json.load(open(f"{work}/probe.json"))
 assert p["status"] == "finished", p["status"]
-cpu = sum(map(float, open(f"{work}/probe.time").read().split()[-2:]))
-print(name, p["goodput_bps"], cpu, (t1 - t0) / hz, p["bytes"], (p.get("security") or {}).get("cipher", "none"))
+cpu = lambda f: sum(map(float, open(f"{work}/{f}").read().split()[-2:]))
+print(name, p["goodput_bps"], cpu("probe.time"), cpu("serve.time"), p["bytes"], (p.get("security") or {}).get("cipher", "none"))
 PY
 }
 

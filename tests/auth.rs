@@ -429,6 +429,9 @@ fn a_connection_follows_its_client_to_a_new_address() {
     let outcome = client.outcome().expect("finished").clone();
     assert!(outcome.is_ok(), "{outcome:?}");
     assert_eq!(server.stats().migrations, 1);
+    // The new address answered its challenge (RFC 9000 §8.2).
+    assert_eq!(server.stats().paths_validated, 1);
+    assert_eq!(server.stats().paths_abandoned, 0);
     let notices: Vec<_> = std::iter::from_fn(|| server.poll_notice()).collect();
     assert!(
         notices.iter().any(|n| n.to_string().contains("moved")),
@@ -531,4 +534,67 @@ fn a_plain_hello_still_works_where_the_operator_allows_it() {
     .unwrap();
     assert_eq!(buf[3] & PROTECTED, 0);
     assert!(n < 100);
+}
+
+/// An on-path attacker races a captured packet from a victim's address:
+/// the connection moves there, but what goes to the victim is held to 3×
+/// what came from it, the victim never answers the path challenge, and
+/// the connection returns to its client, which finishes.
+#[test]
+fn a_raced_packet_from_a_victim_address_cannot_aim_the_flow_at_it() {
+    let (server_key, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let mut server = server_with(ServerAuth {
+        identity: Some(server_key.clone()),
+        authorized: Some(authorized(&[&client_key])),
+        allow_plain: false,
+    });
+    let mut client = secure_client(22, &client_key, &server_key);
+    let victim = SocketAddr::from(([198, 51, 100, 7], 4444));
+    let (mut to_victim, mut from_victim) = (0usize, 0usize);
+    let mut raced = 0;
+    let mut protected = 0u64;
+    let mut now = Time::ZERO;
+    let mut buf = vec![0u8; 65536];
+    while client.outcome().is_none() && now < Time::ZERO + Duration::from_secs(60) {
+        client.handle_timeout(now);
+        server.handle_timeout(now);
+        for _ in 0..64 {
+            let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) else {
+                break;
+            };
+            let d = buf[..n].to_vec();
+            // One protected datagram in 20 has a copy go first from the
+            // victim's address.
+            protected += u64::from(d[3] & PROTECTED != 0);
+            let race = d[3] & PROTECTED != 0 && protected % 20 == 0;
+            if race {
+                raced += 1;
+                from_victim += d.len();
+                server.handle_datagram(now, victim, &mut d.clone());
+            }
+            server.handle_datagram(now, addr(1), &mut d.clone());
+        }
+        while let Some((to, n)) = server.poll_transmit(now, &mut buf) {
+            if to == victim {
+                to_victim += n;
+            } else if to == addr(1) {
+                let _ = client.handle_datagram(now, &buf[..n]);
+            }
+        }
+        now += Duration::from_millis(1);
+    }
+    let outcome = client.outcome().expect("finished").clone();
+    assert!(outcome.is_ok(), "{outcome:?}");
+    let s = *server.stats();
+    assert!(raced > 0 && s.migrations >= raced, "{raced} raced, {s:?}");
+    // Each time the client's next packet took the connection back, and
+    // the client answered the challenge there.
+    assert!(s.paths_validated > 0, "{s:?}");
+    assert!(
+        to_victim <= 3 * from_victim,
+        "{to_victim} bytes to the victim for {from_victim} from it"
+    );
 }

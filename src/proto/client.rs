@@ -29,8 +29,8 @@ use super::server::reply_fragment_len;
 use super::time::Time;
 use super::tuning::{Tuning, TuningError};
 use super::wire::{
-    Close, Fetch, Hello, Packet, ReceiverParams, RejectReason, Reply, WireError, CONTROL_MAX_LEN,
-    VERSION,
+    Close, Fetch, Hello, Packet, PathProbe, ReceiverParams, RejectReason, Reply, WireError,
+    CONTROL_MAX_LEN, VERSION,
 };
 use super::InputError;
 
@@ -50,6 +50,8 @@ const FETCH_AHEAD: u32 = 4 * FETCH_WINDOW as u32;
 /// done, gentle for one that takes minutes (hashing a large partial file).
 const FETCH_PENDING_FIRST: Duration = Duration::from_millis(5);
 const FETCH_PENDING_MAX: Duration = Duration::from_secs(1);
+/// Path challenges held for an answer at once (a burst of new addresses).
+const PATH_RESPONSES_MAX: usize = 4;
 /// The longest reply any request may have; a caller that knows its
 /// request sets a tighter limit ([`Client::with_reply_limit`]).
 pub const REPLY_MAX: u32 = 256 << 20;
@@ -340,6 +342,8 @@ pub struct Client {
     /// Datagrams that did not decode or were not for this connection.
     bad_packets: u64,
     secure: Option<Box<Secure>>,
+    /// Path challenges to answer.
+    path_responses: VecDeque<u64>,
 }
 
 impl Client {
@@ -369,6 +373,7 @@ impl Client {
             trace: false,
             bad_packets: 0,
             secure: None,
+            path_responses: VecDeque::new(),
         })
     }
 
@@ -655,6 +660,7 @@ impl Client {
             Packet::CloseAck(c) => c.conn_id,
             Packet::Reject(r) => r.conn_id,
             Packet::Reply(r) => r.conn_id(),
+            Packet::PathChallenge(p) if self.secure.is_some() => p.conn_id,
             other => {
                 self.bad_packets += 1;
                 return Err(InputError::Unexpected(other.kind_name()));
@@ -679,6 +685,11 @@ impl Client {
             }),
             (Packet::Welcome(w), State::Hello) if self.secure.is_none() => {
                 self.on_welcome(now, w.receiver)
+            }
+            // Authenticated (a secure client decodes only what opened):
+            // echo it from wherever this client now is (RFC 9000 §8.2.2).
+            (Packet::PathChallenge(p), _) if self.path_responses.len() < PATH_RESPONSES_MAX => {
+                self.path_responses.push_back(p.token);
             }
             (Packet::Reply(reply), State::Fetching(_)) => self.on_reply(now, reply),
             // The server answered before all was sent (it failed): stop
@@ -930,6 +941,14 @@ impl Client {
         buf: &mut [u8],
         source: &mut dyn PayloadSource,
     ) -> Option<usize> {
+        if let Some(token) = self.path_responses.pop_front() {
+            return PathProbe {
+                conn_id: self.conn_id,
+                token,
+            }
+            .emit_response(buf)
+            .ok();
+        }
         match self.state {
             State::Hello if self.retry.due(now) => self.hello().emit(buf).ok(),
             State::Transfer => {

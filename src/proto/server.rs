@@ -27,8 +27,8 @@ use super::payload::pattern_mismatch;
 use super::receiver::{Receiver, ReceiverConfig, ReceiverStats};
 use super::time::Time;
 use super::wire::{
-    CloseAck, HeaderPeek, Hello, Packet, ReceiverParams, Reject, RejectReason, Reply, Welcome,
-    CONTROL_MAX_LEN, DATA_HEADER_LEN, REPLY_HEADER_LEN, VERSION,
+    CloseAck, HeaderPeek, Hello, Packet, PathProbe, ReceiverParams, Reject, RejectReason, Reply,
+    Welcome, CONTROL_MAX_LEN, DATA_HEADER_LEN, REPLY_HEADER_LEN, VERSION,
 };
 
 /// A client that asked for `maxidle 0` is still forgotten after this long
@@ -50,9 +50,11 @@ const FETCH_QUEUE_MAX: usize = 256;
 /// through per second before hellos must carry a cookie: past this the
 /// server is under load (WireGuard's cookie reply; RFC 9000 §8.1.2).
 const HANDSHAKES_PER_SEC: u32 = 200;
-/// Authenticated packets from a connection's new address before the 3×
-/// limit on what is sent there is lifted (see [`Conn::path_budget`]).
-const NEW_PATH_PACKETS: u32 = 16;
+/// A path challenge is sent again this often until answered (RFC 9000
+/// §8.2.1), and a new path that has not answered in [`PATH_GIVE_UP`] is
+/// abandoned for the last validated one (§9.3.2).
+const PATH_CHALLENGE_EVERY: Duration = Duration::from_millis(500);
+const PATH_GIVE_UP: Duration = Duration::from_secs(3);
 
 /// Bytes of reply carried by one fragment to a client of `mss`.
 pub fn reply_fragment_len(mss: u32) -> usize {
@@ -92,6 +94,10 @@ pub struct ServerStats {
     pub crypto_dropped: u64,
     /// Connections moved to a new client address (NAT rebinding).
     pub migrations: u64,
+    /// New addresses that answered their path challenge.
+    pub paths_validated: u64,
+    /// New addresses that never answered: the connection went back.
+    pub paths_abandoned: u64,
 }
 
 /// How a connection ended.
@@ -272,10 +278,24 @@ struct ConnSecure {
     /// A packet from the client has opened: its keys are confirmed and
     /// its address validated (RFC 9000 §8.1).
     confirmed: bool,
-    /// After a move to a new address: what was received there, so that
-    /// at most 3× that is sent there (RFC 9000 §9.3's limit) until
-    /// [`NEW_PATH_PACKETS`] authenticated packets have come from it.
-    path_budget: Option<(Budget, u32)>,
+    /// Largest packet number opened: only a packet newer than all before
+    /// it may move the connection (a reordered old one must not).
+    largest_pn: Option<u64>,
+    /// A new address being validated (RFC 9000 §8.2, §9).
+    path: Option<PathCheck>,
+}
+
+/// A client's new address, on probation: what is sent there is held to
+/// 3× what came from it (RFC 9000 §9.3) until it echoes `token`.
+struct PathCheck {
+    token: u64,
+    budget: Budget,
+    /// The last address that was validated, to return to if this one
+    /// never answers.
+    fallback: SocketAddr,
+    started: Time,
+    /// When to send the challenge (again).
+    challenge_at: Time,
 }
 
 impl std::fmt::Debug for ConnSecure {
@@ -369,6 +389,10 @@ impl Conn {
 
     fn poll_timeout(&self, hello_idle: Duration) -> Time {
         let d = self.deadline(hello_idle);
+        let d = match self.secure.as_ref().and_then(|s| s.path.as_ref()) {
+            Some(c) => d.min(c.challenge_at).min(c.started + PATH_GIVE_UP),
+            None => d,
+        };
         self.receiver.poll_timeout().map_or(d, |t| t.min(d))
     }
 
@@ -719,6 +743,17 @@ impl Server {
                         .push_back(SessionEvent::Complete { conn_id });
                 }
             }
+            Packet::PathResponse(p) => {
+                let Some(secure) = conn.secure.as_mut() else {
+                    self.stats.unexpected += 1;
+                    return None;
+                };
+                if secure.path.as_ref().is_some_and(|c| c.token == p.token) {
+                    secure.path = None;
+                    self.stats.paths_validated += 1;
+                }
+                return None;
+            }
             Packet::Fetch(f) if conn.session != 0 => {
                 if conn.fetches.len() < FETCH_QUEUE_MAX && !conn.fetches.contains(&f.offset) {
                     conn.fetches.push_back(f.offset);
@@ -778,35 +813,46 @@ impl Server {
             self.stats.unknown_connection += 1;
             return None;
         };
+        let pn = frame::packet_number(datagram);
         let Ok(inner) = frame::open(&mut secure.opener, secure.client_id, datagram) else {
             self.stats.crypto_dropped += 1;
             return None;
         };
         secure.confirmed = true;
+        let newest = secure.largest_pn.is_none_or(|l| pn > l);
+        if newest {
+            secure.largest_pn = Some(pn);
+        }
+        let late = !newest && conn.peer != from;
+        let mut moved = None;
         if conn.peer == from {
-            if let Some((budget, packets)) = secure.path_budget.as_mut() {
-                budget.on_received(len);
-                *packets += 1;
-                if *packets >= NEW_PATH_PACKETS {
-                    secure.path_budget = None;
-                }
+            if let Some(check) = secure.path.as_mut() {
+                check.budget.on_received(len);
             }
-        } else {
+        } else if newest {
+            // RFC 9000 §9.3: send to the new address at once, under the
+            // 3× limit, and validate it; a path already being validated
+            // keeps its fallback (the last validated address).
             let mut budget = Budget::new();
             budget.on_received(len);
-            secure.path_budget = Some((budget, 1));
-            let old = std::mem::replace(&mut conn.peer, from);
-            let window = conn.window_bytes;
-            if let Some((n, bytes)) = self.per_ip.get_mut(&old.ip()) {
-                *n -= 1;
-                *bytes = bytes.saturating_sub(window);
-                if *n == 0 {
-                    self.per_ip.remove(&old.ip());
-                }
-            }
-            let ip = self.per_ip.entry(from.ip()).or_insert((0, 0));
-            ip.0 += 1;
-            ip.1 += window;
+            let fallback = secure.path.as_ref().map_or(conn.peer, |c| c.fallback);
+            secure.path = Some(PathCheck {
+                token: handshake::random_id().unwrap_or(pn ^ 0x5bd1_e995),
+                budget,
+                fallback,
+                started: now,
+                challenge_at: now,
+            });
+            moved = Some(std::mem::replace(&mut conn.peer, from));
+        }
+        let window = conn.window_bytes;
+        if late {
+            // A late packet from an address the connection left.
+            self.stats.unknown_connection += 1;
+            return None;
+        }
+        if let Some(old) = moved {
+            self.move_per_ip(old, from, window);
             self.stats.migrations += 1;
             self.notice(
                 now,
@@ -818,6 +864,21 @@ impl Server {
         }
         let datagram: &'a [u8] = datagram;
         Some(&datagram[inner])
+    }
+
+    /// A connection moved from `old` to `new`: its count and window go
+    /// with it in the per-address budgets.
+    fn move_per_ip(&mut self, old: SocketAddr, new: SocketAddr, window: u64) {
+        if let Some((n, bytes)) = self.per_ip.get_mut(&old.ip()) {
+            *n -= 1;
+            *bytes = bytes.saturating_sub(window);
+            if *n == 0 {
+                self.per_ip.remove(&old.ip());
+            }
+        }
+        let ip = self.per_ip.entry(new.ip()).or_insert((0, 0));
+        ip.0 += 1;
+        ip.1 += window;
     }
 
     /// A Noise hello (issue 13). Nothing is kept for it unless it opens,
@@ -969,7 +1030,8 @@ impl Server {
                     peer_key,
                     client_id,
                     confirmed: false,
-                    path_budget: None,
+                    largest_pn: None,
+                    path: None,
                 };
                 self.insert_conn(
                     now,
@@ -1211,7 +1273,21 @@ impl Server {
             } else {
                 0
             };
-            match conn.next_inner(conn_id, granted_rcvbuf, now, &mut buf[at..]) {
+            let challenge = conn.secure.as_mut().and_then(|s| {
+                let check = s.path.as_mut().filter(|c| now >= c.challenge_at)?;
+                check.challenge_at = now + PATH_CHALLENGE_EVERY;
+                Some(PathProbe {
+                    conn_id: s.client_id,
+                    token: check.token,
+                })
+            });
+            let next = match challenge {
+                Some(probe) => probe
+                    .emit_challenge(&mut buf[at..])
+                    .map_or(Next::Skip, Next::Packet),
+                None => conn.next_inner(conn_id, granted_rcvbuf, now, &mut buf[at..]),
+            };
+            match next {
                 Next::Packet(n) => {
                     let to = conn.peer;
                     let Some(secure) = conn.secure.as_mut() else {
@@ -1223,11 +1299,11 @@ impl Server {
                         continue;
                     }
                     let len = n + frame::overhead(secure.sealer.tag_len());
-                    if let Some((budget, _)) = secure.path_budget.as_mut() {
-                        if !budget.may_send(len) {
+                    if let Some(check) = secure.path.as_mut() {
+                        if !check.budget.may_send(len) {
                             continue;
                         }
-                        budget.on_sent(len);
+                        check.budget.on_sent(len);
                     }
                     match frame::seal(&mut secure.sealer, secure.client_id, buf, n) {
                         Ok(len) => return Some((to, len)),
@@ -1294,7 +1370,22 @@ impl Server {
     pub fn handle_timeout(&mut self, now: Time) {
         let mut expired = Vec::new();
         let mut woken = Vec::new();
+        let mut abandoned = Vec::new();
         for (&id, conn) in &mut self.conns {
+            if let Some(secure) = conn.secure.as_mut() {
+                match &secure.path {
+                    // RFC 9000 §9.3.2: a new path that never answered is
+                    // left for the last one validated.
+                    Some(c) if now >= c.started + PATH_GIVE_UP => {
+                        let fallback = c.fallback;
+                        secure.path = None;
+                        let gone = std::mem::replace(&mut conn.peer, fallback);
+                        abandoned.push((gone, fallback, conn.window_bytes));
+                    }
+                    Some(c) if now >= c.challenge_at => woken.push(id),
+                    _ => {}
+                }
+            }
             if conn.receiver.poll_timeout().is_some_and(|t| t <= now) {
                 conn.receiver.handle_timeout(now);
                 woken.push(id);
@@ -1305,6 +1396,17 @@ impl Server {
         }
         for id in woken {
             self.enqueue(id);
+        }
+        for (gone, back, window) in abandoned {
+            self.move_per_ip(gone, back, window);
+            self.stats.paths_abandoned += 1;
+            self.notice(
+                now,
+                Notice::Migrated {
+                    from: gone,
+                    to: back,
+                },
+            );
         }
         for id in expired {
             let conn = self.remove_conn(id).expect("listed above");

@@ -37,6 +37,9 @@ const KIND_CLOSE_ACK: u8 = 6;
 const KIND_REJECT: u8 = 7;
 const KIND_FETCH: u8 = 8;
 const KIND_REPLY: u8 = 9;
+/// Path validation (RFC 9000 §8.2), only inside protected datagrams.
+const KIND_PATH_CHALLENGE: u8 = 10;
+const KIND_PATH_RESPONSE: u8 = 11;
 
 /// Lengths of the control packets.
 pub const HELLO_LEN: usize = HEADER_LEN + 4 * 5 + 8 + 1;
@@ -45,6 +48,7 @@ pub const CLOSE_LEN: usize = HEADER_LEN + 8 + 8;
 pub const CLOSE_ACK_LEN: usize = HEADER_LEN + 8 * 7;
 pub const REJECT_LEN: usize = HEADER_LEN + 2;
 pub const FETCH_LEN: usize = HEADER_LEN + 4;
+pub const PATH_LEN: usize = HEADER_LEN + 8;
 /// Bytes of a reply before its fragment.
 pub const REPLY_HEADER_LEN: usize = HEADER_LEN + 4 + 4 + 1;
 /// The longest control packet.
@@ -389,6 +393,34 @@ pub enum Packet<'a> {
     Reject(Reject),
     Fetch(Fetch),
     Reply(Reply<'a>),
+    /// Server to client, to a new address: echo `token` (RFC 9000 §8.2.1).
+    PathChallenge(PathProbe),
+    /// Client to server: the token of a challenge (RFC 9000 §8.2.2).
+    PathResponse(PathProbe),
+}
+
+/// A path challenge or its response: an unpredictable token, echoed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathProbe {
+    pub conn_id: u64,
+    pub token: u64,
+}
+
+impl PathProbe {
+    fn emit_as(&self, kind: u8, buf: &mut [u8]) -> Result<usize, WireError> {
+        check_room(buf, PATH_LEN)?;
+        emit_header(buf, kind, self.conn_id);
+        buf[12..20].copy_from_slice(&self.token.to_be_bytes());
+        Ok(PATH_LEN)
+    }
+
+    pub fn emit_challenge(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        self.emit_as(KIND_PATH_CHALLENGE, buf)
+    }
+
+    pub fn emit_response(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        self.emit_as(KIND_PATH_RESPONSE, buf)
+    }
 }
 
 impl<'a> Packet<'a> {
@@ -404,6 +436,8 @@ impl<'a> Packet<'a> {
             Packet::Reject(_) => "reject",
             Packet::Fetch(_) => "fetch",
             Packet::Reply(_) => "reply",
+            Packet::PathChallenge(_) => "path-challenge",
+            Packet::PathResponse(_) => "path-response",
         }
     }
 
@@ -448,6 +482,18 @@ impl<'a> Packet<'a> {
                 }))
             }
             KIND_REPLY => decode_reply(buf, conn_id).map(Packet::Reply),
+            KIND_PATH_CHALLENGE | KIND_PATH_RESPONSE => {
+                exact_len(buf, PATH_LEN)?;
+                let probe = PathProbe {
+                    conn_id,
+                    token: read_u64(buf, 12),
+                };
+                Ok(if kind == KIND_PATH_CHALLENGE {
+                    Packet::PathChallenge(probe)
+                } else {
+                    Packet::PathResponse(probe)
+                })
+            }
             other => Err(WireError::UnknownKind(other)),
         }
     }

@@ -71,6 +71,12 @@ pub fn seal(
     Ok(total)
 }
 
+/// The packet number a protected datagram claims (unauthenticated until
+/// it opens; see [`is_protected`]).
+pub fn packet_number(datagram: &[u8]) -> u64 {
+    u64::from_be_bytes(datagram[12..AAD_LEN].try_into().expect("8 bytes")) & !KEY_PHASE_BIT
+}
+
 /// The recipient id of a protected datagram (see [`is_protected`]).
 pub fn recipient_id(datagram: &[u8]) -> u64 {
     u64::from_be_bytes(datagram[4..12].try_into().expect("8 bytes"))
