@@ -47,7 +47,7 @@ fn fifty_megabytes_across_one_percent_loss() {
         "--rcvwin",
         "600",
     ];
-    let mut args = vec!["--bytes", "50MB", "--recovery", "sack"];
+    let mut args = vec!["--bytes", "50MB", "--cc", "aimd", "--recovery", "sack"];
     args.extend(tuning);
     let s = probe(Some(&bridge.a), &bridge.addr_b, &args);
     let report = server.report();

@@ -105,6 +105,9 @@ fn atou_4_3_dup_thresh_9_beats_3_on_a_reordering_path() {
             &[
                 "--bytes",
                 "3MB",
+                // The paper's sender: AIMD, loss by duplicate ACKs.
+                "--cc",
+                "aimd",
                 "--recovery",
                 "sack",
                 "--rcvwin",
@@ -163,6 +166,9 @@ fn atou_4_4_delayed_ack_helps_on_an_ack_limited_path() {
             &[
                 "--bytes",
                 "3MB",
+                // The paper's sender: AIMD, clocked by the ACKs.
+                "--cc",
+                "aimd",
                 "--recovery",
                 "sack",
                 "--rcvwin",

@@ -20,7 +20,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use atou::io::ServeApp;
-use atou::proto::wire::{DataFlags, DataHeader as WireHeader, Hello, ReceiverParams, DATA_HEADER_LEN};
+use atou::proto::wire::{
+    DataFlags, DataHeader as WireHeader, Hello, ReceiverParams, DATA_HEADER_LEN,
+};
 use atou::proto::{Server, ServerLimits, Time};
 use atou::transfer::dest::{Policy, SymlinkPolicy};
 use atou::transfer::hash::chunk_cv;
@@ -51,7 +53,11 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, u64, Vec<u8>)> {
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
         let m = std::fs::symlink_metadata(&p).unwrap();
-        let body = if m.is_file() { std::fs::read(&p).unwrap() } else { Vec::new() };
+        let body = if m.is_file() {
+            std::fs::read(&p).unwrap()
+        } else {
+            Vec::new()
+        };
         out.push((p, u64::from(m.mode()), body));
     }
     out.sort();
@@ -96,7 +102,8 @@ fn segments(conn_id: u64, stream: &[u8]) -> Vec<Vec<u8>> {
     let n = stream.len().div_ceil(payload).max(1);
     (0..n)
         .map(|k| {
-            let piece = &stream[(k * payload).min(stream.len())..((k + 1) * payload).min(stream.len())];
+            let piece =
+                &stream[(k * payload).min(stream.len())..((k + 1) * payload).min(stream.len())];
             let mut d = vec![0u8; DATA_HEADER_LEN + piece.len()];
             WireHeader {
                 conn_id,
@@ -226,7 +233,10 @@ fuzz_target!(|data: &[u8]| {
                 segments(conn_id, &s)
             }
             4 => {
-                let hashes: Vec<[u8; 32]> = body.chunks_exact(32).map(|c| c.try_into().unwrap()).collect();
+                let hashes: Vec<[u8; 32]> = body
+                    .chunks_exact(32)
+                    .map(|c| c.try_into().unwrap())
+                    .collect();
                 segments(conn_id, &encode_finish(&hashes))
             }
             _ => segments(conn_id, &encode_abort(&String::from_utf8_lossy(body))),

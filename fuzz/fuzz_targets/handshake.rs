@@ -54,7 +54,9 @@ fn xor(genuine: &[u8], mask: &[u8]) -> Vec<u8> {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, bytes)) = data.split_first() else { return };
+    let Some((&mode, bytes)) = data.split_first() else {
+        return;
+    };
     let f = fixture();
     let from = SocketAddr::from(([192, 0, 2, 1], 4000));
     let mut server = Responder::new(f.server_key.clone(), CookieSecret::new([7; 32]));
@@ -63,12 +65,17 @@ fuzz_target!(|data: &[u8]| {
     let accept = |_: &_, _: &[u8]| Decision::Accept(b"ok".to_vec());
     match mode % 4 {
         0 | 1 => {
-            let hello = if mode % 4 == 0 { bytes.to_vec() } else { xor(client.hello(), bytes) };
+            let hello = if mode % 4 == 0 {
+                bytes.to_vec()
+            } else {
+                xor(client.hello(), bytes)
+            };
             match server.on_hello(Time::ZERO, from, &hello, under_load, 2, accept) {
                 Ok(Reply::Cookie(reply)) => assert!(reply.len() * 3 <= hello.len()),
                 // More zero padding is the same hello.
                 Ok(_) => assert!(
-                    hello.starts_with(client.hello()) && hello[client.hello().len()..].iter().all(|&b| b == 0),
+                    hello.starts_with(client.hello())
+                        && hello[client.hello().len()..].iter().all(|&b| b == 0),
                     "a session from a hello no client sealed"
                 ),
                 Err(_) => {}

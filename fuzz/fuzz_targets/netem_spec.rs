@@ -8,8 +8,12 @@ use atou::proto::Time;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(spec) = text.parse::<NetemSpec>() else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(spec) = text.parse::<NetemSpec>() else {
+        return;
+    };
     let again: NetemSpec = spec.to_string().parse().expect("printed spec parses");
     assert_eq!(again, spec);
     let mut link: Netem<Vec<u8>> = Netem::new(spec, 1);

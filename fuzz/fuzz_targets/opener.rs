@@ -21,8 +21,12 @@ fuzz_target!(|data: &[u8]| {
     let mut opener = Opener::new(cipher, TrafficSecret::new([3; 32]));
     let mut rest = data;
     while let [op, tail @ ..] = rest {
-        let Some((pn, tail)) = tail.split_first_chunk::<8>() else { break };
-        let Some((len, tail)) = tail.split_first() else { break };
+        let Some((pn, tail)) = tail.split_first_chunk::<8>() else {
+            break;
+        };
+        let Some((len, tail)) = tail.split_first() else {
+            break;
+        };
         let n = usize::from(*len).min(tail.len());
         let (body, next) = tail.split_at(n);
         rest = next;

@@ -16,7 +16,11 @@ const RCVSEGS: u32 = 16;
 
 fuzz_target!(|data: &[u8]| {
     let mut r = Receiver::new(
-        ReceiverConfig { sack: true, delack: Duration::from_millis(40), rcvsegs: RCVSEGS },
+        ReceiverConfig {
+            sack: true,
+            delack: Duration::from_millis(40),
+            rcvsegs: RCVSEGS,
+        },
         1,
     );
     let mut now = Time::ZERO;

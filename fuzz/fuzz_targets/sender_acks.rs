@@ -10,7 +10,9 @@ use atou::proto::{PatternSource, RecoveryKind, Sender, Time, Tuning};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&kind, mut rest)) = data.split_first() else { return };
+    let Some((&kind, mut rest)) = data.split_first() else {
+        return;
+    };
     let tuning = Tuning {
         mss: 43,
         rcvwin: 32,

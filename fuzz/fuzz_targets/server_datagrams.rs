@@ -3,20 +3,25 @@
 //! holds more connections than its limit.
 //!
 //! Input: records of [op: u8][who: u8][millis: u8][len: u8][bytes; len].
-//! `op % 5` picks what goes in front of the bytes so the fuzzer gets past
+//! `op % 8` picks what goes in front of the bytes so the fuzzer gets past
 //! the header checks: 0 nothing (raw bytes), 1 a valid hello, 2 a data
-//! header, 3 a close, 4 a fetch; `op / 5 % 4` picks one of four connection
-//! ids, `who % 4` one of four source addresses. Session connections' data
-//! is released and their streams answered as an application would.
+//! header, 3 a close, 4 a fetch, 5 a key query, 6 a protected datagram's
+//! header, 7 a Noise hello's prefix (padded to 1200 bytes); `op / 8 % 4`
+//! picks one of four connection ids, `who % 4` one of four source
+//! addresses. The server has a key and takes plain clients too. Session
+//! connections' data is released and their streams answered as an
+//! application would.
 #![no_main]
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use atou::proto::crypto::{handshake, ServerAuth, StaticKeypair};
+use atou::proto::server::SessionEvent;
+use atou::proto::wire::VERSION;
 use atou::proto::wire::{
     Close, DataFlags, DataHeader, Fetch, Hello, Packet, ReceiverParams, ACK_MAX_LEN,
     CONTROL_MAX_LEN,
 };
-use atou::proto::server::SessionEvent;
 use atou::proto::{Server, ServerLimits, Time};
 use libfuzzer_sys::fuzz_target;
 
@@ -30,7 +35,13 @@ fuzz_target!(|data: &[u8]| {
         max_connections: 3,
         ..ServerLimits::default()
     };
-    let mut server = Server::new(limits, 1 << 20, 2 << 20);
+    let mut server = Server::new(limits, 1 << 20, 2 << 20)
+        .with_auth(ServerAuth {
+            identity: Some(StaticKeypair::from_private([7; 32]).unwrap()),
+            authorized: None,
+            allow_plain: true,
+        })
+        .unwrap();
     let mut now = Time::ZERO;
     let mut out = [0u8; Server::MAX_TRANSMIT_LEN + ACK_MAX_LEN + CONTROL_MAX_LEN];
     let mut rest = data;
@@ -38,9 +49,9 @@ fuzz_target!(|data: &[u8]| {
         let n = usize::from(*len).min(tail.len());
         let (body, next) = tail.split_at(n);
         rest = next;
-        let conn_id = u64::from(op / 5 % 4);
+        let conn_id = u64::from(op / 8 % 4);
         let mut dgram = vec![0u8; 64];
-        let head = match op % 5 {
+        let head = match op % 8 {
             1 => Hello {
                 conn_id,
                 mss: 34 + word(body, 0) * 64,
@@ -82,11 +93,28 @@ fuzz_target!(|data: &[u8]| {
             }
             .emit(&mut dgram)
             .unwrap(),
+            5 => {
+                dgram = handshake::key_query(conn_id);
+                dgram.len()
+            }
+            6 | 7 => {
+                dgram[..4].copy_from_slice(&[
+                    b'A',
+                    b'T',
+                    VERSION,
+                    if op % 8 == 6 { 0x42 } else { 0x20 },
+                ]);
+                dgram[4..12].copy_from_slice(&conn_id.to_be_bytes());
+                12
+            }
             _ => 0,
         };
         dgram.truncate(head);
-        if op % 5 != 1 {
+        if op % 8 != 1 {
             dgram.extend_from_slice(body);
+        }
+        if op % 8 == 7 && dgram.len() < 1200 {
+            dgram.resize(1200, 0);
         }
         now += Duration::from_millis(u64::from(*millis) * 20);
         let from = SocketAddr::from(([127, 0, 0, 1], 1000 + u16::from(who % 4)));
@@ -105,7 +133,8 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         while let Some((_, m)) = server.poll_transmit(now, &mut out) {
-            assert!(Packet::decode(&out[..m]).is_ok());
+            // Handshake answers (0x20..) are the handshake's to parse.
+            assert!(out[3] >= 0x20 || Packet::decode(&out[..m]).is_ok());
         }
         while server.poll_report().is_some() {}
         while server.poll_notice().is_some() {}

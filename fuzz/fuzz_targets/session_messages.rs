@@ -16,7 +16,9 @@ fuzz_target!(|data: &[u8]| {
             Ok(Request::Plan(p)) => {
                 assert_eq!(Request::decode(&p.encode()).unwrap(), Request::Plan(p));
             }
-            Ok(Request::Data(h)) => assert_eq!(DataHeader::parse(&h.encode()).unwrap().unwrap().0, h),
+            Ok(Request::Data(h)) => {
+                assert_eq!(DataHeader::parse(&h.encode()).unwrap().unwrap().0, h)
+            }
             Ok(Request::Abort(why)) => {
                 let again = Request::decode(&encode_abort(&why)).unwrap();
                 assert_eq!(again, Request::Abort(why));

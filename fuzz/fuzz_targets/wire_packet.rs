@@ -31,6 +31,8 @@ fuzz_target!(|data: &[u8]| {
                 Packet::CloseAck(p) => p.emit(&mut buf),
                 Packet::Reject(p) => p.emit(&mut buf),
                 Packet::Fetch(p) => p.emit(&mut buf),
+                Packet::PathChallenge(p) => p.emit_challenge(&mut buf),
+                Packet::PathResponse(p) => p.emit_response(&mut buf),
                 Packet::Ack(_) | Packet::Data(_) | Packet::Reply(_) => unreachable!(),
             }
             .expect("fits");

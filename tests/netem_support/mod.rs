@@ -215,7 +215,9 @@ pub fn in_host(netns: Option<&str>, args: &[&str]) -> Command {
 /// Runs `atou probe TARGET --json ARGS` and returns its summary; panics
 /// with its stderr if it fails.
 pub fn probe(netns: Option<&str>, target: &str, args: &[&str]) -> Value {
-    let mut all = vec!["probe", target, "--json"];
+    // --no-auth: these tests measure the transport across impaired paths;
+    // a key query would also go through the loss model's draws.
+    let mut all = vec!["probe", target, "--json", "--no-auth"];
     all.extend_from_slice(args);
     let out: Output = in_host(netns, &all).output().expect("run atou probe");
     assert!(
