@@ -91,7 +91,7 @@ copy() {
         die "$name: copy failed: $(tail -n 2 "$work/copy.err")"
     t1=$(date +%s.%N)
     cmp -s "$work/big" "$work/dest/big" || die "$name: the copy differs"
-    echo "$name $(echo "$t1 - $t0" | bc -l)" >>"$work/copies"
+    echo "$name $(python3 -c "print($t1 - $t0)")" >>"$work/copies"
 }
 copy warmup "$atou" --no-auth
 : >"$work/copies"

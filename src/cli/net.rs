@@ -488,13 +488,19 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     }
     eprintln!(
         "atou serve: stopped after {} connections; datagrams {} undecodable {} unknown-connection {} \
-         unexpected {} refused hellos {}",
+         unexpected {} refused hellos {}; handshakes {} refused keys {} unopened {} cookies {} \
+         moves {}",
         stats.connections,
         stats.datagrams,
         stats.undecodable,
         stats.unknown_connection,
         stats.unexpected,
-        stats.version_rejects + stats.bad_hellos + stats.busy_rejects
+        stats.version_rejects + stats.bad_hellos + stats.busy_rejects + stats.plain_refused,
+        stats.handshakes,
+        stats.auth_refused,
+        stats.crypto_dropped + stats.bad_handshakes,
+        stats.cookies_sent,
+        stats.migrations,
     );
     // `--once --dir`: the status says how the one transfer went.
     if args.once && transfer_failed.load(std::sync::atomic::Ordering::Relaxed) {
