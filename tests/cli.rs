@@ -293,3 +293,45 @@ fn security_md_documents_every_receiver_flag_with_its_default() {
     }
     assert!(flags >= 10, "only {flags} flags found under the heading");
 }
+
+/// docs/man holds the man pages the clap definitions make: a flag added or
+/// changed without regenerating them fails here.
+#[test]
+fn man_pages_in_docs_are_current() {
+    let dir = std::env::temp_dir().join(format!("atou-man-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = atou(&["__man", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let committed = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/man");
+    let mut stale = Vec::new();
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 8, "{names:?}");
+    for name in &names {
+        let fresh = std::fs::read(dir.join(name)).unwrap();
+        let old = std::fs::read(std::path::Path::new(committed).join(name)).unwrap_or_default();
+        if fresh != old {
+            stale.push(name.to_string_lossy().to_string());
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        stale.is_empty(),
+        "stale man pages in docs/man: {stale:?}; run `cargo run -- __man docs/man`"
+    );
+}
+
+#[test]
+fn completions_name_every_subcommand() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = atou(&["completions", shell]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        for sub in ["send", "copy", "serve", "probe", "sim", "keygen"] {
+            assert!(text.contains(sub), "{shell}: no `{sub}`");
+        }
+    }
+}

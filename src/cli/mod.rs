@@ -3,6 +3,7 @@
 //! Exit codes: 0 success, 1 the transfer failed, 2 usage error.
 
 mod auth;
+mod docs;
 mod keygen;
 mod net;
 mod netem;
@@ -56,6 +57,11 @@ enum Command {
     Netem(netem::NetemArgs),
     /// Write a key pair for authenticated transfers (private key mode 0600), as ssh-keygen
     Keygen(keygen::KeygenArgs),
+    /// Print a shell completion script (bash, zsh or fish) on stdout
+    Completions(docs::CompletionsArgs),
+    /// Write the man pages into a directory (docs/man is made this way)
+    #[command(name = "__man", hide = true)]
+    Man(docs::ManArgs),
     /// The far end of `atou copy` over ssh (run by ssh, not by people)
     #[command(name = "__remote", hide = true)]
     Remote(remote::RemoteArgs),
@@ -262,6 +268,8 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => net::serve(args),
         Command::Netem(args) => netem::netem(args),
         Command::Keygen(args) => keygen::keygen(args),
+        Command::Completions(args) => docs::completions(args),
+        Command::Man(args) => docs::man(args),
         Command::Remote(args) => remote::remote(args),
     };
     match result {
