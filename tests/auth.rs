@@ -480,18 +480,29 @@ fn a_spoofed_hello_flood_gets_at_most_three_times_back_and_a_client_still_connec
     }
     assert!(server.stats().cookies_sent > 0, "{:?}", server.stats());
     assert_eq!(server.open_connections(), 0);
-    // Now the real client, in the same second.
+    // Now the real client, in the same second, over a 100 ms round trip:
+    // under load its first hello gets a cookie, the second gets in (two
+    // round trips: the handshake's one plus the cookie's).
     let mut client = secure_client(20, &client_key, &server_key);
+    let one_way = Duration::from_millis(50);
+    let mut to_server: Vec<(Time, Vec<u8>)> = Vec::new();
+    let mut to_client: Vec<(Time, Vec<u8>)> = Vec::new();
+    let mut hellos = 0;
     let mut answered = None;
     let mut t = now;
     while t.saturating_since(now) < Duration::from_secs(1) {
         client.handle_timeout(t);
         while let Some(n) = client.poll_transmit(t, &mut buf, &mut PatternSource) {
-            let mut d = buf[..n].to_vec();
+            hellos += usize::from(buf[3] == 0x20);
+            to_server.push((t + one_way, buf[..n].to_vec()));
+        }
+        for (_, mut d) in take_due(&mut to_server, t) {
             server.handle_datagram(t, addr(1), &mut d);
         }
         while let Some((_, n)) = server.poll_transmit(t, &mut buf) {
-            let d = buf[..n].to_vec();
+            to_client.push((t + one_way, buf[..n].to_vec()));
+        }
+        for (_, d) in take_due(&mut to_client, t) {
             let _ = client.handle_datagram(t, &d);
         }
         if client.sender().is_some() {
@@ -500,8 +511,22 @@ fn a_spoofed_hello_flood_gets_at_most_three_times_back_and_a_client_still_connec
         }
         t += Duration::from_millis(1);
     }
-    assert!(answered.is_some(), "no session within a second");
+    let took = answered
+        .expect("no session within a second")
+        .saturating_since(now);
+    assert_eq!(hellos, 2, "a hello, then the same with the cookie");
+    assert!(
+        took <= Duration::from_millis(202),
+        "{took:?} for two round trips of 100 ms"
+    );
     assert_eq!(server.stats().handshakes, 1);
+}
+
+/// The datagrams of `queue` due by `now`, in order.
+fn take_due(queue: &mut Vec<(Time, Vec<u8>)>, now: Time) -> Vec<(Time, Vec<u8>)> {
+    let (due, later): (Vec<_>, Vec<_>) = queue.drain(..).partition(|(at, _)| *at <= now);
+    *queue = later;
+    due
 }
 
 #[test]
@@ -597,4 +622,46 @@ fn a_raced_packet_from_a_victim_address_cannot_aim_the_flow_at_it() {
         to_victim <= 3 * from_victim,
         "{to_victim} bytes to the victim for {from_victim} from it"
     );
+}
+
+/// Not under load, the handshake is one round trip: one hello, and the
+/// session exists when its answer arrives, 100 ms later on a 100 ms path.
+#[test]
+fn the_handshake_takes_one_round_trip() {
+    let (server_key, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let mut server = server_with(ServerAuth {
+        identity: Some(server_key.clone()),
+        authorized: Some(authorized(&[&client_key])),
+        allow_plain: false,
+    });
+    let mut client = secure_client(23, &client_key, &server_key);
+    let one_way = Duration::from_millis(50);
+    let (mut to_server, mut to_client) = (Vec::new(), Vec::new());
+    let mut buf = vec![0u8; 65536];
+    let mut hellos = 0;
+    let mut t = Time::ZERO;
+    while client.sender().is_none() && t < Time::ZERO + Duration::from_secs(1) {
+        client.handle_timeout(t);
+        while let Some(n) = client.poll_transmit(t, &mut buf, &mut PatternSource) {
+            hellos += usize::from(buf[3] == 0x20);
+            to_server.push((t + one_way, buf[..n].to_vec()));
+        }
+        for (_, mut d) in take_due(&mut to_server, t) {
+            server.handle_datagram(t, addr(1), &mut d);
+        }
+        while let Some((_, n)) = server.poll_transmit(t, &mut buf) {
+            to_client.push((t + one_way, buf[..n].to_vec()));
+        }
+        for (_, d) in take_due(&mut to_client, t) {
+            let _ = client.handle_datagram(t, &d);
+        }
+        if client.sender().is_none() {
+            t += Duration::from_millis(1);
+        }
+    }
+    assert_eq!(hellos, 1);
+    assert_eq!(client.handshake_time(), Some(Duration::from_millis(100)));
 }
