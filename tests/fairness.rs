@@ -74,6 +74,19 @@ fn two_bbr_flows_share_the_bottleneck_fairly() {
     assert!(r.utilisation().unwrap() >= 0.9, "{r}");
 }
 
+/// Not the scenario (that is the one above, staggered): started
+/// together, two bbr flows split the link evenly; a late flow is what bbr
+/// does not yet let in.
+#[test]
+fn two_bbr_flows_started_together_share_the_bottleneck_fairly() {
+    let mut config = config(bbr(), bbr(), SECS);
+    config.flows[1].start = Duration::ZERO;
+    let r = run_flows(&config, &mut ()).unwrap();
+    say(&format!("fairness bbr + bbr, started together:\n{r}"));
+    assert!(r.jain() >= 0.9, "Jain {:.3}:\n{r}", r.jain());
+    assert!(r.utilisation().unwrap() >= 0.9, "{r}");
+}
+
 #[test]
 fn two_aimd_flows_share_the_bottleneck_fairly() {
     let r = two("aimd + aimd", aimd(), aimd(), SECS);
@@ -164,4 +177,42 @@ fn one_flow_is_the_single_flow_run() {
         multi.flows[0].summary.to_string(),
         single.summary.to_string()
     );
+}
+
+/// `atou sim --flow`: the library's figures, per flow, as JSON.
+#[test]
+fn the_cli_runs_flows_sharing_a_bottleneck() {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_atou"))
+        .args([
+            "sim",
+            "--fwd",
+            "rate 10mbit limit 100 | delay 20ms",
+            "--rev",
+            "delay 20ms",
+            "--flow",
+            "cc=bbr",
+            "--flow",
+            "cc=aimd,recovery=sack,start=1s",
+            "--duration",
+            "5s",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["window"], serde_json::json!([1.0, 5.0]));
+    assert_eq!(v["flows"][0]["summary"]["tuning"]["cc"], "bbr");
+    assert_eq!(v["flows"][1]["summary"]["tuning"]["cc"], "aimd");
+    assert_eq!(v["flows"][1]["start"], 1.0);
+    assert_eq!(v["bottleneck_bps"], 10_000_000);
+    let jain = v["jain"].as_f64().unwrap();
+    assert!(jain > 0.5 && jain <= 1.0, "{v}");
+    // A flow's knob that does not exist is a usage error naming it.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_atou"))
+        .args(["sim", "--flow", "cc=bbr,wobble=3"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("wobble"));
 }
