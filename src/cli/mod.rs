@@ -77,7 +77,8 @@ enum Command {
     until --duration), and any knob by its config-file name (cc=cubic, recovery=sack, bbr_loss_thresh=5%), \
     set on top of the tuning flags, which every flow shares. The run lasts --duration; it prints each \
     flow's goodput over the window from --measure-from to the end, Jain's fairness index and the \
-    bottleneck's utilisation (goodput over the forward path's rate). See docs/congestion.md.\n\n\
+    bottleneck's utilisation (goodput over the forward path's rate). --events prefixes each line \
+    with its flow (times count from the flow's start); --trace and --bytes are for one flow. See docs/congestion.md.\n\n\
     Example: atou sim --bytes 100MB --fwd 'rate 100mbit delay 50ms limit 1000 loss 1%' --rev 'delay 50ms'\n\
     Example: atou sim --fwd 'rate 100mbit limit 1000 | delay 50ms' --rev 'delay 50ms' \
     --flow cc=bbr --flow cc=cubic,start=5s --duration 60s --measure-from 10s"

@@ -393,6 +393,7 @@ impl Simulation {
     fn pump(&mut self, observer: &mut dyn Observer) -> Result<(), SimError> {
         let now = self.now;
         let mut source = PatternSource;
+        let many = self.flows.len() > 1;
         for (i, f) in self.flows.iter_mut().enumerate() {
             if !f.started {
                 continue;
@@ -416,7 +417,14 @@ impl Simulation {
             if self.config.check_invariants {
                 f.sender
                     .check_invariants()
-                    .map_err(|what| SimError::Invariant { time: now, what })?;
+                    .map_err(|what| SimError::Invariant {
+                        time: now,
+                        what: if many {
+                            format!("flow {i}: {what}")
+                        } else {
+                            what
+                        },
+                    })?;
             }
         }
         Ok(())
