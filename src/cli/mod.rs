@@ -21,9 +21,9 @@ use clap::{Args, Parser, Subcommand};
 
 use atou::netem::NetemSpec;
 use atou::proto::{TimedEvent, TraceRecord};
-use atou::sim::{Observer, Outcome, SimConfig, Simulation};
+use atou::sim::{run_flows, FlowConfig, FlowsConfig, Observer, Outcome, SimConfig, Simulation};
 use atou::summary::config_lines;
-use atou::units::parse_size;
+use atou::units::{parse_duration, parse_size, TimeUnit};
 
 pub use tuning_args::TuningArgs;
 
@@ -77,7 +77,17 @@ enum Command {
     one netem's limit also counts its delay line, so a bottleneck queue is `rate R limit N | delay D`. \
     Rates are bits/s (kbit, mbit, gbit); a bare probability is a percentage, as in tc; a bare time is microseconds. \
     See docs/netem.md.\n\n\
-    Example: atou sim --bytes 100MB --fwd 'rate 100mbit delay 50ms limit 1000 loss 1%' --rev 'delay 50ms'"
+    Flows sharing the forward path: each --flow adds one (its own sender, receiver and copy of --rev; \
+    the forward path, its rate and its limit queue, is shared). SPEC is comma-separated KEY=VALUE: \
+    start=TIME (when it starts; bare number = seconds; default 0), bytes=SIZE (default: pattern data \
+    until --duration), and any knob by its config-file name (cc=cubic, recovery=sack, bbr_loss_thresh=5%), \
+    set on top of the tuning flags, which every flow shares. The run lasts --duration; it prints each \
+    flow's goodput over the window from --measure-from to the end, Jain's fairness index and the \
+    bottleneck's utilisation (goodput over the forward path's rate). --events prefixes each line \
+    with its flow (times count from the flow's start); --trace and --bytes are for one flow. See docs/congestion.md.\n\n\
+    Example: atou sim --bytes 100MB --fwd 'rate 100mbit delay 50ms limit 1000 loss 1%' --rev 'delay 50ms'\n\
+    Example: atou sim --fwd 'rate 100mbit limit 1000 | delay 50ms' --rev 'delay 50ms' \
+    --flow cc=bbr --flow cc=cubic,start=5s --duration 60s --measure-from 10s"
 )]
 struct SimArgs {
     /// Forward (data) path, in tc-netem words
@@ -92,6 +102,17 @@ struct SimArgs {
     /// Seed for every random choice of the links: same seed, same run
     #[arg(long, value_name = "N", default_value_t = 1)]
     seed: u64,
+    /// One flow sharing the forward path, as KEY=VALUE[,KEY=VALUE...]
+    /// (start=TIME, bytes=SIZE, knobs: cc=bbr); repeat for each flow (see below)
+    #[arg(long, value_name = "SPEC", value_parser = parse_flow, conflicts_with_all = ["bytes", "trace"])]
+    flow: Vec<FlowArg>,
+    /// With --flow: virtual time the run lasts (bare number = seconds) [default: 60s]
+    #[arg(long, value_name = "TIME", value_parser = parse_secs)]
+    duration: Option<std::time::Duration>,
+    /// With --flow: start of the goodput window, to the end of the run
+    /// (bare number = seconds) [default: the last flow's start]
+    #[arg(long, value_name = "TIME", value_parser = parse_secs)]
+    measure_from: Option<std::time::Duration>,
     #[command(flatten)]
     output: OutputArgs,
     #[command(flatten)]
@@ -118,6 +139,118 @@ fn parse_spec(s: &str) -> Result<NetemSpec, String> {
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
     parse_size(s)
+}
+
+fn parse_secs(s: &str) -> Result<std::time::Duration, String> {
+    parse_duration(s, TimeUnit::Seconds)
+}
+
+/// One `--flow`: when it starts, how much it sends, and its own knobs.
+#[derive(Debug, Clone, Default)]
+struct FlowArg {
+    start: std::time::Duration,
+    bytes: Option<u64>,
+    knobs: Vec<(String, String)>,
+}
+
+fn parse_flow(s: &str) -> Result<FlowArg, String> {
+    let mut flow = FlowArg::default();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (key, value) = item
+            .split_once('=')
+            .ok_or_else(|| format!("`{item}`: expected KEY=VALUE, as in cc=bbr or start=5s"))?;
+        let (key, value) = (key.trim(), value.trim());
+        match key {
+            "start" => flow.start = parse_secs(value)?,
+            "bytes" => flow.bytes = Some(parse_size(value)?).filter(|&b| b > 0),
+            _ => flow.knobs.push((key.to_string(), value.to_string())),
+        }
+    }
+    Ok(flow)
+}
+
+/// `atou sim --flow ...`: several flows over one forward path.
+fn sim_flows(args: SimArgs) -> Result<ExitCode> {
+    let (base, notes) = args.tuning.resolve()?;
+    for note in notes {
+        eprintln!("atou: {note}");
+    }
+    let mut flows = Vec::new();
+    for (i, f) in args.flow.iter().enumerate() {
+        let mut tuning = base.clone();
+        let bad = |e: atou::proto::tuning::TuningError| {
+            UsageError(format!("--flow #{}: {}: {}", i + 1, e.key, e.message))
+        };
+        for (key, value) in &f.knobs {
+            tuning.set(key, value).map_err(bad)?;
+        }
+        tuning.validate().map_err(bad)?;
+        flows.push(FlowConfig {
+            tuning,
+            bytes: f.bytes,
+            start: f.start,
+        });
+    }
+    let duration = args.duration.unwrap_or(std::time::Duration::from_secs(60));
+    let mut config = FlowsConfig::new(flows, args.fwd, args.rev, duration, args.seed);
+    config.measure_from = args.measure_from;
+    let mut out = FlowEvents(args.output.events);
+    let result = run_flows(&config, &mut out)?;
+    let text = if args.output.json {
+        let (from, to) = result.window;
+        let flows: Vec<_> = result
+            .flows
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "start": f.start.as_secs_f64(),
+                    "window_bytes": f.window_bytes,
+                    "goodput_bps": f.goodput_bps,
+                    "summary": f.summary,
+                })
+            })
+            .collect();
+        let json = serde_json::json!({
+            "seed": args.seed,
+            "window": [from.as_secs_f64(), to.as_secs_f64()],
+            "jain": result.jain(),
+            "utilisation": result.utilisation(),
+            "bottleneck_bps": result.bottleneck_bps,
+            "fwd_stats": result.fwd_stats,
+            "flows": flows,
+        });
+        serde_json::to_string_pretty(&json)? + "\n"
+    } else {
+        let mut text = String::new();
+        for (i, f) in result.flows.iter().enumerate() {
+            text += &format!("flow {}:\n{}\n", i + 1, f.summary);
+        }
+        text + &result.to_string()
+    };
+    print_stdout(&text)?;
+    let ok = result.flows.iter().all(|f| {
+        matches!(f.outcome, Outcome::Finished | Outcome::TimeLimit)
+            && f.summary
+                .sim
+                .as_ref()
+                .is_some_and(|s| s.first_error.is_none())
+    });
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// `--events` with several flows: each line after its flow's number.
+struct FlowEvents(bool);
+
+impl Observer for FlowEvents {
+    fn on_flow_event(&mut self, flow: usize, event: &TimedEvent) {
+        if self.0 {
+            let _ = writeln!(io::stderr().lock(), "flow {} {event}", flow + 1);
+        }
+    }
 }
 
 /// Writes events to stderr and trace lines to a file as the run goes.
@@ -180,6 +313,15 @@ fn create_trace(path: &Path, header: &[String]) -> Result<BufWriter<File>> {
 }
 
 fn sim(args: SimArgs) -> Result<ExitCode> {
+    if !args.flow.is_empty() {
+        return sim_flows(args);
+    }
+    if args.duration.is_some() || args.measure_from.is_some() {
+        return Err(UsageError(
+            "--duration and --measure-from are for runs of several flows: add --flow".into(),
+        )
+        .into());
+    }
     let (tuning, notes) = args.tuning.resolve()?;
     for note in notes {
         eprintln!("atou: {note}");

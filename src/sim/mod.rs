@@ -1,18 +1,21 @@
 //! A virtual-time simulator: a sender and a receiver over two one-way paths,
-//! each a [`crate::netem`] model.
+//! each a [`crate::netem`] model; or several such flows whose datagrams
+//! share one forward path (one bottleneck queue), each with its own return
+//! path ([`flows`]).
 //!
 //! Events are processed one at a time in time order (ties: forward packet,
-//! return packet, sender timer, receiver timer), and after each one both
-//! endpoints are drained. With the same seed, tuning and link specs a run
+//! return packets, sender timers, receiver timers, flows starting, each by
+//! flow number), and after each one every flow's endpoints are drained. With the same seed, tuning and link specs a run
 //! is identical, trace included, on every machine.
 
+pub mod flows;
 pub mod scenarios;
 
 use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::netem::{mix_seed, Netem, NetemSpec};
+use crate::netem::{mix_seed, Datagram, Netem, NetemSpec};
 
 use crate::proto::tuning::TuningError;
 use crate::proto::wire::ACK_MAX_LEN;
@@ -21,6 +24,8 @@ use crate::proto::{
     TimedEvent, TraceRecord, Tuning,
 };
 use crate::summary::{SimReport, Summary};
+
+pub use flows::{jain_index, run_flows, FlowConfig, FlowResult, FlowsConfig, FlowsResult};
 
 #[derive(Debug, Clone)]
 pub struct SimConfig {
@@ -77,6 +82,15 @@ pub enum SimError {
 pub trait Observer {
     fn on_event(&mut self, _event: &TimedEvent) {}
     fn on_trace(&mut self, _record: &TraceRecord) {}
+    /// An event of flow `flow` (0 in a single-flow run); by default
+    /// [`Observer::on_event`], whichever the flow.
+    fn on_flow_event(&mut self, _flow: usize, event: &TimedEvent) {
+        self.on_event(event);
+    }
+    /// A trace record of flow `flow`; by default [`Observer::on_trace`].
+    fn on_flow_trace(&mut self, _flow: usize, record: &TraceRecord) {
+        self.on_trace(record);
+    }
 }
 
 /// Ignores everything.
@@ -129,75 +143,234 @@ impl SimResult {
     }
 }
 
-pub struct Simulation {
-    config: SimConfig,
+/// A datagram on the shared forward path and the flow it belongs to.
+#[derive(Clone)]
+struct Tagged {
+    flow: usize,
+    bytes: Vec<u8>,
+}
+
+impl Datagram for Tagged {
+    fn wire_len(&self) -> usize {
+        self.bytes.len()
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+}
+
+/// One connection: its two endpoints and its own return path.
+struct Flow {
+    tuning: Tuning,
     sender: Sender,
     receiver: Receiver,
-    fwd: Netem<Vec<u8>>,
     rev: Netem<Vec<u8>>,
     verifier: PatternVerifier,
+    start: Time,
+    /// Its start time has come: its endpoints are driven.
+    started: bool,
+}
+
+impl Flow {
+    /// Flow `index` of a run seeded with `seed`: flow 0 draws the
+    /// connection id and the return path's seed a single-flow run always
+    /// drew, so that run is unchanged.
+    fn new(
+        index: usize,
+        seed: u64,
+        tuning: &Tuning,
+        rev: &NetemSpec,
+        bytes: Option<u64>,
+        start: Duration,
+        trace: bool,
+    ) -> Result<Flow, SimError> {
+        let stream = 3 * index as u64;
+        let conn_id = mix_seed(seed, stream);
+        let start = Time::ZERO + start;
+        let mut sender = Sender::new(tuning, conn_id, bytes, start)?;
+        if trace {
+            sender.enable_trace();
+        }
+        Ok(Flow {
+            tuning: tuning.clone(),
+            sender,
+            receiver: Receiver::new(ReceiverConfig::from_tuning(tuning), conn_id),
+            rev: Netem::new(rev.clone(), mix_seed(seed, stream + 2)),
+            verifier: PatternVerifier::default(),
+            start,
+            started: start == Time::ZERO,
+        })
+    }
+}
+
+/// What the run does next.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Fwd,
+    Rev(usize),
+    Sender(usize),
+    Receiver(usize),
+    Start(usize),
+}
+
+/// A run: one flow ([`Simulation::new`]) or several sharing the forward
+/// path ([`run_flows`]).
+pub struct Simulation {
+    config: SimConfig,
+    flows: Vec<Flow>,
+    /// The forward path, shared: every flow's datagrams queue in it.
+    fwd: Netem<Tagged>,
     now: Time,
     buf: Vec<u8>,
+    /// Instants at which every flow's acknowledged bytes are recorded
+    /// (those of a flow not yet started count as 0).
+    marks: Vec<(Time, Option<Vec<u64>>)>,
 }
 
 impl Simulation {
     pub fn new(config: SimConfig) -> Result<Simulation, SimError> {
-        let conn_id = mix_seed(config.seed, 0);
-        let mut sender = Sender::new(&config.tuning, conn_id, config.bytes, Time::ZERO)?;
-        if config.trace {
-            sender.enable_trace();
-        }
-        let receiver = Receiver::new(ReceiverConfig::from_tuning(&config.tuning), conn_id);
+        let only = FlowConfig {
+            tuning: config.tuning.clone(),
+            bytes: config.bytes,
+            start: Duration::ZERO,
+        };
+        Simulation::with_flows(config, &[only])
+    }
+
+    /// `flows` over `config.fwd`, each with its own copy of `config.rev`;
+    /// `config.tuning` and `config.bytes` are not used.
+    fn with_flows(config: SimConfig, flows: &[FlowConfig]) -> Result<Simulation, SimError> {
+        let flows = flows
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                Flow::new(
+                    i,
+                    config.seed,
+                    &f.tuning,
+                    &config.rev,
+                    f.bytes,
+                    f.start,
+                    config.trace,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mss = flows
+            .iter()
+            .map(|f| f.tuning.mss as usize)
+            .max()
+            .unwrap_or(0);
         Ok(Simulation {
             fwd: Netem::new(config.fwd.clone(), mix_seed(config.seed, 1)),
-            rev: Netem::new(config.rev.clone(), mix_seed(config.seed, 2)),
-            buf: vec![0; (config.tuning.mss as usize).max(ACK_MAX_LEN)],
+            buf: vec![0; mss.max(ACK_MAX_LEN)],
             config,
-            sender,
-            receiver,
-            verifier: PatternVerifier::default(),
+            flows,
             now: Time::ZERO,
+            marks: Vec::new(),
         })
     }
 
     /// Runs to the end, reporting to `observer`.
     pub fn run(mut self, observer: &mut dyn Observer) -> Result<SimResult, SimError> {
+        let outcome = self.run_all(observer)?;
+        let outcome = self.flow_outcome(0, outcome);
+        let summary = self.flow_summary(0, outcome);
+        Ok(SimResult {
+            outcome,
+            summary,
+            end: self.now,
+        })
+    }
+
+    /// Runs until every flow has finished or failed, nothing is left to
+    /// happen (`Stalled`) or the time limit; returns which of the three.
+    fn run_all(&mut self, observer: &mut dyn Observer) -> Result<Outcome, SimError> {
         let outcome = loop {
             self.pump(observer)?;
-            match self.sender.state() {
-                SenderState::Finished => break Outcome::Finished,
-                SenderState::Failed => break Outcome::Failed,
-                SenderState::Sending => {}
+            if self
+                .flows
+                .iter()
+                .all(|f| f.sender.state() != SenderState::Sending)
+            {
+                break Outcome::Finished;
             }
-            let fwd_at = self.fwd.next_release().map(|t| self.after_stall(t));
-            let rev_at = self.rev.next_release();
-            let snd_at = self.sender.poll_timeout();
-            let rcv_at = self.receiver.poll_timeout();
-            let Some(next) = [fwd_at, rev_at, snd_at, rcv_at].into_iter().flatten().min() else {
+            let Some((next, step)) = self.next_step() else {
                 break Outcome::Stalled;
             };
+            self.take_marks(Some(next));
             if next.saturating_since(Time::ZERO) > self.config.time_limit {
                 break Outcome::TimeLimit;
             }
             self.now = self.now.max(next);
             let now = self.now;
-            if fwd_at == Some(next) {
-                if let Some(p) = self.fwd.poll(now) {
-                    // Undecodable or foreign datagrams are counted by the receiver.
-                    let _ = self.receiver.handle_datagram(now, &p);
+            match step {
+                Step::Fwd => {
+                    if let Some(p) = self.fwd.poll(now) {
+                        // Undecodable or foreign datagrams are counted by the receiver.
+                        let _ = self.flows[p.flow].receiver.handle_datagram(now, &p.bytes);
+                    }
                 }
-            } else if rev_at == Some(next) {
-                if let Some(p) = self.rev.poll(now) {
-                    let _ = self.sender.handle_datagram(now, &p);
+                Step::Rev(i) => {
+                    let f = &mut self.flows[i];
+                    if let Some(p) = f.rev.poll(now) {
+                        let _ = f.sender.handle_datagram(now, &p);
+                    }
                 }
-            } else if snd_at == Some(next) {
-                self.sender.handle_timeout(now);
-            } else {
-                self.receiver.handle_timeout(now);
+                Step::Sender(i) => self.flows[i].sender.handle_timeout(now),
+                Step::Receiver(i) => self.flows[i].receiver.handle_timeout(now),
+                Step::Start(i) => self.flows[i].started = true,
             }
         };
         self.pump(observer)?;
-        Ok(self.finish(outcome))
+        self.take_marks(None);
+        Ok(outcome)
+    }
+
+    /// The earliest thing due; at equal times, in this order: the forward
+    /// path, the return paths, the senders' timers, the receivers' timers,
+    /// flows starting (each by flow number).
+    fn next_step(&self) -> Option<(Time, Step)> {
+        let mut best: Option<(Time, Step)> = None;
+        let mut consider = |at: Option<Time>, step: Step| {
+            if let Some(at) = at {
+                if best.is_none_or(|(b, _)| at < b) {
+                    best = Some((at, step));
+                }
+            }
+        };
+        consider(
+            self.fwd.next_release().map(|t| self.after_stall(t)),
+            Step::Fwd,
+        );
+        let started = || self.flows.iter().enumerate().filter(|(_, f)| f.started);
+        for (i, f) in started() {
+            consider(f.rev.next_release(), Step::Rev(i));
+        }
+        for (i, f) in started() {
+            consider(f.sender.poll_timeout(), Step::Sender(i));
+        }
+        for (i, f) in started() {
+            consider(f.receiver.poll_timeout(), Step::Receiver(i));
+        }
+        for (i, f) in self.flows.iter().enumerate().filter(|(_, f)| !f.started) {
+            consider(Some(f.start), Step::Start(i));
+        }
+        best
+    }
+
+    /// Records every flow's acknowledged bytes at the marks before `next`
+    /// (all of them when the run is over): nothing changes between events.
+    fn take_marks(&mut self, next: Option<Time>) {
+        for (at, taken) in &mut self.marks {
+            if taken.is_none() && next.is_none_or(|n| *at < n) {
+                *taken = Some(
+                    self.flows
+                        .iter()
+                        .map(|f| if f.started { f.sender.good_bytes() } else { 0 })
+                        .collect(),
+                );
+            }
+        }
     }
 
     /// When a forward release at `t` happens, given the stall.
@@ -215,66 +388,89 @@ impl Simulation {
         }
     }
 
-    /// Drains both endpoints at the current instant.
+    /// Drains every started flow's endpoints at the current instant, flow
+    /// by flow.
     fn pump(&mut self, observer: &mut dyn Observer) -> Result<(), SimError> {
         let now = self.now;
         let mut source = PatternSource;
-        while let Some(n) = self.sender.poll_transmit(now, &mut self.buf, &mut source) {
-            self.fwd.enqueue(now, self.buf[..n].to_vec());
-        }
-        while let Some((offset, data)) = self.receiver.read() {
-            self.verifier.check(offset, &data);
-        }
-        while let Some(n) = self.receiver.poll_transmit(now, &mut self.buf) {
-            self.rev.enqueue(now, self.buf[..n].to_vec());
-        }
-        while let Some(e) = self.sender.poll_event() {
-            observer.on_event(&e);
-        }
-        while let Some(r) = self.sender.poll_trace() {
-            observer.on_trace(&r);
-        }
-        if self.config.check_invariants {
-            self.sender
-                .check_invariants()
-                .map_err(|what| SimError::Invariant { time: now, what })?;
+        let many = self.flows.len() > 1;
+        for (i, f) in self.flows.iter_mut().enumerate() {
+            if !f.started {
+                continue;
+            }
+            while let Some(n) = f.sender.poll_transmit(now, &mut self.buf, &mut source) {
+                let bytes = self.buf[..n].to_vec();
+                self.fwd.enqueue(now, Tagged { flow: i, bytes });
+            }
+            while let Some((offset, data)) = f.receiver.read() {
+                f.verifier.check(offset, &data);
+            }
+            while let Some(n) = f.receiver.poll_transmit(now, &mut self.buf) {
+                f.rev.enqueue(now, self.buf[..n].to_vec());
+            }
+            while let Some(e) = f.sender.poll_event() {
+                observer.on_flow_event(i, &e);
+            }
+            while let Some(r) = f.sender.poll_trace() {
+                observer.on_flow_trace(i, &r);
+            }
+            if self.config.check_invariants {
+                f.sender
+                    .check_invariants()
+                    .map_err(|what| SimError::Invariant {
+                        time: now,
+                        what: if many {
+                            format!("flow {i}: {what}")
+                        } else {
+                            what
+                        },
+                    })?;
+            }
         }
         Ok(())
     }
 
-    fn finish(mut self, outcome: Outcome) -> SimResult {
+    /// Flow `i`'s own outcome, given how the run ended.
+    fn flow_outcome(&self, i: usize, run: Outcome) -> Outcome {
+        match self.flows[i].sender.state() {
+            SenderState::Finished => Outcome::Finished,
+            SenderState::Failed => Outcome::Failed,
+            SenderState::Sending => run,
+        }
+    }
+
+    fn flow_summary(&mut self, i: usize, outcome: Outcome) -> Summary {
+        let now = self.now;
+        let fwd_stats = self.fwd.stats();
+        let f = &mut self.flows[i];
         let status = match outcome {
             Outcome::Finished => "finished".to_string(),
             Outcome::Failed => format!(
                 "failed: no ACK for {} s (maxidle)",
-                self.config.tuning.maxidle.as_secs_f64()
+                f.tuning.maxidle.as_secs_f64()
             ),
             Outcome::Stalled => "stalled: nothing left to happen (a bug)".to_string(),
             Outcome::TimeLimit => "stopped: simulation time limit reached".to_string(),
         };
-        let snapshot = self.sender.snapshot(self.now);
+        let snapshot = f.sender.snapshot(now);
         let mut summary = Summary::new(
             "sim => sim".to_string(),
             status,
-            &self.config.tuning,
-            self.sender.stats(),
+            &f.tuning,
+            f.sender.stats(),
             &snapshot,
         );
-        summary.receiver = Some(*self.receiver.stats());
+        summary.receiver = Some(*f.receiver.stats());
         summary.sim = Some(SimReport {
             seed: self.config.seed,
             fwd: self.config.fwd.to_string(),
             rev: self.config.rev.to_string(),
-            fwd_stats: self.fwd.stats(),
-            rev_stats: self.rev.stats(),
-            verified_bytes: self.verifier.next_offset,
-            first_error: self.verifier.first_error,
+            fwd_stats,
+            rev_stats: f.rev.stats(),
+            verified_bytes: f.verifier.next_offset,
+            first_error: f.verifier.first_error,
         });
-        SimResult {
-            outcome,
-            summary,
-            end: self.now,
-        }
+        summary
     }
 }
 
