@@ -351,7 +351,7 @@ impl Default for Tuning {
             bbr_loss_thresh: 2.0,
             bbr_beta: 0.7,
             bbr_headroom: 0.15,
-            bbr_loss_events: 1,
+            bbr_loss_events: 2,
         }
     }
 }
