@@ -39,7 +39,8 @@
 # Run as root:  sudo scripts/bench-netem.sh     (24 transfers of 70 s: ~29 min)
 #               T=30 scripts/bench-netem.sh     (CI: 24 transfers of 40 s, ~17 min)
 # Environment: T (seconds measured per transfer, default 60), WARM (seconds
-# before that, left out, default 10), SEED (bridge seed, default 1).
+# before that, left out, default 10), SEED (bridge seed, default 1), LOSSES
+# (loss values in percent, default "0 0.1 1 2").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,7 +51,7 @@ hosts=(atou-bench-a atou-bench-b)
 addrs=(10.77.200.1 10.77.200.2)
 port=7890
 iperf_port=5201
-losses=(0 0.1 1 2)
+read -r -a losses <<<"${LOSSES:-0 0.1 1 2}"
 link="rate 100mbit delay 50ms"
 
 die() { echo "bench-netem: $*" >&2; exit 1; }
@@ -151,6 +152,13 @@ start_bridge() {
     die "bridge not ready after 15 s: $(tail -n 1 "$work/bridge.err")"
 }
 
+# bridge_note: why the bridge is gone, if it is.
+bridge_note() {
+    if [ -n "$bridge_pid" ] && ! kill -0 "$bridge_pid" 2>/dev/null; then
+        echo "; the bridge had exited: $(grep -v '^ ' "$work/bridge.err" | tail -n 2 | tr '\n' ' ')"
+    fi
+}
+
 # in_a / in_b CMD...: run CMD inside host A / B.
 in_a() { ip netns exec "${hosts[0]}" "$@"; }
 in_b() { ip netns exec "${hosts[1]}" "$@"; }
@@ -199,13 +207,13 @@ atou_run() {
         sleep 0.1
     done
     grep -q listening "$work/serve.err" ||
-        die "loss $loss%: atou serve did not start: $(tail -n 1 "$work/serve.err")"
+        die "loss $loss%: atou serve did not start: $(tail -n 1 "$work/serve.err")$(bridge_note)"
     # --maxidle 60 (sent to the server in the hello): a Reno-style backoff
     # after a slow-start overshoot can go quiet for more than the default
     # 10 s, which once ended a run by hand. The goodput is unaffected.
     in_a timeout $((total + 60)) "$atou" probe "${addrs[1]}:$port" --no-auth --maxtime "$total" --maxidle 60 \
         --trace "$work/trace.txt" --json "$@" >"$work/probe.json" 2>"$work/probe.err" ||
-        die "loss $loss%: atou probe ($kind) failed: $(tail -n 1 "$work/probe.err")"
+        die "loss $loss%: atou probe ($kind) failed: $(tail -n 1 "$work/probe.err")$(bridge_note)"
     # The server ends with the connection; give it a moment, then stop it.
     for _ in $(seq 150); do
         kill -0 "$server" 2>/dev/null || break
