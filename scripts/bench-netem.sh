@@ -71,9 +71,19 @@ stop_bridge() {
         kill -0 "$bridge_pid" 2>/dev/null || break
         sleep 0.1
     done
-    kill -KILL "$bridge_pid" 2>/dev/null || true
+    if kill -0 "$bridge_pid" 2>/dev/null; then
+        echo "bench-netem: note: the bridge did not stop within 10 s; killed" >&2
+        kill -KILL "$bridge_pid" 2>/dev/null || true
+    fi
     wait "$bridge_pid" 2>/dev/null || true
     bridge_pid=
+    # The hosts are gone before the next bridge makes them again (a host
+    # that vanished under a transfer once ended a run).
+    for _ in $(seq 100); do
+        [ -e "/run/netns/${hosts[0]}" ] || [ -e "/run/netns/${hosts[1]}" ] || return 0
+        sleep 0.1
+    done
+    echo "bench-netem: note: the hosts outlived their bridge; the next bridge removes them" >&2
 }
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -141,7 +151,11 @@ start_bridge() {
         >"$work/bridge.out" 2>"$work/bridge.err" &
     bridge_pid=$!
     for _ in $(seq 150); do
-        grep -qx ready "$work/bridge.err" 2>/dev/null && return 0
+        if grep -qx ready "$work/bridge.err" 2>/dev/null; then
+            sleep 0.5
+            [ -e "/run/netns/${hosts[0]}" ] && [ -e "/run/netns/${hosts[1]}" ] && return 0
+            die "bridge ready but a host is gone: $(ls /run/netns | tr '\n' ' ')$(bridge_note)"
+        fi
         if ! kill -0 "$bridge_pid" 2>/dev/null; then
             wait "$bridge_pid" 2>/dev/null || true
             bridge_pid=
