@@ -216,7 +216,7 @@ atou_run() {
         >"$work/serve.json" 2>"$work/serve.err" &
     server=$!
     pids+=("$server")
-    for _ in $(seq 50); do
+    for _ in $(seq 150); do
         grep -q listening "$work/serve.err" 2>/dev/null && break
         sleep 0.1
     done
