@@ -459,34 +459,24 @@ fn rfc8985_7_a_tail_loss_is_repaired_by_a_probe() {
     }
 }
 
-/// Issue 14 point 8: with bbr and rack on the bench path (100 Mbit/s,
-/// 100 ms, 1000-packet queue) at 1 % random loss, once Startup is over
-/// goodput is at least 0.9 × rate × (1 − p), and no loss, however often
-/// its retransmission is lost too, ends in a timeout. BBR's loss
-/// threshold is raised to 5 %: at the default 2 % a ProbeBW probe at a
-/// reduced in-flight count sees "too much" loss, inflight_hi is cut and the
-/// bandwidth estimate decays cycle by cycle (measured: 300 MB at 10 Mbit/s).
-#[test]
-fn bbr_with_rack_keeps_90_percent_of_the_rate_at_one_percent_loss() {
-    let (p, rate) = (0.01, 100e6);
-    let t = Tuning {
-        bbr_loss_thresh: 5.0,
-        ..rack(CcKind::Bbr, "")
-    };
+/// Goodput after Startup (from five seconds to the end) of 200 MB over the
+/// bench path (100 Mbit/s, 100 ms, 1000-packet queue) at `p` random loss
+/// with the commands' defaults (bbr, rack, undo; seed 1), and the summary.
+fn bbr_goodput_after_startup(p: f64) -> (f64, SimResult) {
+    let bytes = 200_000_000;
     let mut config = SimConfig::new(
-        t,
-        "rate 100mbit limit 1000 | delay 50ms loss 1%"
+        Tuning::command_default(),
+        format!("rate 100mbit limit 1000 | delay 50ms loss {}%", p * 100.0)
             .parse()
             .unwrap(),
         RETURN.parse().unwrap(),
-        Some(200_000_000),
+        Some(bytes),
         1,
     );
     config.trace = true;
     let mut rec = Recorder::default();
     let r = Simulation::new(config).unwrap().run(&mut rec).unwrap();
-    assert!(r.delivered_intact(200_000_000), "{}", r.summary);
-    assert_eq!(r.summary.timeouts, 0, "{}", r.summary);
+    assert!(r.delivered_intact(bytes), "{}", r.summary);
     let acks: Vec<(f64, u64)> = rec
         .trace
         .iter()
@@ -499,10 +489,111 @@ fn bbr_with_rack_keeps_90_percent_of_the_rate_at_one_percent_loss() {
     let end = acks.last().unwrap();
     let payload = f64::from(Tuning::default().payload_size() as u32);
     let goodput = (end.1 - start.1) as f64 * payload * 8.0 / (end.0 - start.0);
+    (goodput, r)
+}
+
+/// Issue 14 point 8, draft-ietf-ccwg-bbr "BBRIsInflightTooHigh" judged per
+/// round: with the defaults (bbr, rack, `bbr_loss_thresh` 2 %) at 1 %
+/// random loss, once Startup is over goodput is at least 0.9 × rate ×
+/// (1 − p), and no loss, however often its retransmission is lost too,
+/// ends in a timeout. (Judged per packet, a probe at a reduced in-flight
+/// count saw "too much" loss and the estimate decayed: 300 MB at 10
+/// Mbit/s.)
+#[test]
+fn bbr_with_rack_keeps_90_percent_of_the_rate_at_one_percent_loss() {
+    let (p, rate) = (0.01, 100e6);
+    let (goodput, r) = bbr_goodput_after_startup(p);
+    assert_eq!(r.summary.timeouts, 0, "{}", r.summary);
     assert!(
         goodput >= 0.9 * rate * (1.0 - p),
         "{:.1} Mbit/s after Startup: {}",
         goodput / 1e6,
         r.summary
     );
+}
+
+/// Issue 14 point 9: at 2 % random loss, the draft's threshold itself,
+/// the defaults do not collapse (before: 2.6 Mbit/s over 100 MB): loss as
+/// frequent in Cruise as while probing is not in-flight's doing, so it is
+/// not counted against it, and goodput after Startup is at least 0.85 ×
+/// rate × (1 − p).
+#[test]
+fn bbr_with_rack_keeps_85_percent_of_the_rate_at_two_percent_loss() {
+    let (p, rate) = (0.02, 100e6);
+    let (goodput, r) = bbr_goodput_after_startup(p);
+    assert!(
+        goodput >= 0.85 * rate * (1.0 - p),
+        "{:.1} Mbit/s after Startup: {}",
+        goodput / 1e6,
+        r.summary
+    );
+}
+
+/// draft-ietf-ccwg-bbr "BBRHandleInflightTooHigh": tolerating random loss
+/// must not mean ignoring congestion. With a 100-packet queue (under 1.25
+/// BDP, so every ProbeBW_UP overflows it) and no random loss, the loss of
+/// each probe cuts inflight_hi and ends it: over 300 MB the queue drops
+/// fewer than 0.6 times the segments that a BBRv1-like run
+/// (`bbr_loss_thresh` 20 %) has it drop, fewer than 1 % of those sent,
+/// and the mean RTT stays within 5 % of the base RTT.
+#[test]
+fn bbr_queue_overflow_still_cuts_inflight() {
+    let drops = |thresh: f64| {
+        let t = Tuning {
+            bbr_loss_thresh: thresh,
+            ..Tuning::command_default()
+        };
+        let bytes = 300_000_000;
+        let config = SimConfig::new(
+            t,
+            "rate 100mbit limit 100 | delay 50ms".parse().unwrap(),
+            RETURN.parse().unwrap(),
+            Some(bytes),
+            1,
+        );
+        let r = Simulation::new(config)
+            .unwrap()
+            .run(&mut Recorder::default())
+            .unwrap();
+        assert!(r.delivered_intact(bytes), "{}", r.summary);
+        let sim = r.summary.sim.clone().expect("simulated");
+        (sim.fwd_stats.limit_drops, sim.fwd_stats.offered, r)
+    };
+    let (v3, offered, r) = drops(2.0);
+    let (v1, _, _) = drops(20.0);
+    assert!(
+        (v3 as f64) < 0.6 * v1 as f64,
+        "drops {v3} vs BBRv1-like {v1}"
+    );
+    assert!((v3 as f64) < 0.01 * offered as f64, "{}", r.summary);
+    let avg = r.summary.avgrtt.as_secs_f64();
+    assert!(avg <= 1.05 * BASE_RTT, "mean RTT {avg}: {}", r.summary);
+}
+
+/// RFC 8985 §6.2 with recovery: the ACK that ends a recovery (everything
+/// sent before it acknowledged) may also be the one whose SACK shows a
+/// later segment lost; that is a new episode, entered at once, not a
+/// segment marked lost and never resent until the RTO (seed 1 at 2 % loss
+/// timed out so at 55.85 s before this). Seeds that timed out 7 times in
+/// all at 5 % random loss, 30 MB each, now never do.
+#[test]
+fn rfc8985_a_loss_found_as_recovery_ends_starts_another() {
+    for seed in [2, 6, 7, 12] {
+        let bytes = 30_000_000;
+        let config = SimConfig::new(
+            Tuning::command_default(),
+            "rate 100mbit limit 1000 | delay 50ms loss 5%"
+                .parse()
+                .unwrap(),
+            RETURN.parse().unwrap(),
+            Some(bytes),
+            seed,
+        );
+        let r = Simulation::new(config)
+            .unwrap()
+            .run(&mut Recorder::default())
+            .unwrap();
+        assert!(r.delivered_intact(bytes), "{}", r.summary);
+        assert_eq!(r.summary.timeouts, 0, "seed {seed}: {}", r.summary);
+    }
 }

@@ -25,6 +25,7 @@ use super::payload::PayloadSource;
 use super::rtt::RttEstimator;
 use super::scoreboard::Scoreboard;
 use super::time::{wire_elapsed, Time};
+use super::tuning::RecoveryKind;
 use super::tuning::{DropList, Tuning, TuningError};
 use super::wire::{Ack, DataFlags, DataHeader, Packet, DATA_HEADER_LEN};
 use super::InputError;
@@ -515,6 +516,18 @@ impl Sender {
             }
             Verdict::EnterMarked { trigger } => {
                 self.enter_recovery_marked(trigger);
+                RecoveryStep::Entered
+            }
+            Verdict::Leave
+                if self.recovery.kind() == RecoveryKind::Rack && self.sb.lost_pending() > 0 =>
+            {
+                // Segments sent after the recovery began and marked lost by
+                // the ACK that ended it: a new episode (RFC 8985 §6.2 marks
+                // them; Linux's tcp_fastretrans_alert enters recovery again
+                // when lost_out is not zero). Left alone they would wait,
+                // marked lost and never resent, for the RTO.
+                self.leave_recovery();
+                self.enter_recovery_marked(RecoveryTrigger::Rack);
                 RecoveryStep::Entered
             }
             Verdict::Leave => {

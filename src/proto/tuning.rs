@@ -307,8 +307,8 @@ pub struct Tuning {
     /// UDP socket receive buffer in bytes (SO_RCVBUF), both ends of a real
     /// transfer: the server grows its socket's buffer to what the client asks.
     pub rcvbuf: u32,
-    /// BBR: loss per round trip, in percent of what was in flight, above
-    /// which loss is a congestion signal.
+    /// BBR: loss per round trip, in percent of what the round delivered
+    /// and lost, above which loss is a congestion signal.
     pub bbr_loss_thresh: f64,
     /// BBR: the multiplicative cut of its bounds on congestion loss.
     pub bbr_beta: f64,
@@ -351,7 +351,7 @@ impl Default for Tuning {
             bbr_loss_thresh: 2.0,
             bbr_beta: 0.7,
             bbr_headroom: 0.15,
-            bbr_loss_events: 1,
+            bbr_loss_events: 2,
         }
     }
 }
@@ -421,7 +421,7 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "cc", aliases: &[], value_name: "CONTROLLER",
         help: "congestion controller: aimd (RFC 5681 with atou's multiplier, increment, vmss, initsegs, thresh_init), cubic (RFC 9438 with HyStart++, paced) or bbr (draft-ietf-ccwg-bbr, BBRv3); an atou config file means aimd" },
     Knob { name: "bbr_loss_thresh", aliases: &[], value_name: "PERCENT",
-        help: "bbr only: loss per round trip, in percent of what was in flight, above which BBR treats loss as congestion (draft: 2%; 20% is BBRv1-like)" },
+        help: "bbr only: loss per round trip, in percent of what the round delivered and lost, above which BBR treats loss as congestion; a probe is judged by it on top of the loss seen while cruising (draft: 2%; 20% is BBRv1-like)" },
     Knob { name: "bbr_beta", aliases: &[], value_name: "FACTOR",
         help: "bbr only: multiplicative cut of BBR's bandwidth and inflight bounds on congestion loss (0 < f < 1)" },
     Knob { name: "bbr_headroom", aliases: &[], value_name: "FRACTION",
@@ -429,7 +429,7 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "undo", aliases: &[], value_name: "0|1",
         help: "revert a window reduction when D-SACKs or echoed timestamps prove every retransmission of it spurious (Sarolahti §6, RFC 2883, Eifel); an atou config file means 0" },
     Knob { name: "bbr_loss_events", aliases: &[], value_name: "N",
-        help: "bbr only: ACKs reporting new losses a round trip needs before its loss counts (quiche-style)" },
+        help: "bbr only: ACKs reporting new losses a round trip needs before its loss counts (quiche-style, default 2)" },
 ];
 
 /// A bad value for one knob.

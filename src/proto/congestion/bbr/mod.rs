@@ -15,10 +15,17 @@
 //! The loss response is tunable per transfer: `bbr_loss_thresh` (the
 //! draft's LossThresh, 2 %), `bbr_beta` (BBR.beta, 0.7), `bbr_headroom`
 //! (BBR.headroom, 0.15) and `bbr_loss_events`, the loss events a round
-//! needs before its loss counts (as quiche has it). Deviation: the draft
-//! cuts bw_lo and inflight_lo after any round with loss; here a round's
-//! loss must also exceed `bbr_loss_thresh`, so random loss below it is
-//! noise, as for kernel BBR; `--bbr-loss-thresh 20%` is BBRv1-like.
+//! needs before its loss counts (as quiche has it; default 2). Loss is
+//! judged per round trip: segments lost in the round against those
+//! delivered and lost in it ("BBRIsInflightTooHigh", `round_loss_too_high`),
+//! not one packet's `rs.lost` against its `tx_in_flight`. Deviations: the
+//! draft cuts bw_lo and inflight_lo after any round with loss; here a
+//! round's loss must also exceed `bbr_loss_thresh`, so random loss below it
+//! is noise, as for kernel BBR; a round's loss must exceed the threshold by
+//! more than the noise of a count (two standard deviations); and a probe's
+//! loss is judged against the threshold on top of the loss Cruise sees
+//! (at most twice the threshold in all), so random loss at the threshold
+//! does not end every probe. `--bbr-loss-thresh 20%` is BBRv1-like.
 //!
 //! Not (yet) done: the ACK-aggregation allowance (`extra_acked`), marking
 //! the connection application-limited during ProbeRTT, the idle-restart
@@ -59,6 +66,12 @@ const STARTUP_FULL_BW_THRESH: f64 = 1.25;
 const STARTUP_FULL_BW_COUNT: u32 = 3;
 /// "Exiting Startup Based on Packet Loss": loss events per round.
 const STARTUP_FULL_LOSS_COUNT: u32 = 6;
+/// Rounds over which Cruise's loss rate is smoothed (`update_quiet_loss`).
+const QUIET_LOSS_ROUNDS: f64 = 4.0;
+/// A round's loss count at the threshold rate is a Poisson count: it is
+/// "too high" only this many standard deviations above the threshold
+/// (`round_loss_too_high`), so a small round's random losses are noise.
+const LOSS_NOISE_SIGMAS: f64 = 2.0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
@@ -150,6 +163,8 @@ pub struct Bbr {
     round_lost: u64,
     round_loss_events: u32,
     round_began: u64,
+    /// Smoothed loss rate of Cruise's rounds (`update_quiet_loss`).
+    quiet_loss: f64,
 
     // The loss response (tunable).
     /// "LossThresh", as a fraction.
@@ -198,7 +213,6 @@ struct Sample {
     delivered: u64,
     prior_delivered: u64,
     tx_in_flight: u64,
-    lost: u64,
     is_app_limited: bool,
     newly_acked: u64,
     newly_lost: u64,
@@ -246,6 +260,7 @@ impl Bbr {
             round_lost: 0,
             round_loss_events: 0,
             round_began: 0,
+            quiet_loss: 0.0,
             loss_thresh: t.bbr_loss_thresh / 100.0,
             beta: t.bbr_beta,
             headroom: t.bbr_headroom,
@@ -371,23 +386,33 @@ impl Bbr {
     /// "BBRUpdateCongestionSignals": once a round, loss cuts the lower
     /// bounds (except while probing for bandwidth). Deviation: only loss
     /// above `loss_thresh`, in at least `min_loss_events` events, counts.
+    ///
+    /// The round's loss is also what "BBRIsInflightTooHigh" judges
+    /// (`loss_in_round`, kept for the rest of this ACK's steps): the draft's
+    /// LossThresh is "the maximum tolerated per-round-trip packet loss
+    /// rate" (draft-ietf-ccwg-bbr §5.5.10.2 "Probing for Bandwidth In
+    /// ProbeBW", "BBRIsInflightTooHigh"), and a round of data, not one
+    /// packet's flight, is what it is measured over, as quiche's BBR2
+    /// (`Bbr2NetworkModel::IsInflightTooHigh`: bytes lost in the round
+    /// against the in-flight at send, with a minimum of loss events in the
+    /// round, `probe_bw_full_loss_count` 2) and Linux's bbr3
+    /// (`loss_events_in_round`, `bbr_full_loss_cnt`) do.
     fn update_congestion_signals(&mut self, s: &Sample) {
         self.update_max_bw(s);
         if s.newly_lost > 0 {
             self.round_lost += s.newly_lost;
             self.round_loss_events += 1;
         }
+        self.loss_in_round = self.round_loss_too_high(s, self.effective_loss_thresh());
         if !self.loss_round_start {
             return;
         }
-        let delivered = self.delivered.saturating_sub(self.round_began);
-        let lost = self.round_lost;
-        self.loss_in_round = self.round_loss_events >= self.min_loss_events
-            && lost as f64 > self.loss_thresh * (delivered + lost) as f64;
+        let congested = self.round_loss_too_high(s, self.loss_thresh);
+        self.update_quiet_loss();
         self.round_lost = 0;
         self.round_loss_events = 0;
         self.round_began = self.delivered;
-        if !self.is_probing_bw() && self.loss_in_round {
+        if !self.is_probing_bw() && congested {
             // "BBRInitLowerBounds", "BBRLossLowerBounds".
             if self.bw_lo.is_infinite() {
                 self.bw_lo = self.max_bw;
@@ -398,7 +423,55 @@ impl Bbr {
             self.bw_lo = self.bw_latest.max(self.beta * self.bw_lo);
             self.inflight_lo = self.inflight_latest.max(self.beta * self.inflight_lo);
         }
-        self.loss_in_round = false;
+    }
+
+    /// Whether the loss rate of the round so far exceeds `thresh`:
+    /// segments lost since the loss round began against those delivered
+    /// and lost in it, or against what
+    /// this ACK's segment had in flight when sent while the round is still
+    /// young (a round's first losses are not yet a rate), with at least
+    /// `min_loss_events` ACKs reporting new losses, and by more than the
+    /// noise of a count (`LOSS_NOISE_SIGMAS`).
+    fn round_loss_too_high(&self, s: &Sample, thresh: f64) -> bool {
+        let lost = self.round_lost;
+        if lost == 0 || self.round_loss_events < self.min_loss_events {
+            return false;
+        }
+        let delivered = self.delivered.saturating_sub(self.round_began);
+        let base = (delivered + lost).max(s.tx_in_flight);
+        let allowed = thresh * base as f64;
+        lost as f64 > allowed + LOSS_NOISE_SIGMAS * allowed.sqrt()
+    }
+
+    /// The threshold a probe's loss is judged by (inflight_hi, the end of
+    /// ProbeBW_UP and of Startup): LossThresh above the loss the path shows
+    /// while BBR cruises. Deviation (not in the draft): loss that is as
+    /// frequent at Cruise's in-flight, below the estimated BDP, as while
+    /// probing above it is not caused by in-flight being too high (random
+    /// loss, as on a lossy link), so the threshold is counted on top of
+    /// it; at most one more `loss_thresh`, so a probe losing more than
+    /// twice the threshold (a queue that overflows) always ends. With no
+    /// loss in Cruise, it is the draft's LossThresh. The lower bounds,
+    /// cut outside probing, are judged by LossThresh alone.
+    fn effective_loss_thresh(&self) -> f64 {
+        self.loss_thresh + self.quiet_loss.min(self.loss_thresh)
+    }
+
+    /// The loss rate of rounds spent in ProbeBW_CRUISE (a round trip's
+    /// losses are found a round trip after they were sent, so Down's rounds,
+    /// which see Up's losses, do not count), smoothed over four rounds.
+    /// Startup's rounds count too: each round's in-flight is half the next
+    /// one's, so loss that a round shares with the one before is not the
+    /// queue overflowing (which raises the rate at once, and is judged
+    /// before it is counted here).
+    fn update_quiet_loss(&mut self) {
+        let delivered = self.delivered.saturating_sub(self.round_began);
+        let total = delivered + self.round_lost;
+        if !matches!(self.state, State::ProbeBwCruise | State::Startup) || total == 0 {
+            return;
+        }
+        let rate = self.round_lost as f64 / total as f64;
+        self.quiet_loss += (rate - self.quiet_loss) / QUIET_LOSS_ROUNDS;
     }
 
     fn is_probing_bw(&self) -> bool {
@@ -427,10 +500,15 @@ impl Bbr {
         self.bw = self.max_bw.min(self.bw_lo);
     }
 
-    /// "BBRIsInflightTooHigh": more than LossThresh of what was in flight
-    /// was lost.
-    fn is_inflight_too_high(&self, s: &Sample) -> bool {
-        s.lost as f64 > s.tx_in_flight as f64 * self.loss_thresh
+    /// "BBRIsInflightTooHigh": more than LossThresh lost, per round trip
+    /// (draft-ietf-ccwg-bbr "Probing for Bandwidth In ProbeBW"). Deviation:
+    /// the draft divides a packet's `rs.lost` by its `tx_in_flight`; with
+    /// the window held low (after a recovery, or under a low inflight_hi)
+    /// one round trip's random losses then count against half a window and
+    /// every probe ends at once. Here the round's loss rate is judged, with
+    /// `min_loss_events` events (`update_congestion_signals`).
+    fn is_inflight_too_high(&self) -> bool {
+        self.loss_in_round
     }
 
     // --- Control outputs ---------------------------------------------------
@@ -596,7 +674,6 @@ impl Controller for Bbr {
             delivered: rate.map_or(0, |r| r.delivered),
             prior_delivered: rate.map_or(0, |r| r.prior_delivered),
             tx_in_flight: rate.map_or(0, |r| r.tx_in_flight),
-            lost: rate.map_or(0, |r| r.lost),
             is_app_limited: rate.is_some_and(|r| r.is_app_limited),
             newly_acked: ack.newly_delivered,
             newly_lost: ack.newly_lost,

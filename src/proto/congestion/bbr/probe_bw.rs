@@ -162,7 +162,7 @@ impl Bbr {
 
     /// "BBRCheckInflightTooHigh" and "BBRHandleInflightTooHigh".
     fn check_inflight_too_high(&mut self, s: &Sample) -> bool {
-        if !s.has_rate || !self.is_inflight_too_high(s) {
+        if !s.has_rate || !self.is_inflight_too_high() {
             return false;
         }
         if self.bw_probe_samples {

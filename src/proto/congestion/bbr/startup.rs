@@ -43,7 +43,7 @@ impl Bbr {
         if !self.filled_pipe
             && self.loss_round_start
             && self.loss_events_in_round >= STARTUP_FULL_LOSS_COUNT
-            && self.is_inflight_too_high(s)
+            && self.is_inflight_too_high()
         {
             self.inflight_hi = self
                 .bdp_multiple(self.max_bw, 1.0)
