@@ -563,6 +563,40 @@ pub enum Decision {
     Refuse(RefuseReason),
 }
 
+/// How far behind a key's newest accepted hello another may be and still
+/// be accepted, if its timestamp was not seen: the streams of one
+/// transfer start together and their hellos race.
+pub const REPLAY_WINDOW_NS: u64 = 10_000_000_000;
+/// Timestamps remembered per key inside the window; when full, only a
+/// hello newer than all of them is accepted.
+const REPLAY_SEEN_MAX: usize = 64;
+
+/// A key's recent hello timestamps.
+#[derive(Debug, Default)]
+struct Recent {
+    newest: u64,
+    /// Accepted timestamps within [`REPLAY_WINDOW_NS`] of `newest`.
+    seen: Vec<u64>,
+}
+
+impl Recent {
+    /// A hello newer than all before it, or one inside the window that
+    /// was not seen (a replay repeats a timestamp exactly).
+    fn admits(&self, timestamp: u64) -> bool {
+        timestamp > self.newest
+            || (self.seen.len() < REPLAY_SEEN_MAX
+                && self.newest - timestamp <= REPLAY_WINDOW_NS
+                && !self.seen.contains(&timestamp))
+    }
+
+    fn record(&mut self, timestamp: u64) {
+        self.newest = self.newest.max(timestamp);
+        let floor = self.newest.saturating_sub(REPLAY_WINDOW_NS);
+        self.seen.retain(|&t| t >= floor);
+        self.seen.push(timestamp);
+    }
+}
+
 /// What the server sends back for a hello.
 #[derive(Debug)]
 pub enum Reply {
@@ -593,7 +627,7 @@ pub enum Reply {
 pub struct Responder {
     identity: StaticKeypair,
     cookies: CookieSecret,
-    newest: HashMap<PublicKey, u64>,
+    newest: HashMap<PublicKey, Recent>,
     max_remembered: usize,
 }
 
@@ -672,11 +706,13 @@ impl Responder {
             ));
         }
         let client_key = remote_static(&noise)?;
-        // Replay (WireGuard's timestamp rule): only a newer hello.
+        // Replay: WireGuard's timestamp rule, widened to a window so that
+        // several connections of one client (the streams of a transfer,
+        // whose hellos race each other) all get in.
         if self
             .newest
             .get(&client_key)
-            .is_some_and(|&t| payload.timestamp <= t)
+            .is_some_and(|r| !r.admits(payload.timestamp))
         {
             return Err(HandshakeError::Replayed);
         }
@@ -714,11 +750,16 @@ impl Responder {
 
     fn remember(&mut self, key: PublicKey, timestamp: u64) {
         if !self.newest.contains_key(&key) && self.newest.len() >= self.max_remembered {
-            if let Some(oldest) = self.newest.iter().min_by_key(|(_, &t)| t).map(|(k, _)| *k) {
+            if let Some(oldest) = self
+                .newest
+                .iter()
+                .min_by_key(|(_, r)| r.newest)
+                .map(|(k, _)| *k)
+            {
                 self.newest.remove(&oldest);
             }
         }
-        self.newest.insert(key, timestamp);
+        self.newest.entry(key).or_default().record(timestamp);
     }
 }
 
@@ -1088,7 +1129,8 @@ mod tests {
     #[test]
     fn a_replayed_hello_creates_no_second_session() {
         let mut w = world();
-        let client = Initiator::new(&config(&w), 1, 100).unwrap();
+        let t = 2 * REPLAY_WINDOW_NS;
+        let client = Initiator::new(&config(&w), 1, t).unwrap();
         assert!(matches!(
             hello_at(&mut w, &client, false),
             Ok(Reply::Accepted { .. })
@@ -1097,18 +1139,58 @@ mod tests {
             hello_at(&mut w, &client, false).unwrap_err(),
             HandshakeError::Replayed
         );
-        // An older hello captured before is a replay too.
-        let older = Initiator::new(&config(&w), 2, 99).unwrap();
+        // A hello older than the window is refused as a replay too (one
+        // inside it that was never seen is another connection's:
+        // `racing_hellos_of_one_key_all_get_in_and_none_twice`).
+        let older = Initiator::new(&config(&w), 2, t - REPLAY_WINDOW_NS - 1).unwrap();
         assert_eq!(
             hello_at(&mut w, &older, false).unwrap_err(),
             HandshakeError::Replayed
         );
         // The client's next handshake, newer, is accepted.
-        let next = Initiator::new(&config(&w), 3, 101).unwrap();
+        let next = Initiator::new(&config(&w), 3, t + 1).unwrap();
         assert!(matches!(
             hello_at(&mut w, &next, false),
             Ok(Reply::Accepted { .. })
         ));
+    }
+
+    /// The streams of one transfer share a key and start together: their
+    /// hellos may arrive out of timestamp order, and all must get in; a
+    /// replay of any of them, or a hello older than the window, must not.
+    #[test]
+    fn racing_hellos_of_one_key_all_get_in_and_none_twice() {
+        let mut w = world();
+        let base = 2 * REPLAY_WINDOW_NS;
+        let later = Initiator::new(&config(&w), 1, base + 2_000).unwrap();
+        let earlier = Initiator::new(&config(&w), 2, base + 1_000).unwrap();
+        let stale = Initiator::new(&config(&w), 3, base + 2_000 - REPLAY_WINDOW_NS - 1).unwrap();
+        let hello = |w: &mut World, i: &Initiator, id: u64| {
+            w.server
+                .on_hello(T0, addr("192.0.2.7:1"), i.hello(), false, id, |_, _| {
+                    Decision::Accept(vec![])
+                })
+        };
+        assert!(matches!(
+            hello(&mut w, &later, 10),
+            Ok(Reply::Accepted { .. })
+        ));
+        assert!(matches!(
+            hello(&mut w, &earlier, 11),
+            Ok(Reply::Accepted { .. })
+        ));
+        assert_eq!(
+            hello(&mut w, &earlier, 12).unwrap_err(),
+            HandshakeError::Replayed
+        );
+        assert_eq!(
+            hello(&mut w, &later, 13).unwrap_err(),
+            HandshakeError::Replayed
+        );
+        assert_eq!(
+            hello(&mut w, &stale, 14).unwrap_err(),
+            HandshakeError::Replayed
+        );
     }
 
     #[test]
