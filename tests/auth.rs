@@ -40,6 +40,21 @@ fn server_with(auth: ServerAuth) -> Server {
         .unwrap()
 }
 
+/// A server with a key that accepts one client key: the server, its key,
+/// and the client's.
+fn keyed_server() -> (Server, StaticKeypair, StaticKeypair) {
+    let (server_key, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let server = server_with(ServerAuth {
+        identity: Some(server_key.clone()),
+        authorized: Some(authorized(&[&client_key])),
+        allow_plain: false,
+    });
+    (server, server_key, client_key)
+}
+
 fn secure_client(id: u64, identity: &StaticKeypair, server: &StaticKeypair) -> Client {
     Client::new(&tuning(), id, Some(BYTES), Time::ZERO)
         .unwrap()
@@ -103,15 +118,7 @@ fn straight(from: SocketAddr) -> impl FnMut(Time, Dir, Vec<u8>) -> Vec<(SocketAd
 
 #[test]
 fn an_authenticated_transfer_completes_and_nothing_after_the_hello_is_in_clear() {
-    let (server_key, client_key) = (
-        StaticKeypair::generate().unwrap(),
-        StaticKeypair::generate().unwrap(),
-    );
-    let mut server = server_with(ServerAuth {
-        identity: Some(server_key.clone()),
-        authorized: Some(authorized(&[&client_key])),
-        allow_plain: false,
-    });
+    let (mut server, server_key, client_key) = keyed_server();
     let mut client = secure_client(11, &client_key, &server_key);
     // The pattern atou sends is recognisable: 64 bytes of it must never
     // be seen on the wire.
@@ -247,15 +254,7 @@ fn an_authenticating_client_is_told_when_the_server_has_no_key() {
 /// netem's `corrupt`: a bit flipped in one datagram in 20, both ways.
 #[test]
 fn flipped_bits_are_dropped_and_counted_and_the_transfer_still_completes() {
-    let (server_key, client_key) = (
-        StaticKeypair::generate().unwrap(),
-        StaticKeypair::generate().unwrap(),
-    );
-    let mut server = server_with(ServerAuth {
-        identity: Some(server_key.clone()),
-        authorized: Some(authorized(&[&client_key])),
-        allow_plain: false,
-    });
+    let (mut server, server_key, client_key) = keyed_server();
     let mut client = secure_client(16, &client_key, &server_key);
     let mut k = [0u64; 2];
     let mut flipped = [0u64; 2];
@@ -297,15 +296,7 @@ fn flipped_bits_are_dropped_and_counted_and_the_transfer_still_completes() {
 
 #[test]
 fn replayed_datagrams_are_dropped_and_counted() {
-    let (server_key, client_key) = (
-        StaticKeypair::generate().unwrap(),
-        StaticKeypair::generate().unwrap(),
-    );
-    let mut server = server_with(ServerAuth {
-        identity: Some(server_key.clone()),
-        authorized: Some(authorized(&[&client_key])),
-        allow_plain: false,
-    });
+    let (mut server, server_key, client_key) = keyed_server();
     let mut client = secure_client(17, &client_key, &server_key);
     let mut replayed = 0;
     run(
@@ -402,15 +393,7 @@ fn a_captured_session_cannot_be_injected_into() {
 /// another port. The connection follows them.
 #[test]
 fn a_connection_follows_its_client_to_a_new_address() {
-    let (server_key, client_key) = (
-        StaticKeypair::generate().unwrap(),
-        StaticKeypair::generate().unwrap(),
-    );
-    let mut server = server_with(ServerAuth {
-        identity: Some(server_key.clone()),
-        authorized: Some(authorized(&[&client_key])),
-        allow_plain: false,
-    });
+    let (mut server, server_key, client_key) = keyed_server();
     let mut client = secure_client(19, &client_key, &server_key);
     run(
         &mut client,
@@ -445,15 +428,7 @@ fn a_connection_follows_its_client_to_a_new_address() {
 /// to cookies; a legitimate client still gets in within a second.
 #[test]
 fn a_spoofed_hello_flood_gets_at_most_three_times_back_and_a_client_still_connects() {
-    let (server_key, client_key) = (
-        StaticKeypair::generate().unwrap(),
-        StaticKeypair::generate().unwrap(),
-    );
-    let mut server = server_with(ServerAuth {
-        identity: Some(server_key.clone()),
-        authorized: Some(authorized(&[&client_key])),
-        allow_plain: false,
-    });
+    let (mut server, server_key, client_key) = keyed_server();
     let attacker = StaticKeypair::generate().unwrap();
     let mut flood = Vec::new();
     for i in 0..300u64 {
@@ -484,13 +459,32 @@ fn a_spoofed_hello_flood_gets_at_most_three_times_back_and_a_client_still_connec
     // under load its first hello gets a cookie, the second gets in (two
     // round trips: the handshake's one plus the cookie's).
     let mut client = secure_client(20, &client_key, &server_key);
+    let (hellos, answered) = handshake_over_100ms(&mut client, &mut server, now);
+    let took = answered
+        .expect("no session within a second")
+        .saturating_since(now);
+    assert_eq!(hellos, 2, "a hello, then the same with the cookie");
+    assert!(
+        took <= Duration::from_millis(202),
+        "{took:?} for two round trips of 100 ms"
+    );
+    assert_eq!(server.stats().handshakes, 1);
+}
+
+/// Runs `client`'s handshake with `server` over a 100 ms round trip from
+/// `start`, for at most a second: the hellos it sent, and when the
+/// session was established.
+fn handshake_over_100ms(
+    client: &mut Client,
+    server: &mut Server,
+    start: Time,
+) -> (usize, Option<Time>) {
     let one_way = Duration::from_millis(50);
-    let mut to_server: Vec<(Time, Vec<u8>)> = Vec::new();
-    let mut to_client: Vec<(Time, Vec<u8>)> = Vec::new();
+    let (mut to_server, mut to_client) = (Vec::new(), Vec::new());
+    let mut buf = vec![0u8; 65536];
     let mut hellos = 0;
-    let mut answered = None;
-    let mut t = now;
-    while t.saturating_since(now) < Duration::from_secs(1) {
+    let mut t = start;
+    while t.saturating_since(start) < Duration::from_secs(1) {
         client.handle_timeout(t);
         while let Some(n) = client.poll_transmit(t, &mut buf, &mut PatternSource) {
             hellos += usize::from(buf[3] == 0x20);
@@ -506,20 +500,11 @@ fn a_spoofed_hello_flood_gets_at_most_three_times_back_and_a_client_still_connec
             let _ = client.handle_datagram(t, &d);
         }
         if client.sender().is_some() {
-            answered = Some(t);
-            break;
+            return (hellos, Some(t));
         }
         t += Duration::from_millis(1);
     }
-    let took = answered
-        .expect("no session within a second")
-        .saturating_since(now);
-    assert_eq!(hellos, 2, "a hello, then the same with the cookie");
-    assert!(
-        took <= Duration::from_millis(202),
-        "{took:?} for two round trips of 100 ms"
-    );
-    assert_eq!(server.stats().handshakes, 1);
+    (hellos, None)
 }
 
 /// The datagrams of `queue` due by `now`, in order.
@@ -567,15 +552,7 @@ fn a_plain_hello_still_works_where_the_operator_allows_it() {
 /// the connection returns to its client, which finishes.
 #[test]
 fn a_raced_packet_from_a_victim_address_cannot_aim_the_flow_at_it() {
-    let (server_key, client_key) = (
-        StaticKeypair::generate().unwrap(),
-        StaticKeypair::generate().unwrap(),
-    );
-    let mut server = server_with(ServerAuth {
-        identity: Some(server_key.clone()),
-        authorized: Some(authorized(&[&client_key])),
-        allow_plain: false,
-    });
+    let (mut server, server_key, client_key) = keyed_server();
     let mut client = secure_client(22, &client_key, &server_key);
     let victim = SocketAddr::from(([198, 51, 100, 7], 4444));
     let (mut to_victim, mut from_victim) = (0usize, 0usize);
@@ -628,40 +605,10 @@ fn a_raced_packet_from_a_victim_address_cannot_aim_the_flow_at_it() {
 /// session exists when its answer arrives, 100 ms later on a 100 ms path.
 #[test]
 fn the_handshake_takes_one_round_trip() {
-    let (server_key, client_key) = (
-        StaticKeypair::generate().unwrap(),
-        StaticKeypair::generate().unwrap(),
-    );
-    let mut server = server_with(ServerAuth {
-        identity: Some(server_key.clone()),
-        authorized: Some(authorized(&[&client_key])),
-        allow_plain: false,
-    });
+    let (mut server, server_key, client_key) = keyed_server();
     let mut client = secure_client(23, &client_key, &server_key);
-    let one_way = Duration::from_millis(50);
-    let (mut to_server, mut to_client) = (Vec::new(), Vec::new());
-    let mut buf = vec![0u8; 65536];
-    let mut hellos = 0;
-    let mut t = Time::ZERO;
-    while client.sender().is_none() && t < Time::ZERO + Duration::from_secs(1) {
-        client.handle_timeout(t);
-        while let Some(n) = client.poll_transmit(t, &mut buf, &mut PatternSource) {
-            hellos += usize::from(buf[3] == 0x20);
-            to_server.push((t + one_way, buf[..n].to_vec()));
-        }
-        for (_, mut d) in take_due(&mut to_server, t) {
-            server.handle_datagram(t, addr(1), &mut d);
-        }
-        while let Some((_, n)) = server.poll_transmit(t, &mut buf) {
-            to_client.push((t + one_way, buf[..n].to_vec()));
-        }
-        for (_, d) in take_due(&mut to_client, t) {
-            let _ = client.handle_datagram(t, &d);
-        }
-        if client.sender().is_none() {
-            t += Duration::from_millis(1);
-        }
-    }
+    let (hellos, established) = handshake_over_100ms(&mut client, &mut server, Time::ZERO);
     assert_eq!(hellos, 1);
+    assert!(established.is_some());
     assert_eq!(client.handshake_time(), Some(Duration::from_millis(100)));
 }
