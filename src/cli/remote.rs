@@ -800,20 +800,7 @@ fn received_text(r: &TransferReport, from: &str) -> String {
         r.secs,
         format_rate(rate),
     );
-    if r.bytes_resumed > 0 || r.skipped > 0 {
-        s += &format!(
-            "; {} not sent (already there: {} file{} skipped, the rest resumed)",
-            format_size(r.bytes_resumed),
-            r.skipped,
-            if r.skipped == 1 { "" } else { "s" }
-        );
-    }
-    if r.chunks_rejected > 0 {
-        s += &format!(
-            "; {} chunks failed their check and were sent again",
-            r.chunks_rejected
-        );
-    }
+    s += &super::transfer::not_sent_and_resent(r.bytes_resumed, r.skipped, r.chunks_rejected);
     s + "\natou: every file verified here (BLAKE3 per chunk and per file)\n"
 }
 

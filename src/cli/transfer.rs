@@ -325,6 +325,28 @@ fn show_progress(progress: Arc<Progress>, done: Arc<Mutex<bool>>, tty: bool) {
     }
 }
 
+/// The clauses a report line adds for what was already there and what
+/// was sent again, at either end.
+pub(super) fn not_sent_and_resent(
+    bytes_there: u64,
+    files_skipped: u64,
+    chunks_again: u64,
+) -> String {
+    let mut s = String::new();
+    if bytes_there > 0 || files_skipped > 0 {
+        s += &format!(
+            "; {} not sent (already there: {} file{} skipped, the rest resumed)",
+            format_size(bytes_there),
+            files_skipped,
+            if files_skipped == 1 { "" } else { "s" }
+        );
+    }
+    if chunks_again > 0 {
+        s += &format!("; {chunks_again} chunks failed their check and were sent again");
+    }
+    s
+}
+
 fn report_text(r: &SendReport) -> String {
     let mut s = format!(
         "atou: sent {} file{} ({} dir{}, {} symlink{}) to {}: {} in {:.2} s, {}",
@@ -339,20 +361,7 @@ fn report_text(r: &SendReport) -> String {
         r.secs,
         format_rate(r.goodput_bps),
     );
-    if r.bytes_skipped > 0 || r.skipped_files > 0 {
-        s += &format!(
-            "; {} not sent (already there: {} file{} skipped, the rest resumed)",
-            format_size(r.bytes_skipped),
-            r.skipped_files,
-            if r.skipped_files == 1 { "" } else { "s" }
-        );
-    }
-    if r.chunks_resent > 0 {
-        s += &format!(
-            "; {} chunks failed their check and were sent again",
-            r.chunks_resent
-        );
-    }
+    s += &not_sent_and_resent(r.bytes_skipped, r.skipped_files, r.chunks_resent);
     if r.skipped_files > 0 {
         // --skip-existing compared size and mtime, not contents: say so.
         s += &format!(
