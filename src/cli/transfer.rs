@@ -28,10 +28,13 @@ use super::{print_stdout, TuningArgs, UsageError};
 
 /// Read-ahead (sender) and window (receiver) per transfer, over all streams.
 pub const DEFAULT_BUFFER: &str = "64MiB";
-/// Datagram size of `atou copy` to a local directory, unless --mss says
-/// otherwise: a jumbo frame's, on loopback (MTU 64 KiB), so that the
-/// per-datagram costs (system calls, ACKs, and each seal and open) are
-/// paid a sixth as often as at 1472 bytes.
+/// Datagram size when the receiver is on this host (`atou copy` to a
+/// local directory, or a send or ssh copy to an address of this host),
+/// unless --mss says otherwise: a jumbo frame's, as kernel TCP sizes its
+/// MSS from lo's 64 KiB MTU, so that the per-datagram costs (system
+/// calls, ACKs, and each seal and open) are paid a sixth as often as at
+/// 1472 bytes. Elsewhere the default stays 1472: the first link's MTU
+/// says nothing of the path's.
 pub const LOOPBACK_MSS: u32 = 8972;
 /// Transport connections per transfer; see docs/transfer.md for how it was chosen.
 pub const DEFAULT_STREAMS: usize = 2;
@@ -181,6 +184,15 @@ pub(super) fn is_remote(dest: &str) -> bool {
     }
 }
 
+/// [`LOOPBACK_MSS`] when `peer` is an address of this host whose route
+/// carries datagrams that large.
+fn this_host_mss(peer: SocketAddr) -> Option<u32> {
+    let ip_udp_header = if peer.is_ipv6() { 48 } else { 28 };
+    atou::io::this_host_mtu(peer)
+        .filter(|mtu| *mtu >= LOOPBACK_MSS + ip_udp_header)
+        .map(|_| LOOPBACK_MSS)
+}
+
 pub(super) fn readers(n: Option<usize>) -> usize {
     n.unwrap_or_else(|| {
         thread::available_parallelism()
@@ -190,27 +202,19 @@ pub(super) fn readers(n: Option<usize>) -> usize {
 }
 
 impl TransferArgs {
+    /// The transfer's settings; the datagram size is [`LOOPBACK_MSS`]
+    /// when `peer` is this host and the user did not set one.
     fn config(
         &self,
         peer: SocketAddr,
         host: String,
         subdir: Option<RelPath>,
     ) -> Result<SendConfig> {
-        self.config_with(peer, host, subdir, None)
-    }
-
-    /// `default_mss`: the datagram size unless the user set one (`atou
-    /// copy` to a local directory runs over loopback, whose MTU is 64 KiB).
-    fn config_with(
-        &self,
-        peer: SocketAddr,
-        host: String,
-        subdir: Option<RelPath>,
-        default_mss: Option<u32>,
-    ) -> Result<SendConfig> {
         let (mut tuning, notes) = self.tuning.resolve()?;
-        if let Some(mss) = default_mss.filter(|_| !self.tuning.sets("mss")) {
-            tuning.mss = mss;
+        if !self.tuning.sets("mss") {
+            if let Some(mss) = this_host_mss(peer) {
+                tuning.mss = mss;
+            }
         }
         for note in notes {
             eprintln!("atou: {note}");
@@ -566,12 +570,9 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
             _ => Err(anyhow::anyhow!("the local receiver did not start")),
         };
     }
-    let mut config = args.transfer.config_with(
-        addr,
-        format!("{}", root.display()),
-        None,
-        Some(LOOPBACK_MSS),
-    )?;
+    let mut config = args
+        .transfer
+        .config(addr, format!("{}", root.display()), None)?;
     config.auth = client_auth;
     let code = run_send(&args.sources, config, &args.transfer);
     stop.notify_one();

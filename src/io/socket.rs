@@ -342,3 +342,45 @@ impl Default for TxBatch {
         TxBatch::new()
     }
 }
+
+/// The MTU of the route to `peer` when `peer` is an address of this host
+/// (loopback, or one of its own interfaces, which Linux routes over lo),
+/// else `None`. On this host no router lies between the ends, so the
+/// route's MTU is the path's, as kernel TCP assumes when it sizes its MSS
+/// from the interface; elsewhere the path may be narrower than the first
+/// link, and only path MTU discovery could say.
+pub fn this_host_mtu(peer: SocketAddr) -> Option<u32> {
+    let ip = peer.ip();
+    // Binding to an address succeeds only if this host has it (unless
+    // ip_nonlocal_bind is set, which the route MTU below then catches:
+    // a real interface's MTU, not lo's).
+    if !ip.is_loopback() && std::net::UdpSocket::bind((ip, 0)).is_err() {
+        return None;
+    }
+    let unspecified: SocketAddr = if peer.is_ipv6() {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    };
+    let probe = std::net::UdpSocket::bind(unspecified).ok()?;
+    probe.connect(peer).ok()?;
+    let mtu = if peer.is_ipv6() {
+        rustix::net::sockopt::ipv6_mtu(&probe)
+    } else {
+        rustix::net::sockopt::ip_mtu(&probe)
+    };
+    mtu.ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_is_this_host_with_lo_mtu_and_a_documentation_address_is_not() {
+        let lo = this_host_mtu("127.0.0.1:9".parse().unwrap());
+        assert!(lo.is_some_and(|m| m >= 9000), "{lo:?}");
+        // TEST-NET-3 (RFC 5737) is never assigned to a host.
+        assert_eq!(this_host_mtu("203.0.113.7:9".parse().unwrap()), None);
+    }
+}
