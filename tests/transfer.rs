@@ -1382,7 +1382,14 @@ fn corrupted_chunks_are_sent_again() {
     let dest = scratch.dir("dest");
     let server = Serve::start_with(&dest, &["--no-auth"]);
     let relay = Relay::start(server.addr, "corrupt 0.1%", "", 5);
-    let sent = send(&[&tree], &relay.addr.to_string(), &["--no-auth"]);
+    // 1472-byte datagrams, as across a 1500-byte path (a relay on
+    // loopback is this host, where the default is 8972): 20 MiB in ~14,500
+    // datagrams, of which 0.1 % is ~15 corrupted.
+    let sent = send(
+        &[&tree],
+        &relay.addr.to_string(),
+        &["--no-auth", "--mss", "1472"],
+    );
     let r = sent.report();
     let counts = relay.stop();
     assert_same_tree(&tree, &dest.join("c"));
@@ -1408,7 +1415,8 @@ fn corrupted_datagrams_are_dropped_by_the_authenticated_path() {
     let dest = scratch.dir("dest");
     let server = Serve::start(&dest);
     let relay = Relay::start(server.addr, "corrupt 0.1%", "corrupt 0.1%", 6);
-    let sent = send(&[&tree], &relay.addr.to_string(), &[]);
+    // 1472-byte datagrams, as in corrupted_chunks_are_sent_again.
+    let sent = send(&[&tree], &relay.addr.to_string(), &["--mss", "1472"]);
     let r = sent.report();
     let counts = relay.stop();
     assert_same_tree(&tree, &dest.join("c"));
