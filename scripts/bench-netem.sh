@@ -33,6 +33,16 @@
 #   and as atou saw it (resends / sends over the measured T): the model is
 #   stated for the loss rate a connection sees, and at 0.1% a 30-s run holds
 #   only about a dozen losses.
+# Then, on the same link (a fresh bridge, same seed, for each):
+#   two flows on one bottleneck, started together: atou bbr beside kernel
+#   bbr, and beside kernel cubic (each one's goodput, atou's share, Jain's
+#   index), at PAIR_LOSSES;
+#   end to end, a E2E_SIZE file from A to B, the whole command's wall clock:
+#   `atou send` to `atou serve --dir`, `atou copy host:dir` over ssh, scp,
+#   and rsync -a over ssh (a private sshd in B, scripts/lib/ssh.sh),
+#   authenticated and encrypted as users run them, tools rotated each round
+#   after an uncounted warm-up, min / median / max; targets: atou send >=
+#   1.0x scp at 0% and >= 1.5x at 1% (issue 14 point 9).
 # The script fails only when the bridge does not come up or a transfer fails
 # outright.
 #
@@ -40,7 +50,9 @@
 #               T=30 scripts/bench-netem.sh     (CI: 24 transfers of 40 s, ~17 min)
 # Environment: T (seconds measured per transfer, default 60), WARM (seconds
 # before that, left out, default 10), SEED (bridge seed, default 1), LOSSES
-# (loss values in percent, default "0 0.1 1 2").
+# (loss values in percent, default "0 0.1 1 2"), PAIR_LOSSES (default "0 1"),
+# E2E_LOSSES (default "0 1"), E2E_SIZE (default 100M), E2E_ROUNDS (default
+# 3). An empty PAIR_LOSSES or E2E_LOSSES skips that part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,10 +63,17 @@ hosts=(atou-bench-a atou-bench-b)
 addrs=(10.77.200.1 10.77.200.2)
 port=7890
 iperf_port=5201
-read -r -a losses <<<"${LOSSES:-0 0.1 1 2}"
+read -r -a losses <<<"${LOSSES-0 0.1 1 2}"
+read -r -a pair_losses <<<"${PAIR_LOSSES-0 1}"
+read -r -a e2e_losses <<<"${E2E_LOSSES-0 1}"
+e2e_size=${E2E_SIZE:-100M}
+e2e_rounds=${E2E_ROUNDS:-3}
 link="rate 100mbit delay 50ms"
 
 die() { echo "bench-netem: $*" >&2; exit 1; }
+note() { echo "bench-netem: $*" >&2; }
+# shellcheck source=scripts/lib/ssh.sh
+. scripts/lib/ssh.sh
 
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces); run: sudo $0"
 [[ "$secs" =~ ^[0-9]+$ ]] && [ "$secs" -ge 1 ] || die "T must be a whole number of seconds, got '$secs'"
@@ -87,6 +106,7 @@ stop_bridge() {
 }
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    sshd_stop
     stop_bridge
     rm -rf "$work"
 }
@@ -177,9 +197,10 @@ bridge_note() {
 in_a() { ip netns exec "${hosts[0]}" "$@"; }
 in_b() { ip netns exec "${hosts[1]}" "$@"; }
 
-# tcp LOSS ALGO: iperf3 from A to B with congestion control ALGO.
+# tcp LOSS ALGO [LABEL]: iperf3 from A to B with congestion control ALGO,
+# its row kept under LABEL (default ALGO).
 tcp() {
-    local loss=$1 algo=$2 server
+    local loss=$1 algo=$2 label=${3:-$2} server
     in_b iperf3 -s -1 -B "${addrs[1]}" -p "$iperf_port" >"$work/iperf-s.out" 2>&1 &
     server=$!
     pids+=("$server")
@@ -196,14 +217,14 @@ tcp() {
     fi
     wait "$server" || true
     pids=()
-    python3 - "$work/iperf.json" "$loss" "$algo" >>"$results" <<'PY' ||
+    python3 - "$work/iperf.json" "$loss" "$algo" "$label" >>"$results" <<'PY' ||
 import json, sys
 d = json.load(open(sys.argv[1]))
 end = d["end"]
 used = end.get("sender_tcp_congestion", sys.argv[3])
 assert used == sys.argv[3], f"iperf3 used {used}, not {sys.argv[3]}"
 rx = end["sum_received"]["bits_per_second"]
-print(sys.argv[2], sys.argv[3], f"{rx:.0f}", "-", end["sum_sent"].get("retransmits", "-"), "-", "-", "-", "-")
+print(sys.argv[2], sys.argv[4], f"{rx:.0f}", "-", end["sum_sent"].get("retransmits", "-"), "-", "-", "-", "-")
 PY
         die "loss $loss%: could not read iperf3 -C $algo's JSON"
 }
@@ -316,6 +337,97 @@ for loss in "${losses[@]}"; do
     done
 done
 
+# Two flows on one bottleneck: atou bbr beside kernel bbr, then beside
+# kernel cubic, started together and measured as above (iperf3 -O WARM;
+# atou's trace over [WARM, WARM + T]).
+pair_run() {
+    local loss=$1 algo=$2 kernel
+    ( tcp "$loss" "$algo" "pair-$algo" ) &
+    kernel=$!
+    atou_run "$loss" "atou-pair-$algo"
+    wait "$kernel" || die "loss $loss%: kernel $algo beside atou failed"
+}
+for loss in "${pair_losses[@]}"; do
+    fwd=$link
+    [ "$loss" = 0 ] || fwd="$link loss $loss%"
+    for a in bbr cubic; do
+        [[ " ${algos[*]} " == *" $a "* ]] || continue
+        on_fresh_bridge "$loss" "$fwd" "atou bbr beside kernel TCP $a" pair_run "$loss" "$a"
+    done
+done
+
+# End to end: one E2E_SIZE file from A to B, the wall time of the whole
+# command a user would type (log-in, handshake, data, close), tools in a
+# rotating order, after an uncounted warm-up with a small file:
+#   atou send to atou serve --dir in B (authenticated and encrypted, the
+#   defaults); atou copy host:dir over ssh; scp; rsync -a over ssh.
+e2e=$work/e2e
+e2e_results=$e2e/results   # lines: loss tool seconds
+mkdir -p "$e2e/src" "$e2e/warm"
+: >"$e2e_results"
+if [ "${#e2e_losses[@]}" -gt 0 ]; then
+    echo "bench-netem: end to end: a $e2e_size file, ${#e2e_losses[@]} loss values x $e2e_rounds rounds x 4 tools" >&2
+    ssh_tools_install note die
+    head -c "$e2e_size" /dev/urandom >"$e2e/src/data"
+    head -c 10M /dev/urandom >"$e2e/warm/data"
+    "$atou" keygen -f "$e2e/server" -C bench-server >/dev/null
+    "$atou" keygen -f "$e2e/client" -C bench-client >/dev/null
+    cp "$e2e/client.pub" "$e2e/authorized_keys"
+    chmod 755 "$work" "$e2e"
+fi
+# e2e_one LOSS TOOL FILE COUNTED: one transfer of FILE into B's directory
+# for TOOL (emptied first), checked, timed; kept if COUNTED.
+e2e_one() {
+    local loss=$1 tool=$2 file=$3 counted=$4 dst=$e2e/dst-$2 t0 t1
+    # Emptied, not removed: atou serve holds it and its staging directory open.
+    mkdir -p "$dst"
+    find "$dst" -mindepth 1 -maxdepth 1 ! -name .atou-staging -exec rm -rf {} +
+    t0=$(date +%s.%N)
+    case $tool in
+        atou-send) in_a timeout 600 "$atou" send --quiet --identity "$e2e/client" \
+                       --server-key "$e2e/server.pub" "$file" "${addrs[1]}:$port" ;;
+        atou-copy) in_a timeout 600 "$atou" copy --quiet --ssh "$ssh_cmd" --remote-atou "$PWD/$atou" \
+                       "$file" "$ssh_user@${addrs[1]}:$dst/" ;;
+        scp) in_a timeout 600 scp -q "${ssh_opts[@]}" -P "$ssh_port" "$file" "$ssh_user@${addrs[1]}:$dst/" ;;
+        rsync) in_a timeout 600 rsync -a -e "$ssh_cmd" "$file" "$ssh_user@${addrs[1]}:$dst/" ;;
+    esac >"$e2e/out" 2>&1 || die "loss $loss%: $tool failed: $(tail -n 2 "$e2e/out" | tr '\n' ' ')$(bridge_note)"
+    t1=$(date +%s.%N)
+    cmp -s "$file" "$dst/data" || die "loss $loss%: $tool delivered a different file"
+    [ "$counted" = 0 ] || echo "$loss $tool $(python3 -c "print($t1 - $t0)")" >>"$e2e_results"
+}
+e2e_run() {
+    local loss=$1 tools=(atou-send atou-copy scp rsync) r k serve
+    sshd_start "$e2e/ssh" "${addrs[1]}" 2222 ip netns exec "${hosts[1]}"
+    sshd_wait "${addrs[1]}" in_a
+    mkdir -p "$e2e/dst-atou-send"
+    # ip netns exec itself, not in_b: its pid is then atou's, for the kill below.
+    ip netns exec "${hosts[1]}" "$atou" serve --bind "${addrs[1]}:$port" --dir "$e2e/dst-atou-send" --identity "$e2e/server" \
+        --authorized-keys "$e2e/authorized_keys" >"$e2e/serve.out" 2>"$e2e/serve.err" &
+    serve=$!
+    pids+=("$serve")
+    for _ in $(seq 150); do
+        grep -q listening "$e2e/serve.err" 2>/dev/null && break
+        sleep 0.1
+    done
+    grep -q listening "$e2e/serve.err" ||
+        die "loss $loss%: atou serve --dir did not start: $(tail -n 1 "$e2e/serve.err")$(bridge_note)"
+    for k in "${tools[@]}"; do e2e_one "$loss" "$k" "$e2e/warm/data" 0; done
+    for r in $(seq "$e2e_rounds"); do
+        for k in 0 1 2 3; do
+            e2e_one "$loss" "${tools[$(( (k + r) % 4 ))]}" "$e2e/src/data" 1
+        done
+    done
+    kill "$serve" 2>/dev/null || true
+    wait "$serve" 2>/dev/null || true
+    pids=()
+    sshd_stop
+}
+for loss in "${e2e_losses[@]}"; do
+    fwd=$link
+    [ "$loss" = 0 ] || fwd="$link loss $loss%"
+    on_fresh_bridge "$loss" "$fwd" "end to end: atou send, atou copy, scp, rsync" e2e_run "$loss"
+done
+
 python3 - "$results" "$work/counts" "$secs" "$hdr" "$seed" "$warm" <<'PY'
 import math, sys
 rows, counts, secs, hdr, seed, warm = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]
@@ -409,4 +521,55 @@ for l in losses:
             print(f"  loss {l}%: atou aimd / {label} = {r:.2f}  (target 0.75-1.25): {verdict(0.75 <= r <= 1.25)}")
 print()
 print(open(counts).read(), end="")
+PY
+
+python3 - "$results" "$e2e_results" "$secs" "$warm" "$e2e_size" <<'PY'
+import statistics, sys
+rows, e2e_rows, secs, warm, size = sys.argv[1:6]
+pairs = {}
+for line in open(rows):
+    f = line.split()
+    loss, kind, bps = f[0], f[1], float(f[2])
+    for algo in ("bbr", "cubic"):
+        if kind == f"pair-{algo}":
+            pairs.setdefault((loss, algo), {})["kernel"] = bps
+        elif kind == f"atou-pair-{algo}":
+            pairs.setdefault((loss, algo), {})["atou"] = bps
+if pairs:
+    print()
+    print(f"two flows on one bottleneck, started together; goodput over {secs} s after {warm} s, Mbit/s")
+    print(f"  {'loss':>6} {'pair':>26} {'atou':>8} {'kernel':>8} {'atou share':>11} {'Jain':>6}")
+    for (loss, algo), d in pairs.items():
+        a, k = d.get("atou"), d.get("kernel")
+        if a is None or k is None:
+            continue
+        jain = (a + k) ** 2 / (2 * (a * a + k * k)) if a + k > 0 else 0
+        print(f"  {loss + '%':>6} {'atou bbr + kernel ' + algo:>26} {a / 1e6:8.2f} {k / 1e6:8.2f} "
+              f"{a / (a + k):11.2f} {jain:6.3f}")
+e2e = {}
+for line in open(e2e_rows):
+    loss, tool, s = line.split()
+    e2e.setdefault(loss, {}).setdefault(tool, []).append(float(s))
+if e2e:
+    n = int(size[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[size[-1].upper()] if size[-1].isalpha() else int(size)
+    print()
+    print(f"end to end, a {size} file from A to B (whole command, wall clock), tools rotated after a warm-up: "
+          f"seconds min / median / max, and Mbit/s at the median")
+    tools = ["atou-send", "atou-copy", "scp", "rsync"]
+    for loss, by in e2e.items():
+        for t in tools:
+            if t in by:
+                xs = by[t]
+                print(f"  {loss + '%':>6} {t:>10} {min(xs):7.2f} / {statistics.median(xs):7.2f} / {max(xs):7.2f}"
+                      f"   {n * 8 / statistics.median(xs) / 1e6:7.2f}")
+    print("targets (issue 14; figures only)")
+    for loss, want in (("0", 1.0), ("1", 1.5)):
+        by = e2e.get(loss, {})
+        if "atou-send" in by and "scp" in by:
+            r = statistics.median(by["scp"]) / statistics.median(by["atou-send"])
+            print(f"  loss {loss}%: atou send speed / scp speed = {r:.2f}  (target >= {want}): "
+                  f"{'met' if r >= want else 'NOT met'}")
+        if "atou-copy" in by and "scp" in by:
+            r = statistics.median(by["scp"]) / statistics.median(by["atou-copy"])
+            print(f"  loss {loss}%: atou copy over ssh speed / scp speed = {r:.2f}")
 PY
