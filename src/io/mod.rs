@@ -172,6 +172,10 @@ pub struct ProbeConfig {
     pub reply_limit: u32,
     /// Authenticate and encrypt with these keys; `None`: plain.
     pub auth: Option<crate::proto::crypto::ClientAuth>,
+    /// Done once the reply is in and the close sent, without waiting for
+    /// the close's acknowledgement ([`Client::with_close_unacknowledged`]):
+    /// for requests, whose reply is all that is wanted.
+    pub close_unacknowledged: bool,
 }
 
 #[derive(Debug)]
@@ -323,6 +327,10 @@ pub async fn connect_from<F: StreamFeed>(
     // The tuning first: a bad one should not cost a socket.
     let clock = Clock::new();
     let mut client = match Client::new(&config.tuning, config.conn_id, config.bytes, clock.now()) {
+        Ok(c) if config.close_unacknowledged => c
+            .with_session(config.session)
+            .with_reply_limit(config.reply_limit)
+            .with_close_unacknowledged(),
         Ok(c) => c
             .with_session(config.session)
             .with_reply_limit(config.reply_limit),

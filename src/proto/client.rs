@@ -328,6 +328,8 @@ pub struct Client {
     /// Longest reply accepted for this connection's stream.
     reply_limit: u32,
     reply: Option<Vec<u8>>,
+    /// Finish once the close is sent, without its acknowledgement.
+    close_unacknowledged: bool,
     /// Stream bytes ready to send, when the application limits them.
     available: Option<u64>,
     tuning: Tuning,
@@ -362,6 +364,7 @@ impl Client {
             session: 0,
             reply_limit: REPLY_MAX,
             reply: None,
+            close_unacknowledged: false,
             available: None,
             tuning: tuning.clone(),
             stream_len,
@@ -466,6 +469,17 @@ impl Client {
     /// grows only with the fragments that arrive, whatever the limit.
     pub fn with_reply_limit(mut self, bytes: u32) -> Client {
         self.reply_limit = bytes.min(REPLY_MAX);
+        self
+    }
+
+    /// Finishes a session connection once its reply is in and one close
+    /// has been sent, without waiting a round trip for the close's
+    /// acknowledgement: for a request (a plan, a finish) the reply is all
+    /// the caller wants, and the server forgets the connection when the
+    /// close arrives or, if it is lost, after its idle time. The server's
+    /// counters ([`Closed::peer`]) are then `None`.
+    pub fn with_close_unacknowledged(mut self) -> Client {
+        self.close_unacknowledged = true;
         self
     }
 
@@ -968,13 +982,20 @@ impl Client {
             }
             State::Closing { .. } if self.retry.due(now) => {
                 let s = self.sender.as_ref()?;
-                Close {
+                let n = Close {
                     conn_id: self.conn_id,
                     segments: s.stats().pkts_out,
                     bytes: s.good_bytes(),
                 }
                 .emit(buf)
-                .ok()
+                .ok();
+                if n.is_some() && self.close_unacknowledged && self.reply.is_some() {
+                    self.state = State::Done(Ok(Closed {
+                        peer: None,
+                        reply: self.reply.take(),
+                    }));
+                }
+                n
             }
             _ => None,
         }

@@ -1345,22 +1345,24 @@ impl Server {
         self.enqueue(conn_id);
     }
 
-    /// The application's answer to `conn_id`'s stream, sent as the client
-    /// fetches it. Replies longer than 4 GiB are not representable.
+    /// The application's answer to `conn_id`'s stream. Its first fragment
+    /// is pushed to the client at once, unasked, so that a client that
+    /// has sent everything has it with the last acknowledgement instead
+    /// of a round trip later; the rest, and anything lost, is sent as the
+    /// client fetches it. Replies longer than 4 GiB are not
+    /// representable.
     ///
     /// A reply before the stream is complete (the application failed) is
-    /// pushed to the client unasked, and again now and then while data
-    /// keeps coming: the client stops sending and fetches the rest.
+    /// pushed again now and then while data keeps coming: the client
+    /// stops sending and fetches the rest.
     pub fn respond(&mut self, conn_id: u64, reply: Vec<u8>) {
         debug_assert!(u32::try_from(reply.len()).is_ok());
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
         conn.reply = Some(reply);
-        if !conn.receiver.is_complete() {
-            conn.fetches.push_back(0);
-            self.enqueue(conn_id);
-        }
+        conn.fetches.push_back(0);
+        self.enqueue(conn_id);
     }
 
     pub fn poll_session_event(&mut self) -> Option<SessionEvent> {
@@ -1751,6 +1753,74 @@ mod tests {
             report.stats.bytes < 1_000_000,
             "{} bytes sent",
             report.stats.bytes
+        );
+    }
+
+    /// A request (a plan, a finish) over a 100 ms round trip: one for the
+    /// hello, one for the request and its reply, which the server pushes
+    /// with its last acknowledgement instead of waiting to be fetched; a
+    /// client that does not wait for its close's acknowledgement is done
+    /// then, one that does a round trip later. (Fetched and acknowledged,
+    /// it took four.)
+    #[test]
+    fn a_request_is_answered_in_two_round_trips_its_reply_pushed() {
+        let one_way = Duration::from_millis(50);
+        let finished_at = |close_unacknowledged: bool| {
+            let tuning = Tuning::default();
+            let mut now = Time::ZERO;
+            let client = Client::new(&tuning, 11, Some(3000), now)
+                .unwrap()
+                .with_session(21);
+            let mut client = if close_unacknowledged {
+                client.with_close_unacknowledged()
+            } else {
+                client
+            };
+            let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
+            let (mut to_server, mut to_client) = (Vec::new(), Vec::new());
+            let mut buf = vec![0u8; 2048];
+            let due = |q: &mut Vec<(Time, Vec<u8>)>, now: Time| {
+                let (due, later): (Vec<_>, Vec<_>) = q.drain(..).partition(|(at, _)| *at <= now);
+                *q = later;
+                due
+            };
+            while now < Time::ZERO + Duration::from_secs(2) {
+                while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
+                    to_server.push((now + one_way, buf[..n].to_vec()));
+                }
+                for (_, mut d) in due(&mut to_server, now) {
+                    server.handle_datagram(now, addr(1), &mut d);
+                }
+                while let Some(e) = server.poll_session_event() {
+                    if let SessionEvent::Complete { conn_id } = e {
+                        server.respond(conn_id, b"plan".to_vec());
+                    }
+                }
+                while let Some((_, m)) = server.poll_transmit(now, &mut buf) {
+                    to_client.push((now + one_way, buf[..m].to_vec()));
+                }
+                for (_, d) in due(&mut to_client, now) {
+                    let _ = client.handle_datagram(now, &d);
+                }
+                if done_or_tick(&mut now, &mut client, &mut server) {
+                    let closed = client.outcome().unwrap().clone().unwrap();
+                    assert_eq!(closed.reply.as_deref(), Some(&b"plan"[..]));
+                    assert_eq!(closed.peer.is_none(), close_unacknowledged);
+                    return now;
+                }
+            }
+            panic!("not done in 2 s");
+        };
+        let rtt = Duration::from_millis(100);
+        let quick = finished_at(true).saturating_since(Time::ZERO);
+        assert!(
+            quick >= 2 * rtt && quick <= 2 * rtt + Duration::from_millis(5),
+            "{quick:?}"
+        );
+        let acked = finished_at(false).saturating_since(Time::ZERO);
+        assert!(
+            acked >= 3 * rtt && acked <= 3 * rtt + Duration::from_millis(5),
+            "{acked:?}"
         );
     }
 }

@@ -159,9 +159,19 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("cannot start the I/O runtime")
 }
 
+/// What a connection waits for at its end.
+#[derive(Clone, Copy)]
+struct Ending {
+    /// The longest reply the request can be answered with; a longer one
+    /// is refused.
+    reply_limit: u64,
+    /// Done once the reply is in, without the close's acknowledgement
+    /// (and the server's counters it carries): a round trip saved.
+    close_unacknowledged: bool,
+}
+
 /// Runs one connection of `session` carrying `feed`; returns the reply
-/// (refused if longer than `reply_limit`, what the request can be
-/// answered with) and the transport's summary.
+/// and the transport's summary.
 fn run_conn<F: StreamFeed>(
     config: &SendConfig,
     from: Option<&Bound>,
@@ -169,7 +179,7 @@ fn run_conn<F: StreamFeed>(
     len: u64,
     feed: &mut F,
     stop: &Progress,
-    reply_limit: u64,
+    ending: Ending,
 ) -> (Result<Vec<u8>, SendError>, Option<Summary>) {
     let socket = match from.map(|b| b.socket.try_clone()).transpose() {
         Ok(s) => s,
@@ -190,7 +200,8 @@ fn run_conn<F: StreamFeed>(
         trace: false,
         conn_id: fresh_conn_id(),
         session,
-        reply_limit: u32::try_from(reply_limit).unwrap_or(u32::MAX),
+        reply_limit: u32::try_from(ending.reply_limit).unwrap_or(u32::MAX),
+        close_unacknowledged: ending.close_unacknowledged,
     };
     let stopped = async {
         while !stop.stop.load(Ordering::Relaxed) {
@@ -221,6 +232,13 @@ fn ask(
     reply_limit: u64,
 ) -> Result<Vec<u8>, SendError> {
     let len = request.len() as u64;
+    // The reply is all a request wants (the data streams keep waiting
+    // for the close's acknowledgement: its receiver counters go in the
+    // report).
+    let ending = Ending {
+        reply_limit,
+        close_unacknowledged: true,
+    };
     run_conn(
         config,
         from,
@@ -228,7 +246,7 @@ fn ask(
         len,
         &mut BytesFeed(request),
         stop,
-        reply_limit,
+        ending,
     )
     .0
 }
@@ -859,8 +877,18 @@ fn send_session(
                         let len = feed.layout.total_len();
                         let limit = Outcome::max_len(feed.layout.slots.len() as u64);
                         let bound = (!from.is_empty()).then(|| &from[index % from.len()]);
-                        let (reply, summary) =
-                            run_conn(config, bound, session, len, &mut feed, progress, limit);
+                        let (reply, summary) = run_conn(
+                            config,
+                            bound,
+                            session,
+                            len,
+                            &mut feed,
+                            progress,
+                            Ending {
+                                reply_limit: limit,
+                                close_unacknowledged: false,
+                            },
+                        );
                         // Whatever was acknowledged but not yet counted.
                         progress
                             .done
