@@ -30,6 +30,13 @@ const MIB: u64 = 1 << 20;
 /// 2001-02-03 00:00:00 UTC.
 const FEB_3_2001: u64 = 981_158_400;
 
+// Exit statuses (`atou --help`, src/cli/exit.rs).
+const REFUSED: i32 = 5;
+const NETWORK: i32 = 10;
+const LOCAL_IO: i32 = 11;
+const PARTIAL: i32 = 23;
+const TIMEOUT: i32 = 30;
+
 // ---------------------------------------------------------------------------
 // Scratch space, content, times
 // ---------------------------------------------------------------------------
@@ -436,13 +443,14 @@ impl Sent {
         r
     }
 
-    /// The one-line reason of a failed send, checked to be exit status 1
-    /// and one readable line.
-    fn failure(&self) -> String {
+    /// The one-line reason of a failed send, checked to be exit status
+    /// `want` (see `atou --help`: 5 refused, 10 network, 11 local I/O,
+    /// 23 partial, 30 timeout, ...) and one readable line.
+    fn failure(&self, want: i32) -> String {
         assert_eq!(
             self.code(),
-            Some(1),
-            "atou send should have failed with status 1 ({}); stdout:\n{}\nstderr:\n{}",
+            Some(want),
+            "atou send should have failed with status {want} ({}); stdout:\n{}\nstderr:\n{}",
             self.status,
             self.stdout,
             self.stderr
@@ -873,7 +881,7 @@ fn a_symlink_in_the_destination_is_not_followed() {
 
     let server = Serve::start(&dest);
     let sent = send(&[&src], &server.target(), &[]);
-    let why = sent.failure();
+    let why = sent.failure(REFUSED);
     assert!(
         why.contains("symlink") && why.contains("out"),
         "the reason does not name the symlink: {why}"
@@ -896,7 +904,7 @@ fn a_symlink_in_the_destination_is_not_followed() {
 
     // --overwrite does not make it follow the symlink either.
     let sent = send(&[&src], &server.target(), &["--overwrite"]);
-    let why2 = sent.failure();
+    let why2 = sent.failure(REFUSED);
     assert!(why2.contains("symlink"), "{why2}");
     assert_eq!(fs::read_dir(&elsewhere).unwrap().count(), 0);
     say(&format!(
@@ -940,7 +948,7 @@ fn existing_files_are_refused_unless_overwrite_and_skip_existing_skips_identical
 
     // Again: refused, nothing changed.
     let again = send(&[&tree], &target, &[]);
-    let why = again.failure();
+    let why = again.failure(REFUSED);
     assert!(why.contains("--overwrite"), "{why}");
     assert_same_tree(&tree, &dest.join("tree"));
 
@@ -957,7 +965,7 @@ fn existing_files_are_refused_unless_overwrite_and_skip_existing_skips_identical
     set_mtime(&b, FEB_3_2001 + 1_000_000, 42);
     assert!(first_difference(&b, &dest.join("tree/b")).is_some());
     // The sender may ask; this server does not allow it.
-    let refused = send(&[&tree], &target, &["--overwrite"]).failure();
+    let refused = send(&[&tree], &target, &["--overwrite"]).failure(REFUSED);
     assert!(refused.contains("--allow-overwrite"), "{refused}");
     assert!(first_difference(&b, &dest.join("tree/b")).is_some());
     drop(server);
@@ -1019,7 +1027,7 @@ fn checksum_compares_existing_files_by_content_not_mtime() {
     assert_eq!(report_u(&trusting, "skipped_files"), 1, "{trusting}");
     assert!(first_difference(&f, &dest.join("tree/f")).is_some());
     // --checksum without --overwrite: it differs, so it is refused.
-    let why = send(&[&tree], &target, &["--skip-existing", "--checksum"]).failure();
+    let why = send(&[&tree], &target, &["--skip-existing", "--checksum"]).failure(REFUSED);
     assert!(
         why.contains("differs") && why.contains("--overwrite"),
         "{why}"
@@ -1156,7 +1164,7 @@ fn a_killed_transfer_resumes_and_resends_under_60_percent() {
         let at_kill = wait_for_half(&part, BIG, &mut sending);
         server.kill();
         let failed = sending.finish(Duration::from_secs(60));
-        let why = failed.failure();
+        let why = failed.failure(TIMEOUT);
         say(&format!(
             "  the sender, its receiver killed: `{why}` after {:.1} s",
             failed.secs
@@ -1246,7 +1254,7 @@ fn a_full_destination_fails_cleanly() {
         .unwrap()
         .set_len(1 << 30)
         .unwrap();
-    let refused = send(&[&huge], &server.target(), &[]).failure();
+    let refused = send(&[&huge], &server.target(), &[]).failure(REFUSED);
     assert!(
         refused.contains("more than the whole file system"),
         "{refused}"
@@ -1260,7 +1268,7 @@ fn a_full_destination_fails_cleanly() {
     // any small file's: with two, a small file could take the space the
     // big file's last chunk needs.
     let sent = send(&[&tree], &server.target(), &["--streams", "1"]);
-    let why = sent.failure();
+    let why = sent.failure(PARTIAL);
     let listing: Vec<String> = fs::read_dir(dest.join("t"))
         .map(|d| {
             let mut names: Vec<String> = d
@@ -1570,4 +1578,98 @@ fn another_local_process_cannot_write_through_atou_copy() {
         keyed.stderr
     );
     assert!(!dest.join(".bashrc").exists());
+}
+
+// ---------------------------------------------------------------------------
+// Exit statuses a script can act on (issue 15 point 4)
+// ---------------------------------------------------------------------------
+
+impl Sent {
+    /// The `--json` report on stdout, whatever the status.
+    fn json(&self) -> Value {
+        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| {
+            panic!(
+                "send --json: {e}: `{}`; stderr:\n{}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+
+    /// Checks the exit status and the `--json` report's status word and
+    /// number agree with `want`; the reason on stderr.
+    fn failed_as(&self, want: i32, word: &str) -> String {
+        let why = self.failure(want);
+        let r = self.json();
+        assert_eq!(r["status"], word, "{r}");
+        assert_eq!(r["exit"], want, "{r}");
+        // The report gives the same reason as stderr.
+        assert_eq!(
+            format!("atou: {}", r["error"].as_str().unwrap_or_default()),
+            why,
+            "{r}"
+        );
+        why
+    }
+}
+
+#[test]
+fn exit_statuses_tell_a_script_what_failed() {
+    let scratch = Scratch::new("exit-statuses");
+    let src = scratch.dir("src/tree");
+    write_random(&src.join("a"), 100 * KIB, 71);
+    let dest = scratch.dir("dest");
+
+    // Nothing listens on a port just released: loopback answers ICMP
+    // unreachable, and that is a network failure, worth retrying.
+    let dead = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let why = send(&[&src], &dead.to_string(), &[]).failed_as(NETWORK, "network");
+    assert!(why.contains("no atou server"), "{why}");
+
+    // A source that is not there: a local I/O error, before any packet.
+    let missing = scratch.path("src/missing");
+    let why = send(&[&missing], &dead.to_string(), &[]).failed_as(LOCAL_IO, "io");
+    assert!(why.contains("missing"), "the reason names the file: {why}");
+
+    // Success says "ok" too.
+    let server = Serve::start(&dest);
+    let r = send(&[&src], &server.target(), &[]).report();
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["exit"], 0, "{r}");
+
+    // Again, without --overwrite: the receiver refuses; retrying as is
+    // would not help.
+    let why = send(&[&src], &server.target(), &[]).failed_as(REFUSED, "refused");
+    assert!(why.contains("--overwrite"), "{why}");
+}
+
+#[test]
+fn an_interrupted_send_exits_130_and_says_so_in_its_report() {
+    let scratch = Scratch::new("exit-interrupted");
+    let src = scratch.dir("src");
+    let big = src.join("big.bin");
+    write_random(&big, 64 * MIB, 72);
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    // 64 MiB at 40 Mbit/s: about 13 s, time enough to be interrupted.
+    let relay = Relay::start(server.addr, "rate 40mbit", "", 7);
+    let mut sending = spawn_send(&[&big], &relay.addr.to_string(), &[]);
+    let part = staged_part(&dest);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while allocated(&part) < 4 * MIB {
+        assert!(sending.running(), "atou send ended before it was interrupted");
+        assert!(Instant::now() < deadline, "nothing written after 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = sending.process.child().id();
+    let kill = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let sent = sending.finish(Duration::from_secs(30));
+    let why = sent.failed_as(130, "interrupted");
+    assert!(why.contains("run the same command again"), "{why}");
 }

@@ -23,6 +23,7 @@ use atou::transfer::receive::{
 use atou::transfer::send::{Progress, SendConfig, SendError, SendReport};
 use atou::units::{format_rate, format_size, parse_size};
 
+use super::exit::{self, Exit};
 use super::net::{resolve, runtime};
 use super::{print_stdout, TuningArgs, UsageError};
 
@@ -75,15 +76,16 @@ pub struct TransferArgs {
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "Examples:\n  \
+#[command(after_help = format!("Examples:\n  \
     atou send data/ results.tar server.example.org\n  \
     atou send big.img 10.0.0.2:7891:incoming --streams 4 --recovery sack\n  \
     atou send tree/ '[2001:db8::2]:7890:backup' --skip-existing\n\n\
     Each SRC arrives as DEST/SUBDIR/NAME, NAME being its last component, with modes and mtimes \
     kept. The tuning flags apply to each connection; --rcvsegs defaults to each stream's share \
-    of --buffer (and may only be smaller), and --maxtime/--maxpkts do not apply. A numeric SUBDIR needs the port spelled out (host:7890:2024). Exit status: 0 every \
-    file sent and verified, 1 the transfer failed (the reason is on stderr), 2 usage error, \
-    130 interrupted; run the same command again to resume.")]
+    of --buffer (and may only be smaller), and --maxtime/--maxpkts do not apply. A numeric SUBDIR needs the port spelled out (host:7890:2024). \
+    With --json, the report on stdout carries the status as a word (\"status\": \"ok\", \"refused\", ...) \
+    and a number (\"exit\"), also when the transfer fails. A failed or interrupted transfer \
+    resumes when the same command is run again.\n\n{}", Exit::table()))]
 pub struct SendArgs {
     /// Files and directories to send
     #[arg(value_name = "SRC", required = true, num_args = 1..)]
@@ -96,7 +98,7 @@ pub struct SendArgs {
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "Examples:\n  \
+#[command(after_help = format!("Examples:\n  \
     atou copy dataset/ /mnt/scratch\n  \
     atou copy a.bin b.bin alice@server.example.org:incoming      # push over ssh\n  \
     atou copy server.example.org:results/run7 ./runs             # pull over ssh\n  \
@@ -108,7 +110,7 @@ pub struct SendArgs {
     move the data over UDP (`--port`), each end pinning the other's key. Every SRC of a \
     pull is on one host. Anything else is a local directory (created if missing): atou \
     runs the receiver itself over loopback UDP. Each SRC arrives as DEST/NAME. Flags as for \
-    `atou send`; to send to a running `atou serve --dir`, use `atou send`.")]
+    `atou send`; to send to a running `atou serve --dir`, use `atou send`.\n\n{}", Exit::table()))]
 pub struct CopyArgs {
     /// Files and directories to copy: local paths, or [USER@]HOST:PATH on one host (a pull)
     #[arg(value_name = "SRC", required = true, num_args = 1..)]
@@ -426,6 +428,10 @@ pub(super) fn run_send_from(
         let _ = ctrlc_hook(move || p.stop.store(true, Ordering::Relaxed));
     }
     let result = atou::transfer::send::send_from(sources, &config, progress.clone(), from);
+    let status = match &result {
+        Ok(_) => Exit::Ok,
+        Err(e) => e.fault().into(),
+    };
     *done.lock().expect("progress lock") = true;
     if let Some(h) = shower {
         let _ = h.join();
@@ -433,24 +439,27 @@ pub(super) fn run_send_from(
     match result {
         Ok(report) => {
             if args.json {
-                print_stdout(&(serde_json::to_string_pretty(&report)? + "\n"))?;
+                print_stdout(&exit::json_report(&report, status)?)?;
             } else if !args.quiet {
                 eprint!("{}", report_text(&report));
             }
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(SendError::Interrupted) => {
-            eprintln!("atou: interrupted; run the same command again to resume");
-            Ok(ExitCode::from(130))
         }
         Err(e) => {
-            // The reason may quote the server's words: escaped, so a
-            // hostile server cannot drive the terminal.
-            let why = explain(&e).unwrap_or_else(|| e.to_string());
-            eprintln!("atou: {}", atou::text::escape(why.as_bytes()));
-            Ok(ExitCode::from(1))
+            let why = match e {
+                SendError::Interrupted => {
+                    "interrupted; run the same command again to resume".to_string()
+                }
+                // The reason may quote the server's words: escaped, so a
+                // hostile server cannot drive the terminal.
+                e => atou::text::escape(explain(&e).unwrap_or_else(|| e.to_string()).as_bytes()),
+            };
+            eprintln!("atou: {why}");
+            if args.json {
+                print_stdout(&exit::json_failure(status, &config.host, &why))?;
+            }
         }
     }
+    Ok(status.into())
 }
 
 /// Calls `f` on the first Ctrl-C, from a thread of its own.

@@ -59,6 +59,85 @@ pub enum SendError {
     BadReply { host: String, why: String },
     #[error("interrupted")]
     Interrupted,
+    /// What the receiver holds is not what was sent: its final check
+    /// failed, or chunks kept failing theirs.
+    #[error("the transfer to {host} failed verification: {why}")]
+    Unverified { host: String, why: String },
+}
+
+/// What kind of failure a [`SendError`] (or a [`ProbeError`]) is, so that
+/// a caller can act on it (the CLI's exit status): try again later, fix
+/// the command or the server, or look at the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The receiver said no: a conflict, its policy or permissions, or
+    /// authentication.
+    Refused,
+    /// No server answered, the host or path is unreachable, or the
+    /// server is busy: worth trying again.
+    Network,
+    /// The peer went silent for maxidle once the connection was up.
+    Timeout,
+    /// The ends do not understand each other: releases, malformed replies.
+    Protocol,
+    /// What arrived is not what was sent.
+    Verify,
+    /// The receiver failed partway; what it wrote stays for a resume.
+    Partial,
+    /// A local file could not be read, or changed while it was sent.
+    Io,
+    Interrupted,
+    /// None of the above (a bad knob that got past the command line).
+    Other,
+}
+
+impl SendError {
+    pub fn fault(&self) -> Fault {
+        match self {
+            SendError::Walk(_) | SendError::Source(_) => Fault::Io,
+            SendError::Conn(e) => probe_fault(e),
+            SendError::Refused { .. } => Fault::Refused,
+            SendError::Failed { .. } => Fault::Partial,
+            SendError::Unverified { .. } => Fault::Verify,
+            SendError::BadReply { .. } => Fault::Protocol,
+            SendError::Interrupted => Fault::Interrupted,
+        }
+    }
+}
+
+/// The kind of a connection's failure (see [`Fault`]).
+pub fn probe_fault(e: &ProbeError) -> Fault {
+    use crate::proto::crypto::handshake::HandshakeError as H;
+    use crate::proto::client::Stage;
+    use crate::proto::ConnError as C;
+    match e {
+        ProbeError::Socket { .. }
+        | ProbeError::Unreachable { .. }
+        | ProbeError::TooBig { .. }
+        | ProbeError::Send { .. }
+        | ProbeError::Recv { .. }
+        // No answer before the hello: nobody there (yet).
+        | ProbeError::NoKey { .. } => Fault::Network,
+        ProbeError::Interrupted => Fault::Interrupted,
+        ProbeError::Source(_) => Fault::Io,
+        ProbeError::Tuning(_) => Fault::Other,
+        ProbeError::Conn { error, .. } => match error {
+            // Silent from the start: no server there; silent after the
+            // hello was answered: the path or the peer failed (rsync's
+            // "timeout in data send/receive").
+            C::Idle {
+                stage: Stage::Hello | Stage::Handshake,
+                ..
+            } => Fault::Network,
+            C::Idle { .. } => Fault::Timeout,
+            C::Busy => Fault::Network,
+            C::Refused | C::AuthRefused(_) | C::AuthRequired | C::NoIdentity => Fault::Refused,
+            C::Handshake(H::Refused(_) | H::Undecryptable | H::Replayed) => Fault::Refused,
+            C::Handshake(_) | C::VersionMismatch { .. } | C::ReplyTooLong { .. } => {
+                Fault::Protocol
+            }
+        },
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -757,7 +836,7 @@ fn send_session(
         // 1 MiB chunks; a few chunks get every chance up to MAX_ROUNDS.
         let bad = to_send.len() as u64;
         if rounds > MAX_ROUNDS || repaired.is_some_and(|r| bad > 16 && bad * 10 > r * 9) {
-            return Err(SendError::Failed {
+            return Err(SendError::Unverified {
                 host: config.host.clone(),
                 why: format!(
                     "{bad} chunks still failed their BLAKE3 check after {} rounds; \
@@ -891,17 +970,20 @@ fn send_session(
         );
     }
     let request = encode_finish(&hashes);
-    outcome(
+    let reply = ask(
         config,
-        &ask(
-            config,
-            from.first(),
-            session,
-            request,
-            &progress,
-            Outcome::max_len(0),
-        )?,
+        from.first(),
+        session,
+        request,
+        &progress,
+        Outcome::max_len(0),
     )?;
+    // A failed finish is the receiver's whole-file check saying no (or,
+    // rarely, its putting the files in place failing).
+    outcome(config, &reply).map_err(|e| match e {
+        SendError::Failed { host, why } => SendError::Unverified { host, why },
+        other => other,
+    })?;
     let secs = started.elapsed().as_secs_f64();
     let files = plan.sizes.len() as u64;
     Ok(SendReport {
