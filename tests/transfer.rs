@@ -1673,3 +1673,65 @@ fn an_interrupted_send_exits_130_and_says_so_in_its_report() {
     let why = sent.failed_as(130, "interrupted");
     assert!(why.contains("run the same command again"), "{why}");
 }
+
+// ---------------------------------------------------------------------------
+// Progress for machines (issue 15 point 5)
+// ---------------------------------------------------------------------------
+
+#[test]
+fn progress_json_is_json_lines_that_end_at_the_bytes_sent() {
+    let scratch = Scratch::new("progress-json");
+    let src = scratch.dir("src");
+    let file = src.join("f.bin");
+    let size = 8 * MIB + 123;
+    write_random(&file, size, 73);
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    // About 1.7 s at 40 Mbit/s: several lines at 0.2 s; 10 ms each way,
+    // so every stream's srtt is at least 20 ms once it has a sample.
+    let relay = Relay::start(server.addr, "rate 40mbit delay 10ms", "delay 10ms", 8);
+    let sent = send(
+        &[&file],
+        &relay.addr.to_string(),
+        &["--progress", "json", "--progress-interval", "0.2"],
+    );
+    assert_eq!(sent.code(), Some(0), "{}", sent.stderr);
+    let lines: Vec<Value> = sent
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: `{l}`")))
+        .collect();
+    // Intervals, then the end, then the --json report on one line.
+    let (report, rest) = lines.split_last().expect("lines on stdout");
+    let (end, intervals) = rest.split_last().expect("an end line");
+    assert_eq!(report["status"], "ok", "{report}");
+    assert_eq!(end["event"], "end", "{end}");
+    assert_eq!(end["status"], "ok", "{end}");
+    assert_eq!(end["exit"], 0, "{end}");
+    assert_eq!(u(&end["bytes"]), size, "{end}");
+    assert_eq!(u(&end["total"]), size, "{end}");
+    assert!(intervals.len() >= 3, "{} interval lines", intervals.len());
+    let mut last = (0.0, 0);
+    for l in intervals {
+        assert_eq!(l["event"], "interval", "{l}");
+        let (t, b) = (l["time"].as_f64().unwrap(), u(&l["bytes"]));
+        assert!(t > last.0 && b >= last.1 && b <= size, "{l} after {last:?}");
+        last = (t, b);
+    }
+    // The streams' figures: each stream's bytes add up to the whole; the
+    // srtt is the path's; cwnd is what the report ends with.
+    let streams = end["streams"].as_array().unwrap();
+    assert_eq!(streams.len(), report["streams"].as_array().unwrap().len());
+    assert_eq!(streams.iter().map(|s| u(&s["bytes"])).sum::<u64>(), size);
+    for (live, done) in streams.iter().zip(report["streams"].as_array().unwrap()) {
+        let srtt = live["srtt_ms"].as_f64().unwrap();
+        assert!(srtt >= 20.0, "srtt {srtt} ms over a 20 ms path: {live}");
+        assert_eq!(live["cwnd"], done["cwnd"], "{live} against {done}");
+        assert_eq!(live["rxmts"], done["rxmts"], "{live} against {done}");
+    }
+    // The middle of the run names the file being sent.
+    assert!(
+        intervals.iter().any(|l| l["files"][0] == "f.bin"),
+        "{intervals:?}"
+    );
+}

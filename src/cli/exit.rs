@@ -141,26 +141,38 @@ pub fn of_error(e: &anyhow::Error) -> Exit {
     Exit::Failed
 }
 
-/// A `--json` report with its status word added (`"status": "ok"`).
-pub fn json_report<T: serde::Serialize>(report: &T, status: Exit) -> anyhow::Result<String> {
+/// A `--json` report with its status word and number added.
+pub fn json_report<T: serde::Serialize>(
+    report: &T,
+    status: Exit,
+) -> anyhow::Result<serde_json::Value> {
     let mut v = serde_json::to_value(report)?;
     if let Some(m) = v.as_object_mut() {
         m.insert("status".into(), status.word().into());
         m.insert("exit".into(), status.code().into());
     }
-    Ok(serde_json::to_string_pretty(&v)? + "\n")
+    Ok(v)
 }
 
 /// The `--json` report of a transfer that failed: the status word and
 /// number, the other end, and the reason stderr gives.
-pub fn json_failure(status: Exit, host: &str, why: &str) -> String {
-    let v = serde_json::json!({
+pub fn json_failure(status: Exit, host: &str, why: &str) -> serde_json::Value {
+    serde_json::json!({
         "status": status.word(),
         "exit": status.code(),
         "host": host,
         "error": why,
-    });
-    serde_json::to_string_pretty(&v).expect("plain JSON values") + "\n"
+    })
+}
+
+/// A report as `--json` prints it: pretty, or on one line where stdout
+/// is JSON Lines (`--progress json`).
+pub fn json_text(v: &serde_json::Value, one_line: bool) -> String {
+    if one_line {
+        format!("{v}\n")
+    } else {
+        serde_json::to_string_pretty(v).expect("a JSON value prints") + "\n"
+    }
 }
 
 #[cfg(test)]

@@ -756,7 +756,7 @@ fn pull_into(
     match result {
         Some(Ok(r)) => {
             if transfer.json() {
-                super::print_stdout(&exit::json_report(&r, Exit::Ok)?)?;
+                super::print_stdout(&exit::json_text(&exit::json_report(&r, Exit::Ok)?, false))?;
             } else if !transfer.quiet() {
                 eprint!("{}", received_text(&r, &target));
             }
@@ -771,7 +771,8 @@ fn pull_into(
             );
             eprintln!("atou: {why}");
             if transfer.json() {
-                super::print_stdout(&exit::json_failure(Exit::Partial, &host, &why))?;
+                let v = exit::json_failure(Exit::Partial, &host, &why);
+                super::print_stdout(&exit::json_text(&v, false))?;
             }
             Ok(Exit::Partial.into())
         }
@@ -784,7 +785,8 @@ fn pull_into(
             );
             eprintln!("atou: {why}");
             if transfer.json() {
-                super::print_stdout(&exit::json_failure(Exit::Partial, &host, &why))?;
+                let v = exit::json_failure(Exit::Partial, &host, &why);
+                super::print_stdout(&exit::json_text(&v, false))?;
             }
             Ok(Exit::Partial.into())
         }

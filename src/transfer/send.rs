@@ -170,11 +170,72 @@ pub struct Progress {
     /// Files being sent, by name.
     pub current: Mutex<Vec<String>>,
     pub stop: AtomicBool,
+    /// Keep [`Progress::streams`] up to date (it costs a trace record per
+    /// segment and per ACK, so only a display that shows it asks).
+    pub detail: AtomicBool,
+    /// The data streams of the current round, with `detail`.
+    pub streams: Mutex<Vec<Arc<StreamLive>>>,
 }
 
 impl Progress {
     fn set_stage(&self, s: impl Into<String>) {
         *self.stage.lock().expect("progress lock") = s.into();
+    }
+}
+
+/// One data stream's transport as it runs, for a progress display: what
+/// `atou send`'s report says of each stream at the end, while it runs.
+#[derive(Debug, Default)]
+pub struct StreamLive {
+    /// File bytes this stream has had acknowledged.
+    pub bytes: AtomicU64,
+    /// Congestion window and slow-start threshold, in segments, after the
+    /// last ACK.
+    pub cwnd: AtomicU64,
+    pub ssthresh: AtomicU64,
+    /// Smoothed RTT in microseconds: RFC 6298's average (gain 1/8) of the
+    /// ACKs' RTT samples, as the sender keeps it.
+    pub srtt_us: AtomicU64,
+    /// Segments sent again.
+    pub rxmts: AtomicU64,
+}
+
+/// Fills a [`StreamLive`] from a connection's trace records.
+struct Live<'a> {
+    live: &'a StreamLive,
+    srtt: Option<f64>,
+    /// Highest segment sent so far: one sent again is at or below it.
+    top: Option<u64>,
+}
+
+impl Observer for Live<'_> {
+    fn on_trace(&mut self, record: &crate::proto::TraceRecord) {
+        use crate::proto::TraceRecord;
+        match *record {
+            TraceRecord::Xmt { seg, .. } => {
+                if self.top.is_some_and(|t| seg <= t) {
+                    self.live.rxmts.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.top = Some(seg);
+                }
+            }
+            TraceRecord::Ack {
+                rtt,
+                cwnd,
+                ssthresh,
+                ..
+            } => {
+                if !rtt.is_zero() {
+                    // RFC 6298 (2.2), (2.3): the first sample, then 7/8 old + 1/8 new.
+                    let sample = rtt.as_secs_f64() * 1e6;
+                    let srtt = self.srtt.map_or(sample, |s| s + (sample - s) / 8.0);
+                    self.srtt = Some(srtt);
+                    self.live.srtt_us.store(srtt as u64, Ordering::Relaxed);
+                }
+                self.live.cwnd.store(cwnd, Ordering::Relaxed);
+                self.live.ssthresh.store(ssthresh, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -241,6 +302,7 @@ fn runtime() -> tokio::runtime::Runtime {
 /// Runs one connection of `session` carrying `feed`; returns the reply
 /// (refused if longer than `reply_limit`, what the request can be
 /// answered with) and the transport's summary.
+#[allow(clippy::too_many_arguments)]
 fn run_conn<F: StreamFeed>(
     config: &SendConfig,
     from: Option<&Bound>,
@@ -249,6 +311,7 @@ fn run_conn<F: StreamFeed>(
     feed: &mut F,
     stop: &Progress,
     reply_limit: u64,
+    live: Option<&StreamLive>,
 ) -> (Result<Vec<u8>, SendError>, Option<Summary>) {
     let socket = match from.map(|b| b.socket.try_clone()).transpose() {
         Ok(s) => s,
@@ -266,7 +329,7 @@ fn run_conn<F: StreamFeed>(
         peer_name: config.host.clone(),
         tuning: config.tuning.clone(),
         bytes: Some(len),
-        trace: false,
+        trace: live.is_some(),
         conn_id: fresh_conn_id(),
         session,
         reply_limit: u32::try_from(reply_limit).unwrap_or(u32::MAX),
@@ -276,7 +339,17 @@ fn run_conn<F: StreamFeed>(
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     };
-    let result = runtime().block_on(io::connect_from(socket, probe, feed, &mut Quiet, stopped));
+    let result = match live {
+        Some(live) => {
+            let mut observer = Live {
+                live,
+                srtt: None,
+                top: None,
+            };
+            runtime().block_on(io::connect_from(socket, probe, feed, &mut observer, stopped))
+        }
+        None => runtime().block_on(io::connect_from(socket, probe, feed, &mut Quiet, stopped)),
+    };
     let reply = match result.outcome {
         Ok(closed) => closed.reply.ok_or_else(|| SendError::Failed {
             host: config.host.clone(),
@@ -308,6 +381,7 @@ fn ask(
         &mut BytesFeed(request),
         stop,
         reply_limit,
+        None,
     )
     .0
 }
@@ -439,6 +513,7 @@ struct FileFeed {
     /// This stream's place in `progress.current`, and the files' names.
     index: usize,
     names: Arc<Vec<String>>,
+    live: Arc<StreamLive>,
 }
 
 impl FileFeed {
@@ -491,6 +566,7 @@ impl StreamFeed for FileFeed {
             self.held_bytes -= self.slot_bytes(self.first_held);
             let len = u64::from(self.layout.slots[self.first_held].len);
             self.progress.done.fetch_add(len, Ordering::Relaxed);
+            self.live.bytes.fetch_add(len, Ordering::Relaxed);
             self.counted += len;
             self.first_held += 1;
             if let Some(next) = self.layout.slots.get(self.first_held) {
@@ -872,6 +948,11 @@ fn send_session(
                 }
             }
         }
+        let lives: Vec<Arc<StreamLive>> = shares.iter().map(|_| Arc::default()).collect();
+        let detail = progress.detail.load(Ordering::Relaxed);
+        if detail {
+            *progress.streams.lock().expect("progress lock") = lives.clone();
+        }
         let results: Vec<StreamResult> = thread::scope(|scope| {
             let handles: Vec<_> = shares
                 .iter()
@@ -899,6 +980,7 @@ fn send_session(
                         counted: 0,
                         index,
                         names: plan.names.clone(),
+                        live: lives[index].clone(),
                     };
                     let sent: u64 = feed.layout.slots.iter().map(|s| u64::from(s.len)).sum();
                     let progress = &progress;
@@ -906,12 +988,21 @@ fn send_session(
                         let len = feed.layout.total_len();
                         let limit = Outcome::max_len(feed.layout.slots.len() as u64);
                         let bound = (!from.is_empty()).then(|| &from[index % from.len()]);
-                        let (reply, summary) =
-                            run_conn(config, bound, session, len, &mut feed, progress, limit);
+                        let live = detail.then(|| feed.live.clone());
+                        let (reply, summary) = run_conn(
+                            config,
+                            bound,
+                            session,
+                            len,
+                            &mut feed,
+                            progress,
+                            limit,
+                            live.as_deref(),
+                        );
                         // Whatever was acknowledged but not yet counted.
-                        progress
-                            .done
-                            .fetch_add(sent.saturating_sub(feed.counted), Ordering::Relaxed);
+                        let rest = sent.saturating_sub(feed.counted);
+                        progress.done.fetch_add(rest, Ordering::Relaxed);
+                        feed.live.bytes.fetch_add(rest, Ordering::Relaxed);
                         StreamResult {
                             bad: reply
                                 .and_then(|r| outcome(config, &r))
