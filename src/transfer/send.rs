@@ -393,6 +393,14 @@ fn outcome(config: &SendConfig, reply: &[u8]) -> Result<Vec<ChunkRef>, SendError
             host: config.host.clone(),
             why,
         }),
+        Ok(Outcome::Refused(why)) => Err(SendError::Refused {
+            host: config.host.clone(),
+            why,
+        }),
+        Ok(Outcome::Mismatch(why)) => Err(SendError::Unverified {
+            host: config.host.clone(),
+            why,
+        }),
         Err(e) => Err(SendError::BadReply {
             host: config.host.clone(),
             why: e.to_string(),
@@ -1069,12 +1077,7 @@ fn send_session(
         &progress,
         Outcome::max_len(0),
     )?;
-    // A failed finish is the receiver's whole-file check saying no (or,
-    // rarely, its putting the files in place failing).
-    outcome(config, &reply).map_err(|e| match e {
-        SendError::Failed { host, why } => SendError::Unverified { host, why },
-        other => other,
-    })?;
+    outcome(config, &reply)?;
     let secs = started.elapsed().as_secs_f64();
     let files = plan.sizes.len() as u64;
     Ok(SendReport {
