@@ -1659,7 +1659,10 @@ fn an_interrupted_send_exits_130_and_says_so_in_its_report() {
     let part = staged_part(&dest);
     let deadline = Instant::now() + Duration::from_secs(30);
     while allocated(&part) < 4 * MIB {
-        assert!(sending.running(), "atou send ended before it was interrupted");
+        assert!(
+            sending.running(),
+            "atou send ended before it was interrupted"
+        );
         assert!(Instant::now() < deadline, "nothing written after 30 s");
         std::thread::sleep(Duration::from_millis(20));
     }

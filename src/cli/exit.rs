@@ -126,11 +126,20 @@ impl From<Exit> for ExitCode {
     }
 }
 
+/// An error that knows its exit status, for failures found in the CLI
+/// itself (no typed error below says what they are).
+#[derive(Debug, thiserror::Error)]
+#[error("{1}")]
+pub struct Failure(pub Exit, pub String);
+
 /// The status of an error that reached `main`: typed errors by their
 /// kind, a usage error as 2, anything else 1.
 pub fn of_error(e: &anyhow::Error) -> Exit {
     if e.downcast_ref::<super::UsageError>().is_some() {
         return Exit::Usage;
+    }
+    if let Some(Failure(status, _)) = e.downcast_ref::<Failure>() {
+        return *status;
     }
     if let Some(e) = e.downcast_ref::<atou::transfer::send::SendError>() {
         return e.fault().into();

@@ -706,11 +706,15 @@ fn pull_into(
                 }
                 if started.elapsed() >= wait {
                     stop_server(server);
-                    return Err(anyhow!(udp_blocked(
-                        &host,
-                        SocketAddr::new(ip, answer.ports[0]),
-                        started.elapsed().as_secs_f64()
-                    )));
+                    return Err(exit::Failure(
+                        Exit::Network,
+                        udp_blocked(
+                            &host,
+                            SocketAddr::new(ip, answer.ports[0]),
+                            started.elapsed().as_secs_f64(),
+                        ),
+                    )
+                    .into());
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {

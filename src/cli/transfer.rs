@@ -392,7 +392,12 @@ fn progress_line(p: &Progress, event: &str, secs: f64, rate_bps: f64) -> serde_j
 }
 
 /// `--progress json`: a line on stdout every `every` until `done` is set.
-fn json_progress(progress: Arc<Progress>, done: Arc<Mutex<bool>>, started: Instant, every: Duration) {
+fn json_progress(
+    progress: Arc<Progress>,
+    done: Arc<Mutex<bool>>,
+    started: Instant,
+    every: Duration,
+) {
     let mut last = (started, 0u64);
     loop {
         let next = last.0 + every;
@@ -542,7 +547,10 @@ pub(super) fn run_send_from(
     match result {
         Ok(report) => {
             if args.json {
-                print_stdout(&exit::json_text(&exit::json_report(&report, status)?, machine))?;
+                print_stdout(&exit::json_text(
+                    &exit::json_report(&report, status)?,
+                    machine,
+                ))?;
             } else if !args.quiet {
                 eprint!("{}", report_text(&report));
             }

@@ -372,7 +372,8 @@ fn writer(jobs: Arc<Mutex<mpsc::Receiver<Job>>>, done: mpsc::Sender<Done>, notif
         };
         // Every outcome hands the chunk back, so the last one closes the file.
         let closed = t.chunk_done(job.fsync);
-        let result = result.and_then(|cv| closed.map(|()| cv).map_err(|e| WriteFailure::Io(e.into())));
+        let result =
+            result.and_then(|cv| closed.map(|()| cv).map_err(|e| WriteFailure::Io(e.into())));
         let _ = done.send(Done::Write {
             session: job.session,
             conn_id: job.conn_id,
@@ -562,7 +563,12 @@ impl FileReceiver {
 
     /// Ends a session that failed (`why`: a [`DestError`], or a string
     /// for one that failed here), telling each of its connections.
-    fn fail_session(&mut self, server: &mut Server, session: SessionKey, why: impl Into<DestError>) {
+    fn fail_session(
+        &mut self,
+        server: &mut Server,
+        session: SessionKey,
+        why: impl Into<DestError>,
+    ) {
         let Some(s) = self.sessions.get_mut(&session) else {
             return;
         };

@@ -107,8 +107,8 @@ impl SendError {
 
 /// The kind of a connection's failure (see [`Fault`]).
 pub fn probe_fault(e: &ProbeError) -> Fault {
-    use crate::proto::crypto::handshake::HandshakeError as H;
     use crate::proto::client::Stage;
+    use crate::proto::crypto::handshake::HandshakeError as H;
     use crate::proto::ConnError as C;
     match e {
         ProbeError::Socket { .. }
@@ -346,7 +346,13 @@ fn run_conn<F: StreamFeed>(
                 srtt: None,
                 top: None,
             };
-            runtime().block_on(io::connect_from(socket, probe, feed, &mut observer, stopped))
+            runtime().block_on(io::connect_from(
+                socket,
+                probe,
+                feed,
+                &mut observer,
+                stopped,
+            ))
         }
         None => runtime().block_on(io::connect_from(socket, probe, feed, &mut Quiet, stopped)),
     };
