@@ -1469,11 +1469,11 @@ fn an_authorized_keys_subdir_confines_its_key() {
     assert_eq!(out.code(), Some(2), "{}", out.stderr);
     // Replacing needs `overwrite` on the key's line.
     let again = send(&[&tree], &target, &["--identity", identity, "--overwrite"]);
-    assert_eq!(again.code(), Some(1), "{}", again.stderr);
+    assert_eq!(again.code(), Some(REFUSED), "{}", again.stderr);
     assert!(again.stderr.contains("`overwrite`"), "{}", again.stderr);
     // The standard test key is not in this file at all.
     let stranger = send(&[&tree], &target, &[]);
-    assert_eq!(stranger.code(), Some(1), "{}", stranger.stderr);
+    assert_eq!(stranger.code(), Some(REFUSED), "{}", stranger.stderr);
     assert!(
         stranger.stderr.contains("does not know this client's key"),
         "{}",
@@ -1565,13 +1565,13 @@ fn another_local_process_cannot_write_through_atou_copy() {
         still_running,
         "the copy ended before the attempts: the test tests nothing"
     );
-    assert_eq!(plain.code(), Some(1), "{}", plain.stderr);
+    assert_eq!(plain.code(), Some(REFUSED), "{}", plain.stderr);
     assert!(
         plain.stderr.contains("authenticated clients only"),
         "{}",
         plain.stderr
     );
-    assert_eq!(keyed.code(), Some(1), "{}", keyed.stderr);
+    assert_eq!(keyed.code(), Some(REFUSED), "{}", keyed.stderr);
     assert!(
         keyed.stderr.contains("does not know this client's key"),
         "{}",

@@ -185,7 +185,7 @@ impl Progress {
 
 /// One data stream's transport as it runs, for a progress display: what
 /// `atou send`'s report says of each stream at the end, while it runs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StreamLive {
     /// File bytes this stream has had acknowledged.
     pub bytes: AtomicU64,
@@ -198,6 +198,19 @@ pub struct StreamLive {
     pub srtt_us: AtomicU64,
     /// Segments sent again.
     pub rxmts: AtomicU64,
+}
+
+impl Default for StreamLive {
+    fn default() -> StreamLive {
+        StreamLive {
+            bytes: AtomicU64::new(0),
+            cwnd: AtomicU64::new(0),
+            // No threshold until the first loss, as the sender's own.
+            ssthresh: AtomicU64::new(u64::MAX),
+            srtt_us: AtomicU64::new(0),
+            rxmts: AtomicU64::new(0),
+        }
+    }
 }
 
 /// Fills a [`StreamLive`] from a connection's trace records.
