@@ -242,7 +242,7 @@ fn send_chunk(s: &Serve, session: u64, file: u32, size: u64, data: &[u8]) -> Res
     bytes.extend_from_slice(&chunk_cv(size, 0, data));
     match Outcome::decode(&stream(s.addr, session, bytes)?) {
         Ok(Outcome::Done { .. }) => Ok(()),
-        Ok(Outcome::Failed(why)) => Err(why),
+        Ok(Outcome::Failed(why) | Outcome::Refused(why) | Outcome::Mismatch(why)) => Err(why),
         Err(e) => Err(e.to_string()),
     }
 }
@@ -250,7 +250,7 @@ fn send_chunk(s: &Serve, session: u64, file: u32, size: u64, data: &[u8]) -> Res
 fn send_finish(s: &Serve, session: u64, hashes: &[Cv]) -> Result<(), String> {
     match Outcome::decode(&stream(s.addr, session, encode_finish(hashes))?) {
         Ok(Outcome::Done { .. }) => Ok(()),
-        Ok(Outcome::Failed(why)) => Err(why),
+        Ok(Outcome::Failed(why) | Outcome::Refused(why) | Outcome::Mismatch(why)) => Err(why),
         Err(e) => Err(e.to_string()),
     }
 }
@@ -475,8 +475,13 @@ fn a_file_takes_its_final_name_only_after_its_hash_matches_at_the_finish() {
         !scratch.dest().join("f").exists(),
         "in place before the finish"
     );
-    let why = send_finish(&s, session, &[[7u8; 32]]).expect_err("hash mismatch");
-    assert!(why.contains("BLAKE3"), "{why}");
+    // Told as a mismatch, not as a failure of the receiver: the sender's
+    // exit status says "verify" (16), not "partial" (23).
+    let reply = stream(s.addr, session, encode_finish(&[[7u8; 32]])).unwrap();
+    match Outcome::decode(&reply) {
+        Ok(Outcome::Mismatch(why)) => assert!(why.contains("BLAKE3"), "{why}"),
+        other => panic!("expected a hash mismatch, got {other:?}"),
+    }
     assert!(
         !scratch.dest().join("f").exists(),
         "in place after a failed finish"

@@ -189,6 +189,13 @@ fn mistakes_get_one_line_naming_the_token_and_exit_2() {
         ),
         (vec!["sim", "--config", "/no/such/file"], "/no/such/file"),
         (vec!["sim", "--trace", "/no/such/dir/t"], "/no/such/dir/t"),
+        (vec!["send", "x", "h", "--progress", "xml"], "xml"),
+        (vec!["send", "x", "h", "--progress-interval", "0"], "0"),
+        // A pull's sender is the far end: no JSON progress here to give.
+        (
+            vec!["copy", "host:x", "/tmp/d", "--progress", "json"],
+            "--progress json",
+        ),
     ];
     for (args, needle) in cases {
         let o = atou(&args);

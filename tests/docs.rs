@@ -33,3 +33,32 @@ fn tuning_md_documents_every_knob_with_its_default() {
         }
     }
 }
+
+/// The README's table of exit statuses has a row for every status that
+/// `atou --help` lists (made from src/cli/exit.rs), with the same word.
+#[test]
+fn readme_lists_every_exit_status_with_its_word() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_atou"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    let table = help
+        .split("Exit status:\n")
+        .nth(1)
+        .expect("`atou --help` lists the exit statuses");
+    let rows: Vec<(u8, &str)> = table
+        .lines()
+        .map_while(|l| {
+            let mut words = l.split_whitespace();
+            Some((words.next()?.parse().ok()?, words.next()?))
+        })
+        .collect();
+    assert!(rows.len() >= 10, "{table}");
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    for (code, word) in rows {
+        let row = format!("| {code} | `{word}` |");
+        assert!(readme.contains(&row), "README.md has no row `{row}`");
+    }
+}

@@ -30,6 +30,13 @@ const MIB: u64 = 1 << 20;
 /// 2001-02-03 00:00:00 UTC.
 const FEB_3_2001: u64 = 981_158_400;
 
+// Exit statuses (`atou --help`, src/cli/exit.rs).
+const REFUSED: i32 = 5;
+const NETWORK: i32 = 10;
+const LOCAL_IO: i32 = 11;
+const PARTIAL: i32 = 23;
+const TIMEOUT: i32 = 30;
+
 // ---------------------------------------------------------------------------
 // Scratch space, content, times
 // ---------------------------------------------------------------------------
@@ -436,13 +443,14 @@ impl Sent {
         r
     }
 
-    /// The one-line reason of a failed send, checked to be exit status 1
-    /// and one readable line.
-    fn failure(&self) -> String {
+    /// The one-line reason of a failed send, checked to be exit status
+    /// `want` (see `atou --help`: 5 refused, 10 network, 11 local I/O,
+    /// 23 partial, 30 timeout, ...) and one readable line.
+    fn failure(&self, want: i32) -> String {
         assert_eq!(
             self.code(),
-            Some(1),
-            "atou send should have failed with status 1 ({}); stdout:\n{}\nstderr:\n{}",
+            Some(want),
+            "atou send should have failed with status {want} ({}); stdout:\n{}\nstderr:\n{}",
             self.status,
             self.stdout,
             self.stderr
@@ -873,7 +881,7 @@ fn a_symlink_in_the_destination_is_not_followed() {
 
     let server = Serve::start(&dest);
     let sent = send(&[&src], &server.target(), &[]);
-    let why = sent.failure();
+    let why = sent.failure(REFUSED);
     assert!(
         why.contains("symlink") && why.contains("out"),
         "the reason does not name the symlink: {why}"
@@ -896,7 +904,7 @@ fn a_symlink_in_the_destination_is_not_followed() {
 
     // --overwrite does not make it follow the symlink either.
     let sent = send(&[&src], &server.target(), &["--overwrite"]);
-    let why2 = sent.failure();
+    let why2 = sent.failure(REFUSED);
     assert!(why2.contains("symlink"), "{why2}");
     assert_eq!(fs::read_dir(&elsewhere).unwrap().count(), 0);
     say(&format!(
@@ -940,7 +948,7 @@ fn existing_files_are_refused_unless_overwrite_and_skip_existing_skips_identical
 
     // Again: refused, nothing changed.
     let again = send(&[&tree], &target, &[]);
-    let why = again.failure();
+    let why = again.failure(REFUSED);
     assert!(why.contains("--overwrite"), "{why}");
     assert_same_tree(&tree, &dest.join("tree"));
 
@@ -957,7 +965,7 @@ fn existing_files_are_refused_unless_overwrite_and_skip_existing_skips_identical
     set_mtime(&b, FEB_3_2001 + 1_000_000, 42);
     assert!(first_difference(&b, &dest.join("tree/b")).is_some());
     // The sender may ask; this server does not allow it.
-    let refused = send(&[&tree], &target, &["--overwrite"]).failure();
+    let refused = send(&[&tree], &target, &["--overwrite"]).failure(REFUSED);
     assert!(refused.contains("--allow-overwrite"), "{refused}");
     assert!(first_difference(&b, &dest.join("tree/b")).is_some());
     drop(server);
@@ -1019,7 +1027,7 @@ fn checksum_compares_existing_files_by_content_not_mtime() {
     assert_eq!(report_u(&trusting, "skipped_files"), 1, "{trusting}");
     assert!(first_difference(&f, &dest.join("tree/f")).is_some());
     // --checksum without --overwrite: it differs, so it is refused.
-    let why = send(&[&tree], &target, &["--skip-existing", "--checksum"]).failure();
+    let why = send(&[&tree], &target, &["--skip-existing", "--checksum"]).failure(REFUSED);
     assert!(
         why.contains("differs") && why.contains("--overwrite"),
         "{why}"
@@ -1156,7 +1164,7 @@ fn a_killed_transfer_resumes_and_resends_under_60_percent() {
         let at_kill = wait_for_half(&part, BIG, &mut sending);
         server.kill();
         let failed = sending.finish(Duration::from_secs(60));
-        let why = failed.failure();
+        let why = failed.failure(TIMEOUT);
         say(&format!(
             "  the sender, its receiver killed: `{why}` after {:.1} s",
             failed.secs
@@ -1246,7 +1254,7 @@ fn a_full_destination_fails_cleanly() {
         .unwrap()
         .set_len(1 << 30)
         .unwrap();
-    let refused = send(&[&huge], &server.target(), &[]).failure();
+    let refused = send(&[&huge], &server.target(), &[]).failure(REFUSED);
     assert!(
         refused.contains("more than the whole file system"),
         "{refused}"
@@ -1260,7 +1268,7 @@ fn a_full_destination_fails_cleanly() {
     // any small file's: with two, a small file could take the space the
     // big file's last chunk needs.
     let sent = send(&[&tree], &server.target(), &["--streams", "1"]);
-    let why = sent.failure();
+    let why = sent.failure(PARTIAL);
     let listing: Vec<String> = fs::read_dir(dest.join("t"))
         .map(|d| {
             let mut names: Vec<String> = d
@@ -1469,11 +1477,11 @@ fn an_authorized_keys_subdir_confines_its_key() {
     assert_eq!(out.code(), Some(2), "{}", out.stderr);
     // Replacing needs `overwrite` on the key's line.
     let again = send(&[&tree], &target, &["--identity", identity, "--overwrite"]);
-    assert_eq!(again.code(), Some(1), "{}", again.stderr);
+    assert_eq!(again.code(), Some(REFUSED), "{}", again.stderr);
     assert!(again.stderr.contains("`overwrite`"), "{}", again.stderr);
     // The standard test key is not in this file at all.
     let stranger = send(&[&tree], &target, &[]);
-    assert_eq!(stranger.code(), Some(1), "{}", stranger.stderr);
+    assert_eq!(stranger.code(), Some(REFUSED), "{}", stranger.stderr);
     assert!(
         stranger.stderr.contains("does not know this client's key"),
         "{}",
@@ -1565,17 +1573,176 @@ fn another_local_process_cannot_write_through_atou_copy() {
         still_running,
         "the copy ended before the attempts: the test tests nothing"
     );
-    assert_eq!(plain.code(), Some(1), "{}", plain.stderr);
+    assert_eq!(plain.code(), Some(REFUSED), "{}", plain.stderr);
     assert!(
         plain.stderr.contains("authenticated clients only"),
         "{}",
         plain.stderr
     );
-    assert_eq!(keyed.code(), Some(1), "{}", keyed.stderr);
+    assert_eq!(keyed.code(), Some(REFUSED), "{}", keyed.stderr);
     assert!(
         keyed.stderr.contains("does not know this client's key"),
         "{}",
         keyed.stderr
     );
     assert!(!dest.join(".bashrc").exists());
+}
+
+// ---------------------------------------------------------------------------
+// Exit statuses a script can act on (issue 15 point 4)
+// ---------------------------------------------------------------------------
+
+impl Sent {
+    /// The `--json` report on stdout, whatever the status.
+    fn json(&self) -> Value {
+        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| {
+            panic!(
+                "send --json: {e}: `{}`; stderr:\n{}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+
+    /// Checks the exit status and the `--json` report's status word and
+    /// number agree with `want`; the reason on stderr.
+    fn failed_as(&self, want: i32, word: &str) -> String {
+        let why = self.failure(want);
+        let r = self.json();
+        assert_eq!(r["status"], word, "{r}");
+        assert_eq!(r["exit"], want, "{r}");
+        // The report gives the same reason as stderr.
+        assert_eq!(
+            format!("atou: {}", r["error"].as_str().unwrap_or_default()),
+            why,
+            "{r}"
+        );
+        why
+    }
+}
+
+#[test]
+fn exit_statuses_tell_a_script_what_failed() {
+    let scratch = Scratch::new("exit-statuses");
+    let src = scratch.dir("src/tree");
+    write_random(&src.join("a"), 100 * KIB, 71);
+    let dest = scratch.dir("dest");
+
+    // Nothing listens on a port just released: loopback answers ICMP
+    // unreachable, and that is a network failure, worth retrying.
+    let dead = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let why = send(&[&src], &dead.to_string(), &[]).failed_as(NETWORK, "network");
+    assert!(why.contains("no atou server"), "{why}");
+
+    // A source that is not there: a local I/O error, before any packet.
+    let missing = scratch.path("src/missing");
+    let why = send(&[&missing], &dead.to_string(), &[]).failed_as(LOCAL_IO, "io");
+    assert!(why.contains("missing"), "the reason names the file: {why}");
+
+    // Success says "ok" too.
+    let server = Serve::start(&dest);
+    let r = send(&[&src], &server.target(), &[]).report();
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["exit"], 0, "{r}");
+
+    // Again, without --overwrite: the receiver refuses; retrying as is
+    // would not help.
+    let why = send(&[&src], &server.target(), &[]).failed_as(REFUSED, "refused");
+    assert!(why.contains("--overwrite"), "{why}");
+}
+
+#[test]
+fn an_interrupted_send_exits_130_and_says_so_in_its_report() {
+    let scratch = Scratch::new("exit-interrupted");
+    let src = scratch.dir("src");
+    let big = src.join("big.bin");
+    write_random(&big, 64 * MIB, 72);
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    // 64 MiB at 40 Mbit/s: about 13 s, time enough to be interrupted.
+    let relay = Relay::start(server.addr, "rate 40mbit", "", 7);
+    let mut sending = spawn_send(&[&big], &relay.addr.to_string(), &[]);
+    let part = staged_part(&dest);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while allocated(&part) < 4 * MIB {
+        assert!(
+            sending.running(),
+            "atou send ended before it was interrupted"
+        );
+        assert!(Instant::now() < deadline, "nothing written after 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = sending.process.child().id();
+    let kill = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let sent = sending.finish(Duration::from_secs(30));
+    let why = sent.failed_as(130, "interrupted");
+    assert!(why.contains("run the same command again"), "{why}");
+}
+
+// ---------------------------------------------------------------------------
+// Progress for machines (issue 15 point 5)
+// ---------------------------------------------------------------------------
+
+#[test]
+fn progress_json_is_json_lines_that_end_at_the_bytes_sent() {
+    let scratch = Scratch::new("progress-json");
+    let src = scratch.dir("src");
+    let file = src.join("f.bin");
+    let size = 8 * MIB + 123;
+    write_random(&file, size, 73);
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    // About 1.7 s at 40 Mbit/s: several lines at 0.2 s; 10 ms each way,
+    // so every stream's srtt is at least 20 ms once it has a sample.
+    let relay = Relay::start(server.addr, "rate 40mbit delay 10ms", "delay 10ms", 8);
+    let sent = send(
+        &[&file],
+        &relay.addr.to_string(),
+        &["--progress", "json", "--progress-interval", "0.2"],
+    );
+    assert_eq!(sent.code(), Some(0), "{}", sent.stderr);
+    let lines: Vec<Value> = sent
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: `{l}`")))
+        .collect();
+    // Intervals, then the end, then the --json report on one line.
+    let (report, rest) = lines.split_last().expect("lines on stdout");
+    let (end, intervals) = rest.split_last().expect("an end line");
+    assert_eq!(report["status"], "ok", "{report}");
+    assert_eq!(end["event"], "end", "{end}");
+    assert_eq!(end["status"], "ok", "{end}");
+    assert_eq!(end["exit"], 0, "{end}");
+    assert_eq!(u(&end["bytes"]), size, "{end}");
+    assert_eq!(u(&end["total"]), size, "{end}");
+    assert!(intervals.len() >= 3, "{} interval lines", intervals.len());
+    let mut last = (0.0, 0);
+    for l in intervals {
+        assert_eq!(l["event"], "interval", "{l}");
+        let (t, b) = (l["time"].as_f64().unwrap(), u(&l["bytes"]));
+        assert!(t > last.0 && b >= last.1 && b <= size, "{l} after {last:?}");
+        last = (t, b);
+    }
+    // The streams' figures: each stream's bytes add up to the whole; the
+    // srtt is the path's; cwnd is what the report ends with.
+    let streams = end["streams"].as_array().unwrap();
+    assert_eq!(streams.len(), report["streams"].as_array().unwrap().len());
+    assert_eq!(streams.iter().map(|s| u(&s["bytes"])).sum::<u64>(), size);
+    for (live, done) in streams.iter().zip(report["streams"].as_array().unwrap()) {
+        let srtt = live["srtt_ms"].as_f64().unwrap();
+        assert!(srtt >= 20.0, "srtt {srtt} ms over a 20 ms path: {live}");
+        assert_eq!(live["cwnd"], done["cwnd"], "{live} against {done}");
+        assert_eq!(live["rxmts"], done["rxmts"], "{live} against {done}");
+    }
+    // The middle of the run names the file being sent.
+    assert!(
+        intervals.iter().any(|l| l["files"][0] == "f.bin"),
+        "{intervals:?}"
+    );
 }

@@ -1,9 +1,11 @@
 //! The `atou` command line.
 //!
-//! Exit codes: 0 success, 1 the transfer failed, 2 usage error.
+//! Exit statuses: see [`exit::Exit`] (0 success, 2 usage error, 130
+//! interrupted, and one number per kind of failure).
 
 mod auth;
 mod docs;
+mod exit;
 mod keygen;
 mod net;
 mod netem;
@@ -34,7 +36,8 @@ pub use tuning_args::TuningArgs;
     about = "Reliable transfer over a tunable, instrumented TCP-like protocol on UDP",
     long_about = "Reliable transfer over a tunable, instrumented TCP-like protocol on UDP, \
                   after ORNL's atou (\"almost TCP over UDP\"). Every transport knob can be set \
-                  per run, and every run can be traced and replayed."
+                  per run, and every run can be traced and replayed.",
+    after_help = exit::Exit::table()
 )]
 struct Cli {
     #[command(subcommand)]
@@ -238,7 +241,7 @@ fn sim_flows(args: SimArgs) -> Result<ExitCode> {
     Ok(if ok {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(1)
+        exit::Exit::Failed.into()
     })
 }
 
@@ -357,7 +360,7 @@ fn sim(args: SimArgs) -> Result<ExitCode> {
     Ok(if result.outcome == Outcome::Finished && intact {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(1)
+        exit::Exit::Failed.into()
     })
 }
 
@@ -399,7 +402,7 @@ pub fn main() -> ExitCode {
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("bad arguments");
             eprintln!("atou: {}", line.trim_start_matches("error: "));
-            return ExitCode::from(2);
+            return exit::Exit::Usage.into();
         }
     };
     let result = match cli.command {
@@ -418,7 +421,7 @@ pub fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("atou: {e:#}");
-            ExitCode::from(e.downcast_ref::<UsageError>().map_or(1, |_| 2))
+            exit::of_error(&e).into()
         }
     }
 }

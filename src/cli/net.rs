@@ -15,8 +15,10 @@ use atou::transfer::dest::{Policy, SymlinkPolicy};
 use atou::transfer::receive::{
     check_root, FileReceiver, NoFiles, ReceiveConfig, ReceiveEvent, ReceiveLimits,
 };
+use atou::transfer::send::probe_fault;
 use atou::units::{parse_duration, parse_size, TimeUnit};
 
+use super::exit::Exit;
 use super::{finish_trace, print_stdout, Output, OutputArgs, TuningArgs, UsageError};
 
 #[derive(Args, Debug)]
@@ -47,7 +49,11 @@ pub struct ProbeArgs {
     like atousrv's report, and notices on stderr (on stdout as JSON with --json). What a sender \
     may do with --dir and what it may make the server hold are the server's to set: see \
     docs/security.md. The receiver-side tuning (delack, SACK, \
-    rcvsegs, rcvbuf) comes from each client's hello. Ctrl-C stops it."
+    rcvsegs, rcvbuf) comes from each client's hello. Ctrl-C stops it.\n\n\
+    Exit status: 0 stopped (Ctrl-C, or --once and the connection or transfer ended well); \
+    1 the server could not run (the reason is on stderr); 2 usage error; with --once --dir, \
+    23 (partial) when the one transfer failed: the sender's status says why, and what was \
+    written stays for its resume. `atou --help` lists every status."
 )]
 pub struct ServeArgs {
     /// Address to listen on: ADDR, ADDR:PORT, :PORT or [IPV6]:PORT
@@ -59,7 +65,7 @@ pub struct ServeArgs {
     /// Writer threads for --dir (default: one per core, at least 2)
     #[arg(long, value_name = "N")]
     writers: Option<usize>,
-    /// Exit after the first connection (with --dir, the first transfer) ends; with --dir, exit 1 if that transfer failed
+    /// Exit after the first connection (with --dir, the first transfer) ends; with --dir, exit 23 if that transfer failed
     #[arg(long)]
     once: bool,
     /// Print every report, transfer, failure and notice as one JSON object per line on stdout
@@ -330,11 +336,11 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
         Ok(_) => Ok(ExitCode::SUCCESS),
         Err(ProbeError::Interrupted) => {
             eprintln!("atou: probe to {} interrupted", args.host);
-            Ok(ExitCode::from(130))
+            Ok(Exit::Interrupted.into())
         }
         Err(e) => {
             eprintln!("atou: probe to {} failed: {e}", args.host);
-            Ok(ExitCode::from(1))
+            Ok(Exit::from(probe_fault(&e)).into())
         }
     }
 }
@@ -505,7 +511,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     );
     // `--once --dir`: the status says how the one transfer went.
     if args.once && transfer_failed.load(std::sync::atomic::Ordering::Relaxed) {
-        return Ok(ExitCode::from(1));
+        return Ok(Exit::Partial.into());
     }
     Ok(ExitCode::SUCCESS)
 }

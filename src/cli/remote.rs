@@ -44,6 +44,7 @@ use atou::transfer::receive::{
 use atou::transfer::send::{Bound, Progress, SendError};
 use atou::units::{format_rate, format_size, parse_size};
 
+use super::exit::{self, Exit};
 use super::net::{resolve, runtime};
 use super::transfer::{ctrlc_hook, is_remote, readers, run_send_from, TransferArgs};
 use super::UsageError;
@@ -701,15 +702,19 @@ fn pull_into(
                 if interrupted.load(Ordering::Relaxed) {
                     stop_server(server);
                     eprintln!("atou: interrupted; run the same command again to resume");
-                    return Ok(ExitCode::from(130));
+                    return Ok(Exit::Interrupted.into());
                 }
                 if started.elapsed() >= wait {
                     stop_server(server);
-                    return Err(anyhow!(udp_blocked(
-                        &host,
-                        SocketAddr::new(ip, answer.ports[0]),
-                        started.elapsed().as_secs_f64()
-                    )));
+                    return Err(exit::Failure(
+                        Exit::Network,
+                        udp_blocked(
+                            &host,
+                            SocketAddr::new(ip, answer.ports[0]),
+                            started.elapsed().as_secs_f64(),
+                        ),
+                    )
+                    .into());
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -727,7 +732,7 @@ fn pull_into(
         if interrupted.load(Ordering::Relaxed) {
             stop_server(server);
             eprintln!("atou: interrupted; run the same command again to resume");
-            return Ok(ExitCode::from(130));
+            return Ok(Exit::Interrupted.into());
         }
         if remote_status.is_none() {
             if let Ok(Some(s)) = remote.child.try_wait() {
@@ -755,28 +760,39 @@ fn pull_into(
     match result {
         Some(Ok(r)) => {
             if transfer.json() {
-                super::print_stdout(&(serde_json::to_string_pretty(&r)? + "\n"))?;
+                super::print_stdout(&exit::json_text(&exit::json_report(&r, Exit::Ok)?, false))?;
             } else if !transfer.quiet() {
                 eprint!("{}", received_text(&r, &target));
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(Exit::Ok.into())
         }
+        // Either way the partial files stay here for a resume.
         Some(Err(why)) => {
-            eprintln!(
-                "atou: the transfer from {host} into {} failed: {}",
+            let why = format!(
+                "the transfer from {host} into {} failed: {}",
                 shown_path(&root),
                 escape(why.as_bytes())
             );
-            Ok(ExitCode::from(1))
+            eprintln!("atou: {why}");
+            if transfer.json() {
+                let v = exit::json_failure(Exit::Partial, &host, &why);
+                super::print_stdout(&exit::json_text(&v, false))?;
+            }
+            Ok(Exit::Partial.into())
         }
         None => {
             let status = status.map_or("no status".to_string(), |s| s.to_string());
-            eprintln!(
-                "atou: the transfer from {host} did not finish: atou there ended (ssh: {status}){}; \
+            let why = format!(
+                "the transfer from {host} did not finish: atou there ended (ssh: {status}){}; \
                  run the same command again to resume",
                 remote.last_words()
             );
-            Ok(ExitCode::from(1))
+            eprintln!("atou: {why}");
+            if transfer.json() {
+                let v = exit::json_failure(Exit::Partial, &host, &why);
+                super::print_stdout(&exit::json_text(&v, false))?;
+            }
+            Ok(Exit::Partial.into())
         }
     }
 }

@@ -23,6 +23,7 @@ use atou::transfer::receive::{
 use atou::transfer::send::{Progress, SendConfig, SendError, SendReport};
 use atou::units::{format_rate, format_size, parse_size};
 
+use super::exit::{self, Exit};
 use super::net::{resolve, runtime};
 use super::{print_stdout, TuningArgs, UsageError};
 
@@ -65,9 +66,16 @@ pub struct TransferArgs {
     /// Reader threads (default: one per core, at least 2)
     #[arg(long, value_name = "N")]
     readers: Option<usize>,
-    /// No progress display
+    /// No progress display, and no report text (errors still show)
     #[arg(long, short)]
     quiet: bool,
+    /// Progress for people (auto: bars on a terminal, a line every 5 s otherwise) or for
+    /// machines (json: JSON Lines on stdout every --progress-interval, even with --quiet; see below)
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = ProgressMode::Auto)]
+    progress: ProgressMode,
+    /// Time between --progress json lines (bare number = seconds; e.g. 0.5 or 500ms)
+    #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_interval)]
+    progress_interval: Duration,
     /// Print the final report as JSON on stdout
     #[arg(long)]
     json: bool,
@@ -78,15 +86,22 @@ pub struct TransferArgs {
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "Examples:\n  \
+#[command(after_help = format!("Examples:\n  \
     atou send data/ results.tar server.example.org\n  \
     atou send big.img 10.0.0.2:7891:incoming --streams 4 --recovery sack\n  \
     atou send tree/ '[2001:db8::2]:7890:backup' --skip-existing\n\n\
     Each SRC arrives as DEST/SUBDIR/NAME, NAME being its last component, with modes and mtimes \
     kept. The tuning flags apply to each connection; --rcvsegs defaults to each stream's share \
-    of --buffer (and may only be smaller), and --maxtime/--maxpkts do not apply. A numeric SUBDIR needs the port spelled out (host:7890:2024). Exit status: 0 every \
-    file sent and verified, 1 the transfer failed (the reason is on stderr), 2 usage error, \
-    130 interrupted; run the same command again to resume.")]
+    of --buffer (and may only be smaller), and --maxtime/--maxpkts do not apply. A numeric SUBDIR needs the port spelled out (host:7890:2024). \
+    With --json, the report on stdout carries the status as a word (\"status\": \"ok\", \"refused\", ...) \
+    and a number (\"exit\"), also when the transfer fails. A failed or interrupted transfer \
+    resumes when the same command is run again.\n\n\
+    --progress json makes stdout JSON Lines, as iperf3 --json-stream: every --progress-interval \
+    an {{\"event\": \"interval\"}} object (time in s since the start, stage, bytes acknowledged \
+    and total to send this run, rate_bps since the line before, the files being sent, and per \
+    stream its bytes, cwnd and ssthresh in segments, srtt_ms and rxmts), then an \"end\" object \
+    (rate_bps over the run, status and exit), then the --json report, if asked, on one line. \
+    People's messages and errors stay on stderr.\n\n{}", Exit::table()))]
 pub struct SendArgs {
     /// Files and directories to send
     #[arg(value_name = "SRC", required = true, num_args = 1..)]
@@ -99,7 +114,7 @@ pub struct SendArgs {
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "Examples:\n  \
+#[command(after_help = format!("Examples:\n  \
     atou copy dataset/ /mnt/scratch\n  \
     atou copy a.bin b.bin alice@server.example.org:incoming      # push over ssh\n  \
     atou copy server.example.org:results/run7 ./runs             # pull over ssh\n  \
@@ -111,7 +126,7 @@ pub struct SendArgs {
     move the data over UDP (`--port`), each end pinning the other's key. Every SRC of a \
     pull is on one host. Anything else is a local directory (created if missing): atou \
     runs the receiver itself over loopback UDP. Each SRC arrives as DEST/NAME. Flags as for \
-    `atou send`; to send to a running `atou serve --dir`, use `atou send`.")]
+    `atou send`; to send to a running `atou serve --dir`, use `atou send`.\n\n{}", Exit::table()))]
 pub struct CopyArgs {
     /// Files and directories to copy: local paths, or [USER@]HOST:PATH on one host (a pull)
     #[arg(value_name = "SRC", required = true, num_args = 1..)]
@@ -123,6 +138,20 @@ pub struct CopyArgs {
     transfer: TransferArgs,
     #[command(flatten)]
     ssh: super::remote::SshArgs,
+}
+
+/// `--progress`: who the progress is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProgressMode {
+    Auto,
+    Json,
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    match atou::units::parse_duration(s, atou::units::TimeUnit::Seconds)? {
+        d if d >= Duration::from_millis(10) => Ok(d),
+        _ => Err(format!("`{s}`: a progress interval is at least 10ms")),
+    }
 }
 
 fn parse_streams(s: &str) -> Result<usize, String> {
@@ -329,6 +358,69 @@ fn show_progress(progress: Arc<Progress>, done: Arc<Mutex<bool>>, tty: bool) {
     }
 }
 
+/// One `--progress json` line: what [`show_progress`] shows, and each
+/// stream's transport (as iperf3 --json-stream's intervals). `rate_bps`
+/// is over the time since the line before.
+fn progress_line(p: &Progress, event: &str, secs: f64, rate_bps: f64) -> serde_json::Value {
+    let streams: Vec<serde_json::Value> = p
+        .streams
+        .lock()
+        .expect("progress lock")
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let ssthresh = s.ssthresh.load(Ordering::Relaxed);
+            serde_json::json!({
+                "stream": i + 1,
+                "bytes": s.bytes.load(Ordering::Relaxed),
+                "cwnd": s.cwnd.load(Ordering::Relaxed),
+                // None yet (still in slow start): null.
+                "ssthresh": (ssthresh != u64::MAX).then_some(ssthresh),
+                "srtt_ms": s.srtt_us.load(Ordering::Relaxed) as f64 / 1e3,
+                "rxmts": s.rxmts.load(Ordering::Relaxed),
+            })
+        })
+        .collect();
+    let mut files = p.current.lock().expect("progress lock").clone();
+    files.dedup();
+    serde_json::json!({
+        "event": event,
+        "time": (secs * 1e3).round() / 1e3,
+        "stage": p.stage.lock().expect("progress lock").clone(),
+        "bytes": p.done.load(Ordering::Relaxed),
+        "total": p.total.load(Ordering::Relaxed),
+        "rate_bps": rate_bps.round(),
+        "streams": streams,
+        "files": files,
+    })
+}
+
+/// `--progress json`: a line on stdout every `every` until `done` is set.
+fn json_progress(
+    progress: Arc<Progress>,
+    done: Arc<Mutex<bool>>,
+    started: Instant,
+    every: Duration,
+) {
+    let mut last = (started, 0u64);
+    loop {
+        let next = last.0 + every;
+        while Instant::now() < next {
+            if *done.lock().expect("progress lock") {
+                return;
+            }
+            thread::sleep((next - Instant::now()).min(Duration::from_millis(50)));
+        }
+        let now = Instant::now();
+        let d = progress.done.load(Ordering::Relaxed);
+        let rate = (d - last.1.min(d)) as f64 * 8.0 / (now - last.0).as_secs_f64();
+        let line = progress_line(&progress, "interval", (now - started).as_secs_f64(), rate);
+        // A reader that went away does not stop the transfer.
+        let _ = print_stdout(&format!("{line}\n"));
+        last = (now, d);
+    }
+}
+
 /// The clauses a report line adds for what was already there and what
 /// was sent again, at either end.
 pub(super) fn not_sent_and_resent(
@@ -419,42 +511,71 @@ pub(super) fn run_send_from(
     explain: impl Fn(&SendError) -> Option<String>,
 ) -> Result<ExitCode> {
     let done = Arc::new(Mutex::new(false));
-    let shower = (!args.quiet).then(|| {
-        let (p, d) = (progress.clone(), done.clone());
-        let tty = std::io::stderr().is_terminal();
-        thread::spawn(move || show_progress(p, d, tty))
-    });
+    let started = Instant::now();
+    let machine = args.progress == ProgressMode::Json;
+    progress.detail.store(machine, Ordering::Relaxed);
+    let shower = if machine {
+        let (p, d, every) = (progress.clone(), done.clone(), args.progress_interval);
+        Some(thread::spawn(move || json_progress(p, d, started, every)))
+    } else {
+        (!args.quiet).then(|| {
+            let (p, d) = (progress.clone(), done.clone());
+            let tty = std::io::stderr().is_terminal();
+            thread::spawn(move || show_progress(p, d, tty))
+        })
+    };
     {
         let p = progress.clone();
         // Ctrl-C: stop the connections; the partial files stay for a resume.
         let _ = ctrlc_hook(move || p.stop.store(true, Ordering::Relaxed));
     }
     let result = atou::transfer::send::send_from(sources, &config, progress.clone(), from);
+    let status = match &result {
+        Ok(_) => Exit::Ok,
+        Err(e) => e.fault().into(),
+    };
     *done.lock().expect("progress lock") = true;
     if let Some(h) = shower {
         let _ = h.join();
     }
+    if machine {
+        // The last line: the whole run's figures and how it ended.
+        let secs = started.elapsed().as_secs_f64();
+        let rate = progress.done.load(Ordering::Relaxed) as f64 * 8.0 / secs.max(1e-9);
+        let mut line = progress_line(&progress, "end", secs, rate);
+        line["status"] = status.word().into();
+        line["exit"] = status.code().into();
+        print_stdout(&format!("{line}\n"))?;
+    }
+    // With --progress json, stdout is JSON Lines: the report is one more.
     match result {
         Ok(report) => {
             if args.json {
-                print_stdout(&(serde_json::to_string_pretty(&report)? + "\n"))?;
+                print_stdout(&exit::json_text(
+                    &exit::json_report(&report, status)?,
+                    machine,
+                ))?;
             } else if !args.quiet {
                 eprint!("{}", report_text(&report));
             }
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(SendError::Interrupted) => {
-            eprintln!("atou: interrupted; run the same command again to resume");
-            Ok(ExitCode::from(130))
         }
         Err(e) => {
-            // The reason may quote the server's words: escaped, so a
-            // hostile server cannot drive the terminal.
-            let why = explain(&e).unwrap_or_else(|| e.to_string());
-            eprintln!("atou: {}", atou::text::escape(why.as_bytes()));
-            Ok(ExitCode::from(1))
+            let why = match e {
+                SendError::Interrupted => {
+                    "interrupted; run the same command again to resume".to_string()
+                }
+                // The reason may quote the server's words: escaped, so a
+                // hostile server cannot drive the terminal.
+                e => atou::text::escape(explain(&e).unwrap_or_else(|| e.to_string()).as_bytes()),
+            };
+            eprintln!("atou: {why}");
+            if args.json {
+                let v = exit::json_failure(status, &config.host, &why);
+                print_stdout(&exit::json_text(&v, machine))?;
+            }
         }
     }
+    Ok(status.into())
 }
 
 /// Calls `f` on the first Ctrl-C, from a thread of its own.
@@ -487,6 +608,15 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
         .sources
         .iter()
         .any(|s| s.to_str().is_some_and(is_remote));
+    if remote_source && args.transfer.progress == ProgressMode::Json {
+        // The sender of a pull is the remote end; its progress is ssh's stderr.
+        return Err(UsageError(
+            "--progress json is for sends; a pull over ssh (a remote SRC) shows the remote \
+             sender's progress on stderr: leave --progress out"
+                .into(),
+        )
+        .into());
+    }
     if remote_source || is_remote(&args.dest) {
         return super::remote::copy(&args.sources, &args.dest, &args.transfer, &args.ssh);
     }

@@ -26,7 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::hash::{chunk_count, chunk_cv, chunk_len, file_hash, Cv, CHUNK_SIZE};
 use super::manifest::{Entry, EntryKind, RelPath};
-use super::messages::{FilePlan, Options, PlanRequest};
+use super::messages::{FilePlan, Options, Outcome, PlanRequest};
 use crate::io::dest_dir::{self, DestDir, Found, STAGING_DIR};
 use crate::text::shown;
 
@@ -60,6 +60,45 @@ pub fn io_error(action: &str, path: &Path, e: &io::Error) -> String {
         "cannot {action} {}: {cause}",
         shown(path.as_os_str().as_encoded_bytes())
     )
+}
+
+/// Why writing or finishing a transfer failed, by kind: the sender's
+/// answer (and so its exit status) says which.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DestError {
+    /// This end failed: its disk, its limits.
+    Failed(String),
+    /// This end will not: a file in the way (found once the data came).
+    Refused(String),
+    /// A file's hash differs from the sender's.
+    Mismatch(String),
+}
+
+impl From<String> for DestError {
+    fn from(why: String) -> DestError {
+        DestError::Failed(why)
+    }
+}
+
+impl std::fmt::Display for DestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DestError::Failed(why) | DestError::Refused(why) | DestError::Mismatch(why) => {
+                f.write_str(why)
+            }
+        }
+    }
+}
+
+impl DestError {
+    /// The answer that tells the sender.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            DestError::Failed(why) => Outcome::Failed(why.clone()),
+            DestError::Refused(why) => Outcome::Refused(why.clone()),
+            DestError::Mismatch(why) => Outcome::Mismatch(why.clone()),
+        }
+    }
 }
 
 /// Which symlinks a receiver creates.
@@ -229,7 +268,7 @@ impl FileTarget {
     /// The open partial file, created if this transfer is the first to
     /// write it (`O_EXCL`: another transfer writing the same file at once
     /// is refused rather than interleaved).
-    fn open(&self, handle: &mut Option<File>) -> Result<(), String> {
+    fn open(&self, handle: &mut Option<File>) -> Result<(), DestError> {
         if handle.is_some() {
             return Ok(());
         }
@@ -262,13 +301,13 @@ impl FileTarget {
         &self,
         existing: Existing,
         handle: &mut Option<File>,
-    ) -> Result<(), String> {
+    ) -> Result<(), DestError> {
         if !existing.replace {
-            return Err(format!(
+            return Err(DestError::Refused(format!(
                 "`{}` already exists at the destination and differs from the sender's (BLAKE3); \
                  use --overwrite to replace it",
                 self.rel
-            ));
+            )));
         }
         let dir = self
             .dest
@@ -294,7 +333,7 @@ impl FileTarget {
 
     /// Writes one verified chunk at its place, opening the file if needed
     /// (it stays open until [`chunk_done`](Self::chunk_done) closes it).
-    pub fn write_chunk(&self, chunk: u64, data: &[u8]) -> Result<(), String> {
+    pub fn write_chunk(&self, chunk: u64, data: &[u8]) -> Result<(), DestError> {
         if self.fresh && data.iter().all(|&b| b == 0) {
             return Ok(());
         }
@@ -302,7 +341,7 @@ impl FileTarget {
         self.open(&mut handle)?;
         let file = handle.as_ref().expect("opened above");
         file.write_all_at(data, chunk * CHUNK_SIZE)
-            .map_err(|e| io_error("write", &self.shown(), &e))
+            .map_err(|e| io_error("write", &self.shown(), &e).into())
     }
 
     /// A chunk handed to a writer is done with, written or not: when it was
@@ -323,17 +362,17 @@ impl FileTarget {
     /// Gives a file whose every chunk is verified its length, mode and
     /// mtime (and syncs it, with `fsync`). It keeps its staging name until
     /// the finish has compared its hash.
-    pub fn make_ready(&self, fsync: bool) -> Result<(), String> {
+    pub fn make_ready(&self, fsync: bool) -> Result<(), DestError> {
         let mut handle = self.handle.lock().expect("writer panicked");
         self.open(&mut handle)?;
         let file = handle.take().expect("opened above");
-        self.set_attrs(&file, fsync)
+        Ok(self.set_attrs(&file, fsync)?)
     }
 
     /// Writes a file of one chunk, already verified, and makes it ready at
     /// once: one open instead of two, which is most of the cost of a tree
     /// of small files.
-    pub fn write_whole(&self, data: &[u8], fsync: bool) -> Result<(), String> {
+    pub fn write_whole(&self, data: &[u8], fsync: bool) -> Result<(), DestError> {
         let mut handle = self.handle.lock().expect("writer panicked");
         self.open(&mut handle)?;
         let file = handle.take().expect("opened above");
@@ -341,7 +380,7 @@ impl FileTarget {
             file.write_all_at(data, 0)
                 .map_err(|e| io_error("write", &self.shown(), &e))?;
         }
-        self.set_attrs(&file, fsync)
+        Ok(self.set_attrs(&file, fsync)?)
     }
 
     fn set_attrs(&self, file: &File, fsync: bool) -> Result<(), String> {
@@ -779,14 +818,14 @@ pub fn finish(
     prepared: &Prepared,
     verified: &[Vec<Option<Cv>>],
     sender_hashes: &[Cv],
-) -> Result<Finished, String> {
+) -> Result<Finished, DestError> {
     let mut done = Finished::default();
     if sender_hashes.len() != prepared.files.len() {
-        return Err(format!(
+        return Err(DestError::Failed(format!(
             "the sender sent {} file hashes for {} files",
             sender_hashes.len(),
             prepared.files.len()
-        ));
+        )));
     }
     let fsync = prepared.options.fsync;
     let replace = prepared.options.overwrite;
@@ -812,19 +851,19 @@ pub fn finish(
                 let t = &prepared.files[n];
                 let cvs: Option<Vec<Cv>> = verified[n].iter().copied().collect();
                 let Some(cvs) = cvs else {
-                    return Err(format!(
+                    return Err(DestError::Failed(format!(
                         "`{}`: not every chunk arrived (a sender bug); run the transfer again",
                         t.rel
-                    ));
+                    )));
                 };
                 let ours = file_hash(*size, &cvs).expect("one value per chunk");
                 if *ours.as_bytes() != sender_hashes[n] {
-                    return Err(format!(
+                    return Err(DestError::Mismatch(format!(
                         "`{}`: BLAKE3 {} here, {} at the sender; the file changed while it was sent?",
                         t.rel,
                         super::hash::short_hex(ours.as_bytes()),
                         super::hash::short_hex(&sender_hashes[n])
-                    ));
+                    )));
                 }
                 if t.unchanged_existing() {
                     // --checksum found it identical: it stays as it is.

@@ -425,6 +425,10 @@ pub enum PlanReply {
 
 const STATUS_OK: u8 = 0;
 const STATUS_FAILED: u8 = 1;
+/// An [`Outcome`] only: the receiver will not (a file in the way, found
+/// once the data came), and the one that says a file's hash differs.
+const STATUS_REFUSED: u8 = 2;
+const STATUS_MISMATCH: u8 = 3;
 
 /// A failure: its status, the longest text, the hash.
 fn failed_max_len() -> u64 {
@@ -523,11 +527,22 @@ pub struct ChunkRef {
 }
 
 /// The answer to a data stream, or to a finish request: done (with the
-/// chunks that failed their check, for a data stream), or failed and why.
+/// chunks that failed their check, for a data stream), or not and why.
+/// The kinds of "not" are apart so that the sender can tell its user (and
+/// a script, by the exit status) whether to retry, change the command, or
+/// look at the data.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    Done { bad: Vec<ChunkRef> },
+    Done {
+        bad: Vec<ChunkRef>,
+    },
+    /// The receiver failed: its disk, its limits, the session's end.
     Failed(String),
+    /// The receiver will not: a file in the way, found once the data came
+    /// (`--checksum` without `--overwrite`).
+    Refused(String),
+    /// A file's whole BLAKE3 hash at the receiver differs from the sender's.
+    Mismatch(String),
 }
 
 impl Outcome {
@@ -542,8 +557,12 @@ impl Outcome {
                     out.extend_from_slice(&(c.chunk as u32).to_be_bytes());
                 }
             }
-            Outcome::Failed(why) => {
-                out.push(STATUS_FAILED);
+            Outcome::Failed(why) | Outcome::Refused(why) | Outcome::Mismatch(why) => {
+                out.push(match self {
+                    Outcome::Refused(_) => STATUS_REFUSED,
+                    Outcome::Mismatch(_) => STATUS_MISMATCH,
+                    _ => STATUS_FAILED,
+                });
                 put_text(&mut out, why);
             }
         }
@@ -576,6 +595,8 @@ impl Outcome {
                 Outcome::Done { bad }
             }
             STATUS_FAILED => Outcome::Failed(r.text()?),
+            STATUS_REFUSED => Outcome::Refused(r.text()?),
+            STATUS_MISMATCH => Outcome::Mismatch(r.text()?),
             other => return Err(MessageError::UnknownStatus(other)),
         };
         r.end()?;
@@ -738,6 +759,8 @@ mod tests {
                 bad: vec![ChunkRef { file: 3, chunk: 9 }],
             },
             Outcome::Failed("disk full".into()),
+            Outcome::Refused("in the way".into()),
+            Outcome::Mismatch("changed".into()),
         ] {
             assert_eq!(Outcome::decode(&o.encode()).unwrap(), o);
         }

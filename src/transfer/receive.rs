@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::dest::{self, FileTarget, Finished, Policy, Prepared, NOT_HELD};
+use super::dest::{self, DestError, FileTarget, Finished, Policy, Prepared, NOT_HELD};
 use super::hash::{chunk_count, chunk_cv, Cv};
 use super::layout::{Layout, CV_LEN};
 use super::messages::{
@@ -161,11 +161,11 @@ enum Done {
     Finish {
         session: SessionKey,
         conn_id: u64,
-        result: Result<Finished, String>,
+        result: Result<Finished, DestError>,
     },
     Ready {
         session: SessionKey,
-        result: Result<(), String>,
+        result: Result<(), DestError>,
     },
 }
 
@@ -200,7 +200,7 @@ enum PlanJob {
 enum WriteFailure {
     /// The chunk's data does not match its value: send it again.
     Corrupt,
-    Io(String),
+    Io(DestError),
 }
 
 struct WriteJob {
@@ -310,7 +310,7 @@ struct Session {
     readying: usize,
     /// A finish request that waits for those.
     finish_waiting: Option<(u64, Vec<Cv>)>,
-    failed: Option<String>,
+    failed: Option<Outcome>,
     started: Instant,
     open_conns: usize,
     last_active: Instant,
@@ -372,7 +372,8 @@ fn writer(jobs: Arc<Mutex<mpsc::Receiver<Job>>>, done: mpsc::Sender<Done>, notif
         };
         // Every outcome hands the chunk back, so the last one closes the file.
         let closed = t.chunk_done(job.fsync);
-        let result = result.and_then(|cv| closed.map(|()| cv).map_err(WriteFailure::Io));
+        let result =
+            result.and_then(|cv| closed.map(|()| cv).map_err(|e| WriteFailure::Io(e.into())));
         let _ = done.send(Done::Write {
             session: job.session,
             conn_id: job.conn_id,
@@ -560,14 +561,24 @@ impl FileReceiver {
         server.release(conn_id, u64::MAX);
     }
 
-    fn fail_session(&mut self, server: &mut Server, session: SessionKey, why: String) {
+    /// Ends a session that failed (`why`: a [`DestError`], or a string
+    /// for one that failed here), telling each of its connections.
+    fn fail_session(
+        &mut self,
+        server: &mut Server,
+        session: SessionKey,
+        why: impl Into<DestError>,
+    ) {
         let Some(s) = self.sessions.get_mut(&session) else {
             return;
         };
         if s.failed.is_some() {
             return;
         }
-        s.failed = Some(why.clone());
+        let error: DestError = why.into();
+        let reply = error.outcome();
+        let why = error.to_string();
+        s.failed = Some(reply.clone());
         let dest = s
             .prepared
             .as_ref()
@@ -587,7 +598,7 @@ impl FileReceiver {
             .map(|(&id, _)| id)
             .collect();
         for id in ids {
-            self.answer(server, id, Outcome::Failed(why.clone()).encode());
+            self.answer(server, id, reply.encode());
         }
     }
 
@@ -723,8 +734,8 @@ impl FileReceiver {
                     self.unknown_session(server, conn_id);
                     return;
                 };
-                if let Some(why) = &s.failed {
-                    let reply = Outcome::Failed(why.clone()).encode();
+                if let Some(failed) = &s.failed {
+                    let reply = failed.encode();
                     self.answer(server, conn_id, reply);
                     return;
                 }
@@ -1158,7 +1169,7 @@ impl FileReceiver {
         server: &mut Server,
         session: SessionKey,
         conn_id: u64,
-        result: Result<Finished, String>,
+        result: Result<Finished, DestError>,
     ) {
         let Some(s) = self.sessions.get(&session) else {
             return;
@@ -1204,8 +1215,9 @@ impl FileReceiver {
                 self.end_once();
             }
             Err(why) => {
-                self.fail_session(server, session, why.clone());
-                server.respond(conn_id, Outcome::Failed(why).encode());
+                let reply = why.outcome().encode();
+                self.fail_session(server, session, why);
+                server.respond(conn_id, reply);
             }
         }
     }
@@ -1304,8 +1316,8 @@ impl ServeApp for FileReceiver {
                 if let Some(s) = self.sessions.get_mut(&session) {
                     s.open_conns += 1;
                     s.last_active = Instant::now();
-                    if let Some(why) = s.failed.clone() {
-                        self.answer(server, conn_id, Outcome::Failed(why).encode());
+                    if let Some(failed) = s.failed.clone() {
+                        self.answer(server, conn_id, failed.encode());
                     }
                 }
             }

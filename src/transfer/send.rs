@@ -59,6 +59,85 @@ pub enum SendError {
     BadReply { host: String, why: String },
     #[error("interrupted")]
     Interrupted,
+    /// What the receiver holds is not what was sent: its final check
+    /// failed, or chunks kept failing theirs.
+    #[error("the transfer to {host} failed verification: {why}")]
+    Unverified { host: String, why: String },
+}
+
+/// What kind of failure a [`SendError`] (or a [`ProbeError`]) is, so that
+/// a caller can act on it (the CLI's exit status): try again later, fix
+/// the command or the server, or look at the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The receiver said no: a conflict, its policy or permissions, or
+    /// authentication.
+    Refused,
+    /// No server answered, the host or path is unreachable, or the
+    /// server is busy: worth trying again.
+    Network,
+    /// The peer went silent for maxidle once the connection was up.
+    Timeout,
+    /// The ends do not understand each other: releases, malformed replies.
+    Protocol,
+    /// What arrived is not what was sent.
+    Verify,
+    /// The receiver failed partway; what it wrote stays for a resume.
+    Partial,
+    /// A local file could not be read, or changed while it was sent.
+    Io,
+    Interrupted,
+    /// None of the above (a bad knob that got past the command line).
+    Other,
+}
+
+impl SendError {
+    pub fn fault(&self) -> Fault {
+        match self {
+            SendError::Walk(_) | SendError::Source(_) => Fault::Io,
+            SendError::Conn(e) => probe_fault(e),
+            SendError::Refused { .. } => Fault::Refused,
+            SendError::Failed { .. } => Fault::Partial,
+            SendError::Unverified { .. } => Fault::Verify,
+            SendError::BadReply { .. } => Fault::Protocol,
+            SendError::Interrupted => Fault::Interrupted,
+        }
+    }
+}
+
+/// The kind of a connection's failure (see [`Fault`]).
+pub fn probe_fault(e: &ProbeError) -> Fault {
+    use crate::proto::client::Stage;
+    use crate::proto::crypto::handshake::HandshakeError as H;
+    use crate::proto::ConnError as C;
+    match e {
+        ProbeError::Socket { .. }
+        | ProbeError::Unreachable { .. }
+        | ProbeError::TooBig { .. }
+        | ProbeError::Send { .. }
+        | ProbeError::Recv { .. }
+        // No answer before the hello: nobody there (yet).
+        | ProbeError::NoKey { .. } => Fault::Network,
+        ProbeError::Interrupted => Fault::Interrupted,
+        ProbeError::Source(_) => Fault::Io,
+        ProbeError::Tuning(_) => Fault::Other,
+        ProbeError::Conn { error, .. } => match error {
+            // Silent from the start: no server there; silent after the
+            // hello was answered: the path or the peer failed (rsync's
+            // "timeout in data send/receive").
+            C::Idle {
+                stage: Stage::Hello | Stage::Handshake,
+                ..
+            } => Fault::Network,
+            C::Idle { .. } => Fault::Timeout,
+            C::Busy => Fault::Network,
+            C::Refused | C::AuthRefused(_) | C::AuthRequired | C::NoIdentity => Fault::Refused,
+            C::Handshake(H::Refused(_) | H::Undecryptable | H::Replayed) => Fault::Refused,
+            C::Handshake(_) | C::VersionMismatch { .. } | C::ReplyTooLong { .. } => {
+                Fault::Protocol
+            }
+        },
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -91,11 +170,85 @@ pub struct Progress {
     /// Files being sent, by name.
     pub current: Mutex<Vec<String>>,
     pub stop: AtomicBool,
+    /// Keep [`Progress::streams`] up to date (it costs a trace record per
+    /// segment and per ACK, so only a display that shows it asks).
+    pub detail: AtomicBool,
+    /// The data streams of the current round, with `detail`.
+    pub streams: Mutex<Vec<Arc<StreamLive>>>,
 }
 
 impl Progress {
     fn set_stage(&self, s: impl Into<String>) {
         *self.stage.lock().expect("progress lock") = s.into();
+    }
+}
+
+/// One data stream's transport as it runs, for a progress display: what
+/// `atou send`'s report says of each stream at the end, while it runs.
+#[derive(Debug)]
+pub struct StreamLive {
+    /// File bytes this stream has had acknowledged.
+    pub bytes: AtomicU64,
+    /// Congestion window and slow-start threshold, in segments, after the
+    /// last ACK.
+    pub cwnd: AtomicU64,
+    pub ssthresh: AtomicU64,
+    /// Smoothed RTT in microseconds: RFC 6298's average (gain 1/8) of the
+    /// ACKs' RTT samples, as the sender keeps it.
+    pub srtt_us: AtomicU64,
+    /// Segments sent again.
+    pub rxmts: AtomicU64,
+}
+
+impl Default for StreamLive {
+    fn default() -> StreamLive {
+        StreamLive {
+            bytes: AtomicU64::new(0),
+            cwnd: AtomicU64::new(0),
+            // No threshold until the first loss, as the sender's own.
+            ssthresh: AtomicU64::new(u64::MAX),
+            srtt_us: AtomicU64::new(0),
+            rxmts: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Fills a [`StreamLive`] from a connection's trace records.
+struct Live<'a> {
+    live: &'a StreamLive,
+    srtt: Option<f64>,
+    /// Highest segment sent so far: one sent again is at or below it.
+    top: Option<u64>,
+}
+
+impl Observer for Live<'_> {
+    fn on_trace(&mut self, record: &crate::proto::TraceRecord) {
+        use crate::proto::TraceRecord;
+        match *record {
+            TraceRecord::Xmt { seg, .. } => {
+                if self.top.is_some_and(|t| seg <= t) {
+                    self.live.rxmts.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.top = Some(seg);
+                }
+            }
+            TraceRecord::Ack {
+                rtt,
+                cwnd,
+                ssthresh,
+                ..
+            } => {
+                if !rtt.is_zero() {
+                    // RFC 6298 (2.2), (2.3): the first sample, then 7/8 old + 1/8 new.
+                    let sample = rtt.as_secs_f64() * 1e6;
+                    let srtt = self.srtt.map_or(sample, |s| s + (sample - s) / 8.0);
+                    self.srtt = Some(srtt);
+                    self.live.srtt_us.store(srtt as u64, Ordering::Relaxed);
+                }
+                self.live.cwnd.store(cwnd, Ordering::Relaxed);
+                self.live.ssthresh.store(ssthresh, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -171,7 +324,8 @@ struct Ending {
 }
 
 /// Runs one connection of `session` carrying `feed`; returns the reply
-/// and the transport's summary.
+/// and the transport's summary; `live` gets its trace for --progress json.
+#[allow(clippy::too_many_arguments)]
 fn run_conn<F: StreamFeed>(
     config: &SendConfig,
     from: Option<&Bound>,
@@ -180,6 +334,7 @@ fn run_conn<F: StreamFeed>(
     feed: &mut F,
     stop: &Progress,
     ending: Ending,
+    live: Option<&StreamLive>,
 ) -> (Result<Vec<u8>, SendError>, Option<Summary>) {
     let socket = match from.map(|b| b.socket.try_clone()).transpose() {
         Ok(s) => s,
@@ -197,7 +352,7 @@ fn run_conn<F: StreamFeed>(
         peer_name: config.host.clone(),
         tuning: config.tuning.clone(),
         bytes: Some(len),
-        trace: false,
+        trace: live.is_some(),
         conn_id: fresh_conn_id(),
         session,
         reply_limit: u32::try_from(ending.reply_limit).unwrap_or(u32::MAX),
@@ -208,7 +363,23 @@ fn run_conn<F: StreamFeed>(
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     };
-    let result = runtime().block_on(io::connect_from(socket, probe, feed, &mut Quiet, stopped));
+    let result = match live {
+        Some(live) => {
+            let mut observer = Live {
+                live,
+                srtt: None,
+                top: None,
+            };
+            runtime().block_on(io::connect_from(
+                socket,
+                probe,
+                feed,
+                &mut observer,
+                stopped,
+            ))
+        }
+        None => runtime().block_on(io::connect_from(socket, probe, feed, &mut Quiet, stopped)),
+    };
     let reply = match result.outcome {
         Ok(closed) => closed.reply.ok_or_else(|| SendError::Failed {
             host: config.host.clone(),
@@ -247,6 +418,7 @@ fn ask(
         &mut BytesFeed(request),
         stop,
         ending,
+        None,
     )
     .0
 }
@@ -255,6 +427,14 @@ fn outcome(config: &SendConfig, reply: &[u8]) -> Result<Vec<ChunkRef>, SendError
     match Outcome::decode(reply) {
         Ok(Outcome::Done { bad }) => Ok(bad),
         Ok(Outcome::Failed(why)) => Err(SendError::Failed {
+            host: config.host.clone(),
+            why,
+        }),
+        Ok(Outcome::Refused(why)) => Err(SendError::Refused {
+            host: config.host.clone(),
+            why,
+        }),
+        Ok(Outcome::Mismatch(why)) => Err(SendError::Unverified {
             host: config.host.clone(),
             why,
         }),
@@ -408,6 +588,7 @@ struct FileFeed {
     /// This stream's place in `progress.current`, and the files' names.
     index: usize,
     names: Arc<Vec<String>>,
+    live: Arc<StreamLive>,
 }
 
 impl FileFeed {
@@ -461,6 +642,7 @@ impl StreamFeed for FileFeed {
             self.held_bytes -= self.slot_bytes(self.first_held);
             let len = u64::from(self.layout.slots[self.first_held].len);
             self.progress.done.fetch_add(len, Ordering::Relaxed);
+            self.live.bytes.fetch_add(len, Ordering::Relaxed);
             self.counted += len;
             self.first_held += 1;
             if let Some(next) = self.layout.slots.get(self.first_held) {
@@ -806,7 +988,7 @@ fn send_session(
         // 1 MiB chunks; a few chunks get every chance up to MAX_ROUNDS.
         let bad = to_send.len() as u64;
         if rounds > MAX_ROUNDS || repaired.is_some_and(|r| bad > 16 && bad * 10 > r * 9) {
-            return Err(SendError::Failed {
+            return Err(SendError::Unverified {
                 host: config.host.clone(),
                 why: format!(
                     "{bad} chunks still failed their BLAKE3 check after {} rounds; \
@@ -842,6 +1024,11 @@ fn send_session(
                 }
             }
         }
+        let lives: Vec<Arc<StreamLive>> = shares.iter().map(|_| Arc::default()).collect();
+        let detail = progress.detail.load(Ordering::Relaxed);
+        if detail {
+            *progress.streams.lock().expect("progress lock") = lives.clone();
+        }
         let results: Vec<StreamResult> = thread::scope(|scope| {
             let handles: Vec<_> = shares
                 .iter()
@@ -870,6 +1057,7 @@ fn send_session(
                         counted: 0,
                         index,
                         names: plan.names.clone(),
+                        live: lives[index].clone(),
                     };
                     let sent: u64 = feed.layout.slots.iter().map(|s| u64::from(s.len)).sum();
                     let progress = &progress;
@@ -877,6 +1065,7 @@ fn send_session(
                         let len = feed.layout.total_len();
                         let limit = Outcome::max_len(feed.layout.slots.len() as u64);
                         let bound = (!from.is_empty()).then(|| &from[index % from.len()]);
+                        let live = detail.then(|| feed.live.clone());
                         let (reply, summary) = run_conn(
                             config,
                             bound,
@@ -888,11 +1077,12 @@ fn send_session(
                                 reply_limit: limit,
                                 close_unacknowledged: false,
                             },
+                            live.as_deref(),
                         );
                         // Whatever was acknowledged but not yet counted.
-                        progress
-                            .done
-                            .fetch_add(sent.saturating_sub(feed.counted), Ordering::Relaxed);
+                        let rest = sent.saturating_sub(feed.counted);
+                        progress.done.fetch_add(rest, Ordering::Relaxed);
+                        feed.live.bytes.fetch_add(rest, Ordering::Relaxed);
                         StreamResult {
                             bad: reply
                                 .and_then(|r| outcome(config, &r))
@@ -951,17 +1141,15 @@ fn send_session(
         );
     }
     let request = encode_finish(&hashes);
-    outcome(
+    let reply = ask(
         config,
-        &ask(
-            config,
-            from.first(),
-            session,
-            request,
-            &progress,
-            Outcome::max_len(0),
-        )?,
+        from.first(),
+        session,
+        request,
+        &progress,
+        Outcome::max_len(0),
     )?;
+    outcome(config, &reply)?;
     let secs = started.elapsed().as_secs_f64();
     let files = plan.sizes.len() as u64;
     Ok(SendReport {
