@@ -15,7 +15,10 @@
 #   (no tool here syncs, so neither does atou in the comparison),
 #   authenticated and encrypted as by default (keys made for the run, the
 #   server's pinned with --server-key; cipher auto);
-#   atou-plain: the same with --no-auth at both ends, for what
+#   atou-copy: `atou copy SRC user@127.0.0.1:DST` over the same sshd, the
+#   command a scp user would type (ssh starts the far end; keys exchanged
+#   over ssh; the data over UDP, encrypted);
+#   atou-plain: the same as atou with --no-auth at both ends, for what
 #   authentication and encryption cost (issue 13: target atou >= 0.85x
 #   atou-plain).
 # And the cost of `atou serve`'s default, which syncs every file and
@@ -34,8 +37,8 @@
 # same mix of cold and warm memory. Prints seconds and MB/s (10^6 bytes/s of
 # the data set) of the median round and MB/s of every round, atou's ratio to
 # each tool and atou's peak RSS at both ends (/usr/bin/time -v), then the
-# targets as PASS/MISS: big atou >= 2x scp, big atou >= 0.5x cp, tree atou >=
-# 1.0x rsync. A MISS is only reported; the script fails when a tool fails or
+# targets as PASS/MISS: big atou and atou-copy >= 2x scp, big atou >= 0.5x
+# cp, tree atou >= 1.0x rsync. A MISS is only reported; the script fails when a tool fails or
 # a copy is wrong.
 #
 # Run as root (installs openssh-server/-client, rsync and time when missing,
@@ -76,6 +79,8 @@ read -r -a atou_extra <<<"${ATOU_ARGS:-}"
 
 die() { echo "bench-transfer: $*" >&2; exit 1; }
 note() { echo "bench-transfer: $*" >&2; }
+# shellcheck source=scripts/lib/ssh.sh
+. scripts/lib/ssh.sh
 
 [[ "$big_size" =~ ^[1-9][0-9]*[KMGT]?$ ]] || die "BIG_SIZE must be a size like 4G, 256M or 1000000, got '$big_size'"
 [[ "$small_files" =~ ^[1-9][0-9]*$ ]] || die "SMALL_FILES must be a positive whole number, got '$small_files'"
@@ -89,13 +94,10 @@ ref_atou=${REF_ATOU:-}
 
 work=
 disk_work=
-sshd_pid=
 serve_pid=
-policy_rc=
 cleanup() {
     if [ -n "$serve_pid" ]; then kill "$serve_pid" 2>/dev/null || true; wait "$serve_pid" 2>/dev/null || true; fi
-    if [ -n "$sshd_pid" ]; then kill "$sshd_pid" 2>/dev/null || true; wait "$sshd_pid" 2>/dev/null || true; fi
-    [ -z "$policy_rc" ] || rm -f "$policy_rc"
+    sshd_stop
     [ -z "$work" ] || rm -rf "$work"
     [ -z "$disk_work" ] || rm -rf "$disk_work"
 }
@@ -103,26 +105,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # Tools: install what is missing (Debian/Ubuntu package names).
-need=()
-[ -x /usr/sbin/sshd ] || need+=(openssh-server)
-{ command -v ssh && command -v scp && command -v ssh-keygen; } >/dev/null || need+=(openssh-client)
-command -v rsync >/dev/null || need+=(rsync)
-[ -x /usr/bin/time ] || need+=(time)
-if [ ${#need[@]} -gt 0 ]; then
-    [ "$(id -u)" -eq 0 ] || die "missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root"
-    note "installing ${need[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    # Keep the package's own sshd from starting on port 22 (as Docker images do).
-    if [ ! -e /usr/sbin/policy-rc.d ]; then
-        policy_rc=/usr/sbin/policy-rc.d
-        printf '#!/bin/sh\nexit 101\n' >"$policy_rc"
-        chmod +x "$policy_rc"
-    fi
-    apt-get install -y -qq "${need[@]}" </dev/null >/dev/null 2>&1 ||
-        { apt-get update -qq </dev/null && apt-get install -y -qq "${need[@]}" </dev/null >/dev/null; } ||
-        die "could not install ${need[*]}"
-    [ -z "$policy_rc" ] || { rm -f "$policy_rc"; policy_rc=; }
-fi
+ssh_tools_install note die
 for c in python3 openssl cmp diff timeout; do
     command -v "$c" >/dev/null || die "$c is missing"
 done
@@ -132,7 +115,7 @@ work=$(mktemp -d "$bench_dir/atou-bench-transfer.XXXXXX")
 [ "$fsync_dir" = none ] || disk_work=$(mktemp -d "$fsync_dir/atou-bench-fsync.XXXXXX")
 [[ "$work" != *[[:space:]]* ]] || die "the work directory '$work' has white space in it (remote paths would split)"
 chmod 755 "$work"
-mkdir "$work/ssh" "$work/data" "$work/log" "$work/bin"
+mkdir "$work/data" "$work/log" "$work/bin"
 # One binary for the whole run, even if target/release/atou is rebuilt meanwhile.
 cp target/release/atou "$work/bin/atou"
 [ -z "$ref_atou" ] || cp "$ref_atou" "$work/bin/atou-ref"
@@ -146,7 +129,6 @@ if [ -n "$ref_atou" ] && "$work/bin/atou-ref" serve --help 2>/dev/null | grep -q
     ref_plain=(--no-auth)
 fi
 rev=$(git describe --always --dirty 2>/dev/null || echo unknown)
-chmod 700 "$work/ssh"
 results=$work/log/results   # lines: set tool secs bytes
 : >"$results"
 
@@ -170,46 +152,9 @@ PY
 }
 
 # A private sshd on 127.0.0.1 with its own host key and one authorized key.
-ssh_port=${SSH_PORT:-$(free_port tcp 2222)}
-ssh_user=$(id -un)
-ssh-keygen -q -t ed25519 -N '' -C atou-bench-host -f "$work/ssh/host_key"
-ssh-keygen -q -t ed25519 -N '' -C atou-bench-client -f "$work/ssh/client_key"
-cp "$work/ssh/client_key.pub" "$work/ssh/authorized_keys"
-sftp=internal-sftp
-for s in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server /usr/libexec/sftp-server; do
-    [ -x "$s" ] && { sftp=$s; break; }
-done
-cat >"$work/ssh/sshd_config" <<EOF
-Port $ssh_port
-ListenAddress 127.0.0.1
-HostKey $work/ssh/host_key
-PidFile $work/ssh/sshd.pid
-AuthorizedKeysFile $work/ssh/authorized_keys
-PermitRootLogin yes
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-UseDNS no
-PrintMotd no
-Subsystem sftp $sftp
-EOF
-[ "$(id -u)" -ne 0 ] || { mkdir -p /run/sshd; chmod 755 /run/sshd; }
-/usr/sbin/sshd -t -f "$work/ssh/sshd_config" 2>"$work/log/sshd-t.err" ||
-    die "sshd rejects its config: $(tail -n 1 "$work/log/sshd-t.err")"
-/usr/sbin/sshd -D -f "$work/ssh/sshd_config" -E "$work/log/sshd.log" &
-sshd_pid=$!
-ssh_opts=(-i "$work/ssh/client_key" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null
-          -o BatchMode=yes -o LogLevel=ERROR)
-ssh_cmd="ssh ${ssh_opts[*]} -p $ssh_port"
+sshd_start "$work/ssh" 127.0.0.1 "${SSH_PORT:-$(free_port tcp 2222)}"
 remote=$ssh_user@127.0.0.1
-for i in $(seq 50); do
-    ssh "${ssh_opts[@]}" -p "$ssh_port" "$remote" true </dev/null 2>"$work/log/ssh.err" && break
-    kill -0 "$sshd_pid" 2>/dev/null || die "sshd exited: $(tail -n 1 "$work/log/sshd.log" 2>/dev/null)"
-    [ "$i" -lt 50 ] || die "cannot log in to the private sshd on port $ssh_port: $(tail -n 1 "$work/log/ssh.err")"
-    sleep 0.1
-done
+sshd_wait 127.0.0.1
 port=$(free_port udp "$port")
 note "sshd on 127.0.0.1:$ssh_port (user $ssh_user), atou on udp 127.0.0.1:$port, data in $work"
 
@@ -359,6 +304,8 @@ run_tool() {
     cp) timed "$set" cp cp -r "$src/$name" "$dst/" ;;
     scp) timed "$set" scp scp -q -r "${ssh_opts[@]}" -P "$ssh_port" "$src/$name" "$remote:$dst/" ;;
     rsync) timed "$set" rsync rsync -a -e "$ssh_cmd" "$src/$name" "$remote:$dst/" ;;
+    atou-copy) timed "$set" atou-copy "$atou" copy --quiet --ssh "$ssh_cmd" --remote-atou "$atou" \
+                   "$src/$name" "$remote:$dst/" ;;
     atou | atou-plain | atou-disk) atou_run "$set" "$name" "$dst" "$tool" --no-fsync ;;
     atou-disk-fsync | atou-ref) atou_run "$set" "$name" "$dst" "$tool" ;;
     esac
@@ -369,7 +316,7 @@ run_tool() {
 # fresh memory once before anything is timed. Then the tools take turns
 # going first (the order rotates every round), so none always finds the
 # memory another one warmed.
-tools_in_order=(cp scp rsync atou atou-plain)
+tools_in_order=(cp scp rsync atou atou-copy atou-plain)
 [ -z "$ref_atou" ] || tools_in_order+=(atou-ref)
 [ "$fsync_dir" = none ] || tools_in_order+=(atou-disk atou-disk-fsync)
 all_results=$results
@@ -397,7 +344,7 @@ for line in open(rows):
     f = line.split()
     s, tool, secs, nbytes = f[0], f[1], float(f[2]), int(f[3])
     runs.setdefault((s, tool), []).append((secs, nbytes))
-    if tool.startswith("atou"):
+    if len(f) > 4:  # atou send and serve, under /usr/bin/time -v
         sender, receiver = rss.get(s, (0, 0))
         rss[s] = (max(sender, int(f[4]) / 1024), max(receiver, int(f[5]) / 1024))
     if tool in ("atou",):
@@ -409,7 +356,7 @@ for key, rs in runs.items():
     ts = [t for t, _ in rs]
     res[key] = (secs, nbytes, nbytes / secs / 1e6, [n / t / 1e6 for t, n in rs], min(ts), max(ts))
 sets = {"big": f"big ({big_size} file)", "tree": f"tree ({small_files} files)"}
-tools = ["cp", "scp", "rsync", "atou", "atou-plain"] + (["atou-ref"] if any(t == "atou-ref" for _, t in runs) else [])
+tools = ["cp", "scp", "rsync", "atou", "atou-copy", "atou-plain"] + (["atou-ref"] if any(t == "atou-ref" for _, t in runs) else [])
 args = " ".join(x for x in ([f"--streams {streams}"] if streams else []) + ([atou_args] if atou_args else []))
 print(f"loopback file transfer, {rounds} round(s) after an uncounted warm-up, tools in rotating order; atou {rev}, atou send {args or '(defaults)'}")
 print(f"{ncpu} cores; 1-minute load average {load0} before the copies, {load1} after (other work skews the figures)")
@@ -449,6 +396,8 @@ def target(label, s, t, want):
     r = res[(s, "atou")][2] / res[(s, t)][2]
     print(f"  {label:<28} {r:6.2f}x  (target >= {want}x): {'PASS' if r >= want else 'MISS'}")
 target("big file: atou / scp", "big", "scp", 2.0)
+r = res[("big", "atou-copy")][2] / res[("big", "scp")][2]
+print(f"  {'big file: atou-copy / scp':<28} {r:6.2f}x  (target >= 2.0x): {'PASS' if r >= 2.0 else 'MISS'}")
 target("big file: atou / cp", "big", "cp", 0.5)
 target("tree: atou / rsync", "tree", "rsync", 1.0)
 target("big file: atou / atou-plain", "big", "atou-plain", 0.85)
