@@ -243,6 +243,14 @@ atou_run() {
     done
     grep -q listening "$work/serve.err" ||
         die "loss $loss%: atou serve did not start: $(tail -n 1 "$work/serve.err")$(bridge_note)"
+    # A flow to run beside this one (pair_run), started once the server
+    # listens: two `ip netns exec` at the same instant once left the
+    # server silent for over 15 s.
+    local beside_pid=
+    if [ "${#beside[@]}" -gt 0 ]; then
+        ( "${beside[@]}" ) &
+        beside_pid=$!
+    fi
     # --maxidle 60 (sent to the server in the hello): a Reno-style backoff
     # after a slow-start overshoot can go quiet for more than the default
     # 10 s, which once ended a run by hand. The goodput is unaffected.
@@ -257,6 +265,9 @@ atou_run() {
     kill "$server" 2>/dev/null || true
     wait "$server" 2>/dev/null || true
     pids=()
+    if [ -n "$beside_pid" ]; then
+        wait "$beside_pid" || die "loss $loss%: the flow beside atou ($kind) failed"
+    fi
     python3 - "$work/probe.json" "$work/serve.json" "$loss" "$kind" "$work/trace.txt" "$hdr" "$warm" "$secs" \
         >>"$results" <<'PY' ||
 import json, sys
@@ -340,12 +351,12 @@ done
 # Two flows on one bottleneck: atou bbr beside kernel bbr, then beside
 # kernel cubic, started together and measured as above (iperf3 -O WARM;
 # atou's trace over [WARM, WARM + T]).
+beside=()
 pair_run() {
-    local loss=$1 algo=$2 kernel
-    ( tcp "$loss" "$algo" "pair-$algo" ) &
-    kernel=$!
+    local loss=$1 algo=$2
+    beside=(tcp "$loss" "$algo" "pair-$algo")
     atou_run "$loss" "atou-pair-$algo"
-    wait "$kernel" || die "loss $loss%: kernel $algo beside atou failed"
+    beside=()
 }
 for loss in "${pair_losses[@]}"; do
     fwd=$link
