@@ -180,6 +180,13 @@ pub struct Bbr {
     filled_pipe: bool,
     full_bw: f64,
     full_bw_count: u32,
+    /// "BBR.full_bw_now": the plateau estimator's verdict for the current
+    /// Startup or ProbeBW_UP.
+    full_bw_now: bool,
+    /// "C.is_cwnd_limited": the window was full at some point in this
+    /// round or the last one.
+    cwnd_limited: bool,
+    cwnd_limited_this_round: bool,
 
     // ProbeBW.
     ack_phase: AckPhase,
@@ -221,6 +228,8 @@ struct Sample {
     rtt: Option<Duration>,
     /// Whether the ACK carried a rate sample.
     has_rate: bool,
+    /// The flight before this ACK filled the window.
+    cwnd_full: bool,
 }
 
 impl Bbr {
@@ -268,6 +277,9 @@ impl Bbr {
             filled_pipe: false,
             full_bw: 0.0,
             full_bw_count: 0,
+            full_bw_now: false,
+            cwnd_limited: false,
+            cwnd_limited_this_round: false,
             ack_phase: AckPhase::Init,
             cycle_stamp: Time::ZERO,
             bw_probe_wait: Duration::ZERO,
@@ -309,14 +321,23 @@ impl Bbr {
 
     /// "Round Counting": a round ends when a segment sent after the last
     /// round began is delivered.
+    ///
+    /// "C.is_cwnd_limited" is kept per round too: the window was full at
+    /// some point in this round or the last.
     fn update_round(&mut self, s: &Sample) {
         if s.has_rate && s.prior_delivered >= self.next_round_delivered {
             self.start_round();
             self.round_count += 1;
             self.rounds_since_bw_probe += 1;
             self.round_start = true;
+            self.cwnd_limited = self.cwnd_limited_this_round;
+            self.cwnd_limited_this_round = false;
         } else {
             self.round_start = false;
+        }
+        if s.cwnd_full {
+            self.cwnd_limited = true;
+            self.cwnd_limited_this_round = true;
         }
     }
 
@@ -680,6 +701,7 @@ impl Controller for Bbr {
             inflight: ack.pipe,
             rtt: ack.rtt,
             has_rate: rate.is_some(),
+            cwnd_full: ack.pipe + ack.newly_delivered + ack.newly_lost >= self.cwnd,
         };
         if matches!(ack.recovery, RecoveryStep::Left) {
             self.packet_conservation = false;
