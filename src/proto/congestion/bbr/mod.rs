@@ -952,4 +952,75 @@ mod tests {
             );
         }
     }
+
+    /// Startup to a plateau at `rate`, then rounds at `rate` until the
+    /// state is `until`; the time reached, in ms.
+    fn rounds_until(b: &mut Bbr, mut t: u64, rate: f64, until: State) -> u64 {
+        for _ in 0..200 {
+            if b.state() == until {
+                return t;
+            }
+            t += 100;
+            round(b, t, rate, false, 0);
+        }
+        panic!("never reached {until:?}: {:?}", b.state());
+    }
+
+    /// draft-ietf-ccwg-bbr §5.3.3.6 "BBRIsTimeToGoDown": ProbeBW_UP goes
+    /// on while the bandwidth grows by a quarter a round, and ends at the
+    /// third round that brings less (`full_bw_now`), not after one min_rtt
+    /// with 1.25 BDP in flight (earlier drafts, which ended every probe
+    /// of two flows sharing a queue in its first round).
+    #[test]
+    fn probe_bw_up_ends_when_the_bandwidth_stops_growing() {
+        let mut b = bbr();
+        let t = rounds_until(&mut b, 0, 1600.0, State::ProbeBwUp);
+        let mut t = t;
+        let mut rate = 1600.0;
+        for _ in 0..4 {
+            t += 100;
+            rate *= 1.3;
+            round(&mut b, t, rate, false, 0);
+            assert_eq!(b.state(), State::ProbeBwUp, "growing at {rate}");
+        }
+        for i in 0..3 {
+            t += 100;
+            round(&mut b, t, rate, false, 0);
+            let up = b.state() == State::ProbeBwUp;
+            assert_eq!(up, i < 2, "round {i} at a plateau: {:?}", b.state());
+        }
+        assert_eq!(b.state(), State::ProbeBwDown);
+        assert!(b.max_bw() >= 0.99 * rate, "{}", b.max_bw());
+    }
+
+    /// §5.3.3.6: a plateau while the window is full at inflight_hi is the
+    /// bound's doing; the probe goes on and raises inflight_hi (by 1, 2, 4,
+    /// ... segments a round) until the rate grows or loss ends it.
+    #[test]
+    fn probe_bw_up_goes_on_while_inflight_hi_holds_it() {
+        let mut b = bbr();
+        let t = rounds_until(&mut b, 0, 1600.0, State::ProbeBwUp);
+        // A bound under what Up would put in flight: the window is full.
+        b.inflight_hi = 200.0;
+        let mut t = t;
+        for i in 0..8 {
+            t += 100;
+            round(&mut b, t, 1600.0, false, 0);
+            assert_eq!(b.state(), State::ProbeBwUp, "round {i}");
+        }
+        assert!(b.inflight_hi > 200.0 + 8.0, "{}", b.inflight_hi);
+    }
+
+    /// ProbeRTT's exit keeps the flow's own probe clock (a deviation from
+    /// §5.3.4.4, which starts a new cycle there: flows that leave
+    /// ProbeRTT together would then all probe 2–3 s later, together).
+    #[test]
+    fn probe_rtt_keeps_the_probe_clock() {
+        let mut b = bbr();
+        let mut t = rounds_until(&mut b, 0, 1600.0, State::ProbeRtt);
+        let clock = (b.cycle_stamp, b.bw_probe_wait);
+        t = rounds_until(&mut b, t, 1600.0, State::ProbeBwCruise);
+        assert!(t > 5000, "left ProbeRTT at {t} ms");
+        assert_eq!((b.cycle_stamp, b.bw_probe_wait), clock);
+    }
 }

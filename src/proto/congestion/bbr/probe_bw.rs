@@ -100,6 +100,10 @@ impl Bbr {
         if !self.filled_pipe {
             return;
         }
+        // Judged before this ACK raises inflight_hi (and before cwnd
+        // follows it): whether the window it sent under was full at the
+        // bound.
+        let held_by_inflight_hi = self.cwnd_limited && self.cwnd as f64 >= self.inflight_hi;
         self.adapt_upper_bounds(s);
         if !self.state.is_probe_bw() {
             return;
@@ -121,7 +125,7 @@ impl Bbr {
                 }
             }
             State::ProbeBwUp => {
-                if self.is_time_to_go_down(s) {
+                if self.is_time_to_go_down(s, held_by_inflight_hi) {
                     self.start_probe_bw_down(s);
                 }
             }
@@ -143,8 +147,8 @@ impl Bbr {
     /// segment or two a cycle: a late flow whose Startup loss had set a low
     /// inflight_hi stayed at its share (two atou flows: Jain 0.79 over
     /// 60 s, tests/fairness.rs).
-    fn is_time_to_go_down(&mut self, s: &Sample) -> bool {
-        if self.cwnd_limited && self.cwnd as f64 >= self.inflight_hi {
+    fn is_time_to_go_down(&mut self, s: &Sample, held_by_inflight_hi: bool) -> bool {
+        if held_by_inflight_hi {
             self.reset_full_bw();
             self.full_bw = s.rate;
             return false;
