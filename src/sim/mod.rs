@@ -186,21 +186,14 @@ impl Flow {
     /// Flow `index` of a run seeded with `seed`: flow 0 draws the
     /// connection id and the return path's seed a single-flow run always
     /// drew, so that run is unchanged.
-    fn new(
-        index: usize,
-        seed: u64,
-        tuning: &Tuning,
-        rev: &NetemSpec,
-        bytes: Option<u64>,
-        start: Duration,
-        trace: bool,
-        source_bps: Option<u64>,
-    ) -> Result<Flow, SimError> {
+    fn new(index: usize, config: &SimConfig, flow: &FlowConfig) -> Result<Flow, SimError> {
+        let (seed, rev, source_bps) = (config.seed, &config.rev, config.source_bps);
+        let (tuning, bytes, start) = (&flow.tuning, flow.bytes, flow.start);
         let stream = 3 * index as u64;
         let conn_id = mix_seed(seed, stream);
         let start = Time::ZERO + start;
         let mut sender = Sender::new(tuning, conn_id, bytes, start)?;
-        if trace {
+        if config.trace {
             sender.enable_trace();
         }
         if source_bps.is_some() {
@@ -285,18 +278,7 @@ impl Simulation {
         let flows = flows
             .iter()
             .enumerate()
-            .map(|(i, f)| {
-                Flow::new(
-                    i,
-                    config.seed,
-                    &f.tuning,
-                    &config.rev,
-                    f.bytes,
-                    f.start,
-                    config.trace,
-                    config.source_bps,
-                )
-            })
+            .map(|(i, f)| Flow::new(i, &config, f))
             .collect::<Result<Vec<_>, _>>()?;
         let mss = flows
             .iter()
