@@ -28,10 +28,11 @@
 //! does not end every probe. `--bbr-loss-thresh 20%` is BBRv1-like.
 //!
 //! Not (yet) done: marking the connection application-limited during
-//! ProbeRTT, the idle-restart rules.
+//! ProbeRTT.
 
 mod ack_aggregation;
 mod drain;
+mod idle;
 mod probe_bw;
 mod probe_rtt;
 mod startup;
@@ -203,6 +204,9 @@ pub struct Bbr {
 
     // ProbeRTT.
     probe_rtt_done_stamp: Option<Time>,
+    /// "BBR.idle_restart": the connection went idle and no data has been
+    /// delivered since (idle.rs).
+    idle_restart: bool,
     probe_rtt_round_done: bool,
 
     // Loss recovery ("Modulating cwnd in Loss Recovery").
@@ -300,6 +304,7 @@ impl Bbr {
             bw_probe_up_acks: 0.0,
             rng: seed | 1,
             probe_rtt_done_stamp: None,
+            idle_restart: false,
             probe_rtt_round_done: false,
             prior_cwnd: 0,
             packet_conservation: false,
@@ -737,6 +742,7 @@ impl Controller for Bbr {
             self.restore_cwnd();
         }
         self.on_sample(&s);
+        self.handle_idle(&s, ack.app_limited);
     }
 
     /// "Modulating cwnd in Loss Recovery": on entering recovery, save cwnd
@@ -1074,5 +1080,62 @@ mod tests {
             lossy_round(&mut b, t, 1600.0, 0);
         }
         assert!(b.extra_acked <= 17.0, "{}", b.extra_acked);
+    }
+
+    /// An ACK that leaves nothing in flight while the application has
+    /// nothing to send: the connection goes idle.
+    fn idle_ack(b: &mut Bbr, now_ms: u64) {
+        b.on_ack(&AckEvent {
+            now: Time::from_nanos(now_ms * 1_000_000),
+            newly_acked: 1,
+            newly_delivered: 1,
+            newly_lost: 0,
+            delivered: b.delivered + 1,
+            is_dupack: false,
+            recovery: RecoveryStep::Outside,
+            flight: 0,
+            pipe: 0,
+            rtt: Some(Duration::from_millis(100)),
+            srtt: Duration::from_millis(100),
+            snd_una: 0,
+            snd_max: 0,
+            app_limited: true,
+            rate: None,
+        });
+    }
+
+    /// §5.4.1 "BBRHandleRestartFromIdle": in ProbeBW_DOWN (0.9 of the
+    /// estimate) a flow that goes idle sends its next flight at the
+    /// estimate itself, less the 1 % margin.
+    #[test]
+    fn restart_from_idle_paces_at_the_estimate() {
+        let mut b = bbr();
+        let t = rounds_until(&mut b, 0, 1600.0, State::ProbeBwDown);
+        let paced = |b: &Bbr| b.pacing_rate().unwrap() as f64 / b.mss as f64;
+        assert!(
+            (paced(&b) - 0.9 * 0.99 * 1600.0).abs() < 1.0,
+            "{}",
+            paced(&b)
+        );
+        idle_ack(&mut b, t + 10);
+        assert!((paced(&b) - 0.99 * 1600.0).abs() < 1.0, "{}", paced(&b));
+        assert!(b.idle_restart);
+    }
+
+    /// §5.4.1: a flow that goes idle in ProbeRTT once its 200 ms are over
+    /// leaves it then, with no flight left to finish a round trip, and
+    /// restarts with its window back.
+    #[test]
+    fn going_idle_ends_a_probe_rtt_whose_time_is_up() {
+        let mut b = bbr();
+        let mut t = rounds_until(&mut b, 0, 1600.0, State::ProbeRtt);
+        t += 100;
+        round(&mut b, t, 1600.0, false, 0);
+        let done = b.probe_rtt_done_stamp.expect("ProbeRTT's window reached");
+        let small = b.cwnd;
+        let after = done.saturating_since(Time::ZERO).as_millis() as u64 + 1;
+        idle_ack(&mut b, after);
+        assert_eq!(b.state(), State::ProbeBwCruise);
+        assert!(b.cwnd > small, "{} after {small}", b.cwnd);
     }
 }
