@@ -368,6 +368,12 @@ fn bbr_probe_rtt_every_five_seconds_for_200ms_then_back_to_probe_bw() {
     }
     assert!((4..=6).contains(&visits.len()), "{visits:?}");
     for (i, &(entered, left, cwnd, to)) in visits.iter().enumerate() {
+        if left.is_nan() {
+            // Still in ProbeRTT when the run stopped: only the last one,
+            // begun in the last 200 ms.
+            assert!(i + 1 == visits.len() && entered > 29.8, "{visits:?}");
+            continue;
+        }
         assert!(
             left - entered >= 0.2,
             "ProbeRTT {i} lasted {:.3} s: {visits:?}",
