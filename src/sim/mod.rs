@@ -4,9 +4,10 @@
 //! path ([`flows`]).
 //!
 //! Events are processed one at a time in time order (ties: forward packet,
-//! return packets, sender timers, receiver timers, flows starting, each by
-//! flow number), and after each one every flow's endpoints are drained. With the same seed, tuning and link specs a run
-//! is identical, trace included, on every machine.
+//! return packets, sender timers, receiver timers, flows starting,
+//! applications producing data, each by flow number), and after each one
+//! every flow's endpoints are drained. With the same seed, tuning and link
+//! specs a run is identical, trace included, on every machine.
 
 pub mod flows;
 pub mod scenarios;
@@ -46,6 +47,11 @@ pub struct SimConfig {
     /// the stall ends (Sarolahti & Kuznetsov §6's three-second delay, link
     /// retransmissions holding frames in a receive buffer).
     pub fwd_stall: Option<(Duration, Duration)>,
+    /// The application produces the stream at this many bits of payload
+    /// per second (a sender waiting on disk reads): whenever the path is
+    /// faster the sender is application-limited. `None`: every byte is
+    /// ready from the start. For every flow of the run.
+    pub source_bps: Option<u64>,
 }
 
 impl SimConfig {
@@ -66,6 +72,7 @@ impl SimConfig {
             check_invariants: false,
             time_limit: Duration::from_secs(30 * 86_400),
             fwd_stall: None,
+            source_bps: None,
         }
     }
 }
@@ -169,27 +176,29 @@ struct Flow {
     start: Time,
     /// Its start time has come: its endpoints are driven.
     started: bool,
+    /// The application's rate, bits per second ([`SimConfig::source_bps`]).
+    source_bps: Option<u64>,
+    /// Bytes the application has produced so far.
+    fed: u64,
 }
 
 impl Flow {
     /// Flow `index` of a run seeded with `seed`: flow 0 draws the
     /// connection id and the return path's seed a single-flow run always
     /// drew, so that run is unchanged.
-    fn new(
-        index: usize,
-        seed: u64,
-        tuning: &Tuning,
-        rev: &NetemSpec,
-        bytes: Option<u64>,
-        start: Duration,
-        trace: bool,
-    ) -> Result<Flow, SimError> {
+    fn new(index: usize, config: &SimConfig, flow: &FlowConfig) -> Result<Flow, SimError> {
+        let (seed, rev, source_bps) = (config.seed, &config.rev, config.source_bps);
+        let (tuning, bytes, start) = (&flow.tuning, flow.bytes, flow.start);
         let stream = 3 * index as u64;
         let conn_id = mix_seed(seed, stream);
         let start = Time::ZERO + start;
         let mut sender = Sender::new(tuning, conn_id, bytes, start)?;
-        if trace {
+        if config.trace {
             sender.enable_trace();
+        }
+        if source_bps.is_some() {
+            // Nothing is ready until the application has produced it.
+            sender.set_available(start, 0);
         }
         Ok(Flow {
             tuning: tuning.clone(),
@@ -199,7 +208,31 @@ impl Flow {
             verifier: PatternVerifier::default(),
             start,
             started: start == Time::ZERO,
+            source_bps,
+            fed: 0,
         })
+    }
+
+    /// Hands the sender what the application has produced by `now`.
+    fn feed(&mut self, now: Time) {
+        let Some(bps) = self.source_bps.filter(|&b| b > 0) else {
+            return;
+        };
+        let nanos = now.saturating_since(self.start).as_nanos();
+        let bytes = u64::try_from(nanos * u128::from(bps) / 8_000_000_000).unwrap_or(u64::MAX);
+        if bytes > self.fed {
+            self.fed = bytes;
+            self.sender.set_available(now, bytes);
+        }
+    }
+
+    /// When the application will have produced one more datagram's
+    /// payload: the sender may be waiting for it.
+    fn next_feed(&self) -> Option<Time> {
+        let bps = self.source_bps.filter(|&b| b > 0)?;
+        let want = self.fed + self.tuning.payload_size() as u64;
+        let nanos = (u128::from(want) * 8_000_000_000).div_ceil(u128::from(bps));
+        Some(self.start + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)))
     }
 }
 
@@ -211,6 +244,8 @@ enum Step {
     Sender(usize),
     Receiver(usize),
     Start(usize),
+    /// The application produces more data for flow `i`.
+    Feed(usize),
 }
 
 /// A run: one flow ([`Simulation::new`]) or several sharing the forward
@@ -243,17 +278,7 @@ impl Simulation {
         let flows = flows
             .iter()
             .enumerate()
-            .map(|(i, f)| {
-                Flow::new(
-                    i,
-                    config.seed,
-                    &f.tuning,
-                    &config.rev,
-                    f.bytes,
-                    f.start,
-                    config.trace,
-                )
-            })
+            .map(|(i, f)| Flow::new(i, &config, f))
             .collect::<Result<Vec<_>, _>>()?;
         let mss = flows
             .iter()
@@ -319,6 +344,7 @@ impl Simulation {
                 Step::Sender(i) => self.flows[i].sender.handle_timeout(now),
                 Step::Receiver(i) => self.flows[i].receiver.handle_timeout(now),
                 Step::Start(i) => self.flows[i].started = true,
+                Step::Feed(i) => self.flows[i].feed(now),
             }
         };
         self.pump(observer)?;
@@ -328,7 +354,7 @@ impl Simulation {
 
     /// The earliest thing due; at equal times, in this order: the forward
     /// path, the return paths, the senders' timers, the receivers' timers,
-    /// flows starting (each by flow number).
+    /// flows starting, applications producing data (each by flow number).
     fn next_step(&self) -> Option<(Time, Step)> {
         let mut best: Option<(Time, Step)> = None;
         let mut consider = |at: Option<Time>, step: Step| {
@@ -354,6 +380,11 @@ impl Simulation {
         }
         for (i, f) in self.flows.iter().enumerate().filter(|(_, f)| !f.started) {
             consider(Some(f.start), Step::Start(i));
+        }
+        for (i, f) in started() {
+            if f.sender.state() == SenderState::Sending {
+                consider(f.next_feed(), Step::Feed(i));
+            }
         }
         best
     }
@@ -398,6 +429,7 @@ impl Simulation {
             if !f.started {
                 continue;
             }
+            f.feed(now);
             while let Some(n) = f.sender.poll_transmit(now, &mut self.buf, &mut source) {
                 let bytes = self.buf[..n].to_vec();
                 self.fwd.enqueue(now, Tagged { flow: i, bytes });

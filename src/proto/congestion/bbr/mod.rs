@@ -27,11 +27,12 @@
 //! (at most twice the threshold in all), so random loss at the threshold
 //! does not end every probe. `--bbr-loss-thresh 20%` is BBRv1-like.
 //!
-//! Not (yet) done: the ACK-aggregation allowance (`extra_acked`), marking
-//! the connection application-limited during ProbeRTT, the idle-restart
-//! rules.
+//! Not (yet) done: marking the connection application-limited during
+//! ProbeRTT.
 
+mod ack_aggregation;
 mod drain;
+mod idle;
 mod probe_bw;
 mod probe_rtt;
 mod startup;
@@ -55,6 +56,9 @@ const PACING_MARGIN: f64 = 0.01;
 const MIN_PIPE_CWND: u64 = 4;
 /// "BBR.max_bw": the bandwidth filter spans two ProbeBW cycles.
 const MAX_BW_FILTER_LEN: usize = 2;
+/// "BBR.ExtraAckedFilterLen": the ACK-aggregation filter spans five
+/// rounds (the draft's is ten; ack_aggregation.rs says why).
+const EXTRA_ACKED_FILTER_LEN: usize = 5;
 /// "BBR.min_rtt": ten seconds.
 const MIN_RTT_FILTER_LEN: Duration = Duration::from_secs(10);
 /// "ProbeRTT": every five seconds, for 200 ms, at half a BDP.
@@ -180,6 +184,13 @@ pub struct Bbr {
     filled_pipe: bool,
     full_bw: f64,
     full_bw_count: u32,
+    /// "BBR.full_bw_now": the plateau estimator's verdict for the current
+    /// Startup or ProbeBW_UP.
+    full_bw_now: bool,
+    /// "C.is_cwnd_limited": the window was full at some point in this
+    /// round or the last one.
+    cwnd_limited: bool,
+    cwnd_limited_this_round: bool,
 
     // ProbeBW.
     ack_phase: AckPhase,
@@ -193,12 +204,23 @@ pub struct Bbr {
 
     // ProbeRTT.
     probe_rtt_done_stamp: Option<Time>,
+    /// "BBR.idle_restart": the connection went idle and no data has been
+    /// delivered since (idle.rs).
+    idle_restart: bool,
     probe_rtt_round_done: bool,
 
     // Loss recovery ("Modulating cwnd in Loss Recovery").
     prior_cwnd: u64,
     packet_conservation: bool,
     recovery_round_end: u64,
+
+    // ACK aggregation ("BBR.extra_acked", ack_aggregation.rs).
+    extra_acked: f64,
+    extra_acked_interval_start: Time,
+    extra_acked_delivered: u64,
+    /// Per-round maxima of the excess, and the round each slot holds.
+    extra_acked_by_round: [f64; EXTRA_ACKED_FILTER_LEN],
+    extra_acked_rounds: [u64; EXTRA_ACKED_FILTER_LEN],
 
     delivered: u64,
     now: Time,
@@ -221,6 +243,8 @@ struct Sample {
     rtt: Option<Duration>,
     /// Whether the ACK carried a rate sample.
     has_rate: bool,
+    /// The flight before this ACK filled the window.
+    cwnd_full: bool,
 }
 
 impl Bbr {
@@ -268,6 +292,9 @@ impl Bbr {
             filled_pipe: false,
             full_bw: 0.0,
             full_bw_count: 0,
+            full_bw_now: false,
+            cwnd_limited: false,
+            cwnd_limited_this_round: false,
             ack_phase: AckPhase::Init,
             cycle_stamp: Time::ZERO,
             bw_probe_wait: Duration::ZERO,
@@ -277,10 +304,16 @@ impl Bbr {
             bw_probe_up_acks: 0.0,
             rng: seed | 1,
             probe_rtt_done_stamp: None,
+            idle_restart: false,
             probe_rtt_round_done: false,
             prior_cwnd: 0,
             packet_conservation: false,
             recovery_round_end: 0,
+            extra_acked: 0.0,
+            extra_acked_interval_start: Time::ZERO,
+            extra_acked_delivered: 0,
+            extra_acked_by_round: [0.0; EXTRA_ACKED_FILTER_LEN],
+            extra_acked_rounds: [0; EXTRA_ACKED_FILTER_LEN],
             delivered: 0,
             now: Time::ZERO,
         };
@@ -309,14 +342,23 @@ impl Bbr {
 
     /// "Round Counting": a round ends when a segment sent after the last
     /// round began is delivered.
+    ///
+    /// "C.is_cwnd_limited" is kept per round too: the window was full at
+    /// some point in this round or the last.
     fn update_round(&mut self, s: &Sample) {
         if s.has_rate && s.prior_delivered >= self.next_round_delivered {
             self.start_round();
             self.round_count += 1;
             self.rounds_since_bw_probe += 1;
             self.round_start = true;
+            self.cwnd_limited = self.cwnd_limited_this_round;
+            self.cwnd_limited_this_round = false;
         } else {
             self.round_start = false;
+        }
+        if s.cwnd_full {
+            self.cwnd_limited = true;
+            self.cwnd_limited_this_round = true;
         }
     }
 
@@ -534,8 +576,20 @@ impl Bbr {
 
     /// "BBRInflight", with "BBRQuantizationBudget".
     fn inflight(&self, bw: f64, gain: f64) -> f64 {
-        let mut inflight = self.bdp_multiple(bw, gain);
-        inflight = inflight.max(3.0 * self.send_quantum());
+        self.quantization_budget(self.bdp_multiple(bw, gain))
+    }
+
+    /// "BBRUpdateMaxInflight" (draft-ietf-ccwg-bbr §5.6.4.2): the window
+    /// BBR aims for, cwnd_gain BDPs and room for the ACKs that arrive in
+    /// bursts (`extra_acked`, ack_aggregation.rs).
+    fn max_inflight(&self) -> f64 {
+        self.quantization_budget(self.bdp_multiple(self.bw, self.cwnd_gain) + self.extra_acked)
+    }
+
+    /// "BBRQuantizationBudget": room for three send quanta, at least the
+    /// minimum window, two more segments while probing up.
+    fn quantization_budget(&self, inflight: f64) -> f64 {
+        let mut inflight = inflight.max(3.0 * self.send_quantum());
         inflight = inflight.max(MIN_PIPE_CWND as f64);
         if self.state == State::ProbeBwUp {
             inflight += 2.0;
@@ -579,7 +633,7 @@ impl Bbr {
 
     /// "BBRSetCwnd".
     fn set_cwnd(&mut self, s: &Sample) {
-        let max_inflight = self.inflight(self.bw, self.cwnd_gain);
+        let max_inflight = self.max_inflight();
         self.modulate_cwnd_for_recovery(s);
         if !self.packet_conservation {
             let grown = self.cwnd + s.newly_acked;
@@ -643,6 +697,7 @@ impl Bbr {
     fn on_sample(&mut self, s: &Sample) {
         self.update_latest_delivery_signals(s);
         self.update_congestion_signals(s);
+        self.update_ack_aggregation(s);
         self.check_full_bw_reached(s);
         self.check_startup_done(s);
         self.check_drain_done(s);
@@ -680,12 +735,14 @@ impl Controller for Bbr {
             inflight: ack.pipe,
             rtt: ack.rtt,
             has_rate: rate.is_some(),
+            cwnd_full: ack.pipe + ack.newly_delivered + ack.newly_lost >= self.cwnd,
         };
         if matches!(ack.recovery, RecoveryStep::Left) {
             self.packet_conservation = false;
             self.restore_cwnd();
         }
         self.on_sample(&s);
+        self.handle_idle(&s, ack.app_limited);
     }
 
     /// "Modulating cwnd in Loss Recovery": on entering recovery, save cwnd
@@ -929,5 +986,156 @@ mod tests {
                 b.state()
             );
         }
+    }
+
+    /// Startup to a plateau at `rate`, then rounds at `rate` until the
+    /// state is `until`; the time reached, in ms.
+    fn rounds_until(b: &mut Bbr, mut t: u64, rate: f64, until: State) -> u64 {
+        for _ in 0..200 {
+            if b.state() == until {
+                return t;
+            }
+            t += 100;
+            round(b, t, rate, false, 0);
+        }
+        panic!("never reached {until:?}: {:?}", b.state());
+    }
+
+    /// draft-ietf-ccwg-bbr §5.3.3.6 "BBRIsTimeToGoDown": ProbeBW_UP goes
+    /// on while the bandwidth grows by a quarter a round, and ends at the
+    /// third round that brings less (`full_bw_now`), not after one min_rtt
+    /// with 1.25 BDP in flight (earlier drafts, which ended every probe
+    /// of two flows sharing a queue in its first round).
+    #[test]
+    fn probe_bw_up_ends_when_the_bandwidth_stops_growing() {
+        let mut b = bbr();
+        let t = rounds_until(&mut b, 0, 1600.0, State::ProbeBwUp);
+        let mut t = t;
+        let mut rate = 1600.0;
+        for _ in 0..4 {
+            t += 100;
+            rate *= 1.3;
+            round(&mut b, t, rate, false, 0);
+            assert_eq!(b.state(), State::ProbeBwUp, "growing at {rate}");
+        }
+        for i in 0..3 {
+            t += 100;
+            round(&mut b, t, rate, false, 0);
+            let up = b.state() == State::ProbeBwUp;
+            assert_eq!(up, i < 2, "round {i} at a plateau: {:?}", b.state());
+        }
+        assert_eq!(b.state(), State::ProbeBwDown);
+        assert!(b.max_bw() >= 0.99 * rate, "{}", b.max_bw());
+    }
+
+    /// §5.3.3.6: a plateau while the window is full at inflight_hi is the
+    /// bound's doing; the probe goes on and raises inflight_hi (by 1, 2, 4,
+    /// ... segments a round) until the rate grows or loss ends it.
+    #[test]
+    fn probe_bw_up_goes_on_while_inflight_hi_holds_it() {
+        let mut b = bbr();
+        let t = rounds_until(&mut b, 0, 1600.0, State::ProbeBwUp);
+        // A bound under what Up would put in flight: the window is full.
+        b.inflight_hi = 200.0;
+        let mut t = t;
+        for i in 0..8 {
+            t += 100;
+            round(&mut b, t, 1600.0, false, 0);
+            assert_eq!(b.state(), State::ProbeBwUp, "round {i}");
+        }
+        assert!(b.inflight_hi > 200.0 + 8.0, "{}", b.inflight_hi);
+    }
+
+    /// ProbeRTT's exit keeps the flow's own probe clock (a deviation from
+    /// §5.3.4.4, which starts a new cycle there: flows that leave
+    /// ProbeRTT together would then all probe 2–3 s later, together).
+    #[test]
+    fn probe_rtt_keeps_the_probe_clock() {
+        let mut b = bbr();
+        let mut t = rounds_until(&mut b, 0, 1600.0, State::ProbeRtt);
+        let clock = (b.cycle_stamp, b.bw_probe_wait);
+        t = rounds_until(&mut b, t, 1600.0, State::ProbeBwCruise);
+        assert!(t > 5000, "left ProbeRTT at {t} ms");
+        assert_eq!((b.cycle_stamp, b.bw_probe_wait), clock);
+    }
+
+    /// §5.5.9 "BBRUpdateACKAggregation": one ACK a round trip brings the
+    /// round's 160 segments at once, more than the estimate explains in no
+    /// time, so `extra_acked` is 160 and the window makes room for it;
+    /// once ACKs come ten a round, 10 ms apart, each explained by the
+    /// estimate, the bursts leave the filter (five rounds).
+    #[test]
+    fn extra_acked_is_the_largest_burst_of_five_rounds() {
+        let mut b = bbr();
+        let mut t = rounds_until(&mut b, 0, 1600.0, State::ProbeBwCruise);
+        for _ in 0..3 {
+            t += 100;
+            round(&mut b, t, 1600.0, false, 0);
+        }
+        assert!((b.extra_acked - 160.0).abs() < 1.0, "{}", b.extra_acked);
+        let bdps = b.bdp_multiple(b.bw, b.cwnd_gain);
+        assert!(b.max_inflight() >= bdps + 159.0, "{}", b.max_inflight());
+        for _ in 0..12 {
+            t += 100;
+            lossy_round(&mut b, t, 1600.0, 0);
+        }
+        assert!(b.extra_acked <= 17.0, "{}", b.extra_acked);
+    }
+
+    /// An ACK that leaves nothing in flight while the application has
+    /// nothing to send: the connection goes idle.
+    fn idle_ack(b: &mut Bbr, now_ms: u64) {
+        b.on_ack(&AckEvent {
+            now: Time::from_nanos(now_ms * 1_000_000),
+            newly_acked: 1,
+            newly_delivered: 1,
+            newly_lost: 0,
+            delivered: b.delivered + 1,
+            is_dupack: false,
+            recovery: RecoveryStep::Outside,
+            flight: 0,
+            pipe: 0,
+            rtt: Some(Duration::from_millis(100)),
+            srtt: Duration::from_millis(100),
+            snd_una: 0,
+            snd_max: 0,
+            app_limited: true,
+            rate: None,
+        });
+    }
+
+    /// §5.4.1 "BBRHandleRestartFromIdle": in ProbeBW_DOWN (0.9 of the
+    /// estimate) a flow that goes idle sends its next flight at the
+    /// estimate itself, less the 1 % margin.
+    #[test]
+    fn restart_from_idle_paces_at_the_estimate() {
+        let mut b = bbr();
+        let t = rounds_until(&mut b, 0, 1600.0, State::ProbeBwDown);
+        let paced = |b: &Bbr| b.pacing_rate().unwrap() as f64 / b.mss as f64;
+        assert!(
+            (paced(&b) - 0.9 * 0.99 * 1600.0).abs() < 1.0,
+            "{}",
+            paced(&b)
+        );
+        idle_ack(&mut b, t + 10);
+        assert!((paced(&b) - 0.99 * 1600.0).abs() < 1.0, "{}", paced(&b));
+        assert!(b.idle_restart);
+    }
+
+    /// §5.4.1: a flow that goes idle in ProbeRTT once its 200 ms are over
+    /// leaves it then, with no flight left to finish a round trip, and
+    /// restarts with its window back.
+    #[test]
+    fn going_idle_ends_a_probe_rtt_whose_time_is_up() {
+        let mut b = bbr();
+        let mut t = rounds_until(&mut b, 0, 1600.0, State::ProbeRtt);
+        t += 100;
+        round(&mut b, t, 1600.0, false, 0);
+        let done = b.probe_rtt_done_stamp.expect("ProbeRTT's window reached");
+        let small = b.cwnd;
+        let after = done.saturating_since(Time::ZERO).as_millis() as u64 + 1;
+        idle_ack(&mut b, after);
+        assert_eq!(b.state(), State::ProbeBwCruise);
+        assert!(b.cwnd > small, "{} after {small}", b.cwnd);
     }
 }

@@ -49,8 +49,8 @@ impl Bbr {
     fn start_probe_bw_up(&mut self, s: &Sample) {
         self.ack_phase = AckPhase::ProbeStarting;
         self.start_round();
+        self.reset_full_bw();
         self.full_bw = s.rate;
-        self.full_bw_count = 0;
         self.cycle_stamp = s.now;
         self.state = State::ProbeBwUp;
         self.pacing_gain = 1.25;
@@ -100,6 +100,10 @@ impl Bbr {
         if !self.filled_pipe {
             return;
         }
+        // Judged before this ACK raises inflight_hi (and before cwnd
+        // follows it): whether the window it sent under was full at the
+        // bound.
+        let held_by_inflight_hi = self.cwnd_limited && self.cwnd as f64 >= self.inflight_hi;
         self.adapt_upper_bounds(s);
         if !self.state.is_probe_bw() {
             return;
@@ -121,15 +125,35 @@ impl Bbr {
                 }
             }
             State::ProbeBwUp => {
-                let min_rtt = self.min_rtt.unwrap_or_default();
-                if self.has_elapsed_in_phase(s.now, min_rtt)
-                    && s.inflight as f64 > self.inflight(self.max_bw, 1.25)
-                {
+                if self.is_time_to_go_down(s, held_by_inflight_hi) {
                     self.start_probe_bw_down(s);
                 }
             }
             State::Startup | State::Drain | State::ProbeRtt => {}
         }
+    }
+
+    /// "BBRIsTimeToGoDown" (draft-ietf-ccwg-bbr §5.3.3.6): the probe ends
+    /// when it stops finding bandwidth, three rounds without 25 % more
+    /// delivered (`full_bw_now`), or on loss (`check_inflight_too_high`).
+    /// While the window is full at inflight_hi, a plateau is the bound's
+    /// doing, not the path's: the estimator starts again and the probe
+    /// goes on, raising inflight_hi 1, 2, 4, ... segments a round.
+    ///
+    /// Earlier drafts (and Linux's bbr3) end the probe once a min_rtt has
+    /// passed with more than 1.25 BDP in flight. With two flows on one
+    /// queue the BDP is under what each holds (the queue is part of it),
+    /// so every probe ended after one round and inflight_hi grew by a
+    /// segment or two a cycle: a late flow whose Startup loss had set a low
+    /// inflight_hi stayed at its share (two atou flows: Jain 0.79 over
+    /// 60 s, tests/fairness.rs).
+    fn is_time_to_go_down(&mut self, s: &Sample, held_by_inflight_hi: bool) -> bool {
+        if held_by_inflight_hi {
+            self.reset_full_bw();
+            self.full_bw = s.rate;
+            return false;
+        }
+        self.full_bw_now
     }
 
     /// "BBRAdaptUpperBounds": a new cycle ages the bandwidth filter; loss

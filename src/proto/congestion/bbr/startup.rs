@@ -14,22 +14,42 @@ impl Bbr {
         self.cwnd_gain = DEFAULT_CWND_GAIN;
     }
 
-    /// "Exiting Startup Based on Bandwidth Plateau": three rounds without
-    /// 25 % more bandwidth mean the pipe is full. Application-limited
-    /// rounds prove nothing.
+    /// "BBRCheckFullBWReached" (draft-ietf-ccwg-bbr §5.3.1.2): three
+    /// rounds without 25 % more bandwidth mean the pipe is full for now
+    /// (`full_bw_now`), and, the first time, for good (`filled_pipe`, the
+    /// draft's full_bw_reached). The estimator runs again in every
+    /// ProbeBW_UP (`start_probe_bw_up` resets it), where it decides when
+    /// the probe has stopped finding bandwidth (`is_time_to_go_down`).
+    /// Application-limited rounds prove nothing. In Startup the growth is
+    /// judged on the max-bw estimate, which only rises; in UP on the
+    /// round's delivery rate, as the draft has it, since the estimate
+    /// there still holds the last cycle's maximum.
     pub(super) fn check_full_bw_reached(&mut self, s: &Sample) {
-        if self.filled_pipe || !self.round_start || s.is_app_limited {
+        if self.full_bw_now || !self.round_start || s.is_app_limited {
             return;
         }
-        if self.max_bw >= self.full_bw * STARTUP_FULL_BW_THRESH {
-            self.full_bw = self.max_bw;
-            self.full_bw_count = 0;
+        let bw = if self.filled_pipe {
+            s.rate
+        } else {
+            self.max_bw
+        };
+        if bw >= self.full_bw * STARTUP_FULL_BW_THRESH {
+            self.reset_full_bw();
+            self.full_bw = bw;
             return;
         }
         self.full_bw_count += 1;
-        if self.full_bw_count >= STARTUP_FULL_BW_COUNT {
+        self.full_bw_now = self.full_bw_count >= STARTUP_FULL_BW_COUNT;
+        if self.full_bw_now {
             self.filled_pipe = true;
         }
+    }
+
+    /// "BBRResetFullBW".
+    pub(super) fn reset_full_bw(&mut self) {
+        self.full_bw = 0.0;
+        self.full_bw_count = 0;
+        self.full_bw_now = false;
     }
 
     /// "Exiting Startup Based on Packet Loss": a round with many loss
