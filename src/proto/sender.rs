@@ -568,8 +568,26 @@ impl Sender {
         self.arm_recovery_timer(newly_acked > 0);
 
         if let Some(trace) = self.trace.as_mut() {
+            // For `atou plot`: what the ACK held and the sender's state
+            // after it, before the ACK's own line (events.rs says why).
+            let time = now.saturating_since(self.start);
+            for b in ack.sack_blocks() {
+                trace.push_back(TraceRecord::Sack {
+                    time,
+                    start: b.start,
+                    end: b.end,
+                });
+            }
+            trace.push_back(TraceRecord::State {
+                time,
+                srtt: self.rtt.srtt(),
+                rto: self.rtt.rto(),
+                right_edge: self.peer_right_edge,
+                pacing_bps: self.cc.pacing_rate().map(|r| r.saturating_mul(8)),
+                bw_bps: self.cc.report().map(|r| r.bw_bps),
+            });
             trace.push_back(TraceRecord::Ack {
-                time: now.saturating_since(self.start),
+                time,
                 ack: ack.cum_ack,
                 rtt: if sample_ok { rtt } else { Duration::ZERO },
                 cwnd: self.cc.window(),
