@@ -25,10 +25,7 @@ pub struct Trace {
 #[derive(Debug, Error)]
 pub enum TraceError {
     #[error("cannot read trace {path}: {error}")]
-    Read {
-        path: String,
-        error: std::io::Error,
-    },
+    Read { path: String, error: std::io::Error },
     #[error("line {line}: {why}: `{text}`")]
     Line {
         line: usize,
@@ -175,7 +172,8 @@ pub fn parse_record(line: &str) -> Result<Option<TraceRecord>, String> {
 }
 
 fn int(s: &str) -> Result<u64, String> {
-    s.parse().map_err(|_| format!("`{s}` is not a whole number"))
+    s.parse()
+        .map_err(|_| format!("`{s}` is not a whole number"))
 }
 
 fn secs(s: &str) -> Result<Duration, String> {

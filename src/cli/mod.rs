@@ -281,7 +281,12 @@ impl Observer for Output {
 
     fn on_trace(&mut self, record: &TraceRecord) {
         if let Some((_, kept)) = self.plot.as_mut() {
-            kept.records.push(*record);
+            // The record as the trace file holds it (times to the
+            // microsecond), so --plot draws what `atou plot` of the file does.
+            let line = record.to_string();
+            if let Ok(Some(r)) = atou::trace::parse_record(&line) {
+                kept.records.push(r);
+            }
         }
         if let (Some(w), None) = (self.trace.as_mut(), self.error.as_ref()) {
             if let Err(e) = writeln!(w, "{record}") {

@@ -220,7 +220,11 @@ pub enum TraceRecord {
     },
     /// `time start end sack`: one SACK block of the ACK, segments
     /// `start..end` held above the cumulative ACK.
-    Sack { time: Duration, start: u64, end: u64 },
+    Sack {
+        time: Duration,
+        start: u64,
+        end: u64,
+    },
     /// `time srtt rto edge pacing bw state`: the sender after an ACK:
     /// smoothed RTT and RTO (seconds), the receive window's right edge (the
     /// first segment the peer cannot take), and the controller's pacing
