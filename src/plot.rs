@@ -29,9 +29,12 @@ pub const GOODPUT_BINS: usize = 100;
 const SIZE: (u32, u32) = (1000, 1400);
 
 /// Markers and line vertices are kept at most once per cell of a grid this
-/// fine (about two per pixel), so a trace of a million segments draws an SVG
-/// of the same size as one of a few thousand.
-const GRID: (f64, f64) = (2000.0, 1000.0);
+/// fine (about a pixel of a panel's plotting area), so a trace of a million
+/// segments draws an SVG of the same size as one of a few thousand.
+const GRID: (f64, f64) = (1000.0, 300.0);
+
+/// Room above the data of the window and RTT panels, for their legends.
+const LEGEND_ROOM: f64 = 0.35;
 
 /// What the panels show, in the trace's units: times in seconds, segments
 /// as numbered on the wire.
@@ -160,7 +163,8 @@ impl Series {
             None => (1.0, "segments/s"),
         };
         self.goodput_unit = unit;
-        let bins = ((t1 - t0) / self.bin).ceil().max(1.0) as usize;
+        // Less a hair, so that rounding makes no empty bin past the end.
+        let bins = ((t1 - t0) / self.bin - 1e-6).ceil().max(1.0) as usize;
         let mut acked = self.acked.iter().peekable();
         // Everything acknowledged counts, from the first segment on.
         let mut base = self.seq.0;
@@ -243,8 +247,14 @@ type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
 /// A range that plotters can draw: not empty, with a little room above.
 fn span(lo: f64, hi: f64) -> std::ops::Range<f64> {
+    span_with(lo, hi, 0.04)
+}
+
+/// As [`span`], with `room` (a fraction of the range) above the data: the
+/// legend of a panel whose data may fill its top sits there.
+fn span_with(lo: f64, hi: f64, room: f64) -> std::ops::Range<f64> {
     let hi = if hi > lo { hi } else { lo + 1.0 };
-    lo..hi + (hi - lo) * 0.04
+    lo..hi + (hi - lo) * room
 }
 
 /// Points thinned to one a grid cell (see [`GRID`]), in order.
@@ -364,8 +374,9 @@ fn sequence_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
     }
     if !s.sacked.is_empty() {
         let mut seen = HashSet::new();
+        let row = |seg: u64| ((seg as f64 - yr.0) / (yr.1 - yr.0) * GRID.1) as i64;
         let blocks = s.sacked.iter().filter(|&&(t, a, b)| {
-            let cell = (((t - xr.0) / (xr.1 - xr.0) * GRID.0) as i64, a, b);
+            let cell = (((t - xr.0) / (xr.1 - xr.0) * GRID.0) as i64, row(a), row(b));
             seen.insert(cell)
         });
         chart
@@ -426,9 +437,9 @@ fn window_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
         .x_label_area_size(32)
         .y_label_area_size(64)
         .right_y_label_area_size(if rates { 64 } else { 0 })
-        .build_cartesian_2d(x.clone(), span(0.0, high as f64))
+        .build_cartesian_2d(x.clone(), span_with(0.0, high as f64, LEGEND_ROOM))
         .map_err(draw_err)?
-        .set_secondary_coord(x, span(0.0, rate_high));
+        .set_secondary_coord(x, span_with(0.0, rate_high, LEGEND_ROOM));
     chart
         .configure_mesh()
         .x_desc("time (s)")
@@ -498,7 +509,7 @@ fn rtt_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
     } else {
         rto
     };
-    let y = span(0.0, top);
+    let y = span_with(0.0, top, LEGEND_ROOM);
     let yr = (y.start, y.end);
     let mut chart = ChartBuilder::on(area)
         .caption("round-trip time", ("sans-serif", 15))

@@ -124,6 +124,7 @@ fn series_hold_what_the_trace_of_a_seeded_run_says() {
         (bits / want - 1.0).abs() < 1e-9,
         "{bits} bits, {want} acked"
     );
+    assert_eq!(s.goodput.len(), atou::plot::GOODPUT_BINS);
     assert!(s.goodput.last().unwrap().0 >= last);
 }
 
