@@ -204,7 +204,7 @@ pub fn title(trace: &Trace) -> String {
     let mut parts: Vec<String> = trace
         .header
         .iter()
-        .filter(|h| !h.starts_with("config:") && !h.starts_with("atou trace:"))
+        .filter(|h| !h.starts_with("config:") && *h != crate::trace::FORMAT_LINE)
         .cloned()
         .collect();
     if let Some(t) = trace.tuning() {

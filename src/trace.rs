@@ -14,6 +14,11 @@ use thiserror::Error;
 
 use crate::proto::{TraceRecord, Tuning};
 
+/// The first header line of every trace file: what its lines are.
+pub const FORMAT_LINE: &str = "atou trace: `time seg xmt` per transmission, \
+    `time ack rtt cwnd ssthresh ack` per ACK, before it `time start end sack` per SACK block \
+    and `time srtt rto edge pacing bw state`";
+
 /// A trace read from a file or recorded by a run.
 #[derive(Debug, Clone, Default)]
 pub struct Trace {

@@ -5,12 +5,16 @@
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
+use netem_support::listening_addr;
+
 use atou::netem::NetemSpec;
 use atou::plot::{svg, Series};
 use atou::proto::{CcKind, RecoveryKind, TraceRecord, Tuning};
 use atou::sim::{Recorder, SimConfig, SimResult, Simulation};
 use atou::summary::config_lines;
 use atou::trace::Trace;
+
+mod netem_support;
 
 /// A seeded lossy run with SACK, its trace as `--trace` would write it.
 fn lossy_run(cc: CcKind) -> (SimResult, Trace) {
@@ -304,4 +308,78 @@ fn plot_without_trace_and_not_with_flows() {
     assert!(texts(&text).iter().any(|t| t.starts_with("goodput")));
     let o = atou(&["sim", "--flow", "cc=bbr", "--plot", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
+}
+
+/// `atou send --trace --plot` over loopback: one trace and one plot per
+/// data stream, each the stream's own connection (segments from 0, its
+/// retransmissions marked), and the file the plot was drawn from.
+#[test]
+fn send_writes_a_trace_and_a_plot_per_data_stream() {
+    let (src, dest) = (tmp("send-src"), tmp("send-dest"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&dest).unwrap();
+    for (name, len) in [("a.bin", 3_000_000), ("b.bin", 2_000_000)] {
+        let data: Vec<u8> = (0..len)
+            .map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        std::fs::write(src.join(name), data).unwrap();
+    }
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_atou"))
+        .args([
+            "serve",
+            "--bind",
+            "127.0.0.1:0",
+            "--no-auth",
+            "--once",
+            "--dir",
+        ])
+        .arg(&dest)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start atou serve");
+    let addr = listening_addr(&mut serve);
+    let (trace, plot) = (tmp("send.trace"), tmp("send.svg"));
+    let o = atou(&[
+        "send",
+        "--quiet",
+        "--no-auth",
+        "--streams",
+        "2",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
+        src.join("a.bin").to_str().unwrap(),
+        src.join("b.bin").to_str().unwrap(),
+        &addr.to_string(),
+    ]);
+    let _ = serve.kill();
+    let _ = serve.wait();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for stream in [1, 2] {
+        let t = Trace::read(&tmp(&format!("send.s{stream}.trace"))).unwrap();
+        assert!(t
+            .header
+            .iter()
+            .any(|h| h.contains(&format!("stream {stream} round 1"))));
+        let s = Series::from_trace(&t);
+        // Each stream carries about its share of the 5 MB (largest files
+        // first: a.bin on one, b.bin on the other), in segments from 0.
+        let payload = t.payload_size().unwrap();
+        let bytes = s.acked.last().unwrap().1 * payload;
+        assert!(
+            (1_900_000..3_200_000).contains(&bytes),
+            "stream {stream}: {bytes}"
+        );
+        assert_eq!(s.sent.first().map(|p| p.1), Some(0));
+        assert_eq!(s.sent.len() as u64, s.acked.last().unwrap().1);
+        let svg = std::fs::read_to_string(tmp(&format!("send.s{stream}.svg"))).unwrap();
+        assert_eq!(svg.matches("<polygon").count(), s.retransmitted.len());
+        assert!(svg.contains(&format!("stream {stream} round 1")), "title");
+    }
+    assert!(
+        !trace.exists() && !plot.exists(),
+        "two streams: no unnumbered file"
+    );
 }

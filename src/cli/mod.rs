@@ -305,11 +305,7 @@ impl Output {
         run: Vec<String>,
         tuning: &atou::proto::Tuning,
     ) -> Result<Output> {
-        let mut header = vec![
-            "atou trace: `time seg xmt` per transmission, `time ack rtt cwnd ssthresh ack` per ACK, \
-             before it `time start end sack` per SACK block and `time srtt rto edge pacing bw state`"
-                .to_string(),
-        ];
+        let mut header = vec![atou::trace::FORMAT_LINE.to_string()];
         header.extend(run);
         header.extend(config_lines(tuning));
         Ok(Output {

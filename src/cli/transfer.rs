@@ -93,6 +93,8 @@ pub struct SendArgs {
     dest: String,
     #[command(flatten)]
     transfer: TransferArgs,
+    #[command(flatten)]
+    output: super::plot::SendOutputArgs,
 }
 
 #[derive(Args, Debug)]
@@ -267,6 +269,7 @@ impl TransferArgs {
             buffer: self.buffer,
             readers: readers(self.readers),
             auth: None,
+            trace: None,
         })
     }
 }
@@ -474,7 +477,10 @@ pub fn send_cmd(args: SendArgs) -> Result<ExitCode> {
         .transfer
         .auth
         .resolve(&config.host, peer, config.tuning.maxidle, false)?;
-    run_send(&args.sources, config, &args.transfer)
+    config.trace = args.output.sink();
+    let code = run_send(&args.sources, config.clone(), &args.transfer)?;
+    args.output.write(&config)?;
+    Ok(code)
 }
 
 pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {

@@ -77,6 +77,22 @@ pub struct SendConfig {
     pub readers: usize,
     /// Authenticate and encrypt with these keys; `None`: plain (`--no-auth`).
     pub auth: Option<crate::proto::crypto::ClientAuth>,
+    /// Record each data connection's packet trace here (`--trace`,
+    /// `--plot`); `None`: no trace.
+    pub trace: Option<TraceSink>,
+}
+
+/// Where [`send`] leaves the traces of its data connections.
+pub type TraceSink = Arc<Mutex<Vec<ConnTrace>>>;
+
+/// The packet trace of one data connection.
+#[derive(Debug, Clone)]
+pub struct ConnTrace {
+    /// The round (1 for the first; later ones re-send failed chunks).
+    pub round: usize,
+    /// The stream, from 1.
+    pub stream: usize,
+    pub records: Vec<crate::proto::TraceRecord>,
 }
 
 /// Counters a progress display reads while the transfer runs.
@@ -144,12 +160,15 @@ impl StreamFeed for BytesFeed {
     }
 }
 
-/// An observer that wants nothing.
-struct Quiet;
+/// An observer that wants nothing but the trace, if it was asked for.
+#[derive(Default)]
+struct Quiet(Vec<crate::proto::TraceRecord>);
 
 impl Observer for Quiet {
     fn on_event(&mut self, _: &crate::proto::TimedEvent) {}
-    fn on_trace(&mut self, _: &crate::proto::TraceRecord) {}
+    fn on_trace(&mut self, r: &crate::proto::TraceRecord) {
+        self.0.push(*r);
+    }
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -161,7 +180,9 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// Runs one connection of `session` carrying `feed`; returns the reply
 /// (refused if longer than `reply_limit`, what the request can be
-/// answered with) and the transport's summary.
+/// answered with) and the transport's summary. A data connection names
+/// its (round, stream), for its trace.
+#[allow(clippy::too_many_arguments)]
 fn run_conn<F: StreamFeed>(
     config: &SendConfig,
     from: Option<&Bound>,
@@ -170,6 +191,7 @@ fn run_conn<F: StreamFeed>(
     feed: &mut F,
     stop: &Progress,
     reply_limit: u64,
+    data: Option<(usize, usize)>,
 ) -> (Result<Vec<u8>, SendError>, Option<Summary>) {
     let socket = match from.map(|b| b.socket.try_clone()).transpose() {
         Ok(s) => s,
@@ -187,7 +209,7 @@ fn run_conn<F: StreamFeed>(
         peer_name: config.host.clone(),
         tuning: config.tuning.clone(),
         bytes: Some(len),
-        trace: false,
+        trace: config.trace.is_some() && data.is_some(),
         conn_id: fresh_conn_id(),
         session,
         reply_limit: u32::try_from(reply_limit).unwrap_or(u32::MAX),
@@ -197,7 +219,15 @@ fn run_conn<F: StreamFeed>(
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     };
-    let result = runtime().block_on(io::connect_from(socket, probe, feed, &mut Quiet, stopped));
+    let mut quiet = Quiet::default();
+    let result = runtime().block_on(io::connect_from(socket, probe, feed, &mut quiet, stopped));
+    if let (Some(sink), Some((round, stream))) = (&config.trace, data) {
+        sink.lock().expect("trace lock").push(ConnTrace {
+            round,
+            stream,
+            records: quiet.0,
+        });
+    }
     let reply = match result.outcome {
         Ok(closed) => closed.reply.ok_or_else(|| SendError::Failed {
             host: config.host.clone(),
@@ -229,6 +259,7 @@ fn ask(
         &mut BytesFeed(request),
         stop,
         reply_limit,
+        None,
     )
     .0
 }
@@ -827,8 +858,10 @@ fn send_session(
                         let len = feed.layout.total_len();
                         let limit = Outcome::max_len(feed.layout.slots.len() as u64);
                         let bound = (!from.is_empty()).then(|| &from[index % from.len()]);
-                        let (reply, summary) =
-                            run_conn(config, bound, session, len, &mut feed, progress, limit);
+                        let data = Some((rounds, index + 1));
+                        let (reply, summary) = run_conn(
+                            config, bound, session, len, &mut feed, progress, limit, data,
+                        );
                         // Whatever was acknowledged but not yet counted.
                         progress
                             .done
