@@ -383,3 +383,47 @@ fn send_writes_a_trace_and_a_plot_per_data_stream() {
         "two streams: no unnumbered file"
     );
 }
+
+/// `atou probe --plot` over loopback: the probe's graphs, its
+/// retransmissions counted as its summary counts them.
+#[test]
+fn probe_plots_its_connection() {
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_atou"))
+        .args(["serve", "--bind", "127.0.0.1:0", "--no-auth", "--once"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start atou serve");
+    let addr = listening_addr(&mut serve);
+    let (trace, plot) = (tmp("probe.trace"), tmp("probe.svg"));
+    // Two segments dropped by the sender itself: two retransmissions
+    // whatever loopback does.
+    let o = atou(&[
+        "probe",
+        &addr.to_string(),
+        "--no-auth",
+        "--json",
+        "--bytes",
+        "1MB",
+        "--droplist",
+        "100,300",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    let _ = serve.kill();
+    let _ = serve.wait();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rxmts = summary["rxmts"].as_u64().unwrap();
+    assert!(rxmts >= 2, "{summary}");
+    let s = Series::from_trace(&Trace::read(&trace).unwrap());
+    assert_eq!(s.retransmitted.len() as u64, rxmts);
+    assert!(
+        s.retransmitted.iter().any(|r| r.1 == 100) && s.retransmitted.iter().any(|r| r.1 == 300)
+    );
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert_eq!(svg.matches("<polygon").count() as u64, rxmts);
+    assert!(texts(&svg).iter().any(|t| t.contains("probe")), "title");
+}
