@@ -10,7 +10,8 @@
 //! 2. cwnd and ssthresh, with the pacing rate and the bandwidth estimate on
 //!    a second axis when the controller (BBR) has them;
 //! 3. RTT samples with srtt and the RTO;
-//! 4. goodput: payload acknowledged per time bin.
+//! 4. goodput: payload acknowledged per time bin (a hundredth of the run,
+//!    or a round trip if that is longer).
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -22,7 +23,7 @@ use thiserror::Error;
 use crate::proto::TraceRecord;
 use crate::trace::Trace;
 
-/// Goodput bins across the run.
+/// Goodput bins across the run, at most: a bin is never shorter than an RTT.
 pub const GOODPUT_BINS: usize = 100;
 
 /// Width and height of the whole picture, in pixels.
@@ -157,7 +158,16 @@ impl Series {
     /// else segments per second.
     fn goodput(&mut self, payload: Option<u64>) {
         let (t0, t1) = self.time;
-        self.bin = ((t1 - t0) / GOODPUT_BINS as f64).max(1e-3);
+        // A bin is at least a round trip (the least RTT sampled): a window
+        // is acknowledged in bursts an RTT apart, which shorter bins show
+        // as noise.
+        let rtt = self
+            .rtt_ms
+            .iter()
+            .map(|p| p.1 / 1e3)
+            .fold(f64::INFINITY, f64::min);
+        let rtt = if rtt.is_finite() { rtt } else { 0.0 };
+        self.bin = ((t1 - t0) / GOODPUT_BINS as f64).max(rtt).max(1e-3);
         let (scale, unit) = match payload {
             Some(p) => (p as f64 * 8.0 / 1e6, "Mbit/s"),
             None => (1.0, "segments/s"),
@@ -609,7 +619,8 @@ mod tests {
 
     #[test]
     fn goodput_bins_add_up_to_what_was_acknowledged() {
-        let text = "# config: mss 1033\n0 0 xmt\n0.5 10 0.1 10 inf ack\n1.0 25 0.1 10 inf ack\n";
+        let text =
+            "# config: mss 1033\n0 0 xmt\n0.5 10 0.001 10 inf ack\n1.0 25 0.001 10 inf ack\n";
         let s = Series::from_trace(&Trace::parse(text).unwrap());
         assert_eq!(s.goodput.len(), GOODPUT_BINS);
         assert_eq!(s.goodput_unit, "Mbit/s");

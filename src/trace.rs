@@ -7,6 +7,7 @@
 //! `sack`, `state`. Lines with another tag are skipped, so a reader of
 //! today reads the traces of a later release that adds a record.
 
+use std::io::BufRead;
 use std::path::Path;
 use std::time::Duration;
 
@@ -43,16 +44,29 @@ pub enum TraceError {
 
 impl Trace {
     pub fn read(path: &Path) -> Result<Trace, TraceError> {
-        let text = std::fs::read_to_string(path).map_err(|error| TraceError::Read {
+        let file = std::fs::File::open(path).map_err(|error| TraceError::Read {
             path: path.display().to_string(),
             error,
         })?;
-        Trace::parse(&text)
+        // Line by line: a long run's trace is not held twice.
+        Trace::from_lines(std::io::BufReader::new(file).lines(), path)
     }
 
     pub fn parse(text: &str) -> Result<Trace, TraceError> {
+        Trace::from_lines(text.lines().map(|l| Ok(l.to_string())), Path::new(""))
+    }
+
+    /// `path` names the source in a read error.
+    fn from_lines(
+        lines: impl Iterator<Item = std::io::Result<String>>,
+        path: &Path,
+    ) -> Result<Trace, TraceError> {
         let mut trace = Trace::default();
-        for (i, line) in text.lines().enumerate() {
+        for (i, line) in lines.enumerate() {
+            let line = line.map_err(|error| TraceError::Read {
+                path: path.display().to_string(),
+                error,
+            })?;
             let line = line.trim();
             if let Some(h) = line.strip_prefix('#') {
                 trace.header.push(h.trim().to_string());

@@ -20,7 +20,7 @@ use super::UsageError;
     draws it (each segment sent, retransmissions as red triangles, the cumulative ACK, SACKed \
     ranges, the receive window's right edge); cwnd and ssthresh, with the pacing rate and \
     bandwidth estimate when the controller has them (BBR); RTT samples with srtt and RTO; \
-    goodput per hundredth of the run. Traces written before the sack and state lines existed \
+    goodput per hundredth of the run or per round trip if longer. Traces written before the sack and state lines existed \
     plot without those series. See docs/plots.md.\n\n\
     Example: atou sim --bytes 1MB --recovery newreno --trace run.trace && atou plot run.trace --out run.svg\n\
     Example: atou sim --bytes 1MB --plot run.svg"
