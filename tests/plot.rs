@@ -89,7 +89,19 @@ fn series_hold_what_the_trace_of_a_seeded_run_says() {
     assert!(sacks > 0, "a SACK run without SACK blocks");
     assert_eq!(s.sacked.len(), sacks);
     let states = count(&trace, |r| matches!(r, TraceRecord::State { .. }));
-    assert_eq!(states, acks.len(), "one state line per ACK");
+    assert_eq!(
+        states as u64,
+        acks.len() as u64 + sum.timeouts,
+        "one state line per ACK and per timeout"
+    );
+    // The window's edge is never below the cumulative ACK it came with.
+    let edges = trace.records.windows(2).filter_map(|w| match (w[0], w[1]) {
+        (TraceRecord::State { right_edge, .. }, TraceRecord::Ack { ack, .. }) => {
+            Some((right_edge, ack))
+        }
+        _ => None,
+    });
+    assert!(edges.clone().count() == acks.len() && edges.into_iter().all(|(e, a)| e >= a));
     assert_eq!(s.rto_ms.len(), states);
     assert_eq!(s.window_edge.len(), states);
     assert!(s.srtt_ms.len() > states / 2);
@@ -429,4 +441,54 @@ fn probe_plots_its_connection() {
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert_eq!(svg.matches("<polygon").count() as u64, rxmts);
     assert!(texts(&svg).iter().any(|t| t.contains("probe")), "title");
+}
+
+/// atou appendix B (FACK, `droplist 200 200`, a small receive buffer):
+/// the timeout shows as the RTO doubling in the RTT panel, and the
+/// receive window's edge, near the data, is drawn.
+#[test]
+fn a_timeout_doubles_the_plotted_rto_and_a_near_window_edge_is_drawn() {
+    let mut tuning = Tuning::default();
+    tuning
+        .apply_config("newreno 0\nfack 1\nsack 1\nrampdown 1\nrcvrwin 26\ndroplist 200 200\n")
+        .unwrap();
+    tuning.rcvsegs = 40;
+    let fwd: NetemSpec = "rate 10mbit delay 20ms".parse().unwrap();
+    let rev: NetemSpec = "delay 20ms".parse().unwrap();
+    let mut config = SimConfig::new(tuning.clone(), fwd, rev, Some(1 << 20), 1);
+    config.trace = true;
+    let mut rec = Recorder::default();
+    let result = Simulation::new(config).unwrap().run(&mut rec).unwrap();
+    assert!(result.delivered_intact(1 << 20), "{}", result.summary);
+    assert_eq!(result.summary.timeouts, 1, "{}", result.summary);
+    let timeout = rec
+        .events
+        .iter()
+        .find(|e| matches!(e.event, atou::proto::Event::TimeoutRetransmit { .. }))
+        .unwrap()
+        .time
+        .as_secs_f64();
+    let trace = Trace {
+        header: config_lines(&tuning),
+        records: rec.trace,
+    };
+    let s = Series::from_trace(&trace);
+    // At the timeout, the RTO is twice the one before it (RFC 6298 §5.5).
+    let at = s
+        .rto_ms
+        .iter()
+        .position(|p| p.0 == timeout)
+        .expect("a state line at the timeout");
+    assert!(at > 0);
+    assert!(
+        (s.rto_ms[at].1 / s.rto_ms[at - 1].1 - 2.0).abs() < 1e-9,
+        "{:?}",
+        &s.rto_ms[at - 1..=at]
+    );
+    // The edge: at most 40 segments above the cumulative ACK, so drawn.
+    let edge_max = s.window_edge.iter().map(|e| e.1).max().unwrap();
+    assert!(edge_max <= s.seq.1 + 40, "{edge_max} {:?}", s.seq);
+    let svg = svg(&s, "appendix B").unwrap();
+    assert!(texts(&svg).iter().any(|t| t == "receive window edge"));
+    assert_eq!(svg.matches("<polygon").count() as u64, result.summary.rxmts);
 }

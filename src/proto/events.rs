@@ -225,7 +225,8 @@ pub enum TraceRecord {
         start: u64,
         end: u64,
     },
-    /// `time srtt rto edge pacing bw state`: the sender after an ACK:
+    /// `time srtt rto edge pacing bw state`: the sender after an ACK (and
+    /// after a retransmission timeout, with the RTO backed off):
     /// smoothed RTT and RTO (seconds), the receive window's right edge (the
     /// first segment the peer cannot take), and the controller's pacing
     /// rate and bandwidth estimate in bits/s (`-`: it has none).
