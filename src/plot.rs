@@ -305,6 +305,23 @@ fn thin_line(points: &[(f64, f64)], x: (f64, f64)) -> Vec<(f64, f64)> {
     out
 }
 
+/// A thinned line drawn as steps: each value holds until the next one, as
+/// the sender's variables do between the ACKs that change them.
+fn step_line(points: &[(f64, f64)], x: (f64, f64)) -> Vec<(f64, f64)> {
+    steps(&thin_line(points, x))
+}
+
+fn steps(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let mut out = Vec::with_capacity(points.len() * 2);
+    for (i, &p) in points.iter().enumerate() {
+        if let Some(&prev) = i.checked_sub(1).map(|j| &points[j]) {
+            out.push((p.0, prev.1));
+        }
+        out.push(p);
+    }
+    out
+}
+
 fn as_f64(points: &[(f64, u64)]) -> Vec<(f64, f64)> {
     points.iter().map(|&(t, v)| (t, v as f64)).collect()
 }
@@ -365,7 +382,7 @@ fn sequence_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
         Some(_) if edge_fits => {
             chart
                 .draw_series(LineSeries::new(
-                    thin_line(&as_f64(&s.window_edge), xr),
+                    step_line(&as_f64(&s.window_edge), xr),
                     EDGE.stroke_width(1),
                 ))
                 .map_err(draw_err)?
@@ -399,7 +416,7 @@ fn sequence_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
     }
     chart
         .draw_series(LineSeries::new(
-            thin_line(&as_f64(&s.acked), xr),
+            step_line(&as_f64(&s.acked), xr),
             ACKED.stroke_width(1),
         ))
         .map_err(draw_err)?
@@ -460,7 +477,7 @@ fn window_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
         .map_err(draw_err)?;
     chart
         .draw_series(LineSeries::new(
-            thin_line(&as_f64(&s.cwnd), xr),
+            step_line(&as_f64(&s.cwnd), xr),
             SENT.stroke_width(1),
         ))
         .map_err(draw_err)?
@@ -469,7 +486,7 @@ fn window_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
     if !s.ssthresh.is_empty() {
         chart
             .draw_series(LineSeries::new(
-                thin_line(&as_f64(&s.ssthresh), xr),
+                step_line(&as_f64(&s.ssthresh), xr),
                 RXMT.stroke_width(1),
             ))
             .map_err(draw_err)?
@@ -491,7 +508,7 @@ fn window_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
             }
             chart
                 .draw_secondary_series(LineSeries::new(
-                    thin_line(points, xr),
+                    step_line(points, xr),
                     color.stroke_width(1),
                 ))
                 .map_err(draw_err)?
@@ -548,7 +565,7 @@ fn rtt_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
     if !s.srtt_ms.is_empty() {
         chart
             .draw_series(LineSeries::new(
-                thin_line(&s.srtt_ms, xr),
+                step_line(&s.srtt_ms, xr),
                 ACKED.stroke_width(2),
             ))
             .map_err(draw_err)?
@@ -558,7 +575,7 @@ fn rtt_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
     if !s.rto_ms.is_empty() {
         let rto: Vec<(f64, f64)> = s.rto_ms.iter().map(|&(t, r)| (t, r.min(yr.1))).collect();
         chart
-            .draw_series(LineSeries::new(thin_line(&rto, xr), RXMT.stroke_width(1)))
+            .draw_series(LineSeries::new(step_line(&rto, xr), RXMT.stroke_width(1)))
             .map_err(draw_err)?
             .label("RTO")
             .legend(swatch(RXMT));
@@ -615,6 +632,16 @@ mod tests {
         // Points in different columns are all kept.
         let spread: Vec<(f64, f64)> = (0..100).map(|i| (i as f64, i as f64)).collect();
         assert_eq!(thin_line(&spread, (0.0, 100.0)), spread);
+    }
+
+    #[test]
+    fn steps_hold_each_value_until_the_next() {
+        let pts = [(0.0, 1.0), (1.0, 5.0), (3.0, 2.0)];
+        assert_eq!(
+            steps(&pts),
+            vec![(0.0, 1.0), (1.0, 1.0), (1.0, 5.0), (3.0, 5.0), (3.0, 2.0)]
+        );
+        assert!(steps(&[]).is_empty());
     }
 
     #[test]
