@@ -86,7 +86,7 @@ impl Series {
                     // As tcptrace: a segment at or below the highest sent
                     // so far is a retransmission.
                     if seg >= next_new {
-                        next_new = seg + 1;
+                        next_new = seg.saturating_add(1);
                         s.sent.push((t, seg));
                     } else {
                         s.retransmitted.push((t, seg));
@@ -167,7 +167,10 @@ impl Series {
             .map(|p| p.1 / 1e3)
             .fold(f64::INFINITY, f64::min);
         let rtt = if rtt.is_finite() { rtt } else { 0.0 };
-        self.bin = ((t1 - t0) / GOODPUT_BINS as f64).max(rtt).max(1e-3);
+        // Never longer than the run: the bins stay on the time axis.
+        self.bin = ((t1 - t0) / GOODPUT_BINS as f64)
+            .max(rtt.min(t1 - t0))
+            .max(1e-3);
         let (scale, unit) = match payload {
             Some(p) => (p as f64 * 8.0 / 1e6, "Mbit/s"),
             None => (1.0, "segments/s"),
@@ -263,7 +266,12 @@ fn span(lo: f64, hi: f64) -> std::ops::Range<f64> {
 /// As [`span`], with `room` (a fraction of the range) above the data: the
 /// legend of a panel whose data may fill its top sits there.
 fn span_with(lo: f64, hi: f64, room: f64) -> std::ops::Range<f64> {
-    let hi = if hi > lo { hi } else { lo + 1.0 };
+    // A single value gets a range around it that floats can tell apart.
+    let hi = if hi > lo {
+        hi
+    } else {
+        lo + (lo.abs() * 1e-6).max(1.0)
+    };
     lo..hi + (hi - lo) * room
 }
 
@@ -356,7 +364,7 @@ fn sequence_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
     // sent: the axis takes it in only when that costs at most half again.
     let edge_high = s.window_edge.iter().map(|e| e.1).max();
     let seq_len = s.seq.1 - s.seq.0;
-    let edge_fits = edge_high.is_some_and(|e| e <= s.seq.1 + seq_len / 2);
+    let edge_fits = edge_high.is_some_and(|e| e <= s.seq.1.saturating_add(seq_len / 2));
     let top = match edge_high {
         Some(e) if edge_fits => e.max(s.seq.1),
         _ => s.seq.1,
@@ -632,6 +640,25 @@ mod tests {
         // Points in different columns are all kept.
         let spread: Vec<(f64, f64)> = (0..100).map(|i| (i as f64, i as f64)).collect();
         assert_eq!(thin_line(&spread, (0.0, 100.0)), spread);
+    }
+
+    /// What a fuzzer would try first: the extremes of every field, and a
+    /// trace of one record, draw without panicking.
+    #[test]
+    fn extreme_traces_draw() {
+        let max = u64::MAX;
+        for text in [
+            format!("0 {max} xmt\n0 {max} xmt\n1e9 0 xmt\n"),
+            format!("5 {max} 1e9 {max} {max} ack\n5 0 {max} sack\n"),
+            format!("1 1e12 1e12 {max} {max} {max} state\n"),
+            "0 0 xmt\n".to_string(),
+            "0.000001 3 0.000001 0 0 ack\n".to_string(),
+        ] {
+            let trace = Trace::parse(&text).unwrap();
+            let s = Series::from_trace(&trace);
+            let svg = svg(&s, &title(&trace)).unwrap();
+            assert!(svg.starts_with("<svg"), "{text}");
+        }
     }
 
     #[test]
