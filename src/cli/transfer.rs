@@ -477,9 +477,12 @@ pub fn send_cmd(args: SendArgs) -> Result<ExitCode> {
         .transfer
         .auth
         .resolve(&config.host, peer, config.tuning.maxidle, false)?;
-    config.trace = args.output.sink();
-    let code = run_send(&args.sources, config.clone(), &args.transfer)?;
-    args.output.write(&config)?;
+    let traces = args.output.sink(&config);
+    config.trace = traces.as_ref().map(|t| t.0.clone());
+    let code = run_send(&args.sources, config, &args.transfer)?;
+    if let Some((_, left)) = traces {
+        left.finish()?;
+    }
     Ok(code)
 }
 

@@ -77,22 +77,25 @@ pub struct SendConfig {
     pub readers: usize,
     /// Authenticate and encrypt with these keys; `None`: plain (`--no-auth`).
     pub auth: Option<crate::proto::crypto::ClientAuth>,
-    /// Record each data connection's packet trace here (`--trace`,
+    /// What to do with each data connection's packet trace (`--trace`,
     /// `--plot`); `None`: no trace.
     pub trace: Option<TraceSink>,
 }
 
-/// Where [`send`] leaves the traces of its data connections.
-pub type TraceSink = Arc<Mutex<Vec<ConnTrace>>>;
+/// Called as each data connection starts, with its round (1 for the
+/// first; later ones re-send chunks that failed their check) and stream
+/// (from 1): returns what takes that connection's trace records, as they
+/// come. It is dropped when the connection ends.
+#[derive(Clone)]
+pub struct TraceSink(pub Arc<dyn Fn(usize, usize) -> TraceTaker + Send + Sync>);
 
-/// The packet trace of one data connection.
-#[derive(Debug, Clone)]
-pub struct ConnTrace {
-    /// The round (1 for the first; later ones re-send failed chunks).
-    pub round: usize,
-    /// The stream, from 1.
-    pub stream: usize,
-    pub records: Vec<crate::proto::TraceRecord>,
+/// Takes one connection's trace records.
+pub type TraceTaker = Box<dyn FnMut(&crate::proto::TraceRecord)>;
+
+impl std::fmt::Debug for TraceSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TraceSink")
+    }
 }
 
 /// Counters a progress display reads while the transfer runs.
@@ -161,13 +164,14 @@ impl StreamFeed for BytesFeed {
 }
 
 /// An observer that wants nothing but the trace, if it was asked for.
-#[derive(Default)]
-struct Quiet(Vec<crate::proto::TraceRecord>);
+struct Quiet(Option<TraceTaker>);
 
 impl Observer for Quiet {
     fn on_event(&mut self, _: &crate::proto::TimedEvent) {}
     fn on_trace(&mut self, r: &crate::proto::TraceRecord) {
-        self.0.push(*r);
+        if let Some(take) = self.0.as_mut() {
+            take(r);
+        }
     }
 }
 
@@ -219,15 +223,11 @@ fn run_conn<F: StreamFeed>(
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     };
-    let mut quiet = Quiet::default();
+    let taker = config.trace.as_ref().zip(data);
+    let mut quiet = Quiet(taker.map(|(sink, (round, stream))| (sink.0)(round, stream)));
     let result = runtime().block_on(io::connect_from(socket, probe, feed, &mut quiet, stopped));
-    if let (Some(sink), Some((round, stream))) = (&config.trace, data) {
-        sink.lock().expect("trace lock").push(ConnTrace {
-            round,
-            stream,
-            records: quiet.0,
-        });
-    }
+    // The connection's trace is complete: its taker may finish it.
+    drop(quiet);
     let reply = match result.outcome {
         Ok(closed) => closed.reply.ok_or_else(|| SendError::Failed {
             host: config.host.clone(),
