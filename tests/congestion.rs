@@ -87,7 +87,7 @@ fn cwnds(trace: &[TraceRecord]) -> Vec<(f64, u64)> {
         .iter()
         .filter_map(|r| match *r {
             TraceRecord::Ack { time, cwnd, .. } => Some((time.as_secs_f64(), cwnd)),
-            TraceRecord::Xmt { .. } => None,
+            _ => None,
         })
         .collect()
 }
@@ -186,7 +186,7 @@ fn bursts(trace: &[TraceRecord], after: Duration) -> Vec<(u64, u64)> {
                 }
                 at = time;
             }
-            TraceRecord::Xmt { .. } => {}
+            _ => {}
         }
     }
     out
@@ -695,7 +695,7 @@ fn bbr_goodput_after_startup(p: f64) -> (f64, SimResult) {
         .iter()
         .filter_map(|r| match *r {
             TraceRecord::Ack { time, ack, .. } => Some((time.as_secs_f64(), ack)),
-            TraceRecord::Xmt { .. } => None,
+            _ => None,
         })
         .collect();
     let start = acks.iter().find(|a| a.0 >= 5.0).unwrap();

@@ -130,6 +130,7 @@ fn config(peer: SocketAddr) -> SendConfig {
         buffer: 0,
         readers: 1,
         auth: None,
+        trace: None,
     }
 }
 

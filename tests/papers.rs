@@ -83,7 +83,7 @@ fn cwnd_series(trace: &[TraceRecord]) -> Vec<(f64, u64)> {
         .iter()
         .filter_map(|r| match *r {
             TraceRecord::Ack { time, cwnd, .. } => Some((time.as_secs_f64(), cwnd)),
-            TraceRecord::Xmt { .. } => None,
+            _ => None,
         })
         .collect()
 }

@@ -9,6 +9,7 @@ mod exit;
 mod keygen;
 mod net;
 mod netem;
+mod plot;
 mod remote;
 mod transfer;
 mod tuning_args;
@@ -60,6 +61,8 @@ enum Command {
     Netem(netem::NetemArgs),
     /// Write a key pair for authenticated transfers (private key mode 0600), as ssh-keygen
     Keygen(keygen::KeygenArgs),
+    /// Draw a run's graphs from its --trace file as SVG: time-sequence, cwnd, RTT, goodput
+    Plot(plot::PlotArgs),
     /// Print a shell completion script (bash, zsh or fish) on stdout
     Completions(docs::CompletionsArgs),
     /// Write the man pages into a directory (docs/man is made this way)
@@ -107,7 +110,7 @@ struct SimArgs {
     seed: u64,
     /// One flow sharing the forward path, as KEY=VALUE[,KEY=VALUE...]
     /// (start=TIME, bytes=SIZE, knobs: cc=bbr); repeat for each flow (see below)
-    #[arg(long, value_name = "SPEC", value_parser = parse_flow, conflicts_with_all = ["bytes", "trace"])]
+    #[arg(long, value_name = "SPEC", value_parser = parse_flow, conflicts_with_all = ["bytes", "trace", "plot"])]
     flow: Vec<FlowArg>,
     /// With --flow: virtual time the run lasts (bare number = seconds) [default: 60s]
     #[arg(long, value_name = "TIME", value_parser = parse_secs)]
@@ -128,6 +131,9 @@ pub(crate) struct OutputArgs {
     /// Write atou's packet trace to FILE (`time seg xmt`, `time ack rtt cwnd ssthresh ack`)
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// At the end of the run, draw its graphs into FILE (SVG), as `atou plot` does from a trace
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
     /// Print atou's event lines (3duprxmit, timerxmit, packrxmit, badack, ...) on stderr
     #[arg(long)]
     pub events: bool,
@@ -262,6 +268,10 @@ pub(crate) struct Output {
     trace: Option<BufWriter<File>>,
     trace_path: Option<PathBuf>,
     error: Option<io::Error>,
+    /// `--plot FILE`: the trace kept in memory to draw at the end.
+    plot: Option<(PathBuf, atou::trace::Trace)>,
+    /// The trace's `#` header: what ran, then every knob.
+    header: Vec<String>,
 }
 
 impl Observer for Output {
@@ -273,6 +283,14 @@ impl Observer for Output {
     }
 
     fn on_trace(&mut self, record: &TraceRecord) {
+        if let Some((_, kept)) = self.plot.as_mut() {
+            // The record as the trace file holds it (times to the
+            // microsecond), so --plot draws what `atou plot` of the file does.
+            let line = record.to_string();
+            if let Ok(Some(r)) = atou::trace::parse_record(&line) {
+                kept.records.push(r);
+            }
+        }
         if let (Some(w), None) = (self.trace.as_mut(), self.error.as_ref()) {
             if let Err(e) = writeln!(w, "{record}") {
                 self.error = Some(e);
@@ -290,10 +308,7 @@ impl Output {
         run: Vec<String>,
         tuning: &atou::proto::Tuning,
     ) -> Result<Output> {
-        let mut header = vec![
-            "atou trace: `time seg xmt` per transmission, `time ack rtt cwnd ssthresh ack` per ACK"
-                .to_string(),
-        ];
+        let mut header = vec![atou::trace::FORMAT_LINE.to_string()];
         header.extend(run);
         header.extend(config_lines(tuning));
         Ok(Output {
@@ -301,7 +316,29 @@ impl Output {
             trace: trace.map(|p| create_trace(p, &header)).transpose()?,
             trace_path: trace.map(Path::to_path_buf),
             error: None,
+            plot: None,
+            header,
         })
+    }
+
+    /// `--plot FILE`: keep the trace to draw it into FILE when the run ends
+    /// ([`finish_trace`]); the run must record its trace.
+    pub(crate) fn plot_to(mut self, path: Option<&Path>) -> Output {
+        self.plot = path.map(|p| {
+            let kept = atou::trace::Trace {
+                header: self.header.clone(),
+                records: Vec::new(),
+            };
+            (p.to_path_buf(), kept)
+        });
+        self
+    }
+}
+
+impl OutputArgs {
+    /// Whether the run must record its packet trace (for --trace or --plot).
+    pub(crate) fn wants_trace(&self) -> bool {
+        self.trace.is_some() || self.plot.is_some()
     }
 }
 
@@ -331,7 +368,7 @@ fn sim(args: SimArgs) -> Result<ExitCode> {
     }
     let bytes = (args.bytes > 0).then_some(args.bytes);
     let mut config = SimConfig::new(tuning.clone(), args.fwd, args.rev, bytes, args.seed);
-    config.trace = args.output.trace.is_some();
+    config.trace = args.output.wants_trace();
 
     let mut out = Output::open(
         args.output.events,
@@ -343,7 +380,8 @@ fn sim(args: SimArgs) -> Result<ExitCode> {
             format!("bytes {}", args.bytes),
         ],
         &tuning,
-    )?;
+    )?
+    .plot_to(args.output.plot.as_deref());
     let result = Simulation::new(config)?.run(&mut out)?;
     finish_trace(&mut out)?;
     let text = if args.output.json {
@@ -364,7 +402,7 @@ fn sim(args: SimArgs) -> Result<ExitCode> {
     })
 }
 
-/// Flushes the trace file, reporting the first write error.
+/// Flushes the trace file, reporting the first write error; draws --plot.
 pub(crate) fn finish_trace(out: &mut Output) -> Result<()> {
     if let Some(mut w) = out.trace.take() {
         let path = out.trace_path.as_deref().unwrap_or(Path::new("trace"));
@@ -373,6 +411,9 @@ pub(crate) fn finish_trace(out: &mut Output) -> Result<()> {
         }
         w.flush()
             .with_context(|| format!("cannot write trace file {}", path.display()))?;
+    }
+    if let Some((path, trace)) = out.plot.take() {
+        plot::draw(&trace, &path)?;
     }
     Ok(())
 }
@@ -413,6 +454,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => net::serve(args),
         Command::Netem(args) => netem::netem(args),
         Command::Keygen(args) => keygen::keygen(args),
+        Command::Plot(args) => plot::plot(args),
         Command::Completions(args) => docs::completions(args),
         Command::Man(args) => docs::man(args),
         Command::Remote(args) => remote::remote(args),

@@ -287,13 +287,14 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
             format!("bytes {}", args.bytes),
         ],
         &tuning,
-    )?;
+    )?
+    .plot_to(args.output.plot.as_deref());
     let config = ProbeConfig {
         peer,
         peer_name: args.host.clone(),
         tuning: tuning.clone(),
         bytes,
-        trace: args.output.trace.is_some(),
+        trace: args.output.wants_trace(),
         conn_id: io::fresh_conn_id(),
         session: 0,
         reply_limit: 0,

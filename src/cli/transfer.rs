@@ -111,6 +111,8 @@ pub struct SendArgs {
     dest: String,
     #[command(flatten)]
     transfer: TransferArgs,
+    #[command(flatten)]
+    output: super::plot::SendOutputArgs,
 }
 
 #[derive(Args, Debug)]
@@ -300,6 +302,7 @@ impl TransferArgs {
             buffer: self.buffer,
             readers: readers(self.readers),
             auth: None,
+            trace: None,
         })
     }
 }
@@ -599,7 +602,13 @@ pub fn send_cmd(args: SendArgs) -> Result<ExitCode> {
         .transfer
         .auth
         .resolve(&config.host, peer, config.tuning.maxidle, false)?;
-    run_send(&args.sources, config, &args.transfer)
+    let traces = args.output.sink(&config);
+    config.trace = traces.as_ref().map(|t| t.0.clone());
+    let code = run_send(&args.sources, config, &args.transfer)?;
+    if let Some((_, left)) = traces {
+        left.finish()?;
+    }
+    Ok(code)
 }
 
 pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {

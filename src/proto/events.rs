@@ -200,6 +200,12 @@ impl fmt::Display for TimedEvent {
 }
 
 /// One line of atou's packet trace.
+///
+/// `Xmt` and `Ack` are atou's two lines. `Sack` and `State` are ours,
+/// added for `atou plot`: each ends in its own tag, so a script that
+/// selects atou's lines by their last word (`$NF == "ack"`) reads them as
+/// before. They come just before the `Ack` line of the same ACK, which
+/// stays followed by the transmissions that ACK released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TraceRecord {
     /// A segment transmitted (first time or again).
@@ -211,6 +217,26 @@ pub enum TraceRecord {
         rtt: Duration,
         cwnd: u64,
         ssthresh: u64,
+    },
+    /// `time start end sack`: one SACK block of the ACK, segments
+    /// `start..end` held above the cumulative ACK.
+    Sack {
+        time: Duration,
+        start: u64,
+        end: u64,
+    },
+    /// `time srtt rto edge pacing bw state`: the sender after an ACK (and
+    /// after a retransmission timeout, with the RTO backed off):
+    /// smoothed RTT and RTO (seconds), the receive window's right edge (the
+    /// first segment the peer cannot take), and the controller's pacing
+    /// rate and bandwidth estimate in bits/s (`-`: it has none).
+    State {
+        time: Duration,
+        srtt: Duration,
+        rto: Duration,
+        right_edge: u64,
+        pacing_bps: Option<u64>,
+        bw_bps: Option<u64>,
     },
 }
 
@@ -231,6 +257,28 @@ impl fmt::Display for TraceRecord {
                 rtt.as_secs_f64(),
                 Thresh(ssthresh)
             ),
+            TraceRecord::Sack { time, start, end } => {
+                write!(f, "{:.6} {start} {end} sack", time.as_secs_f64())
+            }
+            TraceRecord::State {
+                time,
+                srtt,
+                rto,
+                right_edge,
+                pacing_bps,
+                bw_bps,
+            } => {
+                let rate = |r: Option<u64>| r.map_or("-".to_string(), |r| r.to_string());
+                write!(
+                    f,
+                    "{:.6} {:.6} {:.6} {right_edge} {} {} state",
+                    time.as_secs_f64(),
+                    srtt.as_secs_f64(),
+                    rto.as_secs_f64(),
+                    rate(pacing_bps),
+                    rate(bw_bps)
+                )
+            }
         }
     }
 }
@@ -276,5 +324,23 @@ mod tests {
             seg: 258,
         };
         assert_eq!(x.to_string(), "0.408133 258 xmt");
+        let k = TraceRecord::Sack {
+            time: Duration::from_micros(408_196),
+            start: 236,
+            end: 240,
+        };
+        assert_eq!(k.to_string(), "0.408196 236 240 sack");
+        let st = TraceRecord::State {
+            time: Duration::from_micros(408_196),
+            srtt: Duration::from_micros(38_500),
+            rto: Duration::from_millis(200),
+            right_edge: 8426,
+            pacing_bps: None,
+            bw_bps: Some(95_000_000),
+        };
+        assert_eq!(
+            st.to_string(),
+            "0.408196 0.038500 0.200000 8426 - 95000000 state"
+        );
     }
 }

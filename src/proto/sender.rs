@@ -567,9 +567,21 @@ impl Sender {
         self.note_controller();
         self.arm_recovery_timer(newly_acked > 0);
 
-        if let Some(trace) = self.trace.as_mut() {
+        let time = now.saturating_since(self.start);
+        let state = self.trace.is_some().then(|| self.state_record(time));
+        if let (Some(trace), Some(state)) = (self.trace.as_mut(), state) {
+            // For `atou plot`: what the ACK held and the sender's state
+            // after it, before the ACK's own line (events.rs says why).
+            for b in ack.sack_blocks() {
+                trace.push_back(TraceRecord::Sack {
+                    time,
+                    start: b.start,
+                    end: b.end,
+                });
+            }
+            trace.push_back(state);
             trace.push_back(TraceRecord::Ack {
-                time: now.saturating_since(self.start),
+                time,
                 ack: ack.cum_ack,
                 rtt: if sample_ok { rtt } else { Duration::ZERO },
                 cwnd: self.cc.window(),
@@ -577,6 +589,19 @@ impl Sender {
             });
         }
         self.update_state(now);
+    }
+
+    /// The trace's `state` line: RTT estimate, RTO, the peer's window edge
+    /// and the controller's rates.
+    fn state_record(&self, time: Duration) -> TraceRecord {
+        TraceRecord::State {
+            time,
+            srtt: self.rtt.srtt(),
+            rto: self.rtt.rto(),
+            right_edge: self.peer_right_edge,
+            pacing_bps: self.cc.pacing_rate().map(|r| r.saturating_mul(8)),
+            bw_bps: self.cc.report().map(|r| r.bw_bps),
+        }
     }
 
     /// `--events` for a model-based controller: a new state, a new minimum
@@ -865,6 +890,14 @@ impl Sender {
         // RFC 6298 §5.5–5.6.
         self.rtt.back_off();
         self.arm_rto();
+        // The backed-off RTO, which the next ACK resets before its own line.
+        let state = self
+            .trace
+            .is_some()
+            .then(|| self.state_record(self.since_start()));
+        if let (Some(trace), Some(state)) = (self.trace.as_mut(), state) {
+            trace.push_back(state);
+        }
     }
 
     fn more_data(&self, seg: u64) -> bool {

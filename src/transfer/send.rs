@@ -156,6 +156,25 @@ pub struct SendConfig {
     pub readers: usize,
     /// Authenticate and encrypt with these keys; `None`: plain (`--no-auth`).
     pub auth: Option<crate::proto::crypto::ClientAuth>,
+    /// What to do with each data connection's packet trace (`--trace`,
+    /// `--plot`); `None`: no trace.
+    pub trace: Option<TraceSink>,
+}
+
+/// Called as each data connection starts, with its round (1 for the
+/// first; later ones re-send chunks that failed their check) and stream
+/// (from 1): returns what takes that connection's trace records, as they
+/// come. It is dropped when the connection ends.
+#[derive(Clone)]
+pub struct TraceSink(pub Arc<dyn Fn(usize, usize) -> TraceTaker + Send + Sync>);
+
+/// Takes one connection's trace records.
+pub type TraceTaker = Box<dyn FnMut(&crate::proto::TraceRecord)>;
+
+impl std::fmt::Debug for TraceSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TraceSink")
+    }
 }
 
 /// Counters a progress display reads while the transfer runs.
@@ -216,7 +235,6 @@ impl Default for StreamLive {
 /// Fills a [`StreamLive`] from a connection's trace records.
 struct Live<'a> {
     live: &'a StreamLive,
-    srtt: Option<f64>,
     /// Highest segment sent so far: one sent again is at or below it.
     top: Option<u64>,
 }
@@ -232,22 +250,17 @@ impl Observer for Live<'_> {
                     self.top = Some(seg);
                 }
             }
-            TraceRecord::Ack {
-                rtt,
-                cwnd,
-                ssthresh,
-                ..
-            } => {
-                if !rtt.is_zero() {
-                    // RFC 6298 (2.2), (2.3): the first sample, then 7/8 old + 1/8 new.
-                    let sample = rtt.as_secs_f64() * 1e6;
-                    let srtt = self.srtt.map_or(sample, |s| s + (sample - s) / 8.0);
-                    self.srtt = Some(srtt);
-                    self.live.srtt_us.store(srtt as u64, Ordering::Relaxed);
-                }
+            TraceRecord::Ack { cwnd, ssthresh, .. } => {
                 self.live.cwnd.store(cwnd, Ordering::Relaxed);
                 self.live.ssthresh.store(ssthresh, Ordering::Relaxed);
             }
+            // The sender's own smoothed RTT, not one recomputed here.
+            TraceRecord::State { srtt, .. } => {
+                self.live
+                    .srtt_us
+                    .store(srtt.as_micros() as u64, Ordering::Relaxed);
+            }
+            TraceRecord::Sack { .. } => {}
         }
     }
 }
@@ -297,12 +310,32 @@ impl StreamFeed for BytesFeed {
     }
 }
 
-/// An observer that wants nothing.
-struct Quiet;
+/// What a connection's trace records feed: the figures of `--progress
+/// json` ([`Live`]) and the `--trace`/`--plot` file, either, both or
+/// neither.
+struct Watch<'a> {
+    live: Option<Live<'a>>,
+    take: Option<TraceTaker>,
+}
 
-impl Observer for Quiet {
+impl Observer for Watch<'_> {
     fn on_event(&mut self, _: &crate::proto::TimedEvent) {}
-    fn on_trace(&mut self, _: &crate::proto::TraceRecord) {}
+    fn on_trace(&mut self, r: &crate::proto::TraceRecord) {
+        if let Some(live) = self.live.as_mut() {
+            live.on_trace(r);
+        }
+        if let Some(take) = self.take.as_mut() {
+            take(r);
+        }
+    }
+}
+
+/// A data connection: its place (repair round, stream number from 1) for
+/// its trace file, and where `--progress json` reads its figures.
+struct DataConn<'a> {
+    round: usize,
+    stream: usize,
+    live: Option<&'a StreamLive>,
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -324,7 +357,7 @@ struct Ending {
 }
 
 /// Runs one connection of `session` carrying `feed`; returns the reply
-/// and the transport's summary; `live` gets its trace for --progress json.
+/// and the transport's summary.
 #[allow(clippy::too_many_arguments)]
 fn run_conn<F: StreamFeed>(
     config: &SendConfig,
@@ -334,7 +367,7 @@ fn run_conn<F: StreamFeed>(
     feed: &mut F,
     stop: &Progress,
     ending: Ending,
-    live: Option<&StreamLive>,
+    data: Option<DataConn<'_>>,
 ) -> (Result<Vec<u8>, SendError>, Option<Summary>) {
     let socket = match from.map(|b| b.socket.try_clone()).transpose() {
         Ok(s) => s,
@@ -352,7 +385,9 @@ fn run_conn<F: StreamFeed>(
         peer_name: config.host.clone(),
         tuning: config.tuning.clone(),
         bytes: Some(len),
-        trace: live.is_some(),
+        trace: data
+            .as_ref()
+            .is_some_and(|d| d.live.is_some() || config.trace.is_some()),
         conn_id: fresh_conn_id(),
         session,
         reply_limit: u32::try_from(ending.reply_limit).unwrap_or(u32::MAX),
@@ -363,23 +398,20 @@ fn run_conn<F: StreamFeed>(
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     };
-    let result = match live {
-        Some(live) => {
-            let mut observer = Live {
-                live,
-                srtt: None,
-                top: None,
-            };
-            runtime().block_on(io::connect_from(
-                socket,
-                probe,
-                feed,
-                &mut observer,
-                stopped,
-            ))
-        }
-        None => runtime().block_on(io::connect_from(socket, probe, feed, &mut Quiet, stopped)),
+    let mut watch = Watch {
+        live: data
+            .as_ref()
+            .and_then(|d| d.live)
+            .map(|live| Live { live, top: None }),
+        take: config
+            .trace
+            .as_ref()
+            .zip(data.as_ref())
+            .map(|(sink, d)| (sink.0)(d.round, d.stream)),
     };
+    let result = runtime().block_on(io::connect_from(socket, probe, feed, &mut watch, stopped));
+    // The connection's trace is complete: its taker may finish it.
+    drop(watch);
     let reply = match result.outcome {
         Ok(closed) => closed.reply.ok_or_else(|| SendError::Failed {
             host: config.host.clone(),
@@ -1066,6 +1098,11 @@ fn send_session(
                         let limit = Outcome::max_len(feed.layout.slots.len() as u64);
                         let bound = (!from.is_empty()).then(|| &from[index % from.len()]);
                         let live = detail.then(|| feed.live.clone());
+                        let data = DataConn {
+                            round: rounds,
+                            stream: index + 1,
+                            live: live.as_deref(),
+                        };
                         let (reply, summary) = run_conn(
                             config,
                             bound,
@@ -1077,7 +1114,7 @@ fn send_session(
                                 reply_limit: limit,
                                 close_unacknowledged: false,
                             },
-                            live.as_deref(),
+                            Some(data),
                         );
                         // Whatever was acknowledged but not yet counted.
                         let rest = sent.saturating_sub(feed.counted);

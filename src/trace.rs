@@ -1,0 +1,274 @@
+//! Reads atou's packet trace back: the one parser of the `--trace` format
+//! that [`crate::proto::TraceRecord`] writes (`atou plot` and the tests use
+//! it).
+//!
+//! A trace is `#` header lines (what ran, then every knob as `config:`
+//! pairs) and one record a line, tagged by its last word: `xmt`, `ack`,
+//! `sack`, `state`. Lines with another tag are skipped, so a reader of
+//! today reads the traces of a later release that adds a record.
+
+use std::io::BufRead;
+use std::path::Path;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::proto::{TraceRecord, Tuning};
+
+/// The first header line of every trace file: what its lines are.
+pub const FORMAT_LINE: &str = "atou trace: `time seg xmt` per transmission, \
+    `time ack rtt cwnd ssthresh ack` per ACK, before it `time start end sack` per SACK block \
+    and `time srtt rto edge pacing bw state`";
+
+/// A trace read from a file or recorded by a run.
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    /// The header lines, without their `# `.
+    pub header: Vec<String>,
+    pub records: Vec<TraceRecord>,
+}
+
+#[derive(Debug, Error)]
+pub enum TraceError {
+    #[error("cannot read trace {path}: {error}")]
+    Read { path: String, error: std::io::Error },
+    #[error("line {line}: {why}: `{text}`")]
+    Line {
+        line: usize,
+        text: String,
+        why: String,
+    },
+    #[error("no trace records (`time seg xmt`, `time ack rtt cwnd ssthresh ack`) in it")]
+    Empty,
+}
+
+impl Trace {
+    pub fn read(path: &Path) -> Result<Trace, TraceError> {
+        let file = std::fs::File::open(path).map_err(|error| TraceError::Read {
+            path: path.display().to_string(),
+            error,
+        })?;
+        // Line by line: a long run's trace is not held twice.
+        Trace::from_lines(std::io::BufReader::new(file).lines(), path)
+    }
+
+    pub fn parse(text: &str) -> Result<Trace, TraceError> {
+        Trace::from_lines(text.lines().map(|l| Ok(l.to_string())), Path::new(""))
+    }
+
+    /// `path` names the source in a read error.
+    fn from_lines(
+        lines: impl Iterator<Item = std::io::Result<String>>,
+        path: &Path,
+    ) -> Result<Trace, TraceError> {
+        let mut trace = Trace::default();
+        for (i, line) in lines.enumerate() {
+            let line = line.map_err(|error| TraceError::Read {
+                path: path.display().to_string(),
+                error,
+            })?;
+            let line = line.trim();
+            if let Some(h) = line.strip_prefix('#') {
+                trace.header.push(h.trim().to_string());
+                continue;
+            }
+            if line.is_empty() {
+                continue;
+            }
+            match parse_record(line) {
+                Ok(Some(r)) => trace.records.push(r),
+                Ok(None) => {}
+                Err(why) => {
+                    return Err(TraceError::Line {
+                        line: i + 1,
+                        text: line.chars().take(80).collect(),
+                        why,
+                    })
+                }
+            }
+        }
+        if trace.records.is_empty() {
+            return Err(TraceError::Empty);
+        }
+        Ok(trace)
+    }
+
+    /// The tuning the header records (`config:` lines), over the defaults
+    /// for any knob it does not name; `None` without `config:` lines.
+    pub fn tuning(&self) -> Option<Tuning> {
+        let mut tuning = Tuning::default();
+        let mut any = false;
+        for line in &self.header {
+            let Some(pairs) = line.strip_prefix("config:") else {
+                continue;
+            };
+            let words: Vec<&str> = pairs.split_whitespace().collect();
+            for kv in words.chunks(2) {
+                if let [key, value] = kv {
+                    // A knob this release no longer knows: keep the default.
+                    any |= tuning.set(key, value).is_ok();
+                }
+            }
+        }
+        any.then_some(tuning)
+    }
+
+    /// Payload bytes per segment, from the header's `mss`.
+    pub fn payload_size(&self) -> Option<u64> {
+        self.tuning().map(|t| t.payload_size() as u64)
+    }
+}
+
+/// One record line; `Ok(None)` for a tag this release does not know.
+pub fn parse_record(line: &str) -> Result<Option<TraceRecord>, String> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let Some((&tag, fields)) = words.split_last() else {
+        return Ok(None);
+    };
+    let want = |n: usize| {
+        if fields.len() == n {
+            Ok(())
+        } else {
+            Err(format!(
+                "a `{tag}` line has {} fields, not {}",
+                n + 1,
+                fields.len() + 1
+            ))
+        }
+    };
+    let time = || secs(fields[0]);
+    let record = match tag {
+        "xmt" => {
+            want(2)?;
+            TraceRecord::Xmt {
+                time: time()?,
+                seg: int(fields[1])?,
+            }
+        }
+        "ack" => {
+            want(5)?;
+            TraceRecord::Ack {
+                time: time()?,
+                ack: int(fields[1])?,
+                rtt: secs(fields[2])?,
+                cwnd: int(fields[3])?,
+                ssthresh: match fields[4] {
+                    "inf" => u64::MAX,
+                    s => int(s)?,
+                },
+            }
+        }
+        "sack" => {
+            want(3)?;
+            let (start, end) = (int(fields[1])?, int(fields[2])?);
+            if end <= start {
+                return Err(format!("an empty SACK block {start}..{end}"));
+            }
+            TraceRecord::Sack {
+                time: time()?,
+                start,
+                end,
+            }
+        }
+        "state" => {
+            want(6)?;
+            let rate = |s: &str| match s {
+                "-" => Ok(None),
+                s => int(s).map(Some),
+            };
+            TraceRecord::State {
+                time: time()?,
+                srtt: secs(fields[1])?,
+                rto: secs(fields[2])?,
+                right_edge: int(fields[3])?,
+                pacing_bps: rate(fields[4])?,
+                bw_bps: rate(fields[5])?,
+            }
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(record))
+}
+
+fn int(s: &str) -> Result<u64, String> {
+    s.parse()
+        .map_err(|_| format!("`{s}` is not a whole number"))
+}
+
+fn secs(s: &str) -> Result<Duration, String> {
+    s.parse::<f64>()
+        .ok()
+        .and_then(|v| Duration::try_from_secs_f64(v).ok())
+        .ok_or_else(|| format!("`{s}` is not a time in seconds"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every record reads back as it was written: Display and the parser
+    /// agree (times to the microsecond, as written).
+    #[test]
+    fn every_record_reads_back_as_written() {
+        let t = Duration::from_micros(1_234_567);
+        let records = [
+            TraceRecord::Xmt { time: t, seg: 7 },
+            TraceRecord::Ack {
+                time: t,
+                ack: 5,
+                rtt: Duration::from_micros(100_250),
+                cwnd: 12,
+                ssthresh: u64::MAX,
+            },
+            TraceRecord::Ack {
+                time: t,
+                ack: 5,
+                rtt: Duration::ZERO,
+                cwnd: 12,
+                ssthresh: 6,
+            },
+            TraceRecord::Sack {
+                time: t,
+                start: 6,
+                end: 9,
+            },
+            TraceRecord::State {
+                time: t,
+                srtt: Duration::from_micros(101_000),
+                rto: Duration::from_millis(300),
+                right_edge: 70,
+                pacing_bps: Some(12_000_000),
+                bw_bps: None,
+            },
+        ];
+        for r in records {
+            assert_eq!(parse_record(&r.to_string()), Ok(Some(r)), "{r}");
+        }
+    }
+
+    #[test]
+    fn atou_lines_parse_and_unknown_tags_are_skipped() {
+        let text = "# atou trace\n# config: mss 1057 rcvwin 50\n\
+                    0.408133 258 xmt\n0.408196 234 0.038062 26 inf ack\n\
+                    0.5 1 2 3 future\n";
+        let trace = Trace::parse(text).unwrap();
+        assert_eq!(trace.records.len(), 2);
+        assert_eq!(trace.header.len(), 2);
+        // 1057 - the 33-byte data header (wire.rs).
+        assert_eq!(trace.payload_size(), Some(1024));
+    }
+
+    #[test]
+    fn a_bad_line_is_reported_with_its_number() {
+        let err = Trace::parse("0.1 3 xmt\n0.2 x xmt\n").unwrap_err();
+        assert!(err.to_string().starts_with("line 2:"), "{err}");
+        let err = Trace::parse("0.1 3 0.01 xmt\n").unwrap_err();
+        assert!(err.to_string().contains("fields"), "{err}");
+        assert!(matches!(
+            Trace::parse("# only a header\n"),
+            Err(TraceError::Empty)
+        ));
+        assert!(Trace::parse("0.1 5 4 sack\n").is_err(), "an empty block");
+        assert!(Trace::parse("-1 3 xmt\n").is_err(), "a negative time");
+    }
+}
