@@ -1092,6 +1092,9 @@ mod tests {
             "newreno",
             "--rcvwin",
             "7",
+            "--exclude",
+            "*.tmp",
+            "--exclude=-odd/***",
         ])
         .unwrap();
         let mut argv = vec!["__remote".to_string(), "send".to_string()];
@@ -1116,6 +1119,12 @@ mod tests {
             .send_config("127.0.0.1:1".parse().unwrap(), "h".into(), None)
             .unwrap();
         assert!(config.options.overwrite && config.follow && !config.options.fsync);
+        let here = local
+            .transfer
+            .send_config("127.0.0.1:1".parse().unwrap(), "h".into(), None)
+            .unwrap();
+        assert_eq!(config.excludes, here.excludes);
+        assert!(config.excludes.excludes(b"t/-odd/x", false));
     }
 
     #[test]

@@ -15,6 +15,7 @@ use clap::Args;
 use atou::io::{self, ServeConfig, DEFAULT_PORT};
 use atou::text::shown_path;
 use atou::transfer::dest::Policy;
+use atou::transfer::exclude::Excludes;
 use atou::transfer::manifest::RelPath;
 use atou::transfer::messages::Options;
 use atou::transfer::receive::{
@@ -54,9 +55,18 @@ pub struct TransferArgs {
     /// Leave alone existing files of the same size and modification time (and identical symlinks)
     #[arg(long)]
     skip_existing: bool,
-    /// With --skip-existing: compare existing files of the same size by BLAKE3 instead of mtime (as rsync -c); the receiver reads them whole, and only chunks that differ are sent
-    #[arg(long, requires = "skip_existing")]
+    /// With --skip-existing: skip files whose BLAKE3 matches at the receiver, comparing existing files of the same size by content instead of mtime (as rsync -c); the receiver reads them whole, and of a file that differs only the chunks that differ are sent
+    #[arg(long, short = 'c', requires = "skip_existing")]
     checksum: bool,
+    /// Leave out entries matching PATTERN (repeatable), by rsync's rules: `*` within a name, `**` across `/`, `?`, `[a-z]`; a trailing `/` matches directories only (not descended into); a leading `/` anchors at the transfer root (SRC's own name first: /data/tmp/); otherwise a PATTERN without `/` matches names at any depth, and one with `/` the end of the path
+    #[arg(long, value_name = "PATTERN")]
+    exclude: Vec<String>,
+    /// Read exclude patterns from FILE, one per line; blank lines and lines starting with `#` or `;` are skipped; `-` reads stdin
+    #[arg(long, value_name = "FILE")]
+    exclude_from: Vec<PathBuf>,
+    /// Ask the receiver what it would do and print it (what would be sent, skipped or refused, and the bytes), then stop: no file data is sent and nothing changes at the destination. The exit status is the real run's (5 if refused); with --json, a list
+    #[arg(long, short = 'n')]
+    dry_run: bool,
     /// Sync each file to disk at the receiver before renaming it into place
     #[arg(long)]
     fsync: bool,
@@ -231,6 +241,32 @@ pub(super) fn readers(n: Option<usize>) -> usize {
 }
 
 impl TransferArgs {
+    /// --exclude and --exclude-from, in the order rsync reads them (the
+    /// order does not matter: every rule excludes).
+    fn excludes(&self) -> Result<Excludes> {
+        let mut ex = Excludes::default();
+        for p in &self.exclude {
+            ex.add(p)
+                .map_err(|e| UsageError(format!("--exclude: {e}")))?;
+        }
+        for file in &self.exclude_from {
+            let text = if file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin())
+                    .map_err(|e| UsageError(format!("--exclude-from -: cannot read stdin: {e}")))?
+            } else {
+                std::fs::read_to_string(file).map_err(|e| {
+                    UsageError(format!(
+                        "--exclude-from: cannot read {}: {e}",
+                        shown_path(file)
+                    ))
+                })?
+            };
+            ex.add_lines(&text, &shown_path(file).to_string())
+                .map_err(|e| UsageError(format!("--exclude-from: {e}")))?;
+        }
+        Ok(ex)
+    }
+
     /// The transfer's settings; the datagram size is [`LOOPBACK_MSS`]
     /// when `peer` is this host and the user did not set one.
     fn config(
@@ -296,6 +332,7 @@ impl TransferArgs {
                 checksum: self.checksum,
             },
             follow: self.follow,
+            excludes: self.excludes()?,
             streams: self.streams,
             buffer: self.buffer,
             readers: readers(self.readers),
@@ -792,6 +829,10 @@ impl TransferArgs {
             if on {
                 a.push(flag.to_string());
             }
+        }
+        // --exclude-from is read here: the file is on this host.
+        for p in self.excludes()?.patterns() {
+            a.push(format!("--exclude={p}"));
         }
         let (tuning, _) = self.tuning.resolve()?;
         let defaults = atou::proto::Tuning::default();

@@ -25,6 +25,7 @@ use std::time::Instant;
 use thiserror::Error;
 use tokio::sync::Notify;
 
+use super::exclude::Excludes;
 use super::hash::{chunk_count, chunk_cv, chunk_len, file_hash, Cv, CHUNK_SIZE};
 use super::layout::{header_for, Layout, CV_LEN};
 use super::manifest::{manifest_of, walk, EntryKind, LocalEntry, RelPath, WalkError};
@@ -149,6 +150,8 @@ pub struct SendConfig {
     pub tuning: Tuning,
     pub options: Options,
     pub follow: bool,
+    /// Entries the walk leaves out (`--exclude`).
+    pub excludes: Excludes,
     /// Transport connections at once.
     pub streams: usize,
     /// Bytes read ahead, over all streams.
@@ -858,7 +861,7 @@ fn send_session(
     let progress = progress.clone();
     let started = Instant::now();
     progress.set_stage("reading the sources");
-    let entries = walk(sources, config.follow)?;
+    let entries = walk(sources, config.follow, &config.excludes)?;
     let manifest = manifest_of(&entries);
     let mut specs = Vec::new();
     let mut sizes = Vec::new();
