@@ -291,6 +291,10 @@ impl TransferArgs {
             )
             .into());
         }
+        // --bwlimit caps the transfer: each connection gets its share.
+        if tuning.bwlimit > 0 {
+            tuning.bwlimit = (tuning.bwlimit / self.streams as u64).max(1);
+        }
         let per_stream = self.buffer / self.streams as u64;
         let min = 2 * (atou::transfer::hash::CHUNK_SIZE + 32);
         if per_stream < min {

@@ -119,7 +119,8 @@ pub struct SenderSnapshot {
     pub good_bytes: u64,
     /// From creation to the last ACK (or now, while running).
     pub elapsed: Duration,
-    /// The controller's pacing rate in bytes per second; `None` unpaced.
+    /// The rate the sender paces at in bytes per second (the
+    /// controller's, capped at `bwlimit`); `None` unpaced.
     pub pacing_rate: Option<u64>,
     /// A model-based controller's state and estimates.
     pub cc: Option<CcReport>,
@@ -310,8 +311,28 @@ impl Sender {
             avgrtt: self.rtt.avg(),
             good_bytes: self.good_bytes(),
             elapsed: end.saturating_since(self.start),
-            pacing_rate: self.cc.pacing_rate(),
+            pacing_rate: self.pacing_rate(),
             cc: self.cc.report(),
+        }
+    }
+
+    /// The rate the pacer releases datagrams at, bytes per second: the
+    /// controller's pacing rate, capped by `bwlimit`; with `bwlimit` and a
+    /// controller that does not pace (aimd), the cap alone, so that the
+    /// pacer is a token bucket at it (its depth: a millisecond's worth,
+    /// two datagrams at least). The cap is on payload, what the
+    /// application sends, as rsync's is on what it writes to its socket:
+    /// the pacer counts whole datagrams, so it runs at the cap times
+    /// datagram / payload. Rounded down: never above the cap.
+    fn pacing_rate(&self) -> Option<u64> {
+        let cap = (self.tuning.bwlimit > 0).then(|| {
+            let wire = u128::from(self.tuning.bwlimit / 8) * u128::from(self.tuning.mss)
+                / u128::from(self.payload_size.max(1));
+            u64::try_from(wire).unwrap_or(u64::MAX).max(1)
+        });
+        match (self.cc.pacing_rate(), cap) {
+            (Some(rate), Some(cap)) => Some(rate.min(cap)),
+            (rate, cap) => rate.or(cap),
         }
     }
 
@@ -951,7 +972,7 @@ impl Sender {
             if self.tuning.burst_limit > 0 && self.burst >= u64::from(self.tuning.burst_limit) {
                 return None;
             }
-            let pacing = self.cc.pacing_rate();
+            let pacing = self.pacing_rate();
             if let Some(rate) = pacing {
                 let at = self.pacer.earliest(now, rate);
                 if at > now {
