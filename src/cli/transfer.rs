@@ -334,6 +334,7 @@ impl TransferArgs {
                 skip_existing: self.skip_existing,
                 fsync: self.fsync,
                 checksum: self.checksum,
+                dry_run: self.dry_run,
             },
             follow: self.follow,
             excludes: self.excludes()?,
@@ -528,6 +529,40 @@ fn report_text(r: &SendReport) -> String {
     s
 }
 
+/// A dry run's answer for people, on stdout as rsync -n lists it: one
+/// line per file (what, how much, name), then the totals. Names come
+/// escaped from the report: a name cannot drive the terminal.
+fn dry_run_text(r: &SendReport) -> String {
+    let files = r.dry_run.as_deref().unwrap_or_default();
+    let mut s = String::new();
+    for f in files {
+        let how = if f.action == "send" && f.send_bytes < f.size {
+            format!("{} of {}", format_size(f.send_bytes), format_size(f.size))
+        } else {
+            format_size(f.size)
+        };
+        s += &format!("{:<5} {:>22}  {}\n", f.action, how, f.path);
+    }
+    let sent = files.iter().filter(|f| f.action == "send").count();
+    s += &format!(
+        "dry run: would send {} of {} file{} ({} of {}), skip {} ({} already there), \
+         with {} dir{} and {} symlink{}, to {}; nothing was sent\n",
+        sent,
+        files.len(),
+        if files.len() == 1 { "" } else { "s" },
+        format_size(r.bytes_sent),
+        format_size(r.bytes_total),
+        files.len() - sent,
+        format_size(r.bytes_skipped),
+        r.dirs,
+        if r.dirs == 1 { "" } else { "s" },
+        r.symlinks,
+        if r.symlinks == 1 { "" } else { "s" },
+        atou::text::escape(r.host.as_bytes()),
+    );
+    s
+}
+
 /// Runs a send and reports it; the exit code.
 fn run_send(sources: &[PathBuf], config: SendConfig, args: &TransferArgs) -> Result<ExitCode> {
     run_send_from(
@@ -590,6 +625,16 @@ pub(super) fn run_send_from(
     }
     // With --progress json, stdout is JSON Lines: the report is one more.
     match result {
+        Ok(report) if report.dry_run.is_some() => {
+            if args.json {
+                print_stdout(&exit::json_text(
+                    &exit::json_report(&report, status)?,
+                    machine,
+                ))?;
+            } else if !args.quiet {
+                print_stdout(&dry_run_text(&report))?;
+            }
+        }
         Ok(report) => {
             if args.json {
                 print_stdout(&exit::json_text(
@@ -658,17 +703,29 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
         )
         .into());
     }
+    if remote_source && args.transfer.dry_run {
+        return Err(UsageError(
+            "--dry-run is for sends and pushes; a pull (a remote SRC) cannot do one yet".into(),
+        )
+        .into());
+    }
     if remote_source || is_remote(&args.dest) {
         return super::remote::copy(&args.sources, &args.dest, &args.transfer, &args.ssh);
     }
     let root = Path::new(&args.dest);
-    std::fs::create_dir_all(root).map_err(|e| {
-        UsageError(atou::transfer::dest::io_error(
-            "create destination",
-            root,
-            &e,
-        ))
-    })?;
+    let dry = if args.transfer.dry_run {
+        Some(DryRunRoot::new(root)?)
+    } else {
+        std::fs::create_dir_all(root).map_err(|e| {
+            UsageError(atou::transfer::dest::io_error(
+                "create destination",
+                root,
+                &e,
+            ))
+        })?;
+        None
+    };
+    let root = dry.as_ref().map_or(root, |d| d.path());
     let root = atou::transfer::receive::check_root(root).map_err(UsageError)?;
     let (client_auth, server_auth) = if args.transfer.auth.no_auth() {
         (None, atou::proto::crypto::ServerAuth::plain())
@@ -681,7 +738,12 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
     let addr = sock.local_addr()?;
     drop(sock);
     let failure: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
-    let mut receiver = FileReceiver::new(
+    let new_receiver = if dry.is_some() {
+        FileReceiver::dry_run
+    } else {
+        FileReceiver::new
+    };
+    let mut receiver = new_receiver(
         ReceiveConfig {
             root: root.clone(),
             writers: readers(args.transfer.readers),
@@ -741,14 +803,66 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
             _ => Err(anyhow::anyhow!("the local receiver did not start")),
         };
     }
+    let shown = dry.as_ref().map_or(root.as_path(), |d| d.dest.as_path());
     let mut config = args
         .transfer
-        .config(addr, format!("{}", root.display()), None)?;
+        .config(addr, format!("{}", shown.display()), None)?;
     config.auth = client_auth;
     let code = run_send(&args.sources, config, &args.transfer);
     stop.notify_one();
     let _ = server.join();
+    drop(dry);
     code
+}
+
+/// Where a dry run's receiver plans, leaving DEST as it is: DEST itself
+/// if it exists (the dry-run receiver creates nothing in it), else an
+/// empty directory of our own, removed when done, so that DEST is not
+/// created just to find that everything would be sent.
+pub(super) struct DryRunRoot {
+    dest: PathBuf,
+    temp: Option<PathBuf>,
+}
+
+impl DryRunRoot {
+    pub(super) fn new(dest: &Path) -> Result<DryRunRoot> {
+        if std::fs::symlink_metadata(dest).is_ok() {
+            return Ok(DryRunRoot {
+                dest: dest.to_path_buf(),
+                temp: None,
+            });
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let temp = std::env::temp_dir().join(format!(
+            "atou-dry-run-{}-{nanos:09}",
+            std::process::id()
+        ));
+        std::fs::create_dir(&temp).map_err(|e| {
+            UsageError(atou::transfer::dest::io_error(
+                "create an empty directory for the dry run",
+                &temp,
+                &e,
+            ))
+        })?;
+        Ok(DryRunRoot {
+            dest: dest.to_path_buf(),
+            temp: Some(temp),
+        })
+    }
+
+    pub(super) fn path(&self) -> &Path {
+        self.temp.as_deref().unwrap_or(&self.dest)
+    }
+}
+
+impl Drop for DryRunRoot {
+    fn drop(&mut self) {
+        if let Some(t) = &self.temp {
+            let _ = std::fs::remove_dir(t);
+        }
+    }
 }
 
 /// The line `atou serve --dir` prints when a transfer ends.
@@ -798,6 +912,10 @@ impl TransferArgs {
 
     pub(super) fn json(&self) -> bool {
         self.json
+    }
+
+    pub(super) fn dry_run(&self) -> bool {
+        self.dry_run
     }
 
     pub(super) fn buffer(&self) -> u64 {
