@@ -195,9 +195,15 @@ fn mistakes_get_one_line_naming_the_token_and_exit_2() {
         // pattern must parse, the list must be there, and a pull has no
         // dry run yet.
         (vec!["sim", "--bwlimit", "10M"], "needs a unit"),
-        (vec!["send", "x", "127.0.0.1", "--bwlimit", "1000"], "--bwlimit"),
+        (
+            vec!["send", "x", "127.0.0.1", "--bwlimit", "1000"],
+            "--bwlimit",
+        ),
         (vec!["send", "x", "127.0.0.1", "--exclude", "a[bc"], "a[bc"),
-        (vec!["send", "x", "127.0.0.1", "--exclude", "+ keep"], "include"),
+        (
+            vec!["send", "x", "127.0.0.1", "--exclude", "+ keep"],
+            "include",
+        ),
         (
             vec!["send", "x", "127.0.0.1", "--exclude-from", "/no/such/list"],
             "/no/such/list",

@@ -623,7 +623,7 @@ fn bwlimit_caps_goodput_for_every_controller() {
         );
         let payload = f64::from(Tuning::default().payload_size() as u32);
         // Cumulative ACK (segments) at the end of each second.
-        let mut per_second = vec![0u64; 11];
+        let mut per_second = [0u64; 11];
         for t in &rec.trace {
             if let TraceRecord::Ack { time, ack, .. } = *t {
                 let s = time.as_secs_f64().ceil() as usize;
@@ -657,6 +657,10 @@ fn bwlimit_caps_goodput_for_every_controller() {
             "delay 25ms",
             30_000_000,
         );
-        assert!(free.summary.goodput_bps > 2.0 * cap, "{cc}: {}", free.summary);
+        assert!(
+            free.summary.goodput_bps > 2.0 * cap,
+            "{cc}: {}",
+            free.summary
+        );
     }
 }

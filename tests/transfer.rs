@@ -1762,7 +1762,10 @@ fn exact_state(root: &Path) -> Vec<(PathBuf, u32, u64, i64, i64, Vec<u8>)> {
             let content = if m.is_file() {
                 fs::read(&full).unwrap()
             } else if m.file_type().is_symlink() {
-                fs::read_link(&full).unwrap().into_os_string().into_encoded_bytes()
+                fs::read_link(&full)
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes()
             } else {
                 Vec::new()
             };
@@ -1817,7 +1820,10 @@ fn a_dry_run_says_what_would_happen_and_changes_nothing() {
     let dry = send(&[&tree], &target, &["--dry-run", "--skip-existing"]);
     assert_eq!(dry.code(), Some(0), "{}", dry.stderr);
     let r: Value = serde_json::from_str(dry.stdout.trim()).unwrap();
-    assert_eq!((r["status"].as_str(), r["exit"].as_u64()), (Some("ok"), Some(0)));
+    assert_eq!(
+        (r["status"].as_str(), r["exit"].as_u64()),
+        (Some("ok"), Some(0))
+    );
     let files = dry_files(&r);
     let want: Vec<(String, String, u64)> = [
         ("tree/a", "skip", 0),
@@ -1831,7 +1837,11 @@ fn a_dry_run_says_what_would_happen_and_changes_nothing() {
     .collect();
     assert_eq!(files, want);
     assert_eq!(report_u(&r, "bytes_sent"), 3 * MIB + 5000);
-    assert_eq!(exact_state(&dest), before, "a dry run changed the destination");
+    assert_eq!(
+        exact_state(&dest),
+        before,
+        "a dry run changed the destination"
+    );
     assert!(!dest.join("tree/newdir").exists());
 
     // Without --json: one line per file and the totals, on stdout.
@@ -1845,14 +1855,20 @@ fn a_dry_run_says_what_would_happen_and_changes_nothing() {
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&text.stdout);
-    assert!(out.contains("tree/newdir/d") && out.contains("dry run: would send 2 of 5 files"), "{out}");
+    assert!(
+        out.contains("tree/newdir/d") && out.contains("dry run: would send 2 of 5 files"),
+        "{out}"
+    );
     assert_eq!(exact_state(&dest), before);
 
     // The real run sends what the dry run said it would.
     let real = send(&[&tree], &target, &["--skip-existing"]).report();
     assert_eq!(report_u(&real, "bytes_sent"), 3 * MIB + 5000, "{real}");
     for f in ["e", "newdir/d"] {
-        assert_eq!(first_difference(&tree.join(f), &dest.join("tree").join(f)), None);
+        assert_eq!(
+            first_difference(&tree.join(f), &dest.join("tree").join(f)),
+            None
+        );
     }
 
     // A changed file without --overwrite: the dry run is refused as the
@@ -1862,8 +1878,11 @@ fn a_dry_run_says_what_would_happen_and_changes_nothing() {
     let refused = send(&[&tree], &target, &["-n", "--skip-existing"]);
     let why = refused.failure(REFUSED);
     assert!(why.contains("tree/a"), "{why}");
-    assert_eq!(exact_state(&dest), before, "a refused dry run changed the destination");
-
+    assert_eq!(
+        exact_state(&dest),
+        before,
+        "a refused dry run changed the destination"
+    );
 }
 
 /// `atou copy --dry-run` to a local DEST that does not exist does not
@@ -1881,9 +1900,17 @@ fn a_copy_dry_run_creates_nothing() {
         .arg(&missing)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(dry_files(&r), vec![("tree/f".to_string(), "send".to_string(), 100_000)]);
+    assert_eq!(
+        dry_files(&r),
+        vec![("tree/f".to_string(), "send".to_string(), 100_000)]
+    );
     assert!(!scratch.path("nowhere").exists(), "DEST was created");
     let dest = scratch.dir("dest");
     let before = exact_state(&dest);
@@ -1893,7 +1920,12 @@ fn a_copy_dry_run_creates_nothing() {
         .arg(&dest)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(exact_state(&dest), before);
     assert!(!dest.join(STAGING_DIR).exists());
 }
@@ -1912,15 +1944,28 @@ fn excluded_entries_do_not_arrive() {
         write_random(&tree.join(f), 1000, 5);
     }
     let fifo = tree.join("build/deep/pipe");
-    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
     let list = scratch.path("exclude.txt");
-    fs::write(&list, "# build output\n*.o\n\n; and the logs\n/tree/logs/\n").unwrap();
+    fs::write(
+        &list,
+        "# build output\n*.o\n\n; and the logs\n/tree/logs/\n",
+    )
+    .unwrap();
     let dest = scratch.dir("dest");
     let server = Serve::start(&dest);
     let r = send(
         &[&tree],
         &server.target(),
-        &["--exclude", "build/", "--exclude-from", list.to_str().unwrap()],
+        &[
+            "--exclude",
+            "build/",
+            "--exclude-from",
+            list.to_str().unwrap(),
+        ],
     )
     .report();
     assert_eq!(report_u(&r, "files"), 2, "{r}");
@@ -1943,7 +1988,11 @@ fn a_bwlimit_send_takes_at_least_size_over_rate() {
     let dest = scratch.dir("dest");
     let server = Serve::start(&dest);
     let rate = 16e6;
-    let sent = send(&[&tree], &server.target(), &["--bwlimit", "16mbit", "--streams", "2"]);
+    let sent = send(
+        &[&tree],
+        &server.target(),
+        &["--bwlimit", "16mbit", "--streams", "2"],
+    );
     sent.report();
     let floor = size as f64 * 8.0 / rate;
     assert!(

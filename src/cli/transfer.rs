@@ -835,10 +835,8 @@ impl DryRunRoot {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        let temp = std::env::temp_dir().join(format!(
-            "atou-dry-run-{}-{nanos:09}",
-            std::process::id()
-        ));
+        let temp =
+            std::env::temp_dir().join(format!("atou-dry-run-{}-{nanos:09}", std::process::id()));
         std::fs::create_dir(&temp).map_err(|e| {
             UsageError(atou::transfer::dest::io_error(
                 "create an empty directory for the dry run",

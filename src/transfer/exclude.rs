@@ -63,7 +63,10 @@ enum Tok {
     /// `**`: any run.
     Globstar,
     /// `[...]`: inclusive byte ranges, negated or not.
-    Class { negated: bool, ranges: Vec<(u8, u8)> },
+    Class {
+        negated: bool,
+        ranges: Vec<(u8, u8)>,
+    },
 }
 
 /// One parsed pattern.
@@ -120,7 +123,10 @@ fn parse_class(p: &[u8], mut i: usize, text: &str) -> Result<(Tok, usize), Patte
         first = false;
         if c == b'[' && p.get(i + 1) == Some(&b':') {
             let rest = &p[i + 2..];
-            let end = rest.windows(2).position(|w| w == b":]").ok_or_else(unclosed)?;
+            let end = rest
+                .windows(2)
+                .position(|w| w == b":]")
+                .ok_or_else(unclosed)?;
             let name = String::from_utf8_lossy(&rest[..end]).into_owned();
             let r = class_ranges(&name).ok_or_else(|| PatternError::UnknownClass {
                 pattern: text.to_string(),
@@ -238,7 +244,8 @@ impl Rule {
                 Tok::Star | Tok::Globstar => {
                     let cross = matches!(tok, Tok::Globstar);
                     for j in 0..=text.len() {
-                        next[j] = reach[j] || (j > 0 && next[j - 1] && (cross || text[j - 1] != b'/'));
+                        next[j] =
+                            reach[j] || (j > 0 && next[j - 1] && (cross || text[j - 1] != b'/'));
                     }
                 }
                 _ => {
@@ -435,7 +442,10 @@ mod tests {
             e.add("[[:nope:]]"),
             Err(PatternError::UnknownClass { .. })
         ));
-        assert!(matches!(e.add("+ keep"), Err(PatternError::NotAnExclude(_))));
+        assert!(matches!(
+            e.add("+ keep"),
+            Err(PatternError::NotAnExclude(_))
+        ));
         assert!(e.add(&"a".repeat(5000)).is_err());
         assert!(e.is_empty(), "nothing added by a refused pattern");
     }
@@ -443,8 +453,11 @@ mod tests {
     #[test]
     fn exclude_from_skips_comments_and_blank_lines() {
         let mut e = Excludes::default();
-        e.add_lines("# build output\n*.o\n\n; editor files\n*~\r\n- /t/tmp/\n", "list")
-            .unwrap();
+        e.add_lines(
+            "# build output\n*.o\n\n; editor files\n*~\r\n- /t/tmp/\n",
+            "list",
+        )
+        .unwrap();
         assert!(e.excludes(b"t/x.o", FILE));
         assert!(e.excludes(b"t/x~", FILE), "a CRLF line ends before its CR");
         assert!(e.excludes(b"t/tmp", DIR));

@@ -856,12 +856,19 @@ mod tests {
         // A trailing '/' names the directory itself; "/" has no name.
         let slash = PathBuf::from(format!("{}/", root.join("sub").display()));
         assert_eq!(
-            walk(&[slash], false, &Excludes::default()).unwrap()[0].entry.path.as_bytes(),
+            walk(&[slash], false, &Excludes::default()).unwrap()[0]
+                .entry
+                .path
+                .as_bytes(),
             b"sub"
         );
         let root_dir = walk(&[PathBuf::from("/")], false, &Excludes::default());
         assert!(matches!(root_dir, Err(WalkError::NoName { .. })));
-        let twice = walk(&[root.join("sub"), tmp.0.join("top/sub")], false, &Excludes::default());
+        let twice = walk(
+            &[root.join("sub"), tmp.0.join("top/sub")],
+            false,
+            &Excludes::default(),
+        );
         assert!(matches!(twice, Err(WalkError::DuplicateName { .. })));
     }
 
@@ -922,7 +929,9 @@ mod tests {
         );
         let sock = tmp.0.join("sock");
         let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-        let err = walk(&[sock], false, &Excludes::default()).unwrap_err().to_string();
+        let err = walk(&[sock], false, &Excludes::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.ends_with("sock is a socket; only files, directories and symlinks are sent"));
     }
 

@@ -38,8 +38,7 @@ const OPT_CHECKSUM: u8 = 0x08;
 /// A dry run: plan, answer, change nothing. A receiver that predates it
 /// refuses the bit as unknown rather than reading the plan as a real one.
 const OPT_DRY_RUN: u8 = 0x10;
-const OPTS_KNOWN: u8 =
-    OPT_OVERWRITE | OPT_SKIP_EXISTING | OPT_FSYNC | OPT_CHECKSUM | OPT_DRY_RUN;
+const OPTS_KNOWN: u8 = OPT_OVERWRITE | OPT_SKIP_EXISTING | OPT_FSYNC | OPT_CHECKSUM | OPT_DRY_RUN;
 
 /// Longest message a reply or error carries.
 const MESSAGE_MAX: usize = 4096;

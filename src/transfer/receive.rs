@@ -548,8 +548,7 @@ impl FileReceiver {
         } else {
             DestDir::open(&config.root)
         };
-        let dest =
-            Arc::new(open.map_err(|e| dest::io_error("use destination", &config.root, &e))?);
+        let dest = Arc::new(open.map_err(|e| dest::io_error("use destination", &config.root, &e))?);
         let (jobs, job_rx) = mpsc::channel::<Job>();
         let (plan_jobs, plan_rx) = mpsc::sync_channel::<PlanJob>(config.limits.plan_queue);
         let (done_tx, done_rx) = mpsc::channel();
@@ -1184,7 +1183,10 @@ impl FileReceiver {
             Ok((prepared, _)) if prepared.options.dry_run => {
                 // The answer is all a dry run asks for: no data follows,
                 // so the session ends with it.
-                server.respond(conn_id, PlanReply::Accepted(prepared.plans.clone()).encode());
+                server.respond(
+                    conn_id,
+                    PlanReply::Accepted(prepared.plans.clone()).encode(),
+                );
                 if let Some(s) = self.remove_session(session) {
                     let skipped = prepared.plans.iter().filter(|p| **p == FilePlan::Skip);
                     let skipped = skipped.count() as u64;
