@@ -763,11 +763,7 @@ fn a_push_dry_run_changes_nothing_and_a_pull_excludes() {
     let src = s.path("data");
     make_tree(&src);
     let missing = s.path("nowhere/pushed");
-    let out = run(&mut sshd.copy(&[
-        "-n",
-        src.to_str().unwrap(),
-        &sshd.at(&missing),
-    ]));
+    let out = run(&mut sshd.copy(&["-n", src.to_str().unwrap(), &sshd.at(&missing)]));
     assert!(out.status.success(), "dry push: {}", text(&out));
     let listed = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -780,7 +776,11 @@ fn a_push_dry_run_changes_nothing_and_a_pull_excludes() {
     fs::create_dir_all(&dest).unwrap();
     let out = run(&mut sshd.copy(&["-n", src.to_str().unwrap(), &sshd.at(&dest)]));
     assert!(out.status.success(), "dry push: {}", text(&out));
-    assert_eq!(fs::read_dir(&dest).unwrap().count(), 0, "the dry run wrote into PATH");
+    assert_eq!(
+        fs::read_dir(&dest).unwrap().count(),
+        0,
+        "the dry run wrote into PATH"
+    );
 
     // A pull with excludes: the remote sender leaves them out.
     let back = s.path("pulled");

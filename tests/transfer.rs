@@ -1753,8 +1753,9 @@ fn progress_json_is_json_lines_that_end_at_the_bytes_sent() {
 
 /// Everything about `root` a transfer could change, byte for byte: each
 /// entry (the root included) with its kind, mode, size, mtime to the
-/// nanosecond, and a file's content or a symlink's target.
-fn exact_state(root: &Path) -> Vec<(PathBuf, u32, u64, i64, i64, Vec<u8>)> {
+/// nanosecond, and the BLAKE3 hash of a file's content or a symlink's
+/// target (a hash, so that a failure prints a readable difference).
+fn exact_state(root: &Path) -> Vec<(PathBuf, u32, u64, i64, i64, String)> {
     walk(root)
         .into_iter()
         .map(|(rel, m)| {
@@ -1769,7 +1770,8 @@ fn exact_state(root: &Path) -> Vec<(PathBuf, u32, u64, i64, i64, Vec<u8>)> {
             } else {
                 Vec::new()
             };
-            (rel, m.mode(), m.len(), m.mtime(), m.mtime_nsec(), content)
+            let hash = blake3::hash(&content).to_hex().to_string();
+            (rel, m.mode(), m.len(), m.mtime(), m.mtime_nsec(), hash)
         })
         .collect()
 }
