@@ -423,6 +423,33 @@ mod tests {
         std::fs::remove_dir_all(&dest).unwrap();
     }
 
+    /// A dry run's DEST is opened as it is: no staging directory is made,
+    /// nothing is staged there (every staged write fails), and one that
+    /// exists is opened with the same privacy check.
+    #[test]
+    fn a_dry_run_opens_dest_without_making_its_staging_directory() {
+        let dest = scratch("unchanged");
+        let d = DestDir::open_unchanged(&dest).unwrap();
+        assert!(!dest.join(STAGING_DIR).exists());
+        assert_eq!(d.look_staged("x").unwrap(), Found::Nothing);
+        assert!(d.create_staged("x").is_err());
+        assert!(d.open_staged("x", true).is_err());
+        assert!(!dest.join(STAGING_DIR).exists());
+        drop(d);
+        DestDir::open(&dest).unwrap();
+        std::fs::write(dest.join(STAGING_DIR).join("part"), b"p").unwrap();
+        let d = DestDir::open_unchanged(&dest).unwrap();
+        assert!(matches!(
+            d.look_staged("part").unwrap(),
+            Found::File { size: 1, .. }
+        ));
+        use std::os::unix::fs::PermissionsExt;
+        let open = std::fs::Permissions::from_mode(0o777);
+        std::fs::set_permissions(dest.join(STAGING_DIR), open).unwrap();
+        assert!(DestDir::open_unchanged(&dest).is_err(), "not private");
+        std::fs::remove_dir_all(&dest).unwrap();
+    }
+
     /// Without replace, an existing name is never clobbered; with it, a
     /// symlink at the name is replaced and its target left alone.
     #[test]
