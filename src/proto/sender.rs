@@ -1808,6 +1808,40 @@ mod tests {
         assert_eq!(s.snapshot(at(1)).pacing_rate, Some(43_000));
     }
 
+    /// `bwlimit` on an unpaced controller (aimd) makes the pacer a token
+    /// bucket at the cap: two datagrams at once (its depth), then one per
+    /// datagram's worth of time, here 1 ms: the cap is on payload, so a
+    /// 10-byte payload per ms is 80 kbit/s and the 43-byte datagrams go
+    /// at 43 kB/s.
+    #[test]
+    fn bwlimit_makes_an_unpaced_sender_a_token_bucket() {
+        let t = Tuning {
+            bwlimit: u64::from(PAYLOAD) * 8 * 1000,
+            ..tuning(RecoveryKind::Sack)
+        };
+        let mut s = sender(t);
+        assert_eq!(send(&mut s, at(0)), vec![0, 1], "the bucket's depth");
+        assert_eq!(s.poll_timeout(), Some(at(1)));
+        s.handle_timeout(at(1));
+        assert_eq!(send(&mut s, at(1)), vec![2]);
+        assert_eq!(s.snapshot(at(1)).pacing_rate, Some(43_000));
+        // Without the cap the whole initial window goes at once.
+        let mut free = sender(tuning(RecoveryKind::Sack));
+        assert_eq!(send(&mut free, at(0)).len(), 4);
+    }
+
+    /// A paced controller faster than `bwlimit` paces at the cap; one
+    /// slower keeps its own rate.
+    #[test]
+    fn bwlimit_caps_a_controllers_pacing_rate() {
+        let mut fast = paced(100);
+        fast.tuning.bwlimit = u64::from(PAYLOAD) * 8 * 500;
+        assert_eq!(fast.snapshot(at(0)).pacing_rate, Some(21_500));
+        let mut slow = paced(100);
+        slow.tuning.bwlimit = u64::from(PAYLOAD) * 8 * 5000;
+        assert_eq!(slow.snapshot(at(0)).pacing_rate, Some(43_000));
+    }
+
     /// With the window full there is nothing for the pacer to release: no
     /// pacing wake-up, only the retransmission timer.
     #[test]
