@@ -941,3 +941,39 @@ mod sans_io {
         say(&format!("survived; {failed} failure events"));
     }
 }
+
+/// A dry run's plan ends its session: a sender that follows it with data
+/// and a finish for the same session, as if the plan were real, is told
+/// the session is unknown, and nothing of it reaches DEST (no directory,
+/// no partial file, no file).
+#[test]
+fn a_dry_run_cannot_be_continued_into_a_write() {
+    let scratch = Scratch::new("dry-run-continued");
+    let s = Serve::start(&scratch.dest(), &[]);
+    let before = snapshot(&scratch.dest());
+    let session = session_id();
+    let data = b"payload";
+    send_plan(
+        &s,
+        session,
+        vec![
+            entry("d", EntryKind::Dir, 0o755),
+            entry("d/f", EntryKind::File { size: 7 }, 0o644),
+        ],
+        Options {
+            dry_run: true,
+            ..Options::default()
+        },
+    )
+    .expect("a dry run is answered");
+    assert!(
+        send_chunk(&s, session, 0, 7, data).is_err(),
+        "data after a dry run"
+    );
+    assert!(
+        send_finish(&s, session, &[hash_of(data)]).is_err(),
+        "finish after a dry run"
+    );
+    assert_eq!(snapshot(&scratch.dest()), before);
+    assert!(!scratch.dest().join("d").exists());
+}

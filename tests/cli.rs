@@ -191,6 +191,25 @@ fn mistakes_get_one_line_naming_the_token_and_exit_2() {
         (vec!["sim", "--trace", "/no/such/dir/t"], "/no/such/dir/t"),
         (vec!["send", "x", "h", "--progress", "xml"], "xml"),
         (vec!["send", "x", "h", "--progress-interval", "0"], "0"),
+        // rsync's options (issue 15 point 3): a rate needs its unit, a
+        // pattern must parse, the list must be there, and a pull has no
+        // dry run yet.
+        (vec!["sim", "--bwlimit", "10M"], "needs a unit"),
+        (
+            vec!["send", "x", "127.0.0.1", "--bwlimit", "1000"],
+            "--bwlimit",
+        ),
+        (vec!["send", "x", "127.0.0.1", "--exclude", "a[bc"], "a[bc"),
+        (
+            vec!["send", "x", "127.0.0.1", "--exclude", "+ keep"],
+            "include",
+        ),
+        (
+            vec!["send", "x", "127.0.0.1", "--exclude-from", "/no/such/list"],
+            "/no/such/list",
+        ),
+        (vec!["copy", "host:x", "/tmp/d", "-n"], "--dry-run"),
+        (vec!["send", "x", "127.0.0.1", "-c"], "--skip-existing"),
         // A pull's sender is the far end: no JSON progress here to give.
         (
             vec!["copy", "host:x", "/tmp/d", "--progress", "json"],

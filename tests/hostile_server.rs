@@ -126,6 +126,7 @@ fn config(peer: SocketAddr) -> SendConfig {
         },
         options: Options::default(),
         follow: false,
+        excludes: Default::default(),
         streams: 1,
         buffer: 0,
         readers: 1,

@@ -749,3 +749,51 @@ fn the_remote_end_takes_only_the_key_named_on_the_ssh_channel() {
     drop(stdin);
     assert!(far.wait().unwrap().success());
 }
+
+/// Issue 15 point 3 over ssh: a push's `--dry-run` lists what would go
+/// and leaves the remote PATH as it is (a missing one is not created; an
+/// existing one gains no staging directory and no new directory), and a
+/// pull's `--exclude` reaches the remote sender.
+#[test]
+fn a_push_dry_run_changes_nothing_and_a_pull_excludes() {
+    let s = Scratch::new("dry");
+    let Some(sshd) = Sshd::start(&s.0, "a_push_dry_run") else {
+        return;
+    };
+    let src = s.path("data");
+    make_tree(&src);
+    let missing = s.path("nowhere/pushed");
+    let out = run(&mut sshd.copy(&["-n", src.to_str().unwrap(), &sshd.at(&missing)]));
+    assert!(out.status.success(), "dry push: {}", text(&out));
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listed.contains("data/sub/big.bin") && listed.contains("dry run: would send 5 of 5 files"),
+        "{listed}"
+    );
+    assert!(!s.path("nowhere").exists(), "the remote PATH was created");
+
+    let dest = s.path("pushed");
+    fs::create_dir_all(&dest).unwrap();
+    let out = run(&mut sshd.copy(&["-n", src.to_str().unwrap(), &sshd.at(&dest)]));
+    assert!(out.status.success(), "dry push: {}", text(&out));
+    assert_eq!(
+        fs::read_dir(&dest).unwrap().count(),
+        0,
+        "the dry run wrote into PATH"
+    );
+
+    // A pull with excludes: the remote sender leaves them out.
+    let back = s.path("pulled");
+    let out = run(&mut sshd.copy(&[
+        &sshd.at(&src),
+        back.to_str().unwrap(),
+        "--exclude",
+        "*.bin",
+        "--exclude",
+        "deeper/",
+    ]));
+    assert!(out.status.success(), "pull: {}", text(&out));
+    assert!(back.join("data/one").exists());
+    assert!(!back.join("data/sub/big.bin").exists());
+    assert!(!back.join("data/sub/deeper").exists());
+}

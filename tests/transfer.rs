@@ -1746,3 +1746,262 @@ fn progress_json_is_json_lines_that_end_at_the_bytes_sent() {
         "{intervals:?}"
     );
 }
+
+// ---------------------------------------------------------------------------
+// rsync's everyday options (issue 15 point 3)
+// ---------------------------------------------------------------------------
+
+/// Everything about `root` a transfer could change, byte for byte: each
+/// entry (the root included) with its kind, mode, size, mtime to the
+/// nanosecond, and the BLAKE3 hash of a file's content or a symlink's
+/// target (a hash, so that a failure prints a readable difference).
+fn exact_state(root: &Path) -> Vec<(PathBuf, u32, u64, i64, i64, String)> {
+    walk(root)
+        .into_iter()
+        .map(|(rel, m)| {
+            let full = root.join(&rel);
+            let content = if m.is_file() {
+                fs::read(&full).unwrap()
+            } else if m.file_type().is_symlink() {
+                fs::read_link(&full)
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes()
+            } else {
+                Vec::new()
+            };
+            let hash = blake3::hash(&content).to_hex().to_string();
+            (rel, m.mode(), m.len(), m.mtime(), m.mtime_nsec(), hash)
+        })
+        .collect()
+}
+
+fn dry_files(r: &Value) -> Vec<(String, String, u64)> {
+    r["dry_run"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no dry_run list: {r}"))
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().unwrap().to_string(),
+                f["action"].as_str().unwrap().to_string(),
+                f["send_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// `--dry-run` against a running `atou serve --dir`: it lists what would
+/// be sent and skipped, with the bytes, exits as the real run would (0,
+/// or 5 refused), and leaves the destination exactly as it was: no new
+/// directory (a real plan creates them), no partial file, not a
+/// timestamp. The real run that follows sends what the dry run said.
+#[test]
+fn a_dry_run_says_what_would_happen_and_changes_nothing() {
+    let scratch = Scratch::new("dry-run");
+    let tree = scratch.dir("src/tree");
+    fs::create_dir(tree.join("sub")).unwrap();
+    for (i, (name, size)) in [("a", 1000), ("b", 2 * MIB + 5), ("sub/c", 70_000)]
+        .iter()
+        .enumerate()
+    {
+        let p = tree.join(name);
+        write_random(&p, *size, 70 + i as u64);
+        set_mtime(&p, FEB_3_2001 + i as u64, 7);
+    }
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    let target = server.target();
+    send(&[&tree], &target, &[]).report();
+
+    // New: a file, and a directory with a file in it.
+    write_random(&tree.join("e"), 3 * MIB, 80);
+    fs::create_dir(tree.join("newdir")).unwrap();
+    write_random(&tree.join("newdir/d"), 5000, 81);
+    let before = exact_state(&dest);
+    let dry = send(&[&tree], &target, &["--dry-run", "--skip-existing"]);
+    assert_eq!(dry.code(), Some(0), "{}", dry.stderr);
+    let r: Value = serde_json::from_str(dry.stdout.trim()).unwrap();
+    assert_eq!(
+        (r["status"].as_str(), r["exit"].as_u64()),
+        (Some("ok"), Some(0))
+    );
+    let files = dry_files(&r);
+    let want: Vec<(String, String, u64)> = [
+        ("tree/a", "skip", 0),
+        ("tree/b", "skip", 0),
+        ("tree/e", "send", 3 * MIB),
+        ("tree/newdir/d", "send", 5000),
+        ("tree/sub/c", "skip", 0),
+    ]
+    .iter()
+    .map(|(p, a, b)| (p.to_string(), a.to_string(), *b))
+    .collect();
+    assert_eq!(files, want);
+    assert_eq!(report_u(&r, "bytes_sent"), 3 * MIB + 5000);
+    assert_eq!(
+        exact_state(&dest),
+        before,
+        "a dry run changed the destination"
+    );
+    assert!(!dest.join("tree/newdir").exists());
+
+    // Without --json: one line per file and the totals, on stdout.
+    let text = Command::new(ATOU)
+        .args(["send", "-n", "--skip-existing", "--identity"])
+        .arg(&keys().client)
+        .arg("--server-key")
+        .arg(&keys().server_pub)
+        .arg(&tree)
+        .arg(&target)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        out.contains("tree/newdir/d") && out.contains("dry run: would send 2 of 5 files"),
+        "{out}"
+    );
+    assert_eq!(exact_state(&dest), before);
+
+    // The real run sends what the dry run said it would.
+    let real = send(&[&tree], &target, &["--skip-existing"]).report();
+    assert_eq!(report_u(&real, "bytes_sent"), 3 * MIB + 5000, "{real}");
+    for f in ["e", "newdir/d"] {
+        assert_eq!(
+            first_difference(&tree.join(f), &dest.join("tree").join(f)),
+            None
+        );
+    }
+
+    // A changed file without --overwrite: the dry run is refused as the
+    // real run would be (status 5, the file named), and changes nothing.
+    write_random(&tree.join("a"), 1000, 90);
+    let before = exact_state(&dest);
+    let refused = send(&[&tree], &target, &["-n", "--skip-existing"]);
+    let why = refused.failure(REFUSED);
+    assert!(why.contains("tree/a"), "{why}");
+    assert_eq!(
+        exact_state(&dest),
+        before,
+        "a refused dry run changed the destination"
+    );
+}
+
+/// `atou copy --dry-run` to a local DEST that does not exist does not
+/// create it; to one that exists it creates nothing in it, not even the
+/// staging directory a real receiver makes at its start.
+#[test]
+fn a_copy_dry_run_creates_nothing() {
+    let scratch = Scratch::new("copy-dry-run");
+    let tree = scratch.dir("src/tree");
+    write_random(&tree.join("f"), 100_000, 3);
+    let missing = scratch.path("nowhere/dest");
+    let out = Command::new(ATOU)
+        .args(["copy", "-n", "--json"])
+        .arg(&tree)
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        dry_files(&r),
+        vec![("tree/f".to_string(), "send".to_string(), 100_000)]
+    );
+    assert!(!scratch.path("nowhere").exists(), "DEST was created");
+    let dest = scratch.dir("dest");
+    let before = exact_state(&dest);
+    let out = Command::new(ATOU)
+        .args(["copy", "-n", "--quiet"])
+        .arg(&tree)
+        .arg(&dest)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(exact_state(&dest), before);
+    assert!(!dest.join(STAGING_DIR).exists());
+}
+
+/// `--exclude` and `--exclude-from` on a real send: what they name does
+/// not arrive, and an excluded directory's contents are not read (an
+/// unreadable FIFO inside it would fail the walk).
+#[test]
+fn excluded_entries_do_not_arrive() {
+    let scratch = Scratch::new("exclude");
+    let tree = scratch.dir("src/tree");
+    for d in ["src", "build/deep", "logs"] {
+        fs::create_dir_all(tree.join(d)).unwrap();
+    }
+    for f in ["src/main.c", "src/main.o", "logs/today.log", "README"] {
+        write_random(&tree.join(f), 1000, 5);
+    }
+    let fifo = tree.join("build/deep/pipe");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let list = scratch.path("exclude.txt");
+    fs::write(
+        &list,
+        "# build output\n*.o\n\n; and the logs\n/tree/logs/\n",
+    )
+    .unwrap();
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    let r = send(
+        &[&tree],
+        &server.target(),
+        &[
+            "--exclude",
+            "build/",
+            "--exclude-from",
+            list.to_str().unwrap(),
+        ],
+    )
+    .report();
+    assert_eq!(report_u(&r, "files"), 2, "{r}");
+    let mut got: Vec<String> = walk(&dest.join("tree"))
+        .keys()
+        .map(|p| p.display().to_string())
+        .collect();
+    got.sort();
+    assert_eq!(got, ["", "README", "src", "src/main.c"]);
+}
+
+/// `--bwlimit`: a send of 4 MiB at 16 Mbit/s over loopback (which takes
+/// a fraction of that time without the cap) takes at least size / rate.
+#[test]
+fn a_bwlimit_send_takes_at_least_size_over_rate() {
+    let scratch = Scratch::new("bwlimit");
+    let tree = scratch.dir("src/tree");
+    let size = 4 * MIB;
+    write_random(&tree.join("f"), size, 11);
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    let rate = 16e6;
+    let sent = send(
+        &[&tree],
+        &server.target(),
+        &["--bwlimit", "16mbit", "--streams", "2"],
+    );
+    sent.report();
+    let floor = size as f64 * 8.0 / rate;
+    assert!(
+        sent.secs >= floor,
+        "{} bytes at --bwlimit 16mbit in {:.2} s, under {floor:.2} s",
+        size,
+        sent.secs
+    );
+    assert_same_tree(&tree, &dest.join("tree"));
+}

@@ -211,6 +211,7 @@ fuzz_target!(|data: &[u8]| {
                         skip_existing: body.first().is_some_and(|b| b % 4 >= 2),
                         checksum: body.first().is_some_and(|b| b % 8 >= 4),
                         fsync: false,
+                        dry_run: body.first().is_some_and(|b| b % 16 >= 8),
                     },
                     subdir: None,
                     manifest: manifest(body, outside),

@@ -438,11 +438,14 @@ pub fn main() -> ExitCode {
         Err(e) => {
             // One line that names the offending flag or token.
             let text = e.render().to_string();
-            let line = text
-                .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("bad arguments");
-            eprintln!("atou: {}", line.trim_start_matches("error: "));
+            let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+            let line = lines.next().unwrap_or("bad arguments");
+            // "...were not provided:" names the flags on the next line.
+            let more = match lines.next() {
+                Some(next) if line.ends_with(':') => format!(" {}", next.trim()),
+                _ => String::new(),
+            };
+            eprintln!("atou: {}{more}", line.trim_start_matches("error: "));
             return exit::Exit::Usage.into();
         }
     };

@@ -419,6 +419,18 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
                             (ReceiveEvent::Failed { peer, dest, why }, false) => {
                                 format!("{peer} transfer into {} failed: {why}", shown_path(dest))
                             }
+                            (ReceiveEvent::Planned { peer, dest, files, skipped }, true) => {
+                                serde_json::json!({
+                                    "dry_run": {"peer": peer, "dest": dest, "files": files, "skipped": skipped}
+                                })
+                                .to_string()
+                            }
+                            (ReceiveEvent::Planned { peer, dest, files, skipped }, false) => {
+                                format!(
+                                    "{peer} dry run into {}: {files} files would be sent, {skipped} skipped; nothing written",
+                                    shown_path(dest)
+                                )
+                            }
                         };
                         let _ = print_stdout(&(line + "\n"));
                     },

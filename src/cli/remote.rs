@@ -77,6 +77,8 @@ pub struct RemoteArgs {
     role: Role,
 }
 
+// Parsed once per process: the size of the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Role {
     /// Receive one transfer into PATH (a push)
@@ -95,6 +97,9 @@ struct RemoteReceiveArgs {
     /// Socket receive buffer, bytes
     #[arg(long, value_name = "BYTES")]
     rcvbuf: u32,
+    /// Answer a dry run only, leaving PATH exactly as it is
+    #[arg(long)]
+    dry_run: bool,
     /// Where the files go, relative to the home directory unless absolute
     #[arg(value_name = "PATH")]
     path: String,
@@ -472,7 +477,7 @@ fn push(
         key: identity.public(),
         token: None,
     };
-    let args = vec![
+    let mut args = vec![
         "receive".to_string(),
         "--port".to_string(),
         ssh.port.to_string(),
@@ -480,9 +485,13 @@ fn push(
         transfer.buffer().to_string(),
         "--rcvbuf".to_string(),
         tuning.rcvbuf.to_string(),
-        "--".to_string(),
-        path.to_string(),
     ];
+    if transfer.dry_run() {
+        // An atou there that predates --dry-run refuses the flag: no
+        // receiver that would write starts.
+        args.push("--dry-run".to_string());
+    }
+    args.extend(["--".to_string(), path.to_string()]);
     let mut remote = RemoteEnd::start(ssh, target, &args)?;
     let answer = remote.bootstrap(&hello)?;
     let peer = SocketAddr::new(peer_ip(&remote, &answer)?, answer.ports[0]);
@@ -634,6 +643,8 @@ fn pull_into(
                 let r = match e {
                     ReceiveEvent::Done(r) => Ok(r),
                     ReceiveEvent::Failed { why, .. } => Err(why),
+                    // A pull's dry run is refused before it starts.
+                    ReceiveEvent::Planned { .. } => return,
                 };
                 outcome.lock().expect("lock").get_or_insert(r);
             }
@@ -869,6 +880,13 @@ fn remote_receive(
     gone: Arc<tokio::sync::Notify>,
 ) -> Result<ExitCode> {
     let root = remote_path(&args.path);
+    if args.dry_run {
+        let dry = super::transfer::DryRunRoot::new(&root)?;
+        let root = check_root(dry.path()).map_err(|e| anyhow!(e))?;
+        // No tidying: nothing was created, and an empty staging directory
+        // that was there before stays.
+        return receive_into(&root, args, hello, ip, watch, gone);
+    }
     let created = !root.exists();
     std::fs::create_dir_all(&root).map_err(|e| {
         anyhow!(atou::transfer::dest::io_error(
@@ -900,7 +918,12 @@ fn receive_into(
     let key = identity.public();
     let auth = server_auth(identity, &hello.key)?;
     let outcome: Arc<Mutex<Option<Result<(), String>>>> = Arc::new(Mutex::new(None));
-    let mut receiver = FileReceiver::new(
+    let new_receiver = if args.dry_run {
+        FileReceiver::dry_run
+    } else {
+        FileReceiver::new
+    };
+    let mut receiver = new_receiver(
         ReceiveConfig {
             root,
             writers: readers(None),
@@ -914,7 +937,7 @@ fn receive_into(
             let outcome = outcome.clone();
             move |e| {
                 let r = match e {
-                    ReceiveEvent::Done(_) => Ok(()),
+                    ReceiveEvent::Done(_) | ReceiveEvent::Planned { .. } => Ok(()),
                     ReceiveEvent::Failed { why, .. } => Err(why),
                 };
                 outcome.lock().expect("lock").get_or_insert(r);
@@ -1092,6 +1115,9 @@ mod tests {
             "newreno",
             "--rcvwin",
             "7",
+            "--exclude",
+            "*.tmp",
+            "--exclude=-odd/***",
         ])
         .unwrap();
         let mut argv = vec!["__remote".to_string(), "send".to_string()];
@@ -1116,6 +1142,12 @@ mod tests {
             .send_config("127.0.0.1:1".parse().unwrap(), "h".into(), None)
             .unwrap();
         assert!(config.options.overwrite && config.follow && !config.options.fsync);
+        let here = local
+            .transfer
+            .send_config("127.0.0.1:1".parse().unwrap(), "h".into(), None)
+            .unwrap();
+        assert_eq!(config.excludes, here.excludes);
+        assert!(config.excludes.excludes(b"t/-odd/x", false));
     }
 
     #[test]

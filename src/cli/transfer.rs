@@ -15,6 +15,7 @@ use clap::Args;
 use atou::io::{self, ServeConfig, DEFAULT_PORT};
 use atou::text::shown_path;
 use atou::transfer::dest::Policy;
+use atou::transfer::exclude::Excludes;
 use atou::transfer::manifest::RelPath;
 use atou::transfer::messages::Options;
 use atou::transfer::receive::{
@@ -54,9 +55,18 @@ pub struct TransferArgs {
     /// Leave alone existing files of the same size and modification time (and identical symlinks)
     #[arg(long)]
     skip_existing: bool,
-    /// With --skip-existing: compare existing files of the same size by BLAKE3 instead of mtime (as rsync -c); the receiver reads them whole, and only chunks that differ are sent
-    #[arg(long, requires = "skip_existing")]
+    /// With --skip-existing: skip files whose BLAKE3 matches at the receiver, comparing existing files of the same size by content instead of mtime (as rsync -c); the receiver reads them whole, and of a file that differs only the chunks that differ are sent
+    #[arg(long, short = 'c', requires = "skip_existing")]
     checksum: bool,
+    /// Leave out entries matching PATTERN (repeatable), by rsync's rules: `*` within a name, `**` across `/`, `?`, `[a-z]`; a trailing `/` matches directories only (not descended into); a leading `/` anchors at the transfer root (SRC's own name first: /data/tmp/); otherwise a PATTERN without `/` matches names at any depth, and one with `/` the end of the path
+    #[arg(long, value_name = "PATTERN")]
+    exclude: Vec<String>,
+    /// Read exclude patterns from FILE, one per line; blank lines and lines starting with `#` or `;` are skipped; `-` reads stdin
+    #[arg(long, value_name = "FILE")]
+    exclude_from: Vec<PathBuf>,
+    /// Ask the receiver what it would do and print it (what would be sent, skipped or refused, and the bytes), then stop: no file data is sent and nothing changes at the destination. The exit status is the real run's (5 if refused); with --json, a list
+    #[arg(long, short = 'n')]
+    dry_run: bool,
     /// Sync each file to disk at the receiver before renaming it into place
     #[arg(long)]
     fsync: bool,
@@ -233,6 +243,32 @@ pub(super) fn readers(n: Option<usize>) -> usize {
 }
 
 impl TransferArgs {
+    /// --exclude and --exclude-from, in the order rsync reads them (the
+    /// order does not matter: every rule excludes).
+    fn excludes(&self) -> Result<Excludes> {
+        let mut ex = Excludes::default();
+        for p in &self.exclude {
+            ex.add(p)
+                .map_err(|e| UsageError(format!("--exclude: {e}")))?;
+        }
+        for file in &self.exclude_from {
+            let text = if file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin())
+                    .map_err(|e| UsageError(format!("--exclude-from -: cannot read stdin: {e}")))?
+            } else {
+                std::fs::read_to_string(file).map_err(|e| {
+                    UsageError(format!(
+                        "--exclude-from: cannot read {}: {e}",
+                        shown_path(file)
+                    ))
+                })?
+            };
+            ex.add_lines(&text, &shown_path(file).to_string())
+                .map_err(|e| UsageError(format!("--exclude-from: {e}")))?;
+        }
+        Ok(ex)
+    }
+
     /// The transfer's settings; the datagram size is [`LOOPBACK_MSS`]
     /// when `peer` is this host and the user did not set one.
     fn config(
@@ -256,6 +292,10 @@ impl TransferArgs {
                     .to_string(),
             )
             .into());
+        }
+        // --bwlimit caps the transfer: each connection gets its share.
+        if tuning.bwlimit > 0 {
+            tuning.bwlimit = (tuning.bwlimit / self.streams as u64).max(1);
         }
         let per_stream = self.buffer / self.streams as u64;
         let min = 2 * (atou::transfer::hash::CHUNK_SIZE + 32);
@@ -296,8 +336,10 @@ impl TransferArgs {
                 skip_existing: self.skip_existing,
                 fsync: self.fsync,
                 checksum: self.checksum,
+                dry_run: self.dry_run,
             },
             follow: self.follow,
+            excludes: self.excludes()?,
             streams: self.streams,
             buffer: self.buffer,
             readers: readers(self.readers),
@@ -490,6 +532,40 @@ fn report_text(r: &SendReport) -> String {
     s
 }
 
+/// A dry run's answer for people, on stdout as rsync -n lists it: one
+/// line per file (what, how much, name), then the totals. Names come
+/// escaped from the report: a name cannot drive the terminal.
+fn dry_run_text(r: &SendReport) -> String {
+    let files = r.dry_run.as_deref().unwrap_or_default();
+    let mut s = String::new();
+    for f in files {
+        let how = if f.action == "send" && f.send_bytes < f.size {
+            format!("{} of {}", format_size(f.send_bytes), format_size(f.size))
+        } else {
+            format_size(f.size)
+        };
+        s += &format!("{:<5} {:>22}  {}\n", f.action, how, f.path);
+    }
+    let sent = files.iter().filter(|f| f.action == "send").count();
+    s += &format!(
+        "dry run: would send {} of {} file{} ({} of {}), skip {} ({} already there), \
+         with {} dir{} and {} symlink{}, to {}; nothing was sent\n",
+        sent,
+        files.len(),
+        if files.len() == 1 { "" } else { "s" },
+        format_size(r.bytes_sent),
+        format_size(r.bytes_total),
+        files.len() - sent,
+        format_size(r.bytes_skipped),
+        r.dirs,
+        if r.dirs == 1 { "" } else { "s" },
+        r.symlinks,
+        if r.symlinks == 1 { "" } else { "s" },
+        atou::text::escape(r.host.as_bytes()),
+    );
+    s
+}
+
 /// Runs a send and reports it; the exit code.
 fn run_send(sources: &[PathBuf], config: SendConfig, args: &TransferArgs) -> Result<ExitCode> {
     run_send_from(
@@ -552,6 +628,16 @@ pub(super) fn run_send_from(
     }
     // With --progress json, stdout is JSON Lines: the report is one more.
     match result {
+        Ok(report) if report.dry_run.is_some() => {
+            if args.json {
+                print_stdout(&exit::json_text(
+                    &exit::json_report(&report, status)?,
+                    machine,
+                ))?;
+            } else if !args.quiet {
+                print_stdout(&dry_run_text(&report))?;
+            }
+        }
         Ok(report) => {
             if args.json {
                 print_stdout(&exit::json_text(
@@ -626,17 +712,29 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
         )
         .into());
     }
+    if remote_source && args.transfer.dry_run {
+        return Err(UsageError(
+            "--dry-run is for sends and pushes; a pull (a remote SRC) cannot do one yet".into(),
+        )
+        .into());
+    }
     if remote_source || is_remote(&args.dest) {
         return super::remote::copy(&args.sources, &args.dest, &args.transfer, &args.ssh);
     }
     let root = Path::new(&args.dest);
-    std::fs::create_dir_all(root).map_err(|e| {
-        UsageError(atou::transfer::dest::io_error(
-            "create destination",
-            root,
-            &e,
-        ))
-    })?;
+    let dry = if args.transfer.dry_run {
+        Some(DryRunRoot::new(root)?)
+    } else {
+        std::fs::create_dir_all(root).map_err(|e| {
+            UsageError(atou::transfer::dest::io_error(
+                "create destination",
+                root,
+                &e,
+            ))
+        })?;
+        None
+    };
+    let root = dry.as_ref().map_or(root, |d| d.path());
     let root = atou::transfer::receive::check_root(root).map_err(UsageError)?;
     let (client_auth, server_auth) = if args.transfer.auth.no_auth() {
         (None, atou::proto::crypto::ServerAuth::plain())
@@ -649,7 +747,12 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
     let addr = sock.local_addr()?;
     drop(sock);
     let failure: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
-    let mut receiver = FileReceiver::new(
+    let new_receiver = if dry.is_some() {
+        FileReceiver::dry_run
+    } else {
+        FileReceiver::new
+    };
+    let mut receiver = new_receiver(
         ReceiveConfig {
             root: root.clone(),
             writers: readers(args.transfer.readers),
@@ -709,14 +812,64 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
             _ => Err(anyhow::anyhow!("the local receiver did not start")),
         };
     }
+    let shown = dry.as_ref().map_or(root.as_path(), |d| d.dest.as_path());
     let mut config = args
         .transfer
-        .config(addr, format!("{}", root.display()), None)?;
+        .config(addr, format!("{}", shown.display()), None)?;
     config.auth = client_auth;
     let code = run_send(&args.sources, config, &args.transfer);
     stop.notify_one();
     let _ = server.join();
+    drop(dry);
     code
+}
+
+/// Where a dry run's receiver plans, leaving DEST as it is: DEST itself
+/// if it exists (the dry-run receiver creates nothing in it), else an
+/// empty directory of our own, removed when done, so that DEST is not
+/// created just to find that everything would be sent.
+pub(super) struct DryRunRoot {
+    dest: PathBuf,
+    temp: Option<PathBuf>,
+}
+
+impl DryRunRoot {
+    pub(super) fn new(dest: &Path) -> Result<DryRunRoot> {
+        if std::fs::symlink_metadata(dest).is_ok() {
+            return Ok(DryRunRoot {
+                dest: dest.to_path_buf(),
+                temp: None,
+            });
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let temp =
+            std::env::temp_dir().join(format!("atou-dry-run-{}-{nanos:09}", std::process::id()));
+        std::fs::create_dir(&temp).map_err(|e| {
+            UsageError(atou::transfer::dest::io_error(
+                "create an empty directory for the dry run",
+                &temp,
+                &e,
+            ))
+        })?;
+        Ok(DryRunRoot {
+            dest: dest.to_path_buf(),
+            temp: Some(temp),
+        })
+    }
+
+    pub(super) fn path(&self) -> &Path {
+        self.temp.as_deref().unwrap_or(&self.dest)
+    }
+}
+
+impl Drop for DryRunRoot {
+    fn drop(&mut self) {
+        if let Some(t) = &self.temp {
+            let _ = std::fs::remove_dir(t);
+        }
+    }
 }
 
 /// The line `atou serve --dir` prints when a transfer ends.
@@ -768,6 +921,10 @@ impl TransferArgs {
         self.json
     }
 
+    pub(super) fn dry_run(&self) -> bool {
+        self.dry_run
+    }
+
     pub(super) fn buffer(&self) -> u64 {
         self.buffer
     }
@@ -801,6 +958,10 @@ impl TransferArgs {
             if on {
                 a.push(flag.to_string());
             }
+        }
+        // --exclude-from is read here: the file is on this host.
+        for p in self.excludes()?.patterns() {
+            a.push(format!("--exclude={p}"));
         }
         let (tuning, _) = self.tuning.resolve()?;
         let defaults = atou::proto::Tuning::default();

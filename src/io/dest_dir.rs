@@ -53,7 +53,9 @@ pub enum Resolve {
 #[derive(Debug)]
 pub struct DestDir {
     root: OwnedFd,
-    staging: OwnedFd,
+    /// `None` only for a dry run's DEST without a staging directory
+    /// ([`DestDir::open_unchanged`]): nothing is staged there.
+    staging: Option<OwnedFd>,
     path: PathBuf,
     resolve: Resolve,
 }
@@ -84,6 +86,23 @@ impl DestDir {
     /// given) and creates or opens its staging directory, which must be a
     /// real directory owned by this user and closed to others.
     pub fn open(path: &Path) -> io::Result<DestDir> {
+        Self::open_with_staging(path, true)
+    }
+
+    /// As [`DestDir::open`], resolving names the given way (tests use this
+    /// to run the fallback walk on kernels that have `openat2`).
+    pub fn open_with(path: &Path, resolve: Resolve) -> io::Result<DestDir> {
+        let root: OwnedFd = File::open(path)?.into();
+        Self::with_resolve(root, path, resolve)
+    }
+
+    /// As [`DestDir::open`] for a dry run: DEST is left exactly as it is,
+    /// its staging directory opened if there is one, not created.
+    pub fn open_unchanged(path: &Path) -> io::Result<DestDir> {
+        Self::open_with_staging(path, false)
+    }
+
+    fn open_with_staging(path: &Path, create: bool) -> io::Result<DestDir> {
         let root: OwnedFd = File::open(path)?.into();
         if FileType::from_raw_mode(rfs::fstat(&root).map_err(to_io)?.st_mode) != FileType::Directory
         {
@@ -99,17 +118,27 @@ impl DestDir {
             Ok(_) => Resolve::Openat2,
             Err(_) => Resolve::Walk,
         };
-        Self::with_resolve(root, path, resolve)
-    }
-
-    /// As [`DestDir::open`], resolving names the given way (tests use this
-    /// to run the fallback walk on kernels that have `openat2`).
-    pub fn open_with(path: &Path, resolve: Resolve) -> io::Result<DestDir> {
-        let root: OwnedFd = File::open(path)?.into();
-        Self::with_resolve(root, path, resolve)
+        Self::with_resolve_staging(root, path, resolve, create)
     }
 
     fn with_resolve(root: OwnedFd, path: &Path, resolve: Resolve) -> io::Result<DestDir> {
+        Self::with_resolve_staging(root, path, resolve, true)
+    }
+
+    fn with_resolve_staging(
+        root: OwnedFd,
+        path: &Path,
+        resolve: Resolve,
+        create: bool,
+    ) -> io::Result<DestDir> {
+        if !create && look(&root, STAGING_DIR.as_bytes())? == Found::Nothing {
+            return Ok(DestDir {
+                root,
+                staging: None,
+                path: path.to_path_buf(),
+                resolve,
+            });
+        }
         match rfs::mkdirat(&root, STAGING_DIR, Mode::from_raw_mode(0o700)) {
             Ok(()) => {}
             Err(e) if e == rustix::io::Errno::EXIST => {}
@@ -125,7 +154,7 @@ impl DestDir {
         }
         Ok(DestDir {
             root,
-            staging,
+            staging: Some(staging),
             path: path.to_path_buf(),
             resolve,
         })
@@ -204,10 +233,17 @@ impl DestDir {
         }
     }
 
+    /// The staging directory; a dry run's DEST may have none.
+    fn staging(&self) -> io::Result<&OwnedFd> {
+        self.staging
+            .as_ref()
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))
+    }
+
     /// A partial file, created new: `O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600.
     pub fn create_staged(&self, name: &str) -> io::Result<File> {
         rfs::openat(
-            &self.staging,
+            self.staging()?,
             name,
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
@@ -220,7 +256,7 @@ impl DestDir {
     pub fn open_staged(&self, name: &str, write: bool) -> io::Result<File> {
         let access = if write { OFlags::RDWR } else { OFlags::RDONLY };
         rfs::openat(
-            &self.staging,
+            self.staging()?,
             name,
             access | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
@@ -230,22 +266,25 @@ impl DestDir {
     }
 
     pub fn look_staged(&self, name: &str) -> io::Result<Found> {
-        look(&self.staging, name.as_bytes())
+        match &self.staging {
+            Some(staging) => look(staging, name.as_bytes()),
+            None => Ok(Found::Nothing),
+        }
     }
 
     pub fn remove_staged(&self, name: &str) -> io::Result<()> {
-        rfs::unlinkat(&self.staging, name, AtFlags::empty()).map_err(to_io)
+        rfs::unlinkat(self.staging()?, name, AtFlags::empty()).map_err(to_io)
     }
 
     /// Creates a symlink to `target` in the staging directory; nothing
     /// here ever follows it.
     pub fn symlink_staged(&self, target: &[u8], name: &str) -> io::Result<()> {
-        match rfs::unlinkat(&self.staging, name, AtFlags::empty()) {
+        match rfs::unlinkat(self.staging()?, name, AtFlags::empty()) {
             Ok(()) => {}
             Err(e) if e == rustix::io::Errno::NOENT => {}
             Err(e) => return Err(to_io(e)),
         }
-        rfs::symlinkat(target, &self.staging, name).map_err(to_io)
+        rfs::symlinkat(target, self.staging()?, name).map_err(to_io)
     }
 
     /// Moves a staged file or symlink to `name` in `dir`. Without
@@ -258,7 +297,7 @@ impl DestDir {
         } else {
             RenameFlags::NOREPLACE
         };
-        rfs::renameat_with(&self.staging, staged, dir, name, flags).map_err(to_io)
+        rfs::renameat_with(self.staging()?, staged, dir, name, flags).map_err(to_io)
     }
 
     /// Removes the staging directory if it holds nothing (no partial file
@@ -381,6 +420,33 @@ mod tests {
         std::fs::remove_dir_all(dest.join(STAGING_DIR)).unwrap();
         symlink("/tmp", dest.join(STAGING_DIR)).unwrap();
         assert!(DestDir::open(&dest).is_err(), "a symlinked staging dir");
+        std::fs::remove_dir_all(&dest).unwrap();
+    }
+
+    /// A dry run's DEST is opened as it is: no staging directory is made,
+    /// nothing is staged there (every staged write fails), and one that
+    /// exists is opened with the same privacy check.
+    #[test]
+    fn a_dry_run_opens_dest_without_making_its_staging_directory() {
+        let dest = scratch("unchanged");
+        let d = DestDir::open_unchanged(&dest).unwrap();
+        assert!(!dest.join(STAGING_DIR).exists());
+        assert_eq!(d.look_staged("x").unwrap(), Found::Nothing);
+        assert!(d.create_staged("x").is_err());
+        assert!(d.open_staged("x", true).is_err());
+        assert!(!dest.join(STAGING_DIR).exists());
+        drop(d);
+        DestDir::open(&dest).unwrap();
+        std::fs::write(dest.join(STAGING_DIR).join("part"), b"p").unwrap();
+        let d = DestDir::open_unchanged(&dest).unwrap();
+        assert!(matches!(
+            d.look_staged("part").unwrap(),
+            Found::File { size: 1, .. }
+        ));
+        use std::os::unix::fs::PermissionsExt;
+        let open = std::fs::Permissions::from_mode(0o777);
+        std::fs::set_permissions(dest.join(STAGING_DIR), open).unwrap();
+        assert!(DestDir::open_unchanged(&dest).is_err(), "not private");
         std::fs::remove_dir_all(&dest).unwrap();
     }
 

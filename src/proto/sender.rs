@@ -119,7 +119,8 @@ pub struct SenderSnapshot {
     pub good_bytes: u64,
     /// From creation to the last ACK (or now, while running).
     pub elapsed: Duration,
-    /// The controller's pacing rate in bytes per second; `None` unpaced.
+    /// The rate the sender paces at in bytes per second (the
+    /// controller's, capped at `bwlimit`); `None` unpaced.
     pub pacing_rate: Option<u64>,
     /// A model-based controller's state and estimates.
     pub cc: Option<CcReport>,
@@ -310,8 +311,28 @@ impl Sender {
             avgrtt: self.rtt.avg(),
             good_bytes: self.good_bytes(),
             elapsed: end.saturating_since(self.start),
-            pacing_rate: self.cc.pacing_rate(),
+            pacing_rate: self.pacing_rate(),
             cc: self.cc.report(),
+        }
+    }
+
+    /// The rate the pacer releases datagrams at, bytes per second: the
+    /// controller's pacing rate, capped by `bwlimit`; with `bwlimit` and a
+    /// controller that does not pace (aimd), the cap alone, so that the
+    /// pacer is a token bucket at it (its depth: a millisecond's worth,
+    /// two datagrams at least). The cap is on payload, what the
+    /// application sends, as rsync's is on what it writes to its socket:
+    /// the pacer counts whole datagrams, so it runs at the cap times
+    /// datagram / payload. Rounded down: never above the cap.
+    fn pacing_rate(&self) -> Option<u64> {
+        let cap = (self.tuning.bwlimit > 0).then(|| {
+            let wire = u128::from(self.tuning.bwlimit / 8) * u128::from(self.tuning.mss)
+                / u128::from(self.payload_size.max(1));
+            u64::try_from(wire).unwrap_or(u64::MAX).max(1)
+        });
+        match (self.cc.pacing_rate(), cap) {
+            (Some(rate), Some(cap)) => Some(rate.min(cap)),
+            (rate, cap) => rate.or(cap),
         }
     }
 
@@ -984,7 +1005,7 @@ impl Sender {
             if self.tuning.burst_limit > 0 && self.burst >= u64::from(self.tuning.burst_limit) {
                 return None;
             }
-            let pacing = self.cc.pacing_rate();
+            let pacing = self.pacing_rate();
             if let Some(rate) = pacing {
                 let at = self.pacer.earliest(now, rate);
                 if at > now {
@@ -1818,6 +1839,40 @@ mod tests {
         assert_eq!(send(&mut s, at(1)), vec![2]);
         assert_eq!(s.poll_timeout(), Some(at(2)));
         assert_eq!(s.snapshot(at(1)).pacing_rate, Some(43_000));
+    }
+
+    /// `bwlimit` on an unpaced controller (aimd) makes the pacer a token
+    /// bucket at the cap: two datagrams at once (its depth), then one per
+    /// datagram's worth of time, here 1 ms: the cap is on payload, so a
+    /// 10-byte payload per ms is 80 kbit/s and the 43-byte datagrams go
+    /// at 43 kB/s.
+    #[test]
+    fn bwlimit_makes_an_unpaced_sender_a_token_bucket() {
+        let t = Tuning {
+            bwlimit: u64::from(PAYLOAD) * 8 * 1000,
+            ..tuning(RecoveryKind::Sack)
+        };
+        let mut s = sender(t);
+        assert_eq!(send(&mut s, at(0)), vec![0, 1], "the bucket's depth");
+        assert_eq!(s.poll_timeout(), Some(at(1)));
+        s.handle_timeout(at(1));
+        assert_eq!(send(&mut s, at(1)), vec![2]);
+        assert_eq!(s.snapshot(at(1)).pacing_rate, Some(43_000));
+        // Without the cap the whole initial window goes at once.
+        let mut free = sender(tuning(RecoveryKind::Sack));
+        assert_eq!(send(&mut free, at(0)).len(), 4);
+    }
+
+    /// A paced controller faster than `bwlimit` paces at the cap; one
+    /// slower keeps its own rate.
+    #[test]
+    fn bwlimit_caps_a_controllers_pacing_rate() {
+        let mut fast = paced(100);
+        fast.tuning.bwlimit = u64::from(PAYLOAD) * 8 * 500;
+        assert_eq!(fast.snapshot(at(0)).pacing_rate, Some(21_500));
+        let mut slow = paced(100);
+        slow.tuning.bwlimit = u64::from(PAYLOAD) * 8 * 5000;
+        assert_eq!(slow.snapshot(at(0)).pacing_rate, Some(43_000));
     }
 
     /// With the window full there is nothing for the pacer to release: no

@@ -317,6 +317,10 @@ pub struct Tuning {
     /// BBR: loss events (ACKs reporting new losses) a round trip needs
     /// before its loss counts.
     pub bbr_loss_events: u32,
+    /// Cap on the sending rate, bits per second of payload (the data
+    /// sent, retransmissions included; atou's, UDP's and IP's headers
+    /// not); zero is no cap.
+    pub bwlimit: u64,
 }
 
 impl Default for Tuning {
@@ -352,6 +356,7 @@ impl Default for Tuning {
             bbr_beta: 0.7,
             bbr_headroom: 0.15,
             bbr_loss_events: 2,
+            bwlimit: 0,
         }
     }
 }
@@ -430,6 +435,8 @@ pub const KNOBS: &[Knob] = &[
         help: "revert a window reduction when D-SACKs or echoed timestamps prove every retransmission of it spurious (Sarolahti §6, RFC 2883, Eifel); an atou config file means 0" },
     Knob { name: "bbr_loss_events", aliases: &[], value_name: "N",
         help: "bbr only: ACKs reporting new losses a round trip needs before its loss counts (quiche-style, default 2)" },
+    Knob { name: "bwlimit", aliases: &[], value_name: "RATE",
+        help: "cap on the sending rate in bits/s of data (headers not counted), with a unit: 20mbit, 500kbit, 1gbit (or tc's bytes/s: 2.5mbps); 0 is no cap. Paced controllers (bbr, cubic) pace at the lower of their rate and the cap, aimd goes through a token bucket at the cap. A transfer's cap is shared equally by its --streams. Unlike rsync's --bwlimit, a bare number is refused, not read as KiB/s" },
 ];
 
 /// A bad value for one knob.
@@ -453,6 +460,28 @@ fn err(key: &str, message: impl Into<String>) -> TuningError {
         key: key.to_string(),
         message: message.into(),
     }
+}
+
+/// A rate with its unit (see [`crate::units::parse_rate`]), or 0 for no
+/// cap. A bare number, or rsync's `K`/`M`/`G`, is refused: rsync reads
+/// `--bwlimit 1000` as KiB/s and `10M` as MiB/s, tc reads a bare number as
+/// bits/s, and a cap a thousandfold off is worse than a question.
+fn parse_bwlimit(key: &str, v: &str) -> Result<u64, TuningError> {
+    let v = v.trim();
+    if v.chars().all(|c| c == '0' || c == '.') && !v.is_empty() {
+        return Ok(0);
+    }
+    let unit = v.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.');
+    if unit.is_empty() || matches!(unit.to_ascii_lowercase().as_str(), "k" | "m" | "g") {
+        return Err(err(
+            key,
+            format!(
+                "`{v}` needs a unit: bits/s as 20mbit or 500kbit, or bytes/s as 2.5mbps; \
+                 0 is no cap (rsync reads a bare number as KiB/s and M as MiB/s)"
+            ),
+        ));
+    }
+    crate::units::parse_rate(v).map_err(|m| err(key, m))
 }
 
 fn parse_bool(key: &str, v: &str) -> Result<bool, TuningError> {
@@ -649,6 +678,7 @@ impl Tuning {
                     parse_f64(&key, v, |x| (0.0..1.0).contains(&x), "0 or more, below 1")?
             }
             "bbr_loss_events" => self.bbr_loss_events = parse_int(&key, v, 1, 1 << 20)?,
+            "bwlimit" => self.bwlimit = parse_bwlimit(&key, v)?,
             _ => {
                 return Err(err(
                     &key,
@@ -693,6 +723,8 @@ impl Tuning {
             "bbr_beta" => self.bbr_beta.to_string(),
             "bbr_headroom" => self.bbr_headroom.to_string(),
             "bbr_loss_events" => self.bbr_loss_events.to_string(),
+            "bwlimit" if self.bwlimit == 0 => "0".to_string(),
+            "bwlimit" => crate::units::format_rate_tc(self.bwlimit),
             _ => return None,
         })
     }
@@ -845,6 +877,7 @@ mod tests {
     fn every_knob_round_trips_through_its_text() {
         let mut t = Tuning {
             droplist: "5,7-9,7".parse().unwrap(),
+            bwlimit: 1_500_001,
             delack: Duration::from_millis(200),
             recovery: RecoveryKind::Fack,
             rampdown: true,
@@ -926,6 +959,25 @@ mod tests {
         assert_eq!(t.cc, CcKind::Aimd);
         t.apply_config("cc cubic\nrcvwin 100\n").unwrap();
         assert_eq!(t.cc, CcKind::Cubic);
+    }
+
+    /// `bwlimit` takes a rate with its unit, reads 0 as no cap, refuses
+    /// rsync's bare KiB/s and `M`, and writes back what it reads.
+    #[test]
+    fn bwlimit_needs_a_unit_and_round_trips() {
+        let mut t = Tuning::default();
+        t.set("bwlimit", "20mbit").unwrap();
+        assert_eq!(t.bwlimit, 20_000_000);
+        assert_eq!(t.get("bwlimit").unwrap(), "20mbit");
+        t.set("bwlimit", "2.5mbps").unwrap();
+        assert_eq!(t.bwlimit, 20_000_000, "tc's bytes per second");
+        for bare in ["1000", "10M", "10m", "5k"] {
+            let e = t.set("bwlimit", bare).unwrap_err();
+            assert!(e.message.contains("needs a unit"), "{bare}: {e}");
+        }
+        assert!(t.set("bwlimit", "10furlongs").is_err());
+        t.set("bwlimit", "0").unwrap();
+        assert_eq!((t.bwlimit, t.get("bwlimit").unwrap()), (0, "0".to_string()));
     }
 
     #[test]

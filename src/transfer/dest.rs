@@ -535,6 +535,7 @@ pub fn prepare(
         skip_existing: asked.skip_existing,
         fsync: asked.fsync || policy.fsync,
         checksum: asked.checksum && asked.skip_existing,
+        dry_run: asked.dry_run,
     };
     let sub: Vec<u8> = subdir
         .as_ref()
@@ -756,6 +757,22 @@ pub fn prepare(
             shown(dest.as_os_str().as_encoded_bytes()),
             shown_names.join(", ")
         ));
+    }
+    // A dry run ends here: the answer is made, nothing is created.
+    if options.dry_run {
+        return Ok(Prepared {
+            dest,
+            entries: manifest.entries,
+            files: targets,
+            plans,
+            held,
+            skip,
+            created: Vec::new(),
+            options,
+            policy: *policy,
+            dest_dir: dest_dir.clone(),
+            rels,
+        });
     }
     // Everything checked: now create. New directories are private until
     // the finish gives them their mode, as tar does.

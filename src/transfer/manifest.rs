@@ -43,6 +43,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use thiserror::Error;
 
+use super::exclude::Excludes;
 use super::source::{self, Stamp};
 
 pub const MAGIC: [u8; 4] = *b"ATMF";
@@ -495,7 +496,15 @@ fn name_err(path: &Path) -> impl FnOnce(NameError) -> WalkError + '_ {
 /// children sorted by name bytes, parents before children. Symlinks are
 /// recorded as symlinks unless `follow`, in which case what they point at is
 /// sent; a directory met again inside itself is an error naming the path.
-pub fn walk(sources: &[PathBuf], follow: bool) -> Result<Vec<LocalEntry>, WalkError> {
+/// An entry `excludes` names is left out, and an excluded directory is not
+/// descended into: an excluded file is never opened, and an entry is
+/// looked at (an `O_PATH` open and `fstat`, no read) only when a rule
+/// that applies to directories alone could name it.
+pub fn walk(
+    sources: &[PathBuf],
+    follow: bool,
+    excludes: &Excludes,
+) -> Result<Vec<LocalEntry>, WalkError> {
     let mut out = Vec::new();
     let mut names = HashSet::new();
     for src in sources {
@@ -505,7 +514,7 @@ pub fn walk(sources: &[PathBuf], follow: bool) -> Result<Vec<LocalEntry>, WalkEr
             let name = rel.to_string();
             return Err(WalkError::DuplicateName { name });
         }
-        walk_one(source, rel, follow, &mut out)?;
+        walk_one(source, rel, follow, excludes, &mut out)?;
     }
     Ok(out)
 }
@@ -537,6 +546,7 @@ fn walk_one(
     source: PathBuf,
     rel: RelPath,
     follow: bool,
+    excludes: &Excludes,
     out: &mut Vec<LocalEntry>,
 ) -> Result<(), WalkError> {
     let top = Arc::new(source.clone());
@@ -545,6 +555,10 @@ fn walk_one(
     let mut ancestors: Vec<(u64, u64)> = Vec::new();
     while let Some((parent, source, path, depth)) = stack.pop() {
         ancestors.truncate(depth);
+        // Rules that name it whatever it is: not even looked at.
+        if excludes.excludes(path.as_bytes(), false) {
+            continue;
+        }
         let name = source.file_name().map_or(source.as_path(), Path::new);
         let fd =
             source::open_entry(parent.as_deref(), &top, name, follow).map_err(io_err(&source))?;
@@ -570,6 +584,10 @@ fn walk_one(
             };
             return Err(WalkError::Unsupported { path: source, what });
         };
+        if ft.is_dir() && excludes.excludes(path.as_bytes(), true) {
+            // A `DIR/` rule: neither listed nor descended into.
+            continue;
+        }
         if ft.is_dir() {
             let id = (md.dev(), md.ino());
             if ancestors.contains(&id) {
@@ -817,7 +835,7 @@ mod tests {
             fs::write(root.join(name), b"").unwrap();
         }
         symlink("sub/inner.txt", root.join("link")).unwrap();
-        let walked = walk(std::slice::from_ref(&root), false).unwrap();
+        let walked = walk(std::slice::from_ref(&root), false, &Excludes::default()).unwrap();
         let m = manifest_of(&walked);
         m.validate().unwrap();
         let names: Vec<String> = m.entries.iter().map(|e| e.path.to_string()).collect();
@@ -838,13 +856,51 @@ mod tests {
         // A trailing '/' names the directory itself; "/" has no name.
         let slash = PathBuf::from(format!("{}/", root.join("sub").display()));
         assert_eq!(
-            walk(&[slash], false).unwrap()[0].entry.path.as_bytes(),
+            walk(&[slash], false, &Excludes::default()).unwrap()[0]
+                .entry
+                .path
+                .as_bytes(),
             b"sub"
         );
-        let root_dir = walk(&[PathBuf::from("/")], false);
+        let root_dir = walk(&[PathBuf::from("/")], false, &Excludes::default());
         assert!(matches!(root_dir, Err(WalkError::NoName { .. })));
-        let twice = walk(&[root.join("sub"), tmp.0.join("top/sub")], false);
+        let twice = walk(
+            &[root.join("sub"), tmp.0.join("top/sub")],
+            false,
+            &Excludes::default(),
+        );
         assert!(matches!(twice, Err(WalkError::DuplicateName { .. })));
+    }
+
+    /// Excluded entries are left out and an excluded directory is not
+    /// descended into: a socket inside it, which the walk refuses when it
+    /// meets one, is never met; an excluded socket is not looked at.
+    #[test]
+    fn excluded_entries_are_skipped_and_not_descended_into() {
+        let tmp = TempDir::new("exclude");
+        let root = tmp.0.join("top");
+        fs::create_dir_all(root.join("cache/deep")).unwrap();
+        fs::create_dir_all(root.join("src")).unwrap();
+        fs::write(root.join("src/a.c"), b"c").unwrap();
+        fs::write(root.join("src/a.o"), b"o").unwrap();
+        fs::write(root.join("cache.txt"), b"not a directory").unwrap();
+        let _in_cache =
+            std::os::unix::net::UnixListener::bind(root.join("cache/deep/sock")).unwrap();
+        let _top_sock = std::os::unix::net::UnixListener::bind(root.join("x.sock")).unwrap();
+        let everything = walk(std::slice::from_ref(&root), false, &Excludes::default());
+        assert!(matches!(everything, Err(WalkError::Unsupported { .. })));
+        let mut ex = Excludes::default();
+        for p in ["cache/", "*.o", "*.sock"] {
+            ex.add(p).unwrap();
+        }
+        let walked = walk(std::slice::from_ref(&root), false, &ex).unwrap();
+        let names: Vec<String> = walked.iter().map(|e| e.entry.path.to_string()).collect();
+        assert_eq!(names.join(" "), "top top/cache.txt top/src top/src/a.c");
+        manifest_of(&walked).validate().unwrap();
+        // The top SRC itself can be excluded, as in rsync.
+        let mut all = Excludes::default();
+        all.add("/top").unwrap();
+        assert!(walk(&[root], false, &all).unwrap().is_empty());
     }
 
     #[test]
@@ -853,7 +909,7 @@ mod tests {
         fs::write(tmp.0.join("target"), b"abc").unwrap();
         symlink("target", tmp.0.join("link")).unwrap();
         let kind = |follow| {
-            walk(&[tmp.0.join("link")], follow).unwrap()[0]
+            walk(&[tmp.0.join("link")], follow, &Excludes::default()).unwrap()[0]
                 .entry
                 .kind
                 .clone()
@@ -863,8 +919,8 @@ mod tests {
         let d = vec![tmp.0.join("d")];
         fs::create_dir(&d[0]).unwrap();
         symlink("..", d[0].join("up")).unwrap();
-        assert!(walk(&d, false).is_ok());
-        let err = walk(&d, true).unwrap_err();
+        assert!(walk(&d, false, &Excludes::default()).is_ok());
+        let err = walk(&d, true, &Excludes::default()).unwrap_err();
         assert!(matches!(err, WalkError::Loop { .. }), "{err}");
         assert!(
             err.to_string()
@@ -873,7 +929,9 @@ mod tests {
         );
         let sock = tmp.0.join("sock");
         let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-        let err = walk(&[sock], false).unwrap_err().to_string();
+        let err = walk(&[sock], false, &Excludes::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.ends_with("sock is a socket; only files, directories and symlinks are sent"));
     }
 

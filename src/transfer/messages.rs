@@ -35,7 +35,10 @@ const OPT_OVERWRITE: u8 = 0x01;
 const OPT_SKIP_EXISTING: u8 = 0x02;
 const OPT_FSYNC: u8 = 0x04;
 const OPT_CHECKSUM: u8 = 0x08;
-const OPTS_KNOWN: u8 = OPT_OVERWRITE | OPT_SKIP_EXISTING | OPT_FSYNC | OPT_CHECKSUM;
+/// A dry run: plan, answer, change nothing. A receiver that predates it
+/// refuses the bit as unknown rather than reading the plan as a real one.
+const OPT_DRY_RUN: u8 = 0x10;
+const OPTS_KNOWN: u8 = OPT_OVERWRITE | OPT_SKIP_EXISTING | OPT_FSYNC | OPT_CHECKSUM | OPT_DRY_RUN;
 
 /// Longest message a reply or error carries.
 const MESSAGE_MAX: usize = 4096;
@@ -188,6 +191,9 @@ pub struct Options {
     /// With `skip_existing`: compare existing files of the same size by
     /// their BLAKE3 chunk values, not by mtime (rsync's `-c`).
     pub checksum: bool,
+    /// Only the plan: the receiver answers what it would do and creates
+    /// nothing; no data follows (rsync's `-n`).
+    pub dry_run: bool,
 }
 
 /// The first request of a session: where, how, and what.
@@ -246,7 +252,8 @@ impl PlanRequest {
                     0
                 }
                 | if o.fsync { OPT_FSYNC } else { 0 }
-                | if o.checksum { OPT_CHECKSUM } else { 0 },
+                | if o.checksum { OPT_CHECKSUM } else { 0 }
+                | if o.dry_run { OPT_DRY_RUN } else { 0 },
         );
         let subdir = self.subdir.as_ref().map_or(&[][..], |s| s.as_bytes());
         out.extend_from_slice(&(subdir.len() as u16).to_be_bytes());
@@ -382,6 +389,7 @@ impl Request {
                         skip_existing: opts & OPT_SKIP_EXISTING != 0,
                         fsync: opts & OPT_FSYNC != 0,
                         checksum: opts & OPT_CHECKSUM != 0,
+                        dry_run: opts & OPT_DRY_RUN != 0,
                     },
                     subdir,
                     manifest,
@@ -638,6 +646,7 @@ mod tests {
                 skip_existing: false,
                 fsync: true,
                 checksum: true,
+                dry_run: true,
             },
             subdir: Some(rel("in/here")),
             manifest: manifest(),

@@ -9,6 +9,7 @@
 
 pub mod bootstrap;
 pub mod dest;
+pub mod exclude;
 pub mod hash;
 pub mod layout;
 pub mod manifest;

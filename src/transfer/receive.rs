@@ -40,6 +40,14 @@ const SESSION_IDLE: Duration = Duration::from_secs(120);
 pub enum ReceiveEvent {
     /// A transfer finished: every file verified and in place.
     Done(TransferReport),
+    /// A dry run was answered: nothing was created, nothing is kept.
+    Planned {
+        peer: SocketAddr,
+        dest: PathBuf,
+        /// Files the sender would send (whole or in part), and skip.
+        files: u64,
+        skipped: u64,
+    },
     /// A transfer was refused or failed.
     Failed {
         peer: SocketAddr,
@@ -340,6 +348,16 @@ pub struct FileReceiver {
     finished: bool,
 }
 
+/// A planner's orders: what its receiver lets plans do.
+#[derive(Debug, Clone, Copy)]
+struct PlanRules {
+    policy: Policy,
+    max_entries: usize,
+    /// Answer dry runs only, refusing any other plan (the receiver of a
+    /// dry run, which must change nothing at its destination).
+    dry_runs_only: bool,
+}
+
 fn writer(jobs: Arc<Mutex<mpsc::Receiver<Job>>>, done: mpsc::Sender<Done>, notify: Arc<Notify>) {
     loop {
         let job = match jobs.lock().expect("a writer panicked").recv() {
@@ -418,11 +436,15 @@ fn granted(
 fn planner(
     jobs: Arc<Mutex<mpsc::Receiver<PlanJob>>>,
     dest: Arc<DestDir>,
-    policy: Policy,
-    max_entries: usize,
+    rules: PlanRules,
     done: mpsc::Sender<Done>,
     notify: Arc<Notify>,
 ) {
+    let PlanRules {
+        policy,
+        max_entries,
+        dry_runs_only,
+    } = rules;
     loop {
         let job = match jobs.lock().expect("a planner panicked").recv() {
             Ok(job) => job,
@@ -436,6 +458,10 @@ fn planner(
                 grant,
             } => {
                 let result = match Request::decode(&bytes) {
+                    Ok(Request::Plan(plan)) if dry_runs_only && !plan.options.dry_run => Err(
+                        "this receiver answers dry runs only (--dry-run) and writes nothing"
+                            .to_string(),
+                    ),
                     Ok(Request::Plan(plan)) if plan.manifest.entries.len() > max_entries => {
                         Err(format!(
                             "a transfer of {} entries, over this server's limit of {max_entries} \
@@ -499,10 +525,30 @@ impl FileReceiver {
         config: ReceiveConfig,
         on_event: impl FnMut(ReceiveEvent) + Send + 'static,
     ) -> Result<FileReceiver, String> {
-        let dest = Arc::new(
+        Self::with_mode(config, on_event, false)
+    }
+
+    /// A receiver for a dry run (`--dry-run` of `atou copy`): it answers
+    /// dry-run plans only, and leaves `config.root` exactly as it is: not
+    /// even the staging directory is created.
+    pub fn dry_run(
+        config: ReceiveConfig,
+        on_event: impl FnMut(ReceiveEvent) + Send + 'static,
+    ) -> Result<FileReceiver, String> {
+        Self::with_mode(config, on_event, true)
+    }
+
+    fn with_mode(
+        config: ReceiveConfig,
+        on_event: impl FnMut(ReceiveEvent) + Send + 'static,
+        dry_runs_only: bool,
+    ) -> Result<FileReceiver, String> {
+        let open = if dry_runs_only {
+            DestDir::open_unchanged(&config.root)
+        } else {
             DestDir::open(&config.root)
-                .map_err(|e| dest::io_error("use destination", &config.root, &e))?,
-        );
+        };
+        let dest = Arc::new(open.map_err(|e| dest::io_error("use destination", &config.root, &e))?);
         let (jobs, job_rx) = mpsc::channel::<Job>();
         let (plan_jobs, plan_rx) = mpsc::sync_channel::<PlanJob>(config.limits.plan_queue);
         let (done_tx, done_rx) = mpsc::channel();
@@ -519,10 +565,15 @@ impl FileReceiver {
         }
         for i in 0..config.limits.planners.max(1) {
             let (j, d, n) = (plan_rx.clone(), done_tx.clone(), notify.clone());
-            let (dest, policy, max) = (dest.clone(), config.policy, config.limits.max_entries);
+            let dest = dest.clone();
+            let rules = PlanRules {
+                policy: config.policy,
+                max_entries: config.limits.max_entries,
+                dry_runs_only,
+            };
             thread::Builder::new()
                 .name(format!("atou-planner-{i}"))
-                .spawn(move || planner(j, dest, policy, max, d, n))
+                .spawn(move || planner(j, dest, rules, d, n))
                 .map_err(cannot)?;
         }
         Ok(FileReceiver {
@@ -1127,6 +1178,25 @@ impl FileReceiver {
                 }
                 self.remove_session(session);
                 server.respond(conn_id, PlanReply::Refused(why).encode());
+                self.end_once();
+            }
+            Ok((prepared, _)) if prepared.options.dry_run => {
+                // The answer is all a dry run asks for: no data follows,
+                // so the session ends with it.
+                server.respond(
+                    conn_id,
+                    PlanReply::Accepted(prepared.plans.clone()).encode(),
+                );
+                if let Some(s) = self.remove_session(session) {
+                    let skipped = prepared.plans.iter().filter(|p| **p == FilePlan::Skip);
+                    let skipped = skipped.count() as u64;
+                    (self.on_event)(ReceiveEvent::Planned {
+                        peer: s.peer,
+                        dest: prepared.dest.clone(),
+                        files: prepared.plans.len() as u64 - skipped,
+                        skipped,
+                    });
+                }
                 self.end_once();
             }
             Ok((prepared, file_sizes)) => {

@@ -25,6 +25,7 @@ use std::time::Instant;
 use thiserror::Error;
 use tokio::sync::Notify;
 
+use super::exclude::Excludes;
 use super::hash::{chunk_count, chunk_cv, chunk_len, file_hash, Cv, CHUNK_SIZE};
 use super::layout::{header_for, Layout, CV_LEN};
 use super::manifest::{manifest_of, walk, EntryKind, LocalEntry, RelPath, WalkError};
@@ -149,6 +150,8 @@ pub struct SendConfig {
     pub tuning: Tuning,
     pub options: Options,
     pub follow: bool,
+    /// Entries the walk leaves out (`--exclude`).
+    pub excludes: Excludes,
     /// Transport connections at once.
     pub streams: usize,
     /// Bytes read ahead, over all streams.
@@ -288,6 +291,23 @@ pub struct SendReport {
     pub verified: bool,
     /// One transport summary per connection that carried data.
     pub streams: Vec<Summary>,
+    /// A dry run's answer, file by file in manifest order; `None` for a
+    /// real run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<Vec<PlannedFile>>,
+}
+
+/// What a dry run found the receiver would do with one file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PlannedFile {
+    /// The path under the destination, escaped for a terminal.
+    pub path: String,
+    pub size: u64,
+    /// `send` (some or all of it) or `skip` (all of it is there).
+    pub action: &'static str,
+    /// Bytes that would be sent: the size, or with a partial or
+    /// (`--checksum`) differing file there, the chunks that differ.
+    pub send_bytes: u64,
 }
 
 /// A stream whose bytes are all in memory: a plan or finish request.
@@ -890,7 +910,7 @@ fn send_session(
     let progress = progress.clone();
     let started = Instant::now();
     progress.set_stage("reading the sources");
-    let entries = walk(sources, config.follow)?;
+    let entries = walk(sources, config.follow, &config.excludes)?;
     let manifest = manifest_of(&entries);
     let mut specs = Vec::new();
     let mut sizes = Vec::new();
@@ -1004,6 +1024,18 @@ fn send_session(
             cvs[c.file as usize][c.chunk as usize] = Some(cv);
         }
         to_send.extend(differ);
+    }
+
+    if config.options.dry_run {
+        // The receiver has answered and kept nothing: no data, no finish.
+        return Ok(dry_run_report(
+            config,
+            &plan,
+            &plans,
+            &to_send,
+            (dirs, symlinks),
+            started,
+        ));
     }
 
     // 3–4. Data, in rounds.
@@ -1208,7 +1240,63 @@ fn send_session(
         rounds,
         verified: true,
         streams: summaries,
+        dry_run: None,
     })
+}
+
+/// A dry run's report: per file what the receiver's plan means. Every
+/// figure is counted from our own files and the chunks we would send;
+/// the reply (decoded against our sizes) only chose among them.
+fn dry_run_report(
+    config: &SendConfig,
+    plan: &Plan,
+    plans: &[FilePlan],
+    to_send: &[ChunkRef],
+    (dirs, symlinks): (u64, u64),
+    started: Instant,
+) -> SendReport {
+    let mut send_bytes = vec![0u64; plan.sizes.len()];
+    for c in to_send {
+        if let Some(b) = send_bytes.get_mut(c.file as usize) {
+            *b += chunk_len(plan.sizes[c.file as usize], c.chunk) as u64;
+        }
+    }
+    let files: Vec<PlannedFile> = plans
+        .iter()
+        .zip(plan.sizes.iter().zip(plan.names.iter()))
+        .zip(&send_bytes)
+        .map(|((p, (&size, name)), &bytes)| PlannedFile {
+            path: name.clone(),
+            size,
+            // An empty file is sent (created) unless the plan skips it.
+            action: if *p == FilePlan::Skip || (bytes == 0 && matches!(p, FilePlan::Held(_))) {
+                "skip"
+            } else {
+                "send"
+            },
+            send_bytes: bytes,
+        })
+        .collect();
+    let bytes_total: u64 = plan.sizes.iter().sum();
+    let bytes_sent: u64 = send_bytes.iter().sum();
+    let skipped = files.iter().filter(|f| f.action == "skip").count() as u64;
+    SendReport {
+        host: config.host.clone(),
+        files: files.len() as u64,
+        dirs,
+        symlinks,
+        skipped_files: skipped,
+        bytes_total,
+        bytes_sent,
+        bytes_skipped: bytes_total - bytes_sent.min(bytes_total),
+        chunks_resent: 0,
+        secs: started.elapsed().as_secs_f64(),
+        goodput_bps: 0.0,
+        rounds: 0,
+        verified: false,
+        streams: Vec::new(),
+        dry_run: Some(files),
+    }
 }
 
 #[cfg(test)]

@@ -335,7 +335,7 @@ mod tests {
 
     /// The files of a walk of `src`, as the sender sets them up.
     fn sources(src: &Path) -> Sources {
-        let specs = walk(&[src.to_path_buf()], false)
+        let specs = walk(&[src.to_path_buf()], false, &Default::default())
             .unwrap()
             .into_iter()
             .filter(|e| matches!(e.entry.kind, EntryKind::File { .. }))
