@@ -1437,7 +1437,7 @@ impl Server {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::client::Client;
+    use crate::proto::client::{Client, UNACKNOWLEDGED_CLOSES};
     use crate::proto::payload::{PatternSource, PayloadSource};
     use crate::proto::Tuning;
 
@@ -1822,5 +1822,53 @@ mod tests {
             acked >= 3 * rtt && acked <= 3 * rtt + Duration::from_millis(5),
             "{acked:?}"
         );
+    }
+
+    /// A request's client does not wait for its close to be acknowledged,
+    /// so it sends it three times: with the first two lost the server
+    /// still ends the connection on the third, at once, rather than after
+    /// its idle time (which `serve --once` and the far end of an ssh copy
+    /// would wait out before exiting).
+    #[test]
+    fn an_unacknowledged_close_goes_three_times_and_one_is_enough() {
+        let tuning = Tuning::default();
+        let mut now = Time::ZERO;
+        let mut client = Client::new(&tuning, 12, Some(3000), now)
+            .unwrap()
+            .with_session(22)
+            .with_close_unacknowledged();
+        let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
+        let mut buf = vec![0u8; 2048];
+        let (mut closes, mut ended) = (0, None);
+        while now < Time::ZERO + Duration::from_secs(30) && ended.is_none() {
+            while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
+                if matches!(Packet::decode(&buf[..n]), Ok(Packet::Close(_))) {
+                    closes += 1;
+                    if closes <= 2 {
+                        continue;
+                    }
+                }
+                server.handle_datagram(now, addr(1), &mut buf[..n].to_vec());
+            }
+            while let Some(e) = server.poll_session_event() {
+                match e {
+                    SessionEvent::Complete { conn_id } => server.respond(conn_id, b"ok".to_vec()),
+                    SessionEvent::Ended { end, .. } => ended = Some((now, end)),
+                    SessionEvent::Opened { .. } => {}
+                }
+            }
+            while let Some((_, m)) = server.poll_transmit(now, &mut buf) {
+                let _ = client.handle_datagram(now, &buf[..m]);
+            }
+            now += Duration::from_millis(1);
+            client.handle_timeout(now);
+            server.handle_timeout(now);
+        }
+        assert_eq!(closes, UNACKNOWLEDGED_CLOSES);
+        let closed = client.outcome().unwrap().clone().unwrap();
+        assert_eq!(closed.reply.as_deref(), Some(&b"ok"[..]));
+        let (at, end) = ended.expect("the server ended the connection");
+        assert_eq!(end, ConnEnd::Closed);
+        assert!(at < Time::ZERO + Duration::from_millis(50), "{at:?}");
     }
 }
