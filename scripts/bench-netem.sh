@@ -161,6 +161,8 @@ done
 ! grep -q ' 10\.77\.200\.' <<<"$(ip -4 -o addr show)" ||
     die "an interface here already has an address in 10.77.200.0/24"
 
+# A command atou_run starts beside its own flow (pair_run sets it).
+beside=()
 results=$work/results   # lines: loss kind bps rtt rxmts timeouts mss loss_seen min_rtt
 : >"$results"
 
@@ -351,7 +353,6 @@ done
 # Two flows on one bottleneck: atou bbr beside kernel bbr, then beside
 # kernel cubic, started together and measured as above (iperf3 -O WARM;
 # atou's trace over [WARM, WARM + T]).
-beside=()
 pair_run() {
     local loss=$1 algo=$2
     beside=(tcp "$loss" "$algo" "pair-$algo")
