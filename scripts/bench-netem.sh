@@ -235,7 +235,10 @@ PY
 atou_run() {
     local loss=$1 kind=$2 server
     shift 2
-    in_b "$atou" serve --bind "${addrs[1]}:$port" --once --json \
+    # ip netns exec itself, not in_b: its pid is then atou's, so the kill
+    # below stops the server and not only a subshell (which left servers
+    # running after the run).
+    ip netns exec "${hosts[1]}" "$atou" serve --bind "${addrs[1]}:$port" --once --json \
         >"$work/serve.json" 2>"$work/serve.err" &
     server=$!
     pids+=("$server")
