@@ -581,13 +581,7 @@ fn pull(
     // Created only now: a failed bootstrap leaves nothing behind.
     let root = Path::new(dest);
     let created = !root.exists();
-    std::fs::create_dir_all(root).map_err(|e| {
-        UsageError(atou::transfer::dest::io_error(
-            "create destination",
-            root,
-            &e,
-        ))
-    })?;
+    atou::transfer::dest::create_destination(root).map_err(UsageError)?;
     let root = check_root(root).map_err(UsageError)?;
     let result = pull_into(
         &mut remote,
@@ -888,13 +882,7 @@ fn remote_receive(
         return receive_into(&root, args, hello, ip, watch, gone);
     }
     let created = !root.exists();
-    std::fs::create_dir_all(&root).map_err(|e| {
-        anyhow!(atou::transfer::dest::io_error(
-            "create destination",
-            &root,
-            &e
-        ))
-    })?;
+    atou::transfer::dest::create_destination(&root).map_err(|e| anyhow!(e))?;
     let root = check_root(&root).map_err(|e| anyhow!(e))?;
     let result = receive_into(&root, args, hello, ip, watch, gone);
     tidy(&root, created);

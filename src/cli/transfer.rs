@@ -628,16 +628,6 @@ pub(super) fn run_send_from(
     }
     // With --progress json, stdout is JSON Lines: the report is one more.
     match result {
-        Ok(report) if report.dry_run.is_some() => {
-            if args.json {
-                print_stdout(&exit::json_text(
-                    &exit::json_report(&report, status)?,
-                    machine,
-                ))?;
-            } else if !args.quiet {
-                print_stdout(&dry_run_text(&report))?;
-            }
-        }
         Ok(report) => {
             if args.json {
                 print_stdout(&exit::json_text(
@@ -645,7 +635,11 @@ pub(super) fn run_send_from(
                     machine,
                 ))?;
             } else if !args.quiet {
-                eprint!("{}", report_text(&report));
+                if report.dry_run.is_some() {
+                    print_stdout(&dry_run_text(&report))?;
+                } else {
+                    eprint!("{}", report_text(&report));
+                }
             }
         }
         Err(e) => {
@@ -725,13 +719,7 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
     let dry = if args.transfer.dry_run {
         Some(DryRunRoot::new(root)?)
     } else {
-        std::fs::create_dir_all(root).map_err(|e| {
-            UsageError(atou::transfer::dest::io_error(
-                "create destination",
-                root,
-                &e,
-            ))
-        })?;
+        atou::transfer::dest::create_destination(root).map_err(UsageError)?;
         None
     };
     let root = dry.as_ref().map_or(root, |d| d.path());

@@ -35,6 +35,13 @@ use crate::text::shown;
 pub const NOT_HELD: Cv = [0; 32];
 
 /// "cannot ACTION PATH: CAUSE", the cause in words rather than `Os { .. }`.
+/// Creates DEST and its parents where a command was told to write
+/// (`atou copy`'s local end, the far end of an ssh push); the error
+/// names the path and the cause.
+pub fn create_destination(root: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(root).map_err(|e| io_error("create destination", root, &e))
+}
+
 pub fn io_error(action: &str, path: &Path, e: &io::Error) -> String {
     let cause = match e.raw_os_error() {
         Some(libc::ENOSPC) => "no space left on the device".to_string(),
@@ -759,33 +766,23 @@ pub fn prepare(
         ));
     }
     // A dry run ends here: the answer is made, nothing is created.
-    if options.dry_run {
-        return Ok(Prepared {
-            dest,
-            entries: manifest.entries,
-            files: targets,
-            plans,
-            held,
-            skip,
-            created: Vec::new(),
-            options,
-            policy: *policy,
-            dest_dir: dest_dir.clone(),
-            rels,
-        });
-    }
-    // Everything checked: now create. New directories are private until
-    // the finish gives them their mode, as tar does.
-    let sub_mode = 0o777 & !policy.umask;
-    for rel in &to_create {
-        make_dir(dest_dir, rel, sub_mode)?;
-    }
-    let mut created = vec![false; manifest.entries.len()];
-    for (i, entry) in manifest.entries.iter().enumerate() {
-        if entry.kind == EntryKind::Dir {
-            created[i] = make_dir(dest_dir, &rels[i], 0o700)?;
+    let created = if options.dry_run {
+        Vec::new()
+    } else {
+        // Everything checked: now create. New directories are private
+        // until the finish gives them their mode, as tar does.
+        let sub_mode = 0o777 & !policy.umask;
+        for rel in &to_create {
+            make_dir(dest_dir, rel, sub_mode)?;
         }
-    }
+        let mut created = vec![false; manifest.entries.len()];
+        for (i, entry) in manifest.entries.iter().enumerate() {
+            if entry.kind == EntryKind::Dir {
+                created[i] = make_dir(dest_dir, &rels[i], 0o700)?;
+            }
+        }
+        created
+    };
     Ok(Prepared {
         dest,
         entries: manifest.entries,
