@@ -257,3 +257,52 @@ fn kernel_tcp_crosses_the_same_bridge() {
         "{atou}"
     );
 }
+
+/// A host an earlier bridge left behind (its pid file names a process that
+/// is not atou: the number was reused, as after a restore from a snapshot)
+/// is removed and the bridge comes up; a namespace atou did not make is
+/// refused by name, never deleted.
+#[test]
+fn a_host_left_behind_is_cleared_and_a_foreign_namespace_refused() {
+    let name = "a_host_left_behind_is_cleared_and_a_foreign_namespace_refused";
+    if skip_bridge(name) {
+        return;
+    }
+    let _g = serial();
+    let (a, b) = ("atou-t15-a", "atou-t15-b");
+    let ip = |args: &[&str]| {
+        let st = Command::new("ip").args(args).status().expect("run ip");
+        assert!(st.success(), "ip {args:?}");
+    };
+    for ns in [a, b] {
+        let _ = Command::new("ip")
+            .args(["netns", "del", ns])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+    ip(&["netns", "add", a]);
+    std::fs::create_dir_all("/run/atou-netem").unwrap();
+    // pid 1 is alive and is not atou.
+    std::fs::write(format!("/run/atou-netem/{a}.pid"), "1").unwrap();
+    let bridge = Bridge::start(15, "delay 1ms", "delay 1ms", 15);
+    assert_eq!(bridge.a, a);
+    bridge.stop();
+    assert!(
+        !std::path::Path::new(&format!("/run/netns/{a}")).exists(),
+        "the bridge removes its hosts when it stops"
+    );
+
+    ip(&["netns", "add", b]);
+    let out = Command::new(env!("CARGO_BIN_EXE_atou"))
+        .args(["netem", "bridge", "--hosts", &format!("{a},{b}")])
+        .args(["--addrs", "10.77.15.1,10.77.15.2", "--fwd", "delay 1ms"])
+        .output()
+        .expect("run atou netem bridge");
+    let still_there = std::path::Path::new(&format!("/run/netns/{b}")).exists();
+    let _ = Command::new("ip").args(["netns", "del", b]).status();
+    let err = String::from_utf8_lossy(&out.stderr);
+    say(&format!("{name}: the foreign one: {}", err.trim()));
+    assert!(!out.status.success(), "a foreign namespace was taken over");
+    assert!(err.contains(b) && err.contains("not made by atou"), "{err}");
+    assert!(still_there, "a foreign namespace was deleted");
+}

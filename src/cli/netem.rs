@@ -536,6 +536,13 @@ fn namespace_exists(ns: &str) -> bool {
     std::path::Path::new("/run/netns").join(ns).exists()
 }
 
+/// True when `pid` is a live atou process. A pid file can outlive its
+/// process, and a later process (after a reboot, or in a container restored
+/// from a snapshot) can reuse the number.
+fn is_running_atou(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim_end() == "atou")
+}
+
 /// Removes `ns` if an earlier bridge left it behind; refuses if it is in
 /// use or not ours.
 fn clear_stale(ns: &str) -> Result<()> {
@@ -553,13 +560,11 @@ fn clear_stale(ns: &str) -> Result<()> {
              (ip netns del {ns}) or pick other names with --hosts"
         ))
         .into()),
-        Some(pid) if std::path::Path::new(&format!("/proc/{pid}")).exists() => {
-            Err(UsageError(format!(
-                "network namespace `{ns}` belongs to a running atou netem bridge (pid {pid}); \
+        Some(pid) if is_running_atou(pid) => Err(UsageError(format!(
+            "network namespace `{ns}` belongs to a running atou netem bridge (pid {pid}); \
                  stop it or pick other names with --hosts"
-            ))
-            .into())
-        }
+        ))
+        .into()),
         Some(pid) => {
             eprintln!("atou netem bridge: removing `{ns}`, left behind by pid {pid}");
             ip(&["netns", "del", ns])?;
