@@ -41,7 +41,7 @@ fn a_lossy_transfer_prints_atous_summary() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     for line in [
-        "config: mss 1472 rcvwin 8192 recovery rack",
+        "config: mss 1472 rcvwin 32768 recovery rack",
         "cc bbr",
         "good bytes goodput",
         "pkts in",

@@ -312,7 +312,7 @@ impl TransferArgs {
         // unless --rcvsegs asked for less.
         let payload = tuning.payload_size() as u64;
         let want = (per_stream / payload).min(u64::from(u32::MAX)) as u32;
-        if tuning.rcvsegs != atou::proto::Tuning::default().rcvsegs {
+        if tuning.rcvsegs != atou::proto::Tuning::command_default().rcvsegs {
             let need = min.div_ceil(payload) as u32;
             if tuning.rcvsegs < need {
                 return Err(UsageError(format!(
