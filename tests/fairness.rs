@@ -6,10 +6,8 @@
 use std::io::Write;
 use std::time::Duration;
 
-use atou::proto::{CcKind, RecoveryKind, TimedEvent, Tuning};
-use atou::sim::{
-    run_flows, FlowConfig, FlowsConfig, FlowsResult, Observer, Outcome, SimConfig, Simulation,
-};
+use atou::proto::{CcKind, Observer, RecoveryKind, TimedEvent, Tuning};
+use atou::sim::{run_flows, FlowConfig, FlowsConfig, FlowsResult, RunEnd, SimConfig, Simulation};
 
 const FWD: &str = "rate 100mbit limit 1000 | delay 50ms";
 const REV: &str = "delay 50ms";
@@ -59,7 +57,7 @@ fn two(name: &str, a: Tuning, b: Tuning, secs: u64) -> FlowsResult {
     say(&format!("fairness {name}:\n{result}"));
     for (i, f) in result.flows.iter().enumerate() {
         let sim = f.summary.sim.as_ref().unwrap();
-        assert_eq!(f.outcome, Outcome::TimeLimit, "flow {i}: {}", f.summary);
+        assert_eq!(f.outcome, RunEnd::TimeLimit, "flow {i}: {}", f.summary);
         assert_eq!(sim.first_error, None, "flow {i} delivered wrong bytes");
         assert!(f.window_bytes > 0, "flow {i} moved nothing: {result}");
     }

@@ -9,8 +9,8 @@ use netem_support::listening_addr;
 
 use atou::netem::NetemSpec;
 use atou::plot::{svg, Series};
-use atou::proto::{CcKind, RecoveryKind, TraceRecord, Tuning};
-use atou::sim::{Recorder, SimConfig, SimResult, Simulation};
+use atou::proto::{CcKind, Recorder, RecoveryKind, TraceRecord, Tuning};
+use atou::sim::{SimConfig, SimResult, Simulation};
 use atou::summary::config_lines;
 use atou::trace::Trace;
 

@@ -13,10 +13,10 @@ use atou::summary::SocketReport;
 use atou::text::shown_path;
 use atou::transfer::dest::{Policy, SymlinkPolicy};
 use atou::transfer::receive::{
-    check_root, FileReceiver, NoFiles, ReceiveConfig, ReceiveEvent, ReceiveLimits,
+    check_root, FileReceiver, NoFiles, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
 };
 use atou::transfer::send::probe_fault;
-use atou::units::{parse_duration, parse_size, TimeUnit};
+use atou::units::{format_size, parse_duration, parse_size, TimeUnit};
 
 use super::exit::Exit;
 use super::{finish_trace, print_stdout, Output, OutputArgs, TuningArgs, UsageError};
@@ -411,7 +411,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
                             (ReceiveEvent::Done(r), true) => {
                                 serde_json::json!({"transfer": r}).to_string()
                             }
-                            (ReceiveEvent::Done(r), false) => super::transfer::transfer_line(r),
+                            (ReceiveEvent::Done(r), false) => transfer_line(r),
                             (ReceiveEvent::Failed { peer, dest, why }, true) => serde_json::json!({
                                 "failed": {"peer": peer, "dest": dest, "why": why}
                             })
@@ -527,4 +527,30 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         return Ok(Exit::Partial.into());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The line `atou serve --dir` prints when a transfer ends.
+fn transfer_line(r: &TransferReport) -> String {
+    let verified = if r.skipped > 0 && r.skipped_by_checksum {
+        "every file verified, the skipped ones found identical by BLAKE3"
+    } else if r.skipped > 0 {
+        "every file sent verified, the skipped ones on size and mtime alone"
+    } else {
+        "every file verified"
+    };
+    format!(
+        "{} transfer {:016x} into {}: {} files, {} dirs, {} symlinks, {} skipped; {} written, {} resumed; \
+         {} chunks rejected and re-sent; {:.2} s; {verified}",
+        r.peer,
+        r.session,
+        shown_path(&r.dest),
+        r.files,
+        r.dirs,
+        r.symlinks,
+        r.skipped,
+        format_size(r.bytes_written),
+        format_size(r.bytes_resumed),
+        r.chunks_rejected,
+        r.secs
+    )
 }

@@ -18,9 +18,7 @@ use atou::transfer::dest::Policy;
 use atou::transfer::exclude::Excludes;
 use atou::transfer::manifest::RelPath;
 use atou::transfer::messages::Options;
-use atou::transfer::receive::{
-    FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
-};
+use atou::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits};
 use atou::transfer::send::{Progress, SendConfig, SendError, SendReport};
 use atou::units::{format_rate, format_size, parse_size};
 
@@ -858,32 +856,6 @@ impl Drop for DryRunRoot {
             let _ = std::fs::remove_dir(t);
         }
     }
-}
-
-/// The line `atou serve --dir` prints when a transfer ends.
-pub fn transfer_line(r: &TransferReport) -> String {
-    let verified = if r.skipped > 0 && r.skipped_by_checksum {
-        "every file verified, the skipped ones found identical by BLAKE3"
-    } else if r.skipped > 0 {
-        "every file sent verified, the skipped ones on size and mtime alone"
-    } else {
-        "every file verified"
-    };
-    format!(
-        "{} transfer {:016x} into {}: {} files, {} dirs, {} symlinks, {} skipped; {} written, {} resumed; \
-         {} chunks rejected and re-sent; {:.2} s; {verified}",
-        r.peer,
-        r.session,
-        shown_path(&r.dest),
-        r.files,
-        r.dirs,
-        r.symlinks,
-        r.skipped,
-        format_size(r.bytes_written),
-        format_size(r.bytes_resumed),
-        r.chunks_rejected,
-        r.secs
-    )
 }
 
 /// What the ssh bootstrap (`cli/remote.rs`) needs of the transfer flags.

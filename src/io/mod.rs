@@ -31,11 +31,11 @@ pub use socket::{this_host_mtu, RecvBatch, SocketBuffers, TxBatch, UdpIo};
 
 use crate::proto::server::{Arrival, SessionEvent};
 use crate::proto::wire::{ReceiverParams, RejectReason, ACK_MAX_LEN, CONTROL_MAX_LEN};
+use crate::proto::Observer;
 use crate::proto::{
     Client, Closed, ConnError, ConnReport, Notice, PatternSource, PayloadSource, Server,
     ServerLimits, ServerStats, Time, Tuning,
 };
-use crate::sim::Observer;
 use crate::summary::Summary;
 
 /// Default UDP port, as atou's.

@@ -23,11 +23,11 @@ use super::crypto::{
 };
 use super::events::{TimedEvent, TraceRecord};
 use super::payload::PayloadSource;
-use super::receiver::ReceiverStats;
 use super::sender::{Sender, SenderState};
 use super::server::reply_fragment_len;
 use super::time::Time;
 use super::tuning::{Tuning, TuningError};
+use super::wire::ReceiverStats;
 use super::wire::{
     Close, Fetch, Hello, Packet, PathProbe, ReceiverParams, RejectReason, Reply, WireError,
     CONTROL_MAX_LEN, VERSION,

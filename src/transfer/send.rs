@@ -34,8 +34,8 @@ use super::messages::{
 };
 use super::source::{SourceSpec, Sources};
 use crate::io::{self, fresh_conn_id, ProbeConfig, ProbeError, StreamFeed};
+use crate::proto::Observer;
 use crate::proto::{PayloadSource, Tuning};
-use crate::sim::Observer;
 use crate::summary::Summary;
 use crate::text::shown_path;
 
