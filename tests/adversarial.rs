@@ -171,6 +171,7 @@ fn stream(to: SocketAddr, session: u64, bytes: Vec<u8>) -> Result<Vec<u8>, Strin
         reply_limit: 1 << 20,
         auth: None,
         close_unacknowledged: false,
+        path_memory: None,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -300,6 +300,7 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
         reply_limit: 0,
         auth: args.auth.resolve(&args.host, peer, tuning.maxidle, true)?,
         close_unacknowledged: false,
+        path_memory: None,
     };
     let result = runtime()?.block_on(io::probe(config, &mut out, ctrl_c()));
     finish_trace(&mut out)?;

@@ -343,6 +343,7 @@ impl TransferArgs {
             readers: readers(self.readers),
             auth: None,
             trace: None,
+            path_memory: None,
         })
     }
 }

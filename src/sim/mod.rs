@@ -21,8 +21,8 @@ use crate::netem::{mix_seed, Datagram, Netem, NetemSpec};
 use crate::proto::tuning::TuningError;
 use crate::proto::wire::ACK_MAX_LEN;
 use crate::proto::{
-    Observer, PatternSource, PatternVerifier, Receiver, ReceiverConfig, Sender, SenderState, Time,
-    Tuning,
+    Observer, PathMemory, PatternSource, PatternVerifier, Receiver, ReceiverConfig, Sender,
+    SenderState, Time, Tuning,
 };
 use crate::summary::{SimReport, Summary};
 
@@ -52,6 +52,10 @@ pub struct SimConfig {
     /// faster the sender is application-limited. `None`: every byte is
     /// ready from the start. For every flow of the run.
     pub source_bps: Option<u64>,
+    /// What an earlier run learnt about the path ([`SimResult`]'s
+    /// `summary.path_memory`): every flow starts from it, as a transfer to a
+    /// destination in the path cache does.
+    pub path_memory: Option<PathMemory>,
 }
 
 impl SimConfig {
@@ -73,6 +77,7 @@ impl SimConfig {
             time_limit: Duration::from_secs(30 * 86_400),
             fwd_stall: None,
             source_bps: None,
+            path_memory: None,
         }
     }
 }
@@ -157,6 +162,9 @@ impl Flow {
         let conn_id = mix_seed(seed, stream);
         let start = Time::ZERO + start;
         let mut sender = Sender::new(tuning, conn_id, bytes, start)?;
+        if let Some(memory) = &config.path_memory {
+            sender = sender.with_path_memory(memory);
+        }
         if config.trace {
             sender.enable_trace();
         }

@@ -18,6 +18,7 @@
 
 use super::reduction::Reduction;
 use super::{AckEvent, CongestionEvent, Controller, RecoveryStep};
+use crate::proto::path_memory::PathMemory;
 use crate::proto::time::Time;
 use crate::proto::tuning::{CcKind, Tuning};
 
@@ -35,6 +36,8 @@ pub struct Aimd {
     /// Congestion-avoidance increase per window of ACKs, in virtual segments.
     increment: u64,
     vmss: u64,
+    /// Bytes per segment, to read a saved ssthresh in bytes.
+    mss: u32,
     /// The sender window (`rcvwin`): cwnd never grows beyond it.
     cap: u64,
     reduction: Reduction,
@@ -51,6 +54,7 @@ impl Aimd {
             multiplier: t.multiplier,
             increment: u64::from(t.increment),
             vmss: u64::from(t.vmss),
+            mss: t.mss,
             cap: u64::from(t.rcvwin),
             reduction: Reduction::for_tuning(t),
             prior: None,
@@ -154,6 +158,17 @@ impl Controller for Aimd {
 
     fn window(&self) -> u64 {
         self.cwnd
+    }
+
+    /// Linux's tcp_init_metrics: a saved ssthresh replaces the unlimited
+    /// one (never one set with `thresh_init`), floored as a reduction's is.
+    fn use_path_memory(&mut self, memory: &PathMemory) {
+        if self.ssthresh != u64::MAX {
+            return;
+        }
+        if let Some(saved) = memory.ssthresh_segments(self.mss) {
+            self.ssthresh = saved.max(2 * self.vmss);
+        }
     }
 
     fn ssthresh(&self) -> Option<u64> {
