@@ -9,6 +9,7 @@ mod exit;
 mod keygen;
 mod net;
 mod netem;
+mod path_hint;
 mod plot;
 mod remote;
 mod transfer;

@@ -19,6 +19,7 @@ use atou::transfer::send::probe_fault;
 use atou::units::{format_size, parse_duration, parse_size, TimeUnit};
 
 use super::exit::Exit;
+use super::path_hint::PathHint;
 use super::{finish_trace, print_stdout, Output, OutputArgs, TuningArgs, UsageError};
 
 #[derive(Args, Debug)]
@@ -41,6 +42,9 @@ pub struct ProbeArgs {
     tuning: TuningArgs,
     #[command(flatten)]
     auth: super::auth::ClientAuthArgs,
+    /// Neither use nor update the path cache ($XDG_CACHE_HOME/atou/paths, else ~/.cache/atou/paths): what the last transfer or probe to this host learnt of its path (RTT, ssthresh, bandwidth), kept an hour and used to start the next one faster (default: use it)
+    #[arg(long)]
+    no_path_cache: bool,
 }
 
 #[derive(Args, Debug)]
@@ -289,7 +293,7 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
         &tuning,
     )?
     .plot_to(args.output.plot.as_deref());
-    let config = ProbeConfig {
+    let mut config = ProbeConfig {
         peer,
         peer_name: args.host.clone(),
         tuning: tuning.clone(),
@@ -302,7 +306,11 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
         close_unacknowledged: false,
         path_memory: None,
     };
+    let pinned_key = config.auth.as_ref().map(|a| a.server_key.0);
+    let hint = PathHint::new(args.no_path_cache, peer.ip(), pinned_key);
+    config.path_memory = hint.recall();
     let result = runtime()?.block_on(io::probe(config, &mut out, ctrl_c()));
+    hint.remember(&result.summary);
     finish_trace(&mut out)?;
     let defaults = Tuning::default();
     if tuning.sndbuf != defaults.sndbuf {

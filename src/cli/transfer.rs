@@ -24,6 +24,7 @@ use atou::units::{format_rate, format_size, parse_size};
 
 use super::exit::{self, Exit};
 use super::net::{resolve, runtime};
+use super::path_hint::PathHint;
 use super::{print_stdout, TuningArgs, UsageError};
 
 /// Read-ahead (sender) and window (receiver) per transfer, over all streams.
@@ -41,6 +42,9 @@ pub const DEFAULT_STREAMS: usize = 2;
 
 #[derive(Args, Debug)]
 pub struct TransferArgs {
+    /// Neither use nor update the path cache ($XDG_CACHE_HOME/atou/paths, else ~/.cache/atou/paths): what the last transfer to this host learnt of its path (RTT, ssthresh, bandwidth), kept an hour and used to start the next one faster (default: use it)
+    #[arg(long)]
+    no_path_cache: bool,
     /// Transport connections at once; chunks are shared out over them, largest files first
     #[arg(long, value_name = "N", default_value_t = DEFAULT_STREAMS, value_parser = parse_streams)]
     streams: usize,
@@ -566,11 +570,17 @@ fn dry_run_text(r: &SendReport) -> String {
 }
 
 /// Runs a send and reports it; the exit code.
-fn run_send(sources: &[PathBuf], config: SendConfig, args: &TransferArgs) -> Result<ExitCode> {
+fn run_send(
+    sources: &[PathBuf],
+    config: SendConfig,
+    args: &TransferArgs,
+    pinned_key: Option<[u8; 32]>,
+) -> Result<ExitCode> {
     run_send_from(
         sources,
         config,
         args,
+        pinned_key,
         &[],
         Arc::new(Progress::default()),
         |_| None,
@@ -579,11 +589,13 @@ fn run_send(sources: &[PathBuf], config: SendConfig, args: &TransferArgs) -> Res
 
 /// [`run_send`] from sockets already bound (`from`, see
 /// [`atou::transfer::send::send_from`]); `explain` may replace an
-/// error's message with a better one.
+/// error's message with a better one. `pinned_key`: the server's key if
+/// it is the one known for it (not a one-time key), for the path cache.
 pub(super) fn run_send_from(
     sources: &[PathBuf],
-    config: SendConfig,
+    mut config: SendConfig,
     args: &TransferArgs,
+    pinned_key: Option<[u8; 32]>,
     from: &[atou::transfer::send::Bound],
     progress: Arc<Progress>,
     explain: impl Fn(&SendError) -> Option<String>,
@@ -607,7 +619,12 @@ pub(super) fn run_send_from(
         // Ctrl-C: stop the connections; the partial files stay for a resume.
         let _ = ctrlc_hook(move || p.stop.store(true, Ordering::Relaxed));
     }
+    let hint = PathHint::new(args.no_path_cache, config.peer.ip(), pinned_key);
+    config.path_memory = hint.recall();
     let result = atou::transfer::send::send_from(sources, &config, progress.clone(), from);
+    if let Ok(report) = &result {
+        hint.remember(&report.streams);
+    }
     let status = match &result {
         Ok(_) => Exit::Ok,
         Err(e) => e.fault().into(),
@@ -683,7 +700,8 @@ pub fn send_cmd(args: SendArgs) -> Result<ExitCode> {
         .resolve(&config.host, peer, config.tuning.maxidle, false)?;
     let traces = args.output.sink(&config);
     config.trace = traces.as_ref().map(|t| t.0.clone());
-    let code = run_send(&args.sources, config, &args.transfer)?;
+    let pinned_key = config.auth.as_ref().map(|a| a.server_key.0);
+    let code = run_send(&args.sources, config, &args.transfer, pinned_key)?;
     if let Some((_, left)) = traces {
         left.finish()?;
     }
@@ -804,7 +822,8 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
         .transfer
         .config(addr, format!("{}", shown.display()), None)?;
     config.auth = client_auth;
-    let code = run_send(&args.sources, config, &args.transfer);
+    // The key is a one-time key: not part of the destination.
+    let code = run_send(&args.sources, config, &args.transfer, None);
     stop.notify_one();
     let _ = server.join();
     drop(dry);
@@ -915,6 +934,7 @@ impl TransferArgs {
             (self.checksum, "--checksum"),
             (self.fsync, "--fsync"),
             (self.follow, "--follow"),
+            (self.no_path_cache, "--no-path-cache"),
         ] {
             if on {
                 a.push(flag.to_string());
