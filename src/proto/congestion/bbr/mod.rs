@@ -764,13 +764,14 @@ impl Controller for Bbr {
         self.restore_cwnd();
     }
 
-    /// draft-ietf-tsvwg-careful-resume §4.3 ("Unvalidated Phase"): jump to
+    /// draft-ietf-tsvwg-careful-resume, "Unvalidated Phase": jump to
     /// half the saved bandwidth-delay product (never below the initial
     /// window, never above the sender window), paced over one saved min
     /// RTT, then Startup as usual. Nothing enters the model: max_bw and
     /// min_rtt come from this connection's own samples, so a hint that no
-    /// longer holds costs one round trip's worth of data and no more
-    /// (Startup's loss exit ends the jump if the path is now smaller).
+    /// longer holds is forgotten after the jump's round trip; the loss it
+    /// causes on a smaller path is repaired as any Startup overshoot is
+    /// (tests/path_memory.rs measures one).
     fn use_path_memory(&mut self, memory: &PathMemory) {
         let (Some(bdp), Some(min_rtt)) = (memory.bdp_segments(self.mss as u32), memory.min_rtt)
         else {
