@@ -190,6 +190,33 @@ mod tests {
         Aimd::new(&Tuning { rcvwin: 1000, ..t })
     }
 
+    /// Linux's tcp_init_metrics: a saved ssthresh replaces the unlimited
+    /// one, in this connection's segments, and never one the tuning set.
+    #[test]
+    fn a_saved_ssthresh_replaces_the_unlimited_one_only() {
+        let memory = crate::proto::PathMemory {
+            srtt: Duration::from_millis(100),
+            rttvar: Duration::from_millis(10),
+            ssthresh_bytes: Some(300 * 1000),
+            btl_bw_bps: None,
+            min_rtt: None,
+        };
+        let mut unset = aimd(Tuning {
+            mss: 1000,
+            ..Tuning::default()
+        });
+        assert_eq!(unset.ssthresh(), Some(u64::MAX));
+        unset.use_path_memory(&memory);
+        assert_eq!(unset.ssthresh(), Some(300));
+        let mut set = aimd(Tuning {
+            mss: 1000,
+            thresh_init: 0.1,
+            ..Tuning::default()
+        });
+        set.use_path_memory(&memory);
+        assert_eq!(set.ssthresh(), Some(100), "thresh_init wins");
+    }
+
     fn ack(newly_acked: u64, recovery: RecoveryStep, flight: u64) -> AckEvent {
         AckEvent {
             now: Time::ZERO,
