@@ -4,8 +4,9 @@
 //!
 //!     cargo run --example simulate
 
+use atou::proto::Observer;
 use atou::proto::{RecoveryKind, TimedEvent, Tuning};
-use atou::sim::{Observer, SimConfig, Simulation};
+use atou::sim::{SimConfig, Simulation};
 
 struct PrintEvents;
 

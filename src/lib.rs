@@ -10,6 +10,7 @@
 pub mod io;
 pub mod keys;
 pub mod netem;
+pub mod path_cache;
 pub mod plot;
 pub mod proto;
 pub mod sim;

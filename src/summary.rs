@@ -10,7 +10,7 @@ use crate::netem::NetemStats;
 use crate::proto::congestion::CcReport;
 use crate::proto::events::Thresh;
 use crate::proto::tuning::KNOBS;
-use crate::proto::{ReceiverStats, SenderSnapshot, SenderStats, Tuning};
+use crate::proto::{PathMemory, ReceiverStats, SenderSnapshot, SenderStats, Tuning};
 
 /// What the simulator adds: the paths and what they did.
 #[derive(Debug, Clone, Serialize)]
@@ -105,6 +105,10 @@ pub struct Summary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub security: Option<SecurityReport>,
     pub tuning: Tuning,
+    /// What the connection learnt about its path, for the next one to the
+    /// same destination (`crate::path_cache`); not part of the report.
+    #[serde(skip)]
+    pub path_memory: Option<PathMemory>,
 }
 
 /// How a connection was protected (issue 13).
@@ -184,6 +188,7 @@ impl Summary {
             sockets: None,
             security: None,
             tuning: tuning.clone(),
+            path_memory: PathMemory::from_snapshot(snap, tuning.mss),
         }
     }
 }

@@ -31,6 +31,10 @@ use atou::transfer::messages::{
 };
 use netem_support::{say, Daemon, ATOU};
 
+/// The path cache of the atou processes this test starts: its own, so
+/// that neither the user's entries nor another test's hint its runs.
+const TEST_CACHE: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/path-cache-", module_path!());
+
 fn atou_bin() -> String {
     std::env::var("ATOU_UNDER_TEST").unwrap_or_else(|_| ATOU.to_string())
 }
@@ -74,6 +78,7 @@ struct Serve {
 impl Serve {
     fn start(dest: &Path, args: &[&str]) -> Serve {
         let mut child = Command::new(atou_bin())
+            .env("XDG_CACHE_HOME", TEST_CACHE)
             .args(["serve", "--bind", "127.0.0.1:0", "--dir"])
             .arg(dest)
             // These attacks speak the plain protocol: they test what the
@@ -171,6 +176,7 @@ fn stream(to: SocketAddr, session: u64, bytes: Vec<u8>) -> Result<Vec<u8>, Strin
         reply_limit: 1 << 20,
         auth: None,
         close_unacknowledged: false,
+        path_memory: None,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -633,6 +639,7 @@ fn a_flood_of_hellos_from_one_address_does_not_lock_out_another() {
     std::fs::write(&src, b"hello").unwrap();
     let t0 = Instant::now();
     let out = Command::new(atou_bin())
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .args(["send", "--quiet", "--no-auth", "--maxidle", "5"])
         .arg(&src)
         .arg(s.addr.to_string())
@@ -770,6 +777,7 @@ fn an_abort_text_cannot_forge_a_log_line_or_drive_the_terminal() {
 
 mod sans_io {
     use super::*;
+
     use atou::io::ServeApp;
     use atou::proto::{Server, ServerLimits, Time};
     use atou::transfer::dest::Policy;

@@ -3,8 +3,13 @@
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
+/// The path cache of the atou processes this test starts: its own, so
+/// that neither the user's entries nor another test's hint its runs.
+const TEST_CACHE: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/path-cache-", module_path!());
+
 fn atou(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_atou"))
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -269,6 +274,7 @@ fn help_explains_every_knob_with_unit_and_default() {
 #[test]
 fn a_closed_pipe_is_not_an_error() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_atou"))
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .args(["sim", "--bytes", "1MB"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

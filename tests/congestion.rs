@@ -6,10 +6,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use atou::netem::NetemSpec;
-use atou::proto::{CcKind, Event, RecoveryKind, TimedEvent, TraceRecord, Tuning};
+use atou::proto::{CcKind, Event, Recorder, RecoveryKind, TimedEvent, TraceRecord, Tuning};
 use atou::sim::{
-    run_flows, FlowConfig, FlowsConfig, Outcome, Recorder, SimConfig, SimError, SimResult,
-    Simulation,
+    run_flows, FlowConfig, FlowsConfig, RunEnd, SimConfig, SimError, SimResult, Simulation,
 };
 
 /// RFC 9438 §5.1 and §4.6.
@@ -587,7 +586,7 @@ proptest! {
             }
             other => other.unwrap(),
         };
-        prop_assert_eq!(result.outcome, Outcome::Finished, "{}", result.summary);
+        prop_assert_eq!(result.outcome, RunEnd::Finished, "{}", result.summary);
         prop_assert!(result.delivered_intact(bytes), "{}", result.summary);
     }
 }

@@ -3,6 +3,10 @@
 use atou::proto::tuning::KNOBS;
 use atou::proto::Tuning;
 
+/// The path cache of the atou processes this test starts: its own, so
+/// that neither the user's entries nor another test's hint its runs.
+const TEST_CACHE: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/path-cache-", module_path!());
+
 /// docs/tuning.md has a table row for every knob, showing the default the
 /// commands actually use.
 #[test]
@@ -39,6 +43,7 @@ fn tuning_md_documents_every_knob_with_its_default() {
 #[test]
 fn readme_lists_every_exit_status_with_its_word() {
     let help = std::process::Command::new(env!("CARGO_BIN_EXE_atou"))
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .arg("--help")
         .output()
         .unwrap();

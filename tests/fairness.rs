@@ -6,10 +6,12 @@
 use std::io::Write;
 use std::time::Duration;
 
-use atou::proto::{CcKind, RecoveryKind, TimedEvent, Tuning};
-use atou::sim::{
-    run_flows, FlowConfig, FlowsConfig, FlowsResult, Observer, Outcome, SimConfig, Simulation,
-};
+use atou::proto::{CcKind, Observer, RecoveryKind, TimedEvent, Tuning};
+use atou::sim::{run_flows, FlowConfig, FlowsConfig, FlowsResult, RunEnd, SimConfig, Simulation};
+
+/// The path cache of the atou processes this test starts: its own, so
+/// that neither the user's entries nor another test's hint its runs.
+const TEST_CACHE: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/path-cache-", module_path!());
 
 const FWD: &str = "rate 100mbit limit 1000 | delay 50ms";
 const REV: &str = "delay 50ms";
@@ -59,7 +61,7 @@ fn two(name: &str, a: Tuning, b: Tuning, secs: u64) -> FlowsResult {
     say(&format!("fairness {name}:\n{result}"));
     for (i, f) in result.flows.iter().enumerate() {
         let sim = f.summary.sim.as_ref().unwrap();
-        assert_eq!(f.outcome, Outcome::TimeLimit, "flow {i}: {}", f.summary);
+        assert_eq!(f.outcome, RunEnd::TimeLimit, "flow {i}: {}", f.summary);
         assert_eq!(sim.first_error, None, "flow {i} delivered wrong bytes");
         assert!(f.window_bytes > 0, "flow {i} moved nothing: {result}");
     }
@@ -186,6 +188,7 @@ fn one_flow_is_the_single_flow_run() {
 #[test]
 fn the_cli_runs_flows_sharing_a_bottleneck() {
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_atou"))
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .args([
             "sim",
             "--fwd",
@@ -213,6 +216,7 @@ fn the_cli_runs_flows_sharing_a_bottleneck() {
     assert!(jain > 0.5 && jain <= 1.0, "{v}");
     // A flow's knob that does not exist is a usage error naming it.
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_atou"))
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .args(["sim", "--flow", "cc=bbr,wobble=3"])
         .output()
         .unwrap();

@@ -132,6 +132,7 @@ fn config(peer: SocketAddr) -> SendConfig {
         readers: 1,
         auth: None,
         trace: None,
+        path_memory: None,
     }
 }
 

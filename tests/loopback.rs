@@ -11,6 +11,10 @@ use serde_json::Value;
 
 mod netem_support;
 
+/// The path cache of the atou processes this test starts: its own, so
+/// that neither the user's entries nor another test's hint its runs.
+const TEST_CACHE: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/path-cache-", module_path!());
+
 struct Server {
     child: Child,
     addr: SocketAddr,
@@ -21,6 +25,7 @@ impl Server {
     /// Starts `atou serve --json` on an ephemeral loopback port.
     fn start(extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_atou"))
+            .env("XDG_CACHE_HOME", TEST_CACHE)
             .args(["serve", "--bind", "127.0.0.1:0", "--json"])
             .args(extra)
             .stdout(Stdio::piped())
@@ -57,6 +62,7 @@ impl Drop for Server {
 
 fn probe(addr: SocketAddr, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_atou"))
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .arg("probe")
         .arg(addr.to_string())
         .args(["--json", "--maxidle", "5"])
@@ -185,6 +191,7 @@ fn a_server_killed_mid_probe_fails_the_probe_after_maxidle() {
     let addr = server.addr;
     let started = Instant::now();
     let child = Command::new(env!("CARGO_BIN_EXE_atou"))
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .arg("probe")
         .arg(addr.to_string())
         .args(["--maxtime", "60", "--maxidle", "2", "--rcvwin", "64"])
@@ -232,6 +239,7 @@ fn a_probe_with_no_server_fails_at_once_and_a_silent_one_after_maxidle() {
     let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
     let started = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_atou"))
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .args(["probe", &silent.local_addr().unwrap().to_string()])
         .args(["--bytes", "1MB", "--maxidle", "1"])
         .output()
@@ -243,6 +251,7 @@ fn a_probe_with_no_server_fails_at_once_and_a_silent_one_after_maxidle() {
     // Plain, the hello itself goes unanswered.
     let started = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_atou"))
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .args(["probe", &silent.local_addr().unwrap().to_string()])
         .args(["--bytes", "1MB", "--maxidle", "1", "--no-auth"])
         .output()

@@ -11,6 +11,10 @@ use std::sync::Mutex;
 use netem_support::{probe, record, say, skip_bridge, u, Bridge, Server};
 use serde_json::{json, Value};
 
+/// The path cache of the atou processes this test starts: its own, so
+/// that neither the user's entries nor another test's hint its runs.
+const TEST_CACHE: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/path-cache-", module_path!());
+
 /// One bridge at a time: the scenarios are real-time and share two cores.
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -294,6 +298,7 @@ fn a_host_left_behind_is_cleared_and_a_foreign_namespace_refused() {
 
     ip(&["netns", "add", b]);
     let out = Command::new(env!("CARGO_BIN_EXE_atou"))
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .args(["netem", "bridge", "--hosts", &format!("{a},{b}")])
         .args(["--addrs", "10.77.15.1,10.77.15.2", "--fwd", "delay 1ms"])
         .output()

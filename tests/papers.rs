@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use atou::netem::NetemSpec;
 use atou::proto::rtt::RttEstimator;
-use atou::proto::{Event, RecoveryKind, Time, TimedEvent, TraceRecord, Tuning};
+use atou::proto::{Event, Recorder, RecoveryKind, Time, TimedEvent, TraceRecord, Tuning};
 use atou::sim::scenarios::{displacement, mathis, mathis_expected_c};
-use atou::sim::{Outcome, Recorder, SimConfig, SimResult, Simulation};
+use atou::sim::{RunEnd, SimConfig, SimResult, Simulation};
 
 fn simulate(tuning: Tuning, fwd: &str, rev: &str, bytes: u64, seed: u64) -> (SimResult, Recorder) {
     let fwd: NetemSpec = fwd.parse().expect("fwd spec");
@@ -597,6 +597,6 @@ fn a_dead_path_fails_after_maxidle() {
         1,
     );
     let result = Simulation::new(config).unwrap().run(&mut ()).unwrap();
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, RunEnd::Failed);
     assert_eq!(result.end, Time::ZERO + Duration::from_secs(5));
 }

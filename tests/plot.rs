@@ -9,12 +9,16 @@ use netem_support::listening_addr;
 
 use atou::netem::NetemSpec;
 use atou::plot::{svg, Series};
-use atou::proto::{CcKind, RecoveryKind, TraceRecord, Tuning};
-use atou::sim::{Recorder, SimConfig, SimResult, Simulation};
+use atou::proto::{CcKind, Recorder, RecoveryKind, TraceRecord, Tuning};
+use atou::sim::{SimConfig, SimResult, Simulation};
 use atou::summary::config_lines;
 use atou::trace::Trace;
 
 mod netem_support;
+
+/// The path cache of the atou processes this test starts: its own, so
+/// that neither the user's entries nor another test's hint its runs.
+const TEST_CACHE: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/path-cache-", module_path!());
 
 /// A seeded lossy run with SACK, its trace as `--trace` would write it.
 fn lossy_run(cc: CcKind) -> (SimResult, Trace) {
@@ -239,6 +243,7 @@ fn a_trace_of_atous_two_lines_still_plots() {
 
 fn atou(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_atou"))
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -340,6 +345,7 @@ fn send_writes_a_trace_and_a_plot_per_data_stream() {
         std::fs::write(src.join(name), data).unwrap();
     }
     let mut serve = Command::new(env!("CARGO_BIN_EXE_atou"))
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .args([
             "serve",
             "--bind",
@@ -404,6 +410,7 @@ fn send_writes_a_trace_and_a_plot_per_data_stream() {
 #[test]
 fn probe_plots_its_connection() {
     let mut serve = Command::new(env!("CARGO_BIN_EXE_atou"))
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .args(["serve", "--bind", "127.0.0.1:0", "--no-auth", "--once"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

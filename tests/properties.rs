@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use atou::netem::NetemSpec;
 use atou::proto::wire::{Ack, DataFlags, DataHeader, SackBlock, ACK_MAX_LEN, DATA_HEADER_LEN};
 use atou::proto::{PatternSource, Receiver, ReceiverConfig, RecoveryKind, Sender, Time, Tuning};
-use atou::sim::{Outcome, SimConfig, SimError, Simulation};
+use atou::sim::{RunEnd, SimConfig, SimError, Simulation};
 
 fn percent(max: f64) -> impl Strategy<Value = f64> {
     prop_oneof![Just(0.0), 0.0..max]
@@ -115,7 +115,7 @@ proptest! {
             }
             other => other.unwrap(),
         };
-        prop_assert_eq!(result.outcome, Outcome::Finished, "{}", result.summary);
+        prop_assert_eq!(result.outcome, RunEnd::Finished, "{}", result.summary);
         prop_assert!(result.delivered_intact(bytes), "{}", result.summary);
     }
 }

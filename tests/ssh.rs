@@ -17,6 +17,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// The path cache of the atou processes this test starts: its own, so
+/// that neither the user's entries nor another test's hint its runs.
+const TEST_CACHE: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/path-cache-", module_path!());
+
 const ATOU: &str = env!("CARGO_BIN_EXE_atou");
 const MIB: usize = 1 << 20;
 
@@ -243,6 +247,7 @@ impl Sshd {
     /// `atou copy ARGS... --ssh ... --remote-atou REMOTE_ATOU`.
     fn copy_with(&self, remote_atou: &str, args: &[&str]) -> Command {
         let mut c = Command::new(ATOU);
+        c.env("XDG_CACHE_HOME", TEST_CACHE);
         c.arg("copy")
             .args(args)
             .args(["--ssh", &self.ssh(), "--remote-atou", remote_atou]);
@@ -475,7 +480,7 @@ fn no_atou_on_the_remote_and_a_failing_ssh_say_so_and_write_nothing() {
     let bad_ssh = sshd
         .ssh()
         .replace(&format!("-p {}", sshd.port), &format!("-p {dead}"));
-    let out = run(Command::new(ATOU).args([
+    let out = run(Command::new(ATOU).env("XDG_CACHE_HOME", TEST_CACHE).args([
         "copy",
         src.to_str().unwrap(),
         &sshd.at(&dest),
@@ -681,6 +686,7 @@ fn the_remote_end_takes_only_the_key_named_on_the_ssh_channel() {
     fs::write(&file, b"pinned").unwrap();
     for name in ["told", "stranger"] {
         let out = run(Command::new(ATOU)
+            .env("XDG_CACHE_HOME", TEST_CACHE)
             .args(["keygen", "-C", name, "-f"])
             .arg(s.path(name)));
         assert!(out.status.success(), "keygen: {}", text(&out));
@@ -688,6 +694,7 @@ fn the_remote_end_takes_only_the_key_named_on_the_ssh_channel() {
     let told = fs::read_to_string(s.path("told.pub")).unwrap();
     let told_b64 = told.split_whitespace().nth(1).unwrap().to_string();
     let mut far = Command::new(ATOU)
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .args([
             "__remote", "receive", "--buffer", "67108864", "--rcvbuf", "4194304", "--",
         ])
@@ -710,6 +717,7 @@ fn the_remote_end_takes_only_the_key_named_on_the_ssh_channel() {
     let to = format!("127.0.0.1:{port}");
     let send = |extra: &[&str]| {
         run(Command::new(ATOU)
+            .env("XDG_CACHE_HOME", TEST_CACHE)
             .arg("send")
             .arg(&file)
             .arg(&to)

@@ -25,6 +25,10 @@ use atou::transfer::messages::Request;
 use netem_support::{json_lines, listening_addr, say, u, Daemon, Relay, ATOU};
 use serde_json::Value;
 
+/// The path cache of the atou processes this test starts: its own, so
+/// that neither the user's entries nor another test's hint its runs.
+const TEST_CACHE: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/path-cache-", module_path!());
+
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 /// 2001-02-03 00:00:00 UTC.
@@ -333,6 +337,7 @@ fn keys() -> &'static Keys {
         let keygen = |name: &str| {
             let path = dir.join(name);
             let out = Command::new(ATOU)
+                .env("XDG_CACHE_HOME", TEST_CACHE)
                 .args(["keygen", "-C", name, "-f"])
                 .arg(&path)
                 .output()
@@ -376,6 +381,7 @@ impl Serve {
     /// With another authorized keys file.
     fn start_keyed(dest: &Path, authorized: &Path, args: &[&str]) -> Serve {
         let mut child = Command::new(ATOU)
+            .env("XDG_CACHE_HOME", TEST_CACHE)
             .args(["serve", "--bind", "127.0.0.1:0", "--json", "--dir"])
             .arg(dest)
             .arg("--identity")
@@ -485,6 +491,7 @@ struct Sending {
 
 fn spawn_send(sources: &[&Path], target: &str, args: &[&str]) -> Sending {
     let mut child = Command::new(ATOU)
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .args(["send", "--quiet", "--json"])
         .args(
             if args.contains(&"--no-auth") || args.contains(&"--identity") {
@@ -1450,6 +1457,7 @@ fn an_authorized_keys_subdir_confines_its_key() {
     let dest = scratch.dir("dest");
     let key = scratch.path("confined");
     let out = Command::new(ATOU)
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .args(["keygen", "-C", "confined", "-f"])
         .arg(&key)
         .output()
@@ -1534,6 +1542,7 @@ fn another_local_process_cannot_write_through_atou_copy() {
     let planted = scratch.dir("planted");
     fs::write(planted.join(".bashrc"), b"echo owned\n").unwrap();
     let mut copy = Command::new(ATOU)
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         // A window of 4 segments: the copy crawls, and its receiver's
         // socket never fills (a debug build could not drain a full one).
         .args(["copy", "--quiet", "--rcvwin", "4"])
@@ -1848,6 +1857,7 @@ fn a_dry_run_says_what_would_happen_and_changes_nothing() {
 
     // Without --json: one line per file and the totals, on stdout.
     let text = Command::new(ATOU)
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .args(["send", "-n", "--skip-existing", "--identity"])
         .arg(&keys().client)
         .arg("--server-key")
@@ -1897,6 +1907,7 @@ fn a_copy_dry_run_creates_nothing() {
     write_random(&tree.join("f"), 100_000, 3);
     let missing = scratch.path("nowhere/dest");
     let out = Command::new(ATOU)
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .args(["copy", "-n", "--json"])
         .arg(&tree)
         .arg(&missing)
@@ -1917,6 +1928,7 @@ fn a_copy_dry_run_creates_nothing() {
     let dest = scratch.dir("dest");
     let before = exact_state(&dest);
     let out = Command::new(ATOU)
+        .env("XDG_CACHE_HOME", TEST_CACHE)
         .args(["copy", "-n", "--quiet"])
         .arg(&tree)
         .arg(&dest)

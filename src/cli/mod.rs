@@ -9,6 +9,7 @@ mod exit;
 mod keygen;
 mod net;
 mod netem;
+mod path_hint;
 mod plot;
 mod remote;
 mod transfer;
@@ -23,8 +24,8 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use atou::netem::NetemSpec;
-use atou::proto::{TimedEvent, TraceRecord};
-use atou::sim::{run_flows, FlowConfig, FlowsConfig, Observer, Outcome, SimConfig, Simulation};
+use atou::proto::{Observer, TimedEvent, TraceRecord};
+use atou::sim::{run_flows, FlowConfig, FlowsConfig, RunEnd, SimConfig, Simulation};
 use atou::summary::config_lines;
 use atou::units::{parse_duration, parse_size, TimeUnit};
 
@@ -238,7 +239,7 @@ fn sim_flows(args: SimArgs) -> Result<ExitCode> {
     };
     print_stdout(&text)?;
     let ok = result.flows.iter().all(|f| {
-        matches!(f.outcome, Outcome::Finished | Outcome::TimeLimit)
+        matches!(f.outcome, RunEnd::Finished | RunEnd::TimeLimit)
             && f.summary
                 .sim
                 .as_ref()
@@ -395,7 +396,7 @@ fn sim(args: SimArgs) -> Result<ExitCode> {
         .sim
         .as_ref()
         .is_some_and(|s| s.first_error.is_none());
-    Ok(if result.outcome == Outcome::Finished && intact {
+    Ok(if result.outcome == RunEnd::Finished && intact {
         ExitCode::SUCCESS
     } else {
         exit::Exit::Failed.into()

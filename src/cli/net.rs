@@ -13,12 +13,13 @@ use atou::summary::SocketReport;
 use atou::text::shown_path;
 use atou::transfer::dest::{Policy, SymlinkPolicy};
 use atou::transfer::receive::{
-    check_root, FileReceiver, NoFiles, ReceiveConfig, ReceiveEvent, ReceiveLimits,
+    check_root, FileReceiver, NoFiles, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
 };
 use atou::transfer::send::probe_fault;
-use atou::units::{parse_duration, parse_size, TimeUnit};
+use atou::units::{format_size, parse_duration, parse_size, TimeUnit};
 
 use super::exit::Exit;
+use super::path_hint::PathHint;
 use super::{finish_trace, print_stdout, Output, OutputArgs, TuningArgs, UsageError};
 
 #[derive(Args, Debug)]
@@ -41,6 +42,9 @@ pub struct ProbeArgs {
     tuning: TuningArgs,
     #[command(flatten)]
     auth: super::auth::ClientAuthArgs,
+    /// Neither use nor update the path cache ($XDG_CACHE_HOME/atou/paths, else ~/.cache/atou/paths): what the last transfer or probe to this host learnt of its path (RTT, ssthresh, bandwidth), kept an hour and used to start the next one faster (default: use it)
+    #[arg(long)]
+    no_path_cache: bool,
 }
 
 #[derive(Args, Debug)]
@@ -289,7 +293,7 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
         &tuning,
     )?
     .plot_to(args.output.plot.as_deref());
-    let config = ProbeConfig {
+    let mut config = ProbeConfig {
         peer,
         peer_name: args.host.clone(),
         tuning: tuning.clone(),
@@ -300,8 +304,13 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
         reply_limit: 0,
         auth: args.auth.resolve(&args.host, peer, tuning.maxidle, true)?,
         close_unacknowledged: false,
+        path_memory: None,
     };
+    let pinned_key = config.auth.as_ref().map(|a| a.server_key.0);
+    let hint = PathHint::new(args.no_path_cache, peer.ip(), pinned_key);
+    config.path_memory = hint.recall();
     let result = runtime()?.block_on(io::probe(config, &mut out, ctrl_c()));
+    hint.remember(&result.summary);
     finish_trace(&mut out)?;
     let defaults = Tuning::default();
     if tuning.sndbuf != defaults.sndbuf {
@@ -411,7 +420,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
                             (ReceiveEvent::Done(r), true) => {
                                 serde_json::json!({"transfer": r}).to_string()
                             }
-                            (ReceiveEvent::Done(r), false) => super::transfer::transfer_line(r),
+                            (ReceiveEvent::Done(r), false) => transfer_line(r),
                             (ReceiveEvent::Failed { peer, dest, why }, true) => serde_json::json!({
                                 "failed": {"peer": peer, "dest": dest, "why": why}
                             })
@@ -527,4 +536,30 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         return Ok(Exit::Partial.into());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The line `atou serve --dir` prints when a transfer ends.
+fn transfer_line(r: &TransferReport) -> String {
+    let verified = if r.skipped > 0 && r.skipped_by_checksum {
+        "every file verified, the skipped ones found identical by BLAKE3"
+    } else if r.skipped > 0 {
+        "every file sent verified, the skipped ones on size and mtime alone"
+    } else {
+        "every file verified"
+    };
+    format!(
+        "{} transfer {:016x} into {}: {} files, {} dirs, {} symlinks, {} skipped; {} written, {} resumed; \
+         {} chunks rejected and re-sent; {:.2} s; {verified}",
+        r.peer,
+        r.session,
+        shown_path(&r.dest),
+        r.files,
+        r.dirs,
+        r.symlinks,
+        r.skipped,
+        format_size(r.bytes_written),
+        format_size(r.bytes_resumed),
+        r.chunks_rejected,
+        r.secs
+    )
 }

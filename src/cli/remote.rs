@@ -504,6 +504,7 @@ fn push(
         sources,
         config,
         transfer,
+        None,
         &[],
         Arc::new(Progress::default()),
         |e| {
@@ -1067,7 +1068,15 @@ fn remote_send(
             p.stop.store(true, Ordering::Relaxed);
         });
     }
-    run_send_from(&sources, config, &args.transfer, &from, progress, |_| None)
+    run_send_from(
+        &sources,
+        config,
+        &args.transfer,
+        None,
+        &from,
+        progress,
+        |_| None,
+    )
 }
 
 #[cfg(test)]

@@ -18,14 +18,13 @@ use atou::transfer::dest::Policy;
 use atou::transfer::exclude::Excludes;
 use atou::transfer::manifest::RelPath;
 use atou::transfer::messages::Options;
-use atou::transfer::receive::{
-    FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
-};
+use atou::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits};
 use atou::transfer::send::{Progress, SendConfig, SendError, SendReport};
 use atou::units::{format_rate, format_size, parse_size};
 
 use super::exit::{self, Exit};
 use super::net::{resolve, runtime};
+use super::path_hint::PathHint;
 use super::{print_stdout, TuningArgs, UsageError};
 
 /// Read-ahead (sender) and window (receiver) per transfer, over all streams.
@@ -43,6 +42,9 @@ pub const DEFAULT_STREAMS: usize = 2;
 
 #[derive(Args, Debug)]
 pub struct TransferArgs {
+    /// Neither use nor update the path cache ($XDG_CACHE_HOME/atou/paths, else ~/.cache/atou/paths): what the last transfer to this host learnt of its path (RTT, ssthresh, bandwidth), kept an hour and used to start the next one faster (default: use it)
+    #[arg(long)]
+    no_path_cache: bool,
     /// Transport connections at once; chunks are shared out over them, largest files first
     #[arg(long, value_name = "N", default_value_t = DEFAULT_STREAMS, value_parser = parse_streams)]
     streams: usize,
@@ -345,6 +347,7 @@ impl TransferArgs {
             readers: readers(self.readers),
             auth: None,
             trace: None,
+            path_memory: None,
         })
     }
 }
@@ -567,11 +570,17 @@ fn dry_run_text(r: &SendReport) -> String {
 }
 
 /// Runs a send and reports it; the exit code.
-fn run_send(sources: &[PathBuf], config: SendConfig, args: &TransferArgs) -> Result<ExitCode> {
+fn run_send(
+    sources: &[PathBuf],
+    config: SendConfig,
+    args: &TransferArgs,
+    pinned_key: Option<[u8; 32]>,
+) -> Result<ExitCode> {
     run_send_from(
         sources,
         config,
         args,
+        pinned_key,
         &[],
         Arc::new(Progress::default()),
         |_| None,
@@ -580,11 +589,13 @@ fn run_send(sources: &[PathBuf], config: SendConfig, args: &TransferArgs) -> Res
 
 /// [`run_send`] from sockets already bound (`from`, see
 /// [`atou::transfer::send::send_from`]); `explain` may replace an
-/// error's message with a better one.
+/// error's message with a better one. `pinned_key`: the server's key if
+/// it is the one known for it (not a one-time key), for the path cache.
 pub(super) fn run_send_from(
     sources: &[PathBuf],
-    config: SendConfig,
+    mut config: SendConfig,
     args: &TransferArgs,
+    pinned_key: Option<[u8; 32]>,
     from: &[atou::transfer::send::Bound],
     progress: Arc<Progress>,
     explain: impl Fn(&SendError) -> Option<String>,
@@ -608,7 +619,12 @@ pub(super) fn run_send_from(
         // Ctrl-C: stop the connections; the partial files stay for a resume.
         let _ = ctrlc_hook(move || p.stop.store(true, Ordering::Relaxed));
     }
+    let hint = PathHint::new(args.no_path_cache, config.peer.ip(), pinned_key);
+    config.path_memory = hint.recall();
     let result = atou::transfer::send::send_from(sources, &config, progress.clone(), from);
+    if let Ok(report) = &result {
+        hint.remember(&report.streams);
+    }
     let status = match &result {
         Ok(_) => Exit::Ok,
         Err(e) => e.fault().into(),
@@ -684,7 +700,8 @@ pub fn send_cmd(args: SendArgs) -> Result<ExitCode> {
         .resolve(&config.host, peer, config.tuning.maxidle, false)?;
     let traces = args.output.sink(&config);
     config.trace = traces.as_ref().map(|t| t.0.clone());
-    let code = run_send(&args.sources, config, &args.transfer)?;
+    let pinned_key = config.auth.as_ref().map(|a| a.server_key.0);
+    let code = run_send(&args.sources, config, &args.transfer, pinned_key)?;
     if let Some((_, left)) = traces {
         left.finish()?;
     }
@@ -805,7 +822,8 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
         .transfer
         .config(addr, format!("{}", shown.display()), None)?;
     config.auth = client_auth;
-    let code = run_send(&args.sources, config, &args.transfer);
+    // The key is a one-time key: not part of the destination.
+    let code = run_send(&args.sources, config, &args.transfer, None);
     stop.notify_one();
     let _ = server.join();
     drop(dry);
@@ -858,32 +876,6 @@ impl Drop for DryRunRoot {
             let _ = std::fs::remove_dir(t);
         }
     }
-}
-
-/// The line `atou serve --dir` prints when a transfer ends.
-pub fn transfer_line(r: &TransferReport) -> String {
-    let verified = if r.skipped > 0 && r.skipped_by_checksum {
-        "every file verified, the skipped ones found identical by BLAKE3"
-    } else if r.skipped > 0 {
-        "every file sent verified, the skipped ones on size and mtime alone"
-    } else {
-        "every file verified"
-    };
-    format!(
-        "{} transfer {:016x} into {}: {} files, {} dirs, {} symlinks, {} skipped; {} written, {} resumed; \
-         {} chunks rejected and re-sent; {:.2} s; {verified}",
-        r.peer,
-        r.session,
-        shown_path(&r.dest),
-        r.files,
-        r.dirs,
-        r.symlinks,
-        r.skipped,
-        format_size(r.bytes_written),
-        format_size(r.bytes_resumed),
-        r.chunks_rejected,
-        r.secs
-    )
 }
 
 /// What the ssh bootstrap (`cli/remote.rs`) needs of the transfer flags.
@@ -942,6 +934,7 @@ impl TransferArgs {
             (self.checksum, "--checksum"),
             (self.fsync, "--fsync"),
             (self.follow, "--follow"),
+            (self.no_path_cache, "--no-path-cache"),
         ] {
             if on {
                 a.push(flag.to_string());

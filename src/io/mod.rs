@@ -35,7 +35,7 @@ use crate::proto::{
     Client, Closed, ConnError, ConnReport, Notice, PatternSource, PayloadSource, Server,
     ServerLimits, ServerStats, Time, Tuning,
 };
-use crate::sim::Observer;
+use crate::proto::{Observer, PathMemory};
 use crate::summary::Summary;
 
 /// Default UDP port, as atou's.
@@ -176,6 +176,9 @@ pub struct ProbeConfig {
     /// the close's acknowledgement ([`Client::with_close_unacknowledged`]):
     /// for requests, whose reply is all that is wanted.
     pub close_unacknowledged: bool,
+    /// What an earlier connection to this destination learnt
+    /// ([`crate::path_cache`]); `None`: start from the tuning alone.
+    pub path_memory: Option<PathMemory>,
 }
 
 #[derive(Debug)]
@@ -326,7 +329,9 @@ pub async fn connect_from<F: StreamFeed>(
     };
     // The tuning first: a bad one should not cost a socket.
     let clock = Clock::new();
-    let mut client = match Client::new(&config.tuning, config.conn_id, config.bytes, clock.now()) {
+    let client = Client::new(&config.tuning, config.conn_id, config.bytes, clock.now())
+        .map(|c| c.with_path_memory(config.path_memory));
+    let mut client = match client {
         Ok(c) if config.close_unacknowledged => c
             .with_session(config.session)
             .with_reply_limit(config.reply_limit)

@@ -22,12 +22,13 @@ use super::crypto::{
     RefuseReason, Sealer,
 };
 use super::events::{TimedEvent, TraceRecord};
+use super::path_memory::PathMemory;
 use super::payload::PayloadSource;
-use super::receiver::ReceiverStats;
 use super::sender::{Sender, SenderState};
 use super::server::reply_fragment_len;
 use super::time::Time;
 use super::tuning::{Tuning, TuningError};
+use super::wire::ReceiverStats;
 use super::wire::{
     Close, Fetch, Hello, Packet, PathProbe, ReceiverParams, RejectReason, Reply, WireError,
     CONTROL_MAX_LEN, VERSION,
@@ -352,6 +353,9 @@ pub struct Client {
     secure: Option<Box<Secure>>,
     /// Path challenges to answer.
     path_responses: VecDeque<u64>,
+    /// What an earlier connection to this destination learnt, for the
+    /// sender ([`Client::with_path_memory`]).
+    path_memory: Option<PathMemory>,
 }
 
 impl Client {
@@ -384,7 +388,15 @@ impl Client {
             bad_packets: 0,
             secure: None,
             path_responses: VecDeque::new(),
+            path_memory: None,
         })
+    }
+
+    /// Starts the sender from what an earlier connection to the same
+    /// destination learnt ([`Sender::with_path_memory`]).
+    pub fn with_path_memory(mut self, memory: Option<PathMemory>) -> Client {
+        self.path_memory = memory;
+        self
     }
 
     /// Authenticates both ends and protects every packet (issue 13): the
@@ -758,6 +770,9 @@ impl Client {
         tuning.rcvsegs = granted.rcvsegs.max(1);
         let mut sender = Sender::new(&tuning, self.conn_id, self.stream_len, now)
             .expect("tuning was checked when the client was made");
+        if let Some(memory) = &self.path_memory {
+            sender = sender.with_path_memory(memory);
+        }
         if self.trace {
             sender.enable_trace();
         }

@@ -283,6 +283,42 @@ impl fmt::Display for TraceRecord {
     }
 }
 
+/// Receives what happens during a run: the event lines and the packet
+/// trace of one or several connections. The simulator and the I/O driver
+/// both feed one; the CLI and the transfer layer implement it.
+pub trait Observer {
+    fn on_event(&mut self, _event: &TimedEvent) {}
+    fn on_trace(&mut self, _record: &TraceRecord) {}
+    /// An event of flow `flow` (0 in a single-flow run); by default
+    /// [`Observer::on_event`], whichever the flow.
+    fn on_flow_event(&mut self, _flow: usize, event: &TimedEvent) {
+        self.on_event(event);
+    }
+    /// A trace record of flow `flow`; by default [`Observer::on_trace`].
+    fn on_flow_trace(&mut self, _flow: usize, record: &TraceRecord) {
+        self.on_trace(record);
+    }
+}
+
+/// Ignores everything.
+impl Observer for () {}
+
+/// Keeps everything, for tests.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    pub events: Vec<TimedEvent>,
+    pub trace: Vec<TraceRecord>,
+}
+
+impl Observer for Recorder {
+    fn on_event(&mut self, event: &TimedEvent) {
+        self.events.push(event.clone());
+    }
+    fn on_trace(&mut self, record: &TraceRecord) {
+        self.trace.push(*record);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

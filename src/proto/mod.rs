@@ -11,6 +11,7 @@ pub mod congestion;
 pub mod crypto;
 pub mod events;
 pub mod loss;
+pub mod path_memory;
 pub mod payload;
 pub mod receiver;
 pub mod rtt;
@@ -24,14 +25,16 @@ pub mod wire;
 use thiserror::Error;
 
 pub use client::{Client, Closed, ConnError};
-pub use events::{Event, TimedEvent, TraceRecord};
+pub use events::{Event, Observer, Recorder, TimedEvent, TraceRecord};
 pub use loss::Phase;
+pub use path_memory::PathMemory;
 pub use payload::{fill_pattern, pattern_mismatch, PatternSource, PatternVerifier, PayloadSource};
-pub use receiver::{NewData, Receiver, ReceiverConfig, ReceiverStats};
+pub use receiver::{NewData, Receiver, ReceiverConfig};
 pub use sender::{Sender, SenderSnapshot, SenderState, SenderStats};
 pub use server::{ConnEnd, ConnReport, Notice, Server, ServerLimits, ServerStats};
 pub use time::Time;
 pub use tuning::{CcKind, RecoveryKind, Tuning};
+pub use wire::ReceiverStats;
 
 /// Why an endpoint did not accept a datagram. Its state is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

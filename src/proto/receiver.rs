@@ -22,30 +22,12 @@ use std::time::Duration;
 
 use super::time::Time;
 use super::tuning::Tuning;
-use super::wire::{Ack, DataSegment, Packet, SackBlock, ACK_MAX_LEN};
+use super::wire::{Ack, DataSegment, Packet, ReceiverStats, SackBlock, ACK_MAX_LEN};
 use super::InputError;
 
 /// How many recently received out-of-order segments are remembered for
 /// choosing which SACK blocks to repeat.
 const RECENT_SACKS: usize = 16;
-
-/// atousrv's counters, reported after each connection.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct ReceiverStats {
-    /// Data segments accepted (new, in window).
-    pub segments: u64,
-    /// Payload bytes accepted.
-    pub bytes: u64,
-    pub acks: u64,
-    /// Segments that had arrived before.
-    pub duplicates: u64,
-    /// Segments that arrived above a hole.
-    pub out_of_order: u64,
-    /// Segments beyond the advertised window, discarded.
-    pub beyond_window: u64,
-    /// Datagrams that failed to decode or belonged to another connection.
-    pub bad_packets: u64,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReceiverConfig {

@@ -33,6 +33,9 @@ pub struct RttEstimator {
     min_rto: Duration,
     max_rto: Duration,
     estimator: Option<Estimator>,
+    /// The RTO before the first sample: RFC 6298 §2.1's one second, or
+    /// what a path memory suggests ([`RttEstimator::seed`]).
+    initial_rto: Duration,
     /// Consecutive timeouts: the RTO doubles for each (RFC 6298 §5.5).
     backoff: u32,
     min: Duration,
@@ -49,12 +52,25 @@ impl RttEstimator {
             min_rto: t.min_rto,
             max_rto: t.max_rto,
             estimator: None,
+            initial_rto: INITIAL_RTO,
             backoff: 0,
             min: Duration::MAX,
             max: Duration::ZERO,
             sum: Duration::ZERO,
             samples: 0,
         }
+    }
+
+    /// Seeds the RTO used before the first sample from a path's saved
+    /// `srtt` and `rttvar`, as Linux's `tcp_init_metrics` seeds it from its
+    /// cached RTT: RFC 6298 §2.3's RTO = SRTT + max(G, K*RTTVAR), with
+    /// RTTVAR at least SRTT/2, as a first sample would set it (§2.2), so it
+    /// is never below three saved round trips (Linux: crtt + max(2 crtt,
+    /// rto_min)). The first real sample replaces it (§2.2); the saved
+    /// values are never taken as measurements.
+    pub fn seed(&mut self, srtt: Duration, rttvar: Duration) {
+        let rttvar = rttvar.max(srtt / 2);
+        self.initial_rto = srtt + (4 * rttvar).max(Duration::from_millis(1));
     }
 
     fn ticks(&self, t: Time) -> u64 {
@@ -129,7 +145,7 @@ impl RttEstimator {
             return fixed;
         }
         let rto = match &self.estimator {
-            None => INITIAL_RTO,
+            None => self.initial_rto,
             // RFC 6298 §2.3: RTO = SRTT + max(G, K*RTTVAR)
             Some(Estimator::Fine { srtt, rttvar }) => {
                 Duration::from_nanos(srtt + (4 * rttvar).max(1_000))
@@ -237,6 +253,24 @@ mod tests {
         assert_eq!(e.rttvar(), Duration::from_micros(62_500));
         assert_eq!(e.srtt(), Duration::from_micros(112_500));
         assert_eq!(e.base_rto(), Duration::from_micros(362_500));
+    }
+
+    #[test]
+    fn a_seed_sets_the_first_rto_and_the_first_sample_replaces_it() {
+        let mut e = fine();
+        e.seed(Duration::from_millis(100), Duration::from_millis(5));
+        // rttvar is raised to srtt/2: 100 + 4 * 50.
+        assert_eq!(e.base_rto(), Duration::from_millis(300));
+        assert_eq!(e.srtt(), Duration::ZERO, "a hint is not a sample");
+        e.on_sample(Time::ZERO, Duration::from_millis(20));
+        assert_eq!(e.base_rto(), Duration::from_millis(60));
+        let mut far = fine();
+        far.seed(Duration::from_secs(2), Duration::from_millis(100));
+        assert_eq!(
+            far.base_rto(),
+            Duration::from_secs(6),
+            "longer than 1 s too"
+        );
     }
 
     #[test]

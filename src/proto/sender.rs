@@ -21,6 +21,7 @@ use super::loss::{
     self, AckSummary, DupEvidence, Forced, LossRecovery, LossState, Phase, TimerContext,
     TimerVerdict, Verdict,
 };
+use super::path_memory::PathMemory;
 use super::payload::PayloadSource;
 use super::rtt::RttEstimator;
 use super::scoreboard::Scoreboard;
@@ -252,6 +253,24 @@ impl Sender {
         s.arm_idle();
         s.update_state(now);
         Ok(s)
+    }
+
+    /// Starts from what a previous connection to the same destination
+    /// learnt ([`PathMemory`]): the RTO before the first sample, and what
+    /// the controller takes of it. Before anything is sent.
+    pub fn with_path_memory(mut self, memory: &PathMemory) -> Sender {
+        if self.tuning.timeout.is_zero() {
+            self.rtt.seed(memory.srtt, memory.rttvar);
+        }
+        self.cc.use_path_memory(memory);
+        self
+    }
+
+    /// What this connection learnt about its path, for the next one to
+    /// the same destination; `None` before the first RTT sample.
+    pub fn path_memory(&mut self, now: Time) -> Option<PathMemory> {
+        let snapshot = self.snapshot(now);
+        PathMemory::from_snapshot(&snapshot, self.tuning.mss)
     }
 
     /// Limits new data to the stream's first `bytes`, for an application

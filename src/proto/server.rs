@@ -24,8 +24,9 @@ use super::crypto::{
     Responder, Sealer, ServerAuth,
 };
 use super::payload::pattern_mismatch;
-use super::receiver::{Receiver, ReceiverConfig, ReceiverStats};
+use super::receiver::{Receiver, ReceiverConfig};
 use super::time::Time;
+use super::wire::ReceiverStats;
 use super::wire::{
     CloseAck, HeaderPeek, Hello, Packet, PathProbe, ReceiverParams, Reject, RejectReason, Reply,
     Welcome, CONTROL_MAX_LEN, DATA_HEADER_LEN, REPLY_HEADER_LEN, VERSION,

@@ -5,7 +5,6 @@
 //! before anything is read, unknown flag bits and trailing bytes are errors,
 //! and nothing is allocated, so no input can panic or exhaust memory.
 
-use super::receiver::ReceiverStats;
 use thiserror::Error;
 
 /// `"AT"`: lets a receiver discard stray datagrams cheaply.
@@ -309,6 +308,25 @@ pub struct Close {
     pub segments: u64,
     /// Stream bytes acknowledged.
     pub bytes: u64,
+}
+
+/// atousrv's counters, reported after each connection: the receiver
+/// counts them, a [`CloseAck`] carries them to the client.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReceiverStats {
+    /// Data segments accepted (new, in window).
+    pub segments: u64,
+    /// Payload bytes accepted.
+    pub bytes: u64,
+    pub acks: u64,
+    /// Segments that had arrived before.
+    pub duplicates: u64,
+    /// Segments that arrived above a hole.
+    pub out_of_order: u64,
+    /// Segments beyond the advertised window, discarded.
+    pub beyond_window: u64,
+    /// Datagrams that failed to decode or belonged to another connection.
+    pub bad_packets: u64,
 }
 
 /// Server to client: the close arrived; the receiver's counters at that point.

@@ -17,9 +17,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::{Observer, Outcome, SimConfig, SimError, Simulation};
+use super::{RunEnd, SimConfig, SimError, Simulation};
 use crate::netem::{NetemSpec, NetemStats};
-use crate::proto::{Time, Tuning};
+use crate::proto::{Observer, Time, Tuning};
 use crate::summary::Summary;
 
 /// One flow of a shared-bottleneck run.
@@ -105,7 +105,7 @@ impl FlowsConfig {
 /// One flow's part of a run.
 #[derive(Debug, Clone)]
 pub struct FlowResult {
-    pub outcome: Outcome,
+    pub outcome: RunEnd,
     /// Its own summary, as a single-flow run prints it (the forward path's
     /// counts are the whole bottleneck's).
     pub summary: Summary,

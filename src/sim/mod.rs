@@ -21,8 +21,8 @@ use crate::netem::{mix_seed, Datagram, Netem, NetemSpec};
 use crate::proto::tuning::TuningError;
 use crate::proto::wire::ACK_MAX_LEN;
 use crate::proto::{
-    PatternSource, PatternVerifier, Receiver, ReceiverConfig, Sender, SenderState, Time,
-    TimedEvent, TraceRecord, Tuning,
+    Observer, PathMemory, PatternSource, PatternVerifier, Receiver, ReceiverConfig, Sender,
+    SenderState, Time, Tuning,
 };
 use crate::summary::{SimReport, Summary};
 
@@ -52,6 +52,10 @@ pub struct SimConfig {
     /// faster the sender is application-limited. `None`: every byte is
     /// ready from the start. For every flow of the run.
     pub source_bps: Option<u64>,
+    /// What an earlier run learnt about the path ([`SimResult`]'s
+    /// `summary.path_memory`): every flow starts from it, as a transfer to a
+    /// destination in the path cache does.
+    pub path_memory: Option<PathMemory>,
 }
 
 impl SimConfig {
@@ -73,6 +77,7 @@ impl SimConfig {
             time_limit: Duration::from_secs(30 * 86_400),
             fwd_stall: None,
             source_bps: None,
+            path_memory: None,
         }
     }
 }
@@ -85,43 +90,9 @@ pub enum SimError {
     Invariant { time: Time, what: String },
 }
 
-/// Receives what happens during a run.
-pub trait Observer {
-    fn on_event(&mut self, _event: &TimedEvent) {}
-    fn on_trace(&mut self, _record: &TraceRecord) {}
-    /// An event of flow `flow` (0 in a single-flow run); by default
-    /// [`Observer::on_event`], whichever the flow.
-    fn on_flow_event(&mut self, _flow: usize, event: &TimedEvent) {
-        self.on_event(event);
-    }
-    /// A trace record of flow `flow`; by default [`Observer::on_trace`].
-    fn on_flow_trace(&mut self, _flow: usize, record: &TraceRecord) {
-        self.on_trace(record);
-    }
-}
-
-/// Ignores everything.
-impl Observer for () {}
-
-/// Keeps everything, for tests.
-#[derive(Debug, Default)]
-pub struct Recorder {
-    pub events: Vec<TimedEvent>,
-    pub trace: Vec<TraceRecord>,
-}
-
-impl Observer for Recorder {
-    fn on_event(&mut self, event: &TimedEvent) {
-        self.events.push(event.clone());
-    }
-    fn on_trace(&mut self, record: &TraceRecord) {
-        self.trace.push(*record);
-    }
-}
-
-/// How a run ended.
+/// How a simulated run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum RunEnd {
     /// Everything sent was acknowledged.
     Finished,
     /// The sender gave up (`maxidle`).
@@ -134,7 +105,7 @@ pub enum Outcome {
 
 #[derive(Debug, Clone)]
 pub struct SimResult {
-    pub outcome: Outcome,
+    pub outcome: RunEnd,
     pub summary: Summary,
     /// Virtual time when the run stopped.
     pub end: Time,
@@ -144,9 +115,7 @@ impl SimResult {
     /// Finished, and the receiver got exactly the bytes sent, in order.
     pub fn delivered_intact(&self, bytes: u64) -> bool {
         let sim = self.summary.sim.as_ref().expect("simulated");
-        self.outcome == Outcome::Finished
-            && sim.first_error.is_none()
-            && sim.verified_bytes == bytes
+        self.outcome == RunEnd::Finished && sim.first_error.is_none() && sim.verified_bytes == bytes
     }
 }
 
@@ -193,6 +162,9 @@ impl Flow {
         let conn_id = mix_seed(seed, stream);
         let start = Time::ZERO + start;
         let mut sender = Sender::new(tuning, conn_id, bytes, start)?;
+        if let Some(memory) = &config.path_memory {
+            sender = sender.with_path_memory(memory);
+        }
         if config.trace {
             sender.enable_trace();
         }
@@ -309,7 +281,7 @@ impl Simulation {
 
     /// Runs until every flow has finished or failed, nothing is left to
     /// happen (`Stalled`) or the time limit; returns which of the three.
-    fn run_all(&mut self, observer: &mut dyn Observer) -> Result<Outcome, SimError> {
+    fn run_all(&mut self, observer: &mut dyn Observer) -> Result<RunEnd, SimError> {
         let outcome = loop {
             self.pump(observer)?;
             if self
@@ -317,14 +289,14 @@ impl Simulation {
                 .iter()
                 .all(|f| f.sender.state() != SenderState::Sending)
             {
-                break Outcome::Finished;
+                break RunEnd::Finished;
             }
             let Some((next, step)) = self.next_step() else {
-                break Outcome::Stalled;
+                break RunEnd::Stalled;
             };
             self.take_marks(Some(next));
             if next.saturating_since(Time::ZERO) > self.config.time_limit {
-                break Outcome::TimeLimit;
+                break RunEnd::TimeLimit;
             }
             self.now = self.now.max(next);
             let now = self.now;
@@ -463,26 +435,26 @@ impl Simulation {
     }
 
     /// Flow `i`'s own outcome, given how the run ended.
-    fn flow_outcome(&self, i: usize, run: Outcome) -> Outcome {
+    fn flow_outcome(&self, i: usize, run: RunEnd) -> RunEnd {
         match self.flows[i].sender.state() {
-            SenderState::Finished => Outcome::Finished,
-            SenderState::Failed => Outcome::Failed,
+            SenderState::Finished => RunEnd::Finished,
+            SenderState::Failed => RunEnd::Failed,
             SenderState::Sending => run,
         }
     }
 
-    fn flow_summary(&mut self, i: usize, outcome: Outcome) -> Summary {
+    fn flow_summary(&mut self, i: usize, outcome: RunEnd) -> Summary {
         let now = self.now;
         let fwd_stats = self.fwd.stats();
         let f = &mut self.flows[i];
         let status = match outcome {
-            Outcome::Finished => "finished".to_string(),
-            Outcome::Failed => format!(
+            RunEnd::Finished => "finished".to_string(),
+            RunEnd::Failed => format!(
                 "failed: no ACK for {} s (maxidle)",
                 f.tuning.maxidle.as_secs_f64()
             ),
-            Outcome::Stalled => "stalled: nothing left to happen (a bug)".to_string(),
-            Outcome::TimeLimit => "stopped: simulation time limit reached".to_string(),
+            RunEnd::Stalled => "stalled: nothing left to happen (a bug)".to_string(),
+            RunEnd::TimeLimit => "stopped: simulation time limit reached".to_string(),
         };
         let snapshot = f.sender.snapshot(now);
         let mut summary = Summary::new(

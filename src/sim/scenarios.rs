@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use super::{Recorder, SimConfig, SimError, Simulation};
+use super::{SimConfig, SimError, Simulation};
 use crate::netem::{Netem, NetemSpec};
-use crate::proto::{Event, RecoveryKind, Time, Tuning};
+use crate::proto::{Event, Recorder, RecoveryKind, Time, Tuning};
 use crate::units::Probability;
 
 /// Mathis §3.1: MSS in the paper's sense, payload bytes per segment.

@@ -34,8 +34,8 @@ use super::messages::{
 };
 use super::source::{SourceSpec, Sources};
 use crate::io::{self, fresh_conn_id, ProbeConfig, ProbeError, StreamFeed};
+use crate::proto::Observer;
 use crate::proto::{PayloadSource, Tuning};
-use crate::sim::Observer;
 use crate::summary::Summary;
 use crate::text::shown_path;
 
@@ -162,6 +162,9 @@ pub struct SendConfig {
     /// What to do with each data connection's packet trace (`--trace`,
     /// `--plot`); `None`: no trace.
     pub trace: Option<TraceSink>,
+    /// What an earlier transfer learnt about the path to `peer`, for every
+    /// connection's start ([`crate::path_cache`]); `None`: none.
+    pub path_memory: Option<crate::proto::PathMemory>,
 }
 
 /// Called as each data connection starts, with its round (1 for the
@@ -412,6 +415,7 @@ fn run_conn<F: StreamFeed>(
         session,
         reply_limit: u32::try_from(ending.reply_limit).unwrap_or(u32::MAX),
         close_unacknowledged: ending.close_unacknowledged,
+        path_memory: config.path_memory,
     };
     let stopped = async {
         while !stop.stop.load(Ordering::Relaxed) {

@@ -12,6 +12,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+/// The path cache of the atou processes this test starts: its own, so
+/// that neither the user's entries nor another test's hint its runs.
+pub const TEST_CACHE: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/path-cache-", module_path!());
+
 pub const ATOU: &str = env!("CARGO_BIN_EXE_atou");
 
 /// Writes past the test harness's capture, so a skip or a result shows in
@@ -201,11 +205,13 @@ pub fn in_host(netns: Option<&str>, args: &[&str]) -> Command {
     match netns {
         Some(ns) => {
             let mut c = Command::new("ip");
+            c.env("XDG_CACHE_HOME", TEST_CACHE);
             c.args(["netns", "exec", ns, ATOU]).args(args);
             c
         }
         None => {
             let mut c = Command::new(ATOU);
+            c.env("XDG_CACHE_HOME", TEST_CACHE);
             c.args(args);
             c
         }
@@ -217,7 +223,8 @@ pub fn in_host(netns: Option<&str>, args: &[&str]) -> Command {
 pub fn probe(netns: Option<&str>, target: &str, args: &[&str]) -> Value {
     // --no-auth: these tests measure the transport across impaired paths;
     // a key query would also go through the loss model's draws.
-    let mut all = vec!["probe", target, "--json", "--no-auth"];
+    // --no-path-cache: each starts cold, whatever path the last one had.
+    let mut all = vec!["probe", target, "--json", "--no-auth", "--no-path-cache"];
     all.extend_from_slice(args);
     let out: Output = in_host(netns, &all).output().expect("run atou probe");
     assert!(
@@ -242,6 +249,7 @@ impl Relay {
     /// With more flags (`--max-sources`, `--idle`).
     pub fn start_with(to: SocketAddr, fwd: &str, rev: &str, seed: u64, more: &[&str]) -> Relay {
         let mut child = Command::new(ATOU)
+            .env("XDG_CACHE_HOME", TEST_CACHE)
             .args([
                 "netem",
                 "relay",
@@ -329,6 +337,7 @@ impl Bridge {
         let (a, b) = (format!("atou-t{n}-a"), format!("atou-t{n}-b"));
         let addrs = format!("10.77.{n}.1,10.77.{n}.2");
         let mut child = Command::new(ATOU)
+            .env("XDG_CACHE_HOME", TEST_CACHE)
             .args([
                 "netem",
                 "bridge",

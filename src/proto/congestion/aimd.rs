@@ -18,6 +18,7 @@
 
 use super::reduction::Reduction;
 use super::{AckEvent, CongestionEvent, Controller, RecoveryStep};
+use crate::proto::path_memory::PathMemory;
 use crate::proto::time::Time;
 use crate::proto::tuning::{CcKind, Tuning};
 
@@ -35,6 +36,8 @@ pub struct Aimd {
     /// Congestion-avoidance increase per window of ACKs, in virtual segments.
     increment: u64,
     vmss: u64,
+    /// Bytes per segment, to read a saved ssthresh in bytes.
+    mss: u32,
     /// The sender window (`rcvwin`): cwnd never grows beyond it.
     cap: u64,
     reduction: Reduction,
@@ -51,6 +54,7 @@ impl Aimd {
             multiplier: t.multiplier,
             increment: u64::from(t.increment),
             vmss: u64::from(t.vmss),
+            mss: t.mss,
             cap: u64::from(t.rcvwin),
             reduction: Reduction::for_tuning(t),
             prior: None,
@@ -156,6 +160,17 @@ impl Controller for Aimd {
         self.cwnd
     }
 
+    /// Linux's tcp_init_metrics: a saved ssthresh replaces the unlimited
+    /// one (never one set with `thresh_init`), floored as a reduction's is.
+    fn use_path_memory(&mut self, memory: &PathMemory) {
+        if self.ssthresh != u64::MAX {
+            return;
+        }
+        if let Some(saved) = memory.ssthresh_segments(self.mss) {
+            self.ssthresh = saved.max(2 * self.vmss);
+        }
+    }
+
     fn ssthresh(&self) -> Option<u64> {
         Some(self.ssthresh)
     }
@@ -173,6 +188,33 @@ mod tests {
     /// A controller with a sender window of 1000 segments.
     fn aimd(t: Tuning) -> Aimd {
         Aimd::new(&Tuning { rcvwin: 1000, ..t })
+    }
+
+    /// Linux's tcp_init_metrics: a saved ssthresh replaces the unlimited
+    /// one, in this connection's segments, and never one the tuning set.
+    #[test]
+    fn a_saved_ssthresh_replaces_the_unlimited_one_only() {
+        let memory = crate::proto::PathMemory {
+            srtt: Duration::from_millis(100),
+            rttvar: Duration::from_millis(10),
+            ssthresh_bytes: Some(300 * 1000),
+            btl_bw_bps: None,
+            min_rtt: None,
+        };
+        let mut unset = aimd(Tuning {
+            mss: 1000,
+            ..Tuning::default()
+        });
+        assert_eq!(unset.ssthresh(), Some(u64::MAX));
+        unset.use_path_memory(&memory);
+        assert_eq!(unset.ssthresh(), Some(300));
+        let mut set = aimd(Tuning {
+            mss: 1000,
+            thresh_init: 0.1,
+            ..Tuning::default()
+        });
+        set.use_path_memory(&memory);
+        assert_eq!(set.ssthresh(), Some(100), "thresh_init wins");
     }
 
     fn ack(newly_acked: u64, recovery: RecoveryStep, flight: u64) -> AckEvent {

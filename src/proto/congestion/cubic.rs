@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use super::reduction::Reduction;
 use super::{AckEvent, CongestionEvent, Controller, RecoveryStep};
+use crate::proto::path_memory::PathMemory;
 use crate::proto::time::Time;
 use crate::proto::tuning::{CcKind, Tuning};
 
@@ -295,6 +296,15 @@ impl Cubic {
 impl Controller for Cubic {
     fn kind(&self) -> CcKind {
         CcKind::Cubic
+    }
+
+    /// Linux's tcp_init_metrics: a saved ssthresh ends slow start where
+    /// the last connection found the path full (HyStart++ may end it
+    /// sooner).
+    fn use_path_memory(&mut self, memory: &PathMemory) {
+        if let Some(saved) = memory.ssthresh_segments(self.mss as u32) {
+            self.ssthresh = saved;
+        }
     }
 
     fn on_ack(&mut self, ack: &AckEvent) {

@@ -25,6 +25,7 @@ pub use delivery_rate::{DeliveryRate, RateSample, SendStamp};
 // `CcReport` is defined below.
 pub use pacer::Pacer;
 
+use super::path_memory::PathMemory;
 use super::time::Time;
 use super::tuning::{CcKind, Tuning};
 
@@ -169,6 +170,11 @@ pub trait Controller: fmt::Debug + Send {
     fn report(&self) -> Option<CcReport> {
         None
     }
+
+    /// Before anything is sent: start from what a previous connection to
+    /// the same destination learnt, as far as it applies and within
+    /// bounds; the default ignores it.
+    fn use_path_memory(&mut self, _memory: &PathMemory) {}
 }
 
 /// Builds the controller a tuning asks for; `seed` makes its random

@@ -40,6 +40,7 @@ mod startup;
 use std::time::Duration;
 
 use super::{AckEvent, CcReport, CongestionEvent, Controller, RecoveryStep};
+use crate::proto::path_memory::PathMemory;
 use crate::proto::time::Time;
 use crate::proto::tuning::{CcKind, Tuning};
 
@@ -771,6 +772,28 @@ impl Controller for Bbr {
     fn undo(&mut self, _now: Time) {
         self.packet_conservation = false;
         self.restore_cwnd();
+    }
+
+    /// draft-ietf-tsvwg-careful-resume, "Unvalidated Phase": jump to
+    /// half the saved bandwidth-delay product (never below the initial
+    /// window, never above the sender window), paced over one saved min
+    /// RTT, then Startup as usual. Nothing enters the model: max_bw and
+    /// min_rtt come from this connection's own samples, so a hint that no
+    /// longer holds is forgotten after the jump's round trip; the loss it
+    /// causes on a smaller path is repaired as any Startup overshoot is
+    /// (tests/path_memory.rs measures one).
+    fn use_path_memory(&mut self, memory: &PathMemory) {
+        let (Some(bdp), Some(min_rtt)) = (memory.bdp_segments(self.mss as u32), memory.min_rtt)
+        else {
+            return;
+        };
+        let jump = (bdp / 2).min(self.cap);
+        if jump <= self.initial_cwnd {
+            return;
+        }
+        self.initial_cwnd = jump;
+        self.cwnd = jump;
+        self.pacing_rate = jump as f64 * self.mss as f64 / min_rtt.as_secs_f64();
     }
 
     /// A timeout: cwnd to one segment; the model stays.

@@ -1,0 +1,82 @@
+//! The path cache from the command line: `atou copy` saves what it learnt
+//! under $XDG_CACHE_HOME/atou/paths, a corrupt entry costs a warning and
+//! not the transfer, and `--no-path-cache` neither reads nor writes.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const ATOU: &str = env!("CARGO_BIN_EXE_atou");
+
+fn scratch(name: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("atou-path-cache-cli-{}-{name}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(dir.join("src")).unwrap();
+    fs::write(dir.join("src/f"), vec![7u8; 300_000]).unwrap();
+    dir
+}
+
+fn copy(dir: &Path, extra: &[&str]) -> Output {
+    let out = Command::new(ATOU)
+        .arg("copy")
+        .arg("--quiet")
+        .args(extra)
+        .arg(dir.join("src"))
+        .arg(dir.join("dst"))
+        .arg("--overwrite")
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "atou copy failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn entries(dir: &Path) -> Vec<PathBuf> {
+    match fs::read_dir(dir.join("cache/atou/paths")) {
+        Ok(d) => d.map(|e| e.unwrap().path()).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+#[test]
+fn no_path_cache_neither_writes_nor_reads_the_cache() {
+    let dir = scratch("off");
+    copy(&dir, &["--no-path-cache"]);
+    assert!(entries(&dir).is_empty(), "written despite --no-path-cache");
+    copy(&dir, &[]);
+    let saved = entries(&dir);
+    assert_eq!(saved.len(), 1, "one entry for 127.0.0.1: {saved:?}");
+    let text = fs::read_to_string(&saved[0]).unwrap();
+    assert!(text.starts_with("atou-path-memory 1\n"), "{text}");
+    // A corrupt entry is not read with --no-path-cache (no warning) ...
+    fs::write(&saved[0], "atou-path-memory 1\nsrtt_us banana\n").unwrap();
+    let quiet = copy(&dir, &["--no-path-cache"]);
+    assert!(
+        quiet.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&quiet.stderr)
+    );
+    assert_eq!(
+        fs::read_to_string(&saved[0]).unwrap(),
+        "atou-path-memory 1\nsrtt_us banana\n",
+        "nor rewritten"
+    );
+    // ... and without it, costs a warning, not the transfer, and is replaced.
+    let warned = copy(&dir, &[]);
+    let stderr = String::from_utf8_lossy(&warned.stderr);
+    assert!(
+        stderr.contains("warning: ignoring the path cache entry"),
+        "{stderr}"
+    );
+    let text = fs::read_to_string(&saved[0]).unwrap();
+    assert!(
+        text.contains("srtt_us "),
+        "replaced by a good entry: {text}"
+    );
+    fs::remove_dir_all(&dir).unwrap();
+}
