@@ -1120,6 +1120,8 @@ mod tests {
             "--exclude",
             "*.tmp",
             "--exclude=-odd/***",
+            "--shard",
+            "3/8",
         ])
         .unwrap();
         let mut argv = vec!["__remote".to_string(), "send".to_string()];
@@ -1134,6 +1136,10 @@ mod tests {
         assert_eq!(far.sources, vec!["-odd name".to_string()]);
         assert_eq!(far.transfer.streams(), 3);
         assert_eq!(far.transfer.buffer(), 32 << 20);
+        assert_eq!(
+            far.transfer.shard().map(|s| s.to_string()),
+            Some("3/8".into())
+        );
         assert!(!far.transfer.quiet() && far.transfer.json());
         let (a, _) = local.transfer.tuning().resolve().unwrap();
         let (b, _) = far.transfer.tuning().resolve().unwrap();

@@ -341,7 +341,8 @@ impl TransferArgs {
                 fsync: self.fsync,
                 checksum: self.checksum,
                 dry_run: self.dry_run,
-                shard: self.shard.is_some(),
+                // The plan sets it from SendConfig::shard: one place.
+                shard: false,
             },
             follow: self.follow,
             excludes: self.excludes()?,

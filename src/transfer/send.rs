@@ -963,7 +963,11 @@ fn send_session(
         plan.entries.len()
     ));
     let request = PlanRequest {
-        options: config.options,
+        // The receiver learns it is one shard of several from this bit.
+        options: Options {
+            shard: config.shard.is_some(),
+            ..config.options
+        },
         subdir: config.subdir.clone(),
         manifest,
     }
