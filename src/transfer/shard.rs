@@ -59,25 +59,15 @@ impl Shard {
     /// The entries of `tree` this shard sends, in the walk's order: every
     /// directory, and the files and symlinks [`assign`] gives it.
     pub fn select(&self, tree: Vec<LocalEntry>) -> Vec<LocalEntry> {
-        let items: Vec<Item<'_>> = tree.iter().map(|e| item(&e.entry.kind, e)).collect();
-        let owner = assign(&items, self.count);
-        let ours = owner
-            .iter()
-            .map(|o| o.is_none_or(|k| k == self.index - 1))
-            .collect::<Vec<_>>();
+        let items: Vec<Item<'_>> = tree.iter().map(Item::of).collect();
+        let ours: Vec<bool> = assign(&items, self.count)
+            .into_iter()
+            .map(|owner| owner.is_none_or(|k| k == self.index - 1))
+            .collect();
         tree.into_iter()
             .zip(ours)
             .filter_map(|(e, keep)| keep.then_some(e))
             .collect()
-    }
-}
-
-fn item<'a>(kind: &EntryKind, e: &'a LocalEntry) -> Item<'a> {
-    let path = e.entry.path.as_bytes();
-    match kind {
-        EntryKind::Dir => Item::Everywhere,
-        EntryKind::File { size } => Item::Once { path, size: *size },
-        EntryKind::Symlink { .. } => Item::Once { path, size: 0 },
     }
 }
 
@@ -113,6 +103,17 @@ pub enum Item<'a> {
     Once { path: &'a [u8], size: u64 },
 }
 
+impl<'a> Item<'a> {
+    fn of(e: &'a LocalEntry) -> Item<'a> {
+        let path = e.entry.path.as_bytes();
+        match e.entry.kind {
+            EntryKind::Dir => Item::Everywhere,
+            EntryKind::File { size } => Item::Once { path, size },
+            EntryKind::Symlink { .. } => Item::Once { path, size: 0 },
+        }
+    }
+}
+
 /// The shard (0-based) of each item, `None` for those in every shard.
 ///
 /// Greedy, largest first: items sorted by size descending, then path
@@ -121,7 +122,8 @@ pub enum Item<'a> {
 /// entries, index). Bound: let shard S end with the most bytes, L, and f
 /// be the last file it was given. When f was dealt, S had the fewest
 /// bytes, at most the mean of what was dealt before f, which is at most
-/// (total - f) / N; so L <= (total - f)/N + f <= total/N + largest.
+/// (total - f) / N; so L <= (total - f)/N + f = total/N + f·(N-1)/N
+/// <= total/N + largest·(N-1)/N.
 pub fn assign(items: &[Item<'_>], count: u32) -> Vec<Option<u32>> {
     let mut order: Vec<(u64, &[u8], usize)> = items
         .iter()
@@ -217,8 +219,11 @@ mod tests {
             prop_assert_eq!(bytes.iter().sum::<u128>(), total);
             let n = u128::from(count);
             for b in &bytes {
-                // b <= total/N + largest, without rounding.
-                prop_assert!(b * n <= total + n * largest, "{bytes:?} total {total} largest {largest}");
+                // b <= total/N + largest·(N-1)/N, without rounding.
+                prop_assert!(
+                    b * n <= total + (n - 1) * largest,
+                    "{bytes:?} total {total} largest {largest}"
+                );
             }
         }
 
