@@ -127,6 +127,7 @@ fn config(peer: SocketAddr) -> SendConfig {
         options: Options::default(),
         follow: false,
         excludes: Default::default(),
+        shard: None,
         streams: 1,
         buffer: 0,
         readers: 1,

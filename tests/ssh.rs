@@ -805,3 +805,38 @@ fn a_push_dry_run_changes_nothing_and_a_pull_excludes() {
     assert!(!back.join("data/sub/big.bin").exists());
     assert!(!back.join("data/sub/deeper").exists());
 }
+
+/// Three pushes with `--shard K/3` at once into one remote PATH, then
+/// three pulls with `--shard K/3` at once into one local DEST: the remote
+/// ends take `--shard` (a push's receiver keeps its staging directory for
+/// the others, a pull's sender sends its part) and the tree arrives whole.
+#[test]
+fn shards_push_and_pull_at_once_into_one_directory() {
+    let s = Scratch::new("shard");
+    let Some(sshd) = Sshd::start(&s.0, "shards_push_and_pull") else {
+        return;
+    };
+    let src = s.path("data");
+    make_tree(&src);
+    let at_once = |from: String, to: String| {
+        let running: Vec<std::process::Child> = (1..=3)
+            .map(|k| {
+                sshd.copy(&["--quiet", "--shard", &format!("{k}/3"), &from, &to])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("start atou copy")
+            })
+            .collect();
+        for (k, c) in running.into_iter().enumerate() {
+            let out = c.wait_with_output().unwrap();
+            assert!(out.status.success(), "shard {}/3: {}", k + 1, text(&out));
+        }
+    };
+    let pushed = s.path("pushed");
+    at_once(src.display().to_string(), sshd.at(&pushed));
+    assert_same_tree(&src, &pushed.join("data"));
+    let pulled = s.path("pulled");
+    at_once(sshd.at(&pushed.join("data")), pulled.display().to_string());
+    assert_same_tree(&src, &pulled.join("data"));
+}

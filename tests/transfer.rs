@@ -2017,3 +2017,214 @@ fn a_bwlimit_send_takes_at_least_size_over_rate() {
     );
     assert_same_tree(&tree, &dest.join("tree"));
 }
+
+// ---------------------------------------------------------------------------
+// Sharding: N senders, one tree
+// ---------------------------------------------------------------------------
+
+/// A tree for the shard tests: 6 directories of files from empty to
+/// 300 KiB, one empty directory, a 5 MiB file (above total/4, the case
+/// whole-file sharding cannot balance), an empty file, symlinks, modes
+/// and mtimes of their own. Returns its files' sizes by relative path.
+fn build_shard_tree(root: &Path) -> BTreeMap<String, u64> {
+    let mut rng = XorShift::new(15);
+    let mut sizes = BTreeMap::new();
+    let mut file = |rel: &str, size: u64, i: u64| {
+        let p = root.join(rel);
+        write_random(&p, size, 1500 + i);
+        set_mode(&p, [0o644, 0o600, 0o755][i as usize % 3]);
+        set_mtime(
+            &p,
+            FEB_3_2001 + i * 61,
+            (i * 7_777_777 % 1_000_000_000) as u32,
+        );
+        sizes.insert(format!("tree/{rel}"), size);
+    };
+    fs::create_dir_all(root.join("empty/dir")).unwrap();
+    file("big.bin", 5 * MIB + 3, 0);
+    file("empty-file", 0, 1);
+    let mut i = 2;
+    for d in 0..6 {
+        let dir = format!("d{d}/sub");
+        fs::create_dir_all(root.join(&dir)).unwrap();
+        for f in 0..8 {
+            let at = if f % 2 == 0 {
+                format!("d{d}")
+            } else {
+                dir.clone()
+            };
+            file(&format!("{at}/f{f}"), rng.below(300 * KIB), i);
+            i += 1;
+        }
+    }
+    symlink("../big.bin", root.join("d0/to-big")).unwrap();
+    symlink("sub/f1", root.join("d1/to-f1")).unwrap();
+    // Directories last, deepest first: writing into them set their mtimes.
+    let mut dirs: Vec<PathBuf> = walk(root)
+        .into_iter()
+        .filter(|(_, m)| m.is_dir())
+        .map(|(rel, _)| rel)
+        .collect();
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+    for (j, d) in dirs.iter().enumerate() {
+        set_mtime(&root.join(d), FEB_3_2001 + 5000 + j as u64, 0);
+    }
+    sizes
+}
+
+/// `--shard K/N` checks K and N, and a dry run of each shard lists its
+/// own part: together the four parts list every file exactly once.
+#[test]
+fn shards_are_checked_and_their_dry_runs_list_each_file_once() {
+    let scratch = Scratch::new("shard-dry");
+    let tree = scratch.path("src/tree");
+    let sizes = build_shard_tree(&tree);
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    for bad in ["0/4", "5/4", "1/1025", "2", "x/4"] {
+        let out = Command::new(ATOU)
+            .args(["send", "--shard", bad])
+            .arg(&tree)
+            .arg(server.target())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--shard {bad}: {stderr}");
+        assert!(
+            stderr.contains("1 <= K <= N <= 1024"),
+            "--shard {bad}: {stderr}"
+        );
+    }
+    let mut listed: Vec<String> = Vec::new();
+    for k in 1..=4 {
+        let shard = format!("{k}/4");
+        let r: Value = {
+            let dry = send(
+                &[&tree],
+                &server.target(),
+                &["--dry-run", "--shard", &shard],
+            );
+            assert_eq!(dry.code(), Some(0), "{}", dry.stderr);
+            serde_json::from_str(dry.stdout.trim()).unwrap()
+        };
+        assert_eq!(r["shard"].as_str(), Some(shard.as_str()), "{r}");
+        let part = dry_files(&r);
+        assert!(!part.is_empty(), "shard {shard} has no file: {r}");
+        listed.extend(part.into_iter().map(|(path, _, _)| path));
+    }
+    listed.sort();
+    let all: Vec<String> = sizes.keys().cloned().collect();
+    assert_eq!(
+        listed, all,
+        "the shards' parts are not the tree's files, each once"
+    );
+    let left: Vec<PathBuf> = walk(&dest).into_keys().collect();
+    assert_eq!(
+        left,
+        [PathBuf::new(), PathBuf::from(STAGING_DIR)],
+        "a dry run wrote to the destination"
+    );
+}
+
+/// Four `atou send --shard K/4` at once into one `atou serve --dir`
+/// deliver the tree a single run delivers: the same entries, bytes,
+/// modes, mtimes and symlink targets (directories' too); none of the
+/// shards refuses on a directory another just created, and each shard's
+/// bytes stay within the balance bound, total/4 + the largest file.
+#[test]
+fn four_shards_at_once_deliver_the_tree_of_a_single_run() {
+    let scratch = Scratch::new("shard");
+    let tree = scratch.path("src/tree");
+    let sizes = build_shard_tree(&tree);
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    let single = send(&[&tree], &format!("{}:single", server.target()), &[]).report();
+    server.report();
+
+    let sharded = format!("{}:sharded", server.target());
+    let running: Vec<Sending> = (1..=4)
+        .map(|k| spawn_send(&[&tree], &sharded, &["--shard", &format!("{k}/4")]))
+        .collect();
+    let reports: Vec<Value> = running
+        .into_iter()
+        .map(|s| s.finish(Duration::from_secs(120)).report())
+        .collect();
+    for _ in 0..4 {
+        server.report();
+    }
+
+    let total: u64 = sizes.values().sum();
+    let largest = *sizes.values().max().unwrap();
+    let mut files = 0;
+    for (k, r) in reports.iter().enumerate() {
+        let bytes = report_u(r, "bytes_total");
+        assert!(
+            bytes <= total / 4 + largest,
+            "shard {}/4 sent {bytes} bytes of {total}, above total/4 + {largest}",
+            k + 1
+        );
+        assert!(
+            report_u(r, "files") > 0,
+            "shard {}/4 sent no file: {r}",
+            k + 1
+        );
+        files += report_u(r, "files");
+    }
+    assert_eq!(files, report_u(&single, "files"));
+    assert_eq!(files, sizes.len() as u64);
+    assert_same_tree(&dest.join("single/tree"), &dest.join("sharded/tree"));
+    assert_same_tree(&tree, &dest.join("sharded/tree"));
+
+    // One after another, the first shard creates every directory and
+    // sets its mtime before the others write into them: the last to
+    // write into a directory sets its mtime again.
+    let serial = format!("{}:serial", server.target());
+    for k in 1..=4 {
+        send(&[&tree], &serial, &["--shard", &format!("{k}/4")]).report();
+        server.report();
+    }
+    assert_same_tree(&dest.join("single/tree"), &dest.join("serial/tree"));
+    assert_eq!(
+        fs::read_dir(dest.join(STAGING_DIR)).unwrap().count(),
+        0,
+        "partial files were left behind"
+    );
+}
+
+/// Four `atou copy --shard K/4` at once into one local DEST, each with
+/// its own receiver, together copy the tree; none removes the staging
+/// directory, which another shard may be writing into.
+#[test]
+fn four_copy_shards_at_once_share_one_destination() {
+    let scratch = Scratch::new("shard-copy");
+    let tree = scratch.path("src/tree");
+    build_shard_tree(&tree);
+    let dest = scratch.dir("dest");
+    let copies: Vec<std::process::Child> = (1..=4)
+        .map(|k| {
+            Command::new(ATOU)
+                .args(["copy", "--quiet", "--shard", &format!("{k}/4")])
+                .arg(&tree)
+                .arg(&dest)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start atou copy")
+        })
+        .collect();
+    for (k, copy) in copies.into_iter().enumerate() {
+        let out = copy.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "copy --shard {}/4: {}",
+            k + 1,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_same_tree(&tree, &dest.join("tree"));
+    // Kept, since a shard cannot know that the others are done; empty.
+    let staging = fs::read_dir(dest.join(STAGING_DIR))
+        .expect("a shard leaves the staging directory to the other shards")
+        .count();
+    assert_eq!(staging, 0, "partial files were left behind");
+}

@@ -212,6 +212,7 @@ fuzz_target!(|data: &[u8]| {
                         checksum: body.first().is_some_and(|b| b % 8 >= 4),
                         fsync: false,
                         dry_run: body.first().is_some_and(|b| b % 16 >= 8),
+                        shard: body.first().is_some_and(|b| b % 32 >= 16),
                     },
                     subdir: None,
                     manifest: manifest(body, outside),

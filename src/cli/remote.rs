@@ -100,6 +100,10 @@ struct RemoteReceiveArgs {
     /// Answer a dry run only, leaving PATH exactly as it is
     #[arg(long)]
     dry_run: bool,
+    /// One of several shards sending into PATH at once: leave the staging
+    /// directory (and a PATH this run created) for the others, even empty
+    #[arg(long)]
+    shard: bool,
     /// Where the files go, relative to the home directory unless absolute
     #[arg(value_name = "PATH")]
     path: String,
@@ -491,6 +495,10 @@ fn push(
         // receiver that would write starts.
         args.push("--dry-run".to_string());
     }
+    if transfer.shard().is_some() {
+        // An atou there that predates --shard refuses the flag.
+        args.push("--shard".to_string());
+    }
     args.extend(["--".to_string(), path.to_string()]);
     let mut remote = RemoteEnd::start(ssh, target, &args)?;
     let answer = remote.bootstrap(&hello)?;
@@ -594,7 +602,10 @@ fn pull(
         transfer,
         &tuning,
     );
-    tidy(&root, created);
+    // Other shards may be receiving into the same DEST.
+    if transfer.shard().is_none() {
+        tidy(&root, created);
+    }
     result
 }
 
@@ -885,8 +896,11 @@ fn remote_receive(
     let created = !root.exists();
     atou::transfer::dest::create_destination(&root).map_err(|e| anyhow!(e))?;
     let root = check_root(&root).map_err(|e| anyhow!(e))?;
+    let shard = args.shard;
     let result = receive_into(&root, args, hello, ip, watch, gone);
-    tidy(&root, created);
+    if !shard {
+        tidy(&root, created);
+    }
     result
 }
 
@@ -1115,6 +1129,8 @@ mod tests {
             "--exclude",
             "*.tmp",
             "--exclude=-odd/***",
+            "--shard",
+            "3/8",
         ])
         .unwrap();
         let mut argv = vec!["__remote".to_string(), "send".to_string()];
@@ -1129,6 +1145,10 @@ mod tests {
         assert_eq!(far.sources, vec!["-odd name".to_string()]);
         assert_eq!(far.transfer.streams(), 3);
         assert_eq!(far.transfer.buffer(), 32 << 20);
+        assert_eq!(
+            far.transfer.shard().map(|s| s.to_string()),
+            Some("3/8".into())
+        );
         assert!(!far.transfer.quiet() && far.transfer.json());
         let (a, _) = local.transfer.tuning().resolve().unwrap();
         let (b, _) = far.transfer.tuning().resolve().unwrap();

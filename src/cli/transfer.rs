@@ -20,6 +20,7 @@ use atou::transfer::manifest::RelPath;
 use atou::transfer::messages::Options;
 use atou::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits};
 use atou::transfer::send::{Progress, SendConfig, SendError, SendReport};
+use atou::transfer::shard::Shard;
 use atou::units::{format_rate, format_size, parse_size};
 
 use super::exit::{self, Exit};
@@ -66,6 +67,9 @@ pub struct TransferArgs {
     /// Read exclude patterns from FILE, one per line; blank lines and lines starting with `#` or `;` are skipped; `-` reads stdin
     #[arg(long, value_name = "FILE")]
     exclude_from: Vec<PathBuf>,
+    /// Send only part K of N of the tree (1 <= K <= N <= 1024), so that N runs with the same SRCs and DEST (on N hosts, or the tasks of a Slurm array or a Kubernetes indexed Job) together send it all: every directory is in every part, each file and symlink in exactly one, whole files dealt out largest first to balance bytes. Default: the whole tree. See docs/scale-out.md
+    #[arg(long, value_name = "K/N")]
+    shard: Option<Shard>,
     /// Ask the receiver what it would do and print it (what would be sent, skipped or refused, and the bytes), then stop: no file data is sent and nothing changes at the destination. The exit status is the real run's (5 if refused); with --json, a list
     #[arg(long, short = 'n')]
     dry_run: bool,
@@ -339,9 +343,12 @@ impl TransferArgs {
                 fsync: self.fsync,
                 checksum: self.checksum,
                 dry_run: self.dry_run,
+                // The plan sets it from SendConfig::shard: one place.
+                shard: false,
             },
             follow: self.follow,
             excludes: self.excludes()?,
+            shard: self.shard,
             streams: self.streams,
             buffer: self.buffer,
             readers: readers(self.readers),
@@ -493,9 +500,12 @@ pub(super) fn not_sent_and_resent(
 
 fn report_text(r: &SendReport) -> String {
     let mut s = format!(
-        "atou: sent {} file{} ({} dir{}, {} symlink{}) to {}: {} in {:.2} s, {}",
+        "atou: sent {} file{}{} ({} dir{}, {} symlink{}) to {}: {} in {:.2} s, {}",
         r.files,
         if r.files == 1 { "" } else { "s" },
+        r.shard
+            .as_ref()
+            .map_or(String::new(), |k| format!(" of shard {k}")),
         r.dirs,
         if r.dirs == 1 { "" } else { "s" },
         r.symlinks,
@@ -550,8 +560,11 @@ fn dry_run_text(r: &SendReport) -> String {
         s += &format!("{:<5} {:>22}  {}\n", f.action, how, f.path);
     }
     let sent = files.iter().filter(|f| f.action == "send").count();
+    let part = r.shard.as_ref().map_or(String::new(), |k| {
+        format!(" (shard {k}, its part of the tree)")
+    });
     s += &format!(
-        "dry run: would send {} of {} file{} ({} of {}), skip {} ({} already there), \
+        "dry run{part}: would send {} of {} file{} ({} of {}), skip {} ({} already there), \
          with {} dir{} and {} symlink{}, to {}; nothing was sent\n",
         sent,
         files.len(),
@@ -905,6 +918,10 @@ impl TransferArgs {
         self.dry_run
     }
 
+    pub(super) fn shard(&self) -> Option<Shard> {
+        self.shard
+    }
+
     pub(super) fn buffer(&self) -> u64 {
         self.buffer
     }
@@ -943,6 +960,9 @@ impl TransferArgs {
         // --exclude-from is read here: the file is on this host.
         for p in self.excludes()?.patterns() {
             a.push(format!("--exclude={p}"));
+        }
+        if let Some(shard) = self.shard {
+            a.push(format!("--shard={shard}"));
         }
         let (tuning, _) = self.tuning.resolve()?;
         let defaults = atou::proto::Tuning::default();

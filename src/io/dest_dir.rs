@@ -349,6 +349,11 @@ pub fn set_dir_attrs(dir: OwnedFd, mode: u32, mtime: SystemTime) -> io::Result<(
     dir.set_times(std::fs::FileTimes::new().set_modified(mtime))
 }
 
+/// Sets a directory's mtime alone: its mode is not ours to change.
+pub fn set_dir_mtime(dir: OwnedFd, mtime: SystemTime) -> io::Result<()> {
+    File::from(dir).set_times(std::fs::FileTimes::new().set_modified(mtime))
+}
+
 /// Syncs a directory (after a rename into it, with `fsync`).
 pub fn sync_dir(dir: &OwnedFd) -> io::Result<()> {
     rfs::fsync(dir).map_err(to_io)

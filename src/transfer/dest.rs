@@ -15,6 +15,7 @@
 //! What is allowed (replacing files, modes, symlinks, syncing) is the
 //! receiver's [`Policy`]; the sender's [`Options`] only ask.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io;
 use std::os::fd::OwnedFd;
@@ -543,6 +544,7 @@ pub fn prepare(
         fsync: asked.fsync || policy.fsync,
         checksum: asked.checksum && asked.skip_existing,
         dry_run: asked.dry_run,
+        shard: asked.shard,
     };
     let sub: Vec<u8> = subdir
         .as_ref()
@@ -846,6 +848,14 @@ pub fn finish(
     let dest_dir = &prepared.dest_dir;
     let mut dirs = DirCache::new(dest_dir);
     let mut synced_dirs: Vec<Vec<u8>> = Vec::new();
+    // Directories whose mtime this session's own writes moved: the
+    // parents of what it placed and of the directories it created.
+    let mut written_into: HashSet<&[u8]> = HashSet::new();
+    for (i, rel) in prepared.rels.iter().enumerate() {
+        if prepared.created.get(i).copied().unwrap_or(false) {
+            written_into.insert(split_rel(rel).0);
+        }
+    }
     let mut file_no = 0;
     for (i, entry) in prepared.entries.iter().enumerate() {
         let rel = &prepared.rels[i];
@@ -891,6 +901,7 @@ pub fn finish(
                     .get(dir_rel)
                     .map_err(|e| io_error("open", &dest_dir.shown(dir_rel), &e))?;
                 t.put_in_place(fd, replace)?;
+                written_into.insert(dir_rel);
                 if fsync && synced_dirs.last().is_none_or(|d| d != dir_rel) {
                     synced_dirs.push(dir_rel.to_vec());
                 }
@@ -908,15 +919,22 @@ pub fn finish(
                 dest_dir
                     .place(&staged, fd, name, replace)
                     .map_err(|e| io_error("rename into place", &shown_path, &e))?;
+                written_into.insert(dir_rel);
                 done.symlinks += 1;
             }
         }
     }
     for (i, entry) in prepared.entries.iter().enumerate().rev() {
-        if entry.kind != EntryKind::Dir || !(prepared.created[i] || prepared.options.overwrite) {
+        let rel = &prepared.rels[i];
+        let whole = prepared.created[i] || prepared.options.overwrite;
+        // A shard's sibling sessions write into the directories it
+        // created, after it may have set their mtimes; so whichever
+        // session writes into a directory last sets its mtime again,
+        // after its writes, and the last one standing is the sender's.
+        let mtime_only = prepared.options.shard && written_into.contains(rel.as_slice());
+        if entry.kind != EntryKind::Dir || !(whole || mtime_only) {
             continue;
         }
-        let rel = &prepared.rels[i];
         let path = dest_dir.shown(rel);
         let fd = dest_dir
             .open_dir(rel)
@@ -924,13 +942,15 @@ pub fn finish(
         if fsync {
             dest_dir::sync_dir(&fd).map_err(|e| io_error("sync", &path, &e))?;
         }
-        dest_dir::set_dir_attrs(
-            fd,
-            prepared.policy.mode(entry.mode),
-            to_system_time(entry.mtime_sec, entry.mtime_nsec),
-        )
-        .map_err(|e| io_error("set the mode and mtime of", &path, &e))?;
-        done.dirs += 1;
+        let mtime = to_system_time(entry.mtime_sec, entry.mtime_nsec);
+        if whole {
+            dest_dir::set_dir_attrs(fd, prepared.policy.mode(entry.mode), mtime)
+                .map_err(|e| io_error("set the mode and mtime of", &path, &e))?;
+            done.dirs += 1;
+        } else {
+            dest_dir::set_dir_mtime(fd, mtime)
+                .map_err(|e| io_error("set the mtime of", &path, &e))?;
+        }
     }
     if fsync {
         for rel in synced_dirs {

@@ -38,7 +38,13 @@ const OPT_CHECKSUM: u8 = 0x08;
 /// A dry run: plan, answer, change nothing. A receiver that predates it
 /// refuses the bit as unknown rather than reading the plan as a real one.
 const OPT_DRY_RUN: u8 = 0x10;
-const OPTS_KNOWN: u8 = OPT_OVERWRITE | OPT_SKIP_EXISTING | OPT_FSYNC | OPT_CHECKSUM | OPT_DRY_RUN;
+/// One shard of a tree that other sessions send the rest of: the receiver
+/// sets the mtime of each directory it writes into (docs/scale-out.md). A
+/// receiver that predates it refuses the bit rather than leave directory
+/// mtimes to whichever shard happened to finish last.
+const OPT_SHARD: u8 = 0x20;
+const OPTS_KNOWN: u8 =
+    OPT_OVERWRITE | OPT_SKIP_EXISTING | OPT_FSYNC | OPT_CHECKSUM | OPT_DRY_RUN | OPT_SHARD;
 
 /// Longest message a reply or error carries.
 const MESSAGE_MAX: usize = 4096;
@@ -194,6 +200,10 @@ pub struct Options {
     /// Only the plan: the receiver answers what it would do and creates
     /// nothing; no data follows (rsync's `-n`).
     pub dry_run: bool,
+    /// One shard of a tree (`--shard K/N`): other sessions send the rest
+    /// into the same directories, so each directory this session writes
+    /// into gets its mtime set at the finish, after the writes.
+    pub shard: bool,
 }
 
 /// The first request of a session: where, how, and what.
@@ -253,7 +263,8 @@ impl PlanRequest {
                 }
                 | if o.fsync { OPT_FSYNC } else { 0 }
                 | if o.checksum { OPT_CHECKSUM } else { 0 }
-                | if o.dry_run { OPT_DRY_RUN } else { 0 },
+                | if o.dry_run { OPT_DRY_RUN } else { 0 }
+                | if o.shard { OPT_SHARD } else { 0 },
         );
         let subdir = self.subdir.as_ref().map_or(&[][..], |s| s.as_bytes());
         out.extend_from_slice(&(subdir.len() as u16).to_be_bytes());
@@ -390,6 +401,7 @@ impl Request {
                         fsync: opts & OPT_FSYNC != 0,
                         checksum: opts & OPT_CHECKSUM != 0,
                         dry_run: opts & OPT_DRY_RUN != 0,
+                        shard: opts & OPT_SHARD != 0,
                     },
                     subdir,
                     manifest,
@@ -647,6 +659,7 @@ mod tests {
                 fsync: true,
                 checksum: true,
                 dry_run: true,
+                shard: true,
             },
             subdir: Some(rel("in/here")),
             manifest: manifest(),

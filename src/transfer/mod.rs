@@ -16,6 +16,7 @@ pub mod manifest;
 pub mod messages;
 pub mod receive;
 pub mod send;
+pub mod shard;
 pub mod source;
 
 use manifest::{EntryKind, Manifest};

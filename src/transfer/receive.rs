@@ -1275,11 +1275,13 @@ impl FileReceiver {
                     chunks_rejected: s.chunks_rejected,
                     secs: s.started.elapsed().as_secs_f64(),
                 };
+                let shard = s.prepared.as_ref().is_some_and(|p| p.options.shard);
                 (self.on_event)(ReceiveEvent::Done(report));
                 server.respond(conn_id, Outcome::Done { bad: Vec::new() }.encode());
                 self.remove_session(session);
-                if self.config.once {
-                    // The one transfer is over and nothing else uses DEST.
+                if self.config.once && !shard {
+                    // The one transfer is over and nothing else uses DEST
+                    // (unless other shards of the tree are sending into it).
                     self.dest.remove_staging_if_empty();
                 }
                 self.end_once();

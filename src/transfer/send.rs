@@ -32,6 +32,7 @@ use super::manifest::{manifest_of, walk, EntryKind, LocalEntry, RelPath, WalkErr
 use super::messages::{
     encode_abort, encode_finish, ChunkRef, FilePlan, Options, Outcome, PlanReply, PlanRequest,
 };
+use super::shard::Shard;
 use super::source::{SourceSpec, Sources};
 use crate::io::{self, fresh_conn_id, ProbeConfig, ProbeError, StreamFeed};
 use crate::proto::Observer;
@@ -152,6 +153,8 @@ pub struct SendConfig {
     pub follow: bool,
     /// Entries the walk leaves out (`--exclude`).
     pub excludes: Excludes,
+    /// Send only this shard's part of the tree (`--shard K/N`).
+    pub shard: Option<Shard>,
     /// Transport connections at once.
     pub streams: usize,
     /// Bytes read ahead, over all streams.
@@ -274,6 +277,9 @@ impl Observer for Live<'_> {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SendReport {
     pub host: String,
+    /// `--shard K/N`: every figure below is of this shard's part.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
     pub files: u64,
     pub dirs: u64,
     pub symlinks: u64,
@@ -914,7 +920,10 @@ fn send_session(
     let progress = progress.clone();
     let started = Instant::now();
     progress.set_stage("reading the sources");
-    let entries = walk(sources, config.follow, &config.excludes)?;
+    let mut entries = walk(sources, config.follow, &config.excludes)?;
+    if let Some(shard) = config.shard {
+        entries = shard.select(entries);
+    }
     let manifest = manifest_of(&entries);
     let mut specs = Vec::new();
     let mut sizes = Vec::new();
@@ -958,7 +967,11 @@ fn send_session(
         plan.entries.len()
     ));
     let request = PlanRequest {
-        options: config.options,
+        // The receiver learns it is one shard of several from this bit.
+        options: Options {
+            shard: config.shard.is_some(),
+            ..config.options
+        },
         subdir: config.subdir.clone(),
         manifest,
     }
@@ -1227,6 +1240,7 @@ fn send_session(
     let files = plan.sizes.len() as u64;
     Ok(SendReport {
         host: config.host.clone(),
+        shard: config.shard.map(|s| s.to_string()),
         files,
         dirs,
         symlinks,
@@ -1286,6 +1300,7 @@ fn dry_run_report(
     let skipped = files.iter().filter(|f| f.action == "skip").count() as u64;
     SendReport {
         host: config.host.clone(),
+        shard: config.shard.map(|s| s.to_string()),
         files: files.len() as u64,
         dirs,
         symlinks,
