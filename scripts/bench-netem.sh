@@ -160,6 +160,8 @@ done
 
 # A command atou_run starts beside its own flow (pair_run sets it).
 beside=()
+# Transfers left out because their server never started (atou_run).
+skipped=()
 results=$work/results   # lines: loss kind bps rtt rxmts timeouts mss loss_seen min_rtt
 : >"$results"
 
@@ -228,6 +230,16 @@ PY
         die "loss $loss%: could not read iperf3 -C $algo's JSON"
 }
 
+# server_state PID: what a process is doing, for a note.
+server_state() {
+    if [ -d "/proc/$1" ]; then
+        echo "$(tr '\0' ' ' <"/proc/$1/cmdline" | cut -c1-80)," \
+            "$(grep '^State' "/proc/$1/status" | tr -s '\t' ' '), wchan $(cat "/proc/$1/wchan" 2>/dev/null)"
+    else
+        echo "exited"
+    fi
+}
+
 # atou LOSS KIND [TUNING...]: atou probe from A to atou serve in B.
 atou_run() {
     local loss=$1 kind=$2 server
@@ -235,16 +247,31 @@ atou_run() {
     # ip netns exec itself, not in_b: its pid is then atou's, so the kill
     # below stops the server and not only a subshell (which left servers
     # running after the run).
-    ip netns exec "${hosts[1]}" "$atou" serve --bind "${addrs[1]}:$port" --once --json \
-        >"$work/serve.json" 2>"$work/serve.err" &
-    server=$!
-    pids+=("$server")
-    for _ in $(seq 150); do
-        grep -q listening "$work/serve.err" 2>/dev/null && break
-        sleep 0.1
+    # Twice, then the transfer is skipped with what the server was doing:
+    # a server that printed nothing for 15 s ended two CI runs (right
+    # after a fresh bridge, never reproduced by hand), and one missing
+    # figure is better than none.
+    local attempt
+    for attempt in 1 2; do
+        ip netns exec "${hosts[1]}" "$atou" serve --bind "${addrs[1]}:$port" --once --json \
+            >"$work/serve.json" 2>"$work/serve.err" &
+        server=$!
+        pids+=("$server")
+        for _ in $(seq 150); do
+            grep -q listening "$work/serve.err" 2>/dev/null && break
+            sleep 0.1
+        done
+        grep -q listening "$work/serve.err" && break
+        note "loss $loss%: atou serve ($kind, attempt $attempt) printed no 'listening' in 15 s:" \
+            "stderr '$(tail -n 1 "$work/serve.err")'; process: $(server_state "$server")$(bridge_note)"
+        kill -KILL "$server" 2>/dev/null || true
+        wait "$server" 2>/dev/null || true
+        pids=()
+        if [ "$attempt" = 2 ]; then
+            skipped+=("loss $loss% $kind")
+            return 0
+        fi
     done
-    grep -q listening "$work/serve.err" ||
-        die "loss $loss%: atou serve did not start: $(tail -n 1 "$work/serve.err")$(bridge_note)"
     # A flow to run beside this one (pair_run), started once the server
     # listens: two `ip netns exec` at the same instant once left the
     # server silent for over 15 s.
@@ -413,16 +440,26 @@ e2e_run() {
     sshd_wait "${addrs[1]}" in_a
     mkdir -p "$e2e/dst-atou-send"
     # ip netns exec itself, not in_b: its pid is then atou's, for the kill below.
-    ip netns exec "${hosts[1]}" "$atou" serve --bind "${addrs[1]}:$port" --dir "$e2e/dst-atou-send" --identity "$e2e/server" \
-        --authorized-keys "$e2e/authorized_keys" >"$e2e/serve.out" 2>"$e2e/serve.err" &
-    serve=$!
-    pids+=("$serve")
-    for _ in $(seq 150); do
-        grep -q listening "$e2e/serve.err" 2>/dev/null && break
-        sleep 0.1
+    # Twice, as atou_run does, with what the server was doing if not.
+    local attempt
+    for attempt in 1 2; do
+        ip netns exec "${hosts[1]}" "$atou" serve --bind "${addrs[1]}:$port" --dir "$e2e/dst-atou-send" --identity "$e2e/server" \
+            --authorized-keys "$e2e/authorized_keys" >"$e2e/serve.out" 2>"$e2e/serve.err" &
+        serve=$!
+        pids+=("$serve")
+        for _ in $(seq 150); do
+            grep -q listening "$e2e/serve.err" 2>/dev/null && break
+            sleep 0.1
+        done
+        grep -q listening "$e2e/serve.err" && break
+        local state
+        state=$(server_state "$serve")
+        kill -KILL "$serve" 2>/dev/null || true
+        wait "$serve" 2>/dev/null || true
+        [ "$attempt" = 1 ] ||
+            die "loss $loss%: atou serve --dir did not start (twice): $(tail -n 1 "$e2e/serve.err"); process: $state$(bridge_note)"
+        note "loss $loss%: atou serve --dir printed no 'listening' in 15 s; process: $state; again"
     done
-    grep -q listening "$e2e/serve.err" ||
-        die "loss $loss%: atou serve --dir did not start: $(tail -n 1 "$e2e/serve.err")$(bridge_note)"
     for k in "${tools[@]}"; do e2e_one "$loss" "$k" "$e2e/warm/data" 0; done
     for r in $(seq "$e2e_rounds"); do
         for k in 0 1 2 3; do
@@ -440,6 +477,9 @@ for loss in "${e2e_losses[@]}"; do
     on_fresh_bridge "$loss" "$fwd" "end to end: atou send, atou copy, scp, rsync" e2e_run "$loss"
 done
 
+for s in "${skipped[@]}"; do
+    echo "bench-netem: note: no figure for $s: its atou serve never started (twice)"
+done
 python3 - "$results" "$work/counts" "$secs" "$hdr" "$seed" "$warm" <<'PY'
 import math, sys
 rows, counts, secs, hdr, seed, warm = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]
