@@ -14,6 +14,7 @@
 use std::fs;
 use std::io::{self, Read, Write};
 use std::net::IpAddr;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -109,7 +110,26 @@ impl PathCache {
     ) -> Result<Option<PathMemory>, String> {
         let path = self.path_of(dest);
         let mut text = String::new();
-        match fs::File::open(&path) {
+        if let Err(why) = check_private_dir(&self.dir) {
+            return match fs::symlink_metadata(&self.dir) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+                _ => Err(why),
+            };
+        }
+        // Not through a symlink, and never blocking on a FIFO planted
+        // where an entry should be: only a regular file is read.
+        let opened = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+            .and_then(|f| {
+                if f.metadata()?.is_file() {
+                    Ok(f)
+                } else {
+                    Err(io::Error::other("not a regular file"))
+                }
+            });
+        match opened {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(format!("{}: {e}", path.display())),
             Ok(f) => {
@@ -143,6 +163,7 @@ impl PathCache {
         now: SystemTime,
     ) -> io::Result<()> {
         create_private_dir(&self.dir)?;
+        check_private_dir(&self.dir).map_err(io::Error::other)?;
         let path = self.path_of(dest);
         if !path.exists() && !self.make_room(now)? {
             return Err(io::Error::other(format!(
@@ -153,8 +174,15 @@ impl PathCache {
         let tmp = self
             .dir
             .join(format!(".{}.tmp.{}", dest.file_name(), std::process::id()));
+        let _ = fs::remove_file(&tmp);
         let written = (|| {
-            let mut f = fs::File::create(&tmp)?;
+            // A new file of our own: never through a symlink left there.
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&tmp)?;
             f.write_all(format(unix_secs(now), memory).as_bytes())?;
             f.sync_all()
         })();
@@ -191,6 +219,34 @@ fn create_private_dir(dir: &Path) -> io::Result<()> {
     #[cfg(unix)]
     std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
     b.create(dir)
+}
+
+/// The cache is used only in a directory that is ours and that no one
+/// else may write to (it can be anywhere `XDG_CACHE_HOME` says, and a
+/// directory that already existed keeps its mode): another user who can
+/// write there could otherwise swap entries under a transfer.
+fn check_private_dir(dir: &Path) -> Result<(), String> {
+    let meta = fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("{}: not a directory", dir.display()));
+    }
+    if meta.uid() != rustix::process::geteuid().as_raw() {
+        return Err(format!(
+            "{}: owned by uid {}, not by this user; the path cache is not used",
+            dir.display(),
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{}: others may write to it (mode {:o}); the path cache is not used \
+             (chmod go-w {} to use it)",
+            dir.display(),
+            meta.mode() & 0o7777,
+            dir.display()
+        ));
+    }
+    Ok(())
 }
 
 fn unix_secs(t: SystemTime) -> u64 {
@@ -374,5 +430,56 @@ mod tests {
             assert!(got.is_err(), "accepted {bad:?}: {got:?}");
         }
         fs::remove_dir_all(cache.dir()).unwrap();
+    }
+
+    /// What another local user, or a race, can leave in the cache: a FIFO
+    /// where an entry goes (a plain open would block the transfer on it),
+    /// a symlink to a file elsewhere, a symlink where the temporary file
+    /// goes (a plain create would write through it), a directory others
+    /// may write to. None blocks, none is read or written through, and the
+    /// load says why.
+    #[test]
+    fn fifos_symlinks_and_a_shared_directory_are_not_used() {
+        use std::os::unix::fs::PermissionsExt;
+        let c = scratch("hostile-fs");
+        c.save(&dest(), &memory(), t(1_000_000)).unwrap();
+        let entry = c.path_of(&dest());
+
+        fs::remove_file(&entry).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&entry).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+        let why = c.load(&dest(), t(1_000_010)).unwrap_err();
+        assert!(why.contains("not a regular file"), "{why}");
+        fs::remove_file(&entry).unwrap();
+
+        let elsewhere = c.dir().with_extension("elsewhere");
+        fs::write(&elsewhere, format(1_000_000, &memory())).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &entry).unwrap();
+        assert!(
+            c.load(&dest(), t(1_000_010)).is_err(),
+            "read through a symlink"
+        );
+        fs::remove_file(&entry).unwrap();
+
+        let tmp = c.dir().join(format!(
+            ".{}.tmp.{}",
+            dest().file_name(),
+            std::process::id()
+        ));
+        std::os::unix::fs::symlink(&elsewhere, &tmp).unwrap();
+        c.save(&dest(), &memory(), t(1_000_020)).unwrap();
+        assert_eq!(
+            fs::read_to_string(&elsewhere).unwrap(),
+            format(1_000_000, &memory()),
+            "written through a symlink"
+        );
+        assert_eq!(c.load(&dest(), t(1_000_030)).unwrap(), Some(memory()));
+
+        fs::set_permissions(c.dir(), fs::Permissions::from_mode(0o777)).unwrap();
+        let why = c.load(&dest(), t(1_000_030)).unwrap_err();
+        assert!(why.contains("others may write"), "{why}");
+        assert!(c.save(&dest(), &memory(), t(1_000_040)).is_err());
+        let _ = fs::remove_dir_all(c.dir());
+        let _ = fs::remove_file(&elsewhere);
     }
 }
