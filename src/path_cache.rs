@@ -110,11 +110,8 @@ impl PathCache {
     ) -> Result<Option<PathMemory>, String> {
         let path = self.path_of(dest);
         let mut text = String::new();
-        if let Err(why) = check_private_dir(&self.dir) {
-            return match fs::symlink_metadata(&self.dir) {
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-                _ => Err(why),
-            };
+        if !check_private_dir(&self.dir)? {
+            return Ok(None);
         }
         // Not through a symlink, and never blocking on a FIFO planted
         // where an entry should be: only a regular file is read.
@@ -163,7 +160,9 @@ impl PathCache {
         now: SystemTime,
     ) -> io::Result<()> {
         create_private_dir(&self.dir)?;
-        check_private_dir(&self.dir).map_err(io::Error::other)?;
+        if !check_private_dir(&self.dir).map_err(io::Error::other)? {
+            return Err(io::Error::other(format!("{} vanished", self.dir.display())));
+        }
         let path = self.path_of(dest);
         if !path.exists() && !self.make_room(now)? {
             return Err(io::Error::other(format!(
@@ -224,9 +223,14 @@ fn create_private_dir(dir: &Path) -> io::Result<()> {
 /// The cache is used only in a directory that is ours and that no one
 /// else may write to (it can be anywhere `XDG_CACHE_HOME` says, and a
 /// directory that already existed keeps its mode): another user who can
-/// write there could otherwise swap entries under a transfer.
-fn check_private_dir(dir: &Path) -> Result<(), String> {
-    let meta = fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+/// write there could otherwise swap entries under a transfer. `Ok(false)`:
+/// there is no such directory (yet).
+fn check_private_dir(dir: &Path) -> Result<bool, String> {
+    let meta = match fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(format!("{}: {e}", dir.display())),
+        Ok(meta) => meta,
+    };
     if !meta.is_dir() {
         return Err(format!("{}: not a directory", dir.display()));
     }
@@ -246,7 +250,7 @@ fn check_private_dir(dir: &Path) -> Result<(), String> {
             dir.display()
         ));
     }
-    Ok(())
+    Ok(true)
 }
 
 fn unix_secs(t: SystemTime) -> u64 {

@@ -344,9 +344,8 @@ pub fn open_file(dir: &impl AsFd, name: &[u8]) -> io::Result<File> {
 
 /// Sets a directory's mode and mtime through its descriptor.
 pub fn set_dir_attrs(dir: OwnedFd, mode: u32, mtime: SystemTime) -> io::Result<()> {
-    let dir = File::from(dir);
     rfs::fchmod(&dir, Mode::from_raw_mode(mode)).map_err(to_io)?;
-    dir.set_times(std::fs::FileTimes::new().set_modified(mtime))
+    set_dir_mtime(dir, mtime)
 }
 
 /// Sets a directory's mtime alone: its mode is not ours to change.

@@ -969,7 +969,7 @@ impl Sender {
     /// the papers' models assume (Mathis's C, tests/papers.rs).
     fn window_use(&self) -> (u64, u64) {
         let cwnd = self.cc.window();
-        if self.tuning.recovery == RecoveryKind::Rack && self.cc.kind() != CcKind::Aimd {
+        if self.tuning.recovery == RecoveryKind::Rack && self.tuning.cc != CcKind::Aimd {
             return (self.sb.pipe(), cwnd);
         }
         match self.loss.phase {

@@ -35,7 +35,6 @@ use crate::text::shown;
 /// BLAKE3 value is all zeros, so the sender sends it.
 pub const NOT_HELD: Cv = [0; 32];
 
-/// "cannot ACTION PATH: CAUSE", the cause in words rather than `Os { .. }`.
 /// Creates DEST and its parents where a command was told to write
 /// (`atou copy`'s local end, the far end of an ssh push); the error
 /// names the path and the cause.
@@ -43,6 +42,7 @@ pub fn create_destination(root: &Path) -> Result<(), String> {
     std::fs::create_dir_all(root).map_err(|e| io_error("create destination", root, &e))
 }
 
+/// "cannot ACTION PATH: CAUSE", the cause in words rather than `Os { .. }`.
 pub fn io_error(action: &str, path: &Path, e: &io::Error) -> String {
     let cause = match e.raw_os_error() {
         Some(libc::ENOSPC) => "no space left on the device".to_string(),

@@ -17,8 +17,8 @@
 //!   fewest entries, then the lowest K): greedy longest-processing-time
 //!   first. Empty files and symlinks weigh nothing and are spread by count.
 //!
-//! Balance: no shard gets more than `total/N + largest` bytes, where
-//! `largest` is the largest file (see [`assign`]). A tree whose largest
+//! Balance: no shard gets more than `total/N + largest·(N-1)/N` bytes,
+//! where `largest` is the largest file (see [`assign`]). A tree whose largest
 //! file is above `total/N` cannot be balanced by whole files; that is the
 //! documented limit.
 
