@@ -240,38 +240,44 @@ server_state() {
     fi
 }
 
+# serve_in_b LABEL OUT ERR [SERVE ARGS...]: `atou serve` in host B on
+# addrs[1]:port, its pid in `served` once it prints `listening`. Twice,
+# each time with a note of what a silent server was doing: a server that
+# printed nothing for 15 s ended two CI runs (right after a fresh bridge,
+# never reproduced by hand). ip netns exec itself, not in_b: its pid is
+# then atou's, so a kill stops the server and not only a subshell (which
+# left servers running after the run). Fails after the second silence.
+served=
+serve_in_b() {
+    local label=$1 out=$2 err=$3 attempt
+    shift 3
+    for attempt in 1 2; do
+        ip netns exec "${hosts[1]}" "$atou" serve --bind "${addrs[1]}:$port" "$@" >"$out" 2>"$err" &
+        served=$!
+        pids+=("$served")
+        for _ in $(seq 150); do
+            grep -q listening "$err" 2>/dev/null && return 0
+            sleep 0.1
+        done
+        note "$label: atou serve (attempt $attempt) printed no 'listening' in 15 s:" \
+            "stderr '$(tail -n 1 "$err")'; process: $(server_state "$served")$(bridge_note)"
+        kill -KILL "$served" 2>/dev/null || true
+        wait "$served" 2>/dev/null || true
+        pids=()
+    done
+    return 1
+}
+
 # atou LOSS KIND [TUNING...]: atou probe from A to atou serve in B.
 atou_run() {
     local loss=$1 kind=$2 server
     shift 2
-    # ip netns exec itself, not in_b: its pid is then atou's, so the kill
-    # below stops the server and not only a subshell (which left servers
-    # running after the run).
-    # Twice, then the transfer is skipped with what the server was doing:
-    # a server that printed nothing for 15 s ended two CI runs (right
-    # after a fresh bridge, never reproduced by hand), and one missing
-    # figure is better than none.
-    local attempt
-    for attempt in 1 2; do
-        ip netns exec "${hosts[1]}" "$atou" serve --bind "${addrs[1]}:$port" --once --json \
-            >"$work/serve.json" 2>"$work/serve.err" &
-        server=$!
-        pids+=("$server")
-        for _ in $(seq 150); do
-            grep -q listening "$work/serve.err" 2>/dev/null && break
-            sleep 0.1
-        done
-        grep -q listening "$work/serve.err" && break
-        note "loss $loss%: atou serve ($kind, attempt $attempt) printed no 'listening' in 15 s:" \
-            "stderr '$(tail -n 1 "$work/serve.err")'; process: $(server_state "$server")$(bridge_note)"
-        kill -KILL "$server" 2>/dev/null || true
-        wait "$server" 2>/dev/null || true
-        pids=()
-        if [ "$attempt" = 2 ]; then
-            skipped+=("loss $loss% $kind")
-            return 0
-        fi
-    done
+    # One missing figure is better than none.
+    if ! serve_in_b "loss $loss%, $kind" "$work/serve.json" "$work/serve.err" --once --json; then
+        skipped+=("loss $loss% $kind")
+        return 0
+    fi
+    server=$served
     # A flow to run beside this one (pair_run), started once the server
     # listens: two `ip netns exec` at the same instant once left the
     # server silent for over 15 s.
@@ -439,27 +445,10 @@ e2e_run() {
     sshd_start "$e2e/ssh" "${addrs[1]}" 2222 ip netns exec "${hosts[1]}"
     sshd_wait "${addrs[1]}" in_a
     mkdir -p "$e2e/dst-atou-send"
-    # ip netns exec itself, not in_b: its pid is then atou's, for the kill below.
-    # Twice, as atou_run does, with what the server was doing if not.
-    local attempt
-    for attempt in 1 2; do
-        ip netns exec "${hosts[1]}" "$atou" serve --bind "${addrs[1]}:$port" --dir "$e2e/dst-atou-send" --identity "$e2e/server" \
-            --authorized-keys "$e2e/authorized_keys" >"$e2e/serve.out" 2>"$e2e/serve.err" &
-        serve=$!
-        pids+=("$serve")
-        for _ in $(seq 150); do
-            grep -q listening "$e2e/serve.err" 2>/dev/null && break
-            sleep 0.1
-        done
-        grep -q listening "$e2e/serve.err" && break
-        local state
-        state=$(server_state "$serve")
-        kill -KILL "$serve" 2>/dev/null || true
-        wait "$serve" 2>/dev/null || true
-        [ "$attempt" = 1 ] ||
-            die "loss $loss%: atou serve --dir did not start (twice): $(tail -n 1 "$e2e/serve.err"); process: $state$(bridge_note)"
-        note "loss $loss%: atou serve --dir printed no 'listening' in 15 s; process: $state; again"
-    done
+    serve_in_b "loss $loss%, end to end" "$e2e/serve.out" "$e2e/serve.err" --dir "$e2e/dst-atou-send" \
+        --identity "$e2e/server" --authorized-keys "$e2e/authorized_keys" ||
+        die "loss $loss%: atou serve --dir did not start (twice)$(bridge_note)"
+    serve=$served
     for k in "${tools[@]}"; do e2e_one "$loss" "$k" "$e2e/warm/data" 0; done
     for r in $(seq "$e2e_rounds"); do
         for k in 0 1 2 3; do
