@@ -912,3 +912,54 @@ fn bbr_loses_under_3_percent_of_its_goodput_to_one_percent_random_loss() {
     );
     assert!(ratio >= 0.97, "{ratio:.3}");
 }
+
+/// RFC 9438 §4.6 with RACK's pipe rule: a congestion event never raises
+/// the window. RACK sends by pipe in every phase, so while a hole holds
+/// snd_una new data keeps going out and FlightSize can reach the
+/// receiver's window whatever cwnd is; β × FlightSize then set ssthresh
+/// (and cwnd) far above it, and every later event higher again. On the
+/// bench path at 0.1 % loss, seeds 1 and 6 ran CUBIC to 18 583 and 21 723
+/// segments against a path that holds 1 863 (BDP 863 + 1000 queued), the
+/// bottleneck dropping most of what was sent.
+#[test]
+fn cubic_with_rack_never_raises_its_window_at_a_congestion_event() {
+    let path_holds = 863 + 1000;
+    for seed in [1, 6] {
+        let mut config = SimConfig::new(
+            Tuning {
+                cc: CcKind::Cubic,
+                ..Tuning::command_default()
+            },
+            "rate 100mbit delay 50ms limit 1000 loss 0.1%"
+                .parse()
+                .unwrap(),
+            "rate 100mbit delay 50ms limit 1000".parse().unwrap(),
+            None,
+            seed,
+        );
+        config.tuning.maxtime = Duration::from_secs(30);
+        config.trace = true;
+        let mut rec = Recorder::default();
+        Simulation::new(config).unwrap().run(&mut rec).unwrap();
+        for e in &rec.events {
+            if let Event::EnterRecovery { cwnd, ssthresh, .. } = e.event {
+                assert!(
+                    ssthresh <= cwnd,
+                    "seed {seed}, {:?}: ssthresh {ssthresh} above cwnd {cwnd}",
+                    e.time
+                );
+            }
+        }
+        // After slow start's overshoot has been recovered from.
+        let largest = cwnds(&rec.trace)
+            .into_iter()
+            .filter(|&(t, _)| t > 3.0)
+            .map(|(_, w)| w)
+            .max()
+            .unwrap();
+        assert!(
+            largest < 2 * path_holds,
+            "seed {seed}: cwnd reached {largest}, the path holds {path_holds}"
+        );
+    }
+}

@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use super::reduction::Reduction;
-use super::{AckEvent, CongestionEvent, Controller, RecoveryStep};
+use super::{reduction_base, AckEvent, CongestionEvent, Controller, RecoveryStep};
 use crate::proto::path_memory::PathMemory;
 use crate::proto::time::Time;
 use crate::proto::tuning::{CcKind, Tuning};
@@ -349,7 +349,8 @@ impl Controller for Cubic {
             cwnd
         };
         // §4.6: ssthresh = flight_size × β_cubic, at least two segments.
-        self.ssthresh = ((event.flight as f64 * BETA) as u64).max(2);
+        let base = reduction_base(event.flight, self.cwnd);
+        self.ssthresh = ((base as f64 * BETA) as u64).max(2);
         self.cwnd = self.reduction.start(self.cwnd, self.ssthresh, event.pipe);
         self.epoch = None;
         self.after_rto = false;
@@ -367,7 +368,8 @@ impl Controller for Cubic {
     fn on_rto(&mut self, _now: Time, flight: u64, first: bool) {
         if first {
             self.save_prior();
-            self.ssthresh = ((flight as f64 * BETA) as u64).max(2);
+            let base = reduction_base(flight, self.cwnd);
+            self.ssthresh = ((base as f64 * BETA) as u64).max(2);
         }
         self.cwnd = 1;
         self.credit = 0.0;
