@@ -253,6 +253,18 @@ impl Cubic {
         }
     }
 
+    /// Linux's tcp_is_cwnd_limited in slow start: the window is in use
+    /// while it is less than twice what was in flight before this ACK.
+    /// The delivery-rate sampler's application-limited mark lasts until a
+    /// pipe's worth from when it was set is delivered; after a timeout
+    /// (cwnd 1, one retransmission per round trip) that is one segment per
+    /// round trip, and a mark set while the receiver's window was full
+    /// held cwnd at 1 for 150 s on the bridge. A window that small is in
+    /// use whatever the mark says.
+    fn slow_start_filled(&self, ack: &AckEvent) -> bool {
+        self.cwnd < self.ssthresh && self.cwnd < 2 * (ack.pipe + ack.newly_delivered)
+    }
+
     /// RFC 9438 §4.2–4.5: one ACK in congestion avoidance.
     fn avoid_congestion(&mut self, now: Time, acked: u64) {
         let cwnd = self.cwnd as f64;
@@ -317,7 +329,7 @@ impl Controller for Cubic {
             }
             RecoveryStep::Entered | RecoveryStep::Left => {}
             RecoveryStep::Outside if ack.newly_delivered == 0 || self.cwnd >= self.cap => {}
-            RecoveryStep::Outside if ack.app_limited => {
+            RecoveryStep::Outside if ack.app_limited && !self.slow_start_filled(ack) => {
                 // RFC 9438 §5.8: a window the application does not fill is
                 // not grown, and the time it stays unfilled does not count
                 // towards t.
@@ -577,6 +589,33 @@ mod tests {
         }
         assert!(exit);
         assert_eq!(h.phase, SlowStart::Done);
+    }
+
+    /// RFC 9438 §5.8: an application-limited ACK grows nothing, except in
+    /// slow start while the window is less than twice what was in flight
+    /// (Linux's tcp_is_cwnd_limited): after a timeout the window of one
+    /// grows even under a stale application-limited mark.
+    #[test]
+    fn after_a_timeout_slow_start_grows_under_a_stale_app_limited_mark() {
+        let rtt = Duration::from_millis(100);
+        let limited = |pipe, now| AckEvent {
+            app_limited: true,
+            pipe,
+            ..ack(now, rtt, Some(rtt), 1, 10)
+        };
+        let mut c = cubic();
+        c.on_ack(&ack(Time::ZERO, rtt, Some(rtt), 1, 10));
+        c.on_rto(Time::ZERO, 200, true);
+        assert_eq!(c.window(), 1);
+        // The retransmission is acknowledged; nothing else is in flight.
+        c.on_ack(&limited(0, Time::ZERO + rtt));
+        assert_eq!(c.window(), 2, "a window of one in use grows");
+        // A window well above twice what is in flight does not.
+        let mut idle = cubic();
+        idle.on_ack(&ack(Time::ZERO, rtt, Some(rtt), 1, 10));
+        let before = idle.window();
+        idle.on_ack(&limited(1, Time::ZERO + rtt));
+        assert_eq!(idle.window(), before, "{before} > 2 x (1 + 1)");
     }
 
     /// Paced at cwnd per smoothed RTT: twice that in slow start, 1.2 times
