@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use atou::netem::NetemSpec;
 use atou::proto::rtt::RttEstimator;
-use atou::proto::{Event, Recorder, RecoveryKind, Time, TimedEvent, TraceRecord, Tuning};
+use atou::proto::{
+    Event, Recorder, RecoveryKind, ReductionKind, Time, TimedEvent, TraceRecord, Tuning,
+};
 use atou::sim::scenarios::{displacement, mathis, mathis_expected_c};
 use atou::sim::{RunEnd, SimConfig, SimResult, Simulation};
 
@@ -599,4 +601,122 @@ fn a_dead_path_fails_after_maxidle() {
     let result = Simulation::new(config).unwrap().run(&mut ()).unwrap();
     assert_eq!(result.outcome, RunEnd::Failed);
     assert_eq!(result.end, Time::ZERO + Duration::from_secs(5));
+}
+
+// ---------------------------------------------------------------------------
+// Proportional Rate Reduction (RFC 6937), the standard successor of the
+// rate-halving Sarolahti & Kuznetsov §3 describe: issue 16 point 5
+// ---------------------------------------------------------------------------
+
+/// What one recovery looked like in the trace: its length, the longest
+/// silence of the sender within it, and the most segments sent between
+/// two ACKs (the ACK that began it excepted: its fast retransmit is sent
+/// whatever the window says).
+#[derive(Debug)]
+struct RecoveryShape {
+    duration: Duration,
+    /// From the start of recovery to the first segment of new data.
+    first_new: Duration,
+    most_per_ack: u64,
+    exit_cwnd: u64,
+    ssthresh: u64,
+}
+
+fn recovery_shape(rec: &Recorder) -> RecoveryShape {
+    let (start, recover) = rec
+        .events
+        .iter()
+        .find_map(|e| match e.event {
+            Event::EnterRecovery { recover, .. } => Some((e.time, recover)),
+            _ => None,
+        })
+        .expect("a recovery");
+    let (end, exit_cwnd, ssthresh) = rec
+        .events
+        .iter()
+        .find_map(|e| match e.event {
+            Event::LeaveRecovery { cwnd, ssthresh, .. } => Some((e.time, cwnd, ssthresh)),
+            _ => None,
+        })
+        .expect("recovery ends");
+    let mut first_new = None;
+    let mut per_ack = Vec::new();
+    let mut sent = 0u64;
+    for r in &rec.trace {
+        match *r {
+            TraceRecord::Xmt { time, seg } if time >= start && time <= end => {
+                if seg >= recover && first_new.is_none() {
+                    first_new = Some(time - start);
+                }
+                sent += 1;
+            }
+            TraceRecord::Ack { time, .. } if time > start && time <= end => {
+                per_ack.push(sent);
+                sent = 0;
+            }
+            _ => {}
+        }
+    }
+    RecoveryShape {
+        duration: end - start,
+        first_new: first_new.unwrap_or(end - start),
+        most_per_ack: per_ack.into_iter().skip(1).max().unwrap_or(0),
+        exit_cwnd,
+        ssthresh,
+    }
+}
+
+/// RFC 6937 on the Linux §3 (L6) scenario (2, 3 and 5 losses in a window
+/// of about 40): with `--reduction prr` the sender keeps sending through
+/// recovery, in proportion to what is delivered (one segment per two
+/// ACKs while pipe is above ssthresh, §3.1), never more than PRR-SSRB's
+/// DeliveredData + 1 per ACK, where `halve` (RFC 6675's cwnd = ssthresh
+/// at once) sends nothing new until pipe has fallen to ssthresh; recovery
+/// takes no longer and ends with cwnd = ssthresh. For SACK and RACK.
+#[test]
+fn rfc6937_prr_on_linux_l6_sends_through_recovery_without_bursts() {
+    for drops in ["201,204", "201,204,207", "201,204,207,210,213"] {
+        for kind in [RecoveryKind::Sack, RecoveryKind::Rack] {
+            let run = |reduction: ReductionKind| {
+                // cwnd 40 as in L6, but not the receiver's window: with
+                // rcvwin 40 nothing new may go out during recovery
+                // whatever the reduction. Slow start stops at 40.
+                let tuning = Tuning {
+                    recovery: kind,
+                    rcvwin: 400,
+                    thresh_init: 0.1,
+                    droplist: drops.parse().unwrap(),
+                    reduction,
+                    ..Tuning::default()
+                };
+                let (result, rec) =
+                    simulate(tuning, "rate 10mbit delay 50ms", "delay 50ms", 1 << 20, 1);
+                let s = &result.summary;
+                assert_eq!((s.dup3s, s.timeouts), (1, 0), "{kind} {reduction}: {s}");
+                (recovery_shape(&rec), s.minrtt)
+            };
+            let (halve, rtt) = run(ReductionKind::Halve);
+            let (prr, _) = run(ReductionKind::Prr);
+            let what = format!("{kind}, drops {drops}: halve {halve:?}, prr {prr:?}");
+            // §3.1 PRR-SSRB: at most DeliveredData + 1 per ACK, and every
+            // ACK here delivers one segment.
+            assert!(prr.most_per_ack <= 2, "{what}");
+            // New data from the first ACKs (one per two while pipe is
+            // above ssthresh), not after pipe has fallen to ssthresh:
+            // measured 4.7, 8.2 and 15.3 ms against 24.7, 25.9, 28.3.
+            assert!(
+                prr.first_new.as_secs_f64() < 0.6 * halve.first_new.as_secs_f64(),
+                "{what}"
+            );
+            // Recovery no longer (103.5, 107.1, 114.1 ms against 124.7,
+            // 125.9, 128.3), still a round trip, and cwnd = ssthresh at
+            // its end (§3.1).
+            assert!(
+                prr.duration <= halve.duration && prr.duration >= rtt,
+                "{what}"
+            );
+            assert_eq!(prr.exit_cwnd, prr.ssthresh, "{what}");
+            assert_eq!(halve.exit_cwnd, halve.ssthresh, "{what}");
+        }
+    }
 }

@@ -583,6 +583,7 @@ impl Sender {
             newly_delivered,
             newly_lost: self.sb.lost_total() - lost_before,
             delivered: self.rate.delivered(),
+            sent: self.stats.pkts_out,
             is_dupack,
             recovery: step,
             flight: self.sb.flight(),
@@ -600,6 +601,7 @@ impl Sender {
                 now,
                 flight: self.sb.flight(),
                 pipe: self.sb.pipe(),
+                sent: self.stats.pkts_out,
             });
             self.cc.on_recovery_end(now);
         }
@@ -689,6 +691,7 @@ impl Sender {
             now: self.now,
             flight,
             pipe: self.sb.pipe(),
+            sent: self.stats.pkts_out,
         });
         self.recovery_started = self.now;
         self.stats.dup3s += 1;
@@ -729,6 +732,7 @@ impl Sender {
             now: self.now,
             flight,
             pipe: self.sb.pipe(),
+            sent: self.stats.pkts_out,
         });
         self.recovery_started = self.now;
         self.stats.dup3s += 1;

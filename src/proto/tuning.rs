@@ -128,6 +128,46 @@ impl FromStr for CcKind {
     }
 }
 
+/// How cwnd comes down to ssthresh during fast recovery with SACK-based
+/// loss recovery (`sack`, `fack` without `rampdown`, `rack`), for the
+/// controllers that keep an ssthresh (`aimd`, `cubic`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReductionKind {
+    /// RFC 6675 §5: cwnd = ssthresh at once, the papers' one-step halving.
+    Halve,
+    /// RFC 6937 Proportional Rate Reduction (PRR-SSRB): sending during
+    /// recovery in proportion to what is delivered, so cwnd reaches
+    /// ssthresh as recovery ends, without a pause or a burst.
+    Prr,
+}
+
+impl ReductionKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReductionKind::Halve => "halve",
+            ReductionKind::Prr => "prr",
+        }
+    }
+}
+
+impl fmt::Display for ReductionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ReductionKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "halve" => Ok(ReductionKind::Halve),
+            "prr" => Ok(ReductionKind::Prr),
+            _ => Err(format!("`{s}` is not a window reduction (prr, halve)")),
+        }
+    }
+}
+
 /// Segments dropped by the sender itself on their first transmissions:
 /// scripted loss (atou's `droplist`). A number listed twice is dropped on its
 /// first two transmissions, which forces a timeout (atou appendix B).
@@ -321,6 +361,8 @@ pub struct Tuning {
     /// sent, retransmissions included; atou's, UDP's and IP's headers
     /// not); zero is no cap.
     pub bwlimit: u64,
+    /// The window reduction during SACK-based fast recovery.
+    pub reduction: ReductionKind,
 }
 
 impl Default for Tuning {
@@ -357,6 +399,7 @@ impl Default for Tuning {
             bbr_headroom: 0.15,
             bbr_loss_events: 2,
             bwlimit: 0,
+            reduction: ReductionKind::Halve,
         }
     }
 }
@@ -437,6 +480,8 @@ pub const KNOBS: &[Knob] = &[
         help: "bbr only: ACKs reporting new losses a round trip needs before its loss counts (quiche-style, default 2)" },
     Knob { name: "bwlimit", aliases: &[], value_name: "RATE",
         help: "cap on the sending rate in bits/s of data (headers not counted), with a unit: 20mbit, 500kbit, 1gbit (or tc's bytes/s: 2.5mbps); 0 is no cap. Paced controllers (bbr, cubic) pace at the lower of their rate and the cap, aimd goes through a token bucket at the cap. A transfer's cap is shared equally by its --streams. Unlike rsync's --bwlimit, a bare number is refused, not read as KiB/s" },
+    Knob { name: "reduction", aliases: &[], value_name: "prr|halve",
+        help: "aimd and cubic with sack, fack (without rampdown) or rack: how cwnd comes down to ssthresh during fast recovery; prr sends in proportion to what is delivered (RFC 6937, as Linux), halve sets cwnd = ssthresh at once (RFC 6675, the papers'); an atou config file means halve" },
 ];
 
 /// A bad value for one knob.
@@ -564,7 +609,8 @@ impl Tuning {
     }
 
     /// The defaults of atou's commands (`send`, `copy`, `sim`, `probe`,
-    /// `serve`): BBR, RACK-TLP and undo (issue 14 point 7). Flags and config
+    /// `serve`): BBR, RACK-TLP, undo (issue 14 point 7) and PRR (RFC 6937,
+    /// Linux's reduction, for `--cc aimd` and `--cc cubic`). Flags and config
     /// files start from here. [`Tuning::default`] is atou's own baseline,
     /// AIMD with SACK recovery and no undo: what an atou config file means,
     /// and what the papers' scenarios and the unit tests build on.
@@ -583,6 +629,7 @@ impl Tuning {
             undo: true,
             rcvwin: 32768,
             rcvsegs: 32768,
+            reduction: ReductionKind::Prr,
             ..Tuning::default()
         }
     }
@@ -660,6 +707,7 @@ impl Tuning {
             "vmss" => self.vmss = parse_int(&key, v, 1, 1 << 16)?,
             "limited_transmit" => self.limited_transmit = parse_bool(&key, v)?,
             "undo" => self.undo = parse_bool(&key, v)?,
+            "reduction" => self.reduction = v.parse().map_err(|m| err(&key, m))?,
             "delack" => {
                 self.delack = parse_time(&key, v, TimeUnit::Millis, Duration::from_secs(10))?
             }
@@ -725,6 +773,7 @@ impl Tuning {
             "vmss" => self.vmss.to_string(),
             "limited_transmit" => u8::from(self.limited_transmit).to_string(),
             "undo" => u8::from(self.undo).to_string(),
+            "reduction" => self.reduction.to_string(),
             "delack" => Exact(self.delack, TimeUnit::Millis).to_string(),
             "rcvsegs" => self.rcvsegs.to_string(),
             "sndbuf" => self.sndbuf.to_string(),
@@ -745,7 +794,7 @@ impl Tuning {
     /// flags, they start from atou's defaults (newreno only) so the file
     /// means what it meant to atou. A config file selects atou's baseline,
     /// [`Tuning::default`] (`cc aimd`, `recovery sack`, `undo 0`, windows of
-    /// 8192 segments), unless
+    /// 8192 segments, `reduction halve`), unless
     /// it names others itself.
     pub fn apply_config(&mut self, text: &str) -> Result<Vec<String>, ConfigError> {
         let mut notes = Vec::new();
@@ -756,6 +805,7 @@ impl Tuning {
         self.undo = atou.undo;
         self.rcvwin = atou.rcvwin;
         self.rcvsegs = atou.rcvsegs;
+        self.reduction = atou.reduction;
         let lines: Vec<(usize, &str, &str)> = text
             .lines()
             .enumerate()

@@ -113,7 +113,12 @@ impl Controller for Aimd {
     fn on_ack(&mut self, ack: &AckEvent) {
         match ack.recovery {
             RecoveryStep::Outside if ack.newly_acked > 0 => self.grow(ack.newly_acked),
-            RecoveryStep::Outside | RecoveryStep::Entered | RecoveryStep::Left => {}
+            RecoveryStep::Entered => {
+                self.cwnd = self
+                    .reduction
+                    .on_entering_ack(self.cwnd, self.ssthresh, ack);
+            }
+            RecoveryStep::Outside | RecoveryStep::Left => {}
             RecoveryStep::During => {
                 self.cwnd = self.reduction.on_ack(self.cwnd, self.ssthresh, ack);
             }
@@ -127,7 +132,7 @@ impl Controller for Aimd {
         self.prior = Some((self.cwnd, self.ssthresh));
         self.ssthresh = self.reduced_ssthresh(event.flight);
         self.cwnd_cnt = 0;
-        self.cwnd = self.reduction.start(self.cwnd, self.ssthresh, event.pipe);
+        self.cwnd = self.reduction.start(self.cwnd, self.ssthresh, event);
     }
 
     /// Brakmo §3.1, §3.6: fast recovery ends with cwnd deflated to ssthresh.
@@ -224,6 +229,7 @@ mod tests {
             newly_delivered: newly_acked,
             newly_lost: 0,
             delivered: 0,
+            sent: 0,
             is_dupack: newly_acked == 0,
             recovery,
             flight,
@@ -242,6 +248,7 @@ mod tests {
             now: Time::ZERO,
             flight,
             pipe,
+            sent: 0,
         }
     }
 

@@ -327,7 +327,12 @@ impl Controller for Cubic {
             RecoveryStep::During => {
                 self.cwnd = self.reduction.on_ack(self.cwnd, self.ssthresh, ack);
             }
-            RecoveryStep::Entered | RecoveryStep::Left => {}
+            RecoveryStep::Entered => {
+                self.cwnd = self
+                    .reduction
+                    .on_entering_ack(self.cwnd, self.ssthresh, ack);
+            }
+            RecoveryStep::Left => {}
             RecoveryStep::Outside if ack.newly_delivered == 0 || self.cwnd >= self.cap => {}
             RecoveryStep::Outside if ack.app_limited && !self.slow_start_filled(ack) => {
                 // RFC 9438 §5.8: a window the application does not fill is
@@ -363,7 +368,7 @@ impl Controller for Cubic {
         // §4.6: ssthresh = flight_size × β_cubic, at least two segments.
         let base = reduction_base(event.flight, self.cwnd);
         self.ssthresh = ((base as f64 * BETA) as u64).max(2);
-        self.cwnd = self.reduction.start(self.cwnd, self.ssthresh, event.pipe);
+        self.cwnd = self.reduction.start(self.cwnd, self.ssthresh, event);
         self.epoch = None;
         self.after_rto = false;
         self.credit = 0.0;
@@ -447,6 +452,7 @@ mod tests {
             newly_delivered: 1,
             newly_lost: 0,
             delivered: 0,
+            sent: 0,
             is_dupack: false,
             recovery: RecoveryStep::Outside,
             flight: 0,
@@ -467,6 +473,7 @@ mod tests {
             now: at,
             flight: w,
             pipe: w,
+            sent: 0,
         });
         c.on_recovery_end(at);
     }

@@ -67,6 +67,9 @@ pub struct AckEvent {
     pub newly_lost: u64,
     /// Segments delivered so far (delivery-rate estimation's C.delivered).
     pub delivered: u64,
+    /// Segments sent so far, new and resent (RFC 6937's prr_out counts
+    /// them from the start of recovery).
+    pub sent: u64,
     /// A duplicate ACK, as the loss-recovery variant judged it.
     pub is_dupack: bool,
     pub recovery: RecoveryStep,
@@ -100,6 +103,8 @@ pub struct CongestionEvent {
     pub flight: u64,
     /// RFC 6675 pipe once loss recovery has marked what it presumes lost.
     pub pipe: u64,
+    /// Segments sent so far, new and resent, as in [`AckEvent::sent`].
+    pub sent: u64,
 }
 
 /// What a model-based controller reports of itself: for `--events`, the
