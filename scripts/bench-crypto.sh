@@ -26,11 +26,13 @@ ref=${REF_ATOU:-}
 work=$(mktemp -d)
 pids=()
 cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do kill_tree "$p"; done
     rm -rf "$work"
 }
 trap cleanup EXIT
 die() { echo "bench-crypto: $*" >&2; exit 1; }
+# shellcheck source=scripts/lib/serve.sh
+. scripts/lib/serve.sh
 
 cargo build --release --quiet
 atou=$PWD/target/release/atou
@@ -48,7 +50,7 @@ probe() {
         >"$work/serve.json" 2>"$work/serve.err" &
     local s=$!
     pids+=("$s")
-    for _ in $(seq 50); do grep -q listening "$work/serve.err" 2>/dev/null && break; sleep 0.1; done
+    serve_wait "$s" "$work/serve.err" "$name"
     /usr/bin/time -f '%U %S' -o "$work/probe.time" \
         "$atou" probe "127.0.0.1:$port" --bytes "$bytes" --json "$@" >"$work/probe.json" 2>"$work/probe.err" ||
         die "$name: probe failed: $(tail -n 2 "$work/probe.err")"
@@ -117,7 +119,7 @@ for r in $(seq "$rounds"); do
         >"$work/serve.json" 2>"$work/serve.err" &
     s=$!
     pids+=("$s")
-    for _ in $(seq 50); do grep -q listening "$work/serve.err" 2>/dev/null && break; sleep 0.1; done
+    serve_wait "$s" "$work/serve.err" "handshake round $r"
     "$atou" probe "127.0.0.1:$relay_port" --bytes 100KB --json --server-key "$work/server.pub" \
         --identity "$work/client" >"$work/hs.json" 2>"$work/hs.err" ||
         die "handshake probe failed: $(tail -n 2 "$work/hs.err")"

@@ -20,10 +20,13 @@ iperf_port=${IPERF_PORT:-5201}
 work=$(mktemp -d)
 pids=()
 cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do kill_tree "$p"; done
     rm -rf "$work"
 }
 trap cleanup EXIT
+die() { echo "bench-loopback: $*" >&2; exit 1; }
+# shellcheck source=scripts/lib/serve.sh
+. scripts/lib/serve.sh
 
 if ! command -v iperf3 >/dev/null; then
     if [ "$(id -u)" -ne 0 ]; then
@@ -62,10 +65,7 @@ read -r tcp_bps _ < <(iperf)
     "$atou" serve --bind "127.0.0.1:$port" --once --json >"$work/serve.json" 2>"$work/serve.err" &
 serve_pid=$!
 pids+=("$serve_pid")
-for _ in $(seq 50); do
-    grep -q listening "$work/serve.err" 2>/dev/null && break
-    sleep 0.1
-done
+serve_wait "$serve_pid" "$work/serve.err" "loopback"
 /usr/bin/time -f '%U %S' -o "$work/probe.time" \
     "$atou" probe "127.0.0.1:$port" --bytes "$bytes" --mss 1472 --no-auth --json >"$work/probe.json"
 wait "$serve_pid"

@@ -81,6 +81,8 @@ die() { echo "bench-transfer: $*" >&2; exit 1; }
 note() { echo "bench-transfer: $*" >&2; }
 # shellcheck source=scripts/lib/ssh.sh
 . scripts/lib/ssh.sh
+# shellcheck source=scripts/lib/serve.sh
+. scripts/lib/serve.sh
 
 [[ "$big_size" =~ ^[1-9][0-9]*[KMGT]?$ ]] || die "BIG_SIZE must be a size like 4G, 256M or 1000000, got '$big_size'"
 [[ "$small_files" =~ ^[1-9][0-9]*$ ]] || die "SMALL_FILES must be a positive whole number, got '$small_files'"
@@ -96,7 +98,7 @@ work=
 disk_work=
 serve_pid=
 cleanup() {
-    if [ -n "$serve_pid" ]; then kill "$serve_pid" 2>/dev/null || true; wait "$serve_pid" 2>/dev/null || true; fi
+    if [ -n "$serve_pid" ]; then kill_tree "$serve_pid"; wait "$serve_pid" 2>/dev/null || true; fi
     sshd_stop
     [ -z "$work" ] || rm -rf "$work"
     [ -z "$disk_work" ] || rm -rf "$disk_work"
@@ -243,13 +245,7 @@ atou_run() {
         "$atou" serve --bind "127.0.0.1:$port" --dir "$dst" --once --json "${serve_keys[@]}" "$@" \
         </dev/null >"$work/log/serve.json" 2>"$work/log/serve.err" &
     serve_pid=$!
-    for i in $(seq 100); do
-        grep -q listening "$work/log/serve.err" && break
-        kill -0 "$serve_pid" 2>/dev/null || { wait "$serve_pid" || true; serve_pid=;
-            die "$set: atou serve exited before listening: $(tail -n 2 "$work/log/serve.err")"; }
-        [ "$i" -lt 100 ] || die "$set: atou serve not listening after 10 s: $(tail -n 2 "$work/log/serve.err")"
-        sleep 0.1
-    done
+    serve_wait "$serve_pid" "$work/log/serve.err" "$set"
     note "round $round: $set: atou send${atou_extra[*]:+ ${atou_extra[*]}}"
     sync
     t0=$(date +%s.%N)
