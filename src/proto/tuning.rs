@@ -168,6 +168,37 @@ impl FromStr for ReductionKind {
     }
 }
 
+/// Where AIMD's initial ssthresh comes from, besides `thresh_init`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SsthreshEstimate {
+    /// `thresh_init` alone (atou's, RFC 5681's arbitrary threshold).
+    None,
+    /// Hoe §3.1: the bandwidth three closely spaced ACKs reveal times the
+    /// RTT, at least four segments.
+    Hoe,
+}
+
+impl fmt::Display for SsthreshEstimate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SsthreshEstimate::None => "none",
+            SsthreshEstimate::Hoe => "hoe",
+        })
+    }
+}
+
+impl FromStr for SsthreshEstimate {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "none" => Ok(SsthreshEstimate::None),
+            "hoe" => Ok(SsthreshEstimate::Hoe),
+            _ => Err(format!("`{s}` is not an ssthresh estimate (none, hoe)")),
+        }
+    }
+}
+
 /// Segments dropped by the sender itself on their first transmissions:
 /// scripted loss (atou's `droplist`). A number listed twice is dropped on its
 /// first two transmissions, which forces a timeout (atou appendix B).
@@ -363,6 +394,8 @@ pub struct Tuning {
     pub bwlimit: u64,
     /// The window reduction during SACK-based fast recovery.
     pub reduction: ReductionKind,
+    /// AIMD: estimate the initial ssthresh from the first ACKs.
+    pub ssthresh_estimate: SsthreshEstimate,
 }
 
 impl Default for Tuning {
@@ -400,6 +433,7 @@ impl Default for Tuning {
             bbr_loss_events: 2,
             bwlimit: 0,
             reduction: ReductionKind::Halve,
+            ssthresh_estimate: SsthreshEstimate::None,
         }
     }
 }
@@ -482,6 +516,8 @@ pub const KNOBS: &[Knob] = &[
         help: "cap on the sending rate in bits/s of data (headers not counted), with a unit: 20mbit, 500kbit, 1gbit (or tc's bytes/s: 2.5mbps); 0 is no cap. Paced controllers (bbr, cubic) pace at the lower of their rate and the cap, aimd goes through a token bucket at the cap. A transfer's cap is shared equally by its --streams. Unlike rsync's --bwlimit, a bare number is refused, not read as KiB/s" },
     Knob { name: "reduction", aliases: &[], value_name: "prr|halve",
         help: "aimd and cubic with sack, fack (without rampdown) or rack: how cwnd comes down to ssthresh during fast recovery; prr sends in proportion to what is delivered (RFC 6937, as Linux), halve sets cwnd = ssthresh at once (RFC 6675, the papers'); an atou config file means halve" },
+    Knob { name: "ssthresh_estimate", aliases: &[], value_name: "none|hoe",
+        help: "aimd only: hoe sets the initial ssthresh to the bandwidth three closely spaced ACKs reveal times the least RTT seen, at least 4 segments (Hoe §3.1), if below thresh_init's; none keeps thresh_init's" },
 ];
 
 /// A bad value for one knob.
@@ -708,6 +744,9 @@ impl Tuning {
             "limited_transmit" => self.limited_transmit = parse_bool(&key, v)?,
             "undo" => self.undo = parse_bool(&key, v)?,
             "reduction" => self.reduction = v.parse().map_err(|m| err(&key, m))?,
+            "ssthresh_estimate" => {
+                self.ssthresh_estimate = v.parse().map_err(|m| err(&key, m))?;
+            }
             "delack" => {
                 self.delack = parse_time(&key, v, TimeUnit::Millis, Duration::from_secs(10))?
             }
@@ -774,6 +813,7 @@ impl Tuning {
             "limited_transmit" => u8::from(self.limited_transmit).to_string(),
             "undo" => u8::from(self.undo).to_string(),
             "reduction" => self.reduction.to_string(),
+            "ssthresh_estimate" => self.ssthresh_estimate.to_string(),
             "delack" => Exact(self.delack, TimeUnit::Millis).to_string(),
             "rcvsegs" => self.rcvsegs.to_string(),
             "sndbuf" => self.sndbuf.to_string(),
@@ -877,6 +917,10 @@ impl Tuning {
                 ("increment", self.increment != d.increment),
                 ("vmss", self.vmss != d.vmss),
                 ("thresh_init", self.thresh_init != d.thresh_init),
+                (
+                    "ssthresh_estimate",
+                    self.ssthresh_estimate != d.ssthresh_estimate,
+                ),
             ] {
                 if changed {
                     return Err(err(

@@ -16,11 +16,12 @@
 //! Windows are capped at `rcvwin`: a cwnd that cannot be used is not
 //! validated.
 
+use super::hoe::StartupEstimate;
 use super::reduction::Reduction;
 use super::{AckEvent, CongestionEvent, Controller, RecoveryStep};
 use crate::proto::path_memory::PathMemory;
 use crate::proto::time::Time;
-use crate::proto::tuning::{CcKind, Tuning};
+use crate::proto::tuning::{CcKind, SsthreshEstimate, Tuning};
 
 /// Brakmo §3.5: an ACK of this many segments or more must not release a burst.
 const MAX_BURST: u64 = 3;
@@ -43,6 +44,9 @@ pub struct Aimd {
     reduction: Reduction,
     /// cwnd and ssthresh before the last reduction, for `undo`.
     prior: Option<(u64, u64)>,
+    /// `ssthresh_estimate hoe`, until it has given its estimate or the
+    /// first reduction has set ssthresh.
+    startup: Option<StartupEstimate>,
 }
 
 impl Aimd {
@@ -58,6 +62,7 @@ impl Aimd {
             cap: u64::from(t.rcvwin),
             reduction: Reduction::for_tuning(t),
             prior: None,
+            startup: (t.ssthresh_estimate == SsthreshEstimate::Hoe).then(StartupEstimate::default),
         }
     }
 
@@ -111,6 +116,11 @@ impl Controller for Aimd {
     }
 
     fn on_ack(&mut self, ack: &AckEvent) {
+        if let Some(estimate) = self.startup.as_mut().and_then(|e| e.on_ack(ack)) {
+            // Hoe §3.1: slow start stops at the bandwidth-delay product.
+            self.ssthresh = self.ssthresh.min(estimate);
+            self.startup = None;
+        }
         match ack.recovery {
             RecoveryStep::Outside if ack.newly_acked > 0 => self.grow(ack.newly_acked),
             RecoveryStep::Entered => {
@@ -129,6 +139,7 @@ impl Controller for Aimd {
     }
 
     fn on_congestion_event(&mut self, event: &CongestionEvent) {
+        self.startup = None;
         self.prior = Some((self.cwnd, self.ssthresh));
         self.ssthresh = self.reduced_ssthresh(event.flight);
         self.cwnd_cnt = 0;
@@ -152,6 +163,7 @@ impl Controller for Aimd {
     }
 
     fn on_rto(&mut self, _now: Time, flight: u64, first: bool) {
+        self.startup = None;
         // RFC 5681 §3.1 eq. (4); a repeated timeout of the same data keeps ssthresh.
         if first {
             self.ssthresh = self.reduced_ssthresh(flight);

@@ -12,6 +12,7 @@ mod aimd;
 pub mod bbr;
 mod cubic;
 pub mod delivery_rate;
+mod hoe;
 pub mod pacer;
 mod reduction;
 
