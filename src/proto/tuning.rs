@@ -94,16 +94,20 @@ pub enum CcKind {
     Cubic,
     /// draft-ietf-ccwg-bbr (BBRv3): paced at the measured bandwidth.
     Bbr,
+    /// TCP Vegas (Brakmo & Peterson): the window follows the segments the
+    /// flow keeps queued, read from the RTT.
+    Vegas,
 }
 
 impl CcKind {
-    pub const ALL: [CcKind; 3] = [CcKind::Aimd, CcKind::Cubic, CcKind::Bbr];
+    pub const ALL: [CcKind; 4] = [CcKind::Aimd, CcKind::Cubic, CcKind::Bbr, CcKind::Vegas];
 
     pub fn name(self) -> &'static str {
         match self {
             CcKind::Aimd => "aimd",
             CcKind::Cubic => "cubic",
             CcKind::Bbr => "bbr",
+            CcKind::Vegas => "vegas",
         }
     }
 }
@@ -121,8 +125,9 @@ impl FromStr for CcKind {
             "aimd" => Ok(CcKind::Aimd),
             "cubic" => Ok(CcKind::Cubic),
             "bbr" => Ok(CcKind::Bbr),
+            "vegas" => Ok(CcKind::Vegas),
             _ => Err(format!(
-                "`{s}` is not a congestion controller (aimd, cubic, bbr)"
+                "`{s}` is not a congestion controller (aimd, cubic, bbr, vegas)"
             )),
         }
     }
@@ -396,6 +401,11 @@ pub struct Tuning {
     pub reduction: ReductionKind,
     /// AIMD: estimate the initial ssthresh from the first ACKs.
     pub ssthresh_estimate: SsthreshEstimate,
+    /// Vegas: segments queued below which the window grows, above which it
+    /// shrinks, and above which slow start ends (Brakmo: 1, 3, 1).
+    pub vegas_alpha: f64,
+    pub vegas_beta: f64,
+    pub vegas_gamma: f64,
 }
 
 impl Default for Tuning {
@@ -434,6 +444,9 @@ impl Default for Tuning {
             bwlimit: 0,
             reduction: ReductionKind::Halve,
             ssthresh_estimate: SsthreshEstimate::None,
+            vegas_alpha: 1.0,
+            vegas_beta: 3.0,
+            vegas_gamma: 1.0,
         }
     }
 }
@@ -501,7 +514,7 @@ pub const KNOBS: &[Knob] = &[
     // Knobs added after atou's own go last, so that the `config:` lines of
     // atou's knobs read as before.
     Knob { name: "cc", aliases: &[], value_name: "CONTROLLER",
-        help: "congestion controller: aimd (RFC 5681 with atou's multiplier, increment, vmss, initsegs, thresh_init), cubic (RFC 9438 with HyStart++, paced) or bbr (draft-ietf-ccwg-bbr, BBRv3); an atou config file means aimd" },
+        help: "congestion controller: aimd (RFC 5681 with atou's multiplier, increment, vmss, initsegs, thresh_init), cubic (RFC 9438 with HyStart++, paced) bbr (draft-ietf-ccwg-bbr, BBRv3) or vegas (Brakmo & Peterson, RTT-based, see vegas_alpha); an atou config file means aimd" },
     Knob { name: "bbr_loss_thresh", aliases: &[], value_name: "PERCENT",
         help: "bbr only: loss per round trip, in percent of what the round delivered and lost, above which BBR treats loss as congestion; a probe is judged by it on top of the loss seen while cruising (draft: 2%; 20% is BBRv1-like)" },
     Knob { name: "bbr_beta", aliases: &[], value_name: "FACTOR",
@@ -518,6 +531,12 @@ pub const KNOBS: &[Knob] = &[
         help: "aimd and cubic with sack, fack (without rampdown) or rack: how cwnd comes down to ssthresh during fast recovery; prr sends in proportion to what is delivered (RFC 6937, as Linux), halve sets cwnd = ssthresh at once (RFC 6675, the papers'); an atou config file means halve" },
     Knob { name: "ssthresh_estimate", aliases: &[], value_name: "none|hoe",
         help: "aimd only: hoe sets the initial ssthresh to the bandwidth three closely spaced ACKs reveal times the least RTT seen, at least 4 segments (Hoe §3.1), if below thresh_init's; none keeps thresh_init's" },
+    Knob { name: "vegas_alpha", aliases: &[], value_name: "SEGMENTS",
+        help: "vegas only: with fewer segments than this queued at the bottleneck (cwnd x (1 - BaseRTT/RTT)), the window grows by one per RTT (Brakmo: 1)" },
+    Knob { name: "vegas_beta", aliases: &[], value_name: "SEGMENTS",
+        help: "vegas only: with more segments than this queued, the window shrinks by one per RTT (Brakmo: 3)" },
+    Knob { name: "vegas_gamma", aliases: &[], value_name: "SEGMENTS",
+        help: "vegas only: slow start, doubling every other RTT, ends when more segments than this are queued (Brakmo: 1)" },
 ];
 
 /// A bad value for one knob.
@@ -776,6 +795,19 @@ impl Tuning {
             }
             "bbr_loss_events" => self.bbr_loss_events = parse_int(&key, v, 1, 1 << 20)?,
             "bwlimit" => self.bwlimit = parse_bwlimit(&key, v)?,
+            "vegas_alpha" | "vegas_beta" | "vegas_gamma" => {
+                let x = parse_f64(
+                    &key,
+                    v,
+                    |x| (0.0..=1000.0).contains(&x),
+                    "0 to 1000 segments",
+                )?;
+                match key.as_str() {
+                    "vegas_alpha" => self.vegas_alpha = x,
+                    "vegas_beta" => self.vegas_beta = x,
+                    _ => self.vegas_gamma = x,
+                }
+            }
             _ => {
                 return Err(err(
                     &key,
@@ -814,6 +846,9 @@ impl Tuning {
             "undo" => u8::from(self.undo).to_string(),
             "reduction" => self.reduction.to_string(),
             "ssthresh_estimate" => self.ssthresh_estimate.to_string(),
+            "vegas_alpha" => self.vegas_alpha.to_string(),
+            "vegas_beta" => self.vegas_beta.to_string(),
+            "vegas_gamma" => self.vegas_gamma.to_string(),
             "delack" => Exact(self.delack, TimeUnit::Millis).to_string(),
             "rcvsegs" => self.rcvsegs.to_string(),
             "sndbuf" => self.sndbuf.to_string(),
@@ -910,6 +945,22 @@ impl Tuning {
                     ));
                 }
             }
+        }
+        if self.cc != CcKind::Vegas {
+            for (key, changed) in [
+                ("vegas_alpha", self.vegas_alpha != d.vegas_alpha),
+                ("vegas_beta", self.vegas_beta != d.vegas_beta),
+                ("vegas_gamma", self.vegas_gamma != d.vegas_gamma),
+            ] {
+                if changed {
+                    return Err(err(
+                        key,
+                        format!("only applies to --cc vegas, not {}", self.cc),
+                    ));
+                }
+            }
+        } else if self.vegas_alpha > self.vegas_beta {
+            return Err(err("vegas_alpha", "is larger than vegas_beta"));
         }
         if self.cc != CcKind::Aimd {
             for (key, changed) in [
@@ -1030,7 +1081,7 @@ mod tests {
         let mut t = Tuning::default();
         t.set("--cc", "AIMD").unwrap();
         assert_eq!(t.cc, CcKind::Aimd);
-        let e = t.set("cc", "vegas").unwrap_err();
+        let e = t.set("cc", "westwood").unwrap_err();
         assert!(e.message.contains("aimd"), "{e}");
         for kind in CcKind::ALL {
             assert_eq!(kind.name().parse::<CcKind>(), Ok(kind));

@@ -15,6 +15,7 @@ pub mod delivery_rate;
 mod hoe;
 pub mod pacer;
 mod reduction;
+mod vegas;
 
 use std::fmt;
 use std::time::Duration;
@@ -25,6 +26,7 @@ pub use cubic::Cubic;
 pub use delivery_rate::{DeliveryRate, RateSample, SendStamp};
 // `CcReport` is defined below.
 pub use pacer::Pacer;
+pub use vegas::Vegas;
 
 use super::path_memory::PathMemory;
 use super::time::Time;
@@ -206,5 +208,6 @@ pub fn build(t: &Tuning, seed: u64) -> Box<dyn Controller> {
         CcKind::Bbr => Box::new(Bbr::new(t, seed)),
         CcKind::Aimd => Box::new(Aimd::new(t)),
         CcKind::Cubic => Box::new(Cubic::new(t)),
+        CcKind::Vegas => Box::new(Vegas::new(t)),
     }
 }
