@@ -1273,8 +1273,17 @@ fn a_full_destination_fails_cleanly() {
 
     // One stream, so the big file's chunks all go (and are written) before
     // any small file's: with two, a small file could take the space the
-    // big file's last chunk needs.
-    let sent = send(&[&tree], &server.target(), &["--streams", "1"]);
+    // big file's last chunk needs. And a window of 64 segments (90 KiB):
+    // in CI, on a loaded machine, a_big's write once failed for want of
+    // room, so 3 MiB of small files had been written before its last
+    // chunk; a chunk of a_big dropped on loopback and resent while the
+    // default window (32768 segments) let the small files through is the
+    // way that can happen, and 90 KiB cannot fill the 3 MiB left.
+    let sent = send(
+        &[&tree],
+        &server.target(),
+        &["--streams", "1", "--rcvwin", "64"],
+    );
     let why = sent.failure(PARTIAL);
     let listing: Vec<String> = fs::read_dir(dest.join("t"))
         .map(|d| {
