@@ -509,6 +509,7 @@ fn hello(session: u64, conn_id: u64, mss: u32, rcvsegs: u32, rcvbuf: u32) -> Vec
             rcvsegs,
             rcvbuf,
             delack_us: 0,
+            quickack: 0,
             sack: true,
         },
     }

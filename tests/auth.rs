@@ -537,6 +537,7 @@ fn a_plain_hello_still_works_where_the_operator_allows_it() {
             rcvsegs: 10,
             rcvbuf: 0,
             delack_us: 0,
+            quickack: 0,
             sack: true,
         },
     }

@@ -278,6 +278,7 @@ fn protocol_version_mismatch_is_a_clear_error_on_both_sides() {
             rcvsegs: 10,
             rcvbuf: 65536,
             delack_us: 0,
+            quickack: 0,
             sack: true,
         },
     }

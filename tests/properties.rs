@@ -199,7 +199,7 @@ proptest! {
     fn the_receiver_stays_bounded(segs in proptest::collection::vec((0u64..300, any::<bool>(), 0usize..40), 1..300),
                                   reads in any::<bool>()) {
         let rcvsegs = 32;
-        let mut r = Receiver::new(ReceiverConfig { sack: true, delack: Duration::from_millis(50), rcvsegs }, 1);
+        let mut r = Receiver::new(ReceiverConfig { sack: true, delack: Duration::from_millis(50), rcvsegs, quickack: 0 }, 1);
         let mut buf = vec![0u8; 2048];
         for (i, (seg, fin, len)) in segs.into_iter().enumerate() {
             let now = Time::from_nanos(i as u64 * 1_000_000);

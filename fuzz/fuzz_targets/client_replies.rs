@@ -32,6 +32,7 @@ fuzz_target!(|data: &[u8]| {
             rcvsegs: 8,
             rcvbuf: 1 << 20,
             delack_us: 0,
+            quickack: 0,
             sack: true,
         },
     };

@@ -180,6 +180,7 @@ fuzz_target!(|data: &[u8]| {
                         rcvbuf: 0,
                         delack_us: 0,
                         sack: true,
+                        quickack: 0,
                     },
                 }
                 .emit(&mut d)

@@ -20,6 +20,7 @@ fuzz_target!(|data: &[u8]| {
             sack: true,
             delack: Duration::from_millis(40),
             rcvsegs: RCVSEGS,
+            quickack: 4,
         },
         1,
     );

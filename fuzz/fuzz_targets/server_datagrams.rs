@@ -64,6 +64,7 @@ fuzz_target!(|data: &[u8]| {
                     rcvbuf: word(body, 3) << 12,
                     delack_us: word(body, 4) * 1000,
                     sack: word(body, 5) % 2 == 1,
+                    quickack: (word(body, 7) % 40) as u16,
                 },
             }
             .emit(&mut dgram)

@@ -567,6 +567,7 @@ impl Client {
                 rcvsegs: t.rcvsegs,
                 rcvbuf: t.rcvbuf,
                 delack_us: u32::try_from(t.delack.as_micros()).unwrap_or(u32::MAX),
+                quickack: u16::try_from(t.quickack).unwrap_or(u16::MAX),
                 sack: t.recovery.uses_sack(),
             },
         }
@@ -1090,6 +1091,7 @@ mod tests {
                 rcvsegs: 16,
                 rcvbuf: 1 << 20,
                 delack_us: 0,
+                quickack: 0,
                 sack: true,
             },
         }

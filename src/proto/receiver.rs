@@ -13,6 +13,10 @@
 //! - delayed ACK counted in segments: at least every second segment,
 //!   whatever its size (Brakmo §3.3), else after `delack`; immediately for a
 //!   segment out of order, a duplicate, or one that fills a hole;
+//! - quick ACKs (Sarolahti & Kuznetsov §3, Linux's tcp_incr_quickack): the
+//!   first `quickack` segments, at most half the window's, are ACKed one by
+//!   one, and again after [`QUICKACK_IDLE`] without data, so that a
+//!   sender's slow start is not held back by delayed ACKs;
 //! - window = free buffer: `rcvsegs` minus what arrived in order but has not
 //!   been read; out-of-order data sits inside the window, so duplicate ACKs
 //!   keep the same right edge, as TCP's do.
@@ -25,6 +29,12 @@ use super::tuning::Tuning;
 use super::wire::{Ack, DataSegment, Packet, ReceiverStats, SackBlock, ACK_MAX_LEN};
 use super::InputError;
 
+/// No data for this long starts quick ACKs again (Linux: longer than its
+/// RTO). The receiver has no RTT estimate of its own, so RFC 6298's
+/// initial RTO stands in: long enough that the gaps between a slow
+/// start's flights do not count as idle.
+pub const QUICKACK_IDLE: Duration = Duration::from_secs(1);
+
 /// How many recently received out-of-order segments are remembered for
 /// choosing which SACK blocks to repeat.
 const RECENT_SACKS: usize = 16;
@@ -34,6 +44,8 @@ pub struct ReceiverConfig {
     pub sack: bool,
     pub delack: Duration,
     pub rcvsegs: u32,
+    /// Quick ACKs at the start and after idle; 0 never.
+    pub quickack: u32,
 }
 
 impl ReceiverConfig {
@@ -42,7 +54,15 @@ impl ReceiverConfig {
             sack: t.recovery.uses_sack(),
             delack: t.delack,
             rcvsegs: t.rcvsegs,
+            quickack: t.quickack,
         }
+    }
+
+    /// Linux's bound: quick ACKs for at most half the segments the
+    /// advertised window holds, so they cannot make the sender send
+    /// silly small segments (Sarolahti §3).
+    fn quickacks(&self) -> u32 {
+        self.quickack.min(self.rcvsegs / 2)
     }
 }
 
@@ -89,6 +109,10 @@ pub struct Receiver {
     unacked: u32,
     ack_pending: bool,
     delack_at: Option<Time>,
+    /// Quick ACKs left before delayed ACKs apply.
+    quick_left: u32,
+    /// When data last arrived, to tell an idle period.
+    last_data: Option<Time>,
     dsack: Option<SackBlock>,
     echo: u32,
     mode: Mode,
@@ -112,6 +136,8 @@ impl Receiver {
             unacked: 0,
             ack_pending: false,
             delack_at: None,
+            quick_left: 0,
+            last_data: None,
             dsack: None,
             echo: 0,
             mode: Mode::Hold,
@@ -226,6 +252,15 @@ impl Receiver {
     fn on_segment(&mut self, now: Time, seg: &DataSegment<'_>) -> bool {
         let n = seg.header.seg;
         self.echo = seg.header.timestamp;
+        // Linux's tcp_event_data_recv: quick ACKs at the first data and
+        // after an idle period.
+        if self
+            .last_data
+            .is_none_or(|t| now.saturating_since(t) > QUICKACK_IDLE)
+        {
+            self.quick_left = self.config.quickacks();
+        }
+        self.last_data = Some(now);
         if n < self.rcv_nxt || self.is_held_out_of_order(n) {
             // RFC 2883: report the duplicate at once.
             self.stats.duplicates += 1;
@@ -268,7 +303,9 @@ impl Receiver {
                 self.ack_pending = true;
             } else {
                 self.unacked += 1;
-                if self.config.delack.is_zero() || self.unacked >= 2 {
+                let quick = self.quick_left > 0;
+                self.quick_left = self.quick_left.saturating_sub(1);
+                if quick || self.config.delack.is_zero() || self.unacked >= 2 {
                     self.ack_pending = true;
                 } else if self.delack_at.is_none() {
                     self.delack_at = Some(now + self.config.delack);
@@ -380,6 +417,7 @@ mod tests {
             sack: true,
             delack: Duration::from_millis(delack_ms),
             rcvsegs: 64,
+            quickack: 0,
         }
     }
 
@@ -420,6 +458,46 @@ mod tests {
 
     fn blocks(a: &Ack) -> Vec<(u64, u64)> {
         a.sack_blocks().iter().map(|b| (b.start, b.end)).collect()
+    }
+
+    /// Sarolahti §3: the first `quickack` segments (at most half the
+    /// window's) are ACKed one by one, then every second; an idle period
+    /// of over [`QUICKACK_IDLE`] starts quick ACKs again.
+    #[test]
+    fn quick_acks_at_the_start_and_after_idle_then_delayed() {
+        let mut r = Receiver::new(
+            ReceiverConfig {
+                quickack: 3,
+                ..config(200)
+            },
+            1,
+        );
+        for seg in 0..3 {
+            send(&mut r, seg);
+            assert_eq!(recv_ack(&mut r).cum_ack, seg + 1, "quick ACK {seg}");
+        }
+        send(&mut r, 3);
+        recv_nothing(&mut r);
+        send(&mut r, 4);
+        assert_eq!(recv_ack(&mut r).cum_ack, 5, "every second segment");
+        let later = Time::ZERO + QUICKACK_IDLE + Duration::from_millis(1);
+        r.handle_datagram(later, &data(5)).unwrap();
+        assert_eq!(recv_ack(&mut r).cum_ack, 6, "quick again after idle");
+        // Half a 4-segment window: two quick ACKs however many are asked.
+        let mut small = Receiver::new(
+            ReceiverConfig {
+                quickack: 16,
+                rcvsegs: 4,
+                ..config(200)
+            },
+            1,
+        );
+        send(&mut small, 0);
+        recv_ack(&mut small);
+        send(&mut small, 1);
+        recv_ack(&mut small);
+        send(&mut small, 2);
+        recv_nothing(&mut small);
     }
 
     #[test]
@@ -502,6 +580,7 @@ mod tests {
                 sack: false,
                 delack: Duration::ZERO,
                 rcvsegs: 4,
+                quickack: 0,
             },
             1,
         );
@@ -548,6 +627,7 @@ mod tests {
                 sack: true,
                 delack: Duration::ZERO,
                 rcvsegs: 4,
+                quickack: 0,
             },
             1,
         );

@@ -1188,6 +1188,7 @@ impl Server {
             sack: params.sack,
             delack: Duration::from_micros(u64::from(params.delack_us)),
             rcvsegs: params.rcvsegs,
+            quickack: u32::from(params.quickack),
         };
         self.stats.connections += 1;
         let receiver = if hello.session == 0 {
@@ -1515,6 +1516,7 @@ mod tests {
                 rcvsegs: 10,
                 rcvbuf: 1024,
                 delack_us: 0,
+                quickack: 0,
                 sack: true,
             },
         }
@@ -1593,6 +1595,7 @@ mod tests {
                     rcvsegs: 10,
                     rcvbuf,
                     delack_us: 0,
+                    quickack: 0,
                     sack: true,
                 },
             }

@@ -173,6 +173,9 @@ impl FromStr for ReductionKind {
     }
 }
 
+/// Linux's TCP_MAX_QUICKACKS: the commands' `quickack`.
+pub const LINUX_QUICKACKS: u32 = 16;
+
 /// Where AIMD's initial ssthresh comes from, besides `thresh_init`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -378,6 +381,12 @@ pub struct Tuning {
     pub delack: Duration,
     /// Receiver: buffer in segments, advertised as the window.
     pub rcvsegs: u32,
+    /// AIMD slow start: growth per ACK is the segments it newly
+    /// acknowledges up to this many (RFC 3465's L); 0 is one per ACK.
+    pub abc: u32,
+    /// Receiver: segments ACKed one by one at the start and after idle,
+    /// before `delack` applies; 0 never.
+    pub quickack: u32,
     /// UDP socket send buffer in bytes (SO_SNDBUF), real sockets only.
     pub sndbuf: u32,
     /// UDP socket receive buffer in bytes (SO_RCVBUF), both ends of a real
@@ -435,6 +444,8 @@ impl Default for Tuning {
             undo: false,
             delack: Duration::ZERO,
             rcvsegs: 8192,
+            quickack: 0,
+            abc: 2,
             sndbuf: 4 << 20,
             rcvbuf: 4 << 20,
             bbr_loss_thresh: 2.0,
@@ -531,6 +542,10 @@ pub const KNOBS: &[Knob] = &[
         help: "aimd and cubic with sack, fack (without rampdown) or rack: how cwnd comes down to ssthresh during fast recovery; prr sends in proportion to what is delivered (RFC 6937, as Linux), halve sets cwnd = ssthresh at once (RFC 6675, the papers'); an atou config file means halve" },
     Knob { name: "ssthresh_estimate", aliases: &[], value_name: "none|hoe",
         help: "aimd only: hoe sets the initial ssthresh to the bandwidth three closely spaced ACKs reveal times the least RTT seen, at least 4 segments (Hoe §3.1), if below thresh_init's; none keeps thresh_init's" },
+    Knob { name: "quickack", aliases: &[], value_name: "SEGMENTS",
+        help: "receiver: ACK the first N segments one by one, and again after 1 s without data, before delack applies (Linux's quick ACKs, at most half the window); 0 never; the commands use Linux's 16, an atou config file 0" },
+    Knob { name: "abc", aliases: &[], value_name: "SEGMENTS",
+        help: "aimd only: in slow start each ACK grows cwnd by the segments it newly acknowledges, at most this many (RFC 3465 appropriate byte counting, L); 0 grows one segment per ACK whatever it covers (RFC 5681's count, Linux 2.4's, so delayed ACKs slow slow start)" },
     Knob { name: "vegas_alpha", aliases: &[], value_name: "SEGMENTS",
         help: "vegas only: with fewer segments than this queued at the bottleneck (cwnd x (1 - BaseRTT/RTT)), the window grows by one per RTT (Brakmo: 1)" },
     Knob { name: "vegas_beta", aliases: &[], value_name: "SEGMENTS",
@@ -664,8 +679,9 @@ impl Tuning {
     }
 
     /// The defaults of atou's commands (`send`, `copy`, `sim`, `probe`,
-    /// `serve`): BBR, RACK-TLP, undo (issue 14 point 7) and PRR (RFC 6937,
-    /// Linux's reduction, for `--cc aimd` and `--cc cubic`). Flags and config
+    /// `serve`): BBR, RACK-TLP, undo (issue 14 point 7), PRR (RFC 6937,
+    /// Linux's reduction, for `--cc aimd` and `--cc cubic`) and Linux's 16
+    /// quick ACKs (they matter only with `--delack`). Flags and config
     /// files start from here. [`Tuning::default`] is atou's own baseline,
     /// AIMD with SACK recovery and no undo: what an atou config file means,
     /// and what the papers' scenarios and the unit tests build on.
@@ -685,6 +701,7 @@ impl Tuning {
             rcvwin: 32768,
             rcvsegs: 32768,
             reduction: ReductionKind::Prr,
+            quickack: LINUX_QUICKACKS,
             ..Tuning::default()
         }
     }
@@ -763,6 +780,8 @@ impl Tuning {
             "limited_transmit" => self.limited_transmit = parse_bool(&key, v)?,
             "undo" => self.undo = parse_bool(&key, v)?,
             "reduction" => self.reduction = v.parse().map_err(|m| err(&key, m))?,
+            "quickack" => self.quickack = parse_int(&key, v, 0, u32::from(u16::MAX))?,
+            "abc" => self.abc = parse_int(&key, v, 0, 1 << 20)?,
             "ssthresh_estimate" => {
                 self.ssthresh_estimate = v.parse().map_err(|m| err(&key, m))?;
             }
@@ -845,6 +864,8 @@ impl Tuning {
             "limited_transmit" => u8::from(self.limited_transmit).to_string(),
             "undo" => u8::from(self.undo).to_string(),
             "reduction" => self.reduction.to_string(),
+            "quickack" => self.quickack.to_string(),
+            "abc" => self.abc.to_string(),
             "ssthresh_estimate" => self.ssthresh_estimate.to_string(),
             "vegas_alpha" => self.vegas_alpha.to_string(),
             "vegas_beta" => self.vegas_beta.to_string(),
@@ -881,6 +902,7 @@ impl Tuning {
         self.rcvwin = atou.rcvwin;
         self.rcvsegs = atou.rcvsegs;
         self.reduction = atou.reduction;
+        self.quickack = atou.quickack;
         let lines: Vec<(usize, &str, &str)> = text
             .lines()
             .enumerate()
@@ -972,6 +994,7 @@ impl Tuning {
                     "ssthresh_estimate",
                     self.ssthresh_estimate != d.ssthresh_estimate,
                 ),
+                ("abc", self.abc != d.abc),
             ] {
                 if changed {
                     return Err(err(

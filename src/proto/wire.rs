@@ -10,7 +10,7 @@ use thiserror::Error;
 /// `"AT"`: lets a receiver discard stray datagrams cheaply.
 pub const MAGIC: [u8; 2] = *b"AT";
 /// Bumped on any incompatible change to the layout below.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Bytes of the header common to every packet.
 pub const HEADER_LEN: usize = 12;
 /// Bytes before the payload of a data segment.
@@ -41,8 +41,8 @@ const KIND_PATH_CHALLENGE: u8 = 10;
 const KIND_PATH_RESPONSE: u8 = 11;
 
 /// Lengths of the control packets.
-pub const HELLO_LEN: usize = HEADER_LEN + 4 * 5 + 8 + 1;
-pub const WELCOME_LEN: usize = HEADER_LEN + 4 * 3 + 1;
+pub const HELLO_LEN: usize = HEADER_LEN + 4 * 5 + 8 + 1 + 2;
+pub const WELCOME_LEN: usize = HEADER_LEN + 4 * 3 + 1 + 2;
 pub const CLOSE_LEN: usize = HEADER_LEN + 8 + 8;
 pub const CLOSE_ACK_LEN: usize = HEADER_LEN + 8 * 7;
 pub const REJECT_LEN: usize = HEADER_LEN + 2;
@@ -275,6 +275,9 @@ pub struct ReceiverParams {
     /// Delayed-ACK timer in microseconds; 0 ACKs every segment.
     pub delack_us: u32,
     pub sack: bool,
+    /// Segments ACKed one by one at the start and after an idle period,
+    /// before delayed ACKs (Linux's quick ACKs, Sarolahti §3); 0 never.
+    pub quickack: u16,
 }
 
 /// Client to server: opens connection `conn_id` (chosen fresh by the
@@ -546,7 +549,8 @@ fn write_params(buf: &mut [u8], at: usize, p: &ReceiverParams) -> usize {
     buf[at + 4..at + 8].copy_from_slice(&p.rcvbuf.to_be_bytes());
     buf[at + 8..at + 12].copy_from_slice(&p.delack_us.to_be_bytes());
     buf[at + 12] = if p.sack { HELLO_FLAG_SACK } else { 0 };
-    at + 13
+    buf[at + 13..at + 15].copy_from_slice(&p.quickack.to_be_bytes());
+    at + 15
 }
 
 fn read_params(buf: &[u8], at: usize) -> Result<ReceiverParams, WireError> {
@@ -559,6 +563,7 @@ fn read_params(buf: &[u8], at: usize) -> Result<ReceiverParams, WireError> {
         rcvbuf: read_u32(buf, at + 4),
         delack_us: read_u32(buf, at + 8),
         sack: flags & HELLO_FLAG_SACK != 0,
+        quickack: u16::from_be_bytes([buf[at + 13], buf[at + 14]]),
     })
 }
 
@@ -904,7 +909,7 @@ mod tests {
     #[test]
     fn data_layout_is_as_documented() {
         let buf = encode_data(&DATA, b"xy");
-        assert_eq!(&buf[0..4], b"AT\x03\x01");
+        assert_eq!(&buf[0..4], b"AT\x04\x01");
         assert_eq!(buf.len(), 33 + 2);
         assert_eq!(&buf[33..], b"xy");
     }
@@ -1055,6 +1060,7 @@ mod tests {
             rcvsegs: 8192,
             rcvbuf: 4 << 20,
             delack_us: 200_000,
+            quickack: 16,
             sack: true,
         };
         let hello = Hello {
@@ -1110,7 +1116,7 @@ mod tests {
             assert_eq!(Packet::decode(&long), Err(WireError::TrailingBytes(1)));
             assert!(Packet::decode(&bytes[..len - 1]).is_err());
         }
-        assert_eq!(HELLO_LEN, 41);
+        assert_eq!(HELLO_LEN, 43);
     }
 
     #[test]
@@ -1134,6 +1140,7 @@ mod tests {
                     rcvsegs: 1,
                     rcvbuf: 1024,
                     delack_us: 0,
+                    quickack: 0,
                     sack: false,
                 },
             }

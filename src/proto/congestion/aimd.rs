@@ -3,7 +3,8 @@
 //!
 //! - Start: cwnd = `initsegs` × `vmss`, ssthresh = `thresh_init` × rcvwin
 //!   (unlimited when zero).
-//! - Increase: slow start by appropriate byte counting (RFC 3465, L = 2);
+//! - Increase: slow start by appropriate byte counting (RFC 3465, L =
+//!   `abc`, 2 by default; 0 counts ACKs as RFC 5681 and Linux 2.4 do);
 //!   congestion avoidance `increment` × `vmss` segments per window of ACKs,
 //!   tracked exactly.
 //! - Decrease: ssthresh = max(`multiplier` × FlightSize, 2 × `vmss`)
@@ -44,6 +45,8 @@ pub struct Aimd {
     reduction: Reduction,
     /// cwnd and ssthresh before the last reduction, for `undo`.
     prior: Option<(u64, u64)>,
+    /// Slow start's per-ACK limit (RFC 3465's L); 0 counts ACKs.
+    abc: u64,
     /// `ssthresh_estimate hoe`, until it has given its estimate or the
     /// first reduction has set ssthresh.
     startup: Option<StartupEstimate>,
@@ -62,6 +65,7 @@ impl Aimd {
             cap: u64::from(t.rcvwin),
             reduction: Reduction::for_tuning(t),
             prior: None,
+            abc: u64::from(t.abc),
             startup: (t.ssthresh_estimate == SsthreshEstimate::Hoe).then(StartupEstimate::default),
         }
     }
@@ -79,8 +83,12 @@ impl Aimd {
             return;
         }
         if self.cwnd < self.ssthresh {
-            // RFC 3465 §2.2: appropriate byte counting with L = 2.
-            self.cwnd += newly_acked.min(2);
+            // RFC 3465 §2.2: appropriate byte counting with L = `abc`; 0
+            // counts ACKs (RFC 5681 §3.1, Linux 2.4).
+            self.cwnd += match self.abc {
+                0 => 1,
+                limit => newly_acked.min(limit),
+            };
         } else {
             // RFC 5681 eq. (3), tracked exactly: `increment` virtual segments
             // per window of ACKs. Per ACK, not per segment acknowledged, so
