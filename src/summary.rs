@@ -69,6 +69,10 @@ pub struct Summary {
     pub tlps: u64,
     /// Reductions undone as spurious (Sarolahti §6).
     pub undos: u64,
+    /// The largest reordering seen, in segments.
+    pub reordering: u64,
+    /// The duplicate threshold at the end (raised by `reordering adaptive`).
+    pub dup_thresh: u64,
     #[serde(serialize_with = "secs_f64")]
     pub minrtt: Duration,
     #[serde(serialize_with = "secs_f64")]
@@ -169,6 +173,8 @@ impl Summary {
             reneges: stats.reneges,
             tlps: stats.tlps,
             undos: stats.undos,
+            reordering: stats.reordering,
+            dup_thresh: stats.dup_thresh,
             bad_packets: stats.bad_packets,
             minrtt: snap.minrtt,
             maxrtt: snap.maxrtt,
@@ -326,6 +332,13 @@ impl fmt::Display for Summary {
         }
         if self.tlps > 0 || self.undos > 0 {
             writeln!(f, "tlps {} undos {}", self.tlps, self.undos)?;
+        }
+        if self.reordering > 0 {
+            writeln!(
+                f,
+                "reordering {} segments, dup_thresh {}",
+                self.reordering, self.dup_thresh
+            )?;
         }
         if let Some(r) = &self.receiver {
             writeln!(

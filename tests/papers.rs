@@ -6,8 +6,8 @@ use std::time::Duration;
 use atou::netem::NetemSpec;
 use atou::proto::rtt::RttEstimator;
 use atou::proto::{
-    CcKind, Event, Recorder, RecoveryKind, ReductionKind, SsthreshEstimate, Time, TimedEvent,
-    TraceRecord, Tuning,
+    CcKind, Event, Recorder, RecoveryKind, ReductionKind, ReorderingKind, SsthreshEstimate, Time,
+    TimedEvent, TraceRecord, Tuning,
 };
 use atou::sim::scenarios::{displacement, mathis, mathis_expected_c};
 use atou::sim::{RunEnd, SimConfig, SimResult, Simulation};
@@ -915,4 +915,57 @@ fn linux_3_quick_acks_send_50_kb_in_2_seconds_instead_of_2_5() {
         "{what}"
     );
     assert!(quick_acks > delayed_acks, "{what}");
+}
+
+// ---------------------------------------------------------------------------
+// Sarolahti & Kuznetsov §5: the reordering metric (issue 16 point 4)
+// ---------------------------------------------------------------------------
+
+/// On atou's cable path (60 % of packets reordered, displaced by up to
+/// about 30), `reordering adaptive` with the default `dup_thresh 3` gets
+/// at least 90 % of the hand-tuned `dup_thresh 9` goodput: the first late
+/// originals raise the threshold above their displacement, and it stays
+/// there for the connection. The summary reports the metric. Measured
+/// (10 MiB, seed 1): SACK fixed 3 0.94 Mbit/s, hand-tuned 9 1.88,
+/// adaptive 5.20 (displacement 30, dup_thresh 31); FACK 0.88, 1.67 and
+/// 5.24. NewReno has no SACK to measure with, so `adaptive` leaves it as
+/// it is (0.99 Mbit/s either way).
+#[test]
+fn linux_5_adaptive_reordering_matches_a_hand_tuned_dup_thresh() {
+    const FWD: &str = "rate 6mbit | delay 60ms reorder 60%";
+    for kind in [
+        RecoveryKind::NewReno,
+        RecoveryKind::Sack,
+        RecoveryKind::Fack,
+    ] {
+        let run = |dup_thresh, reordering| {
+            let tuning = Tuning {
+                recovery: kind,
+                dup_thresh,
+                reordering,
+                rcvwin: 200,
+                ..Tuning::default()
+            };
+            simulate(tuning, FWD, "delay 10ms", 10 << 20, 1).0.summary
+        };
+        let fixed3 = run(3, ReorderingKind::Fixed);
+        let tuned9 = run(9, ReorderingKind::Fixed);
+        let adaptive = run(3, ReorderingKind::Adaptive);
+        let what = format!(
+            "{kind}: fixed 3 {:.2} Mbit/s, hand-tuned 9 {:.2}, adaptive {:.2} (reordering {}, dup_thresh {})",
+            fixed3.goodput_bps / 1e6,
+            tuned9.goodput_bps / 1e6,
+            adaptive.goodput_bps / 1e6,
+            adaptive.reordering,
+            adaptive.dup_thresh
+        );
+        if kind == RecoveryKind::NewReno {
+            assert_eq!(adaptive.goodput_bps, fixed3.goodput_bps, "{what}");
+        } else {
+            assert!(adaptive.reordering > 0, "{what}");
+            assert!(adaptive.dup_thresh > 3, "{what}");
+            assert!(adaptive.goodput_bps >= 0.9 * tuned9.goodput_bps, "{what}");
+        }
+        assert_eq!(fixed3.dup_thresh, 3, "{what}");
+    }
 }

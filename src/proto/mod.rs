@@ -33,7 +33,7 @@ pub use receiver::{NewData, Receiver, ReceiverConfig};
 pub use sender::{Sender, SenderSnapshot, SenderState, SenderStats};
 pub use server::{ConnEnd, ConnReport, Notice, Server, ServerLimits, ServerStats};
 pub use time::Time;
-pub use tuning::{CcKind, RecoveryKind, ReductionKind, SsthreshEstimate, Tuning};
+pub use tuning::{CcKind, RecoveryKind, ReductionKind, ReorderingKind, SsthreshEstimate, Tuning};
 pub use wire::ReceiverStats;
 
 /// Why an endpoint did not accept a datagram. Its state is unchanged.

@@ -28,7 +28,7 @@ use super::scoreboard::Scoreboard;
 use super::time::{wire_elapsed, Time};
 use super::tuning::{CcKind, RecoveryKind};
 use super::tuning::{DropList, Tuning, TuningError};
-use super::wire::{Ack, DataFlags, DataHeader, Packet, DATA_HEADER_LEN};
+use super::wire::{Ack, DataFlags, DataHeader, Packet, SackBlock, DATA_HEADER_LEN};
 use super::InputError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +99,10 @@ pub struct SenderStats {
     pub tlps: u64,
     /// Reductions undone as spurious (Sarolahti §6).
     pub undos: u64,
+    /// The largest reordering seen, in segments (the loss state's metric).
+    pub reordering: u64,
+    /// The duplicate threshold at the end (raised by `reordering adaptive`).
+    pub dup_thresh: u64,
     /// Payload bytes acknowledged.
     pub good_bytes: u64,
 }
@@ -227,7 +231,10 @@ impl Sender {
             pacer: Pacer::new(u64::from(tuning.mss), now),
             cc_logged: None,
             undo: None,
-            stats: SenderStats::default(),
+            stats: SenderStats {
+                dup_thresh: u64::from(tuning.dup_thresh),
+                ..SenderStats::default()
+            },
             events: VecDeque::new(),
             now,
             start: now,
@@ -475,6 +482,7 @@ impl Sender {
         self.peer_right_edge = right_edge;
 
         self.sb.clear_deliveries();
+        let fack_before = self.sb.highest_sacked();
         let uses_sack = self.recovery.kind().uses_sack();
         let mut newly_sacked = 0;
         if uses_sack {
@@ -486,6 +494,7 @@ impl Sender {
             self.stats.dsacks += 1;
         }
         let newly_acked = self.sb.ack_through(ack.cum_ack);
+        self.measure_reordering(fack_before, ack.dsack);
         let mut newly_delivered = 0;
         for stamp in self.sb.take_delivered() {
             self.rate.on_delivered(now, &stamp);
@@ -1121,6 +1130,29 @@ impl Sender {
         if self.window_open() && self.sb.lost_pending() == 0 && !self.may_send_new() {
             self.rate.on_app_limited(self.sb.pipe());
         }
+    }
+
+    /// Sarolahti & Kuznetsov §5: reordering is measured as how far below
+    /// the highest segment SACKed before this ACK a segment was delivered:
+    /// an original never resent (it was late, not lost), or one a D-SACK
+    /// reports delivered twice (its retransmission was not needed).
+    fn measure_reordering(&mut self, fack_before: Option<u64>, dsack: Option<SackBlock>) {
+        let Some(fack) = fack_before else {
+            return;
+        };
+        let late = self
+            .sb
+            .deliveries()
+            .iter()
+            .filter(|d| !d.retransmitted && d.seg < fack)
+            .map(|d| fack - d.seg)
+            .max();
+        let duplicated = dsack.filter(|b| b.start < fack).map(|b| fack - b.start);
+        if let Some(d) = late.max(duplicated) {
+            self.loss.note_reordering(d);
+            self.stats.reordering = self.loss.reordering;
+        }
+        self.stats.dup_thresh = self.loss.dup_thresh;
     }
 
     fn record_retransmission(&mut self, seg: u64, forced: Option<Forced>) {

@@ -173,6 +173,37 @@ impl FromStr for ReductionKind {
     }
 }
 
+/// Whether measured reordering changes the duplicate threshold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReorderingKind {
+    /// `dup_thresh` as set, whatever the path does (atou's).
+    Fixed,
+    /// Linux's: the largest displacement seen raises `dup_thresh` and
+    /// turns FACK's inference off (Sarolahti & Kuznetsov §5).
+    Adaptive,
+}
+
+impl fmt::Display for ReorderingKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReorderingKind::Fixed => "fixed",
+            ReorderingKind::Adaptive => "adaptive",
+        })
+    }
+}
+
+impl FromStr for ReorderingKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "fixed" => Ok(ReorderingKind::Fixed),
+            "adaptive" => Ok(ReorderingKind::Adaptive),
+            _ => Err(format!("`{s}` is not a reordering mode (fixed, adaptive)")),
+        }
+    }
+}
+
 /// Linux's TCP_MAX_QUICKACKS: the commands' `quickack`.
 pub const LINUX_QUICKACKS: u32 = 16;
 
@@ -381,6 +412,8 @@ pub struct Tuning {
     pub delack: Duration,
     /// Receiver: buffer in segments, advertised as the window.
     pub rcvsegs: u32,
+    /// Whether measured reordering raises `dup_thresh`.
+    pub reordering: ReorderingKind,
     /// AIMD slow start: growth per ACK is the segments it newly
     /// acknowledges up to this many (RFC 3465's L); 0 is one per ACK.
     pub abc: u32,
@@ -446,6 +479,7 @@ impl Default for Tuning {
             rcvsegs: 8192,
             quickack: 0,
             abc: 2,
+            reordering: ReorderingKind::Fixed,
             sndbuf: 4 << 20,
             rcvbuf: 4 << 20,
             bbr_loss_thresh: 2.0,
@@ -544,6 +578,8 @@ pub const KNOBS: &[Knob] = &[
         help: "aimd only: hoe sets the initial ssthresh to the bandwidth three closely spaced ACKs reveal times the least RTT seen, at least 4 segments (Hoe §3.1), if below thresh_init's; none keeps thresh_init's" },
     Knob { name: "quickack", aliases: &[], value_name: "SEGMENTS",
         help: "receiver: ACK the first N segments one by one, and again after 1 s without data, before delack applies (Linux's quick ACKs, at most half the window); 0 never; the commands use Linux's 16, an atou config file 0" },
+    Knob { name: "reordering", aliases: &[], value_name: "fixed|adaptive",
+        help: "adaptive: a segment delivered d segments below the highest SACKed one (never resent, or shown by a D-SACK) raises dup_thresh to d + 1, up to 300, and turns FACK's inference off, per connection (Linux, Sarolahti §5); fixed keeps dup_thresh; the summary reports the largest displacement; an atou config file means fixed" },
     Knob { name: "abc", aliases: &[], value_name: "SEGMENTS",
         help: "aimd only: in slow start each ACK grows cwnd by the segments it newly acknowledges, at most this many (RFC 3465 appropriate byte counting, L); 0 grows one segment per ACK whatever it covers (RFC 5681's count, Linux 2.4's, so delayed ACKs slow slow start)" },
     Knob { name: "vegas_alpha", aliases: &[], value_name: "SEGMENTS",
@@ -702,6 +738,7 @@ impl Tuning {
             rcvsegs: 32768,
             reduction: ReductionKind::Prr,
             quickack: LINUX_QUICKACKS,
+            reordering: ReorderingKind::Adaptive,
             ..Tuning::default()
         }
     }
@@ -782,6 +819,7 @@ impl Tuning {
             "reduction" => self.reduction = v.parse().map_err(|m| err(&key, m))?,
             "quickack" => self.quickack = parse_int(&key, v, 0, u32::from(u16::MAX))?,
             "abc" => self.abc = parse_int(&key, v, 0, 1 << 20)?,
+            "reordering" => self.reordering = v.parse().map_err(|m| err(&key, m))?,
             "ssthresh_estimate" => {
                 self.ssthresh_estimate = v.parse().map_err(|m| err(&key, m))?;
             }
@@ -866,6 +904,7 @@ impl Tuning {
             "reduction" => self.reduction.to_string(),
             "quickack" => self.quickack.to_string(),
             "abc" => self.abc.to_string(),
+            "reordering" => self.reordering.to_string(),
             "ssthresh_estimate" => self.ssthresh_estimate.to_string(),
             "vegas_alpha" => self.vegas_alpha.to_string(),
             "vegas_beta" => self.vegas_beta.to_string(),
@@ -903,6 +942,7 @@ impl Tuning {
         self.rcvsegs = atou.rcvsegs;
         self.reduction = atou.reduction;
         self.quickack = atou.quickack;
+        self.reordering = atou.reordering;
         let lines: Vec<(usize, &str, &str)> = text
             .lines()
             .enumerate()

@@ -9,13 +9,19 @@
 //! With `rampdown`, the congestion controller brings cwnd down gradually
 //! (`congestion::aimd`, Mathis appendix A); what is lost does not change.
 
+use super::sack::Sack;
 use super::{AckSummary, LossRecovery, LossState, Phase, Verdict};
 use crate::proto::events::RecoveryTrigger;
 use crate::proto::scoreboard::Scoreboard;
 use crate::proto::tuning::RecoveryKind;
 
-#[derive(Debug)]
-pub struct Fack;
+/// Once the connection has seen reordering with `reordering adaptive`,
+/// FACK's inference is off and RFC 6675's SACK decides (Linux's
+/// tcp_disable_fack, Sarolahti §5).
+#[derive(Debug, Default)]
+pub struct Fack {
+    sack: Sack,
+}
 
 impl LossRecovery for Fack {
     fn kind(&self) -> RecoveryKind {
@@ -23,6 +29,9 @@ impl LossRecovery for Fack {
     }
 
     fn on_ack(&mut self, sb: &mut Scoreboard, st: &mut LossState, ack: &AckSummary) -> Verdict {
+        if st.fack_off() {
+            return self.sack.on_ack(sb, st, ack);
+        }
         let una = sb.una();
         let fack = sb.highest_sacked().map_or(una, |h| h + 1);
         match st.phase {
@@ -48,6 +57,14 @@ impl LossRecovery for Fack {
                     lost_below: Some(fack),
                 }
             }
+        }
+    }
+
+    fn tail_retransmission(&mut self, sb: &Scoreboard, st: &LossState) -> Option<u64> {
+        if st.fack_off() {
+            self.sack.tail_retransmission(sb, st)
+        } else {
+            None
         }
     }
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 use super::events::RecoveryTrigger;
 use super::scoreboard::Scoreboard;
 use super::time::Time;
-use super::tuning::{RecoveryKind, Tuning};
+use super::tuning::{RecoveryKind, ReorderingKind, Tuning};
 use super::wire::SackBlock;
 
 /// The sender's loss state, after Linux's (Sarolahti §3).
@@ -150,7 +150,17 @@ pub struct LossState {
     /// Sent next whatever the window says.
     pub force_retransmit: Option<Forced>,
     pub dup_thresh: u64,
+    /// `reordering adaptive`: measured reordering raises `dup_thresh`.
+    adaptive: bool,
+    /// The largest displacement seen, in segments (Linux's tp->reordering
+    /// less its initial 3): how far below the highest SACKed segment an
+    /// original, never resent, was delivered.
+    pub reordering: u64,
 }
+
+/// The most `dup_thresh` the reordering metric may set (Linux's
+/// tcp_max_reordering).
+pub const MAX_REORDERING: u64 = 300;
 
 impl LossState {
     pub fn new(t: &Tuning) -> LossState {
@@ -160,7 +170,31 @@ impl LossState {
             recover: 0,
             force_retransmit: None,
             dup_thresh: u64::from(t.dup_thresh),
+            adaptive: t.reordering == ReorderingKind::Adaptive,
+            reordering: 0,
         }
+    }
+
+    /// Sarolahti & Kuznetsov §5 (Linux's tcp_update_reordering): a segment
+    /// delivered `displacement` segments below the highest SACKed one,
+    /// either an original never resent or one a D-SACK shows arrived as
+    /// well as its retransmission. Fast retransmit waits for more
+    /// duplicates than that, up to [`MAX_REORDERING`], and FACK stops
+    /// taking everything below snd.fack for lost.
+    pub fn note_reordering(&mut self, displacement: u64) {
+        if displacement <= self.reordering {
+            return;
+        }
+        self.reordering = displacement;
+        if self.adaptive {
+            self.dup_thresh = self.dup_thresh.max((displacement + 1).min(MAX_REORDERING));
+        }
+    }
+
+    /// FACK's marking is off for this connection: reordering was seen
+    /// and the threshold adapts (Linux's tcp_disable_fack).
+    pub fn fack_off(&self) -> bool {
+        self.adaptive && self.reordering > 0
     }
 
     /// BSD's snd_nxt: the next segment to go out, a retransmission if one is due.
@@ -284,7 +318,7 @@ pub fn for_kind(t: &Tuning) -> Box<dyn LossRecovery> {
         RecoveryKind::Reno => Box::new(reno::Reno),
         RecoveryKind::NewReno => Box::new(newreno::NewReno),
         RecoveryKind::Sack => Box::new(sack::Sack::default()),
-        RecoveryKind::Fack => Box::new(fack::Fack),
+        RecoveryKind::Fack => Box::new(fack::Fack::default()),
         RecoveryKind::Rack => Box::new(rack::Rack::new(t)),
     }
 }
