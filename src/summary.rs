@@ -69,6 +69,8 @@ pub struct Summary {
     pub tlps: u64,
     /// Reductions undone as spurious (Sarolahti §6).
     pub undos: u64,
+    /// Window reductions for local congestion (ENOBUFS), CWR.
+    pub cwrs: u64,
     /// The largest reordering seen, in segments.
     pub reordering: u64,
     /// The duplicate threshold at the end (raised by `reordering adaptive`).
@@ -173,6 +175,7 @@ impl Summary {
             reneges: stats.reneges,
             tlps: stats.tlps,
             undos: stats.undos,
+            cwrs: stats.cwrs,
             reordering: stats.reordering,
             dup_thresh: stats.dup_thresh,
             bad_packets: stats.bad_packets,
@@ -332,6 +335,13 @@ impl fmt::Display for Summary {
         }
         if self.tlps > 0 || self.undos > 0 {
             writeln!(f, "tlps {} undos {}", self.tlps, self.undos)?;
+        }
+        if self.cwrs > 0 {
+            writeln!(
+                f,
+                "cwr reductions {} (socket refused datagrams: enobufs)",
+                self.cwrs
+            )?;
         }
         if self.reordering > 0 {
             writeln!(

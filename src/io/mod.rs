@@ -535,9 +535,16 @@ impl ClientDriver {
             while let Some(r) = self.client.poll_trace() {
                 observer.on_trace(&r);
             }
+            let refused = self.tx.enobufs;
             if let Err(e) = self.tx.flush(&self.io).await {
                 if let Some(err) = self.socket_error(e, true) {
                     return Err(err);
+                }
+            }
+            if self.tx.enobufs > refused {
+                // The kernel's queue to the device overflowed: CWR.
+                if let Some(sender) = self.client.sender_mut() {
+                    sender.on_local_congestion(now);
                 }
             }
             if let Some(outcome) = self.client.outcome() {

@@ -99,6 +99,9 @@ pub struct SenderStats {
     pub tlps: u64,
     /// Reductions undone as spurious (Sarolahti §6).
     pub undos: u64,
+    /// Window reductions for local congestion (CWR: the socket refused
+    /// datagrams with ENOBUFS), without a retransmission.
+    pub cwrs: u64,
     /// The largest reordering seen, in segments (the loss state's metric).
     pub reordering: u64,
     /// The duplicate threshold at the end (raised by `reordering adaptive`).
@@ -188,6 +191,8 @@ pub struct Sender {
     /// Nothing in flight and the next segment not ready: the peer has
     /// nothing to answer, so its silence does not count towards maxidle.
     app_limited: bool,
+    /// A local-congestion reduction waits until snd_una passes this.
+    cwr_until: u64,
     /// `cum_ack + window` of the latest ACK: new data must stay below it.
     peer_right_edge: u64,
     last_ack_at: Time,
@@ -248,6 +253,7 @@ impl Sender {
             // Until the peer speaks, assume the buffer we asked it for.
             available: None,
             app_limited: false,
+            cwr_until: 0,
             peer_right_edge: u64::from(tuning.rcvsegs),
             last_ack_at: now,
             burst: 0,
@@ -1132,6 +1138,32 @@ impl Sender {
         }
     }
 
+    /// Sarolahti & Kuznetsov §3, the CWR state (Linux's tcp_enter_cwr on
+    /// a local device queue overflow): the driver's socket refused
+    /// datagrams (ENOBUFS), so the window comes down as for a congestion
+    /// signal, with nothing to retransmit but what the driver dropped
+    /// (those are lost, and loss recovery repairs them). Once per window:
+    /// a refusal of data sent before the last reduction's window is
+    /// acknowledged changes nothing. Outside fast recovery and timeouts,
+    /// which reduce anyway.
+    pub fn on_local_congestion(&mut self, now: Time) {
+        self.advance(now);
+        let open = matches!(self.loss.phase, Phase::Open | Phase::Disorder);
+        if !open || self.sb.una() < self.cwr_until {
+            return;
+        }
+        self.cwr_until = self.sb.max();
+        self.stats.cwrs += 1;
+        self.cc.on_congestion_event(&CongestionEvent {
+            now,
+            flight: self.sb.flight(),
+            pipe: self.sb.pipe(),
+            sent: self.stats.pkts_out,
+        });
+        self.cc.on_recovery_end(now);
+        self.note_controller();
+    }
+
     /// Sarolahti & Kuznetsov §5: reordering is measured as how far below
     /// the highest segment SACKed before this ACK a segment was delivered:
     /// an original never resent (it was late, not lost), or one a D-SACK
@@ -1385,6 +1417,39 @@ mod tests {
             ..tuning(RecoveryKind::Sack)
         });
         assert_eq!(send(&mut s, at(0)).len(), 12);
+    }
+
+    /// Sarolahti §3, CWR: a refused send halves the window (aimd) without
+    /// a retransmission, once per window: a second refusal before the
+    /// window sent at the first is acknowledged changes nothing.
+    #[test]
+    fn local_congestion_reduces_the_window_once_per_window() {
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        send(&mut s, at(0));
+        for cum in 1..=4 {
+            ack(&mut s, at(100), AckSpec { cum, ..ACK });
+        }
+        send(&mut s, at(100));
+        let before = s.cc.window();
+        assert_eq!(before, 8);
+        s.on_local_congestion(at(101));
+        let flight = 8;
+        assert_eq!(
+            s.cc.window(),
+            flight / 2,
+            "halved from the window in flight"
+        );
+        assert_eq!((s.stats().cwrs, s.stats().rxmts), (1, 0));
+        s.on_local_congestion(at(102));
+        assert_eq!(
+            (s.cc.window(), s.stats().cwrs),
+            (flight / 2, 1),
+            "once per window"
+        );
+        // Everything sent before the reduction acknowledged: it may again.
+        ack(&mut s, at(200), AckSpec { cum: 12, ..ACK });
+        s.on_local_congestion(at(201));
+        assert_eq!(s.stats().cwrs, 2);
     }
 
     #[test]
