@@ -968,4 +968,22 @@ fn linux_5_adaptive_reordering_matches_a_hand_tuned_dup_thresh() {
         }
         assert_eq!(fixed3.dup_thresh, 3, "{what}");
     }
+    // Loss is not reordering: on a 1 %-loss path that reorders nothing
+    // the metric stays at zero (D-SACKs of a timeout's go-back-N once
+    // made it 1387).
+    // (README's `atou sim` example: 100 MB, 6 timeouts.)
+    let lossy = simulate(
+        Tuning {
+            cc: CcKind::Aimd,
+            recovery: RecoveryKind::Sack,
+            ..Tuning::command_default()
+        },
+        "rate 100mbit delay 50ms limit 1000 loss 1%",
+        "delay 50ms",
+        100_000_000,
+        1,
+    )
+    .0
+    .summary;
+    assert_eq!((lossy.reordering, lossy.dup_thresh), (0, 3), "{lossy}");
 }

@@ -176,9 +176,8 @@ impl LossState {
     }
 
     /// Sarolahti & Kuznetsov §5 (Linux's tcp_update_reordering): a segment
-    /// delivered `displacement` segments below the highest SACKed one,
-    /// either an original never resent or one a D-SACK shows arrived as
-    /// well as its retransmission. Fast retransmit waits for more
+    /// delivered `displacement` segments below the highest SACKed one, an
+    /// original never resent. Fast retransmit waits for more
     /// duplicates than that, up to [`MAX_REORDERING`], and FACK stops
     /// taking everything below snd.fack for lost.
     pub fn note_reordering(&mut self, displacement: u64) {
