@@ -105,11 +105,15 @@ fn atou_4_3_dup_thresh_9_beats_3_on_a_reordering_path() {
             &[
                 "--bytes",
                 "3MB",
-                // The paper's sender: AIMD, loss by duplicate ACKs.
+                // The paper's sender: AIMD, loss by duplicate ACKs, the
+                // threshold as set (the commands adapt it to reordering,
+                // which would make 3 as good as 9).
                 "--cc",
                 "aimd",
                 "--recovery",
                 "sack",
+                "--reordering",
+                "fixed",
                 "--rcvwin",
                 "200",
                 "--dup-thresh",
