@@ -149,6 +149,11 @@ struct UndoEpisode {
     first_retx: Option<(Time, u64)>,
     /// Eifel looks only at the ACK that first covers that segment.
     eifel_checked: bool,
+    /// A fast recovery's reach when it began: the highest SACKed segment
+    /// less snd_una. If its retransmissions prove unnecessary, the hole was
+    /// late, not lost, by at least that many segments. `None` for a
+    /// timeout, whose go-back-N resends what had arrived.
+    displacement: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -700,7 +705,7 @@ impl Sender {
         };
         self.emit(event);
         let flight = self.sb.flight();
-        self.begin_undo_episode(false);
+        self.begin_undo_episode(false, false);
         self.loss.enter_recovery(&mut self.sb, lost_below);
         self.cc.on_congestion_event(&CongestionEvent {
             now: self.now,
@@ -738,7 +743,7 @@ impl Sender {
         });
         // FlightSize before the losses were taken out of it.
         let flight = self.sb.flight() + self.sb.lost_pending();
-        self.begin_undo_episode(false);
+        self.begin_undo_episode(false, false);
         self.loss.phase = Phase::Recovery;
         // The fast retransmit goes out whatever pipe says (RFC 5681 §3.2
         // step 2; PRR's at-least-one, RFC 6937).
@@ -763,10 +768,16 @@ impl Sender {
 
     /// Starts an undo episode when a reduction begins; a repeated timeout
     /// of the same data continues the one under way.
-    fn begin_undo_episode(&mut self, repeated: bool) {
-        if !self.tuning.undo || (repeated && self.undo.is_some()) {
+    /// The episode is kept with undo off too: it is how D-SACKs and
+    /// timestamps measure reordering.
+    fn begin_undo_episode(&mut self, timeout: bool, repeated: bool) {
+        if repeated && self.undo.is_some() {
             return;
         }
+        let displacement = match timeout {
+            true => None,
+            false => self.sb.highest_sacked().map(|fack| fack - self.sb.una()),
+        };
         // Retransmissions of an earlier episode still in flight belong to
         // this one too (Linux's tcp_init_undo): D-SACKs must cover them,
         // and Eifel's reference is the earliest of them, or, if that is
@@ -783,6 +794,7 @@ impl Sender {
             dsacked: 0,
             first_retx: carried,
             eifel_checked: in_flight > 0 && carried.is_none(),
+            displacement,
         });
     }
 
@@ -814,7 +826,18 @@ impl Sender {
         }
         self.undo = Some(ep);
         if let Some(how) = how {
-            self.undo_reduction(how);
+            // Sarolahti §5 (Linux's tcp_try_undo_partial): the hole was
+            // filled by the delayed original, so the path reorders.
+            if let Some(d) = ep.displacement {
+                self.loss.note_reordering(d);
+                self.stats.reordering = self.loss.reordering;
+                self.stats.dup_thresh = self.loss.dup_thresh;
+            }
+            if self.tuning.undo {
+                self.undo_reduction(how);
+            } else {
+                self.undo = None;
+            }
         }
     }
 
@@ -932,7 +955,7 @@ impl Sender {
         }
         self.stats.timeouts += 1;
         let first = self.rtt.backoff() == 0;
-        self.begin_undo_episode(self.loss.phase == Phase::Loss);
+        self.begin_undo_episode(true, self.loss.phase == Phase::Loss);
         self.cc.on_rto(self.now, self.sb.flight(), first);
         self.note_controller();
         self.loss.on_rto(&mut self.sb);
@@ -1166,10 +1189,11 @@ impl Sender {
 
     /// Sarolahti & Kuznetsov §5: reordering is measured as how far below
     /// the highest segment SACKed before this ACK an original, never
-    /// resent, was delivered: it was late, not lost. Not from D-SACKs: a
-    /// timeout resends what had arrived, and its D-SACKs, 1387 segments
-    /// below the highest SACK on a 1 %-loss path with no reordering at
-    /// all, raised dup_thresh to 300.
+    /// resent, was delivered: it was late, not lost. D-SACKs count only
+    /// through a fast recovery found unnecessary ([`Self::check_undo`]),
+    /// never one by one: a timeout resends what had arrived, and its
+    /// D-SACKs, 1387 segments below the highest SACK on a 1 %-loss path
+    /// with no reordering at all, raised dup_thresh to 300.
     fn measure_reordering(&mut self, fack_before: Option<u64>) {
         let Some(fack) = fack_before else {
             return;
@@ -1319,7 +1343,7 @@ mod tests {
     //! ten-byte payload keeps every segment visible.
     use super::*;
     use crate::proto::payload::PatternSource;
-    use crate::proto::tuning::RecoveryKind;
+    use crate::proto::tuning::{RecoveryKind, ReorderingKind};
     use crate::proto::wire::SackBlock;
 
     const PAYLOAD: u32 = 10;
@@ -1662,6 +1686,94 @@ mod tests {
         assert!(events(&mut s)
             .iter()
             .any(|e| e.starts_with("undo dsack una 16 cwnd 10")));
+    }
+
+    /// Sarolahti §5 (Linux's tcp_try_undo_partial): the D-SACK that proves
+    /// a fast retransmit unnecessary also measures the reordering. The
+    /// hole at 6 was late by the 3 segments SACKed above it when recovery
+    /// began, so dup_thresh becomes 4, with undo off as well, and FACK
+    /// stops marking by distance.
+    #[test]
+    fn a_fast_retransmit_found_unnecessary_by_dsack_raises_dup_thresh() {
+        for undo in [false, true] {
+            let mut s = sender(Tuning {
+                undo,
+                reordering: ReorderingKind::Adaptive,
+                ..tuning(RecoveryKind::Sack)
+            });
+            fill(&mut s, 16);
+            for (t, top) in [(20, 8), (21, 10), (22, 11)] {
+                let sack = &[(7, top)];
+                ack(
+                    &mut s,
+                    at(t),
+                    AckSpec {
+                        cum: 6,
+                        sack,
+                        ..ACK
+                    },
+                );
+            }
+            assert_eq!(send(&mut s, at(22)), vec![6]);
+            // The original of 6 fills the hole; its retransmission, a
+            // duplicate, comes back as a D-SACK.
+            // The ACK echoes the retransmission, so Eifel cannot tell.
+            ack(&mut s, at(100), AckSpec { cum: 16, ..ACK });
+            assert_eq!(s.stats().dup_thresh, 3, "no SACK below snd.fack");
+            let dsack = Some((6, 7));
+            ack(
+                &mut s,
+                at(101),
+                AckSpec {
+                    cum: 16,
+                    dsack,
+                    ..ACK
+                },
+            );
+            assert_eq!((s.stats().reordering, s.stats().dup_thresh), (3, 4));
+            assert!(s.loss.fack_off());
+            assert_eq!(s.stats().undos, u64::from(undo));
+        }
+    }
+
+    /// A timeout's go-back-N resends segments that had arrived; their
+    /// D-SACKs say nothing of reordering.
+    #[test]
+    fn dsacks_after_a_timeout_leave_dup_thresh_alone() {
+        let mut s = sender(Tuning {
+            undo: true,
+            reordering: ReorderingKind::Adaptive,
+            ..tuning(RecoveryKind::Sack)
+        });
+        fill(&mut s, 16);
+        let sack = &[(7, 11)];
+        ack(
+            &mut s,
+            at(20),
+            AckSpec {
+                cum: 6,
+                sack,
+                ..ACK
+            },
+        );
+        let rto_at = s.poll_timeout().unwrap();
+        s.handle_timeout(rto_at);
+        assert_eq!(s.stats().timeouts, 1);
+        let resent = send(&mut s, rto_at);
+        assert_eq!(resent.first(), Some(&6));
+        let later = rto_at + Duration::from_millis(10);
+        let dsack = Some((6, 7));
+        ack(
+            &mut s,
+            later,
+            AckSpec {
+                cum: 16,
+                dsack,
+                ..ACK
+            },
+        );
+        assert_eq!(s.stats().undos, 1, "the timeout was spurious");
+        assert_eq!((s.stats().reordering, s.stats().dup_thresh), (0, 3));
     }
 
     /// FACK: every un-SACKed segment below the highest SACK is lost once
