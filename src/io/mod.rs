@@ -472,9 +472,14 @@ impl ClientDriver {
 
     /// An error from the socket: ICMP unreachable fails a hello at once
     /// (nobody is listening) but only counts during a transfer, where
-    /// maxidle decides (a server restart is not fatal until then).
+    /// maxidle decides (a server restart is not fatal until then). So does
+    /// any other ICMP report (IP_RECVERR passes on soft ones too) but
+    /// "too big": anyone can forge one, and one must not end a transfer.
     fn socket_error(&mut self, e: io::Error, sending: bool) -> Option<ProbeError> {
-        if is_unreachable(&e) {
+        // An ICMP report that raised this error also sits in the queue.
+        let from_icmp = self.io.drain_errors() > 0;
+        let too_big = quinn_udp::is_msg_size_err(&e);
+        if is_unreachable(&e) || (from_icmp && !too_big) {
             self.unreachable += 1;
             return self.in_hello().then_some(ProbeError::Unreachable {
                 peer: self.peer,
@@ -482,7 +487,7 @@ impl ClientDriver {
             });
         }
         let peer = self.peer;
-        Some(if quinn_udp::is_msg_size_err(&e) {
+        Some(if too_big {
             ProbeError::TooBig {
                 peer,
                 mss: self.mss,

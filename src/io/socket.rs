@@ -80,9 +80,35 @@ impl UdpIo {
     }
 
     /// Fixes the peer: the kernel then reports ICMP errors from it
-    /// (port or host unreachable) on this socket.
+    /// (port or host unreachable) on this socket. It also turns on
+    /// IP_RECVERR, without which Linux hides a qdisc's refusal of a
+    /// datagram (udp_send_skb counts ENOBUFS and reports success), the
+    /// local congestion signal the sender's CWR answers (Sarolahti §3).
+    /// The errors it queues are drained by [`Self::drain_errors`]; without
+    /// it (other systems) the sender just does without CWR.
     pub async fn connect(&self, peer: SocketAddr) -> io::Result<()> {
-        self.sock.connect(peer).await
+        self.sock.connect(peer).await?;
+        let _ = self
+            .state
+            .enable_transport_errors(UdpSockRef::from(&self.sock));
+        Ok(())
+    }
+
+    /// Empties the socket's error queue (ICMP reports IP_RECVERR keeps,
+    /// charged to the receive buffer until read); returns how many.
+    pub fn drain_errors(&self) -> u64 {
+        let mut drained = 0;
+        // Bounded: a peer flooding ICMP cannot hold the driver here.
+        while drained < 256 {
+            match self
+                .state
+                .recv_transport_error(UdpSockRef::from(&self.sock))
+            {
+                Ok(Some(_)) => drained += 1,
+                Ok(None) | Err(_) => break,
+            }
+        }
+        drained
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
