@@ -137,6 +137,9 @@ pub struct SocketReport {
     pub rcvbuf: u32,
     /// The server's socket receive buffer, from its welcome.
     pub server_rcvbuf: Option<u32>,
+    /// Paced sends carried departure times (SO_TXTIME), which an fq
+    /// qdisc honours; false: the pacer's bursts left as sent.
+    pub txtime: bool,
 }
 
 impl Summary {
@@ -376,10 +379,10 @@ impl fmt::Display for Summary {
                 "sockets: sndbuf {} rcvbuf {} granted",
                 k.sndbuf, k.rcvbuf
             )?;
-            match k.server_rcvbuf {
-                Some(r) => writeln!(f, "; server rcvbuf {r}")?,
-                None => writeln!(f)?,
+            if let Some(r) = k.server_rcvbuf {
+                write!(f, "; server rcvbuf {r}")?;
             }
+            writeln!(f, "; txtime {}", if k.txtime { "on" } else { "off" })?;
         }
         if let Some(s) = &self.security {
             match s.handshake_secs {

@@ -334,6 +334,7 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
             sndbuf: result.buffers.sndbuf,
             rcvbuf: result.buffers.rcvbuf,
             server_rcvbuf: result.granted.map(|g| g.rcvbuf),
+            txtime: result.txtime,
         });
         let text = if args.output.json {
             serde_json::to_string_pretty(&summary)? + "\n"

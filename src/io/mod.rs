@@ -12,7 +12,10 @@
 //! the next datagram go (`proto::congestion::pacer`). tokio's timers fire
 //! on millisecond ticks, so each wake-up finds at least a millisecond of
 //! credit (the pacer's quantum) and the loop below sends it as one burst,
-//! one GSO run where the kernel offers it.
+//! one GSO run where the kernel offers it. Where the socket takes
+//! departure times (SO_TXTIME), the burst goes as shorter runs, each
+//! timed to leave at the pacing rate, which an fq qdisc honours
+//! (docs/congestion.md, Pacing).
 
 pub mod dest_dir;
 pub mod netem;
@@ -188,6 +191,8 @@ pub struct ProbeResult {
     pub summary: Option<Summary>,
     pub buffers: SocketBuffers,
     pub granted: Option<ReceiverParams>,
+    /// Paced runs carried departure times (SO_TXTIME) to the end.
+    pub txtime: bool,
 }
 
 /// A fresh connection id: unpredictable enough that two clients on one
@@ -326,6 +331,7 @@ pub async fn connect_from<F: StreamFeed>(
             rcvbuf: 0,
         },
         granted: None,
+        txtime: false,
     };
     // The tuning first: a bad one should not cost a socket.
     let clock = Clock::new();
@@ -381,6 +387,7 @@ pub async fn connect_from<F: StreamFeed>(
         unreachable: 0,
     };
     let outcome = driver.run(feed, observer, stop).await;
+    let txtime = driver.io.txtime();
     let ClientDriver {
         mut client,
         clock,
@@ -426,6 +433,7 @@ pub async fn connect_from<F: StreamFeed>(
         summary,
         buffers,
         granted,
+        txtime,
     }
 }
 
@@ -541,7 +549,8 @@ impl ClientDriver {
                 observer.on_trace(&r);
             }
             let refused = self.tx.enobufs;
-            if let Err(e) = self.tx.flush(&self.io).await {
+            let pacing = self.client.sender().and_then(|s| s.pacing_rate());
+            if let Err(e) = self.tx.flush(&self.io, pacing).await {
                 if let Some(err) = self.socket_error(e, true) {
                     return Err(err);
                 }
@@ -716,7 +725,7 @@ pub async fn serve_from(
         }
         // Send errors to one client (its host unreachable, say) must not
         // stop the server; they are as good as lost datagrams.
-        let _ = tx.flush(&io).await;
+        let _ = tx.flush(&io, None).await;
         if done || app.finished() {
             return Ok(*server.stats());
         }

@@ -361,7 +361,7 @@ impl Sender {
     /// application sends, as rsync's is on what it writes to its socket:
     /// the pacer counts whole datagrams, so it runs at the cap times
     /// datagram / payload. Rounded down: never above the cap.
-    fn pacing_rate(&self) -> Option<u64> {
+    pub fn pacing_rate(&self) -> Option<u64> {
         let cap = (self.tuning.bwlimit > 0).then(|| {
             let wire = u128::from(self.tuning.bwlimit / 8) * u128::from(self.tuning.mss)
                 / u128::from(self.payload_size.max(1));
