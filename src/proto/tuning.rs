@@ -579,7 +579,7 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "quickack", aliases: &[], value_name: "SEGMENTS",
         help: "receiver: ACK the first N segments one by one, and again after 1 s without data, before delack applies (Linux's quick ACKs, at most half the window); 0 never; the commands use Linux's 16, an atou config file 0" },
     Knob { name: "reordering", aliases: &[], value_name: "fixed|adaptive",
-        help: "adaptive: an original segment, never resent, delivered d segments below the highest SACKed one raises dup_thresh to d + 1, up to 300, and turns FACK's inference off, per connection (Linux, Sarolahti §5); fixed keeps dup_thresh; the summary reports the largest displacement; an atou config file means fixed" },
+        help: "adaptive: an original segment, never resent, delivered d segments below the highest SACKed one, or a fast retransmit that D-SACKs or timestamps prove unnecessary with d segments SACKed above its hole, raises dup_thresh to d + 1, up to 300, and turns FACK's inference off, per connection (Linux, Sarolahti §5); fixed keeps dup_thresh; the summary reports the largest displacement; an atou config file means fixed" },
     Knob { name: "abc", aliases: &[], value_name: "SEGMENTS",
         help: "aimd only: in slow start each ACK grows cwnd by the segments it newly acknowledges, at most this many (RFC 3465 appropriate byte counting, L); 0 grows one segment per ACK whatever it covers (RFC 5681's count, Linux 2.4's, so delayed ACKs slow slow start)" },
     Knob { name: "vegas_alpha", aliases: &[], value_name: "SEGMENTS",
