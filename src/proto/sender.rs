@@ -705,7 +705,7 @@ impl Sender {
         };
         self.emit(event);
         let flight = self.sb.flight();
-        self.begin_undo_episode(false, false);
+        self.begin_undo_episode(false);
         self.loss.enter_recovery(&mut self.sb, lost_below);
         self.cc.on_congestion_event(&CongestionEvent {
             now: self.now,
@@ -743,7 +743,7 @@ impl Sender {
         });
         // FlightSize before the losses were taken out of it.
         let flight = self.sb.flight() + self.sb.lost_pending();
-        self.begin_undo_episode(false, false);
+        self.begin_undo_episode(false);
         self.loss.phase = Phase::Recovery;
         // The fast retransmit goes out whatever pipe says (RFC 5681 §3.2
         // step 2; PRR's at-least-one, RFC 6937).
@@ -766,11 +766,12 @@ impl Sender {
         self.emit(event);
     }
 
-    /// Starts an undo episode when a reduction begins; a repeated timeout
-    /// of the same data continues the one under way.
-    /// The episode is kept with undo off too: it is how D-SACKs and
-    /// timestamps measure reordering.
-    fn begin_undo_episode(&mut self, timeout: bool, repeated: bool) {
+    /// Starts an undo episode when a reduction begins (a fast recovery,
+    /// or a `timeout`); a repeated timeout of the same data continues the
+    /// one under way. The episode is kept with undo off too: it is how
+    /// D-SACKs and timestamps measure reordering.
+    fn begin_undo_episode(&mut self, timeout: bool) {
+        let repeated = timeout && self.loss.phase == Phase::Loss;
         if repeated && self.undo.is_some() {
             return;
         }
@@ -829,9 +830,7 @@ impl Sender {
             // Sarolahti §5 (Linux's tcp_try_undo_partial): the hole was
             // filled by the delayed original, so the path reorders.
             if let Some(d) = ep.displacement {
-                self.loss.note_reordering(d);
-                self.stats.reordering = self.loss.reordering;
-                self.stats.dup_thresh = self.loss.dup_thresh;
+                self.note_reordering(d);
             }
             if self.tuning.undo {
                 self.undo_reduction(how);
@@ -955,7 +954,7 @@ impl Sender {
         }
         self.stats.timeouts += 1;
         let first = self.rtt.backoff() == 0;
-        self.begin_undo_episode(true, self.loss.phase == Phase::Loss);
+        self.begin_undo_episode(true);
         self.cc.on_rto(self.now, self.sb.flight(), first);
         self.note_controller();
         self.loss.on_rto(&mut self.sb);
@@ -1206,9 +1205,15 @@ impl Sender {
             .map(|d| fack - d.seg)
             .max();
         if let Some(d) = late {
-            self.loss.note_reordering(d);
-            self.stats.reordering = self.loss.reordering;
+            self.note_reordering(d);
         }
+    }
+
+    /// A hole was late by `displacement` segments: the loss state adapts
+    /// (`LossState::note_reordering`) and the report follows it.
+    fn note_reordering(&mut self, displacement: u64) {
+        self.loss.note_reordering(displacement);
+        self.stats.reordering = self.loss.reordering;
         self.stats.dup_thresh = self.loss.dup_thresh;
     }
 
