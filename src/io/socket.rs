@@ -379,17 +379,18 @@ impl TxBatch {
     /// other at that rate (SO_TXTIME), instead of the pacer's whole burst
     /// at once.
     pub async fn flush(&mut self, io: &UdpIo, pacing: Option<u64>) -> io::Result<()> {
-        let paced = pacing.filter(|&r| r > 0 && io.txtime());
-        let now = paced.map_or(0, |_| monotonic_nanos());
-        // Where the last paced run's schedule ended: the next burst starts
-        // there, not now, so bursts do not overlap; but never more than
-        // TXTIME_HORIZON_NS ahead, so a fast pacer cannot queue the
-        // future (fq drops what lies beyond its horizon).
-        let mut departure = self.departure.clamp(now, now + TXTIME_HORIZON_NS);
+        // (rate, when the next run leaves). The schedule goes on where the
+        // last burst's ended, so bursts do not overlap; but never more than
+        // TXTIME_HORIZON_NS ahead, so a fast pacer cannot queue the future
+        // (fq drops what lies beyond its horizon).
+        let mut paced = pacing.filter(|&r| r > 0 && io.txtime()).map(|rate| {
+            let now = monotonic_nanos();
+            (rate, self.departure.clamp(now, now + TXTIME_HORIZON_NS))
+        });
         let mut i = 0;
         while i < self.items.len() {
             let (to, start, size) = self.items[i];
-            let quantum = paced.map_or(usize::MAX, |rate| {
+            let quantum = paced.map_or(usize::MAX, |(rate, _)| {
                 usize::try_from(rate / 4_000 / size.max(1) as u64).unwrap_or(usize::MAX)
             });
             let max_segments = io
@@ -413,10 +414,10 @@ impl TxBatch {
             }
             let segment_size = (j - i > 1).then_some(size);
             let run = &self.buf[start..end];
-            let sent = match paced {
-                Some(rate) => {
-                    let at = departure;
-                    departure += (run.len() as u64).saturating_mul(1_000_000_000) / rate;
+            let sent = match &mut paced {
+                Some((rate, departure)) => {
+                    let at = *departure;
+                    *departure += (run.len() as u64).saturating_mul(1_000_000_000) / *rate;
                     io.send_at(to, run, segment_size, at).await
                 }
                 None => io.send(to, run, segment_size).await,
@@ -431,7 +432,7 @@ impl TxBatch {
             }
             i = j;
         }
-        if paced.is_some() {
+        if let Some((_, departure)) = paced {
             self.departure = departure;
         }
         self.clear();
@@ -602,7 +603,7 @@ mod tests {
         assert_eq!(this_host_mtu("203.0.113.7:9".parse().unwrap()), None);
     }
 
-    /// A connected pair on loopback: (sender, receiver's address, receiver).
+    /// A sender connected to a plain receiver, both on loopback.
     async fn pair() -> (UdpIo, std::net::UdpSocket) {
         let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         rx.set_read_timeout(Some(std::time::Duration::from_secs(5)))
