@@ -24,10 +24,11 @@ use atou::proto::wire::{
     DataFlags, DataHeader as WireHeader, Hello, ReceiverParams, DATA_HEADER_LEN,
 };
 use atou::proto::Tuning;
-use atou::transfer::hash::{chunk_cv, file_hash, Cv};
+use atou::transfer::hash::{chunk_cv, file_hash, part_digest, Cv, CHUNK_SIZE};
 use atou::transfer::manifest::{Entry, EntryKind, Manifest, RelPath};
 use atou::transfer::messages::{
-    encode_abort, encode_finish, ChunkRange, DataHeader, Options, Outcome, PlanReply, PlanRequest,
+    encode_abort, encode_finish, ChunkRange, DataHeader, FilePart, Options, Outcome, PlanReply,
+    PlanRequest,
 };
 use netem_support::{say, Daemon, ATOU};
 
@@ -205,17 +206,29 @@ fn entry(path: &str, kind: EntryKind, mode: u32) -> Entry {
     }
 }
 
-fn plan(entries: Vec<Entry>, options: Options) -> Vec<u8> {
+fn plan(entries: Vec<Entry>, options: Options, parts: Vec<FilePart>) -> Vec<u8> {
     PlanRequest {
         options,
         subdir: None,
         manifest: Manifest { entries },
+        parts,
     }
     .encode()
 }
 
 /// Plans `entries`; the server's decision.
 fn send_plan(s: &Serve, session: u64, entries: Vec<Entry>, options: Options) -> Result<(), String> {
+    send_plan_in_part(s, session, entries, options, Vec::new())
+}
+
+/// Plans `entries`, sending only `parts` of some files (as a shard does).
+fn send_plan_in_part(
+    s: &Serve,
+    session: u64,
+    entries: Vec<Entry>,
+    options: Options,
+    parts: Vec<FilePart>,
+) -> Result<(), String> {
     let sizes: Vec<u64> = entries
         .iter()
         .filter_map(|e| match e.kind {
@@ -223,7 +236,7 @@ fn send_plan(s: &Serve, session: u64, entries: Vec<Entry>, options: Options) -> 
             _ => None,
         })
         .collect();
-    let reply = stream(s.addr, session, plan(entries, options))?;
+    let reply = stream(s.addr, session, plan(entries, options, parts))?;
     match PlanReply::decode(&reply, &sizes) {
         Ok(PlanReply::Accepted(_)) => Ok(()),
         Ok(PlanReply::Refused(why)) => Err(why),
@@ -234,18 +247,30 @@ fn send_plan(s: &Serve, session: u64, entries: Vec<Entry>, options: Options) -> 
     }
 }
 
-/// Sends file 0's only chunk, `data`, in a data stream.
+/// Sends the first chunk of `file`, `data`, in a data stream.
 fn send_chunk(s: &Serve, session: u64, file: u32, size: u64, data: &[u8]) -> Result<(), String> {
+    send_chunk_at(s, session, file, size, 0, data)
+}
+
+/// Sends chunk `chunk` of `file`, `data`, with its true value.
+fn send_chunk_at(
+    s: &Serve,
+    session: u64,
+    file: u32,
+    size: u64,
+    chunk: u64,
+    data: &[u8],
+) -> Result<(), String> {
     let mut bytes = DataHeader {
         ranges: vec![ChunkRange {
             file,
-            first: 0,
+            first: chunk,
             count: 1,
         }],
     }
     .encode();
     bytes.extend_from_slice(data);
-    bytes.extend_from_slice(&chunk_cv(size, 0, data));
+    bytes.extend_from_slice(&chunk_cv(size, chunk, data));
     match Outcome::decode(&stream(s.addr, session, bytes)?) {
         Ok(Outcome::Done { .. }) => Ok(()),
         Ok(Outcome::Failed(why) | Outcome::Refused(why) | Outcome::Mismatch(why)) => Err(why),
@@ -494,6 +519,67 @@ fn a_file_takes_its_final_name_only_after_its_hash_matches_at_the_finish() {
     );
 }
 
+/// A session that sends part of a file (chunks 0..1 of 2, as a shard
+/// does) may write only that part: a data stream carrying a chunk of the
+/// other part is refused and nothing of it is written. Its own part,
+/// verified and recorded at its finish, does not give the file its name;
+/// only the session that brings the last part does, after checking the
+/// rest on disk against the record.
+#[test]
+fn a_session_sending_part_of_a_file_writes_only_its_part_and_cannot_name_it_alone() {
+    let scratch = Scratch::new("parts");
+    let s = Serve::start(&scratch.dest(), &[]);
+    let size = CHUNK_SIZE + 10;
+    let data: Vec<u8> = (0..size).map(|i| (i % 253) as u8).collect();
+    let (head, tail) = data.split_at(CHUNK_SIZE as usize);
+    let files = || vec![entry("f", EntryKind::File { size }, 0o644)];
+    let part = |chunks| vec![FilePart { file: 0, chunks }];
+    let staged_bytes = || -> u64 {
+        std::fs::read_dir(scratch.dest().join(".atou-staging"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "part"))
+            .map(|p| {
+                std::fs::read(p)
+                    .unwrap()
+                    .iter()
+                    .filter(|&&b| b != 0)
+                    .count() as u64
+            })
+            .sum()
+    };
+
+    let first = session_id();
+    send_plan_in_part(&s, first, files(), own(false), part(0..1)).unwrap();
+    let why = send_chunk_at(&s, first, 0, size, 1, tail).unwrap_err();
+    assert!(why.contains("outside the part"), "{why}");
+    assert_eq!(staged_bytes(), 0, "a chunk of another part was written");
+
+    let ours = session_id();
+    send_plan_in_part(&s, ours, files(), own(false), part(0..1)).unwrap();
+    send_chunk_at(&s, ours, 0, size, 0, head).unwrap();
+    let digest = part_digest(size, 0, &[chunk_cv(size, 0, head)]);
+    send_finish(&s, ours, &[digest]).unwrap();
+    assert!(
+        !scratch.dest().join("f").exists(),
+        "one part of two took the file's name"
+    );
+
+    let last = session_id();
+    send_plan_in_part(&s, last, files(), own(false), part(1..2)).unwrap();
+    send_chunk_at(&s, last, 0, size, 1, tail).unwrap();
+    let digest = part_digest(size, 1, &[chunk_cv(size, 1, tail)]);
+    send_finish(&s, last, &[digest]).unwrap();
+    assert_eq!(std::fs::read(scratch.dest().join("f")).unwrap(), data);
+    assert_eq!(
+        std::fs::read_dir(scratch.dest().join(".atou-staging"))
+            .unwrap()
+            .count(),
+        0,
+        "the partial file or the record of its parts was left behind"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Memory, threads, slots
 // ---------------------------------------------------------------------------
@@ -709,7 +795,7 @@ fn many_plans_at_once_get_a_bounded_pool_not_a_thread_each() {
                 let entries = (0..2000)
                     .map(|k| entry(&format!("p{i}-{k}"), EntryKind::File { size: 1 }, 0o644))
                     .collect();
-                let bytes = plan(entries, own(false));
+                let bytes = plan(entries, own(false), Vec::new());
                 stream(addr, session_id(), bytes).is_ok()
             })
         })
@@ -905,6 +991,7 @@ mod sans_io {
             &plan(
                 vec![entry("f", EntryKind::File { size }, 0o644)],
                 own(false),
+                Vec::new(),
             ),
         );
         rig.stream(
@@ -914,6 +1001,7 @@ mod sans_io {
             &plan(
                 vec![entry("g", EntryKind::File { size: small }, 0o644)],
                 own(false),
+                Vec::new(),
             ),
         );
         rig.settle();

@@ -2032,9 +2032,10 @@ fn a_bwlimit_send_takes_at_least_size_over_rate() {
 // ---------------------------------------------------------------------------
 
 /// A tree for the shard tests: 6 directories of files from empty to
-/// 300 KiB, one empty directory, a 5 MiB file (above total/4, the case
-/// whole-file sharding cannot balance), an empty file, symlinks, modes
-/// and mtimes of their own. Returns its files' sizes by relative path.
+/// 300 KiB, one empty directory, a 12 MiB file of 13 chunks (above
+/// total/4, so split 3/3/3/4 chunks across 4 shards), an empty file,
+/// symlinks, modes and mtimes of their own. Returns its files' sizes by
+/// relative path.
 fn build_shard_tree(root: &Path) -> BTreeMap<String, u64> {
     let mut rng = XorShift::new(15);
     let mut sizes = BTreeMap::new();
@@ -2050,7 +2051,7 @@ fn build_shard_tree(root: &Path) -> BTreeMap<String, u64> {
         sizes.insert(format!("tree/{rel}"), size);
     };
     fs::create_dir_all(root.join("empty/dir")).unwrap();
-    file("big.bin", 5 * MIB + 3, 0);
+    file("big.bin", 12 * MIB + 3, 0);
     file("empty-file", 0, 1);
     let mut i = 2;
     for d in 0..6 {
@@ -2082,7 +2083,9 @@ fn build_shard_tree(root: &Path) -> BTreeMap<String, u64> {
 }
 
 /// `--shard K/N` checks K and N, and a dry run of each shard lists its
-/// own part: together the four parts list every file exactly once.
+/// own part: together the four parts list every file exactly once, but
+/// the one above total/4, which each lists with its range of chunks, the
+/// ranges tiling the file.
 #[test]
 fn shards_are_checked_and_their_dry_runs_list_each_file_once() {
     let scratch = Scratch::new("shard-dry");
@@ -2105,6 +2108,7 @@ fn shards_are_checked_and_their_dry_runs_list_each_file_once() {
         );
     }
     let mut listed: Vec<String> = Vec::new();
+    let mut ranges: Vec<(u64, u64, u64)> = Vec::new();
     for k in 1..=4 {
         let shard = format!("{k}/4");
         let r: Value = {
@@ -2119,13 +2123,38 @@ fn shards_are_checked_and_their_dry_runs_list_each_file_once() {
         assert_eq!(r["shard"].as_str(), Some(shard.as_str()), "{r}");
         let part = dry_files(&r);
         assert!(!part.is_empty(), "shard {shard} has no file: {r}");
-        listed.extend(part.into_iter().map(|(path, _, _)| path));
+        let files = r["dry_run"].as_array().unwrap();
+        for f in files.iter().filter(|f| !f["part"].is_null()) {
+            assert_eq!(f["path"], "tree/big.bin", "only big.bin is split: {f}");
+            ranges.push((
+                u(&f["part"][0]),
+                u(&f["part"][1]),
+                f["send_bytes"].as_u64().unwrap(),
+            ));
+        }
+        listed.extend(
+            part.into_iter()
+                .map(|(path, _, _)| path)
+                .filter(|p| p != "tree/big.bin"),
+        );
     }
     listed.sort();
-    let all: Vec<String> = sizes.keys().cloned().collect();
+    let all: Vec<String> = sizes
+        .keys()
+        .filter(|p| *p != "tree/big.bin")
+        .cloned()
+        .collect();
     assert_eq!(
         listed, all,
         "the shards' parts are not the tree's files, each once"
+    );
+    ranges.sort();
+    let tiled: Vec<(u64, u64)> = ranges.iter().map(|&(a, b, _)| (a, b)).collect();
+    assert_eq!(tiled, [(0, 3), (3, 6), (6, 9), (9, 13)], "big.bin's parts");
+    assert_eq!(
+        ranges.iter().map(|r| r.2).sum::<u64>(),
+        sizes["tree/big.bin"],
+        "the parts' bytes are not the file's"
     );
     let left: Vec<PathBuf> = walk(&dest).into_keys().collect();
     assert_eq!(
@@ -2139,7 +2168,11 @@ fn shards_are_checked_and_their_dry_runs_list_each_file_once() {
 /// deliver the tree a single run delivers: the same entries, bytes,
 /// modes, mtimes and symlink targets (directories' too); none of the
 /// shards refuses on a directory another just created, and each shard's
-/// bytes stay within the balance bound, total/4 + the largest file.
+/// bytes stay within the balance bound, total/4 + 2 chunks (one split
+/// file; the largest file sent whole is 300 KiB at most), which the
+/// 12 MiB file sent whole would break. One after another, the split file
+/// takes its name only with the last shard, and a shard run again sends
+/// nothing of its part.
 #[test]
 fn four_shards_at_once_deliver_the_tree_of_a_single_run() {
     let scratch = Scratch::new("shard");
@@ -2163,24 +2196,25 @@ fn four_shards_at_once_deliver_the_tree_of_a_single_run() {
     }
 
     let total: u64 = sizes.values().sum();
-    let largest = *sizes.values().max().unwrap();
     let mut files = 0;
     for (k, r) in reports.iter().enumerate() {
         let bytes = report_u(r, "bytes_total");
         assert!(
-            bytes <= total / 4 + largest,
-            "shard {}/4 sent {bytes} bytes of {total}, above total/4 + {largest}",
+            bytes <= total / 4 + 2 * MIB,
+            "shard {}/4 sent {bytes} bytes of {total}, above total/4 + 2 MiB",
             k + 1
         );
-        assert!(
-            report_u(r, "files") > 0,
-            "shard {}/4 sent no file: {r}",
+        assert_eq!(
+            report_u(r, "files_in_part"),
+            1,
+            "shard {}/4 sent no part of big.bin: {r}",
             k + 1
         );
-        files += report_u(r, "files");
+        files += report_u(r, "files") - report_u(r, "files_in_part");
     }
-    assert_eq!(files, report_u(&single, "files"));
-    assert_eq!(files, sizes.len() as u64);
+    // big.bin once, in four parts.
+    assert_eq!(files + 1, report_u(&single, "files"));
+    assert_eq!(files + 1, sizes.len() as u64);
     assert_same_tree(&dest.join("single/tree"), &dest.join("sharded/tree"));
     assert_same_tree(&tree, &dest.join("sharded/tree"));
 
@@ -2188,10 +2222,19 @@ fn four_shards_at_once_deliver_the_tree_of_a_single_run() {
     // sets its mtime before the others write into them: the last to
     // write into a directory sets its mtime again.
     let serial = format!("{}:serial", server.target());
-    for k in 1..=4 {
+    let big = dest.join("serial/tree/big.bin");
+    for k in 1..=3 {
         send(&[&tree], &serial, &["--shard", &format!("{k}/4")]).report();
         server.report();
+        assert!(!big.exists(), "big.bin took its name with {k} of 4 parts");
     }
+    // Shard 2 again: its files are there, its part of big.bin recorded.
+    let again = send(&[&tree], &serial, &["--shard", "2/4", "--skip-existing"]).report();
+    server.report();
+    assert_eq!(report_u(&again, "bytes_sent"), 0, "{again}");
+    assert!(!big.exists(), "big.bin took its name with 3 of 4 parts");
+    send(&[&tree], &serial, &["--shard", "4/4"]).report();
+    server.report();
     assert_same_tree(&dest.join("single/tree"), &dest.join("serial/tree"));
     assert_eq!(
         fs::read_dir(dest.join(STAGING_DIR)).unwrap().count(),

@@ -28,7 +28,7 @@ use atou::transfer::dest::{Policy, SymlinkPolicy};
 use atou::transfer::hash::chunk_cv;
 use atou::transfer::manifest::{Entry, EntryKind, Manifest, RelPath};
 use atou::transfer::messages::{
-    encode_abort, encode_finish, ChunkRange, DataHeader, Options, PlanRequest,
+    encode_abort, encode_finish, ChunkRange, DataHeader, FilePart, Options, PlanRequest,
 };
 use atou::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveLimits};
 use libfuzzer_sys::fuzz_target;
@@ -217,6 +217,17 @@ fuzz_target!(|data: &[u8]| {
                     },
                     subdir: None,
                     manifest: manifest(body, outside),
+                    // A part of the first file, which may or may not
+                    // exist or have that chunk: the receiver's checks
+                    // decide.
+                    parts: if body.get(2).is_some_and(|b| b % 2 == 1) {
+                        vec![FilePart {
+                            file: 0,
+                            chunks: 0..1,
+                        }]
+                    } else {
+                        Vec::new()
+                    },
                 }
                 .encode(),
             ),

@@ -548,8 +548,15 @@ fn transfer_line(r: &TransferReport) -> String {
     } else {
         "every file verified"
     };
+    let waiting = match r.files_waiting {
+        0 => String::new(),
+        n => format!(
+            " (and {n} file part{} in, waiting for other shards' parts)",
+            if n == 1 { "" } else { "s" }
+        ),
+    };
     format!(
-        "{} transfer {:016x} into {}: {} files, {} dirs, {} symlinks, {} skipped; {} written, {} resumed; \
+        "{} transfer {:016x} into {}: {} files{waiting}, {} dirs, {} symlinks, {} skipped; {} written, {} resumed; \
          {} chunks rejected and re-sent; {:.2} s; {verified}",
         r.peer,
         r.session,

@@ -516,6 +516,14 @@ fn report_text(r: &SendReport) -> String {
         format_rate(r.goodput_bps),
     );
     s += &not_sent_and_resent(r.bytes_skipped, r.skipped_files, r.chunks_resent);
+    if r.files_in_part > 0 {
+        s += &format!(
+            "; {} of them in part (split across the shards: {} takes its name when every \
+             shard's part is in)",
+            r.files_in_part,
+            if r.files_in_part == 1 { "it" } else { "each" }
+        );
+    }
     if r.skipped_files > 0 {
         // --skip-existing compared size and mtime, not contents: say so.
         s += &format!(
@@ -557,7 +565,13 @@ fn dry_run_text(r: &SendReport) -> String {
         } else {
             format_size(f.size)
         };
-        s += &format!("{:<5} {:>22}  {}\n", f.action, how, f.path);
+        let part = f.part.map_or(String::new(), |[first, end]| {
+            format!(
+                "  (chunks {first}..{end} of {}: its part)",
+                f.size.div_ceil(atou::transfer::hash::CHUNK_SIZE)
+            )
+        });
+        s += &format!("{:<5} {:>22}  {}{part}\n", f.action, how, f.path);
     }
     let sent = files.iter().filter(|f| f.action == "send").count();
     let part = r.shard.as_ref().map_or(String::new(), |k| {

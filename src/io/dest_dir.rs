@@ -252,6 +252,21 @@ impl DestDir {
         .map_err(to_io)
     }
 
+    /// A file in the staging directory that several transfers share (a
+    /// file split across shards, and the record of its parts): opened for
+    /// reading and writing, created (mode 0600) if missing, never through
+    /// a symlink.
+    pub fn open_shared_staged(&self, name: &str) -> io::Result<File> {
+        rfs::openat(
+            self.staging()?,
+            name,
+            OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map(File::from)
+        .map_err(to_io)
+    }
+
     /// A partial file that exists, for reading or writing.
     pub fn open_staged(&self, name: &str, write: bool) -> io::Result<File> {
         let access = if write { OFlags::RDWR } else { OFlags::RDONLY };
@@ -359,6 +374,18 @@ pub fn sync_dir(dir: &OwnedFd) -> io::Result<()> {
 }
 
 /// Sets a file's mode exactly (no umask applies to fchmod).
+/// Whether `len` bytes at `offset` in `file` are a hole: no data there
+/// (`SEEK_DATA` finds none before their end). A file system without
+/// `SEEK_DATA` reports data everywhere, which is only slower.
+pub fn is_hole(file: &File, offset: u64, len: usize) -> io::Result<bool> {
+    match rfs::seek(file, rfs::SeekFrom::Data(offset)) {
+        Ok(data) => Ok(data >= offset + len as u64),
+        // No data at or after offset.
+        Err(e) if e == rustix::io::Errno::NXIO => Ok(true),
+        Err(e) => Err(to_io(e)),
+    }
+}
+
 pub fn set_mode(file: &File, mode: u32) -> io::Result<()> {
     rfs::fchmod(file, Mode::from_raw_mode(mode)).map_err(to_io)
 }

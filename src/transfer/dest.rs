@@ -18,6 +18,7 @@
 use std::collections::HashSet;
 use std::fs::File;
 use std::io;
+use std::ops::Range;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -25,9 +26,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::hash::{chunk_count, chunk_cv, chunk_len, file_hash, Cv, CHUNK_SIZE};
+use super::hash::{chunk_count, chunk_cv, chunk_len, file_hash, part_digest, Cv, CHUNK_SIZE};
 use super::manifest::{Entry, EntryKind, RelPath};
 use super::messages::{FilePlan, Options, Outcome, PlanRequest};
+use super::parts::{self, PartError, Recorded};
 use crate::io::dest_dir::{self, DestDir, Found, STAGING_DIR};
 use crate::text::shown;
 
@@ -230,7 +232,17 @@ pub struct FileTarget {
     /// identical and stays; a chunk that differs replaces it, if the policy
     /// and the sender allow, starting from a copy of it.
     existing: Option<Existing>,
+    /// Of a file split across shards, the part this session sends.
+    pub part: Option<Part>,
     handle: Mutex<Option<File>>,
+}
+
+/// The part of a split file one session sends (src/transfer/parts.rs).
+#[derive(Debug)]
+pub struct Part {
+    pub chunks: Range<u64>,
+    /// The version of the file every part must be of.
+    header: [u8; parts::HEADER_LEN],
 }
 
 /// An existing file `--checksum` compared.
@@ -285,7 +297,10 @@ impl FileTarget {
                 return self.start_from_existing(existing, handle);
             }
         }
-        let file = if self.created.load(Ordering::Acquire) {
+        let file = if self.part.is_some() {
+            // Other shards write their parts into it, at once or later.
+            self.dest.open_shared_staged(&self.staged)
+        } else if self.created.load(Ordering::Acquire) {
             self.dest.open_staged(&self.staged, true)
         } else {
             self.dest.create_staged(&self.staged)
@@ -457,14 +472,23 @@ fn to_system_time(sec: i64, nsec: u32) -> SystemTime {
 /// Hashes the chunks a partial file holds, for a file of `size` bytes:
 /// only over the bytes it has (a chunk it holds part of reads as zeros
 /// past its end, which is what extending it gives); chunks wholly past
-/// its end are [`NOT_HELD`], at no cost.
-fn hash_partial(file: &File, size: u64) -> io::Result<Vec<Cv>> {
+/// its end are [`NOT_HELD`], at no cost. Of a file sent in part, only the
+/// part's chunks are hashed, and a chunk the file has no data in (a hole
+/// left for another shard's part) is [`NOT_HELD`] too.
+fn hash_partial(file: &File, size: u64, part: Option<&Range<u64>>) -> io::Result<Vec<Cv>> {
     let have = file.metadata()?.len();
     let mut buf = vec![0u8; CHUNK_SIZE as usize];
     (0..chunk_count(size))
         .map(|i| {
             if i * CHUNK_SIZE >= have && size > 0 {
                 return Ok(NOT_HELD);
+            }
+            if let Some(part) = part {
+                if !part.contains(&i)
+                    || dest_dir::is_hole(file, i * CHUNK_SIZE, chunk_len(size, i))?
+                {
+                    return Ok(NOT_HELD);
+                }
             }
             let len = chunk_len(size, i);
             let data = &mut buf[..len];
@@ -537,7 +561,15 @@ pub fn prepare(
         options: asked,
         subdir,
         manifest,
+        parts: sent_in_part,
     } = request;
+    // Per file number: the chunks this session sends of a split file.
+    let mut part_of: Vec<Option<Range<u64>>> = vec![None; super::file_sizes(&manifest).len()];
+    for p in sent_in_part {
+        if let Some(slot) = part_of.get_mut(p.file as usize) {
+            *slot = Some(p.chunks);
+        }
+    }
     let options = Options {
         overwrite: asked.overwrite && policy.allow_overwrite && !policy.key_forbids_overwrite,
         skip_existing: asked.skip_existing,
@@ -618,19 +650,28 @@ pub fn prepare(
                 _ => return Err(in_the_way("not a directory")),
             },
             EntryKind::File { size } => {
+                let part = part_of.get(targets.len()).cloned().flatten();
                 let mut plan = FilePlan::SendAll;
                 let mut existing = None;
+                // One session sees one part of a split file: it cannot
+                // compare the whole by content, so with --checksum such a
+                // file is never skipped (sent again with --overwrite, else
+                // refused), rather than skipped on size and mtime.
+                let by_content = options.checksum && part.is_none();
                 match found {
                     Found::Dir => return Err(in_the_way("a directory")),
                     Found::Other => return Err(in_the_way("not a regular file")),
                     // rsync's -c: same size, compared by content below.
-                    Found::File { size: have, .. } if options.checksum && have == *size => {
+                    Found::File { size: have, .. } if by_content && have == *size => {
                         existing = Some(Existing {
                             replace: options.overwrite,
                         });
                     }
                     Found::File { size: have, mtime }
-                        if options.skip_existing && have == *size && mtime == entry.mtime_sec =>
+                        if options.skip_existing
+                            && !options.checksum
+                            && have == *size
+                            && mtime == entry.mtime_sec =>
                     {
                         plan = FilePlan::Skip;
                         skip[i] = true;
@@ -652,7 +693,7 @@ pub fn prepare(
                             cvs = dirs
                                 .get(d)
                                 .and_then(|fd| dest_dir::open_file(fd, n))
-                                .and_then(|f| hash_partial(&f, *size))
+                                .and_then(|f| hash_partial(&f, *size, None))
                                 .map_err(|e| io_error("read", &path, &e))?;
                             plan = FilePlan::Held(cvs.clone());
                             fresh = false;
@@ -665,7 +706,7 @@ pub fn prepare(
                             let at = dest_dir.path().join(STAGING_DIR).join(&staged);
                             cvs = dest_dir
                                 .open_staged(&staged, false)
-                                .and_then(|f| hash_partial(&f, *size))
+                                .and_then(|f| hash_partial(&f, *size, part.as_ref()))
                                 .map_err(|e| io_error("read", &at, &e))?;
                             plan = FilePlan::Held(cvs.clone());
                             fresh = false;
@@ -696,6 +737,10 @@ pub fn prepare(
                     staged,
                     created: AtomicBool::new(!fresh && existing.is_none()),
                     existing,
+                    part: part.map(|chunks| Part {
+                        chunks,
+                        header: parts::header(*size, entry.mtime_sec, entry.mtime_nsec),
+                    }),
                     handle: Mutex::new(None),
                 }));
             }
@@ -783,6 +828,12 @@ pub fn prepare(
                 created[i] = make_dir(dest_dir, &rels[i], 0o700)?;
             }
         }
+        for (t, plan) in targets.iter().zip(&plans) {
+            if let (Some(part), false) = (&t.part, *plan == FilePlan::Skip) {
+                parts::start(dest_dir, &t.staged, &part.header, t.size, options.fsync)
+                    .map_err(|e| io_error("start the record of the parts of", &t.shown(), &e))?;
+            }
+        }
         created
     };
     Ok(Prepared {
@@ -798,6 +849,71 @@ pub fn prepare(
         dest_dir: dest_dir.clone(),
         rels,
     })
+}
+
+/// Checks one session's part of a split file against the sender's digest
+/// of it and records it (src/transfer/parts.rs). Returns the file, given
+/// its length, mode and mtime, when this part completed it; `None` when
+/// it waits for other parts (or another session already placed it).
+fn finish_part(
+    t: &FileTarget,
+    part: &Part,
+    verified: &[Option<Cv>],
+    sender_digest: &Cv,
+    fsync: bool,
+) -> Result<Option<parts::Complete>, DestError> {
+    let range = part.chunks.start as usize..part.chunks.end as usize;
+    let cvs: Option<Vec<Cv>> = verified[range].iter().copied().collect();
+    let Some(cvs) = cvs else {
+        return Err(DestError::Failed(format!(
+            "`{}`: not every chunk of its part arrived (a sender bug); run the transfer again",
+            t.rel
+        )));
+    };
+    let ours = part_digest(t.size, part.chunks.start, &cvs);
+    if ours != *sender_digest {
+        return Err(DestError::Mismatch(format!(
+            "`{}`: its part (chunks {}..{}) hashes to {} here, {} at the sender; the file changed \
+             while it was sent?",
+            t.rel,
+            part.chunks.start,
+            part.chunks.end,
+            super::hash::short_hex(&ours),
+            super::hash::short_hex(sender_digest)
+        )));
+    }
+    let recorded = parts::record(
+        &t.dest,
+        &t.staged,
+        &part.header,
+        t.size,
+        &part.chunks,
+        &cvs,
+        fsync,
+    );
+    match recorded {
+        Ok(Recorded::Waiting { .. }) | Ok(Recorded::PlacedBefore) => Ok(None),
+        Ok(Recorded::Complete(complete)) => {
+            t.set_attrs(&complete.file, fsync)?;
+            Ok(Some(complete))
+        }
+        Err(PartError::Io(e)) => Err(io_error("record the parts of", &t.shown(), &e).into()),
+        Err(PartError::OtherVersion) => Err(DestError::Failed(format!(
+            "`{}`: another shard is sending another version of it (another size or mtime); \
+             every shard must send the same files: run them all again from one copy",
+            t.rel
+        ))),
+        Err(PartError::RecordGone) => Err(DestError::Failed(format!(
+            "`{}`: the record of its parts in {STAGING_DIR} is gone; run this shard again",
+            t.rel
+        ))),
+        Err(PartError::Changed(count, first)) => Err(DestError::Mismatch(format!(
+            "`{}`: {count} chunk(s) other shards sent, from chunk {first}, no longer hold on \
+             disk here what they sent (a crash before they were synced, or a change); they were \
+             dropped from its record: run the shards again (each sends only what is missing)",
+            t.rel
+        ))),
+    }
 }
 
 fn split_first(rel: &[u8]) -> &[u8] {
@@ -821,6 +937,9 @@ fn make_dir(dest: &DestDir, rel: &[u8], mode: u32) -> Result<bool, String> {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Finished {
     pub files: u64,
+    /// Files split across shards whose part this session recorded, and
+    /// which wait for other shards' parts before they take their name.
+    pub waiting: u64,
     pub dirs: u64,
     pub symlinks: u64,
     pub skipped: u64,
@@ -873,6 +992,26 @@ pub fn finish(
                 let n = file_no;
                 file_no += 1;
                 let t = &prepared.files[n];
+                if let Some(part) = &t.part {
+                    let placed = finish_part(t, part, &verified[n], &sender_hashes[n], fsync)?;
+                    if let Some(complete) = placed {
+                        let fd = dirs
+                            .get(dir_rel)
+                            .map_err(|e| io_error("open", &dest_dir.shown(dir_rel), &e))?;
+                        t.put_in_place(fd, replace)?;
+                        complete.done(dest_dir).map_err(|e| {
+                            io_error("remove the record of the parts of", &t.shown(), &e)
+                        })?;
+                        written_into.insert(dir_rel);
+                        if fsync && synced_dirs.last().is_none_or(|d| d != dir_rel) {
+                            synced_dirs.push(dir_rel.to_vec());
+                        }
+                        done.files += 1;
+                    } else {
+                        done.waiting += 1;
+                    }
+                    continue;
+                }
                 let cvs: Option<Vec<Cv>> = verified[n].iter().copied().collect();
                 let Some(cvs) = cvs else {
                     return Err(DestError::Failed(format!(
@@ -982,6 +1121,7 @@ mod tests {
             staged: staged_name(b"f"),
             created: AtomicBool::new(false),
             existing: None,
+            part: None,
             handle: Mutex::new(None),
         }
     }

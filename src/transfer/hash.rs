@@ -65,6 +65,23 @@ pub fn file_hash(file_size: u64, cvs: &[Cv]) -> Option<blake3::Hash> {
     }
 }
 
+/// What the finish carries for a file sent in part (`--shard`, a file
+/// split by chunk ranges): the BLAKE3 hash, in a context of its own, of
+/// the file's size, the range and the values of the range's chunks in
+/// order. A range is not a subtree of the file's BLAKE3 tree, so it has no
+/// hash of the file's kind; this one ties the values the receiver
+/// verified to the sender's in the same way the file hash does.
+pub fn part_digest(file_size: u64, first: u64, cvs: &[Cv]) -> Cv {
+    let mut h = blake3::Hasher::new_derive_key("atou 2026-11 part of a file v1");
+    h.update(&file_size.to_be_bytes());
+    h.update(&first.to_be_bytes());
+    h.update(&(cvs.len() as u64).to_be_bytes());
+    for cv in cvs {
+        h.update(cv);
+    }
+    *h.finalize().as_bytes()
+}
+
 /// Chunks in the left subtree of `n >= 2` chunks: the largest power of two below `n`.
 fn left_chunks(n: usize) -> usize {
     1 << (n - 1).ilog2()
@@ -173,6 +190,19 @@ mod tests {
         let good = file_hash(size, &cvs).unwrap();
         cvs.swap(0, 1);
         assert_ne!(file_hash(size, &cvs).unwrap(), good);
+    }
+
+    #[test]
+    fn a_part_digest_depends_on_the_range_and_every_value() {
+        let cvs: Vec<Cv> = (0..4u8).map(|i| [i; 32]).collect();
+        let d = part_digest(4 * C, 0, &cvs);
+        assert_ne!(d, part_digest(4 * C, 1, &cvs), "where it starts");
+        assert_ne!(d, part_digest(5 * C, 0, &cvs), "the file's size");
+        assert_ne!(d, part_digest(4 * C, 0, &cvs[..3]), "how many");
+        let mut other = cvs.clone();
+        other[2][31] ^= 1;
+        assert_ne!(d, part_digest(4 * C, 0, &other), "a value");
+        assert_eq!(d, part_digest(4 * C, 0, &cvs));
     }
 
     #[test]

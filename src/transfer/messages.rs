@@ -43,8 +43,17 @@ const OPT_DRY_RUN: u8 = 0x10;
 /// receiver that predates it refuses the bit rather than leave directory
 /// mtimes to whichever shard happened to finish last.
 const OPT_SHARD: u8 = 0x20;
-const OPTS_KNOWN: u8 =
-    OPT_OVERWRITE | OPT_SKIP_EXISTING | OPT_FSYNC | OPT_CHECKSUM | OPT_DRY_RUN | OPT_SHARD;
+/// The plan lists files it sends in part (a file split across shards by
+/// chunk ranges). A receiver that predates it refuses the bit rather than
+/// wait for chunks no session of its own will send.
+const OPT_PARTS: u8 = 0x40;
+const OPTS_KNOWN: u8 = OPT_OVERWRITE
+    | OPT_SKIP_EXISTING
+    | OPT_FSYNC
+    | OPT_CHECKSUM
+    | OPT_DRY_RUN
+    | OPT_SHARD
+    | OPT_PARTS;
 
 /// Longest message a reply or error carries.
 const MESSAGE_MAX: usize = 4096;
@@ -79,6 +88,8 @@ pub enum MessageError {
     NotUtf8,
     #[error("a message of {0} bytes (at most {MESSAGE_MAX})")]
     TextTooLong(usize),
+    #[error("file part {index}: {why}")]
+    BadPart { index: usize, why: &'static str },
     #[error(
         "a message corrupted in transit (its BLAKE3 hash does not match); run the transfer again"
     )]
@@ -139,6 +150,12 @@ impl<'a> Reader<'a> {
     fn u32(&mut self) -> Result<u32, MessageError> {
         Ok(u32::from_be_bytes(
             self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    fn u64(&mut self) -> Result<u64, MessageError> {
+        Ok(u64::from_be_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
         ))
     }
 
@@ -213,7 +230,22 @@ pub struct PlanRequest {
     /// Under the receiver's directory; `None` for the directory itself.
     pub subdir: Option<RelPath>,
     pub manifest: Manifest,
+    /// Files this session sends only part of, by file number, ascending;
+    /// other sessions (shards) send the rest.
+    pub parts: Vec<FilePart>,
 }
+
+/// A file a session sends in part: chunks `chunks` of file `file`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilePart {
+    /// File number (manifest order, files only).
+    pub file: u32,
+    /// A non-empty range of its chunks; not all of them.
+    pub chunks: std::ops::Range<u64>,
+}
+
+/// Bytes of one part on the wire: file, first, end.
+const PART_LEN: usize = 4 + 8 + 8;
 
 /// The chunks a data stream carries, in stream order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,11 +296,20 @@ impl PlanRequest {
                 | if o.fsync { OPT_FSYNC } else { 0 }
                 | if o.checksum { OPT_CHECKSUM } else { 0 }
                 | if o.dry_run { OPT_DRY_RUN } else { 0 }
-                | if o.shard { OPT_SHARD } else { 0 },
+                | if o.shard { OPT_SHARD } else { 0 }
+                | if self.parts.is_empty() { 0 } else { OPT_PARTS },
         );
         let subdir = self.subdir.as_ref().map_or(&[][..], |s| s.as_bytes());
         out.extend_from_slice(&(subdir.len() as u16).to_be_bytes());
         out.extend_from_slice(subdir);
+        if !self.parts.is_empty() {
+            out.extend_from_slice(&(self.parts.len() as u32).to_be_bytes());
+            for p in &self.parts {
+                out.extend_from_slice(&p.file.to_be_bytes());
+                out.extend_from_slice(&p.chunks.start.to_be_bytes());
+                out.extend_from_slice(&p.chunks.end.to_be_bytes());
+            }
+        }
         out.extend_from_slice(&manifest);
         seal(out)
     }
@@ -346,6 +387,31 @@ impl DataHeader {
     }
 }
 
+/// Each part names a file of the manifest once, in ascending order, and
+/// a non-empty range of its chunks that is not all of them: a receiver
+/// then never waits on, or records, a chunk that does not exist.
+fn check_parts(parts: &[FilePart], file_sizes: &[u64]) -> Result<(), MessageError> {
+    let mut last = None;
+    for (index, p) in parts.iter().enumerate() {
+        let bad = |why| Err(MessageError::BadPart { index, why });
+        let Some(&size) = file_sizes.get(p.file as usize) else {
+            return bad("no such file in the manifest");
+        };
+        if last.is_some_and(|l| p.file <= l) {
+            return bad("files out of order, or named twice");
+        }
+        last = Some(p.file);
+        let chunks = chunk_count(size);
+        if p.chunks.is_empty() || p.chunks.end > chunks {
+            return bad("an empty range, or chunks the file does not have");
+        }
+        if p.chunks.start == 0 && p.chunks.end == chunks {
+            return bad("every chunk of the file: not a part");
+        }
+    }
+    Ok(())
+}
+
 /// Encodes a finish request.
 pub fn encode_finish(hashes: &[Cv]) -> Vec<u8> {
     let mut out = Vec::with_capacity(5 + hashes.len() * 32);
@@ -393,7 +459,21 @@ impl Request {
                 } else {
                     Some(RelPath::new(subdir.to_vec()).map_err(MessageError::Subdir)?)
                 };
+                let mut parts = Vec::new();
+                if opts & OPT_PARTS != 0 {
+                    let n = r.count(PART_LEN)?;
+                    for _ in 0..n {
+                        let file = r.u32()?;
+                        let start = r.u64()?;
+                        let end = r.u64()?;
+                        parts.push(FilePart {
+                            file,
+                            chunks: start..end,
+                        });
+                    }
+                }
                 let manifest = Manifest::decode(r.rest())?;
+                check_parts(&parts, &super::file_sizes(&manifest))?;
                 Ok(Request::Plan(PlanRequest {
                     options: Options {
                         overwrite: opts & OPT_OVERWRITE != 0,
@@ -405,6 +485,7 @@ impl Request {
                     },
                     subdir,
                     manifest,
+                    parts,
                 }))
             }
             KIND_ABORT => {
@@ -663,6 +744,10 @@ mod tests {
             },
             subdir: Some(rel("in/here")),
             manifest: manifest(),
+            parts: vec![FilePart {
+                file: 0,
+                chunks: 1..3,
+            }],
         };
         let header = DataHeader {
             ranges: vec![ChunkRange {
@@ -687,12 +772,45 @@ mod tests {
         }
     }
 
+    /// A hostile plan's parts: a file that is not there, named twice or
+    /// out of order, an empty range, chunks past the end, or every chunk.
+    #[test]
+    fn parts_that_name_no_real_part_of_a_file_are_refused() {
+        // manifest(): file 0 has 3 chunks, file 1 none.
+        let plan = |parts: Vec<(u32, std::ops::Range<u64>)>| {
+            PlanRequest {
+                options: Options::default(),
+                subdir: None,
+                manifest: manifest(),
+                parts: parts
+                    .into_iter()
+                    .map(|(file, chunks)| FilePart { file, chunks })
+                    .collect(),
+            }
+            .encode()
+        };
+        let ok = plan(vec![(0, 2..3)]);
+        assert!(matches!(Request::decode(&ok), Ok(Request::Plan(p)) if p.parts.len() == 1));
+        for (parts, why) in [
+            (vec![(2, 0..1)], "no such file"),
+            (vec![(1, 0..1)], "chunks the file does not have"),
+            (vec![(0, 1..1)], "an empty range"),
+            (vec![(0, 2..4)], "chunks the file does not have"),
+            (vec![(0, 0..3)], "not a part"),
+            (vec![(0, 0..1), (0, 1..2)], "named twice"),
+        ] {
+            let e = Request::decode(&plan(parts.clone())).unwrap_err();
+            assert!(e.to_string().contains(why), "{parts:?}: {e}");
+        }
+    }
+
     #[test]
     fn a_flipped_bit_anywhere_is_caught() {
         let bytes = PlanRequest {
             options: Options::default(),
             subdir: None,
             manifest: manifest(),
+            parts: Vec::new(),
         }
         .encode();
         for i in 0..bytes.len() {
@@ -711,6 +829,7 @@ mod tests {
             options: Options::default(),
             subdir: Some(rel("ab")),
             manifest: manifest(),
+            parts: Vec::new(),
         }
         .encode();
         bytes[5..7].copy_from_slice(b"..");

@@ -14,6 +14,7 @@ pub mod hash;
 pub mod layout;
 pub mod manifest;
 pub mod messages;
+pub mod parts;
 pub mod receive;
 pub mod send;
 pub mod shard;

@@ -27,6 +27,7 @@ use super::layout::{Layout, CV_LEN};
 use super::messages::{
     data_header_len, ChunkRef, DataHeader, FilePlan, MessageError, Outcome, PlanReply, Request,
 };
+use super::shard::part_bytes;
 use crate::io::dest_dir::DestDir;
 use crate::io::ServeApp;
 use crate::proto::server::{Arrival, ConnEnd, SessionEvent};
@@ -62,6 +63,9 @@ pub struct TransferReport {
     pub peer: SocketAddr,
     pub dest: PathBuf,
     pub files: u64,
+    /// Files split across shards whose part is in, waiting for the other
+    /// shards' parts before they take their name.
+    pub files_waiting: u64,
     pub dirs: u64,
     pub symlinks: u64,
     pub skipped: u64,
@@ -943,6 +947,27 @@ impl FileReceiver {
             self.unknown_session(server, conn_id);
             return;
         };
+        // Of a file sent in part, the chunks of other parts belong to
+        // other sessions: never written, never recorded by this one.
+        let outside = header.ranges.iter().find(|r| {
+            prepared.files[r.file as usize]
+                .part
+                .as_ref()
+                .is_some_and(|p| {
+                    r.first < p.chunks.start || r.first.saturating_add(r.count) > p.chunks.end
+                })
+        });
+        if let Some(r) = outside {
+            let t = &prepared.files[r.file as usize];
+            let why = format!(
+                "a bad data stream: chunks {}..{} of `{}`, outside the part this session sends",
+                r.first,
+                r.first.saturating_add(r.count),
+                t.rel
+            );
+            self.fail_session(server, session, why);
+            return;
+        }
         let layout = Layout::new(&header, &s.file_sizes);
         for slot in &layout.slots {
             prepared.files[slot.chunk.file as usize]
@@ -1207,12 +1232,14 @@ impl FileReceiver {
                     .iter()
                     .map(|&size| vec![None; chunk_count(size) as usize])
                     .collect();
+                // A file sent in part is made ready by the session that
+                // completes it, at its finish (src/transfer/parts.rs).
                 s.unverified = prepared
                     .plans
                     .iter()
-                    .zip(&file_sizes)
-                    .map(|(p, &size)| match p {
-                        FilePlan::SendAll => chunk_count(size),
+                    .zip(&prepared.files)
+                    .map(|(p, t)| match p {
+                        FilePlan::SendAll if t.part.is_none() => chunk_count(t.size),
                         _ => 0,
                     })
                     .collect();
@@ -1253,7 +1280,10 @@ impl FileReceiver {
                         .iter()
                         .zip(&p.plans)
                         .filter(|(_, plan)| **plan != FilePlan::Skip)
-                        .map(|(t, _)| t.size)
+                        .map(|(t, _)| match &t.part {
+                            Some(p) => part_bytes(t.size, &p.chunks),
+                            None => t.size,
+                        })
                         .sum::<u64>()
                         .saturating_sub(s.bytes_written)
                 });
@@ -1266,6 +1296,7 @@ impl FileReceiver {
                         .map(|p| p.dest.clone())
                         .unwrap_or_default(),
                     files: f.files,
+                    files_waiting: f.waiting,
                     dirs: f.dirs,
                     symlinks: f.symlinks,
                     skipped: f.skipped,

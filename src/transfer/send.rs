@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -26,13 +27,14 @@ use thiserror::Error;
 use tokio::sync::Notify;
 
 use super::exclude::Excludes;
-use super::hash::{chunk_count, chunk_cv, chunk_len, file_hash, Cv, CHUNK_SIZE};
+use super::hash::{chunk_count, chunk_cv, chunk_len, file_hash, part_digest, Cv, CHUNK_SIZE};
 use super::layout::{header_for, Layout, CV_LEN};
 use super::manifest::{manifest_of, walk, EntryKind, LocalEntry, RelPath, WalkError};
 use super::messages::{
-    encode_abort, encode_finish, ChunkRef, FilePlan, Options, Outcome, PlanReply, PlanRequest,
+    encode_abort, encode_finish, ChunkRef, FilePart, FilePlan, Options, Outcome, PlanReply,
+    PlanRequest,
 };
-use super::shard::Shard;
+use super::shard::{part_bytes, Selected, Shard};
 use super::source::{SourceSpec, Sources};
 use crate::io::{self, fresh_conn_id, ProbeConfig, ProbeError, StreamFeed};
 use crate::proto::Observer;
@@ -281,11 +283,14 @@ pub struct SendReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shard: Option<String>,
     pub files: u64,
+    /// Of `files`, those split across shards that this shard sent a part
+    /// of: each takes its name at the receiver when every part is in.
+    pub files_in_part: u64,
     pub dirs: u64,
     pub symlinks: u64,
     /// Files the receiver already had (`--skip-existing`).
     pub skipped_files: u64,
-    /// File bytes in the manifest.
+    /// File bytes in the manifest (of a file sent in part, the part's).
     pub bytes_total: u64,
     /// File bytes sent (chunks; a chunk sent twice counts twice).
     pub bytes_sent: u64,
@@ -312,6 +317,10 @@ pub struct PlannedFile {
     /// The path under the destination, escaped for a terminal.
     pub path: String,
     pub size: u64,
+    /// Of a file split across shards, the chunks this shard sends,
+    /// `[first, end)` (1 MiB each).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub part: Option<[u64; 2]>,
     /// `send` (some or all of it) or `skip` (all of it is there).
     pub action: &'static str,
     /// Bytes that would be sent: the size, or with a partial or
@@ -761,10 +770,30 @@ struct StreamResult {
 
 struct Plan {
     entries: Vec<LocalEntry>,
+    /// Per file: the chunks this session sends of a file split across
+    /// shards, `None` for a file sent whole.
+    parts: Vec<Option<Range<u64>>>,
     /// Per file: where it is here, opened for reading as chunks are read.
     sources: Arc<Sources>,
     sizes: Arc<Vec<u64>>,
     names: Arc<Vec<String>>,
+}
+
+impl Plan {
+    /// The chunks of file `f` this session sends: all of them, or its part.
+    fn chunks(&self, f: usize) -> Range<u64> {
+        self.parts[f]
+            .clone()
+            .unwrap_or(0..chunk_count(self.sizes[f]))
+    }
+
+    /// The bytes of file `f` this session sends: its size, or its part's.
+    fn bytes(&self, f: usize) -> u64 {
+        match &self.parts[f] {
+            Some(part) => part_bytes(self.sizes[f], part),
+            None => self.sizes[f],
+        }
+    }
 }
 
 /// Shares chunks out over `n` streams: largest files first, each chunk
@@ -806,8 +835,9 @@ fn compare_held(
     let (tx, rx) = mpsc::channel();
     let notify = Arc::new(Notify::new());
     let mut jobs = Vec::new();
-    for (file, cvs) in held {
-        for chunk in 0..cvs.len() as u64 {
+    for (file, _) in held {
+        // Of a file sent in part, only the part's chunks are ours to send.
+        for chunk in plan.chunks(*file) {
             jobs.push(ChunkRef {
                 file: *file as u32,
                 chunk,
@@ -920,9 +950,21 @@ fn send_session(
     let progress = progress.clone();
     let started = Instant::now();
     progress.set_stage("reading the sources");
-    let mut entries = walk(sources, config.follow, &config.excludes)?;
-    if let Some(shard) = config.shard {
-        entries = shard.select(entries);
+    let walked = walk(sources, config.follow, &config.excludes)?;
+    let selected = match config.shard {
+        Some(shard) => shard.select(walked),
+        None => walked
+            .into_iter()
+            .map(|entry| Selected { entry, part: None })
+            .collect(),
+    };
+    let mut entries = Vec::with_capacity(selected.len());
+    let mut parts = Vec::new();
+    for Selected { entry, part } in selected {
+        if matches!(entry.entry.kind, EntryKind::File { .. }) {
+            parts.push(part);
+        }
+        entries.push(entry);
     }
     let manifest = manifest_of(&entries);
     let mut specs = Vec::new();
@@ -954,11 +996,13 @@ fn send_session(
     }
     let plan = Plan {
         entries,
+        parts,
         sources: Arc::new(Sources::new(specs)),
         sizes: Arc::new(sizes),
         names: Arc::new(names),
     };
-    let bytes_total: u64 = plan.sizes.iter().sum();
+    let bytes_total: u64 = (0..plan.sizes.len()).map(|f| plan.bytes(f)).sum();
+    let files_in_part = plan.parts.iter().filter(|p| p.is_some()).count() as u64;
     let session = fresh_conn_id() | 1;
 
     // 1. The plan.
@@ -974,6 +1018,17 @@ fn send_session(
         },
         subdir: config.subdir.clone(),
         manifest,
+        parts: plan
+            .parts
+            .iter()
+            .enumerate()
+            .filter_map(|(f, p)| {
+                p.clone().map(|chunks| FilePart {
+                    file: f as u32,
+                    chunks,
+                })
+            })
+            .collect(),
     }
     .encode();
     let reply = ask(
@@ -1016,15 +1071,13 @@ fn send_session(
     let mut bytes_skipped = 0;
     for (f, p) in plans.iter().enumerate() {
         match p {
-            FilePlan::SendAll => {
-                to_send.extend((0..chunk_count(plan.sizes[f])).map(|chunk| ChunkRef {
-                    file: f as u32,
-                    chunk,
-                }))
-            }
+            FilePlan::SendAll => to_send.extend(plan.chunks(f).map(|chunk| ChunkRef {
+                file: f as u32,
+                chunk,
+            })),
             FilePlan::Skip => {
                 skipped_files += 1;
-                bytes_skipped += plan.sizes[f];
+                bytes_skipped += plan.bytes(f);
             }
             FilePlan::Held(theirs) => held.push((f, theirs.clone())),
         }
@@ -1218,13 +1271,19 @@ fn send_session(
             hashes.push([0; 32]);
             continue;
         }
-        let all: Option<Vec<Cv>> = file_cvs.iter().copied().collect();
-        let all = all.expect("every chunk was read or compared");
-        hashes.push(
-            *file_hash(plan.sizes[f], &all)
+        let range = plan.chunks(f);
+        let first = range.start;
+        let ours: Option<Vec<Cv>> = file_cvs[range.start as usize..range.end as usize]
+            .iter()
+            .copied()
+            .collect();
+        let ours = ours.expect("every chunk was read or compared");
+        hashes.push(match plan.parts[f] {
+            Some(_) => part_digest(plan.sizes[f], first, &ours),
+            None => *file_hash(plan.sizes[f], &ours)
                 .expect("one per chunk")
                 .as_bytes(),
-        );
+        });
     }
     let request = encode_finish(&hashes);
     let reply = ask(
@@ -1242,6 +1301,7 @@ fn send_session(
         host: config.host.clone(),
         shard: config.shard.map(|s| s.to_string()),
         files,
+        files_in_part,
         dirs,
         symlinks,
         skipped_files,
@@ -1283,9 +1343,11 @@ fn dry_run_report(
         .iter()
         .zip(plan.sizes.iter().zip(plan.names.iter()))
         .zip(&send_bytes)
-        .map(|((p, (&size, name)), &bytes)| PlannedFile {
+        .enumerate()
+        .map(|(f, ((p, (&size, name)), &bytes))| PlannedFile {
             path: name.clone(),
             size,
+            part: plan.parts[f].clone().map(|r| [r.start, r.end]),
             // An empty file is sent (created) unless the plan skips it.
             action: if *p == FilePlan::Skip || (bytes == 0 && matches!(p, FilePlan::Held(_))) {
                 "skip"
@@ -1295,13 +1357,14 @@ fn dry_run_report(
             send_bytes: bytes,
         })
         .collect();
-    let bytes_total: u64 = plan.sizes.iter().sum();
+    let bytes_total: u64 = (0..plan.sizes.len()).map(|f| plan.bytes(f)).sum();
     let bytes_sent: u64 = send_bytes.iter().sum();
     let skipped = files.iter().filter(|f| f.action == "skip").count() as u64;
     SendReport {
         host: config.host.clone(),
         shard: config.shard.map(|s| s.to_string()),
         files: files.len() as u64,
+        files_in_part: plan.parts.iter().filter(|p| p.is_some()).count() as u64,
         dirs,
         symlinks,
         skipped_files: skipped,

@@ -11,22 +11,30 @@
 //!   directory that is already there as a no-op, so each shard's plan can
 //!   check and create the parents of its own files whatever the other
 //!   shards have done.
-//! - Every **file** and **symlink** is in exactly one shard, whole: a
-//!   file is not split across shards. Files are dealt out largest first
-//!   (ties by path) to the shard with the fewest bytes so far (then the
+//! - A **file larger than total/N** (and of two chunks or more) is
+//!   **split by chunk ranges**: shard k (from 0) sends chunks
+//!   `⌊c·k/N⌋..⌊c·(k+1)/N⌋` of its c chunks ([`part_range`]), so no
+//!   single file sets the finishing time. The receiver assembles the
+//!   parts in one partial file and renames it once every part is in and
+//!   verified (docs/transfer.md, "Shards").
+//! - Every other **file** and **symlink** is in exactly one shard, whole.
+//!   They are dealt out largest first (ties by path) to the shard with the
+//!   fewest bytes so far, counting its parts of split files (then the
 //!   fewest entries, then the lowest K): greedy longest-processing-time
 //!   first. Empty files and symlinks weigh nothing and are spread by count.
 //!
-//! Balance: no shard gets more than `total/N + largest·(N-1)/N` bytes,
-//! where `largest` is the largest file (see [`assign`]). A tree whose largest
-//! file is above `total/N` cannot be balanced by whole files; that is the
-//! documented limit.
+//! Balance: no shard gets more than `total/N + max(whole·(N-1)/N,
+//! 2·splits·chunk)` bytes, where `whole` is the largest file sent whole
+//! (at most total/N, or one chunk) and `splits` the number of split files
+//! (see [`assign`]).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fmt;
+use std::ops::Range;
 use std::str::FromStr;
 
+use super::hash::{chunk_count, chunk_len, CHUNK_SIZE};
 use super::manifest::{EntryKind, LocalEntry};
 
 /// The most shards a tree may be split into: beyond this, a coordinator
@@ -57,18 +65,58 @@ impl Shard {
     }
 
     /// The entries of `tree` this shard sends, in the walk's order: every
-    /// directory, and the files and symlinks [`assign`] gives it.
-    pub fn select(&self, tree: Vec<LocalEntry>) -> Vec<LocalEntry> {
+    /// directory, the files and symlinks [`assign`] gives it, and its
+    /// part of each split file (a split file whose range for this shard
+    /// is empty, fewer chunks than shards, is not in it).
+    pub fn select(&self, tree: Vec<LocalEntry>) -> Vec<Selected> {
+        let k = self.index - 1;
         let items: Vec<Item<'_>> = tree.iter().map(Item::of).collect();
-        let ours: Vec<bool> = assign(&items, self.count)
-            .into_iter()
-            .map(|owner| owner.is_none_or(|k| k == self.index - 1))
-            .collect();
+        let owners = assign(&items, self.count);
         tree.into_iter()
-            .zip(ours)
-            .filter_map(|(e, keep)| keep.then_some(e))
+            .zip(owners)
+            .filter_map(|(entry, owner)| match owner {
+                Owner::Everywhere => Some(Selected { entry, part: None }),
+                Owner::One(o) => (o == k).then_some(Selected { entry, part: None }),
+                Owner::Split => {
+                    let EntryKind::File { size } = entry.entry.kind else {
+                        unreachable!("only files are split")
+                    };
+                    let part = part_range(size, k, self.count);
+                    (!part.is_empty()).then_some(Selected {
+                        entry,
+                        part: Some(part),
+                    })
+                }
+            })
             .collect()
     }
+}
+
+/// One entry of a shard's part of the tree.
+#[derive(Debug)]
+pub struct Selected {
+    pub entry: LocalEntry,
+    /// The chunks of it this shard sends, for a file split across shards;
+    /// `None` for an entry sent whole.
+    pub part: Option<Range<u64>>,
+}
+
+/// The chunks of a split file of `size` bytes that shard `k` (from 0) of
+/// `count` sends: consecutive, each shard's within one chunk of the
+/// others', together every chunk once.
+pub fn part_range(size: u64, k: u32, count: u32) -> Range<u64> {
+    let chunks = u128::from(chunk_count(size));
+    let at = |k: u32| (chunks * u128::from(k) / u128::from(count)) as u64;
+    at(k)..at(k + 1)
+}
+
+/// The bytes of chunks `part` of a file of `size` bytes.
+pub fn part_bytes(size: u64, part: &Range<u64>) -> u64 {
+    if part.is_empty() {
+        return 0;
+    }
+    let last = part.end - 1;
+    (last - part.start) * CHUNK_SIZE + chunk_len(size, last) as u64
 }
 
 impl fmt::Display for Shard {
@@ -114,36 +162,74 @@ impl<'a> Item<'a> {
     }
 }
 
-/// The shard (0-based) of each item, `None` for those in every shard.
+/// Where [`assign`] puts an item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// A directory: in every shard.
+    Everywhere,
+    /// Whole, in shard k (0-based).
+    One(u32),
+    /// A file above total/N: each shard sends its [`part_range`].
+    Split,
+}
+
+/// Where each item goes.
 ///
-/// Greedy, largest first: items sorted by size descending, then path
+/// Files of two chunks or more above total/N are split; the rest are
+/// dealt greedily, largest first: sorted by size descending, then path
 /// ascending (so the result does not depend on the order given, and paths
 /// are unique in a tree), each to the shard with the least (bytes,
-/// entries, index). Bound: let shard S end with the most bytes, L, and f
-/// be the last file it was given. When f was dealt, S had the fewest
-/// bytes, at most the mean of what was dealt before f, which is at most
-/// (total - f) / N; so L <= (total - f)/N + f = total/N + f·(N-1)/N
-/// <= total/N + largest·(N-1)/N.
-pub fn assign(items: &[Item<'_>], count: u32) -> Vec<Option<u32>> {
-    let mut order: Vec<(u64, &[u8], usize)> = items
+/// entries, index), the split files' parts counted first. Bound: let shard
+/// S end with the most bytes, L. If its last item was a whole file f,
+/// when f was dealt S had the fewest bytes, at most the mean of what had
+/// been dealt, at most (total - f)/N; so L <= total/N + f·(N-1)/N, and f
+/// is at most total/N (or one chunk), or it would have been split. If S
+/// got only parts, each is at most ⌈c/N⌉ chunks of a file of c, so
+/// L <= total/N + 2·splits·chunk.
+pub fn assign(items: &[Item<'_>], count: u32) -> Vec<Owner> {
+    let total: u128 = items
         .iter()
-        .enumerate()
-        .filter_map(|(i, item)| match *item {
-            Item::Once { path, size } => Some((size, path, i)),
-            Item::Everywhere => None,
+        .map(|item| match *item {
+            Item::Once { size, .. } => u128::from(size),
+            Item::Everywhere => 0,
         })
-        .collect();
+        .sum();
+    let split = |size: u64| {
+        count > 1 && chunk_count(size) >= 2 && u128::from(size) * u128::from(count) > total
+    };
+    let mut owner = vec![Owner::Everywhere; items.len()];
+    let mut loads: Vec<(u64, u64)> = vec![(0, 0); count as usize];
+    let mut order: Vec<(u64, &[u8], usize)> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let Item::Once { path, size } = *item else {
+            continue;
+        };
+        if !split(size) {
+            order.push((size, path, i));
+            continue;
+        }
+        owner[i] = Owner::Split;
+        for (k, load) in loads.iter_mut().enumerate() {
+            let part = part_range(size, k as u32, count);
+            if !part.is_empty() {
+                load.0 = load.0.saturating_add(part_bytes(size, &part));
+                load.1 += 1;
+            }
+        }
+    }
     order.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
     // Min-heap of (bytes, entries, shard).
-    let mut loads: BinaryHeap<Reverse<(u64, u64, u32)>> =
-        (0..count).map(|k| Reverse((0, 0, k))).collect();
-    let mut owner = vec![None; items.len()];
+    let mut heap: BinaryHeap<Reverse<(u64, u64, u32)>> = loads
+        .iter()
+        .enumerate()
+        .map(|(k, &(bytes, entries))| Reverse((bytes, entries, k as u32)))
+        .collect();
     for (size, _, i) in order {
-        let Some(Reverse((bytes, entries, k))) = loads.pop() else {
+        let Some(Reverse((bytes, entries, k))) = heap.pop() else {
             break;
         };
-        owner[i] = Some(k);
-        loads.push(Reverse((bytes.saturating_add(size), entries + 1, k)));
+        owner[i] = Owner::One(k);
+        heap.push(Reverse((bytes.saturating_add(size), entries + 1, k)));
     }
     owner
 }
@@ -194,35 +280,51 @@ mod tests {
     }
 
     proptest! {
-        /// Every file's bytes are in exactly one shard and every
+        /// Every file's bytes are in exactly one shard (whole, or as one
+        /// of the consecutive parts that tile a split file) and every
         /// directory in all of them, for any N in 1..=16; no shard holds
-        /// more than total/N + the largest file.
+        /// more than the bound [`assign`] proves.
         #[test]
         fn each_entry_once_and_shards_balanced(tree in tree(), count in 1u32..=16) {
             let items = items(&tree);
             let owner = assign(&items, count);
             prop_assert_eq!(owner.len(), items.len());
             let mut bytes = vec![0u128; count as usize];
-            let (mut total, mut largest) = (0u128, 0u128);
+            let (mut total, mut whole, mut splits) = (0u128, 0u128, 0u128);
             for (item, owner) in items.iter().zip(&owner) {
                 match (item, owner) {
-                    (Item::Everywhere, None) => {}
-                    (Item::Once { size, .. }, Some(k)) => {
+                    (Item::Everywhere, Owner::Everywhere) => {}
+                    (Item::Once { size, .. }, Owner::One(k)) => {
                         prop_assert!(*k < count);
                         bytes[*k as usize] += u128::from(*size);
                         total += u128::from(*size);
-                        largest = largest.max(u128::from(*size));
+                        whole = whole.max(u128::from(*size));
+                    }
+                    (Item::Once { size, .. }, Owner::Split) => {
+                        let mut next = 0;
+                        for k in 0..count {
+                            let part = part_range(*size, k, count);
+                            prop_assert_eq!(part.start, next, "parts of {} tile it", size);
+                            next = part.end;
+                            bytes[k as usize] += u128::from(part_bytes(*size, &part));
+                        }
+                        prop_assert_eq!(next, chunk_count(*size));
+                        total += u128::from(*size);
+                        splits += 1;
                     }
                     (item, owner) => prop_assert!(false, "{item:?} went to {owner:?}"),
                 }
             }
             prop_assert_eq!(bytes.iter().sum::<u128>(), total);
             let n = u128::from(count);
+            let chunk = u128::from(CHUNK_SIZE);
+            // A file above total/N is split unless it is one chunk.
+            prop_assert!(whole * n <= total || whole <= chunk, "whole {whole} total {total}");
             for b in &bytes {
-                // b <= total/N + largest·(N-1)/N, without rounding.
+                // b <= total/N + max(whole·(N-1)/N, 2·splits·chunk), without rounding.
                 prop_assert!(
-                    b * n <= total + (n - 1) * largest,
-                    "{bytes:?} total {total} largest {largest}"
+                    b * n <= total + ((n - 1) * whole).max(2 * n * splits * chunk),
+                    "{bytes:?} total {total} whole {whole} splits {splits}"
                 );
             }
         }
@@ -257,7 +359,65 @@ mod tests {
             .collect();
         let owner = assign(&items, 4);
         for k in 0..4 {
-            assert_eq!(owner.iter().filter(|o| **o == Some(k)).count(), 2);
+            assert_eq!(owner.iter().filter(|o| **o == Owner::One(k)).count(), 2);
         }
+    }
+
+    /// One file of 10 chunks among small ones, in 4 shards: it is split
+    /// 2, 3, 2, 3 chunks (⌊10k/4⌋), and the small files go to the shards
+    /// with the smallest parts (ties to the lowest K).
+    #[test]
+    fn a_file_above_its_share_is_split_into_consecutive_parts() {
+        let (big, a, b) = (b"big".to_vec(), b"a".to_vec(), b"b".to_vec());
+        let size = 9 * CHUNK_SIZE + 5;
+        let items = [
+            Item::Once {
+                path: &a,
+                size: 1000,
+            },
+            Item::Once { path: &big, size },
+            Item::Once {
+                path: &b,
+                size: 999,
+            },
+        ];
+        assert_eq!(
+            assign(&items, 4),
+            [Owner::One(0), Owner::Split, Owner::One(2)]
+        );
+        let parts: Vec<Range<u64>> = (0..4).map(|k| part_range(size, k, 4)).collect();
+        assert_eq!(parts, [0..2, 2..5, 5..7, 7..10]);
+        assert_eq!(part_bytes(size, &parts[3]), 2 * CHUNK_SIZE + 5);
+        assert_eq!(part_bytes(size, &(3..3)), 0);
+        // One shard, or a file of one chunk, is never split; nor a file at
+        // exactly its share.
+        assert_eq!(assign(&items, 1)[1], Owner::One(0));
+        let one = [
+            Item::Once {
+                path: &big,
+                size: CHUNK_SIZE,
+            },
+            Item::Once { path: &a, size: 1 },
+        ];
+        assert_eq!(assign(&one, 2)[0], Owner::One(0));
+        let even = [
+            Item::Once {
+                path: &big,
+                size: 2 * CHUNK_SIZE,
+            },
+            Item::Once {
+                path: &a,
+                size: 2 * CHUNK_SIZE,
+            },
+        ];
+        assert_eq!(assign(&even, 2), [Owner::One(1), Owner::One(0)]);
+        // More shards than chunks: some parts are empty.
+        let two = [Item::Once {
+            path: &big,
+            size: 2 * CHUNK_SIZE,
+        }];
+        assert_eq!(assign(&two, 4), [Owner::Split]);
+        let parts: Vec<Range<u64>> = (0..4).map(|k| part_range(2 * CHUNK_SIZE, k, 4)).collect();
+        assert_eq!(parts, [0..0, 0..1, 1..1, 1..2]);
     }
 }
