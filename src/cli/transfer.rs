@@ -67,7 +67,7 @@ pub struct TransferArgs {
     /// Read exclude patterns from FILE, one per line; blank lines and lines starting with `#` or `;` are skipped; `-` reads stdin
     #[arg(long, value_name = "FILE")]
     exclude_from: Vec<PathBuf>,
-    /// Send only part K of N of the tree (1 <= K <= N <= 1024), so that N runs with the same SRCs and DEST (on N hosts, or the tasks of a Slurm array or a Kubernetes indexed Job) together send it all: every directory is in every part, each file and symlink in exactly one, whole files dealt out largest first to balance bytes. Default: the whole tree. See docs/scale-out.md
+    /// Send only part K of N of the tree (1 <= K <= N <= 1024), so that N runs with the same SRCs and DEST (on N hosts, or the tasks of a Slurm array or a Kubernetes indexed Job) together send it all: every directory is in every part; a file above total/N (and over 1 MiB) is split by 1 MiB chunk ranges, one range per shard, and takes its name at the receiver when every range is in; every other file and symlink is in exactly one part, whole, dealt out largest first to balance bytes. Default: the whole tree. See docs/scale-out.md
     #[arg(long, value_name = "K/N")]
     shard: Option<Shard>,
     /// Ask the receiver what it would do and print it (what would be sent, skipped or refused, and the bytes), then stop: no file data is sent and nothing changes at the destination. The exit status is the real run's (5 if refused); with --json, a list
@@ -533,6 +533,9 @@ fn report_text(r: &SendReport) -> String {
             if r.skipped_files == 1 { "" } else { "s" },
             if r.skipped_files == 1 { "was" } else { "were" },
         );
+    } else if r.files_in_part > 0 {
+        s += "\natou: every file verified at the receiver (BLAKE3 per chunk and per file; a \
+              file's part per chunk and as a whole)\n";
     } else {
         s += "\natou: every file verified at the receiver (BLAKE3 per chunk and per file)\n";
     }
