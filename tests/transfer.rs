@@ -2243,6 +2243,47 @@ fn four_shards_at_once_deliver_the_tree_of_a_single_run() {
     );
 }
 
+/// A split file left waiting (one shard of four ran) is finished by an
+/// unsharded run, which resumes from the shard's partial file, sends only
+/// the rest, and takes the record of parts away with it.
+#[test]
+fn a_whole_run_finishes_a_split_file_a_shard_left_waiting() {
+    let scratch = Scratch::new("shard-then-whole");
+    let tree = scratch.path("src/tree");
+    let sizes = build_shard_tree(&tree);
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    let first = send(&[&tree], &server.target(), &["--shard", "1/4"]).report();
+    server.report();
+    assert_eq!(report_u(&first, "files_in_part"), 1, "{first}");
+    assert!(!dest.join("tree/big.bin").exists());
+    let staged: Vec<String> = fs::read_dir(dest.join(STAGING_DIR))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(staged.len(), 2, "a partial file and its record: {staged:?}");
+    let whole = send(&[&tree], &server.target(), &["--skip-existing"]).report();
+    server.report();
+    // Shard 1's part of big.bin (3 of its 13 chunks) was not sent again.
+    assert_eq!(
+        report_u(&whole, "bytes_skipped"),
+        report_u(&first, "bytes_total"),
+        "{whole}"
+    );
+    // (Directories' mtimes are shard 1's: a run that creates none sets
+    // none, shard or not.)
+    assert_eq!(
+        fs::read(dest.join("tree/big.bin")).unwrap(),
+        fs::read(tree.join("big.bin")).unwrap()
+    );
+    assert_eq!(sizes.len() as u64, report_u(&whole, "files"));
+    assert_eq!(
+        fs::read_dir(dest.join(STAGING_DIR)).unwrap().count(),
+        0,
+        "the partial file or the record of its parts was left behind"
+    );
+}
+
 /// Four `atou copy --shard K/4` at once into one local DEST, each with
 /// its own receiver, together copy the tree; none removes the staging
 /// directory, which another shard may be writing into.

@@ -1040,6 +1040,11 @@ pub fn finish(
                     .get(dir_rel)
                     .map_err(|e| io_error("open", &dest_dir.shown(dir_rel), &e))?;
                 t.put_in_place(fd, replace)?;
+                if !t.fresh {
+                    // Sent whole this time, from a partial file a split run
+                    // left: that run's record of parts goes with it.
+                    let _ = dest_dir.remove_staged(&parts::record_name(&t.staged));
+                }
                 written_into.insert(dir_rel);
                 if fsync && synced_dirs.last().is_none_or(|d| d != dir_rel) {
                     synced_dirs.push(dir_rel.to_vec());
