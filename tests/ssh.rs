@@ -71,7 +71,13 @@ fn is_root() -> bool {
 
 /// sshd and ssh are there, installed now if need be (as root, with
 /// apt-get, keeping the package's own sshd from starting); or why not.
+/// One test at a time: the tests run in parallel, and a second apt-get
+/// run while the first holds dpkg's lock fails, or finds the package half
+/// installed (a CI run once skipped one test and saw "Privilege
+/// separation user sshd does not exist" in another).
 fn have_openssh() -> Result<(), String> {
+    static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
     let present = || {
         Path::new("/usr/sbin/sshd").exists()
             && ["ssh", "ssh-keygen"].iter().all(|c| {
