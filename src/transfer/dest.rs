@@ -851,17 +851,27 @@ pub fn prepare(
     })
 }
 
+/// What a session's part did to its split file.
+enum PartFinish {
+    /// It completed the file, now given its length, mode and mtime, still
+    /// to be renamed.
+    Completes(parts::Complete),
+    /// Other parts are still to come.
+    Waits,
+    /// Another session completed and placed the file already (this part
+    /// was recorded by an earlier run of its shard).
+    PlacedBefore,
+}
+
 /// Checks one session's part of a split file against the sender's digest
-/// of it and records it (src/transfer/parts.rs). Returns the file, given
-/// its length, mode and mtime, when this part completed it; `None` when
-/// it waits for other parts (or another session already placed it).
+/// of it and records it (src/transfer/parts.rs).
 fn finish_part(
     t: &FileTarget,
     part: &Part,
     verified: &[Option<Cv>],
     sender_digest: &Cv,
     fsync: bool,
-) -> Result<Option<parts::Complete>, DestError> {
+) -> Result<PartFinish, DestError> {
     let range = part.chunks.start as usize..part.chunks.end as usize;
     let cvs: Option<Vec<Cv>> = verified[range].iter().copied().collect();
     let Some(cvs) = cvs else {
@@ -892,10 +902,11 @@ fn finish_part(
         fsync,
     );
     match recorded {
-        Ok(Recorded::Waiting { .. }) | Ok(Recorded::PlacedBefore) => Ok(None),
+        Ok(Recorded::Waiting { .. }) => Ok(PartFinish::Waits),
+        Ok(Recorded::PlacedBefore) => Ok(PartFinish::PlacedBefore),
         Ok(Recorded::Complete(complete)) => {
             t.set_attrs(&complete.file, fsync)?;
-            Ok(Some(complete))
+            Ok(PartFinish::Completes(complete))
         }
         Err(PartError::Io(e)) => Err(io_error("record the parts of", &t.shown(), &e).into()),
         Err(PartError::OtherVersion) => Err(DestError::Failed(format!(
@@ -994,7 +1005,7 @@ pub fn finish(
                 let t = &prepared.files[n];
                 if let Some(part) = &t.part {
                     let placed = finish_part(t, part, &verified[n], &sender_hashes[n], fsync)?;
-                    if let Some(complete) = placed {
+                    if let PartFinish::Completes(complete) = placed {
                         let fd = dirs
                             .get(dir_rel)
                             .map_err(|e| io_error("open", &dest_dir.shown(dir_rel), &e))?;
@@ -1007,7 +1018,7 @@ pub fn finish(
                             synced_dirs.push(dir_rel.to_vec());
                         }
                         done.files += 1;
-                    } else {
+                    } else if let PartFinish::Waits = placed {
                         done.waiting += 1;
                     }
                     continue;
