@@ -2284,6 +2284,75 @@ fn a_whole_run_finishes_a_split_file_a_shard_left_waiting() {
     );
 }
 
+/// A shard killed half way through its part of a split file resumes its
+/// own part when run again, sending only what is missing, while the other
+/// shard's part, recorded earlier, is not touched; the file takes its name
+/// with the rerun and nothing is left in the staging directory.
+#[test]
+fn a_shard_killed_mid_part_resumes_its_part_alone() {
+    let scratch = Scratch::new("shard-kill");
+    let src = scratch.dir("src").join("big.bin");
+    let size = 64 * MIB;
+    write_random(&src, size, 21);
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    // Shard 2 first: chunks 32..64, recorded, the file waiting.
+    let second = send(&[&src], &server.target(), &["--shard", "2/2"]).report();
+    server.report();
+    assert_eq!(report_u(&second, "bytes_sent"), 32 * MIB, "{second}");
+    // Shard 1 at 100 Mbit/s (32 MiB in ~2.7 s), killed half way.
+    let args = ["--shard", "1/2", "--streams", "1", "--bwlimit", "100mbit"];
+    let mut sending = spawn_send(&[&src], &server.target(), &args);
+    let part = staged_part_file(&dest);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while allocated(&part) < 48 * MIB {
+        assert!(
+            sending.running(),
+            "shard 1 ended before half its part was written"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "shard 1 wrote too little in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    sending.kill();
+    assert!(!dest.join("big.bin").exists(), "named with half a part");
+    let rerun = send(&[&src], &server.target(), &["--shard", "1/2"]).report();
+    server.report();
+    let (sent, skipped) = (
+        report_u(&rerun, "bytes_sent"),
+        report_u(&rerun, "bytes_skipped"),
+    );
+    say(&format!(
+        "a_shard_killed_mid_part_resumes_its_part_alone: the rerun sent {sent} bytes, skipped {skipped}"
+    ));
+    assert_eq!(sent + skipped, 32 * MIB, "{rerun}");
+    assert!(
+        skipped >= 8 * MIB,
+        "shard 1's rerun resumed little: {rerun}"
+    );
+    assert!(first_difference(&src, &dest.join("big.bin")).is_none());
+    assert_eq!(fs::read_dir(dest.join(STAGING_DIR)).unwrap().count(), 0);
+}
+
+/// The partial file (`*.part`) in DEST's staging directory, once there.
+fn staged_part_file(dest: &Path) -> PathBuf {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let found = fs::read_dir(dest.join(STAGING_DIR))
+            .into_iter()
+            .flatten()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|x| x == "part"));
+        match found {
+            Some(p) => return p,
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            None => panic!("no partial file in {}", dest.join(STAGING_DIR).display()),
+        }
+    }
+}
+
 /// Four `atou copy --shard K/4` at once into one local DEST, each with
 /// its own receiver, together copy the tree; none removes the staging
 /// directory, which another shard may be writing into.
