@@ -147,7 +147,8 @@ impl FromStr for Shard {
 pub enum Item<'a> {
     /// A directory: in every shard.
     Everywhere,
-    /// A file (its size) or a symlink (size 0): in exactly one shard.
+    /// A file (its size) or a symlink (size 0): in exactly one shard, or,
+    /// a file above total/N, split across all of them.
     Once { path: &'a [u8], size: u64 },
 }
 
