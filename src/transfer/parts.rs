@@ -325,6 +325,27 @@ mod tests {
         f.write_all_at(&d[a..b], a as u64).unwrap();
     }
 
+    /// Records chunks `part` of `d` (already written) as a session's
+    /// finish does.
+    fn deliver(
+        dir: &Dir,
+        staged: &str,
+        h: &[u8; HEADER_LEN],
+        d: &[u8],
+        part: Range<u64>,
+    ) -> Result<Recorded, PartError> {
+        let size = d.len() as u64;
+        record(
+            &dir.1,
+            staged,
+            h,
+            size,
+            &part,
+            &cvs(size, d, part.clone()),
+            false,
+        )
+    }
+
     /// Three parts, recorded in any order: the first two wait, the third
     /// completes; a later session of the same part finds it placed once
     /// the partial file has its name.
@@ -405,41 +426,16 @@ mod tests {
         let staged = "x.part";
         start(&dir.1, staged, &h, size, false).unwrap();
         write(&dir, staged, &d, 0..2);
-        record(
-            &dir.1,
-            staged,
-            &h,
-            size,
-            &(0..2),
-            &cvs(size, &d, 0..2),
-            false,
-        )
-        .unwrap();
+        deliver(&dir, staged, &h, &d, 0..2).unwrap();
         // A crash before the write reached the disk, or a hand.
         let f = dir.1.open_shared_staged(staged).unwrap();
         f.write_all_at(b"!", CHUNK_SIZE + 9).unwrap();
         write(&dir, staged, &d, 2..4);
-        let r = record(
-            &dir.1,
-            staged,
-            &h,
-            size,
-            &(2..4),
-            &cvs(size, &d, 2..4),
-            false,
-        );
+        let r = deliver(&dir, staged, &h, &d, 2..4);
         assert!(matches!(r, Err(PartError::Changed(1, 1))), "{r:?}");
         // Chunk 1 again, as its shard's rerun sends it: complete.
         write(&dir, staged, &d, 0..2);
-        let r = record(
-            &dir.1,
-            staged,
-            &h,
-            size,
-            &(0..2),
-            &cvs(size, &d, 0..2),
-            false,
-        );
+        let r = deliver(&dir, staged, &h, &d, 0..2);
         assert!(matches!(r, Ok(Recorded::Complete(_))), "{r:?}");
     }
 
@@ -454,38 +450,13 @@ mod tests {
         let staged = "v.part";
         start(&dir.1, staged, &old, size, false).unwrap();
         write(&dir, staged, &d, 0..1);
-        record(
-            &dir.1,
-            staged,
-            &old,
-            size,
-            &(0..1),
-            &cvs(size, &d, 0..1),
-            false,
-        )
-        .unwrap();
+        deliver(&dir, staged, &old, &d, 0..1).unwrap();
         start(&dir.1, staged, &new, size, false).unwrap();
-        let r = record(
-            &dir.1,
-            staged,
-            &old,
-            size,
-            &(1..2),
-            &cvs(size, &d, 1..2),
-            false,
-        );
+        let r = deliver(&dir, staged, &old, &d, 1..2);
         assert!(matches!(r, Err(PartError::OtherVersion)), "{r:?}");
         // The new version's record holds nothing of the old one's.
         write(&dir, staged, &d, 1..2);
-        let r = record(
-            &dir.1,
-            staged,
-            &new,
-            size,
-            &(1..2),
-            &cvs(size, &d, 1..2),
-            false,
-        );
+        let r = deliver(&dir, staged, &new, &d, 1..2);
         assert!(matches!(r, Ok(Recorded::Waiting { missing: 1 })), "{r:?}");
     }
 }
