@@ -1086,8 +1086,9 @@ fn wait_for_half(part: &Path, size: u64, sending: &mut Sending) -> u64 {
     }
 }
 
-/// The partial file of DEST's one file being received, in the staging
-/// directory (named by where it goes, not nameable by a sender).
+/// The partial file (`*.part`) of DEST's one file being received, in the
+/// staging directory (named by where it goes, not nameable by a sender);
+/// beside it there may be the record of a split file's parts.
 fn staged_part(dest: &Path) -> PathBuf {
     let staging = dest.join(STAGING_DIR);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -1095,6 +1096,10 @@ fn staged_part(dest: &Path) -> PathBuf {
         let parts: Vec<PathBuf> = fs::read_dir(&staging)
             .map(|d| d.map(|e| e.unwrap().path()).collect())
             .unwrap_or_default();
+        let parts: Vec<PathBuf> = parts
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|x| x == "part"))
+            .collect();
         match parts.as_slice() {
             [one] => return one.clone(),
             [] if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
@@ -2303,7 +2308,7 @@ fn a_shard_killed_mid_part_resumes_its_part_alone() {
     // Shard 1 at 100 Mbit/s (32 MiB in ~2.7 s), killed half way.
     let args = ["--shard", "1/2", "--streams", "1", "--bwlimit", "100mbit"];
     let mut sending = spawn_send(&[&src], &server.target(), &args);
-    let part = staged_part_file(&dest);
+    let part = staged_part(&dest);
     let deadline = Instant::now() + Duration::from_secs(60);
     while allocated(&part) < 48 * MIB {
         assert!(
@@ -2334,23 +2339,6 @@ fn a_shard_killed_mid_part_resumes_its_part_alone() {
     );
     assert!(first_difference(&src, &dest.join("big.bin")).is_none());
     assert_eq!(fs::read_dir(dest.join(STAGING_DIR)).unwrap().count(), 0);
-}
-
-/// The partial file (`*.part`) in DEST's staging directory, once there.
-fn staged_part_file(dest: &Path) -> PathBuf {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let found = fs::read_dir(dest.join(STAGING_DIR))
-            .into_iter()
-            .flatten()
-            .map(|e| e.unwrap().path())
-            .find(|p| p.extension().is_some_and(|x| x == "part"));
-        match found {
-            Some(p) => return p,
-            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-            None => panic!("no partial file in {}", dest.join(STAGING_DIR).display()),
-        }
-    }
 }
 
 /// Four `atou copy --shard K/4` at once into one local DEST, each with
