@@ -15,7 +15,7 @@ mkdir -p "$out"
 # 1.6 Mbit/s; Reno needs timeouts, NewReno repairs every loss by partial ACKs.
 for variant in reno newreno; do
   "$atou" sim --bytes 1MiB --fwd 'rate 1.6mbit limit 10 | delay 50ms' --rev 'delay 50ms' \
-    --cc aimd --undo 0 --recovery "$variant" --mss 1057 --rcvwin 50 --thresh-init 1.28 --initsegs 1 \
+    --cc aimd --undo 0 --recovery "$variant" --mss 1049 --rcvwin 50 --thresh-init 1.28 --initsegs 1 \
     --plot "$out/hoe-h1-$variant.svg" >/dev/null
 done
 

@@ -674,11 +674,11 @@ mod tests {
     #[test]
     fn goodput_bins_add_up_to_what_was_acknowledged() {
         let text =
-            "# config: mss 1033\n0 0 xmt\n0.5 10 0.001 10 inf ack\n1.0 25 0.001 10 inf ack\n";
+            "# config: mss 1025\n0 0 xmt\n0.5 10 0.001 10 inf ack\n1.0 25 0.001 10 inf ack\n";
         let s = Series::from_trace(&Trace::parse(text).unwrap());
         assert_eq!(s.goodput.len(), GOODPUT_BINS);
         assert_eq!(s.goodput_unit, "Mbit/s");
-        // 25 segments of 1000 bytes (1033 - 33 header) in all.
+        // 25 segments of 1000 bytes (1025 - 25 header) in all.
         let bits: f64 = s.goodput.iter().map(|g| g.1 * 1e6 * s.bin).sum();
         assert!((bits - 25.0 * 8000.0).abs() < 1e-6, "{bits}");
     }

@@ -248,13 +248,13 @@ mod tests {
 
     #[test]
     fn atou_lines_parse_and_unknown_tags_are_skipped() {
-        let text = "# atou trace\n# config: mss 1057 rcvwin 50\n\
+        let text = "# atou trace\n# config: mss 1049 rcvwin 50\n\
                     0.408133 258 xmt\n0.408196 234 0.038062 26 inf ack\n\
                     0.5 1 2 3 future\n";
         let trace = Trace::parse(text).unwrap();
         assert_eq!(trace.records.len(), 2);
         assert_eq!(trace.header.len(), 2);
-        // 1057 - the 33-byte data header (wire.rs).
+        // 1049 - the 25-byte data header (wire.rs).
         assert_eq!(trace.payload_size(), Some(1024));
     }
 

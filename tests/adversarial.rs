@@ -604,12 +604,11 @@ fn hello(session: u64, conn_id: u64, mss: u32, rcvsegs: u32, rcvbuf: u32) -> Vec
     b[..n].to_vec()
 }
 
-fn segment(conn_id: u64, seg: u64, payload: &[u8], payload_size: u64, fin: bool) -> Vec<u8> {
+fn segment(conn_id: u64, seg: u64, payload: &[u8], fin: bool) -> Vec<u8> {
     let mut b = vec![0u8; DATA_HEADER_LEN + payload.len()];
     WireHeader {
         conn_id,
         seg,
-        offset: seg * payload_size,
         timestamp: 0,
         flags: DataFlags {
             fin,
@@ -638,11 +637,11 @@ fn far_offsets_in_a_request_stream_allocate_nothing() {
     let before = s.rss_mib();
     let mut body = vec![0u8; payload as usize];
     body[0] = b'P';
-    sock.send_to(&segment(conn, 0, &body, payload, false), s.addr)
+    sock.send_to(&segment(conn, 0, &body, false), s.addr)
         .unwrap();
     for k in 1..=8u64 {
         let seg = k * ((255 << 20) / payload / 8);
-        sock.send_to(&segment(conn, seg, &body, payload, false), s.addr)
+        sock.send_to(&segment(conn, seg, &body, false), s.addr)
             .unwrap();
     }
     std::thread::sleep(Duration::from_millis(500));
@@ -685,12 +684,12 @@ fn one_segment_per_chunk_across_a_huge_window_pins_no_more_than_the_budget() {
     let before = s.rss_mib();
     let mut first = vec![0u8; payload as usize];
     first[..header.len()].copy_from_slice(&header);
-    sock.send_to(&segment(conn, 0, &first, payload, false), s.addr)
+    sock.send_to(&segment(conn, 0, &first, false), s.addr)
         .unwrap();
     let stride = (1 << 20) + 32;
     for chunk in 1..900u64 {
         let seg = (header.len() as u64 + chunk * stride) / payload;
-        sock.send_to(&segment(conn, seg, &first, payload, false), s.addr)
+        sock.send_to(&segment(conn, seg, &first, false), s.addr)
             .unwrap();
         if chunk % 64 == 0 {
             std::thread::sleep(Duration::from_millis(5));
@@ -949,7 +948,7 @@ mod sans_io {
                     continue;
                 }
                 let piece = &bytes[start as usize..end as usize];
-                self.deliver(from, &segment(conn, k, piece, payload, k + 1 == n));
+                self.deliver(from, &segment(conn, k, piece, k + 1 == n));
             }
         }
     }

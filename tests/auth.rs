@@ -356,7 +356,6 @@ fn a_captured_session_cannot_be_injected_into() {
                 let header = DataHeader {
                     conn_id: server_id,
                     seg: 0,
-                    offset: 0,
                     timestamp: 0,
                     flags: DataFlags::default(),
                 };

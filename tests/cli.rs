@@ -53,7 +53,7 @@ fn a_lossy_transfer_prints_atous_summary() {
         "rxmts ",
         "minrtt ",
         "rto ",
-        "snd_nxt 1390 snd_cwnd",
+        "snd_nxt 1383 snd_cwnd",
         "verified 2000000 bytes in order",
     ] {
         assert!(out.contains(line), "missing `{line}` in:\n{out}");

@@ -637,7 +637,7 @@ fn rfc8985_6_2_a_lost_retransmission_is_found_without_a_timeout() {
 #[test]
 fn rfc8985_7_a_tail_loss_is_repaired_by_a_probe() {
     let bytes: u64 = 1 << 20;
-    let last = bytes.div_ceil(1439) - 1;
+    let last = bytes.div_ceil(Tuning::default().payload_size() as u64) - 1;
     for (recovery, timeouts, tlps) in [(RecoveryKind::Sack, 1, 0), (RecoveryKind::Rack, 0, 1)] {
         for cc in [CcKind::Aimd, CcKind::Bbr] {
             let t = Tuning {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use atou::netem::NetemSpec;
 use atou::proto::rtt::RttEstimator;
+use atou::proto::wire::DATA_HEADER_LEN;
 use atou::proto::{
     CcKind, Event, Recorder, RecoveryKind, ReductionKind, ReorderingKind, SsthreshEstimate, Time,
     TimedEvent, TraceRecord, Tuning,
@@ -234,7 +235,7 @@ fn hoe_h1_reno_times_out_newreno_does_not() {
     let run = |kind| {
         let tuning = Tuning {
             recovery: kind,
-            mss: 1024 + 33,
+            mss: 1024 + DATA_HEADER_LEN as u32,
             rcvwin: 50,
             thresh_init: 64.0 / 50.0,
             initsegs: 1,
@@ -766,7 +767,7 @@ fn hoe_3_1_estimated_ssthresh_leaves_slow_start_without_loss() {
         let run = |estimate| {
             let tuning = Tuning {
                 recovery: kind,
-                mss: 1024 + 33,
+                mss: 1024 + DATA_HEADER_LEN as u32,
                 rcvwin: 50,
                 thresh_init: 64.0 / 50.0,
                 initsegs: 1,
@@ -826,7 +827,7 @@ fn brakmo_vegas_moves_a_megabyte_in_under_6_5_seconds_where_reno_takes_8() {
         let tuning = Tuning {
             cc,
             recovery: RecoveryKind::Reno,
-            mss: 1024 + 33,
+            mss: 1024 + DATA_HEADER_LEN as u32,
             rcvwin: 50,
             initsegs: 1,
             thresh_init: if cc == CcKind::Aimd { 64.0 / 50.0 } else { 0.0 },

@@ -203,7 +203,7 @@ proptest! {
         let mut buf = vec![0u8; 2048];
         for (i, (seg, fin, len)) in segs.into_iter().enumerate() {
             let now = Time::from_nanos(i as u64 * 1_000_000);
-            let h = DataHeader { conn_id: 1, seg, offset: seg * 40, timestamp: 0, flags: DataFlags { fin, retransmission: false } };
+            let h = DataHeader { conn_id: 1, seg, timestamp: 0, flags: DataFlags { fin, retransmission: false } };
             let mut d = vec![0u8; DATA_HEADER_LEN + len];
             h.emit(&mut d).unwrap();
             r.handle_datagram(now, &d).unwrap();

@@ -108,7 +108,6 @@ fn segments(conn_id: u64, stream: &[u8]) -> Vec<Vec<u8>> {
             WireHeader {
                 conn_id,
                 seg: k as u64,
-                offset: (k * payload) as u64,
                 timestamp: 0,
                 flags: DataFlags {
                     fin: k + 1 == n,
@@ -195,7 +194,6 @@ fuzz_target!(|data: &[u8]| {
                 WireHeader {
                     conn_id,
                     seg,
-                    offset: seg * payload,
                     timestamp: 0,
                     flags: DataFlags::default(),
                 }

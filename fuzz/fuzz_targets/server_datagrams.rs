@@ -20,7 +20,7 @@ use atou::proto::server::SessionEvent;
 use atou::proto::wire::VERSION;
 use atou::proto::wire::{
     Close, DataFlags, DataHeader, Fetch, Hello, Packet, ReceiverParams, ACK_MAX_LEN,
-    CONTROL_MAX_LEN,
+    CONTROL_MAX_LEN, DATA_HEADER_LEN,
 };
 use atou::proto::{Server, ServerLimits, Time};
 use libfuzzer_sys::fuzz_target;
@@ -54,7 +54,7 @@ fuzz_target!(|data: &[u8]| {
         let head = match op % 8 {
             1 => Hello {
                 conn_id,
-                mss: 34 + word(body, 0) * 64,
+                mss: DATA_HEADER_LEN as u32 + 1 + word(body, 0) * 64,
                 maxidle_ms: word(body, 1) * 100,
                 // Some connections belong to a session: their data goes to
                 // the application, which releases and replies below.
@@ -72,7 +72,6 @@ fuzz_target!(|data: &[u8]| {
             2 => DataHeader {
                 conn_id,
                 seg: u64::from(word(body, 0) % 80),
-                offset: u64::from(word(body, 0) % 80) * 100,
                 timestamp: 0,
                 flags: DataFlags {
                     fin: word(body, 1) % 8 == 0,

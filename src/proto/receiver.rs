@@ -69,14 +69,9 @@ impl ReceiverConfig {
 /// A segment's payload accepted for the first time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NewData<'a> {
-    pub offset: u64,
+    /// Its segment number: the payload starts at `seg × payload size`.
+    pub seg: u64,
     pub payload: &'a [u8],
-}
-
-#[derive(Debug)]
-struct Stored {
-    offset: u64,
-    data: Vec<u8>,
 }
 
 /// What becomes of accepted payloads, and so what frees the window.
@@ -100,7 +95,7 @@ pub struct Receiver {
     /// Next segment the application will read.
     read_nxt: u64,
     /// Segments held, in order or not, keyed by number.
-    held: BTreeMap<u64, Stored>,
+    held: BTreeMap<u64, Vec<u8>>,
     /// Out-of-order ranges above `rcv_nxt`, `start -> end`.
     ooo: BTreeMap<u64, u64>,
     /// Recently received out-of-order segments, newest first.
@@ -160,7 +155,7 @@ impl Receiver {
     /// A receiver that keeps no data and leaves the window to its caller:
     /// each new payload is returned once by [`Receiver::handle_segment`],
     /// in whatever order it arrives, for the caller to place (at its
-    /// stream offset); the window is `rcvsegs` beyond the point the caller
+    /// segment number times the payload size); the window is `rcvsegs` beyond the point the caller
     /// last passed to [`Receiver::release`]. This is how a slow disk
     /// throttles the sender instead of causing loss.
     pub fn placing(config: ReceiverConfig, conn_id: u64) -> Receiver {
@@ -236,7 +231,7 @@ impl Receiver {
             });
         }
         Ok(self.on_segment(now, seg).then_some(NewData {
-            offset: seg.header.offset,
+            seg: seg.header.seg,
             payload: seg.payload,
         }))
     }
@@ -279,13 +274,7 @@ impl Receiver {
         self.stats.segments += 1;
         self.stats.bytes += seg.payload.len() as u64;
         if self.mode == Mode::Hold {
-            self.held.insert(
-                n,
-                Stored {
-                    offset: seg.header.offset,
-                    data: seg.payload.to_vec(),
-                },
-            );
+            self.held.insert(n, seg.payload.to_vec());
         }
         if n == self.rcv_nxt {
             let had_holes = !self.ooo.is_empty();
@@ -340,15 +329,16 @@ impl Receiver {
         self.ooo.insert(start, end);
     }
 
-    /// The next in-order chunk: its stream offset and bytes.
+    /// The next in-order segment: its number and payload.
     pub fn read(&mut self) -> Option<(u64, Vec<u8>)> {
         if self.read_nxt >= self.rcv_nxt {
             return None;
         }
-        let stored = self.held.remove(&self.read_nxt)?;
+        let seg = self.read_nxt;
+        let data = self.held.remove(&seg)?;
         self.read_nxt += 1;
         self.after_read();
-        Some((stored.offset, stored.data))
+        Some((seg, data))
     }
 
     /// For a [`Receiver::placing`] receiver: the caller is done with every
@@ -426,7 +416,6 @@ mod tests {
         DataHeader {
             conn_id: 1,
             seg,
-            offset: seg * 4,
             timestamp: seg as u32,
             flags: DataFlags::default(),
         }
@@ -631,10 +620,10 @@ mod tests {
             },
             1,
         );
-        // Out of order first: handed out at once, at its offset.
+        // Out of order first: handed out at once, with its number.
         let d = data(1);
         let got = r.handle_datagram(Time::ZERO, &d).unwrap().unwrap();
-        assert_eq!(got.offset, 4);
+        assert_eq!(got.seg, 1);
         let d = data(0);
         assert!(r.handle_datagram(Time::ZERO, &d).unwrap().is_some());
         send(&mut r, 2);

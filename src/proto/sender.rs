@@ -1265,7 +1265,6 @@ impl Sender {
         let header = DataHeader {
             conn_id: self.conn_id,
             seg,
-            offset,
             timestamp: self.now.wire_micros(),
             flags: DataFlags {
                 fin: self.stream_len == Some(offset + len as u64),
@@ -2068,7 +2067,7 @@ mod tests {
 
     fn paced(window: u64) -> Sender {
         let mut s = sender(tuning(RecoveryKind::Sack));
-        // One 43-byte datagram per millisecond; a quantum is two datagrams.
+        // One 35-byte datagram per millisecond; a quantum is two datagrams.
         let mss = u64::from(s.tuning.mss);
         s.cc = Box::new(Fixed {
             window,
@@ -2089,14 +2088,14 @@ mod tests {
         s.handle_timeout(at(1));
         assert_eq!(send(&mut s, at(1)), vec![2]);
         assert_eq!(s.poll_timeout(), Some(at(2)));
-        assert_eq!(s.snapshot(at(1)).pacing_rate, Some(43_000));
+        assert_eq!(s.snapshot(at(1)).pacing_rate, Some(35_000));
     }
 
     /// `bwlimit` on an unpaced controller (aimd) makes the pacer a token
     /// bucket at the cap: two datagrams at once (its depth), then one per
     /// datagram's worth of time, here 1 ms: the cap is on payload, so a
-    /// 10-byte payload per ms is 80 kbit/s and the 43-byte datagrams go
-    /// at 43 kB/s.
+    /// 10-byte payload per ms is 80 kbit/s and the 35-byte datagrams go
+    /// at 35 kB/s.
     #[test]
     fn bwlimit_makes_an_unpaced_sender_a_token_bucket() {
         let t = Tuning {
@@ -2108,7 +2107,7 @@ mod tests {
         assert_eq!(s.poll_timeout(), Some(at(1)));
         s.handle_timeout(at(1));
         assert_eq!(send(&mut s, at(1)), vec![2]);
-        assert_eq!(s.snapshot(at(1)).pacing_rate, Some(43_000));
+        assert_eq!(s.snapshot(at(1)).pacing_rate, Some(35_000));
         // Without the cap the whole initial window goes at once.
         let mut free = sender(tuning(RecoveryKind::Sack));
         assert_eq!(send(&mut free, at(0)).len(), 4);
@@ -2120,10 +2119,10 @@ mod tests {
     fn bwlimit_caps_a_controllers_pacing_rate() {
         let mut fast = paced(100);
         fast.tuning.bwlimit = u64::from(PAYLOAD) * 8 * 500;
-        assert_eq!(fast.snapshot(at(0)).pacing_rate, Some(21_500));
+        assert_eq!(fast.snapshot(at(0)).pacing_rate, Some(17_500));
         let mut slow = paced(100);
         slow.tuning.bwlimit = u64::from(PAYLOAD) * 8 * 5000;
-        assert_eq!(slow.snapshot(at(0)).pacing_rate, Some(43_000));
+        assert_eq!(slow.snapshot(at(0)).pacing_rate, Some(35_000));
     }
 
     /// With the window full there is nothing for the pacer to release: no

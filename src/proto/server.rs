@@ -198,13 +198,15 @@ impl std::fmt::Display for Notice {
     }
 }
 
-/// A segment's offset is its number times the payload size, and only the
-/// last one (FIN) may be short.
-fn placement_ok(seg: &super::wire::DataSegment<'_>, payload_size: u64) -> bool {
-    let h = &seg.header;
+/// Where a segment's payload starts in the stream: its number times the
+/// payload size (the header does not carry it). `None` when that or its
+/// end overflows, or the length is wrong: only the last segment (FIN) may
+/// be short.
+fn stream_offset(seg: &super::wire::DataSegment<'_>, payload_size: u64) -> Option<u64> {
     let len = seg.payload.len() as u64;
-    h.seg.checked_mul(payload_size) == Some(h.offset)
-        && (len == payload_size || (h.flags.fin && len <= payload_size))
+    let fits = len == payload_size || (seg.header.flags.fin && len <= payload_size);
+    let offset = seg.header.seg.checked_mul(payload_size)?;
+    (fits && offset.checked_add(len).is_some()).then_some(offset)
 }
 
 /// Something a session connection's application must act on.
@@ -326,6 +328,12 @@ enum Next {
 }
 
 impl Conn {
+    /// Stream bytes per data segment; the hello's mss is checked above
+    /// the header's length when the connection opens.
+    fn payload_size(&self) -> u64 {
+        u64::from(self.mss) - DATA_HEADER_LEN as u64
+    }
+
     /// Writes the connection's next packet (cleartext) into `buf`.
     fn next_inner(&mut self, conn_id: u64, granted_rcvbuf: u32, now: Time, buf: &mut [u8]) -> Next {
         let packet = |r: Result<usize, _>| r.map_or(Next::Skip, Next::Packet);
@@ -709,14 +717,9 @@ impl Server {
         conn.heard_data |= matches!(packet, Packet::Data(_));
         let mut arrival = None;
         match packet {
-            // A session's data must sit where its number says: a header
-            // changed on the way (the UDP checksum missed it, or a relay
-            // corrupted after it) must not place bytes at the wrong
-            // offset. Such a segment is as good as lost.
-            Packet::Data(seg)
-                if conn.session != 0
-                    && !placement_ok(&seg, u64::from(conn.mss) - DATA_HEADER_LEN as u64) =>
-            {
+            // A segment the stream cannot hold (a short one before the
+            // end, or one numbered past 2^64 bytes) is as good as lost.
+            Packet::Data(seg) if stream_offset(&seg, conn.payload_size()).is_none() => {
                 self.stats.undecodable += 1;
                 return None;
             }
@@ -727,14 +730,16 @@ impl Server {
                     conn.fetches.push_back(0);
                 }
                 if let Ok(Some(new)) = conn.receiver.handle_segment(now, &seg) {
+                    // Checked above, before the receiver counted it.
+                    let offset = new.seg * conn.payload_size();
                     if conn.session != 0 {
                         arrival = Some(Arrival {
                             conn_id,
                             session: conn.session,
-                            offset: new.offset,
+                            offset,
                             payload: new.payload,
                         });
-                    } else if pattern_mismatch(new.offset, new.payload).is_some() {
+                    } else if pattern_mismatch(offset, new.payload).is_some() {
                         conn.corrupt_bytes += new.payload.len() as u64;
                     }
                 }
@@ -1342,8 +1347,7 @@ impl Server {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
-        let payload = u64::from(conn.mss) - DATA_HEADER_LEN as u64;
-        conn.receiver.release(offset / payload);
+        conn.receiver.release(offset / conn.payload_size());
         self.enqueue(conn_id);
     }
 
@@ -1441,6 +1445,7 @@ mod tests {
     use super::*;
     use crate::proto::client::{Client, UNACKNOWLEDGED_CLOSES};
     use crate::proto::payload::{PatternSource, PayloadSource};
+    use crate::proto::wire::{DataFlags, DataHeader};
     use crate::proto::Tuning;
 
     fn addr(port: u16) -> SocketAddr {
@@ -1630,6 +1635,84 @@ mod tests {
         assert_eq!(server.wanted_rcvbuf(), None);
     }
 
+    /// The data header carries no stream offset (version 5): the server
+    /// places a segment at its number times the payload size, so it drops
+    /// one that would sit short before the end, or past 2^64 bytes.
+    #[test]
+    fn a_segment_the_stream_cannot_hold_is_dropped_and_one_it_can_is_placed_by_its_number() {
+        let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
+        let mut b = [0u8; 256];
+        let n = Hello {
+            conn_id: 5,
+            mss: 200,
+            maxidle_ms: 1000,
+            session: 77,
+            receiver: ReceiverParams {
+                rcvsegs: 10,
+                rcvbuf: 0,
+                delack_us: 0,
+                quickack: 0,
+                sack: true,
+            },
+        }
+        .emit(&mut b)
+        .unwrap();
+        assert!(server
+            .handle_datagram(Time::ZERO, addr(1), &mut b[..n].to_vec())
+            .is_none());
+        let Some(SessionEvent::Opened { payload_size, .. }) = server.poll_session_event() else {
+            panic!("no session opened");
+        };
+        assert_eq!(payload_size, 200 - DATA_HEADER_LEN as u64);
+        let segment = |seg: u64, len: usize, fin: bool| {
+            let mut d = vec![0x5a; DATA_HEADER_LEN + len];
+            DataHeader {
+                conn_id: 5,
+                seg,
+                timestamp: 0,
+                flags: DataFlags {
+                    fin,
+                    retransmission: false,
+                },
+            }
+            .emit(&mut d)
+            .unwrap();
+            d
+        };
+        let dropped = server.stats().undecodable;
+        // Short and not the last.
+        let mut short = segment(1, 10, false);
+        assert!(server
+            .handle_datagram(Time::ZERO, addr(1), &mut short)
+            .is_none());
+        // Its offset would pass 2^64 bytes.
+        let mut far = segment(u64::MAX / payload_size + 1, payload_size as usize, false);
+        assert!(server
+            .handle_datagram(Time::ZERO, addr(1), &mut far)
+            .is_none());
+        // Its end would.
+        let mut end = segment(u64::MAX / payload_size, payload_size as usize, true);
+        assert!(server
+            .handle_datagram(Time::ZERO, addr(1), &mut end)
+            .is_none());
+        assert_eq!(server.stats().undecodable, dropped + 3);
+        // Full-size, and short with FIN: placed where their numbers say.
+        let mut full = segment(1, payload_size as usize, false);
+        let a = server
+            .handle_datagram(Time::ZERO, addr(1), &mut full)
+            .unwrap();
+        assert_eq!(
+            (a.offset, a.payload.len() as u64),
+            (payload_size, payload_size)
+        );
+        let mut last = segment(2, 10, true);
+        let a = server
+            .handle_datagram(Time::ZERO, addr(1), &mut last)
+            .unwrap();
+        assert_eq!((a.offset, a.payload.len()), (2 * payload_size, 10));
+        assert_eq!(server.stats().undecodable, dropped + 3);
+    }
+
     /// A session connection end to end over a link that loses every
     /// seventh datagram each way: the application gets every stream byte
     /// once, at its offset, holds the window shut until it releases, and its
@@ -1682,7 +1765,7 @@ mod tests {
             }
             while let Some(e) = server.poll_session_event() {
                 match e {
-                    SessionEvent::Opened { payload_size, .. } => assert_eq!(payload_size, 167),
+                    SessionEvent::Opened { payload_size, .. } => assert_eq!(payload_size, 175),
                     SessionEvent::Complete { conn_id } => server.respond(conn_id, reply.clone()),
                     SessionEvent::Ended { end, .. } => assert_eq!(end, ConnEnd::Closed),
                 }

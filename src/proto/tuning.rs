@@ -360,7 +360,8 @@ fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 /// The transfer's knobs. Units are in the field docs and in [`KNOBS`].
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Tuning {
-    /// UDP datagram size in bytes: the 33-byte data header plus payload.
+    /// UDP datagram size in bytes: the 25-byte data header plus payload
+    /// (and 24 bytes of packet protection on an authenticated connection).
     pub mss: u32,
     /// Sender's window limit in segments.
     pub rcvwin: u32,
@@ -509,7 +510,7 @@ pub struct Knob {
 /// Every knob, in the order the summary prints them.
 pub const KNOBS: &[Knob] = &[
     Knob { name: "mss", aliases: &[], value_name: "BYTES",
-        help: "UDP datagram size in bytes, 33-byte header included (atou Table 1: normally 1472)" },
+        help: "UDP datagram size in bytes, headers included (25 bytes, 49 authenticated; atou Table 1: 1472)" },
     Knob { name: "rcvwin", aliases: &["rcvrwin"], value_name: "SEGMENTS",
         help: "sender window limit in segments (atou Table 1)" },
     Knob { name: "recovery", aliases: &[], value_name: "VARIANT",

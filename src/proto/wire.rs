@@ -10,11 +10,11 @@ use thiserror::Error;
 /// `"AT"`: lets a receiver discard stray datagrams cheaply.
 pub const MAGIC: [u8; 2] = *b"AT";
 /// Bumped on any incompatible change to the layout below.
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 5;
 /// Bytes of the header common to every packet.
 pub const HEADER_LEN: usize = 12;
 /// Bytes before the payload of a data segment.
-pub const DATA_HEADER_LEN: usize = HEADER_LEN + 8 + 8 + 4 + 1;
+pub const DATA_HEADER_LEN: usize = HEADER_LEN + 8 + 4 + 1;
 /// Bytes of an ACK without SACK or D-SACK blocks.
 pub const ACK_MIN_LEN: usize = HEADER_LEN + 4 + 8 + 4 + 1 + 1;
 /// Most SACK blocks one ACK carries (atou carried three; RFC 2018 allows four
@@ -127,10 +127,10 @@ impl DataFlags {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DataHeader {
     pub conn_id: u64,
-    /// Segment number, counted from 0.
+    /// Segment number, counted from 0. Its payload starts at stream byte
+    /// `seg × payload size`: the receiver knows the size from the hello,
+    /// so the offset is not sent (version 4 sent it, 8 bytes a segment).
     pub seg: u64,
-    /// Byte offset of the payload in the transfer stream.
-    pub offset: u64,
     /// Sender's clock in microseconds (wrapping), echoed by the ACK.
     pub timestamp: u32,
     pub flags: DataFlags,
@@ -142,9 +142,8 @@ impl DataHeader {
         check_room(buf, DATA_HEADER_LEN)?;
         emit_header(buf, KIND_DATA, self.conn_id);
         buf[12..20].copy_from_slice(&self.seg.to_be_bytes());
-        buf[20..28].copy_from_slice(&self.offset.to_be_bytes());
-        buf[28..32].copy_from_slice(&self.timestamp.to_be_bytes());
-        buf[32] = self.flags.to_byte();
+        buf[20..24].copy_from_slice(&self.timestamp.to_be_bytes());
+        buf[24] = self.flags.to_byte();
         Ok(DATA_HEADER_LEN)
     }
 }
@@ -791,16 +790,10 @@ fn decode_data(buf: &[u8], conn_id: u64) -> Result<DataSegment<'_>, WireError> {
     let header = DataHeader {
         conn_id,
         seg: read_u64(buf, 12),
-        offset: read_u64(buf, 20),
-        timestamp: read_u32(buf, 28),
-        flags: DataFlags::from_byte(buf[32])?,
+        timestamp: read_u32(buf, 20),
+        flags: DataFlags::from_byte(buf[24])?,
     };
     let payload = &buf[DATA_HEADER_LEN..];
-    // The stream must be addressable to the payload's last byte.
-    header
-        .offset
-        .checked_add(payload.len() as u64)
-        .ok_or(WireError::SequenceOverflow)?;
     header
         .seg
         .checked_add(1)
@@ -884,7 +877,6 @@ mod tests {
     const DATA: DataHeader = DataHeader {
         conn_id: 0x0102_0304_0506_0708,
         seg: 300,
-        offset: 300 * 1439,
         timestamp: 123_456,
         flags: DataFlags {
             fin: false,
@@ -909,9 +901,12 @@ mod tests {
     #[test]
     fn data_layout_is_as_documented() {
         let buf = encode_data(&DATA, b"xy");
-        assert_eq!(&buf[0..4], b"AT\x04\x01");
-        assert_eq!(buf.len(), 33 + 2);
-        assert_eq!(&buf[33..], b"xy");
+        assert_eq!(&buf[0..4], b"AT\x05\x01");
+        assert_eq!(&buf[12..20], &300u64.to_be_bytes());
+        assert_eq!(&buf[20..24], &123_456u32.to_be_bytes());
+        assert_eq!(buf[24], 0);
+        assert_eq!(buf.len(), 25 + 2);
+        assert_eq!(&buf[25..], b"xy");
     }
 
     #[test]
@@ -973,7 +968,7 @@ mod tests {
     #[test]
     fn rejects_sequence_overflow() {
         let h = DataHeader {
-            offset: u64::MAX,
+            seg: u64::MAX,
             ..DATA
         };
         let buf = encode_data(&h, b"z");
@@ -988,7 +983,7 @@ mod tests {
     #[test]
     fn rejects_unknown_flags() {
         let mut buf = encode_data(&DATA, b"");
-        buf[32] = 0x80;
+        buf[24] = 0x80;
         assert_eq!(Packet::decode(&buf), Err(WireError::UnknownFlags(0x80)));
     }
 
@@ -1008,10 +1003,10 @@ mod tests {
 
     proptest! {
         #[test]
-        fn data_round_trips(seg in any::<u64>().prop_map(|s| s >> 1), offset in any::<u32>(),
+        fn data_round_trips(seg in 0..u64::MAX,
                             ts in any::<u32>(), fin in any::<bool>(), rx in any::<bool>(),
                             payload in proptest::collection::vec(any::<u8>(), 0..1500)) {
-            let h = DataHeader { conn_id: 99, seg, offset: u64::from(offset), timestamp: ts,
+            let h = DataHeader { conn_id: 99, seg, timestamp: ts,
                                  flags: DataFlags { fin, retransmission: rx } };
             let buf = encode_data(&h, &payload);
             let parsed = Packet::decode(&buf).unwrap();

@@ -406,8 +406,9 @@ impl Simulation {
                 let bytes = self.buf[..n].to_vec();
                 self.fwd.enqueue(now, Tagged { flow: i, bytes });
             }
-            while let Some((offset, data)) = f.receiver.read() {
-                f.verifier.check(offset, &data);
+            while let Some((seg, data)) = f.receiver.read() {
+                f.verifier
+                    .check(seg * f.tuning.payload_size() as u64, &data);
             }
             while let Some(n) = f.receiver.poll_transmit(now, &mut self.buf) {
                 f.rev.enqueue(now, self.buf[..n].to_vec());
