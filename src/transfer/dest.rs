@@ -490,19 +490,25 @@ fn hash_partial(file: &File, size: u64, part: Option<&Range<u64>>) -> io::Result
                     return Ok(NOT_HELD);
                 }
             }
-            let len = chunk_len(size, i);
-            let data = &mut buf[..len];
-            data.fill(0);
-            let mut at = 0;
-            while at < len {
-                match file.read_at(&mut data[at..], i * CHUNK_SIZE + at as u64)? {
-                    0 => break,
-                    n => at += n,
-                }
-            }
-            Ok(chunk_cv(size, i, data))
+            chunk_cv_on_disk(file, size, i, &mut buf)
         })
         .collect()
+}
+
+/// The value of chunk `i` of a `size`-byte file as `file` holds it now.
+/// Past the file's end it reads as zeros, as extending the file to
+/// `size` would leave it. `buf` holds at least one chunk.
+pub(super) fn chunk_cv_on_disk(file: &File, size: u64, i: u64, buf: &mut [u8]) -> io::Result<Cv> {
+    let data = &mut buf[..chunk_len(size, i)];
+    data.fill(0);
+    let mut at = 0;
+    while at < data.len() {
+        match file.read_at(&mut data[at..], i * CHUNK_SIZE + at as u64)? {
+            0 => break,
+            n => at += n,
+        }
+    }
+    Ok(chunk_cv(size, i, data))
 }
 
 /// A cache of the last directory opened beneath DEST: entries come

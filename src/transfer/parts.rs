@@ -24,7 +24,8 @@ use std::os::unix::fs::FileExt;
 
 use rustix::fs::{flock, fstat, FileType, FlockOperation};
 
-use super::hash::{chunk_count, chunk_cv, chunk_len, Cv, CHUNK_SIZE};
+use super::dest::chunk_cv_on_disk;
+use super::hash::{chunk_count, Cv, CHUNK_SIZE};
 use crate::io::dest_dir::DestDir;
 
 /// Identifies the record's layout; bumped on any change.
@@ -236,7 +237,6 @@ fn verify_on_disk(
     ours: &Range<u64>,
     values: &[Cv],
 ) -> io::Result<Vec<u64>> {
-    let have = file.metadata()?.len();
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(values.len().max(1));
@@ -248,16 +248,7 @@ fn verify_on_disk(
             if ours.contains(&i) {
                 continue;
             }
-            let len = chunk_len(size, i);
-            let data = &mut buf[..len];
-            data.fill(0);
-            let at = i * CHUNK_SIZE;
-            if at < have {
-                // Past its end the file reads as zeros, as extending it gives.
-                let n = (have - at).min(len as u64) as usize;
-                file.read_exact_at(&mut data[..n], at)?;
-            }
-            if chunk_cv(size, i, data) != *value {
+            if chunk_cv_on_disk(file, size, i, &mut buf)? != *value {
                 changed.push(i);
             }
         }
@@ -283,6 +274,7 @@ fn verify_on_disk(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transfer::hash::{chunk_cv, chunk_len};
     use std::sync::Arc;
 
     struct Dir(std::path::PathBuf, Arc<DestDir>);
