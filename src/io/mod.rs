@@ -87,6 +87,11 @@ pub trait StreamFeed: PayloadSource {
     fn refill(&mut self, acked: u64) -> Result<Option<u64>, String>;
     /// Notified when [`StreamFeed::refill`] may have more.
     fn waker(&self) -> Option<Arc<Notify>>;
+    /// True once for each other connection of the same transfer that has
+    /// sent its last byte since the last call (`Sender::on_sibling_done`).
+    fn sibling_done(&mut self) -> bool {
+        false
+    }
 }
 
 impl StreamFeed for PatternSource {
@@ -524,6 +529,11 @@ impl ClientDriver {
                 Ok(Some(ready)) => self.client.set_available(now, ready),
                 Ok(None) => {}
                 Err(why) => return Err(ProbeError::Source(why)),
+            }
+            if feed.sibling_done() {
+                if let Some(sender) = self.client.sender_mut() {
+                    sender.on_sibling_done(now);
+                }
             }
             if self.client.poll_timeout().is_some_and(|t| t <= now) {
                 self.client.handle_timeout(now);

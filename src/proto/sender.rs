@@ -1160,6 +1160,14 @@ impl Sender {
         }
     }
 
+    /// Another connection of the same transfer, over the same path, has
+    /// sent its last byte: the controller may claim its share now rather
+    /// than at its next probe (`Controller::on_sibling_done`).
+    pub fn on_sibling_done(&mut self, now: Time) {
+        self.advance(now);
+        self.cc.on_sibling_done(now);
+    }
+
     /// Sarolahti & Kuznetsov §3, the CWR state (Linux's tcp_enter_cwr on
     /// a local device queue overflow): the driver's socket refused
     /// datagrams (ENOBUFS), so the window comes down as for a congestion

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Instant;
@@ -660,6 +660,38 @@ struct FileFeed {
     index: usize,
     names: Arc<Vec<String>>,
     live: Arc<StreamLive>,
+    siblings: Siblings,
+}
+
+/// The streams of one round, as each sees the others finish: once every
+/// byte of a stream is acknowledged, the rest hear of it once each
+/// (`StreamFeed::sibling_done`).
+#[derive(Debug, Clone, Default)]
+struct Siblings {
+    /// Streams of the round whose every byte is acknowledged.
+    finished: Arc<AtomicUsize>,
+    /// How many of them this stream has heard of, itself included.
+    heard: usize,
+    done: bool,
+}
+
+impl Siblings {
+    /// This stream has `acked` of its `total` bytes acknowledged.
+    fn acked(&mut self, acked: u64, total: u64) {
+        if !self.done && acked >= total {
+            self.done = true;
+            self.finished.fetch_add(1, Ordering::Relaxed);
+            self.heard += 1;
+        }
+    }
+
+    /// True when another stream has finished since the last call.
+    fn news(&mut self) -> bool {
+        let finished = self.finished.load(Ordering::Relaxed);
+        let news = finished > self.heard;
+        self.heard = finished;
+        news
+    }
 }
 
 impl FileFeed {
@@ -694,6 +726,7 @@ impl PayloadSource for FileFeed {
 
 impl StreamFeed for FileFeed {
     fn refill(&mut self, acked: u64) -> Result<Option<u64>, String> {
+        self.siblings.acked(acked, self.layout.total_len());
         while let Ok(done) = self.done_rx.try_recv() {
             let buf = done.result?;
             let slot = self.layout.slots[done.slot];
@@ -757,6 +790,10 @@ impl StreamFeed for FileFeed {
 
     fn waker(&self) -> Option<Arc<Notify>> {
         Some(self.notify.clone())
+    }
+
+    fn sibling_done(&mut self) -> bool {
+        self.siblings.news()
     }
 }
 
@@ -1159,6 +1196,7 @@ fn send_session(
             }
         }
         let lives: Vec<Arc<StreamLive>> = shares.iter().map(|_| Arc::default()).collect();
+        let siblings = Siblings::default();
         let detail = progress.detail.load(Ordering::Relaxed);
         if detail {
             *progress.streams.lock().expect("progress lock") = lives.clone();
@@ -1192,6 +1230,7 @@ fn send_session(
                         index,
                         names: plan.names.clone(),
                         live: lives[index].clone(),
+                        siblings: siblings.clone(),
                     };
                     let sent: u64 = feed.layout.slots.iter().map(|s| u64::from(s.len)).sum();
                     let progress = &progress;
@@ -1384,6 +1423,26 @@ fn dry_run_report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each stream hears of every other stream's finish once, and never
+    /// of its own.
+    #[test]
+    fn a_stream_hears_once_of_each_other_stream_finishing() {
+        let a = Siblings::default();
+        let (mut a, mut b, mut c) = (a.clone(), a.clone(), a);
+        a.acked(50, 100);
+        assert!(!a.news() && !b.news() && !c.news());
+        a.acked(100, 100);
+        a.acked(100, 100);
+        assert!(!a.news(), "its own finish");
+        assert!(b.news());
+        assert!(!b.news(), "once");
+        b.acked(100, 100);
+        assert!(a.news());
+        assert!(!b.news());
+        assert!(c.news(), "two finishes, heard as news");
+        assert!(!c.news());
+    }
 
     #[test]
     fn chunks_are_shared_largest_files_first_and_balanced() {

@@ -183,6 +183,12 @@ pub trait Controller: fmt::Debug + Send {
     /// the same destination learnt, as far as it applies and within
     /// bounds; the default ignores it.
     fn use_path_memory(&mut self, _memory: &PathMemory) {}
+
+    /// Another connection of the same transfer, on the same path, has
+    /// sent its last byte: its share of the bottleneck is likely free.
+    /// The application knows this; the path would tell a controller only
+    /// at its next probe. The default ignores it.
+    fn on_sibling_done(&mut self, _now: Time) {}
 }
 
 /// What a reduction multiplies: RFC 5681 eq. (4) FlightSize, but never

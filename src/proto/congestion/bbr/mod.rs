@@ -796,6 +796,10 @@ impl Controller for Bbr {
         self.pacing_rate = jump as f64 * self.mss as f64 / min_rtt.as_secs_f64();
     }
 
+    fn on_sibling_done(&mut self, _now: Time) {
+        self.probe_for_a_siblings_share();
+    }
+
     /// A timeout: cwnd to one segment; the model stays.
     fn on_rto(&mut self, _now: Time, _flight: u64, _first: bool) {
         self.save_cwnd();
@@ -1079,6 +1083,43 @@ mod tests {
             assert_eq!(b.state(), State::ProbeBwUp, "round {i}");
         }
         assert!(b.inflight_hi > 200.0 + 8.0, "{}", b.inflight_hi);
+    }
+
+    /// A sibling stream of the same transfer has finished: a flow that
+    /// cruised at half the path probes at once, with the inflight_hi that
+    /// loss set while the two shared the queue lifted, and has the whole
+    /// path's rate within six rounds; its twin without the hint still
+    /// cruises at its old share. Startup ignores the hint.
+    #[test]
+    fn a_siblings_departure_starts_a_probe_for_its_share() {
+        let mut told = bbr();
+        let t = rounds_until(&mut told, 0, 800.0, State::ProbeBwCruise);
+        told.inflight_hi = 90.0;
+        // The same seed and samples: the same flow.
+        let mut untold = bbr();
+        assert_eq!(rounds_until(&mut untold, 0, 800.0, State::ProbeBwCruise), t);
+        untold.inflight_hi = 90.0;
+        told.on_sibling_done(Time::from_nanos(t * 1_000_000));
+        assert_eq!(told.state(), State::ProbeBwRefill);
+        assert!(told.inflight_hi.is_infinite());
+        let mut t = t;
+        for _ in 0..6 {
+            t += 100;
+            // What the path delivers to each: all of it to a flow that
+            // sends at that rate, the old share to one that does not.
+            for b in [&mut told, &mut untold] {
+                let rate = (b.pacing_rate / b.mss as f64).min(1600.0);
+                round(b, t, rate, false, 0);
+            }
+        }
+        assert!(told.max_bw() >= 0.9 * 1600.0, "{}", told.max_bw());
+        assert!(untold.max_bw() <= 1.05 * 800.0, "{}", untold.max_bw());
+        assert_eq!(untold.state(), State::ProbeBwCruise);
+
+        let mut starting = bbr();
+        round(&mut starting, 100, 100.0, false, 0);
+        starting.on_sibling_done(Time::from_nanos(100_000_000));
+        assert_eq!(starting.state(), State::Startup);
     }
 
     /// ProbeRTT's exit keeps the flow's own probe clock (a deviation from
