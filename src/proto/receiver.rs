@@ -155,9 +155,10 @@ impl Receiver {
     /// A receiver that keeps no data and leaves the window to its caller:
     /// each new payload is returned once by [`Receiver::handle_segment`],
     /// in whatever order it arrives, for the caller to place (at its
-    /// segment number times the payload size); the window is `rcvsegs` beyond the point the caller
-    /// last passed to [`Receiver::release`]. This is how a slow disk
-    /// throttles the sender instead of causing loss.
+    /// segment number times the payload size); the window is `rcvsegs`
+    /// beyond the point the caller last passed to [`Receiver::release`].
+    /// This is how a slow disk throttles the sender instead of causing
+    /// loss.
     pub fn placing(config: ReceiverConfig, conn_id: u64) -> Receiver {
         Receiver {
             mode: Mode::Place,

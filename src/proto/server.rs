@@ -198,6 +198,12 @@ impl std::fmt::Display for Notice {
     }
 }
 
+/// Stream bytes per data segment for a hello's `mss`, which
+/// `check_hello` keeps above the data header's length.
+fn payload_size(mss: u32) -> u64 {
+    u64::from(mss) - DATA_HEADER_LEN as u64
+}
+
 /// Where a segment's payload starts in the stream: its number times the
 /// payload size (the header does not carry it). `None` when that or its
 /// end overflows, or the length is wrong: only the last segment (FIN) may
@@ -328,10 +334,8 @@ enum Next {
 }
 
 impl Conn {
-    /// Stream bytes per data segment; the hello's mss is checked above
-    /// the header's length when the connection opens.
     fn payload_size(&self) -> u64 {
-        u64::from(self.mss) - DATA_HEADER_LEN as u64
+        payload_size(self.mss)
     }
 
     /// Writes the connection's next packet (cleartext) into `buf`.
@@ -717,36 +721,38 @@ impl Server {
         conn.heard_data |= matches!(packet, Packet::Data(_));
         let mut arrival = None;
         match packet {
-            // A segment the stream cannot hold (a short one before the
-            // end, or one numbered past 2^64 bytes) is as good as lost.
-            Packet::Data(seg) if stream_offset(&seg, conn.payload_size()).is_none() => {
-                self.stats.undecodable += 1;
-                return None;
-            }
-            Packet::Data(seg) if conn.closed_at.is_none() => {
-                // Answered early: say so again, now and then, until the
-                // client stops sending and fetches.
-                if conn.reply.is_some() && seg.header.seg % 32 == 0 && conn.fetches.is_empty() {
-                    conn.fetches.push_back(0);
-                }
-                if let Ok(Some(new)) = conn.receiver.handle_segment(now, &seg) {
-                    // Checked above, before the receiver counted it.
-                    let offset = new.seg * conn.payload_size();
-                    if conn.session != 0 {
-                        arrival = Some(Arrival {
-                            conn_id,
-                            session: conn.session,
-                            offset,
-                            payload: new.payload,
-                        });
-                    } else if pattern_mismatch(offset, new.payload).is_some() {
-                        conn.corrupt_bytes += new.payload.len() as u64;
+            Packet::Data(seg) => {
+                // A segment the stream cannot hold (a short one before the
+                // end, or one numbered past 2^64 bytes) is as good as lost.
+                let Some(offset) = stream_offset(&seg, conn.payload_size()) else {
+                    self.stats.undecodable += 1;
+                    return None;
+                };
+                // Data after the close is a late copy; the close said all
+                // was acknowledged.
+                if conn.closed_at.is_none() {
+                    // Answered early: say so again, now and then, until the
+                    // client stops sending and fetches.
+                    if conn.reply.is_some() && seg.header.seg % 32 == 0 && conn.fetches.is_empty() {
+                        conn.fetches.push_back(0);
                     }
-                }
-                if conn.session != 0 && !conn.complete_told && conn.receiver.is_complete() {
-                    conn.complete_told = true;
-                    self.session_events
-                        .push_back(SessionEvent::Complete { conn_id });
+                    if let Ok(Some(new)) = conn.receiver.handle_segment(now, &seg) {
+                        if conn.session != 0 {
+                            arrival = Some(Arrival {
+                                conn_id,
+                                session: conn.session,
+                                offset,
+                                payload: new.payload,
+                            });
+                        } else if pattern_mismatch(offset, new.payload).is_some() {
+                            conn.corrupt_bytes += new.payload.len() as u64;
+                        }
+                    }
+                    if conn.session != 0 && !conn.complete_told && conn.receiver.is_complete() {
+                        conn.complete_told = true;
+                        self.session_events
+                            .push_back(SessionEvent::Complete { conn_id });
+                    }
                 }
             }
             Packet::PathResponse(p) => {
@@ -765,8 +771,6 @@ impl Server {
                     conn.fetches.push_back(f.offset);
                 }
             }
-            // Data after the close is a late copy; the close said all was acknowledged.
-            Packet::Data(_) => {}
             Packet::Close(close) => {
                 conn.close_ack_pending = true;
                 if conn.closed_at.is_none() {
@@ -1080,7 +1084,7 @@ impl Server {
                 "a receiver buffer of 0 segments".to_string(),
             ));
         }
-        let payload = u64::from(hello.mss.saturating_sub(DATA_HEADER_LEN as u32).max(1));
+        let payload = payload_size(hello.mss);
         let limits = self.limits;
         // A session connection's window is memory its application holds:
         // granted from the operator's budget, never more than asked.
@@ -1204,7 +1208,7 @@ impl Server {
                 session: hello.session,
                 peer: from,
                 peer_key: secure.as_ref().map(|s| s.peer_key),
-                payload_size: u64::from(hello.mss) - DATA_HEADER_LEN as u64,
+                payload_size: payload_size(hello.mss),
             });
             Receiver::placing(config, hello.conn_id)
         };
@@ -1452,6 +1456,27 @@ mod tests {
         SocketAddr::from(([127, 0, 0, 1], port))
     }
 
+    /// A plain hello of 10-segment window, SACK and no delayed ACK.
+    fn hello(conn_id: u64, mss: u32, session: u64, rcvbuf: u32) -> Vec<u8> {
+        let mut b = [0u8; 64];
+        let n = Hello {
+            conn_id,
+            mss,
+            maxidle_ms: 1000,
+            session,
+            receiver: ReceiverParams {
+                rcvsegs: 10,
+                rcvbuf,
+                delack_us: 0,
+                quickack: 0,
+                sack: true,
+            },
+        }
+        .emit(&mut b)
+        .unwrap();
+        b[..n].to_vec()
+    }
+
     /// True once the client is done; else a millisecond passes for both.
     fn done_or_tick(now: &mut Time, client: &mut Client, server: &mut Server) -> bool {
         if client.outcome().is_some() {
@@ -1589,25 +1614,7 @@ mod tests {
             ..ServerLimits::default()
         };
         let mut server = Server::new(limits, 4 << 20, 8 << 20);
-        let hello = |conn_id, rcvbuf| {
-            let mut b = [0u8; 64];
-            let n = Hello {
-                conn_id,
-                mss: 1472,
-                maxidle_ms: 1000,
-                session: 0,
-                receiver: ReceiverParams {
-                    rcvsegs: 10,
-                    rcvbuf,
-                    delack_us: 0,
-                    quickack: 0,
-                    sack: true,
-                },
-            }
-            .emit(&mut b)
-            .unwrap();
-            b[..n].to_vec()
-        };
+        let hello = |conn_id, rcvbuf| hello(conn_id, 1472, 0, rcvbuf);
         let mut out = [0u8; 128];
         let welcome_rcvbuf = |server: &mut Server, out: &mut [u8]| {
             let (_, n) = server.poll_transmit(Time::ZERO, out).unwrap();
@@ -1641,24 +1648,8 @@ mod tests {
     #[test]
     fn a_segment_the_stream_cannot_hold_is_dropped_and_one_it_can_is_placed_by_its_number() {
         let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
-        let mut b = [0u8; 256];
-        let n = Hello {
-            conn_id: 5,
-            mss: 200,
-            maxidle_ms: 1000,
-            session: 77,
-            receiver: ReceiverParams {
-                rcvsegs: 10,
-                rcvbuf: 0,
-                delack_us: 0,
-                quickack: 0,
-                sack: true,
-            },
-        }
-        .emit(&mut b)
-        .unwrap();
         assert!(server
-            .handle_datagram(Time::ZERO, addr(1), &mut b[..n].to_vec())
+            .handle_datagram(Time::ZERO, addr(1), &mut hello(5, 200, 77, 0))
             .is_none());
         let Some(SessionEvent::Opened { payload_size, .. }) = server.poll_session_event() else {
             panic!("no session opened");
