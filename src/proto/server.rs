@@ -199,7 +199,7 @@ impl std::fmt::Display for Notice {
 }
 
 /// Stream bytes per data segment for a hello's `mss`, which
-/// `check_hello` keeps above the data header's length.
+/// [`Server::admission`] keeps above the data header's length.
 fn payload_size(mss: u32) -> u64 {
     u64::from(mss) - DATA_HEADER_LEN as u64
 }
@@ -1536,24 +1536,9 @@ mod tests {
     #[test]
     fn foreign_version_hello_is_rejected_with_our_version() {
         let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
-        let mut hello = vec![0u8; 64];
-        let n = Hello {
-            conn_id: 5,
-            mss: 1472,
-            maxidle_ms: 1000,
-            session: 0,
-            receiver: ReceiverParams {
-                rcvsegs: 10,
-                rcvbuf: 1024,
-                delack_us: 0,
-                quickack: 0,
-                sack: true,
-            },
-        }
-        .emit(&mut hello)
-        .unwrap();
+        let mut hello = hello(5, 1472, 0, 1024);
         hello[2] = VERSION + 1;
-        server.handle_datagram(Time::ZERO, addr(9), &mut hello[..n].to_vec());
+        server.handle_datagram(Time::ZERO, addr(9), &mut hello);
         let mut out = [0u8; 64];
         let (to, m) = server.poll_transmit(Time::ZERO, &mut out).unwrap();
         assert_eq!(to, addr(9));
