@@ -866,7 +866,7 @@ mod sans_io {
 
     use atou::io::ServeApp;
     use atou::proto::{Server, ServerLimits, Time};
-    use atou::transfer::dest::Policy;
+    use atou::transfer::dest::ReceivePolicy;
     use atou::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits};
 
     const MSS: u32 = 1472;
@@ -887,7 +887,7 @@ mod sans_io {
                     root: dest.to_path_buf(),
                     writers: 2,
                     once: false,
-                    policy: Policy::server(),
+                    policy: ReceivePolicy::server(),
                     limits: ReceiveLimits::default(),
                     authorized: None,
                 },

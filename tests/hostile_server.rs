@@ -19,6 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use atou::io::{self, ServeApp, ServeConfig, ServeEvent};
 use atou::proto::server::{Arrival, SessionEvent};
 use atou::proto::{Server, Tuning};
+use atou::transfer::dest::{ReceivePolicy, SymlinkPolicy, UserFlags};
 use atou::transfer::messages::{
     ChunkRef, DataHeader, FilePlan, Options, Outcome, PlanReply, Request,
 };
@@ -316,7 +317,16 @@ fn racing_receiver(dest: &Path, hook: impl FnOnce() + Send + 'static) -> Running
             root: dest.to_path_buf(),
             writers: 1,
             once: false,
-            policy: atou::transfer::dest::Policy::own(),
+            // The user's own directory, taking whatever arrives.
+            policy: ReceivePolicy::user(
+                UserFlags {
+                    overwrite: true,
+                    special_bits: true,
+                    symlinks: SymlinkPolicy::All,
+                    fsync: false,
+                },
+                None,
+            ),
             limits: Default::default(),
             authorized: None,
         },

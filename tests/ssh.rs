@@ -502,9 +502,11 @@ fn no_atou_on_the_remote_and_a_failing_ssh_say_so_and_write_nothing() {
     assert!(err.contains("refused"), "{err}");
     assert!(!dest.exists());
 
-    // UDP that never arrives (the remote claims an address nobody has):
-    // the wait is bounded and named.
-    let wrapper = s.path("blackhole-atou");
+    // A remote that claims an address nobody has is not believed: UDP
+    // goes to the host ssh reached, resolved here (tests/hostile_remote.rs
+    // has the lying remote whose punches a victim would have heard, and
+    // UDP that never arrives).
+    let wrapper = s.path("elsewhere-atou");
     fs::write(
         &wrapper,
         format!("#!/bin/sh\nSSH_CONNECTION='127.0.0.1 1 192.0.2.1 22' exec {ATOU} \"$@\"\n"),
@@ -513,40 +515,16 @@ fn no_atou_on_the_remote_and_a_failing_ssh_say_so_and_write_nothing() {
     fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
     let out = run(&mut sshd.copy_with(
         wrapper.to_str().unwrap(),
-        &[&sshd.at(&src), local.to_str().unwrap(), "--maxidle", "2"],
+        &[&sshd.at(&src), local.to_str().unwrap(), "--maxidle", "5"],
     ));
-    // 10: network (UDP blocked; worth retrying once it is open).
-    assert_eq!(out.status.code(), Some(10), "{}", text(&out));
-    let err = String::from_utf8_lossy(&out.stderr);
-    say(&format!("UDP blocked (pull): {}", err.trim()));
-    assert!(
-        err.contains("blocked? tried 2 s, no datagram arrived"),
-        "{err}"
-    );
-    assert!(!local.exists(), "the pull left {}", local.display());
-
-    // The same for a push: silence, or an ICMP error where the sandbox
-    // has no route; either way one line naming UDP and the port.
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_same_tree(&src, &local.join("data"));
     let out = run(&mut sshd.copy_with(
         wrapper.to_str().unwrap(),
-        &[src.to_str().unwrap(), &sshd.at(&dest), "--maxidle", "2"],
+        &[src.to_str().unwrap(), &sshd.at(&dest), "--maxidle", "5"],
     ));
-    assert_eq!(out.status.code(), Some(10), "{}", text(&out));
-    let err = String::from_utf8_lossy(&out.stderr);
-    say(&format!("UDP blocked (push): {}", err.trim()));
-    assert!(err.starts_with("atou: UDP to 127.0.0.1:"), "{err}");
-    assert!(err.contains("(192.0.2.1)"), "{err}");
-    assert!(
-        err.contains("blocked? tried 2 s") || err.contains("was refused"),
-        "{err}"
-    );
-    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
-    let until = Instant::now() + Duration::from_secs(10);
-    while dest.exists() && Instant::now() < until {
-        // The remote end tidies up as it exits.
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(!dest.exists(), "the push left {}", dest.display());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_same_tree(&src, &dest.join("data"));
 }
 
 /// The partial file of the one file being received under `dest`.

@@ -1511,6 +1511,65 @@ fn an_authorized_keys_subdir_confines_its_key() {
     );
 }
 
+#[test]
+fn a_confined_keys_symlinks_are_judged_where_they_lead() {
+    let scratch = Scratch::new("confined-links");
+    let dest = scratch.dir("dest");
+    fs::create_dir_all(dest.join("bob")).unwrap();
+    fs::write(dest.join("bob/secret"), "bob's").unwrap();
+    let key = scratch.path("alice");
+    let out = Command::new(ATOU)
+        .env("XDG_CACHE_HOME", TEST_CACHE)
+        .args(["keygen", "-C", "alice", "-f"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let authorized = scratch.path("authorized_keys");
+    let line = fs::read_to_string(scratch.path("alice.pub")).unwrap();
+    fs::write(&authorized, format!("subdir=alice {line}")).unwrap();
+    let server = Serve::start_keyed(&dest, &authorized, &[]);
+    let identity = key.to_str().unwrap();
+    // Each arrives as DEST/alice/sub/NAME/...: three levels below DEST.
+    let target = format!("{}:sub", server.target());
+    // rsync's CVE-2024-12088: `d/up -> ..` and a link through it, each
+    // inside DEST when read as text, together at /etc.
+    let chain = scratch.dir("src/chain");
+    fs::create_dir_all(chain.join("d")).unwrap();
+    symlink("..", chain.join("d/up")).unwrap();
+    symlink("d/up/d/up/d/up/../../../../../../../etc", chain.join("etc")).unwrap();
+    // Into a sibling key's directory: inside DEST, outside alice.
+    let peek = scratch.dir("src/peek");
+    symlink("../../../bob", peek.join("bob")).unwrap();
+    for (tree, link) in [(&chain, "etc"), (&peek, "bob")] {
+        let out = send(&[tree], &target, &["--identity", identity]);
+        assert_eq!(out.code(), Some(REFUSED), "{}", out.stderr);
+        assert!(
+            out.stderr.contains("leads out of this key's subdirectory"),
+            "{}",
+            out.stderr
+        );
+        let name = tree.file_name().unwrap();
+        let placed = dest.join("alice/sub").join(name).join(link);
+        assert!(
+            fs::symlink_metadata(&placed).is_err(),
+            "{} was created",
+            placed.display()
+        );
+    }
+    // A link that stays in alice's directory through the chain is fine.
+    let fine = scratch.dir("src/fine");
+    fs::create_dir_all(fine.join("d")).unwrap();
+    symlink("..", fine.join("d/up")).unwrap();
+    symlink("d/up/d/up/../..", fine.join("top")).unwrap();
+    let out = send(&[&fine], &target, &["--identity", identity]);
+    out.report();
+    assert_eq!(
+        fs::read_link(dest.join("alice/sub/fine/top")).unwrap(),
+        Path::new("d/up/d/up/../..")
+    );
+}
+
 /// UDP ports bound to 127.0.0.1 and not connected, held by process `pid`.
 fn loopback_listening_ports(pid: u32) -> Vec<u16> {
     let inodes: Vec<String> = fs::read_dir(format!("/proc/{pid}/fd"))

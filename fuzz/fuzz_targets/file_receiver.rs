@@ -24,7 +24,7 @@ use atou::proto::wire::{
     DataFlags, DataHeader as WireHeader, Hello, ReceiverParams, DATA_HEADER_LEN,
 };
 use atou::proto::{Server, ServerLimits, Time};
-use atou::transfer::dest::{Policy, SymlinkPolicy};
+use atou::transfer::dest::{ReceivePolicy, SymlinkPolicy};
 use atou::transfer::hash::chunk_cv;
 use atou::transfer::manifest::{Entry, EntryKind, Manifest, RelPath};
 use atou::transfer::messages::{
@@ -134,9 +134,9 @@ fuzz_target!(|data: &[u8]| {
         ..ServerLimits::default()
     };
     let mut server = Server::new(limits, 1 << 20, 2 << 20);
-    let policy = Policy {
+    let policy = ReceivePolicy {
         symlinks: SymlinkPolicy::All,
-        ..Policy::server()
+        ..ReceivePolicy::server()
     };
     let mut app = FileReceiver::new(
         ReceiveConfig {

@@ -11,7 +11,7 @@ use atou::proto::ServerLimits;
 use atou::proto::{ConnEnd, ConnReport, ServerStats, Tuning};
 use atou::summary::SocketReport;
 use atou::text::shown_path;
-use atou::transfer::dest::{Policy, SymlinkPolicy};
+use atou::transfer::dest::{ReceivePolicy, SymlinkPolicy};
 use atou::transfer::receive::{
     check_root, FileReceiver, NoFiles, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
 };
@@ -142,7 +142,16 @@ fn parse_umask(s: &str) -> Result<u32, String> {
     }
 }
 
-fn parse_symlinks(s: &str) -> Result<SymlinkPolicy, String> {
+/// The `--symlinks` value that names `p`.
+pub(super) fn symlinks_name(p: SymlinkPolicy) -> &'static str {
+    match p {
+        SymlinkPolicy::Safe => "safe",
+        SymlinkPolicy::All => "all",
+        SymlinkPolicy::None => "none",
+    }
+}
+
+pub(super) fn parse_symlinks(s: &str) -> Result<SymlinkPolicy, String> {
     match s {
         "safe" => Ok(SymlinkPolicy::Safe),
         "all" => Ok(SymlinkPolicy::All),
@@ -152,14 +161,14 @@ fn parse_symlinks(s: &str) -> Result<SymlinkPolicy, String> {
 }
 
 impl ReceiverArgs {
-    fn policy(&self) -> Policy {
-        Policy {
+    fn policy(&self) -> ReceivePolicy {
+        ReceivePolicy {
             allow_overwrite: self.allow_overwrite,
             umask: self.umask,
             special_bits: self.allow_special_bits,
             fsync: !self.no_fsync,
             symlinks: self.symlinks,
-            key_forbids_overwrite: false,
+            ..ReceivePolicy::server()
         }
     }
 

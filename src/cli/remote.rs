@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitCode, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,7 +37,7 @@ use atou::transfer::bootstrap::{
     bind_in_range, is_punch, punch, random_token, shell_quote, split_ssh_target, ssh_server_ip,
     Answer, Hello, PortRange, MAX_LINE, PUNCH_LEN, READY,
 };
-use atou::transfer::dest::Policy;
+use atou::transfer::dest::{ReceivePolicy, Requested};
 use atou::transfer::receive::{
     check_root, FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
 };
@@ -45,8 +45,8 @@ use atou::transfer::send::{Bound, Progress, SendError};
 use atou::units::{format_rate, format_size, parse_size};
 
 use super::exit::{self, Exit};
-use super::net::{resolve, runtime};
-use super::transfer::{ctrlc_hook, is_remote, readers, run_send_from, TransferArgs};
+use super::net::runtime;
+use super::transfer::{ctrlc_hook, is_remote, readers, run_send_from, ReceivingArgs, TransferArgs};
 use super::UsageError;
 
 /// How often a pull's punch datagrams are sent until the remote has them.
@@ -107,6 +107,8 @@ struct RemoteReceiveArgs {
     /// Where the files go, relative to the home directory unless absolute
     #[arg(value_name = "PATH")]
     path: String,
+    #[command(flatten)]
+    receiving: ReceivingArgs,
 }
 
 #[derive(Args, Debug)]
@@ -159,8 +161,10 @@ impl RemoteEnd {
             .ok_or_else(|| UsageError("--ssh names no command".into()))?;
         let mut command = vec![shell_quote(&ssh.remote_atou), "__remote".to_string()];
         command.extend(args.iter().map(|a| shell_quote(a)));
+        // `--`: nothing after it is an option of ssh's.
         let mut child = Command::new(program)
             .args(words)
+            .arg("--")
             .arg(target)
             .arg(command.join(" "))
             .stdin(Stdio::piped())
@@ -340,11 +344,78 @@ impl Drop for RemoteEnd {
     }
 }
 
-/// The peer's address: where ssh reached it, else HOST resolved here.
-fn peer_ip(remote: &RemoteEnd, answer: &Answer) -> Result<IpAddr> {
-    match answer.addr {
-        Some(ip) => Ok(ip),
-        None => Ok(resolve(remote.host())?.ip()),
+/// Where this end sends UDP: an address of the host ssh reached, resolved
+/// here (through `ssh -G` when --ssh is ssh, so ~/.ssh/config's HostName
+/// applies). The remote's word on its own address only picks among them
+/// (on a host with IPv4 and IPv6, the one ssh used): a remote cannot turn
+/// this end's punches or hellos on a third party.
+fn peer_ip(remote: &RemoteEnd, ssh: &SshArgs, answer: &Answer) -> Result<IpAddr> {
+    let name = ssh_hostname(ssh, &remote.target).unwrap_or_else(|| remote.host().to_string());
+    let bare = name.trim_start_matches('[').trim_end_matches(']');
+    let ours: Vec<IpAddr> = match bare.parse::<IpAddr>() {
+        Ok(ip) => vec![ip],
+        Err(_) => (bare, 0u16)
+            .to_socket_addrs()
+            .map_err(|e| {
+                UsageError(format!(
+                    "cannot resolve `{bare}` here (the host ssh reached as {}): {e}; atou sends \
+                     UDP to that host's address",
+                    remote.host()
+                ))
+            })?
+            .map(|a| a.ip())
+            .collect(),
+    };
+    if let Some(named) = answer.addr.filter(|a| ours.contains(a)) {
+        return Ok(named);
+    }
+    ours.iter()
+        .find(|a| a.is_ipv4())
+        .or(ours.first())
+        .copied()
+        .ok_or_else(|| anyhow!("`{bare}` resolves to no address"))
+}
+
+/// The `hostname` that `ssh -G` gives `target` under the --ssh command's
+/// options, when --ssh runs ssh; `None` otherwise or if it says nothing.
+fn ssh_hostname(ssh: &SshArgs, target: &str) -> Option<String> {
+    let mut words = ssh.ssh.split_ascii_whitespace();
+    let program = words.next()?;
+    if Path::new(program).file_name()? != "ssh" {
+        return None;
+    }
+    let out = Command::new(program)
+        .arg("-G")
+        .args(words)
+        .arg("--")
+        .arg(target)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("hostname "))
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+}
+
+/// What a pull's receiver lets the remote sender make it hold: this end's
+/// own --streams and --buffer, whatever the remote opens. Two connections
+/// beyond the streams leave room for the plan and the finish, each on a
+/// connection of its own, while the last streams close.
+fn pull_limits(streams: usize, buffer: u64) -> atou::proto::ServerLimits {
+    let connections = streams + 2;
+    atou::proto::ServerLimits {
+        max_connections: connections,
+        max_connections_per_ip: connections,
+        max_window_bytes: buffer,
+        // One address may hold half of this: all of it is one sender's.
+        total_window_bytes: (connections as u64)
+            .saturating_mul(buffer)
+            .saturating_mul(2),
+        ..Default::default()
     }
 }
 
@@ -352,11 +423,12 @@ fn one_time_key() -> Result<StaticKeypair> {
     StaticKeypair::generate().map_err(|e| anyhow!("cannot make a one-time key: {e}"))
 }
 
-/// An `authorized_keys` holding exactly `key`, with `overwrite` (the user
-/// copies into their own files; `--overwrite` still decides).
-fn only(key: &PublicKey) -> Result<Arc<AuthorizedKeys>> {
+/// An `authorized_keys` holding exactly `key`, with `overwrite` when the
+/// receiving end's own flags allow replacing files.
+fn only(key: &PublicKey, overwrite: bool) -> Result<Arc<AuthorizedKeys>> {
     let line = format!(
-        "overwrite {}\n",
+        "{}{}\n",
+        if overwrite { "overwrite " } else { "" },
         format_public_key(key, "atou-copy-over-ssh")
     );
     AuthorizedKeys::parse(line.as_bytes(), Path::new("(the ssh bootstrap)"))
@@ -366,10 +438,10 @@ fn only(key: &PublicKey) -> Result<Arc<AuthorizedKeys>> {
 
 /// The server side of a bootstrap: this one-time key, and only the
 /// peer's one-time key accepted; nothing unauthenticated.
-fn server_auth(identity: StaticKeypair, peer: &PublicKey) -> Result<ServerAuth> {
+fn server_auth(identity: StaticKeypair, peer: &PublicKey, overwrite: bool) -> Result<ServerAuth> {
     Ok(ServerAuth {
         identity: Some(identity),
-        authorized: Some(only(peer)?),
+        authorized: Some(only(peer, overwrite)?),
         allow_plain: false,
     })
 }
@@ -414,8 +486,10 @@ pub fn copy(
     sources: &[PathBuf],
     dest: &str,
     transfer: &TransferArgs,
+    receiving: &ReceivingArgs,
     ssh: &SshArgs,
 ) -> Result<ExitCode> {
+    ssh.check()?;
     let remote: Vec<Option<&str>> = sources
         .iter()
         .map(|s| s.to_str().filter(|s| is_remote(s)))
@@ -424,7 +498,7 @@ pub fn copy(
     if pulls == 0 {
         let (target, path) = split_ssh_target(dest).map_err(UsageError)?;
         check_target(&target)?;
-        return push(sources, &target, &path, transfer, ssh);
+        return push(sources, &target, &path, transfer, receiving, ssh);
     }
     if is_remote(dest) {
         return Err(UsageError(format!(
@@ -457,15 +531,39 @@ pub fn copy(
     }
     let target = target.expect("one remote SRC at least");
     check_target(&target)?;
-    pull(&target, &paths, dest, transfer, ssh)
+    pull(&target, &paths, dest, transfer, receiving, ssh)
 }
 
-/// A host that ssh would read as an option is refused.
+/// A user or host that ssh would read as an option is refused (the host
+/// also goes after `--`, which ends ssh's options).
 fn check_target(target: &str) -> Result<()> {
-    if target.starts_with('-') {
-        return Err(UsageError(format!("`{target}` is not a host name")).into());
+    let (user, host) = match target.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, target),
+    };
+    if host.is_empty() || host.starts_with('-') || user.is_some_and(|u| u.starts_with('-')) {
+        return Err(UsageError(format!(
+            "`{target}` is not a [USER@]HOST: neither may begin with `-`"
+        ))
+        .into());
     }
     Ok(())
+}
+
+impl SshArgs {
+    /// Values that ssh or the remote shell would read as options are
+    /// refused: `--remote-atou=-oProxyCommand=sh` would run a command here.
+    fn check(&self) -> Result<()> {
+        if self.remote_atou.starts_with('-') {
+            return Err(UsageError(format!(
+                "--remote-atou `{}` begins with `-`; name a command or a path (./{} for a file \
+                 of that name)",
+                self.remote_atou, self.remote_atou
+            ))
+            .into());
+        }
+        Ok(())
+    }
 }
 
 fn push(
@@ -473,6 +571,7 @@ fn push(
     target: &str,
     path: &str,
     transfer: &TransferArgs,
+    receiving: &ReceivingArgs,
     ssh: &SshArgs,
 ) -> Result<ExitCode> {
     let (tuning, _) = transfer.tuning().resolve()?;
@@ -499,10 +598,11 @@ fn push(
         // An atou there that predates --shard refuses the flag.
         args.push("--shard".to_string());
     }
+    args.extend(receiving.remote_args());
     args.extend(["--".to_string(), path.to_string()]);
     let mut remote = RemoteEnd::start(ssh, target, &args)?;
     let answer = remote.bootstrap(&hello)?;
-    let peer = SocketAddr::new(peer_ip(&remote, &answer)?, answer.ports[0]);
+    let peer = SocketAddr::new(peer_ip(&remote, ssh, &answer)?, answer.ports[0]);
     let shown = format!("{target}:{path}");
     let mut config = transfer.send_config(peer, shown, None)?;
     config.auth = Some(client_auth(identity, answer.key));
@@ -564,6 +664,7 @@ fn pull(
     paths: &[String],
     dest: &str,
     transfer: &TransferArgs,
+    receiving: &ReceivingArgs,
     ssh: &SshArgs,
 ) -> Result<ExitCode> {
     let (tuning, notes) = transfer.tuning().resolve()?;
@@ -586,7 +687,13 @@ fn pull(
     args.extend(paths.iter().cloned());
     let mut remote = RemoteEnd::start(ssh, target, &args)?;
     let answer = remote.bootstrap(&hello)?;
-    let ip = peer_ip(&remote, &answer)?;
+    let ip = peer_ip(&remote, ssh, &answer)?;
+    // This end's rules, from its own flags: the remote only asks.
+    let policy = receiving.policy(
+        transfer.overwrite(),
+        transfer.fsync(),
+        Some(Requested::from_paths(paths)),
+    );
     // Created only now: a failed bootstrap leaves nothing behind.
     let root = Path::new(dest);
     let created = !root.exists();
@@ -600,6 +707,7 @@ fn pull(
         identity,
         token,
         transfer,
+        policy,
         &tuning,
     );
     // Other shards may be receiving into the same DEST.
@@ -619,6 +727,7 @@ fn pull_into(
     identity: StaticKeypair,
     token: [u8; 32],
     transfer: &TransferArgs,
+    policy: ReceivePolicy,
     tuning: &atou::proto::Tuning,
 ) -> Result<ExitCode> {
     let host = remote.host().to_string();
@@ -638,10 +747,15 @@ fn pull_into(
             root: root.clone(),
             writers: readers(None),
             once: true,
-            policy: Policy::own(),
-            limits: ReceiveLimits::default(),
-            // The other end's one-time key, `overwrite` allowed.
-            authorized: Some(only(&answer.key)?),
+            policy,
+            limits: ReceiveLimits {
+                max_sessions: 1,
+                max_sessions_per_ip: 1,
+                ..ReceiveLimits::default()
+            },
+            // The other end's one-time key, which may replace files only
+            // if this end was given --overwrite.
+            authorized: Some(only(&answer.key, transfer.overwrite())?),
         },
         {
             let outcome = outcome.clone();
@@ -658,11 +772,11 @@ fn pull_into(
     )
     .map_err(UsageError)?;
     let stop = Arc::new(tokio::sync::Notify::new());
-    let auth = server_auth(identity, &answer.key)?;
+    let auth = server_auth(identity, &answer.key, transfer.overwrite())?;
     let server = {
         let stop = stop.clone();
         let sock = sock.try_clone()?;
-        let buffer = transfer.buffer();
+        let limits = pull_limits(transfer.streams(), transfer.buffer());
         let rcvbuf = tuning.rcvbuf;
         thread::spawn(move || -> Result<()> {
             runtime()?.block_on(io::serve_from(
@@ -672,11 +786,7 @@ fn pull_into(
                     once: false,
                     sndbuf: 4 << 20,
                     rcvbuf,
-                    limits: atou::proto::ServerLimits {
-                        max_window_bytes: buffer,
-                        total_window_bytes: u64::MAX / 2,
-                        ..Default::default()
-                    },
+                    limits,
                     auth,
                 },
                 &mut receiver,
@@ -919,7 +1029,10 @@ fn receive_into(
     let local = sock.local_addr()?;
     let identity = one_time_key()?;
     let key = identity.public();
-    let auth = server_auth(identity, &hello.key)?;
+    // The far end of a push takes the local user's own rules, passed on
+    // its command line; the one sender is that user.
+    let auth = server_auth(identity, &hello.key, true)?;
+    let policy = args.receiving.policy(true, false, None);
     let outcome: Arc<Mutex<Option<Result<(), String>>>> = Arc::new(Mutex::new(None));
     let new_receiver = if args.dry_run {
         FileReceiver::dry_run
@@ -931,10 +1044,10 @@ fn receive_into(
             root,
             writers: readers(None),
             once: true,
-            policy: Policy::own(),
+            policy,
             limits: ReceiveLimits::default(),
-            // The other end's one-time key, `overwrite` allowed.
-            authorized: Some(only(&hello.key)?),
+            // The other end's one-time key: its --overwrite decides.
+            authorized: Some(only(&hello.key, true)?),
         },
         {
             let outcome = outcome.clone();

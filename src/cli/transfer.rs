@@ -14,7 +14,7 @@ use clap::Args;
 
 use atou::io::{self, ServeConfig, DEFAULT_PORT};
 use atou::text::shown_path;
-use atou::transfer::dest::Policy;
+use atou::transfer::dest::{ReceivePolicy, Requested, SymlinkPolicy, UserFlags};
 use atou::transfer::exclude::Excludes;
 use atou::transfer::manifest::RelPath;
 use atou::transfer::messages::Options;
@@ -155,7 +155,61 @@ pub struct CopyArgs {
     #[command(flatten)]
     transfer: TransferArgs,
     #[command(flatten)]
+    receiving: ReceivingArgs,
+    #[command(flatten)]
     ssh: super::remote::SshArgs,
+}
+
+/// `atou copy`'s flags for the end that receives: this host for a local
+/// copy or a pull, the remote for a push. They are that end's own rules,
+/// whatever the sending end asks.
+#[derive(Args, Debug, Clone, Copy)]
+#[command(next_help_heading = "The receiving end's rules (a local DEST, or the remote of a push)")]
+pub struct ReceivingArgs {
+    /// Keep setuid, setgid and sticky bits as sent, as rsync's -p does for root (default: cleared; other permission bits are kept as sent)
+    #[arg(long, short = 'p')]
+    pub perms: bool,
+    /// Symlinks the receiving end creates: `safe` only relative ones that stay inside DEST, judged where they lead (rsync's --safe-links), `all` any, `none` no symlinks; others refuse the copy
+    #[arg(long, value_name = "POLICY", default_value = "safe", value_parser = super::net::parse_symlinks)]
+    pub symlinks: SymlinkPolicy,
+}
+
+impl ReceivingArgs {
+    /// The receiving end's policy, from its own flags alone: these, and
+    /// whether it lets files be replaced (`--overwrite`) and syncs them.
+    pub(super) fn policy(
+        &self,
+        overwrite: bool,
+        fsync: bool,
+        requested: Option<Requested>,
+    ) -> ReceivePolicy {
+        ReceivePolicy::user(
+            UserFlags {
+                overwrite,
+                special_bits: self.perms,
+                symlinks: self.symlinks,
+                fsync,
+            },
+            requested,
+        )
+    }
+
+    /// The flags that give the far end of a push the same rules; only
+    /// those that differ from the default, so an older atou there that
+    /// knows none of them still takes a default copy.
+    pub(super) fn remote_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        if self.perms {
+            a.push("--perms".to_string());
+        }
+        if self.symlinks != SymlinkPolicy::Safe {
+            a.push(format!(
+                "--symlinks={}",
+                super::net::symlinks_name(self.symlinks)
+            ));
+        }
+        a
+    }
 }
 
 /// `--progress`: who the progress is for.
@@ -760,7 +814,13 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
         .into());
     }
     if remote_source || is_remote(&args.dest) {
-        return super::remote::copy(&args.sources, &args.dest, &args.transfer, &args.ssh);
+        return super::remote::copy(
+            &args.sources,
+            &args.dest,
+            &args.transfer,
+            &args.receiving,
+            &args.ssh,
+        );
     }
     let root = Path::new(&args.dest);
     let dry = if args.transfer.dry_run {
@@ -792,9 +852,13 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
             root: root.clone(),
             writers: readers(args.transfer.readers),
             once: true,
-            // The user's own directory: modes and symlinks as `rsync -a`
-            // keeps them; the flags given to `atou copy` decide the rest.
-            policy: Policy::own(),
+            // The user's own directory, under the user's own flags; the
+            // manifest may hold only the SRCs named.
+            policy: args.receiving.policy(
+                args.transfer.overwrite,
+                args.transfer.fsync,
+                Some(local_requested(&args.sources)?),
+            ),
             limits: ReceiveLimits::default(),
             authorized: None,
         },
@@ -858,6 +922,19 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
     let _ = server.join();
     drop(dry);
     code
+}
+
+/// The names a local copy's sender gives its SRCs, as its walk will.
+fn local_requested(sources: &[PathBuf]) -> Result<Requested> {
+    let mut names = Vec::with_capacity(sources.len());
+    for src in sources {
+        names.push(
+            atou::transfer::manifest::top_name(src)
+                .map_err(|e| UsageError(e.to_string()))?
+                .1,
+        );
+    }
+    Ok(Requested::exactly(&names))
 }
 
 /// Where a dry run's receiver plans, leaving DEST as it is: DEST itself
@@ -937,6 +1014,14 @@ impl TransferArgs {
 
     pub(super) fn shard(&self) -> Option<Shard> {
         self.shard
+    }
+
+    pub(super) fn overwrite(&self) -> bool {
+        self.overwrite
+    }
+
+    pub(super) fn fsync(&self) -> bool {
+        self.fsync
     }
 
     pub(super) fn buffer(&self) -> u64 {

