@@ -16,10 +16,17 @@
 //!
 //! Keys are base64 (RFC 4648 §4, standard alphabet, padded) of the 32
 //! bytes of an X25519 key.
+//!
+//! All three are read as sshd reads `authorized_keys` under its default
+//! `StrictModes yes`: a file that group or others may write, or that a
+//! user other than this one (or root) owns, is refused, and so is one in a
+//! directory like that, since another local user could otherwise put
+//! their own key in it. [`Strictness::Lax`] (`--no-strict-modes`) loads
+//! such files anyway.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use base64::engine::general_purpose::STANDARD;
@@ -54,6 +61,17 @@ pub enum KeyError {
     Exists { path: PathBuf },
     #[error("{path} may be read by others (mode {mode:03o}); run `chmod 600 {path}`")]
     Unprotected { path: PathBuf, mode: u32 },
+    /// Refused under [`Strictness::Strict`]: another user could have
+    /// changed the file.
+    #[error(
+        "{path}: {problem}, so another user could change the keys in it; {fix}, \
+         or pass --no-strict-modes to load it anyway"
+    )]
+    Unsafe {
+        path: PathBuf,
+        problem: String,
+        fix: String,
+    },
     #[error("{path} is over {MAX_FILE} bytes, too large for a key file")]
     TooLarge { path: PathBuf },
     #[error("{path}:{line}: {reason}")]
@@ -141,9 +159,124 @@ pub fn parse_public_key(s: &str) -> Result<PublicKey, String> {
     decode_key(b64).map(PublicKey)
 }
 
-/// Reads at most [`MAX_FILE`] bytes.
-fn read_limited(path: &Path) -> Result<Vec<u8>, KeyError> {
+/// Whether a key file that another user could have changed is refused,
+/// as sshd's `StrictModes`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Strictness {
+    /// Refuse a file that group or others may write or that another user
+    /// owns (root excepted), and one in a directory like that (unless the
+    /// directory is sticky, as /tmp is). The default.
+    #[default]
+    Strict,
+    /// Load it anyway (`--no-strict-modes`; sshd's `StrictModes no`).
+    Lax,
+}
+
+/// What lets a user other than this one (effective uid `euid`) change a
+/// file, or the entries of a directory (`dir`), of this `mode` owned by
+/// `uid`; `None` when nothing does. Root's are as good as our own (sshd's
+/// rule). In a sticky directory only a file's owner may rename or remove
+/// it.
+fn strict_modes_problem(mode: u32, uid: u32, euid: u32, dir: bool) -> Option<StrictProblem> {
+    if uid != euid && uid != 0 {
+        return Some(StrictProblem::Owner(uid));
+    }
+    let sticky = dir && mode & 0o1000 != 0;
+    if mode & 0o022 != 0 && !sticky {
+        return Some(StrictProblem::Writable(mode & 0o7777));
+    }
+    None
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StrictProblem {
+    /// Owned by this other uid.
+    Owner(u32),
+    /// Group or others may write it (this mode).
+    Writable(u32),
+}
+
+/// Opens a key file to read; with [`Strictness::Strict`], refuses one
+/// that another user could have changed ([`check_strict`]).
+fn open_key_file(path: &Path, strictness: Strictness) -> Result<(File, fs::Metadata), KeyError> {
     let file = File::open(path).map_err(io_err(path))?;
+    let meta = file.metadata().map_err(io_err(path))?;
+    if strictness == Strictness::Strict {
+        check_strict(path, &meta)?;
+    }
+    Ok((file, meta))
+}
+
+/// sshd's `StrictModes` for the file opened from `path`, whose `fstat`
+/// is `meta`; then for the directory that holds it, by its real path, so
+/// a symlink from a safe place does not launder a file in an unsafe one.
+fn check_strict(path: &Path, meta: &fs::Metadata) -> Result<(), KeyError> {
+    let euid = rustix::process::geteuid().as_raw();
+    let unsafe_file = |problem: String, fix: String| KeyError::Unsafe {
+        path: path.to_path_buf(),
+        problem,
+        fix,
+    };
+    match strict_modes_problem(meta.mode(), meta.uid(), euid, false) {
+        None => {}
+        Some(StrictProblem::Owner(uid)) => {
+            return Err(unsafe_file(
+                format!("it is owned by uid {uid}, not by you (uid {euid}) or root"),
+                format!(
+                    "run `chown {euid} {}` as root, or use a copy of your own",
+                    path.display()
+                ),
+            ))
+        }
+        Some(StrictProblem::Writable(mode)) => {
+            return Err(unsafe_file(
+                format!("group or others may write to it (mode {mode:03o})"),
+                format!("run `chmod go-w {}`", path.display()),
+            ))
+        }
+    }
+    let real = fs::canonicalize(path).map_err(io_err(path))?;
+    let named = fs::metadata(&real).map_err(io_err(&real))?;
+    if (named.dev(), named.ino()) != (meta.dev(), meta.ino()) {
+        return Err(unsafe_file(
+            format!(
+                "it was replaced while it was being opened (now {})",
+                real.display()
+            ),
+            "try again".into(),
+        ));
+    }
+    let Some(dir) = real.parent() else {
+        return Ok(());
+    };
+    let dmeta = fs::metadata(dir).map_err(io_err(dir))?;
+    match strict_modes_problem(dmeta.mode(), dmeta.uid(), euid, true) {
+        None => Ok(()),
+        Some(StrictProblem::Owner(uid)) => Err(unsafe_file(
+            format!(
+                "its directory {} is owned by uid {uid}, not by you (uid {euid}) or root",
+                dir.display()
+            ),
+            "move it to a directory of your own".into(),
+        )),
+        Some(StrictProblem::Writable(mode)) => Err(unsafe_file(
+            format!(
+                "group or others may write to its directory {} (mode {mode:03o})",
+                dir.display()
+            ),
+            format!("run `chmod go-w {}`", dir.display()),
+        )),
+    }
+}
+
+/// Reads at most [`MAX_FILE`] bytes of a key file opened by
+/// [`open_key_file`].
+fn read_limited(path: &Path, strictness: Strictness) -> Result<Vec<u8>, KeyError> {
+    let (file, _) = open_key_file(path, strictness)?;
+    read_opened(file, path)
+}
+
+fn read_opened(file: File, path: &Path) -> Result<Vec<u8>, KeyError> {
     let mut bytes = Vec::new();
     file.take(MAX_FILE + 1)
         .read_to_end(&mut bytes)
@@ -277,17 +410,23 @@ fn write_new(path: &Path, contents: &[u8], mode: u32, replace: bool) -> Result<(
 }
 
 /// Reads a private key file, refusing one that others may read (as ssh
-/// refuses an "UNPROTECTED PRIVATE KEY FILE").
-pub fn read_identity(path: &Path) -> Result<StaticKeypair, KeyError> {
-    let meta = fs::metadata(path).map_err(io_err(path))?;
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
+/// refuses an "UNPROTECTED PRIVATE KEY FILE"), and under `strictness`
+/// one that others could have changed.
+pub fn read_identity(path: &Path, strictness: Strictness) -> Result<StaticKeypair, KeyError> {
+    let (file, meta) = open_key_file(path, Strictness::Lax)?;
+    let mode = meta.mode() & 0o777;
+    // Read or search bits first: `chmod 600` then fixes the write bits
+    // too. Write bits, the owner and the directory are `strictness`'s.
+    if mode & 0o055 != 0 {
         return Err(KeyError::Unprotected {
             path: path.to_path_buf(),
             mode,
         });
     }
-    let mut bytes = read_limited(path)?;
+    if strictness == Strictness::Strict {
+        check_strict(path, &meta)?;
+    }
+    let mut bytes = read_opened(file, path)?;
     let result = parse_identity(&bytes, path);
     bytes.zeroize();
     result
@@ -356,9 +495,10 @@ pub struct AuthorizedKeys {
 }
 
 impl AuthorizedKeys {
-    /// Reads and parses `path`; any malformed line refuses the file.
-    pub fn load(path: &Path) -> Result<AuthorizedKeys, KeyError> {
-        AuthorizedKeys::parse(&read_limited(path)?, path)
+    /// Reads and parses `path`; any malformed line refuses the file, and
+    /// under `strictness` a file others could have changed.
+    pub fn load(path: &Path, strictness: Strictness) -> Result<AuthorizedKeys, KeyError> {
+        AuthorizedKeys::parse(&read_limited(path, strictness)?, path)
     }
 
     /// Parses the bytes of an `authorized_keys` file (`path` for messages).
@@ -484,9 +624,10 @@ pub struct KnownHosts {
 }
 
 impl KnownHosts {
-    /// Reads `path`; a missing file is an empty store.
-    pub fn load(path: &Path) -> Result<KnownHosts, KeyError> {
-        match read_limited(path) {
+    /// Reads `path`; a missing file is an empty store. Under
+    /// `strictness`, a file others could have changed is refused.
+    pub fn load(path: &Path, strictness: Strictness) -> Result<KnownHosts, KeyError> {
+        match read_limited(path, strictness) {
             Ok(bytes) => KnownHosts::parse(&bytes, path),
             Err(KeyError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
                 Ok(KnownHosts {
@@ -589,8 +730,10 @@ impl KnownHosts {
             .map_err(io_err(&self.path))?;
         // A file that does not end in a newline gets one first.
         let len = f.metadata().map_err(io_err(&self.path))?.len();
+        // The file was loaded (and judged) before; these reads only find
+        // its last byte and its line count.
         let needs_newline = len > 0 && {
-            let bytes = read_limited(&self.path)?;
+            let bytes = read_limited(&self.path, Strictness::Lax)?;
             bytes.last() != Some(&b'\n')
         };
         let mut text = String::new();
@@ -609,7 +752,7 @@ impl KnownHosts {
 }
 
 fn count_lines(path: &Path) -> usize {
-    read_limited(path).map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count())
+    read_limited(path, Strictness::Lax).map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count())
 }
 
 #[cfg(test)]
@@ -677,7 +820,10 @@ mod tests {
             fs::metadata(dir.join("sub")).unwrap().permissions().mode() & 0o777,
             0o700
         );
-        assert_eq!(read_identity(&path).unwrap().public(), kp.public());
+        assert_eq!(
+            read_identity(&path, Strictness::Strict).unwrap().public(),
+            kp.public()
+        );
         let public = fs::read_to_string(public_path(&path)).unwrap();
         assert_eq!(
             public,
@@ -690,9 +836,15 @@ mod tests {
             write_identity(&path, &other, "", false),
             Err(KeyError::Exists { .. })
         ));
-        assert_eq!(read_identity(&path).unwrap().public(), kp.public());
+        assert_eq!(
+            read_identity(&path, Strictness::Strict).unwrap().public(),
+            kp.public()
+        );
         write_identity(&path, &other, "", true).unwrap();
-        assert_eq!(read_identity(&path).unwrap().public(), other.public());
+        assert_eq!(
+            read_identity(&path, Strictness::Strict).unwrap().public(),
+            other.public()
+        );
         assert_eq!(
             fs::metadata(&path).unwrap().permissions().mode() & 0o777,
             0o600
@@ -722,9 +874,239 @@ mod tests {
         let path = dir.join("id");
         write_identity(&path, &StaticKeypair::generate().unwrap(), "", false).unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
-        let err = read_identity(&path).unwrap_err();
+        let err = read_identity(&path, Strictness::Strict).unwrap_err();
         assert!(matches!(err, KeyError::Unprotected { mode: 0o644, .. }));
         assert!(err.to_string().contains("chmod 600"));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn chmod(path: &Path, mode: u32) {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    /// An `authorized_keys` in `dir`, mode `mode`.
+    fn authorized_file(dir: &Path, mode: u32) -> PathBuf {
+        let path = dir.join(AUTHORIZED_KEYS_FILE);
+        fs::write(&path, format!("{}\n", line_of(&key(1)))).unwrap();
+        chmod(&path, mode);
+        path
+    }
+
+    /// sshd's StrictModes: another user who can write the file could add
+    /// their key to it.
+    #[test]
+    fn an_authorized_keys_that_group_or_others_can_write_is_refused() {
+        let dir = tmp("strict-ak");
+        for mode in [0o666, 0o646, 0o620] {
+            let path = authorized_file(&dir, mode);
+            let err = AuthorizedKeys::load(&path, Strictness::Strict).unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                msg.contains(&format!("chmod go-w {}", path.display())),
+                "{mode:o}: {msg}"
+            );
+            assert!(!msg.contains('\n'), "one line: {msg}");
+        }
+        // Others may read it (no secret in it), only not write.
+        let path = authorized_file(&dir, 0o644);
+        assert_eq!(
+            AuthorizedKeys::load(&path, Strictness::Strict)
+                .unwrap()
+                .len(),
+            1
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_identity_that_group_or_others_can_write_is_refused() {
+        let dir = tmp("strict-id");
+        let path = dir.join("id");
+        write_identity(&path, &StaticKeypair::generate().unwrap(), "", false).unwrap();
+        chmod(&path, 0o620);
+        let err = read_identity(&path, Strictness::Strict).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, KeyError::Unsafe { .. }), "{msg}");
+        assert!(
+            msg.contains(&format!("chmod go-w {}", path.display())),
+            "{msg}"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn known_hosts_that_group_or_others_can_write_is_refused() {
+        let dir = tmp("strict-kh");
+        let path = dir.join(KNOWN_HOSTS_FILE);
+        fs::write(&path, format!("h {}\n", line_of(&key(1)))).unwrap();
+        chmod(&path, 0o602);
+        let msg = KnownHosts::load(&path, Strictness::Strict)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains(&format!("chmod go-w {}", path.display())),
+            "{msg}"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Whoever may write the directory may replace the file in it.
+    #[test]
+    fn a_key_file_in_a_directory_group_or_others_can_write_is_refused() {
+        let dir = tmp("strict-dir");
+        let loose = dir.join("loose");
+        fs::create_dir(&loose).unwrap();
+        chmod(&loose, 0o777);
+        let ak = authorized_file(&loose, 0o600);
+        let id = loose.join("id");
+        write_identity(&id, &StaticKeypair::generate().unwrap(), "", false).unwrap();
+        let kh = loose.join(KNOWN_HOSTS_FILE);
+        fs::write(&kh, format!("h {}\n", line_of(&key(1)))).unwrap();
+        let fix = format!("chmod go-w {}", loose.display());
+        for (what, r) in [
+            (
+                "authorized_keys",
+                AuthorizedKeys::load(&ak, Strictness::Strict).map(|_| ()),
+            ),
+            (
+                "identity",
+                read_identity(&id, Strictness::Strict).map(|_| ()),
+            ),
+            (
+                "known_hosts",
+                KnownHosts::load(&kh, Strictness::Strict).map(|_| ()),
+            ),
+        ] {
+            let msg = r.map_err(|e| e.to_string());
+            assert!(
+                msg.as_ref().is_err_and(|m| m.contains(&fix)),
+                "{what}: {msg:?}"
+            );
+        }
+        // A symlink from a safe directory does not launder the file.
+        let link = dir.join("linked_keys");
+        std::os::unix::fs::symlink(&ak, &link).unwrap();
+        let msg = AuthorizedKeys::load(&link, Strictness::Strict)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains(&fix), "{msg}");
+        // Group-writable is as bad as world-writable.
+        chmod(&loose, 0o770);
+        assert!(AuthorizedKeys::load(&ak, Strictness::Strict).is_err());
+        // A sticky directory (as /tmp) lets nobody else rename or remove
+        // the file, and a file someone else made is refused by its owner.
+        chmod(&loose, 0o1777);
+        assert_eq!(
+            AuthorizedKeys::load(&ak, Strictness::Strict).unwrap().len(),
+            1
+        );
+        chmod(&loose, 0o755);
+        assert_eq!(
+            AuthorizedKeys::load(&ak, Strictness::Strict).unwrap().len(),
+            1
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Root's files are as good as the user's own, as sshd has it.
+    #[test]
+    fn strict_modes_accept_the_users_and_roots_files_only() {
+        let p = strict_modes_problem;
+        assert_eq!(p(0o100600, 1000, 1000, false), None);
+        assert_eq!(p(0o100644, 0, 1000, false), None);
+        assert_eq!(p(0o100644, 0, 0, false), None);
+        assert_eq!(
+            p(0o100600, 1001, 1000, false),
+            Some(StrictProblem::Owner(1001))
+        );
+        assert_eq!(
+            p(0o100600, 1000, 0, false),
+            Some(StrictProblem::Owner(1000))
+        );
+        assert_eq!(
+            p(0o100664, 1000, 1000, false),
+            Some(StrictProblem::Writable(0o664))
+        );
+        // Sticky spares a directory, not a file.
+        assert_eq!(p(0o41777, 0, 1000, true), None);
+        assert_eq!(
+            p(0o101666, 1000, 1000, false),
+            Some(StrictProblem::Writable(0o1666))
+        );
+        assert_eq!(
+            p(0o40775, 1000, 1000, true),
+            Some(StrictProblem::Writable(0o775))
+        );
+        assert_eq!(
+            p(0o40755, 1001, 1000, true),
+            Some(StrictProblem::Owner(1001))
+        );
+    }
+
+    /// A file another user owns is refused even at mode 0600: they could
+    /// rewrite it. Needs root to give a file away; others skip it.
+    #[test]
+    fn a_key_file_another_user_owns_is_refused() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: only root can give a file to another user");
+            return;
+        }
+        let dir = tmp("strict-owner");
+        let path = authorized_file(&dir, 0o600);
+        std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
+        let msg = AuthorizedKeys::load(&path, Strictness::Strict)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("owned by uid 65534"), "{msg}");
+        let sub = dir.join("theirs");
+        fs::create_dir(&sub).unwrap();
+        std::os::unix::fs::chown(&sub, Some(65534), None).unwrap();
+        let path = authorized_file(&sub, 0o600);
+        let msg = AuthorizedKeys::load(&path, Strictness::Strict)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains(&format!(
+                "its directory {} is owned by uid 65534",
+                sub.display()
+            )),
+            "{msg}"
+        );
+        assert_eq!(
+            AuthorizedKeys::load(&path, Strictness::Lax).unwrap().len(),
+            1
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `--no-strict-modes`: loaded anyway, but a private key others may
+    /// read is still refused (ssh always refuses that).
+    #[test]
+    fn lax_strictness_loads_key_files_others_can_write() {
+        let dir = tmp("lax");
+        let loose = dir.join("loose");
+        fs::create_dir(&loose).unwrap();
+        chmod(&loose, 0o777);
+        let ak = authorized_file(&loose, 0o666);
+        assert_eq!(AuthorizedKeys::load(&ak, Strictness::Lax).unwrap().len(), 1);
+        let kh = loose.join(KNOWN_HOSTS_FILE);
+        fs::write(&kh, format!("h {}\n", line_of(&key(1)))).unwrap();
+        chmod(&kh, 0o666);
+        let known = KnownHosts::load(&kh, Strictness::Lax).unwrap();
+        assert_eq!(known.check("h", &key(1)), HostStatus::Known);
+        let id = loose.join("id");
+        let kp = StaticKeypair::generate().unwrap();
+        write_identity(&id, &kp, "", false).unwrap();
+        chmod(&id, 0o622);
+        assert_eq!(
+            read_identity(&id, Strictness::Lax).unwrap().public(),
+            kp.public()
+        );
+        chmod(&id, 0o640);
+        assert!(matches!(
+            read_identity(&id, Strictness::Lax),
+            Err(KeyError::Unprotected { mode: 0o640, .. })
+        ));
         fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -817,7 +1199,7 @@ mod tests {
     fn known_hosts_records_on_first_use_and_refuses_a_changed_key_naming_the_line() {
         let dir = tmp("known");
         let path = dir.join("cfg/known_hosts");
-        let mut kh = KnownHosts::load(&path).unwrap();
+        let mut kh = KnownHosts::load(&path, Strictness::Strict).unwrap();
         assert_eq!(
             kh.verify("a.example:4000", &key(1)).unwrap(),
             Verified::Recorded
@@ -831,7 +1213,7 @@ mod tests {
             0o600
         );
 
-        let mut kh = KnownHosts::load(&path).unwrap();
+        let mut kh = KnownHosts::load(&path, Strictness::Strict).unwrap();
         assert_eq!(
             kh.verify("a.example:4000", &key(1)).unwrap(),
             Verified::Matched
@@ -848,7 +1230,7 @@ mod tests {
             "{msg}"
         );
         // Nothing was recorded for the changed key.
-        let kh = KnownHosts::load(&path).unwrap();
+        let kh = KnownHosts::load(&path, Strictness::Strict).unwrap();
         assert_eq!(kh.check("b.example:4000", &key(2)), HostStatus::Known);
         fs::remove_dir_all(&dir).unwrap();
     }
@@ -858,9 +1240,9 @@ mod tests {
         let dir = tmp("append");
         let path = dir.join("known_hosts");
         fs::write(&path, format!("a {}", line_of(&key(1)))).unwrap();
-        let mut kh = KnownHosts::load(&path).unwrap();
+        let mut kh = KnownHosts::load(&path, Strictness::Strict).unwrap();
         kh.verify("b", &key(2)).unwrap();
-        let kh = KnownHosts::load(&path).unwrap();
+        let kh = KnownHosts::load(&path, Strictness::Strict).unwrap();
         assert_eq!(kh.check("a", &key(1)), HostStatus::Known);
         assert_eq!(kh.check("b", &key(2)), HostStatus::Known);
         fs::remove_dir_all(&dir).unwrap();

@@ -10,8 +10,8 @@ use anyhow::Result;
 use clap::Args;
 
 use atou::keys::{
-    self, format_public_key, AuthorizedKeys, KnownHosts, Verified, AUTHORIZED_KEYS_FILE,
-    IDENTITY_FILE, KNOWN_HOSTS_FILE,
+    self, format_public_key, AuthorizedKeys, KnownHosts, Strictness, Verified,
+    AUTHORIZED_KEYS_FILE, IDENTITY_FILE, KNOWN_HOSTS_FILE,
 };
 use atou::proto::crypto::{Cipher, ClientAuth, PublicKey, ServerAuth, StaticKeypair};
 
@@ -39,6 +39,18 @@ pub struct ClientAuthArgs {
     /// No authentication and no encryption, for a server run with --no-auth on a network you trust
     #[arg(long, conflicts_with_all = ["identity", "server_key", "known_hosts"])]
     no_auth: bool,
+    /// Load key files even if group/others can write them (sshd's StrictModes no); default: refuse
+    #[arg(long)]
+    no_strict_modes: bool,
+}
+
+/// `--no-strict-modes`, as [`keys`] takes it.
+fn strictness(no_strict_modes: bool) -> Strictness {
+    if no_strict_modes {
+        Strictness::Lax
+    } else {
+        Strictness::Strict
+    }
 }
 
 fn parse_cipher(s: &str) -> Result<Cipher, String> {
@@ -123,12 +135,13 @@ impl ClientAuthArgs {
     }
 
     fn identity(&self) -> Result<StaticKeypair> {
+        let strict = strictness(self.no_strict_modes);
         if let Some(path) = &self.identity {
-            return Ok(keys::read_identity(path)?);
+            return Ok(keys::read_identity(path, strict)?);
         }
         let default = keys::config_dir().ok().map(|d| d.join(IDENTITY_FILE));
         match default {
-            Some(path) if path.exists() => Ok(keys::read_identity(&path)?),
+            Some(path) if path.exists() => Ok(keys::read_identity(&path, strict)?),
             _ => Ok(StaticKeypair::generate()
                 .map_err(|e| anyhow::anyhow!("cannot make a key for this run: {e}"))?),
         }
@@ -149,7 +162,7 @@ impl ClientAuthArgs {
             Some(p) => p.clone(),
             None => keys::config_dir()?.join(KNOWN_HOSTS_FILE),
         };
-        let mut known = KnownHosts::load(&path)?;
+        let mut known = KnownHosts::load(&path, strictness(self.no_strict_modes))?;
         // Asked even when recorded (one round trip): a changed key is then
         // refused with the file and line to edit, as ssh does, instead of
         // a handshake that goes unanswered.
@@ -207,6 +220,9 @@ pub struct ServeAuthArgs {
     /// Serve unauthenticated, unencrypted clients too: anyone who can send UDP here may write into --dir. Only on a network you trust
     #[arg(long)]
     no_auth: bool,
+    /// Load key files even if group/others can write them (sshd's StrictModes no); default: refuse
+    #[arg(long)]
+    no_strict_modes: bool,
 }
 
 impl ServeAuthArgs {
@@ -214,17 +230,18 @@ impl ServeAuthArgs {
     /// which needs authorized keys unless --no-auth.
     pub fn resolve(&self, files: bool) -> Result<ServerAuth> {
         let config = keys::config_dir().ok();
+        let strict = strictness(self.no_strict_modes);
         let identity = match &self.identity {
-            Some(p) => Some(keys::read_identity(p)?),
+            Some(p) => Some(keys::read_identity(p, strict)?),
             None => match config.as_ref().map(|d| d.join(IDENTITY_FILE)) {
-                Some(p) if p.exists() => Some(keys::read_identity(&p)?),
+                Some(p) if p.exists() => Some(keys::read_identity(&p, strict)?),
                 _ => None,
             },
         };
         let authorized = match &self.authorized_keys {
-            Some(p) => Some(Arc::new(AuthorizedKeys::load(p)?)),
+            Some(p) => Some(Arc::new(AuthorizedKeys::load(p, strict)?)),
             None => match config.as_ref().map(|d| d.join(AUTHORIZED_KEYS_FILE)) {
-                Some(p) if p.exists() => Some(Arc::new(AuthorizedKeys::load(&p)?)),
+                Some(p) if p.exists() => Some(Arc::new(AuthorizedKeys::load(&p, strict)?)),
                 _ => None,
             },
         };

@@ -217,7 +217,14 @@ impl fmt::Display for NetemSpec {
             if i > 0 {
                 f.write_str(" | ")?;
             }
-            write!(f, "{stage}")?;
+            let text = stage.to_string();
+            if text.is_empty() && self.stages.len() > 1 {
+                // A stage that does nothing still needs a word: an empty
+                // one between `|`s does not parse.
+                f.write_str("delay 0s")?;
+            } else {
+                f.write_str(&text)?;
+            }
         }
         Ok(())
     }
@@ -521,23 +528,25 @@ fn parse_slot(t: &mut Tokens<'_>) -> Result<Slot, String> {
     Ok(slot)
 }
 
+/// Prints what parses back to the same value: every field that is not its
+/// default, even where a zero beside it makes it inert (`loss 0%`,
+/// `corrupt 0% 25%`, `delay 10ms 0s 25%`), since the value keeps it.
 impl fmt::Display for QdiscSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut parts: Vec<String> = Vec::new();
         let chance = |parts: &mut Vec<String>, key: &str, c: &Chance| {
-            if !c.is_zero() {
-                parts.push(format!("{key} {}", c.p));
-                if !c.corr.is_zero() {
-                    parts.push(c.corr.to_string());
-                }
+            parts.push(format!("{key} {}", c.p));
+            if !c.corr.is_zero() {
+                parts.push(c.corr.to_string());
             }
         };
+        let given = |c: &Chance| *c != Chance::default();
         if let Some(l) = self.limit {
             parts.push(format!("limit {l}"));
         }
-        if !self.delay.is_zero() || !self.jitter.is_zero() {
+        if !self.delay.is_zero() || !self.jitter.is_zero() || !self.delay_corr.is_zero() {
             parts.push(format!("delay {}", format_time_tc(self.delay)));
-            if !self.jitter.is_zero() {
+            if !self.jitter.is_zero() || !self.delay_corr.is_zero() {
                 parts.push(format_time_tc(self.jitter));
                 if !self.delay_corr.is_zero() {
                     parts.push(self.delay_corr.to_string());
@@ -565,9 +574,15 @@ impl fmt::Display for QdiscSpec {
             } => parts.push(format!("loss gemodel {p} {r} {one_minus_h} {one_minus_k}")),
             Loss::Every(n) => parts.push(format!("loss every {n}")),
         }
-        chance(&mut parts, "corrupt", &self.corrupt);
-        chance(&mut parts, "duplicate", &self.duplicate);
-        chance(&mut parts, "reorder", &self.reorder);
+        for (key, c) in [
+            ("corrupt", &self.corrupt),
+            ("duplicate", &self.duplicate),
+            ("reorder", &self.reorder),
+        ] {
+            if given(c) {
+                chance(&mut parts, key, c);
+            }
+        }
         if let Some(g) = self.gap {
             parts.push(format!("gap {g}"));
         }
@@ -650,6 +665,66 @@ mod tests {
             let again: NetemSpec = parsed.to_string().parse().unwrap();
             assert_eq!(again, parsed, "{s} printed as {parsed}");
         }
+    }
+
+    /// A value given as zero, or a zero beside a non-zero correlation,
+    /// prints to a spec that parses back to the same value, as the fuzz
+    /// target `netem_spec` checks: `loss 0` used to print as nothing (no
+    /// loss model at all), `corrupt 0 25%` lost its correlation, and a
+    /// stage that does nothing printed as an empty stage between `|`s,
+    /// which does not parse.
+    #[test]
+    fn zero_valued_options_survive_print_then_parse() {
+        let mut failures = Vec::new();
+        for s in [
+            "loss 0",
+            "loss 0%",
+            "drop 0",
+            "loss random 0",
+            "loss 0 25%",
+            "loss 0% 0%",
+            "loss state 0",
+            "loss state 0 0 0 0 0",
+            "loss gemodel 0",
+            "loss gemodel 0 0 0 0",
+            "delay 0",
+            "delay 0 0",
+            "delay 0 0 25%",
+            "delay 0 10ms",
+            "delay 10ms 0 25%",
+            "delay 10ms 10ms 0",
+            "duplicate 0",
+            "duplicate 0 25%",
+            "corrupt 0",
+            "corrupt 0 25%",
+            "reorder 0",
+            "reorder 0 25%",
+            "delay 10ms reorder 0 50%",
+            "delay 10ms reorder 25% 0",
+            "rate 1mbit 0",
+            "rate 1mbit 0 53",
+            "rate 1mbit 0 53 0",
+            "slot 0",
+            "slot 0 0",
+            "slot distribution normal 0 0",
+            "seed 0",
+            "loss 0 | delay 0 0 25% | corrupt 0 1%",
+            "delay 1ms | delay 0",
+            "delay 0 | rate 1mbit | delay 0",
+        ] {
+            let parsed: NetemSpec = s.parse().unwrap_or_else(|e| panic!("{s}: {e}"));
+            let printed = parsed.to_string();
+            match printed.parse::<NetemSpec>() {
+                Ok(again) if again == parsed && again.to_string() == printed => {}
+                Ok(again) => failures.push(format!(
+                    "`{s}` printed as `{printed}`, which parses to {again:?}, not {parsed:?}"
+                )),
+                Err(e) => failures.push(format!(
+                    "`{s}` printed as `{printed}`, which does not parse: {e}"
+                )),
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 
     #[test]
