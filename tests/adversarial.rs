@@ -240,6 +240,7 @@ fn send_plan_in_part(
     match PlanReply::decode(&reply, &sizes) {
         Ok(PlanReply::Accepted(_)) => Ok(()),
         Ok(PlanReply::Refused(why)) => Err(why),
+        Ok(PlanReply::Busy { why, .. }) => Err(why),
         Err(_) => match Outcome::decode(&reply) {
             Ok(Outcome::Failed(why)) => Err(why),
             other => Err(format!("{other:?}")),

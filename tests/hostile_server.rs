@@ -135,6 +135,7 @@ fn config(peer: SocketAddr) -> SendConfig {
         auth: None,
         trace: None,
         path_memory: None,
+        wait_busy: std::time::Duration::ZERO,
     }
 }
 

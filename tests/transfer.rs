@@ -1570,6 +1570,91 @@ fn a_confined_keys_symlinks_are_judged_where_they_lead() {
     );
 }
 
+#[test]
+fn thirty_two_senders_at_once_all_finish_by_waiting_their_turn() {
+    let scratch = Scratch::new("busy");
+    let dest = scratch.dir("dest");
+    // The server's defaults: 8 transfers at once per address.
+    let server = Serve::start(&dest);
+    scratch.dir("src");
+    let srcs: Vec<PathBuf> = (0..32)
+        .map(|i| {
+            let f = scratch.path(&format!("src/f{i:02}"));
+            write_random(&f, 2 * MIB + i * 4099, 500 + i);
+            f
+        })
+        .collect();
+    let started = Instant::now();
+    let sending: Vec<Sending> = srcs
+        .iter()
+        .enumerate()
+        .map(|(i, f)| spawn_send(&[f], &format!("{}:s{i:02}", server.target()), &[]))
+        .collect();
+    let sent: Vec<Sent> = sending
+        .into_iter()
+        .map(|s| s.finish(Duration::from_secs(240)))
+        .collect();
+    let failed: Vec<String> = sent
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.code() != Some(0))
+        .map(|(i, s)| format!("sender {i}: {:?} {}", s.code(), s.stderr.trim()))
+        .collect();
+    say(&format!(
+        "32 senders at once: {} finished in {:.1} s",
+        32 - failed.len(),
+        started.elapsed().as_secs_f64()
+    ));
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    for (i, f) in srcs.iter().enumerate() {
+        let got = dest.join(format!("s{i:02}")).join(f.file_name().unwrap());
+        assert_eq!(first_difference(f, &got), None, "{}", got.display());
+    }
+}
+
+#[test]
+fn a_sender_that_will_not_wait_for_a_busy_server_exits_10() {
+    let scratch = Scratch::new("busy-now");
+    let dest = scratch.dir("dest");
+    let server = Serve::start_with(&dest, &["--max-sessions-per-ip", "1"]);
+    scratch.dir("src");
+    let big = scratch.path("src/big");
+    write_random(&big, 64 * MIB, 77);
+    let small = scratch.path("src/small");
+    write_random(&small, 1000, 78);
+    // One transfer holds the address's one place, slowly.
+    let mut first = spawn_send(
+        &[&big],
+        &format!("{}:a", server.target()),
+        &["--bwlimit", "40mbit"],
+    );
+    let until = Instant::now() + Duration::from_secs(20);
+    while !dest.join(".atou-staging").exists() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = send(
+        &[&small],
+        &format!("{}:b", server.target()),
+        &["--wait-busy", "0"],
+    );
+    assert_eq!(out.code(), Some(NETWORK), "{}", out.stderr);
+    assert!(out.stderr.contains("busy"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("--max-sessions-per-ip"),
+        "{}",
+        out.stderr
+    );
+    // Waiting, it gets in once the first is done.
+    let waited = send(
+        &[&small],
+        &format!("{}:b", server.target()),
+        &["--wait-busy", "60"],
+    );
+    assert_eq!(waited.code(), Some(0), "{}", waited.stderr);
+    assert!(first.running() || dest.join("a/big").exists());
+    first.kill();
+}
+
 /// UDP ports bound to 127.0.0.1 and not connected, held by process `pid`.
 fn loopback_listening_ports(pid: u32) -> Vec<u16> {
     let inodes: Vec<String> = fs::read_dir(format!("/proc/{pid}/fd"))

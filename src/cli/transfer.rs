@@ -92,6 +92,9 @@ pub struct TransferArgs {
     /// Time between --progress json lines (bare number = seconds; e.g. 0.5 or 500ms)
     #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_interval)]
     progress_interval: Duration,
+    /// How long to keep trying, in seconds (or with a unit: 5min), while the receiver says it is busy (at its limit of transfers or connections), with pauses of 0.5 s growing to 8 s, jittered; progress shows "waiting for the server"; then exit 10. 0: give up at once
+    #[arg(long, value_name = "SECS", default_value = "300", value_parser = parse_wait)]
+    wait_busy: Duration,
     /// Print the final report as JSON on stdout
     #[arg(long)]
     json: bool,
@@ -224,6 +227,10 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
         d if d >= Duration::from_millis(10) => Ok(d),
         _ => Err(format!("`{s}`: a progress interval is at least 10ms")),
     }
+}
+
+fn parse_wait(s: &str) -> Result<Duration, String> {
+    atou::units::parse_duration(s, atou::units::TimeUnit::Seconds)
 }
 
 fn parse_streams(s: &str) -> Result<usize, String> {
@@ -409,6 +416,7 @@ impl TransferArgs {
             auth: None,
             trace: None,
             path_memory: None,
+            wait_busy: self.wait_busy,
         })
     }
 }

@@ -520,6 +520,12 @@ pub enum FilePlan {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PlanReply {
     Refused(String),
+    /// The receiver is at one of its limits now: come back after about
+    /// `retry_after`. Nothing of the session is kept.
+    Busy {
+        retry_after: std::time::Duration,
+        why: String,
+    },
     /// One plan per file, in file order.
     Accepted(Vec<FilePlan>),
 }
@@ -530,6 +536,8 @@ const STATUS_FAILED: u8 = 1;
 /// once the data came), and the one that says a file's hash differs.
 const STATUS_REFUSED: u8 = 2;
 const STATUS_MISMATCH: u8 = 3;
+/// A [`PlanReply`] only: busy now, with when to come back (ms, u32).
+const STATUS_BUSY: u8 = 4;
 
 /// A failure: its status, the longest text, the hash.
 fn failed_max_len() -> u64 {
@@ -545,6 +553,12 @@ impl PlanReply {
         match self {
             PlanReply::Refused(why) => {
                 out.push(STATUS_FAILED);
+                put_text(&mut out, why);
+            }
+            PlanReply::Busy { retry_after, why } => {
+                out.push(STATUS_BUSY);
+                let ms = u32::try_from(retry_after.as_millis()).unwrap_or(u32::MAX);
+                out.extend_from_slice(&ms.to_be_bytes());
                 put_text(&mut out, why);
             }
             PlanReply::Accepted(files) => {
@@ -577,7 +591,7 @@ impl PlanReply {
             .fold(1 + 4 + SEAL_LEN as u64, |sum, &size| {
                 sum.saturating_add(chunk_count(size).saturating_mul(32).saturating_add(1 + 4))
             });
-        held.max(failed_max_len())
+        held.max(failed_max_len() + 4)
     }
 
     /// Decodes a plan reply for a manifest whose files have these sizes.
@@ -585,6 +599,10 @@ impl PlanReply {
         let mut r = Reader::new(open(bytes)?);
         let reply = match r.u8()? {
             STATUS_FAILED => PlanReply::Refused(r.text()?),
+            STATUS_BUSY => PlanReply::Busy {
+                retry_after: std::time::Duration::from_millis(u64::from(r.u32()?)),
+                why: r.text()?,
+            },
             STATUS_OK => {
                 let n = r.count(1)?;
                 if n != file_sizes.len() {
@@ -895,6 +913,11 @@ mod tests {
             PlanReply::decode(&refused.encode(), &sizes).unwrap(),
             refused
         );
+        let busy = PlanReply::Busy {
+            retry_after: std::time::Duration::from_millis(1500),
+            why: "x".repeat(MESSAGE_MAX),
+        };
+        assert_eq!(PlanReply::decode(&busy.encode(), &sizes).unwrap(), busy);
         for o in [
             Outcome::Done {
                 bad: vec![ChunkRef { file: 3, chunk: 9 }],
@@ -926,7 +949,13 @@ mod tests {
         ]);
         assert_eq!(held.encode().len() as u64, PlanReply::max_len(&sizes));
         let refused = PlanReply::Refused("x".repeat(5000)).encode();
-        assert_eq!(refused.len() as u64, PlanReply::max_len(&[]));
+        let busy = PlanReply::Busy {
+            retry_after: std::time::Duration::from_secs(1),
+            why: "x".repeat(5000),
+        }
+        .encode();
+        assert_eq!(refused.len() as u64 + 4, PlanReply::max_len(&[]));
+        assert_eq!(busy.len() as u64, PlanReply::max_len(&[]));
         let bad = vec![ChunkRef { file: 1, chunk: 2 }; 1000];
         let done = Outcome::Done { bad }.encode();
         assert_eq!(done.len() as u64, Outcome::max_len(1000));

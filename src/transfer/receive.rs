@@ -33,6 +33,10 @@ use crate::io::ServeApp;
 use crate::proto::server::{Arrival, ConnEnd, SessionEvent};
 use crate::proto::Server;
 
+/// When a sender turned away busy is told to come back: about the time a
+/// small transfer takes to finish and free its place.
+const BUSY_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// A session with no connection for this long is forgotten.
 const SESSION_IDLE: Duration = Duration::from_secs(120);
 
@@ -705,13 +709,13 @@ impl FileReceiver {
         let from_ip = self.sessions.values().filter(|s| s.peer.ip() == ip).count();
         if self.sessions.len() >= limits.max_sessions {
             Some(format!(
-                "this server is busy: {} transfers in progress, its limit (--max-sessions); try again later",
+                "this server is busy: {} transfers in progress, its limit (--max-sessions)",
                 limits.max_sessions
             ))
         } else if from_ip >= limits.max_sessions_per_ip {
             Some(format!(
                 "this server is busy: {} transfers from {ip} in progress, its limit per address \
-                 (--max-sessions-per-ip); try again later",
+                 (--max-sessions-per-ip)",
                 limits.max_sessions_per_ip
             ))
         } else {
@@ -740,7 +744,7 @@ impl FileReceiver {
                 return;
             }
             if let Some(why) = self.session_budget(peer.ip()) {
-                self.refuse(server, conn_id, peer, why);
+                self.busy(server, conn_id, why);
                 return;
             }
             let job = PlanJob::Plan {
@@ -750,10 +754,8 @@ impl FileReceiver {
                 grant,
             };
             if self.plan_jobs.try_send(job).is_err() {
-                let why =
-                    "this server is busy: too many plans waiting to be checked; try again later"
-                        .to_string();
-                self.refuse(server, conn_id, peer, why);
+                let why = "this server is busy: too many plans waiting to be checked".to_string();
+                self.busy(server, conn_id, why);
                 return;
             }
             let now = Instant::now();
@@ -857,6 +859,17 @@ impl FileReceiver {
             why: why.clone(),
         });
         self.answer(server, conn_id, Outcome::Failed(why).encode());
+    }
+
+    /// A plan that cannot start now, at one of the budgets: the sender is
+    /// told when to come back, and nothing of it is kept (its connection
+    /// closes with the answer).
+    fn busy(&mut self, server: &mut Server, conn_id: u64, why: String) {
+        let reply = PlanReply::Busy {
+            retry_after: BUSY_RETRY_AFTER,
+            why,
+        };
+        self.answer(server, conn_id, reply.encode());
     }
 
     fn unknown_session(&mut self, server: &mut Server, conn_id: u64) {

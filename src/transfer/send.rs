@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 use tokio::sync::Notify;
@@ -63,6 +63,16 @@ pub enum SendError {
     BadReply { host: String, why: String },
     #[error("interrupted")]
     Interrupted,
+    /// The receiver was at one of its limits for the whole of
+    /// `--wait-busy`.
+    #[error(
+        "{host} was still busy after waiting {waited:.0} s (--wait-busy): {why}; try again later"
+    )]
+    Busy {
+        host: String,
+        why: String,
+        waited: f64,
+    },
     /// What the receiver holds is not what was sent: its final check
     /// failed, or chunks kept failing theirs.
     #[error("the transfer to {host} failed verification: {why}")]
@@ -105,6 +115,7 @@ impl SendError {
             SendError::Unverified { .. } => Fault::Verify,
             SendError::BadReply { .. } => Fault::Protocol,
             SendError::Interrupted => Fault::Interrupted,
+            SendError::Busy { .. } => Fault::Network,
         }
     }
 }
@@ -113,6 +124,7 @@ impl SendError {
 pub fn probe_fault(e: &ProbeError) -> Fault {
     use crate::proto::client::Stage;
     use crate::proto::crypto::handshake::HandshakeError as H;
+    use crate::proto::crypto::RefuseReason;
     use crate::proto::ConnError as C;
     match e {
         ProbeError::Socket { .. }
@@ -134,7 +146,9 @@ pub fn probe_fault(e: &ProbeError) -> Fault {
                 ..
             } => Fault::Network,
             C::Idle { .. } => Fault::Timeout,
-            C::Busy => Fault::Network,
+            C::Busy
+            | C::AuthRefused(RefuseReason::Busy)
+            | C::Handshake(H::Refused(RefuseReason::Busy)) => Fault::Network,
             C::Refused | C::AuthRefused(_) | C::AuthRequired | C::NoIdentity => Fault::Refused,
             C::Handshake(H::Refused(_) | H::Undecryptable | H::Replayed) => Fault::Refused,
             C::Handshake(_) | C::VersionMismatch { .. } | C::ReplyTooLong { .. } => {
@@ -170,6 +184,81 @@ pub struct SendConfig {
     /// What an earlier transfer learnt about the path to `peer`, for every
     /// connection's start ([`crate::path_cache`]); `None`: none.
     pub path_memory: Option<crate::proto::PathMemory>,
+    /// How long to keep coming back, with jittered growing pauses, to a
+    /// receiver that says it is busy, from its first such answer; zero:
+    /// give up at once.
+    pub wait_busy: Duration,
+}
+
+/// Coming back to a busy receiver: pauses of 0.5, 1, 2, 4, then 8 s (or
+/// the receiver's hint, if longer), each stretched by a random factor
+/// from 0.5 to 1.5 so that senders turned away together come back apart,
+/// all within [`SendConfig::wait_busy`] of the first refusal. Nothing is
+/// held at the receiver meanwhile: each try is a new connection.
+#[derive(Debug, Default)]
+struct BusyWait {
+    until: Option<Instant>,
+    tries: u32,
+}
+
+impl BusyWait {
+    /// Pauses before the next try, saying so in `progress`; false when
+    /// the wait is spent or the transfer was interrupted.
+    fn pause(
+        &mut self,
+        config: &SendConfig,
+        progress: &Progress,
+        hint: Duration,
+        why: &str,
+    ) -> bool {
+        let now = Instant::now();
+        let until = *self.until.get_or_insert(now + config.wait_busy);
+        if now >= until {
+            return false;
+        }
+        let base = Duration::from_millis(500 << self.tries.min(4)).max(hint);
+        let stretch = 0.5 + (crate::io::fresh_conn_id() % 1000) as f64 / 1000.0;
+        let pause = base.mul_f64(stretch).min(until - now);
+        self.tries += 1;
+        progress.set_stage(format!(
+            "waiting for the server, busy ({why}): again in {:.1} s",
+            pause.as_secs_f64()
+        ));
+        let end = now + pause;
+        while Instant::now() < end {
+            if progress.stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            std::thread::sleep((end - Instant::now()).min(Duration::from_millis(50)));
+        }
+        true
+    }
+
+    /// Seconds since the first busy answer.
+    fn waited(&self, config: &SendConfig) -> f64 {
+        self.until.map_or(0.0, |u| {
+            (Instant::now() + config.wait_busy)
+                .saturating_duration_since(u)
+                .as_secs_f64()
+        })
+    }
+}
+
+/// A connection turned away because the receiver is at a limit, before
+/// anything was sent on it.
+fn refused_busy(e: &SendError) -> bool {
+    use crate::proto::crypto::handshake::HandshakeError as H;
+    use crate::proto::crypto::RefuseReason;
+    use crate::proto::ConnError as C;
+    matches!(
+        e,
+        SendError::Conn(ProbeError::Conn {
+            error: C::Busy
+                | C::AuthRefused(RefuseReason::Busy)
+                | C::Handshake(H::Refused(RefuseReason::Busy)),
+            ..
+        })
+    )
 }
 
 /// Called as each data connection starts, with its round (1 for the
@@ -370,6 +459,7 @@ impl Observer for Watch<'_> {
 
 /// A data connection: its place (repair round, stream number from 1) for
 /// its trace file, and where `--progress json` reads its figures.
+#[derive(Clone, Copy)]
 struct DataConn<'a> {
     round: usize,
     stream: usize,
@@ -395,9 +485,32 @@ struct Ending {
 }
 
 /// Runs one connection of `session` carrying `feed`; returns the reply
-/// and the transport's summary.
+/// and the transport's summary. A connection turned away busy is tried
+/// again, within `--wait-busy`.
 #[allow(clippy::too_many_arguments)]
 fn run_conn<F: StreamFeed>(
+    config: &SendConfig,
+    from: Option<&Bound>,
+    session: u64,
+    len: u64,
+    feed: &mut F,
+    stop: &Progress,
+    ending: Ending,
+    data: Option<DataConn<'_>>,
+) -> (Result<Vec<u8>, SendError>, Option<Summary>) {
+    let mut busy = BusyWait::default();
+    loop {
+        let (result, summary) = run_conn_once(config, from, session, len, feed, stop, ending, data);
+        match &result {
+            Err(e)
+                if refused_busy(e) && busy.pause(config, stop, Duration::ZERO, &e.to_string()) => {}
+            _ => return (result, summary),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_conn_once<F: StreamFeed>(
     config: &SendConfig,
     from: Option<&Bound>,
     session: u64,
@@ -1068,30 +1181,46 @@ fn send_session(
             .collect(),
     }
     .encode();
-    let reply = ask(
-        config,
-        from.first(),
-        session,
-        request,
-        &progress,
-        PlanReply::max_len(&plan.sizes),
-    )?;
-    let plans = match PlanReply::decode(&reply, &plan.sizes) {
-        Ok(PlanReply::Accepted(p)) => {
-            *session_out = Some(session);
-            p
-        }
-        Ok(PlanReply::Refused(why)) => {
-            return Err(SendError::Refused {
-                host: config.host.clone(),
-                why,
-            })
-        }
-        Err(e) => {
-            return Err(SendError::BadReply {
-                host: config.host.clone(),
-                why: e.to_string(),
-            })
+    let mut busy = BusyWait::default();
+    let plans = loop {
+        let reply = ask(
+            config,
+            from.first(),
+            session,
+            request.clone(),
+            &progress,
+            PlanReply::max_len(&plan.sizes),
+        )?;
+        match PlanReply::decode(&reply, &plan.sizes) {
+            Ok(PlanReply::Accepted(p)) => {
+                *session_out = Some(session);
+                break p;
+            }
+            Ok(PlanReply::Busy { retry_after, why }) => {
+                if busy.pause(config, &progress, retry_after, &why) {
+                    continue;
+                }
+                if progress.stop.load(Ordering::Relaxed) {
+                    return Err(SendError::Interrupted);
+                }
+                return Err(SendError::Busy {
+                    host: config.host.clone(),
+                    why,
+                    waited: busy.waited(config),
+                });
+            }
+            Ok(PlanReply::Refused(why)) => {
+                return Err(SendError::Refused {
+                    host: config.host.clone(),
+                    why,
+                })
+            }
+            Err(e) => {
+                return Err(SendError::BadReply {
+                    host: config.host.clone(),
+                    why: e.to_string(),
+                })
+            }
         }
     };
 
