@@ -957,6 +957,9 @@ fn existing_files_are_refused_unless_overwrite_and_skip_existing_skips_identical
     let again = send(&[&tree], &target, &[]);
     let why = again.failure(REFUSED);
     assert!(why.contains("--overwrite"), "{why}");
+    // Named from DEST: the sender does not learn where DEST is.
+    assert!(why.contains("already exist in DEST:"), "{why}");
+    assert!(!why.contains(dest.to_str().unwrap()), "{why}");
     assert_same_tree(&tree, &dest.join("tree"));
 
     // --skip-existing: every file is already there.

@@ -57,6 +57,10 @@ pub struct DestDir {
     /// ([`DestDir::open_unchanged`]): nothing is staged there.
     staging: Option<OwnedFd>,
     path: PathBuf,
+    /// What messages call DEST: its path, or for a server, whose
+    /// messages go to its peers, a name that does not show the host's
+    /// file system.
+    shown_as: Option<PathBuf>,
     resolve: Resolve,
 }
 
@@ -136,6 +140,7 @@ impl DestDir {
                 root,
                 staging: None,
                 path: path.to_path_buf(),
+                shown_as: None,
                 resolve,
             });
         }
@@ -156,6 +161,7 @@ impl DestDir {
             root,
             staging: Some(staging),
             path: path.to_path_buf(),
+            shown_as: None,
             resolve,
         })
     }
@@ -168,12 +174,19 @@ impl DestDir {
         self.resolve
     }
 
+    /// Messages call DEST `name` rather than its path.
+    pub fn shown_as(mut self, name: impl Into<PathBuf>) -> DestDir {
+        self.shown_as = Some(name.into());
+        self
+    }
+
     /// `rel` under DEST, for messages.
     pub fn shown(&self, rel: &[u8]) -> PathBuf {
+        let root = self.shown_as.as_ref().unwrap_or(&self.path);
         if rel.is_empty() {
-            self.path.clone()
+            root.clone()
         } else {
-            self.path.join(std::ffi::OsStr::from_bytes(rel))
+            root.join(std::ffi::OsStr::from_bytes(rel))
         }
     }
 

@@ -20,6 +20,7 @@ use std::fs::File;
 use std::io;
 use std::ops::Range;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -785,7 +786,13 @@ pub fn prepare(
     let sub: Vec<u8> = subdir
         .as_ref()
         .map_or(Vec::new(), |s| s.as_bytes().to_vec());
-    let dest = dest_dir.shown(&sub);
+    // The report's (the operator's) and the messages' (the peer's).
+    let dest = if sub.is_empty() {
+        dest_dir.path().to_path_buf()
+    } else {
+        dest_dir.path().join(std::ffi::OsStr::from_bytes(&sub))
+    };
+    let dest_shown = dest_dir.shown(&sub);
     let reserved = |rel: &[u8]| split_first(rel) == STAGING_DIR.as_bytes();
     let mut dirs = DirCache::new(dest_dir);
     // The subdirectory: every existing component must be a real directory.
@@ -1047,7 +1054,7 @@ pub fn prepare(
                 format!("{} entries", conflicts.len())
             },
             if conflicts.len() == 1 { "s" } else { "" },
-            shown(dest.as_os_str().as_encoded_bytes()),
+            shown(dest_shown.as_os_str().as_encoded_bytes()),
             shown_names.join(", ")
         ));
     }

@@ -523,7 +523,7 @@ fn fits(dest: &DestDir, plan: &super::messages::PlanRequest) -> Result<(), Strin
         Ok(fs_size) if total > fs_size => Err(format!(
             "the files add up to {}, more than the whole file system of {} ({})",
             crate::units::format_size(total),
-            dest.path().display(),
+            dest.shown(b"").display(),
             crate::units::format_size(fs_size)
         )),
         _ => Ok(()),
@@ -560,7 +560,14 @@ impl FileReceiver {
         } else {
             DestDir::open(&config.root)
         };
-        let dest = Arc::new(open.map_err(|e| dest::io_error("use destination", &config.root, &e))?);
+        let dest = open.map_err(|e| dest::io_error("use destination", &config.root, &e))?;
+        // A server's refusals go to its peers: they name paths from DEST,
+        // not where DEST is on this host.
+        let dest = Arc::new(if config.policy.users_own {
+            dest
+        } else {
+            dest.shown_as("DEST")
+        });
         let (jobs, job_rx) = mpsc::channel::<Job>();
         let (plan_jobs, plan_rx) = mpsc::sync_channel::<PlanJob>(config.limits.plan_queue);
         let (done_tx, done_rx) = mpsc::channel();
