@@ -269,6 +269,13 @@ fn check_strict(path: &Path, meta: &fs::Metadata) -> Result<(), KeyError> {
     }
 }
 
+/// A file holding a public key to pin (`--server-key FILE`), read as any
+/// key file is: under `strictness`, one that another user could have
+/// written is refused, since it decides whom the client trusts.
+pub fn read_pinned_key_file(path: &Path, strictness: Strictness) -> Result<Vec<u8>, KeyError> {
+    read_limited(path, strictness)
+}
+
 /// Reads at most [`MAX_FILE`] bytes of a key file opened by
 /// [`open_key_file`].
 fn read_limited(path: &Path, strictness: Strictness) -> Result<Vec<u8>, KeyError> {

@@ -367,3 +367,27 @@ fn completions_name_every_subcommand() {
         }
     }
 }
+
+#[test]
+fn a_server_key_file_others_can_write_is_refused_unless_told() {
+    let dir = tmp("pinned-key");
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("server.pub");
+    std::fs::write(
+        &key,
+        "atou-x25519 AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA= a-server\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let k = key.to_str().unwrap();
+    // Nothing listens at port 9: the key is read before anything is sent.
+    let args = ["probe", "127.0.0.1:9", "--server-key", k, "--maxidle", "1"];
+    let out = atou(&args);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("chmod go-w"), "{}", stderr(&out));
+    let mut lax = args.to_vec();
+    lax.push("--no-strict-modes");
+    let out = atou(&lax);
+    assert!(!stderr(&out).contains("chmod go-w"), "{}", stderr(&out));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -106,7 +106,7 @@ impl ClientAuthArgs {
         }
         let identity = self.identity()?;
         let server_key = match &self.server_key {
-            Some(k) => read_key_arg(k)?,
+            Some(k) => read_key_arg(k, strictness(self.no_strict_modes))?,
             None => match self.known_server_key(host, peer, maxidle) {
                 Ok(k) => k,
                 Err(e)
@@ -184,14 +184,15 @@ impl ClientAuthArgs {
 }
 
 /// `--server-key`: a key, or a file whose first word pair is one.
-fn read_key_arg(arg: &str) -> Result<PublicKey> {
+fn read_key_arg(arg: &str, strict: Strictness) -> Result<PublicKey> {
     if let Ok(k) = keys::parse_public_key(arg) {
         return Ok(k);
     }
     let path = Path::new(arg);
     if path.exists() {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| UsageError(format!("--server-key {}: {e}", path.display())))?;
+        let bytes = keys::read_pinned_key_file(path, strict)
+            .map_err(|e| UsageError(format!("--server-key: {e}")))?;
+        let text = String::from_utf8_lossy(&bytes);
         let line = text.lines().next().unwrap_or("");
         return keys::parse_public_key(line).map_err(|e| {
             UsageError(format!(
