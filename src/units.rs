@@ -80,9 +80,11 @@ pub fn parse_duration(s: &str, bare: TimeUnit) -> Result<Duration, String> {
         "ms" | "msec" | "msecs" => 1_000_000,
         "s" | "sec" | "secs" => NANOS_PER_SEC,
         "m" | "min" => 60 * NANOS_PER_SEC,
+        "h" | "hour" | "hours" => 3600 * NANOS_PER_SEC,
+        "d" | "day" | "days" => 86_400 * NANOS_PER_SEC,
         other => {
             return Err(format!(
-                "`{}`: unknown time unit `{other}` (use us, ms or s)",
+                "`{}`: unknown time unit `{other}` (use us, ms, s, m, h or d)",
                 s.trim()
             ))
         }

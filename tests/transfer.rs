@@ -1658,6 +1658,41 @@ fn a_sender_that_will_not_wait_for_a_busy_server_exits_10() {
     first.kill();
 }
 
+#[test]
+fn abandoned_partial_files_go_after_the_staging_ttl() {
+    let scratch = Scratch::new("staging-ttl");
+    let dest = scratch.dir("dest");
+    let staging = dest.join(".atou-staging");
+    fs::create_dir(&staging).unwrap();
+    set_mode(&staging, 0o700);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let day = 86_400;
+    let old = staging.join("0123456789abcdef0123456789abcdef.part");
+    let recent = staging.join("fedcba9876543210fedcba9876543210.part");
+    for (f, age) in [(&old, 8 * day), (&recent, day)] {
+        write_random(f, 100_000, 3);
+        set_mtime(f, now - age, 0);
+    }
+    // A directory there is not atou's to remove, however old.
+    fs::create_dir(staging.join("not-ours")).unwrap();
+    // 0 keeps everything.
+    let server = Serve::start_with(&dest, &["--staging-ttl", "0"]);
+    drop(server);
+    assert!(old.exists() && recent.exists());
+    // The default is a week: the 8-day-old file goes at start.
+    let server = Serve::start(&dest);
+    assert!(!old.exists(), "{} is still there", old.display());
+    assert!(recent.exists());
+    assert!(staging.join("not-ours").is_dir());
+    // A shorter time takes the other one too.
+    drop(server);
+    let _server = Serve::start_with(&dest, &["--staging-ttl", "12h"]);
+    assert!(!recent.exists());
+}
+
 /// UDP ports bound to 127.0.0.1 and not connected, held by process `pid`.
 fn loopback_listening_ports(pid: u32) -> Vec<u16> {
     let inodes: Vec<String> = fs::read_dir(format!("/proc/{pid}/fd"))

@@ -2,6 +2,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -133,6 +134,24 @@ pub struct ReceiverArgs {
     /// Threads that check plans against the disk and finish transfers
     #[arg(long, value_name = "N", default_value_t = 2)]
     planners: usize,
+    /// Remove partial files of abandoned transfers that nothing has touched for this long, at start and every hour (a time with a unit: 7d, 12h, 90m; a bare number is seconds); 0: keep them until resumed
+    #[arg(long, value_name = "TIME", default_value = "7d", value_parser = parse_ttl)]
+    staging_ttl: Duration,
+}
+
+/// `7d`, `12h`, `90m` or `45s`: the largest unit that divides it.
+fn ttl_text(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        _ if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        _ if s % 3600 == 0 => format!("{}h", s / 3600),
+        _ if s % 60 == 0 => format!("{}m", s / 60),
+        _ => format!("{s}s"),
+    }
+}
+
+fn parse_ttl(s: &str) -> Result<Duration, String> {
+    atou::units::parse_duration(s, atou::units::TimeUnit::Seconds)
 }
 
 fn parse_umask(s: &str) -> Result<u32, String> {
@@ -179,6 +198,7 @@ impl ReceiverArgs {
             max_request: self.max_request,
             max_entries: self.max_files,
             planners: self.planners.max(1),
+            staging_ttl: Some(self.staging_ttl).filter(|t| !t.is_zero()),
             ..ReceiveLimits::default()
         }
     }
@@ -408,6 +428,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         None => Box::new(NoFiles),
         Some(dir) => {
             let root = check_root(dir).map_err(UsageError)?;
+            let staging = root.join(atou::io::dest_dir::STAGING_DIR);
             Box::new(
                 FileReceiver::new(
                     ReceiveConfig {
@@ -443,6 +464,20 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
                                     "dry_run": {"peer": peer, "dest": dest, "files": files, "skipped": skipped}
                                 })
                                 .to_string()
+                            }
+                            (ReceiveEvent::StagingCleaned { entries, bytes, ttl }, true) => {
+                                serde_json::json!({
+                                    "staging_cleaned": {"entries": entries, "bytes": bytes, "ttl_secs": ttl.as_secs()}
+                                })
+                                .to_string()
+                            }
+                            (ReceiveEvent::StagingCleaned { entries, bytes, ttl }, false) => {
+                                format!(
+                                    "removed {entries} abandoned partial files and records ({}) untouched for over {} (--staging-ttl) from {}",
+                                    atou::units::format_size(*bytes),
+                                    ttl_text(*ttl),
+                                    shown_path(&staging)
+                                )
                             }
                             (ReceiveEvent::Planned { peer, dest, files, skipped }, false) => {
                                 format!(

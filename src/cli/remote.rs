@@ -763,8 +763,9 @@ fn pull_into(
                 let r = match e {
                     ReceiveEvent::Done(r) => Ok(r),
                     ReceiveEvent::Failed { why, .. } => Err(why),
-                    // A pull's dry run is refused before it starts.
-                    ReceiveEvent::Planned { .. } => return,
+                    // A pull's dry run is refused before it starts; a
+                    // copy's receiver keeps its staging directory.
+                    ReceiveEvent::Planned { .. } | ReceiveEvent::StagingCleaned { .. } => return,
                 };
                 outcome.lock().expect("lock").get_or_insert(r);
             }
@@ -1053,7 +1054,9 @@ fn receive_into(
             let outcome = outcome.clone();
             move |e| {
                 let r = match e {
-                    ReceiveEvent::Done(_) | ReceiveEvent::Planned { .. } => Ok(()),
+                    ReceiveEvent::Done(_)
+                    | ReceiveEvent::Planned { .. }
+                    | ReceiveEvent::StagingCleaned { .. } => Ok(()),
                     ReceiveEvent::Failed { why, .. } => Err(why),
                 };
                 outcome.lock().expect("lock").get_or_insert(r);

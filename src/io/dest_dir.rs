@@ -23,7 +23,7 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags};
 
@@ -330,6 +330,40 @@ impl DestDir {
 
     /// Removes the staging directory if it holds nothing (no partial file
     /// to resume); only when no other transfer can be using it.
+    /// Removes the partial files, staged symlinks and records of parts in
+    /// the staging directory that have not changed since `before`: what
+    /// transfers abandoned long ago left (a transfer in progress writes
+    /// its partial file as data comes). Returns the entries and bytes
+    /// removed. Nothing else is touched, and nothing is followed.
+    pub fn remove_staged_unchanged_since(&self, before: SystemTime) -> io::Result<(u64, u64)> {
+        let Some(staging) = &self.staging else {
+            return Ok((0, 0));
+        };
+        let before = before
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        let (mut entries, mut bytes) = (0, 0);
+        for entry in rfs::Dir::read_from(staging).map_err(to_io)? {
+            let entry = entry.map_err(to_io)?;
+            let name = entry.file_name();
+            if matches!(name.to_bytes(), b"." | b"..") {
+                continue;
+            }
+            let Ok(st) = rfs::statat(staging, name, AtFlags::SYMLINK_NOFOLLOW) else {
+                continue;
+            };
+            let kind = FileType::from_raw_mode(st.st_mode);
+            if !matches!(kind, FileType::RegularFile | FileType::Symlink) || st.st_mtime >= before {
+                continue;
+            }
+            if rfs::unlinkat(staging, name, AtFlags::empty()).is_ok() {
+                entries += 1;
+                bytes += st.st_blocks as u64 * 512;
+            }
+        }
+        Ok((entries, bytes))
+    }
+
     pub fn remove_staging_if_empty(&self) {
         let _ = rfs::unlinkat(&self.root, STAGING_DIR, AtFlags::REMOVEDIR);
     }

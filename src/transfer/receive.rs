@@ -59,6 +59,13 @@ pub enum ReceiveEvent {
         dest: PathBuf,
         why: String,
     },
+    /// Partial files and records in the staging directory that nothing
+    /// had touched for `ttl` (abandoned transfers) were removed.
+    StagingCleaned {
+        entries: u64,
+        bytes: u64,
+        ttl: Duration,
+    },
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -118,6 +125,10 @@ pub struct ReceiveLimits {
     /// Plans and finishes waiting for a planner; past this a sender is
     /// told the server is busy.
     pub plan_queue: usize,
+    /// Partial files that nothing has touched for this long are removed,
+    /// at start and every hour (`atou serve --staging-ttl`); `None`: kept
+    /// until resumed (the user's own copies).
+    pub staging_ttl: Option<Duration>,
 }
 
 impl Default for ReceiveLimits {
@@ -129,6 +140,7 @@ impl Default for ReceiveLimits {
             max_entries: 1_000_000,
             planners: 2,
             plan_queue: 16,
+            staging_ttl: None,
         }
     }
 }
@@ -182,6 +194,12 @@ enum Done {
     Ready {
         session: SessionKey,
         result: Result<(), DestError>,
+    },
+    /// The staging directory's abandoned entries were removed.
+    StagingCleaned {
+        entries: u64,
+        bytes: u64,
+        ttl: Duration,
     },
 }
 
@@ -439,6 +457,54 @@ fn granted(
     Ok((plan, policy))
 }
 
+/// How often the staging directory is looked at for abandoned entries.
+const STAGING_SWEEP_EVERY: Duration = Duration::from_secs(3600);
+
+/// Removes abandoned partial files now and every hour on a thread of its
+/// own, for as long as the receiver holds DEST; what went is reported
+/// through `done`.
+fn start_staging_cleaner(
+    dest: &Arc<DestDir>,
+    ttl: Duration,
+    done: mpsc::Sender<Done>,
+    notify: Arc<Notify>,
+) -> std::io::Result<()> {
+    let sweep = move |dest: &DestDir| {
+        let before = std::time::SystemTime::now()
+            .checked_sub(ttl)
+            .unwrap_or(std::time::UNIX_EPOCH);
+        if let Ok((entries, bytes)) = dest.remove_staged_unchanged_since(before) {
+            if entries > 0 {
+                let _ = done.send(Done::StagingCleaned {
+                    entries,
+                    bytes,
+                    ttl,
+                });
+                notify.notify_one();
+            }
+        }
+    };
+    let held = Arc::downgrade(dest);
+    sweep(dest);
+    thread::Builder::new()
+        .name("atou-staging".into())
+        .spawn(move || loop {
+            // Wakes often to see the receiver gone; sweeps hourly.
+            let next = Instant::now() + STAGING_SWEEP_EVERY;
+            while Instant::now() < next {
+                thread::sleep(Duration::from_secs(1));
+                if held.strong_count() == 0 {
+                    return;
+                }
+            }
+            match held.upgrade() {
+                Some(dest) => sweep(&dest),
+                None => return,
+            }
+        })?;
+    Ok(())
+}
+
 /// A planner: checks plans against the disk and finishes transfers, off
 /// the I/O thread. Plans are decoded here too: a manifest's decode is
 /// work in proportion to its size.
@@ -594,6 +660,9 @@ impl FileReceiver {
                 .name(format!("atou-planner-{i}"))
                 .spawn(move || planner(j, dest, rules, d, n))
                 .map_err(cannot)?;
+        }
+        if let (Some(ttl), false) = (config.limits.staging_ttl, dry_runs_only) {
+            start_staging_cleaner(&dest, ttl, done_tx.clone(), notify.clone()).map_err(cannot)?;
         }
         Ok(FileReceiver {
             config,
@@ -1384,6 +1453,15 @@ impl FileReceiver {
                 conn_id,
                 result,
             } => self.on_finish_done(server, session, conn_id, result),
+            Done::StagingCleaned {
+                entries,
+                bytes,
+                ttl,
+            } => (self.on_event)(ReceiveEvent::StagingCleaned {
+                entries,
+                bytes,
+                ttl,
+            }),
         }
     }
 }
