@@ -1060,6 +1060,24 @@ fn checksum_compares_existing_files_by_content_not_mtime() {
     assert_eq!(report_u(&r, "bytes_sent"), 0, "{r}");
 }
 
+#[test]
+fn checksum_reading_has_a_budget() {
+    let scratch = Scratch::new("checksum-budget");
+    let tree = scratch.dir("src/t");
+    write_random(&tree.join("a"), 3 * MIB, 5);
+    let dest = scratch.dir("dest");
+    let server = Serve::start_with(&dest, &["--max-checksum", "2MiB"]);
+    let target = server.target();
+    send(&[&tree], &target, &[]).report();
+    // Comparing 3 MiB by content is over the server's 2 MiB.
+    let out = send(&[&tree], &target, &["--skip-existing", "--checksum"]);
+    let why = out.failure(REFUSED);
+    assert!(why.contains("--max-checksum"), "{why}");
+    // On size and mtime it costs the server no reading.
+    let r = send(&[&tree], &target, &["--skip-existing"]).report();
+    assert_eq!(report_u(&r, "bytes_sent"), 0, "{r}");
+}
+
 // ---------------------------------------------------------------------------
 // 5. Resume after a kill
 // ---------------------------------------------------------------------------

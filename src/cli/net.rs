@@ -134,6 +134,9 @@ pub struct ReceiverArgs {
     /// Threads that check plans against the disk and finish transfers
     #[arg(long, value_name = "N", default_value_t = 2)]
     planners: usize,
+    /// Most bytes of existing files one `--checksum` transfer may make this server read and hash to compare them by content; such plans also take at most all but one planner at once (others are told busy and come back)
+    #[arg(long, value_name = "SIZE", default_value = "1TiB", value_parser = parse_bytes)]
+    max_checksum: u64,
     /// Remove partial files of abandoned transfers that nothing has touched for this long, at start and every hour (a time with a unit: 7d, 12h, 90m; a bare number is seconds); 0: keep them until resumed
     #[arg(long, value_name = "TIME", default_value = "7d", value_parser = parse_ttl)]
     staging_ttl: Duration,
@@ -199,6 +202,7 @@ impl ReceiverArgs {
             max_entries: self.max_files,
             planners: self.planners.max(1),
             staging_ttl: Some(self.staging_ttl).filter(|t| !t.is_zero()),
+            max_checksum_bytes: self.max_checksum,
             ..ReceiveLimits::default()
         }
     }

@@ -761,7 +761,10 @@ pub fn prepare(
     dest_dir: &Arc<DestDir>,
     policy: &ReceivePolicy,
     request: PlanRequest,
+    checksum_budget: u64,
 ) -> Result<Prepared, String> {
+    // Bytes of existing files read to compare them by content.
+    let mut checksummed: u64 = 0;
     let PlanRequest {
         options: asked,
         subdir,
@@ -914,6 +917,15 @@ pub fn prepare(
                 if plan != FilePlan::Skip {
                     match dest_dir.look_staged(&staged) {
                         Ok(Found::Nothing) if existing.is_some() => {
+                            checksummed = checksummed.saturating_add(*size);
+                            if checksummed > checksum_budget {
+                                return Err(format!(
+                                    "--checksum would have this server read more than {} of \
+                                     existing files for one transfer, its limit \
+                                     (--max-checksum); send without --checksum, or in parts",
+                                    crate::units::format_size(checksum_budget)
+                                ));
+                            }
                             // Its chunks' values, as if it were a partial
                             // file: the sender sends only those that differ.
                             let (d, n) = split_rel(&rel);

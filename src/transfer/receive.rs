@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -125,6 +125,10 @@ pub struct ReceiveLimits {
     /// Plans and finishes waiting for a planner; past this a sender is
     /// told the server is busy.
     pub plan_queue: usize,
+    /// The most bytes of existing files one `--checksum` plan may make
+    /// the receiver read and hash; such plans also take at most all but
+    /// one planner at a time, so plans without it always have one.
+    pub max_checksum_bytes: u64,
     /// Partial files that nothing has touched for this long are removed,
     /// at start and every hour (`atou serve --staging-ttl`); `None`: kept
     /// until resumed (the user's own copies).
@@ -140,6 +144,7 @@ impl Default for ReceiveLimits {
             max_entries: 1_000_000,
             planners: 2,
             plan_queue: 16,
+            max_checksum_bytes: 1 << 40,
             staging_ttl: None,
         }
     }
@@ -185,6 +190,13 @@ enum Done {
         session: SessionKey,
         conn_id: u64,
         result: Result<Prepared, String>,
+    },
+    /// A plan that must wait for a place (a `--checksum` plan while
+    /// others take their share of the planners).
+    PlanBusy {
+        session: SessionKey,
+        conn_id: u64,
+        why: String,
     },
     Finish {
         session: SessionKey,
@@ -379,6 +391,11 @@ pub struct FileReceiver {
 struct PlanRules {
     policy: ReceivePolicy,
     max_entries: usize,
+    max_checksum_bytes: u64,
+    /// `--checksum` plans being checked now, over every planner, and how
+    /// many may be.
+    checksumming: Arc<AtomicUsize>,
+    max_checksumming: usize,
     /// Answer dry runs only, refusing any other plan (the receiver of a
     /// dry run, which must change nothing at its destination).
     dry_runs_only: bool,
@@ -515,11 +532,6 @@ fn planner(
     done: mpsc::Sender<Done>,
     notify: Arc<Notify>,
 ) {
-    let PlanRules {
-        policy,
-        max_entries,
-        dry_runs_only,
-    } = rules;
     loop {
         let job = match jobs.lock().expect("a planner panicked").recv() {
             Ok(job) => job,
@@ -531,36 +543,18 @@ fn planner(
                 conn_id,
                 bytes,
                 grant,
-            } => {
-                let result = match Request::decode(&bytes) {
-                    Ok(Request::Plan(plan)) if dry_runs_only && !plan.options.dry_run => Err(
-                        "this receiver answers dry runs only (--dry-run) and writes nothing"
-                            .to_string(),
-                    ),
-                    Ok(Request::Plan(plan)) if plan.manifest.entries.len() > max_entries => {
-                        Err(format!(
-                            "a transfer of {} entries, over this server's limit of {max_entries} \
-                             (--max-files); send it in parts",
-                            plan.manifest.entries.len()
-                        ))
-                    }
-                    Ok(Request::Plan(plan)) => policy
-                        .requested
-                        .as_ref()
-                        .map_or(Ok(()), |r| r.check(&plan))
-                        .and_then(|()| granted(plan, &policy, grant))
-                        .and_then(|(plan, policy)| {
-                            fits(&dest, &plan).and_then(|()| dest::prepare(&dest, &policy, plan))
-                        }),
-                    Ok(_) => Err("a request that is not a plan where a plan belongs".to_string()),
-                    Err(e) => Err(format!("a malformed plan: {e}")),
-                };
-                Done::Plan {
+            } => match plan_one(&dest, &rules, &bytes, grant) {
+                Planned::Ready(result) => Done::Plan {
                     session,
                     conn_id,
                     result,
-                }
-            }
+                },
+                Planned::Busy(why) => Done::PlanBusy {
+                    session,
+                    conn_id,
+                    why,
+                },
+            },
             PlanJob::Finish {
                 session,
                 conn_id,
@@ -575,6 +569,87 @@ fn planner(
         };
         let _ = done.send(result);
         notify.notify_one();
+    }
+}
+
+/// What a plan request comes to.
+// One a plan, moved at once into a `Done`: its size costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Planned {
+    /// Checked against the disk: prepared, or refused and why.
+    Ready(Result<Prepared, String>),
+    /// Not now: come back later.
+    Busy(String),
+}
+
+/// Decodes and checks one plan request under `rules`.
+fn plan_one(dest: &Arc<DestDir>, rules: &PlanRules, bytes: &[u8], grant: Option<Grant>) -> Planned {
+    let plan = match Request::decode(bytes) {
+        Ok(Request::Plan(plan)) => plan,
+        Ok(_) => {
+            let why = "a request that is not a plan where a plan belongs";
+            return Planned::Ready(Err(why.to_string()));
+        }
+        Err(e) => return Planned::Ready(Err(format!("a malformed plan: {e}"))),
+    };
+    if rules.dry_runs_only && !plan.options.dry_run {
+        let why = "this receiver answers dry runs only (--dry-run) and writes nothing";
+        return Planned::Ready(Err(why.to_string()));
+    }
+    if plan.manifest.entries.len() > rules.max_entries {
+        return Planned::Ready(Err(format!(
+            "a transfer of {} entries, over this server's limit of {} (--max-files); send it \
+             in parts",
+            plan.manifest.entries.len(),
+            rules.max_entries
+        )));
+    }
+    // A --checksum plan reads existing files whole: it may hold a planner
+    // only while another is left for plans without it.
+    let _place = if plan.options.checksum && plan.options.skip_existing {
+        match ChecksumPlace::take(&rules.checksumming, rules.max_checksumming) {
+            Some(place) => Some(place),
+            None => {
+                return Planned::Busy(format!(
+                    "this server is busy: {} --checksum plans are being checked, its limit \
+                     (one fewer than --planners)",
+                    rules.max_checksumming
+                ))
+            }
+        }
+    } else {
+        None
+    };
+    let policy = &rules.policy;
+    Planned::Ready(
+        policy
+            .requested
+            .as_ref()
+            .map_or(Ok(()), |r| r.check(&plan))
+            .and_then(|()| granted(plan, policy, grant))
+            .and_then(|(plan, policy)| {
+                fits(dest, &plan)?;
+                dest::prepare(dest, &policy, plan, rules.max_checksum_bytes)
+            }),
+    )
+}
+
+/// One of the places `--checksum` plans share; given back when dropped.
+struct ChecksumPlace<'a>(&'a AtomicUsize);
+
+impl<'a> ChecksumPlace<'a> {
+    fn take(taken: &'a AtomicUsize, places: usize) -> Option<ChecksumPlace<'a>> {
+        if taken.fetch_add(1, Ordering::AcqRel) >= places {
+            taken.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(ChecksumPlace(taken))
+    }
+}
+
+impl Drop for ChecksumPlace<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -648,12 +723,16 @@ impl FileReceiver {
                 .spawn(move || writer(j, d, n))
                 .map_err(cannot)?;
         }
+        let checksumming = Arc::new(AtomicUsize::new(0));
         for i in 0..config.limits.planners.max(1) {
             let (j, d, n) = (plan_rx.clone(), done_tx.clone(), notify.clone());
             let dest = dest.clone();
             let rules = PlanRules {
                 policy: config.policy.clone(),
                 max_entries: config.limits.max_entries,
+                max_checksum_bytes: config.limits.max_checksum_bytes,
+                checksumming: checksumming.clone(),
+                max_checksumming: config.limits.planners.max(2) - 1,
                 dry_runs_only,
             };
             thread::Builder::new()
@@ -1438,6 +1517,14 @@ impl FileReceiver {
                 conn_id,
                 result,
             } => self.on_plan_done(server, session, conn_id, result),
+            Done::PlanBusy {
+                session,
+                conn_id,
+                why,
+            } => {
+                self.remove_session(session);
+                self.busy(server, conn_id, why);
+            }
             Done::Ready { session, result } => {
                 let Some(s) = self.sessions.get_mut(&session) else {
                     return;
@@ -1651,4 +1738,20 @@ pub fn check_root(root: &Path) -> Result<PathBuf, String> {
     }
     root.canonicalize()
         .map_err(|e| dest::io_error("use destination", root, &e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksum_plans_share_their_places_and_give_them_back() {
+        let taken = AtomicUsize::new(0);
+        let first = ChecksumPlace::take(&taken, 1).expect("a place");
+        assert!(ChecksumPlace::take(&taken, 1).is_none(), "only one place");
+        assert_eq!(taken.load(Ordering::Relaxed), 1);
+        drop(first);
+        let again = ChecksumPlace::take(&taken, 1);
+        assert!(again.is_some(), "given back when dropped");
+    }
 }
