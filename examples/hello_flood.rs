@@ -1,0 +1,111 @@
+//! A hello flood against `atou serve`, for scripts/bench-flood.sh: one
+//! handshake hello of a key the server does not authorize, made with the
+//! crate's own initiator (what a capture of a real client's hello holds),
+//! with the server's cookie spliced in if it asks for one, then replayed
+//! as fast as one thread can send it for SECS seconds, from one address or
+//! from SOURCES addresses (127.1.x.y: loopback's whole /8 is this host's,
+//! so each is a source address of its own without raw sockets).
+//!
+//!     cargo run --release --example hello_flood -- ADDR KEY SECS [SOURCES]
+//!
+//! KEY is the server's public key (`atou-x25519 BASE64`, as `atou serve`
+//! prints it). Prints what was sent and what came back, and the ratio.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use atou::proto::crypto::handshake::{random_id, ClientConfig, Initiator, Progress};
+use atou::proto::crypto::{Cipher, StaticKeypair};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() < 3 {
+        return Err("usage: hello_flood ADDR KEY SECS [SOURCES]".into());
+    }
+    let server: SocketAddr = args[0].parse()?;
+    let server_key = atou::keys::parse_public_key(&args[1])?;
+    let secs: f64 = args[2].parse()?;
+    let sources: usize = args.get(3).map_or(Ok(1), |s| s.parse())?;
+    if sources > 1 && !server.ip().is_loopback() {
+        return Err(
+            "several sources are 127.1.x.y addresses: the server must be on loopback".into(),
+        );
+    }
+
+    // The "captured" hello: a key of our own, which the server does not know.
+    let config = ClientConfig {
+        identity: StaticKeypair::generate()?,
+        server_key,
+        cipher: Cipher::for_this_cpu(),
+        params: Vec::new(),
+    };
+    let now_ns = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
+    let mut initiator = Initiator::new(&config, random_id()?, now_ns)?;
+
+    let sockets: Vec<UdpSocket> = (0..sources)
+        .map(|i| {
+            let ip: IpAddr = if sources == 1 {
+                if server.is_ipv4() {
+                    Ipv4Addr::UNSPECIFIED.into()
+                } else {
+                    std::net::Ipv6Addr::UNSPECIFIED.into()
+                }
+            } else {
+                Ipv4Addr::new(127, 1, (i / 250) as u8, (i % 250 + 1) as u8).into()
+            };
+            UdpSocket::bind(SocketAddr::new(ip, 0))
+        })
+        .collect::<Result<_, _>>()?;
+
+    // One exchange as a real address would have it: a cookie asked for
+    // is taken and spliced into the hello that is then replayed.
+    sockets[0].send_to(initiator.hello(), server)?;
+    sockets[0].set_read_timeout(Some(Duration::from_millis(500)))?;
+    let mut buf = [0u8; 2048];
+    if let Ok((n, _)) = sockets[0].recv_from(&mut buf) {
+        if let Ok(Progress::SendHelloAgain) = initiator.on_datagram(&buf[..n]) {
+            eprintln!("hello_flood: the server asked for a cookie; it is in the hello replayed");
+        }
+    }
+    let hello = initiator.hello().to_vec();
+    for s in &sockets {
+        s.set_nonblocking(true)?;
+    }
+
+    let started = Instant::now();
+    let until = started + Duration::from_secs_f64(secs);
+    let (mut sent, mut back, mut back_bytes) = (0u64, 0u64, 0u64);
+    'flood: loop {
+        for s in &sockets {
+            if Instant::now() >= until {
+                break 'flood;
+            }
+            if s.send_to(&hello, server).is_ok() {
+                sent += 1;
+            }
+            while let Ok((n, _)) = s.recv_from(&mut buf) {
+                back += 1;
+                back_bytes += n as u64;
+            }
+        }
+    }
+    // Answers still on their way.
+    std::thread::sleep(Duration::from_millis(200));
+    for s in &sockets {
+        while let Ok((n, _)) = s.recv_from(&mut buf) {
+            back += 1;
+            back_bytes += n as u64;
+        }
+    }
+    let took = started.elapsed().as_secs_f64();
+    let sent_bytes = sent * hello.len() as u64;
+    println!(
+        "hello_flood: {sent} hellos ({} B each) from {sources} address{} in {took:.1} s \
+         ({:.0}/s); {back} answers, {back_bytes} B: {:.3}x the bytes sent",
+        hello.len(),
+        if sources == 1 { "" } else { "es" },
+        sent as f64 / took,
+        back_bytes as f64 / sent_bytes.max(1) as f64
+    );
+    Ok(())
+}
