@@ -632,7 +632,8 @@ pub enum ServeEvent {
         addr: SocketAddr,
         buffers: SocketBuffers,
     },
-    Report(ConnReport),
+    /// Boxed: the server's counters make it many times the others' size.
+    Report(Box<ConnReport>),
     Notice(Notice),
     /// The socket receive buffer grew for a client that asked for more.
     RcvbufGrown {
@@ -730,7 +731,7 @@ pub async fn serve_from(
             on_event(ServeEvent::Notice(n));
         }
         while let Some(r) = server.poll_report() {
-            on_event(ServeEvent::Report(r));
+            on_event(ServeEvent::Report(Box::new(r)));
             done |= config.once;
         }
         // Send errors to one client (its host unreachable, say) must not

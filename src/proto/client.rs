@@ -76,9 +76,10 @@ impl std::fmt::Display for Stage {
         f.write_str(match self {
             Stage::Hello => "waiting for the server to answer the hello",
             Stage::Handshake => {
-                "waiting for the server to answer the hello (a server that does not hold the \
-                 key this client pinned cannot read it, and stays silent: check the server's \
-                 key)"
+                "waiting for the server to answer the hello (a server stays silent to a key \
+                 that is not in its authorized keys, and cannot read a hello to a key it does \
+                 not hold: check that this client's public key is in the server's authorized \
+                 keys, and the server's key)"
             }
             Stage::Transfer => "during the transfer",
             Stage::Reply => "waiting for the server's reply",

@@ -19,9 +19,10 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::crypto::amplification::Budget;
+use super::crypto::ratelimit::{Rate, RateLimiter};
 use super::crypto::{
     frame, handshake, CookieSecret, Decision, HandshakeError, Opener, PublicKey, RefuseReason,
-    Responder, Sealer, ServerAuth,
+    Responder, Screened, Sealer, ServerAuth,
 };
 use super::payload::pattern_mismatch;
 use super::receiver::{Receiver, ReceiverConfig};
@@ -47,10 +48,13 @@ pub const REPLY_FRAGMENT_MAX: usize = 1200;
 /// Fetches remembered per connection until answered; a client asks for a
 /// window of fragments at a time, and asks again for those lost.
 const FETCH_QUEUE_MAX: usize = 256;
-/// Authenticated hellos (each costs four X25519 operations) worked
+/// Authenticated hellos (each costs up to five X25519 operations) worked
 /// through per second before hellos must carry a cookie: past this the
 /// server is under load (WireGuard's cookie reply; RFC 9000 §8.1.2).
 const HANDSHAKES_PER_SEC: u32 = 200;
+/// WireGuard's ratelimiter.c: PACKETS_PER_SECOND, PACKETS_BURSTABLE.
+const HELLOS_PER_SEC_PER_SOURCE: u32 = 20;
+const HELLO_BURST_PER_SOURCE: u32 = 5;
 /// A path challenge is sent again this often until answered (RFC 9000
 /// §8.2.1), and a new path that has not answered in [`PATH_GIVE_UP`] is
 /// abandoned for the last validated one (§9.3.2).
@@ -84,7 +88,18 @@ pub struct ServerStats {
     pub handshakes: u64,
     /// Hellos answered with a cookie (under load).
     pub cookies_sent: u64,
-    /// Authenticated clients refused (unknown key, busy, bad parameters).
+    /// Hellos worked through with public-key operations (two X25519 to
+    /// read one, three more to answer it): at most the per-source and
+    /// global budgets ([`ServerLimits::hellos_per_sec`]).
+    pub hellos_worked: u64,
+    /// Hellos dropped unread: their source, or all sources together, had
+    /// spent the budget of public-key operations.
+    pub hellos_limited: u64,
+    /// Copies of hellos already worked through (replays), dropped after
+    /// a lookup.
+    pub hellos_seen: u64,
+    /// Authenticated clients refused (busy, bad parameters) or, unknown
+    /// keys, not answered.
     pub auth_refused: u64,
     /// Handshake messages that did not open or parse (dropped, unanswered).
     pub bad_handshakes: u64,
@@ -444,6 +459,19 @@ pub struct ServerLimits {
     /// The socket receive buffer is never grown past this, whatever a
     /// hello asks (the operator's own setting).
     pub max_socket_rcvbuf: u32,
+    /// Hellos one source (an IPv4 address, an IPv6 /64) may have
+    /// public-key operations spent on, a second; past its budget its
+    /// hellos are dropped unread. A hello that makes a session gives its
+    /// token back, so a client's parallel streams are never held back.
+    pub hellos_per_sec_per_source: u32,
+    /// The same source's hellos at once (its bucket's size).
+    pub hello_burst_per_source: u32,
+    /// The same for all sources together (at once: a quarter second's
+    /// worth), however many addresses a flood comes from.
+    pub hellos_per_sec: u32,
+    /// Sources whose budget is tracked at once; a new one past this takes
+    /// the place of the one with the fullest bucket.
+    pub max_rate_sources: usize,
 }
 
 impl Default for ServerLimits {
@@ -456,6 +484,10 @@ impl Default for ServerLimits {
             total_window_bytes: 1 << 30,
             hello_idle: Duration::from_secs(10),
             max_socket_rcvbuf: 8 << 20,
+            hellos_per_sec_per_source: HELLOS_PER_SEC_PER_SOURCE,
+            hello_burst_per_source: HELLO_BURST_PER_SOURCE,
+            hellos_per_sec: 1000,
+            max_rate_sources: 4096,
         }
     }
 }
@@ -471,6 +503,8 @@ pub struct Server {
     /// Authenticated hellos worked through in the current second.
     hello_second: Time,
     hellos_this_second: u32,
+    /// The price of public-key operations, per source and in all.
+    rate: RateLimiter,
     cookie_rotated: Time,
     conns: HashMap<u64, Conn>,
     ready: VecDeque<u64>,
@@ -508,6 +542,14 @@ impl Server {
             handshake_out: VecDeque::new(),
             hello_second: Time::ZERO,
             hellos_this_second: 0,
+            rate: RateLimiter::new(
+                Rate::new(
+                    limits.hellos_per_sec_per_source,
+                    limits.hello_burst_per_source,
+                ),
+                Rate::new(limits.hellos_per_sec, (limits.hellos_per_sec / 4).max(1)),
+                limits.max_rate_sources,
+            ),
             cookie_rotated: Time::ZERO,
             conns: HashMap::new(),
             ready: VecDeque::new(),
@@ -599,6 +641,12 @@ impl Server {
 
     pub fn stats(&self) -> &ServerStats {
         &self.stats
+    }
+
+    /// Sources whose budget of public-key operations is tracked now (at
+    /// most [`ServerLimits::max_rate_sources`]).
+    pub fn rate_sources_tracked(&self) -> usize {
+        self.rate.tracked()
     }
 
     pub fn open_connections(&self) -> usize {
@@ -893,9 +941,12 @@ impl Server {
 
     /// A Noise hello (issue 13). Nothing is kept for it unless it opens,
     /// its key is authorized and the hello's parameters are admitted;
-    /// under load, nothing at all without a valid cookie.
+    /// under load, nothing at all without a valid cookie. No public-key
+    /// operation is spent on a copy of a hello already read, nor past the
+    /// source's or everyone's budget; a key not authorized is not
+    /// answered.
     fn on_secure_hello(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
-        let Some(mut responder) = self.responder.take() else {
+        let Some(responder) = self.responder.as_mut() else {
             // No key to answer with: say so, in no more than arrived.
             if datagram.len() >= handshake::HELLO_MIN_LEN {
                 let client_id = HeaderPeek::read(datagram).map_or(0, |p| p.conn_id);
@@ -923,53 +974,6 @@ impl Server {
                 .per_ip
                 .get(&from.ip())
                 .is_some_and(|(n, _)| *n >= self.limits.max_connections_per_ip * 3 / 4);
-        let mut server_id = handshake::random_id().unwrap_or(0);
-        while server_id == 0 || self.conns.contains_key(&server_id) {
-            server_id = server_id.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        }
-        let mut admitted: Option<(Hello, Admission)> = None;
-        let mut refused_why = String::new();
-        let result =
-            responder.on_hello(now, from, datagram, under_load, server_id, |key, params| {
-                if let Some(keys) = &self.auth.authorized {
-                    if keys.find(key).is_none() {
-                        refused_why = "its key is not in the authorized keys".to_string();
-                        return Decision::Refuse(RefuseReason::NotAuthorized);
-                    }
-                }
-                let hello = match Packet::decode(params) {
-                    Ok(Packet::Hello(h)) => h,
-                    _ => {
-                        refused_why = "its parameters are not a hello".to_string();
-                        return Decision::Refuse(RefuseReason::ParamsRefused);
-                    }
-                };
-                match self.admission(from, &hello) {
-                    Ok(admission) => {
-                        let welcome = Welcome {
-                            conn_id: hello.conn_id,
-                            receiver: ReceiverParams {
-                                rcvbuf: self.granted_rcvbuf,
-                                ..admission.params
-                            },
-                        };
-                        let mut bytes = vec![0u8; CONTROL_MAX_LEN];
-                        let n = welcome.emit(&mut bytes).unwrap_or(0);
-                        bytes.truncate(n);
-                        admitted = Some((hello, admission));
-                        Decision::Accept(bytes)
-                    }
-                    Err((reason, why)) => {
-                        refused_why = why;
-                        Decision::Refuse(if reason == RejectReason::Busy {
-                            RefuseReason::Busy
-                        } else {
-                            RefuseReason::ParamsRefused
-                        })
-                    }
-                }
-            });
-        self.responder = Some(responder);
         // What is sent to an address not yet validated: at most 3× what
         // came from it (RFC 9000 §8.1).
         let mut budget = Budget::new();
@@ -980,17 +984,103 @@ impl Server {
                 server.queue_handshake(from, bytes);
             }
         };
+        // Everything before the first Diffie-Hellman is cheap: the frame,
+        // a lookup for a copy, the cookie under load, then the price.
+        let hello = match responder.screen(now, from, datagram, under_load) {
+            Ok(Screened::Fresh(hello)) => hello,
+            Ok(Screened::Cookie(bytes)) => {
+                self.stats.cookies_sent += 1;
+                answer(self, bytes);
+                return;
+            }
+            Ok(Screened::Seen) => {
+                self.stats.hellos_seen += 1;
+                return;
+            }
+            Err(_) => {
+                self.stats.bad_handshakes += 1;
+                return;
+            }
+        };
+        // WireGuard's ratelimiter.c, before any public-key operation
+        // (whitepaper §5.3: under load, the cookie first, then the rate).
+        if self.rate.allow(now, from.ip()).is_err() {
+            self.stats.hellos_limited += 1;
+            return;
+        }
+        let Some(mut responder) = self.responder.take() else {
+            return;
+        };
+        self.stats.hellos_worked += 1;
+        self.hellos_this_second += 1;
+        let mut server_id = handshake::random_id().unwrap_or(0);
+        while server_id == 0 || self.conns.contains_key(&server_id) {
+            server_id = server_id.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        }
+        let mut admitted: Option<(Hello, Admission)> = None;
+        let mut refused_why = String::new();
+        let result = responder.answer(hello, server_id, |key, params| {
+            if let Some(keys) = &self.auth.authorized {
+                if keys.find(key).is_none() {
+                    refused_why =
+                        "its key is not in the authorized keys (not answered)".to_string();
+                    return Decision::Ignore;
+                }
+            }
+            let hello = match Packet::decode(params) {
+                Ok(Packet::Hello(h)) => h,
+                _ => {
+                    refused_why = "its parameters are not a hello".to_string();
+                    return Decision::Refuse(RefuseReason::ParamsRefused);
+                }
+            };
+            match self.admission(from, &hello) {
+                Ok(admission) => {
+                    let welcome = Welcome {
+                        conn_id: hello.conn_id,
+                        receiver: ReceiverParams {
+                            rcvbuf: self.granted_rcvbuf,
+                            ..admission.params
+                        },
+                    };
+                    let mut bytes = vec![0u8; CONTROL_MAX_LEN];
+                    let n = welcome.emit(&mut bytes).unwrap_or(0);
+                    bytes.truncate(n);
+                    admitted = Some((hello, admission));
+                    Decision::Accept(bytes)
+                }
+                Err((reason, why)) => {
+                    refused_why = why;
+                    Decision::Refuse(if reason == RejectReason::Busy {
+                        RefuseReason::Busy
+                    } else {
+                        RefuseReason::ParamsRefused
+                    })
+                }
+            }
+        });
+        self.responder = Some(responder);
         match result {
             Ok(handshake::Reply::Cookie(bytes)) => {
                 self.stats.cookies_sent += 1;
                 answer(self, bytes);
+            }
+            Ok(handshake::Reply::Ignored { peer }) => {
+                self.stats.auth_refused += 1;
+                self.notice(
+                    now,
+                    Notice::AuthRefused {
+                        peer: from,
+                        key: peer,
+                        why: refused_why,
+                    },
+                );
             }
             Ok(handshake::Reply::Refused {
                 datagram,
                 peer,
                 reason,
             }) => {
-                self.hellos_this_second += 1;
                 self.stats.auth_refused += 1;
                 if reason == RefuseReason::Busy {
                     self.stats.busy_rejects += 1;
@@ -1008,7 +1098,8 @@ impl Server {
             Ok(handshake::Reply::Accepted {
                 datagram, session, ..
             }) => {
-                self.hellos_this_second += 1;
+                // Worth its price: the source's token goes back.
+                self.rate.refund(now, from.ip());
                 let Some((hello, admission)) = admitted else {
                     return;
                 };
@@ -1054,7 +1145,6 @@ impl Server {
                 answer(self, datagram);
             }
             Err(_) => {
-                self.hellos_this_second += 1;
                 self.stats.bad_handshakes += 1;
             }
         }
