@@ -816,3 +816,121 @@ fn a_thousand_sources_get_no_more_than_the_global_handshake_budget() {
     assert!(s.hellos_limited > 0, "{s:?}");
     assert!(most_tracked <= 256, "{most_tracked} sources tracked");
 }
+
+/// A server as `atou serve` builds it when started at `wall_ns` (the
+/// wall clock, in nanoseconds since the Unix epoch), with its key from
+/// a file: what a restart builds.
+fn started_at(wall_ns: u64, server_key: &StaticKeypair, client_key: &StaticKeypair) -> Server {
+    let limits = ServerLimits {
+        replay_floor_ns: atou::proto::server::replay_floor(wall_ns),
+        ..ServerLimits::default()
+    };
+    Server::new(limits, 1 << 20, 2 << 20)
+        .with_auth(ServerAuth {
+            identity: Some(server_key.clone()),
+            authorized: Some(authorized(&[client_key])),
+            allow_plain: false,
+        })
+        .unwrap()
+}
+
+/// The first datagram of an authenticated client whose wall clock reads
+/// `wall_ns`: its hello.
+fn hello_at(
+    id: u64,
+    wall_ns: u64,
+    client_key: &StaticKeypair,
+    server_key: &StaticKeypair,
+) -> Vec<u8> {
+    let mut c = Client::new(&tuning(), id, Some(BYTES), Time::ZERO)
+        .unwrap()
+        .with_auth(
+            ClientAuth {
+                identity: client_key.clone(),
+                server_key: server_key.public(),
+                cipher: Cipher::Aes256Gcm,
+            },
+            wall_ns,
+        )
+        .unwrap();
+    let mut buf = vec![0u8; 2048];
+    let n = c
+        .poll_transmit(Time::ZERO, &mut buf, &mut PatternSource)
+        .unwrap();
+    buf.truncate(n);
+    buf
+}
+
+/// The replay state is in memory: a hello captured from an authorized
+/// client used to be accepted once more by the restarted server (a
+/// session no one can use, holding a slot and a window until it
+/// expires). Now a server refuses hellos timestamped before its start,
+/// less a skew for clocks that differ.
+#[test]
+fn a_hello_accepted_before_a_restart_is_refused_after_it() {
+    let (server_key, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let start = 1_700_000_000_000_000_000u64;
+    let mut first = started_at(start, &server_key, &client_key);
+    let captured = hello_at(40, start + 60_000_000_000, &client_key, &server_key);
+    let at = Time::ZERO + Duration::from_secs(60);
+    first.handle_datagram(at, addr(1), &mut captured.clone());
+    assert_eq!(first.stats().handshakes, 1);
+    // Ten minutes later the server restarts; the attacker replays.
+    let restart = start + 600_000_000_000;
+    let mut second = started_at(restart, &server_key, &client_key);
+    second.handle_datagram(Time::ZERO, addr(9), &mut captured.clone());
+    assert_eq!(second.stats().handshakes, 0, "{:?}", second.stats());
+    assert_eq!(second.open_connections(), 0);
+    // The client's own next hello gets in.
+    let fresh = hello_at(41, restart + 1_000_000_000, &client_key, &server_key);
+    second.handle_datagram(
+        Time::ZERO + Duration::from_secs(1),
+        addr(1),
+        &mut fresh.clone(),
+    );
+    assert_eq!(second.stats().handshakes, 1);
+}
+
+/// The price of the restart floor: a client whose clock is behind a
+/// freshly started server's by more than the skew is refused, and told
+/// why, until the server has run for the difference.
+#[test]
+fn a_client_clock_behind_a_fresh_server_by_more_than_the_skew_is_told_so() {
+    let (server_key, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let start = 1_700_000_000_000_000_000u64;
+    let mut server = started_at(start, &server_key, &client_key);
+    let mut client = Client::new(&tuning(), 42, Some(BYTES), Time::ZERO)
+        .unwrap()
+        .with_auth(
+            ClientAuth {
+                identity: client_key.clone(),
+                server_key: server_key.public(),
+                cipher: Cipher::Aes256Gcm,
+            },
+            start - 5 * 60_000_000_000,
+        )
+        .unwrap();
+    run(
+        &mut client,
+        &mut server,
+        addr(1),
+        Duration::from_secs(5),
+        straight(addr(1)),
+    );
+    let Some(Err(e @ ConnError::AuthRefused(_))) = client.outcome() else {
+        panic!("{:?}", client.outcome());
+    };
+    assert!(e.to_string().contains("clock is behind"), "{e}");
+    assert_eq!(server.open_connections(), 0);
+    // Within the skew, it gets in.
+    let mut server = started_at(start, &server_key, &client_key);
+    let hello = hello_at(43, start - 60_000_000_000, &client_key, &server_key);
+    server.handle_datagram(Time::ZERO, addr(1), &mut hello.clone());
+    assert_eq!(server.stats().handshakes, 1);
+}

@@ -202,6 +202,14 @@ pub struct ProbeResult {
 
 /// A fresh connection id: unpredictable enough that two clients on one
 /// host do not collide, without a crypto dependency.
+/// The wall clock in nanoseconds since the Unix epoch (0 before it): what
+/// hello timestamps are, and what a server's replay floor is made of.
+pub fn wall_clock_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
 pub fn fresh_conn_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -353,10 +361,7 @@ pub async fn connect_from<F: StreamFeed>(
         Err(e) => return fail(ProbeError::Tuning(e)),
     };
     if let Some(auth) = config.auth.clone() {
-        let wall_ns = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        client = match client.with_auth(auth, wall_ns) {
+        client = match client.with_auth(auth, wall_clock_ns()) {
             Ok(c) => c,
             Err(error) => {
                 return fail(ProbeError::Conn {

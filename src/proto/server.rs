@@ -472,6 +472,19 @@ pub struct ServerLimits {
     /// Sources whose budget is tracked at once; a new one past this takes
     /// the place of the one with the fullest bucket.
     pub max_rate_sources: usize,
+    /// Authenticated hellos timestamped before this (wall-clock
+    /// nanoseconds since the Unix epoch) are refused: a server whose key
+    /// outlives it sets [`replay_floor`] of its start, so that a hello
+    /// captured before a restart is not accepted once more. 0: none (a
+    /// server whose key is made for its one run needs none).
+    pub replay_floor_ns: u64,
+}
+
+/// The [`ServerLimits::replay_floor_ns`] of a server started at
+/// `wall_clock_ns`: its start less [`handshake::RESTART_SKEW`], for clients
+/// whose clocks are a little behind.
+pub fn replay_floor(wall_clock_ns: u64) -> u64 {
+    wall_clock_ns.saturating_sub(handshake::RESTART_SKEW.as_nanos() as u64)
 }
 
 impl Default for ServerLimits {
@@ -488,6 +501,7 @@ impl Default for ServerLimits {
             hello_burst_per_source: HELLO_BURST_PER_SOURCE,
             hellos_per_sec: 1000,
             max_rate_sources: 4096,
+            replay_floor_ns: 0,
         }
     }
 }
@@ -578,7 +592,10 @@ impl Server {
             Some(id) => {
                 let cookies = CookieSecret::random()
                     .map_err(|_| HandshakeError::Noise("the OS random generator failed".into()))?;
-                Some(Responder::new(id.clone(), cookies))
+                Some(
+                    Responder::new(id.clone(), cookies)
+                        .with_timestamp_floor(self.limits.replay_floor_ns),
+                )
             }
             None => None,
         };
@@ -1082,6 +1099,11 @@ impl Server {
                 reason,
             }) => {
                 self.stats.auth_refused += 1;
+                if reason == RefuseReason::ClockBehind {
+                    refused_why = "its hello is timestamped more than 2 min before this server \
+                                   started (a replay, or a client clock behind)"
+                        .to_string();
+                }
                 if reason == RefuseReason::Busy {
                     self.stats.busy_rejects += 1;
                 }

@@ -75,6 +75,11 @@ pub const MAX_PARAMS_LEN: usize = 1024;
 /// Hello timestamps remembered at most (one per authorized client key).
 pub const DEFAULT_MAX_REMEMBERED: usize = 65_536;
 
+/// How far a client's clock may be behind a server's that has just
+/// started: a hello timestamped earlier than the server's start less this
+/// is refused ([`Responder::with_timestamp_floor`]).
+pub const RESTART_SKEW: std::time::Duration = std::time::Duration::from_secs(120);
+
 pub const KIND_HELLO: u8 = 0x20;
 const KIND_RESPONSE: u8 = 0x21;
 const KIND_COOKIE: u8 = 0x22;
@@ -190,6 +195,11 @@ pub enum RefuseReason {
     ParamsRefused,
     /// The server is at one of its limits.
     Busy,
+    /// The hello's timestamp is older than the server's floor (its start,
+    /// less [`RESTART_SKEW`]): a hello made before the server started may
+    /// be a replay, which a restarted server cannot tell from a client
+    /// whose clock is behind.
+    ClockBehind,
 }
 
 impl RefuseReason {
@@ -198,6 +208,7 @@ impl RefuseReason {
             RefuseReason::NotAuthorized => 1,
             RefuseReason::ParamsRefused => 2,
             RefuseReason::Busy => 3,
+            RefuseReason::ClockBehind => 4,
         }
     }
 
@@ -206,6 +217,7 @@ impl RefuseReason {
             1 => Some(RefuseReason::NotAuthorized),
             2 => Some(RefuseReason::ParamsRefused),
             3 => Some(RefuseReason::Busy),
+            4 => Some(RefuseReason::ClockBehind),
             _ => None,
         }
     }
@@ -219,6 +231,12 @@ impl fmt::Display for RefuseReason {
             }
             RefuseReason::ParamsRefused => "the server refused the transfer's parameters",
             RefuseReason::Busy => "the server is busy (at one of its limits); try again later",
+            RefuseReason::ClockBehind => {
+                "this host's clock is behind the server's: the hello's time is more than 2 min \
+                 before the server started, and a server that restarted cannot tell such a hello \
+                 from a replayed one; set this host's clock (NTP), or retry once the server has \
+                 run as long as the clocks differ"
+            }
         })
     }
 }
@@ -731,6 +749,8 @@ pub struct Responder {
     newest: HashMap<PublicKey, Recent>,
     max_remembered: usize,
     seen: SeenHellos,
+    /// Hellos timestamped before this are refused (0: none).
+    floor: u64,
 }
 
 impl fmt::Debug for Responder {
@@ -750,7 +770,24 @@ impl Responder {
             newest: HashMap::new(),
             max_remembered: DEFAULT_MAX_REMEMBERED,
             seen: SeenHellos::new(DEFAULT_MAX_SEEN),
+            floor: 0,
         }
+    }
+
+    /// Refuses hellos timestamped before `floor` (wall-clock nanoseconds
+    /// since the Unix epoch, as the timestamps are): WireGuard keeps, per
+    /// key, the greatest timestamp seen (whitepaper §5.1), in memory, so a
+    /// restarted responder would accept once more a hello captured before
+    /// the restart. A floor of the start time less [`RESTART_SKEW`] refuses
+    /// every hello made more than that before the start, without a file
+    /// to keep; the price is that a client whose clock is behind the
+    /// server's by more than the skew is refused (with
+    /// [`RefuseReason::ClockBehind`], which says so) until the server has
+    /// run for the difference, and that a hello captured within the skew
+    /// before a restart can still be replayed once.
+    pub fn with_timestamp_floor(mut self, floor: u64) -> Responder {
+        self.floor = floor;
+        self
     }
 
     /// Caps the digests of hellos remembered ([`DEFAULT_MAX_SEEN`]).
@@ -873,10 +910,14 @@ impl Responder {
             return Err(HandshakeError::Replayed);
         }
         let ids = (hello.client_id, server_id);
-        let (status, server_params) = match decide(&client_key, payload.params) {
+        let decision = decide(&client_key, payload.params);
+        let too_old = payload.timestamp < self.floor;
+        let (status, server_params) = match decision {
+            // Said nothing to, whatever its time.
+            Decision::Ignore => return Ok(Reply::Ignored { peer: client_key }),
+            _ if too_old => (RefuseReason::ClockBehind.code(), Vec::new()),
             Decision::Accept(sp) => (0, sp),
             Decision::Refuse(reason) => (reason.code(), Vec::new()),
-            Decision::Ignore => return Ok(Reply::Ignored { peer: client_key }),
         };
         let datagram = response(&mut noise, status, ids, &server_params)?;
         if let Some(reason) = RefuseReason::from_code(status) {
@@ -1407,6 +1448,46 @@ mod tests {
             hello(&mut w, &stale, 14).unwrap_err(),
             HandshakeError::Replayed
         );
+    }
+
+    /// WireGuard's rule (whitepaper §5.1) keeps the greatest timestamp per
+    /// key in memory; across a restart the floor stands in for it: older
+    /// hellos are refused with a reason the client can print, newer ones
+    /// get in, and a key the server ignores is told nothing either way.
+    #[test]
+    fn a_hello_older_than_the_floor_is_refused_as_a_clock_behind() {
+        let mut w = world();
+        let floor = 100 * REPLAY_WINDOW_NS;
+        w.server = Responder::new(
+            StaticKeypair::generate().unwrap(),
+            CookieSecret::new([5; 32]),
+        )
+        .with_timestamp_floor(floor);
+        let mut old = Initiator::new(&config(&w), 1, floor - 1).unwrap();
+        let Reply::Refused {
+            datagram, reason, ..
+        } = hello_at(&mut w, &old, false).unwrap()
+        else {
+            panic!("not refused");
+        };
+        assert_eq!(reason, RefuseReason::ClockBehind);
+        let err = old.on_datagram(&datagram).unwrap_err();
+        assert!(err.to_string().contains("clock is behind"), "{err}");
+        let stranger = Initiator::new(&config(&w), 2, floor - 1).unwrap();
+        let r = w.server.on_hello(
+            T0,
+            addr("192.0.2.7:1"),
+            stranger.hello(),
+            false,
+            2,
+            |_, _| Decision::Ignore,
+        );
+        assert!(matches!(r, Ok(Reply::Ignored { .. })));
+        let new = Initiator::new(&config(&w), 3, floor).unwrap();
+        assert!(matches!(
+            hello_at(&mut w, &new, false),
+            Ok(Reply::Accepted { .. })
+        ));
     }
 
     #[test]
