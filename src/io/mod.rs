@@ -202,6 +202,40 @@ pub struct ProbeResult {
 
 /// A fresh connection id: unpredictable enough that two clients on one
 /// host do not collide, without a crypto dependency.
+/// The address tokens `--no-auth` servers gave this process (their retry,
+/// RFC 9000 §8.1.2), by server: the next plain connection to the same
+/// server starts with its token and saves the retry's round trip while
+/// the token is valid (2 to 4 minutes; one that is not is answered with a
+/// retry and a new token, as if there were none).
+mod address_tokens {
+    use std::collections::HashMap;
+    use std::net::SocketAddr;
+    use std::sync::{Mutex, OnceLock};
+
+    use crate::proto::wire::AddressToken;
+
+    /// Servers remembered at once: a process talks to a handful.
+    const MAX: usize = 64;
+
+    fn table() -> &'static Mutex<HashMap<SocketAddr, AddressToken>> {
+        static TABLE: OnceLock<Mutex<HashMap<SocketAddr, AddressToken>>> = OnceLock::new();
+        TABLE.get_or_init(|| Mutex::new(HashMap::new()))
+    }
+
+    pub fn get(server: SocketAddr) -> Option<AddressToken> {
+        table().lock().ok()?.get(&server).copied()
+    }
+
+    pub fn put(server: SocketAddr, token: AddressToken) {
+        if let Ok(mut t) = table().lock() {
+            if t.len() >= MAX && !t.contains_key(&server) {
+                t.clear();
+            }
+            t.insert(server, token);
+        }
+    }
+}
+
 /// The wall clock in nanoseconds since the Unix epoch (0 before it): what
 /// hello timestamps are, and what a server's replay floor is made of.
 pub fn wall_clock_ns() -> u64 {
@@ -360,6 +394,9 @@ pub async fn connect_from<F: StreamFeed>(
             .with_reply_limit(config.reply_limit),
         Err(e) => return fail(ProbeError::Tuning(e)),
     };
+    if config.auth.is_none() {
+        client = client.with_address_token(address_tokens::get(peer));
+    }
     if let Some(auth) = config.auth.clone() {
         client = match client.with_auth(auth, wall_clock_ns()) {
             Ok(c) => c,
@@ -405,6 +442,9 @@ pub async fn connect_from<F: StreamFeed>(
         ..
     } = driver;
     let now = clock.now();
+    if let Some(token) = client.address_token() {
+        address_tokens::put(peer, token);
+    }
     let granted = client.granted();
     let bad_packets = client.bad_packets();
     let cipher = client.cipher();
