@@ -605,6 +605,40 @@ fn hello(session: u64, conn_id: u64, mss: u32, rcvsegs: u32, rcvbuf: u32) -> Vec
     b[..n].to_vec()
 }
 
+/// The address token a `--no-auth` server wants before it keeps anything
+/// for a hello (its retry), as an attacker at a real address gets it.
+fn token(sock: &UdpSocket, to: SocketAddr) -> Vec<u8> {
+    sock.send_to(&hello(0, fresh_conn_id(), 1472, 64, 0), to)
+        .unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut b = [0u8; 256];
+    let (n, _) = sock.recv_from(&mut b).expect("a retry");
+    match atou::proto::wire::Packet::decode(&b[..n]) {
+        Ok(atou::proto::wire::Packet::Retry(r)) => r.token.to_vec(),
+        other => panic!("not a retry: {other:?}"),
+    }
+}
+
+/// `hello` with the token after it.
+fn with_token(hello: Vec<u8>, token: &[u8]) -> Vec<u8> {
+    [hello, token.to_vec()].concat()
+}
+
+/// The next datagram on `sock` is a welcome: the attack's connection is
+/// open (else the test would test nothing).
+fn expect_welcome(sock: &UdpSocket) {
+    let mut b = [0u8; 256];
+    let (n, _) = sock.recv_from(&mut b).expect("a welcome");
+    assert!(
+        matches!(
+            atou::proto::wire::Packet::decode(&b[..n]),
+            Ok(atou::proto::wire::Packet::Welcome(_))
+        ),
+        "{:?}",
+        atou::proto::wire::Packet::decode(&b[..n])
+    );
+}
+
 fn segment(conn_id: u64, seg: u64, payload: &[u8], fin: bool) -> Vec<u8> {
     let mut b = vec![0u8; DATA_HEADER_LEN + payload.len()];
     WireHeader {
@@ -632,8 +666,13 @@ fn far_offsets_in_a_request_stream_allocate_nothing() {
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let (mss, conn) = (1472u32, fresh_conn_id());
     let payload = u64::from(mss) - DATA_HEADER_LEN as u64;
-    sock.send_to(&hello(session_id(), conn, mss, 1 << 20, 0), s.addr)
-        .unwrap();
+    let t = token(&sock, s.addr);
+    sock.send_to(
+        &with_token(hello(session_id(), conn, mss, 1 << 20, 0), &t),
+        s.addr,
+    )
+    .unwrap();
+    expect_welcome(&sock);
     std::thread::sleep(Duration::from_millis(100));
     let before = s.rss_mib();
     let mut body = vec![0u8; payload as usize];
@@ -679,8 +718,13 @@ fn one_segment_per_chunk_across_a_huge_window_pins_no_more_than_the_budget() {
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let (mss, conn) = (1472u32, fresh_conn_id());
     let payload = u64::from(mss) - DATA_HEADER_LEN as u64;
-    sock.send_to(&hello(session, conn, mss, 1 << 20, 0), s.addr)
-        .unwrap();
+    let t = token(&sock, s.addr);
+    sock.send_to(
+        &with_token(hello(session, conn, mss, 1 << 20, 0), &t),
+        s.addr,
+    )
+    .unwrap();
+    expect_welcome(&sock);
     std::thread::sleep(Duration::from_millis(100));
     let before = s.rss_mib();
     let mut first = vec![0u8; payload as usize];
@@ -704,18 +748,19 @@ fn one_segment_per_chunk_across_a_huge_window_pins_no_more_than_the_budget() {
 }
 
 /// 4096 hellos (168 KB) used to hold every connection slot for 600 s and
-/// lock out everyone. Now one address gets its share, hellos that send
-/// nothing expire in seconds, a full server says "busy", and the refusals
-/// do not flood the log.
+/// lock out everyone. Now one address (a real one, which got its address
+/// token) gets its share, hellos that send nothing expire in seconds, a
+/// full server says "busy", and the refusals do not flood the log.
 #[test]
 fn a_flood_of_hellos_from_one_address_does_not_lock_out_another() {
     let scratch = Scratch::new("hello-flood");
     let mut s = Serve::start(&scratch.dest(), &["--json"]);
     let flood = UdpSocket::bind("127.0.0.2:0").unwrap();
+    let t = token(&flood, s.addr);
     for _ in 0..4096 {
         flood
             .send_to(
-                &hello(session_id(), fresh_conn_id(), 1472, 1 << 20, 0),
+                &with_token(hello(session_id(), fresh_conn_id(), 1472, 1 << 20, 0), &t),
                 s.addr,
             )
             .unwrap();
@@ -745,8 +790,12 @@ fn a_flood_of_hellos_from_one_address_does_not_lock_out_another() {
     // The flood's connections expire in seconds, not 600 s.
     std::thread::sleep(Duration::from_secs(11));
     let one = UdpSocket::bind("127.0.0.2:0").unwrap();
-    one.send_to(&hello(session_id(), fresh_conn_id(), 1472, 64, 0), s.addr)
-        .unwrap();
+    let t = token(&one, s.addr);
+    one.send_to(
+        &with_token(hello(session_id(), fresh_conn_id(), 1472, 64, 0), &t),
+        s.addr,
+    )
+    .unwrap();
     one.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let mut b = [0u8; 256];
     let (n, _) = one.recv_from(&mut b).expect("an answer");
@@ -764,8 +813,12 @@ fn a_hello_cannot_grow_the_servers_socket_buffer() {
     let scratch = Scratch::new("rcvbuf");
     let s = Serve::start(&scratch.dest(), &["--rcvbuf", "1MiB"]);
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-    sock.send_to(&hello(0, fresh_conn_id(), 1472, 64, 2 << 30), s.addr)
-        .unwrap();
+    let t = token(&sock, s.addr);
+    sock.send_to(
+        &with_token(hello(0, fresh_conn_id(), 1472, 64, 2 << 30), &t),
+        s.addr,
+    )
+    .unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let mut b = [0u8; 256];
     let (n, _) = sock.recv_from(&mut b).unwrap();
@@ -896,7 +949,16 @@ mod sans_io {
             )
             .unwrap();
             Rig {
-                server: Server::new(ServerLimits::default(), 1 << 20, 1 << 20),
+                // The receiver is under test, not address validation:
+                // plain hellos open connections without a token.
+                server: Server::new(
+                    ServerLimits {
+                        unvalidated_plain: 64,
+                        ..ServerLimits::default()
+                    },
+                    1 << 20,
+                    1 << 20,
+                ),
                 app,
                 now: Time::ZERO,
                 events,

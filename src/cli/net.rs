@@ -505,7 +505,13 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         once: args.once && args.dir.is_none(),
         sndbuf: args.sndbuf,
         rcvbuf: args.rcvbuf,
-        limits: args.receiver.server_limits(args.rcvbuf),
+        limits: ServerLimits {
+            // The key is read from a file and outlives this run: hellos
+            // made before it started are refused (a replay across a
+            // restart), less a skew for clocks a little behind.
+            replay_floor_ns: atou::proto::server::replay_floor(io::wall_clock_ns()),
+            ..args.receiver.server_limits(args.rcvbuf)
+        },
         auth,
     };
     let mut write_error = None;

@@ -202,6 +202,48 @@ pub struct ProbeResult {
 
 /// A fresh connection id: unpredictable enough that two clients on one
 /// host do not collide, without a crypto dependency.
+/// The address tokens `--no-auth` servers gave this process (their retry,
+/// RFC 9000 §8.1.2), by server: the next plain connection to the same
+/// server starts with its token and saves the retry's round trip while
+/// the token is valid (2 to 4 minutes; one that is not is answered with a
+/// retry and a new token, as if there were none).
+mod address_tokens {
+    use std::collections::HashMap;
+    use std::net::SocketAddr;
+    use std::sync::{Mutex, OnceLock};
+
+    use crate::proto::wire::AddressToken;
+
+    /// Servers remembered at once: a process talks to a handful.
+    const MAX: usize = 64;
+
+    fn table() -> &'static Mutex<HashMap<SocketAddr, AddressToken>> {
+        static TABLE: OnceLock<Mutex<HashMap<SocketAddr, AddressToken>>> = OnceLock::new();
+        TABLE.get_or_init(|| Mutex::new(HashMap::new()))
+    }
+
+    pub fn get(server: SocketAddr) -> Option<AddressToken> {
+        table().lock().ok()?.get(&server).copied()
+    }
+
+    pub fn put(server: SocketAddr, token: AddressToken) {
+        if let Ok(mut t) = table().lock() {
+            if t.len() >= MAX && !t.contains_key(&server) {
+                t.clear();
+            }
+            t.insert(server, token);
+        }
+    }
+}
+
+/// The wall clock in nanoseconds since the Unix epoch (0 before it): what
+/// hello timestamps are, and what a server's replay floor is made of.
+pub fn wall_clock_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
 pub fn fresh_conn_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -352,11 +394,11 @@ pub async fn connect_from<F: StreamFeed>(
             .with_reply_limit(config.reply_limit),
         Err(e) => return fail(ProbeError::Tuning(e)),
     };
+    if config.auth.is_none() {
+        client = client.with_address_token(address_tokens::get(peer));
+    }
     if let Some(auth) = config.auth.clone() {
-        let wall_ns = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        client = match client.with_auth(auth, wall_ns) {
+        client = match client.with_auth(auth, wall_clock_ns()) {
             Ok(c) => c,
             Err(error) => {
                 return fail(ProbeError::Conn {
@@ -400,6 +442,9 @@ pub async fn connect_from<F: StreamFeed>(
         ..
     } = driver;
     let now = clock.now();
+    if let Some(token) = client.address_token() {
+        address_tokens::put(peer, token);
+    }
     let granted = client.granted();
     let bad_packets = client.bad_packets();
     let cipher = client.cipher();
@@ -632,7 +677,8 @@ pub enum ServeEvent {
         addr: SocketAddr,
         buffers: SocketBuffers,
     },
-    Report(ConnReport),
+    /// Boxed: the server's counters make it many times the others' size.
+    Report(Box<ConnReport>),
     Notice(Notice),
     /// The socket receive buffer grew for a client that asked for more.
     RcvbufGrown {
@@ -730,7 +776,7 @@ pub async fn serve_from(
             on_event(ServeEvent::Notice(n));
         }
         while let Some(r) = server.poll_report() {
-            on_event(ServeEvent::Report(r));
+            on_event(ServeEvent::Report(Box::new(r)));
             done |= config.once;
         }
         // Send errors to one client (its host unreachable, say) must not

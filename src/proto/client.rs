@@ -30,8 +30,8 @@ use super::time::Time;
 use super::tuning::{Tuning, TuningError};
 use super::wire::ReceiverStats;
 use super::wire::{
-    Close, Fetch, Hello, Packet, PathProbe, ReceiverParams, RejectReason, Reply, WireError,
-    CONTROL_MAX_LEN, VERSION,
+    AddressToken, Close, Fetch, Hello, Packet, PathProbe, ReceiverParams, RejectReason, Reply,
+    WireError, CONTROL_MAX_LEN, VERSION,
 };
 use super::InputError;
 
@@ -76,9 +76,10 @@ impl std::fmt::Display for Stage {
         f.write_str(match self {
             Stage::Hello => "waiting for the server to answer the hello",
             Stage::Handshake => {
-                "waiting for the server to answer the hello (a server that does not hold the \
-                 key this client pinned cannot read it, and stays silent: check the server's \
-                 key)"
+                "waiting for the server to answer the hello (a server stays silent to a key \
+                 that is not in its authorized keys, and cannot read a hello to a key it does \
+                 not hold: check that this client's public key is in the server's authorized \
+                 keys, and the server's key)"
             }
             Stage::Transfer => "during the transfer",
             Stage::Reply => "waiting for the server's reply",
@@ -356,6 +357,11 @@ pub struct Client {
     /// What an earlier connection to this destination learnt, for the
     /// sender ([`Client::with_path_memory`]).
     path_memory: Option<PathMemory>,
+    /// A plain hello's proof of address, from the server's retry (or an
+    /// earlier connection's: [`Client::with_address_token`]).
+    address_token: Option<AddressToken>,
+    /// A retry brought a token: send the hello again at once.
+    hello_now: bool,
 }
 
 impl Client {
@@ -389,7 +395,24 @@ impl Client {
             secure: None,
             path_responses: VecDeque::new(),
             path_memory: None,
+            address_token: None,
+            hello_now: false,
         })
+    }
+
+    /// Starts a plain connection with the address token an earlier one to
+    /// the same server got (a server of `--no-auth` asks for one before it
+    /// keeps anything: RFC 9000 §8.1.2's Retry), saving the round trip of
+    /// the retry while the token is valid (2 to 4 minutes, from any port of
+    /// this host's address).
+    pub fn with_address_token(mut self, token: Option<AddressToken>) -> Client {
+        self.address_token = token;
+        self
+    }
+
+    /// The address token the server gave, for the next connection to it.
+    pub fn address_token(&self) -> Option<AddressToken> {
+        self.address_token
     }
 
     /// Starts the sender from what an earlier connection to the same
@@ -697,6 +720,7 @@ impl Client {
             Packet::CloseAck(c) => c.conn_id,
             Packet::Reject(r) => r.conn_id,
             Packet::Reply(r) => r.conn_id(),
+            Packet::Retry(r) => r.conn_id,
             Packet::PathChallenge(p) if self.secure.is_some() => p.conn_id,
             other => {
                 self.bad_packets += 1;
@@ -722,6 +746,16 @@ impl Client {
             }),
             (Packet::Welcome(w), State::Hello) if self.secure.is_none() => {
                 self.on_welcome(now, w.receiver)
+            }
+            // RFC 9000 §8.1.2: the server keeps nothing until the hello
+            // comes back with this token. A token already held is not sent
+            // again at once (the usual back-off repeats it), so no stream
+            // of retries makes this client send more than it gets.
+            (Packet::Retry(r), State::Hello)
+                if self.secure.is_none() && self.address_token != Some(r.token) =>
+            {
+                self.address_token = Some(r.token);
+                self.hello_now = true;
             }
             // Authenticated (a secure client decodes only what opened):
             // echo it from wherever this client now is (RFC 9000 §8.2.2).
@@ -990,7 +1024,10 @@ impl Client {
             .ok();
         }
         match self.state {
-            State::Hello if self.retry.due(now) => self.hello().emit(buf).ok(),
+            State::Hello if std::mem::take(&mut self.hello_now) || self.retry.due(now) => self
+                .hello()
+                .emit_with_token(self.address_token.as_ref(), buf)
+                .ok(),
             State::Transfer => {
                 let n = self.sender.as_mut()?.poll_transmit(now, buf, source);
                 self.after_sender(now);
@@ -1039,6 +1076,7 @@ impl Client {
                     (!self.tuning.maxidle.is_zero()).then(|| self.started + self.tuning.maxidle);
                 let next = match &self.secure {
                     Some(s) if s.hello_again => self.started,
+                    None if self.hello_now => self.started,
                     _ => self.retry.next,
                 };
                 [Some(next), give_up].into_iter().flatten().min()

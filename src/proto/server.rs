@@ -19,17 +19,19 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::crypto::amplification::Budget;
+use super::crypto::ratelimit::{Rate, RateLimiter};
 use super::crypto::{
     frame, handshake, CookieSecret, Decision, HandshakeError, Opener, PublicKey, RefuseReason,
-    Responder, Sealer, ServerAuth,
+    Responder, Screened, Sealer, ServerAuth,
 };
 use super::payload::pattern_mismatch;
 use super::receiver::{Receiver, ReceiverConfig};
 use super::time::Time;
 use super::wire::ReceiverStats;
 use super::wire::{
-    CloseAck, HeaderPeek, Hello, Packet, PathProbe, ReceiverParams, Reject, RejectReason, Reply,
-    Welcome, CONTROL_MAX_LEN, DATA_HEADER_LEN, REPLY_HEADER_LEN, VERSION,
+    hello_token, AddressToken, CloseAck, HeaderPeek, Hello, Packet, PathProbe, ReceiverParams,
+    Reject, RejectReason, Reply, Retry, Welcome, CONTROL_MAX_LEN, DATA_HEADER_LEN,
+    REPLY_HEADER_LEN, VERSION,
 };
 
 /// A client that asked for `maxidle 0` is still forgotten after this long
@@ -47,10 +49,13 @@ pub const REPLY_FRAGMENT_MAX: usize = 1200;
 /// Fetches remembered per connection until answered; a client asks for a
 /// window of fragments at a time, and asks again for those lost.
 const FETCH_QUEUE_MAX: usize = 256;
-/// Authenticated hellos (each costs four X25519 operations) worked
+/// Authenticated hellos (each costs up to five X25519 operations) worked
 /// through per second before hellos must carry a cookie: past this the
 /// server is under load (WireGuard's cookie reply; RFC 9000 §8.1.2).
 const HANDSHAKES_PER_SEC: u32 = 200;
+/// WireGuard's ratelimiter.c: PACKETS_PER_SECOND, PACKETS_BURSTABLE.
+const HELLOS_PER_SEC_PER_SOURCE: u32 = 20;
+const HELLO_BURST_PER_SOURCE: u32 = 5;
 /// A path challenge is sent again this often until answered (RFC 9000
 /// §8.2.1), and a new path that has not answered in [`PATH_GIVE_UP`] is
 /// abandoned for the last validated one (§9.3.2).
@@ -84,12 +89,29 @@ pub struct ServerStats {
     pub handshakes: u64,
     /// Hellos answered with a cookie (under load).
     pub cookies_sent: u64,
-    /// Authenticated clients refused (unknown key, busy, bad parameters).
+    /// Hellos worked through with public-key operations (two X25519 to
+    /// read one, three more to answer it): at most the per-source and
+    /// global budgets ([`ServerLimits::hellos_per_sec`]).
+    pub hellos_worked: u64,
+    /// Hellos dropped unread: their source, or all sources together, had
+    /// spent the budget of public-key operations.
+    pub hellos_limited: u64,
+    /// Copies of hellos already worked through (replays), dropped after
+    /// a lookup.
+    pub hellos_seen: u64,
+    /// Authenticated clients refused (busy, bad parameters) or, unknown
+    /// keys, not answered.
     pub auth_refused: u64,
     /// Handshake messages that did not open or parse (dropped, unanswered).
     pub bad_handshakes: u64,
     /// Plain hellos refused because the server requires authentication.
     pub plain_refused: u64,
+    /// Plain hellos without a valid address token answered with a retry
+    /// (a token to send the hello again with), nothing kept.
+    pub retries_sent: u64,
+    /// Datagrams not sent to an address that has not proved it receives:
+    /// they would have passed 3× what came from it.
+    pub unvalidated_held_back: u64,
     /// Protected datagrams that failed to open (forged, corrupted,
     /// replayed), dropped unanswered.
     pub crypto_dropped: u64,
@@ -274,6 +296,9 @@ struct Conn {
     window_bytes: u64,
     /// Keys and peer of an authenticated connection.
     secure: Option<Box<ConnSecure>>,
+    /// A plain connection opened without an address token: what is sent
+    /// to its address is held to 3× what came from it (RFC 9000 §8.1).
+    unvalidated: Option<Budget>,
 }
 
 /// An authenticated connection's keys and peer (issue 13).
@@ -444,6 +469,39 @@ pub struct ServerLimits {
     /// The socket receive buffer is never grown past this, whatever a
     /// hello asks (the operator's own setting).
     pub max_socket_rcvbuf: u32,
+    /// Hellos one source (an IPv4 address, an IPv6 /64) may have
+    /// public-key operations spent on, a second; past its budget its
+    /// hellos are dropped unread. A hello that makes a session gives its
+    /// token back, so a client's parallel streams are never held back.
+    pub hellos_per_sec_per_source: u32,
+    /// The same source's hellos at once (its bucket's size).
+    pub hello_burst_per_source: u32,
+    /// The same for all sources together (at once: a quarter second's
+    /// worth), however many addresses a flood comes from.
+    pub hellos_per_sec: u32,
+    /// Sources whose budget is tracked at once; a new one past this takes
+    /// the place of the one with the fullest bucket.
+    pub max_rate_sources: usize,
+    /// Plain connections opened without an address token that may be
+    /// open at once, each held to 3× what its address sent. 0 (the
+    /// default): a plain hello must carry a valid token (RFC 9000
+    /// §8.1.2's Retry, one round trip more) and nothing is kept for one
+    /// that does not, so spoofed hellos hold no slot and can make the
+    /// server send nothing larger than they are.
+    pub unvalidated_plain: usize,
+    /// Authenticated hellos timestamped before this (wall-clock
+    /// nanoseconds since the Unix epoch) are refused: a server whose key
+    /// outlives it sets [`replay_floor`] of its start, so that a hello
+    /// captured before a restart is not accepted once more. 0: none (a
+    /// server whose key is made for its one run needs none).
+    pub replay_floor_ns: u64,
+}
+
+/// The [`ServerLimits::replay_floor_ns`] of a server started at
+/// `wall_clock_ns`: its start less [`handshake::RESTART_SKEW`], for clients
+/// whose clocks are a little behind.
+pub fn replay_floor(wall_clock_ns: u64) -> u64 {
+    wall_clock_ns.saturating_sub(handshake::RESTART_SKEW.as_nanos() as u64)
 }
 
 impl Default for ServerLimits {
@@ -456,6 +514,12 @@ impl Default for ServerLimits {
             total_window_bytes: 1 << 30,
             hello_idle: Duration::from_secs(10),
             max_socket_rcvbuf: 8 << 20,
+            hellos_per_sec_per_source: HELLOS_PER_SEC_PER_SOURCE,
+            hello_burst_per_source: HELLO_BURST_PER_SOURCE,
+            hellos_per_sec: 1000,
+            max_rate_sources: 4096,
+            unvalidated_plain: 0,
+            replay_floor_ns: 0,
         }
     }
 }
@@ -471,6 +535,16 @@ pub struct Server {
     /// Authenticated hellos worked through in the current second.
     hello_second: Time,
     hellos_this_second: u32,
+    /// The price of public-key operations, per source and in all.
+    rate: RateLimiter,
+    /// The secret of plain hellos' address tokens (`None` if the OS
+    /// random generator failed: then no token is valid).
+    tokens: Option<CookieSecret>,
+    tokens_rotated: Time,
+    /// Retries to send: bounded like the rejects.
+    retries: VecDeque<(SocketAddr, Retry)>,
+    /// Plain connections open without an address token.
+    unvalidated: usize,
     cookie_rotated: Time,
     conns: HashMap<u64, Conn>,
     ready: VecDeque<u64>,
@@ -508,6 +582,18 @@ impl Server {
             handshake_out: VecDeque::new(),
             hello_second: Time::ZERO,
             hellos_this_second: 0,
+            rate: RateLimiter::new(
+                Rate::new(
+                    limits.hellos_per_sec_per_source,
+                    limits.hello_burst_per_source,
+                ),
+                Rate::new(limits.hellos_per_sec, (limits.hellos_per_sec / 4).max(1)),
+                limits.max_rate_sources,
+            ),
+            tokens: CookieSecret::random().ok(),
+            tokens_rotated: Time::ZERO,
+            retries: VecDeque::new(),
+            unvalidated: 0,
             cookie_rotated: Time::ZERO,
             conns: HashMap::new(),
             ready: VecDeque::new(),
@@ -536,7 +622,10 @@ impl Server {
             Some(id) => {
                 let cookies = CookieSecret::random()
                     .map_err(|_| HandshakeError::Noise("the OS random generator failed".into()))?;
-                Some(Responder::new(id.clone(), cookies))
+                Some(
+                    Responder::new(id.clone(), cookies)
+                        .with_timestamp_floor(self.limits.replay_floor_ns),
+                )
             }
             None => None,
         };
@@ -581,6 +670,9 @@ impl Server {
     /// Takes a connection out, giving back what it held.
     fn remove_conn(&mut self, conn_id: u64) -> Option<Conn> {
         let conn = self.conns.remove(&conn_id)?;
+        if conn.unvalidated.is_some() {
+            self.unvalidated -= 1;
+        }
         self.windows_held = self.windows_held.saturating_sub(conn.window_bytes);
         if let Some((n, bytes)) = self.per_ip.get_mut(&conn.peer.ip()) {
             *n -= 1;
@@ -599,6 +691,12 @@ impl Server {
 
     pub fn stats(&self) -> &ServerStats {
         &self.stats
+    }
+
+    /// Sources whose budget of public-key operations is tracked now (at
+    /// most [`ServerLimits::max_rate_sources`]).
+    pub fn rate_sources_tracked(&self) -> usize {
+        self.rate.tracked()
     }
 
     pub fn open_connections(&self) -> usize {
@@ -640,6 +738,7 @@ impl Server {
         datagram: &'a mut [u8],
     ) -> Option<Arrival<'a>> {
         self.stats.datagrams += 1;
+        let len = datagram.len();
         let Some(peek) = HeaderPeek::read(datagram) else {
             self.stats.undecodable += 1;
             return None;
@@ -698,13 +797,18 @@ impl Server {
             }
         };
         if let Packet::Hello(hello) = packet {
+            if protected {
+                // A hello has no business inside a session's keys.
+                self.stats.unexpected += 1;
+                return None;
+            }
             if !self.auth.allow_plain {
                 self.stats.plain_refused += 1;
                 self.notice(now, Notice::PlainRefused { peer: from });
                 self.reject(from, hello.conn_id, RejectReason::AuthRequired);
                 return None;
             }
-            self.on_hello(now, from, &hello);
+            self.on_hello(now, from, &hello, hello_token(datagram), len);
             return None;
         }
         // A plain packet never belongs to an authenticated connection,
@@ -719,6 +823,9 @@ impl Server {
         };
         conn.last_heard = now;
         conn.heard_data |= matches!(packet, Packet::Data(_));
+        if let Some(budget) = conn.unvalidated.as_mut() {
+            budget.on_received(len);
+        }
         let mut arrival = None;
         match packet {
             Packet::Data(seg) => {
@@ -893,9 +1000,12 @@ impl Server {
 
     /// A Noise hello (issue 13). Nothing is kept for it unless it opens,
     /// its key is authorized and the hello's parameters are admitted;
-    /// under load, nothing at all without a valid cookie.
+    /// under load, nothing at all without a valid cookie. No public-key
+    /// operation is spent on a copy of a hello already read, nor past the
+    /// source's or everyone's budget; a key not authorized is not
+    /// answered.
     fn on_secure_hello(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
-        let Some(mut responder) = self.responder.take() else {
+        let Some(responder) = self.responder.as_mut() else {
             // No key to answer with: say so, in no more than arrived.
             if datagram.len() >= handshake::HELLO_MIN_LEN {
                 let client_id = HeaderPeek::read(datagram).map_or(0, |p| p.conn_id);
@@ -923,53 +1033,6 @@ impl Server {
                 .per_ip
                 .get(&from.ip())
                 .is_some_and(|(n, _)| *n >= self.limits.max_connections_per_ip * 3 / 4);
-        let mut server_id = handshake::random_id().unwrap_or(0);
-        while server_id == 0 || self.conns.contains_key(&server_id) {
-            server_id = server_id.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        }
-        let mut admitted: Option<(Hello, Admission)> = None;
-        let mut refused_why = String::new();
-        let result =
-            responder.on_hello(now, from, datagram, under_load, server_id, |key, params| {
-                if let Some(keys) = &self.auth.authorized {
-                    if keys.find(key).is_none() {
-                        refused_why = "its key is not in the authorized keys".to_string();
-                        return Decision::Refuse(RefuseReason::NotAuthorized);
-                    }
-                }
-                let hello = match Packet::decode(params) {
-                    Ok(Packet::Hello(h)) => h,
-                    _ => {
-                        refused_why = "its parameters are not a hello".to_string();
-                        return Decision::Refuse(RefuseReason::ParamsRefused);
-                    }
-                };
-                match self.admission(from, &hello) {
-                    Ok(admission) => {
-                        let welcome = Welcome {
-                            conn_id: hello.conn_id,
-                            receiver: ReceiverParams {
-                                rcvbuf: self.granted_rcvbuf,
-                                ..admission.params
-                            },
-                        };
-                        let mut bytes = vec![0u8; CONTROL_MAX_LEN];
-                        let n = welcome.emit(&mut bytes).unwrap_or(0);
-                        bytes.truncate(n);
-                        admitted = Some((hello, admission));
-                        Decision::Accept(bytes)
-                    }
-                    Err((reason, why)) => {
-                        refused_why = why;
-                        Decision::Refuse(if reason == RejectReason::Busy {
-                            RefuseReason::Busy
-                        } else {
-                            RefuseReason::ParamsRefused
-                        })
-                    }
-                }
-            });
-        self.responder = Some(responder);
         // What is sent to an address not yet validated: at most 3× what
         // came from it (RFC 9000 §8.1).
         let mut budget = Budget::new();
@@ -980,18 +1043,109 @@ impl Server {
                 server.queue_handshake(from, bytes);
             }
         };
+        // Everything before the first Diffie-Hellman is cheap: the frame,
+        // a lookup for a copy, the cookie under load, then the price.
+        let hello = match responder.screen(now, from, datagram, under_load) {
+            Ok(Screened::Fresh(hello)) => hello,
+            Ok(Screened::Cookie(bytes)) => {
+                self.stats.cookies_sent += 1;
+                answer(self, bytes);
+                return;
+            }
+            Ok(Screened::Seen) => {
+                self.stats.hellos_seen += 1;
+                return;
+            }
+            Err(_) => {
+                self.stats.bad_handshakes += 1;
+                return;
+            }
+        };
+        // WireGuard's ratelimiter.c, before any public-key operation
+        // (whitepaper §5.3: under load, the cookie first, then the rate).
+        if self.rate.allow(now, from.ip()).is_err() {
+            self.stats.hellos_limited += 1;
+            return;
+        }
+        let Some(mut responder) = self.responder.take() else {
+            return;
+        };
+        self.stats.hellos_worked += 1;
+        self.hellos_this_second += 1;
+        let mut server_id = handshake::random_id().unwrap_or(0);
+        while server_id == 0 || self.conns.contains_key(&server_id) {
+            server_id = server_id.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        }
+        let mut admitted: Option<(Hello, Admission)> = None;
+        let mut refused_why = String::new();
+        let result = responder.answer(hello, server_id, |key, params| {
+            if let Some(keys) = &self.auth.authorized {
+                if keys.find(key).is_none() {
+                    refused_why =
+                        "its key is not in the authorized keys (not answered)".to_string();
+                    return Decision::Ignore;
+                }
+            }
+            let hello = match Packet::decode(params) {
+                Ok(Packet::Hello(h)) => h,
+                _ => {
+                    refused_why = "its parameters are not a hello".to_string();
+                    return Decision::Refuse(RefuseReason::ParamsRefused);
+                }
+            };
+            match self.admission(from, &hello) {
+                Ok(admission) => {
+                    let welcome = Welcome {
+                        conn_id: hello.conn_id,
+                        receiver: ReceiverParams {
+                            rcvbuf: self.granted_rcvbuf,
+                            ..admission.params
+                        },
+                    };
+                    let mut bytes = vec![0u8; CONTROL_MAX_LEN];
+                    let n = welcome.emit(&mut bytes).unwrap_or(0);
+                    bytes.truncate(n);
+                    admitted = Some((hello, admission));
+                    Decision::Accept(bytes)
+                }
+                Err((reason, why)) => {
+                    refused_why = why;
+                    Decision::Refuse(if reason == RejectReason::Busy {
+                        RefuseReason::Busy
+                    } else {
+                        RefuseReason::ParamsRefused
+                    })
+                }
+            }
+        });
+        self.responder = Some(responder);
         match result {
             Ok(handshake::Reply::Cookie(bytes)) => {
                 self.stats.cookies_sent += 1;
                 answer(self, bytes);
+            }
+            Ok(handshake::Reply::Ignored { peer }) => {
+                self.stats.auth_refused += 1;
+                self.notice(
+                    now,
+                    Notice::AuthRefused {
+                        peer: from,
+                        key: peer,
+                        why: refused_why,
+                    },
+                );
             }
             Ok(handshake::Reply::Refused {
                 datagram,
                 peer,
                 reason,
             }) => {
-                self.hellos_this_second += 1;
                 self.stats.auth_refused += 1;
+                if reason == RefuseReason::ClockBehind {
+                    refused_why = "its hello is timestamped more than 2 min before this server \
+                                   started (a replay, or a client clock behind)"
+                        .to_string();
+                }
                 if reason == RefuseReason::Busy {
                     self.stats.busy_rejects += 1;
                 }
@@ -1008,7 +1162,8 @@ impl Server {
             Ok(handshake::Reply::Accepted {
                 datagram, session, ..
             }) => {
-                self.hellos_this_second += 1;
+                // Worth its price: the source's token goes back.
+                self.rate.refund(now, from.ip());
                 let Some((hello, admission)) = admitted else {
                     return;
                 };
@@ -1054,7 +1209,6 @@ impl Server {
                 answer(self, datagram);
             }
             Err(_) => {
-                self.hellos_this_second += 1;
                 self.stats.bad_handshakes += 1;
             }
         }
@@ -1141,21 +1295,76 @@ impl Server {
         })
     }
 
-    fn on_hello(&mut self, now: Time, from: SocketAddr, hello: &Hello) {
+    /// A plain hello of `len` bytes, with the address token after it if
+    /// it has one.
+    fn on_hello(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        hello: &Hello,
+        token: Option<AddressToken>,
+        len: usize,
+    ) {
         if let Some(conn) = self.conns.get_mut(&hello.conn_id) {
             if conn.peer == from && conn.secure.is_none() {
                 // Our welcome was lost: say it again.
                 conn.last_heard = now;
                 conn.welcome_pending = true;
+                if let Some(budget) = conn.unvalidated.as_mut() {
+                    budget.on_received(len);
+                }
                 self.enqueue(hello.conn_id);
             } else {
                 self.stats.unknown_connection += 1;
             }
             return;
         }
+        if now.saturating_since(self.tokens_rotated) >= super::crypto::cookie::BUCKET {
+            let mut fresh = [0u8; 32];
+            if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut fresh).is_ok()
+            {
+                if let Some(t) = self.tokens.as_mut() {
+                    t.rotate(fresh);
+                }
+                self.tokens_rotated = now;
+            }
+        }
+        // RFC 9000 §8.1: an address is validated by a token only a
+        // datagram to it could have carried; §8.1.2: without one, a
+        // Retry, and nothing kept.
+        let validated = token.is_some_and(|t| {
+            self.tokens
+                .as_ref()
+                .is_some_and(|s| s.verify_token(&t, from.ip(), now))
+        });
+        let budget = if validated {
+            None
+        } else if self.unvalidated < self.limits.unvalidated_plain {
+            let mut b = Budget::new();
+            b.on_received(len);
+            Some(b)
+        } else {
+            if let Some(secret) = &self.tokens {
+                let retry = Retry {
+                    conn_id: hello.conn_id,
+                    token: secret.issue_token(from.ip(), now),
+                };
+                if self.retries.len() < FETCH_QUEUE_MAX {
+                    self.stats.retries_sent += 1;
+                    self.retries.push_back((from, retry));
+                }
+            }
+            return;
+        };
         match self.admission(from, hello) {
             Ok(admission) => {
                 self.insert_conn(now, from, hello.conn_id, hello, admission, None);
+                if let Some(conn) = self.conns.get_mut(&hello.conn_id) {
+                    if budget.is_some() {
+                        self.unvalidated += 1;
+                    }
+                    conn.unvalidated = budget;
+                }
             }
             Err((RejectReason::Busy, why)) => {
                 self.stats.busy_rejects += 1;
@@ -1236,6 +1445,7 @@ impl Server {
                 heard_data: false,
                 window_bytes,
                 secure,
+                unvalidated: None,
             },
         );
         self.windows_held += window_bytes;
@@ -1272,6 +1482,9 @@ impl Server {
         if let Some((to, reject)) = self.rejects.pop_front() {
             return reject.emit(buf).ok().map(|n| (to, n));
         }
+        if let Some((to, retry)) = self.retries.pop_front() {
+            return retry.emit(buf).ok().map(|n| (to, n));
+        }
         while let Some(&conn_id) = self.ready.front() {
             let granted_rcvbuf = self.granted_rcvbuf;
             let Some(conn) = self.conns.get_mut(&conn_id) else {
@@ -1302,6 +1515,16 @@ impl Server {
                 Next::Packet(n) => {
                     let to = conn.peer;
                     let Some(secure) = conn.secure.as_mut() else {
+                        // RFC 9000 §8.1: at most 3× what the address sent
+                        // until it proves it receives (a plain connection
+                        // opened without a token never does).
+                        if let Some(budget) = conn.unvalidated.as_mut() {
+                            if !budget.may_send(n) {
+                                self.stats.unvalidated_held_back += 1;
+                                continue;
+                            }
+                            budget.on_sent(n);
+                        }
                         return Some((to, n));
                     };
                     // Nothing goes to an unconfirmed client (its hello's
@@ -1456,6 +1679,17 @@ mod tests {
         SocketAddr::from(([127, 0, 0, 1], port))
     }
 
+    /// These tests are about what a connection does once open: plain
+    /// hellos open one without an address token (tests/unvalidated.rs
+    /// and `a_plain_hello_without_a_token_gets_a_retry_and_nothing_is_kept`
+    /// are about who may).
+    fn open_limits() -> ServerLimits {
+        ServerLimits {
+            unvalidated_plain: 64,
+            ..ServerLimits::default()
+        }
+    }
+
     /// A plain hello of 10-segment window, SACK and no delayed ACK.
     fn hello(conn_id: u64, mss: u32, session: u64, rcvbuf: u32) -> Vec<u8> {
         let mut b = [0u8; 64];
@@ -1498,7 +1732,7 @@ mod tests {
         };
         let mut now = Time::ZERO;
         let mut client = Client::new(&tuning, 42, Some(10_000), now).unwrap();
-        let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
+        let mut server = Server::new(open_limits(), 1 << 20, 2 << 20);
         let mut buf = vec![0u8; 2048];
         for round in 0..10_000 {
             while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
@@ -1533,9 +1767,82 @@ mod tests {
         assert!(server.poll_report().is_none());
     }
 
+    /// RFC 9000 §8.1.2: by default a plain hello without a valid address
+    /// token is answered with a retry, no larger than it, and nothing is
+    /// kept; the same hello with the token opens the connection, from
+    /// another port too; a token for another address, or forged, is
+    /// another retry.
+    #[test]
+    fn a_plain_hello_without_a_token_gets_a_retry_and_nothing_is_kept() {
+        let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
+        let bare = hello(5, 1472, 0, 1024);
+        server.handle_datagram(Time::ZERO, addr(1), &mut bare.clone());
+        assert_eq!(server.open_connections(), 0);
+        let mut out = [0u8; 128];
+        let (to, n) = server.poll_transmit(Time::ZERO, &mut out).unwrap();
+        assert_eq!(to, addr(1));
+        assert!(n <= bare.len(), "{n} bytes for {}", bare.len());
+        let Ok(Packet::Retry(retry)) = Packet::decode(&out[..n]) else {
+            panic!("{:?}", Packet::decode(&out[..n]));
+        };
+        assert_eq!(retry.conn_id, 5);
+        assert!(server.poll_transmit(Time::ZERO, &mut out).is_none());
+        let with = |token: &AddressToken| {
+            let h = Hello {
+                conn_id: 5,
+                mss: 1472,
+                maxidle_ms: 1000,
+                session: 0,
+                receiver: ReceiverParams {
+                    rcvsegs: 10,
+                    rcvbuf: 1024,
+                    delack_us: 0,
+                    quickack: 0,
+                    sack: true,
+                },
+            };
+            let mut b = vec![0u8; 128];
+            let n = h.emit_with_token(Some(token), &mut b).unwrap();
+            b.truncate(n);
+            b
+        };
+        let elsewhere = SocketAddr::from(([127, 0, 0, 2], 1));
+        server.handle_datagram(Time::ZERO, elsewhere, &mut with(&retry.token));
+        let mut forged = retry.token;
+        forged[3] ^= 1;
+        server.handle_datagram(Time::ZERO, addr(1), &mut with(&forged));
+        assert_eq!(server.open_connections(), 0);
+        assert_eq!(server.stats().retries_sent, 3);
+        while server.poll_transmit(Time::ZERO, &mut out).is_some() {}
+        // From another port of the same address: in.
+        server.handle_datagram(Time::ZERO, addr(2), &mut with(&retry.token));
+        assert_eq!(server.open_connections(), 1);
+        let (to, n) = server.poll_transmit(Time::ZERO, &mut out).unwrap();
+        assert_eq!(to, addr(2));
+        assert!(matches!(Packet::decode(&out[..n]), Ok(Packet::Welcome(_))));
+        // And the client follows a retry by itself.
+        let mut client = Client::new(&Tuning::default(), 6, Some(1), Time::ZERO).unwrap();
+        let mut buf = vec![0u8; 2048];
+        let n = client
+            .poll_transmit(Time::ZERO, &mut buf, &mut PatternSource)
+            .unwrap();
+        server.handle_datagram(Time::ZERO, addr(3), &mut buf[..n].to_vec());
+        let (_, m) = server.poll_transmit(Time::ZERO, &mut out).unwrap();
+        client.handle_datagram(Time::ZERO, &out[..m]).unwrap();
+        let n = client
+            .poll_transmit(Time::ZERO, &mut buf, &mut PatternSource)
+            .expect("the hello again at once");
+        assert_eq!(
+            hello_token(&buf[..n]),
+            Some(client.address_token().unwrap())
+        );
+        server.handle_datagram(Time::ZERO, addr(3), &mut buf[..n].to_vec());
+        assert_eq!(server.open_connections(), 2);
+    }
+
     #[test]
     fn foreign_version_hello_is_rejected_with_our_version() {
-        let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
+        let mut server = Server::new(open_limits(), 1 << 20, 2 << 20);
         let mut hello = hello(5, 1472, 0, 1024);
         hello[2] = VERSION + 1;
         server.handle_datagram(Time::ZERO, addr(9), &mut hello);
@@ -1572,7 +1879,7 @@ mod tests {
             ..Tuning::default()
         };
         let mut client = Client::new(&tuning, 7, Some(1_000_000), Time::ZERO).unwrap();
-        let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
+        let mut server = Server::new(open_limits(), 1 << 20, 2 << 20);
         let mut buf = vec![0u8; 2048];
         let n = client
             .poll_transmit(Time::ZERO, &mut buf, &mut PatternSource)
@@ -1596,7 +1903,7 @@ mod tests {
     fn each_larger_socket_buffer_is_asked_for_once_and_never_past_the_operators_cap() {
         let limits = ServerLimits {
             max_socket_rcvbuf: 16 << 20,
-            ..ServerLimits::default()
+            ..open_limits()
         };
         let mut server = Server::new(limits, 4 << 20, 8 << 20);
         let hello = |conn_id, rcvbuf| hello(conn_id, 1472, 0, rcvbuf);
@@ -1632,7 +1939,7 @@ mod tests {
     /// one that would sit short before the end, or past 2^64 bytes.
     #[test]
     fn a_segment_the_stream_cannot_hold_is_dropped_and_one_it_can_is_placed_by_its_number() {
-        let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
+        let mut server = Server::new(open_limits(), 1 << 20, 2 << 20);
         assert!(server
             .handle_datagram(Time::ZERO, addr(1), &mut hello(5, 200, 77, 0))
             .is_none());
@@ -1705,7 +2012,7 @@ mod tests {
         let mut client = Client::new(&tuning, 9, Some(LEN as u64), now)
             .unwrap()
             .with_session(77);
-        let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
+        let mut server = Server::new(open_limits(), 1 << 20, 2 << 20);
         let mut placed = vec![None::<u8>; LEN];
         let mut released = 0u64;
         let reply: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
@@ -1786,7 +2093,7 @@ mod tests {
         let mut client = Client::new(&tuning, 3, Some(10_000_000), now)
             .unwrap()
             .with_session(5);
-        let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
+        let mut server = Server::new(open_limits(), 1 << 20, 2 << 20);
         let mut buf = vec![0u8; 2048];
         let mut out = vec![0u8; 2048];
         let mut answered = false;
@@ -1839,7 +2146,7 @@ mod tests {
             } else {
                 client
             };
-            let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
+            let mut server = Server::new(open_limits(), 1 << 20, 2 << 20);
             let (mut to_server, mut to_client) = (Vec::new(), Vec::new());
             let mut buf = vec![0u8; 2048];
             let due = |q: &mut Vec<(Time, Vec<u8>)>, now: Time| {
@@ -1900,7 +2207,7 @@ mod tests {
             .unwrap()
             .with_session(22)
             .with_close_unacknowledged();
-        let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
+        let mut server = Server::new(open_limits(), 1 << 20, 2 << 20);
         let mut buf = vec![0u8; 2048];
         let (mut closes, mut ended) = (0, None);
         while now < Time::ZERO + Duration::from_secs(30) && ended.is_none() {

@@ -10,7 +10,7 @@ use thiserror::Error;
 /// `"AT"`: lets a receiver discard stray datagrams cheaply.
 pub const MAGIC: [u8; 2] = *b"AT";
 /// Bumped on any incompatible change to the layout below.
-pub const VERSION: u8 = 5;
+pub const VERSION: u8 = 6;
 /// Bytes of the header common to every packet.
 pub const HEADER_LEN: usize = 12;
 /// Bytes before the payload of a data segment.
@@ -39,6 +39,14 @@ const KIND_REPLY: u8 = 9;
 /// Path validation (RFC 9000 §8.2), only inside protected datagrams.
 const KIND_PATH_CHALLENGE: u8 = 10;
 const KIND_PATH_RESPONSE: u8 = 11;
+/// Address validation for plain hellos (RFC 9000 §8.1.2's Retry).
+const KIND_RETRY: u8 = 12;
+
+/// Bytes of an address token: a MAC the server alone can make, of the
+/// client's IP address and the time (`crypto::cookie`).
+pub const TOKEN_LEN: usize = 16;
+/// An address token, as a retry carries it and a hello echoes it.
+pub type AddressToken = [u8; TOKEN_LEN];
 
 /// Lengths of the control packets.
 pub const HELLO_LEN: usize = HEADER_LEN + 4 * 5 + 8 + 1 + 2;
@@ -48,6 +56,9 @@ pub const CLOSE_ACK_LEN: usize = HEADER_LEN + 8 * 7;
 pub const REJECT_LEN: usize = HEADER_LEN + 2;
 pub const FETCH_LEN: usize = HEADER_LEN + 4;
 pub const PATH_LEN: usize = HEADER_LEN + 8;
+/// A hello with an address token after it.
+pub const HELLO_WITH_TOKEN_LEN: usize = HELLO_LEN + TOKEN_LEN;
+pub const RETRY_LEN: usize = HEADER_LEN + TOKEN_LEN;
 /// Bytes of a reply before its fragment.
 pub const REPLY_HEADER_LEN: usize = HEADER_LEN + 4 + 4 + 1;
 /// The longest control packet.
@@ -417,6 +428,26 @@ pub enum Packet<'a> {
     PathChallenge(PathProbe),
     /// Client to server: the token of a challenge (RFC 9000 §8.2.2).
     PathResponse(PathProbe),
+    Retry(Retry),
+}
+
+/// Server to client, for a plain hello without a valid address token:
+/// send the hello again with this token after it (RFC 9000 §8.1.2). The
+/// server keeps nothing; the token proves the client receives at its
+/// address, so a spoofed hello opens nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    pub conn_id: u64,
+    pub token: AddressToken,
+}
+
+impl Retry {
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        check_room(buf, RETRY_LEN)?;
+        emit_header(buf, KIND_RETRY, self.conn_id);
+        buf[HEADER_LEN..RETRY_LEN].copy_from_slice(&self.token);
+        Ok(RETRY_LEN)
+    }
 }
 
 /// A path challenge or its response: an unpredictable token, echoed.
@@ -458,6 +489,7 @@ impl<'a> Packet<'a> {
             Packet::Reply(_) => "reply",
             Packet::PathChallenge(_) => "path-challenge",
             Packet::PathResponse(_) => "path-response",
+            Packet::Retry(_) => "retry",
         }
     }
 
@@ -502,6 +534,15 @@ impl<'a> Packet<'a> {
                 }))
             }
             KIND_REPLY => decode_reply(buf, conn_id).map(Packet::Reply),
+            KIND_RETRY => {
+                exact_len(buf, RETRY_LEN)?;
+                Ok(Packet::Retry(Retry {
+                    conn_id,
+                    token: buf[HEADER_LEN..RETRY_LEN]
+                        .try_into()
+                        .expect("TOKEN_LEN bytes"),
+                }))
+            }
             KIND_PATH_CHALLENGE | KIND_PATH_RESPONSE => {
                 exact_len(buf, PATH_LEN)?;
                 let probe = PathProbe {
@@ -575,7 +616,10 @@ fn exact_len(buf: &[u8], len: usize) -> Result<(), WireError> {
 }
 
 fn decode_hello(buf: &[u8], conn_id: u64) -> Result<Hello, WireError> {
-    exact_len(buf, HELLO_LEN)?;
+    // With or without an address token after it ([`hello_token`]).
+    if buf.len() != HELLO_WITH_TOKEN_LEN {
+        exact_len(buf, HELLO_LEN)?;
+    }
     Ok(Hello {
         conn_id,
         mss: read_u32(buf, 12),
@@ -622,6 +666,29 @@ impl Hello {
         buf[20..28].copy_from_slice(&self.session.to_be_bytes());
         Ok(write_params(buf, 28, &self.receiver))
     }
+
+    /// The hello with an address token after it, when there is one (the
+    /// server's [`Retry`] gave it).
+    pub fn emit_with_token(
+        &self,
+        token: Option<&AddressToken>,
+        buf: &mut [u8],
+    ) -> Result<usize, WireError> {
+        let Some(token) = token else {
+            return self.emit(buf);
+        };
+        check_room(buf, HELLO_WITH_TOKEN_LEN)?;
+        let n = self.emit(buf)?;
+        buf[n..n + TOKEN_LEN].copy_from_slice(token);
+        Ok(n + TOKEN_LEN)
+    }
+}
+
+/// The address token after a hello, if `buf` is a hello that has one.
+pub fn hello_token(buf: &[u8]) -> Option<AddressToken> {
+    let peek = HeaderPeek::read(buf)?;
+    (peek.is_hello() && buf.len() == HELLO_WITH_TOKEN_LEN)
+        .then(|| buf[HELLO_LEN..].try_into().expect("TOKEN_LEN bytes"))
 }
 
 impl Welcome {
@@ -901,7 +968,7 @@ mod tests {
     #[test]
     fn data_layout_is_as_documented() {
         let buf = encode_data(&DATA, b"xy");
-        assert_eq!(&buf[0..4], b"AT\x05\x01");
+        assert_eq!(&buf[0..4], b"AT\x06\x01");
         assert_eq!(&buf[12..20], &300u64.to_be_bytes());
         assert_eq!(&buf[20..24], &123_456u32.to_be_bytes());
         assert_eq!(buf[24], 0);
@@ -985,6 +1052,47 @@ mod tests {
         let mut buf = encode_data(&DATA, b"");
         buf[24] = 0x80;
         assert_eq!(Packet::decode(&buf), Err(WireError::UnknownFlags(0x80)));
+    }
+
+    /// RFC 9000 §8.1.2: a retry carries a token, the hello echoes it after
+    /// its fixed fields; anything between the two lengths is an error.
+    #[test]
+    fn a_retry_and_a_hello_with_its_token_round_trip() {
+        let token: AddressToken = *b"0123456789abcdef";
+        let mut buf = [0u8; 128];
+        let n = Retry { conn_id: 7, token }.emit(&mut buf).unwrap();
+        assert_eq!(n, RETRY_LEN);
+        assert_eq!(
+            Packet::decode(&buf[..n]),
+            Ok(Packet::Retry(Retry { conn_id: 7, token }))
+        );
+        let hello = Hello {
+            conn_id: 7,
+            mss: 1400,
+            maxidle_ms: 0,
+            session: 3,
+            receiver: ReceiverParams {
+                rcvsegs: 10,
+                rcvbuf: 0,
+                delack_us: 0,
+                quickack: 0,
+                sack: true,
+            },
+        };
+        let n = hello.emit_with_token(Some(&token), &mut buf).unwrap();
+        assert_eq!(n, HELLO_WITH_TOKEN_LEN);
+        assert_eq!(Packet::decode(&buf[..n]), Ok(Packet::Hello(hello)));
+        assert_eq!(hello_token(&buf[..n]), Some(token));
+        assert_eq!(hello_token(&buf[..HELLO_LEN]), None);
+        assert_eq!(Packet::decode(&buf[..HELLO_LEN]), Ok(Packet::Hello(hello)));
+        assert_eq!(
+            Packet::decode(&buf[..HELLO_LEN + 1]),
+            Err(WireError::TrailingBytes(1))
+        );
+        assert!(hello
+            .emit_with_token(Some(&token), &mut buf[..HELLO_LEN])
+            .is_err());
+        assert_eq!(hello_token(&buf[..RETRY_LEN]), None);
     }
 
     #[test]

@@ -9,10 +9,17 @@
 //! next, so it lives between one and two buckets. The secret rotates (the
 //! server calls [`CookieSecret::rotate`] with fresh random bytes every
 //! bucket or so); cookies under the previous secret still verify.
+//!
+//! An address token (a plain hello's, from a [`Retry`](crate::proto::wire::Retry))
+//! is the same MAC in another domain, of the IP address alone: the
+//! client may send its next connections' hellos from other ports with
+//! the same token (RFC 9000 §8.1.3: a token's client may have another
+//! port), and proving it receives at the IP is what stops a spoofer.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use crate::proto::wire::{AddressToken, TOKEN_LEN};
 use crate::proto::Time;
 
 /// Length of a time bucket (WireGuard renews its cookie secret every two
@@ -62,6 +69,27 @@ fn mac(secret: &[u8; 32], peer: &SocketAddr, bucket: u64) -> blake3::Hash {
     h.update(&bucket.to_be_bytes());
     h.update(&addr[..len]);
     h.finalize()
+}
+
+/// The address token's MAC: the IP (an IPv4-mapped address as IPv4),
+/// under its own label.
+fn token_mac(secret: &[u8; 32], ip: IpAddr, bucket: u64) -> AddressToken {
+    let ip = ip.to_canonical();
+    let mut h = blake3::Hasher::new_keyed(secret);
+    h.update(b"atou address token v1");
+    h.update(&bucket.to_be_bytes());
+    match ip {
+        IpAddr::V4(a) => h.update(&[4]).update(&a.octets()),
+        IpAddr::V6(a) => h.update(&[6]).update(&a.octets()),
+    };
+    h.finalize().as_bytes()[..TOKEN_LEN]
+        .try_into()
+        .expect("TOKEN_LEN bytes")
+}
+
+/// Compares two tokens in time that does not depend on where they differ.
+fn same_token(a: &AddressToken, b: &AddressToken) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 impl Cookie {
@@ -145,6 +173,24 @@ impl CookieSecret {
                 .as_ref()
                 .is_some_and(|p| cookie.verify(p, peer, now))
     }
+
+    /// The address token for `ip` in the bucket of `now`.
+    pub fn issue_token(&self, ip: IpAddr, now: Time) -> AddressToken {
+        token_mac(&self.current, ip, bucket(now))
+    }
+
+    /// Whether `token` was issued to `ip` in the bucket of `now` or the
+    /// one before, under this secret or the previous one.
+    pub fn verify_token(&self, token: &AddressToken, ip: IpAddr, now: Time) -> bool {
+        let b = bucket(now);
+        let secrets = std::iter::once(&self.current).chain(self.previous.as_ref());
+        let mut ok = false;
+        for secret in secrets {
+            ok |= same_token(token, &token_mac(secret, ip, b));
+            ok |= b > 0 && same_token(token, &token_mac(secret, ip, b - 1));
+        }
+        ok
+    }
 }
 
 #[cfg(test)]
@@ -197,6 +243,27 @@ mod tests {
         assert_ne!(s.issue(&a, at(1.0)), c);
         s.rotate([3; 32]);
         assert!(!s.verify(&c, &a, at(1.0)));
+    }
+
+    #[test]
+    fn an_address_token_is_bound_to_the_ip_not_the_port_and_expires() {
+        let mut s = CookieSecret::new([1; 32]);
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        let t = s.issue_token(ip, at(10.5));
+        assert!(s.verify_token(&t, ip, at(11.9)));
+        assert!(s.verify_token(&t, "::ffff:192.0.2.1".parse().unwrap(), at(10.5)));
+        assert!(!s.verify_token(&t, "192.0.2.2".parse().unwrap(), at(10.5)));
+        assert!(!s.verify_token(&t, ip, at(12.0)));
+        // Not a cookie: another domain of the same secret.
+        let c = s.issue(&addr("192.0.2.1:0"), at(10.5));
+        assert_ne!(&c.as_bytes()[..TOKEN_LEN], &t[..]);
+        let mut forged = t;
+        forged[0] ^= 1;
+        assert!(!s.verify_token(&forged, ip, at(10.5)));
+        s.rotate([2; 32]);
+        assert!(s.verify_token(&t, ip, at(10.5)));
+        s.rotate([3; 32]);
+        assert!(!s.verify_token(&t, ip, at(10.5)));
     }
 
     #[test]

@@ -35,6 +35,13 @@
 //!   The server's session still counts as unconfirmed until the client's
 //!   first protected packet arrives (key confirmation; the integration's
 //!   job, as WireGuard's).
+//! - The key and timestamp are known only after IK's first two
+//!   Diffie-Hellmans (`es`, `ss`), so a copy of a hello is also found
+//!   before any: [`Responder::screen`] looks the hello's digest up among
+//!   those already worked through, whatever their outcome (a key the
+//!   server ignores included). The caller puts its price on what is left
+//!   between [`screen`](Responder::screen) and
+//!   [`answer`](Responder::answer).
 //!
 //! Nothing here reads a clock: cookie checks take `now`, hello timestamps
 //! are given by the caller (wall-clock nanoseconds, strictly increasing
@@ -67,6 +74,11 @@ pub const MAX_PARAMS_LEN: usize = 1024;
 
 /// Hello timestamps remembered at most (one per authorized client key).
 pub const DEFAULT_MAX_REMEMBERED: usize = 65_536;
+
+/// How far a client's clock may be behind a server's that has just
+/// started: a hello timestamped earlier than the server's start less this
+/// is refused ([`Responder::with_timestamp_floor`]).
+pub const RESTART_SKEW: std::time::Duration = std::time::Duration::from_secs(120);
 
 pub const KIND_HELLO: u8 = 0x20;
 const KIND_RESPONSE: u8 = 0x21;
@@ -183,6 +195,11 @@ pub enum RefuseReason {
     ParamsRefused,
     /// The server is at one of its limits.
     Busy,
+    /// The hello's timestamp is older than the server's floor (its start,
+    /// less [`RESTART_SKEW`]): a hello made before the server started may
+    /// be a replay, which a restarted server cannot tell from a client
+    /// whose clock is behind.
+    ClockBehind,
 }
 
 impl RefuseReason {
@@ -191,6 +208,7 @@ impl RefuseReason {
             RefuseReason::NotAuthorized => 1,
             RefuseReason::ParamsRefused => 2,
             RefuseReason::Busy => 3,
+            RefuseReason::ClockBehind => 4,
         }
     }
 
@@ -199,6 +217,7 @@ impl RefuseReason {
             1 => Some(RefuseReason::NotAuthorized),
             2 => Some(RefuseReason::ParamsRefused),
             3 => Some(RefuseReason::Busy),
+            4 => Some(RefuseReason::ClockBehind),
             _ => None,
         }
     }
@@ -212,6 +231,12 @@ impl fmt::Display for RefuseReason {
             }
             RefuseReason::ParamsRefused => "the server refused the transfer's parameters",
             RefuseReason::Busy => "the server is busy (at one of its limits); try again later",
+            RefuseReason::ClockBehind => {
+                "this host's clock is behind the server's: the hello's time is more than 2 min \
+                 before the server started, and a server that restarted cannot tell such a hello \
+                 from a replayed one; set this host's clock (NTP), or retry once the server has \
+                 run as long as the clocks differ"
+            }
         })
     }
 }
@@ -561,6 +586,11 @@ pub enum Decision {
     /// Accept, answering with these parameters.
     Accept(Vec<u8>),
     Refuse(RefuseReason),
+    /// Say nothing (a key the server does not know): a refusal would cost
+    /// the three X25519 operations of a response, for anyone who replays
+    /// or forges hellos, and would tell a prober which keys are unknown.
+    /// The client times out, as WireGuard's does.
+    Ignore,
 }
 
 /// How far behind a key's newest accepted hello another may be and still
@@ -619,6 +649,95 @@ pub enum Reply {
         peer: PublicKey,
         reason: RefuseReason,
     },
+    /// Send nothing ([`Decision::Ignore`]); nothing is kept but the
+    /// hello's digest, so a copy of it costs a lookup.
+    Ignored { peer: PublicKey },
+}
+
+/// A hello before any public-key operation ([`Responder::screen`]).
+#[derive(Debug)]
+pub enum Screened<'a> {
+    /// Under load and no valid cookie: send this cookie reply; nothing is
+    /// kept.
+    Cookie(Vec<u8>),
+    /// A copy of a hello already worked on (a replay, or the network's
+    /// duplicate): drop it, answer nothing. A lookup, no Diffie-Hellman.
+    Seen,
+    /// New: worth the public-key operations of [`Responder::answer`] if
+    /// the caller's budget allows it.
+    Fresh(FreshHello<'a>),
+}
+
+/// A hello that passed [`Responder::screen`].
+#[derive(Debug)]
+pub struct FreshHello<'a> {
+    frame: HelloFrame<'a>,
+    digest: Digest,
+    address_validated: bool,
+}
+
+impl FreshHello<'_> {
+    /// It carried a valid cookie for its address.
+    pub fn address_validated(&self) -> bool {
+        self.address_validated
+    }
+}
+
+/// What a hello is remembered by: a hash of its client id and Noise
+/// message (the ephemeral key, the encrypted static key and the encrypted
+/// payload with its timestamp), not of the cookie or padding an attacker
+/// may change around it. A changed Noise message is another digest, and fails to
+/// open after one Diffie-Hellman, which the caller's budget prices.
+type Digest = [u8; 16];
+
+fn digest(frame: &HelloFrame<'_>) -> Digest {
+    let mut h = blake3::Hasher::new();
+    h.update(b"atou hello digest v1");
+    // The client id in clear is checked against its encrypted copy: a
+    // copy with another id fails, and must not make the genuine hello,
+    // arriving after it, look seen.
+    h.update(&frame.client_id.to_be_bytes());
+    h.update(frame.noise);
+    h.finalize().as_bytes()[..16].try_into().expect("16 bytes")
+}
+
+/// Digests of hellos worked on, remembered at most (first in, first out).
+/// At the default global budget of 1,000 hellos a second a digest stays
+/// at least 16 s; a copy replayed later costs one more budgeted hello.
+pub const DEFAULT_MAX_SEEN: usize = 16_384;
+
+/// A bounded set of hello digests, oldest forgotten first.
+#[derive(Debug)]
+struct SeenHellos {
+    set: std::collections::HashSet<Digest>,
+    order: std::collections::VecDeque<Digest>,
+    max: usize,
+}
+
+impl SeenHellos {
+    fn new(max: usize) -> SeenHellos {
+        SeenHellos {
+            set: std::collections::HashSet::new(),
+            order: std::collections::VecDeque::new(),
+            max: max.max(1),
+        }
+    }
+
+    fn contains(&self, d: &Digest) -> bool {
+        self.set.contains(d)
+    }
+
+    fn insert(&mut self, d: Digest) {
+        if !self.set.insert(d) {
+            return;
+        }
+        self.order.push_back(d);
+        while self.order.len() > self.max {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+    }
 }
 
 /// The server's side of the handshake: stateless per hello (IK completes
@@ -629,6 +748,9 @@ pub struct Responder {
     cookies: CookieSecret,
     newest: HashMap<PublicKey, Recent>,
     max_remembered: usize,
+    seen: SeenHellos,
+    /// Hellos timestamped before this are refused (0: none).
+    floor: u64,
 }
 
 impl fmt::Debug for Responder {
@@ -647,7 +769,31 @@ impl Responder {
             cookies,
             newest: HashMap::new(),
             max_remembered: DEFAULT_MAX_REMEMBERED,
+            seen: SeenHellos::new(DEFAULT_MAX_SEEN),
+            floor: 0,
         }
+    }
+
+    /// Refuses hellos timestamped before `floor` (wall-clock nanoseconds
+    /// since the Unix epoch, as the timestamps are): WireGuard keeps, per
+    /// key, the greatest timestamp seen (whitepaper §5.1), in memory, so a
+    /// restarted responder would accept once more a hello captured before
+    /// the restart. A floor of the start time less [`RESTART_SKEW`] refuses
+    /// every hello made more than that before the start, without a file
+    /// to keep; the price is that a client whose clock is behind the
+    /// server's by more than the skew is refused (with
+    /// [`RefuseReason::ClockBehind`], which says so) until the server has
+    /// run for the difference, and that a hello captured within the skew
+    /// before a restart can still be replayed once.
+    pub fn with_timestamp_floor(mut self, floor: u64) -> Responder {
+        self.floor = floor;
+        self
+    }
+
+    /// Caps the digests of hellos remembered ([`DEFAULT_MAX_SEEN`]).
+    pub fn with_max_seen(mut self, max: usize) -> Responder {
+        self.seen = SeenHellos::new(max);
+        self
     }
 
     /// Caps the table of hello timestamps (one per accepted client key).
@@ -669,11 +815,10 @@ impl Responder {
         self.cookies.rotate(fresh);
     }
 
-    /// A hello from `peer`. `under_load`: the server's budgets are tight,
-    /// so a hello must carry a valid cookie before any Diffie-Hellman is
-    /// spent on it. `decide` sees the authenticated client key and its
-    /// parameters. `server_id` is the id this server assigns (from
-    /// [`random_id`] or the server's own allocator).
+    /// A hello from `peer`: [`screen`](Self::screen), then, if fresh,
+    /// [`answer`](Self::answer) (a copy already worked on is
+    /// [`HandshakeError::Replayed`]). For callers with no budget to check
+    /// in between.
     pub fn on_hello(
         &mut self,
         now: Time,
@@ -683,15 +828,63 @@ impl Responder {
         server_id: u64,
         decide: impl FnOnce(&PublicKey, &[u8]) -> Decision,
     ) -> Result<Reply, HandshakeError> {
-        let hello = HelloFrame::parse(datagram)?;
-        // Under load, a valid cookie before any public-key operation.
-        let address_validated = hello
+        match self.screen(now, peer, datagram, under_load)? {
+            Screened::Cookie(reply) => Ok(Reply::Cookie(reply)),
+            Screened::Seen => Err(HandshakeError::Replayed),
+            Screened::Fresh(hello) => self.answer(hello, server_id, decide),
+        }
+    }
+
+    /// What a hello from `peer` is worth, before any public-key
+    /// operation: its frame parsed, a copy of one already worked on found
+    /// by a lookup, and, `under_load` (the server's budgets are tight), a
+    /// valid cookie required (WireGuard's cookie reply, whitepaper §5.3).
+    /// Changes nothing.
+    pub fn screen<'a>(
+        &self,
+        now: Time,
+        peer: SocketAddr,
+        datagram: &'a [u8],
+        under_load: bool,
+    ) -> Result<Screened<'a>, HandshakeError> {
+        let frame = HelloFrame::parse(datagram)?;
+        let digest = digest(&frame);
+        if self.seen.contains(&digest) {
+            return Ok(Screened::Seen);
+        }
+        let address_validated = frame
             .cookie
             .is_some_and(|c| self.cookies.verify(&c, &peer, now));
         if under_load && !address_validated {
             let cookie = self.cookies.issue(&peer, now);
-            return Ok(Reply::Cookie(cookie_reply(hello.client_id, &cookie)));
+            return Ok(Screened::Cookie(cookie_reply(frame.client_id, &cookie)));
         }
+        Ok(Screened::Fresh(FreshHello {
+            frame,
+            digest,
+            address_validated,
+        }))
+    }
+
+    /// Works through a screened hello: the public-key operations of IK's
+    /// first message (two X25519), the replay rule, `decide` on the
+    /// authenticated client key and its parameters, and, unless `decide`
+    /// says [`Decision::Ignore`], the response (three more). The hello's
+    /// digest is remembered whatever the outcome, so a copy of it is
+    /// [`Screened::Seen`]. `server_id` is the id this server assigns
+    /// (from [`random_id`] or the server's own allocator).
+    pub fn answer(
+        &mut self,
+        hello: FreshHello<'_>,
+        server_id: u64,
+        decide: impl FnOnce(&PublicKey, &[u8]) -> Decision,
+    ) -> Result<Reply, HandshakeError> {
+        let FreshHello {
+            frame: hello,
+            digest,
+            address_validated,
+        } = hello;
+        self.seen.insert(digest);
         let prologue = prologue();
         let mut noise = snow::Builder::new(noise_params())
             .local_private_key(self.identity.private_bytes())?
@@ -717,7 +910,12 @@ impl Responder {
             return Err(HandshakeError::Replayed);
         }
         let ids = (hello.client_id, server_id);
-        let (status, server_params) = match decide(&client_key, payload.params) {
+        let decision = decide(&client_key, payload.params);
+        let too_old = payload.timestamp < self.floor;
+        let (status, server_params) = match decision {
+            // Said nothing to, whatever its time.
+            Decision::Ignore => return Ok(Reply::Ignored { peer: client_key }),
+            _ if too_old => (RefuseReason::ClockBehind.code(), Vec::new()),
             Decision::Accept(sp) => (0, sp),
             Decision::Refuse(reason) => (reason.code(), Vec::new()),
         };
@@ -765,6 +963,7 @@ impl Responder {
 
 /// HELLO as it arrives: prefix, client id, cookie flag and cookie, the
 /// Noise message with its length, zero padding to [`HELLO_MIN_LEN`].
+#[derive(Debug)]
 struct HelloFrame<'a> {
     client_id: u64,
     cookie: Option<Cookie>,
@@ -1076,6 +1275,64 @@ mod tests {
         );
     }
 
+    /// A key the server chooses not to answer gets nothing, and a copy
+    /// of its hello is found by a lookup before any public-key operation,
+    /// whatever cookie is spliced into it; only its Noise message (with
+    /// the client id) is what makes it the same hello.
+    #[test]
+    fn an_ignored_hello_is_answered_with_nothing_and_its_copies_cost_a_lookup() {
+        let mut w = world();
+        let mut cfg = config(&w);
+        cfg.identity = StaticKeypair::generate().unwrap();
+        let stranger = cfg.identity.public();
+        let client = Initiator::new(&cfg, 3, 1).unwrap();
+        let here = addr("192.0.2.7:5000");
+        let Screened::Fresh(fresh) = w.server.screen(T0, here, client.hello(), false).unwrap()
+        else {
+            panic!("not fresh");
+        };
+        // Screening changed nothing: the same hello is still fresh.
+        assert!(matches!(
+            w.server.screen(T0, here, client.hello(), false),
+            Ok(Screened::Fresh(_))
+        ));
+        let r = w.server.answer(fresh, 9, |_, _| Decision::Ignore).unwrap();
+        assert!(matches!(r, Reply::Ignored { peer } if peer == stranger));
+        assert!(matches!(
+            w.server.screen(T0, here, client.hello(), false),
+            Ok(Screened::Seen)
+        ));
+        // With a cookie spliced in, from elsewhere, under load: still seen.
+        let mut spliced = client.hello()[..12].to_vec();
+        spliced.push(1);
+        spliced.extend_from_slice(&[7; COOKIE_LEN]);
+        spliced.extend_from_slice(&client.hello()[13..]);
+        assert!(matches!(
+            w.server.screen(T0, addr("198.51.100.1:1"), &spliced, true),
+            Ok(Screened::Seen)
+        ));
+        // Another client id in clear around the same Noise message is not
+        // the same hello (it fails after the first Diffie-Hellman).
+        let mut other_id = client.hello().to_vec();
+        other_id[PREFIX_LEN] ^= 0x80;
+        assert!(matches!(
+            w.server.screen(T0, here, &other_id, false),
+            Ok(Screened::Fresh(_))
+        ));
+    }
+
+    #[test]
+    fn the_table_of_seen_hellos_forgets_the_oldest_first() {
+        let mut seen = SeenHellos::new(3);
+        for i in 0..5u8 {
+            seen.insert([i; 16]);
+            seen.insert([i; 16]);
+        }
+        assert_eq!((seen.set.len(), seen.order.len()), (3, 3));
+        assert!(!seen.contains(&[1; 16]));
+        assert!(seen.contains(&[2; 16]) && seen.contains(&[4; 16]));
+    }
+
     #[test]
     fn a_tampered_hello_is_refused_and_answered_with_nothing() {
         let mut w = world();
@@ -1191,6 +1448,46 @@ mod tests {
             hello(&mut w, &stale, 14).unwrap_err(),
             HandshakeError::Replayed
         );
+    }
+
+    /// WireGuard's rule (whitepaper §5.1) keeps the greatest timestamp per
+    /// key in memory; across a restart the floor stands in for it: older
+    /// hellos are refused with a reason the client can print, newer ones
+    /// get in, and a key the server ignores is told nothing either way.
+    #[test]
+    fn a_hello_older_than_the_floor_is_refused_as_a_clock_behind() {
+        let mut w = world();
+        let floor = 100 * REPLAY_WINDOW_NS;
+        w.server = Responder::new(
+            StaticKeypair::generate().unwrap(),
+            CookieSecret::new([5; 32]),
+        )
+        .with_timestamp_floor(floor);
+        let mut old = Initiator::new(&config(&w), 1, floor - 1).unwrap();
+        let Reply::Refused {
+            datagram, reason, ..
+        } = hello_at(&mut w, &old, false).unwrap()
+        else {
+            panic!("not refused");
+        };
+        assert_eq!(reason, RefuseReason::ClockBehind);
+        let err = old.on_datagram(&datagram).unwrap_err();
+        assert!(err.to_string().contains("clock is behind"), "{err}");
+        let stranger = Initiator::new(&config(&w), 2, floor - 1).unwrap();
+        let r = w.server.on_hello(
+            T0,
+            addr("192.0.2.7:1"),
+            stranger.hello(),
+            false,
+            2,
+            |_, _| Decision::Ignore,
+        );
+        assert!(matches!(r, Ok(Reply::Ignored { .. })));
+        let new = Initiator::new(&config(&w), 3, floor).unwrap();
+        assert!(matches!(
+            hello_at(&mut w, &new, false),
+            Ok(Reply::Accepted { .. })
+        ));
     }
 
     #[test]

@@ -12,6 +12,8 @@
 //!   cookie reply, QUIC's Retry).
 //! - [`amplification`]: at most 3× the bytes received to an address not
 //!   yet validated (RFC 9000 §8.1).
+//! - [`ratelimit`]: the price of a public-key operation, per source and
+//!   for all together (WireGuard's ratelimiter.c).
 //!
 //! Nothing here reads a clock or a socket. Randomness (ephemeral keys,
 //! cookie secrets) comes from the OS CSPRNG through the crypto crates, or
@@ -22,12 +24,13 @@ pub mod cookie;
 pub mod frame;
 pub mod handshake;
 pub mod protect;
+pub mod ratelimit;
 pub mod replay;
 
 pub use cookie::{Cookie, CookieSecret};
 pub use handshake::{
-    ClientConfig, Decision, Established, HandshakeError, Initiator, Progress, PublicKey,
-    RefuseReason, Reply, Responder, StaticKeypair,
+    ClientConfig, Decision, Established, FreshHello, HandshakeError, Initiator, Progress,
+    PublicKey, RefuseReason, Reply, Responder, Screened, StaticKeypair,
 };
 pub use protect::{
     Cipher, DropCounters, Dropped, Opener, PacketKey, Protection, SealError, Sealer, Slot,

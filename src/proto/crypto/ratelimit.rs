@@ -1,0 +1,332 @@
+//! The price of a public-key operation: token buckets per source and for
+//! all sources together, checked before a hello costs any Diffie-Hellman.
+//!
+//! The per-source bucket is WireGuard's (`drivers/net/wireguard/ratelimiter.c`):
+//! tokens are nanoseconds, a hello costs a second's share of the rate, a
+//! bucket holds a burst's worth, and a source is an IPv4 address or an
+//! IPv6 /64 (one host's share of addresses, which it can change at will).
+//! Spoofed sources are unlimited, so the table is bounded: entries idle
+//! for a second (their bucket full again, as good as absent) are swept
+//! once a second, as WireGuard's garbage collector does, and a new source
+//! in a full table takes the place of the fullest bucket instead of being
+//! refused (WireGuard refuses it, which lets a table filled by a flood
+//! lock out every new source until the sweep).
+//!
+//! Nothing here reads a clock: every call takes `now`.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use crate::proto::Time;
+
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// What a source is counted as: an IPv4 address, or an IPv6 /64
+/// (ratelimiter.c keys IPv6 by its upper 64 bits). An IPv4-mapped IPv6
+/// address is its IPv4 address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    V4([u8; 4]),
+    V6([u8; 8]),
+}
+
+impl Source {
+    pub fn of(ip: IpAddr) -> Source {
+        match ip {
+            IpAddr::V4(a) => Source::V4(a.octets()),
+            IpAddr::V6(a) => match a.to_ipv4_mapped() {
+                Some(v4) => Source::V4(v4.octets()),
+                None => {
+                    let o = a.octets();
+                    Source::V6(o[..8].try_into().expect("8 bytes"))
+                }
+            },
+        }
+    }
+}
+
+/// One token bucket, in nanoseconds of credit (ratelimiter.c's
+/// `tokens`, `last_time_ns`).
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: u64,
+    last: Time,
+}
+
+/// A rate and a burst, as the cost of one event and the most a bucket
+/// holds, in nanoseconds (ratelimiter.c's `PACKET_COST`, `TOKEN_MAX`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    cost: u64,
+    max: u64,
+}
+
+impl Rate {
+    /// `per_sec` events a second, `burst` at once (each at least 1).
+    pub fn new(per_sec: u32, burst: u32) -> Rate {
+        let cost = NANOS_PER_SEC / u64::from(per_sec.max(1));
+        Rate {
+            cost,
+            max: cost.saturating_mul(u64::from(burst.max(1))),
+        }
+    }
+
+    /// A bucket as it would be at `now`, refilled, without taking.
+    fn refilled(&self, b: &Bucket, now: Time) -> u64 {
+        let elapsed = now.saturating_since(b.last).as_nanos();
+        let elapsed = u64::try_from(elapsed).unwrap_or(u64::MAX);
+        b.tokens.saturating_add(elapsed).min(self.max)
+    }
+
+    /// Refills `b` to `now` and takes one event's tokens if it has them.
+    fn take(&self, b: &mut Bucket, now: Time) -> bool {
+        b.tokens = self.refilled(b, now);
+        b.last = b.last.max(now);
+        if b.tokens >= self.cost {
+            b.tokens -= self.cost;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn full(&self, now: Time) -> Bucket {
+        Bucket {
+            tokens: self.max,
+            last: now,
+        }
+    }
+}
+
+/// Why a hello is not worth a public-key operation now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limited {
+    /// Its source spent its budget.
+    Source,
+    /// All sources together spent theirs.
+    Global,
+}
+
+/// How often idle entries are swept (ratelimiter.c's `gc_entries`, every
+/// second), and how long an entry must have been idle to go: by then its
+/// bucket is full, so forgetting it gives its source nothing.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Per-source buckets and one for everyone, with a bounded table.
+#[derive(Debug)]
+pub struct RateLimiter {
+    per_source: Rate,
+    global_rate: Rate,
+    global: Bucket,
+    sources: HashMap<Source, Bucket>,
+    capacity: usize,
+    swept: Time,
+}
+
+impl RateLimiter {
+    /// `per_source` for each source; `global` for all together; at most
+    /// `capacity` sources tracked (at least 1).
+    pub fn new(per_source: Rate, global: Rate, capacity: usize) -> RateLimiter {
+        RateLimiter {
+            per_source,
+            global_rate: global,
+            global: global.full(Time::ZERO),
+            sources: HashMap::new(),
+            capacity: capacity.max(1),
+            swept: Time::ZERO,
+        }
+    }
+
+    /// Sources tracked now (at most the capacity).
+    pub fn tracked(&self) -> usize {
+        self.sources.len()
+    }
+
+    /// Whether one hello from `ip` may cost a public-key operation at
+    /// `now`; if so, its tokens are taken from both buckets. The source's
+    /// bucket is checked first, so a source over its budget takes nothing
+    /// from everyone else's.
+    pub fn allow(&mut self, now: Time, ip: IpAddr) -> Result<(), Limited> {
+        self.sweep(now);
+        let source = Source::of(ip);
+        let rate = self.per_source;
+        if !self.sources.contains_key(&source) && self.sources.len() >= self.capacity {
+            self.evict_fullest(now);
+        }
+        let bucket = self.sources.entry(source).or_insert_with(|| rate.full(now));
+        let before = *bucket;
+        if !rate.take(bucket, now) {
+            return Err(Limited::Source);
+        }
+        if !self.global_rate.take(&mut self.global, now) {
+            // Not spent after all: the source keeps its tokens.
+            if let Some(b) = self.sources.get_mut(&source) {
+                *b = before;
+            }
+            return Err(Limited::Global);
+        }
+        Ok(())
+    }
+
+    /// Gives back the source's tokens for a hello that turned out to be
+    /// worth its price (it made a session): the streams of one transfer,
+    /// which start together, are not held back by their own bucket. The
+    /// global budget is not refunded: the work was done.
+    pub fn refund(&mut self, now: Time, ip: IpAddr) {
+        let rate = self.per_source;
+        if let Some(b) = self.sources.get_mut(&Source::of(ip)) {
+            b.tokens = rate
+                .refilled(b, now)
+                .saturating_add(rate.cost)
+                .min(rate.max);
+            b.last = b.last.max(now);
+        }
+    }
+
+    /// Forgets, once a second, the sources idle for a second.
+    fn sweep(&mut self, now: Time) {
+        if now.saturating_since(self.swept) < SWEEP_EVERY {
+            return;
+        }
+        self.swept = now;
+        self.sources
+            .retain(|_, b| now.saturating_since(b.last) < SWEEP_EVERY);
+    }
+
+    /// Makes room for a new source: the one whose bucket is fullest now
+    /// (the least active) goes.
+    fn evict_fullest(&mut self, now: Time) {
+        let rate = self.per_source;
+        if let Some(fullest) = self
+            .sources
+            .iter()
+            .max_by_key(|(_, b)| rate.refilled(b, now))
+            .map(|(s, _)| *s)
+        {
+            self.sources.remove(&fullest);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv6Addr;
+
+    fn ms(n: u64) -> Time {
+        Time::ZERO + Duration::from_millis(n)
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn wireguard(capacity: usize) -> RateLimiter {
+        RateLimiter::new(Rate::new(20, 5), Rate::new(1_000_000, 1_000_000), capacity)
+    }
+
+    /// ratelimiter.c: a burst of PACKETS_BURSTABLE (5), then one every
+    /// 1/PACKETS_PER_SECOND (50 ms).
+    #[test]
+    fn a_source_gets_its_burst_then_twenty_a_second() {
+        let mut r = wireguard(16);
+        let a = ip("192.0.2.1");
+        for _ in 0..5 {
+            assert_eq!(r.allow(ms(0), a), Ok(()));
+        }
+        assert_eq!(r.allow(ms(0), a), Err(Limited::Source));
+        assert_eq!(r.allow(ms(49), a), Err(Limited::Source));
+        assert_eq!(r.allow(ms(50), a), Ok(()));
+        assert_eq!(r.allow(ms(50), a), Err(Limited::Source));
+        // Over a second from empty: 20 more, and never more than the burst.
+        let allowed = (51..1051).filter(|&t| r.allow(ms(t), a).is_ok()).count();
+        assert_eq!(allowed, 20);
+        assert_eq!(
+            (0..10).filter(|_| r.allow(ms(10_000), a).is_ok()).count(),
+            5
+        );
+        // Another source has its own bucket.
+        assert_eq!(r.allow(ms(50), ip("192.0.2.2")), Ok(()));
+    }
+
+    #[test]
+    fn an_ipv6_source_is_its_slash_64_and_a_mapped_address_its_ipv4() {
+        let mut r = wireguard(16);
+        for i in 0..5u16 {
+            let a = Ipv6Addr::new(0x2001, 0xdb8, 0, 1, i, i, i, i);
+            assert_eq!(r.allow(ms(0), IpAddr::V6(a)), Ok(()));
+        }
+        assert_eq!(
+            r.allow(ms(0), ip("2001:db8:0:1:ffff::1")),
+            Err(Limited::Source)
+        );
+        assert_eq!(r.allow(ms(0), ip("2001:db8:0:2::1")), Ok(()));
+        assert_eq!(
+            Source::of(ip("::ffff:192.0.2.9")),
+            Source::of(ip("192.0.2.9"))
+        );
+    }
+
+    #[test]
+    fn the_global_budget_holds_whatever_the_number_of_sources() {
+        let mut r = RateLimiter::new(Rate::new(20, 5), Rate::new(100, 25), 4096);
+        let allowed = (0..1000u32)
+            .filter(|i| {
+                let a = IpAddr::from([10, 0, (i >> 8) as u8, *i as u8]);
+                r.allow(ms(u64::from(*i)), a).is_ok()
+            })
+            .count();
+        // 25 at once, then 100 a second over the 999 ms.
+        assert!((25..=25 + 100).contains(&allowed), "{allowed}");
+        // A source turned away by the global budget kept its own tokens.
+        let mut r = RateLimiter::new(Rate::new(20, 5), Rate::new(1, 1), 16);
+        assert_eq!(r.allow(ms(0), ip("192.0.2.1")), Ok(()));
+        for _ in 0..10 {
+            assert_eq!(r.allow(ms(0), ip("192.0.2.2")), Err(Limited::Global));
+        }
+        assert_eq!(r.allow(ms(1000), ip("192.0.2.2")), Ok(()));
+    }
+
+    #[test]
+    fn the_table_stays_within_its_capacity_and_forgets_the_fullest() {
+        let mut r = wireguard(8);
+        let busy = ip("192.0.2.200");
+        for _ in 0..5 {
+            r.allow(ms(0), busy).unwrap();
+        }
+        for i in 0..1000u32 {
+            let a = IpAddr::from([10, 0, (i >> 8) as u8, i as u8]);
+            let _ = r.allow(ms(1), a);
+            assert!(r.tracked() <= 8);
+        }
+        // The busy source, its bucket empty, was never the one forgotten.
+        assert_eq!(r.allow(ms(1), busy), Err(Limited::Source));
+    }
+
+    #[test]
+    fn idle_sources_are_swept_once_a_second() {
+        let mut r = wireguard(64);
+        for i in 0..50u8 {
+            r.allow(ms(0), IpAddr::from([10, 0, 0, i])).unwrap();
+        }
+        assert_eq!(r.tracked(), 50);
+        r.allow(ms(999), ip("192.0.2.1")).unwrap();
+        r.allow(ms(1000), ip("192.0.2.2")).unwrap();
+        assert_eq!(r.tracked(), 2, "the 50 idle for a second went");
+    }
+
+    #[test]
+    fn a_refund_gives_back_one_hello_and_never_more_than_the_burst() {
+        let mut r = wireguard(16);
+        let a = ip("192.0.2.1");
+        for _ in 0..100 {
+            r.allow(ms(0), a).unwrap();
+            r.refund(ms(0), a);
+        }
+        for _ in 0..5 {
+            r.allow(ms(0), a).unwrap();
+        }
+        assert_eq!(r.allow(ms(0), a), Err(Limited::Source));
+    }
+}
