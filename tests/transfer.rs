@@ -1522,11 +1522,13 @@ fn an_authorized_keys_subdir_confines_its_key() {
     let again = send(&[&tree], &target, &["--identity", identity, "--overwrite"]);
     assert_eq!(again.code(), Some(REFUSED), "{}", again.stderr);
     assert!(again.stderr.contains("`overwrite`"), "{}", again.stderr);
-    // The standard test key is not in this file at all.
-    let stranger = send(&[&tree], &target, &[]);
-    assert_eq!(stranger.code(), Some(REFUSED), "{}", stranger.stderr);
+    // The standard test key is not in this file at all: the server does
+    // not answer it (a prober learns nothing), and the client says what to
+    // check once its wait is over (10: worth retrying once fixed).
+    let stranger = send(&[&tree], &target, &["--maxidle", "2"]);
+    assert_eq!(stranger.code(), Some(NETWORK), "{}", stranger.stderr);
     assert!(
-        stranger.stderr.contains("does not know this client's key"),
+        stranger.stderr.contains("authorized keys"),
         "{}",
         stranger.stderr
     );
@@ -1787,6 +1789,8 @@ fn another_local_process_cannot_write_through_atou_copy() {
             known.to_str().unwrap(),
             "--identity",
             keys().client.to_str().unwrap(),
+            "--maxidle",
+            "2",
         ],
     );
     let still_running = copy.try_wait().unwrap().is_none();
@@ -1802,12 +1806,9 @@ fn another_local_process_cannot_write_through_atou_copy() {
         "{}",
         plain.stderr
     );
-    assert_eq!(keyed.code(), Some(REFUSED), "{}", keyed.stderr);
-    assert!(
-        keyed.stderr.contains("does not know this client's key"),
-        "{}",
-        keyed.stderr
-    );
+    // Not answered at all: the copy's one-time key is the only one it takes.
+    assert_eq!(keyed.code(), Some(NETWORK), "{}", keyed.stderr);
+    assert!(keyed.stderr.contains("authorized keys"), "{}", keyed.stderr);
     assert!(!dest.join(".bashrc").exists());
 }
 

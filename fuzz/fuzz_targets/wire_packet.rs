@@ -33,6 +33,7 @@ fuzz_target!(|data: &[u8]| {
                 Packet::Fetch(p) => p.emit(&mut buf),
                 Packet::PathChallenge(p) => p.emit_challenge(&mut buf),
                 Packet::PathResponse(p) => p.emit_response(&mut buf),
+                Packet::Retry(p) => p.emit(&mut buf),
                 Packet::Ack(_) | Packet::Data(_) | Packet::Reply(_) => unreachable!(),
             }
             .expect("fits");
