@@ -391,3 +391,39 @@ fn a_server_key_file_others_can_write_is_refused_unless_told() {
     assert!(!stderr(&out).contains("chmod go-w"), "{}", stderr(&out));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn no_auth_with_authorized_keys_is_refused() {
+    let dir = tmp("no-auth-keys");
+    std::fs::create_dir_all(&dir).unwrap();
+    let keys = dir.join("authorized_keys");
+    std::fs::write(&keys, "").unwrap();
+    let k = keys.to_str().unwrap();
+    let d = dir.to_str().unwrap();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_atou"))
+        .args(["serve", "--bind", "127.0.0.1:0", "--dir", d, "--no-auth"])
+        .args(["--authorized-keys", k])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A server that starts anyway is the failure: stop it, then say so.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = server.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = server.kill();
+            let _ = server.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut server.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{err}");
+    assert!(err.contains("would not apply"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

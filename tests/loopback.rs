@@ -24,7 +24,17 @@ struct Server {
 impl Server {
     /// Starts `atou serve --json` on an ephemeral loopback port.
     fn start(extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_atou"))
+        Server::start_with_config(extra, None)
+    }
+
+    /// The same, with `XDG_CONFIG_HOME` at `config` (where an empty one
+    /// makes a server without a key).
+    fn start_with_config(extra: &[&str], config: Option<&std::path::Path>) -> Server {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_atou"));
+        if let Some(c) = config {
+            command.env("XDG_CONFIG_HOME", c);
+        }
+        let mut child = command
             .env("XDG_CACHE_HOME", TEST_CACHE)
             .args(["serve", "--bind", "127.0.0.1:0", "--json"])
             .args(extra)
@@ -365,4 +375,34 @@ fn the_server_applies_the_receiver_tuning_from_the_hello() {
         );
         assert_eq!(s["receiver"]["acks"], r["stats"]["acks"]);
     }
+}
+
+#[test]
+fn a_host_recorded_in_known_hosts_never_falls_back_to_cleartext() {
+    let dir = std::env::temp_dir().join(format!("atou-loopback-pinned-{}", std::process::id()));
+    let config = dir.join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    // A server with no key answers "no key", as anyone could forge.
+    let mut server = Server::start_with_config(&[], Some(&config));
+    let known = dir.join("known_hosts");
+    let key = "atou-x25519 AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+    std::fs::write(&known, format!("{} {key}\n127.0.0.1 {key}\n", server.addr)).unwrap();
+    let k = known.to_str().unwrap();
+    let out = probe(server.addr, &["--bytes", "64K", "--known-hosts", k]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("records its key"), "{err}");
+    // A host never seen: the probe goes on in the clear, and says so.
+    std::fs::write(&known, "").unwrap();
+    let out = probe(server.addr, &["--bytes", "64K", "--known-hosts", k]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("unauthenticated and unencrypted"), "{err}");
+    server.kill();
+    std::fs::remove_dir_all(&dir).unwrap();
 }

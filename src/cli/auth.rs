@@ -119,6 +119,19 @@ impl ClientAuthArgs {
                             })
                         ) =>
                 {
+                    // The "no key" answer is not authenticated: a host whose
+                    // key is recorded never falls back to cleartext on it.
+                    if let Some((recorded, path)) = self.recorded_key(host)? {
+                        return Err(UsageError(format!(
+                            "{host} answered that it has no key, but {} records its key {}: \
+                             someone may be intercepting the connection, or the server lost \
+                             its key; refusing to go on unauthenticated (--no-auth to do so \
+                             knowingly)",
+                            path.display(),
+                            format_public_key(&recorded, "")
+                        ))
+                        .into());
+                    }
                     eprintln!(
                         "atou: {host} has no key: this probe is unauthenticated and unencrypted"
                     );
@@ -145,6 +158,16 @@ impl ClientAuthArgs {
             _ => Ok(StaticKeypair::generate()
                 .map_err(|e| anyhow::anyhow!("cannot make a key for this run: {e}"))?),
         }
+    }
+
+    /// The key known_hosts records for `host`, and the file's path.
+    fn recorded_key(&self, host: &str) -> Result<Option<(PublicKey, PathBuf)>> {
+        let path = match &self.known_hosts {
+            Some(p) => p.clone(),
+            None => keys::config_dir()?.join(KNOWN_HOSTS_FILE),
+        };
+        let known = KnownHosts::load(&path, strictness(self.no_strict_modes))?;
+        Ok(known.lookup(host).map(|k| (k, path)))
     }
 
     fn known_server_key(
@@ -230,6 +253,14 @@ impl ServeAuthArgs {
     /// What the server accepts. `files`: it writes into a directory,
     /// which needs authorized keys unless --no-auth.
     pub fn resolve(&self, files: bool) -> Result<ServerAuth> {
+        if let (true, Some(p)) = (self.no_auth, &self.authorized_keys) {
+            return Err(UsageError(format!(
+                "--no-auth takes any client, so --authorized-keys {} (and its subdir= and \
+                 overwrite limits) would not apply: pass one or the other",
+                p.display()
+            ))
+            .into());
+        }
         let config = keys::config_dir().ok();
         let strict = strictness(self.no_strict_modes);
         let identity = match &self.identity {

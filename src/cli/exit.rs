@@ -84,9 +84,7 @@ impl Exit {
             Exit::Failed => "failed otherwise (the reason is on stderr)",
             Exit::Usage => "usage error: fix the command",
             Exit::Refused => "refused by the receiver (a file in the way, policy, keys)",
-            Exit::Network => {
-                "no server, unreachable, path failed, still busy: retry later"
-            }
+            Exit::Network => "no server, unreachable, path failed, still busy: retry later",
             Exit::Io => "a local file could not be read (or changed while sent)",
             Exit::Protocol => "the two ends do not understand each other (releases)",
             Exit::Verify => "what arrived is not what was sent (BLAKE3)",
