@@ -69,6 +69,28 @@ impl Scratch {
             ),
         )
     }
+
+    /// A remote atou that answers the bootstrap with `port` and `addr`
+    /// (an answer built with the crate's own encoder, a key of its own)
+    /// and then does nothing.
+    fn answering(&self, port: u16, addr: Option<std::net::IpAddr>) -> PathBuf {
+        let key = atou::proto::crypto::StaticKeypair::generate()
+            .unwrap()
+            .public();
+        let answer = atou::transfer::bootstrap::Answer {
+            ports: vec![port],
+            key,
+            addr,
+        }
+        .encode();
+        self.script(
+            "answering-atou",
+            &format!(
+                "read hello; printf '%s\\n' '{}'; exec sleep 30",
+                answer.trim_end()
+            ),
+        )
+    }
 }
 
 impl Drop for Scratch {
@@ -369,22 +391,8 @@ fn a_remote_naming_another_address_is_not_sent_punches() {
     victim
         .set_read_timeout(Some(std::time::Duration::from_millis(200)))
         .unwrap();
-    let key = atou::proto::crypto::StaticKeypair::generate()
-        .unwrap()
-        .public();
-    let answer = atou::transfer::bootstrap::Answer {
-        ports: vec![victim.local_addr().unwrap().port()],
-        key,
-        addr: Some("127.0.0.2".parse().unwrap()),
-    }
-    .encode();
-    let remote = s.script(
-        "lying-atou",
-        &format!(
-            "read hello; printf '%s\\n' '{}'; exec sleep 30",
-            answer.trim_end()
-        ),
-    );
+    let port = victim.local_addr().unwrap().port();
+    let remote = s.answering(port, Some("127.0.0.2".parse().unwrap()));
     let heard = std::thread::spawn(move || {
         let mut n = 0;
         let until = std::time::Instant::now() + std::time::Duration::from_secs(4);
@@ -422,22 +430,7 @@ fn udp_that_never_arrives_is_a_bounded_wait_with_one_reason() {
         .local_addr()
         .unwrap()
         .port();
-    let key = atou::proto::crypto::StaticKeypair::generate()
-        .unwrap()
-        .public();
-    let answer = atou::transfer::bootstrap::Answer {
-        ports: vec![closed],
-        key,
-        addr: None,
-    }
-    .encode();
-    let remote = s.script(
-        "silent-atou",
-        &format!(
-            "read hello; printf '%s\\n' '{}'; exec sleep 30",
-            answer.trim_end()
-        ),
-    );
+    let remote = s.answering(closed, None);
     let dest = s.path("dest");
     let started = std::time::Instant::now();
     let out = pull(
