@@ -1656,8 +1656,12 @@ fn a_sender_that_will_not_wait_for_a_busy_server_exits_10() {
         &format!("{}:a", server.target()),
         &["--bwlimit", "40mbit"],
     );
+    // Its session is planned once its partial file is there (the staging
+    // directory itself is made when the server starts).
     let until = Instant::now() + Duration::from_secs(20);
-    while !dest.join(".atou-staging").exists() && Instant::now() < until {
+    let started = || fs::read_dir(dest.join(".atou-staging")).is_ok_and(|mut d| d.next().is_some());
+    while !started() {
+        assert!(Instant::now() < until, "the first transfer did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
     let out = send(
