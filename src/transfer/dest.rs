@@ -303,7 +303,7 @@ impl Requested {
                     .wanted
                     .iter()
                     .zip(&used)
-                    .position(|(w, &u)| !u && *w == Wanted::Name(path.to_vec()));
+                    .position(|(w, &u)| !u && matches!(w, Wanted::Name(n) if n == path));
                 let slot = exact.or_else(|| {
                     self.wanted
                         .iter()
@@ -329,6 +329,12 @@ impl Requested {
 
 /// How many symlinks one path may pass through, as Linux's ELOOP limit.
 const MAX_LINK_HOPS: usize = 40;
+/// How many components one link's resolution may walk, its own and those
+/// of the links it passes through: each may cost a lookup on disk, and a
+/// manifest of links with long targets through 40 links each must not
+/// buy a planner's time by the million. Linux's 4096-byte PATH_MAX holds
+/// at most 2048 components.
+const MAX_LINK_STEPS: usize = 2048;
 
 /// Does the symlink at `link` (a path beneath DEST) lead beneath `root`
 /// (DEST itself when empty) once followed, through every link on the way?
@@ -339,8 +345,9 @@ const MAX_LINK_HOPS: usize = 40;
 /// creates (`links`, by path beneath DEST, whatever its place in the
 /// manifest) or one already at the destination (`on_disk`) is followed
 /// from its own directory; `..` may never climb above `root`; an absolute
-/// target, or more than [`MAX_LINK_HOPS`] links, is refused. A name that
-/// is nothing yet is taken as a directory to be.
+/// target, more than [`MAX_LINK_HOPS`] links or more than
+/// [`MAX_LINK_STEPS`] components walked, is refused. A name that is
+/// nothing yet is taken as a directory to be.
 pub fn link_stays_beneath(
     link: &[u8],
     target: &[u8],
@@ -371,7 +378,12 @@ pub fn link_stays_beneath(
         .map(<[u8]>::to_vec)
         .collect();
     let mut hops = 0;
+    let mut steps = 0;
     while let Some(c) = to_walk.pop() {
+        steps += 1;
+        if steps > MAX_LINK_STEPS {
+            return false;
+        }
         match c.as_slice() {
             b"" | b"." => {}
             b".." => {
@@ -1519,6 +1531,13 @@ mod tests {
         assert!(!beneath("c", "a", "", &loops));
         // An absolute link on the way is a way out.
         assert!(!beneath("c", "abs/x", "", &[("abs", "/etc")]));
+        // A walk past the step budget is refused, however harmless.
+        // `a` leads where it stands, in a thousand steps.
+        let here = vec!["."; 1000].join("/");
+        let chain = [("a", here.as_str())];
+        assert!(beneath("c", "a", "", &chain));
+        assert!(beneath("c", "a/a", "", &chain));
+        assert!(!beneath("c", "a/a/a", "", &chain));
     }
 
     #[test]

@@ -197,7 +197,8 @@ pub struct SendConfig {
 /// held at the receiver meanwhile: each try is a new connection.
 #[derive(Debug, Default)]
 struct BusyWait {
-    until: Option<Instant>,
+    /// The first busy answer.
+    since: Option<Instant>,
     tries: u32,
 }
 
@@ -212,7 +213,7 @@ impl BusyWait {
         why: &str,
     ) -> bool {
         let now = Instant::now();
-        let until = *self.until.get_or_insert(now + config.wait_busy);
+        let until = *self.since.get_or_insert(now) + config.wait_busy;
         if now >= until {
             return false;
         }
@@ -235,12 +236,8 @@ impl BusyWait {
     }
 
     /// Seconds since the first busy answer.
-    fn waited(&self, config: &SendConfig) -> f64 {
-        self.until.map_or(0.0, |u| {
-            (Instant::now() + config.wait_busy)
-                .saturating_duration_since(u)
-                .as_secs_f64()
-        })
+    fn waited(&self) -> f64 {
+        self.since.map_or(0.0, |s| s.elapsed().as_secs_f64())
     }
 }
 
@@ -1206,7 +1203,7 @@ fn send_session(
                 return Err(SendError::Busy {
                     host: config.host.clone(),
                     why,
-                    waited: busy.waited(config),
+                    waited: busy.waited(),
                 });
             }
             Ok(PlanReply::Refused(why)) => {
