@@ -729,6 +729,13 @@ fn a_captured_hello_of_an_unknown_key_replayed_10000_times_is_worked_once_and_ne
     assert!(s.hellos_worked <= 5 + 20 + 1, "{s:?}");
     assert_eq!(s.hellos_worked, 2, "{s:?}");
     assert_eq!(s.hellos_seen, 9_999, "{s:?}");
+    // Copies that fast are a replay: the driver is asked to drop them
+    // before reading them (a socket filter on the hello's client id), and
+    // nothing else: not the authorized client's hello.
+    assert_eq!(s.hellos_dropped_unread, 1, "{s:?}");
+    let replayed_id = u64::from_be_bytes(captured[4..12].try_into().unwrap());
+    assert_eq!(server.poll_dropped_hellos(now), Some(vec![replayed_id]));
+    assert_eq!(server.poll_dropped_hellos(now), None);
     let took = established
         .expect("the authorized client got no session during the flood")
         .saturating_since(client_start);

@@ -1687,6 +1687,102 @@ fn a_sender_that_will_not_wait_for_a_busy_server_exits_10() {
     first.kill();
 }
 
+/// One hello replayed far faster than any client resends one (issue 26,
+/// point 2): once the server has seen it 64 times in a second, it asks the
+/// kernel to drop its further copies (a socket filter on its client id),
+/// so they cost no system call to read. The copies are paced so that the
+/// server could read every one; without the filter it reads them all.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_replayed_hello_is_dropped_before_it_is_read() {
+    use atou::proto::crypto::handshake::{random_id, ClientConfig, Initiator};
+    use atou::proto::crypto::{Cipher, StaticKeypair};
+    use std::io::{BufRead, BufReader};
+
+    let scratch = Scratch::new("replay-filter");
+    let dest = scratch.dir("dest");
+    let mut child = Command::new(ATOU)
+        .env("XDG_CACHE_HOME", TEST_CACHE)
+        .args(["serve", "--bind", "127.0.0.1:0", "--dir"])
+        .arg(&dest)
+        .arg("--identity")
+        .arg(&keys().server)
+        .arg("--authorized-keys")
+        .arg(&keys().authorized)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start atou serve");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let server = Daemon::new(child);
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let addr: SocketAddr = line
+        .split_whitespace()
+        .skip_while(|w| *w != "on")
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in `{line}`"));
+    // A hello of a key the server does not know, as a capture holds it.
+    let server_key =
+        atou::keys::parse_public_key(fs::read_to_string(&keys().server_pub).unwrap().trim())
+            .unwrap();
+    let config = ClientConfig {
+        identity: StaticKeypair::generate().unwrap(),
+        server_key,
+        cipher: Cipher::for_this_cpu(),
+        params: Vec::new(),
+    };
+    let now_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let hello = Initiator::new(&config, random_id().unwrap(), now_ns)
+        .unwrap()
+        .hello()
+        .to_vec();
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let replay = |copies: usize| {
+        for i in 0..copies {
+            sock.send_to(&hello, addr).unwrap();
+            if i % 20 == 19 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    };
+    replay(200);
+    std::thread::sleep(Duration::from_millis(300));
+    replay(3000);
+    std::thread::sleep(Duration::from_millis(300));
+    // SIGINT: the server stops and prints its counters.
+    let child = server.release();
+    let interrupted = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupted.success());
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    let _ = child.wait_with_output();
+    say(&rest);
+    assert!(rest.contains("its copies are dropped unread"), "{rest}");
+    let stopped = rest
+        .lines()
+        .find(|l| l.contains("stopped after"))
+        .unwrap_or_else(|| panic!("no last line: {rest}"));
+    let read_copies: u64 = stopped
+        .split("replays ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no replay count in `{stopped}`"));
+    assert!(stopped.contains("(dropped unread: 1 hellos)"), "{stopped}");
+    // The first 200 copies were read (64 of them named the replay); of
+    // the 3,000 after, none.
+    assert!(read_copies <= 200, "{stopped}");
+    assert!(read_copies >= 64, "{stopped}");
+}
+
 #[test]
 fn abandoned_partial_files_go_after_the_staging_ttl() {
     let scratch = Scratch::new("staging-ttl");

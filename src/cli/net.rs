@@ -564,6 +564,10 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
             ServeEvent::RcvbufGrown { asked, granted } => {
                 eprintln!("atou serve: socket receive buffer grown for a client: asked {asked}, granted {granted}");
             }
+            ServeEvent::ReplayFilterRefused(e) => eprintln!(
+                "atou serve: the kernel refused the socket filter that drops replayed hellos \
+                 unread ({e}): their copies are read and dropped after a lookup"
+            ),
         },
         ctrl_c(),
     ))?;
@@ -573,7 +577,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     eprintln!(
         "atou serve: stopped after {} connections; datagrams {} undecodable {} unknown-connection {} \
          unexpected {} refused hellos {}; handshakes {} refused keys {} unopened {} cookies {} \
-         moves {}",
+         replays {} (dropped unread: {} hellos) moves {}",
         stats.connections,
         stats.datagrams,
         stats.undecodable,
@@ -584,6 +588,8 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         stats.auth_refused,
         stats.crypto_dropped + stats.bad_handshakes,
         stats.cookies_sent,
+        stats.hellos_seen,
+        stats.hellos_dropped_unread,
         stats.migrations,
     );
     // `--once --dir`: the status says how the one transfer went.

@@ -685,6 +685,9 @@ pub enum ServeEvent {
         asked: u32,
         granted: u32,
     },
+    /// The kernel refused the filter that drops replayed hellos unread
+    /// (told once): their copies are read and dropped after a lookup.
+    ReplayFilterRefused(io::Error),
 }
 
 #[derive(Debug, Error)]
@@ -762,6 +765,7 @@ pub async fn serve_from(
     let waker = app.waker();
     tokio::pin!(stop);
     let mut done = false;
+    let mut filter_refused = false;
     loop {
         let now = clock.now();
         if server.poll_timeout().is_some_and(|t| t <= now) {
@@ -774,6 +778,14 @@ pub async fn serve_from(
         while tx.push_with(max_len, |b| server.poll_transmit(now, b)) {}
         while let Some(n) = server.poll_notice() {
             on_event(ServeEvent::Notice(n));
+        }
+        if let Some(ids) = server.poll_dropped_hellos(now) {
+            if let Err(e) = io.drop_hellos(&ids) {
+                if !filter_refused {
+                    filter_refused = true;
+                    on_event(ServeEvent::ReplayFilterRefused(e));
+                }
+            }
         }
         while let Some(r) = server.poll_report() {
             on_event(ServeEvent::Report(Box::new(r)));

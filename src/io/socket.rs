@@ -196,6 +196,16 @@ impl UdpIo {
         self.size(Buf::Recv, bytes)
     }
 
+    /// Drops in the kernel, before they are read, the hellos whose client
+    /// ids are `ids` (replays: [`crate::proto::crypto::replayed`]); an
+    /// empty list removes the filter. A socket filter (classic BPF,
+    /// SO_ATTACH_FILTER) runs where the datagram is queued, so a copy it
+    /// drops costs this process nothing; the program replaces the last
+    /// one at once. Elsewhere than Linux: `Unsupported`.
+    pub fn drop_hellos(&self, ids: &[u64]) -> io::Result<()> {
+        hello_filter::attach(&self.sock, ids)
+    }
+
     /// Waits until a datagram may be read.
     pub async fn readable(&self) -> io::Result<()> {
         self.sock.readable().await
@@ -603,6 +613,63 @@ mod tests {
         assert_eq!(this_host_mtu("203.0.113.7:9".parse().unwrap()), None);
     }
 
+    /// The replay filter drops the hellos it names and nothing else: not
+    /// another id's hello, not a datagram too short to hold an id, not a
+    /// data packet whose bytes after its header happen to be that id.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_replay_filter_drops_exactly_the_hellos_it_names() {
+        use crate::proto::crypto::handshake::hello_prefix;
+        let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_millis(300)))
+            .unwrap();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = rx.local_addr().unwrap();
+        let hello = |id: u64| {
+            let mut d = hello_prefix().to_vec();
+            d.extend_from_slice(&id.to_be_bytes());
+            d.resize(1200, 0);
+            d
+        };
+        let replayed = 0x0123_4567_89ab_cdef_u64;
+        let mut data = hello(replayed);
+        data[3] ^= 0xff;
+        let sent: Vec<(Vec<u8>, bool)> = vec![
+            (hello(replayed), false),
+            (hello(replayed ^ 1), true),
+            (hello(replayed ^ (1 << 40)), true),
+            (hello(replayed)[..10].to_vec(), true),
+            (data, true),
+            (b"x".to_vec(), true),
+        ];
+        let receive = |rx: &std::net::UdpSocket| {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 2048];
+            while let Ok(n) = rx.recv(&mut buf) {
+                got.push(buf[..n].to_vec());
+            }
+            got
+        };
+        hello_filter::attach(&rx, &[7, replayed, 9]).unwrap();
+        for (d, _) in &sent {
+            tx.send_to(d, to).unwrap();
+        }
+        let kept: Vec<Vec<u8>> = sent
+            .iter()
+            .filter(|(_, kept)| *kept)
+            .map(|(d, _)| d.clone())
+            .collect();
+        assert_eq!(receive(&rx), kept);
+        // An empty list takes the filter off; so does a list without it.
+        hello_filter::attach(&rx, &[]).unwrap();
+        hello_filter::attach(&rx, &[]).unwrap();
+        tx.send_to(&hello(replayed), to).unwrap();
+        assert_eq!(receive(&rx), vec![hello(replayed)]);
+        hello_filter::attach(&rx, &[5]).unwrap();
+        tx.send_to(&hello(replayed), to).unwrap();
+        assert_eq!(receive(&rx), vec![hello(replayed)]);
+    }
+
     /// A sender connected to a plain receiver, both on loopback.
     async fn pair() -> (UdpIo, std::net::UdpSocket) {
         let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -688,5 +755,81 @@ mod tests {
         for _ in 0..12 {
             assert_eq!(rx.recv(&mut buf).unwrap(), 1000);
         }
+    }
+}
+
+/// The socket filter of [`UdpIo::drop_hellos`].
+#[cfg(target_os = "linux")]
+mod hello_filter {
+    use std::io;
+
+    use socket2::{SockFilter, SockRef};
+
+    use crate::proto::crypto::handshake::hello_prefix;
+
+    /// A UDP socket's filter sees the datagram from its UDP header on.
+    const PAYLOAD_AT: u32 = 8;
+    /// Bytes a filter reads: the hello's prefix and its client id.
+    const MATCHED_LEN: u32 = 4 + 8;
+    const ACCEPT: u32 = u32::MAX;
+    const DROP: u32 = 0;
+    /// Hellos one program can hold: five instructions each, of 4,096.
+    pub const MAX_IDS: usize = 512;
+
+    fn op(code: u32, jt: u8, jf: u8, k: u32) -> SockFilter {
+        SockFilter::new(code as u16, jt, jf, k)
+    }
+
+    /// `ids` dropped, everything else kept. A datagram too short to hold
+    /// a client id is kept before any load: a classic BPF load past the
+    /// end would end the program with a drop.
+    pub fn program(ids: &[u64]) -> Vec<SockFilter> {
+        use libc::{
+            BPF_ABS, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_K, BPF_LD, BPF_LEN, BPF_MEM, BPF_RET, BPF_ST,
+            BPF_W,
+        };
+        let prefix = u32::from_be_bytes(hello_prefix());
+        let mut p = vec![
+            op(BPF_LD | BPF_W | BPF_LEN, 0, 0, 0),
+            op(BPF_JMP | BPF_JGE | BPF_K, 1, 0, PAYLOAD_AT + MATCHED_LEN),
+            op(BPF_RET | BPF_K, 0, 0, ACCEPT),
+            op(BPF_LD | BPF_W | BPF_ABS, 0, 0, PAYLOAD_AT),
+            op(BPF_JMP | BPF_JEQ | BPF_K, 1, 0, prefix),
+            op(BPF_RET | BPF_K, 0, 0, ACCEPT),
+            op(BPF_LD | BPF_W | BPF_ABS, 0, 0, PAYLOAD_AT + 4),
+            op(BPF_ST, 0, 0, 0),
+            op(BPF_LD | BPF_W | BPF_ABS, 0, 0, PAYLOAD_AT + 8),
+            op(BPF_ST, 0, 0, 1),
+        ];
+        for &id in ids.iter().take(MAX_IDS) {
+            // Each id: its high word, then its low word; a miss goes on
+            // to the next id's first instruction.
+            p.push(op(BPF_LD | BPF_W | BPF_MEM, 0, 0, 0));
+            p.push(op(BPF_JMP | BPF_JEQ | BPF_K, 0, 3, (id >> 32) as u32));
+            p.push(op(BPF_LD | BPF_W | BPF_MEM, 0, 0, 1));
+            p.push(op(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, id as u32));
+            p.push(op(BPF_RET | BPF_K, 0, 0, DROP));
+        }
+        p.push(op(BPF_RET | BPF_K, 0, 0, ACCEPT));
+        p
+    }
+
+    pub fn attach(sock: &impl std::os::fd::AsFd, ids: &[u64]) -> io::Result<()> {
+        let sock = SockRef::from(sock);
+        if ids.is_empty() {
+            return match sock.detach_filter() {
+                // None attached.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+                r => r,
+            };
+        }
+        sock.attach_filter(&program(ids))
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod hello_filter {
+    pub fn attach(_: &impl std::os::fd::AsFd, _: &[u64]) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::Unsupported.into())
     }
 }

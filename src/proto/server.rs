@@ -20,6 +20,7 @@ use serde::Serialize;
 
 use super::crypto::amplification::Budget;
 use super::crypto::ratelimit::{Rate, RateLimiter};
+use super::crypto::replayed::{self, ReplayedHellos};
 use super::crypto::{
     frame, handshake, CookieSecret, Decision, HandshakeError, Opener, PublicKey, RefuseReason,
     Responder, Screened, Sealer, ServerAuth,
@@ -99,6 +100,9 @@ pub struct ServerStats {
     /// Copies of hellos already worked through (replays), dropped after
     /// a lookup.
     pub hellos_seen: u64,
+    /// Hellos whose copies came so fast that the driver was asked to drop
+    /// them before reading ([`Server::poll_dropped_hellos`]).
+    pub hellos_dropped_unread: u64,
     /// Authenticated clients refused (busy, bad parameters) or, unknown
     /// keys, not answered.
     pub auth_refused: u64,
@@ -180,6 +184,13 @@ pub enum Notice {
     PlainRefused {
         peer: SocketAddr,
     },
+    /// One hello's copies arrive faster than any client resends it: its
+    /// further copies are dropped before they are read, for a while.
+    ReplayDropped {
+        peer: SocketAddr,
+        client_id: u64,
+        copies: u32,
+    },
     /// A connection moved to a new address.
     Migrated {
         from: SocketAddr,
@@ -209,6 +220,16 @@ impl std::fmt::Display for Notice {
                 f,
                 "refused {peer}: an unauthenticated hello, and this server requires keys \
                  (it runs with --authorized-keys; --no-auth would allow plain clients)"
+            ),
+            Notice::ReplayDropped {
+                peer,
+                client_id,
+                copies,
+            } => write!(
+                f,
+                "a hello (client id {client_id:016x}) came {copies} times in a second, \
+                 last from {peer}: a replay; its copies are dropped unread for {} s",
+                super::crypto::replayed::DROP_FOR.as_secs()
             ),
             Notice::Migrated { from, to } => {
                 write!(f, "a connection moved from {from} to {to} (authenticated)")
@@ -495,6 +516,10 @@ pub struct ServerLimits {
     /// captured before a restart is not accepted once more. 0: none (a
     /// server whose key is made for its one run needs none).
     pub replay_floor_ns: u64,
+    /// Copies of one hello within a second after which its further copies
+    /// are dropped before they are read
+    /// ([`replayed`](super::crypto::replayed)). 0: never.
+    pub replayed_copies_before_drop: u32,
 }
 
 /// The [`ServerLimits::replay_floor_ns`] of a server started at
@@ -520,6 +545,7 @@ impl Default for ServerLimits {
             max_rate_sources: 4096,
             unvalidated_plain: 0,
             replay_floor_ns: 0,
+            replayed_copies_before_drop: replayed::DEFAULT_COPIES_BEFORE_DROP,
         }
     }
 }
@@ -537,6 +563,8 @@ pub struct Server {
     hellos_this_second: u32,
     /// The price of public-key operations, per source and in all.
     rate: RateLimiter,
+    /// Hellos replayed in bulk, whose copies the driver drops unread.
+    replayed: ReplayedHellos,
     /// The secret of plain hellos' address tokens (`None` if the OS
     /// random generator failed: then no token is valid).
     tokens: Option<CookieSecret>,
@@ -590,6 +618,7 @@ impl Server {
                 Rate::new(limits.hellos_per_sec, (limits.hellos_per_sec / 4).max(1)),
                 limits.max_rate_sources,
             ),
+            replayed: ReplayedHellos::new(limits.replayed_copies_before_drop),
             tokens: CookieSecret::random().ok(),
             tokens_rotated: Time::ZERO,
             retries: VecDeque::new(),
@@ -1052,8 +1081,19 @@ impl Server {
                 answer(self, bytes);
                 return;
             }
-            Ok(Screened::Seen) => {
+            Ok(Screened::Seen { client_id }) => {
                 self.stats.hellos_seen += 1;
+                if self.replayed.on_copy(now, client_id) {
+                    self.stats.hellos_dropped_unread += 1;
+                    self.notice(
+                        now,
+                        Notice::ReplayDropped {
+                            peer: from,
+                            client_id,
+                            copies: self.limits.replayed_copies_before_drop,
+                        },
+                    );
+                }
                 return;
             }
             Err(_) => {
@@ -1664,6 +1704,14 @@ impl Server {
 
     pub fn poll_notice(&mut self) -> Option<Notice> {
         self.notices.pop_front()
+    }
+
+    /// The client ids of the hellos whose copies the driver should drop
+    /// before reading them (a socket filter), when the list changed: the
+    /// whole list, which replaces the last.
+    pub fn poll_dropped_hellos(&mut self, now: Time) -> Option<Vec<u64>> {
+        self.replayed.expire(now);
+        self.replayed.poll_changed()
     }
 }
 

@@ -348,6 +348,13 @@ fn strip_prefix(datagram: &[u8], kind: u8) -> Result<&[u8], HandshakeError> {
     Ok(&datagram[PREFIX_LEN..])
 }
 
+/// The first bytes of every hello of this version; its client id follows
+/// in the next eight, big-endian (what a socket filter matches,
+/// `io::socket::UdpIo::drop_hellos`).
+pub fn hello_prefix() -> [u8; PREFIX_LEN] {
+    prefix(KIND_HELLO)
+}
+
 fn prefix(kind: u8) -> [u8; PREFIX_LEN] {
     [MAGIC[0], MAGIC[1], VERSION, kind]
 }
@@ -662,7 +669,9 @@ pub enum Screened<'a> {
     Cookie(Vec<u8>),
     /// A copy of a hello already worked on (a replay, or the network's
     /// duplicate): drop it, answer nothing. A lookup, no Diffie-Hellman.
-    Seen,
+    /// `client_id` names it in clear, for
+    /// [`ReplayedHellos`](super::replayed::ReplayedHellos).
+    Seen { client_id: u64 },
     /// New: worth the public-key operations of [`Responder::answer`] if
     /// the caller's budget allows it.
     Fresh(FreshHello<'a>),
@@ -830,7 +839,7 @@ impl Responder {
     ) -> Result<Reply, HandshakeError> {
         match self.screen(now, peer, datagram, under_load)? {
             Screened::Cookie(reply) => Ok(Reply::Cookie(reply)),
-            Screened::Seen => Err(HandshakeError::Replayed),
+            Screened::Seen { .. } => Err(HandshakeError::Replayed),
             Screened::Fresh(hello) => self.answer(hello, server_id, decide),
         }
     }
@@ -850,7 +859,9 @@ impl Responder {
         let frame = HelloFrame::parse(datagram)?;
         let digest = digest(&frame);
         if self.seen.contains(&digest) {
-            return Ok(Screened::Seen);
+            return Ok(Screened::Seen {
+                client_id: frame.client_id,
+            });
         }
         let address_validated = frame
             .cookie
@@ -1300,7 +1311,7 @@ mod tests {
         assert!(matches!(r, Reply::Ignored { peer } if peer == stranger));
         assert!(matches!(
             w.server.screen(T0, here, client.hello(), false),
-            Ok(Screened::Seen)
+            Ok(Screened::Seen { client_id }) if client_id == client.client_id()
         ));
         // With a cookie spliced in, from elsewhere, under load: still seen.
         let mut spliced = client.hello()[..12].to_vec();
@@ -1309,7 +1320,7 @@ mod tests {
         spliced.extend_from_slice(&client.hello()[13..]);
         assert!(matches!(
             w.server.screen(T0, addr("198.51.100.1:1"), &spliced, true),
-            Ok(Screened::Seen)
+            Ok(Screened::Seen { .. })
         ));
         // Another client id in clear around the same Noise message is not
         // the same hello (it fails after the first Diffie-Hellman).

@@ -14,6 +14,8 @@
 //!   yet validated (RFC 9000 §8.1).
 //! - [`ratelimit`]: the price of a public-key operation, per source and
 //!   for all together (WireGuard's ratelimiter.c).
+//! - [`replayed`]: hellos replayed in bulk, whose copies the driver drops
+//!   before they are read.
 //!
 //! Nothing here reads a clock or a socket. Randomness (ephemeral keys,
 //! cookie secrets) comes from the OS CSPRNG through the crypto crates, or
@@ -26,6 +28,7 @@ pub mod handshake;
 pub mod protect;
 pub mod ratelimit;
 pub mod replay;
+pub mod replayed;
 
 pub use cookie::{Cookie, CookieSecret};
 pub use handshake::{
