@@ -4,12 +4,17 @@
 //! with the server's cookie spliced in if it asks for one, then replayed
 //! as fast as one thread can send it for SECS seconds, from one address or
 //! from SOURCES addresses (127.1.x.y: loopback's whole /8 is this host's,
-//! so each is a source address of its own without raw sockets).
+//! so each is a source address of its own without raw sockets; on
+//! loopback the one address is 127.1.0.1 too).
 //!
 //!     cargo run --release --example hello_flood -- ADDR KEY SECS [SOURCES]
 //!
 //! KEY is the server's public key (`atou-x25519 BASE64`, as `atou serve`
 //! prints it). Prints what was sent and what came back, and the ratio.
+//! With HELLO_FLOOD_VARY=1 in the environment, each copy gets a client id
+//! of its own (bytes 4..12 in clear): no longer a replay the server can
+//! recognise by a lookup, but a distinct hello that fails only after its
+//! first Diffie-Hellman, the cheapest flood that is not a replay.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -44,7 +49,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let sockets: Vec<UdpSocket> = (0..sources)
         .map(|i| {
-            let ip: IpAddr = if sources == 1 {
+            // On loopback even the one address is not 127.0.0.1, where the
+            // authorized client of scripts/bench-flood.sh sends from: an
+            // attacker's address is not its victim's.
+            let ip: IpAddr = if sources == 1 && !(server.is_ipv4() && server.ip().is_loopback()) {
                 if server.is_ipv4() {
                     Ipv4Addr::UNSPECIFIED.into()
                 } else {
@@ -67,7 +75,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             eprintln!("hello_flood: the server asked for a cookie; it is in the hello replayed");
         }
     }
-    let hello = initiator.hello().to_vec();
+    let mut hello = initiator.hello().to_vec();
+    let vary = std::env::var_os("HELLO_FLOOD_VARY").is_some_and(|v| v == "1");
     for s in &sockets {
         s.set_nonblocking(true)?;
     }
@@ -79,6 +88,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for s in &sockets {
             if Instant::now() >= until {
                 break 'flood;
+            }
+            if vary {
+                hello[4..12].copy_from_slice(&(sent ^ 0x5eed_0000_0000_0000).to_be_bytes());
             }
             if s.send_to(&hello, server).is_ok() {
                 sent += 1;
@@ -100,8 +112,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let took = started.elapsed().as_secs_f64();
     let sent_bytes = sent * hello.len() as u64;
     println!(
-        "hello_flood: {sent} hellos ({} B each) from {sources} address{} in {took:.1} s \
+        "hello_flood: {sent} {}hellos ({} B each) from {sources} address{} in {took:.1} s \
          ({:.0}/s); {back} answers, {back_bytes} B: {:.3}x the bytes sent",
+        if vary { "distinct " } else { "" },
         hello.len(),
         if sources == 1 { "" } else { "es" },
         sent as f64 / took,

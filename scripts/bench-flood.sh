@@ -11,7 +11,10 @@
 #      started 2 s into it: its time against the unloaded median (target
 #      <= 5x);
 #   3. the same from SOURCES addresses (default 1000, 127.1.x.y: each a
-#      source address of its own on loopback, no raw sockets needed).
+#      source address of its own on loopback, no raw sockets needed);
+#   4. the same from one address, each copy with a client id of its own
+#      (HELLO_FLOOD_VARY=1): distinct hellos, no longer a replay, the
+#      cheapest flood the server cannot recognise by a lookup.
 # With REF_ATOU (another atou binary), the same against that build's serve
 # and send first, for a before and after in one run; REF_FLOOD is
 # hello_flood built from that build's source, when its handshake's wire
@@ -86,21 +89,25 @@ run() {
     unloaded=$(printf '%s\n' "${times[@]}" | sort -n | sed -n "$(( (rounds + 1) / 2 ))p")
     printf '%s: authorized %s send, unloaded: %s s (median of %s: %s)\n' \
         "$label" "$size" "$unloaded" "$rounds" "$(printf '%.3f ' "${times[@]}")"
-    for n in 1 "$sources"; do
+    for kind in "1 replayed" "$sources replayed" "1 distinct"; do
+        n=${kind% *}
+        what="${kind#* } hellos from $n address(es)"
+        vary=0
+        [ "${kind#* }" = distinct ] && vary=1
         cpu0=$(cpu_ticks "$s")
-        f=$("$flood" "127.0.0.1:$port" "$key" "$flood_secs" "$n")
+        f=$(HELLO_FLOOD_VARY=$vary "$flood" "127.0.0.1:$port" "$key" "$flood_secs" "$n")
         cpu1=$(cpu_ticks "$s")
         printf '%s: %s\n' "$label" "$f"
-        printf '%s: server CPU during the flood from %s address(es): %.1f %% of one core (target <= 35 %%)\n' \
-            "$label" "$n" "$(calc "($cpu1 - $cpu0) * 100 / $ticks / $flood_secs")"
-        "$flood" "127.0.0.1:$port" "$key" "$flood_secs" "$n" >"$work/flood.out" &
+        printf '%s: server CPU during the flood of %s: %.1f %% of one core (target <= 35 %%)\n' \
+            "$label" "$what" "$(calc "($cpu1 - $cpu0) * 100 / $ticks / $flood_secs")"
+        HELLO_FLOOD_VARY=$vary "$flood" "127.0.0.1:$port" "$key" "$flood_secs" "$n" >"$work/flood.out" &
         fp=$!
         pids+=("$fp")
         sleep 2
-        t=$(send_once "$bin" "flooded$n")
+        t=$(send_once "$bin" "flooded$n$vary")
         wait "$fp" 2>/dev/null || true
-        printf '%s: authorized send during the flood from %s address(es): %.3f s, %.2fx unloaded (target <= 5x)\n' \
-            "$label" "$n" "$t" "$(calc "$t / $unloaded")"
+        printf '%s: authorized send during the flood of %s: %.3f s, %.2fx unloaded (target <= 5x)\n' \
+            "$label" "$what" "$t" "$(calc "$t / $unloaded")"
     done
     kill_tree "$s"
     wait "$s" 2>/dev/null || true
