@@ -213,6 +213,11 @@ fn mistakes_get_one_line_naming_the_token_and_exit_2() {
             vec!["send", "x", "127.0.0.1", "--exclude-from", "/no/such/list"],
             "/no/such/list",
         ),
+        (vec!["serve", "--hellos-per-sec", "0"], "--hellos-per-sec"),
+        (
+            vec!["serve", "--hellos-per-sec-per-source", "0"],
+            "--hellos-per-sec-per-source",
+        ),
         (vec!["copy", "host:x", "/tmp/d", "-n"], "--dry-run"),
         (vec!["send", "x", "127.0.0.1", "-c"], "--skip-existing"),
         // A pull's sender is the far end: no JSON progress here to give.

@@ -140,6 +140,12 @@ pub struct ReceiverArgs {
     /// Remove partial files of abandoned transfers that nothing has touched for this long, at start and every hour (a time with a unit: 7d, 12h, 90m; a bare number is seconds); 0: keep them until resumed
     #[arg(long, value_name = "TIME", default_value = "7d", value_parser = parse_ttl)]
     staging_ttl: Duration,
+    /// Hellos worked through with public-key operations (five X25519 each) per second, from all sources together, up to a quarter of it at once; past it a hello is dropped before any, and clients resend
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    hellos_per_sec: u32,
+    /// The same from one source (an IPv4 address or an IPv6 /64), up to 5 at once (WireGuard's budget)
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    hellos_per_sec_per_source: u32,
 }
 
 /// `7d`, `12h`, `90m` or `45s`: the largest unit that divides it.
@@ -214,6 +220,8 @@ impl ReceiverArgs {
             max_window_bytes: self.max_window.min(self.buffer),
             total_window_bytes: self.buffer,
             max_socket_rcvbuf: rcvbuf,
+            hellos_per_sec: self.hellos_per_sec,
+            hellos_per_sec_per_source: self.hellos_per_sec_per_source,
             ..ServerLimits::default()
         }
     }
