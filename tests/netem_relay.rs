@@ -288,3 +288,16 @@ fn sources_beyond_the_cap_are_refused_until_idle_ones_are_reclaimed() {
         "{counts}"
     );
 }
+
+/// A relay stopped the moment it says `ready` exits with its report, every
+/// time: its signal handling is in place before it says so.
+#[test]
+fn a_relay_stopped_as_soon_as_it_is_ready_reports() {
+    let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for round in 0..100 {
+        let relay = Relay::start(sink.local_addr().unwrap(), "delay 1ms", "", round);
+        // final_json: exit 0 and the JSON report, not death by SIGTERM.
+        let report = relay.stop();
+        assert!(report.get("fwd").is_some(), "round {round}: {report}");
+    }
+}

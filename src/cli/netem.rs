@@ -235,27 +235,48 @@ fn print_report(
     }
 }
 
-/// Waits for Ctrl-C, SIGTERM or `limit`.
-async fn until_stopped(limit: Option<Duration>) {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    let term = async {
-        match term.as_mut() {
-            Some(t) => {
-                t.recv().await;
+/// Ctrl-C and SIGTERM, caught from the moment this exists: made before a
+/// program prints `ready`, so that whoever starts it may stop it the
+/// moment it says so and still get its clean-up (hosts removed, report
+/// printed), instead of the default action of a signal that arrives
+/// before a handler is there (death, hosts left behind).
+struct StopSignals {
+    interrupt: Option<tokio::signal::unix::Signal>,
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    /// Inside `rt`: tokio's signal handling needs its runtime's driver.
+    fn catch(rt: &tokio::runtime::Runtime) -> StopSignals {
+        use tokio::signal::unix::{signal, SignalKind};
+        let _inside = rt.enter();
+        StopSignals {
+            interrupt: signal(SignalKind::interrupt()).ok(),
+            terminate: signal(SignalKind::terminate()).ok(),
+        }
+    }
+
+    /// Waits for Ctrl-C, SIGTERM or `limit`.
+    async fn until_stopped(&mut self, limit: Option<Duration>) {
+        async fn next(s: Option<&mut tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            None => std::future::pending::<()>().await,
         }
-    };
-    let limit = async {
-        match limit {
-            Some(d) => tokio::time::sleep(d).await,
-            None => std::future::pending::<()>().await,
+        let limit = async {
+            match limit {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = next(self.interrupt.as_mut()) => {}
+            _ = next(self.terminate.as_mut()) => {}
+            _ = limit => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
-        _ = limit => {}
     }
 }
 
@@ -304,13 +325,15 @@ fn relay(args: RelayArgs) -> Result<ExitCode> {
             .name("relay-listen".into())
             .spawn(move || relay_clients(&listen, to, table, &fwd_tx, &rev_tx, &stop))?
     };
+    let rt = runtime()?;
+    let mut signals = StopSignals::catch(&rt);
     eprintln!(
         "atou netem relay: {} -> {to}, seed {seed}\n  fwd \"{}\"\n  rev \"{}\"\nready",
         listen.local_addr()?,
         args.path.fwd,
         args.path.rev
     );
-    runtime()?.block_on(until_stopped(args.run_for));
+    rt.block_on(signals.until_stopped(args.run_for));
     stop.store(true, Ordering::Relaxed);
     let (f, r) = (fwd.join(), rev.join());
     let sources = clients.join().unwrap_or_default();
@@ -741,6 +764,10 @@ fn bridge(args: BridgeArgs) -> Result<ExitCode> {
              Run it as root (sudo atou netem bridge ...)"
         );
     }
+    // Caught before any host exists: a signal during the set-up stops the
+    // bridge once it is up, and the hosts go with it.
+    let rt = runtime()?;
+    let mut signals = StopSignals::catch(&rt);
     let (ns_a, ns_b) = (&args.hosts.0, &args.hosts.1);
     if ns_a == ns_b {
         return Err(UsageError("--hosts: the two names must differ".into()).into());
@@ -867,9 +894,8 @@ fn bridge(args: BridgeArgs) -> Result<ExitCode> {
     }
     eprintln!("{banner}");
 
-    let rt = runtime()?;
     let status = if args.command.is_empty() {
-        rt.block_on(until_stopped(None));
+        rt.block_on(signals.until_stopped(None));
         None
     } else {
         let ns = if args.run_in == Side::A { ns_a } else { ns_b };
@@ -881,7 +907,7 @@ fn bridge(args: BridgeArgs) -> Result<ExitCode> {
                 .with_context(|| format!("cannot run `{}` in {ns}", args.command.join(" ")))?;
             tokio::select! {
                 s = child.wait() => s.context("waiting for the command"),
-                _ = until_stopped(None) => {
+                _ = signals.until_stopped(None) => {
                     let _ = child.kill().await;
                     child.wait().await.context("waiting for the command")
                 }

@@ -380,7 +380,12 @@ impl Bridge {
     pub fn stop(self) -> Value {
         let child = self.process.stop();
         if self.backend == "tc" {
-            let _ = child.wait_with_output();
+            let out = child.wait_with_output().expect("wait");
+            assert!(
+                out.status.success(),
+                "atou netem bridge failed: {:?}",
+                out.status
+            );
             return Value::Null;
         }
         final_json(child, "atou netem bridge")
