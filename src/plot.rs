@@ -217,7 +217,7 @@ pub fn title(trace: &Trace) -> String {
     let mut parts: Vec<String> = trace
         .header
         .iter()
-        .filter(|h| !h.starts_with("config:") && *h != crate::trace::FORMAT_LINE)
+        .filter(|h| !crate::trace::is_bookkeeping(h))
         .cloned()
         .collect();
     if let Some(t) = trace.tuning() {

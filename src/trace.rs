@@ -20,6 +20,24 @@ pub const FORMAT_LINE: &str = "atou trace: `time seg xmt` per transmission, \
     `time ack rtt cwnd ssthresh ack` per ACK, before it `time start end sack` per SACK block \
     and `time srtt rto edge pacing bw state`";
 
+const PAYLOAD_PREFIX: &str = "payload:";
+
+/// The header line saying how many stream bytes one data segment of the
+/// traced connection carries (`payload: N`), which its `mss` alone does
+/// not tell once packets are protected:
+/// [`segment_payload`](crate::proto::client::segment_payload).
+pub fn payload_line(payload: u64) -> String {
+    format!("{PAYLOAD_PREFIX} {payload}")
+}
+
+/// Header lines that are for readers, not for a person: the format, the
+/// knobs, the payload size.
+pub fn is_bookkeeping(header_line: &str) -> bool {
+    header_line == FORMAT_LINE
+        || header_line.starts_with("config:")
+        || header_line.starts_with(PAYLOAD_PREFIX)
+}
+
 /// A trace read from a file or recorded by a run.
 #[derive(Debug, Clone, Default)]
 pub struct Trace {
@@ -113,9 +131,17 @@ impl Trace {
         any.then_some(tuning)
     }
 
-    /// Payload bytes per segment, from the header's `mss`.
+    /// Payload bytes per segment: the header's `payload:` line, or, in a
+    /// trace written before it existed, the header's `mss` less the data
+    /// header (right for plain connections; a protected one carries
+    /// [`crate::proto::crypto::frame::overhead`] less).
     pub fn payload_size(&self) -> Option<u64> {
-        self.tuning().map(|t| t.payload_size() as u64)
+        let said = self.header.iter().find_map(|h| {
+            h.strip_prefix(PAYLOAD_PREFIX)
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .filter(|&n| n > 0)
+        });
+        said.or_else(|| self.tuning().map(|t| t.payload_size() as u64))
     }
 }
 
@@ -256,6 +282,27 @@ mod tests {
         assert_eq!(trace.header.len(), 2);
         // 1049 - the 25-byte data header (wire.rs).
         assert_eq!(trace.payload_size(), Some(1024));
+    }
+
+    /// A protected connection's segments carry the protection's overhead
+    /// less than `mss` says: the `payload:` line is what counts.
+    #[test]
+    fn the_payload_line_wins_over_the_mss() {
+        use crate::proto::client::segment_payload;
+        use crate::proto::crypto::Cipher;
+        let tuning = Tuning {
+            mss: 1049,
+            ..Tuning::default()
+        };
+        let protected = segment_payload(&tuning, Some(Cipher::Aes256Gcm));
+        // 1049 - 25 (data header) - 8 (packet number) - 16 (tag).
+        assert_eq!(protected, 1000);
+        assert_eq!(segment_payload(&tuning, None), 1024);
+        let text = format!(
+            "# atou trace\n# config: mss 1049\n# {}\n0.1 3 xmt\n",
+            payload_line(protected)
+        );
+        assert_eq!(Trace::parse(&text).unwrap().payload_size(), Some(1000));
     }
 
     #[test]

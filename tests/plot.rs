@@ -330,14 +330,23 @@ fn plot_without_trace_and_not_with_flows() {
     assert_eq!(o.status.code(), Some(2));
 }
 
-/// `atou send --trace --plot` over loopback: one trace and one plot per
-/// data stream, each the stream's own connection (segments from 0, its
-/// retransmissions marked), and the file the plot was drawn from.
+/// `atou send --trace --plot` over loopback, authenticated (the default):
+/// one trace and one plot per data stream, each the stream's own
+/// connection (segments from 0, its retransmissions marked), and the file
+/// the plot was drawn from; its `payload:` line counts the protection's
+/// overhead, so bytes read back from it are the bytes sent.
 #[test]
 fn send_writes_a_trace_and_a_plot_per_data_stream() {
-    let (src, dest) = (tmp("send-src"), tmp("send-dest"));
+    let (src, dest, keys) = (tmp("send-src"), tmp("send-dest"), tmp("send-keys"));
     std::fs::create_dir_all(&src).unwrap();
     std::fs::create_dir_all(&dest).unwrap();
+    std::fs::create_dir_all(&keys).unwrap();
+    std::fs::set_permissions(&keys, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    for name in ["server", "client"] {
+        let o = atou(&["keygen", "-f", keys.join(name).to_str().unwrap()]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    std::fs::copy(keys.join("client.pub"), keys.join("authorized_keys")).unwrap();
     for (name, len) in [("a.bin", 3_000_000), ("b.bin", 2_000_000)] {
         let data: Vec<u8> = (0..len)
             .map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
@@ -350,8 +359,11 @@ fn send_writes_a_trace_and_a_plot_per_data_stream() {
             "serve",
             "--bind",
             "127.0.0.1:0",
-            "--no-auth",
             "--once",
+            "--identity",
+            keys.join("server").to_str().unwrap(),
+            "--authorized-keys",
+            keys.join("authorized_keys").to_str().unwrap(),
             "--dir",
         ])
         .arg(&dest)
@@ -364,7 +376,10 @@ fn send_writes_a_trace_and_a_plot_per_data_stream() {
     let o = atou(&[
         "send",
         "--quiet",
-        "--no-auth",
+        "--identity",
+        keys.join("client").to_str().unwrap(),
+        "--server-key",
+        keys.join("server.pub").to_str().unwrap(),
         "--streams",
         "2",
         "--trace",
@@ -388,6 +403,10 @@ fn send_writes_a_trace_and_a_plot_per_data_stream() {
         // Each stream carries about its share of the 5 MB (largest files
         // first: a.bin on one, b.bin on the other), in segments from 0.
         let payload = t.payload_size().unwrap();
+        // Loopback's mss, 8972, less the data header (25) and the
+        // protection (8 of packet number, 16 of tag).
+        assert_eq!(t.tuning().unwrap().mss, 8972);
+        assert_eq!(payload, 8972 - 25 - 24);
         let bytes = s.acked.last().unwrap().1 * payload;
         assert!(
             (1_900_000..3_200_000).contains(&bytes),

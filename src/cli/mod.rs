@@ -379,6 +379,8 @@ fn sim(args: SimArgs) -> Result<ExitCode> {
             format!("fwd {}", config.fwd),
             format!("rev {}", config.rev),
             format!("bytes {}", args.bytes),
+            // The simulator's connections are plain.
+            atou::trace::payload_line(atou::proto::client::segment_payload(&tuning, None)),
         ],
         &tuning,
     )?

@@ -320,6 +320,8 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
         // atou's client default.
         tuning.maxtime = parse_duration("10", TimeUnit::Seconds).expect("a valid duration");
     }
+    let auth = args.auth.resolve(&args.host, peer, tuning.maxidle, true)?;
+    let payload = atou::proto::client::segment_payload(&tuning, auth.as_ref().map(|a| a.cipher));
     let mut out = Output::open(
         args.output.events,
         args.output.trace.as_deref(),
@@ -330,6 +332,7 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
                 args.host
             ),
             format!("bytes {}", args.bytes),
+            atou::trace::payload_line(payload),
         ],
         &tuning,
     )?
@@ -343,7 +346,7 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
         conn_id: io::fresh_conn_id(),
         session: 0,
         reply_limit: 0,
-        auth: args.auth.resolve(&args.host, peer, tuning.maxidle, true)?,
+        auth,
         close_unacknowledged: false,
         path_memory: None,
     };

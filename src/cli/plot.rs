@@ -89,6 +89,10 @@ impl SendOutputArgs {
         let streams = config.streams;
         let what = format!("send to {} ({})", config.host, config.peer);
         let knobs = config_lines(&config.tuning);
+        let payload = atou::trace::payload_line(atou::proto::client::segment_payload(
+            &config.tuning,
+            config.auth.as_ref().map(|a| a.cipher),
+        ));
         let shared = left.clone();
         let sink = TraceSink(Arc::new(move |round, stream| {
             let several = streams > 1 || round > 1;
@@ -99,6 +103,7 @@ impl SendOutputArgs {
                     env!("CARGO_PKG_VERSION")
                 ),
             ];
+            header.push(payload.clone());
             header.extend(knobs.iter().cloned());
             let mut conn = ConnTrace {
                 file: None,

@@ -364,6 +364,22 @@ pub struct Client {
     hello_now: bool,
 }
 
+/// The `mss` a connection's segments are cut to once `cipher` protects
+/// them (none: plain), so that a protected datagram keeps to `mss`.
+pub fn protected_mss(mss: u32, cipher: Option<crate::proto::crypto::Cipher>) -> u32 {
+    match cipher {
+        Some(c) => mss.saturating_sub(frame::overhead(Protection::Aead(c).tag_len()) as u32),
+        None => mss,
+    }
+}
+
+/// Stream bytes one data segment carries on a connection of `tuning`,
+/// protected by `cipher` or plain: what a trace's `payload:` line says.
+pub fn segment_payload(tuning: &Tuning, cipher: Option<crate::proto::crypto::Cipher>) -> u64 {
+    u64::from(protected_mss(tuning.mss, cipher))
+        .saturating_sub(crate::proto::wire::DATA_HEADER_LEN as u64)
+}
+
 impl Client {
     /// A client that will send `stream_len` bytes (or pattern data until
     /// `maxtime`/`maxpkts`) on connection `conn_id`, starting with a hello.
@@ -429,9 +445,8 @@ impl Client {
     /// `wall_clock_ns`: the wall clock now, in nanoseconds since the Unix
     /// epoch (hello timestamps; see [`handshake::Initiator::new`]).
     pub fn with_auth(mut self, auth: ClientAuth, wall_clock_ns: u64) -> Result<Client, ConnError> {
-        let overhead = frame::overhead(Protection::Aead(auth.cipher).tag_len()) as u32;
         let mut inner = self.tuning.clone();
-        inner.mss = inner.mss.saturating_sub(overhead);
+        inner.mss = protected_mss(inner.mss, Some(auth.cipher));
         Sender::new(&inner, self.conn_id, self.stream_len, self.started).map_err(|e| {
             ConnError::Handshake(HandshakeError::Noise(format!(
                 "--mss {} leaves too little room once packets are protected: {e}",
