@@ -8,6 +8,7 @@
 //! points the same attacks at another build (that is how each was seen to
 //! succeed against ec3118b's receiver).
 
+mod common;
 mod netem_support;
 
 use std::io::{BufRead, BufReader};

@@ -6,6 +6,8 @@
 //! (as sshd would, with SSH_CONNECTION set), so these run on any host.
 //! tests/ssh.rs runs the same attacks through a real, private sshd.
 
+mod common;
+
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -255,7 +257,10 @@ fn special_bits_are_cleared_unless_this_end_says_perms() {
     fs::write(&theirs, "#!/bin/sh\n").unwrap();
     set_mode(&theirs, 0o4755);
     if mode(&theirs) != 0o4755 {
-        eprintln!("SKIPPED: this file system does not keep a setuid bit");
+        common::cannot_run(
+            "special_bits_are_cleared_unless_this_end_says_perms",
+            "this file system does not keep a setuid bit",
+        );
         return;
     }
     let remote = s.hostile("", &[&theirs]);

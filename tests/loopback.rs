@@ -9,6 +9,7 @@ use atou::proto::wire::{Hello, Packet, ReceiverParams, RejectReason, VERSION};
 use netem_support::listening_addr;
 use serde_json::Value;
 
+mod common;
 mod netem_support;
 
 /// The path cache of the atou processes this test starts: its own, so

@@ -3,6 +3,7 @@
 //! Needs root (CI runs as root); elsewhere each scenario prints why it is
 //! skipped. Each records its specs, backend and seed with its result.
 
+mod common;
 mod netem_support;
 
 use std::process::Command;
@@ -193,7 +194,10 @@ fn kernel_tcp_crosses_the_same_bridge() {
         return;
     }
     if Command::new("iperf3").arg("--version").output().is_err() {
-        say("SKIPPED kernel_tcp_crosses_the_same_bridge: iperf3 is not installed (.ci/run installs it)");
+        common::cannot_run(
+            "kernel_tcp_crosses_the_same_bridge",
+            "iperf3 is not installed (.ci/run installs it)",
+        );
         return;
     }
     let _g = serial();
@@ -418,7 +422,7 @@ fn a_qdisc_that_refuses_datagrams_puts_the_sender_in_cwr() {
         ])
         .status();
     if !tbf.is_ok_and(|s| s.success()) {
-        say(&format!("SKIPPED {name}: tc has no tbf qdisc here"));
+        common::cannot_run(name, "tc has no tbf qdisc here");
         return;
     }
     let server = Server::start(Some(hosts.b), "10.78.0.2:7890");

@@ -2,6 +2,7 @@
 //! netem model in real time, no root needed. Each records its specs and
 //! seed with its result (see `netem_support::record`).
 
+mod common;
 mod netem_support;
 
 use std::collections::HashMap;

@@ -14,6 +14,7 @@ use atou::sim::{SimConfig, SimResult, Simulation};
 use atou::summary::config_lines;
 use atou::trace::Trace;
 
+mod common;
 mod netem_support;
 
 /// The path cache of the atou processes this test starts: its own, so

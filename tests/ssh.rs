@@ -9,6 +9,8 @@
 //! line and write nothing; a transfer killed at either end, in either
 //! direction, completes when run again; no UDP port stays open.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
@@ -17,16 +19,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::say;
+
 /// The path cache of the atou processes this test starts: its own, so
 /// that neither the user's entries nor another test's hint its runs.
 const TEST_CACHE: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/path-cache-", module_path!());
 
 const ATOU: &str = env!("CARGO_BIN_EXE_atou");
 const MIB: usize = 1 << 20;
-
-fn say(line: &str) {
-    let _ = writeln!(std::io::stderr().lock(), "{line}");
-}
 
 /// A directory of the test's own; removed when the test passes.
 struct Scratch(PathBuf);
@@ -153,7 +153,7 @@ impl Sshd {
     /// Started in `dir`, or `None` (said why) when this host cannot.
     fn start(dir: &Path, test: &str) -> Option<Sshd> {
         if let Err(why) = have_openssh() {
-            say(&format!("{test}: SKIPPED: {why}"));
+            common::cannot_run(test, &why);
             return None;
         }
         let ssh = dir.join("ssh");
@@ -222,9 +222,10 @@ impl Sshd {
         }
         if !is_root() {
             // sshd may want /run/sshd, which only root can make.
-            say(&format!(
-                "{test}: SKIPPED: not root, and the private sshd does not start (see above)"
-            ));
+            common::cannot_run(
+                test,
+                "not root, and the private sshd does not start (see above)",
+            );
             return None;
         }
         panic!("{test}: cannot start a private sshd (see above)");

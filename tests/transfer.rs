@@ -7,6 +7,7 @@
 //! (kept, and named in the log, when the test fails) and its own ephemeral
 //! ports.
 
+mod common;
 mod netem_support;
 
 use std::collections::BTreeMap;
@@ -1250,9 +1251,10 @@ impl Drop for Mount {
 fn a_full_destination_fails_cleanly() {
     let name = "a_full_destination_fails_cleanly";
     if !is_root() {
-        say(&format!(
-            "SKIPPED {name}: not root (mounting a small tmpfs needs root; CI runs as root)"
-        ));
+        common::cannot_run(
+            name,
+            "not root (mounting a small tmpfs needs root; CI runs as root)",
+        );
         return;
     }
     let t0 = Instant::now();
@@ -1273,10 +1275,13 @@ fn a_full_destination_fails_cleanly() {
         .output()
         .expect("run mount");
     if !mount.status.success() {
-        say(&format!(
-            "SKIPPED {name}: cannot mount a tmpfs: {}",
-            String::from_utf8_lossy(&mount.stderr).trim()
-        ));
+        common::cannot_run(
+            name,
+            &format!(
+                "cannot mount a tmpfs: {}",
+                String::from_utf8_lossy(&mount.stderr).trim()
+            ),
+        );
         return;
     }
     let _mounted = Mount(dest.clone());

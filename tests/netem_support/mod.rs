@@ -18,11 +18,7 @@ pub const TEST_CACHE: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/path-cache-"
 
 pub const ATOU: &str = env!("CARGO_BIN_EXE_atou");
 
-/// Writes past the test harness's capture, so a skip or a result shows in
-/// CI's log without `--nocapture`.
-pub fn say(line: &str) {
-    let _ = writeln!(std::io::stderr().lock(), "{line}");
-}
+pub use crate::common::say;
 
 /// Records a scenario's specs, backend and seed with its result, in the
 /// log and in `target/netem-suite.jsonl`.
@@ -315,7 +311,7 @@ pub fn bridge_unavailable() -> Option<String> {
 pub fn skip_bridge(scenario: &str) -> bool {
     match bridge_unavailable() {
         Some(why) => {
-            say(&format!("SKIPPED {scenario}: {why}"));
+            crate::common::cannot_run(scenario, &why);
             true
         }
         None => false,
