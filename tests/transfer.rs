@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs::{self, File, FileTimes};
 use std::io::{Read, Write};
-use std::net::SocketAddr;
+use std::net::{SocketAddr, UdpSocket};
 use std::os::unix::fs::{symlink, FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -21,6 +21,11 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use atou::io::dest_dir::STAGING_DIR;
+use atou::io::{fresh_conn_id, wall_clock_ns};
+use atou::keys::{parse_public_key, read_identity, Strictness};
+use atou::proto::crypto::handshake::{ClientConfig, Initiator, Progress};
+use atou::proto::crypto::Cipher;
+use atou::proto::wire::{Hello, ReceiverParams, CONTROL_MAX_LEN};
 use atou::transfer::manifest::Manifest;
 use atou::transfer::messages::Request;
 use netem_support::{json_lines, listening_addr, say, u, Daemon, Relay, ATOU};
@@ -2587,4 +2592,92 @@ fn four_copy_shards_at_once_share_one_destination() {
         .expect("a shard leaves the staging directory to the other shards")
         .count();
     assert_eq!(staging, 0, "partial files were left behind");
+}
+
+// ---------------------------------------------------------------------------
+// A hello replayed across a restart
+// ---------------------------------------------------------------------------
+
+/// An authorized client's first datagram as `atou probe` makes it with the
+/// test keys, stamped with the wall clock now: the initiator that reads
+/// the server's answer (its hello is [`Initiator::hello`]).
+fn authorized_hello() -> Initiator {
+    let identity = read_identity(&keys().client, Strictness::Lax).unwrap();
+    let server_key = parse_public_key(&fs::read_to_string(&keys().server_pub).unwrap()).unwrap();
+    let conn_id = fresh_conn_id();
+    let mut params = vec![0u8; CONTROL_MAX_LEN];
+    let n = Hello {
+        conn_id,
+        mss: 1400,
+        maxidle_ms: 10_000,
+        session: 0,
+        receiver: ReceiverParams {
+            rcvsegs: 64,
+            rcvbuf: 0,
+            delack_us: 0,
+            quickack: 0,
+            sack: true,
+        },
+    }
+    .emit(&mut params)
+    .unwrap();
+    params.truncate(n);
+    let config = ClientConfig {
+        identity,
+        server_key,
+        cipher: Cipher::ChaCha20Poly1305,
+        params,
+    };
+    Initiator::new(&config, conn_id, wall_clock_ns()).unwrap()
+}
+
+/// The first datagram `sock` receives within 2 s.
+fn answer(sock: &UdpSocket) -> Option<Vec<u8>> {
+    sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut b = vec![0u8; 65536];
+    let (n, _) = sock.recv_from(&mut b).ok()?;
+    Some(b[..n].to_vec())
+}
+
+/// A hello is a Noise message anyone on the path can capture. The server
+/// accepted it before a restart (a crash: SIGKILL); after, the same bytes,
+/// sent from anywhere, must make no session and are answered with nothing.
+/// `atou serve` kept each key's newest hello timestamp in memory only, and
+/// its floor (its start less 2 minutes) let the hello of a client seen in
+/// the 2 minutes before the restart in once more.
+#[test]
+fn a_hello_accepted_before_a_restart_is_not_accepted_after_it() {
+    let scratch = Scratch::new("replay-restart");
+    let dest = scratch.dir("dest");
+    let mut client = authorized_hello();
+    let captured = client.hello().to_vec();
+    let mut first = Serve::start(&dest);
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.send_to(&captured, first.addr).unwrap();
+    let response = answer(&sock).expect("the server answers an authorized hello");
+    assert!(
+        matches!(client.on_datagram(&response), Ok(Progress::Established(_))),
+        "the hello was not accepted before the restart: the test would test nothing"
+    );
+    first.kill();
+
+    let second = Serve::start(&dest);
+    let attacker = UdpSocket::bind("127.0.0.1:0").unwrap();
+    attacker.send_to(&captured, second.addr).unwrap();
+    if let Some(reply) = answer(&attacker) {
+        panic!(
+            "the restarted server answered the replayed hello ({} bytes, kind {:#04x}): \
+             a session was made for a hello it had accepted before the restart",
+            reply.len(),
+            reply.get(3).copied().unwrap_or(0)
+        );
+    }
+    // The client's next hello gets in: the server is up, the key authorized.
+    let mut next = authorized_hello();
+    sock.send_to(next.hello(), second.addr).unwrap();
+    let response = answer(&sock).expect("the restarted server answers a fresh hello");
+    assert!(matches!(
+        next.on_datagram(&response),
+        Ok(Progress::Established(_))
+    ));
 }
