@@ -941,3 +941,117 @@ fn a_client_clock_behind_a_fresh_server_by_more_than_the_skew_is_told_so() {
     server.handle_datagram(Time::ZERO, addr(1), &mut hello.clone());
     assert_eq!(server.stats().handshakes, 1);
 }
+
+/// A server as `atou serve --dir` builds it when started at `wall_ns`:
+/// its floor, and the table of hello timestamps the run before saved.
+fn keeping_at(
+    wall_ns: u64,
+    server_key: &StaticKeypair,
+    client_key: &StaticKeypair,
+    remembered: Vec<(atou::proto::crypto::PublicKey, u64)>,
+) -> Server {
+    started_at(wall_ns, server_key, client_key).keeping_hello_timestamps(remembered)
+}
+
+/// Everything the server has to send now.
+fn drain(server: &mut Server) -> Vec<(SocketAddr, Vec<u8>)> {
+    let mut buf = vec![0u8; 65536];
+    let mut out = Vec::new();
+    while let Some((to, n)) = server.poll_transmit(Time::ZERO, &mut buf) {
+        out.push((to, buf[..n].to_vec()));
+    }
+    out
+}
+
+/// The floor alone let a hello of the 2 minutes before a restart in once
+/// more. A server that keeps its table holds the response until the
+/// table is saved, and the next run, given it, refuses the hello.
+#[test]
+fn a_hello_of_the_minutes_before_a_restart_is_refused_by_the_kept_table() {
+    let (server_key, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let start = 1_700_000_000_000_000_000u64;
+    let mut first = keeping_at(start, &server_key, &client_key, Vec::new());
+    let stamped = start + 60_000_000_000;
+    let captured = hello_at(40, stamped, &client_key, &server_key);
+    first.handle_datagram(
+        Time::ZERO + Duration::from_secs(60),
+        addr(1),
+        &mut captured.clone(),
+    );
+    assert_eq!(first.stats().handshakes, 1);
+    assert!(drain(&mut first).is_empty(), "answered before the save");
+    let table = first.hello_timestamps_to_save().expect("a table to save");
+    assert_eq!(table, vec![(client_key.public(), stamped)]);
+    first.hello_timestamps_saved(true);
+    let sent = drain(&mut first);
+    assert_eq!(sent.len(), 1, "the response, once saved");
+    assert_eq!(sent[0].0, addr(1));
+    assert!(first.hello_timestamps_to_save().is_none(), "saved once");
+
+    // 30 s later the server restarts: the hello is inside the skew.
+    let restart = stamped + 30_000_000_000;
+    let mut forgetful = started_at(restart, &server_key, &client_key);
+    forgetful.handle_datagram(Time::ZERO, addr(9), &mut captured.clone());
+    assert_eq!(
+        forgetful.stats().handshakes,
+        1,
+        "the floor alone lets it in"
+    );
+    let mut second = keeping_at(restart, &server_key, &client_key, table);
+    second.handle_datagram(Time::ZERO, addr(9), &mut captured.clone());
+    assert_eq!(second.stats().handshakes, 0, "{:?}", second.stats());
+    assert_eq!(second.open_connections(), 0);
+    assert!(
+        drain(&mut second).is_empty(),
+        "a replay is answered nothing"
+    );
+    assert!(second.hello_timestamps_to_save().is_none());
+    // The client's own next hello gets in, once its table is saved.
+    let fresh = hello_at(41, restart + 1_000_000_000, &client_key, &server_key);
+    second.handle_datagram(Time::ZERO, addr(1), &mut fresh.clone());
+    assert_eq!(second.stats().handshakes, 1);
+    assert!(second.hello_timestamps_to_save().is_some());
+    second.hello_timestamps_saved(true);
+    assert_eq!(drain(&mut second).len(), 1);
+}
+
+/// A table that could not be saved (a full disk): the responses that
+/// waited for it are never sent and their sessions are dropped, since a
+/// restart could accept their hellos again; the table stays unsaved, so
+/// the key's next hello, even one that does not advance it, waits for the
+/// next save.
+#[test]
+fn a_response_whose_table_could_not_be_saved_is_never_sent() {
+    let (server_key, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let start = 1_700_000_000_000_000_000u64;
+    let mut server = keeping_at(start, &server_key, &client_key, Vec::new());
+    let newer = hello_at(50, start + 2_000_000, &client_key, &server_key);
+    let older = hello_at(51, start + 1_000_000, &client_key, &server_key);
+    server.handle_datagram(Time::ZERO, addr(1), &mut newer.clone());
+    assert!(server.hello_timestamps_to_save().is_some());
+    server.hello_timestamps_saved(false);
+    assert!(
+        drain(&mut server).is_empty(),
+        "sent without its table saved"
+    );
+    assert_eq!(server.open_connections(), 0);
+    let ended = server
+        .poll_report()
+        .expect("the dropped connection's report");
+    assert_eq!(ended.end, atou::proto::ConnEnd::Idle);
+    // Inside the window of the newer one: accepted, and held too.
+    server.handle_datagram(Time::ZERO, addr(1), &mut older.clone());
+    assert_eq!(server.stats().handshakes, 2);
+    assert!(drain(&mut server).is_empty());
+    let table = server.hello_timestamps_to_save().expect("saved again");
+    assert_eq!(table, vec![(client_key.public(), start + 2_000_000)]);
+    server.hello_timestamps_saved(true);
+    assert_eq!(drain(&mut server).len(), 1);
+    assert_eq!(server.open_connections(), 1);
+}

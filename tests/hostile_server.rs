@@ -97,6 +97,7 @@ fn run_server<A: ServeApp + Send + 'static>(mut app: A) -> Running {
                     rcvbuf: 4 << 20,
                     limits: Default::default(),
                     auth: atou::proto::crypto::ServerAuth::plain(),
+                    hello_timestamps: None,
                 },
                 &mut app,
                 |e| {

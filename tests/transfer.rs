@@ -14,14 +14,19 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs::{self, File, FileTimes};
 use std::io::{Read, Write};
-use std::net::SocketAddr;
+use std::net::{SocketAddr, UdpSocket};
 use std::os::unix::fs::{symlink, FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use atou::io::dest_dir::STAGING_DIR;
+use atou::io::dest_dir::{HELLO_TIMESTAMPS, STAGING_DIR};
+use atou::io::{fresh_conn_id, wall_clock_ns};
+use atou::keys::{parse_public_key, read_identity, Strictness};
+use atou::proto::crypto::handshake::{ClientConfig, Initiator, Progress};
+use atou::proto::crypto::Cipher;
+use atou::proto::wire::{Hello, ReceiverParams, CONTROL_MAX_LEN};
 use atou::transfer::manifest::Manifest;
 use atou::transfer::messages::Request;
 use netem_support::{json_lines, listening_addr, say, u, Daemon, Relay, ATOU};
@@ -1138,6 +1143,19 @@ fn staged_part(dest: &Path) -> PathBuf {
     }
 }
 
+/// The names in DEST's staging directory that transfers left there (none
+/// if there is no such directory): every entry but the server's own
+/// table of hello timestamps, which it keeps there across restarts.
+fn left_in_staging(dest: &Path) -> Vec<String> {
+    fs::read_dir(dest.join(STAGING_DIR))
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n != HELLO_TIMESTAMPS)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn check_resumed(what: &str, src: &Path, dest: &Path, r: &Value, at_kill: u64) {
     let (sent, skipped) = (report_u(r, "bytes_sent"), report_u(r, "bytes_skipped"));
     say(&format!(
@@ -1153,9 +1171,7 @@ fn check_resumed(what: &str, src: &Path, dest: &Path, r: &Value, at_kill: u64) {
         first_difference(src, &dest.join("big.bin")).is_none(),
         "{what}: the resumed file differs"
     );
-    let left: Vec<_> = fs::read_dir(dest.join(STAGING_DIR))
-        .map(|d| d.collect())
-        .unwrap_or_default();
+    let left = left_in_staging(dest);
     assert!(left.is_empty(), "{what}: the part file remains: {left:?}");
     assert!(skipped > 0, "{what}: nothing was resumed: {r}");
     assert!(
@@ -1664,7 +1680,7 @@ fn a_sender_that_will_not_wait_for_a_busy_server_exits_10() {
     // Its session is planned once its partial file is there (the staging
     // directory itself is made when the server starts).
     let until = Instant::now() + Duration::from_secs(20);
-    let started = || fs::read_dir(dest.join(".atou-staging")).is_ok_and(|mut d| d.next().is_some());
+    let started = || !left_in_staging(&dest).is_empty();
     while !started() {
         assert!(Instant::now() < until, "the first transfer did not start");
         std::thread::sleep(Duration::from_millis(20));
@@ -1806,8 +1822,12 @@ fn abandoned_partial_files_go_after_the_staging_ttl() {
         write_random(f, 100_000, 3);
         set_mtime(f, now - age, 0);
     }
-    // A directory there is not atou's to remove, however old.
+    // A directory there is not atou's to remove, however old; nor is the
+    // server's table of hello timestamps, however long no client came.
     fs::create_dir(staging.join("not-ours")).unwrap();
+    let table = staging.join(HELLO_TIMESTAMPS);
+    fs::write(&table, atou::io::hello_timestamps::encode(&[])).unwrap();
+    set_mtime(&table, now - 30 * day, 0);
     // 0 keeps everything.
     let server = Serve::start_with(&dest, &["--staging-ttl", "0"]);
     drop(server);
@@ -1821,6 +1841,7 @@ fn abandoned_partial_files_go_after_the_staging_ttl() {
     drop(server);
     let _server = Serve::start_with(&dest, &["--staging-ttl", "12h"]);
     assert!(!recent.exists());
+    assert!(table.is_file(), "the table of hello timestamps was removed");
 }
 
 /// UDP ports bound to 127.0.0.1 and not connected, held by process `pid`.
@@ -2089,9 +2110,14 @@ fn progress_json_is_json_lines_that_end_at_the_bytes_sent() {
 /// entry (the root included) with its kind, mode, size, mtime to the
 /// nanosecond, and the BLAKE3 hash of a file's content or a symlink's
 /// target (a hash, so that a failure prints a readable difference).
+/// Not the server's own table of hello timestamps, which any accepted
+/// hello updates (a dry run's too), nor so the staging directory's mtime,
+/// which that table's rename into place moves; its entries still count.
 fn exact_state(root: &Path) -> Vec<(PathBuf, u32, u64, i64, i64, String)> {
+    let table = Path::new(STAGING_DIR).join(HELLO_TIMESTAMPS);
     walk(root)
         .into_iter()
+        .filter(|(rel, _)| *rel != table)
         .map(|(rel, m)| {
             let full = root.join(&rel);
             let content = if m.is_file() {
@@ -2105,7 +2131,12 @@ fn exact_state(root: &Path) -> Vec<(PathBuf, u32, u64, i64, i64, String)> {
                 Vec::new()
             };
             let hash = blake3::hash(&content).to_hex().to_string();
-            (rel, m.mode(), m.len(), m.mtime(), m.mtime_nsec(), hash)
+            let (mtime, mtime_nsec) = if rel == Path::new(STAGING_DIR) {
+                (0, 0)
+            } else {
+                (m.mtime(), m.mtime_nsec())
+            };
+            (rel, m.mode(), m.len(), mtime, mtime_nsec, hash)
         })
         .collect()
 }
@@ -2472,7 +2503,9 @@ fn shards_are_checked_and_their_dry_runs_list_each_file_once() {
         sizes["tree/big.bin"],
         "the parts' bytes are not the file's"
     );
-    let left: Vec<PathBuf> = walk(&dest).into_keys().collect();
+    // The server's table of hello timestamps is its own, not the run's.
+    let table = Path::new(STAGING_DIR).join(HELLO_TIMESTAMPS);
+    let left: Vec<PathBuf> = walk(&dest).into_keys().filter(|p| *p != table).collect();
     assert_eq!(
         left,
         [PathBuf::new(), PathBuf::from(STAGING_DIR)],
@@ -2553,8 +2586,8 @@ fn four_shards_at_once_deliver_the_tree_of_a_single_run() {
     server.report();
     assert_same_tree(&dest.join("single/tree"), &dest.join("serial/tree"));
     assert_eq!(
-        fs::read_dir(dest.join(STAGING_DIR)).unwrap().count(),
-        0,
+        left_in_staging(&dest),
+        Vec::<String>::new(),
         "partial files were left behind"
     );
 }
@@ -2573,10 +2606,7 @@ fn a_whole_run_finishes_a_split_file_a_shard_left_waiting() {
     server.report();
     assert_eq!(report_u(&first, "files_in_part"), 1, "{first}");
     assert!(!dest.join("tree/big.bin").exists());
-    let staged: Vec<String> = fs::read_dir(dest.join(STAGING_DIR))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
+    let staged = left_in_staging(&dest);
     assert_eq!(staged.len(), 2, "a partial file and its record: {staged:?}");
     let whole = send(&[&tree], &server.target(), &["--skip-existing"]).report();
     server.report();
@@ -2594,8 +2624,8 @@ fn a_whole_run_finishes_a_split_file_a_shard_left_waiting() {
     );
     assert_eq!(sizes.len() as u64, report_u(&whole, "files"));
     assert_eq!(
-        fs::read_dir(dest.join(STAGING_DIR)).unwrap().count(),
-        0,
+        left_in_staging(&dest),
+        Vec::<String>::new(),
         "the partial file or the record of its parts was left behind"
     );
 }
@@ -2649,7 +2679,7 @@ fn a_shard_killed_mid_part_resumes_its_part_alone() {
         "shard 1's rerun resumed little: {rerun}"
     );
     assert!(first_difference(&src, &dest.join("big.bin")).is_none());
-    assert_eq!(fs::read_dir(dest.join(STAGING_DIR)).unwrap().count(), 0);
+    assert_eq!(left_in_staging(&dest), Vec::<String>::new());
 }
 
 /// Four `atou copy --shard K/4` at once into one local DEST, each with
@@ -2688,4 +2718,226 @@ fn four_copy_shards_at_once_share_one_destination() {
         .expect("a shard leaves the staging directory to the other shards")
         .count();
     assert_eq!(staging, 0, "partial files were left behind");
+}
+
+// ---------------------------------------------------------------------------
+// A hello replayed across a restart
+// ---------------------------------------------------------------------------
+
+/// An authorized client's first datagram as `atou probe` makes it with the
+/// test keys, stamped with the wall clock now: the initiator that reads
+/// the server's answer (its hello is [`Initiator::hello`]).
+fn authorized_hello() -> Initiator {
+    let identity = read_identity(&keys().client, Strictness::Lax).unwrap();
+    let server_key = parse_public_key(&fs::read_to_string(&keys().server_pub).unwrap()).unwrap();
+    let conn_id = fresh_conn_id();
+    let mut params = vec![0u8; CONTROL_MAX_LEN];
+    let n = Hello {
+        conn_id,
+        mss: 1400,
+        maxidle_ms: 10_000,
+        session: 0,
+        receiver: ReceiverParams {
+            rcvsegs: 64,
+            rcvbuf: 0,
+            delack_us: 0,
+            quickack: 0,
+            sack: true,
+        },
+    }
+    .emit(&mut params)
+    .unwrap();
+    params.truncate(n);
+    let config = ClientConfig {
+        identity,
+        server_key,
+        cipher: Cipher::ChaCha20Poly1305,
+        params,
+    };
+    Initiator::new(&config, conn_id, wall_clock_ns()).unwrap()
+}
+
+/// The first datagram `sock` receives within 2 s.
+fn answer(sock: &UdpSocket) -> Option<Vec<u8>> {
+    sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut b = vec![0u8; 65536];
+    let (n, _) = sock.recv_from(&mut b).ok()?;
+    Some(b[..n].to_vec())
+}
+
+/// A hello is a Noise message anyone on the path can capture. The server
+/// accepted it before a restart (a crash: SIGKILL); after, the same bytes,
+/// sent from anywhere, must make no session and are answered with nothing.
+/// `atou serve` kept each key's newest hello timestamp in memory only, and
+/// its floor (its start less 2 minutes) let the hello of a client seen in
+/// the 2 minutes before the restart in once more.
+#[test]
+fn a_hello_accepted_before_a_restart_is_not_accepted_after_it() {
+    let scratch = Scratch::new("replay-restart");
+    let dest = scratch.dir("dest");
+    let mut client = authorized_hello();
+    let captured = client.hello().to_vec();
+    let mut first = Serve::start(&dest);
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.send_to(&captured, first.addr).unwrap();
+    let response = answer(&sock).expect("the server answers an authorized hello");
+    assert!(
+        matches!(client.on_datagram(&response), Ok(Progress::Established(_))),
+        "the hello was not accepted before the restart: the test would test nothing"
+    );
+    first.kill();
+
+    let second = Serve::start(&dest);
+    let attacker = UdpSocket::bind("127.0.0.1:0").unwrap();
+    attacker.send_to(&captured, second.addr).unwrap();
+    if let Some(reply) = answer(&attacker) {
+        panic!(
+            "the restarted server answered the replayed hello ({} bytes, kind {:#04x}): \
+             a session was made for a hello it had accepted before the restart",
+            reply.len(),
+            reply.get(3).copied().unwrap_or(0)
+        );
+    }
+    // The client's next hello gets in: the server is up, the key authorized.
+    let mut next = authorized_hello();
+    sock.send_to(next.hello(), second.addr).unwrap();
+    let response = answer(&sock).expect("the restarted server answers a fresh hello");
+    assert!(matches!(
+        next.on_datagram(&response),
+        Ok(Progress::Established(_))
+    ));
+}
+
+/// The table of hello timestamps is kept in DEST's staging directory; one
+/// the server cannot use stops it at start (exit 1: it could not run), naming
+/// the file and what to do, rather than serving with an empty table,
+/// which would accept the replays the file is there to refuse.
+#[test]
+fn a_damaged_table_of_hello_timestamps_stops_the_server_at_start() {
+    let scratch = Scratch::new("replay-table");
+    let dest = scratch.dir("dest");
+    let staging = dest.join(STAGING_DIR);
+    fs::create_dir(&staging).unwrap();
+    set_mode(&staging, 0o700);
+    let table = staging.join(HELLO_TIMESTAMPS);
+    let start = |what: &str| {
+        let mut child = Command::new(ATOU)
+            .env("XDG_CACHE_HOME", TEST_CACHE)
+            .args(["serve", "--bind", "127.0.0.1:0", "--dir"])
+            .arg(&dest)
+            .arg("--identity")
+            .arg(&keys().server)
+            .arg("--authorized-keys")
+            .arg(&keys().authorized)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start atou serve");
+        let until = Instant::now() + Duration::from_secs(10);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > until {
+                let _ = child.kill();
+                panic!("{what}: the server started");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{what}: {stderr}");
+        let line = one_readable_line(&stderr);
+        for says in [table.to_str().unwrap(), "remove it", "replayed"] {
+            assert!(line.contains(says), "{what}: `{line}` does not say {says}");
+        }
+        line
+    };
+    fs::write(&table, b"not a table of timestamps, or a truncated one").unwrap();
+    say(&start("garbage"));
+    let mut flipped = atou::io::hello_timestamps::encode(&[(
+        parse_public_key(&fs::read_to_string(&keys().server_pub).unwrap()).unwrap(),
+        wall_clock_ns(),
+    )]);
+    flipped[20] ^= 1;
+    fs::write(&table, &flipped).unwrap();
+    assert!(start("a flipped bit").contains("checksum"));
+    fs::remove_file(&table).unwrap();
+    fs::create_dir(&table).unwrap();
+    assert!(start("a directory").contains("not a regular file"));
+    fs::remove_dir(&table).unwrap();
+    symlink("/etc/passwd", &table).unwrap();
+    assert!(start("a symlink").contains("symlink"));
+    fs::remove_file(&table).unwrap();
+    // Removed, as the message says, the server starts (and the floor of
+    // its start less 2 minutes stands in for the table).
+    let _server = Serve::start(&dest);
+}
+
+/// A table that cannot be saved (here the name it is written under
+/// before its rename is taken by a directory) keeps the response from
+/// being sent: the client gets no session, the server says why, naming
+/// the file, and stays up.
+#[test]
+fn a_hello_whose_timestamp_cannot_be_saved_is_not_answered() {
+    use std::io::BufRead;
+    let scratch = Scratch::new("replay-unsaved");
+    let dest = scratch.dir("dest");
+    let staging = dest.join(STAGING_DIR);
+    fs::create_dir(&staging).unwrap();
+    set_mode(&staging, 0o700);
+    let blocker = staging.join(format!("{HELLO_TIMESTAMPS}.new"));
+    fs::create_dir_all(blocker.join("in-the-way")).unwrap();
+    let mut child = Command::new(ATOU)
+        .env("XDG_CACHE_HOME", TEST_CACHE)
+        .args(["serve", "--bind", "127.0.0.1:0", "--dir"])
+        .arg(&dest)
+        .arg("--identity")
+        .arg(&keys().server)
+        .arg("--authorized-keys")
+        .arg(&keys().authorized)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start atou serve");
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut first = String::new();
+    stderr.read_line(&mut first).unwrap();
+    let addr: SocketAddr = first
+        .split_whitespace()
+        .skip_while(|w| *w != "on")
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in `{first}`"));
+    let (lines_tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in stderr.lines().map_while(Result::ok) {
+            say(&format!("  serve: {l}"));
+            let _ = lines_tx.send(l);
+        }
+    });
+    let mut server = Daemon::new(child);
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let client = authorized_hello();
+    sock.send_to(client.hello(), addr).unwrap();
+    assert_eq!(answer(&sock), None, "answered with its timestamp unsaved");
+    let said: Vec<String> = lines.try_iter().collect();
+    let table = staging.join(HELLO_TIMESTAMPS);
+    assert!(
+        said.iter()
+            .any(|l| l.contains("cannot save the hello timestamps")
+                && l.contains(table.to_str().unwrap())),
+        "{said:?}"
+    );
+    assert!(
+        server.child().try_wait().unwrap().is_none(),
+        "the server stopped"
+    );
+    // Once it can save again, the client's next hello gets in.
+    fs::remove_dir_all(&blocker).unwrap();
+    let mut next = authorized_hello();
+    sock.send_to(next.hello(), addr).unwrap();
+    let response = answer(&sock).expect("an answer once the table is saved");
+    assert!(matches!(
+        next.on_datagram(&response),
+        Ok(Progress::Established(_))
+    ));
+    assert!(table.is_file());
 }

@@ -439,6 +439,21 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     let auth = args.auth.resolve(args.dir.is_some())?;
     let transfer_failed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let failed_flag = transfer_failed.clone();
+    // The key is read from a file and outlives this run: so does the
+    // newest hello timestamp of each client key, kept in DEST's private
+    // staging directory, so that a hello accepted before a restart is
+    // refused after it. A file that cannot be used stops the server
+    // here, before it could accept such a hello (exit 1: it could not run).
+    let hello_timestamps = match (&args.dir, &auth.identity) {
+        (Some(dir), Some(_)) => {
+            let root = check_root(dir).map_err(UsageError)?;
+            Some(
+                atou::io::hello_timestamps::HelloTimestampFile::load(&root)
+                    .map_err(anyhow::Error::msg)?,
+            )
+        }
+        _ => None,
+    };
     let mut app: Box<dyn ServeApp> = match &args.dir {
         None => Box::new(NoFiles),
         Some(dir) => {
@@ -524,6 +539,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
             ..args.receiver.server_limits(args.rcvbuf)
         },
         auth,
+        hello_timestamps,
     };
     let mut write_error = None;
     // Reports carry the server-wide counters at the time they print.
@@ -572,6 +588,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
                 let _ = print_stdout(&(line + "\n"));
             }
             ServeEvent::Notice(n) => eprintln!("atou serve: {n}"),
+            ServeEvent::HelloTimestampsNotSaved(why) => eprintln!("atou serve: {why}"),
             ServeEvent::RcvbufGrown { asked, granted } => {
                 eprintln!("atou serve: socket receive buffer grown for a client: asked {asked}, granted {granted}");
             }

@@ -789,6 +789,8 @@ fn pull_into(
                     rcvbuf,
                     limits,
                     auth,
+                    // One-time keys: no hello outlives this run.
+                    hello_timestamps: None,
                 },
                 &mut receiver,
                 |_| {},
@@ -1081,6 +1083,8 @@ fn receive_into(
                 ..Default::default()
             },
             auth,
+            // One-time keys: no hello outlives this run.
+            hello_timestamps: None,
         },
         &mut receiver,
         |_| {},

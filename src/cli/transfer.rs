@@ -901,6 +901,8 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
                         ..Default::default()
                     },
                     auth: server_auth,
+                    // One-time keys: no hello outlives this run.
+                    hello_timestamps: None,
                 },
                 &mut receiver,
                 |e| {

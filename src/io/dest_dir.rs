@@ -30,6 +30,23 @@ use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, RenameFlags, Reso
 /// The directory under DEST that holds partial files.
 pub const STAGING_DIR: &str = ".atou-staging";
 
+/// `atou serve`'s own file in the staging directory: the newest hello
+/// timestamp of each client key (`crate::io::hello_timestamps`). A
+/// partial file, staged symlink or record of parts is named by the
+/// server, 32 hex digits of a hash and `.part`, `.link` or `.chunks`
+/// (`transfer::dest::staged_name`), never by a sender, so no transfer can
+/// create, replace or remove this name; the staging cleaner leaves it.
+pub const HELLO_TIMESTAMPS: &str = "hello-timestamps";
+/// Where [`HELLO_TIMESTAMPS`] is written before it is renamed into place
+/// ([`DestDir::replace_staged_state`]).
+const HELLO_TIMESTAMPS_NEW: &str = "hello-timestamps.new";
+
+/// Whether `name` in the staging directory is the server's own state
+/// rather than a transfer's leftovers.
+pub fn is_servers_own(name: &[u8]) -> bool {
+    name == HELLO_TIMESTAMPS.as_bytes() || name == HELLO_TIMESTAMPS_NEW.as_bytes()
+}
+
 /// What a name in a directory is, looked at without following it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Found {
@@ -293,6 +310,79 @@ impl DestDir {
         .map_err(to_io)
     }
 
+    /// The server's own file `name` in the staging directory, read whole
+    /// if it is a regular file of at most `max_len` bytes; `None` if
+    /// there is none. Never through a symlink (`ELOOP`), and a FIFO
+    /// planted there does not block the open (`O_NONBLOCK`, then refused
+    /// as not a regular file).
+    pub fn read_staged_state(&self, name: &str, max_len: u64) -> io::Result<Option<Vec<u8>>> {
+        use std::io::Read;
+        let file = match rfs::openat(
+            self.staging()?,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => File::from(fd),
+            Err(e) if e == rustix::io::Errno::NOENT => return Ok(None),
+            Err(e) => return Err(to_io(e)),
+        };
+        let st = rfs::fstat(&file).map_err(to_io)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(io::Error::other("not a regular file"));
+        }
+        if st.st_size as u64 > max_len {
+            return Err(io::Error::other(format!(
+                "{} bytes, more than the {max_len} it can hold",
+                st.st_size
+            )));
+        }
+        let mut bytes = Vec::with_capacity(st.st_size as usize);
+        // Bounded again: the file may have grown since the fstat.
+        file.take(max_len + 1).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > max_len {
+            return Err(io::Error::other(format!(
+                "more than the {max_len} bytes it can hold"
+            )));
+        }
+        Ok(Some(bytes))
+    }
+
+    /// Replaces the server's own file `name` in the staging directory
+    /// with `bytes`, atomically and durably: written to a new file
+    /// beside it (mode 0600, `O_EXCL | O_NOFOLLOW`), synced, renamed over
+    /// `name`, and the directory synced, so that a crash at any point
+    /// leaves the old contents or the new, never a mix (the rename is
+    /// atomic, POSIX rename(2)), and a power loss after the return keeps
+    /// the new.
+    pub fn replace_staged_state(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        use std::io::Write;
+        let staging = self.staging()?;
+        let new = format!("{name}.new");
+        // Left by a crash mid-write: its contents are not wanted.
+        match rfs::unlinkat(staging, new.as_str(), AtFlags::empty()) {
+            Ok(()) => {}
+            Err(e) if e == rustix::io::Errno::NOENT => {}
+            Err(e) => return Err(to_io(e)),
+        }
+        let mut file = File::from(
+            rfs::openat(
+                staging,
+                new.as_str(),
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            )
+            .map_err(to_io)?,
+        );
+        let written = file.write_all(bytes).and_then(|()| file.sync_all());
+        if let Err(e) = written {
+            let _ = rfs::unlinkat(staging, new.as_str(), AtFlags::empty());
+            return Err(e);
+        }
+        rfs::renameat(staging, new.as_str(), staging, name).map_err(to_io)?;
+        rfs::fsync(staging).map_err(to_io)
+    }
+
     pub fn look_staged(&self, name: &str) -> io::Result<Found> {
         match &self.staging {
             Some(staging) => look(staging, name.as_bytes()),
@@ -334,7 +424,8 @@ impl DestDir {
     /// the staging directory that have not changed since `before`: what
     /// transfers abandoned long ago left (a transfer in progress writes
     /// its partial file as data comes). Returns the entries and bytes
-    /// removed. Nothing else is touched, and nothing is followed.
+    /// removed. Nothing else is touched ([`HELLO_TIMESTAMPS`] included),
+    /// and nothing is followed.
     pub fn remove_staged_unchanged_since(&self, before: SystemTime) -> io::Result<(u64, u64)> {
         let Some(staging) = &self.staging else {
             return Ok((0, 0));
@@ -346,7 +437,9 @@ impl DestDir {
         for entry in rfs::Dir::read_from(staging).map_err(to_io)? {
             let entry = entry.map_err(to_io)?;
             let name = entry.file_name();
-            if matches!(name.to_bytes(), b"." | b"..") {
+            // The server's own state is no transfer's leftover, however
+            // long no client has come.
+            if matches!(name.to_bytes(), b"." | b"..") || is_servers_own(name.to_bytes()) {
                 continue;
             }
             let Ok(st) = rfs::statat(staging, name, AtFlags::SYMLINK_NOFOLLOW) else {
@@ -526,6 +619,70 @@ mod tests {
         std::fs::set_permissions(dest.join(STAGING_DIR), open).unwrap();
         assert!(DestDir::open_unchanged(&dest).is_err(), "not private");
         std::fs::remove_dir_all(&dest).unwrap();
+    }
+
+    /// The server's own state file is replaced whole (no `.new` left,
+    /// mode 0600), read back only as a regular file of bounded size, never
+    /// through a symlink at either name, without blocking on a FIFO, and
+    /// the staging cleaner leaves it however old it is.
+    #[test]
+    fn the_servers_own_state_is_replaced_whole_and_read_only_as_a_regular_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = scratch("state");
+        let dest = base.join("dest");
+        std::fs::create_dir_all(&dest).unwrap();
+        let victim = base.join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let d = DestDir::open(&dest).unwrap();
+        let staging = dest.join(STAGING_DIR);
+        let new = format!("{HELLO_TIMESTAMPS}.new");
+        assert!(is_servers_own(new.as_bytes()));
+        assert_eq!(d.read_staged_state(HELLO_TIMESTAMPS, 100).unwrap(), None);
+        d.replace_staged_state(HELLO_TIMESTAMPS, b"one").unwrap();
+        // A crash mid-write left the new name, here as a symlink out.
+        symlink(&victim, staging.join(&new)).unwrap();
+        d.replace_staged_state(HELLO_TIMESTAMPS, b"two!").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert!(!staging.join(&new).exists() && staging.join(&new).symlink_metadata().is_err());
+        assert_eq!(
+            d.read_staged_state(HELLO_TIMESTAMPS, 100).unwrap().unwrap(),
+            b"two!"
+        );
+        let table = staging.join(HELLO_TIMESTAMPS);
+        let mode = std::fs::metadata(&table).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let e = d.read_staged_state(HELLO_TIMESTAMPS, 3).unwrap_err();
+        assert!(e.to_string().contains("more than the 3"), "{e}");
+
+        // However old, the cleaner leaves it; a partial file as old goes.
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(86_400);
+        let part = staging.join("0123456789abcdef0123456789abcdef.part");
+        std::fs::write(&part, b"p").unwrap();
+        for f in [&table, &part] {
+            let f = std::fs::File::options().write(true).open(f).unwrap();
+            f.set_times(std::fs::FileTimes::new().set_modified(old))
+                .unwrap();
+        }
+        let later = std::time::SystemTime::now();
+        assert_eq!(d.remove_staged_unchanged_since(later).unwrap().0, 1);
+        assert!(table.is_file() && !part.exists());
+
+        std::fs::remove_file(&table).unwrap();
+        symlink(&victim, &table).unwrap();
+        let e = d.read_staged_state(HELLO_TIMESTAMPS, 100).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{e}");
+        std::fs::remove_file(&table).unwrap();
+        rfs::mknodat(
+            d.staging().unwrap(),
+            HELLO_TIMESTAMPS,
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let e = d.read_staged_state(HELLO_TIMESTAMPS, 100).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     /// Without replace, an existing name is never clobbered; with it, a

@@ -18,6 +18,7 @@
 //! (docs/congestion.md, Pacing).
 
 pub mod dest_dir;
+pub mod hello_timestamps;
 pub mod netem;
 pub mod socket;
 pub mod tun;
@@ -668,6 +669,11 @@ pub struct ServeConfig {
     pub limits: ServerLimits,
     /// Keys: the server's, and which clients it accepts.
     pub auth: crate::proto::crypto::ServerAuth,
+    /// Where the server keeps its hello timestamps across restarts
+    /// (`atou serve --dir`, whose key outlives it), and what it kept last
+    /// time; `None`: in memory only (a key made for one run needs no
+    /// more).
+    pub hello_timestamps: Option<hello_timestamps::HelloTimestampFile>,
 }
 
 /// What the server tells its operator as it runs.
@@ -680,6 +686,10 @@ pub enum ServeEvent {
     /// Boxed: the server's counters make it many times the others' size.
     Report(Box<ConnReport>),
     Notice(Notice),
+    /// The table of hello timestamps could not be saved (the message
+    /// says where and why): the clients whose hellos waited for it were
+    /// not answered.
+    HelloTimestampsNotSaved(String),
     /// The socket receive buffer grew for a client that asked for more.
     RcvbufGrown {
         asked: u32,
@@ -757,6 +767,9 @@ pub async fn serve_from(
     let mut server = Server::new(limits, config.rcvbuf, buffers.rcvbuf)
         .with_auth(config.auth.clone())
         .map_err(|e| ServeError::Auth(e.to_string()))?;
+    if let Some(kept) = &config.hello_timestamps {
+        server = server.keeping_hello_timestamps(kept.loaded().to_vec());
+    }
     let mut tx = TxBatch::new();
     let mut rx = RecvBatch::new();
     let max_len = (ACK_MAX_LEN + crate::proto::crypto::frame::overhead(16))
@@ -774,6 +787,23 @@ pub async fn serve_from(
         app.poll(&mut server);
         while let Some(e) = server.poll_session_event() {
             app.on_event(&mut server, e);
+        }
+        // Before any response to the hellos just accepted goes out: once
+        // a client has its session, a restart must refuse its hello. One
+        // save covers the whole batch received.
+        if let (Some(table), Some(kept)) = (
+            server.hello_timestamps_to_save(),
+            config.hello_timestamps.as_ref(),
+        ) {
+            let saved = kept.save(&table);
+            if let Err(e) = &saved {
+                on_event(ServeEvent::HelloTimestampsNotSaved(format!(
+                    "cannot save the hello timestamps to {}: {e}; the clients just accepted \
+                     were not answered (after a restart their hellos could be replayed)",
+                    kept.path().display()
+                )));
+            }
+            server.hello_timestamps_saved(saved.is_ok());
         }
         while tx.push_with(max_len, |b| server.poll_transmit(now, b)) {}
         while let Some(n) = server.poll_notice() {

@@ -11,6 +11,13 @@
 //! drain [`Server::poll_transmit`] (after every datagram, so that ACKs are
 //! not merged: the ACK policy is per segment), [`Server::handle_timeout`]
 //! at [`Server::poll_timeout`], and collect [`Server::poll_report`].
+//!
+//! A server that keeps its hello timestamps across restarts
+//! ([`Server::keeping_hello_timestamps`]) holds each accepted hello's
+//! response until its driver has saved the table
+//! ([`Server::hello_timestamps_to_save`], then
+//! [`Server::hello_timestamps_saved`]), so no client is answered with a
+//! session whose hello a restart would accept again.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -514,7 +521,11 @@ pub struct ServerLimits {
     /// nanoseconds since the Unix epoch) are refused: a server whose key
     /// outlives it sets [`replay_floor`] of its start, so that a hello
     /// captured before a restart is not accepted once more. 0: none (a
-    /// server whose key is made for its one run needs none).
+    /// server whose key is made for its one run needs none). A server
+    /// that also keeps its hello timestamps
+    /// ([`Server::keeping_hello_timestamps`]) refuses the hellos of the 2
+    /// minutes before its start too, for the keys in its table; the floor
+    /// covers the rest (`Responder::with_timestamp_floor` says which).
     pub replay_floor_ns: u64,
     /// Copies of one hello within a second after which its further copies
     /// are dropped before they are read
@@ -597,6 +608,15 @@ pub struct Server {
     notice_second: Time,
     notices_told: u32,
     notices_suppressed: u64,
+    /// The driver keeps hello timestamps across restarts.
+    keeping_timestamps: bool,
+    /// What the run before remembered, for a responder not made yet.
+    remembered_hellos: Vec<(PublicKey, u64)>,
+    /// The responder's table changed since the driver last saved it.
+    timestamps_unsaved: bool,
+    /// Responses to accepted hellos (to, datagram, connection) held until
+    /// the table that refuses their replay is saved.
+    held_responses: Vec<(SocketAddr, Vec<u8>, u64)>,
 }
 
 impl Server {
@@ -639,6 +659,10 @@ impl Server {
             notice_second: Time::ZERO,
             notices_told: 0,
             notices_suppressed: 0,
+            keeping_timestamps: false,
+            remembered_hellos: Vec::new(),
+            timestamps_unsaved: false,
+            held_responses: Vec::new(),
         }
     }
 
@@ -653,13 +677,78 @@ impl Server {
                     .map_err(|_| HandshakeError::Noise("the OS random generator failed".into()))?;
                 Some(
                     Responder::new(id.clone(), cookies)
-                        .with_timestamp_floor(self.limits.replay_floor_ns),
+                        .with_timestamp_floor(self.limits.replay_floor_ns)
+                        .with_remembered(std::mem::take(&mut self.remembered_hellos)),
                 )
             }
             None => None,
         };
         self.auth = auth;
         Ok(self)
+    }
+
+    /// The driver keeps the responder's hello timestamps across restarts
+    /// (WireGuard keeps them in memory, whitepaper §5.1; a restart would
+    /// forget them): the responder starts from `remembered`, what the run
+    /// before saved, and from now on each accepted hello's response is
+    /// held until the driver has saved the table again
+    /// ([`hello_timestamps_to_save`](Self::hello_timestamps_to_save)).
+    /// Before or after [`with_auth`](Self::with_auth); a server without
+    /// a key has no table and holds nothing.
+    pub fn keeping_hello_timestamps(mut self, remembered: Vec<(PublicKey, u64)>) -> Server {
+        self.keeping_timestamps = true;
+        match self.responder.take() {
+            Some(r) => self.responder = Some(r.with_remembered(remembered)),
+            None => self.remembered_hellos = remembered,
+        }
+        self
+    }
+
+    /// When responses are held for it, the table of hello timestamps to
+    /// save (each key, the newest hello accepted from it; at most
+    /// [`handshake::DEFAULT_MAX_REMEMBERED`]). Call after handling
+    /// datagrams and before [`poll_transmit`](Self::poll_transmit), save
+    /// it where the next run will find it (durably: a restart after a
+    /// crash must find it too), then call
+    /// [`hello_timestamps_saved`](Self::hello_timestamps_saved). One save
+    /// covers every hello handled since the last.
+    pub fn hello_timestamps_to_save(&self) -> Option<Vec<(PublicKey, u64)>> {
+        if self.held_responses.is_empty() {
+            return None;
+        }
+        self.responder.as_ref().map(|r| r.remembered().collect())
+    }
+
+    /// The table from [`hello_timestamps_to_save`](Self::hello_timestamps_to_save)
+    /// is saved (`true`): the held responses go out. Or it could not be
+    /// (`false`): they never do, and their connections end at once
+    /// (reported as idle, as one that never heard from its client), since
+    /// after a restart their hellos could be replayed; the clients time
+    /// out. The next accepted hello tries the save again.
+    pub fn hello_timestamps_saved(&mut self, saved: bool) {
+        let held = std::mem::take(&mut self.held_responses);
+        self.timestamps_unsaved = !saved;
+        for (to, datagram, conn_id) in held {
+            if saved {
+                self.queue_handshake(to, datagram);
+                continue;
+            }
+            let Some(conn) = self.remove_conn(conn_id) else {
+                continue;
+            };
+            self.reports.push_back(conn.report(
+                conn_id,
+                ConnEnd::Idle,
+                conn.last_heard,
+                self.stats,
+            ));
+            if conn.session != 0 {
+                self.session_events.push_back(SessionEvent::Ended {
+                    conn_id,
+                    end: ConnEnd::Idle,
+                });
+            }
+        }
     }
 
     /// Queues a handshake answer; bounded like the rejects, by what
@@ -1066,10 +1155,20 @@ impl Server {
         // came from it (RFC 9000 §8.1).
         let mut budget = Budget::new();
         budget.on_received(datagram.len());
-        let mut answer = |server: &mut Server, bytes: Vec<u8>| {
+        // `held_for`: an accepted hello's connection, whose response
+        // waits for the table of timestamps to be saved.
+        let mut answer = |server: &mut Server, bytes: Vec<u8>, held_for: Option<u64>| {
             if budget.may_send(bytes.len()) {
                 budget.on_sent(bytes.len());
-                server.queue_handshake(from, bytes);
+                match held_for {
+                    Some(conn_id) if server.held_responses.len() < FETCH_QUEUE_MAX => {
+                        server.held_responses.push((from, bytes, conn_id));
+                    }
+                    // Past the bound, as a lost response: the client
+                    // times out; the connection expires unconfirmed.
+                    Some(_) => {}
+                    None => server.queue_handshake(from, bytes),
+                }
             }
         };
         // Everything before the first Diffie-Hellman is cheap: the frame,
@@ -1078,7 +1177,7 @@ impl Server {
             Ok(Screened::Fresh(hello)) => hello,
             Ok(Screened::Cookie(bytes)) => {
                 self.stats.cookies_sent += 1;
-                answer(self, bytes);
+                answer(self, bytes, None);
                 return;
             }
             Ok(Screened::Seen { client_id }) => {
@@ -1162,7 +1261,7 @@ impl Server {
         match result {
             Ok(handshake::Reply::Cookie(bytes)) => {
                 self.stats.cookies_sent += 1;
-                answer(self, bytes);
+                answer(self, bytes, None);
             }
             Ok(handshake::Reply::Ignored { peer }) => {
                 self.stats.auth_refused += 1;
@@ -1197,10 +1296,13 @@ impl Server {
                         why: refused_why,
                     },
                 );
-                answer(self, datagram);
+                answer(self, datagram, None);
             }
             Ok(handshake::Reply::Accepted {
-                datagram, session, ..
+                datagram,
+                session,
+                timestamp_advanced,
+                ..
             }) => {
                 // Worth its price: the source's token goes back.
                 self.rate.refund(now, from.ip());
@@ -1246,7 +1348,13 @@ impl Server {
                     admission,
                     Some(Box::new(secure)),
                 );
-                answer(self, datagram);
+                // Held while the table is unsaved, advanced by this hello
+                // or an earlier one: a restart before the save would take
+                // this hello again.
+                self.timestamps_unsaved |= timestamp_advanced;
+                let held_for =
+                    (self.keeping_timestamps && self.timestamps_unsaved).then_some(server_id);
+                answer(self, datagram, held_for);
             }
             Err(_) => {
                 self.stats.bad_handshakes += 1;

@@ -1397,6 +1397,29 @@ pub fn finish(
 mod tests {
     use super::*;
 
+    /// Every name a transfer stages is the hash of a path, 32 hex digits
+    /// and a suffix, so no path a sender names (the server's own file
+    /// name included) lets it create, replace or remove the server's
+    /// table of hello timestamps.
+    #[test]
+    fn no_path_a_sender_names_stages_as_the_servers_own_file() {
+        for rel in [
+            &b"hello-timestamps"[..],
+            b"hello-timestamps.new",
+            b".atou-staging/hello-timestamps",
+            b"a/b",
+            b"",
+        ] {
+            let part = staged_name(rel);
+            let link = format!("{}.link", &part[..32]);
+            let record = parts::record_name(&part);
+            for name in [&part, &link, &record] {
+                assert!(!dest_dir::is_servers_own(name.as_bytes()), "{name}");
+                assert!(name[..32].bytes().all(|b| b.is_ascii_hexdigit()), "{name}");
+            }
+        }
+    }
+
     fn target(dest: &Arc<DestDir>, writing: u64) -> FileTarget {
         FileTarget {
             rel: RelPath::new(b"f".to_vec()).unwrap(),

@@ -32,6 +32,10 @@
 //!   The client puts a timestamp in it (WireGuard's TAI64N); the server
 //!   keeps, per authorized static key, the greatest accepted, and refuses
 //!   a hello that is not newer: a replayed hello creates no second session.
+//!   The table can be read out ([`Responder::remembered`]) and given to
+//!   the next run ([`Responder::with_remembered`]), so that a restart does
+//!   not forget it; the caller keeps it (`atou serve --dir` in its
+//!   staging directory).
 //!   The server's session still counts as unconfirmed until the client's
 //!   first protected packet arrives (key confirmation; the integration's
 //!   job, as WireGuard's).
@@ -614,23 +618,44 @@ struct Recent {
     newest: u64,
     /// Accepted timestamps within [`REPLAY_WINDOW_NS`] of `newest`.
     seen: Vec<u64>,
+    /// The newest timestamp a run before this one accepted
+    /// ([`Responder::with_remembered`]): which timestamps inside its
+    /// window were seen is not kept across a restart, so none at or
+    /// before it is admitted, as WireGuard's strict rule would have it.
+    sealed: Option<u64>,
 }
 
 impl Recent {
-    /// A hello newer than all before it, or one inside the window that
-    /// was not seen (a replay repeats a timestamp exactly).
-    fn admits(&self, timestamp: u64) -> bool {
-        timestamp > self.newest
-            || (self.seen.len() < REPLAY_SEEN_MAX
-                && self.newest - timestamp <= REPLAY_WINDOW_NS
-                && !self.seen.contains(&timestamp))
+    /// Remembered from an earlier run: only a hello newer than `newest`
+    /// gets in.
+    fn sealed_at(newest: u64) -> Recent {
+        Recent {
+            newest,
+            seen: Vec::new(),
+            sealed: Some(newest),
+        }
     }
 
-    fn record(&mut self, timestamp: u64) {
+    /// A hello newer than all before it, or one inside the window that
+    /// was not seen (a replay repeats a timestamp exactly), and never one
+    /// at or before what an earlier run accepted.
+    fn admits(&self, timestamp: u64) -> bool {
+        self.sealed.is_none_or(|sealed| timestamp > sealed)
+            && (timestamp > self.newest
+                || (self.seen.len() < REPLAY_SEEN_MAX
+                    && self.newest - timestamp <= REPLAY_WINDOW_NS
+                    && !self.seen.contains(&timestamp)))
+    }
+
+    /// Records an accepted timestamp; true if it is newer than any before
+    /// it (the value a restart must find).
+    fn record(&mut self, timestamp: u64) -> bool {
+        let advanced = timestamp > self.newest;
         self.newest = self.newest.max(timestamp);
         let floor = self.newest.saturating_sub(REPLAY_WINDOW_NS);
         self.seen.retain(|&t| t >= floor);
         self.seen.push(timestamp);
+        advanced
     }
 }
 
@@ -648,6 +673,11 @@ pub enum Reply {
         /// The hello carried a valid cookie: its address is validated
         /// (RFC 9000 §8.1), the 3× limit no longer applies to it.
         address_validated: bool,
+        /// The hello is newer than any accepted from its key before (or
+        /// the key's first): [`Responder::remembered`] changed, and a
+        /// server that keeps it across restarts saves it before it sends
+        /// `datagram`.
+        timestamp_advanced: bool,
     },
     /// Send `datagram`, an authenticated refusal the client can explain;
     /// nothing is kept.
@@ -792,8 +822,15 @@ impl Responder {
     /// to keep; the price is that a client whose clock is behind the
     /// server's by more than the skew is refused (with
     /// [`RefuseReason::ClockBehind`], which says so) until the server has
-    /// run for the difference, and that a hello captured within the skew
-    /// before a restart can still be replayed once.
+    /// run for the difference.
+    ///
+    /// Alone, a hello captured within the skew before a restart can still
+    /// be replayed once; [`with_remembered`](Self::with_remembered) closes
+    /// that for the keys it names. The floor stays for what that table
+    /// cannot know: a key forgotten from a full table, a server with no
+    /// place to keep one (no `--dir`), another DEST served under the same
+    /// key, a table an operator removed, and a hello that never reached
+    /// the server before (delivered late by whoever held it back).
     pub fn with_timestamp_floor(mut self, floor: u64) -> Responder {
         self.floor = floor;
         self
@@ -811,7 +848,44 @@ impl Responder {
     /// create an unconfirmed session no one can use.
     pub fn with_max_remembered(mut self, max: usize) -> Responder {
         self.max_remembered = max.max(1);
+        self.forget_oldest_down_to(self.max_remembered);
         self
+    }
+
+    /// Starts from the newest hello timestamp each key had in an earlier
+    /// run ([`remembered`](Self::remembered), saved by the caller): what
+    /// WireGuard keeps in memory (whitepaper §5.1), carried across a
+    /// restart, so that a hello captured before it is not accepted once
+    /// more. A remembered key's hello must be newer than its entry: the
+    /// window of racing hellos (`REPLAY_WINDOW_NS`) does not reach back
+    /// past it, since which timestamps in it were seen is not kept. At
+    /// most [`with_max_remembered`](Self::with_max_remembered) entries
+    /// are kept, the newest; a key given twice keeps its newest.
+    pub fn with_remembered(
+        mut self,
+        remembered: impl IntoIterator<Item = (PublicKey, u64)>,
+    ) -> Responder {
+        for (key, newest) in remembered {
+            let sealed = match self.newest.get(&key) {
+                Some(r) => r.newest.max(newest),
+                None => newest,
+            };
+            self.newest.insert(key, Recent::sealed_at(sealed));
+        }
+        self.forget_oldest_down_to(self.max_remembered);
+        self
+    }
+
+    /// Each remembered key with the newest hello timestamp accepted from
+    /// it (in no particular order): what a restart gives
+    /// [`with_remembered`](Self::with_remembered).
+    pub fn remembered(&self) -> impl Iterator<Item = (PublicKey, u64)> + '_ {
+        self.newest.iter().map(|(k, r)| (*k, r.newest))
+    }
+
+    /// Most entries [`remembered`](Self::remembered) yields.
+    pub fn max_remembered(&self) -> usize {
+        self.max_remembered
     }
 
     pub fn public(&self) -> PublicKey {
@@ -938,12 +1012,13 @@ impl Responder {
                 reason,
             });
         }
-        self.remember(client_key, payload.timestamp);
+        let timestamp_advanced = self.remember(client_key, payload.timestamp);
         let handshake_hash = noise.get_handshake_hash().to_vec();
         let (c2s, s2c) = noise.dangerously_get_raw_split();
         Ok(Reply::Accepted {
             datagram,
             address_validated,
+            timestamp_advanced,
             session: Box::new(Established {
                 peer_static: client_key,
                 client_id: ids.0,
@@ -957,18 +1032,46 @@ impl Responder {
         })
     }
 
-    fn remember(&mut self, key: PublicKey, timestamp: u64) {
-        if !self.newest.contains_key(&key) && self.newest.len() >= self.max_remembered {
-            if let Some(oldest) = self
+    /// Records an accepted hello's timestamp; true if it advanced its
+    /// key's newest (a key not remembered before included).
+    fn remember(&mut self, key: PublicKey, timestamp: u64) -> bool {
+        if !self.newest.contains_key(&key) {
+            self.forget_oldest_down_to(self.max_remembered - 1);
+        }
+        match self.newest.entry(key) {
+            std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().record(timestamp),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(Recent::default()).record(timestamp);
+                true
+            }
+        }
+    }
+
+    /// Forgets the keys with the oldest timestamps until at most `max`
+    /// are remembered: one pass over the table, however many go.
+    fn forget_oldest_down_to(&mut self, max: usize) {
+        let excess = self.newest.len().saturating_sub(max);
+        if excess == 0 {
+            return;
+        }
+        if excess == 1 {
+            // A new key at a full table, the usual case: no allocation.
+            let oldest = self
                 .newest
                 .iter()
                 .min_by_key(|(_, r)| r.newest)
-                .map(|(k, _)| *k)
-            {
-                self.newest.remove(&oldest);
+                .map(|(k, _)| *k);
+            if let Some(key) = oldest {
+                self.newest.remove(&key);
             }
+            return;
         }
-        self.newest.entry(key).or_default().record(timestamp);
+        let mut by_age: Vec<(u64, PublicKey)> =
+            self.newest.iter().map(|(k, r)| (r.newest, *k)).collect();
+        by_age.select_nth_unstable_by_key(excess - 1, |&(newest, _)| newest);
+        for (_, key) in &by_age[..excess] {
+            self.newest.remove(key);
+        }
     }
 }
 
@@ -1185,6 +1288,7 @@ mod tests {
             datagram,
             session,
             address_validated,
+            ..
         } = hello_at(&mut w, &client, false).unwrap()
         else {
             panic!("not accepted");
@@ -1521,6 +1625,136 @@ mod tests {
             assert!(matches!(r, Ok(Reply::Accepted { .. })));
         }
         assert_eq!(w.server.newest.len(), 2);
+    }
+
+    /// A responder as a restart builds it: the same key, and what the
+    /// run before remembered.
+    fn restarted(identity: &StaticKeypair, remembered: Vec<(PublicKey, u64)>) -> Responder {
+        Responder::new(identity.clone(), CookieSecret::new([6; 32])).with_remembered(remembered)
+    }
+
+    fn accept_any(
+        server: &mut Responder,
+        client: &Initiator,
+        id: u64,
+    ) -> Result<Reply, HandshakeError> {
+        server.on_hello(
+            T0,
+            addr("192.0.2.7:1"),
+            client.hello(),
+            false,
+            id,
+            |_, _| Decision::Accept(vec![]),
+        )
+    }
+
+    /// WireGuard keeps each key's newest timestamp in memory (whitepaper
+    /// §5.1); read out and given to the next run, it refuses there every
+    /// hello the run before accepted, the older racing ones included,
+    /// which a fresh table (the window reaching back 10 s) would take.
+    #[test]
+    fn remembered_timestamps_refuse_every_earlier_hello_after_a_restart() {
+        let server_key = StaticKeypair::generate().unwrap();
+        let mut w = world();
+        w.server = Responder::new(server_key.clone(), CookieSecret::new([5; 32]));
+        let base = 100 * REPLAY_WINDOW_NS;
+        let later = Initiator::new(&config(&w), 1, base + 2_000).unwrap();
+        let earlier = Initiator::new(&config(&w), 2, base + 1_000).unwrap();
+        assert!(accept_any(&mut w.server, &later, 10).is_ok());
+        assert!(accept_any(&mut w.server, &earlier, 11).is_ok());
+        let remembered: Vec<_> = w.server.remembered().collect();
+        assert_eq!(remembered, vec![(w.client_key.public(), base + 2_000)]);
+
+        // Without the table the earlier hello gets in again: it is inside
+        // the window of the later one, which was not seen by this run.
+        let mut forgetful = restarted(&server_key, Vec::new());
+        assert!(accept_any(&mut forgetful, &later, 20).is_ok());
+        assert!(matches!(
+            accept_any(&mut forgetful, &earlier, 21),
+            Ok(Reply::Accepted { .. })
+        ));
+
+        let mut server = restarted(&server_key, remembered);
+        for (hello, id) in [(&later, 30), (&earlier, 31)] {
+            assert_eq!(
+                accept_any(&mut server, hello, id).unwrap_err(),
+                HandshakeError::Replayed
+            );
+        }
+        // The client's next hellos get in, racing ones too.
+        let next = Initiator::new(&config(&w), 3, base + 5_000).unwrap();
+        let racing = Initiator::new(&config(&w), 4, base + 4_000).unwrap();
+        assert!(matches!(
+            accept_any(&mut server, &next, 32),
+            Ok(Reply::Accepted {
+                timestamp_advanced: true,
+                ..
+            })
+        ));
+        assert!(matches!(
+            accept_any(&mut server, &racing, 33),
+            Ok(Reply::Accepted {
+                timestamp_advanced: false,
+                ..
+            })
+        ));
+        // Not below the remembered one, though inside the window.
+        let stale = Initiator::new(&config(&w), 5, base + 2_000).unwrap();
+        assert_eq!(
+            accept_any(&mut server, &stale, 34).unwrap_err(),
+            HandshakeError::Replayed
+        );
+        assert_eq!(
+            server.remembered().collect::<Vec<_>>(),
+            vec![(w.client_key.public(), base + 5_000)]
+        );
+    }
+
+    /// Only a hello that moves its key's newest timestamp changes what a
+    /// restart must find; one inside the window, older, does not.
+    #[test]
+    fn an_accepted_hello_says_whether_it_advanced_its_keys_timestamp() {
+        let mut w = world();
+        let base = 100 * REPLAY_WINDOW_NS;
+        let advanced = |w: &mut World, t: u64, id: u64| {
+            let c = Initiator::new(&config(w), id, t).unwrap();
+            match accept_any(&mut w.server, &c, id) {
+                Ok(Reply::Accepted {
+                    timestamp_advanced, ..
+                }) => timestamp_advanced,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(advanced(&mut w, base, 1), "the key's first");
+        assert!(advanced(&mut w, base + 10, 2));
+        assert!(!advanced(&mut w, base + 5, 3), "inside the window");
+        assert!(advanced(&mut w, base + 11, 4));
+    }
+
+    /// What a restart is given is bounded like the table it came from:
+    /// the newest entries are kept, and a key given twice keeps its newest.
+    #[test]
+    fn remembered_entries_are_bounded_and_a_key_keeps_its_newest() {
+        let keys: Vec<PublicKey> = (0..5)
+            .map(|_| StaticKeypair::generate().unwrap().public())
+            .collect();
+        let mut given: Vec<(PublicKey, u64)> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (*k, 10 + i as u64))
+            .collect();
+        given.push((keys[0], 99));
+        given.push((keys[4], 1));
+        let server = Responder::new(
+            StaticKeypair::generate().unwrap(),
+            CookieSecret::new([5; 32]),
+        )
+        .with_max_remembered(2)
+        .with_remembered(given);
+        let mut kept: Vec<_> = server.remembered().collect();
+        kept.sort_by_key(|&(_, t)| t);
+        assert_eq!(kept, vec![(keys[4], 14), (keys[0], 99)]);
+        assert_eq!(server.max_remembered(), 2);
     }
 
     #[test]
