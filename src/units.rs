@@ -241,6 +241,18 @@ pub fn format_time_tc(d: Duration) -> String {
     format!("{ns}ns")
 }
 
+/// A duration of whole seconds as a flag like `--staging-ttl` takes it:
+/// `7d`, `12h`, `90m` or `45s`, the largest unit that divides it.
+pub fn format_whole_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        _ if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        _ if s % 3600 == 0 => format!("{}h", s / 3600),
+        _ if s % 60 == 0 => format!("{}m", s / 60),
+        _ => format!("{s}s"),
+    }
+}
+
 /// A rate as tc writes it: the largest unit that keeps it whole.
 pub fn format_rate_tc(bits: u64) -> String {
     for (div, unit) in [

@@ -1677,8 +1677,8 @@ fn a_sender_that_will_not_wait_for_a_busy_server_exits_10() {
         &format!("{}:a", server.target()),
         &["--bwlimit", "40mbit"],
     );
-    // Its session is planned once its partial file is there (the staging
-    // directory itself is made when the server starts).
+    // Its session is planned once its claim or partial file is there (the
+    // staging directory itself is made when the server starts).
     let until = Instant::now() + Duration::from_secs(20);
     let started = || !left_in_staging(&dest).is_empty();
     while !started() {
@@ -1842,6 +1842,111 @@ fn abandoned_partial_files_go_after_the_staging_ttl() {
     let _server = Serve::start_with(&dest, &["--staging-ttl", "12h"]);
     assert!(!recent.exists());
     assert!(table.is_file(), "the table of hello timestamps was removed");
+}
+
+/// A key pair of the test's own: its private key's path, and the line of
+/// its public key for an authorized keys file.
+fn key_of_its_own(scratch: &Scratch, name: &str) -> (PathBuf, String) {
+    let key = scratch.path(name);
+    let out = Command::new(ATOU)
+        .env("XDG_CACHE_HOME", TEST_CACHE)
+        .args(["keygen", "-C", name, "-f"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let line = fs::read_to_string(scratch.path(&format!("{name}.pub"))).unwrap();
+    (key, line)
+}
+
+/// Issue 26 point 6: one key starts a transfer, abandons it once its
+/// partial file is there, and starts another. Before
+/// `--max-staged-per-key` the second was taken like the first, so a key
+/// could abandon and repeat until DEST's disk was full of partial files
+/// kept for `--staging-ttl` (a week), for every other key too. Now the
+/// abandoned transfer counts against the key's quota, after a restart
+/// too, and the second is refused (5) saying what is staged and how to
+/// free it; a sparse file counts at its size; another key has a quota of
+/// its own; the abandoned transfer resumes, not counted twice, and
+/// finished it gives the key its whole quota back.
+#[test]
+fn a_keys_abandoned_transfers_count_against_its_quota_of_staged_files() {
+    let scratch = Scratch::new("staged-quota");
+    let first = scratch.dir("src/first");
+    write_random(&first.join("f"), 12 * MIB, 31);
+    let second = scratch.dir("src/second");
+    write_random(&second.join("f"), 12 * MIB, 32);
+    let dest = scratch.dir("dest");
+    let (other_key, other_line) = key_of_its_own(&scratch, "other");
+    let other = ["--identity", other_key.to_str().unwrap()];
+    let authorized = scratch.path("authorized_keys");
+    let ours = fs::read_to_string(&keys().authorized).unwrap();
+    fs::write(&authorized, format!("{}\n{other_line}", ours.trim_end())).unwrap();
+    let quota = ["--max-staged-per-key", "16MiB"];
+    let server = Serve::start_keyed(&dest, &authorized, &quota);
+
+    // Slowed (12 MiB take 6 s), and killed once a chunk is in its
+    // partial file.
+    let args = ["--streams", "1", "--bwlimit", "16mbit"];
+    let mut abandoned = spawn_send(&[&first], &server.target(), &args);
+    let part = staged_part(&dest);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while allocated(&part) < 2 * MIB {
+        assert!(abandoned.running(), "the first transfer ended by itself");
+        assert!(Instant::now() < deadline, "no chunk written in 60 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    abandoned.kill();
+
+    let refused = |server: &Serve| {
+        let why = send(&[&second], &server.target(), &[]).failure(REFUSED);
+        for want in [
+            "12.00 MiB staged",
+            "12.00 MiB more",
+            "16.00 MiB per key (--max-staged-per-key)",
+            "run the unfinished transfers again",
+            "7d (--staging-ttl)",
+        ] {
+            assert!(why.contains(want), "`{want}` is not in: {why}");
+        }
+        assert!(
+            !dest.join("second").exists(),
+            "a refused transfer wrote something"
+        );
+    };
+    refused(&server);
+    // A restarted server counts it from its claim in the staging directory.
+    drop(server);
+    let server = Serve::start_keyed(&dest, &authorized, &quota);
+    refused(&server);
+
+    // A sparse file counts at its size, whatever it holds.
+    let sparse = scratch.dir("src/sparse");
+    File::create(sparse.join("s"))
+        .unwrap()
+        .set_len(64 * MIB)
+        .unwrap();
+    let why = send(&[&sparse], &server.target(), &other).failure(REFUSED);
+    assert!(why.contains("would stage 64.00 MiB"), "{why}");
+    // Another key is not held to the first one's partial files.
+    send(&[&second], &server.target(), &other).report();
+    assert_same_tree(&second, &dest.join("second"));
+
+    // The abandoned transfer resumes within the quota: its 12 MiB once.
+    let resumed = send(&[&first], &server.target(), &[]).report();
+    assert!(report_u(&resumed, "bytes_skipped") > 0, "{resumed}");
+    // (The file: `first` itself keeps the mode 0700 the abandoned run
+    // created it with, as any resumed transfer's directories do.)
+    assert_eq!(
+        first_difference(&first.join("f"), &dest.join("first/f")),
+        None
+    );
+    // Finished, it holds nothing: the key's next 12 MiB go.
+    let again = format!("{}:again", server.target());
+    send(&[&second], &again, &[]).report();
+    assert_same_tree(&second, &dest.join("again/second"));
+    let left: Vec<_> = fs::read_dir(dest.join(STAGING_DIR)).unwrap().collect();
+    assert!(left.is_empty(), "left in the staging directory: {left:?}");
 }
 
 /// UDP ports bound to 127.0.0.1 and not connected, held by process `pid`.
@@ -2606,8 +2711,17 @@ fn a_whole_run_finishes_a_split_file_a_shard_left_waiting() {
     server.report();
     assert_eq!(report_u(&first, "files_in_part"), 1, "{first}");
     assert!(!dest.join("tree/big.bin").exists());
-    let staged = left_in_staging(&dest);
-    assert_eq!(staged.len(), 2, "a partial file and its record: {staged:?}");
+    let mut staged: Vec<String> = left_in_staging(&dest)
+        .iter()
+        .map(|name| name.rsplit('.').next().unwrap().to_string())
+        .collect();
+    staged.sort();
+    assert_eq!(
+        staged,
+        ["chunks", "claim", "part"],
+        "a partial file, the record of its parts and the claim that counts it \
+         against its key's quota"
+    );
     let whole = send(&[&tree], &server.target(), &["--skip-existing"]).report();
     server.report();
     // Shard 1's part of big.bin (3 of its 13 chunks) was not sent again.

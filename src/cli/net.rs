@@ -128,7 +128,7 @@ pub struct ReceiverArgs {
     /// Largest plan request (the manifest of a transfer), in bytes
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_bytes)]
     max_request: u64,
-    /// Most entries (files, directories, symlinks) in one transfer
+    /// Most entries (files, directories, symlinks) in one transfer; also the most files one key's unfinished transfers may have staged at once (see --max-staged-per-key)
     #[arg(long, value_name = "N", default_value_t = 1_000_000)]
     max_files: usize,
     /// Threads that check plans against the disk and finish transfers
@@ -146,16 +146,16 @@ pub struct ReceiverArgs {
     /// The same from one source (an IPv4 address or an IPv6 /64), up to 5 at once (WireGuard's budget)
     #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     hellos_per_sec_per_source: u32,
+    /// Most bytes of partial files one client key's unfinished transfers may hold in DEST's staging directory at once, abandoned ones included until resumed or removed by --staging-ttl; counted at the sizes their plans announce (a sparse file at its full size), a resumed file once; a plan that would go over it is refused. A size: 1TiB, 500GiB, 64MiB; 0 or none: no quota. Clients without a key (--no-auth) are counted by address
+    #[arg(long, value_name = "SIZE", default_value = "1TiB", value_parser = parse_quota)]
+    max_staged_per_key: u64,
 }
 
-/// `7d`, `12h`, `90m` or `45s`: the largest unit that divides it.
-fn ttl_text(d: Duration) -> String {
-    let s = d.as_secs();
+/// A size, or `none` (or 0): no quota.
+fn parse_quota(s: &str) -> Result<u64, String> {
     match s {
-        _ if s % 86_400 == 0 => format!("{}d", s / 86_400),
-        _ if s % 3600 == 0 => format!("{}h", s / 3600),
-        _ if s % 60 == 0 => format!("{}m", s / 60),
-        _ => format!("{s}s"),
+        "none" => Ok(0),
+        _ => parse_size(s),
     }
 }
 
@@ -209,6 +209,7 @@ impl ReceiverArgs {
             planners: self.planners.max(1),
             staging_ttl: Some(self.staging_ttl).filter(|t| !t.is_zero()),
             max_checksum_bytes: self.max_checksum,
+            max_staged_per_key: Some(self.max_staged_per_key).filter(|&q| q > 0),
             ..ReceiveLimits::default()
         }
     }
@@ -505,7 +506,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
                                 format!(
                                     "removed {entries} abandoned partial files and records ({}) untouched for over {} (--staging-ttl) from {}",
                                     atou::units::format_size(*bytes),
-                                    ttl_text(*ttl),
+                                    atou::units::format_whole_duration(*ttl),
                                     shown_path(&staging)
                                 )
                             }

@@ -418,14 +418,36 @@ impl DestDir {
         rfs::renameat_with(self.staging()?, staged, dir, name, flags).map_err(to_io)
     }
 
-    /// Removes the staging directory if it holds nothing (no partial file
-    /// to resume); only when no other transfer can be using it.
-    /// Removes the partial files, staged symlinks and records of parts in
-    /// the staging directory that have not changed since `before`: what
-    /// transfers abandoned long ago left (a transfer in progress writes
-    /// its partial file as data comes). Returns the entries and bytes
-    /// removed. Nothing else is touched ([`HELLO_TIMESTAMPS`] included),
-    /// and nothing is followed.
+    /// The regular files in the staging directory whose names end in
+    /// `suffix`, with their mtimes (seconds since the epoch); nothing is
+    /// followed, and names that are not UTF-8 (none of atou's) are left
+    /// out.
+    pub fn staged_files_ending(&self, suffix: &str) -> io::Result<Vec<(String, i64)>> {
+        let Some(staging) = &self.staging else {
+            return Ok(Vec::new());
+        };
+        let mut found = Vec::new();
+        for entry in rfs::Dir::read_from(staging).map_err(to_io)? {
+            let entry = entry.map_err(to_io)?;
+            let Ok(name) = entry.file_name().to_str() else {
+                continue;
+            };
+            if !name.ends_with(suffix) {
+                continue;
+            }
+            if let Ok(Found::File { mtime, .. }) = look(staging, name.as_bytes()) {
+                found.push((name.to_string(), mtime));
+            }
+        }
+        Ok(found)
+    }
+
+    /// Removes the partial files, staged symlinks, records of parts and
+    /// claims in the staging directory that have not changed since
+    /// `before`: what transfers abandoned long ago left (a transfer in
+    /// progress writes its partial file as data comes). Returns the
+    /// entries and bytes removed. Nothing else is touched
+    /// ([`HELLO_TIMESTAMPS`] included), and nothing is followed.
     pub fn remove_staged_unchanged_since(&self, before: SystemTime) -> io::Result<(u64, u64)> {
         let Some(staging) = &self.staging else {
             return Ok((0, 0));
@@ -457,6 +479,8 @@ impl DestDir {
         Ok((entries, bytes))
     }
 
+    /// Removes the staging directory if it holds nothing (no partial file
+    /// to resume); only when no other transfer can be using it.
     pub fn remove_staging_if_empty(&self) {
         let _ = rfs::unlinkat(&self.root, STAGING_DIR, AtFlags::REMOVEDIR);
     }

@@ -31,6 +31,7 @@ use super::hash::{chunk_count, chunk_cv, chunk_len, file_hash, part_digest, Cv, 
 use super::manifest::{Entry, EntryKind, RelPath};
 use super::messages::{FilePlan, Options, Outcome, PlanRequest};
 use super::parts::{self, PartError, Recorded};
+use super::staged::{ClaimId, ToStage};
 use crate::io::dest_dir::{self, DestDir, Found, STAGING_DIR};
 use crate::text::shown;
 
@@ -670,6 +671,29 @@ pub struct Prepared {
     dest_dir: Arc<DestDir>,
     /// DEST-relative path of each entry (the SUBDIR included).
     rels: Vec<Vec<u8>>,
+    /// What this plan stages, as its sender's quota counts it
+    /// (src/transfer/staged.rs): set by the receiver that admitted it,
+    /// released at the finish.
+    pub claim: Option<ClaimId>,
+}
+
+impl Prepared {
+    /// After a finish that went well: the partial files of this plan that
+    /// are gone, its files having taken their names (or, identical to what
+    /// was there, never staged). A split file's stays while it waits for
+    /// other shards' parts.
+    pub fn unstaged_by_finish(&self) -> Vec<&str> {
+        self.files
+            .iter()
+            .zip(&self.plans)
+            .filter(|(t, plan)| {
+                **plan != FilePlan::Skip
+                    && (t.part.is_none()
+                        || matches!(self.dest_dir.look_staged(&t.staged), Ok(Found::Nothing)))
+            })
+            .map(|(t, _)| t.staged.as_str())
+            .collect()
+    }
 }
 
 fn to_system_time(sec: i64, nsec: u32) -> SystemTime {
@@ -768,12 +792,15 @@ fn symlink_in_the_way(path: &Path) -> String {
 /// write: pre-creating ten thousand of them cost 2.9 s on ext4 here).
 /// Returns why not, as one line, if the transfer cannot go ahead; nothing
 /// is written in that case unless the failure was in creating (a full
-/// disk, say).
+/// disk, say). Once every entry is checked and before anything is
+/// created, `admit` is shown the files the plan will stage and may refuse
+/// it (the sender's quota of staged files).
 pub fn prepare(
     dest_dir: &Arc<DestDir>,
     policy: &ReceivePolicy,
     request: PlanRequest,
     checksum_budget: u64,
+    admit: impl FnOnce(&[ToStage<'_>]) -> Result<(), String>,
 ) -> Result<Prepared, String> {
     // Bytes of existing files read to compare them by content.
     let mut checksummed: u64 = 0;
@@ -842,6 +869,8 @@ pub fn prepare(
     let mut plans = Vec::new();
     let mut held = Vec::new();
     let mut targets = Vec::new();
+    // Per file: the length of the partial file an earlier attempt left.
+    let mut left_staged: Vec<u64> = Vec::new();
     let mut conflicts = Vec::new();
     let mut skip = vec![false; manifest.entries.len()];
     let mut rels = Vec::with_capacity(manifest.entries.len());
@@ -926,6 +955,7 @@ pub fn prepare(
                 let staged = staged_name(&rel);
                 let mut cvs = Vec::new();
                 let mut fresh = true;
+                let mut left = 0;
                 if plan != FilePlan::Skip {
                     match dest_dir.look_staged(&staged) {
                         Ok(Found::Nothing) if existing.is_some() => {
@@ -950,10 +980,11 @@ pub fn prepare(
                             fresh = false;
                         }
                         Ok(Found::Nothing) => {}
-                        Ok(Found::File { .. }) => {
+                        Ok(Found::File { size: have, .. }) => {
                             // A partial file of a replacement in progress
                             // wins over the existing file.
                             existing = None;
+                            left = have;
                             let at = dest_dir.path().join(STAGING_DIR).join(&staged);
                             cvs = dest_dir
                                 .open_staged(&staged, false)
@@ -974,6 +1005,7 @@ pub fn prepare(
                 let (dir, name) = split_rel(&rel);
                 plans.push(plan);
                 held.push(cvs);
+                left_staged.push(left);
                 targets.push(Arc::new(FileTarget {
                     rel: entry.path.clone(),
                     size: *size,
@@ -1082,6 +1114,19 @@ pub fn prepare(
             shown_names.join(", ")
         ));
     }
+    // A partial file holds at most its size, unless an earlier attempt
+    // at another version of it left more (cut to size when complete).
+    let to_stage: Vec<ToStage<'_>> = targets
+        .iter()
+        .zip(&plans)
+        .zip(&left_staged)
+        .filter(|((_, plan), _)| **plan != FilePlan::Skip)
+        .map(|((t, _), &left)| ToStage {
+            staged: &t.staged,
+            bytes: t.size.max(left),
+        })
+        .collect();
+    admit(&to_stage)?;
     // A dry run ends here: the answer is made, nothing is created.
     let created = if options.dry_run {
         Vec::new()
@@ -1123,6 +1168,7 @@ pub fn prepare(
         dir_modes: manifest_modes,
         dest_dir: dest_dir.clone(),
         rels,
+        claim: None,
     })
 }
 

@@ -19,6 +19,7 @@ pub mod receive;
 pub mod send;
 pub mod shard;
 pub mod source;
+pub mod staged;
 
 use manifest::{EntryKind, Manifest};
 

@@ -28,6 +28,7 @@ use super::messages::{
     data_header_len, ChunkRef, DataHeader, FilePlan, MessageError, Outcome, PlanReply, Request,
 };
 use super::shard::part_bytes;
+use super::staged::{Owner, StagedQuota};
 use crate::io::dest_dir::DestDir;
 use crate::io::ServeApp;
 use crate::proto::server::{Arrival, ConnEnd, SessionEvent};
@@ -133,6 +134,12 @@ pub struct ReceiveLimits {
     /// at start and every hour (`atou serve --staging-ttl`); `None`: kept
     /// until resumed (the user's own copies).
     pub staging_ttl: Option<Duration>,
+    /// The most bytes of partial files one key's unfinished transfers,
+    /// abandoned ones included, may stage at once, at the sizes their
+    /// plans announce; the most files is `max_entries`
+    /// (`atou serve --max-staged-per-key`, src/transfer/staged.rs).
+    /// `None`: no quota (the user's own copies).
+    pub max_staged_per_key: Option<u64>,
 }
 
 impl Default for ReceiveLimits {
@@ -146,6 +153,7 @@ impl Default for ReceiveLimits {
             plan_queue: 16,
             max_checksum_bytes: 1 << 40,
             staging_ttl: None,
+            max_staged_per_key: None,
         }
     }
 }
@@ -164,6 +172,16 @@ type SessionKey = u64;
 enum Who {
     Key(crate::proto::crypto::PublicKey),
     Addr(IpAddr),
+}
+
+impl From<Who> for Owner {
+    fn from(who: Who) -> Owner {
+        match who {
+            Who::Key(key) => Owner::Key(key.0),
+            // One address, however the socket wrote it.
+            Who::Addr(ip) => Owner::Addr(ip.to_canonical()),
+        }
+    }
 }
 
 /// What an authorized key's options allow its transfers.
@@ -233,6 +251,8 @@ enum PlanJob {
         conn_id: u64,
         bytes: Vec<u8>,
         grant: Option<Grant>,
+        /// Whose quota of staged files the plan counts against.
+        owner: Owner,
     },
     Finish {
         session: SessionKey,
@@ -399,6 +419,8 @@ struct PlanRules {
     /// Answer dry runs only, refusing any other plan (the receiver of a
     /// dry run, which must change nothing at its destination).
     dry_runs_only: bool,
+    /// Each sender's quota of staged files, shared by every planner.
+    quota: Option<Arc<StagedQuota>>,
 }
 
 fn writer(jobs: Arc<Mutex<mpsc::Receiver<Job>>>, done: mpsc::Sender<Done>, notify: Arc<Notify>) {
@@ -483,6 +505,7 @@ const STAGING_SWEEP_EVERY: Duration = Duration::from_secs(3600);
 fn start_staging_cleaner(
     dest: &Arc<DestDir>,
     ttl: Duration,
+    quota: Option<Arc<StagedQuota>>,
     done: mpsc::Sender<Done>,
     notify: Arc<Notify>,
 ) -> std::io::Result<()> {
@@ -490,7 +513,12 @@ fn start_staging_cleaner(
         let before = std::time::SystemTime::now()
             .checked_sub(ttl)
             .unwrap_or(std::time::UNIX_EPOCH);
-        if let Ok((entries, bytes)) = dest.remove_staged_unchanged_since(before) {
+        let swept = dest.remove_staged_unchanged_since(before);
+        // Claims go as their partial files do, and stop counting.
+        if let Some(quota) = &quota {
+            quota.forget_swept(dest);
+        }
+        if let Ok((entries, bytes)) = swept {
             if entries > 0 {
                 let _ = done.send(Done::StagingCleaned {
                     entries,
@@ -543,7 +571,8 @@ fn planner(
                 conn_id,
                 bytes,
                 grant,
-            } => match plan_one(&dest, &rules, &bytes, grant) {
+                owner,
+            } => match plan_one(&dest, &rules, &bytes, grant, owner) {
                 Planned::Ready(result) => Done::Plan {
                     session,
                     conn_id,
@@ -561,11 +590,17 @@ fn planner(
                 prepared,
                 verified,
                 hashes,
-            } => Done::Finish {
-                session,
-                conn_id,
-                result: dest::finish(&prepared, &verified, &hashes),
-            },
+            } => {
+                let result = dest::finish(&prepared, &verified, &hashes);
+                if let (Ok(_), Some(quota), Some(claim)) = (&result, &rules.quota, prepared.claim) {
+                    quota.release(&dest, claim, prepared.unstaged_by_finish());
+                }
+                Done::Finish {
+                    session,
+                    conn_id,
+                    result,
+                }
+            }
         };
         let _ = done.send(result);
         notify.notify_one();
@@ -582,8 +617,14 @@ enum Planned {
     Busy(String),
 }
 
-/// Decodes and checks one plan request under `rules`.
-fn plan_one(dest: &Arc<DestDir>, rules: &PlanRules, bytes: &[u8], grant: Option<Grant>) -> Planned {
+/// Decodes and checks one plan request from `owner` under `rules`.
+fn plan_one(
+    dest: &Arc<DestDir>,
+    rules: &PlanRules,
+    bytes: &[u8],
+    grant: Option<Grant>,
+    owner: Owner,
+) -> Planned {
     let plan = match Request::decode(bytes) {
         Ok(Request::Plan(plan)) => plan,
         Ok(_) => {
@@ -621,17 +662,34 @@ fn plan_one(dest: &Arc<DestDir>, rules: &PlanRules, bytes: &[u8], grant: Option<
         None
     };
     let policy = &rules.policy;
-    Planned::Ready(
-        policy
-            .requested
-            .as_ref()
-            .map_or(Ok(()), |r| r.check(&plan))
-            .and_then(|()| granted(plan, policy, grant))
-            .and_then(|(plan, policy)| {
-                fits(dest, &plan)?;
-                dest::prepare(dest, &policy, plan, rules.max_checksum_bytes)
-            }),
-    )
+    let record = !plan.options.dry_run;
+    let mut claim = None;
+    let admit = |files: &[super::staged::ToStage<'_>]| match &rules.quota {
+        Some(quota) => quota.admit(dest, owner, files, record).map(|c| claim = c),
+        None => Ok(()),
+    };
+    let prepared = policy
+        .requested
+        .as_ref()
+        .map_or(Ok(()), |r| r.check(&plan))
+        .and_then(|()| granted(plan, policy, grant))
+        .and_then(|(plan, policy)| {
+            fits(dest, &plan)?;
+            dest::prepare(dest, &policy, plan, rules.max_checksum_bytes, admit)
+        });
+    Planned::Ready(match (prepared, &rules.quota, claim) {
+        (Ok(mut p), _, claim) => {
+            p.claim = claim;
+            Ok(p)
+        }
+        // Admitted, then failed (creating its directories): nothing of
+        // it is staged.
+        (Err(why), Some(quota), Some(claim)) => {
+            quota.withdraw(dest, claim);
+            Err(why)
+        }
+        (Err(why), ..) => Err(why),
+    })
 }
 
 /// One of the places `--checksum` plans share; given back when dropped.
@@ -709,6 +767,22 @@ impl FileReceiver {
         } else {
             dest.shown_as("DEST")
         });
+        // What earlier runs' transfers left staged counts from the start.
+        let quota = match (config.limits.max_staged_per_key, dry_runs_only) {
+            (Some(max_bytes), false) => Some(Arc::new(
+                StagedQuota::load(
+                    &dest,
+                    max_bytes,
+                    config.limits.max_entries as u64,
+                    config.limits.staging_ttl,
+                )
+                .map_err(|e| {
+                    let staging = dest.path().join(crate::io::dest_dir::STAGING_DIR);
+                    dest::io_error("read the claims of staged files in", &staging, &e)
+                })?,
+            )),
+            _ => None,
+        };
         let (jobs, job_rx) = mpsc::channel::<Job>();
         let (plan_jobs, plan_rx) = mpsc::sync_channel::<PlanJob>(config.limits.plan_queue);
         let (done_tx, done_rx) = mpsc::channel();
@@ -734,6 +808,7 @@ impl FileReceiver {
                 checksumming: checksumming.clone(),
                 max_checksumming: config.limits.planners.max(2) - 1,
                 dry_runs_only,
+                quota: quota.clone(),
             };
             thread::Builder::new()
                 .name(format!("atou-planner-{i}"))
@@ -741,7 +816,8 @@ impl FileReceiver {
                 .map_err(cannot)?;
         }
         if let (Some(ttl), false) = (config.limits.staging_ttl, dry_runs_only) {
-            start_staging_cleaner(&dest, ttl, done_tx.clone(), notify.clone()).map_err(cannot)?;
+            start_staging_cleaner(&dest, ttl, quota, done_tx.clone(), notify.clone())
+                .map_err(cannot)?;
         }
         Ok(FileReceiver {
             config,
@@ -907,6 +983,7 @@ impl FileReceiver {
                 conn_id,
                 bytes,
                 grant,
+                owner: who.into(),
             };
             if self.plan_jobs.try_send(job).is_err() {
                 let why = "this server is busy: too many plans waiting to be checked".to_string();
