@@ -6,7 +6,12 @@
 //! from SOURCES addresses (127.1.x.y: loopback's whole /8 is this host's,
 //! so each is a source address of its own without raw sockets).
 //!
-//!     cargo run --release --example hello_flood -- ADDR KEY SECS [SOURCES]
+//!     cargo run --release --example hello_flood -- ADDR KEY SECS [SOURCES] [distinct]
+//!
+//! With `distinct`, every hello is a new one (a new client id and
+//! ephemeral key, the cookie of its source spliced in), so none is found
+//! by the server's lookup of copies: each within the budgets costs the
+//! server two X25519 operations, the most a key it does not know can buy.
 //!
 //! KEY is the server's public key (`atou-x25519 BASE64`, as `atou serve`
 //! prints it). Prints what was sent and what came back, and the ratio.
@@ -20,12 +25,13 @@ use atou::proto::crypto::{Cipher, StaticKeypair};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 3 {
-        return Err("usage: hello_flood ADDR KEY SECS [SOURCES]".into());
+        return Err("usage: hello_flood ADDR KEY SECS [SOURCES] [distinct]".into());
     }
     let server: SocketAddr = args[0].parse()?;
     let server_key = atou::keys::parse_public_key(&args[1])?;
     let secs: f64 = args[2].parse()?;
     let sources: usize = args.get(3).map_or(Ok(1), |s| s.parse())?;
+    let distinct = args.get(4).is_some_and(|a| a == "distinct");
     if sources > 1 && !server.ip().is_loopback() {
         return Err(
             "several sources are 127.1.x.y addresses: the server must be on loopback".into(),
@@ -71,21 +77,48 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for s in &sockets {
         s.set_nonblocking(true)?;
     }
+    // Distinct hellos: each source's cookie, kept from its first answer,
+    // goes into every new hello it sends (a cookie is bound to the
+    // address and the time, not to the hello).
+    let mut cookies: Vec<Option<Vec<u8>>> = vec![None; sources];
+    let fresh =
+        |i: usize, cookies: &[Option<Vec<u8>>]| -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+            let now_ns = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
+            let id = random_id()?;
+            let mut h = Initiator::new(&config, id, now_ns)?;
+            if let Some(reply) = &cookies[i] {
+                let mut reply = reply.clone();
+                reply[4..12].copy_from_slice(&id.to_be_bytes());
+                let _ = h.on_datagram(&reply);
+            }
+            Ok(h.hello().to_vec())
+        };
 
     let started = Instant::now();
     let until = started + Duration::from_secs_f64(secs);
     let (mut sent, mut back, mut back_bytes) = (0u64, 0u64, 0u64);
     'flood: loop {
-        for s in &sockets {
+        for (i, s) in sockets.iter().enumerate() {
             if Instant::now() >= until {
                 break 'flood;
             }
-            if s.send_to(&hello, server).is_ok() {
+            let made;
+            let this: &[u8] = if distinct {
+                made = fresh(i, &cookies)?;
+                &made
+            } else {
+                &hello
+            };
+            if s.send_to(this, server).is_ok() {
                 sent += 1;
             }
             while let Ok((n, _)) = s.recv_from(&mut buf) {
                 back += 1;
                 back_bytes += n as u64;
+                // A cookie reply: prefix (4), client id (8), cookie (32).
+                if distinct && n == 44 && buf[3] == 0x22 {
+                    cookies[i] = Some(buf[..n].to_vec());
+                }
             }
         }
     }
@@ -100,8 +133,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let took = started.elapsed().as_secs_f64();
     let sent_bytes = sent * hello.len() as u64;
     println!(
-        "hello_flood: {sent} hellos ({} B each) from {sources} address{} in {took:.1} s \
+        "hello_flood: {sent} {}hellos ({} B each) from {sources} address{} in {took:.1} s \
          ({:.0}/s); {back} answers, {back_bytes} B: {:.3}x the bytes sent",
+        if distinct { "distinct " } else { "" },
         hello.len(),
         if sources == 1 { "" } else { "es" },
         sent as f64 / took,
