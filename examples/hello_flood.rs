@@ -7,14 +7,20 @@
 //! so each is a source address of its own without raw sockets; on
 //! loopback the one address is 127.1.0.1 too).
 //!
-//!     cargo run --release --example hello_flood -- ADDR KEY SECS [SOURCES]
+//!     cargo run --release --example hello_flood -- ADDR KEY SECS [SOURCES] [distinct|varied]
+//!
+//! With `distinct`, every hello is a new one (a new client id and
+//! ephemeral key, the cookie of its source spliced in), so none is found
+//! by the server's lookup of copies: each within the budgets costs the
+//! server two X25519 operations, the most a key it does not know can buy;
+//! making each costs the flooder as much, so it sends about a thousand a
+//! second. With `varied`, the one hello is sent with a client id of its
+//! own each time (bytes 4..12 in clear): as cheap to send as a replay, at
+//! line rate, but no copy a lookup or the kernel filter finds; each within
+//! the budgets fails after its first Diffie-Hellman.
 //!
 //! KEY is the server's public key (`atou-x25519 BASE64`, as `atou serve`
 //! prints it). Prints what was sent and what came back, and the ratio.
-//! With HELLO_FLOOD_VARY=1 in the environment, each copy gets a client id
-//! of its own (bytes 4..12 in clear): no longer a replay the server can
-//! recognise by a lookup, but a distinct hello that fails only after its
-//! first Diffie-Hellman, the cheapest flood that is not a replay.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -25,12 +31,14 @@ use atou::proto::crypto::{Cipher, StaticKeypair};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 3 {
-        return Err("usage: hello_flood ADDR KEY SECS [SOURCES]".into());
+        return Err("usage: hello_flood ADDR KEY SECS [SOURCES] [distinct|varied]".into());
     }
     let server: SocketAddr = args[0].parse()?;
     let server_key = atou::keys::parse_public_key(&args[1])?;
     let secs: f64 = args[2].parse()?;
     let sources: usize = args.get(3).map_or(Ok(1), |s| s.parse())?;
+    let distinct = args.get(4).is_some_and(|a| a == "distinct");
+    let varied = args.get(4).is_some_and(|a| a == "varied");
     if sources > 1 && !server.ip().is_loopback() {
         return Err(
             "several sources are 127.1.x.y addresses: the server must be on loopback".into(),
@@ -76,28 +84,54 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let mut hello = initiator.hello().to_vec();
-    let vary = std::env::var_os("HELLO_FLOOD_VARY").is_some_and(|v| v == "1");
     for s in &sockets {
         s.set_nonblocking(true)?;
     }
+    // Distinct hellos: each source's cookie, kept from its first answer,
+    // goes into every new hello it sends (a cookie is bound to the
+    // address and the time, not to the hello).
+    let mut cookies: Vec<Option<Vec<u8>>> = vec![None; sources];
+    let fresh =
+        |i: usize, cookies: &[Option<Vec<u8>>]| -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+            let now_ns = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
+            let id = random_id()?;
+            let mut h = Initiator::new(&config, id, now_ns)?;
+            if let Some(reply) = &cookies[i] {
+                let mut reply = reply.clone();
+                reply[4..12].copy_from_slice(&id.to_be_bytes());
+                let _ = h.on_datagram(&reply);
+            }
+            Ok(h.hello().to_vec())
+        };
 
     let started = Instant::now();
     let until = started + Duration::from_secs_f64(secs);
     let (mut sent, mut back, mut back_bytes) = (0u64, 0u64, 0u64);
     'flood: loop {
-        for s in &sockets {
+        for (i, s) in sockets.iter().enumerate() {
             if Instant::now() >= until {
                 break 'flood;
             }
-            if vary {
+            if varied {
                 hello[4..12].copy_from_slice(&(sent ^ 0x5eed_0000_0000_0000).to_be_bytes());
             }
-            if s.send_to(&hello, server).is_ok() {
+            let made;
+            let this: &[u8] = if distinct {
+                made = fresh(i, &cookies)?;
+                &made
+            } else {
+                &hello
+            };
+            if s.send_to(this, server).is_ok() {
                 sent += 1;
             }
             while let Ok((n, _)) = s.recv_from(&mut buf) {
                 back += 1;
                 back_bytes += n as u64;
+                // A cookie reply: prefix (4), client id (8), cookie (32).
+                if distinct && n == 44 && buf[3] == 0x22 {
+                    cookies[i] = Some(buf[..n].to_vec());
+                }
             }
         }
     }
@@ -114,7 +148,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "hello_flood: {sent} {}hellos ({} B each) from {sources} address{} in {took:.1} s \
          ({:.0}/s); {back} answers, {back_bytes} B: {:.3}x the bytes sent",
-        if vary { "distinct " } else { "" },
+        match (distinct, varied) {
+            (true, _) => "distinct ",
+            (_, true) => "varied ",
+            _ => "",
+        },
         hello.len(),
         if sources == 1 { "" } else { "es" },
         sent as f64 / took,

@@ -56,6 +56,16 @@ fn keyed_server() -> (Server, StaticKeypair, StaticKeypair) {
 }
 
 fn secure_client(id: u64, identity: &StaticKeypair, server: &StaticKeypair) -> Client {
+    secure_client_at(id, 1_000_000_000, identity, server)
+}
+
+/// A client whose wall clock reads `wall_ns` (its hello's timestamp).
+fn secure_client_at(
+    id: u64,
+    wall_ns: u64,
+    identity: &StaticKeypair,
+    server: &StaticKeypair,
+) -> Client {
     Client::new(&tuning(), id, Some(BYTES), Time::ZERO)
         .unwrap()
         .with_auth(
@@ -64,7 +74,7 @@ fn secure_client(id: u64, identity: &StaticKeypair, server: &StaticKeypair) -> C
                 server_key: server.public(),
                 cipher: Cipher::Aes256Gcm,
             },
-            1_000_000_000,
+            wall_ns,
         )
         .unwrap()
 }
@@ -99,6 +109,7 @@ fn run(
                 server.handle_datagram(now, from, &mut d);
             }
         }
+        work_handshakes(server, now);
         while let Some((to, n)) = server.poll_transmit(now, &mut buf) {
             if to != client_addr && to.port() != 7 {
                 continue;
@@ -110,6 +121,14 @@ fn run(
         now += Duration::from_millis(1);
     }
     now
+}
+
+/// Runs the public-key work a server with the offload handed out, as
+/// its driver's worker would (nothing for a server that runs its own).
+fn work_handshakes(server: &mut Server, now: Time) {
+    while let Some(work) = server.poll_handshake_work() {
+        server.handshake_done(now, work.run());
+    }
 }
 
 fn straight(from: SocketAddr) -> impl FnMut(Time, Dir, Vec<u8>) -> Vec<(SocketAddr, Vec<u8>)> {
@@ -1054,4 +1073,159 @@ fn a_response_whose_table_could_not_be_saved_is_never_sent() {
     server.hello_timestamps_saved(true);
     assert_eq!(drain(&mut server).len(), 1);
     assert_eq!(server.open_connections(), 1);
+}
+
+/// The first datagram a client sends: its hello.
+fn first_datagram(client: &mut Client) -> Vec<u8> {
+    let mut buf = vec![0u8; 2048];
+    let n = client
+        .poll_transmit(Time::ZERO, &mut buf, &mut PatternSource)
+        .unwrap();
+    buf.truncate(n);
+    buf
+}
+
+/// With the offload (what `atou serve` runs), a hello costs the thread
+/// that handles datagrams its screening and nothing more: the X25519
+/// operations are handed out as jobs, run here on other threads, and
+/// their results, given back later, make a session that carries a whole
+/// transfer.
+#[test]
+fn with_the_offload_a_hello_is_handed_out_as_work_and_the_session_it_makes_works() {
+    let (server, server_key, client_key) = keyed_server();
+    let mut server = server.offload_handshakes();
+    let mut client = secure_client(50, &client_key, &server_key);
+    let mut buf = vec![0u8; 65536];
+    server.handle_datagram(Time::ZERO, addr(1), &mut first_datagram(&mut client));
+    // Screened, charged and handed out; nothing read, nothing answered.
+    let s = *server.stats();
+    assert_eq!((s.hellos_worked, s.handshakes, s.bad_handshakes), (1, 0, 0));
+    assert!(server.poll_transmit(Time::ZERO, &mut buf).is_none());
+    assert_eq!(server.open_connections(), 0);
+    let open = server.poll_handshake_work().expect("the hello's work");
+    assert!(server.poll_handshake_work().is_none());
+    assert_eq!(server.handshakes_in_flight(), 1);
+    let done = std::thread::spawn(move || open.run()).join().unwrap();
+    server.handshake_done(Time::ZERO, done);
+    // Decided on the server's thread: the connection holds its place, and
+    // the response is the next job.
+    assert_eq!(server.open_connections(), 1);
+    assert!(server.poll_transmit(Time::ZERO, &mut buf).is_none());
+    let respond = server.poll_handshake_work().expect("the response's work");
+    let done = std::thread::spawn(move || respond.run()).join().unwrap();
+    server.handshake_done(Time::ZERO, done);
+    assert_eq!(server.stats().handshakes, 1);
+    assert_eq!(server.handshakes_in_flight(), 0);
+    run(
+        &mut client,
+        &mut server,
+        addr(1),
+        Duration::from_secs(30),
+        straight(addr(1)),
+    );
+    let outcome = client.outcome().expect("finished").clone();
+    assert!(outcome.is_ok(), "{outcome:?}");
+    assert_eq!(client.sender().unwrap().good_bytes(), BYTES);
+    assert_eq!(client.handshake_time(), Some(Duration::ZERO));
+}
+
+/// The work queue is bounded: a hello arriving when it is full is dropped
+/// unread and counted, before it is charged to its source or remembered,
+/// so that its client's resend is read once there is room.
+#[test]
+fn a_hello_past_the_full_work_queue_is_dropped_counted_and_read_when_resent() {
+    let limits = ServerLimits {
+        handshake_queue: 4,
+        ..ServerLimits::default()
+    };
+    let mut server = Server::new(limits, 1 << 20, 2 << 20)
+        .with_auth(ServerAuth {
+            identity: Some(StaticKeypair::generate().unwrap()),
+            authorized: Some(authorized(&[])),
+            allow_plain: false,
+        })
+        .unwrap()
+        .offload_handshakes();
+    let source = |i: u64| SocketAddr::from(([192, 0, 2, i as u8], 4000));
+    for i in 0..10u64 {
+        server.handle_datagram(Time::ZERO, source(i), &mut garbage_hello(i));
+    }
+    let s = *server.stats();
+    assert_eq!((s.hellos_worked, s.hellos_queue_full), (4, 6), "{s:?}");
+    assert_eq!(server.handshakes_in_flight(), 4);
+    let jobs: Vec<_> = std::iter::from_fn(|| server.poll_handshake_work()).collect();
+    assert_eq!(jobs.len(), 4);
+    for job in jobs {
+        server.handshake_done(Time::ZERO, job.run());
+    }
+    assert_eq!(server.stats().bad_handshakes, 4);
+    assert_eq!(server.handshakes_in_flight(), 0);
+    // A dropped hello, sent again: read, not taken for a copy.
+    let later = Time::ZERO + Duration::from_millis(200);
+    server.handle_datagram(later, source(9), &mut garbage_hello(9));
+    let s = *server.stats();
+    assert_eq!((s.hellos_worked, s.hellos_seen), (5, 0), "{s:?}");
+    assert!(server.poll_handshake_work().is_some());
+}
+
+/// Five authorized hellos from one address, all read before any is
+/// answered, against a budget of two connections per address: the
+/// first two decided hold their places while their responses are
+/// worked, so the other three are refused as busy, and exactly two
+/// sessions are made, whose clients get their keys.
+#[test]
+fn hellos_in_flight_cannot_oversubscribe_the_connection_budget() {
+    let (server_key, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let limits = ServerLimits {
+        max_connections_per_ip: 2,
+        ..ServerLimits::default()
+    };
+    let mut server = Server::new(limits, 1 << 20, 2 << 20)
+        .with_auth(ServerAuth {
+            identity: Some(server_key.clone()),
+            authorized: Some(authorized(&[&client_key])),
+            allow_plain: false,
+        })
+        .unwrap()
+        .offload_handshakes();
+    let at = |i: u64| SocketAddr::from(([10, 0, 0, 1], 2000 + i as u16));
+    let mut clients: Vec<Client> = (0..5u64)
+        .map(|i| secure_client_at(60 + i, 1_000_000_000 + i, &client_key, &server_key))
+        .collect();
+    for (i, c) in clients.iter_mut().enumerate() {
+        server.handle_datagram(Time::ZERO, at(i as u64), &mut first_datagram(c));
+    }
+    let opens: Vec<_> = std::iter::from_fn(|| server.poll_handshake_work()).collect();
+    assert_eq!(opens.len(), 5);
+    let read: Vec<_> = opens
+        .into_iter()
+        .map(|w| std::thread::spawn(move || w.run()))
+        .collect();
+    for done in read {
+        server.handshake_done(Time::ZERO, done.join().unwrap());
+    }
+    // Every hello decided, no response made yet: two places held.
+    assert_eq!(server.open_connections(), 2);
+    assert_eq!(server.handshakes_in_flight(), 5);
+    let responses: Vec<_> = std::iter::from_fn(|| server.poll_handshake_work()).collect();
+    for w in responses {
+        server.handshake_done(Time::ZERO, w.run());
+    }
+    let s = *server.stats();
+    assert_eq!((s.handshakes, s.busy_rejects), (2, 3), "{s:?}");
+    assert_eq!(server.open_connections(), 2);
+    let mut buf = vec![0u8; 65536];
+    while let Some((to, n)) = server.poll_transmit(Time::ZERO, &mut buf) {
+        let i = usize::from(to.port() - 2000);
+        let _ = clients[i].handle_datagram(Time::ZERO, &buf[..n]);
+    }
+    let keyed = clients.iter().filter(|c| c.sender().is_some()).count();
+    let busy = clients
+        .iter()
+        .filter(|c| matches!(c.outcome(), Some(Err(ConnError::AuthRefused(_)))))
+        .count();
+    assert_eq!((keyed, busy), (2, 3));
 }

@@ -1945,7 +1945,7 @@ fn a_keys_abandoned_transfers_count_against_its_quota_of_staged_files() {
     let again = format!("{}:again", server.target());
     send(&[&second], &again, &[]).report();
     assert_same_tree(&second, &dest.join("again/second"));
-    let left: Vec<_> = fs::read_dir(dest.join(STAGING_DIR)).unwrap().collect();
+    let left = left_in_staging(&dest);
     assert!(left.is_empty(), "left in the staging directory: {left:?}");
 }
 

@@ -606,7 +606,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     eprintln!(
         "atou serve: stopped after {} connections; datagrams {} undecodable {} unknown-connection {} \
          unexpected {} refused hellos {}; handshakes {} refused keys {} unopened {} cookies {} \
-         replays {} (dropped unread: {} hellos) moves {}",
+         replays {} (dropped unread: {} hellos) over the work queue {} moves {}",
         stats.connections,
         stats.datagrams,
         stats.undecodable,
@@ -619,6 +619,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         stats.cookies_sent,
         stats.hellos_seen,
         stats.hellos_dropped_unread,
+        stats.hellos_queue_full,
         stats.migrations,
     );
     // `--once --dir`: the status says how the one transfer went.

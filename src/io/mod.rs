@@ -33,7 +33,7 @@ use tokio::sync::Notify;
 
 pub use socket::{this_host_mtu, RecvBatch, SocketBuffers, TxBatch, UdpIo};
 
-use crate::proto::server::{Arrival, SessionEvent};
+use crate::proto::server::{Arrival, HandshakeDone, HandshakeWork, SessionEvent};
 use crate::proto::wire::{ReceiverParams, RejectReason, ACK_MAX_LEN, CONTROL_MAX_LEN};
 use crate::proto::{
     Client, Closed, ConnError, ConnReport, Notice, PatternSource, PayloadSource, Server,
@@ -75,6 +75,81 @@ async fn notified(waker: Option<&Notify>) {
     match waker {
         Some(n) => n.notified().await,
         None => std::future::pending().await,
+    }
+}
+
+/// Runs a server's handshake work ([`Server::offload_handshakes`]) on a
+/// thread of its own, so that the thread that carries established
+/// connections' datagrams never waits behind a hello's X25519 operations
+/// (issue 26). One thread: the budgets let through at most
+/// [`ServerLimits::hellos_per_sec`] hellos a second, a fraction of what
+/// one core works. Ends when dropped, once its job in hand is done.
+struct HandshakeWorker {
+    jobs: Option<std::sync::mpsc::SyncSender<HandshakeWork>>,
+    done: std::sync::mpsc::Receiver<HandshakeDone>,
+    /// Told when a result is ready, to wake the serve loop.
+    ready: Arc<Notify>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HandshakeWorker {
+    /// A worker for at most `capacity` jobs out at once (the server's
+    /// [`ServerLimits::handshake_queue`], which it never exceeds).
+    fn start(capacity: usize) -> io::Result<HandshakeWorker> {
+        let (jobs, queue) = std::sync::mpsc::sync_channel::<HandshakeWork>(capacity.max(1));
+        let (results, done) = std::sync::mpsc::channel();
+        let ready = Arc::new(Notify::new());
+        let wake = Arc::clone(&ready);
+        let thread = std::thread::Builder::new()
+            .name("atou-handshakes".into())
+            .spawn(move || {
+                for work in queue {
+                    if results.send(work.run()).is_err() {
+                        break;
+                    }
+                    // A permit is kept if the loop is not waiting yet, so
+                    // no result is left until the next datagram.
+                    wake.notify_one();
+                }
+            })?;
+        Ok(HandshakeWorker {
+            jobs: Some(jobs),
+            done,
+            ready,
+            thread: Some(thread),
+        })
+    }
+
+    /// Gives the server the results that are ready and the worker the
+    /// jobs the server has (those the results made included).
+    fn exchange(&self, server: &mut Server, now: Time) {
+        while let Ok(done) = self.done.try_recv() {
+            server.handshake_done(now, done);
+        }
+        while let Some(work) = server.poll_handshake_work() {
+            use std::sync::mpsc::TrySendError;
+            let refused = match self.jobs.as_ref() {
+                Some(jobs) => match jobs.try_send(work) {
+                    Ok(()) => continue,
+                    Err(TrySendError::Full(work) | TrySendError::Disconnected(work)) => work,
+                },
+                None => work,
+            };
+            // Never full (the server holds no more jobs out than the
+            // channel holds) and never gone but by a panic: then the work
+            // is done here rather than lost.
+            server.handshake_done(now, refused.run());
+        }
+    }
+}
+
+impl Drop for HandshakeWorker {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread's loop.
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -770,6 +845,15 @@ pub async fn serve_from(
     if let Some(kept) = &config.hello_timestamps {
         server = server.keeping_hello_timestamps(kept.loaded().to_vec());
     }
+    // Hellos' public-key work goes to a thread of its own; a server with
+    // no key has none, and one whose thread cannot start does its own.
+    let handshakes = match server.public_key() {
+        Some(_) => HandshakeWorker::start(limits.handshake_queue).ok(),
+        None => None,
+    };
+    if handshakes.is_some() {
+        server = server.offload_handshakes();
+    }
     let mut tx = TxBatch::new();
     let mut rx = RecvBatch::new();
     let max_len = (ACK_MAX_LEN + crate::proto::crypto::frame::overhead(16))
@@ -781,6 +865,9 @@ pub async fn serve_from(
     let mut filter_refused = false;
     loop {
         let now = clock.now();
+        if let Some(worker) = &handshakes {
+            worker.exchange(&mut server, now);
+        }
         if server.poll_timeout().is_some_and(|t| t <= now) {
             server.handle_timeout(now);
         }
@@ -833,6 +920,9 @@ pub async fn serve_from(
                 if let Some(arrival) = server.handle_datagram(now, from, datagram) {
                     app.on_arrival(&mut server, arrival);
                 }
+                if let Some(worker) = &handshakes {
+                    worker.exchange(&mut server, now);
+                }
                 while let Some(e) = server.poll_session_event() {
                     app.on_event(&mut server, e);
                 }
@@ -853,6 +943,7 @@ pub async fn serve_from(
             r = io.readable() => r.map_err(sock_err)?,
             () = sleep_until(clock, deadline) => {}
             () = notified(waker.as_deref()) => {}
+            () = notified(handshakes.as_ref().map(|w| &*w.ready)) => {}
             () = &mut stop => return Ok(*server.stats()),
         }
     }

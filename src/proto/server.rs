@@ -64,6 +64,10 @@ const HANDSHAKES_PER_SEC: u32 = 200;
 /// WireGuard's ratelimiter.c: PACKETS_PER_SECOND, PACKETS_BURSTABLE.
 const HELLOS_PER_SEC_PER_SOURCE: u32 = 20;
 const HELLO_BURST_PER_SOURCE: u32 = 5;
+/// Hellos in, or waiting for, their public-key work at once. At the
+/// default 1,000 worked a second, 64 is 64 ms of work: more would only
+/// answer hellos later than their clients' first resend.
+const HANDSHAKE_QUEUE: usize = 64;
 /// A path challenge is sent again this often until answered (RFC 9000
 /// §8.2.1), and a new path that has not answered in [`PATH_GIVE_UP`] is
 /// abandoned for the last validated one (§9.3.2).
@@ -107,6 +111,10 @@ pub struct ServerStats {
     /// Copies of hellos already worked through (replays), dropped after
     /// a lookup.
     pub hellos_seen: u64,
+    /// Hellos dropped unread because [`ServerLimits::handshake_queue`]
+    /// hellos were already waiting for, or in, their public-key work;
+    /// not remembered, so the client's resend is read.
+    pub hellos_queue_full: u64,
     /// Hellos whose copies came so fast that the driver was asked to drop
     /// them before reading ([`Server::poll_dropped_hellos`]).
     pub hellos_dropped_unread: u64,
@@ -331,8 +339,15 @@ struct Conn {
 
 /// An authenticated connection's keys and peer (issue 13).
 struct ConnSecure {
-    sealer: Sealer,
-    opener: Opener,
+    /// `None` while the handshake's response, which makes them, is being
+    /// worked ([`Server::poll_handshake_work`]): the connection holds its
+    /// place in the budgets from the moment it is admitted, so hellos
+    /// decided meanwhile cannot oversubscribe them, and accepts no packet
+    /// (a plain one never, a protected one has nothing to open it).
+    keys: Option<SessionKeys>,
+    /// The job whose response brings the keys: a late response for a
+    /// connection that was replaced or expired meanwhile installs nothing.
+    ticket: u64,
     peer_key: PublicKey,
     /// The client's id for the connection: what its packets carry inside,
     /// and the recipient id of everything sent to it.
@@ -345,6 +360,11 @@ struct ConnSecure {
     largest_pn: Option<u64>,
     /// A new address being validated (RFC 9000 §8.2, §9).
     path: Option<PathCheck>,
+}
+
+struct SessionKeys {
+    sealer: Sealer,
+    opener: Opener,
 }
 
 /// A client's new address, on probation: what is sent there is held to
@@ -366,6 +386,7 @@ impl std::fmt::Debug for ConnSecure {
             .field("peer_key", &self.peer_key)
             .field("client_id", &self.client_id)
             .field("confirmed", &self.confirmed)
+            .field("keyed", &self.keys.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -375,6 +396,69 @@ struct Admission {
     params: ReceiverParams,
     window_bytes: u64,
     maxidle: Duration,
+}
+
+/// A hello's public-key work, handed out by
+/// [`Server::poll_handshake_work`]: the X25519 operations of one Noise
+/// message and nothing of the server's state but its key, so it can run
+/// on any thread; its result goes back through
+/// [`Server::handshake_done`].
+#[derive(Debug)]
+pub struct HandshakeWork {
+    ticket: u64,
+    job: Job,
+}
+
+#[derive(Debug)]
+enum Job {
+    /// Read the hello (two X25519).
+    Open(handshake::HelloWork),
+    /// Make the response (three X25519 and the split).
+    Respond(handshake::ResponseWork),
+}
+
+impl HandshakeWork {
+    /// Does the work: pure, the same result on any thread.
+    pub fn run(self) -> HandshakeDone {
+        let outcome = match self.job {
+            Job::Open(work) => Outcome::Opened(work.open()),
+            Job::Respond(work) => Outcome::Responded(work.respond()),
+        };
+        HandshakeDone {
+            ticket: self.ticket,
+            outcome,
+        }
+    }
+}
+
+/// The result of a [`HandshakeWork`], for [`Server::handshake_done`].
+#[derive(Debug)]
+pub struct HandshakeDone {
+    ticket: u64,
+    outcome: Outcome,
+}
+
+#[derive(Debug)]
+enum Outcome {
+    Opened(Result<handshake::OpenedHello, HandshakeError>),
+    Responded(Result<handshake::Reply, HandshakeError>),
+}
+
+/// What the server keeps of a job while it is out.
+#[derive(Debug)]
+enum InFlight {
+    Open {
+        from: SocketAddr,
+        hello_len: usize,
+    },
+    Respond {
+        from: SocketAddr,
+        hello_len: usize,
+        /// The connection waiting for the keys, if the hello was accepted.
+        conn: Option<u64>,
+        /// Why it was refused, for the operator.
+        why: String,
+    },
 }
 
 /// What a connection has to send next.
@@ -389,6 +473,21 @@ enum Next {
 impl Conn {
     fn payload_size(&self) -> u64 {
         payload_size(self.mss)
+    }
+
+    /// Plain, or authenticated with its keys installed.
+    fn keyed(&self) -> bool {
+        self.secure.as_ref().is_none_or(|s| s.keys.is_some())
+    }
+
+    fn opened_event(&self, conn_id: u64) -> SessionEvent {
+        SessionEvent::Opened {
+            conn_id,
+            session: self.session,
+            peer: self.peer,
+            peer_key: self.secure.as_ref().map(|s| s.peer_key),
+            payload_size: self.payload_size(),
+        }
     }
 
     /// Writes the connection's next packet (cleartext) into `buf`.
@@ -531,6 +630,11 @@ pub struct ServerLimits {
     /// are dropped before they are read
     /// ([`replayed`](super::crypto::replayed)). 0: never.
     pub replayed_copies_before_drop: u32,
+    /// Hellos whose public-key work may be outstanding at once (handed
+    /// out by [`Server::poll_handshake_work`] and not yet given back);
+    /// a hello past this is dropped and counted
+    /// ([`ServerStats::hellos_queue_full`]). At least 1.
+    pub handshake_queue: usize,
 }
 
 /// The [`ServerLimits::replay_floor_ns`] of a server started at
@@ -557,6 +661,7 @@ impl Default for ServerLimits {
             unvalidated_plain: 0,
             replay_floor_ns: 0,
             replayed_copies_before_drop: replayed::DEFAULT_COPIES_BEFORE_DROP,
+            handshake_queue: HANDSHAKE_QUEUE,
         }
     }
 }
@@ -576,6 +681,16 @@ pub struct Server {
     rate: RateLimiter,
     /// Hellos replayed in bulk, whose copies the driver drops unread.
     replayed: ReplayedHellos,
+    /// The driver runs the handshakes' public-key work
+    /// ([`Server::offload_handshakes`]); otherwise the server runs it
+    /// itself before each call returns.
+    offload: bool,
+    /// Public-key work not yet handed out.
+    handshake_work: VecDeque<HandshakeWork>,
+    /// Every job handed out or waiting, by ticket, with what its result
+    /// needs: at most [`ServerLimits::handshake_queue`].
+    in_flight: HashMap<u64, InFlight>,
+    next_ticket: u64,
     /// The secret of plain hellos' address tokens (`None` if the OS
     /// random generator failed: then no token is valid).
     tokens: Option<CookieSecret>,
@@ -639,6 +754,10 @@ impl Server {
                 limits.max_rate_sources,
             ),
             replayed: ReplayedHellos::new(limits.replayed_copies_before_drop),
+            offload: false,
+            handshake_work: VecDeque::new(),
+            in_flight: HashMap::new(),
+            next_ticket: 0,
             tokens: CookieSecret::random().ok(),
             tokens_rotated: Time::ZERO,
             retries: VecDeque::new(),
@@ -1048,8 +1167,13 @@ impl Server {
             self.stats.unknown_connection += 1;
             return None;
         };
+        let Some(keys) = secure.keys.as_mut() else {
+            // Its response is still being made: nothing can open yet.
+            self.stats.unknown_connection += 1;
+            return None;
+        };
         let pn = frame::packet_number(datagram);
-        let Ok(inner) = frame::open(&mut secure.opener, secure.client_id, datagram) else {
+        let Ok(inner) = frame::open(&mut keys.opener, secure.client_id, datagram) else {
             self.stats.crypto_dropped += 1;
             return None;
         };
@@ -1151,33 +1275,13 @@ impl Server {
                 .per_ip
                 .get(&from.ip())
                 .is_some_and(|(n, _)| *n >= self.limits.max_connections_per_ip * 3 / 4);
-        // What is sent to an address not yet validated: at most 3× what
-        // came from it (RFC 9000 §8.1).
-        let mut budget = Budget::new();
-        budget.on_received(datagram.len());
-        // `held_for`: an accepted hello's connection, whose response
-        // waits for the table of timestamps to be saved.
-        let mut answer = |server: &mut Server, bytes: Vec<u8>, held_for: Option<u64>| {
-            if budget.may_send(bytes.len()) {
-                budget.on_sent(bytes.len());
-                match held_for {
-                    Some(conn_id) if server.held_responses.len() < FETCH_QUEUE_MAX => {
-                        server.held_responses.push((from, bytes, conn_id));
-                    }
-                    // Past the bound, as a lost response: the client
-                    // times out; the connection expires unconfirmed.
-                    Some(_) => {}
-                    None => server.queue_handshake(from, bytes),
-                }
-            }
-        };
         // Everything before the first Diffie-Hellman is cheap: the frame,
         // a lookup for a copy, the cookie under load, then the price.
         let hello = match responder.screen(now, from, datagram, under_load) {
             Ok(Screened::Fresh(hello)) => hello,
             Ok(Screened::Cookie(bytes)) => {
                 self.stats.cookies_sent += 1;
-                answer(self, bytes, None);
+                self.answer_hello(from, datagram.len(), bytes);
                 return;
             }
             Ok(Screened::Seen { client_id }) => {
@@ -1200,24 +1304,173 @@ impl Server {
                 return;
             }
         };
+        // A hello past the queue is dropped before it is charged or
+        // remembered: its client's resend, once the queue has room, is
+        // read as if this one had been lost.
+        if self.in_flight.len() >= self.limits.handshake_queue.max(1) {
+            self.stats.hellos_queue_full += 1;
+            return;
+        }
         // WireGuard's ratelimiter.c, before any public-key operation
         // (whitepaper §5.3: under load, the cookie first, then the rate).
         if self.rate.allow(now, from.ip()).is_err() {
             self.stats.hellos_limited += 1;
             return;
         }
+        self.stats.hellos_worked += 1;
+        self.hellos_this_second += 1;
+        let work = responder.work_on(hello);
+        let ticket = self.take_ticket();
+        self.hand_out(
+            ticket,
+            Job::Open(work),
+            InFlight::Open {
+                from,
+                hello_len: datagram.len(),
+            },
+        );
+        if !self.offload {
+            self.run_own_handshake_work(now);
+        }
+    }
+
+    /// Answers a hello of `hello_len` bytes from `to`: at most 3× what
+    /// came from an address not yet validated (RFC 9000 §8.1).
+    fn answer_hello(&mut self, to: SocketAddr, hello_len: usize, bytes: Vec<u8>) {
+        self.answer_hello_held(to, hello_len, bytes, None);
+    }
+
+    /// [`answer_hello`](Self::answer_hello), or, `held_for` an accepted
+    /// hello's connection, held until the table of hello timestamps that
+    /// refuses its replay is saved.
+    fn answer_hello_held(
+        &mut self,
+        to: SocketAddr,
+        hello_len: usize,
+        bytes: Vec<u8>,
+        held_for: Option<u64>,
+    ) {
+        let mut budget = Budget::new();
+        budget.on_received(hello_len);
+        if !budget.may_send(bytes.len()) {
+            return;
+        }
+        match held_for {
+            Some(conn_id) if self.held_responses.len() < FETCH_QUEUE_MAX => {
+                self.held_responses.push((to, bytes, conn_id));
+            }
+            // Past the bound, as a lost response: the client times out;
+            // the connection expires unconfirmed.
+            Some(_) => {}
+            None => self.queue_handshake(to, bytes),
+        }
+    }
+
+    fn take_ticket(&mut self) -> u64 {
+        self.next_ticket = self.next_ticket.wrapping_add(1);
+        self.next_ticket
+    }
+
+    fn hand_out(&mut self, ticket: u64, job: Job, waiting: InFlight) {
+        self.in_flight.insert(ticket, waiting);
+        self.handshake_work.push_back(HandshakeWork { ticket, job });
+    }
+
+    /// The driver runs hellos' public-key work itself, off the thread
+    /// that calls [`Server::handle_datagram`]: it takes each job from
+    /// [`Server::poll_handshake_work`], runs it anywhere
+    /// ([`HandshakeWork::run`]) and gives the result back with
+    /// [`Server::handshake_done`]. Without this (the default) the server
+    /// runs its jobs before each call returns, which is the same path,
+    /// in the order a driver with one worker would see it.
+    pub fn offload_handshakes(mut self) -> Server {
+        self.offload = true;
+        self
+    }
+
+    /// The next hello's public-key work to run (only with
+    /// [`Server::offload_handshakes`]; poll after every call that may
+    /// have received a hello or a result).
+    pub fn poll_handshake_work(&mut self) -> Option<HandshakeWork> {
+        self.handshake_work.pop_front()
+    }
+
+    /// Jobs handed out or waiting to be, whose results have not come
+    /// back (at most [`ServerLimits::handshake_queue`]).
+    pub fn handshakes_in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    fn run_own_handshake_work(&mut self, now: Time) {
+        while let Some(work) = self.handshake_work.pop_front() {
+            let done = work.run();
+            self.handshake_done(now, done);
+        }
+    }
+
+    /// The result of a job from [`Server::poll_handshake_work`]. A hello
+    /// read is decided here, on the server's thread (the replay window,
+    /// authorization, the budgets), and an admitted one's connection is
+    /// made at once, without keys, so that it counts in the budgets while
+    /// its response is worked; the response's result installs the keys
+    /// and sends it. A result whose ticket is unknown is ignored.
+    pub fn handshake_done(&mut self, now: Time, done: HandshakeDone) {
+        let Some(waiting) = self.in_flight.remove(&done.ticket) else {
+            return;
+        };
+        match (waiting, done.outcome) {
+            (InFlight::Open { from, hello_len }, Outcome::Opened(Ok(opened))) => {
+                self.judge_hello(now, from, hello_len, opened);
+            }
+            (waiting, Outcome::Responded(Ok(reply))) => {
+                self.on_response(now, done.ticket, waiting, reply);
+            }
+            (waiting, _) => {
+                self.stats.bad_handshakes += 1;
+                if let InFlight::Respond { conn: Some(id), .. } = waiting {
+                    self.remove_conn_awaiting(id, done.ticket);
+                }
+            }
+        }
+        if !self.offload {
+            self.run_own_handshake_work(now);
+        }
+    }
+
+    /// Removes connection `id` if it still waits for the keys of job
+    /// `ticket`.
+    fn remove_conn_awaiting(&mut self, id: u64, ticket: u64) -> bool {
+        let awaiting = self.conns.get(&id).is_some_and(|c| {
+            c.secure
+                .as_ref()
+                .is_some_and(|s| s.keys.is_none() && s.ticket == ticket)
+        });
+        if awaiting {
+            self.remove_conn(id);
+        }
+        awaiting
+    }
+
+    /// Decides about a hello whose first message was read: the replay
+    /// window ([`Responder::judge`]), authorization, then the budgets
+    /// ([`Server::admission`]). No public-key operation.
+    fn judge_hello(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        hello_len: usize,
+        opened: handshake::OpenedHello,
+    ) {
         let Some(mut responder) = self.responder.take() else {
             return;
         };
-        self.stats.hellos_worked += 1;
-        self.hellos_this_second += 1;
         let mut server_id = handshake::random_id().unwrap_or(0);
         while server_id == 0 || self.conns.contains_key(&server_id) {
             server_id = server_id.wrapping_add(0x9E37_79B9_7F4A_7C15);
         }
         let mut admitted: Option<(Hello, Admission)> = None;
         let mut refused_why = String::new();
-        let result = responder.answer(hello, server_id, |key, params| {
+        let judged = responder.judge(opened, server_id, |key, params| {
             if let Some(keys) = &self.auth.authorized {
                 if keys.find(key).is_none() {
                     refused_why =
@@ -1258,12 +1511,9 @@ impl Server {
             }
         });
         self.responder = Some(responder);
-        match result {
-            Ok(handshake::Reply::Cookie(bytes)) => {
-                self.stats.cookies_sent += 1;
-                answer(self, bytes, None);
-            }
-            Ok(handshake::Reply::Ignored { peer }) => {
+        let work = match judged {
+            Ok(handshake::Judged::Respond(work)) => work,
+            Ok(handshake::Judged::Ignored { peer }) => {
                 self.stats.auth_refused += 1;
                 self.notice(
                     now,
@@ -1273,43 +1523,19 @@ impl Server {
                         why: refused_why,
                     },
                 );
+                return;
             }
-            Ok(handshake::Reply::Refused {
-                datagram,
-                peer,
-                reason,
-            }) => {
-                self.stats.auth_refused += 1;
-                if reason == RefuseReason::ClockBehind {
-                    refused_why = "its hello is timestamped more than 2 min before this server \
-                                   started (a replay, or a client clock behind)"
-                        .to_string();
-                }
-                if reason == RefuseReason::Busy {
-                    self.stats.busy_rejects += 1;
-                }
-                self.notice(
-                    now,
-                    Notice::AuthRefused {
-                        peer: from,
-                        key: peer,
-                        why: refused_why,
-                    },
-                );
-                answer(self, datagram, None);
+            Err(_) => {
+                self.stats.bad_handshakes += 1;
+                return;
             }
-            Ok(handshake::Reply::Accepted {
-                datagram,
-                session,
-                timestamp_advanced,
-                ..
-            }) => {
-                // Worth its price: the source's token goes back.
-                self.rate.refund(now, from.ip());
-                let Some((hello, admission)) = admitted else {
-                    return;
-                };
-                let established = *session;
+        };
+        let ticket = self.take_ticket();
+        // A refusal for the clock (the floor) was admitted by the budgets
+        // and makes no connection.
+        let conn = match admitted.filter(|_| work.accepts()) {
+            Some((hello, admission)) => {
+                let (peer_key, client_id) = work.client();
                 // A hello repeated after a lost response made a session
                 // the client will never use: the newer one replaces it.
                 let stale: Vec<u64> = self
@@ -1317,9 +1543,7 @@ impl Server {
                     .iter()
                     .filter(|(_, c)| {
                         c.secure.as_ref().is_some_and(|s| {
-                            !s.confirmed
-                                && s.peer_key == established.peer_static
-                                && s.client_id == established.client_id
+                            !s.confirmed && s.peer_key == peer_key && s.client_id == client_id
                         })
                     })
                     .map(|(&id, _)| id)
@@ -1327,13 +1551,9 @@ impl Server {
                 for id in stale {
                     self.remove_conn(id);
                 }
-                self.stats.handshakes += 1;
-                let peer_key = established.peer_static;
-                let client_id = established.client_id;
-                let (sealer, opener) = established.into_protection();
                 let secure = ConnSecure {
-                    sealer,
-                    opener,
+                    keys: None,
+                    ticket,
                     peer_key,
                     client_id,
                     confirmed: false,
@@ -1348,17 +1568,98 @@ impl Server {
                     admission,
                     Some(Box::new(secure)),
                 );
+                Some(server_id)
+            }
+            None => None,
+        };
+        self.hand_out(
+            ticket,
+            Job::Respond(work),
+            InFlight::Respond {
+                from,
+                hello_len,
+                conn,
+                why: refused_why,
+            },
+        );
+    }
+
+    /// A response made: a refusal is sent; an acceptance installs its
+    /// keys in the connection made when it was decided, if that is still
+    /// there, and is sent.
+    fn on_response(&mut self, now: Time, ticket: u64, waiting: InFlight, reply: handshake::Reply) {
+        let InFlight::Respond {
+            from,
+            hello_len,
+            conn,
+            why,
+        } = waiting
+        else {
+            self.stats.bad_handshakes += 1;
+            return;
+        };
+        match reply {
+            handshake::Reply::Refused {
+                datagram,
+                peer,
+                reason,
+            } => {
+                self.stats.auth_refused += 1;
+                let why = if reason == RefuseReason::ClockBehind {
+                    "its hello is timestamped more than 2 min before this server \
+                     started (a replay, or a client clock behind)"
+                        .to_string()
+                } else {
+                    why
+                };
+                if reason == RefuseReason::Busy {
+                    self.stats.busy_rejects += 1;
+                }
+                self.notice(
+                    now,
+                    Notice::AuthRefused {
+                        peer: from,
+                        key: peer,
+                        why,
+                    },
+                );
+                self.answer_hello(from, hello_len, datagram);
+            }
+            handshake::Reply::Accepted {
+                datagram,
+                session,
+                timestamp_advanced,
+                ..
+            } => {
+                let Some(id) = conn else {
+                    return;
+                };
+                let Some(c) = self.conns.get_mut(&id) else {
+                    return;
+                };
+                let Some(secure) = c
+                    .secure
+                    .as_mut()
+                    .filter(|s| s.keys.is_none() && s.ticket == ticket)
+                else {
+                    return;
+                };
+                let (sealer, opener) = session.into_protection();
+                secure.keys = Some(SessionKeys { sealer, opener });
+                if c.session != 0 {
+                    self.session_events.push_back(c.opened_event(id));
+                }
+                // Worth its price: the source's token goes back.
+                self.rate.refund(now, from.ip());
+                self.stats.handshakes += 1;
                 // Held while the table is unsaved, advanced by this hello
                 // or an earlier one: a restart before the save would take
                 // this hello again.
                 self.timestamps_unsaved |= timestamp_advanced;
-                let held_for =
-                    (self.keeping_timestamps && self.timestamps_unsaved).then_some(server_id);
-                answer(self, datagram, held_for);
+                let held_for = (self.keeping_timestamps && self.timestamps_unsaved).then_some(id);
+                self.answer_hello_held(from, hello_len, datagram, held_for);
             }
-            Err(_) => {
-                self.stats.bad_handshakes += 1;
-            }
+            handshake::Reply::Cookie(_) | handshake::Reply::Ignored { .. } => {}
         }
     }
 
@@ -1560,42 +1861,38 @@ impl Server {
         let receiver = if hello.session == 0 {
             Receiver::sink(config, hello.conn_id)
         } else {
-            self.session_events.push_back(SessionEvent::Opened {
-                conn_id: key,
-                session: hello.session,
-                peer: from,
-                peer_key: secure.as_ref().map(|s| s.peer_key),
-                payload_size: payload_size(hello.mss),
-            });
             Receiver::placing(config, hello.conn_id)
         };
         let welcome_pending = secure.is_none();
-        self.conns.insert(
-            key,
-            Conn {
-                peer: from,
-                session: hello.session,
-                mss: hello.mss,
-                reply: None,
-                fetches: VecDeque::new(),
-                complete_told: false,
-                receiver,
-                params,
-                opened: now,
-                last_heard: now,
-                maxidle,
-                welcome_pending,
-                close_ack_pending: false,
-                closed_at: None,
-                client_segments: None,
-                corrupt_bytes: 0,
-                queued: false,
-                heard_data: false,
-                window_bytes,
-                secure,
-                unvalidated: None,
-            },
-        );
+        let conn = Conn {
+            peer: from,
+            session: hello.session,
+            mss: hello.mss,
+            reply: None,
+            fetches: VecDeque::new(),
+            complete_told: false,
+            receiver,
+            params,
+            opened: now,
+            last_heard: now,
+            maxidle,
+            welcome_pending,
+            close_ack_pending: false,
+            closed_at: None,
+            client_segments: None,
+            corrupt_bytes: 0,
+            queued: false,
+            heard_data: false,
+            window_bytes,
+            secure,
+            unvalidated: None,
+        };
+        // An authenticated connection is opened for its application when
+        // its keys arrive ([`Server::on_response`]).
+        if conn.session != 0 && conn.keyed() {
+            self.session_events.push_back(conn.opened_event(key));
+        }
+        self.conns.insert(key, conn);
         self.windows_held += window_bytes;
         let ip = self.per_ip.entry(from.ip()).or_insert((0, 0));
         ip.0 += 1;
@@ -1677,17 +1974,17 @@ impl Server {
                     };
                     // Nothing goes to an unconfirmed client (its hello's
                     // response was all), nor past the 3× limit on a new path.
-                    if !secure.confirmed {
+                    let Some(keys) = secure.keys.as_mut().filter(|_| secure.confirmed) else {
                         continue;
-                    }
-                    let len = n + frame::overhead(secure.sealer.tag_len());
+                    };
+                    let len = n + frame::overhead(keys.sealer.tag_len());
                     if let Some(check) = secure.path.as_mut() {
                         if !check.budget.may_send(len) {
                             continue;
                         }
                         check.budget.on_sent(len);
                     }
-                    match frame::seal(&mut secure.sealer, secure.client_id, buf, n) {
+                    match frame::seal(&mut keys.sealer, secure.client_id, buf, n) {
                         Ok(len) => return Some((to, len)),
                         // Packet numbers exhausted (2^62): the connection
                         // cannot go on; the client's maxidle ends it.
@@ -1796,7 +2093,7 @@ impl Server {
             if conn.closed_at.is_none() {
                 self.reports
                     .push_back(conn.report(id, ConnEnd::Idle, conn.last_heard, self.stats));
-                if conn.session != 0 {
+                if conn.session != 0 && conn.keyed() {
                     self.session_events.push_back(SessionEvent::Ended {
                         conn_id: id,
                         end: ConnEnd::Idle,
@@ -1876,6 +2173,66 @@ mod tests {
         client.handle_timeout(*now);
         server.handle_timeout(*now);
         false
+    }
+
+    /// Between its decision and its keys an authenticated connection holds
+    /// its place in the budgets and nothing else: no packet reaches it,
+    /// plain or protected, nothing is sent for it, and its application
+    /// hears of it only once the keys are in.
+    #[test]
+    fn a_connection_waiting_for_its_keys_takes_no_packet_and_sends_nothing() {
+        use crate::proto::crypto::frame::PROTECTED;
+        use crate::proto::crypto::{Cipher, ClientConfig, Initiator, ServerAuth, StaticKeypair};
+        let server_key = StaticKeypair::generate().unwrap();
+        let mut server = Server::new(open_limits(), 1 << 20, 2 << 20)
+            .with_auth(ServerAuth {
+                identity: Some(server_key.clone()),
+                authorized: None,
+                allow_plain: false,
+            })
+            .unwrap()
+            .offload_handshakes();
+        let config = ClientConfig {
+            identity: StaticKeypair::generate().unwrap(),
+            server_key: server_key.public(),
+            cipher: Cipher::Aes256Gcm,
+            params: hello(7, 1200, 1, 1 << 20),
+        };
+        let client = Initiator::new(&config, 7, 1).unwrap();
+        let t0 = Time::ZERO;
+        server.handle_datagram(t0, addr(1), &mut client.hello().to_vec());
+        let open = server.poll_handshake_work().expect("the hello's work");
+        server.handshake_done(t0, open.run());
+        let (&id, conn) = server.conns.iter().next().expect("admitted");
+        assert!(!conn.keyed());
+        assert_eq!(server.windows_held(), 10 * payload_size(1200));
+        let mut close = [0u8; 64];
+        let n = super::super::wire::Close {
+            conn_id: id,
+            segments: 1,
+            bytes: 0,
+        }
+        .emit(&mut close)
+        .unwrap();
+        let mut protected = [0u8; 128];
+        protected[..n].copy_from_slice(&close[..n]);
+        protected[3] |= PROTECTED;
+        server.handle_datagram(t0, addr(1), &mut close[..n].to_vec());
+        server.handle_datagram(t0, addr(1), &mut protected[..n + 32].to_vec());
+        assert_eq!(server.stats().unknown_connection, 2);
+        assert!(server.conns[&id].closed_at.is_none());
+        let mut buf = vec![0u8; 2048];
+        assert!(server.poll_transmit(t0, &mut buf).is_none());
+        assert!(server.poll_session_event().is_none());
+        let respond = server.poll_handshake_work().expect("the response's work");
+        server.handshake_done(t0, respond.run());
+        assert!(server.conns[&id].keyed());
+        assert!(matches!(
+            server.poll_session_event(),
+            Some(SessionEvent::Opened { conn_id, .. }) if conn_id == id
+        ));
+        assert!(matches!(server.poll_transmit(t0, &mut buf), Some((to, _)) if to == addr(1)));
+        assert_eq!(server.handshakes_in_flight(), 0);
     }
 
     /// Client and server wired back to back, no loss: the whole life of a

@@ -55,6 +55,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use snow::params::NoiseParams;
 use thiserror::Error;
@@ -783,7 +784,8 @@ impl SeenHellos {
 /// in the server's one answer); it keeps only its key, the cookie secret
 /// and, per authorized client key, the newest hello timestamp.
 pub struct Responder {
-    identity: StaticKeypair,
+    /// Shared with the work handed out ([`HelloWork`]), never copied.
+    identity: Arc<StaticKeypair>,
     cookies: CookieSecret,
     newest: HashMap<PublicKey, Recent>,
     max_remembered: usize,
@@ -804,7 +806,7 @@ impl fmt::Debug for Responder {
 impl Responder {
     pub fn new(identity: StaticKeypair, cookies: CookieSecret) -> Responder {
         Responder {
-            identity,
+            identity: Arc::new(identity),
             cookies,
             newest: HashMap::new(),
             max_remembered: DEFAULT_MAX_REMEMBERED,
@@ -951,85 +953,92 @@ impl Responder {
         }))
     }
 
-    /// Works through a screened hello: the public-key operations of IK's
-    /// first message (two X25519), the replay rule, `decide` on the
-    /// authenticated client key and its parameters, and, unless `decide`
-    /// says [`Decision::Ignore`], the response (three more). The hello's
-    /// digest is remembered whatever the outcome, so a copy of it is
-    /// [`Screened::Seen`]. `server_id` is the id this server assigns
-    /// (from [`random_id`] or the server's own allocator).
+    /// Works through a screened hello at once: [`work_on`](Self::work_on),
+    /// [`HelloWork::open`] (two X25519), [`judge`](Self::judge) (the
+    /// replay rule, then `decide` on the authenticated client key and its
+    /// parameters) and, unless `decide` says [`Decision::Ignore`],
+    /// [`ResponseWork::respond`] (three more). A server that works hellos
+    /// off its I/O thread calls the four itself, the two `Work`s on
+    /// another thread. `server_id` is the id this server assigns (from
+    /// [`random_id`] or the server's own allocator).
     pub fn answer(
         &mut self,
         hello: FreshHello<'_>,
         server_id: u64,
         decide: impl FnOnce(&PublicKey, &[u8]) -> Decision,
     ) -> Result<Reply, HandshakeError> {
-        let FreshHello {
-            frame: hello,
-            digest,
-            address_validated,
-        } = hello;
-        self.seen.insert(digest);
-        let prologue = prologue();
-        let mut noise = snow::Builder::new(noise_params())
-            .local_private_key(self.identity.private_bytes())?
-            .prologue(&prologue)?
-            .build_responder()?;
-        let mut buf = vec![0u8; hello.noise.len()];
-        let n = noise.read_message(hello.noise, &mut buf)?;
-        let payload = HelloPayload::parse(&buf[..n])?;
-        if payload.client_id != hello.client_id {
-            return Err(HandshakeError::Malformed(
-                "ids in clear differ from the encrypted ones",
-            ));
+        let opened = self.work_on(hello).open()?;
+        match self.judge(opened, server_id, decide)? {
+            Judged::Ignored { peer } => Ok(Reply::Ignored { peer }),
+            Judged::Respond(work) => work.respond(),
         }
-        let client_key = remote_static(&noise)?;
+    }
+
+    /// Takes a screened hello for its public-key work: its digest is
+    /// remembered from now on, whatever the work's outcome, so a copy of
+    /// it is [`Screened::Seen`] (also while the work is still running).
+    pub fn work_on(&mut self, hello: FreshHello<'_>) -> HelloWork {
+        self.seen.insert(hello.digest);
+        HelloWork {
+            identity: Arc::clone(&self.identity),
+            client_id: hello.frame.client_id,
+            noise: hello.frame.noise.to_vec(),
+            address_validated: hello.address_validated,
+        }
+    }
+
+    /// Decides about an opened hello, on the thread that holds this
+    /// responder's state: WireGuard's timestamp rule (whitepaper §5.1),
+    /// widened to a window, then `decide` on the client key and its
+    /// parameters, then the restart floor. An accepted hello's timestamp
+    /// is remembered now, before its response is made, so that no other
+    /// hello judged while that response is on its way can pass as it.
+    pub fn judge(
+        &mut self,
+        opened: OpenedHello,
+        server_id: u64,
+        decide: impl FnOnce(&PublicKey, &[u8]) -> Decision,
+    ) -> Result<Judged, HandshakeError> {
+        let OpenedHello {
+            noise,
+            client_key,
+            timestamp,
+            cipher,
+            client_id,
+            params,
+            address_validated,
+        } = opened;
         // Replay: WireGuard's timestamp rule, widened to a window so that
         // several connections of one client (the streams of a transfer,
         // whose hellos race each other) all get in.
         if self
             .newest
             .get(&client_key)
-            .is_some_and(|r| !r.admits(payload.timestamp))
+            .is_some_and(|r| !r.admits(timestamp))
         {
             return Err(HandshakeError::Replayed);
         }
-        let ids = (hello.client_id, server_id);
-        let decision = decide(&client_key, payload.params);
-        let too_old = payload.timestamp < self.floor;
+        let decision = decide(&client_key, &params);
+        let too_old = timestamp < self.floor;
         let (status, server_params) = match decision {
             // Said nothing to, whatever its time.
-            Decision::Ignore => return Ok(Reply::Ignored { peer: client_key }),
+            Decision::Ignore => return Ok(Judged::Ignored { peer: client_key }),
             _ if too_old => (RefuseReason::ClockBehind.code(), Vec::new()),
             Decision::Accept(sp) => (0, sp),
             Decision::Refuse(reason) => (reason.code(), Vec::new()),
         };
-        let datagram = response(&mut noise, status, ids, &server_params)?;
-        if let Some(reason) = RefuseReason::from_code(status) {
-            return Ok(Reply::Refused {
-                datagram,
-                peer: client_key,
-                reason,
-            });
-        }
-        let timestamp_advanced = self.remember(client_key, payload.timestamp);
-        let handshake_hash = noise.get_handshake_hash().to_vec();
-        let (c2s, s2c) = noise.dangerously_get_raw_split();
-        Ok(Reply::Accepted {
-            datagram,
+        let timestamp_advanced = status == 0 && self.remember(client_key, timestamp);
+        Ok(Judged::Respond(ResponseWork {
+            noise,
+            status,
+            ids: (client_id, server_id),
+            server_params,
+            client_key,
+            cipher,
+            client_params: params,
             address_validated,
             timestamp_advanced,
-            session: Box::new(Established {
-                peer_static: client_key,
-                client_id: ids.0,
-                server_id: ids.1,
-                cipher: payload.cipher,
-                peer_params: payload.params.to_vec(),
-                handshake_hash,
-                send: TrafficSecret::new(s2c),
-                recv: TrafficSecret::new(c2s),
-            }),
-        })
+        }))
     }
 
     /// Records an accepted hello's timestamp; true if it advanced its
@@ -1072,6 +1081,163 @@ impl Responder {
         for (_, key) in &by_age[..excess] {
             self.newest.remove(key);
         }
+    }
+}
+
+/// A fresh hello's public-key work ([`Responder::work_on`]): owned bytes
+/// and the server's key, nothing else of the responder's, so it may run
+/// on any thread.
+pub struct HelloWork {
+    identity: Arc<StaticKeypair>,
+    client_id: u64,
+    noise: Vec<u8>,
+    address_validated: bool,
+}
+
+impl fmt::Debug for HelloWork {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HelloWork")
+            .field("client_id", &self.client_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HelloWork {
+    /// Reads IK's first message (Noise spec §7.5: `e, es, s, ss`, two
+    /// X25519): the client's key, its timestamp, cipher and parameters,
+    /// authenticated. Pure: the same bytes give the same result anywhere.
+    pub fn open(self) -> Result<OpenedHello, HandshakeError> {
+        let prologue = prologue();
+        let mut noise = snow::Builder::new(noise_params())
+            .local_private_key(self.identity.private_bytes())?
+            .prologue(&prologue)?
+            .build_responder()?;
+        let mut buf = vec![0u8; self.noise.len()];
+        let n = noise.read_message(&self.noise, &mut buf)?;
+        let payload = HelloPayload::parse(&buf[..n])?;
+        if payload.client_id != self.client_id {
+            return Err(HandshakeError::Malformed(
+                "ids in clear differ from the encrypted ones",
+            ));
+        }
+        let client_key = remote_static(&noise)?;
+        Ok(OpenedHello {
+            client_key,
+            timestamp: payload.timestamp,
+            cipher: payload.cipher,
+            client_id: self.client_id,
+            params: payload.params.to_vec(),
+            address_validated: self.address_validated,
+            noise: Box::new(noise),
+        })
+    }
+}
+
+/// A hello read ([`HelloWork::open`]), for [`Responder::judge`].
+pub struct OpenedHello {
+    noise: Box<snow::HandshakeState>,
+    client_key: PublicKey,
+    timestamp: u64,
+    cipher: Cipher,
+    client_id: u64,
+    params: Vec<u8>,
+    address_validated: bool,
+}
+
+impl fmt::Debug for OpenedHello {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenedHello")
+            .field("client_key", &self.client_key)
+            .field("client_id", &self.client_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`Responder::judge`] decided.
+#[derive(Debug)]
+pub enum Judged {
+    /// Send nothing ([`Decision::Ignore`]).
+    Ignored { peer: PublicKey },
+    /// Make the response: an acceptance or an authenticated refusal.
+    Respond(ResponseWork),
+}
+
+/// The response's public-key work (Noise spec §7.5: `e, ee, se`, three
+/// X25519, then Split): owned, so it may run on any thread.
+pub struct ResponseWork {
+    noise: Box<snow::HandshakeState>,
+    status: u8,
+    ids: (u64, u64),
+    server_params: Vec<u8>,
+    client_key: PublicKey,
+    cipher: Cipher,
+    client_params: Vec<u8>,
+    address_validated: bool,
+    /// The accepted hello advanced its key's newest timestamp (judged
+    /// on the responder's thread): the table to keep across restarts
+    /// changed.
+    timestamp_advanced: bool,
+}
+
+impl fmt::Debug for ResponseWork {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseWork")
+            .field("client_key", &self.client_key)
+            .field("ids", &self.ids)
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ResponseWork {
+    /// The client is accepted (not refused).
+    pub fn accepts(&self) -> bool {
+        self.status == 0
+    }
+
+    /// The client's authenticated key and its id for the connection.
+    pub fn client(&self) -> (PublicKey, u64) {
+        (self.client_key, self.ids.0)
+    }
+
+    /// The response, and for an accepted client the session's keys.
+    pub fn respond(self) -> Result<Reply, HandshakeError> {
+        let ResponseWork {
+            mut noise,
+            status,
+            ids,
+            server_params,
+            client_key,
+            cipher,
+            client_params,
+            address_validated,
+            timestamp_advanced,
+        } = self;
+        let datagram = response(&mut noise, status, ids, &server_params)?;
+        if let Some(reason) = RefuseReason::from_code(status) {
+            return Ok(Reply::Refused {
+                datagram,
+                peer: client_key,
+                reason,
+            });
+        }
+        let handshake_hash = noise.get_handshake_hash().to_vec();
+        let (c2s, s2c) = noise.dangerously_get_raw_split();
+        Ok(Reply::Accepted {
+            datagram,
+            address_validated,
+            timestamp_advanced,
+            session: Box::new(Established {
+                peer_static: client_key,
+                client_id: ids.0,
+                server_id: ids.1,
+                cipher,
+                peer_params: client_params,
+                handshake_hash,
+                send: TrafficSecret::new(s2c),
+                recv: TrafficSecret::new(c2s),
+            }),
+        })
     }
 }
 

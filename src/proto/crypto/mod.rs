@@ -32,8 +32,9 @@ pub mod replayed;
 
 pub use cookie::{Cookie, CookieSecret};
 pub use handshake::{
-    ClientConfig, Decision, Established, FreshHello, HandshakeError, Initiator, Progress,
-    PublicKey, RefuseReason, Reply, Responder, Screened, StaticKeypair,
+    ClientConfig, Decision, Established, FreshHello, HandshakeError, HelloWork, Initiator, Judged,
+    OpenedHello, Progress, PublicKey, RefuseReason, Reply, Responder, ResponseWork, Screened,
+    StaticKeypair,
 };
 pub use protect::{
     Cipher, DropCounters, Dropped, Opener, PacketKey, Protection, SealError, Sealer, Slot,
