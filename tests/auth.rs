@@ -1075,6 +1075,41 @@ fn a_response_whose_table_could_not_be_saved_is_never_sent() {
     assert_eq!(server.open_connections(), 1);
 }
 
+/// The save runs beside the server (on a thread of `atou serve`'s own):
+/// one at a time, and a hello accepted while it runs waits for the next,
+/// which covers its timestamp; the first save's response goes out when
+/// it is reported, not before.
+#[test]
+fn a_hello_accepted_during_a_save_waits_for_the_next_one() {
+    let (server_key, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let start = 1_700_000_000_000_000_000u64;
+    let mut server = keeping_at(start, &server_key, &client_key, Vec::new());
+    let first = hello_at(60, start + 1_000_000, &client_key, &server_key);
+    let second = hello_at(61, start + 3_000_000, &client_key, &server_key);
+    server.handle_datagram(Time::ZERO, addr(1), &mut first.clone());
+    let taken = server.hello_timestamps_to_save().expect("a table to save");
+    assert_eq!(taken, vec![(client_key.public(), start + 1_000_000)]);
+    // While that save runs, another hello is accepted.
+    server.handle_datagram(Time::ZERO, addr(2), &mut second.clone());
+    assert_eq!(server.stats().handshakes, 2);
+    assert!(server.hello_timestamps_to_save().is_none(), "one at a time");
+    assert!(drain(&mut server).is_empty(), "answered before a save");
+    server.hello_timestamps_saved(true);
+    let sent = drain(&mut server);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].0, addr(1), "only what the first save covers");
+    let next = server.hello_timestamps_to_save().expect("the second save");
+    assert_eq!(next, vec![(client_key.public(), start + 3_000_000)]);
+    server.hello_timestamps_saved(true);
+    let sent = drain(&mut server);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].0, addr(2));
+    assert!(server.hello_timestamps_to_save().is_none());
+}
+
 /// The first datagram a client sends: its hello.
 fn first_datagram(client: &mut Client) -> Vec<u8> {
     let mut buf = vec![0u8; 2048];

@@ -732,6 +732,11 @@ pub struct Server {
     /// Responses to accepted hellos (to, datagram, connection) held until
     /// the table that refuses their replay is saved.
     held_responses: Vec<(SocketAddr, Vec<u8>, u64)>,
+    /// Responses waiting for the save in progress (the driver's), taken
+    /// from `held_responses` when its table was.
+    saving: Option<Vec<(SocketAddr, Vec<u8>, u64)>>,
+    /// The table changed since the save in progress took it.
+    changed_since_taken: bool,
 }
 
 impl Server {
@@ -782,6 +787,8 @@ impl Server {
             remembered_hellos: Vec::new(),
             timestamps_unsaved: false,
             held_responses: Vec::new(),
+            saving: None,
+            changed_since_taken: false,
         }
     }
 
@@ -830,23 +837,30 @@ impl Server {
     /// it where the next run will find it (durably: a restart after a
     /// crash must find it too), then call
     /// [`hello_timestamps_saved`](Self::hello_timestamps_saved). One save
-    /// covers every hello handled since the last.
-    pub fn hello_timestamps_to_save(&self) -> Option<Vec<(PublicKey, u64)>> {
-        if self.held_responses.is_empty() {
+    /// covers every hello handled since the last, and one is in progress
+    /// at a time: until it is reported, `None`. The save may take as long
+    /// as it takes (a driver runs it on another thread): only the
+    /// responses it covers wait for it.
+    pub fn hello_timestamps_to_save(&mut self) -> Option<Vec<(PublicKey, u64)>> {
+        if self.saving.is_some() || self.held_responses.is_empty() {
             return None;
         }
-        self.responder.as_ref().map(|r| r.remembered().collect())
+        let table = self.responder.as_ref()?.remembered().collect();
+        self.saving = Some(std::mem::take(&mut self.held_responses));
+        self.changed_since_taken = false;
+        Some(table)
     }
 
     /// The table from [`hello_timestamps_to_save`](Self::hello_timestamps_to_save)
-    /// is saved (`true`): the held responses go out. Or it could not be
-    /// (`false`): they never do, and their connections end at once
+    /// is saved (`true`): the responses it covers go out. Or it could not
+    /// be (`false`): they never do, and their connections end at once
     /// (reported as idle, as one that never heard from its client), since
     /// after a restart their hellos could be replayed; the clients time
-    /// out. The next accepted hello tries the save again.
+    /// out. The next accepted hello tries the save again. Responses held
+    /// while the save was in progress wait for the next one.
     pub fn hello_timestamps_saved(&mut self, saved: bool) {
-        let held = std::mem::take(&mut self.held_responses);
-        self.timestamps_unsaved = !saved;
+        let held = self.saving.take().unwrap_or_default();
+        self.timestamps_unsaved = !saved || self.changed_since_taken;
         for (to, datagram, conn_id) in held {
             if saved {
                 self.queue_handshake(to, datagram);
@@ -1656,6 +1670,7 @@ impl Server {
                 // or an earlier one: a restart before the save would take
                 // this hello again.
                 self.timestamps_unsaved |= timestamp_advanced;
+                self.changed_since_taken |= timestamp_advanced;
                 let held_for = (self.keeping_timestamps && self.timestamps_unsaved).then_some(id);
                 self.answer_hello_held(from, hello_len, datagram, held_for);
             }
