@@ -1,7 +1,7 @@
 //! Any datagram: decoding never panics, and what decodes re-encodes to the
 //! same bytes.
 #![no_main]
-use atou::proto::wire::{Packet, ACK_MAX_LEN, CONTROL_MAX_LEN};
+use atou::proto::wire::{hello_token, Packet, ACK_MAX_LEN, CONTROL_MAX_LEN};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -25,7 +25,8 @@ fuzz_target!(|data: &[u8]| {
         Ok(control) => {
             let mut buf = [0u8; CONTROL_MAX_LEN];
             let n = match control {
-                Packet::Hello(p) => p.emit(&mut buf),
+                // A plain hello may carry an address token after it.
+                Packet::Hello(p) => p.emit_with_token(hello_token(data).as_ref(), &mut buf),
                 Packet::Welcome(p) => p.emit(&mut buf),
                 Packet::Close(p) => p.emit(&mut buf),
                 Packet::CloseAck(p) => p.emit(&mut buf),
