@@ -1665,6 +1665,7 @@ impl Server {
                 }
                 // Worth its price: the source's token goes back.
                 self.rate.refund(now, from.ip());
+                self.rate.prove(now, from.ip());
                 self.stats.handshakes += 1;
                 // Held while the table is unsaved, advanced by this hello
                 // or an earlier one: a restart before the save would take

@@ -122,7 +122,16 @@ pub struct RateLimiter {
     sources: HashMap<Source, Bucket>,
     capacity: usize,
     swept: Time,
+    /// Sources where an authorized key made a session lately, and until
+    /// when that counts ([`RateLimiter::prove`]).
+    proven: HashMap<Source, Time>,
 }
+
+/// How long a source that made a session is spared the global budget.
+pub const PROVEN_FOR: Duration = Duration::from_secs(600);
+
+/// Sources spared the global budget at once.
+const PROVEN_MAX: usize = 4096;
 
 impl RateLimiter {
     /// `per_source` for each source; `global` for all together; at most
@@ -135,7 +144,38 @@ impl RateLimiter {
             sources: HashMap::new(),
             capacity: capacity.max(1),
             swept: Time::ZERO,
+            proven: HashMap::new(),
         }
+    }
+
+    /// An authorized key made a session from `ip`: for [`PROVEN_FOR`] its
+    /// hellos are held to their source's budget only, not to everyone's,
+    /// so that a flood that spends the global budget (distinct hellos
+    /// from many addresses, each with its cookie) does not lock out the
+    /// clients the server already knows. A spoofer cannot borrow this:
+    /// past the server's load threshold (200 hellos worked a second)
+    /// every hello must carry a cookie, which only the address's owner
+    /// receives, and each source keeps its own bucket.
+    pub fn prove(&mut self, now: Time, ip: IpAddr) {
+        let source = Source::of(ip);
+        if !self.proven.contains_key(&source) && self.proven.len() >= PROVEN_MAX {
+            self.proven.retain(|_, until| *until > now);
+            if self.proven.len() >= PROVEN_MAX {
+                if let Some(soonest) = self
+                    .proven
+                    .iter()
+                    .min_by_key(|(_, until)| **until)
+                    .map(|(s, _)| *s)
+                {
+                    self.proven.remove(&soonest);
+                }
+            }
+        }
+        self.proven.insert(source, now + PROVEN_FOR);
+    }
+
+    fn is_proven(&self, now: Time, source: &Source) -> bool {
+        self.proven.get(source).is_some_and(|until| *until > now)
     }
 
     /// Sources tracked now (at most the capacity).
@@ -158,6 +198,9 @@ impl RateLimiter {
         let before = *bucket;
         if !rate.take(bucket, now) {
             return Err(Limited::Source);
+        }
+        if self.is_proven(now, &source) {
+            return Ok(());
         }
         if !self.global_rate.take(&mut self.global, now) {
             // Not spent after all: the source keeps its tokens.
@@ -286,6 +329,32 @@ mod tests {
             assert_eq!(r.allow(ms(0), ip("192.0.2.2")), Err(Limited::Global));
         }
         assert_eq!(r.allow(ms(1000), ip("192.0.2.2")), Ok(()));
+    }
+
+    /// A flood that spends the global budget does not lock out a source
+    /// where an authorized key made a session lately: it keeps its own
+    /// budget, and only for [`PROVEN_FOR`].
+    #[test]
+    fn a_proven_source_is_held_to_its_own_budget_only() {
+        let mut r = RateLimiter::new(Rate::new(20, 5), Rate::new(1, 1), 16);
+        assert_eq!(r.allow(ms(0), ip("192.0.2.1")), Ok(()));
+        // The global budget is spent.
+        assert_eq!(r.allow(ms(1), ip("192.0.2.2")), Err(Limited::Global));
+        r.prove(ms(1), ip("192.0.2.2"));
+        for i in 0..5 {
+            assert_eq!(r.allow(ms(2), ip("192.0.2.2")), Ok(()), "hello {i}");
+        }
+        // Its own bucket still holds it.
+        assert_eq!(r.allow(ms(2), ip("192.0.2.2")), Err(Limited::Source));
+        // Another address of the same IPv6 /64 counts as the same source;
+        // one outside it does not.
+        r.prove(ms(2), ip("2001:db8::1"));
+        assert_eq!(r.allow(ms(3), ip("2001:db8::2")), Ok(()));
+        assert_eq!(r.allow(ms(3), ip("2001:db8:1::2")), Err(Limited::Global));
+        // Past PROVEN_FOR, the global budget again (spent by others).
+        let later = ms(2) + PROVEN_FOR;
+        assert_eq!(r.allow(later, ip("192.0.2.9")), Ok(()));
+        assert_eq!(r.allow(later, ip("192.0.2.2")), Err(Limited::Global));
     }
 
     #[test]
