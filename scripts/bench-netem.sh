@@ -52,7 +52,9 @@
 # before that, left out, default 10), SEED (bridge seed, default 1), LOSSES
 # (loss values in percent, default "0 0.1 1 2"), PAIR_LOSSES (default "0 1"),
 # E2E_LOSSES (default "0 1"), E2E_SIZE (default 100M), E2E_ROUNDS (default
-# 3). An empty PAIR_LOSSES or E2E_LOSSES skips that part.
+# 3), ATOU_BIN (the atou binary run at both ends, default this build's
+# target/release/atou: another build's, for a before and after). An empty
+# PAIR_LOSSES or E2E_LOSSES skips that part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -122,7 +124,7 @@ if ! command -v iperf3 >/dev/null; then
 fi
 command -v python3 >/dev/null || die "python3 is missing"
 cargo build --release --quiet
-atou=target/release/atou
+atou=${ATOU_BIN:-target/release/atou}
 probe_help=$("$atou" probe --help)
 for f in --cc --recovery --no-auth --maxtime --json; do
     grep -q -- "$f " <<<"$probe_help" || die "atou probe has no $f flag"
