@@ -53,7 +53,9 @@
 # copy, default 3600), FSYNC_DIR (on disk, for the fsync cost; default
 # /var/tmp; FSYNC_DIR=none skips those runs), REF_ATOU (another atou binary,
 # e.g. an earlier release's, run as one more tool, "atou-ref", with its own
-# serve defaults: the same-run ratio of this build to it).
+# serve defaults: the same-run ratio of this build to it; a reference with
+# keys runs with --no-auth, and is then set against atou-plain, like for
+# like).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -332,9 +334,9 @@ done
 results=$all_results
 
 read -r load_after _ </proc/loadavg
-python3 - "$results" "$big_size" "$small_files" "${STREAMS:-}" "${ATOU_ARGS:-}" "$rev" "$load_before" "$load_after" "$(nproc)" "$rounds" "$fsync_dir" <<'PY'
+python3 - "$results" "$big_size" "$small_files" "${STREAMS:-}" "${ATOU_ARGS:-}" "$rev" "$load_before" "$load_after" "$(nproc)" "$rounds" "$fsync_dir" "${ref_plain[*]:-}" <<'PY'
 import statistics, sys
-rows, big_size, small_files, streams, atou_args, rev, load0, load1, ncpu, rounds, fsync_dir = sys.argv[1:12]
+rows, big_size, small_files, streams, atou_args, rev, load0, load1, ncpu, rounds, fsync_dir, ref_plain = sys.argv[1:13]
 runs, rss, extra = {}, {}, {}
 for line in open(rows):
     f = line.split()
@@ -375,9 +377,12 @@ for s in ("big", "tree"):
 print()
 if "atou-ref" in tools:
     print()
-    print("this build against REF_ATOU (atou-ref), same run, medians")
+    # Like for like: a reference that runs with --no-auth is set
+    # against this build's --no-auth run.
+    mine = "atou-plain" if ref_plain else "atou"
+    print(f"this build ({mine}) against REF_ATOU (atou-ref{', --no-auth' if ref_plain else ''}), same run, medians")
     for s in ("big", "tree"):
-        print(f"  {sets[s]:<22} {res[(s, 'atou')][2] / res[(s, 'atou-ref')][2]:6.2f}x")
+        print(f"  {sets[s]:<22} {res[(s, mine)][2] / res[(s, 'atou-ref')][2]:6.2f}x")
 print()
 print(f"fsync at the receiver (atou serve's default; --no-fsync above), into {fsync_dir} on disk, medians")
 for s in ("big", "tree"):

@@ -367,6 +367,20 @@ fn keys() -> &'static Keys {
     })
 }
 
+/// `atou serve --dir DEST` on an ephemeral loopback port with the test
+/// keys, for a test that reads its stderr itself.
+fn keyed_serve(dest: &Path) -> Command {
+    let mut c = Command::new(ATOU);
+    c.env("XDG_CACHE_HOME", TEST_CACHE)
+        .args(["serve", "--bind", "127.0.0.1:0", "--dir"])
+        .arg(dest)
+        .arg("--identity")
+        .arg(&keys().server)
+        .arg("--authorized-keys")
+        .arg(&keys().authorized);
+    c
+}
+
 /// `atou serve --dir DEST --json` on an ephemeral loopback port, with the
 /// test keys; SIGTERM and reaped when dropped.
 struct Serve {
@@ -1722,14 +1736,7 @@ fn a_replayed_hello_is_dropped_before_it_is_read() {
 
     let scratch = Scratch::new("replay-filter");
     let dest = scratch.dir("dest");
-    let mut child = Command::new(ATOU)
-        .env("XDG_CACHE_HOME", TEST_CACHE)
-        .args(["serve", "--bind", "127.0.0.1:0", "--dir"])
-        .arg(&dest)
-        .arg("--identity")
-        .arg(&keys().server)
-        .arg("--authorized-keys")
-        .arg(&keys().authorized)
+    let mut child = keyed_serve(&dest)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -2935,14 +2942,7 @@ fn a_damaged_table_of_hello_timestamps_stops_the_server_at_start() {
     set_mode(&staging, 0o700);
     let table = staging.join(HELLO_TIMESTAMPS);
     let start = |what: &str| {
-        let mut child = Command::new(ATOU)
-            .env("XDG_CACHE_HOME", TEST_CACHE)
-            .args(["serve", "--bind", "127.0.0.1:0", "--dir"])
-            .arg(&dest)
-            .arg("--identity")
-            .arg(&keys().server)
-            .arg("--authorized-keys")
-            .arg(&keys().authorized)
+        let mut child = keyed_serve(&dest)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -2999,14 +2999,7 @@ fn a_hello_whose_timestamp_cannot_be_saved_is_not_answered() {
     set_mode(&staging, 0o700);
     let blocker = staging.join(format!("{HELLO_TIMESTAMPS}.new"));
     fs::create_dir_all(blocker.join("in-the-way")).unwrap();
-    let mut child = Command::new(ATOU)
-        .env("XDG_CACHE_HOME", TEST_CACHE)
-        .args(["serve", "--bind", "127.0.0.1:0", "--dir"])
-        .arg(&dest)
-        .arg("--identity")
-        .arg(&keys().server)
-        .arg("--authorized-keys")
-        .arg(&keys().authorized)
+    let mut child = keyed_serve(&dest)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

@@ -150,6 +150,14 @@ struct Ledger {
 }
 
 impl Ledger {
+    /// Keeps `claim` under a new id.
+    fn add(&mut self, claim: Claim) -> ClaimId {
+        let id = self.next;
+        self.next += 1;
+        self.claims.insert(id, claim);
+        id
+    }
+
     /// Counts `id` in `claim` (taking it from the claim that counted it,
     /// returned).
     fn hold(&mut self, id: FileId, claim: ClaimId, bytes: u64) -> Option<ClaimId> {
@@ -318,17 +326,12 @@ impl StagedQuota {
             let Some((owner, files)) = read.ok().and_then(|_| decode(&bytes)) else {
                 continue;
             };
-            let claim = ledger.next;
-            ledger.next += 1;
-            ledger.claims.insert(
-                claim,
-                Claim {
-                    owner,
-                    file: name,
-                    planned: to_time(mtime),
-                    files: 0,
-                },
-            );
+            let claim = ledger.add(Claim {
+                owner,
+                file: name,
+                planned: to_time(mtime),
+                files: 0,
+            });
             for (id, bytes) in files {
                 touched.extend(ledger.hold(id, claim, bytes));
             }
@@ -407,17 +410,12 @@ impl StagedQuota {
                 &e,
             )
         })?;
-        let claim = ledger.next;
-        ledger.next += 1;
-        ledger.claims.insert(
-            claim,
-            Claim {
-                owner,
-                file,
-                planned,
-                files: 0,
-            },
-        );
+        let claim = ledger.add(Claim {
+            owner,
+            file,
+            planned,
+            files: 0,
+        });
         let mut touched = HashSet::new();
         for (id, bytes) in ids {
             touched.extend(ledger.hold(id, claim, bytes));
