@@ -879,12 +879,7 @@ fn hello_at(
             wall_ns,
         )
         .unwrap();
-    let mut buf = vec![0u8; 2048];
-    let n = c
-        .poll_transmit(Time::ZERO, &mut buf, &mut PatternSource)
-        .unwrap();
-    buf.truncate(n);
-    buf
+    first_datagram(&mut c)
 }
 
 /// The replay state is in memory: a hello captured from an authorized

@@ -78,33 +78,32 @@ async fn notified(waker: Option<&Notify>) {
     }
 }
 
-/// Runs a server's handshake work ([`Server::offload_handshakes`]) on a
-/// thread of its own, so that the thread that carries established
-/// connections' datagrams never waits behind a hello's X25519 operations
-/// (issue 26). One thread: the budgets let through at most
-/// [`ServerLimits::hellos_per_sec`] hellos a second, a fraction of what
-/// one core works. Ends when dropped, once its job in hand is done.
-struct HandshakeWorker {
-    jobs: Option<std::sync::mpsc::SyncSender<HandshakeWork>>,
-    done: std::sync::mpsc::Receiver<HandshakeDone>,
+/// A thread beside the serving loop that turns each job sent to it into a
+/// result, and wakes the loop when one is ready. Jobs go through a
+/// bounded channel; it ends when dropped, once the job in hand is done.
+struct SideThread<In, Out> {
+    jobs: Option<std::sync::mpsc::SyncSender<In>>,
+    done: std::sync::mpsc::Receiver<Out>,
     /// Told when a result is ready, to wake the serve loop.
     ready: Arc<Notify>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl HandshakeWorker {
-    /// A worker for at most `capacity` jobs out at once (the server's
-    /// [`ServerLimits::handshake_queue`], which it never exceeds).
-    fn start(capacity: usize) -> io::Result<HandshakeWorker> {
-        let (jobs, queue) = std::sync::mpsc::sync_channel::<HandshakeWork>(capacity.max(1));
+impl<In: Send + 'static, Out: Send + 'static> SideThread<In, Out> {
+    fn start(
+        name: &str,
+        capacity: usize,
+        mut work: impl FnMut(In) -> Out + Send + 'static,
+    ) -> io::Result<SideThread<In, Out>> {
+        let (jobs, queue) = std::sync::mpsc::sync_channel::<In>(capacity.max(1));
         let (results, done) = std::sync::mpsc::channel();
         let ready = Arc::new(Notify::new());
         let wake = Arc::clone(&ready);
         let thread = std::thread::Builder::new()
-            .name("atou-handshakes".into())
+            .name(name.into())
             .spawn(move || {
-                for work in queue {
-                    if results.send(work.run()).is_err() {
+                for job in queue {
+                    if results.send(work(job)).is_err() {
                         break;
                     }
                     // A permit is kept if the loop is not waiting yet, so
@@ -112,7 +111,7 @@ impl HandshakeWorker {
                     wake.notify_one();
                 }
             })?;
-        Ok(HandshakeWorker {
+        Ok(SideThread {
             jobs: Some(jobs),
             done,
             ready,
@@ -120,25 +119,56 @@ impl HandshakeWorker {
         })
     }
 
+    /// Hands `job` over; gives it back if the channel is full or the
+    /// thread is gone (only by a panic).
+    fn send(&self, job: In) -> Result<(), In> {
+        use std::sync::mpsc::TrySendError;
+        match self.jobs.as_ref() {
+            Some(jobs) => jobs.try_send(job).map_err(|e| match e {
+                TrySendError::Full(job) | TrySendError::Disconnected(job) => job,
+            }),
+            None => Err(job),
+        }
+    }
+}
+
+impl<In, Out> Drop for SideThread<In, Out> {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread's loop.
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Runs a server's handshake work ([`Server::offload_handshakes`]) on a
+/// thread of its own, so that the thread that carries established
+/// connections' datagrams never waits behind a hello's X25519 operations.
+/// One thread: the budgets let through at most
+/// [`ServerLimits::hellos_per_sec`] hellos a second, a fraction of what
+/// one core works. Its channel holds [`ServerLimits::handshake_queue`]
+/// jobs, as many as the server ever has out.
+struct HandshakeWorker(SideThread<HandshakeWork, HandshakeDone>);
+
+impl HandshakeWorker {
+    fn start(capacity: usize) -> io::Result<HandshakeWorker> {
+        SideThread::start("atou-handshakes", capacity, HandshakeWork::run).map(HandshakeWorker)
+    }
+
     /// Gives the server the results that are ready and the worker the
     /// jobs the server has (those the results made included).
     fn exchange(&self, server: &mut Server, now: Time) {
-        while let Ok(done) = self.done.try_recv() {
+        while let Ok(done) = self.0.done.try_recv() {
             server.handshake_done(now, done);
         }
         while let Some(work) = server.poll_handshake_work() {
-            use std::sync::mpsc::TrySendError;
-            let refused = match self.jobs.as_ref() {
-                Some(jobs) => match jobs.try_send(work) {
-                    Ok(()) => continue,
-                    Err(TrySendError::Full(work) | TrySendError::Disconnected(work)) => work,
-                },
-                None => work,
-            };
             // Never full (the server holds no more jobs out than the
             // channel holds) and never gone but by a panic: then the work
             // is done here rather than lost.
-            server.handshake_done(now, refused.run());
+            if let Err(refused) = self.0.send(work) {
+                server.handshake_done(now, refused.run());
+            }
         }
     }
 }
@@ -148,37 +178,13 @@ impl HandshakeWorker {
 /// VM), which the thread that carries established connections' datagrams
 /// must not wait for; only the accepted responses the save covers wait
 /// (held by the server until [`Server::hello_timestamps_saved`]). One
-/// save at a time; ends when dropped, once the save in hand is done.
-struct TimestampSaver {
-    tables: Option<std::sync::mpsc::SyncSender<Vec<(crate::proto::crypto::PublicKey, u64)>>>,
-    done: std::sync::mpsc::Receiver<Result<(), String>>,
-    ready: Arc<Notify>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
+/// save at a time.
+struct TimestampSaver(SideThread<Vec<(crate::proto::crypto::PublicKey, u64)>, Result<(), String>>);
 
 impl TimestampSaver {
     fn start(file: hello_timestamps::HelloTimestampFile) -> io::Result<TimestampSaver> {
-        let (tables, queue) = std::sync::mpsc::sync_channel(1);
-        let (results, done) = std::sync::mpsc::channel();
-        let ready = Arc::new(Notify::new());
-        let wake = Arc::clone(&ready);
-        let thread = std::thread::Builder::new()
-            .name("atou-timestamps".into())
-            .spawn(move || {
-                for table in queue {
-                    let table: Vec<(crate::proto::crypto::PublicKey, u64)> = table;
-                    if results.send(file.save(&table)).is_err() {
-                        break;
-                    }
-                    wake.notify_one();
-                }
-            })?;
-        Ok(TimestampSaver {
-            tables: Some(tables),
-            done,
-            ready,
-            thread: Some(thread),
-        })
+        SideThread::start("atou-timestamps", 1, move |table: Vec<_>| file.save(&table))
+            .map(TimestampSaver)
     }
 
     /// Reports the save that finished, if one did, and starts the next
@@ -186,7 +192,7 @@ impl TimestampSaver {
     /// that failed.
     fn exchange(&self, server: &mut Server, path: &std::path::Path) -> Result<(), String> {
         let mut told = Ok(());
-        if let Ok(saved) = self.done.try_recv() {
+        if let Ok(saved) = self.0.done.try_recv() {
             if let Err(e) = &saved {
                 told = Err(format!(
                     "cannot save the hello timestamps to {}: {e}; the clients just accepted \
@@ -197,8 +203,7 @@ impl TimestampSaver {
             server.hello_timestamps_saved(saved.is_ok());
         }
         if let Some(table) = server.hello_timestamps_to_save() {
-            let sent = self.tables.as_ref().map(|t| t.try_send(table));
-            if !matches!(sent, Some(Ok(()))) {
+            if self.0.send(table).is_err() {
                 // Never full (one save at a time) and never gone but by a
                 // panic: then the responses it covers are not sent.
                 server.hello_timestamps_saved(false);
@@ -209,25 +214,6 @@ impl TimestampSaver {
             }
         }
         told
-    }
-}
-
-impl Drop for TimestampSaver {
-    fn drop(&mut self) {
-        self.tables = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for HandshakeWorker {
-    fn drop(&mut self) {
-        // Closing the channel ends the thread's loop.
-        self.jobs = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
@@ -1020,8 +1006,8 @@ pub async fn serve_from(
             r = io.readable() => r.map_err(sock_err)?,
             () = sleep_until(clock, deadline) => {}
             () = notified(waker.as_deref()) => {}
-            () = notified(handshakes.as_ref().map(|w| &*w.ready)) => {}
-            () = notified(saver.as_ref().map(|s| &*s.ready)) => {}
+            () = notified(handshakes.as_ref().map(|w| &*w.0.ready)) => {}
+            () = notified(saver.as_ref().map(|s| &*s.0.ready)) => {}
             () = &mut stop => return Ok(*server.stats()),
         }
     }
