@@ -58,6 +58,16 @@ pub fn escape(bytes: &[u8]) -> String {
     Escaped(bytes).to_string()
 }
 
+/// An I/O error in words without its `(os error N)` tail: "No such
+/// device (os error 19)" is shown as "No such device".
+pub fn io_error(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.find(" (os error") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -172,13 +172,7 @@ fn cause(e: &std::io::Error) -> String {
         Some(libc::EDQUOT) => "disk quota exceeded".into(),
         Some(libc::EACCES | libc::EPERM) => "permission denied".into(),
         Some(libc::EROFS) => "read-only file system".into(),
-        _ => {
-            let text = e.to_string();
-            match text.find(" (os error") {
-                Some(at) => text[..at].to_string(),
-                None => text,
-            }
-        }
+        _ => crate::text::io_error(e),
     }
 }
 

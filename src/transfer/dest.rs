@@ -59,14 +59,7 @@ pub fn io_error(action: &str, path: &Path, e: &io::Error) -> String {
                 .to_string()
         }
         Some(libc::EEXIST) => "something else is there now".to_string(),
-        _ => {
-            // "No such device (os error 19)" -> "No such device".
-            let text = e.to_string();
-            match text.find(" (os error") {
-                Some(at) => text[..at].to_string(),
-                None => text,
-            }
-        }
+        _ => crate::text::io_error(e),
     };
     format!(
         "cannot {action} {}: {cause}",

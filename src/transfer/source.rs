@@ -151,7 +151,7 @@ impl SourceSpec {
                  it is not followed: run again"
             ),
             Some(libc::ENOENT) => format!("{shown} was removed after it was listed; run again"),
-            _ => format!("cannot open {shown}: {}", plain(&e)),
+            _ => format!("cannot open {shown}: {}", crate::text::io_error(&e)),
         })?;
         let file = File::from(fd);
         let now = self.stamp_of(&file)?;
@@ -165,9 +165,13 @@ impl SourceSpec {
     }
 
     fn stamp_of(&self, file: &File) -> Result<Stamp, String> {
-        let md = file
-            .metadata()
-            .map_err(|e| format!("cannot read {}: {}", shown_path(&self.shown), plain(&e)))?;
+        let md = file.metadata().map_err(|e| {
+            format!(
+                "cannot read {}: {}",
+                shown_path(&self.shown),
+                crate::text::io_error(&e)
+            )
+        })?;
         if !md.is_file() {
             return Err(format!(
                 "{} is no longer a regular file; run again",
@@ -191,15 +195,6 @@ impl SourceSpec {
 fn as_path(name: &[u8]) -> &Path {
     use std::os::unix::ffi::OsStrExt;
     Path::new(std::ffi::OsStr::from_bytes(name))
-}
-
-/// An I/O error without the `(os error N)` tail.
-fn plain(e: &io::Error) -> String {
-    let s = e.to_string();
-    match s.find(" (os error") {
-        Some(at) => s[..at].to_string(),
-        None => s,
-    }
 }
 
 /// A file opened for the chunks one round reads from it.
@@ -298,7 +293,7 @@ fn read_exact_at(
                 return Err(format!(
                     "cannot read {}: {}",
                     shown_path(&spec.shown),
-                    plain(&e)
+                    crate::text::io_error(&e)
                 ))
             }
         }
