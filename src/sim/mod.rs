@@ -10,6 +10,7 @@
 //! specs a run is identical, trace included, on every machine.
 
 pub mod flows;
+pub mod pair;
 pub mod scenarios;
 
 use std::time::Duration;
@@ -27,6 +28,7 @@ use crate::proto::{
 use crate::summary::{SimReport, Summary};
 
 pub use flows::{jain_index, run_flows, FlowConfig, FlowResult, FlowsConfig, FlowsResult};
+pub use pair::{Pair, PairConfig, PairResult};
 
 #[derive(Debug, Clone)]
 pub struct SimConfig {
@@ -88,6 +90,8 @@ pub enum SimError {
     Tuning(#[from] TuningError),
     #[error("sender invariant broken at {time:?}: {what}")]
     Invariant { time: Time, what: String },
+    #[error("client and server: {0}")]
+    Pair(String),
 }
 
 /// How a simulated run ended.

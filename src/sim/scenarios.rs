@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use super::{SimConfig, SimError, Simulation};
+use super::{Pair, PairConfig, SimConfig, SimError, Simulation};
 use crate::netem::{Netem, NetemSpec};
+use crate::proto::crypto::{ClientAuth, ServerAuth};
 use crate::proto::{Event, Recorder, RecoveryKind, Time, Tuning};
 use crate::units::Probability;
 
@@ -25,6 +26,18 @@ pub struct MathisRun {
     pub timeouts: u64,
 }
 
+/// Which endpoints run a scenario.
+#[derive(Debug, Clone)]
+pub enum Endpoints {
+    /// A bare `Sender` and `Receiver`, as in the papers.
+    Bare,
+    /// `Client` and `Server`: a plain hello (and the server's retry), then
+    /// the same connection ([`Pair`]).
+    Plain,
+    /// `Client` and `Server` with a Noise handshake and sealed packets.
+    Keys(ServerAuth, ClientAuth),
+}
+
 /// Mathis §3.1, queueless random loss: 100 ms RTT, MSS 1460, link loss `p`,
 /// a link ten times faster than the flow so no queue stands. Runs for
 /// `losses / p` segments and measures from the tenth recovery on, leaving
@@ -35,6 +48,18 @@ pub fn mathis(
     p: f64,
     losses: f64,
     seed: u64,
+) -> Result<MathisRun, SimError> {
+    mathis_through(kind, delayed_ack, p, losses, seed, Endpoints::Bare)
+}
+
+/// [`mathis`] with the connection between `endpoints`.
+pub fn mathis_through(
+    kind: RecoveryKind,
+    delayed_ack: bool,
+    p: f64,
+    losses: f64,
+    seed: u64,
+    endpoints: Endpoints,
 ) -> Result<MathisRun, SimError> {
     const WARMUP_EPISODES: usize = 10;
     let tuning = Tuning {
@@ -58,8 +83,34 @@ pub fn mathis(
         .expect("valid spec");
     let rev: NetemSpec = "delay 50ms".parse().expect("valid spec");
     let mut recorder = Recorder::default();
-    let result =
-        Simulation::new(SimConfig::new(tuning, fwd, rev, None, seed))?.run(&mut recorder)?;
+    let (secs, snd_una, rtt, timeouts) = match endpoints {
+        Endpoints::Bare => {
+            let config = SimConfig::new(tuning, fwd, rev, None, seed);
+            let s = Simulation::new(config)?.run(&mut recorder)?.summary;
+            (s.secs, s.snd_una, s.avgrtt, s.timeouts)
+        }
+        Endpoints::Plain | Endpoints::Keys(..) => {
+            let mut config = PairConfig::new(tuning, fwd, rev, None, seed);
+            if let Endpoints::Keys(server, client) = endpoints {
+                config = config.authenticated(server, client);
+            }
+            let mut pair = Pair::new(config).map_err(|e| SimError::Pair(e.to_string()))?;
+            pair.run(&mut recorder);
+            let now = pair.now();
+            let sender = pair
+                .client
+                .sender_mut()
+                .ok_or_else(|| SimError::Pair("the handshake never completed".to_string()))?;
+            let timeouts = sender.stats().timeouts;
+            let snap = sender.snapshot(now);
+            (
+                snap.elapsed.as_secs_f64(),
+                snap.snd_una,
+                snap.avgrtt,
+                timeouts,
+            )
+        }
+    };
     let exits: Vec<(Duration, u64)> = recorder
         .events
         .iter()
@@ -68,20 +119,20 @@ pub fn mathis(
             _ => None,
         })
         .collect();
-    let s = &result.summary;
     let (t0, una0) = exits
         .get(WARMUP_EPISODES - 1)
         .copied()
         .unwrap_or((Duration::ZERO, 0));
-    let span = s.secs - t0.as_secs_f64();
-    let bw_bps = (s.snd_una - una0) as f64 * MATHIS_MSS as f64 * 8.0 / span;
-    let rtt = s.avgrtt;
+    let span = secs - t0.as_secs_f64();
+    // Segments per second: C is the same whatever each one carries (a
+    // sealed segment carries its tag's 16 bytes less).
+    let segs_per_sec = (snd_una - una0) as f64 / span;
     Ok(MathisRun {
-        c: bw_bps / 8.0 * rtt.as_secs_f64() * p.sqrt() / MATHIS_MSS as f64,
-        bw_bps,
+        c: segs_per_sec * rtt.as_secs_f64() * p.sqrt(),
+        bw_bps: segs_per_sec * MATHIS_MSS as f64 * 8.0,
         rtt,
         episodes: exits.len().saturating_sub(WARMUP_EPISODES),
-        timeouts: s.timeouts,
+        timeouts,
     })
 }
 

@@ -1,0 +1,314 @@
+//! A [`Client`] and a [`Server`] wired back to back over two netem paths
+//! in virtual time: the whole connection — hello, retry or Noise
+//! handshake, data, close — as `atou send` to `atou serve` runs it, with
+//! no socket, thread or clock.
+//!
+//! [`Simulation`](super::Simulation) drives a bare `Sender` and `Receiver`
+//! and so never runs the handshake; a `Pair` runs the same paths with the
+//! endpoints a real transfer uses, so a paper's scenario can be checked
+//! through the handshake too, and a test can put a hostile path
+//! ([`Pair::with_tap`]) between two real endpoints.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::netem::{mix_seed, Datagram, Netem, NetemSpec};
+use crate::proto::crypto::{ClientAuth, HandshakeError, ServerAuth};
+use crate::proto::tuning::TuningError;
+use crate::proto::{
+    Client, ConnError, Observer, PatternSource, Server, ServerLimits, Time, Tuning,
+};
+
+use super::RunEnd;
+
+/// The client's address, as the server sees it.
+pub const CLIENT_ADDR: SocketAddr = SocketAddr::new(
+    std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1)),
+    40_000,
+);
+
+/// Receive buffer the server's "socket" was given and granted, bytes.
+const SERVER_RCVBUF: u32 = 8 << 20;
+
+/// Which way a datagram goes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Dir {
+    ToServer,
+    ToClient,
+}
+
+/// What a tap does to one datagram as it enters its path: the datagrams
+/// that go on instead (none: dropped), each with the source address the
+/// server will see (ignored towards the client).
+pub type Tap = Box<dyn FnMut(Time, Dir, Vec<u8>) -> Vec<(SocketAddr, Vec<u8>)>>;
+
+/// One run of a client and a server.
+#[derive(Debug, Clone)]
+pub struct PairConfig {
+    pub tuning: Tuning,
+    /// Client → server.
+    pub fwd: NetemSpec,
+    /// Server → client.
+    pub rev: NetemSpec,
+    /// Bytes the client sends; `None`: until `maxtime`/`maxpkts`.
+    pub bytes: Option<u64>,
+    pub seed: u64,
+    pub limits: ServerLimits,
+    /// What the server accepts; [`ServerAuth::plain`] by default.
+    pub server_auth: ServerAuth,
+    /// The client's keys; `None`: a plain hello.
+    pub client_auth: Option<ClientAuth>,
+    /// Stop after this much virtual time whatever happens.
+    pub time_limit: Duration,
+    /// Record the client sender's trace (passed to the observer).
+    pub trace: bool,
+}
+
+impl PairConfig {
+    /// A plain client sending `bytes` of pattern data to a plain server.
+    pub fn new(
+        tuning: Tuning,
+        fwd: NetemSpec,
+        rev: NetemSpec,
+        bytes: Option<u64>,
+        seed: u64,
+    ) -> PairConfig {
+        PairConfig {
+            tuning,
+            fwd,
+            rev,
+            bytes,
+            seed,
+            limits: ServerLimits::default(),
+            server_auth: ServerAuth::plain(),
+            client_auth: None,
+            time_limit: Duration::from_secs(86_400),
+            trace: false,
+        }
+    }
+
+    /// The same run with a Noise handshake and sealed packets.
+    pub fn authenticated(mut self, server: ServerAuth, client: ClientAuth) -> PairConfig {
+        self.server_auth = server;
+        self.client_auth = Some(client);
+        self
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PairError {
+    #[error("bad tuning: {0}")]
+    Tuning(#[from] TuningError),
+    #[error("bad keys: {0}")]
+    Keys(#[from] HandshakeError),
+    #[error("the client refused its keys: {0}")]
+    Client(#[from] ConnError),
+}
+
+/// What happens next.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    ToServer,
+    ToClient,
+    ClientTimer,
+    ServerTimer,
+}
+
+/// How a run ended, and when.
+#[derive(Debug)]
+pub struct PairResult {
+    pub outcome: RunEnd,
+    /// Virtual time when the run stopped.
+    pub end: Time,
+    /// From the first hello to the session's keys (authenticated runs).
+    pub handshake: Option<Duration>,
+}
+
+pub struct Pair {
+    pub client: Client,
+    pub server: Server,
+    fwd: Netem<FromAddr>,
+    rev: Netem<Vec<u8>>,
+    tap: Option<Tap>,
+    now: Time,
+    time_limit: Duration,
+    buf: Vec<u8>,
+    /// Datagrams the server addressed to someone other than the client.
+    pub misaddressed: u64,
+}
+
+/// A datagram on the way to the server, with the source address it
+/// will arrive from.
+#[derive(Clone)]
+struct FromAddr {
+    from: SocketAddr,
+    bytes: Vec<u8>,
+}
+
+impl Datagram for FromAddr {
+    fn wire_len(&self) -> usize {
+        self.bytes.len()
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+}
+
+impl Pair {
+    pub fn new(config: PairConfig) -> Result<Pair, PairError> {
+        let conn_id = mix_seed(config.seed, 0);
+        let mut client = Client::new(&config.tuning, conn_id, config.bytes, Time::ZERO)?;
+        if let Some(auth) = config.client_auth {
+            // The hello's timestamp: any fixed wall clock will do, the
+            // server has seen no earlier one.
+            client = client.with_auth(auth, 1_000_000_000)?;
+        }
+        if config.trace {
+            client.enable_trace();
+        }
+        let server = Server::new(config.limits, SERVER_RCVBUF, SERVER_RCVBUF)
+            .with_auth(config.server_auth)?;
+        Ok(Pair {
+            client,
+            server,
+            fwd: Netem::new(config.fwd, mix_seed(config.seed, 1)),
+            rev: Netem::new(config.rev, mix_seed(config.seed, 2)),
+            tap: None,
+            now: Time::ZERO,
+            time_limit: config.time_limit,
+            buf: vec![0; 65_536],
+            misaddressed: 0,
+        })
+    }
+
+    /// Every datagram goes through `tap` before its path.
+    pub fn with_tap(
+        mut self,
+        tap: impl FnMut(Time, Dir, Vec<u8>) -> Vec<(SocketAddr, Vec<u8>)> + 'static,
+    ) -> Pair {
+        self.tap = Some(Box::new(tap));
+        self
+    }
+
+    pub fn now(&self) -> Time {
+        self.now
+    }
+
+    /// Runs until the client has an outcome, nothing is left to happen,
+    /// or the time limit.
+    pub fn run(&mut self, observer: &mut dyn Observer) -> PairResult {
+        let outcome = self.run_until(observer, |_| false);
+        PairResult {
+            outcome,
+            end: self.now,
+            handshake: self.client.handshake_time(),
+        }
+    }
+
+    /// Runs as [`run`](Self::run) does, or until `stop` says so after an
+    /// event (`RunEnd::Finished` then).
+    pub fn run_until(
+        &mut self,
+        observer: &mut dyn Observer,
+        mut stop: impl FnMut(&Pair) -> bool,
+    ) -> RunEnd {
+        loop {
+            self.pump(observer);
+            if let Some(outcome) = self.client.outcome() {
+                return match outcome {
+                    Ok(_) => RunEnd::Finished,
+                    Err(_) => RunEnd::Failed,
+                };
+            }
+            if stop(self) {
+                return RunEnd::Finished;
+            }
+            let Some((next, step)) = self.next_step() else {
+                return RunEnd::Stalled;
+            };
+            if next.saturating_since(Time::ZERO) > self.time_limit {
+                return RunEnd::TimeLimit;
+            }
+            self.now = self.now.max(next);
+            self.take(step);
+        }
+    }
+
+    /// The earliest thing due; ties in the order of [`Step`].
+    fn next_step(&self) -> Option<(Time, Step)> {
+        [
+            (self.fwd.next_release(), Step::ToServer),
+            (self.rev.next_release(), Step::ToClient),
+            (self.client.poll_timeout(), Step::ClientTimer),
+            (self.server.poll_timeout(), Step::ServerTimer),
+        ]
+        .into_iter()
+        .filter_map(|(at, step)| Some((at?, step)))
+        .fold(None, |best: Option<(Time, Step)>, (at, step)| match best {
+            Some((b, _)) if b <= at => best,
+            _ => Some((at, step)),
+        })
+    }
+
+    fn take(&mut self, step: Step) {
+        let now = self.now;
+        match step {
+            Step::ToServer => {
+                if let Some(FromAddr { from, bytes: mut d }) = self.fwd.poll(now) {
+                    // What a session's application would place: a pair
+                    // runs probes, whose data the server only checks.
+                    let _ = self.server.handle_datagram(now, from, &mut d);
+                }
+            }
+            Step::ToClient => {
+                if let Some(d) = self.rev.poll(now) {
+                    // Undecodable or foreign datagrams are counted by the client.
+                    let _ = self.client.handle_datagram(now, &d);
+                }
+            }
+            Step::ClientTimer => self.client.handle_timeout(now),
+            Step::ServerTimer => self.server.handle_timeout(now),
+        }
+    }
+
+    /// Drains both endpoints at the current instant into their paths.
+    fn pump(&mut self, observer: &mut dyn Observer) {
+        let now = self.now;
+        while let Some(n) = self
+            .client
+            .poll_transmit(now, &mut self.buf, &mut PatternSource)
+        {
+            let d = self.buf[..n].to_vec();
+            for (from, bytes) in self.tapped(Dir::ToServer, d) {
+                self.fwd.enqueue(now, FromAddr { from, bytes });
+            }
+        }
+        // The public-key work a driver's worker thread would do.
+        while let Some(work) = self.server.poll_handshake_work() {
+            self.server.handshake_done(now, work.run());
+        }
+        while let Some((to, n)) = self.server.poll_transmit(now, &mut self.buf) {
+            if to != CLIENT_ADDR {
+                self.misaddressed += 1;
+                continue;
+            }
+            let d = self.buf[..n].to_vec();
+            for (_, d) in self.tapped(Dir::ToClient, d) {
+                self.rev.enqueue(now, d);
+            }
+        }
+        while let Some(e) = self.client.poll_event() {
+            observer.on_event(&e);
+        }
+        while let Some(r) = self.client.poll_trace() {
+            observer.on_trace(&r);
+        }
+    }
+
+    fn tapped(&mut self, dir: Dir, d: Vec<u8>) -> Vec<(SocketAddr, Vec<u8>)> {
+        match &mut self.tap {
+            Some(tap) => tap(self.now, dir, d),
+            None => vec![(CLIENT_ADDR, d)],
+        }
+    }
+}
