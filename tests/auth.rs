@@ -8,10 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atou::keys::{format_public_key, AuthorizedKeys};
+use atou::netem::NetemSpec;
 use atou::proto::crypto::frame::{self, PROTECTED};
 use atou::proto::crypto::{Cipher, ClientAuth, ServerAuth, StaticKeypair};
 use atou::proto::wire::{Close, DataFlags, DataHeader, Hello, ReceiverParams};
 use atou::proto::{Client, ConnError, PatternSource, Server, ServerLimits, Time, Tuning};
+use atou::sim::pair::{Dir, Pair};
 
 const BYTES: u64 = 300_000;
 
@@ -79,56 +81,21 @@ fn secure_client_at(
         .unwrap()
 }
 
-/// Which way a datagram goes.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Dir {
-    ToServer,
-    ToClient,
-}
-
-/// Runs the pair until the client is done or `limit` passes; every
-/// datagram goes through `path`, which returns what arrives (none, one,
-/// several; the source address of a datagram to the server may change).
+/// Runs the pair ([`Pair`]) until the client is done or `limit` passes;
+/// every datagram goes through `path`, which returns what arrives (none,
+/// one, several; the source address of a datagram to the server may
+/// change). Gives the two endpoints back for the test to look at.
 fn run(
-    client: &mut Client,
-    server: &mut Server,
-    client_addr: SocketAddr,
+    client: Client,
+    server: Server,
     limit: Duration,
     mut path: impl FnMut(Time, Dir, Vec<u8>) -> Vec<(SocketAddr, Vec<u8>)>,
-) -> Time {
-    let mut now = Time::ZERO;
-    let mut buf = vec![0u8; 65536];
-    while client.outcome().is_none() && now.saturating_since(Time::ZERO) < limit {
-        client.handle_timeout(now);
-        server.handle_timeout(now);
-        for _ in 0..64 {
-            let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) else {
-                break;
-            };
-            for (from, mut d) in path(now, Dir::ToServer, buf[..n].to_vec()) {
-                server.handle_datagram(now, from, &mut d);
-            }
-        }
-        work_handshakes(server, now);
-        while let Some((to, n)) = server.poll_transmit(now, &mut buf) {
-            if to != client_addr && to.port() != 7 {
-                continue;
-            }
-            for (_, d) in path(now, Dir::ToClient, buf[..n].to_vec()) {
-                let _ = client.handle_datagram(now, &d);
-            }
-        }
-        now += Duration::from_millis(1);
-    }
-    now
-}
-
-/// Runs the public-key work a server with the offload handed out, as
-/// its driver's worker would (nothing for a server that runs its own).
-fn work_handshakes(server: &mut Server, now: Time) {
-    while let Some(work) = server.poll_handshake_work() {
-        server.handshake_done(now, work.run());
-    }
+) -> (Client, Server) {
+    let (fwd, rev) = (NetemSpec::default(), NetemSpec::default());
+    let mut pair = Pair::between(client, addr(1), server, fwd, rev, 1);
+    pair.set_time_limit(limit);
+    pair.run_tapped(&mut (), &mut path);
+    (pair.client, pair.server)
 }
 
 fn straight(from: SocketAddr) -> impl FnMut(Time, Dir, Vec<u8>) -> Vec<(SocketAddr, Vec<u8>)> {
@@ -137,8 +104,8 @@ fn straight(from: SocketAddr) -> impl FnMut(Time, Dir, Vec<u8>) -> Vec<(SocketAd
 
 #[test]
 fn an_authenticated_transfer_completes_and_nothing_after_the_hello_is_in_clear() {
-    let (mut server, server_key, client_key) = keyed_server();
-    let mut client = secure_client(11, &client_key, &server_key);
+    let (server, server_key, client_key) = keyed_server();
+    let client = secure_client(11, &client_key, &server_key);
     // The pattern atou sends is recognisable: 64 bytes of it must never
     // be seen on the wire.
     let mut pattern = vec![0u8; 4096];
@@ -146,24 +113,18 @@ fn an_authenticated_transfer_completes_and_nothing_after_the_hello_is_in_clear()
     let needle = &pattern[1000..1064];
     let mut datagrams = 0;
     let mut clear = 0;
-    run(
-        &mut client,
-        &mut server,
-        addr(1),
-        Duration::from_secs(30),
-        |_, dir, d| {
-            datagrams += 1;
-            let handshake = d[3] == 0x20 || d[3] == 0x21;
-            if !handshake && d[3] & PROTECTED == 0 {
-                clear += 1;
-            }
-            assert!(
-                !d.windows(needle.len()).any(|w| w == needle),
-                "{dir:?}: the data is in clear"
-            );
-            vec![(addr(1), d)]
-        },
-    );
+    let (client, server) = run(client, server, Duration::from_secs(30), |_, dir, d| {
+        datagrams += 1;
+        let handshake = d[3] == 0x20 || d[3] == 0x21;
+        if !handshake && d[3] & PROTECTED == 0 {
+            clear += 1;
+        }
+        assert!(
+            !d.windows(needle.len()).any(|w| w == needle),
+            "{dir:?}: the data is in clear"
+        );
+        vec![(addr(1), d)]
+    });
     let outcome = client.outcome().expect("finished").clone();
     assert!(outcome.is_ok(), "{outcome:?}");
     assert_eq!(clear, 0, "of {datagrams} datagrams");
@@ -183,23 +144,17 @@ fn an_unknown_key_is_not_answered_and_its_client_says_what_to_check() {
         StaticKeypair::generate().unwrap(),
         StaticKeypair::generate().unwrap(),
     );
-    let mut server = server_with(ServerAuth {
+    let server = server_with(ServerAuth {
         identity: Some(server_key.clone()),
         authorized: Some(authorized(&[&known])),
         allow_plain: false,
     });
-    let mut client = secure_client(12, &stranger, &server_key);
+    let client = secure_client(12, &stranger, &server_key);
     let mut answers = 0;
-    run(
-        &mut client,
-        &mut server,
-        addr(1),
-        Duration::from_secs(30),
-        |_, dir, d| {
-            answers += usize::from(dir == Dir::ToClient);
-            vec![(addr(1), d)]
-        },
-    );
+    let (client, server) = run(client, server, Duration::from_secs(30), |_, dir, d| {
+        answers += usize::from(dir == Dir::ToClient);
+        vec![(addr(1), d)]
+    });
     assert_eq!(answers, 0);
     let Some(Err(e @ ConnError::Idle { .. })) = client.outcome() else {
         panic!("{:?}", client.outcome());
@@ -223,20 +178,14 @@ fn a_client_pinning_the_wrong_server_key_gets_no_session() {
         StaticKeypair::generate().unwrap(),
         StaticKeypair::generate().unwrap(),
     );
-    let mut server = server_with(ServerAuth {
+    let server = server_with(ServerAuth {
         identity: Some(server_key),
         authorized: None,
         allow_plain: false,
     });
     // The client believes the server's key is `impostor`'s.
-    let mut client = secure_client(13, &client_key, &impostor);
-    run(
-        &mut client,
-        &mut server,
-        addr(1),
-        Duration::from_secs(3),
-        straight(addr(1)),
-    );
+    let client = secure_client(13, &client_key, &impostor);
+    let (client, server) = run(client, server, Duration::from_secs(3), straight(addr(1)));
     assert!(matches!(
         client.outcome(),
         None | Some(Err(ConnError::Idle { .. }))
@@ -248,19 +197,13 @@ fn a_client_pinning_the_wrong_server_key_gets_no_session() {
 #[test]
 fn a_plain_hello_to_a_server_that_requires_keys_is_told_so() {
     let server_key = StaticKeypair::generate().unwrap();
-    let mut server = server_with(ServerAuth {
+    let server = server_with(ServerAuth {
         identity: Some(server_key),
         authorized: Some(authorized(&[])),
         allow_plain: false,
     });
-    let mut client = Client::new(&tuning(), 14, Some(BYTES), Time::ZERO).unwrap();
-    run(
-        &mut client,
-        &mut server,
-        addr(1),
-        Duration::from_secs(3),
-        straight(addr(1)),
-    );
+    let client = Client::new(&tuning(), 14, Some(BYTES), Time::ZERO).unwrap();
+    let (client, server) = run(client, server, Duration::from_secs(3), straight(addr(1)));
     assert_eq!(client.outcome(), Some(&Err(ConnError::AuthRequired)));
     assert_eq!(server.open_connections(), 0);
     assert_eq!(server.stats().plain_refused, 1);
@@ -272,45 +215,33 @@ fn an_authenticating_client_is_told_when_the_server_has_no_key() {
         StaticKeypair::generate().unwrap(),
         StaticKeypair::generate().unwrap(),
     );
-    let mut server = server_with(ServerAuth::plain());
-    let mut client = secure_client(15, &client_key, &server_key);
-    run(
-        &mut client,
-        &mut server,
-        addr(1),
-        Duration::from_secs(3),
-        straight(addr(1)),
-    );
+    let server = server_with(ServerAuth::plain());
+    let client = secure_client(15, &client_key, &server_key);
+    let (client, _server) = run(client, server, Duration::from_secs(3), straight(addr(1)));
     assert_eq!(client.outcome(), Some(&Err(ConnError::NoIdentity)));
 }
 
 /// netem's `corrupt`: a bit flipped in one datagram in 20, both ways.
 #[test]
 fn flipped_bits_are_dropped_and_counted_and_the_transfer_still_completes() {
-    let (mut server, server_key, client_key) = keyed_server();
-    let mut client = secure_client(16, &client_key, &server_key);
+    let (server, server_key, client_key) = keyed_server();
+    let client = secure_client(16, &client_key, &server_key);
     let mut k = [0u64; 2];
     let mut flipped = [0u64; 2];
-    run(
-        &mut client,
-        &mut server,
-        addr(1),
-        Duration::from_secs(60),
-        |_, dir, mut d| {
-            let way = usize::from(dir == Dir::ToClient);
-            let established = d[3] & PROTECTED != 0;
-            k[way] += u64::from(established);
-            let k = k[way];
-            if established && k % 20 == 0 {
-                let bit = (k * 7919) as usize % (d.len() * 8);
-                // Not the magic or the kind: those only make it not atou's.
-                let bit = bit.max(32);
-                d[bit / 8] ^= 1 << (bit % 8);
-                flipped[way] += 1;
-            }
-            vec![(addr(1), d)]
-        },
-    );
+    let (client, server) = run(client, server, Duration::from_secs(60), |_, dir, mut d| {
+        let way = usize::from(dir == Dir::ToClient);
+        let established = d[3] & PROTECTED != 0;
+        k[way] += u64::from(established);
+        let k = k[way];
+        if established && k % 20 == 0 {
+            let bit = (k * 7919) as usize % (d.len() * 8);
+            // Not the magic or the kind: those only make it not atou's.
+            let bit = bit.max(32);
+            d[bit / 8] ^= 1 << (bit % 8);
+            flipped[way] += 1;
+        }
+        vec![(addr(1), d)]
+    });
     let outcome = client.outcome().expect("finished").clone();
     assert!(outcome.is_ok(), "{outcome:?}");
     assert_eq!(client.sender().unwrap().good_bytes(), BYTES);
@@ -329,22 +260,16 @@ fn flipped_bits_are_dropped_and_counted_and_the_transfer_still_completes() {
 
 #[test]
 fn replayed_datagrams_are_dropped_and_counted() {
-    let (mut server, server_key, client_key) = keyed_server();
-    let mut client = secure_client(17, &client_key, &server_key);
+    let (server, server_key, client_key) = keyed_server();
+    let client = secure_client(17, &client_key, &server_key);
     let mut replayed = 0;
-    run(
-        &mut client,
-        &mut server,
-        addr(1),
-        Duration::from_secs(30),
-        |_, dir, d| {
-            if dir == Dir::ToServer && d[3] & PROTECTED != 0 {
-                replayed += 1;
-                return vec![(addr(1), d.clone()), (addr(1), d)];
-            }
-            vec![(addr(1), d)]
-        },
-    );
+    let (client, mut server) = run(client, server, Duration::from_secs(30), |_, dir, d| {
+        if dir == Dir::ToServer && d[3] & PROTECTED != 0 {
+            replayed += 1;
+            return vec![(addr(1), d.clone()), (addr(1), d)];
+        }
+        vec![(addr(1), d)]
+    });
     assert!(client.outcome().unwrap().is_ok());
     assert!(replayed > 100);
     assert_eq!(server.stats().crypto_dropped, replayed);
@@ -362,55 +287,49 @@ fn a_captured_session_cannot_be_injected_into() {
         StaticKeypair::generate().unwrap(),
         StaticKeypair::generate().unwrap(),
     );
-    let mut server = server_with(ServerAuth {
+    let server = server_with(ServerAuth {
         identity: Some(server_key.clone()),
         authorized: Some(authorized(&[&client_key])),
         allow_plain: true,
     });
-    let mut client = secure_client(18, &client_key, &server_key);
+    let client = secure_client(18, &client_key, &server_key);
     let mut injected = 0u64;
-    run(
-        &mut client,
-        &mut server,
-        addr(1),
-        Duration::from_secs(30),
-        |_, dir, d| {
-            let mut out = vec![(addr(1), d.clone())];
-            if dir == Dir::ToServer && d[3] & PROTECTED != 0 {
-                let server_id = frame::recipient_id(&d);
-                // An altered copy with a fresh packet number.
-                let mut altered = d.clone();
-                altered[12..20].copy_from_slice(&(1u64 << 40).to_be_bytes());
-                let last = altered.len() - 1;
-                altered[last] ^= 1;
-                // A plain data segment and a plain close under the server's
-                // id and under the client's.
-                let mut seg = vec![0u8; 64];
-                let header = DataHeader {
-                    conn_id: server_id,
-                    seg: 0,
-                    timestamp: 0,
-                    flags: DataFlags::default(),
-                };
-                let n = header.emit(&mut seg).unwrap();
-                seg.truncate(n + 8);
-                let mut close = vec![0u8; 64];
-                let n = Close {
-                    conn_id: 18,
-                    segments: 1,
-                    bytes: 1,
-                }
-                .emit(&mut close)
-                .unwrap();
-                close.truncate(n);
-                out.push((addr(1), altered));
-                out.push((addr(1), seg));
-                out.push((addr(1), close));
-                injected += 3;
+    let (client, mut server) = run(client, server, Duration::from_secs(30), |_, dir, d| {
+        let mut out = vec![(addr(1), d.clone())];
+        if dir == Dir::ToServer && d[3] & PROTECTED != 0 {
+            let server_id = frame::recipient_id(&d);
+            // An altered copy with a fresh packet number.
+            let mut altered = d.clone();
+            altered[12..20].copy_from_slice(&(1u64 << 40).to_be_bytes());
+            let last = altered.len() - 1;
+            altered[last] ^= 1;
+            // A plain data segment and a plain close under the server's
+            // id and under the client's.
+            let mut seg = vec![0u8; 64];
+            let header = DataHeader {
+                conn_id: server_id,
+                seg: 0,
+                timestamp: 0,
+                flags: DataFlags::default(),
+            };
+            let n = header.emit(&mut seg).unwrap();
+            seg.truncate(n + 8);
+            let mut close = vec![0u8; 64];
+            let n = Close {
+                conn_id: 18,
+                segments: 1,
+                bytes: 1,
             }
-            out
-        },
-    );
+            .emit(&mut close)
+            .unwrap();
+            close.truncate(n);
+            out.push((addr(1), altered));
+            out.push((addr(1), seg));
+            out.push((addr(1), close));
+            injected += 3;
+        }
+        out
+    });
     assert!(client.outcome().unwrap().is_ok());
     assert_eq!(client.sender().unwrap().good_bytes(), BYTES);
     let s = *server.stats();
@@ -425,22 +344,15 @@ fn a_captured_session_cannot_be_injected_into() {
 /// another port. The connection follows them.
 #[test]
 fn a_connection_follows_its_client_to_a_new_address() {
-    let (mut server, server_key, client_key) = keyed_server();
-    let mut client = secure_client(19, &client_key, &server_key);
-    run(
-        &mut client,
-        &mut server,
-        addr(1),
-        Duration::from_secs(30),
-        |now, _, d| {
-            let from = if now >= Time::ZERO + Duration::from_millis(50) {
-                addr(7)
-            } else {
-                addr(1)
-            };
-            vec![(from, d)]
-        },
-    );
+    let (server, server_key, client_key) = keyed_server();
+    let client = secure_client(19, &client_key, &server_key);
+    // 300 kB is about 210 datagrams: the 100th and later come from port 7.
+    let mut sent = 0;
+    let (client, mut server) = run(client, server, Duration::from_secs(30), |_, dir, d| {
+        sent += usize::from(dir == Dir::ToServer);
+        let from = if sent > 100 { addr(7) } else { addr(1) };
+        vec![(from, d)]
+    });
     let outcome = client.outcome().expect("finished").clone();
     assert!(outcome.is_ok(), "{outcome:?}");
     assert_eq!(server.stats().migrations, 1);
@@ -490,8 +402,8 @@ fn a_spoofed_hello_flood_gets_at_most_three_times_back_and_a_client_still_connec
     // Now the real client, in the same second, over a 100 ms round trip:
     // under load its first hello gets a cookie, the second gets in (two
     // round trips: the handshake's one plus the cookie's).
-    let mut client = secure_client(20, &client_key, &server_key);
-    let (hellos, answered) = handshake_over_100ms(&mut client, &mut server, now);
+    let client = secure_client(20, &client_key, &server_key);
+    let (hellos, answered, _, server) = handshake_over_100ms(client, server, now);
     let took = answered
         .expect("no session within a second")
         .saturating_since(now);
@@ -507,56 +419,28 @@ fn a_spoofed_hello_flood_gets_at_most_three_times_back_and_a_client_still_connec
 /// `start`, for at most a second: the hellos it sent, and when the
 /// session was established.
 fn handshake_over_100ms(
-    client: &mut Client,
-    server: &mut Server,
+    client: Client,
+    server: Server,
     start: Time,
-) -> (usize, Option<Time>) {
-    let one_way = Duration::from_millis(50);
-    let (mut to_server, mut to_client) = (Vec::new(), Vec::new());
-    let mut buf = vec![0u8; 65536];
+) -> (usize, Option<Time>, Client, Server) {
+    let path = || "delay 50ms".parse::<NetemSpec>().unwrap();
+    let mut pair = Pair::between(client, addr(1), server, path(), path(), 1).starting_at(start);
+    pair.set_time_limit(start.saturating_since(Time::ZERO) + Duration::from_secs(1));
     let mut hellos = 0;
-    let mut t = start;
-    while t.saturating_since(start) < Duration::from_secs(1) {
-        client.handle_timeout(t);
-        while let Some(n) = client.poll_transmit(t, &mut buf, &mut PatternSource) {
-            hellos += usize::from(buf[3] == 0x20);
-            to_server.push((t + one_way, buf[..n].to_vec()));
-        }
-        for (_, mut d) in take_due(&mut to_server, t) {
-            server.handle_datagram(t, addr(1), &mut d);
-        }
-        while let Some((_, n)) = server.poll_transmit(t, &mut buf) {
-            to_client.push((t + one_way, buf[..n].to_vec()));
-        }
-        for (_, d) in take_due(&mut to_client, t) {
-            let _ = client.handle_datagram(t, &d);
-        }
-        if client.sender().is_some() {
-            return (hellos, Some(t));
-        }
-        t += Duration::from_millis(1);
-    }
-    (hellos, None)
-}
-
-/// The datagrams of `queue` due by `now`, in order.
-fn take_due(queue: &mut Vec<(Time, Vec<u8>)>, now: Time) -> Vec<(Time, Vec<u8>)> {
-    let (due, later): (Vec<_>, Vec<_>) = queue.drain(..).partition(|(at, _)| *at <= now);
-    *queue = later;
-    due
+    let mut count_hellos = |_: Time, dir: Dir, d: Vec<u8>| {
+        hellos += usize::from(dir == Dir::ToServer && d[3] == 0x20);
+        vec![(addr(1), d)]
+    };
+    pair.run_until(&mut (), &mut count_hellos, |p| p.client.sender().is_some());
+    let established = pair.client.sender().is_some().then(|| pair.now());
+    (hellos, established, pair.client, pair.server)
 }
 
 #[test]
 fn a_plain_hello_still_works_where_the_operator_allows_it() {
-    let mut server = server_with(ServerAuth::plain());
-    let mut client = Client::new(&tuning(), 21, Some(BYTES), Time::ZERO).unwrap();
-    run(
-        &mut client,
-        &mut server,
-        addr(1),
-        Duration::from_secs(30),
-        straight(addr(1)),
-    );
+    let server = server_with(ServerAuth::plain());
+    let client = Client::new(&tuning(), 21, Some(BYTES), Time::ZERO).unwrap();
+    let (client, _server) = run(client, server, Duration::from_secs(30), straight(addr(1)));
     assert!(client.outcome().unwrap().is_ok());
     // A hello is not the only thing plain: the wire is unchanged.
     let mut buf = vec![0u8; 256];
@@ -638,12 +522,19 @@ fn a_raced_packet_from_a_victim_address_cannot_aim_the_flow_at_it() {
 /// session exists when its answer arrives, 100 ms later on a 100 ms path.
 #[test]
 fn the_handshake_takes_one_round_trip() {
-    let (mut server, server_key, client_key) = keyed_server();
-    let mut client = secure_client(23, &client_key, &server_key);
-    let (hellos, established) = handshake_over_100ms(&mut client, &mut server, Time::ZERO);
+    let (server, server_key, client_key) = keyed_server();
+    let client = secure_client(23, &client_key, &server_key);
+    let (hellos, established, client, _) = handshake_over_100ms(client, server, Time::ZERO);
     assert_eq!(hellos, 1);
     assert!(established.is_some());
     assert_eq!(client.handshake_time(), Some(Duration::from_millis(100)));
+}
+
+/// The datagrams of `queue` due by `now`, in order.
+fn take_due(queue: &mut Vec<(Time, Vec<u8>)>, now: Time) -> Vec<(Time, Vec<u8>)> {
+    let (due, later): (Vec<_>, Vec<_>) = queue.drain(..).partition(|(at, _)| *at <= now);
+    *queue = later;
+    due
 }
 
 /// A hello as an attacker holds it, with the cookie of a cookie reply
@@ -925,8 +816,8 @@ fn a_client_clock_behind_a_fresh_server_by_more_than_the_skew_is_told_so() {
         StaticKeypair::generate().unwrap(),
     );
     let start = 1_700_000_000_000_000_000u64;
-    let mut server = started_at(start, &server_key, &client_key);
-    let mut client = Client::new(&tuning(), 42, Some(BYTES), Time::ZERO)
+    let server = started_at(start, &server_key, &client_key);
+    let client = Client::new(&tuning(), 42, Some(BYTES), Time::ZERO)
         .unwrap()
         .with_auth(
             ClientAuth {
@@ -937,13 +828,7 @@ fn a_client_clock_behind_a_fresh_server_by_more_than_the_skew_is_told_so() {
             start - 5 * 60_000_000_000,
         )
         .unwrap();
-    run(
-        &mut client,
-        &mut server,
-        addr(1),
-        Duration::from_secs(5),
-        straight(addr(1)),
-    );
+    let (client, server) = run(client, server, Duration::from_secs(5), straight(addr(1)));
     let Some(Err(e @ ConnError::AuthRefused(_))) = client.outcome() else {
         panic!("{:?}", client.outcome());
     };
@@ -1146,13 +1031,7 @@ fn with_the_offload_a_hello_is_handed_out_as_work_and_the_session_it_makes_works
     server.handshake_done(Time::ZERO, done);
     assert_eq!(server.stats().handshakes, 1);
     assert_eq!(server.handshakes_in_flight(), 0);
-    run(
-        &mut client,
-        &mut server,
-        addr(1),
-        Duration::from_secs(30),
-        straight(addr(1)),
-    );
+    let (client, _server) = run(client, server, Duration::from_secs(30), straight(addr(1)));
     let outcome = client.outcome().expect("finished").clone();
     assert!(outcome.is_ok(), "{outcome:?}");
     assert_eq!(client.sender().unwrap().good_bytes(), BYTES);

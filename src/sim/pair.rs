@@ -7,7 +7,7 @@
 //! and so never runs the handshake; a `Pair` runs the same paths with the
 //! endpoints a real transfer uses, so a paper's scenario can be checked
 //! through the handshake too, and a test can put a hostile path
-//! ([`Pair::with_tap`]) between two real endpoints.
+//! ([`Pair::run_tapped`]) between two real endpoints.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -40,7 +40,7 @@ pub enum Dir {
 /// What a tap does to one datagram as it enters its path: the datagrams
 /// that go on instead (none: dropped), each with the source address the
 /// server will see (ignored towards the client).
-pub type Tap = Box<dyn FnMut(Time, Dir, Vec<u8>) -> Vec<(SocketAddr, Vec<u8>)>>;
+pub type TapFn<'a> = dyn FnMut(Time, Dir, Vec<u8>) -> Vec<(SocketAddr, Vec<u8>)> + 'a;
 
 /// One run of a client and a server.
 #[derive(Debug, Clone)]
@@ -129,7 +129,10 @@ pub struct Pair {
     pub server: Server,
     fwd: Netem<FromAddr>,
     rev: Netem<Vec<u8>>,
-    tap: Option<Tap>,
+    /// Every address the client's datagrams have come from (a tap may
+    /// move it, as a NAT rebinding does): what the server sends to any of
+    /// them reaches the client.
+    client_addrs: Vec<SocketAddr>,
     now: Time,
     time_limit: Duration,
     buf: Vec<u8>,
@@ -168,26 +171,50 @@ impl Pair {
         }
         let server = Server::new(config.limits, SERVER_RCVBUF, SERVER_RCVBUF)
             .with_auth(config.server_auth)?;
-        Ok(Pair {
+        let mut pair = Pair::between(
             client,
+            CLIENT_ADDR,
             server,
-            fwd: Netem::new(config.fwd, mix_seed(config.seed, 1)),
-            rev: Netem::new(config.rev, mix_seed(config.seed, 2)),
-            tap: None,
-            now: Time::ZERO,
-            time_limit: config.time_limit,
-            buf: vec![0; 65_536],
-            misaddressed: 0,
-        })
+            config.fwd,
+            config.rev,
+            config.seed,
+        );
+        pair.time_limit = config.time_limit;
+        Ok(pair)
     }
 
-    /// Every datagram goes through `tap` before its path.
-    pub fn with_tap(
-        mut self,
-        tap: impl FnMut(Time, Dir, Vec<u8>) -> Vec<(SocketAddr, Vec<u8>)> + 'static,
+    /// `client`, whose datagrams come from `client_addr`, and `server` as
+    /// they are, over `fwd` and `rev`, from time zero, with no time limit.
+    pub fn between(
+        client: Client,
+        client_addr: SocketAddr,
+        server: Server,
+        fwd: NetemSpec,
+        rev: NetemSpec,
+        seed: u64,
     ) -> Pair {
-        self.tap = Some(Box::new(tap));
+        Pair {
+            client,
+            server,
+            fwd: Netem::new(fwd, mix_seed(seed, 1)),
+            rev: Netem::new(rev, mix_seed(seed, 2)),
+            client_addrs: vec![client_addr],
+            now: Time::ZERO,
+            time_limit: Duration::MAX,
+            buf: vec![0; 65_536],
+            misaddressed: 0,
+        }
+    }
+
+    /// The run starts at `now` instead of zero.
+    pub fn starting_at(mut self, now: Time) -> Pair {
+        self.now = now;
         self
+    }
+
+    /// Stops runs after `limit` of virtual time from zero.
+    pub fn set_time_limit(&mut self, limit: Duration) {
+        self.time_limit = limit;
     }
 
     pub fn now(&self) -> Time {
@@ -197,7 +224,14 @@ impl Pair {
     /// Runs until the client has an outcome, nothing is left to happen,
     /// or the time limit.
     pub fn run(&mut self, observer: &mut dyn Observer) -> PairResult {
-        let outcome = self.run_until(observer, |_| false);
+        let from = self.client_addrs[0];
+        self.run_tapped(observer, &mut |_, _, d| vec![(from, d)])
+    }
+
+    /// Runs as [`run`](Self::run) does, every datagram going through `tap`
+    /// before its path.
+    pub fn run_tapped(&mut self, observer: &mut dyn Observer, tap: &mut TapFn<'_>) -> PairResult {
+        let outcome = self.run_until(observer, tap, |_| false);
         PairResult {
             outcome,
             end: self.now,
@@ -210,10 +244,11 @@ impl Pair {
     pub fn run_until(
         &mut self,
         observer: &mut dyn Observer,
+        tap: &mut TapFn<'_>,
         mut stop: impl FnMut(&Pair) -> bool,
     ) -> RunEnd {
         loop {
-            self.pump(observer);
+            self.pump(observer, tap);
             if let Some(outcome) = self.client.outcome() {
                 return match outcome {
                     Ok(_) => RunEnd::Finished,
@@ -272,14 +307,16 @@ impl Pair {
     }
 
     /// Drains both endpoints at the current instant into their paths.
-    fn pump(&mut self, observer: &mut dyn Observer) {
+    fn pump(&mut self, observer: &mut dyn Observer, tap: &mut TapFn<'_>) {
         let now = self.now;
         while let Some(n) = self
             .client
             .poll_transmit(now, &mut self.buf, &mut PatternSource)
         {
-            let d = self.buf[..n].to_vec();
-            for (from, bytes) in self.tapped(Dir::ToServer, d) {
+            for (from, bytes) in tap(now, Dir::ToServer, self.buf[..n].to_vec()) {
+                if !self.client_addrs.contains(&from) {
+                    self.client_addrs.push(from);
+                }
                 self.fwd.enqueue(now, FromAddr { from, bytes });
             }
         }
@@ -288,12 +325,11 @@ impl Pair {
             self.server.handshake_done(now, work.run());
         }
         while let Some((to, n)) = self.server.poll_transmit(now, &mut self.buf) {
-            if to != CLIENT_ADDR {
+            if !self.client_addrs.contains(&to) {
                 self.misaddressed += 1;
                 continue;
             }
-            let d = self.buf[..n].to_vec();
-            for (_, d) in self.tapped(Dir::ToClient, d) {
+            for (_, d) in tap(now, Dir::ToClient, self.buf[..n].to_vec()) {
                 self.rev.enqueue(now, d);
             }
         }
@@ -302,13 +338,6 @@ impl Pair {
         }
         while let Some(r) = self.client.poll_trace() {
             observer.on_trace(&r);
-        }
-    }
-
-    fn tapped(&mut self, dir: Dir, d: Vec<u8>) -> Vec<(SocketAddr, Vec<u8>)> {
-        match &mut self.tap {
-            Some(tap) => tap(self.now, dir, d),
-            None => vec![(CLIENT_ADDR, d)],
         }
     }
 }
