@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What authentication and encryption cost (issue 13, point 8), in one run:
+# What authentication and encryption cost, in one run:
 #   1. atou probe on loopback: --no-auth, aes-256-gcm, chacha20-poly1305,
 #      interleaved, ROUNDS rounds after a warm-up; goodput min/median/max
 #      and CPU seconds per GB at each end (target: encrypted >= 0.8x plain);

@@ -71,7 +71,7 @@ calc() { awk "BEGIN { print $1 }"; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 # worker_ticks PID: the same for PID's handshake thread (0 if it has none:
-# a build from before issue 26 works hellos on its I/O thread). The comm
+# a build from before the handshake worker thread works hellos on its I/O thread). The comm
 # field has no spaces here, so the fields count as in cpu_ticks.
 worker_ticks() {
     local t

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real-socket speed on loopback (issue 3, point 6), all in one run:
+# Real-socket speed on loopback, all in one run:
 #   iperf3 UDP blast (-u -b 0 -l 1472): the rate its receiver got;
 #   iperf3 TCP: the kernel's reliable stream;
 #   atou probe --bytes 4G --mss 1472 --no-auth against atou serve: goodput

@@ -10,7 +10,7 @@
 #   iperf3 TCP bbr, then atou probe with the commands' defaults (bbr, rack).
 # A kernel variant the kernel does not offer is skipped; its atou row stays.
 # atou probe runs with --no-auth: the transport is what is compared
-# (authentication and its cost are issue 13's, scripts/bench-crypto.sh).
+# (what authentication costs is scripts/bench-crypto.sh's to measure).
 #
 # Steady state, as Mathis models it: each transfer runs WARM + T seconds and
 # its goodput is what arrived in the last T seconds (iperf3 -O WARM; for atou,
@@ -22,10 +22,10 @@
 # seed, so the n-th packet from A meets the same fate in each of them.
 #
 # Prints goodput in Mbit/s, retransmissions, atou's mean and minimum RTT
-# samples, and the issue-14 targets (reported as met / not met, never fatal):
-#   atou bbr >= 1.0 x kernel bbr at every loss value (point 9);
-#   atou bbr >= 0.9 x rate x (1 - p) at 1% (point 8);
-#   atou bbr's mean RTT <= 1.25 x the base RTT (100 ms) at 0% (point 8);
+# samples, and the congestion-control targets (reported as met / not met, never fatal):
+#   atou bbr >= 1.0 x kernel bbr at every loss value;
+#   atou bbr >= 0.9 x rate x (1 - p) at 1%;
+#   atou bbr's mean RTT <= 1.25 x the base RTT (100 ms) at 0%;
 #   atou cubic within +-25% of kernel cubic at 0.1% and 1%;
 #   atou aimd within +-25% of Mathis, (payload x 8 / RTT) x 1.31 / sqrt(p)
 #   (Mathis Table 1: random loss, no delayed ACK, as atou's baseline), with
@@ -42,7 +42,7 @@
 #   and rsync -a over ssh (a private sshd in B, scripts/lib/ssh.sh),
 #   authenticated and encrypted as users run them, tools rotated each round
 #   after an uncounted warm-up, min / median / max; targets: atou send >=
-#   1.0x scp at 0% and >= 1.5x at 1% (issue 14 point 9).
+#   1.0x scp at 0% and >= 1.5x at 1%.
 # The script fails only when the bridge does not come up or a transfer fails
 # outright.
 #
@@ -538,7 +538,7 @@ for l in losses:
     print(f"  {l + '%':>6} {payload:>8} {rtt * 1e3:8.2f} {seen * 100:7.3f}% {a:8.2f} "
           f"{cells[0]:>8} {cells[1]:>6} {cells[2]:>12} {cells[3]:>6} {d['rxmts']:>6} {d['timeouts']:>8}")
 print()
-print("targets (issue 14; figures only, never fatal)")
+print("targets (figures only, never fatal)")
 for l in losses:
     a, k = mbps(l, "atou-bbr"), mbps(l, "bbr")
     if a is not None and k:
@@ -605,7 +605,7 @@ if e2e:
                 xs = by[t]
                 print(f"  {loss + '%':>6} {t:>10} {min(xs):7.2f} / {statistics.median(xs):7.2f} / {max(xs):7.2f}"
                       f"   {n * 8 / statistics.median(xs) / 1e6:7.2f}")
-    print("targets (issue 14; figures only)")
+    print("targets (figures only)")
     for loss, want in (("0", 1.0), ("1", 1.5)):
         by = e2e.get(loss, {})
         if "atou-send" in by and "scp" in by:

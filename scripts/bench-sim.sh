@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Simulator speed: 100 MB over `rate 100mbit delay 50ms limit 1000 loss 1%`
-# (issue 2, point 8; target: under 2 s of CPU in release). A loss-free run
+# (target: under 2 s of CPU in release). A loss-free run
 # of the same 100 MB in the same invocation is the reference the ratio is
 # taken against, so the figure means something on any machine.
 set -euo pipefail
@@ -44,7 +44,7 @@ print(f"reference, same run: {bytes_} loss-free: CPU {ref_cpu:.3f} s ({ref_out/r
 print(f"  lossy/loss-free CPU ratio: {cpu/ref_cpu:.2f}")
 PY
 
-# Issue 14 point 9, last bullet: a 1 Gbit/s, 100 ms, 0.1 % path in the
+# BBR on a gigabit path: a 1 Gbit/s, 100 ms, 0.1 % path in the
 # simulator (the bridge cannot carry it here); target: atou bbr >= 0.8 x
 # rate in steady state (after Startup: the window from 5 s to the end).
 # The delay stages get a limit above the 4250 datagrams a 50 ms delay

@@ -19,7 +19,7 @@
 #   command a scp user would type (ssh starts the far end; keys exchanged
 #   over ssh; the data over UDP, encrypted);
 #   atou-plain: the same as atou with --no-auth at both ends, for what
-#   authentication and encryption cost (issue 13: target atou >= 0.85x
+#   authentication and encryption cost (target: atou >= 0.85x
 #   atou-plain).
 # And the cost of `atou serve`'s default, which syncs every file and
 # directory before it reports a transfer verified, measured where syncing
@@ -127,7 +127,7 @@ atou=$work/bin/atou
 "$atou" keygen -f "$work/bin/server" -C bench-server >/dev/null
 "$atou" keygen -f "$work/bin/client" -C bench-client >/dev/null
 cp "$work/bin/client.pub" "$work/bin/authorized_keys"
-# A REF_ATOU from before issue 13 has no keys; one from after needs --no-auth.
+# A REF_ATOU from before encryption has no keys; one from after needs --no-auth.
 ref_plain=()
 if [ -n "$ref_atou" ] && "$work/bin/atou-ref" serve --help 2>/dev/null | grep -q -- --no-auth; then
     ref_plain=(--no-auth)

@@ -1,4 +1,4 @@
-//! Authenticated, encrypted connections (issue 13), sans I/O: a client
+//! Authenticated, encrypted connections (Noise IK, AEAD), sans I/O: a client
 //! and a server wired back to back in virtual time, and hostile peers
 //! built from the crate's own encoders in between.
 

@@ -94,7 +94,7 @@ fn json_uses_atous_names() {
         assert!(v.get(key).is_some(), "no `{key}` in {v}");
     }
     assert_eq!(v["bytes"], 2_000_000);
-    // Issue 14 point 7: bbr with rack unless told otherwise, named in the
+    // The defaults: bbr with rack unless told otherwise, named in the
     // JSON with the controller's state.
     assert_eq!(v["tuning"]["recovery"], "rack");
     assert_eq!(v["tuning"]["cc"], "bbr");
@@ -196,7 +196,7 @@ fn mistakes_get_one_line_naming_the_token_and_exit_2() {
         (vec!["sim", "--trace", "/no/such/dir/t"], "/no/such/dir/t"),
         (vec!["send", "x", "h", "--progress", "xml"], "xml"),
         (vec!["send", "x", "h", "--progress-interval", "0"], "0"),
-        // rsync's options (issue 15 point 3): a rate needs its unit, a
+        // rsync's options: a rate needs its unit, a
         // pattern must parse, the list must be there, and a pull has no
         // dry run yet.
         (vec!["sim", "--bwlimit", "10M"], "needs a unit"),

@@ -193,7 +193,7 @@ fn bursts(trace: &[TraceRecord], after: Duration) -> Vec<(u64, u64)> {
     out
 }
 
-/// Pacing (issue 14 point 3): over a path with no bottleneck to space the
+/// Pacing: over a path with no bottleneck to space the
 /// ACKs, an unpaced sender's slow start sends much of its window at one
 /// instant; CUBIC, paced at twice cwnd per RTT in slow start, sends no more
 /// than a quantum, a millisecond of that rate (cwnd / 100 segments here),
@@ -255,7 +255,7 @@ fn acked_per_rtt(trace: &[TraceRecord]) -> Vec<u64> {
     out
 }
 
-/// draft-ietf-ccwg-bbr, issue 14 point 8: on a clean path BBR fills the
+/// draft-ietf-ccwg-bbr, BBR's scenarios: on a clean path BBR fills the
 /// pipe within ten round trips of the start (Startup doubles the rate
 /// each round), then keeps the queue short: the mean RTT stays within
 /// 1.25 × the base RTT although the bottleneck queues 1000 packets.
@@ -364,7 +364,7 @@ fn bbr_states(events: &[TimedEvent]) -> Vec<(f64, &'static str, u64, u64)> {
         .collect()
 }
 
-/// Issue 14 point 8, draft-ietf-ccwg-bbr §5.3.4 "ProbeRTT": beside a
+/// draft-ietf-ccwg-bbr §5.3.4 "ProbeRTT": beside a
 /// CUBIC flow, which keeps the queue standing, a BBR flow does not see its
 /// minimum RTT again by itself. Over 30 s it enters ProbeRTT every five
 /// seconds (ProbeRTTInterval, and the round in flight when it expires),
@@ -460,7 +460,7 @@ fn kept_up(r: &SimResult, source: u64, bytes: u64) {
     assert!(secs <= bytes as f64 * 8.0 / source as f64 + 0.5, "{secs} s");
 }
 
-/// Issue 14 points 2 and 8 (DRE "Detecting application-limited phases",
+/// Application-limited senders (DRE "Detecting application-limited phases",
 /// draft-ietf-ccwg-bbr §5.5.5 BBR.max_bw): an application producing 1
 /// Mbit/s (a slow disk; the initial window, 1.2 Mbit/s here, keeps up
 /// with it) over a 100 Mbit/s path leaves the sender application-limited
@@ -525,7 +525,7 @@ fn bbr_keeps_the_rate_when_acks_come_in_bursts() {
     assert!(r.summary.goodput_bps >= 0.8 * 100e6, "{}", r.summary);
 }
 
-/// Issue 14 point 9, last bullet: a 1 Gbit/s, 100 ms path with 0.1 %
+/// BBR on a gigabit path: a 1 Gbit/s, 100 ms path with 0.1 %
 /// random loss, in the simulator. Once Startup is over (from 4 s to 12 s;
 /// scripts/bench-sim.sh runs it 30 s) bbr moves at least 0.8 × the rate,
 /// with windows sized for it: the sender's two BDPs (17 000 segments) and
@@ -561,7 +561,7 @@ fn bbr_moves_80_percent_of_a_gigabit_at_100ms_and_a_tenth_of_a_percent_loss() {
     );
 }
 
-/// Issue 14: random loss well under BBR's 2 % threshold does not collapse
+/// BBR under random loss: loss well under its 2 % threshold does not collapse
 /// the rate as it does a loss-based controller's: with 1 % of the data
 /// lost BBR moves 100 MB at least at half the bottleneck rate and ten
 /// times as fast as AIMD or CUBIC on the same path and seed.
@@ -741,7 +741,7 @@ fn bbr_goodput_after_startup(p: f64) -> (f64, SimResult) {
     (goodput, r)
 }
 
-/// Issue 14 point 8, draft-ietf-ccwg-bbr "BBRIsInflightTooHigh" judged per
+/// draft-ietf-ccwg-bbr "BBRIsInflightTooHigh" judged per
 /// round: with the defaults (bbr, rack, `bbr_loss_thresh` 2 %) at 1 %
 /// random loss, once Startup is over goodput is at least 0.9 × rate ×
 /// (1 − p), and no loss, however often its retransmission is lost too,
@@ -761,7 +761,7 @@ fn bbr_with_rack_keeps_90_percent_of_the_rate_at_one_percent_loss() {
     );
 }
 
-/// Issue 14 point 9: at 2 % random loss, the draft's threshold itself,
+/// BBR at 2 % random loss, the draft's threshold itself,
 /// the defaults do not collapse (before: 2.6 Mbit/s over 100 MB): loss as
 /// frequent in Cruise as while probing is not in-flight's doing, so it is
 /// not counted against it, and goodput after Startup is at least 0.85 ×
@@ -847,7 +847,7 @@ fn rfc8985_a_loss_found_as_recovery_ends_starts_another() {
     }
 }
 
-/// Issue 15 point 3, `--bwlimit`: over a 100 Mbit/s path capped at 20
+/// rsync's `--bwlimit`: over a 100 Mbit/s path capped at 20
 /// Mbit/s, every controller's goodput over the first 10 s (virtual time)
 /// is within 5 % of the cap and not above it: bbr and cubic pace at the
 /// lower of their rate and the cap, aimd (which does not pace) goes

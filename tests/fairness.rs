@@ -1,4 +1,4 @@
-//! Flows sharing one bottleneck in the simulator (issue 14 points 8 and 9):
+//! Flows sharing one bottleneck in the simulator (BBR's fairness):
 //! two flows over 100 Mbit/s, 50 ms each way, a 1000-packet queue; the
 //! second starts 5 s after the first, and goodput is measured over the
 //! last 50 s of 60, when both run.
@@ -68,7 +68,7 @@ fn two(name: &str, a: Tuning, b: Tuning, secs: u64) -> FlowsResult {
     result
 }
 
-/// Issue 14 point 8: the second flow's Startup ends at about a fifth of
+/// Fairness: the second flow's Startup ends at about a fifth of
 /// the link (the first flow's queue holds its window back), and ProbeBW
 /// must then hand it its share: Jain 0.79 before ProbeBW_UP ran until the
 /// bandwidth stopped growing and ProbeRTT kept each flow's probe clock

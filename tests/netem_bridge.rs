@@ -391,7 +391,7 @@ impl Drop for VethPair {
     }
 }
 
-/// Sarolahti §3, CWR (issue 16 point 6): when the sender's own qdisc
+/// Sarolahti §3, CWR on local congestion: when the sender's own qdisc
 /// refuses datagrams (a token bucket at 20 Mbit/s with a 30 kB queue, on
 /// a link that would take 10 Gbit/s), Linux says ENOBUFS only to a socket
 /// with IP_RECVERR; the sender must hear it and cut its window without

@@ -659,7 +659,7 @@ fn a_dead_path_fails_after_maxidle() {
 
 // ---------------------------------------------------------------------------
 // Proportional Rate Reduction (RFC 6937), the standard successor of the
-// rate-halving Sarolahti & Kuznetsov §3 describe: issue 16 point 5
+// rate-halving Sarolahti & Kuznetsov §3 describe (`--reduction prr`)
 // ---------------------------------------------------------------------------
 
 /// What one recovery looked like in the trace: its length, the longest
@@ -776,8 +776,8 @@ fn rfc6937_prr_on_linux_l6_sends_through_recovery_without_bursts() {
 }
 
 // ---------------------------------------------------------------------------
-// Hoe §3.1: the initial ssthresh estimated from the first ACKs (issue 16
-// point 2)
+// Hoe §3.1: the initial ssthresh estimated from the first ACKs
+// (`--ssthresh-estimate hoe`)
 // ---------------------------------------------------------------------------
 
 /// The highest segment sent in slow start (until an ACK first shows cwnd
@@ -862,7 +862,7 @@ fn hoe_3_1_estimated_ssthresh_leaves_slow_start_without_loss() {
 }
 
 // ---------------------------------------------------------------------------
-// TCP Vegas on Brakmo & Peterson's path (issue 16 point 1)
+// TCP Vegas on Brakmo & Peterson's path (`--cc vegas`)
 // ---------------------------------------------------------------------------
 
 /// Brakmo & Peterson §1 (the Vegas comparison) on §2's path: a 200 KB/s
@@ -913,8 +913,8 @@ fn brakmo_vegas_moves_a_megabyte_in_under_6_5_seconds_where_reno_takes_8() {
 }
 
 // ---------------------------------------------------------------------------
-// Sarolahti & Kuznetsov §3 and Figure 2: quick acknowledgements (issue 16
-// point 3)
+// Sarolahti & Kuznetsov §3 and Figure 2: quick acknowledgements
+// (`--quickack`)
 // ---------------------------------------------------------------------------
 
 /// When the segment holding byte `bytes - 1` first went out.
@@ -1029,7 +1029,7 @@ fn linux_3_quick_acks_hold_through_the_handshake() {
 }
 
 // ---------------------------------------------------------------------------
-// Sarolahti & Kuznetsov §5: the reordering metric (issue 16 point 4)
+// Sarolahti & Kuznetsov §5: the reordering metric (`--reordering adaptive`)
 // ---------------------------------------------------------------------------
 
 /// On atou's cable path (60 % of packets reordered, displaced by up to

@@ -1,4 +1,4 @@
-//! Per-destination memory of the path (issue 15 point 7): a transfer that
+//! Per-destination memory of the path (the path cache): a transfer that
 //! starts from what the last one to the same destination learnt starts
 //! faster, and a memory that no longer holds costs little. Simulated, so
 //! the figures are exact and repeatable; docs/tuning.md quotes them.

@@ -1,4 +1,4 @@
-//! `atou copy` over ssh (issue 13, point 4): push and pull through a
+//! `atou copy` over ssh (the ssh bootstrap): push and pull through a
 //! private sshd on 127.0.0.1, the way scripts/bench-transfer.sh runs one
 //! (installed with apt-get when missing and the tests run as root; skipped,
 //! with the reason printed, otherwise). The remote atou is this build's
@@ -743,7 +743,7 @@ fn the_remote_end_takes_only_the_key_named_on_the_ssh_channel() {
     assert!(far.wait().unwrap().success());
 }
 
-/// Issue 15 point 3 over ssh: a push's `--dry-run` lists what would go
+/// rsync's everyday options over ssh: a push's `--dry-run` lists what would go
 /// and leaves the remote PATH as it is (a missing one is not created; an
 /// existing one gains no staging directory and no new directory), and a
 /// pull's `--exclude` reaches the remote sender.

@@ -1722,8 +1722,8 @@ fn a_sender_that_will_not_wait_for_a_busy_server_exits_10() {
     first.kill();
 }
 
-/// One hello replayed far faster than any client resends one (issue 26,
-/// point 2): once the server has seen it 64 times in a second, it asks the
+/// One hello replayed far faster than any client resends one (the price
+/// of a hello): once the server has seen it 64 times in a second, it asks the
 /// kernel to drop its further copies (a socket filter on its client id),
 /// so they cost no system call to read. The copies are paced so that the
 /// server could read every one; without the filter it reads them all.
@@ -1866,7 +1866,7 @@ fn key_of_its_own(scratch: &Scratch, name: &str) -> (PathBuf, String) {
     (key, line)
 }
 
-/// Issue 26 point 6: one key starts a transfer, abandons it once its
+/// The per-key quota of staged files: one key starts a transfer, abandons it once its
 /// partial file is there, and starts another. Before
 /// `--max-staged-per-key` the second was taken like the first, so a key
 /// could abandon and repeat until DEST's disk was full of partial files
@@ -2056,7 +2056,7 @@ fn another_local_process_cannot_write_through_atou_copy() {
 }
 
 // ---------------------------------------------------------------------------
-// Exit statuses a script can act on (issue 15 point 4)
+// Exit statuses a script can act on
 // ---------------------------------------------------------------------------
 
 impl Sent {
@@ -2153,7 +2153,7 @@ fn an_interrupted_send_exits_130_and_says_so_in_its_report() {
 }
 
 // ---------------------------------------------------------------------------
-// Progress for machines (issue 15 point 5)
+// Progress for machines (`--progress json`)
 // ---------------------------------------------------------------------------
 
 #[test]
@@ -2215,7 +2215,7 @@ fn progress_json_is_json_lines_that_end_at_the_bytes_sent() {
 }
 
 // ---------------------------------------------------------------------------
-// rsync's everyday options (issue 15 point 3)
+// rsync's everyday options
 // ---------------------------------------------------------------------------
 
 /// Everything about `root` a transfer could change, byte for byte: each
