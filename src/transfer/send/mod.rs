@@ -14,7 +14,7 @@
 //! 5. Send every file's hash (the finish request): the receiver checks
 //!    them and puts the files in place.
 //!
-//! [`session::SendSession`] walks these steps; `readers.rs` reads and
+//! `session::SendSession` walks these steps; `readers.rs` reads and
 //! hashes chunks for the data streams (steps 2 and 3); `conn.rs` runs one
 //! transport connection, a request or a data stream.
 
