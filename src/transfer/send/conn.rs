@@ -1,0 +1,309 @@
+//! One transport connection of a session: a request held in memory (the
+//! plan, the finish, an abort) or a data stream, tried again while the
+//! receiver turns it away busy.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use super::{Bound, Progress, SendConfig, SendError, StreamLive, TraceTaker};
+use crate::io::{self, fresh_conn_id, ProbeConfig, ProbeError, StreamFeed};
+use crate::proto::{Observer, PayloadSource};
+use crate::summary::Summary;
+
+/// Coming back to a busy receiver: pauses of 0.5, 1, 2, 4, then 8 s (or
+/// the receiver's hint, if longer), each stretched by a random factor
+/// from 0.5 to 1.5 so that senders turned away together come back apart,
+/// all within [`SendConfig::wait_busy`] of the first refusal. Nothing is
+/// held at the receiver meanwhile: each try is a new connection.
+#[derive(Debug, Default)]
+pub(super) struct BusyWait {
+    /// The first busy answer.
+    since: Option<Instant>,
+    tries: u32,
+}
+
+impl BusyWait {
+    /// Pauses before the next try, saying so in `progress`; false when
+    /// the wait is spent or the transfer was interrupted.
+    pub(super) fn pause(
+        &mut self,
+        config: &SendConfig,
+        progress: &Progress,
+        hint: Duration,
+        why: &str,
+    ) -> bool {
+        let now = Instant::now();
+        let until = *self.since.get_or_insert(now) + config.wait_busy;
+        if now >= until {
+            return false;
+        }
+        let base = Duration::from_millis(500 << self.tries.min(4)).max(hint);
+        let stretch = 0.5 + (crate::io::fresh_conn_id() % 1000) as f64 / 1000.0;
+        let pause = base.mul_f64(stretch).min(until - now);
+        self.tries += 1;
+        progress.set_stage(format!(
+            "waiting for the server, busy ({why}): again in {:.1} s",
+            pause.as_secs_f64()
+        ));
+        let end = now + pause;
+        while Instant::now() < end {
+            if progress.stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            std::thread::sleep((end - Instant::now()).min(Duration::from_millis(50)));
+        }
+        true
+    }
+
+    /// Seconds since the first busy answer.
+    pub(super) fn waited(&self) -> f64 {
+        self.since.map_or(0.0, |s| s.elapsed().as_secs_f64())
+    }
+}
+
+/// A connection turned away because the receiver is at a limit, before
+/// anything was sent on it.
+fn refused_busy(e: &SendError) -> bool {
+    use crate::proto::crypto::handshake::HandshakeError as H;
+    use crate::proto::crypto::RefuseReason;
+    use crate::proto::ConnError as C;
+    matches!(
+        e,
+        SendError::Conn(ProbeError::Conn {
+            error: C::Busy
+                | C::AuthRefused(RefuseReason::Busy)
+                | C::Handshake(H::Refused(RefuseReason::Busy)),
+            ..
+        })
+    )
+}
+
+/// Fills a [`StreamLive`] from a connection's trace records.
+struct Live<'a> {
+    live: &'a StreamLive,
+    /// Highest segment sent so far: one sent again is at or below it.
+    top: Option<u64>,
+}
+
+impl Observer for Live<'_> {
+    fn on_trace(&mut self, record: &crate::proto::TraceRecord) {
+        use crate::proto::TraceRecord;
+        match *record {
+            TraceRecord::Xmt { seg, .. } => {
+                if self.top.is_some_and(|t| seg <= t) {
+                    self.live.rxmts.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.top = Some(seg);
+                }
+            }
+            TraceRecord::Ack { cwnd, ssthresh, .. } => {
+                self.live.cwnd.store(cwnd, Ordering::Relaxed);
+                self.live.ssthresh.store(ssthresh, Ordering::Relaxed);
+            }
+            // The sender's own smoothed RTT, not one recomputed here.
+            TraceRecord::State { srtt, .. } => {
+                self.live
+                    .srtt_us
+                    .store(srtt.as_micros() as u64, Ordering::Relaxed);
+            }
+            TraceRecord::Sack { .. } => {}
+        }
+    }
+}
+
+/// A stream whose bytes are all in memory: a plan or finish request.
+struct BytesFeed(Vec<u8>);
+
+impl PayloadSource for BytesFeed {
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) {
+        let at = offset as usize;
+        buf.copy_from_slice(&self.0[at..at + buf.len()]);
+    }
+}
+
+impl StreamFeed for BytesFeed {
+    fn refill(&mut self, _acked: u64) -> Result<Option<u64>, String> {
+        Ok(None)
+    }
+
+    fn waker(&self) -> Option<Arc<Notify>> {
+        None
+    }
+}
+
+/// What a connection's trace records feed: the figures of `--progress
+/// json` ([`Live`]) and the `--trace`/`--plot` file, either, both or
+/// neither.
+struct Watch<'a> {
+    live: Option<Live<'a>>,
+    take: Option<TraceTaker>,
+}
+
+impl Observer for Watch<'_> {
+    fn on_event(&mut self, _: &crate::proto::TimedEvent) {}
+    fn on_trace(&mut self, r: &crate::proto::TraceRecord) {
+        if let Some(live) = self.live.as_mut() {
+            live.on_trace(r);
+        }
+        if let Some(take) = self.take.as_mut() {
+            take(r);
+        }
+    }
+}
+
+/// A data connection: its place (repair round, stream number from 1) for
+/// its trace file, and where `--progress json` reads its figures.
+#[derive(Clone, Copy)]
+pub(super) struct DataConn<'a> {
+    pub(super) round: usize,
+    pub(super) stream: usize,
+    pub(super) live: Option<&'a StreamLive>,
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("cannot start the I/O runtime")
+}
+
+/// What a connection waits for at its end.
+#[derive(Clone, Copy)]
+pub(super) struct Ending {
+    /// The longest reply the request can be answered with; a longer one
+    /// is refused.
+    pub(super) reply_limit: u64,
+    /// Done once the reply is in, without the close's acknowledgement
+    /// (and the server's counters it carries): a round trip saved.
+    pub(super) close_unacknowledged: bool,
+}
+
+/// What every connection of a session shares: where it goes, from which
+/// socket, the session's id, and the flag that interrupts it.
+#[derive(Clone, Copy)]
+pub(super) struct Link<'a> {
+    pub(super) config: &'a SendConfig,
+    /// The socket to send from, and its peer; `None`: a fresh socket to
+    /// `config.peer`.
+    pub(super) from: Option<&'a Bound>,
+    pub(super) session: u64,
+    pub(super) stop: &'a Progress,
+}
+
+/// Runs one connection of the session carrying `len` bytes of `feed`;
+/// returns the reply and the transport's summary. A connection turned
+/// away busy is tried again, within `--wait-busy`.
+pub(super) fn run_conn<F: StreamFeed>(
+    link: Link<'_>,
+    len: u64,
+    feed: &mut F,
+    ending: Ending,
+    data: Option<DataConn<'_>>,
+) -> (Result<Vec<u8>, SendError>, Option<Summary>) {
+    let mut busy = BusyWait::default();
+    loop {
+        let (result, summary) = run_conn_once(link, len, feed, ending, data);
+        match &result {
+            Err(e)
+                if refused_busy(e)
+                    && busy.pause(link.config, link.stop, Duration::ZERO, &e.to_string()) => {}
+            _ => return (result, summary),
+        }
+    }
+}
+
+fn run_conn_once<F: StreamFeed>(
+    link: Link<'_>,
+    len: u64,
+    feed: &mut F,
+    ending: Ending,
+    data: Option<DataConn<'_>>,
+) -> (Result<Vec<u8>, SendError>, Option<Summary>) {
+    let Link {
+        config, from, stop, ..
+    } = link;
+    let socket = match from.map(|b| b.socket.try_clone()).transpose() {
+        Ok(s) => s,
+        Err(error) => {
+            let peer = from.map_or(config.peer, |b| b.peer);
+            return (
+                Err(SendError::Conn(ProbeError::Socket { peer, error })),
+                None,
+            );
+        }
+    };
+    let probe = probe_config(link, len, ending, data.as_ref());
+    let stopped = async {
+        while !stop.stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let mut watch = Watch {
+        live: data
+            .as_ref()
+            .and_then(|d| d.live)
+            .map(|live| Live { live, top: None }),
+        take: config
+            .trace
+            .as_ref()
+            .zip(data.as_ref())
+            .map(|(sink, d)| (sink.0)(d.round, d.stream)),
+    };
+    let result = runtime().block_on(io::connect_from(socket, probe, feed, &mut watch, stopped));
+    // The connection's trace is complete: its taker may finish it.
+    drop(watch);
+    let reply = match result.outcome {
+        Ok(closed) => closed.reply.ok_or_else(|| SendError::Failed {
+            host: config.host.clone(),
+            why: "the connection closed without a reply".into(),
+        }),
+        Err(ProbeError::Interrupted) => Err(SendError::Interrupted),
+        Err(ProbeError::Source(why)) => Err(SendError::Source(why)),
+        Err(e) => Err(SendError::Conn(e)),
+    };
+    (reply, result.summary)
+}
+
+fn probe_config(
+    link: Link<'_>,
+    len: u64,
+    ending: Ending,
+    data: Option<&DataConn<'_>>,
+) -> ProbeConfig {
+    let config = link.config;
+    ProbeConfig {
+        auth: config.auth.clone(),
+        peer: link.from.map_or(config.peer, |b| b.peer),
+        peer_name: config.host.clone(),
+        tuning: config.tuning.clone(),
+        bytes: Some(len),
+        trace: data.is_some_and(|d| d.live.is_some() || config.trace.is_some()),
+        conn_id: fresh_conn_id(),
+        session: link.session,
+        reply_limit: u32::try_from(ending.reply_limit).unwrap_or(u32::MAX),
+        close_unacknowledged: ending.close_unacknowledged,
+        path_memory: config.path_memory,
+    }
+}
+
+/// Sends a request held in memory (a plan, a finish, an abort) on a
+/// connection of its own and returns the reply, at most `reply_limit`
+/// bytes.
+pub(super) fn ask(
+    link: Link<'_>,
+    request: Vec<u8>,
+    reply_limit: u64,
+) -> Result<Vec<u8>, SendError> {
+    let len = request.len() as u64;
+    // The reply is all a request wants (the data streams keep waiting
+    // for the close's acknowledgement: its receiver counters go in the
+    // report).
+    let ending = Ending {
+        reply_limit,
+        close_unacknowledged: true,
+    };
+    run_conn(link, len, &mut BytesFeed(request), ending, None).0
+}

@@ -1,0 +1,361 @@
+//! The sending end of a transfer.
+//!
+//! 1. Walk the sources and send the manifest (the plan request); the
+//!    receiver answers what to send for each file.
+//! 2. For files the receiver holds part of, hash our chunks and keep only
+//!    those that differ (resume).
+//! 3. Share the chunks out over `streams` connections, largest files
+//!    first, balancing bytes. Each connection's thread asks a pool of
+//!    reader threads to read chunks ahead (positioned reads, BLAKE3 of
+//!    each chunk computed as it is read), at most its share of `buffer`
+//!    at a time; a chunk's memory is freed once the receiver has
+//!    acknowledged all of it.
+//! 4. Chunks the receiver found corrupt are sent again, in a new round.
+//! 5. Send every file's hash (the finish request): the receiver checks
+//!    them and puts the files in place.
+//!
+//! `session::SendSession` walks these steps; `readers.rs` reads and
+//! hashes chunks for the data streams (steps 2 and 3); `conn.rs` runs one
+//! transport connection, a request or a data stream.
+
+mod conn;
+mod readers;
+mod session;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use thiserror::Error;
+
+use super::exclude::Excludes;
+use super::manifest::{RelPath, WalkError};
+use super::messages::{encode_abort, Options, Outcome};
+use super::shard::Shard;
+use crate::io::ProbeError;
+use crate::proto::Tuning;
+use crate::summary::Summary;
+
+#[derive(Debug, Error)]
+pub enum SendError {
+    #[error("{0}")]
+    Walk(#[from] WalkError),
+    #[error("{0}")]
+    Conn(ProbeError),
+    #[error("{host} refused the transfer: {why}")]
+    Refused { host: String, why: String },
+    #[error("the transfer to {host} failed: {why}")]
+    Failed { host: String, why: String },
+    #[error("{0}")]
+    Source(String),
+    #[error(
+        "a reply from {host} that does not decode ({why}); are both ends the same atou release?"
+    )]
+    BadReply { host: String, why: String },
+    #[error("interrupted")]
+    Interrupted,
+    /// The receiver was at one of its limits for the whole of
+    /// `--wait-busy`.
+    #[error(
+        "{host} was still busy after waiting {waited:.0} s (--wait-busy): {why}; try again later"
+    )]
+    Busy {
+        host: String,
+        why: String,
+        waited: f64,
+    },
+    /// What the receiver holds is not what was sent: its final check
+    /// failed, or chunks kept failing theirs.
+    #[error("the transfer to {host} failed verification: {why}")]
+    Unverified { host: String, why: String },
+}
+
+/// What kind of failure a [`SendError`] (or a [`ProbeError`]) is, so that
+/// a caller can act on it (the CLI's exit status): try again later, fix
+/// the command or the server, or look at the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The receiver said no: a conflict, its policy or permissions, or
+    /// authentication.
+    Refused,
+    /// No server answered, the host or path is unreachable, or the
+    /// server is busy: worth trying again.
+    Network,
+    /// The peer went silent for maxidle once the connection was up.
+    Timeout,
+    /// The ends do not understand each other: releases, malformed replies.
+    Protocol,
+    /// What arrived is not what was sent.
+    Verify,
+    /// The receiver failed partway; what it wrote stays for a resume.
+    Partial,
+    /// A local file could not be read, or changed while it was sent.
+    Io,
+    Interrupted,
+    /// None of the above (a bad knob that got past the command line).
+    Other,
+}
+
+impl SendError {
+    pub fn fault(&self) -> Fault {
+        match self {
+            SendError::Walk(_) | SendError::Source(_) => Fault::Io,
+            SendError::Conn(e) => probe_fault(e),
+            SendError::Refused { .. } => Fault::Refused,
+            SendError::Failed { .. } => Fault::Partial,
+            SendError::Unverified { .. } => Fault::Verify,
+            SendError::BadReply { .. } => Fault::Protocol,
+            SendError::Interrupted => Fault::Interrupted,
+            SendError::Busy { .. } => Fault::Network,
+        }
+    }
+}
+
+/// The kind of a connection's failure (see [`Fault`]).
+pub fn probe_fault(e: &ProbeError) -> Fault {
+    use crate::proto::client::Stage;
+    use crate::proto::crypto::handshake::HandshakeError as H;
+    use crate::proto::crypto::RefuseReason;
+    use crate::proto::ConnError as C;
+    match e {
+        ProbeError::Socket { .. }
+        | ProbeError::Unreachable { .. }
+        | ProbeError::TooBig { .. }
+        | ProbeError::Send { .. }
+        | ProbeError::Recv { .. }
+        // No answer before the hello: nobody there (yet).
+        | ProbeError::NoKey { .. } => Fault::Network,
+        ProbeError::Interrupted => Fault::Interrupted,
+        ProbeError::Source(_) => Fault::Io,
+        ProbeError::Tuning(_) => Fault::Other,
+        ProbeError::Conn { error, .. } => match error {
+            // Silent from the start: no server there; silent after the
+            // hello was answered: the path or the peer failed (rsync's
+            // "timeout in data send/receive").
+            C::Idle {
+                stage: Stage::Hello | Stage::Handshake,
+                ..
+            } => Fault::Network,
+            C::Idle { .. } => Fault::Timeout,
+            C::Busy
+            | C::AuthRefused(RefuseReason::Busy)
+            | C::Handshake(H::Refused(RefuseReason::Busy)) => Fault::Network,
+            C::Refused | C::AuthRefused(_) | C::AuthRequired | C::NoIdentity => Fault::Refused,
+            C::Handshake(H::Refused(_) | H::Undecryptable | H::Replayed) => Fault::Refused,
+            C::Handshake(_) | C::VersionMismatch { .. } | C::ReplyTooLong { .. } => {
+                Fault::Protocol
+            }
+        },
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SendConfig {
+    pub peer: SocketAddr,
+    /// The receiver as the user named it, for messages.
+    pub host: String,
+    pub subdir: Option<RelPath>,
+    pub tuning: Tuning,
+    pub options: Options,
+    pub follow: bool,
+    /// Entries the walk leaves out (`--exclude`).
+    pub excludes: Excludes,
+    /// Send only this shard's part of the tree (`--shard K/N`).
+    pub shard: Option<Shard>,
+    /// Transport connections at once.
+    pub streams: usize,
+    /// Bytes read ahead, over all streams.
+    pub buffer: u64,
+    pub readers: usize,
+    /// Authenticate and encrypt with these keys; `None`: plain (`--no-auth`).
+    pub auth: Option<crate::proto::crypto::ClientAuth>,
+    /// What to do with each data connection's packet trace (`--trace`,
+    /// `--plot`); `None`: no trace.
+    pub trace: Option<TraceSink>,
+    /// What an earlier transfer learnt about the path to `peer`, for every
+    /// connection's start ([`crate::path_cache`]); `None`: none.
+    pub path_memory: Option<crate::proto::PathMemory>,
+    /// How long to keep coming back, with jittered growing pauses, to a
+    /// receiver that says it is busy, from its first such answer; zero:
+    /// give up at once.
+    pub wait_busy: Duration,
+}
+
+/// Called as each data connection starts, with its round (1 for the
+/// first; later ones re-send chunks that failed their check) and stream
+/// (from 1): returns what takes that connection's trace records, as they
+/// come. It is dropped when the connection ends.
+#[derive(Clone)]
+pub struct TraceSink(pub Arc<dyn Fn(usize, usize) -> TraceTaker + Send + Sync>);
+
+/// Takes one connection's trace records.
+pub type TraceTaker = Box<dyn FnMut(&crate::proto::TraceRecord)>;
+
+impl std::fmt::Debug for TraceSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TraceSink")
+    }
+}
+
+/// Counters a progress display reads while the transfer runs.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// File bytes to send in this round (after skips and resume).
+    pub total: AtomicU64,
+    /// File bytes acknowledged by the receiver.
+    pub done: AtomicU64,
+    /// What is happening, for the display.
+    pub stage: Mutex<String>,
+    /// Files being sent, by name.
+    pub current: Mutex<Vec<String>>,
+    pub stop: AtomicBool,
+    /// Keep [`Progress::streams`] up to date (it costs a trace record per
+    /// segment and per ACK, so only a display that shows it asks).
+    pub detail: AtomicBool,
+    /// The data streams of the current round, with `detail`.
+    pub streams: Mutex<Vec<Arc<StreamLive>>>,
+}
+
+impl Progress {
+    fn set_stage(&self, s: impl Into<String>) {
+        *self.stage.lock().expect("progress lock") = s.into();
+    }
+}
+
+/// One data stream's transport as it runs, for a progress display: what
+/// `atou send`'s report says of each stream at the end, while it runs.
+#[derive(Debug)]
+pub struct StreamLive {
+    /// File bytes this stream has had acknowledged.
+    pub bytes: AtomicU64,
+    /// Congestion window and slow-start threshold, in segments, after the
+    /// last ACK.
+    pub cwnd: AtomicU64,
+    pub ssthresh: AtomicU64,
+    /// Smoothed RTT in microseconds: RFC 6298's average (gain 1/8) of the
+    /// ACKs' RTT samples, as the sender keeps it.
+    pub srtt_us: AtomicU64,
+    /// Segments sent again.
+    pub rxmts: AtomicU64,
+}
+
+impl Default for StreamLive {
+    fn default() -> StreamLive {
+        StreamLive {
+            bytes: AtomicU64::new(0),
+            cwnd: AtomicU64::new(0),
+            // No threshold until the first loss, as the sender's own.
+            ssthresh: AtomicU64::new(u64::MAX),
+            srtt_us: AtomicU64::new(0),
+            rxmts: AtomicU64::new(0),
+        }
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SendReport {
+    pub host: String,
+    /// `--shard K/N`: every figure below is of this shard's part.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
+    pub files: u64,
+    /// Of `files`, those split across shards that this shard sent a part
+    /// of: each takes its name at the receiver when every part is in.
+    pub files_in_part: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    /// Files the receiver already had (`--skip-existing`).
+    pub skipped_files: u64,
+    /// File bytes in the manifest (of a file sent in part, the part's).
+    pub bytes_total: u64,
+    /// File bytes sent (chunks; a chunk sent twice counts twice).
+    pub bytes_sent: u64,
+    /// File bytes not sent: skipped files and chunks the receiver held.
+    pub bytes_skipped: u64,
+    pub chunks_resent: u64,
+    pub secs: f64,
+    /// File bytes sent per second of the whole run, in bits/s.
+    pub goodput_bps: f64,
+    pub rounds: usize,
+    /// Every file verified by the receiver (BLAKE3 per chunk and per file).
+    pub verified: bool,
+    /// One transport summary per connection that carried data.
+    pub streams: Vec<Summary>,
+    /// A dry run's answer, file by file in manifest order; `None` for a
+    /// real run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<Vec<PlannedFile>>,
+}
+
+/// What a dry run found the receiver would do with one file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PlannedFile {
+    /// The path under the destination, escaped for a terminal.
+    pub path: String,
+    pub size: u64,
+    /// Of a file split across shards, the chunks this shard sends,
+    /// `[first, end)` (1 MiB each).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub part: Option<[u64; 2]>,
+    /// `send` (some or all of it) or `skip` (all of it is there).
+    pub action: &'static str,
+    /// Bytes that would be sent: the size, or with a partial or
+    /// (`--checksum`) differing file there, the chunks that differ.
+    pub send_bytes: u64,
+}
+
+/// Sends `sources` to the receiver; `progress` is updated as it goes.
+/// A transfer that fails after the plan tells the receiver why (if it
+/// can), so the receiver ends the session at once.
+pub fn send(
+    sources: &[PathBuf],
+    config: &SendConfig,
+    progress: Arc<Progress>,
+) -> Result<SendReport, SendError> {
+    send_from(sources, config, progress, &[])
+}
+
+/// A socket already bound and the peer it sends to (the ssh bootstrap's
+/// pull: the socket a punch datagram arrived on, and where it came from).
+#[derive(Debug)]
+pub struct Bound {
+    pub socket: std::net::UdpSocket,
+    pub peer: SocketAddr,
+}
+
+/// [`send`], each connection from one of `from` (stream `i` from
+/// `from[i % len]`, the plan and the finish from `from[0]`) to its peer,
+/// instead of from a fresh socket to `config.peer`. Connections on one
+/// socket follow each other; the receiver tells them apart by id.
+pub fn send_from(
+    sources: &[PathBuf],
+    config: &SendConfig,
+    progress: Arc<Progress>,
+    from: &[Bound],
+) -> Result<SendReport, SendError> {
+    let mut session = None;
+    let result = session::send_session(sources, config, from, &progress, &mut session);
+    if let (Err(e), Some(id)) = (&result, session) {
+        let mut quick = config.clone();
+        quick.tuning.maxidle = Duration::from_secs(2);
+        let link = conn::Link {
+            config: &quick,
+            from: from.first(),
+            session: id,
+            stop: &Progress::default(),
+        };
+        // Best effort: the receiver may be what failed.
+        let _ = conn::ask(link, encode_abort(&abort_reason(e)), Outcome::max_len(0));
+    }
+    result
+}
+
+/// What the receiver is told of a session that failed after its plan.
+fn abort_reason(e: &SendError) -> String {
+    match e {
+        SendError::Interrupted => "interrupted".to_string(),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,1206 @@
+//! One send session, step by step: [`SendSession`] keeps what the session
+//! learns (the plan, every chunk's value, the rounds' figures) and each
+//! step is a method. The bookkeeping between the steps (what the plan
+//! leaves to send, how chunks are shared out, what a round's answers
+//! mean, when repairs are hopeless, the hashes of the finish) is plain
+//! functions and small types, tested here without a socket.
+
+use std::collections::{BTreeMap, HashSet};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::conn::{ask, run_conn, BusyWait, DataConn, Ending, Link};
+use super::readers::{FileFeed, Readers, Shown, Siblings};
+use super::{Bound, PlannedFile, Progress, SendConfig, SendError, SendReport, StreamLive};
+use crate::io::fresh_conn_id;
+use crate::summary::Summary;
+use crate::text::shown_path;
+use crate::transfer::hash::{chunk_count, chunk_len, file_hash, part_digest, Cv, CHUNK_SIZE};
+use crate::transfer::layout::CV_LEN;
+use crate::transfer::manifest::{manifest_of, walk, EntryKind, LocalEntry, Manifest};
+use crate::transfer::messages::{
+    encode_finish, ChunkRef, FilePart, FilePlan, Options, Outcome, PlanReply, PlanRequest,
+};
+use crate::transfer::shard::{part_bytes, Selected};
+use crate::transfer::source::{SourceSpec, Sources};
+
+/// Most rounds of re-sending chunks that failed their check.
+const MAX_ROUNDS: usize = 16;
+
+/// Runs a session to its end: walk, plan, select, rounds, finish.
+/// `session_out` gets the session's id once the receiver holds it (the
+/// plan was accepted), so that a failure after it can be told.
+pub(super) fn send_session(
+    sources: &[PathBuf],
+    config: &SendConfig,
+    from: &[Bound],
+    progress: &Arc<Progress>,
+    session_out: &mut Option<u64>,
+) -> Result<SendReport, SendError> {
+    let mut session = SendSession::start(sources, config, from, progress)?;
+    let plans = session.plan()?;
+    *session_out = Some(session.id);
+    let readers = Readers::start(config.readers);
+    let mut selection = session.select(&plans, &readers)?;
+    if config.options.dry_run {
+        // The receiver has answered and kept nothing: no data, no finish.
+        return Ok(session.dry_run_report(&plans, &selection.to_send));
+    }
+    session.send_rounds(std::mem::take(&mut selection.to_send), &readers)?;
+    session.finish(&plans)?;
+    Ok(session.report(&selection))
+}
+
+/// What a session keeps from its walk to its report.
+pub(super) struct SendSession<'a> {
+    config: &'a SendConfig,
+    from: &'a [Bound],
+    progress: Arc<Progress>,
+    started: Instant,
+    /// The session's id at the receiver: odd, so never a probe's 0.
+    id: u64,
+    plan: Plan,
+    /// The plan request, sent again while the receiver is busy.
+    request: Vec<u8>,
+    dirs: u64,
+    symlinks: u64,
+    values: ChunkValues,
+    tally: Tally,
+}
+
+impl<'a> SendSession<'a> {
+    /// Walks the sources into a plan and its request.
+    fn start(
+        sources: &[PathBuf],
+        config: &'a SendConfig,
+        from: &'a [Bound],
+        progress: &Arc<Progress>,
+    ) -> Result<SendSession<'a>, SendError> {
+        let started = Instant::now();
+        progress.set_stage("reading the sources");
+        let Walked {
+            plan,
+            manifest,
+            dirs,
+            symlinks,
+        } = Plan::walk(sources, config)?;
+        let request = plan_request(config, &plan, manifest);
+        Ok(SendSession {
+            config,
+            from,
+            progress: progress.clone(),
+            started,
+            id: fresh_conn_id() | 1,
+            values: ChunkValues::new(&plan.sizes),
+            plan,
+            request,
+            dirs,
+            symlinks,
+            tally: Tally::default(),
+        })
+    }
+
+    /// The connection of stream `stream` (from 0; the plan and the finish
+    /// go as stream 0): from `from[stream % len]`, or a fresh socket.
+    fn link(&self, stream: usize) -> Link<'_> {
+        Link {
+            config: self.config,
+            from: (!self.from.is_empty()).then(|| &self.from[stream % self.from.len()]),
+            session: self.id,
+            stop: &self.progress,
+        }
+    }
+
+    /// Asks the receiver what to send of each file, coming back while it
+    /// is busy (within `--wait-busy`).
+    fn plan(&self) -> Result<Vec<FilePlan>, SendError> {
+        self.progress.set_stage(format!(
+            "sending the manifest ({} entries)",
+            self.plan.entries.len()
+        ));
+        let host = &self.config.host;
+        let mut busy = BusyWait::default();
+        loop {
+            let limit = PlanReply::max_len(&self.plan.sizes);
+            let reply = ask(self.link(0), self.request.clone(), limit)?;
+            let (retry_after, why) = match plan_answer(host, &reply, &self.plan.sizes)? {
+                PlanAnswer::Accepted(plans) => return Ok(plans),
+                PlanAnswer::Busy { retry_after, why } => (retry_after, why),
+            };
+            if busy.pause(self.config, &self.progress, retry_after, &why) {
+                continue;
+            }
+            if self.progress.stop.load(Ordering::Relaxed) {
+                return Err(SendError::Interrupted);
+            }
+            return Err(SendError::Busy {
+                host: host.clone(),
+                why,
+                waited: busy.waited(),
+            });
+        }
+    }
+
+    /// What to send: every chunk of the files the receiver wants, and of
+    /// those it holds part of, the chunks that differ from ours (resume).
+    fn select(&mut self, plans: &[FilePlan], readers: &Readers) -> Result<Selection, SendError> {
+        let mut selection = Selection::of(&self.plan, plans);
+        let held = std::mem::take(&mut selection.held);
+        if held.is_empty() {
+            return Ok(selection);
+        }
+        self.progress.set_stage(format!(
+            "comparing {} partial file{} at the receiver",
+            held.len(),
+            if held.len() == 1 { "" } else { "s" }
+        ));
+        let ours = held_chunks(&self.plan, &held);
+        let ours = readers
+            .values(&self.plan.sources, &ours)
+            .map_err(SendError::Source)?;
+        selection.take_compared(compare(&held, ours), &self.plan, &mut self.values);
+        Ok(selection)
+    }
+
+    /// Sends `to_send`, then the chunks the receiver found corrupt again,
+    /// round after round, until every chunk passed its check.
+    fn send_rounds(
+        &mut self,
+        mut to_send: Vec<ChunkRef>,
+        readers: &Readers,
+    ) -> Result<(), SendError> {
+        while !to_send.is_empty() {
+            to_send = self.run_round(&to_send, readers)?;
+        }
+        Ok(())
+    }
+
+    /// One round: `chunks` shared out over the streams, each stream a
+    /// connection of its own; returns the chunks that failed their check.
+    fn run_round(
+        &mut self,
+        chunks: &[ChunkRef],
+        readers: &Readers,
+    ) -> Result<Vec<ChunkRef>, SendError> {
+        let round = self
+            .tally
+            .next_round(chunks.len() as u64, &self.config.host)?;
+        let total: u64 = chunks.iter().map(|&c| self.plan.chunk_bytes(c)).sum();
+        self.progress.total.fetch_add(total, Ordering::Relaxed);
+        self.progress.set_stage(round_stage(round, chunks.len()));
+        for c in chunks {
+            self.plan.sources.expect(c.file as usize, 1);
+        }
+        let shares = share_out(chunks, &self.plan.sizes, self.config.streams);
+        *self.progress.current.lock().expect("progress lock") =
+            first_names(&shares, &self.plan.names);
+        let results = self.run_streams(round, &shares, readers);
+        self.tally.take(results, &mut self.values)
+    }
+
+    /// Runs one stream per share, each on a thread of its own, and
+    /// gathers what each gives back.
+    fn run_streams(
+        &self,
+        round: usize,
+        shares: &[Vec<ChunkRef>],
+        readers: &Readers,
+    ) -> Vec<StreamResult> {
+        let budget = stream_budget(self.config.buffer, shares.len());
+        let lives: Vec<Arc<StreamLive>> = shares.iter().map(|_| Arc::default()).collect();
+        let siblings = Siblings::default();
+        let detail = self.progress.detail.load(Ordering::Relaxed);
+        if detail {
+            *self.progress.streams.lock().expect("progress lock") = lives.clone();
+        }
+        thread::scope(|scope| {
+            let handles: Vec<_> = shares
+                .iter()
+                .zip(lives)
+                .enumerate()
+                .map(|(index, (share, live))| {
+                    let shown = Shown {
+                        progress: self.progress.clone(),
+                        index,
+                        names: self.plan.names.clone(),
+                        live,
+                    };
+                    let feed =
+                        FileFeed::new(share, &self.plan, readers, budget, shown, siblings.clone());
+                    let link = self.link(index);
+                    scope.spawn(move || run_stream(link, feed, share, round, index + 1, detail))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a stream thread panicked"))
+                .collect()
+        })
+    }
+
+    /// Sends every file's hash: the receiver checks them and puts the
+    /// files in place.
+    fn finish(&self, plans: &[FilePlan]) -> Result<(), SendError> {
+        self.progress.set_stage("verifying at the receiver");
+        self.progress.current.lock().expect("progress lock").clear();
+        let hashes = self.values.file_hashes(&self.plan, plans);
+        let reply = ask(self.link(0), encode_finish(&hashes), Outcome::max_len(0))?;
+        outcome(&self.config.host, &reply)?;
+        Ok(())
+    }
+
+    /// The report of a session whose every file was verified.
+    fn report(self, selection: &Selection) -> SendReport {
+        let secs = self.started.elapsed().as_secs_f64();
+        let tally = self.tally;
+        SendReport {
+            host: self.config.host.clone(),
+            shard: self.config.shard.map(|s| s.to_string()),
+            files: self.plan.sizes.len() as u64,
+            files_in_part: self.plan.files_in_part(),
+            dirs: self.dirs,
+            symlinks: self.symlinks,
+            skipped_files: selection.skipped_files,
+            bytes_total: self.plan.bytes_total(),
+            bytes_sent: tally.bytes_sent,
+            bytes_skipped: selection.bytes_skipped,
+            chunks_resent: tally.chunks_resent,
+            secs,
+            goodput_bps: goodput_bps(tally.bytes_sent, secs),
+            rounds: tally.rounds,
+            verified: true,
+            streams: tally.streams,
+            dry_run: None,
+        }
+    }
+
+    /// A dry run's report: per file what the receiver's plan means. Every
+    /// figure is counted from our own files and the chunks we would send;
+    /// the reply (decoded against our sizes) only chose among them.
+    fn dry_run_report(&self, plans: &[FilePlan], to_send: &[ChunkRef]) -> SendReport {
+        let files = planned_files(&self.plan, plans, to_send);
+        let bytes_total = self.plan.bytes_total();
+        let bytes_sent: u64 = files.iter().map(|f| f.send_bytes).sum();
+        let skipped = files.iter().filter(|f| f.action == "skip").count() as u64;
+        SendReport {
+            host: self.config.host.clone(),
+            shard: self.config.shard.map(|s| s.to_string()),
+            files: files.len() as u64,
+            files_in_part: self.plan.files_in_part(),
+            dirs: self.dirs,
+            symlinks: self.symlinks,
+            skipped_files: skipped,
+            bytes_total,
+            bytes_sent,
+            bytes_skipped: bytes_total - bytes_sent.min(bytes_total),
+            chunks_resent: 0,
+            secs: self.started.elapsed().as_secs_f64(),
+            goodput_bps: 0.0,
+            rounds: 0,
+            verified: false,
+            streams: Vec::new(),
+            dry_run: Some(files),
+        }
+    }
+}
+
+/// Runs data stream `stream` (from 1) of round `round` to its end.
+fn run_stream(
+    link: Link<'_>,
+    mut feed: FileFeed,
+    share: &[ChunkRef],
+    round: usize,
+    stream: usize,
+    detail: bool,
+) -> StreamResult {
+    let sent = feed.file_bytes();
+    let len = feed.stream_len();
+    let ending = Ending {
+        reply_limit: Outcome::max_len(feed.chunks() as u64),
+        close_unacknowledged: false,
+    };
+    let live = detail.then(|| feed.live().clone());
+    let data = DataConn {
+        round,
+        stream,
+        live: live.as_deref(),
+    };
+    let (reply, summary) = run_conn(link, len, &mut feed, ending, Some(data));
+    // Whatever was acknowledged but not yet counted.
+    feed.count_rest();
+    let host = &link.config.host;
+    StreamResult {
+        bad: reply
+            .and_then(|r| outcome(host, &r))
+            .and_then(|bad| carried(host, share, bad)),
+        cvs: feed.take_values(),
+        summary,
+        sent,
+    }
+}
+
+/// What one data stream gives back.
+struct StreamResult {
+    /// The chunks that failed their check at the receiver, or why the
+    /// stream failed.
+    bad: Result<Vec<ChunkRef>, SendError>,
+    cvs: Vec<(ChunkRef, Cv)>,
+    summary: Option<Summary>,
+    /// File bytes the stream carried.
+    sent: u64,
+}
+
+/// The files this session sends, in manifest order.
+pub(super) struct Plan {
+    entries: Vec<LocalEntry>,
+    /// Per file: the chunks this session sends of a file split across
+    /// shards, `None` for a file sent whole.
+    parts: Vec<Option<Range<u64>>>,
+    /// Per file: where it is here, opened for reading as chunks are read.
+    pub(super) sources: Arc<Sources>,
+    pub(super) sizes: Arc<Vec<u64>>,
+    names: Arc<Vec<String>>,
+}
+
+/// The sources walked: the plan, the manifest that names every entry,
+/// and how many of the entries are directories and symlinks.
+struct Walked {
+    plan: Plan,
+    manifest: Manifest,
+    dirs: u64,
+    symlinks: u64,
+}
+
+impl Plan {
+    /// Walks `sources` (with `--shard`, this shard's part of them).
+    fn walk(sources: &[PathBuf], config: &SendConfig) -> Result<Walked, SendError> {
+        let walked = walk(sources, config.follow, &config.excludes)?;
+        let selected = match config.shard {
+            Some(shard) => shard.select(walked),
+            None => walked
+                .into_iter()
+                .map(|entry| Selected { entry, part: None })
+                .collect(),
+        };
+        let mut entries = Vec::with_capacity(selected.len());
+        let mut parts = Vec::new();
+        for Selected { entry, part } in selected {
+            if matches!(entry.entry.kind, EntryKind::File { .. }) {
+                parts.push(part);
+            }
+            entries.push(entry);
+        }
+        let manifest = manifest_of(&entries);
+        let files = Files::of(&entries, config.follow)?;
+        let plan = Plan {
+            entries,
+            parts,
+            sources: Arc::new(Sources::new(files.specs)),
+            sizes: Arc::new(files.sizes),
+            names: Arc::new(files.names),
+        };
+        Ok(Walked {
+            plan,
+            manifest,
+            dirs: files.dirs,
+            symlinks: files.symlinks,
+        })
+    }
+
+    /// The chunks of file `f` this session sends: all of them, or its part.
+    fn chunks(&self, f: usize) -> Range<u64> {
+        self.parts[f]
+            .clone()
+            .unwrap_or(0..chunk_count(self.sizes[f]))
+    }
+
+    /// The bytes of file `f` this session sends: its size, or its part's.
+    fn bytes(&self, f: usize) -> u64 {
+        match &self.parts[f] {
+            Some(part) => part_bytes(self.sizes[f], part),
+            None => self.sizes[f],
+        }
+    }
+
+    fn bytes_total(&self) -> u64 {
+        (0..self.sizes.len()).map(|f| self.bytes(f)).sum()
+    }
+
+    fn chunk_bytes(&self, c: ChunkRef) -> u64 {
+        chunk_len(self.sizes[c.file as usize], c.chunk) as u64
+    }
+
+    /// Files split across shards, of which this session sends a part.
+    fn files_in_part(&self) -> u64 {
+        self.parts.iter().filter(|p| p.is_some()).count() as u64
+    }
+}
+
+/// The walk's files, each opened as it is first read, and the count of
+/// the other entries.
+struct Files {
+    specs: Vec<SourceSpec>,
+    sizes: Vec<u64>,
+    names: Vec<String>,
+    dirs: u64,
+    symlinks: u64,
+}
+
+impl Files {
+    fn of(entries: &[LocalEntry], follow: bool) -> Result<Files, SendError> {
+        let mut files = Files {
+            specs: Vec::new(),
+            sizes: Vec::new(),
+            names: Vec::new(),
+            dirs: 0,
+            symlinks: 0,
+        };
+        for e in entries {
+            match &e.entry.kind {
+                EntryKind::File { size } => {
+                    let Some(stamp) = e.stamp else {
+                        let shown = shown_path(&e.source);
+                        return Err(SendError::Source(format!(
+                            "{shown} was not read by the walk"
+                        )));
+                    };
+                    files.specs.push(SourceSpec {
+                        top: e.top.clone(),
+                        path: e.entry.path.clone(),
+                        shown: e.source.clone(),
+                        stamp,
+                        follow,
+                    });
+                    files.sizes.push(*size);
+                    files.names.push(e.entry.path.to_string());
+                }
+                EntryKind::Dir => files.dirs += 1,
+                EntryKind::Symlink { .. } => files.symlinks += 1,
+            }
+        }
+        Ok(files)
+    }
+}
+
+fn plan_request(config: &SendConfig, plan: &Plan, manifest: Manifest) -> Vec<u8> {
+    PlanRequest {
+        // The receiver learns it is one shard of several from this bit.
+        options: Options {
+            shard: config.shard.is_some(),
+            ..config.options
+        },
+        subdir: config.subdir.clone(),
+        manifest,
+        parts: plan
+            .parts
+            .iter()
+            .enumerate()
+            .filter_map(|(f, p)| {
+                p.clone().map(|chunks| FilePart {
+                    file: f as u32,
+                    chunks,
+                })
+            })
+            .collect(),
+    }
+    .encode()
+}
+
+/// The receiver's answer to the plan request, once a refusal and a reply
+/// that does not decode are errors.
+#[derive(Debug, PartialEq)]
+enum PlanAnswer {
+    /// One plan per file, in file order.
+    Accepted(Vec<FilePlan>),
+    Busy {
+        retry_after: Duration,
+        why: String,
+    },
+}
+
+fn plan_answer(host: &str, reply: &[u8], sizes: &[u64]) -> Result<PlanAnswer, SendError> {
+    match PlanReply::decode(reply, sizes) {
+        Ok(PlanReply::Accepted(plans)) => Ok(PlanAnswer::Accepted(plans)),
+        Ok(PlanReply::Busy { retry_after, why }) => Ok(PlanAnswer::Busy { retry_after, why }),
+        Ok(PlanReply::Refused(why)) => Err(SendError::Refused {
+            host: host.to_string(),
+            why,
+        }),
+        Err(e) => Err(SendError::BadReply {
+            host: host.to_string(),
+            why: e.to_string(),
+        }),
+    }
+}
+
+/// What the receiver's plan leaves to send.
+#[derive(Debug, Default, PartialEq)]
+struct Selection {
+    to_send: Vec<ChunkRef>,
+    /// Files the receiver holds part of, with the values of its chunks:
+    /// to compare with ours.
+    held: Vec<(usize, Vec<Cv>)>,
+    skipped_files: u64,
+    /// File bytes not sent: skipped files and chunks the receiver holds.
+    bytes_skipped: u64,
+}
+
+impl Selection {
+    /// Sorts the files by their plans: every chunk of a file sent whole
+    /// or in part is to send, a skipped file's bytes are skipped, a held
+    /// file waits for the compare.
+    fn of(plan: &Plan, plans: &[FilePlan]) -> Selection {
+        let mut selection = Selection::default();
+        for (f, p) in plans.iter().enumerate() {
+            match p {
+                FilePlan::SendAll => {
+                    let file = f as u32;
+                    let chunks = plan.chunks(f).map(|chunk| ChunkRef { file, chunk });
+                    selection.to_send.extend(chunks);
+                }
+                FilePlan::Skip => {
+                    selection.skipped_files += 1;
+                    selection.bytes_skipped += plan.bytes(f);
+                }
+                FilePlan::Held(theirs) => selection.held.push((f, theirs.clone())),
+            }
+        }
+        selection
+    }
+
+    /// Takes in the compare: chunks that differ are to send; those the
+    /// receiver holds already are skipped, their values ours.
+    fn take_compared(&mut self, compared: Compared, plan: &Plan, values: &mut ChunkValues) {
+        for (c, cv) in compared.same {
+            self.bytes_skipped += plan.chunk_bytes(c);
+            values.record(c, cv);
+        }
+        self.to_send.extend(compared.differ);
+    }
+}
+
+/// Of each file the receiver holds part of, the chunks ours to send (of a
+/// file sent in part, only the part's).
+fn held_chunks(plan: &Plan, held: &[(usize, Vec<Cv>)]) -> Vec<ChunkRef> {
+    held.iter()
+        .flat_map(|&(f, _)| {
+            let file = f as u32;
+            plan.chunks(f).map(move |chunk| ChunkRef { file, chunk })
+        })
+        .collect()
+}
+
+/// Chunks the receiver holds, split by comparing them with ours.
+#[derive(Debug)]
+struct Compared {
+    /// Different from ours: to send.
+    differ: Vec<ChunkRef>,
+    /// The same as ours, with their values.
+    same: Vec<(ChunkRef, Cv)>,
+}
+
+/// Compares our values of the chunks the receiver holds with its own.
+fn compare(held: &[(usize, Vec<Cv>)], ours: Vec<(ChunkRef, Cv)>) -> Compared {
+    let theirs: BTreeMap<ChunkRef, Cv> = held
+        .iter()
+        .flat_map(|(f, cvs)| {
+            cvs.iter().enumerate().map(move |(k, cv)| {
+                let file = *f as u32;
+                (
+                    ChunkRef {
+                        file,
+                        chunk: k as u64,
+                    },
+                    *cv,
+                )
+            })
+        })
+        .collect();
+    let mut differ = Vec::new();
+    let mut same = Vec::new();
+    for (c, cv) in ours {
+        if theirs.get(&c) == Some(&cv) {
+            same.push((c, cv));
+        } else {
+            differ.push(c);
+        }
+    }
+    differ.sort();
+    Compared { differ, same }
+}
+
+/// Shares chunks out over `n` streams: largest files first, each chunk
+/// to the stream with the fewest bytes so far.
+fn share_out(chunks: &[ChunkRef], sizes: &[u64], n: usize) -> Vec<Vec<ChunkRef>> {
+    let mut order: Vec<ChunkRef> = chunks.to_vec();
+    order.sort_by_key(|c| (std::cmp::Reverse(sizes[c.file as usize]), c.file, c.chunk));
+    let mut streams: Vec<(u64, Vec<ChunkRef>)> = vec![(0, Vec::new()); n.max(1)];
+    for c in order {
+        let s = streams
+            .iter_mut()
+            .min_by_key(|(bytes, _)| *bytes)
+            .expect("at least one stream");
+        s.0 += chunk_len(sizes[c.file as usize], c.chunk) as u64;
+        s.1.push(c);
+    }
+    streams
+        .into_iter()
+        .map(|(_, c)| c)
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+/// Each stream's share of `--buffer`, and never less than two chunks with
+/// their values, so that one is read while the other is sent.
+fn stream_budget(buffer: u64, streams: usize) -> u64 {
+    (buffer / streams.max(1) as u64).max(2 * (CHUNK_SIZE + CV_LEN))
+}
+
+/// The file each stream starts with, for the display.
+fn first_names(shares: &[Vec<ChunkRef>], names: &[String]) -> Vec<String> {
+    shares
+        .iter()
+        .filter_map(|share| share.first())
+        .map(|c| names[c.file as usize].clone())
+        .collect()
+}
+
+fn round_stage(round: usize, chunks: usize) -> String {
+    if round == 1 {
+        "sending".to_string()
+    } else {
+        format!("sending {chunks} chunks again")
+    }
+}
+
+/// The answer to a data stream or a finish: the chunks that failed their
+/// check, or the receiver's no as an error.
+fn outcome(host: &str, reply: &[u8]) -> Result<Vec<ChunkRef>, SendError> {
+    let host = host.to_string();
+    match Outcome::decode(reply) {
+        Ok(Outcome::Done { bad }) => Ok(bad),
+        Ok(Outcome::Failed(why)) => Err(SendError::Failed { host, why }),
+        Ok(Outcome::Refused(why)) => Err(SendError::Refused { host, why }),
+        Ok(Outcome::Mismatch(why)) => Err(SendError::Unverified { host, why }),
+        Err(e) => Err(SendError::BadReply {
+            host,
+            why: e.to_string(),
+        }),
+    }
+}
+
+/// The chunks a data stream's answer names as bad, each checked to be one
+/// the stream carried (the server chose these numbers), once each.
+fn carried(host: &str, share: &[ChunkRef], bad: Vec<ChunkRef>) -> Result<Vec<ChunkRef>, SendError> {
+    let sent: HashSet<ChunkRef> = share.iter().copied().collect();
+    let mut seen = HashSet::with_capacity(bad.len().min(sent.len()));
+    for c in &bad {
+        if !sent.contains(c) {
+            return Err(SendError::BadReply {
+                host: host.to_string(),
+                why: format!(
+                    "it names chunk {} of file {}, which that stream did not carry",
+                    c.chunk, c.file
+                ),
+            });
+        }
+        seen.insert(*c);
+    }
+    let mut bad: Vec<ChunkRef> = seen.into_iter().collect();
+    bad.sort_unstable();
+    Ok(bad)
+}
+
+/// What the rounds have done so far, for the report.
+#[derive(Default)]
+struct Tally {
+    rounds: usize,
+    /// Chunks the previous repair round re-sent.
+    repaired: Option<u64>,
+    /// File bytes sent (a chunk sent twice counts twice).
+    bytes_sent: u64,
+    chunks_resent: u64,
+    /// One transport summary per connection that carried data.
+    streams: Vec<Summary>,
+}
+
+impl Tally {
+    /// Starts a round of `pending` chunks and returns its number, from 1;
+    /// or gives up, past [`MAX_ROUNDS`] or when repairs fall behind.
+    fn next_round(&mut self, pending: u64, host: &str) -> Result<usize, SendError> {
+        self.rounds += 1;
+        // A repair round of more than a few chunks must fix a tenth of
+        // them, or the path corrupts (past the UDP checksum) too much for
+        // 1 MiB chunks; a few chunks get every chance up to MAX_ROUNDS.
+        let bad = pending;
+        if self.rounds > MAX_ROUNDS || self.repaired.is_some_and(|r| bad > 16 && bad * 10 > r * 9) {
+            return Err(SendError::Unverified {
+                host: host.to_string(),
+                why: format!(
+                    "{bad} chunks still failed their BLAKE3 check after {} rounds; \
+                     the path corrupts data faster than it can be repaired",
+                    self.rounds - 1
+                ),
+            });
+        }
+        if self.rounds > 1 {
+            self.repaired = Some(bad);
+        }
+        Ok(self.rounds)
+    }
+
+    /// Takes in a round's streams: their figures, their chunks' values
+    /// into `values`; returns the chunks to send again, or the first
+    /// stream's error.
+    fn take(
+        &mut self,
+        results: Vec<StreamResult>,
+        values: &mut ChunkValues,
+    ) -> Result<Vec<ChunkRef>, SendError> {
+        let mut bad = Vec::new();
+        let mut first_error = None;
+        for r in results {
+            self.streams.extend(r.summary);
+            self.bytes_sent += r.sent;
+            for (c, cv) in r.cvs {
+                values.record(c, cv);
+            }
+            match r.bad {
+                Ok(b) => bad.extend(b),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        self.chunks_resent += bad.len() as u64;
+        Ok(bad)
+    }
+}
+
+/// File bytes per second of `secs`, in bits/s.
+fn goodput_bps(bytes: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        bytes as f64 * 8.0 / secs
+    } else {
+        0.0
+    }
+}
+
+/// Our BLAKE3 value of every chunk, by file then chunk, as each is read
+/// or compared.
+struct ChunkValues(Vec<Vec<Option<Cv>>>);
+
+impl ChunkValues {
+    fn new(sizes: &[u64]) -> ChunkValues {
+        ChunkValues(
+            sizes
+                .iter()
+                .map(|&s| vec![None; chunk_count(s) as usize])
+                .collect(),
+        )
+    }
+
+    fn record(&mut self, c: ChunkRef, cv: Cv) {
+        self.0[c.file as usize][c.chunk as usize] = Some(cv);
+    }
+
+    /// The finish's hash of each file: the BLAKE3 hash of a file sent
+    /// whole, the digest of a part, zeros for a file skipped.
+    fn file_hashes(&self, plan: &Plan, plans: &[FilePlan]) -> Vec<Cv> {
+        let mut hashes = Vec::with_capacity(plan.sizes.len());
+        for (f, file_cvs) in self.0.iter().enumerate() {
+            if plans[f] == FilePlan::Skip {
+                hashes.push([0; 32]);
+                continue;
+            }
+            let range = plan.chunks(f);
+            let first = range.start;
+            let ours: Option<Vec<Cv>> = file_cvs[range.start as usize..range.end as usize]
+                .iter()
+                .copied()
+                .collect();
+            let ours = ours.expect("every chunk was read or compared");
+            hashes.push(match plan.parts[f] {
+                Some(_) => part_digest(plan.sizes[f], first, &ours),
+                None => *file_hash(plan.sizes[f], &ours)
+                    .expect("one per chunk")
+                    .as_bytes(),
+            });
+        }
+        hashes
+    }
+}
+
+/// Per file, what the receiver's plan means: the bytes of `to_send` that
+/// are the file's, and whether it is sent at all.
+fn planned_files(plan: &Plan, plans: &[FilePlan], to_send: &[ChunkRef]) -> Vec<PlannedFile> {
+    let mut send_bytes = vec![0u64; plan.sizes.len()];
+    for c in to_send {
+        if let Some(b) = send_bytes.get_mut(c.file as usize) {
+            *b += chunk_len(plan.sizes[c.file as usize], c.chunk) as u64;
+        }
+    }
+    plans
+        .iter()
+        .zip(plan.sizes.iter().zip(plan.names.iter()))
+        .zip(&send_bytes)
+        .enumerate()
+        .map(|(f, ((p, (&size, name)), &bytes))| PlannedFile {
+            path: name.clone(),
+            size,
+            part: plan.parts[f].clone().map(|r| [r.start, r.end]),
+            // An empty file is sent (created) unless the plan skips it.
+            action: if *p == FilePlan::Skip || (bytes == 0 && matches!(p, FilePlan::Held(_))) {
+                "skip"
+            } else {
+                "send"
+            },
+            send_bytes: bytes,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transfer::send::Fault;
+
+    const HOST: &str = "there";
+
+    fn chunk(file: u32, chunk: u64) -> ChunkRef {
+        ChunkRef { file, chunk }
+    }
+
+    /// A plan of files of `sizes`, never opened.
+    fn plan_of(sizes: &[u64], parts: Vec<Option<Range<u64>>>) -> Plan {
+        Plan {
+            entries: Vec::new(),
+            parts,
+            sources: Arc::new(Sources::new(Vec::new())),
+            sizes: Arc::new(sizes.to_vec()),
+            names: Arc::new((0..sizes.len()).map(|f| format!("f{f}")).collect()),
+        }
+    }
+
+    fn stream_result(
+        bad: Result<Vec<ChunkRef>, SendError>,
+        cvs: Vec<(ChunkRef, Cv)>,
+    ) -> StreamResult {
+        StreamResult {
+            bad,
+            cvs,
+            summary: None,
+            sent: 1000,
+        }
+    }
+
+    fn failed(why: &str) -> SendError {
+        SendError::Failed {
+            host: HOST.into(),
+            why: why.into(),
+        }
+    }
+
+    #[test]
+    fn chunks_are_shared_largest_files_first_and_balanced() {
+        let sizes = [CHUNK_SIZE, 3 * CHUNK_SIZE, 10];
+        let chunks: Vec<ChunkRef> = [(0, 0), (1, 0), (1, 1), (1, 2), (2, 0)]
+            .iter()
+            .map(|&(file, chunk)| ChunkRef { file, chunk })
+            .collect();
+        let shares = share_out(&chunks, &sizes, 2);
+        assert_eq!(shares.len(), 2);
+        // The big file's chunks lead both streams.
+        assert_eq!(shares[0][0], ChunkRef { file: 1, chunk: 0 });
+        assert_eq!(shares[1][0], ChunkRef { file: 1, chunk: 1 });
+        let bytes = |s: &[ChunkRef]| -> u64 {
+            s.iter()
+                .map(|c| chunk_len(sizes[c.file as usize], c.chunk) as u64)
+                .sum()
+        };
+        assert_eq!(bytes(&shares[0]) + bytes(&shares[1]), 4 * CHUNK_SIZE + 10);
+        assert!(bytes(&shares[0]).abs_diff(bytes(&shares[1])) <= CHUNK_SIZE);
+        // More streams than chunks: no empty stream.
+        assert_eq!(share_out(&chunks[..1], &sizes, 4).len(), 1);
+    }
+
+    #[test]
+    fn each_stream_shows_the_file_it_starts_with() {
+        let names = vec!["a".to_string(), "b".to_string()];
+        let shares = vec![vec![chunk(1, 0), chunk(0, 0)], vec![chunk(0, 1)]];
+        assert_eq!(first_names(&shares, &names), ["b", "a"]);
+    }
+
+    #[test]
+    fn a_plan_reply_that_refuses_or_does_not_decode_is_an_error() {
+        let sizes = [10];
+        let accepted = PlanReply::Accepted(vec![FilePlan::SendAll]).encode();
+        assert_eq!(
+            plan_answer(HOST, &accepted, &sizes).unwrap(),
+            PlanAnswer::Accepted(vec![FilePlan::SendAll])
+        );
+        let busy = PlanReply::Busy {
+            retry_after: Duration::from_secs(3),
+            why: "full".into(),
+        };
+        assert_eq!(
+            plan_answer(HOST, &busy.encode(), &sizes).unwrap(),
+            PlanAnswer::Busy {
+                retry_after: Duration::from_secs(3),
+                why: "full".into()
+            }
+        );
+        let refused = PlanReply::Refused("no".into()).encode();
+        match plan_answer(HOST, &refused, &sizes) {
+            Err(SendError::Refused { host, why }) => assert_eq!((&*host, &*why), (HOST, "no")),
+            other => panic!("{other:?}"),
+        }
+        let garbage = plan_answer(HOST, &[0xff, 1, 2], &sizes).unwrap_err();
+        assert_eq!(garbage.fault(), Fault::Protocol, "{garbage}");
+    }
+
+    #[test]
+    fn an_outcome_is_the_bad_chunks_or_an_error_of_its_kind() {
+        let done = Outcome::Done {
+            bad: vec![chunk(0, 2)],
+        };
+        assert_eq!(outcome(HOST, &done.encode()).unwrap(), [chunk(0, 2)]);
+        let fault = |o: Outcome| outcome(HOST, &o.encode()).unwrap_err().fault();
+        assert_eq!(fault(Outcome::Failed("disk".into())), Fault::Partial);
+        assert_eq!(fault(Outcome::Refused("in the way".into())), Fault::Refused);
+        assert_eq!(fault(Outcome::Mismatch("hash".into())), Fault::Verify);
+        let garbage = outcome(HOST, b"nonsense").unwrap_err();
+        assert_eq!(garbage.fault(), Fault::Protocol);
+    }
+
+    /// The server chose the chunk numbers: only those the stream carried
+    /// are taken, each once, in order.
+    #[test]
+    fn a_stream_answers_only_for_chunks_it_carried() {
+        let share = [chunk(0, 0), chunk(0, 1), chunk(3, 7)];
+        let bad = carried(HOST, &share, vec![chunk(3, 7), chunk(0, 0), chunk(3, 7)]).unwrap();
+        assert_eq!(bad, [chunk(0, 0), chunk(3, 7)]);
+        assert_eq!(carried(HOST, &share, Vec::new()).unwrap(), []);
+        let stranger = carried(HOST, &share, vec![chunk(0, 1), chunk(1, 0)]).unwrap_err();
+        assert!(matches!(stranger, SendError::BadReply { .. }), "{stranger}");
+        assert!(
+            stranger.to_string().contains("chunk 0 of file 1"),
+            "{stranger}"
+        );
+    }
+
+    #[test]
+    fn the_plan_sorts_files_into_sent_skipped_and_held() {
+        let sizes = [
+            2 * CHUNK_SIZE + 1,
+            100,
+            CHUNK_SIZE,
+            5 * CHUNK_SIZE,
+            4 * CHUNK_SIZE,
+        ];
+        let parts = vec![None, None, None, Some(1..3), Some(0..2)];
+        let plan = plan_of(&sizes, parts);
+        let theirs = vec![[7; 32]];
+        let plans = [
+            FilePlan::SendAll,
+            FilePlan::Skip,
+            FilePlan::Held(theirs.clone()),
+            FilePlan::SendAll,
+            FilePlan::Skip,
+        ];
+        let selection = Selection::of(&plan, &plans);
+        assert_eq!(
+            selection.to_send,
+            [
+                chunk(0, 0),
+                chunk(0, 1),
+                chunk(0, 2),
+                chunk(3, 1),
+                chunk(3, 2)
+            ],
+            "of a file sent in part, only the part"
+        );
+        assert_eq!(selection.held, [(2, theirs)]);
+        assert_eq!(selection.skipped_files, 2);
+        assert_eq!(selection.bytes_skipped, 100 + 2 * CHUNK_SIZE);
+    }
+
+    #[test]
+    fn resume_sends_only_chunks_that_differ_from_the_receivers() {
+        let sizes = [3 * CHUNK_SIZE + 10, 4 * CHUNK_SIZE];
+        let plan = plan_of(&sizes, vec![None, Some(2..4)]);
+        // It holds two chunks of the first file and one of the second
+        // (which is not in our part).
+        let held = vec![(0, vec![[1; 32], [2; 32]]), (1, vec![[5; 32]])];
+        let ours_to_read = held_chunks(&plan, &held);
+        assert_eq!(
+            ours_to_read,
+            [
+                chunk(0, 0),
+                chunk(0, 1),
+                chunk(0, 2),
+                chunk(0, 3),
+                chunk(1, 2),
+                chunk(1, 3)
+            ]
+        );
+        let ours = vec![
+            (chunk(0, 3), [4; 32]),
+            (chunk(0, 1), [9; 32]),
+            (chunk(0, 0), [1; 32]),
+            (chunk(0, 2), [3; 32]),
+            (chunk(1, 2), [5; 32]),
+            (chunk(1, 3), [6; 32]),
+        ];
+        let compared = compare(&held, ours);
+        assert_eq!(
+            compared.differ,
+            [
+                chunk(0, 1),
+                chunk(0, 2),
+                chunk(0, 3),
+                chunk(1, 2),
+                chunk(1, 3)
+            ]
+        );
+        assert_eq!(compared.same, [(chunk(0, 0), [1; 32])]);
+
+        let mut selection = Selection {
+            to_send: vec![chunk(9, 0)],
+            bytes_skipped: 1,
+            ..Selection::default()
+        };
+        let mut values = ChunkValues::new(&sizes);
+        selection.take_compared(compared, &plan, &mut values);
+        assert_eq!(selection.bytes_skipped, 1 + CHUNK_SIZE);
+        assert_eq!(selection.to_send.len(), 6);
+        assert_eq!(values.0[0][0], Some([1; 32]));
+        assert_eq!(
+            values.0[0][1], None,
+            "a chunk that differs is read as it is sent"
+        );
+    }
+
+    #[test]
+    fn repairs_that_fix_too_few_chunks_give_up() {
+        let mut tally = Tally::default();
+        assert_eq!(tally.next_round(1000, HOST).unwrap(), 1);
+        // The first repair round is always tried.
+        assert_eq!(tally.next_round(100, HOST).unwrap(), 2);
+        assert_eq!(tally.next_round(80, HOST).unwrap(), 3, "a fifth fixed");
+        let e = tally.next_round(73, HOST).unwrap_err();
+        assert_eq!(e.fault(), Fault::Verify);
+        assert!(e.to_string().contains("73 chunks still failed"), "{e}");
+        assert!(e.to_string().contains("after 3 rounds"), "{e}");
+    }
+
+    #[test]
+    fn a_few_bad_chunks_get_every_round_there_is() {
+        let mut tally = Tally::default();
+        for round in 1..=MAX_ROUNDS {
+            assert_eq!(tally.next_round(16, HOST).unwrap(), round);
+        }
+        let e = tally.next_round(1, HOST).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(&format!("after {MAX_ROUNDS} rounds")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_round_takes_every_stream_in_then_its_first_error() {
+        let sizes = [3 * CHUNK_SIZE];
+        let mut values = ChunkValues::new(&sizes);
+        let mut tally = Tally::default();
+        let again = tally
+            .take(
+                vec![
+                    stream_result(Ok(vec![chunk(0, 2)]), vec![(chunk(0, 0), [1; 32])]),
+                    stream_result(Ok(vec![chunk(0, 1)]), vec![(chunk(0, 1), [2; 32])]),
+                ],
+                &mut values,
+            )
+            .unwrap();
+        assert_eq!(again, [chunk(0, 2), chunk(0, 1)]);
+        assert_eq!((tally.bytes_sent, tally.chunks_resent), (2000, 2));
+
+        let e = tally
+            .take(
+                vec![
+                    stream_result(Ok(vec![chunk(0, 1)]), Vec::new()),
+                    stream_result(Err(failed("first")), vec![(chunk(0, 2), [3; 32])]),
+                    stream_result(Err(failed("second")), Vec::new()),
+                ],
+                &mut values,
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("first"), "{e}");
+        assert_eq!(tally.bytes_sent, 5000, "every stream's bytes");
+        assert_eq!(tally.chunks_resent, 2, "no round after an error");
+        assert_eq!(values.0[0], [Some([1; 32]), Some([2; 32]), Some([3; 32])]);
+    }
+
+    #[test]
+    fn the_finish_hashes_whole_files_parts_and_zeros_for_skipped() {
+        let sizes = [CHUNK_SIZE + 5, 7, 3 * CHUNK_SIZE];
+        let plan = plan_of(&sizes, vec![None, None, Some(1..3)]);
+        let plans = [FilePlan::SendAll, FilePlan::Skip, FilePlan::SendAll];
+        let mut values = ChunkValues::new(&sizes);
+        values.record(chunk(0, 0), [1; 32]);
+        values.record(chunk(0, 1), [2; 32]);
+        values.record(chunk(2, 1), [3; 32]);
+        values.record(chunk(2, 2), [4; 32]);
+        let hashes = values.file_hashes(&plan, &plans);
+        assert_eq!(hashes.len(), 3);
+        let whole = file_hash(sizes[0], &[[1; 32], [2; 32]]).unwrap();
+        assert_eq!(hashes[0], *whole.as_bytes());
+        assert_eq!(hashes[1], [0; 32]);
+        assert_eq!(hashes[2], part_digest(sizes[2], 1, &[[3; 32], [4; 32]]));
+    }
+
+    #[test]
+    fn a_dry_run_counts_each_files_bytes_and_skips_what_is_all_there() {
+        let sizes = [2 * CHUNK_SIZE, 0, 50, CHUNK_SIZE + 1, 3 * CHUNK_SIZE];
+        let plan = plan_of(&sizes, vec![None, None, None, None, Some(1..2)]);
+        let plans = [
+            FilePlan::SendAll,
+            FilePlan::SendAll,
+            FilePlan::Skip,
+            FilePlan::Held(vec![[0; 32]]),
+            FilePlan::Held(Vec::new()),
+        ];
+        let to_send = [chunk(0, 0), chunk(0, 1), chunk(3, 1)];
+        let files = planned_files(&plan, &plans, &to_send);
+        let seen: Vec<(&str, u64)> = files.iter().map(|f| (f.action, f.send_bytes)).collect();
+        assert_eq!(
+            seen,
+            [
+                ("send", 2 * CHUNK_SIZE),
+                ("send", 0),
+                ("skip", 0),
+                ("send", 1),
+                ("skip", 0)
+            ]
+        );
+        assert_eq!(files[4].part, Some([1, 2]));
+        assert_eq!(files[2].path, "f2");
+    }
+
+    #[test]
+    fn each_stream_reads_ahead_its_share_of_the_buffer_and_two_chunks_at_least() {
+        let two = 2 * (CHUNK_SIZE + CV_LEN);
+        assert_eq!(stream_budget(64 * CHUNK_SIZE, 4), 16 * CHUNK_SIZE);
+        assert_eq!(stream_budget(64 * CHUNK_SIZE, 64), two);
+        assert_eq!(stream_budget(0, 0), two);
+        assert_eq!(goodput_bps(1000, 2.0), 4000.0);
+        assert_eq!(goodput_bps(1000, 0.0), 0.0);
+    }
+}
