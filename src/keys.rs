@@ -1,4 +1,4 @@
-//! Key files, as ssh keeps them (issue 13).
+//! Key files, as ssh keeps them.
 //!
 //! - An identity: a private key file (mode 0600, created with `O_EXCL`,
 //!   refused if others may read it) and `FILE.pub` beside it, under

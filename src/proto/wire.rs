@@ -360,7 +360,7 @@ pub enum RejectReason {
     /// The server is at one of its limits (connections, memory); the same
     /// hello may succeed later.
     Busy,
-    /// The server serves authenticated clients only (issue 13's
+    /// The server serves authenticated clients only (the Noise
     /// handshake); a plain hello is answered with this.
     AuthRequired,
     /// The server has no key, so it cannot answer an authenticated hello

@@ -1,4 +1,4 @@
-//! Several flows sharing one bottleneck (issue 14 points 8 and 9).
+//! Several flows sharing one bottleneck (BBR's fairness, Jain's index).
 //!
 //! Every flow has its own [`Tuning`] (so `bbr`, `cubic` and `aimd` can
 //! compete), its own sender and receiver, and its own return path (a copy

@@ -1,4 +1,4 @@
-//! The ssh bootstrap's line protocol and punch datagram (issue 13, point 4).
+//! The ssh bootstrap's line protocol and punch datagram.
 //!
 //! `atou copy` with a remote end runs `ssh HOST atou __remote receive|send
 //! ...`, and the two ends exchange one line each over the ssh channel,

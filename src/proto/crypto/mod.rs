@@ -1,4 +1,4 @@
-//! Handshake and packet protection (issue 13), sans I/O.
+//! Handshake and packet protection, sans I/O.
 //!
 //! - [`protect`]: per-direction AEAD keys, sealing and opening a datagram as
 //!   a pure function of key, packet number and bytes; key updates before the

@@ -63,7 +63,7 @@ impl Cipher {
     }
 
     /// AES-256-GCM where the CPU has AES and carry-less multiply
-    /// instructions, ChaCha20-Poly1305 otherwise (issue 13; the figures
+    /// instructions, ChaCha20-Poly1305 otherwise (the figures
     /// are in docs/security.md).
     pub fn for_this_cpu() -> Cipher {
         #[cfg(target_arch = "x86_64")]
