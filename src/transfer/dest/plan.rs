@@ -294,11 +294,16 @@ impl<'a> Planner<'a> {
         };
         let decision = match &entry.kind {
             EntryKind::Dir => check_dir(found, &path).map(|()| Decision::Write)?,
-            EntryKind::File { size } => self.check_file(entry, *size, &rel, found)?,
-            EntryKind::Symlink { target } => self.check_symlink(entry, target, &rel, found)?,
+            EntryKind::File { size } => self.check_file(entry, *size, &rel, found, &path)?,
+            EntryKind::Symlink { target } => {
+                self.check_symlink(entry, target, &rel, found, &path)?
+            }
         };
+        // Entries are checked in order, so this one's number is how many
+        // were checked before it.
+        let i = self.rels.len();
         match decision {
-            Decision::Skip => self.skip[self.rels.len()] = true,
+            Decision::Skip => self.skip[i] = true,
             Decision::Conflict => self.conflicts.push(entry.path.to_string()),
             Decision::Write | Decision::Compare => {}
         }
@@ -315,6 +320,7 @@ impl<'a> Planner<'a> {
         size: u64,
         rel: &[u8],
         found: Found,
+        path: &Path,
     ) -> Result<Decision, String> {
         let part = self.part_of.get(self.targets.len()).cloned().flatten();
         // One session sees one part of a split file: it cannot compare
@@ -322,8 +328,7 @@ impl<'a> Planner<'a> {
         // skipped (sent again with --overwrite, else refused), rather than
         // skipped on size and mtime.
         let by_content = self.options.checksum && part.is_none();
-        let path = self.dest_dir.shown(rel);
-        let decision = file_decision(found, entry, size, &self.options, by_content, &path)?;
+        let decision = file_decision(found, entry, size, &self.options, by_content, path)?;
         let staged = staged_name(rel);
         let held = match decision {
             Decision::Skip => Held::Nothing,
@@ -433,13 +438,14 @@ impl<'a> Planner<'a> {
         target: &[u8],
         rel: &[u8],
         found: Found,
+        path: &Path,
     ) -> Result<Decision, String> {
         if !self.symlink_allowed(rel, target) {
             return Err(symlink_refusal(self.policy, entry, target));
         }
         let options = self.options;
         match found {
-            Found::Dir => Err(in_the_way(&self.dest_dir.shown(rel), "a directory")),
+            Found::Dir => Err(in_the_way(path, "a directory")),
             Found::Nothing => Ok(Decision::Write),
             Found::Symlink
                 if options.skip_existing
