@@ -1076,6 +1076,48 @@ mod tests {
         }
     }
 
+    /// `named_enum!`: each enum reads its names in any case, writes them
+    /// back, and a bad name's error lists them all.
+    #[test]
+    fn named_enums_read_and_write_their_names() {
+        fn check<T: FromStr<Err = String> + fmt::Display + PartialEq + fmt::Debug + Copy>(
+            all: &[T],
+            names: &str,
+        ) {
+            for &v in all {
+                let name = v.to_string();
+                assert_eq!(name.parse::<T>(), Ok(v));
+                assert_eq!(name.to_ascii_uppercase().parse::<T>(), Ok(v));
+            }
+            let e = "wibble".parse::<T>().unwrap_err();
+            assert!(e.starts_with("`wibble` is not "), "{e}");
+            assert!(e.ends_with(&format!("({names})")), "{e}");
+        }
+        check(&RecoveryKind::ALL, "reno, newreno, sack, fack, rack");
+        check(&CcKind::ALL, "aimd, cubic, bbr, vegas");
+        check(&ReductionKind::ALL, "prr, halve");
+        check(&ReorderingKind::ALL, "fixed, adaptive");
+        check(&SsthreshEstimate::ALL, "none, hoe");
+    }
+
+    /// The `knobs!` table gives `set` and `get` every knob and alias that
+    /// [`KNOBS`] lists, and nothing else.
+    #[test]
+    fn knobs_list_what_set_and_get_know() {
+        let mut t = Tuning::default();
+        for k in KNOBS {
+            for name in std::iter::once(&k.name).chain(k.aliases) {
+                let text = t.get(name).unwrap_or_else(|| panic!("get {name}"));
+                t.set(name, &text)
+                    .unwrap_or_else(|e| panic!("set {name}: {e}"));
+            }
+        }
+        assert_eq!(t, Tuning::default());
+        assert_eq!(t.get("rcvrwin"), t.get("rcvwin"));
+        assert_eq!(t.get("sack"), None, "atou's flags are set-only");
+        assert_eq!(t.get("wibble"), None);
+    }
+
     /// BBR's loss response reads percentages with or without `%`, writes
     /// them back with it, and applies to `--cc bbr` only.
     #[test]
