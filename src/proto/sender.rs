@@ -156,6 +156,17 @@ struct UndoEpisode {
     displacement: Option<u64>,
 }
 
+/// How a fast recovery begins.
+#[derive(Debug, Clone, Copy)]
+enum Entry {
+    /// Fast retransmit: snd_una is marked lost and goes out now; with
+    /// `lost_below`, every un-SACKed segment below it is marked lost too.
+    FastRetransmit { lost_below: Option<u64> },
+    /// On the losses the variant has already marked (RACK): they go out as
+    /// pipe allows, lowest first, the lowest at once.
+    Marked,
+}
+
 #[derive(Debug)]
 pub struct Sender {
     conn_id: u64,
@@ -458,45 +469,129 @@ impl Sender {
         Ok(())
     }
 
+    /// One valid ACK, in steps: classify it, apply its SACK blocks,
+    /// account what it newly acknowledges, take the loss-recovery step,
+    /// tell the controller, and trace it.
     fn on_ack(&mut self, ack: &Ack) {
         if self.state != SenderState::Sending {
             return;
         }
         self.burst = 0;
-        let now = self.now;
-        let (una, max) = (self.sb.una(), self.sb.max());
-        if ack.cum_ack < una || ack.cum_ack > max {
-            // atou's badack: an ACK older than one already processed, or
-            // one for data never sent.
-            self.stats.badacks += 1;
-            let snd_nxt = self.loss.snd_nxt(&mut self.sb);
-            self.emit(Event::BadAck {
-                ack: ack.cum_ack,
-                snd_max: max,
-                snd_nxt,
-                snd_una: una,
-            });
+        let prior_una = self.sb.una();
+        if self.reject_bad_ack(ack) {
             return;
         }
-        self.last_ack_at = now;
+        self.last_ack_at = self.now;
         self.arm_idle();
-
-        let rtt = wire_elapsed(now.wire_micros(), ack.echo_timestamp);
-        // An echo from the future or from before we started is not ours.
-        let sample_ok = rtt <= self.since_start();
-        if sample_ok {
-            self.rtt.on_sample(now, rtt);
-        }
-
-        let right_edge = ack.cum_ack.saturating_add(u64::from(ack.window));
-        let window_changed = right_edge != self.peer_right_edge;
-        self.peer_right_edge = right_edge;
+        let rtt = self.take_rtt_sample(ack.echo_timestamp);
+        let window_changed = self.note_peer_window(ack);
 
         self.sb.clear_deliveries();
         let fack_before = self.sb.highest_sacked();
-        let uses_sack = self.recovery.kind().uses_sack();
+        let newly_sacked = self.process_sack_blocks(ack);
+        let (newly_acked, newly_delivered) = self.account_new_data(ack.cum_ack, fack_before);
+        let is_dupack = self.classify_duplicate(
+            &DupEvidence {
+                newly_sacked,
+                window_changed,
+                dsack: ack.dsack.is_some(),
+            },
+            newly_acked,
+        );
+        self.check_undo(ack, prior_una);
+        if self.loss.phase == Phase::Loss && self.loss.recovery_point_acked(&self.sb) {
+            self.loss.phase = Phase::Open;
+        }
+
+        let summary = AckSummary {
+            newly_acked,
+            newly_sacked,
+            is_dupack,
+            now: self.now,
+            echo: ack.echo_timestamp,
+            dsack: ack.dsack,
+            srtt: self.rtt.srtt(),
+            min_rtt: self.rtt.min(),
+        };
+        let lost_before = self.sb.lost_total();
+        let step = self.recovery_step(&summary);
+        self.cc.on_ack(&AckEvent {
+            now: self.now,
+            newly_acked,
+            newly_delivered,
+            newly_lost: self.sb.lost_total() - lost_before,
+            delivered: self.rate.delivered(),
+            sent: self.stats.pkts_out,
+            is_dupack,
+            recovery: step,
+            flight: self.sb.flight(),
+            pipe: self.sb.pipe(),
+            rtt,
+            srtt: self.rtt.srtt(),
+            snd_una: self.sb.una(),
+            snd_max: self.sb.max(),
+            app_limited: self.rate.is_app_limited(),
+            rate: self.rate.sample(self.sb.lost_total(), self.rtt.min()),
+        });
+        if self.recovery.take_probe_loss() {
+            // RFC 8985 §7.4: the probe repaired a loss; one reduction.
+            self.cc.on_congestion_event(&CongestionEvent {
+                now: self.now,
+                flight: self.sb.flight(),
+                pipe: self.sb.pipe(),
+                sent: self.stats.pkts_out,
+            });
+            self.cc.on_recovery_end(self.now);
+        }
+        self.loss.settle(&self.sb);
+        self.note_controller();
+        self.arm_recovery_timer(newly_acked > 0);
+        self.trace_ack(ack, rtt);
+        self.update_state(self.now);
+    }
+
+    /// atou's badack: an ACK older than one already processed, or one for
+    /// data never sent. Counted and reported, and nothing else.
+    fn reject_bad_ack(&mut self, ack: &Ack) -> bool {
+        let (una, max) = (self.sb.una(), self.sb.max());
+        if (una..=max).contains(&ack.cum_ack) {
+            return false;
+        }
+        self.stats.badacks += 1;
+        let snd_nxt = self.loss.snd_nxt(&mut self.sb);
+        self.emit(Event::BadAck {
+            ack: ack.cum_ack,
+            snd_max: max,
+            snd_nxt,
+            snd_una: una,
+        });
+        true
+    }
+
+    /// The RTT the echoed timestamp measures, fed to the estimator; `None`
+    /// for an echo from the future or from before we started: not ours.
+    fn take_rtt_sample(&mut self, echo: u32) -> Option<Duration> {
+        let rtt = wire_elapsed(self.now.wire_micros(), echo);
+        if rtt > self.since_start() {
+            return None;
+        }
+        self.rtt.on_sample(self.now, rtt);
+        Some(rtt)
+    }
+
+    /// Takes the peer's window edge from the ACK; whether it moved.
+    fn note_peer_window(&mut self, ack: &Ack) -> bool {
+        let right_edge = ack.cum_ack.saturating_add(u64::from(ack.window));
+        let changed = right_edge != self.peer_right_edge;
+        self.peer_right_edge = right_edge;
+        changed
+    }
+
+    /// Applies the ACK's SACK blocks, if the variant uses them, and counts
+    /// a D-SACK; returns the segments newly SACKed.
+    fn process_sack_blocks(&mut self, ack: &Ack) -> u64 {
         let mut newly_sacked = 0;
-        if uses_sack {
+        if self.recovery.kind().uses_sack() {
             for block in ack.sack_blocks() {
                 newly_sacked += self.sb.apply_sack(*block);
             }
@@ -504,11 +599,19 @@ impl Sender {
         if ack.dsack.is_some() {
             self.stats.dsacks += 1;
         }
-        let newly_acked = self.sb.ack_through(ack.cum_ack);
+        newly_sacked
+    }
+
+    /// Moves snd_una to `cum_ack` and hands the deliveries to the rate
+    /// sampler; returns the segments newly acknowledged and newly
+    /// delivered (SACKed or acknowledged). `fack_before` is the highest
+    /// SACKed segment before this ACK's blocks.
+    fn account_new_data(&mut self, cum_ack: u64, fack_before: Option<u64>) -> (u64, u64) {
+        let newly_acked = self.sb.ack_through(cum_ack);
         self.measure_reordering(fack_before);
         let mut newly_delivered = 0;
         for stamp in self.sb.take_delivered() {
-            self.rate.on_delivered(now, &stamp);
+            self.rate.on_delivered(self.now, &stamp);
             newly_delivered += 1;
         }
         // RFC 2018 §8: a cumulative ACK that stops at a segment the receiver
@@ -526,15 +629,15 @@ impl Sender {
             }
         }
         self.stats.maxack = self.stats.maxack.max(newly_acked);
-        let outstanding = self.sb.outstanding();
-        let is_dupack = newly_acked == 0
-            && outstanding > 0
-            && self.recovery.is_duplicate(&DupEvidence {
-                newly_sacked,
-                window_changed,
-                dsack: ack.dsack.is_some(),
-            });
+        (newly_acked, newly_delivered)
+    }
 
+    /// Whether the ACK is a duplicate, as the variant judges one; restarts
+    /// the RTO when new data was acknowledged, counts the duplicate when
+    /// not.
+    fn classify_duplicate(&mut self, evidence: &DupEvidence, newly_acked: u64) -> bool {
+        let outstanding = self.sb.outstanding();
+        let is_dupack = newly_acked == 0 && outstanding > 0 && self.recovery.is_duplicate(evidence);
         if newly_acked > 0 {
             self.loss.dupacks = 0;
             self.rtt.reset_backoff();
@@ -549,33 +652,23 @@ impl Sender {
             self.loss.dupacks += 1;
             self.stats.dups += 1;
         }
-        self.check_undo(ack, una);
-        if self.loss.phase == Phase::Loss && self.loss.recovery_point_acked(&self.sb) {
-            self.loss.phase = Phase::Open;
-        }
+        is_dupack
+    }
 
-        let summary = AckSummary {
-            newly_acked,
-            newly_sacked,
-            is_dupack,
-            now,
-            echo: ack.echo_timestamp,
-            dsack: ack.dsack,
-            srtt: self.rtt.srtt(),
-            min_rtt: self.rtt.min(),
-        };
+    /// Asks the loss-recovery variant what the ACK means for fast recovery
+    /// and enters or leaves it; what happened, for the controller.
+    fn recovery_step(&mut self, summary: &AckSummary) -> RecoveryStep {
         let was_in_recovery = self.loss.phase == Phase::Recovery;
-        let lost_before = self.sb.lost_total();
-        let step = match self.recovery.on_ack(&mut self.sb, &mut self.loss, &summary) {
+        match self.recovery.on_ack(&mut self.sb, &mut self.loss, summary) {
             Verdict::Enter {
                 trigger,
                 lost_below,
             } => {
-                self.enter_recovery(trigger, lost_below);
+                self.enter_recovery(trigger, Entry::FastRetransmit { lost_below });
                 RecoveryStep::Entered
             }
             Verdict::EnterMarked { trigger } => {
-                self.enter_recovery_marked(trigger);
+                self.enter_recovery(trigger, Entry::Marked);
                 RecoveryStep::Entered
             }
             Verdict::Leave
@@ -587,7 +680,7 @@ impl Sender {
                 // when lost_out is not zero). Left alone they would wait,
                 // marked lost and never resent, for the RTO.
                 self.leave_recovery();
-                self.enter_recovery_marked(RecoveryTrigger::Rack);
+                self.enter_recovery(RecoveryTrigger::Rack, Entry::Marked);
                 RecoveryStep::Entered
             }
             Verdict::Leave => {
@@ -596,61 +689,32 @@ impl Sender {
             }
             Verdict::Continue if was_in_recovery => RecoveryStep::During,
             Verdict::Continue | Verdict::Stay => RecoveryStep::Outside,
-        };
-        self.cc.on_ack(&AckEvent {
-            now,
-            newly_acked,
-            newly_delivered,
-            newly_lost: self.sb.lost_total() - lost_before,
-            delivered: self.rate.delivered(),
-            sent: self.stats.pkts_out,
-            is_dupack,
-            recovery: step,
-            flight: self.sb.flight(),
-            pipe: self.sb.pipe(),
-            rtt: sample_ok.then_some(rtt),
-            srtt: self.rtt.srtt(),
-            snd_una: self.sb.una(),
-            snd_max: self.sb.max(),
-            app_limited: self.rate.is_app_limited(),
-            rate: self.rate.sample(self.sb.lost_total(), self.rtt.min()),
-        });
-        if self.recovery.take_probe_loss() {
-            // RFC 8985 §7.4: the probe repaired a loss; one reduction.
-            self.cc.on_congestion_event(&CongestionEvent {
-                now,
-                flight: self.sb.flight(),
-                pipe: self.sb.pipe(),
-                sent: self.stats.pkts_out,
-            });
-            self.cc.on_recovery_end(now);
         }
-        self.loss.settle(&self.sb);
-        self.note_controller();
-        self.arm_recovery_timer(newly_acked > 0);
+    }
 
-        let time = now.saturating_since(self.start);
+    /// For `atou plot`: what the ACK held and the sender's state after it,
+    /// before the ACK's own line (events.rs says why).
+    fn trace_ack(&mut self, ack: &Ack, rtt: Option<Duration>) {
+        let time = self.since_start();
         let state = self.trace.is_some().then(|| self.state_record(time));
-        if let (Some(trace), Some(state)) = (self.trace.as_mut(), state) {
-            // For `atou plot`: what the ACK held and the sender's state
-            // after it, before the ACK's own line (events.rs says why).
-            for b in ack.sack_blocks() {
-                trace.push_back(TraceRecord::Sack {
-                    time,
-                    start: b.start,
-                    end: b.end,
-                });
-            }
-            trace.push_back(state);
-            trace.push_back(TraceRecord::Ack {
+        let (Some(trace), Some(state)) = (self.trace.as_mut(), state) else {
+            return;
+        };
+        for b in ack.sack_blocks() {
+            trace.push_back(TraceRecord::Sack {
                 time,
-                ack: ack.cum_ack,
-                rtt: if sample_ok { rtt } else { Duration::ZERO },
-                cwnd: self.cc.window(),
-                ssthresh: self.cc.ssthresh().unwrap_or(u64::MAX),
+                start: b.start,
+                end: b.end,
             });
         }
-        self.update_state(now);
+        trace.push_back(state);
+        trace.push_back(TraceRecord::Ack {
+            time,
+            ack: ack.cum_ack,
+            rtt: rtt.unwrap_or(Duration::ZERO),
+            cwnd: self.cc.window(),
+            ssthresh: self.cc.ssthresh().unwrap_or(u64::MAX),
+        });
     }
 
     /// The trace's `state` line: RTT estimate, RTO, the peer's window edge
@@ -690,49 +754,25 @@ impl Sender {
         self.emit(event);
     }
 
-    /// Fast retransmit: the controller reduces its window, snd_una is
-    /// marked lost and goes out now.
-    fn enter_recovery(&mut self, trigger: RecoveryTrigger, lost_below: Option<u64>) {
+    /// Enters fast recovery: the controller reduces its window from the
+    /// FlightSize before the losses, and the first retransmission goes out
+    /// whatever pipe says (RFC 5681 §3.2 step 2; PRR's at-least-one,
+    /// RFC 6937).
+    fn enter_recovery(&mut self, trigger: RecoveryTrigger, entry: Entry) {
         let una = self.sb.una();
         let cwnd = self.cc.window();
-        let event = Event::FastRetransmit {
-            seg: una,
-            snd_nxt: self.sb.max(),
-            snd_max: self.sb.max(),
-            cwnd,
-            ssthresh: self.ssthresh(),
-            recover: self.loss.recover,
+        let (seg, flight) = match entry {
+            Entry::FastRetransmit { .. } => (una, self.sb.flight()),
+            Entry::Marked => {
+                // Set before the 3duprxmit line, which so reports this
+                // episode's recover; a fast retransmit's line comes before
+                // `LossState::enter_recovery` moves it, and reports the last.
+                self.loss.recover = self.sb.max();
+                let seg = self.sb.next_lost_pending().unwrap_or(una);
+                // FlightSize before the losses were taken out of it.
+                (seg, self.sb.flight() + self.sb.lost_pending())
+            }
         };
-        self.emit(event);
-        let flight = self.sb.flight();
-        self.begin_undo_episode(false);
-        self.loss.enter_recovery(&mut self.sb, lost_below);
-        self.cc.on_congestion_event(&CongestionEvent {
-            now: self.now,
-            flight,
-            pipe: self.sb.pipe(),
-            sent: self.stats.pkts_out,
-        });
-        self.recovery_started = self.now;
-        self.stats.dup3s += 1;
-        let event = Event::EnterRecovery {
-            trigger,
-            snd_una: una,
-            recover: self.loss.recover,
-            cwnd,
-            ssthresh: self.ssthresh(),
-        };
-        self.emit(event);
-    }
-
-    /// Fast recovery on losses the variant has already marked (RACK): the
-    /// controller reduces its window and the lost segments go out as pipe
-    /// allows, lowest first; nothing is forced.
-    fn enter_recovery_marked(&mut self, trigger: RecoveryTrigger) {
-        let una = self.sb.una();
-        let cwnd = self.cc.window();
-        let seg = self.sb.next_lost_pending().unwrap_or(una);
-        self.loss.recover = self.sb.max();
         self.emit(Event::FastRetransmit {
             seg,
             snd_nxt: self.sb.max(),
@@ -741,13 +781,17 @@ impl Sender {
             ssthresh: self.ssthresh(),
             recover: self.loss.recover,
         });
-        // FlightSize before the losses were taken out of it.
-        let flight = self.sb.flight() + self.sb.lost_pending();
         self.begin_undo_episode(false);
-        self.loss.phase = Phase::Recovery;
-        // The fast retransmit goes out whatever pipe says (RFC 5681 §3.2
-        // step 2; PRR's at-least-one, RFC 6937).
-        self.loss.force_retransmit = self.sb.next_lost_pending().map(Forced::FastRetransmit);
+        match entry {
+            Entry::FastRetransmit { lost_below } => {
+                self.loss.enter_recovery(&mut self.sb, lost_below);
+            }
+            Entry::Marked => {
+                self.loss.phase = Phase::Recovery;
+                self.loss.force_retransmit =
+                    self.sb.next_lost_pending().map(Forced::FastRetransmit);
+            }
+        }
         self.cc.on_congestion_event(&CongestionEvent {
             now: self.now,
             flight,
@@ -887,7 +931,7 @@ impl Sender {
             .on_deadline(now, &mut self.sb, &mut self.loss, new_data)
         {
             TimerVerdict::Nothing | TimerVerdict::Lost => {}
-            TimerVerdict::Enter(trigger) => self.enter_recovery_marked(trigger),
+            TimerVerdict::Enter(trigger) => self.enter_recovery(trigger, Entry::Marked),
             TimerVerdict::Probe(seg) => {
                 self.stats.tlps += 1;
                 self.loss.force_retransmit = Some(Forced::Probe(seg));

@@ -1,9 +1,10 @@
 //! Every knob of a transfer, in one struct.
 //!
 //! Filled from defaults, then a config file (atou's `name value` lines are
-//! accepted verbatim), then command-line flags. [`KNOBS`] is the single list
-//! of knobs: the config parser, the CLI flags, `--help`, the `config:` lines
-//! of the summary and the trace header are all generated from it.
+//! accepted verbatim), then command-line flags. A knob is declared once, in
+//! the `knobs!` table: [`KNOBS`], [`Tuning::set`] and [`Tuning::get`] (so
+//! the config parser) come from it, and the CLI flags, `--help`, the
+//! `config:` lines of the summary and the trace header from [`KNOBS`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -16,32 +17,72 @@ use thiserror::Error;
 use super::wire::DATA_HEADER_LEN;
 use crate::units::{parse_duration, parse_size, Exact, TimeUnit};
 
-/// Loss recovery and congestion control variant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RecoveryKind {
-    /// RFC 5681 fast retransmit and fast recovery.
-    Reno,
-    /// RFC 6582: stays in recovery across partial ACKs (Hoe §3.2).
-    NewReno,
-    /// RFC 6675 pipe and NextSeg over SACK (RFC 2018).
-    Sack,
-    /// Forward acknowledgement (Mathis & Mahdavi 1996), optional rampdown.
-    Fack,
-    /// RACK-TLP (RFC 8985): time-based loss detection over SACK, tail
-    /// loss probes.
-    Rack,
+/// An enum whose values are read and written by name: the variants with
+/// their names, `ALL`, `name`, `Display`, and a case-insensitive `FromStr`
+/// whose error lists the names in the order given. `$what` is how the
+/// error calls a value ("a recovery variant").
+macro_rules! named_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $ty:ident: $what:literal {
+            $( $(#[$vmeta:meta])* $variant:ident = $name:literal, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+        pub enum $ty {
+            $( $(#[$vmeta])* #[serde(rename = $name)] $variant, )+
+        }
+
+        impl $ty {
+            pub const ALL: [$ty; [$($name),+].len()] = [$($ty::$variant),+];
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name,)+
+                }
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                let lower = s.to_ascii_lowercase();
+                $ty::ALL
+                    .into_iter()
+                    .find(|v| v.name() == lower)
+                    .ok_or_else(|| {
+                        format!("`{s}` is not {} ({})", $what, [$($name),+].join(", "))
+                    })
+            }
+        }
+    };
+}
+
+named_enum! {
+    /// Loss recovery and congestion control variant.
+    pub enum RecoveryKind: "a recovery variant" {
+        /// RFC 5681 fast retransmit and fast recovery.
+        Reno = "reno",
+        /// RFC 6582: stays in recovery across partial ACKs (Hoe §3.2).
+        NewReno = "newreno",
+        /// RFC 6675 pipe and NextSeg over SACK (RFC 2018).
+        Sack = "sack",
+        /// Forward acknowledgement (Mathis & Mahdavi 1996), optional rampdown.
+        Fack = "fack",
+        /// RACK-TLP (RFC 8985): time-based loss detection over SACK, tail
+        /// loss probes.
+        Rack = "rack",
+    }
 }
 
 impl RecoveryKind {
-    pub const ALL: [RecoveryKind; 5] = [
-        RecoveryKind::Reno,
-        RecoveryKind::NewReno,
-        RecoveryKind::Sack,
-        RecoveryKind::Fack,
-        RecoveryKind::Rack,
-    ];
-
     /// Whether the receiver must send SACK blocks for this variant.
     pub fn uses_sack(self) -> bool {
         matches!(
@@ -49,192 +90,60 @@ impl RecoveryKind {
             RecoveryKind::Sack | RecoveryKind::Fack | RecoveryKind::Rack
         )
     }
+}
 
-    pub fn name(self) -> &'static str {
-        match self {
-            RecoveryKind::Reno => "reno",
-            RecoveryKind::NewReno => "newreno",
-            RecoveryKind::Sack => "sack",
-            RecoveryKind::Fack => "fack",
-            RecoveryKind::Rack => "rack",
-        }
+named_enum! {
+    /// Congestion controller: how much may be in flight and how fast to send.
+    pub enum CcKind: "a congestion controller" {
+        /// atou's AIMD: RFC 5681 slow start and congestion avoidance with the
+        /// `multiplier`, `increment`, `vmss`, `initsegs` and `thresh_init` knobs.
+        Aimd = "aimd",
+        /// RFC 9438 CUBIC with HyStart++ (RFC 9406) slow start, paced.
+        Cubic = "cubic",
+        /// draft-ietf-ccwg-bbr (BBRv3): paced at the measured bandwidth.
+        Bbr = "bbr",
+        /// TCP Vegas (Brakmo & Peterson): the window follows the segments the
+        /// flow keeps queued, read from the RTT.
+        Vegas = "vegas",
     }
 }
 
-impl fmt::Display for RecoveryKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+named_enum! {
+    /// How cwnd comes down to ssthresh during fast recovery with SACK-based
+    /// loss recovery (`sack`, `fack` without `rampdown`, `rack`), for the
+    /// controllers that keep an ssthresh (`aimd`, `cubic`).
+    pub enum ReductionKind: "a window reduction" {
+        /// RFC 6937 Proportional Rate Reduction (PRR-SSRB): sending during
+        /// recovery in proportion to what is delivered, so cwnd reaches
+        /// ssthresh as recovery ends, without a pause or a burst.
+        Prr = "prr",
+        /// RFC 6675 §5: cwnd = ssthresh at once, the papers' one-step halving.
+        Halve = "halve",
     }
 }
 
-impl FromStr for RecoveryKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "reno" => Ok(RecoveryKind::Reno),
-            "newreno" => Ok(RecoveryKind::NewReno),
-            "sack" => Ok(RecoveryKind::Sack),
-            "fack" => Ok(RecoveryKind::Fack),
-            "rack" => Ok(RecoveryKind::Rack),
-            _ => Err(format!(
-                "`{s}` is not a recovery variant (reno, newreno, sack, fack, rack)"
-            )),
-        }
-    }
-}
-
-/// Congestion controller: how much may be in flight and how fast to send.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CcKind {
-    /// atou's AIMD: RFC 5681 slow start and congestion avoidance with the
-    /// `multiplier`, `increment`, `vmss`, `initsegs` and `thresh_init` knobs.
-    Aimd,
-    /// RFC 9438 CUBIC with HyStart++ (RFC 9406) slow start, paced.
-    Cubic,
-    /// draft-ietf-ccwg-bbr (BBRv3): paced at the measured bandwidth.
-    Bbr,
-    /// TCP Vegas (Brakmo & Peterson): the window follows the segments the
-    /// flow keeps queued, read from the RTT.
-    Vegas,
-}
-
-impl CcKind {
-    pub const ALL: [CcKind; 4] = [CcKind::Aimd, CcKind::Cubic, CcKind::Bbr, CcKind::Vegas];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            CcKind::Aimd => "aimd",
-            CcKind::Cubic => "cubic",
-            CcKind::Bbr => "bbr",
-            CcKind::Vegas => "vegas",
-        }
-    }
-}
-
-impl fmt::Display for CcKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for CcKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "aimd" => Ok(CcKind::Aimd),
-            "cubic" => Ok(CcKind::Cubic),
-            "bbr" => Ok(CcKind::Bbr),
-            "vegas" => Ok(CcKind::Vegas),
-            _ => Err(format!(
-                "`{s}` is not a congestion controller (aimd, cubic, bbr, vegas)"
-            )),
-        }
-    }
-}
-
-/// How cwnd comes down to ssthresh during fast recovery with SACK-based
-/// loss recovery (`sack`, `fack` without `rampdown`, `rack`), for the
-/// controllers that keep an ssthresh (`aimd`, `cubic`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ReductionKind {
-    /// RFC 6675 §5: cwnd = ssthresh at once, the papers' one-step halving.
-    Halve,
-    /// RFC 6937 Proportional Rate Reduction (PRR-SSRB): sending during
-    /// recovery in proportion to what is delivered, so cwnd reaches
-    /// ssthresh as recovery ends, without a pause or a burst.
-    Prr,
-}
-
-impl ReductionKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            ReductionKind::Halve => "halve",
-            ReductionKind::Prr => "prr",
-        }
-    }
-}
-
-impl fmt::Display for ReductionKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for ReductionKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "halve" => Ok(ReductionKind::Halve),
-            "prr" => Ok(ReductionKind::Prr),
-            _ => Err(format!("`{s}` is not a window reduction (prr, halve)")),
-        }
-    }
-}
-
-/// Whether measured reordering changes the duplicate threshold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ReorderingKind {
-    /// `dup_thresh` as set, whatever the path does (atou's).
-    Fixed,
-    /// Linux's: the largest displacement seen raises `dup_thresh` and
-    /// turns FACK's inference off (Sarolahti & Kuznetsov §5).
-    Adaptive,
-}
-
-impl fmt::Display for ReorderingKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ReorderingKind::Fixed => "fixed",
-            ReorderingKind::Adaptive => "adaptive",
-        })
-    }
-}
-
-impl FromStr for ReorderingKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "fixed" => Ok(ReorderingKind::Fixed),
-            "adaptive" => Ok(ReorderingKind::Adaptive),
-            _ => Err(format!("`{s}` is not a reordering mode (fixed, adaptive)")),
-        }
+named_enum! {
+    /// Whether measured reordering changes the duplicate threshold.
+    pub enum ReorderingKind: "a reordering mode" {
+        /// `dup_thresh` as set, whatever the path does (atou's).
+        Fixed = "fixed",
+        /// Linux's: the largest displacement seen raises `dup_thresh` and
+        /// turns FACK's inference off (Sarolahti & Kuznetsov §5).
+        Adaptive = "adaptive",
     }
 }
 
 /// Linux's TCP_MAX_QUICKACKS: the commands' `quickack`.
 pub const LINUX_QUICKACKS: u32 = 16;
 
-/// Where AIMD's initial ssthresh comes from, besides `thresh_init`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SsthreshEstimate {
-    /// `thresh_init` alone (atou's, RFC 5681's arbitrary threshold).
-    None,
-    /// Hoe §3.1: the bandwidth three closely spaced ACKs reveal times the
-    /// RTT, at least four segments.
-    Hoe,
-}
-
-impl fmt::Display for SsthreshEstimate {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            SsthreshEstimate::None => "none",
-            SsthreshEstimate::Hoe => "hoe",
-        })
-    }
-}
-
-impl FromStr for SsthreshEstimate {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "none" => Ok(SsthreshEstimate::None),
-            "hoe" => Ok(SsthreshEstimate::Hoe),
-            _ => Err(format!("`{s}` is not an ssthresh estimate (none, hoe)")),
-        }
+named_enum! {
+    /// Where AIMD's initial ssthresh comes from, besides `thresh_init`.
+    pub enum SsthreshEstimate: "an ssthresh estimate" {
+        /// `thresh_init` alone (atou's, RFC 5681's arbitrary threshold).
+        None = "none",
+        /// Hoe §3.1: the bandwidth three closely spaced ACKs reveal times the
+        /// RTT, at least four segments.
+        Hoe = "hoe",
     }
 }
 
@@ -507,89 +416,244 @@ pub struct Knob {
     pub help: &'static str,
 }
 
-/// Every knob, in the order the summary prints them.
-pub const KNOBS: &[Knob] = &[
-    Knob { name: "mss", aliases: &[], value_name: "BYTES",
-        help: "UDP datagram size in bytes, headers included (25 bytes, 49 authenticated; atou Table 1: 1472)" },
-    Knob { name: "rcvwin", aliases: &["rcvrwin"], value_name: "SEGMENTS",
-        help: "sender window limit in segments (atou Table 1)" },
-    Knob { name: "recovery", aliases: &[], value_name: "VARIANT",
-        help: "loss recovery: reno (RFC 5681), newreno (RFC 6582), sack (RFC 6675), fack (Mathis-Mahdavi), rack (RFC 8985 RACK-TLP)" },
-    Knob { name: "rampdown", aliases: &[], value_name: "0|1",
-        help: "FACK only: halve cwnd gradually, one segment per two ACKs (Mathis appendix A)" },
-    Knob { name: "timeout", aliases: &[], value_name: "SECONDS",
-        help: "fixed retransmission timeout in seconds; 0 selects the adaptive RTO of RFC 6298" },
-    Knob { name: "min_rto", aliases: &[], value_name: "SECONDS",
-        help: "lower bound of the adaptive RTO in seconds (Linux uses 0.2, RFC 6298 says 1)" },
-    Knob { name: "max_rto", aliases: &[], value_name: "SECONDS",
-        help: "upper bound of the RTO, backoff included, in seconds" },
-    Knob { name: "tick", aliases: &[], value_name: "SECONDS",
-        help: "timer granularity in seconds; 0 is fine-grained, >0 runs Brakmo's coarse-clock RTO estimator (§3.2)" },
-    Knob { name: "maxidle", aliases: &[], value_name: "SECONDS",
-        help: "give up after this many seconds without an ACK; 0 never gives up" },
-    Knob { name: "initsegs", aliases: &[], value_name: "SEGMENTS",
-        help: "initial congestion window in (virtual) segments" },
-    Knob { name: "multiplier", aliases: &[], value_name: "FACTOR",
-        help: "on loss, ssthresh = multiplier x flight (AIMD decrease; 0 < f < 1)" },
-    Knob { name: "increment", aliases: &[], value_name: "SEGMENTS",
-        help: "congestion-avoidance increase per RTT in (virtual) segments (AIMD increase)" },
-    Knob { name: "thresh_init", aliases: &[], value_name: "FRACTION",
-        help: "initial ssthresh as a fraction of rcvwin; 0 means unlimited" },
-    Knob { name: "dup_thresh", aliases: &[], value_name: "ACKS",
-        help: "duplicate ACKs that trigger fast retransmit" },
-    Knob { name: "burst_limit", aliases: &[], value_name: "SEGMENTS",
-        help: "most segments sent in response to one ACK or timer; 0 is unlimited" },
-    Knob { name: "maxpkts", aliases: &[], value_name: "SEGMENTS",
-        help: "stop after sending this many segments; 0 is unlimited" },
-    Knob { name: "maxtime", aliases: &[], value_name: "SECONDS",
-        help: "stop sending new data after this many seconds; 0 is unlimited" },
-    Knob { name: "droplist", aliases: &[], value_name: "LIST",
-        help: "segments the sender drops on their first transmissions, e.g. 300,302,310-315; repeat a number to drop it again" },
-    Knob { name: "vmss", aliases: &[], value_name: "K",
-        help: "virtual MSS: initial window, loss window and additive increase in units of K segments (atou §4.1)" },
-    Knob { name: "limited_transmit", aliases: &[], value_name: "0|1",
-        help: "send new data on the duplicate ACKs below dup_thresh (RFC 3042)" },
-    Knob { name: "delack", aliases: &[], value_name: "MS",
-        help: "receiver delayed-ACK timer in milliseconds; ACKs at least every 2nd segment; 0 ACKs every segment" },
-    Knob { name: "rcvsegs", aliases: &[], value_name: "SEGMENTS",
-        help: "receiver buffer in segments; its free space is the advertised window" },
-    Knob { name: "sndbuf", aliases: &[], value_name: "BYTES",
-        help: "UDP socket send buffer (SO_SNDBUF) in bytes, e.g. 4MiB (atou Table 1); real sockets only" },
-    Knob { name: "rcvbuf", aliases: &[], value_name: "BYTES",
-        help: "UDP socket receive buffer (SO_RCVBUF) in bytes, e.g. 4MiB, at both ends (atou Table 1, atousrv -b); real sockets only" },
+/// How a knob's value is read from text and written back, so that
+/// [`Tuning::set`] reads what [`Tuning::get`] writes.
+trait Codec<T> {
+    fn parse(&self, key: &str, v: &str) -> Result<T, TuningError>;
+    fn show(&self, value: &T) -> String;
+}
+
+/// A whole number in `min..=max`.
+struct Int<T>(T, T);
+
+impl<T: FromStr + PartialOrd + fmt::Display + Copy> Codec<T> for Int<T> {
+    fn parse(&self, key: &str, v: &str) -> Result<T, TuningError> {
+        parse_int(key, v, self.0, self.1)
+    }
+    fn show(&self, value: &T) -> String {
+        value.to_string()
+    }
+}
+
+/// `0` or `1` (`on`/`off`, `yes`/`no`, `true`/`false` read too).
+struct Flag;
+
+impl Codec<bool> for Flag {
+    fn parse(&self, key: &str, v: &str) -> Result<bool, TuningError> {
+        parse_bool(key, v)
+    }
+    fn show(&self, value: &bool) -> String {
+        u8::from(*value).to_string()
+    }
+}
+
+/// A number that the predicate accepts; the text says which, for errors.
+struct Real(fn(f64) -> bool, &'static str);
+
+impl Codec<f64> for Real {
+    fn parse(&self, key: &str, v: &str) -> Result<f64, TuningError> {
+        parse_f64(key, v, self.0, self.1)
+    }
+    fn show(&self, value: &f64) -> String {
+        value.to_string()
+    }
+}
+
+/// A [`Real`] written with `%`, read with or without it.
+struct Percent(fn(f64) -> bool, &'static str);
+
+impl Codec<f64> for Percent {
+    fn parse(&self, key: &str, v: &str) -> Result<f64, TuningError> {
+        let pct = v.strip_suffix('%').unwrap_or(v).trim();
+        parse_f64(key, pct, self.0, self.1)
+    }
+    fn show(&self, value: &f64) -> String {
+        format!("{value}%")
+    }
+}
+
+/// A duration, a bare number in the unit given, at most the maximum.
+struct Span(TimeUnit, Duration);
+
+impl Codec<Duration> for Span {
+    fn parse(&self, key: &str, v: &str) -> Result<Duration, TuningError> {
+        parse_time(key, v, self.0, self.1)
+    }
+    fn show(&self, value: &Duration) -> String {
+        Exact(*value, self.0).to_string()
+    }
+}
+
+/// A value with its own `FromStr` and `Display`: the named enums, the
+/// droplist.
+struct Name;
+
+impl<T: FromStr<Err = String> + fmt::Display> Codec<T> for Name {
+    fn parse(&self, key: &str, v: &str) -> Result<T, TuningError> {
+        v.parse().map_err(|m| err(key, m))
+    }
+    fn show(&self, value: &T) -> String {
+        value.to_string()
+    }
+}
+
+/// A socket buffer size ([`parse_bytes`]).
+struct SocketBuffer;
+
+impl Codec<u32> for SocketBuffer {
+    fn parse(&self, key: &str, v: &str) -> Result<u32, TuningError> {
+        parse_bytes(key, v)
+    }
+    fn show(&self, value: &u32) -> String {
+        value.to_string()
+    }
+}
+
+/// `bwlimit`'s rate ([`parse_bwlimit`]), written as tc writes one.
+struct Rate;
+
+impl Codec<u64> for Rate {
+    fn parse(&self, key: &str, v: &str) -> Result<u64, TuningError> {
+        parse_bwlimit(key, v)
+    }
+    fn show(&self, value: &u64) -> String {
+        match *value {
+            0 => "0".to_string(),
+            rate => crate::units::format_rate_tc(rate),
+        }
+    }
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(86_400);
+const VEGAS_SEGMENTS: Real = Real(|x| (0.0..=1000.0).contains(&x), "0 to 1000 segments");
+
+/// The one table of knobs. Each row is `field | "atou alias": "VALUE
+/// NAME", codec, "help"`, the field of [`Tuning`] naming the knob; from
+/// it come [`KNOBS`] (so the CLI flags, `--help`, the summary's `config:`
+/// lines and the trace header) and the names [`Tuning::set`] and
+/// [`Tuning::get`] (so config files) know.
+macro_rules! knobs {
+    ($(
+        $field:ident $(| $alias:literal)*: $value_name:literal, $codec:expr,
+            $help:literal;
+    )+) => {
+        /// Every knob, in the order the summary prints them.
+        pub const KNOBS: &[Knob] = &[$(
+            Knob {
+                name: stringify!($field),
+                aliases: &[$($alias),*],
+                value_name: $value_name,
+                help: $help,
+            },
+        )+];
+
+        impl Tuning {
+            /// Sets the knob named `key` (canonical); `Ok(false)` if there
+            /// is none.
+            fn set_knob(&mut self, key: &str, v: &str) -> Result<bool, TuningError> {
+                match key {
+                    $(stringify!($field) $(| $alias)* => {
+                        self.$field = Codec::parse(&$codec, key, v)?;
+                    })+
+                    _ => return Ok(false),
+                }
+                Ok(true)
+            }
+
+            /// The knob named `key` (canonical) as text.
+            fn get_knob(&self, key: &str) -> Option<String> {
+                match key {
+                    $(stringify!($field) $(| $alias)* => Some(Codec::show(&$codec, &self.$field)),)+
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+knobs! {
+    mss: "BYTES", Int((DATA_HEADER_LEN + 1) as u32, 65_507),
+        "UDP datagram size in bytes, headers included (25 bytes, 49 authenticated; atou Table 1: 1472)";
+    rcvwin | "rcvrwin": "SEGMENTS", Int(1, 1 << 24),
+        "sender window limit in segments (atou Table 1)";
+    recovery: "VARIANT", Name,
+        "loss recovery: reno (RFC 5681), newreno (RFC 6582), sack (RFC 6675), fack (Mathis-Mahdavi), rack (RFC 8985 RACK-TLP)";
+    rampdown: "0|1", Flag,
+        "FACK only: halve cwnd gradually, one segment per two ACKs (Mathis appendix A)";
+    timeout: "SECONDS", Span(TimeUnit::Seconds, HOUR),
+        "fixed retransmission timeout in seconds; 0 selects the adaptive RTO of RFC 6298";
+    min_rto: "SECONDS", Span(TimeUnit::Seconds, HOUR),
+        "lower bound of the adaptive RTO in seconds (Linux uses 0.2, RFC 6298 says 1)";
+    max_rto: "SECONDS", Span(TimeUnit::Seconds, HOUR),
+        "upper bound of the RTO, backoff included, in seconds";
+    tick: "SECONDS", Span(TimeUnit::Seconds, Duration::from_secs(10)),
+        "timer granularity in seconds; 0 is fine-grained, >0 runs Brakmo's coarse-clock RTO estimator (§3.2)";
+    maxidle: "SECONDS", Span(TimeUnit::Seconds, DAY),
+        "give up after this many seconds without an ACK; 0 never gives up";
+    initsegs: "SEGMENTS", Int(1, 1 << 20),
+        "initial congestion window in (virtual) segments";
+    multiplier: "FACTOR", Real(|x| x > 0.0 && x < 1.0, "between 0 and 1 (exclusive)"),
+        "on loss, ssthresh = multiplier x flight (AIMD decrease; 0 < f < 1)";
+    increment: "SEGMENTS", Int(1, 1 << 16),
+        "congestion-avoidance increase per RTT in (virtual) segments (AIMD increase)";
+    thresh_init: "FRACTION", Real(|x| (0.0..=1e6).contains(&x), "0 or more"),
+        "initial ssthresh as a fraction of rcvwin; 0 means unlimited";
+    dup_thresh: "ACKS", Int(1, 1 << 16),
+        "duplicate ACKs that trigger fast retransmit";
+    burst_limit: "SEGMENTS", Int(0, u32::MAX),
+        "most segments sent in response to one ACK or timer; 0 is unlimited";
+    maxpkts: "SEGMENTS", Int(0, u64::MAX >> 1),
+        "stop after sending this many segments; 0 is unlimited";
+    maxtime: "SECONDS", Span(TimeUnit::Seconds, 365 * DAY),
+        "stop sending new data after this many seconds; 0 is unlimited";
+    droplist: "LIST", Name,
+        "segments the sender drops on their first transmissions, e.g. 300,302,310-315; repeat a number to drop it again";
+    vmss: "K", Int(1, 1 << 16),
+        "virtual MSS: initial window, loss window and additive increase in units of K segments (atou §4.1)";
+    limited_transmit: "0|1", Flag,
+        "send new data on the duplicate ACKs below dup_thresh (RFC 3042)";
+    delack: "MS", Span(TimeUnit::Millis, Duration::from_secs(10)),
+        "receiver delayed-ACK timer in milliseconds; ACKs at least every 2nd segment; 0 ACKs every segment";
+    rcvsegs: "SEGMENTS", Int(1, 1 << 24),
+        "receiver buffer in segments; its free space is the advertised window";
+    sndbuf: "BYTES", SocketBuffer,
+        "UDP socket send buffer (SO_SNDBUF) in bytes, e.g. 4MiB (atou Table 1); real sockets only";
+    rcvbuf: "BYTES", SocketBuffer,
+        "UDP socket receive buffer (SO_RCVBUF) in bytes, e.g. 4MiB, at both ends (atou Table 1, atousrv -b); real sockets only";
     // Knobs added after atou's own go last, so that the `config:` lines of
     // atou's knobs read as before.
-    Knob { name: "cc", aliases: &[], value_name: "CONTROLLER",
-        help: "congestion controller: aimd (RFC 5681 with atou's multiplier, increment, vmss, initsegs, thresh_init), cubic (RFC 9438 with HyStart++, paced) bbr (draft-ietf-ccwg-bbr, BBRv3) or vegas (Brakmo & Peterson, RTT-based, see vegas_alpha); an atou config file means aimd" },
-    Knob { name: "bbr_loss_thresh", aliases: &[], value_name: "PERCENT",
-        help: "bbr only: loss per round trip, in percent of what the round delivered and lost, above which BBR treats loss as congestion; a probe is judged by it on top of the loss seen while cruising (draft: 2%; 20% is BBRv1-like)" },
-    Knob { name: "bbr_beta", aliases: &[], value_name: "FACTOR",
-        help: "bbr only: multiplicative cut of BBR's bandwidth and inflight bounds on congestion loss (0 < f < 1)" },
-    Knob { name: "bbr_headroom", aliases: &[], value_name: "FRACTION",
-        help: "bbr only: share of inflight_hi BBR leaves unused while cruising" },
-    Knob { name: "undo", aliases: &[], value_name: "0|1",
-        help: "revert a window reduction when D-SACKs or echoed timestamps prove every retransmission of it spurious (Sarolahti §6, RFC 2883, Eifel); an atou config file means 0" },
-    Knob { name: "bbr_loss_events", aliases: &[], value_name: "N",
-        help: "bbr only: ACKs reporting new losses a round trip needs before its loss counts (quiche-style, default 2)" },
-    Knob { name: "bwlimit", aliases: &[], value_name: "RATE",
-        help: "cap on the sending rate in bits/s of data (headers not counted), with a unit: 20mbit, 500kbit, 1gbit (or tc's bytes/s: 2.5mbps); 0 is no cap. Paced controllers (bbr, cubic) pace at the lower of their rate and the cap, aimd goes through a token bucket at the cap. A transfer's cap is shared equally by its --streams. Unlike rsync's --bwlimit, a bare number is refused, not read as KiB/s" },
-    Knob { name: "reduction", aliases: &[], value_name: "prr|halve",
-        help: "aimd and cubic with sack, fack (without rampdown) or rack: how cwnd comes down to ssthresh during fast recovery; prr sends in proportion to what is delivered (RFC 6937, as Linux), halve sets cwnd = ssthresh at once (RFC 6675, the papers'); an atou config file means halve" },
-    Knob { name: "ssthresh_estimate", aliases: &[], value_name: "none|hoe",
-        help: "aimd only: hoe sets the initial ssthresh to the bandwidth three closely spaced ACKs reveal times the least RTT seen, at least 4 segments (Hoe §3.1), if below thresh_init's; none keeps thresh_init's" },
-    Knob { name: "quickack", aliases: &[], value_name: "SEGMENTS",
-        help: "receiver: ACK the first N segments one by one, and again after 1 s without data, before delack applies (Linux's quick ACKs, at most half the window); 0 never; the commands use Linux's 16, an atou config file 0" },
-    Knob { name: "reordering", aliases: &[], value_name: "fixed|adaptive",
-        help: "adaptive: an original segment, never resent, delivered d segments below the highest SACKed one, or a fast retransmit that D-SACKs or timestamps prove unnecessary with d segments SACKed above its hole, raises dup_thresh to d + 1, up to 300, and turns FACK's inference off, per connection (Linux, Sarolahti §5); fixed keeps dup_thresh; the summary reports the largest displacement; an atou config file means fixed" },
-    Knob { name: "abc", aliases: &[], value_name: "SEGMENTS",
-        help: "aimd only: in slow start each ACK grows cwnd by the segments it newly acknowledges, at most this many (RFC 3465 appropriate byte counting, L); 0 grows one segment per ACK whatever it covers (RFC 5681's count, Linux 2.4's, so delayed ACKs slow slow start)" },
-    Knob { name: "vegas_alpha", aliases: &[], value_name: "SEGMENTS",
-        help: "vegas only: with fewer segments than this queued at the bottleneck (cwnd x (1 - BaseRTT/RTT)), the window grows by one per RTT (Brakmo: 1)" },
-    Knob { name: "vegas_beta", aliases: &[], value_name: "SEGMENTS",
-        help: "vegas only: with more segments than this queued, the window shrinks by one per RTT (Brakmo: 3)" },
-    Knob { name: "vegas_gamma", aliases: &[], value_name: "SEGMENTS",
-        help: "vegas only: slow start, doubling every other RTT, ends when more segments than this are queued (Brakmo: 1)" },
-];
+    cc: "CONTROLLER", Name,
+        "congestion controller: aimd (RFC 5681 with atou's multiplier, increment, vmss, initsegs, thresh_init), cubic (RFC 9438 with HyStart++, paced) bbr (draft-ietf-ccwg-bbr, BBRv3) or vegas (Brakmo & Peterson, RTT-based, see vegas_alpha); an atou config file means aimd";
+    bbr_loss_thresh: "PERCENT", Percent(|x| x > 0.0 && x <= 100.0, "a percentage above 0, e.g. 2%"),
+        "bbr only: loss per round trip, in percent of what the round delivered and lost, above which BBR treats loss as congestion; a probe is judged by it on top of the loss seen while cruising (draft: 2%; 20% is BBRv1-like)";
+    bbr_beta: "FACTOR", Real(|x| x > 0.0 && x < 1.0, "between 0 and 1 (exclusive)"),
+        "bbr only: multiplicative cut of BBR's bandwidth and inflight bounds on congestion loss (0 < f < 1)";
+    bbr_headroom: "FRACTION", Real(|x| (0.0..1.0).contains(&x), "0 or more, below 1"),
+        "bbr only: share of inflight_hi BBR leaves unused while cruising";
+    undo: "0|1", Flag,
+        "revert a window reduction when D-SACKs or echoed timestamps prove every retransmission of it spurious (Sarolahti §6, RFC 2883, Eifel); an atou config file means 0";
+    bbr_loss_events: "N", Int(1, 1 << 20),
+        "bbr only: ACKs reporting new losses a round trip needs before its loss counts (quiche-style, default 2)";
+    bwlimit: "RATE", Rate,
+        "cap on the sending rate in bits/s of data (headers not counted), with a unit: 20mbit, 500kbit, 1gbit (or tc's bytes/s: 2.5mbps); 0 is no cap. Paced controllers (bbr, cubic) pace at the lower of their rate and the cap, aimd goes through a token bucket at the cap. A transfer's cap is shared equally by its --streams. Unlike rsync's --bwlimit, a bare number is refused, not read as KiB/s";
+    reduction: "prr|halve", Name,
+        "aimd and cubic with sack, fack (without rampdown) or rack: how cwnd comes down to ssthresh during fast recovery; prr sends in proportion to what is delivered (RFC 6937, as Linux), halve sets cwnd = ssthresh at once (RFC 6675, the papers'); an atou config file means halve";
+    ssthresh_estimate: "none|hoe", Name,
+        "aimd only: hoe sets the initial ssthresh to the bandwidth three closely spaced ACKs reveal times the least RTT seen, at least 4 segments (Hoe §3.1), if below thresh_init's; none keeps thresh_init's";
+    quickack: "SEGMENTS", Int(0, u32::from(u16::MAX)),
+        "receiver: ACK the first N segments one by one, and again after 1 s without data, before delack applies (Linux's quick ACKs, at most half the window); 0 never; the commands use Linux's 16, an atou config file 0";
+    reordering: "fixed|adaptive", Name,
+        "adaptive: an original segment, never resent, delivered d segments below the highest SACKed one, or a fast retransmit that D-SACKs or timestamps prove unnecessary with d segments SACKed above its hole, raises dup_thresh to d + 1, up to 300, and turns FACK's inference off, per connection (Linux, Sarolahti §5); fixed keeps dup_thresh; the summary reports the largest displacement; an atou config file means fixed";
+    abc: "SEGMENTS", Int(0, 1 << 20),
+        "aimd only: in slow start each ACK grows cwnd by the segments it newly acknowledges, at most this many (RFC 3465 appropriate byte counting, L); 0 grows one segment per ACK whatever it covers (RFC 5681's count, Linux 2.4's, so delayed ACKs slow slow start)";
+    vegas_alpha: "SEGMENTS", VEGAS_SEGMENTS,
+        "vegas only: with fewer segments than this queued at the bottleneck (cwnd x (1 - BaseRTT/RTT)), the window grows by one per RTT (Brakmo: 1)";
+    vegas_beta: "SEGMENTS", VEGAS_SEGMENTS,
+        "vegas only: with more segments than this queued, the window shrinks by one per RTT (Brakmo: 3)";
+    vegas_gamma: "SEGMENTS", VEGAS_SEGMENTS,
+        "vegas only: slow start, doubling every other RTT, ends when more segments than this are queued (Brakmo: 1)";
+}
 
 /// A bad value for one knob.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -698,7 +762,8 @@ fn canonical(key: &str) -> String {
         .to_ascii_lowercase()
 }
 
-const DAY: Duration = Duration::from_secs(86_400);
+/// atou's flags that select a recovery variant: set-only, no knob of their own.
+const ATOU_RECOVERY_FLAGS: [&str; 3] = ["newreno", "sack", "fack"];
 
 impl Tuning {
     /// Payload bytes in a full segment.
@@ -749,179 +814,38 @@ impl Tuning {
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), TuningError> {
         let key = canonical(key);
         let v = value.trim();
-        match key.as_str() {
-            "mss" => {
-                self.mss = parse_int(&key, v, (DATA_HEADER_LEN + 1) as u32, 65_507)?;
-            }
-            "rcvwin" | "rcvrwin" => self.rcvwin = parse_int(&key, v, 1, 1 << 24)?,
-            "cc" => self.cc = v.parse().map_err(|m| err(&key, m))?,
-            "recovery" => self.recovery = v.parse().map_err(|m| err(&key, m))?,
-            "rampdown" => self.rampdown = parse_bool(&key, v)?,
-            "newreno" => {
-                let on = parse_bool(&key, v)?;
-                match (on, self.recovery) {
-                    (true, RecoveryKind::Reno) => self.recovery = RecoveryKind::NewReno,
-                    (false, RecoveryKind::NewReno) => self.recovery = RecoveryKind::Reno,
-                    _ => {}
-                }
-            }
-            "sack" => {
-                let on = parse_bool(&key, v)?;
-                match (on, self.recovery) {
-                    (true, RecoveryKind::Reno | RecoveryKind::NewReno) => {
-                        self.recovery = RecoveryKind::Sack
-                    }
-                    (false, RecoveryKind::Sack | RecoveryKind::Fack | RecoveryKind::Rack) => {
-                        self.recovery = RecoveryKind::NewReno
-                    }
-                    _ => {}
-                }
-            }
-            "fack" => {
-                let on = parse_bool(&key, v)?;
-                match (on, self.recovery) {
-                    (true, _) => self.recovery = RecoveryKind::Fack,
-                    (false, RecoveryKind::Fack) => self.recovery = RecoveryKind::Sack,
-                    _ => {}
-                }
-            }
-            "timeout" => {
-                self.timeout = parse_time(&key, v, TimeUnit::Seconds, Duration::from_secs(3600))?
-            }
-            "min_rto" => {
-                self.min_rto = parse_time(&key, v, TimeUnit::Seconds, Duration::from_secs(3600))?
-            }
-            "max_rto" => {
-                self.max_rto = parse_time(&key, v, TimeUnit::Seconds, Duration::from_secs(3600))?
-            }
-            "tick" => self.tick = parse_time(&key, v, TimeUnit::Seconds, Duration::from_secs(10))?,
-            "maxidle" => self.maxidle = parse_time(&key, v, TimeUnit::Seconds, DAY)?,
-            "initsegs" => self.initsegs = parse_int(&key, v, 1, 1 << 20)?,
-            "multiplier" => {
-                self.multiplier = parse_f64(
-                    &key,
-                    v,
-                    |x| x > 0.0 && x < 1.0,
-                    "between 0 and 1 (exclusive)",
-                )?
-            }
-            "increment" => self.increment = parse_int(&key, v, 1, 1 << 16)?,
-            "thresh_init" => {
-                self.thresh_init = parse_f64(&key, v, |x| (0.0..=1e6).contains(&x), "0 or more")?
-            }
-            "dup_thresh" => self.dup_thresh = parse_int(&key, v, 1, 1 << 16)?,
-            "burst_limit" => self.burst_limit = parse_int(&key, v, 0, u32::MAX)?,
-            "maxpkts" => self.maxpkts = parse_int(&key, v, 0, u64::MAX >> 1)?,
-            "maxtime" => self.maxtime = parse_time(&key, v, TimeUnit::Seconds, 365 * DAY)?,
-            "droplist" => self.droplist = v.parse().map_err(|m| err(&key, m))?,
-            "vmss" => self.vmss = parse_int(&key, v, 1, 1 << 16)?,
-            "limited_transmit" => self.limited_transmit = parse_bool(&key, v)?,
-            "undo" => self.undo = parse_bool(&key, v)?,
-            "reduction" => self.reduction = v.parse().map_err(|m| err(&key, m))?,
-            "quickack" => self.quickack = parse_int(&key, v, 0, u32::from(u16::MAX))?,
-            "abc" => self.abc = parse_int(&key, v, 0, 1 << 20)?,
-            "reordering" => self.reordering = v.parse().map_err(|m| err(&key, m))?,
-            "ssthresh_estimate" => {
-                self.ssthresh_estimate = v.parse().map_err(|m| err(&key, m))?;
-            }
-            "delack" => {
-                self.delack = parse_time(&key, v, TimeUnit::Millis, Duration::from_secs(10))?
-            }
-            "rcvsegs" => self.rcvsegs = parse_int(&key, v, 1, 1 << 24)?,
-            "sndbuf" => self.sndbuf = parse_bytes(&key, v)?,
-            "rcvbuf" => self.rcvbuf = parse_bytes(&key, v)?,
-            "bbr_loss_thresh" => {
-                let pct = v.strip_suffix('%').unwrap_or(v).trim();
-                self.bbr_loss_thresh = parse_f64(
-                    &key,
-                    pct,
-                    |x| x > 0.0 && x <= 100.0,
-                    "a percentage above 0, e.g. 2%",
-                )?
-            }
-            "bbr_beta" => {
-                self.bbr_beta = parse_f64(
-                    &key,
-                    v,
-                    |x| x > 0.0 && x < 1.0,
-                    "between 0 and 1 (exclusive)",
-                )?
-            }
-            "bbr_headroom" => {
-                self.bbr_headroom =
-                    parse_f64(&key, v, |x| (0.0..1.0).contains(&x), "0 or more, below 1")?
-            }
-            "bbr_loss_events" => self.bbr_loss_events = parse_int(&key, v, 1, 1 << 20)?,
-            "bwlimit" => self.bwlimit = parse_bwlimit(&key, v)?,
-            "vegas_alpha" | "vegas_beta" | "vegas_gamma" => {
-                let x = parse_f64(
-                    &key,
-                    v,
-                    |x| (0.0..=1000.0).contains(&x),
-                    "0 to 1000 segments",
-                )?;
-                match key.as_str() {
-                    "vegas_alpha" => self.vegas_alpha = x,
-                    "vegas_beta" => self.vegas_beta = x,
-                    _ => self.vegas_gamma = x,
-                }
-            }
-            _ => {
-                return Err(err(
-                    &key,
-                    "unknown knob (see `atou sim --help` or docs/tuning.md)",
-                ))
-            }
+        if self.set_knob(&key, v)? || self.set_atou_recovery_flag(&key, v)? {
+            return Ok(());
         }
-        Ok(())
+        Err(err(
+            &key,
+            "unknown knob (see `atou sim --help` or docs/tuning.md)",
+        ))
+    }
+
+    /// atou's `newreno`, `sack` and `fack` flags, each turning its variant
+    /// on or off over the one selected; `Ok(false)` for another key.
+    fn set_atou_recovery_flag(&mut self, key: &str, v: &str) -> Result<bool, TuningError> {
+        use RecoveryKind::{Fack, NewReno, Rack, Reno, Sack};
+        if !ATOU_RECOVERY_FLAGS.contains(&key) {
+            return Ok(false);
+        }
+        let on = parse_bool(key, v)?;
+        self.recovery = match (key, on, self.recovery) {
+            ("newreno", true, Reno) => NewReno,
+            ("newreno", false, NewReno) => Reno,
+            ("sack", true, Reno | NewReno) => Sack,
+            ("sack", false, Sack | Fack | Rack) => NewReno,
+            ("fack", true, _) => Fack,
+            ("fack", false, Fack) => Sack,
+            (_, _, unchanged) => unchanged,
+        };
+        Ok(true)
     }
 
     /// The value of a knob as text that [`Tuning::set`] reads back.
     pub fn get(&self, key: &str) -> Option<String> {
-        let s = |d: Duration| Exact(d, TimeUnit::Seconds).to_string();
-        Some(match canonical(key).as_str() {
-            "mss" => self.mss.to_string(),
-            "rcvwin" | "rcvrwin" => self.rcvwin.to_string(),
-            "cc" => self.cc.to_string(),
-            "recovery" => self.recovery.to_string(),
-            "rampdown" => u8::from(self.rampdown).to_string(),
-            "timeout" => s(self.timeout),
-            "min_rto" => s(self.min_rto),
-            "max_rto" => s(self.max_rto),
-            "tick" => s(self.tick),
-            "maxidle" => s(self.maxidle),
-            "initsegs" => self.initsegs.to_string(),
-            "multiplier" => self.multiplier.to_string(),
-            "increment" => self.increment.to_string(),
-            "thresh_init" => self.thresh_init.to_string(),
-            "dup_thresh" => self.dup_thresh.to_string(),
-            "burst_limit" => self.burst_limit.to_string(),
-            "maxpkts" => self.maxpkts.to_string(),
-            "maxtime" => s(self.maxtime),
-            "droplist" => self.droplist.to_string(),
-            "vmss" => self.vmss.to_string(),
-            "limited_transmit" => u8::from(self.limited_transmit).to_string(),
-            "undo" => u8::from(self.undo).to_string(),
-            "reduction" => self.reduction.to_string(),
-            "quickack" => self.quickack.to_string(),
-            "abc" => self.abc.to_string(),
-            "reordering" => self.reordering.to_string(),
-            "ssthresh_estimate" => self.ssthresh_estimate.to_string(),
-            "vegas_alpha" => self.vegas_alpha.to_string(),
-            "vegas_beta" => self.vegas_beta.to_string(),
-            "vegas_gamma" => self.vegas_gamma.to_string(),
-            "delack" => Exact(self.delack, TimeUnit::Millis).to_string(),
-            "rcvsegs" => self.rcvsegs.to_string(),
-            "sndbuf" => self.sndbuf.to_string(),
-            "rcvbuf" => self.rcvbuf.to_string(),
-            "bbr_loss_thresh" => format!("{}%", self.bbr_loss_thresh),
-            "bbr_beta" => self.bbr_beta.to_string(),
-            "bbr_headroom" => self.bbr_headroom.to_string(),
-            "bbr_loss_events" => self.bbr_loss_events.to_string(),
-            "bwlimit" if self.bwlimit == 0 => "0".to_string(),
-            "bwlimit" => crate::units::format_rate_tc(self.bwlimit),
-            _ => return None,
-        })
+        self.get_knob(&canonical(key))
     }
 
     /// Applies a config file's text: `name value` lines, `#` comments.
@@ -958,7 +882,7 @@ impl Tuning {
             .collect();
         if lines
             .iter()
-            .any(|(_, k, _)| matches!(canonical(k).as_str(), "newreno" | "sack" | "fack"))
+            .any(|(_, k, _)| ATOU_RECOVERY_FLAGS.contains(&canonical(k).as_str()))
         {
             self.recovery = RecoveryKind::NewReno;
         }
@@ -1150,6 +1074,48 @@ mod tests {
         for kind in CcKind::ALL {
             assert_eq!(kind.name().parse::<CcKind>(), Ok(kind));
         }
+    }
+
+    /// `named_enum!`: each enum reads its names in any case, writes them
+    /// back, and a bad name's error lists them all.
+    #[test]
+    fn named_enums_read_and_write_their_names() {
+        fn check<T: FromStr<Err = String> + fmt::Display + PartialEq + fmt::Debug + Copy>(
+            all: &[T],
+            names: &str,
+        ) {
+            for &v in all {
+                let name = v.to_string();
+                assert_eq!(name.parse::<T>(), Ok(v));
+                assert_eq!(name.to_ascii_uppercase().parse::<T>(), Ok(v));
+            }
+            let e = "wibble".parse::<T>().unwrap_err();
+            assert!(e.starts_with("`wibble` is not "), "{e}");
+            assert!(e.ends_with(&format!("({names})")), "{e}");
+        }
+        check(&RecoveryKind::ALL, "reno, newreno, sack, fack, rack");
+        check(&CcKind::ALL, "aimd, cubic, bbr, vegas");
+        check(&ReductionKind::ALL, "prr, halve");
+        check(&ReorderingKind::ALL, "fixed, adaptive");
+        check(&SsthreshEstimate::ALL, "none, hoe");
+    }
+
+    /// The `knobs!` table gives `set` and `get` every knob and alias that
+    /// [`KNOBS`] lists, and nothing else.
+    #[test]
+    fn knobs_list_what_set_and_get_know() {
+        let mut t = Tuning::default();
+        for k in KNOBS {
+            for name in std::iter::once(&k.name).chain(k.aliases) {
+                let text = t.get(name).unwrap_or_else(|| panic!("get {name}"));
+                t.set(name, &text)
+                    .unwrap_or_else(|e| panic!("set {name}: {e}"));
+            }
+        }
+        assert_eq!(t, Tuning::default());
+        assert_eq!(t.get("rcvrwin"), t.get("rcvwin"));
+        assert_eq!(t.get("sack"), None, "atou's flags are set-only");
+        assert_eq!(t.get("wibble"), None);
     }
 
     /// BBR's loss response reads percentages with or without `%`, writes
