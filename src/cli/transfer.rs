@@ -1027,7 +1027,7 @@ impl Drop for DryRunRoot {
     }
 }
 
-/// What the ssh bootstrap (`cli/remote.rs`) needs of the transfer flags.
+/// What a copy over ssh (`cli/remote.rs`) needs of the transfer flags.
 impl TransferArgs {
     pub(super) fn send_config(
         &self,
