@@ -873,6 +873,30 @@ struct LocalReceiver {
     server: thread::JoinHandle<Result<()>>,
 }
 
+/// The local copy's server: one sender, the user, whose windows are
+/// what it asked for (--buffer per stream at most).
+fn loopback_serve_config(
+    bind: SocketAddr,
+    rcvbuf: u32,
+    buffer: u64,
+    auth: atou::proto::crypto::ServerAuth,
+) -> ServeConfig {
+    ServeConfig {
+        bind,
+        once: false,
+        sndbuf: 4 << 20,
+        rcvbuf,
+        limits: atou::proto::ServerLimits {
+            max_window_bytes: buffer,
+            total_window_bytes: u64::MAX / 2,
+            ..Default::default()
+        },
+        auth,
+        // One-time keys: no hello outlives this run.
+        hello_timestamps: None,
+    }
+}
+
 impl LocalReceiver {
     /// Starts it on a free loopback port and waits until it listens.
     fn start(
@@ -924,22 +948,7 @@ impl LocalReceiver {
             thread::spawn(move || -> Result<()> {
                 let rt = runtime()?;
                 rt.block_on(io::serve(
-                    ServeConfig {
-                        bind: addr,
-                        once: false,
-                        sndbuf: 4 << 20,
-                        rcvbuf,
-                        // The one sender is the user: its windows are what it
-                        // asked for (--buffer per stream at most).
-                        limits: atou::proto::ServerLimits {
-                            max_window_bytes: buffer,
-                            total_window_bytes: u64::MAX / 2,
-                            ..Default::default()
-                        },
-                        auth: server_auth,
-                        // One-time keys: no hello outlives this run.
-                        hello_timestamps: None,
-                    },
+                    loopback_serve_config(addr, rcvbuf, buffer, server_auth),
                     &mut receiver,
                     |e| {
                         if let io::ServeEvent::Listening { .. } = e {
