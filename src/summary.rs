@@ -221,14 +221,25 @@ pub fn config_lines(tuning: &Tuning) -> Vec<String> {
 
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let t = &self.tuning;
+        self.fmt_config(f)?;
+        self.fmt_rates(f)?;
+        self.fmt_sender(f)?;
+        self.fmt_events(f)?;
+        self.fmt_sim(f)?;
+        self.fmt_sockets_and_status(f)
+    }
+}
+
+impl Summary {
+    /// The `config:` lines: the release, the path, every knob, the seed.
+    fn fmt_config(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
             "config: atou {} {}",
             env!("CARGO_PKG_VERSION"),
             self.path
         )?;
-        for line in config_lines(t) {
+        for line in config_lines(&self.tuning) {
             writeln!(f, "{line}")?;
         }
         if let Some(sim) = &self.sim {
@@ -238,6 +249,12 @@ impl fmt::Display for Summary {
                 sim.seed, sim.fwd, sim.rev
             )?;
         }
+        Ok(())
+    }
+
+    /// The headline: goodput, bytes, packets and loss.
+    fn fmt_rates(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = &self.tuning;
         let mbs = self.goodput_bps / 1e6;
         writeln!(
             f,
@@ -271,6 +288,12 @@ impl fmt::Display for Summary {
             "total bytes out {} loss {loss:.3} % {out_mbs:.6} Mbs",
             self.bytes_out
         )?;
+        Ok(())
+    }
+
+    /// The sender's counters, its RTT estimate and its state at the end.
+    fn fmt_sender(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = &self.tuning;
         writeln!(
             f,
             "rxmts {} dup3s {} packs {} timeouts {} dups {} badacks {} maxack {} maxburst {}",
@@ -329,6 +352,11 @@ impl fmt::Display for Summary {
                 c.min_rtt.as_secs_f64()
             )?;
         }
+        Ok(())
+    }
+
+    /// Counters shown only when not zero, and the receiver's.
+    fn fmt_events(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.dropped > 0 || self.dsacks > 0 || self.bad_packets > 0 || self.reneges > 0 {
             writeln!(
                 f,
@@ -360,6 +388,11 @@ impl fmt::Display for Summary {
                 r.segments, r.bytes, r.acks, r.duplicates, r.out_of_order, r.beyond_window
             )?;
         }
+        Ok(())
+    }
+
+    /// What the simulator's paths did, and whether the stream arrived intact.
+    fn fmt_sim(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(sim) = &self.sim {
             for (name, s) in [("fwd", &sim.fwd_stats), ("rev", &sim.rev_stats)] {
                 writeln!(
@@ -373,6 +406,12 @@ impl fmt::Display for Summary {
                 Some(at) => writeln!(f, "STREAM CORRUPT at byte {at}")?,
             }
         }
+        Ok(())
+    }
+
+    /// The sockets, the security of the connection and, if it did not
+    /// finish, why.
+    fn fmt_sockets_and_status(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(k) = &self.sockets {
             write!(
                 f,

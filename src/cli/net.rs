@@ -1,6 +1,7 @@
 //! `atou serve` and `atou probe`: atou's server and client on real UDP.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use atou::io::{self, ProbeConfig, ProbeError, ServeApp, ServeConfig, ServeEvent, DEFAULT_PORT};
+use atou::proto::crypto::{PublicKey, ServerAuth};
 use atou::proto::ServerLimits;
 use atou::proto::{ConnEnd, ConnReport, ServerStats, Tuning};
 use atou::summary::SocketReport;
@@ -439,90 +441,10 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     let json = args.json;
     let auth = args.auth.resolve(args.dir.is_some())?;
     let transfer_failed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let failed_flag = transfer_failed.clone();
-    // The key is read from a file and outlives this run: so does the
-    // newest hello timestamp of each client key, kept in DEST's private
-    // staging directory, so that a hello accepted before a restart is
-    // refused after it. A file that cannot be used stops the server
-    // here, before it could accept such a hello (exit 1: it could not run).
-    let hello_timestamps = match (&args.dir, &auth.identity) {
-        (Some(dir), Some(_)) => {
-            let root = check_root(dir).map_err(UsageError)?;
-            Some(
-                atou::io::hello_timestamps::HelloTimestampFile::load(&root)
-                    .map_err(anyhow::Error::msg)?,
-            )
-        }
-        _ => None,
-    };
+    let hello_timestamps = hello_timestamps(&args, &auth)?;
     let mut app: Box<dyn ServeApp> = match &args.dir {
         None => Box::new(NoFiles),
-        Some(dir) => {
-            let root = check_root(dir).map_err(UsageError)?;
-            let staging = root.join(atou::io::dest_dir::STAGING_DIR);
-            Box::new(
-                FileReceiver::new(
-                    ReceiveConfig {
-                        root,
-                        writers: args.writers.unwrap_or_else(|| {
-                            std::thread::available_parallelism()
-                                .map_or(2, |n| n.get())
-                                .max(2)
-                        }),
-                        once: args.once,
-                        policy: args.receiver.policy(),
-                        limits: args.receiver.limits(),
-                        authorized: auth.authorized.clone(),
-                    },
-                    move |event| {
-                        if let ReceiveEvent::Failed { .. } = event {
-                            failed_flag.store(true, std::sync::atomic::Ordering::Relaxed);
-                        }
-                        let line = match (&event, json) {
-                            (ReceiveEvent::Done(r), true) => {
-                                serde_json::json!({"transfer": r}).to_string()
-                            }
-                            (ReceiveEvent::Done(r), false) => transfer_line(r),
-                            (ReceiveEvent::Failed { peer, dest, why }, true) => serde_json::json!({
-                                "failed": {"peer": peer, "dest": dest, "why": why}
-                            })
-                            .to_string(),
-                            (ReceiveEvent::Failed { peer, dest, why }, false) => {
-                                format!("{peer} transfer into {} failed: {why}", shown_path(dest))
-                            }
-                            (ReceiveEvent::Planned { peer, dest, files, skipped }, true) => {
-                                serde_json::json!({
-                                    "dry_run": {"peer": peer, "dest": dest, "files": files, "skipped": skipped}
-                                })
-                                .to_string()
-                            }
-                            (ReceiveEvent::StagingCleaned { entries, bytes, ttl }, true) => {
-                                serde_json::json!({
-                                    "staging_cleaned": {"entries": entries, "bytes": bytes, "ttl_secs": ttl.as_secs()}
-                                })
-                                .to_string()
-                            }
-                            (ReceiveEvent::StagingCleaned { entries, bytes, ttl }, false) => {
-                                format!(
-                                    "removed {entries} abandoned partial files and records ({}) untouched for over {} (--staging-ttl) from {}",
-                                    atou::units::format_size(*bytes),
-                                    atou::units::format_whole_duration(*ttl),
-                                    shown_path(&staging)
-                                )
-                            }
-                            (ReceiveEvent::Planned { peer, dest, files, skipped }, false) => {
-                                format!(
-                                    "{peer} dry run into {}: {files} files would be sent, {skipped} skipped; nothing written",
-                                    shown_path(dest)
-                                )
-                            }
-                        };
-                        let _ = print_stdout(&(line + "\n"));
-                    },
-                )
-                .map_err(UsageError)?,
-            )
-        }
+        Some(dir) => file_receiver(dir, &args, &auth, transfer_failed.clone())?,
     };
     let server_key = auth.identity.as_ref().map(|k| k.public());
     let allow_plain = auth.allow_plain;
@@ -550,27 +472,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         app.as_mut(),
         |event| match event {
             ServeEvent::Listening { addr, buffers } => {
-                eprintln!(
-                    "atou serve: listening on {addr} (socket buffers granted: sndbuf {} rcvbuf {})",
-                    buffers.sndbuf, buffers.rcvbuf
-                );
-                match &server_key {
-                    Some(key) => eprintln!(
-                        "atou serve: key {} ({})",
-                        atou::keys::format_public_key(key, ""),
-                        if allow_plain {
-                            "authenticated clients pin it; plain clients accepted too"
-                        } else {
-                            "clients pin it with --server-key or record it on first use"
-                        }
-                    ),
-                    None => eprintln!(
-                        "atou serve: no key (`atou keygen` makes one): unauthenticated, \
-                         unencrypted clients only"
-                    ),
-                }
-                note_buffer("send", args.sndbuf, buffers.sndbuf, "net.core.wmem_max");
-                note_buffer("receive", args.rcvbuf, buffers.rcvbuf, "net.core.rmem_max");
+                print_listening(addr, buffers, server_key.as_ref(), allow_plain, &args)
             }
             ServeEvent::Report(r) if r.session != 0 => totals = r.server,
             ServeEvent::Report(r) => {
@@ -603,7 +505,174 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     if let Some(e) = write_error {
         return Err(e);
     }
+    eprintln!("{}", stopped_line(&stats));
+    // `--once --dir`: the status says how the one transfer went.
+    if args.once && transfer_failed.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(Exit::Partial.into());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The key is read from a file and outlives this run: so does the
+/// newest hello timestamp of each client key, kept in DEST's private
+/// staging directory, so that a hello accepted before a restart is
+/// refused after it. A file that cannot be used stops the server here,
+/// before it could accept such a hello (exit 1: it could not run).
+fn hello_timestamps(
+    args: &ServeArgs,
+    auth: &ServerAuth,
+) -> Result<Option<atou::io::hello_timestamps::HelloTimestampFile>> {
+    match (&args.dir, &auth.identity) {
+        (Some(dir), Some(_)) => {
+            let root = check_root(dir).map_err(UsageError)?;
+            Ok(Some(
+                atou::io::hello_timestamps::HelloTimestampFile::load(&root)
+                    .map_err(anyhow::Error::msg)?,
+            ))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// `atou serve --dir`'s receiver: a line on stdout as each transfer ends
+/// or plans, and `failed` set when one fails.
+fn file_receiver(
+    dir: &Path,
+    args: &ServeArgs,
+    auth: &ServerAuth,
+    failed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Result<Box<dyn ServeApp>> {
+    let json = args.json;
+    let root = check_root(dir).map_err(UsageError)?;
+    let staging = root.join(atou::io::dest_dir::STAGING_DIR);
+    let receiver = FileReceiver::new(
+        ReceiveConfig {
+            root,
+            writers: args.writers.unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map_or(2, |n| n.get())
+                    .max(2)
+            }),
+            once: args.once,
+            policy: args.receiver.policy(),
+            limits: args.receiver.limits(),
+            authorized: auth.authorized.clone(),
+        },
+        move |event| {
+            if let ReceiveEvent::Failed { .. } = event {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            let line = receive_event_line(&event, json, &staging);
+            let _ = print_stdout(&(line + "\n"));
+        },
+    )
+    .map_err(UsageError)?;
+    Ok(Box::new(receiver))
+}
+
+/// What `atou serve --dir` prints of a receiver's event, as a line of
+/// text or of JSON.
+fn receive_event_line(event: &ReceiveEvent, json: bool, staging: &Path) -> String {
+    match (event, json) {
+        (ReceiveEvent::Done(r), true) => serde_json::json!({"transfer": r}).to_string(),
+        (ReceiveEvent::Done(r), false) => transfer_line(r),
+        (ReceiveEvent::Failed { peer, dest, why }, true) => serde_json::json!({
+            "failed": {"peer": peer, "dest": dest, "why": why}
+        })
+        .to_string(),
+        (ReceiveEvent::Failed { peer, dest, why }, false) => {
+            format!("{peer} transfer into {} failed: {why}", shown_path(dest))
+        }
+        (
+            ReceiveEvent::Planned {
+                peer,
+                dest,
+                files,
+                skipped,
+            },
+            true,
+        ) => serde_json::json!({
+            "dry_run": {"peer": peer, "dest": dest, "files": files, "skipped": skipped}
+        })
+        .to_string(),
+        (
+            ReceiveEvent::StagingCleaned {
+                entries,
+                bytes,
+                ttl,
+            },
+            true,
+        ) => serde_json::json!({
+            "staging_cleaned": {"entries": entries, "bytes": bytes, "ttl_secs": ttl.as_secs()}
+        })
+        .to_string(),
+        (
+            ReceiveEvent::StagingCleaned {
+                entries,
+                bytes,
+                ttl,
+            },
+            false,
+        ) => {
+            format!(
+                "removed {entries} abandoned partial files and records ({}) untouched for over {} (--staging-ttl) from {}",
+                atou::units::format_size(*bytes),
+                atou::units::format_whole_duration(*ttl),
+                shown_path(staging)
+            )
+        }
+        (
+            ReceiveEvent::Planned {
+                peer,
+                dest,
+                files,
+                skipped,
+            },
+            false,
+        ) => {
+            format!(
+                "{peer} dry run into {}: {files} files would be sent, {skipped} skipped; nothing written",
+                shown_path(dest)
+            )
+        }
+    }
+}
+
+/// What `atou serve` says once it listens: where, with which buffers,
+/// and under which key.
+fn print_listening(
+    addr: SocketAddr,
+    buffers: io::SocketBuffers,
+    server_key: Option<&PublicKey>,
+    allow_plain: bool,
+    args: &ServeArgs,
+) {
     eprintln!(
+        "atou serve: listening on {addr} (socket buffers granted: sndbuf {} rcvbuf {})",
+        buffers.sndbuf, buffers.rcvbuf
+    );
+    match server_key {
+        Some(key) => eprintln!(
+            "atou serve: key {} ({})",
+            atou::keys::format_public_key(key, ""),
+            if allow_plain {
+                "authenticated clients pin it; plain clients accepted too"
+            } else {
+                "clients pin it with --server-key or record it on first use"
+            }
+        ),
+        None => eprintln!(
+            "atou serve: no key (`atou keygen` makes one): unauthenticated, \
+             unencrypted clients only"
+        ),
+    }
+    note_buffer("send", args.sndbuf, buffers.sndbuf, "net.core.wmem_max");
+    note_buffer("receive", args.rcvbuf, buffers.rcvbuf, "net.core.rmem_max");
+}
+
+/// The line `atou serve` prints when it stops: the whole run's counters.
+fn stopped_line(stats: &ServerStats) -> String {
+    format!(
         "atou serve: stopped after {} connections; datagrams {} undecodable {} unknown-connection {} \
          unexpected {} refused hellos {}; handshakes {} refused keys {} unopened {} cookies {} \
          replays {} (dropped unread: {} hellos) over the work queue {} moves {}",
@@ -621,12 +690,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         stats.hellos_dropped_unread,
         stats.hellos_queue_full,
         stats.migrations,
-    );
-    // `--once --dir`: the status says how the one transfer went.
-    if args.once && transfer_failed.load(std::sync::atomic::Ordering::Relaxed) {
-        return Ok(Exit::Partial.into());
-    }
-    Ok(ExitCode::SUCCESS)
+    )
 }
 
 /// The line `atou serve --dir` prints when a transfer ends.

@@ -788,132 +788,22 @@ fn bridge(args: BridgeArgs) -> Result<ExitCode> {
     // Devices are made in this namespace under names unique to this run,
     // then moved into the hosts and renamed.
     let temp = |side: char| format!("atnm{}{side}", std::process::id() % 1_000_000);
-    let (dev_a, dev_b) = (temp('a'), temp('b'));
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut directions = Vec::new();
-    match backend {
-        Backend::Tc => {
-            let tc_has_seed = tc_knows_netem_seed();
-            let seeded = args.path.seed.is_some()
-                || [&args.path.fwd, &args.path.rev]
-                    .iter()
-                    .any(|spec| spec.stages.iter().any(|stage| stage.seed.is_some()));
-            if seeded && !tc_has_seed {
-                eprintln!(
-                    "atou netem bridge: note: this tc has no netem `seed` (iproute2 before 6.4), \
-                     so the kernel's random draws differ from run to run; \
-                     --backend tun repeats them from the seed"
-                );
-            }
-            ip(&[
-                "link", "add", &dev_a, "type", "veth", "peer", "name", &dev_b,
-            ])?;
-            let moved = configure_host(&dev_a, ns_a, &addr_a, args.mtu)
-                .and_then(|()| configure_host(&dev_b, ns_b, &addr_b, args.mtu));
-            if let Err(e) = moved {
-                // An end still in this namespace outlives the hosts; deleting
-                // either end deletes the pair.
-                for dev in [&dev_a, &dev_b] {
-                    let _ = ip(&["link", "del", dev]);
-                }
-                return Err(e);
-            }
-            for (ns, spec, stream) in [(ns_a, &args.path.fwd, 1), (ns_b, &args.path.rev, 2)] {
-                let seed = args.path.seed.map(|s| mix_seed(s, stream));
-                for cmd in tc_commands(spec, seed, tc_has_seed)? {
-                    let mut full = vec!["netns", "exec", ns.as_str(), "tc"];
-                    full.extend(cmd.iter().map(String::as_str));
-                    ip(&full).map_err(|e| {
-                        if format!("{e}").contains("qdisc kind is unknown") {
-                            anyhow!(
-                                "{e:#}\nthis kernel has no netem qdisc (sch_netem); \
-                                 use --backend tun (or auto, which picks it)"
-                            )
-                        } else {
-                            e
-                        }
-                    })?;
-                }
-            }
-        }
-        Backend::Tun | Backend::Auto => {
-            let tun_a = Tun::create(&dev_a).context("cannot create a TUN device")?;
-            let tun_b = Tun::create(&dev_b).context("cannot create a TUN device")?;
-            configure_host(&dev_a, ns_a, &addr_a, args.mtu)?;
-            configure_host(&dev_b, ns_b, &addr_b, args.mtu)?;
-            let epoch = Instant::now();
-            for (name, from, to, spec, stream) in [
-                ("netem-fwd", &tun_a, &tun_b, &args.path.fwd, 1),
-                ("netem-rev", &tun_b, &tun_a, &args.path.rev, 2),
-            ] {
-                let mut netem: Netem<Vec<u8>> = Netem::new(spec.clone(), mix_seed(seed, stream));
-                netem.set_frame_overhead(ETHERNET_HEADER);
-                let (tx, rx) = sync_channel::<Vec<u8>>(CHANNEL_DEPTH);
-                let mut out = to.try_clone()?;
-                directions.push(Direction::spawn(
-                    name,
-                    netem,
-                    rx,
-                    move |p: Vec<u8>| {
-                        let _ = out.send(&p);
-                    },
-                    epoch,
-                    Arc::clone(&stop),
-                )?);
-                let mut reader = from.try_clone()?;
-                let mtu = args.mtu as usize;
-                std::thread::Builder::new()
-                    .name(format!("tun-{}", reader.name()))
-                    .spawn(move || {
-                        let mut buf = vec![0u8; mtu.max(1500) + 64];
-                        while let Ok(n) = reader.recv(&mut buf) {
-                            if tx.send(buf[..n].to_vec()).is_err() {
-                                return;
-                            }
-                        }
-                    })?;
-            }
-        }
-    }
-    let backend_name = if backend == Backend::Tc { "tc" } else { "tun" };
-    let mut banner = String::new();
-    let _ = writeln!(
-        banner,
-        "atou netem bridge: backend {backend_name}, seed {seed}\n  \
-         host {ns_a} {addr_a} (dev {LINK}) -> host {ns_b} {addr_b}: fwd \"{}\"\n  \
-         host {ns_b} -> host {ns_a}: rev \"{}\"",
-        args.path.fwd, args.path.rev
-    );
-    if args.command.is_empty() {
-        let _ = write!(
-            banner,
-            "  run programs with: ip netns exec {ns_a} CMD (or {ns_b}); Ctrl-C removes both hosts\nready"
-        );
-    } else {
-        let _ = write!(banner, "ready");
-    }
-    eprintln!("{banner}");
-
-    let status = if args.command.is_empty() {
-        rt.block_on(signals.until_stopped(None));
-        None
-    } else {
-        let ns = if args.run_in == Side::A { ns_a } else { ns_b };
-        let mut child = tokio::process::Command::new("ip");
-        child.args(["netns", "exec", ns]).args(&args.command);
-        Some(rt.block_on(async {
-            let mut child = child
-                .spawn()
-                .with_context(|| format!("cannot run `{}` in {ns}", args.command.join(" ")))?;
-            tokio::select! {
-                s = child.wait() => s.context("waiting for the command"),
-                _ = signals.until_stopped(None) => {
-                    let _ = child.kill().await;
-                    child.wait().await.context("waiting for the command")
-                }
-            }
-        })?)
+    let link = BridgeLink {
+        ns: [ns_a, ns_b],
+        addr: [&addr_a, &addr_b],
+        dev: [temp('a'), temp('b')],
     };
+    let stop = Arc::new(AtomicBool::new(false));
+    let directions = match backend {
+        Backend::Tc => {
+            bridge_tc(&args, &link)?;
+            Vec::new()
+        }
+        Backend::Tun | Backend::Auto => bridge_tun(&args, &link, seed, &stop)?,
+    };
+    let backend_name = if backend == Backend::Tc { "tc" } else { "tun" };
+    eprintln!("{}", bridge_banner(&args, &link, backend_name, seed));
+    let status = run_in_bridge(&rt, &mut signals, &args, &link)?;
     stop.store(true, Ordering::Relaxed);
     let stats: Vec<NetemStats> = directions.into_iter().map(Direction::join).collect();
     if backend == Backend::Tc {
@@ -944,6 +834,170 @@ fn bridge(args: BridgeArgs) -> Result<ExitCode> {
         None => ExitCode::SUCCESS,
         Some(s) => ExitCode::from(s.code().map_or(1, |c| c.clamp(0, 255) as u8)),
     })
+}
+
+/// The bridge's two hosts: namespace, address and (until moved into
+/// the namespace and renamed) device of each, A first.
+struct BridgeLink<'a> {
+    ns: [&'a String; 2],
+    addr: [&'a String; 2],
+    dev: [String; 2],
+}
+
+/// The tc backend: a veth pair, and the kernel's netem on each end.
+fn bridge_tc(args: &BridgeArgs, link: &BridgeLink) -> Result<()> {
+    let [ns_a, ns_b] = link.ns;
+    let [addr_a, addr_b] = link.addr;
+    let [dev_a, dev_b] = &link.dev;
+    let tc_has_seed = tc_knows_netem_seed();
+    let seeded = args.path.seed.is_some()
+        || [&args.path.fwd, &args.path.rev]
+            .iter()
+            .any(|spec| spec.stages.iter().any(|stage| stage.seed.is_some()));
+    if seeded && !tc_has_seed {
+        eprintln!(
+            "atou netem bridge: note: this tc has no netem `seed` (iproute2 before 6.4), \
+             so the kernel's random draws differ from run to run; \
+             --backend tun repeats them from the seed"
+        );
+    }
+    ip(&["link", "add", dev_a, "type", "veth", "peer", "name", dev_b])?;
+    let moved = configure_host(dev_a, ns_a, addr_a, args.mtu)
+        .and_then(|()| configure_host(dev_b, ns_b, addr_b, args.mtu));
+    if let Err(e) = moved {
+        // An end still in this namespace outlives the hosts; deleting
+        // either end deletes the pair.
+        for dev in [dev_a, dev_b] {
+            let _ = ip(&["link", "del", dev]);
+        }
+        return Err(e);
+    }
+    for (ns, spec, stream) in [(ns_a, &args.path.fwd, 1), (ns_b, &args.path.rev, 2)] {
+        let seed = args.path.seed.map(|s| mix_seed(s, stream));
+        for cmd in tc_commands(spec, seed, tc_has_seed)? {
+            let mut full = vec!["netns", "exec", ns.as_str(), "tc"];
+            full.extend(cmd.iter().map(String::as_str));
+            ip(&full).map_err(|e| {
+                if format!("{e}").contains("qdisc kind is unknown") {
+                    anyhow!(
+                        "{e:#}\nthis kernel has no netem qdisc (sch_netem); \
+                         use --backend tun (or auto, which picks it)"
+                    )
+                } else {
+                    e
+                }
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The TUN backend: a TUN device in each host, and atou's netem model
+/// between them, one thread per direction.
+fn bridge_tun(
+    args: &BridgeArgs,
+    link: &BridgeLink,
+    seed: u64,
+    stop: &Arc<AtomicBool>,
+) -> Result<Vec<Direction>> {
+    let [ns_a, ns_b] = link.ns;
+    let [addr_a, addr_b] = link.addr;
+    let [dev_a, dev_b] = &link.dev;
+    let mut directions = Vec::new();
+    let tun_a = Tun::create(dev_a).context("cannot create a TUN device")?;
+    let tun_b = Tun::create(dev_b).context("cannot create a TUN device")?;
+    configure_host(dev_a, ns_a, addr_a, args.mtu)?;
+    configure_host(dev_b, ns_b, addr_b, args.mtu)?;
+    let epoch = Instant::now();
+    for (name, from, to, spec, stream) in [
+        ("netem-fwd", &tun_a, &tun_b, &args.path.fwd, 1),
+        ("netem-rev", &tun_b, &tun_a, &args.path.rev, 2),
+    ] {
+        let mut netem: Netem<Vec<u8>> = Netem::new(spec.clone(), mix_seed(seed, stream));
+        netem.set_frame_overhead(ETHERNET_HEADER);
+        let (tx, rx) = sync_channel::<Vec<u8>>(CHANNEL_DEPTH);
+        let mut out = to.try_clone()?;
+        directions.push(Direction::spawn(
+            name,
+            netem,
+            rx,
+            move |p: Vec<u8>| {
+                let _ = out.send(&p);
+            },
+            epoch,
+            Arc::clone(stop),
+        )?);
+        let mut reader = from.try_clone()?;
+        let mtu = args.mtu as usize;
+        std::thread::Builder::new()
+            .name(format!("tun-{}", reader.name()))
+            .spawn(move || {
+                let mut buf = vec![0u8; mtu.max(1500) + 64];
+                while let Ok(n) = reader.recv(&mut buf) {
+                    if tx.send(buf[..n].to_vec()).is_err() {
+                        return;
+                    }
+                }
+            })?;
+    }
+    Ok(directions)
+}
+
+/// What the bridge says once it is up: the backend, the seed, each
+/// direction's impairment, and how to use it; `ready` last.
+fn bridge_banner(args: &BridgeArgs, link: &BridgeLink, backend_name: &str, seed: u64) -> String {
+    let [ns_a, ns_b] = link.ns;
+    let [addr_a, addr_b] = link.addr;
+    let mut banner = String::new();
+    let _ = writeln!(
+        banner,
+        "atou netem bridge: backend {backend_name}, seed {seed}\n  \
+         host {ns_a} {addr_a} (dev {LINK}) -> host {ns_b} {addr_b}: fwd \"{}\"\n  \
+         host {ns_b} -> host {ns_a}: rev \"{}\"",
+        args.path.fwd, args.path.rev
+    );
+    if args.command.is_empty() {
+        let _ = write!(
+            banner,
+            "  run programs with: ip netns exec {ns_a} CMD (or {ns_b}); Ctrl-C removes both hosts\nready"
+        );
+    } else {
+        let _ = write!(banner, "ready");
+    }
+    banner
+}
+
+/// Runs the bridge's command in its host until it exits, or, with none,
+/// waits for a signal; a signal kills the command. Its status, if any.
+fn run_in_bridge(
+    rt: &tokio::runtime::Runtime,
+    signals: &mut StopSignals,
+    args: &BridgeArgs,
+    link: &BridgeLink,
+) -> Result<Option<std::process::ExitStatus>> {
+    if args.command.is_empty() {
+        rt.block_on(signals.until_stopped(None));
+        return Ok(None);
+    }
+    let ns = if args.run_in == Side::A {
+        link.ns[0]
+    } else {
+        link.ns[1]
+    };
+    let mut child = tokio::process::Command::new("ip");
+    child.args(["netns", "exec", ns]).args(&args.command);
+    Ok(Some(rt.block_on(async {
+        let mut child = child
+            .spawn()
+            .with_context(|| format!("cannot run `{}` in {ns}", args.command.join(" ")))?;
+        tokio::select! {
+            s = child.wait() => s.context("waiting for the command"),
+            _ = signals.until_stopped(None) => {
+                let _ = child.kill().await;
+                child.wait().await.context("waiting for the command")
+            }
+        }
+    })?))
 }
 
 #[cfg(test)]

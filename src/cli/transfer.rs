@@ -806,20 +806,8 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
         .sources
         .iter()
         .any(|s| s.to_str().is_some_and(is_remote));
-    if remote_source && args.transfer.progress == ProgressMode::Json {
-        // The sender of a pull is the remote end; its progress is ssh's stderr.
-        return Err(UsageError(
-            "--progress json is for sends; a pull over ssh (a remote SRC) shows the remote \
-             sender's progress on stderr: leave --progress out"
-                .into(),
-        )
-        .into());
-    }
-    if remote_source && args.transfer.dry_run {
-        return Err(UsageError(
-            "--dry-run is for sends and pushes; a pull (a remote SRC) cannot do one yet".into(),
-        )
-        .into());
+    if remote_source {
+        refuse_for_a_pull(&args.transfer)?;
     }
     if remote_source || is_remote(&args.dest) {
         return super::remote::copy(
@@ -845,93 +833,146 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
         let (c, s) = args.transfer.auth.ephemeral_pair()?;
         (Some(c), s)
     };
-    // The receiver, in-process on loopback.
-    let sock = std::net::UdpSocket::bind("127.0.0.1:0")?;
-    let addr = sock.local_addr()?;
-    drop(sock);
-    let failure: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
-    let new_receiver = if dry.is_some() {
-        FileReceiver::dry_run
-    } else {
-        FileReceiver::new
-    };
-    let mut receiver = new_receiver(
-        ReceiveConfig {
-            root: root.clone(),
-            writers: readers(args.transfer.readers),
-            once: true,
-            // The user's own directory, under the user's own flags; the
-            // manifest may hold only the SRCs named.
-            policy: args.receiving.policy(
-                args.transfer.overwrite,
-                args.transfer.fsync,
-                Some(local_requested(&args.sources)?),
-            ),
-            limits: ReceiveLimits::default(),
-            authorized: None,
-        },
-        {
-            let failure = failure.clone();
-            move |e| {
-                if let ReceiveEvent::Failed { why, .. } = e {
-                    failure.lock().expect("lock").get_or_insert(why);
-                }
-            }
-        },
-    )
-    .map_err(UsageError)?;
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let server = {
-        let stop = stop.clone();
-        let rcvbuf = args.transfer.tuning.resolve()?.0.rcvbuf;
-        thread::spawn(move || -> Result<()> {
-            let rt = runtime()?;
-            rt.block_on(io::serve(
-                ServeConfig {
-                    bind: addr,
-                    once: false,
-                    sndbuf: 4 << 20,
-                    rcvbuf,
-                    // The one sender is the user: its windows are what it
-                    // asked for (--buffer per stream at most).
-                    limits: atou::proto::ServerLimits {
-                        max_window_bytes: args.transfer.buffer,
-                        total_window_bytes: u64::MAX / 2,
-                        ..Default::default()
-                    },
-                    auth: server_auth,
-                    // One-time keys: no hello outlives this run.
-                    hello_timestamps: None,
-                },
-                &mut receiver,
-                |e| {
-                    if let io::ServeEvent::Listening { .. } = e {
-                        let _ = ready_tx.send(());
-                    }
-                },
-                async move { stop.notified().await },
-            ))?;
-            Ok(())
-        })
-    };
-    if ready_rx.recv_timeout(Duration::from_secs(10)).is_err() {
-        return match server.join() {
-            Ok(Err(e)) => Err(e.context("cannot start the local receiver")),
-            _ => Err(anyhow::anyhow!("the local receiver did not start")),
-        };
-    }
+    let receiver = LocalReceiver::start(&args, root.clone(), dry.is_some(), server_auth)?;
     let shown = dry.as_ref().map_or(root.as_path(), |d| d.dest.as_path());
     let mut config = args
         .transfer
-        .config(addr, format!("{}", shown.display()), None)?;
+        .config(receiver.addr, format!("{}", shown.display()), None)?;
     config.auth = client_auth;
     // The key is a one-time key: not part of the destination.
     let code = run_send(&args.sources, config, &args.transfer, None);
-    stop.notify_one();
-    let _ = server.join();
+    receiver.stop();
     drop(dry);
     code
+}
+
+/// What a pull over ssh (a remote SRC) cannot do.
+fn refuse_for_a_pull(transfer: &TransferArgs) -> Result<()> {
+    if transfer.progress == ProgressMode::Json {
+        // The sender of a pull is the remote end; its progress is ssh's stderr.
+        return Err(UsageError(
+            "--progress json is for sends; a pull over ssh (a remote SRC) shows the remote \
+             sender's progress on stderr: leave --progress out"
+                .into(),
+        )
+        .into());
+    }
+    if transfer.dry_run {
+        return Err(UsageError(
+            "--dry-run is for sends and pushes; a pull (a remote SRC) cannot do one yet".into(),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// A local copy's receiver, in-process on loopback, in a thread of its own.
+struct LocalReceiver {
+    addr: SocketAddr,
+    stop: Arc<tokio::sync::Notify>,
+    server: thread::JoinHandle<Result<()>>,
+}
+
+/// The local copy's server: one sender, the user, whose windows are
+/// what it asked for (--buffer per stream at most).
+fn loopback_serve_config(
+    bind: SocketAddr,
+    rcvbuf: u32,
+    buffer: u64,
+    auth: atou::proto::crypto::ServerAuth,
+) -> ServeConfig {
+    ServeConfig {
+        bind,
+        once: false,
+        sndbuf: 4 << 20,
+        rcvbuf,
+        limits: atou::proto::ServerLimits {
+            max_window_bytes: buffer,
+            total_window_bytes: u64::MAX / 2,
+            ..Default::default()
+        },
+        auth,
+        // One-time keys: no hello outlives this run.
+        hello_timestamps: None,
+    }
+}
+
+impl LocalReceiver {
+    /// Starts it on a free loopback port and waits until it listens.
+    fn start(
+        args: &CopyArgs,
+        root: PathBuf,
+        dry_run: bool,
+        server_auth: atou::proto::crypto::ServerAuth,
+    ) -> Result<LocalReceiver> {
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        let addr = sock.local_addr()?;
+        drop(sock);
+        let failure: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+        let new_receiver = if dry_run {
+            FileReceiver::dry_run
+        } else {
+            FileReceiver::new
+        };
+        let mut receiver = new_receiver(
+            ReceiveConfig {
+                root,
+                writers: readers(args.transfer.readers),
+                once: true,
+                // The user's own directory, under the user's own flags; the
+                // manifest may hold only the SRCs named.
+                policy: args.receiving.policy(
+                    args.transfer.overwrite,
+                    args.transfer.fsync,
+                    Some(local_requested(&args.sources)?),
+                ),
+                limits: ReceiveLimits::default(),
+                authorized: None,
+            },
+            {
+                let failure = failure.clone();
+                move |e| {
+                    if let ReceiveEvent::Failed { why, .. } = e {
+                        failure.lock().expect("lock").get_or_insert(why);
+                    }
+                }
+            },
+        )
+        .map_err(UsageError)?;
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let server = {
+            let stop = stop.clone();
+            let rcvbuf = args.transfer.tuning.resolve()?.0.rcvbuf;
+            let buffer = args.transfer.buffer;
+            thread::spawn(move || -> Result<()> {
+                let rt = runtime()?;
+                rt.block_on(io::serve(
+                    loopback_serve_config(addr, rcvbuf, buffer, server_auth),
+                    &mut receiver,
+                    |e| {
+                        if let io::ServeEvent::Listening { .. } = e {
+                            let _ = ready_tx.send(());
+                        }
+                    },
+                    async move { stop.notified().await },
+                ))?;
+                Ok(())
+            })
+        };
+        if ready_rx.recv_timeout(Duration::from_secs(10)).is_err() {
+            return match server.join() {
+                Ok(Err(e)) => Err(e.context("cannot start the local receiver")),
+                _ => Err(anyhow::anyhow!("the local receiver did not start")),
+            };
+        }
+        Ok(LocalReceiver { addr, stop, server })
+    }
+
+    fn stop(self) {
+        self.stop.notify_one();
+        let _ = self.server.join();
+    }
 }
 
 /// The names a local copy's sender gives its SRCs, as its walk will.
@@ -995,7 +1036,7 @@ impl Drop for DryRunRoot {
     }
 }
 
-/// What the ssh bootstrap (`cli/remote.rs`) needs of the transfer flags.
+/// What a copy over ssh (`cli/remote.rs`) needs of the transfer flags.
 impl TransferArgs {
     pub(super) fn send_config(
         &self,

@@ -522,43 +522,13 @@ pub async fn connect_from<F: StreamFeed>(
     };
     // The tuning first: a bad one should not cost a socket.
     let clock = Clock::new();
-    let client = Client::new(&config.tuning, config.conn_id, config.bytes, clock.now())
-        .map(|c| c.with_path_memory(config.path_memory));
-    let mut client = match client {
-        Ok(c) if config.close_unacknowledged => c
-            .with_session(config.session)
-            .with_reply_limit(config.reply_limit)
-            .with_close_unacknowledged(),
-        Ok(c) => c
-            .with_session(config.session)
-            .with_reply_limit(config.reply_limit),
-        Err(e) => return fail(ProbeError::Tuning(e)),
+    let mut client = match new_client(&config, clock.now()) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
     };
-    if config.auth.is_none() {
-        client = client.with_address_token(address_tokens::get(peer));
-    }
-    if let Some(auth) = config.auth.clone() {
-        client = match client.with_auth(auth, wall_clock_ns()) {
-            Ok(c) => c,
-            Err(error) => {
-                return fail(ProbeError::Conn {
-                    peer,
-                    error,
-                    hint: String::new(),
-                })
-            }
-        };
-    }
-    let io = match socket.map_or_else(|| UdpIo::bind(local), UdpIo::from_std) {
-        Ok(io) => io,
-        Err(error) => return fail(ProbeError::Socket { peer, error }),
-    };
-    if let Err(error) = io.connect(peer).await {
-        return fail(ProbeError::Socket { peer, error });
-    }
-    let buffers = match io.set_buffers(config.tuning.sndbuf, config.tuning.rcvbuf) {
-        Ok(b) => b,
-        Err(error) => return fail(ProbeError::Socket { peer, error }),
+    let (io, buffers) = match client_socket(socket, local, peer, &config.tuning).await {
+        Ok(opened) => opened,
+        Err(e) => return fail(e),
     };
     if config.trace {
         client.enable_trace();
@@ -586,12 +556,80 @@ pub async fn connect_from<F: StreamFeed>(
         address_tokens::put(peer, token);
     }
     let granted = client.granted();
+    let summary = client_summary(&mut client, &outcome, &config, tx.enobufs, now);
+    ProbeResult {
+        outcome,
+        summary,
+        buffers,
+        granted,
+        txtime,
+    }
+}
+
+/// The client a probe or a send runs: its tuning, session and limits,
+/// with the address token or the keys it proves itself with.
+fn new_client(config: &ProbeConfig, now: Time) -> Result<Client, ProbeError> {
+    let peer = config.peer;
+    let client = Client::new(&config.tuning, config.conn_id, config.bytes, now)
+        .map(|c| c.with_path_memory(config.path_memory));
+    let mut client = match client {
+        Ok(c) if config.close_unacknowledged => c
+            .with_session(config.session)
+            .with_reply_limit(config.reply_limit)
+            .with_close_unacknowledged(),
+        Ok(c) => c
+            .with_session(config.session)
+            .with_reply_limit(config.reply_limit),
+        Err(e) => return Err(ProbeError::Tuning(e)),
+    };
+    if config.auth.is_none() {
+        client = client.with_address_token(address_tokens::get(peer));
+    }
+    if let Some(auth) = config.auth.clone() {
+        client = client
+            .with_auth(auth, wall_clock_ns())
+            .map_err(|error| ProbeError::Conn {
+                peer,
+                error,
+                hint: String::new(),
+            })?;
+    }
+    Ok(client)
+}
+
+/// `socket`, or a fresh one bound to `local`, connected to `peer` with
+/// the tuning's buffers; and the buffers the kernel granted.
+async fn client_socket(
+    socket: Option<std::net::UdpSocket>,
+    local: SocketAddr,
+    peer: SocketAddr,
+    tuning: &Tuning,
+) -> Result<(UdpIo, SocketBuffers), ProbeError> {
+    let socket_error = |error| ProbeError::Socket { peer, error };
+    let io = socket
+        .map_or_else(|| UdpIo::bind(local), UdpIo::from_std)
+        .map_err(socket_error)?;
+    io.connect(peer).await.map_err(socket_error)?;
+    let buffers = io
+        .set_buffers(tuning.sndbuf, tuning.rcvbuf)
+        .map_err(socket_error)?;
+    Ok((io, buffers))
+}
+
+/// The end-of-run summary of a client that got as far as sending.
+fn client_summary(
+    client: &mut Client,
+    outcome: &Result<Closed, ProbeError>,
+    config: &ProbeConfig,
+    enobufs: u64,
+    now: Time,
+) -> Option<Summary> {
     let bad_packets = client.bad_packets();
     let cipher = client.cipher();
     let handshake = client.handshake_time();
     let crypto_dropped = client.crypto_drops().total();
-    let summary = client.sender_mut().map(|sender| {
-        let status = match &outcome {
+    client.sender_mut().map(|sender| {
+        let status = match outcome {
             Ok(Closed { peer: Some(_), .. }) => "finished".to_string(),
             Ok(Closed { peer: None, .. }) => {
                 "finished (all data acknowledged; the close was not)".to_string()
@@ -606,25 +644,18 @@ pub async fn connect_from<F: StreamFeed>(
             sender.stats(),
             &snap,
         );
-        s.enobufs = tx.enobufs;
+        s.enobufs = enobufs;
         s.bad_packets += bad_packets;
         s.security = Some(crate::summary::SecurityReport {
             cipher: cipher.map_or("none".to_string(), |c| c.name().to_string()),
             handshake_secs: handshake.map(|d| d.as_secs_f64()),
             dropped: crypto_dropped,
         });
-        if let Ok(Closed { peer: Some(p), .. }) = &outcome {
+        if let Ok(Closed { peer: Some(p), .. }) = outcome {
             s.receiver = Some(*p);
         }
         s
-    });
-    ProbeResult {
-        outcome,
-        summary,
-        buffers,
-        granted,
-        txtime,
-    }
+    })
 }
 
 fn local_name() -> String {
@@ -899,116 +930,175 @@ pub async fn serve_from(
         .map_err(sock_err)?;
     on_event(ServeEvent::Listening { addr, buffers });
     let clock = Clock::new();
-    let limits = ServerLimits {
-        max_socket_rcvbuf: config.limits.max_socket_rcvbuf.min(config.rcvbuf),
-        ..config.limits
-    };
-    let mut server = Server::new(limits, config.rcvbuf, buffers.rcvbuf)
-        .with_auth(config.auth.clone())
-        .map_err(|e| ServeError::Auth(e.to_string()))?;
-    let saver = match &config.hello_timestamps {
-        Some(kept) => {
-            server = server.keeping_hello_timestamps(kept.loaded().to_vec());
-            Some(TimestampSaver::start(kept.clone()).map_err(|e| {
-                ServeError::Auth(format!(
-                    "cannot start the thread that saves hello timestamps: {e}"
-                ))
-            })?)
-        }
-        None => None,
-    };
-    // Hellos' public-key work goes to a thread of its own; a server with
-    // no key has none, and one whose thread cannot start does its own.
-    let handshakes = match server.public_key() {
-        Some(_) => HandshakeWorker::start(limits.handshake_queue).ok(),
-        None => None,
-    };
-    if handshakes.is_some() {
-        server = server.offload_handshakes();
-    }
-    let mut tx = TxBatch::new();
+    let mut serving = Serving::start(&config, buffers)?;
     let mut rx = RecvBatch::new();
-    let max_len = (ACK_MAX_LEN + crate::proto::crypto::frame::overhead(16))
-        .max(CONTROL_MAX_LEN + crate::proto::crypto::frame::overhead(16))
-        .max(Server::MAX_TRANSMIT_LEN);
     let waker = app.waker();
     tokio::pin!(stop);
-    let mut done = false;
-    let mut filter_refused = false;
     loop {
-        let now = clock.now();
-        if let Some(worker) = &handshakes {
-            worker.exchange(&mut server, now);
+        let done = serving.poll(clock.now(), app, &io, &config, &mut on_event);
+        // Send errors to one client (its host unreachable, say) must not
+        // stop the server; they are as good as lost datagrams.
+        let _ = serving.tx.flush(&io, None).await;
+        if done || app.finished() {
+            return Ok(*serving.server.stats());
+        }
+        let received = io
+            .try_recv(&mut rx, |from, datagram| {
+                serving.on_datagram(clock.now(), from, datagram, app, &io, &mut on_event);
+            })
+            .or_else(|e| if is_unreachable(&e) { Ok(0) } else { Err(e) })
+            .map_err(sock_err)?;
+        if received > 0 || !serving.tx.is_empty() {
+            continue;
+        }
+        let deadline = serving.server.poll_timeout();
+        tokio::select! {
+            r = io.readable() => r.map_err(sock_err)?,
+            () = sleep_until(clock, deadline) => {}
+            () = notified(waker.as_deref()) => {}
+            () = notified(serving.handshakes.as_ref().map(|w| &*w.0.ready)) => {}
+            () = notified(serving.saver.as_ref().map(|s| &*s.0.ready)) => {}
+            () = &mut stop => return Ok(*serving.server.stats()),
+        }
+    }
+}
+
+/// A serving loop's server, its helper threads, and what it has to send.
+struct Serving {
+    server: Server,
+    /// Saves the newest hello timestamp of each key, when kept.
+    saver: Option<TimestampSaver>,
+    /// Does hellos' public-key work off this thread.
+    handshakes: Option<HandshakeWorker>,
+    tx: TxBatch,
+    /// The largest datagram the server sends.
+    max_len: usize,
+    /// The kernel refused the replay filter: said once, not again.
+    filter_refused: bool,
+}
+
+impl Serving {
+    fn start(config: &ServeConfig, buffers: SocketBuffers) -> Result<Serving, ServeError> {
+        let limits = ServerLimits {
+            max_socket_rcvbuf: config.limits.max_socket_rcvbuf.min(config.rcvbuf),
+            ..config.limits
+        };
+        let mut server = Server::new(limits, config.rcvbuf, buffers.rcvbuf)
+            .with_auth(config.auth.clone())
+            .map_err(|e| ServeError::Auth(e.to_string()))?;
+        let saver = match &config.hello_timestamps {
+            Some(kept) => {
+                server = server.keeping_hello_timestamps(kept.loaded().to_vec());
+                Some(TimestampSaver::start(kept.clone()).map_err(|e| {
+                    ServeError::Auth(format!(
+                        "cannot start the thread that saves hello timestamps: {e}"
+                    ))
+                })?)
+            }
+            None => None,
+        };
+        // Hellos' public-key work goes to a thread of its own; a server with
+        // no key has none, and one whose thread cannot start does its own.
+        let handshakes = match server.public_key() {
+            Some(_) => HandshakeWorker::start(limits.handshake_queue).ok(),
+            None => None,
+        };
+        if handshakes.is_some() {
+            server = server.offload_handshakes();
+        }
+        Ok(Serving {
+            server,
+            saver,
+            handshakes,
+            tx: TxBatch::new(),
+            max_len: (ACK_MAX_LEN + crate::proto::crypto::frame::overhead(16))
+                .max(CONTROL_MAX_LEN + crate::proto::crypto::frame::overhead(16))
+                .max(Server::MAX_TRANSMIT_LEN),
+            filter_refused: false,
+        })
+    }
+
+    /// Drives the server at `now`: timers, the app, the hello timestamps,
+    /// what to send, notices and reports. `true` once a report ends a
+    /// `once` server.
+    fn poll(
+        &mut self,
+        now: Time,
+        app: &mut dyn ServeApp,
+        io: &UdpIo,
+        config: &ServeConfig,
+        on_event: &mut impl FnMut(ServeEvent),
+    ) -> bool {
+        let server = &mut self.server;
+        if let Some(worker) = &self.handshakes {
+            worker.exchange(server, now);
         }
         if server.poll_timeout().is_some_and(|t| t <= now) {
             server.handle_timeout(now);
         }
-        app.poll(&mut server);
+        app.poll(server);
         while let Some(e) = server.poll_session_event() {
-            app.on_event(&mut server, e);
+            app.on_event(server, e);
         }
         // Before any response to the hellos just accepted goes out: once
         // a client has its session, a restart must refuse its hello. One
         // save covers every hello accepted while the last was made.
-        if let (Some(saver), Some(kept)) = (&saver, &config.hello_timestamps) {
-            if let Err(why) = saver.exchange(&mut server, &kept.path()) {
+        if let (Some(saver), Some(kept)) = (&self.saver, &config.hello_timestamps) {
+            if let Err(why) = saver.exchange(server, &kept.path()) {
                 on_event(ServeEvent::HelloTimestampsNotSaved(why));
             }
         }
-        while tx.push_with(max_len, |b| server.poll_transmit(now, b)) {}
+        while self
+            .tx
+            .push_with(self.max_len, |b| server.poll_transmit(now, b))
+        {}
         while let Some(n) = server.poll_notice() {
             on_event(ServeEvent::Notice(n));
         }
         if let Some(ids) = server.poll_dropped_hellos(now) {
             if let Err(e) = io.drop_hellos(&ids) {
-                if !filter_refused {
-                    filter_refused = true;
+                if !self.filter_refused {
+                    self.filter_refused = true;
                     on_event(ServeEvent::ReplayFilterRefused(e));
                 }
             }
         }
+        let mut done = false;
         while let Some(r) = server.poll_report() {
             on_event(ServeEvent::Report(Box::new(r)));
             done |= config.once;
         }
-        // Send errors to one client (its host unreachable, say) must not
-        // stop the server; they are as good as lost datagrams.
-        let _ = tx.flush(&io, None).await;
-        if done || app.finished() {
-            return Ok(*server.stats());
+        done
+    }
+
+    /// One datagram in: to the server, then whatever it answers.
+    fn on_datagram(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        datagram: &mut [u8],
+        app: &mut dyn ServeApp,
+        io: &UdpIo,
+        on_event: &mut impl FnMut(ServeEvent),
+    ) {
+        let server = &mut self.server;
+        if let Some(arrival) = server.handle_datagram(now, from, datagram) {
+            app.on_arrival(server, arrival);
         }
-        let received = io
-            .try_recv(&mut rx, |from, datagram| {
-                let now = clock.now();
-                if let Some(arrival) = server.handle_datagram(now, from, datagram) {
-                    app.on_arrival(&mut server, arrival);
-                }
-                if let Some(worker) = &handshakes {
-                    worker.exchange(&mut server, now);
-                }
-                while let Some(e) = server.poll_session_event() {
-                    app.on_event(&mut server, e);
-                }
-                if let Some(asked) = server.wanted_rcvbuf() {
-                    let granted = io.set_rcvbuf(asked).unwrap_or(asked);
-                    server.set_socket_rcvbuf(granted);
-                    on_event(ServeEvent::RcvbufGrown { asked, granted });
-                }
-                while tx.push_with(max_len, |b| server.poll_transmit(now, b)) {}
-            })
-            .or_else(|e| if is_unreachable(&e) { Ok(0) } else { Err(e) })
-            .map_err(sock_err)?;
-        if received > 0 || !tx.is_empty() {
-            continue;
+        if let Some(worker) = &self.handshakes {
+            worker.exchange(server, now);
         }
-        let deadline = server.poll_timeout();
-        tokio::select! {
-            r = io.readable() => r.map_err(sock_err)?,
-            () = sleep_until(clock, deadline) => {}
-            () = notified(waker.as_deref()) => {}
-            () = notified(handshakes.as_ref().map(|w| &*w.0.ready)) => {}
-            () = notified(saver.as_ref().map(|s| &*s.0.ready)) => {}
-            () = &mut stop => return Ok(*server.stats()),
+        while let Some(e) = server.poll_session_event() {
+            app.on_event(server, e);
         }
+        if let Some(asked) = server.wanted_rcvbuf() {
+            let granted = io.set_rcvbuf(asked).unwrap_or(asked);
+            server.set_socket_rcvbuf(granted);
+            on_event(ServeEvent::RcvbufGrown { asked, granted });
+        }
+        while self
+            .tx
+            .push_with(self.max_len, |b| server.poll_transmit(now, b))
+        {}
     }
 }

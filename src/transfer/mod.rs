@@ -16,6 +16,7 @@ pub mod manifest;
 pub mod messages;
 pub mod parts;
 pub mod receive;
+pub mod remote;
 pub mod send;
 pub mod shard;
 pub mod source;

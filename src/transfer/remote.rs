@@ -1,0 +1,1188 @@
+//! `atou copy` with a remote end, over ssh: the library side of a push
+//! and a pull. The CLI (`src/cli/remote.rs`) parses the flags, calls
+//! these and prints what they report.
+//!
+//! Push (`atou copy SRC... [USER@]HOST:PATH`): the remote end receives.
+//! It binds a UDP port of `--port`, answers the bootstrap line with it,
+//! and serves one transfer into PATH; the local end sends to it.
+//!
+//! Pull (`atou copy [USER@]HOST:PATH... DEST`): the remote end sends. The
+//! local end receives on a socket S; the remote binds one socket per
+//! stream; S sends each a punch datagram with the token, which opens the
+//! way in through a NAT or firewall at the local end; each remote socket
+//! then connects back from itself to where its punch came from.
+//!
+//! The line protocol is [`super::bootstrap`]; docs/security.md,
+//! "The ssh bootstrap, step by step", says why it is safe.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::io::{self, ProbeError, ServeConfig, ServeError};
+use crate::keys::{format_public_key, AuthorizedKeys};
+use crate::proto::client::Stage;
+use crate::proto::crypto::{Cipher, ClientAuth, PublicKey, ServerAuth, StaticKeypair};
+use crate::proto::{ConnError, ServerLimits};
+use crate::text::escape;
+use crate::transfer::bootstrap::{
+    bind_in_range, is_punch, punch, random_token, shell_quote, Answer, Hello, PortRange, MAX_LINE,
+    PUNCH_LEN, READY,
+};
+use crate::transfer::dest::ReceivePolicy;
+use crate::transfer::receive::{
+    check_root, FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
+};
+use crate::transfer::send::{Bound, SendError};
+
+/// How often a pull's punch datagrams are sent until the remote has them.
+const PUNCH_EVERY: Duration = Duration::from_millis(200);
+/// How long the remote end waits for its process to be asked to exit
+/// once the transfer is over, before it is killed.
+const EXIT_GRACE: Duration = Duration::from_secs(10);
+
+/// Why a copy over ssh failed. Each says what failed, on which host, and
+/// what to do; the kind tells the CLI which exit status it is.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// What was asked for cannot work as written: fix the command.
+    #[error("{0}")]
+    Usage(String),
+    /// No datagram crossed between the two hosts.
+    #[error("{0}")]
+    Network(String),
+    /// ssh, the remote atou or this end failed otherwise.
+    #[error("{0}")]
+    Failed(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+}
+
+fn failed(why: impl Into<String>) -> RemoteError {
+    RemoteError::Failed(why.into())
+}
+
+/// How the remote end is run: `--ssh` and `--remote-atou`.
+#[derive(Debug, Clone)]
+pub struct SshCommand {
+    /// The command that runs the remote end, split on white space as
+    /// rsync's -e.
+    pub ssh: String,
+    /// atou on the remote host: a command in its PATH, or a path there.
+    pub remote_atou: String,
+}
+
+impl SshCommand {
+    /// Values that ssh or the remote shell would read as options are
+    /// refused: `--remote-atou=-oProxyCommand=sh` would run a command here.
+    pub fn check(&self) -> Result<(), RemoteError> {
+        if self.remote_atou.starts_with('-') {
+            return Err(RemoteError::Usage(format!(
+                "--remote-atou `{}` begins with `-`; name a command or a path (./{} for a file \
+                 of that name)",
+                self.remote_atou, self.remote_atou
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A user or host that ssh would read as an option is refused (the host
+/// also goes after `--`, which ends ssh's options).
+pub fn check_target(target: &str) -> Result<(), RemoteError> {
+    let (user, host) = match target.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, target),
+    };
+    if host.is_empty() || host.starts_with('-') || user.is_some_and(|u| u.starts_with('-')) {
+        return Err(RemoteError::Usage(format!(
+            "`{target}` is not a [USER@]HOST: neither may begin with `-`"
+        )));
+    }
+    Ok(())
+}
+
+/// A remote path as scp reads it: relative to the home directory (where
+/// ssh starts the command), `~` and `~/` meaning that directory.
+pub fn remote_path(p: &str) -> PathBuf {
+    let p = if p == "~" {
+        ""
+    } else {
+        p.strip_prefix("~/").unwrap_or(p)
+    };
+    PathBuf::from(if p.is_empty() { "." } else { p })
+}
+
+/// After a transfer that did not finish: the staging directory goes if
+/// empty, and so does the destination if this run created it and it is
+/// empty, so a failed run leaves nothing behind but resumable partial files.
+pub fn tidy(root: &Path, created: bool) {
+    let _ = std::fs::remove_dir(root.join(crate::io::dest_dir::STAGING_DIR));
+    if created {
+        let _ = std::fs::remove_dir(root);
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, RemoteError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| failed(format!("cannot start the I/O runtime: {e}")))
+}
+
+fn one_time_key() -> Result<StaticKeypair, RemoteError> {
+    StaticKeypair::generate().map_err(|e| failed(format!("cannot make a one-time key: {e}")))
+}
+
+/// An `authorized_keys` holding exactly `key`, with `overwrite` when the
+/// receiving end's own flags allow replacing files.
+fn only(key: &PublicKey, overwrite: bool) -> Result<Arc<AuthorizedKeys>, RemoteError> {
+    let line = format!(
+        "{}{}\n",
+        if overwrite { "overwrite " } else { "" },
+        format_public_key(key, "atou-copy-over-ssh")
+    );
+    AuthorizedKeys::parse(line.as_bytes(), Path::new("(the ssh bootstrap)"))
+        .map(Arc::new)
+        .map_err(|e| failed(e.to_string()))
+}
+
+/// The server side of a bootstrap: this one-time key, and only the
+/// peer's one-time key accepted; nothing unauthenticated.
+fn server_auth(
+    identity: StaticKeypair,
+    peer: &PublicKey,
+    overwrite: bool,
+) -> Result<ServerAuth, RemoteError> {
+    Ok(ServerAuth {
+        identity: Some(identity),
+        authorized: Some(only(peer, overwrite)?),
+        allow_plain: false,
+    })
+}
+
+fn client_auth(identity: StaticKeypair, server_key: PublicKey) -> ClientAuth {
+    ClientAuth {
+        identity,
+        server_key,
+        cipher: Cipher::for_this_cpu(),
+    }
+}
+
+/// `HOST:PORT`, with the address tried if HOST is not that address.
+fn udp_target(host: &str, peer: SocketAddr) -> String {
+    if host.trim_start_matches('[').trim_end_matches(']') == peer.ip().to_string() {
+        format!("{peer}")
+    } else {
+        format!("{host}:{} ({})", peer.port(), peer.ip())
+    }
+}
+
+fn udp_blocked(host: &str, peer: SocketAddr, secs: f64) -> String {
+    format!(
+        "UDP to {} blocked? tried {secs:.0} s, no datagram arrived; \
+         open the --port range in the firewall",
+        udp_target(host, peer)
+    )
+}
+
+// ---------------------------------------------------------------------
+// The remote end as the local end sees it: ssh running `atou __remote`.
+
+/// The remote end, running under ssh.
+pub struct RemoteEnd {
+    /// `[USER@]HOST` as the user wrote it.
+    target: String,
+    /// The command that was run there, for messages.
+    remote_atou: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    /// Lines the remote printed on stdout.
+    lines: mpsc::Receiver<String>,
+    /// The last lines of ssh's stderr (the remote's included), for messages.
+    tail: Arc<Mutex<VecDeque<String>>>,
+    /// Once set, stderr lines are passed to ours as they come.
+    live: Arc<AtomicBool>,
+    stderr: Option<thread::JoinHandle<()>>,
+}
+
+impl RemoteEnd {
+    /// Runs `REMOTE_ATOU __remote ARGS...` on `target` with the ssh command.
+    pub fn start(
+        ssh: &SshCommand,
+        target: &str,
+        args: &[String],
+    ) -> Result<RemoteEnd, RemoteError> {
+        let mut words = ssh.ssh.split_ascii_whitespace();
+        let program = words
+            .next()
+            .ok_or_else(|| RemoteError::Usage("--ssh names no command".into()))?;
+        let mut command = vec![shell_quote(&ssh.remote_atou), "__remote".to_string()];
+        command.extend(args.iter().map(|a| shell_quote(a)));
+        // `--`: nothing after it is an option of ssh's.
+        let mut child = Command::new(program)
+            .args(words)
+            .arg("--")
+            .arg(target)
+            .arg(command.join(" "))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| failed(format!("cannot run `{program}` (--ssh): {e}")))?;
+        let stdin = child.stdin.take();
+        let lines = read_lines(child.stdout.take().expect("piped"));
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let live = Arc::new(AtomicBool::new(false));
+        let stderr = keep_stderr(
+            child.stderr.take().expect("piped"),
+            target,
+            tail.clone(),
+            live.clone(),
+        );
+        Ok(RemoteEnd {
+            target: target.to_string(),
+            remote_atou: ssh.remote_atou.clone(),
+            child,
+            stdin,
+            lines,
+            tail,
+            live,
+            stderr: Some(stderr),
+        })
+    }
+
+    /// `[USER@]HOST` as the user wrote it.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// HOST, without the user.
+    pub fn host(&self) -> &str {
+        self.target.rsplit('@').next().unwrap_or(&self.target)
+    }
+
+    /// The last lines of ssh's stderr, joined, for a message.
+    pub fn tail(&self) -> String {
+        let t = self.tail.lock().expect("tail lock");
+        let lines: Vec<&str> = t.iter().map(String::as_str).collect();
+        if lines.is_empty() {
+            "no message".to_string()
+        } else {
+            lines.join(" / ")
+        }
+    }
+
+    /// `: LAST LINES` of stderr, or nothing if there were none.
+    pub fn last_words(&self) -> String {
+        if self.tail.lock().expect("tail lock").is_empty() {
+            String::new()
+        } else {
+            format!(": {}", self.tail())
+        }
+    }
+
+    /// The remote's stderr lines stop being passed to ours: once the
+    /// reason for a failure is said, what the remote adds is noise.
+    pub fn quiet(&self) {
+        self.live.store(false, Ordering::Relaxed);
+    }
+
+    /// ssh's status if it has already exited.
+    fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Waits for ssh to exit (its output is all read by then) and says why
+    /// the remote end stopped early.
+    pub fn failure(&mut self, before: &str) -> RemoteError {
+        self.stdin = None;
+        let status = self.wait_for(EXIT_GRACE);
+        if let Some(h) = self.stderr.take() {
+            let _ = h.join();
+        }
+        let host = self.host().to_string();
+        let tail = self.tail();
+        failed(match status.and_then(|s| s.code()) {
+            Some(255) => format!("ssh to {host} failed: {tail}"),
+            Some(127) => format!(
+                "no atou on {host} (tried `{}`; install it there or pass --remote-atou PATH): {tail}",
+                self.remote_atou
+            ),
+            Some(126) => format!(
+                "`{}` on {host} is not a program it can run (--remote-atou): {tail}",
+                self.remote_atou
+            ),
+            Some(code) => format!("atou on {host} exited with status {code} {before}: {tail}"),
+            None => format!("ssh to {host} ended {before} (killed by a signal): {tail}"),
+        })
+    }
+
+    /// Sends the hello, reads the answer.
+    pub fn bootstrap(&mut self, hello: &Hello) -> Result<Answer, RemoteError> {
+        if let Some(stdin) = self.stdin.as_mut() {
+            // A failed write means ssh is gone; its status says why.
+            let _ = stdin
+                .write_all(hello.encode().as_bytes())
+                .and_then(|()| stdin.flush());
+        }
+        let Ok(line) = self.lines.recv() else {
+            return Err(self.failure("before the bootstrap"));
+        };
+        match Answer::decode(&line) {
+            Ok(a) if !a.ports.is_empty() => {
+                // From now on the remote's messages go to the user.
+                for line in self.tail.lock().expect("tail lock").iter() {
+                    eprintln!("atou: {}: {line}", self.target);
+                }
+                self.live.store(true, Ordering::Relaxed);
+                Ok(a)
+            }
+            Ok(_) => Err(failed(format!(
+                "atou on {} answered no UDP port",
+                self.host()
+            ))),
+            Err(why) => {
+                let _ = self.child.kill();
+                Err(failed(format!(
+                    "{} did not answer the bootstrap ({why}): it printed `{}`; is `{}` there \
+                     the same atou release, and does a login script print to stdout?",
+                    self.host(),
+                    escape(line.as_bytes()),
+                    self.remote_atou
+                )))
+            }
+        }
+    }
+
+    /// Waits up to `grace` for ssh to exit, then kills it.
+    fn wait_for(&mut self, grace: Duration) -> Option<ExitStatus> {
+        let until = Instant::now() + grace;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) => return Some(s),
+                Ok(None) if Instant::now() < until => thread::sleep(Duration::from_millis(20)),
+                _ => {
+                    let _ = self.child.kill();
+                    return self.child.wait().ok();
+                }
+            }
+        }
+    }
+
+    /// The transfer is over: closes the remote's stdin and waits for it.
+    pub fn finish(&mut self) -> Option<ExitStatus> {
+        self.stdin = None;
+        let status = self.wait_for(EXIT_GRACE);
+        if let Some(h) = self.stderr.take() {
+            let _ = h.join();
+        }
+        status
+    }
+
+    /// Where this end sends UDP: an address of the host ssh reached,
+    /// resolved here (through `ssh -G` when --ssh is ssh, so
+    /// ~/.ssh/config's HostName applies). The remote's word on its own
+    /// address only picks among them (on a host with IPv4 and IPv6, the
+    /// one ssh used): a remote cannot turn this end's punches or hellos on
+    /// a third party.
+    fn peer_ip(&self, ssh: &SshCommand, answer: &Answer) -> Result<IpAddr, RemoteError> {
+        let name = ssh_hostname(ssh, &self.target).unwrap_or_else(|| self.host().to_string());
+        let bare = name.trim_start_matches('[').trim_end_matches(']');
+        let ours: Vec<IpAddr> = match bare.parse::<IpAddr>() {
+            Ok(ip) => vec![ip],
+            Err(_) => (bare, 0u16)
+                .to_socket_addrs()
+                .map_err(|e| {
+                    RemoteError::Usage(format!(
+                        "cannot resolve `{bare}` here (the host ssh reached as {}): {e}; atou \
+                         sends UDP to that host's address",
+                        self.host()
+                    ))
+                })?
+                .map(|a| a.ip())
+                .collect(),
+        };
+        if let Some(named) = answer.addr.filter(|a| ours.contains(a)) {
+            return Ok(named);
+        }
+        ours.iter()
+            .find(|a| a.is_ipv4())
+            .or(ours.first())
+            .copied()
+            .ok_or_else(|| failed(format!("`{bare}` resolves to no address")))
+    }
+}
+
+impl Drop for RemoteEnd {
+    fn drop(&mut self) {
+        // An early return (an error, Ctrl-C): ssh goes, and with it the
+        // remote end, which exits when its stdin closes.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The lines the remote prints on stdout, each cut at [`MAX_LINE`], as
+/// they come.
+fn read_lines(stdout: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, lines) = mpsc::channel();
+    thread::spawn(move || {
+        let mut r = BufReader::new(stdout);
+        loop {
+            let mut line = Vec::new();
+            match (&mut r).take(MAX_LINE as u64).read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let text = String::from_utf8_lossy(&line).trim_end().to_string();
+                    if tx.send(text).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    lines
+}
+
+/// Keeps the last five lines of ssh's stderr in `tail`, escaped, and
+/// passes each on to ours, marked with `target`, while `live` is set.
+fn keep_stderr(
+    stderr: impl Read + Send + 'static,
+    target: &str,
+    tail: Arc<Mutex<VecDeque<String>>>,
+    live: Arc<AtomicBool>,
+) -> thread::JoinHandle<()> {
+    let shown = target.to_string();
+    thread::spawn(move || {
+        for line in BufReader::new(stderr).split(b'\n').map_while(|l| l.ok()) {
+            let line = escape(line.trim_ascii_end());
+            let line = line.strip_prefix("atou: ").unwrap_or(&line).to_string();
+            if live.load(Ordering::Relaxed) {
+                eprintln!("atou: {shown}: {line}");
+            }
+            let mut t = tail.lock().expect("tail lock");
+            if t.len() == 5 {
+                t.pop_front();
+            }
+            t.push_back(line);
+        }
+    })
+}
+
+/// The `hostname` that `ssh -G` gives `target` under the --ssh command's
+/// options, when --ssh runs ssh; `None` otherwise or if it says nothing.
+fn ssh_hostname(ssh: &SshCommand, target: &str) -> Option<String> {
+    let mut words = ssh.ssh.split_ascii_whitespace();
+    let program = words.next()?;
+    if Path::new(program).file_name()? != "ssh" {
+        return None;
+    }
+    let out = Command::new(program)
+        .arg("-G")
+        .args(words)
+        .arg("--")
+        .arg(target)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("hostname "))
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+}
+
+// ---------------------------------------------------------------------
+// A push: the remote receives, this end sends.
+
+/// A push whose remote end has answered: send to [`Push::peer`] with
+/// the [`ClientAuth`] that [`Push::start`] gave.
+pub struct Push {
+    remote: Mutex<RemoteEnd>,
+    host: String,
+    /// Where the remote receives: its port, at the address ssh reached.
+    pub peer: SocketAddr,
+}
+
+impl Push {
+    /// Runs `atou __remote receive ARGS...` on `target` and exchanges the
+    /// bootstrap lines: one-time keys both ways.
+    pub fn start(
+        ssh: &SshCommand,
+        target: &str,
+        args: &[String],
+    ) -> Result<(Push, ClientAuth), RemoteError> {
+        let identity = one_time_key()?;
+        let hello = Hello {
+            key: identity.public(),
+            token: None,
+        };
+        let mut remote = RemoteEnd::start(ssh, target, args)?;
+        let answer = remote.bootstrap(&hello)?;
+        let peer = SocketAddr::new(remote.peer_ip(ssh, &answer)?, answer.ports[0]);
+        let push = Push {
+            host: remote.host().to_string(),
+            remote: Mutex::new(remote),
+            peer,
+        };
+        Ok((push, client_auth(identity, answer.key)))
+    }
+
+    /// What a send error means for a push, where it says more than the
+    /// error itself: the remote end died, or UDP does not get through.
+    pub fn explain(&self, e: &SendError) -> Option<String> {
+        let (host, peer) = (&self.host, self.peer);
+        // The remote end died: that, not the silence after it, is news.
+        if let SendError::Conn(ProbeError::Conn { .. }) = e {
+            let mut r = self.remote.lock().expect("remote lock");
+            if let Some(status) = r.exited().filter(|s| !s.success()) {
+                return Some(format!(
+                    "atou on {host} ended during the transfer (ssh: {status}){}; run the \
+                     same command again to resume",
+                    r.last_words()
+                ));
+            }
+        }
+        match e {
+            SendError::Conn(ProbeError::Conn {
+                error:
+                    ConnError::Idle {
+                        stage: Stage::Hello,
+                        idle,
+                    },
+                ..
+            }) => Some(udp_blocked(host, peer, idle.as_secs_f64())),
+            SendError::Conn(ProbeError::Unreachable { .. }) => Some(format!(
+                "UDP to {} was refused: the host or a firewall answered ICMP unreachable; \
+                 open the --port range in the firewall",
+                udp_target(host, peer)
+            )),
+            _ => None,
+        }
+    }
+
+    /// The send is over (`sent`: it succeeded): waits for the remote end,
+    /// whose failure after a verified transfer is an error of its own.
+    pub fn finish(self, sent: bool) -> Result<(), RemoteError> {
+        let mut remote = self.remote.into_inner().expect("remote lock");
+        if !sent {
+            // The reason is said; what the remote adds as it goes is noise.
+            remote.quiet();
+        }
+        match remote.finish() {
+            Some(s) if !s.success() && sent => Err(failed(format!(
+                "the transfer was verified, but atou on {} then failed ({s}): {}",
+                self.host,
+                remote.tail()
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------
+// A pull: the remote sends, this end receives.
+
+/// What a pull's receiver is: this end's own rules and budgets, from its
+/// own flags; the remote only asks.
+pub struct PullConfig {
+    /// The local destination, created once the remote has answered.
+    pub dest: PathBuf,
+    pub policy: ReceivePolicy,
+    /// Whether the remote's one-time key may replace files.
+    pub overwrite: bool,
+    /// One of several shards receiving into `dest` at once: leave the
+    /// staging directory and `dest` for the others.
+    pub shard: bool,
+    pub streams: usize,
+    /// The largest window a stream may hold, bytes.
+    pub buffer: u64,
+    pub rcvbuf: u32,
+    /// How long the punches go on without an answer.
+    pub maxidle: Duration,
+    pub writers: usize,
+    /// Set (by a Ctrl-C handler) to give up, leaving the partial files.
+    pub interrupted: Arc<AtomicBool>,
+}
+
+/// How a pull ended, when nothing failed before its transfer started.
+#[derive(Debug)]
+pub enum PullOutcome {
+    /// Every file arrived and was verified.
+    Received(TransferReport),
+    /// The receiver failed, for this reason (the remote's words, as
+    /// they came: escape them before printing).
+    Failed(String),
+    /// The remote ended before the transfer was over: ssh's status, and
+    /// the remote's last words.
+    Unfinished {
+        status: Option<ExitStatus>,
+        last_words: String,
+    },
+    /// Interrupted (`PullConfig::interrupted`); the partial files stay.
+    Interrupted,
+}
+
+/// How a pull's punching ended, short of an error.
+enum Punches {
+    /// The remote said [`READY`]: every one of its sockets heard one.
+    Heard,
+    Interrupted,
+    /// ssh closed the remote's stdout: its status says why.
+    RemoteGone,
+}
+
+/// A pull whose remote end has answered.
+pub struct Pull {
+    remote: RemoteEnd,
+    answer: Answer,
+    /// The address of the host ssh reached: every punch goes there.
+    ip: IpAddr,
+    identity: StaticKeypair,
+    token: [u8; 32],
+}
+
+/// What a receiver thread leaves: the report, or why it failed.
+type Outcome<T> = Arc<Mutex<Option<Result<T, String>>>>;
+
+/// The pull's receiver, serving on the socket the punches leave from.
+struct LocalReceiver {
+    sock: UdpSocket,
+    server: thread::JoinHandle<()>,
+    stop: Arc<tokio::sync::Notify>,
+    outcome: Outcome<TransferReport>,
+}
+
+impl LocalReceiver {
+    fn stop(self) -> Outcome<TransferReport> {
+        self.stop.notify_one();
+        let _ = self.server.join();
+        self.outcome
+    }
+}
+
+impl Pull {
+    /// Runs `atou __remote send ARGS...` on `target` and exchanges the
+    /// bootstrap lines: one-time keys both ways, and the punch token.
+    pub fn start(ssh: &SshCommand, target: &str, args: &[String]) -> Result<Pull, RemoteError> {
+        let identity = one_time_key()?;
+        let token = random_token().map_err(failed)?;
+        let hello = Hello {
+            key: identity.public(),
+            token: Some(token),
+        };
+        let mut remote = RemoteEnd::start(ssh, target, args)?;
+        let answer = remote.bootstrap(&hello)?;
+        let ip = remote.peer_ip(ssh, &answer)?;
+        Ok(Pull {
+            remote,
+            answer,
+            ip,
+            identity,
+            token,
+        })
+    }
+
+    /// `[USER@]HOST` as the user wrote it.
+    pub fn target(&self) -> &str {
+        self.remote.target()
+    }
+
+    /// HOST, without the user.
+    pub fn host(&self) -> &str {
+        self.remote.host()
+    }
+
+    /// Receives into `config.dest`, created only now: a failed bootstrap
+    /// leaves nothing behind, and a failed transfer nothing but partial
+    /// files.
+    pub fn receive(self, config: PullConfig) -> Result<PullOutcome, RemoteError> {
+        let dest = config.dest.as_path();
+        let created = !dest.exists();
+        crate::transfer::dest::create_destination(dest).map_err(RemoteError::Usage)?;
+        let root = check_root(dest).map_err(RemoteError::Usage)?;
+        let shard = config.shard;
+        let result = self.receive_into(root.clone(), config);
+        // Other shards may be receiving into the same DEST.
+        if !shard {
+            tidy(&root, created);
+        }
+        result
+    }
+
+    fn receive_into(
+        mut self,
+        root: PathBuf,
+        config: PullConfig,
+    ) -> Result<PullOutcome, RemoteError> {
+        let receiver = self.start_receiver(root, &config)?;
+        let interrupted = config.interrupted;
+        let heard = self.punch_until_ready(&receiver.sock, config.maxidle, &interrupted);
+        match heard {
+            Ok(Punches::Heard) => {}
+            Ok(Punches::Interrupted) => {
+                receiver.stop();
+                return Ok(PullOutcome::Interrupted);
+            }
+            Ok(Punches::RemoteGone) => {
+                receiver.stop();
+                return Err(self.remote.failure("before the transfer"));
+            }
+            Err(e) => {
+                receiver.stop();
+                return Err(e);
+            }
+        }
+        // The remote sends; wait for the receiver to finish, or the
+        // remote to fail, or Ctrl-C.
+        let Some(remote_status) = self.await_transfer(&receiver.server, &interrupted) else {
+            receiver.stop();
+            return Ok(PullOutcome::Interrupted);
+        };
+        let outcome = receiver.stop();
+        let status = match remote_status {
+            Some(s) => {
+                self.remote.finish();
+                Some(s)
+            }
+            None => self.remote.finish(),
+        };
+        let result = outcome.lock().expect("lock").take();
+        Ok(match result {
+            Some(Ok(r)) => PullOutcome::Received(r),
+            Some(Err(why)) => PullOutcome::Failed(why),
+            None => PullOutcome::Unfinished {
+                status,
+                last_words: self.remote.last_words(),
+            },
+        })
+    }
+
+    /// The receiver on a socket of its own, in a thread of its own:
+    /// only the remote's one-time key, under this end's policy and limits.
+    fn start_receiver(
+        &self,
+        root: PathBuf,
+        config: &PullConfig,
+    ) -> Result<LocalReceiver, RemoteError> {
+        let any: IpAddr = match self.ip {
+            IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+            IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+        };
+        let sock = UdpSocket::bind(SocketAddr::new(any, 0))?;
+        let local = sock.local_addr()?;
+        let outcome: Outcome<TransferReport> = Arc::new(Mutex::new(None));
+        let mut receiver = FileReceiver::new(
+            ReceiveConfig {
+                root,
+                writers: config.writers,
+                once: true,
+                policy: config.policy.clone(),
+                limits: ReceiveLimits {
+                    max_sessions: 1,
+                    max_sessions_per_ip: 1,
+                    ..ReceiveLimits::default()
+                },
+                // The other end's one-time key, which may replace files
+                // only if this end was given --overwrite.
+                authorized: Some(only(&self.answer.key, config.overwrite)?),
+            },
+            {
+                let outcome = outcome.clone();
+                move |e| {
+                    let r = match e {
+                        ReceiveEvent::Done(r) => Ok(r),
+                        ReceiveEvent::Failed { why, .. } => Err(why),
+                        // A pull's dry run is refused before it starts; a
+                        // copy's receiver keeps its staging directory.
+                        ReceiveEvent::Planned { .. } | ReceiveEvent::StagingCleaned { .. } => {
+                            return
+                        }
+                    };
+                    outcome.lock().expect("lock").get_or_insert(r);
+                }
+            },
+        )
+        .map_err(RemoteError::Usage)?;
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let serve = ServeConfig {
+            bind: local,
+            once: false,
+            sndbuf: 4 << 20,
+            rcvbuf: config.rcvbuf,
+            limits: pull_limits(config.streams, config.buffer),
+            auth: server_auth(self.identity.clone(), &self.answer.key, config.overwrite)?,
+            // One-time keys: no hello outlives this run.
+            hello_timestamps: None,
+        };
+        let server = {
+            let stop = stop.clone();
+            let sock = sock.try_clone()?;
+            thread::spawn(move || {
+                let Ok(rt) = runtime() else { return };
+                let _ = rt.block_on(io::serve_from(
+                    Some(sock),
+                    serve,
+                    &mut receiver,
+                    |_| {},
+                    async move { stop.notified().await },
+                ));
+            })
+        };
+        Ok(LocalReceiver {
+            sock,
+            server,
+            stop,
+            outcome,
+        })
+    }
+
+    /// Punches until the remote says it has heard from us on every port.
+    fn punch_until_ready(
+        &mut self,
+        sock: &UdpSocket,
+        wait: Duration,
+        interrupted: &AtomicBool,
+    ) -> Result<Punches, RemoteError> {
+        let started = Instant::now();
+        let datagram = punch(&self.token);
+        loop {
+            for &p in &self.answer.ports {
+                // A send error (no route) is as good as a lost punch: the
+                // deadline decides.
+                let _ = sock.send_to(&datagram, SocketAddr::new(self.ip, p));
+            }
+            match self.remote.lines.recv_timeout(PUNCH_EVERY) {
+                Ok(line) if line == READY => return Ok(Punches::Heard),
+                Ok(line) => {
+                    return Err(failed(format!(
+                        "{} said `{}` where the bootstrap expected {READY}",
+                        self.host(),
+                        escape(line.as_bytes())
+                    )))
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if interrupted.load(Ordering::Relaxed) {
+                        return Ok(Punches::Interrupted);
+                    }
+                    if started.elapsed() >= wait {
+                        return Err(RemoteError::Network(udp_blocked(
+                            self.host(),
+                            SocketAddr::new(self.ip, self.answer.ports[0]),
+                            started.elapsed().as_secs_f64(),
+                        )));
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(Punches::RemoteGone),
+            }
+        }
+    }
+
+    /// Waits for the receiver to finish, or the remote to end and the
+    /// receiver to hear its last word; `None` if interrupted, else the
+    /// remote's status if it ended first.
+    fn await_transfer(
+        &mut self,
+        server: &thread::JoinHandle<()>,
+        interrupted: &AtomicBool,
+    ) -> Option<Option<ExitStatus>> {
+        let mut remote_status = None;
+        let mut until = None;
+        while !server.is_finished() {
+            if interrupted.load(Ordering::Relaxed) {
+                return None;
+            }
+            if remote_status.is_none() {
+                if let Some(s) = self.remote.exited() {
+                    remote_status = Some(s);
+                    // The receiver hears the sender's last word (its
+                    // finish, or an abort) within moments; a sender killed
+                    // says none.
+                    let grace = if s.success() { 10 } else { 2 };
+                    until = Some(Instant::now() + Duration::from_secs(grace));
+                }
+            }
+            if until.is_some_and(|t| Instant::now() >= t) {
+                break;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        Some(remote_status)
+    }
+}
+
+/// What a pull's receiver lets the remote sender make it hold: this end's
+/// own --streams and --buffer, whatever the remote opens. Two connections
+/// beyond the streams leave room for the plan and the finish, each on a
+/// connection of its own, while the last streams close.
+fn pull_limits(streams: usize, buffer: u64) -> ServerLimits {
+    let connections = streams + 2;
+    ServerLimits {
+        max_connections: connections,
+        max_connections_per_ip: connections,
+        max_window_bytes: buffer,
+        // One address may hold half of this: all of it is one sender's.
+        total_window_bytes: (connections as u64)
+            .saturating_mul(buffer)
+            .saturating_mul(2),
+        ..Default::default()
+    }
+}
+
+// ---------------------------------------------------------------------
+// The far end: `atou __remote receive|send`, which ssh runs.
+
+/// Reads the bootstrap hello, one line, from the local end.
+pub fn read_hello(input: &mut impl BufRead) -> Result<Hello, RemoteError> {
+    let mut line = Vec::new();
+    input.take(MAX_LINE as u64).read_until(b'\n', &mut line)?;
+    Hello::decode(&String::from_utf8_lossy(&line))
+        .map_err(|e| failed(format!("the bootstrap hello on stdin: {e}")))
+}
+
+/// Prints the bootstrap answer on stdout.
+fn answer(ports: Vec<u16>, key: PublicKey, addr: Option<IpAddr>) -> Result<(), RemoteError> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(Answer { ports, key, addr }.encode().as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// What the far end of a push serves with.
+pub struct FarReceiveConfig {
+    /// Where the files go, checked ([`check_root`]).
+    pub root: PathBuf,
+    pub port: PortRange,
+    /// The sender's --buffer: the largest window a stream may ask for.
+    pub buffer: u64,
+    pub rcvbuf: u32,
+    /// Plan only, writing nothing.
+    pub dry_run: bool,
+    /// The local user's own rules, passed on its command line.
+    pub policy: ReceivePolicy,
+    pub writers: usize,
+}
+
+/// The far end of a push: answers the hello with a port of the range at
+/// `ip` (where ssh reached this host) and serves one transfer from the
+/// hello's key until it is over or `gone` is told. `watch` runs once the
+/// answer is out. `Ok(None)`: the local end went away first.
+pub fn receive_push(
+    config: FarReceiveConfig,
+    hello: &Hello,
+    ip: Option<IpAddr>,
+    watch: impl FnOnce() + Send + 'static,
+    gone: Arc<tokio::sync::Notify>,
+) -> Result<Option<Result<(), String>>, RemoteError> {
+    let sock = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), config.port, 1)
+        .map_err(failed)?
+        .remove(0);
+    let local = sock.local_addr()?;
+    let identity = one_time_key()?;
+    let key = identity.public();
+    // The far end of a push takes the local user's own rules, passed on
+    // its command line; the one sender is that user.
+    let auth = server_auth(identity, &hello.key, true)?;
+    let outcome: Outcome<()> = Arc::new(Mutex::new(None));
+    let new_receiver = if config.dry_run {
+        FileReceiver::dry_run
+    } else {
+        FileReceiver::new
+    };
+    let mut receiver = new_receiver(
+        ReceiveConfig {
+            root: config.root,
+            writers: config.writers,
+            once: true,
+            policy: config.policy,
+            limits: ReceiveLimits::default(),
+            // The other end's one-time key: its --overwrite decides.
+            authorized: Some(only(&hello.key, true)?),
+        },
+        {
+            let outcome = outcome.clone();
+            move |e| {
+                let r = match e {
+                    ReceiveEvent::Done(_)
+                    | ReceiveEvent::Planned { .. }
+                    | ReceiveEvent::StagingCleaned { .. } => Ok(()),
+                    ReceiveEvent::Failed { why, .. } => Err(why),
+                };
+                outcome.lock().expect("lock").get_or_insert(r);
+            }
+        },
+    )
+    .map_err(failed)?;
+    answer(vec![local.port()], key, ip)?;
+    thread::spawn(watch);
+    runtime()?.block_on(io::serve_from(
+        Some(sock),
+        ServeConfig {
+            bind: local,
+            once: false,
+            sndbuf: 4 << 20,
+            rcvbuf: config.rcvbuf,
+            // The one sender is the user: its windows are what it asked
+            // for (--buffer per stream at most).
+            limits: ServerLimits {
+                max_window_bytes: config.buffer,
+                total_window_bytes: u64::MAX / 2,
+                ..Default::default()
+            },
+            auth,
+            // One-time keys: no hello outlives this run.
+            hello_timestamps: None,
+        },
+        &mut receiver,
+        |_| {},
+        async move { gone.notified().await },
+    ))?;
+    let result = outcome.lock().expect("lock").take();
+    Ok(result)
+}
+
+/// The far end of a pull, bound and answered, waiting for its punches.
+pub struct FarSend {
+    socks: Vec<UdpSocket>,
+    token: [u8; 32],
+    identity: StaticKeypair,
+    peer_key: PublicKey,
+}
+
+/// How the wait for a pull's punches ended.
+pub enum Punched {
+    /// Every socket heard the token: send from each to where it came from.
+    Ready(Vec<Bound>, ClientAuth),
+    /// The local end went away.
+    Gone,
+    /// No punch arrived on some socket in this long.
+    TimedOut(Duration),
+}
+
+impl FarSend {
+    /// Binds one socket per stream in the range at `ip` (where ssh reached
+    /// this host) and answers the hello with their ports. Every SRC must
+    /// be there: one that is not fails the bootstrap, with its reason.
+    pub fn answer(
+        hello: &Hello,
+        ip: Option<IpAddr>,
+        port: PortRange,
+        streams: usize,
+        sources: &[PathBuf],
+    ) -> Result<FarSend, RemoteError> {
+        let Some(token) = hello.token else {
+            return Err(failed(
+                "the bootstrap hello for a pull carries no punch token",
+            ));
+        };
+        for s in sources {
+            if let Err(e) = std::fs::symlink_metadata(s) {
+                return Err(failed(format!(
+                    "cannot read {}: {e}",
+                    crate::text::shown_path(s)
+                )));
+            }
+        }
+        let socks = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), port, streams)
+            .map_err(failed)?;
+        let ports = socks
+            .iter()
+            .map(|s| s.local_addr().map(|a| a.port()))
+            .collect::<std::io::Result<Vec<u16>>>()?;
+        let identity = one_time_key()?;
+        answer(ports, identity.public(), ip)?;
+        Ok(FarSend {
+            socks,
+            token,
+            identity,
+            peer_key: hello.key,
+        })
+    }
+
+    /// Each socket waits for its punch; where it came from is the peer.
+    /// Once all have one, says [`READY`] on stdout.
+    pub fn await_punches(self, wait: Duration, gone: &AtomicBool) -> Result<Punched, RemoteError> {
+        for s in &self.socks {
+            s.set_nonblocking(true)?;
+        }
+        let mut peers: Vec<Option<SocketAddr>> = vec![None; self.socks.len()];
+        let deadline = Instant::now() + wait;
+        let mut buf = [0u8; 2048];
+        while peers.iter().any(Option::is_none) {
+            if gone.load(Ordering::Relaxed) {
+                return Ok(Punched::Gone);
+            }
+            if Instant::now() >= deadline {
+                return Ok(Punched::TimedOut(wait));
+            }
+            let mut any = false;
+            for (s, peer) in self.socks.iter().zip(peers.iter_mut()) {
+                while let Ok((n, from)) = s.recv_from(&mut buf) {
+                    any = true;
+                    // Anything but the token is ignored: a stranger on the
+                    // path cannot pick where this end sends.
+                    if peer.is_none() && n == PUNCH_LEN && is_punch(&buf[..n], &self.token) {
+                        *peer = Some(from);
+                    }
+                }
+            }
+            if !any {
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
+        {
+            let mut out = std::io::stdout().lock();
+            out.write_all(format!("{READY}\n").as_bytes())?;
+            out.flush()?;
+        }
+        let from = self
+            .socks
+            .into_iter()
+            .zip(peers)
+            .map(|(socket, peer)| Bound {
+                socket,
+                peer: peer.expect("every socket was punched"),
+            })
+            .collect();
+        Ok(Punched::Ready(
+            from,
+            client_auth(self.identity, self.peer_key),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_paths_are_relative_to_home() {
+        assert_eq!(remote_path(""), PathBuf::from("."));
+        assert_eq!(remote_path("~"), PathBuf::from("."));
+        assert_eq!(remote_path("~/a/b"), PathBuf::from("a/b"));
+        assert_eq!(remote_path("/abs"), PathBuf::from("/abs"));
+        assert_eq!(remote_path("rel"), PathBuf::from("rel"));
+    }
+
+    #[test]
+    fn option_like_targets_are_refused() {
+        assert!(check_target("host").is_ok());
+        assert!(check_target("user@host").is_ok());
+        assert!(check_target("-oProxyCommand=sh").is_err());
+        assert!(check_target("-u@host").is_err());
+        assert!(check_target("user@").is_err());
+    }
+}
