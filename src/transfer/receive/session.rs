@@ -1307,3 +1307,659 @@ fn outside_parts<P: PlanView>(plan: &P, header: &DataHeader) -> Option<String> {
         plan.rel(r.file as usize)
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    //! Scripted at message level: hand-built requests and data streams in,
+    //! the actions the receiver is to carry out asserted. Files of a few
+    //! bytes keep every chunk one small buffer.
+    use super::*;
+    use crate::transfer::manifest::{Entry, EntryKind, Manifest};
+    use crate::transfer::messages::{encode_abort, encode_finish, ChunkRange, Options};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    const SID: u64 = 77;
+    const DEST: &str = "/srv/dest";
+
+    fn peer(last: u8) -> SocketAddr {
+        SocketAddr::from(([192, 0, 2, last], 4000))
+    }
+
+    /// A plan as the planners would have prepared it: every file sent.
+    struct Files {
+        sizes: Vec<u64>,
+        plans: Vec<FilePlan>,
+        parts: Vec<Option<Range<u64>>>,
+        held: Vec<Vec<Cv>>,
+        options: Options,
+        ready: Vec<AtomicBool>,
+        writing: Vec<AtomicU64>,
+    }
+
+    fn files(sizes: &[u64]) -> Files {
+        Files {
+            sizes: sizes.to_vec(),
+            plans: vec![FilePlan::SendAll; sizes.len()],
+            parts: vec![None; sizes.len()],
+            held: Vec::new(),
+            options: Options::default(),
+            ready: sizes.iter().map(|_| AtomicBool::new(false)).collect(),
+            writing: sizes.iter().map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    impl PlanView for Files {
+        fn dest(&self) -> &Path {
+            Path::new(DEST)
+        }
+        fn plans(&self) -> &[FilePlan] {
+            &self.plans
+        }
+        fn options(&self) -> Options {
+            self.options
+        }
+        fn held(&self) -> &[Vec<Cv>] {
+            &self.held
+        }
+        fn size(&self, file: usize) -> u64 {
+            self.sizes[file]
+        }
+        fn part(&self, file: usize) -> Option<Range<u64>> {
+            self.parts[file].clone()
+        }
+        fn rel(&self, file: usize) -> String {
+            format!("f{file}")
+        }
+        fn is_ready(&self, file: usize) -> bool {
+            self.ready[file].load(Ordering::Relaxed)
+        }
+        fn start_writing(&self, file: usize) {
+            self.writing[file].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn limits() -> ReceiveLimits {
+        ReceiveLimits {
+            max_sessions: 4,
+            max_sessions_per_ip: 2,
+            max_request: 1 << 16,
+            ..ReceiveLimits::default()
+        }
+    }
+
+    fn plan_bytes(sizes: &[u64]) -> Vec<u8> {
+        let entries = sizes
+            .iter()
+            .enumerate()
+            .map(|(n, &size)| Entry {
+                path: RelPath::new(format!("f{n}").into_bytes()).unwrap(),
+                kind: EntryKind::File { size },
+                mode: 0o644,
+                mtime_sec: 0,
+                mtime_nsec: 0,
+            })
+            .collect();
+        PlanRequest {
+            options: Options::default(),
+            subdir: None,
+            manifest: Manifest { entries },
+            parts: Vec::new(),
+        }
+        .encode()
+    }
+
+    /// A data stream: its header, then each chunk's data and a value.
+    fn data_stream(ranges: &[(u32, u64, u64)], chunks: &[&[u8]]) -> Vec<u8> {
+        let ranges = ranges
+            .iter()
+            .map(|&(file, first, count)| ChunkRange { file, first, count })
+            .collect();
+        let mut out = DataHeader { ranges }.encode();
+        for data in chunks {
+            out.extend_from_slice(data);
+            out.extend_from_slice(&[0xcc; 32]);
+        }
+        out
+    }
+
+    struct Rig {
+        s: Sessions<Files>,
+        t0: Instant,
+        next_conn: u64,
+    }
+
+    impl Rig {
+        fn new(limits: ReceiveLimits, once: bool) -> Rig {
+            Rig {
+                s: Sessions::new(PathBuf::from("/srv"), once, limits, None),
+                t0: Instant::now(),
+                next_conn: 1,
+            }
+        }
+
+        fn at(&self, secs: u64) -> Instant {
+            self.t0 + Duration::from_secs(secs)
+        }
+
+        /// A new connection for session `sid` from `from`.
+        fn open(&mut self, sid: u64, from: SocketAddr) -> u64 {
+            let conn = self.next_conn;
+            self.next_conn += 1;
+            self.s
+                .on_opened(self.t0, conn, sid, from, Who::Addr(from.ip()));
+            conn
+        }
+
+        /// A whole request on its own connection.
+        fn request(
+            &mut self,
+            sid: u64,
+            from: SocketAddr,
+            bytes: &[u8],
+        ) -> (u64, Vec<Action<Files>>) {
+            let conn = self.open(sid, from);
+            self.s.on_bytes(conn, 0, bytes);
+            self.s.on_complete(self.t0, conn);
+            (conn, self.drain())
+        }
+
+        fn drain(&mut self) -> Vec<Action<Files>> {
+            std::iter::from_fn(|| self.s.poll_action()).collect()
+        }
+
+        /// A session whose plan of `plan` is accepted; its connection ended.
+        fn planned(&mut self, plan: Files) -> SessionKey {
+            let (sizes, plans) = (plan.sizes.clone(), plan.plans.clone());
+            let (conn, actions) = self.request(SID, peer(1), &plan_bytes(&sizes));
+            let session = plan_job(&actions).expect("a plan for the planners");
+            self.s.on_planned(session, conn, Ok(plan));
+            let accepted = plan_reply(&self.drain(), conn, &sizes);
+            assert_eq!(accepted, PlanReply::Accepted(plans));
+            self.s.on_ended(self.t0, conn, false);
+            self.drain();
+            session
+        }
+    }
+
+    fn plan_job(actions: &[Action<Files>]) -> Option<SessionKey> {
+        actions.iter().find_map(|a| match a {
+            Action::Plan(PlanJob::Plan { session, .. }) => Some(*session),
+            _ => None,
+        })
+    }
+
+    fn finish_job(actions: &[Action<Files>]) -> Option<Vec<Cv>> {
+        actions.iter().find_map(|a| match a {
+            Action::Plan(PlanJob::Finish { hashes, .. }) => Some(hashes.clone()),
+            _ => None,
+        })
+    }
+
+    #[track_caller]
+    fn reply_to(actions: &[Action<Files>], conn: u64) -> &[u8] {
+        let replies: Vec<&[u8]> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Reply { conn_id, bytes } if *conn_id == conn => Some(&bytes[..]),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(replies.len(), 1, "one reply to connection {conn}");
+        replies[0]
+    }
+
+    #[track_caller]
+    fn outcome(actions: &[Action<Files>], conn: u64) -> Outcome {
+        Outcome::decode(reply_to(actions, conn)).unwrap()
+    }
+
+    #[track_caller]
+    fn plan_reply(actions: &[Action<Files>], conn: u64, sizes: &[u64]) -> PlanReply {
+        PlanReply::decode(reply_to(actions, conn), sizes).unwrap()
+    }
+
+    fn writes(actions: &[Action<Files>]) -> Vec<&WriteJob<Files>> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Write(Job::Write(w)) => Some(w),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn windows(actions: &[Action<Files>], conn: u64) -> Vec<u64> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::OpenWindow { conn_id, upto } if *conn_id == conn => Some(*upto),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn failures(actions: &[Action<Files>]) -> Vec<String> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Report(ReceiveEvent::Failed { why, .. }) => Some(why.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn written(w: &WriteJob<Files>, result: Result<Cv, WriteFailure>) -> Written {
+        Written {
+            to: w.to,
+            result,
+            buf: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_finish_for_an_unknown_session_is_answered_unknown_session() {
+        let mut rig = Rig::new(limits(), false);
+        let (conn, actions) = rig.request(SID, peer(1), &encode_finish(&[[7; 32]]));
+        let Outcome::Failed(why) = outcome(&actions, conn) else {
+            panic!("not a failure");
+        };
+        assert!(why.contains("no record of the transfer"), "{why}");
+        assert_eq!(
+            windows(&actions, conn),
+            [encode_finish(&[[7; 32]]).len() as u64, u64::MAX],
+            "the request in, then the rest let through"
+        );
+        assert!(finish_job(&actions).is_none());
+    }
+
+    #[test]
+    fn a_plan_goes_to_the_planners_and_a_second_one_is_refused() {
+        let mut rig = Rig::new(limits(), false);
+        let (first, actions) = rig.request(SID, peer(1), &plan_bytes(&[10]));
+        assert!(plan_job(&actions).is_some());
+        assert!(actions.iter().all(|a| !matches!(a, Action::Reply { .. })));
+        let (second, actions) = rig.request(SID, peer(1), &plan_bytes(&[10]));
+        assert!(plan_job(&actions).is_none());
+        let Outcome::Failed(why) = outcome(&actions, second) else {
+            panic!("not a refusal");
+        };
+        assert_eq!(why, "a second plan for one session");
+        assert_eq!(failures(&actions), [why]);
+        assert_ne!(first, second);
+    }
+
+    #[test]
+    fn too_many_sessions_from_one_address_are_told_to_come_back() {
+        let mut rig = Rig::new(limits(), false);
+        for sid in 1..=2 {
+            let (_, actions) = rig.request(sid, peer(1), &plan_bytes(&[10]));
+            assert!(
+                plan_job(&actions).is_some(),
+                "session {sid} is within the budget"
+            );
+        }
+        let (conn, actions) = rig.request(3, peer(1), &plan_bytes(&[10]));
+        assert!(plan_job(&actions).is_none());
+        let PlanReply::Busy { retry_after, why } = plan_reply(&actions, conn, &[10]) else {
+            panic!("not busy");
+        };
+        assert_eq!(retry_after, BUSY_RETRY_AFTER);
+        assert!(why.contains("--max-sessions-per-ip"), "{why}");
+        assert!(failures(&actions).is_empty(), "busy is not a failure");
+        let (_, actions) = rig.request(3, peer(2), &plan_bytes(&[10]));
+        assert!(
+            plan_job(&actions).is_some(),
+            "another address has its own budget"
+        );
+    }
+
+    #[test]
+    fn a_plan_the_planners_queue_turns_away_is_busy_and_nothing_of_it_is_kept() {
+        let mut rig = Rig::new(limits(), false);
+        let (conn, mut actions) = rig.request(SID, peer(1), &plan_bytes(&[10]));
+        let Some(Action::Plan(job)) = actions.pop() else {
+            panic!("the plan is the last action");
+        };
+        rig.s.on_plan_refused(job);
+        let actions = rig.drain();
+        assert!(matches!(
+            plan_reply(&actions, conn, &[10]),
+            PlanReply::Busy { .. }
+        ));
+        let (_, actions) = rig.request(SID, peer(1), &plan_bytes(&[10]));
+        assert!(
+            plan_job(&actions).is_some(),
+            "not a second plan: the first is gone"
+        );
+    }
+
+    #[test]
+    fn a_refused_plan_is_reported_and_its_session_forgotten() {
+        let mut rig = Rig::new(limits(), false);
+        let (conn, actions) = rig.request(SID, peer(1), &plan_bytes(&[10]));
+        let session = plan_job(&actions).unwrap();
+        rig.s
+            .on_planned(session, conn, Err("a file in the way".to_string()));
+        let actions = rig.drain();
+        assert_eq!(
+            plan_reply(&actions, conn, &[10]),
+            PlanReply::Refused("a file in the way".to_string())
+        );
+        assert_eq!(failures(&actions), ["a file in the way"]);
+        let (conn, actions) = rig.request(SID, peer(1), &encode_finish(&[[7; 32]]));
+        let Outcome::Failed(why) = outcome(&actions, conn) else {
+            panic!("not a failure");
+        };
+        assert!(why.contains("no record"), "{why}");
+    }
+
+    #[test]
+    fn a_request_over_its_budget_is_refused_before_it_is_whole() {
+        let mut rig = Rig::new(
+            ReceiveLimits {
+                max_request: 100,
+                ..limits()
+            },
+            false,
+        );
+        let conn = rig.open(SID, peer(1));
+        let plan = plan_bytes(&[10; 8]);
+        assert!(plan.len() > 100);
+        rig.s.on_bytes(conn, 0, &plan[..60]);
+        assert_eq!(
+            windows(&rig.drain(), conn),
+            [60],
+            "the window follows the request"
+        );
+        // Past a hole: held bytes count too.
+        rig.s.on_bytes(conn, 80, &plan[80..]);
+        let actions = rig.drain();
+        let Outcome::Failed(why) = outcome(&actions, conn) else {
+            panic!("not a refusal");
+        };
+        assert!(why.contains("more than 100 bytes"), "{why}");
+        rig.s.on_complete(rig.t0, conn);
+        assert!(plan_job(&rig.drain()).is_none(), "never planned");
+    }
+
+    #[test]
+    fn segments_out_of_order_assemble_one_chunk_and_one_write() {
+        let mut rig = Rig::new(limits(), false);
+        rig.planned(files(&[10]));
+        let stream = data_stream(&[(0, 0, 1)], &[b"0123456789"]);
+        let conn = rig.open(SID, peer(1));
+        let pieces = [(30, stream.len()), (10, 30), (0, 10)];
+        for (n, &(start, end)) in pieces.iter().enumerate() {
+            rig.s.on_bytes(conn, start as u64, &stream[start..end]);
+            let actions = rig.drain();
+            let w = writes(&actions);
+            if n + 1 < pieces.len() {
+                assert!(w.is_empty(), "a write after piece {n} of {}", pieces.len());
+                continue;
+            }
+            assert_eq!(w.len(), 1);
+            let header = stream.len() - 10 - 32;
+            assert_eq!(w[0].buf, stream[header..], "data then value, in order");
+            assert_eq!((w[0].file, w[0].chunk, w[0].to.slot), (0, 0, 0));
+            assert!(w[0].whole, "the only chunk of a file sent whole");
+        }
+    }
+
+    #[test]
+    fn written_chunks_open_the_window_and_the_last_answers_the_stream() {
+        let mut rig = Rig::new(limits(), false);
+        rig.planned(files(&[10, 20]));
+        let stream = data_stream(&[(0, 0, 1), (1, 0, 1)], &[&[1; 10], &[2; 20]]);
+        let conn = rig.open(SID, peer(1));
+        rig.s.on_bytes(conn, 0, &stream);
+        let actions = rig.drain();
+        let jobs: Vec<Slot> = writes(&actions).iter().map(|w| w.to).collect();
+        assert_eq!(jobs.len(), 2);
+        let header = data_header_len(2) as u64;
+        assert_eq!(windows(&actions, conn), [header], "nothing written yet");
+        // The second chunk first: the window waits for the first.
+        rig.s.on_written(Written {
+            to: jobs[1],
+            result: Ok([2; 32]),
+            buf: Vec::new(),
+        });
+        let actions = rig.drain();
+        assert!(windows(&actions, conn).is_empty());
+        assert!(actions.iter().all(|a| !matches!(a, Action::Reply { .. })));
+        rig.s.on_written(Written {
+            to: jobs[0],
+            result: Ok([1; 32]),
+            buf: Vec::new(),
+        });
+        let actions = rig.drain();
+        assert_eq!(windows(&actions, conn), [u64::MAX, u64::MAX]);
+        assert_eq!(outcome(&actions, conn), Outcome::Done { bad: Vec::new() });
+    }
+
+    #[test]
+    fn a_chunk_that_fails_its_check_is_named_in_the_answer() {
+        let mut rig = Rig::new(limits(), false);
+        rig.planned(files(&[10]));
+        let conn = rig.open(SID, peer(1));
+        rig.s
+            .on_bytes(conn, 0, &data_stream(&[(0, 0, 1)], &[&[3; 10]]));
+        let actions = rig.drain();
+        let job = written(writes(&actions)[0], Err(WriteFailure::Corrupt));
+        rig.s.on_written(job);
+        let actions = rig.drain();
+        let bad = vec![ChunkRef { file: 0, chunk: 0 }];
+        assert_eq!(outcome(&actions, conn), Outcome::Done { bad });
+        assert!(failures(&actions).is_empty(), "sent again, not failed");
+    }
+
+    #[test]
+    fn a_failed_write_fails_the_session_and_every_connection_hears_why() {
+        let mut rig = Rig::new(limits(), false);
+        rig.planned(files(&[10, 10]));
+        let conn = rig.open(SID, peer(1));
+        let other = rig.open(SID, peer(1));
+        rig.s
+            .on_bytes(conn, 0, &data_stream(&[(0, 0, 1)], &[&[3; 10]]));
+        let actions = rig.drain();
+        let why = DestError::Refused("`f0` is in the way".to_string());
+        rig.s
+            .on_written(written(writes(&actions)[0], Err(WriteFailure::Io(why))));
+        let actions = rig.drain();
+        let refused = Outcome::Refused("`f0` is in the way".to_string());
+        assert_eq!(outcome(&actions, conn), refused);
+        assert_eq!(
+            outcome(&actions, other),
+            refused,
+            "even before its stream is in"
+        );
+        assert_eq!(failures(&actions), ["`f0` is in the way"]);
+        let late = rig.open(SID, peer(1));
+        assert_eq!(
+            outcome(&rig.drain(), late),
+            refused,
+            "a later hello is told at once"
+        );
+    }
+
+    #[test]
+    fn a_finish_starts_only_once_every_file_is_made_ready() {
+        let mut rig = Rig::new(limits(), false);
+        rig.planned(files(&[10]));
+        let conn = rig.open(SID, peer(1));
+        rig.s
+            .on_bytes(conn, 0, &data_stream(&[(0, 0, 1)], &[&[3; 10]]));
+        let actions = rig.drain();
+        let session = writes(&actions)[0].to.session;
+        rig.s.on_written(written(writes(&actions)[0], Ok([9; 32])));
+        let actions = rig.drain();
+        let ready = actions
+            .iter()
+            .any(|a| matches!(a, Action::Write(Job::MakeReady { file: 0, .. })));
+        assert!(ready, "its last chunk verified, the file is made ready");
+        let (finish, actions) = rig.request(SID, peer(1), &encode_finish(&[[5; 32]]));
+        assert!(finish_job(&actions).is_none(), "waits for the file");
+        rig.s.on_ready(session, Ok(()));
+        let actions = rig.drain();
+        assert_eq!(finish_job(&actions), Some(vec![[5; 32]]));
+        rig.s.on_finished(
+            rig.at(3),
+            session,
+            finish,
+            Ok(Finished {
+                files: 1,
+                ..Finished::default()
+            }),
+        );
+        let actions = rig.drain();
+        assert_eq!(outcome(&actions, finish), Outcome::Done { bad: Vec::new() });
+        let report = actions.iter().find_map(|a| match a {
+            Action::Report(ReceiveEvent::Done(r)) => Some(r),
+            _ => None,
+        });
+        let report = report.expect("a report");
+        assert_eq!(
+            (report.files, report.bytes_written, report.bytes_resumed),
+            (1, 10, 0)
+        );
+        assert_eq!(report.secs, 3.0, "from the plan to the finish");
+    }
+
+    #[test]
+    fn a_finish_the_planners_turn_away_waits_for_them_to_finish_something() {
+        let mut rig = Rig::new(limits(), false);
+        let mut plan = files(&[10]);
+        plan.plans = vec![FilePlan::Skip];
+        rig.planned(plan);
+        let (_, mut actions) = rig.request(SID, peer(1), &encode_finish(&[[5; 32]]));
+        let Some(Action::Plan(job)) = actions.pop() else {
+            panic!("a finish for the planners");
+        };
+        rig.s.on_plan_refused(job);
+        assert!(rig.drain().is_empty(), "no answer: the finish waits");
+        rig.s.on_tick(rig.at(1), false);
+        assert!(
+            finish_job(&rig.drain()).is_none(),
+            "the planners are as busy"
+        );
+        rig.s.on_tick(rig.at(2), true);
+        assert_eq!(finish_job(&rig.drain()), Some(vec![[5; 32]]));
+    }
+
+    #[test]
+    fn a_session_idle_past_session_idle_is_forgotten() {
+        let mut rig = Rig::new(limits(), false);
+        rig.planned(files(&[10]));
+        let idle = SESSION_IDLE.as_secs();
+        rig.s.on_tick(rig.at(idle), false);
+        assert!(rig.drain().is_empty(), "not yet");
+        rig.s.on_tick(rig.at(idle + 1), false);
+        let why = failures(&rig.drain());
+        assert_eq!(why.len(), 1);
+        assert!(why[0].contains("stopped before finishing"), "{why:?}");
+        let (conn, actions) = rig.request(SID, peer(1), &encode_finish(&[[5; 32]]));
+        assert!(matches!(outcome(&actions, conn), Outcome::Failed(w) if w.contains("no record")));
+    }
+
+    #[test]
+    fn a_session_with_a_connection_is_never_idle() {
+        let mut rig = Rig::new(limits(), false);
+        rig.planned(files(&[10]));
+        let conn = rig.open(SID, peer(1));
+        rig.s.on_tick(rig.at(SESSION_IDLE.as_secs() * 10), false);
+        assert!(rig.drain().is_empty());
+        // It went quiet without a word: the session fails.
+        rig.s.on_ended(rig.at(1000), conn, true);
+        let why = failures(&rig.drain());
+        assert!(why.len() == 1 && why[0].contains("went quiet"), "{why:?}");
+    }
+
+    #[test]
+    fn a_header_naming_chunks_the_file_does_not_have_fails_the_session() {
+        let mut rig = Rig::new(limits(), false);
+        rig.planned(files(&[10]));
+        let conn = rig.open(SID, peer(1));
+        // A 10-byte file has one chunk: chunk 1 is past its end.
+        rig.s
+            .on_bytes(conn, 0, &data_stream(&[(0, 1, 1)], &[&[3; 10]]));
+        let actions = rig.drain();
+        assert!(writes(&actions).is_empty());
+        let Outcome::Failed(why) = outcome(&actions, conn) else {
+            panic!("not a failure");
+        };
+        assert!(why.starts_with("a bad data stream"), "{why}");
+    }
+
+    #[test]
+    fn chunks_outside_the_part_a_session_sends_fail_it() {
+        let mut rig = Rig::new(limits(), false);
+        let mut plan = files(&[3 * crate::transfer::hash::CHUNK_SIZE]);
+        plan.parts = vec![Some(1..2)];
+        rig.planned(plan);
+        let conn = rig.open(SID, peer(1));
+        let header = DataHeader {
+            ranges: vec![ChunkRange {
+                file: 0,
+                first: 0,
+                count: 2,
+            }],
+        };
+        rig.s.on_bytes(conn, 0, &header.encode());
+        let actions = rig.drain();
+        let Outcome::Failed(why) = outcome(&actions, conn) else {
+            panic!("not a failure");
+        };
+        assert!(
+            why.contains("chunks 0..2 of `f0`, outside the part"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn bytes_past_the_last_chunk_are_not_placed() {
+        let mut rig = Rig::new(limits(), false);
+        let plan = files(&[10]);
+        rig.planned(plan);
+        let conn = rig.open(SID, peer(1));
+        let mut stream = data_stream(&[(0, 0, 1)], &[&[3; 10]]);
+        stream.extend_from_slice(&[4; 50]);
+        rig.s.on_bytes(conn, 0, &stream);
+        let actions = rig.drain();
+        let w = writes(&actions);
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].buf.len(), 10 + 32, "the chunk and its value only");
+        assert_eq!(
+            w[0].plan.writing[0].load(Ordering::Relaxed),
+            1,
+            "one chunk on its way"
+        );
+    }
+
+    #[test]
+    fn an_abort_fails_the_session_with_the_senders_reason() {
+        let mut rig = Rig::new(limits(), true);
+        rig.planned(files(&[10]));
+        let (conn, actions) = rig.request(SID, peer(1), &encode_abort("disk full"));
+        assert_eq!(outcome(&actions, conn), Outcome::Done { bad: Vec::new() });
+        assert_eq!(failures(&actions), ["the sender gave up: disk full"]);
+        assert!(!rig.s.is_finished(), "its connection is still open");
+        rig.s.on_ended(rig.t0, conn, false);
+        assert!(rig.s.is_finished(), "once: the one transfer is over");
+    }
+
+    #[test]
+    fn a_grant_confines_a_plan_to_its_subdir_and_may_forbid_replacing() {
+        let mut plan = match Request::decode(&plan_bytes(&[10])).unwrap() {
+            Request::Plan(p) => p,
+            _ => unreachable!(),
+        };
+        plan.subdir = Some(RelPath::new(b"inner".to_vec()).unwrap());
+        let grant = Grant {
+            subdir: Some(b"keys/alice".to_vec()),
+            overwrite: false,
+        };
+        let (plan, policy) = granted(plan, &ReceivePolicy::server(), Some(grant)).unwrap();
+        assert_eq!(plan.subdir.unwrap().as_bytes(), b"keys/alice/inner");
+        assert_eq!(policy.confined_to.as_deref(), Some(&b"keys/alice"[..]));
+        assert!(policy.key_forbids_overwrite);
+    }
+}
