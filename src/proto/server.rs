@@ -318,16 +318,14 @@ struct Conn {
     opened: Time,
     last_heard: Time,
     maxidle: Duration,
+    phase: ConnPhase,
+    /// A plain connection's welcome is to be sent (again, when a repeated
+    /// hello says it was lost); an authenticated one's rides in the
+    /// handshake's response.
     welcome_pending: bool,
-    close_ack_pending: bool,
-    closed_at: Option<Time>,
-    client_segments: Option<u64>,
     corrupt_bytes: u64,
-    /// In the ready queue.
+    /// In the ready queue: a matter of the server's queue, in any phase.
     queued: bool,
-    /// A data segment has arrived: until then the connection is a hello
-    /// that may go nowhere, and expires after `hello_idle`.
-    heard_data: bool,
     /// Receive window held for a session connection, in bytes.
     window_bytes: u64,
     /// Keys and peer of an authenticated connection.
@@ -337,24 +335,75 @@ struct Conn {
     unvalidated: Option<Budget>,
 }
 
+/// Where a connection is in its life: each phase holds what is true only
+/// in it, so that no combination of flags can say two things at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ConnPhase {
+    /// Admitted, and no data segment yet: a hello that may go nowhere,
+    /// forgotten at `expires` (counted from the first hello, not the
+    /// last: repeating a hello does not keep a connection that never
+    /// sends).
+    Hello { expires: Time },
+    /// Data has arrived: kept while the client is heard within maxidle.
+    Open,
+    /// The client closed, having sent `client_segments`: the connection
+    /// lingers only to answer repeated closes, and its window is back in
+    /// the budget. Data after the close is a late copy; the close said
+    /// all was acknowledged.
+    Closed {
+        at: Time,
+        client_segments: u64,
+        close_ack_pending: bool,
+    },
+}
+
+/// An authenticated connection's keys, as its handshake goes on.
+enum Keying {
+    /// The handshake's response, which makes the keys, is being worked
+    /// ([`Server::poll_handshake_work`]) by job `ticket`: the connection
+    /// holds its place in the budgets from the moment it is admitted, so
+    /// hellos decided meanwhile cannot oversubscribe them, and accepts no
+    /// packet (a plain one never, a protected one has nothing to open
+    /// it). A late response for a connection that was replaced or
+    /// expired meanwhile installs nothing.
+    Awaiting { ticket: u64 },
+    /// Keys installed, and no packet from the client opened yet: nothing
+    /// but the response goes to it.
+    Unconfirmed(SessionKeys),
+    /// A packet from the client has opened: its keys are confirmed and
+    /// its address validated (RFC 9000 §8.1).
+    Confirmed(SessionKeys),
+}
+
+impl Keying {
+    fn awaits(&self, job: u64) -> bool {
+        matches!(self, Keying::Awaiting { ticket } if *ticket == job)
+    }
+
+    fn keys_mut(&mut self) -> Option<&mut SessionKeys> {
+        match self {
+            Keying::Awaiting { .. } => None,
+            Keying::Unconfirmed(keys) | Keying::Confirmed(keys) => Some(keys),
+        }
+    }
+
+    /// A packet from the client opened under the keys.
+    fn confirm(&mut self) {
+        let keying = std::mem::replace(self, Keying::Awaiting { ticket: 0 });
+        *self = match keying {
+            Keying::Unconfirmed(keys) => Keying::Confirmed(keys),
+            other => other,
+        };
+    }
+}
+
 /// An authenticated connection's keys and peer (issue 13).
 struct ConnSecure {
-    /// `None` while the handshake's response, which makes them, is being
-    /// worked ([`Server::poll_handshake_work`]): the connection holds its
-    /// place in the budgets from the moment it is admitted, so hellos
-    /// decided meanwhile cannot oversubscribe them, and accepts no packet
-    /// (a plain one never, a protected one has nothing to open it).
-    keys: Option<SessionKeys>,
-    /// The job whose response brings the keys: a late response for a
-    /// connection that was replaced or expired meanwhile installs nothing.
-    ticket: u64,
+    keys: Keying,
     peer_key: PublicKey,
     /// The client's id for the connection: what its packets carry inside,
     /// and the recipient id of everything sent to it.
     client_id: u64,
-    /// A packet from the client has opened: its keys are confirmed and
-    /// its address validated (RFC 9000 §8.1).
-    confirmed: bool,
     /// Largest packet number opened: only a packet newer than all before
     /// it may move the connection (a reordered old one must not).
     largest_pn: Option<u64>,
@@ -385,8 +434,8 @@ impl std::fmt::Debug for ConnSecure {
         f.debug_struct("ConnSecure")
             .field("peer_key", &self.peer_key)
             .field("client_id", &self.client_id)
-            .field("confirmed", &self.confirmed)
-            .field("keyed", &self.keys.is_some())
+            .field("confirmed", &matches!(self.keys, Keying::Confirmed(_)))
+            .field("keyed", &!matches!(self.keys, Keying::Awaiting { .. }))
             .finish_non_exhaustive()
     }
 }
@@ -477,7 +526,9 @@ impl Conn {
 
     /// Plain, or authenticated with its keys installed.
     fn keyed(&self) -> bool {
-        self.secure.as_ref().is_none_or(|s| s.keys.is_some())
+        self.secure
+            .as_ref()
+            .is_none_or(|s| !matches!(s.keys, Keying::Awaiting { .. }))
     }
 
     fn opened_event(&self, conn_id: u64) -> SessionEvent {
@@ -531,8 +582,12 @@ impl Conn {
             };
             return packet(reply.emit(buf));
         }
-        if self.close_ack_pending {
-            self.close_ack_pending = false;
+        if let ConnPhase::Closed {
+            close_ack_pending: pending @ true,
+            ..
+        } = &mut self.phase
+        {
+            *pending = false;
             let ack = CloseAck {
                 conn_id,
                 stats: *self.receiver.stats(),
@@ -542,18 +597,20 @@ impl Conn {
         Next::Idle
     }
 
-    fn deadline(&self, hello_idle: Duration) -> Time {
-        match self.closed_at {
-            Some(at) => self.last_heard.max(at) + LINGER,
-            // Counted from the first hello, not the last: repeating a
-            // hello does not keep a connection that never sends.
-            None if !self.heard_data => self.opened + self.maxidle.min(hello_idle),
-            None => self.last_heard + self.maxidle,
+    fn deadline(&self) -> Time {
+        match self.phase {
+            ConnPhase::Hello { expires } => expires,
+            ConnPhase::Open => self.last_heard + self.maxidle,
+            ConnPhase::Closed { at, .. } => self.last_heard.max(at) + LINGER,
         }
     }
 
-    fn poll_timeout(&self, hello_idle: Duration) -> Time {
-        let d = self.deadline(hello_idle);
+    fn is_closed(&self) -> bool {
+        matches!(self.phase, ConnPhase::Closed { .. })
+    }
+
+    fn poll_timeout(&self) -> Time {
+        let d = self.deadline();
         let d = match self.secure.as_ref().and_then(|s| s.path.as_ref()) {
             Some(c) => d.min(c.challenge_at).min(c.started + PATH_GIVE_UP),
             None => d,
@@ -569,7 +626,12 @@ impl Conn {
             end,
             secs: until.saturating_since(self.opened).as_secs_f64(),
             stats: *self.receiver.stats(),
-            client_segments: self.client_segments,
+            client_segments: match self.phase {
+                ConnPhase::Closed {
+                    client_segments, ..
+                } => Some(client_segments),
+                _ => None,
+            },
             corrupt_bytes: self.corrupt_bytes,
             maxidle_secs: self.maxidle.as_secs_f64(),
             server,
@@ -1073,7 +1135,9 @@ impl Server {
             return None;
         };
         conn.last_heard = now;
-        conn.heard_data |= matches!(packet, Packet::Data(_));
+        if matches!(packet, Packet::Data(_)) && matches!(conn.phase, ConnPhase::Hello { .. }) {
+            conn.phase = ConnPhase::Open;
+        }
         if let Some(budget) = conn.unvalidated.as_mut() {
             budget.on_received(len);
         }
@@ -1086,9 +1150,7 @@ impl Server {
                     self.stats.undecodable += 1;
                     return None;
                 };
-                // Data after the close is a late copy; the close said all
-                // was acknowledged.
-                if conn.closed_at.is_none() {
+                if !conn.is_closed() {
                     // Answered early: say so again, now and then, until the
                     // client stops sending and fetches.
                     if conn.reply.is_some() && seg.header.seg % 32 == 0 && conn.fetches.is_empty() {
@@ -1130,10 +1192,17 @@ impl Server {
                 }
             }
             Packet::Close(close) => {
-                conn.close_ack_pending = true;
-                if conn.closed_at.is_none() {
-                    conn.closed_at = Some(now);
-                    conn.client_segments = Some(close.segments);
+                if let ConnPhase::Closed {
+                    close_ack_pending, ..
+                } = &mut conn.phase
+                {
+                    *close_ack_pending = true;
+                } else {
+                    conn.phase = ConnPhase::Closed {
+                        at: now,
+                        client_segments: close.segments,
+                        close_ack_pending: true,
+                    };
                     let report = conn.report(conn_id, ConnEnd::Closed, now, self.stats);
                     self.reports.push_back(report);
                     // A closed connection lingers only to answer repeated
@@ -1181,7 +1250,7 @@ impl Server {
             self.stats.unknown_connection += 1;
             return None;
         };
-        let Some(keys) = secure.keys.as_mut() else {
+        let Some(keys) = secure.keys.keys_mut() else {
             // Its response is still being made: nothing can open yet.
             self.stats.unknown_connection += 1;
             return None;
@@ -1191,7 +1260,7 @@ impl Server {
             self.stats.crypto_dropped += 1;
             return None;
         };
-        secure.confirmed = true;
+        secure.keys.confirm();
         let newest = secure.largest_pn.is_none_or(|l| pn > l);
         if newest {
             secure.largest_pn = Some(pn);
@@ -1454,11 +1523,10 @@ impl Server {
     /// Removes connection `id` if it still waits for the keys of job
     /// `ticket`.
     fn remove_conn_awaiting(&mut self, id: u64, ticket: u64) -> bool {
-        let awaiting = self.conns.get(&id).is_some_and(|c| {
-            c.secure
-                .as_ref()
-                .is_some_and(|s| s.keys.is_none() && s.ticket == ticket)
-        });
+        let awaiting = self
+            .conns
+            .get(&id)
+            .is_some_and(|c| c.secure.as_ref().is_some_and(|s| s.keys.awaits(ticket)));
         if awaiting {
             self.remove_conn(id);
         }
@@ -1557,7 +1625,9 @@ impl Server {
                     .iter()
                     .filter(|(_, c)| {
                         c.secure.as_ref().is_some_and(|s| {
-                            !s.confirmed && s.peer_key == peer_key && s.client_id == client_id
+                            !matches!(s.keys, Keying::Confirmed(_))
+                                && s.peer_key == peer_key
+                                && s.client_id == client_id
                         })
                     })
                     .map(|(&id, _)| id)
@@ -1566,11 +1636,9 @@ impl Server {
                     self.remove_conn(id);
                 }
                 let secure = ConnSecure {
-                    keys: None,
-                    ticket,
+                    keys: Keying::Awaiting { ticket },
                     peer_key,
                     client_id,
-                    confirmed: false,
                     largest_pn: None,
                     path: None,
                 };
@@ -1651,15 +1719,11 @@ impl Server {
                 let Some(c) = self.conns.get_mut(&id) else {
                     return;
                 };
-                let Some(secure) = c
-                    .secure
-                    .as_mut()
-                    .filter(|s| s.keys.is_none() && s.ticket == ticket)
-                else {
+                let Some(secure) = c.secure.as_mut().filter(|s| s.keys.awaits(ticket)) else {
                     return;
                 };
                 let (sealer, opener) = session.into_protection();
-                secure.keys = Some(SessionKeys { sealer, opener });
+                secure.keys = Keying::Unconfirmed(SessionKeys { sealer, opener });
                 if c.session != 0 {
                     self.session_events.push_back(c.opened_event(id));
                 }
@@ -1892,13 +1956,12 @@ impl Server {
             opened: now,
             last_heard: now,
             maxidle,
+            phase: ConnPhase::Hello {
+                expires: now + maxidle.min(self.limits.hello_idle),
+            },
             welcome_pending,
-            close_ack_pending: false,
-            closed_at: None,
-            client_segments: None,
             corrupt_bytes: 0,
             queued: false,
-            heard_data: false,
             window_bytes,
             secure,
             unvalidated: None,
@@ -1990,7 +2053,7 @@ impl Server {
                     };
                     // Nothing goes to an unconfirmed client (its hello's
                     // response was all), nor past the 3× limit on a new path.
-                    let Some(keys) = secure.keys.as_mut().filter(|_| secure.confirmed) else {
+                    let Keying::Confirmed(keys) = &mut secure.keys else {
                         continue;
                     };
                     let len = n + frame::overhead(keys.sealer.tag_len());
@@ -2018,11 +2081,7 @@ impl Server {
     }
 
     pub fn poll_timeout(&self) -> Option<Time> {
-        let hello_idle = self.limits.hello_idle;
-        self.conns
-            .values()
-            .map(|c| c.poll_timeout(hello_idle))
-            .min()
+        self.conns.values().map(Conn::poll_timeout).min()
     }
 
     /// The longest datagram [`Server::poll_transmit`] writes (a reply
@@ -2086,7 +2145,7 @@ impl Server {
                 conn.receiver.handle_timeout(now);
                 woken.push(id);
             }
-            if conn.deadline(self.limits.hello_idle) <= now {
+            if conn.deadline() <= now {
                 expired.push(id);
             }
         }
@@ -2106,7 +2165,7 @@ impl Server {
         }
         for id in expired {
             let conn = self.remove_conn(id).expect("listed above");
-            if conn.closed_at.is_none() {
+            if !conn.is_closed() {
                 self.reports
                     .push_back(conn.report(id, ConnEnd::Idle, conn.last_heard, self.stats));
                 if conn.session != 0 && conn.keyed() {
@@ -2236,7 +2295,7 @@ mod tests {
         server.handle_datagram(t0, addr(1), &mut close[..n].to_vec());
         server.handle_datagram(t0, addr(1), &mut protected[..n + 32].to_vec());
         assert_eq!(server.stats().unknown_connection, 2);
-        assert!(server.conns[&id].closed_at.is_none());
+        assert!(!server.conns[&id].is_closed());
         let mut buf = vec![0u8; 2048];
         assert!(server.poll_transmit(t0, &mut buf).is_none());
         assert!(server.poll_session_event().is_none());
