@@ -21,6 +21,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -302,11 +303,35 @@ pub struct Arrival<'a> {
     pub payload: &'a [u8],
 }
 
+/// What a connection is for: a probe (a sink, its data only counted) or
+/// a file-transfer session (its data handed to the application). On the
+/// wire a hello names it by one id, 0 for a probe; it is decoded once,
+/// where a hello is taken in ([`Purpose::of_wire`]), and matched after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    Probe,
+    Session(NonZeroU64),
+}
+
+impl Purpose {
+    /// The purpose a hello's session id names (0: a probe).
+    pub fn of_wire(session: u64) -> Purpose {
+        NonZeroU64::new(session).map_or(Purpose::Probe, Purpose::Session)
+    }
+
+    /// The session id a hello carries for this purpose.
+    pub fn to_wire(self) -> u64 {
+        match self {
+            Purpose::Probe => 0,
+            Purpose::Session(id) => id.get(),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Conn {
     peer: SocketAddr,
-    /// 0 for a probe (a sink), else the session its data is for.
-    session: u64,
+    purpose: Purpose,
     mss: u32,
     /// The application's answer to the stream, once given.
     reply: Option<Vec<u8>>,
@@ -531,10 +556,11 @@ impl Conn {
             .is_none_or(|s| !matches!(s.keys, Keying::Awaiting { .. }))
     }
 
-    fn opened_event(&self, conn_id: u64) -> SessionEvent {
+    /// What its application is told of a session connection opened.
+    fn opened_event(&self, conn_id: u64, session: NonZeroU64) -> SessionEvent {
         SessionEvent::Opened {
             conn_id,
-            session: self.session,
+            session: session.get(),
             peer: self.peer,
             peer_key: self.secure.as_ref().map(|s| s.peer_key),
             payload_size: self.payload_size(),
@@ -621,7 +647,7 @@ impl Conn {
     fn report(&self, conn_id: u64, end: ConnEnd, until: Time, server: ServerStats) -> ConnReport {
         ConnReport {
             conn_id,
-            session: self.session,
+            session: self.purpose.to_wire(),
             peer: self.peer,
             end,
             secs: until.saturating_since(self.opened).as_secs_f64(),
@@ -937,7 +963,7 @@ impl Server {
                 conn.last_heard,
                 self.stats,
             ));
-            if conn.session != 0 {
+            if let Purpose::Session(_) = conn.purpose {
                 self.session_events.push_back(SessionEvent::Ended {
                     conn_id,
                     end: ConnEnd::Idle,
@@ -1157,18 +1183,26 @@ impl Server {
                         conn.fetches.push_back(0);
                     }
                     if let Ok(Some(new)) = conn.receiver.handle_segment(now, &seg) {
-                        if conn.session != 0 {
-                            arrival = Some(Arrival {
-                                conn_id,
-                                session: conn.session,
-                                offset,
-                                payload: new.payload,
-                            });
-                        } else if pattern_mismatch(offset, new.payload).is_some() {
-                            conn.corrupt_bytes += new.payload.len() as u64;
+                        match conn.purpose {
+                            Purpose::Session(session) => {
+                                arrival = Some(Arrival {
+                                    conn_id,
+                                    session: session.get(),
+                                    offset,
+                                    payload: new.payload,
+                                });
+                            }
+                            Purpose::Probe => {
+                                if pattern_mismatch(offset, new.payload).is_some() {
+                                    conn.corrupt_bytes += new.payload.len() as u64;
+                                }
+                            }
                         }
                     }
-                    if conn.session != 0 && !conn.complete_told && conn.receiver.is_complete() {
+                    if conn.purpose != Purpose::Probe
+                        && !conn.complete_told
+                        && conn.receiver.is_complete()
+                    {
                         conn.complete_told = true;
                         self.session_events
                             .push_back(SessionEvent::Complete { conn_id });
@@ -1186,7 +1220,7 @@ impl Server {
                 }
                 return None;
             }
-            Packet::Fetch(f) if conn.session != 0 => {
+            Packet::Fetch(f) if conn.purpose != Purpose::Probe => {
                 if conn.fetches.len() < FETCH_QUEUE_MAX && !conn.fetches.contains(&f.offset) {
                     conn.fetches.push_back(f.offset);
                 }
@@ -1212,7 +1246,7 @@ impl Server {
                     if let Some((_, bytes)) = self.per_ip.get_mut(&from.ip()) {
                         *bytes = bytes.saturating_sub(freed);
                     }
-                    if conn.session != 0 {
+                    if let Purpose::Session(_) = conn.purpose {
                         self.session_events.push_back(SessionEvent::Ended {
                             conn_id,
                             end: ConnEnd::Closed,
@@ -1724,8 +1758,8 @@ impl Server {
                 };
                 let (sealer, opener) = session.into_protection();
                 secure.keys = Keying::Unconfirmed(SessionKeys { sealer, opener });
-                if c.session != 0 {
-                    self.session_events.push_back(c.opened_event(id));
+                if let Purpose::Session(session) = c.purpose {
+                    self.session_events.push_back(c.opened_event(id, session));
                 }
                 // Worth its price: the source's token goes back.
                 self.rate.refund(now, from.ip());
@@ -1774,10 +1808,9 @@ impl Server {
         let rcvsegs = u64::from(p.rcvsegs.min(limits.max_rcvsegs))
             .min(limits.max_window_bytes / payload)
             .max(1);
-        let window_bytes = if hello.session == 0 {
-            0
-        } else {
-            rcvsegs * payload
+        let window_bytes = match Purpose::of_wire(hello.session) {
+            Purpose::Probe => 0,
+            Purpose::Session(_) => rcvsegs * payload,
         };
         let (from_ip, ip_window) = self.per_ip.get(&from.ip()).copied().unwrap_or((0, 0));
         // One address may hold half the window budget (at least
@@ -1938,15 +1971,15 @@ impl Server {
             quickack: u32::from(params.quickack),
         };
         self.stats.connections += 1;
-        let receiver = if hello.session == 0 {
-            Receiver::sink(config, hello.conn_id)
-        } else {
-            Receiver::placing(config, hello.conn_id)
+        let purpose = Purpose::of_wire(hello.session);
+        let receiver = match purpose {
+            Purpose::Probe => Receiver::sink(config, hello.conn_id),
+            Purpose::Session(_) => Receiver::placing(config, hello.conn_id),
         };
         let welcome_pending = secure.is_none();
         let conn = Conn {
             peer: from,
-            session: hello.session,
+            purpose,
             mss: hello.mss,
             reply: None,
             fetches: VecDeque::new(),
@@ -1968,8 +2001,9 @@ impl Server {
         };
         // An authenticated connection is opened for its application when
         // its keys arrive ([`Server::on_response`]).
-        if conn.session != 0 && conn.keyed() {
-            self.session_events.push_back(conn.opened_event(key));
+        if let (Purpose::Session(session), true) = (conn.purpose, conn.keyed()) {
+            self.session_events
+                .push_back(conn.opened_event(key, session));
         }
         self.conns.insert(key, conn);
         self.windows_held += window_bytes;
@@ -2168,7 +2202,7 @@ impl Server {
             if !conn.is_closed() {
                 self.reports
                     .push_back(conn.report(id, ConnEnd::Idle, conn.last_heard, self.stats));
-                if conn.session != 0 && conn.keyed() {
+                if conn.purpose != Purpose::Probe && conn.keyed() {
                     self.session_events.push_back(SessionEvent::Ended {
                         conn_id: id,
                         end: ConnEnd::Idle,
@@ -2308,6 +2342,17 @@ mod tests {
         ));
         assert!(matches!(server.poll_transmit(t0, &mut buf), Some((to, _)) if to == addr(1)));
         assert_eq!(server.handshakes_in_flight(), 0);
+    }
+
+    #[test]
+    fn session_id_0_on_the_wire_is_a_probe_and_every_other_a_session() {
+        assert_eq!(Purpose::of_wire(0), Purpose::Probe);
+        assert_eq!(Purpose::Probe.to_wire(), 0);
+        for id in [1, 77, u64::MAX] {
+            let purpose = Purpose::of_wire(id);
+            assert!(matches!(purpose, Purpose::Session(s) if s.get() == id));
+            assert_eq!(purpose.to_wire(), id);
+        }
     }
 
     /// Client and server wired back to back, no loss: the whole life of a
