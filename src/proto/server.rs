@@ -38,8 +38,8 @@ use super::receiver::{Receiver, ReceiverConfig};
 use super::time::Time;
 use super::wire::ReceiverStats;
 use super::wire::{
-    hello_token, AddressToken, CloseAck, HeaderPeek, Hello, Packet, PathProbe, ReceiverParams,
-    Reject, RejectReason, Reply, Retry, Welcome, CONTROL_MAX_LEN, DATA_HEADER_LEN,
+    hello_token, AddressToken, CloseAck, DataSegment, HeaderPeek, Hello, Packet, PathProbe,
+    ReceiverParams, Reject, RejectReason, Reply, Retry, Welcome, CONTROL_MAX_LEN, DATA_HEADER_LEN,
     REPLY_HEADER_LEN, VERSION,
 };
 
@@ -534,6 +534,42 @@ enum InFlight {
         why: String,
     },
 }
+
+/// Where a datagram goes, by its header alone.
+enum Route {
+    Undecodable,
+    /// A hello or key query of another version: answered with ours.
+    ForeignVersion,
+    /// A Noise hello.
+    SecureHello,
+    /// A query for the server's public key.
+    KeyQuery,
+    /// A packet of this version, plain or protected.
+    Packet,
+}
+
+fn route(peek: &HeaderPeek) -> Route {
+    let handshake_kind =
+        peek.kind == handshake::KIND_HELLO || peek.kind == handshake::KIND_KEY_QUERY;
+    if peek.version != VERSION {
+        return if peek.is_hello() || handshake_kind {
+            Route::ForeignVersion
+        } else {
+            Route::Undecodable
+        };
+    }
+    if peek.kind == handshake::KIND_HELLO {
+        Route::SecureHello
+    } else if peek.kind == handshake::KIND_KEY_QUERY {
+        Route::KeyQuery
+    } else {
+        Route::Packet
+    }
+}
+
+/// Nothing to send for a connection's packet: it was dropped (and
+/// counted where it was), or needs no answer.
+struct NothingToSend;
 
 /// What a connection has to send next.
 enum Next {
@@ -1077,77 +1113,79 @@ impl Server {
         datagram: &'a mut [u8],
     ) -> Option<Arrival<'a>> {
         self.stats.datagrams += 1;
-        let len = datagram.len();
         let Some(peek) = HeaderPeek::read(datagram) else {
             self.stats.undecodable += 1;
             return None;
         };
-        if peek.version != VERSION {
-            if peek.is_hello()
-                || peek.kind == handshake::KIND_HELLO
-                || peek.kind == handshake::KIND_KEY_QUERY
-            {
-                self.stats.version_rejects += 1;
-                self.notice(
-                    now,
-                    Notice::VersionRejected {
-                        peer: from,
-                        theirs: peek.version,
-                    },
-                );
-                self.reject(from, peek.conn_id, RejectReason::UnsupportedVersion);
-            } else {
-                self.stats.undecodable += 1;
+        match route(&peek) {
+            Route::Undecodable => self.stats.undecodable += 1,
+            Route::ForeignVersion => self.on_foreign_version(now, from, &peek),
+            Route::SecureHello => self.on_secure_hello(now, from, datagram),
+            Route::KeyQuery => self.on_key_query(from, peek.conn_id, datagram),
+            Route::Packet => return self.on_packet(now, from, peek.conn_id, datagram),
+        }
+        None
+    }
+
+    /// A hello or key query of another version: answered with ours.
+    fn on_foreign_version(&mut self, now: Time, from: SocketAddr, peek: &HeaderPeek) {
+        self.stats.version_rejects += 1;
+        self.notice(
+            now,
+            Notice::VersionRejected {
+                peer: from,
+                theirs: peek.version,
+            },
+        );
+        self.reject(from, peek.conn_id, RejectReason::UnsupportedVersion);
+    }
+
+    fn on_key_query(&mut self, from: SocketAddr, client_id: u64, datagram: &[u8]) {
+        match self
+            .public_key()
+            .and_then(|key| handshake::answer_key_query(datagram, &key))
+        {
+            Some(answer) => self.queue_handshake(from, answer),
+            // No key to tell: say so (a reject is shorter than the
+            // padded query), so the client need not wait.
+            None if self.responder.is_none() && datagram.len() >= handshake::HELLO_MIN_LEN => {
+                self.reject(from, client_id, RejectReason::NoIdentity);
             }
-            return None;
+            None => self.stats.bad_handshakes += 1,
         }
-        if peek.kind == handshake::KIND_HELLO {
-            self.on_secure_hello(now, from, datagram);
-            return None;
-        }
-        if peek.kind == handshake::KIND_KEY_QUERY {
-            match self
-                .public_key()
-                .and_then(|key| handshake::answer_key_query(datagram, &key))
-            {
-                Some(answer) => self.queue_handshake(from, answer),
-                // No key to tell: say so (a reject is shorter than the
-                // padded query), so the client need not wait.
-                None if self.responder.is_none() && datagram.len() >= handshake::HELLO_MIN_LEN => {
-                    self.reject(from, peek.conn_id, RejectReason::NoIdentity);
-                }
-                None => self.stats.bad_handshakes += 1,
-            }
-            return None;
-        }
-        let conn_id = peek.conn_id;
+    }
+
+    /// A packet of this version, plain or protected: a plain hello, or
+    /// one for a connection, handled by its kind.
+    fn on_packet<'a>(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        conn_id: u64,
+        datagram: &'a mut [u8],
+    ) -> Option<Arrival<'a>> {
+        let len = datagram.len();
         let protected = frame::is_protected(datagram);
         let datagram: &'a [u8] = if protected {
-            let inner = self.open(now, from, conn_id, datagram)?;
-            inner
+            self.open(now, from, conn_id, datagram)?
         } else {
             datagram
         };
-        let packet = match Packet::decode(datagram) {
-            Ok(p) => p,
-            Err(_) => {
-                self.stats.undecodable += 1;
-                return None;
-            }
+        let Ok(packet) = Packet::decode(datagram) else {
+            self.stats.undecodable += 1;
+            return None;
         };
         if let Packet::Hello(hello) = packet {
             if protected {
                 // A hello has no business inside a session's keys.
                 self.stats.unexpected += 1;
-                return None;
-            }
-            if !self.auth.allow_plain {
+            } else if !self.auth.allow_plain {
                 self.stats.plain_refused += 1;
                 self.notice(now, Notice::PlainRefused { peer: from });
                 self.reject(from, hello.conn_id, RejectReason::AuthRequired);
-                return None;
+            } else {
+                self.on_hello(now, from, &hello, hello_token(datagram), len);
             }
-            self.on_hello(now, from, &hello, hello_token(datagram), len);
             return None;
         }
         // A plain packet never belongs to an authenticated connection,
@@ -1167,100 +1205,145 @@ impl Server {
         if let Some(budget) = conn.unvalidated.as_mut() {
             budget.on_received(len);
         }
-        let mut arrival = None;
-        match packet {
-            Packet::Data(seg) => {
-                // A segment the stream cannot hold (a short one before the
-                // end, or one numbered past 2^64 bytes) is as good as lost.
-                let Some(offset) = stream_offset(&seg, conn.payload_size()) else {
-                    self.stats.undecodable += 1;
-                    return None;
-                };
-                if !conn.is_closed() {
-                    // Answered early: say so again, now and then, until the
-                    // client stops sending and fetches.
-                    if conn.reply.is_some() && seg.header.seg % 32 == 0 && conn.fetches.is_empty() {
-                        conn.fetches.push_back(0);
-                    }
-                    if let Ok(Some(new)) = conn.receiver.handle_segment(now, &seg) {
-                        match conn.purpose {
-                            Purpose::Session(session) => {
-                                arrival = Some(Arrival {
-                                    conn_id,
-                                    session: session.get(),
-                                    offset,
-                                    payload: new.payload,
-                                });
-                            }
-                            Purpose::Probe => {
-                                if pattern_mismatch(offset, new.payload).is_some() {
-                                    conn.corrupt_bytes += new.payload.len() as u64;
-                                }
-                            }
-                        }
-                    }
-                    if conn.purpose != Purpose::Probe
-                        && !conn.complete_told
-                        && conn.receiver.is_complete()
-                    {
-                        conn.complete_told = true;
-                        self.session_events
-                            .push_back(SessionEvent::Complete { conn_id });
-                    }
-                }
-            }
-            Packet::PathResponse(p) => {
-                let Some(secure) = conn.secure.as_mut() else {
-                    self.stats.unexpected += 1;
-                    return None;
-                };
-                if secure.path.as_ref().is_some_and(|c| c.token == p.token) {
-                    secure.path = None;
-                    self.stats.paths_validated += 1;
-                }
-                return None;
-            }
-            Packet::Fetch(f) if conn.purpose != Purpose::Probe => {
-                if conn.fetches.len() < FETCH_QUEUE_MAX && !conn.fetches.contains(&f.offset) {
-                    conn.fetches.push_back(f.offset);
-                }
-            }
-            Packet::Close(close) => {
-                if let ConnPhase::Closed {
-                    close_ack_pending, ..
-                } = &mut conn.phase
-                {
-                    *close_ack_pending = true;
-                } else {
-                    conn.phase = ConnPhase::Closed {
-                        at: now,
-                        client_segments: close.segments,
-                        close_ack_pending: true,
-                    };
-                    let report = conn.report(conn_id, ConnEnd::Closed, now, self.stats);
-                    self.reports.push_back(report);
-                    // A closed connection lingers only to answer repeated
-                    // closes: its window goes back to the budget now.
-                    let freed = std::mem::take(&mut conn.window_bytes);
-                    self.windows_held -= freed;
-                    if let Some((_, bytes)) = self.per_ip.get_mut(&from.ip()) {
-                        *bytes = bytes.saturating_sub(freed);
-                    }
-                    if let Purpose::Session(_) = conn.purpose {
-                        self.session_events.push_back(SessionEvent::Ended {
-                            conn_id,
-                            end: ConnEnd::Closed,
-                        });
-                    }
-                }
-            }
+        let handled = match packet {
+            Packet::Data(seg) => self.on_data(now, conn_id, &seg),
+            Packet::PathResponse(p) => self.on_path_response(conn_id, p.token),
+            Packet::Fetch(f) => self.on_fetch(conn_id, f.offset),
+            Packet::Close(close) => self.on_close(now, conn_id, close.segments),
             _ => {
                 self.stats.unexpected += 1;
-                return None;
+                Err(NothingToSend)
             }
-        }
+        };
+        let arrival = handled.ok()?;
         self.enqueue(conn_id);
         arrival
+    }
+
+    /// A data segment of connection `conn_id`: placed by its receiver, and
+    /// its new bytes handed to the session or checked against the probe's
+    /// pattern.
+    fn on_data<'a>(
+        &mut self,
+        now: Time,
+        conn_id: u64,
+        seg: &DataSegment<'a>,
+    ) -> Result<Option<Arrival<'a>>, NothingToSend> {
+        let conn = self.conns.get_mut(&conn_id).ok_or(NothingToSend)?;
+        // A segment the stream cannot hold (a short one before the end,
+        // or one numbered past 2^64 bytes) is as good as lost.
+        let Some(offset) = stream_offset(seg, conn.payload_size()) else {
+            self.stats.undecodable += 1;
+            return Err(NothingToSend);
+        };
+        if conn.is_closed() {
+            return Ok(None);
+        }
+        // Answered early: say so again, now and then, until the client
+        // stops sending and fetches.
+        if conn.reply.is_some() && seg.header.seg % 32 == 0 && conn.fetches.is_empty() {
+            conn.fetches.push_back(0);
+        }
+        let mut arrival = None;
+        if let Ok(Some(new)) = conn.receiver.handle_segment(now, seg) {
+            match conn.purpose {
+                Purpose::Session(session) => {
+                    arrival = Some(Arrival {
+                        conn_id,
+                        session: session.get(),
+                        offset,
+                        payload: new.payload,
+                    });
+                }
+                Purpose::Probe => {
+                    if pattern_mismatch(offset, new.payload).is_some() {
+                        conn.corrupt_bytes += new.payload.len() as u64;
+                    }
+                }
+            }
+        }
+        if conn.purpose != Purpose::Probe && !conn.complete_told && conn.receiver.is_complete() {
+            conn.complete_told = true;
+            self.session_events
+                .push_back(SessionEvent::Complete { conn_id });
+        }
+        Ok(arrival)
+    }
+
+    /// The client's echo of a path challenge: the new path is validated
+    /// if it echoes the one outstanding (RFC 9000 §8.2.2). Nothing to
+    /// send for it.
+    fn on_path_response(
+        &mut self,
+        conn_id: u64,
+        token: u64,
+    ) -> Result<Option<Arrival<'static>>, NothingToSend> {
+        let conn = self.conns.get_mut(&conn_id).ok_or(NothingToSend)?;
+        let Some(secure) = conn.secure.as_mut() else {
+            self.stats.unexpected += 1;
+            return Err(NothingToSend);
+        };
+        if secure.path.as_ref().is_some_and(|c| c.token == token) {
+            secure.path = None;
+            self.stats.paths_validated += 1;
+        }
+        Err(NothingToSend)
+    }
+
+    /// A session client asks for its reply from `offset`.
+    fn on_fetch(
+        &mut self,
+        conn_id: u64,
+        offset: u32,
+    ) -> Result<Option<Arrival<'static>>, NothingToSend> {
+        let conn = self.conns.get_mut(&conn_id).ok_or(NothingToSend)?;
+        if conn.purpose == Purpose::Probe {
+            self.stats.unexpected += 1;
+            return Err(NothingToSend);
+        }
+        if conn.fetches.len() < FETCH_QUEUE_MAX && !conn.fetches.contains(&offset) {
+            conn.fetches.push_back(offset);
+        }
+        Ok(None)
+    }
+
+    /// The client closed, having sent `client_segments`: reported at the
+    /// first close, acknowledged at every one.
+    fn on_close(
+        &mut self,
+        now: Time,
+        conn_id: u64,
+        client_segments: u64,
+    ) -> Result<Option<Arrival<'static>>, NothingToSend> {
+        let conn = self.conns.get_mut(&conn_id).ok_or(NothingToSend)?;
+        if let ConnPhase::Closed {
+            close_ack_pending, ..
+        } = &mut conn.phase
+        {
+            *close_ack_pending = true;
+            return Ok(None);
+        }
+        conn.phase = ConnPhase::Closed {
+            at: now,
+            client_segments,
+            close_ack_pending: true,
+        };
+        let report = conn.report(conn_id, ConnEnd::Closed, now, self.stats);
+        self.reports.push_back(report);
+        // A closed connection lingers only to answer repeated closes: its
+        // window goes back to the budget now.
+        let freed = std::mem::take(&mut conn.window_bytes);
+        self.windows_held -= freed;
+        if let Some((_, bytes)) = self.per_ip.get_mut(&conn.peer.ip()) {
+            *bytes = bytes.saturating_sub(freed);
+        }
+        if let Purpose::Session(_) = conn.purpose {
+            self.session_events.push_back(SessionEvent::Ended {
+                conn_id,
+                end: ConnEnd::Closed,
+            });
+        }
+        Ok(None)
     }
 
     /// Opens a protected datagram for connection `conn_id` in place and
