@@ -472,6 +472,15 @@ struct Admission {
     maxidle: Duration,
 }
 
+/// What [`Server::decide_hello`] made of an authenticated hello, beside
+/// the decision it gives the handshake: what was admitted if it was, and
+/// why it was refused if it was, for the operator.
+#[derive(Default)]
+struct Verdict {
+    admitted: Option<(Hello, Admission)>,
+    why: String,
+}
+
 /// A hello's public-key work, handed out by
 /// [`Server::poll_handshake_work`]: the X25519 operations of one Noise
 /// message and nothing of the server's state but its key, so it can run
@@ -1663,51 +1672,12 @@ impl Server {
         let Some(mut responder) = self.responder.take() else {
             return;
         };
-        let mut server_id = handshake::random_id().unwrap_or(0);
-        while server_id == 0 || self.conns.contains_key(&server_id) {
-            server_id = server_id.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        }
-        let mut admitted: Option<(Hello, Admission)> = None;
-        let mut refused_why = String::new();
+        let server_id = self.fresh_server_id();
+        let mut verdict = Verdict::default();
         let judged = responder.judge(opened, server_id, |key, params| {
-            if let Some(keys) = &self.auth.authorized {
-                if keys.find(key).is_none() {
-                    refused_why =
-                        "its key is not in the authorized keys (not answered)".to_string();
-                    return Decision::Ignore;
-                }
-            }
-            let hello = match Packet::decode(params) {
-                Ok(Packet::Hello(h)) => h,
-                _ => {
-                    refused_why = "its parameters are not a hello".to_string();
-                    return Decision::Refuse(RefuseReason::ParamsRefused);
-                }
-            };
-            match self.admission(from, &hello) {
-                Ok(admission) => {
-                    let welcome = Welcome {
-                        conn_id: hello.conn_id,
-                        receiver: ReceiverParams {
-                            rcvbuf: self.granted_rcvbuf,
-                            ..admission.params
-                        },
-                    };
-                    let mut bytes = vec![0u8; CONTROL_MAX_LEN];
-                    let n = welcome.emit(&mut bytes).unwrap_or(0);
-                    bytes.truncate(n);
-                    admitted = Some((hello, admission));
-                    Decision::Accept(bytes)
-                }
-                Err((reason, why)) => {
-                    refused_why = why;
-                    Decision::Refuse(if reason == RejectReason::Busy {
-                        RefuseReason::Busy
-                    } else {
-                        RefuseReason::ParamsRefused
-                    })
-                }
-            }
+            let decision;
+            (decision, verdict) = self.decide_hello(from, key, params);
+            decision
         });
         self.responder = Some(responder);
         let work = match judged {
@@ -1719,7 +1689,7 @@ impl Server {
                     Notice::AuthRefused {
                         peer: from,
                         key: peer,
-                        why: refused_why,
+                        why: verdict.why,
                     },
                 );
                 return;
@@ -1732,26 +1702,11 @@ impl Server {
         let ticket = self.take_ticket();
         // A refusal for the clock (the floor) was admitted by the budgets
         // and makes no connection.
-        let conn = match admitted.filter(|_| work.accepts()) {
-            Some((hello, admission)) => {
+        let conn = verdict
+            .admitted
+            .filter(|_| work.accepts())
+            .map(|(hello, admission)| {
                 let (peer_key, client_id) = work.client();
-                // A hello repeated after a lost response made a session
-                // the client will never use: the newer one replaces it.
-                let stale: Vec<u64> = self
-                    .conns
-                    .iter()
-                    .filter(|(_, c)| {
-                        c.secure.as_ref().is_some_and(|s| {
-                            !matches!(s.keys, Keying::Confirmed(_))
-                                && s.peer_key == peer_key
-                                && s.client_id == client_id
-                        })
-                    })
-                    .map(|(&id, _)| id)
-                    .collect();
-                for id in stale {
-                    self.remove_conn(id);
-                }
                 let secure = ConnSecure {
                     keys: Keying::Awaiting { ticket },
                     peer_key,
@@ -1759,18 +1714,9 @@ impl Server {
                     largest_pn: None,
                     path: None,
                 };
-                self.insert_conn(
-                    now,
-                    from,
-                    server_id,
-                    &hello,
-                    admission,
-                    Some(Box::new(secure)),
-                );
-                Some(server_id)
-            }
-            None => None,
-        };
+                self.insert_awaiting(now, from, server_id, &hello, admission, secure);
+                server_id
+            });
         self.hand_out(
             ticket,
             Job::Respond(work),
@@ -1778,9 +1724,117 @@ impl Server {
                 from,
                 hello_len,
                 conn,
-                why: refused_why,
+                why: verdict.why,
             },
         );
+    }
+
+    /// The server's decision about an authenticated client's key and
+    /// hello parameters, for [`Responder::judge`].
+    fn decide_hello(
+        &self,
+        from: SocketAddr,
+        key: &PublicKey,
+        params: &[u8],
+    ) -> (Decision, Verdict) {
+        let refused = |decision, why: &str| {
+            let why = why.to_string();
+            (
+                decision,
+                Verdict {
+                    admitted: None,
+                    why,
+                },
+            )
+        };
+        if let Some(keys) = &self.auth.authorized {
+            if keys.find(key).is_none() {
+                return refused(
+                    Decision::Ignore,
+                    "its key is not in the authorized keys (not answered)",
+                );
+            }
+        }
+        let Ok(Packet::Hello(hello)) = Packet::decode(params) else {
+            return refused(
+                Decision::Refuse(RefuseReason::ParamsRefused),
+                "its parameters are not a hello",
+            );
+        };
+        match self.admission(from, &hello) {
+            Ok(admission) => {
+                let welcome = Welcome {
+                    conn_id: hello.conn_id,
+                    receiver: ReceiverParams {
+                        rcvbuf: self.granted_rcvbuf,
+                        ..admission.params
+                    },
+                };
+                let mut bytes = vec![0u8; CONTROL_MAX_LEN];
+                let n = welcome.emit(&mut bytes).unwrap_or(0);
+                bytes.truncate(n);
+                let verdict = Verdict {
+                    admitted: Some((hello, admission)),
+                    why: String::new(),
+                };
+                (Decision::Accept(bytes), verdict)
+            }
+            Err((reason, why)) => {
+                let reason = if reason == RejectReason::Busy {
+                    RefuseReason::Busy
+                } else {
+                    RefuseReason::ParamsRefused
+                };
+                (
+                    Decision::Refuse(reason),
+                    Verdict {
+                        admitted: None,
+                        why,
+                    },
+                )
+            }
+        }
+    }
+
+    /// Makes the connection of an accepted authenticated hello, waiting
+    /// for its keys. A hello repeated after a lost response made a
+    /// session the client will never use: the newer one replaces it.
+    fn insert_awaiting(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        server_id: u64,
+        hello: &Hello,
+        admission: Admission,
+        secure: ConnSecure,
+    ) {
+        let stale: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.secure.as_ref().is_some_and(|s| {
+                    !matches!(s.keys, Keying::Confirmed(_))
+                        && s.peer_key == secure.peer_key
+                        && s.client_id == secure.client_id
+                })
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in stale {
+            self.remove_conn(id);
+        }
+        let secure = Some(Box::new(secure));
+        self.insert_conn(now, from, server_id, hello, admission, secure);
+    }
+
+    /// An id for a new authenticated connection: random, never 0, and not
+    /// one in use.
+    fn fresh_server_id(&self) -> u64 {
+        let mut server_id = handshake::random_id().unwrap_or(0);
+        while server_id == 0 || self.conns.contains_key(&server_id) {
+            server_id = server_id.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        }
+        server_id
     }
 
     /// A response made: a refusal is sent; an acceptance installs its
