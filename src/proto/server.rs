@@ -24,6 +24,8 @@ use std::net::SocketAddr;
 use std::num::NonZeroU64;
 use std::time::Duration;
 
+use rand_chacha::ChaCha20Rng;
+use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
 
 use super::crypto::amplification::Budget;
@@ -74,6 +76,14 @@ const HANDSHAKE_QUEUE: usize = 64;
 /// abandoned for the last validated one (§9.3.2).
 const PATH_CHALLENGE_EVERY: Duration = Duration::from_millis(500);
 const PATH_GIVE_UP: Duration = Duration::from_secs(3);
+
+/// A fresh 32-byte secret (a cookie or token secret) from the server's
+/// CSPRNG.
+fn draw_secret(random: &mut ChaCha20Rng) -> [u8; 32] {
+    let mut secret = [0u8; 32];
+    random.fill_bytes(&mut secret);
+    secret
+}
 
 /// Bytes of reply carried by one fragment to a client of `mss`.
 pub fn reply_fragment_len(mss: u32) -> usize {
@@ -824,8 +834,16 @@ pub struct Server {
     /// needs: at most [`ServerLimits::handshake_queue`].
     in_flight: HashMap<u64, InFlight>,
     next_ticket: u64,
-    /// The secret of plain hellos' address tokens (`None` if the OS
-    /// random generator failed: then no token is valid).
+    /// Every random number the server uses once running: connection
+    /// ids, path challenges, cookie and token secrets. A CSPRNG seeded
+    /// once, from the OS by [`Server::new`] or from the caller by
+    /// [`Server::with_seed`], so that handling datagrams never asks the
+    /// OS and a run fed the same seed and datagrams is the same run.
+    /// `None` if the OS random generator failed: then no token is valid
+    /// and no key can be served.
+    random: Option<ChaCha20Rng>,
+    /// The secret of plain hellos' address tokens (`None` without
+    /// `random`).
     tokens: Option<CookieSecret>,
     tokens_rotated: Time,
     /// Retries to send: bounded like the rejects.
@@ -876,6 +894,28 @@ impl Server {
     /// A server whose socket was given `rcvbuf_set` bytes of receive
     /// buffer, which the kernel reports as `rcvbuf_granted`.
     pub fn new(limits: ServerLimits, rcvbuf_set: u32, rcvbuf_granted: u32) -> Server {
+        let mut seed = [0u8; 32];
+        let os = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut seed);
+        let server = Server::unseeded(limits, rcvbuf_set, rcvbuf_granted);
+        match os {
+            Ok(()) => server.with_seed(seed),
+            Err(_) => server,
+        }
+    }
+
+    /// The server's randomness comes from `seed` (32 bytes from a
+    /// CSPRNG, or a simulation's seed): its connection ids, path
+    /// challenges and cookie and token secrets. Before
+    /// [`with_auth`](Self::with_auth), which draws the responder's
+    /// cookie secret.
+    pub fn with_seed(mut self, seed: [u8; 32]) -> Server {
+        let mut random = ChaCha20Rng::from_seed(seed);
+        self.tokens = Some(CookieSecret::new(draw_secret(&mut random)));
+        self.random = Some(random);
+        self
+    }
+
+    fn unseeded(limits: ServerLimits, rcvbuf_set: u32, rcvbuf_granted: u32) -> Server {
         Server {
             limits,
             auth: ServerAuth::plain(),
@@ -896,7 +936,8 @@ impl Server {
             handshake_work: VecDeque::new(),
             in_flight: HashMap::new(),
             next_ticket: 0,
-            tokens: CookieSecret::random().ok(),
+            random: None,
+            tokens: None,
             tokens_rotated: Time::ZERO,
             retries: VecDeque::new(),
             unvalidated: 0,
@@ -932,8 +973,10 @@ impl Server {
     pub fn with_auth(mut self, auth: ServerAuth) -> Result<Server, HandshakeError> {
         self.responder = match &auth.identity {
             Some(id) => {
-                let cookies = CookieSecret::random()
-                    .map_err(|_| HandshakeError::Noise("the OS random generator failed".into()))?;
+                let random = self.random.as_mut().ok_or_else(|| {
+                    HandshakeError::Noise("the OS random generator failed".into())
+                })?;
+                let cookies = CookieSecret::new(draw_secret(random));
                 Some(
                     Responder::new(id.clone(), cookies)
                         .with_timestamp_floor(self.limits.replay_floor_ns)
@@ -1405,7 +1448,7 @@ impl Server {
             budget.on_received(len);
             let fallback = secure.path.as_ref().map_or(conn.peer, |c| c.fallback);
             secure.path = Some(PathCheck {
-                token: handshake::random_id().unwrap_or(pn ^ 0x5bd1_e995),
+                token: self.random.as_mut().map_or(pn ^ 0x5bd1_e995, Rng::next_u64),
                 budget,
                 fallback,
                 started: now,
@@ -1467,10 +1510,8 @@ impl Server {
             return;
         };
         if now.saturating_since(self.cookie_rotated) >= super::crypto::cookie::BUCKET {
-            let mut fresh = [0u8; 32];
-            if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut fresh).is_ok()
-            {
-                responder.rotate_cookie_secret(fresh);
+            if let Some(random) = self.random.as_mut() {
+                responder.rotate_cookie_secret(draw_secret(random));
                 self.cookie_rotated = now;
             }
         }
@@ -1829,8 +1870,8 @@ impl Server {
 
     /// An id for a new authenticated connection: random, never 0, and not
     /// one in use.
-    fn fresh_server_id(&self) -> u64 {
-        let mut server_id = handshake::random_id().unwrap_or(0);
+    fn fresh_server_id(&mut self) -> u64 {
+        let mut server_id = self.random.as_mut().map_or(0, Rng::next_u64);
         while server_id == 0 || self.conns.contains_key(&server_id) {
             server_id = server_id.wrapping_add(0x9E37_79B9_7F4A_7C15);
         }
@@ -2019,11 +2060,9 @@ impl Server {
             return;
         }
         if now.saturating_since(self.tokens_rotated) >= super::crypto::cookie::BUCKET {
-            let mut fresh = [0u8; 32];
-            if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut fresh).is_ok()
-            {
+            if let Some(random) = self.random.as_mut() {
                 if let Some(t) = self.tokens.as_mut() {
-                    t.rotate(fresh);
+                    t.rotate(draw_secret(random));
                 }
                 self.tokens_rotated = now;
             }
@@ -2542,6 +2581,22 @@ mod tests {
     /// kept; the same hello with the token opens the connection, from
     /// another port too; a token for another address, or forged, is
     /// another retry.
+    /// The server's randomness is an input: the same seed and datagrams
+    /// give the same answers (a reproducible run), another seed others.
+    #[test]
+    fn a_seeded_server_answers_the_same_hello_the_same_way_and_another_seed_does_not() {
+        let retry_from = |seed: [u8; 32]| {
+            let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20).with_seed(seed);
+            server.handle_datagram(Time::ZERO, addr(1), &mut hello(5, 1472, 0, 1024));
+            let mut out = [0u8; 128];
+            let (_, n) = server.poll_transmit(Time::ZERO, &mut out).unwrap();
+            assert!(matches!(Packet::decode(&out[..n]), Ok(Packet::Retry(_))));
+            out[..n].to_vec()
+        };
+        assert_eq!(retry_from([7; 32]), retry_from([7; 32]));
+        assert_ne!(retry_from([7; 32]), retry_from([8; 32]));
+    }
+
     #[test]
     fn a_plain_hello_without_a_token_gets_a_retry_and_nothing_is_kept() {
         let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
