@@ -384,7 +384,14 @@ pub fn wall_clock_ns() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
+/// A client's connection (or session) id, from the OS CSPRNG: a plain
+/// server knows the connection by it, so one that could be guessed (as a
+/// hash of the time and process id could) lets another host aim packets
+/// at it. That hash only if the OS generator fails.
 pub fn fresh_conn_id() -> u64 {
+    if let Ok(id) = crate::proto::crypto::handshake::random_id() {
+        return id;
+    }
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(

@@ -25,7 +25,7 @@ use super::events::{TimedEvent, TraceRecord};
 use super::path_memory::PathMemory;
 use super::payload::PayloadSource;
 use super::sender::{Sender, SenderState};
-use super::server::reply_fragment_len;
+use super::server::{reply_fragment_len, Purpose};
 use super::time::Time;
 use super::tuning::{Tuning, TuningError};
 use super::wire::ReceiverStats;
@@ -329,8 +329,7 @@ impl Retry {
 #[derive(Debug)]
 pub struct Client {
     conn_id: u64,
-    /// 0 for a probe; else the file-transfer session.
-    session: u64,
+    purpose: Purpose,
     /// Longest reply accepted for this connection's stream.
     reply_limit: u32,
     reply: Option<Vec<u8>>,
@@ -393,7 +392,7 @@ impl Client {
         Sender::new(tuning, conn_id, stream_len, now)?;
         Ok(Client {
             conn_id,
-            session: 0,
+            purpose: Purpose::Probe,
             reply_limit: REPLY_MAX,
             reply: None,
             close_unacknowledged: false,
@@ -516,8 +515,9 @@ impl Client {
     /// Makes this a connection of file-transfer session `session`: the
     /// server hands its stream to the session, and once all of it is
     /// acknowledged the client fetches the server's reply before closing.
+    /// Session 0 is a probe's id on the wire: it makes the client a probe.
     pub fn with_session(mut self, session: u64) -> Client {
-        self.session = session;
+        self.purpose = Purpose::of_wire(session);
         self
     }
 
@@ -600,7 +600,7 @@ impl Client {
             conn_id: self.conn_id,
             mss: t.mss,
             maxidle_ms: u32::try_from(t.maxidle.as_millis()).unwrap_or(u32::MAX),
-            session: self.session,
+            session: self.purpose.to_wire(),
             receiver: ReceiverParams {
                 rcvsegs: t.rcvsegs,
                 rcvbuf: t.rcvbuf,
@@ -781,7 +781,7 @@ impl Client {
             // The server answered before all was sent (it failed): stop
             // sending and fetch the answer.
             (Packet::Reply(reply @ Reply::Fragment { .. }), State::Transfer)
-                if self.session != 0 =>
+                if self.purpose != Purpose::Probe =>
             {
                 self.state = State::Fetching(Box::new(Fetching::new(
                     now,
@@ -895,7 +895,7 @@ impl Client {
             return;
         };
         match (sender.state(), &self.state) {
-            (SenderState::Finished, State::Transfer) if self.session != 0 => {
+            (SenderState::Finished, State::Transfer) if self.purpose != Purpose::Probe => {
                 self.state = State::Fetching(Box::new(Fetching::new(
                     now,
                     self.tuning.mss,

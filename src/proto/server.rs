@@ -21,8 +21,11 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::num::NonZeroU64;
 use std::time::Duration;
 
+use rand_chacha::ChaCha20Rng;
+use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
 
 use super::crypto::amplification::Budget;
@@ -37,8 +40,8 @@ use super::receiver::{Receiver, ReceiverConfig};
 use super::time::Time;
 use super::wire::ReceiverStats;
 use super::wire::{
-    hello_token, AddressToken, CloseAck, HeaderPeek, Hello, Packet, PathProbe, ReceiverParams,
-    Reject, RejectReason, Reply, Retry, Welcome, CONTROL_MAX_LEN, DATA_HEADER_LEN,
+    hello_token, AddressToken, CloseAck, DataSegment, HeaderPeek, Hello, Packet, PathProbe,
+    ReceiverParams, Reject, RejectReason, Reply, Retry, Welcome, CONTROL_MAX_LEN, DATA_HEADER_LEN,
     REPLY_HEADER_LEN, VERSION,
 };
 
@@ -73,6 +76,14 @@ const HANDSHAKE_QUEUE: usize = 64;
 /// abandoned for the last validated one (§9.3.2).
 const PATH_CHALLENGE_EVERY: Duration = Duration::from_millis(500);
 const PATH_GIVE_UP: Duration = Duration::from_secs(3);
+
+/// A fresh 32-byte secret (a cookie or token secret) from the server's
+/// CSPRNG.
+fn draw_secret(random: &mut ChaCha20Rng) -> [u8; 32] {
+    let mut secret = [0u8; 32];
+    random.fill_bytes(&mut secret);
+    secret
+}
 
 /// Bytes of reply carried by one fragment to a client of `mss`.
 pub fn reply_fragment_len(mss: u32) -> usize {
@@ -302,11 +313,35 @@ pub struct Arrival<'a> {
     pub payload: &'a [u8],
 }
 
+/// What a connection is for: a probe (a sink, its data only counted) or
+/// a file-transfer session (its data handed to the application). On the
+/// wire a hello names it by one id, 0 for a probe; it is decoded once,
+/// where a hello is taken in ([`Purpose::of_wire`]), and matched after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    Probe,
+    Session(NonZeroU64),
+}
+
+impl Purpose {
+    /// The purpose a hello's session id names (0: a probe).
+    pub fn of_wire(session: u64) -> Purpose {
+        NonZeroU64::new(session).map_or(Purpose::Probe, Purpose::Session)
+    }
+
+    /// The session id a hello carries for this purpose.
+    pub fn to_wire(self) -> u64 {
+        match self {
+            Purpose::Probe => 0,
+            Purpose::Session(id) => id.get(),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Conn {
     peer: SocketAddr,
-    /// 0 for a probe (a sink), else the session its data is for.
-    session: u64,
+    purpose: Purpose,
     mss: u32,
     /// The application's answer to the stream, once given.
     reply: Option<Vec<u8>>,
@@ -318,16 +353,14 @@ struct Conn {
     opened: Time,
     last_heard: Time,
     maxidle: Duration,
+    phase: ConnPhase,
+    /// A plain connection's welcome is to be sent (again, when a repeated
+    /// hello says it was lost); an authenticated one's rides in the
+    /// handshake's response.
     welcome_pending: bool,
-    close_ack_pending: bool,
-    closed_at: Option<Time>,
-    client_segments: Option<u64>,
     corrupt_bytes: u64,
-    /// In the ready queue.
+    /// In the ready queue: a matter of the server's queue, in any phase.
     queued: bool,
-    /// A data segment has arrived: until then the connection is a hello
-    /// that may go nowhere, and expires after `hello_idle`.
-    heard_data: bool,
     /// Receive window held for a session connection, in bytes.
     window_bytes: u64,
     /// Keys and peer of an authenticated connection.
@@ -337,24 +370,75 @@ struct Conn {
     unvalidated: Option<Budget>,
 }
 
+/// Where a connection is in its life: each phase holds what is true only
+/// in it, so that no combination of flags can say two things at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ConnPhase {
+    /// Admitted, and no data segment yet: a hello that may go nowhere,
+    /// forgotten at `expires` (counted from the first hello, not the
+    /// last: repeating a hello does not keep a connection that never
+    /// sends).
+    Hello { expires: Time },
+    /// Data has arrived: kept while the client is heard within maxidle.
+    Open,
+    /// The client closed, having sent `client_segments`: the connection
+    /// lingers only to answer repeated closes, and its window is back in
+    /// the budget. Data after the close is a late copy; the close said
+    /// all was acknowledged.
+    Closed {
+        at: Time,
+        client_segments: u64,
+        close_ack_pending: bool,
+    },
+}
+
+/// An authenticated connection's keys, as its handshake goes on.
+enum Keying {
+    /// The handshake's response, which makes the keys, is being worked
+    /// ([`Server::poll_handshake_work`]) by job `ticket`: the connection
+    /// holds its place in the budgets from the moment it is admitted, so
+    /// hellos decided meanwhile cannot oversubscribe them, and accepts no
+    /// packet (a plain one never, a protected one has nothing to open
+    /// it). A late response for a connection that was replaced or
+    /// expired meanwhile installs nothing.
+    Awaiting { ticket: u64 },
+    /// Keys installed, and no packet from the client opened yet: nothing
+    /// but the response goes to it.
+    Unconfirmed(SessionKeys),
+    /// A packet from the client has opened: its keys are confirmed and
+    /// its address validated (RFC 9000 §8.1).
+    Confirmed(SessionKeys),
+}
+
+impl Keying {
+    fn awaits(&self, job: u64) -> bool {
+        matches!(self, Keying::Awaiting { ticket } if *ticket == job)
+    }
+
+    fn keys_mut(&mut self) -> Option<&mut SessionKeys> {
+        match self {
+            Keying::Awaiting { .. } => None,
+            Keying::Unconfirmed(keys) | Keying::Confirmed(keys) => Some(keys),
+        }
+    }
+
+    /// A packet from the client opened under the keys.
+    fn confirm(&mut self) {
+        let keying = std::mem::replace(self, Keying::Awaiting { ticket: 0 });
+        *self = match keying {
+            Keying::Unconfirmed(keys) => Keying::Confirmed(keys),
+            other => other,
+        };
+    }
+}
+
 /// An authenticated connection's keys and peer (issue 13).
 struct ConnSecure {
-    /// `None` while the handshake's response, which makes them, is being
-    /// worked ([`Server::poll_handshake_work`]): the connection holds its
-    /// place in the budgets from the moment it is admitted, so hellos
-    /// decided meanwhile cannot oversubscribe them, and accepts no packet
-    /// (a plain one never, a protected one has nothing to open it).
-    keys: Option<SessionKeys>,
-    /// The job whose response brings the keys: a late response for a
-    /// connection that was replaced or expired meanwhile installs nothing.
-    ticket: u64,
+    keys: Keying,
     peer_key: PublicKey,
     /// The client's id for the connection: what its packets carry inside,
     /// and the recipient id of everything sent to it.
     client_id: u64,
-    /// A packet from the client has opened: its keys are confirmed and
-    /// its address validated (RFC 9000 §8.1).
-    confirmed: bool,
     /// Largest packet number opened: only a packet newer than all before
     /// it may move the connection (a reordered old one must not).
     largest_pn: Option<u64>,
@@ -385,8 +469,8 @@ impl std::fmt::Debug for ConnSecure {
         f.debug_struct("ConnSecure")
             .field("peer_key", &self.peer_key)
             .field("client_id", &self.client_id)
-            .field("confirmed", &self.confirmed)
-            .field("keyed", &self.keys.is_some())
+            .field("confirmed", &matches!(self.keys, Keying::Confirmed(_)))
+            .field("keyed", &!matches!(self.keys, Keying::Awaiting { .. }))
             .finish_non_exhaustive()
     }
 }
@@ -396,6 +480,15 @@ struct Admission {
     params: ReceiverParams,
     window_bytes: u64,
     maxidle: Duration,
+}
+
+/// What [`Server::decide_hello`] made of an authenticated hello, beside
+/// the decision it gives the handshake: what was admitted if it was, and
+/// why it was refused if it was, for the operator.
+#[derive(Default)]
+struct Verdict {
+    admitted: Option<(Hello, Admission)>,
+    why: String,
 }
 
 /// A hello's public-key work, handed out by
@@ -461,6 +554,42 @@ enum InFlight {
     },
 }
 
+/// Where a datagram goes, by its header alone.
+enum Route {
+    Undecodable,
+    /// A hello or key query of another version: answered with ours.
+    ForeignVersion,
+    /// A Noise hello.
+    SecureHello,
+    /// A query for the server's public key.
+    KeyQuery,
+    /// A packet of this version, plain or protected.
+    Packet,
+}
+
+fn route(peek: &HeaderPeek) -> Route {
+    let handshake_kind =
+        peek.kind == handshake::KIND_HELLO || peek.kind == handshake::KIND_KEY_QUERY;
+    if peek.version != VERSION {
+        return if peek.is_hello() || handshake_kind {
+            Route::ForeignVersion
+        } else {
+            Route::Undecodable
+        };
+    }
+    if peek.kind == handshake::KIND_HELLO {
+        Route::SecureHello
+    } else if peek.kind == handshake::KIND_KEY_QUERY {
+        Route::KeyQuery
+    } else {
+        Route::Packet
+    }
+}
+
+/// Nothing to send for a connection's packet: it was dropped (and
+/// counted where it was), or needs no answer.
+struct NothingToSend;
+
 /// What a connection has to send next.
 enum Next {
     Packet(usize),
@@ -477,13 +606,16 @@ impl Conn {
 
     /// Plain, or authenticated with its keys installed.
     fn keyed(&self) -> bool {
-        self.secure.as_ref().is_none_or(|s| s.keys.is_some())
+        self.secure
+            .as_ref()
+            .is_none_or(|s| !matches!(s.keys, Keying::Awaiting { .. }))
     }
 
-    fn opened_event(&self, conn_id: u64) -> SessionEvent {
+    /// What its application is told of a session connection opened.
+    fn opened_event(&self, conn_id: u64, session: NonZeroU64) -> SessionEvent {
         SessionEvent::Opened {
             conn_id,
-            session: self.session,
+            session: session.get(),
             peer: self.peer,
             peer_key: self.secure.as_ref().map(|s| s.peer_key),
             payload_size: self.payload_size(),
@@ -531,8 +663,12 @@ impl Conn {
             };
             return packet(reply.emit(buf));
         }
-        if self.close_ack_pending {
-            self.close_ack_pending = false;
+        if let ConnPhase::Closed {
+            close_ack_pending: pending @ true,
+            ..
+        } = &mut self.phase
+        {
+            *pending = false;
             let ack = CloseAck {
                 conn_id,
                 stats: *self.receiver.stats(),
@@ -542,18 +678,20 @@ impl Conn {
         Next::Idle
     }
 
-    fn deadline(&self, hello_idle: Duration) -> Time {
-        match self.closed_at {
-            Some(at) => self.last_heard.max(at) + LINGER,
-            // Counted from the first hello, not the last: repeating a
-            // hello does not keep a connection that never sends.
-            None if !self.heard_data => self.opened + self.maxidle.min(hello_idle),
-            None => self.last_heard + self.maxidle,
+    fn deadline(&self) -> Time {
+        match self.phase {
+            ConnPhase::Hello { expires } => expires,
+            ConnPhase::Open => self.last_heard + self.maxidle,
+            ConnPhase::Closed { at, .. } => self.last_heard.max(at) + LINGER,
         }
     }
 
-    fn poll_timeout(&self, hello_idle: Duration) -> Time {
-        let d = self.deadline(hello_idle);
+    fn is_closed(&self) -> bool {
+        matches!(self.phase, ConnPhase::Closed { .. })
+    }
+
+    fn poll_timeout(&self) -> Time {
+        let d = self.deadline();
         let d = match self.secure.as_ref().and_then(|s| s.path.as_ref()) {
             Some(c) => d.min(c.challenge_at).min(c.started + PATH_GIVE_UP),
             None => d,
@@ -564,12 +702,17 @@ impl Conn {
     fn report(&self, conn_id: u64, end: ConnEnd, until: Time, server: ServerStats) -> ConnReport {
         ConnReport {
             conn_id,
-            session: self.session,
+            session: self.purpose.to_wire(),
             peer: self.peer,
             end,
             secs: until.saturating_since(self.opened).as_secs_f64(),
             stats: *self.receiver.stats(),
-            client_segments: self.client_segments,
+            client_segments: match self.phase {
+                ConnPhase::Closed {
+                    client_segments, ..
+                } => Some(client_segments),
+                _ => None,
+            },
             corrupt_bytes: self.corrupt_bytes,
             maxidle_secs: self.maxidle.as_secs_f64(),
             server,
@@ -691,8 +834,16 @@ pub struct Server {
     /// needs: at most [`ServerLimits::handshake_queue`].
     in_flight: HashMap<u64, InFlight>,
     next_ticket: u64,
-    /// The secret of plain hellos' address tokens (`None` if the OS
-    /// random generator failed: then no token is valid).
+    /// Every random number the server uses once running: connection
+    /// ids, path challenges, cookie and token secrets. A CSPRNG seeded
+    /// once, from the OS by [`Server::new`] or from the caller by
+    /// [`Server::with_seed`], so that handling datagrams never asks the
+    /// OS and a run fed the same seed and datagrams is the same run.
+    /// `None` if the OS random generator failed: then no token is valid
+    /// and no key can be served.
+    random: Option<ChaCha20Rng>,
+    /// The secret of plain hellos' address tokens (`None` without
+    /// `random`).
     tokens: Option<CookieSecret>,
     tokens_rotated: Time,
     /// Retries to send: bounded like the rejects.
@@ -743,6 +894,28 @@ impl Server {
     /// A server whose socket was given `rcvbuf_set` bytes of receive
     /// buffer, which the kernel reports as `rcvbuf_granted`.
     pub fn new(limits: ServerLimits, rcvbuf_set: u32, rcvbuf_granted: u32) -> Server {
+        let mut seed = [0u8; 32];
+        let os = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut seed);
+        let server = Server::unseeded(limits, rcvbuf_set, rcvbuf_granted);
+        match os {
+            Ok(()) => server.with_seed(seed),
+            Err(_) => server,
+        }
+    }
+
+    /// The server's randomness comes from `seed` (32 bytes from a
+    /// CSPRNG, or a simulation's seed): its connection ids, path
+    /// challenges and cookie and token secrets. Before
+    /// [`with_auth`](Self::with_auth), which draws the responder's
+    /// cookie secret.
+    pub fn with_seed(mut self, seed: [u8; 32]) -> Server {
+        let mut random = ChaCha20Rng::from_seed(seed);
+        self.tokens = Some(CookieSecret::new(draw_secret(&mut random)));
+        self.random = Some(random);
+        self
+    }
+
+    fn unseeded(limits: ServerLimits, rcvbuf_set: u32, rcvbuf_granted: u32) -> Server {
         Server {
             limits,
             auth: ServerAuth::plain(),
@@ -763,7 +936,8 @@ impl Server {
             handshake_work: VecDeque::new(),
             in_flight: HashMap::new(),
             next_ticket: 0,
-            tokens: CookieSecret::random().ok(),
+            random: None,
+            tokens: None,
             tokens_rotated: Time::ZERO,
             retries: VecDeque::new(),
             unvalidated: 0,
@@ -799,8 +973,10 @@ impl Server {
     pub fn with_auth(mut self, auth: ServerAuth) -> Result<Server, HandshakeError> {
         self.responder = match &auth.identity {
             Some(id) => {
-                let cookies = CookieSecret::random()
-                    .map_err(|_| HandshakeError::Noise("the OS random generator failed".into()))?;
+                let random = self.random.as_mut().ok_or_else(|| {
+                    HandshakeError::Noise("the OS random generator failed".into())
+                })?;
+                let cookies = CookieSecret::new(draw_secret(random));
                 Some(
                     Responder::new(id.clone(), cookies)
                         .with_timestamp_floor(self.limits.replay_floor_ns)
@@ -875,7 +1051,7 @@ impl Server {
                 conn.last_heard,
                 self.stats,
             ));
-            if conn.session != 0 {
+            if let Purpose::Session(_) = conn.purpose {
                 self.session_events.push_back(SessionEvent::Ended {
                     conn_id,
                     end: ConnEnd::Idle,
@@ -989,77 +1165,79 @@ impl Server {
         datagram: &'a mut [u8],
     ) -> Option<Arrival<'a>> {
         self.stats.datagrams += 1;
-        let len = datagram.len();
         let Some(peek) = HeaderPeek::read(datagram) else {
             self.stats.undecodable += 1;
             return None;
         };
-        if peek.version != VERSION {
-            if peek.is_hello()
-                || peek.kind == handshake::KIND_HELLO
-                || peek.kind == handshake::KIND_KEY_QUERY
-            {
-                self.stats.version_rejects += 1;
-                self.notice(
-                    now,
-                    Notice::VersionRejected {
-                        peer: from,
-                        theirs: peek.version,
-                    },
-                );
-                self.reject(from, peek.conn_id, RejectReason::UnsupportedVersion);
-            } else {
-                self.stats.undecodable += 1;
+        match route(&peek) {
+            Route::Undecodable => self.stats.undecodable += 1,
+            Route::ForeignVersion => self.on_foreign_version(now, from, &peek),
+            Route::SecureHello => self.on_secure_hello(now, from, datagram),
+            Route::KeyQuery => self.on_key_query(from, peek.conn_id, datagram),
+            Route::Packet => return self.on_packet(now, from, peek.conn_id, datagram),
+        }
+        None
+    }
+
+    /// A hello or key query of another version: answered with ours.
+    fn on_foreign_version(&mut self, now: Time, from: SocketAddr, peek: &HeaderPeek) {
+        self.stats.version_rejects += 1;
+        self.notice(
+            now,
+            Notice::VersionRejected {
+                peer: from,
+                theirs: peek.version,
+            },
+        );
+        self.reject(from, peek.conn_id, RejectReason::UnsupportedVersion);
+    }
+
+    fn on_key_query(&mut self, from: SocketAddr, client_id: u64, datagram: &[u8]) {
+        match self
+            .public_key()
+            .and_then(|key| handshake::answer_key_query(datagram, &key))
+        {
+            Some(answer) => self.queue_handshake(from, answer),
+            // No key to tell: say so (a reject is shorter than the
+            // padded query), so the client need not wait.
+            None if self.responder.is_none() && datagram.len() >= handshake::HELLO_MIN_LEN => {
+                self.reject(from, client_id, RejectReason::NoIdentity);
             }
-            return None;
+            None => self.stats.bad_handshakes += 1,
         }
-        if peek.kind == handshake::KIND_HELLO {
-            self.on_secure_hello(now, from, datagram);
-            return None;
-        }
-        if peek.kind == handshake::KIND_KEY_QUERY {
-            match self
-                .public_key()
-                .and_then(|key| handshake::answer_key_query(datagram, &key))
-            {
-                Some(answer) => self.queue_handshake(from, answer),
-                // No key to tell: say so (a reject is shorter than the
-                // padded query), so the client need not wait.
-                None if self.responder.is_none() && datagram.len() >= handshake::HELLO_MIN_LEN => {
-                    self.reject(from, peek.conn_id, RejectReason::NoIdentity);
-                }
-                None => self.stats.bad_handshakes += 1,
-            }
-            return None;
-        }
-        let conn_id = peek.conn_id;
+    }
+
+    /// A packet of this version, plain or protected: a plain hello, or
+    /// one for a connection, handled by its kind.
+    fn on_packet<'a>(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        conn_id: u64,
+        datagram: &'a mut [u8],
+    ) -> Option<Arrival<'a>> {
+        let len = datagram.len();
         let protected = frame::is_protected(datagram);
         let datagram: &'a [u8] = if protected {
-            let inner = self.open(now, from, conn_id, datagram)?;
-            inner
+            self.open(now, from, conn_id, datagram)?
         } else {
             datagram
         };
-        let packet = match Packet::decode(datagram) {
-            Ok(p) => p,
-            Err(_) => {
-                self.stats.undecodable += 1;
-                return None;
-            }
+        let Ok(packet) = Packet::decode(datagram) else {
+            self.stats.undecodable += 1;
+            return None;
         };
         if let Packet::Hello(hello) = packet {
             if protected {
                 // A hello has no business inside a session's keys.
                 self.stats.unexpected += 1;
-                return None;
-            }
-            if !self.auth.allow_plain {
+            } else if !self.auth.allow_plain {
                 self.stats.plain_refused += 1;
                 self.notice(now, Notice::PlainRefused { peer: from });
                 self.reject(from, hello.conn_id, RejectReason::AuthRequired);
-                return None;
+            } else {
+                self.on_hello(now, from, &hello, hello_token(datagram), len);
             }
-            self.on_hello(now, from, &hello, hello_token(datagram), len);
             return None;
         }
         // A plain packet never belongs to an authenticated connection,
@@ -1073,91 +1251,151 @@ impl Server {
             return None;
         };
         conn.last_heard = now;
-        conn.heard_data |= matches!(packet, Packet::Data(_));
+        if matches!(packet, Packet::Data(_)) && matches!(conn.phase, ConnPhase::Hello { .. }) {
+            conn.phase = ConnPhase::Open;
+        }
         if let Some(budget) = conn.unvalidated.as_mut() {
             budget.on_received(len);
         }
-        let mut arrival = None;
-        match packet {
-            Packet::Data(seg) => {
-                // A segment the stream cannot hold (a short one before the
-                // end, or one numbered past 2^64 bytes) is as good as lost.
-                let Some(offset) = stream_offset(&seg, conn.payload_size()) else {
-                    self.stats.undecodable += 1;
-                    return None;
-                };
-                // Data after the close is a late copy; the close said all
-                // was acknowledged.
-                if conn.closed_at.is_none() {
-                    // Answered early: say so again, now and then, until the
-                    // client stops sending and fetches.
-                    if conn.reply.is_some() && seg.header.seg % 32 == 0 && conn.fetches.is_empty() {
-                        conn.fetches.push_back(0);
-                    }
-                    if let Ok(Some(new)) = conn.receiver.handle_segment(now, &seg) {
-                        if conn.session != 0 {
-                            arrival = Some(Arrival {
-                                conn_id,
-                                session: conn.session,
-                                offset,
-                                payload: new.payload,
-                            });
-                        } else if pattern_mismatch(offset, new.payload).is_some() {
-                            conn.corrupt_bytes += new.payload.len() as u64;
-                        }
-                    }
-                    if conn.session != 0 && !conn.complete_told && conn.receiver.is_complete() {
-                        conn.complete_told = true;
-                        self.session_events
-                            .push_back(SessionEvent::Complete { conn_id });
-                    }
-                }
-            }
-            Packet::PathResponse(p) => {
-                let Some(secure) = conn.secure.as_mut() else {
-                    self.stats.unexpected += 1;
-                    return None;
-                };
-                if secure.path.as_ref().is_some_and(|c| c.token == p.token) {
-                    secure.path = None;
-                    self.stats.paths_validated += 1;
-                }
-                return None;
-            }
-            Packet::Fetch(f) if conn.session != 0 => {
-                if conn.fetches.len() < FETCH_QUEUE_MAX && !conn.fetches.contains(&f.offset) {
-                    conn.fetches.push_back(f.offset);
-                }
-            }
-            Packet::Close(close) => {
-                conn.close_ack_pending = true;
-                if conn.closed_at.is_none() {
-                    conn.closed_at = Some(now);
-                    conn.client_segments = Some(close.segments);
-                    let report = conn.report(conn_id, ConnEnd::Closed, now, self.stats);
-                    self.reports.push_back(report);
-                    // A closed connection lingers only to answer repeated
-                    // closes: its window goes back to the budget now.
-                    let freed = std::mem::take(&mut conn.window_bytes);
-                    self.windows_held -= freed;
-                    if let Some((_, bytes)) = self.per_ip.get_mut(&from.ip()) {
-                        *bytes = bytes.saturating_sub(freed);
-                    }
-                    if conn.session != 0 {
-                        self.session_events.push_back(SessionEvent::Ended {
-                            conn_id,
-                            end: ConnEnd::Closed,
-                        });
-                    }
-                }
-            }
+        let handled = match packet {
+            Packet::Data(seg) => self.on_data(now, conn_id, &seg),
+            Packet::PathResponse(p) => self.on_path_response(conn_id, p.token),
+            Packet::Fetch(f) => self.on_fetch(conn_id, f.offset),
+            Packet::Close(close) => self.on_close(now, conn_id, close.segments),
             _ => {
                 self.stats.unexpected += 1;
-                return None;
+                Err(NothingToSend)
             }
-        }
+        };
+        let arrival = handled.ok()?;
         self.enqueue(conn_id);
         arrival
+    }
+
+    /// A data segment of connection `conn_id`: placed by its receiver, and
+    /// its new bytes handed to the session or checked against the probe's
+    /// pattern.
+    fn on_data<'a>(
+        &mut self,
+        now: Time,
+        conn_id: u64,
+        seg: &DataSegment<'a>,
+    ) -> Result<Option<Arrival<'a>>, NothingToSend> {
+        let conn = self.conns.get_mut(&conn_id).ok_or(NothingToSend)?;
+        // A segment the stream cannot hold (a short one before the end,
+        // or one numbered past 2^64 bytes) is as good as lost.
+        let Some(offset) = stream_offset(seg, conn.payload_size()) else {
+            self.stats.undecodable += 1;
+            return Err(NothingToSend);
+        };
+        if conn.is_closed() {
+            return Ok(None);
+        }
+        // Answered early: say so again, now and then, until the client
+        // stops sending and fetches.
+        if conn.reply.is_some() && seg.header.seg % 32 == 0 && conn.fetches.is_empty() {
+            conn.fetches.push_back(0);
+        }
+        let mut arrival = None;
+        if let Ok(Some(new)) = conn.receiver.handle_segment(now, seg) {
+            match conn.purpose {
+                Purpose::Session(session) => {
+                    arrival = Some(Arrival {
+                        conn_id,
+                        session: session.get(),
+                        offset,
+                        payload: new.payload,
+                    });
+                }
+                Purpose::Probe => {
+                    if pattern_mismatch(offset, new.payload).is_some() {
+                        conn.corrupt_bytes += new.payload.len() as u64;
+                    }
+                }
+            }
+        }
+        if conn.purpose != Purpose::Probe && !conn.complete_told && conn.receiver.is_complete() {
+            conn.complete_told = true;
+            self.session_events
+                .push_back(SessionEvent::Complete { conn_id });
+        }
+        Ok(arrival)
+    }
+
+    /// The client's echo of a path challenge: the new path is validated
+    /// if it echoes the one outstanding (RFC 9000 §8.2.2). Nothing to
+    /// send for it.
+    fn on_path_response(
+        &mut self,
+        conn_id: u64,
+        token: u64,
+    ) -> Result<Option<Arrival<'static>>, NothingToSend> {
+        let conn = self.conns.get_mut(&conn_id).ok_or(NothingToSend)?;
+        let Some(secure) = conn.secure.as_mut() else {
+            self.stats.unexpected += 1;
+            return Err(NothingToSend);
+        };
+        if secure.path.as_ref().is_some_and(|c| c.token == token) {
+            secure.path = None;
+            self.stats.paths_validated += 1;
+        }
+        Err(NothingToSend)
+    }
+
+    /// A session client asks for its reply from `offset`.
+    fn on_fetch(
+        &mut self,
+        conn_id: u64,
+        offset: u32,
+    ) -> Result<Option<Arrival<'static>>, NothingToSend> {
+        let conn = self.conns.get_mut(&conn_id).ok_or(NothingToSend)?;
+        if conn.purpose == Purpose::Probe {
+            self.stats.unexpected += 1;
+            return Err(NothingToSend);
+        }
+        if conn.fetches.len() < FETCH_QUEUE_MAX && !conn.fetches.contains(&offset) {
+            conn.fetches.push_back(offset);
+        }
+        Ok(None)
+    }
+
+    /// The client closed, having sent `client_segments`: reported at the
+    /// first close, acknowledged at every one.
+    fn on_close(
+        &mut self,
+        now: Time,
+        conn_id: u64,
+        client_segments: u64,
+    ) -> Result<Option<Arrival<'static>>, NothingToSend> {
+        let conn = self.conns.get_mut(&conn_id).ok_or(NothingToSend)?;
+        if let ConnPhase::Closed {
+            close_ack_pending, ..
+        } = &mut conn.phase
+        {
+            *close_ack_pending = true;
+            return Ok(None);
+        }
+        conn.phase = ConnPhase::Closed {
+            at: now,
+            client_segments,
+            close_ack_pending: true,
+        };
+        let report = conn.report(conn_id, ConnEnd::Closed, now, self.stats);
+        self.reports.push_back(report);
+        // A closed connection lingers only to answer repeated closes: its
+        // window goes back to the budget now.
+        let freed = std::mem::take(&mut conn.window_bytes);
+        self.windows_held -= freed;
+        if let Some((_, bytes)) = self.per_ip.get_mut(&conn.peer.ip()) {
+            *bytes = bytes.saturating_sub(freed);
+        }
+        if let Purpose::Session(_) = conn.purpose {
+            self.session_events.push_back(SessionEvent::Ended {
+                conn_id,
+                end: ConnEnd::Closed,
+            });
+        }
+        Ok(None)
     }
 
     /// Opens a protected datagram for connection `conn_id` in place and
@@ -1181,7 +1419,7 @@ impl Server {
             self.stats.unknown_connection += 1;
             return None;
         };
-        let Some(keys) = secure.keys.as_mut() else {
+        let Some(keys) = secure.keys.keys_mut() else {
             // Its response is still being made: nothing can open yet.
             self.stats.unknown_connection += 1;
             return None;
@@ -1191,7 +1429,7 @@ impl Server {
             self.stats.crypto_dropped += 1;
             return None;
         };
-        secure.confirmed = true;
+        secure.keys.confirm();
         let newest = secure.largest_pn.is_none_or(|l| pn > l);
         if newest {
             secure.largest_pn = Some(pn);
@@ -1210,7 +1448,7 @@ impl Server {
             budget.on_received(len);
             let fallback = secure.path.as_ref().map_or(conn.peer, |c| c.fallback);
             secure.path = Some(PathCheck {
-                token: handshake::random_id().unwrap_or(pn ^ 0x5bd1_e995),
+                token: self.random.as_mut().map_or(pn ^ 0x5bd1_e995, Rng::next_u64),
                 budget,
                 fallback,
                 started: now,
@@ -1272,10 +1510,8 @@ impl Server {
             return;
         };
         if now.saturating_since(self.cookie_rotated) >= super::crypto::cookie::BUCKET {
-            let mut fresh = [0u8; 32];
-            if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut fresh).is_ok()
-            {
-                responder.rotate_cookie_secret(fresh);
+            if let Some(random) = self.random.as_mut() {
+                responder.rotate_cookie_secret(draw_secret(random));
                 self.cookie_rotated = now;
             }
         }
@@ -1454,11 +1690,10 @@ impl Server {
     /// Removes connection `id` if it still waits for the keys of job
     /// `ticket`.
     fn remove_conn_awaiting(&mut self, id: u64, ticket: u64) -> bool {
-        let awaiting = self.conns.get(&id).is_some_and(|c| {
-            c.secure
-                .as_ref()
-                .is_some_and(|s| s.keys.is_none() && s.ticket == ticket)
-        });
+        let awaiting = self
+            .conns
+            .get(&id)
+            .is_some_and(|c| c.secure.as_ref().is_some_and(|s| s.keys.awaits(ticket)));
         if awaiting {
             self.remove_conn(id);
         }
@@ -1478,51 +1713,12 @@ impl Server {
         let Some(mut responder) = self.responder.take() else {
             return;
         };
-        let mut server_id = handshake::random_id().unwrap_or(0);
-        while server_id == 0 || self.conns.contains_key(&server_id) {
-            server_id = server_id.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        }
-        let mut admitted: Option<(Hello, Admission)> = None;
-        let mut refused_why = String::new();
+        let server_id = self.fresh_server_id();
+        let mut verdict = Verdict::default();
         let judged = responder.judge(opened, server_id, |key, params| {
-            if let Some(keys) = &self.auth.authorized {
-                if keys.find(key).is_none() {
-                    refused_why =
-                        "its key is not in the authorized keys (not answered)".to_string();
-                    return Decision::Ignore;
-                }
-            }
-            let hello = match Packet::decode(params) {
-                Ok(Packet::Hello(h)) => h,
-                _ => {
-                    refused_why = "its parameters are not a hello".to_string();
-                    return Decision::Refuse(RefuseReason::ParamsRefused);
-                }
-            };
-            match self.admission(from, &hello) {
-                Ok(admission) => {
-                    let welcome = Welcome {
-                        conn_id: hello.conn_id,
-                        receiver: ReceiverParams {
-                            rcvbuf: self.granted_rcvbuf,
-                            ..admission.params
-                        },
-                    };
-                    let mut bytes = vec![0u8; CONTROL_MAX_LEN];
-                    let n = welcome.emit(&mut bytes).unwrap_or(0);
-                    bytes.truncate(n);
-                    admitted = Some((hello, admission));
-                    Decision::Accept(bytes)
-                }
-                Err((reason, why)) => {
-                    refused_why = why;
-                    Decision::Refuse(if reason == RejectReason::Busy {
-                        RefuseReason::Busy
-                    } else {
-                        RefuseReason::ParamsRefused
-                    })
-                }
-            }
+            let decision;
+            (decision, verdict) = self.decide_hello(from, key, params);
+            decision
         });
         self.responder = Some(responder);
         let work = match judged {
@@ -1534,7 +1730,7 @@ impl Server {
                     Notice::AuthRefused {
                         peer: from,
                         key: peer,
-                        why: refused_why,
+                        why: verdict.why,
                     },
                 );
                 return;
@@ -1547,45 +1743,21 @@ impl Server {
         let ticket = self.take_ticket();
         // A refusal for the clock (the floor) was admitted by the budgets
         // and makes no connection.
-        let conn = match admitted.filter(|_| work.accepts()) {
-            Some((hello, admission)) => {
+        let conn = verdict
+            .admitted
+            .filter(|_| work.accepts())
+            .map(|(hello, admission)| {
                 let (peer_key, client_id) = work.client();
-                // A hello repeated after a lost response made a session
-                // the client will never use: the newer one replaces it.
-                let stale: Vec<u64> = self
-                    .conns
-                    .iter()
-                    .filter(|(_, c)| {
-                        c.secure.as_ref().is_some_and(|s| {
-                            !s.confirmed && s.peer_key == peer_key && s.client_id == client_id
-                        })
-                    })
-                    .map(|(&id, _)| id)
-                    .collect();
-                for id in stale {
-                    self.remove_conn(id);
-                }
                 let secure = ConnSecure {
-                    keys: None,
-                    ticket,
+                    keys: Keying::Awaiting { ticket },
                     peer_key,
                     client_id,
-                    confirmed: false,
                     largest_pn: None,
                     path: None,
                 };
-                self.insert_conn(
-                    now,
-                    from,
-                    server_id,
-                    &hello,
-                    admission,
-                    Some(Box::new(secure)),
-                );
-                Some(server_id)
-            }
-            None => None,
-        };
+                self.insert_awaiting(now, from, server_id, &hello, admission, secure);
+                server_id
+            });
         self.hand_out(
             ticket,
             Job::Respond(work),
@@ -1593,9 +1765,117 @@ impl Server {
                 from,
                 hello_len,
                 conn,
-                why: refused_why,
+                why: verdict.why,
             },
         );
+    }
+
+    /// The server's decision about an authenticated client's key and
+    /// hello parameters, for [`Responder::judge`].
+    fn decide_hello(
+        &self,
+        from: SocketAddr,
+        key: &PublicKey,
+        params: &[u8],
+    ) -> (Decision, Verdict) {
+        let refused = |decision, why: &str| {
+            let why = why.to_string();
+            (
+                decision,
+                Verdict {
+                    admitted: None,
+                    why,
+                },
+            )
+        };
+        if let Some(keys) = &self.auth.authorized {
+            if keys.find(key).is_none() {
+                return refused(
+                    Decision::Ignore,
+                    "its key is not in the authorized keys (not answered)",
+                );
+            }
+        }
+        let Ok(Packet::Hello(hello)) = Packet::decode(params) else {
+            return refused(
+                Decision::Refuse(RefuseReason::ParamsRefused),
+                "its parameters are not a hello",
+            );
+        };
+        match self.admission(from, &hello) {
+            Ok(admission) => {
+                let welcome = Welcome {
+                    conn_id: hello.conn_id,
+                    receiver: ReceiverParams {
+                        rcvbuf: self.granted_rcvbuf,
+                        ..admission.params
+                    },
+                };
+                let mut bytes = vec![0u8; CONTROL_MAX_LEN];
+                let n = welcome.emit(&mut bytes).unwrap_or(0);
+                bytes.truncate(n);
+                let verdict = Verdict {
+                    admitted: Some((hello, admission)),
+                    why: String::new(),
+                };
+                (Decision::Accept(bytes), verdict)
+            }
+            Err((reason, why)) => {
+                let reason = if reason == RejectReason::Busy {
+                    RefuseReason::Busy
+                } else {
+                    RefuseReason::ParamsRefused
+                };
+                (
+                    Decision::Refuse(reason),
+                    Verdict {
+                        admitted: None,
+                        why,
+                    },
+                )
+            }
+        }
+    }
+
+    /// Makes the connection of an accepted authenticated hello, waiting
+    /// for its keys. A hello repeated after a lost response made a
+    /// session the client will never use: the newer one replaces it.
+    fn insert_awaiting(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        server_id: u64,
+        hello: &Hello,
+        admission: Admission,
+        secure: ConnSecure,
+    ) {
+        let stale: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.secure.as_ref().is_some_and(|s| {
+                    !matches!(s.keys, Keying::Confirmed(_))
+                        && s.peer_key == secure.peer_key
+                        && s.client_id == secure.client_id
+                })
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in stale {
+            self.remove_conn(id);
+        }
+        let secure = Some(Box::new(secure));
+        self.insert_conn(now, from, server_id, hello, admission, secure);
+    }
+
+    /// An id for a new authenticated connection: random, never 0, and not
+    /// one in use.
+    fn fresh_server_id(&mut self) -> u64 {
+        let mut server_id = self.random.as_mut().map_or(0, Rng::next_u64);
+        while server_id == 0 || self.conns.contains_key(&server_id) {
+            server_id = server_id.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        }
+        server_id
     }
 
     /// A response made: a refusal is sent; an acceptance installs its
@@ -1651,17 +1931,13 @@ impl Server {
                 let Some(c) = self.conns.get_mut(&id) else {
                     return;
                 };
-                let Some(secure) = c
-                    .secure
-                    .as_mut()
-                    .filter(|s| s.keys.is_none() && s.ticket == ticket)
-                else {
+                let Some(secure) = c.secure.as_mut().filter(|s| s.keys.awaits(ticket)) else {
                     return;
                 };
                 let (sealer, opener) = session.into_protection();
-                secure.keys = Some(SessionKeys { sealer, opener });
-                if c.session != 0 {
-                    self.session_events.push_back(c.opened_event(id));
+                secure.keys = Keying::Unconfirmed(SessionKeys { sealer, opener });
+                if let Purpose::Session(session) = c.purpose {
+                    self.session_events.push_back(c.opened_event(id, session));
                 }
                 // Worth its price: the source's token goes back.
                 self.rate.refund(now, from.ip());
@@ -1710,10 +1986,9 @@ impl Server {
         let rcvsegs = u64::from(p.rcvsegs.min(limits.max_rcvsegs))
             .min(limits.max_window_bytes / payload)
             .max(1);
-        let window_bytes = if hello.session == 0 {
-            0
-        } else {
-            rcvsegs * payload
+        let window_bytes = match Purpose::of_wire(hello.session) {
+            Purpose::Probe => 0,
+            Purpose::Session(_) => rcvsegs * payload,
         };
         let (from_ip, ip_window) = self.per_ip.get(&from.ip()).copied().unwrap_or((0, 0));
         // One address may hold half the window budget (at least
@@ -1785,11 +2060,9 @@ impl Server {
             return;
         }
         if now.saturating_since(self.tokens_rotated) >= super::crypto::cookie::BUCKET {
-            let mut fresh = [0u8; 32];
-            if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut fresh).is_ok()
-            {
+            if let Some(random) = self.random.as_mut() {
                 if let Some(t) = self.tokens.as_mut() {
-                    t.rotate(fresh);
+                    t.rotate(draw_secret(random));
                 }
                 self.tokens_rotated = now;
             }
@@ -1874,15 +2147,15 @@ impl Server {
             quickack: u32::from(params.quickack),
         };
         self.stats.connections += 1;
-        let receiver = if hello.session == 0 {
-            Receiver::sink(config, hello.conn_id)
-        } else {
-            Receiver::placing(config, hello.conn_id)
+        let purpose = Purpose::of_wire(hello.session);
+        let receiver = match purpose {
+            Purpose::Probe => Receiver::sink(config, hello.conn_id),
+            Purpose::Session(_) => Receiver::placing(config, hello.conn_id),
         };
         let welcome_pending = secure.is_none();
         let conn = Conn {
             peer: from,
-            session: hello.session,
+            purpose,
             mss: hello.mss,
             reply: None,
             fetches: VecDeque::new(),
@@ -1892,21 +2165,21 @@ impl Server {
             opened: now,
             last_heard: now,
             maxidle,
+            phase: ConnPhase::Hello {
+                expires: now + maxidle.min(self.limits.hello_idle),
+            },
             welcome_pending,
-            close_ack_pending: false,
-            closed_at: None,
-            client_segments: None,
             corrupt_bytes: 0,
             queued: false,
-            heard_data: false,
             window_bytes,
             secure,
             unvalidated: None,
         };
         // An authenticated connection is opened for its application when
         // its keys arrive ([`Server::on_response`]).
-        if conn.session != 0 && conn.keyed() {
-            self.session_events.push_back(conn.opened_event(key));
+        if let (Purpose::Session(session), true) = (conn.purpose, conn.keyed()) {
+            self.session_events
+                .push_back(conn.opened_event(key, session));
         }
         self.conns.insert(key, conn);
         self.windows_held += window_bytes;
@@ -1990,7 +2263,7 @@ impl Server {
                     };
                     // Nothing goes to an unconfirmed client (its hello's
                     // response was all), nor past the 3× limit on a new path.
-                    let Some(keys) = secure.keys.as_mut().filter(|_| secure.confirmed) else {
+                    let Keying::Confirmed(keys) = &mut secure.keys else {
                         continue;
                     };
                     let len = n + frame::overhead(keys.sealer.tag_len());
@@ -2018,11 +2291,7 @@ impl Server {
     }
 
     pub fn poll_timeout(&self) -> Option<Time> {
-        let hello_idle = self.limits.hello_idle;
-        self.conns
-            .values()
-            .map(|c| c.poll_timeout(hello_idle))
-            .min()
+        self.conns.values().map(Conn::poll_timeout).min()
     }
 
     /// The longest datagram [`Server::poll_transmit`] writes (a reply
@@ -2086,7 +2355,7 @@ impl Server {
                 conn.receiver.handle_timeout(now);
                 woken.push(id);
             }
-            if conn.deadline(self.limits.hello_idle) <= now {
+            if conn.deadline() <= now {
                 expired.push(id);
             }
         }
@@ -2106,10 +2375,10 @@ impl Server {
         }
         for id in expired {
             let conn = self.remove_conn(id).expect("listed above");
-            if conn.closed_at.is_none() {
+            if !conn.is_closed() {
                 self.reports
                     .push_back(conn.report(id, ConnEnd::Idle, conn.last_heard, self.stats));
-                if conn.session != 0 && conn.keyed() {
+                if conn.purpose != Purpose::Probe && conn.keyed() {
                     self.session_events.push_back(SessionEvent::Ended {
                         conn_id: id,
                         end: ConnEnd::Idle,
@@ -2236,7 +2505,7 @@ mod tests {
         server.handle_datagram(t0, addr(1), &mut close[..n].to_vec());
         server.handle_datagram(t0, addr(1), &mut protected[..n + 32].to_vec());
         assert_eq!(server.stats().unknown_connection, 2);
-        assert!(server.conns[&id].closed_at.is_none());
+        assert!(!server.conns[&id].is_closed());
         let mut buf = vec![0u8; 2048];
         assert!(server.poll_transmit(t0, &mut buf).is_none());
         assert!(server.poll_session_event().is_none());
@@ -2249,6 +2518,17 @@ mod tests {
         ));
         assert!(matches!(server.poll_transmit(t0, &mut buf), Some((to, _)) if to == addr(1)));
         assert_eq!(server.handshakes_in_flight(), 0);
+    }
+
+    #[test]
+    fn session_id_0_on_the_wire_is_a_probe_and_every_other_a_session() {
+        assert_eq!(Purpose::of_wire(0), Purpose::Probe);
+        assert_eq!(Purpose::Probe.to_wire(), 0);
+        for id in [1, 77, u64::MAX] {
+            let purpose = Purpose::of_wire(id);
+            assert!(matches!(purpose, Purpose::Session(s) if s.get() == id));
+            assert_eq!(purpose.to_wire(), id);
+        }
     }
 
     /// Client and server wired back to back, no loss: the whole life of a
@@ -2301,6 +2581,22 @@ mod tests {
     /// kept; the same hello with the token opens the connection, from
     /// another port too; a token for another address, or forged, is
     /// another retry.
+    /// The server's randomness is an input: the same seed and datagrams
+    /// give the same answers (a reproducible run), another seed others.
+    #[test]
+    fn a_seeded_server_answers_the_same_hello_the_same_way_and_another_seed_does_not() {
+        let retry_from = |seed: [u8; 32]| {
+            let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20).with_seed(seed);
+            server.handle_datagram(Time::ZERO, addr(1), &mut hello(5, 1472, 0, 1024));
+            let mut out = [0u8; 128];
+            let (_, n) = server.poll_transmit(Time::ZERO, &mut out).unwrap();
+            assert!(matches!(Packet::decode(&out[..n]), Ok(Packet::Retry(_))));
+            out[..n].to_vec()
+        };
+        assert_eq!(retry_from([7; 32]), retry_from([7; 32]));
+        assert_ne!(retry_from([7; 32]), retry_from([8; 32]));
+    }
+
     #[test]
     fn a_plain_hello_without_a_token_gets_a_retry_and_nothing_is_kept() {
         let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
