@@ -117,7 +117,7 @@ pub struct Summary {
     pub path_memory: Option<PathMemory>,
 }
 
-/// How a connection was protected (issue 13).
+/// How a connection was protected (handshake and cipher).
 #[derive(Debug, Clone, Serialize)]
 pub struct SecurityReport {
     /// The packet cipher, or "none" for a plain (`--no-auth`) connection.

@@ -1,5 +1,5 @@
 //! Key flags: what a client proves and pins, what a server accepts
-//! (issue 13; docs/security.md).
+//! (docs/security.md).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -1,5 +1,5 @@
 //! Exit statuses, in one place: each one's number, the word `--json`
-//! reports carry, and what it means to a script (issue 15 point 4).
+//! reports carry, and what it means to a script.
 //!
 //! rsync's numbers where the meaning matches (5 a refusal at the start,
 //! 10 socket I/O, 11 file I/O, 12 protocol, 23 partial transfer, 30 a

@@ -65,7 +65,7 @@ pub const REPLY_MAX: u32 = 256 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
     Hello,
-    /// The authenticated hello (issue 13).
+    /// The authenticated hello (a Noise IK handshake).
     Handshake,
     Transfer,
     Reply,
@@ -128,7 +128,7 @@ pub enum ConnError {
 }
 
 /// The handshake and packet protection of an authenticated client
-/// (issue 13; `src/proto/crypto`).
+/// (`src/proto/crypto`).
 struct Secure {
     config: handshake::ClientConfig,
     /// Wall-clock nanoseconds at `Client::started`: hello timestamps are
@@ -437,7 +437,7 @@ impl Client {
         self
     }
 
-    /// Authenticates both ends and protects every packet (issue 13): the
+    /// Authenticates both ends and protects every packet: the
     /// hello becomes a Noise IK handshake to `auth.server_key`, carrying
     /// the hello's parameters, and every packet after it is sealed.
     /// Segments shrink by [`frame::overhead`] so datagrams keep to `mss`.

@@ -432,7 +432,7 @@ impl Keying {
     }
 }
 
-/// An authenticated connection's keys and peer (issue 13).
+/// An authenticated connection's keys and peer.
 struct ConnSecure {
     keys: Keying,
     peer_key: PublicKey,
@@ -966,7 +966,7 @@ impl Server {
         }
     }
 
-    /// Serves authenticated clients as `auth` says (issue 13): hellos
+    /// Serves authenticated clients as `auth` says: hellos
     /// become Noise IK handshakes under the server's key, and every packet
     /// of such a connection is sealed. Plain hellos are served only if
     /// `auth.allow_plain`.
@@ -1492,7 +1492,7 @@ impl Server {
         ip.1 += window;
     }
 
-    /// A Noise hello (issue 13). Nothing is kept for it unless it opens,
+    /// A Noise hello. Nothing is kept for it unless it opens,
     /// its key is authorized and the hello's parameters are admitted;
     /// under load, nothing at all without a valid cookie. No public-key
     /// operation is spent on a copy of a hello already read, nor past the

@@ -781,7 +781,7 @@ impl Tuning {
     }
 
     /// The defaults of atou's commands (`send`, `copy`, `sim`, `probe`,
-    /// `serve`): BBR, RACK-TLP, undo (issue 14 point 7), PRR (RFC 6937,
+    /// `serve`): BBR, RACK-TLP, undo, PRR (RFC 6937,
     /// Linux's reduction, for `--cc aimd` and `--cc cubic`) and Linux's 16
     /// quick ACKs (they matter only with `--delack`). Flags and config
     /// files start from here. [`Tuning::default`] is atou's own baseline,
@@ -1179,7 +1179,7 @@ mod tests {
         assert_eq!(Tuning::default().initial_ssthresh(), u64::MAX);
     }
 
-    /// Issue 14 point 7: the commands run bbr with rack and undo; an atou
+    /// The commands' defaults: bbr with rack and undo; an atou
     /// config file means atou's baseline unless it names others.
     #[test]
     fn commands_default_to_bbr_with_rack_config_files_to_atous_baseline() {

@@ -169,7 +169,13 @@ impl Pair {
         if config.trace {
             client.enable_trace();
         }
+        // The server's ids, challenges and secrets from the run's seed.
+        let mut server_seed = [0u8; 32];
+        for (i, word) in server_seed.chunks_mut(8).enumerate() {
+            word.copy_from_slice(&mix_seed(config.seed, 10 + i as u64).to_be_bytes());
+        }
         let server = Server::new(config.limits, SERVER_RCVBUF, SERVER_RCVBUF)
+            .with_seed(server_seed)
             .with_auth(config.server_auth)?;
         let mut pair = Pair::between(
             client,
