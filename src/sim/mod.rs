@@ -123,14 +123,16 @@ impl SimResult {
     }
 }
 
-/// A datagram on the shared forward path and the flow it belongs to.
+/// A datagram on a path with what the far end needs to know of it: the
+/// flow it belongs to on the shared forward path, the source address it
+/// arrives from on a [`Pair`]'s.
 #[derive(Clone)]
-struct Tagged {
-    flow: usize,
+struct Tagged<T: Clone> {
+    tag: T,
     bytes: Vec<u8>,
 }
 
-impl Datagram for Tagged {
+impl<T: Clone> Datagram for Tagged<T> {
     fn wire_len(&self) -> usize {
         self.bytes.len()
     }
@@ -230,7 +232,7 @@ pub struct Simulation {
     config: SimConfig,
     flows: Vec<Flow>,
     /// The forward path, shared: every flow's datagrams queue in it.
-    fwd: Netem<Tagged>,
+    fwd: Netem<Tagged<usize>>,
     now: Time,
     buf: Vec<u8>,
     /// Instants at which every flow's acknowledged bytes are recorded
@@ -308,7 +310,7 @@ impl Simulation {
                 Step::Fwd => {
                     if let Some(p) = self.fwd.poll(now) {
                         // Undecodable or foreign datagrams are counted by the receiver.
-                        let _ = self.flows[p.flow].receiver.handle_datagram(now, &p.bytes);
+                        let _ = self.flows[p.tag].receiver.handle_datagram(now, &p.bytes);
                     }
                 }
                 Step::Rev(i) => {
@@ -408,7 +410,7 @@ impl Simulation {
             f.feed(now);
             while let Some(n) = f.sender.poll_transmit(now, &mut self.buf, &mut source) {
                 let bytes = self.buf[..n].to_vec();
-                self.fwd.enqueue(now, Tagged { flow: i, bytes });
+                self.fwd.enqueue(now, Tagged { tag: i, bytes });
             }
             while let Some((seg, data)) = f.receiver.read() {
                 f.verifier

@@ -12,14 +12,14 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::netem::{mix_seed, Datagram, Netem, NetemSpec};
+use crate::netem::{mix_seed, Netem, NetemSpec};
 use crate::proto::crypto::{ClientAuth, HandshakeError, ServerAuth};
 use crate::proto::tuning::TuningError;
 use crate::proto::{
     Client, ConnError, Observer, PatternSource, Server, ServerLimits, Time, Tuning,
 };
 
-use super::RunEnd;
+use super::{RunEnd, Tagged};
 
 /// The client's address, as the server sees it.
 pub const CLIENT_ADDR: SocketAddr = SocketAddr::new(
@@ -127,7 +127,7 @@ pub struct PairResult {
 pub struct Pair {
     pub client: Client,
     pub server: Server,
-    fwd: Netem<FromAddr>,
+    fwd: Netem<Tagged<SocketAddr>>,
     rev: Netem<Vec<u8>>,
     /// Every address the client's datagrams have come from (a tap may
     /// move it, as a NAT rebinding does): what the server sends to any of
@@ -138,23 +138,6 @@ pub struct Pair {
     buf: Vec<u8>,
     /// Datagrams the server addressed to someone other than the client.
     pub misaddressed: u64,
-}
-
-/// A datagram on the way to the server, with the source address it
-/// will arrive from.
-#[derive(Clone)]
-struct FromAddr {
-    from: SocketAddr,
-    bytes: Vec<u8>,
-}
-
-impl Datagram for FromAddr {
-    fn wire_len(&self) -> usize {
-        self.bytes.len()
-    }
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.bytes
-    }
 }
 
 impl Pair {
@@ -295,7 +278,11 @@ impl Pair {
         let now = self.now;
         match step {
             Step::ToServer => {
-                if let Some(FromAddr { from, bytes: mut d }) = self.fwd.poll(now) {
+                if let Some(Tagged {
+                    tag: from,
+                    bytes: mut d,
+                }) = self.fwd.poll(now)
+                {
                     // What a session's application would place: a pair
                     // runs probes, whose data the server only checks.
                     let _ = self.server.handle_datagram(now, from, &mut d);
@@ -323,7 +310,7 @@ impl Pair {
                 if !self.client_addrs.contains(&from) {
                     self.client_addrs.push(from);
                 }
-                self.fwd.enqueue(now, FromAddr { from, bytes });
+                self.fwd.enqueue(now, Tagged { tag: from, bytes });
             }
         }
         // The public-key work a driver's worker thread would do.

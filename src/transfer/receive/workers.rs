@@ -200,7 +200,10 @@ fn writer(
     notify: Arc<Notify>,
 ) {
     loop {
-        let result = match jobs.lock().expect("a writer panicked").recv() {
+        // The queue's lock is let go before the work: writers write at
+        // the same time, each taking the next job when it is done.
+        let job = jobs.lock().expect("a writer panicked").recv();
+        let result = match job {
             Ok(Job::Write(job)) => Done::Write(write_chunk(job)),
             Ok(Job::MakeReady {
                 session,
