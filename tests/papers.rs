@@ -927,14 +927,8 @@ fn sent_through(trace: &[TraceRecord], bytes: u64, payload: u64) -> Duration {
 /// with `quickack 16` (29 ACKs), 2.64 s without (18 ACKs).
 #[test]
 fn linux_3_quick_acks_send_50_kb_in_2_seconds_instead_of_2_5() {
-    let run = |quickack| {
-        let tuning = Tuning {
-            delack: Duration::from_millis(200),
-            quickack,
-            abc: 0,
-            initsegs: 2,
-            ..Tuning::default()
-        };
+    quick_acks_win("bare", |quickack| {
+        let tuning = seawind_linux_sender(quickack);
         let payload = tuning.payload_size() as u64;
         let (result, rec) = simulate(
             tuning,
@@ -945,11 +939,28 @@ fn linux_3_quick_acks_send_50_kb_in_2_seconds_instead_of_2_5() {
         );
         let at = sent_through(&rec.trace, 50_000, payload);
         (at, result.summary.pkts_in)
-    };
+    });
+}
+
+/// Sarolahti's Linux 2.4 sender (initial window 2, cwnd counted per ACK)
+/// with a receiver delaying ACKs by 200 ms, quick ACKs as given.
+fn seawind_linux_sender(quickack: u32) -> Tuning {
+    Tuning {
+        delack: Duration::from_millis(200),
+        quickack,
+        abc: 0,
+        initsegs: 2,
+        ..Tuning::default()
+    }
+}
+
+/// Runs `run` with 16 quick ACKs and with none (each gives when the 50 KB
+/// were sent and the ACKs the sender got) and checks Figure 2's result.
+fn quick_acks_win(name: &str, mut run: impl FnMut(u32) -> (Duration, u64)) {
     let (quick, quick_acks) = run(16);
     let (delayed, delayed_acks) = run(0);
     let what = format!(
-        "quick ACKs {quick:?} ({quick_acks} ACKs), delayed {delayed:?} ({delayed_acks} ACKs)"
+        "{name}: quick ACKs {quick:?} ({quick_acks} ACKs), delayed {delayed:?} ({delayed_acks} ACKs)"
     );
     assert!(quick <= Duration::from_millis(2100), "{what}");
     assert!(
@@ -967,14 +978,8 @@ fn linux_3_quick_acks_send_50_kb_in_2_seconds_instead_of_2_5() {
 #[test]
 fn linux_3_quick_acks_hold_through_the_handshake() {
     for (name, endpoints) in [("plain", Endpoints::Plain), ("keyed", keyed_endpoints())] {
-        let run = |quickack| {
-            let tuning = Tuning {
-                delack: Duration::from_millis(200),
-                quickack,
-                abc: 0,
-                initsegs: 2,
-                ..Tuning::default()
-            };
+        quick_acks_win(name, |quickack| {
+            let tuning = seawind_linux_sender(quickack);
             let mut config = PairConfig::new(
                 tuning.clone(),
                 "rate 256kbit limit 7 | delay 200ms".parse().unwrap(),
@@ -1002,18 +1007,7 @@ fn linux_3_quick_acks_hold_through_the_handshake() {
             let payload = atou::proto::crypto::payload_size(tuning.mss as usize, tag).unwrap();
             let acks = pair.client.sender().unwrap().stats().pkts_in;
             (sent_through(&rec.trace, 50_000, payload as u64), acks)
-        };
-        let (quick, quick_acks) = run(16);
-        let (delayed, delayed_acks) = run(0);
-        let what = format!(
-            "{name}: quick ACKs {quick:?} ({quick_acks} ACKs), delayed {delayed:?} ({delayed_acks} ACKs)"
-        );
-        assert!(quick <= Duration::from_millis(2100), "{what}");
-        assert!(
-            quick.as_secs_f64() <= 0.85 * delayed.as_secs_f64(),
-            "{what}"
-        );
-        assert!(quick_acks > delayed_acks, "{what}");
+        });
     }
 }
 
