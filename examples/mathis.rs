@@ -12,7 +12,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use atou::keys::{format_public_key, AuthorizedKeys};
+use atou::config::keys::{format_public_key, AuthorizedKeys};
 use atou::proto::crypto::{Cipher, ClientAuth, ServerAuth, StaticKeypair};
 use atou::proto::RecoveryKind;
 use atou::sim::scenarios::{mathis_expected_c, mathis_through, Endpoints};

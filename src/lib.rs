@@ -3,19 +3,15 @@
 //!
 //! - [`proto`]: the transport as a sans-I/O library.
 //! - [`sim`]: a virtual-time simulator driving it over modelled links.
-//! - [`summary`]: atou's end-of-run report.
-//! - [`trace`] reads a packet trace back; [`plot`] draws it as SVG.
-//! - [`units`]: parsing and printing of rates, sizes and durations.
+//! - [`report`]: the end-of-run summary; a packet trace read back and drawn as SVG.
+//! - [`config`]: key files, known hosts, authorized keys, the path cache.
+//! - [`util`]: parsing and printing of rates, sizes and durations; text escaping.
 
+pub mod config;
 pub mod io;
-pub mod keys;
 pub mod netem;
-pub mod path_cache;
-pub mod plot;
 pub mod proto;
+pub mod report;
 pub mod sim;
-pub mod summary;
-pub mod text;
-pub mod trace;
 pub mod transfer;
-pub mod units;
+pub mod util;

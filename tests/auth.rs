@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atou::keys::{format_public_key, AuthorizedKeys};
+use atou::config::keys::{format_public_key, AuthorizedKeys};
 use atou::netem::NetemSpec;
 use atou::proto::crypto::frame::{self, PROTECTED};
 use atou::proto::crypto::{Cipher, ClientAuth, ServerAuth, StaticKeypair};
@@ -739,7 +739,7 @@ fn a_thousand_sources_get_no_more_than_the_global_handshake_budget() {
 /// a file: what a restart builds.
 fn started_at(wall_ns: u64, server_key: &StaticKeypair, client_key: &StaticKeypair) -> Server {
     let limits = ServerLimits {
-        replay_floor_ns: atou::proto::server::replay_floor(wall_ns),
+        replay_floor_ns: atou::proto::endpoint::server::replay_floor(wall_ns),
         ..ServerLimits::default()
     };
     Server::new(limits, 1 << 20, 2 << 20)

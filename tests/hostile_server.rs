@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use atou::io::{self, ServeApp, ServeConfig, ServeEvent};
-use atou::proto::server::{Arrival, SessionEvent};
+use atou::proto::endpoint::server::{Arrival, SessionEvent};
 use atou::proto::{Server, Tuning};
 use atou::transfer::dest::{ReceivePolicy, SymlinkPolicy, UserFlags};
 use atou::transfer::messages::{

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use atou::netem::NetemSpec;
-use atou::proto::rtt::RttEstimator;
+use atou::proto::stream::rtt::RttEstimator;
 use atou::proto::wire::DATA_HEADER_LEN;
 use atou::proto::{
     CcKind, Event, Recorder, RecoveryKind, ReductionKind, ReorderingKind, SsthreshEstimate, Time,
@@ -502,7 +502,7 @@ fn mathis_failures(name: &str, endpoints: &Endpoints, ps: &[f64]) -> Vec<String>
 /// Keys for a `Client` and a `Server` that know each other: how a
 /// scenario runs through the Noise handshake, every packet sealed.
 fn keyed_endpoints() -> Endpoints {
-    use atou::keys::{format_public_key, AuthorizedKeys};
+    use atou::config::keys::{format_public_key, AuthorizedKeys};
     use atou::proto::crypto::{Cipher, ClientAuth, ServerAuth, StaticKeypair};
     let server = StaticKeypair::generate().unwrap();
     let client = StaticKeypair::generate().unwrap();

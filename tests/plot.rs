@@ -8,11 +8,11 @@ use std::process::{Command, Output, Stdio};
 use netem_support::listening_addr;
 
 use atou::netem::NetemSpec;
-use atou::plot::{svg, Series};
 use atou::proto::{CcKind, Recorder, RecoveryKind, TraceRecord, Tuning};
+use atou::report::plot::{svg, Series};
+use atou::report::summary::config_lines;
+use atou::report::trace::Trace;
 use atou::sim::{SimConfig, SimResult, Simulation};
-use atou::summary::config_lines;
-use atou::trace::Trace;
 
 mod common;
 mod netem_support;
@@ -146,9 +146,9 @@ fn series_hold_what_the_trace_of_a_seeded_run_says() {
         "{bits} bits, {want} acked"
     );
     // Bins of a hundredth of the run, but never shorter than a round trip.
-    assert!(s.goodput.len() <= atou::plot::GOODPUT_BINS);
+    assert!(s.goodput.len() <= atou::report::plot::GOODPUT_BINS);
     assert!(s.bin >= sum.minrtt.as_secs_f64() - 1e-6, "{}", s.bin);
-    assert!(s.bin >= (last - first) / atou::plot::GOODPUT_BINS as f64);
+    assert!(s.bin >= (last - first) / atou::report::plot::GOODPUT_BINS as f64);
     assert!(s.goodput.last().unwrap().0 >= last);
 }
 

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use atou::proto::server::SessionEvent;
+use atou::proto::endpoint::server::SessionEvent;
 use atou::proto::wire::{
     Close, DataFlags, DataHeader, Fetch, Hello, ReceiverParams, DATA_HEADER_LEN,
 };

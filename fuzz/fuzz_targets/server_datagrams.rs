@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use atou::proto::crypto::{handshake, ServerAuth, StaticKeypair};
-use atou::proto::server::SessionEvent;
+use atou::proto::endpoint::server::SessionEvent;
 use atou::proto::wire::VERSION;
 use atou::proto::wire::{
     Close, DataFlags, DataHeader, Fetch, Hello, Packet, ReceiverParams, ACK_MAX_LEN,

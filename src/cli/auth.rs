@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Args;
 
-use atou::keys::{
+use atou::config::keys::{
     self, format_public_key, AuthorizedKeys, KnownHosts, Strictness, Verified,
     AUTHORIZED_KEYS_FILE, IDENTITY_FILE, KNOWN_HOSTS_FILE,
 };
@@ -227,7 +227,7 @@ fn read_key_arg(arg: &str, strict: Strictness) -> Result<PublicKey> {
     }
     Err(UsageError(format!(
         "--server-key `{}` is neither an atou public key (`atou-x25519 BASE64`) nor a file",
-        atou::text::escape(arg.as_bytes())
+        atou::util::text::escape(arg.as_bytes())
     ))
     .into())
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use atou::keys::{self, format_public_key, public_path, IDENTITY_FILE};
+use atou::config::keys::{self, format_public_key, public_path, IDENTITY_FILE};
 use atou::proto::crypto::StaticKeypair;
 
 #[derive(Args, Debug)]

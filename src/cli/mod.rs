@@ -25,9 +25,9 @@ use clap::{Args, Parser, Subcommand};
 
 use atou::netem::NetemSpec;
 use atou::proto::{Observer, TimedEvent, TraceRecord};
+use atou::report::summary::config_lines;
 use atou::sim::{run_flows, FlowConfig, FlowsConfig, RunEnd, SimConfig, Simulation};
-use atou::summary::config_lines;
-use atou::units::{parse_duration, parse_size, TimeUnit};
+use atou::util::units::{parse_duration, parse_size, TimeUnit};
 
 pub use tuning_args::TuningArgs;
 
@@ -270,7 +270,7 @@ pub(crate) struct Output {
     trace_path: Option<PathBuf>,
     error: Option<io::Error>,
     /// `--plot FILE`: the trace kept in memory to draw at the end.
-    plot: Option<(PathBuf, atou::trace::Trace)>,
+    plot: Option<(PathBuf, atou::report::trace::Trace)>,
     /// The trace's `#` header: what ran, then every knob.
     header: Vec<String>,
 }
@@ -288,7 +288,7 @@ impl Observer for Output {
             // The record as the trace file holds it (times to the
             // microsecond), so --plot draws what `atou plot` of the file does.
             let line = record.to_string();
-            if let Ok(Some(r)) = atou::trace::parse_record(&line) {
+            if let Ok(Some(r)) = atou::report::trace::parse_record(&line) {
                 kept.records.push(r);
             }
         }
@@ -309,7 +309,7 @@ impl Output {
         run: Vec<String>,
         tuning: &atou::proto::Tuning,
     ) -> Result<Output> {
-        let mut header = vec![atou::trace::FORMAT_LINE.to_string()];
+        let mut header = vec![atou::report::trace::FORMAT_LINE.to_string()];
         header.extend(run);
         header.extend(config_lines(tuning));
         Ok(Output {
@@ -326,7 +326,7 @@ impl Output {
     /// ([`finish_trace`]); the run must record its trace.
     pub(crate) fn plot_to(mut self, path: Option<&Path>) -> Output {
         self.plot = path.map(|p| {
-            let kept = atou::trace::Trace {
+            let kept = atou::report::trace::Trace {
                 header: self.header.clone(),
                 records: Vec::new(),
             };
@@ -380,7 +380,9 @@ fn sim(args: SimArgs) -> Result<ExitCode> {
             format!("rev {}", config.rev),
             format!("bytes {}", args.bytes),
             // The simulator's connections are plain.
-            atou::trace::payload_line(atou::proto::client::segment_payload(&tuning, None)),
+            atou::report::trace::payload_line(atou::proto::endpoint::client::segment_payload(
+                &tuning, None,
+            )),
         ],
         &tuning,
     )?

@@ -12,14 +12,14 @@ use atou::io::{self, ProbeConfig, ProbeError, ServeApp, ServeConfig, ServeEvent,
 use atou::proto::crypto::{PublicKey, ServerAuth};
 use atou::proto::ServerLimits;
 use atou::proto::{ConnEnd, ConnReport, ServerStats, Tuning};
-use atou::summary::SocketReport;
-use atou::text::shown_path;
+use atou::report::summary::SocketReport;
 use atou::transfer::dest::{ReceivePolicy, SymlinkPolicy};
 use atou::transfer::receive::{
     check_root, FileReceiver, NoFiles, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
 };
 use atou::transfer::send::probe_fault;
-use atou::units::{format_size, parse_duration, parse_size, TimeUnit};
+use atou::util::text::shown_path;
+use atou::util::units::{format_size, parse_duration, parse_size, TimeUnit};
 
 use super::exit::Exit;
 use super::path_hint::PathHint;
@@ -162,7 +162,7 @@ fn parse_quota(s: &str) -> Result<u64, String> {
 }
 
 fn parse_ttl(s: &str) -> Result<Duration, String> {
-    atou::units::parse_duration(s, atou::units::TimeUnit::Seconds)
+    atou::util::units::parse_duration(s, atou::util::units::TimeUnit::Seconds)
 }
 
 fn parse_umask(s: &str) -> Result<u32, String> {
@@ -324,7 +324,8 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
         tuning.maxtime = parse_duration("10", TimeUnit::Seconds).expect("a valid duration");
     }
     let auth = args.auth.resolve(&args.host, peer, tuning.maxidle, true)?;
-    let payload = atou::proto::client::segment_payload(&tuning, auth.as_ref().map(|a| a.cipher));
+    let payload =
+        atou::proto::endpoint::client::segment_payload(&tuning, auth.as_ref().map(|a| a.cipher));
     let mut out = Output::open(
         args.output.events,
         args.output.trace.as_deref(),
@@ -335,7 +336,7 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
                 args.host
             ),
             format!("bytes {}", args.bytes),
-            atou::trace::payload_line(payload),
+            atou::report::trace::payload_line(payload),
         ],
         &tuning,
     )?
@@ -458,7 +459,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
             // The key is read from a file and outlives this run: hellos
             // made before it started are refused (a replay across a
             // restart), less a skew for clocks a little behind.
-            replay_floor_ns: atou::proto::server::replay_floor(io::wall_clock_ns()),
+            replay_floor_ns: atou::proto::endpoint::server::replay_floor(io::wall_clock_ns()),
             ..args.receiver.server_limits(args.rcvbuf)
         },
         auth,
@@ -616,8 +617,8 @@ fn receive_event_line(event: &ReceiveEvent, json: bool, staging: &Path) -> Strin
         ) => {
             format!(
                 "removed {entries} abandoned partial files and records ({}) untouched for over {} (--staging-ttl) from {}",
-                atou::units::format_size(*bytes),
-                atou::units::format_whole_duration(*ttl),
+                atou::util::units::format_size(*bytes),
+                atou::util::units::format_whole_duration(*ttl),
                 shown_path(staging)
             )
         }
@@ -654,7 +655,7 @@ fn print_listening(
     match server_key {
         Some(key) => eprintln!(
             "atou serve: key {} ({})",
-            atou::keys::format_public_key(key, ""),
+            atou::config::keys::format_public_key(key, ""),
             if allow_plain {
                 "authenticated clients pin it; plain clients accepted too"
             } else {

@@ -135,7 +135,7 @@ fn parse_spec(s: &str) -> Result<NetemSpec, String> {
 }
 
 fn parse_seconds(s: &str) -> Result<Duration, String> {
-    atou::units::parse_duration(s, atou::units::TimeUnit::Seconds)
+    atou::util::units::parse_duration(s, atou::util::units::TimeUnit::Seconds)
 }
 
 fn parse_pair(s: &str) -> Result<(String, String), String> {
@@ -430,7 +430,7 @@ fn relay_clients(
                          sources are held already (--max-sources); one is forgotten after {} \
                          without a datagram (--idle)",
                         plural(n),
-                        atou::units::format_time_tc(idle),
+                        atou::util::units::format_time_tc(idle),
                     );
                 }
                 continue;

@@ -10,8 +10,8 @@ use anyhow::{anyhow, Result};
 use clap::Args;
 
 use atou::proto::TraceRecord;
-use atou::summary::config_lines;
-use atou::trace::{parse_record, Trace};
+use atou::report::summary::config_lines;
+use atou::report::trace::{parse_record, Trace};
 use atou::transfer::send::{SendConfig, TraceSink};
 
 use super::UsageError;
@@ -41,18 +41,20 @@ pub struct PlotArgs {
 
 pub fn plot(args: PlotArgs) -> Result<ExitCode> {
     let trace = Trace::read(&args.trace).map_err(|e| match e {
-        atou::trace::TraceError::Read { .. } => UsageError(e.to_string()),
+        atou::report::trace::TraceError::Read { .. } => UsageError(e.to_string()),
         _ => UsageError(format!("{}: {e}", args.trace.display())),
     })?;
     let out = args.out.unwrap_or_else(|| args.trace.with_extension("svg"));
-    let title = args.title.unwrap_or_else(|| atou::plot::title(&trace));
-    atou::plot::write_svg(&trace, &title, &out)?;
+    let title = args
+        .title
+        .unwrap_or_else(|| atou::report::plot::title(&trace));
+    atou::report::plot::write_svg(&trace, &title, &out)?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// `--plot FILE` at the end of a run.
 pub(crate) fn draw(trace: &Trace, path: &Path) -> Result<()> {
-    atou::plot::write_svg(trace, &atou::plot::title(trace), path)?;
+    atou::report::plot::write_svg(trace, &atou::report::plot::title(trace), path)?;
     Ok(())
 }
 
@@ -89,15 +91,16 @@ impl SendOutputArgs {
         let streams = config.streams;
         let what = format!("send to {} ({})", config.host, config.peer);
         let knobs = config_lines(&config.tuning);
-        let payload = atou::trace::payload_line(atou::proto::client::segment_payload(
-            &config.tuning,
-            config.auth.as_ref().map(|a| a.cipher),
-        ));
+        let payload =
+            atou::report::trace::payload_line(atou::proto::endpoint::client::segment_payload(
+                &config.tuning,
+                config.auth.as_ref().map(|a| a.cipher),
+            ));
         let shared = left.clone();
         let sink = TraceSink(Arc::new(move |round, stream| {
             let several = streams > 1 || round > 1;
             let mut header = vec![
-                atou::trace::FORMAT_LINE.to_string(),
+                atou::report::trace::FORMAT_LINE.to_string(),
                 format!(
                     "atou {} {what} stream {stream} round {round}",
                     env!("CARGO_PKG_VERSION")

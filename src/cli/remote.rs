@@ -15,7 +15,6 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 
-use atou::text::{escape, shown_path};
 use atou::transfer::bootstrap::{split_ssh_target, ssh_server_ip, Hello, PortRange};
 use atou::transfer::dest::Requested;
 use atou::transfer::receive::{check_root, TransferReport};
@@ -24,7 +23,8 @@ use atou::transfer::remote::{
     PullConfig, PullOutcome, Punched, Push, RemoteError, SshCommand,
 };
 use atou::transfer::send::Progress;
-use atou::units::{format_rate, format_size, parse_size};
+use atou::util::text::{escape, shown_path};
+use atou::util::units::{format_rate, format_size, parse_size};
 
 use super::exit::{self, Exit};
 use super::transfer::{ctrlc_hook, is_remote, readers, run_send_from, ReceivingArgs, TransferArgs};

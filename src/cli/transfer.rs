@@ -13,7 +13,6 @@ use anyhow::Result;
 use clap::Args;
 
 use atou::io::{self, ServeConfig, DEFAULT_PORT};
-use atou::text::shown_path;
 use atou::transfer::dest::{ReceivePolicy, Requested, SymlinkPolicy, UserFlags};
 use atou::transfer::exclude::Excludes;
 use atou::transfer::manifest::RelPath;
@@ -21,7 +20,8 @@ use atou::transfer::messages::Options;
 use atou::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits};
 use atou::transfer::send::{Progress, SendConfig, SendError, SendReport};
 use atou::transfer::shard::Shard;
-use atou::units::{format_rate, format_size, parse_size};
+use atou::util::text::shown_path;
+use atou::util::units::{format_rate, format_size, parse_size};
 
 use super::exit::{self, Exit};
 use super::net::{resolve, runtime};
@@ -223,14 +223,14 @@ pub enum ProgressMode {
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
-    match atou::units::parse_duration(s, atou::units::TimeUnit::Seconds)? {
+    match atou::util::units::parse_duration(s, atou::util::units::TimeUnit::Seconds)? {
         d if d >= Duration::from_millis(10) => Ok(d),
         _ => Err(format!("`{s}`: a progress interval is at least 10ms")),
     }
 }
 
 fn parse_wait(s: &str) -> Result<Duration, String> {
-    atou::units::parse_duration(s, atou::units::TimeUnit::Seconds)
+    atou::util::units::parse_duration(s, atou::util::units::TimeUnit::Seconds)
 }
 
 fn parse_streams(s: &str) -> Result<usize, String> {
@@ -656,7 +656,7 @@ fn dry_run_text(r: &SendReport) -> String {
         if r.dirs == 1 { "" } else { "s" },
         r.symlinks,
         if r.symlinks == 1 { "" } else { "s" },
-        atou::text::escape(r.host.as_bytes()),
+        atou::util::text::escape(r.host.as_bytes()),
     );
     s
 }
@@ -757,7 +757,9 @@ pub(super) fn run_send_from(
                 }
                 // The reason may quote the server's words: escaped, so a
                 // hostile server cannot drive the terminal.
-                e => atou::text::escape(explain(&e).unwrap_or_else(|| e.to_string()).as_bytes()),
+                e => atou::util::text::escape(
+                    explain(&e).unwrap_or_else(|| e.to_string()).as_bytes(),
+                ),
             };
             eprintln!("atou: {why}");
             if args.json {

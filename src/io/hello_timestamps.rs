@@ -172,7 +172,7 @@ fn cause(e: &std::io::Error) -> String {
         Some(libc::EDQUOT) => "disk quota exceeded".into(),
         Some(libc::EACCES | libc::EPERM) => "permission denied".into(),
         Some(libc::EROFS) => "read-only file system".into(),
-        _ => crate::text::io_error(e),
+        _ => crate::util::text::io_error(e),
     }
 }
 

@@ -33,14 +33,14 @@ use tokio::sync::Notify;
 
 pub use socket::{this_host_mtu, RecvBatch, SocketBuffers, TxBatch, UdpIo};
 
-use crate::proto::server::{Arrival, HandshakeDone, HandshakeWork, SessionEvent};
+use crate::proto::endpoint::server::{Arrival, HandshakeDone, HandshakeWork, SessionEvent};
 use crate::proto::wire::{ReceiverParams, RejectReason, ACK_MAX_LEN, CONTROL_MAX_LEN};
 use crate::proto::{
     Client, Closed, ConnError, ConnReport, Notice, PatternSource, PayloadSource, Server,
     ServerLimits, ServerStats, Time, Tuning,
 };
 use crate::proto::{Observer, PathMemory};
-use crate::summary::Summary;
+use crate::report::summary::Summary;
 
 /// Default UDP port, as atou's.
 pub const DEFAULT_PORT: u16 = 7890;
@@ -325,7 +325,7 @@ pub struct ProbeConfig {
     /// for requests, whose reply is all that is wanted.
     pub close_unacknowledged: bool,
     /// What an earlier connection to this destination learnt
-    /// ([`crate::path_cache`]); `None`: start from the tuning alone.
+    /// ([`crate::config::path_cache`]); `None`: start from the tuning alone.
     pub path_memory: Option<PathMemory>,
 }
 
@@ -653,7 +653,7 @@ fn client_summary(
         );
         s.enobufs = enobufs;
         s.bad_packets += bad_packets;
-        s.security = Some(crate::summary::SecurityReport {
+        s.security = Some(crate::report::summary::SecurityReport {
             cipher: cipher.map_or("none".to_string(), |c| c.name().to_string()),
             handshake_secs: handshake.map(|d| d.as_secs_f64()),
             dropped: crypto_dropped,

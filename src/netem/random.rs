@@ -4,7 +4,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
 
 use super::spec::Distribution;
-use crate::units::Probability;
+use crate::util::units::Probability;
 
 /// A probability on the kernel's scale: `u32::MAX` is 100 %.
 pub fn scaled(p: Probability) -> u32 {

@@ -11,7 +11,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::units::{
+use crate::util::units::{
     format_rate_tc, format_time_tc, parse_duration, parse_probability, parse_rate, parse_size,
     Probability, TimeUnit,
 };

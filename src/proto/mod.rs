@@ -6,32 +6,28 @@
 //! caller-supplied buffers. That makes every run reproducible: the
 //! simulator drives the same code in virtual time.
 
-pub mod client;
 pub mod congestion;
 pub mod crypto;
+pub mod endpoint;
 pub mod events;
 pub mod loss;
 pub mod path_memory;
 pub mod payload;
-pub mod receiver;
-pub mod rtt;
-pub mod scoreboard;
-pub mod sender;
-pub mod server;
+pub mod stream;
 pub mod time;
 pub mod tuning;
 pub mod wire;
 
 use thiserror::Error;
 
-pub use client::{Client, Closed, ConnError};
+pub use endpoint::client::{Client, Closed, ConnError};
+pub use endpoint::server::{ConnEnd, ConnReport, Notice, Server, ServerLimits, ServerStats};
 pub use events::{Event, Observer, Recorder, TimedEvent, TraceRecord};
 pub use loss::Phase;
 pub use path_memory::PathMemory;
 pub use payload::{fill_pattern, pattern_mismatch, PatternSource, PatternVerifier, PayloadSource};
-pub use receiver::{NewData, Receiver, ReceiverConfig};
-pub use sender::{Sender, SenderSnapshot, SenderState, SenderStats};
-pub use server::{ConnEnd, ConnReport, Notice, Server, ServerLimits, ServerStats};
+pub use stream::receiver::{NewData, Receiver, ReceiverConfig};
+pub use stream::sender::{Sender, SenderSnapshot, SenderState, SenderStats};
 pub use time::Time;
 pub use tuning::{CcKind, RecoveryKind, ReductionKind, ReorderingKind, SsthreshEstimate, Tuning};
 pub use wire::ReceiverStats;

@@ -7,12 +7,12 @@
 //!
 //! A saved value is a hint, never a measurement: each user bounds it and
 //! keeps probing (`Sender::with_path_memory`). Only values here; where they
-//! are kept, and for how long, is the caller's (`crate::path_cache`): no
+//! are kept, and for how long, is the caller's (`crate::config::path_cache`): no
 //! clock, no file.
 
 use std::time::Duration;
 
-use super::sender::SenderSnapshot;
+use super::stream::sender::SenderSnapshot;
 
 /// The longest round trip a hint may claim: longer than any path atou is
 /// used on (a geostationary hop is 0.6 s), short of `max_rto`.

@@ -15,7 +15,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use super::wire::DATA_HEADER_LEN;
-use crate::units::{parse_duration, parse_size, Exact, TimeUnit};
+use crate::util::units::{parse_duration, parse_size, Exact, TimeUnit};
 
 /// An enum whose values are read and written by name: the variants with
 /// their names, `ALL`, `name`, `Display`, and a case-insensitive `FromStr`
@@ -519,7 +519,7 @@ impl Codec<u64> for Rate {
     fn show(&self, value: &u64) -> String {
         match *value {
             0 => "0".to_string(),
-            rate => crate::units::format_rate_tc(rate),
+            rate => crate::util::units::format_rate_tc(rate),
         }
     }
 }
@@ -678,7 +678,7 @@ fn err(key: &str, message: impl Into<String>) -> TuningError {
     }
 }
 
-/// A rate with its unit (see [`crate::units::parse_rate`]), or 0 for no
+/// A rate with its unit (see [`crate::util::units::parse_rate`]), or 0 for no
 /// cap. A bare number, or rsync's `K`/`M`/`G`, is refused: rsync reads
 /// `--bwlimit 1000` as KiB/s and `10M` as MiB/s, tc reads a bare number as
 /// bits/s, and a cap a thousandfold off is worse than a question.
@@ -697,7 +697,7 @@ fn parse_bwlimit(key: &str, v: &str) -> Result<u64, TuningError> {
             ),
         ));
     }
-    crate::units::parse_rate(v).map_err(|m| err(key, m))
+    crate::util::units::parse_rate(v).map_err(|m| err(key, m))
 }
 
 fn parse_bool(key: &str, v: &str) -> Result<bool, TuningError> {

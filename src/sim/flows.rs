@@ -20,7 +20,7 @@ use std::time::Duration;
 use super::{RunEnd, SimConfig, SimError, Simulation};
 use crate::netem::{NetemSpec, NetemStats};
 use crate::proto::{Observer, Time, Tuning};
-use crate::summary::Summary;
+use crate::report::summary::Summary;
 
 /// One flow of a shared-bottleneck run.
 #[derive(Debug, Clone)]

@@ -25,7 +25,7 @@ use crate::proto::{
     Observer, PathMemory, PatternSource, PatternVerifier, Receiver, ReceiverConfig, Sender,
     SenderState, Time, Tuning,
 };
-use crate::summary::{SimReport, Summary};
+use crate::report::summary::{SimReport, Summary};
 
 pub use flows::{jain_index, run_flows, FlowConfig, FlowResult, FlowsConfig, FlowsResult};
 pub use pair::{Pair, PairConfig, PairResult};

@@ -7,7 +7,7 @@ use super::{Pair, PairConfig, SimConfig, SimError, Simulation};
 use crate::netem::{Netem, NetemSpec};
 use crate::proto::crypto::{ClientAuth, ServerAuth};
 use crate::proto::{Event, Recorder, RecoveryKind, Time, Tuning};
-use crate::units::Probability;
+use crate::util::units::Probability;
 
 /// Mathis §3.1: MSS in the paper's sense, payload bytes per segment.
 pub const MATHIS_MSS: u64 = 1460;

@@ -61,8 +61,8 @@ const KIND_DIR: u8 = 1;
 const KIND_FILE: u8 = 2;
 const KIND_SYMLINK: u8 = 3;
 
-// One escaping function for every name shown to a person (src/text.rs).
-use crate::text::{shown, shown_path, Escaped};
+// One escaping function for every name shown to a person (src/util/text.rs).
+use crate::util::text::{shown, shown_path, Escaped};
 
 /// The start of a long name, for messages about names that are too long.
 fn head(bytes: &[u8]) -> String {

@@ -1,7 +1,7 @@
 //! What a sender and a receiver say to each other inside a session.
 //!
 //! Every transport connection of a session carries one request stream and
-//! gets one reply (see [`crate::proto::server`]). The first byte of the
+//! gets one reply (see [`crate::proto::endpoint::server`]). The first byte of the
 //! stream says which request it is:
 //!
 //! | request | stream | reply |

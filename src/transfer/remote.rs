@@ -25,12 +25,11 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::config::keys::{format_public_key, AuthorizedKeys};
 use crate::io::{self, ProbeError, ServeConfig, ServeError};
-use crate::keys::{format_public_key, AuthorizedKeys};
-use crate::proto::client::Stage;
 use crate::proto::crypto::{Cipher, ClientAuth, PublicKey, ServerAuth, StaticKeypair};
+use crate::proto::endpoint::client::Stage;
 use crate::proto::{ConnError, ServerLimits};
-use crate::text::escape;
 use crate::transfer::bootstrap::{
     bind_in_range, is_punch, punch, random_token, shell_quote, Answer, Hello, PortRange, MAX_LINE,
     PUNCH_LEN, READY,
@@ -40,6 +39,7 @@ use crate::transfer::receive::{
     check_root, FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
 };
 use crate::transfer::send::{Bound, SendError};
+use crate::util::text::escape;
 
 /// How often a pull's punch datagrams are sent until the remote has them.
 const PUNCH_EVERY: Duration = Duration::from_millis(200);
@@ -1092,7 +1092,7 @@ impl FarSend {
             if let Err(e) = std::fs::symlink_metadata(s) {
                 return Err(failed(format!(
                     "cannot read {}: {e}",
-                    crate::text::shown_path(s)
+                    crate::util::text::shown_path(s)
                 )));
             }
         }

@@ -23,7 +23,7 @@ use rustix::fs::{Mode, OFlags};
 
 use super::hash::CHUNK_SIZE;
 use super::manifest::RelPath;
-use crate::text::shown_path;
+use crate::util::text::shown_path;
 
 /// What identifies a file and tells whether it changed: compared after
 /// the walk, at the open and after every read.
@@ -151,7 +151,7 @@ impl SourceSpec {
                  it is not followed: run again"
             ),
             Some(libc::ENOENT) => format!("{shown} was removed after it was listed; run again"),
-            _ => format!("cannot open {shown}: {}", crate::text::io_error(&e)),
+            _ => format!("cannot open {shown}: {}", crate::util::text::io_error(&e)),
         })?;
         let file = File::from(fd);
         let now = self.stamp_of(&file)?;
@@ -169,7 +169,7 @@ impl SourceSpec {
             format!(
                 "cannot read {}: {}",
                 shown_path(&self.shown),
-                crate::text::io_error(&e)
+                crate::util::text::io_error(&e)
             )
         })?;
         if !md.is_file() {
@@ -293,7 +293,7 @@ fn read_exact_at(
                 return Err(format!(
                     "cannot read {}: {}",
                     shown_path(&spec.shown),
-                    crate::text::io_error(&e)
+                    crate::util::text::io_error(&e)
                 ))
             }
         }

@@ -36,7 +36,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::io::dest_dir::{DestDir, Found, STAGING_DIR};
-use crate::units::{format_size, format_whole_duration};
+use crate::util::units::{format_size, format_whole_duration};
 
 /// Identifies a claim's layout; bumped on any change.
 const MAGIC: &[u8; 16] = b"atou claim v1\n\0\0";

@@ -276,7 +276,7 @@ mod properties {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::proto::scoreboard::Scoreboard;
+    use crate::proto::stream::scoreboard::Scoreboard;
     use crate::proto::wire::SackBlock;
 
     #[derive(Debug, Clone)]

@@ -45,7 +45,7 @@ pub use replay::ReplayWindow;
 use std::sync::Arc;
 
 use super::wire::DATA_HEADER_LEN;
-use crate::keys::AuthorizedKeys;
+use crate::config::keys::AuthorizedKeys;
 
 /// What a client brings to an authenticated connection: its key, the
 /// server's key it pins (known_hosts, `--server-key`, or the ssh

@@ -114,7 +114,7 @@ impl std::str::FromStr for Cipher {
             "auto" => Ok(Cipher::for_this_cpu()),
             other => Err(format!(
                 "unknown cipher `{}`: aes-256-gcm, chacha20-poly1305 or auto",
-                crate::text::escape(other.as_bytes())
+                crate::util::text::escape(other.as_bytes())
             )),
         }
     }

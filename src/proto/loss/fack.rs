@@ -12,7 +12,7 @@
 use super::sack::Sack;
 use super::{AckSummary, LossRecovery, LossState, Phase, Verdict};
 use crate::proto::events::RecoveryTrigger;
-use crate::proto::scoreboard::Scoreboard;
+use crate::proto::stream::scoreboard::Scoreboard;
 use crate::proto::tuning::RecoveryKind;
 
 /// Once the connection has seen reordering with `reordering adaptive`,

@@ -20,10 +20,10 @@ use std::fmt;
 use std::time::Duration;
 
 use super::events::RecoveryTrigger;
-use super::scoreboard::Scoreboard;
 use super::time::Time;
 use super::tuning::{RecoveryKind, ReorderingKind, Tuning};
 use super::wire::SackBlock;
+use crate::proto::stream::scoreboard::Scoreboard;
 
 /// The sender's loss state, after Linux's (Sarolahti §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

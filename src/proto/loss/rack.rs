@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use super::{AckSummary, LossRecovery, LossState, Phase, TimerContext, TimerVerdict, Verdict};
 use crate::proto::events::RecoveryTrigger;
-use crate::proto::scoreboard::Scoreboard;
+use crate::proto::stream::scoreboard::Scoreboard;
 use crate::proto::time::Time;
 use crate::proto::tuning::{RecoveryKind, Tuning};
 

@@ -10,7 +10,7 @@
 
 use super::{AckSummary, DupEvidence, LossRecovery, LossState, Phase, Verdict};
 use crate::proto::events::RecoveryTrigger;
-use crate::proto::scoreboard::Scoreboard;
+use crate::proto::stream::scoreboard::Scoreboard;
 use crate::proto::tuning::RecoveryKind;
 
 #[derive(Debug)]

@@ -14,7 +14,7 @@
 
 use super::{AckSummary, LossRecovery, LossState, Phase, Verdict};
 use crate::proto::events::RecoveryTrigger;
-use crate::proto::scoreboard::Scoreboard;
+use crate::proto::stream::scoreboard::Scoreboard;
 use crate::proto::tuning::RecoveryKind;
 
 #[derive(Debug, Default)]

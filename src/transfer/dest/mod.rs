@@ -35,7 +35,7 @@ use super::messages::{FilePlan, Options, Outcome};
 use super::parts;
 use super::staged::ClaimId;
 use crate::io::dest_dir::{self, DestDir, Found};
-use crate::text::shown;
+use crate::util::text::shown;
 
 pub use finish::{finish, Finished};
 pub(super) use plan::chunk_cv_on_disk;
@@ -68,7 +68,7 @@ pub fn io_error(action: &str, path: &Path, e: &io::Error) -> String {
                 .to_string()
         }
         Some(libc::EEXIST) => "something else is there now".to_string(),
-        _ => crate::text::io_error(e),
+        _ => crate::util::text::io_error(e),
     };
     format!(
         "cannot {action} {}: {cause}",

@@ -23,12 +23,12 @@ use super::{
     Prepared, NOT_HELD,
 };
 use crate::io::dest_dir::{self, DestDir, Found, STAGING_DIR};
-use crate::text::shown;
 use crate::transfer::hash::{chunk_count, chunk_cv, chunk_len, Cv, CHUNK_SIZE};
 use crate::transfer::manifest::{Entry, EntryKind, Manifest, RelPath};
 use crate::transfer::messages::{FilePart, FilePlan, Options, PlanRequest};
 use crate::transfer::parts;
 use crate::transfer::staged::ToStage;
+use crate::util::text::shown;
 
 /// An existing file `--checksum` compared.
 #[derive(Debug, Clone, Copy)]
@@ -419,7 +419,7 @@ impl<'a> Planner<'a> {
             return Err(format!(
                 "--checksum would have this server read more than {} of existing files for \
                  one transfer, its limit (--max-checksum); send without --checksum, or in parts",
-                crate::units::format_size(self.checksum_budget)
+                crate::util::units::format_size(self.checksum_budget)
             ));
         }
         let (d, n) = split_rel(rel);

@@ -6,8 +6,8 @@
 use std::collections::{HashMap, HashSet};
 
 use super::split_first;
-use crate::text::shown;
 use crate::transfer::messages::PlanRequest;
+use crate::util::text::shown;
 
 /// Which symlinks a receiver creates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]

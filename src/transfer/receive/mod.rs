@@ -31,7 +31,7 @@ use super::messages::Outcome;
 use super::staged::StagedQuota;
 use crate::io::dest_dir::DestDir;
 use crate::io::ServeApp;
-use crate::proto::server::{Arrival, ConnEnd, SessionEvent};
+use crate::proto::endpoint::server::{Arrival, ConnEnd, SessionEvent};
 use crate::proto::Server;
 
 /// What a receiver tells its operator.
@@ -99,7 +99,7 @@ pub struct ReceiveConfig {
     pub limits: ReceiveLimits,
     /// The server's authorized keys: a key's `subdir=` and `overwrite`
     /// restrict what its transfers may do (`None`: no restrictions).
-    pub authorized: Option<Arc<crate::keys::AuthorizedKeys>>,
+    pub authorized: Option<Arc<crate::config::keys::AuthorizedKeys>>,
 }
 
 /// What one receiver lets its peers make it hold: the operator's budgets.

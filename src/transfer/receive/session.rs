@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{ReceiveEvent, ReceiveLimits, TransferReport};
-use crate::keys::AuthorizedKeys;
+use crate::config::keys::AuthorizedKeys;
 use crate::transfer::dest::{DestError, Finished, ReceivePolicy, NOT_HELD};
 use crate::transfer::hash::{chunk_count, Cv};
 use crate::transfer::layout::{Layout, CV_LEN};
@@ -905,7 +905,7 @@ impl<P: PlanView> Sessions<P> {
                 if self.sessions.contains_key(&session) {
                     let why = format!(
                         "the sender gave up: {}",
-                        crate::text::escape(why.as_bytes())
+                        crate::util::text::escape(why.as_bytes())
                     );
                     self.fail_session(session, why);
                 }

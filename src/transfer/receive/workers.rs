@@ -484,9 +484,9 @@ fn fits(dest: &DestDir, plan: &PlanRequest) -> Result<(), String> {
     match dest.filesystem_size() {
         Ok(fs_size) if total > fs_size => Err(format!(
             "the files add up to {}, more than the whole file system of {} ({})",
-            crate::units::format_size(total),
+            crate::util::units::format_size(total),
             dest.shown(b"").display(),
-            crate::units::format_size(fs_size)
+            crate::util::units::format_size(fs_size)
         )),
         _ => Ok(()),
     }

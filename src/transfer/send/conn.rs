@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 use super::{Bound, Progress, SendConfig, SendError, StreamLive, TraceTaker};
 use crate::io::{self, fresh_conn_id, ProbeConfig, ProbeError, StreamFeed};
 use crate::proto::{Observer, PayloadSource};
-use crate::summary::Summary;
+use crate::report::summary::Summary;
 
 /// Coming back to a busy receiver: pauses of 0.5, 1, 2, 4, then 8 s (or
 /// the receiver's hint, if longer), each stretched by a random factor

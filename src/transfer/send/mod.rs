@@ -36,7 +36,7 @@ use super::messages::{encode_abort, Options, Outcome};
 use super::shard::Shard;
 use crate::io::ProbeError;
 use crate::proto::Tuning;
-use crate::summary::Summary;
+use crate::report::summary::Summary;
 
 #[derive(Debug, Error)]
 pub enum SendError {
@@ -115,9 +115,9 @@ impl SendError {
 
 /// The kind of a connection's failure (see [`Fault`]).
 pub fn probe_fault(e: &ProbeError) -> Fault {
-    use crate::proto::client::Stage;
     use crate::proto::crypto::handshake::HandshakeError as H;
     use crate::proto::crypto::RefuseReason;
+    use crate::proto::endpoint::client::Stage;
     use crate::proto::ConnError as C;
     match e {
         ProbeError::Socket { .. }
@@ -175,7 +175,7 @@ pub struct SendConfig {
     /// `--plot`); `None`: no trace.
     pub trace: Option<TraceSink>,
     /// What an earlier transfer learnt about the path to `peer`, for every
-    /// connection's start ([`crate::path_cache`]); `None`: none.
+    /// connection's start ([`crate::config::path_cache`]); `None`: none.
     pub path_memory: Option<crate::proto::PathMemory>,
     /// How long to keep coming back, with jittered growing pauses, to a
     /// receiver that says it is busy, from its first such answer; zero:

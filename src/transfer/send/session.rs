@@ -17,8 +17,7 @@ use super::conn::{ask, run_conn, BusyWait, DataConn, Ending, Link};
 use super::readers::{FileFeed, Readers, Shown, Siblings};
 use super::{Bound, PlannedFile, Progress, SendConfig, SendError, SendReport, StreamLive};
 use crate::io::fresh_conn_id;
-use crate::summary::Summary;
-use crate::text::shown_path;
+use crate::report::summary::Summary;
 use crate::transfer::hash::{chunk_count, chunk_len, file_hash, part_digest, Cv, CHUNK_SIZE};
 use crate::transfer::layout::CV_LEN;
 use crate::transfer::manifest::{manifest_of, walk, EntryKind, LocalEntry, Manifest};
@@ -27,6 +26,7 @@ use crate::transfer::messages::{
 };
 use crate::transfer::shard::{part_bytes, Selected};
 use crate::transfer::source::{SourceSpec, Sources};
+use crate::util::text::shown_path;
 
 /// Most rounds of re-sending chunks that failed their check.
 const MAX_ROUNDS: usize = 16;

@@ -21,7 +21,7 @@ use plotters::prelude::*;
 use thiserror::Error;
 
 use crate::proto::TraceRecord;
-use crate::trace::Trace;
+use crate::report::trace::Trace;
 
 /// Goodput bins across the run, at most: a bin is never shorter than an RTT.
 pub const GOODPUT_BINS: usize = 100;
@@ -217,7 +217,7 @@ pub fn title(trace: &Trace) -> String {
     let mut parts: Vec<String> = trace
         .header
         .iter()
-        .filter(|h| !crate::trace::is_bookkeeping(h))
+        .filter(|h| !crate::report::trace::is_bookkeeping(h))
         .cloned()
         .collect();
     if let Some(t) = trace.tuning() {

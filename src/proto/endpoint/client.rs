@@ -17,23 +17,23 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use super::crypto::{
+use crate::proto::crypto::{
     frame, handshake, ClientAuth, HandshakeError, Initiator, Opener, Progress, Protection,
     RefuseReason, Sealer,
 };
-use super::events::{TimedEvent, TraceRecord};
-use super::path_memory::PathMemory;
-use super::payload::PayloadSource;
-use super::sender::{Sender, SenderState};
-use super::server::{reply_fragment_len, Purpose};
-use super::time::Time;
-use super::tuning::{Tuning, TuningError};
-use super::wire::ReceiverStats;
-use super::wire::{
+use crate::proto::endpoint::server::{reply_fragment_len, Purpose};
+use crate::proto::events::{TimedEvent, TraceRecord};
+use crate::proto::path_memory::PathMemory;
+use crate::proto::payload::PayloadSource;
+use crate::proto::stream::sender::{Sender, SenderState};
+use crate::proto::time::Time;
+use crate::proto::tuning::{Tuning, TuningError};
+use crate::proto::wire::ReceiverStats;
+use crate::proto::wire::{
     AddressToken, Close, Fetch, Hello, Packet, PathProbe, ReceiverParams, RejectReason, Reply,
     WireError, CONTROL_MAX_LEN, VERSION,
 };
-use super::InputError;
+use crate::proto::InputError;
 
 /// First interval between hellos (and closes); doubled after each, up to
 /// [`CONTROL_RETRY_MAX`].
@@ -483,7 +483,7 @@ impl Client {
     }
 
     /// The packet cipher, `None` for a plain connection.
-    pub fn cipher(&self) -> Option<super::crypto::Cipher> {
+    pub fn cipher(&self) -> Option<crate::proto::crypto::Cipher> {
         self.secure.as_ref().map(|s| s.config.cipher)
     }
 
@@ -504,7 +504,7 @@ impl Client {
 
     /// Datagrams dropped because they failed to open (forged, corrupted,
     /// replayed), by reason; zeros for a plain connection.
-    pub fn crypto_drops(&self) -> super::crypto::DropCounters {
+    pub fn crypto_drops(&self) -> crate::proto::crypto::DropCounters {
         self.secure
             .as_ref()
             .and_then(|s| s.keys.as_ref())

@@ -24,10 +24,10 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use super::time::Time;
-use super::tuning::Tuning;
-use super::wire::{Ack, DataSegment, Packet, ReceiverStats, SackBlock, ACK_MAX_LEN};
-use super::InputError;
+use crate::proto::time::Time;
+use crate::proto::tuning::Tuning;
+use crate::proto::wire::{Ack, DataSegment, Packet, ReceiverStats, SackBlock, ACK_MAX_LEN};
+use crate::proto::InputError;
 
 /// No data for this long starts quick ACKs again (Linux: longer than its
 /// RTO). The receiver has no RTT estimate of its own, so RFC 6298's

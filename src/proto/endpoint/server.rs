@@ -28,18 +28,18 @@ use rand_chacha::ChaCha20Rng;
 use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
 
-use super::crypto::amplification::Budget;
-use super::crypto::ratelimit::{Rate, RateLimiter};
-use super::crypto::replayed::{self, ReplayedHellos};
-use super::crypto::{
+use crate::proto::crypto::amplification::Budget;
+use crate::proto::crypto::ratelimit::{Rate, RateLimiter};
+use crate::proto::crypto::replayed::{self, ReplayedHellos};
+use crate::proto::crypto::{
     frame, handshake, CookieSecret, Decision, HandshakeError, Opener, PublicKey, RefuseReason,
     Responder, Screened, Sealer, ServerAuth,
 };
-use super::payload::pattern_mismatch;
-use super::receiver::{Receiver, ReceiverConfig};
-use super::time::Time;
-use super::wire::ReceiverStats;
-use super::wire::{
+use crate::proto::payload::pattern_mismatch;
+use crate::proto::stream::receiver::{Receiver, ReceiverConfig};
+use crate::proto::time::Time;
+use crate::proto::wire::ReceiverStats;
+use crate::proto::wire::{
     hello_token, AddressToken, CloseAck, DataSegment, HeaderPeek, Hello, Packet, PathProbe,
     ReceiverParams, Reject, RejectReason, Reply, Retry, Welcome, CONTROL_MAX_LEN, DATA_HEADER_LEN,
     REPLY_HEADER_LEN, VERSION,
@@ -240,7 +240,7 @@ impl std::fmt::Display for Notice {
             Notice::AuthRefused { peer, key, why } => write!(
                 f,
                 "refused {peer} (key {}): {why}",
-                crate::keys::format_public_key(key, "").trim_end()
+                crate::config::keys::format_public_key(key, "").trim_end()
             ),
             Notice::PlainRefused { peer } => write!(
                 f,
@@ -255,7 +255,7 @@ impl std::fmt::Display for Notice {
                 f,
                 "a hello (client id {client_id:016x}) came {copies} times in a second, \
                  last from {peer}: a replay; its copies are dropped unread for {} s",
-                super::crypto::replayed::DROP_FOR.as_secs()
+                crate::proto::crypto::replayed::DROP_FOR.as_secs()
             ),
             Notice::Migrated { from, to } => {
                 write!(f, "a connection moved from {from} to {to} (authenticated)")
@@ -277,7 +277,7 @@ fn payload_size(mss: u32) -> u64 {
 /// payload size (the header does not carry it). `None` when that or its
 /// end overflows, or the length is wrong: only the last segment (FIN) may
 /// be short.
-fn stream_offset(seg: &super::wire::DataSegment<'_>, payload_size: u64) -> Option<u64> {
+fn stream_offset(seg: &crate::proto::wire::DataSegment<'_>, payload_size: u64) -> Option<u64> {
     let len = seg.payload.len() as u64;
     let fits = len == payload_size || (seg.header.flags.fin && len <= payload_size);
     let offset = seg.header.seg.checked_mul(payload_size)?;
@@ -771,7 +771,7 @@ pub struct ServerLimits {
     pub replay_floor_ns: u64,
     /// Copies of one hello within a second after which its further copies
     /// are dropped before they are read
-    /// ([`replayed`](super::crypto::replayed)). 0: never.
+    /// ([`replayed`](crate::proto::crypto::replayed)). 0: never.
     pub replayed_copies_before_drop: u32,
     /// Hellos whose public-key work may be outstanding at once (handed
     /// out by [`Server::poll_handshake_work`] and not yet given back);
@@ -1509,7 +1509,7 @@ impl Server {
             }
             return;
         };
-        if now.saturating_since(self.cookie_rotated) >= super::crypto::cookie::BUCKET {
+        if now.saturating_since(self.cookie_rotated) >= crate::proto::crypto::cookie::BUCKET {
             if let Some(random) = self.random.as_mut() {
                 responder.rotate_cookie_secret(draw_secret(random));
                 self.cookie_rotated = now;
@@ -2059,7 +2059,7 @@ impl Server {
             }
             return;
         }
-        if now.saturating_since(self.tokens_rotated) >= super::crypto::cookie::BUCKET {
+        if now.saturating_since(self.tokens_rotated) >= crate::proto::crypto::cookie::BUCKET {
             if let Some(random) = self.random.as_mut() {
                 if let Some(t) = self.tokens.as_mut() {
                     t.rotate(draw_secret(random));
@@ -2205,7 +2205,7 @@ impl Server {
     }
 
     /// Writes the next datagram into `buf` (at least
-    /// [`super::wire::CONTROL_MAX_LEN`] and [`super::wire::ACK_MAX_LEN`]
+    /// [`crate::proto::wire::CONTROL_MAX_LEN`] and [`crate::proto::wire::ACK_MAX_LEN`]
     /// bytes); returns where to send it and its length.
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(SocketAddr, usize)> {
         if let Some((to, bytes)) = self.handshake_out.pop_front() {
@@ -2408,7 +2408,7 @@ impl Server {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::client::{Client, UNACKNOWLEDGED_CLOSES};
+    use crate::proto::endpoint::client::{Client, UNACKNOWLEDGED_CLOSES};
     use crate::proto::payload::{PatternSource, PayloadSource};
     use crate::proto::wire::{DataFlags, DataHeader};
     use crate::proto::Tuning;
@@ -2492,7 +2492,7 @@ mod tests {
         assert!(!conn.keyed());
         assert_eq!(server.windows_held(), 10 * payload_size(1200));
         let mut close = [0u8; 64];
-        let n = super::super::wire::Close {
+        let n = crate::proto::wire::Close {
             conn_id: id,
             segments: 1,
             bytes: 0,
@@ -2693,7 +2693,7 @@ mod tests {
         client.handle_datagram(Time::ZERO, &out[..m]).unwrap();
         assert!(matches!(
             client.outcome(),
-            Some(Err(crate::proto::client::ConnError::VersionMismatch { theirs })) if *theirs == VERSION
+            Some(Err(crate::proto::endpoint::client::ConnError::VersionMismatch { theirs })) if *theirs == VERSION
         ));
     }
 
@@ -2720,7 +2720,7 @@ mod tests {
         client.handle_timeout(at);
         assert!(matches!(
             client.outcome(),
-            Some(Err(crate::proto::client::ConnError::Idle { .. }))
+            Some(Err(crate::proto::endpoint::client::ConnError::Idle { .. }))
         ));
     }
 

@@ -27,9 +27,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use super::congestion::delivery_rate::SendStamp;
-use super::time::Time;
-use super::wire::SackBlock;
+use crate::proto::congestion::delivery_rate::SendStamp;
+use crate::proto::time::Time;
+use crate::proto::wire::SackBlock;
 
 /// A segment an ACK reported delivered for the first time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -90,7 +90,7 @@ pub enum KeyError {
         path: PathBuf,
         line: usize,
     },
-    #[error("`{}` cannot be recorded as a host name (spaces, control characters or '#')", crate::text::escape(.0.as_bytes()))]
+    #[error("`{}` cannot be recorded as a host name (spaces, control characters or '#')", crate::util::text::escape(.0.as_bytes()))]
     BadHostName(String),
 }
 
@@ -582,7 +582,7 @@ fn parse_options(s: &str) -> Result<KeyOptions, String> {
         } else {
             return Err(format!(
                 "unknown option `{}` (known: subdir=PATH, overwrite), or a key type other than {KEY_TYPE}",
-                crate::text::escape(opt.as_bytes())
+                crate::util::text::escape(opt.as_bytes())
             ));
         }
     }
@@ -703,7 +703,7 @@ impl KnownHosts {
         match self.check(host, key) {
             HostStatus::Known => Ok(Verified::Matched),
             HostStatus::Changed { line } => Err(KeyError::HostKeyChanged {
-                host: crate::text::escape(host.as_bytes()),
+                host: crate::util::text::escape(host.as_bytes()),
                 path: self.path.clone(),
                 line,
             }),

@@ -112,7 +112,7 @@ pub struct Summary {
     pub security: Option<SecurityReport>,
     pub tuning: Tuning,
     /// What the connection learnt about its path, for the next one to the
-    /// same destination (`crate::path_cache`); not part of the report.
+    /// same destination (`crate::config::path_cache`); not part of the report.
     #[serde(skip)]
     pub path_memory: Option<PathMemory>,
 }

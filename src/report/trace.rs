@@ -25,7 +25,7 @@ const PAYLOAD_PREFIX: &str = "payload:";
 /// The header line saying how many stream bytes one data segment of the
 /// traced connection carries (`payload: N`), which its `mss` alone does
 /// not tell once packets are protected:
-/// [`segment_payload`](crate::proto::client::segment_payload).
+/// [`segment_payload`](crate::proto::endpoint::client::segment_payload).
 pub fn payload_line(payload: u64) -> String {
     format!("{PAYLOAD_PREFIX} {payload}")
 }
@@ -288,8 +288,8 @@ mod tests {
     /// less than `mss` says: the `payload:` line is what counts.
     #[test]
     fn the_payload_line_wins_over_the_mss() {
-        use crate::proto::client::segment_payload;
         use crate::proto::crypto::Cipher;
+        use crate::proto::endpoint::client::segment_payload;
         let tuning = Tuning {
             mss: 1049,
             ..Tuning::default()

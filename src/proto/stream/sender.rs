@@ -13,23 +13,23 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::congestion::{
+use crate::proto::congestion::{
     self, AckEvent, CcReport, CongestionEvent, Controller, DeliveryRate, Pacer, RecoveryStep,
 };
-use super::events::{Event, RecoveryTrigger, TimedEvent, TraceRecord};
-use super::loss::{
+use crate::proto::events::{Event, RecoveryTrigger, TimedEvent, TraceRecord};
+use crate::proto::loss::{
     self, AckSummary, DupEvidence, Forced, LossRecovery, LossState, Phase, TimerContext,
     TimerVerdict, Verdict,
 };
-use super::path_memory::PathMemory;
-use super::payload::PayloadSource;
-use super::rtt::RttEstimator;
-use super::scoreboard::Scoreboard;
-use super::time::{wire_elapsed, Time};
-use super::tuning::{CcKind, RecoveryKind};
-use super::tuning::{DropList, Tuning, TuningError};
-use super::wire::{Ack, DataFlags, DataHeader, Packet, DATA_HEADER_LEN};
-use super::InputError;
+use crate::proto::path_memory::PathMemory;
+use crate::proto::payload::PayloadSource;
+use crate::proto::stream::rtt::RttEstimator;
+use crate::proto::stream::scoreboard::Scoreboard;
+use crate::proto::time::{wire_elapsed, Time};
+use crate::proto::tuning::{CcKind, RecoveryKind};
+use crate::proto::tuning::{DropList, Tuning, TuningError};
+use crate::proto::wire::{Ack, DataFlags, DataHeader, Packet, DATA_HEADER_LEN};
+use crate::proto::InputError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SenderState {

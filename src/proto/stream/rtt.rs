@@ -12,8 +12,8 @@
 
 use std::time::Duration;
 
-use super::time::Time;
-use super::tuning::Tuning;
+use crate::proto::time::Time;
+use crate::proto::tuning::Tuning;
 
 /// RFC 6298 §2.1: the RTO before any sample.
 const INITIAL_RTO: Duration = Duration::from_secs(1);

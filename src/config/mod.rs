@@ -1,0 +1,5 @@
+//! The files atou reads and writes between runs: keys, known hosts,
+//! authorized keys and the path cache.
+
+pub mod keys;
+pub mod path_cache;

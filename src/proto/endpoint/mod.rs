@@ -1,0 +1,5 @@
+//! The two ends of a connection: the handshake, keys and connection ids
+//! around the streams' [`Sender`](super::Sender) and [`Receiver`](super::Receiver).
+
+pub mod client;
+pub mod server;
