@@ -143,15 +143,15 @@ pub(crate) struct OutputArgs {
     pub json: bool,
 }
 
-fn parse_spec(s: &str) -> Result<NetemSpec, String> {
+fn parse_spec(s: &str) -> Result<NetemSpec, atou::netem::SpecError> {
     s.parse()
 }
 
-fn parse_bytes(s: &str) -> Result<u64, String> {
+fn parse_bytes(s: &str) -> Result<u64, atou::util::units::UnitError> {
     parse_size(s)
 }
 
-fn parse_secs(s: &str) -> Result<std::time::Duration, String> {
+fn parse_secs(s: &str) -> Result<std::time::Duration, atou::util::units::UnitError> {
     parse_duration(s, TimeUnit::Seconds)
 }
 
@@ -171,8 +171,10 @@ fn parse_flow(s: &str) -> Result<FlowArg, String> {
             .ok_or_else(|| format!("`{item}`: expected KEY=VALUE, as in cc=bbr or start=5s"))?;
         let (key, value) = (key.trim(), value.trim());
         match key {
-            "start" => flow.start = parse_secs(value)?,
-            "bytes" => flow.bytes = Some(parse_size(value)?).filter(|&b| b > 0),
+            "start" => flow.start = parse_secs(value).map_err(|e| e.to_string())?,
+            "bytes" => {
+                flow.bytes = Some(parse_size(value).map_err(|e| e.to_string())?).filter(|&b| b > 0)
+            }
             _ => flow.knobs.push((key.to_string(), value.to_string())),
         }
     }

@@ -154,14 +154,14 @@ pub struct ReceiverArgs {
 }
 
 /// A size, or `none` (or 0): no quota.
-fn parse_quota(s: &str) -> Result<u64, String> {
+fn parse_quota(s: &str) -> Result<u64, atou::util::units::UnitError> {
     match s {
         "none" => Ok(0),
         _ => parse_size(s),
     }
 }
 
-fn parse_ttl(s: &str) -> Result<Duration, String> {
+fn parse_ttl(s: &str) -> Result<Duration, atou::util::units::UnitError> {
     atou::util::units::parse_duration(s, atou::util::units::TimeUnit::Seconds)
 }
 
@@ -230,7 +230,7 @@ impl ReceiverArgs {
     }
 }
 
-fn parse_bytes(s: &str) -> Result<u64, String> {
+fn parse_bytes(s: &str) -> Result<u64, atou::util::units::UnitError> {
     parse_size(s)
 }
 

@@ -130,11 +130,11 @@ struct BridgeArgs {
     command: Vec<String>,
 }
 
-fn parse_spec(s: &str) -> Result<NetemSpec, String> {
+fn parse_spec(s: &str) -> Result<NetemSpec, atou::netem::SpecError> {
     s.parse()
 }
 
-fn parse_seconds(s: &str) -> Result<Duration, String> {
+fn parse_seconds(s: &str) -> Result<Duration, atou::util::units::UnitError> {
     atou::util::units::parse_duration(s, atou::util::units::TimeUnit::Seconds)
 }
 

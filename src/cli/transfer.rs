@@ -223,13 +223,15 @@ pub enum ProgressMode {
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
-    match atou::util::units::parse_duration(s, atou::util::units::TimeUnit::Seconds)? {
+    match atou::util::units::parse_duration(s, atou::util::units::TimeUnit::Seconds)
+        .map_err(|e| e.to_string())?
+    {
         d if d >= Duration::from_millis(10) => Ok(d),
         _ => Err(format!("`{s}`: a progress interval is at least 10ms")),
     }
 }
 
-fn parse_wait(s: &str) -> Result<Duration, String> {
+fn parse_wait(s: &str) -> Result<Duration, atou::util::units::UnitError> {
     atou::util::units::parse_duration(s, atou::util::units::TimeUnit::Seconds)
 }
 
@@ -240,7 +242,7 @@ fn parse_streams(s: &str) -> Result<usize, String> {
     }
 }
 
-fn parse_bytes(s: &str) -> Result<u64, String> {
+fn parse_bytes(s: &str) -> Result<u64, atou::util::units::UnitError> {
     parse_size(s)
 }
 

@@ -25,4 +25,4 @@ mod random;
 pub mod spec;
 
 pub use model::{mix_seed, Datagram, Netem, NetemStats, Qdisc};
-pub use spec::{Distribution, Loss, NetemSpec, QdiscSpec, Rate, Slot, SlotDelay};
+pub use spec::{Distribution, Loss, NetemSpec, QdiscSpec, Rate, Slot, SlotDelay, SpecError};

@@ -11,10 +11,68 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use thiserror::Error;
+
 use crate::util::units::{
     format_rate_tc, format_time_tc, parse_duration, parse_probability, parse_rate, parse_size,
-    Probability, TimeUnit,
+    Probability, TimeUnit, UnitError,
 };
+
+/// Why a netem description does not parse. `key` names the option, as
+/// the message quotes it (`loss state p31`).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SpecError {
+    #[error("stage {0} is empty: write `A | B`, each a netem description")]
+    EmptyStage(usize),
+    #[error("unknown keyword `{0}`")]
+    UnknownKeyword(String),
+    /// `what` describes the argument wanted: "a time like 50ms".
+    #[error("`{key}` needs {what}")]
+    MissingArgument { key: String, what: &'static str },
+    #[error("{key}: {error}")]
+    BadQuantity { key: String, error: UnitError },
+    #[error("{key}: `{text}` is not a positive count")]
+    NotAPositiveCount { key: String, text: String },
+    #[error("{key}: `{text}` is not a byte count")]
+    NotAByteCount { key: String, text: String },
+    #[error("seed: `{0}` is not a number")]
+    NotASeed(String),
+    #[error(
+        "distribution `{0}`: use uniform, normal, pareto or paretonormal (table files are not read)"
+    )]
+    UnknownDistribution(String),
+    #[error("loss `{0}`: use a percentage, `random P`, `state ...`, `gemodel ...` or `every N`")]
+    UnknownLossModel(String),
+    #[error("`loss` given twice")]
+    LossTwice,
+    #[error("loss state: p13 + p14 and p31 + p32 must each be at most 100%")]
+    LossStateOver100,
+    #[error("slot: MAX is smaller than MIN")]
+    SlotMaxBelowMin,
+    #[error("slot bytes: `{0}` must be 1 to 4294967295")]
+    SlotBytesRange(String),
+    #[error(
+        "`ecn` is not supported: atou marks nothing and its datagrams carry no ECN bits \
+         (docs/netem.md)"
+    )]
+    Ecn,
+    // tc's own checks (q_netem.c).
+    #[error("reordering is not possible without some delay (as in tc)")]
+    ReorderWithoutDelay,
+    #[error("gap given without a reorder probability (as in tc)")]
+    GapWithoutReorder,
+    #[error("distribution needs a delay and a jitter (as in tc)")]
+    DistributionWithoutJitter,
+}
+
+impl SpecError {
+    fn quantity(key: &str) -> impl FnOnce(UnitError) -> SpecError + '_ {
+        move |error| SpecError::BadQuantity {
+            key: key.to_string(),
+            error,
+        }
+    }
+}
 
 /// tc's default `limit`: packets held by one netem qdisc.
 pub const DEFAULT_LIMIT: u32 = 1000;
@@ -38,18 +96,13 @@ impl Distribution {
         }
     }
 
-    fn parse(s: &str) -> Result<Distribution, String> {
+    fn parse(s: &str) -> Result<Distribution, SpecError> {
         Ok(match s {
             "uniform" => Distribution::Uniform,
             "normal" => Distribution::Normal,
             "pareto" => Distribution::Pareto,
             "paretonormal" => Distribution::ParetoNormal,
-            other => {
-                return Err(format!(
-                    "distribution `{other}`: use uniform, normal, pareto or paretonormal \
-                     (table files are not read)"
-                ))
-            }
+            other => return Err(SpecError::UnknownDistribution(other.to_string())),
         })
     }
 }
@@ -188,9 +241,9 @@ impl Default for NetemSpec {
 }
 
 impl FromStr for NetemSpec {
-    type Err = String;
+    type Err = SpecError;
 
-    fn from_str(s: &str) -> Result<NetemSpec, String> {
+    fn from_str(s: &str) -> Result<NetemSpec, SpecError> {
         if s.trim().is_empty() {
             return Ok(NetemSpec::default());
         }
@@ -199,10 +252,7 @@ impl FromStr for NetemSpec {
             .enumerate()
             .map(|(i, part)| {
                 if part.trim().is_empty() {
-                    return Err(format!(
-                        "stage {} is empty: write `A | B`, each a netem description",
-                        i + 1
-                    ));
+                    return Err(SpecError::EmptyStage(i + 1));
                 }
                 part.parse::<QdiscSpec>()
             })
@@ -256,16 +306,19 @@ impl<'a> Tokens<'a> {
     }
 
     /// The argument `key` needs, described as `what` if missing.
-    fn arg(&mut self, key: &str, what: &str) -> Result<&'a str, String> {
-        self.next().ok_or_else(|| format!("`{key}` needs {what}"))
+    fn arg(&mut self, key: &str, what: &'static str) -> Result<&'a str, SpecError> {
+        self.next().ok_or_else(|| SpecError::MissingArgument {
+            key: key.to_string(),
+            what,
+        })
     }
 
-    fn percent(&mut self, key: &str) -> Result<Probability, String> {
+    fn percent(&mut self, key: &str) -> Result<Probability, SpecError> {
         let v = self.arg(key, "a percentage like 1%")?;
-        parse_probability(v).map_err(|e| format!("{key}: {e}"))
+        parse_probability(v).map_err(SpecError::quantity(key))
     }
 
-    fn optional_percent(&mut self, key: &str) -> Result<Option<Probability>, String> {
+    fn optional_percent(&mut self, key: &str) -> Result<Option<Probability>, SpecError> {
         if is_number(self.peek()) {
             self.percent(key).map(Some)
         } else {
@@ -273,30 +326,35 @@ impl<'a> Tokens<'a> {
         }
     }
 
-    fn time(&mut self, key: &str) -> Result<Duration, String> {
+    fn time(&mut self, key: &str) -> Result<Duration, SpecError> {
         let v = self.arg(key, "a time like 50ms")?;
-        parse_duration(v, TimeUnit::Micros).map_err(|e| format!("{key}: {e}"))
+        parse_duration(v, TimeUnit::Micros).map_err(SpecError::quantity(key))
     }
 
-    fn count<T: FromStr + PartialOrd + Default>(&mut self, key: &str) -> Result<T, String> {
+    fn count<T: FromStr + PartialOrd + Default>(&mut self, key: &str) -> Result<T, SpecError> {
         let v = self.arg(key, "a count")?;
         v.parse::<T>()
             .ok()
             .filter(|n| *n > T::default())
-            .ok_or_else(|| format!("{key}: `{v}` is not a positive count"))
+            .ok_or_else(|| SpecError::NotAPositiveCount {
+                key: key.to_string(),
+                text: v.to_string(),
+            })
     }
 
-    fn signed(&mut self, key: &str) -> Result<i32, String> {
+    fn signed(&mut self, key: &str) -> Result<i32, SpecError> {
         let v = self.arg(key, "a byte count")?;
-        v.parse()
-            .map_err(|_| format!("{key}: `{v}` is not a byte count"))
+        v.parse().map_err(|_| SpecError::NotAByteCount {
+            key: key.to_string(),
+            text: v.to_string(),
+        })
     }
 }
 
 impl FromStr for QdiscSpec {
-    type Err = String;
+    type Err = SpecError;
 
-    fn from_str(s: &str) -> Result<QdiscSpec, String> {
+    fn from_str(s: &str) -> Result<QdiscSpec, SpecError> {
         let mut t = Tokens {
             toks: s.split_whitespace().collect(),
             i: 0,
@@ -321,7 +379,7 @@ impl FromStr for QdiscSpec {
                 }
                 "loss" | "drop" => {
                     if loss_given {
-                        return Err("`loss` given twice".into());
+                        return Err(SpecError::LossTwice);
                     }
                     loss_given = true;
                     spec.loss = parse_loss(&mut t)?;
@@ -348,7 +406,7 @@ impl FromStr for QdiscSpec {
                 "rate" => {
                     let v = t.arg("rate", "a rate like 100mbit")?;
                     let mut rate = Rate {
-                        bits: parse_rate(v).map_err(|e| format!("rate: {e}"))?,
+                        bits: parse_rate(v).map_err(SpecError::quantity("rate"))?,
                         packet_overhead: 0,
                         cell_size: 0,
                         cell_overhead: 0,
@@ -367,42 +425,33 @@ impl FromStr for QdiscSpec {
                 "slot" => spec.slot = Some(parse_slot(&mut t)?),
                 "seed" => {
                     let v = t.arg("seed", "a number")?;
-                    spec.seed = Some(
-                        v.parse()
-                            .map_err(|_| format!("seed: `{v}` is not a number"))?,
-                    );
+                    spec.seed = Some(v.parse().map_err(|_| SpecError::NotASeed(v.to_string()))?);
                 }
-                "ecn" => {
-                    return Err(
-                        "`ecn` is not supported: atou marks nothing and its datagrams \
-                         carry no ECN bits (docs/netem.md)"
-                            .into(),
-                    )
-                }
-                other => return Err(format!("unknown keyword `{other}`")),
+                "ecn" => return Err(SpecError::Ecn),
+                other => return Err(SpecError::UnknownKeyword(other.to_string())),
             }
         }
         // tc's own checks (q_netem.c).
         if !spec.reorder.is_zero() && spec.delay.is_zero() {
-            return Err("reordering is not possible without some delay (as in tc)".into());
+            return Err(SpecError::ReorderWithoutDelay);
         }
         if spec.gap.is_some() && spec.reorder.is_zero() {
-            return Err("gap given without a reorder probability (as in tc)".into());
+            return Err(SpecError::GapWithoutReorder);
         }
         if spec.distribution.is_some() && (spec.delay.is_zero() || spec.jitter.is_zero()) {
-            return Err("distribution needs a delay and a jitter (as in tc)".into());
+            return Err(SpecError::DistributionWithoutJitter);
         }
         Ok(spec)
     }
 }
 
-fn parse_loss(t: &mut Tokens<'_>) -> Result<Loss, String> {
+fn parse_loss(t: &mut Tokens<'_>) -> Result<Loss, SpecError> {
     let first = t.arg(
         "loss",
         "a percentage, `random P`, `state ...` or `gemodel ...`",
     )?;
-    let random = |t: &mut Tokens<'_>, v: &str| -> Result<Loss, String> {
-        let p = parse_probability(v).map_err(|e| format!("loss: {e}"))?;
+    let random = |t: &mut Tokens<'_>, v: &str| -> Result<Loss, SpecError> {
+        let p = parse_probability(v).map_err(SpecError::quantity("loss"))?;
         let corr = t.optional_percent("loss correlation")?.unwrap_or_default();
         Ok(Loss::Random(Chance { p, corr }))
     };
@@ -432,7 +481,7 @@ fn parse_loss(t: &mut Tokens<'_>) -> Result<Loss, String> {
             if u64::from(p13.ppb()) + u64::from(p14.ppb()) > u64::from(Probability::ONE.ppb())
                 || u64::from(p31.ppb()) + u64::from(p32.ppb()) > u64::from(Probability::ONE.ppb())
             {
-                return Err("loss state: p13 + p14 and p31 + p32 must each be at most 100%".into());
+                return Err(SpecError::LossStateOver100);
             }
             Ok(Loss::State {
                 p13,
@@ -467,13 +516,11 @@ fn parse_loss(t: &mut Tokens<'_>) -> Result<Loss, String> {
         }
         "every" => Ok(Loss::Every(t.count("loss every")?)),
         v if is_number(Some(&v)) => random(t, v),
-        other => Err(format!(
-            "loss `{other}`: use a percentage, `random P`, `state ...`, `gemodel ...` or `every N`"
-        )),
+        other => Err(SpecError::UnknownLossModel(other.to_string())),
     }
 }
 
-fn parse_slot(t: &mut Tokens<'_>) -> Result<Slot, String> {
+fn parse_slot(t: &mut Tokens<'_>) -> Result<Slot, SpecError> {
     let delay = if t.peek() == Some(&"distribution") {
         t.next();
         let d = t.arg(
@@ -496,7 +543,7 @@ fn parse_slot(t: &mut Tokens<'_>) -> Result<Slot, String> {
             min
         };
         if max < min {
-            return Err("slot: MAX is smaller than MIN".into());
+            return Err(SpecError::SlotMaxBelowMin);
         }
         SlotDelay::Range { min, max }
     };
@@ -514,12 +561,12 @@ fn parse_slot(t: &mut Tokens<'_>) -> Result<Slot, String> {
             Some(&"bytes") => {
                 t.next();
                 let v = t.arg("slot bytes", "a size")?;
-                let b = parse_size(v).map_err(|e| format!("slot bytes: {e}"))?;
+                let b = parse_size(v).map_err(SpecError::quantity("slot bytes"))?;
                 slot.bytes = Some(
                     u32::try_from(b)
                         .ok()
                         .filter(|&b| b > 0)
-                        .ok_or_else(|| format!("slot bytes: `{v}` must be 1 to 4294967295"))?,
+                        .ok_or_else(|| SpecError::SlotBytesRange(v.to_string()))?,
                 );
             }
             _ => break,
@@ -792,8 +839,108 @@ mod tests {
             ("delay 1ms | | delay 2ms", "stage 2"),
             ("loss state 60% 0 0 0 50%", "p14"),
         ] {
-            let e = s.parse::<NetemSpec>().unwrap_err();
+            let e = s.parse::<NetemSpec>().unwrap_err().to_string();
             assert!(e.contains(needle), "{s}: {e}");
+        }
+    }
+
+    /// Each malformed description is refused for its own reason, with the
+    /// message a person reads.
+    #[test]
+    fn malformed_specs_give_their_own_variant() {
+        let key = |k: &str| k.to_string();
+        for (s, variant, message) in [
+            (
+                "delay 1ms | | delay 2ms",
+                SpecError::EmptyStage(2),
+                "stage 2 is empty: write `A | B`, each a netem description",
+            ),
+            (
+                "wobble 3",
+                SpecError::UnknownKeyword(key("wobble")),
+                "unknown keyword `wobble`",
+            ),
+            (
+                "delay",
+                SpecError::MissingArgument {
+                    key: key("delay"),
+                    what: "a time like 50ms",
+                },
+                "`delay` needs a time like 50ms",
+            ),
+            (
+                "rate fast",
+                SpecError::BadQuantity {
+                    key: key("rate"),
+                    error: UnitError::NotANumber {
+                        text: key("fast"),
+                        expected: "a rate like 100mbit",
+                    },
+                },
+                "rate: `fast` is not a rate like 100mbit",
+            ),
+            (
+                "limit 0",
+                SpecError::NotAPositiveCount {
+                    key: key("limit"),
+                    text: key("0"),
+                },
+                "limit: `0` is not a positive count",
+            ),
+            (
+                "rate 1mbit -x",
+                SpecError::NotAByteCount {
+                    key: key("rate packet overhead"),
+                    text: key("-x"),
+                },
+                "rate packet overhead: `-x` is not a byte count",
+            ),
+            ("seed x", SpecError::NotASeed(key("x")), "seed: `x` is not a number"),
+            (
+                "loss lots",
+                SpecError::UnknownLossModel(key("lots")),
+                "loss `lots`: use a percentage, `random P`, `state ...`, `gemodel ...` or `every N`",
+            ),
+            ("loss 1% loss 2%", SpecError::LossTwice, "`loss` given twice"),
+            (
+                "loss state 60% 0 0 0 50%",
+                SpecError::LossStateOver100,
+                "loss state: p13 + p14 and p31 + p32 must each be at most 100%",
+            ),
+            (
+                "delay 1ms 1ms distribution lumpy",
+                SpecError::UnknownDistribution(key("lumpy")),
+                "distribution `lumpy`: use uniform, normal, pareto or paretonormal (table files are not read)",
+            ),
+            ("slot 2ms 1ms", SpecError::SlotMaxBelowMin, "slot: MAX is smaller than MIN"),
+            (
+                "slot 1ms bytes 5G",
+                SpecError::SlotBytesRange(key("5G")),
+                "slot bytes: `5G` must be 1 to 4294967295",
+            ),
+            (
+                "ecn",
+                SpecError::Ecn,
+                "`ecn` is not supported: atou marks nothing and its datagrams carry no ECN bits (docs/netem.md)",
+            ),
+            (
+                "reorder 10%",
+                SpecError::ReorderWithoutDelay,
+                "reordering is not possible without some delay (as in tc)",
+            ),
+            (
+                "delay 1ms gap 3",
+                SpecError::GapWithoutReorder,
+                "gap given without a reorder probability (as in tc)",
+            ),
+            (
+                "delay 1ms distribution normal",
+                SpecError::DistributionWithoutJitter,
+                "distribution needs a delay and a jitter (as in tc)",
+            ),
+        ] {
+            assert_eq!(s.parse::<NetemSpec>(), Err(variant.clone()), "{s}");
+            assert_eq!(variant.to_string(), message, "{s}");
         }
     }
 }

@@ -51,18 +51,31 @@ macro_rules! named_enum {
         }
 
         impl FromStr for $ty {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
+            type Err = UnknownName;
+            fn from_str(s: &str) -> Result<Self, UnknownName> {
                 let lower = s.to_ascii_lowercase();
                 $ty::ALL
                     .into_iter()
                     .find(|v| v.name() == lower)
-                    .ok_or_else(|| {
-                        format!("`{s}` is not {} ({})", $what, [$($name),+].join(", "))
+                    .ok_or_else(|| UnknownName {
+                        given: s.to_string(),
+                        what: $what,
+                        names: &[$($name),+],
                     })
             }
         }
     };
+}
+
+/// A value of a [`named_enum!`] that is none of its names.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("`{given}` is not {what} ({})", .names.join(", "))]
+pub struct UnknownName {
+    pub given: String,
+    /// How the enum calls a value: "a recovery variant".
+    pub what: &'static str,
+    /// Every name, in the order the enum lists them.
+    pub names: &'static [&'static str],
 }
 
 named_enum! {
@@ -180,10 +193,21 @@ impl DropList {
     }
 }
 
+/// Why a droplist does not parse; each names the entry at fault.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DropListError {
+    #[error("droplist entry `{0}` is not a segment number or range like 310-315")]
+    NotASegment(String),
+    #[error("droplist range `{0}` runs backwards")]
+    Backwards(String),
+    #[error("droplist `{0}`: at most a million drops can be scripted")]
+    TooMany(String),
+}
+
 impl FromStr for DropList {
-    type Err = String;
+    type Err = DropListError;
     /// `300,302,310-315` or atou's `200 200`; `-` or empty means none.
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, DropListError> {
         let mut list = DropList::default();
         for tok in s
             .split(|c: char| c == ',' || c.is_whitespace())
@@ -197,12 +221,10 @@ impl FromStr for DropList {
                 }
             };
             if hi < lo {
-                return Err(format!("droplist range `{tok}` runs backwards"));
+                return Err(DropListError::Backwards(tok.to_string()));
             }
             if hi - lo >= 1_000_000 || list.len() + (hi - lo) >= 1_000_000 {
-                return Err(format!(
-                    "droplist `{tok}`: at most a million drops can be scripted"
-                ));
+                return Err(DropListError::TooMany(tok.to_string()));
             }
             for seg in lo..=hi {
                 *list.remaining.entry(seg).or_insert(0) += 1;
@@ -212,10 +234,10 @@ impl FromStr for DropList {
     }
 }
 
-fn parse_seg(s: &str, tok: &str) -> Result<u64, String> {
-    s.trim().parse().map_err(|_| {
-        format!("droplist entry `{tok}` is not a segment number or range like 310-315")
-    })
+fn parse_seg(s: &str, tok: &str) -> Result<u64, DropListError> {
+    s.trim()
+        .parse()
+        .map_err(|_| DropListError::NotASegment(tok.to_string()))
 }
 
 impl fmt::Display for DropList {
@@ -488,7 +510,10 @@ impl Codec<Duration> for Span {
 /// droplist.
 struct Name;
 
-impl<T: FromStr<Err = String> + fmt::Display> Codec<T> for Name {
+impl<T: FromStr + fmt::Display> Codec<T> for Name
+where
+    T::Err: fmt::Display,
+{
     fn parse(&self, key: &str, v: &str) -> Result<T, TuningError> {
         v.parse().map_err(|m| err(key, m))
     }
@@ -671,10 +696,10 @@ pub struct ConfigError {
     pub error: TuningError,
 }
 
-fn err(key: &str, message: impl Into<String>) -> TuningError {
+fn err(key: &str, message: impl fmt::Display) -> TuningError {
     TuningError {
         key: key.to_string(),
-        message: message.into(),
+        message: message.to_string(),
     }
 }
 
@@ -1049,6 +1074,45 @@ mod tests {
         assert!("x".parse::<DropList>().is_err());
     }
 
+    /// A bad droplist or name is refused for its own reason, in the words
+    /// the config file's author reads.
+    #[test]
+    fn malformed_droplists_and_names_give_their_own_error() {
+        for (text, variant, message) in [
+            (
+                "5,x",
+                DropListError::NotASegment("x".into()),
+                "droplist entry `x` is not a segment number or range like 310-315",
+            ),
+            (
+                "9-3",
+                DropListError::Backwards("9-3".into()),
+                "droplist range `9-3` runs backwards",
+            ),
+            (
+                "1-2000000",
+                DropListError::TooMany("1-2000000".into()),
+                "droplist `1-2000000`: at most a million drops can be scripted",
+            ),
+        ] {
+            assert_eq!(text.parse::<DropList>(), Err(variant.clone()));
+            assert_eq!(variant.to_string(), message);
+        }
+        let e = "Westwood".parse::<CcKind>().unwrap_err();
+        assert_eq!(
+            e,
+            UnknownName {
+                given: "Westwood".into(),
+                what: "a congestion controller",
+                names: &["aimd", "cubic", "bbr", "vegas"],
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "`Westwood` is not a congestion controller (aimd, cubic, bbr, vegas)"
+        );
+    }
+
     #[test]
     fn flags_and_aliases() {
         let mut t = Tuning::default();
@@ -1080,7 +1144,7 @@ mod tests {
     /// back, and a bad name's error lists them all.
     #[test]
     fn named_enums_read_and_write_their_names() {
-        fn check<T: FromStr<Err = String> + fmt::Display + PartialEq + fmt::Debug + Copy>(
+        fn check<T: FromStr<Err = UnknownName> + fmt::Display + PartialEq + fmt::Debug + Copy>(
             all: &[T],
             names: &str,
         ) {
@@ -1089,7 +1153,7 @@ mod tests {
                 assert_eq!(name.parse::<T>(), Ok(v));
                 assert_eq!(name.to_ascii_uppercase().parse::<T>(), Ok(v));
             }
-            let e = "wibble".parse::<T>().unwrap_err();
+            let e = "wibble".parse::<T>().unwrap_err().to_string();
             assert!(e.starts_with("`wibble` is not "), "{e}");
             assert!(e.ends_with(&format!("({names})")), "{e}");
         }

@@ -13,6 +13,38 @@
 use std::fmt;
 use std::time::Duration;
 
+use thiserror::Error;
+
+/// Why a quantity a person typed was not read. `text` is what was typed,
+/// trimmed, as the message quotes it.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum UnitError {
+    /// `expected` names the form wanted: "a time like 50ms".
+    #[error("`{text}` is not {expected}")]
+    NotANumber {
+        text: String,
+        expected: &'static str,
+    },
+    #[error("`{text}`: unknown time unit `{unit}` (use us, ms, s, m, h or d)")]
+    UnknownTimeUnit { text: String, unit: String },
+    #[error(
+        "`{text}`: unknown rate unit `{unit}` (use bit, kbit, mbit, gbit, or bps for bytes/s)"
+    )]
+    UnknownRateUnit { text: String, unit: String },
+    #[error(
+        "`{text}`: unknown size unit `{unit}` (use K/M/G or KiB/MiB/GiB for 1024-based, KB/MB/GB for 1000-based)"
+    )]
+    UnknownSizeUnit { text: String, unit: String },
+    #[error("`{0}` is too long")]
+    DurationTooLong(String),
+    #[error("`{0}`: rate must be between 1bit and 1000tbit")]
+    RateOutOfRange(String),
+    #[error("`{0}` is too large")]
+    SizeTooLarge(String),
+    #[error("`{0}` is not between 0% and 100%")]
+    PercentOutOfRange(String),
+}
+
 /// The unit a bare number is read in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TimeUnit {
@@ -38,13 +70,16 @@ impl Decimal {
 }
 
 /// Splits `12.5ms` into an exact 12.5 and `ms`; `what` names the expected form.
-fn split_number<'a>(s: &'a str, what: &str) -> Result<(Decimal, &'a str), String> {
+fn split_number<'a>(s: &'a str, what: &'static str) -> Result<(Decimal, &'a str), UnitError> {
     let t = s.trim();
     let end = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(end);
-    let bad = || format!("`{t}` is not {what}");
+    let bad = || UnitError::NotANumber {
+        text: t.to_string(),
+        expected: what,
+    };
     let (int, frac) = num.split_once('.').unwrap_or((num, ""));
     if int.is_empty() && frac.is_empty() || int.len() + frac.len() > 24 || frac.contains('.') {
         return Err(bad());
@@ -67,7 +102,7 @@ fn split_number<'a>(s: &'a str, what: &str) -> Result<(Decimal, &'a str), String
 const NANOS_PER_SEC: u128 = 1_000_000_000;
 
 /// Parses `200ms`, `1.5s`, `50us`, `250ns`, or a bare number in `bare`.
-pub fn parse_duration(s: &str, bare: TimeUnit) -> Result<Duration, String> {
+pub fn parse_duration(s: &str, bare: TimeUnit) -> Result<Duration, UnitError> {
     let (value, unit) = split_number(s, "a time like 50ms")?;
     let nanos_per_unit: u128 = match unit.to_ascii_lowercase().as_str() {
         "" => match bare {
@@ -83,22 +118,22 @@ pub fn parse_duration(s: &str, bare: TimeUnit) -> Result<Duration, String> {
         "h" | "hour" | "hours" => 3600 * NANOS_PER_SEC,
         "d" | "day" | "days" => 86_400 * NANOS_PER_SEC,
         other => {
-            return Err(format!(
-                "`{}`: unknown time unit `{other}` (use us, ms, s, m, h or d)",
-                s.trim()
-            ))
+            return Err(UnitError::UnknownTimeUnit {
+                text: s.trim().to_string(),
+                unit: other.to_string(),
+            })
         }
     };
     let nanos = value
         .times(nanos_per_unit)
         .filter(|&n| n <= 1_000_000_000 * NANOS_PER_SEC)
-        .ok_or_else(|| format!("`{}` is too long", s.trim()))?;
+        .ok_or_else(|| UnitError::DurationTooLong(s.trim().to_string()))?;
     Ok(Duration::from_nanos(nanos as u64))
 }
 
 /// Parses a rate in bits per second: `100mbit`, `1.6mbit`, `128kbit`, `10gbit`,
 /// `500bit`; `bps`, `kbps`, `mbps`, `gbps` are bytes per second, as in tc(8).
-pub fn parse_rate(s: &str) -> Result<u64, String> {
+pub fn parse_rate(s: &str) -> Result<u64, UnitError> {
     let (value, unit) = split_number(s, "a rate like 100mbit")?;
     let mult: u128 = match unit.to_ascii_lowercase().as_str() {
         "" | "bit" => 1,
@@ -114,23 +149,20 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
         "mbps" => 8_000_000,
         "gbps" => 8_000_000_000,
         other => {
-            return Err(format!(
-                "`{}`: unknown rate unit `{other}` (use bit, kbit, mbit, gbit, or bps for bytes/s)",
-                s.trim()
-            ))
+            return Err(UnitError::UnknownRateUnit {
+                text: s.trim().to_string(),
+                unit: other.to_string(),
+            })
         }
     };
     match value.times(mult) {
         Some(bits) if (1..=1_000_000_000_000_000).contains(&bits) => Ok(bits as u64),
-        _ => Err(format!(
-            "`{}`: rate must be between 1bit and 1000tbit",
-            s.trim()
-        )),
+        _ => Err(UnitError::RateOutOfRange(s.trim().to_string())),
     }
 }
 
 /// Parses a size in bytes: `1500`, `64KiB`, `100M` (MiB), `100MB` (10^8).
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, UnitError> {
     let (value, unit) = split_number(s, "a size like 64MiB")?;
     let mult: u128 = match unit {
         "" | "B" | "b" => 1,
@@ -143,17 +175,17 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "GB" => 1_000_000_000,
         "TB" => 1_000_000_000_000,
         other => {
-            return Err(format!(
-                "`{}`: unknown size unit `{other}` (use K/M/G or KiB/MiB/GiB for 1024-based, KB/MB/GB for 1000-based)",
-                s.trim()
-            ))
+            return Err(UnitError::UnknownSizeUnit {
+                text: s.trim().to_string(),
+                unit: other.to_string(),
+            })
         }
     };
     value
         .times(mult)
         .filter(|&b| b <= 1_000_000_000_000_000_000)
         .map(|b| b as u64)
-        .ok_or_else(|| format!("`{}` is too large", s.trim()))
+        .ok_or_else(|| UnitError::SizeTooLarge(s.trim().to_string()))
 }
 
 /// A probability, held exactly in parts per billion.
@@ -184,16 +216,20 @@ impl Probability {
 
 /// Parses a percentage, `1%` or `0.5%`. A bare number is a percentage too,
 /// as tc(8) reads it (`loss 1` is 1 %, `loss 0.01` is 0.01 %).
-pub fn parse_probability(s: &str) -> Result<Probability, String> {
+pub fn parse_probability(s: &str) -> Result<Probability, UnitError> {
     let t = s.trim();
     let num = t.strip_suffix('%').unwrap_or(t);
-    let (value, rest) = split_number(num, "a percentage like 1%")?;
+    const PERCENTAGE: &str = "a percentage like 1%";
+    let (value, rest) = split_number(num, PERCENTAGE)?;
     if !rest.is_empty() {
-        return Err(format!("`{t}` is not a percentage like 1%"));
+        return Err(UnitError::NotANumber {
+            text: t.to_string(),
+            expected: PERCENTAGE,
+        });
     }
     match value.times(10_000_000) {
         Some(ppb) if ppb <= 1_000_000_000 => Ok(Probability(ppb as u32)),
-        _ => Err(format!("`{t}` is not between 0% and 100%")),
+        _ => Err(UnitError::PercentOutOfRange(t.to_string())),
     }
 }
 
@@ -381,6 +417,78 @@ mod tests {
         assert_eq!(
             Exact(Duration::from_micros(1500), TimeUnit::Millis).to_string(),
             "1.5"
+        );
+    }
+
+    /// Each malformed quantity says which way it is wrong, in the words a
+    /// person reads.
+    #[test]
+    fn malformed_quantities_name_their_fault() {
+        let text = |s: &str| s.to_string();
+        let cases: [(Result<(), UnitError>, UnitError, &str); 8] = [
+            (
+                parse_duration(" 1.2.3 ", TimeUnit::Seconds).map(drop),
+                UnitError::NotANumber {
+                    text: text("1.2.3"),
+                    expected: "a time like 50ms",
+                },
+                "`1.2.3` is not a time like 50ms",
+            ),
+            (
+                parse_duration("5 parsecs", TimeUnit::Seconds).map(drop),
+                UnitError::UnknownTimeUnit {
+                    text: text("5 parsecs"),
+                    unit: text("parsecs"),
+                },
+                "`5 parsecs`: unknown time unit `parsecs` (use us, ms, s, m, h or d)",
+            ),
+            (
+                parse_duration("2000000000s", TimeUnit::Seconds).map(drop),
+                UnitError::DurationTooLong(text("2000000000s")),
+                "`2000000000s` is too long",
+            ),
+            (
+                parse_rate("3furlongs").map(drop),
+                UnitError::UnknownRateUnit {
+                    text: text("3furlongs"),
+                    unit: text("furlongs"),
+                },
+                "`3furlongs`: unknown rate unit `furlongs` (use bit, kbit, mbit, gbit, or bps for bytes/s)",
+            ),
+            (
+                parse_rate("0mbit").map(drop),
+                UnitError::RateOutOfRange(text("0mbit")),
+                "`0mbit`: rate must be between 1bit and 1000tbit",
+            ),
+            (
+                parse_size("1Q").map(drop),
+                UnitError::UnknownSizeUnit {
+                    text: text("1Q"),
+                    unit: text("Q"),
+                },
+                "`1Q`: unknown size unit `Q` (use K/M/G or KiB/MiB/GiB for 1024-based, KB/MB/GB for 1000-based)",
+            ),
+            (
+                parse_size("2000000000T").map(drop),
+                UnitError::SizeTooLarge(text("2000000000T")),
+                "`2000000000T` is too large",
+            ),
+            (
+                parse_probability("101%").map(drop),
+                UnitError::PercentOutOfRange(text("101%")),
+                "`101%` is not between 0% and 100%",
+            ),
+        ];
+        for (got, variant, message) in cases {
+            assert_eq!(got, Err(variant.clone()));
+            assert_eq!(variant.to_string(), message);
+        }
+        assert_eq!(
+            parse_probability("5 apples"),
+            Err(UnitError::NotANumber {
+                text: text("5 apples"),
+                expected: "a percentage like 1%",
+            })
         );
     }
 
