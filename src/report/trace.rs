@@ -54,7 +54,7 @@ pub enum TraceError {
     Line {
         line: usize,
         text: String,
-        why: String,
+        why: RecordError,
     },
     #[error("no trace records (`time seg xmt`, `time ack rtt cwnd ssthresh ack`) in it")]
     Empty,
@@ -145,8 +145,26 @@ impl Trace {
     }
 }
 
+/// Why one record line does not read.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RecordError {
+    /// `fields` counts the tag too, as a person counts the line's words.
+    #[error("a `{tag}` line has {want} fields, not {got}")]
+    FieldCount {
+        tag: String,
+        want: usize,
+        got: usize,
+    },
+    #[error("an empty SACK block {start}..{end}")]
+    EmptySack { start: u64, end: u64 },
+    #[error("`{0}` is not a whole number")]
+    NotAWholeNumber(String),
+    #[error("`{0}` is not a time in seconds")]
+    NotSeconds(String),
+}
+
 /// One record line; `Ok(None)` for a tag this release does not know.
-pub fn parse_record(line: &str) -> Result<Option<TraceRecord>, String> {
+pub fn parse_record(line: &str) -> Result<Option<TraceRecord>, RecordError> {
     let words: Vec<&str> = line.split_whitespace().collect();
     let Some((&tag, fields)) = words.split_last() else {
         return Ok(None);
@@ -155,11 +173,11 @@ pub fn parse_record(line: &str) -> Result<Option<TraceRecord>, String> {
         if fields.len() == n {
             Ok(())
         } else {
-            Err(format!(
-                "a `{tag}` line has {} fields, not {}",
-                n + 1,
-                fields.len() + 1
-            ))
+            Err(RecordError::FieldCount {
+                tag: tag.to_string(),
+                want: n + 1,
+                got: fields.len() + 1,
+            })
         }
     };
     let time = || secs(fields[0]);
@@ -188,7 +206,7 @@ pub fn parse_record(line: &str) -> Result<Option<TraceRecord>, String> {
             want(3)?;
             let (start, end) = (int(fields[1])?, int(fields[2])?);
             if end <= start {
-                return Err(format!("an empty SACK block {start}..{end}"));
+                return Err(RecordError::EmptySack { start, end });
             }
             TraceRecord::Sack {
                 time: time()?,
@@ -216,16 +234,16 @@ pub fn parse_record(line: &str) -> Result<Option<TraceRecord>, String> {
     Ok(Some(record))
 }
 
-fn int(s: &str) -> Result<u64, String> {
+fn int(s: &str) -> Result<u64, RecordError> {
     s.parse()
-        .map_err(|_| format!("`{s}` is not a whole number"))
+        .map_err(|_| RecordError::NotAWholeNumber(s.to_string()))
 }
 
-fn secs(s: &str) -> Result<Duration, String> {
+fn secs(s: &str) -> Result<Duration, RecordError> {
     s.parse::<f64>()
         .ok()
         .and_then(|v| Duration::try_from_secs_f64(v).ok())
-        .ok_or_else(|| format!("`{s}` is not a time in seconds"))
+        .ok_or_else(|| RecordError::NotSeconds(s.to_string()))
 }
 
 #[cfg(test)]
@@ -317,5 +335,46 @@ mod tests {
         ));
         assert!(Trace::parse("0.1 5 4 sack\n").is_err(), "an empty block");
         assert!(Trace::parse("-1 3 xmt\n").is_err(), "a negative time");
+    }
+
+    /// Each malformed record is refused for its own reason, and the line
+    /// it stands on is quoted after it.
+    #[test]
+    fn malformed_records_give_their_own_reason() {
+        for (line, why, message) in [
+            (
+                "0.1 3 0.01 xmt",
+                RecordError::FieldCount {
+                    tag: "xmt".into(),
+                    want: 3,
+                    got: 4,
+                },
+                "a `xmt` line has 3 fields, not 4",
+            ),
+            (
+                "0.1 5 4 sack",
+                RecordError::EmptySack { start: 5, end: 4 },
+                "an empty SACK block 5..4",
+            ),
+            (
+                "0.2 x xmt",
+                RecordError::NotAWholeNumber("x".into()),
+                "`x` is not a whole number",
+            ),
+            (
+                "-1 3 xmt",
+                RecordError::NotSeconds("-1".into()),
+                "`-1` is not a time in seconds",
+            ),
+        ] {
+            assert_eq!(parse_record(line), Err(why.clone()));
+            assert_eq!(why.to_string(), message);
+            let err = Trace::parse(&format!("0.1 3 xmt\n{line}\n")).unwrap_err();
+            assert!(
+                matches!(&err, TraceError::Line { line: 2, why: w, .. } if *w == why),
+                "{err}"
+            );
+            assert_eq!(err.to_string(), format!("line 2: {message}: `{line}`"));
+        }
     }
 }
