@@ -18,6 +18,8 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use thiserror::Error;
+
 use crate::proto::PathMemory;
 
 /// Linux's TCP_METRICS_TIMEOUT: an entry older than this is ignored.
@@ -32,6 +34,54 @@ const MAX_ENTRIES: usize = 4096;
 const CLOCK_SLACK: Duration = Duration::from_secs(60);
 /// First line of every file: the format and its version.
 const MAGIC: &str = "atou-path-memory 1";
+
+/// Why an entry, or the directory that holds it, is not used; each names
+/// the file or directory at fault, for the warning.
+#[derive(Debug, Error)]
+pub enum PathCacheError {
+    #[error("{}: {error}", .path.display())]
+    Io { path: PathBuf, error: io::Error },
+    #[error("{}: not a directory", .0.display())]
+    NotADirectory(PathBuf),
+    #[error(
+        "{}: owned by uid {uid}, not by this user; the path cache is not used",
+        .dir.display()
+    )]
+    NotOurs { dir: PathBuf, uid: u32 },
+    #[error(
+        "{}: others may write to it (mode {mode:o}); the path cache is not used \
+         (chmod go-w {} to use it)",
+        .dir.display(),
+        .dir.display()
+    )]
+    OthersMayWrite { dir: PathBuf, mode: u32 },
+    #[error("{}: longer than {} bytes", .0.display(), MAX_FILE_LEN)]
+    TooLong(PathBuf),
+    #[error("{}: {why}", .path.display())]
+    Malformed { path: PathBuf, why: EntryError },
+    #[error("{}: saved in the future", .0.display())]
+    SavedInTheFuture(PathBuf),
+}
+
+/// Why the text of an entry is not one.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum EntryError {
+    #[error("does not start with `{}`", MAGIC)]
+    NoMagic,
+    #[error("`{0}` is not `name value`")]
+    NotNameValue(String),
+    #[error("unknown field `{0}`")]
+    UnknownField(String),
+    #[error("`{0}` is not a whole number")]
+    NotAWholeNumber(&'static str),
+    #[error("`{0}` twice")]
+    Twice(&'static str),
+    #[error("no `{0}`")]
+    Missing(&'static str),
+    /// A value outside what [`PathMemory::checked`] accepts.
+    #[error("a value no path has")]
+    Implausible,
+}
 
 /// `$XDG_CACHE_HOME/atou/paths` if that is set to an absolute path, else
 /// `$HOME/.cache/atou/paths` (XDG Base Directory Specification); `None`
@@ -107,7 +157,7 @@ impl PathCache {
         &self,
         dest: &Destination<'_>,
         now: SystemTime,
-    ) -> Result<Option<PathMemory>, String> {
+    ) -> Result<Option<PathMemory>, PathCacheError> {
         let path = self.path_of(dest);
         let mut text = String::new();
         if !check_private_dir(&self.dir)? {
@@ -128,24 +178,23 @@ impl PathCache {
             });
         match opened {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("{}: {e}", path.display())),
+            Err(error) => return Err(PathCacheError::Io { path, error }),
             Ok(f) => {
-                f.take(MAX_FILE_LEN + 1)
-                    .read_to_string(&mut text)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                if let Err(error) = f.take(MAX_FILE_LEN + 1).read_to_string(&mut text) {
+                    return Err(PathCacheError::Io { path, error });
+                }
             }
         }
         if text.len() as u64 > MAX_FILE_LEN {
-            return Err(format!(
-                "{}: longer than {MAX_FILE_LEN} bytes",
-                path.display()
-            ));
+            return Err(PathCacheError::TooLong(path));
         }
-        let (saved_at, memory) =
-            parse(&text).map_err(|why| format!("{}: {why}", path.display()))?;
+        let (saved_at, memory) = match parse(&text) {
+            Ok(parsed) => parsed,
+            Err(why) => return Err(PathCacheError::Malformed { path, why }),
+        };
         let now = unix_secs(now);
         if saved_at > now + CLOCK_SLACK.as_secs() {
-            return Err(format!("{}: saved in the future", path.display()));
+            return Err(PathCacheError::SavedInTheFuture(path));
         }
         Ok((now.saturating_sub(saved_at) <= MAX_AGE.as_secs()).then_some(memory))
     }
@@ -225,30 +274,31 @@ fn create_private_dir(dir: &Path) -> io::Result<()> {
 /// directory that already existed keeps its mode): another user who can
 /// write there could otherwise swap entries under a transfer. `Ok(false)`:
 /// there is no such directory (yet).
-fn check_private_dir(dir: &Path) -> Result<bool, String> {
+fn check_private_dir(dir: &Path) -> Result<bool, PathCacheError> {
     let meta = match fs::symlink_metadata(dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(format!("{}: {e}", dir.display())),
+        Err(error) => {
+            return Err(PathCacheError::Io {
+                path: dir.to_path_buf(),
+                error,
+            })
+        }
         Ok(meta) => meta,
     };
     if !meta.is_dir() {
-        return Err(format!("{}: not a directory", dir.display()));
+        return Err(PathCacheError::NotADirectory(dir.to_path_buf()));
     }
     if meta.uid() != rustix::process::geteuid().as_raw() {
-        return Err(format!(
-            "{}: owned by uid {}, not by this user; the path cache is not used",
-            dir.display(),
-            meta.uid()
-        ));
+        return Err(PathCacheError::NotOurs {
+            dir: dir.to_path_buf(),
+            uid: meta.uid(),
+        });
     }
     if meta.mode() & 0o022 != 0 {
-        return Err(format!(
-            "{}: others may write to it (mode {:o}); the path cache is not used \
-             (chmod go-w {} to use it)",
-            dir.display(),
-            meta.mode() & 0o7777,
-            dir.display()
-        ));
+        return Err(PathCacheError::OthersMayWrite {
+            dir: dir.to_path_buf(),
+            mode: meta.mode() & 0o7777,
+        });
     }
     Ok(true)
 }
@@ -277,10 +327,10 @@ fn format(saved_at: u64, m: &PathMemory) -> String {
 /// The saved time and the memory of a file, every value checked
 /// ([`PathMemory::checked`]); a line twice, an unknown one or a missing
 /// one is an error.
-fn parse(text: &str) -> Result<(u64, PathMemory), String> {
+fn parse(text: &str) -> Result<(u64, PathMemory), EntryError> {
     let mut lines = text.lines();
     if lines.next() != Some(MAGIC) {
-        return Err(format!("does not start with `{MAGIC}`"));
+        return Err(EntryError::NoMagic);
     }
     let mut fields: [Option<u64>; 6] = [None; 6];
     const NAMES: [&str; 6] = [
@@ -294,19 +344,19 @@ fn parse(text: &str) -> Result<(u64, PathMemory), String> {
     for line in lines {
         let (name, value) = line
             .split_once(' ')
-            .ok_or_else(|| format!("`{line}` is not `name value`"))?;
+            .ok_or_else(|| EntryError::NotNameValue(line.to_string()))?;
         let i = NAMES
             .iter()
             .position(|n| *n == name)
-            .ok_or_else(|| format!("unknown field `{name}`"))?;
+            .ok_or_else(|| EntryError::UnknownField(name.to_string()))?;
         let value: u64 = value
             .parse()
-            .map_err(|_| format!("`{name}` is not a whole number"))?;
+            .map_err(|_| EntryError::NotAWholeNumber(NAMES[i]))?;
         if fields[i].replace(value).is_some() {
-            return Err(format!("`{name}` twice"));
+            return Err(EntryError::Twice(NAMES[i]));
         }
     }
-    let need = |i: usize| fields[i].ok_or_else(|| format!("no `{}`", NAMES[i]));
+    let need = |i: usize| fields[i].ok_or(EntryError::Missing(NAMES[i]));
     let micros = Duration::from_micros;
     let memory = PathMemory {
         srtt: micros(need(1)?),
@@ -316,7 +366,7 @@ fn parse(text: &str) -> Result<(u64, PathMemory), String> {
         min_rtt: fields[5].map(micros),
     }
     .checked()
-    .ok_or("a value no path has")?;
+    .ok_or(EntryError::Implausible)?;
     Ok((need(0)?, memory))
 }
 
@@ -370,8 +420,8 @@ mod tests {
     fn a_saved_memory_comes_back_whole_within_the_hour() {
         let cache = scratch("round-trip");
         cache.save(&dest(), &memory(), t(1_000_000)).unwrap();
-        assert_eq!(cache.load(&dest(), t(1_000_000)), Ok(Some(memory())));
-        assert_eq!(cache.load(&dest(), t(1_003_600)), Ok(Some(memory())));
+        assert_eq!(cache.load(&dest(), t(1_000_000)).unwrap(), Some(memory()));
+        assert_eq!(cache.load(&dest(), t(1_003_600)).unwrap(), Some(memory()));
         let model_free = PathMemory {
             btl_bw_bps: None,
             min_rtt: None,
@@ -379,7 +429,7 @@ mod tests {
             ..memory()
         };
         cache.save(&dest(), &model_free, t(1_000_000)).unwrap();
-        assert_eq!(cache.load(&dest(), t(1_000_000)), Ok(Some(model_free)));
+        assert_eq!(cache.load(&dest(), t(1_000_000)).unwrap(), Some(model_free));
         let leftovers: Vec<_> = fs::read_dir(cache.dir()).unwrap().collect();
         assert_eq!(leftovers.len(), 1, "no temporary file left behind");
         fs::remove_dir_all(cache.dir()).unwrap();
@@ -389,20 +439,23 @@ mod tests {
     fn an_entry_older_than_an_hour_or_from_elsewhere_is_not_used() {
         let cache = scratch("stale");
         cache.save(&dest(), &memory(), t(1_000_000)).unwrap();
-        assert_eq!(cache.load(&dest(), t(1_003_601)), Ok(None), "stale");
+        assert_eq!(cache.load(&dest(), t(1_003_601)).unwrap(), None, "stale");
         let other_host = Destination {
             peer: "192.0.2.8".parse().unwrap(),
             server_key: None,
         };
-        assert_eq!(cache.load(&other_host, t(1_000_000)), Ok(None));
+        assert_eq!(cache.load(&other_host, t(1_000_000)).unwrap(), None);
         let key = [9u8; 32];
         let other_server = Destination {
             server_key: Some(&key),
             ..dest()
         };
-        assert_eq!(cache.load(&other_server, t(1_000_000)), Ok(None));
+        assert_eq!(cache.load(&other_server, t(1_000_000)).unwrap(), None);
         assert!(
-            cache.load(&dest(), t(1_000_000 - 3600)).is_err(),
+            matches!(
+                cache.load(&dest(), t(1_000_000 - 3600)),
+                Err(PathCacheError::SavedInTheFuture(_))
+            ),
             "saved an hour in the future"
         );
         fs::remove_dir_all(cache.dir()).unwrap();
@@ -436,6 +489,81 @@ mod tests {
         fs::remove_dir_all(cache.dir()).unwrap();
     }
 
+    /// Each fault of an entry is its own variant, and the warning names
+    /// the file and the fault in words.
+    #[test]
+    fn each_fault_of_an_entry_is_named() {
+        let good = format(1_000_000, &memory());
+        for (text, why, message) in [
+            (
+                "garbage".to_string(),
+                EntryError::NoMagic,
+                "does not start with `atou-path-memory 1`",
+            ),
+            (
+                good.clone() + "oops\n",
+                EntryError::NotNameValue("oops".into()),
+                "`oops` is not `name value`",
+            ),
+            (
+                good.clone() + "cwnd 5\n",
+                EntryError::UnknownField("cwnd".into()),
+                "unknown field `cwnd`",
+            ),
+            (
+                good.replace("srtt_us 101234", "srtt_us -5"),
+                EntryError::NotAWholeNumber("srtt_us"),
+                "`srtt_us` is not a whole number",
+            ),
+            (
+                good.clone() + "srtt_us 5\n",
+                EntryError::Twice("srtt_us"),
+                "`srtt_us` twice",
+            ),
+            (
+                good.replace("saved_at 1000000\n", ""),
+                EntryError::Missing("saved_at"),
+                "no `saved_at`",
+            ),
+            (
+                good.replace("srtt_us 101234", "srtt_us 0"),
+                EntryError::Implausible,
+                "a value no path has",
+            ),
+        ] {
+            assert_eq!(parse(&text), Err(why.clone()), "{text:?}");
+            assert_eq!(why.to_string(), message);
+        }
+
+        let cache = scratch("faults");
+        cache.save(&dest(), &memory(), t(1_000_000)).unwrap();
+        let path = cache.path_of(&dest());
+        fs::write(&path, "garbage").unwrap();
+        let e = cache.load(&dest(), t(1_000_000)).unwrap_err();
+        assert!(
+            matches!(&e, PathCacheError::Malformed { path: p, why: EntryError::NoMagic } if *p == path),
+            "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}: does not start with `atou-path-memory 1`",
+                path.display()
+            )
+        );
+        fs::write(&path, "#".repeat(2000)).unwrap();
+        let e = cache.load(&dest(), t(1_000_000)).unwrap_err();
+        assert!(
+            matches!(&e, PathCacheError::TooLong(p) if *p == path),
+            "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!("{}: longer than 1024 bytes", path.display())
+        );
+        fs::remove_dir_all(cache.dir()).unwrap();
+    }
+
     /// What another local user, or a race, can leave in the cache: a FIFO
     /// where an entry goes (a plain open would block the transfer on it),
     /// a symlink to a file elsewhere, a symlink where the temporary file
@@ -452,7 +580,7 @@ mod tests {
         fs::remove_file(&entry).unwrap();
         let made = std::process::Command::new("mkfifo").arg(&entry).status();
         assert!(made.is_ok_and(|s| s.success()), "mkfifo");
-        let why = c.load(&dest(), t(1_000_010)).unwrap_err();
+        let why = c.load(&dest(), t(1_000_010)).unwrap_err().to_string();
         assert!(why.contains("not a regular file"), "{why}");
         fs::remove_file(&entry).unwrap();
 
@@ -480,7 +608,7 @@ mod tests {
         assert_eq!(c.load(&dest(), t(1_000_030)).unwrap(), Some(memory()));
 
         fs::set_permissions(c.dir(), fs::Permissions::from_mode(0o777)).unwrap();
-        let why = c.load(&dest(), t(1_000_030)).unwrap_err();
+        let why = c.load(&dest(), t(1_000_030)).unwrap_err().to_string();
         assert!(why.contains("others may write"), "{why}");
         assert!(c.save(&dest(), &memory(), t(1_000_040)).is_err());
         let _ = fs::remove_dir_all(c.dir());
