@@ -53,7 +53,7 @@ fn strictness(no_strict_modes: bool) -> Strictness {
     }
 }
 
-fn parse_cipher(s: &str) -> Result<Cipher, String> {
+fn parse_cipher(s: &str) -> Result<Cipher, atou::proto::crypto::protect::UnknownCipher> {
     s.parse()
 }
 

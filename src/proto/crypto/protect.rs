@@ -102,20 +102,22 @@ impl Cipher {
     }
 }
 
+/// A `--cipher` that names none; the name is held escaped, as printed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("unknown cipher `{0}`: aes-256-gcm, chacha20-poly1305 or auto")]
+pub struct UnknownCipher(String);
+
 impl std::str::FromStr for Cipher {
-    type Err = String;
+    type Err = UnknownCipher;
 
     /// `--cipher`: `aes-256-gcm`, `chacha20-poly1305`, or `auto`
     /// ([`Cipher::for_this_cpu`]).
-    fn from_str(s: &str) -> Result<Cipher, String> {
+    fn from_str(s: &str) -> Result<Cipher, UnknownCipher> {
         match s {
             "aes-256-gcm" | "aes" => Ok(Cipher::Aes256Gcm),
             "chacha20-poly1305" | "chacha" => Ok(Cipher::ChaCha20Poly1305),
             "auto" => Ok(Cipher::for_this_cpu()),
-            other => Err(format!(
-                "unknown cipher `{}`: aes-256-gcm, chacha20-poly1305 or auto",
-                crate::util::text::escape(other.as_bytes())
-            )),
+            other => Err(UnknownCipher(crate::util::text::escape(other.as_bytes()))),
         }
     }
 }
@@ -844,7 +846,20 @@ mod tests {
         assert!("rot13"
             .parse::<Cipher>()
             .unwrap_err()
+            .to_string()
             .contains("aes-256-gcm"));
+    }
+
+    /// An unknown cipher is refused as one, its name escaped so that no
+    /// control character reaches the terminal.
+    #[test]
+    fn an_unknown_cipher_is_named_escaped() {
+        let e = "rot\x1b13".parse::<Cipher>().unwrap_err();
+        assert_eq!(e, UnknownCipher("rot\\x1b13".into()));
+        assert_eq!(
+            e.to_string(),
+            "unknown cipher `rot\\x1b13`: aes-256-gcm, chacha20-poly1305 or auto"
+        );
     }
 
     #[test]
