@@ -187,7 +187,7 @@ proptest! {
             }
             while s.poll_event().is_some() {}
             if let Err(e) = s.check_invariants() {
-                return Err(TestCaseError::fail(e));
+                return Err(TestCaseError::fail(e.to_string()));
             }
         }
     }

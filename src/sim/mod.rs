@@ -433,7 +433,7 @@ impl Simulation {
                         what: if many {
                             format!("flow {i}: {what}")
                         } else {
-                            what
+                            what.to_string()
                         },
                     })?;
             }

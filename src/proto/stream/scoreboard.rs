@@ -31,6 +31,30 @@ use crate::proto::congestion::delivery_rate::SendStamp;
 use crate::proto::time::Time;
 use crate::proto::wire::SackBlock;
 
+use thiserror::Error;
+
+/// An invariant of the [`Scoreboard`] found broken: a bug, reported by
+/// [`Scoreboard::check_invariants`] to tests and property checks.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ScoreboardInvariant {
+    #[error("segment {0}: sacked flag disagrees with ranges")]
+    SackedFlag(u64),
+    #[error("segment {0}: time-ordered list disagrees")]
+    TimeOrder(u64),
+    #[error("lost segment {0} below the retransmit cursor")]
+    LostBelowCursor(u64),
+    /// Each `(sacked, lost, retransmitted, lost and not yet resent)`.
+    #[error("counters {counted:?} != recount {recount:?}")]
+    Counters {
+        counted: (u64, u64, u64, u64),
+        recount: (u64, u64, u64, u64),
+    },
+    #[error("time-ordered list holds segments not in flight")]
+    NotInFlight,
+    #[error("bad SACK range {start}..{end}")]
+    BadSackRange { start: u64, end: u64 },
+}
+
 /// A segment an ACK reported delivered for the first time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Delivery {
@@ -494,7 +518,7 @@ impl Scoreboard {
 
     /// Recounts everything from scratch and compares: for tests and
     /// property checks, O(window).
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), ScoreboardInvariant> {
         let (mut sacked, mut lost, mut retx, mut pending) = (0, 0, 0, 0);
         for (i, s) in self.segs.iter().enumerate() {
             let seg = self.una + i as u64;
@@ -504,40 +528,38 @@ impl Scoreboard {
                 .next_back()
                 .is_some_and(|(_, &e)| seg < e);
             if s.sacked != in_ranges {
-                return Err(format!("segment {seg}: sacked flag disagrees with ranges"));
+                return Err(ScoreboardInvariant::SackedFlag(seg));
             }
             if s.sacked {
                 sacked += 1;
                 continue;
             }
             if (!s.lost || s.retx) != self.by_xmit.contains(&(s.xmit, seg)) {
-                return Err(format!("segment {seg}: time-ordered list disagrees"));
+                return Err(ScoreboardInvariant::TimeOrder(seg));
             }
             lost += u64::from(s.lost);
             retx += u64::from(s.retx);
             pending += u64::from(s.lost && !s.retx);
             if s.lost && !s.retx && seg < self.retx_cursor {
-                return Err(format!("lost segment {seg} below the retransmit cursor"));
+                return Err(ScoreboardInvariant::LostBelowCursor(seg));
             }
         }
         let counted = (self.n_sacked, self.n_lost, self.n_retx, self.n_lost_pending);
-        if counted != (sacked, lost, retx, pending) {
-            return Err(format!(
-                "counters {counted:?} != recount {:?}",
-                (sacked, lost, retx, pending)
-            ));
+        let recount = (sacked, lost, retx, pending);
+        if counted != recount {
+            return Err(ScoreboardInvariant::Counters { counted, recount });
         }
         let in_flight = self
             .segs
             .iter()
             .filter(|s| !s.sacked && (!s.lost || s.retx));
         if in_flight.count() != self.by_xmit.len() {
-            return Err("time-ordered list holds segments not in flight".into());
+            return Err(ScoreboardInvariant::NotInFlight);
         }
         let mut prev_end = None;
         for (&s, &e) in &self.sacked_ranges {
             if s < self.una || e <= s || prev_end.is_some_and(|p| p >= s) {
-                return Err(format!("bad SACK range {s}..{e}"));
+                return Err(ScoreboardInvariant::BadSackRange { start: s, end: e });
             }
             prev_end = Some(e);
         }
@@ -559,6 +581,31 @@ mod tests {
 
     fn block(s: u64, e: u64) -> SackBlock {
         SackBlock::new(s, e).unwrap()
+    }
+
+    /// A counter out of step with the segments, or a SACK range that ends
+    /// before it starts, is reported as that broken invariant.
+    #[test]
+    fn a_broken_invariant_is_named() {
+        let mut sb = board(4);
+        sb.check_invariants().unwrap();
+        sb.n_lost = 2;
+        let broken = ScoreboardInvariant::Counters {
+            counted: (0, 2, 0, 0),
+            recount: (0, 0, 0, 0),
+        };
+        assert_eq!(sb.check_invariants(), Err(broken.clone()));
+        assert_eq!(
+            broken.to_string(),
+            "counters (0, 2, 0, 0) != recount (0, 0, 0, 0)"
+        );
+
+        let mut sb = board(4);
+        sb.sacked_ranges.insert(9, 7);
+        assert_eq!(
+            sb.check_invariants(),
+            Err(ScoreboardInvariant::BadSackRange { start: 9, end: 7 })
+        );
     }
 
     #[test]

@@ -24,12 +24,30 @@ use crate::proto::loss::{
 use crate::proto::path_memory::PathMemory;
 use crate::proto::payload::PayloadSource;
 use crate::proto::stream::rtt::RttEstimator;
-use crate::proto::stream::scoreboard::Scoreboard;
+use crate::proto::stream::scoreboard::{Scoreboard, ScoreboardInvariant};
 use crate::proto::time::{wire_elapsed, Time};
 use crate::proto::tuning::{CcKind, RecoveryKind};
 use crate::proto::tuning::{DropList, Tuning, TuningError};
 use crate::proto::wire::{Ack, DataFlags, DataHeader, Packet, DATA_HEADER_LEN};
 use crate::proto::InputError;
+
+use thiserror::Error;
+
+/// An invariant of the [`Sender`] found broken: a bug, reported by
+/// [`Sender::check_invariants`] to the simulator, tests and fuzzers.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SenderInvariant {
+    #[error(transparent)]
+    Scoreboard(#[from] ScoreboardInvariant),
+    #[error("snd_una {una} <= snd_nxt {nxt} <= snd_max {max} fails")]
+    SequenceOrder { una: u64, nxt: u64, max: u64 },
+    #[error("cwnd below one segment")]
+    NoWindow,
+    #[error("{outstanding} segments outstanding, rcvwin {rcvwin}")]
+    OverReceiveWindow { outstanding: u64, rcvwin: u32 },
+    #[error("{0} transmissions outside the window")]
+    SentOutsideWindow(u64),
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SenderState {
@@ -1364,30 +1382,24 @@ impl Sender {
     }
 
     /// Checks the sender's invariants; O(window), for tests.
-    pub fn check_invariants(&mut self) -> Result<(), String> {
+    pub fn check_invariants(&mut self) -> Result<(), SenderInvariant> {
         self.sb.check_invariants()?;
         let (una, max) = (self.sb.una(), self.sb.max());
         let nxt = self.loss.snd_nxt(&mut self.sb);
         if !(una <= nxt && nxt <= max) {
-            return Err(format!(
-                "snd_una {una} <= snd_nxt {nxt} <= snd_max {max} fails"
-            ));
+            return Err(SenderInvariant::SequenceOrder { una, nxt, max });
         }
         if self.cc.window() < 1 {
-            return Err("cwnd below one segment".into());
+            return Err(SenderInvariant::NoWindow);
         }
         if max - una > u64::from(self.tuning.rcvwin) {
-            return Err(format!(
-                "{} segments outstanding, rcvwin {}",
-                max - una,
-                self.tuning.rcvwin
-            ));
+            return Err(SenderInvariant::OverReceiveWindow {
+                outstanding: max - una,
+                rcvwin: self.tuning.rcvwin,
+            });
         }
         if self.window_violations > 0 {
-            return Err(format!(
-                "{} transmissions outside the window",
-                self.window_violations
-            ));
+            return Err(SenderInvariant::SentOutsideWindow(self.window_violations));
         }
         Ok(())
     }
@@ -1487,6 +1499,20 @@ mod tests {
             sent += send(s, at(acked)).len() as u64;
         }
         sent
+    }
+
+    /// A transmission outside the window is reported as that broken
+    /// invariant, in the words the simulator prints.
+    #[test]
+    fn a_broken_invariant_is_named() {
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        send(&mut s, at(0));
+        s.window_violations = 2;
+        let broken = s.check_invariants().unwrap_err();
+        assert_eq!(broken, SenderInvariant::SentOutsideWindow(2));
+        assert_eq!(broken.to_string(), "2 transmissions outside the window");
+        s.window_violations = 0;
+        assert_eq!(s.check_invariants(), Ok(()));
     }
 
     #[test]
