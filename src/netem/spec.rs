@@ -66,6 +66,8 @@ pub enum SpecError {
 }
 
 impl SpecError {
+    /// For `map_err`: a bad rate, size, time or percentage, named by the
+    /// option it was given to.
     fn quantity(key: &str) -> impl FnOnce(UnitError) -> SpecError + '_ {
         move |error| SpecError::BadQuantity {
             key: key.to_string(),
