@@ -169,7 +169,6 @@ fn stream(to: SocketAddr, session: u64, bytes: Vec<u8>) -> Result<Vec<u8>, Strin
     };
     let config = ProbeConfig {
         peer: to,
-        peer_name: to.to_string(),
         tuning,
         bytes: Some(bytes.len() as u64),
         trace: false,

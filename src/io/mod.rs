@@ -33,14 +33,14 @@ use tokio::sync::Notify;
 
 pub use socket::{this_host_mtu, RecvBatch, SocketBuffers, TxBatch, UdpIo};
 
+use crate::proto::crypto::{Cipher, DropCounters};
 use crate::proto::endpoint::server::{Arrival, HandshakeDone, HandshakeWork, SessionEvent};
 use crate::proto::wire::{ReceiverParams, RejectReason, ACK_MAX_LEN, CONTROL_MAX_LEN};
 use crate::proto::{
     Client, Closed, ConnError, ConnReport, Notice, PatternSource, PayloadSource, Server,
     ServerLimits, ServerStats, Time, Tuning,
 };
-use crate::proto::{Observer, PathMemory};
-use crate::report::summary::Summary;
+use crate::proto::{Observer, PathMemory, SenderSnapshot, SenderStats};
 
 /// Default UDP port, as atou's.
 pub const DEFAULT_PORT: u16 = 7890;
@@ -305,8 +305,6 @@ pub enum ProbeError {
 #[derive(Debug, Clone)]
 pub struct ProbeConfig {
     pub peer: SocketAddr,
-    /// The peer as the user named it, for the summary.
-    pub peer_name: String,
     pub tuning: Tuning,
     /// Bytes to send; `None` sends until `maxtime`/`maxpkts`.
     pub bytes: Option<u64>,
@@ -333,15 +331,34 @@ pub struct ProbeConfig {
 pub struct ProbeResult {
     pub outcome: Result<Closed, ProbeError>,
     /// `None` when the server never answered.
-    pub summary: Option<Summary>,
+    pub report: Option<ClientReport>,
     pub buffers: SocketBuffers,
     pub granted: Option<ReceiverParams>,
     /// Paced runs carried departure times (SO_TXTIME) to the end.
     pub txtime: bool,
 }
 
-/// A fresh connection id: unpredictable enough that two clients on one
-/// host do not collide, without a crypto dependency.
+/// What a client's connection measured, from its first hello to its end:
+/// the caller turns it into the end-of-run summary
+/// (`report::summary::Summary::from_client`), with the outcome.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientReport {
+    pub stats: SenderStats,
+    /// The sender's windows and RTT figures when the connection ended.
+    pub snapshot: SenderSnapshot,
+    /// Datagrams the socket refused for want of buffer space (ENOBUFS).
+    pub enobufs: u64,
+    /// Datagrams the client dropped as undecodable before they reached
+    /// its sender (the sender counts its own in `stats`).
+    pub bad_packets: u64,
+    /// The packet cipher; `None`: a plain (`--no-auth`) connection.
+    pub cipher: Option<Cipher>,
+    /// From the first hello to the server's accepting answer.
+    pub handshake: Option<Duration>,
+    /// Datagrams that failed to open, by reason.
+    pub crypto_drops: DropCounters,
+}
+
 /// The address tokens `--no-auth` servers gave this process (their retry,
 /// RFC 9000 §8.1.2), by server: the next plain connection to the same
 /// server starts with its token and saves the retry's round trip while
@@ -519,7 +536,7 @@ pub async fn connect_from<F: StreamFeed>(
     };
     let fail = |e: ProbeError| ProbeResult {
         outcome: Err(e),
-        summary: None,
+        report: None,
         buffers: SocketBuffers {
             sndbuf: 0,
             rcvbuf: 0,
@@ -563,10 +580,10 @@ pub async fn connect_from<F: StreamFeed>(
         address_tokens::put(peer, token);
     }
     let granted = client.granted();
-    let summary = client_summary(&mut client, &outcome, &config, tx.enobufs, now);
+    let report = client_report(&mut client, tx.enobufs, now);
     ProbeResult {
         outcome,
-        summary,
+        report,
         buffers,
         granted,
         txtime,
@@ -623,54 +640,21 @@ async fn client_socket(
     Ok((io, buffers))
 }
 
-/// The end-of-run summary of a client that got as far as sending.
-fn client_summary(
-    client: &mut Client,
-    outcome: &Result<Closed, ProbeError>,
-    config: &ProbeConfig,
-    enobufs: u64,
-    now: Time,
-) -> Option<Summary> {
+/// What a client that got as far as sending measured.
+fn client_report(client: &mut Client, enobufs: u64, now: Time) -> Option<ClientReport> {
     let bad_packets = client.bad_packets();
     let cipher = client.cipher();
     let handshake = client.handshake_time();
-    let crypto_dropped = client.crypto_drops().total();
-    client.sender_mut().map(|sender| {
-        let status = match outcome {
-            Ok(Closed { peer: Some(_), .. }) => "finished".to_string(),
-            Ok(Closed { peer: None, .. }) => {
-                "finished (all data acknowledged; the close was not)".to_string()
-            }
-            Err(e) => format!("failed: {e}"),
-        };
-        let snap = sender.snapshot(now);
-        let mut s = Summary::new(
-            format!("{} => {}", local_name(), config.peer_name),
-            status,
-            &config.tuning,
-            sender.stats(),
-            &snap,
-        );
-        s.enobufs = enobufs;
-        s.bad_packets += bad_packets;
-        s.security = Some(crate::report::summary::SecurityReport {
-            cipher: cipher.map_or("none".to_string(), |c| c.name().to_string()),
-            handshake_secs: handshake.map(|d| d.as_secs_f64()),
-            dropped: crypto_dropped,
-        });
-        if let Ok(Closed { peer: Some(p), .. }) = outcome {
-            s.receiver = Some(*p);
-        }
-        s
+    let crypto_drops = client.crypto_drops();
+    client.sender_mut().map(|sender| ClientReport {
+        stats: *sender.stats(),
+        snapshot: sender.snapshot(now),
+        enobufs,
+        bad_packets,
+        cipher,
+        handshake,
+        crypto_drops,
     })
-}
-
-fn local_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".to_string())
 }
 
 struct ClientDriver {
