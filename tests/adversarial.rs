@@ -152,7 +152,7 @@ impl PayloadSource for Bytes {
 }
 
 impl StreamFeed for Bytes {
-    fn refill(&mut self, _acked: u64) -> Result<Option<u64>, String> {
+    fn refill(&mut self, _acked: u64) -> Result<Option<u64>, io::FeedError> {
         Ok(None)
     }
     fn waker(&self) -> Option<Arc<tokio::sync::Notify>> {

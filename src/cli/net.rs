@@ -528,10 +528,9 @@ fn hello_timestamps(
     match (&args.dir, &auth.identity) {
         (Some(dir), Some(_)) => {
             let root = check_root(dir).map_err(UsageError)?;
-            Ok(Some(
-                atou::io::hello_timestamps::HelloTimestampFile::load(&root)
-                    .map_err(anyhow::Error::msg)?,
-            ))
+            Ok(Some(atou::io::hello_timestamps::HelloTimestampFile::load(
+                &root,
+            )?))
         }
         _ => Ok(None),
     }

@@ -33,7 +33,8 @@ use tokio::sync::Notify;
 
 pub use socket::{this_host_mtu, RecvBatch, SocketBuffers, TxBatch, UdpIo};
 
-use crate::proto::crypto::{Cipher, DropCounters};
+use crate::io::hello_timestamps::SaveError;
+use crate::proto::crypto::{Cipher, DropCounters, HandshakeError};
 use crate::proto::endpoint::server::{Arrival, HandshakeDone, HandshakeWork, SessionEvent};
 use crate::proto::wire::{ReceiverParams, RejectReason, ACK_MAX_LEN, CONTROL_MAX_LEN};
 use crate::proto::{
@@ -179,7 +180,7 @@ impl HandshakeWorker {
 /// must not wait for; only the accepted responses the save covers wait
 /// (held by the server until [`Server::hello_timestamps_saved`]). One
 /// save at a time.
-struct TimestampSaver(SideThread<Vec<(crate::proto::crypto::PublicKey, u64)>, Result<(), String>>);
+struct TimestampSaver(SideThread<Vec<(crate::proto::crypto::PublicKey, u64)>, io::Result<()>>);
 
 impl TimestampSaver {
     fn start(file: hello_timestamps::HelloTimestampFile) -> io::Result<TimestampSaver> {
@@ -190,32 +191,35 @@ impl TimestampSaver {
     /// Reports the save that finished, if one did, and starts the next
     /// the server has; `Err` with what to tell the operator of a save
     /// that failed.
-    fn exchange(&self, server: &mut Server, path: &std::path::Path) -> Result<(), String> {
+    fn exchange(&self, server: &mut Server, path: &std::path::Path) -> Result<(), SaveError> {
         let mut told = Ok(());
         if let Ok(saved) = self.0.done.try_recv() {
-            if let Err(e) = &saved {
-                told = Err(format!(
-                    "cannot save the hello timestamps to {}: {e}; the clients just accepted \
-                     were not answered (after a restart their hellos could be replayed)",
-                    path.display()
-                ));
-            }
             server.hello_timestamps_saved(saved.is_ok());
+            if let Err(error) = saved {
+                told = Err(SaveError::Write {
+                    path: path.to_path_buf(),
+                    error,
+                });
+            }
         }
         if let Some(table) = server.hello_timestamps_to_save() {
             if self.0.send(table).is_err() {
                 // Never full (one save at a time) and never gone but by a
                 // panic: then the responses it covers are not sent.
                 server.hello_timestamps_saved(false);
-                told = Err(format!(
-                    "cannot save the hello timestamps to {}: the thread that saves them is gone",
-                    path.display()
-                ));
+                told = Err(SaveError::SaverGone {
+                    path: path.to_path_buf(),
+                });
             }
         }
         told
     }
 }
+
+/// Why a [`StreamFeed`] cannot go on (a file that cannot be read): the
+/// feed's own error, whatever layer it comes from; its message ends the
+/// connection as [`ProbeError::Source`].
+pub type FeedError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A connection's stream as the client's driver sees it: bytes that other
 /// threads may still be producing.
@@ -223,8 +227,8 @@ pub trait StreamFeed: PayloadSource {
     /// Takes in what other threads produced, given the stream bytes
     /// acknowledged so far (which it may forget). Returns the stream bytes
     /// ready to send, or `None` when all of them always are; an error
-    /// (a file that cannot be read) ends the connection.
-    fn refill(&mut self, acked: u64) -> Result<Option<u64>, String>;
+    /// ends the connection.
+    fn refill(&mut self, acked: u64) -> Result<Option<u64>, FeedError>;
     /// Notified when [`StreamFeed::refill`] may have more.
     fn waker(&self) -> Option<Arc<Notify>>;
     /// True once for each other connection of the same transfer that has
@@ -235,7 +239,7 @@ pub trait StreamFeed: PayloadSource {
 }
 
 impl StreamFeed for PatternSource {
-    fn refill(&mut self, _acked: u64) -> Result<Option<u64>, String> {
+    fn refill(&mut self, _acked: u64) -> Result<Option<u64>, FeedError> {
         Ok(None)
     }
 
@@ -735,7 +739,7 @@ impl ClientDriver {
             match feed.refill(acked) {
                 Ok(Some(ready)) => self.client.set_available(now, ready),
                 Ok(None) => {}
-                Err(why) => return Err(ProbeError::Source(why)),
+                Err(why) => return Err(ProbeError::Source(why.to_string())),
             }
             if feed.sibling_done() {
                 if let Some(sender) = self.client.sender_mut() {
@@ -850,7 +854,7 @@ pub enum ServeEvent {
     /// The table of hello timestamps could not be saved (the message
     /// says where and why): the clients whose hellos waited for it were
     /// not answered.
-    HelloTimestampsNotSaved(String),
+    HelloTimestampsNotSaved(SaveError),
     /// The socket receive buffer grew for a client that asked for more.
     RcvbufGrown {
         asked: u32,
@@ -868,7 +872,11 @@ pub enum ServeError {
     #[error("socket error on {addr}: {error}")]
     Socket { addr: SocketAddr, error: io::Error },
     #[error("cannot set up authentication: {0}")]
-    Auth(String),
+    Auth(HandshakeError),
+    #[error(
+        "cannot set up authentication: cannot start the thread that saves hello timestamps: {0}"
+    )]
+    TimestampSaver(io::Error),
 }
 
 /// What a server does with session connections (file transfers): placed
@@ -976,15 +984,11 @@ impl Serving {
         };
         let mut server = Server::new(limits, config.rcvbuf, buffers.rcvbuf)
             .with_auth(config.auth.clone())
-            .map_err(|e| ServeError::Auth(e.to_string()))?;
+            .map_err(ServeError::Auth)?;
         let saver = match &config.hello_timestamps {
             Some(kept) => {
                 server = server.keeping_hello_timestamps(kept.loaded().to_vec());
-                Some(TimestampSaver::start(kept.clone()).map_err(|e| {
-                    ServeError::Auth(format!(
-                        "cannot start the thread that saves hello timestamps: {e}"
-                    ))
-                })?)
+                Some(TimestampSaver::start(kept.clone()).map_err(ServeError::TimestampSaver)?)
             }
             None => None,
         };

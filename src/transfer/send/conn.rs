@@ -125,7 +125,7 @@ impl PayloadSource for BytesFeed {
 }
 
 impl StreamFeed for BytesFeed {
-    fn refill(&mut self, _acked: u64) -> Result<Option<u64>, String> {
+    fn refill(&mut self, _acked: u64) -> Result<Option<u64>, crate::io::FeedError> {
         Ok(None)
     }
 
