@@ -152,7 +152,7 @@ impl PayloadSource for Bytes {
 }
 
 impl StreamFeed for Bytes {
-    fn refill(&mut self, _acked: u64) -> Result<Option<u64>, String> {
+    fn refill(&mut self, _acked: u64) -> Result<Option<u64>, io::FeedError> {
         Ok(None)
     }
     fn waker(&self) -> Option<Arc<tokio::sync::Notify>> {
@@ -169,7 +169,6 @@ fn stream(to: SocketAddr, session: u64, bytes: Vec<u8>) -> Result<Vec<u8>, Strin
     };
     let config = ProbeConfig {
         peer: to,
-        peer_name: to.to_string(),
         tuning,
         bytes: Some(bytes.len() as u64),
         trace: false,

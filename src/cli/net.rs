@@ -12,7 +12,7 @@ use atou::io::{self, ProbeConfig, ProbeError, ServeApp, ServeConfig, ServeEvent,
 use atou::proto::crypto::{PublicKey, ServerAuth};
 use atou::proto::ServerLimits;
 use atou::proto::{ConnEnd, ConnReport, ServerStats, Tuning};
-use atou::report::summary::SocketReport;
+use atou::report::summary::{SocketReport, Summary};
 use atou::transfer::dest::{ReceivePolicy, SymlinkPolicy};
 use atou::transfer::receive::{
     check_root, FileReceiver, NoFiles, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
@@ -343,7 +343,6 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
     .plot_to(args.output.plot.as_deref());
     let mut config = ProbeConfig {
         peer,
-        peer_name: args.host.clone(),
         tuning: tuning.clone(),
         bytes,
         trace: args.output.wants_trace(),
@@ -358,7 +357,10 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
     let hint = PathHint::new(args.no_path_cache, peer.ip(), pinned_key);
     config.path_memory = hint.recall();
     let result = runtime()?.block_on(io::probe(config, &mut out, ctrl_c()));
-    hint.remember(&result.summary);
+    let summary = result
+        .report
+        .map(|r| Summary::from_client(&r, &result.outcome, &args.host, &tuning));
+    hint.remember(&summary);
     finish_trace(&mut out)?;
     let defaults = Tuning::default();
     if tuning.sndbuf != defaults.sndbuf {
@@ -377,7 +379,7 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
             "net.core.rmem_max",
         );
     }
-    if let Some(mut summary) = result.summary {
+    if let Some(mut summary) = summary {
         summary.sockets = Some(SocketReport {
             sndbuf: result.buffers.sndbuf,
             rcvbuf: result.buffers.rcvbuf,
@@ -526,10 +528,9 @@ fn hello_timestamps(
     match (&args.dir, &auth.identity) {
         (Some(dir), Some(_)) => {
             let root = check_root(dir).map_err(UsageError)?;
-            Ok(Some(
-                atou::io::hello_timestamps::HelloTimestampFile::load(&root)
-                    .map_err(anyhow::Error::msg)?,
-            ))
+            Ok(Some(atou::io::hello_timestamps::HelloTimestampFile::load(
+                &root,
+            )?))
         }
         _ => Ok(None),
     }

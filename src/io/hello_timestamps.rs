@@ -28,6 +28,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use thiserror::Error;
+
 use crate::io::dest_dir::{DestDir, HELLO_TIMESTAMPS, STAGING_DIR};
 use crate::proto::crypto::handshake::DEFAULT_MAX_REMEMBERED;
 use crate::proto::crypto::PublicKey;
@@ -66,34 +68,48 @@ pub fn encode(remembered: &[(PublicKey, u64)]) -> Vec<u8> {
     bytes
 }
 
+/// What is wrong with bytes that should be a table.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("{0} bytes, too short to be one")]
+    TooShort(usize),
+    #[error("not a table of hello timestamps (wrong magic)")]
+    WrongMagic,
+    #[error("version {0} (this atou reads version {VERSION})")]
+    Version(u8),
+    #[error("{0} entries, more than {MAX_ENTRIES}")]
+    TooMany(usize),
+    #[error("{len} bytes for {count} entries (a torn or truncated write?)")]
+    Torn { len: usize, count: usize },
+    #[error("its checksum does not match (corrupted)")]
+    Checksum,
+}
+
 /// The table in `bytes`, or what is wrong with them. Every length is
 /// checked against the buffer before it is used.
-pub fn decode(bytes: &[u8]) -> Result<Vec<(PublicKey, u64)>, String> {
+pub fn decode(bytes: &[u8]) -> Result<Vec<(PublicKey, u64)>, DecodeError> {
     if bytes.len() < HEADER_LEN + CHECK_LEN {
-        return Err(format!("{} bytes, too short to be one", bytes.len()));
+        return Err(DecodeError::TooShort(bytes.len()));
     }
     let (body, check) = bytes.split_at(bytes.len() - CHECK_LEN);
     if &body[..4] != MAGIC {
-        return Err("not a table of hello timestamps (wrong magic)".into());
+        return Err(DecodeError::WrongMagic);
     }
     if body[4] != VERSION {
-        return Err(format!(
-            "version {} (this atou reads version {VERSION})",
-            body[4]
-        ));
+        return Err(DecodeError::Version(body[4]));
     }
     let count = u32::from_be_bytes(body[5..9].try_into().expect("4 bytes")) as usize;
     if count > MAX_ENTRIES {
-        return Err(format!("{count} entries, more than {MAX_ENTRIES}"));
+        return Err(DecodeError::TooMany(count));
     }
     if body.len() != HEADER_LEN + count * ENTRY_LEN {
-        return Err(format!(
-            "{} bytes for {count} entries (a torn or truncated write?)",
-            bytes.len()
-        ));
+        return Err(DecodeError::Torn {
+            len: bytes.len(),
+            count,
+        });
     }
     if blake3::hash(body).as_bytes() != check {
-        return Err("its checksum does not match (corrupted)".into());
+        return Err(DecodeError::Checksum);
     }
     Ok(body[HEADER_LEN..]
         .chunks_exact(ENTRY_LEN)
@@ -103,6 +119,54 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<(PublicKey, u64)>, String> {
             (key, timestamp)
         })
         .collect())
+}
+
+/// Why the table could not be loaded at start: which file, what is
+/// wrong, and what to do.
+#[derive(Debug, Error)]
+pub enum LoadError {
+    #[error("cannot open {} to read its hello timestamps: {}", .staging.display(), Cause(.error))]
+    Open {
+        staging: PathBuf,
+        error: std::io::Error,
+    },
+    #[error(
+        "cannot use the hello timestamps in {}: {why}. Without them a hello captured \
+         before this start could be accepted again; restore the file, or remove it to \
+         start without (hellos made in the 2 minutes before this start could then be \
+         replayed once)",
+        .path.display()
+    )]
+    Unusable { path: PathBuf, why: Unusable },
+}
+
+/// What is wrong with the file that is there.
+#[derive(Debug, Error)]
+pub enum Unusable {
+    #[error("{}", Cause(.0))]
+    Read(std::io::Error),
+    #[error(transparent)]
+    Decode(DecodeError),
+}
+
+/// Why a save failed; the clients whose accepted hellos it covered were
+/// not answered.
+#[derive(Debug, Error)]
+pub enum SaveError {
+    #[error(
+        "cannot save the hello timestamps to {}: {}; the clients just accepted \
+         were not answered (after a restart their hellos could be replayed)",
+        .path.display(), Cause(.error)
+    )]
+    Write {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error(
+        "cannot save the hello timestamps to {}: the thread that saves them is gone",
+        .path.display()
+    )]
+    SaverGone { path: PathBuf },
 }
 
 /// DEST's table of hello timestamps: where it is saved, and what was
@@ -117,28 +181,20 @@ impl HelloTimestampFile {
     /// Opens DEST (its staging directory created, 0700, as for a
     /// transfer) and reads the table the last run saved; none is an empty
     /// table. An error says which file, what is wrong, and what to do.
-    pub fn load(root: &Path) -> Result<HelloTimestampFile, String> {
+    pub fn load(root: &Path) -> Result<HelloTimestampFile, LoadError> {
         let path = root.join(STAGING_DIR).join(HELLO_TIMESTAMPS);
-        let dest = DestDir::open(root).map_err(|e| {
-            format!(
-                "cannot open {} to read its hello timestamps: {}",
-                root.join(STAGING_DIR).display(),
-                cause(&e)
-            )
+        let dest = DestDir::open(root).map_err(|error| LoadError::Open {
+            staging: root.join(STAGING_DIR),
+            error,
         })?;
-        let unusable = |why: String| {
-            format!(
-                "cannot use the hello timestamps in {}: {why}. Without them a hello captured \
-                 before this start could be accepted again; restore the file, or remove it to \
-                 start without (hellos made in the 2 minutes before this start could then be \
-                 replayed once)",
-                path.display()
-            )
+        let unusable = |why| LoadError::Unusable {
+            path: path.clone(),
+            why,
         };
         let loaded = match dest.read_staged_state(HELLO_TIMESTAMPS, MAX_LEN) {
             Ok(None) => Vec::new(),
-            Ok(Some(bytes)) => decode(&bytes).map_err(unusable)?,
-            Err(e) => return Err(unusable(cause(&e))),
+            Ok(Some(bytes)) => decode(&bytes).map_err(|e| unusable(Unusable::Decode(e)))?,
+            Err(e) => return Err(unusable(Unusable::Read(e))),
         };
         Ok(HelloTimestampFile {
             dest: Arc::new(dest),
@@ -155,24 +211,26 @@ impl HelloTimestampFile {
         self.dest.path().join(STAGING_DIR).join(HELLO_TIMESTAMPS)
     }
 
-    /// Replaces the file with `remembered`, atomically and durably; an
-    /// error says why, for a person.
-    pub fn save(&self, remembered: &[(PublicKey, u64)]) -> Result<(), String> {
+    /// Replaces the file with `remembered`, atomically and durably.
+    pub fn save(&self, remembered: &[(PublicKey, u64)]) -> std::io::Result<()> {
         self.dest
             .replace_staged_state(HELLO_TIMESTAMPS, &encode(remembered))
-            .map_err(|e| cause(&e))
     }
 }
 
 /// Why a file operation failed, in words: no bare `(os error N)`.
-fn cause(e: &std::io::Error) -> String {
-    match e.raw_os_error() {
-        Some(libc::ELOOP) => "it is a symlink, which atou never follows there".into(),
-        Some(libc::ENOSPC) => "no space left on the device".into(),
-        Some(libc::EDQUOT) => "disk quota exceeded".into(),
-        Some(libc::EACCES | libc::EPERM) => "permission denied".into(),
-        Some(libc::EROFS) => "read-only file system".into(),
-        _ => crate::util::text::io_error(e),
+struct Cause<'a>(&'a std::io::Error);
+
+impl std::fmt::Display for Cause<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.raw_os_error() {
+            Some(libc::ELOOP) => f.write_str("it is a symlink, which atou never follows there"),
+            Some(libc::ENOSPC) => f.write_str("no space left on the device"),
+            Some(libc::EDQUOT) => f.write_str("disk quota exceeded"),
+            Some(libc::EACCES | libc::EPERM) => f.write_str("permission denied"),
+            Some(libc::EROFS) => f.write_str("read-only file system"),
+            _ => f.write_str(&crate::util::text::io_error(self.0)),
+        }
     }
 }
 
@@ -218,7 +276,7 @@ mod tests {
             (b"garbage garbage garbage garbage garbage garbage", "magic"),
         ];
         for (bytes, says) in cases {
-            let e = decode(bytes).unwrap_err();
+            let e = decode(bytes).unwrap_err().to_string();
             assert!(e.contains(says), "`{e}` should say {says}");
         }
     }

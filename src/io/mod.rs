@@ -33,14 +33,15 @@ use tokio::sync::Notify;
 
 pub use socket::{this_host_mtu, RecvBatch, SocketBuffers, TxBatch, UdpIo};
 
+use crate::io::hello_timestamps::SaveError;
+use crate::proto::crypto::{Cipher, DropCounters, HandshakeError};
 use crate::proto::endpoint::server::{Arrival, HandshakeDone, HandshakeWork, SessionEvent};
 use crate::proto::wire::{ReceiverParams, RejectReason, ACK_MAX_LEN, CONTROL_MAX_LEN};
 use crate::proto::{
     Client, Closed, ConnError, ConnReport, Notice, PatternSource, PayloadSource, Server,
     ServerLimits, ServerStats, Time, Tuning,
 };
-use crate::proto::{Observer, PathMemory};
-use crate::report::summary::Summary;
+use crate::proto::{Observer, PathMemory, SenderSnapshot, SenderStats};
 
 /// Default UDP port, as atou's.
 pub const DEFAULT_PORT: u16 = 7890;
@@ -179,7 +180,7 @@ impl HandshakeWorker {
 /// must not wait for; only the accepted responses the save covers wait
 /// (held by the server until [`Server::hello_timestamps_saved`]). One
 /// save at a time.
-struct TimestampSaver(SideThread<Vec<(crate::proto::crypto::PublicKey, u64)>, Result<(), String>>);
+struct TimestampSaver(SideThread<Vec<(crate::proto::crypto::PublicKey, u64)>, io::Result<()>>);
 
 impl TimestampSaver {
     fn start(file: hello_timestamps::HelloTimestampFile) -> io::Result<TimestampSaver> {
@@ -190,32 +191,35 @@ impl TimestampSaver {
     /// Reports the save that finished, if one did, and starts the next
     /// the server has; `Err` with what to tell the operator of a save
     /// that failed.
-    fn exchange(&self, server: &mut Server, path: &std::path::Path) -> Result<(), String> {
+    fn exchange(&self, server: &mut Server, path: &std::path::Path) -> Result<(), SaveError> {
         let mut told = Ok(());
         if let Ok(saved) = self.0.done.try_recv() {
-            if let Err(e) = &saved {
-                told = Err(format!(
-                    "cannot save the hello timestamps to {}: {e}; the clients just accepted \
-                     were not answered (after a restart their hellos could be replayed)",
-                    path.display()
-                ));
-            }
             server.hello_timestamps_saved(saved.is_ok());
+            if let Err(error) = saved {
+                told = Err(SaveError::Write {
+                    path: path.to_path_buf(),
+                    error,
+                });
+            }
         }
         if let Some(table) = server.hello_timestamps_to_save() {
             if self.0.send(table).is_err() {
                 // Never full (one save at a time) and never gone but by a
                 // panic: then the responses it covers are not sent.
                 server.hello_timestamps_saved(false);
-                told = Err(format!(
-                    "cannot save the hello timestamps to {}: the thread that saves them is gone",
-                    path.display()
-                ));
+                told = Err(SaveError::SaverGone {
+                    path: path.to_path_buf(),
+                });
             }
         }
         told
     }
 }
+
+/// Why a [`StreamFeed`] cannot go on (a file that cannot be read): the
+/// feed's own error, whatever layer it comes from; its message ends the
+/// connection as [`ProbeError::Source`].
+pub type FeedError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A connection's stream as the client's driver sees it: bytes that other
 /// threads may still be producing.
@@ -223,8 +227,8 @@ pub trait StreamFeed: PayloadSource {
     /// Takes in what other threads produced, given the stream bytes
     /// acknowledged so far (which it may forget). Returns the stream bytes
     /// ready to send, or `None` when all of them always are; an error
-    /// (a file that cannot be read) ends the connection.
-    fn refill(&mut self, acked: u64) -> Result<Option<u64>, String>;
+    /// ends the connection.
+    fn refill(&mut self, acked: u64) -> Result<Option<u64>, FeedError>;
     /// Notified when [`StreamFeed::refill`] may have more.
     fn waker(&self) -> Option<Arc<Notify>>;
     /// True once for each other connection of the same transfer that has
@@ -235,7 +239,7 @@ pub trait StreamFeed: PayloadSource {
 }
 
 impl StreamFeed for PatternSource {
-    fn refill(&mut self, _acked: u64) -> Result<Option<u64>, String> {
+    fn refill(&mut self, _acked: u64) -> Result<Option<u64>, FeedError> {
         Ok(None)
     }
 
@@ -305,8 +309,6 @@ pub enum ProbeError {
 #[derive(Debug, Clone)]
 pub struct ProbeConfig {
     pub peer: SocketAddr,
-    /// The peer as the user named it, for the summary.
-    pub peer_name: String,
     pub tuning: Tuning,
     /// Bytes to send; `None` sends until `maxtime`/`maxpkts`.
     pub bytes: Option<u64>,
@@ -333,15 +335,34 @@ pub struct ProbeConfig {
 pub struct ProbeResult {
     pub outcome: Result<Closed, ProbeError>,
     /// `None` when the server never answered.
-    pub summary: Option<Summary>,
+    pub report: Option<ClientReport>,
     pub buffers: SocketBuffers,
     pub granted: Option<ReceiverParams>,
     /// Paced runs carried departure times (SO_TXTIME) to the end.
     pub txtime: bool,
 }
 
-/// A fresh connection id: unpredictable enough that two clients on one
-/// host do not collide, without a crypto dependency.
+/// What a client's connection measured, from its first hello to its end:
+/// the caller turns it into the end-of-run summary
+/// (`report::summary::Summary::from_client`), with the outcome.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientReport {
+    pub stats: SenderStats,
+    /// The sender's windows and RTT figures when the connection ended.
+    pub snapshot: SenderSnapshot,
+    /// Datagrams the socket refused for want of buffer space (ENOBUFS).
+    pub enobufs: u64,
+    /// Datagrams the client dropped as undecodable before they reached
+    /// its sender (the sender counts its own in `stats`).
+    pub bad_packets: u64,
+    /// The packet cipher; `None`: a plain (`--no-auth`) connection.
+    pub cipher: Option<Cipher>,
+    /// From the first hello to the server's accepting answer.
+    pub handshake: Option<Duration>,
+    /// Datagrams that failed to open, by reason.
+    pub crypto_drops: DropCounters,
+}
+
 /// The address tokens `--no-auth` servers gave this process (their retry,
 /// RFC 9000 §8.1.2), by server: the next plain connection to the same
 /// server starts with its token and saves the retry's round trip while
@@ -519,7 +540,7 @@ pub async fn connect_from<F: StreamFeed>(
     };
     let fail = |e: ProbeError| ProbeResult {
         outcome: Err(e),
-        summary: None,
+        report: None,
         buffers: SocketBuffers {
             sndbuf: 0,
             rcvbuf: 0,
@@ -563,10 +584,10 @@ pub async fn connect_from<F: StreamFeed>(
         address_tokens::put(peer, token);
     }
     let granted = client.granted();
-    let summary = client_summary(&mut client, &outcome, &config, tx.enobufs, now);
+    let report = client_report(&mut client, tx.enobufs, now);
     ProbeResult {
         outcome,
-        summary,
+        report,
         buffers,
         granted,
         txtime,
@@ -623,54 +644,21 @@ async fn client_socket(
     Ok((io, buffers))
 }
 
-/// The end-of-run summary of a client that got as far as sending.
-fn client_summary(
-    client: &mut Client,
-    outcome: &Result<Closed, ProbeError>,
-    config: &ProbeConfig,
-    enobufs: u64,
-    now: Time,
-) -> Option<Summary> {
+/// What a client that got as far as sending measured.
+fn client_report(client: &mut Client, enobufs: u64, now: Time) -> Option<ClientReport> {
     let bad_packets = client.bad_packets();
     let cipher = client.cipher();
     let handshake = client.handshake_time();
-    let crypto_dropped = client.crypto_drops().total();
-    client.sender_mut().map(|sender| {
-        let status = match outcome {
-            Ok(Closed { peer: Some(_), .. }) => "finished".to_string(),
-            Ok(Closed { peer: None, .. }) => {
-                "finished (all data acknowledged; the close was not)".to_string()
-            }
-            Err(e) => format!("failed: {e}"),
-        };
-        let snap = sender.snapshot(now);
-        let mut s = Summary::new(
-            format!("{} => {}", local_name(), config.peer_name),
-            status,
-            &config.tuning,
-            sender.stats(),
-            &snap,
-        );
-        s.enobufs = enobufs;
-        s.bad_packets += bad_packets;
-        s.security = Some(crate::report::summary::SecurityReport {
-            cipher: cipher.map_or("none".to_string(), |c| c.name().to_string()),
-            handshake_secs: handshake.map(|d| d.as_secs_f64()),
-            dropped: crypto_dropped,
-        });
-        if let Ok(Closed { peer: Some(p), .. }) = outcome {
-            s.receiver = Some(*p);
-        }
-        s
+    let crypto_drops = client.crypto_drops();
+    client.sender_mut().map(|sender| ClientReport {
+        stats: *sender.stats(),
+        snapshot: sender.snapshot(now),
+        enobufs,
+        bad_packets,
+        cipher,
+        handshake,
+        crypto_drops,
     })
-}
-
-fn local_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".to_string())
 }
 
 struct ClientDriver {
@@ -751,7 +739,7 @@ impl ClientDriver {
             match feed.refill(acked) {
                 Ok(Some(ready)) => self.client.set_available(now, ready),
                 Ok(None) => {}
-                Err(why) => return Err(ProbeError::Source(why)),
+                Err(why) => return Err(ProbeError::Source(why.to_string())),
             }
             if feed.sibling_done() {
                 if let Some(sender) = self.client.sender_mut() {
@@ -866,7 +854,7 @@ pub enum ServeEvent {
     /// The table of hello timestamps could not be saved (the message
     /// says where and why): the clients whose hellos waited for it were
     /// not answered.
-    HelloTimestampsNotSaved(String),
+    HelloTimestampsNotSaved(SaveError),
     /// The socket receive buffer grew for a client that asked for more.
     RcvbufGrown {
         asked: u32,
@@ -884,7 +872,11 @@ pub enum ServeError {
     #[error("socket error on {addr}: {error}")]
     Socket { addr: SocketAddr, error: io::Error },
     #[error("cannot set up authentication: {0}")]
-    Auth(String),
+    Auth(HandshakeError),
+    #[error(
+        "cannot set up authentication: cannot start the thread that saves hello timestamps: {0}"
+    )]
+    TimestampSaver(io::Error),
 }
 
 /// What a server does with session connections (file transfers): placed
@@ -992,15 +984,11 @@ impl Serving {
         };
         let mut server = Server::new(limits, config.rcvbuf, buffers.rcvbuf)
             .with_auth(config.auth.clone())
-            .map_err(|e| ServeError::Auth(e.to_string()))?;
+            .map_err(ServeError::Auth)?;
         let saver = match &config.hello_timestamps {
             Some(kept) => {
                 server = server.keeping_hello_timestamps(kept.loaded().to_vec());
-                Some(TimestampSaver::start(kept.clone()).map_err(|e| {
-                    ServeError::Auth(format!(
-                        "cannot start the thread that saves hello timestamps: {e}"
-                    ))
-                })?)
+                Some(TimestampSaver::start(kept.clone()).map_err(ServeError::TimestampSaver)?)
             }
             None => None,
         };

@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::io::ClientReport;
 use crate::netem::NetemStats;
 use crate::proto::congestion::CcReport;
 use crate::proto::events::Thresh;
 use crate::proto::tuning::KNOBS;
-use crate::proto::{PathMemory, ReceiverStats, SenderSnapshot, SenderStats, Tuning};
+use crate::proto::{Closed, PathMemory, ReceiverStats, SenderSnapshot, SenderStats, Tuning};
 
 /// What the simulator adds: the paths and what they did.
 #[derive(Debug, Clone, Serialize)]
@@ -203,6 +204,53 @@ impl Summary {
             path_memory: PathMemory::from_snapshot(snap, tuning.mss),
         }
     }
+
+    /// The summary of a real-socket connection to `peer_name` (the peer
+    /// as the user named it) that got as far as sending: what it
+    /// measured, and how it ended. The sockets are the caller's to add.
+    pub fn from_client<E: fmt::Display>(
+        report: &ClientReport,
+        outcome: &Result<Closed, E>,
+        peer_name: &str,
+        tuning: &Tuning,
+    ) -> Summary {
+        let status = match outcome {
+            Ok(Closed { peer: Some(_), .. }) => "finished".to_string(),
+            Ok(Closed { peer: None, .. }) => {
+                "finished (all data acknowledged; the close was not)".to_string()
+            }
+            Err(e) => format!("failed: {e}"),
+        };
+        let mut s = Summary::new(
+            format!("{} => {peer_name}", local_name()),
+            status,
+            tuning,
+            &report.stats,
+            &report.snapshot,
+        );
+        s.enobufs = report.enobufs;
+        s.bad_packets += report.bad_packets;
+        s.security = Some(SecurityReport {
+            cipher: report
+                .cipher
+                .map_or("none".to_string(), |c| c.name().to_string()),
+            handshake_secs: report.handshake.map(|d| d.as_secs_f64()),
+            dropped: report.crypto_drops.total(),
+        });
+        if let Ok(Closed { peer: Some(p), .. }) = outcome {
+            s.receiver = Some(*p);
+        }
+        s
+    }
+}
+
+/// This host's name, for the summary's path; `localhost` when unknown.
+fn local_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
 }
 
 /// The `config:` lines: every knob, five to a line, then what the caller adds.

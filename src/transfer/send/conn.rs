@@ -125,7 +125,7 @@ impl PayloadSource for BytesFeed {
 }
 
 impl StreamFeed for BytesFeed {
-    fn refill(&mut self, _acked: u64) -> Result<Option<u64>, String> {
+    fn refill(&mut self, _acked: u64) -> Result<Option<u64>, crate::io::FeedError> {
         Ok(None)
     }
 
@@ -255,6 +255,9 @@ fn run_conn_once<F: StreamFeed>(
     let result = runtime().block_on(io::connect_from(socket, probe, feed, &mut watch, stopped));
     // The connection's trace is complete: its taker may finish it.
     drop(watch);
+    let summary = result
+        .report
+        .map(|r| Summary::from_client(&r, &result.outcome, &config.host, &config.tuning));
     let reply = match result.outcome {
         Ok(closed) => closed.reply.ok_or_else(|| SendError::Failed {
             host: config.host.clone(),
@@ -264,7 +267,7 @@ fn run_conn_once<F: StreamFeed>(
         Err(ProbeError::Source(why)) => Err(SendError::Source(why)),
         Err(e) => Err(SendError::Conn(e)),
     };
-    (reply, result.summary)
+    (reply, summary)
 }
 
 fn probe_config(
@@ -277,7 +280,6 @@ fn probe_config(
     ProbeConfig {
         auth: config.auth.clone(),
         peer: link.from.map_or(config.peer, |b| b.peer),
-        peer_name: config.host.clone(),
         tuning: config.tuning.clone(),
         bytes: Some(len),
         trace: data.is_some_and(|d| d.live.is_some() || config.trace.is_some()),

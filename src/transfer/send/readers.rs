@@ -395,7 +395,7 @@ impl PayloadSource for FileFeed {
 }
 
 impl StreamFeed for FileFeed {
-    fn refill(&mut self, acked: u64) -> Result<Option<u64>, String> {
+    fn refill(&mut self, acked: u64) -> Result<Option<u64>, crate::io::FeedError> {
         self.siblings.acked(acked, self.layout.total_len());
         self.take_reads()?;
         self.free_acked(acked);
