@@ -7,6 +7,8 @@
 
 use thiserror::Error;
 
+pub mod codec;
+
 /// `"AT"`: lets a receiver discard stray datagrams cheaply.
 pub const MAGIC: [u8; 2] = *b"AT";
 /// Bumped on any incompatible change to the layout below.
