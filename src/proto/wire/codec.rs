@@ -167,6 +167,12 @@ impl<'a> SliceWriter<'a> {
         self.pos
     }
 
+    /// A writer over one fixed field of this one: a structure nested in a
+    /// packet, written by its own field offsets.
+    pub fn field(&mut self, field: Field) -> SliceWriter<'_> {
+        SliceWriter::new(&mut self.buf[field])
+    }
+
     /// Writes a fixed field; the cursor does not move.
     pub fn put_at(&mut self, field: Field, bytes: &[u8]) {
         self.buf[field].copy_from_slice(bytes);
@@ -310,5 +316,10 @@ mod tests {
         w.put_u8_at(0..1, 0x01);
         assert_eq!(w.position(), 0);
         assert_eq!(buf, SAMPLE[..15]);
+        let mut nested = [0u8; 6];
+        SliceWriter::new(&mut nested)
+            .field(2..6)
+            .put_u16_at(1..3, 0x0102);
+        assert_eq!(nested, [0, 0, 0, 1, 2, 0]);
     }
 }
