@@ -195,6 +195,146 @@ mod tests {
         assert_eq!(&buf[25..], b"xy");
     }
 
+    /// Every packet byte by byte, as docs/protocol.md lays it out, with a
+    /// distinct value in every field so that a field moved, resized or
+    /// swapped shows.
+    #[test]
+    fn every_packet_lays_out_as_documented() {
+        const CONN: &[u8] = &[0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18];
+        const PARAMS: &[u8] = &[1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 1, 4, 5];
+        let conn_id = 0x1112_1314_1516_1718;
+        let receiver = ReceiverParams {
+            rcvsegs: 0x0101_0102,
+            rcvbuf: 0x0202_0203,
+            delack_us: 0x0303_0304,
+            sack: true,
+            quickack: 0x0405,
+        };
+        let hello = Hello {
+            conn_id,
+            mss: 0x2122_2324,
+            maxidle_ms: 0x3132_3334,
+            session: 0x4142_4344_4546_4748,
+            receiver,
+        };
+        let hello_bytes = [
+            b"AT\x06\x03",
+            CONN,
+            &[0x21, 0x22, 0x23, 0x24, 0x31, 0x32, 0x33, 0x34],
+            &[0x41, 0x42, 0x43, 0x44, 0x45, 0x46, 0x47, 0x48],
+            PARAMS,
+        ]
+        .concat();
+        let mut buf = [0u8; 128];
+        let n = hello.emit(&mut buf).unwrap();
+        assert_eq!(buf[..n], hello_bytes[..]);
+        let token: AddressToken = *b"0123456789abcdef";
+        let n = hello.emit_with_token(Some(&token), &mut buf).unwrap();
+        assert_eq!(buf[..n], [&hello_bytes[..], &token].concat()[..]);
+        let stats = ReceiverStats {
+            segments: 1,
+            bytes: 2,
+            acks: 3,
+            duplicates: 4,
+            out_of_order: 5,
+            beyond_window: 6,
+            bad_packets: 7,
+        };
+        let counters: Vec<u8> = (1..=7u64).flat_map(u64::to_be_bytes).collect();
+        let frag = Reply::Fragment {
+            conn_id,
+            offset: 1,
+            total: 4,
+            data: b"xyz",
+        };
+        let probe = PathProbe {
+            conn_id,
+            token: 0x8182_8384_8586_8788,
+        };
+        let probe_token: &[u8] = &[0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88];
+        let cases: Vec<(Vec<u8>, Vec<u8>)> = vec![
+            (
+                encode(|b| Welcome { conn_id, receiver }.emit(b)),
+                [b"AT\x06\x04", CONN, PARAMS].concat(),
+            ),
+            (
+                encode(|b| {
+                    Close {
+                        conn_id,
+                        segments: 0x5152_5354_5556_5758,
+                        bytes: 0x6162_6364_6566_6768,
+                    }
+                    .emit(b)
+                }),
+                [
+                    b"AT\x06\x05",
+                    CONN,
+                    &[0x51, 0x52, 0x53, 0x54, 0x55, 0x56, 0x57, 0x58],
+                    &[0x61, 0x62, 0x63, 0x64, 0x65, 0x66, 0x67, 0x68],
+                ]
+                .concat(),
+            ),
+            (
+                encode(|b| CloseAck { conn_id, stats }.emit(b)),
+                [b"AT\x06\x06", CONN, &counters].concat(),
+            ),
+            (
+                encode(|b| {
+                    Reject {
+                        conn_id,
+                        reason: RejectReason::Busy,
+                        version: 5,
+                    }
+                    .emit(b)
+                }),
+                [b"AT\x05\x07", CONN, &[3, 5]].concat(),
+            ),
+            (
+                encode(|b| {
+                    Fetch {
+                        conn_id,
+                        offset: 0x7172_7374,
+                    }
+                    .emit(b)
+                }),
+                [b"AT\x06\x08", CONN, &[0x71, 0x72, 0x73, 0x74]].concat(),
+            ),
+            (
+                encode(|b| frag.emit(b)),
+                [b"AT\x06\x09", CONN, &[0, 0, 0, 1, 0, 0, 0, 4, 1], b"xyz"].concat(),
+            ),
+            (
+                encode(|b| probe.emit_challenge(b)),
+                [b"AT\x06\x0a", CONN, probe_token].concat(),
+            ),
+            (
+                encode(|b| probe.emit_response(b)),
+                [b"AT\x06\x0b", CONN, probe_token].concat(),
+            ),
+            (
+                encode(|b| Retry { conn_id, token }.emit(b)),
+                [b"AT\x06\x0c", CONN, &token].concat(),
+            ),
+        ];
+        for (got, want) in cases {
+            assert_eq!(got, want);
+        }
+        let mut ack = Ack::new(conn_id, 0x9192_9394, 100, 0xa1a2_a3a4);
+        ack.dsack = SackBlock::new(90, 91);
+        assert!(ack.push_sack(SackBlock::new(105, 110).unwrap()));
+        let ack_bytes = [
+            b"AT\x06\x02",
+            CONN,
+            &[0x91, 0x92, 0x93, 0x94],
+            &100u64.to_be_bytes(),
+            &[0xa1, 0xa2, 0xa3, 0xa4, 1, 1],
+            &90u64.to_be_bytes(),
+            &[0, 0, 0, 1, 0, 0, 0, 5, 0, 0, 0, 5],
+        ]
+        .concat();
+        assert_eq!(encode_ack(&ack), ack_bytes);
+    }
+
     #[test]
     fn ack_without_blocks_is_30_bytes() {
         // atou §4.4: ACK bandwidth matters on slow return paths; no empty blocks.
