@@ -43,6 +43,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use thiserror::Error;
 
+use crate::proto::wire::codec::{Reader, Truncated, Writer};
+
 use super::exclude::Excludes;
 use super::source::{self, Stamp};
 
@@ -235,44 +237,23 @@ pub enum ManifestError {
     BadMtime { path: RelPath, nsec: u32 },
 }
 
-/// A cursor that checks every length against what is left before reading.
-struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
+impl From<Truncated> for ManifestError {
+    fn from(t: Truncated) -> ManifestError {
+        let Truncated { needed, actual } = t;
+        ManifestError::Truncated { needed, actual }
+    }
 }
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], ManifestError> {
-        let rest = &self.buf[self.pos..];
-        let Some(bytes) = rest.get(..n) else {
-            let (needed, actual) = (self.pos.saturating_add(n), self.buf.len());
-            return Err(ManifestError::Truncated { needed, actual });
-        };
-        self.pos += n;
-        Ok(bytes)
-    }
-
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], ManifestError> {
-        let mut a = [0; N];
-        a.copy_from_slice(self.take(N)?);
-        Ok(a)
-    }
-
-    /// A u16 length, then that many bytes.
-    fn bytes(&mut self) -> Result<&'a [u8], ManifestError> {
-        let len = u16::from_be_bytes(self.array()?);
-        self.take(len.into())
-    }
-
-    fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
-    }
+/// A u16 length, then that many bytes.
+fn length_prefixed<'a>(r: &mut Reader<'a>) -> Result<&'a [u8], Truncated> {
+    let len = r.u16()?;
+    r.bytes(len.into())
 }
 
 fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     let len = u16::try_from(bytes.len()).expect("validated manifest: length fits in u16");
-    out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(bytes);
+    out.put_u16(len);
+    out.put_slice(bytes);
 }
 
 fn target_problem(target: &[u8]) -> Option<&'static str> {
@@ -295,20 +276,20 @@ impl Manifest {
         out.extend_from_slice(&MAGIC);
         out.push(VERSION);
         let count = u32::try_from(self.entries.len()).expect("validated manifest: entry count");
-        out.extend_from_slice(&count.to_be_bytes());
+        out.put_u32(count);
         for e in &self.entries {
             out.push(match e.kind {
                 EntryKind::Dir => KIND_DIR,
                 EntryKind::File { .. } => KIND_FILE,
                 EntryKind::Symlink { .. } => KIND_SYMLINK,
             });
-            out.extend_from_slice(&e.mode.to_be_bytes());
-            out.extend_from_slice(&e.mtime_sec.to_be_bytes());
-            out.extend_from_slice(&e.mtime_nsec.to_be_bytes());
+            out.put_u32(e.mode);
+            out.put_i64(e.mtime_sec);
+            out.put_u32(e.mtime_nsec);
             put_bytes(&mut out, e.path.as_bytes());
             match &e.kind {
                 EntryKind::Dir => {}
-                EntryKind::File { size } => out.extend_from_slice(&size.to_be_bytes()),
+                EntryKind::File { size } => out.put_u64(*size),
                 EntryKind::Symlink { target } => put_bytes(&mut out, target),
             }
         }
@@ -317,15 +298,15 @@ impl Manifest {
 
     /// Parses and validates; never panics.
     pub fn decode(bytes: &[u8]) -> Result<Manifest, ManifestError> {
-        let mut r = Reader { buf: bytes, pos: 0 };
+        let mut r = Reader::new(bytes);
         if r.array()? != MAGIC {
             return Err(ManifestError::BadMagic);
         }
-        let [version] = r.array()?;
+        let version = r.u8()?;
         if version != VERSION {
             return Err(ManifestError::UnsupportedVersion(version));
         }
-        let count = u32::from_be_bytes(r.array()?);
+        let count = r.u32()?;
         if u64::from(count) > MAX_ENTRIES {
             return Err(ManifestError::TooManyEntries(count.into()));
         }
@@ -338,22 +319,20 @@ impl Manifest {
         }
         let mut entries = Vec::with_capacity(count);
         for index in 0..count {
-            let [kind] = r.array()?;
+            let kind = r.u8()?;
             if !(KIND_DIR..=KIND_SYMLINK).contains(&kind) {
                 return Err(ManifestError::UnknownKind { index, kind });
             }
-            let mode = u32::from_be_bytes(r.array()?);
-            let mtime_sec = i64::from_be_bytes(r.array()?);
-            let mtime_nsec = u32::from_be_bytes(r.array()?);
-            let path = RelPath::new(r.bytes()?.to_vec())
+            let mode = r.u32()?;
+            let mtime_sec = r.i64()?;
+            let mtime_nsec = r.u32()?;
+            let path = RelPath::new(length_prefixed(&mut r)?.to_vec())
                 .map_err(|error| ManifestError::BadName { index, error })?;
             let kind = match kind {
                 KIND_DIR => EntryKind::Dir,
-                KIND_FILE => EntryKind::File {
-                    size: u64::from_be_bytes(r.array()?),
-                },
+                KIND_FILE => EntryKind::File { size: r.u64()? },
                 _ => EntryKind::Symlink {
-                    target: r.bytes()?.to_vec(),
+                    target: length_prefixed(&mut r)?.to_vec(),
                 },
             };
             let entry = Entry {

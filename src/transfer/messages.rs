@@ -21,6 +21,8 @@
 
 use thiserror::Error;
 
+use crate::proto::wire::codec::{Reader, Truncated, Writer};
+
 use super::hash::{chunk_count, Cv};
 use super::manifest::{Manifest, ManifestError, NameError, RelPath};
 
@@ -118,78 +120,39 @@ fn open(bytes: &[u8]) -> Result<&[u8], MessageError> {
     Ok(body)
 }
 
-/// Reads big-endian fields, checking each against what is left.
-struct Reader<'a> {
-    buf: &'a [u8],
+impl From<Truncated> for MessageError {
+    fn from(_: Truncated) -> MessageError {
+        MessageError::Truncated
+    }
 }
 
-impl<'a> Reader<'a> {
-    fn new(buf: &'a [u8]) -> Reader<'a> {
-        Reader { buf }
+/// A count of items of at least `item_len` bytes each, refused when the
+/// rest of the input could not hold that many.
+fn count(r: &mut Reader<'_>, item_len: usize) -> Result<usize, MessageError> {
+    let n = r.u32()? as usize;
+    if n.saturating_mul(item_len) > r.remaining() {
+        return Err(MessageError::Truncated);
     }
+    Ok(n)
+}
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], MessageError> {
-        if self.buf.len() < n {
-            return Err(MessageError::Truncated);
-        }
-        let (head, rest) = self.buf.split_at(n);
-        self.buf = rest;
-        Ok(head)
+fn cv(r: &mut Reader<'_>) -> Result<Cv, MessageError> {
+    Ok(r.array()?)
+}
+
+fn text(r: &mut Reader<'_>) -> Result<String, MessageError> {
+    let n = usize::from(r.u16()?);
+    if n > MESSAGE_MAX {
+        return Err(MessageError::TextTooLong(n));
     }
+    String::from_utf8(r.bytes(n)?.to_vec()).map_err(|_| MessageError::NotUtf8)
+}
 
-    fn u8(&mut self) -> Result<u8, MessageError> {
-        Ok(self.take(1)?[0])
-    }
-
-    fn u16(&mut self) -> Result<u16, MessageError> {
-        Ok(u16::from_be_bytes(
-            self.take(2)?.try_into().expect("2 bytes"),
-        ))
-    }
-
-    fn u32(&mut self) -> Result<u32, MessageError> {
-        Ok(u32::from_be_bytes(
-            self.take(4)?.try_into().expect("4 bytes"),
-        ))
-    }
-
-    fn u64(&mut self) -> Result<u64, MessageError> {
-        Ok(u64::from_be_bytes(
-            self.take(8)?.try_into().expect("8 bytes"),
-        ))
-    }
-
-    fn cv(&mut self) -> Result<Cv, MessageError> {
-        Ok(self.take(32)?.try_into().expect("32 bytes"))
-    }
-
-    /// A count of items of at least `item_len` bytes each, refused when the
-    /// rest of the input could not hold that many.
-    fn count(&mut self, item_len: usize) -> Result<usize, MessageError> {
-        let n = self.u32()? as usize;
-        if n.saturating_mul(item_len) > self.buf.len() {
-            return Err(MessageError::Truncated);
-        }
-        Ok(n)
-    }
-
-    fn text(&mut self) -> Result<String, MessageError> {
-        let n = usize::from(self.u16()?);
-        if n > MESSAGE_MAX {
-            return Err(MessageError::TextTooLong(n));
-        }
-        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| MessageError::NotUtf8)
-    }
-
-    fn rest(&mut self) -> &'a [u8] {
-        std::mem::take(&mut self.buf)
-    }
-
-    fn end(&self) -> Result<(), MessageError> {
-        match self.buf.len() {
-            0 => Ok(()),
-            n => Err(MessageError::TrailingBytes(n)),
-        }
+/// Nothing may follow a message's last field.
+fn end(r: &Reader<'_>) -> Result<(), MessageError> {
+    match r.remaining() {
+        0 => Ok(()),
+        n => Err(MessageError::TrailingBytes(n)),
     }
 }
 
@@ -198,8 +161,8 @@ fn put_text(out: &mut Vec<u8>, s: &str) {
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    out.extend_from_slice(&(end as u16).to_be_bytes());
-    out.extend_from_slice(&s.as_bytes()[..end]);
+    out.put_u16(end as u16);
+    out.put_slice(&s.as_bytes()[..end]);
 }
 
 /// What the sender asks of the receiver for existing files.
@@ -300,14 +263,14 @@ impl PlanRequest {
                 | if self.parts.is_empty() { 0 } else { OPT_PARTS },
         );
         let subdir = self.subdir.as_ref().map_or(&[][..], |s| s.as_bytes());
-        out.extend_from_slice(&(subdir.len() as u16).to_be_bytes());
+        out.put_u16(subdir.len() as u16);
         out.extend_from_slice(subdir);
         if !self.parts.is_empty() {
-            out.extend_from_slice(&(self.parts.len() as u32).to_be_bytes());
+            out.put_u32(self.parts.len() as u32);
             for p in &self.parts {
-                out.extend_from_slice(&p.file.to_be_bytes());
-                out.extend_from_slice(&p.chunks.start.to_be_bytes());
-                out.extend_from_slice(&p.chunks.end.to_be_bytes());
+                out.put_u32(p.file);
+                out.put_u64(p.chunks.start);
+                out.put_u64(p.chunks.end);
             }
         }
         out.extend_from_slice(&manifest);
@@ -319,11 +282,11 @@ impl DataHeader {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(data_header_len(self.ranges.len()));
         out.push(KIND_DATA);
-        out.extend_from_slice(&(self.ranges.len() as u32).to_be_bytes());
+        out.put_u32(self.ranges.len() as u32);
         for r in &self.ranges {
-            out.extend_from_slice(&r.file.to_be_bytes());
-            out.extend_from_slice(&(r.first as u32).to_be_bytes());
-            out.extend_from_slice(&(r.count as u32).to_be_bytes());
+            out.put_u32(r.file);
+            out.put_u32(r.first as u32);
+            out.put_u32(r.count as u32);
         }
         seal(out)
     }
@@ -331,29 +294,29 @@ impl DataHeader {
     /// Reads a data header from the start of a stream; `Ok(None)` when
     /// more bytes are needed. Returns the header and its length.
     pub fn parse(prefix: &[u8]) -> Result<Option<(DataHeader, usize)>, MessageError> {
-        if prefix.len() < 5 {
+        let mut head = Reader::new(prefix);
+        let (Ok(kind), Ok(n)) = (head.u8(), head.u32()) else {
             return Ok(None);
+        };
+        if kind != KIND_DATA {
+            return Err(MessageError::UnknownKind(kind));
         }
-        if prefix[0] != KIND_DATA {
-            return Err(MessageError::UnknownKind(prefix[0]));
-        }
-        let n = u32::from_be_bytes(prefix[1..5].try_into().expect("4 bytes")) as usize;
-        let len = data_header_len(n);
+        let len = data_header_len(n as usize);
         if prefix.len() < len {
             return Ok(None);
         }
-        let body = open(&prefix[..len])?;
-        let ranges = body[5..]
-            .chunks_exact(12)
-            .map(|r| {
-                let word = |i: usize| u32::from_be_bytes(r[i..i + 4].try_into().expect("4"));
-                ChunkRange {
-                    file: word(0),
-                    first: u64::from(word(4)),
-                    count: u64::from(word(8)),
-                }
+        // The hash checked, the kind and count read again from what it covers.
+        let mut r = Reader::new(open(&prefix[..len])?);
+        r.u8()?;
+        let ranges = (0..r.u32()?)
+            .map(|_| {
+                Ok(ChunkRange {
+                    file: r.u32()?,
+                    first: u64::from(r.u32()?),
+                    count: u64::from(r.u32()?),
+                })
             })
-            .collect();
+            .collect::<Result<_, MessageError>>()?;
         Ok(Some((DataHeader { ranges }, len)))
     }
 
@@ -416,7 +379,7 @@ fn check_parts(parts: &[FilePart], file_sizes: &[u64]) -> Result<(), MessageErro
 pub fn encode_finish(hashes: &[Cv]) -> Vec<u8> {
     let mut out = Vec::with_capacity(5 + hashes.len() * 32);
     out.push(KIND_FINISH);
-    out.extend_from_slice(&(hashes.len() as u32).to_be_bytes());
+    out.put_u32(hashes.len() as u32);
     for h in hashes {
         out.extend_from_slice(h);
     }
@@ -453,7 +416,7 @@ impl Request {
                     return Err(MessageError::UnknownOptions(opts));
                 }
                 let n = usize::from(r.u16()?);
-                let subdir = r.take(n)?;
+                let subdir = r.bytes(n)?;
                 let subdir = if subdir.is_empty() {
                     None
                 } else {
@@ -461,7 +424,7 @@ impl Request {
                 };
                 let mut parts = Vec::new();
                 if opts & OPT_PARTS != 0 {
-                    let n = r.count(PART_LEN)?;
+                    let n = count(&mut r, PART_LEN)?;
                     for _ in 0..n {
                         let file = r.u32()?;
                         let start = r.u64()?;
@@ -489,14 +452,14 @@ impl Request {
                 }))
             }
             KIND_ABORT => {
-                let why = r.text()?;
-                r.end()?;
+                let why = text(&mut r)?;
+                end(&r)?;
                 Ok(Request::Abort(why))
             }
             KIND_FINISH => {
-                let n = r.count(32)?;
-                let hashes = (0..n).map(|_| r.cv()).collect::<Result<_, _>>()?;
-                r.end()?;
+                let n = count(&mut r, 32)?;
+                let hashes = (0..n).map(|_| cv(&mut r)).collect::<Result<_, _>>()?;
+                end(&r)?;
                 Ok(Request::Finish(hashes))
             }
             other => Err(MessageError::UnknownKind(other)),
@@ -558,19 +521,19 @@ impl PlanReply {
             PlanReply::Busy { retry_after, why } => {
                 out.push(STATUS_BUSY);
                 let ms = u32::try_from(retry_after.as_millis()).unwrap_or(u32::MAX);
-                out.extend_from_slice(&ms.to_be_bytes());
+                out.put_u32(ms);
                 put_text(&mut out, why);
             }
             PlanReply::Accepted(files) => {
                 out.push(STATUS_OK);
-                out.extend_from_slice(&(files.len() as u32).to_be_bytes());
+                out.put_u32(files.len() as u32);
                 for f in files {
                     match f {
                         FilePlan::SendAll => out.push(PLAN_SEND_ALL),
                         FilePlan::Skip => out.push(PLAN_SKIP),
                         FilePlan::Held(cvs) => {
                             out.push(PLAN_HELD);
-                            out.extend_from_slice(&(cvs.len() as u32).to_be_bytes());
+                            out.put_u32(cvs.len() as u32);
                             for cv in cvs {
                                 out.extend_from_slice(cv);
                             }
@@ -598,13 +561,13 @@ impl PlanReply {
     pub fn decode(bytes: &[u8], file_sizes: &[u64]) -> Result<PlanReply, MessageError> {
         let mut r = Reader::new(open(bytes)?);
         let reply = match r.u8()? {
-            STATUS_FAILED => PlanReply::Refused(r.text()?),
+            STATUS_FAILED => PlanReply::Refused(text(&mut r)?),
             STATUS_BUSY => PlanReply::Busy {
                 retry_after: std::time::Duration::from_millis(u64::from(r.u32()?)),
-                why: r.text()?,
+                why: text(&mut r)?,
             },
             STATUS_OK => {
-                let n = r.count(1)?;
+                let n = count(&mut r, 1)?;
                 if n != file_sizes.len() {
                     return Err(MessageError::WrongCount {
                         got: n as u64,
@@ -617,14 +580,14 @@ impl PlanReply {
                         PLAN_SEND_ALL => FilePlan::SendAll,
                         PLAN_SKIP => FilePlan::Skip,
                         PLAN_HELD => {
-                            let k = r.count(32)?;
+                            let k = count(&mut r, 32)?;
                             if k as u64 != chunk_count(size) {
                                 return Err(MessageError::WrongCount {
                                     got: k as u64,
                                     want: chunk_count(size),
                                 });
                             }
-                            FilePlan::Held((0..k).map(|_| r.cv()).collect::<Result<_, _>>()?)
+                            FilePlan::Held((0..k).map(|_| cv(&mut r)).collect::<Result<_, _>>()?)
                         }
                         other => return Err(MessageError::UnknownStatus(other)),
                     });
@@ -633,7 +596,7 @@ impl PlanReply {
             }
             other => return Err(MessageError::UnknownStatus(other)),
         };
-        r.end()?;
+        end(&r)?;
         Ok(reply)
     }
 }
@@ -670,10 +633,10 @@ impl Outcome {
         match self {
             Outcome::Done { bad } => {
                 out.push(STATUS_OK);
-                out.extend_from_slice(&(bad.len() as u32).to_be_bytes());
+                out.put_u32(bad.len() as u32);
                 for c in bad {
-                    out.extend_from_slice(&c.file.to_be_bytes());
-                    out.extend_from_slice(&(c.chunk as u32).to_be_bytes());
+                    out.put_u32(c.file);
+                    out.put_u32(c.chunk as u32);
                 }
             }
             Outcome::Failed(why) | Outcome::Refused(why) | Outcome::Mismatch(why) => {
@@ -702,7 +665,7 @@ impl Outcome {
         let mut r = Reader::new(open(bytes)?);
         let outcome = match r.u8()? {
             STATUS_OK => {
-                let n = r.count(8)?;
+                let n = count(&mut r, 8)?;
                 let bad = (0..n)
                     .map(|_| {
                         Ok(ChunkRef {
@@ -713,12 +676,12 @@ impl Outcome {
                     .collect::<Result<_, MessageError>>()?;
                 Outcome::Done { bad }
             }
-            STATUS_FAILED => Outcome::Failed(r.text()?),
-            STATUS_REFUSED => Outcome::Refused(r.text()?),
-            STATUS_MISMATCH => Outcome::Mismatch(r.text()?),
+            STATUS_FAILED => Outcome::Failed(text(&mut r)?),
+            STATUS_REFUSED => Outcome::Refused(text(&mut r)?),
+            STATUS_MISMATCH => Outcome::Mismatch(text(&mut r)?),
             other => return Err(MessageError::UnknownStatus(other)),
         };
-        r.end()?;
+        end(&r)?;
         Ok(outcome)
     }
 }

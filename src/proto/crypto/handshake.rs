@@ -63,6 +63,7 @@ use zeroize::Zeroize;
 
 use super::cookie::{Cookie, CookieSecret, COOKIE_LEN};
 use super::protect::{Cipher, Opener, Sealer, TrafficSecret};
+use crate::proto::wire::codec::{Reader, Truncated, Writer};
 use crate::proto::wire::{MAGIC, VERSION};
 use crate::proto::Time;
 
@@ -338,19 +339,23 @@ fn cipher_from_code(c: u8) -> Option<Cipher> {
 
 /// Checks magic, version and kind; returns the bytes after them.
 fn strip_prefix(datagram: &[u8], kind: u8) -> Result<&[u8], HandshakeError> {
-    if datagram.len() < PREFIX_LEN || datagram[..2] != MAGIC {
+    let mut r = Reader::new(datagram);
+    let Ok([magic @ .., version, got_kind]) = r.array::<PREFIX_LEN>() else {
+        return Err(HandshakeError::NotHandshake);
+    };
+    if magic != MAGIC {
         return Err(HandshakeError::NotHandshake);
     }
-    if datagram[2] != VERSION {
+    if version != VERSION {
         return Err(HandshakeError::Version {
-            got: datagram[2],
+            got: version,
             ours: VERSION,
         });
     }
-    if datagram[3] != kind {
+    if got_kind != kind {
         return Err(HandshakeError::NotHandshake);
     }
-    Ok(&datagram[PREFIX_LEN..])
+    Ok(r.rest())
 }
 
 /// The first bytes of every hello of this version; its client id follows
@@ -364,32 +369,10 @@ fn prefix(kind: u8) -> [u8; PREFIX_LEN] {
     [MAGIC[0], MAGIC[1], VERSION, kind]
 }
 
-/// A bounds-checked reader: no length is trusted before it is checked.
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], HandshakeError> {
-        if self.0.len() < n {
-            return Err(HandshakeError::Malformed(what));
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-
-    fn u8(&mut self, what: &'static str) -> Result<u8, HandshakeError> {
-        Ok(self.take(1, what)?[0])
-    }
-
-    fn u16(&mut self, what: &'static str) -> Result<u16, HandshakeError> {
-        let b = self.take(2, what)?;
-        Ok(u16::from_be_bytes([b[0], b[1]]))
-    }
-
-    fn u64(&mut self, what: &'static str) -> Result<u64, HandshakeError> {
-        let b = self.take(8, what)?;
-        Ok(u64::from_be_bytes(b.try_into().expect("8 bytes")))
-    }
+/// A handshake message that ends early is malformed, naming the field
+/// that did not fit.
+fn malformed(what: &'static str) -> impl Fn(Truncated) -> HandshakeError {
+    move |_| HandshakeError::Malformed(what)
 }
 
 /// A random 64-bit id from the OS CSPRNG.
@@ -466,8 +449,8 @@ impl Initiator {
             .build_initiator()?;
         let mut payload = Vec::with_capacity(HELLO_PAYLOAD_FIXED + 8 + config.params.len());
         payload.push(cipher_code(config.cipher));
-        payload.extend_from_slice(&timestamp.to_be_bytes());
-        payload.extend_from_slice(&client_id.to_be_bytes());
+        payload.put_u64(timestamp);
+        payload.put_u64(client_id);
         payload.extend_from_slice(&config.params);
         let mut noise_msg = vec![0u8; HELLO_NOISE_OVERHEAD + payload.len()];
         let n = noise.write_message(&payload, &mut noise_msg)?;
@@ -489,7 +472,7 @@ impl Initiator {
     fn build_hello(&mut self) {
         let mut h = Vec::with_capacity(HELLO_MIN_LEN);
         h.extend_from_slice(&prefix(KIND_HELLO));
-        h.extend_from_slice(&self.client_id.to_be_bytes());
+        h.put_u64(self.client_id);
         match &self.cookie {
             None => h.push(0),
             Some(c) => {
@@ -497,7 +480,7 @@ impl Initiator {
                 h.extend_from_slice(c.as_bytes());
             }
         }
-        h.extend_from_slice(&(self.noise_msg.len() as u16).to_be_bytes());
+        h.put_u16(self.noise_msg.len() as u16);
         h.extend_from_slice(&self.noise_msg);
         if h.len() < HELLO_MIN_LEN {
             h.resize(HELLO_MIN_LEN, 0);
@@ -522,12 +505,12 @@ impl Initiator {
         if datagram.len() > 3 && datagram[3] == KIND_COOKIE {
             return self.on_cookie(datagram);
         }
-        let mut r = Reader(strip_prefix(datagram, KIND_RESPONSE)?);
-        let client_id = r.u64("client id")?;
-        let server_id = r.u64("server id")?;
-        let len = r.u16("noise length")? as usize;
-        let msg = r.take(len, "noise message")?;
-        if !r.0.is_empty() {
+        let mut r = Reader::new(strip_prefix(datagram, KIND_RESPONSE)?);
+        let client_id = r.u64().map_err(malformed("client id"))?;
+        let server_id = r.u64().map_err(malformed("server id"))?;
+        let len = r.u16().map_err(malformed("noise length"))? as usize;
+        let msg = r.bytes(len).map_err(malformed("noise message"))?;
+        if r.remaining() != 0 {
             return Err(HandshakeError::Malformed("trailing bytes"));
         }
         if client_id != self.client_id {
@@ -538,11 +521,11 @@ impl Initiator {
         // A failed read leaves snow's state as it was (it restores its
         // checkpoint), so a forged answer cannot end the handshake.
         let n = noise.read_message(msg, &mut payload)?;
-        let mut p = Reader(&payload[..n]);
-        let status = p.u8("status")?;
-        let inner_client = p.u64("client id")?;
-        let inner_server = p.u64("server id")?;
-        let params = p.0.to_vec();
+        let mut p = Reader::new(&payload[..n]);
+        let status = p.u8().map_err(malformed("status"))?;
+        let inner_client = p.u64().map_err(malformed("client id"))?;
+        let inner_server = p.u64().map_err(malformed("server id"))?;
+        let params = p.rest().to_vec();
         if inner_client != client_id || inner_server != server_id {
             // Authenticated by the server yet inconsistent: a broken peer.
             self.noise = None;
@@ -575,10 +558,10 @@ impl Initiator {
     /// Retry is not confidential): a forged cookie only costs the client a
     /// round trip, which anyone on the path could cost it anyway.
     fn on_cookie(&mut self, datagram: &[u8]) -> Result<Progress, HandshakeError> {
-        let mut r = Reader(strip_prefix(datagram, KIND_COOKIE)?);
-        let client_id = r.u64("client id")?;
-        let cookie = r.take(COOKIE_LEN, "cookie")?;
-        if !r.0.is_empty() {
+        let mut r = Reader::new(strip_prefix(datagram, KIND_COOKIE)?);
+        let client_id = r.u64().map_err(malformed("client id"))?;
+        let cookie = r.bytes(COOKIE_LEN).map_err(malformed("cookie"))?;
+        if r.remaining() != 0 {
             return Err(HandshakeError::Malformed("trailing bytes"));
         }
         if client_id != self.client_id {
@@ -1252,22 +1235,22 @@ struct HelloFrame<'a> {
 
 impl<'a> HelloFrame<'a> {
     fn parse(datagram: &'a [u8]) -> Result<HelloFrame<'a>, HandshakeError> {
-        let mut r = Reader(strip_prefix(datagram, KIND_HELLO)?);
+        let mut r = Reader::new(strip_prefix(datagram, KIND_HELLO)?);
         if datagram.len() < HELLO_MIN_LEN {
             return Err(HandshakeError::HelloTooShort(datagram.len()));
         }
-        let client_id = r.u64("client id")?;
-        let cookie = match r.u8("cookie flag")? {
+        let client_id = r.u64().map_err(malformed("client id"))?;
+        let cookie = match r.u8().map_err(malformed("cookie flag"))? {
             0 => None,
             1 => {
-                let bytes = r.take(COOKIE_LEN, "cookie")?;
+                let bytes = r.bytes(COOKIE_LEN).map_err(malformed("cookie"))?;
                 Some(Cookie::from_bytes(bytes.try_into().expect("cookie length")))
             }
             _ => return Err(HandshakeError::Malformed("cookie flag")),
         };
-        let len = r.u16("noise length")? as usize;
-        let noise = r.take(len, "noise message")?;
-        if r.0.iter().any(|&b| b != 0) {
+        let len = r.u16().map_err(malformed("noise length"))? as usize;
+        let noise = r.bytes(len).map_err(malformed("noise message"))?;
+        if r.rest().iter().any(|&b| b != 0) {
             return Err(HandshakeError::Malformed("padding"));
         }
         Ok(HelloFrame {
@@ -1288,19 +1271,20 @@ struct HelloPayload<'a> {
 
 impl<'a> HelloPayload<'a> {
     fn parse(bytes: &'a [u8]) -> Result<HelloPayload<'a>, HandshakeError> {
-        let mut p = Reader(bytes);
-        let cipher =
-            cipher_from_code(p.u8("cipher")?).ok_or(HandshakeError::Malformed("cipher"))?;
-        let timestamp = p.u64("timestamp")?;
-        let client_id = p.u64("client id")?;
-        if p.0.len() > MAX_PARAMS_LEN {
-            return Err(HandshakeError::ParamsTooLong(p.0.len()));
+        let mut p = Reader::new(bytes);
+        let cipher = p.u8().map_err(malformed("cipher"))?;
+        let cipher = cipher_from_code(cipher).ok_or(HandshakeError::Malformed("cipher"))?;
+        let timestamp = p.u64().map_err(malformed("timestamp"))?;
+        let client_id = p.u64().map_err(malformed("client id"))?;
+        let params = p.rest();
+        if params.len() > MAX_PARAMS_LEN {
+            return Err(HandshakeError::ParamsTooLong(params.len()));
         }
         Ok(HelloPayload {
             cipher,
             timestamp,
             client_id,
-            params: p.0,
+            params,
         })
     }
 }
@@ -1311,7 +1295,7 @@ impl<'a> HelloPayload<'a> {
 pub fn key_query(client_id: u64) -> Vec<u8> {
     let mut q = Vec::with_capacity(HELLO_MIN_LEN);
     q.extend_from_slice(&prefix(KIND_KEY_QUERY));
-    q.extend_from_slice(&client_id.to_be_bytes());
+    q.put_u64(client_id);
     q.resize(HELLO_MIN_LEN, 0);
     q
 }
@@ -1319,30 +1303,30 @@ pub fn key_query(client_id: u64) -> Vec<u8> {
 /// The answer to a key query, if `datagram` is one (at least
 /// [`HELLO_MIN_LEN`] bytes, all padding zero): the server's public key.
 pub fn answer_key_query(datagram: &[u8], server: &PublicKey) -> Option<Vec<u8>> {
-    let rest = strip_prefix(datagram, KIND_KEY_QUERY).ok()?;
-    if datagram.len() < HELLO_MIN_LEN || rest[8..].iter().any(|&b| b != 0) {
+    let mut r = Reader::new(strip_prefix(datagram, KIND_KEY_QUERY).ok()?);
+    let client_id = r.u64().ok()?;
+    if datagram.len() < HELLO_MIN_LEN || r.rest().iter().any(|&b| b != 0) {
         return None;
     }
     let mut a = Vec::with_capacity(PREFIX_LEN + 8 + 32);
     a.extend_from_slice(&prefix(KIND_KEY_ANSWER));
-    a.extend_from_slice(&rest[..8]);
+    a.put_u64(client_id);
     a.extend_from_slice(&server.0);
     Some(a)
 }
 
 /// The key in an answer to the query of `client_id`.
 pub fn parse_key_answer(datagram: &[u8], client_id: u64) -> Option<PublicKey> {
-    let rest = strip_prefix(datagram, KIND_KEY_ANSWER).ok()?;
-    if rest.len() != 8 + 32 || rest[..8] != client_id.to_be_bytes() {
-        return None;
-    }
-    Some(PublicKey(rest[8..].try_into().ok()?))
+    let mut r = Reader::new(strip_prefix(datagram, KIND_KEY_ANSWER).ok()?);
+    let answered = r.u64().ok()?;
+    let key = r.array().ok()?;
+    (answered == client_id && r.remaining() == 0).then_some(PublicKey(key))
 }
 
 fn cookie_reply(client_id: u64, cookie: &Cookie) -> Vec<u8> {
     let mut reply = Vec::with_capacity(PREFIX_LEN + 8 + COOKIE_LEN);
     reply.extend_from_slice(&prefix(KIND_COOKIE));
-    reply.extend_from_slice(&client_id.to_be_bytes());
+    reply.put_u64(client_id);
     reply.extend_from_slice(cookie.as_bytes());
     reply
 }
@@ -1360,16 +1344,16 @@ fn response(
     }
     let mut payload = Vec::with_capacity(RESPONSE_PAYLOAD_FIXED + server_params.len());
     payload.push(status);
-    payload.extend_from_slice(&client_id.to_be_bytes());
-    payload.extend_from_slice(&server_id.to_be_bytes());
+    payload.put_u64(client_id);
+    payload.put_u64(server_id);
     payload.extend_from_slice(server_params);
     let mut msg = vec![0u8; RESPONSE_NOISE_OVERHEAD + payload.len()];
     let m = noise.write_message(&payload, &mut msg)?;
     let mut datagram = Vec::with_capacity(PREFIX_LEN + 18 + m);
     datagram.extend_from_slice(&prefix(KIND_RESPONSE));
-    datagram.extend_from_slice(&client_id.to_be_bytes());
-    datagram.extend_from_slice(&server_id.to_be_bytes());
-    datagram.extend_from_slice(&(m as u16).to_be_bytes());
+    datagram.put_u64(client_id);
+    datagram.put_u64(server_id);
+    datagram.put_u16(m as u16);
     datagram.extend_from_slice(&msg[..m]);
     Ok(datagram)
 }
