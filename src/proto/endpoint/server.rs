@@ -240,7 +240,7 @@ impl std::fmt::Display for Notice {
             Notice::AuthRefused { peer, key, why } => write!(
                 f,
                 "refused {peer} (key {}): {why}",
-                crate::config::keys::format_public_key(key, "").trim_end()
+                crate::proto::crypto::format_public_key(key, "").trim_end()
             ),
             Notice::PlainRefused { peer } => write!(
                 f,
