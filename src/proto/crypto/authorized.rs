@@ -7,7 +7,7 @@
 //! if the server allows it at all). Blank lines and `#` comments are
 //! skipped; any malformed line refuses the whole file, naming the line.
 //! Reading the file (and refusing one others could change) is
-//! `config::keys`'s; this is the pure part the handshake consults.
+//! `src/config/keys.rs`'s; this is the pure part the handshake consults.
 
 use std::path::{Component, Path, PathBuf};
 

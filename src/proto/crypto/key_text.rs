@@ -3,7 +3,7 @@
 //!
 //! Keys are base64 (RFC 4648 §4, standard alphabet, padded) of the 32
 //! bytes of an X25519 key. Pure: bytes in, keys or a reason out; reading
-//! the files is `config::keys`'s.
+//! the files is `src/config/keys.rs`'s.
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
