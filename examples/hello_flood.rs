@@ -34,7 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("usage: hello_flood ADDR KEY SECS [SOURCES] [distinct|varied]".into());
     }
     let server: SocketAddr = args[0].parse()?;
-    let server_key = atou::config::keys::parse_public_key(&args[1])?;
+    let server_key = atou::proto::crypto::parse_public_key(&args[1])?;
     let secs: f64 = args[2].parse()?;
     let sources: usize = args.get(3).map_or(Ok(1), |s| s.parse())?;
     let distinct = args.get(4).is_some_and(|a| a == "distinct");

@@ -9,11 +9,11 @@
 //! same connection); `keyed` the same through the Noise handshake, every
 //! packet sealed.
 
-use std::path::Path;
 use std::sync::Arc;
 
-use atou::config::keys::{format_public_key, AuthorizedKeys};
-use atou::proto::crypto::{Cipher, ClientAuth, ServerAuth, StaticKeypair};
+use atou::proto::crypto::{
+    format_public_key, AuthorizedKeys, Cipher, ClientAuth, ServerAuth, StaticKeypair,
+};
 use atou::proto::RecoveryKind;
 use atou::sim::scenarios::{mathis_expected_c, mathis_through, Endpoints};
 
@@ -24,7 +24,7 @@ fn endpoints(name: &str) -> Result<Endpoints, Box<dyn std::error::Error>> {
         "keyed" => {
             let (server, client) = (StaticKeypair::generate()?, StaticKeypair::generate()?);
             let line = format_public_key(&client.public(), "mathis") + "\n";
-            let authorized = AuthorizedKeys::parse(line.as_bytes(), Path::new("mathis"))?;
+            let authorized = AuthorizedKeys::parse(line.as_bytes())?;
             Endpoints::Keys(
                 ServerAuth {
                     identity: Some(server.clone()),

@@ -3,14 +3,14 @@
 //! built from the crate's own encoders in between.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atou::config::keys::{format_public_key, AuthorizedKeys};
 use atou::netem::NetemSpec;
 use atou::proto::crypto::frame::{self, PROTECTED};
-use atou::proto::crypto::{Cipher, ClientAuth, ServerAuth, StaticKeypair};
+use atou::proto::crypto::{
+    format_public_key, AuthorizedKeys, Cipher, ClientAuth, ServerAuth, StaticKeypair,
+};
 use atou::proto::wire::{Close, DataFlags, DataHeader, Hello, ReceiverParams};
 use atou::proto::{Client, ConnError, PatternSource, Server, ServerLimits, Time, Tuning};
 use atou::sim::pair::{Dir, Pair};
@@ -33,7 +33,7 @@ fn authorized(keys: &[&StaticKeypair]) -> Arc<AuthorizedKeys> {
         .iter()
         .map(|k| format_public_key(&k.public(), "test") + "\n")
         .collect();
-    Arc::new(AuthorizedKeys::parse(text.as_bytes(), Path::new("authorized_keys")).unwrap())
+    Arc::new(AuthorizedKeys::parse(text.as_bytes()).unwrap())
 }
 
 fn server_with(auth: ServerAuth) -> Server {

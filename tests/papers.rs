@@ -502,12 +502,13 @@ fn mathis_failures(name: &str, endpoints: &Endpoints, ps: &[f64]) -> Vec<String>
 /// Keys for a `Client` and a `Server` that know each other: how a
 /// scenario runs through the Noise handshake, every packet sealed.
 fn keyed_endpoints() -> Endpoints {
-    use atou::config::keys::{format_public_key, AuthorizedKeys};
-    use atou::proto::crypto::{Cipher, ClientAuth, ServerAuth, StaticKeypair};
+    use atou::proto::crypto::{
+        format_public_key, AuthorizedKeys, Cipher, ClientAuth, ServerAuth, StaticKeypair,
+    };
     let server = StaticKeypair::generate().unwrap();
     let client = StaticKeypair::generate().unwrap();
     let line = format_public_key(&client.public(), "scenario") + "\n";
-    let authorized = AuthorizedKeys::parse(line.as_bytes(), std::path::Path::new("scenario"));
+    let authorized = AuthorizedKeys::parse(line.as_bytes());
     Endpoints::Keys(
         ServerAuth {
             identity: Some(server.clone()),

@@ -21,10 +21,11 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use atou::config::keys::{parse_public_key, read_identity, Strictness};
+use atou::config::keys::{read_identity, Strictness};
 use atou::io::dest_dir::{HELLO_TIMESTAMPS, STAGING_DIR};
 use atou::io::{fresh_conn_id, wall_clock_ns};
 use atou::proto::crypto::handshake::{ClientConfig, Initiator, Progress};
+use atou::proto::crypto::parse_public_key;
 use atou::proto::crypto::Cipher;
 use atou::proto::wire::{Hello, ReceiverParams, CONTROL_MAX_LEN};
 use atou::transfer::manifest::Manifest;
@@ -1752,7 +1753,7 @@ fn a_replayed_hello_is_dropped_before_it_is_read() {
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| panic!("no address in `{line}`"));
     // A hello of a key the server does not know, as a capture holds it.
-    let server_key = atou::config::keys::parse_public_key(
+    let server_key = atou::proto::crypto::parse_public_key(
         fs::read_to_string(&keys().server_pub).unwrap().trim(),
     )
     .unwrap();

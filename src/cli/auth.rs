@@ -10,10 +10,12 @@ use anyhow::Result;
 use clap::Args;
 
 use atou::config::keys::{
-    self, format_public_key, AuthorizedKeys, KnownHosts, Strictness, Verified,
-    AUTHORIZED_KEYS_FILE, IDENTITY_FILE, KNOWN_HOSTS_FILE,
+    self, KnownHosts, Strictness, Verified, AUTHORIZED_KEYS_FILE, IDENTITY_FILE, KNOWN_HOSTS_FILE,
 };
-use atou::proto::crypto::{Cipher, ClientAuth, PublicKey, ServerAuth, StaticKeypair};
+use atou::proto::crypto::{
+    format_public_key, parse_public_key, AuthorizedKeys, Cipher, ClientAuth, PublicKey, ServerAuth,
+    StaticKeypair,
+};
 
 use super::net::runtime;
 use super::UsageError;
@@ -70,7 +72,7 @@ impl ClientAuthArgs {
             || StaticKeypair::generate().map_err(|e| anyhow::anyhow!("cannot make a key: {e}"));
         let (client, server) = (gen()?, gen()?);
         let line = format_public_key(&client.public(), "this atou copy") + "\n";
-        let authorized = AuthorizedKeys::parse(line.as_bytes(), Path::new("(in memory)"))?;
+        let authorized = AuthorizedKeys::parse(line.as_bytes())?;
         Ok((
             ClientAuth {
                 identity: client,
@@ -208,7 +210,7 @@ impl ClientAuthArgs {
 
 /// `--server-key`: a key, or a file whose first word pair is one.
 fn read_key_arg(arg: &str, strict: Strictness) -> Result<PublicKey> {
-    if let Ok(k) = keys::parse_public_key(arg) {
+    if let Ok(k) = parse_public_key(arg) {
         return Ok(k);
     }
     let path = Path::new(arg);
@@ -217,7 +219,7 @@ fn read_key_arg(arg: &str, strict: Strictness) -> Result<PublicKey> {
             .map_err(|e| UsageError(format!("--server-key: {e}")))?;
         let text = String::from_utf8_lossy(&bytes);
         let line = text.lines().next().unwrap_or("");
-        return keys::parse_public_key(line).map_err(|e| {
+        return parse_public_key(line).map_err(|e| {
             UsageError(format!(
                 "--server-key {}: not an atou public key: {e}",
                 path.display()

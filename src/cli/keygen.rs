@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use atou::config::keys::{self, format_public_key, public_path, IDENTITY_FILE};
+use atou::config::keys::{self, public_path, IDENTITY_FILE};
+use atou::proto::crypto::format_public_key;
 use atou::proto::crypto::StaticKeypair;
 
 #[derive(Args, Debug)]

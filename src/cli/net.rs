@@ -656,7 +656,7 @@ fn print_listening(
     match server_key {
         Some(key) => eprintln!(
             "atou serve: key {} ({})",
-            atou::config::keys::format_public_key(key, ""),
+            atou::proto::crypto::format_public_key(key, ""),
             if allow_plain {
                 "authenticated clients pin it; plain clients accepted too"
             } else {

@@ -4,18 +4,16 @@
 //!   refused if others may read it) and `FILE.pub` beside it, under
 //!   `$XDG_CONFIG_HOME/atou/` or `~/.config/atou/` (directory mode 0700).
 //!   `atou keygen` writes them.
-//! - `authorized_keys` (the server's): one key a line,
-//!   `[OPTIONS] atou-x25519 BASE64 [COMMENT]`, OPTIONS a comma-separated
-//!   list of `subdir=PATH` (the key may write only beneath PATH, relative
-//!   to `--dir`) and `overwrite` (the key may replace files, if the server
-//!   allows it at all). Blank lines and `#` comments are skipped; any
+//! - `authorized_keys` (the server's): read here, parsed by
+//!   [`AuthorizedKeys::parse`] (its format is written there); any
 //!   malformed line refuses the whole file, naming the line.
 //! - `known_hosts` (the client's): `HOST atou-x25519 BASE64` a line. A
 //!   host seen for the first time is recorded; a host whose key changed is
 //!   refused with the file and line to edit, as ssh does.
 //!
-//! Keys are base64 (RFC 4648 §4, standard alphabet, padded) of the 32
-//! bytes of an X25519 key.
+//! A key's text form and the checks on every line are
+//! [`crate::proto::crypto::key_text`]'s; this module reads and writes the
+//! files.
 //!
 //! All three are read as sshd reads `authorized_keys` under its default
 //! `StrictModes yes`: a file that group or others may write, or that a
@@ -27,25 +25,24 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use thiserror::Error;
 use zeroize::Zeroize;
 
-use crate::proto::crypto::{PublicKey, StaticKeypair};
+use crate::proto::crypto::key_text::{
+    decode_key, format_public_key, key_file_lines, KeyTextError, LineError, KEY_TYPE,
+};
+use crate::proto::crypto::{AuthorizedKeys, HandshakeError, PublicKey, StaticKeypair};
 
-/// The key type word of a public key line.
-pub const KEY_TYPE: &str = "atou-x25519";
 /// The first word of a private key file.
 pub const PRIVATE_KEY_TYPE: &str = "atou-x25519-private";
 /// The identity's file name in the config directory.
 pub const IDENTITY_FILE: &str = "id_x25519";
 pub const KNOWN_HOSTS_FILE: &str = "known_hosts";
 pub const AUTHORIZED_KEYS_FILE: &str = "authorized_keys";
-/// Longest line read from a key file (ssh allows 8 KiB too).
-pub const MAX_LINE: usize = 8192;
 /// Largest key file read.
 pub const MAX_FILE: u64 = 4 << 20;
 
@@ -78,7 +75,7 @@ pub enum KeyError {
     Line {
         path: PathBuf,
         line: usize,
-        reason: String,
+        reason: LineReason,
     },
     #[error(
         "the key of {host} has CHANGED since it was recorded in {path} line {line}: \
@@ -92,6 +89,41 @@ pub enum KeyError {
     },
     #[error("`{}` cannot be recorded as a host name (spaces, control characters or '#')", crate::util::text::escape(.0.as_bytes()))]
     BadHostName(String),
+}
+
+/// Why a line of a key file was refused.
+#[derive(Debug, Error)]
+pub enum LineReason {
+    /// The key's text, or a check every key file's lines pass.
+    #[error(transparent)]
+    Text(#[from] KeyTextError),
+    #[error("more than one key in a private key file")]
+    SecondPrivateKey,
+    #[error("not an atou private key (expected `{PRIVATE_KEY_TYPE} BASE64`)")]
+    NotPrivateKey,
+    #[error("words after the key")]
+    WordsAfterKey,
+    #[error("{0}")]
+    BadPrivateKey(HandshakeError),
+    #[error("no key in the file")]
+    NoKeyInFile,
+    #[error("expected `HOST {KEY_TYPE} BASE64`")]
+    NotKnownHostLine,
+}
+
+impl KeyError {
+    /// A line of the file at `path` that was refused.
+    fn line(path: &Path, line: usize, reason: impl Into<LineReason>) -> KeyError {
+        KeyError::Line {
+            path: path.to_path_buf(),
+            line,
+            reason: reason.into(),
+        }
+    }
+
+    fn from_line(path: &Path) -> impl Fn(LineError) -> KeyError + '_ {
+        move |LineError { line, reason }| KeyError::line(path, line, reason)
+    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> KeyError + '_ {
@@ -126,37 +158,6 @@ pub fn public_path(private: &Path) -> PathBuf {
     let mut p = private.as_os_str().to_owned();
     p.push(".pub");
     PathBuf::from(p)
-}
-
-/// `atou-x25519 BASE64 COMMENT`.
-pub fn format_public_key(key: &PublicKey, comment: &str) -> String {
-    let b64 = STANDARD.encode(key.0);
-    if comment.is_empty() {
-        format!("{KEY_TYPE} {b64}")
-    } else {
-        format!("{KEY_TYPE} {b64} {comment}")
-    }
-}
-
-fn decode_key(b64: &str) -> Result<[u8; 32], String> {
-    let bytes = STANDARD
-        .decode(b64)
-        .map_err(|e| format!("the key is not valid base64 ({e})"))?;
-    <[u8; 32]>::try_from(bytes.as_slice())
-        .map_err(|_| format!("the key is {} bytes, not 32", bytes.len()))
-}
-
-/// A public key as written: `atou-x25519 BASE64 [COMMENT]` or the bare
-/// BASE64 (`--server-key`).
-pub fn parse_public_key(s: &str) -> Result<PublicKey, String> {
-    let mut words = s.split_ascii_whitespace();
-    let first = words.next().ok_or("an empty key")?;
-    let b64 = if first == KEY_TYPE {
-        words.next().ok_or("no key after the key type")?
-    } else {
-        first
-    };
-    decode_key(b64).map(PublicKey)
 }
 
 /// Whether a key file that another user could have changed is refused,
@@ -296,47 +297,6 @@ fn read_opened(file: File, path: &Path) -> Result<Vec<u8>, KeyError> {
     Ok(bytes)
 }
 
-/// The lines of a key file, numbered from 1, each checked for length,
-/// NUL bytes and UTF-8; blank lines and `#` comments left out.
-fn lines<'a>(
-    bytes: &'a [u8],
-    path: &'a Path,
-) -> impl Iterator<Item = Result<(usize, &'a str), KeyError>> + 'a {
-    bytes
-        .split(|&b| b == b'\n')
-        .enumerate()
-        .filter_map(move |(i, raw)| {
-            let line = i + 1;
-            let err = |reason: &str| {
-                Some(Err(KeyError::Line {
-                    path: path.to_path_buf(),
-                    line,
-                    reason: reason.to_string(),
-                }))
-            };
-            if raw.len() > MAX_LINE {
-                return err(&format!(
-                    "a line of {} bytes, over the {MAX_LINE} allowed",
-                    raw.len()
-                ));
-            }
-            if raw.contains(&0) {
-                return err("a NUL byte");
-            }
-            let Ok(text) = std::str::from_utf8(raw) else {
-                return err("not UTF-8");
-            };
-            let text = text.strip_suffix('\r').unwrap_or(text).trim();
-            if text.is_empty() || text.starts_with('#') {
-                return None;
-            }
-            if text.chars().any(|c| c.is_control() && c != '\t') {
-                return err("a control character");
-            }
-            Some(Ok((line, text)))
-        })
-}
-
 /// Writes a new key pair: the private key to `path` (mode 0600, created
 /// exclusively; with `force`, written beside it and renamed over it) and
 /// the public key to `path.pub`. Creates the directory (mode 0700) if
@@ -441,166 +401,38 @@ pub fn read_identity(path: &Path, strictness: Strictness) -> Result<StaticKeypai
 
 fn parse_identity(bytes: &[u8], path: &Path) -> Result<StaticKeypair, KeyError> {
     let mut found = None;
-    for item in lines(bytes, path) {
-        let (line, text) = item?;
-        let bad = |reason: &str| KeyError::Line {
-            path: path.to_path_buf(),
-            line,
-            reason: reason.to_string(),
-        };
+    for item in key_file_lines(bytes) {
+        let (line, text) = item.map_err(KeyError::from_line(path))?;
+        let bad = |reason: LineReason| KeyError::line(path, line, reason);
         if found.is_some() {
-            return Err(bad("more than one key in a private key file"));
+            return Err(bad(LineReason::SecondPrivateKey));
         }
         let mut words = text.split_ascii_whitespace();
         if words.next() != Some(PRIVATE_KEY_TYPE) {
-            return Err(bad(&format!(
-                "not an atou private key (expected `{PRIVATE_KEY_TYPE} BASE64`)"
-            )));
+            return Err(bad(LineReason::NotPrivateKey));
         }
         let b64 = words
             .next()
-            .ok_or_else(|| bad("no key after the key type"))?;
+            .ok_or_else(|| bad(KeyTextError::NoKeyAfterType.into()))?;
         if words.next().is_some() {
-            return Err(bad("words after the key"));
+            return Err(bad(LineReason::WordsAfterKey));
         }
-        let mut key = decode_key(b64).map_err(|r| bad(&r))?;
-        let kp = StaticKeypair::from_private(key).map_err(|e| bad(&e.to_string()));
+        let mut key = decode_key(b64).map_err(|r| bad(r.into()))?;
+        let kp = StaticKeypair::from_private(key).map_err(|e| bad(LineReason::BadPrivateKey(e)));
         key.zeroize();
         found = Some(kp?);
     }
-    found.ok_or_else(|| KeyError::Line {
-        path: path.to_path_buf(),
-        line: 1,
-        reason: "no key in the file".into(),
-    })
+    found.ok_or_else(|| KeyError::line(path, 1, LineReason::NoKeyInFile))
 }
 
-/// What an authorized key may do, from its options.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct KeyOptions {
-    /// `subdir=PATH`: writes only beneath this path of `--dir` (relative,
-    /// no `..`).
-    pub subdir: Option<PathBuf>,
-    /// `overwrite`: may replace files, where the server allows it.
-    pub overwrite: bool,
-}
-
-/// One line of `authorized_keys`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AuthorizedKey {
-    pub key: PublicKey,
-    pub options: KeyOptions,
-    pub comment: String,
-    /// Line in the file, for messages.
-    pub line: usize,
-}
-
-/// A parsed `authorized_keys` file.
-#[derive(Debug, Clone, Default)]
-pub struct AuthorizedKeys {
-    entries: Vec<AuthorizedKey>,
-}
-
+/// `authorized_keys` read from a file: the bytes are
+/// [`AuthorizedKeys::parse`]'s, the file and its modes are this module's.
 impl AuthorizedKeys {
     /// Reads and parses `path`; any malformed line refuses the file, and
     /// under `strictness` a file others could have changed.
     pub fn load(path: &Path, strictness: Strictness) -> Result<AuthorizedKeys, KeyError> {
-        AuthorizedKeys::parse(&read_limited(path, strictness)?, path)
+        AuthorizedKeys::parse(&read_limited(path, strictness)?).map_err(KeyError::from_line(path))
     }
-
-    /// Parses the bytes of an `authorized_keys` file (`path` for messages).
-    pub fn parse(bytes: &[u8], path: &Path) -> Result<AuthorizedKeys, KeyError> {
-        let mut entries: Vec<AuthorizedKey> = Vec::new();
-        for item in lines(bytes, path) {
-            let (line, text) = item?;
-            let entry = parse_authorized_line(text, line).map_err(|reason| KeyError::Line {
-                path: path.to_path_buf(),
-                line,
-                reason,
-            })?;
-            if let Some(prev) = entries.iter().find(|e| e.key == entry.key) {
-                return Err(KeyError::Line {
-                    path: path.to_path_buf(),
-                    line,
-                    reason: format!("the same key as line {} (which options apply?)", prev.line),
-                });
-            }
-            entries.push(entry);
-        }
-        Ok(AuthorizedKeys { entries })
-    }
-
-    pub fn find(&self, key: &PublicKey) -> Option<&AuthorizedKey> {
-        self.entries.iter().find(|e| e.key == *key)
-    }
-
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-}
-
-fn parse_authorized_line(text: &str, line: usize) -> Result<AuthorizedKey, String> {
-    let mut words = text.split_ascii_whitespace();
-    let first = words.next().ok_or("an empty line")?;
-    let options = if first == KEY_TYPE {
-        KeyOptions::default()
-    } else {
-        let o = parse_options(first)?;
-        if words.next() != Some(KEY_TYPE) {
-            return Err(format!("expected `[OPTIONS] {KEY_TYPE} BASE64 [COMMENT]`"));
-        }
-        o
-    };
-    let b64 = words.next().ok_or("no key after the key type")?;
-    let key = PublicKey(decode_key(b64)?);
-    let comment = words.collect::<Vec<_>>().join(" ");
-    Ok(AuthorizedKey {
-        key,
-        options,
-        comment,
-        line,
-    })
-}
-
-fn parse_options(s: &str) -> Result<KeyOptions, String> {
-    let mut o = KeyOptions::default();
-    for opt in s.split(',') {
-        if opt == "overwrite" {
-            if o.overwrite {
-                return Err("`overwrite` given twice".into());
-            }
-            o.overwrite = true;
-        } else if let Some(dir) = opt.strip_prefix("subdir=") {
-            if o.subdir.is_some() {
-                return Err("`subdir=` given twice".into());
-            }
-            o.subdir = Some(parse_subdir(dir)?);
-        } else {
-            return Err(format!(
-                "unknown option `{}` (known: subdir=PATH, overwrite), or a key type other than {KEY_TYPE}",
-                crate::util::text::escape(opt.as_bytes())
-            ));
-        }
-    }
-    Ok(o)
-}
-
-/// A relative path that stays beneath `--dir`: no root, no `..`.
-fn parse_subdir(s: &str) -> Result<PathBuf, String> {
-    let p = Path::new(s);
-    if s.is_empty() || p.is_absolute() {
-        return Err("subdir= needs a relative path beneath --dir".into());
-    }
-    if p.components()
-        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-    {
-        return Err("subdir= may not contain `..`".into());
-    }
-    Ok(p.to_path_buf())
 }
 
 /// What [`KnownHosts::check`] found for a host.
@@ -648,24 +480,22 @@ impl KnownHosts {
 
     pub fn parse(bytes: &[u8], path: &Path) -> Result<KnownHosts, KeyError> {
         let mut entries = Vec::new();
-        for item in lines(bytes, path) {
-            let (line, text) = item?;
-            let bad = |reason: String| KeyError::Line {
-                path: path.to_path_buf(),
-                line,
-                reason,
-            };
+        for item in key_file_lines(bytes) {
+            let (line, text) = item.map_err(KeyError::from_line(path))?;
+            let bad = |reason: LineReason| KeyError::line(path, line, reason);
             let mut words = text.split_ascii_whitespace();
-            let host = words.next().ok_or_else(|| bad("an empty line".into()))?;
+            let host = words
+                .next()
+                .ok_or_else(|| bad(KeyTextError::EmptyLine.into()))?;
             if words.next() != Some(KEY_TYPE) {
-                return Err(bad(format!("expected `HOST {KEY_TYPE} BASE64`")));
+                return Err(bad(LineReason::NotKnownHostLine));
             }
             let b64 = words
                 .next()
-                .ok_or_else(|| bad("no key after the key type".into()))?;
-            let key = PublicKey(decode_key(b64).map_err(bad)?);
+                .ok_or_else(|| bad(KeyTextError::NoKeyAfterType.into()))?;
+            let key = PublicKey(decode_key(b64).map_err(|r| bad(r.into()))?);
             if words.next().is_some() {
-                return Err(bad("words after the key".into()));
+                return Err(bad(LineReason::WordsAfterKey));
             }
             entries.push((host.to_string(), key, line));
         }
@@ -765,6 +595,7 @@ fn count_lines(path: &Path) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::crypto::key_text::{parse_public_key, MAX_LINE};
 
     fn tmp(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("atou-keys-{}-{name}", std::process::id()));
@@ -781,13 +612,9 @@ mod tests {
         format_public_key(k, "")
     }
 
-    fn authorized(text: &[u8]) -> Result<AuthorizedKeys, KeyError> {
-        AuthorizedKeys::parse(text, Path::new("authorized_keys"))
-    }
-
     fn line_error(r: Result<impl std::fmt::Debug, KeyError>) -> (usize, String) {
         match r {
-            Err(KeyError::Line { line, reason, .. }) => (line, reason),
+            Err(KeyError::Line { line, reason, .. }) => (line, reason.to_string()),
             other => panic!("expected a line error, got {other:?}"),
         }
     }
@@ -1133,73 +960,32 @@ mod tests {
         }
     }
 
+    /// The file's path and the line's number around the parser's reason.
     #[test]
-    fn authorized_keys_with_options_comments_and_blank_lines() {
-        let (a, b, c) = (key(1), key(2), key(3));
-        let text = format!(
-            "# the team\n\n{} alice@laptop\nsubdir=projects/x,overwrite {} bob\r\noverwrite {}\n",
-            line_of(&a),
-            line_of(&b),
-            line_of(&c)
-        );
-        let keys = authorized(text.as_bytes()).unwrap();
-        assert_eq!(keys.len(), 3);
-        let ka = keys.find(&a).unwrap();
+    fn a_malformed_authorized_keys_line_names_the_file_and_line() {
+        let dir = tmp("ak-line");
+        let path = dir.join(AUTHORIZED_KEYS_FILE);
+        fs::write(
+            &path,
+            format!(
+                "{}
+subdir=/etc {}
+",
+                line_of(&key(1)),
+                line_of(&key(2))
+            ),
+        )
+        .unwrap();
+        chmod(&path, 0o600);
+        let err = AuthorizedKeys::load(&path, Strictness::Strict).unwrap_err();
         assert_eq!(
-            (ka.comment.as_str(), ka.line, &ka.options),
-            ("alice@laptop", 3, &KeyOptions::default())
+            err.to_string(),
+            format!(
+                "{}:2: subdir= needs a relative path beneath --dir",
+                path.display()
+            )
         );
-        let kb = keys.find(&b).unwrap();
-        assert_eq!(kb.options.subdir.as_deref(), Some(Path::new("projects/x")));
-        assert!(kb.options.overwrite);
-        assert_eq!(kb.comment, "bob");
-        assert!(keys.find(&c).unwrap().options.overwrite);
-        assert!(keys.find(&key(4)).is_none());
-    }
-
-    #[test]
-    fn malformed_authorized_keys_lines_are_refused_by_number() {
-        let good = line_of(&key(1));
-        let cases: Vec<(String, &str)> = vec![
-            ("atou-x25519 not!base64".into(), "base64"),
-            ("atou-x25519 AAAA".into(), "3 bytes"),
-            ("atou-x25519".into(), "no key"),
-            (format!("subdir=../etc {good}"), ".."),
-            (format!("subdir=/etc {good}"), "relative"),
-            (format!("subdir= {good}"), "relative"),
-            (format!("overwrite,overwrite {good}"), "twice"),
-            (format!("command=\"rm -rf\" {good}"), "unknown option"),
-            (
-                "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA x".into(),
-                "unknown option",
-            ),
-            (
-                format!("overwrite ssh-rsa {}", STANDARD.encode([1u8; 32])),
-                "expected",
-            ),
-            (format!("{good}\0"), "NUL"),
-            (format!("{good} \x1b[31m"), "control"),
-            ("x".repeat(MAX_LINE + 1), "over the"),
-        ];
-        for (bad, why) in cases {
-            let text = format!("{good}\n# ok\n{bad}\n");
-            let (line, reason) = line_error(authorized(text.as_bytes()));
-            assert_eq!(line, 3, "{bad:?}");
-            assert!(reason.contains(why), "{why}: {reason}");
-        }
-        let (line, reason) = line_error(authorized(b"\n\xff\xfe\n"));
-        assert_eq!((line, reason.as_str()), (2, "not UTF-8"));
-        let dup = format!("{good}\noverwrite {good}\n");
-        let (line, reason) = line_error(authorized(dup.as_bytes()));
-        assert_eq!(line, 2);
-        assert!(reason.contains("line 1"));
-    }
-
-    #[test]
-    fn a_hostile_option_is_escaped_in_the_message() {
-        let text = format!("evil\u{202e}x {}\n", line_of(&key(1)));
-        let err = authorized(text.as_bytes()).unwrap_err().to_string();
-        assert!(!err.contains('\u{202e}'), "{err}");
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -1279,16 +1065,5 @@ mod tests {
                 "{name:?}"
             );
         }
-    }
-
-    #[test]
-    fn public_keys_parse_with_or_without_the_type() {
-        let k = key(7);
-        let b64 = STANDARD.encode(k.0);
-        assert_eq!(parse_public_key(&b64).unwrap(), k);
-        assert_eq!(parse_public_key(&format!("{KEY_TYPE} {b64} c")).unwrap(), k);
-        assert!(parse_public_key("").is_err());
-        assert!(parse_public_key("atou-x25519").is_err());
-        assert!(parse_public_key(&"A".repeat(100_000)).is_err());
     }
 }

@@ -7,7 +7,7 @@
 //!
 //! A saved value is a hint, never a measurement: each user bounds it and
 //! keeps probing (`Sender::with_path_memory`). Only values here; where they
-//! are kept, and for how long, is the caller's (`crate::config::path_cache`): no
+//! are kept, and for how long, is the caller's (`src/config/path_cache.rs`): no
 //! clock, no file.
 
 use std::time::Duration;

@@ -20,16 +20,17 @@ use crate::util::units::{parse_duration, parse_size, Exact, TimeUnit};
 /// An enum whose values are read and written by name: the variants with
 /// their names, `ALL`, `name`, `Display`, and a case-insensitive `FromStr`
 /// whose error lists the names in the order given. `$what` is how the
-/// error calls a value ("a recovery variant").
+/// error calls a value ("a recovery variant"). Without `$what`, no
+/// `FromStr`: the enum reads its names its own way (`Cipher`'s aliases).
 macro_rules! named_enum {
     (
         $(#[$meta:meta])*
-        pub enum $ty:ident: $what:literal {
+        pub enum $ty:ident {
             $( $(#[$vmeta:meta])* $variant:ident = $name:literal, )+
         }
     ) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ::serde::Serialize)]
         pub enum $ty {
             $( $(#[$vmeta])* #[serde(rename = $name)] $variant, )+
         }
@@ -44,9 +45,22 @@ macro_rules! named_enum {
             }
         }
 
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        impl ::std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
                 f.write_str(self.name())
+            }
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        pub enum $ty:ident: $what:literal {
+            $( $(#[$vmeta:meta])* $variant:ident = $name:literal, )+
+        }
+    ) => {
+        named_enum! {
+            $(#[$meta])*
+            pub enum $ty {
+                $( $(#[$vmeta])* $variant = $name, )+
             }
         }
 
@@ -66,6 +80,7 @@ macro_rules! named_enum {
         }
     };
 }
+pub(crate) use named_enum;
 
 /// A value of a [`named_enum!`] that is none of its names.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

@@ -25,9 +25,10 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::config::keys::{format_public_key, AuthorizedKeys};
 use crate::io::{self, ProbeError, ServeConfig, ServeError};
-use crate::proto::crypto::{Cipher, ClientAuth, PublicKey, ServerAuth, StaticKeypair};
+use crate::proto::crypto::{
+    format_public_key, AuthorizedKeys, Cipher, ClientAuth, PublicKey, ServerAuth, StaticKeypair,
+};
 use crate::proto::endpoint::client::Stage;
 use crate::proto::{ConnError, ServerLimits};
 use crate::transfer::bootstrap::{
@@ -150,7 +151,7 @@ fn only(key: &PublicKey, overwrite: bool) -> Result<Arc<AuthorizedKeys>, RemoteE
         if overwrite { "overwrite " } else { "" },
         format_public_key(key, "atou-copy-over-ssh")
     );
-    AuthorizedKeys::parse(line.as_bytes(), Path::new("(the ssh bootstrap)"))
+    AuthorizedKeys::parse(line.as_bytes())
         .map(Arc::new)
         .map_err(|e| failed(e.to_string()))
 }

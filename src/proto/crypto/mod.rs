@@ -16,26 +16,33 @@
 //!   for all together (WireGuard's ratelimiter.c).
 //! - [`replayed`]: hellos replayed in bulk, whose copies the driver drops
 //!   before they are read.
+//! - [`key_text`]: a public key as text (`atou-x25519 BASE64`) and the
+//!   checked lines of a key file; [`authorized`]: the server's
+//!   `authorized_keys`, parsed, with each key's options.
 //!
 //! Nothing here reads a clock or a socket. Randomness (ephemeral keys,
 //! cookie secrets) comes from the OS CSPRNG through the crypto crates, or
 //! is passed in where a test needs it fixed.
 
 pub mod amplification;
+pub mod authorized;
 pub mod cookie;
 pub mod frame;
 pub mod handshake;
+pub mod key_text;
 pub mod protect;
 pub mod ratelimit;
 pub mod replay;
 pub mod replayed;
 
+pub use authorized::{AuthorizedKey, AuthorizedKeys, KeyOptions};
 pub use cookie::{Cookie, CookieSecret};
 pub use handshake::{
     ClientConfig, Decision, Established, FreshHello, HandshakeError, HelloWork, Initiator, Judged,
     OpenedHello, Progress, PublicKey, RefuseReason, Reply, Responder, ResponseWork, Screened,
     StaticKeypair,
 };
+pub use key_text::{format_public_key, parse_public_key, KeyTextError, LineError, KEY_TYPE};
 pub use protect::{
     Cipher, DropCounters, Dropped, Opener, PacketKey, Protection, SealError, Sealer, Slot,
     TrafficSecret,
@@ -45,7 +52,6 @@ pub use replay::ReplayWindow;
 use std::sync::Arc;
 
 use super::wire::DATA_HEADER_LEN;
-use crate::config::keys::AuthorizedKeys;
 
 /// What a client brings to an authenticated connection: its key, the
 /// server's key it pins (known_hosts, `--server-key`, or the ssh

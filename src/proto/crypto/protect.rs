@@ -30,6 +30,7 @@ use thiserror::Error;
 use zeroize::Zeroize;
 
 use super::replay::{Refused, ReplayWindow};
+use crate::proto::tuning::named_enum;
 
 /// Bytes of the authentication tag of both AEADs.
 pub const TAG_LEN: usize = 16;
@@ -47,21 +48,15 @@ pub const KEY_UPDATE_INTERVAL: u64 = 1 << 23;
 /// a connection there must close rather than wrap.
 pub const MAX_PACKET_NUMBER: u64 = (1 << 62) - 1;
 
-/// An AEAD for packet protection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Cipher {
-    Aes256Gcm,
-    ChaCha20Poly1305,
+named_enum! {
+    /// An AEAD for packet protection.
+    pub enum Cipher {
+        Aes256Gcm = "aes-256-gcm",
+        ChaCha20Poly1305 = "chacha20-poly1305",
+    }
 }
 
 impl Cipher {
-    pub fn name(self) -> &'static str {
-        match self {
-            Cipher::Aes256Gcm => "aes-256-gcm",
-            Cipher::ChaCha20Poly1305 => "chacha20-poly1305",
-        }
-    }
-
     /// AES-256-GCM where the CPU has AES and carry-less multiply
     /// instructions, ChaCha20-Poly1305 otherwise (the figures
     /// are in docs/security.md).
@@ -110,21 +105,18 @@ pub struct UnknownCipher(String);
 impl std::str::FromStr for Cipher {
     type Err = UnknownCipher;
 
-    /// `--cipher`: `aes-256-gcm`, `chacha20-poly1305`, or `auto`
-    /// ([`Cipher::for_this_cpu`]).
+    /// `--cipher`: `aes-256-gcm`, `chacha20-poly1305` (or `aes`, `chacha`),
+    /// or `auto` ([`Cipher::for_this_cpu`]); names in lower case only.
     fn from_str(s: &str) -> Result<Cipher, UnknownCipher> {
-        match s {
-            "aes-256-gcm" | "aes" => Ok(Cipher::Aes256Gcm),
-            "chacha20-poly1305" | "chacha" => Ok(Cipher::ChaCha20Poly1305),
-            "auto" => Ok(Cipher::for_this_cpu()),
-            other => Err(UnknownCipher(crate::util::text::escape(other.as_bytes()))),
-        }
-    }
-}
-
-impl fmt::Display for Cipher {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        let alias = match s {
+            "aes" => Some(Cipher::Aes256Gcm),
+            "chacha" => Some(Cipher::ChaCha20Poly1305),
+            "auto" => Some(Cipher::for_this_cpu()),
+            _ => None,
+        };
+        alias
+            .or_else(|| Cipher::ALL.into_iter().find(|c| c.name() == s))
+            .ok_or_else(|| UnknownCipher(crate::util::text::escape(s.as_bytes())))
     }
 }
 
@@ -843,6 +835,10 @@ mod tests {
             assert_eq!(c.to_string().parse::<Cipher>(), Ok(c));
         }
         assert_eq!("auto".parse::<Cipher>(), Ok(Cipher::for_this_cpu()));
+        assert_eq!("aes".parse::<Cipher>(), Ok(Cipher::Aes256Gcm));
+        assert_eq!("chacha".parse::<Cipher>(), Ok(Cipher::ChaCha20Poly1305));
+        // Unlike the knobs' names, a cipher's is read in lower case only.
+        assert!("AES-256-GCM".parse::<Cipher>().is_err());
         assert!("rot13"
             .parse::<Cipher>()
             .unwrap_err()

@@ -19,7 +19,7 @@
 //! [`Server::hello_timestamps_saved`]), so no client is answered with a
 //! session whose hello a restart would accept again.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::num::NonZeroU64;
 use std::time::Duration;
@@ -240,7 +240,7 @@ impl std::fmt::Display for Notice {
             Notice::AuthRefused { peer, key, why } => write!(
                 f,
                 "refused {peer} (key {}): {why}",
-                crate::config::keys::format_public_key(key, "").trim_end()
+                crate::proto::crypto::format_public_key(key, "").trim_end()
             ),
             Notice::PlainRefused { peer } => write!(
                 f,
@@ -354,20 +354,51 @@ struct Conn {
     last_heard: Time,
     maxidle: Duration,
     phase: ConnPhase,
-    /// A plain connection's welcome is to be sent (again, when a repeated
-    /// hello says it was lost); an authenticated one's rides in the
-    /// handshake's response.
-    welcome_pending: bool,
     corrupt_bytes: u64,
-    /// In the ready queue: a matter of the server's queue, in any phase.
-    queued: bool,
     /// Receive window held for a session connection, in bytes.
     window_bytes: u64,
+    link: Link,
+}
+
+/// Whether a connection is plain or authenticated, with what is true only
+/// of that kind: a plain one owes welcomes and may be unvalidated, an
+/// authenticated one has keys.
+#[derive(Debug)]
+enum Link {
+    Plain {
+        /// Its welcome is to be sent (again, when a repeated hello says
+        /// it was lost); an authenticated one's rides in the handshake's
+        /// response.
+        welcome_pending: bool,
+        /// Opened without an address token: what is sent to its address
+        /// is held to 3× what came from it (RFC 9000 §8.1).
+        unvalidated: Option<Budget>,
+    },
     /// Keys and peer of an authenticated connection.
-    secure: Option<Box<ConnSecure>>,
-    /// A plain connection opened without an address token: what is sent
-    /// to its address is held to 3× what came from it (RFC 9000 §8.1).
-    unvalidated: Option<Budget>,
+    Secure(Box<ConnSecure>),
+}
+
+impl Link {
+    fn secure(&self) -> Option<&ConnSecure> {
+        match self {
+            Link::Secure(s) => Some(s),
+            Link::Plain { .. } => None,
+        }
+    }
+
+    fn secure_mut(&mut self) -> Option<&mut ConnSecure> {
+        match self {
+            Link::Secure(s) => Some(s),
+            Link::Plain { .. } => None,
+        }
+    }
+
+    fn unvalidated_mut(&mut self) -> Option<&mut Budget> {
+        match self {
+            Link::Plain { unvalidated, .. } => unvalidated.as_mut(),
+            Link::Secure(_) => None,
+        }
+    }
 }
 
 /// Where a connection is in its life: each phase holds what is true only
@@ -606,8 +637,8 @@ impl Conn {
 
     /// Plain, or authenticated with its keys installed.
     fn keyed(&self) -> bool {
-        self.secure
-            .as_ref()
+        self.link
+            .secure()
             .is_none_or(|s| !matches!(s.keys, Keying::Awaiting { .. }))
     }
 
@@ -617,7 +648,7 @@ impl Conn {
             conn_id,
             session: session.get(),
             peer: self.peer,
-            peer_key: self.secure.as_ref().map(|s| s.peer_key),
+            peer_key: self.link.secure().map(|s| s.peer_key),
             payload_size: self.payload_size(),
         }
     }
@@ -625,8 +656,12 @@ impl Conn {
     /// Writes the connection's next packet (cleartext) into `buf`.
     fn next_inner(&mut self, conn_id: u64, granted_rcvbuf: u32, now: Time, buf: &mut [u8]) -> Next {
         let packet = |r: Result<usize, _>| r.map_or(Next::Skip, Next::Packet);
-        if self.welcome_pending {
-            self.welcome_pending = false;
+        if let Link::Plain {
+            welcome_pending: pending @ true,
+            ..
+        } = &mut self.link
+        {
+            *pending = false;
             let welcome = Welcome {
                 conn_id,
                 receiver: ReceiverParams {
@@ -692,7 +727,7 @@ impl Conn {
 
     fn poll_timeout(&self) -> Time {
         let d = self.deadline();
-        let d = match self.secure.as_ref().and_then(|s| s.path.as_ref()) {
+        let d = match self.link.secure().and_then(|s| s.path.as_ref()) {
             Some(c) => d.min(c.challenge_at).min(c.started + PATH_GIVE_UP),
             None => d,
         };
@@ -716,6 +751,32 @@ impl Conn {
             corrupt_bytes: self.corrupt_bytes,
             maxidle_secs: self.maxidle.as_secs_f64(),
             server,
+        }
+    }
+}
+
+/// Connections with something to send, served in turn: each waits in
+/// it at most once, whatever its phase.
+#[derive(Debug, Default)]
+struct ReadyQueue {
+    order: VecDeque<u64>,
+    waiting: HashSet<u64>,
+}
+
+impl ReadyQueue {
+    fn push(&mut self, conn_id: u64) {
+        if self.waiting.insert(conn_id) {
+            self.order.push_back(conn_id);
+        }
+    }
+
+    fn front(&self) -> Option<u64> {
+        self.order.front().copied()
+    }
+
+    fn pop_front(&mut self) {
+        if let Some(conn_id) = self.order.pop_front() {
+            self.waiting.remove(&conn_id);
         }
     }
 }
@@ -852,7 +913,7 @@ pub struct Server {
     unvalidated: usize,
     cookie_rotated: Time,
     conns: HashMap<u64, Conn>,
-    ready: VecDeque<u64>,
+    ready: ReadyQueue,
     rejects: VecDeque<(SocketAddr, Reject)>,
     reports: VecDeque<ConnReport>,
     notices: VecDeque<Notice>,
@@ -943,7 +1004,7 @@ impl Server {
             unvalidated: 0,
             cookie_rotated: Time::ZERO,
             conns: HashMap::new(),
-            ready: VecDeque::new(),
+            ready: ReadyQueue::default(),
             rejects: VecDeque::new(),
             reports: VecDeque::new(),
             notices: VecDeque::new(),
@@ -1097,7 +1158,11 @@ impl Server {
     /// Takes a connection out, giving back what it held.
     fn remove_conn(&mut self, conn_id: u64) -> Option<Conn> {
         let conn = self.conns.remove(&conn_id)?;
-        if conn.unvalidated.is_some() {
+        if let Link::Plain {
+            unvalidated: Some(_),
+            ..
+        } = conn.link
+        {
             self.unvalidated -= 1;
         }
         self.windows_held = self.windows_held.saturating_sub(conn.window_bytes);
@@ -1145,11 +1210,8 @@ impl Server {
     }
 
     fn enqueue(&mut self, conn_id: u64) {
-        if let Some(c) = self.conns.get_mut(&conn_id) {
-            if !c.queued {
-                c.queued = true;
-                self.ready.push_back(conn_id);
-            }
+        if self.conns.contains_key(&conn_id) {
+            self.ready.push(conn_id);
         }
     }
 
@@ -1245,7 +1307,7 @@ impl Server {
         let Some(conn) = self
             .conns
             .get_mut(&conn_id)
-            .filter(|c| c.peer == from && (c.secure.is_some() == protected))
+            .filter(|c| c.peer == from && (c.link.secure().is_some() == protected))
         else {
             self.stats.unknown_connection += 1;
             return None;
@@ -1254,7 +1316,7 @@ impl Server {
         if matches!(packet, Packet::Data(_)) && matches!(conn.phase, ConnPhase::Hello { .. }) {
             conn.phase = ConnPhase::Open;
         }
-        if let Some(budget) = conn.unvalidated.as_mut() {
+        if let Some(budget) = conn.link.unvalidated_mut() {
             budget.on_received(len);
         }
         let handled = match packet {
@@ -1331,7 +1393,7 @@ impl Server {
         token: u64,
     ) -> Result<Option<Arrival<'static>>, NothingToSend> {
         let conn = self.conns.get_mut(&conn_id).ok_or(NothingToSend)?;
-        let Some(secure) = conn.secure.as_mut() else {
+        let Some(secure) = conn.link.secure_mut() else {
             self.stats.unexpected += 1;
             return Err(NothingToSend);
         };
@@ -1415,7 +1477,7 @@ impl Server {
             self.stats.unknown_connection += 1;
             return None;
         };
-        let Some(secure) = conn.secure.as_mut() else {
+        let Some(secure) = conn.link.secure_mut() else {
             self.stats.unknown_connection += 1;
             return None;
         };
@@ -1693,7 +1755,7 @@ impl Server {
         let awaiting = self
             .conns
             .get(&id)
-            .is_some_and(|c| c.secure.as_ref().is_some_and(|s| s.keys.awaits(ticket)));
+            .is_some_and(|c| c.link.secure().is_some_and(|s| s.keys.awaits(ticket)));
         if awaiting {
             self.remove_conn(id);
         }
@@ -1853,7 +1915,7 @@ impl Server {
             .conns
             .iter()
             .filter(|(_, c)| {
-                c.secure.as_ref().is_some_and(|s| {
+                c.link.secure().is_some_and(|s| {
                     !matches!(s.keys, Keying::Confirmed(_))
                         && s.peer_key == secure.peer_key
                         && s.client_id == secure.client_id
@@ -1931,7 +1993,7 @@ impl Server {
                 let Some(c) = self.conns.get_mut(&id) else {
                     return;
                 };
-                let Some(secure) = c.secure.as_mut().filter(|s| s.keys.awaits(ticket)) else {
+                let Some(secure) = c.link.secure_mut().filter(|s| s.keys.awaits(ticket)) else {
                     return;
                 };
                 let (sealer, opener) = session.into_protection();
@@ -2046,16 +2108,20 @@ impl Server {
         len: usize,
     ) {
         if let Some(conn) = self.conns.get_mut(&hello.conn_id) {
-            if conn.peer == from && conn.secure.is_none() {
-                // Our welcome was lost: say it again.
-                conn.last_heard = now;
-                conn.welcome_pending = true;
-                if let Some(budget) = conn.unvalidated.as_mut() {
-                    budget.on_received(len);
+            match &mut conn.link {
+                Link::Plain {
+                    welcome_pending,
+                    unvalidated,
+                } if conn.peer == from => {
+                    // Our welcome was lost: say it again.
+                    conn.last_heard = now;
+                    *welcome_pending = true;
+                    if let Some(budget) = unvalidated {
+                        budget.on_received(len);
+                    }
+                    self.enqueue(hello.conn_id);
                 }
-                self.enqueue(hello.conn_id);
-            } else {
-                self.stats.unknown_connection += 1;
+                _ => self.stats.unknown_connection += 1,
             }
             return;
         }
@@ -2097,11 +2163,13 @@ impl Server {
         match self.admission(from, hello) {
             Ok(admission) => {
                 self.insert_conn(now, from, hello.conn_id, hello, admission, None);
-                if let Some(conn) = self.conns.get_mut(&hello.conn_id) {
+                if let Some(Link::Plain { unvalidated, .. }) =
+                    self.conns.get_mut(&hello.conn_id).map(|c| &mut c.link)
+                {
                     if budget.is_some() {
                         self.unvalidated += 1;
                     }
-                    conn.unvalidated = budget;
+                    *unvalidated = budget;
                 }
             }
             Err((RejectReason::Busy, why)) => {
@@ -2152,7 +2220,13 @@ impl Server {
             Purpose::Probe => Receiver::sink(config, hello.conn_id),
             Purpose::Session(_) => Receiver::placing(config, hello.conn_id),
         };
-        let welcome_pending = secure.is_none();
+        let link = match secure {
+            Some(secure) => Link::Secure(secure),
+            None => Link::Plain {
+                welcome_pending: true,
+                unvalidated: None,
+            },
+        };
         let conn = Conn {
             peer: from,
             purpose,
@@ -2168,12 +2242,9 @@ impl Server {
             phase: ConnPhase::Hello {
                 expires: now + maxidle.min(self.limits.hello_idle),
             },
-            welcome_pending,
             corrupt_bytes: 0,
-            queued: false,
             window_bytes,
-            secure,
-            unvalidated: None,
+            link,
         };
         // An authenticated connection is opened for its application when
         // its keys arrive ([`Server::on_response`]).
@@ -2219,19 +2290,19 @@ impl Server {
         if let Some((to, retry)) = self.retries.pop_front() {
             return retry.emit(buf).ok().map(|n| (to, n));
         }
-        while let Some(&conn_id) = self.ready.front() {
+        while let Some(conn_id) = self.ready.front() {
             let granted_rcvbuf = self.granted_rcvbuf;
             let Some(conn) = self.conns.get_mut(&conn_id) else {
                 self.ready.pop_front();
                 continue;
             };
             // A protected packet is written at PN_LEN, then sealed around.
-            let at = if conn.secure.is_some() {
+            let at = if conn.link.secure().is_some() {
                 frame::PN_LEN
             } else {
                 0
             };
-            let challenge = conn.secure.as_mut().and_then(|s| {
+            let challenge = conn.link.secure_mut().and_then(|s| {
                 let check = s.path.as_mut().filter(|c| now >= c.challenge_at)?;
                 check.challenge_at = now + PATH_CHALLENGE_EVERY;
                 Some(PathProbe {
@@ -2248,11 +2319,11 @@ impl Server {
             match next {
                 Next::Packet(n) => {
                     let to = conn.peer;
-                    let Some(secure) = conn.secure.as_mut() else {
+                    let Some(secure) = conn.link.secure_mut() else {
                         // RFC 9000 §8.1: at most 3× what the address sent
                         // until it proves it receives (a plain connection
                         // opened without a token never does).
-                        if let Some(budget) = conn.unvalidated.as_mut() {
+                        if let Some(budget) = conn.link.unvalidated_mut() {
                             if !budget.may_send(n) {
                                 self.stats.unvalidated_held_back += 1;
                                 continue;
@@ -2282,7 +2353,6 @@ impl Server {
                 }
                 Next::Skip => continue,
                 Next::Idle => {
-                    conn.queued = false;
                     self.ready.pop_front();
                 }
             }
@@ -2337,7 +2407,7 @@ impl Server {
         let mut woken = Vec::new();
         let mut abandoned = Vec::new();
         for (&id, conn) in &mut self.conns {
-            if let Some(secure) = conn.secure.as_mut() {
+            if let Some(secure) = conn.link.secure_mut() {
                 match &secure.path {
                     // RFC 9000 §9.3.2: a new path that never answered is
                     // left for the last one validated.

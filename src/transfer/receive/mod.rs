@@ -99,7 +99,7 @@ pub struct ReceiveConfig {
     pub limits: ReceiveLimits,
     /// The server's authorized keys: a key's `subdir=` and `overwrite`
     /// restrict what its transfers may do (`None`: no restrictions).
-    pub authorized: Option<Arc<crate::config::keys::AuthorizedKeys>>,
+    pub authorized: Option<Arc<crate::proto::crypto::AuthorizedKeys>>,
 }
 
 /// What one receiver lets its peers make it hold: the operator's budgets.

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{ReceiveEvent, ReceiveLimits, TransferReport};
-use crate::config::keys::AuthorizedKeys;
+use crate::proto::crypto::AuthorizedKeys;
 use crate::transfer::dest::{DestError, Finished, ReceivePolicy, NOT_HELD};
 use crate::transfer::hash::{chunk_count, Cv};
 use crate::transfer::layout::{Layout, CV_LEN};
