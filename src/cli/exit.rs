@@ -147,6 +147,9 @@ pub fn of_error(e: &anyhow::Error) -> Exit {
     if let Some(e) = e.downcast_ref::<atou::io::ProbeError>() {
         return atou::transfer::send::probe_fault(e).into();
     }
+    if let Some(e) = e.downcast_ref::<atou::transfer::Error>() {
+        return e.fault().into();
+    }
     Exit::Failed
 }
 

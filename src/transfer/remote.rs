@@ -70,6 +70,11 @@ fn failed(why: impl Into<String>) -> RemoteError {
     RemoteError::Failed(why.into())
 }
 
+/// DEST cannot be used as the command named it: fix the command.
+fn usage(e: crate::transfer::Error) -> RemoteError {
+    RemoteError::Usage(e.to_string())
+}
+
 /// How the remote end is run: `--ssh` and `--remote-atou`.
 #[derive(Debug, Clone)]
 pub struct SshCommand {
@@ -712,8 +717,8 @@ impl Pull {
     pub fn receive(self, config: PullConfig) -> Result<PullOutcome, RemoteError> {
         let dest = config.dest.as_path();
         let created = !dest.exists();
-        crate::transfer::dest::create_destination(dest).map_err(RemoteError::Usage)?;
-        let root = check_root(dest).map_err(RemoteError::Usage)?;
+        crate::transfer::dest::create_destination(dest).map_err(usage)?;
+        let root = check_root(dest).map_err(usage)?;
         let shard = config.shard;
         let result = self.receive_into(root.clone(), config);
         // Other shards may be receiving into the same DEST.
@@ -816,7 +821,7 @@ impl Pull {
                 }
             },
         )
-        .map_err(RemoteError::Usage)?;
+        .map_err(usage)?;
         let stop = Arc::new(tokio::sync::Notify::new());
         let serve = ServeConfig {
             bind: local,
@@ -1025,7 +1030,7 @@ pub fn receive_push(
             }
         },
     )
-    .map_err(failed)?;
+    .map_err(|e| failed(e.to_string()))?;
     answer(vec![local.port()], key, ip)?;
     thread::spawn(watch);
     runtime()?.block_on(io::serve_from(
