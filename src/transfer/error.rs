@@ -102,11 +102,7 @@ pub enum Error {
     /// A line of the ssh bootstrap that does not read as one.
     #[error("{0}")]
     Bootstrap(String),
-    /// No UDP socket to be had: none at all, or none in `--port`'s range.
-    #[error("{0}")]
-    Socket(String),
-    /// This host could not do what every transfer needs: start a thread,
-    /// draw random bytes.
+    /// This host could not start what a receiver needs (its threads).
     #[error("{0}")]
     System(String),
 }
@@ -206,7 +202,6 @@ impl Error {
             | Error::KeyNotAuthorized
             | Error::KeySubdir(_) => Fault::Refused,
             Error::MalformedPlan(_) | Error::NotAPlan | Error::Bootstrap(_) => Fault::Protocol,
-            Error::Socket(_) => Fault::Network,
             Error::System(_) => Fault::Other,
         }
     }

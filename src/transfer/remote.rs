@@ -684,7 +684,7 @@ impl Pull {
     /// bootstrap lines: one-time keys both ways, and the punch token.
     pub fn start(ssh: &SshCommand, target: &str, args: &[String]) -> Result<Pull, RemoteError> {
         let identity = one_time_key()?;
-        let token = random_token().map_err(failed)?;
+        let token = random_token()?;
         let hello = Hello {
             key: identity.public(),
             token: Some(token),
@@ -992,9 +992,7 @@ pub fn receive_push(
     watch: impl FnOnce() + Send + 'static,
     gone: Arc<tokio::sync::Notify>,
 ) -> Result<Option<Result<(), String>>, RemoteError> {
-    let sock = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), config.port, 1)
-        .map_err(failed)?
-        .remove(0);
+    let sock = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), config.port, 1)?.remove(0);
     let local = sock.local_addr()?;
     let identity = one_time_key()?;
     let key = identity.public();
@@ -1101,8 +1099,7 @@ impl FarSend {
                 )));
             }
         }
-        let socks = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), port, streams)
-            .map_err(failed)?;
+        let socks = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), port, streams)?;
         let ports = socks
             .iter()
             .map(|s| s.local_addr().map(|a| a.port()))
