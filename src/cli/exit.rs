@@ -147,6 +147,9 @@ pub fn of_error(e: &anyhow::Error) -> Exit {
     if let Some(e) = e.downcast_ref::<atou::io::ProbeError>() {
         return atou::transfer::send::probe_fault(e).into();
     }
+    if let Some(e) = e.downcast_ref::<atou::transfer::Error>() {
+        return e.fault().into();
+    }
     Exit::Failed
 }
 
@@ -202,6 +205,116 @@ mod tests {
         // The shell reports a death by signal N as 128+N: a failure must
         // not look like one, except our own 130 for Ctrl-C.
         assert!(codes.iter().all(|&c| c < 128 || c == 130));
+    }
+
+    mod transfer_errors {
+        use super::*;
+        use atou::transfer::manifest::NameError;
+        use atou::transfer::messages::MessageError;
+        use atou::transfer::send::SendError;
+        use atou::transfer::{Change, Error};
+        use std::path::PathBuf;
+
+        fn path() -> PathBuf {
+            PathBuf::from("d/f")
+        }
+
+        fn io() -> std::io::Error {
+            std::io::ErrorKind::PermissionDenied.into()
+        }
+
+        fn refused(why: &str) -> Error {
+            Error::Refused { why: why.into() }
+        }
+
+        /// Each error reaches `main` as itself (a receiver's DEST, a
+        /// far end's) or inside a `SendError` (a file read while
+        /// comparing chunks): both give its status.
+        #[track_caller]
+        fn assert_status(cases: Vec<Error>, want: Exit) {
+            for e in cases {
+                let shown = e.to_string();
+                assert_eq!(of_error(&anyhow::Error::from(e)), want, "{shown}");
+            }
+        }
+
+        #[test]
+        fn a_local_file_that_cannot_be_read_or_written_is_io() {
+            let changes = [
+                Change::Symlinked,
+                Change::Removed,
+                Change::Replaced,
+                Change::NotAFile,
+                Change::Modified,
+                Change::Shrank { listed: 9 },
+            ];
+            let mut cases: Vec<Error> = changes
+                .into_iter()
+                .map(|change| Error::Changed {
+                    path: path(),
+                    change,
+                })
+                .collect();
+            cases.push(Error::Unreadable {
+                action: "read",
+                path: path(),
+                source: io(),
+            });
+            cases.push(Error::disk("create directory", &path(), io()));
+            assert_status(cases, Exit::Io);
+            let inside = SendError::Read(Error::Changed {
+                path: path(),
+                change: Change::Modified,
+            });
+            assert_eq!(of_error(&inside.into()), Exit::Io);
+        }
+
+        #[test]
+        fn what_the_destination_or_its_policy_will_not_take_is_refused() {
+            let cases = vec![
+                Error::DestNotDir { path: path() },
+                Error::InTheWay {
+                    path: path(),
+                    what: "a directory",
+                },
+                Error::SubdirInTheWay { path: path() },
+                Error::SymlinkInTheWay { path: path() },
+                Error::StagedInTheWay { entry: "f".into() },
+                Error::Reserved { entry: None },
+                Error::UnaskedSubdir {
+                    subdir: "sub".into(),
+                },
+                Error::UnaskedEntry {
+                    entry: "f".into(),
+                    asked: "g".into(),
+                },
+                refused("1 entry already exists"),
+                Error::KeyNotAuthorized,
+                Error::OverBudget {
+                    why: "over --max-files".into(),
+                },
+                Error::KeySubdir(NameError::Empty),
+            ];
+            assert_status(cases, Exit::Refused);
+            let inside = SendError::Read(refused("no"));
+            assert_eq!(of_error(&inside.into()), Exit::Refused);
+        }
+
+        #[test]
+        fn what_the_other_end_says_that_does_not_read_is_protocol() {
+            let cases = vec![
+                Error::MalformedPlan(MessageError::Truncated),
+                Error::NotAPlan,
+                Error::Bootstrap("not a bootstrap line".into()),
+            ];
+            assert_status(cases, Exit::Protocol);
+        }
+
+        #[test]
+        fn a_host_that_cannot_start_a_receiver_is_a_plain_failure() {
+            let cases = vec![Error::System("cannot start a receiver thread".into())];
+            assert_status(cases, Exit::Failed);
+        }
     }
 
     #[test]

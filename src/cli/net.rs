@@ -527,7 +527,7 @@ fn hello_timestamps(
 ) -> Result<Option<atou::io::hello_timestamps::HelloTimestampFile>> {
     match (&args.dir, &auth.identity) {
         (Some(dir), Some(_)) => {
-            let root = check_root(dir).map_err(UsageError)?;
+            let root = check_root(dir).map_err(|e| UsageError(e.to_string()))?;
             Ok(Some(atou::io::hello_timestamps::HelloTimestampFile::load(
                 &root,
             )?))
@@ -545,7 +545,7 @@ fn file_receiver(
     failed: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> Result<Box<dyn ServeApp>> {
     let json = args.json;
-    let root = check_root(dir).map_err(UsageError)?;
+    let root = check_root(dir).map_err(|e| UsageError(e.to_string()))?;
     let staging = root.join(atou::io::dest_dir::STAGING_DIR);
     let receiver = FileReceiver::new(
         ReceiveConfig {
@@ -568,7 +568,7 @@ fn file_receiver(
             let _ = print_stdout(&(line + "\n"));
         },
     )
-    .map_err(UsageError)?;
+    .map_err(|e| UsageError(e.to_string()))?;
     Ok(Box::new(receiver))
 }
 

@@ -120,7 +120,7 @@ pub fn copy(
         .collect();
     let pulls = remote.iter().filter(|r| r.is_some()).count();
     if pulls == 0 {
-        let (target, path) = split_ssh_target(dest).map_err(UsageError)?;
+        let (target, path) = split_ssh_target(dest).map_err(cli_error)?;
         check_target(&target).map_err(cli_error)?;
         return push(sources, &target, &path, transfer, receiving, ssh);
     }
@@ -148,7 +148,7 @@ fn one_host<'a>(remote: impl Iterator<Item = &'a str>) -> Result<(String, Vec<St
     let mut target = None;
     let mut paths = Vec::new();
     for r in remote {
-        let (t, p) = split_ssh_target(r).map_err(UsageError)?;
+        let (t, p) = split_ssh_target(r).map_err(cli_error)?;
         match &target {
             Some(first) if *first != t => {
                 return Err(UsageError(format!(
@@ -382,14 +382,14 @@ fn remote_receive(
     let root = remote_path(&args.path);
     if args.dry_run {
         let dry = super::transfer::DryRunRoot::new(&root)?;
-        let root = check_root(dry.path()).map_err(|e| anyhow::anyhow!(e))?;
+        let root = check_root(dry.path())?;
         // No tidying: nothing was created, and an empty staging directory
         // that was there before stays.
         return receive_into(root, args, hello, ip, watch, gone);
     }
     let created = !root.exists();
-    atou::transfer::dest::create_destination(&root).map_err(|e| anyhow::anyhow!(e))?;
-    let root = check_root(&root).map_err(|e| anyhow::anyhow!(e))?;
+    atou::transfer::dest::create_destination(&root)?;
+    let root = check_root(&root)?;
     let shard = args.shard;
     let result = receive_into(root.clone(), args, hello, ip, watch, gone);
     if !shard {

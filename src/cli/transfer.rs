@@ -826,11 +826,11 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
     let dry = if args.transfer.dry_run {
         Some(DryRunRoot::new(root)?)
     } else {
-        atou::transfer::dest::create_destination(root).map_err(UsageError)?;
+        atou::transfer::dest::create_destination(root).map_err(usage)?;
         None
     };
     let root = dry.as_ref().map_or(root, |d| d.path());
-    let root = atou::transfer::receive::check_root(root).map_err(UsageError)?;
+    let root = atou::transfer::receive::check_root(root).map_err(usage)?;
     let (client_auth, server_auth) = if args.transfer.auth.no_auth() {
         (None, atou::proto::crypto::ServerAuth::plain())
     } else {
@@ -848,6 +848,11 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
     receiver.stop();
     drop(dry);
     code
+}
+
+/// A destination a local copy cannot use is the command's to fix.
+fn usage(e: atou::transfer::Error) -> UsageError {
+    UsageError(e.to_string())
 }
 
 /// What a pull over ssh (a remote SRC) cannot do.
@@ -942,7 +947,7 @@ impl LocalReceiver {
                 }
             },
         )
-        .map_err(UsageError)?;
+        .map_err(usage)?;
         let stop = Arc::new(tokio::sync::Notify::new());
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let server = {
@@ -1015,11 +1020,8 @@ impl DryRunRoot {
         let temp =
             std::env::temp_dir().join(format!("atou-dry-run-{}-{nanos:09}", std::process::id()));
         std::fs::create_dir(&temp).map_err(|e| {
-            UsageError(atou::transfer::dest::io_error(
-                "create an empty directory for the dry run",
-                &temp,
-                &e,
-            ))
+            let why = "create an empty directory for the dry run";
+            UsageError(atou::transfer::Error::disk(why, &temp, e).to_string())
         })?;
         Ok(DryRunRoot {
             dest: dest.to_path_buf(),

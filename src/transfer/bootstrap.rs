@@ -26,6 +26,8 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 
 use crate::proto::crypto::PublicKey;
+use crate::transfer::remote::RemoteError;
+use crate::transfer::Error;
 
 /// First word of both bootstrap lines.
 pub const MAGIC: &str = "ATOU-BOOTSTRAP";
@@ -65,27 +67,32 @@ fn b64(bytes: &[u8; 32]) -> String {
     STANDARD.encode(bytes)
 }
 
-fn unb64(what: &str, s: &str) -> Result<[u8; 32], String> {
+/// A line that does not read as the bootstrap's, and why.
+fn bad(why: impl Into<String>) -> Error {
+    Error::Bootstrap(why.into())
+}
+
+fn unb64(what: &str, s: &str) -> Result<[u8; 32], Error> {
     let v = STANDARD
         .decode(s)
-        .map_err(|_| format!("the {what} is not base64"))?;
-    <[u8; 32]>::try_from(v.as_slice()).map_err(|_| format!("the {what} is not 32 bytes"))
+        .map_err(|_| bad(format!("the {what} is not base64")))?;
+    <[u8; 32]>::try_from(v.as_slice()).map_err(|_| bad(format!("the {what} is not 32 bytes")))
 }
 
 /// Splits `MAGIC VERSION rest...`, checking both.
-fn words(line: &str) -> Result<Vec<&str>, String> {
+fn words(line: &str) -> Result<Vec<&str>, Error> {
     let line = line.strip_suffix('\n').unwrap_or(line);
     let line = line.strip_suffix('\r').unwrap_or(line);
     let w: Vec<&str> = line.split(' ').collect();
     if w.first() != Some(&MAGIC) {
-        return Err("not a bootstrap line".into());
+        return Err(bad("not a bootstrap line"));
     }
     match w.get(1).map(|v| v.parse::<u32>()) {
         Some(Ok(VERSION)) => Ok(w),
-        Some(Ok(v)) => Err(format!(
+        Some(Ok(v)) => Err(bad(format!(
             "bootstrap version {v}, this atou speaks {VERSION}; run the same atou release at both ends"
-        )),
-        _ => Err("no bootstrap version".into()),
+        ))),
+        _ => Err(bad("no bootstrap version")),
     }
 }
 
@@ -97,12 +104,12 @@ impl Hello {
         }
     }
 
-    pub fn decode(line: &str) -> Result<Hello, String> {
+    pub fn decode(line: &str) -> Result<Hello, Error> {
         let w = words(line)?;
         let (key, token) = match w.as_slice() {
             [_, _, key] => (key, None),
             [_, _, key, token] => (key, Some(unb64("punch token", token)?)),
-            _ => return Err("a bootstrap hello has a key and at most a token".into()),
+            _ => return Err(bad("a bootstrap hello has a key and at most a token")),
         };
         Ok(Hello {
             key: PublicKey(unb64("public key", key)?),
@@ -122,26 +129,26 @@ impl Answer {
         )
     }
 
-    pub fn decode(line: &str) -> Result<Answer, String> {
+    pub fn decode(line: &str) -> Result<Answer, Error> {
         let w = words(line)?;
         let [_, _, ports, key, addr] = w.as_slice() else {
-            return Err("a bootstrap answer has ports, a key and an address".into());
+            return Err(bad("a bootstrap answer has ports, a key and an address"));
         };
         let ports: Vec<u16> = ports
             .split(',')
             .map(|p| match p.parse::<u16>() {
                 Ok(p) if p > 0 => Ok(p),
-                _ => Err(format!("`{p}` is not a UDP port")),
+                _ => Err(bad(format!("`{p}` is not a UDP port"))),
             })
             .collect::<Result<_, _>>()?;
         if ports.len() > MAX_PORTS {
-            return Err(format!("{} ports, at most {MAX_PORTS}", ports.len()));
+            return Err(bad(format!("{} ports, at most {MAX_PORTS}", ports.len())));
         }
         let addr = match *addr {
             "-" => None,
             a => Some(
                 a.parse()
-                    .map_err(|_| format!("`{a}` is not an IP address"))?,
+                    .map_err(|_| bad(format!("`{a}` is not an IP address")))?,
             ),
         };
         Ok(Answer {
@@ -188,12 +195,12 @@ pub fn is_punch(datagram: &[u8], token: &[u8; 32]) -> bool {
 }
 
 /// 32 bytes from the OS's CSPRNG.
-pub fn random_token() -> Result<[u8; 32], String> {
+pub fn random_token() -> Result<[u8; 32], RemoteError> {
     use ring::rand::SecureRandom;
     let mut t = [0; 32];
     ring::rand::SystemRandom::new()
         .fill(&mut t)
-        .map_err(|_| "the system's random number generator failed".to_string())?;
+        .map_err(|_| RemoteError::Failed("the system's random number generator failed".into()))?;
     Ok(t)
 }
 
@@ -243,7 +250,11 @@ impl std::str::FromStr for PortRange {
 
 /// Binds `count` UDP sockets on `ip`'s wildcard address, each on the
 /// first free port of `range` (any port for 0).
-pub fn bind_in_range(ip: IpAddr, range: PortRange, count: usize) -> Result<Vec<UdpSocket>, String> {
+pub fn bind_in_range(
+    ip: IpAddr,
+    range: PortRange,
+    count: usize,
+) -> Result<Vec<UdpSocket>, RemoteError> {
     let any: IpAddr = match ip {
         IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
         IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
@@ -253,17 +264,17 @@ pub fn bind_in_range(ip: IpAddr, range: PortRange, count: usize) -> Result<Vec<U
     while out.len() < count {
         if range.low == 0 {
             let s = UdpSocket::bind(SocketAddr::new(any, 0))
-                .map_err(|e| format!("cannot open a UDP socket: {e}"))?;
+                .map_err(|e| RemoteError::Failed(format!("cannot open a UDP socket: {e}")))?;
             out.push(s);
             continue;
         }
         loop {
             if next > range.high || next == 0 {
-                return Err(format!(
+                return Err(RemoteError::Failed(format!(
                     "no free UDP port in --port {range} for {count} socket{} \
                      (one per stream); widen the range",
                     if count == 1 { "" } else { "s" }
-                ));
+                )));
             }
             let p = next;
             next = next.wrapping_add(1);
@@ -278,7 +289,8 @@ pub fn bind_in_range(ip: IpAddr, range: PortRange, count: usize) -> Result<Vec<U
 
 /// `[USER@]HOST:PATH` (scp's form; an IPv6 address in brackets) split
 /// into what ssh is given (`[USER@]HOST`) and PATH.
-pub fn split_ssh_target(s: &str) -> Result<(String, String), String> {
+pub fn split_ssh_target(s: &str) -> Result<(String, String), RemoteError> {
+    let usage = |why: String| RemoteError::Usage(why);
     let (user, rest) = match s.split_once('@') {
         Some((u, r)) if !u.contains(':') && !u.contains('/') => (Some(u), r),
         _ => (None, s),
@@ -286,22 +298,22 @@ pub fn split_ssh_target(s: &str) -> Result<(String, String), String> {
     let (host, path) = if let Some(inner) = rest.strip_prefix('[') {
         let (addr, after) = inner
             .split_once(']')
-            .ok_or_else(|| format!("`{s}`: an IPv6 address needs its closing `]`"))?;
+            .ok_or_else(|| usage(format!("`{s}`: an IPv6 address needs its closing `]`")))?;
         let path = after
             .strip_prefix(':')
-            .ok_or_else(|| format!("`{s}`: a `:` must follow `[{addr}]`"))?;
+            .ok_or_else(|| usage(format!("`{s}`: a `:` must follow `[{addr}]`")))?;
         (addr.to_string(), path)
     } else {
         let (h, p) = rest
             .split_once(':')
-            .ok_or_else(|| format!("`{s}` is not [USER@]HOST:PATH"))?;
+            .ok_or_else(|| usage(format!("`{s}` is not [USER@]HOST:PATH")))?;
         (h.to_string(), p)
     };
     if host.is_empty() {
-        return Err(format!("`{s}` names no host"));
+        return Err(usage(format!("`{s}` names no host")));
     }
     let target = match user {
-        Some("") => return Err(format!("`{s}` names an empty user")),
+        Some("") => return Err(usage(format!("`{s}` names an empty user"))),
         Some(u) => format!("{u}@{host}"),
         None => host,
     };
@@ -367,6 +379,7 @@ mod tests {
         assert!(Hello::decode("hello").is_err());
         assert!(Hello::decode("ATOU-BOOTSTRAP 2 AAAA")
             .unwrap_err()
+            .to_string()
             .contains("version 2"));
         assert!(Hello::decode("ATOU-BOOTSTRAP 1 AAAA").is_err());
         let good = Answer {
@@ -452,6 +465,7 @@ mod tests {
         };
         assert!(bind_in_range(ip, range, 1)
             .unwrap_err()
+            .to_string()
             .contains("no free UDP port"));
     }
 

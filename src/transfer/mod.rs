@@ -9,6 +9,7 @@
 
 pub mod bootstrap;
 pub mod dest;
+mod error;
 pub mod exclude;
 pub mod hash;
 pub mod layout;
@@ -22,6 +23,7 @@ pub mod shard;
 pub mod source;
 pub mod staged;
 
+pub use error::{Change, Error};
 use manifest::{EntryKind, Manifest};
 
 /// The sizes of the manifest's files, in order: file numbers index this.

@@ -71,6 +71,11 @@ fn failed(why: impl Into<String>) -> RemoteError {
     RemoteError::Failed(why.into())
 }
 
+/// DEST cannot be used as the command named it: fix the command.
+fn usage(e: crate::transfer::Error) -> RemoteError {
+    RemoteError::Usage(e.to_string())
+}
+
 /// How the remote end is run: `--ssh` and `--remote-atou`.
 #[derive(Debug, Clone)]
 pub struct SshCommand {
@@ -680,7 +685,7 @@ impl Pull {
     /// bootstrap lines: one-time keys both ways, and the punch token.
     pub fn start(ssh: &SshCommand, target: &str, args: &[String]) -> Result<Pull, RemoteError> {
         let identity = one_time_key()?;
-        let token = random_token().map_err(failed)?;
+        let token = random_token()?;
         let hello = Hello {
             key: identity.public(),
             token: Some(token),
@@ -713,8 +718,8 @@ impl Pull {
     pub fn receive(self, config: PullConfig) -> Result<PullOutcome, RemoteError> {
         let dest = config.dest.as_path();
         let created = !dest.exists();
-        crate::transfer::dest::create_destination(dest).map_err(RemoteError::Usage)?;
-        let root = check_root(dest).map_err(RemoteError::Usage)?;
+        crate::transfer::dest::create_destination(dest).map_err(usage)?;
+        let root = check_root(dest).map_err(usage)?;
         let shard = config.shard;
         let result = self.receive_into(root.clone(), config);
         // Other shards may be receiving into the same DEST.
@@ -817,7 +822,7 @@ impl Pull {
                 }
             },
         )
-        .map_err(RemoteError::Usage)?;
+        .map_err(usage)?;
         let stop = Arc::new(tokio::sync::Notify::new());
         let serve = ServeConfig {
             bind: local,
@@ -988,9 +993,7 @@ pub fn receive_push(
     watch: impl FnOnce() + Send + 'static,
     gone: Arc<tokio::sync::Notify>,
 ) -> Result<Option<Result<(), String>>, RemoteError> {
-    let sock = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), config.port, 1)
-        .map_err(failed)?
-        .remove(0);
+    let sock = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), config.port, 1)?.remove(0);
     let local = sock.local_addr()?;
     let identity = one_time_key()?;
     let key = identity.public();
@@ -1026,7 +1029,7 @@ pub fn receive_push(
             }
         },
     )
-    .map_err(failed)?;
+    .map_err(|e| failed(e.to_string()))?;
     answer(vec![local.port()], key, ip)?;
     thread::spawn(watch);
     runtime()?.block_on(io::serve_from(
@@ -1097,8 +1100,7 @@ impl FarSend {
                 )));
             }
         }
-        let socks = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), port, streams)
-            .map_err(failed)?;
+        let socks = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), port, streams)?;
         let ports = socks
             .iter()
             .map(|s| s.local_addr().map(|a| a.port()))

@@ -23,7 +23,7 @@ use rustix::fs::{Mode, OFlags};
 
 use super::hash::CHUNK_SIZE;
 use super::manifest::RelPath;
-use crate::util::text::shown_path;
+use super::{Change, Error};
 
 /// What identifies a file and tells whether it changed: compared after
 /// the walk, at the open and after every read.
@@ -120,8 +120,7 @@ impl SourceSpec {
     /// Opens the file beneath its top, one component at a time, each a
     /// directory and none a symlink (unless `follow`), and checks that it
     /// is the file the walk saw, unchanged.
-    fn open(&self) -> Result<File, String> {
-        let shown = shown_path(&self.shown);
+    fn open(&self) -> Result<File, Error> {
         let below: Vec<&[u8]> = self.path.components().skip(1).collect();
         let how = flags(self.follow);
         let opened: io::Result<OwnedFd> = (|| {
@@ -146,49 +145,47 @@ impl SourceSpec {
             )?)
         })();
         let fd = opened.map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) | Some(libc::ENOTDIR) => format!(
-                "{shown} (or a directory above it) was replaced by a symlink after it was listed; \
-                 it is not followed: run again"
-            ),
-            Some(libc::ENOENT) => format!("{shown} was removed after it was listed; run again"),
-            _ => format!("cannot open {shown}: {}", crate::util::text::io_error(&e)),
+            Some(libc::ELOOP) | Some(libc::ENOTDIR) => self.changed(Change::Symlinked),
+            Some(libc::ENOENT) => self.changed(Change::Removed),
+            _ => self.unreadable("open", e),
         })?;
         let file = File::from(fd);
         let now = self.stamp_of(&file)?;
         if !now.same_inode(&self.stamp) {
-            return Err(format!(
-                "{shown} was replaced by another file after it was listed; run again"
-            ));
+            return Err(self.changed(Change::Replaced));
         }
         self.unchanged(now)?;
         Ok(file)
     }
 
-    fn stamp_of(&self, file: &File) -> Result<Stamp, String> {
-        let md = file.metadata().map_err(|e| {
-            format!(
-                "cannot read {}: {}",
-                shown_path(&self.shown),
-                crate::util::text::io_error(&e)
-            )
-        })?;
+    fn stamp_of(&self, file: &File) -> Result<Stamp, Error> {
+        let md = file.metadata().map_err(|e| self.unreadable("read", e))?;
         if !md.is_file() {
-            return Err(format!(
-                "{} is no longer a regular file; run again",
-                shown_path(&self.shown)
-            ));
+            return Err(self.changed(Change::NotAFile));
         }
         Ok(Stamp::of(&md))
     }
 
-    fn unchanged(&self, now: Stamp) -> Result<(), String> {
+    fn unchanged(&self, now: Stamp) -> Result<(), Error> {
         if now == self.stamp {
             return Ok(());
         }
-        Err(format!(
-            "{} changed while it was being sent; run again",
-            shown_path(&self.shown)
-        ))
+        Err(self.changed(Change::Modified))
+    }
+
+    fn changed(&self, change: Change) -> Error {
+        Error::Changed {
+            path: self.shown.clone(),
+            change,
+        }
+    }
+
+    fn unreadable(&self, action: &'static str, source: io::Error) -> Error {
+        Error::Unreadable {
+            action,
+            path: self.shown.clone(),
+            source,
+        }
     }
 }
 
@@ -236,7 +233,7 @@ impl Sources {
 
     /// Reads chunk `chunk` of `file` into `buf` (its length), from the
     /// file's one descriptor, and checks it did not change meanwhile.
-    pub fn read_chunk(&self, file: usize, chunk: u64, buf: &mut [u8]) -> Result<(), String> {
+    pub fn read_chunk(&self, file: usize, chunk: u64, buf: &mut [u8]) -> Result<(), Error> {
         let spec = &self.specs[file];
         let result = self.with_file(file).and_then(|f| {
             read_exact_at(spec, &f, buf, chunk * CHUNK_SIZE)?;
@@ -255,7 +252,7 @@ impl Sources {
     /// open runs outside the lock, so readers of different files do not
     /// wait for each other's opens; of two readers that open one file at
     /// once, the first to finish keeps its descriptor.
-    fn with_file(&self, file: usize) -> Result<Arc<File>, String> {
+    fn with_file(&self, file: usize) -> Result<Arc<File>, Error> {
         if let Some(f) = &self.lock()[file].file {
             return Ok(f.clone());
         }
@@ -270,32 +267,17 @@ impl Sources {
     }
 }
 
-fn read_exact_at(
-    spec: &SourceSpec,
-    file: &File,
-    buf: &mut [u8],
-    offset: u64,
-) -> Result<(), String> {
+fn read_exact_at(spec: &SourceSpec, file: &File, buf: &mut [u8], offset: u64) -> Result<(), Error> {
     let mut at = 0;
     while at < buf.len() {
         match file.read_at(&mut buf[at..], offset + at as u64) {
             Ok(0) => {
-                return Err(format!(
-                    "{} changed while it was being sent (it shrank below the {} bytes listed); \
-                     run again",
-                    shown_path(&spec.shown),
-                    spec.stamp.size
-                ))
+                let listed = spec.stamp.size;
+                return Err(spec.changed(Change::Shrank { listed }));
             }
             Ok(n) => at += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                return Err(format!(
-                    "cannot read {}: {}",
-                    shown_path(&spec.shown),
-                    crate::util::text::io_error(&e)
-                ))
-            }
+            Err(e) => return Err(spec.unreadable("read", e)),
         }
     }
     Ok(())
@@ -348,7 +330,9 @@ mod tests {
     fn read(s: &Sources, file: usize, chunk: u64) -> Result<Vec<u8>, String> {
         let len = super::super::hash::chunk_len(s.size(file), chunk);
         let mut buf = vec![0; len];
-        s.read_chunk(file, chunk, &mut buf).map(|()| buf)
+        s.read_chunk(file, chunk, &mut buf)
+            .map(|()| buf)
+            .map_err(|e| e.to_string())
     }
 
     /// Three chunks of one file are read from one descriptor, opened at

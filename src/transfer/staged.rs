@@ -36,6 +36,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::io::dest_dir::{DestDir, Found, STAGING_DIR};
+use crate::transfer::Error;
 use crate::util::units::{format_size, format_whole_duration};
 
 /// Identifies a claim's layout; bumped on any change.
@@ -366,7 +367,7 @@ impl StagedQuota {
         owner: Owner,
         files: &[ToStage<'_>],
         record: bool,
-    ) -> Result<Option<ClaimId>, String> {
+    ) -> Result<Option<ClaimId>, Error> {
         let mut ledger = self.lock();
         let before = ledger.owners.get(&owner).copied().unwrap_or_default();
         let ids: Vec<(FileId, u64)> = files.iter().map(|f| (file_id(f.staged), f.bytes)).collect();
@@ -394,20 +395,22 @@ impl StagedQuota {
         // An owner already over (the quota was lowered) may still resume
         // what it holds: only a plan that adds is refused.
         if after.bytes > self.max_bytes && after.bytes > before.bytes {
-            return Err(self.over_bytes(owner, others.bytes, this.bytes));
+            let why = self.over_bytes(owner, others.bytes, this.bytes);
+            return Err(Error::OverBudget { why });
         }
         if after.files > self.max_files && after.files > before.files {
-            return Err(self.over_files(owner, others.files, this.files));
+            let why = self.over_files(owner, others.files, this.files);
+            return Err(Error::OverBudget { why });
         }
         if !record || ids.is_empty() {
             return Ok(None);
         }
         let planned = SystemTime::now();
         let file = write_claim(dest, owner, &ids, planned).map_err(|e| {
-            super::dest::io_error(
+            Error::disk(
                 "record what this transfer stages in",
                 &dest.shown(STAGING_DIR.as_bytes()),
-                &e,
+                e,
             )
         })?;
         let claim = ledger.add(Claim {
@@ -612,7 +615,8 @@ mod tests {
         // Another 6 MiB of another file is over 16 MiB.
         let why = quota
             .admit(&dest, ALICE, &files(&["c.part"], 6 * MIB), true)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(why.contains("already has 12.00 MiB staged"), "{why}");
         assert!(why.contains("6.00 MiB more"), "{why}");
         assert!(why.contains("--max-staged-per-key"), "{why}");
@@ -680,7 +684,8 @@ mod tests {
             StagedQuota::load(&dest, 16 * MIB, 3, Some(Duration::from_secs(7 * 86_400))).unwrap();
         let why = quota
             .admit(&dest, ALICE, &files(&["huge.part"], 1 << 40), true)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(why.contains("would stage 1.00 TiB"), "{why}");
         assert!(why.contains("send less at a time"), "{why}");
         quota
@@ -695,12 +700,14 @@ mod tests {
             .unwrap();
         let why = quota
             .admit(&dest, ALICE, &files(&["b.part"], 1), true)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(why.contains("--staging-ttl"), "{why}");
         assert!(why.contains("7d"), "{why}");
         let why = quota
             .admit(&dest, BOB, &files(&["1", "2", "3", "4"], 0), true)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(why.contains("--max-files"), "{why}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

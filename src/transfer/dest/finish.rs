@@ -8,13 +8,12 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 
 use super::plan::DirCache;
-use super::{
-    io_error, split_rel, staged_name, to_system_time, DestError, FileTarget, Part, Prepared,
-};
+use super::{split_rel, staged_name, to_system_time, DestError, FileTarget, Part, Prepared};
 use crate::io::dest_dir::{self, STAGING_DIR};
 use crate::transfer::hash::{file_hash, part_digest, short_hex, Cv};
 use crate::transfer::manifest::EntryKind;
 use crate::transfer::parts::{self, PartError, Recorded};
+use crate::transfer::Error;
 
 /// What the finish did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -119,12 +118,12 @@ impl<'a> Finisher<'a> {
     }
 
     /// Directory `dir_rel` beneath DEST, opened (or the one last opened).
-    fn open_dir(&mut self, dir_rel: &[u8]) -> Result<&OwnedFd, String> {
+    fn open_dir(&mut self, dir_rel: &[u8]) -> Result<&OwnedFd, Error> {
         let prepared = self.prepared;
         let dest_dir = &prepared.dest_dir;
         self.dirs
             .get(dir_rel)
-            .map_err(|e| io_error("open", &dest_dir.shown(dir_rel), &e))
+            .map_err(|e| Error::disk("open", &dest_dir.shown(dir_rel), e))
     }
 
     /// A file took its name in `dir_rel`.
@@ -185,7 +184,7 @@ impl<'a> Finisher<'a> {
                 t.put_in_place(self.open_dir(dir_rel)?, replace)?;
                 complete
                     .done(&self.prepared.dest_dir)
-                    .map_err(|e| io_error("remove the record of the parts of", &t.shown(), &e))?;
+                    .map_err(|e| Error::disk("remove the record of the parts of", &t.shown(), e))?;
                 self.placed_file(dir_rel);
             }
             PartFinish::Waits => self.done.waiting += 1,
@@ -203,12 +202,12 @@ impl<'a> Finisher<'a> {
         let shown_path = dest_dir.shown(rel);
         dest_dir
             .symlink_staged(target, &staged)
-            .map_err(|e| io_error("create symlink", &shown_path, &e))?;
+            .map_err(|e| Error::disk("create symlink", &shown_path, e))?;
         let replace = self.replace;
         let fd = self.open_dir(dir_rel)?;
         dest_dir
             .place(&staged, fd, name, replace)
-            .map_err(|e| io_error("rename into place", &shown_path, &e))?;
+            .map_err(|e| Error::disk("rename into place", &shown_path, e))?;
         self.written_into.insert(dir_rel);
         self.done.symlinks += 1;
         Ok(())
@@ -233,18 +232,18 @@ impl<'a> Finisher<'a> {
             let path = dest_dir.shown(rel);
             let fd = dest_dir
                 .open_dir(rel)
-                .map_err(|e| io_error("open", &path, &e))?;
+                .map_err(|e| Error::disk("open", &path, e))?;
             if self.fsync {
-                dest_dir::sync_dir(&fd).map_err(|e| io_error("sync", &path, &e))?;
+                dest_dir::sync_dir(&fd).map_err(|e| Error::disk("sync", &path, e))?;
             }
             let mtime = to_system_time(entry.mtime_sec, entry.mtime_nsec);
             if whole {
                 dest_dir::set_dir_attrs(fd, prepared.dir_modes[i], mtime)
-                    .map_err(|e| io_error("set the mode and mtime of", &path, &e))?;
+                    .map_err(|e| Error::disk("set the mode and mtime of", &path, e))?;
                 self.done.dirs += 1;
             } else {
                 dest_dir::set_dir_mtime(fd, mtime)
-                    .map_err(|e| io_error("set the mtime of", &path, &e))?;
+                    .map_err(|e| Error::disk("set the mtime of", &path, e))?;
             }
         }
         Ok(())
@@ -259,8 +258,8 @@ impl<'a> Finisher<'a> {
         for rel in &self.to_sync {
             let fd = dest_dir
                 .open_dir(rel)
-                .map_err(|e| io_error("open", &dest_dir.shown(rel), &e))?;
-            dest_dir::sync_dir(&fd).map_err(|e| io_error("sync", &dest_dir.shown(rel), &e))?;
+                .map_err(|e| Error::disk("open", &dest_dir.shown(rel), e))?;
+            dest_dir::sync_dir(&fd).map_err(|e| Error::disk("sync", &dest_dir.shown(rel), e))?;
         }
         Ok(())
     }
@@ -356,7 +355,7 @@ fn check_part_digest(
 /// Why recording a part failed, as the sender is told.
 fn part_error(t: &FileTarget, e: PartError) -> DestError {
     match e {
-        PartError::Io(e) => io_error("record the parts of", &t.shown(), &e).into(),
+        PartError::Io(e) => Error::disk("record the parts of", &t.shown(), e).into(),
         PartError::OtherVersion => DestError::Failed(format!(
             "`{}`: another shard is sending another version of it (another size or mtime); \
              every shard must send the same files: run them all again from one copy",

@@ -34,8 +34,8 @@ use super::manifest::{Entry, RelPath};
 use super::messages::{FilePlan, Options, Outcome};
 use super::parts;
 use super::staged::ClaimId;
+use super::Error;
 use crate::io::dest_dir::{self, DestDir, Found};
-use crate::util::text::shown;
 
 pub use finish::{finish, Finished};
 pub(super) use plan::chunk_cv_on_disk;
@@ -51,29 +51,8 @@ pub const NOT_HELD: Cv = [0; 32];
 /// Creates DEST and its parents where a command was told to write
 /// (`atou copy`'s local end, the far end of an ssh push); the error
 /// names the path and the cause.
-pub fn create_destination(root: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(root).map_err(|e| io_error("create destination", root, &e))
-}
-
-/// "cannot ACTION PATH: CAUSE", the cause in words rather than `Os { .. }`.
-pub fn io_error(action: &str, path: &Path, e: &io::Error) -> String {
-    let cause = match e.raw_os_error() {
-        Some(libc::ENOSPC) => "no space left on the device".to_string(),
-        Some(libc::EDQUOT) => "disk quota exceeded".to_string(),
-        Some(libc::EACCES) | Some(libc::EPERM) => "permission denied".to_string(),
-        Some(libc::EROFS) => "read-only file system".to_string(),
-        Some(libc::ENOENT) => "no such file or directory".to_string(),
-        Some(libc::ELOOP) | Some(libc::EXDEV) => {
-            "a symlink is on the way, and atou never writes through symlinks at the destination"
-                .to_string()
-        }
-        Some(libc::EEXIST) => "something else is there now".to_string(),
-        _ => crate::util::text::io_error(e),
-    };
-    format!(
-        "cannot {action} {}: {cause}",
-        shown(path.as_os_str().as_encoded_bytes())
-    )
+pub fn create_destination(root: &Path) -> Result<(), Error> {
+    std::fs::create_dir_all(root).map_err(|e| Error::disk("create destination", root, e))
 }
 
 /// Why writing or finishing a transfer failed, by kind: the sender's
@@ -91,6 +70,14 @@ pub enum DestError {
 impl From<String> for DestError {
     fn from(why: String) -> DestError {
         DestError::Failed(why)
+    }
+}
+
+/// What the disk did not do is this end's failure, whatever the kind
+/// (the refusals are found while planning, before any data comes).
+impl From<Error> for DestError {
+    fn from(e: Error) -> DestError {
+        DestError::Failed(e.to_string())
     }
 }
 
@@ -216,11 +203,11 @@ impl FileTarget {
             self.dest.create_staged(&self.staged)
         };
         let file = file.map_err(|e| match e.raw_os_error() {
-            Some(libc::EEXIST) => format!(
+            Some(libc::EEXIST) => DestError::Failed(format!(
                 "`{}` is being received by another transfer at the same time; run this one again when it is done",
                 self.rel
-            ),
-            _ => io_error("create", &self.shown(), &e),
+            )),
+            _ => Error::disk("create", &self.shown(), e).into(),
         })?;
         self.created.store(true, Ordering::Release);
         *handle = Some(file);
@@ -245,14 +232,14 @@ impl FileTarget {
         let dir = self
             .dest
             .open_dir(&self.dir)
-            .map_err(|e| io_error("open", &self.dest.shown(&self.dir), &e))?;
+            .map_err(|e| Error::disk("open", &self.dest.shown(&self.dir), e))?;
         let mut old = dest_dir::open_file(&dir, &self.name)
-            .map_err(|e| io_error("read", &self.shown(), &e))?;
+            .map_err(|e| Error::disk("read", &self.shown(), e))?;
         let mut new = self
             .dest
             .create_staged(&self.staged)
-            .map_err(|e| io_error("create", &self.shown(), &e))?;
-        io::copy(&mut old, &mut new).map_err(|e| io_error("copy", &self.shown(), &e))?;
+            .map_err(|e| Error::disk("create", &self.shown(), e))?;
+        io::copy(&mut old, &mut new).map_err(|e| Error::disk("copy", &self.shown(), e))?;
         self.created.store(true, Ordering::Release);
         *handle = Some(new);
         Ok(())
@@ -274,20 +261,20 @@ impl FileTarget {
         self.open(&mut handle)?;
         let file = handle.as_ref().expect("opened above");
         file.write_all_at(data, chunk * CHUNK_SIZE)
-            .map_err(|e| io_error("write", &self.shown(), &e).into())
+            .map_err(|e| Error::disk("write", &self.shown(), e).into())
     }
 
     /// A chunk handed to a writer is done with, written or not: when it was
     /// the last one outstanding, the file is synced (with `fsync`) and
     /// closed.
-    pub fn chunk_done(&self, fsync: bool) -> Result<(), String> {
+    pub fn chunk_done(&self, fsync: bool) -> Result<(), Error> {
         if self.writing.fetch_sub(1, Ordering::AcqRel) != 1 {
             return Ok(());
         }
         match self.handle.lock().expect("writer panicked").take() {
             Some(file) if fsync => file
                 .sync_all()
-                .map_err(|e| io_error("sync", &self.shown(), &e)),
+                .map_err(|e| Error::disk("sync", &self.shown(), e)),
             _ => Ok(()),
         }
     }
@@ -311,28 +298,28 @@ impl FileTarget {
         let file = handle.take().expect("opened above");
         if !data.iter().all(|&b| b == 0) {
             file.write_all_at(data, 0)
-                .map_err(|e| io_error("write", &self.shown(), &e))?;
+                .map_err(|e| Error::disk("write", &self.shown(), e))?;
         }
         Ok(self.set_attrs(&file, fsync)?)
     }
 
-    fn set_attrs(&self, file: &File, fsync: bool) -> Result<(), String> {
+    fn set_attrs(&self, file: &File, fsync: bool) -> Result<(), Error> {
         let at = self.shown();
         // Chunks of zeros at the end were not written, and a partial file
         // from an earlier attempt may be longer: the length is set here.
         let len = file
             .metadata()
-            .map_err(|e| io_error("look at", &at, &e))?
+            .map_err(|e| Error::disk("look at", &at, e))?
             .len();
         if len != self.size {
             file.set_len(self.size)
-                .map_err(|e| io_error("size", &at, &e))?;
+                .map_err(|e| Error::disk("size", &at, e))?;
         }
-        dest_dir::set_mode(file, self.mode).map_err(|e| io_error("set the mode of", &at, &e))?;
+        dest_dir::set_mode(file, self.mode).map_err(|e| Error::disk("set the mode of", &at, e))?;
         file.set_times(std::fs::FileTimes::new().set_modified(self.mtime))
-            .map_err(|e| io_error("set the mtime of", &at, &e))?;
+            .map_err(|e| Error::disk("set the mtime of", &at, e))?;
         if fsync {
-            file.sync_all().map_err(|e| io_error("sync", &at, &e))?;
+            file.sync_all().map_err(|e| Error::disk("sync", &at, e))?;
         }
         self.ready.store(true, Ordering::Release);
         Ok(())
@@ -340,10 +327,10 @@ impl FileTarget {
 
     /// Renames the ready file to its final name in `dir` (its directory,
     /// opened beneath DEST).
-    fn put_in_place(&self, dir: &OwnedFd, replace: bool) -> Result<(), String> {
+    fn put_in_place(&self, dir: &OwnedFd, replace: bool) -> Result<(), Error> {
         self.dest
             .place(&self.staged, dir, &self.name, replace)
-            .map_err(|e| io_error("rename into place", &self.shown(), &e))
+            .map_err(|e| Error::disk("rename into place", &self.shown(), e))
     }
 }
 

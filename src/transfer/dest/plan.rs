@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 
 use super::policy::{link_stays_beneath, ReceivePolicy, SymlinkPolicy};
 use super::{
-    io_error, join_rel, split_first, split_rel, staged_name, to_system_time, FileTarget, Part,
-    Prepared, NOT_HELD,
+    join_rel, split_first, split_rel, staged_name, to_system_time, FileTarget, Part, Prepared,
+    NOT_HELD,
 };
 use crate::io::dest_dir::{self, DestDir, Found, STAGING_DIR};
 use crate::transfer::hash::{chunk_count, chunk_cv, chunk_len, Cv, CHUNK_SIZE};
@@ -28,6 +28,7 @@ use crate::transfer::manifest::{Entry, EntryKind, Manifest, RelPath};
 use crate::transfer::messages::{FilePart, FilePlan, Options, PlanRequest};
 use crate::transfer::parts;
 use crate::transfer::staged::ToStage;
+use crate::transfer::Error;
 use crate::util::text::shown;
 
 /// An existing file `--checksum` compared.
@@ -80,8 +81,8 @@ pub fn prepare(
     policy: &ReceivePolicy,
     request: PlanRequest,
     checksum_budget: u64,
-    admit: impl FnOnce(&[ToStage<'_>]) -> Result<(), String>,
-) -> Result<Prepared, String> {
+    admit: impl FnOnce(&[ToStage<'_>]) -> Result<(), Error>,
+) -> Result<Prepared, Error> {
     let PlanRequest {
         options: asked,
         subdir,
@@ -126,7 +127,8 @@ pub fn prepare(
     }
     if !planner.conflicts.is_empty() {
         let conflicts = &planner.conflicts;
-        return Err(conflicts_refusal(conflicts, &asked, &planner, &dest_shown));
+        let why = conflicts_refusal(conflicts, &asked, &planner, &dest_shown);
+        return Err(Error::Refused { why });
     }
     admit(&planner.to_stage())?;
     // A dry run ends here: the answer is made, nothing is created.
@@ -207,15 +209,13 @@ fn reserved(rel: &[u8]) -> bool {
 /// The subdirectory: every existing component must be a real directory.
 /// Returns the components still to create, parents first (none: DEST/SUBDIR
 /// exists).
-fn check_subdir(dirs: &mut DirCache<'_>, subdir: Option<&RelPath>) -> Result<Vec<Vec<u8>>, String> {
+fn check_subdir(dirs: &mut DirCache<'_>, subdir: Option<&RelPath>) -> Result<Vec<Vec<u8>>, Error> {
     let mut to_create: Vec<Vec<u8>> = Vec::new();
     let Some(s) = subdir else {
         return Ok(to_create);
     };
     if reserved(s.as_bytes()) {
-        return Err(format!(
-            "{STAGING_DIR} is reserved for atou's partial files"
-        ));
+        return Err(Error::Reserved { entry: None });
     }
     let dest_dir = dirs.dest;
     let mut rel = Vec::new();
@@ -230,10 +230,9 @@ fn check_subdir(dirs: &mut DirCache<'_>, subdir: Option<&RelPath>) -> Result<Vec
             Found::Nothing => to_create.push(rel.clone()),
             Found::Symlink => return Err(symlink_in_the_way(&dest_dir.shown(&rel))),
             _ => {
-                return Err(format!(
-                    "{} exists and is not a directory",
-                    shown(dest_dir.shown(&rel).as_os_str().as_encoded_bytes())
-                ))
+                return Err(Error::SubdirInTheWay {
+                    path: dest_dir.shown(&rel),
+                })
             }
         }
     }
@@ -276,12 +275,11 @@ struct Planner<'a> {
 impl<'a> Planner<'a> {
     /// Checks the next entry (at `rel` beneath DEST) against what is
     /// there, by its kind.
-    fn check_entry(&mut self, entry: &Entry, rel: Vec<u8>) -> Result<(), String> {
+    fn check_entry(&mut self, entry: &Entry, rel: Vec<u8>) -> Result<(), Error> {
         if reserved(&rel) {
-            return Err(format!(
-                "`{}`: the name {STAGING_DIR} is reserved for atou's partial files",
-                entry.path
-            ));
+            return Err(Error::Reserved {
+                entry: Some(entry.path.to_string()),
+            });
         }
         let path = self.dest_dir.shown(&rel);
         // Parents are checked before children (the manifest guarantees
@@ -321,7 +319,7 @@ impl<'a> Planner<'a> {
         rel: &[u8],
         found: Found,
         path: &Path,
-    ) -> Result<Decision, String> {
+    ) -> Result<Decision, Error> {
         let part = self.part_of.get(self.targets.len()).cloned().flatten();
         // One session sees one part of a split file: it cannot compare
         // the whole by content, so with --checksum such a file is never
@@ -389,7 +387,7 @@ impl<'a> Planner<'a> {
         staged: &str,
         compare: bool,
         part: Option<&Range<u64>>,
-    ) -> Result<Held, String> {
+    ) -> Result<Held, Error> {
         match self.dest_dir.look_staged(staged) {
             Ok(Found::Nothing) if compare => self.hash_existing(rel, size).map(Held::Existing),
             Ok(Found::Nothing) => Ok(Held::Nothing),
@@ -399,35 +397,35 @@ impl<'a> Planner<'a> {
                     .dest_dir
                     .open_staged(staged, false)
                     .and_then(|f| hash_partial(&f, size, part))
-                    .map_err(|e| io_error("read", &at, &e))?;
+                    .map_err(|e| Error::disk("read", &at, e))?;
                 Ok(Held::Partial { cvs, len })
             }
-            Ok(_) => Err(format!(
-                "the partial file of `{}` in {STAGING_DIR} is not a regular file; remove it",
-                entry.path
-            )),
-            Err(e) => Err(io_error("look at", &self.dest_dir.shown(rel), &e)),
+            Ok(_) => Err(Error::StagedInTheWay {
+                entry: entry.path.to_string(),
+            }),
+            Err(e) => Err(Error::disk("look at", &self.dest_dir.shown(rel), e)),
         }
     }
 
     /// The existing file's chunk values, as if it were a partial file: the
     /// sender sends only those that differ. What is read counts against
     /// this receiver's `--max-checksum`.
-    fn hash_existing(&mut self, rel: &[u8], size: u64) -> Result<Vec<Cv>, String> {
+    fn hash_existing(&mut self, rel: &[u8], size: u64) -> Result<Vec<Cv>, Error> {
         self.checksummed = self.checksummed.saturating_add(size);
         if self.checksummed > self.checksum_budget {
-            return Err(format!(
+            let why = format!(
                 "--checksum would have this server read more than {} of existing files for \
                  one transfer, its limit (--max-checksum); send without --checksum, or in parts",
                 crate::util::units::format_size(self.checksum_budget)
-            ));
+            );
+            return Err(Error::OverBudget { why });
         }
         let (d, n) = split_rel(rel);
         self.dirs
             .get(d)
             .and_then(|fd| dest_dir::open_file(fd, n))
             .and_then(|f| hash_partial(&f, size, None))
-            .map_err(|e| io_error("read", &self.dest_dir.shown(rel), &e))
+            .map_err(|e| Error::disk("read", &self.dest_dir.shown(rel), e))
     }
 
     /// A symlink: refused unless the policy allows it, judged where it
@@ -439,9 +437,10 @@ impl<'a> Planner<'a> {
         rel: &[u8],
         found: Found,
         path: &Path,
-    ) -> Result<Decision, String> {
+    ) -> Result<Decision, Error> {
         if !self.symlink_allowed(rel, target) {
-            return Err(symlink_refusal(self.policy, entry, target));
+            let why = symlink_refusal(self.policy, entry, target);
+            return Err(Error::Refused { why });
         }
         let options = self.options;
         match found {
@@ -493,7 +492,7 @@ impl<'a> Planner<'a> {
     /// New directories are private until the finish gives them their
     /// mode, as tar does. Returns, per entry, whether it is a directory
     /// this transfer created.
-    fn create(&self, to_create: &[Vec<u8>], entries: &[Entry]) -> Result<Vec<bool>, String> {
+    fn create(&self, to_create: &[Vec<u8>], entries: &[Entry]) -> Result<Vec<bool>, Error> {
         let dest_dir = self.dest_dir;
         let sub_mode = 0o777 & !self.policy.umask;
         for rel in to_create {
@@ -514,7 +513,7 @@ impl<'a> Planner<'a> {
                     t.size,
                     self.options.fsync,
                 )
-                .map_err(|e| io_error("start the record of the parts of", &t.shown(), &e))?;
+                .map_err(|e| Error::disk("start the record of the parts of", &t.shown(), e))?;
             }
         }
         Ok(created)
@@ -522,7 +521,7 @@ impl<'a> Planner<'a> {
 }
 
 /// A directory: nothing there yet, or a directory, which it merges into.
-fn check_dir(found: Found, path: &Path) -> Result<(), String> {
+fn check_dir(found: Found, path: &Path) -> Result<(), Error> {
     match found {
         Found::Nothing | Found::Dir => Ok(()),
         Found::Symlink => Err(symlink_in_the_way(path)),
@@ -541,7 +540,7 @@ fn file_decision(
     options: &Options,
     by_content: bool,
     path: &Path,
-) -> Result<Decision, String> {
+) -> Result<Decision, Error> {
     match found {
         Found::Dir => Err(in_the_way(path, "a directory")),
         Found::Other => Err(in_the_way(path, "not a regular file")),
@@ -630,18 +629,17 @@ fn conflicts_refusal(
     )
 }
 
-fn in_the_way(path: &Path, what: &str) -> String {
-    format!(
-        "{} exists and is {what}; remove it or choose another destination",
-        shown(path.as_os_str().as_encoded_bytes())
-    )
+fn in_the_way(path: &Path, what: &'static str) -> Error {
+    Error::InTheWay {
+        path: path.to_path_buf(),
+        what,
+    }
 }
 
-fn symlink_in_the_way(path: &Path) -> String {
-    format!(
-        "{} is a symlink; atou does not write through symlinks in the destination",
-        shown(path.as_os_str().as_encoded_bytes())
-    )
+fn symlink_in_the_way(path: &Path) -> Error {
+    Error::SymlinkInTheWay {
+        path: path.to_path_buf(),
+    }
 }
 
 /// Hashes the chunks a partial file holds, for a file of `size` bytes:
@@ -713,14 +711,13 @@ impl<'a> DirCache<'a> {
     }
 
     /// What `rel` is; `Nothing` when its directory does not exist yet.
-    fn look(&mut self, rel: &[u8]) -> Result<Found, String> {
+    fn look(&mut self, rel: &[u8]) -> Result<Found, Error> {
         let (dir, name) = split_rel(rel);
         match self.get(dir) {
-            Ok(fd) => {
-                dest_dir::look(fd, name).map_err(|e| io_error("look at", &self.dest.shown(rel), &e))
-            }
+            Ok(fd) => dest_dir::look(fd, name)
+                .map_err(|e| Error::disk("look at", &self.dest.shown(rel), e)),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(Found::Nothing),
-            Err(e) => Err(io_error("look at", &self.dest.shown(rel), &e)),
+            Err(e) => Err(Error::disk("look at", &self.dest.shown(rel), e)),
         }
     }
 }
@@ -730,11 +727,11 @@ fn dirs_read_link(dirs: &mut DirCache<'_>, rel: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Creates directory `rel` beneath DEST; whether it is new.
-fn make_dir(dest: &DestDir, rel: &[u8], mode: u32) -> Result<bool, String> {
+fn make_dir(dest: &DestDir, rel: &[u8], mode: u32) -> Result<bool, Error> {
     let (dir, name) = split_rel(rel);
     dest.open_dir(dir)
         .and_then(|fd| dest.make_dir(&fd, name, mode))
-        .map_err(|e| io_error("create directory", &dest.shown(rel), &e))
+        .map_err(|e| Error::disk("create directory", &dest.shown(rel), e))
 }
 
 #[cfg(test)]
@@ -784,6 +781,7 @@ mod tests {
                 parts,
             };
             prepare(&self.dest, policy, request, checksum_budget, |_| Ok(()))
+                .map_err(|e| e.to_string())
         }
     }
 

@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::split_first;
 use crate::transfer::messages::PlanRequest;
+use crate::transfer::Error;
 use crate::util::text::shown;
 
 /// Which symlinks a receiver creates.
@@ -179,12 +180,11 @@ impl Requested {
 
     /// Whether `request` holds only what was asked for; why not, naming
     /// the first entry that was not.
-    pub fn check(&self, request: &PlanRequest) -> Result<(), String> {
+    pub fn check(&self, request: &PlanRequest) -> Result<(), Error> {
         if let Some(sub) = &request.subdir {
-            return Err(format!(
-                "the sender named a subdirectory `{sub}` of the destination, which was not \
-                 asked for; refused, nothing written"
-            ));
+            return Err(Error::UnaskedSubdir {
+                subdir: sub.to_string(),
+            });
         }
         let mut used = vec![false; self.wanted.len()];
         let mut tops: HashSet<&[u8]> = HashSet::new();
@@ -213,12 +213,10 @@ impl Requested {
                     continue;
                 }
             }
-            return Err(format!(
-                "the sender sent `{}`, which was not asked for (asked for: {}); refused, \
-                 nothing written",
-                entry.path,
-                self.shown.join(", ")
-            ));
+            return Err(Error::UnaskedEntry {
+                entry: entry.path.to_string(),
+                asked: self.shown.join(", "),
+            });
         }
         Ok(())
     }
@@ -471,13 +469,14 @@ mod tests {
             vec!["report.txt", "report.txt"],
             vec!["data"],
         ] {
-            let why = asked.check(&plan_of(None, &bad)).unwrap_err();
+            let why = asked.check(&plan_of(None, &bad)).unwrap_err().to_string();
             assert!(why.contains("which was not asked for"), "{bad:?}: {why}");
             assert!(why.contains("data/report.txt, runs/, logs"), "{why}");
         }
         let why = asked
             .check(&plan_of(Some("sub"), &["report.txt"]))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(why.contains("subdirectory `sub`"), "{why}");
     }
 

@@ -26,13 +26,14 @@ use tokio::sync::Notify;
 
 use self::session::{Action, Sessions, Who};
 use self::workers::{Done, Workers};
-use super::dest::{self, Prepared, ReceivePolicy};
+use super::dest::{Prepared, ReceivePolicy};
 use super::messages::Outcome;
 use super::staged::StagedQuota;
 use crate::io::dest_dir::DestDir;
 use crate::io::ServeApp;
 use crate::proto::endpoint::server::{Arrival, ConnEnd, SessionEvent};
 use crate::proto::Server;
+use crate::transfer::Error;
 
 /// What a receiver tells its operator.
 #[derive(Debug, Clone)]
@@ -164,7 +165,7 @@ impl FileReceiver {
     pub fn new(
         config: ReceiveConfig,
         on_event: impl FnMut(ReceiveEvent) + Send + 'static,
-    ) -> Result<FileReceiver, String> {
+    ) -> Result<FileReceiver, Error> {
         Self::with_mode(config, on_event, false)
     }
 
@@ -174,7 +175,7 @@ impl FileReceiver {
     pub fn dry_run(
         config: ReceiveConfig,
         on_event: impl FnMut(ReceiveEvent) + Send + 'static,
-    ) -> Result<FileReceiver, String> {
+    ) -> Result<FileReceiver, Error> {
         Self::with_mode(config, on_event, true)
     }
 
@@ -182,13 +183,13 @@ impl FileReceiver {
         config: ReceiveConfig,
         on_event: impl FnMut(ReceiveEvent) + Send + 'static,
         dry_runs_only: bool,
-    ) -> Result<FileReceiver, String> {
+    ) -> Result<FileReceiver, Error> {
         let open = if dry_runs_only {
             DestDir::open_unchanged(&config.root)
         } else {
             DestDir::open(&config.root)
         };
-        let dest = open.map_err(|e| dest::io_error("use destination", &config.root, &e))?;
+        let dest = open.map_err(|e| Error::disk("use destination", &config.root, e))?;
         // A server's refusals go to its peers: they name paths from DEST,
         // not where DEST is on this host.
         let dest = Arc::new(if config.policy.users_own {
@@ -266,7 +267,7 @@ fn load_quota(
     config: &ReceiveConfig,
     dest: &DestDir,
     max_bytes: u64,
-) -> Result<Arc<StagedQuota>, String> {
+) -> Result<Arc<StagedQuota>, Error> {
     let limits = &config.limits;
     let quota = StagedQuota::load(
         dest,
@@ -276,7 +277,7 @@ fn load_quota(
     )
     .map_err(|e| {
         let staging = dest.path().join(crate::io::dest_dir::STAGING_DIR);
-        dest::io_error("read the claims of staged files in", &staging, &e)
+        Error::disk("read the claims of staged files in", &staging, e)
     })?;
     Ok(Arc::new(quota))
 }
@@ -351,11 +352,13 @@ impl ServeApp for NoFiles {
 }
 
 /// Checks that `root` can receive files.
-pub fn check_root(root: &Path) -> Result<PathBuf, String> {
-    let meta = std::fs::metadata(root).map_err(|e| dest::io_error("use destination", root, &e))?;
+pub fn check_root(root: &Path) -> Result<PathBuf, Error> {
+    let meta = std::fs::metadata(root).map_err(|e| Error::disk("use destination", root, e))?;
     if !meta.is_dir() {
-        return Err(format!("{} is not a directory", root.display()));
+        return Err(Error::DestNotDir {
+            path: root.to_path_buf(),
+        });
     }
     root.canonicalize()
-        .map_err(|e| dest::io_error("use destination", root, &e))
+        .map_err(|e| Error::disk("use destination", root, e))
 }

@@ -30,6 +30,7 @@ use crate::transfer::messages::{
 };
 use crate::transfer::shard::part_bytes;
 use crate::transfer::staged::Owner;
+use crate::transfer::Error;
 
 /// When a sender turned away busy is told to come back: about the time a
 /// small transfer takes to finish and free its place.
@@ -81,7 +82,7 @@ pub(super) fn granted(
     mut plan: PlanRequest,
     policy: &ReceivePolicy,
     grant: Option<Grant>,
-) -> Result<(PlanRequest, ReceivePolicy), String> {
+) -> Result<(PlanRequest, ReceivePolicy), Error> {
     let Some(grant) = grant else {
         return Ok((plan, policy.clone()));
     };
@@ -94,9 +95,7 @@ pub(super) fn granted(
             path.push(b'/');
             path.extend_from_slice(sub.as_bytes());
         }
-        plan.subdir = Some(
-            RelPath::new(path).map_err(|e| format!("the key's subdir= with the plan's: {e}"))?,
-        );
+        plan.subdir = Some(RelPath::new(path).map_err(Error::KeySubdir)?);
     }
     Ok((plan, policy))
 }
@@ -569,10 +568,11 @@ impl<P: PlanView> Sessions<P> {
         &mut self,
         session: SessionKey,
         conn_id: u64,
-        result: Result<P, String>,
+        result: Result<P, Error>,
     ) {
         match result {
-            Err(why) => {
+            Err(e) => {
+                let why = e.to_string();
                 if let Some(peer) = self.sessions.get(&session).map(|s| s.peer) {
                     self.report_failed(peer, None, why.clone());
                 }
@@ -844,12 +844,12 @@ impl<P: PlanView> Sessions<P> {
 
     /// What `who` may do, from its authorized key's options; `Err` if the
     /// key is not (or no longer) authorized.
-    fn grant(&self, who: Who) -> Result<Option<Grant>, String> {
+    fn grant(&self, who: Who) -> Result<Option<Grant>, Error> {
         let (Who::Key(key), Some(keys)) = (who, &self.authorized) else {
             return Ok(None);
         };
         let Some(entry) = keys.find(&key) else {
-            return Err("its key is not in this server's authorized keys".to_string());
+            return Err(Error::KeyNotAuthorized);
         };
         Ok(Some(Grant {
             subdir: entry
@@ -927,7 +927,7 @@ impl<P: PlanView> Sessions<P> {
         let (session, peer, id, who) = (conn.session, conn.peer, conn.session_id, conn.who);
         let grant = match self.grant(who) {
             Ok(g) => g,
-            Err(why) => return self.refuse(conn_id, peer, why),
+            Err(e) => return self.refuse(conn_id, peer, e.to_string()),
         };
         if self.sessions.contains_key(&session) {
             let why = "a second plan for one session".to_string();
@@ -1638,8 +1638,13 @@ mod tests {
         let mut rig = Rig::new(limits(), false);
         let (conn, actions) = rig.request(SID, peer(1), &plan_bytes(&[10]));
         let session = plan_job(&actions).unwrap();
-        rig.s
-            .on_planned(session, conn, Err("a file in the way".to_string()));
+        rig.s.on_planned(
+            session,
+            conn,
+            Err(Error::Refused {
+                why: "a file in the way".into(),
+            }),
+        );
         let actions = rig.drain();
         assert_eq!(
             plan_reply(&actions, conn, &[10]),

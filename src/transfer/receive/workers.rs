@@ -24,6 +24,7 @@ use crate::transfer::hash::{chunk_cv, Cv};
 use crate::transfer::layout::CV_LEN;
 use crate::transfer::messages::{FilePlan, Options, PlanRequest, Request};
 use crate::transfer::staged::{Owner, StagedQuota, ToStage};
+use crate::transfer::Error;
 
 impl PlanView for Prepared {
     fn dest(&self) -> &Path {
@@ -69,7 +70,7 @@ pub(super) enum Done {
     Plan {
         session: SessionKey,
         conn_id: u64,
-        result: Result<Prepared, String>,
+        result: Result<Prepared, Error>,
     },
     /// A plan that must wait for a place (a `--checksum` plan while
     /// others take their share of the planners).
@@ -111,14 +112,15 @@ impl Workers {
         dest: &Arc<DestDir>,
         quota: Option<Arc<StagedQuota>>,
         dry_runs_only: bool,
-    ) -> Result<Workers, String> {
+    ) -> Result<Workers, Error> {
         let (jobs, job_rx) = mpsc::channel::<Job<Prepared>>();
         let (plan_jobs, plan_rx) = mpsc::sync_channel(config.limits.plan_queue);
         let (done_tx, done_rx) = mpsc::channel();
         let notify = Arc::new(Notify::new());
         let job_rx = Arc::new(Mutex::new(job_rx));
         let plan_rx = Arc::new(Mutex::new(plan_rx));
-        let cannot = |e: std::io::Error| format!("cannot start a receiver thread: {e}");
+        let cannot =
+            |e: std::io::Error| Error::System(format!("cannot start a receiver thread: {e}"));
         for i in 0..config.writers.max(1) {
             let (j, d, n) = (job_rx.clone(), done_tx.clone(), notify.clone());
             thread::Builder::new()
@@ -363,7 +365,7 @@ fn planner(
 #[allow(clippy::large_enum_variant)]
 enum Planned {
     /// Checked against the disk: prepared, or refused and why.
-    Ready(Result<Prepared, String>),
+    Ready(Result<Prepared, Error>),
     /// Not now: come back later.
     Busy(String),
 }
@@ -378,23 +380,21 @@ fn plan_one(
 ) -> Planned {
     let plan = match Request::decode(bytes) {
         Ok(Request::Plan(plan)) => plan,
-        Ok(_) => {
-            let why = "a request that is not a plan where a plan belongs";
-            return Planned::Ready(Err(why.to_string()));
-        }
-        Err(e) => return Planned::Ready(Err(format!("a malformed plan: {e}"))),
+        Ok(_) => return Planned::Ready(Err(Error::NotAPlan)),
+        Err(e) => return Planned::Ready(Err(Error::MalformedPlan(e))),
     };
     if rules.dry_runs_only && !plan.options.dry_run {
         let why = "this receiver answers dry runs only (--dry-run) and writes nothing";
-        return Planned::Ready(Err(why.to_string()));
+        return Planned::Ready(Err(Error::Refused { why: why.into() }));
     }
     if plan.manifest.entries.len() > rules.max_entries {
-        return Planned::Ready(Err(format!(
+        let why = format!(
             "a transfer of {} entries, over this server's limit of {} (--max-files); send it \
              in parts",
             plan.manifest.entries.len(),
             rules.max_entries
-        )));
+        );
+        return Planned::Ready(Err(Error::OverBudget { why }));
     }
     // A --checksum plan reads existing files whole: it may hold a planner
     // only while another is left for plans without it.
@@ -423,7 +423,7 @@ fn prepare(
     plan: PlanRequest,
     grant: Option<Grant>,
     owner: Owner,
-) -> Result<Prepared, String> {
+) -> Result<Prepared, Error> {
     let policy = &rules.policy;
     let record = !plan.options.dry_run;
     let mut claim = None;
@@ -477,17 +477,19 @@ impl Drop for ChecksumPlace<'_> {
 /// The session keeps a value per chunk it is told of: a manifest cannot
 /// claim more than DEST's whole file system, checked before anything is
 /// allocated or written.
-fn fits(dest: &DestDir, plan: &PlanRequest) -> Result<(), String> {
+fn fits(dest: &DestDir, plan: &PlanRequest) -> Result<(), Error> {
     let total = crate::transfer::file_sizes(&plan.manifest)
         .iter()
         .fold(0u64, |a, &s| a.saturating_add(s));
     match dest.filesystem_size() {
-        Ok(fs_size) if total > fs_size => Err(format!(
-            "the files add up to {}, more than the whole file system of {} ({})",
-            crate::util::units::format_size(total),
-            dest.shown(b"").display(),
-            crate::util::units::format_size(fs_size)
-        )),
+        Ok(fs_size) if total > fs_size => Err(Error::OverBudget {
+            why: format!(
+                "the files add up to {}, more than the whole file system of {} ({})",
+                crate::util::units::format_size(total),
+                dest.shown(b"").display(),
+                crate::util::units::format_size(fs_size)
+            ),
+        }),
         _ => Ok(()),
     }
 }

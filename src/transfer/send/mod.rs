@@ -48,8 +48,12 @@ pub enum SendError {
     Refused { host: String, why: String },
     #[error("the transfer to {host} failed: {why}")]
     Failed { host: String, why: String },
+    /// A file being sent, as the transport's feed reported it.
     #[error("{0}")]
     Source(String),
+    /// A file being sent, read while comparing chunks.
+    #[error(transparent)]
+    Read(#[from] crate::transfer::Error),
     #[error(
         "a reply from {host} that does not decode ({why}); are both ends the same atou release?"
     )]
@@ -102,6 +106,7 @@ impl SendError {
     pub fn fault(&self) -> Fault {
         match self {
             SendError::Walk(_) | SendError::Source(_) => Fault::Io,
+            SendError::Read(e) => e.fault(),
             SendError::Conn(e) => probe_fault(e),
             SendError::Refused { .. } => Fault::Refused,
             SendError::Failed { .. } => Fault::Partial,

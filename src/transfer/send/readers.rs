@@ -18,11 +18,12 @@ use crate::transfer::hash::{chunk_cv, chunk_len, Cv};
 use crate::transfer::layout::{header_for, Layout, CV_LEN};
 use crate::transfer::messages::ChunkRef;
 use crate::transfer::source::Sources;
+use crate::transfer::Error;
 
 /// A chunk read from disk: its data followed by its BLAKE3 value.
 struct ReadDone {
     slot: usize,
-    result: Result<Vec<u8>, String>,
+    result: Result<Vec<u8>, Error>,
 }
 
 struct ReadJob {
@@ -62,7 +63,7 @@ impl ChunkPool {
 
 /// Reads a chunk from its file's one descriptor (see [`Sources`]) and
 /// appends its BLAKE3 value.
-fn read_chunk(job: &ReadJob, pool: &ChunkPool) -> Result<Vec<u8>, String> {
+fn read_chunk(job: &ReadJob, pool: &ChunkPool) -> Result<Vec<u8>, Error> {
     let size = job.sources.size(job.file);
     let len = chunk_len(size, job.chunk);
     let mut buf = pool.take(len + CV_LEN as usize);
@@ -112,7 +113,7 @@ impl Readers {
         &self,
         sources: &Arc<Sources>,
         chunks: &[ChunkRef],
-    ) -> Result<Vec<(ChunkRef, Cv)>, String> {
+    ) -> Result<Vec<(ChunkRef, Cv)>, Error> {
         let (tx, rx) = mpsc::channel();
         let notify = Arc::new(Notify::new());
         for c in chunks {
@@ -282,7 +283,7 @@ impl FileFeed {
     }
 
     /// Takes in the chunks the readers have finished.
-    fn take_reads(&mut self) -> Result<(), String> {
+    fn take_reads(&mut self) -> Result<(), Error> {
         while let Ok(done) = self.done_rx.try_recv() {
             let buf = done.result?;
             let slot = self.layout.slots[done.slot];
@@ -397,7 +398,9 @@ impl PayloadSource for FileFeed {
 impl StreamFeed for FileFeed {
     fn refill(&mut self, acked: u64) -> Result<Option<u64>, crate::io::FeedError> {
         self.siblings.acked(acked, self.layout.total_len());
-        self.take_reads()?;
+        // The transport's feed speaks in messages: the read's error ends
+        // the connection as its one line.
+        self.take_reads().map_err(|e| e.to_string())?;
         self.free_acked(acked);
         self.read_ahead();
         Ok(Some(self.extend_contiguous()))

@@ -159,9 +159,7 @@ impl<'a> SendSession<'a> {
             if held.len() == 1 { "" } else { "s" }
         ));
         let ours = held_chunks(&self.plan, &held);
-        let ours = readers
-            .values(&self.plan.sources, &ours)
-            .map_err(SendError::Source)?;
+        let ours = readers.values(&self.plan.sources, &ours)?;
         selection.take_compared(compare(&held, ours), &self.plan, &mut self.values);
         Ok(selection)
     }
