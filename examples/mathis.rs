@@ -12,9 +12,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use atou::config::keys::{format_public_key, AuthorizedKeys};
-use atou::proto::crypto::{Cipher, ClientAuth, ServerAuth, StaticKeypair};
-use atou::proto::RecoveryKind;
+use atou::internals::keys::{format_public_key, AuthorizedKeys};
+use atou::internals::crypto::{Cipher, ClientAuth, ServerAuth, StaticKeypair};
+use atou::RecoveryKind;
 use atou::sim::scenarios::{mathis_expected_c, mathis_through, Endpoints};
 
 fn endpoints(name: &str) -> Result<Endpoints, Box<dyn std::error::Error>> {

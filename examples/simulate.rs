@@ -4,8 +4,8 @@
 //!
 //!     cargo run --example simulate
 
-use atou::proto::Observer;
-use atou::proto::{RecoveryKind, TimedEvent, Tuning};
+use atou::Observer;
+use atou::{RecoveryKind, TimedEvent, Tuning};
 use atou::sim::{SimConfig, Simulation};
 
 struct PrintEvents;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use atou::netem::NetemSpec;
-use atou::proto::{
+use atou::{
     CcKind, Event, Observer, Recorder, RecoveryKind, TimedEvent, TraceRecord, Tuning,
 };
 use atou::sim::{

@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use atou::proto::{CcKind, Observer, RecoveryKind, TimedEvent, Tuning};
+use atou::{CcKind, Observer, RecoveryKind, TimedEvent, Tuning};
 use atou::sim::{run_flows, FlowConfig, FlowsConfig, FlowsResult, RunEnd, SimConfig, Simulation};
 
 /// The path cache of the atou processes this test starts: its own, so

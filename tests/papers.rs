@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use atou::netem::NetemSpec;
-use atou::proto::stream::rtt::RttEstimator;
-use atou::proto::wire::DATA_HEADER_LEN;
-use atou::proto::{
+use atou::internals::rtt::RttEstimator;
+use atou::internals::wire::DATA_HEADER_LEN;
+use atou::{
     CcKind, Event, Recorder, RecoveryKind, ReductionKind, ReorderingKind, SsthreshEstimate, Time,
     TimedEvent, TraceRecord, Tuning,
 };
@@ -502,8 +502,8 @@ fn mathis_failures(name: &str, endpoints: &Endpoints, ps: &[f64]) -> Vec<String>
 /// Keys for a `Client` and a `Server` that know each other: how a
 /// scenario runs through the Noise handshake, every packet sealed.
 fn keyed_endpoints() -> Endpoints {
-    use atou::config::keys::{format_public_key, AuthorizedKeys};
-    use atou::proto::crypto::{Cipher, ClientAuth, ServerAuth, StaticKeypair};
+    use atou::internals::keys::{format_public_key, AuthorizedKeys};
+    use atou::internals::crypto::{Cipher, ClientAuth, ServerAuth, StaticKeypair};
     let server = StaticKeypair::generate().unwrap();
     let client = StaticKeypair::generate().unwrap();
     let line = format_public_key(&client.public(), "scenario") + "\n";
@@ -991,7 +991,7 @@ fn linux_3_quick_acks_hold_through_the_handshake() {
             let tag = match &endpoints {
                 Endpoints::Keys(server, client) => {
                     config = config.authenticated(server.clone(), client.clone());
-                    atou::proto::crypto::protect::TAG_LEN
+                    atou::internals::crypto::protect::TAG_LEN
                 }
                 _ => 0,
             };
@@ -1004,7 +1004,7 @@ fn linux_3_quick_acks_hold_through_the_handshake() {
                 "{name} quickack {quickack}"
             );
             assert_eq!(result.handshake.is_some(), tag > 0, "{name}");
-            let payload = atou::proto::crypto::payload_size(tuning.mss as usize, tag).unwrap();
+            let payload = atou::internals::crypto::payload_size(tuning.mss as usize, tag).unwrap();
             let acks = pair.client.sender().unwrap().stats().pkts_in;
             (sent_through(&rec.trace, 50_000, payload as u64), acks)
         });

@@ -22,7 +22,7 @@ pub(crate) mod shard;
 pub(crate) mod source;
 pub(crate) mod staged;
 
-pub use dest::{ReceivePolicy, SymlinkPolicy, UserFlags};
+pub use dest::policy::{ReceivePolicy, SymlinkPolicy, UserFlags};
 pub use receive::{FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport};
 pub use send::{send, Progress, SendConfig, SendError, SendReport};
 
