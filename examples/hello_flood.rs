@@ -25,8 +25,8 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use atou::proto::crypto::handshake::{random_id, ClientConfig, Initiator, Progress};
-use atou::proto::crypto::{Cipher, StaticKeypair};
+use atou::internals::crypto::handshake::{random_id, ClientConfig, Initiator, Progress};
+use atou::internals::crypto::{Cipher, StaticKeypair};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -34,7 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("usage: hello_flood ADDR KEY SECS [SOURCES] [distinct|varied]".into());
     }
     let server: SocketAddr = args[0].parse()?;
-    let server_key = atou::proto::crypto::parse_public_key(&args[1])?;
+    let server_key = atou::internals::crypto::parse_public_key(&args[1])?;
     let secs: f64 = args[2].parse()?;
     let sources: usize = args.get(3).map_or(Ok(1), |s| s.parse())?;
     let distinct = args.get(4).is_some_and(|a| a == "distinct");

@@ -4,9 +4,9 @@
 //!
 //!     cargo run --example simulate
 
-use atou::proto::Observer;
-use atou::proto::{RecoveryKind, TimedEvent, Tuning};
 use atou::sim::{SimConfig, Simulation};
+use atou::Observer;
+use atou::{RecoveryKind, TimedEvent, Tuning};
 
 struct PrintEvents;
 

@@ -1,5 +1,3 @@
-mod cli;
-
 fn main() -> std::process::ExitCode {
-    cli::main()
+    atou::run_cli()
 }

@@ -19,18 +19,18 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use atou::io::{self, fresh_conn_id, ProbeConfig, StreamFeed};
-use atou::proto::payload::PayloadSource;
-use atou::proto::wire::{
-    DataFlags, DataHeader as WireHeader, Hello, ReceiverParams, DATA_HEADER_LEN,
-};
-use atou::proto::Tuning;
-use atou::transfer::hash::{chunk_cv, file_hash, part_digest, Cv, CHUNK_SIZE};
-use atou::transfer::manifest::{Entry, EntryKind, Manifest, RelPath};
-use atou::transfer::messages::{
+use atou::internals::payload::PayloadSource;
+use atou::internals::transfer::hash::{chunk_cv, file_hash, part_digest, Cv, CHUNK_SIZE};
+use atou::internals::transfer::manifest::{Entry, EntryKind, Manifest, RelPath};
+use atou::internals::transfer::messages::{
     encode_abort, encode_finish, ChunkRange, DataHeader, FilePart, Options, Outcome, PlanReply,
     PlanRequest,
 };
+use atou::internals::wire::{
+    DataFlags, DataHeader as WireHeader, Hello, ReceiverParams, DATA_HEADER_LEN,
+};
+use atou::io::{self, fresh_conn_id, ProbeConfig, StreamFeed};
+use atou::Tuning;
 use netem_support::{say, Daemon, ATOU};
 
 /// The path cache of the atou processes this test starts: its own, so
@@ -613,8 +613,8 @@ fn token(sock: &UdpSocket, to: SocketAddr) -> Vec<u8> {
     sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let mut b = [0u8; 256];
     let (n, _) = sock.recv_from(&mut b).expect("a retry");
-    match atou::proto::wire::Packet::decode(&b[..n]) {
-        Ok(atou::proto::wire::Packet::Retry(r)) => r.token.to_vec(),
+    match atou::internals::wire::Packet::decode(&b[..n]) {
+        Ok(atou::internals::wire::Packet::Retry(r)) => r.token.to_vec(),
         other => panic!("not a retry: {other:?}"),
     }
 }
@@ -631,11 +631,11 @@ fn expect_welcome(sock: &UdpSocket) {
     let (n, _) = sock.recv_from(&mut b).expect("a welcome");
     assert!(
         matches!(
-            atou::proto::wire::Packet::decode(&b[..n]),
-            Ok(atou::proto::wire::Packet::Welcome(_))
+            atou::internals::wire::Packet::decode(&b[..n]),
+            Ok(atou::internals::wire::Packet::Welcome(_))
         ),
         "{:?}",
-        atou::proto::wire::Packet::decode(&b[..n])
+        atou::internals::wire::Packet::decode(&b[..n])
     );
 }
 
@@ -800,8 +800,8 @@ fn a_flood_of_hellos_from_one_address_does_not_lock_out_another() {
     let mut b = [0u8; 256];
     let (n, _) = one.recv_from(&mut b).expect("an answer");
     let welcomed = matches!(
-        atou::proto::wire::Packet::decode(&b[..n]),
-        Ok(atou::proto::wire::Packet::Welcome(_))
+        atou::internals::wire::Packet::decode(&b[..n]),
+        Ok(atou::internals::wire::Packet::Welcome(_))
     );
     assert!(welcomed, "the flood's slots were not given back");
 }
@@ -822,8 +822,8 @@ fn a_hello_cannot_grow_the_servers_socket_buffer() {
     sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let mut b = [0u8; 256];
     let (n, _) = sock.recv_from(&mut b).unwrap();
-    match atou::proto::wire::Packet::decode(&b[..n]).unwrap() {
-        atou::proto::wire::Packet::Welcome(w) => {
+    match atou::internals::wire::Packet::decode(&b[..n]).unwrap() {
+        atou::internals::wire::Packet::Welcome(w) => {
             assert!(
                 w.receiver.rcvbuf < 64 << 20,
                 "granted {}",
@@ -918,10 +918,12 @@ fn an_abort_text_cannot_forge_a_log_line_or_drive_the_terminal() {
 mod sans_io {
     use super::*;
 
+    use atou::internals::transfer::dest::ReceivePolicy;
+    use atou::internals::transfer::receive::{
+        FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits,
+    };
     use atou::io::ServeApp;
-    use atou::proto::{Server, ServerLimits, Time};
-    use atou::transfer::dest::ReceivePolicy;
-    use atou::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits};
+    use atou::{Server, ServerLimits, Time};
 
     const MSS: u32 = 1472;
 
@@ -1071,7 +1073,7 @@ mod sans_io {
         // their results are taken in, the connection goes idle, and the
         // same id comes back in the peer's other transfer with a stream of
         // one chunk.
-        let header_len = atou::transfer::messages::data_header_len(1) as u64;
+        let header_len = atou::internals::transfer::messages::data_header_len(1) as u64;
         let chunk0 = header_len..header_len + (1 << 20) + 32;
         rig.stream_without(from, session, 9, &data_stream(4, size), chunk0);
         rig.now += Duration::from_secs(700);

@@ -6,14 +6,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atou::netem::NetemSpec;
-use atou::proto::crypto::frame::{self, PROTECTED};
-use atou::proto::crypto::{
+use atou::internals::crypto::frame::{self, PROTECTED};
+use atou::internals::crypto::{
     format_public_key, AuthorizedKeys, Cipher, ClientAuth, ServerAuth, StaticKeypair,
 };
-use atou::proto::wire::{Close, DataFlags, DataHeader, Hello, ReceiverParams};
-use atou::proto::{Client, ConnError, PatternSource, Server, ServerLimits, Time, Tuning};
+use atou::internals::wire::{Close, DataFlags, DataHeader, Hello, ReceiverParams};
+use atou::netem::NetemSpec;
 use atou::sim::pair::{Dir, Pair};
+use atou::{Client, ConnError, PatternSource, Server, ServerLimits, Time, Tuning};
 
 const BYTES: u64 = 300_000;
 
@@ -109,7 +109,7 @@ fn an_authenticated_transfer_completes_and_nothing_after_the_hello_is_in_clear()
     // The pattern atou sends is recognisable: 64 bytes of it must never
     // be seen on the wire.
     let mut pattern = vec![0u8; 4096];
-    atou::proto::fill_pattern(0, &mut pattern);
+    atou::internals::payload::fill_pattern(0, &mut pattern);
     let needle = &pattern[1000..1064];
     let mut datagrams = 0;
     let mut clear = 0;
@@ -565,7 +565,7 @@ fn garbage_hello(seed: u64) -> Vec<u8> {
             blake3::hash(&[seed.to_be_bytes(), i.to_be_bytes()].concat()).as_bytes(),
         );
     }
-    let mut h = vec![b'A', b'T', atou::proto::wire::VERSION, 0x20];
+    let mut h = vec![b'A', b'T', atou::internals::wire::VERSION, 0x20];
     h.extend_from_slice(&seed.to_be_bytes());
     h.push(0);
     h.extend_from_slice(&(noise.len() as u16).to_be_bytes());
@@ -739,7 +739,7 @@ fn a_thousand_sources_get_no_more_than_the_global_handshake_budget() {
 /// a file: what a restart builds.
 fn started_at(wall_ns: u64, server_key: &StaticKeypair, client_key: &StaticKeypair) -> Server {
     let limits = ServerLimits {
-        replay_floor_ns: atou::proto::endpoint::server::replay_floor(wall_ns),
+        replay_floor_ns: atou::internals::server::replay_floor(wall_ns),
         ..ServerLimits::default()
     };
     Server::new(limits, 1 << 20, 2 << 20)
@@ -847,7 +847,7 @@ fn keeping_at(
     wall_ns: u64,
     server_key: &StaticKeypair,
     client_key: &StaticKeypair,
-    remembered: Vec<(atou::proto::crypto::PublicKey, u64)>,
+    remembered: Vec<(atou::internals::crypto::PublicKey, u64)>,
 ) -> Server {
     started_at(wall_ns, server_key, client_key).keeping_hello_timestamps(remembered)
 }
@@ -943,7 +943,7 @@ fn a_response_whose_table_could_not_be_saved_is_never_sent() {
     let ended = server
         .poll_report()
         .expect("the dropped connection's report");
-    assert_eq!(ended.end, atou::proto::ConnEnd::Idle);
+    assert_eq!(ended.end, atou::ConnEnd::Idle);
     // Inside the window of the newer one: accepted, and held too.
     server.handle_datagram(Time::ZERO, addr(1), &mut older.clone());
     assert_eq!(server.stats().handshakes, 2);

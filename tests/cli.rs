@@ -263,7 +263,7 @@ fn help_explains_every_knob_with_unit_and_default() {
     let o = atou(&["sim", "--help"]);
     assert!(o.status.success());
     let help = stdout(&o);
-    for k in atou::proto::tuning::KNOBS {
+    for k in atou::internals::tuning::KNOBS {
         let flag = format!("--{}", k.name.replace('_', "-"));
         assert!(help.contains(&flag), "{flag} missing from --help");
         assert!(

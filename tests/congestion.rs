@@ -6,12 +6,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use atou::netem::NetemSpec;
-use atou::proto::{
-    CcKind, Event, Observer, Recorder, RecoveryKind, TimedEvent, TraceRecord, Tuning,
-};
 use atou::sim::{
     run_flows, FlowConfig, FlowsConfig, RunEnd, SimConfig, SimError, SimResult, Simulation,
 };
+use atou::{CcKind, Event, Observer, Recorder, RecoveryKind, TimedEvent, TraceRecord, Tuning};
 
 /// RFC 9438 §5.1 and §4.6.
 const C: f64 = 0.4;

@@ -1,7 +1,7 @@
 //! The documentation stays true to the code.
 
-use atou::proto::tuning::KNOBS;
-use atou::proto::Tuning;
+use atou::internals::tuning::KNOBS;
+use atou::Tuning;
 
 /// The path cache of the atou processes this test starts: its own, so
 /// that neither the user's entries nor another test's hint its runs.

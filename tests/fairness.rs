@@ -6,8 +6,8 @@
 use std::io::Write;
 use std::time::Duration;
 
-use atou::proto::{CcKind, Observer, RecoveryKind, TimedEvent, Tuning};
 use atou::sim::{run_flows, FlowConfig, FlowsConfig, FlowsResult, RunEnd, SimConfig, Simulation};
+use atou::{CcKind, Observer, RecoveryKind, TimedEvent, Tuning};
 
 /// The path cache of the atou processes this test starts: its own, so
 /// that neither the user's entries nor another test's hint its runs.

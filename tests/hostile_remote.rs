@@ -76,10 +76,10 @@ impl Scratch {
     /// (an answer built with the crate's own encoder, a key of its own)
     /// and then does nothing.
     fn answering(&self, port: u16, addr: Option<std::net::IpAddr>) -> PathBuf {
-        let key = atou::proto::crypto::StaticKeypair::generate()
+        let key = atou::internals::crypto::StaticKeypair::generate()
             .unwrap()
             .public();
-        let answer = atou::transfer::bootstrap::Answer {
+        let answer = atou::internals::transfer::bootstrap::Answer {
             ports: vec![port],
             key,
             addr,

@@ -16,15 +16,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use atou::io::{self, ServeApp, ServeConfig, ServeEvent};
-use atou::proto::endpoint::server::{Arrival, SessionEvent};
-use atou::proto::{Server, Tuning};
-use atou::transfer::dest::{ReceivePolicy, SymlinkPolicy, UserFlags};
-use atou::transfer::messages::{
+use atou::internals::server::{Arrival, SessionEvent};
+use atou::internals::transfer::dest::{ReceivePolicy, SymlinkPolicy, UserFlags};
+use atou::internals::transfer::messages::{
     ChunkRef, DataHeader, FilePlan, Options, Outcome, PlanReply, Request,
 };
-use atou::transfer::receive::{FileReceiver, ReceiveConfig};
-use atou::transfer::send::{send, Progress, SendConfig, SendError, SendReport};
+use atou::internals::transfer::receive::{FileReceiver, ReceiveConfig};
+use atou::internals::transfer::send::{send, Progress, SendConfig, SendError, SendReport};
+use atou::io::{self, ServeApp, ServeConfig, ServeEvent};
+use atou::{Server, Tuning};
 use tokio::sync::Notify;
 
 const MIB: u64 = 1 << 20;
@@ -96,7 +96,7 @@ fn run_server<A: ServeApp + Send + 'static>(mut app: A) -> Running {
                     sndbuf: 4 << 20,
                     rcvbuf: 4 << 20,
                     limits: Default::default(),
-                    auth: atou::proto::crypto::ServerAuth::plain(),
+                    auth: atou::internals::crypto::ServerAuth::plain(),
                     hello_timestamps: None,
                 },
                 &mut app,

@@ -5,7 +5,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use atou::proto::wire::{Hello, Packet, ReceiverParams, RejectReason, VERSION};
+use atou::internals::wire::{Hello, Packet, ReceiverParams, RejectReason, VERSION};
 use netem_support::listening_addr;
 use serde_json::Value;
 

@@ -3,15 +3,15 @@
 
 use std::time::Duration;
 
+use atou::internals::rtt::RttEstimator;
+use atou::internals::wire::DATA_HEADER_LEN;
 use atou::netem::NetemSpec;
-use atou::proto::stream::rtt::RttEstimator;
-use atou::proto::wire::DATA_HEADER_LEN;
-use atou::proto::{
+use atou::sim::scenarios::{displacement, mathis_expected_c, mathis_through, Endpoints};
+use atou::sim::{Pair, PairConfig, RunEnd, SimConfig, SimResult, Simulation};
+use atou::{
     CcKind, Event, Recorder, RecoveryKind, ReductionKind, ReorderingKind, SsthreshEstimate, Time,
     TimedEvent, TraceRecord, Tuning,
 };
-use atou::sim::scenarios::{displacement, mathis_expected_c, mathis_through, Endpoints};
-use atou::sim::{Pair, PairConfig, RunEnd, SimConfig, SimResult, Simulation};
 
 fn simulate(tuning: Tuning, fwd: &str, rev: &str, bytes: u64, seed: u64) -> (SimResult, Recorder) {
     let fwd: NetemSpec = fwd.parse().expect("fwd spec");
@@ -502,7 +502,7 @@ fn mathis_failures(name: &str, endpoints: &Endpoints, ps: &[f64]) -> Vec<String>
 /// Keys for a `Client` and a `Server` that know each other: how a
 /// scenario runs through the Noise handshake, every packet sealed.
 fn keyed_endpoints() -> Endpoints {
-    use atou::proto::crypto::{
+    use atou::internals::crypto::{
         format_public_key, AuthorizedKeys, Cipher, ClientAuth, ServerAuth, StaticKeypair,
     };
     let server = StaticKeypair::generate().unwrap();
@@ -992,7 +992,7 @@ fn linux_3_quick_acks_hold_through_the_handshake() {
             let tag = match &endpoints {
                 Endpoints::Keys(server, client) => {
                     config = config.authenticated(server.clone(), client.clone());
-                    atou::proto::crypto::protect::TAG_LEN
+                    atou::internals::crypto::protect::TAG_LEN
                 }
                 _ => 0,
             };
@@ -1005,7 +1005,7 @@ fn linux_3_quick_acks_hold_through_the_handshake() {
                 "{name} quickack {quickack}"
             );
             assert_eq!(result.handshake.is_some(), tag > 0, "{name}");
-            let payload = atou::proto::crypto::payload_size(tuning.mss as usize, tag).unwrap();
+            let payload = atou::internals::crypto::payload_size(tuning.mss as usize, tag).unwrap();
             let acks = pair.client.sender().unwrap().stats().pkts_in;
             (sent_through(&rec.trace, 50_000, payload as u64), acks)
         });

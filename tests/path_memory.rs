@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
-use atou::proto::{CcKind, PathMemory, RecoveryKind, Tuning};
+use atou::internals::path_memory::PathMemory;
 use atou::sim::{SimConfig, SimResult, Simulation};
+use atou::{CcKind, RecoveryKind, Tuning};
 
 /// 100 Mbit/s, 50 ms each way (RTT 100 ms), a queue of about one BDP.
 const FWD: &str = "rate 100mbit delay 50ms limit 1000";
@@ -121,8 +122,8 @@ fn the_first_rto_comes_from_the_memory() {
         recovery: RecoveryKind::Sack,
         ..Tuning::default()
     };
-    let plain = atou::proto::Sender::new(&t, 1, Some(1000), atou::proto::Time::ZERO).unwrap();
-    let seeded = atou::proto::Sender::new(&t, 1, Some(1000), atou::proto::Time::ZERO)
+    let plain = atou::Sender::new(&t, 1, Some(1000), atou::Time::ZERO).unwrap();
+    let seeded = atou::Sender::new(&t, 1, Some(1000), atou::Time::ZERO)
         .unwrap()
         .with_path_memory(&memory);
     assert_eq!(plain.rto(), Duration::from_secs(1));

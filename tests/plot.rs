@@ -7,12 +7,12 @@ use std::process::{Command, Output, Stdio};
 
 use netem_support::listening_addr;
 
+use atou::internals::plot::{svg, Series};
+use atou::internals::summary::config_lines;
+use atou::internals::trace::Trace;
 use atou::netem::NetemSpec;
-use atou::proto::{CcKind, Recorder, RecoveryKind, TraceRecord, Tuning};
-use atou::report::plot::{svg, Series};
-use atou::report::summary::config_lines;
-use atou::report::trace::Trace;
 use atou::sim::{SimConfig, SimResult, Simulation};
+use atou::{CcKind, Recorder, RecoveryKind, TraceRecord, Tuning};
 
 mod common;
 mod netem_support;
@@ -146,9 +146,9 @@ fn series_hold_what_the_trace_of_a_seeded_run_says() {
         "{bits} bits, {want} acked"
     );
     // Bins of a hundredth of the run, but never shorter than a round trip.
-    assert!(s.goodput.len() <= atou::report::plot::GOODPUT_BINS);
+    assert!(s.goodput.len() <= atou::internals::plot::GOODPUT_BINS);
     assert!(s.bin >= sum.minrtt.as_secs_f64() - 1e-6, "{}", s.bin);
-    assert!(s.bin >= (last - first) / atou::report::plot::GOODPUT_BINS as f64);
+    assert!(s.bin >= (last - first) / atou::internals::plot::GOODPUT_BINS as f64);
     assert!(s.goodput.last().unwrap().0 >= last);
 }
 
@@ -491,7 +491,7 @@ fn a_timeout_doubles_the_plotted_rto_and_a_near_window_edge_is_drawn() {
     let timeout = rec
         .events
         .iter()
-        .find(|e| matches!(e.event, atou::proto::Event::TimeoutRetransmit { .. }))
+        .find(|e| matches!(e.event, atou::Event::TimeoutRetransmit { .. }))
         .unwrap()
         .time
         .as_secs_f64();

@@ -4,10 +4,10 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
+use atou::internals::wire::{Ack, DataFlags, DataHeader, SackBlock, ACK_MAX_LEN, DATA_HEADER_LEN};
 use atou::netem::NetemSpec;
-use atou::proto::wire::{Ack, DataFlags, DataHeader, SackBlock, ACK_MAX_LEN, DATA_HEADER_LEN};
-use atou::proto::{PatternSource, Receiver, ReceiverConfig, RecoveryKind, Sender, Time, Tuning};
 use atou::sim::{RunEnd, SimConfig, SimError, Simulation};
+use atou::{PatternSource, Receiver, ReceiverConfig, RecoveryKind, Sender, Time, Tuning};
 
 fn percent(max: f64) -> impl Strategy<Value = f64> {
     prop_oneof![Just(0.0), 0.0..max]
@@ -212,7 +212,7 @@ proptest! {
                 while r.read().is_some() {}
             }
             while let Some(n) = r.poll_transmit(now, &mut buf) {
-                prop_assert!(atou::proto::wire::Packet::decode(&buf[..n]).is_ok());
+                prop_assert!(atou::internals::wire::Packet::decode(&buf[..n]).is_ok());
             }
             prop_assert!(u64::from(r.window()) <= u64::from(rcvsegs));
         }

@@ -21,15 +21,15 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use atou::config::keys::{read_identity, Strictness};
-use atou::io::dest_dir::{HELLO_TIMESTAMPS, STAGING_DIR};
-use atou::io::{fresh_conn_id, wall_clock_ns};
-use atou::proto::crypto::handshake::{ClientConfig, Initiator, Progress};
-use atou::proto::crypto::parse_public_key;
-use atou::proto::crypto::Cipher;
-use atou::proto::wire::{Hello, ReceiverParams, CONTROL_MAX_LEN};
-use atou::transfer::manifest::Manifest;
-use atou::transfer::messages::Request;
+use atou::internals::crypto::handshake::{ClientConfig, Initiator, Progress};
+use atou::internals::crypto::parse_public_key;
+use atou::internals::crypto::Cipher;
+use atou::internals::io::dest_dir::{HELLO_TIMESTAMPS, STAGING_DIR};
+use atou::internals::io::{fresh_conn_id, wall_clock_ns};
+use atou::internals::keys::{read_identity, Strictness};
+use atou::internals::transfer::manifest::Manifest;
+use atou::internals::transfer::messages::Request;
+use atou::internals::wire::{Hello, ReceiverParams, CONTROL_MAX_LEN};
 use netem_support::{json_lines, listening_addr, say, u, Daemon, Relay, ATOU};
 use serde_json::Value;
 
@@ -1731,8 +1731,8 @@ fn a_sender_that_will_not_wait_for_a_busy_server_exits_10() {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_replayed_hello_is_dropped_before_it_is_read() {
-    use atou::proto::crypto::handshake::{random_id, ClientConfig, Initiator};
-    use atou::proto::crypto::{Cipher, StaticKeypair};
+    use atou::internals::crypto::handshake::{random_id, ClientConfig, Initiator};
+    use atou::internals::crypto::{Cipher, StaticKeypair};
     use std::io::{BufRead, BufReader};
 
     let scratch = Scratch::new("replay-filter");
@@ -1753,7 +1753,7 @@ fn a_replayed_hello_is_dropped_before_it_is_read() {
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| panic!("no address in `{line}`"));
     // A hello of a key the server does not know, as a capture holds it.
-    let server_key = atou::proto::crypto::parse_public_key(
+    let server_key = atou::internals::crypto::parse_public_key(
         fs::read_to_string(&keys().server_pub).unwrap().trim(),
     )
     .unwrap();
@@ -1835,7 +1835,7 @@ fn abandoned_partial_files_go_after_the_staging_ttl() {
     // server's table of hello timestamps, however long no client came.
     fs::create_dir(staging.join("not-ours")).unwrap();
     let table = staging.join(HELLO_TIMESTAMPS);
-    fs::write(&table, atou::io::hello_timestamps::encode(&[])).unwrap();
+    fs::write(&table, atou::internals::io::hello_timestamps::encode(&[])).unwrap();
     set_mtime(&table, now - 30 * day, 0);
     // 0 keeps everything.
     let server = Serve::start_with(&dest, &["--staging-ttl", "0"]);
@@ -2968,7 +2968,7 @@ fn a_damaged_table_of_hello_timestamps_stops_the_server_at_start() {
     };
     fs::write(&table, b"not a table of timestamps, or a truncated one").unwrap();
     say(&start("garbage"));
-    let mut flipped = atou::io::hello_timestamps::encode(&[(
+    let mut flipped = atou::internals::io::hello_timestamps::encode(&[(
         parse_public_key(&fs::read_to_string(&keys().server_pub).unwrap()).unwrap(),
         wall_clock_ns(),
     )]);

@@ -8,11 +8,11 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use atou::proto::endpoint::server::SessionEvent;
-use atou::proto::wire::{
+use atou::internals::server::SessionEvent;
+use atou::internals::wire::{
     Close, DataFlags, DataHeader, Fetch, Hello, ReceiverParams, DATA_HEADER_LEN,
 };
-use atou::proto::{Client, PatternSource, Server, ServerLimits, Time, Tuning};
+use atou::{Client, PatternSource, Server, ServerLimits, Time, Tuning};
 
 fn plain_server(limits: ServerLimits) -> Server {
     Server::new(limits, 1 << 20, 2 << 20)

@@ -6,8 +6,8 @@
 //! op % 3: 0 a reply fragment (offset and total from the first 8 bytes,
 //! data the rest), 1 raw bytes, 2 time passes and the client transmits.
 #![no_main]
-use atou::proto::wire::{Packet, ReceiverParams, Reply, Welcome};
-use atou::proto::{Client, PatternSource, Time, Tuning};
+use atou::fuzzing::wire::{Packet, ReceiverParams, Reply, Welcome};
+use atou::{Client, PatternSource, Time, Tuning};
 use libfuzzer_sys::fuzz_target;
 
 const CONN: u64 = 5;

@@ -20,17 +20,17 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use atou::io::ServeApp;
-use atou::proto::wire::{
+use atou::fuzzing::wire::{
     DataFlags, DataHeader as WireHeader, Hello, ReceiverParams, DATA_HEADER_LEN,
 };
-use atou::proto::{Server, ServerLimits, Time};
-use atou::transfer::dest::{ReceivePolicy, SymlinkPolicy};
-use atou::transfer::hash::chunk_cv;
-use atou::transfer::manifest::{Entry, EntryKind, Manifest, RelPath};
-use atou::transfer::messages::{
+use atou::{Server, ServerLimits, Time};
+use atou::fuzzing::transfer::dest::{ReceivePolicy, SymlinkPolicy};
+use atou::fuzzing::transfer::hash::chunk_cv;
+use atou::fuzzing::transfer::manifest::{Entry, EntryKind, Manifest, RelPath};
+use atou::fuzzing::transfer::messages::{
     encode_abort, encode_finish, ChunkRange, DataHeader, FilePart, Options, PlanRequest,
 };
-use atou::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveLimits};
+use atou::fuzzing::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveLimits};
 use libfuzzer_sys::fuzz_target;
 
 const MSS: u32 = 200;

@@ -15,12 +15,12 @@
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 
-use atou::proto::crypto::cookie::CookieSecret;
-use atou::proto::crypto::handshake::{
+use atou::fuzzing::crypto::cookie::CookieSecret;
+use atou::fuzzing::crypto::handshake::{
     ClientConfig, Decision, Initiator, Progress, Reply, Responder, StaticKeypair,
 };
-use atou::proto::crypto::Cipher;
-use atou::proto::Time;
+use atou::fuzzing::crypto::Cipher;
+use atou::Time;
 use libfuzzer_sys::fuzz_target;
 
 struct Fixture {

@@ -1,7 +1,7 @@
 //! Any bytes as a manifest: decoding never panics, and what decodes
 //! re-encodes to a manifest that decodes to the same entries.
 #![no_main]
-use atou::transfer::manifest::Manifest;
+use atou::fuzzing::transfer::manifest::Manifest;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -4,7 +4,7 @@
 //! its duplicates.
 #![no_main]
 use atou::netem::{Netem, NetemSpec};
-use atou::proto::Time;
+use atou::Time;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

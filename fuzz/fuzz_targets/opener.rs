@@ -8,7 +8,7 @@
 //! Input: records of [op: u8][pn: 8 bytes][len: u8][bytes; len]; `op % 2`:
 //! 0 a forgery, 1 the next genuine packet (its payload the bytes).
 #![no_main]
-use atou::proto::crypto::protect::{Cipher, Opener, Sealer, TrafficSecret};
+use atou::fuzzing::crypto::protect::{Cipher, Opener, Sealer, TrafficSecret};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

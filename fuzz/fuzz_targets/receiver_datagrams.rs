@@ -8,8 +8,8 @@
 #![no_main]
 use std::time::Duration;
 
-use atou::proto::wire::{Packet, ACK_MAX_LEN, MAGIC, VERSION};
-use atou::proto::{Receiver, ReceiverConfig, Time};
+use atou::fuzzing::wire::{Packet, ACK_MAX_LEN, MAGIC, VERSION};
+use atou::{Receiver, ReceiverConfig, Time};
 use libfuzzer_sys::fuzz_target;
 
 const RCVSEGS: u32 = 16;

@@ -5,8 +5,8 @@
 //! 1 an ACK body behind a valid header (this connection), 2 raw bytes,
 //! 3 fire the next timer.
 #![no_main]
-use atou::proto::wire::{MAGIC, VERSION};
-use atou::proto::{PatternSource, RecoveryKind, Sender, Time, Tuning};
+use atou::fuzzing::wire::{MAGIC, VERSION};
+use atou::{PatternSource, RecoveryKind, Sender, Time, Tuning};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

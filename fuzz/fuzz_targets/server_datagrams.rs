@@ -15,14 +15,14 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use atou::proto::crypto::{handshake, ServerAuth, StaticKeypair};
-use atou::proto::endpoint::server::SessionEvent;
-use atou::proto::wire::VERSION;
-use atou::proto::wire::{
+use atou::fuzzing::crypto::{handshake, ServerAuth, StaticKeypair};
+use atou::fuzzing::server::SessionEvent;
+use atou::fuzzing::wire::VERSION;
+use atou::fuzzing::wire::{
     Close, DataFlags, DataHeader, Fetch, Hello, Packet, ReceiverParams, ACK_MAX_LEN,
     CONTROL_MAX_LEN, DATA_HEADER_LEN,
 };
-use atou::proto::{Server, ServerLimits, Time};
+use atou::{Server, ServerLimits, Time};
 use libfuzzer_sys::fuzz_target;
 
 fn word(b: &[u8], i: usize) -> u32 {

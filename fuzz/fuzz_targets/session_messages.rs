@@ -3,8 +3,8 @@
 //! bytes' meaning. A data header that decodes is checked against file
 //! sizes taken from the input and, if it passes, laid out.
 #![no_main]
-use atou::transfer::layout::Layout;
-use atou::transfer::messages::{encode_abort, DataHeader, Outcome, PlanReply, Request};
+use atou::fuzzing::transfer::layout::Layout;
+use atou::fuzzing::transfer::messages::{encode_abort, DataHeader, Outcome, PlanReply, Request};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,8 +3,8 @@
 //! without panicking (no overflow in the series or in the picture's
 //! coordinates, whatever the numbers).
 #![no_main]
-use atou::report::plot::{svg, title, Series};
-use atou::report::trace::{parse_record, Trace};
+use atou::fuzzing::plot::{svg, title, Series};
+use atou::fuzzing::trace::{parse_record, Trace};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,7 +1,7 @@
 //! Config files: parsing never panics, and an accepted tuning prints to a
 //! config that loads back to the same tuning.
 #![no_main]
-use atou::proto::Tuning;
+use atou::Tuning;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

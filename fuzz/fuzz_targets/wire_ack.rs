@@ -1,7 +1,7 @@
 //! ACKs: a valid header prefix, then anything. Whatever decodes has
 //! non-empty SACK blocks above the cumulative ACK, at most four.
 #![no_main]
-use atou::proto::wire::{Packet, MAGIC, MAX_SACK_BLOCKS, VERSION};
+use atou::fuzzing::wire::{Packet, MAGIC, MAX_SACK_BLOCKS, VERSION};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,6 +1,6 @@
 //! Data segments: a valid header prefix, then anything.
 #![no_main]
-use atou::proto::wire::{Packet, MAGIC, VERSION};
+use atou::fuzzing::wire::{Packet, MAGIC, VERSION};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,7 +1,7 @@
 //! Any datagram: decoding never panics, and what decodes re-encodes to the
 //! same bytes.
 #![no_main]
-use atou::proto::wire::{hello_token, Packet, ACK_MAX_LEN, CONTROL_MAX_LEN};
+use atou::fuzzing::wire::{hello_token, Packet, ACK_MAX_LEN, CONTROL_MAX_LEN};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -9,10 +9,10 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Args;
 
-use atou::config::keys::{
+use crate::config::keys::{
     self, KnownHosts, Strictness, Verified, AUTHORIZED_KEYS_FILE, IDENTITY_FILE, KNOWN_HOSTS_FILE,
 };
-use atou::proto::crypto::{
+use crate::proto::crypto::{
     format_public_key, parse_public_key, AuthorizedKeys, Cipher, ClientAuth, PublicKey, ServerAuth,
     StaticKeypair,
 };
@@ -55,7 +55,7 @@ fn strictness(no_strict_modes: bool) -> Strictness {
     }
 }
 
-fn parse_cipher(s: &str) -> Result<Cipher, atou::proto::crypto::protect::UnknownCipher> {
+fn parse_cipher(s: &str) -> Result<Cipher, crate::proto::crypto::protect::UnknownCipher> {
     s.parse()
 }
 
@@ -114,9 +114,9 @@ impl ClientAuthArgs {
                 Err(e)
                     if plain_if_keyless
                         && matches!(
-                            e.downcast_ref::<atou::io::ProbeError>(),
-                            Some(atou::io::ProbeError::Conn {
-                                error: atou::proto::ConnError::NoIdentity,
+                            e.downcast_ref::<crate::io::ProbeError>(),
+                            Some(crate::io::ProbeError::Conn {
+                                error: crate::proto::ConnError::NoIdentity,
                                 ..
                             })
                         ) =>
@@ -191,7 +191,7 @@ impl ClientAuthArgs {
         // Asked even when recorded (one round trip): a changed key is then
         // refused with the file and line to edit, as ssh does, instead of
         // a handshake that goes unanswered.
-        let key = runtime()?.block_on(atou::io::query_server_key(peer, wait))?;
+        let key = runtime()?.block_on(crate::io::query_server_key(peer, wait))?;
         // The answer is not authenticated: a recorded key decides, and a
         // different one is refused (ssh's rule); the handshake then proves
         // the server holds the key.
@@ -229,7 +229,7 @@ fn read_key_arg(arg: &str, strict: Strictness) -> Result<PublicKey> {
     }
     Err(UsageError(format!(
         "--server-key `{}` is neither an atou public key (`atou-x25519 BASE64`) nor a file",
-        atou::util::text::escape(arg.as_bytes())
+        crate::util::text::escape(arg.as_bytes())
     ))
     .into())
 }

@@ -8,7 +8,7 @@
 
 use std::process::ExitCode;
 
-use atou::transfer::send::Fault;
+use crate::transfer::send::Fault;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
@@ -141,13 +141,13 @@ pub fn of_error(e: &anyhow::Error) -> Exit {
     if let Some(Failure(status, _)) = e.downcast_ref::<Failure>() {
         return *status;
     }
-    if let Some(e) = e.downcast_ref::<atou::transfer::send::SendError>() {
+    if let Some(e) = e.downcast_ref::<crate::transfer::send::SendError>() {
         return e.fault().into();
     }
-    if let Some(e) = e.downcast_ref::<atou::io::ProbeError>() {
-        return atou::transfer::send::probe_fault(e).into();
+    if let Some(e) = e.downcast_ref::<crate::io::ProbeError>() {
+        return crate::transfer::send::probe_fault(e).into();
     }
-    if let Some(e) = e.downcast_ref::<atou::transfer::Error>() {
+    if let Some(e) = e.downcast_ref::<crate::transfer::Error>() {
         return e.fault().into();
     }
     Exit::Failed
@@ -209,10 +209,10 @@ mod tests {
 
     mod transfer_errors {
         use super::*;
-        use atou::transfer::manifest::NameError;
-        use atou::transfer::messages::MessageError;
-        use atou::transfer::send::SendError;
-        use atou::transfer::{Change, Error};
+        use crate::transfer::manifest::NameError;
+        use crate::transfer::messages::MessageError;
+        use crate::transfer::send::SendError;
+        use crate::transfer::{Change, Error};
         use std::path::PathBuf;
 
         fn path() -> PathBuf {

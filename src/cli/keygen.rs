@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use atou::config::keys::{self, public_path, IDENTITY_FILE};
-use atou::proto::crypto::format_public_key;
-use atou::proto::crypto::StaticKeypair;
+use crate::config::keys::{self, public_path, IDENTITY_FILE};
+use crate::proto::crypto::format_public_key;
+use crate::proto::crypto::StaticKeypair;
 
 #[derive(Args, Debug)]
 pub struct KeygenArgs {

@@ -23,11 +23,11 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
-use atou::netem::NetemSpec;
-use atou::proto::{Observer, TimedEvent, TraceRecord};
-use atou::report::summary::config_lines;
-use atou::sim::{run_flows, FlowConfig, FlowsConfig, RunEnd, SimConfig, Simulation};
-use atou::util::units::{parse_duration, parse_size, TimeUnit};
+use crate::netem::NetemSpec;
+use crate::proto::{Observer, TimedEvent, TraceRecord};
+use crate::report::summary::config_lines;
+use crate::sim::{run_flows, FlowConfig, FlowsConfig, RunEnd, SimConfig, Simulation};
+use crate::util::units::{parse_duration, parse_size, TimeUnit};
 
 pub use tuning_args::TuningArgs;
 
@@ -143,15 +143,15 @@ pub(crate) struct OutputArgs {
     pub json: bool,
 }
 
-fn parse_spec(s: &str) -> Result<NetemSpec, atou::netem::SpecError> {
+fn parse_spec(s: &str) -> Result<NetemSpec, crate::netem::SpecError> {
     s.parse()
 }
 
-fn parse_bytes(s: &str) -> Result<u64, atou::util::units::UnitError> {
+fn parse_bytes(s: &str) -> Result<u64, crate::util::units::UnitError> {
     parse_size(s)
 }
 
-fn parse_secs(s: &str) -> Result<std::time::Duration, atou::util::units::UnitError> {
+fn parse_secs(s: &str) -> Result<std::time::Duration, crate::util::units::UnitError> {
     parse_duration(s, TimeUnit::Seconds)
 }
 
@@ -190,7 +190,7 @@ fn sim_flows(args: SimArgs) -> Result<ExitCode> {
     let mut flows = Vec::new();
     for (i, f) in args.flow.iter().enumerate() {
         let mut tuning = base.clone();
-        let bad = |e: atou::proto::tuning::TuningError| {
+        let bad = |e: crate::proto::tuning::TuningError| {
             UsageError(format!("--flow #{}: {}: {}", i + 1, e.key, e.message))
         };
         for (key, value) in &f.knobs {
@@ -272,7 +272,7 @@ pub(crate) struct Output {
     trace_path: Option<PathBuf>,
     error: Option<io::Error>,
     /// `--plot FILE`: the trace kept in memory to draw at the end.
-    plot: Option<(PathBuf, atou::report::trace::Trace)>,
+    plot: Option<(PathBuf, crate::report::trace::Trace)>,
     /// The trace's `#` header: what ran, then every knob.
     header: Vec<String>,
 }
@@ -290,7 +290,7 @@ impl Observer for Output {
             // The record as the trace file holds it (times to the
             // microsecond), so --plot draws what `atou plot` of the file does.
             let line = record.to_string();
-            if let Ok(Some(r)) = atou::report::trace::parse_record(&line) {
+            if let Ok(Some(r)) = crate::report::trace::parse_record(&line) {
                 kept.records.push(r);
             }
         }
@@ -309,9 +309,9 @@ impl Output {
         events: bool,
         trace: Option<&Path>,
         run: Vec<String>,
-        tuning: &atou::proto::Tuning,
+        tuning: &crate::proto::Tuning,
     ) -> Result<Output> {
-        let mut header = vec![atou::report::trace::FORMAT_LINE.to_string()];
+        let mut header = vec![crate::report::trace::FORMAT_LINE.to_string()];
         header.extend(run);
         header.extend(config_lines(tuning));
         Ok(Output {
@@ -328,7 +328,7 @@ impl Output {
     /// ([`finish_trace`]); the run must record its trace.
     pub(crate) fn plot_to(mut self, path: Option<&Path>) -> Output {
         self.plot = path.map(|p| {
-            let kept = atou::report::trace::Trace {
+            let kept = crate::report::trace::Trace {
                 header: self.header.clone(),
                 records: Vec::new(),
             };
@@ -382,7 +382,7 @@ fn sim(args: SimArgs) -> Result<ExitCode> {
             format!("rev {}", config.rev),
             format!("bytes {}", args.bytes),
             // The simulator's connections are plain.
-            atou::report::trace::payload_line(atou::proto::endpoint::client::segment_payload(
+            crate::report::trace::payload_line(crate::proto::endpoint::client::segment_payload(
                 &tuning, None,
             )),
         ],

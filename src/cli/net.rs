@@ -8,18 +8,18 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use atou::io::{self, ProbeConfig, ProbeError, ServeApp, ServeConfig, ServeEvent, DEFAULT_PORT};
-use atou::proto::crypto::{PublicKey, ServerAuth};
-use atou::proto::ServerLimits;
-use atou::proto::{ConnEnd, ConnReport, ServerStats, Tuning};
-use atou::report::summary::{SocketReport, Summary};
-use atou::transfer::dest::{ReceivePolicy, SymlinkPolicy};
-use atou::transfer::receive::{
+use crate::io::{self, ProbeConfig, ProbeError, ServeApp, ServeConfig, ServeEvent, DEFAULT_PORT};
+use crate::proto::crypto::{PublicKey, ServerAuth};
+use crate::proto::ServerLimits;
+use crate::proto::{ConnEnd, ConnReport, ServerStats, Tuning};
+use crate::report::summary::{SocketReport, Summary};
+use crate::transfer::dest::{ReceivePolicy, SymlinkPolicy};
+use crate::transfer::receive::{
     check_root, FileReceiver, NoFiles, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
 };
-use atou::transfer::send::probe_fault;
-use atou::util::text::shown_path;
-use atou::util::units::{format_size, parse_duration, parse_size, TimeUnit};
+use crate::transfer::send::probe_fault;
+use crate::util::text::shown_path;
+use crate::util::units::{format_size, parse_duration, parse_size, TimeUnit};
 
 use super::exit::Exit;
 use super::path_hint::PathHint;
@@ -154,15 +154,15 @@ pub struct ReceiverArgs {
 }
 
 /// A size, or `none` (or 0): no quota.
-fn parse_quota(s: &str) -> Result<u64, atou::util::units::UnitError> {
+fn parse_quota(s: &str) -> Result<u64, crate::util::units::UnitError> {
     match s {
         "none" => Ok(0),
         _ => parse_size(s),
     }
 }
 
-fn parse_ttl(s: &str) -> Result<Duration, atou::util::units::UnitError> {
-    atou::util::units::parse_duration(s, atou::util::units::TimeUnit::Seconds)
+fn parse_ttl(s: &str) -> Result<Duration, crate::util::units::UnitError> {
+    crate::util::units::parse_duration(s, crate::util::units::TimeUnit::Seconds)
 }
 
 fn parse_umask(s: &str) -> Result<u32, String> {
@@ -230,7 +230,7 @@ impl ReceiverArgs {
     }
 }
 
-fn parse_bytes(s: &str) -> Result<u64, atou::util::units::UnitError> {
+fn parse_bytes(s: &str) -> Result<u64, crate::util::units::UnitError> {
     parse_size(s)
 }
 
@@ -325,7 +325,7 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
     }
     let auth = args.auth.resolve(&args.host, peer, tuning.maxidle, true)?;
     let payload =
-        atou::proto::endpoint::client::segment_payload(&tuning, auth.as_ref().map(|a| a.cipher));
+        crate::proto::endpoint::client::segment_payload(&tuning, auth.as_ref().map(|a| a.cipher));
     let mut out = Output::open(
         args.output.events,
         args.output.trace.as_deref(),
@@ -336,7 +336,7 @@ pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
                 args.host
             ),
             format!("bytes {}", args.bytes),
-            atou::report::trace::payload_line(payload),
+            crate::report::trace::payload_line(payload),
         ],
         &tuning,
     )?
@@ -461,7 +461,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
             // The key is read from a file and outlives this run: hellos
             // made before it started are refused (a replay across a
             // restart), less a skew for clocks a little behind.
-            replay_floor_ns: atou::proto::endpoint::server::replay_floor(io::wall_clock_ns()),
+            replay_floor_ns: crate::proto::endpoint::server::replay_floor(io::wall_clock_ns()),
             ..args.receiver.server_limits(args.rcvbuf)
         },
         auth,
@@ -524,11 +524,11 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
 fn hello_timestamps(
     args: &ServeArgs,
     auth: &ServerAuth,
-) -> Result<Option<atou::io::hello_timestamps::HelloTimestampFile>> {
+) -> Result<Option<crate::io::hello_timestamps::HelloTimestampFile>> {
     match (&args.dir, &auth.identity) {
         (Some(dir), Some(_)) => {
             let root = check_root(dir).map_err(|e| UsageError(e.to_string()))?;
-            Ok(Some(atou::io::hello_timestamps::HelloTimestampFile::load(
+            Ok(Some(crate::io::hello_timestamps::HelloTimestampFile::load(
                 &root,
             )?))
         }
@@ -546,7 +546,7 @@ fn file_receiver(
 ) -> Result<Box<dyn ServeApp>> {
     let json = args.json;
     let root = check_root(dir).map_err(|e| UsageError(e.to_string()))?;
-    let staging = root.join(atou::io::dest_dir::STAGING_DIR);
+    let staging = root.join(crate::io::dest_dir::STAGING_DIR);
     let receiver = FileReceiver::new(
         ReceiveConfig {
             root,
@@ -618,8 +618,8 @@ fn receive_event_line(event: &ReceiveEvent, json: bool, staging: &Path) -> Strin
         ) => {
             format!(
                 "removed {entries} abandoned partial files and records ({}) untouched for over {} (--staging-ttl) from {}",
-                atou::util::units::format_size(*bytes),
-                atou::util::units::format_whole_duration(*ttl),
+                crate::util::units::format_size(*bytes),
+                crate::util::units::format_whole_duration(*ttl),
                 shown_path(staging)
             )
         }
@@ -656,7 +656,7 @@ fn print_listening(
     match server_key {
         Some(key) => eprintln!(
             "atou serve: key {} ({})",
-            atou::proto::crypto::format_public_key(key, ""),
+            crate::proto::crypto::format_public_key(key, ""),
             if allow_plain {
                 "authenticated clients pin it; plain clients accepted too"
             } else {

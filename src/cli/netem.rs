@@ -15,9 +15,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
-use atou::io::netem::{Direction, SourceStats, SourceTable};
-use atou::io::tun::Tun;
-use atou::netem::{mix_seed, Datagram, Distribution, Netem, NetemSpec, NetemStats, SlotDelay};
+use crate::io::netem::{Direction, SourceStats, SourceTable};
+use crate::io::tun::Tun;
+use crate::netem::{mix_seed, Datagram, Distribution, Netem, NetemSpec, NetemStats, SlotDelay};
 
 use super::net::{resolve, runtime};
 use super::UsageError;
@@ -130,12 +130,12 @@ struct BridgeArgs {
     command: Vec<String>,
 }
 
-fn parse_spec(s: &str) -> Result<NetemSpec, atou::netem::SpecError> {
+fn parse_spec(s: &str) -> Result<NetemSpec, crate::netem::SpecError> {
     s.parse()
 }
 
-fn parse_seconds(s: &str) -> Result<Duration, atou::util::units::UnitError> {
-    atou::util::units::parse_duration(s, atou::util::units::TimeUnit::Seconds)
+fn parse_seconds(s: &str) -> Result<Duration, crate::util::units::UnitError> {
+    crate::util::units::parse_duration(s, crate::util::units::TimeUnit::Seconds)
 }
 
 fn parse_pair(s: &str) -> Result<(String, String), String> {
@@ -430,7 +430,7 @@ fn relay_clients(
                          sources are held already (--max-sources); one is forgotten after {} \
                          without a datagram (--idle)",
                         plural(n),
-                        atou::util::units::format_time_tc(idle),
+                        crate::util::units::format_time_tc(idle),
                     );
                 }
                 continue;

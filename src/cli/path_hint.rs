@@ -6,9 +6,9 @@
 use std::net::IpAddr;
 use std::time::SystemTime;
 
-use atou::config::path_cache::{Destination, PathCache};
-use atou::proto::PathMemory;
-use atou::report::summary::Summary;
+use crate::config::path_cache::{Destination, PathCache};
+use crate::proto::PathMemory;
+use crate::report::summary::Summary;
 
 /// One destination's entry in the user's path cache, or nothing with
 /// `--no-path-cache` (or without a cache directory).

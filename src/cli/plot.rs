@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use anyhow::{anyhow, Result};
 use clap::Args;
 
-use atou::proto::TraceRecord;
-use atou::report::summary::config_lines;
-use atou::report::trace::{parse_record, Trace};
-use atou::transfer::send::{SendConfig, TraceSink};
+use crate::proto::TraceRecord;
+use crate::report::summary::config_lines;
+use crate::report::trace::{parse_record, Trace};
+use crate::transfer::send::{SendConfig, TraceSink};
 
 use super::UsageError;
 
@@ -41,20 +41,20 @@ pub struct PlotArgs {
 
 pub fn plot(args: PlotArgs) -> Result<ExitCode> {
     let trace = Trace::read(&args.trace).map_err(|e| match e {
-        atou::report::trace::TraceError::Read { .. } => UsageError(e.to_string()),
+        crate::report::trace::TraceError::Read { .. } => UsageError(e.to_string()),
         _ => UsageError(format!("{}: {e}", args.trace.display())),
     })?;
     let out = args.out.unwrap_or_else(|| args.trace.with_extension("svg"));
     let title = args
         .title
-        .unwrap_or_else(|| atou::report::plot::title(&trace));
-    atou::report::plot::write_svg(&trace, &title, &out)?;
+        .unwrap_or_else(|| crate::report::plot::title(&trace));
+    crate::report::plot::write_svg(&trace, &title, &out)?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// `--plot FILE` at the end of a run.
 pub(crate) fn draw(trace: &Trace, path: &Path) -> Result<()> {
-    atou::report::plot::write_svg(trace, &atou::report::plot::title(trace), path)?;
+    crate::report::plot::write_svg(trace, &crate::report::plot::title(trace), path)?;
     Ok(())
 }
 
@@ -92,7 +92,7 @@ impl SendOutputArgs {
         let what = format!("send to {} ({})", config.host, config.peer);
         let knobs = config_lines(&config.tuning);
         let payload =
-            atou::report::trace::payload_line(atou::proto::endpoint::client::segment_payload(
+            crate::report::trace::payload_line(crate::proto::endpoint::client::segment_payload(
                 &config.tuning,
                 config.auth.as_ref().map(|a| a.cipher),
             ));
@@ -100,7 +100,7 @@ impl SendOutputArgs {
         let sink = TraceSink(Arc::new(move |round, stream| {
             let several = streams > 1 || round > 1;
             let mut header = vec![
-                atou::report::trace::FORMAT_LINE.to_string(),
+                crate::report::trace::FORMAT_LINE.to_string(),
                 format!(
                     "atou {} {what} stream {stream} round {round}",
                     env!("CARGO_PKG_VERSION")

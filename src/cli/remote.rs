@@ -1,6 +1,6 @@
 //! `atou copy` with a remote end, over ssh, and the hidden
 //! `atou __remote receive|send` that ssh runs at the far end: the flags,
-//! and what is printed. The work is `atou::transfer::remote`'s.
+//! and what is printed. The work is `crate::transfer::remote`'s.
 
 use std::io::BufReader;
 use std::io::Read;
@@ -15,16 +15,16 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 
-use atou::transfer::bootstrap::{split_ssh_target, ssh_server_ip, Hello, PortRange};
-use atou::transfer::dest::Requested;
-use atou::transfer::receive::{check_root, TransferReport};
-use atou::transfer::remote::{
+use crate::transfer::bootstrap::{split_ssh_target, ssh_server_ip, Hello, PortRange};
+use crate::transfer::dest::Requested;
+use crate::transfer::receive::{check_root, TransferReport};
+use crate::transfer::remote::{
     check_target, read_hello, receive_push, remote_path, tidy, FarReceiveConfig, FarSend, Pull,
     PullConfig, PullOutcome, Punched, Push, RemoteError, SshCommand,
 };
-use atou::transfer::send::Progress;
-use atou::util::text::{escape, shown_path};
-use atou::util::units::{format_rate, format_size, parse_size};
+use crate::transfer::send::Progress;
+use crate::util::text::{escape, shown_path};
+use crate::util::units::{format_rate, format_size, parse_size};
 
 use super::exit::{self, Exit};
 use super::transfer::{ctrlc_hook, is_remote, readers, run_send_from, ReceivingArgs, TransferArgs};
@@ -388,7 +388,7 @@ fn remote_receive(
         return receive_into(root, args, hello, ip, watch, gone);
     }
     let created = !root.exists();
-    atou::transfer::dest::create_destination(&root)?;
+    crate::transfer::dest::create_destination(&root)?;
     let root = check_root(&root)?;
     let shard = args.shard;
     let result = receive_into(root.clone(), args, hello, ip, watch, gone);
@@ -540,7 +540,7 @@ mod tests {
         let (a, _) = local.transfer.tuning().resolve().unwrap();
         let (b, _) = far.transfer.tuning().resolve().unwrap();
         assert_eq!(a, b);
-        assert_ne!(a, atou::proto::Tuning::default());
+        assert_ne!(a, crate::proto::Tuning::default());
         let config = far
             .transfer
             .send_config("127.0.0.1:1".parse().unwrap(), "h".into(), None)

@@ -12,16 +12,16 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use clap::Args;
 
-use atou::io::{self, ServeConfig, DEFAULT_PORT};
-use atou::transfer::dest::{ReceivePolicy, Requested, SymlinkPolicy, UserFlags};
-use atou::transfer::exclude::Excludes;
-use atou::transfer::manifest::RelPath;
-use atou::transfer::messages::Options;
-use atou::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits};
-use atou::transfer::send::{Progress, SendConfig, SendError, SendReport};
-use atou::transfer::shard::Shard;
-use atou::util::text::shown_path;
-use atou::util::units::{format_rate, format_size, parse_size};
+use crate::io::{self, ServeConfig, DEFAULT_PORT};
+use crate::transfer::dest::{ReceivePolicy, Requested, SymlinkPolicy, UserFlags};
+use crate::transfer::exclude::Excludes;
+use crate::transfer::manifest::RelPath;
+use crate::transfer::messages::Options;
+use crate::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits};
+use crate::transfer::send::{Progress, SendConfig, SendError, SendReport};
+use crate::transfer::shard::Shard;
+use crate::util::text::shown_path;
+use crate::util::units::{format_rate, format_size, parse_size};
 
 use super::exit::{self, Exit};
 use super::net::{resolve, runtime};
@@ -223,7 +223,7 @@ pub enum ProgressMode {
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
-    match atou::util::units::parse_duration(s, atou::util::units::TimeUnit::Seconds)
+    match crate::util::units::parse_duration(s, crate::util::units::TimeUnit::Seconds)
         .map_err(|e| e.to_string())?
     {
         d if d >= Duration::from_millis(10) => Ok(d),
@@ -231,8 +231,8 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
     }
 }
 
-fn parse_wait(s: &str) -> Result<Duration, atou::util::units::UnitError> {
-    atou::util::units::parse_duration(s, atou::util::units::TimeUnit::Seconds)
+fn parse_wait(s: &str) -> Result<Duration, crate::util::units::UnitError> {
+    crate::util::units::parse_duration(s, crate::util::units::TimeUnit::Seconds)
 }
 
 fn parse_streams(s: &str) -> Result<usize, String> {
@@ -242,7 +242,7 @@ fn parse_streams(s: &str) -> Result<usize, String> {
     }
 }
 
-fn parse_bytes(s: &str) -> Result<u64, atou::util::units::UnitError> {
+fn parse_bytes(s: &str) -> Result<u64, crate::util::units::UnitError> {
     parse_size(s)
 }
 
@@ -298,7 +298,7 @@ pub(super) fn is_remote(dest: &str) -> bool {
 /// carries datagrams that large.
 fn this_host_mss(peer: SocketAddr) -> Option<u32> {
     let ip_udp_header = if peer.is_ipv6() { 48 } else { 28 };
-    atou::io::this_host_mtu(peer)
+    crate::io::this_host_mtu(peer)
         .filter(|mtu| *mtu >= LOOPBACK_MSS + ip_udp_header)
         .map(|_| LOOPBACK_MSS)
 }
@@ -367,7 +367,7 @@ impl TransferArgs {
             tuning.bwlimit = (tuning.bwlimit / self.streams as u64).max(1);
         }
         let per_stream = self.buffer / self.streams as u64;
-        let min = 2 * (atou::transfer::hash::CHUNK_SIZE + 32);
+        let min = 2 * (crate::transfer::hash::CHUNK_SIZE + 32);
         if per_stream < min {
             return Err(UsageError(format!(
                 "--buffer {} is too small for {} streams: at least {} each (two 1 MiB chunks)",
@@ -381,7 +381,7 @@ impl TransferArgs {
         // unless --rcvsegs asked for less.
         let payload = tuning.payload_size() as u64;
         let want = (per_stream / payload).min(u64::from(u32::MAX)) as u32;
-        if tuning.rcvsegs != atou::proto::Tuning::command_default().rcvsegs {
+        if tuning.rcvsegs != crate::proto::Tuning::command_default().rcvsegs {
             let need = min.div_ceil(payload) as u32;
             if tuning.rcvsegs < need {
                 return Err(UsageError(format!(
@@ -635,7 +635,7 @@ fn dry_run_text(r: &SendReport) -> String {
         let part = f.part.map_or(String::new(), |[first, end]| {
             format!(
                 "  (chunks {first}..{end} of {}: its part)",
-                f.size.div_ceil(atou::transfer::hash::CHUNK_SIZE)
+                f.size.div_ceil(crate::transfer::hash::CHUNK_SIZE)
             )
         });
         s += &format!("{:<5} {:>22}  {}{part}\n", f.action, how, f.path);
@@ -658,7 +658,7 @@ fn dry_run_text(r: &SendReport) -> String {
         if r.dirs == 1 { "" } else { "s" },
         r.symlinks,
         if r.symlinks == 1 { "" } else { "s" },
-        atou::util::text::escape(r.host.as_bytes()),
+        crate::util::text::escape(r.host.as_bytes()),
     );
     s
 }
@@ -682,7 +682,7 @@ fn run_send(
 }
 
 /// [`run_send`] from sockets already bound (`from`, see
-/// [`atou::transfer::send::send_from`]); `explain` may replace an
+/// [`crate::transfer::send::send_from`]); `explain` may replace an
 /// error's message with a better one. `pinned_key`: the server's key if
 /// it is the one known for it (not a one-time key), for the path cache.
 pub(super) fn run_send_from(
@@ -690,7 +690,7 @@ pub(super) fn run_send_from(
     mut config: SendConfig,
     args: &TransferArgs,
     pinned_key: Option<[u8; 32]>,
-    from: &[atou::transfer::send::Bound],
+    from: &[crate::transfer::send::Bound],
     progress: Arc<Progress>,
     explain: impl Fn(&SendError) -> Option<String>,
 ) -> Result<ExitCode> {
@@ -715,7 +715,7 @@ pub(super) fn run_send_from(
     }
     let hint = PathHint::new(args.no_path_cache, config.peer.ip(), pinned_key);
     config.path_memory = hint.recall();
-    let result = atou::transfer::send::send_from(sources, &config, progress.clone(), from);
+    let result = crate::transfer::send::send_from(sources, &config, progress.clone(), from);
     if let Ok(report) = &result {
         hint.remember(&report.streams);
     }
@@ -759,7 +759,7 @@ pub(super) fn run_send_from(
                 }
                 // The reason may quote the server's words: escaped, so a
                 // hostile server cannot drive the terminal.
-                e => atou::util::text::escape(
+                e => crate::util::text::escape(
                     explain(&e).unwrap_or_else(|| e.to_string()).as_bytes(),
                 ),
             };
@@ -826,13 +826,13 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
     let dry = if args.transfer.dry_run {
         Some(DryRunRoot::new(root)?)
     } else {
-        atou::transfer::dest::create_destination(root).map_err(usage)?;
+        crate::transfer::dest::create_destination(root).map_err(usage)?;
         None
     };
     let root = dry.as_ref().map_or(root, |d| d.path());
-    let root = atou::transfer::receive::check_root(root).map_err(usage)?;
+    let root = crate::transfer::receive::check_root(root).map_err(usage)?;
     let (client_auth, server_auth) = if args.transfer.auth.no_auth() {
-        (None, atou::proto::crypto::ServerAuth::plain())
+        (None, crate::proto::crypto::ServerAuth::plain())
     } else {
         let (c, s) = args.transfer.auth.ephemeral_pair()?;
         (Some(c), s)
@@ -851,7 +851,7 @@ pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
 }
 
 /// A destination a local copy cannot use is the command's to fix.
-fn usage(e: atou::transfer::Error) -> UsageError {
+fn usage(e: crate::transfer::Error) -> UsageError {
     UsageError(e.to_string())
 }
 
@@ -888,14 +888,14 @@ fn loopback_serve_config(
     bind: SocketAddr,
     rcvbuf: u32,
     buffer: u64,
-    auth: atou::proto::crypto::ServerAuth,
+    auth: crate::proto::crypto::ServerAuth,
 ) -> ServeConfig {
     ServeConfig {
         bind,
         once: false,
         sndbuf: 4 << 20,
         rcvbuf,
-        limits: atou::proto::ServerLimits {
+        limits: crate::proto::ServerLimits {
             max_window_bytes: buffer,
             total_window_bytes: u64::MAX / 2,
             ..Default::default()
@@ -912,7 +912,7 @@ impl LocalReceiver {
         args: &CopyArgs,
         root: PathBuf,
         dry_run: bool,
-        server_auth: atou::proto::crypto::ServerAuth,
+        server_auth: crate::proto::crypto::ServerAuth,
     ) -> Result<LocalReceiver> {
         let sock = std::net::UdpSocket::bind("127.0.0.1:0")?;
         let addr = sock.local_addr()?;
@@ -989,7 +989,7 @@ fn local_requested(sources: &[PathBuf]) -> Result<Requested> {
     let mut names = Vec::with_capacity(sources.len());
     for src in sources {
         names.push(
-            atou::transfer::manifest::top_name(src)
+            crate::transfer::manifest::top_name(src)
                 .map_err(|e| UsageError(e.to_string()))?
                 .1,
         );
@@ -1021,7 +1021,7 @@ impl DryRunRoot {
             std::env::temp_dir().join(format!("atou-dry-run-{}-{nanos:09}", std::process::id()));
         std::fs::create_dir(&temp).map_err(|e| {
             let why = "create an empty directory for the dry run";
-            UsageError(atou::transfer::Error::disk(why, &temp, e).to_string())
+            UsageError(crate::transfer::Error::disk(why, &temp, e).to_string())
         })?;
         Ok(DryRunRoot {
             dest: dest.to_path_buf(),
@@ -1124,8 +1124,8 @@ impl TransferArgs {
             a.push(format!("--shard={shard}"));
         }
         let (tuning, _) = self.tuning.resolve()?;
-        let defaults = atou::proto::Tuning::default();
-        for k in atou::proto::tuning::KNOBS {
+        let defaults = crate::proto::Tuning::default();
+        for k in crate::proto::tuning::KNOBS {
             let value = tuning.get(k.name);
             if value != defaults.get(k.name) {
                 if let Some(v) = value {

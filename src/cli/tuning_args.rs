@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
 
-use atou::proto::tuning::KNOBS;
-use atou::proto::Tuning;
+use crate::proto::tuning::KNOBS;
+use crate::proto::Tuning;
 
 use super::UsageError;
 

@@ -17,11 +17,11 @@
 //! timed to leave at the pacing rate, which an fq qdisc honours
 //! (docs/congestion.md, Pacing).
 
-pub mod dest_dir;
-pub mod hello_timestamps;
-pub mod netem;
-pub mod socket;
-pub mod tun;
+pub(crate) mod dest_dir;
+pub(crate) mod hello_timestamps;
+pub(crate) mod netem;
+pub(crate) mod socket;
+pub(crate) mod tun;
 
 use std::io;
 use std::net::SocketAddr;
@@ -31,7 +31,8 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::sync::Notify;
 
-pub use socket::{this_host_mtu, RecvBatch, SocketBuffers, TxBatch, UdpIo};
+pub use socket::SocketBuffers;
+pub(crate) use socket::{this_host_mtu, RecvBatch, TxBatch, UdpIo};
 
 use crate::io::hello_timestamps::SaveError;
 use crate::proto::crypto::{Cipher, DropCounters, HandshakeError};

@@ -7,21 +7,25 @@
 //! connections at once), then a finish (every file's hash out, "all
 //! verified and in place" back). See [`messages`] for what each says.
 
-pub mod bootstrap;
-pub mod dest;
+pub(crate) mod bootstrap;
+pub(crate) mod dest;
 mod error;
-pub mod exclude;
-pub mod hash;
-pub mod layout;
-pub mod manifest;
-pub mod messages;
-pub mod parts;
-pub mod receive;
-pub mod remote;
-pub mod send;
-pub mod shard;
-pub mod source;
-pub mod staged;
+pub(crate) mod exclude;
+pub(crate) mod hash;
+pub(crate) mod layout;
+pub(crate) mod manifest;
+pub(crate) mod messages;
+pub(crate) mod parts;
+pub(crate) mod receive;
+pub(crate) mod remote;
+pub(crate) mod send;
+pub(crate) mod shard;
+pub(crate) mod source;
+pub(crate) mod staged;
+
+pub use dest::policy::{ReceivePolicy, SymlinkPolicy, UserFlags};
+pub use receive::{FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport};
+pub use send::{send, Progress, SendConfig, SendError, SendReport};
 
 pub use error::{Change, Error};
 use manifest::{EntryKind, Manifest};

@@ -17,7 +17,7 @@
 
 mod finish;
 mod plan;
-mod policy;
+pub(crate) mod policy;
 
 use std::fs::File;
 use std::io;
