@@ -25,7 +25,7 @@ const KEY_QUERY_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Authentication and encryption")]
-pub struct ClientAuthArgs {
+pub(super) struct ClientAuthArgs {
     /// This client's private key (default: $XDG_CONFIG_HOME/atou/id_x25519 or ~/.config/atou/id_x25519, made by `atou keygen`; without one, a key made for this run, which only servers that accept any key take)
     #[arg(long, value_name = "FILE")]
     identity: Option<PathBuf>,
@@ -60,14 +60,14 @@ fn parse_cipher(s: &str) -> Result<Cipher, crate::proto::crypto::protect::Unknow
 }
 
 impl ClientAuthArgs {
-    pub fn no_auth(&self) -> bool {
+    pub(super) fn no_auth(&self) -> bool {
         self.no_auth
     }
 
     /// Fresh keys for both ends of a transfer this process runs itself
     /// (`atou copy` to a local directory): nobody else holds either key,
     /// so no other local user can join the loopback receiver.
-    pub fn ephemeral_pair(&self) -> Result<(ClientAuth, ServerAuth)> {
+    pub(super) fn ephemeral_pair(&self) -> Result<(ClientAuth, ServerAuth)> {
         let gen =
             || StaticKeypair::generate().map_err(|e| anyhow::anyhow!("cannot make a key: {e}"));
         let (client, server) = (gen()?, gen()?);
@@ -96,7 +96,7 @@ impl ClientAuthArgs {
     /// is nobody's secret.
     ///
     /// `maxidle` bounds the wait for the server's key (at most 5 s).
-    pub fn resolve(
+    pub(super) fn resolve(
         &self,
         host: &str,
         peer: SocketAddr,
@@ -236,7 +236,7 @@ fn read_key_arg(arg: &str, strict: Strictness) -> Result<PublicKey> {
 
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Authentication and encryption")]
-pub struct ServeAuthArgs {
+pub(super) struct ServeAuthArgs {
     /// The server's private key (default: $XDG_CONFIG_HOME/atou/id_x25519 or ~/.config/atou/id_x25519; make one with `atou keygen`); its public key is printed at start for clients to pin
     #[arg(long, value_name = "FILE")]
     identity: Option<PathBuf>,
@@ -254,7 +254,7 @@ pub struct ServeAuthArgs {
 impl ServeAuthArgs {
     /// What the server accepts. `files`: it writes into a directory,
     /// which needs authorized keys unless --no-auth.
-    pub fn resolve(&self, files: bool) -> Result<ServerAuth> {
+    pub(super) fn resolve(&self, files: bool) -> Result<ServerAuth> {
         if let (true, Some(p)) = (self.no_auth, &self.authorized_keys) {
             return Err(UsageError(format!(
                 "--no-auth takes any client, so --authorized-keys {} (and its subdir= and \

@@ -11,7 +11,7 @@ use clap::{Args, CommandFactory, ValueEnum};
 use super::Cli;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum Shell {
+pub(super) enum Shell {
     Bash,
     Zsh,
     Fish,
@@ -22,13 +22,13 @@ pub enum Shell {
     atou completions bash > /etc/bash_completion.d/atou\n  \
     atou completions zsh > \"${fpath[1]}/_atou\"\n  \
     atou completions fish > ~/.config/fish/completions/atou.fish")]
-pub struct CompletionsArgs {
+pub(super) struct CompletionsArgs {
     /// The shell to complete for
     #[arg(value_enum)]
     shell: Shell,
 }
 
-pub fn completions(args: CompletionsArgs) -> Result<ExitCode> {
+pub(super) fn completions(args: CompletionsArgs) -> Result<ExitCode> {
     let mut cmd = Cli::command();
     let shell = match args.shell {
         Shell::Bash => clap_complete::Shell::Bash,
@@ -40,14 +40,14 @@ pub fn completions(args: CompletionsArgs) -> Result<ExitCode> {
 }
 
 #[derive(Args, Debug)]
-pub struct ManArgs {
+pub(super) struct ManArgs {
     /// Directory to write atou.1 and atou-SUBCOMMAND.1 into
     #[arg(value_name = "DIR")]
     dir: PathBuf,
 }
 
 /// Writes `atou.1` and one page per visible subcommand into `dir`.
-pub fn man(args: ManArgs) -> Result<ExitCode> {
+pub(super) fn man(args: ManArgs) -> Result<ExitCode> {
     write_man_pages(&args.dir)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -130,11 +130,11 @@ impl From<Exit> for ExitCode {
 /// itself (no typed error below says what they are).
 #[derive(Debug, thiserror::Error)]
 #[error("{1}")]
-pub struct Failure(pub Exit, pub String);
+pub(super) struct Failure(pub Exit, pub String);
 
 /// The status of an error that reached `main`: typed errors by their
 /// kind, a usage error as 2, anything else 1.
-pub fn of_error(e: &anyhow::Error) -> Exit {
+pub(super) fn of_error(e: &anyhow::Error) -> Exit {
     if e.downcast_ref::<super::UsageError>().is_some() {
         return Exit::Usage;
     }
@@ -154,7 +154,7 @@ pub fn of_error(e: &anyhow::Error) -> Exit {
 }
 
 /// A `--json` report with its status word and number added.
-pub fn json_report<T: serde::Serialize>(
+pub(super) fn json_report<T: serde::Serialize>(
     report: &T,
     status: Exit,
 ) -> anyhow::Result<serde_json::Value> {
@@ -168,7 +168,7 @@ pub fn json_report<T: serde::Serialize>(
 
 /// The `--json` report of a transfer that failed: the status word and
 /// number, the other end, and the reason stderr gives.
-pub fn json_failure(status: Exit, host: &str, why: &str) -> serde_json::Value {
+pub(super) fn json_failure(status: Exit, host: &str, why: &str) -> serde_json::Value {
     serde_json::json!({
         "status": status.word(),
         "exit": status.code(),
@@ -179,7 +179,7 @@ pub fn json_failure(status: Exit, host: &str, why: &str) -> serde_json::Value {
 
 /// A report as `--json` prints it: pretty, or on one line where stdout
 /// is JSON Lines (`--progress json`).
-pub fn json_text(v: &serde_json::Value, one_line: bool) -> String {
+pub(super) fn json_text(v: &serde_json::Value, one_line: bool) -> String {
     if one_line {
         format!("{v}\n")
     } else {

@@ -11,7 +11,7 @@ use crate::proto::crypto::format_public_key;
 use crate::proto::crypto::StaticKeypair;
 
 #[derive(Args, Debug)]
-pub struct KeygenArgs {
+pub(super) struct KeygenArgs {
     /// Where to write the private key (the public key goes to FILE.pub);
     /// default $XDG_CONFIG_HOME/atou/id_x25519 or ~/.config/atou/id_x25519
     #[arg(short = 'f', long, value_name = "FILE")]
@@ -24,7 +24,7 @@ pub struct KeygenArgs {
     force: bool,
 }
 
-pub fn keygen(args: KeygenArgs) -> Result<ExitCode> {
+pub(super) fn keygen(args: KeygenArgs) -> Result<ExitCode> {
     let path = match args.file {
         Some(f) => f,
         None => keys::config_dir()?.join(IDENTITY_FILE),

@@ -29,7 +29,7 @@ use crate::report::summary::config_lines;
 use crate::sim::{run_flows, FlowConfig, FlowsConfig, RunEnd, SimConfig, Simulation};
 use crate::util::units::{parse_duration, parse_size, TimeUnit};
 
-pub use tuning_args::TuningArgs;
+pub(crate) use tuning_args::TuningArgs;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -434,7 +434,7 @@ pub(crate) fn print_stdout(text: &str) -> Result<()> {
     }
 }
 
-pub fn main() -> ExitCode {
+pub(crate) fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
@@ -481,4 +481,4 @@ pub fn main() -> ExitCode {
 /// A mistake in what the user asked for (exit status 2).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct UsageError(pub String);
+pub(crate) struct UsageError(pub String);

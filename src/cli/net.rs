@@ -32,7 +32,7 @@ use super::{finish_trace, print_stdout, Output, OutputArgs, TuningArgs, UsageErr
     atou probe 10.0.0.2 --config atou.conf --dup-thresh 9 --json\n\n\
     Without --bytes, --maxtime or --maxpkts the probe sends for 10 s, as atou's client. \
     Exit status: 0 finished, 1 the transfer failed (the reason is on stderr), 2 usage error.")]
-pub struct ProbeArgs {
+pub(super) struct ProbeArgs {
     /// The server: HOST or HOST:PORT (default port 7890); IPv6 as [ADDR]:PORT
     #[arg(value_name = "HOST[:PORT]")]
     host: String,
@@ -62,7 +62,7 @@ pub struct ProbeArgs {
     23 (partial) when the one transfer failed: the sender's status says why, and what was \
     written stays for its resume. `atou --help` lists every status."
 )]
-pub struct ServeArgs {
+pub(super) struct ServeArgs {
     /// Address to listen on: ADDR, ADDR:PORT, :PORT or [IPV6]:PORT
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:7890", value_parser = parse_bind)]
     bind: SocketAddr,
@@ -93,7 +93,7 @@ pub struct ServeArgs {
 /// What `atou serve --dir` lets senders do, and what it lets them make it hold.
 #[derive(Args, Debug)]
 #[command(next_help_heading = "Receiver policy (with --dir) and budgets")]
-pub struct ReceiverArgs {
+pub(super) struct ReceiverArgs {
     /// Let a sender that asks (`--overwrite`) replace existing files and re-mode existing directories (default: refuse)
     #[arg(long)]
     allow_overwrite: bool,
@@ -312,7 +312,7 @@ fn note_buffer(what: &str, asked: u32, granted: u32, sysctl: &str) {
     }
 }
 
-pub fn probe(args: ProbeArgs) -> Result<ExitCode> {
+pub(super) fn probe(args: ProbeArgs) -> Result<ExitCode> {
     let (mut tuning, notes) = args.tuning.resolve()?;
     for note in notes {
         eprintln!("atou: {note}");
@@ -440,7 +440,7 @@ fn report_line(r: &ConnReport, server: &ServerStats) -> String {
     )
 }
 
-pub fn serve(args: ServeArgs) -> Result<ExitCode> {
+pub(super) fn serve(args: ServeArgs) -> Result<ExitCode> {
     let json = args.json;
     let auth = args.auth.resolve(args.dir.is_some())?;
     let transfer_failed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -23,7 +23,7 @@ use super::net::{resolve, runtime};
 use super::UsageError;
 
 #[derive(Args, Debug)]
-pub struct NetemArgs {
+pub(super) struct NetemArgs {
     #[command(subcommand)]
     command: NetemCommand,
 }
@@ -147,7 +147,7 @@ fn parse_pair(s: &str) -> Result<(String, String), String> {
     }
 }
 
-pub fn netem(args: NetemArgs) -> Result<ExitCode> {
+pub(super) fn netem(args: NetemArgs) -> Result<ExitCode> {
     match args.command {
         NetemCommand::Relay(a) => relay(a),
         NetemCommand::Bridge(a) => bridge(a),

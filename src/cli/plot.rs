@@ -27,7 +27,7 @@ use super::UsageError;
     Example: atou sim --bytes 1MB --recovery newreno --trace run.trace && atou plot run.trace --out run.svg\n\
     Example: atou sim --bytes 1MB --plot run.svg"
 )]
-pub struct PlotArgs {
+pub(super) struct PlotArgs {
     /// A trace written by --trace (sim, probe)
     #[arg(value_name = "TRACE")]
     trace: PathBuf,
@@ -39,7 +39,7 @@ pub struct PlotArgs {
     title: Option<String>,
 }
 
-pub fn plot(args: PlotArgs) -> Result<ExitCode> {
+pub(super) fn plot(args: PlotArgs) -> Result<ExitCode> {
     let trace = Trace::read(&args.trace).map_err(|e| match e {
         crate::report::trace::TraceError::Read { .. } => UsageError(e.to_string()),
         _ => UsageError(format!("{}: {e}", args.trace.display())),

@@ -42,7 +42,7 @@ fn cli_error(e: RemoteError) -> anyhow::Error {
 /// `atou copy`'s flags for a remote end.
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Remote end (a SRC or DEST of the form [USER@]HOST:PATH)")]
-pub struct SshArgs {
+pub(super) struct SshArgs {
     /// Command that runs the remote end, split on white space as rsync's -e (e.g. "ssh -p 2222 -i ~/.ssh/lab"); ~/.ssh/config, agents, ProxyJump and known_hosts apply as for ssh itself
     #[arg(long = "ssh", value_name = "CMD", default_value = "ssh")]
     ssh: String,
@@ -56,7 +56,7 @@ pub struct SshArgs {
 
 /// `atou __remote`: what ssh runs at the far end.
 #[derive(Args, Debug)]
-pub struct RemoteArgs {
+pub(super) struct RemoteArgs {
     #[command(subcommand)]
     role: Role,
 }
@@ -106,7 +106,7 @@ struct RemoteSendArgs {
 }
 
 /// `atou copy` with a remote SRC or DEST.
-pub fn copy(
+pub(super) fn copy(
     sources: &[PathBuf],
     dest: &str,
     transfer: &TransferArgs,
@@ -347,7 +347,7 @@ fn received_text(r: &TransferReport, from: &str) -> String {
 // ---------------------------------------------------------------------
 // The remote end.
 
-pub fn remote(args: RemoteArgs) -> Result<ExitCode> {
+pub(super) fn remote(args: RemoteArgs) -> Result<ExitCode> {
     let mut stdin = BufReader::new(std::io::stdin());
     let hello = read_hello(&mut stdin).map_err(cli_error)?;
     // Where the ssh client reached us: the address to give back.

@@ -29,7 +29,7 @@ use super::path_hint::PathHint;
 use super::{print_stdout, TuningArgs, UsageError};
 
 /// Read-ahead (sender) and window (receiver) per transfer, over all streams.
-pub const DEFAULT_BUFFER: &str = "64MiB";
+pub(super) const DEFAULT_BUFFER: &str = "64MiB";
 /// Datagram size when the receiver is on this host (`atou copy` to a
 /// local directory, or a send or ssh copy to an address of this host),
 /// unless --mss says otherwise: a jumbo frame's, as kernel TCP sizes its
@@ -37,12 +37,12 @@ pub const DEFAULT_BUFFER: &str = "64MiB";
 /// calls, ACKs, and each seal and open) are paid a sixth as often as at
 /// 1472 bytes. Elsewhere the default stays 1472: the first link's MTU
 /// says nothing of the path's.
-pub const LOOPBACK_MSS: u32 = 8972;
+pub(super) const LOOPBACK_MSS: u32 = 8972;
 /// Transport connections per transfer; see docs/transfer.md for how it was chosen.
-pub const DEFAULT_STREAMS: usize = 2;
+pub(super) const DEFAULT_STREAMS: usize = 2;
 
 #[derive(Args, Debug)]
-pub struct TransferArgs {
+pub(super) struct TransferArgs {
     /// Neither use nor update the path cache ($XDG_CACHE_HOME/atou/paths, else ~/.cache/atou/paths): what the last transfer to this host learnt of its path (RTT, ssthresh, bandwidth), kept an hour and used to start the next one faster (default: use it)
     #[arg(long)]
     no_path_cache: bool,
@@ -121,7 +121,7 @@ pub struct TransferArgs {
     stream its bytes, cwnd and ssthresh in segments, srtt_ms and rxmts), then an \"end\" object \
     (rate_bps over the run, status and exit), then the --json report, if asked, on one line. \
     People's messages and errors stay on stderr.\n\n{}", Exit::table()))]
-pub struct SendArgs {
+pub(super) struct SendArgs {
     /// Files and directories to send
     #[arg(value_name = "SRC", required = true, num_args = 1..)]
     sources: Vec<PathBuf>,
@@ -148,7 +148,7 @@ pub struct SendArgs {
     pull is on one host. Anything else is a local directory (created if missing): atou \
     runs the receiver itself over loopback UDP. Each SRC arrives as DEST/NAME. Flags as for \
     `atou send`; to send to a running `atou serve --dir`, use `atou send`.\n\n{}", Exit::table()))]
-pub struct CopyArgs {
+pub(super) struct CopyArgs {
     /// Files and directories to copy: local paths, or [USER@]HOST:PATH on one host (a pull)
     #[arg(value_name = "SRC", required = true, num_args = 1..)]
     sources: Vec<PathBuf>,
@@ -168,7 +168,7 @@ pub struct CopyArgs {
 /// whatever the sending end asks.
 #[derive(Args, Debug, Clone, Copy)]
 #[command(next_help_heading = "The receiving end's rules (a local DEST, or the remote of a push)")]
-pub struct ReceivingArgs {
+pub(super) struct ReceivingArgs {
     /// Keep setuid, setgid and sticky bits as sent, as rsync's -p does for root (default: cleared; other permission bits are kept as sent)
     #[arg(long, short = 'p')]
     pub perms: bool,
@@ -217,7 +217,7 @@ impl ReceivingArgs {
 
 /// `--progress`: who the progress is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ProgressMode {
+pub(super) enum ProgressMode {
     Auto,
     Json,
 }
@@ -786,7 +786,7 @@ pub(super) fn ctrlc_hook(f: impl FnOnce() + Send + 'static) -> Result<()> {
     Ok(())
 }
 
-pub fn send_cmd(args: SendArgs) -> Result<ExitCode> {
+pub(super) fn send_cmd(args: SendArgs) -> Result<ExitCode> {
     let (host, subdir) = split_remote(&args.dest)?;
     let peer = resolve(&host)?;
     let mut config = args.transfer.config(peer, host, subdir)?;
@@ -804,7 +804,7 @@ pub fn send_cmd(args: SendArgs) -> Result<ExitCode> {
     Ok(code)
 }
 
-pub fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
+pub(super) fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
     // A remote SRC or DEST: the other end is run over ssh.
     let remote_source = args
         .sources

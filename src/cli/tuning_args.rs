@@ -15,7 +15,7 @@ use super::UsageError;
 const HEADING: &str = "Tuning (flags override --config; see docs/tuning.md)";
 
 #[derive(Debug, Clone, Default)]
-pub struct TuningArgs {
+pub(crate) struct TuningArgs {
     config: Option<PathBuf>,
     /// (knob, value) for each flag given.
     flags: Vec<(&'static str, String)>,
@@ -30,11 +30,11 @@ impl TuningArgs {
     /// then the config file, then the flags. Returns notes about config
     /// lines that were accepted but do not apply.
     /// Whether the user set knob `name`, by flag or in a config file.
-    pub fn sets(&self, name: &str) -> bool {
+    pub(crate) fn sets(&self, name: &str) -> bool {
         self.config.is_some() || self.flags.iter().any(|(n, _)| *n == name)
     }
 
-    pub fn resolve(&self) -> Result<(Tuning, Vec<String>)> {
+    pub(crate) fn resolve(&self) -> Result<(Tuning, Vec<String>)> {
         let mut tuning = Tuning::command_default();
         let mut notes = Vec::new();
         if let Some(path) = &self.config {

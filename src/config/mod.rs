@@ -2,4 +2,4 @@
 //! authorized keys and the path cache.
 
 pub mod keys;
-pub mod path_cache;
+pub(crate) mod path_cache;

@@ -23,7 +23,7 @@ use thiserror::Error;
 use crate::proto::PathMemory;
 
 /// Linux's TCP_METRICS_TIMEOUT: an entry older than this is ignored.
-pub const MAX_AGE: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(3600);
 /// A cache file is a few lines; anything longer is not one of ours.
 const MAX_FILE_LEN: u64 = 1024;
 /// Files kept in the directory at most; past it, saving first removes
@@ -38,7 +38,7 @@ const MAGIC: &str = "atou-path-memory 1";
 /// Why an entry, or the directory that holds it, is not used; each names
 /// the file or directory at fault, for the warning.
 #[derive(Debug, Error)]
-pub enum PathCacheError {
+pub(crate) enum PathCacheError {
     #[error("{}: {error}", .path.display())]
     Io { path: PathBuf, error: io::Error },
     #[error("{}: not a directory", .0.display())]
@@ -65,7 +65,7 @@ pub enum PathCacheError {
 
 /// Why the text of an entry is not one.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum EntryError {
+pub(crate) enum EntryError {
     #[error("does not start with `{}`", MAGIC)]
     NoMagic,
     #[error("`{0}` is not `name value`")]
@@ -86,7 +86,10 @@ pub enum EntryError {
 /// `$XDG_CACHE_HOME/atou/paths` if that is set to an absolute path, else
 /// `$HOME/.cache/atou/paths` (XDG Base Directory Specification); `None`
 /// without either.
-pub fn default_dir_from(xdg_cache_home: Option<&Path>, home: Option<&Path>) -> Option<PathBuf> {
+pub(crate) fn default_dir_from(
+    xdg_cache_home: Option<&Path>,
+    home: Option<&Path>,
+) -> Option<PathBuf> {
     let base = match (xdg_cache_home, home) {
         (Some(x), _) if x.is_absolute() => x.to_path_buf(),
         (_, Some(h)) if !h.as_os_str().is_empty() => h.join(".cache"),
@@ -96,7 +99,7 @@ pub fn default_dir_from(xdg_cache_home: Option<&Path>, home: Option<&Path>) -> O
 }
 
 /// The cache of this user, from the environment.
-pub fn default_dir() -> Option<PathBuf> {
+pub(crate) fn default_dir() -> Option<PathBuf> {
     let xdg = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from);
     let home = std::env::var_os("HOME").map(PathBuf::from);
     default_dir_from(xdg.as_deref(), home.as_deref())
@@ -104,7 +107,7 @@ pub fn default_dir() -> Option<PathBuf> {
 
 /// The directory of path memories.
 #[derive(Debug, Clone)]
-pub struct PathCache {
+pub(crate) struct PathCache {
     dir: PathBuf,
 }
 
@@ -113,7 +116,7 @@ pub struct PathCache {
 /// each time) and, for a server whose key is pinned, that key (a different
 /// server behind the same address keeps its own entry).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Destination<'a> {
+pub(crate) struct Destination<'a> {
     pub peer: IpAddr,
     pub server_key: Option<&'a [u8; 32]>,
 }
@@ -133,16 +136,16 @@ impl Destination<'_> {
 }
 
 impl PathCache {
-    pub fn at(dir: PathBuf) -> PathCache {
+    pub(crate) fn at(dir: PathBuf) -> PathCache {
         PathCache { dir }
     }
 
     /// The user's cache directory ([`default_dir`]); `None` without one.
-    pub fn open_default() -> Option<PathCache> {
+    pub(crate) fn open_default() -> Option<PathCache> {
         default_dir().map(PathCache::at)
     }
 
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
@@ -153,7 +156,7 @@ impl PathCache {
     /// The memory saved for `dest`, if there is one younger than
     /// [`MAX_AGE`] at `now`. `Err` says why a file there was ignored (for
     /// a warning); a missing or stale entry is `Ok(None)`.
-    pub fn load(
+    pub(crate) fn load(
         &self,
         dest: &Destination<'_>,
         now: SystemTime,
@@ -202,7 +205,7 @@ impl PathCache {
     /// Saves `memory` for `dest`, replacing what was there: written to a
     /// temporary file and renamed over the old one, so that a reader sees
     /// the old file or the new one, never half of either.
-    pub fn save(
+    pub(crate) fn save(
         &self,
         dest: &Destination<'_>,
         memory: &PathMemory,

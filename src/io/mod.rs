@@ -384,11 +384,11 @@ mod address_tokens {
         TABLE.get_or_init(|| Mutex::new(HashMap::new()))
     }
 
-    pub fn get(server: SocketAddr) -> Option<AddressToken> {
+    pub(super) fn get(server: SocketAddr) -> Option<AddressToken> {
         table().lock().ok()?.get(&server).copied()
     }
 
-    pub fn put(server: SocketAddr, token: AddressToken) {
+    pub(super) fn put(server: SocketAddr, token: AddressToken) {
         if let Ok(mut t) = table().lock() {
             if t.len() >= MAX && !t.contains_key(&server) {
                 t.clear();

@@ -23,7 +23,7 @@ const IDLE_WAKE: Duration = Duration::from_millis(100);
 const PUBLISH_EVERY: Duration = Duration::from_millis(50);
 
 /// A direction running on its own thread.
-pub struct Direction {
+pub(crate) struct Direction {
     stats: Arc<Mutex<NetemStats>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -31,7 +31,7 @@ pub struct Direction {
 impl Direction {
     /// Starts a thread that feeds `input` through `netem` into `output`.
     /// `epoch` is time zero for the model; `stop` ends the thread.
-    pub fn spawn<P, F>(
+    pub(crate) fn spawn<P, F>(
         name: &str,
         mut netem: Netem<P>,
         input: Receiver<P>,
@@ -83,13 +83,13 @@ impl Direction {
     }
 
     /// What the model has done so far.
-    pub fn stats(&self) -> NetemStats {
+    pub(crate) fn stats(&self) -> NetemStats {
         *self.stats.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Waits for the thread to end (after `stop` is set) and returns the
     /// final counts.
-    pub fn join(mut self) -> NetemStats {
+    pub(crate) fn join(mut self) -> NetemStats {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -99,7 +99,7 @@ impl Direction {
 
 /// What a relay did with its sources (client addresses).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct SourceStats {
+pub(crate) struct SourceStats {
     /// Sources given a socket and a thread towards the server.
     pub opened: u64,
     /// Of those, forgotten after `--idle` without a datagram.
@@ -115,7 +115,7 @@ pub struct SourceStats {
 /// source: whoever can send UDP to the relay cannot make it hold more.
 /// Time comes in as an argument.
 #[derive(Debug)]
-pub struct SourceTable<T> {
+pub(crate) struct SourceTable<T> {
     entries: std::collections::HashMap<std::net::SocketAddr, (T, Instant)>,
     max: usize,
     idle: Duration,
@@ -123,7 +123,7 @@ pub struct SourceTable<T> {
 }
 
 impl<T> SourceTable<T> {
-    pub fn new(max: usize, idle: Duration) -> SourceTable<T> {
+    pub(crate) fn new(max: usize, idle: Duration) -> SourceTable<T> {
         SourceTable {
             entries: std::collections::HashMap::new(),
             max,
@@ -135,7 +135,7 @@ impl<T> SourceTable<T> {
     /// The state of `source`, which just sent a datagram: held already,
     /// or made by `open` if there is room; `None` when the table is full
     /// (the datagram is counted as refused) or `open` failed.
-    pub fn admit<E>(
+    pub(crate) fn admit<E>(
         &mut self,
         now: Instant,
         source: std::net::SocketAddr,
@@ -162,7 +162,7 @@ impl<T> SourceTable<T> {
     }
 
     /// Removes and returns the sources idle for `idle` or longer.
-    pub fn reclaim(&mut self, now: Instant) -> Vec<T> {
+    pub(crate) fn reclaim(&mut self, now: Instant) -> Vec<T> {
         let idle = self.idle;
         let stale: Vec<std::net::SocketAddr> = self
             .entries
@@ -178,27 +178,27 @@ impl<T> SourceTable<T> {
     }
 
     /// Removes and returns every source (the relay is stopping).
-    pub fn drain(&mut self) -> Vec<T> {
+    pub(crate) fn drain(&mut self) -> Vec<T> {
         self.entries.drain().map(|(_, (v, _))| v).collect()
     }
 
-    pub fn max(&self) -> usize {
+    pub(crate) fn max(&self) -> usize {
         self.max
     }
 
-    pub fn idle(&self) -> Duration {
+    pub(crate) fn idle(&self) -> Duration {
         self.idle
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
-    pub fn stats(&self) -> SourceStats {
+    pub(crate) fn stats(&self) -> SourceStats {
         SourceStats {
             live: self.entries.len() as u64,
             ..self.stats

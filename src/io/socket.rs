@@ -27,7 +27,7 @@ pub struct SocketBuffers {
     pub rcvbuf: u32,
 }
 
-pub struct UdpIo {
+pub(crate) struct UdpIo {
     sock: UdpSocket,
     state: UdpSocketState,
     /// The socket takes a departure time with each send (SO_TXTIME);
@@ -36,13 +36,13 @@ pub struct UdpIo {
 }
 
 /// Buffers for one recvmmsg.
-pub struct RecvBatch {
+pub(crate) struct RecvBatch {
     bufs: Vec<Vec<u8>>,
     metas: Vec<RecvMeta>,
 }
 
 impl RecvBatch {
-    pub fn new() -> RecvBatch {
+    pub(crate) fn new() -> RecvBatch {
         RecvBatch {
             bufs: (0..BATCH_SIZE).map(|_| vec![0; RECV_BUF_LEN]).collect(),
             metas: vec![RecvMeta::default(); BATCH_SIZE],
@@ -65,7 +65,7 @@ enum Buf {
 
 impl UdpIo {
     /// Binds a non-blocking UDP socket (on a tokio runtime).
-    pub fn bind(addr: SocketAddr) -> io::Result<UdpIo> {
+    pub(crate) fn bind(addr: SocketAddr) -> io::Result<UdpIo> {
         let sock = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
         if addr.is_ipv6() {
             // Serve IPv4 clients too when bound to [::].
@@ -79,7 +79,7 @@ impl UdpIo {
     /// Takes over a socket already bound (the ssh bootstrap's, which sent
     /// or received a punch datagram through a NAT): made non-blocking and
     /// registered with the current tokio runtime.
-    pub fn from_std(std_sock: std::net::UdpSocket) -> io::Result<UdpIo> {
+    pub(crate) fn from_std(std_sock: std::net::UdpSocket) -> io::Result<UdpIo> {
         std_sock.set_nonblocking(true)?;
         let state = UdpSocketState::new(UdpSockRef::from(&std_sock))?;
         let sock = UdpSocket::from_std(std_sock)?;
@@ -97,7 +97,7 @@ impl UdpIo {
     /// local congestion signal the sender's CWR answers (Sarolahti §3).
     /// The errors it queues are drained by [`Self::drain_errors`]; without
     /// it (other systems) the sender just does without CWR.
-    pub async fn connect(&self, peer: SocketAddr) -> io::Result<()> {
+    pub(crate) async fn connect(&self, peer: SocketAddr) -> io::Result<()> {
         self.sock.connect(peer).await?;
         let _ = self
             .state
@@ -110,13 +110,13 @@ impl UdpIo {
     /// Sends carry departure times (SO_TXTIME): where the egress qdisc is
     /// fq, the kernel spaces a pacer's burst out at the pacing rate;
     /// elsewhere the times are ignored and the burst leaves at once.
-    pub fn txtime(&self) -> bool {
+    pub(crate) fn txtime(&self) -> bool {
         self.txtime.load(Ordering::Relaxed)
     }
 
     /// Empties the socket's error queue (ICMP reports IP_RECVERR keeps,
     /// charged to the receive buffer until read); returns how many.
-    pub fn drain_errors(&self) -> u64 {
+    pub(crate) fn drain_errors(&self) -> u64 {
         let mut drained = 0;
         // Bounded: a peer flooding ICMP cannot hold the driver here.
         while drained < 256 {
@@ -131,13 +131,13 @@ impl UdpIo {
         drained
     }
 
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+    pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
         self.sock.local_addr()
     }
 
     /// Segments one GSO send may carry now; it can drop to 1 at any time
     /// if the kernel or driver refuses segmentation offload.
-    pub fn max_gso_segments(&self) -> usize {
+    pub(crate) fn max_gso_segments(&self) -> usize {
         self.state.max_gso_segments()
     }
 
@@ -184,7 +184,7 @@ impl UdpIo {
     }
 
     /// Sets SO_SNDBUF and SO_RCVBUF; returns what the kernel granted.
-    pub fn set_buffers(&self, sndbuf: u32, rcvbuf: u32) -> io::Result<SocketBuffers> {
+    pub(crate) fn set_buffers(&self, sndbuf: u32, rcvbuf: u32) -> io::Result<SocketBuffers> {
         Ok(SocketBuffers {
             sndbuf: self.size(Buf::Send, sndbuf)?,
             rcvbuf: self.size(Buf::Recv, rcvbuf)?,
@@ -192,7 +192,7 @@ impl UdpIo {
     }
 
     /// Sets SO_RCVBUF alone; returns what the kernel granted.
-    pub fn set_rcvbuf(&self, bytes: u32) -> io::Result<u32> {
+    pub(crate) fn set_rcvbuf(&self, bytes: u32) -> io::Result<u32> {
         self.size(Buf::Recv, bytes)
     }
 
@@ -202,19 +202,19 @@ impl UdpIo {
     /// SO_ATTACH_FILTER) runs where the datagram is queued, so a copy it
     /// drops costs this process nothing; the program replaces the last
     /// one at once. Elsewhere than Linux: `Unsupported`.
-    pub fn drop_hellos(&self, ids: &[u64]) -> io::Result<()> {
+    pub(crate) fn drop_hellos(&self, ids: &[u64]) -> io::Result<()> {
         hello_filter::attach(&self.sock, ids)
     }
 
     /// Waits until a datagram may be read.
-    pub async fn readable(&self) -> io::Result<()> {
+    pub(crate) async fn readable(&self) -> io::Result<()> {
         self.sock.readable().await
     }
 
     /// Reads what is waiting (one recvmmsg) without blocking and hands
     /// each datagram, GRO batches split by their stride, to `f`. Returns
     /// the number of datagrams; 0 when nothing was waiting.
-    pub fn try_recv(
+    pub(crate) fn try_recv(
         &self,
         batch: &mut RecvBatch,
         mut f: impl FnMut(SocketAddr, &mut [u8]),
@@ -249,7 +249,7 @@ impl UdpIo {
     /// given. Waits while the socket buffer is full. If the kernel refuses
     /// segmentation offload, quinn-udp turns it off (max_gso_segments
     /// drops to 1) and the batch goes again datagram by datagram.
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         to: SocketAddr,
         contents: &[u8],
@@ -271,7 +271,7 @@ impl UdpIo {
     /// socket to leave at `departure` (CLOCK_MONOTONIC nanoseconds). If
     /// the kernel refuses the departure time, the socket stops using them
     /// and the run goes as an ordinary send.
-    pub async fn send_at(
+    pub(crate) async fn send_at(
         &self,
         to: SocketAddr,
         contents: &[u8],
@@ -328,7 +328,7 @@ impl UdpIo {
 }
 
 /// Datagrams waiting to be sent, packed back to back, sent as GSO runs.
-pub struct TxBatch {
+pub(crate) struct TxBatch {
     /// Only grows: datagrams are written in place, never zeroed first.
     buf: Vec<u8>,
     /// Bytes of `buf` in use.
@@ -342,7 +342,7 @@ pub struct TxBatch {
 }
 
 impl TxBatch {
-    pub fn new() -> TxBatch {
+    pub(crate) fn new() -> TxBatch {
         TxBatch {
             buf: Vec::new(),
             used: 0,
@@ -352,17 +352,17 @@ impl TxBatch {
         }
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.items.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
 
     /// Writes one datagram of at most `max_len` bytes with `fill`, which
     /// returns its length (or `None`: nothing to send).
-    pub fn push_with(
+    pub(crate) fn push_with(
         &mut self,
         max_len: usize,
         fill: impl FnOnce(&mut [u8]) -> Option<(SocketAddr, usize)>,
@@ -388,7 +388,7 @@ impl TxBatch {
     /// are at most a quarter millisecond's worth and leave one after the
     /// other at that rate (SO_TXTIME), instead of the pacer's whole burst
     /// at once.
-    pub async fn flush(&mut self, io: &UdpIo, pacing: Option<u64>) -> io::Result<()> {
+    pub(crate) async fn flush(&mut self, io: &UdpIo, pacing: Option<u64>) -> io::Result<()> {
         // (rate, when the next run leaves). The schedule goes on where the
         // last burst's ended, so bursts do not overlap; but never more than
         // TXTIME_HORIZON_NS ahead, so a fast pacer cannot queue the future
@@ -475,7 +475,7 @@ mod txtime {
 
     /// Asks for departure times on CLOCK_MONOTONIC, the clock std's
     /// Instant reads, without error reports. False if the kernel refuses.
-    pub fn enable(sock: &impl AsFd) -> bool {
+    pub(super) fn enable(sock: &impl AsFd) -> bool {
         rustix::net::sockopt::set_txtime(
             sock,
             rustix::time::ClockId::Monotonic,
@@ -486,7 +486,7 @@ mod txtime {
 
     /// The kernel or the device will not take a departure time (or a GSO
     /// run with one): send without.
-    pub fn refused(e: &io::Error) -> bool {
+    pub(super) fn refused(e: &io::Error) -> bool {
         matches!(
             e.raw_os_error(),
             Some(libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT | libc::EIO)
@@ -496,7 +496,7 @@ mod txtime {
     /// One sendmsg on a connected socket: `contents` as one datagram, or
     /// cut into `segment_size` datagrams by the kernel (UDP GSO), to leave
     /// at `departure` nanoseconds.
-    pub fn send(
+    pub(super) fn send(
         sock: &impl AsFd,
         contents: &[u8],
         segment_size: Option<usize>,
@@ -567,7 +567,7 @@ mod txtime {
 }
 
 /// Now on CLOCK_MONOTONIC in nanoseconds, the clock departure times are on.
-pub fn monotonic_nanos() -> u64 {
+pub(crate) fn monotonic_nanos() -> u64 {
     let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     (now.tv_sec as u64).saturating_mul(1_000_000_000) + now.tv_nsec as u64
 }
@@ -578,7 +578,7 @@ pub fn monotonic_nanos() -> u64 {
 /// route's MTU is the path's, as kernel TCP assumes when it sizes its MSS
 /// from the interface; elsewhere the path may be narrower than the first
 /// link, and only path MTU discovery could say.
-pub fn this_host_mtu(peer: SocketAddr) -> Option<u32> {
+pub(crate) fn this_host_mtu(peer: SocketAddr) -> Option<u32> {
     let ip = peer.ip();
     // Binding to an address succeeds only if this host has it (unless
     // ip_nonlocal_bind is set, which the route MTU below then catches:
@@ -774,7 +774,7 @@ mod hello_filter {
     const ACCEPT: u32 = u32::MAX;
     const DROP: u32 = 0;
     /// Hellos one program can hold: five instructions each, of 4,096.
-    pub const MAX_IDS: usize = 512;
+    pub(super) const MAX_IDS: usize = 512;
 
     fn op(code: u32, jt: u8, jf: u8, k: u32) -> SockFilter {
         SockFilter::new(code as u16, jt, jf, k)
@@ -783,7 +783,7 @@ mod hello_filter {
     /// `ids` dropped, everything else kept. A datagram too short to hold
     /// a client id is kept before any load: a classic BPF load past the
     /// end would end the program with a drop.
-    pub fn program(ids: &[u64]) -> Vec<SockFilter> {
+    pub(super) fn program(ids: &[u64]) -> Vec<SockFilter> {
         use libc::{
             BPF_ABS, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_K, BPF_LD, BPF_LEN, BPF_MEM, BPF_RET, BPF_ST,
             BPF_W,
@@ -814,7 +814,7 @@ mod hello_filter {
         p
     }
 
-    pub fn attach(sock: &impl std::os::fd::AsFd, ids: &[u64]) -> io::Result<()> {
+    pub(super) fn attach(sock: &impl std::os::fd::AsFd, ids: &[u64]) -> io::Result<()> {
         let sock = SockRef::from(sock);
         if ids.is_empty() {
             return match sock.detach_filter() {

@@ -6,14 +6,14 @@ use std::os::fd::AsRawFd;
 
 /// An open TUN device (no packet-information header: each read is one IP
 /// packet). Closing it removes the device.
-pub struct Tun {
+pub(crate) struct Tun {
     file: File,
     name: String,
 }
 
 impl Tun {
     /// Creates the TUN device `name` in the caller's network namespace.
-    pub fn create(name: &str) -> io::Result<Tun> {
+    pub(crate) fn create(name: &str) -> io::Result<Tun> {
         if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains('/') {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -44,13 +44,13 @@ impl Tun {
         })
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// A second handle on the same device, for a reader and a writer on
     /// different threads.
-    pub fn try_clone(&self) -> io::Result<Tun> {
+    pub(crate) fn try_clone(&self) -> io::Result<Tun> {
         Ok(Tun {
             file: self.file.try_clone()?,
             name: self.name.clone(),
@@ -58,12 +58,12 @@ impl Tun {
     }
 
     /// Reads one packet (blocking).
-    pub fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+    pub(crate) fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         io::Read::read(&mut self.file, buf)
     }
 
     /// Writes one packet.
-    pub fn send(&mut self, packet: &[u8]) -> io::Result<usize> {
+    pub(crate) fn send(&mut self, packet: &[u8]) -> io::Result<usize> {
         io::Write::write(&mut self.file, packet)
     }
 }

@@ -7,7 +7,7 @@ use super::spec::Distribution;
 use crate::util::units::Probability;
 
 /// A probability on the kernel's scale: `u32::MAX` is 100 %.
-pub fn scaled(p: Probability) -> u32 {
+pub(super) fn scaled(p: Probability) -> u32 {
     ((u64::from(p.ppb()) * u64::from(u32::MAX) + 500_000_000) / 1_000_000_000) as u32
 }
 
@@ -15,20 +15,20 @@ pub fn scaled(p: Probability) -> u32 {
 /// value by `rho`. The kernel documents this correlation as approximate: the
 /// marginal distribution is no longer uniform (docs/netem.md).
 #[derive(Debug, Clone, Default)]
-pub struct Correlated {
+pub(super) struct Correlated {
     rho: u32,
     last: u32,
 }
 
 impl Correlated {
-    pub fn new(corr: Probability) -> Correlated {
+    pub(super) fn new(corr: Probability) -> Correlated {
         Correlated {
             rho: scaled(corr),
             last: 0,
         }
     }
 
-    pub fn next(&mut self, rng: &mut ChaCha8Rng) -> u32 {
+    pub(super) fn next(&mut self, rng: &mut ChaCha8Rng) -> u32 {
         let value = rng.next_u32();
         if self.rho == 0 {
             return value;
@@ -42,7 +42,7 @@ impl Correlated {
 }
 
 /// True with probability `p` (kernel-scaled), the kernel's `p >= rnd` test.
-pub fn happens(p: u32, rnd: u32) -> bool {
+pub(super) fn happens(p: u32, rnd: u32) -> bool {
     p != 0 && p >= rnd
 }
 
@@ -51,7 +51,7 @@ const TABLE_RANGE: f64 = 4.0;
 
 /// `tabledist`: `mu` ± `sigma` shaped by `dist`, in nanoseconds; may be
 /// negative when the jitter exceeds the delay.
-pub fn tabledist(mu: u64, sigma: u64, rnd: u32, dist: Option<Distribution>) -> i128 {
+pub(super) fn tabledist(mu: u64, sigma: u64, rnd: u32, dist: Option<Distribution>) -> i128 {
     if sigma == 0 {
         return i128::from(mu);
     }

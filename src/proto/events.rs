@@ -34,7 +34,7 @@ impl RecoveryTrigger {
 }
 
 /// Writes an ssthresh: a number, or `inf` before the first loss.
-pub struct Thresh(pub u64);
+pub(crate) struct Thresh(pub u64);
 
 impl fmt::Display for Thresh {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

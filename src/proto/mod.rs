@@ -6,31 +6,30 @@
 //! caller-supplied buffers. That makes every run reproducible: the
 //! simulator drives the same code in virtual time.
 
-pub mod congestion;
+pub(crate) mod congestion;
 pub mod crypto;
-pub mod endpoint;
-pub mod events;
-pub mod loss;
+pub(crate) mod endpoint;
+pub(crate) mod events;
+pub(crate) mod loss;
 pub mod path_memory;
 pub mod payload;
-pub mod stream;
-pub mod time;
+pub(crate) mod stream;
+pub(crate) mod time;
 pub mod tuning;
 pub mod wire;
 
 use thiserror::Error;
 
-pub use endpoint::client::{Client, Closed, ConnError};
-pub use endpoint::server::{ConnEnd, ConnReport, Notice, Server, ServerLimits, ServerStats};
-pub use events::{Event, Observer, Recorder, TimedEvent, TraceRecord};
-pub use loss::Phase;
-pub use path_memory::PathMemory;
-pub use payload::{fill_pattern, pattern_mismatch, PatternSource, PatternVerifier, PayloadSource};
-pub use stream::receiver::{NewData, Receiver, ReceiverConfig};
-pub use stream::sender::{Sender, SenderSnapshot, SenderState, SenderStats};
-pub use time::Time;
-pub use tuning::{CcKind, RecoveryKind, ReductionKind, ReorderingKind, SsthreshEstimate, Tuning};
-pub use wire::ReceiverStats;
+pub(crate) use endpoint::client::{Client, Closed, ConnError};
+pub(crate) use endpoint::server::{ConnEnd, ConnReport, Notice, Server, ServerLimits, ServerStats};
+pub(crate) use events::{Event, Observer, Recorder, TimedEvent, TraceRecord};
+pub(crate) use path_memory::PathMemory;
+pub(crate) use payload::{PatternSource, PatternVerifier, PayloadSource};
+pub(crate) use stream::receiver::{Receiver, ReceiverConfig};
+pub(crate) use stream::sender::{Sender, SenderSnapshot, SenderState, SenderStats};
+pub(crate) use time::Time;
+pub(crate) use tuning::{RecoveryKind, Tuning};
+pub(crate) use wire::ReceiverStats;
 
 /// Why an endpoint did not accept a datagram. Its state is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

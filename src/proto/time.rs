@@ -80,7 +80,7 @@ impl fmt::Display for Time {
 }
 
 /// Duration between two 32-bit wire timestamps (microseconds, wrapping).
-pub fn wire_elapsed(now: u32, then: u32) -> Duration {
+pub(crate) fn wire_elapsed(now: u32, then: u32) -> Duration {
     Duration::from_micros(u64::from(now.wrapping_sub(then)))
 }
 

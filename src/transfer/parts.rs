@@ -31,13 +31,13 @@ use crate::io::dest_dir::DestDir;
 /// Identifies the record's layout; bumped on any change.
 const MAGIC: &[u8; 16] = b"atou parts v1\n\0\0";
 /// Magic, size, mtime seconds, mtime nanoseconds, 4 bytes of padding.
-pub const HEADER_LEN: usize = 16 + 8 + 8 + 4 + 4;
+pub(crate) const HEADER_LEN: usize = 16 + 8 + 8 + 4 + 4;
 /// A chunk whose value is not recorded yet.
 const MISSING: Cv = [0; 32];
 
 /// The version of a file its parts must all be of: a shard whose file
 /// has another size or mtime is sending another file.
-pub fn header(size: u64, mtime_sec: i64, mtime_nsec: u32) -> [u8; HEADER_LEN] {
+pub(crate) fn header(size: u64, mtime_sec: i64, mtime_nsec: u32) -> [u8; HEADER_LEN] {
     let mut h = [0; HEADER_LEN];
     h[..16].copy_from_slice(MAGIC);
     h[16..24].copy_from_slice(&size.to_be_bytes());
@@ -47,7 +47,7 @@ pub fn header(size: u64, mtime_sec: i64, mtime_nsec: u32) -> [u8; HEADER_LEN] {
 }
 
 /// The record's name, beside the partial file `staged` (`HASH.part`).
-pub fn record_name(staged: &str) -> String {
+pub(crate) fn record_name(staged: &str) -> String {
     format!("{}.chunks", staged.trim_end_matches(".part"))
 }
 
@@ -89,7 +89,7 @@ fn open_locked(dest: &DestDir, name: &str, create: bool) -> io::Result<Option<Fi
 /// At the plan: makes sure the record of the file's parts exists and is
 /// of this version, starting it afresh (every chunk missing) if it is of
 /// another (the sender's file changed since a part was recorded) or new.
-pub fn start(
+pub(crate) fn start(
     dest: &DestDir,
     staged: &str,
     header: &[u8; HEADER_LEN],
@@ -116,7 +116,7 @@ pub fn start(
 
 /// What recording one session's part found.
 #[derive(Debug)]
-pub enum Recorded {
+pub(crate) enum Recorded {
     /// Chunks other sessions have not sent yet; the file waits for them.
     Waiting { missing: u64 },
     /// Every chunk is in and the partial file matches the record: the
@@ -130,7 +130,7 @@ pub enum Recorded {
 
 /// A complete file, with the record still locked.
 #[derive(Debug)]
-pub struct Complete {
+pub(crate) struct Complete {
     /// The partial file, open for reading and writing.
     pub file: File,
     record: File,
@@ -139,7 +139,7 @@ pub struct Complete {
 
 impl Complete {
     /// The file has its final name: the record goes, and with it the lock.
-    pub fn done(self, dest: &DestDir) -> io::Result<()> {
+    pub(crate) fn done(self, dest: &DestDir) -> io::Result<()> {
         dest.remove_staged(&self.name)?;
         drop(self.record);
         Ok(())
@@ -148,7 +148,7 @@ impl Complete {
 
 /// Why recording a part failed.
 #[derive(Debug)]
-pub enum PartError {
+pub(crate) enum PartError {
     Io(io::Error),
     /// The record is of another version of the file.
     OtherVersion,
@@ -168,7 +168,7 @@ impl From<io::Error> for PartError {
 /// At a session's finish, after its part's digest matched: records the
 /// values of chunks `part` (`cvs`, one per chunk) and, when that fills
 /// the last gap, verifies every other chunk on disk against the record.
-pub fn record(
+pub(crate) fn record(
     dest: &DestDir,
     staged: &str,
     header: &[u8; HEADER_LEN],

@@ -78,7 +78,7 @@ fn usage(e: crate::transfer::Error) -> RemoteError {
 
 /// How the remote end is run: `--ssh` and `--remote-atou`.
 #[derive(Debug, Clone)]
-pub struct SshCommand {
+pub(crate) struct SshCommand {
     /// The command that runs the remote end, split on white space as
     /// rsync's -e.
     pub ssh: String,
@@ -89,7 +89,7 @@ pub struct SshCommand {
 impl SshCommand {
     /// Values that ssh or the remote shell would read as options are
     /// refused: `--remote-atou=-oProxyCommand=sh` would run a command here.
-    pub fn check(&self) -> Result<(), RemoteError> {
+    pub(crate) fn check(&self) -> Result<(), RemoteError> {
         if self.remote_atou.starts_with('-') {
             return Err(RemoteError::Usage(format!(
                 "--remote-atou `{}` begins with `-`; name a command or a path (./{} for a file \
@@ -103,7 +103,7 @@ impl SshCommand {
 
 /// A user or host that ssh would read as an option is refused (the host
 /// also goes after `--`, which ends ssh's options).
-pub fn check_target(target: &str) -> Result<(), RemoteError> {
+pub(crate) fn check_target(target: &str) -> Result<(), RemoteError> {
     let (user, host) = match target.rsplit_once('@') {
         Some((u, h)) => (Some(u), h),
         None => (None, target),
@@ -118,7 +118,7 @@ pub fn check_target(target: &str) -> Result<(), RemoteError> {
 
 /// A remote path as scp reads it: relative to the home directory (where
 /// ssh starts the command), `~` and `~/` meaning that directory.
-pub fn remote_path(p: &str) -> PathBuf {
+pub(crate) fn remote_path(p: &str) -> PathBuf {
     let p = if p == "~" {
         ""
     } else {
@@ -130,7 +130,7 @@ pub fn remote_path(p: &str) -> PathBuf {
 /// After a transfer that did not finish: the staging directory goes if
 /// empty, and so does the destination if this run created it and it is
 /// empty, so a failed run leaves nothing behind but resumable partial files.
-pub fn tidy(root: &Path, created: bool) {
+pub(crate) fn tidy(root: &Path, created: bool) {
     let _ = std::fs::remove_dir(root.join(crate::io::dest_dir::STAGING_DIR));
     if created {
         let _ = std::fs::remove_dir(root);
@@ -204,7 +204,7 @@ fn udp_blocked(host: &str, peer: SocketAddr, secs: f64) -> String {
 // The remote end as the local end sees it: ssh running `atou __remote`.
 
 /// The remote end, running under ssh.
-pub struct RemoteEnd {
+pub(crate) struct RemoteEnd {
     /// `[USER@]HOST` as the user wrote it.
     target: String,
     /// The command that was run there, for messages.
@@ -222,7 +222,7 @@ pub struct RemoteEnd {
 
 impl RemoteEnd {
     /// Runs `REMOTE_ATOU __remote ARGS...` on `target` with the ssh command.
-    pub fn start(
+    pub(crate) fn start(
         ssh: &SshCommand,
         target: &str,
         args: &[String],
@@ -267,17 +267,17 @@ impl RemoteEnd {
     }
 
     /// `[USER@]HOST` as the user wrote it.
-    pub fn target(&self) -> &str {
+    pub(crate) fn target(&self) -> &str {
         &self.target
     }
 
     /// HOST, without the user.
-    pub fn host(&self) -> &str {
+    pub(crate) fn host(&self) -> &str {
         self.target.rsplit('@').next().unwrap_or(&self.target)
     }
 
     /// The last lines of ssh's stderr, joined, for a message.
-    pub fn tail(&self) -> String {
+    pub(crate) fn tail(&self) -> String {
         let t = self.tail.lock().expect("tail lock");
         let lines: Vec<&str> = t.iter().map(String::as_str).collect();
         if lines.is_empty() {
@@ -288,7 +288,7 @@ impl RemoteEnd {
     }
 
     /// `: LAST LINES` of stderr, or nothing if there were none.
-    pub fn last_words(&self) -> String {
+    pub(crate) fn last_words(&self) -> String {
         if self.tail.lock().expect("tail lock").is_empty() {
             String::new()
         } else {
@@ -298,7 +298,7 @@ impl RemoteEnd {
 
     /// The remote's stderr lines stop being passed to ours: once the
     /// reason for a failure is said, what the remote adds is noise.
-    pub fn quiet(&self) {
+    pub(crate) fn quiet(&self) {
         self.live.store(false, Ordering::Relaxed);
     }
 
@@ -309,7 +309,7 @@ impl RemoteEnd {
 
     /// Waits for ssh to exit (its output is all read by then) and says why
     /// the remote end stopped early.
-    pub fn failure(&mut self, before: &str) -> RemoteError {
+    pub(crate) fn failure(&mut self, before: &str) -> RemoteError {
         self.stdin = None;
         let status = self.wait_for(EXIT_GRACE);
         if let Some(h) = self.stderr.take() {
@@ -333,7 +333,7 @@ impl RemoteEnd {
     }
 
     /// Sends the hello, reads the answer.
-    pub fn bootstrap(&mut self, hello: &Hello) -> Result<Answer, RemoteError> {
+    pub(crate) fn bootstrap(&mut self, hello: &Hello) -> Result<Answer, RemoteError> {
         if let Some(stdin) = self.stdin.as_mut() {
             // A failed write means ssh is gone; its status says why.
             let _ = stdin
@@ -385,7 +385,7 @@ impl RemoteEnd {
     }
 
     /// The transfer is over: closes the remote's stdin and waits for it.
-    pub fn finish(&mut self) -> Option<ExitStatus> {
+    pub(crate) fn finish(&mut self) -> Option<ExitStatus> {
         self.stdin = None;
         let status = self.wait_for(EXIT_GRACE);
         if let Some(h) = self.stderr.take() {
@@ -516,7 +516,7 @@ fn ssh_hostname(ssh: &SshCommand, target: &str) -> Option<String> {
 
 /// A push whose remote end has answered: send to [`Push::peer`] with
 /// the [`ClientAuth`] that [`Push::start`] gave.
-pub struct Push {
+pub(crate) struct Push {
     remote: Mutex<RemoteEnd>,
     host: String,
     /// Where the remote receives: its port, at the address ssh reached.
@@ -526,7 +526,7 @@ pub struct Push {
 impl Push {
     /// Runs `atou __remote receive ARGS...` on `target` and exchanges the
     /// bootstrap lines: one-time keys both ways.
-    pub fn start(
+    pub(crate) fn start(
         ssh: &SshCommand,
         target: &str,
         args: &[String],
@@ -549,7 +549,7 @@ impl Push {
 
     /// What a send error means for a push, where it says more than the
     /// error itself: the remote end died, or UDP does not get through.
-    pub fn explain(&self, e: &SendError) -> Option<String> {
+    pub(crate) fn explain(&self, e: &SendError) -> Option<String> {
         let (host, peer) = (&self.host, self.peer);
         // The remote end died: that, not the silence after it, is news.
         if let SendError::Conn(ProbeError::Conn { .. }) = e {
@@ -582,7 +582,7 @@ impl Push {
 
     /// The send is over (`sent`: it succeeded): waits for the remote end,
     /// whose failure after a verified transfer is an error of its own.
-    pub fn finish(self, sent: bool) -> Result<(), RemoteError> {
+    pub(crate) fn finish(self, sent: bool) -> Result<(), RemoteError> {
         let mut remote = self.remote.into_inner().expect("remote lock");
         if !sent {
             // The reason is said; what the remote adds as it goes is noise.
@@ -604,7 +604,7 @@ impl Push {
 
 /// What a pull's receiver is: this end's own rules and budgets, from its
 /// own flags; the remote only asks.
-pub struct PullConfig {
+pub(crate) struct PullConfig {
     /// The local destination, created once the remote has answered.
     pub dest: PathBuf,
     pub policy: ReceivePolicy,
@@ -626,7 +626,7 @@ pub struct PullConfig {
 
 /// How a pull ended, when nothing failed before its transfer started.
 #[derive(Debug)]
-pub enum PullOutcome {
+pub(crate) enum PullOutcome {
     /// Every file arrived and was verified.
     Received(TransferReport),
     /// The receiver failed, for this reason (the remote's words, as
@@ -652,7 +652,7 @@ enum Punches {
 }
 
 /// A pull whose remote end has answered.
-pub struct Pull {
+pub(crate) struct Pull {
     remote: RemoteEnd,
     answer: Answer,
     /// The address of the host ssh reached: every punch goes there.
@@ -683,7 +683,11 @@ impl LocalReceiver {
 impl Pull {
     /// Runs `atou __remote send ARGS...` on `target` and exchanges the
     /// bootstrap lines: one-time keys both ways, and the punch token.
-    pub fn start(ssh: &SshCommand, target: &str, args: &[String]) -> Result<Pull, RemoteError> {
+    pub(crate) fn start(
+        ssh: &SshCommand,
+        target: &str,
+        args: &[String],
+    ) -> Result<Pull, RemoteError> {
         let identity = one_time_key()?;
         let token = random_token()?;
         let hello = Hello {
@@ -703,19 +707,19 @@ impl Pull {
     }
 
     /// `[USER@]HOST` as the user wrote it.
-    pub fn target(&self) -> &str {
+    pub(crate) fn target(&self) -> &str {
         self.remote.target()
     }
 
     /// HOST, without the user.
-    pub fn host(&self) -> &str {
+    pub(crate) fn host(&self) -> &str {
         self.remote.host()
     }
 
     /// Receives into `config.dest`, created only now: a failed bootstrap
     /// leaves nothing behind, and a failed transfer nothing but partial
     /// files.
-    pub fn receive(self, config: PullConfig) -> Result<PullOutcome, RemoteError> {
+    pub(crate) fn receive(self, config: PullConfig) -> Result<PullOutcome, RemoteError> {
         let dest = config.dest.as_path();
         let created = !dest.exists();
         crate::transfer::dest::create_destination(dest).map_err(usage)?;
@@ -952,7 +956,7 @@ fn pull_limits(streams: usize, buffer: u64) -> ServerLimits {
 // The far end: `atou __remote receive|send`, which ssh runs.
 
 /// Reads the bootstrap hello, one line, from the local end.
-pub fn read_hello(input: &mut impl BufRead) -> Result<Hello, RemoteError> {
+pub(crate) fn read_hello(input: &mut impl BufRead) -> Result<Hello, RemoteError> {
     let mut line = Vec::new();
     input.take(MAX_LINE as u64).read_until(b'\n', &mut line)?;
     Hello::decode(&String::from_utf8_lossy(&line))
@@ -968,7 +972,7 @@ fn answer(ports: Vec<u16>, key: PublicKey, addr: Option<IpAddr>) -> Result<(), R
 }
 
 /// What the far end of a push serves with.
-pub struct FarReceiveConfig {
+pub(crate) struct FarReceiveConfig {
     /// Where the files go, checked ([`check_root`]).
     pub root: PathBuf,
     pub port: PortRange,
@@ -986,7 +990,7 @@ pub struct FarReceiveConfig {
 /// `ip` (where ssh reached this host) and serves one transfer from the
 /// hello's key until it is over or `gone` is told. `watch` runs once the
 /// answer is out. `Ok(None)`: the local end went away first.
-pub fn receive_push(
+pub(crate) fn receive_push(
     config: FarReceiveConfig,
     hello: &Hello,
     ip: Option<IpAddr>,
@@ -1059,7 +1063,7 @@ pub fn receive_push(
 }
 
 /// The far end of a pull, bound and answered, waiting for its punches.
-pub struct FarSend {
+pub(crate) struct FarSend {
     socks: Vec<UdpSocket>,
     token: [u8; 32],
     identity: StaticKeypair,
@@ -1067,7 +1071,7 @@ pub struct FarSend {
 }
 
 /// How the wait for a pull's punches ended.
-pub enum Punched {
+pub(crate) enum Punched {
     /// Every socket heard the token: send from each to where it came from.
     Ready(Vec<Bound>, ClientAuth),
     /// The local end went away.
@@ -1080,7 +1084,7 @@ impl FarSend {
     /// Binds one socket per stream in the range at `ip` (where ssh reached
     /// this host) and answers the hello with their ports. Every SRC must
     /// be there: one that is not fails the bootstrap, with its reason.
-    pub fn answer(
+    pub(crate) fn answer(
         hello: &Hello,
         ip: Option<IpAddr>,
         port: PortRange,
@@ -1117,7 +1121,11 @@ impl FarSend {
 
     /// Each socket waits for its punch; where it came from is the peer.
     /// Once all have one, says [`READY`] on stdout.
-    pub fn await_punches(self, wait: Duration, gone: &AtomicBool) -> Result<Punched, RemoteError> {
+    pub(crate) fn await_punches(
+        self,
+        wait: Duration,
+        gone: &AtomicBool,
+    ) -> Result<Punched, RemoteError> {
         for s in &self.socks {
             s.set_nonblocking(true)?;
         }

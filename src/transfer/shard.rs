@@ -39,7 +39,7 @@ use super::manifest::{EntryKind, LocalEntry};
 
 /// The most shards a tree may be split into: beyond this, a coordinator
 /// that hands out work (docs/scale-out.md) serves better than a fixed split.
-pub const MAX_SHARDS: u32 = 1024;
+pub(crate) const MAX_SHARDS: u32 = 1024;
 
 /// Shard `index` (1-based, as K in `--shard K/N`) of `count`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,14 +104,14 @@ pub struct Selected {
 /// The chunks of a split file of `size` bytes that shard `k` (from 0) of
 /// `count` sends: consecutive, each shard's within one chunk of the
 /// others', together every chunk once.
-pub fn part_range(size: u64, k: u32, count: u32) -> Range<u64> {
+pub(crate) fn part_range(size: u64, k: u32, count: u32) -> Range<u64> {
     let chunks = u128::from(chunk_count(size));
     let at = |k: u32| (chunks * u128::from(k) / u128::from(count)) as u64;
     at(k)..at(k + 1)
 }
 
 /// The bytes of chunks `part` of a file of `size` bytes.
-pub fn part_bytes(size: u64, part: &Range<u64>) -> u64 {
+pub(crate) fn part_bytes(size: u64, part: &Range<u64>) -> u64 {
     if part.is_empty() {
         return 0;
     }
@@ -144,7 +144,7 @@ impl FromStr for Shard {
 
 /// One entry as the split sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Item<'a> {
+pub(crate) enum Item<'a> {
     /// A directory: in every shard.
     Everywhere,
     /// A file (its size) or a symlink (size 0): in exactly one shard, or,
@@ -165,7 +165,7 @@ impl<'a> Item<'a> {
 
 /// Where [`assign`] puts an item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Owner {
+pub(crate) enum Owner {
     /// A directory: in every shard.
     Everywhere,
     /// Whole, in shard k (0-based).
@@ -187,7 +187,7 @@ pub enum Owner {
 /// is at most total/N (or one chunk), or it would have been split. If S
 /// got only parts, each is at most ⌈c/N⌉ chunks of a file of c, so
 /// L <= total/N + 2·splits·chunk.
-pub fn assign(items: &[Item<'_>], count: u32) -> Vec<Owner> {
+pub(crate) fn assign(items: &[Item<'_>], count: u32) -> Vec<Owner> {
     let total: u128 = items
         .iter()
         .map(|item| match *item {

@@ -64,7 +64,7 @@ fn flags(follow: bool) -> OFlags {
 /// An `O_PATH` descriptor for `name` beneath `parent`, or for the path
 /// `top` itself when there is no parent; a symlink is the link itself
 /// unless `follow`. (A `File` only to reach fstat: it cannot be read.)
-pub fn open_entry(
+pub(crate) fn open_entry(
     parent: Option<&File>,
     top: &Path,
     name: &Path,
@@ -80,7 +80,7 @@ pub fn open_entry(
 
 /// The names in the directory `dir` (an `O_PATH` descriptor of it), "."
 /// and ".." left out.
-pub fn list_dir(dir: &File) -> io::Result<Vec<Vec<u8>>> {
+pub(crate) fn list_dir(dir: &File) -> io::Result<Vec<Vec<u8>>> {
     let fd = rustix::fs::openat(
         dir,
         ".",
@@ -98,14 +98,14 @@ pub fn list_dir(dir: &File) -> io::Result<Vec<Vec<u8>>> {
 }
 
 /// The target of the symlink `link` (an `O_PATH` descriptor of it).
-pub fn read_link(link: &File) -> io::Result<Vec<u8>> {
+pub(crate) fn read_link(link: &File) -> io::Result<Vec<u8>> {
     Ok(rustix::fs::readlinkat(link.as_fd(), "", Vec::new())?.into_bytes())
 }
 
 /// Where a file is: the source the user named and the components below
 /// it, with what the walk saw.
 #[derive(Debug, Clone)]
-pub struct SourceSpec {
+pub(crate) struct SourceSpec {
     /// The source as named by the user (the walk's top).
     pub top: Arc<PathBuf>,
     /// Its path in the manifest, whose first component is the top's.
@@ -204,13 +204,13 @@ struct Open {
 
 /// The files being sent, by file number: each opened once for the reads
 /// scheduled with [`Sources::expect`] and closed after the last of them.
-pub struct Sources {
+pub(crate) struct Sources {
     specs: Vec<SourceSpec>,
     open: Mutex<Vec<Open>>,
 }
 
 impl Sources {
-    pub fn new(specs: Vec<SourceSpec>) -> Sources {
+    pub(crate) fn new(specs: Vec<SourceSpec>) -> Sources {
         let open = specs.iter().map(|_| Open::default()).collect();
         Sources {
             specs,
@@ -218,12 +218,12 @@ impl Sources {
         }
     }
 
-    pub fn size(&self, file: usize) -> u64 {
+    pub(crate) fn size(&self, file: usize) -> u64 {
         self.specs[file].stamp.size
     }
 
     /// `reads` more chunk reads of `file` are coming: keep it open for them.
-    pub fn expect(&self, file: usize, reads: u64) {
+    pub(crate) fn expect(&self, file: usize, reads: u64) {
         self.lock()[file].pending += reads;
     }
 
@@ -233,7 +233,7 @@ impl Sources {
 
     /// Reads chunk `chunk` of `file` into `buf` (its length), from the
     /// file's one descriptor, and checks it did not change meanwhile.
-    pub fn read_chunk(&self, file: usize, chunk: u64, buf: &mut [u8]) -> Result<(), Error> {
+    pub(crate) fn read_chunk(&self, file: usize, chunk: u64, buf: &mut [u8]) -> Result<(), Error> {
         let spec = &self.specs[file];
         let result = self.with_file(file).and_then(|f| {
             read_exact_at(spec, &f, buf, chunk * CHUNK_SIZE)?;
@@ -262,7 +262,7 @@ impl Sources {
     }
 
     /// Files open now (for tests of the descriptor budget).
-    pub fn open_count(&self) -> usize {
+    pub(crate) fn open_count(&self) -> usize {
         self.lock().iter().filter(|o| o.file.is_some()).count()
     }
 }

@@ -50,7 +50,7 @@ const SUFFIX: &str = ".claim";
 
 /// Who holds a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Owner {
+pub(crate) enum Owner {
     /// An authenticated client, by its public key.
     Key([u8; 32]),
     /// A client without a key (a server started with `--no-auth`), by its
@@ -120,7 +120,7 @@ fn file_id(staged: &str) -> FileId {
 }
 
 /// A claim, by a number of this process's.
-pub type ClaimId = u64;
+pub(crate) type ClaimId = u64;
 
 #[derive(Debug)]
 struct Claim {
@@ -136,7 +136,7 @@ struct Claim {
 
 /// What one owner's claims hold.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Held {
+pub(crate) struct Held {
     pub files: u64,
     pub bytes: u64,
 }
@@ -212,7 +212,7 @@ impl Ledger {
 
 /// The quota, and the ledger of who holds what in the staging directory.
 #[derive(Debug)]
-pub struct StagedQuota {
+pub(crate) struct StagedQuota {
     /// Most bytes one owner's claims may count.
     max_bytes: u64,
     /// Most files one owner's claims may count.
@@ -302,7 +302,7 @@ impl StagedQuota {
     /// already in DEST's staging directory: what transfers before this
     /// server's start left. A claim that is not whole (a crash while it
     /// was written) is left for `--staging-ttl`, uncounted.
-    pub fn load(
+    pub(crate) fn load(
         dest: &DestDir,
         max_bytes: u64,
         max_files: u64,
@@ -351,7 +351,7 @@ impl StagedQuota {
     }
 
     /// What `owner`'s claims count now.
-    pub fn held(&self, owner: Owner) -> Held {
+    pub(crate) fn held(&self, owner: Owner) -> Held {
         self.lock().owners.get(&owner).copied().unwrap_or_default()
     }
 
@@ -361,7 +361,7 @@ impl StagedQuota {
     /// claim is written and counted, and its id returned (`None` for a
     /// plan that stages nothing); a resumed transfer's files are taken
     /// over from the claims that counted them.
-    pub fn admit(
+    pub(crate) fn admit(
         &self,
         dest: &DestDir,
         owner: Owner,
@@ -487,7 +487,7 @@ impl StagedQuota {
     /// their names, or were never staged) leave the count, whichever
     /// claim counted them; the claim goes with its last file. Its split
     /// files still waiting for other shards stay counted.
-    pub fn release<'a>(
+    pub(crate) fn release<'a>(
         &self,
         dest: &DestDir,
         claim: ClaimId,
@@ -507,7 +507,7 @@ impl StagedQuota {
 
     /// Takes back the claim of a plan that failed after it was admitted
     /// (creating its directories, say): nothing of it was staged.
-    pub fn withdraw(&self, dest: &DestDir, claim: ClaimId) {
+    pub(crate) fn withdraw(&self, dest: &DestDir, claim: ClaimId) {
         let mut ledger = self.lock();
         let Some(file) = ledger.claims.get(&claim).map(|c| c.file.clone()) else {
             return;
@@ -518,7 +518,7 @@ impl StagedQuota {
 
     /// After `--staging-ttl` swept the staging directory: claims whose
     /// files it removed leave the count.
-    pub fn forget_swept(&self, dest: &DestDir) {
+    pub(crate) fn forget_swept(&self, dest: &DestDir) {
         let mut ledger = self.lock();
         let swept: HashSet<ClaimId> = ledger
             .claims

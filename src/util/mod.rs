@@ -1,4 +1,4 @@
 //! Small helpers every layer shares: units and text.
 
-pub mod text;
-pub mod units;
+pub(crate) mod text;
+pub(crate) mod units;

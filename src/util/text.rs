@@ -11,7 +11,7 @@ use std::path::Path;
 
 /// Bytes shown for a person: lossy UTF-8 with control and bidi characters
 /// escaped, so a hostile name cannot drive the terminal or disguise itself.
-pub struct Escaped<'a>(pub &'a [u8]);
+pub(crate) struct Escaped<'a>(pub &'a [u8]);
 
 impl fmt::Display for Escaped<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -45,22 +45,22 @@ fn is_layout_control(c: char) -> bool {
     bidi || matches!(c, '\u{2028}' | '\u{2029}' | '\u{2066}'..='\u{2069}')
 }
 
-pub fn shown(bytes: &[u8]) -> Escaped<'_> {
+pub(crate) fn shown(bytes: &[u8]) -> Escaped<'_> {
     Escaped(bytes)
 }
 
-pub fn shown_path(path: &Path) -> Escaped<'_> {
+pub(crate) fn shown_path(path: &Path) -> Escaped<'_> {
     Escaped(path.as_os_str().as_bytes())
 }
 
 /// `bytes` escaped, as a `String`.
-pub fn escape(bytes: &[u8]) -> String {
+pub(crate) fn escape(bytes: &[u8]) -> String {
     Escaped(bytes).to_string()
 }
 
 /// An I/O error in words without its `(os error N)` tail: "No such
 /// device (os error 19)" is shown as "No such device".
-pub fn io_error(e: &std::io::Error) -> String {
+pub(crate) fn io_error(e: &std::io::Error) -> String {
     let text = e.to_string();
     match text.find(" (os error") {
         Some(at) => text[..at].to_string(),

@@ -47,7 +47,7 @@ pub enum UnitError {
 
 /// The unit a bare number is read in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TimeUnit {
+pub(crate) enum TimeUnit {
     Micros,
     Millis,
     Seconds,
@@ -102,7 +102,7 @@ fn split_number<'a>(s: &'a str, what: &'static str) -> Result<(Decimal, &'a str)
 const NANOS_PER_SEC: u128 = 1_000_000_000;
 
 /// Parses `200ms`, `1.5s`, `50us`, `250ns`, or a bare number in `bare`.
-pub fn parse_duration(s: &str, bare: TimeUnit) -> Result<Duration, UnitError> {
+pub(crate) fn parse_duration(s: &str, bare: TimeUnit) -> Result<Duration, UnitError> {
     let (value, unit) = split_number(s, "a time like 50ms")?;
     let nanos_per_unit: u128 = match unit.to_ascii_lowercase().as_str() {
         "" => match bare {
@@ -133,7 +133,7 @@ pub fn parse_duration(s: &str, bare: TimeUnit) -> Result<Duration, UnitError> {
 
 /// Parses a rate in bits per second: `100mbit`, `1.6mbit`, `128kbit`, `10gbit`,
 /// `500bit`; `bps`, `kbps`, `mbps`, `gbps` are bytes per second, as in tc(8).
-pub fn parse_rate(s: &str) -> Result<u64, UnitError> {
+pub(crate) fn parse_rate(s: &str) -> Result<u64, UnitError> {
     let (value, unit) = split_number(s, "a rate like 100mbit")?;
     let mult: u128 = match unit.to_ascii_lowercase().as_str() {
         "" | "bit" => 1,
@@ -162,7 +162,7 @@ pub fn parse_rate(s: &str) -> Result<u64, UnitError> {
 }
 
 /// Parses a size in bytes: `1500`, `64KiB`, `100M` (MiB), `100MB` (10^8).
-pub fn parse_size(s: &str) -> Result<u64, UnitError> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, UnitError> {
     let (value, unit) = split_number(s, "a size like 64MiB")?;
     let mult: u128 = match unit {
         "" | "B" | "b" => 1,
@@ -216,7 +216,7 @@ impl Probability {
 
 /// Parses a percentage, `1%` or `0.5%`. A bare number is a percentage too,
 /// as tc(8) reads it (`loss 1` is 1 %, `loss 0.01` is 0.01 %).
-pub fn parse_probability(s: &str) -> Result<Probability, UnitError> {
+pub(crate) fn parse_probability(s: &str) -> Result<Probability, UnitError> {
     let t = s.trim();
     let num = t.strip_suffix('%').unwrap_or(t);
     const PERCENTAGE: &str = "a percentage like 1%";
@@ -253,7 +253,7 @@ impl fmt::Display for Probability {
 }
 
 /// A duration as a number of `unit`s, exactly (`0.2` s, `1.5` ms).
-pub struct Exact(pub Duration, pub TimeUnit);
+pub(crate) struct Exact(pub Duration, pub TimeUnit);
 
 impl fmt::Display for Exact {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -267,7 +267,7 @@ impl fmt::Display for Exact {
 }
 
 /// A duration as tc writes it: the largest unit that keeps it whole.
-pub fn format_time_tc(d: Duration) -> String {
+pub(crate) fn format_time_tc(d: Duration) -> String {
     let ns = d.as_nanos();
     for (div, unit) in [(1_000_000_000, "s"), (1_000_000, "ms"), (1_000, "us")] {
         if ns % div == 0 {
@@ -279,7 +279,7 @@ pub fn format_time_tc(d: Duration) -> String {
 
 /// A duration of whole seconds as a flag like `--staging-ttl` takes it:
 /// `7d`, `12h`, `90m` or `45s`, the largest unit that divides it.
-pub fn format_whole_duration(d: Duration) -> String {
+pub(crate) fn format_whole_duration(d: Duration) -> String {
     let s = d.as_secs();
     match s {
         _ if s % 86_400 == 0 => format!("{}d", s / 86_400),
@@ -290,7 +290,7 @@ pub fn format_whole_duration(d: Duration) -> String {
 }
 
 /// A rate as tc writes it: the largest unit that keeps it whole.
-pub fn format_rate_tc(bits: u64) -> String {
+pub(crate) fn format_rate_tc(bits: u64) -> String {
     for (div, unit) in [
         (1_000_000_000, "gbit"),
         (1_000_000, "mbit"),
@@ -304,7 +304,7 @@ pub fn format_rate_tc(bits: u64) -> String {
 }
 
 /// A size for people, 1024-based: `512 B`, `1.50 MiB`, `4.00 GiB`.
-pub fn format_size(bytes: u64) -> String {
+pub(crate) fn format_size(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
     if bytes < 1024 {
         return format!("{bytes} B");
@@ -320,7 +320,7 @@ pub fn format_size(bytes: u64) -> String {
 
 /// A rate for people, in bits per second, 1000-based as iperf3 prints
 /// them: `950 bit/s`, `94.3 Mbit/s`, `10.7 Gbit/s`.
-pub fn format_rate(bits_per_sec: f64) -> String {
+pub(crate) fn format_rate(bits_per_sec: f64) -> String {
     let mut v = bits_per_sec;
     for unit in ["bit/s", "kbit/s", "Mbit/s", "Gbit/s"] {
         if v < 1000.0 {

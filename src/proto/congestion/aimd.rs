@@ -28,7 +28,7 @@ use crate::proto::tuning::{CcKind, SsthreshEstimate, Tuning};
 const MAX_BURST: u64 = 3;
 
 #[derive(Debug)]
-pub struct Aimd {
+pub(crate) struct Aimd {
     /// Congestion window, in segments.
     cwnd: u64,
     /// Congestion-avoidance credit: cwnd grows by one when it reaches cwnd.
@@ -53,7 +53,7 @@ pub struct Aimd {
 }
 
 impl Aimd {
-    pub fn new(t: &Tuning) -> Aimd {
+    pub(crate) fn new(t: &Tuning) -> Aimd {
         Aimd {
             cwnd: u64::from(t.initsegs) * u64::from(t.vmss),
             cwnd_cnt: 0,

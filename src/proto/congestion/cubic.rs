@@ -159,7 +159,7 @@ struct Epoch {
 }
 
 #[derive(Debug)]
-pub struct Cubic {
+pub(crate) struct Cubic {
     cwnd: u64,
     /// Growth not yet a whole segment.
     credit: f64,
@@ -206,7 +206,7 @@ impl Cubic {
         });
     }
 
-    pub fn new(t: &Tuning) -> Cubic {
+    pub(crate) fn new(t: &Tuning) -> Cubic {
         Cubic {
             cwnd: u64::from(t.initsegs),
             credit: 0.0,

@@ -25,7 +25,7 @@ use crate::proto::time::Time;
 /// What the sampler knew when a segment was (re)transmitted: DRE's
 /// per-packet (P) state, plus BBR's `tx_in_flight` and `lost`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SendStamp {
+pub(crate) struct SendStamp {
     /// When this transmission left.
     pub sent_time: Time,
     /// Segments delivered when it left (C.delivered).
@@ -45,7 +45,7 @@ pub struct SendStamp {
 
 /// The delivery rate an ACK measured: DRE's rate sample (rs).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RateSample {
+pub(crate) struct RateSample {
     /// Segments delivered over `interval`.
     pub delivered: u64,
     /// max(send_elapsed, ack_elapsed), never shorter than the minimum RTT.
@@ -66,7 +66,7 @@ pub struct RateSample {
 
 impl RateSample {
     /// Segments per second.
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         self.delivered as f64 / self.interval.as_secs_f64()
     }
 }
@@ -81,7 +81,7 @@ struct Newest {
 
 /// DRE's per-connection (C) state.
 #[derive(Debug, Clone, Default)]
-pub struct DeliveryRate {
+pub(crate) struct DeliveryRate {
     /// Segments delivered so far, SACKed ones included (C.delivered).
     delivered: u64,
     /// When `delivered` last grew (C.delivered_time).
@@ -97,19 +97,25 @@ pub struct DeliveryRate {
 
 impl DeliveryRate {
     /// Segments delivered so far.
-    pub fn delivered(&self) -> u64 {
+    pub(crate) fn delivered(&self) -> u64 {
         self.delivered
     }
 
     /// Whether the sender is in an application-limited phase.
-    pub fn is_app_limited(&self) -> bool {
+    pub(crate) fn is_app_limited(&self) -> bool {
         self.app_limited != 0
     }
 
     /// DRE "Transmitting a data packet": the stamp to keep with a segment
     /// sent at `now` while `outstanding` segments were already unacknowledged
     /// and `lost` had been marked lost; `in_flight` counts it.
-    pub fn on_sent(&mut self, now: Time, outstanding: u64, in_flight: u64, lost: u64) -> SendStamp {
+    pub(crate) fn on_sent(
+        &mut self,
+        now: Time,
+        outstanding: u64,
+        in_flight: u64,
+        lost: u64,
+    ) -> SendStamp {
         if outstanding == 0 {
             // Nothing in flight: a new send phase starts now, so the idle
             // time before it counts in neither elapsed time.
@@ -131,14 +137,14 @@ impl DeliveryRate {
     /// its window and nothing lost to resend, but nothing it may send (the
     /// application has not produced the data, or the receiver's window is
     /// shut). The phase lasts until what is now in flight is delivered.
-    pub fn on_app_limited(&mut self, in_flight: u64) {
+    pub(crate) fn on_app_limited(&mut self, in_flight: u64) {
         self.app_limited = (self.delivered + in_flight).max(1);
     }
 
     /// DRE "Upon receiving an ACK", UpdateRateSample: `stamp`'s segment was
     /// delivered (first SACKed or cumulatively acknowledged) at `now`. Call
     /// once per segment, never again for the same transmission.
-    pub fn on_delivered(&mut self, now: Time, stamp: &SendStamp) {
+    pub(crate) fn on_delivered(&mut self, now: Time, stamp: &SendStamp) {
         self.delivered += 1;
         self.delivered_time = now;
         let newest = match &self.newest {
@@ -163,7 +169,7 @@ impl DeliveryRate {
     /// `lost` is the number of segments marked lost so far; `min_rtt` the
     /// smallest RTT seen, zero if none. `None` if the ACK delivered nothing,
     /// or its interval is shorter than `min_rtt` and so cannot be trusted.
-    pub fn sample(&mut self, lost: u64, min_rtt: Duration) -> Option<RateSample> {
+    pub(crate) fn sample(&mut self, lost: u64, min_rtt: Duration) -> Option<RateSample> {
         // The application-limited bubble has been delivered.
         if self.app_limited != 0 && self.delivered > self.app_limited {
             self.app_limited = 0;

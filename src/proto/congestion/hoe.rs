@@ -20,12 +20,12 @@ use crate::proto::time::Time;
 /// ACKs in one fit (Hoe §3.1: "three closely-spaced ACK's").
 const POINTS: usize = 3;
 /// The least ssthresh the estimate gives, in segments (Hoe §3.1).
-pub const MIN_SSTHRESH: u64 = 4;
+pub(super) const MIN_SSTHRESH: u64 = 4;
 
 /// Collects the first closely spaced ACKs of a connection and, once, gives
 /// the ssthresh they imply.
 #[derive(Debug, Clone, Default)]
-pub struct StartupEstimate {
+pub(super) struct StartupEstimate {
     /// (arrival, segments delivered so far) of the current run of closely
     /// spaced ACKs.
     points: Vec<(Time, u64)>,
@@ -36,7 +36,7 @@ pub struct StartupEstimate {
 impl StartupEstimate {
     /// Feeds one ACK; returns the estimated ssthresh, in segments, on the
     /// ACK that completes the fit, and `None` before and after.
-    pub fn on_ack(&mut self, ack: &AckEvent) -> Option<u64> {
+    pub(super) fn on_ack(&mut self, ack: &AckEvent) -> Option<u64> {
         if self.done {
             return None;
         }

@@ -9,24 +9,24 @@
 //! new file and one arm in [`build`].
 
 mod aimd;
-pub mod bbr;
+pub(crate) mod bbr;
 mod cubic;
-pub mod delivery_rate;
+pub(crate) mod delivery_rate;
 mod hoe;
-pub mod pacer;
+pub(crate) mod pacer;
 mod reduction;
 mod vegas;
 
 use std::fmt;
 use std::time::Duration;
 
-pub use aimd::Aimd;
-pub use bbr::Bbr;
-pub use cubic::Cubic;
-pub use delivery_rate::{DeliveryRate, RateSample, SendStamp};
+pub(crate) use aimd::Aimd;
+pub(crate) use bbr::Bbr;
+pub(crate) use cubic::Cubic;
+pub(crate) use delivery_rate::{DeliveryRate, RateSample};
 // `CcReport` is defined below.
-pub use pacer::Pacer;
-pub use vegas::Vegas;
+pub(crate) use pacer::Pacer;
+pub(crate) use vegas::Vegas;
 
 use super::path_memory::PathMemory;
 use super::time::Time;
@@ -34,7 +34,7 @@ use super::tuning::{CcKind, Tuning};
 
 /// Where an ACK left fast recovery, as loss recovery decided it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecoveryStep {
+pub(crate) enum RecoveryStep {
     /// Not in fast recovery before or after this ACK (a retransmission
     /// timeout's `Loss` phase counts as outside).
     Outside,
@@ -49,7 +49,7 @@ pub enum RecoveryStep {
 
 impl RecoveryStep {
     /// Whether the sender is in fast recovery after this ACK.
-    pub fn in_recovery(self) -> bool {
+    pub(crate) fn in_recovery(self) -> bool {
         matches!(self, RecoveryStep::Entered | RecoveryStep::During)
     }
 }
@@ -57,7 +57,7 @@ impl RecoveryStep {
 /// What one valid ACK did, once the scoreboard and loss recovery have
 /// processed it. Segment counts are in segments.
 #[derive(Debug, Clone, Copy)]
-pub struct AckEvent {
+pub(crate) struct AckEvent {
     pub now: Time,
     /// Segments newly covered by the cumulative ACK.
     pub newly_acked: u64,
@@ -99,7 +99,7 @@ pub struct AckEvent {
 /// Fast recovery begins: loss recovery has judged an ACK to signal
 /// congestion.
 #[derive(Debug, Clone, Copy)]
-pub struct CongestionEvent {
+pub(crate) struct CongestionEvent {
     pub now: Time,
     /// RFC 5681 FlightSize when recovery began, before anything was marked
     /// lost.
@@ -137,7 +137,7 @@ fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 /// [`Controller::on_rto`]; it ends fast recovery without
 /// `on_recovery_end`. [`Controller::undo`] may follow either, instead of
 /// or after `on_recovery_end`.
-pub trait Controller: fmt::Debug + Send {
+pub(crate) trait Controller: fmt::Debug + Send {
     fn kind(&self) -> CcKind;
 
     /// An ACK, after loss recovery has processed it.
@@ -209,7 +209,7 @@ pub(super) fn reduction_base(flight: u64, cwnd: u64) -> u64 {
 
 /// Builds the controller a tuning asks for; `seed` makes its random
 /// choices (BBR's probe timing) reproducible and different per connection.
-pub fn build(t: &Tuning, seed: u64) -> Box<dyn Controller> {
+pub(crate) fn build(t: &Tuning, seed: u64) -> Box<dyn Controller> {
     match t.cc {
         CcKind::Bbr => Box::new(Bbr::new(t, seed)),
         CcKind::Aimd => Box::new(Aimd::new(t)),

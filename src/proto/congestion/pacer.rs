@@ -20,19 +20,19 @@ use crate::proto::time::Time;
 
 /// The time whose worth of sending a pacer may release in one burst:
 /// the resolution of the I/O driver's timers.
-pub const PACING_QUANTUM: Duration = Duration::from_millis(1);
+pub(crate) const PACING_QUANTUM: Duration = Duration::from_millis(1);
 
 /// How late past the time the pacer asked for a wake-up may come and
 /// still be made up: tokio rounds a sleep up to its next millisecond tick,
 /// and the poll that waits for it rounds to milliseconds again (measured
 /// on a bridge at 100 Mbit/s: median 0.17 ms, 90th percentile 1.0 ms,
 /// 99th 2.0 ms, none above 2.04 ms).
-pub const MAX_WAKE_LATENESS: Duration = Duration::from_millis(2);
+pub(crate) const MAX_WAKE_LATENESS: Duration = Duration::from_millis(2);
 
 const NANOS_PER_SEC: u128 = 1_000_000_000;
 
 #[derive(Debug, Clone)]
-pub struct Pacer {
+pub(crate) struct Pacer {
     /// Bytes of sending credit, times 10^9 (byte-nanoseconds per second).
     credit: u128,
     /// When `credit` was last brought up to date.
@@ -51,7 +51,7 @@ pub struct Pacer {
 impl Pacer {
     /// A pacer for datagrams of at most `mss` bytes, starting with a full
     /// quantum (the initial window goes out at once, as unpaced).
-    pub fn new(mss: u64, now: Time) -> Pacer {
+    pub(crate) fn new(mss: u64, now: Time) -> Pacer {
         Pacer {
             credit: u128::MAX,
             updated: now,
@@ -92,7 +92,7 @@ impl Pacer {
 
     /// The earliest time a datagram of `mss` bytes may go at `rate` bytes
     /// per second: `now` or later.
-    pub fn earliest(&mut self, now: Time, rate: u64) -> Time {
+    pub(crate) fn earliest(&mut self, now: Time, rate: u64) -> Time {
         self.refill(now, rate);
         let need = u128::from(self.mss) * NANOS_PER_SEC;
         if self.credit >= need || rate == 0 {
@@ -104,7 +104,7 @@ impl Pacer {
 
     /// The sender waits for the pacer until `at` (or, with `None`, no
     /// longer waits on it).
-    pub fn wait_until(&mut self, at: Option<Time>) {
+    pub(crate) fn wait_until(&mut self, at: Option<Time>) {
         self.wake = at;
         if at.is_some() {
             self.make_up = 0;
@@ -112,7 +112,7 @@ impl Pacer {
     }
 
     /// A datagram of `len` bytes went out at `now`.
-    pub fn on_sent(&mut self, now: Time, rate: u64, len: u64) {
+    pub(crate) fn on_sent(&mut self, now: Time, rate: u64, len: u64) {
         self.refill(now, rate);
         let spent = u128::from(len) * NANOS_PER_SEC;
         self.credit = self.credit.saturating_sub(spent);
@@ -120,7 +120,7 @@ impl Pacer {
     }
 
     /// The rate last paced at, in bytes per second.
-    pub fn rate(&self) -> u64 {
+    pub(crate) fn rate(&self) -> u64 {
         self.rate
     }
 }

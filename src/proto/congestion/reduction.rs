@@ -10,7 +10,7 @@ use crate::proto::tuning::{RecoveryKind, ReductionKind, Tuning};
 
 /// How cwnd moves during fast recovery, from the reduction to its end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reduction {
+pub(super) enum Reduction {
     /// RFC 5681 §3.2 steps 3–4, RFC 6582 §3.2 steps 2–4: without SACK,
     /// duplicate ACKs stand in for segments that left the network. cwnd =
     /// ssthresh + dup_thresh, one more per duplicate ACK; a partial ACK
@@ -44,7 +44,7 @@ impl Reduction {
     /// PRR needs pipe, so it replaces only the SACK variants' one-step
     /// reduction: Reno and NewReno keep inflation (their sender counts
     /// FlightSize, not pipe), and FACK's `rampdown` is asked for by name.
-    pub fn for_tuning(t: &Tuning) -> Reduction {
+    pub(super) fn for_tuning(t: &Tuning) -> Reduction {
         match t.recovery {
             RecoveryKind::Reno | RecoveryKind::NewReno => Reduction::Inflation {
                 dup_thresh: u64::from(t.dup_thresh),
@@ -62,7 +62,7 @@ impl Reduction {
     }
 
     /// cwnd at the start of fast recovery, once ssthresh is reduced.
-    pub fn start(&mut self, cwnd: u64, ssthresh: u64, event: &CongestionEvent) -> u64 {
+    pub(super) fn start(&mut self, cwnd: u64, ssthresh: u64, event: &CongestionEvent) -> u64 {
         match self {
             // RFC 5681 §3.2 step 3: inflate by the segments that left.
             Reduction::Inflation { dup_thresh } => ssthresh + *dup_thresh,
@@ -91,7 +91,7 @@ impl Reduction {
     /// cwnd after the ACK that began fast recovery: only PRR counts what
     /// it delivered (RFC 6937 §3.1, "on every ACK during recovery";
     /// Linux's tcp_cwnd_reduction runs on it). The others keep cwnd.
-    pub fn on_entering_ack(&mut self, cwnd: u64, ssthresh: u64, ack: &AckEvent) -> u64 {
+    pub(super) fn on_entering_ack(&mut self, cwnd: u64, ssthresh: u64, ack: &AckEvent) -> u64 {
         match self {
             Reduction::Proportional { .. } => self.on_ack(cwnd, ssthresh, ack),
             _ => cwnd,
@@ -99,7 +99,7 @@ impl Reduction {
     }
 
     /// cwnd after one ACK during fast recovery that did not end it.
-    pub fn on_ack(&mut self, cwnd: u64, ssthresh: u64, ack: &AckEvent) -> u64 {
+    pub(super) fn on_ack(&mut self, cwnd: u64, ssthresh: u64, ack: &AckEvent) -> u64 {
         match self {
             Reduction::Inflation { .. } => {
                 if ack.newly_acked > 0 {

@@ -28,7 +28,7 @@ use crate::proto::time::Time;
 use crate::proto::tuning::{CcKind, Tuning};
 
 #[derive(Debug)]
-pub struct Vegas {
+pub(crate) struct Vegas {
     cwnd: u64,
     ssthresh: u64,
     alpha: f64,
@@ -47,7 +47,7 @@ pub struct Vegas {
 }
 
 impl Vegas {
-    pub fn new(t: &Tuning) -> Vegas {
+    pub(crate) fn new(t: &Tuning) -> Vegas {
         Vegas {
             cwnd: u64::from(t.initsegs),
             ssthresh: t.initial_ssthresh(),

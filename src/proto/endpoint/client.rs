@@ -55,11 +55,11 @@ const FETCH_PENDING_MAX: Duration = Duration::from_secs(1);
 const PATH_RESPONSES_MAX: usize = 4;
 /// Copies of a close that is not waited for ([`Client::with_close_unacknowledged`]):
 /// at 1 % independent loss all three are lost once in a million closes.
-pub const UNACKNOWLEDGED_CLOSES: u32 = 3;
+pub(crate) const UNACKNOWLEDGED_CLOSES: u32 = 3;
 
 /// The longest reply any request may have; a caller that knows its
 /// request sets a tighter limit ([`Client::with_reply_limit`]).
-pub const REPLY_MAX: u32 = 256 << 20;
+pub(crate) const REPLY_MAX: u32 = 256 << 20;
 
 /// Where a connection was when it failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -365,7 +365,7 @@ pub struct Client {
 
 /// The `mss` a connection's segments are cut to once `cipher` protects
 /// them (none: plain), so that a protected datagram keeps to `mss`.
-pub fn protected_mss(mss: u32, cipher: Option<crate::proto::crypto::Cipher>) -> u32 {
+pub(crate) fn protected_mss(mss: u32, cipher: Option<crate::proto::crypto::Cipher>) -> u32 {
     match cipher {
         Some(c) => mss.saturating_sub(frame::overhead(Protection::Aead(c).tag_len()) as u32),
         None => mss,
@@ -374,7 +374,10 @@ pub fn protected_mss(mss: u32, cipher: Option<crate::proto::crypto::Cipher>) -> 
 
 /// Stream bytes one data segment carries on a connection of `tuning`,
 /// protected by `cipher` or plain: what a trace's `payload:` line says.
-pub fn segment_payload(tuning: &Tuning, cipher: Option<crate::proto::crypto::Cipher>) -> u64 {
+pub(crate) fn segment_payload(
+    tuning: &Tuning,
+    cipher: Option<crate::proto::crypto::Cipher>,
+) -> u64 {
     u64::from(protected_mss(tuning.mss, cipher))
         .saturating_sub(crate::proto::wire::DATA_HEADER_LEN as u64)
 }

@@ -1,5 +1,5 @@
 //! The two ends of a connection: the handshake, keys and connection ids
 //! around the streams' [`Sender`](super::Sender) and [`Receiver`](super::Receiver).
 
-pub mod client;
+pub(crate) mod client;
 pub mod server;

@@ -19,7 +19,7 @@ use crate::proto::tuning::RecoveryKind;
 /// FACK's inference is off and RFC 6675's SACK decides (Linux's
 /// tcp_disable_fack, Sarolahti §5).
 #[derive(Debug, Default)]
-pub struct Fack {
+pub(super) struct Fack {
     sack: Sack,
 }
 

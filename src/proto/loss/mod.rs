@@ -42,7 +42,7 @@ pub enum Phase {
 
 /// A retransmission that goes out whatever the window says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Forced {
+pub(crate) enum Forced {
     /// The fast retransmit that starts recovery.
     FastRetransmit(u64),
     /// NewReno's retransmit on a partial ACK (RFC 6582 §3.2 step 3).
@@ -53,7 +53,7 @@ pub enum Forced {
 }
 
 impl Forced {
-    pub fn seg(self) -> u64 {
+    pub(crate) fn seg(self) -> u64 {
         match self {
             Forced::FastRetransmit(s) | Forced::PartialAck(s) | Forced::Probe(s) => s,
         }
@@ -63,7 +63,7 @@ impl Forced {
 /// What an ACK that acknowledged nothing new carried: the variant decides
 /// whether it is a duplicate ACK.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct DupEvidence {
+pub(crate) struct DupEvidence {
     /// Segments newly covered by SACK blocks.
     pub newly_sacked: u64,
     /// The advertised right edge moved (a window update).
@@ -76,7 +76,7 @@ pub struct DupEvidence {
 /// What one ACK changed, as the variants need it. The segments it
 /// delivered are in [`Scoreboard::deliveries`].
 #[derive(Debug, Clone, Copy, Default)]
-pub struct AckSummary {
+pub(crate) struct AckSummary {
     /// Segments newly covered by the cumulative ACK.
     pub newly_acked: u64,
     /// Segments newly covered by SACK blocks.
@@ -96,7 +96,7 @@ pub struct AckSummary {
 
 /// What a variant's timer needs to know of the sender when it is armed.
 #[derive(Debug, Clone, Copy)]
-pub struct TimerContext {
+pub(crate) struct TimerContext {
     pub now: Time,
     pub srtt: Duration,
     /// When the retransmission timer will fire, if armed.
@@ -110,7 +110,7 @@ pub struct TimerContext {
 
 /// What a variant's timer decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TimerVerdict {
+pub(crate) enum TimerVerdict {
     Nothing,
     /// Segments were marked lost outside fast recovery: start it.
     Enter(RecoveryTrigger),
@@ -122,7 +122,7 @@ pub enum TimerVerdict {
 
 /// What an ACK means for fast recovery, as a variant decides it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Outside fast recovery, and staying outside.
     Stay,
     /// Start fast recovery: the sender retransmits snd_una at once and
@@ -142,7 +142,7 @@ pub enum Verdict {
 
 /// The loss-recovery state the variants read and change.
 #[derive(Debug)]
-pub struct LossState {
+pub(crate) struct LossState {
     pub phase: Phase,
     pub dupacks: u32,
     /// snd_max when the last recovery or timeout began (RFC 6582 `recover`).
@@ -160,10 +160,10 @@ pub struct LossState {
 
 /// The most `dup_thresh` the reordering metric may set (Linux's
 /// tcp_max_reordering).
-pub const MAX_REORDERING: u64 = 300;
+pub(crate) const MAX_REORDERING: u64 = 300;
 
 impl LossState {
-    pub fn new(t: &Tuning) -> LossState {
+    pub(crate) fn new(t: &Tuning) -> LossState {
         LossState {
             phase: Phase::Open,
             dupacks: 0,
@@ -180,7 +180,7 @@ impl LossState {
     /// original never resent. Fast retransmit waits for more
     /// duplicates than that, up to [`MAX_REORDERING`], and FACK stops
     /// taking everything below snd.fack for lost.
-    pub fn note_reordering(&mut self, displacement: u64) {
+    pub(crate) fn note_reordering(&mut self, displacement: u64) {
         if displacement <= self.reordering {
             return;
         }
@@ -192,12 +192,12 @@ impl LossState {
 
     /// FACK's marking is off for this connection: reordering was seen
     /// and the threshold adapts (Linux's tcp_disable_fack).
-    pub fn fack_off(&self) -> bool {
+    pub(crate) fn fack_off(&self) -> bool {
         self.adaptive && self.reordering > 0
     }
 
     /// BSD's snd_nxt: the next segment to go out, a retransmission if one is due.
-    pub fn snd_nxt(&self, sb: &mut Scoreboard) -> u64 {
+    pub(crate) fn snd_nxt(&self, sb: &mut Scoreboard) -> u64 {
         self.force_retransmit
             .map(Forced::seg)
             .or_else(|| match self.phase {
@@ -209,19 +209,19 @@ impl LossState {
 
     /// True once the cumulative ACK covers everything sent before the
     /// current recovery (or timeout) began.
-    pub fn recovery_point_acked(&self, sb: &Scoreboard) -> bool {
+    pub(crate) fn recovery_point_acked(&self, sb: &Scoreboard) -> bool {
         sb.una() >= self.recover
     }
 
     /// Whether `dup_thresh` duplicate ACKs have now arrived.
-    pub fn enough_dupacks(&self, ack: &AckSummary) -> bool {
+    pub(crate) fn enough_dupacks(&self, ack: &AckSummary) -> bool {
         // Brakmo §3.6: `>=`, not `>`.
         ack.is_dupack && u64::from(self.dupacks) >= self.dup_thresh
     }
 
     /// Fast retransmit (RFC 5681 §3.2 step 2): snd_una is lost and goes out
     /// now; recovery lasts until everything sent so far is acknowledged.
-    pub fn enter_recovery(&mut self, sb: &mut Scoreboard, lost_below: Option<u64>) {
+    pub(crate) fn enter_recovery(&mut self, sb: &mut Scoreboard, lost_below: Option<u64>) {
         let una = sb.una();
         self.recover = sb.max();
         sb.mark_lost(una);
@@ -235,7 +235,7 @@ impl LossState {
     /// A retransmission timeout: every un-SACKed segment is presumed lost
     /// and resent from snd_una (RFC 6298 §5.4, RFC 5681 §3.1), and no fast
     /// retransmit starts until all of it is acknowledged.
-    pub fn on_rto(&mut self, sb: &mut Scoreboard) {
+    pub(crate) fn on_rto(&mut self, sb: &mut Scoreboard) {
         self.dupacks = 0;
         self.recover = sb.max();
         self.phase = Phase::Loss;
@@ -245,7 +245,7 @@ impl LossState {
 
     /// After an ACK outside fast recovery and timeout repair: Disorder while
     /// duplicate ACKs or SACKs are about, Open otherwise.
-    pub fn settle(&mut self, sb: &Scoreboard) {
+    pub(crate) fn settle(&mut self, sb: &Scoreboard) {
         if matches!(self.phase, Phase::Open | Phase::Disorder) {
             self.phase = if self.dupacks > 0 || sb.sacked() > 0 {
                 Phase::Disorder
@@ -258,7 +258,7 @@ impl LossState {
 
 /// A loss-recovery variant. The sender calls `on_ack` after each valid ACK
 /// has updated the scoreboard and the duplicate-ACK count.
-pub trait LossRecovery: fmt::Debug + Send {
+pub(crate) trait LossRecovery: fmt::Debug + Send {
     fn kind(&self) -> RecoveryKind;
 
     /// Whether an ACK that acknowledged nothing new, with data outstanding,
@@ -312,7 +312,7 @@ pub trait LossRecovery: fmt::Debug + Send {
 }
 
 /// Builds the variant a tuning asks for.
-pub fn for_kind(t: &Tuning) -> Box<dyn LossRecovery> {
+pub(crate) fn for_kind(t: &Tuning) -> Box<dyn LossRecovery> {
     match t.recovery {
         RecoveryKind::Reno => Box::new(reno::Reno),
         RecoveryKind::NewReno => Box::new(newreno::NewReno),

@@ -16,7 +16,7 @@ use crate::proto::stream::scoreboard::Scoreboard;
 use crate::proto::tuning::RecoveryKind;
 
 #[derive(Debug)]
-pub struct NewReno;
+pub(super) struct NewReno;
 
 impl LossRecovery for NewReno {
     fn kind(&self) -> RecoveryKind {

@@ -39,7 +39,7 @@ const REO_WND_PERSIST: u32 = 16;
 const INITIAL_PTO: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
-pub struct Rack {
+pub(super) struct Rack {
     dup_thresh: u64,
     /// §6.1 RACK.xmit_ts and RACK.end_seq: the send time and number of
     /// the most recently sent segment delivered so far.
@@ -71,7 +71,7 @@ pub struct Rack {
 }
 
 impl Rack {
-    pub fn new(t: &Tuning) -> Rack {
+    pub(super) fn new(t: &Tuning) -> Rack {
         Rack {
             dup_thresh: u64::from(t.dup_thresh),
             newest: None,

@@ -14,7 +14,7 @@ use crate::proto::stream::scoreboard::Scoreboard;
 use crate::proto::tuning::RecoveryKind;
 
 #[derive(Debug)]
-pub struct Reno;
+pub(super) struct Reno;
 
 impl LossRecovery for Reno {
     fn kind(&self) -> RecoveryKind {

@@ -18,7 +18,7 @@ use crate::proto::stream::scoreboard::Scoreboard;
 use crate::proto::tuning::RecoveryKind;
 
 #[derive(Debug, Default)]
-pub struct Sack {
+pub(super) struct Sack {
     /// RFC 6675 RescueRxt: at most one rescue retransmission per recovery.
     rescue_sent: bool,
 }

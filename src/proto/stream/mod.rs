@@ -1,7 +1,7 @@
 //! One stream's reliable delivery: the sending and receiving halves, the
 //! SACK scoreboard and the RTT estimator they share.
 
-pub mod receiver;
+pub(crate) mod receiver;
 pub mod rtt;
-pub mod scoreboard;
-pub mod sender;
+pub(crate) mod scoreboard;
+pub(crate) mod sender;

@@ -33,7 +33,7 @@ use crate::proto::InputError;
 /// RTO). The receiver has no RTT estimate of its own, so RFC 6298's
 /// initial RTO stands in: long enough that the gaps between a slow
 /// start's flights do not count as idle.
-pub const QUICKACK_IDLE: Duration = Duration::from_secs(1);
+pub(crate) const QUICKACK_IDLE: Duration = Duration::from_secs(1);
 
 /// How many recently received out-of-order segments are remembered for
 /// choosing which SACK blocks to repeat.

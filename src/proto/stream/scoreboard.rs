@@ -57,7 +57,7 @@ pub enum ScoreboardInvariant {
 
 /// A segment an ACK reported delivered for the first time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Delivery {
+pub(crate) struct Delivery {
     pub seg: u64,
     /// When its latest transmission left.
     pub xmit: Time,
@@ -80,7 +80,7 @@ struct Seg {
 }
 
 #[derive(Debug, Clone, Default)]
-pub struct Scoreboard {
+pub(crate) struct Scoreboard {
     una: u64,
     segs: VecDeque<Seg>,
     /// Disjoint, non-adjacent SACKed ranges `start -> end`, all at or above `una`.
@@ -108,41 +108,41 @@ pub struct Scoreboard {
 }
 
 impl Scoreboard {
-    pub fn una(&self) -> u64 {
+    pub(crate) fn una(&self) -> u64 {
         self.una
     }
 
     /// One past the highest segment sent.
-    pub fn max(&self) -> u64 {
+    pub(crate) fn max(&self) -> u64 {
         self.una + self.segs.len() as u64
     }
 
-    pub fn outstanding(&self) -> u64 {
+    pub(crate) fn outstanding(&self) -> u64 {
         self.segs.len() as u64
     }
 
-    pub fn sacked(&self) -> u64 {
+    pub(crate) fn sacked(&self) -> u64 {
         self.n_sacked
     }
 
     /// Retransmissions in flight.
-    pub fn retransmissions_in_flight(&self) -> u64 {
+    pub(crate) fn retransmissions_in_flight(&self) -> u64 {
         self.n_retx
     }
 
-    pub fn lost_pending(&self) -> u64 {
+    pub(crate) fn lost_pending(&self) -> u64 {
         self.n_lost_pending
     }
 
     /// RFC 6675 §4 SetPipe, in segments.
-    pub fn pipe(&self) -> u64 {
+    pub(crate) fn pipe(&self) -> u64 {
         self.outstanding() - self.n_sacked - self.n_lost + self.n_retx
     }
 
     /// Segments sent and not known to have left the network by ACK or by a
     /// loss not yet repaired: BSD's `snd_nxt - snd_una`. SACKed segments
     /// count, as RFC 5681's FlightSize does.
-    pub fn flight(&self) -> u64 {
+    pub(crate) fn flight(&self) -> u64 {
         self.outstanding() - self.n_lost_pending
     }
 
@@ -157,13 +157,13 @@ impl Scoreboard {
     }
 
     /// How many times a segment has been marked lost, in total.
-    pub fn lost_total(&self) -> u64 {
+    pub(crate) fn lost_total(&self) -> u64 {
         self.lost_total
     }
 
     /// Keeps the delivery-rate stamp of `seg`'s latest transmission, and
     /// its send time (`stamp.sent_time`) for time-based loss detection.
-    pub fn stamp(&mut self, seg: u64, stamp: SendStamp) {
+    pub(crate) fn stamp(&mut self, seg: u64, stamp: SendStamp) {
         let Some(s) = self.get_mut(seg) else { return };
         if s.sacked {
             return;
@@ -179,38 +179,38 @@ impl Scoreboard {
     }
 
     /// When `seg`'s latest transmission left.
-    pub fn xmit_time(&self, seg: u64) -> Option<Time> {
+    pub(crate) fn xmit_time(&self, seg: u64) -> Option<Time> {
         self.get(seg).map(|s| s.xmit)
     }
 
     /// The segments in flight, oldest transmission first (RFC 8985 §8):
     /// `(xmit, seg)`.
-    pub fn in_flight_by_xmit(&self) -> impl Iterator<Item = (Time, u64)> + '_ {
+    pub(crate) fn in_flight_by_xmit(&self) -> impl Iterator<Item = (Time, u64)> + '_ {
         self.by_xmit.iter().copied()
     }
 
     /// The segments first reported delivered since the last
     /// [`Scoreboard::clear_deliveries`].
-    pub fn deliveries(&self) -> &[Delivery] {
+    pub(crate) fn deliveries(&self) -> &[Delivery] {
         &self.deliveries
     }
 
-    pub fn clear_deliveries(&mut self) {
+    pub(crate) fn clear_deliveries(&mut self) {
         self.deliveries.clear();
     }
 
     /// The stamps of the segments delivered (first SACKed or cumulatively
     /// acknowledged) since the last call, in the order they were reported.
-    pub fn take_delivered(&mut self) -> impl Iterator<Item = SendStamp> + '_ {
+    pub(crate) fn take_delivered(&mut self) -> impl Iterator<Item = SendStamp> + '_ {
         self.delivered.drain(..)
     }
 
-    pub fn is_sacked(&self, seg: u64) -> bool {
+    pub(crate) fn is_sacked(&self, seg: u64) -> bool {
         self.get(seg).is_some_and(|s| s.sacked)
     }
 
     /// Records the first transmission of the next new segment; returns its number.
-    pub fn on_send_new(&mut self) -> u64 {
+    pub(crate) fn on_send_new(&mut self) -> u64 {
         self.segs.push_back(Seg::default());
         let seg = self.max() - 1;
         self.by_xmit.insert((Time::ZERO, seg));
@@ -218,7 +218,7 @@ impl Scoreboard {
     }
 
     /// Records a retransmission of `seg`.
-    pub fn on_retransmit(&mut self, seg: u64) {
+    pub(crate) fn on_retransmit(&mut self, seg: u64) {
         let Some(s) = self.get_mut(seg) else { return };
         debug_assert!(!s.sacked, "retransmitting a SACKed segment");
         s.retransmitted = true;
@@ -235,7 +235,7 @@ impl Scoreboard {
 
     /// Removes every segment below `cum` (the receiver has them all);
     /// returns how many.
-    pub fn ack_through(&mut self, cum: u64) -> u64 {
+    pub(crate) fn ack_through(&mut self, cum: u64) -> u64 {
         let mut acked = 0;
         while self.una < cum {
             let Some(s) = self.segs.pop_front() else {
@@ -283,7 +283,7 @@ impl Scoreboard {
     /// Marks the segments of `block` SACKed; returns how many were new.
     /// Walks the ranges it overlaps from the top down, marking only the
     /// gaps between them, then stores the merged range: no allocation.
-    pub fn apply_sack(&mut self, block: SackBlock) -> u64 {
+    pub(crate) fn apply_sack(&mut self, block: SackBlock) -> u64 {
         let start = block.start.max(self.una);
         let end = block.end.min(self.max());
         if start >= end {
@@ -352,7 +352,7 @@ impl Scoreboard {
 
     /// Forgets every SACK: the receiver reneged (RFC 2018 §8), so what it
     /// reported holding may be gone. Segments go back to plain outstanding.
-    pub fn clear_sacks(&mut self) {
+    pub(crate) fn clear_sacks(&mut self) {
         for (i, s) in self.segs.iter_mut().enumerate().filter(|(_, s)| s.sacked) {
             s.sacked = false;
             self.by_xmit.insert((s.xmit, self.una + i as u64));
@@ -363,13 +363,13 @@ impl Scoreboard {
     }
 
     /// The highest SACKed segment.
-    pub fn highest_sacked(&self) -> Option<u64> {
+    pub(crate) fn highest_sacked(&self) -> Option<u64> {
         self.sacked_ranges.iter().next_back().map(|(_, &e)| e - 1)
     }
 
     /// The `k`-th highest SACKed segment: every segment below it has at least
     /// `k` SACKed segments above it (RFC 6675 §4 IsLost, in segments).
-    pub fn kth_highest_sacked(&self, k: u64) -> Option<u64> {
+    pub(crate) fn kth_highest_sacked(&self, k: u64) -> Option<u64> {
         let mut need = k.max(1);
         for (&s, &e) in self.sacked_ranges.iter().rev() {
             let len = e - s;
@@ -382,7 +382,7 @@ impl Scoreboard {
     }
 
     /// Marks `seg` lost unless it is SACKed or already lost; returns whether it changed.
-    pub fn mark_lost(&mut self, seg: u64) -> bool {
+    pub(crate) fn mark_lost(&mut self, seg: u64) -> bool {
         let Some(s) = self.get_mut(seg) else {
             return false;
         };
@@ -405,7 +405,7 @@ impl Scoreboard {
     /// retransmission is in flight is presumed lost again and awaits
     /// another retransmission (RFC 8985 §6.2: a retransmission is judged
     /// by its own send time like any segment). Returns whether it changed.
-    pub fn mark_lost_again(&mut self, seg: u64) -> bool {
+    pub(crate) fn mark_lost_again(&mut self, seg: u64) -> bool {
         let Some(s) = self.get_mut(seg) else {
             return false;
         };
@@ -426,7 +426,7 @@ impl Scoreboard {
     }
 
     /// Marks every un-SACKed segment below `limit` lost; returns how many changed.
-    pub fn mark_lost_below(&mut self, limit: u64) -> u64 {
+    pub(crate) fn mark_lost_below(&mut self, limit: u64) -> u64 {
         let limit = limit.min(self.max());
         let mut n = 0;
         let mut seg = self.loss_frontier.max(self.una);
@@ -440,7 +440,7 @@ impl Scoreboard {
 
     /// After a retransmission timeout every un-SACKed segment is presumed
     /// lost, retransmissions included, and will be sent again.
-    pub fn mark_all_lost(&mut self) {
+    pub(crate) fn mark_all_lost(&mut self) {
         let mut lost = 0;
         for s in self.segs.iter_mut().filter(|s| !s.sacked) {
             if !s.lost || s.retx {
@@ -461,7 +461,7 @@ impl Scoreboard {
     /// Forgets every loss not yet retransmitted: a spurious timeout or
     /// recovery was undone, so those segments are still in flight
     /// (Sarolahti §6: "the lost mark is removed from all segments").
-    pub fn clear_pending_losses(&mut self) {
+    pub(crate) fn clear_pending_losses(&mut self) {
         let una = self.una;
         for (i, s) in self.segs.iter_mut().enumerate() {
             if s.lost && !s.retx && !s.sacked {
@@ -475,7 +475,7 @@ impl Scoreboard {
     }
 
     /// The lowest segment awaiting retransmission.
-    pub fn next_lost_pending(&mut self) -> Option<u64> {
+    pub(crate) fn next_lost_pending(&mut self) -> Option<u64> {
         if self.n_lost_pending == 0 {
             return None;
         }
@@ -493,7 +493,7 @@ impl Scoreboard {
 
     /// The lowest segment in `[from, below)` neither SACKed nor retransmitted
     /// (RFC 6675 NextSeg rule 3).
-    pub fn next_unsacked_unretransmitted(&self, from: u64, below: u64) -> Option<u64> {
+    pub(crate) fn next_unsacked_unretransmitted(&self, from: u64, below: u64) -> Option<u64> {
         (from.max(self.una)..below.min(self.max())).find(|&seg| {
             self.get(seg)
                 .is_some_and(|s| !s.sacked && !s.retx && !s.lost)
@@ -502,7 +502,7 @@ impl Scoreboard {
 
     /// The highest segment not SACKed (RFC 8985 §7.3: what a tail loss
     /// probe resends when there is no new data).
-    pub fn highest_unsacked(&self) -> Option<u64> {
+    pub(crate) fn highest_unsacked(&self) -> Option<u64> {
         (self.una..self.max())
             .rev()
             .find(|&seg| self.get(seg).is_some_and(|s| !s.sacked))
@@ -510,7 +510,7 @@ impl Scoreboard {
 
     /// The highest segment that is neither SACKed nor has a retransmission
     /// in flight (RFC 6675 NextSeg rule 4, the rescue retransmission).
-    pub fn highest_unsacked_unretransmitted(&self) -> Option<u64> {
+    pub(crate) fn highest_unsacked_unretransmitted(&self) -> Option<u64> {
         (self.una..self.max())
             .rev()
             .find(|&seg| self.get(seg).is_some_and(|s| !s.sacked && !s.retx))
@@ -518,7 +518,7 @@ impl Scoreboard {
 
     /// Recounts everything from scratch and compares: for tests and
     /// property checks, O(window).
-    pub fn check_invariants(&self) -> Result<(), ScoreboardInvariant> {
+    pub(crate) fn check_invariants(&self) -> Result<(), ScoreboardInvariant> {
         let (mut sacked, mut lost, mut retx, mut pending) = (0, 0, 0, 0);
         for (i, s) in self.segs.iter().enumerate() {
             let seg = self.una + i as u64;

@@ -22,13 +22,13 @@ mod field {
     use super::super::codec::Field;
     use super::header::HEADER_LEN;
 
-    pub const ECHO_TIMESTAMP: Field = HEADER_LEN..HEADER_LEN + 4;
-    pub const CUM_ACK: Field = ECHO_TIMESTAMP.end..ECHO_TIMESTAMP.end + 8;
-    pub const WINDOW: Field = CUM_ACK.end..CUM_ACK.end + 4;
-    pub const FLAGS: Field = WINDOW.end..WINDOW.end + 1;
-    pub const SACK_COUNT: Field = FLAGS.end..FLAGS.end + 1;
+    pub(super) const ECHO_TIMESTAMP: Field = HEADER_LEN..HEADER_LEN + 4;
+    pub(super) const CUM_ACK: Field = ECHO_TIMESTAMP.end..ECHO_TIMESTAMP.end + 8;
+    pub(super) const WINDOW: Field = CUM_ACK.end..CUM_ACK.end + 4;
+    pub(super) const FLAGS: Field = WINDOW.end..WINDOW.end + 1;
+    pub(super) const SACK_COUNT: Field = FLAGS.end..FLAGS.end + 1;
     /// The D-SACK block if the flag says so, then the SACK blocks.
-    pub const BLOCKS: usize = SACK_COUNT.end;
+    pub(super) const BLOCKS: usize = SACK_COUNT.end;
 }
 
 const ACK_FLAG_DSACK: u8 = 0x01;

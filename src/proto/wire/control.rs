@@ -37,83 +37,83 @@ mod field {
     use super::HEADER_LEN;
 
     /// Inside a hello or a welcome: the receiver's parameters.
-    pub mod params {
+    pub(super) mod params {
         use super::Field;
 
-        pub const RCVSEGS: Field = 0..4;
-        pub const RCVBUF: Field = RCVSEGS.end..RCVSEGS.end + 4;
-        pub const DELACK_US: Field = RCVBUF.end..RCVBUF.end + 4;
-        pub const FLAGS: Field = DELACK_US.end..DELACK_US.end + 1;
-        pub const QUICKACK: Field = FLAGS.end..FLAGS.end + 2;
-        pub const LEN: usize = QUICKACK.end;
+        pub(crate) const RCVSEGS: Field = 0..4;
+        pub(crate) const RCVBUF: Field = RCVSEGS.end..RCVSEGS.end + 4;
+        pub(crate) const DELACK_US: Field = RCVBUF.end..RCVBUF.end + 4;
+        pub(crate) const FLAGS: Field = DELACK_US.end..DELACK_US.end + 1;
+        pub(crate) const QUICKACK: Field = FLAGS.end..FLAGS.end + 2;
+        pub(crate) const LEN: usize = QUICKACK.end;
     }
 
-    pub mod hello {
+    pub(super) mod hello {
         use super::{params, Field, HEADER_LEN};
 
-        pub const MSS: Field = HEADER_LEN..HEADER_LEN + 4;
-        pub const MAXIDLE_MS: Field = MSS.end..MSS.end + 4;
-        pub const SESSION: Field = MAXIDLE_MS.end..MAXIDLE_MS.end + 8;
-        pub const PARAMS: Field = SESSION.end..SESSION.end + params::LEN;
+        pub(crate) const MSS: Field = HEADER_LEN..HEADER_LEN + 4;
+        pub(crate) const MAXIDLE_MS: Field = MSS.end..MSS.end + 4;
+        pub(crate) const SESSION: Field = MAXIDLE_MS.end..MAXIDLE_MS.end + 8;
+        pub(crate) const PARAMS: Field = SESSION.end..SESSION.end + params::LEN;
         /// Only in a hello sent again after a retry.
-        pub const TOKEN: Field = PARAMS.end..PARAMS.end + super::super::TOKEN_LEN;
+        pub(crate) const TOKEN: Field = PARAMS.end..PARAMS.end + super::super::TOKEN_LEN;
     }
 
-    pub mod welcome {
+    pub(super) mod welcome {
         use super::{params, Field, HEADER_LEN};
 
-        pub const PARAMS: Field = HEADER_LEN..HEADER_LEN + params::LEN;
+        pub(crate) const PARAMS: Field = HEADER_LEN..HEADER_LEN + params::LEN;
     }
 
-    pub mod close {
+    pub(super) mod close {
         use super::{Field, HEADER_LEN};
 
-        pub const SEGMENTS: Field = HEADER_LEN..HEADER_LEN + 8;
-        pub const BYTES: Field = SEGMENTS.end..SEGMENTS.end + 8;
+        pub(crate) const SEGMENTS: Field = HEADER_LEN..HEADER_LEN + 8;
+        pub(crate) const BYTES: Field = SEGMENTS.end..SEGMENTS.end + 8;
     }
 
-    pub mod close_ack {
+    pub(super) mod close_ack {
         use super::{Field, HEADER_LEN};
 
         /// The receiver's seven counters, a u64 each, in the order of
         /// `ReceiverStats::fields`.
-        pub const STATS: Field = HEADER_LEN..HEADER_LEN + 8 * 7;
+        pub(crate) const STATS: Field = HEADER_LEN..HEADER_LEN + 8 * 7;
     }
 
-    pub mod reject {
+    pub(super) mod reject {
         use super::{Field, HEADER_LEN};
 
-        pub const REASON: Field = HEADER_LEN..HEADER_LEN + 1;
+        pub(crate) const REASON: Field = HEADER_LEN..HEADER_LEN + 1;
         /// The header's version again, so a reader of any version can
         /// check the header it read.
-        pub const VERSION: Field = REASON.end..REASON.end + 1;
+        pub(crate) const VERSION: Field = REASON.end..REASON.end + 1;
     }
 
-    pub mod fetch {
+    pub(super) mod fetch {
         use super::{Field, HEADER_LEN};
 
-        pub const OFFSET: Field = HEADER_LEN..HEADER_LEN + 4;
+        pub(crate) const OFFSET: Field = HEADER_LEN..HEADER_LEN + 4;
     }
 
-    pub mod reply {
+    pub(super) mod reply {
         use super::{Field, HEADER_LEN};
 
-        pub const OFFSET: Field = HEADER_LEN..HEADER_LEN + 4;
-        pub const TOTAL: Field = OFFSET.end..OFFSET.end + 4;
-        pub const STATUS: Field = TOTAL.end..TOTAL.end + 1;
-        pub const DATA: usize = STATUS.end;
+        pub(crate) const OFFSET: Field = HEADER_LEN..HEADER_LEN + 4;
+        pub(crate) const TOTAL: Field = OFFSET.end..OFFSET.end + 4;
+        pub(crate) const STATUS: Field = TOTAL.end..TOTAL.end + 1;
+        pub(crate) const DATA: usize = STATUS.end;
     }
 
-    pub mod path {
+    pub(super) mod path {
         use super::{Field, HEADER_LEN};
 
-        pub const TOKEN: Field = HEADER_LEN..HEADER_LEN + 8;
+        pub(crate) const TOKEN: Field = HEADER_LEN..HEADER_LEN + 8;
     }
 
-    pub mod retry {
+    pub(super) mod retry {
         use super::{Field, HEADER_LEN};
 
-        pub const TOKEN: Field = HEADER_LEN..HEADER_LEN + super::super::TOKEN_LEN;
+        pub(crate) const TOKEN: Field = HEADER_LEN..HEADER_LEN + super::super::TOKEN_LEN;
     }
 }
 

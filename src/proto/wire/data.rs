@@ -11,10 +11,10 @@ mod field {
     use super::super::codec::Field;
     use super::header::HEADER_LEN;
 
-    pub const SEG: Field = HEADER_LEN..HEADER_LEN + 8;
-    pub const TIMESTAMP: Field = SEG.end..SEG.end + 4;
-    pub const FLAGS: Field = TIMESTAMP.end..TIMESTAMP.end + 1;
-    pub const PAYLOAD: usize = FLAGS.end;
+    pub(super) const SEG: Field = HEADER_LEN..HEADER_LEN + 8;
+    pub(super) const TIMESTAMP: Field = SEG.end..SEG.end + 4;
+    pub(super) const FLAGS: Field = TIMESTAMP.end..TIMESTAMP.end + 1;
+    pub(super) const PAYLOAD: usize = FLAGS.end;
 }
 
 const DATA_FLAG_FIN: u8 = 0x01;

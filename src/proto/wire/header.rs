@@ -14,10 +14,10 @@ pub const HEADER_LEN: usize = field::CONN_ID.end;
 pub(super) mod field {
     use super::super::codec::Field;
 
-    pub const MAGIC: Field = 0..2;
-    pub const VERSION: Field = MAGIC.end..MAGIC.end + 1;
-    pub const KIND: Field = VERSION.end..VERSION.end + 1;
-    pub const CONN_ID: Field = KIND.end..KIND.end + 8;
+    pub(crate) const MAGIC: Field = 0..2;
+    pub(crate) const VERSION: Field = MAGIC.end..MAGIC.end + 1;
+    pub(crate) const KIND: Field = VERSION.end..VERSION.end + 1;
+    pub(crate) const CONN_ID: Field = KIND.end..KIND.end + 8;
 }
 
 pub(super) const KIND_DATA: u8 = 1;

@@ -90,7 +90,7 @@ const QUIET_LOSS_ROUNDS: f64 = 4.0;
 const LOSS_NOISE_SIGMAS: f64 = 2.0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
+pub(crate) enum State {
     Startup,
     Drain,
     ProbeBwDown,
@@ -102,7 +102,7 @@ pub enum State {
 
 impl State {
     /// The draft's name.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             State::Startup => "Startup",
             State::Drain => "Drain",
@@ -133,7 +133,7 @@ enum AckPhase {
 }
 
 #[derive(Debug)]
-pub struct Bbr {
+pub(crate) struct Bbr {
     state: State,
     pacing_gain: f64,
     cwnd_gain: f64,
@@ -260,7 +260,7 @@ struct Sample {
 }
 
 impl Bbr {
-    pub fn new(t: &Tuning, seed: u64) -> Bbr {
+    pub(crate) fn new(t: &Tuning, seed: u64) -> Bbr {
         let initial_cwnd = u64::from(t.initsegs);
         let mut b = Bbr {
             state: State::Startup,
@@ -333,12 +333,12 @@ impl Bbr {
         b
     }
 
-    pub fn state(&self) -> State {
+    pub(crate) fn state(&self) -> State {
         self.state
     }
 
     /// The bandwidth estimate, segments per second.
-    pub fn max_bw(&self) -> f64 {
+    pub(crate) fn max_bw(&self) -> f64 {
         self.max_bw
     }
 
