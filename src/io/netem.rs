@@ -190,14 +190,6 @@ impl<T> SourceTable<T> {
         self.idle
     }
 
-    pub(crate) fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
     pub(crate) fn stats(&self) -> SourceStats {
         SourceStats {
             live: self.entries.len() as u64,

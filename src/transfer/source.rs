@@ -261,6 +261,7 @@ impl Sources {
         Ok(open[file].file.get_or_insert(opened).clone())
     }
 
+    #[cfg(test)]
     /// Files open now (for tests of the descriptor budget).
     pub(crate) fn open_count(&self) -> usize {
         self.lock().iter().filter(|o| o.file.is_some()).count()

@@ -350,6 +350,7 @@ impl StagedQuota {
         self.ledger.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    #[cfg(test)]
     /// What `owner`'s claims count now.
     pub(crate) fn held(&self, owner: Owner) -> Held {
         self.lock().owners.get(&owner).copied().unwrap_or_default()

@@ -265,7 +265,6 @@ mod tests {
 
     fn congestion(flight: u64, pipe: u64) -> CongestionEvent {
         CongestionEvent {
-            now: Time::ZERO,
             flight,
             pipe,
             sent: 0,

@@ -470,7 +470,6 @@ mod tests {
     fn congestion(c: &mut Cubic, w: u64, at: Time) {
         c.cwnd = w;
         c.on_congestion_event(&CongestionEvent {
-            now: at,
             flight: w,
             pipe: w,
             sent: 0,

@@ -100,7 +100,6 @@ pub(crate) struct AckEvent {
 /// congestion.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CongestionEvent {
-    pub now: Time,
     /// RFC 5681 FlightSize when recovery began, before anything was marked
     /// lost.
     pub flight: u64,

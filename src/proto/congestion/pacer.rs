@@ -118,11 +118,6 @@ impl Pacer {
         self.credit = self.credit.saturating_sub(spent);
         self.make_up = self.make_up.saturating_sub(spent);
     }
-
-    /// The rate last paced at, in bytes per second.
-    pub(crate) fn rate(&self) -> u64 {
-        self.rate
-    }
 }
 
 #[cfg(test)]

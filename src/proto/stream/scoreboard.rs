@@ -178,11 +178,6 @@ impl Scoreboard {
         }
     }
 
-    /// When `seg`'s latest transmission left.
-    pub(crate) fn xmit_time(&self, seg: u64) -> Option<Time> {
-        self.get(seg).map(|s| s.xmit)
-    }
-
     /// The segments in flight, oldest transmission first (RFC 8985 §8):
     /// `(xmit, seg)`.
     pub(crate) fn in_flight_by_xmit(&self) -> impl Iterator<Item = (Time, u64)> + '_ {

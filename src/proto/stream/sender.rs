@@ -554,7 +554,6 @@ impl Sender {
         if self.recovery.take_probe_loss() {
             // RFC 8985 §7.4: the probe repaired a loss; one reduction.
             self.cc.on_congestion_event(&CongestionEvent {
-                now: self.now,
                 flight: self.sb.flight(),
                 pipe: self.sb.pipe(),
                 sent: self.stats.pkts_out,
@@ -811,7 +810,6 @@ impl Sender {
             }
         }
         self.cc.on_congestion_event(&CongestionEvent {
-            now: self.now,
             flight,
             pipe: self.sb.pipe(),
             sent: self.stats.pkts_out,
@@ -1247,7 +1245,6 @@ impl Sender {
         self.cwr_until = self.sb.max();
         self.stats.cwrs += 1;
         self.cc.on_congestion_event(&CongestionEvent {
-            now,
             flight: self.sb.flight(),
             pipe: self.sb.pipe(),
             sent: self.stats.pkts_out,

@@ -333,10 +333,12 @@ impl Bbr {
         b
     }
 
+    #[cfg(test)]
     pub(crate) fn state(&self) -> State {
         self.state
     }
 
+    #[cfg(test)]
     /// The bandwidth estimate, segments per second.
     pub(crate) fn max_bw(&self) -> f64 {
         self.max_bw
