@@ -3,6 +3,9 @@
 //! Exit statuses: see [`exit::Exit`] (0 success, 2 usage error, 130
 //! interrupted, and one number per kind of failure).
 
+// Only `io` may hold `unsafe` (each block with a SAFETY line).
+#![forbid(unsafe_code)]
+
 mod auth;
 mod docs;
 mod exit;

@@ -20,6 +20,9 @@
 //! assert_eq!(link.poll(due).map(|p| p.len()), Some(100));
 //! ```
 
+// Only `io` may hold `unsafe` (each block with a SAFETY line).
+#![forbid(unsafe_code)]
+
 mod model;
 mod random;
 pub mod spec;

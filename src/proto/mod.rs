@@ -6,6 +6,9 @@
 //! caller-supplied buffers. That makes every run reproducible: the
 //! simulator drives the same code in virtual time.
 
+// Only `io` may hold `unsafe` (each block with a SAFETY line).
+#![forbid(unsafe_code)]
+
 pub(crate) mod congestion;
 pub mod crypto;
 pub(crate) mod endpoint;

@@ -9,6 +9,9 @@
 //! every flow's endpoints are drained. With the same seed, tuning and link
 //! specs a run is identical, trace included, on every machine.
 
+// Only `io` may hold `unsafe` (each block with a SAFETY line).
+#![forbid(unsafe_code)]
+
 pub mod flows;
 pub mod pair;
 pub mod scenarios;

@@ -7,6 +7,9 @@
 //! connections at once), then a finish (every file's hash out, "all
 //! verified and in place" back). See [`messages`] for what each says.
 
+// Only `io` may hold `unsafe` (each block with a SAFETY line).
+#![forbid(unsafe_code)]
+
 pub(crate) mod bootstrap;
 pub(crate) mod dest;
 mod error;
