@@ -10,7 +10,7 @@
 //!
 //! ```
 //! use atou::netem::{Netem, NetemSpec};
-//! use atou::proto::Time;
+//! use atou::Time;
 //!
 //! let spec: NetemSpec = "delay 10ms loss 1% seed 7".parse().unwrap();
 //! let mut link: Netem<Vec<u8>> = Netem::new(spec, 0);
