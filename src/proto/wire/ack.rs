@@ -105,9 +105,7 @@ impl Ack {
     }
 
     pub fn encoded_len(&self) -> usize {
-        ACK_MIN_LEN
-            + if self.dsack.is_some() { DSACK_LEN } else { 0 }
-            + usize::from(self.sack_len) * SACK_BLOCK_LEN
+        ack_len(self.dsack.is_some(), self.sack_len)
     }
 
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
@@ -141,6 +139,12 @@ impl Ack {
     }
 }
 
+/// An ACK's length on the wire: the fixed part, the D-SACK block if any,
+/// then `nsack` SACK blocks.
+fn ack_len(has_dsack: bool, nsack: u8) -> usize {
+    ACK_MIN_LEN + if has_dsack { DSACK_LEN } else { 0 } + usize::from(nsack) * SACK_BLOCK_LEN
+}
+
 fn clamp_u32(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
@@ -157,9 +161,7 @@ pub(super) fn decode_ack(buf: &[u8], conn_id: u64) -> Result<Ack, WireError> {
         return Err(WireError::TooManySackBlocks(nsack));
     }
     let has_dsack = flags & ACK_FLAG_DSACK != 0;
-    let total =
-        ACK_MIN_LEN + if has_dsack { DSACK_LEN } else { 0 } + usize::from(nsack) * SACK_BLOCK_LEN;
-    super::exact_len(buf, total)?;
+    super::exact_len(buf, ack_len(has_dsack, nsack))?;
     let mut ack = Ack::new(
         conn_id,
         fixed.u32_at(field::ECHO_TIMESTAMP)?,

@@ -1,7 +1,7 @@
 //! The 12-byte header every packet starts with: magic, version, kind,
 //! connection id.
 
-use super::codec::{Reader, SliceWriter, Writer};
+use super::codec::{Reader, SliceWriter};
 use super::WireError;
 
 /// `"AT"`: lets a receiver discard stray datagrams cheaply.
@@ -52,10 +52,10 @@ pub(super) fn emit_header(
         });
     }
     let mut w = SliceWriter::new(&mut buf[..len]);
-    w.put_slice(&MAGIC);
-    w.put_u8(VERSION);
-    w.put_u8(kind);
-    w.put_u64(conn_id);
+    w.put_at(field::MAGIC, &MAGIC);
+    w.put_u8_at(field::VERSION, VERSION);
+    w.put_u8_at(field::KIND, kind);
+    w.put_u64_at(field::CONN_ID, conn_id);
     Ok(w)
 }
 
