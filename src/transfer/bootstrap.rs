@@ -28,6 +28,8 @@ use base64::Engine;
 use crate::proto::crypto::PublicKey;
 use crate::transfer::remote::RemoteError;
 use crate::transfer::Error;
+// The remote end's words reach the user's terminal only escaped.
+use crate::util::text::escape;
 
 /// First word of both bootstrap lines.
 pub const MAGIC: &str = "ATOU-BOOTSTRAP";
@@ -138,7 +140,7 @@ impl Answer {
             .split(',')
             .map(|p| match p.parse::<u16>() {
                 Ok(p) if p > 0 => Ok(p),
-                _ => Err(bad(format!("`{p}` is not a UDP port"))),
+                _ => Err(bad(format!("`{}` is not a UDP port", escape(p.as_bytes())))),
             })
             .collect::<Result<_, _>>()?;
         if ports.len() > MAX_PORTS {
@@ -148,7 +150,7 @@ impl Answer {
             "-" => None,
             a => Some(
                 a.parse()
-                    .map_err(|_| bad(format!("`{a}` is not an IP address")))?,
+                    .map_err(|_| bad(format!("`{}` is not an IP address", escape(a.as_bytes()))))?,
             ),
         };
         Ok(Answer {
@@ -392,6 +394,23 @@ mod tests {
         assert!(Answer::decode(&good.replace(" 5 ", " 70000 ")).is_err());
         assert!(Answer::decode(&good.replace(" -", " nope")).is_err());
         assert!(Answer::decode(&good.replace(" -", "")).is_err());
+    }
+
+    #[test]
+    fn a_hostile_answer_cannot_put_control_characters_in_the_message() {
+        let good = Answer {
+            ports: vec![5],
+            key: key(1),
+            addr: None,
+        }
+        .encode();
+        for bad in [
+            good.replace(" 5 ", " 5\x1b[2J "),
+            good.replace(" -", " \x1b]0;owned\x07"),
+        ] {
+            let why = Answer::decode(&bad).unwrap_err().to_string();
+            assert!(!why.chars().any(|c| c.is_control()), "{why:?}");
+        }
     }
 
     #[test]
