@@ -130,17 +130,26 @@ for f in --cc --recovery --no-auth --maxtime --json; do
     grep -q -- "$f " <<<"$probe_help" || die "atou probe has no $f flag"
 done
 
-# atou's data header, from the wire format (DATA_HEADER_LEN = HEADER_LEN + ...).
-hdr=$(python3 - src/proto/wire.rs <<'PY'
+# atou's data header, from the wire format: the offsets each packet file
+# names once (`const SEG: Field = HEADER_LEN..HEADER_LEN + 8;` ...), read in
+# order from the header's file and the data segment's.
+hdr=$(python3 - src/proto/wire/header.rs src/proto/wire/data.rs <<'PY'
 import re, sys
-src = open(sys.argv[1]).read()
-h = re.search(r"pub const HEADER_LEN: usize = (\d+);", src).group(1)
-expr = re.search(r"pub const DATA_HEADER_LEN: usize = ([^;]+);", src).group(1)
-expr = expr.replace("HEADER_LEN", h)
-assert re.fullmatch(r"[\d\s+]+", expr), expr
-print(eval(expr))
+todo = {}
+for path in sys.argv[1:]:
+    for name, ty, expr in re.findall(r"const (\w+): (Field|usize) = ([^;]+);", open(path).read()):
+        expr = re.sub(r"(\w+)\.end", r"\1", expr.split("..")[-1]).replace("field::", "")
+        assert re.fullmatch(r"[\w\s+]+", expr), (name, expr)
+        todo[name] = expr
+ends = {}
+while todo:  # a constant may name one declared after it
+    ready = [n for n, e in todo.items() if set(re.findall(r"[A-Za-z_]\w*", e)) <= set(ends)]
+    assert ready, todo
+    for n in ready:
+        ends[n] = eval(todo.pop(n), {}, dict(ends))
+print(ends["DATA_HEADER_LEN"])
 PY
-) || die "could not read DATA_HEADER_LEN from src/proto/wire.rs"
+) || die "could not read DATA_HEADER_LEN from src/proto/wire/{header,data}.rs"
 
 # Kernel congestion controls: reno, cubic, bbr, those the kernel offers.
 modprobe -q tcp_bbr 2>/dev/null || true
