@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use crate::io::{self, ProbeConfig, ProbeError, ServeApp, ServeConfig, ServeEvent, DEFAULT_PORT};
+use crate::io::{
+    self, ClientEnd, ProbeConfig, ProbeError, ServeApp, ServeConfig, ServeEvent, DEFAULT_PORT,
+};
 use crate::proto::crypto::{PublicKey, ServerAuth};
 use crate::proto::ServerLimits;
 use crate::proto::{ConnEnd, ConnReport, ServerStats, Tuning};
@@ -359,7 +361,7 @@ pub(super) fn probe(args: ProbeArgs) -> Result<ExitCode> {
     let result = runtime()?.block_on(io::probe(config, &mut out, ctrl_c()));
     let summary = result
         .report
-        .map(|r| Summary::from_client(&r, &result.outcome, &args.host, &tuning));
+        .map(|r| Summary::from_client(&r, &ClientEnd::of(&result.outcome), &args.host, &tuning));
     hint.remember(&summary);
     finish_trace(&mut out)?;
     let defaults = Tuning::default();

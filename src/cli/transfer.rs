@@ -13,6 +13,7 @@ use anyhow::Result;
 use clap::Args;
 
 use crate::io::{self, ServeConfig, DEFAULT_PORT};
+use crate::report::summary::Summary;
 use crate::transfer::dest::{ReceivePolicy, Requested, SymlinkPolicy, UserFlags};
 use crate::transfer::exclude::Excludes;
 use crate::transfer::manifest::RelPath;
@@ -562,7 +563,15 @@ pub(super) fn not_sent_and_resent(
     s
 }
 
-fn report_text(r: &SendReport) -> String {
+/// A send's `--json` report with its connections' summaries as `streams`.
+fn with_streams(mut report: serde_json::Value, streams: &[Summary]) -> Result<serde_json::Value> {
+    if let Some(m) = report.as_object_mut() {
+        m.insert("streams".into(), serde_json::to_value(streams)?);
+    }
+    Ok(report)
+}
+
+fn report_text(r: &SendReport, streams: &[Summary]) -> String {
     let mut s = format!(
         "atou: sent {} file{}{} ({} dir{}, {} symlink{}) to {}: {} in {:.2} s, {}",
         r.files,
@@ -603,7 +612,7 @@ fn report_text(r: &SendReport) -> String {
     } else {
         s += "\natou: every file verified at the receiver (BLAKE3 per chunk and per file)\n";
     }
-    for (i, t) in r.streams.iter().enumerate() {
+    for (i, t) in streams.iter().enumerate() {
         s += &format!(
             "stream {}: {} in {:.2} s, {}; segments {} rxmts {} timeouts {} srtt {:.3} ms cwnd {}\n",
             i + 1,
@@ -716,9 +725,18 @@ pub(super) fn run_send_from(
     let hint = PathHint::new(args.no_path_cache, config.peer.ip(), pinned_key);
     config.path_memory = hint.recall();
     let result = crate::transfer::send::send_from(sources, &config, progress.clone(), from);
-    if let Ok(report) = &result {
-        hint.remember(&report.streams);
-    }
+    // The end-of-run summary of each connection, from what it measured.
+    let streams: Vec<Summary> = result.as_ref().map_or_else(
+        |_| Vec::new(),
+        |report| {
+            report
+                .streams
+                .iter()
+                .map(|s| Summary::from_client(&s.transport, &s.end, &config.host, &config.tuning))
+                .collect()
+        },
+    );
+    hint.remember(&streams);
     let status = match &result {
         Ok(_) => Exit::Ok,
         Err(e) => e.fault().into(),
@@ -741,14 +759,14 @@ pub(super) fn run_send_from(
         Ok(report) => {
             if args.json {
                 print_stdout(&exit::json_text(
-                    &exit::json_report(&report, status)?,
+                    &with_streams(exit::json_report(&report, status)?, &streams)?,
                     machine,
                 ))?;
             } else if !args.quiet {
                 if report.dry_run.is_some() {
                     print_stdout(&dry_run_text(&report))?;
                 } else {
-                    eprint!("{}", report_text(&report));
+                    eprint!("{}", report_text(&report, &streams));
                 }
             }
         }

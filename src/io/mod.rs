@@ -23,6 +23,7 @@ pub(crate) mod netem;
 pub(crate) mod socket;
 pub(crate) mod tun;
 
+use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -42,7 +43,7 @@ use crate::proto::{
     Client, Closed, ConnError, ConnReport, Notice, PatternSource, PayloadSource, Server,
     ServerLimits, ServerStats, Time, Tuning,
 };
-use crate::proto::{Observer, PathMemory, SenderSnapshot, SenderStats};
+use crate::proto::{Observer, PathMemory, ReceiverStats, SenderSnapshot, SenderStats};
 
 /// Default UDP port, as atou's.
 pub const DEFAULT_PORT: u16 = 7890;
@@ -362,6 +363,29 @@ pub struct ClientReport {
     pub handshake: Option<Duration>,
     /// Datagrams that failed to open, by reason.
     pub crypto_drops: DropCounters,
+}
+
+/// How a client's connection ended, as its summary tells it: kept apart
+/// from the outcome, which carries the reply and an error the caller
+/// consumes.
+#[derive(Debug, Clone)]
+pub enum ClientEnd {
+    /// The data was all acknowledged; `peer` holds the server's counters
+    /// from its close acknowledgement, `None` when the close went
+    /// unanswered.
+    Closed { peer: Option<ReceiverStats> },
+    /// The connection failed, for this reason.
+    Failed { why: String },
+}
+
+impl ClientEnd {
+    /// How `outcome` ended, without taking it.
+    pub fn of<E: fmt::Display>(outcome: &Result<Closed, E>) -> ClientEnd {
+        match outcome {
+            Ok(closed) => ClientEnd::Closed { peer: closed.peer },
+            Err(e) => ClientEnd::Failed { why: e.to_string() },
+        }
+    }
 }
 
 /// The address tokens `--no-auth` servers gave this process (their retry,

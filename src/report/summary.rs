@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::io::ClientReport;
+use crate::io::{ClientEnd, ClientReport};
 use crate::netem::NetemStats;
 use crate::proto::congestion::CcReport;
 use crate::proto::events::Thresh;
 use crate::proto::tuning::KNOBS;
-use crate::proto::{Closed, PathMemory, ReceiverStats, SenderSnapshot, SenderStats, Tuning};
+use crate::proto::{PathMemory, ReceiverStats, SenderSnapshot, SenderStats, Tuning};
 
 /// What the simulator adds: the paths and what they did.
 #[derive(Debug, Clone, Serialize)]
@@ -208,18 +208,18 @@ impl Summary {
     /// The summary of a real-socket connection to `peer_name` (the peer
     /// as the user named it) that got as far as sending: what it
     /// measured, and how it ended. The sockets are the caller's to add.
-    pub fn from_client<E: fmt::Display>(
+    pub fn from_client(
         report: &ClientReport,
-        outcome: &Result<Closed, E>,
+        end: &ClientEnd,
         peer_name: &str,
         tuning: &Tuning,
     ) -> Summary {
-        let status = match outcome {
-            Ok(Closed { peer: Some(_), .. }) => "finished".to_string(),
-            Ok(Closed { peer: None, .. }) => {
+        let status = match end {
+            ClientEnd::Closed { peer: Some(_) } => "finished".to_string(),
+            ClientEnd::Closed { peer: None } => {
                 "finished (all data acknowledged; the close was not)".to_string()
             }
-            Err(e) => format!("failed: {e}"),
+            ClientEnd::Failed { why } => format!("failed: {why}"),
         };
         let mut s = Summary::new(
             format!("{} => {peer_name}", local_name()),
@@ -237,7 +237,7 @@ impl Summary {
             handshake_secs: report.handshake.map(|d| d.as_secs_f64()),
             dropped: report.crypto_drops.total(),
         });
-        if let Ok(Closed { peer: Some(p), .. }) = outcome {
+        if let ClientEnd::Closed { peer: Some(p) } = end {
             s.receiver = Some(*p);
         }
         s

@@ -8,10 +8,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::{Bound, Progress, SendConfig, SendError, StreamLive, TraceTaker};
-use crate::io::{self, fresh_conn_id, ProbeConfig, ProbeError, StreamFeed};
+use super::{Bound, Progress, SendConfig, SendError, StreamLive, StreamReport, TraceTaker};
+use crate::io::{self, fresh_conn_id, ClientEnd, ProbeConfig, ProbeError, StreamFeed};
 use crate::proto::{Observer, PayloadSource};
-use crate::report::summary::Summary;
 
 /// Coming back to a busy receiver: pauses of 0.5, 1, 2, 4, then 8 s (or
 /// the receiver's hint, if longer), each stretched by a random factor
@@ -194,7 +193,7 @@ pub(super) struct Link<'a> {
 }
 
 /// Runs one connection of the session carrying `len` bytes of `feed`;
-/// returns the reply and the transport's summary. A connection turned
+/// returns the reply and the transport's report. A connection turned
 /// away busy is tried again, within `--wait-busy`.
 pub(super) fn run_conn<F: StreamFeed>(
     link: Link<'_>,
@@ -202,15 +201,15 @@ pub(super) fn run_conn<F: StreamFeed>(
     feed: &mut F,
     ending: Ending,
     data: Option<DataConn<'_>>,
-) -> (Result<Vec<u8>, SendError>, Option<Summary>) {
+) -> (Result<Vec<u8>, SendError>, Option<StreamReport>) {
     let mut busy = BusyWait::default();
     loop {
-        let (result, summary) = run_conn_once(link, len, feed, ending, data);
+        let (result, stream) = run_conn_once(link, len, feed, ending, data);
         match &result {
             Err(e)
                 if refused_busy(e)
                     && busy.pause(link.config, link.stop, Duration::ZERO, &e.to_string()) => {}
-            _ => return (result, summary),
+            _ => return (result, stream),
         }
     }
 }
@@ -221,7 +220,7 @@ fn run_conn_once<F: StreamFeed>(
     feed: &mut F,
     ending: Ending,
     data: Option<DataConn<'_>>,
-) -> (Result<Vec<u8>, SendError>, Option<Summary>) {
+) -> (Result<Vec<u8>, SendError>, Option<StreamReport>) {
     let Link {
         config, from, stop, ..
     } = link;
@@ -255,9 +254,10 @@ fn run_conn_once<F: StreamFeed>(
     let result = runtime().block_on(io::connect_from(socket, probe, feed, &mut watch, stopped));
     // The connection's trace is complete: its taker may finish it.
     drop(watch);
-    let summary = result
-        .report
-        .map(|r| Summary::from_client(&r, &result.outcome, &config.host, &config.tuning));
+    let stream = result.report.map(|transport| StreamReport {
+        transport,
+        end: ClientEnd::of(&result.outcome),
+    });
     let reply = match result.outcome {
         Ok(closed) => closed.reply.ok_or_else(|| SendError::Failed {
             host: config.host.clone(),
@@ -267,7 +267,7 @@ fn run_conn_once<F: StreamFeed>(
         Err(ProbeError::Source(why)) => Err(SendError::Source(why)),
         Err(e) => Err(SendError::Conn(e)),
     };
-    (reply, summary)
+    (reply, stream)
 }
 
 fn probe_config(

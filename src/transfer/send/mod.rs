@@ -34,9 +34,8 @@ use super::exclude::Excludes;
 use super::manifest::{RelPath, WalkError};
 use super::messages::{encode_abort, Options, Outcome};
 use super::shard::Shard;
-use crate::io::ProbeError;
+use crate::io::{ClientEnd, ClientReport, ProbeError};
 use crate::proto::Tuning;
-use crate::report::summary::Summary;
 
 #[derive(Debug, Error)]
 pub enum SendError {
@@ -286,12 +285,25 @@ pub struct SendReport {
     pub rounds: usize,
     /// Every file verified by the receiver (BLAKE3 per chunk and per file).
     pub verified: bool,
-    /// One transport summary per connection that carried data.
-    pub streams: Vec<Summary>,
+    /// One transport report per connection that carried data, for the
+    /// caller's summary (`--json` prints them as summaries).
+    #[serde(skip)]
+    pub streams: Vec<StreamReport>,
     /// A dry run's answer, file by file in manifest order; `None` for a
     /// real run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<Vec<PlannedFile>>,
+}
+
+/// One data connection's transport figures and how it ended: what the
+/// caller builds its end-of-run summary from
+/// (`report::summary::Summary::from_client`).
+#[derive(Debug, Clone)]
+pub struct StreamReport {
+    /// What the connection measured, from its first hello to its end.
+    pub transport: ClientReport,
+    /// How it ended.
+    pub end: ClientEnd,
 }
 
 /// What a dry run found the receiver would do with one file.

@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 
 use super::conn::{ask, run_conn, BusyWait, DataConn, Ending, Link};
 use super::readers::{FileFeed, Readers, Shown, Siblings};
-use super::{Bound, PlannedFile, Progress, SendConfig, SendError, SendReport, StreamLive};
+use super::{
+    Bound, PlannedFile, Progress, SendConfig, SendError, SendReport, StreamLive, StreamReport,
+};
 use crate::io::fresh_conn_id;
-use crate::report::summary::Summary;
 use crate::transfer::hash::{chunk_count, chunk_len, file_hash, part_digest, Cv, CHUNK_SIZE};
 use crate::transfer::layout::CV_LEN;
 use crate::transfer::manifest::{manifest_of, walk, EntryKind, LocalEntry, Manifest};
@@ -327,7 +328,7 @@ fn run_stream(
         stream,
         live: live.as_deref(),
     };
-    let (reply, summary) = run_conn(link, len, &mut feed, ending, Some(data));
+    let (reply, stream) = run_conn(link, len, &mut feed, ending, Some(data));
     // Whatever was acknowledged but not yet counted.
     feed.count_rest();
     let host = &link.config.host;
@@ -336,7 +337,7 @@ fn run_stream(
             .and_then(|r| outcome(host, &r))
             .and_then(|bad| carried(host, share, bad)),
         cvs: feed.take_values(),
-        summary,
+        stream,
         sent,
     }
 }
@@ -347,7 +348,7 @@ struct StreamResult {
     /// stream failed.
     bad: Result<Vec<ChunkRef>, SendError>,
     cvs: Vec<(ChunkRef, Cv)>,
-    summary: Option<Summary>,
+    stream: Option<StreamReport>,
     /// File bytes the stream carried.
     sent: u64,
 }
@@ -722,8 +723,8 @@ struct Tally {
     /// File bytes sent (a chunk sent twice counts twice).
     bytes_sent: u64,
     chunks_resent: u64,
-    /// One transport summary per connection that carried data.
-    streams: Vec<Summary>,
+    /// One transport report per connection that carried data.
+    streams: Vec<StreamReport>,
 }
 
 impl Tally {
@@ -762,7 +763,7 @@ impl Tally {
         let mut bad = Vec::new();
         let mut first_error = None;
         for r in results {
-            self.streams.extend(r.summary);
+            self.streams.extend(r.stream);
             self.bytes_sent += r.sent;
             for (c, cv) in r.cvs {
                 values.record(c, cv);
@@ -894,7 +895,7 @@ mod tests {
         StreamResult {
             bad,
             cvs,
-            summary: None,
+            stream: None,
             sent: 1000,
         }
     }
