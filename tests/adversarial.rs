@@ -31,6 +31,7 @@ use atou::internals::wire::{
 };
 use atou::io::{self, fresh_conn_id, ProbeConfig, StreamFeed};
 use atou::Tuning;
+use common::TestDir;
 use netem_support::{say, Daemon, ATOU};
 
 /// The path cache of the atou processes this test starts: its own, so
@@ -41,33 +42,13 @@ fn atou_bin() -> String {
     std::env::var("ATOU_UNDER_TEST").unwrap_or_else(|_| ATOU.to_string())
 }
 
-/// A scratch directory with DEST and a sibling OUTSIDE that nothing may touch.
-struct Scratch {
-    root: PathBuf,
-}
-
-impl Scratch {
-    fn new(test: &str) -> Scratch {
-        let root = std::env::temp_dir().join(format!("atou-adv-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(root.join("dest")).unwrap();
-        std::fs::create_dir_all(root.join("outside")).unwrap();
-        Scratch { root }
-    }
-    fn dest(&self) -> PathBuf {
-        self.root.join("dest")
-    }
-    fn outside(&self) -> PathBuf {
-        self.root.join("outside")
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.root);
-        }
-    }
+/// A directory of the test's own holding DEST and a sibling OUTSIDE that
+/// nothing may touch.
+fn dest_and_outside(test: &str) -> TestDir {
+    let dir = TestDir::new(&format!("adv-{test}"));
+    dir.dir("dest");
+    dir.dir("outside");
+    dir
 }
 
 /// `atou serve --dir DEST` on a loopback port; its stdout lines kept.
@@ -339,12 +320,12 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, u32, u64, [u8; 32])> {
 #[test]
 fn a_symlink_named_like_a_partial_file_cannot_truncate_or_chmod_a_file_outside() {
     for policy in [&[][..], &["--symlinks", "all", "--allow-special-bits"][..]] {
-        let scratch = Scratch::new("partial-symlink");
-        let victim = scratch.outside().join("victim");
+        let scratch = dest_and_outside("partial-symlink");
+        let victim = scratch.path("outside").join("victim");
         std::fs::write(&victim, b"precious").unwrap();
         std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let before = snapshot(&scratch.outside());
-        let s = Serve::start(&scratch.dest(), policy);
+        let before = snapshot(&scratch.path("outside"));
+        let s = Serve::start(&scratch.path("dest"), policy);
         let session = session_id();
         let entries = vec![
             entry(
@@ -363,12 +344,16 @@ fn a_symlink_named_like_a_partial_file_cannot_truncate_or_chmod_a_file_outside()
         say(&format!(
             "policy {policy:?}: plan {planned:?}, finish {finished:?}"
         ));
-        assert_eq!(snapshot(&scratch.outside()), before, "outside DEST changed");
+        assert_eq!(
+            snapshot(&scratch.path("outside")),
+            before,
+            "outside DEST changed"
+        );
         if finished.is_ok() {
             // Everything arrived as named, and nothing was followed.
-            let x = std::fs::symlink_metadata(scratch.dest().join("x")).unwrap();
+            let x = std::fs::symlink_metadata(scratch.path("dest").join("x")).unwrap();
             assert!(x.is_file() && x.len() == 0);
-            let link = std::fs::symlink_metadata(scratch.dest().join("x.atou-part")).unwrap();
+            let link = std::fs::symlink_metadata(scratch.path("dest").join("x.atou-part")).unwrap();
             assert!(link.file_type().is_symlink());
         }
     }
@@ -379,8 +364,8 @@ fn a_symlink_named_like_a_partial_file_cannot_truncate_or_chmod_a_file_outside()
 /// go nowhere outside, and the transfer fails naming the symlink.
 #[test]
 fn a_directory_swapped_for_a_symlink_mid_transfer_redirects_nothing() {
-    let scratch = Scratch::new("dir-swap");
-    let s = Serve::start(&scratch.dest(), &[]);
+    let scratch = dest_and_outside("dir-swap");
+    let s = Serve::start(&scratch.path("dest"), &[]);
     let session = session_id();
     let data = b"planted by a race".to_vec();
     let entries = vec![
@@ -394,14 +379,14 @@ fn a_directory_swapped_for_a_symlink_mid_transfer_redirects_nothing() {
         ),
     ];
     send_plan(&s, session, entries, own(false)).expect("the plan is fine");
-    let d = scratch.dest().join("d");
-    std::fs::rename(&d, scratch.root.join("moved-away")).unwrap();
-    symlink(scratch.outside(), &d).unwrap();
+    let d = scratch.path("dest").join("d");
+    std::fs::rename(&d, scratch.root().join("moved-away")).unwrap();
+    symlink(scratch.path("outside"), &d).unwrap();
     let sent = send_chunk(&s, session, 0, data.len() as u64, &data);
     let finished = send_finish(&s, session, &[hash_of(&data)]);
     say(&format!("data {sent:?}, finish {finished:?}"));
     assert!(
-        std::fs::read_dir(scratch.outside())
+        std::fs::read_dir(scratch.path("outside"))
             .unwrap()
             .next()
             .is_none(),
@@ -415,8 +400,8 @@ fn a_directory_swapped_for_a_symlink_mid_transfer_redirects_nothing() {
 /// server's umask applies, whatever the manifest says.
 #[test]
 fn setuid_setgid_and_sticky_bits_from_a_sender_are_cleared() {
-    let scratch = Scratch::new("modes");
-    let s = Serve::start(&scratch.dest(), &[]);
+    let scratch = dest_and_outside("modes");
+    let s = Serve::start(&scratch.path("dest"), &[]);
     let session = session_id();
     let data = b"#!/bin/sh\necho owned\n".to_vec();
     let entries = vec![
@@ -432,7 +417,12 @@ fn setuid_setgid_and_sticky_bits_from_a_sender_are_cleared() {
     send_plan(&s, session, entries, own(false)).unwrap();
     send_chunk(&s, session, 0, data.len() as u64, &data).unwrap();
     send_finish(&s, session, &[hash_of(&data)]).unwrap();
-    let mode = |p: &str| std::fs::metadata(scratch.dest().join(p)).unwrap().mode() & 0o7777;
+    let mode = |p: &str| {
+        std::fs::metadata(scratch.path("dest").join(p))
+            .unwrap()
+            .mode()
+            & 0o7777
+    };
     assert_eq!(mode("bin/sh"), 0o755);
     assert_eq!(mode("bin"), 0o755);
 }
@@ -441,9 +431,9 @@ fn setuid_setgid_and_sticky_bits_from_a_sender_are_cleared() {
 /// no, names the option, and the file is untouched.
 #[test]
 fn a_sender_cannot_overwrite_unless_the_server_allows_it() {
-    let scratch = Scratch::new("overwrite");
-    std::fs::write(scratch.dest().join("keep"), b"mine").unwrap();
-    let s = Serve::start(&scratch.dest(), &[]);
+    let scratch = dest_and_outside("overwrite");
+    std::fs::write(scratch.path("dest").join("keep"), b"mine").unwrap();
+    let s = Serve::start(&scratch.path("dest"), &[]);
     let why = send_plan(
         &s,
         session_id(),
@@ -452,15 +442,18 @@ fn a_sender_cannot_overwrite_unless_the_server_allows_it() {
     )
     .expect_err("refused");
     assert!(why.contains("--allow-overwrite"), "{why}");
-    assert_eq!(std::fs::read(scratch.dest().join("keep")).unwrap(), b"mine");
+    assert_eq!(
+        std::fs::read(scratch.path("dest").join("keep")).unwrap(),
+        b"mine"
+    );
 }
 
 /// A symlink whose target leaves DEST is refused by a server for others
 /// (rsync's --safe-links), before anything is written.
 #[test]
 fn a_symlink_leaving_dest_is_refused_by_default() {
-    let scratch = Scratch::new("unsafe-link");
-    let s = Serve::start(&scratch.dest(), &[]);
+    let scratch = dest_and_outside("unsafe-link");
+    let s = Serve::start(&scratch.path("dest"), &[]);
     for target in ["/etc/passwd", "../outside", "a/../../x"] {
         let why = send_plan(
             &s,
@@ -476,7 +469,7 @@ fn a_symlink_leaving_dest_is_refused_by_default() {
         )
         .expect_err("refused");
         assert!(why.contains("--symlinks all"), "{target}: {why}");
-        assert!(std::fs::symlink_metadata(scratch.dest().join("l")).is_err());
+        assert!(std::fs::symlink_metadata(scratch.path("dest").join("l")).is_err());
     }
 }
 
@@ -489,8 +482,8 @@ fn a_symlink_leaving_dest_is_refused_by_default() {
 /// session id left their bytes in place while the finish failed.
 #[test]
 fn a_file_takes_its_final_name_only_after_its_hash_matches_at_the_finish() {
-    let scratch = Scratch::new("early-rename");
-    let s = Serve::start(&scratch.dest(), &[]);
+    let scratch = dest_and_outside("early-rename");
+    let s = Serve::start(&scratch.path("dest"), &[]);
     let session = session_id();
     let data = b"not what the sender has".to_vec();
     let size = data.len() as u64;
@@ -504,7 +497,7 @@ fn a_file_takes_its_final_name_only_after_its_hash_matches_at_the_finish() {
     send_chunk(&s, session, 0, size, &data).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     assert!(
-        !scratch.dest().join("f").exists(),
+        !scratch.path("dest").join("f").exists(),
         "in place before the finish"
     );
     // Told as a mismatch, not as a failure of the receiver: the sender's
@@ -515,7 +508,7 @@ fn a_file_takes_its_final_name_only_after_its_hash_matches_at_the_finish() {
         other => panic!("expected a hash mismatch, got {other:?}"),
     }
     assert!(
-        !scratch.dest().join("f").exists(),
+        !scratch.path("dest").join("f").exists(),
         "in place after a failed finish"
     );
 }
@@ -528,15 +521,15 @@ fn a_file_takes_its_final_name_only_after_its_hash_matches_at_the_finish() {
 /// rest on disk against the record.
 #[test]
 fn a_session_sending_part_of_a_file_writes_only_its_part_and_cannot_name_it_alone() {
-    let scratch = Scratch::new("parts");
-    let s = Serve::start(&scratch.dest(), &[]);
+    let scratch = dest_and_outside("parts");
+    let s = Serve::start(&scratch.path("dest"), &[]);
     let size = CHUNK_SIZE + 10;
     let data: Vec<u8> = (0..size).map(|i| (i % 253) as u8).collect();
     let (head, tail) = data.split_at(CHUNK_SIZE as usize);
     let files = || vec![entry("f", EntryKind::File { size }, 0o644)];
     let part = |chunks| vec![FilePart { file: 0, chunks }];
     let staged_bytes = || -> u64 {
-        std::fs::read_dir(scratch.dest().join(".atou-staging"))
+        std::fs::read_dir(scratch.path("dest").join(".atou-staging"))
             .unwrap()
             .map(|e| e.unwrap().path())
             .filter(|p| p.extension().is_some_and(|x| x == "part"))
@@ -562,7 +555,7 @@ fn a_session_sending_part_of_a_file_writes_only_its_part_and_cannot_name_it_alon
     let digest = part_digest(size, 0, &[chunk_cv(size, 0, head)]);
     send_finish(&s, ours, &[digest]).unwrap();
     assert!(
-        !scratch.dest().join("f").exists(),
+        !scratch.path("dest").join("f").exists(),
         "one part of two took the file's name"
     );
 
@@ -571,9 +564,9 @@ fn a_session_sending_part_of_a_file_writes_only_its_part_and_cannot_name_it_alon
     send_chunk_at(&s, last, 0, size, 1, tail).unwrap();
     let digest = part_digest(size, 1, &[chunk_cv(size, 1, tail)]);
     send_finish(&s, last, &[digest]).unwrap();
-    assert_eq!(std::fs::read(scratch.dest().join("f")).unwrap(), data);
+    assert_eq!(std::fs::read(scratch.path("dest").join("f")).unwrap(), data);
     assert_eq!(
-        std::fs::read_dir(scratch.dest().join(".atou-staging"))
+        std::fs::read_dir(scratch.path("dest").join(".atou-staging"))
             .unwrap()
             .count(),
         0,
@@ -661,8 +654,8 @@ fn segment(conn_id: u64, seg: u64, payload: &[u8], fin: bool) -> Vec<u8> {
 /// segments, each zero-filling the request buffer up to it.
 #[test]
 fn far_offsets_in_a_request_stream_allocate_nothing() {
-    let scratch = Scratch::new("far-offsets");
-    let mut s = Serve::start(&scratch.dest(), &[]);
+    let scratch = dest_and_outside("far-offsets");
+    let mut s = Serve::start(&scratch.path("dest"), &[]);
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let (mss, conn) = (1472u32, fresh_conn_id());
     let payload = u64::from(mss) - DATA_HEADER_LEN as u64;
@@ -696,8 +689,8 @@ fn far_offsets_in_a_request_stream_allocate_nothing() {
 /// server's to grant, so memory stays within its budget.
 #[test]
 fn one_segment_per_chunk_across_a_huge_window_pins_no_more_than_the_budget() {
-    let scratch = Scratch::new("chunk-pin");
-    let mut s = Serve::start(&scratch.dest(), &["--max-window", "16MiB"]);
+    let scratch = dest_and_outside("chunk-pin");
+    let mut s = Serve::start(&scratch.path("dest"), &["--max-window", "16MiB"]);
     let session = session_id();
     let size = 900u64 << 20;
     send_plan(
@@ -753,8 +746,8 @@ fn one_segment_per_chunk_across_a_huge_window_pins_no_more_than_the_budget() {
 /// full server says "busy", and the refusals do not flood the log.
 #[test]
 fn a_flood_of_hellos_from_one_address_does_not_lock_out_another() {
-    let scratch = Scratch::new("hello-flood");
-    let mut s = Serve::start(&scratch.dest(), &["--json"]);
+    let scratch = dest_and_outside("hello-flood");
+    let mut s = Serve::start(&scratch.path("dest"), &["--json"]);
     let flood = UdpSocket::bind("127.0.0.2:0").unwrap();
     let t = token(&flood, s.addr);
     for _ in 0..4096 {
@@ -767,7 +760,7 @@ fn a_flood_of_hellos_from_one_address_does_not_lock_out_another() {
     }
     std::thread::sleep(Duration::from_millis(300));
     // A real sender from another address.
-    let src = scratch.root.join("src");
+    let src = scratch.root().join("src");
     std::fs::write(&src, b"hello").unwrap();
     let t0 = Instant::now();
     let out = Command::new(atou_bin())
@@ -810,8 +803,8 @@ fn a_flood_of_hellos_from_one_address_does_not_lock_out_another() {
 /// (as root, SO_RCVBUFFORCE would grant it).
 #[test]
 fn a_hello_cannot_grow_the_servers_socket_buffer() {
-    let scratch = Scratch::new("rcvbuf");
-    let s = Serve::start(&scratch.dest(), &["--rcvbuf", "1MiB"]);
+    let scratch = dest_and_outside("rcvbuf");
+    let s = Serve::start(&scratch.path("dest"), &["--rcvbuf", "1MiB"]);
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let t = token(&sock, s.addr);
     sock.send_to(
@@ -838,8 +831,8 @@ fn a_hello_cannot_grow_the_servers_socket_buffer() {
 /// answers "busy", and the thread count stays put.
 #[test]
 fn many_plans_at_once_get_a_bounded_pool_not_a_thread_each() {
-    let scratch = Scratch::new("plans");
-    let mut s = Serve::start(&scratch.dest(), &["--max-sessions-per-ip", "1000"]);
+    let scratch = dest_and_outside("plans");
+    let mut s = Serve::start(&scratch.path("dest"), &["--max-sessions-per-ip", "1000"]);
     let base = s.threads();
     let addr = s.addr;
     let handles: Vec<_> = (0..48)
@@ -870,14 +863,14 @@ fn many_plans_at_once_get_a_bounded_pool_not_a_thread_each() {
 /// anything is created, naming the option.
 #[test]
 fn a_manifest_over_the_servers_entry_budget_is_refused() {
-    let scratch = Scratch::new("max-files");
-    let s = Serve::start(&scratch.dest(), &["--max-files", "5"]);
+    let scratch = dest_and_outside("max-files");
+    let s = Serve::start(&scratch.path("dest"), &["--max-files", "5"]);
     let entries = (0..10)
         .map(|k| entry(&format!("d{k}"), EntryKind::Dir, 0o755))
         .collect();
     let why = send_plan(&s, session_id(), entries, own(false)).expect_err("refused");
     assert!(why.contains("--max-files"), "{why}");
-    assert!(!scratch.dest().join("d0").exists());
+    assert!(!scratch.path("dest").join("d0").exists());
 }
 
 // ---------------------------------------------------------------------------
@@ -888,8 +881,8 @@ fn a_manifest_over_the_servers_entry_budget_is_refused() {
 /// verified" line and terminal escapes. It is escaped now.
 #[test]
 fn an_abort_text_cannot_forge_a_log_line_or_drive_the_terminal() {
-    let scratch = Scratch::new("log");
-    let s = Serve::start(&scratch.dest(), &[]);
+    let scratch = dest_and_outside("log");
+    let s = Serve::start(&scratch.path("dest"), &[]);
     let session = session_id();
     send_plan(
         &s,
@@ -1042,8 +1035,8 @@ mod sans_io {
     /// late results index past its slots (a panic, exit 101).
     #[test]
     fn a_reused_connection_id_after_an_idle_timeout_does_not_panic_the_receiver() {
-        let scratch = Scratch::new("reused-id");
-        let mut rig = Rig::new(&scratch.dest());
+        let scratch = dest_and_outside("reused-id");
+        let mut rig = Rig::new(&scratch.path("dest"));
         let from: SocketAddr = "127.0.0.1:5000".parse().unwrap();
         let session = 77;
         let size = 4u64 << 20;
@@ -1109,9 +1102,9 @@ mod sans_io {
 /// no partial file, no file).
 #[test]
 fn a_dry_run_cannot_be_continued_into_a_write() {
-    let scratch = Scratch::new("dry-run-continued");
-    let s = Serve::start(&scratch.dest(), &[]);
-    let before = snapshot(&scratch.dest());
+    let scratch = dest_and_outside("dry-run-continued");
+    let s = Serve::start(&scratch.path("dest"), &[]);
+    let before = snapshot(&scratch.path("dest"));
     let session = session_id();
     let data = b"payload";
     send_plan(
@@ -1135,6 +1128,6 @@ fn a_dry_run_cannot_be_continued_into_a_write() {
         send_finish(&s, session, &[hash_of(data)]).is_err(),
         "finish after a dry run"
     );
-    assert_eq!(snapshot(&scratch.dest()), before);
-    assert!(!scratch.dest().join("d").exists());
+    assert_eq!(snapshot(&scratch.path("dest")), before);
+    assert!(!scratch.path("dest").join("d").exists());
 }

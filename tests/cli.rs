@@ -1,5 +1,7 @@
 //! `atou sim` as a person and a script use it.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
@@ -24,10 +26,10 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// `name` in this suite's directory, which is kept, as it always was.
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("atou-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| common::kept_dir("cli")).join(name)
 }
 
 const LOSSY: &[&str] = &[
@@ -335,8 +337,8 @@ fn security_md_documents_every_receiver_flag_with_its_default() {
 /// changed without regenerating them fails here.
 #[test]
 fn man_pages_in_docs_are_current() {
-    let dir = std::env::temp_dir().join(format!("atou-man-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = common::TestDir::new("man");
+    let dir = scratch.path("man");
     let out = atou(&["__man", dir.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let committed = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/man");

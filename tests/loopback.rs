@@ -380,12 +380,11 @@ fn the_server_applies_the_receiver_tuning_from_the_hello() {
 
 #[test]
 fn a_host_recorded_in_known_hosts_never_falls_back_to_cleartext() {
-    let dir = std::env::temp_dir().join(format!("atou-loopback-pinned-{}", std::process::id()));
-    let config = dir.join("config");
-    std::fs::create_dir_all(&config).unwrap();
+    let dir = common::TestDir::new("loopback-pinned");
+    let config = dir.dir("config");
     // A server with no key answers "no key", as anyone could forge.
     let mut server = Server::start_with_config(&[], Some(&config));
-    let known = dir.join("known_hosts");
+    let known = dir.path("known_hosts");
     let key = "atou-x25519 AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
     std::fs::write(&known, format!("{} {key}\n127.0.0.1 {key}\n", server.addr)).unwrap();
     let k = known.to_str().unwrap();
@@ -405,5 +404,4 @@ fn a_host_recorded_in_known_hosts_never_falls_back_to_cleartext() {
     assert!(out.status.success(), "{err}");
     assert!(err.contains("unauthenticated and unencrypted"), "{err}");
     server.kill();
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -2,18 +2,18 @@
 //! under $XDG_CACHE_HOME/atou/paths, a corrupt entry costs a warning and
 //! not the transfer, and `--no-path-cache` neither reads nor writes.
 
+mod common;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const ATOU: &str = env!("CARGO_BIN_EXE_atou");
+use common::{TestDir, ATOU};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("atou-path-cache-cli-{}-{name}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(dir.join("src")).unwrap();
-    fs::write(dir.join("src/f"), vec![7u8; 300_000]).unwrap();
+/// A directory of the test's own holding `src/f`, a file to copy.
+fn with_a_file_to_copy(test: &str) -> TestDir {
+    let dir = TestDir::new(&format!("path-cache-cli-{test}"));
+    fs::write(dir.dir("src").join("f"), vec![7u8; 300_000]).unwrap();
     dir
 }
 
@@ -45,17 +45,18 @@ fn entries(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn no_path_cache_neither_writes_nor_reads_the_cache() {
-    let dir = scratch("off");
-    copy(&dir, &["--no-path-cache"]);
-    assert!(entries(&dir).is_empty(), "written despite --no-path-cache");
-    copy(&dir, &[]);
-    let saved = entries(&dir);
+    let tmp = with_a_file_to_copy("off");
+    let dir = tmp.root();
+    copy(dir, &["--no-path-cache"]);
+    assert!(entries(dir).is_empty(), "written despite --no-path-cache");
+    copy(dir, &[]);
+    let saved = entries(dir);
     assert_eq!(saved.len(), 1, "one entry for 127.0.0.1: {saved:?}");
     let text = fs::read_to_string(&saved[0]).unwrap();
     assert!(text.starts_with("atou-path-memory 1\n"), "{text}");
     // A corrupt entry is not read with --no-path-cache (no warning) ...
     fs::write(&saved[0], "atou-path-memory 1\nsrtt_us banana\n").unwrap();
-    let quiet = copy(&dir, &["--no-path-cache"]);
+    let quiet = copy(dir, &["--no-path-cache"]);
     assert!(
         quiet.stderr.is_empty(),
         "{}",
@@ -67,7 +68,7 @@ fn no_path_cache_neither_writes_nor_reads_the_cache() {
         "nor rewritten"
     );
     // ... and without it, costs a warning, not the transfer, and is replaced.
-    let warned = copy(&dir, &[]);
+    let warned = copy(dir, &[]);
     let stderr = String::from_utf8_lossy(&warned.stderr);
     assert!(
         stderr.contains("warning: ignoring the path cache entry"),
@@ -78,5 +79,4 @@ fn no_path_cache_neither_writes_nor_reads_the_cache() {
         text.contains("srtt_us "),
         "replaced by a good entry: {text}"
     );
-    fs::remove_dir_all(&dir).unwrap();
 }

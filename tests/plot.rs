@@ -251,10 +251,11 @@ fn atou(args: &[&str]) -> Output {
         .expect("run atou")
 }
 
+/// `name` in this suite's directory, which is kept: its plots are for
+/// looking at.
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("atou-plot-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| common::kept_dir("plot")).join(name)
 }
 
 /// `sim --plot` draws from the records in memory, `atou plot` from the

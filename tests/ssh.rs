@@ -17,47 +17,22 @@ use std::io::Write;
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use common::say;
+use common::{say, TestDir, ATOU};
 
 /// The path cache of the atou processes this test starts: its own, so
 /// that neither the user's entries nor another test's hint its runs.
 const TEST_CACHE: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/path-cache-", module_path!());
 
-const ATOU: &str = env!("CARGO_BIN_EXE_atou");
 const MIB: usize = 1 << 20;
 
-/// A directory of the test's own; removed when the test passes.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(test: &str) -> Scratch {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let root =
-            std::env::temp_dir().join(format!("atou-ssh-{test}-{}-{nanos:09}", std::process::id()));
-        fs::create_dir_all(&root).unwrap();
-        // sshd's user must reach it (StrictModes is off, but not root's 0700 tmp).
-        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
-        Scratch(root)
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.0.join(rel)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            say(&format!("  scratch kept: {}", self.0.display()));
-        } else {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
+/// A directory of the test's own that sshd's user can reach (StrictModes
+/// is off, but root's temporary directories are 0700).
+fn dir_for_sshd(test: &str) -> TestDir {
+    let dir = TestDir::new(&format!("ssh-{test}"));
+    fs::set_permissions(dir.root(), fs::Permissions::from_mode(0o755)).unwrap();
+    dir
 }
 
 fn run(cmd: &mut Command) -> Output {
@@ -379,8 +354,8 @@ fn free_udp_pair() -> u16 {
 
 #[test]
 fn push_and_pull_a_tree_and_leave_no_port_open() {
-    let s = Scratch::new("tree");
-    let Some(sshd) = Sshd::start(&s.0, "push_and_pull_a_tree") else {
+    let s = dir_for_sshd("tree");
+    let Some(sshd) = Sshd::start(s.root(), "push_and_pull_a_tree") else {
         return;
     };
     let src = s.path("data");
@@ -431,17 +406,23 @@ fn push_and_pull_a_tree_and_leave_no_port_open() {
     // A relative remote path is under the remote user's home, as scp's;
     // `~/` means the same. (A directory of the test's own there, removed.)
     let Some(home) = std::env::var_os("HOME").map(PathBuf::from) else {
-        say("push_and_pull_a_tree: no HOME; the relative-path case is not run");
+        common::cannot_run(
+            "push_and_pull_a_tree (a path relative to the remote home)",
+            "no HOME",
+        );
         return;
     };
-    let name = format!(".atou-ssh-test-{}", std::process::id());
-    let in_home = Scratch(home.join(&name));
+    let in_home = tempfile::Builder::new()
+        .prefix(".atou-ssh-test-")
+        .tempdir_in(&home)
+        .unwrap();
+    let name = in_home.path().file_name().unwrap().to_str().unwrap();
     let out = run(&mut sshd.copy(&[
         src.join("one").to_str().unwrap(),
         &format!("{}@127.0.0.1:{name}/in", sshd.user),
     ]));
     assert!(out.status.success(), "relative push: {}", text(&out));
-    assert_eq!(fs::read(in_home.0.join("in/one")).unwrap(), b"1");
+    assert_eq!(fs::read(in_home.path().join("in/one")).unwrap(), b"1");
     let out = run(&mut sshd.copy(&[
         &format!("{}@127.0.0.1:~/{name}/in/one", sshd.user),
         s.path("rel").to_str().unwrap(),
@@ -452,8 +433,8 @@ fn push_and_pull_a_tree_and_leave_no_port_open() {
 
 #[test]
 fn no_atou_on_the_remote_and_a_failing_ssh_say_so_and_write_nothing() {
-    let s = Scratch::new("errors");
-    let Some(sshd) = Sshd::start(&s.0, "no_atou_on_the_remote") else {
+    let s = dir_for_sshd("errors");
+    let Some(sshd) = Sshd::start(s.root(), "no_atou_on_the_remote") else {
         return;
     };
     let src = s.path("data");
@@ -566,8 +547,8 @@ fn remote_pid(marker: &Path) -> Option<u32> {
 
 #[test]
 fn a_transfer_killed_at_either_end_completes_when_run_again() {
-    let s = Scratch::new("resume");
-    let Some(sshd) = Sshd::start(&s.0, "a_transfer_killed_at_either_end") else {
+    let s = dir_for_sshd("resume");
+    let Some(sshd) = Sshd::start(s.root(), "a_transfer_killed_at_either_end") else {
         return;
     };
     let src = s.path("data");
@@ -665,18 +646,12 @@ fn a_transfer_killed_at_either_end_completes_when_run_again() {
 #[test]
 fn the_remote_end_takes_only_the_key_named_on_the_ssh_channel() {
     use std::io::{BufRead, BufReader};
-    let s = Scratch::new("pinned");
+    let s = dir_for_sshd("pinned");
     let dest = s.path("dest");
     let file = s.path("f");
     fs::write(&file, b"pinned").unwrap();
-    for name in ["told", "stranger"] {
-        let out = run(Command::new(ATOU)
-            .env("XDG_CACHE_HOME", TEST_CACHE)
-            .args(["keygen", "-C", name, "-f"])
-            .arg(s.path(name)));
-        assert!(out.status.success(), "keygen: {}", text(&out));
-    }
-    let told = fs::read_to_string(s.path("told.pub")).unwrap();
+    let (_, told) = common::keygen(s.root(), "told", TEST_CACHE);
+    common::keygen(s.root(), "stranger", TEST_CACHE);
     let told_b64 = told.split_whitespace().nth(1).unwrap().to_string();
     let mut far = Command::new(ATOU)
         .env("XDG_CACHE_HOME", TEST_CACHE)
@@ -749,8 +724,8 @@ fn the_remote_end_takes_only_the_key_named_on_the_ssh_channel() {
 /// pull's `--exclude` reaches the remote sender.
 #[test]
 fn a_push_dry_run_changes_nothing_and_a_pull_excludes() {
-    let s = Scratch::new("dry");
-    let Some(sshd) = Sshd::start(&s.0, "a_push_dry_run") else {
+    let s = dir_for_sshd("dry");
+    let Some(sshd) = Sshd::start(s.root(), "a_push_dry_run") else {
         return;
     };
     let src = s.path("data");
@@ -797,8 +772,8 @@ fn a_push_dry_run_changes_nothing_and_a_pull_excludes() {
 /// the others, a pull's sender sends its part) and the tree arrives whole.
 #[test]
 fn shards_push_and_pull_at_once_into_one_directory() {
-    let s = Scratch::new("shard");
-    let Some(sshd) = Sshd::start(&s.0, "shards_push_and_pull") else {
+    let s = dir_for_sshd("shard");
+    let Some(sshd) = Sshd::start(s.root(), "shards_push_and_pull") else {
         return;
     };
     let src = s.path("data");

@@ -30,6 +30,7 @@ use atou::internals::keys::{read_identity, Strictness};
 use atou::internals::transfer::manifest::Manifest;
 use atou::internals::transfer::messages::Request;
 use atou::internals::wire::{Hello, ReceiverParams, CONTROL_MAX_LEN};
+use common::TestDir;
 use netem_support::{json_lines, listening_addr, say, u, Daemon, Relay, ATOU};
 use serde_json::Value;
 
@@ -52,48 +53,6 @@ const TIMEOUT: i32 = 30;
 // ---------------------------------------------------------------------------
 // Scratch space, content, times
 // ---------------------------------------------------------------------------
-
-/// A directory of the test's own under the temp dir, removed when the test
-/// passes and kept (and named) when it fails.
-struct Scratch {
-    root: PathBuf,
-}
-
-impl Scratch {
-    fn new(test: &str) -> Scratch {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let root = std::env::temp_dir().join(format!(
-            "atou-transfer-{test}-{}-{nanos:09}",
-            std::process::id()
-        ));
-        fs::create_dir_all(&root).unwrap();
-        Scratch { root }
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.root.join(rel)
-    }
-
-    /// `rel`, created (with its parents).
-    fn dir(&self, rel: &str) -> PathBuf {
-        let p = self.root.join(rel);
-        fs::create_dir_all(&p).unwrap();
-        p
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            say(&format!("  kept {} for inspection", self.root.display()));
-        } else if let Err(e) = fs::remove_dir_all(&self.root) {
-            say(&format!("  could not remove {}: {e}", self.root.display()));
-        }
-    }
-}
 
 /// xorshift64: reproducible content without a rand crate.
 struct XorShift(u64);
@@ -339,25 +298,11 @@ struct Keys {
 fn keys() -> &'static Keys {
     static KEYS: std::sync::OnceLock<Keys> = std::sync::OnceLock::new();
     KEYS.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("atou-transfer-keys-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        let keygen = |name: &str| {
-            let path = dir.join(name);
-            let out = Command::new(ATOU)
-                .env("XDG_CACHE_HOME", TEST_CACHE)
-                .args(["keygen", "-C", name, "-f"])
-                .arg(&path)
-                .output()
-                .expect("atou keygen");
-            assert!(out.status.success(), "{out:?}");
-            path
-        };
-        let server = keygen("server");
-        let client = keygen("client");
+        let dir = common::kept_dir("transfer-keys");
+        let (server, _) = common::keygen(&dir, "server", TEST_CACHE);
+        let (client, line) = common::keygen(&dir, "client", TEST_CACHE);
         let authorized = dir.join("authorized_keys");
         // `overwrite`: tests that replace files need it, as a user would.
-        let line = fs::read_to_string(dir.join("client.pub")).unwrap();
         fs::write(&authorized, format!("overwrite {line}")).unwrap();
         Keys {
             server_pub: dir.join("server.pub"),
@@ -717,7 +662,7 @@ fn build_odd_tree(root: &Path) {
 #[test]
 fn a_tree_with_odd_names_arrives_identical() {
     let t0 = Instant::now();
-    let scratch = Scratch::new("odd-tree");
+    let scratch = TestDir::new("transfer-odd-tree");
     let tree = scratch.path("src/odd tree");
     build_odd_tree(&tree);
     let dest = scratch.dir("dest");
@@ -903,7 +848,7 @@ fn path_traversal_in_a_crafted_manifest_is_refused_at_decode() {
 #[test]
 fn a_symlink_in_the_destination_is_not_followed() {
     let t0 = Instant::now();
-    let scratch = Scratch::new("dest-symlink");
+    let scratch = TestDir::new("transfer-dest-symlink");
     let src = scratch.dir("src/out");
     write_random(&src.join("payload"), 10_000, 3);
     fs::create_dir(src.join("sub")).unwrap();
@@ -953,7 +898,7 @@ fn a_symlink_in_the_destination_is_not_followed() {
 #[test]
 fn existing_files_are_refused_unless_overwrite_and_skip_existing_skips_identical() {
     let t0 = Instant::now();
-    let scratch = Scratch::new("existing");
+    let scratch = TestDir::new("transfer-existing");
     let tree = scratch.dir("src/tree");
     fs::create_dir(tree.join("sub")).unwrap();
     for (i, (name, size)) in [
@@ -1025,7 +970,7 @@ fn existing_files_are_refused_unless_overwrite_and_skip_existing_skips_identical
 /// partial file used to be `foo.atou-part`, and the symlink replaced it).
 #[test]
 fn a_file_named_like_a_partial_file_arrives_beside_its_namesake() {
-    let scratch = Scratch::new("part-names");
+    let scratch = TestDir::new("transfer-part-names");
     let tree = scratch.dir("src/tree");
     write_random(&tree.join("foo.atou-part"), 5000, 81);
     symlink("foo.atou-part", tree.join("foo")).unwrap();
@@ -1044,7 +989,7 @@ fn a_file_named_like_a_partial_file_arrives_beside_its_namesake() {
 /// sender may replace files.
 #[test]
 fn checksum_compares_existing_files_by_content_not_mtime() {
-    let scratch = Scratch::new("checksum");
+    let scratch = TestDir::new("transfer-checksum");
     let tree = scratch.dir("src/tree");
     let f = tree.join("f");
     write_random(&f, 3 * MIB + 7, 70);
@@ -1088,7 +1033,7 @@ fn checksum_compares_existing_files_by_content_not_mtime() {
 
 #[test]
 fn checksum_reading_has_a_budget() {
-    let scratch = Scratch::new("checksum-budget");
+    let scratch = TestDir::new("transfer-checksum-budget");
     let tree = scratch.dir("src/t");
     write_random(&tree.join("a"), 3 * MIB, 5);
     let dest = scratch.dir("dest");
@@ -1199,7 +1144,7 @@ fn check_resumed(what: &str, src: &Path, dest: &Path, r: &Value, at_kill: u64) {
 #[test]
 fn a_killed_transfer_resumes_and_resends_under_60_percent() {
     let t0 = Instant::now();
-    let scratch = Scratch::new("resume");
+    let scratch = TestDir::new("transfer-resume");
     let src = scratch.dir("src").join("big.bin");
     write_random(&src, BIG, 5);
     let args = ["--streams", "1", "--maxidle", "3"];
@@ -1289,7 +1234,7 @@ fn a_full_destination_fails_cleanly() {
         return;
     }
     let t0 = Instant::now();
-    let scratch = Scratch::new("full");
+    let scratch = TestDir::new("transfer-full");
     let tree = scratch.dir("src/t");
     // atou sends the largest files first: the 5 MiB file fits in the 8 MiB
     // left on the tmpfs and completes first; the small ones after it
@@ -1401,7 +1346,7 @@ fn a_full_destination_fails_cleanly() {
 fn a_transfer_through_a_lossy_relay_arrives_identical() {
     let t0 = Instant::now();
     let (fwd, rev, seed) = ("loss 1% delay 20ms", "delay 20ms", 11);
-    let scratch = Scratch::new("lossy");
+    let scratch = TestDir::new("transfer-lossy");
     let tree = scratch.dir("src/lossy");
     for (i, (name, size)) in [
         ("eight", 8 * MIB),
@@ -1466,7 +1411,7 @@ fn a_transfer_through_a_lossy_relay_arrives_identical() {
 #[test]
 fn corrupted_chunks_are_sent_again() {
     let t0 = Instant::now();
-    let scratch = Scratch::new("corrupt");
+    let scratch = TestDir::new("transfer-corrupt");
     let tree = scratch.dir("src/c");
     write_random(&tree.join("twenty"), 20 * MIB, 90);
     write_random(&tree.join("small"), 1000, 91);
@@ -1500,7 +1445,7 @@ fn corrupted_chunks_are_sent_again() {
 #[test]
 fn corrupted_datagrams_are_dropped_by_the_authenticated_path() {
     let t0 = Instant::now();
-    let scratch = Scratch::new("corrupt-auth");
+    let scratch = TestDir::new("transfer-corrupt-auth");
     let tree = scratch.dir("src/c");
     write_random(&tree.join("twenty"), 20 * MIB, 92);
     let dest = scratch.dir("dest");
@@ -1527,20 +1472,12 @@ fn corrupted_datagrams_are_dropped_by_the_authenticated_path() {
 /// `overwrite` cannot replace files even where the server allows it.
 #[test]
 fn an_authorized_keys_subdir_confines_its_key() {
-    let scratch = Scratch::new("confined");
+    let scratch = TestDir::new("transfer-confined");
     let tree = scratch.dir("src/tree");
     write_random(&tree.join("a"), 1000, 93);
     let dest = scratch.dir("dest");
-    let key = scratch.path("confined");
-    let out = Command::new(ATOU)
-        .env("XDG_CACHE_HOME", TEST_CACHE)
-        .args(["keygen", "-C", "confined", "-f"])
-        .arg(&key)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    let (key, line) = common::keygen(scratch.root(), "confined", TEST_CACHE);
     let authorized = scratch.path("authorized_keys");
-    let line = fs::read_to_string(scratch.path("confined.pub")).unwrap();
     fs::write(&authorized, format!("subdir=jail {line}")).unwrap();
     let server = Serve::start_keyed(&dest, &authorized, &["--allow-overwrite"]);
     let identity = key.to_str().unwrap();
@@ -1577,7 +1514,7 @@ fn an_authorized_keys_subdir_confines_its_key() {
 
 #[test]
 fn a_confined_keys_symlinks_are_judged_where_they_lead() {
-    let scratch = Scratch::new("confined-links");
+    let scratch = TestDir::new("transfer-confined-links");
     let dest = scratch.dir("dest");
     fs::create_dir_all(dest.join("bob")).unwrap();
     fs::write(dest.join("bob/secret"), "bob's").unwrap();
@@ -1636,7 +1573,7 @@ fn a_confined_keys_symlinks_are_judged_where_they_lead() {
 
 #[test]
 fn thirty_two_senders_at_once_all_finish_by_waiting_their_turn() {
-    let scratch = Scratch::new("busy");
+    let scratch = TestDir::new("transfer-busy");
     let dest = scratch.dir("dest");
     // The server's defaults: 8 transfers at once per address.
     let server = Serve::start(&dest);
@@ -1678,7 +1615,7 @@ fn thirty_two_senders_at_once_all_finish_by_waiting_their_turn() {
 
 #[test]
 fn a_sender_that_will_not_wait_for_a_busy_server_exits_10() {
-    let scratch = Scratch::new("busy-now");
+    let scratch = TestDir::new("transfer-busy-now");
     let dest = scratch.dir("dest");
     let server = Serve::start_with(&dest, &["--max-sessions-per-ip", "1"]);
     scratch.dir("src");
@@ -1735,7 +1672,7 @@ fn a_replayed_hello_is_dropped_before_it_is_read() {
     use atou::internals::crypto::{Cipher, StaticKeypair};
     use std::io::{BufRead, BufReader};
 
-    let scratch = Scratch::new("replay-filter");
+    let scratch = TestDir::new("transfer-replay-filter");
     let dest = scratch.dir("dest");
     let mut child = keyed_serve(&dest)
         .stdout(Stdio::null())
@@ -1815,7 +1752,7 @@ fn a_replayed_hello_is_dropped_before_it_is_read() {
 
 #[test]
 fn abandoned_partial_files_go_after_the_staging_ttl() {
-    let scratch = Scratch::new("staging-ttl");
+    let scratch = TestDir::new("transfer-staging-ttl");
     let dest = scratch.dir("dest");
     let staging = dest.join(".atou-staging");
     fs::create_dir(&staging).unwrap();
@@ -1853,21 +1790,6 @@ fn abandoned_partial_files_go_after_the_staging_ttl() {
     assert!(table.is_file(), "the table of hello timestamps was removed");
 }
 
-/// A key pair of the test's own: its private key's path, and the line of
-/// its public key for an authorized keys file.
-fn key_of_its_own(scratch: &Scratch, name: &str) -> (PathBuf, String) {
-    let key = scratch.path(name);
-    let out = Command::new(ATOU)
-        .env("XDG_CACHE_HOME", TEST_CACHE)
-        .args(["keygen", "-C", name, "-f"])
-        .arg(&key)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let line = fs::read_to_string(scratch.path(&format!("{name}.pub"))).unwrap();
-    (key, line)
-}
-
 /// The per-key quota of staged files: one key starts a transfer, abandons it once its
 /// partial file is there, and starts another. Before
 /// `--max-staged-per-key` the second was taken like the first, so a key
@@ -1880,13 +1802,13 @@ fn key_of_its_own(scratch: &Scratch, name: &str) -> (PathBuf, String) {
 /// finished it gives the key its whole quota back.
 #[test]
 fn a_keys_abandoned_transfers_count_against_its_quota_of_staged_files() {
-    let scratch = Scratch::new("staged-quota");
+    let scratch = TestDir::new("transfer-staged-quota");
     let first = scratch.dir("src/first");
     write_random(&first.join("f"), 12 * MIB, 31);
     let second = scratch.dir("src/second");
     write_random(&second.join("f"), 12 * MIB, 32);
     let dest = scratch.dir("dest");
-    let (other_key, other_line) = key_of_its_own(&scratch, "other");
+    let (other_key, other_line) = common::keygen(scratch.root(), "other", TEST_CACHE);
     let other = ["--identity", other_key.to_str().unwrap()];
     let authorized = scratch.path("authorized_keys");
     let ours = fs::read_to_string(&keys().authorized).unwrap();
@@ -1992,7 +1914,7 @@ fn loopback_listening_ports(pid: u32) -> Vec<u16> {
 /// with a key of their own.
 #[test]
 fn another_local_process_cannot_write_through_atou_copy() {
-    let scratch = Scratch::new("copy-intruder");
+    let scratch = TestDir::new("transfer-copy-intruder");
     let src = scratch.dir("src");
     // Sparse and large, so the copy is still running while we try.
     File::create(src.join("big"))
@@ -2091,7 +2013,7 @@ impl Sent {
 
 #[test]
 fn exit_statuses_tell_a_script_what_failed() {
-    let scratch = Scratch::new("exit-statuses");
+    let scratch = TestDir::new("transfer-exit-statuses");
     let src = scratch.dir("src/tree");
     write_random(&src.join("a"), 100 * KIB, 71);
     let dest = scratch.dir("dest");
@@ -2124,7 +2046,7 @@ fn exit_statuses_tell_a_script_what_failed() {
 
 #[test]
 fn an_interrupted_send_exits_130_and_says_so_in_its_report() {
-    let scratch = Scratch::new("exit-interrupted");
+    let scratch = TestDir::new("transfer-exit-interrupted");
     let src = scratch.dir("src");
     let big = src.join("big.bin");
     write_random(&big, 64 * MIB, 72);
@@ -2160,7 +2082,7 @@ fn an_interrupted_send_exits_130_and_says_so_in_its_report() {
 
 #[test]
 fn progress_json_is_json_lines_that_end_at_the_bytes_sent() {
-    let scratch = Scratch::new("progress-json");
+    let scratch = TestDir::new("transfer-progress-json");
     let src = scratch.dir("src");
     let file = src.join("f.bin");
     let size = 8 * MIB + 123;
@@ -2277,7 +2199,7 @@ fn dry_files(r: &Value) -> Vec<(String, String, u64)> {
 /// timestamp. The real run that follows sends what the dry run said.
 #[test]
 fn a_dry_run_says_what_would_happen_and_changes_nothing() {
-    let scratch = Scratch::new("dry-run");
+    let scratch = TestDir::new("transfer-dry-run");
     let tree = scratch.dir("src/tree");
     fs::create_dir(tree.join("sub")).unwrap();
     for (i, (name, size)) in [("a", 1000), ("b", 2 * MIB + 5), ("sub/c", 70_000)]
@@ -2372,7 +2294,7 @@ fn a_dry_run_says_what_would_happen_and_changes_nothing() {
 /// staging directory a real receiver makes at its start.
 #[test]
 fn a_copy_dry_run_creates_nothing() {
-    let scratch = Scratch::new("copy-dry-run");
+    let scratch = TestDir::new("transfer-copy-dry-run");
     let tree = scratch.dir("src/tree");
     write_random(&tree.join("f"), 100_000, 3);
     let missing = scratch.path("nowhere/dest");
@@ -2419,7 +2341,7 @@ fn a_copy_dry_run_creates_nothing() {
 /// unreadable FIFO inside it would fail the walk).
 #[test]
 fn excluded_entries_do_not_arrive() {
-    let scratch = Scratch::new("exclude");
+    let scratch = TestDir::new("transfer-exclude");
     let tree = scratch.dir("src/tree");
     for d in ["src", "build/deep", "logs"] {
         fs::create_dir_all(tree.join(d)).unwrap();
@@ -2465,7 +2387,7 @@ fn excluded_entries_do_not_arrive() {
 /// a fraction of that time without the cap) takes at least size / rate.
 #[test]
 fn a_bwlimit_send_takes_at_least_size_over_rate() {
-    let scratch = Scratch::new("bwlimit");
+    let scratch = TestDir::new("transfer-bwlimit");
     let tree = scratch.dir("src/tree");
     let size = 4 * MIB;
     write_random(&tree.join("f"), size, 11);
@@ -2549,7 +2471,7 @@ fn build_shard_tree(root: &Path) -> BTreeMap<String, u64> {
 /// ranges tiling the file.
 #[test]
 fn shards_are_checked_and_their_dry_runs_list_each_file_once() {
-    let scratch = Scratch::new("shard-dry");
+    let scratch = TestDir::new("transfer-shard-dry");
     let tree = scratch.path("src/tree");
     let sizes = build_shard_tree(&tree);
     let dest = scratch.dir("dest");
@@ -2638,7 +2560,7 @@ fn shards_are_checked_and_their_dry_runs_list_each_file_once() {
 /// nothing of its part.
 #[test]
 fn four_shards_at_once_deliver_the_tree_of_a_single_run() {
-    let scratch = Scratch::new("shard");
+    let scratch = TestDir::new("transfer-shard");
     let tree = scratch.path("src/tree");
     let sizes = build_shard_tree(&tree);
     let dest = scratch.dir("dest");
@@ -2711,7 +2633,7 @@ fn four_shards_at_once_deliver_the_tree_of_a_single_run() {
 /// the rest, and takes the record of parts away with it.
 #[test]
 fn a_whole_run_finishes_a_split_file_a_shard_left_waiting() {
-    let scratch = Scratch::new("shard-then-whole");
+    let scratch = TestDir::new("transfer-shard-then-whole");
     let tree = scratch.path("src/tree");
     let sizes = build_shard_tree(&tree);
     let dest = scratch.dir("dest");
@@ -2759,7 +2681,7 @@ fn a_whole_run_finishes_a_split_file_a_shard_left_waiting() {
 /// with the rerun and nothing is left in the staging directory.
 #[test]
 fn a_shard_killed_mid_part_resumes_its_part_alone() {
-    let scratch = Scratch::new("shard-kill");
+    let scratch = TestDir::new("transfer-shard-kill");
     let src = scratch.dir("src").join("big.bin");
     let size = 64 * MIB;
     write_random(&src, size, 21);
@@ -2810,7 +2732,7 @@ fn a_shard_killed_mid_part_resumes_its_part_alone() {
 /// directory, which another shard may be writing into.
 #[test]
 fn four_copy_shards_at_once_share_one_destination() {
-    let scratch = Scratch::new("shard-copy");
+    let scratch = TestDir::new("transfer-shard-copy");
     let tree = scratch.path("src/tree");
     build_shard_tree(&tree);
     let dest = scratch.dir("dest");
@@ -2896,7 +2818,7 @@ fn answer(sock: &UdpSocket) -> Option<Vec<u8>> {
 /// the 2 minutes before the restart in once more.
 #[test]
 fn a_hello_accepted_before_a_restart_is_not_accepted_after_it() {
-    let scratch = Scratch::new("replay-restart");
+    let scratch = TestDir::new("transfer-replay-restart");
     let dest = scratch.dir("dest");
     let mut client = authorized_hello();
     let captured = client.hello().to_vec();
@@ -2937,7 +2859,7 @@ fn a_hello_accepted_before_a_restart_is_not_accepted_after_it() {
 /// which would accept the replays the file is there to refuse.
 #[test]
 fn a_damaged_table_of_hello_timestamps_stops_the_server_at_start() {
-    let scratch = Scratch::new("replay-table");
+    let scratch = TestDir::new("transfer-replay-table");
     let dest = scratch.dir("dest");
     let staging = dest.join(STAGING_DIR);
     fs::create_dir(&staging).unwrap();
@@ -2994,7 +2916,7 @@ fn a_damaged_table_of_hello_timestamps_stops_the_server_at_start() {
 #[test]
 fn a_hello_whose_timestamp_cannot_be_saved_is_not_answered() {
     use std::io::BufRead;
-    let scratch = Scratch::new("replay-unsaved");
+    let scratch = TestDir::new("transfer-replay-unsaved");
     let dest = scratch.dir("dest");
     let staging = dest.join(STAGING_DIR);
     fs::create_dir(&staging).unwrap();

@@ -12,7 +12,9 @@ use atou::internals::server::SessionEvent;
 use atou::internals::wire::{
     Close, DataFlags, DataHeader, Fetch, Hello, ReceiverParams, DATA_HEADER_LEN,
 };
-use atou::{Client, PatternSource, Server, ServerLimits, Time, Tuning};
+use atou::netem::NetemSpec;
+use atou::sim::pair::Pair;
+use atou::{Client, Server, ServerLimits, Time, Tuning};
 
 fn plain_server(limits: ServerLimits) -> Server {
     Server::new(limits, 1 << 20, 2 << 20)
@@ -156,22 +158,13 @@ fn lockout(limits: ServerLimits) {
         ledger.deliver(&mut server, Time::ZERO, spoofed(i), h);
     }
     let client_addr = SocketAddr::from(([10, 0, 0, 1], 5000));
-    let mut client = Client::new(&Tuning::default(), 99_999, Some(10_000), Time::ZERO).unwrap();
-    let mut now = Time::ZERO;
-    let mut buf = vec![0u8; 65536];
-    while client.outcome().is_none() && now < Time::ZERO + Duration::from_secs(2) {
-        client.handle_timeout(now);
-        while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
-            server.handle_datagram(now, client_addr, &mut buf[..n].to_vec());
-        }
-        let mut out = vec![0u8; 65536];
-        while let Some((to, n)) = server.poll_transmit(now, &mut out) {
-            if to == client_addr {
-                let _ = client.handle_datagram(now, &out[..n]);
-            }
-        }
-        now += Duration::from_millis(1);
-    }
+    let client = Client::new(&Tuning::default(), 99_999, Some(10_000), Time::ZERO).unwrap();
+    // What the server sends the spoofed addresses is dropped (counted as
+    // misaddressed), as no one there answers.
+    let mut pair = Pair::between(client, client_addr, server, direct(), direct(), 1);
+    pair.set_time_limit(Duration::from_secs(2));
+    pair.run(&mut ());
+    let (client, server, now) = (&pair.client, &pair.server, pair.now());
     // No slot held past the budget for connections without a token.
     assert!(server.open_connections() <= unvalidated + 1);
     let outcome = client.outcome().cloned();
@@ -289,33 +282,24 @@ fn probe_floods(limits: ServerLimits) {
 #[test]
 fn a_plain_client_pays_one_round_trip_for_its_token_and_reuses_it() {
     let mut server = plain_server(ServerLimits::default());
-    let one_way = Duration::from_millis(50);
+    let one_way = || "delay 50ms".parse::<NetemSpec>().unwrap();
     let mut token = None;
     for (port, want) in [(5000, 200), (5001, 100)] {
         let from = SocketAddr::from(([10, 0, 0, 1], port));
         let start = Time::ZERO + Duration::from_secs(u64::from(port - 4999));
-        let mut client = Client::new(&Tuning::default(), u64::from(port), Some(1000), start)
+        let client = Client::new(&Tuning::default(), u64::from(port), Some(1000), start)
             .unwrap()
             .with_address_token(token);
-        let (mut to_server, mut to_client) = (Vec::new(), Vec::new());
-        let mut now = start;
-        let mut buf = vec![0u8; 65536];
-        while client.granted().is_none() && now < start + Duration::from_secs(1) {
-            client.handle_timeout(now);
-            while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
-                to_server.push((now + one_way, buf[..n].to_vec()));
-            }
-            for (_, mut d) in take_due(&mut to_server, now) {
-                server.handle_datagram(now, from, &mut d);
-            }
-            while let Some((_, n)) = server.poll_transmit(now, &mut buf) {
-                to_client.push((now + one_way, buf[..n].to_vec()));
-            }
-            for (_, d) in take_due(&mut to_client, now) {
-                let _ = client.handle_datagram(now, &d);
-            }
-            now += Duration::from_millis(1);
-        }
+        let mut pair =
+            Pair::between(client, from, server, one_way(), one_way(), 1).starting_at(start);
+        pair.set_time_limit((start + Duration::from_secs(1)).saturating_since(Time::ZERO));
+        pair.run_until(&mut (), &mut |_, _, d| vec![(from, d)], |p| {
+            p.client.granted().is_some()
+        });
+        let now = pair.now();
+        let client = pair.client;
+        server = pair.server;
+        assert!(client.granted().is_some(), "not granted by {now:?}");
         let took = now.saturating_since(start);
         let want = Duration::from_millis(want);
         assert!(
@@ -328,8 +312,7 @@ fn a_plain_client_pays_one_round_trip_for_its_token_and_reuses_it() {
     assert_eq!(server.stats().retries_sent, 1);
 }
 
-fn take_due(queue: &mut Vec<(Time, Vec<u8>)>, now: Time) -> Vec<(Time, Vec<u8>)> {
-    let (due, later): (Vec<_>, Vec<_>) = queue.drain(..).partition(|(at, _)| *at <= now);
-    *queue = later;
-    due
+/// A path that delivers every datagram at once.
+fn direct() -> NetemSpec {
+    NetemSpec::default()
 }

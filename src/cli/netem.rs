@@ -1004,6 +1004,13 @@ fn run_in_bridge(
 mod tests {
     use super::*;
 
+    /// What a test does when this host cannot run it, shared with the
+    /// integration suites.
+    #[allow(dead_code, unreachable_pub)]
+    mod ci {
+        include!("../../tests/common/ci.rs");
+    }
+
     fn spec(s: &str) -> NetemSpec {
         s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
     }
@@ -1077,11 +1084,17 @@ mod tests {
     #[test]
     fn the_real_tc_parses_every_command_the_tc_backend_makes() {
         if !is_root() {
-            eprintln!("SKIPPED the_real_tc_parses_every_command_the_tc_backend_makes: not root (needs a scratch network namespace)");
+            ci::cannot_run(
+                "the_real_tc_parses_every_command_the_tc_backend_makes",
+                "not root (needs a scratch network namespace)",
+            );
             return;
         }
         if StdCommand::new("tc").arg("-V").output().is_err() {
-            eprintln!("SKIPPED the_real_tc_parses_every_command_the_tc_backend_makes: no `tc` (apt-get install iproute2)");
+            ci::cannot_run(
+                "the_real_tc_parses_every_command_the_tc_backend_makes",
+                "no `tc` (apt-get install iproute2)",
+            );
             return;
         }
         let ns = format!("atou-tcparse-{}", std::process::id());

@@ -597,11 +597,21 @@ mod tests {
     use super::*;
     use crate::proto::crypto::key_text::{parse_public_key, MAX_LINE};
 
+    /// What a test does when this host cannot run it, shared with the
+    /// integration suites.
+    #[allow(dead_code, unreachable_pub)]
+    mod ci {
+        include!("../../tests/common/ci.rs");
+    }
+
+    /// A directory of the test's own; kept afterwards, as a failed
+    /// test's files are wanted.
     fn tmp(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("atou-keys-{}-{name}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        dir
+        tempfile::Builder::new()
+            .prefix(&format!("atou-keys-{name}-"))
+            .tempdir()
+            .unwrap()
+            .keep()
     }
 
     fn key(b: u8) -> PublicKey {
@@ -882,7 +892,10 @@ mod tests {
     #[test]
     fn a_key_file_another_user_owns_is_refused() {
         if !rustix::process::geteuid().is_root() {
-            eprintln!("skipped: only root can give a file to another user");
+            ci::cannot_run(
+                "a_key_file_another_user_owns_is_refused",
+                "not root (only root can give a file to another user; CI runs as root)",
+            );
             return;
         }
         let dir = tmp("strict-owner");

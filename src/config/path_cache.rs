@@ -377,11 +377,15 @@ fn parse(text: &str) -> Result<(u64, PathMemory), EntryError> {
 mod tests {
     use super::*;
 
+    /// A cache whose directory does not exist yet, under a directory of
+    /// the test's own; kept afterwards, as a failed test's files are wanted.
     fn scratch(name: &str) -> PathCache {
-        let dir =
-            std::env::temp_dir().join(format!("atou-path-cache-{}-{name}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        PathCache::at(dir)
+        let parent = tempfile::Builder::new()
+            .prefix(&format!("atou-path-cache-{name}-"))
+            .tempdir()
+            .unwrap()
+            .keep();
+        PathCache::at(parent.join("cache"))
     }
 
     fn memory() -> PathMemory {

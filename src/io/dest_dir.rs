@@ -559,11 +559,14 @@ mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
 
+    /// A directory of the test's own; kept afterwards, as a failed
+    /// test's files are wanted.
     fn scratch(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("atou-destdir-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        tempfile::Builder::new()
+            .prefix(&format!("atou-destdir-{name}-"))
+            .tempdir()
+            .unwrap()
+            .keep()
     }
 
     /// A symlink anywhere on the way, to a directory outside DEST or

@@ -605,6 +605,13 @@ pub(crate) fn this_host_mtu(peer: SocketAddr) -> Option<u32> {
 mod tests {
     use super::*;
 
+    /// What a test does when this host cannot run it, shared with the
+    /// integration suites.
+    #[allow(dead_code, unreachable_pub)]
+    mod ci {
+        include!("../../tests/common/ci.rs");
+    }
+
     #[test]
     fn loopback_is_this_host_with_lo_mtu_and_a_documentation_address_is_not() {
         let lo = this_host_mtu("127.0.0.1:9".parse().unwrap());
@@ -715,7 +722,10 @@ mod tests {
     async fn paced_runs_leave_at_the_rate_within_the_horizon() {
         let (tx, rx) = pair().await;
         if !tx.txtime() {
-            eprintln!("SKIPPED paced_runs_leave_at_the_rate_within_the_horizon: no SO_TXTIME");
+            ci::cannot_run(
+                "paced_runs_leave_at_the_rate_within_the_horizon",
+                "this kernel refused SO_TXTIME",
+            );
             return;
         }
         let to = rx.local_addr().unwrap();

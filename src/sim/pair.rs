@@ -7,13 +7,15 @@
 //! and so never runs the handshake; a `Pair` runs the same paths with the
 //! endpoints a real transfer uses, so a paper's scenario can be checked
 //! through the handshake too, and a test can put a hostile path
-//! ([`Pair::run_tapped`]) between two real endpoints.
+//! ([`Pair::run_tapped`]) between two real endpoints and an application
+//! on the server's sessions ([`Pair::run_serving`]).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::netem::{mix_seed, Netem, NetemSpec};
 use crate::proto::crypto::{ClientAuth, HandshakeError, ServerAuth};
+use crate::proto::endpoint::server::{Arrival, SessionEvent};
 use crate::proto::tuning::TuningError;
 use crate::proto::{
     Client, ConnError, Observer, PatternSource, Server, ServerLimits, Time, Tuning,
@@ -41,6 +43,26 @@ pub enum Dir {
 /// that go on instead (none: dropped), each with the source address the
 /// server will see (ignored towards the client).
 pub type TapFn<'a> = dyn FnMut(Time, Dir, Vec<u8>) -> Vec<(SocketAddr, Vec<u8>)> + 'a;
+
+/// The server's application in a run, as the transfer layer is to
+/// `atou serve`'s driver (`io::ServeApp`): it hears of each session's
+/// bytes and events and may answer through the server
+/// ([`Server::release`], [`Server::respond`]); it may also ask to be
+/// woken at a time of its own, as a driver's application is by its
+/// other threads' work.
+pub trait SessionApp {
+    /// New bytes of a session's stream, as the server placed them.
+    fn on_arrival(&mut self, _now: Time, _server: &mut Server, _arrival: Arrival<'_>) {}
+    fn on_event(&mut self, _now: Time, _server: &mut Server, _event: SessionEvent) {}
+    /// When [`on_timeout`](Self::on_timeout) is next due, if ever.
+    fn poll_timeout(&self) -> Option<Time> {
+        None
+    }
+    fn on_timeout(&mut self, _now: Time, _server: &mut Server) {}
+}
+
+/// No application: what a probe has, whose data the server only checks.
+impl SessionApp for () {}
 
 /// One run of a client and a server.
 #[derive(Debug, Clone)]
@@ -112,6 +134,7 @@ enum Step {
     ToClient,
     ClientTimer,
     ServerTimer,
+    AppTimer,
 }
 
 /// How a run ended, and when.
@@ -234,10 +257,22 @@ impl Pair {
         &mut self,
         observer: &mut dyn Observer,
         tap: &mut TapFn<'_>,
+        stop: impl FnMut(&Pair) -> bool,
+    ) -> RunEnd {
+        self.run_serving(observer, tap, &mut (), stop)
+    }
+
+    /// Runs as [`run_until`](Self::run_until) does, with `app` on the
+    /// server's sessions.
+    pub fn run_serving(
+        &mut self,
+        observer: &mut dyn Observer,
+        tap: &mut TapFn<'_>,
+        app: &mut dyn SessionApp,
         mut stop: impl FnMut(&Pair) -> bool,
     ) -> RunEnd {
         loop {
-            self.pump(observer, tap);
+            self.pump(observer, tap, app);
             if let Some(outcome) = self.client.outcome() {
                 return match outcome {
                     Ok(_) => RunEnd::Finished,
@@ -247,24 +282,25 @@ impl Pair {
             if stop(self) {
                 return RunEnd::Finished;
             }
-            let Some((next, step)) = self.next_step() else {
+            let Some((next, step)) = self.next_step(app) else {
                 return RunEnd::Stalled;
             };
             if next.saturating_since(Time::ZERO) > self.time_limit {
                 return RunEnd::TimeLimit;
             }
             self.now = self.now.max(next);
-            self.take(step);
+            self.take(step, app);
         }
     }
 
     /// The earliest thing due; ties in the order of [`Step`].
-    fn next_step(&self) -> Option<(Time, Step)> {
+    fn next_step(&self, app: &dyn SessionApp) -> Option<(Time, Step)> {
         [
             (self.fwd.next_release(), Step::ToServer),
             (self.rev.next_release(), Step::ToClient),
             (self.client.poll_timeout(), Step::ClientTimer),
             (self.server.poll_timeout(), Step::ServerTimer),
+            (app.poll_timeout(), Step::AppTimer),
         ]
         .into_iter()
         .filter_map(|(at, step)| Some((at?, step)))
@@ -274,7 +310,7 @@ impl Pair {
         })
     }
 
-    fn take(&mut self, step: Step) {
+    fn take(&mut self, step: Step, app: &mut dyn SessionApp) {
         let now = self.now;
         match step {
             Step::ToServer => {
@@ -283,9 +319,9 @@ impl Pair {
                     bytes: mut d,
                 }) = self.fwd.poll(now)
                 {
-                    // What a session's application would place: a pair
-                    // runs probes, whose data the server only checks.
-                    let _ = self.server.handle_datagram(now, from, &mut d);
+                    if let Some(arrival) = self.server.handle_datagram(now, from, &mut d) {
+                        app.on_arrival(now, &mut self.server, arrival);
+                    }
                 }
             }
             Step::ToClient => {
@@ -296,11 +332,12 @@ impl Pair {
             }
             Step::ClientTimer => self.client.handle_timeout(now),
             Step::ServerTimer => self.server.handle_timeout(now),
+            Step::AppTimer => app.on_timeout(now, &mut self.server),
         }
     }
 
     /// Drains both endpoints at the current instant into their paths.
-    fn pump(&mut self, observer: &mut dyn Observer, tap: &mut TapFn<'_>) {
+    fn pump(&mut self, observer: &mut dyn Observer, tap: &mut TapFn<'_>, app: &mut dyn SessionApp) {
         let now = self.now;
         while let Some(n) = self
             .client
@@ -316,6 +353,9 @@ impl Pair {
         // The public-key work a driver's worker thread would do.
         while let Some(work) = self.server.poll_handshake_work() {
             self.server.handshake_done(now, work.run());
+        }
+        while let Some(event) = self.server.poll_session_event() {
+            app.on_event(now, &mut self.server, event);
         }
         while let Some((to, n)) = self.server.poll_transmit(now, &mut self.buf) {
             if !self.client_addrs.contains(&to) {

@@ -613,7 +613,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::os::unix::fs::symlink;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use ManifestError as E;
 
     /// A fresh directory under the system temp dir, removed on drop.
@@ -621,12 +620,11 @@ mod tests {
 
     impl TempDir {
         fn new(tag: &str) -> TempDir {
-            static N: AtomicUsize = AtomicUsize::new(0);
-            let n = N.fetch_add(1, Ordering::Relaxed);
-            let name = format!("atou-manifest-{tag}-{}-{n}", std::process::id());
-            let dir = std::env::temp_dir().join(name);
-            let _ = fs::remove_dir_all(&dir);
-            fs::create_dir(&dir).unwrap();
+            let dir = tempfile::Builder::new()
+                .prefix(&format!("atou-manifest-{tag}-"))
+                .tempdir()
+                .unwrap()
+                .keep();
             TempDir(dir)
         }
     }

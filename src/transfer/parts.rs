@@ -285,9 +285,11 @@ mod tests {
 
     impl Dir {
         fn new(tag: &str) -> Dir {
-            let p = std::env::temp_dir().join(format!("atou-parts-{tag}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&p);
-            std::fs::create_dir_all(&p).unwrap();
+            let p = tempfile::Builder::new()
+                .prefix(&format!("atou-parts-{tag}-"))
+                .tempdir()
+                .unwrap()
+                .keep();
             let dest = Arc::new(DestDir::open(&p).unwrap());
             Dir(p, dest)
         }

@@ -294,13 +294,11 @@ mod tests {
 
     impl Tmp {
         fn new(name: &str) -> Tmp {
-            let dir = std::env::temp_dir().join(format!(
-                "atou-source-{name}-{}-{:?}",
-                std::process::id(),
-                std::thread::current().id()
-            ));
-            let _ = fs::remove_dir_all(&dir);
-            fs::create_dir_all(&dir).unwrap();
+            let dir = tempfile::Builder::new()
+                .prefix(&format!("atou-source-{name}-"))
+                .tempdir()
+                .unwrap()
+                .keep();
             Tmp(dir)
         }
     }

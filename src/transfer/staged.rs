@@ -572,11 +572,14 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    /// A directory of the test's own; kept afterwards, as a failed
+    /// test's files are wanted.
     fn scratch(name: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("atou-staged-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        tempfile::Builder::new()
+            .prefix(&format!("atou-staged-{name}-"))
+            .tempdir()
+            .unwrap()
+            .keep()
     }
 
     fn files<'a>(names: &[&'a str], bytes: u64) -> Vec<ToStage<'a>> {

@@ -1,26 +1,86 @@
 //! Shared by every integration suite: what a test says past the test
-//! harness's capture, and what it does when this host cannot run it.
+//! harness's capture, what it does when this host cannot run it, the
+//! binary under test, and a directory of its own.
 
 #![allow(dead_code)]
 
-use std::io::Write;
+use std::path::{Path, PathBuf};
 
-/// A line on stderr, past the test harness's capture (it captures the
-/// print macros only), so a long scenario's figures show as it runs.
-pub fn say(line: &str) {
-    let _ = writeln!(std::io::stderr().lock(), "{line}");
+// Plain items, no `use`: the crate's own unit tests include this file too.
+include!("ci.rs");
+
+/// The atou binary this build made.
+pub const ATOU: &str = env!("CARGO_BIN_EXE_atou");
+
+/// A new directory under the temp dir, named `atou-{name}-` and a random
+/// tail, that outlives the test: for fixtures a whole suite shares, and
+/// files a person looks at after the run.
+pub fn kept_dir(name: &str) -> PathBuf {
+    tempfile::Builder::new()
+        .prefix(&format!("atou-{name}-"))
+        .tempdir()
+        .unwrap_or_else(|e| panic!("{name}: cannot make a temporary directory: {e}"))
+        .keep()
 }
 
-/// Whether this is a CI run (`CI` set and not `false`/`0`, as `.ci/run`
-/// is run): there, as root with every tool `.ci/run` installs, a test
-/// that cannot run is a failure, not a skip that passes by not running.
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+/// A key pair made by `atou keygen -C NAME -f DIR/NAME` (with `cache` as
+/// its XDG_CACHE_HOME): the private key's path and the public key's line.
+pub fn keygen(dir: &Path, name: &str, cache: &str) -> (PathBuf, String) {
+    let key = dir.join(name);
+    let out = std::process::Command::new(ATOU)
+        .env("XDG_CACHE_HOME", cache)
+        .args(["keygen", "-C", name, "-f"])
+        .arg(&key)
+        .output()
+        .expect("run atou keygen");
+    assert!(out.status.success(), "atou keygen: {out:?}");
+    let line = std::fs::read_to_string(dir.join(format!("{name}.pub"))).unwrap();
+    (key, line)
 }
 
-/// `test` cannot run here, because `why`: skipped with the reason said
-/// (the caller returns), or, in CI, failed with it.
-pub fn cannot_run(test: &str, why: &str) {
-    assert!(!in_ci(), "{test}: cannot run in CI: {why}");
-    say(&format!("SKIPPED {test}: {why}"));
+/// A directory of the test's own under the temp dir, named
+/// `atou-{test}-` and a random tail so that parallel runs never share
+/// one. Removed when the test passes; kept, and its path said, when the
+/// test panics, so that what it held can be looked at.
+pub struct TestDir {
+    dir: Option<tempfile::TempDir>,
+}
+
+impl TestDir {
+    pub fn new(test: &str) -> TestDir {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("atou-{test}-"))
+            .tempdir()
+            .unwrap_or_else(|e| panic!("{test}: cannot make a temporary directory: {e}"));
+        TestDir { dir: Some(dir) }
+    }
+
+    pub fn root(&self) -> &Path {
+        self.dir.as_ref().expect("held until dropped").path()
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.root().join(rel)
+    }
+
+    /// `rel`, created (with its parents).
+    pub fn dir(&self, rel: &str) -> PathBuf {
+        let p = self.path(rel);
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let Some(dir) = self.dir.take() else { return };
+        if std::thread::panicking() {
+            say(&format!("  kept {} for inspection", dir.keep().display()));
+        } else {
+            let path = dir.path().to_owned();
+            if let Err(e) = dir.close() {
+                say(&format!("  could not remove {}: {e}", path.display()));
+            }
+        }
+    }
 }

@@ -2481,10 +2481,13 @@ impl Server {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::netem::NetemSpec;
     use crate::proto::endpoint::client::{Client, UNACKNOWLEDGED_CLOSES};
     use crate::proto::payload::{PatternSource, PayloadSource};
     use crate::proto::wire::{DataFlags, DataHeader};
     use crate::proto::Tuning;
+    use crate::sim::pair::{Dir, Pair, SessionApp, TapFn};
+    use crate::sim::RunEnd;
 
     fn addr(port: u16) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], port))
@@ -2531,6 +2534,41 @@ mod tests {
         client.handle_timeout(*now);
         server.handle_timeout(*now);
         false
+    }
+
+    /// Runs `pair` until its client is done, every datagram through `tap`
+    /// and `app` on the server's sessions; false if it is not done by
+    /// `limit`.
+    fn serve_one(
+        pair: &mut Pair,
+        limit: Duration,
+        tap: &mut TapFn<'_>,
+        app: &mut dyn SessionApp,
+    ) -> bool {
+        pair.set_time_limit(limit);
+        pair.run_serving(&mut (), tap, app, |_| false) == RunEnd::Finished
+    }
+
+    /// `client`, its datagrams from `addr(1)`, and `server` back to back
+    /// over `path` (a netem description) each way.
+    fn pair(client: Client, server: Server, path: &str) -> Pair {
+        let path: NetemSpec = path.parse().unwrap();
+        Pair::between(client, addr(1), server, path.clone(), path, 1)
+    }
+
+    fn straight(_: Time, _: Dir, d: Vec<u8>) -> Vec<(SocketAddr, Vec<u8>)> {
+        vec![(addr(1), d)]
+    }
+
+    /// An application that answers each complete request with its reply.
+    struct Replies(Vec<u8>);
+
+    impl SessionApp for Replies {
+        fn on_event(&mut self, _: Time, server: &mut Server, event: SessionEvent) {
+            if let SessionEvent::Complete { conn_id } = event {
+                server.respond(conn_id, self.0.clone());
+            }
+        }
     }
 
     /// Between its decision and its keys an authenticated connection holds
@@ -2906,62 +2944,75 @@ mod tests {
             rcvsegs: 20,
             ..Tuning::default()
         };
-        let mut now = Time::ZERO;
-        let mut client = Client::new(&tuning, 9, Some(LEN as u64), now)
+        let client = Client::new(&tuning, 9, Some(LEN as u64), Time::ZERO)
             .unwrap()
             .with_session(77);
-        let mut server = Server::new(open_limits(), 1 << 20, 2 << 20);
-        let mut placed = vec![None::<u8>; LEN];
-        let mut released = 0u64;
-        let reply: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
-        let (mut to_server, mut to_client) = (0u64, 0u64);
-        let mut buf = vec![0u8; 2048];
-        let mut out = vec![0u8; 2048];
-        for round in 0..100_000 {
-            while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
-                to_server += 1;
-                if to_server % 7 == 0 {
-                    continue;
+        let server = Server::new(open_limits(), 1 << 20, 2 << 20);
+        struct SlowReader {
+            placed: Vec<Option<u8>>,
+            released: u64,
+            next_release: Time,
+            reply: Vec<u8>,
+        }
+        impl SessionApp for SlowReader {
+            fn on_arrival(&mut self, _: Time, _: &mut Server, a: Arrival<'_>) {
+                assert_eq!((a.conn_id, a.session), (9, 77));
+                for (i, &b) in a.payload.iter().enumerate() {
+                    let at = a.offset as usize + i;
+                    assert!(self.placed[at].replace(b).is_none(), "byte {at} twice");
                 }
-                if let Some(a) = server.handle_datagram(now, addr(1), &mut buf[..n].to_vec()) {
-                    assert_eq!((a.conn_id, a.session), (9, 77));
-                    for (i, &b) in a.payload.iter().enumerate() {
-                        let at = a.offset as usize + i;
-                        assert!(placed[at].replace(b).is_none(), "byte {at} twice");
+            }
+            fn on_event(&mut self, _: Time, server: &mut Server, e: SessionEvent) {
+                match e {
+                    SessionEvent::Opened { payload_size, .. } => assert_eq!(payload_size, 175),
+                    SessionEvent::Complete { conn_id } => {
+                        server.respond(conn_id, self.reply.clone())
                     }
-                }
-                while let Some((_, m)) = server.poll_transmit(now, &mut out) {
-                    to_client += 1;
-                    if to_client % 7 != 0 {
-                        let _ = client.handle_datagram(now, &out[..m]);
-                    }
+                    SessionEvent::Ended { end, .. } => assert_eq!(end, ConnEnd::Closed),
                 }
             }
             // The application frees its buffer slowly: a window's worth
             // every 5 ms, up to what has arrived in order.
-            if round % 5 == 0 {
-                let in_order = placed.iter().take_while(|b| b.is_some()).count() as u64;
-                released = in_order.min(released + 2000);
-                server.release(9, released);
+            fn poll_timeout(&self) -> Option<Time> {
+                Some(self.next_release)
             }
-            while let Some(e) = server.poll_session_event() {
-                match e {
-                    SessionEvent::Opened { payload_size, .. } => assert_eq!(payload_size, 175),
-                    SessionEvent::Complete { conn_id } => server.respond(conn_id, reply.clone()),
-                    SessionEvent::Ended { end, .. } => assert_eq!(end, ConnEnd::Closed),
-                }
+            fn on_timeout(&mut self, now: Time, server: &mut Server) {
+                let in_order = self.placed.iter().take_while(|b| b.is_some()).count() as u64;
+                self.released = in_order.min(self.released + 2000);
+                server.release(9, self.released);
+                self.next_release = now + Duration::from_millis(5);
             }
-            while let Some((_, m)) = server.poll_transmit(now, &mut out) {
-                to_client += 1;
-                if to_client % 7 != 0 {
-                    let _ = client.handle_datagram(now, &out[..m]);
-                }
-            }
-            if done_or_tick(&mut now, &mut client, &mut server) {
-                break;
-            }
-            assert!(round < 99_999, "did not finish");
         }
+        let mut app = SlowReader {
+            placed: vec![None; LEN],
+            released: 0,
+            next_release: Time::ZERO,
+            reply: (0..5000u32).map(|i| (i % 251) as u8).collect(),
+        };
+        let (mut to_server, mut to_client) = (0u64, 0u64);
+        let mut every_seventh_lost = |_: Time, dir: Dir, d: Vec<u8>| {
+            let sent = match dir {
+                Dir::ToServer => &mut to_server,
+                Dir::ToClient => &mut to_client,
+            };
+            *sent += 1;
+            if *sent % 7 == 0 {
+                Vec::new()
+            } else {
+                vec![(addr(1), d)]
+            }
+        };
+        let mut pair = pair(client, server, "");
+        let done = serve_one(
+            &mut pair,
+            Duration::from_secs(100),
+            &mut every_seventh_lost,
+            &mut app,
+        );
+        assert!(done, "did not finish");
+        let now = pair.now();
+        let (client, server) = (&pair.client, &mut pair.server);
+        let (placed, reply) = (app.placed, app.reply);
         let closed = client.outcome().unwrap().clone().unwrap();
         assert_eq!(closed.reply.as_deref(), Some(&reply[..]));
         let mut want = vec![0u8; LEN];
@@ -2987,33 +3038,27 @@ mod tests {
             mss: 200,
             ..Tuning::default()
         };
-        let mut now = Time::ZERO;
-        let mut client = Client::new(&tuning, 3, Some(10_000_000), now)
+        let client = Client::new(&tuning, 3, Some(10_000_000), Time::ZERO)
             .unwrap()
             .with_session(5);
-        let mut server = Server::new(open_limits(), 1 << 20, 2 << 20);
-        let mut buf = vec![0u8; 2048];
-        let mut out = vec![0u8; 2048];
-        let mut answered = false;
-        for round in 0..10_000 {
-            while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
-                if server
-                    .handle_datagram(now, addr(1), &mut buf[..n].to_vec())
-                    .is_some()
-                    && !answered
-                {
-                    answered = true;
+        let server = Server::new(open_limits(), 1 << 20, 2 << 20);
+        /// Answers as soon as the first bytes arrive.
+        struct FailsAtOnce {
+            answered: bool,
+        }
+        impl SessionApp for FailsAtOnce {
+            fn on_arrival(&mut self, _: Time, server: &mut Server, _: Arrival<'_>) {
+                if !self.answered {
+                    self.answered = true;
                     server.respond(3, b"disk full".to_vec());
                 }
-                while let Some((_, m)) = server.poll_transmit(now, &mut out) {
-                    let _ = client.handle_datagram(now, &out[..m]);
-                }
             }
-            if done_or_tick(&mut now, &mut client, &mut server) {
-                break;
-            }
-            assert!(round < 9_999, "did not finish");
         }
+        let mut pair = pair(client, server, "");
+        let mut app = FailsAtOnce { answered: false };
+        let done = serve_one(&mut pair, Duration::from_secs(10), &mut straight, &mut app);
+        assert!(done, "did not finish");
+        let (client, server) = (&pair.client, &mut pair.server);
         let closed = client.outcome().unwrap().clone().unwrap();
         assert_eq!(closed.reply.as_deref(), Some(&b"disk full"[..]));
         let report = server.poll_report().unwrap();
@@ -3032,52 +3077,25 @@ mod tests {
     /// it took four.)
     #[test]
     fn a_request_is_answered_in_two_round_trips_its_reply_pushed() {
-        let one_way = Duration::from_millis(50);
         let finished_at = |close_unacknowledged: bool| {
             let tuning = Tuning::default();
-            let mut now = Time::ZERO;
-            let client = Client::new(&tuning, 11, Some(3000), now)
+            let client = Client::new(&tuning, 11, Some(3000), Time::ZERO)
                 .unwrap()
                 .with_session(21);
-            let mut client = if close_unacknowledged {
+            let client = if close_unacknowledged {
                 client.with_close_unacknowledged()
             } else {
                 client
             };
-            let mut server = Server::new(open_limits(), 1 << 20, 2 << 20);
-            let (mut to_server, mut to_client) = (Vec::new(), Vec::new());
-            let mut buf = vec![0u8; 2048];
-            let due = |q: &mut Vec<(Time, Vec<u8>)>, now: Time| {
-                let (due, later): (Vec<_>, Vec<_>) = q.drain(..).partition(|(at, _)| *at <= now);
-                *q = later;
-                due
-            };
-            while now < Time::ZERO + Duration::from_secs(2) {
-                while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
-                    to_server.push((now + one_way, buf[..n].to_vec()));
-                }
-                for (_, mut d) in due(&mut to_server, now) {
-                    server.handle_datagram(now, addr(1), &mut d);
-                }
-                while let Some(e) = server.poll_session_event() {
-                    if let SessionEvent::Complete { conn_id } = e {
-                        server.respond(conn_id, b"plan".to_vec());
-                    }
-                }
-                while let Some((_, m)) = server.poll_transmit(now, &mut buf) {
-                    to_client.push((now + one_way, buf[..m].to_vec()));
-                }
-                for (_, d) in due(&mut to_client, now) {
-                    let _ = client.handle_datagram(now, &d);
-                }
-                if done_or_tick(&mut now, &mut client, &mut server) {
-                    let closed = client.outcome().unwrap().clone().unwrap();
-                    assert_eq!(closed.reply.as_deref(), Some(&b"plan"[..]));
-                    assert_eq!(closed.peer.is_none(), close_unacknowledged);
-                    return now;
-                }
-            }
-            panic!("not done in 2 s");
+            let server = Server::new(open_limits(), 1 << 20, 2 << 20);
+            let mut pair = pair(client, server, "delay 50ms");
+            let mut app = Replies(b"plan".to_vec());
+            let done = serve_one(&mut pair, Duration::from_secs(2), &mut straight, &mut app);
+            assert!(done, "not done in 2 s");
+            let closed = pair.client.outcome().unwrap().clone().unwrap();
+            assert_eq!(closed.reply.as_deref(), Some(&b"plan"[..]));
+            assert_eq!(closed.peer.is_none(), close_unacknowledged);
+            pair.now()
         };
         let rtt = Duration::from_millis(100);
         let quick = finished_at(true).saturating_since(Time::ZERO);

@@ -442,9 +442,11 @@ mod tests {
     /// that failed its check is handed back unwritten).
     #[test]
     fn the_last_chunk_handed_back_closes_the_file_written_or_not() {
-        let dir = std::env::temp_dir().join(format!("atou-dest-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("atou-dest-")
+            .tempdir()
+            .unwrap()
+            .keep();
         let dest = Arc::new(DestDir::open(&dir).unwrap());
         let t = target(&dest, 2);
         t.write_chunk(0, &[7u8; 16]).unwrap();

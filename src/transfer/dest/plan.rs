@@ -749,10 +749,11 @@ mod tests {
 
     impl TempDest {
         fn new(name: &str) -> TempDest {
-            let path =
-                std::env::temp_dir().join(format!("atou-plan-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&path);
-            std::fs::create_dir_all(&path).unwrap();
+            let path = tempfile::Builder::new()
+                .prefix(&format!("atou-plan-{name}-"))
+                .tempdir()
+                .unwrap()
+                .keep();
             let dest = Arc::new(DestDir::open(&path).unwrap());
             TempDest { path, dest }
         }
