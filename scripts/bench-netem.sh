@@ -125,6 +125,8 @@ fi
 command -v python3 >/dev/null || die "python3 is missing"
 cargo build --release --quiet
 atou=${ATOU_BIN:-target/release/atou}
+# Absolute: `atou copy` names it to the far end as --remote-atou.
+atou=$(realpath "$atou")
 probe_help=$("$atou" probe --help)
 for f in --cc --recovery --no-auth --maxtime --json; do
     grep -q -- "$f " <<<"$probe_help" || die "atou probe has no $f flag"
@@ -442,7 +444,7 @@ e2e_one() {
     case $tool in
         atou-send) in_a timeout 600 "$atou" send --quiet --identity "$e2e/client" \
                        --server-key "$e2e/server.pub" "$file" "${addrs[1]}:$port" ;;
-        atou-copy) in_a timeout 600 "$atou" copy --quiet --ssh "$ssh_cmd" --remote-atou "$PWD/$atou" \
+        atou-copy) in_a timeout 600 "$atou" copy --quiet --ssh "$ssh_cmd" --remote-atou "$atou" \
                        "$file" "$ssh_user@${addrs[1]}:$dst/" ;;
         scp) in_a timeout 600 scp -q "${ssh_opts[@]}" -P "$ssh_port" "$file" "$ssh_user@${addrs[1]}:$dst/" ;;
         rsync) in_a timeout 600 rsync -a -e "$ssh_cmd" "$file" "$ssh_user@${addrs[1]}:$dst/" ;;
