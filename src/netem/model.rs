@@ -163,7 +163,7 @@ impl<P: Datagram> Qdisc<P> {
         }
     }
 
-    pub fn set_frame_overhead(&mut self, bytes: usize) {
+    pub(crate) fn set_frame_overhead(&mut self, bytes: usize) {
         self.frame_overhead = bytes;
     }
 
@@ -362,7 +362,7 @@ impl<P: Datagram> Qdisc<P> {
 
     /// The next packet due at or before `now`, with the time it left
     /// (sch_netem's `netem_dequeue`).
-    pub fn poll_timed(&mut self, now: Time) -> Option<(Time, P)> {
+    pub(crate) fn poll_timed(&mut self, now: Time) -> Option<(Time, P)> {
         if let Some((at, p)) = self.ahead.pop_front() {
             self.stats.delivered += 1;
             return Some((at, p));
@@ -439,7 +439,7 @@ impl<P: Datagram> Netem<P> {
     }
 
     /// See [`Qdisc::set_frame_overhead`].
-    pub fn set_frame_overhead(&mut self, bytes: usize) {
+    pub(crate) fn set_frame_overhead(&mut self, bytes: usize) {
         for s in &mut self.stages {
             s.set_frame_overhead(bytes);
         }

@@ -131,7 +131,7 @@ pub struct FlowsResult {
 
 impl FlowsResult {
     /// Each flow's goodput over the window, in bits per second.
-    pub fn goodputs(&self) -> Vec<f64> {
+    pub(crate) fn goodputs(&self) -> Vec<f64> {
         self.flows.iter().map(|f| f.goodput_bps).collect()
     }
 

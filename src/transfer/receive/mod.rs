@@ -172,7 +172,7 @@ impl FileReceiver {
     /// A receiver for a dry run (`--dry-run` of `atou copy`): it answers
     /// dry-run plans only, and leaves `config.root` exactly as it is: not
     /// even the staging directory is created.
-    pub fn dry_run(
+    pub(crate) fn dry_run(
         config: ReceiveConfig,
         on_event: impl FnMut(ReceiveEvent) + Send + 'static,
     ) -> Result<FileReceiver, Error> {
