@@ -45,7 +45,7 @@ use crate::proto::{
 use crate::proto::{Observer, PathMemory, SenderSnapshot, SenderStats};
 
 /// Default UDP port, as atou's.
-pub const DEFAULT_PORT: u16 = 7890;
+pub(crate) const DEFAULT_PORT: u16 = 7890;
 /// Most datagrams queued before they are sent, so that receiving (ACKs)
 /// is not starved by a wide-open window.
 const TX_BURST: usize = 256;
@@ -526,7 +526,7 @@ pub async fn connect<F: StreamFeed>(
 /// bootstrap's pull: the one a punch datagram came in on, so the
 /// connection leaves through the mapping the peer's NAT opened); else
 /// from a fresh one.
-pub async fn connect_from<F: StreamFeed>(
+pub(crate) async fn connect_from<F: StreamFeed>(
     socket: Option<std::net::UdpSocket>,
     config: ProbeConfig,
     feed: &mut F,
@@ -912,7 +912,7 @@ pub async fn serve(
 /// [`serve`] on `socket` if given, a socket already bound (the ssh
 /// bootstrap's: on a port of `--port`'s range, or the one the punch
 /// datagrams left from), instead of binding `config.bind`.
-pub async fn serve_from(
+pub(crate) async fn serve_from(
     socket: Option<std::net::UdpSocket>,
     config: ServeConfig,
     app: &mut dyn ServeApp,

@@ -413,7 +413,7 @@ fn nanos(d: Duration) -> u64 {
 }
 
 /// SplitMix64: independent seeds (each stage, each direction) from one.
-pub fn mix_seed(seed: u64, stream: u64) -> u64 {
+pub(crate) fn mix_seed(seed: u64, stream: u64) -> u64 {
     let mut z = seed.wrapping_add(stream.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

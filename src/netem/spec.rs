@@ -77,7 +77,7 @@ impl SpecError {
 }
 
 /// tc's default `limit`: packets held by one netem qdisc.
-pub const DEFAULT_LIMIT: u32 = 1000;
+pub(crate) const DEFAULT_LIMIT: u32 = 1000;
 
 /// The shape of the delay jitter (`distribution`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

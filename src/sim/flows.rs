@@ -160,7 +160,7 @@ impl FlowsResult {
 
 /// Jain's fairness index (Σx)² / (n Σx²): 1 when every x is equal, 1/n
 /// when one has everything; 1 for no flows or all zero.
-pub fn jain_index(xs: &[f64]) -> f64 {
+pub(crate) fn jain_index(xs: &[f64]) -> f64 {
     let sum: f64 = xs.iter().sum();
     let squares: f64 = xs.iter().map(|x| x * x).sum();
     if squares == 0.0 {

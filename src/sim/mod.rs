@@ -30,7 +30,7 @@ use crate::proto::{
 };
 use crate::report::summary::{SimReport, Summary};
 
-pub use flows::{jain_index, run_flows, FlowConfig, FlowResult, FlowsConfig, FlowsResult};
+pub use flows::{run_flows, FlowConfig, FlowResult, FlowsConfig, FlowsResult};
 pub use pair::{Pair, PairConfig, PairResult};
 
 #[derive(Debug, Clone)]
