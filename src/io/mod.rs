@@ -347,6 +347,7 @@ pub struct ProbeResult {
 /// the caller turns it into the end-of-run summary
 /// (`report::summary::Summary::from_client`), with the outcome.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct ClientReport {
     pub stats: SenderStats,
     /// The sender's windows and RTT figures when the connection ended.

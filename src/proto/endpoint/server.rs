@@ -165,6 +165,7 @@ pub enum ConnEnd {
 
 /// One line per connection, like atousrv's report.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct ConnReport {
     pub conn_id: u64,
     /// The file-transfer session, 0 for a probe.

@@ -63,7 +63,9 @@ pub enum ReceiveEvent {
     },
 }
 
+/// What one transfer into a [`FileReceiver`] did, once it ended.
 #[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
 pub struct TransferReport {
     pub session: u64,
     pub peer: SocketAddr,
@@ -101,6 +103,58 @@ pub struct ReceiveConfig {
     /// The server's authorized keys: a key's `subdir=` and `overwrite`
     /// restrict what its transfers may do (`None`: no restrictions).
     pub authorized: Option<Arc<crate::proto::crypto::AuthorizedKeys>>,
+}
+
+impl ReceiveConfig {
+    /// Receives into `root` (an existing directory) with one writer thread,
+    /// serving transfers until stopped, under [`ReceivePolicy::server`], the
+    /// default [`ReceiveLimits`] and no authorized keys' restrictions.
+    pub fn new(root: impl Into<PathBuf>) -> ReceiveConfig {
+        ReceiveConfig {
+            root: root.into(),
+            writers: 1,
+            once: false,
+            policy: ReceivePolicy::server(),
+            limits: ReceiveLimits::default(),
+            authorized: None,
+        }
+    }
+
+    /// Writer threads. Default: 1.
+    #[must_use]
+    pub fn writers(mut self, writers: usize) -> Self {
+        self.writers = writers;
+        self
+    }
+
+    /// Stop after the first transfer ends, well or not. Default: `false`.
+    #[must_use]
+    pub fn once(mut self, once: bool) -> Self {
+        self.once = once;
+        self
+    }
+
+    /// What senders may do here. Default: [`ReceivePolicy::server`].
+    #[must_use]
+    pub fn policy(mut self, policy: ReceivePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The operator's budgets. Default: [`ReceiveLimits::default`].
+    #[must_use]
+    pub fn limits(mut self, limits: ReceiveLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The server's authorized keys, whose `subdir=` and `overwrite`
+    /// restrict what each key's transfers may do. Default: `None`.
+    #[must_use]
+    pub fn authorized(mut self, keys: Option<Arc<crate::proto::crypto::AuthorizedKeys>>) -> Self {
+        self.authorized = keys;
+        self
+    }
 }
 
 /// What one receiver lets its peers make it hold: the operator's budgets.
