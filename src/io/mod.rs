@@ -332,6 +332,8 @@ pub struct ProbeConfig {
     pub path_memory: Option<PathMemory>,
 }
 
+/// How a [`probe`] run ended, with the socket buffers it got and the
+/// window the server granted.
 #[derive(Debug)]
 pub struct ProbeResult {
     pub outcome: Result<Closed, ProbeError>,

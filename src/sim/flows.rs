@@ -116,6 +116,7 @@ pub struct FlowResult {
     pub goodput_bps: f64,
 }
 
+/// What flows sharing a bottleneck did, each and together.
 #[derive(Debug, Clone)]
 pub struct FlowsResult {
     pub flows: Vec<FlowResult>,

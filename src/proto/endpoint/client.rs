@@ -326,6 +326,8 @@ impl Retry {
     }
 }
 
+/// The connecting endpoint, sans I/O: the handshake, packet protection and
+/// the sending stream, driven by `handle_*` and drained by `poll_*`.
 #[derive(Debug)]
 pub struct Client {
     conn_id: u64,

@@ -872,6 +872,8 @@ impl Default for ServerLimits {
     }
 }
 
+/// The listening endpoint, sans I/O: address validation, handshakes and
+/// every connection's receiving stream, within its [`ServerLimits`].
 #[derive(Debug)]
 pub struct Server {
     limits: ServerLimits,

@@ -67,15 +67,22 @@ pub enum ReceiveEvent {
 #[derive(Debug, Clone, serde::Serialize)]
 #[non_exhaustive]
 pub struct TransferReport {
+    /// The transfer's session id.
     pub session: u64,
+    /// The sender's address.
     pub peer: SocketAddr,
+    /// The directory the files went into.
     pub dest: PathBuf,
+    /// Files received and in place.
     pub files: u64,
     /// Files split across shards whose part is in, waiting for the other
     /// shards' parts before they take their name.
     pub files_waiting: u64,
+    /// Directories made.
     pub dirs: u64,
+    /// Symbolic links made.
     pub symlinks: u64,
+    /// Files the receiver already had and skipped.
     pub skipped: u64,
     /// The skipped files were compared by BLAKE3 (`--checksum`), not by
     /// size and mtime.
@@ -86,9 +93,13 @@ pub struct TransferReport {
     pub bytes_resumed: u64,
     /// Chunks that failed their check and were sent again.
     pub chunks_rejected: u64,
+    /// Wall time of the transfer's session at the receiver, in seconds.
     pub secs: f64,
 }
 
+/// How a [`FileReceiver`] receives: where, with how many writers, under
+/// which policy and budgets. Built with [`ReceiveConfig::new`] and its
+/// setters.
 #[derive(Debug, Clone)]
 pub struct ReceiveConfig {
     /// Where files go (it exists and is a directory).
@@ -206,6 +217,8 @@ impl Default for ReceiveLimits {
     }
 }
 
+/// The receiving side of file transfers, as the application [`crate::io::serve`]
+/// runs.
 pub struct FileReceiver {
     sessions: Sessions<Prepared>,
     dest: Arc<DestDir>,

@@ -354,15 +354,19 @@ impl Default for StreamLive {
 #[derive(Debug, Clone, serde::Serialize)]
 #[non_exhaustive]
 pub struct SendReport {
+    /// The receiver as the user named it.
     pub host: String,
     /// `--shard K/N`: every figure below is of this shard's part.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shard: Option<String>,
+    /// Files in the manifest (regular files).
     pub files: u64,
     /// Of `files`, those split across shards that this shard sent a part
     /// of: each takes its name at the receiver when every part is in.
     pub files_in_part: u64,
+    /// Directories in the manifest.
     pub dirs: u64,
+    /// Symbolic links in the manifest.
     pub symlinks: u64,
     /// Files the receiver already had (`--skip-existing`).
     pub skipped_files: u64,
@@ -372,10 +376,13 @@ pub struct SendReport {
     pub bytes_sent: u64,
     /// File bytes not sent: skipped files and chunks the receiver held.
     pub bytes_skipped: u64,
+    /// Chunks sent again after failing the receiver's check.
     pub chunks_resent: u64,
+    /// Wall time of the whole run, in seconds.
     pub secs: f64,
     /// File bytes sent per second of the whole run, in bits/s.
     pub goodput_bps: f64,
+    /// Rounds of sending: 1, plus one per round that re-sent failed chunks.
     pub rounds: usize,
     /// Every file verified by the receiver (BLAKE3 per chunk and per file).
     pub verified: bool,
