@@ -124,8 +124,8 @@ pub struct PairResult {
     pub handshake: Option<Duration>,
 }
 
-/// A [`Client`](crate::Client) and a [`Server`](crate::Server) through the
-/// handshake and a connection, over simulated paths in virtual time.
+/// A [`Client`] and a [`Server`] through the handshake and a connection,
+/// over simulated paths in virtual time.
 pub struct Pair {
     pub client: Client,
     pub server: Server,
