@@ -11,8 +11,7 @@
 //!   handshake and packet protection included; [`ConnError`], [`ConnEnd`],
 //!   [`ConnReport`] say how a connection went; [`InputError`] why a datagram
 //!   was refused.
-//! - [`Sender`] and [`Receiver`] (with [`ReceiverConfig`]): one stream each
-//!   way, below the endpoints, fed any [`PayloadSource`] ([`PatternSource`]:
+//! - [`PayloadSource`]: what a sending endpoint sends ([`PatternSource`]:
 //!   the test pattern).
 //! - [`Tuning`]: every knob, with its kinds ([`CcKind`], [`RecoveryKind`],
 //!   [`ReductionKind`], [`ReorderingKind`], [`SsthreshEstimate`]) and
@@ -30,8 +29,8 @@
 //! [`transfer::ReceiveConfig`] and a [`transfer::ReceivePolicy`] is the
 //! receiving side, served by [`io::serve`].
 //!
-//! **Experiments.** [`sim`]: [`sim::Simulation`] runs a [`Sender`] and a
-//! [`Receiver`] over modelled links in virtual time ([`sim::SimConfig`]),
+//! **Experiments.** [`sim`]: [`sim::Simulation`] runs the bare stream
+//! engines (a sender and a receiver, below the endpoints) over modelled links in virtual time ([`sim::SimConfig`]),
 //! [`sim::Pair`] a [`Client`] and a [`Server`] through the handshake,
 //! [`sim::run_flows`] flows sharing a bottleneck, [`sim::scenarios`] the
 //! papers' figures. [`netem`]: the links, in `tc netem`'s syntax
@@ -74,8 +73,6 @@ pub use proto::endpoint::client::{Client, ConnError};
 pub use proto::endpoint::server::{ConnEnd, ConnReport, Server, ServerLimits};
 pub use proto::events::{Event, Observer, Recorder, TimedEvent, TraceRecord};
 pub use proto::payload::{PatternSource, PayloadSource};
-pub use proto::stream::receiver::{Receiver, ReceiverConfig};
-pub use proto::stream::sender::Sender;
 pub use proto::time::Time;
 pub use proto::tuning::{
     CcKind, RecoveryKind, ReductionKind, ReorderingKind, SsthreshEstimate, Tuning, TuningError,
@@ -96,7 +93,12 @@ pub fn run_cli() -> std::process::ExitCode {
 pub mod internals {
     pub use crate::config::keys;
     pub use crate::proto::endpoint::server;
+    // The stream engines below the endpoints: the papers' bare sender and
+    // receiver, which `sim` drives and the property tests and fuzz targets
+    // exercise; an embedder talks to `Client` and `Server`.
+    pub use crate::proto::stream::receiver::{Receiver, ReceiverConfig};
     pub use crate::proto::stream::rtt;
+    pub use crate::proto::stream::sender::Sender;
     pub use crate::proto::{crypto, path_memory, payload, tuning, wire};
     pub use crate::report::{plot, summary, trace};
 

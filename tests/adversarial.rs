@@ -932,14 +932,10 @@ mod sans_io {
             let events = Arc::new(Mutex::new(Vec::new()));
             let e = events.clone();
             let app = FileReceiver::new(
-                ReceiveConfig {
-                    root: dest.to_path_buf(),
-                    writers: 2,
-                    once: false,
-                    policy: ReceivePolicy::server(),
-                    limits: ReceiveLimits::default(),
-                    authorized: None,
-                },
+                ReceiveConfig::new(dest)
+                    .writers(2)
+                    .policy(ReceivePolicy::server())
+                    .limits(ReceiveLimits::default()),
                 move |ev| e.lock().unwrap().push(ev),
             )
             .unwrap();

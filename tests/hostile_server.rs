@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime};
 use atou::internals::server::{Arrival, SessionEvent};
 use atou::internals::transfer::dest::{ReceivePolicy, SymlinkPolicy, UserFlags};
 use atou::internals::transfer::messages::{
-    ChunkRef, DataHeader, FilePlan, Options, Outcome, PlanReply, Request,
+    ChunkRef, DataHeader, FilePlan, Outcome, PlanReply, Request,
 };
 use atou::internals::transfer::receive::{FileReceiver, ReceiveConfig};
 use atou::internals::transfer::send::{send, Progress, SendConfig, SendError, SendReport};
@@ -93,26 +93,12 @@ fn run_server<A: ServeApp + Send + 'static>(mut app: A) -> Running {
 }
 
 fn config(peer: SocketAddr) -> SendConfig {
-    SendConfig {
-        peer,
-        host: format!("hostile-{peer}"),
-        subdir: None,
-        tuning: Tuning {
+    SendConfig::new(peer)
+        .host(format!("hostile-{peer}"))
+        .tuning(Tuning {
             maxidle: Duration::from_secs(5),
             ..Tuning::default()
-        },
-        options: Options::default(),
-        follow: false,
-        excludes: Default::default(),
-        shard: None,
-        streams: 1,
-        buffer: 0,
-        readers: 1,
-        auth: None,
-        trace: None,
-        path_memory: None,
-        wait_busy: std::time::Duration::ZERO,
-    }
+        })
 }
 
 fn send_one(src: &Path, peer: SocketAddr) -> Result<SendReport, SendError> {
@@ -290,23 +276,16 @@ impl ServeApp for Racing {
 fn racing_receiver(dest: &Path, hook: impl FnOnce() + Send + 'static) -> Running {
     let failures = Arc::new(Mutex::new(Vec::new()));
     let inner = FileReceiver::new(
-        ReceiveConfig {
-            root: dest.to_path_buf(),
-            writers: 1,
-            once: false,
-            // The user's own directory, taking whatever arrives.
-            policy: ReceivePolicy::user(
-                UserFlags {
-                    overwrite: true,
-                    special_bits: true,
-                    symlinks: SymlinkPolicy::All,
-                    fsync: false,
-                },
-                None,
-            ),
-            limits: Default::default(),
-            authorized: None,
-        },
+        // The user's own directory, taking whatever arrives.
+        ReceiveConfig::new(dest).policy(ReceivePolicy::user(
+            UserFlags {
+                overwrite: true,
+                special_bits: true,
+                symlinks: SymlinkPolicy::All,
+                fsync: false,
+            },
+            None,
+        )),
         move |e| failures.lock().unwrap().push(format!("{e:?}")),
     )
     .unwrap();

@@ -122,8 +122,8 @@ fn the_first_rto_comes_from_the_memory() {
         recovery: RecoveryKind::Sack,
         ..Tuning::default()
     };
-    let plain = atou::Sender::new(&t, 1, Some(1000), atou::Time::ZERO).unwrap();
-    let seeded = atou::Sender::new(&t, 1, Some(1000), atou::Time::ZERO)
+    let plain = atou::internals::Sender::new(&t, 1, Some(1000), atou::Time::ZERO).unwrap();
+    let seeded = atou::internals::Sender::new(&t, 1, Some(1000), atou::Time::ZERO)
         .unwrap()
         .with_path_memory(&memory);
     assert_eq!(plain.rto(), Duration::from_secs(1));

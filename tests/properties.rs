@@ -5,9 +5,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use atou::internals::wire::{Ack, DataFlags, DataHeader, SackBlock, ACK_MAX_LEN, DATA_HEADER_LEN};
+use atou::internals::{Receiver, ReceiverConfig, Sender};
 use atou::netem::NetemSpec;
 use atou::sim::{RunEnd, SimConfig, SimError, Simulation};
-use atou::{PatternSource, Receiver, ReceiverConfig, RecoveryKind, Sender, Time, Tuning};
+use atou::{PatternSource, RecoveryKind, Time, Tuning};
 
 fn percent(max: f64) -> impl Strategy<Value = f64> {
     prop_oneof![Just(0.0), 0.0..max]

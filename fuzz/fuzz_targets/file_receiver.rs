@@ -142,20 +142,15 @@ fuzz_target!(|data: &[u8]| {
         ..ReceivePolicy::server()
     };
     let mut app = FileReceiver::new(
-        ReceiveConfig {
-            root: dest.clone(),
-            writers: 1,
-            once: false,
-            policy,
-            limits: ReceiveLimits {
+        ReceiveConfig::new(dest.clone())
+            .policy(policy)
+            .limits(ReceiveLimits {
                 max_sessions: 2,
                 max_request: 4096,
                 planners: 1,
                 plan_queue: 2,
                 ..ReceiveLimits::default()
-            },
-            authorized: None,
-        },
+            }),
         |_| {},
     )
     .unwrap();

@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use atou::fuzzing::wire::{Packet, ACK_MAX_LEN, MAGIC, VERSION};
-use atou::{Receiver, ReceiverConfig, Time};
+use atou::fuzzing::{Receiver, ReceiverConfig};
+use atou::Time;
 use libfuzzer_sys::fuzz_target;
 
 const RCVSEGS: u32 = 16;

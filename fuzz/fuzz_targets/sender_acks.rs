@@ -6,7 +6,8 @@
 //! 3 fire the next timer.
 #![no_main]
 use atou::fuzzing::wire::{MAGIC, VERSION};
-use atou::{PatternSource, RecoveryKind, Sender, Time, Tuning};
+use atou::fuzzing::Sender;
+use atou::{PatternSource, RecoveryKind, Time, Tuning};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -46,7 +46,7 @@ use crate::proto::{
 use crate::proto::{Observer, PathMemory, ReceiverStats, SenderSnapshot, SenderStats};
 
 /// Default UDP port, as atou's.
-pub const DEFAULT_PORT: u16 = 7890;
+pub(crate) const DEFAULT_PORT: u16 = 7890;
 /// Most datagrams queued before they are sent, so that receiving (ACKs)
 /// is not starved by a wide-open window.
 const TX_BURST: usize = 256;
@@ -333,6 +333,8 @@ pub struct ProbeConfig {
     pub path_memory: Option<PathMemory>,
 }
 
+/// How a [`probe`] run ended, with the socket buffers it got and the
+/// window the server granted.
 #[derive(Debug)]
 pub struct ProbeResult {
     pub outcome: Result<Closed, ProbeError>,
@@ -348,6 +350,7 @@ pub struct ProbeResult {
 /// the caller turns it into the end-of-run summary
 /// (`report::summary::Summary::from_client`), with the outcome.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct ClientReport {
     pub stats: SenderStats,
     /// The sender's windows and RTT figures when the connection ended.
@@ -550,7 +553,7 @@ pub async fn connect<F: StreamFeed>(
 /// bootstrap's pull: the one a punch datagram came in on, so the
 /// connection leaves through the mapping the peer's NAT opened); else
 /// from a fresh one.
-pub async fn connect_from<F: StreamFeed>(
+pub(crate) async fn connect_from<F: StreamFeed>(
     socket: Option<std::net::UdpSocket>,
     config: ProbeConfig,
     feed: &mut F,
@@ -936,7 +939,7 @@ pub async fn serve(
 /// [`serve`] on `socket` if given, a socket already bound (the ssh
 /// bootstrap's: on a port of `--port`'s range, or the one the punch
 /// datagrams left from), instead of binding `config.bind`.
-pub async fn serve_from(
+pub(crate) async fn serve_from(
     socket: Option<std::net::UdpSocket>,
     config: ServeConfig,
     app: &mut dyn ServeApp,

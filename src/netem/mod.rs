@@ -27,5 +27,6 @@ mod model;
 mod random;
 pub mod spec;
 
-pub use model::{mix_seed, Datagram, Netem, NetemStats, Qdisc};
+pub(crate) use model::mix_seed;
+pub use model::{Datagram, Netem, NetemStats, Qdisc};
 pub use spec::{Distribution, Loss, NetemSpec, QdiscSpec, Rate, Slot, SlotDelay, SpecError};

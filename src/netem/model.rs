@@ -163,7 +163,7 @@ impl<P: Datagram> Qdisc<P> {
         }
     }
 
-    pub fn set_frame_overhead(&mut self, bytes: usize) {
+    pub(crate) fn set_frame_overhead(&mut self, bytes: usize) {
         self.frame_overhead = bytes;
     }
 
@@ -362,7 +362,7 @@ impl<P: Datagram> Qdisc<P> {
 
     /// The next packet due at or before `now`, with the time it left
     /// (sch_netem's `netem_dequeue`).
-    pub fn poll_timed(&mut self, now: Time) -> Option<(Time, P)> {
+    pub(crate) fn poll_timed(&mut self, now: Time) -> Option<(Time, P)> {
         if let Some((at, p)) = self.ahead.pop_front() {
             self.stats.delivered += 1;
             return Some((at, p));
@@ -413,7 +413,7 @@ fn nanos(d: Duration) -> u64 {
 }
 
 /// SplitMix64: independent seeds (each stage, each direction) from one.
-pub fn mix_seed(seed: u64, stream: u64) -> u64 {
+pub(crate) fn mix_seed(seed: u64, stream: u64) -> u64 {
     let mut z = seed.wrapping_add(stream.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -439,7 +439,7 @@ impl<P: Datagram> Netem<P> {
     }
 
     /// See [`Qdisc::set_frame_overhead`].
-    pub fn set_frame_overhead(&mut self, bytes: usize) {
+    pub(crate) fn set_frame_overhead(&mut self, bytes: usize) {
         for s in &mut self.stages {
             s.set_frame_overhead(bytes);
         }

@@ -77,7 +77,7 @@ impl SpecError {
 }
 
 /// tc's default `limit`: packets held by one netem qdisc.
-pub const DEFAULT_LIMIT: u32 = 1000;
+pub(crate) const DEFAULT_LIMIT: u32 = 1000;
 
 /// The shape of the delay jitter (`distribution`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,12 +206,12 @@ pub struct QdiscSpec {
 }
 
 impl QdiscSpec {
-    pub fn limit(&self) -> u32 {
+    pub(crate) fn limit(&self) -> u32 {
         self.limit.unwrap_or(DEFAULT_LIMIT)
     }
 
     /// The reorder gap in effect: 0 (never) without `reorder`.
-    pub fn gap(&self) -> u32 {
+    pub(crate) fn gap(&self) -> u32 {
         if self.reorder.is_zero() {
             0
         } else {
@@ -220,7 +220,7 @@ impl QdiscSpec {
     }
 
     /// True when the kernel's netem cannot run this stage (atou extensions).
-    pub fn kernel_unsupported(&self) -> Option<&'static str> {
+    pub(crate) fn kernel_unsupported(&self) -> Option<&'static str> {
         match self.loss {
             Loss::Every(_) => Some("`loss every N` is an atou extension the kernel lacks"),
             _ => None,

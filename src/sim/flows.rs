@@ -116,6 +116,7 @@ pub struct FlowResult {
     pub goodput_bps: f64,
 }
 
+/// What flows sharing a bottleneck did, each and together.
 #[derive(Debug, Clone)]
 pub struct FlowsResult {
     pub flows: Vec<FlowResult>,
@@ -131,7 +132,7 @@ pub struct FlowsResult {
 
 impl FlowsResult {
     /// Each flow's goodput over the window, in bits per second.
-    pub fn goodputs(&self) -> Vec<f64> {
+    pub(crate) fn goodputs(&self) -> Vec<f64> {
         self.flows.iter().map(|f| f.goodput_bps).collect()
     }
 
@@ -160,7 +161,7 @@ impl FlowsResult {
 
 /// Jain's fairness index (Σx)² / (n Σx²): 1 when every x is equal, 1/n
 /// when one has everything; 1 for no flows or all zero.
-pub fn jain_index(xs: &[f64]) -> f64 {
+pub(crate) fn jain_index(xs: &[f64]) -> f64 {
     let sum: f64 = xs.iter().sum();
     let squares: f64 = xs.iter().map(|x| x * x).sum();
     if squares == 0.0 {

@@ -30,9 +30,10 @@ use crate::proto::{
 };
 use crate::report::summary::{SimReport, Summary};
 
-pub use flows::{jain_index, run_flows, FlowConfig, FlowResult, FlowsConfig, FlowsResult};
+pub use flows::{run_flows, FlowConfig, FlowResult, FlowsConfig, FlowsResult};
 pub use pair::{Pair, PairConfig, PairResult};
 
+/// One simulated run of bare streams: tuning, paths and seed.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     pub tuning: Tuning,
@@ -110,6 +111,7 @@ pub enum RunEnd {
     TimeLimit,
 }
 
+/// What a simulated run did: its events, trace and how it ended.
 #[derive(Debug, Clone)]
 pub struct SimResult {
     pub outcome: RunEnd,

@@ -24,7 +24,7 @@ use crate::proto::{
 use super::{RunEnd, Tagged};
 
 /// The client's address, as the server sees it.
-pub const CLIENT_ADDR: SocketAddr = SocketAddr::new(
+pub(crate) const CLIENT_ADDR: SocketAddr = SocketAddr::new(
     std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1)),
     40_000,
 );
@@ -147,6 +147,8 @@ pub struct PairResult {
     pub handshake: Option<Duration>,
 }
 
+/// A [`Client`] and a [`Server`] through the handshake and a connection,
+/// over simulated paths in virtual time.
 pub struct Pair {
     pub client: Client,
     pub server: Server,

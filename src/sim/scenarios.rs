@@ -10,7 +10,7 @@ use crate::proto::{Event, Recorder, RecoveryKind, Time, Tuning};
 use crate::util::units::Probability;
 
 /// Mathis §3.1: MSS in the paper's sense, payload bytes per segment.
-pub const MATHIS_MSS: u64 = 1460;
+pub(crate) const MATHIS_MSS: u64 = 1460;
 
 /// One measurement of Mathis's constant.
 #[derive(Debug, Clone, Copy)]

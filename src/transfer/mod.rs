@@ -34,7 +34,7 @@ pub use error::{Change, Error};
 use manifest::{EntryKind, Manifest};
 
 /// The sizes of the manifest's files, in order: file numbers index this.
-pub fn file_sizes(manifest: &Manifest) -> Vec<u64> {
+pub(crate) fn file_sizes(manifest: &Manifest) -> Vec<u64> {
     manifest
         .entries
         .iter()

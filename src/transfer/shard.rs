@@ -43,32 +43,22 @@ pub(crate) const MAX_SHARDS: u32 = 1024;
 
 /// Shard `index` (1-based, as K in `--shard K/N`) of `count`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shard {
+pub(crate) struct Shard {
     index: u32,
     count: u32,
 }
 
 impl Shard {
     /// `None` unless 1 <= index <= count <= [`MAX_SHARDS`].
-    pub fn new(index: u32, count: u32) -> Option<Shard> {
+    pub(crate) fn new(index: u32, count: u32) -> Option<Shard> {
         (1 <= index && index <= count && count <= MAX_SHARDS).then_some(Shard { index, count })
-    }
-
-    /// K, from 1.
-    pub fn index(&self) -> u32 {
-        self.index
-    }
-
-    /// N.
-    pub fn count(&self) -> u32 {
-        self.count
     }
 
     /// The entries of `tree` this shard sends, in the walk's order: every
     /// directory, the files and symlinks [`assign`] gives it, and its
     /// part of each split file (a split file whose range for this shard
     /// is empty, fewer chunks than shards, is not in it).
-    pub fn select(&self, tree: Vec<LocalEntry>) -> Vec<Selected> {
+    pub(crate) fn select(&self, tree: Vec<LocalEntry>) -> Vec<Selected> {
         let k = self.index - 1;
         let items: Vec<Item<'_>> = tree.iter().map(Item::of).collect();
         let owners = assign(&items, self.count);
@@ -94,11 +84,11 @@ impl Shard {
 
 /// One entry of a shard's part of the tree.
 #[derive(Debug)]
-pub struct Selected {
-    pub entry: LocalEntry,
+pub(crate) struct Selected {
+    pub(crate) entry: LocalEntry,
     /// The chunks of it this shard sends, for a file split across shards;
     /// `None` for an entry sent whole.
-    pub part: Option<Range<u64>>,
+    pub(crate) part: Option<Range<u64>>,
 }
 
 /// The chunks of a split file of `size` bytes that shard `k` (from 0) of

@@ -186,7 +186,7 @@ impl StaticKeypair {
         self.public
     }
 
-    pub fn private_bytes(&self) -> &[u8; 32] {
+    pub(crate) fn private_bytes(&self) -> &[u8; 32] {
         &self.private
     }
 }

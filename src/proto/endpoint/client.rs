@@ -326,6 +326,8 @@ impl Retry {
     }
 }
 
+/// The connecting endpoint, sans I/O: the handshake, packet protection and
+/// the sending stream, driven by `handle_*` and drained by `poll_*`.
 #[derive(Debug)]
 pub struct Client {
     conn_id: u64,
@@ -486,7 +488,7 @@ impl Client {
     }
 
     /// The packet cipher, `None` for a plain connection.
-    pub fn cipher(&self) -> Option<crate::proto::crypto::Cipher> {
+    pub(crate) fn cipher(&self) -> Option<crate::proto::crypto::Cipher> {
         self.secure.as_ref().map(|s| s.config.cipher)
     }
 
@@ -498,7 +500,7 @@ impl Client {
 
     /// The longest datagram [`Client::poll_transmit`] writes: `mss`, or a
     /// padded hello.
-    pub fn max_transmit_len(&self) -> usize {
+    pub(crate) fn max_transmit_len(&self) -> usize {
         let overhead = frame::overhead(16);
         (self.tuning.mss as usize + overhead)
             .max(CONTROL_MAX_LEN + overhead)
@@ -541,14 +543,14 @@ impl Client {
     /// that ends with its last connection (`serve --once`, the far end of
     /// `atou copy` over ssh) would wait out. The server's counters
     /// ([`Closed::peer`]) are then `None`.
-    pub fn with_close_unacknowledged(mut self) -> Client {
+    pub(crate) fn with_close_unacknowledged(mut self) -> Client {
         self.close_unacknowledged = true;
         self
     }
 
     /// Limits the data sent to the stream's first `bytes` (see
     /// [`Sender::set_available`]); kept for the sender made at the welcome.
-    pub fn set_available(&mut self, now: Time, bytes: u64) {
+    pub(crate) fn set_available(&mut self, now: Time, bytes: u64) {
         self.available = Some(self.available.map_or(bytes, |a| a.max(bytes)));
         if let Some(s) = self.sender.as_mut() {
             s.set_available(now, bytes);
@@ -556,7 +558,7 @@ impl Client {
     }
 
     /// Records atou's packet trace (see [`Sender::enable_trace`]).
-    pub fn enable_trace(&mut self) {
+    pub(crate) fn enable_trace(&mut self) {
         self.trace = true;
         if let Some(s) = self.sender.as_mut() {
             s.enable_trace();
@@ -568,7 +570,7 @@ impl Client {
         self.sender.as_ref()
     }
 
-    pub fn sender_mut(&mut self) -> Option<&mut Sender> {
+    pub(crate) fn sender_mut(&mut self) -> Option<&mut Sender> {
         self.sender.as_mut()
     }
 
@@ -577,7 +579,7 @@ impl Client {
         self.granted
     }
 
-    pub fn bad_packets(&self) -> u64 {
+    pub(crate) fn bad_packets(&self) -> u64 {
         self.bad_packets
     }
 
@@ -1114,7 +1116,7 @@ impl Client {
         self.sender.as_mut()?.poll_event()
     }
 
-    pub fn poll_trace(&mut self) -> Option<TraceRecord> {
+    pub(crate) fn poll_trace(&mut self) -> Option<TraceRecord> {
         self.sender.as_mut()?.poll_trace()
     }
 }

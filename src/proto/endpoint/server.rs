@@ -165,6 +165,7 @@ pub enum ConnEnd {
 
 /// One line per connection, like atousrv's report.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct ConnReport {
     pub conn_id: u64,
     /// The file-transfer session, 0 for a probe.
@@ -871,6 +872,8 @@ impl Default for ServerLimits {
     }
 }
 
+/// The listening endpoint, sans I/O: address validation, handshakes and
+/// every connection's receiving stream, within its [`ServerLimits`].
 #[derive(Debug)]
 pub struct Server {
     limits: ServerLimits,
@@ -970,7 +973,7 @@ impl Server {
     /// challenges and cookie and token secrets. Before
     /// [`with_auth`](Self::with_auth), which draws the responder's
     /// cookie secret.
-    pub fn with_seed(mut self, seed: [u8; 32]) -> Server {
+    pub(crate) fn with_seed(mut self, seed: [u8; 32]) -> Server {
         let mut random = ChaCha20Rng::from_seed(seed);
         self.tokens = Some(CookieSecret::new(draw_secret(&mut random)));
         self.random = Some(random);
@@ -1131,7 +1134,7 @@ impl Server {
     }
 
     /// The server's public key, if it has one.
-    pub fn public_key(&self) -> Option<PublicKey> {
+    pub(crate) fn public_key(&self) -> Option<PublicKey> {
         self.responder.as_ref().map(Responder::public)
     }
 
@@ -1178,6 +1181,7 @@ impl Server {
     }
 
     /// Session windows granted and not given back, in bytes.
+    #[cfg(any(feature = "internals", fuzzing))]
     pub fn windows_held(&self) -> u64 {
         self.windows_held
     }
@@ -1188,6 +1192,7 @@ impl Server {
 
     /// Sources whose budget of public-key operations is tracked now (at
     /// most [`ServerLimits::max_rate_sources`]).
+    #[cfg(any(feature = "internals", fuzzing))]
     pub fn rate_sources_tracked(&self) -> usize {
         self.rate.tracked()
     }
@@ -1200,12 +1205,12 @@ impl Server {
     /// hello; the I/O layer sets it and calls [`Server::set_socket_rcvbuf`]
     /// before draining transmits, so the welcome reports the result. Each
     /// size is asked for once: a kernel that capped it would cap it again.
-    pub fn wanted_rcvbuf(&self) -> Option<u32> {
+    pub(crate) fn wanted_rcvbuf(&self) -> Option<u32> {
         self.pending_rcvbuf
     }
 
     /// Records what the kernel reports after the socket was resized.
-    pub fn set_socket_rcvbuf(&mut self, granted: u32) {
+    pub(crate) fn set_socket_rcvbuf(&mut self, granted: u32) {
         self.granted_rcvbuf = granted;
         self.pending_rcvbuf = None;
     }
@@ -1710,6 +1715,7 @@ impl Server {
 
     /// Jobs handed out or waiting to be, whose results have not come
     /// back (at most [`ServerLimits::handshake_queue`]).
+    #[cfg(any(feature = "internals", fuzzing))]
     pub fn handshakes_in_flight(&self) -> usize {
         self.in_flight.len()
     }

@@ -63,17 +63,26 @@ pub enum ReceiveEvent {
     },
 }
 
+/// What one transfer into a [`FileReceiver`] did, once it ended.
 #[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
 pub struct TransferReport {
+    /// The transfer's session id.
     pub session: u64,
+    /// The sender's address.
     pub peer: SocketAddr,
+    /// The directory the files went into.
     pub dest: PathBuf,
+    /// Files received and in place.
     pub files: u64,
     /// Files split across shards whose part is in, waiting for the other
     /// shards' parts before they take their name.
     pub files_waiting: u64,
+    /// Directories made.
     pub dirs: u64,
+    /// Symbolic links made.
     pub symlinks: u64,
+    /// Files the receiver already had and skipped.
     pub skipped: u64,
     /// The skipped files were compared by BLAKE3 (`--checksum`), not by
     /// size and mtime.
@@ -84,9 +93,13 @@ pub struct TransferReport {
     pub bytes_resumed: u64,
     /// Chunks that failed their check and were sent again.
     pub chunks_rejected: u64,
+    /// Wall time of the transfer's session at the receiver, in seconds.
     pub secs: f64,
 }
 
+/// How a [`FileReceiver`] receives: where, with how many writers, under
+/// which policy and budgets. Built with [`ReceiveConfig::new`] and its
+/// setters.
 #[derive(Debug, Clone)]
 pub struct ReceiveConfig {
     /// Where files go (it exists and is a directory).
@@ -101,6 +114,58 @@ pub struct ReceiveConfig {
     /// The server's authorized keys: a key's `subdir=` and `overwrite`
     /// restrict what its transfers may do (`None`: no restrictions).
     pub authorized: Option<Arc<crate::proto::crypto::AuthorizedKeys>>,
+}
+
+impl ReceiveConfig {
+    /// Receives into `root` (an existing directory) with one writer thread,
+    /// serving transfers until stopped, under [`ReceivePolicy::server`], the
+    /// default [`ReceiveLimits`] and no authorized keys' restrictions.
+    pub fn new(root: impl Into<PathBuf>) -> ReceiveConfig {
+        ReceiveConfig {
+            root: root.into(),
+            writers: 1,
+            once: false,
+            policy: ReceivePolicy::server(),
+            limits: ReceiveLimits::default(),
+            authorized: None,
+        }
+    }
+
+    /// Writer threads. Default: 1.
+    #[must_use]
+    pub fn writers(mut self, writers: usize) -> Self {
+        self.writers = writers;
+        self
+    }
+
+    /// Stop after the first transfer ends, well or not. Default: `false`.
+    #[must_use]
+    pub fn once(mut self, once: bool) -> Self {
+        self.once = once;
+        self
+    }
+
+    /// What senders may do here. Default: [`ReceivePolicy::server`].
+    #[must_use]
+    pub fn policy(mut self, policy: ReceivePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The operator's budgets. Default: [`ReceiveLimits::default`].
+    #[must_use]
+    pub fn limits(mut self, limits: ReceiveLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The server's authorized keys, whose `subdir=` and `overwrite`
+    /// restrict what each key's transfers may do. Default: `None`.
+    #[must_use]
+    pub fn authorized(mut self, keys: Option<Arc<crate::proto::crypto::AuthorizedKeys>>) -> Self {
+        self.authorized = keys;
+        self
+    }
 }
 
 /// What one receiver lets its peers make it hold: the operator's budgets.
@@ -152,6 +217,8 @@ impl Default for ReceiveLimits {
     }
 }
 
+/// The receiving side of file transfers, as the application [`crate::io::serve`]
+/// runs.
 pub struct FileReceiver {
     sessions: Sessions<Prepared>,
     dest: Arc<DestDir>,
@@ -172,7 +239,7 @@ impl FileReceiver {
     /// A receiver for a dry run (`--dry-run` of `atou copy`): it answers
     /// dry-run plans only, and leaves `config.root` exactly as it is: not
     /// even the staging directory is created.
-    pub fn dry_run(
+    pub(crate) fn dry_run(
         config: ReceiveConfig,
         on_event: impl FnMut(ReceiveEvent) + Send + 'static,
     ) -> Result<FileReceiver, Error> {

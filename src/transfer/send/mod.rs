@@ -155,36 +155,127 @@ pub fn probe_fault(e: &ProbeError) -> Fault {
     }
 }
 
+/// How [`send`] sends: the receiver, the transport's tuning and budgets.
+/// Built with [`SendConfig::new`] and its setters.
 #[derive(Debug, Clone)]
 pub struct SendConfig {
-    pub peer: SocketAddr,
+    /// The receiver's address.
+    pub(crate) peer: SocketAddr,
     /// The receiver as the user named it, for messages.
-    pub host: String,
-    pub subdir: Option<RelPath>,
-    pub tuning: Tuning,
-    pub options: Options,
-    pub follow: bool,
+    pub(crate) host: String,
+    /// Where under the receiver's directory the files go; `None`: its top.
+    pub(crate) subdir: Option<RelPath>,
+    /// Every data connection's transport knobs.
+    pub(crate) tuning: Tuning,
+    /// What the receiver is asked to do with existing files.
+    pub(crate) options: Options,
+    /// Follow symlinks among the sources instead of sending them as links.
+    pub(crate) follow: bool,
     /// Entries the walk leaves out (`--exclude`).
-    pub excludes: Excludes,
+    pub(crate) excludes: Excludes,
     /// Send only this shard's part of the tree (`--shard K/N`).
-    pub shard: Option<Shard>,
+    pub(crate) shard: Option<Shard>,
     /// Transport connections at once.
-    pub streams: usize,
+    pub(crate) streams: usize,
     /// Bytes read ahead, over all streams.
-    pub buffer: u64,
-    pub readers: usize,
+    pub(crate) buffer: u64,
+    /// Threads reading the source files.
+    pub(crate) readers: usize,
     /// Authenticate and encrypt with these keys; `None`: plain (`--no-auth`).
-    pub auth: Option<crate::proto::crypto::ClientAuth>,
+    pub(crate) auth: Option<crate::proto::crypto::ClientAuth>,
     /// What to do with each data connection's packet trace (`--trace`,
     /// `--plot`); `None`: no trace.
-    pub trace: Option<TraceSink>,
+    pub(crate) trace: Option<TraceSink>,
     /// What an earlier transfer learnt about the path to `peer`, for every
     /// connection's start ([`crate::config::path_cache`]); `None`: none.
-    pub path_memory: Option<crate::proto::PathMemory>,
+    pub(crate) path_memory: Option<crate::proto::PathMemory>,
     /// How long to keep coming back, with jittered growing pauses, to a
     /// receiver that says it is busy, from its first such answer; zero:
     /// give up at once.
-    pub wait_busy: Duration,
+    pub(crate) wait_busy: Duration,
+}
+
+impl SendConfig {
+    /// Sends to `peer`, named by its address in messages, with the default
+    /// tuning, one stream, the smallest read-ahead (2 MiB), one reader
+    /// thread, no authentication and no waiting on a busy receiver.
+    pub fn new(peer: SocketAddr) -> SendConfig {
+        SendConfig {
+            peer,
+            host: peer.to_string(),
+            subdir: None,
+            tuning: Tuning::default(),
+            options: Options::default(),
+            follow: false,
+            excludes: Excludes::default(),
+            shard: None,
+            streams: 1,
+            buffer: 0,
+            readers: 1,
+            auth: None,
+            trace: None,
+            path_memory: None,
+            wait_busy: Duration::ZERO,
+        }
+    }
+
+    /// The receiver as the user named it, for messages. Default: `peer`.
+    #[must_use]
+    pub fn host(mut self, host: impl Into<String>) -> Self {
+        self.host = host.into();
+        self
+    }
+
+    /// Every data connection's transport knobs. Default: [`Tuning::default`].
+    #[must_use]
+    pub fn tuning(mut self, tuning: Tuning) -> Self {
+        self.tuning = tuning;
+        self
+    }
+
+    /// Follow symlinks among the sources. Default: `false`.
+    #[must_use]
+    pub fn follow(mut self, follow: bool) -> Self {
+        self.follow = follow;
+        self
+    }
+
+    /// Transport connections at once. Default: 1.
+    #[must_use]
+    pub fn streams(mut self, streams: usize) -> Self {
+        self.streams = streams;
+        self
+    }
+
+    /// Bytes read ahead over all streams, at least 2 MiB per stream.
+    /// Default: 0 (that least).
+    #[must_use]
+    pub fn buffer(mut self, bytes: u64) -> Self {
+        self.buffer = bytes;
+        self
+    }
+
+    /// Threads reading the source files. Default: 1.
+    #[must_use]
+    pub fn readers(mut self, readers: usize) -> Self {
+        self.readers = readers;
+        self
+    }
+
+    /// Authenticate and encrypt with these keys. Default: `None`, plain.
+    #[must_use]
+    pub fn auth(mut self, auth: Option<crate::proto::crypto::ClientAuth>) -> Self {
+        self.auth = auth;
+        self
+    }
+
+    /// How long to keep coming back to a receiver that says it is busy.
+    /// Default: zero, give up at once.
+    #[must_use]
+    pub fn wait_busy(mut self, wait: Duration) -> Self {
+        self.wait_busy = wait;
+        self
+    }
 }
 
 /// Called as each data connection starts, with its round (1 for the
@@ -258,17 +349,23 @@ impl Default for StreamLive {
     }
 }
 
+/// What [`send`] did: what it sent, resent and skipped, and how long it took.
 #[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
 pub struct SendReport {
+    /// The receiver as the user named it.
     pub host: String,
     /// `--shard K/N`: every figure below is of this shard's part.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shard: Option<String>,
+    /// Files in the manifest (regular files).
     pub files: u64,
     /// Of `files`, those split across shards that this shard sent a part
     /// of: each takes its name at the receiver when every part is in.
     pub files_in_part: u64,
+    /// Directories in the manifest.
     pub dirs: u64,
+    /// Symbolic links in the manifest.
     pub symlinks: u64,
     /// Files the receiver already had (`--skip-existing`).
     pub skipped_files: u64,
@@ -278,10 +375,13 @@ pub struct SendReport {
     pub bytes_sent: u64,
     /// File bytes not sent: skipped files and chunks the receiver held.
     pub bytes_skipped: u64,
+    /// Chunks sent again after failing the receiver's check.
     pub chunks_resent: u64,
+    /// Wall time of the whole run, in seconds.
     pub secs: f64,
     /// File bytes sent per second of the whole run, in bits/s.
     pub goodput_bps: f64,
+    /// Rounds of sending: 1, plus one per round that re-sent failed chunks.
     pub rounds: usize,
     /// Every file verified by the receiver (BLAKE3 per chunk and per file).
     pub verified: bool,
