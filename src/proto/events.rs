@@ -347,36 +347,46 @@ mod tests {
             e.to_string(),
             "badack 6636 snd_max 6808 snd_nxt 6808 snd_una 6661"
         );
-        let t = TraceRecord::Ack {
-            time: Duration::from_micros(408_196),
-            ack: 234,
-            rtt: Duration::from_micros(38_062),
-            cwnd: 26,
-            ssthresh: 26,
-        };
-        assert_eq!(t.to_string(), "0.408196 234 0.038062 26 26 ack");
-        let x = TraceRecord::Xmt {
-            time: Duration::from_micros(408_133),
-            seg: 258,
-        };
-        assert_eq!(x.to_string(), "0.408133 258 xmt");
-        let k = TraceRecord::Sack {
-            time: Duration::from_micros(408_196),
-            start: 236,
-            end: 240,
-        };
-        assert_eq!(k.to_string(), "0.408196 236 240 sack");
-        let st = TraceRecord::State {
-            time: Duration::from_micros(408_196),
-            srtt: Duration::from_micros(38_500),
-            rto: Duration::from_millis(200),
-            right_edge: 8426,
-            pacing_bps: None,
-            bw_bps: Some(95_000_000),
-        };
-        assert_eq!(
-            st.to_string(),
-            "0.408196 0.038500 0.200000 8426 - 95000000 state"
-        );
+        let at = Duration::from_micros(408_196);
+        for (record, line) in [
+            (
+                TraceRecord::Ack {
+                    time: at,
+                    ack: 234,
+                    rtt: Duration::from_micros(38_062),
+                    cwnd: 26,
+                    ssthresh: 26,
+                },
+                "0.408196 234 0.038062 26 26 ack",
+            ),
+            (
+                TraceRecord::Xmt {
+                    time: Duration::from_micros(408_133),
+                    seg: 258,
+                },
+                "0.408133 258 xmt",
+            ),
+            (
+                TraceRecord::Sack {
+                    time: at,
+                    start: 236,
+                    end: 240,
+                },
+                "0.408196 236 240 sack",
+            ),
+            (
+                TraceRecord::State {
+                    time: at,
+                    srtt: Duration::from_micros(38_500),
+                    rto: Duration::from_millis(200),
+                    right_edge: 8426,
+                    pacing_bps: None,
+                    bw_bps: Some(95_000_000),
+                },
+                "0.408196 0.038500 0.200000 8426 - 95000000 state",
+            ),
+        ] {
+            assert_eq!(record.to_string(), line);
+        }
     }
 }

@@ -16,6 +16,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use thiserror::Error;
@@ -358,6 +359,65 @@ fn legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
         .map_err(draw_err)
 }
 
+/// A panel's chart builder: its caption, and room for its axes' labels.
+fn panel_chart<'a, 'b, 'c>(
+    area: &'a Area<'c>,
+    caption: impl AsRef<str>,
+) -> ChartBuilder<'a, 'b, SVGBackend<'c>> {
+    let mut builder = ChartBuilder::on(area);
+    builder
+        .caption(caption, ("sans-serif", 15))
+        .margin(8)
+        .x_label_area_size(32)
+        .y_label_area_size(64);
+    builder
+}
+
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// How a panel's y axis writes its values.
+enum Labels {
+    /// Counts (segments): no fraction.
+    Whole,
+    /// plotters' own format.
+    Plain,
+}
+
+/// A panel's grid, with time along x and `y_desc` up the side.
+fn draw_mesh(chart: &mut Chart, y_desc: &str, labels: Labels) -> Result<(), PlotError> {
+    fn whole(v: &f64) -> String {
+        format!("{v:.0}")
+    }
+    let mut mesh = chart.configure_mesh();
+    mesh.x_desc("time (s)")
+        .y_desc(y_desc)
+        .light_line_style(WHITE);
+    if let Labels::Whole = labels {
+        mesh.y_label_formatter(&whole);
+    }
+    mesh.draw().map_err(draw_err)
+}
+
+/// `points` drawn as steps (see [`step_line`]) and named in the legend.
+fn draw_steps(
+    chart: &mut Chart,
+    points: &[(f64, f64)],
+    x: (f64, f64),
+    color: RGBColor,
+    width: u32,
+    label: impl Into<String>,
+) -> Result<(), PlotError> {
+    chart
+        .draw_series(LineSeries::new(
+            step_line(points, x),
+            color.stroke_width(width),
+        ))
+        .map_err(draw_err)?
+        .label(label)
+        .legend(swatch(color));
+    Ok(())
+}
+
 fn sequence_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
     let x = span(s.time.0, s.time.1);
     // The receive window's edge usually lies a whole buffer above what was
@@ -371,31 +431,20 @@ fn sequence_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
     };
     let y = span(s.seq.0 as f64, top as f64);
     let (xr, yr) = ((x.start, x.end), (y.start, y.end));
-    let mut chart = ChartBuilder::on(area)
-        .caption("time-sequence graph", ("sans-serif", 15))
-        .margin(8)
-        .x_label_area_size(32)
-        .y_label_area_size(64)
+    let mut chart = panel_chart(area, "time-sequence graph")
         .build_cartesian_2d(x, y)
         .map_err(draw_err)?;
-    chart
-        .configure_mesh()
-        .x_desc("time (s)")
-        .y_desc("segment")
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .light_line_style(WHITE)
-        .draw()
-        .map_err(draw_err)?;
+    draw_mesh(&mut chart, "segment", Labels::Whole)?;
     match edge_high {
         Some(_) if edge_fits => {
-            chart
-                .draw_series(LineSeries::new(
-                    step_line(&as_f64(&s.window_edge), xr),
-                    EDGE.stroke_width(1),
-                ))
-                .map_err(draw_err)?
-                .label("receive window edge")
-                .legend(swatch(EDGE));
+            draw_steps(
+                &mut chart,
+                &as_f64(&s.window_edge),
+                xr,
+                EDGE,
+                1,
+                "receive window edge",
+            )?;
         }
         Some(e) => {
             // Named in the legend, not drawn.
@@ -422,14 +471,14 @@ fn sequence_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
             .label("SACKed")
             .legend(swatch(SACKED));
     }
-    chart
-        .draw_series(LineSeries::new(
-            step_line(&as_f64(&s.acked), xr),
-            ACKED.stroke_width(1),
-        ))
-        .map_err(draw_err)?
-        .label("cumulative ACK")
-        .legend(swatch(ACKED));
+    draw_steps(
+        &mut chart,
+        &as_f64(&s.acked),
+        xr,
+        ACKED,
+        1,
+        "cumulative ACK",
+    )?;
     let sent = thin_points(as_f64(&s.sent).into_iter(), xr, yr);
     chart
         .draw_series(sent.into_iter().map(|p| Circle::new(p, 1, SENT.filled())))
@@ -466,40 +515,15 @@ fn window_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
         .chain(&s.bw_mbps)
         .map(|p| p.1)
         .fold(0.0, f64::max);
-    let mut chart = ChartBuilder::on(area)
-        .caption("congestion window", ("sans-serif", 15))
-        .margin(8)
-        .x_label_area_size(32)
-        .y_label_area_size(64)
+    let mut chart = panel_chart(area, "congestion window")
         .right_y_label_area_size(if rates { 64 } else { 0 })
         .build_cartesian_2d(x.clone(), span_with(0.0, high as f64, LEGEND_ROOM))
         .map_err(draw_err)?
         .set_secondary_coord(x, span_with(0.0, rate_high, LEGEND_ROOM));
-    chart
-        .configure_mesh()
-        .x_desc("time (s)")
-        .y_desc("segments")
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .light_line_style(WHITE)
-        .draw()
-        .map_err(draw_err)?;
-    chart
-        .draw_series(LineSeries::new(
-            step_line(&as_f64(&s.cwnd), xr),
-            SENT.stroke_width(1),
-        ))
-        .map_err(draw_err)?
-        .label("cwnd")
-        .legend(swatch(SENT));
+    draw_mesh(&mut chart, "segments", Labels::Whole)?;
+    draw_steps(&mut chart, &as_f64(&s.cwnd), xr, SENT, 1, "cwnd")?;
     if !s.ssthresh.is_empty() {
-        chart
-            .draw_series(LineSeries::new(
-                step_line(&as_f64(&s.ssthresh), xr),
-                RXMT.stroke_width(1),
-            ))
-            .map_err(draw_err)?
-            .label("ssthresh")
-            .legend(swatch(RXMT));
+        draw_steps(&mut chart, &as_f64(&s.ssthresh), xr, RXMT, 1, "ssthresh")?;
     }
     if rates {
         chart
@@ -546,20 +570,10 @@ fn rtt_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
     };
     let y = span_with(0.0, top, LEGEND_ROOM);
     let yr = (y.start, y.end);
-    let mut chart = ChartBuilder::on(area)
-        .caption("round-trip time", ("sans-serif", 15))
-        .margin(8)
-        .x_label_area_size(32)
-        .y_label_area_size(64)
+    let mut chart = panel_chart(area, "round-trip time")
         .build_cartesian_2d(x, y)
         .map_err(draw_err)?;
-    chart
-        .configure_mesh()
-        .x_desc("time (s)")
-        .y_desc("ms")
-        .light_line_style(WHITE)
-        .draw()
-        .map_err(draw_err)?;
+    draw_mesh(&mut chart, "ms", Labels::Plain)?;
     let samples = thin_points(s.rtt_ms.iter().copied(), xr, yr);
     chart
         .draw_series(
@@ -571,22 +585,11 @@ fn rtt_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
         .label("RTT sample")
         .legend(|(x, y)| Circle::new((x + 9, y), 3, SENT.filled()));
     if !s.srtt_ms.is_empty() {
-        chart
-            .draw_series(LineSeries::new(
-                step_line(&s.srtt_ms, xr),
-                ACKED.stroke_width(2),
-            ))
-            .map_err(draw_err)?
-            .label("srtt")
-            .legend(swatch(ACKED));
+        draw_steps(&mut chart, &s.srtt_ms, xr, ACKED, 2, "srtt")?;
     }
     if !s.rto_ms.is_empty() {
         let rto: Vec<(f64, f64)> = s.rto_ms.iter().map(|&(t, r)| (t, r.min(yr.1))).collect();
-        chart
-            .draw_series(LineSeries::new(step_line(&rto, xr), RXMT.stroke_width(1)))
-            .map_err(draw_err)?
-            .label("RTO")
-            .legend(swatch(RXMT));
+        draw_steps(&mut chart, &rto, xr, RXMT, 1, "RTO")?;
     }
     legend(&mut chart)
 }
@@ -594,20 +597,10 @@ fn rtt_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
 fn goodput_panel(area: &Area, s: &Series) -> Result<(), PlotError> {
     let x = span(s.time.0, s.time.1);
     let high = s.goodput.iter().map(|p| p.1).fold(0.0, f64::max);
-    let mut chart = ChartBuilder::on(area)
-        .caption(format!("goodput (per {:.3} s)", s.bin), ("sans-serif", 15))
-        .margin(8)
-        .x_label_area_size(32)
-        .y_label_area_size(64)
+    let mut chart = panel_chart(area, format!("goodput (per {:.3} s)", s.bin))
         .build_cartesian_2d(x, span(0.0, high))
         .map_err(draw_err)?;
-    chart
-        .configure_mesh()
-        .x_desc("time (s)")
-        .y_desc(s.goodput_unit)
-        .light_line_style(WHITE)
-        .draw()
-        .map_err(draw_err)?;
+    draw_mesh(&mut chart, s.goodput_unit, Labels::Plain)?;
     // Each bin's rate held across the bin, as a step.
     let steps = s
         .goodput

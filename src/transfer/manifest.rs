@@ -801,16 +801,33 @@ mod tests {
         assert_eq!(RelPath::new(b"a".to_vec()).unwrap().parent(), None);
     }
 
+    /// A tree at `<tmp>/top`: `dirs` (with their parents) and `files`
+    /// with their contents.
+    fn tree(name: &str, dirs: &[&str], files: &[(&str, &str)]) -> (TempDir, PathBuf) {
+        let tmp = TempDir::new(name);
+        let root = tmp.0.join("top");
+        for dir in dirs {
+            fs::create_dir_all(root.join(dir)).unwrap();
+        }
+        for (file, contents) in files {
+            fs::write(root.join(file), contents).unwrap();
+        }
+        (tmp, root)
+    }
+
     #[test]
     fn walks_a_tree_parents_first() {
-        let tmp = TempDir::new("tree");
-        let root = tmp.0.join("top");
-        fs::create_dir_all(root.join("sub")).unwrap();
-        fs::create_dir(root.join("empty")).unwrap();
-        fs::write(root.join("sub/inner.txt"), b"hello").unwrap();
-        for name in ["empty.txt", "-rf", "sp ace", "ünï"] {
-            fs::write(root.join(name), b"").unwrap();
-        }
+        let (tmp, root) = tree(
+            "tree",
+            &["sub", "empty"],
+            &[
+                ("sub/inner.txt", "hello"),
+                ("empty.txt", ""),
+                ("-rf", ""),
+                ("sp ace", ""),
+                ("ünï", ""),
+            ],
+        );
         symlink("sub/inner.txt", root.join("link")).unwrap();
         let walked = walk(std::slice::from_ref(&root), false, &Excludes::default()).unwrap();
         let m = manifest_of(&walked);
@@ -854,13 +871,15 @@ mod tests {
     /// meets one, is never met; an excluded socket is not looked at.
     #[test]
     fn excluded_entries_are_skipped_and_not_descended_into() {
-        let tmp = TempDir::new("exclude");
-        let root = tmp.0.join("top");
-        fs::create_dir_all(root.join("cache/deep")).unwrap();
-        fs::create_dir_all(root.join("src")).unwrap();
-        fs::write(root.join("src/a.c"), b"c").unwrap();
-        fs::write(root.join("src/a.o"), b"o").unwrap();
-        fs::write(root.join("cache.txt"), b"not a directory").unwrap();
+        let (_tmp, root) = tree(
+            "exclude",
+            &["cache/deep", "src"],
+            &[
+                ("src/a.c", "c"),
+                ("src/a.o", "o"),
+                ("cache.txt", "not a directory"),
+            ],
+        );
         let _in_cache =
             std::os::unix::net::UnixListener::bind(root.join("cache/deep/sock")).unwrap();
         let _top_sock = std::os::unix::net::UnixListener::bind(root.join("x.sock")).unwrap();

@@ -204,70 +204,59 @@ pub(super) fn run_conn<F: StreamFeed>(
 ) -> (Result<Vec<u8>, SendError>, Option<StreamReport>) {
     let mut busy = BusyWait::default();
     loop {
-        let (result, stream) = run_conn_once(link, len, feed, ending, data);
-        match &result {
+        let Link {
+            config, from, stop, ..
+        } = link;
+        let socket = match from.map(|b| b.socket.try_clone()).transpose() {
+            Ok(s) => s,
+            Err(error) => {
+                let peer = from.map_or(config.peer, |b| b.peer);
+                return (
+                    Err(SendError::Conn(ProbeError::Socket { peer, error })),
+                    None,
+                );
+            }
+        };
+        let probe = probe_config(link, len, ending, data.as_ref());
+        let stopped = async {
+            while !stop.stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let mut watch = Watch {
+            live: data
+                .as_ref()
+                .and_then(|d| d.live)
+                .map(|live| Live { live, top: None }),
+            take: config
+                .trace
+                .as_ref()
+                .zip(data.as_ref())
+                .map(|(sink, d)| (sink.0)(d.round, d.stream)),
+        };
+        let result = runtime().block_on(io::connect_from(socket, probe, feed, &mut watch, stopped));
+        // The connection's trace is complete: its taker may finish it.
+        drop(watch);
+        let stream = result.report.map(|transport| StreamReport {
+            transport,
+            end: ClientEnd::of(&result.outcome),
+        });
+        let reply = match result.outcome {
+            Ok(closed) => closed.reply.ok_or_else(|| SendError::Failed {
+                host: config.host.clone(),
+                why: "the connection closed without a reply".into(),
+            }),
+            Err(ProbeError::Interrupted) => Err(SendError::Interrupted),
+            Err(ProbeError::Source(why)) => Err(SendError::Source(why)),
+            Err(e) => Err(SendError::Conn(e)),
+        };
+        match &reply {
             Err(e)
                 if refused_busy(e)
                     && busy.pause(link.config, link.stop, Duration::ZERO, &e.to_string()) => {}
-            _ => return (result, stream),
+            _ => return (reply, stream),
         }
     }
-}
-
-fn run_conn_once<F: StreamFeed>(
-    link: Link<'_>,
-    len: u64,
-    feed: &mut F,
-    ending: Ending,
-    data: Option<DataConn<'_>>,
-) -> (Result<Vec<u8>, SendError>, Option<StreamReport>) {
-    let Link {
-        config, from, stop, ..
-    } = link;
-    let socket = match from.map(|b| b.socket.try_clone()).transpose() {
-        Ok(s) => s,
-        Err(error) => {
-            let peer = from.map_or(config.peer, |b| b.peer);
-            return (
-                Err(SendError::Conn(ProbeError::Socket { peer, error })),
-                None,
-            );
-        }
-    };
-    let probe = probe_config(link, len, ending, data.as_ref());
-    let stopped = async {
-        while !stop.stop.load(Ordering::Relaxed) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    let mut watch = Watch {
-        live: data
-            .as_ref()
-            .and_then(|d| d.live)
-            .map(|live| Live { live, top: None }),
-        take: config
-            .trace
-            .as_ref()
-            .zip(data.as_ref())
-            .map(|(sink, d)| (sink.0)(d.round, d.stream)),
-    };
-    let result = runtime().block_on(io::connect_from(socket, probe, feed, &mut watch, stopped));
-    // The connection's trace is complete: its taker may finish it.
-    drop(watch);
-    let stream = result.report.map(|transport| StreamReport {
-        transport,
-        end: ClientEnd::of(&result.outcome),
-    });
-    let reply = match result.outcome {
-        Ok(closed) => closed.reply.ok_or_else(|| SendError::Failed {
-            host: config.host.clone(),
-            why: "the connection closed without a reply".into(),
-        }),
-        Err(ProbeError::Interrupted) => Err(SendError::Interrupted),
-        Err(ProbeError::Source(why)) => Err(SendError::Source(why)),
-        Err(e) => Err(SendError::Conn(e)),
-    };
-    (reply, stream)
 }
 
 fn probe_config(
