@@ -302,8 +302,12 @@ atou_run() {
     # --maxidle 60 (sent to the server in the hello): a Reno-style backoff
     # after a slow-start overshoot can go quiet for more than the default
     # 10 s, which once ended a run by hand. The goodput is unaffected.
-    in_a timeout $((total + 60)) "$atou" probe "${addrs[1]}:$port" --no-auth --maxtime "$total" --maxidle 60 \
-        --trace "$work/trace.txt" --json "$@" >"$work/probe.json" 2>"$work/probe.err" ||
+    # --no-path-cache: every transfer starts from nothing, as the kernel's
+    # do on a fresh bridge, not from what earlier runs to the same address
+    # left in the cache (with it, one run's clean aimd row gave 27 Mbit/s
+    # where the same build gives 95 from a clean cache).
+    in_a timeout $((total + 60)) "$atou" probe "${addrs[1]}:$port" --no-auth --no-path-cache \
+        --maxtime "$total" --maxidle 60 --trace "$work/trace.txt" --json "$@" >"$work/probe.json" 2>"$work/probe.err" ||
         die "loss $loss%: atou probe ($kind) failed: $(tail -n 1 "$work/probe.err")$(bridge_note)"
     # The server ends with the connection; give it a moment, then stop it.
     for _ in $(seq 150); do
