@@ -114,6 +114,11 @@ pub(super) fn copy(
     ssh: &SshArgs,
 ) -> Result<ExitCode> {
     ssh.command().check().map_err(cli_error)?;
+    let flags = CopyFlags {
+        transfer,
+        receiving,
+        ssh,
+    };
     let remote: Vec<Option<&str>> = sources
         .iter()
         .map(|s| s.to_str().filter(|s| is_remote(s)))
@@ -122,7 +127,7 @@ pub(super) fn copy(
     if pulls == 0 {
         let (target, path) = split_ssh_target(dest).map_err(cli_error)?;
         check_target(&target).map_err(cli_error)?;
-        return push(sources, &target, &path, transfer, receiving, ssh);
+        return push(sources, &target, &path, flags);
     }
     if is_remote(dest) {
         return Err(UsageError(format!(
@@ -140,7 +145,7 @@ pub(super) fn copy(
     }
     let (target, paths) = one_host(remote.into_iter().flatten())?;
     check_target(&target).map_err(cli_error)?;
-    pull(&target, &paths, dest, transfer, receiving, ssh)
+    pull(&target, &paths, dest, flags)
 }
 
 /// The host of every remote SRC, which must be one, and their paths.
@@ -203,14 +208,16 @@ fn push_args(
     args
 }
 
-fn push(
-    sources: &[PathBuf],
-    target: &str,
-    path: &str,
-    transfer: &TransferArgs,
-    receiving: &ReceivingArgs,
-    ssh: &SshArgs,
-) -> Result<ExitCode> {
+/// The flags a copy over ssh runs with, whichever way it goes.
+#[derive(Clone, Copy)]
+struct CopyFlags<'a> {
+    transfer: &'a TransferArgs,
+    receiving: &'a ReceivingArgs,
+    ssh: &'a SshArgs,
+}
+
+fn push(sources: &[PathBuf], target: &str, path: &str, flags: CopyFlags<'_>) -> Result<ExitCode> {
+    let (transfer, receiving, ssh) = (flags.transfer, flags.receiving, flags.ssh);
     let (tuning, _) = transfer.tuning().resolve()?;
     let args = push_args(path, transfer, receiving, ssh.port, tuning.rcvbuf);
     let (push, auth) = Push::start(&ssh.command(), target, &args).map_err(cli_error)?;
@@ -230,14 +237,8 @@ fn push(
     Ok(code)
 }
 
-fn pull(
-    target: &str,
-    paths: &[String],
-    dest: &str,
-    transfer: &TransferArgs,
-    receiving: &ReceivingArgs,
-    ssh: &SshArgs,
-) -> Result<ExitCode> {
+fn pull(target: &str, paths: &[String], dest: &str, flags: CopyFlags<'_>) -> Result<ExitCode> {
+    let (transfer, receiving, ssh) = (flags.transfer, flags.receiving, flags.ssh);
     let (tuning, notes) = transfer.tuning().resolve()?;
     for note in notes {
         eprintln!("atou: {note}");
