@@ -131,10 +131,10 @@ impl ReceiveConfig {
         }
     }
 
-    /// Writer threads. Default: 1.
+    /// Writer threads, at least 1 (0 counts as 1). Default: 1.
     #[must_use]
     pub fn writers(mut self, writers: usize) -> Self {
-        self.writers = writers;
+        self.writers = writers.max(1);
         self
     }
 

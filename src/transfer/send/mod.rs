@@ -240,10 +240,10 @@ impl SendConfig {
         self
     }
 
-    /// Transport connections at once. Default: 1.
+    /// Transport connections at once, at least 1 (0 counts as 1). Default: 1.
     #[must_use]
     pub fn streams(mut self, streams: usize) -> Self {
-        self.streams = streams;
+        self.streams = streams.max(1);
         self
     }
 
@@ -255,10 +255,11 @@ impl SendConfig {
         self
     }
 
-    /// Threads reading the source files. Default: 1.
+    /// Threads reading the source files, at least 1 (0 counts as 1).
+    /// Default: 1.
     #[must_use]
     pub fn readers(mut self, readers: usize) -> Self {
-        self.readers = readers;
+        self.readers = readers.max(1);
         self
     }
 
