@@ -894,6 +894,51 @@ mod tests {
         )
     }
 
+    /// An ACK at `now_ms` of `acked` new segments on a 100 ms path,
+    /// outside recovery, bringing the delivered count to `delivered`;
+    /// each scenario sets what it varies with struct update syntax.
+    fn ack_event(now_ms: u64, acked: u64, delivered: u64, lost: u64) -> AckEvent {
+        AckEvent {
+            now: Time::from_nanos(now_ms * 1_000_000),
+            newly_acked: acked,
+            newly_delivered: acked,
+            newly_lost: lost,
+            delivered,
+            sent: 0,
+            is_dupack: false,
+            recovery: RecoveryStep::Outside,
+            flight: 0,
+            pipe: 0,
+            rtt: Some(Duration::from_millis(100)),
+            srtt: Duration::from_millis(100),
+            snd_una: 0,
+            snd_max: 0,
+            app_limited: false,
+            rate: None,
+        }
+    }
+
+    /// A rate sample over one 100 ms round: `delivered` segments since
+    /// the count was `prior`, with `tx_in_flight` in flight when sent.
+    fn rate_sample(
+        delivered: u64,
+        prior: u64,
+        tx_in_flight: u64,
+        lost: u64,
+        app_limited: bool,
+    ) -> RateSample {
+        RateSample {
+            delivered,
+            interval: Duration::from_millis(100),
+            send_elapsed: Duration::ZERO,
+            ack_elapsed: Duration::from_millis(100),
+            prior_delivered: prior,
+            tx_in_flight,
+            lost,
+            is_app_limited: app_limited,
+        }
+    }
+
     /// One round trip's ACK: `rate` segments per second over 100 ms, the
     /// round's segments delivered.
     fn round(b: &mut Bbr, now_ms: u64, rate: f64, app_limited: bool, lost: u64) {
@@ -919,31 +964,12 @@ mod tests {
         let delivered = (rate * 0.1) as u64;
         let prior = b.delivered;
         b.on_ack(&AckEvent {
-            now: Time::from_nanos(now_ms * 1_000_000),
-            newly_acked: delivered,
-            newly_delivered: delivered,
-            newly_lost: lost,
-            delivered: prior + delivered,
-            sent: 0,
-            is_dupack: false,
-            recovery: RecoveryStep::Outside,
             flight: b.cwnd,
             pipe: b.cwnd.min(delivered),
             rtt: Some(rtt),
-            srtt: Duration::from_millis(100),
-            snd_una: 0,
-            snd_max: 0,
             app_limited,
-            rate: Some(RateSample {
-                delivered,
-                interval: Duration::from_millis(100),
-                send_elapsed: Duration::ZERO,
-                ack_elapsed: Duration::from_millis(100),
-                prior_delivered: prior,
-                tx_in_flight: delivered,
-                lost,
-                is_app_limited: app_limited,
-            }),
+            rate: Some(rate_sample(delivered, prior, delivered, lost, app_limited)),
+            ..ack_event(now_ms, delivered, prior + delivered, lost)
         });
     }
 
@@ -1003,31 +1029,16 @@ mod tests {
         for i in 0..10 {
             let delivered = b.delivered + each;
             b.on_ack(&AckEvent {
-                now: Time::from_nanos((now_ms + 10 * i) * 1_000_000),
-                newly_acked: each,
-                newly_delivered: each,
-                newly_lost: lost,
-                delivered,
-                sent: 0,
-                is_dupack: false,
-                recovery: RecoveryStep::Outside,
                 flight: b.cwnd,
                 pipe: b.cwnd,
-                rtt: Some(Duration::from_millis(100)),
-                srtt: Duration::from_millis(100),
-                snd_una: 0,
-                snd_max: 0,
-                app_limited: false,
-                rate: Some(RateSample {
-                    delivered: delivered - round_start,
-                    interval: Duration::from_millis(100),
-                    send_elapsed: Duration::ZERO,
-                    ack_elapsed: Duration::from_millis(100),
-                    prior_delivered: round_start,
-                    tx_in_flight: 10 * each,
-                    lost: lost * (i + 1),
-                    is_app_limited: false,
-                }),
+                rate: Some(rate_sample(
+                    delivered - round_start,
+                    round_start,
+                    10 * each,
+                    lost * (i + 1),
+                    false,
+                )),
+                ..ack_event(now_ms + 10 * i, each, delivered, lost)
             });
         }
     }
@@ -1129,32 +1140,19 @@ mod tests {
                 let recovery = self.recovery_step(k, lost, pipe);
                 let delivered = self.b.delivered + acked;
                 self.b.on_ack(&AckEvent {
-                    now: Time::from_nanos((100 + 10 * k) * 1_000_000),
-                    newly_acked: acked,
-                    newly_delivered: acked,
-                    newly_lost: lost,
-                    delivered,
-                    sent: 0,
-                    is_dupack: false,
                     recovery,
                     flight: pipe,
                     pipe,
-                    rtt: Some(Duration::from_millis(100)),
-                    srtt: Duration::from_millis(100),
-                    snd_una: 0,
-                    snd_max: 0,
-                    app_limited: false,
-                    rate: Some(RateSample {
-                        delivered: delivered - round_start,
-                        interval: Duration::from_millis(100),
-                        send_elapsed: Duration::ZERO,
-                        ack_elapsed: Duration::from_millis(100),
-                        prior_delivered: round_start,
-                        tx_in_flight: flight,
+                    rate: Some(rate_sample(
+                        delivered - round_start,
+                        round_start,
+                        flight,
                         lost,
-                        is_app_limited: false,
-                    }),
+                        false,
+                    )),
+                    ..ack_event(100 + 10 * k, acked, delivered, lost)
                 });
+
                 out.push(AfterAck {
                     conserving: self.b.packet_conservation,
                     cwnd: self.b.cwnd,
@@ -1434,22 +1432,8 @@ mod tests {
     /// nothing to send: the connection goes idle.
     fn idle_ack(b: &mut Bbr, now_ms: u64) {
         b.on_ack(&AckEvent {
-            now: Time::from_nanos(now_ms * 1_000_000),
-            newly_acked: 1,
-            newly_delivered: 1,
-            newly_lost: 0,
-            delivered: b.delivered + 1,
-            sent: 0,
-            is_dupack: false,
-            recovery: RecoveryStep::Outside,
-            flight: 0,
-            pipe: 0,
-            rtt: Some(Duration::from_millis(100)),
-            srtt: Duration::from_millis(100),
-            snd_una: 0,
-            snd_max: 0,
             app_limited: true,
-            rate: None,
+            ..ack_event(now_ms, 1, b.delivered + 1, 0)
         });
     }
 
