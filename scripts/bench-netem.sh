@@ -25,7 +25,8 @@
 # samples, and the congestion-control targets (reported as met / not met, never fatal):
 #   atou bbr >= 1.0 x kernel bbr at every loss value;
 #   atou bbr >= 0.9 x rate x (1 - p) at 1%;
-#   atou bbr's mean RTT <= 1.25 x the base RTT (100 ms) at 0%;
+#   atou bbr's mean RTT <= 1.15 x the base RTT (100 ms) at 0% on the
+#   bridge's 1,000-packet (1.2 BDP) queue, goodput >= 0.95 x the payload rate;
 #   atou cubic within +-25% of kernel cubic at 0.1% and 1%;
 #   atou aimd within +-25% of Mathis, (payload x 8 / RTT) x 1.31 / sqrt(p)
 #   (Mathis Table 1: random loss, no delayed ACK, as atou's baseline), with
@@ -37,22 +38,29 @@
 #   two flows on one bottleneck, started together: atou bbr beside kernel
 #   bbr, and beside kernel cubic (each one's goodput, atou's share, Jain's
 #   index), at PAIR_LOSSES;
-#   end to end, a E2E_SIZE file from A to B, the whole command's wall clock:
-#   `atou send` to `atou serve --dir`, `atou copy host:dir` over ssh, scp,
-#   and rsync -a over ssh (a private sshd in B, scripts/lib/ssh.sh),
-#   authenticated and encrypted as users run them, tools rotated each round
-#   after an uncounted warm-up, min / median / max; targets: atou send >=
-#   1.0x scp at 0% and >= 1.5x at 1%.
+#   end to end (the whole command's wall clock, authenticated and encrypted
+#   as users run them, tools rotated each round after an uncounted warm-up,
+#   min / median / max): a E2E_SIZE file pushed A to B and pulled by A from
+#   B, one SMALL_SIZE file, and TREE_FILES files of 1-64 KB at TREE_LOSS
+#   (scp -r's tree once, not E2E_ROUNDS times: minutes per run);
+#   `atou send` to `atou serve --dir`, `atou copy` over ssh, scp, rsync -a
+#   over ssh, tar | ssh (a private sshd in B, scripts/lib/ssh.sh) and
+#   GridFTP (globus-url-copy -p 4, installed if missing); targets: atou send
+#   >= 1.0x scp at 0% and >= 1.5x at 1%, >= 0.93 of the link's limit and
+#   >= 1.2x the best peer; the small file in <= 0.45 s; the tree at >= 84
+#   Mbit/s and >= 1.5x rsync -a; a pull as fast as a push.
 # The script fails only when the bridge does not come up or a transfer fails
 # outright.
 #
-# Run as root:  sudo scripts/bench-netem.sh     (24 transfers of 70 s: ~29 min)
-#               T=30 scripts/bench-netem.sh     (CI: 24 transfers of 40 s, ~17 min)
+# Run as root:  sudo scripts/bench-netem.sh     (24 transfers of 70 s, ~29 min,
+#               then the end-to-end rows: scp -r's tree alone is ~30 min)
+#               LOSSES= PAIR_LOSSES= TREE_FILES=300 ...   (the end-to-end rows only)
 # Environment: T (seconds measured per transfer, default 60), WARM (seconds
 # before that, left out, default 10), SEED (bridge seed, default 1), LOSSES
 # (loss values in percent, default "0 0.1 1 2"), PAIR_LOSSES (default "0 1"),
 # E2E_LOSSES (default "0 1"), E2E_SIZE (default 100M), E2E_ROUNDS (default
-# 3), ATOU_BIN (the atou binary run at both ends, default this build's
+# 3), SMALL_SIZE (default 54K), TREE_FILES (default 3000), TREE_LOSS (in
+# percent, default 0.1), ATOU_BIN (the atou binary run at both ends, default this build's
 # target/release/atou: another build's, for a before and after). An empty
 # PAIR_LOSSES or E2E_LOSSES skips that part.
 set -euo pipefail
@@ -70,6 +78,9 @@ read -r -a pair_losses <<<"${PAIR_LOSSES-0 1}"
 read -r -a e2e_losses <<<"${E2E_LOSSES-0 1}"
 e2e_size=${E2E_SIZE:-100M}
 e2e_rounds=${E2E_ROUNDS:-3}
+small_size=${SMALL_SIZE:-54K}
+tree_files=${TREE_FILES:-3000}
+tree_loss=${TREE_LOSS:-0.1}
 link="rate 100mbit delay 50ms"
 
 die() { echo "bench-netem: $*" >&2; exit 1; }
@@ -373,11 +384,18 @@ on_fresh_bridge() {
     local loss=$1 fwd=$2 label=$3
     shift 3
     echo "bench-netem:   $label" >&2
-    start_bridge "$fwd" "$link"
+    start_bridge "$fwd" "${bridge_rev:-$link}"
     "$@"
     stop_bridge
     echo "loss $loss%, $label: bridge counts" >>"$work/counts"
     sed 's/^/    /' "$work/bridge.out" >>"$work/counts"
+}
+
+# on_fresh_bridge_rev LOSS REV LABEL CMD...: as on_fresh_bridge, with the
+# bridge's reverse (B -> A) REV and its forward clean.
+on_fresh_bridge_rev() {
+    local bridge_rev=$2
+    on_fresh_bridge "$1" "$link" "${@:3}"
 }
 
 # Pairs, kernel first: reno / atou aimd, cubic / atou cubic, bbr / atou bbr.
@@ -418,47 +436,123 @@ for loss in "${pair_losses[@]}"; do
     done
 done
 
-# End to end: one E2E_SIZE file from A to B, the wall time of the whole
-# command a user would type (log-in, handshake, data, close), tools in a
-# rotating order, after an uncounted warm-up with a small file:
-#   atou send to atou serve --dir in B (authenticated and encrypted, the
-#   defaults); atou copy host:dir over ssh; scp; rsync -a over ssh.
+# End to end: the wall time of the whole command a user would type (log-in,
+# handshake, data, close), every tool in a rotating order after an
+# uncounted warm-up, min / median / max of E2E_ROUNDS. Four rows:
+#   push   one E2E_SIZE file from A to B, at each of E2E_LOSSES on A -> B;
+#   small  one SMALL_SIZE file from A to B (time to done), same bridges;
+#   tree   TREE_FILES files of 1-64 KB from A to B, at TREE_LOSS;
+#   pull   the E2E_SIZE file from B to A, pulled by A, at each of
+#          E2E_LOSSES on B -> A (the data's direction; ACKs on A -> B).
+# Tools: atou send to atou serve --dir in B (authenticated and encrypted,
+# the defaults; no pull), atou copy over ssh, scp, rsync -a over ssh,
+# tar | ssh, and GridFTP (globus-url-copy -p 4 to a globus-gridftp-server in
+# B, anonymous, so without GSI's cost: the fastest peer measured).
 e2e=$work/e2e
-e2e_results=$e2e/results   # lines: loss tool seconds
+e2e_results=$e2e/results   # lines: row loss tool seconds
+gridftp_port=2811
 mkdir -p "$e2e/src" "$e2e/warm"
 : >"$e2e_results"
+e2e_push_tools=(atou-send atou-copy scp rsync tar gridftp)
+e2e_pull_tools=(atou-copy scp rsync tar gridftp)
 if [ "${#e2e_losses[@]}" -gt 0 ]; then
-    echo "bench-netem: end to end: a $e2e_size file, ${#e2e_losses[@]} loss values x $e2e_rounds rounds x 4 tools" >&2
+    note "end to end: ${#e2e_losses[@]} loss values x $e2e_rounds rounds: a $e2e_size file pushed" \
+        "and pulled, a $small_size file, and $tree_files small files at $tree_loss%"
     ssh_tools_install note die
+    if ! command -v globus-url-copy >/dev/null || ! [ -x /usr/sbin/globus-gridftp-server ]; then
+        note "installing GridFTP (globus-gass-copy-progs, globus-gridftp-server-progs)"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -qq globus-gass-copy-progs globus-gridftp-server-progs </dev/null >/dev/null 2>&1 ||
+            { apt-get update -qq </dev/null &&
+                apt-get install -y -qq globus-gass-copy-progs globus-gridftp-server-progs </dev/null >/dev/null; } ||
+            die "could not install GridFTP (globus-gass-copy-progs, globus-gridftp-server-progs)"
+    fi
     head -c "$e2e_size" /dev/urandom >"$e2e/src/data"
+    head -c "$small_size" /dev/urandom >"$e2e/src/small"
     head -c 10M /dev/urandom >"$e2e/warm/data"
+    # The tree: sizes 1-64 KB, uniform, from a fixed seed.
+    python3 - "$e2e/src/tree" "$tree_files" <<'PY'
+import os, random, sys
+root, n = sys.argv[1], int(sys.argv[2])
+rng = random.Random(1)
+for i in range(n):
+    d = os.path.join(root, f"d{i // 100:02}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"f{i:05}"), "wb") as f:
+        f.write(rng.randbytes(rng.randint(1024, 65536)))
+PY
     "$atou" keygen -f "$e2e/server" -C bench-server >/dev/null
     "$atou" keygen -f "$e2e/client" -C bench-client >/dev/null
     cp "$e2e/client.pub" "$e2e/authorized_keys"
-    chmod 755 "$work" "$e2e"
+    # GridFTP's anonymous user writes into the destinations.
+    chmod 755 "$work" "$e2e" "$e2e/src"
 fi
-# e2e_one LOSS TOOL FILE COUNTED: one transfer of FILE into B's directory
-# for TOOL (emptied first), checked, timed; kept if COUNTED.
+
+# e2e_cmd ROW TOOL SRC DST: run TOOL's command for ROW, SRC to DST (a
+# directory in B, or in A for a pull).
+e2e_cmd() {
+    local row=$1 tool=$2 src=$3 dst=$4 b="$ssh_user@${addrs[1]}" gsrc
+    # No transfer may hang the run.
+    local r=() ssh_words t="timeout 900"
+    read -r -a ssh_words <<<"$ssh_cmd"
+    [ "$row" != tree ] || r=(-r)
+    if [ "$row" = pull ]; then
+        case $tool in
+            atou-copy) in_a $t "$atou" copy --quiet --ssh "$ssh_cmd" --remote-atou "$atou" "$b:$src" "$dst/" ;;
+            scp) in_a $t scp -q "${ssh_opts[@]}" -P "$ssh_port" "$b:$src" "$dst/" ;;
+            rsync) in_a $t rsync -a -e "$ssh_cmd" "$b:$src" "$dst/" ;;
+            tar) in_a $t "${ssh_words[@]}" "$b" "tar cf - -C '$(dirname "$src")' '$(basename "$src")'" </dev/null |
+                     $t tar xf - -C "$dst" ;;
+            gridftp) in_a $t globus-url-copy -p 4 "ftp://${addrs[1]}:$gridftp_port$src" "file://$dst/" ;;
+        esac
+        return
+    fi
+    case $tool in
+        atou-send) in_a $t "$atou" send --quiet --identity "$e2e/client" --server-key "$e2e/server.pub" \
+                       "$src" "${addrs[1]}:$port" ;;
+        atou-copy) in_a $t "$atou" copy --quiet --ssh "$ssh_cmd" --remote-atou "$atou" "$src" "$b:$dst/" ;;
+        scp) in_a $t scp -q "${r[@]}" "${ssh_opts[@]}" -P "$ssh_port" "$src" "$b:$dst/" ;;
+        rsync) in_a $t rsync -a -e "$ssh_cmd" "$src" "$b:$dst/" ;;
+        tar) $t tar cf - -C "$(dirname "$src")" "$(basename "$src")" |
+                 in_a $t "${ssh_words[@]}" "$b" "tar xf - -C '$dst'" ;;
+        gridftp)
+            gsrc=$src
+            # Many files: recursive, pipelined, four at once, as a GridFTP
+            # user moves a tree.
+            [ "$row" != tree ] || { gsrc=$src/; r=(-r -cd -pp -cc 4); dst=$dst/$(basename "$src"); }
+            in_a $t globus-url-copy -p 4 "${r[@]}" "file://$gsrc" "ftp://${addrs[1]}:$gridftp_port$dst/" ;;
+    esac
+}
+
+# e2e_one ROW LOSS TOOL SRC COUNTED: one transfer of SRC (a file or, for
+# the tree, a directory) for TOOL into its own destination (emptied first),
+# checked, timed; kept if COUNTED.
 e2e_one() {
-    local loss=$1 tool=$2 file=$3 counted=$4 dst=$e2e/dst-$2 t0 t1
+    local row=$1 loss=$2 tool=$3 src=$4 counted=$5 dst=$e2e/dst-$3 t0 t1
+    [ "$row" != pull ] || dst=$e2e/pulled-$tool
     # Emptied, not removed: atou serve holds it and its staging directory open.
     mkdir -p "$dst"
+    chmod 777 "$dst"
     find "$dst" -mindepth 1 -maxdepth 1 ! -name .atou-staging -exec rm -rf {} +
     t0=$(date +%s.%N)
-    case $tool in
-        atou-send) in_a timeout 600 "$atou" send --quiet --identity "$e2e/client" \
-                       --server-key "$e2e/server.pub" "$file" "${addrs[1]}:$port" ;;
-        atou-copy) in_a timeout 600 "$atou" copy --quiet --ssh "$ssh_cmd" --remote-atou "$atou" \
-                       "$file" "$ssh_user@${addrs[1]}:$dst/" ;;
-        scp) in_a timeout 600 scp -q "${ssh_opts[@]}" -P "$ssh_port" "$file" "$ssh_user@${addrs[1]}:$dst/" ;;
-        rsync) in_a timeout 600 rsync -a -e "$ssh_cmd" "$file" "$ssh_user@${addrs[1]}:$dst/" ;;
-    esac >"$e2e/out" 2>&1 || die "loss $loss%: $tool failed: $(tail -n 2 "$e2e/out" | tr '\n' ' ')$(bridge_note)"
+    e2e_cmd "$row" "$tool" "$src" "$dst" >"$e2e/out" 2>&1 ||
+        die "$row, loss $loss%: $tool failed: $(tail -n 2 "$e2e/out" | tr '\n' ' ')$(bridge_note)"
     t1=$(date +%s.%N)
-    cmp -s "$file" "$dst/data" || die "loss $loss%: $tool delivered a different file"
-    [ "$counted" = 0 ] || echo "$loss $tool $(python3 -c "print($t1 - $t0)")" >>"$e2e_results"
+    if [ -d "$src" ]; then
+        diff -r -q "$src" "$dst/$(basename "$src")" >/dev/null ||
+            die "$row, loss $loss%: $tool delivered a different tree"
+    else
+        cmp -s "$src" "$dst/$(basename "$src")" || die "$row, loss $loss%: $tool delivered a different file"
+    fi
+    [ "$counted" = 0 ] || echo "$row $loss $tool $(python3 -c "print($t1 - $t0)")" >>"$e2e_results"
 }
-e2e_run() {
-    local loss=$1 tools=(atou-send atou-copy scp rsync) r k serve
+
+# e2e_rows LOSS ROW:SRC...: the servers in B (sshd, atou serve --dir,
+# GridFTP), a warm-up per tool, then E2E_ROUNDS rounds of each ROW with the
+# tools rotated.
+e2e_rows() {
+    local loss=$1 spec row src tools r k gridftp serve
+    shift
     sshd_start "$e2e/ssh" "${addrs[1]}" 2222 ip netns exec "${hosts[1]}"
     sshd_wait "${addrs[1]}" in_a
     mkdir -p "$e2e/dst-atou-send"
@@ -466,21 +560,55 @@ e2e_run() {
         --identity "$e2e/server" --authorized-keys "$e2e/authorized_keys" ||
         die "loss $loss%: atou serve --dir did not start (twice)$(bridge_note)"
     serve=$served
-    for k in "${tools[@]}"; do e2e_one "$loss" "$k" "$e2e/warm/data" 0; done
-    for r in $(seq "$e2e_rounds"); do
-        for k in 0 1 2 3; do
-            e2e_one "$loss" "${tools[$(( (k + r) % 4 ))]}" "$e2e/src/data" 1
+    # Forking per connection (its default); told which address to offer
+    # for data, or it offers its host name's, 127.0.0.1 here.
+    ip netns exec "${hosts[1]}" /usr/sbin/globus-gridftp-server -aa -anonymous-user nobody \
+        -p "$gridftp_port" -data-interface "${addrs[1]}" -log-level error >"$e2e/gridftp.log" 2>&1 &
+    gridftp=$!
+    pids+=("$gridftp")
+    for _ in $(seq 100); do
+        [ -z "$(in_b ss -Hltn "sport = :$gridftp_port" 2>/dev/null)" ] || break
+        kill -0 "$gridftp" 2>/dev/null ||
+            die "loss $loss%: globus-gridftp-server exited: $(tail -n 2 "$e2e/gridftp.log" | tr '\n' ' ')"
+        sleep 0.1
+    done
+    for spec in "$@"; do
+        row=${spec%%:*}
+        src=${spec#*:}
+        if [ "$row" = pull ]; then tools=("${e2e_pull_tools[@]}"); else tools=("${e2e_push_tools[@]}"); fi
+        for k in "${tools[@]}"; do e2e_one "$row" "$loss" "$k" "$e2e/warm/data" 0; done
+        for r in $(seq "$e2e_rounds"); do
+            for k in "${!tools[@]}"; do
+                k=${tools[$(((k + r) % ${#tools[@]}))]}
+                # scp -r pays round trips per file (about 0.6 s each here):
+                # one run of the tree is minutes, and one is enough.
+                [ "$row:$k" != tree:scp ] || [ "$r" = 1 ] || continue
+                e2e_one "$row" "$loss" "$k" "$src" 1
+            done
         done
     done
-    kill "$serve" 2>/dev/null || true
-    wait "$serve" 2>/dev/null || true
+    pkill -P "$gridftp" 2>/dev/null || true
+    kill "$serve" "$gridftp" 2>/dev/null || true
+    wait "$serve" "$gridftp" 2>/dev/null || true
     pids=()
     sshd_stop
 }
 for loss in "${e2e_losses[@]}"; do
     fwd=$link
     [ "$loss" = 0 ] || fwd="$link loss $loss%"
-    on_fresh_bridge "$loss" "$fwd" "end to end: atou send, atou copy, scp, rsync" e2e_run "$loss"
+    on_fresh_bridge "$loss" "$fwd" "end to end, A to B: a $e2e_size file and a $small_size file" \
+        e2e_rows "$loss" "push:$e2e/src/data" "small:$e2e/src/small"
+done
+if [ "${#e2e_losses[@]}" -gt 0 ]; then
+    on_fresh_bridge "$tree_loss" "$link loss $tree_loss%" "end to end, A to B: $tree_files small files" \
+        e2e_rows "$tree_loss" "tree:$e2e/src/tree"
+fi
+for loss in "${e2e_losses[@]}"; do
+    rev=$link
+    [ "$loss" = 0 ] || rev="$link loss $loss%"
+    # The loss on the data's way: B -> A, the bridge's reverse.
+    on_fresh_bridge_rev "$loss" "$rev" "end to end, pulled by A from B: a $e2e_size file" \
+        e2e_rows "$loss" "pull:$e2e/src/data"
 done
 
 for s in "${skipped[@]}"; do
@@ -565,8 +693,12 @@ if a is not None:
     want = 0.9 * RATE * (1 - 0.01) / 1e6
     print(f"  loss 1%: atou bbr = {a:.2f} Mbit/s, 0.9 x rate x (1 - p) = {want:.2f}  (target >=): {verdict(a >= want)}")
 if ("0", "atou-bbr") in res:
+    # The bridge's default queue, 1,000 packets, is 1.2 BDP: a deep buffer
+    # BBR must not fill. The payload rate is the link's less the headers.
     r = float(res[("0", "atou-bbr")]["rtt"]) / BASE_RTT
-    print(f"  loss 0%: atou bbr mean RTT / base RTT = {r:.2f}  (target <= 1.25): {verdict(r <= 1.25)}")
+    g = res[("0", "atou-bbr")]["bps"] / (0.965 * RATE)
+    print(f"  loss 0%, 1,000-packet (1.2 BDP) queue: atou bbr mean RTT / base RTT = {r:.2f}, goodput / payload rate "
+          f"= {g:.2f}  (target <= 1.15 and >= 0.95): {verdict(r <= 1.15 and g >= 0.95)}")
 for l in ("0.1", "1"):
     a, k = mbps(l, "atou-cubic"), mbps(l, "cubic")
     if a is not None and k:
@@ -581,9 +713,11 @@ print()
 print(open(counts).read(), end="")
 PY
 
-python3 - "$results" "$e2e_results" "$secs" "$warm" "$e2e_size" <<'PY'
+tree_bytes=0
+[ ! -d "$e2e/src/tree" ] || tree_bytes=$(find "$e2e/src/tree" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')
+python3 - "$results" "$e2e_results" "$secs" "$warm" "$e2e_size" "$small_size" "$tree_files" "$tree_bytes" <<'PY'
 import statistics, sys
-rows, e2e_rows, secs, warm, size = sys.argv[1:6]
+rows, e2e_rows, secs, warm, size, small_size, tree_files, tree_bytes = sys.argv[1:9]
 pairs = {}
 for line in open(rows):
     f = line.split()
@@ -604,30 +738,72 @@ if pairs:
         jain = (a + k) ** 2 / (2 * (a * a + k * k)) if a + k > 0 else 0
         print(f"  {loss + '%':>6} {'atou bbr + kernel ' + algo:>26} {a / 1e6:8.2f} {k / 1e6:8.2f} "
               f"{a / (a + k):11.2f} {jain:6.3f}")
+def nbytes(s):
+    return int(s[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[s[-1].upper()] if s[-1].isalpha() else int(s)
+# The link's payload rate: 100 Mbit/s less IP, UDP and atou's headers on
+# full datagrams, as measured on this bridge (the rate a perfect sender
+# reaches); and the base RTT.
+PAYLOAD_RATE, RTT = 96.5e6, 0.1
 e2e = {}
 for line in open(e2e_rows):
-    loss, tool, s = line.split()
-    e2e.setdefault(loss, {}).setdefault(tool, []).append(float(s))
-if e2e:
-    n = int(size[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[size[-1].upper()] if size[-1].isalpha() else int(size)
+    row, loss, tool, s = line.split()
+    e2e.setdefault(row, {}).setdefault(loss, {}).setdefault(tool, []).append(float(s))
+tools = ["atou-send", "atou-copy", "scp", "rsync", "tar", "gridftp"]
+rows_said = {
+    "push": (f"a {size} file from A to B", nbytes(size)),
+    "small": (f"one {small_size} file from A to B (time to done)", nbytes(small_size)),
+    "tree": (f"{tree_files} files of 1-64 KB ({int(tree_bytes) / 2**20:.1f} MiB) from A to B", int(tree_bytes)),
+    "pull": (f"a {size} file pulled by A from B (loss on B -> A)", nbytes(size)),
+}
+med = lambda row, loss, tool: statistics.median(e2e[row][loss][tool]) if tool in e2e.get(row, {}).get(loss, {}) else None
+for row, (said, n) in rows_said.items():
+    if row not in e2e:
+        continue
     print()
-    print(f"end to end, a {size} file from A to B (whole command, wall clock), tools rotated after a warm-up: "
+    print(f"end to end, {said}: whole command, wall clock, tools rotated after a warm-up; "
           f"seconds min / median / max, and Mbit/s at the median")
-    tools = ["atou-send", "atou-copy", "scp", "rsync"]
-    for loss, by in e2e.items():
+    for loss, by in e2e[row].items():
         for t in tools:
             if t in by:
                 xs = by[t]
                 print(f"  {loss + '%':>6} {t:>10} {min(xs):7.2f} / {statistics.median(xs):7.2f} / {max(xs):7.2f}"
                       f"   {n * 8 / statistics.median(xs) / 1e6:7.2f}")
+if e2e:
     print("targets (figures only)")
-    for loss, want in (("0", 1.0), ("1", 1.5)):
-        by = e2e.get(loss, {})
-        if "atou-send" in by and "scp" in by:
-            r = statistics.median(by["scp"]) / statistics.median(by["atou-send"])
-            print(f"  loss {loss}%: atou send speed / scp speed = {r:.2f}  (target >= {want}): "
-                  f"{'met' if r >= want else 'NOT met'}")
-        if "atou-copy" in by and "scp" in by:
-            r = statistics.median(by["scp"]) / statistics.median(by["atou-copy"])
-            print(f"  loss {loss}%: atou copy over ssh speed / scp speed = {r:.2f}")
+    verdict = lambda ok: "met" if ok else "NOT met"
+for loss, want in (("0", 1.0), ("1", 1.5)):
+    a, s = med("push", loss, "atou-send"), med("push", loss, "scp")
+    if a and s:
+        print(f"  push, loss {loss}%: atou send speed / scp speed = {s / a:.2f}  (target >= {want}): {verdict(s / a >= want)}")
+    c = med("push", loss, "atou-copy")
+    if c and s:
+        print(f"  push, loss {loss}%: atou copy over ssh speed / scp speed = {s / c:.2f}")
+for loss in e2e.get("push", {}):
+    a = med("push", loss, "atou-send")
+    if a is None:
+        continue
+    limit = nbytes(size) * 8 / (PAYLOAD_RATE * (1 - float(loss) / 100)) + RTT
+    print(f"  push, loss {loss}%: the link's limit {limit:.2f} s / atou send {a:.2f} s = {limit / a:.2f}"
+          f"  (target >= 0.93): {verdict(limit / a >= 0.93)}")
+    peers = [(med("push", loss, t), t) for t in ("scp", "rsync", "tar", "gridftp") if med("push", loss, t)]
+    if peers:
+        best, who = min(peers)
+        print(f"  push, loss {loss}%: best peer ({who}) {best:.2f} s / atou send = {best / a:.2f}"
+              f"  (target >= 1.2): {verdict(best / a >= 1.2)}")
+a = med("small", "0", "atou-send")
+if a is not None:
+    print(f"  small, loss 0%: atou send {a:.2f} s  (target <= 0.45 s with a pinned key): {verdict(a <= 0.45)}")
+for loss in e2e.get("tree", {}):
+    a, r = med("tree", loss, "atou-send"), med("tree", loss, "rsync")
+    if a:
+        mbps = int(tree_bytes) * 8 / a / 1e6
+        print(f"  tree, loss {loss}%: atou send {mbps:.2f} Mbit/s  (target >= 84): {verdict(mbps >= 84)}")
+        if r:
+            print(f"  tree, loss {loss}%: atou send speed / rsync -a speed = {r / a:.2f}  (target >= 1.5): {verdict(r / a >= 1.5)}")
+for loss in e2e.get("pull", {}):
+    p, q, s = med("pull", loss, "atou-copy"), med("push", loss, "atou-copy"), med("pull", loss, "scp")
+    if p and q:
+        print(f"  pull, loss {loss}%: atou copy pull speed / push speed = {q / p:.2f}  (pulls paced like pushes: about 1)")
+    if p and s:
+        print(f"  pull, loss {loss}%: atou copy pull speed / scp pull speed = {s / p:.2f}")
 PY

@@ -677,6 +677,47 @@ mod tests {
         assert_eq!(receive(&rx), vec![hello(replayed)]);
     }
 
+    /// A pull's sender is the far end's client, on the socket its punch
+    /// left from (handed in by the bootstrap, not opened here): that
+    /// socket is connected to the receiver exactly as a fresh one is, so
+    /// the pull's data carries departure times (SO_TXTIME, which only
+    /// `UdpIo::connect` turns on, with IP_RECVERR for the qdisc's drops)
+    /// like a push's.
+    #[cfg(target_os = "linux")]
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_socket_handed_in_is_connected_and_paced_as_a_fresh_one() {
+        let receiver = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let peer = receiver.local_addr().unwrap();
+        let unspecified: std::net::SocketAddr = (std::net::Ipv4Addr::UNSPECIFIED, 0).into();
+        let tuning = crate::proto::Tuning::default();
+        let (fresh, _) = crate::io::client_socket(None, unspecified, peer, &tuning)
+            .await
+            .unwrap();
+        if !fresh.txtime() {
+            ci::cannot_run(
+                "a_socket_handed_in_is_connected_and_paced_as_a_fresh_one",
+                "this kernel refused SO_TXTIME",
+            );
+            return;
+        }
+        let handed = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let its_port = handed.local_addr().unwrap();
+        let (io, _) = crate::io::client_socket(Some(handed), unspecified, peer, &tuning)
+            .await
+            .unwrap();
+        assert_eq!(io.local_addr().unwrap(), its_port, "not the socket handed in");
+        assert!(io.txtime(), "the handed-in socket sends without departure times");
+        io.send(peer, b"through the connected socket", None)
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        receiver
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let (n, from) = receiver.recv_from(&mut buf).unwrap();
+        assert_eq!((&buf[..n], from), (&b"through the connected socket"[..], its_port));
+    }
+
     /// A sender connected to a plain receiver, both on loopback.
     async fn pair() -> (UdpIo, std::net::UdpSocket) {
         let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
