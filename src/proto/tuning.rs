@@ -84,7 +84,7 @@ macro_rules! named_enum {
 }
 pub(crate) use named_enum;
 
-/// A value of a [`named_enum!`] that is none of its names.
+/// A value of a `named_enum!` that is none of its names.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("`{given}` is not {what} ({})", .names.join(", "))]
 pub struct UnknownName {

@@ -231,7 +231,7 @@ pub enum Notice {
         from: SocketAddr,
         to: SocketAddr,
     },
-    /// Refusals not shown in the last second (over [`NOTICES_PER_SEC`]).
+    /// Refusals not shown in the last second (over `NOTICES_PER_SEC`, 10).
     Suppressed {
         count: u64,
     },

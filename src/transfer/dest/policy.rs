@@ -246,8 +246,8 @@ const MAX_LINK_STEPS: usize = 2048;
 /// creates (`links`, by path beneath DEST, whatever its place in the
 /// manifest) or one already at the destination (`on_disk`) is followed
 /// from its own directory; `..` may never climb above `root`; an absolute
-/// target, more than [`MAX_LINK_HOPS`] links or more than
-/// [`MAX_LINK_STEPS`] components walked, is refused. A name that is
+/// target, more than 40 links (`MAX_LINK_HOPS`) or more than 2048
+/// components walked (`MAX_LINK_STEPS`), is refused. A name that is
 /// nothing yet is taken as a directory to be.
 pub fn link_stays_beneath(
     link: &[u8],
