@@ -3,7 +3,7 @@
 //! offload on send (GSO).
 //!
 //! Each driver runs on one thread: a current-thread runtime, a loop that
-//! drains transmits into a [`TxBatch`] (sent as GSO runs), reads what is
+//! drains transmits into a `TxBatch` (sent as GSO runs), reads what is
 //! waiting in one recvmmsg, and otherwise sleeps until the socket is
 //! readable or the endpoint's next timer. The endpoint is polled after
 //! every datagram so the ACK policy stays per segment.
@@ -268,41 +268,83 @@ fn is_unreachable(e: &io::Error) -> bool {
 /// Why a probe failed.
 #[derive(Debug, Error)]
 pub enum ProbeError {
+    /// No UDP socket could be opened, bound or connected towards the server.
     #[error("cannot open a UDP socket for {peer}: {error}")]
-    Socket { peer: SocketAddr, error: io::Error },
+    Socket {
+        /// The server's address.
+        peer: SocketAddr,
+        /// What the operating system said.
+        error: io::Error,
+    },
+    /// The connection itself failed (refused, idle, handshake, version).
     #[error("{peer}: {error}{hint}")]
     Conn {
+        /// The server's address.
         peer: SocketAddr,
+        /// Why the client endpoint gave up.
         error: ConnError,
         /// What else was seen, e.g. ICMP errors from the host.
         hint: String,
     },
+    /// The host answered the hello (or the key query) with ICMP
+    /// unreachable: nothing listens on that port. During a transfer such
+    /// errors only count, and `maxidle` decides.
     #[error(
         "no atou server at {peer}: the host answered ICMP unreachable ({error}); \
          start `atou serve` there or check the host and port"
     )]
-    Unreachable { peer: SocketAddr, error: io::Error },
-    #[error("datagrams of {mss} bytes do not fit the path to {peer} ({error}); lower --mss")]
-    TooBig {
+    Unreachable {
+        /// The server's address.
         peer: SocketAddr,
-        mss: u32,
+        /// The ICMP error as the socket reported it.
         error: io::Error,
     },
+    /// The kernel refused a datagram as larger than the path takes
+    /// (EMSGSIZE): `--mss` is too large for the route.
+    #[error("datagrams of {mss} bytes do not fit the path to {peer} ({error}); lower --mss")]
+    TooBig {
+        /// The server's address.
+        peer: SocketAddr,
+        /// The datagram size tried, in bytes (the `mss` knob).
+        mss: u32,
+        /// The socket's error.
+        error: io::Error,
+    },
+    /// A send on the socket failed for a reason other than the above.
     #[error("sending to {peer} failed: {error}")]
-    Send { peer: SocketAddr, error: io::Error },
+    Send {
+        /// The server's address.
+        peer: SocketAddr,
+        /// The socket's error.
+        error: io::Error,
+    },
+    /// A receive on the socket failed for a reason other than the above.
     #[error("receiving from {peer} failed: {error}")]
-    Recv { peer: SocketAddr, error: io::Error },
+    Recv {
+        /// The server's address.
+        peer: SocketAddr,
+        /// The socket's error.
+        error: io::Error,
+    },
+    /// [`query_server_key`] had no answer: nothing seems to serve there.
     #[error(
         "no answer from {peer} within {:.1} s (maxidle) to a query for its key, before the \
          hello: is `atou serve` running there? (or pass the server's key with --server-key)",
         wait.as_secs_f64()
     )]
-    NoKey { peer: SocketAddr, wait: Duration },
+    NoKey {
+        /// The server's address.
+        peer: SocketAddr,
+        /// How long the query was repeated (every 250 ms).
+        wait: Duration,
+    },
+    /// The caller's `stop` future resolved (Ctrl-C) before the end.
     #[error("interrupted")]
     Interrupted,
     /// The stream's data could not be produced (a file could not be read).
     #[error("{0}")]
     Source(String),
+    /// The tuning is inconsistent (checked before anything is sent).
     #[error("bad tuning: {0}")]
     Tuning(crate::proto::tuning::TuningError),
 }
@@ -337,10 +379,15 @@ pub struct ProbeConfig {
 /// window the server granted.
 #[derive(Debug)]
 pub struct ProbeResult {
+    /// The connection's end: closed (with the server's counters and
+    /// reply, if any) or why it failed.
     pub outcome: Result<Closed, ProbeError>,
     /// `None` when the server never answered.
     pub report: Option<ClientReport>,
+    /// The socket buffer sizes the kernel granted this client.
     pub buffers: SocketBuffers,
+    /// The receiver settings (window, buffer, delayed ACK) the server
+    /// applied; `None` when it never accepted the hello.
     pub granted: Option<ReceiverParams>,
     /// Paced runs carried departure times (SO_TXTIME) to the end.
     pub txtime: bool,
@@ -352,6 +399,8 @@ pub struct ProbeResult {
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct ClientReport {
+    /// The sender's counters: segments sent and retransmitted, timeouts,
+    /// atou's events.
     pub stats: SenderStats,
     /// The sender's windows and RTT figures when the connection ended.
     pub snapshot: SenderSnapshot,
@@ -376,9 +425,15 @@ pub enum ClientEnd {
     /// The data was all acknowledged; `peer` holds the server's counters
     /// from its close acknowledgement, `None` when the close went
     /// unanswered.
-    Closed { peer: Option<ReceiverStats> },
+    Closed {
+        /// The server's counters, when it acknowledged the close.
+        peer: Option<ReceiverStats>,
+    },
     /// The connection failed, for this reason.
-    Failed { why: String },
+    Failed {
+        /// The error, as a person reads it.
+        why: String,
+    },
 }
 
 impl ClientEnd {
@@ -872,12 +927,17 @@ pub struct ServeConfig {
 /// What the server tells its operator as it runs.
 #[derive(Debug)]
 pub enum ServeEvent {
+    /// The socket is bound and the server is ready; told once, first.
     Listening {
+        /// The address bound (with the port the kernel chose for port 0).
         addr: SocketAddr,
+        /// The socket buffer sizes the kernel granted.
         buffers: SocketBuffers,
     },
+    /// A connection ended: atousrv's one line about it.
     /// Boxed: the server's counters make it many times the others' size.
     Report(Box<ConnReport>),
+    /// A refusal or other news for the operator (rate-limited).
     Notice(Notice),
     /// The table of hello timestamps could not be saved (the message
     /// says where and why): the clients whose hellos waited for it were
@@ -885,7 +945,10 @@ pub enum ServeEvent {
     HelloTimestampsNotSaved(SaveError),
     /// The socket receive buffer grew for a client that asked for more.
     RcvbufGrown {
+        /// The client's `rcvbuf`, in bytes.
         asked: u32,
+        /// What the kernel reports it set, in bytes (Linux: twice the
+        /// value set).
         granted: u32,
     },
     /// The kernel refused the filter that drops replayed hellos unread
@@ -893,14 +956,29 @@ pub enum ServeEvent {
     ReplayFilterRefused(io::Error),
 }
 
+/// Why [`serve`] could not start or stopped on a socket error.
 #[derive(Debug, Error)]
 pub enum ServeError {
+    /// The address could not be bound (in use, not local, no permission).
     #[error("cannot listen on {addr}: {error}")]
-    Bind { addr: SocketAddr, error: io::Error },
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// What the operating system said.
+        error: io::Error,
+    },
+    /// Setting the socket's buffers, or receiving on it, failed.
     #[error("socket error on {addr}: {error}")]
-    Socket { addr: SocketAddr, error: io::Error },
+    Socket {
+        /// The address bound.
+        addr: SocketAddr,
+        /// What the operating system said.
+        error: io::Error,
+    },
+    /// The server's keys could not be set up for the handshake.
     #[error("cannot set up authentication: {0}")]
     Auth(HandshakeError),
+    /// The thread that saves hello timestamps could not be started.
     #[error(
         "cannot set up authentication: cannot start the thread that saves hello timestamps: {0}"
     )]
@@ -912,10 +990,16 @@ pub enum ServeError {
 /// other threads, which call the waker when there is something to
 /// [`ServeApp::poll`].
 pub trait ServeApp {
+    /// Places a session connection's new stream bytes; `server` is there
+    /// to move the connection's window once they are taken.
     fn on_arrival(&mut self, server: &mut Server, arrival: Arrival<'_>);
+    /// Acts on a session connection opening, completing its stream or
+    /// ending (a complete one waits for [`Server::respond`]).
     fn on_event(&mut self, server: &mut Server, event: SessionEvent);
     /// Takes in what other threads finished.
     fn poll(&mut self, server: &mut Server);
+    /// What the application's other threads notify to wake the driver
+    /// for [`ServeApp::poll`]; `None`: it has none.
     fn waker(&self) -> Option<Arc<Notify>>;
     /// Stop serving (the in-process receiver of `atou copy`, once its one
     /// transfer is over).

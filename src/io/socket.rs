@@ -23,7 +23,9 @@ const TXTIME_HORIZON_NS: u64 = 2_000_000;
 /// reports twice the value set, for its bookkeeping).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SocketBuffers {
+    /// Send buffer (SO_SNDBUF), in bytes, as the kernel reports it.
     pub sndbuf: u32,
+    /// Receive buffer (SO_RCVBUF), in bytes, as the kernel reports it.
     pub rcvbuf: u32,
 }
 

@@ -37,10 +37,20 @@ pub(crate) use wire::ReceiverStats;
 /// Why an endpoint did not accept a datagram. Its state is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum InputError {
+    /// The bytes do not decode as an atou packet (truncated, bad length,
+    /// unknown type or version).
     #[error(transparent)]
     Wire(#[from] wire::WireError),
+    /// A packet for another connection id than this endpoint's.
     #[error("packet for connection {got:#x}, expected {expected:#x}")]
-    WrongConnection { expected: u64, got: u64 },
+    WrongConnection {
+        /// This endpoint's connection id.
+        expected: u64,
+        /// The id the packet carries.
+        got: u64,
+    },
+    /// A well-formed packet of a kind this endpoint does not take in its
+    /// present state; the name says which kind.
     #[error("a {0} packet arrived where none belongs")]
     Unexpected(&'static str),
 }

@@ -68,7 +68,9 @@ pub fn pattern_mismatch(offset: u64, data: &[u8]) -> Option<usize> {
     bytewise(head + body.len() / 8 * 8, data.len())
 }
 
-/// A stream whose bytes are [`pattern_byte`] of their offset.
+/// A stream whose bytes are the test pattern of their offset: a
+/// function of the byte's 8-byte word number, so a segment placed at the
+/// wrong offset shows (`pattern_byte`).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct PatternSource;
 

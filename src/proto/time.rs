@@ -13,20 +13,26 @@ use std::time::Duration;
 pub struct Time(u64);
 
 impl Time {
+    /// The epoch itself.
     pub const ZERO: Time = Time(0);
 
+    /// `nanos` nanoseconds after the epoch.
     pub const fn from_nanos(nanos: u64) -> Time {
         Time(nanos)
     }
 
+    /// `secs` seconds after the epoch, rounded to the nanosecond; a
+    /// negative value is the epoch.
     pub fn from_secs_f64(secs: f64) -> Time {
         Time((secs * 1e9).round().max(0.0) as u64)
     }
 
+    /// Nanoseconds since the epoch.
     pub const fn as_nanos(self) -> u64 {
         self.0
     }
 
+    /// Seconds since the epoch.
     pub fn as_secs_f64(self) -> f64 {
         self.0 as f64 / 1e9
     }

@@ -36,8 +36,10 @@ macro_rules! named_enum {
         }
 
         impl $ty {
+            /// Every value, in the order the names are listed (`--help`'s).
             pub const ALL: [$ty; [$($name),+].len()] = [$($ty::$variant),+];
 
+            /// The value's name, as config files, flags and traces write it.
             pub fn name(self) -> &'static str {
                 match self {
                     $($ty::$variant => $name,)+
@@ -82,7 +84,7 @@ macro_rules! named_enum {
 }
 pub(crate) use named_enum;
 
-/// A value of a [`named_enum!`] that is none of its names.
+/// A value of a `named_enum!` that is none of its names.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("`{given}` is not {what} ({})", .names.join(", "))]
 pub struct UnknownName {
@@ -303,7 +305,8 @@ fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64())
 }
 
-/// The transfer's knobs. Units are in the field docs and in [`KNOBS`].
+/// The transfer's knobs. Units are in the field docs and in the knob
+/// table (`KNOBS`), which `atou send --help` prints.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Tuning {
     /// UDP datagram size in bytes: the 25-byte data header plus payload
@@ -315,12 +318,17 @@ pub struct Tuning {
     pub cc: CcKind,
     /// Loss recovery: what is lost and what to resend.
     pub recovery: RecoveryKind,
+    /// FACK only: bring cwnd down gradually, one segment per two ACKs,
+    /// instead of at once (Mathis & Mahdavi appendix A); default off.
     pub rampdown: bool,
     /// Fixed retransmission timeout; zero selects the adaptive RTO.
     #[serde(serialize_with = "secs")]
     pub timeout: Duration,
+    /// Lower bound of the adaptive RTO; default 200 ms (Linux's; RFC 6298
+    /// says 1 s).
     #[serde(serialize_with = "secs")]
     pub min_rto: Duration,
+    /// Upper bound of the RTO, backoff included; default 60 s.
     #[serde(serialize_with = "secs")]
     pub max_rto: Duration,
     /// Timer granularity; zero is fine-grained, otherwise Brakmo §3.2's
@@ -338,6 +346,7 @@ pub struct Tuning {
     pub increment: u32,
     /// Initial ssthresh as a fraction of `rcvwin`; zero means unlimited.
     pub thresh_init: f64,
+    /// Duplicate ACKs that trigger fast retransmit; default 3 (RFC 5681).
     pub dup_thresh: u32,
     /// Most segments sent in response to one event; zero is unlimited.
     pub burst_limit: u32,
@@ -346,6 +355,8 @@ pub struct Tuning {
     /// Stop sending new data after this long; zero is unlimited.
     #[serde(serialize_with = "secs")]
     pub maxtime: Duration,
+    /// Segments the sender drops on their first transmissions (atou's
+    /// scripted loss); empty by default.
     pub droplist: DropList,
     /// Virtual MSS in segments (atou §4.1).
     pub vmss: u32,
@@ -393,7 +404,10 @@ pub struct Tuning {
     /// Vegas: segments queued below which the window grows, above which it
     /// shrinks, and above which slow start ends (Brakmo: 1, 3, 1).
     pub vegas_alpha: f64,
+    /// Vegas: segments queued above which the window shrinks by one per
+    /// RTT; default 3.
     pub vegas_beta: f64,
+    /// Vegas: segments queued above which slow start ends; default 1.
     pub vegas_gamma: f64,
 }
 
@@ -699,7 +713,9 @@ knobs! {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("{key}: {message}")]
 pub struct TuningError {
+    /// The knob's name as given (a config key or flag name).
     pub key: String,
+    /// What is wrong with the value, and what is accepted.
     pub message: String,
 }
 

@@ -25,7 +25,7 @@ const PAYLOAD_PREFIX: &str = "payload:";
 /// The header line saying how many stream bytes one data segment of the
 /// traced connection carries (`payload: N`), which its `mss` alone does
 /// not tell once packets are protected:
-/// [`segment_payload`](crate::proto::endpoint::client::segment_payload).
+/// the client's `segment_payload`.
 pub fn payload_line(payload: u64) -> String {
     format!("{PAYLOAD_PREFIX} {payload}")
 }

@@ -25,6 +25,7 @@ use crate::report::summary::Summary;
 /// One flow of a shared-bottleneck run.
 #[derive(Debug, Clone)]
 pub struct FlowConfig {
+    /// This flow's knobs (its own controller, recovery, windows).
     pub tuning: Tuning,
     /// Bytes to send; `None`: pattern data until the run ends (a flow
     /// without `maxtime` or `maxpkts` is given `maxtime` = the rest of
@@ -53,11 +54,14 @@ impl FlowConfig {
 /// A run of several flows over one forward path.
 #[derive(Debug, Clone)]
 pub struct FlowsConfig {
+    /// The flows, each with its own sender, receiver and return path.
     pub flows: Vec<FlowConfig>,
     /// The shared forward (data) path: the bottleneck.
     pub fwd: NetemSpec,
     /// Every flow's return (ACK) path; each flow has its own.
     pub rev: NetemSpec,
+    /// Seeds every path's randomness and the flows' connection ids: the
+    /// same seed gives the same run.
     pub seed: u64,
     /// The run stops at this virtual time (earlier if every flow ends).
     pub duration: Duration,
@@ -71,6 +75,9 @@ pub struct FlowsConfig {
 }
 
 impl FlowsConfig {
+    /// `flows` over `fwd` (shared) and `rev` (each its own) for `duration`
+    /// of virtual time, measured from the last flow's start, without
+    /// trace or invariant checks.
     pub fn new(
         flows: Vec<FlowConfig>,
         fwd: NetemSpec,
@@ -105,10 +112,12 @@ impl FlowsConfig {
 /// One flow's part of a run.
 #[derive(Debug, Clone)]
 pub struct FlowResult {
+    /// How this flow ended (`TimeLimit` for one still sending at the end).
     pub outcome: RunEnd,
     /// Its own summary, as a single-flow run prints it (the forward path's
     /// counts are the whole bottleneck's).
     pub summary: Summary,
+    /// When it started, in virtual time from the start of the run.
     pub start: Duration,
     /// Payload bytes acknowledged within the window.
     pub window_bytes: u64,
@@ -119,6 +128,7 @@ pub struct FlowResult {
 /// What flows sharing a bottleneck did, each and together.
 #[derive(Debug, Clone)]
 pub struct FlowsResult {
+    /// Each flow's part, in the order of [`FlowsConfig::flows`].
     pub flows: Vec<FlowResult>,
     /// The measurement window, `(from, to)`.
     pub window: (Duration, Duration),

@@ -88,12 +88,23 @@ impl SimConfig {
     }
 }
 
+/// Why a simulated run could not start or was stopped.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum SimError {
+    /// A flow's tuning is inconsistent.
     #[error("bad tuning: {0}")]
     Tuning(#[from] TuningError),
+    /// With `check_invariants`: the sender's state broke one of its
+    /// invariants (a bug in atou, not in the path).
     #[error("sender invariant broken at {time:?}: {what}")]
-    Invariant { time: Time, what: String },
+    Invariant {
+        /// The virtual time of the step that broke it.
+        time: Time,
+        /// Which invariant, with the values that broke it.
+        what: String,
+    },
+    /// A scenario run through [`Pair`] could not be set up or never
+    /// completed its handshake.
     #[error("client and server: {0}")]
     Pair(String),
 }
@@ -114,7 +125,10 @@ pub enum RunEnd {
 /// What a simulated run did: its events, trace and how it ended.
 #[derive(Debug, Clone)]
 pub struct SimResult {
+    /// How the run ended.
     pub outcome: RunEnd,
+    /// atou's end-of-run summary of the sender, receiver and paths, as
+    /// `atou sim` prints it.
     pub summary: Summary,
     /// Virtual time when the run stopped.
     pub end: Time,
@@ -246,6 +260,8 @@ pub struct Simulation {
 }
 
 impl Simulation {
+    /// One flow as `config` describes it, at virtual time zero; fails on
+    /// an inconsistent tuning.
     pub fn new(config: SimConfig) -> Result<Simulation, SimError> {
         let only = FlowConfig {
             tuning: config.tuning.clone(),

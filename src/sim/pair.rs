@@ -35,7 +35,9 @@ const SERVER_RCVBUF: u32 = 8 << 20;
 /// Which way a datagram goes.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Dir {
+    /// Client to server: the forward (`fwd`) path.
     ToServer,
+    /// Server to client: the return (`rev`) path.
     ToClient,
 }
 
@@ -53,11 +55,14 @@ pub type TapFn<'a> = dyn FnMut(Time, Dir, Vec<u8>) -> Vec<(SocketAddr, Vec<u8>)>
 pub trait SessionApp {
     /// New bytes of a session's stream, as the server placed them.
     fn on_arrival(&mut self, _now: Time, _server: &mut Server, _arrival: Arrival<'_>) {}
+    /// A session connection opened, completed its stream (answer it with
+    /// [`Server::respond`]) or ended.
     fn on_event(&mut self, _now: Time, _server: &mut Server, _event: SessionEvent) {}
     /// When [`on_timeout`](Self::on_timeout) is next due, if ever.
     fn poll_timeout(&self) -> Option<Time> {
         None
     }
+    /// The time [`poll_timeout`](Self::poll_timeout) gave has come.
     fn on_timeout(&mut self, _now: Time, _server: &mut Server) {}
 }
 
@@ -117,12 +122,17 @@ impl PairConfig {
     }
 }
 
+/// Why [`Pair::new`] could not set up the run.
 #[derive(Debug, thiserror::Error)]
 pub enum PairError {
+    /// The client's tuning is inconsistent.
     #[error("bad tuning: {0}")]
     Tuning(#[from] TuningError),
+    /// The server's keys could not be set up.
     #[error("bad keys: {0}")]
     Keys(#[from] HandshakeError),
+    /// The client could not take its keys (its `mss` leaves no room once
+    /// packets are protected).
     #[error("the client refused its keys: {0}")]
     Client(#[from] ConnError),
 }
@@ -140,6 +150,7 @@ enum Step {
 /// How a run ended, and when.
 #[derive(Debug)]
 pub struct PairResult {
+    /// How the run ended: the client's outcome, or the time limit.
     pub outcome: RunEnd,
     /// Virtual time when the run stopped.
     pub end: Time,
@@ -150,7 +161,9 @@ pub struct PairResult {
 /// A [`Client`] and a [`Server`] through the handshake and a connection,
 /// over simulated paths in virtual time.
 pub struct Pair {
+    /// The client endpoint, to inspect or drive between runs.
     pub client: Client,
+    /// The server endpoint, to inspect or drive between runs.
     pub server: Server,
     fwd: Netem<Tagged<SocketAddr>>,
     rev: Netem<Vec<u8>>,
@@ -166,6 +179,8 @@ pub struct Pair {
 }
 
 impl Pair {
+    /// A client and a server as `config` describes them, both seeded from
+    /// its seed, at virtual time zero; nothing sent yet.
     pub fn new(config: PairConfig) -> Result<Pair, PairError> {
         let conn_id = mix_seed(config.seed, 0);
         let mut client = Client::new(&config.tuning, conn_id, config.bytes, Time::ZERO)?;
@@ -231,6 +246,7 @@ impl Pair {
         self.time_limit = limit;
     }
 
+    /// The virtual time the run has reached.
     pub fn now(&self) -> Time {
         self.now
     }

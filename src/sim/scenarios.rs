@@ -23,6 +23,8 @@ pub struct MathisRun {
     pub rtt: Duration,
     /// Loss episodes in the measured span.
     pub episodes: usize,
+    /// Retransmission timeouts over the whole run: a run with many is
+    /// outside Mathis's model, which assumes none.
     pub timeouts: u64,
 }
 

@@ -14,6 +14,8 @@ use super::send::Fault;
 use crate::io::dest_dir::STAGING_DIR;
 use crate::util::text::shown_path;
 
+/// What failed in a transfer, in the user's terms; [`Error::fault`] is its
+/// kind.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A file being sent could not be opened or read here.
@@ -21,67 +23,108 @@ pub enum Error {
     Unreadable {
         /// "open" or "read".
         action: &'static str,
+        /// The file, as the command line's source names it.
         path: PathBuf,
+        /// What the operating system said.
         #[source]
         source: io::Error,
     },
     /// A file being sent is not what the walk listed any more.
     #[error("{} {change}", shown_path(.path))]
-    Changed { path: PathBuf, change: Change },
+    Changed {
+        /// The file, as the command line's source names it.
+        path: PathBuf,
+        /// How it differs.
+        change: Change,
+    },
     /// DEST, or an entry beneath it, could not be used as the transfer
     /// needs: the receiver's disk, its permissions, its space.
     #[error("cannot {action} {}: {}", shown_path(.path), disk_cause(.source))]
     Disk {
         /// What was being done, as a verb phrase: "create directory".
         action: &'static str,
+        /// The entry: DEST joined with its path beneath it.
         path: PathBuf,
+        /// What the operating system said.
         #[source]
         source: io::Error,
     },
     /// DEST itself is not a directory.
     #[error("{} is not a directory", .path.display())]
-    DestNotDir { path: PathBuf },
+    DestNotDir {
+        /// DEST as given.
+        path: PathBuf,
+    },
     /// Something at the destination is in the way and is never replaced:
     /// a directory, or what is neither a file nor a directory.
     #[error(
         "{} exists and is {what}; remove it or choose another destination",
         shown_path(.path)
     )]
-    InTheWay { path: PathBuf, what: &'static str },
+    InTheWay {
+        /// The entry in the way, DEST joined with its path.
+        path: PathBuf,
+        /// What it is: "a directory", "a socket", ...
+        what: &'static str,
+    },
     /// A component of the destination subdirectory exists and is not a
     /// directory.
     #[error("{} exists and is not a directory", shown_path(.path))]
-    SubdirInTheWay { path: PathBuf },
+    SubdirInTheWay {
+        /// The component in the way, DEST joined with its path.
+        path: PathBuf,
+    },
     /// A symlink where a directory must be walked through.
     #[error(
         "{} is a symlink; atou does not write through symlinks in the destination",
         shown_path(.path)
     )]
-    SymlinkInTheWay { path: PathBuf },
+    SymlinkInTheWay {
+        /// The symlink, DEST joined with its path.
+        path: PathBuf,
+    },
     /// What holds a file's partial state in the staging directory is not
     /// a regular file.
     #[error("the partial file of `{entry}` in {STAGING_DIR} is not a regular file; remove it")]
-    StagedInTheWay { entry: String },
+    StagedInTheWay {
+        /// The manifest entry whose partial file it is, escaped.
+        entry: String,
+    },
     /// The transfer names the staging directory: the subdirectory asked
     /// for (`None`) or an entry of the manifest.
     #[error("{}", reserved(.entry.as_deref()))]
-    Reserved { entry: Option<String> },
+    Reserved {
+        /// The manifest entry that names it, escaped; `None`: the
+        /// subdirectory asked for.
+        entry: Option<String>,
+    },
     /// A pull or a local copy's sender named a subdirectory of DEST.
     #[error(
         "the sender named a subdirectory `{subdir}` of the destination, which was not asked \
          for; refused, nothing written"
     )]
-    UnaskedSubdir { subdir: String },
+    UnaskedSubdir {
+        /// The subdirectory the sender named, escaped.
+        subdir: String,
+    },
     /// A pull or a local copy's sender sent what was not asked for.
     #[error(
         "the sender sent `{entry}`, which was not asked for (asked for: {asked}); refused, \
          nothing written"
     )]
-    UnaskedEntry { entry: String, asked: String },
+    UnaskedEntry {
+        /// The entry sent, escaped.
+        entry: String,
+        /// The names the receiver asked for, escaped.
+        asked: String,
+    },
     /// The receiving side's policy, its key's options or what it asked
     /// for refuse the transfer; `why` says which and what to do.
     #[error("{why}")]
-    Refused { why: String },
+    Refused {
+        /// The refusal, as a person reads it.
+        why: String,
+    },
     /// The key a session's connection authenticated with is not (or no
     /// longer) in the server's authorized keys.
     #[error("its key is not in this server's authorized keys")]
@@ -89,7 +132,10 @@ pub enum Error {
     /// The transfer is over one of this receiver's budgets: entries,
     /// staged bytes or files, the size of its file system.
     #[error("{why}")]
-    OverBudget { why: String },
+    OverBudget {
+        /// Which budget, by how much, and which flag raises it.
+        why: String,
+    },
     /// The key's `subdir=` and the plan's subdirectory make no valid path.
     #[error("the key's subdir= with the plan's: {0}")]
     KeySubdir(NameError),
@@ -113,6 +159,7 @@ pub enum Error {
 pub enum Change {
     /// It, or a directory above it, is a symlink now (never followed).
     Symlinked,
+    /// It is gone.
     Removed,
     /// Another file (another inode) has its name.
     Replaced,
@@ -122,6 +169,7 @@ pub enum Change {
     Modified,
     /// It ended before the size listed.
     Shrank {
+        /// The size the walk listed, in bytes.
         listed: u64,
     },
 }

@@ -430,7 +430,7 @@ pub struct LocalEntry {
     /// Its path here, for messages.
     pub source: PathBuf,
     /// The SRC it was found under, as the user named it: files are
-    /// opened beneath it (see [`super::source`]).
+    /// opened beneath it (see `transfer::source`).
     pub top: Arc<PathBuf>,
     /// For a file: what the walk saw, checked again when it is read.
     pub stamp: Option<Stamp>,

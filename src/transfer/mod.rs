@@ -5,7 +5,8 @@
 //! first a plan (the manifest out, the receiver's decision back), then
 //! data streams (chunks of files with their BLAKE3 values, several
 //! connections at once), then a finish (every file's hash out, "all
-//! verified and in place" back). See [`messages`] for what each says.
+//! verified and in place" back). The private `messages` module says what
+//! each carries.
 
 // Only `io` may hold `unsafe` (each block with a SAFETY line).
 #![forbid(unsafe_code)]

@@ -57,14 +57,18 @@ impl AuthorizedKeys {
         Ok(AuthorizedKeys { entries })
     }
 
+    /// The line that authorizes `key`, with its options; `None`: the key
+    /// is not authorized.
     pub fn find(&self, key: &PublicKey) -> Option<&AuthorizedKey> {
         self.entries.iter().find(|e| e.key == *key)
     }
 
+    /// Keys listed (one per line; no key twice).
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    /// No key listed: no authenticated client is accepted.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

@@ -182,6 +182,7 @@ impl StaticKeypair {
         })
     }
 
+    /// The public half, which peers pin and `authorized_keys` lists.
     pub fn public(&self) -> PublicKey {
         self.public
     }

@@ -58,8 +58,12 @@ use super::wire::DATA_HEADER_LEN;
 /// channel), and the packet cipher it asks for.
 #[derive(Debug, Clone)]
 pub struct ClientAuth {
+    /// The client's own key pair (Noise IK's static key).
     pub identity: StaticKeypair,
+    /// The server's public key: a hello is sealed to it, and an answer
+    /// from any other key is refused.
     pub server_key: PublicKey,
+    /// The packet cipher asked for.
     pub cipher: Cipher,
 }
 

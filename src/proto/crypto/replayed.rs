@@ -7,10 +7,11 @@
 //! datagrams on loopback (about 190,000 a second), the system calls that
 //! read them fill most of a core before any lookup. No client sends one
 //! hello more than a few times (it resends on a timeout and once more with
-//! a cookie), so a hello seen [`ReplayedHellos::copies_before_drop`] times
-//! within a second is a replay, and the driver can drop its further copies
-//! in the kernel (a socket filter matching its client id,
-//! `io::socket::UdpIo::drop_hellos`), where they cost the server nothing.
+//! a cookie), so a hello seen `copies_before_drop` times (the server's
+//! `replayed_copies_before_drop` limit) within a second is a replay, and
+//! the driver can drop its further copies in the kernel (a socket filter
+//! matching its client id, `io::socket::UdpIo::drop_hellos`), where they
+//! cost the server nothing.
 //!
 //! What a spoofer can do with it: only a hello it holds a copy of can be
 //! dropped, and the server has already worked through that one (a copy is

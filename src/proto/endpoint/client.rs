@@ -90,41 +90,69 @@ impl std::fmt::Display for Stage {
 /// Why a connection failed. The I/O layer adds the peer's address.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ConnError {
+    /// Nothing came from the server for `maxidle`.
     #[error("no packet from the peer for {:.1} s (maxidle) {stage}", idle.as_secs_f64())]
-    Idle { stage: Stage, idle: Duration },
+    Idle {
+        /// Where the connection was: hello, handshake, transfer or reply.
+        stage: Stage,
+        /// How long nothing came: at least the `maxidle` knob.
+        idle: Duration,
+    },
+    /// The server speaks another protocol version (wire header's version
+    /// byte).
     #[error(
         "the peer speaks atou protocol version {theirs}, this atou speaks version {VERSION}; \
          run the same atou release at both ends"
     )]
-    VersionMismatch { theirs: u8 },
+    VersionMismatch {
+        /// The server's protocol version.
+        theirs: u8,
+    },
+    /// The server refused the hello's parameters (`mss` or buffer sizes
+    /// out of its range).
     #[error("the server refused the hello (mss or buffer sizes out of its range)")]
     Refused,
+    /// The server is at one of its limits (connections, receive memory).
     #[error(
         "the server is busy (at its limit of connections or receive memory); try again later, \
          or ask its operator to raise --max-connections or --buffer"
     )]
     Busy,
+    /// The server authenticated this client and refused it (its key is
+    /// not authorized, or the key's options forbid the request).
     #[error("the server refused this client: {0}")]
     AuthRefused(RefuseReason),
+    /// A plain hello to a server that takes authenticated clients only.
     #[error(
         "the server accepts authenticated clients only; give this client its key \
          (--server-key, or the host's line in known_hosts) and an identity (--identity, \
          made by `atou keygen`)"
     )]
     AuthRequired,
+    /// An authenticated hello (or key query) to a server that has no key.
     #[error(
         "the server has no key, so it cannot authenticate (it serves unauthenticated clients \
          only); give the server a key (`atou keygen`, `atou serve --identity`), or connect \
          with --no-auth on a network you trust"
     )]
     NoIdentity,
+    /// The Noise IK handshake failed (a bad answer, a key that does not
+    /// match the pinned one, or an `mss` too small once packets are
+    /// protected).
     #[error("the handshake failed: {0}")]
     Handshake(HandshakeError),
+    /// The server announced a reply longer than this request allows
+    /// ([`Client::with_reply_limit`]).
     #[error(
         "the server announced a reply of {total} bytes, more than the {limit} this request \
          can be answered with; is the server a compatible atou?"
     )]
-    ReplyTooLong { total: u32, limit: u32 },
+    ReplyTooLong {
+        /// The reply's length the server announced, in bytes.
+        total: u32,
+        /// The longest reply this client takes, in bytes.
+        limit: u32,
+    },
 }
 
 /// The handshake and packet protection of an authenticated client
@@ -436,7 +464,8 @@ impl Client {
     }
 
     /// Starts the sender from what an earlier connection to the same
-    /// destination learnt ([`Sender::with_path_memory`]).
+    /// destination learnt (its RTT, bandwidth and window: where slow start
+    /// begins).
     pub fn with_path_memory(mut self, memory: Option<PathMemory>) -> Client {
         self.path_memory = memory;
         self
@@ -445,9 +474,11 @@ impl Client {
     /// Authenticates both ends and protects every packet: the
     /// hello becomes a Noise IK handshake to `auth.server_key`, carrying
     /// the hello's parameters, and every packet after it is sealed.
-    /// Segments shrink by [`frame::overhead`] so datagrams keep to `mss`.
+    /// Segments shrink by protection's overhead (an 8-byte packet number
+    /// and a 16-byte tag) so datagrams keep to `mss`.
     /// `wall_clock_ns`: the wall clock now, in nanoseconds since the Unix
-    /// epoch (hello timestamps; see [`handshake::Initiator::new`]).
+    /// epoch (the hello's timestamp, by which the server refuses a
+    /// replayed hello).
     pub fn with_auth(mut self, auth: ClientAuth, wall_clock_ns: u64) -> Result<Client, ConnError> {
         let mut inner = self.tuning.clone();
         inner.mss = protected_mss(inner.mss, Some(auth.cipher));
@@ -526,7 +557,7 @@ impl Client {
         self
     }
 
-    /// Refuses a reply longer than `bytes` (at most [`REPLY_MAX`]): what
+    /// Refuses a reply longer than `bytes` (at most 256 MiB): what
     /// the request can legitimately be answered with. The reply's memory
     /// grows only with the fragments that arrive, whatever the limit.
     pub fn with_reply_limit(mut self, bytes: u32) -> Client {
@@ -919,6 +950,10 @@ impl Client {
         }
     }
 
+    /// Acts on the timers due by `now` ([`Client::poll_timeout`]): the
+    /// sender's retransmission timer, reply fragments asked again, and
+    /// `maxidle`, which fails the connection. What they send comes out of
+    /// [`Client::poll_transmit`].
     pub fn handle_timeout(&mut self, now: Time) {
         match self.state {
             State::Hello => {
@@ -976,8 +1011,10 @@ impl Client {
         }
     }
 
-    /// Writes the next datagram into `buf` (at least
-    /// [`max_transmit_len`](Self::max_transmit_len) bytes).
+    /// Writes the next datagram into `buf` and returns its length; `None`:
+    /// nothing to send now. `buf` holds at least `mss` plus protection's
+    /// 24 bytes, and at least a padded hello (the crate's
+    /// `max_transmit_len`).
     pub fn poll_transmit(
         &mut self,
         now: Time,
@@ -1089,6 +1126,8 @@ impl Client {
         }
     }
 
+    /// When to call [`Client::handle_timeout`] next; `None`: no timer
+    /// (the connection is over).
     pub fn poll_timeout(&self) -> Option<Time> {
         match self.state {
             State::Hello => {
@@ -1112,6 +1151,8 @@ impl Client {
         }
     }
 
+    /// The next of atou's events (`3duprxmit`, `timerxmit`, ...) the
+    /// sender recorded, with its time; `None` when none is waiting.
     pub fn poll_event(&mut self) -> Option<TimedEvent> {
         self.sender.as_mut()?.poll_event()
     }

@@ -167,18 +167,26 @@ pub enum ConnEnd {
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
 pub struct ConnReport {
+    /// The connection id the client chose for it.
     pub conn_id: u64,
     /// The file-transfer session, 0 for a probe.
     pub session: u64,
+    /// The client's address when the connection ended (after any
+    /// migration).
     pub peer: SocketAddr,
+    /// Closed by the client, or idle.
     pub end: ConnEnd,
     /// From the hello to the close (or the last packet).
     pub secs: f64,
+    /// The receiver's counters (atousrv's): segments and bytes in,
+    /// duplicates, out-of-order arrivals, ACKs sent.
     pub stats: ReceiverStats,
     /// Segments the client said it sent, from its close.
     pub client_segments: Option<u64>,
     /// Bytes that were not the test pattern (0 on an intact path).
     pub corrupt_bytes: u64,
+    /// The idle limit the connection ran under, in seconds: the client's
+    /// `maxidle`, at most 600 (0 asked for counts as 600).
     pub maxidle_secs: f64,
     /// The server-wide counters when this report was made.
     pub server: ServerStats,
@@ -223,7 +231,7 @@ pub enum Notice {
         from: SocketAddr,
         to: SocketAddr,
     },
-    /// Refusals not shown in the last second (over [`NOTICES_PER_SEC`]).
+    /// Refusals not shown in the last second (over `NOTICES_PER_SEC`, 10).
     Suppressed {
         count: u64,
     },
@@ -1073,7 +1081,7 @@ impl Server {
 
     /// When responses are held for it, the table of hello timestamps to
     /// save (each key, the newest hello accepted from it; at most
-    /// [`handshake::DEFAULT_MAX_REMEMBERED`]). Call after handling
+    /// 65,536 keys by default). Call after handling
     /// datagrams and before [`poll_transmit`](Self::poll_transmit), save
     /// it where the next run will find it (durably: a restart after a
     /// crash must find it too), then call
@@ -1186,6 +1194,8 @@ impl Server {
         self.windows_held
     }
 
+    /// The server-wide counters so far: hellos, refusals, drops, budgets
+    /// hit.
     pub fn stats(&self) -> &ServerStats {
         &self.stats
     }
@@ -1197,6 +1207,7 @@ impl Server {
         self.rate.tracked()
     }
 
+    /// Connections held now, from a welcomed hello to their end.
     pub fn open_connections(&self) -> usize {
         self.conns.len()
     }
@@ -1697,7 +1708,7 @@ impl Server {
     /// The driver runs hellos' public-key work itself, off the thread
     /// that calls [`Server::handle_datagram`]: it takes each job from
     /// [`Server::poll_handshake_work`], runs it anywhere
-    /// ([`HandshakeWork::run`]) and gives the result back with
+    /// (its `run`) and gives the result back with
     /// [`Server::handshake_done`]. Without this (the default) the server
     /// runs its jobs before each call returns, which is the same path,
     /// in the order a driver with one worker would see it.
@@ -2283,9 +2294,10 @@ impl Server {
         }
     }
 
-    /// Writes the next datagram into `buf` (at least
-    /// [`crate::proto::wire::CONTROL_MAX_LEN`] and [`crate::proto::wire::ACK_MAX_LEN`]
-    /// bytes); returns where to send it and its length.
+    /// Writes the next datagram into `buf` (at least the wire's
+    /// `CONTROL_MAX_LEN` and `ACK_MAX_LEN` bytes; any datagram fits in
+    /// [`Server::MAX_TRANSMIT_LEN`]); returns where to send it and its
+    /// length.
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(SocketAddr, usize)> {
         if let Some((to, bytes)) = self.handshake_out.pop_front() {
             let n = bytes.len().min(buf.len());
@@ -2369,6 +2381,9 @@ impl Server {
         None
     }
 
+    /// The earliest timer of any connection (delayed ACK, path
+    /// challenge, idle expiry): when to call [`Server::handle_timeout`];
+    /// `None` with no connection open.
     pub fn poll_timeout(&self) -> Option<Time> {
         self.conns.values().map(Conn::poll_timeout).min()
     }
@@ -2407,10 +2422,15 @@ impl Server {
         self.enqueue(conn_id);
     }
 
+    /// The next session connection's event (opened, stream complete,
+    /// ended), for its application; `None` when none is waiting.
     pub fn poll_session_event(&mut self) -> Option<SessionEvent> {
         self.session_events.pop_front()
     }
 
+    /// Acts on the timers due by `now`: delayed ACKs, path challenges
+    /// (and paths given up after no answer, RFC 9000 §9.3.2) and
+    /// connections idle past their `maxidle`, which end with a report.
     pub fn handle_timeout(&mut self, now: Time) {
         let mut expired = Vec::new();
         let mut woken = Vec::new();
@@ -2467,10 +2487,13 @@ impl Server {
         }
     }
 
+    /// The next ended connection's report; `None` when none is waiting.
     pub fn poll_report(&mut self) -> Option<ConnReport> {
         self.reports.pop_front()
     }
 
+    /// The next notice for the operator (refusals, replays, migrations);
+    /// `None` when none is waiting.
     pub fn poll_notice(&mut self) -> Option<Notice> {
         self.notices.pop_front()
     }

@@ -28,7 +28,7 @@ pub enum SymlinkPolicy {
 /// What the receiver allows, whatever the sender asks: one type for every
 /// receiver (`atou serve`, a local `atou copy`, the local end of a pull and
 /// the far end of a push), built only from the receiving side's own flags
-/// and its key's options. The sender's [`Options`](crate::transfer::messages::Options) are requests checked
+/// and its key's options. The sender's options (overwrite, modes, fsync) are requests checked
 /// against it; a pull's sender is the remote, as untrusted as any peer.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ReceivePolicy {
@@ -42,6 +42,7 @@ pub struct ReceivePolicy {
     /// Sync every file and directory before the transfer is reported
     /// verified, whether or not the sender asks.
     pub fsync: bool,
+    /// Which symlinks are created; [`SymlinkPolicy::Safe`] by default.
     pub symlinks: SymlinkPolicy,
     /// The sender's key may not replace files, whatever `allow_overwrite`
     /// says (its authorized_keys line has no `overwrite`).
@@ -67,9 +68,14 @@ pub struct ReceivePolicy {
 /// `--perms`, symlinks as `--symlinks` says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UserFlags {
+    /// `--overwrite`: existing files may be replaced, directories re-moded.
     pub overwrite: bool,
+    /// `--perms`: setuid, setgid and sticky bits are kept.
     pub special_bits: bool,
+    /// `--symlinks`: which symlinks are created.
     pub symlinks: SymlinkPolicy,
+    /// `--fsync`: every file and directory is synced before the transfer
+    /// is reported verified.
     pub fsync: bool,
 }
 
@@ -240,8 +246,8 @@ const MAX_LINK_STEPS: usize = 2048;
 /// creates (`links`, by path beneath DEST, whatever its place in the
 /// manifest) or one already at the destination (`on_disk`) is followed
 /// from its own directory; `..` may never climb above `root`; an absolute
-/// target, more than [`MAX_LINK_HOPS`] links or more than
-/// [`MAX_LINK_STEPS`] components walked, is refused. A name that is
+/// target, more than 40 links (`MAX_LINK_HOPS`) or more than 2048
+/// components walked (`MAX_LINK_STEPS`), is refused. A name that is
 /// nothing yet is taken as a directory to be.
 pub fn link_stays_beneath(
     link: &[u8],

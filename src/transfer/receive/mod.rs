@@ -42,23 +42,32 @@ pub enum ReceiveEvent {
     Done(TransferReport),
     /// A dry run was answered: nothing was created, nothing is kept.
     Planned {
+        /// The sender's address.
         peer: SocketAddr,
+        /// The directory the files would go into.
         dest: PathBuf,
-        /// Files the sender would send (whole or in part), and skip.
+        /// Files the sender would send (whole or in part).
         files: u64,
+        /// Files the receiver already has, which would be skipped.
         skipped: u64,
     },
     /// A transfer was refused or failed.
     Failed {
+        /// The sender's address.
         peer: SocketAddr,
+        /// The directory the files were to go into.
         dest: PathBuf,
+        /// What failed, as a person reads it.
         why: String,
     },
     /// Partial files and records in the staging directory that nothing
     /// had touched for `ttl` (abandoned transfers) were removed.
     StagingCleaned {
+        /// Partial files and records removed.
         entries: u64,
+        /// Bytes they held.
         bytes: u64,
+        /// How long untouched makes one abandoned.
         ttl: Duration,
     },
 }
@@ -110,6 +119,7 @@ pub struct ReceiveConfig {
     pub once: bool,
     /// What senders may do here.
     pub policy: ReceivePolicy,
+    /// The operator's budgets: what senders may make this receiver hold.
     pub limits: ReceiveLimits,
     /// The server's authorized keys: a key's `subdir=` and `overwrite`
     /// restrict what its transfers may do (`None`: no restrictions).

@@ -37,26 +37,51 @@ use super::shard::Shard;
 use crate::io::{ClientEnd, ClientReport, ProbeError};
 use crate::proto::Tuning;
 
+/// Why [`send`] failed; [`SendError::fault`] is its kind.
 #[derive(Debug, Error)]
 pub enum SendError {
+    /// The source tree could not be walked: an unreadable path, a name
+    /// the manifest cannot carry, a loop, two sources of one name.
     #[error("{0}")]
     Walk(#[from] WalkError),
+    /// A connection to the receiver failed.
     #[error("{0}")]
     Conn(ProbeError),
+    /// The receiver refused the plan: a conflict, its policy, its key's
+    /// options or its budgets.
     #[error("{host} refused the transfer: {why}")]
-    Refused { host: String, why: String },
+    Refused {
+        /// The receiver, as the command line named it.
+        host: String,
+        /// The receiver's reason.
+        why: String,
+    },
+    /// The receiver failed partway; what it wrote stays for a resume.
     #[error("the transfer to {host} failed: {why}")]
-    Failed { host: String, why: String },
+    Failed {
+        /// The receiver, as the command line named it.
+        host: String,
+        /// What failed there.
+        why: String,
+    },
     /// A file being sent, as the transport's feed reported it.
     #[error("{0}")]
     Source(String),
     /// A file being sent, read while comparing chunks.
     #[error(transparent)]
     Read(#[from] crate::transfer::Error),
+    /// A reply that does not decode: the ends are different releases, or
+    /// the peer is not atou.
     #[error(
         "a reply from {host} that does not decode ({why}); are both ends the same atou release?"
     )]
-    BadReply { host: String, why: String },
+    BadReply {
+        /// The receiver, as the command line named it.
+        host: String,
+        /// What the decoder found wrong.
+        why: String,
+    },
+    /// [`Progress::stop`] was set (Ctrl-C).
     #[error("interrupted")]
     Interrupted,
     /// The receiver was at one of its limits for the whole of
@@ -65,14 +90,22 @@ pub enum SendError {
         "{host} was still busy after waiting {waited:.0} s (--wait-busy): {why}; try again later"
     )]
     Busy {
+        /// The receiver, as the command line named it.
         host: String,
+        /// Which of its limits it was at.
         why: String,
+        /// Seconds waited before giving up.
         waited: f64,
     },
     /// What the receiver holds is not what was sent: its final check
     /// failed, or chunks kept failing theirs.
     #[error("the transfer to {host} failed verification: {why}")]
-    Unverified { host: String, why: String },
+    Unverified {
+        /// The receiver, as the command line named it.
+        host: String,
+        /// What failed its check, as a person reads it.
+        why: String,
+    },
 }
 
 /// What kind of failure a [`SendError`] (or a [`ProbeError`]) is, so that
@@ -102,6 +135,8 @@ pub enum Fault {
 }
 
 impl SendError {
+    /// What kind of failure this is: the one classification a caller
+    /// acts on (the CLI's exit status).
     pub fn fault(&self) -> Fault {
         match self {
             SendError::Walk(_) | SendError::Source(_) => Fault::Io,
@@ -306,6 +341,8 @@ pub struct Progress {
     pub stage: Mutex<String>,
     /// Files being sent, by name.
     pub current: Mutex<Vec<String>>,
+    /// Set by the caller (a Ctrl-C handler) to end the transfer early:
+    /// [`send`] returns [`SendError::Interrupted`].
     pub stop: AtomicBool,
     /// Keep [`Progress::streams`] up to date (it costs a trace record per
     /// segment and per ACK, so only a display that shows it asks).
