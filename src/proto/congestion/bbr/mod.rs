@@ -27,7 +27,10 @@
 //! (at most twice the threshold in all), so random loss at the threshold
 //! does not end every probe. `--bbr-loss-thresh 20%` is BBRv1-like. In
 //! Startup, fast recovery conserves packets only once the round's loss
-//! is too high for random loss (`needs_packet_conservation`).
+//! is too high for random loss (`needs_packet_conservation`). While no
+//! loss has set inflight_hi, ProbeBW_UP also ends once a min_rtt has
+//! passed with 1.25 BDP in flight, as earlier drafts and Linux's bbr3
+//! end it, so a deep buffer's queue stays short (`is_only_queueing`).
 //!
 //! Not (yet) done: marking the connection application-limited during
 //! ProbeRTT.

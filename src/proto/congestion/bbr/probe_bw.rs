@@ -191,9 +191,10 @@ impl Bbr {
     /// it only on loss or a plateau (`is_time_to_go_down`). Deviation:
     /// atou's bbr uses this exit only while inflight_hi is unset. On a
     /// deep buffer nothing else stops the probe before the plateau's
-    /// three rounds, which put 1.25 BDP in the queue every cycle: mean RTT
-    /// 119.2 ms over 30 s on a 100 Mbit/s, 100 ms path with a 1000-packet
-    /// queue (docs/congestion.md, "A short queue on deep buffers"). Once
+    /// three rounds, by which cwnd_gain has let the queue grow to a BDP,
+    /// every cycle: mean RTT 119.2 ms over 30 s on a 100 Mbit/s, 100 ms
+    /// path with a 1000-packet queue, 104.1 ms with this exit
+    /// (docs/congestion.md, "A short queue on deep buffers"). Once
     /// loss has set inflight_hi, the draft's rule stands: with flows
     /// sharing a queue, the queue is part of each one's in-flight, and
     /// this exit ended every probe of both in its first round.
