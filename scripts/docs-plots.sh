@@ -37,4 +37,12 @@ done
 "$atou" sim --cc bbr --bytes 0 --maxtime 2 --fwd 'rate 100mbit limit 1000 | delay 50ms loss 1%' \
   --rev 'delay 50ms' --plot "$out/bbr-startup-1pct.svg" >/dev/null
 
+# BBR alone on the bench path's 1000-packet queue, its first six seconds:
+# Startup, then a ProbeBW cycle whose Up ends once a min_rtt has passed
+# with 1.25 BDP in flight (docs/congestion.md, "A short queue on deep
+# buffers"). Its pair, bbr-deep-buffer-before.svg, is the same run by the
+# build of 18432cc, before that exit; it is not redrawn here.
+"$atou" sim --cc bbr --bytes 0 --maxtime 6 --fwd 'rate 100mbit limit 1000 | delay 50ms' \
+  --rev 'delay 50ms' --plot "$out/bbr-deep-buffer.svg" >/dev/null
+
 ls -l "$out"

@@ -27,7 +27,10 @@
 //! (at most twice the threshold in all), so random loss at the threshold
 //! does not end every probe. `--bbr-loss-thresh 20%` is BBRv1-like. In
 //! Startup, fast recovery conserves packets only once the round's loss
-//! is too high for random loss (`needs_packet_conservation`).
+//! is too high for random loss (`needs_packet_conservation`). While no
+//! loss has set inflight_hi, ProbeBW_UP also ends once a min_rtt has
+//! passed with 1.25 BDP in flight, as earlier drafts and Linux's bbr3
+//! end it, so a deep buffer's queue stays short (`is_only_queueing`).
 //!
 //! Not (yet) done: marking the connection application-limited during
 //! ProbeRTT.
@@ -1312,9 +1315,9 @@ mod tests {
 
     /// draft-ietf-ccwg-bbr §5.3.3.6 "BBRIsTimeToGoDown": ProbeBW_UP goes
     /// on while the bandwidth grows by a quarter a round, and ends at the
-    /// third round that brings less (`full_bw_now`), not after one min_rtt
-    /// with 1.25 BDP in flight (earlier drafts, which ended every probe
-    /// of two flows sharing a queue in its first round).
+    /// third round that brings less (`full_bw_now`). In flight stays at
+    /// the BDP of the rate delivered, so the queue exit
+    /// (`is_only_queueing`) never applies.
     #[test]
     fn probe_bw_up_ends_when_the_bandwidth_stops_growing() {
         let mut b = bbr();
@@ -1335,6 +1338,49 @@ mod tests {
         }
         assert_eq!(b.state(), State::ProbeBwDown);
         assert!(b.max_bw() >= 0.99 * rate, "{}", b.max_bw());
+    }
+
+    /// An ACK at `now_ms` of a round at `rate` with `pipe` in flight,
+    /// the RTT grown by what `pipe` holds beyond the 100 ms BDP.
+    fn queued_round(b: &mut Bbr, now_ms: u64, rate: f64, pipe: u64) {
+        let delivered = (rate * 0.1) as u64;
+        let prior = b.delivered;
+        let queued = pipe.saturating_sub(delivered) as f64 / rate;
+        b.on_ack(&AckEvent {
+            flight: pipe,
+            pipe,
+            rtt: Some(Duration::from_secs_f64(0.1 + queued)),
+            rate: Some(rate_sample(delivered, prior, pipe, 0, false)),
+            ..ack_event(now_ms, delivered, prior + delivered, 0)
+        });
+    }
+
+    /// draft-cardwell-iccrg-bbr-congestion-control-02 §4.3.3.6 and Linux
+    /// bbr3's `is_queuing`: a probe that no loss has bounded (a deep
+    /// buffer) ends once a min_rtt has passed with more than 1.25 BDP in
+    /// flight and the rate flat; not before the min_rtt. Once loss has
+    /// set inflight_hi the same rounds go on to the draft's plateau
+    /// (§5.3.3.6), as flows sharing a queue need.
+    #[test]
+    fn a_probe_that_only_builds_a_queue_ends_after_a_min_rtt_until_loss_bounds_it() {
+        for bounded in [false, true] {
+            let mut b = bbr();
+            let t = rounds_until(&mut b, 0, 1600.0, State::ProbeBwUp);
+            if bounded {
+                b.inflight_hi = 1000.0;
+            }
+            // The BDP is 160 segments: 60 queued.
+            queued_round(&mut b, t + 50, 1600.0, 220);
+            assert_eq!(b.state(), State::ProbeBwUp, "bounded {bounded}");
+            queued_round(&mut b, t + 110, 1600.0, 220);
+            let down = b.state() == State::ProbeBwDown;
+            assert_eq!(down, !bounded, "bounded {bounded}: {:?}", b.state());
+        }
+        // Less than 1.25 BDP in flight after the min_rtt: still probing.
+        let mut b = bbr();
+        let t = rounds_until(&mut b, 0, 1600.0, State::ProbeBwUp);
+        queued_round(&mut b, t + 110, 1600.0, 195);
+        assert_eq!(b.state(), State::ProbeBwUp);
     }
 
     /// §5.3.3.6: a plateau while the window is full at inflight_hi is the

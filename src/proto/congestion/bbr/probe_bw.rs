@@ -7,6 +7,11 @@ use std::time::Duration;
 
 use super::{AckPhase, Bbr, Sample, State, DEFAULT_CWND_GAIN};
 
+/// "BBRStartProbeBW_UP": pace a quarter above the estimate; also the
+/// in-flight, in BDPs, past which a probe without an upper bound is only
+/// queueing (`is_only_queueing`).
+const PROBE_UP_PACING_GAIN: f64 = 1.25;
+
 impl Bbr {
     /// "BBREnterProbeBW".
     pub(super) fn enter_probe_bw(&mut self, s: &Sample) {
@@ -53,7 +58,7 @@ impl Bbr {
         self.full_bw = s.rate;
         self.cycle_stamp = s.now;
         self.state = State::ProbeBwUp;
-        self.pacing_gain = 1.25;
+        self.pacing_gain = PROBE_UP_PACING_GAIN;
         self.cwnd_gain = 2.25;
         self.raise_inflight_hi_slope();
     }
@@ -145,7 +150,7 @@ impl Bbr {
                 }
             }
             State::ProbeBwUp => {
-                if self.is_time_to_go_down(s, held_by_inflight_hi) {
+                if self.is_only_queueing(s) || self.is_time_to_go_down(s, held_by_inflight_hi) {
                     self.start_probe_bw_down(s);
                 }
             }
@@ -174,6 +179,32 @@ impl Bbr {
             return false;
         }
         self.full_bw_now
+    }
+
+    /// A probe that no loss has bounded ends once a min_rtt has passed in
+    /// ProbeBW_UP with more than 1.25 BDP in flight: the estimated queue
+    /// is a quarter of a BDP and the delivery rate has not followed (it
+    /// would have raised max_bw, and the BDP with it).
+    /// draft-cardwell-iccrg-bbr-congestion-control-02 §4.3.3.6 (ProbeBW_UP
+    /// in BBRUpdateProbeBWCyclePhase) and Linux's bbr3 (`is_queuing` in
+    /// bbr_update_cycle_phase) end every probe so; the current draft ends
+    /// it only on loss or a plateau (`is_time_to_go_down`). Deviation:
+    /// atou's bbr uses this exit only while inflight_hi is unset. On a
+    /// deep buffer nothing else stops the probe before the plateau's
+    /// three rounds, by which cwnd_gain has let the queue grow to a BDP,
+    /// every cycle: mean RTT 119.2 ms over 30 s on a 100 Mbit/s, 100 ms
+    /// path with a 1000-packet queue, 104.1 ms with this exit
+    /// (docs/congestion.md, "A short queue on deep buffers"). Once
+    /// loss has set inflight_hi, the draft's rule stands: with flows
+    /// sharing a queue, the queue is part of each one's in-flight, and
+    /// this exit ended every probe of both in its first round.
+    fn is_only_queueing(&self, s: &Sample) -> bool {
+        let Some(min_rtt) = self.min_rtt else {
+            return false;
+        };
+        self.inflight_hi.is_infinite()
+            && self.has_elapsed_in_phase(s.now, min_rtt)
+            && s.inflight as f64 > self.inflight(self.max_bw, PROBE_UP_PACING_GAIN)
     }
 
     /// "BBRAdaptUpperBounds": a new cycle ages the bandwidth filter; loss
