@@ -278,35 +278,29 @@ impl Pair {
         observer: &mut dyn Observer,
         tap: &mut TapFn<'_>,
         app: &mut dyn SessionApp,
-        mut stop: impl FnMut(&Pair) -> bool,
+        stop: impl FnMut(&Pair) -> bool,
     ) -> RunEnd {
         self.drive(
             observer,
             &mut |now, dir, _, d| tap(now, dir, d),
             app,
-            |pair| {
-                pair.client_end()
-                    .or_else(|| stop(pair).then_some(RunEnd::Finished))
-            },
+            Self::client_end_or(stop),
         )
     }
 
     /// Runs as [`run_serving`](Self::run_serving) does, `tap` told each
-    /// datagram's address on the client's side (the server's datagrams
-    /// to an address no datagram of the client came from stay counted in
-    /// [`misaddressed`](Self::misaddressed), and never reach it).
+    /// datagram's address on the client's side. What the server sends to
+    /// an address no datagram of the client came from is counted in
+    /// [`misaddressed`](Self::misaddressed) before any tap, as in every run.
     #[cfg(any(feature = "internals", fuzzing))]
     pub fn run_addressed(
         &mut self,
         observer: &mut dyn Observer,
         tap: &mut AddressedTapFn<'_>,
         app: &mut dyn SessionApp,
-        mut stop: impl FnMut(&Pair) -> bool,
+        stop: impl FnMut(&Pair) -> bool,
     ) -> RunEnd {
-        self.drive(observer, tap, app, |pair| {
-            pair.client_end()
-                .or_else(|| stop(pair).then_some(RunEnd::Finished))
-        })
+        self.drive(observer, tap, app, Self::client_end_or(stop))
     }
 
     /// Runs as [`run_serving`](Self::run_serving) does, but past the
@@ -329,12 +323,14 @@ impl Pair {
         )
     }
 
-    /// How the client ended, if it has.
-    fn client_end(&self) -> Option<RunEnd> {
-        Some(match self.client.outcome()? {
-            Ok(_) => RunEnd::Finished,
-            Err(_) => RunEnd::Failed,
-        })
+    /// How a run that stops at the client's end ends: as the client did,
+    /// or `RunEnd::Finished` once `stop` says so after an event.
+    fn client_end_or(mut stop: impl FnMut(&Pair) -> bool) -> impl FnMut(&Pair) -> Option<RunEnd> {
+        move |pair| match pair.client.outcome() {
+            Some(Ok(_)) => Some(RunEnd::Finished),
+            Some(Err(_)) => Some(RunEnd::Failed),
+            None => stop(pair).then_some(RunEnd::Finished),
+        }
     }
 
     /// Takes one step after another, draining both endpoints after each,
