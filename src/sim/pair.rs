@@ -46,6 +46,13 @@ pub enum Dir {
 /// server will see (ignored towards the client).
 pub type TapFn<'a> = dyn FnMut(Time, Dir, Vec<u8>) -> Vec<(SocketAddr, Vec<u8>)> + 'a;
 
+/// A [`TapFn`] also told each datagram's address on the client's side:
+/// the client's own towards the server, the one the server sent it to
+/// towards the client; so a test can check where the server answers
+/// while it injects datagrams from other sources.
+type AddressedTapFn<'a> =
+    dyn FnMut(Time, Dir, SocketAddr, Vec<u8>) -> Vec<(SocketAddr, Vec<u8>)> + 'a;
+
 /// The server's application in a run, as the transfer layer is to
 /// `atou serve`'s driver (`io::ServeApp`): it hears of each session's
 /// bytes and events and may answer through the server
@@ -287,18 +294,75 @@ impl Pair {
         observer: &mut dyn Observer,
         tap: &mut TapFn<'_>,
         app: &mut dyn SessionApp,
+        stop: impl FnMut(&Pair) -> bool,
+    ) -> RunEnd {
+        self.drive(
+            observer,
+            &mut |now, dir, _, d| tap(now, dir, d),
+            app,
+            Self::client_end_or(stop),
+        )
+    }
+
+    /// Runs as [`run_serving`](Self::run_serving) does, `tap` told each
+    /// datagram's address on the client's side. What the server sends to
+    /// an address no datagram of the client came from is counted in
+    /// [`misaddressed`](Self::misaddressed) before any tap, as in every run.
+    #[cfg(any(feature = "internals", fuzzing))]
+    pub fn run_addressed(
+        &mut self,
+        observer: &mut dyn Observer,
+        tap: &mut AddressedTapFn<'_>,
+        app: &mut dyn SessionApp,
+        stop: impl FnMut(&Pair) -> bool,
+    ) -> RunEnd {
+        self.drive(observer, tap, app, Self::client_end_or(stop))
+    }
+
+    /// Runs as [`run_serving`](Self::run_serving) does, but past the
+    /// client's end, until `stop` says so (`RunEnd::Finished` then):
+    /// what the server does once the client is done (the last copies of
+    /// a close, a lingering connection) happens too.
+    #[cfg(any(feature = "internals", fuzzing))]
+    pub fn run_past_client(
+        &mut self,
+        observer: &mut dyn Observer,
+        tap: &mut TapFn<'_>,
+        app: &mut dyn SessionApp,
         mut stop: impl FnMut(&Pair) -> bool,
+    ) -> RunEnd {
+        self.drive(
+            observer,
+            &mut |now, dir, _, d| tap(now, dir, d),
+            app,
+            |pair| stop(pair).then_some(RunEnd::Finished),
+        )
+    }
+
+    /// How a run that stops at the client's end ends: as the client did,
+    /// or `RunEnd::Finished` once `stop` says so after an event.
+    fn client_end_or(mut stop: impl FnMut(&Pair) -> bool) -> impl FnMut(&Pair) -> Option<RunEnd> {
+        move |pair| match pair.client.outcome() {
+            Some(Ok(_)) => Some(RunEnd::Finished),
+            Some(Err(_)) => Some(RunEnd::Failed),
+            None => stop(pair).then_some(RunEnd::Finished),
+        }
+    }
+
+    /// Takes one step after another, draining both endpoints after each,
+    /// until `end` says how the run ended, nothing is left to happen, or
+    /// the time limit.
+    fn drive(
+        &mut self,
+        observer: &mut dyn Observer,
+        tap: &mut AddressedTapFn<'_>,
+        app: &mut dyn SessionApp,
+        mut end: impl FnMut(&Pair) -> Option<RunEnd>,
     ) -> RunEnd {
         loop {
             self.pump(observer, tap, app);
-            if let Some(outcome) = self.client.outcome() {
-                return match outcome {
-                    Ok(_) => RunEnd::Finished,
-                    Err(_) => RunEnd::Failed,
-                };
-            }
-            if stop(self) {
-                return RunEnd::Finished;
+            if let Some(outcome) = end(self) {
+                return outcome;
             }
             let Some((next, step)) = self.next_step(app) else {
                 return RunEnd::Stalled;
@@ -355,13 +419,20 @@ impl Pair {
     }
 
     /// Drains both endpoints at the current instant into their paths.
-    fn pump(&mut self, observer: &mut dyn Observer, tap: &mut TapFn<'_>, app: &mut dyn SessionApp) {
+    fn pump(
+        &mut self,
+        observer: &mut dyn Observer,
+        tap: &mut AddressedTapFn<'_>,
+        app: &mut dyn SessionApp,
+    ) {
         let now = self.now;
+        let client_addr = self.client_addrs[0];
         while let Some(n) = self
             .client
             .poll_transmit(now, &mut self.buf, &mut PatternSource)
         {
-            for (from, bytes) in tap(now, Dir::ToServer, self.buf[..n].to_vec()) {
+            let d = self.buf[..n].to_vec();
+            for (from, bytes) in tap(now, Dir::ToServer, client_addr, d) {
                 if !self.client_addrs.contains(&from) {
                     self.client_addrs.push(from);
                 }
@@ -380,7 +451,7 @@ impl Pair {
                 self.misaddressed += 1;
                 continue;
             }
-            for (_, d) in tap(now, Dir::ToClient, self.buf[..n].to_vec()) {
+            for (_, d) in tap(now, Dir::ToClient, to, self.buf[..n].to_vec()) {
                 self.rev.enqueue(now, d);
             }
         }

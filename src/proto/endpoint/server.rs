@@ -2554,17 +2554,6 @@ mod tests {
         b[..n].to_vec()
     }
 
-    /// True once the client is done; else a millisecond passes for both.
-    fn done_or_tick(now: &mut Time, client: &mut Client, server: &mut Server) -> bool {
-        if client.outcome().is_some() {
-            return true;
-        }
-        *now += Duration::from_millis(1);
-        client.handle_timeout(*now);
-        server.handle_timeout(*now);
-        false
-    }
-
     /// Runs `pair` until its client is done, every datagram through `tap`
     /// and `app` on the server's sessions; false if it is not done by
     /// `limit`.
@@ -2679,27 +2668,28 @@ mod tests {
             mss: 200,
             ..Tuning::default()
         };
-        let mut now = Time::ZERO;
-        let mut client = Client::new(&tuning, 42, Some(10_000), now).unwrap();
-        let mut server = Server::new(open_limits(), 1 << 20, 2 << 20);
-        let mut buf = vec![0u8; 2048];
-        for round in 0..10_000 {
-            while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
-                server.handle_datagram(now, addr(1), &mut buf[..n].to_vec());
-                // Garbage and a stranger's packet between real ones.
-                server.handle_datagram(now, addr(1), &mut b"not atou at all".to_vec());
-                server.handle_datagram(now, addr(2), &mut buf[..n].to_vec());
-                let mut out = vec![0u8; 2048];
-                while let Some((to, m)) = server.poll_transmit(now, &mut out) {
-                    assert_eq!(to, addr(1));
-                    let _ = client.handle_datagram(now, &out[..m]);
-                }
+        let client = Client::new(&tuning, 42, Some(10_000), Time::ZERO).unwrap();
+        let server = Server::new(open_limits(), 1 << 20, 2 << 20);
+        let mut pair = pair(client, server, "");
+        pair.set_time_limit(Duration::from_secs(10));
+        let mut garbage_between = |_: Time, dir: Dir, at: SocketAddr, d: Vec<u8>| match dir {
+            // Garbage and a stranger's packet between real ones.
+            Dir::ToServer => vec![
+                (at, d.clone()),
+                (at, b"not atou at all".to_vec()),
+                (addr(2), d),
+            ],
+            // Every answer goes to the client, none to the stranger.
+            Dir::ToClient => {
+                assert_eq!(at, addr(1));
+                vec![(at, d)]
             }
-            if done_or_tick(&mut now, &mut client, &mut server) {
-                break;
-            }
-            assert!(round < 9_999, "did not finish");
-        }
+        };
+        let end = pair.run_addressed(&mut (), &mut garbage_between, &mut (), |_| false);
+        assert_eq!(end, RunEnd::Finished, "did not finish");
+        assert_eq!(pair.misaddressed, 0);
+        let now = pair.now();
+        let (client, server) = (&pair.client, &mut pair.server);
         let closed = client.outcome().unwrap().clone().unwrap();
         let peer = closed.peer.expect("close acknowledged");
         assert_eq!(peer.bytes, 10_000);
@@ -3147,42 +3137,45 @@ mod tests {
     #[test]
     fn an_unacknowledged_close_goes_three_times_and_one_is_enough() {
         let tuning = Tuning::default();
-        let mut now = Time::ZERO;
-        let mut client = Client::new(&tuning, 12, Some(3000), now)
+        let client = Client::new(&tuning, 12, Some(3000), Time::ZERO)
             .unwrap()
             .with_session(22)
             .with_close_unacknowledged();
-        let mut server = Server::new(open_limits(), 1 << 20, 2 << 20);
-        let mut buf = vec![0u8; 2048];
-        let (mut closes, mut ended) = (0, None);
-        while now < Time::ZERO + Duration::from_secs(30) && ended.is_none() {
-            while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
-                if matches!(Packet::decode(&buf[..n]), Ok(Packet::Close(_))) {
-                    closes += 1;
-                    if closes <= 2 {
-                        continue;
-                    }
-                }
-                server.handle_datagram(now, addr(1), &mut buf[..n].to_vec());
-            }
-            while let Some(e) = server.poll_session_event() {
+        let server = Server::new(open_limits(), 1 << 20, 2 << 20);
+        /// Answers each request, and notes when its connection ended.
+        struct Ends(Option<(Time, ConnEnd)>);
+        impl SessionApp for Ends {
+            fn on_event(&mut self, now: Time, server: &mut Server, e: SessionEvent) {
                 match e {
                     SessionEvent::Complete { conn_id } => server.respond(conn_id, b"ok".to_vec()),
-                    SessionEvent::Ended { end, .. } => ended = Some((now, end)),
+                    SessionEvent::Ended { end, .. } => self.0 = Some((now, end)),
                     SessionEvent::Opened { .. } => {}
                 }
             }
-            while let Some((_, m)) = server.poll_transmit(now, &mut buf) {
-                let _ = client.handle_datagram(now, &buf[..m]);
-            }
-            now += Duration::from_millis(1);
-            client.handle_timeout(now);
-            server.handle_timeout(now);
         }
+        let mut closes = 0;
+        let mut first_two_closes_lost = |_: Time, dir: Dir, d: Vec<u8>| {
+            if dir == Dir::ToServer && matches!(Packet::decode(&d), Ok(Packet::Close(_))) {
+                closes += 1;
+                if closes <= 2 {
+                    return Vec::new();
+                }
+            }
+            vec![(addr(1), d)]
+        };
+        let mut pair = pair(client, server, "");
+        pair.set_time_limit(Duration::from_secs(30));
+        let mut app = Ends(None);
+        // On until the server too is done: the third close reaches it
+        // after the client's end.
+        let end = pair.run_past_client(&mut (), &mut first_two_closes_lost, &mut app, |p| {
+            p.client.outcome().is_some() && p.server.open_connections() == 0
+        });
+        assert_eq!(end, RunEnd::Finished);
         assert_eq!(closes, UNACKNOWLEDGED_CLOSES);
-        let closed = client.outcome().unwrap().clone().unwrap();
+        let closed = pair.client.outcome().unwrap().clone().unwrap();
         assert_eq!(closed.reply.as_deref(), Some(&b"ok"[..]));
-        let (at, end) = ended.expect("the server ended the connection");
+        let (at, end) = app.0.expect("the server ended the connection");
         assert_eq!(end, ConnEnd::Closed);
         assert!(at < Time::ZERO + Duration::from_millis(50), "{at:?}");
     }

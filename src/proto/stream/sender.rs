@@ -1479,6 +1479,21 @@ mod tests {
         s.handle_datagram(now, &buf[..n]).unwrap();
     }
 
+    /// An ACK of every segment below `cum` that SACKs `blocks`, in the
+    /// order given (the newest first, as a receiver sends them).
+    #[track_caller]
+    fn ack_with_sacks(s: &mut Sender, now: Time, cum: u64, blocks: &[(u64, u64)]) {
+        ack(
+            s,
+            now,
+            AckSpec {
+                cum,
+                sack: blocks,
+                ..ACK
+            },
+        );
+    }
+
     fn events(s: &mut Sender) -> Vec<String> {
         std::iter::from_fn(|| s.poll_event())
             .map(|e| e.event.to_string())
@@ -1671,33 +1686,9 @@ mod tests {
         let mut s = sender(tuning(RecoveryKind::Sack));
         fill(&mut s, 16); // 6..=15 outstanding, cwnd 10
                           // 6 and 8 lost; 7, 9, 10 SACKed.
-        ack(
-            &mut s,
-            at(20),
-            AckSpec {
-                cum: 6,
-                sack: &[(7, 8)],
-                ..ACK
-            },
-        );
-        ack(
-            &mut s,
-            at(21),
-            AckSpec {
-                cum: 6,
-                sack: &[(9, 10), (7, 8)],
-                ..ACK
-            },
-        );
-        ack(
-            &mut s,
-            at(22),
-            AckSpec {
-                cum: 6,
-                sack: &[(9, 11), (7, 8)],
-                ..ACK
-            },
-        );
+        ack_with_sacks(&mut s, at(20), 6, &[(7, 8)]);
+        ack_with_sacks(&mut s, at(21), 6, &[(9, 10), (7, 8)]);
+        ack_with_sacks(&mut s, at(22), 6, &[(9, 11), (7, 8)]);
         assert_eq!(send(&mut s, at(22)), vec![6], "the fast retransmit");
         let snap = s.snapshot(at(22));
         assert_eq!((snap.cwnd, snap.ssthresh), (5, 5));
@@ -1705,15 +1696,7 @@ mod tests {
         assert!(send(&mut s, at(22)).is_empty());
         // Now 7 SACKed, so 8 has three above it and is lost too:
         // pipe = 10 - 7 - 2 + 1 = 2, room for three.
-        ack(
-            &mut s,
-            at(23),
-            AckSpec {
-                cum: 6,
-                sack: &[(9, 15), (7, 8)],
-                ..ACK
-            },
-        );
+        ack_with_sacks(&mut s, at(23), 6, &[(9, 15), (7, 8)]);
         assert_eq!(
             send(&mut s, at(23)),
             vec![8, 16, 17],
@@ -1734,15 +1717,7 @@ mod tests {
         });
         fill(&mut s, 16); // 6..=15 outstanding, cwnd 10
         for (t, top) in [(20, 8), (21, 10), (22, 11)] {
-            ack(
-                &mut s,
-                at(t),
-                AckSpec {
-                    cum: 6,
-                    sack: &[(7, top)],
-                    ..ACK
-                },
-            );
+            ack_with_sacks(&mut s, at(t), 6, &[(7, top)]);
         }
         assert_eq!(send(&mut s, at(22)), vec![6]);
         let snap = s.snapshot(at(22));
@@ -1863,37 +1838,13 @@ mod tests {
         let mut s = sender(tuning(RecoveryKind::Fack));
         fill(&mut s, 16);
         // 6, 7, 8 lost; one SACK for 9 and 10 puts snd.fack at 11 > 6 + 3.
-        ack(
-            &mut s,
-            at(20),
-            AckSpec {
-                cum: 6,
-                sack: &[(9, 11)],
-                ..ACK
-            },
-        );
+        ack_with_sacks(&mut s, at(20), 6, &[(9, 11)]);
         assert_eq!(s.phase(), Phase::Recovery);
         assert_eq!(s.stats().dups, 1);
         let sent = send(&mut s, at(20));
         assert_eq!(sent.first(), Some(&6));
-        ack(
-            &mut s,
-            at(21),
-            AckSpec {
-                cum: 6,
-                sack: &[(9, 15)],
-                ..ACK
-            },
-        );
-        ack(
-            &mut s,
-            at(22),
-            AckSpec {
-                cum: 6,
-                sack: &[(9, 19)],
-                ..ACK
-            },
-        );
+        ack_with_sacks(&mut s, at(21), 6, &[(9, 15)]);
+        ack_with_sacks(&mut s, at(22), 6, &[(9, 19)]);
         assert_eq!(send(&mut s, at(22))[..2], [7, 8]);
     }
 
@@ -1904,15 +1855,7 @@ mod tests {
     fn a_reneging_receiver_makes_the_sender_forget_its_sacks() {
         let mut s = sender(tuning(RecoveryKind::Sack));
         send(&mut s, at(0));
-        ack(
-            &mut s,
-            at(1),
-            AckSpec {
-                cum: 0,
-                sack: &[(2, 4)],
-                ..ACK
-            },
-        );
+        ack_with_sacks(&mut s, at(1), 0, &[(2, 4)]);
         ack(&mut s, at(2), AckSpec { cum: 2, ..ACK });
         assert_eq!(s.stats().reneges, 1);
         assert_eq!(send(&mut s, at(2)), vec![4, 5, 6, 7]);
@@ -1920,15 +1863,7 @@ mod tests {
         // fast retransmit of segment 2, which was SACKed and then reneged.
         let mut sent = Vec::new();
         for t in 3..6 {
-            ack(
-                &mut s,
-                at(t),
-                AckSpec {
-                    cum: 2,
-                    sack: &[(3, t + 1)],
-                    ..ACK
-                },
-            );
+            ack_with_sacks(&mut s, at(t), 2, &[(3, t + 1)]);
             sent.push(send(&mut s, at(t)));
         }
         assert_eq!(sent, vec![vec![8], vec![9], vec![2]]);
@@ -1945,15 +1880,7 @@ mod tests {
         // 6..=15 outstanding; 6 and 7 left at 2 ms.
         assert_eq!(fill(&mut s, 16), 16);
         // 7 arrives, 6 does not: 6 is not lost yet (reordering window).
-        ack(
-            &mut s,
-            at(60),
-            AckSpec {
-                cum: 6,
-                sack: &[(7, 8)],
-                ..ACK
-            },
-        );
+        ack_with_sacks(&mut s, at(60), 6, &[(7, 8)]);
         assert_eq!(s.phase(), Phase::Disorder);
         let sent = send(&mut s, at(60));
         assert!(!sent.contains(&6), "{sent:?}");
@@ -1965,29 +1892,13 @@ mod tests {
         assert_eq!(s.phase(), Phase::Recovery);
         assert_eq!(send(&mut s, due).first(), Some(&6), "fast retransmit");
         // The retransmission is lost. What was sent before it arrives...
-        ack(
-            &mut s,
-            at(100),
-            AckSpec {
-                cum: 6,
-                sack: &[(7, 16)],
-                ..ACK
-            },
-        );
+        ack_with_sacks(&mut s, at(100), 6, &[(7, 16)]);
         let later = send(&mut s, at(100));
         assert!(!later.is_empty() && !later.contains(&6), "{later:?}");
         // ...then what was sent after it, 60 ms later: 6's retransmission,
         // sent 87.5 ms ago, is lost too and goes out again.
         let top = s.snapshot(at(160)).snd_max;
-        ack(
-            &mut s,
-            at(160),
-            AckSpec {
-                cum: 6,
-                sack: &[(7, top)],
-                ..ACK
-            },
-        );
+        ack_with_sacks(&mut s, at(160), 6, &[(7, top)]);
         assert_eq!(send(&mut s, at(160)).first(), Some(&6));
         assert_eq!(s.stats().timeouts, 0);
         assert_eq!(s.stats().dup3s, 1, "one recovery");
@@ -2245,15 +2156,7 @@ mod tests {
     fn each_segment_is_counted_delivered_once() {
         let mut s = sender(tuning(RecoveryKind::Sack));
         send(&mut s, at(0));
-        ack(
-            &mut s,
-            at(50),
-            AckSpec {
-                cum: 0,
-                sack: &[(1, 3)],
-                ..ACK
-            },
-        );
+        ack_with_sacks(&mut s, at(50), 0, &[(1, 3)]);
         assert_eq!(s.rate.delivered(), 2);
         ack(&mut s, at(51), AckSpec { cum: 4, ..ACK });
         assert_eq!(s.rate.delivered(), 4);
