@@ -104,8 +104,8 @@ pub mod internals {
 
     /// `io`'s parts beyond its API.
     pub mod io {
+        pub use crate::io::os::{fresh_conn_id, wall_clock_ns};
         pub use crate::io::*;
-        pub use crate::io::{fresh_conn_id, wall_clock_ns};
 
         /// DEST held open (`crate::io::dest_dir`).
         pub mod dest_dir {
