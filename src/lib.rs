@@ -117,6 +117,15 @@ pub mod internals {
         }
     }
 
+    /// `sim`'s parts beyond its API.
+    pub mod sim {
+        /// `crate::sim::pair`: the taps, stop conditions and session
+        /// applications a `Pair` takes in atou's own tests.
+        pub mod pair {
+            pub use crate::sim::pair::*;
+        }
+    }
+
     /// `transfer`'s parts beyond its API: its modules, one each.
     pub mod transfer {
         /// `crate::transfer::bootstrap`.

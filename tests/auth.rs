@@ -10,9 +10,9 @@ use atou::internals::crypto::frame::{self, PROTECTED};
 use atou::internals::crypto::{
     format_public_key, AuthorizedKeys, Cipher, ClientAuth, ServerAuth, StaticKeypair,
 };
+use atou::internals::sim::pair::{Dir, Pair};
 use atou::internals::wire::{Close, DataFlags, DataHeader, Hello, ReceiverParams};
 use atou::netem::NetemSpec;
-use atou::sim::pair::{Dir, Pair};
 use atou::{Client, ConnError, PatternSource, Server, ServerLimits, Time, Tuning};
 
 const BYTES: u64 = 300_000;

@@ -9,11 +9,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use atou::internals::server::SessionEvent;
+use atou::internals::sim::pair::Pair;
 use atou::internals::wire::{
     Close, DataFlags, DataHeader, Fetch, Hello, ReceiverParams, DATA_HEADER_LEN,
 };
 use atou::netem::NetemSpec;
-use atou::sim::pair::Pair;
 use atou::{Client, Server, ServerLimits, Time, Tuning};
 
 /// A plain server that lets `unvalidated` connections open without an
