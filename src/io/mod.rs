@@ -477,7 +477,7 @@ pub enum ClientEnd {
 
 impl ClientEnd {
     /// How `outcome` ended, without taking it.
-    pub fn of<E: fmt::Display>(outcome: &Result<Closed, E>) -> ClientEnd {
+    pub(crate) fn of<E: fmt::Display>(outcome: &Result<Closed, E>) -> ClientEnd {
         match outcome {
             Ok(closed) => ClientEnd::Closed { peer: closed.peer },
             Err(e) => ClientEnd::Failed { why: e.to_string() },
@@ -522,7 +522,7 @@ mod address_tokens {
 /// Asks the server at `peer` for its public key (trust on first use: the
 /// answer is not authenticated; the caller records it and says so).
 /// Asks every 250 ms for `wait`.
-pub async fn query_server_key(
+pub(crate) async fn query_server_key(
     peer: SocketAddr,
     wait: Duration,
 ) -> Result<crate::proto::crypto::PublicKey, ProbeError> {

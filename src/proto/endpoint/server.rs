@@ -1296,6 +1296,7 @@ impl Server {
         self.rate.tracked()
     }
 
+    #[cfg(any(feature = "internals", fuzzing))]
     pub fn open_connections(&self) -> usize {
         self.conns.len()
     }
