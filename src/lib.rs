@@ -105,8 +105,8 @@ pub mod internals {
 
     /// `io`'s parts beyond its API.
     pub mod io {
+        pub use crate::io::os::{fresh_conn_id, wall_clock_ns};
         pub use crate::io::*;
-        pub use crate::io::{fresh_conn_id, wall_clock_ns};
 
         /// DEST held open (`crate::io::dest_dir`).
         pub mod dest_dir {
@@ -115,6 +115,15 @@ pub mod internals {
         /// The hello-timestamp table (`crate::io::hello_timestamps`).
         pub mod hello_timestamps {
             pub use crate::io::hello_timestamps::*;
+        }
+    }
+
+    /// `sim`'s parts beyond its API.
+    pub mod sim {
+        /// `crate::sim::pair`: the taps, stop conditions and session
+        /// applications a `Pair` takes in atou's own tests.
+        pub mod pair {
+            pub use crate::sim::pair::*;
         }
     }
 

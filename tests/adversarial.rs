@@ -19,6 +19,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use atou::internals::io::fresh_conn_id;
 use atou::internals::payload::PayloadSource;
 use atou::internals::transfer::hash::{chunk_cv, file_hash, part_digest, Cv, CHUNK_SIZE};
 use atou::internals::transfer::manifest::{Entry, EntryKind, Manifest, RelPath};
@@ -29,7 +30,7 @@ use atou::internals::transfer::messages::{
 use atou::internals::wire::{
     DataFlags, DataHeader as WireHeader, Hello, ReceiverParams, DATA_HEADER_LEN,
 };
-use atou::io::{self, fresh_conn_id, ProbeConfig, StreamFeed};
+use atou::io::{self, ProbeConfig, StreamFeed};
 use atou::Tuning;
 use common::TestDir;
 use netem_support::{say, Daemon, ATOU};
@@ -148,18 +149,10 @@ fn stream(to: SocketAddr, session: u64, bytes: Vec<u8>) -> Result<Vec<u8>, Strin
         maxidle: Duration::from_secs(5),
         ..Tuning::default()
     };
-    let config = ProbeConfig {
-        peer: to,
-        tuning,
-        bytes: Some(bytes.len() as u64),
-        trace: false,
-        conn_id: fresh_conn_id(),
-        session,
-        reply_limit: 1 << 20,
-        auth: None,
-        close_unacknowledged: false,
-        path_memory: None,
-    };
+    let config = ProbeConfig::new(to)
+        .tuning(tuning)
+        .bytes(Some(bytes.len() as u64))
+        .session(session, 1 << 20);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -943,10 +936,7 @@ mod sans_io {
                 // The receiver is under test, not address validation:
                 // plain hellos open connections without a token.
                 server: Server::new(
-                    ServerLimits {
-                        unvalidated_plain: 64,
-                        ..ServerLimits::default()
-                    },
+                    ServerLimits::default().unvalidated_plain(64),
                     1 << 20,
                     1 << 20,
                 ),

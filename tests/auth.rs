@@ -10,9 +10,9 @@ use atou::internals::crypto::frame::{self, PROTECTED};
 use atou::internals::crypto::{
     format_public_key, AuthorizedKeys, Cipher, ClientAuth, ServerAuth, StaticKeypair,
 };
+use atou::internals::sim::pair::{Dir, Pair};
 use atou::internals::wire::{Close, DataFlags, DataHeader, Hello, ReceiverParams};
 use atou::netem::NetemSpec;
-use atou::sim::pair::{Dir, Pair};
 use atou::{Client, ConnError, PatternSource, Server, ServerLimits, Time, Tuning};
 
 const BYTES: u64 = 300_000;
@@ -689,11 +689,9 @@ fn distinct_hellos_from_one_source_get_its_budget_and_no_more() {
 #[test]
 fn a_thousand_sources_get_no_more_than_the_global_handshake_budget() {
     let server_key = StaticKeypair::generate().unwrap();
-    let limits = ServerLimits {
-        hellos_per_sec: 1000,
-        max_rate_sources: 256,
-        ..ServerLimits::default()
-    };
+    let limits = ServerLimits::default()
+        .hellos_per_sec(1000)
+        .max_rate_sources(256);
     let mut server = Server::new(limits, 1 << 20, 2 << 20)
         .with_auth(ServerAuth {
             identity: Some(server_key),
@@ -738,10 +736,8 @@ fn a_thousand_sources_get_no_more_than_the_global_handshake_budget() {
 /// wall clock, in nanoseconds since the Unix epoch), with its key from
 /// a file: what a restart builds.
 fn started_at(wall_ns: u64, server_key: &StaticKeypair, client_key: &StaticKeypair) -> Server {
-    let limits = ServerLimits {
-        replay_floor_ns: atou::internals::server::replay_floor(wall_ns),
-        ..ServerLimits::default()
-    };
+    let limits =
+        ServerLimits::default().replay_floor_ns(atou::internals::server::replay_floor(wall_ns));
     Server::new(limits, 1 << 20, 2 << 20)
         .with_auth(ServerAuth {
             identity: Some(server_key.clone()),
@@ -1043,10 +1039,7 @@ fn with_the_offload_a_hello_is_handed_out_as_work_and_the_session_it_makes_works
 /// so that its client's resend is read once there is room.
 #[test]
 fn a_hello_past_the_full_work_queue_is_dropped_counted_and_read_when_resent() {
-    let limits = ServerLimits {
-        handshake_queue: 4,
-        ..ServerLimits::default()
-    };
+    let limits = ServerLimits::default().handshake_queue(4);
     let mut server = Server::new(limits, 1 << 20, 2 << 20)
         .with_auth(ServerAuth {
             identity: Some(StaticKeypair::generate().unwrap()),
@@ -1088,10 +1081,7 @@ fn hellos_in_flight_cannot_oversubscribe_the_connection_budget() {
         StaticKeypair::generate().unwrap(),
         StaticKeypair::generate().unwrap(),
     );
-    let limits = ServerLimits {
-        max_connections_per_ip: 2,
-        ..ServerLimits::default()
-    };
+    let limits = ServerLimits::default().max_connections_per_ip(2);
     let mut server = Server::new(limits, 1 << 20, 2 << 20)
         .with_auth(ServerAuth {
             identity: Some(server_key.clone()),

@@ -21,15 +21,15 @@ const PATH: &str = "delay 100ms limit 1000000";
 const RTT: f64 = 0.2;
 
 fn simulate(tuning: Tuning, fwd: &str, rev: &str, bytes: u64) -> (SimResult, Recorder) {
-    let mut config = SimConfig::new(
+    let config = SimConfig::new(
         tuning,
         fwd.parse().unwrap(),
         rev.parse().unwrap(),
         Some(bytes),
         1,
-    );
-    config.trace = true;
-    config.check_invariants = true;
+    )
+    .trace(true)
+    .check_invariants(true);
     let mut rec = Recorder::default();
     let result = Simulation::new(config).unwrap().run(&mut rec).unwrap();
     assert!(
@@ -302,15 +302,15 @@ fn bbr_alone_sees_its_min_rtt_every_cycle_and_skips_probe_rtt() {
         maxtime: Duration::from_secs(30),
         ..bbr()
     };
-    let mut config = SimConfig::new(
+    let config = SimConfig::new(
         tuning,
         BOTTLENECK.parse().unwrap(),
         RETURN.parse().unwrap(),
         None,
         1,
-    );
-    config.trace = true;
-    config.time_limit = Duration::from_secs(31);
+    )
+    .trace(true)
+    .time_limit(Duration::from_secs(31));
     let mut rec = Recorder::default();
     Simulation::new(config).unwrap().run(&mut rec).unwrap();
     let states = bbr_states(&rec.events);
@@ -351,14 +351,14 @@ fn bbr_keeps_a_deep_buffer_short_without_losing_goodput() {
     };
     let payload_rate = 100e6 * tuning.payload_size() as f64 / f64::from(tuning.mss);
     for seed in 1..=3 {
-        let mut config = SimConfig::new(
+        let config = SimConfig::new(
             tuning.clone(),
             BOTTLENECK.parse().unwrap(),
             RETURN.parse().unwrap(),
             None,
             seed,
-        );
-        config.time_limit = Duration::from_secs(31);
+        )
+        .time_limit(Duration::from_secs(31));
         let r = Simulation::new(config).unwrap().run(&mut ()).unwrap();
         let avg = r.summary.avgrtt.as_secs_f64();
         let goodput = r.summary.goodput_bps;
@@ -475,16 +475,16 @@ fn bbr_probe_rtt_every_five_seconds_for_200ms_then_back_to_probe_bw() {
 /// controller's reports, and the source's rate on the wire (payload in
 /// 1472-byte datagrams).
 fn application_limited(source: u64, bytes: u64, secs: u64) -> (SimResult, Vec<TimedEvent>, f64) {
-    let mut config = SimConfig::new(
+    let config = SimConfig::new(
         bbr(),
         BOTTLENECK.parse().unwrap(),
         RETURN.parse().unwrap(),
         Some(bytes),
         1,
-    );
-    config.source_bps = Some(source);
-    config.check_invariants = true;
-    config.time_limit = Duration::from_secs(secs);
+    )
+    .source_bps(Some(source))
+    .check_invariants(true)
+    .time_limit(Duration::from_secs(secs));
     let mut rec = Recorder::default();
     let r = Simulation::new(config).unwrap().run(&mut rec).unwrap();
     assert_eq!(r.summary.rxmts, 0, "{}", r.summary);
@@ -697,8 +697,7 @@ proptest! {
             "rate {rate}mbit limit {limit} | delay {delay_ms}ms reorder {reorder}% loss {loss}% duplicate {dup}%"
         ).parse().unwrap();
         let rev: NetemSpec = format!("delay {delay_ms}ms loss {ack_loss}%").parse().unwrap();
-        let mut config = SimConfig::new(tuning, fwd, rev, Some(bytes), seed);
-        config.check_invariants = true;
+        let config = SimConfig::new(tuning, fwd, rev, Some(bytes), seed).check_invariants(true);
         let result = match Simulation::new(config).unwrap().run(&mut ()) {
             Err(SimError::Invariant { time, what }) => {
                 return Err(TestCaseError::fail(format!("invariant broken at {time:?}: {what}")));
@@ -795,7 +794,7 @@ fn rfc8985_7_a_tail_loss_is_repaired_by_a_probe() {
 /// with the commands' defaults (bbr, rack, undo; seed 1), and the summary.
 fn bbr_goodput_after_startup(p: f64) -> (f64, SimResult) {
     let bytes = 200_000_000;
-    let mut config = SimConfig::new(
+    let config = SimConfig::new(
         Tuning::command_default(),
         format!("rate 100mbit limit 1000 | delay 50ms loss {}%", p * 100.0)
             .parse()
@@ -803,8 +802,8 @@ fn bbr_goodput_after_startup(p: f64) -> (f64, SimResult) {
         RETURN.parse().unwrap(),
         Some(bytes),
         1,
-    );
-    config.trace = true;
+    )
+    .trace(true);
     let mut rec = Recorder::default();
     let r = Simulation::new(config).unwrap().run(&mut rec).unwrap();
     assert!(r.delivered_intact(bytes), "{}", r.summary);
@@ -1050,9 +1049,10 @@ fn bbr_loses_under_3_percent_of_its_goodput_to_one_percent_random_loss() {
 fn cubic_with_rack_never_raises_its_window_at_a_congestion_event() {
     let path_holds = 863 + 1000;
     for seed in [1, 6] {
-        let mut config = SimConfig::new(
+        let config = SimConfig::new(
             Tuning {
                 cc: CcKind::Cubic,
+                maxtime: Duration::from_secs(30),
                 ..Tuning::command_default()
             },
             "rate 100mbit delay 50ms limit 1000 loss 0.1%"
@@ -1061,9 +1061,8 @@ fn cubic_with_rack_never_raises_its_window_at_a_congestion_event() {
             "rate 100mbit delay 50ms limit 1000".parse().unwrap(),
             None,
             seed,
-        );
-        config.tuning.maxtime = Duration::from_secs(30);
-        config.trace = true;
+        )
+        .trace(true);
         let mut rec = Recorder::default();
         Simulation::new(config).unwrap().run(&mut rec).unwrap();
         for e in &rec.events {

@@ -65,15 +65,9 @@ fn run_server<A: ServeApp + Send + 'static>(mut app: A) -> Running {
                 .build()
                 .unwrap();
             let _ = rt.block_on(io::serve(
-                ServeConfig {
-                    bind: "127.0.0.1:0".parse().unwrap(),
-                    once: false,
-                    sndbuf: 4 << 20,
-                    rcvbuf: 4 << 20,
-                    limits: Default::default(),
-                    auth: atou::internals::crypto::ServerAuth::plain(),
-                    hello_timestamps: None,
-                },
+                ServeConfig::new("127.0.0.1:0".parse().unwrap())
+                    .sndbuf(4 << 20)
+                    .rcvbuf(4 << 20),
                 &mut app,
                 |e| {
                     if let ServeEvent::Listening { addr, .. } = e {

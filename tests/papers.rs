@@ -16,9 +16,9 @@ use atou::{
 fn simulate(tuning: Tuning, fwd: &str, rev: &str, bytes: u64, seed: u64) -> (SimResult, Recorder) {
     let fwd: NetemSpec = fwd.parse().expect("fwd spec");
     let rev: NetemSpec = rev.parse().expect("rev spec");
-    let mut config = SimConfig::new(tuning, fwd, rev, Some(bytes), seed);
-    config.trace = true;
-    config.check_invariants = true;
+    let config = SimConfig::new(tuning, fwd, rev, Some(bytes), seed)
+        .trace(true)
+        .check_invariants(true);
     let mut rec = Recorder::default();
     let result = Simulation::new(config).unwrap().run(&mut rec).unwrap();
     assert!(
@@ -401,16 +401,16 @@ fn linux_6_undo_after_a_three_second_delay_spike() {
             rcvwin: 12,
             ..Tuning::default()
         };
-        let mut config = SimConfig::new(
+        let config = SimConfig::new(
             tuning,
             "rate 1mbit delay 50ms".parse().unwrap(),
             "delay 50ms".parse().unwrap(),
             Some(200_000),
             1,
-        );
-        config.trace = true;
-        config.check_invariants = true;
-        config.fwd_stall = Some((STALL_START, STALL));
+        )
+        .trace(true)
+        .check_invariants(true)
+        .fwd_stall(Some((STALL_START, STALL)));
         let mut rec = Recorder::default();
         let result = Simulation::new(config).unwrap().run(&mut rec).unwrap();
         assert!(result.delivered_intact(200_000), "{}", result.summary);
@@ -982,13 +982,15 @@ fn linux_3_quick_acks_hold_through_the_handshake() {
         quick_acks_win(name, |quickack| {
             let tuning = seawind_linux_sender(quickack);
             let mut config = PairConfig::new(
-                tuning.clone(),
-                "rate 256kbit limit 7 | delay 200ms".parse().unwrap(),
-                "delay 200ms".parse().unwrap(),
-                Some(50_000),
-                1,
+                SimConfig::new(
+                    tuning.clone(),
+                    "rate 256kbit limit 7 | delay 200ms".parse().unwrap(),
+                    "delay 200ms".parse().unwrap(),
+                    Some(50_000),
+                    1,
+                )
+                .trace(true),
             );
-            config.trace = true;
             let tag = match &endpoints {
                 Endpoints::Keys(server, client) => {
                     config = config.authenticated(server.clone(), client.clone());

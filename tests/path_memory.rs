@@ -24,15 +24,15 @@ fn tuning(cc: CcKind) -> Tuning {
 }
 
 fn run(cc: CcKind, fwd: &str, bytes: u64, memory: Option<PathMemory>) -> SimResult {
-    let mut config = SimConfig::new(
+    let config = SimConfig::new(
         tuning(cc),
         fwd.parse().unwrap(),
         REV.parse().unwrap(),
         Some(bytes),
         SEED,
-    );
-    config.check_invariants = true;
-    config.path_memory = memory;
+    )
+    .check_invariants(true)
+    .path_memory(memory);
     let result = Simulation::new(config).unwrap().run(&mut ()).unwrap();
     assert!(
         result.delivered_intact(bytes),

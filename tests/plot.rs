@@ -30,8 +30,7 @@ fn lossy_run(cc: CcKind) -> (SimResult, Trace) {
     };
     let fwd: NetemSpec = "rate 20mbit delay 20ms limit 100 loss 1%".parse().unwrap();
     let rev: NetemSpec = "delay 20ms".parse().unwrap();
-    let mut config = SimConfig::new(tuning.clone(), fwd, rev, Some(2_000_000), 7);
-    config.trace = true;
+    let config = SimConfig::new(tuning.clone(), fwd, rev, Some(2_000_000), 7).trace(true);
     let mut rec = Recorder::default();
     let result = Simulation::new(config).unwrap().run(&mut rec).unwrap();
     assert!(result.delivered_intact(2_000_000), "{}", result.summary);
@@ -483,8 +482,7 @@ fn a_timeout_doubles_the_plotted_rto_and_a_near_window_edge_is_drawn() {
     tuning.rcvsegs = 40;
     let fwd: NetemSpec = "rate 10mbit delay 20ms".parse().unwrap();
     let rev: NetemSpec = "delay 20ms".parse().unwrap();
-    let mut config = SimConfig::new(tuning.clone(), fwd, rev, Some(1 << 20), 1);
-    config.trace = true;
+    let config = SimConfig::new(tuning.clone(), fwd, rev, Some(1 << 20), 1).trace(true);
     let mut rec = Recorder::default();
     let result = Simulation::new(config).unwrap().run(&mut rec).unwrap();
     assert!(result.delivered_intact(1 << 20), "{}", result.summary);

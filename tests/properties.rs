@@ -107,8 +107,7 @@ proptest! {
         let bytes = segments * tuning.payload_size() as u64;
         let fwd: NetemSpec = fwd.parse().unwrap();
         let rev: NetemSpec = rev.parse().unwrap();
-        let mut config = SimConfig::new(tuning, fwd, rev, Some(bytes), seed);
-        config.check_invariants = true;
+        let config = SimConfig::new(tuning, fwd, rev, Some(bytes), seed).check_invariants(true);
         let result = Simulation::new(config).unwrap().run(&mut ());
         let result = match result {
             Err(SimError::Invariant { time, what }) => {

@@ -9,28 +9,25 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use atou::internals::server::SessionEvent;
+use atou::internals::sim::pair::Pair;
 use atou::internals::wire::{
     Close, DataFlags, DataHeader, Fetch, Hello, ReceiverParams, DATA_HEADER_LEN,
 };
 use atou::netem::NetemSpec;
-use atou::sim::pair::Pair;
 use atou::{Client, Server, ServerLimits, Time, Tuning};
 
-fn plain_server(limits: ServerLimits) -> Server {
+/// A plain server that lets `unvalidated` connections open without an
+/// address token ([`ServerLimits::unvalidated_plain`]).
+fn plain_server(unvalidated: usize) -> Server {
+    let limits = ServerLimits::default().unvalidated_plain(unvalidated);
     Server::new(limits, 1 << 20, 2 << 20)
 }
 
-/// The default (a plain hello needs an address token: nothing is kept
-/// for one without) and a server that lets 16 connections open without
+/// The default, 0 (a plain hello needs an address token: nothing is kept
+/// for one without), and a server that lets 16 connections open without
 /// one, each held to 3× what its address sent.
-fn both_ways() -> [ServerLimits; 2] {
-    [
-        ServerLimits::default(),
-        ServerLimits {
-            unvalidated_plain: 16,
-            ..ServerLimits::default()
-        },
-    ]
+fn both_ways() -> [usize; 2] {
+    [0, 16]
 }
 
 fn spoofed(i: u32) -> SocketAddr {
@@ -144,14 +141,13 @@ impl Ledger {
 /// address gets in at once.
 #[test]
 fn spoofed_plain_hellos_from_1024_addresses_do_not_lock_out_a_client() {
-    for limits in both_ways() {
-        lockout(limits);
+    for unvalidated in both_ways() {
+        lockout(unvalidated);
     }
 }
 
-fn lockout(limits: ServerLimits) {
-    let unvalidated = limits.unvalidated_plain;
-    let mut server = plain_server(limits);
+fn lockout(unvalidated: usize) {
+    let mut server = plain_server(unvalidated);
     let mut ledger = Ledger::new(vec![0x5a; 64 << 10]);
     for i in 0..1024u32 {
         let h = hello(1 + u64::from(i), 0, 1472, 1 << 10);
@@ -182,13 +178,13 @@ fn lockout(limits: ServerLimits) {
 /// to the spoofed address is at most 3× what came from it.
 #[test]
 fn a_spoofed_fetch_flood_gets_at_most_three_times_its_bytes_back() {
-    for limits in both_ways() {
-        fetch_flood(limits);
+    for unvalidated in both_ways() {
+        fetch_flood(unvalidated);
     }
 }
 
-fn fetch_flood(limits: ServerLimits) {
-    let mut server = plain_server(limits);
+fn fetch_flood(unvalidated: usize) {
+    let mut server = plain_server(unvalidated);
     let mut ledger = Ledger::new(vec![0x5a; 64 << 10]);
     let victim = spoofed(1);
     let conn = 0xfe7c;
@@ -225,14 +221,14 @@ fn fetch_flood(limits: ServerLimits) {
 /// spoofed address is at most 3× what came from it.
 #[test]
 fn a_spoofed_probe_gets_at_most_three_times_its_bytes_back() {
-    for limits in both_ways() {
-        probe_floods(limits);
+    for unvalidated in both_ways() {
+        probe_floods(unvalidated);
     }
 }
 
-fn probe_floods(limits: ServerLimits) {
+fn probe_floods(unvalidated: usize) {
     let refusal = b"\x01this server receives no files: start it with `atou serve --dir DEST`";
-    let mut server = plain_server(limits);
+    let mut server = plain_server(unvalidated);
     let mut ledger = Ledger::new(refusal.to_vec());
     let victim = spoofed(2);
     let now = Time::ZERO;
@@ -281,7 +277,7 @@ fn probe_floods(limits: ServerLimits) {
 /// on a 100 ms path its hello is answered at 200 ms, then at 100 ms.
 #[test]
 fn a_plain_client_pays_one_round_trip_for_its_token_and_reuses_it() {
-    let mut server = plain_server(ServerLimits::default());
+    let mut server = plain_server(0);
     let one_way = || "delay 50ms".parse::<NetemSpec>().unwrap();
     let mut token = None;
     for (port, want) in [(5000, 200), (5001, 100)] {

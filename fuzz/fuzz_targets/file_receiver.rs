@@ -127,15 +127,13 @@ fuzz_target!(|data: &[u8]| {
     let _ = std::fs::remove_dir_all(dest);
     std::fs::create_dir_all(dest).unwrap();
     let before = snapshot(outside);
-    let limits = ServerLimits {
-        max_connections: 6,
-        max_window_bytes: 16 << 10,
-        total_window_bytes: WINDOW_BUDGET,
+    let limits = ServerLimits::default()
+        .max_connections(6)
+        .max_window_bytes(16 << 10)
+        .total_window_bytes(WINDOW_BUDGET)
         // Plain hellos get in without an address token: the fuzzer is one
         // address whose bytes are the input.
-        unvalidated_plain: 6,
-        ..ServerLimits::default()
-    };
+        .unvalidated_plain(6);
     let mut server = Server::new(limits, 1 << 20, 2 << 20);
     let policy = ReceivePolicy {
         symlinks: SymlinkPolicy::All,

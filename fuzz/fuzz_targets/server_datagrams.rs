@@ -33,12 +33,10 @@ fuzz_target!(|data: &[u8]| {
     // Plain hellos open connections without an address token (a fuzzer
     // cannot forge one), so the data, fetch and close paths are reached;
     // a hello past the 2 such connections gets a retry.
-    let limits = ServerLimits {
-        max_rcvsegs: 64,
-        max_connections: 3,
-        unvalidated_plain: 2,
-        ..ServerLimits::default()
-    };
+    let limits = ServerLimits::default()
+        .max_rcvsegs(64)
+        .max_connections(3)
+        .unvalidated_plain(2);
     let mut server = Server::new(limits, 1 << 20, 2 << 20)
         .with_auth(ServerAuth {
             identity: Some(StaticKeypair::from_private([7; 32]).unwrap()),

@@ -373,8 +373,8 @@ fn sim(args: SimArgs) -> Result<ExitCode> {
         eprintln!("atou: {note}");
     }
     let bytes = (args.bytes > 0).then_some(args.bytes);
-    let mut config = SimConfig::new(tuning.clone(), args.fwd, args.rev, bytes, args.seed);
-    config.trace = args.output.wants_trace();
+    let config = SimConfig::new(tuning.clone(), args.fwd, args.rev, bytes, args.seed)
+        .trace(args.output.wants_trace());
 
     let mut out = Output::open(
         args.output.events,

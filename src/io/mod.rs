@@ -45,6 +45,40 @@ use crate::proto::{
 };
 use crate::proto::{Observer, PathMemory, ReceiverStats, SenderSnapshot, SenderStats};
 
+/// What the OS gives the drivers and the transfer layer: the wall clock
+/// and fresh ids. Not an API: atou's own tests reach them through
+/// `atou::internals::io`.
+pub(crate) mod os {
+    /// The wall clock in nanoseconds since the Unix epoch (0 before it): what
+    /// hello timestamps are, and what a server's replay floor is made of.
+    pub fn wall_clock_ns() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// A client's connection (or session) id, from the OS CSPRNG: a plain
+    /// server knows the connection by it, so one that could be guessed (as a
+    /// hash of the time and process id could) lets another host aim packets
+    /// at it. That hash only if the OS generator fails.
+    pub fn fresh_conn_id() -> u64 {
+        if let Ok(id) = crate::proto::crypto::handshake::random_id() {
+            return id;
+        }
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.write_u32(std::process::id());
+        h.finish()
+    }
+}
+
+pub(crate) use os::{fresh_conn_id, wall_clock_ns};
+
 /// Default UDP port, as atou's.
 pub(crate) const DEFAULT_PORT: u16 = 7890;
 /// Most datagrams queued before they are sent, so that receiving (ACKs)
@@ -350,29 +384,89 @@ pub enum ProbeError {
 }
 
 /// A probe: memory-to-memory transfer of the test pattern to a server.
+/// Built with [`ProbeConfig::new`] and its setters.
 #[derive(Debug, Clone)]
 pub struct ProbeConfig {
-    pub peer: SocketAddr,
-    pub tuning: Tuning,
+    pub(crate) peer: SocketAddr,
+    pub(crate) tuning: Tuning,
     /// Bytes to send; `None` sends until `maxtime`/`maxpkts`.
-    pub bytes: Option<u64>,
-    pub trace: bool,
+    pub(crate) bytes: Option<u64>,
+    pub(crate) trace: bool,
     /// Connection id; fresh per run.
-    pub conn_id: u64,
+    pub(crate) conn_id: u64,
     /// File-transfer session; 0 for a probe.
-    pub session: u64,
+    pub(crate) session: u64,
     /// Longest reply the session's request can be answered with (see
     /// [`Client::with_reply_limit`]).
-    pub reply_limit: u32,
+    pub(crate) reply_limit: u32,
     /// Authenticate and encrypt with these keys; `None`: plain.
-    pub auth: Option<crate::proto::crypto::ClientAuth>,
+    pub(crate) auth: Option<crate::proto::crypto::ClientAuth>,
     /// Done once the reply is in and the close sent, without waiting for
     /// the close's acknowledgement ([`Client::with_close_unacknowledged`]):
     /// for requests, whose reply is all that is wanted.
-    pub close_unacknowledged: bool,
+    pub(crate) close_unacknowledged: bool,
     /// What an earlier connection to this destination learnt
     /// ([`crate::config::path_cache`]); `None`: start from the tuning alone.
-    pub path_memory: Option<PathMemory>,
+    pub(crate) path_memory: Option<PathMemory>,
+}
+
+impl ProbeConfig {
+    /// Probes `peer` on a fresh connection id with the default tuning,
+    /// plain, untraced, until the tuning's `maxtime`/`maxpkts`.
+    pub fn new(peer: SocketAddr) -> ProbeConfig {
+        ProbeConfig {
+            peer,
+            tuning: Tuning::default(),
+            bytes: None,
+            trace: false,
+            conn_id: fresh_conn_id(),
+            session: 0,
+            reply_limit: 0,
+            auth: None,
+            close_unacknowledged: false,
+            path_memory: None,
+        }
+    }
+
+    /// The connection's transport knobs. Default: [`Tuning::default`].
+    #[must_use]
+    pub fn tuning(mut self, tuning: Tuning) -> Self {
+        self.tuning = tuning;
+        self
+    }
+
+    /// Bytes of the test pattern to send. Default: `None`, until the
+    /// tuning's `maxtime`/`maxpkts`.
+    #[must_use]
+    pub fn bytes(mut self, bytes: Option<u64>) -> Self {
+        self.bytes = bytes;
+        self
+    }
+
+    /// Record the packet trace (passed to the observer). Default: `false`.
+    #[must_use]
+    pub fn trace(mut self, trace: bool) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// Authenticate and encrypt with these keys. Default: `None`, plain.
+    #[must_use]
+    pub fn auth(mut self, auth: Option<crate::proto::crypto::ClientAuth>) -> Self {
+        self.auth = auth;
+        self
+    }
+
+    /// Opens file-transfer session `session` instead of a probe, whose
+    /// request may be answered with up to `reply_limit` bytes: what atou's
+    /// own tests of a session's requests send.
+    #[cfg(any(feature = "internals", fuzzing))]
+    #[must_use]
+    pub fn session(mut self, session: u64, reply_limit: u32) -> Self {
+        self.session = session;
+        self.reply_limit = reply_limit;
+        self
+    }
 }
 
 /// How a [`probe`] run ended, with the socket buffers it got and the
@@ -438,7 +532,7 @@ pub enum ClientEnd {
 
 impl ClientEnd {
     /// How `outcome` ended, without taking it.
-    pub fn of<E: fmt::Display>(outcome: &Result<Closed, E>) -> ClientEnd {
+    pub(crate) fn of<E: fmt::Display>(outcome: &Result<Closed, E>) -> ClientEnd {
         match outcome {
             Ok(closed) => ClientEnd::Closed { peer: closed.peer },
             Err(e) => ClientEnd::Failed { why: e.to_string() },
@@ -480,37 +574,10 @@ mod address_tokens {
     }
 }
 
-/// The wall clock in nanoseconds since the Unix epoch (0 before it): what
-/// hello timestamps are, and what a server's replay floor is made of.
-pub fn wall_clock_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-}
-
-/// A client's connection (or session) id, from the OS CSPRNG: a plain
-/// server knows the connection by it, so one that could be guessed (as a
-/// hash of the time and process id could) lets another host aim packets
-/// at it. That hash only if the OS generator fails.
-pub fn fresh_conn_id() -> u64 {
-    if let Ok(id) = crate::proto::crypto::handshake::random_id() {
-        return id;
-    }
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
-}
-
 /// Asks the server at `peer` for its public key (trust on first use: the
 /// answer is not authenticated; the caller records it and says so).
 /// Asks every 250 ms for `wait`.
-pub async fn query_server_key(
+pub(crate) async fn query_server_key(
     peer: SocketAddr,
     wait: Duration,
 ) -> Result<crate::proto::crypto::PublicKey, ProbeError> {
@@ -905,23 +972,78 @@ impl ClientDriver {
     }
 }
 
-/// What `atou serve` was asked to do.
+/// What `atou serve` was asked to do. Built with [`ServeConfig::new`] and
+/// its setters.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
-    pub bind: SocketAddr,
+    pub(crate) bind: SocketAddr,
     /// Stop after the first connection ends.
-    pub once: bool,
-    pub sndbuf: u32,
-    pub rcvbuf: u32,
+    pub(crate) once: bool,
+    pub(crate) sndbuf: u32,
+    pub(crate) rcvbuf: u32,
     /// The operator's budgets for what clients may make the server hold.
-    pub limits: ServerLimits,
+    pub(crate) limits: ServerLimits,
     /// Keys: the server's, and which clients it accepts.
-    pub auth: crate::proto::crypto::ServerAuth,
+    pub(crate) auth: crate::proto::crypto::ServerAuth,
     /// Where the server keeps its hello timestamps across restarts
     /// (`atou serve --dir`, whose key outlives it), and what it kept last
     /// time; `None`: in memory only (a key made for one run needs no
     /// more).
-    pub hello_timestamps: Option<hello_timestamps::HelloTimestampFile>,
+    pub(crate) hello_timestamps: Option<hello_timestamps::HelloTimestampFile>,
+}
+
+impl ServeConfig {
+    /// Listens on `bind`, plain, with 4 MiB socket buffers and the default
+    /// [`ServerLimits`], until stopped.
+    pub fn new(bind: SocketAddr) -> ServeConfig {
+        ServeConfig {
+            bind,
+            once: false,
+            sndbuf: 4 << 20,
+            rcvbuf: 4 << 20,
+            limits: ServerLimits::default(),
+            auth: crate::proto::crypto::ServerAuth::plain(),
+            hello_timestamps: None,
+        }
+    }
+
+    /// Stop after the first connection ends. Default: `false`.
+    #[must_use]
+    pub fn once(mut self, once: bool) -> Self {
+        self.once = once;
+        self
+    }
+
+    /// The socket's send buffer (SO_SNDBUF), in bytes. Default: 4 MiB.
+    #[must_use]
+    pub fn sndbuf(mut self, bytes: u32) -> Self {
+        self.sndbuf = bytes;
+        self
+    }
+
+    /// The socket's receive buffer (SO_RCVBUF), in bytes, never grown past
+    /// this whatever a client asks. Default: 4 MiB.
+    #[must_use]
+    pub fn rcvbuf(mut self, bytes: u32) -> Self {
+        self.rcvbuf = bytes;
+        self
+    }
+
+    /// The operator's budgets for what clients may make the server hold.
+    /// Default: [`ServerLimits::default`].
+    #[must_use]
+    pub fn limits(mut self, limits: ServerLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The server's key and which clients it accepts. Default:
+    /// [`ServerAuth::plain`](crate::ServerAuth::plain), no key.
+    #[must_use]
+    pub fn auth(mut self, auth: crate::proto::crypto::ServerAuth) -> Self {
+        self.auth = auth;
+        self
+    }
 }
 
 /// What the server tells its operator as it runs.

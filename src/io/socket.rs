@@ -707,8 +707,15 @@ mod tests {
         let (io, _) = crate::io::client_socket(Some(handed), unspecified, peer, &tuning)
             .await
             .unwrap();
-        assert_eq!(io.local_addr().unwrap(), its_port, "not the socket handed in");
-        assert!(io.txtime(), "the handed-in socket sends without departure times");
+        assert_eq!(
+            io.local_addr().unwrap(),
+            its_port,
+            "not the socket handed in"
+        );
+        assert!(
+            io.txtime(),
+            "the handed-in socket sends without departure times"
+        );
         io.send(peer, b"through the connected socket", None)
             .await
             .unwrap();
@@ -717,7 +724,10 @@ mod tests {
             .set_read_timeout(Some(std::time::Duration::from_secs(5)))
             .unwrap();
         let (n, from) = receiver.recv_from(&mut buf).unwrap();
-        assert_eq!((&buf[..n], from), (&b"through the connected socket"[..], its_port));
+        assert_eq!(
+            (&buf[..n], from),
+            (&b"through the connected socket"[..], its_port)
+        );
     }
 
     /// A sender connected to a plain receiver, both on loopback.

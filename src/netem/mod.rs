@@ -28,5 +28,5 @@ mod random;
 pub mod spec;
 
 pub(crate) use model::mix_seed;
-pub use model::{Datagram, Netem, NetemStats, Qdisc};
+pub use model::{Datagram, Netem, NetemStats};
 pub use spec::{Distribution, Loss, NetemSpec, QdiscSpec, Rate, Slot, SlotDelay, SpecError};

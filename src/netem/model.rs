@@ -100,7 +100,7 @@ enum LossState {
 }
 
 /// One netem qdisc.
-pub struct Qdisc<P> {
+pub(crate) struct Qdisc<P> {
     spec: QdiscSpec,
     rng: ChaCha8Rng,
     loss_corr: Correlated,
@@ -129,7 +129,7 @@ pub struct Qdisc<P> {
 
 impl<P: Datagram> Qdisc<P> {
     /// A qdisc; `seed` is used unless the spec names its own.
-    pub fn new(spec: QdiscSpec, seed: u64) -> Qdisc<P> {
+    pub(crate) fn new(spec: QdiscSpec, seed: u64) -> Qdisc<P> {
         let slot = spec.slot.map(|slot| {
             let (packets_left, bytes_left) = slot_budget(slot);
             // The kernel opens the first slot when the qdisc is configured.
@@ -167,7 +167,7 @@ impl<P: Datagram> Qdisc<P> {
         self.frame_overhead = bytes;
     }
 
-    pub fn stats(&self) -> NetemStats {
+    pub(crate) fn stats(&self) -> NetemStats {
         self.stats
     }
 
@@ -232,7 +232,7 @@ impl<P: Datagram> Qdisc<P> {
     }
 
     /// Offers a packet at `now` (sch_netem's `netem_enqueue`).
-    pub fn enqueue(&mut self, now: Time, packet: P) {
+    pub(crate) fn enqueue(&mut self, now: Time, packet: P) {
         self.stats.offered += 1;
         self.enqueue_one(now, packet, true);
     }
@@ -349,7 +349,7 @@ impl<P: Datagram> Qdisc<P> {
     /// When a packet may next come out. With `slot`, [`Qdisc::poll`] at this
     /// time may instead open the next slot and return nothing, as the
     /// kernel's dequeue does when a slot opened before its packet was due.
-    pub fn next_release(&self) -> Option<Time> {
+    pub(crate) fn next_release(&self) -> Option<Time> {
         if let Some((at, _)) = self.ahead.front() {
             return Some(*at);
         }
@@ -390,7 +390,7 @@ impl<P: Datagram> Qdisc<P> {
         Some((held.at.max(opens), held.packet))
     }
 
-    pub fn poll(&mut self, now: Time) -> Option<P> {
+    pub(crate) fn poll(&mut self, now: Time) -> Option<P> {
         self.poll_timed(now).map(|(_, p)| p)
     }
 }

@@ -12,8 +12,10 @@
 // Only `io` may hold `unsafe` (each block with a SAFETY line).
 #![forbid(unsafe_code)]
 
-pub mod flows;
-pub mod pair;
+mod flows;
+// Public to atou's own tests through `atou::internals::sim::pair`: the
+// taps, stop conditions and session applications a `Pair` takes there.
+pub(crate) mod pair;
 pub mod scenarios;
 
 use std::time::Duration;
@@ -31,40 +33,32 @@ use crate::proto::{
 use crate::report::summary::{SimReport, Summary};
 
 pub use flows::{run_flows, FlowConfig, FlowResult, FlowsConfig, FlowsResult};
-pub use pair::{Pair, PairConfig, PairResult};
+pub use pair::{Pair, PairConfig, PairError, PairResult};
 
-/// One simulated run of bare streams: tuning, paths and seed.
+/// One simulated run of bare streams: tuning, paths and seed. Built with
+/// [`SimConfig::new`] and its setters.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
-    pub tuning: Tuning,
-    pub fwd: NetemSpec,
-    pub rev: NetemSpec,
+    pub(crate) tuning: Tuning,
+    pub(crate) fwd: NetemSpec,
+    pub(crate) rev: NetemSpec,
     /// Bytes to transfer; `None` runs until `maxtime`/`maxpkts`.
-    pub bytes: Option<u64>,
-    pub seed: u64,
-    /// Record the packet trace (passed to the observer).
-    pub trace: bool,
-    /// Check the sender's invariants after every step (slow; for tests).
-    pub check_invariants: bool,
-    /// Stop after this much virtual time whatever happens.
-    pub time_limit: Duration,
-    /// A link-layer stall on the forward path, `(start, length)`: what
-    /// would come out of it meanwhile is held and released, in order, when
-    /// the stall ends (Sarolahti & Kuznetsov §6's three-second delay, link
-    /// retransmissions holding frames in a receive buffer).
-    pub fwd_stall: Option<(Duration, Duration)>,
-    /// The application produces the stream at this many bits of payload
-    /// per second (a sender waiting on disk reads): whenever the path is
-    /// faster the sender is application-limited. `None`: every byte is
-    /// ready from the start. For every flow of the run.
-    pub source_bps: Option<u64>,
-    /// What an earlier run learnt about the path ([`SimResult`]'s
-    /// `summary.path_memory`): every flow starts from it, as a transfer to a
-    /// destination in the path cache does.
-    pub path_memory: Option<PathMemory>,
+    pub(crate) bytes: Option<u64>,
+    pub(crate) seed: u64,
+    pub(crate) trace: bool,
+    pub(crate) check_invariants: bool,
+    pub(crate) time_limit: Duration,
+    pub(crate) fwd_stall: Option<(Duration, Duration)>,
+    pub(crate) source_bps: Option<u64>,
+    pub(crate) path_memory: Option<PathMemory>,
 }
 
 impl SimConfig {
+    /// `bytes` (`None`: until the tuning's `maxtime`/`maxpkts`) sent with
+    /// `tuning` over `fwd`, acknowledged over `rev`, every random draw
+    /// from `seed`; untraced, unchecked, for at most 30 days of virtual
+    /// time, with no stall, every byte ready from the start and nothing
+    /// learnt before.
     pub fn new(
         tuning: Tuning,
         fwd: NetemSpec,
@@ -85,6 +79,59 @@ impl SimConfig {
             source_bps: None,
             path_memory: None,
         }
+    }
+
+    /// Record the packet trace (passed to the observer). Default: `false`.
+    #[must_use]
+    pub fn trace(mut self, trace: bool) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// Check the sender's invariants after every step (slow): what atou's
+    /// own tests ask. Default: `false`.
+    #[cfg(any(feature = "internals", fuzzing))]
+    #[must_use]
+    pub fn check_invariants(mut self, check: bool) -> Self {
+        self.check_invariants = check;
+        self
+    }
+
+    /// Stop after this much virtual time whatever happens. Default: 30 days.
+    #[must_use]
+    pub fn time_limit(mut self, limit: Duration) -> Self {
+        self.time_limit = limit;
+        self
+    }
+
+    /// A link-layer stall on the forward path, `(start, length)` from time
+    /// zero: what would come out of it meanwhile is held and released, in
+    /// order, when the stall ends (Sarolahti & Kuznetsov §6's three-second
+    /// delay, link retransmissions holding frames in a receive buffer).
+    /// Default: `None`.
+    #[must_use]
+    pub fn fwd_stall(mut self, stall: Option<(Duration, Duration)>) -> Self {
+        self.fwd_stall = stall;
+        self
+    }
+
+    /// The application produces the stream at this many bits of payload
+    /// per second (a sender waiting on disk reads): whenever the path is
+    /// faster the sender is application-limited. For every flow of the
+    /// run. Default: `None`, every byte is ready from the start.
+    #[must_use]
+    pub fn source_bps(mut self, bits_per_sec: Option<u64>) -> Self {
+        self.source_bps = bits_per_sec;
+        self
+    }
+
+    /// What an earlier run learnt about the path ([`SimResult`]'s
+    /// `summary.path_memory`): every flow starts from it, as a transfer to
+    /// a destination in the path cache does. Default: `None`.
+    #[must_use]
+    pub fn path_memory(mut self, memory: Option<PathMemory>) -> Self {
+        self.path_memory = memory;
+        self
     }
 }
 
@@ -136,6 +183,7 @@ pub struct SimResult {
 
 impl SimResult {
     /// Finished, and the receiver got exactly the bytes sent, in order.
+    #[cfg(any(feature = "internals", fuzzing))]
     pub fn delivered_intact(&self, bytes: u64) -> bool {
         let sim = self.summary.sim.as_ref().expect("simulated");
         self.outcome == RunEnd::Finished && sim.first_error.is_none() && sim.verified_bytes == bytes
@@ -504,9 +552,4 @@ impl Simulation {
         });
         summary
     }
-}
-
-/// Convenience: one run with no observer.
-pub fn run(config: SimConfig) -> Result<SimResult, SimError> {
-    Simulation::new(config)?.run(&mut ())
 }

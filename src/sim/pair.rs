@@ -6,9 +6,9 @@
 //! [`Simulation`](super::Simulation) drives a bare `Sender` and `Receiver`
 //! and so never runs the handshake; a `Pair` runs the same paths with the
 //! endpoints a real transfer uses, so a paper's scenario can be checked
-//! through the handshake too, and a test can put a hostile path
-//! ([`Pair::run_tapped`]) between two real endpoints and an application
-//! on the server's sessions ([`Pair::run_serving`]).
+//! through the handshake too, and atou's own tests can put a hostile path
+//! (`Pair::run_tapped`) between two real endpoints and an application on
+//! the server's sessions (`Pair::run_serving`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -17,11 +17,9 @@ use crate::netem::{mix_seed, Netem, NetemSpec};
 use crate::proto::crypto::{ClientAuth, HandshakeError, ServerAuth};
 use crate::proto::endpoint::server::{Arrival, SessionEvent};
 use crate::proto::tuning::TuningError;
-use crate::proto::{
-    Client, ConnError, Observer, PatternSource, Server, ServerLimits, Time, Tuning,
-};
+use crate::proto::{Client, ConnError, Observer, PatternSource, Server, ServerLimits, Time};
 
-use super::{RunEnd, Tagged};
+use super::{RunEnd, SimConfig, Tagged};
 
 /// The client's address, as the server sees it.
 pub(crate) const CLIENT_ADDR: SocketAddr = SocketAddr::new(
@@ -35,9 +33,7 @@ const SERVER_RCVBUF: u32 = 8 << 20;
 /// Which way a datagram goes.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Dir {
-    /// Client to server: the forward (`fwd`) path.
     ToServer,
-    /// Server to client: the return (`rev`) path.
     ToClient,
 }
 
@@ -62,62 +58,47 @@ type AddressedTapFn<'a> =
 pub trait SessionApp {
     /// New bytes of a session's stream, as the server placed them.
     fn on_arrival(&mut self, _now: Time, _server: &mut Server, _arrival: Arrival<'_>) {}
-    /// A session connection opened, completed its stream (answer it with
-    /// [`Server::respond`]) or ended.
     fn on_event(&mut self, _now: Time, _server: &mut Server, _event: SessionEvent) {}
     /// When [`on_timeout`](Self::on_timeout) is next due, if ever.
     fn poll_timeout(&self) -> Option<Time> {
         None
     }
-    /// The time [`poll_timeout`](Self::poll_timeout) gave has come.
     fn on_timeout(&mut self, _now: Time, _server: &mut Server) {}
 }
 
 /// No application: what a probe has, whose data the server only checks.
 impl SessionApp for () {}
 
-/// One run of a client and a server.
+/// One run of a client and a server: a [`SimConfig`]'s run, through the
+/// endpoints. Built with [`PairConfig::new`] and its setters.
 #[derive(Debug, Clone)]
 pub struct PairConfig {
-    pub tuning: Tuning,
-    /// Client → server.
-    pub fwd: NetemSpec,
-    /// Server → client.
-    pub rev: NetemSpec,
-    /// Bytes the client sends; `None`: until `maxtime`/`maxpkts`.
-    pub bytes: Option<u64>,
-    pub seed: u64,
-    pub limits: ServerLimits,
-    /// What the server accepts; [`ServerAuth::plain`] by default.
-    pub server_auth: ServerAuth,
+    /// The tuning, the paths (`fwd` client → server, `rev` server →
+    /// client), the bytes the client sends, the seed and the trace; the
+    /// bare engines' own settings (invariant checks, a stall, an
+    /// application's rate, path memory, their time limit) are not the
+    /// endpoints' and are not read.
+    pub(crate) run: SimConfig,
+    pub(crate) limits: ServerLimits,
+    /// What the server accepts.
+    pub(crate) server_auth: ServerAuth,
     /// The client's keys; `None`: a plain hello.
-    pub client_auth: Option<ClientAuth>,
+    pub(crate) client_auth: Option<ClientAuth>,
     /// Stop after this much virtual time whatever happens.
-    pub time_limit: Duration,
-    /// Record the client sender's trace (passed to the observer).
-    pub trace: bool,
+    pub(crate) time_limit: Duration,
 }
 
 impl PairConfig {
-    /// A plain client sending `bytes` of pattern data to a plain server.
-    pub fn new(
-        tuning: Tuning,
-        fwd: NetemSpec,
-        rev: NetemSpec,
-        bytes: Option<u64>,
-        seed: u64,
-    ) -> PairConfig {
+    /// `run` with a plain client sending its bytes of pattern data to a
+    /// plain server with the default [`ServerLimits`], for at most a day
+    /// of virtual time.
+    pub fn new(run: SimConfig) -> PairConfig {
         PairConfig {
-            tuning,
-            fwd,
-            rev,
-            bytes,
-            seed,
+            run,
             limits: ServerLimits::default(),
             server_auth: ServerAuth::plain(),
             client_auth: None,
             time_limit: Duration::from_secs(86_400),
-            trace: false,
         }
     }
 
@@ -127,19 +108,28 @@ impl PairConfig {
         self.client_auth = Some(client);
         self
     }
+
+    /// The server's budgets. Default: [`ServerLimits::default`].
+    #[must_use]
+    pub fn limits(mut self, limits: ServerLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Stop after this much virtual time whatever happens. Default: a day.
+    #[must_use]
+    pub fn time_limit(mut self, limit: Duration) -> Self {
+        self.time_limit = limit;
+        self
+    }
 }
 
-/// Why [`Pair::new`] could not set up the run.
 #[derive(Debug, thiserror::Error)]
 pub enum PairError {
-    /// The client's tuning is inconsistent.
     #[error("bad tuning: {0}")]
     Tuning(#[from] TuningError),
-    /// The server's keys could not be set up.
     #[error("bad keys: {0}")]
     Keys(#[from] HandshakeError),
-    /// The client could not take its keys (its `mss` leaves no room once
-    /// packets are protected).
     #[error("the client refused its keys: {0}")]
     Client(#[from] ConnError),
 }
@@ -157,7 +147,6 @@ enum Step {
 /// How a run ended, and when.
 #[derive(Debug)]
 pub struct PairResult {
-    /// How the run ended: the client's outcome, or the time limit.
     pub outcome: RunEnd,
     /// Virtual time when the run stopped.
     pub end: Time,
@@ -168,9 +157,7 @@ pub struct PairResult {
 /// A [`Client`] and a [`Server`] through the handshake and a connection,
 /// over simulated paths in virtual time.
 pub struct Pair {
-    /// The client endpoint, to inspect or drive between runs.
     pub client: Client,
-    /// The server endpoint, to inspect or drive between runs.
     pub server: Server,
     fwd: Netem<Tagged<SocketAddr>>,
     rev: Netem<Vec<u8>>,
@@ -186,47 +173,51 @@ pub struct Pair {
 }
 
 impl Pair {
-    /// A client and a server as `config` describes them, both seeded from
-    /// its seed, at virtual time zero; nothing sent yet.
     pub fn new(config: PairConfig) -> Result<Pair, PairError> {
-        let conn_id = mix_seed(config.seed, 0);
-        let mut client = Client::new(&config.tuning, conn_id, config.bytes, Time::ZERO)?;
+        let run = config.run;
+        let conn_id = mix_seed(run.seed, 0);
+        let mut client = Client::new(&run.tuning, conn_id, run.bytes, Time::ZERO)?;
         if let Some(auth) = config.client_auth {
             // The hello's timestamp: any fixed wall clock will do, the
             // server has seen no earlier one.
             client = client.with_auth(auth, 1_000_000_000)?;
         }
-        if config.trace {
+        if run.trace {
             client.enable_trace();
         }
         // The server's ids, challenges and secrets from the run's seed.
         let mut server_seed = [0u8; 32];
         for (i, word) in server_seed.chunks_mut(8).enumerate() {
-            word.copy_from_slice(&mix_seed(config.seed, 10 + i as u64).to_be_bytes());
+            word.copy_from_slice(&mix_seed(run.seed, 10 + i as u64).to_be_bytes());
         }
         let server = Server::new(config.limits, SERVER_RCVBUF, SERVER_RCVBUF)
             .with_seed(server_seed)
             .with_auth(config.server_auth)?;
-        let mut pair = Pair::between(
-            client,
-            CLIENT_ADDR,
-            server,
-            config.fwd,
-            config.rev,
-            config.seed,
-        );
+        let mut pair = Pair::wired(client, CLIENT_ADDR, server, (run.fwd, run.rev), run.seed);
         pair.time_limit = config.time_limit;
         Ok(pair)
     }
 
+    /// Runs until the client has an outcome, nothing is left to happen,
+    /// or the time limit.
+    pub fn run(&mut self, observer: &mut dyn Observer) -> PairResult {
+        let from = self.client_addrs[0];
+        let outcome = self.drive(
+            observer,
+            &mut |_, _, _, d| vec![(from, d)],
+            &mut (),
+            Self::client_end_or(|_| false),
+        );
+        self.result(outcome)
+    }
+
     /// `client`, whose datagrams come from `client_addr`, and `server` as
     /// they are, over `fwd` and `rev`, from time zero, with no time limit.
-    pub fn between(
+    fn wired(
         client: Client,
         client_addr: SocketAddr,
         server: Server,
-        fwd: NetemSpec,
-        rev: NetemSpec,
+        (fwd, rev): (NetemSpec, NetemSpec),
         seed: u64,
     ) -> Pair {
         Pair {
@@ -242,101 +233,12 @@ impl Pair {
         }
     }
 
-    /// The run starts at `now` instead of zero.
-    pub fn starting_at(mut self, now: Time) -> Pair {
-        self.now = now;
-        self
-    }
-
-    /// Stops runs after `limit` of virtual time from zero.
-    pub fn set_time_limit(&mut self, limit: Duration) {
-        self.time_limit = limit;
-    }
-
-    /// The virtual time the run has reached.
-    pub fn now(&self) -> Time {
-        self.now
-    }
-
-    /// Runs until the client has an outcome, nothing is left to happen,
-    /// or the time limit.
-    pub fn run(&mut self, observer: &mut dyn Observer) -> PairResult {
-        let from = self.client_addrs[0];
-        self.run_tapped(observer, &mut |_, _, d| vec![(from, d)])
-    }
-
-    /// Runs as [`run`](Self::run) does, every datagram going through `tap`
-    /// before its path.
-    pub fn run_tapped(&mut self, observer: &mut dyn Observer, tap: &mut TapFn<'_>) -> PairResult {
-        let outcome = self.run_until(observer, tap, |_| false);
+    fn result(&self, outcome: RunEnd) -> PairResult {
         PairResult {
             outcome,
             end: self.now,
             handshake: self.client.handshake_time(),
         }
-    }
-
-    /// Runs as [`run`](Self::run) does, or until `stop` says so after an
-    /// event (`RunEnd::Finished` then).
-    pub fn run_until(
-        &mut self,
-        observer: &mut dyn Observer,
-        tap: &mut TapFn<'_>,
-        stop: impl FnMut(&Pair) -> bool,
-    ) -> RunEnd {
-        self.run_serving(observer, tap, &mut (), stop)
-    }
-
-    /// Runs as [`run_until`](Self::run_until) does, with `app` on the
-    /// server's sessions.
-    pub fn run_serving(
-        &mut self,
-        observer: &mut dyn Observer,
-        tap: &mut TapFn<'_>,
-        app: &mut dyn SessionApp,
-        stop: impl FnMut(&Pair) -> bool,
-    ) -> RunEnd {
-        self.drive(
-            observer,
-            &mut |now, dir, _, d| tap(now, dir, d),
-            app,
-            Self::client_end_or(stop),
-        )
-    }
-
-    /// Runs as [`run_serving`](Self::run_serving) does, `tap` told each
-    /// datagram's address on the client's side. What the server sends to
-    /// an address no datagram of the client came from is counted in
-    /// [`misaddressed`](Self::misaddressed) before any tap, as in every run.
-    #[cfg(any(feature = "internals", fuzzing))]
-    pub fn run_addressed(
-        &mut self,
-        observer: &mut dyn Observer,
-        tap: &mut AddressedTapFn<'_>,
-        app: &mut dyn SessionApp,
-        stop: impl FnMut(&Pair) -> bool,
-    ) -> RunEnd {
-        self.drive(observer, tap, app, Self::client_end_or(stop))
-    }
-
-    /// Runs as [`run_serving`](Self::run_serving) does, but past the
-    /// client's end, until `stop` says so (`RunEnd::Finished` then):
-    /// what the server does once the client is done (the last copies of
-    /// a close, a lingering connection) happens too.
-    #[cfg(any(feature = "internals", fuzzing))]
-    pub fn run_past_client(
-        &mut self,
-        observer: &mut dyn Observer,
-        tap: &mut TapFn<'_>,
-        app: &mut dyn SessionApp,
-        mut stop: impl FnMut(&Pair) -> bool,
-    ) -> RunEnd {
-        self.drive(
-            observer,
-            &mut |now, dir, _, d| tap(now, dir, d),
-            app,
-            |pair| stop(pair).then_some(RunEnd::Finished),
-        )
     }
 
     /// How a run that stops at the client's end ends: as the client did,
@@ -461,5 +363,108 @@ impl Pair {
         while let Some(r) = self.client.poll_trace() {
             observer.on_trace(&r);
         }
+    }
+}
+
+/// What atou's own tests drive a pair with beyond [`Pair::run`]: endpoints
+/// built by hand, a start time and a time limit, a tap on the paths, a
+/// condition to stop at and an application on the server's sessions.
+#[cfg(any(feature = "internals", fuzzing))]
+impl Pair {
+    /// `client`, whose datagrams come from `client_addr`, and `server` as
+    /// they are, over `fwd` and `rev`, from time zero, with no time limit.
+    pub fn between(
+        client: Client,
+        client_addr: SocketAddr,
+        server: Server,
+        fwd: NetemSpec,
+        rev: NetemSpec,
+        seed: u64,
+    ) -> Pair {
+        Pair::wired(client, client_addr, server, (fwd, rev), seed)
+    }
+
+    /// The run starts at `now` instead of zero.
+    pub fn starting_at(mut self, now: Time) -> Pair {
+        self.now = now;
+        self
+    }
+
+    /// Stops runs after `limit` of virtual time from zero.
+    pub fn set_time_limit(&mut self, limit: Duration) {
+        self.time_limit = limit;
+    }
+
+    /// Virtual time now.
+    pub fn now(&self) -> Time {
+        self.now
+    }
+
+    /// Runs as [`run`](Self::run) does, every datagram going through `tap`
+    /// before its path.
+    pub fn run_tapped(&mut self, observer: &mut dyn Observer, tap: &mut TapFn<'_>) -> PairResult {
+        let outcome = self.run_serving(observer, tap, &mut (), |_| false);
+        self.result(outcome)
+    }
+
+    /// Runs as [`run_tapped`](Self::run_tapped) does, or until `stop` says
+    /// so after an event (`RunEnd::Finished` then).
+    pub fn run_until(
+        &mut self,
+        observer: &mut dyn Observer,
+        tap: &mut TapFn<'_>,
+        stop: impl FnMut(&Pair) -> bool,
+    ) -> RunEnd {
+        self.run_serving(observer, tap, &mut (), stop)
+    }
+
+    /// Runs as [`run_until`](Self::run_until) does, with `app` on the
+    /// server's sessions.
+    pub fn run_serving(
+        &mut self,
+        observer: &mut dyn Observer,
+        tap: &mut TapFn<'_>,
+        app: &mut dyn SessionApp,
+        stop: impl FnMut(&Pair) -> bool,
+    ) -> RunEnd {
+        self.drive(
+            observer,
+            &mut |now, dir, _, d| tap(now, dir, d),
+            app,
+            Self::client_end_or(stop),
+        )
+    }
+
+    /// Runs as [`run_serving`](Self::run_serving) does, `tap` told each
+    /// datagram's address on the client's side. What the server sends to
+    /// an address no datagram of the client came from is counted in
+    /// [`misaddressed`](Self::misaddressed) before any tap, as in every run.
+    pub fn run_addressed(
+        &mut self,
+        observer: &mut dyn Observer,
+        tap: &mut AddressedTapFn<'_>,
+        app: &mut dyn SessionApp,
+        stop: impl FnMut(&Pair) -> bool,
+    ) -> RunEnd {
+        self.drive(observer, tap, app, Self::client_end_or(stop))
+    }
+
+    /// Runs as [`run_serving`](Self::run_serving) does, but past the
+    /// client's end, until `stop` says so (`RunEnd::Finished` then):
+    /// what the server does once the client is done (the last copies of
+    /// a close, a lingering connection) happens too.
+    pub fn run_past_client(
+        &mut self,
+        observer: &mut dyn Observer,
+        tap: &mut TapFn<'_>,
+        app: &mut dyn SessionApp,
+        mut stop: impl FnMut(&Pair) -> bool,
+    ) -> RunEnd {
+        self.drive(
+            observer,
+            &mut |now, dir, _, d| tap(now, dir, d),
+            app,
+            |pair| stop(pair).then_some(RunEnd::Finished),
+        )
     }
 }

@@ -41,20 +41,10 @@ pub enum Endpoints {
 }
 
 /// Mathis §3.1, queueless random loss: 100 ms RTT, MSS 1460, link loss `p`,
-/// a link ten times faster than the flow so no queue stands. Runs for
-/// `losses / p` segments and measures from the tenth recovery on, leaving
-/// out the slow-start overshoot (Mathis appendix B).
-pub fn mathis(
-    kind: RecoveryKind,
-    delayed_ack: bool,
-    p: f64,
-    losses: f64,
-    seed: u64,
-) -> Result<MathisRun, SimError> {
-    mathis_through(kind, delayed_ack, p, losses, seed, Endpoints::Bare)
-}
-
-/// [`mathis`] with the connection between `endpoints`.
+/// a link ten times faster than the flow so no queue stands, the
+/// connection between `endpoints`. Runs for `losses / p` segments and
+/// measures from the tenth recovery on, leaving out the slow-start
+/// overshoot (Mathis appendix B).
 pub fn mathis_through(
     kind: RecoveryKind,
     delayed_ack: bool,
@@ -85,20 +75,19 @@ pub fn mathis_through(
         .expect("valid spec");
     let rev: NetemSpec = "delay 50ms".parse().expect("valid spec");
     let mut recorder = Recorder::default();
+    let run = SimConfig::new(tuning, fwd, rev, None, seed);
     let (secs, snd_una, rtt, timeouts) = match endpoints {
         Endpoints::Bare => {
-            let config = SimConfig::new(tuning, fwd, rev, None, seed);
-            let s = Simulation::new(config)?.run(&mut recorder)?.summary;
+            let s = Simulation::new(run)?.run(&mut recorder)?.summary;
             (s.secs, s.snd_una, s.avgrtt, s.timeouts)
         }
         Endpoints::Plain | Endpoints::Keys(..) => {
-            let mut config = PairConfig::new(tuning, fwd, rev, None, seed);
+            let mut config = PairConfig::new(run);
             if let Endpoints::Keys(server, client) = endpoints {
                 config = config.authenticated(server, client);
             }
             let mut pair = Pair::new(config).map_err(|e| SimError::Pair(e.to_string()))?;
-            pair.run(&mut recorder);
-            let now = pair.now();
+            let now = pair.run(&mut recorder).end;
             let sender = pair
                 .client
                 .sender_mut()

@@ -791,64 +791,163 @@ impl ReadyQueue {
     }
 }
 
-/// Bounds on what a client may ask for: the operator's budgets.
+/// Bounds on what a client may ask for: the operator's budgets. Built
+/// from [`ServerLimits::default`] and its setters, one per budget.
 #[derive(Debug, Clone, Copy)]
 pub struct ServerLimits {
-    /// Largest receiver buffer, in segments, granted to one connection.
-    pub max_rcvsegs: u32,
-    /// Most connections open at once.
-    pub max_connections: usize,
-    /// Most connections open at once from one IP address.
-    pub max_connections_per_ip: usize,
+    pub(crate) max_rcvsegs: u32,
+    pub(crate) max_connections: usize,
+    pub(crate) max_connections_per_ip: usize,
+    pub(crate) max_window_bytes: u64,
+    pub(crate) total_window_bytes: u64,
+    pub(crate) hello_idle: Duration,
+    pub(crate) max_socket_rcvbuf: u32,
+    pub(crate) hellos_per_sec_per_source: u32,
+    pub(crate) hello_burst_per_source: u32,
+    pub(crate) hellos_per_sec: u32,
+    pub(crate) max_rate_sources: usize,
+    pub(crate) unvalidated_plain: usize,
+    pub(crate) replay_floor_ns: u64,
+    pub(crate) replayed_copies_before_drop: u32,
+    pub(crate) handshake_queue: usize,
+}
+
+impl ServerLimits {
+    /// Largest receiver buffer granted to one connection, in segments.
+    /// Default: 2^20.
+    #[must_use]
+    pub fn max_rcvsegs(mut self, segments: u32) -> Self {
+        self.max_rcvsegs = segments;
+        self
+    }
+
+    /// Most connections open at once. Default: 1024.
+    #[must_use]
+    pub fn max_connections(mut self, connections: usize) -> Self {
+        self.max_connections = connections;
+        self
+    }
+
+    /// Most connections open at once from one IP address. Default: 64.
+    #[must_use]
+    pub fn max_connections_per_ip(mut self, connections: usize) -> Self {
+        self.max_connections_per_ip = connections;
+        self
+    }
+
     /// Largest receive window of one session connection, in bytes: what
-    /// its application may have to hold for it.
-    pub max_window_bytes: u64,
-    /// All session connections' windows together, in bytes.
-    pub total_window_bytes: u64,
+    /// its application may have to hold for it. Default: 64 MiB.
+    #[must_use]
+    pub fn max_window_bytes(mut self, bytes: u64) -> Self {
+        self.max_window_bytes = bytes;
+        self
+    }
+
+    /// All session connections' windows together, in bytes. Default: 1 GiB.
+    #[must_use]
+    pub fn total_window_bytes(mut self, bytes: u64) -> Self {
+        self.total_window_bytes = bytes;
+        self
+    }
+
     /// A connection that has sent no data expires after this long.
-    pub hello_idle: Duration,
-    /// The socket receive buffer is never grown past this, whatever a
-    /// hello asks (the operator's own setting).
-    pub max_socket_rcvbuf: u32,
+    /// Default: 10 s.
+    #[must_use]
+    pub fn hello_idle(mut self, idle: Duration) -> Self {
+        self.hello_idle = idle;
+        self
+    }
+
+    /// The socket receive buffer is never grown past this many bytes,
+    /// whatever a hello asks (the operator's own setting). Default: 8 MiB.
+    #[must_use]
+    pub fn max_socket_rcvbuf(mut self, bytes: u32) -> Self {
+        self.max_socket_rcvbuf = bytes;
+        self
+    }
+
     /// Hellos one source (an IPv4 address, an IPv6 /64) may have
     /// public-key operations spent on, a second; past its budget its
     /// hellos are dropped unread. A hello that makes a session gives its
     /// token back, so a client's parallel streams are never held back.
-    pub hellos_per_sec_per_source: u32,
-    /// The same source's hellos at once (its bucket's size).
-    pub hello_burst_per_source: u32,
-    /// The same for all sources together (at once: a quarter second's
-    /// worth), however many addresses a flood comes from.
-    pub hellos_per_sec: u32,
+    /// Default: 20.
+    #[must_use]
+    pub fn hellos_per_sec_per_source(mut self, hellos: u32) -> Self {
+        self.hellos_per_sec_per_source = hellos;
+        self
+    }
+
+    /// The same source's hellos at once (its bucket's size). Default: 5.
+    #[must_use]
+    pub fn hello_burst_per_source(mut self, hellos: u32) -> Self {
+        self.hello_burst_per_source = hellos;
+        self
+    }
+
+    /// Hellos a second from all sources together (at once: a quarter
+    /// second's worth), however many addresses a flood comes from.
+    /// Default: 1000.
+    #[must_use]
+    pub fn hellos_per_sec(mut self, hellos: u32) -> Self {
+        self.hellos_per_sec = hellos;
+        self
+    }
+
     /// Sources whose budget is tracked at once; a new one past this takes
-    /// the place of the one with the fullest bucket.
-    pub max_rate_sources: usize,
+    /// the place of the one with the fullest bucket. Default: 4096.
+    #[must_use]
+    pub fn max_rate_sources(mut self, sources: usize) -> Self {
+        self.max_rate_sources = sources;
+        self
+    }
+
     /// Plain connections opened without an address token that may be
-    /// open at once, each held to 3× what its address sent. 0 (the
-    /// default): a plain hello must carry a valid token (RFC 9000
-    /// §8.1.2's Retry, one round trip more) and nothing is kept for one
-    /// that does not, so spoofed hellos hold no slot and can make the
-    /// server send nothing larger than they are.
-    pub unvalidated_plain: usize,
+    /// open at once, each held to 3× what its address sent. Default: 0,
+    /// a plain hello must carry a valid token (RFC 9000 §8.1.2's Retry,
+    /// one round trip more) and nothing is kept for one that does not,
+    /// so spoofed hellos hold no slot and can make the server send
+    /// nothing larger than they are.
+    #[must_use]
+    pub fn unvalidated_plain(mut self, connections: usize) -> Self {
+        self.unvalidated_plain = connections;
+        self
+    }
+
     /// Authenticated hellos timestamped before this (wall-clock
     /// nanoseconds since the Unix epoch) are refused: a server whose key
-    /// outlives it sets [`replay_floor`] of its start, so that a hello
-    /// captured before a restart is not accepted once more. 0: none (a
-    /// server whose key is made for its one run needs none). A server
-    /// that also keeps its hello timestamps
-    /// ([`Server::keeping_hello_timestamps`]) refuses the hellos of the 2
-    /// minutes before its start too, for the keys in its table; the floor
-    /// covers the rest (`Responder::with_timestamp_floor` says which).
-    pub replay_floor_ns: u64,
+    /// outlives it sets its start, less a skew for clients whose clocks
+    /// are a little behind, so that a hello captured before a restart is
+    /// not accepted once more. Default: 0, none (a server whose key is
+    /// made for its one run needs none). A server that also keeps its
+    /// hello timestamps ([`Server::keeping_hello_timestamps`]) refuses
+    /// the hellos of the 2 minutes before its start too, for the keys in
+    /// its table; the floor covers the rest
+    /// (`Responder::with_timestamp_floor` says which).
+    #[must_use]
+    pub fn replay_floor_ns(mut self, wall_clock_ns: u64) -> Self {
+        self.replay_floor_ns = wall_clock_ns;
+        self
+    }
+
     /// Copies of one hello within a second after which its further copies
-    /// are dropped before they are read
-    /// ([`replayed`](crate::proto::crypto::replayed)). 0: never.
-    pub replayed_copies_before_drop: u32,
+    /// are dropped before they are read (`proto::crypto::replayed`).
+    /// Default: 64; 0: never.
+    #[must_use]
+    pub fn replayed_copies_before_drop(mut self, copies: u32) -> Self {
+        self.replayed_copies_before_drop = copies;
+        self
+    }
+
     /// Hellos whose public-key work may be outstanding at once (handed
-    /// out by [`Server::poll_handshake_work`] and not yet given back);
-    /// a hello past this is dropped and counted
-    /// ([`ServerStats::hellos_queue_full`]). At least 1.
-    pub handshake_queue: usize,
+    /// out by [`Server::poll_handshake_work`] and not yet given back); a
+    /// hello past this is dropped and counted
+    /// (`ServerStats::hellos_queue_full`). At least 1 (0 counts as 1).
+    /// Default: 64.
+    #[must_use]
+    pub fn handshake_queue(mut self, hellos: usize) -> Self {
+        self.handshake_queue = hellos.max(1);
+        self
+    }
 }
 
 /// The [`ServerLimits::replay_floor_ns`] of a server started at
@@ -1208,6 +1307,7 @@ impl Server {
     }
 
     /// Connections held now, from a welcomed hello to their end.
+    #[cfg(any(feature = "internals", fuzzing))]
     pub fn open_connections(&self) -> usize {
         self.conns.len()
     }
