@@ -226,18 +226,47 @@ pub enum TraceRecord {
         end: u64,
     },
     /// `time srtt rto edge pacing bw state`: the sender after an ACK (and
-    /// after a retransmission timeout, with the RTO backed off):
-    /// smoothed RTT and RTO (seconds), the receive window's right edge (the
-    /// first segment the peer cannot take), and the controller's pacing
-    /// rate and bandwidth estimate in bits/s (`-`: it has none).
-    State {
-        time: Duration,
-        srtt: Duration,
-        rto: Duration,
-        right_edge: u64,
-        pacing_bps: Option<u64>,
-        bw_bps: Option<u64>,
-    },
+    /// after a retransmission timeout, with the RTO backed off).
+    State(StateRecord),
+}
+
+/// The trace's `state` line: the sender after an ACK, or after a
+/// retransmission timeout with the RTO backed off. Its fields live here
+/// once, so the line's writer ([`fmt::Display`]) and its readers take the
+/// record whole instead of each listing them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateRecord {
+    /// When, relative to the start of the transfer.
+    pub time: Duration,
+    /// Smoothed RTT (RFC 6298 §2); zero before the first sample.
+    pub srtt: Duration,
+    /// Retransmission timeout (RFC 6298 §2, backed off per §5.5).
+    pub rto: Duration,
+    /// The receive window's right edge: the first segment the peer cannot
+    /// take.
+    pub right_edge: u64,
+    /// The controller's pacing rate, bits per second; `None` (`-`) when it
+    /// does not pace.
+    pub pacing_bps: Option<u64>,
+    /// The controller's bandwidth estimate, bits per second; `None` (`-`)
+    /// when it keeps none.
+    pub bw_bps: Option<u64>,
+}
+
+impl fmt::Display for StateRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rate = |r: Option<u64>| r.map_or("-".to_string(), |r| r.to_string());
+        write!(
+            f,
+            "{:.6} {:.6} {:.6} {} {} {} state",
+            self.time.as_secs_f64(),
+            self.srtt.as_secs_f64(),
+            self.rto.as_secs_f64(),
+            self.right_edge,
+            rate(self.pacing_bps),
+            rate(self.bw_bps)
+        )
+    }
 }
 
 impl fmt::Display for TraceRecord {
@@ -260,25 +289,7 @@ impl fmt::Display for TraceRecord {
             TraceRecord::Sack { time, start, end } => {
                 write!(f, "{:.6} {start} {end} sack", time.as_secs_f64())
             }
-            TraceRecord::State {
-                time,
-                srtt,
-                rto,
-                right_edge,
-                pacing_bps,
-                bw_bps,
-            } => {
-                let rate = |r: Option<u64>| r.map_or("-".to_string(), |r| r.to_string());
-                write!(
-                    f,
-                    "{:.6} {:.6} {:.6} {right_edge} {} {} state",
-                    time.as_secs_f64(),
-                    srtt.as_secs_f64(),
-                    rto.as_secs_f64(),
-                    rate(pacing_bps),
-                    rate(bw_bps)
-                )
-            }
+            TraceRecord::State(ref state) => state.fmt(f),
         }
     }
 }
@@ -375,14 +386,14 @@ mod tests {
                 "0.408196 236 240 sack",
             ),
             (
-                TraceRecord::State {
+                TraceRecord::State(StateRecord {
                     time: at,
                     srtt: Duration::from_micros(38_500),
                     rto: Duration::from_millis(200),
                     right_edge: 8426,
                     pacing_bps: None,
                     bw_bps: Some(95_000_000),
-                },
+                }),
                 "0.408196 0.038500 0.200000 8426 - 95000000 state",
             ),
         ] {

@@ -21,6 +21,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use thiserror::Error;
 
+use crate::proto::events::StateRecord;
 use crate::proto::TraceRecord;
 use crate::report::trace::Trace;
 
@@ -121,28 +122,7 @@ impl Series {
                     (lo, hi) = (lo.min(start), hi.max(end));
                     t
                 }
-                TraceRecord::State {
-                    time,
-                    srtt,
-                    rto,
-                    right_edge,
-                    pacing_bps,
-                    bw_bps,
-                } => {
-                    let t = time.as_secs_f64();
-                    if !srtt.is_zero() {
-                        s.srtt_ms.push((t, srtt.as_secs_f64() * 1e3));
-                    }
-                    s.rto_ms.push((t, rto.as_secs_f64() * 1e3));
-                    s.window_edge.push((t, right_edge));
-                    if let Some(p) = pacing_bps {
-                        s.pacing_mbps.push((t, p as f64 / 1e6));
-                    }
-                    if let Some(b) = bw_bps {
-                        s.bw_mbps.push((t, b as f64 / 1e6));
-                    }
-                    t
-                }
+                TraceRecord::State(ref state) => s.add_state(state),
             };
             (tmin, tmax) = (tmin.min(t), tmax.max(t));
         }
@@ -153,6 +133,25 @@ impl Series {
         s.seq = if lo > hi { (0, 0) } else { (lo, hi) };
         s.goodput(trace.payload_size());
         s
+    }
+
+    /// Adds a `state` line's points to the RTT, window-edge and rate
+    /// series; returns its time in seconds.
+    fn add_state(&mut self, state: &StateRecord) -> f64 {
+        let t = state.time.as_secs_f64();
+        // A zero srtt is the sender's "no sample yet".
+        if !state.srtt.is_zero() {
+            self.srtt_ms.push((t, state.srtt.as_secs_f64() * 1e3));
+        }
+        self.rto_ms.push((t, state.rto.as_secs_f64() * 1e3));
+        self.window_edge.push((t, state.right_edge));
+        if let Some(p) = state.pacing_bps {
+            self.pacing_mbps.push((t, p as f64 / 1e6));
+        }
+        if let Some(b) = state.bw_bps {
+            self.bw_mbps.push((t, b as f64 / 1e6));
+        }
+        t
     }
 
     /// Payload acknowledged per bin; Mbit/s when the payload size is known,

@@ -16,7 +16,7 @@ use std::time::Duration;
 use crate::proto::congestion::{
     self, AckEvent, CcReport, CongestionEvent, Controller, DeliveryRate, Pacer, RecoveryStep,
 };
-use crate::proto::events::{Event, RecoveryTrigger, TimedEvent, TraceRecord};
+use crate::proto::events::{Event, RecoveryTrigger, StateRecord, TimedEvent, TraceRecord};
 use crate::proto::loss::{
     self, AckSummary, DupEvidence, Forced, LossRecovery, LossState, Phase, TimerContext,
     TimerVerdict, Verdict,
@@ -737,14 +737,14 @@ impl Sender {
     /// The trace's `state` line: RTT estimate, RTO, the peer's window edge
     /// and the controller's rates.
     fn state_record(&self, time: Duration) -> TraceRecord {
-        TraceRecord::State {
+        TraceRecord::State(StateRecord {
             time,
             srtt: self.rtt.srtt(),
             rto: self.rtt.rto(),
             right_edge: self.peer_right_edge,
             pacing_bps: self.cc.pacing_rate().map(|r| r.saturating_mul(8)),
             bw_bps: self.cc.report().map(|r| r.bw_bps),
-        }
+        })
     }
 
     /// `--events` for a model-based controller: a new state, a new minimum
