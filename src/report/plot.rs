@@ -57,15 +57,20 @@ pub struct Series {
     pub cwnd: Vec<(f64, u64)>,
     /// ssthresh after each ACK, once it is finite.
     pub ssthresh: Vec<(f64, u64)>,
-    /// Pacing rate and bandwidth estimate, Mbit/s.
+    /// Pacing rate, Mbit/s, when the controller paces.
     pub pacing_mbps: Vec<(f64, f64)>,
+    /// Bandwidth estimate, Mbit/s, when the controller keeps one.
     pub bw_mbps: Vec<(f64, f64)>,
-    /// RTT samples, srtt and RTO, milliseconds.
+    /// RTT samples, milliseconds (ACKs without a sample left out).
     pub rtt_ms: Vec<(f64, f64)>,
+    /// Smoothed RTT, milliseconds, once there is a sample.
     pub srtt_ms: Vec<(f64, f64)>,
+    /// Retransmission timeout, milliseconds, backed off after a timeout.
     pub rto_ms: Vec<(f64, f64)>,
     /// Goodput per bin: (end of the bin, rate in `goodput_unit`).
     pub goodput: Vec<(f64, f64)>,
+    /// `Mbit/s` when the trace's header gives the payload size, else
+    /// `segments/s`.
     pub goodput_unit: &'static str,
     /// Bin width, seconds.
     pub bin: f64,
@@ -76,6 +81,7 @@ pub struct Series {
 }
 
 impl Series {
+    /// The series of every panel, read from the trace's records in order.
     pub fn from_trace(trace: &Trace) -> Series {
         let mut s = Series::default();
         let mut next_new = 0;
@@ -199,12 +205,20 @@ impl Series {
     }
 }
 
+/// Why a plot was not made.
 #[derive(Debug, Error)]
 pub enum PlotError {
+    /// The drawing backend failed; its message.
     #[error("cannot draw the plot: {0}")]
     Draw(String),
+    /// The SVG could not be written.
     #[error("cannot write the plot {path}: {error}")]
-    Write { path: String, error: std::io::Error },
+    Write {
+        /// The file it was written to.
+        path: String,
+        /// What the write returned.
+        error: std::io::Error,
+    },
 }
 
 fn draw_err<E: std::fmt::Display>(e: E) -> PlotError {
