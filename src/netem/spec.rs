@@ -226,6 +226,7 @@ impl fmt::Display for GilbertElliott {
 /// `loss ...`: which model decides drops.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Loss {
+    /// No `loss`: nothing is dropped (the default).
     #[default]
     None,
     /// `loss [random] P [CORR]`.
