@@ -1463,6 +1463,13 @@ mod tests {
             (conn, self.drain())
         }
 
+        /// Whether a one-file plan for session `sid` from `from`, on its
+        /// own connection, goes to the planners.
+        fn plan_goes_to_planners(&mut self, sid: u64, from: SocketAddr) -> bool {
+            let (_, actions) = self.request(sid, from, &plan_bytes(&[10]));
+            plan_job(&actions).is_some()
+        }
+
         fn drain(&mut self) -> Vec<Action<Files>> {
             std::iter::from_fn(|| self.s.poll_action()).collect()
         }
@@ -1592,9 +1599,8 @@ mod tests {
     fn too_many_sessions_from_one_address_are_told_to_come_back() {
         let mut rig = Rig::new(limits(), false);
         for sid in 1..=2 {
-            let (_, actions) = rig.request(sid, peer(1), &plan_bytes(&[10]));
             assert!(
-                plan_job(&actions).is_some(),
+                rig.plan_goes_to_planners(sid, peer(1)),
                 "session {sid} is within the budget"
             );
         }
@@ -1606,9 +1612,8 @@ mod tests {
         assert_eq!(retry_after, BUSY_RETRY_AFTER);
         assert!(why.contains("--max-sessions-per-ip"), "{why}");
         assert!(failures(&actions).is_empty(), "busy is not a failure");
-        let (_, actions) = rig.request(3, peer(2), &plan_bytes(&[10]));
         assert!(
-            plan_job(&actions).is_some(),
+            rig.plan_goes_to_planners(3, peer(2)),
             "another address has its own budget"
         );
     }
@@ -1626,9 +1631,8 @@ mod tests {
             plan_reply(&actions, conn, &[10]),
             PlanReply::Busy { .. }
         ));
-        let (_, actions) = rig.request(SID, peer(1), &plan_bytes(&[10]));
         assert!(
-            plan_job(&actions).is_some(),
+            rig.plan_goes_to_planners(SID, peer(1)),
             "not a second plan: the first is gone"
         );
     }
