@@ -1470,6 +1470,15 @@ mod tests {
             plan_job(&actions).is_some()
         }
 
+        /// A new connection of the session that carries file 0's first
+        /// 10-byte chunk; the actions that followed.
+        fn first_chunk_in(&mut self) -> (u64, Vec<Action<Files>>) {
+            let conn = self.open(SID, peer(1));
+            self.s
+                .on_bytes(conn, 0, &data_stream(&[(0, 0, 1)], &[&[3; 10]]));
+            (conn, self.drain())
+        }
+
         fn drain(&mut self) -> Vec<Action<Files>> {
             std::iter::from_fn(|| self.s.poll_action()).collect()
         }
@@ -1749,10 +1758,7 @@ mod tests {
     fn a_chunk_that_fails_its_check_is_named_in_the_answer() {
         let mut rig = Rig::new(limits(), false);
         rig.planned(files(&[10]));
-        let conn = rig.open(SID, peer(1));
-        rig.s
-            .on_bytes(conn, 0, &data_stream(&[(0, 0, 1)], &[&[3; 10]]));
-        let actions = rig.drain();
+        let (conn, actions) = rig.first_chunk_in();
         let job = written(writes(&actions)[0], Err(WriteFailure::Corrupt));
         rig.s.on_written(job);
         let actions = rig.drain();
@@ -1794,10 +1800,7 @@ mod tests {
     fn a_finish_starts_only_once_every_file_is_made_ready() {
         let mut rig = Rig::new(limits(), false);
         rig.planned(files(&[10]));
-        let conn = rig.open(SID, peer(1));
-        rig.s
-            .on_bytes(conn, 0, &data_stream(&[(0, 0, 1)], &[&[3; 10]]));
-        let actions = rig.drain();
+        let (_, actions) = rig.first_chunk_in();
         let session = writes(&actions)[0].to.session;
         rig.s.on_written(written(writes(&actions)[0], Ok([9; 32])));
         let actions = rig.drain();
