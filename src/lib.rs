@@ -72,7 +72,9 @@ pub use proto::crypto::protect::Cipher;
 pub use proto::crypto::{ClientAuth, ServerAuth};
 pub use proto::endpoint::client::{Client, ConnError};
 pub use proto::endpoint::server::{ConnEnd, ConnReport, Server, ServerLimits};
-pub use proto::events::{Event, Observer, Recorder, TimedEvent, TraceRecord};
+pub use proto::events::{
+    Event, Observer, Recorder, Retransmission, StateRecord, TimedEvent, TraceRecord,
+};
 pub use proto::payload::{PatternSource, PayloadSource};
 pub use proto::time::Time;
 pub use proto::tuning::{

@@ -66,7 +66,7 @@ fn reductions(events: &[TimedEvent]) -> Vec<Reduction> {
     let mut ssthresh = 0;
     for e in events {
         match e.event {
-            Event::FastRetransmit { cwnd: c, .. } => cwnd = c,
+            Event::FastRetransmit(ref r) => cwnd = r.cwnd,
             Event::EnterRecovery { ssthresh: s, .. } => ssthresh = s,
             Event::LeaveRecovery { .. } => out.push(Reduction {
                 cwnd,

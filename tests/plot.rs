@@ -12,7 +12,7 @@ use atou::internals::summary::config_lines;
 use atou::internals::trace::Trace;
 use atou::netem::NetemSpec;
 use atou::sim::{SimConfig, SimResult, Simulation};
-use atou::{CcKind, Recorder, RecoveryKind, TraceRecord, Tuning};
+use atou::{CcKind, Recorder, RecoveryKind, StateRecord, TraceRecord, Tuning};
 
 mod common;
 mod netem_support;
@@ -92,7 +92,7 @@ fn series_hold_what_the_trace_of_a_seeded_run_says() {
     let sacks = count(&trace, |r| matches!(r, TraceRecord::Sack { .. }));
     assert!(sacks > 0, "a SACK run without SACK blocks");
     assert_eq!(s.sacked.len(), sacks);
-    let states = count(&trace, |r| matches!(r, TraceRecord::State { .. }));
+    let states = count(&trace, |r| matches!(r, TraceRecord::State(_)));
     assert_eq!(
         states as u64,
         acks.len() as u64 + sum.timeouts,
@@ -100,9 +100,7 @@ fn series_hold_what_the_trace_of_a_seeded_run_says() {
     );
     // The window's edge is never below the cumulative ACK it came with.
     let edges = trace.records.windows(2).filter_map(|w| match (w[0], w[1]) {
-        (TraceRecord::State { right_edge, .. }, TraceRecord::Ack { ack, .. }) => {
-            Some((right_edge, ack))
-        }
+        (TraceRecord::State(state), TraceRecord::Ack { ack, .. }) => Some((state.right_edge, ack)),
         _ => None,
     });
     assert!(edges.clone().count() == acks.len() && edges.into_iter().all(|(e, a)| e >= a));
@@ -156,7 +154,7 @@ fn record_time(r: &TraceRecord) -> f64 {
         TraceRecord::Xmt { time, .. }
         | TraceRecord::Ack { time, .. }
         | TraceRecord::Sack { time, .. }
-        | TraceRecord::State { time, .. } => time.as_secs_f64(),
+        | TraceRecord::State(StateRecord { time, .. }) => time.as_secs_f64(),
     }
 }
 
@@ -197,7 +195,7 @@ fn the_svg_marks_every_retransmission_in_four_panels() {
 fn bbr_runs_plot_the_pacing_rate_and_bandwidth_estimate() {
     let (_, trace) = lossy_run(CcKind::Bbr);
     let s = Series::from_trace(&trace);
-    let states = count(&trace, |r| matches!(r, TraceRecord::State { .. }));
+    let states = count(&trace, |r| matches!(r, TraceRecord::State(_)));
     assert_eq!(s.pacing_mbps.len(), states);
     assert_eq!(s.bw_mbps.len(), states);
     // The estimate never claims more than the 20 Mbit/s link.

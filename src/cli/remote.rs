@@ -380,35 +380,24 @@ fn remote_receive(
     watch: impl FnOnce() + Send + 'static,
     gone: Arc<tokio::sync::Notify>,
 ) -> Result<ExitCode> {
-    let root = remote_path(&args.path);
-    if args.dry_run {
-        let dry = super::transfer::DryRunRoot::new(&root)?;
-        let root = check_root(dry.path())?;
-        // No tidying: nothing was created, and an empty staging directory
-        // that was there before stays.
-        return receive_into(root, args, hello, ip, watch, gone);
-    }
-    let created = !root.exists();
-    crate::transfer::dest::create_destination(&root)?;
-    let root = check_root(&root)?;
-    let shard = args.shard;
-    let result = receive_into(root.clone(), args, hello, ip, watch, gone);
-    if !shard {
-        tidy(&root, created);
-    }
-    result
-}
-
-fn receive_into(
-    root: PathBuf,
-    args: RemoteReceiveArgs,
-    hello: Hello,
-    ip: Option<IpAddr>,
-    watch: impl FnOnce() + Send + 'static,
-    gone: Arc<tokio::sync::Notify>,
-) -> Result<ExitCode> {
+    let path = remote_path(&args.path);
+    // No tidying after a dry run: nothing was created, and an empty staging
+    // directory that was there before stays.
+    let tidy_after = !args.dry_run && !args.shard;
+    let created = !path.exists();
+    let dry = args
+        .dry_run
+        .then(|| super::transfer::DryRunRoot::new(&path))
+        .transpose()?;
+    let root = match &dry {
+        Some(dry) => check_root(dry.path())?,
+        None => {
+            crate::transfer::dest::create_destination(&path)?;
+            check_root(&path)?
+        }
+    };
     let config = FarReceiveConfig {
-        root,
+        root: root.clone(),
         port: args.port,
         buffer: args.buffer,
         rcvbuf: args.rcvbuf,
@@ -416,7 +405,11 @@ fn receive_into(
         policy: args.receiving.policy(true, false, None),
         writers: readers(None),
     };
-    match receive_push(config, &hello, ip, watch, gone).map_err(cli_error)? {
+    let received = receive_push(config, &hello, ip, watch, gone).map_err(cli_error);
+    if tidy_after {
+        tidy(&root, created);
+    }
+    match received? {
         Some(Ok(())) => Ok(ExitCode::SUCCESS),
         // The sender has the reason too, in its answer.
         Some(Err(why)) => {

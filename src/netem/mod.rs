@@ -29,4 +29,7 @@ pub mod spec;
 
 pub(crate) use model::mix_seed;
 pub use model::{Datagram, Netem, NetemStats};
-pub use spec::{Distribution, Loss, NetemSpec, QdiscSpec, Rate, Slot, SlotDelay, SpecError};
+pub use spec::{
+    Distribution, FourState, GilbertElliott, Loss, NetemSpec, QdiscSpec, Rate, Slot, SlotDelay,
+    SpecError,
+};

@@ -10,7 +10,7 @@ use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
 
 use super::random::{happens, scaled, tabledist, Correlated};
-use super::spec::{Chance, Loss, NetemSpec, QdiscSpec, Rate, SlotDelay};
+use super::spec::{Chance, FourState, GilbertElliott, Loss, NetemSpec, QdiscSpec, Rate, SlotDelay};
 use crate::proto::Time;
 
 /// What the model carries: a datagram, or a datagram with a destination.
@@ -33,7 +33,9 @@ impl Datagram for Vec<u8> {
 /// What happened to the packets one direction was offered.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct NetemStats {
+    /// Packets offered (copies made by `duplicate` not counted).
     pub offered: u64,
+    /// Packets that left.
     pub delivered: u64,
     /// Dropped by the loss model.
     pub lost: u64,
@@ -167,6 +169,7 @@ impl<P: Datagram> Qdisc<P> {
         self.frame_overhead = bytes;
     }
 
+    /// What happened to the packets offered so far.
     pub(crate) fn stats(&self) -> NetemStats {
         self.stats
     }
@@ -178,57 +181,45 @@ impl<P: Datagram> Qdisc<P> {
             Loss::Random(c) => chance(&mut self.rng, &mut self.loss_corr, c),
             // Counts packets offered, not the copies `duplicate` makes.
             Loss::Every(n) => self.stats.offered % n == 0,
-            // sch_netem `loss_4state`; one draw per packet.
-            Loss::State {
-                p13,
-                p31,
-                p32,
-                p23,
-                p14,
-            } => {
-                let rnd = u64::from(self.rng.next_u32());
-                let (p13, p31, p32, p23, p14) = (
-                    u64::from(scaled(p13)),
-                    u64::from(scaled(p31)),
-                    u64::from(scaled(p32)),
-                    u64::from(scaled(p23)),
-                    u64::from(scaled(p14)),
-                );
-                use LossState::*;
-                let (next, lost) = match self.loss_state {
-                    GapReceive if rnd < p14 => (GapLoss, true),
-                    GapReceive if rnd < p14 + p13 => (BurstLoss, true),
-                    GapReceive => (GapReceive, false),
-                    BurstReceive if rnd < p23 => (BurstLoss, true),
-                    BurstReceive => (BurstReceive, false),
-                    BurstLoss if rnd < p32 => (BurstReceive, false),
-                    BurstLoss if rnd < p32 + p31 => (GapReceive, false),
-                    BurstLoss => (BurstLoss, true),
-                    GapLoss => (GapReceive, false),
-                };
-                self.loss_state = next;
-                lost
-            }
-            // sch_netem `loss_gilb_ell`: the transition is drawn first, the
-            // loss with the probability of the state the packet found.
-            Loss::Gemodel {
-                p,
-                r,
-                one_minus_h,
-                one_minus_k,
-            } => {
-                let (move_p, loss_p) = if self.ge_bad {
-                    (r, one_minus_h)
-                } else {
-                    (p, one_minus_k)
-                };
-                if self.rng.next_u32() < scaled(move_p) {
-                    self.ge_bad = !self.ge_bad;
-                }
-                let rnd = self.rng.next_u32();
-                happens(scaled(loss_p), rnd)
-            }
+            Loss::State(m) => self.loss_4state(&m),
+            Loss::Gemodel(m) => self.loss_gilb_ell(&m),
         }
+    }
+
+    /// sch_netem `loss_4state`; one draw per packet.
+    fn loss_4state(&mut self, m: &FourState) -> bool {
+        let rnd = u64::from(self.rng.next_u32());
+        let p = |x| u64::from(scaled(x));
+        let (p13, p31, p32, p23, p14) = (p(m.p13), p(m.p31), p(m.p32), p(m.p23), p(m.p14));
+        use LossState::*;
+        let (next, lost) = match self.loss_state {
+            GapReceive if rnd < p14 => (GapLoss, true),
+            GapReceive if rnd < p14 + p13 => (BurstLoss, true),
+            GapReceive => (GapReceive, false),
+            BurstReceive if rnd < p23 => (BurstLoss, true),
+            BurstReceive => (BurstReceive, false),
+            BurstLoss if rnd < p32 => (BurstReceive, false),
+            BurstLoss if rnd < p32 + p31 => (GapReceive, false),
+            BurstLoss => (BurstLoss, true),
+            GapLoss => (GapReceive, false),
+        };
+        self.loss_state = next;
+        lost
+    }
+
+    /// sch_netem `loss_gilb_ell`: the transition is drawn first, the loss
+    /// with the probability of the state the packet found.
+    fn loss_gilb_ell(&mut self, m: &GilbertElliott) -> bool {
+        let (move_p, loss_p) = if self.ge_bad {
+            (m.r, m.one_minus_h)
+        } else {
+            (m.p, m.one_minus_k)
+        };
+        if self.rng.next_u32() < scaled(move_p) {
+            self.ge_bad = !self.ge_bad;
+        }
+        let rnd = self.rng.next_u32();
+        happens(scaled(loss_p), rnd)
     }
 
     /// Offers a packet at `now` (sch_netem's `netem_enqueue`).
@@ -390,6 +381,8 @@ impl<P: Datagram> Qdisc<P> {
         Some((held.at.max(opens), held.packet))
     }
 
+    /// The next packet due at or before `now`, if any (sch_netem's
+    /// `netem_dequeue`).
     pub(crate) fn poll(&mut self, now: Time) -> Option<P> {
         self.poll_timed(now).map(|(_, p)| p)
     }

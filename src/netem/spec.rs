@@ -22,45 +22,83 @@ use crate::util::units::{
 /// the message quotes it (`loss state p31`).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum SpecError {
+    /// A stage of `A | B | ...` (counted from 1) has nothing in it.
     #[error("stage {0} is empty: write `A | B`, each a netem description")]
     EmptyStage(usize),
+    /// A word that is no netem option.
     #[error("unknown keyword `{0}`")]
     UnknownKeyword(String),
     /// `what` describes the argument wanted: "a time like 50ms".
     #[error("`{key}` needs {what}")]
-    MissingArgument { key: String, what: &'static str },
+    MissingArgument {
+        /// The option, as written (`delay`).
+        key: String,
+        /// What it needs.
+        what: &'static str,
+    },
+    /// A rate, size, time or percentage that does not read.
     #[error("{key}: {error}")]
-    BadQuantity { key: String, error: UnitError },
+    BadQuantity {
+        /// The option it was given to.
+        key: String,
+        /// Why it does not read.
+        error: UnitError,
+    },
+    /// A count (`limit`, `gap`, `loss every`) that is not a whole number
+    /// above zero.
     #[error("{key}: `{text}` is not a positive count")]
-    NotAPositiveCount { key: String, text: String },
+    NotAPositiveCount {
+        /// The option it was given to.
+        key: String,
+        /// What was given.
+        text: String,
+    },
+    /// A byte count (a rate's overheads and cell size) that does not read.
     #[error("{key}: `{text}` is not a byte count")]
-    NotAByteCount { key: String, text: String },
+    NotAByteCount {
+        /// The option it was given to.
+        key: String,
+        /// What was given.
+        text: String,
+    },
+    /// `seed` takes a 64-bit unsigned number.
     #[error("seed: `{0}` is not a number")]
     NotASeed(String),
+    /// A distribution other than the four built in; tc's table files are
+    /// not read.
     #[error(
         "distribution `{0}`: use uniform, normal, pareto or paretonormal (table files are not read)"
     )]
     UnknownDistribution(String),
+    /// `loss` followed by neither a percentage nor a model's name.
     #[error("loss `{0}`: use a percentage, `random P`, `state ...`, `gemodel ...` or `every N`")]
     UnknownLossModel(String),
+    /// One stage may have one loss model.
     #[error("`loss` given twice")]
     LossTwice,
+    /// The 4-state model's chances of leaving a state sum to over 1.
     #[error("loss state: p13 + p14 and p31 + p32 must each be at most 100%")]
     LossStateOver100,
+    /// `slot MIN MAX` with MAX below MIN.
     #[error("slot: MAX is smaller than MIN")]
     SlotMaxBelowMin,
+    /// `slot ... bytes N` outside what tc's 32-bit field holds.
     #[error("slot bytes: `{0}` must be 1 to 4294967295")]
     SlotBytesRange(String),
+    /// `ecn`: atou's datagrams carry no ECN bits to mark.
     #[error(
         "`ecn` is not supported: atou marks nothing and its datagrams carry no ECN bits \
          (docs/netem.md)"
     )]
     Ecn,
     // tc's own checks (q_netem.c).
+    /// `reorder` needs a `delay` to reorder against (tc's check).
     #[error("reordering is not possible without some delay (as in tc)")]
     ReorderWithoutDelay,
+    /// `gap` needs `reorder` (tc's check).
     #[error("gap given without a reorder probability (as in tc)")]
     GapWithoutReorder,
+    /// `distribution` needs `delay` and a jitter to shape (tc's check).
     #[error("distribution needs a delay and a jitter (as in tc)")]
     DistributionWithoutJitter,
 }
@@ -82,9 +120,13 @@ pub(crate) const DEFAULT_LIMIT: u32 = 1000;
 /// The shape of the delay jitter (`distribution`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Distribution {
+    /// Uniform in delay ± jitter (tc's default, no table).
     Uniform,
+    /// Normal, jitter the standard deviation (tc's `normal` table).
     Normal,
+    /// Pareto: a heavy tail of long delays (tc's `pareto` table).
     Pareto,
+    /// Pareto and normal mixed, as tc's `paretonormal` table.
     ParetoNormal,
 }
 
@@ -112,40 +154,88 @@ impl Distribution {
 /// A probability with tc's optional correlation to the previous draw.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Chance {
+    /// The probability of each event; default 0.
     pub p: Probability,
+    /// How much of each draw is the previous one (tc's correlation);
+    /// default 0, independent draws.
     pub corr: Probability,
 }
 
 impl Chance {
+    /// True when the event never happens.
     pub fn is_zero(&self) -> bool {
         self.p.is_zero()
+    }
+}
+
+/// The 4-state Markov loss model's transition probabilities (Salsano et
+/// al., "Definition of a general and intuitive loss model for packet
+/// networks", as the kernel's `loss_4state`). State 1 is good reception,
+/// 2 a burst's reception, 3 a burst's loss, 4 an isolated loss; `pXY` is
+/// the chance of moving from X to Y at each packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FourState {
+    /// Good reception to burst loss: a burst begins.
+    pub p13: Probability,
+    /// Burst loss back to good reception; tc's default `1 - p13`.
+    pub p31: Probability,
+    /// Burst loss to a reception inside the burst; default 0.
+    pub p32: Probability,
+    /// A reception inside the burst back to burst loss; default 100 %.
+    pub p23: Probability,
+    /// Good reception to an isolated loss; default 0.
+    pub p14: Probability,
+}
+
+/// `p13 p31 p32 p23 p14`, as `tc` takes them after `loss state`.
+impl fmt::Display for FourState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} {} {} {}",
+            self.p13, self.p31, self.p32, self.p23, self.p14
+        )
+    }
+}
+
+/// The Gilbert-Elliott loss model's parameters (as the kernel's
+/// `loss_gilb_ell`): a good and a bad state, each with its own loss chance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GilbertElliott {
+    /// Good to bad, per packet.
+    pub p: Probability,
+    /// Bad to good, per packet; tc's default `1 - p`.
+    pub r: Probability,
+    /// Loss in the bad state; default 100 %.
+    pub one_minus_h: Probability,
+    /// Loss in the good state; default 0.
+    pub one_minus_k: Probability,
+}
+
+/// `p r 1-h 1-k`, as `tc` takes them after `loss gemodel`.
+impl fmt::Display for GilbertElliott {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} {} {}",
+            self.p, self.r, self.one_minus_h, self.one_minus_k
+        )
     }
 }
 
 /// `loss ...`: which model decides drops.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Loss {
+    /// No `loss`: nothing is dropped (the default).
     #[default]
     None,
     /// `loss [random] P [CORR]`.
     Random(Chance),
     /// `loss state p13 [p31 [p32 [p23 [p14]]]]`: the 4-state Markov model
     /// (Salsano et al., as in the kernel's `loss_4state`).
-    State {
-        p13: Probability,
-        p31: Probability,
-        p32: Probability,
-        p23: Probability,
-        p14: Probability,
-    },
-    /// `loss gemodel p [r [1-h [1-k]]]`: Gilbert-Elliott. `p` good→bad,
-    /// `r` bad→good, `1-h` loss in bad, `1-k` loss in good.
-    Gemodel {
-        p: Probability,
-        r: Probability,
-        one_minus_h: Probability,
-        one_minus_k: Probability,
-    },
+    State(FourState),
+    /// `loss gemodel p [r [1-h [1-k]]]`: Gilbert-Elliott.
+    Gemodel(GilbertElliott),
     /// `loss every N`: drop every Nth packet offered. An atou extension for
     /// exactly repeatable tests; the kernel has no such model.
     Every(u64),
@@ -160,6 +250,7 @@ pub struct Rate {
     pub packet_overhead: i32,
     /// Link-layer cell size in bytes (ATM: 53); 0 for none.
     pub cell_size: u32,
+    /// Bytes added to (or, negative, taken from) each cell; 0 for none.
     pub cell_overhead: i32,
 }
 
@@ -167,11 +258,19 @@ pub struct Rate {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotDelay {
     /// `slot MIN [MAX]`: uniform in [MIN, MAX].
-    Range { min: Duration, max: Duration },
+    Range {
+        /// The shortest wait.
+        min: Duration,
+        /// The longest wait; MIN when not given.
+        max: Duration,
+    },
     /// `slot distribution D DELAY JITTER`.
     Distribution {
+        /// The shape of the wait.
         dist: Distribution,
+        /// The mean wait.
         delay: Duration,
+        /// Its spread about the mean.
         jitter: Duration,
     },
 }
@@ -179,6 +278,7 @@ pub enum SlotDelay {
 /// `slot ...`: packets leave in bursts, as on Wi-Fi or DOCSIS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slot {
+    /// How long each slot waits before it opens.
     pub delay: SlotDelay,
     /// At most this many packets per slot.
     pub packets: Option<u32>,
@@ -189,19 +289,32 @@ pub struct Slot {
 /// One netem qdisc.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QdiscSpec {
+    /// `limit N`: packets the qdisc holds; tc's default 1000.
     pub limit: Option<u32>,
+    /// `delay TIME`: added to every packet; default 0.
     pub delay: Duration,
+    /// `delay TIME JITTER`: the delay's spread; default 0.
     pub jitter: Duration,
+    /// `delay TIME JITTER CORR`: how much each delay follows the last.
     pub delay_corr: Probability,
+    /// `distribution D`: the jitter's shape; uniform when not given.
     pub distribution: Option<Distribution>,
+    /// `loss ...`: which model drops packets; none by default.
     pub loss: Loss,
+    /// `corrupt P [CORR]`: a bit flipped in a packet.
     pub corrupt: Chance,
+    /// `duplicate P [CORR]`: a packet sent twice.
     pub duplicate: Chance,
+    /// `reorder P [CORR]`: a packet sent at once, ahead of the delayed.
     pub reorder: Chance,
     /// `gap N`; with `reorder` and no gap, tc uses 1.
     pub gap: Option<u32>,
+    /// `rate ...`: the link's bandwidth; unlimited when not given.
     pub rate: Option<Rate>,
+    /// `slot ...`: send in bursts; continuously when not given.
     pub slot: Option<Slot>,
+    /// `seed N`: the random draws' seed, for a repeatable run; the
+    /// caller's seed when not given.
     pub seed: Option<u64>,
 }
 
@@ -231,6 +344,8 @@ impl QdiscSpec {
 /// A chain of netem qdiscs, `A | B | ...`; the empty string is a perfect link.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetemSpec {
+    /// The qdiscs a packet passes through, in order; one, impairing
+    /// nothing, by default.
     pub stages: Vec<QdiscSpec>,
 }
 
@@ -485,13 +600,13 @@ fn parse_loss(t: &mut Tokens<'_>) -> Result<Loss, SpecError> {
             {
                 return Err(SpecError::LossStateOver100);
             }
-            Ok(Loss::State {
+            Ok(Loss::State(FourState {
                 p13,
                 p31,
                 p32,
                 p23,
                 p14,
-            })
+            }))
         }
         "gemodel" => {
             let p = t.percent("loss gemodel p")?;
@@ -509,12 +624,12 @@ fn parse_loss(t: &mut Tokens<'_>) -> Result<Loss, SpecError> {
                     None => break,
                 }
             }
-            Ok(Loss::Gemodel {
+            Ok(Loss::Gemodel(GilbertElliott {
                 p,
                 r,
                 one_minus_h,
                 one_minus_k,
-            })
+            }))
         }
         "every" => Ok(Loss::Every(t.count("loss every")?)),
         v if is_number(Some(&v)) => random(t, v),
@@ -608,19 +723,8 @@ impl fmt::Display for QdiscSpec {
         match self.loss {
             Loss::None => {}
             Loss::Random(c) => chance(&mut parts, "loss", &c),
-            Loss::State {
-                p13,
-                p31,
-                p32,
-                p23,
-                p14,
-            } => parts.push(format!("loss state {p13} {p31} {p32} {p23} {p14}")),
-            Loss::Gemodel {
-                p,
-                r,
-                one_minus_h,
-                one_minus_k,
-            } => parts.push(format!("loss gemodel {p} {r} {one_minus_h} {one_minus_k}")),
+            Loss::State(m) => parts.push(format!("loss state {m}")),
+            Loss::Gemodel(m) => parts.push(format!("loss gemodel {m}")),
             Loss::Every(n) => parts.push(format!("loss every {n}")),
         }
         for (key, c) in [
@@ -794,14 +898,11 @@ mod tests {
         let s = spec("delay 10ms reorder 25%");
         assert_eq!(s.gap(), 1);
         assert_eq!(s.limit(), 1000);
-        let Loss::State {
-            p31, p32, p23, p14, ..
-        } = spec("loss state 5%").loss
-        else {
+        let Loss::State(m) = spec("loss state 5%").loss else {
             panic!()
         };
         assert_eq!(
-            (p31.ppb(), p32, p23, p14),
+            (m.p31.ppb(), m.p32, m.p23, m.p14),
             (
                 950_000_000,
                 Probability::ZERO,
@@ -809,17 +910,11 @@ mod tests {
                 Probability::ZERO
             )
         );
-        let Loss::Gemodel {
-            r,
-            one_minus_h,
-            one_minus_k,
-            ..
-        } = spec("loss gemodel 2%").loss
-        else {
+        let Loss::Gemodel(m) = spec("loss gemodel 2%").loss else {
             panic!()
         };
         assert_eq!(
-            (r.ppb(), one_minus_h, one_minus_k),
+            (m.r.ppb(), m.one_minus_h, m.one_minus_k),
             (980_000_000, Probability::ONE, Probability::ZERO)
         );
     }

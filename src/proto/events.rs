@@ -46,64 +46,85 @@ impl fmt::Display for Thresh {
     }
 }
 
+/// One of the sender's event lines (`--events`), with atou's names and
+/// fields (atou Fig. 2); its [`fmt::Display`] writes the line without the
+/// time column. Segment numbers and windows are in segments.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// `3duprxmit`: fast retransmit; window values from before the reduction.
-    FastRetransmit {
-        seg: u64,
-        snd_nxt: u64,
-        snd_max: u64,
-        cwnd: u64,
-        ssthresh: u64,
-        recover: u64,
-    },
+    FastRetransmit(Retransmission),
     /// `timerxmit`: retransmission timeout; values after the reduction.
     TimeoutRetransmit {
+        /// The segment sent again: the first unacknowledged one.
         seg: u64,
+        /// The next segment to send, after going back to snd_una.
         snd_nxt: u64,
+        /// One past the highest segment sent.
         snd_max: u64,
+        /// The congestion window after the timeout.
         cwnd: u64,
+        /// The slow-start threshold after the timeout; `u64::MAX` is `inf`.
         ssthresh: u64,
     },
     /// `packrxmit`: any further retransmission during recovery (NewReno's
     /// partial-ACK retransmits, SACK and FACK repairs).
     RecoveryRetransmit {
-        seg: u64,
-        snd_nxt: u64,
-        snd_max: u64,
-        cwnd: u64,
-        ssthresh: u64,
-        recover: u64,
+        /// The segment and the window, as a fast retransmit reports them.
+        retransmission: Retransmission,
+        /// The cumulative ACK point (first unacknowledged segment).
         snd_una: u64,
     },
     /// `badack`: an ACK below snd_una (out of order) or above snd_max.
     BadAck {
+        /// The cumulative ACK the peer sent.
         ack: u64,
+        /// One past the highest segment sent.
         snd_max: u64,
+        /// The next segment to send.
         snd_nxt: u64,
+        /// The first unacknowledged segment.
         snd_una: u64,
     },
+    /// `enter_recovery`: loss recovery began; window values after the
+    /// reduction.
     EnterRecovery {
+        /// What detected the loss.
         trigger: RecoveryTrigger,
+        /// The first unacknowledged segment.
         snd_una: u64,
+        /// NewReno's `recover` (RFC 6582 §3.2): an ACK beyond it ends
+        /// this recovery.
         recover: u64,
+        /// The congestion window.
         cwnd: u64,
+        /// The slow-start threshold; `u64::MAX` is `inf`.
         ssthresh: u64,
     },
+    /// `leave_recovery`: an ACK covered `recover` and recovery ended.
     LeaveRecovery {
+        /// The first unacknowledged segment.
         snd_una: u64,
+        /// The congestion window on leaving.
         cwnd: u64,
+        /// The slow-start threshold; `u64::MAX` is `inf`.
         ssthresh: u64,
         /// How long recovery lasted.
         duration: Duration,
     },
     /// No ACK for `maxidle`: the sender gives up.
-    Idle { idle: Duration },
+    Idle {
+        /// How long no ACK came (`maxidle`).
+        idle: Duration,
+    },
     /// `tlp`: a tail loss probe (RFC 8985 §7.3): new data, or the highest
     /// segment sent again.
     LossProbe {
+        /// The segment sent as the probe.
         seg: u64,
+        /// One past the highest segment sent, after the probe.
         snd_max: u64,
+        /// True when the probe resent the highest segment (`rxmt`), false
+        /// when it was new data (`new`).
         retransmission: bool,
     },
     /// `undo`: every retransmission of a recovery or a timeout proved
@@ -112,42 +133,81 @@ pub enum Event {
     Undo {
         /// `dsack` or `timestamp`.
         how: &'static str,
+        /// The first unacknowledged segment.
         snd_una: u64,
+        /// The congestion window restored.
         cwnd: u64,
+        /// The slow-start threshold restored; `u64::MAX` is `inf`.
         ssthresh: u64,
     },
     /// `cc_state`: a model-based controller changed state, or its
     /// bandwidth estimate (by a quarter or more) or minimum RTT changed.
     Controller {
+        /// The controller's name, as `--cc` takes it (`bbr`).
         controller: &'static str,
+        /// Its state, as the BBR draft names it (`Startup`, `ProbeBW_UP`, ...).
         state: &'static str,
         /// Bandwidth estimate, bits per second.
         bw_bps: u64,
+        /// Its minimum RTT estimate.
         min_rtt: Duration,
+        /// The congestion window it sets, in segments.
         cwnd: u64,
         /// Pacing rate, bits per second.
         pacing_bps: u64,
     },
 }
 
+/// A retransmission during loss recovery, as atou's `3duprxmit` and
+/// `packrxmit` lines report it: the segment sent again and the sender's
+/// window, all in segments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retransmission {
+    /// The segment sent again.
+    pub seg: u64,
+    /// The next segment to send.
+    pub snd_nxt: u64,
+    /// One past the highest segment ever sent.
+    pub snd_max: u64,
+    /// The congestion window.
+    pub cwnd: u64,
+    /// The slow-start threshold; `u64::MAX` (written `inf`) before the
+    /// first loss.
+    pub ssthresh: u64,
+    /// NewReno's `recover` (RFC 6582 §3.2): snd_max when recovery began;
+    /// an ACK beyond it ends recovery.
+    pub recover: u64,
+}
+
+/// `pkt S nxt N max M cwnd C thresh T recover R`, atou's words.
+impl fmt::Display for Retransmission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "pkt {} nxt {} max {} cwnd {} thresh {} recover {}",
+            self.seg,
+            self.snd_nxt,
+            self.snd_max,
+            self.cwnd,
+            Thresh(self.ssthresh),
+            self.recover
+        )
+    }
+}
+
 impl fmt::Display for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            Event::FastRetransmit { seg, snd_nxt, snd_max, cwnd, ssthresh, recover } => write!(
-                f,
-                "3duprxmit pkt {seg} nxt {snd_nxt} max {snd_max} cwnd {cwnd} thresh {} recover {recover}",
-                Thresh(ssthresh)
-            ),
+            Event::FastRetransmit(ref retransmission) => write!(f, "3duprxmit {retransmission}"),
             Event::TimeoutRetransmit { seg, snd_nxt, snd_max, cwnd, ssthresh } => write!(
                 f,
                 "timerxmit pkt {seg} snd_nxt {snd_nxt} snd_max {snd_max} snd_cwnd {cwnd} thresh {}",
                 Thresh(ssthresh)
             ),
-            Event::RecoveryRetransmit { seg, snd_nxt, snd_max, cwnd, ssthresh, recover, snd_una } => write!(
-                f,
-                "packrxmit pkt {seg} nxt {snd_nxt} max {snd_max} cwnd {cwnd} thresh {} recover {recover} una {snd_una}",
-                Thresh(ssthresh)
-            ),
+            Event::RecoveryRetransmit {
+                ref retransmission,
+                snd_una,
+            } => write!(f, "packrxmit {retransmission} una {snd_una}"),
             Event::BadAck { ack, snd_max, snd_nxt, snd_una } => write!(
                 f,
                 "badack {ack} snd_max {snd_max} snd_nxt {snd_nxt} snd_una {snd_una}"
@@ -189,7 +249,9 @@ impl fmt::Display for Event {
 /// An event and when it happened, relative to the start of the transfer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TimedEvent {
+    /// Since the start of the transfer.
     pub time: Duration,
+    /// What happened.
     pub event: Event,
 }
 
@@ -209,35 +271,79 @@ impl fmt::Display for TimedEvent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TraceRecord {
     /// A segment transmitted (first time or again).
-    Xmt { time: Duration, seg: u64 },
+    Xmt {
+        /// Since the start of the transfer.
+        time: Duration,
+        /// The segment's number.
+        seg: u64,
+    },
     /// An ACK processed: cumulative ACK, RTT sample, and the window after it.
     Ack {
+        /// Since the start of the transfer.
         time: Duration,
+        /// The cumulative ACK: the next segment the peer expects.
         ack: u64,
+        /// The RTT sample from the echoed timestamp; zero when the ACK gave
+        /// none.
         rtt: Duration,
+        /// The congestion window after the ACK, in segments.
         cwnd: u64,
+        /// The slow-start threshold; `u64::MAX` (written `inf`) before the
+        /// first loss.
         ssthresh: u64,
     },
     /// `time start end sack`: one SACK block of the ACK, segments
     /// `start..end` held above the cumulative ACK.
     Sack {
+        /// Since the start of the transfer.
         time: Duration,
+        /// The block's first segment.
         start: u64,
+        /// One past the block's last segment.
         end: u64,
     },
     /// `time srtt rto edge pacing bw state`: the sender after an ACK (and
-    /// after a retransmission timeout, with the RTO backed off):
-    /// smoothed RTT and RTO (seconds), the receive window's right edge (the
-    /// first segment the peer cannot take), and the controller's pacing
-    /// rate and bandwidth estimate in bits/s (`-`: it has none).
-    State {
-        time: Duration,
-        srtt: Duration,
-        rto: Duration,
-        right_edge: u64,
-        pacing_bps: Option<u64>,
-        bw_bps: Option<u64>,
-    },
+    /// after a retransmission timeout, with the RTO backed off).
+    State(StateRecord),
+}
+
+/// The trace's `state` line: the sender after an ACK, or after a
+/// retransmission timeout with the RTO backed off. Its fields live here
+/// once, so the line's writer ([`fmt::Display`]) and its readers take the
+/// record whole instead of each listing them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateRecord {
+    /// When, relative to the start of the transfer.
+    pub time: Duration,
+    /// Smoothed RTT (RFC 6298 §2); zero before the first sample.
+    pub srtt: Duration,
+    /// Retransmission timeout (RFC 6298 §2, backed off per §5.5).
+    pub rto: Duration,
+    /// The receive window's right edge: the first segment the peer cannot
+    /// take.
+    pub right_edge: u64,
+    /// The controller's pacing rate, bits per second; `None` (`-`) when it
+    /// does not pace.
+    pub pacing_bps: Option<u64>,
+    /// The controller's bandwidth estimate, bits per second; `None` (`-`)
+    /// when it keeps none.
+    pub bw_bps: Option<u64>,
+}
+
+impl fmt::Display for StateRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rate = |r: Option<u64>| r.map_or("-".to_string(), |r| r.to_string());
+        write!(
+            f,
+            "{:.6} {:.6} {:.6} {} {} {} state",
+            self.time.as_secs_f64(),
+            self.srtt.as_secs_f64(),
+            self.rto.as_secs_f64(),
+            self.right_edge,
+            rate(self.pacing_bps),
+            rate(self.bw_bps)
+        )
+    }
 }
 
 impl fmt::Display for TraceRecord {
@@ -260,25 +366,7 @@ impl fmt::Display for TraceRecord {
             TraceRecord::Sack { time, start, end } => {
                 write!(f, "{:.6} {start} {end} sack", time.as_secs_f64())
             }
-            TraceRecord::State {
-                time,
-                srtt,
-                rto,
-                right_edge,
-                pacing_bps,
-                bw_bps,
-            } => {
-                let rate = |r: Option<u64>| r.map_or("-".to_string(), |r| r.to_string());
-                write!(
-                    f,
-                    "{:.6} {:.6} {:.6} {right_edge} {} {} state",
-                    time.as_secs_f64(),
-                    srtt.as_secs_f64(),
-                    rto.as_secs_f64(),
-                    rate(pacing_bps),
-                    rate(bw_bps)
-                )
-            }
+            TraceRecord::State(ref state) => state.fmt(f),
         }
     }
 }
@@ -287,7 +375,9 @@ impl fmt::Display for TraceRecord {
 /// trace of one or several connections. The simulator and the I/O driver
 /// both feed one; the CLI and the transfer layer implement it.
 pub trait Observer {
+    /// An event line of a single-flow run; by default ignored.
     fn on_event(&mut self, _event: &TimedEvent) {}
+    /// A trace record of a single-flow run; by default ignored.
     fn on_trace(&mut self, _record: &TraceRecord) {}
     /// An event of flow `flow` (0 in a single-flow run); by default
     /// [`Observer::on_event`], whichever the flow.
@@ -306,7 +396,9 @@ impl Observer for () {}
 /// Keeps everything, for tests.
 #[derive(Debug, Default)]
 pub struct Recorder {
+    /// Every event, in the order they came.
     pub events: Vec<TimedEvent>,
+    /// Every trace record, in the order they came.
     pub trace: Vec<TraceRecord>,
 }
 
@@ -325,7 +417,7 @@ mod tests {
 
     #[test]
     fn lines_match_atou_figure_2_and_the_trace_format() {
-        let e = Event::FastRetransmit {
+        let retransmission = Retransmission {
             seg: 416,
             snd_nxt: 616,
             snd_max: 616,
@@ -333,9 +425,18 @@ mod tests {
             ssthresh: 200,
             recover: 0,
         };
+        let e = Event::FastRetransmit(retransmission.clone());
         assert_eq!(
             e.to_string(),
             "3duprxmit pkt 416 nxt 616 max 616 cwnd 200 thresh 200 recover 0"
+        );
+        let e = Event::RecoveryRetransmit {
+            retransmission,
+            snd_una: 420,
+        };
+        assert_eq!(
+            e.to_string(),
+            "packrxmit pkt 416 nxt 616 max 616 cwnd 200 thresh 200 recover 0 una 420"
         );
         let e = Event::BadAck {
             ack: 6636,
@@ -375,14 +476,14 @@ mod tests {
                 "0.408196 236 240 sack",
             ),
             (
-                TraceRecord::State {
+                TraceRecord::State(StateRecord {
                     time: at,
                     srtt: Duration::from_micros(38_500),
                     rto: Duration::from_millis(200),
                     right_edge: 8426,
                     pacing_bps: None,
                     bw_bps: Some(95_000_000),
-                },
+                }),
                 "0.408196 0.038500 0.200000 8426 - 95000000 state",
             ),
         ] {

@@ -21,6 +21,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use thiserror::Error;
 
+use crate::proto::events::StateRecord;
 use crate::proto::TraceRecord;
 use crate::report::trace::Trace;
 
@@ -56,15 +57,20 @@ pub struct Series {
     pub cwnd: Vec<(f64, u64)>,
     /// ssthresh after each ACK, once it is finite.
     pub ssthresh: Vec<(f64, u64)>,
-    /// Pacing rate and bandwidth estimate, Mbit/s.
+    /// Pacing rate, Mbit/s, when the controller paces.
     pub pacing_mbps: Vec<(f64, f64)>,
+    /// Bandwidth estimate, Mbit/s, when the controller keeps one.
     pub bw_mbps: Vec<(f64, f64)>,
-    /// RTT samples, srtt and RTO, milliseconds.
+    /// RTT samples, milliseconds (ACKs without a sample left out).
     pub rtt_ms: Vec<(f64, f64)>,
+    /// Smoothed RTT, milliseconds, once there is a sample.
     pub srtt_ms: Vec<(f64, f64)>,
+    /// Retransmission timeout, milliseconds, backed off after a timeout.
     pub rto_ms: Vec<(f64, f64)>,
     /// Goodput per bin: (end of the bin, rate in `goodput_unit`).
     pub goodput: Vec<(f64, f64)>,
+    /// `Mbit/s` when the trace's header gives the payload size, else
+    /// `segments/s`.
     pub goodput_unit: &'static str,
     /// Bin width, seconds.
     pub bin: f64,
@@ -75,6 +81,7 @@ pub struct Series {
 }
 
 impl Series {
+    /// The series of every panel, read from the trace's records in order.
     pub fn from_trace(trace: &Trace) -> Series {
         let mut s = Series::default();
         let mut next_new = 0;
@@ -121,28 +128,7 @@ impl Series {
                     (lo, hi) = (lo.min(start), hi.max(end));
                     t
                 }
-                TraceRecord::State {
-                    time,
-                    srtt,
-                    rto,
-                    right_edge,
-                    pacing_bps,
-                    bw_bps,
-                } => {
-                    let t = time.as_secs_f64();
-                    if !srtt.is_zero() {
-                        s.srtt_ms.push((t, srtt.as_secs_f64() * 1e3));
-                    }
-                    s.rto_ms.push((t, rto.as_secs_f64() * 1e3));
-                    s.window_edge.push((t, right_edge));
-                    if let Some(p) = pacing_bps {
-                        s.pacing_mbps.push((t, p as f64 / 1e6));
-                    }
-                    if let Some(b) = bw_bps {
-                        s.bw_mbps.push((t, b as f64 / 1e6));
-                    }
-                    t
-                }
+                TraceRecord::State(ref state) => s.add_state(state),
             };
             (tmin, tmax) = (tmin.min(t), tmax.max(t));
         }
@@ -153,6 +139,25 @@ impl Series {
         s.seq = if lo > hi { (0, 0) } else { (lo, hi) };
         s.goodput(trace.payload_size());
         s
+    }
+
+    /// Adds a `state` line's points to the RTT, window-edge and rate
+    /// series; returns its time in seconds.
+    fn add_state(&mut self, state: &StateRecord) -> f64 {
+        let t = state.time.as_secs_f64();
+        // A zero srtt is the sender's "no sample yet".
+        if !state.srtt.is_zero() {
+            self.srtt_ms.push((t, state.srtt.as_secs_f64() * 1e3));
+        }
+        self.rto_ms.push((t, state.rto.as_secs_f64() * 1e3));
+        self.window_edge.push((t, state.right_edge));
+        if let Some(p) = state.pacing_bps {
+            self.pacing_mbps.push((t, p as f64 / 1e6));
+        }
+        if let Some(b) = state.bw_bps {
+            self.bw_mbps.push((t, b as f64 / 1e6));
+        }
+        t
     }
 
     /// Payload acknowledged per bin; Mbit/s when the payload size is known,
@@ -200,12 +205,20 @@ impl Series {
     }
 }
 
+/// Why a plot was not made.
 #[derive(Debug, Error)]
 pub enum PlotError {
+    /// The drawing backend failed; its message.
     #[error("cannot draw the plot: {0}")]
     Draw(String),
+    /// The SVG could not be written.
     #[error("cannot write the plot {path}: {error}")]
-    Write { path: String, error: std::io::Error },
+    Write {
+        /// The file it was written to.
+        path: String,
+        /// What the write returned.
+        error: std::io::Error,
+    },
 }
 
 fn draw_err<E: std::fmt::Display>(e: E) -> PlotError {

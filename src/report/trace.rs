@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::proto::events::StateRecord;
 use crate::proto::{TraceRecord, Tuning};
 
 /// The first header line of every trace file: what its lines are.
@@ -220,14 +221,14 @@ pub fn parse_record(line: &str) -> Result<Option<TraceRecord>, RecordError> {
                 "-" => Ok(None),
                 s => int(s).map(Some),
             };
-            TraceRecord::State {
+            TraceRecord::State(StateRecord {
                 time: time()?,
                 srtt: secs(fields[1])?,
                 rto: secs(fields[2])?,
                 right_edge: int(fields[3])?,
                 pacing_bps: rate(fields[4])?,
                 bw_bps: rate(fields[5])?,
-            }
+            })
         }
         _ => return Ok(None),
     };
@@ -276,14 +277,14 @@ mod tests {
                 start: 6,
                 end: 9,
             },
-            TraceRecord::State {
+            TraceRecord::State(StateRecord {
                 time: t,
                 srtt: Duration::from_micros(101_000),
                 rto: Duration::from_millis(300),
                 right_edge: 70,
                 pacing_bps: Some(12_000_000),
                 bw_bps: None,
-            },
+            }),
         ];
         for r in records {
             assert_eq!(parse_record(&r.to_string()), Ok(Some(r)), "{r}");

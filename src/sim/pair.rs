@@ -33,7 +33,9 @@ const SERVER_RCVBUF: u32 = 8 << 20;
 /// Which way a datagram goes.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Dir {
+    /// Client to server: the forward (`fwd`) path.
     ToServer,
+    /// Server to client: the return (`rev`) path.
     ToClient,
 }
 
@@ -58,11 +60,14 @@ type AddressedTapFn<'a> =
 pub trait SessionApp {
     /// New bytes of a session's stream, as the server placed them.
     fn on_arrival(&mut self, _now: Time, _server: &mut Server, _arrival: Arrival<'_>) {}
+    /// A session connection opened, completed its stream (answer it with
+    /// [`Server::respond`]) or ended.
     fn on_event(&mut self, _now: Time, _server: &mut Server, _event: SessionEvent) {}
     /// When [`on_timeout`](Self::on_timeout) is next due, if ever.
     fn poll_timeout(&self) -> Option<Time> {
         None
     }
+    /// The time [`poll_timeout`](Self::poll_timeout) gave has come.
     fn on_timeout(&mut self, _now: Time, _server: &mut Server) {}
 }
 
@@ -124,12 +129,17 @@ impl PairConfig {
     }
 }
 
+/// Why [`Pair::new`] could not set up the run.
 #[derive(Debug, thiserror::Error)]
 pub enum PairError {
+    /// The client's tuning is inconsistent.
     #[error("bad tuning: {0}")]
     Tuning(#[from] TuningError),
+    /// The server's keys could not be set up.
     #[error("bad keys: {0}")]
     Keys(#[from] HandshakeError),
+    /// The client could not take its keys (its `mss` leaves no room once
+    /// packets are protected).
     #[error("the client refused its keys: {0}")]
     Client(#[from] ConnError),
 }
@@ -147,6 +157,7 @@ enum Step {
 /// How a run ended, and when.
 #[derive(Debug)]
 pub struct PairResult {
+    /// How the run ended: the client's outcome, or the time limit.
     pub outcome: RunEnd,
     /// Virtual time when the run stopped.
     pub end: Time,
@@ -157,7 +168,9 @@ pub struct PairResult {
 /// A [`Client`] and a [`Server`] through the handshake and a connection,
 /// over simulated paths in virtual time.
 pub struct Pair {
+    /// The client endpoint, to inspect or drive between runs.
     pub client: Client,
+    /// The server endpoint, to inspect or drive between runs.
     pub server: Server,
     fwd: Netem<Tagged<SocketAddr>>,
     rev: Netem<Vec<u8>>,
@@ -173,6 +186,8 @@ pub struct Pair {
 }
 
 impl Pair {
+    /// A client and a server as `config` describes them, both seeded from
+    /// its seed, at virtual time zero; nothing sent yet.
     pub fn new(config: PairConfig) -> Result<Pair, PairError> {
         let run = config.run;
         let conn_id = mix_seed(run.seed, 0);

@@ -583,14 +583,12 @@ fn walk_one(
                 stack.push((Some(dir.clone()), child_source, child, depth + 1));
             }
         }
-        let (mode, mtime_sec) = (md.mode() & 0o7777, md.mtime());
-        let mtime_nsec = md.mtime_nsec().clamp(0, 999_999_999) as u32;
         let entry = Entry {
             path,
             kind,
-            mode,
-            mtime_sec,
-            mtime_nsec,
+            mode: md.mode() & 0o7777,
+            mtime_sec: md.mtime(),
+            mtime_nsec: md.mtime_nsec().clamp(0, 999_999_999) as u32,
         };
         out.push(LocalEntry {
             entry,

@@ -16,7 +16,9 @@ use std::time::Duration;
 use crate::proto::congestion::{
     self, AckEvent, CcReport, CongestionEvent, Controller, DeliveryRate, Pacer, RecoveryStep,
 };
-use crate::proto::events::{Event, RecoveryTrigger, TimedEvent, TraceRecord};
+use crate::proto::events::{
+    Event, RecoveryTrigger, Retransmission, StateRecord, TimedEvent, TraceRecord,
+};
 use crate::proto::loss::{
     self, AckSummary, DupEvidence, Forced, LossRecovery, LossState, Phase, TimerContext,
     TimerVerdict, Verdict,
@@ -737,14 +739,14 @@ impl Sender {
     /// The trace's `state` line: RTT estimate, RTO, the peer's window edge
     /// and the controller's rates.
     fn state_record(&self, time: Duration) -> TraceRecord {
-        TraceRecord::State {
+        TraceRecord::State(StateRecord {
             time,
             srtt: self.rtt.srtt(),
             rto: self.rtt.rto(),
             right_edge: self.peer_right_edge,
             pacing_bps: self.cc.pacing_rate().map(|r| r.saturating_mul(8)),
             bw_bps: self.cc.report().map(|r| r.bw_bps),
-        }
+        })
     }
 
     /// `--events` for a model-based controller: a new state, a new minimum
@@ -790,14 +792,14 @@ impl Sender {
                 (seg, self.sb.flight() + self.sb.lost_pending())
             }
         };
-        self.emit(Event::FastRetransmit {
+        self.emit(Event::FastRetransmit(Retransmission {
             seg,
             snd_nxt: self.sb.max(),
             snd_max: self.sb.max(),
             cwnd,
             ssthresh: self.ssthresh(),
             recover: self.loss.recover,
-        });
+        }));
         self.begin_undo_episode(false);
         match entry {
             Entry::FastRetransmit { lost_below } => {
@@ -1295,12 +1297,14 @@ impl Sender {
         if self.loss.phase == Phase::Recovery && !is_fast_retransmit {
             self.stats.packs += 1;
             let event = Event::RecoveryRetransmit {
-                seg,
-                snd_nxt: self.loss.snd_nxt(&mut self.sb),
-                snd_max: self.sb.max(),
-                cwnd: self.cc.window(),
-                ssthresh: self.ssthresh(),
-                recover: self.loss.recover,
+                retransmission: Retransmission {
+                    seg,
+                    snd_nxt: self.loss.snd_nxt(&mut self.sb),
+                    snd_max: self.sb.max(),
+                    cwnd: self.cc.window(),
+                    ssthresh: self.ssthresh(),
+                    recover: self.loss.recover,
+                },
                 snd_una: self.sb.una(),
             };
             self.emit(event);

@@ -231,15 +231,7 @@ mod tests {
         let token: AddressToken = *b"0123456789abcdef";
         let n = hello.emit_with_token(Some(&token), &mut buf).unwrap();
         assert_eq!(buf[..n], [&hello_bytes[..], &token].concat()[..]);
-        let stats = ReceiverStats {
-            segments: 1,
-            bytes: 2,
-            acks: 3,
-            duplicates: 4,
-            out_of_order: 5,
-            beyond_window: 6,
-            bad_packets: 7,
-        };
+        let stats = numbered_stats();
         let counters: Vec<u8> = (1..=7u64).flat_map(u64::to_be_bytes).collect();
         let frag = Reply::Fragment {
             conn_id,
@@ -509,6 +501,20 @@ mod tests {
         }
     }
 
+    /// Receiver counters 1 to 7 in wire order, so a layout test sees each
+    /// counter land in its own place.
+    fn numbered_stats() -> ReceiverStats {
+        ReceiverStats {
+            segments: 1,
+            bytes: 2,
+            acks: 3,
+            duplicates: 4,
+            out_of_order: 5,
+            beyond_window: 6,
+            bad_packets: 7,
+        }
+    }
+
     fn encode(emit: impl Fn(&mut [u8]) -> Result<usize, WireError>) -> Vec<u8> {
         let mut buf = vec![0u8; CONTROL_MAX_LEN];
         let n = emit(&mut buf).unwrap();
@@ -546,15 +552,7 @@ mod tests {
         };
         let close_ack = CloseAck {
             conn_id: 7,
-            stats: ReceiverStats {
-                segments: 1,
-                bytes: 2,
-                acks: 3,
-                duplicates: 4,
-                out_of_order: 5,
-                beyond_window: 6,
-                bad_packets: 7,
-            },
+            stats: numbered_stats(),
         };
         let cases: [(Vec<u8>, Packet<'_>, usize); 4] = [
             (encode(|b| hello.emit(b)), Packet::Hello(hello), HELLO_LEN),

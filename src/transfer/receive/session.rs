@@ -1463,6 +1463,22 @@ mod tests {
             (conn, self.drain())
         }
 
+        /// Whether a one-file plan for session `sid` from `from`, on its
+        /// own connection, goes to the planners.
+        fn plan_goes_to_planners(&mut self, sid: u64, from: SocketAddr) -> bool {
+            let (_, actions) = self.request(sid, from, &plan_bytes(&[10]));
+            plan_job(&actions).is_some()
+        }
+
+        /// A new connection of the session that carries file 0's first
+        /// 10-byte chunk; the actions that followed.
+        fn first_chunk_in(&mut self) -> (u64, Vec<Action<Files>>) {
+            let conn = self.open(SID, peer(1));
+            self.s
+                .on_bytes(conn, 0, &data_stream(&[(0, 0, 1)], &[&[3; 10]]));
+            (conn, self.drain())
+        }
+
         fn drain(&mut self) -> Vec<Action<Files>> {
             std::iter::from_fn(|| self.s.poll_action()).collect()
         }
@@ -1592,9 +1608,8 @@ mod tests {
     fn too_many_sessions_from_one_address_are_told_to_come_back() {
         let mut rig = Rig::new(limits(), false);
         for sid in 1..=2 {
-            let (_, actions) = rig.request(sid, peer(1), &plan_bytes(&[10]));
             assert!(
-                plan_job(&actions).is_some(),
+                rig.plan_goes_to_planners(sid, peer(1)),
                 "session {sid} is within the budget"
             );
         }
@@ -1606,9 +1621,8 @@ mod tests {
         assert_eq!(retry_after, BUSY_RETRY_AFTER);
         assert!(why.contains("--max-sessions-per-ip"), "{why}");
         assert!(failures(&actions).is_empty(), "busy is not a failure");
-        let (_, actions) = rig.request(3, peer(2), &plan_bytes(&[10]));
         assert!(
-            plan_job(&actions).is_some(),
+            rig.plan_goes_to_planners(3, peer(2)),
             "another address has its own budget"
         );
     }
@@ -1626,9 +1640,8 @@ mod tests {
             plan_reply(&actions, conn, &[10]),
             PlanReply::Busy { .. }
         ));
-        let (_, actions) = rig.request(SID, peer(1), &plan_bytes(&[10]));
         assert!(
-            plan_job(&actions).is_some(),
+            rig.plan_goes_to_planners(SID, peer(1)),
             "not a second plan: the first is gone"
         );
     }
@@ -1745,10 +1758,7 @@ mod tests {
     fn a_chunk_that_fails_its_check_is_named_in_the_answer() {
         let mut rig = Rig::new(limits(), false);
         rig.planned(files(&[10]));
-        let conn = rig.open(SID, peer(1));
-        rig.s
-            .on_bytes(conn, 0, &data_stream(&[(0, 0, 1)], &[&[3; 10]]));
-        let actions = rig.drain();
+        let (conn, actions) = rig.first_chunk_in();
         let job = written(writes(&actions)[0], Err(WriteFailure::Corrupt));
         rig.s.on_written(job);
         let actions = rig.drain();
@@ -1790,10 +1800,7 @@ mod tests {
     fn a_finish_starts_only_once_every_file_is_made_ready() {
         let mut rig = Rig::new(limits(), false);
         rig.planned(files(&[10]));
-        let conn = rig.open(SID, peer(1));
-        rig.s
-            .on_bytes(conn, 0, &data_stream(&[(0, 0, 1)], &[&[3; 10]]));
-        let actions = rig.drain();
+        let (_, actions) = rig.first_chunk_in();
         let session = writes(&actions)[0].to.session;
         rig.s.on_written(written(writes(&actions)[0], Ok([9; 32])));
         let actions = rig.drain();

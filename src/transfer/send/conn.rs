@@ -103,10 +103,10 @@ impl Observer for Live<'_> {
                 self.live.ssthresh.store(ssthresh, Ordering::Relaxed);
             }
             // The sender's own smoothed RTT, not one recomputed here.
-            TraceRecord::State { srtt, .. } => {
+            TraceRecord::State(state) => {
                 self.live
                     .srtt_us
-                    .store(srtt.as_micros() as u64, Ordering::Relaxed);
+                    .store(state.srtt.as_micros() as u64, Ordering::Relaxed);
             }
             TraceRecord::Sack { .. } => {}
         }
