@@ -360,7 +360,7 @@ pub enum ProbeError {
         /// The socket's error.
         error: io::Error,
     },
-    /// [`query_server_key`] had no answer: nothing seems to serve there.
+    /// The query for the server's key had no answer: nothing seems to serve there.
     #[error(
         "no answer from {peer} within {:.1} s (maxidle) to a query for its key, before the \
          hello: is `atou serve` running there? (or pass the server's key with --server-key)",

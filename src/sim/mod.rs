@@ -1,7 +1,7 @@
 //! A virtual-time simulator: a sender and a receiver over two one-way paths,
 //! each a [`crate::netem`] model; or several such flows whose datagrams
 //! share one forward path (one bottleneck queue), each with its own return
-//! path ([`flows`]).
+//! path ([`run_flows`]).
 //!
 //! Events are processed one at a time in time order (ties: forward packet,
 //! return packets, sender timers, receiver timers, flows starting,
