@@ -14,7 +14,7 @@ use std::sync::Arc;
 use atou::internals::crypto::{
     format_public_key, AuthorizedKeys, Cipher, ClientAuth, ServerAuth, StaticKeypair,
 };
-use atou::sim::scenarios::{mathis_expected_c, mathis_through, Endpoints};
+use atou::internals::sim::scenarios::{mathis_expected_c, mathis_through, Endpoints};
 use atou::RecoveryKind;
 
 fn endpoints(name: &str) -> Result<Endpoints, Box<dyn std::error::Error>> {

@@ -32,8 +32,8 @@
 //! **Experiments.** [`sim`]: [`sim::Simulation`] runs the bare stream
 //! engines (a sender and a receiver, below the endpoints) over modelled links in virtual time ([`sim::SimConfig`]),
 //! [`sim::Pair`] a [`Client`] and a [`Server`] through the handshake,
-//! [`sim::run_flows`] flows sharing a bottleneck, [`sim::scenarios`] the
-//! papers' figures. [`netem`]: the links, in `tc netem`'s syntax
+//! [`sim::run_flows`] flows sharing a bottleneck (the papers' measurements
+//! are atou's own tests, in tests/papers.rs). [`netem`]: the links, in `tc netem`'s syntax
 //! ([`netem::NetemSpec`]).
 
 // Judged on the API alone (the internals are undocumented by design), in
@@ -122,6 +122,11 @@ pub mod internals {
 
     /// `sim`'s parts beyond its API.
     pub mod sim {
+        /// `crate::sim::scenarios`: the papers' measurements that
+        /// tests/papers.rs asserts on and examples/mathis.rs prints.
+        pub mod scenarios {
+            pub use crate::sim::scenarios::*;
+        }
         /// `crate::sim::pair`: the taps, stop conditions and session
         /// applications a `Pair` takes in atou's own tests.
         pub mod pair {

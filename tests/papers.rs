@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use atou::internals::rtt::RttEstimator;
+use atou::internals::sim::scenarios::{displacement, mathis_expected_c, mathis_through, Endpoints};
 use atou::internals::wire::DATA_HEADER_LEN;
 use atou::netem::NetemSpec;
-use atou::sim::scenarios::{displacement, mathis_expected_c, mathis_through, Endpoints};
 use atou::sim::{Pair, PairConfig, RunEnd, SimConfig, SimResult, Simulation};
 use atou::{
     CcKind, Event, Recorder, RecoveryKind, ReductionKind, ReorderingKind, SsthreshEstimate, Time,

@@ -16,7 +16,9 @@ mod flows;
 // Public to atou's own tests through `atou::internals::sim::pair`: the
 // taps, stop conditions and session applications a `Pair` takes there.
 pub(crate) mod pair;
-pub mod scenarios;
+// The papers' measurements, for atou's own tests and examples
+// (`atou::internals::sim::scenarios`).
+pub(crate) mod scenarios;
 
 use std::time::Duration;
 
