@@ -73,7 +73,7 @@ pub use proto::crypto::{ClientAuth, ServerAuth};
 pub use proto::endpoint::client::{Client, ConnError};
 pub use proto::endpoint::server::{ConnEnd, ConnReport, Server, ServerLimits};
 pub use proto::events::{
-    Event, Observer, Recorder, Retransmission, StateRecord, TimedEvent, TraceRecord,
+    AckRecord, Event, Observer, Recorder, Retransmission, StateRecord, TimedEvent, TraceRecord,
 };
 pub use proto::payload::{PatternSource, PayloadSource};
 pub use proto::time::Time;

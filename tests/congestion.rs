@@ -9,7 +9,9 @@ use atou::netem::NetemSpec;
 use atou::sim::{
     run_flows, FlowConfig, FlowsConfig, RunEnd, SimConfig, SimError, SimResult, Simulation,
 };
-use atou::{CcKind, Event, Observer, Recorder, RecoveryKind, TimedEvent, TraceRecord, Tuning};
+use atou::{
+    AckRecord, CcKind, Event, Observer, Recorder, RecoveryKind, TimedEvent, TraceRecord, Tuning,
+};
 
 /// RFC 9438 §5.1 and §4.6.
 const C: f64 = 0.4;
@@ -85,7 +87,7 @@ fn cwnds(trace: &[TraceRecord]) -> Vec<(f64, u64)> {
     trace
         .iter()
         .filter_map(|r| match *r {
-            TraceRecord::Ack { time, cwnd, .. } => Some((time.as_secs_f64(), cwnd)),
+            TraceRecord::Ack(AckRecord { time, cwnd, .. }) => Some((time.as_secs_f64(), cwnd)),
             _ => None,
         })
         .collect()
@@ -177,7 +179,7 @@ fn bursts(trace: &[TraceRecord], after: Duration) -> Vec<(u64, u64)> {
     let (mut at, mut cwnd) = (Duration::MAX, 0);
     for r in trace {
         match *r {
-            TraceRecord::Ack { cwnd: c, .. } => cwnd = c,
+            TraceRecord::Ack(AckRecord { cwnd: c, .. }) => cwnd = c,
             TraceRecord::Xmt { time, .. } if time >= after => {
                 match out.last_mut() {
                     Some((n, _)) if time == at => *n += 1,
@@ -241,7 +243,7 @@ fn acked_per_rtt(trace: &[TraceRecord]) -> Vec<u64> {
     let mut out: Vec<u64> = Vec::new();
     let mut prev = 0;
     for r in trace {
-        if let TraceRecord::Ack { time, ack, .. } = *r {
+        if let TraceRecord::Ack(AckRecord { time, ack, .. }) = *r {
             let i = (time.as_secs_f64() / BASE_RTT) as usize;
             if out.len() <= i {
                 out.resize(i + 1, 0);
@@ -811,7 +813,7 @@ fn bbr_goodput_after_startup(p: f64) -> (f64, SimResult) {
         .trace
         .iter()
         .filter_map(|r| match *r {
-            TraceRecord::Ack { time, ack, .. } => Some((time.as_secs_f64(), ack)),
+            TraceRecord::Ack(AckRecord { time, ack, .. }) => Some((time.as_secs_f64(), ack)),
             _ => None,
         })
         .collect();
@@ -955,7 +957,7 @@ fn bwlimit_caps_goodput_for_every_controller() {
         // Cumulative ACK (segments) at the end of each second.
         let mut per_second = [0u64; 11];
         for t in &rec.trace {
-            if let TraceRecord::Ack { time, ack, .. } = *t {
+            if let TraceRecord::Ack(AckRecord { time, ack, .. }) = *t {
                 let s = time.as_secs_f64().ceil() as usize;
                 for slot in per_second.iter_mut().skip(s.max(1)) {
                     *slot = (*slot).max(ack);

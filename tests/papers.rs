@@ -9,8 +9,8 @@ use atou::internals::wire::DATA_HEADER_LEN;
 use atou::netem::NetemSpec;
 use atou::sim::{Pair, PairConfig, RunEnd, SimConfig, SimResult, Simulation};
 use atou::{
-    CcKind, Event, Recorder, RecoveryKind, ReductionKind, ReorderingKind, SsthreshEstimate, Time,
-    TimedEvent, TraceRecord, Tuning,
+    AckRecord, CcKind, Event, Recorder, RecoveryKind, ReductionKind, ReorderingKind,
+    SsthreshEstimate, Time, TimedEvent, TraceRecord, Tuning,
 };
 
 fn simulate(tuning: Tuning, fwd: &str, rev: &str, bytes: u64, seed: u64) -> (SimResult, Recorder) {
@@ -86,7 +86,7 @@ fn cwnd_series(trace: &[TraceRecord]) -> Vec<(f64, u64)> {
     trace
         .iter()
         .filter_map(|r| match *r {
-            TraceRecord::Ack { time, cwnd, .. } => Some((time.as_secs_f64(), cwnd)),
+            TraceRecord::Ack(AckRecord { time, cwnd, .. }) => Some((time.as_secs_f64(), cwnd)),
             _ => None,
         })
         .collect()
@@ -168,7 +168,7 @@ fn brakmo_3_5_no_burst_above_three_after_a_big_cumulative_ack() {
     let mut big_acks = 0;
     let mut i = 0;
     while i < rec.trace.len() {
-        if let TraceRecord::Ack { time, ack, .. } = rec.trace[i] {
+        if let TraceRecord::Ack(AckRecord { time, ack, .. }) = rec.trace[i] {
             let acked = ack.saturating_sub(last_ack);
             last_ack = last_ack.max(ack);
             let sent = rec.trace[i + 1..]
@@ -419,7 +419,9 @@ fn linux_6_undo_after_a_three_second_delay_spike() {
             .trace
             .iter()
             .find_map(|r| match *r {
-                TraceRecord::Ack { time, .. } if time >= STALL_START + STALL => Some(time),
+                TraceRecord::Ack(AckRecord { time, .. }) if time >= STALL_START + STALL => {
+                    Some(time)
+                }
                 _ => None,
             })
             .unwrap();
@@ -694,7 +696,7 @@ fn recovery_shape(rec: &Recorder) -> RecoveryShape {
                 }
                 sent += 1;
             }
-            TraceRecord::Ack { time, .. } if time > start && time <= end => {
+            TraceRecord::Ack(AckRecord { time, .. }) if time > start && time <= end => {
                 per_ack.push(sent);
                 sent = 0;
             }
@@ -778,7 +780,7 @@ fn slow_start_end_and_first_loss(trace: &[TraceRecord]) -> (u64, Option<u64>) {
     let mut highest_in_ss = 0;
     for r in trace {
         match *r {
-            TraceRecord::Ack { cwnd, ssthresh, .. }
+            TraceRecord::Ack(AckRecord { cwnd, ssthresh, .. })
                 if ss_end.is_none() && ssthresh != u64::MAX && cwnd >= ssthresh =>
             {
                 ss_end = Some(());

@@ -12,7 +12,7 @@ use atou::internals::summary::config_lines;
 use atou::internals::trace::Trace;
 use atou::netem::NetemSpec;
 use atou::sim::{SimConfig, SimResult, Simulation};
-use atou::{CcKind, Recorder, RecoveryKind, StateRecord, TraceRecord, Tuning};
+use atou::{AckRecord, CcKind, Recorder, RecoveryKind, StateRecord, TraceRecord, Tuning};
 
 mod common;
 mod netem_support;
@@ -79,9 +79,9 @@ fn series_hold_what_the_trace_of_a_seeded_run_says() {
         .records
         .iter()
         .filter_map(|r| match *r {
-            TraceRecord::Ack {
+            TraceRecord::Ack(AckRecord {
                 time, ack, cwnd, ..
-            } => Some((time.as_secs_f64(), ack, cwnd)),
+            }) => Some((time.as_secs_f64(), ack, cwnd)),
             _ => None,
         })
         .collect();
@@ -100,7 +100,9 @@ fn series_hold_what_the_trace_of_a_seeded_run_says() {
     );
     // The window's edge is never below the cumulative ACK it came with.
     let edges = trace.records.windows(2).filter_map(|w| match (w[0], w[1]) {
-        (TraceRecord::State(state), TraceRecord::Ack { ack, .. }) => Some((state.right_edge, ack)),
+        (TraceRecord::State(state), TraceRecord::Ack(AckRecord { ack, .. })) => {
+            Some((state.right_edge, ack))
+        }
         _ => None,
     });
     assert!(edges.clone().count() == acks.len() && edges.into_iter().all(|(e, a)| e >= a));
@@ -152,7 +154,7 @@ fn series_hold_what_the_trace_of_a_seeded_run_says() {
 fn record_time(r: &TraceRecord) -> f64 {
     match *r {
         TraceRecord::Xmt { time, .. }
-        | TraceRecord::Ack { time, .. }
+        | TraceRecord::Ack(AckRecord { time, .. })
         | TraceRecord::Sack { time, .. }
         | TraceRecord::State(StateRecord { time, .. }) => time.as_secs_f64(),
     }

@@ -277,21 +277,9 @@ pub enum TraceRecord {
         /// The segment's number.
         seg: u64,
     },
-    /// An ACK processed: cumulative ACK, RTT sample, and the window after it.
-    Ack {
-        /// Since the start of the transfer.
-        time: Duration,
-        /// The cumulative ACK: the next segment the peer expects.
-        ack: u64,
-        /// The RTT sample from the echoed timestamp; zero when the ACK gave
-        /// none.
-        rtt: Duration,
-        /// The congestion window after the ACK, in segments.
-        cwnd: u64,
-        /// The slow-start threshold; `u64::MAX` (written `inf`) before the
-        /// first loss.
-        ssthresh: u64,
-    },
+    /// `time ack rtt cwnd ssthresh ack`: an ACK processed, its cumulative
+    /// ACK, RTT sample, and the window after it.
+    Ack(AckRecord),
     /// `time start end sack`: one SACK block of the ACK, segments
     /// `start..end` held above the cumulative ACK.
     Sack {
@@ -305,6 +293,40 @@ pub enum TraceRecord {
     /// `time srtt rto edge pacing bw state`: the sender after an ACK (and
     /// after a retransmission timeout, with the RTO backed off).
     State(StateRecord),
+}
+
+/// The trace's `ack` line: an ACK processed, its cumulative ACK, RTT
+/// sample, and the window after it. Its fields live here once, so the
+/// line's writer ([`fmt::Display`]) and its readers take the record whole
+/// instead of each listing them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckRecord {
+    /// When, relative to the start of the transfer.
+    pub time: Duration,
+    /// The cumulative ACK, in segments: the next segment the peer expects.
+    pub ack: u64,
+    /// The RTT sample from the echoed timestamp; zero when the ACK gave
+    /// none.
+    pub rtt: Duration,
+    /// The congestion window after the ACK, in segments.
+    pub cwnd: u64,
+    /// The slow-start threshold, in segments; `u64::MAX` (written `inf`)
+    /// before the first loss.
+    pub ssthresh: u64,
+}
+
+impl fmt::Display for AckRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:.6} {} {:.6} {} {} ack",
+            self.time.as_secs_f64(),
+            self.ack,
+            self.rtt.as_secs_f64(),
+            self.cwnd,
+            Thresh(self.ssthresh)
+        )
+    }
 }
 
 /// The trace's `state` line: the sender after an ACK, or after a
@@ -350,19 +372,7 @@ impl fmt::Display for TraceRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             TraceRecord::Xmt { time, seg } => write!(f, "{:.6} {seg} xmt", time.as_secs_f64()),
-            TraceRecord::Ack {
-                time,
-                ack,
-                rtt,
-                cwnd,
-                ssthresh,
-            } => write!(
-                f,
-                "{:.6} {ack} {:.6} {cwnd} {} ack",
-                time.as_secs_f64(),
-                rtt.as_secs_f64(),
-                Thresh(ssthresh)
-            ),
+            TraceRecord::Ack(ref ack) => ack.fmt(f),
             TraceRecord::Sack { time, start, end } => {
                 write!(f, "{:.6} {start} {end} sack", time.as_secs_f64())
             }
@@ -451,13 +461,13 @@ mod tests {
         let at = Duration::from_micros(408_196);
         for (record, line) in [
             (
-                TraceRecord::Ack {
+                TraceRecord::Ack(AckRecord {
                     time: at,
                     ack: 234,
                     rtt: Duration::from_micros(38_062),
                     cwnd: 26,
                     ssthresh: 26,
-                },
+                }),
                 "0.408196 234 0.038062 26 26 ack",
             ),
             (

@@ -21,7 +21,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use thiserror::Error;
 
-use crate::proto::events::StateRecord;
+use crate::proto::events::{AckRecord, StateRecord};
 use crate::proto::TraceRecord;
 use crate::report::trace::Trace;
 
@@ -102,25 +102,9 @@ impl Series {
                     (lo, hi) = (lo.min(seg), hi.max(seg));
                     t
                 }
-                TraceRecord::Ack {
-                    time,
-                    ack,
-                    rtt,
-                    cwnd,
-                    ssthresh,
-                } => {
-                    let t = time.as_secs_f64();
-                    s.acked.push((t, ack));
-                    s.cwnd.push((t, cwnd));
-                    if ssthresh != u64::MAX {
-                        s.ssthresh.push((t, ssthresh));
-                    }
-                    // A zero RTT is the trace's "no sample".
-                    if !rtt.is_zero() {
-                        s.rtt_ms.push((t, rtt.as_secs_f64() * 1e3));
-                    }
-                    (lo, hi) = (lo.min(ack), hi.max(ack));
-                    t
+                TraceRecord::Ack(ref ack) => {
+                    (lo, hi) = (lo.min(ack.ack), hi.max(ack.ack));
+                    s.add_ack(ack)
                 }
                 TraceRecord::Sack { time, start, end } => {
                     let t = time.as_secs_f64();
@@ -139,6 +123,23 @@ impl Series {
         s.seq = if lo > hi { (0, 0) } else { (lo, hi) };
         s.goodput(trace.payload_size());
         s
+    }
+
+    /// Adds an `ack` line's points to the acknowledged, window, threshold
+    /// and RTT series; returns its time in seconds.
+    fn add_ack(&mut self, ack: &AckRecord) -> f64 {
+        let t = ack.time.as_secs_f64();
+        self.acked.push((t, ack.ack));
+        self.cwnd.push((t, ack.cwnd));
+        // `u64::MAX` is the trace's `inf`: no threshold to draw yet.
+        if ack.ssthresh != u64::MAX {
+            self.ssthresh.push((t, ack.ssthresh));
+        }
+        // A zero RTT is the trace's "no sample".
+        if !ack.rtt.is_zero() {
+            self.rtt_ms.push((t, ack.rtt.as_secs_f64() * 1e3));
+        }
+        t
     }
 
     /// Adds a `state` line's points to the RTT, window-edge and rate

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::proto::events::StateRecord;
+use crate::proto::events::{AckRecord, StateRecord};
 use crate::proto::{TraceRecord, Tuning};
 
 /// The first header line of every trace file: what its lines are.
@@ -192,7 +192,7 @@ pub fn parse_record(line: &str) -> Result<Option<TraceRecord>, RecordError> {
         }
         "ack" => {
             want(5)?;
-            TraceRecord::Ack {
+            TraceRecord::Ack(AckRecord {
                 time: time()?,
                 ack: int(fields[1])?,
                 rtt: secs(fields[2])?,
@@ -201,7 +201,7 @@ pub fn parse_record(line: &str) -> Result<Option<TraceRecord>, RecordError> {
                     "inf" => u64::MAX,
                     s => int(s)?,
                 },
-            }
+            })
         }
         "sack" => {
             want(3)?;
@@ -258,20 +258,20 @@ mod tests {
         let t = Duration::from_micros(1_234_567);
         let records = [
             TraceRecord::Xmt { time: t, seg: 7 },
-            TraceRecord::Ack {
+            TraceRecord::Ack(AckRecord {
                 time: t,
                 ack: 5,
                 rtt: Duration::from_micros(100_250),
                 cwnd: 12,
                 ssthresh: u64::MAX,
-            },
-            TraceRecord::Ack {
+            }),
+            TraceRecord::Ack(AckRecord {
                 time: t,
                 ack: 5,
                 rtt: Duration::ZERO,
                 cwnd: 12,
                 ssthresh: 6,
-            },
+            }),
             TraceRecord::Sack {
                 time: t,
                 start: 6,

@@ -17,7 +17,7 @@ use crate::proto::congestion::{
     self, AckEvent, CcReport, CongestionEvent, Controller, DeliveryRate, Pacer, RecoveryStep,
 };
 use crate::proto::events::{
-    Event, RecoveryTrigger, Retransmission, StateRecord, TimedEvent, TraceRecord,
+    AckRecord, Event, RecoveryTrigger, Retransmission, StateRecord, TimedEvent, TraceRecord,
 };
 use crate::proto::loss::{
     self, AckSummary, DupEvidence, Forced, LossRecovery, LossState, Phase, TimerContext,
@@ -727,13 +727,13 @@ impl Sender {
             });
         }
         trace.push_back(state);
-        trace.push_back(TraceRecord::Ack {
+        trace.push_back(TraceRecord::Ack(AckRecord {
             time,
             ack: ack.cum_ack,
             rtt: rtt.unwrap_or(Duration::ZERO),
             cwnd: self.cc.window(),
             ssthresh: self.cc.ssthresh().unwrap_or(u64::MAX),
-        });
+        }));
     }
 
     /// The trace's `state` line: RTT estimate, RTO, the peer's window edge

@@ -98,9 +98,9 @@ impl Observer for Live<'_> {
                     self.top = Some(seg);
                 }
             }
-            TraceRecord::Ack { cwnd, ssthresh, .. } => {
-                self.live.cwnd.store(cwnd, Ordering::Relaxed);
-                self.live.ssthresh.store(ssthresh, Ordering::Relaxed);
+            TraceRecord::Ack(ack) => {
+                self.live.cwnd.store(ack.cwnd, Ordering::Relaxed);
+                self.live.ssthresh.store(ack.ssthresh, Ordering::Relaxed);
             }
             // The sender's own smoothed RTT, not one recomputed here.
             TraceRecord::State(state) => {
