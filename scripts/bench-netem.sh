@@ -495,7 +495,8 @@ e2e_cmd() {
     # No transfer may hang the run.
     local r=() ssh_words t="timeout 900"
     read -r -a ssh_words <<<"$ssh_cmd"
-    [ "$row" != tree ] || r=(-r)
+    # A directory (the tree; its warm-up is the file) goes recursively.
+    [ ! -d "$src" ] || r=(-r)
     if [ "$row" = pull ]; then
         case $tool in
             atou-copy) in_a $t "$atou" copy --quiet --ssh "$ssh_cmd" --remote-atou "$atou" "$b:$src" "$dst/" ;;
@@ -519,7 +520,7 @@ e2e_cmd() {
             gsrc=$src
             # Many files: recursive, pipelined, four at once, as a GridFTP
             # user moves a tree.
-            [ "$row" != tree ] || { gsrc=$src/; r=(-r -cd -pp -cc 4); dst=$dst/$(basename "$src"); }
+            [ ! -d "$src" ] || { gsrc=$src/; r=(-r -cd -pp -cc 4); dst=$dst/$(basename "$src"); }
             in_a $t globus-url-copy -p 4 "${r[@]}" "file://$gsrc" "ftp://${addrs[1]}:$gridftp_port$dst/" ;;
     esac
 }
