@@ -91,6 +91,10 @@ pub(crate) struct DeliveryRate {
     /// Zero, or the value of `delivered` at which the current
     /// application-limited phase ends (C.app_limited).
     app_limited: u64,
+    /// Zero, or the value of `delivered` at which a phase held by the
+    /// receiver's window ends: the sender did not fill its window, but
+    /// had data to send, so its rate samples still measure the path.
+    window_limited: u64,
     /// The newest segment delivered by the ACK in progress.
     newest: Option<Newest>,
 }
@@ -104,6 +108,13 @@ impl DeliveryRate {
     /// Whether the sender is in an application-limited phase.
     pub(crate) fn is_app_limited(&self) -> bool {
         self.app_limited != 0
+    }
+
+    /// Whether the sender has not filled its window of late, waiting for
+    /// the application or for the receiver's window (what cwnd validation
+    /// means by application-limited, RFC 9438 §5.8).
+    pub(crate) fn is_send_limited(&self) -> bool {
+        self.app_limited != 0 || self.window_limited != 0
     }
 
     /// DRE "Transmitting a data packet": the stamp to keep with a segment
@@ -134,11 +145,26 @@ impl DeliveryRate {
     }
 
     /// DRE "Detecting application-limited phases": the sender has room in
-    /// its window and nothing lost to resend, but nothing it may send (the
-    /// application has not produced the data, or the receiver's window is
-    /// shut). The phase lasts until what is now in flight is delivered.
+    /// its window and nothing lost to resend, but the application has not
+    /// produced the data. The phase lasts until what is now in flight is
+    /// delivered, and the samples of what is sent in it are marked.
     pub(crate) fn on_app_limited(&mut self, in_flight: u64) {
         self.app_limited = (self.delivered + in_flight).max(1);
+    }
+
+    /// Room in the window, data to send, but the receiver's window is
+    /// shut. Not application-limited for the rate samples: DRE's first
+    /// condition is "less than one SMSS of unsent data", as Linux's
+    /// tcp_rate_check_app_limited ("less than 1 MSS of unsent data in the
+    /// write queue"). A sender held by a window sized near two BDPs (the
+    /// commands' 32768 segments at 1 Gbit/s, 100 ms, while a hole holds
+    /// snd_una for two round trips) delivers at the path's rate; marking
+    /// its samples kept bbr's plateau check (draft-ietf-ccwg-bbr
+    /// §5.3.1.2, which skips app-limited samples) from ever counting a
+    /// round, and Startup ran on with a full queue. The phase still counts
+    /// as not filling the window (`is_send_limited`).
+    pub(crate) fn on_window_limited(&mut self, in_flight: u64) {
+        self.window_limited = (self.delivered + in_flight).max(1);
     }
 
     /// DRE "Upon receiving an ACK", UpdateRateSample: `stamp`'s segment was
@@ -173,6 +199,9 @@ impl DeliveryRate {
         // The application-limited bubble has been delivered.
         if self.app_limited != 0 && self.delivered > self.app_limited {
             self.app_limited = 0;
+        }
+        if self.window_limited != 0 && self.delivered > self.window_limited {
+            self.window_limited = 0;
         }
         let Newest {
             stamp: p,

@@ -550,7 +550,7 @@ impl Sender {
             srtt: self.rtt.srtt(),
             snd_una: self.sb.una(),
             snd_max: self.sb.max(),
-            app_limited: self.rate.is_app_limited(),
+            app_limited: self.rate.is_send_limited(),
             rate: self.rate.sample(self.sb.lost_total(), self.rtt.min()),
         });
         if self.recovery.take_probe_loss() {
@@ -1213,12 +1213,19 @@ impl Sender {
     }
 
     /// DRE "Detecting application-limited phases": the window has room and
-    /// nothing lost awaits a resend, yet nothing may go out: the sender waits
-    /// for the application's data or the receiver's window, so what is
-    /// delivered meanwhile says nothing of the path's capacity.
+    /// nothing lost awaits a resend, yet nothing may go out. Waiting for
+    /// the application's data, what is delivered meanwhile says nothing of
+    /// the path's capacity; waiting for the receiver's window with data to
+    /// send, it does (Linux's tcp_rate_check_app_limited), and only cwnd
+    /// validation hears of it (`DeliveryRate::on_window_limited`).
     fn note_app_limited(&mut self) {
         if self.window_open() && self.sb.lost_pending() == 0 && !self.may_send_new() {
-            self.rate.on_app_limited(self.sb.pipe());
+            let seg = self.sb.max();
+            if self.more_data(seg) && self.data_ready(seg) {
+                self.rate.on_window_limited(self.sb.pipe());
+            } else {
+                self.rate.on_app_limited(self.sb.pipe());
+            }
         }
     }
 
@@ -2127,17 +2134,22 @@ mod tests {
     }
 
     /// DRE "Detecting application-limited phases": a sender with room in
-    /// its window that waits for the application's data, or for the
-    /// receiver's window, is application-limited; one held by cwnd is not.
+    /// its window that waits for the application's data is
+    /// application-limited; one held by cwnd is not, nor, for its rate
+    /// samples, one held by the receiver's window with data to send
+    /// (Linux's tcp_rate_check_app_limited), though that one does not fill
+    /// its window either (`is_send_limited`, cwnd validation's sense).
     #[test]
-    fn waiting_for_data_or_the_peer_window_is_app_limited_cwnd_is_not() {
+    fn waiting_for_data_is_app_limited_the_peer_window_and_cwnd_are_not() {
         let mut s = sender(tuning(RecoveryKind::Sack));
         send(&mut s, at(0));
         assert!(!s.rate.is_app_limited(), "held by cwnd");
+        assert!(!s.rate.is_send_limited(), "held by cwnd");
         let mut s = sender(tuning(RecoveryKind::Sack));
         s.set_available(at(0), 25);
         send(&mut s, at(0));
         assert!(s.rate.is_app_limited(), "waiting for the application");
+        assert!(s.rate.is_send_limited(), "waiting for the application");
         let mut s = sender(tuning(RecoveryKind::Sack));
         send(&mut s, at(0));
         ack(
@@ -2150,7 +2162,8 @@ mod tests {
             },
         );
         assert_eq!(send(&mut s, at(50)), vec![4, 5]);
-        assert!(s.rate.is_app_limited(), "held by the receiver's window");
+        assert!(!s.rate.is_app_limited(), "held by the receiver's window");
+        assert!(s.rate.is_send_limited(), "held by the receiver's window");
     }
 
     /// Every ACK that delivers a segment sent a minimum RTT earlier or more
