@@ -244,22 +244,13 @@ mod tests {
 
     fn ack(newly_acked: u64, recovery: RecoveryStep, flight: u64) -> AckEvent {
         AckEvent {
-            now: Time::ZERO,
             newly_acked,
             newly_delivered: newly_acked,
-            newly_lost: 0,
-            delivered: 0,
-            sent: 0,
             is_dupack: newly_acked == 0,
             recovery,
             flight,
             pipe: flight,
-            rtt: None,
-            srtt: Duration::ZERO,
-            snd_una: 0,
-            snd_max: 0,
-            app_limited: false,
-            rate: None,
+            ..AckEvent::of_one_segment(Time::ZERO)
         }
     }
 

@@ -447,22 +447,11 @@ mod tests {
 
     fn ack(now: Time, srtt: Duration, rtt: Option<Duration>, una: u64, max: u64) -> AckEvent {
         AckEvent {
-            now,
-            newly_acked: 1,
-            newly_delivered: 1,
-            newly_lost: 0,
-            delivered: 0,
-            sent: 0,
-            is_dupack: false,
-            recovery: RecoveryStep::Outside,
-            flight: 0,
-            pipe: 0,
             rtt,
             srtt,
             snd_una: una,
             snd_max: max,
-            app_limited: false,
-            rate: None,
+            ..AckEvent::of_one_segment(now)
         }
     }
 

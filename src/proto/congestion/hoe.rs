@@ -87,26 +87,13 @@ fn slope(points: &[(Time, u64)]) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::congestion::RecoveryStep;
 
     fn ack(ms: f64, delivered: u64, rtt_ms: Option<u64>) -> AckEvent {
         AckEvent {
-            now: Time::ZERO + Duration::from_secs_f64(ms / 1000.0),
-            newly_acked: 1,
-            newly_delivered: 1,
-            newly_lost: 0,
             delivered,
-            sent: 0,
-            is_dupack: false,
-            recovery: RecoveryStep::Outside,
-            flight: 0,
-            pipe: 0,
             rtt: rtt_ms.map(Duration::from_millis),
             srtt: Duration::from_millis(100),
-            snd_una: 0,
-            snd_max: 0,
-            app_limited: false,
-            rate: None,
+            ..AckEvent::of_one_segment(Time::ZERO + Duration::from_secs_f64(ms / 1000.0))
         }
     }
 

@@ -96,6 +96,34 @@ pub(crate) struct AckEvent {
     pub rate: Option<RateSample>,
 }
 
+#[cfg(test)]
+impl AckEvent {
+    /// The controllers' tests' base ACK: at `now`, one segment newly
+    /// acknowledged and delivered, nothing lost, outside recovery, no RTT
+    /// or rate sample, nothing in flight. Each test sets what its scenario
+    /// varies with struct update syntax.
+    pub(crate) fn of_one_segment(now: Time) -> AckEvent {
+        AckEvent {
+            now,
+            newly_acked: 1,
+            newly_delivered: 1,
+            newly_lost: 0,
+            delivered: 0,
+            sent: 0,
+            is_dupack: false,
+            recovery: RecoveryStep::Outside,
+            flight: 0,
+            pipe: 0,
+            rtt: None,
+            srtt: Duration::ZERO,
+            snd_una: 0,
+            snd_max: 0,
+            app_limited: false,
+            rate: None,
+        }
+    }
+}
+
 /// Fast recovery begins: loss recovery has judged an ACK to signal
 /// congestion.
 #[derive(Debug, Clone, Copy)]

@@ -902,22 +902,13 @@ mod tests {
     /// each scenario sets what it varies with struct update syntax.
     fn ack_event(now_ms: u64, acked: u64, delivered: u64, lost: u64) -> AckEvent {
         AckEvent {
-            now: Time::from_nanos(now_ms * 1_000_000),
             newly_acked: acked,
             newly_delivered: acked,
             newly_lost: lost,
             delivered,
-            sent: 0,
-            is_dupack: false,
-            recovery: RecoveryStep::Outside,
-            flight: 0,
-            pipe: 0,
             rtt: Some(Duration::from_millis(100)),
             srtt: Duration::from_millis(100),
-            snd_una: 0,
-            snd_max: 0,
-            app_limited: false,
-            rate: None,
+            ..AckEvent::of_one_segment(Time::from_nanos(now_ms * 1_000_000))
         }
     }
 
