@@ -405,3 +405,36 @@ fn a_host_recorded_in_known_hosts_never_falls_back_to_cleartext() {
     assert!(err.contains("unauthenticated and unencrypted"), "{err}");
     server.kill();
 }
+
+/// Per-host defaults (`Host` blocks in $XDG_CONFIG_HOME/atou/config)
+/// reach a probe to that host, and a flag on the command line wins.
+#[test]
+fn a_probe_takes_its_hosts_settings_and_typed_flags_win() {
+    let mut server = Server::start(&[]);
+    let config = common::TestDir::new("host-config");
+    let dir = config.path("xdg");
+    std::fs::create_dir_all(dir.join("atou")).unwrap();
+    std::fs::write(
+        dir.join("atou/config"),
+        "Host 10.*\n  bytes 9MB\nHost 127.0.0.1\n  bytes 300KB\n  cc cubic\n",
+    )
+    .unwrap();
+    let addr = server.addr.to_string();
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_atou"))
+            .env("XDG_CACHE_HOME", TEST_CACHE)
+            .env("XDG_CONFIG_HOME", &dir)
+            .args(["probe", &addr, "--json", "--maxidle", "5"])
+            .args(args)
+            .output()
+            .expect("run atou probe");
+        summary(&out)
+    };
+    let s = run(&[]);
+    assert_eq!(s["bytes"], 300_000);
+    assert_eq!(s["tuning"]["cc"], "cubic", "{s}");
+    server.report();
+    let s = run(&["--bytes", "200KB"]);
+    assert_eq!(s["bytes"], 200_000, "the typed flag wins");
+    server.report();
+}

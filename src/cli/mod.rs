@@ -9,6 +9,7 @@
 mod auth;
 mod docs;
 mod exit;
+mod host_config;
 mod keygen;
 mod net;
 mod netem;
@@ -438,7 +439,26 @@ pub(crate) fn print_stdout(text: &str) -> Result<()> {
 }
 
 pub(crate) fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    use clap::CommandFactory;
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let files = host_config::default_files();
+    let (argv, from_files) = match host_config::prepare(Cli::command(), argv, &files) {
+        Ok(host_config::Prepared::Args(argv, used)) => (argv, used),
+        Ok(host_config::Prepared::Show(text)) => {
+            return match print_stdout(&text) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("atou: {e:#}");
+                    exit::Exit::Failed.into()
+                }
+            };
+        }
+        Err(e) => {
+            eprintln!("atou: {e:#}");
+            return exit::Exit::Usage.into();
+        }
+    };
+    let cli = match Cli::try_parse_from(argv) {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             // --help and --version.
@@ -455,7 +475,8 @@ pub(crate) fn main() -> ExitCode {
                 Some(next) if line.ends_with(':') => format!(" {}", next.trim()),
                 _ => String::new(),
             };
-            eprintln!("atou: {}{more}", line.trim_start_matches("error: "));
+            let blame = host_config::blame(&text, &from_files);
+            eprintln!("atou: {}{more}{blame}", line.trim_start_matches("error: "));
             return exit::Exit::Usage.into();
         }
     };

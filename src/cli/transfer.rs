@@ -115,7 +115,10 @@ pub(super) struct TransferArgs {
     of --buffer (and may only be smaller), and --maxtime/--maxpkts do not apply. A numeric SUBDIR needs the port spelled out (host:7890:2024). \
     With --json, the report on stdout carries the status as a word (\"status\": \"ok\", \"refused\", ...) \
     and a number (\"exit\"), also when the transfer fails. A failed or interrupted transfer \
-    resumes when the same command is run again.\n\n\
+    resumes when the same command is run again. \
+    Flags can be set per host: `Host` blocks in ~/.config/atou/config, then /etc/atou/config, as \
+    ssh_config (`streams 8`, `cc cubic`); typed flags win, and --show-config HOST lists what \
+    applies.\n\n\
     --progress json makes stdout JSON Lines, as iperf3 --json-stream: every --progress-interval \
     an {{\"event\": \"interval\"}} object (time in s since the start, stage, bytes acknowledged \
     and total to send this run, rate_bps since the line before, the files being sent, and per \
@@ -129,6 +132,11 @@ pub(super) struct SendArgs {
     /// The receiver, an `atou serve --dir DEST`: HOST, HOST:PORT or HOST:PORT:SUBDIR (default port 7890)
     #[arg(value_name = "HOST[:PORT][:SUBDIR]")]
     dest: String,
+    /// Print the per-host settings that apply to HOST (`Host` blocks of
+    /// ~/.config/atou/config, then /etc/atou/config) and the file and line
+    /// each comes from, then exit
+    #[arg(long, value_name = "HOST", exclusive = true)]
+    show_config: Option<String>,
     #[command(flatten)]
     transfer: TransferArgs,
     #[command(flatten)]
@@ -148,7 +156,8 @@ pub(super) struct SendArgs {
     move the data over UDP (`--port`), each end pinning the other's key. Every SRC of a \
     pull is on one host. Anything else is a local directory (created if missing): atou \
     runs the receiver itself over loopback UDP. Each SRC arrives as DEST/NAME. Flags as for \
-    `atou send`; to send to a running `atou serve --dir`, use `atou send`.\n\n{}", Exit::table()))]
+    `atou send`, per-host settings too (--show-config HOST); to send to a running \
+    `atou serve --dir`, use `atou send`.\n\n{}", Exit::table()))]
 pub(super) struct CopyArgs {
     /// Files and directories to copy: local paths, or [USER@]HOST:PATH on one host (a pull)
     #[arg(value_name = "SRC", required = true, num_args = 1..)]
@@ -156,6 +165,11 @@ pub(super) struct CopyArgs {
     /// A local directory, or [USER@]HOST:PATH (a push)
     #[arg(value_name = "DEST")]
     dest: String,
+    /// Print the per-host settings that apply to HOST (`Host` blocks of
+    /// ~/.config/atou/config, then /etc/atou/config) and the file and line
+    /// each comes from, then exit
+    #[arg(long, value_name = "HOST", exclusive = true)]
+    show_config: Option<String>,
     #[command(flatten)]
     transfer: TransferArgs,
     #[command(flatten)]
