@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub(crate) mod bootstrap;
+pub(crate) mod chunk_buf;
 pub(crate) mod dest;
 mod error;
 pub(crate) mod exclude;

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use super::{ReceiveEvent, ReceiveLimits, TransferReport};
 use crate::proto::crypto::AuthorizedKeys;
+use crate::transfer::chunk_buf::ChunkBuf;
 use crate::transfer::dest::{DestError, Finished, ReceivePolicy, NOT_HELD};
 use crate::transfer::hash::{chunk_count, Cv};
 use crate::transfer::layout::{Layout, CV_LEN};
@@ -142,7 +143,7 @@ pub(super) struct WriteJob<P> {
     pub(super) file: usize,
     pub(super) chunk: u64,
     /// Data then the sender's 32-byte value.
-    pub(super) buf: Vec<u8>,
+    pub(super) buf: ChunkBuf,
     pub(super) fsync: bool,
     /// The file's only chunk, of a file sent whole: put it in place too.
     pub(super) whole: bool,
@@ -188,7 +189,7 @@ pub(super) enum WriteFailure {
 pub(super) struct Written {
     pub(super) to: Slot,
     pub(super) result: Result<Cv, WriteFailure>,
-    pub(super) buf: Vec<u8>,
+    pub(super) buf: ChunkBuf,
 }
 
 /// What the receiver is to do, in order.
@@ -216,7 +217,7 @@ pub(super) enum Action<P> {
 #[derive(Debug)]
 enum SlotState {
     Empty,
-    Filling { buf: Vec<u8>, got: u64 },
+    Filling { buf: ChunkBuf, got: u64 },
     Writing,
     Written,
 }
@@ -352,7 +353,7 @@ pub(super) struct Sessions<P> {
     conns: HashMap<u64, Conn<P>>,
     next_conn_key: u64,
     /// Chunk buffers to reuse.
-    spare: Vec<Vec<u8>>,
+    spare: Vec<ChunkBuf>,
     actions: VecDeque<Action<P>>,
     /// With `once`: the transfer is over; stop when its connections are.
     over: bool,
@@ -1206,8 +1207,10 @@ impl<P: PlanView> Sessions<P> {
             let slot = dc.layout.slots[i];
             let slot_len = u64::from(slot.len) + CV_LEN;
             if matches!(dc.slots[i], SlotState::Empty) {
+                // A spare's old bytes are overwritten by this chunk's
+                // before the chunk is complete (`got`) and goes anywhere.
                 let mut buf = spare.pop().unwrap_or_default();
-                buf.resize(slot_len as usize, 0);
+                buf.set_len(slot_len as usize);
                 dc.slots[i] = SlotState::Filling { buf, got: 0 };
             }
             let at = offset - slot.offset;
@@ -1275,7 +1278,7 @@ impl<P: PlanView> Sessions<P> {
 
 impl<P: PlanView> DataConn<P> {
     /// The write job for slot `to.slot`, whose buffer is full.
-    fn write_job(&self, to: Slot, buf: Vec<u8>) -> WriteJob<P> {
+    fn write_job(&self, to: Slot, buf: ChunkBuf) -> WriteJob<P> {
         let slot = self.layout.slots[to.slot];
         let file = slot.chunk.file as usize;
         let size = self.plan.size(file);
@@ -1568,7 +1571,7 @@ mod tests {
         Written {
             to: w.to,
             result,
-            buf: Vec::new(),
+            buf: ChunkBuf::default(),
         }
     }
 
@@ -1717,10 +1720,46 @@ mod tests {
             }
             assert_eq!(w.len(), 1);
             let header = stream.len() - 10 - 32;
-            assert_eq!(w[0].buf, stream[header..], "data then value, in order");
+            assert_eq!(*w[0].buf, stream[header..], "data then value, in order");
             assert_eq!((w[0].file, w[0].chunk, w[0].to.slot), (0, 0, 0));
             assert!(w[0].whole, "the only chunk of a file sent whole");
         }
+    }
+
+    /// A chunk buffer comes back from the writers and is reused, not
+    /// zeroed, for a shorter chunk: what goes to the writers (to be hashed
+    /// and written) is that chunk's bytes and value only, never the bytes
+    /// the buffer held past them.
+    #[test]
+    fn a_reused_buffer_hands_the_writers_only_the_shorter_chunks_bytes() {
+        let mut rig = Rig::new(limits(), false);
+        rig.planned(files(&[100, 10]));
+        let stream = data_stream(&[(0, 0, 1), (1, 0, 1)], &[&[1; 100], &[2; 10]]);
+        let first_end = data_header_len(2) + 100 + 32;
+        let conn = rig.open(SID, peer(1));
+        rig.s.on_bytes(conn, 0, &stream[..first_end]);
+        let first = rig
+            .drain()
+            .into_iter()
+            .find_map(|a| match a {
+                Action::Write(Job::Write(w)) => Some(w),
+                _ => None,
+            })
+            .expect("the first chunk's write");
+        let mut buf = first.buf;
+        buf.fill(0xee);
+        let reused = buf.as_ptr();
+        rig.s.on_written(Written {
+            to: first.to,
+            result: Ok([1; 32]),
+            buf,
+        });
+        rig.s.on_bytes(conn, first_end as u64, &stream[first_end..]);
+        let actions = rig.drain();
+        let w = writes(&actions);
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].buf.as_ptr(), reused, "the spare buffer, reused");
+        assert_eq!(*w[0].buf, stream[first_end..], "10 bytes and the value");
     }
 
     #[test]
@@ -1739,7 +1778,7 @@ mod tests {
         rig.s.on_written(Written {
             to: jobs[1],
             result: Ok([2; 32]),
-            buf: Vec::new(),
+            buf: ChunkBuf::default(),
         });
         let actions = rig.drain();
         assert!(windows(&actions, conn).is_empty());
@@ -1747,7 +1786,7 @@ mod tests {
         rig.s.on_written(Written {
             to: jobs[0],
             result: Ok([1; 32]),
-            buf: Vec::new(),
+            buf: ChunkBuf::default(),
         });
         let actions = rig.drain();
         assert_eq!(windows(&actions, conn), [u64::MAX, u64::MAX]);
