@@ -20,7 +20,8 @@
 #
 # Environment: BYTES (probe, default 2G), BIG (copy, default 1G),
 # ROUNDS (default 3), REF_ATOU (optional; also probed, aes-256-gcm, as
-# "ref-aes"), PORT (default 7895), PROBES_ONLY=1 (skip 2 and 3).
+# "ref-aes", its own serve at the other end), PORT (default 7895), PROBES_ONLY=1 (skip 2 and 3), ATOU
+# (optional: this binary, not one built here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,8 +41,12 @@ die() { echo "bench-crypto: $*" >&2; exit 1; }
 # shellcheck source=scripts/lib/serve.sh
 . scripts/lib/serve.sh
 
-cargo build --release --quiet
-atou=${CARGO_TARGET_DIR:-$PWD/target}/release/atou
+if [ -n "${ATOU:-}" ]; then
+    atou=$ATOU
+else
+    cargo build --release --quiet
+    atou=${CARGO_TARGET_DIR:-$PWD/target}/release/atou
+fi
 [ -z "$ref" ] || [ -x "$ref" ] || die "REF_ATOU=$ref is not an executable"
 
 "$atou" keygen -f "$work/server" >/dev/null
@@ -91,16 +96,18 @@ PY
 # probe NAME ARGS...: one probe; appends "NAME goodput_bps cpu_probe cpu_serve bytes" to results.
 probe() {
     local name=$1; shift
+    # serve_wait must not find the last server's "listening".
+    rm -f "$work/serve.err"
+    local bin=$atou
+    [ "${name#ref-}" = "$name" ] || bin=$ref
     /usr/bin/time -f '%U %S' -o "$work/serve.time" \
-        "$atou" serve --bind "127.0.0.1:$port" --identity "$work/server" --once --json \
+        "$bin" serve --bind "127.0.0.1:$port" --identity "$work/server" --once --json \
         >"$work/serve.json" 2>"$work/serve.err" &
     local s=$!
     pids+=("$s")
     serve_wait "$s" "$work/serve.err" "$name"
     python3 "$work/threads.py" "$s" "$work/serve.threads" &
     local st=$!
-    local bin=$atou
-    [ "${name#ref-}" = "$name" ] || bin=$ref
     /usr/bin/time -f '%U %S' -o "$work/probe.time" \
         "$bin" probe "127.0.0.1:$port" --bytes "$bytes" --json "$@" >"$work/probe.json" 2>"$work/probe.err" &
     local c=$!
