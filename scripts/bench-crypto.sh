@@ -13,8 +13,15 @@
 #      which tests/auth.rs checks in virtual time).
 # scp is measured against atou in scripts/bench-transfer.sh.
 #
+# Each probe also records every thread's CPU seconds at both ends (from
+# /proc/PID/task/*/stat, sampled until the process exits), summed by
+# thread name: which thread holds the rate (the protocol thread,
+# `atou-seal`, ...), so what more cores would give can be read off.
+#
 # Environment: BYTES (probe, default 2G), BIG (copy, default 1G),
-# ROUNDS (default 3), REF_ATOU (optional), PORT (default 7895).
+# ROUNDS (default 3), REF_ATOU (optional; also probed, aes-256-gcm, as
+# "ref-aes", its own serve at the other end), PORT (default 7895), PROBES_ONLY=1 (skip 2 and 3), ATOU
+# (optional: this binary, not one built here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,27 +41,83 @@ die() { echo "bench-crypto: $*" >&2; exit 1; }
 # shellcheck source=scripts/lib/serve.sh
 . scripts/lib/serve.sh
 
-cargo build --release --quiet
-atou=$PWD/target/release/atou
+if [ -n "${ATOU:-}" ]; then
+    atou=$ATOU
+else
+    cargo build --release --quiet
+    atou=${CARGO_TARGET_DIR:-$PWD/target}/release/atou
+fi
 [ -z "$ref" ] || [ -x "$ref" ] || die "REF_ATOU=$ref is not an executable"
 
 "$atou" keygen -f "$work/server" >/dev/null
 "$atou" keygen -f "$work/client" >/dev/null
 cp "$work/client.pub" "$work/authorized_keys"
 
+# threads PID OUT: until PID exits, keeps the last CPU seconds of each
+# of its threads (and its children's: /usr/bin/time wraps atou), and
+# writes "name seconds" lines, summed by thread name, to OUT.
+cat >"$work/threads.py" <<'PY'
+import os, sys, time
+root, out = int(sys.argv[1]), sys.argv[2]
+tick = os.sysconf("SC_CLK_TCK")
+last = {}
+def pids(p):
+    yield p
+    try:
+        kids = open(f"/proc/{p}/task/{p}/children").read().split()
+    except OSError:
+        return
+    for k in kids:
+        yield from pids(int(k))
+while os.path.exists(f"/proc/{root}"):
+    for p in list(pids(root)):
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                stat = open(f"/proc/{p}/task/{t}/stat").read()
+            except OSError:
+                continue
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            f = stat[stat.rindex(")") + 2:].split()
+            last[(p, t)] = (name, (int(f[11]) + int(f[12])) / tick)
+    time.sleep(0.05)
+by = {}
+for name, secs in last.values():
+    by[name] = by.get(name, 0) + secs
+with open(out, "w") as o:
+    for name, secs in sorted(by.items()):
+        if secs > 0:
+            print(name, secs, file=o)
+PY
+
 # probe NAME ARGS...: one probe; appends "NAME goodput_bps cpu_probe cpu_serve bytes" to results.
 probe() {
     local name=$1; shift
+    # serve_wait must not find the last server's "listening".
+    rm -f "$work/serve.err"
+    local bin=$atou
+    [ "${name#ref-}" = "$name" ] || bin=$ref
     /usr/bin/time -f '%U %S' -o "$work/serve.time" \
-        "$atou" serve --bind "127.0.0.1:$port" --identity "$work/server" --once --json \
+        "$bin" serve --bind "127.0.0.1:$port" --identity "$work/server" --once --json \
         >"$work/serve.json" 2>"$work/serve.err" &
     local s=$!
     pids+=("$s")
     serve_wait "$s" "$work/serve.err" "$name"
+    python3 "$work/threads.py" "$s" "$work/serve.threads" &
+    local st=$!
     /usr/bin/time -f '%U %S' -o "$work/probe.time" \
-        "$atou" probe "127.0.0.1:$port" --bytes "$bytes" --json "$@" >"$work/probe.json" 2>"$work/probe.err" ||
-        die "$name: probe failed: $(tail -n 2 "$work/probe.err")"
+        "$bin" probe "127.0.0.1:$port" --bytes "$bytes" --json "$@" >"$work/probe.json" 2>"$work/probe.err" &
+    local c=$!
+    python3 "$work/threads.py" "$c" "$work/probe.threads" &
+    local ct=$!
+    wait "$c" || die "$name: probe failed: $(tail -n 2 "$work/probe.err")"
     wait "$s" || true
+    wait "$st" "$ct" || true
+    { echo "$name probe $(tr '\n' ' ' <"$work/probe.threads")"
+      echo "$name serve $(tr '\n' ' ' <"$work/serve.threads")"; } >>"$work/threads"
     python3 - "$work" "$name" >>"$work/probes" <<'PY'
 import json, sys
 work, name = sys.argv[1], sys.argv[2]
@@ -70,17 +133,21 @@ echo "bench-crypto: probes of $bytes on loopback, warm-up then $rounds rounds, t
 probe warmup --no-auth >/dev/null
 : >"$work/probes"
 order=(plain aes chacha)
+[ -z "$ref" ] || order+=(ref-aes)
+: >"$work/threads"
 for r in $(seq "$rounds"); do
-    for k in 0 1 2; do
-        name=${order[$(( (k + r) % 3 ))]}
+    for k in "${!order[@]}"; do
+        name=${order[$(( (k + r) % ${#order[@]} ))]}
         case $name in
             plain) probe plain --no-auth ;;
+            ref-aes) probe ref-aes --server-key "$work/server.pub" --identity "$work/client" --cipher aes-256-gcm ;;
             aes) probe aes --server-key "$work/server.pub" --identity "$work/client" --cipher aes-256-gcm ;;
             chacha) probe chacha --server-key "$work/server.pub" --identity "$work/client" --cipher chacha20-poly1305 ;;
         esac
     done
 done
 
+if [ "${PROBES_ONLY:-0}" != 1 ]; then
 echo "bench-crypto: atou copy of a $big file into a local directory" >&2
 head -c "$big" /dev/urandom >"$work/big" 2>/dev/null || die "cannot make the $big test file"
 : >"$work/copies"
@@ -128,8 +195,10 @@ for r in $(seq "$rounds"); do
         "$work/hs.json" >>"$work/handshakes"
 done
 
+fi
+
 python3 - "$work" "$rounds" "$bytes" "$big" "$ref" <<'PY'
-import statistics, sys
+import os, statistics, sys
 work, rounds, nbytes, big, ref = sys.argv[1:6]
 def mmm(xs):
     return f"{min(xs):.3f} / {statistics.median(xs):.3f} / {max(xs):.3f}"
@@ -139,15 +208,31 @@ for name, bps, cpu_p, cpu_s, b, cipher in rows:
     by.setdefault(name, []).append((float(bps), float(cpu_p), float(cpu_s), int(b), cipher))
 print(f"loopback probes of {nbytes}, {rounds} rounds after a warm-up, interleaved: min / median / max")
 print(f"  {'':28} {'Gbit/s':>24}  {'CPU s/GB probe':>15} {'CPU s/GB serve':>15}")
-for name in ["plain", "aes", "chacha"]:
+for name in ["plain", "aes", "chacha", "ref-aes"]:
+    if name not in by:
+        continue
     r = by[name]
     g = [x[0] / 1e9 for x in r]
     cp = statistics.median(x[1] / (x[3] / 1e9) for x in r)
     cs = statistics.median(x[2] / (x[3] / 1e9) for x in r)
-    label = {"plain": "--no-auth", "aes": "aes-256-gcm", "chacha": "chacha20-poly1305"}[name]
+    label = {"plain": "--no-auth", "aes": "aes-256-gcm", "chacha": "chacha20-poly1305", "ref-aes": "REF_ATOU aes-256-gcm"}[name]
     print(f"  {label:28} {mmm(g):>24}  {cp:15.3f} {cs:15.3f}   (cipher as reported: {r[0][4]})")
 med = {n: statistics.median(x[0] for x in by[n]) for n in by}
 print(f"  aes-256-gcm / plain: {med['aes']/med['plain']:.2f}x   chacha20-poly1305 / plain: {med['chacha']/med['plain']:.2f}x   (target >= 0.8x)")
+print("CPU s/GB by thread (median over rounds), each end: a rate held by one thread is what more cores cannot raise")
+th = {}
+for l in open(f"{work}/threads"):
+    f = l.split()
+    name, end, pairs = f[0], f[1], f[2:]
+    b = next(x[3] for x in by[name]) / 1e9
+    for i in range(0, len(pairs) - 1, 2):
+        th.setdefault((name, end, pairs[i]), []).append(float(pairs[i + 1]) / b)
+for name in ["plain", "aes", "chacha", "ref-aes"]:
+    for end in ["probe", "serve"]:
+        cells = sorted((k[2], statistics.median(v)) for k, v in th.items() if k[:2] == (name, end))
+        print(f"  {name:8} {end}: " + ", ".join(f"{t} {s:.3f}" for t, s in cells if s >= 0.005))
+if not os.path.exists(f"{work}/copies"):
+    sys.exit(0)
 copies = {}
 for l in open(f"{work}/copies"):
     n, s = l.split()

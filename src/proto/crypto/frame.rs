@@ -24,7 +24,7 @@
 
 use std::ops::Range;
 
-use super::protect::{Dropped, Opener, SealError, Sealer};
+use super::protect::{BadTag, Dropped, OpenTicket, Opener, SealError, SealTicket, Sealer};
 use crate::proto::wire::{HEADER_LEN, MAGIC};
 
 /// Set in the kind byte of a protected datagram.
@@ -48,27 +48,66 @@ pub fn is_protected(datagram: &[u8]) -> bool {
 /// Seals the inner packet of `inner_len` bytes written at
 /// `buf[PN_LEN..]`, for the peer that knows the connection as
 /// `recipient_id`. Returns the datagram's length; `buf` must hold
-/// `inner_len + overhead(tag_len)` bytes.
+/// `inner_len + overhead(tag_len)` bytes. [`prepare`] and
+/// [`SealJob::seal`] at once.
 pub fn seal(
     sealer: &mut Sealer,
     recipient_id: u64,
     buf: &mut [u8],
     inner_len: usize,
 ) -> Result<usize, SealError> {
+    let job = prepare(sealer, recipient_id, buf, inner_len)?;
+    let total = job.len();
+    job.seal(buf)?;
+    Ok(total)
+}
+
+/// The first half of [`seal`], the half that must stay in order on the
+/// protocol's side: takes the packet number (and with it the key
+/// generation, so the key update and the integrity limit count every
+/// packet) and writes the clear header. The body is still plaintext
+/// until the returned job seals it; until then the datagram must not
+/// leave.
+pub fn prepare(
+    sealer: &mut Sealer,
+    recipient_id: u64,
+    buf: &mut [u8],
+    inner_len: usize,
+) -> Result<SealJob, SealError> {
     debug_assert!(inner_len >= HEADER_LEN);
-    let tag = sealer.tag_len();
-    let total = inner_len + overhead(tag);
+    let total = inner_len + overhead(sealer.tag_len());
     debug_assert!(buf.len() >= total);
-    let slot = sealer.next_slot()?;
+    let ticket = sealer.next_ticket()?;
     // Magic, version and kind of the inner header move to the front.
     buf.copy_within(PN_LEN..PN_LEN + 4, 0);
     buf[3] |= PROTECTED;
     buf[4..12].copy_from_slice(&recipient_id.to_be_bytes());
-    let phase = if slot.key_phase() { KEY_PHASE_BIT } else { 0 };
-    buf[12..AAD_LEN].copy_from_slice(&(slot.pn() | phase).to_be_bytes());
-    let (aad, rest) = buf.split_at_mut(AAD_LEN);
-    sealer.seal_in_place(slot, aad, &mut rest[..total - AAD_LEN])?;
-    Ok(total)
+    let phase = if ticket.key_phase() { KEY_PHASE_BIT } else { 0 };
+    buf[12..AAD_LEN].copy_from_slice(&(ticket.pn() | phase).to_be_bytes());
+    Ok(SealJob { ticket, total })
+}
+
+/// A datagram [`prepare`]d and not yet sealed: its length and the ticket
+/// of its packet number. Sealing it needs nothing from the endpoint, so
+/// the I/O layer may do it on another thread.
+#[derive(Debug)]
+pub struct SealJob {
+    ticket: SealTicket,
+    total: usize,
+}
+
+impl SealJob {
+    /// The datagram's length once sealed (tag included).
+    #[allow(clippy::len_without_is_empty)]
+    pub fn len(&self) -> usize {
+        self.total
+    }
+
+    /// Seals the prepared datagram, `datagram[..self.len()]`, in place.
+    pub fn seal(self, datagram: &mut [u8]) -> Result<(), SealError> {
+        let (aad, rest) = datagram[..self.total].split_at_mut(AAD_LEN);
+        self.ticket.seal_in_place(aad, rest)
+    }
 }
 
 /// The packet number a protected datagram claims (unauthenticated until
@@ -85,25 +124,43 @@ pub fn recipient_id(datagram: &[u8]) -> u64 {
 /// Opens a protected datagram in place. On success returns where the
 /// inner packet now is in `datagram`, its header carrying `inner_id` as
 /// its connection id. A datagram that fails is counted by `opener` and
-/// must be dropped unanswered.
+/// must be dropped unanswered. [`open_ticket`], [`open_with`] and
+/// [`Opener::settle`] at once.
 pub fn open(
     opener: &mut Opener,
     inner_id: u64,
     datagram: &mut [u8],
 ) -> Result<Range<usize>, Dropped> {
+    let ticket = open_ticket(opener, datagram)?;
+    let opened = open_with(&ticket, inner_id, datagram);
+    opener.settle(ticket, opened.is_ok())?;
+    opened.map_err(|_| Dropped::BadTag)
+}
+
+/// The opener's checks on a protected datagram's clear header (length,
+/// replay window, key phase) and the key to open it with.
+pub fn open_ticket(opener: &mut Opener, datagram: &[u8]) -> Result<OpenTicket, Dropped> {
     if datagram.len() < AAD_LEN {
         return Err(Dropped::TooShort);
     }
     let field = u64::from_be_bytes(datagram[12..AAD_LEN].try_into().expect("8 bytes"));
+    opener.ticket(
+        field & !KEY_PHASE_BIT,
+        field & KEY_PHASE_BIT != 0,
+        datagram.len() - AAD_LEN,
+    )
+}
+
+/// Opens `datagram` under `ticket`'s key, as [`open`] does, without the
+/// opener: the bytes only. The opener must [`settle`](Opener::settle)
+/// the ticket before the inner packet is used.
+pub fn open_with(
+    ticket: &OpenTicket,
+    inner_id: u64,
+    datagram: &mut [u8],
+) -> Result<Range<usize>, BadTag> {
     let (aad, body) = datagram.split_at_mut(AAD_LEN);
-    let plain = opener
-        .open_in_place(
-            field & !KEY_PHASE_BIT,
-            field & KEY_PHASE_BIT != 0,
-            aad,
-            body,
-        )?
-        .len();
+    let plain = ticket.open_in_place(aad, body)?.len();
     // The inner header, rebuilt just before the plaintext body.
     datagram.copy_within(0..4, PN_LEN);
     datagram[PN_LEN + 3] &= !PROTECTED;

@@ -44,8 +44,8 @@ pub use handshake::{
 };
 pub use key_text::{format_public_key, parse_public_key, KeyTextError, LineError, KEY_TYPE};
 pub use protect::{
-    Cipher, DropCounters, Dropped, Opener, PacketKey, Protection, SealError, Sealer, Slot,
-    TrafficSecret,
+    Cipher, DropCounters, Dropped, OpenTicket, Opener, PacketKey, Protection, SealError,
+    SealTicket, Sealer, Slot, TrafficSecret,
 };
 pub use replay::ReplayWindow;
 

@@ -23,6 +23,7 @@
 //! is ever answered.
 
 use std::fmt;
+use std::sync::Arc;
 
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey, NONCE_LEN};
 use ring::hkdf;
@@ -350,7 +351,8 @@ pub struct Sealer {
 
 #[derive(Debug)]
 struct SealKeys {
-    key: PacketKey,
+    /// Shared with the [`SealTicket`]s still to be sealed under it.
+    key: Arc<PacketKey>,
     secret: TrafficSecret,
     iv_from: TrafficSecret,
     generation: u64,
@@ -377,7 +379,7 @@ impl Sealer {
         Sealer {
             next_pn: 0,
             state: Some(SealKeys {
-                key: PacketKey::new(cipher, &secret, &secret),
+                key: Arc::new(PacketKey::new(cipher, &secret, &secret)),
                 iv_from: secret.clone(),
                 secret,
                 generation: 0,
@@ -420,7 +422,7 @@ impl Sealer {
         };
         if s.sealed_under_key >= s.interval {
             s.secret = s.secret.next();
-            s.key = PacketKey::new(s.key.cipher(), &s.secret, &s.iv_from);
+            s.key = Arc::new(PacketKey::new(s.key.cipher(), &s.secret, &s.iv_from));
             s.generation += 1;
             s.sealed_under_key = 0;
         }
@@ -430,6 +432,15 @@ impl Sealer {
             key_phase: s.generation % 2 == 1,
             generation: s.generation,
         })
+    }
+
+    /// The next slot with the key it must be sealed under: sealing it
+    /// needs nothing more from the sealer, so it may happen on another
+    /// thread while the sealer hands out the next slots.
+    pub fn next_ticket(&mut self) -> Result<SealTicket, SealError> {
+        let slot = self.next_slot()?;
+        let key = self.state.as_ref().map(|s| Arc::clone(&s.key));
+        Ok(SealTicket { slot, key })
     }
 
     /// Seals the packet of `slot`: `in_out` holds the payload followed by
@@ -445,6 +456,35 @@ impl Sealer {
             None => Ok(()),
             Some(s) if s.generation != slot.generation => Err(SealError::StaleSlot),
             Some(s) => s.key.seal_in_place(slot.pn, header, in_out),
+        }
+    }
+}
+
+/// A [`Slot`] and the key of its generation ([`Sealer::next_ticket`]):
+/// all that sealing its packet needs. Not `Clone`: consumed by sealing,
+/// so its packet number is sealed once.
+#[derive(Debug)]
+pub struct SealTicket {
+    slot: Slot,
+    /// `None` under [`Protection::Null`].
+    key: Option<Arc<PacketKey>>,
+}
+
+impl SealTicket {
+    pub fn pn(&self) -> u64 {
+        self.slot.pn
+    }
+
+    pub fn key_phase(&self) -> bool {
+        self.slot.key_phase
+    }
+
+    /// As [`Sealer::seal_in_place`], under the key the ticket carries: a
+    /// key update since the ticket was taken does not stale it.
+    pub fn seal_in_place(self, header: &[u8], in_out: &mut [u8]) -> Result<(), SealError> {
+        match &self.key {
+            None => Ok(()),
+            Some(key) => key.seal_in_place(self.slot.pn, header, in_out),
         }
     }
 }
@@ -492,11 +532,11 @@ pub struct Opener {
 struct OpenKeys {
     window: ReplayWindow,
     iv_from: TrafficSecret,
-    current: PacketKey,
+    current: Arc<PacketKey>,
     /// Secret of the next phase; its key is `next`.
     next_secret: TrafficSecret,
-    next: PacketKey,
-    previous: Option<PacketKey>,
+    next: Arc<PacketKey>,
+    previous: Option<Arc<PacketKey>>,
     generation: u64,
     /// Lowest packet number opened under `current`: a packet of the other
     /// phase below it belongs to `previous`, above it to `next`.
@@ -519,8 +559,8 @@ impl Opener {
         Opener {
             state: Some(OpenKeys {
                 window: ReplayWindow::new(),
-                current: PacketKey::new(cipher, &secret, &secret),
-                next: PacketKey::new(cipher, &next_secret, &secret),
+                current: Arc::new(PacketKey::new(cipher, &secret, &secret)),
+                next: Arc::new(PacketKey::new(cipher, &next_secret, &secret)),
                 next_secret,
                 iv_from: secret,
                 previous: None,
@@ -564,6 +604,8 @@ impl Opener {
     /// `key_phase`; `in_out` is the ciphertext and tag, the plaintext is
     /// the returned prefix. A dropped packet is counted and changes
     /// nothing else (the contents of `in_out` are then unspecified).
+    /// The three steps of [`ticket`](Self::ticket),
+    /// [`OpenTicket::open_in_place`] and [`settle`](Self::settle), at once.
     pub fn open_in_place<'a>(
         &mut self,
         pn: u64,
@@ -571,76 +613,133 @@ impl Opener {
         header: &[u8],
         in_out: &'a mut [u8],
     ) -> Result<&'a mut [u8], Dropped> {
+        let ticket = self.ticket(pn, key_phase, in_out.len())?;
+        let opened = ticket.open_in_place(header, in_out);
+        self.settle(ticket, opened.is_ok())?;
+        opened.map_err(|_| Dropped::BadTag)
+    }
+
+    /// The checks before a packet of `len` bytes (ciphertext and tag)
+    /// claiming `pn` and `key_phase` is opened, and the key to open it
+    /// with. A refused packet is counted and changes nothing else.
+    pub fn ticket(&mut self, pn: u64, key_phase: bool, len: usize) -> Result<OpenTicket, Dropped> {
         let limit_reached = self.integrity_limit_reached();
         let Some(s) = &mut self.state else {
-            return Ok(in_out);
+            return Ok(OpenTicket {
+                pn,
+                key: None,
+                generation: 0,
+            });
         };
         if limit_reached {
             return Err(Dropped::IntegrityLimit);
         }
-        if in_out.len() < TAG_LEN {
+        if len < TAG_LEN {
             self.counters.too_short += 1;
             return Err(Dropped::TooShort);
         }
         // RFC 6479: refuse replays before spending an AEAD operation.
-        match s.window.check(pn) {
-            Ok(()) => {}
-            Err(Refused::Replayed) => {
-                self.counters.replayed += 1;
-                return Err(Dropped::Replayed);
-            }
-            Err(Refused::TooOld) => {
-                self.counters.too_old += 1;
-                return Err(Dropped::TooOld);
-            }
-        }
+        check_window(&s.window, &mut self.counters, pn)?;
         let current_phase = s.generation % 2 == 1;
-        let which = if key_phase == current_phase {
-            Phase::Current
-        } else if s.previous.is_some() && s.current_lowest.is_some_and(|low| pn < low) {
-            Phase::Previous
+        let (key, generation) = if key_phase == current_phase {
+            (&s.current, s.generation)
+        } else if let Some(previous) = s
+            .previous
+            .as_ref()
+            .filter(|_| s.current_lowest.is_some_and(|low| pn < low))
+        {
+            (previous, s.generation - 1)
         } else {
-            Phase::Next
+            (&s.next, s.generation + 1)
         };
-        let key = match which {
-            Phase::Current => &s.current,
-            Phase::Previous => s.previous.as_ref().unwrap_or(&s.current),
-            Phase::Next => &s.next,
+        Ok(OpenTicket {
+            pn,
+            key: Some(Arc::clone(key)),
+            generation,
+        })
+    }
+
+    /// Records how `ticket`'s packet fared: a failure is counted; a
+    /// success moves the replay window and, for the first packet of the
+    /// peer's next key phase, the keys (RFC 9001 §6.2). The window is
+    /// checked again, since another packet of the same number may have
+    /// been settled since the ticket was taken.
+    pub fn settle(&mut self, ticket: OpenTicket, opened: bool) -> Result<(), Dropped> {
+        let Some(s) = &mut self.state else {
+            return Ok(());
         };
-        let Ok(plain) = key.open_in_place(pn, header, in_out) else {
+        if !opened {
             self.counters.bad_tag += 1;
             return Err(Dropped::BadTag);
-        };
+        }
+        let pn = ticket.pn;
+        check_window(&s.window, &mut self.counters, pn)?;
         // Authenticated: now, and only now, the state moves.
         s.window.accept(pn);
-        match which {
-            Phase::Current => {
-                s.current_lowest = Some(s.current_lowest.map_or(pn, |low| low.min(pn)));
-            }
-            Phase::Previous => {}
-            Phase::Next => {
-                // RFC 9001 §6.2: the peer updated; follow, keep the old key
-                // for packets still in flight under it.
-                let cipher = s.current.cipher();
-                let after = s.next_secret.next();
-                let next = PacketKey::new(cipher, &after, &s.iv_from);
-                s.previous = Some(std::mem::replace(
-                    &mut s.current,
-                    std::mem::replace(&mut s.next, next),
-                ));
-                s.next_secret = after;
-                s.generation += 1;
-                s.current_lowest = Some(pn);
-            }
+        if ticket.generation == s.generation {
+            s.current_lowest = Some(s.current_lowest.map_or(pn, |low| low.min(pn)));
+        } else if ticket.generation == s.generation + 1 {
+            // RFC 9001 §6.2: the peer updated; follow, keep the old key
+            // for packets still in flight under it.
+            let cipher = s.current.cipher();
+            let after = s.next_secret.next();
+            let next = Arc::new(PacketKey::new(cipher, &after, &s.iv_from));
+            s.previous = Some(std::mem::replace(
+                &mut s.current,
+                std::mem::replace(&mut s.next, next),
+            ));
+            s.next_secret = after;
+            s.generation += 1;
+            s.current_lowest = Some(pn);
         }
-        Ok(plain)
+        Ok(())
     }
 }
 
-enum Phase {
-    Previous,
-    Current,
-    Next,
+/// RFC 6479: whether `pn` may still be accepted; a refusal is counted.
+fn check_window(
+    window: &ReplayWindow,
+    counters: &mut DropCounters,
+    pn: u64,
+) -> Result<(), Dropped> {
+    match window.check(pn) {
+        Ok(()) => Ok(()),
+        Err(Refused::Replayed) => {
+            counters.replayed += 1;
+            Err(Dropped::Replayed)
+        }
+        Err(Refused::TooOld) => {
+            counters.too_old += 1;
+            Err(Dropped::TooOld)
+        }
+    }
+}
+
+/// A received packet that passed [`Opener::ticket`]'s checks, with the key
+/// that is to open it: opening needs nothing more from the opener, so it
+/// may happen on another thread; [`Opener::settle`] then records it.
+#[derive(Debug)]
+pub struct OpenTicket {
+    pn: u64,
+    /// `None` under [`Protection::Null`]: the bytes are the plaintext.
+    key: Option<Arc<PacketKey>>,
+    /// The key phase generation of `key`.
+    generation: u64,
+}
+
+impl OpenTicket {
+    /// Opens ciphertext-and-tag in place; the plaintext is the returned
+    /// prefix. Pure: the opener learns the outcome at [`Opener::settle`].
+    pub fn open_in_place<'a>(
+        &self,
+        header: &[u8],
+        in_out: &'a mut [u8],
+    ) -> Result<&'a mut [u8], BadTag> {
+        match &self.key {
+            None => Ok(in_out),
+            Some(key) => key.open_in_place(self.pn, header, in_out),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -823,6 +922,89 @@ mod tests {
             s.seal_in_place(old, HEADER, &mut buf),
             Err(SealError::StaleSlot)
         );
+    }
+
+    /// A ticket carries its key: sealed after the sealer moved to the
+    /// next key (as a worker thread may), it still opens, where a bare
+    /// slot is refused as stale.
+    #[test]
+    fn a_ticket_taken_before_a_key_update_seals_under_its_own_key() {
+        let (mut s, mut o) = pair(Cipher::Aes256Gcm, 1);
+        let tickets: Vec<_> = (0..3).map(|_| s.next_ticket().unwrap()).collect();
+        assert_eq!(s.generation(), 2);
+        // Sealed newest first, all after the sealer's last update.
+        let mut sealed: Vec<_> = tickets
+            .into_iter()
+            .enumerate()
+            .rev()
+            .map(|(i, t)| {
+                let (pn, phase) = (t.pn(), t.key_phase());
+                let mut header = HEADER.to_vec();
+                header[4..12].copy_from_slice(&pn.to_be_bytes());
+                let mut buf = vec![i as u8; 4 + TAG_LEN];
+                t.seal_in_place(&header, &mut buf).unwrap();
+                (pn, phase, header, buf)
+            })
+            .collect();
+        sealed.reverse();
+        for (i, p) in sealed.iter().enumerate() {
+            assert_eq!(open(&mut o, p).unwrap(), [i as u8; 4], "packet {i}");
+        }
+        assert_eq!(o.generation(), 2);
+        let stale = s.next_slot().unwrap();
+        let _newer = s.next_slot().unwrap();
+        let mut buf = [0u8; TAG_LEN + 1];
+        assert_eq!(
+            s.seal_in_place(stale, HEADER, &mut buf),
+            Err(SealError::StaleSlot)
+        );
+    }
+
+    /// A batch is ticketed before any of it is settled (opened on
+    /// workers): a duplicate inside the batch opens under its key, yet
+    /// only one copy settles; the rest are replays, as if one by one.
+    #[test]
+    fn a_duplicate_within_one_batch_settles_once() {
+        let (mut s, mut o) = pair(Cipher::ChaCha20Poly1305, KEY_UPDATE_INTERVAL);
+        let p = seal_one(&mut s, b"twice");
+        let tickets: Vec<_> = (0..2)
+            .map(|_| o.ticket(p.0, p.1, p.3.len()).unwrap())
+            .collect();
+        let mut results = vec![];
+        for t in tickets {
+            let mut buf = p.3.clone();
+            let opened = t.open_in_place(&p.2, &mut buf).is_ok();
+            assert!(opened);
+            results.push(o.settle(t, opened));
+        }
+        assert_eq!(results, [Ok(()), Err(Dropped::Replayed)]);
+        assert_eq!(o.counters().replayed, 1);
+    }
+
+    /// Packets of the peer's next key phase ticketed in one batch: the
+    /// first settled moves the opener to that phase, the others settle
+    /// under it as current, and the phase after still opens.
+    #[test]
+    fn a_key_update_inside_one_batch_moves_the_opener_once() {
+        let (mut s, mut o) = pair(Cipher::Aes256Gcm, 2);
+        let ps: Vec<_> = (0..6u8).map(|i| seal_one(&mut s, &[i])).collect();
+        for p in &ps[..2] {
+            assert!(open(&mut o, p).is_ok());
+        }
+        let batch: Vec<_> = ps[2..4]
+            .iter()
+            .map(|p| (p, o.ticket(p.0, p.1, p.3.len()).unwrap()))
+            .collect();
+        for (p, t) in batch {
+            let mut buf = p.3.clone();
+            let opened = t.open_in_place(&p.2, &mut buf).is_ok();
+            assert_eq!(o.settle(t, opened), Ok(()));
+        }
+        assert_eq!(o.generation(), 1);
+        for (i, p) in ps.iter().enumerate().skip(4) {
+            assert_eq!(open(&mut o, p).unwrap(), [i as u8]);
+        }
+        assert_eq!(o.generation(), 2);
     }
 
     #[test]
