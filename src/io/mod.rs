@@ -20,7 +20,6 @@
 pub(crate) mod dest_dir;
 pub(crate) mod hello_timestamps;
 pub(crate) mod netem;
-pub(crate) mod seal;
 pub(crate) mod socket;
 pub(crate) mod tun;
 
@@ -712,15 +711,6 @@ pub(crate) async fn connect_from<F: StreamFeed>(
     if config.trace {
         client.enable_trace();
     }
-    // A protected connection seals on a thread of its own; if none can
-    // start, the client seals as before.
-    let sealing = match config.auth {
-        Some(_) => seal::SealPipeline::start().ok(),
-        None => None,
-    };
-    if sealing.is_some() {
-        client.seal_later();
-    }
     let mut driver = ClientDriver {
         io,
         clock,
@@ -728,7 +718,6 @@ pub(crate) async fn connect_from<F: StreamFeed>(
         mss: config.tuning.mss,
         client,
         tx: TxBatch::new(),
-        sealing,
         rx: RecvBatch::new(),
         unreachable: 0,
     };
@@ -828,11 +817,7 @@ struct ClientDriver {
     peer: SocketAddr,
     mss: u32,
     client: Client,
-    /// The batch being filled; between batches, the one that holds the
-    /// ENOBUFS count and the pacing schedule.
     tx: TxBatch,
-    /// Seals protected datagrams off this thread; `None`: sealed inline.
-    sealing: Option<seal::SealPipeline>,
     rx: RecvBatch,
     /// ICMP unreachable errors seen.
     unreachable: u64,
@@ -927,9 +912,6 @@ impl ClientDriver {
                 }) {
                     break;
                 }
-                if let Some(job) = self.client.take_seal_job() {
-                    self.tx.seal_later(job);
-                }
             }
             while let Some(e) = self.client.poll_event() {
                 observer.on_event(&e);
@@ -937,8 +919,19 @@ impl ClientDriver {
             while let Some(r) = self.client.poll_trace() {
                 observer.on_trace(&r);
             }
-            let done = self.client.outcome().is_some();
-            self.send(now, done).await?;
+            let refused = self.tx.enobufs;
+            let pacing = self.client.sender().and_then(|s| s.pacing_rate());
+            if let Err(e) = self.tx.flush(&self.io, pacing).await {
+                if let Some(err) = self.socket_error(e, true) {
+                    return Err(err);
+                }
+            }
+            if self.tx.enobufs > refused {
+                // The kernel's queue to the device overflowed: CWR.
+                if let Some(sender) = self.client.sender_mut() {
+                    sender.on_local_congestion(now);
+                }
+            }
             if let Some(outcome) = self.client.outcome() {
                 return outcome.clone().map_err(|e| self.conn_error(e));
             }
@@ -950,11 +943,6 @@ impl ClientDriver {
                 },
             };
             if received > 0 || more {
-                continue;
-            }
-            if self.sealing.as_ref().is_some_and(|p| p.in_flight()) {
-                // Nothing new to do: what is being sealed goes first.
-                self.send(now, true).await?;
                 continue;
             }
             let deadline = self.client.poll_timeout();
@@ -969,45 +957,6 @@ impl ClientDriver {
                 () = &mut stop => return Err(ProbeError::Interrupted),
             }
         }
-    }
-
-    /// Sends what is ready: the batch just filled or, sealing on the
-    /// pipeline, the batch before it (sealed meanwhile) while the one just
-    /// filled is sealed; with `drain`, that one too.
-    async fn send(&mut self, now: Time, drain: bool) -> Result<(), ProbeError> {
-        let filled = std::mem::take(&mut self.tx);
-        self.tx.continue_from(&filled);
-        let ready = match &mut self.sealing {
-            None => [Some(filled), None],
-            Some(pipeline) => {
-                let earlier = if filled.is_empty() {
-                    None
-                } else {
-                    pipeline.exchange(filled)
-                };
-                [earlier, drain.then(|| pipeline.finish()).flatten()]
-            }
-        };
-        for mut batch in ready.into_iter().flatten() {
-            batch.continue_from(&self.tx);
-            let refused = batch.enobufs;
-            let pacing = self.client.sender().and_then(|s| s.pacing_rate());
-            let sent = batch.flush(&self.io, pacing).await;
-            let overflowed = batch.enobufs > refused;
-            self.tx = batch;
-            if let Err(e) = sent {
-                if let Some(err) = self.socket_error(e, true) {
-                    return Err(err);
-                }
-            }
-            if overflowed {
-                // The kernel's queue to the device overflowed: CWR.
-                if let Some(sender) = self.client.sender_mut() {
-                    sender.on_local_congestion(now);
-                }
-            }
-        }
-        Ok(())
     }
 
     fn receive(&mut self) -> io::Result<usize> {

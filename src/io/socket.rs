@@ -11,8 +11,6 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 
-use crate::proto::crypto::frame::SealJob;
-
 /// A GRO buffer holds at most one 64 KiB super-datagram.
 const RECV_BUF_LEN: usize = 1 << 16;
 /// Largest GSO send: the kernel's limit on one UDP datagram's payload.
@@ -339,9 +337,6 @@ pub(crate) struct TxBatch {
     used: usize,
     /// (destination, start, length) of each datagram.
     items: Vec<(SocketAddr, usize, usize)>,
-    /// Datagrams written prepared, not sealed: (start, job). None leaves
-    /// before [`TxBatch::seal_all`] has sealed it.
-    unsealed: Vec<(usize, SealJob)>,
     /// Datagrams refused with ENOBUFS (atou's `enobufs`): lost.
     pub enobufs: u64,
     /// When the last paced run was to leave, CLOCK_MONOTONIC ns.
@@ -354,7 +349,6 @@ impl TxBatch {
             buf: Vec::new(),
             used: 0,
             items: Vec::new(),
-            unsealed: Vec::new(),
             enobufs: 0,
             departure: 0,
         }
@@ -390,43 +384,6 @@ impl TxBatch {
         }
     }
 
-    /// The last datagram pushed is sealed by `job` (it was prepared, its
-    /// body is still plaintext): [`TxBatch::seal_all`] does it, here or on
-    /// a worker thread, and [`TxBatch::flush`] sends nothing before.
-    pub(crate) fn seal_later(&mut self, job: SealJob) {
-        let &(_, start, n) = self.items.last().expect("a datagram pushed");
-        debug_assert_eq!(job.len(), n);
-        self.unsealed.push((start, job));
-    }
-
-    /// Whether a datagram is still waiting for its sealing.
-    #[cfg(test)]
-    pub(crate) fn has_unsealed(&self) -> bool {
-        !self.unsealed.is_empty()
-    }
-
-    /// Seals every prepared datagram in place. One that fails to seal
-    /// (it cannot: prepare sized it) is removed rather than sent as it is.
-    pub(crate) fn seal_all(&mut self) {
-        let mut failed = vec![];
-        for (start, job) in self.unsealed.drain(..) {
-            if job.seal(&mut self.buf[start..]).is_err() {
-                failed.push(start);
-            }
-        }
-        if !failed.is_empty() {
-            self.items.retain(|(_, start, _)| !failed.contains(start));
-        }
-    }
-
-    /// Takes over what outlives one batch when batches take turns (one
-    /// filled while the other is sealed): the ENOBUFS count and the
-    /// pacing schedule.
-    pub(crate) fn continue_from(&mut self, earlier: &TxBatch) {
-        self.enobufs = earlier.enobufs;
-        self.departure = earlier.departure;
-    }
-
     /// Sends everything: each run of datagrams to one destination, all of
     /// one size but the last, goes as one GSO send. With a pacing rate
     /// (bytes per second) and a socket that takes departure times, runs
@@ -434,8 +391,6 @@ impl TxBatch {
     /// other at that rate (SO_TXTIME), instead of the pacer's whole burst
     /// at once.
     pub(crate) async fn flush(&mut self, io: &UdpIo, pacing: Option<u64>) -> io::Result<()> {
-        // Normally done already, off this thread (`io::seal`).
-        self.seal_all();
         // (rate, when the next run leaves). The schedule goes on where the
         // last burst's ended, so bursts do not overlap; but never more than
         // TXTIME_HORIZON_NS ahead, so a fast pacer cannot queue the future
@@ -496,19 +451,9 @@ impl TxBatch {
         Ok(())
     }
 
-    /// Each datagram's bytes, in order.
-    #[cfg(test)]
-    pub(crate) fn datagrams(&self) -> Vec<Vec<u8>> {
-        let items = self.items.iter();
-        items
-            .map(|&(_, s, n)| self.buf[s..s + n].to_vec())
-            .collect()
-    }
-
     fn clear(&mut self) {
         self.used = 0;
         self.items.clear();
-        self.unsealed.clear();
     }
 }
 
@@ -783,41 +728,6 @@ mod tests {
             (&buf[..n], from),
             (&b"through the connected socket"[..], its_port)
         );
-    }
-
-    /// A datagram prepared for sealing leaves sealed even when nothing
-    /// sealed it before `flush` (the pipeline's thread gone, a driver that
-    /// does not use one): never as the plaintext it was written in.
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_prepared_datagram_never_leaves_unsealed() {
-        use crate::proto::crypto::frame::{self, PN_LEN};
-        use crate::proto::crypto::{Cipher, Opener, Sealer, TrafficSecret};
-        let (tx, rx) = pair().await;
-        let to = rx.local_addr().unwrap();
-        let secret = TrafficSecret::new([5; 32]);
-        let mut sealer = Sealer::new(Cipher::ChaCha20Poly1305, secret.clone());
-        let mut batch = TxBatch::new();
-        let plaintext = b"plaintext that must not be seen on the wire";
-        let mut job = None;
-        batch.push_with(256, |b| {
-            let inner = crate::proto::wire::HEADER_LEN + plaintext.len();
-            b[PN_LEN..PN_LEN + 4].copy_from_slice(b"AT\x03\x05");
-            b[PN_LEN + crate::proto::wire::HEADER_LEN..][..plaintext.len()]
-                .copy_from_slice(plaintext);
-            let j = frame::prepare(&mut sealer, 7, b, inner).unwrap();
-            let len = j.len();
-            job = Some(j);
-            Some((to, len))
-        });
-        batch.seal_later(job.unwrap());
-        batch.flush(&tx, None).await.unwrap();
-        let mut buf = [0u8; 256];
-        let n = rx.recv(&mut buf).unwrap();
-        let on_the_wire = &mut buf[..n];
-        assert!(!on_the_wire.windows(plaintext.len()).any(|w| w == plaintext));
-        let mut opener = Opener::new(Cipher::ChaCha20Poly1305, secret);
-        let inner = frame::open(&mut opener, 7, on_the_wire).unwrap();
-        assert!(on_the_wire[inner].ends_with(plaintext));
     }
 
     /// A sender connected to a plain receiver, both on loopback.

@@ -171,11 +171,6 @@ struct Secure {
     server_id: u64,
     /// Where a protected datagram is opened.
     scratch: Vec<u8>,
-    /// [`Client::seal_later`]: datagrams leave `poll_transmit` prepared,
-    /// their sealing handed to the caller.
-    seal_later: bool,
-    /// The job of the datagram the last `poll_transmit` left unsealed.
-    unsealed: Option<frame::SealJob>,
     /// When the server's answer established the session.
     established_at: Option<Time>,
 }
@@ -513,8 +508,6 @@ impl Client {
             keys: None,
             server_id: 0,
             scratch: Vec::new(),
-            seal_later: false,
-            unsealed: None,
             established_at: None,
         }));
         Ok(self)
@@ -1064,41 +1057,13 @@ impl Client {
         let secure = self.secure.as_mut().expect("secure");
         let server_id = secure.server_id;
         let (sealer, _) = secure.keys.as_mut().expect("established");
-        let sealed = if secure.seal_later {
-            debug_assert!(secure.unsealed.is_none(), "a seal job was not taken");
-            frame::prepare(sealer, server_id, buf, n).map(|job| {
-                let len = job.len();
-                secure.unsealed = Some(job);
-                len
-            })
-        } else {
-            frame::seal(sealer, server_id, buf, n)
-        };
-        match sealed {
+        match frame::seal(sealer, server_id, buf, n) {
             Ok(len) => Some(len),
             Err(e) => {
                 self.fail(ConnError::Handshake(HandshakeError::Noise(e.to_string())));
                 None
             }
         }
-    }
-
-    /// From now on a protected datagram leaves [`poll_transmit`](Self::poll_transmit)
-    /// with its header written and its body still plaintext; the caller
-    /// must take its job ([`take_seal_job`](Self::take_seal_job)) at once
-    /// and seal it before the datagram leaves (the I/O layer does so on a
-    /// thread of its own). Packet numbers stay assigned here, in order.
-    pub fn seal_later(&mut self) {
-        if let Some(secure) = self.secure.as_mut() {
-            secure.seal_later = true;
-        }
-    }
-
-    /// The sealing the last [`poll_transmit`](Self::poll_transmit) left to
-    /// the caller, if it wrote a protected datagram under
-    /// [`seal_later`](Self::seal_later).
-    pub fn take_seal_job(&mut self) -> Option<frame::SealJob> {
-        self.secure.as_mut()?.unsealed.take()
     }
 
     fn poll_inner(
