@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::conn::{ask, run_conn, BusyWait, DataConn, Ending, Link};
+use super::conn::{ask, open_early, run_conn, BusyWait, DataConn, Early, EarlyEnd, Ending, Link};
 use super::readers::{FileFeed, Readers, Shown, Siblings};
 use super::{
     Bound, PlannedFile, Progress, SendConfig, SendError, SendReport, StreamLive, StreamReport,
@@ -43,17 +43,90 @@ pub(super) fn send_session(
     session_out: &mut Option<u64>,
 ) -> Result<SendReport, SendError> {
     let mut session = SendSession::start(sources, config, from, progress)?;
-    let plans = session.plan()?;
-    *session_out = Some(session.id);
-    let readers = Readers::start(config.readers);
-    let mut selection = session.select(&plans, &readers)?;
-    if config.options.dry_run {
-        // The receiver has answered and kept nothing: no data, no finish.
-        return Ok(session.dry_run_report(&plans, &selection.to_send));
+    let opened = EarlyOpened::for_session(&session);
+    let id = session.id;
+    thread::scope(|scope| {
+        let early = opened.open(scope, config, progress, id);
+        let plans = session.plan()?;
+        *session_out = Some(session.id);
+        let readers = Readers::start(config.readers);
+        let mut selection = session.select(&plans, &readers)?;
+        if config.options.dry_run {
+            // The receiver has answered and kept nothing: no data, no finish.
+            return Ok(session.dry_run_report(&plans, &selection.to_send));
+        }
+        session.send_rounds(std::mem::take(&mut selection.to_send), &readers, early)?;
+        session.finish(&plans)?;
+        Ok(session.report(&selection))
+    })
+}
+
+/// The data connections of the first round, opened while the plan is in
+/// flight so that their hello (and handshake) round trip overlaps the
+/// plan's: as many as the streams the round can have. Only on fresh
+/// sockets (connections that share a bound socket follow each other),
+/// and not for a dry run, which sends no data.
+struct EarlyOpened {
+    lives: Vec<Arc<StreamLive>>,
+    detail: bool,
+}
+
+impl EarlyOpened {
+    fn for_session(session: &SendSession<'_>) -> EarlyOpened {
+        let config = session.config;
+        let chunks: u64 = session.plan.sizes.iter().map(|&s| chunk_count(s)).sum();
+        let count = if !session.from.is_empty() || config.options.dry_run {
+            0
+        } else {
+            config
+                .streams
+                .min(usize::try_from(chunks).unwrap_or(usize::MAX))
+        };
+        EarlyOpened {
+            lives: (0..count).map(|_| Arc::default()).collect(),
+            detail: session.progress.detail.load(Ordering::Relaxed),
+        }
     }
-    session.send_rounds(std::mem::take(&mut selection.to_send), &readers)?;
-    session.finish(&plans)?;
-    Ok(session.report(&selection))
+
+    /// Opens the connections, each run on a thread of `scope`.
+    fn open<'scope, 'env>(
+        &'env self,
+        scope: &'scope thread::Scope<'scope, 'env>,
+        config: &'env SendConfig,
+        progress: &'env Progress,
+        session: u64,
+    ) -> Vec<EarlyStream<'scope>> {
+        self.lives
+            .iter()
+            .enumerate()
+            .map(|(index, live)| {
+                let link = Link {
+                    config,
+                    from: None,
+                    session,
+                    stop: progress,
+                };
+                let data = DataConn {
+                    round: 1,
+                    stream: index + 1,
+                    live: self.detail.then_some(&**live),
+                };
+                let (early, run) = open_early(link, false, Some(data));
+                EarlyStream {
+                    early,
+                    done: scope.spawn(run),
+                    live: live.clone(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// A data connection opened ahead of its round ([`EarlyOpened`]).
+struct EarlyStream<'scope> {
+    early: Early<FileFeed>,
+    done: thread::ScopedJoinHandle<'scope, EarlyEnd<FileFeed>>,
+    live: Arc<StreamLive>,
 }
 
 /// What a session keeps from its walk to its report.
@@ -167,13 +240,16 @@ impl<'a> SendSession<'a> {
 
     /// Sends `to_send`, then the chunks the receiver found corrupt again,
     /// round after round, until every chunk passed its check.
+    /// The first round's streams go on `early` connections, as many as
+    /// there are; the rest of `early` is closed unused.
     fn send_rounds(
         &mut self,
         mut to_send: Vec<ChunkRef>,
         readers: &Readers,
+        mut early: Vec<EarlyStream<'_>>,
     ) -> Result<(), SendError> {
         while !to_send.is_empty() {
-            to_send = self.run_round(&to_send, readers)?;
+            to_send = self.run_round(&to_send, readers, std::mem::take(&mut early))?;
         }
         Ok(())
     }
@@ -184,6 +260,7 @@ impl<'a> SendSession<'a> {
         &mut self,
         chunks: &[ChunkRef],
         readers: &Readers,
+        early: Vec<EarlyStream<'_>>,
     ) -> Result<Vec<ChunkRef>, SendError> {
         let round = self
             .tally
@@ -197,7 +274,7 @@ impl<'a> SendSession<'a> {
         let shares = share_out(chunks, &self.plan.sizes, self.config.streams);
         *self.progress.current.lock().expect("progress lock") =
             first_names(&shares, &self.plan.names);
-        let results = self.run_streams(round, &shares, readers);
+        let results = self.run_streams(round, &shares, readers, early);
         self.tally.take(results, &mut self.values)
     }
 
@@ -208,9 +285,28 @@ impl<'a> SendSession<'a> {
         round: usize,
         shares: &[Vec<ChunkRef>],
         readers: &Readers,
+        early: Vec<EarlyStream<'_>>,
     ) -> Vec<StreamResult> {
         let budget = stream_budget(self.config.buffer, shares.len());
-        let lives: Vec<Arc<StreamLive>> = shares.iter().map(|_| Arc::default()).collect();
+        let mut early = early.into_iter();
+        let mut opened = Vec::new();
+        let lives: Vec<Arc<StreamLive>> = shares
+            .iter()
+            .map(|_| match early.next() {
+                Some(e) => {
+                    let live = e.live.clone();
+                    opened.push(e);
+                    live
+                }
+                None => Arc::default(),
+            })
+            .collect();
+        // Connections the round has no stream for close unused.
+        for unused in early {
+            drop(unused.early);
+            let _ = unused.done.join();
+        }
+        let mut opened = opened.into_iter();
         let siblings = Siblings::default();
         let detail = self.progress.detail.load(Ordering::Relaxed);
         if detail {
@@ -231,12 +327,26 @@ impl<'a> SendSession<'a> {
                     let feed =
                         FileFeed::new(share, &self.plan, readers, budget, shown, siblings.clone());
                     let link = self.link(index);
-                    scope.spawn(move || run_stream(link, feed, share, round, index + 1, detail))
+                    if let Some(e) = opened.next() {
+                        let len = feed.stream_len();
+                        let reply_limit = Outcome::max_len(feed.chunks() as u64);
+                        e.early.launch(len, reply_limit, feed);
+                        return Ok(e.done);
+                    }
+                    Err(scope
+                        .spawn(move || run_stream(link, feed, share, round, index + 1, detail)))
                 })
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().expect("a stream thread panicked"))
+                .zip(shares)
+                .map(|(h, share)| match h {
+                    Ok(early) => {
+                        let end = early.join().expect("a stream thread panicked");
+                        early_result(&self.config.host, share, end)
+                    }
+                    Err(h) => h.join().expect("a stream thread panicked"),
+                })
                 .collect()
         })
     }
@@ -329,9 +439,40 @@ fn run_stream(
         live: live.as_deref(),
     };
     let (reply, stream) = run_conn(link, len, &mut feed, ending, Some(data));
+    stream_result(&link.config.host, share, feed, reply, stream, sent)
+}
+
+/// What a data stream on a connection opened ahead of it gave back.
+fn early_result(host: &str, share: &[ChunkRef], end: EarlyEnd<FileFeed>) -> StreamResult {
+    match end {
+        Some((feed, reply, stream)) => {
+            let sent = feed.file_bytes();
+            stream_result(host, share, feed, reply, stream, sent)
+        }
+        // Cannot be: the stream was launched while its thread waited.
+        None => StreamResult {
+            bad: Err(SendError::Failed {
+                host: host.to_string(),
+                why: "a data connection ended before its stream".into(),
+            }),
+            cvs: Vec::new(),
+            stream: None,
+            sent: 0,
+        },
+    }
+}
+
+/// What data stream `share` gave back, from its feed and its reply.
+fn stream_result(
+    host: &str,
+    share: &[ChunkRef],
+    mut feed: FileFeed,
+    reply: Result<Vec<u8>, SendError>,
+    stream: Option<StreamReport>,
+    sent: u64,
+) -> StreamResult {
     // Whatever was acknowledged but not yet counted.
     feed.count_rest();
-    let host = &link.config.host;
     StreamResult {
         bad: reply
             .and_then(|r| outcome(host, &r))
