@@ -321,7 +321,8 @@ enum State {
     Hello,
     /// Welcomed (and, authenticated, keyed), but the application has not
     /// said what its stream is yet ([`Client::with_stream_len_later`]):
-    /// nothing to send and nothing in flight, so no timer runs.
+    /// nothing to send and nothing in flight, so no idle timer runs; only
+    /// the hold's own limit ([`hold_limit`]).
     Held,
     Transfer,
     /// Everything acknowledged; fetching the server's reply.
@@ -401,6 +402,19 @@ pub struct Client {
     /// Closed without a stream ([`Client::abandon`]): its closes are not
     /// waited for.
     abandoned: bool,
+}
+
+/// How long a connection opened ahead of its stream may hold after its
+/// first hello: half of what a server gives a connection that has sent
+/// no data (its default `hello_idle`, and at most the client's
+/// `maxidle`), so that it closes itself well before the server would
+/// forget it, which would end it as idle (and with it the session).
+fn hold_limit(tuning: &Tuning) -> Duration {
+    let mut server_wait = crate::proto::ServerLimits::default().hello_idle;
+    if !tuning.maxidle.is_zero() {
+        server_wait = server_wait.min(tuning.maxidle);
+    }
+    server_wait / 2
 }
 
 /// The `mss` a connection's segments are cut to once `cipher` protects
@@ -618,7 +632,8 @@ impl Client {
     }
 
     /// Closes a connection that never got its stream (see
-    /// [`Client::with_stream_len_later`]): a held one sends its close
+    /// [`Client::with_stream_len_later`]), as it does itself once held
+    /// past [`hold_limit`]: a held one sends its close
     /// three times without waiting for the acknowledgement, so the server
     /// frees its slot at once; one not yet welcomed just ends (the server
     /// forgets a connection without data after its hello time).
@@ -1084,6 +1099,7 @@ impl Client {
                     reply: self.reply.take(),
                 }));
             }
+            State::Held if now >= self.started + hold_limit(&self.tuning) => self.abandon(now),
             State::Held | State::Closing { .. } | State::Done(_) => {}
         }
     }
@@ -1224,7 +1240,7 @@ impl Client {
                 [Some(next), give_up].into_iter().flatten().min()
             }
             State::Transfer => self.sender.as_ref()?.poll_timeout(),
-            State::Held => None,
+            State::Held => Some(self.started + hold_limit(&self.tuning)),
             State::Fetching(ref f) => {
                 let give_up =
                     (!self.tuning.maxidle.is_zero()).then(|| f.last_heard + self.tuning.maxidle);

@@ -3252,8 +3252,8 @@ mod tests {
         assert!(held.saturating_since(Time::ZERO) <= rtt + Duration::from_millis(5));
         assert_eq!(
             pair.client.poll_timeout(),
-            None,
-            "a held connection has no timer"
+            Some(Time::ZERO + Duration::from_secs(5)),
+            "a held connection's one timer is its hold's limit"
         );
         assert_eq!(pair.server.open_connections(), 1);
         pair.client.set_stream_len(held, 3000, 64);
@@ -3305,6 +3305,45 @@ mod tests {
         assert_eq!(end, ConnEnd::Closed);
         let after = at.saturating_since(held);
         assert!(after <= Duration::from_millis(55), "ended {after:?} after");
+    }
+
+    /// A connection held longer than a server keeps one without data
+    /// closes itself before the server would forget it as idle (which
+    /// would fail the transfer's session): half the server's hello time.
+    #[test]
+    fn a_held_connection_closes_itself_before_the_server_forgets_it() {
+        let tuning = Tuning {
+            maxidle: Duration::from_secs(4),
+            ..Tuning::default()
+        };
+        let client = Client::new(&tuning, 15, Some(0), Time::ZERO)
+            .unwrap()
+            .with_session(25)
+            .with_stream_len_later();
+        let server = Server::new(open_limits(), 1 << 20, 2 << 20);
+        let mut pair = pair(client, server, "delay 50ms");
+        pair.set_time_limit(Duration::from_secs(30));
+        /// Notes when the connection ended, and how.
+        struct Ends(Option<(Time, ConnEnd)>);
+        impl SessionApp for Ends {
+            fn on_event(&mut self, now: Time, _: &mut Server, e: SessionEvent) {
+                if let SessionEvent::Ended { end, .. } = e {
+                    self.0 = Some((now, end));
+                }
+            }
+        }
+        let mut app = Ends(None);
+        let end = pair.run_past_client(&mut (), &mut straight, &mut app, |_| false);
+        assert_eq!(end, RunEnd::Stalled);
+        let closed = pair.client.outcome().unwrap().clone().unwrap();
+        assert_eq!(closed.reply, None);
+        let (at, end) = app.0.expect("the server ended the connection");
+        assert_eq!(end, ConnEnd::Closed, "not forgotten as idle");
+        let after = at.saturating_since(Time::ZERO);
+        assert!(
+            after >= Duration::from_secs(2) && after <= Duration::from_millis(2055),
+            "ended after {after:?}"
+        );
     }
 
     /// A request's client does not wait for its close to be acknowledged,

@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 
 use super::{Bound, Progress, SendConfig, SendError, StreamLive, StreamReport, TraceTaker};
 use crate::io::{self, fresh_conn_id, ClientEnd, Launch, ProbeConfig, ProbeError, StreamFeed};
-use crate::proto::{Observer, PayloadSource, ServerLimits};
+use crate::proto::{Observer, PayloadSource};
 
 /// Coming back to a busy receiver: pauses of 0.5, 1, 2, 4, then 8 s (or
 /// the receiver's hint, if longer), each stretched by a random factor
@@ -310,18 +310,6 @@ pub(super) fn ask(
     run_conn(link, len, &mut BytesFeed(request), ending, None).0
 }
 
-/// How long a connection opened ahead of its stream may wait for it:
-/// half of what the server gives a connection that has sent no data
-/// (its `hello_idle`, and at most the client's `maxidle`), so that the
-/// stream never goes to a connection the server has forgotten.
-fn hold_limit(config: &SendConfig) -> Duration {
-    let mut server_wait = ServerLimits::default().hello_idle;
-    if !config.tuning.maxidle.is_zero() {
-        server_wait = server_wait.min(config.tuning.maxidle);
-    }
-    server_wait / 2
-}
-
 /// A stream for a connection opened ahead of it: its length, the
 /// longest reply it may have, and its bytes.
 struct Job<F> {
@@ -366,12 +354,8 @@ struct LateFeed<F> {
     jobs: mpsc::Receiver<Job<F>>,
     notify: Arc<Notify>,
     feed: Option<F>,
-    /// A stream that came too late for this connection.
-    spare: Option<Job<F>>,
     /// Launched or abandoned: nothing more to tell the driver.
     told: bool,
-    opened: Instant,
-    hold: Duration,
 }
 
 impl<F: StreamFeed> PayloadSource for LateFeed<F> {
@@ -409,10 +393,6 @@ impl<F: StreamFeed> StreamFeed for LateFeed<F> {
         let launch = match self.jobs.try_recv() {
             Err(mpsc::TryRecvError::Empty) => return None,
             Err(mpsc::TryRecvError::Disconnected) => Launch::Abandon,
-            Ok(job) if self.opened.elapsed() > self.hold => {
-                self.spare = Some(job);
-                Launch::Abandon
-            }
             Ok(job) => {
                 self.feed = Some(job.feed);
                 Launch::Stream {
@@ -434,8 +414,9 @@ pub(super) type EarlyEnd<F> = Option<(F, Result<Vec<u8>, SendError>, Option<Stre
 /// so that its hello (and handshake) round trip overlaps the request
 /// before it: returns the [`Early`] that launches its stream, and what
 /// runs the connection to its end (on a thread of the caller's).
-/// A connection that failed before its stream came, or held it longer
-/// than [`hold_limit`], carries it on a fresh connection instead, as
+/// A connection that failed before its stream came, or held longer than
+/// a server keeps a connection without data (`Client::abandon`), carries
+/// it on a fresh connection instead, as
 /// [`run_conn`] does (busy receivers included); while it waits it sends
 /// nothing and its idle clock is stopped.
 pub(super) fn open_early<'a, F: StreamFeed + 'a>(
@@ -459,10 +440,7 @@ pub(super) fn open_early<'a, F: StreamFeed + 'a>(
             jobs,
             notify,
             feed: None,
-            spare: None,
             told: false,
-            opened: Instant::now(),
-            hold: hold_limit(link.config),
         };
         let probe = ProbeConfig {
             stream_len_later: true,
@@ -473,11 +451,9 @@ pub(super) fn open_early<'a, F: StreamFeed + 'a>(
         if let Some(feed) = late.feed.take() {
             return Some((feed, reply, stream));
         }
-        // Opened in vain: the stream goes on a connection of its own.
-        let mut job = match late.spare.take() {
-            Some(job) => job,
-            None => late.jobs.recv().ok()?,
-        };
+        // Opened in vain (it failed, or its hold ran out before the
+        // stream came): the stream goes on a connection of its own.
+        let mut job = late.jobs.recv().ok()?;
         let ending = Ending {
             reply_limit: job.reply_limit,
             ..ending
