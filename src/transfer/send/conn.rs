@@ -202,6 +202,19 @@ pub(super) fn run_conn<F: StreamFeed>(
     ending: Ending,
     data: Option<DataConn<'_>>,
 ) -> (Result<Vec<u8>, SendError>, Option<StreamReport>) {
+    run_conn_busy(link, len, feed, ending, data, &mut || {})
+}
+
+/// [`run_conn`], calling `on_busy` each time the receiver turns it away
+/// busy, before the pause.
+fn run_conn_busy<F: StreamFeed>(
+    link: Link<'_>,
+    len: u64,
+    feed: &mut F,
+    ending: Ending,
+    data: Option<DataConn<'_>>,
+    on_busy: &mut dyn FnMut(),
+) -> (Result<Vec<u8>, SendError>, Option<StreamReport>) {
     let mut busy = BusyWait::default();
     loop {
         let Link { config, from, .. } = link;
@@ -219,8 +232,10 @@ pub(super) fn run_conn<F: StreamFeed>(
         let (reply, stream) = attempt(link, socket, probe, feed, data.as_ref());
         match &reply {
             Err(e)
-                if refused_busy(e)
-                    && busy.pause(link.config, link.stop, Duration::ZERO, &e.to_string()) => {}
+                if refused_busy(e) && {
+                    on_busy();
+                    busy.pause(link.config, link.stop, Duration::ZERO, &e.to_string())
+                } => {}
             _ => return (reply, stream),
         }
     }
@@ -299,6 +314,17 @@ pub(super) fn ask(
     request: Vec<u8>,
     reply_limit: u64,
 ) -> Result<Vec<u8>, SendError> {
+    ask_busy(link, request, reply_limit, &mut || {})
+}
+
+/// [`ask`], calling `on_busy` each time the receiver turns the
+/// connection away busy (the plan closes its connections opened ahead).
+pub(super) fn ask_busy(
+    link: Link<'_>,
+    request: Vec<u8>,
+    reply_limit: u64,
+    on_busy: &mut dyn FnMut(),
+) -> Result<Vec<u8>, SendError> {
     let len = request.len() as u64;
     // The reply is all a request wants (the data streams keep waiting
     // for the close's acknowledgement: its receiver counters go in the
@@ -307,7 +333,7 @@ pub(super) fn ask(
         reply_limit,
         close_unacknowledged: true,
     };
-    run_conn(link, len, &mut BytesFeed(request), ending, None).0
+    run_conn_busy(link, len, &mut BytesFeed(request), ending, None, on_busy).0
 }
 
 /// A stream for a connection opened ahead of it: its length, the
@@ -353,37 +379,39 @@ impl<F> Drop for Early<F> {
 struct LateFeed<F> {
     jobs: mpsc::Receiver<Job<F>>,
     notify: Arc<Notify>,
-    feed: Option<F>,
+    /// The stream, once launched.
+    job: Option<Job<F>>,
     /// Launched or abandoned: nothing more to tell the driver.
     told: bool,
 }
 
 impl<F: StreamFeed> PayloadSource for LateFeed<F> {
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) {
-        self.feed
+        self.job
             .as_mut()
             .expect("nothing is sent before the stream is known")
+            .feed
             .read_at(offset, buf);
     }
 }
 
 impl<F: StreamFeed> StreamFeed for LateFeed<F> {
     fn refill(&mut self, acked: u64) -> Result<Option<u64>, crate::io::FeedError> {
-        match self.feed.as_mut() {
-            Some(f) => f.refill(acked),
+        match self.job.as_mut() {
+            Some(j) => j.feed.refill(acked),
             None => Ok(None),
         }
     }
 
     fn waker(&self) -> Option<Arc<Notify>> {
-        match &self.feed {
-            Some(f) => f.waker(),
+        match &self.job {
+            Some(j) => j.feed.waker(),
             None => Some(self.notify.clone()),
         }
     }
 
     fn sibling_done(&mut self) -> bool {
-        self.feed.as_mut().is_some_and(StreamFeed::sibling_done)
+        self.job.as_mut().is_some_and(|j| j.feed.sibling_done())
     }
 
     fn launch(&mut self) -> Option<Launch> {
@@ -394,11 +422,12 @@ impl<F: StreamFeed> StreamFeed for LateFeed<F> {
             Err(mpsc::TryRecvError::Empty) => return None,
             Err(mpsc::TryRecvError::Disconnected) => Launch::Abandon,
             Ok(job) => {
-                self.feed = Some(job.feed);
-                Launch::Stream {
+                let launch = Launch::Stream {
                     len: job.len,
                     reply_limit: u32::try_from(job.reply_limit).unwrap_or(u32::MAX),
-                }
+                };
+                self.job = Some(job);
+                launch
             }
         };
         self.told = true;
@@ -439,7 +468,7 @@ pub(super) fn open_early<'a, F: StreamFeed + 'a>(
         let mut late = LateFeed {
             jobs,
             notify,
-            feed: None,
+            job: None,
             told: false,
         };
         let probe = ProbeConfig {
@@ -448,12 +477,16 @@ pub(super) fn open_early<'a, F: StreamFeed + 'a>(
         };
         let socket = None;
         let (reply, stream) = attempt(link, socket, probe, &mut late, data.as_ref());
-        if let Some(feed) = late.feed.take() {
-            return Some((feed, reply, stream));
-        }
-        // Opened in vain (it failed, or its hold ran out before the
-        // stream came): the stream goes on a connection of its own.
-        let mut job = late.jobs.recv().ok()?;
+        // Opened in vain (it failed, or its hold ran out, before the
+        // stream came; or the receiver turned it away busy, having taken
+        // nothing): the stream goes on a connection of its own.
+        let mut job = match late.job.take() {
+            Some(job) if !matches!(&reply, Err(e) if refused_busy(e)) => {
+                return Some((job.feed, reply, stream));
+            }
+            Some(job) => job,
+            None => late.jobs.recv().ok()?,
+        };
         let ending = Ending {
             reply_limit: job.reply_limit,
             ..ending

@@ -13,7 +13,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::conn::{ask, open_early, run_conn, BusyWait, DataConn, Early, EarlyEnd, Ending, Link};
+use super::conn::{
+    ask, ask_busy, open_early, run_conn, BusyWait, BytesFeed, DataConn, Early, EarlyEnd, Ending,
+    Link,
+};
 use super::readers::{FileFeed, Readers, Shown, Siblings};
 use super::{
     Bound, PlannedFile, Progress, SendConfig, SendError, SendReport, StreamLive, StreamReport,
@@ -46,8 +49,19 @@ pub(super) fn send_session(
     let opened = EarlyOpened::for_session(&session);
     let id = session.id;
     thread::scope(|scope| {
-        let early = opened.open(scope, config, progress, id);
-        let plans = session.plan()?;
+        let mut early = opened.open(scope, config, progress, id);
+        let finisher = Finisher {
+            scope,
+            link: Link {
+                config,
+                from: None,
+                session: id,
+                stop: progress,
+            },
+            // As the data connections: only on fresh sockets.
+            ahead: from.is_empty(),
+        };
+        let plans = session.plan(&mut early)?;
         *session_out = Some(session.id);
         let readers = Readers::start(config.readers);
         let mut selection = session.select(&plans, &readers)?;
@@ -55,8 +69,9 @@ pub(super) fn send_session(
             // The receiver has answered and kept nothing: no data, no finish.
             return Ok(session.dry_run_report(&plans, &selection.to_send));
         }
-        session.send_rounds(std::mem::take(&mut selection.to_send), &readers, early)?;
-        session.finish(&plans)?;
+        let to_send = std::mem::take(&mut selection.to_send);
+        let finish = session.send_rounds(to_send, &readers, early, &finisher)?;
+        session.finish(&plans, finish)?;
         Ok(session.report(&selection))
     })
 }
@@ -119,6 +134,34 @@ impl EarlyOpened {
                 }
             })
             .collect()
+    }
+}
+
+/// Opens the finish's connection while a round runs, so that it is
+/// welcomed by the time the round's last verdict comes and the finish
+/// costs one round trip, not two.
+struct Finisher<'scope, 'env> {
+    scope: &'scope thread::Scope<'scope, 'env>,
+    link: Link<'env>,
+    ahead: bool,
+}
+
+/// A request's connection opened ahead of it ([`Finisher`]).
+struct EarlyRequest<'scope> {
+    early: Early<BytesFeed>,
+    done: thread::ScopedJoinHandle<'scope, EarlyEnd<BytesFeed>>,
+}
+
+impl<'scope> Finisher<'scope, '_> {
+    fn open(&self) -> Option<EarlyRequest<'scope>> {
+        if !self.ahead {
+            return None;
+        }
+        let (early, run) = open_early(self.link, true, None);
+        Some(EarlyRequest {
+            early,
+            done: self.scope.spawn(run),
+        })
     }
 }
 
@@ -190,8 +233,10 @@ impl<'a> SendSession<'a> {
     }
 
     /// Asks the receiver what to send of each file, coming back while it
-    /// is busy (within `--wait-busy`).
-    fn plan(&self) -> Result<Vec<FilePlan>, SendError> {
+    /// is busy (within `--wait-busy`); a busy answer, or a plan
+    /// connection turned away busy, closes the `early` connections, so
+    /// that nothing is held at the receiver meanwhile.
+    fn plan(&self, early: &mut Vec<EarlyStream<'_>>) -> Result<Vec<FilePlan>, SendError> {
         self.progress.set_stage(format!(
             "sending the manifest ({} entries)",
             self.plan.entries.len()
@@ -200,11 +245,13 @@ impl<'a> SendSession<'a> {
         let mut busy = BusyWait::default();
         loop {
             let limit = PlanReply::max_len(&self.plan.sizes);
-            let reply = ask(self.link(0), self.request.clone(), limit)?;
+            let request = self.request.clone();
+            let reply = ask_busy(self.link(0), request, limit, &mut || early.clear())?;
             let (retry_after, why) = match plan_answer(host, &reply, &self.plan.sizes)? {
                 PlanAnswer::Accepted(plans) => return Ok(plans),
                 PlanAnswer::Busy { retry_after, why } => (retry_after, why),
             };
+            early.clear();
             if busy.pause(self.config, &self.progress, retry_after, &why) {
                 continue;
             }
@@ -241,17 +288,22 @@ impl<'a> SendSession<'a> {
     /// Sends `to_send`, then the chunks the receiver found corrupt again,
     /// round after round, until every chunk passed its check.
     /// The first round's streams go on `early` connections, as many as
-    /// there are; the rest of `early` is closed unused.
-    fn send_rounds(
+    /// there are; the rest of `early` is closed unused. Returns the
+    /// finish's connection, opened while the last round ran.
+    fn send_rounds<'scope>(
         &mut self,
         mut to_send: Vec<ChunkRef>,
         readers: &Readers,
         mut early: Vec<EarlyStream<'_>>,
-    ) -> Result<(), SendError> {
+        finisher: &Finisher<'scope, '_>,
+    ) -> Result<Option<EarlyRequest<'scope>>, SendError> {
+        let mut finish = None;
         while !to_send.is_empty() {
+            // A round that leaves chunks to repair closes the one before.
+            finish = finisher.open();
             to_send = self.run_round(&to_send, readers, std::mem::take(&mut early))?;
         }
-        Ok(())
+        Ok(finish)
     }
 
     /// One round: `chunks` shared out over the streams, each stream a
@@ -351,13 +403,31 @@ impl<'a> SendSession<'a> {
         })
     }
 
-    /// Sends every file's hash: the receiver checks them and puts the
-    /// files in place.
-    fn finish(&self, plans: &[FilePlan]) -> Result<(), SendError> {
+    /// Sends every file's hash, on `early` if the last round opened it:
+    /// the receiver checks them and puts the files in place.
+    fn finish(&self, plans: &[FilePlan], early: Option<EarlyRequest<'_>>) -> Result<(), SendError> {
         self.progress.set_stage("verifying at the receiver");
         self.progress.current.lock().expect("progress lock").clear();
         let hashes = self.values.file_hashes(&self.plan, plans);
-        let reply = ask(self.link(0), encode_finish(&hashes), Outcome::max_len(0))?;
+        let request = encode_finish(&hashes);
+        let limit = Outcome::max_len(0);
+        let reply = match early {
+            Some(e) => {
+                e.early
+                    .launch(request.len() as u64, limit, BytesFeed(request));
+                match e.done.join().expect("the finish's thread panicked") {
+                    Some((_, reply, _)) => reply?,
+                    // Cannot be: the request was launched while it waited.
+                    None => {
+                        return Err(SendError::Failed {
+                            host: self.config.host.clone(),
+                            why: "the finish's connection ended before its request".into(),
+                        })
+                    }
+                }
+            }
+            None => ask(self.link(0), request, limit)?,
+        };
         outcome(&self.config.host, &reply)?;
         Ok(())
     }
