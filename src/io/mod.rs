@@ -272,6 +272,26 @@ pub trait StreamFeed: PayloadSource {
     fn sibling_done(&mut self) -> bool {
         false
     }
+    /// For a connection opened before its stream was known
+    /// ([`ProbeConfig::stream_len_later`]): once, what became of it.
+    fn launch(&mut self) -> Option<Launch> {
+        None
+    }
+}
+
+/// What a connection opened ahead of its stream learns
+/// ([`StreamFeed::launch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launch {
+    /// The stream is known: send it.
+    Stream {
+        /// The stream's bytes.
+        len: u64,
+        /// The longest reply it may be answered with, in bytes.
+        reply_limit: u32,
+    },
+    /// There is no stream for it: close it.
+    Abandon,
 }
 
 impl StreamFeed for PatternSource {
@@ -408,6 +428,9 @@ pub struct ProbeConfig {
     /// What an earlier connection to this destination learnt
     /// ([`crate::config::path_cache`]); `None`: start from the tuning alone.
     pub(crate) path_memory: Option<PathMemory>,
+    /// Open the connection now, its stream's length to come from
+    /// [`StreamFeed::launch`] (`bytes` is ignored).
+    pub(crate) stream_len_later: bool,
 }
 
 impl ProbeConfig {
@@ -425,6 +448,7 @@ impl ProbeConfig {
             auth: None,
             close_unacknowledged: false,
             path_memory: None,
+            stream_len_later: false,
         }
     }
 
@@ -760,6 +784,9 @@ fn new_client(config: &ProbeConfig, now: Time) -> Result<Client, ProbeError> {
             .with_reply_limit(config.reply_limit),
         Err(e) => return Err(ProbeError::Tuning(e)),
     };
+    if config.stream_len_later {
+        client = client.with_stream_len_later();
+    }
     if config.auth.is_none() {
         client = client.with_address_token(address_tokens::get(peer));
     }
@@ -881,10 +908,16 @@ impl ClientDriver {
         stop: impl std::future::Future<Output = ()>,
     ) -> Result<Closed, ProbeError> {
         let max_len = self.client.max_transmit_len();
-        let waker = feed.waker();
         tokio::pin!(stop);
         loop {
             let now = self.clock.now();
+            match feed.launch() {
+                Some(Launch::Stream { len, reply_limit }) => {
+                    self.client.set_stream_len(now, len, reply_limit);
+                }
+                Some(Launch::Abandon) => self.client.abandon(now),
+                None => {}
+            }
             let acked = self.client.sender().map_or(0, |s| s.good_bytes());
             match feed.refill(acked) {
                 Ok(Some(ready)) => self.client.set_available(now, ready),
@@ -946,6 +979,9 @@ impl ClientDriver {
                 continue;
             }
             let deadline = self.client.poll_timeout();
+            // Asked each time: a connection opened ahead of its stream
+            // is woken by one feed, then by the stream's.
+            let waker = feed.waker();
             tokio::select! {
                 r = self.io.readable() => {
                     if let Err(e) = r {

@@ -319,6 +319,11 @@ impl Fetching {
 #[derive(Debug)]
 enum State {
     Hello,
+    /// Welcomed (and, authenticated, keyed), but the application has not
+    /// said what its stream is yet ([`Client::with_stream_len_later`]):
+    /// nothing to send and nothing in flight, so no idle timer runs; only
+    /// the hold's own limit ([`hold_limit`]).
+    Held,
     Transfer,
     /// Everything acknowledged; fetching the server's reply.
     Fetching(Box<Fetching>),
@@ -391,6 +396,25 @@ pub struct Client {
     address_token: Option<AddressToken>,
     /// A retry brought a token: send the hello again at once.
     hello_now: bool,
+    /// The stream's length comes after the welcome
+    /// ([`Client::with_stream_len_later`]).
+    stream_len_later: bool,
+    /// Closed without a stream ([`Client::abandon`]): its closes are not
+    /// waited for.
+    abandoned: bool,
+}
+
+/// How long a connection opened ahead of its stream may hold after its
+/// first hello: half of what a server gives a connection that has sent
+/// no data (its default `hello_idle`, and at most the client's
+/// `maxidle`), so that it closes itself well before the server would
+/// forget it, which would end it as idle (and with it the session).
+fn hold_limit(tuning: &Tuning) -> Duration {
+    let mut server_wait = crate::proto::ServerLimits::default().hello_idle;
+    if !tuning.maxidle.is_zero() {
+        server_wait = server_wait.min(tuning.maxidle);
+    }
+    server_wait / 2
 }
 
 /// The `mss` a connection's segments are cut to once `cipher` protects
@@ -445,6 +469,8 @@ impl Client {
             path_memory: None,
             address_token: None,
             hello_now: false,
+            stream_len_later: false,
+            abandoned: false,
         })
     }
 
@@ -577,6 +603,60 @@ impl Client {
     pub(crate) fn with_close_unacknowledged(mut self) -> Client {
         self.close_unacknowledged = true;
         self
+    }
+
+    /// Opens the connection before its stream is known: the hello (and
+    /// the handshake) go now, and once welcomed the client holds, sending
+    /// nothing, until [`Client::set_stream_len`] says how long the stream
+    /// is or [`Client::abandon`] closes it. A transfer opens its data and
+    /// finish connections this way while the request before them is in
+    /// flight, so their hello round trip overlaps it.
+    pub(crate) fn with_stream_len_later(mut self) -> Client {
+        self.stream_len_later = true;
+        self
+    }
+
+    /// The stream of a client made [`Client::with_stream_len_later`] is
+    /// `len` bytes, its reply at most `reply_limit` bytes
+    /// ([`Client::with_reply_limit`]): a held connection starts sending
+    /// at once.
+    pub(crate) fn set_stream_len(&mut self, now: Time, len: u64, reply_limit: u32) {
+        if !std::mem::take(&mut self.stream_len_later) {
+            return;
+        }
+        self.stream_len = Some(len);
+        self.reply_limit = reply_limit.min(REPLY_MAX);
+        if matches!(self.state, State::Held) {
+            self.start_sending(now);
+        }
+    }
+
+    /// Closes a connection that never got its stream (see
+    /// [`Client::with_stream_len_later`]), as it does itself once held
+    /// past [`hold_limit`]: a held one sends its close
+    /// three times without waiting for the acknowledgement, so the server
+    /// frees its slot at once; one not yet welcomed just ends (the server
+    /// forgets a connection without data after its hello time).
+    pub(crate) fn abandon(&mut self, now: Time) {
+        match self.state {
+            State::Held => {
+                self.abandoned = true;
+                self.start_closing(now);
+            }
+            State::Hello => {
+                self.state = State::Done(Ok(Closed {
+                    peer: None,
+                    reply: None,
+                }));
+            }
+            _ => {}
+        }
+    }
+
+    /// Held after its welcome, waiting for its stream.
+    #[cfg(test)]
+    pub(crate) fn is_held(&self) -> bool {
+        matches!(self.state, State::Held)
     }
 
     /// Limits the data sent to the stream's first `bytes` (see
@@ -816,7 +896,7 @@ impl Client {
             (Packet::Reply(reply), State::Fetching(_)) => self.on_reply(now, reply),
             // The server answered before all was sent (it failed): stop
             // sending and fetch the answer.
-            (Packet::Reply(reply @ Reply::Fragment { .. }), State::Transfer)
+            (Packet::Reply(reply @ Reply::Fragment { .. }), State::Transfer | State::Held)
                 if self.purpose != Purpose::Probe =>
             {
                 self.state = State::Fetching(Box::new(Fetching::new(
@@ -852,6 +932,18 @@ impl Client {
             return;
         }
         self.granted = Some(granted);
+        if self.stream_len_later {
+            self.state = State::Held;
+            return;
+        }
+        self.start_sending(now);
+    }
+
+    /// The welcome is in and the stream known: the sender starts.
+    fn start_sending(&mut self, now: Time) {
+        let Some(granted) = self.granted else {
+            return;
+        };
         let mut tuning = self.tuning.clone();
         tuning.rcvsegs = granted.rcvsegs.max(1);
         let mut sender = Sender::new(&tuning, self.conn_id, self.stream_len, now)
@@ -1007,7 +1099,8 @@ impl Client {
                     reply: self.reply.take(),
                 }));
             }
-            State::Closing { .. } | State::Done(_) => {}
+            State::Held if now >= self.started + hold_limit(&self.tuning) => self.abandon(now),
+            State::Held | State::Closing { .. } | State::Done(_) => {}
         }
     }
 
@@ -1101,15 +1194,21 @@ impl Client {
                 .ok()
             }
             State::Closing { .. } if self.retry.due(now) => {
-                let s = self.sender.as_ref()?;
+                // A held connection closes having sent nothing.
+                let (segments, bytes) = self
+                    .sender
+                    .as_ref()
+                    .map_or((0, 0), |s| (s.stats().pkts_out, s.good_bytes()));
                 let n = Close {
                     conn_id: self.conn_id,
-                    segments: s.stats().pkts_out,
-                    bytes: s.good_bytes(),
+                    segments,
+                    bytes,
                 }
                 .emit(buf)
                 .ok();
-                if n.is_some() && self.close_unacknowledged && self.reply.is_some() {
+                let unacknowledged =
+                    (self.close_unacknowledged && self.reply.is_some()) || self.abandoned;
+                if n.is_some() && unacknowledged {
                     self.closes_sent += 1;
                     if self.closes_sent >= UNACKNOWLEDGED_CLOSES {
                         self.state = State::Done(Ok(Closed {
@@ -1141,6 +1240,7 @@ impl Client {
                 [Some(next), give_up].into_iter().flatten().min()
             }
             State::Transfer => self.sender.as_ref()?.poll_timeout(),
+            State::Held => Some(self.started + hold_limit(&self.tuning)),
             State::Fetching(ref f) => {
                 let give_up =
                     (!self.tuning.maxidle.is_zero()).then(|| f.last_heard + self.tuning.maxidle);

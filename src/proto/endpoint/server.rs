@@ -3229,6 +3229,123 @@ mod tests {
         );
     }
 
+    /// A connection opened ahead of its request (a transfer's data or
+    /// finish, while the plan is in flight) is welcomed and then holds,
+    /// with no timer, sending nothing; once its stream is known, the
+    /// request and its pushed reply take one round trip, not the two of
+    /// a connection opened then.
+    #[test]
+    fn a_connection_opened_ahead_of_its_request_answers_it_in_one_round_trip() {
+        let rtt = Duration::from_millis(100);
+        let client = Client::new(&Tuning::default(), 13, Some(0), Time::ZERO)
+            .unwrap()
+            .with_session(23)
+            .with_close_unacknowledged()
+            .with_stream_len_later();
+        let server = Server::new(open_limits(), 1 << 20, 2 << 20);
+        let mut pair = pair(client, server, "delay 50ms");
+        let mut app = Replies(b"verdict".to_vec());
+        pair.set_time_limit(Duration::from_secs(2));
+        let end = pair.run_serving(&mut (), &mut straight, &mut app, |p| p.client.is_held());
+        assert_eq!(end, RunEnd::Finished);
+        let held = pair.now();
+        assert!(held.saturating_since(Time::ZERO) <= rtt + Duration::from_millis(5));
+        assert_eq!(
+            pair.client.poll_timeout(),
+            Some(Time::ZERO + Duration::from_secs(5)),
+            "a held connection's one timer is its hold's limit"
+        );
+        assert_eq!(pair.server.open_connections(), 1);
+        pair.client.set_stream_len(held, 3000, 64);
+        assert!(serve_one(
+            &mut pair,
+            Duration::from_secs(2),
+            &mut straight,
+            &mut app
+        ));
+        let closed = pair.client.outcome().unwrap().clone().unwrap();
+        assert_eq!(closed.reply.as_deref(), Some(&b"verdict"[..]));
+        let took = pair.now().saturating_since(held);
+        assert!(
+            took >= rtt && took <= rtt + Duration::from_millis(5),
+            "{took:?} from the stream to the reply"
+        );
+    }
+
+    /// A connection opened ahead of a stream that never comes (the plan
+    /// was refused, or the round has fewer streams) closes without one:
+    /// the server forgets it at once, not after its hello time.
+    #[test]
+    fn a_held_connection_abandoned_is_closed_at_once() {
+        let client = Client::new(&Tuning::default(), 14, Some(0), Time::ZERO)
+            .unwrap()
+            .with_session(24)
+            .with_stream_len_later();
+        let server = Server::new(open_limits(), 1 << 20, 2 << 20);
+        let mut pair = pair(client, server, "delay 50ms");
+        pair.set_time_limit(Duration::from_secs(30));
+        /// Notes when the connection ended, and how.
+        struct Ends(Option<(Time, ConnEnd)>);
+        impl SessionApp for Ends {
+            fn on_event(&mut self, now: Time, _: &mut Server, e: SessionEvent) {
+                if let SessionEvent::Ended { end, .. } = e {
+                    self.0 = Some((now, end));
+                }
+            }
+        }
+        let mut app = Ends(None);
+        pair.run_serving(&mut (), &mut straight, &mut app, |p| p.client.is_held());
+        let held = pair.now();
+        pair.client.abandon(held);
+        let end = pair.run_past_client(&mut (), &mut straight, &mut app, |_| false);
+        assert_eq!(end, RunEnd::Stalled);
+        let closed = pair.client.outcome().unwrap().clone().unwrap();
+        assert_eq!(closed.reply, None);
+        let (at, end) = app.0.expect("the server ended the connection");
+        assert_eq!(end, ConnEnd::Closed);
+        let after = at.saturating_since(held);
+        assert!(after <= Duration::from_millis(55), "ended {after:?} after");
+    }
+
+    /// A connection held longer than a server keeps one without data
+    /// closes itself before the server would forget it as idle (which
+    /// would fail the transfer's session): half the server's hello time.
+    #[test]
+    fn a_held_connection_closes_itself_before_the_server_forgets_it() {
+        let tuning = Tuning {
+            maxidle: Duration::from_secs(4),
+            ..Tuning::default()
+        };
+        let client = Client::new(&tuning, 15, Some(0), Time::ZERO)
+            .unwrap()
+            .with_session(25)
+            .with_stream_len_later();
+        let server = Server::new(open_limits(), 1 << 20, 2 << 20);
+        let mut pair = pair(client, server, "delay 50ms");
+        pair.set_time_limit(Duration::from_secs(30));
+        /// Notes when the connection ended, and how.
+        struct Ends(Option<(Time, ConnEnd)>);
+        impl SessionApp for Ends {
+            fn on_event(&mut self, now: Time, _: &mut Server, e: SessionEvent) {
+                if let SessionEvent::Ended { end, .. } = e {
+                    self.0 = Some((now, end));
+                }
+            }
+        }
+        let mut app = Ends(None);
+        let end = pair.run_past_client(&mut (), &mut straight, &mut app, |_| false);
+        assert_eq!(end, RunEnd::Stalled);
+        let closed = pair.client.outcome().unwrap().clone().unwrap();
+        assert_eq!(closed.reply, None);
+        let (at, end) = app.0.expect("the server ended the connection");
+        assert_eq!(end, ConnEnd::Closed, "not forgotten as idle");
+        let after = at.saturating_since(Time::ZERO);
+        assert!(
+            after >= Duration::from_secs(2) && after <= Duration::from_millis(2055),
+            "ended after {after:?}"
+        );
+    }
+
     /// A request's client does not wait for its close to be acknowledged,
     /// so it sends it three times: with the first two lost the server
     /// still ends the connection on the third, at once, rather than after

@@ -937,8 +937,11 @@ impl<P: PlanView> Sessions<P> {
         if let Some(why) = self.session_budget(peer.ip()) {
             return self.busy(conn_id, why);
         }
-        self.sessions
-            .insert(session, Session::new(peer, who, id, now));
+        let mut s = Session::new(peer, who, id, now);
+        // A sender opens its data connections while the plan is in
+        // flight: those that came first are the session's too.
+        s.open_conns = self.conns.values().filter(|c| c.session == session).count();
+        self.sessions.insert(session, s);
         self.actions.push_back(Action::Plan(PlanJob::Plan {
             session,
             conn_id,

@@ -3,13 +3,13 @@
 //! receiver turns it away busy.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
 use super::{Bound, Progress, SendConfig, SendError, StreamLive, StreamReport, TraceTaker};
-use crate::io::{self, fresh_conn_id, ClientEnd, ProbeConfig, ProbeError, StreamFeed};
+use crate::io::{self, fresh_conn_id, ClientEnd, Launch, ProbeConfig, ProbeError, StreamFeed};
 use crate::proto::{Observer, PayloadSource};
 
 /// Coming back to a busy receiver: pauses of 0.5, 1, 2, 4, then 8 s (or
@@ -114,7 +114,7 @@ impl Observer for Live<'_> {
 }
 
 /// A stream whose bytes are all in memory: a plan or finish request.
-struct BytesFeed(Vec<u8>);
+pub(super) struct BytesFeed(pub(super) Vec<u8>);
 
 impl PayloadSource for BytesFeed {
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) {
@@ -202,11 +202,22 @@ pub(super) fn run_conn<F: StreamFeed>(
     ending: Ending,
     data: Option<DataConn<'_>>,
 ) -> (Result<Vec<u8>, SendError>, Option<StreamReport>) {
+    run_conn_busy(link, len, feed, ending, data, &mut || {})
+}
+
+/// [`run_conn`], calling `on_busy` each time the receiver turns it away
+/// busy, before the pause.
+fn run_conn_busy<F: StreamFeed>(
+    link: Link<'_>,
+    len: u64,
+    feed: &mut F,
+    ending: Ending,
+    data: Option<DataConn<'_>>,
+    on_busy: &mut dyn FnMut(),
+) -> (Result<Vec<u8>, SendError>, Option<StreamReport>) {
     let mut busy = BusyWait::default();
     loop {
-        let Link {
-            config, from, stop, ..
-        } = link;
+        let Link { config, from, .. } = link;
         let socket = match from.map(|b| b.socket.try_clone()).transpose() {
             Ok(s) => s,
             Err(error) => {
@@ -218,45 +229,59 @@ pub(super) fn run_conn<F: StreamFeed>(
             }
         };
         let probe = probe_config(link, len, ending, data.as_ref());
-        let stopped = async {
-            while !stop.stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        };
-        let mut watch = Watch {
-            live: data
-                .as_ref()
-                .and_then(|d| d.live)
-                .map(|live| Live { live, top: None }),
-            take: config
-                .trace
-                .as_ref()
-                .zip(data.as_ref())
-                .map(|(sink, d)| (sink.0)(d.round, d.stream)),
-        };
-        let result = runtime().block_on(io::connect_from(socket, probe, feed, &mut watch, stopped));
-        // The connection's trace is complete: its taker may finish it.
-        drop(watch);
-        let stream = result.report.map(|transport| StreamReport {
-            transport,
-            end: ClientEnd::of(&result.outcome),
-        });
-        let reply = match result.outcome {
-            Ok(closed) => closed.reply.ok_or_else(|| SendError::Failed {
-                host: config.host.clone(),
-                why: "the connection closed without a reply".into(),
-            }),
-            Err(ProbeError::Interrupted) => Err(SendError::Interrupted),
-            Err(ProbeError::Source(why)) => Err(SendError::Source(why)),
-            Err(e) => Err(SendError::Conn(e)),
-        };
+        let (reply, stream) = attempt(link, socket, probe, feed, data.as_ref());
         match &reply {
             Err(e)
-                if refused_busy(e)
-                    && busy.pause(link.config, link.stop, Duration::ZERO, &e.to_string()) => {}
+                if refused_busy(e) && {
+                    on_busy();
+                    busy.pause(link.config, link.stop, Duration::ZERO, &e.to_string())
+                } => {}
             _ => return (reply, stream),
         }
     }
+}
+
+/// One try of a connection, from `socket` (or a fresh one), to its end.
+fn attempt<F: StreamFeed>(
+    link: Link<'_>,
+    socket: Option<std::net::UdpSocket>,
+    probe: ProbeConfig,
+    feed: &mut F,
+    data: Option<&DataConn<'_>>,
+) -> (Result<Vec<u8>, SendError>, Option<StreamReport>) {
+    let Link { config, stop, .. } = link;
+    let stopped = async {
+        while !stop.stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let mut watch = Watch {
+        live: data
+            .and_then(|d| d.live)
+            .map(|live| Live { live, top: None }),
+        take: config
+            .trace
+            .as_ref()
+            .zip(data)
+            .map(|(sink, d)| (sink.0)(d.round, d.stream)),
+    };
+    let result = runtime().block_on(io::connect_from(socket, probe, feed, &mut watch, stopped));
+    // The connection's trace is complete: its taker may finish it.
+    drop(watch);
+    let stream = result.report.map(|transport| StreamReport {
+        transport,
+        end: ClientEnd::of(&result.outcome),
+    });
+    let reply = match result.outcome {
+        Ok(closed) => closed.reply.ok_or_else(|| SendError::Failed {
+            host: config.host.clone(),
+            why: "the connection closed without a reply".into(),
+        }),
+        Err(ProbeError::Interrupted) => Err(SendError::Interrupted),
+        Err(ProbeError::Source(why)) => Err(SendError::Source(why)),
+        Err(e) => Err(SendError::Conn(e)),
+    };
+    (reply, stream)
 }
 
 fn probe_config(
@@ -277,6 +302,7 @@ fn probe_config(
         reply_limit: u32::try_from(ending.reply_limit).unwrap_or(u32::MAX),
         close_unacknowledged: ending.close_unacknowledged,
         path_memory: config.path_memory,
+        stream_len_later: false,
     }
 }
 
@@ -288,6 +314,17 @@ pub(super) fn ask(
     request: Vec<u8>,
     reply_limit: u64,
 ) -> Result<Vec<u8>, SendError> {
+    ask_busy(link, request, reply_limit, &mut || {})
+}
+
+/// [`ask`], calling `on_busy` each time the receiver turns the
+/// connection away busy (the plan closes its connections opened ahead).
+pub(super) fn ask_busy(
+    link: Link<'_>,
+    request: Vec<u8>,
+    reply_limit: u64,
+    on_busy: &mut dyn FnMut(),
+) -> Result<Vec<u8>, SendError> {
     let len = request.len() as u64;
     // The reply is all a request wants (the data streams keep waiting
     // for the close's acknowledgement: its receiver counters go in the
@@ -296,5 +333,167 @@ pub(super) fn ask(
         reply_limit,
         close_unacknowledged: true,
     };
-    run_conn(link, len, &mut BytesFeed(request), ending, None).0
+    run_conn_busy(link, len, &mut BytesFeed(request), ending, None, on_busy).0
+}
+
+/// A stream for a connection opened ahead of it: its length, the
+/// longest reply it may have, and its bytes.
+struct Job<F> {
+    len: u64,
+    reply_limit: u64,
+    feed: F,
+}
+
+/// The application's end of a connection opened ahead of its stream
+/// ([`open_early`]): [`Early::launch`] hands it the stream; dropped
+/// unlaunched, it closes the connection.
+pub(super) struct Early<F> {
+    jobs: Option<mpsc::Sender<Job<F>>>,
+    notify: Arc<Notify>,
+}
+
+impl<F> Early<F> {
+    /// The connection's stream: `len` bytes of `feed`, answered with at
+    /// most `reply_limit` bytes.
+    pub(super) fn launch(mut self, len: u64, reply_limit: u64, feed: F) {
+        if let Some(jobs) = self.jobs.take() {
+            // A connection already over takes its stream on a fresh one.
+            let _ = jobs.send(Job {
+                len,
+                reply_limit,
+                feed,
+            });
+        }
+    }
+}
+
+impl<F> Drop for Early<F> {
+    fn drop(&mut self) {
+        // Wakes the connection to take its stream, or to close without.
+        self.jobs = None;
+        self.notify.notify_one();
+    }
+}
+
+/// The connection's end of an [`Early`]: no stream until one arrives.
+struct LateFeed<F> {
+    jobs: mpsc::Receiver<Job<F>>,
+    notify: Arc<Notify>,
+    /// The stream, once launched.
+    job: Option<Job<F>>,
+    /// Launched or abandoned: nothing more to tell the driver.
+    told: bool,
+}
+
+impl<F: StreamFeed> PayloadSource for LateFeed<F> {
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) {
+        self.job
+            .as_mut()
+            .expect("nothing is sent before the stream is known")
+            .feed
+            .read_at(offset, buf);
+    }
+}
+
+impl<F: StreamFeed> StreamFeed for LateFeed<F> {
+    fn refill(&mut self, acked: u64) -> Result<Option<u64>, crate::io::FeedError> {
+        match self.job.as_mut() {
+            Some(j) => j.feed.refill(acked),
+            None => Ok(None),
+        }
+    }
+
+    fn waker(&self) -> Option<Arc<Notify>> {
+        match &self.job {
+            Some(j) => j.feed.waker(),
+            None => Some(self.notify.clone()),
+        }
+    }
+
+    fn sibling_done(&mut self) -> bool {
+        self.job.as_mut().is_some_and(|j| j.feed.sibling_done())
+    }
+
+    fn launch(&mut self) -> Option<Launch> {
+        if self.told {
+            return None;
+        }
+        let launch = match self.jobs.try_recv() {
+            Err(mpsc::TryRecvError::Empty) => return None,
+            Err(mpsc::TryRecvError::Disconnected) => Launch::Abandon,
+            Ok(job) => {
+                let launch = Launch::Stream {
+                    len: job.len,
+                    reply_limit: u32::try_from(job.reply_limit).unwrap_or(u32::MAX),
+                };
+                self.job = Some(job);
+                launch
+            }
+        };
+        self.told = true;
+        Some(launch)
+    }
+}
+
+/// What a connection opened ahead of its stream gave back: the stream's
+/// feed, its reply and its transport report; `None`: no stream came.
+pub(super) type EarlyEnd<F> = Option<(F, Result<Vec<u8>, SendError>, Option<StreamReport>)>;
+
+/// Opens a connection of the session now, before its stream is known,
+/// so that its hello (and handshake) round trip overlaps the request
+/// before it: returns the [`Early`] that launches its stream, and what
+/// runs the connection to its end (on a thread of the caller's).
+/// A connection that failed before its stream came, or held longer than
+/// a server keeps a connection without data (`Client::abandon`), carries
+/// it on a fresh connection instead, as
+/// [`run_conn`] does (busy receivers included); while it waits it sends
+/// nothing and its idle clock is stopped.
+pub(super) fn open_early<'a, F: StreamFeed + 'a>(
+    link: Link<'a>,
+    close_unacknowledged: bool,
+    data: Option<DataConn<'a>>,
+) -> (Early<F>, impl FnOnce() -> EarlyEnd<F> + 'a) {
+    let (jobs_tx, jobs) = mpsc::channel();
+    let notify = Arc::new(Notify::new());
+    let early = Early {
+        jobs: Some(jobs_tx),
+        notify: notify.clone(),
+    };
+    // The reply's limit comes with the stream.
+    let ending = Ending {
+        reply_limit: 0,
+        close_unacknowledged,
+    };
+    let run = move || {
+        let mut late = LateFeed {
+            jobs,
+            notify,
+            job: None,
+            told: false,
+        };
+        let probe = ProbeConfig {
+            stream_len_later: true,
+            ..probe_config(link, 0, ending, data.as_ref())
+        };
+        let socket = None;
+        let (reply, stream) = attempt(link, socket, probe, &mut late, data.as_ref());
+        // Opened in vain (it failed, or its hold ran out, before the
+        // stream came; or the receiver turned it away busy, having taken
+        // nothing): the stream goes on a connection of its own.
+        let mut job = match late.job.take() {
+            Some(job) if !matches!(&reply, Err(e) if refused_busy(e)) => {
+                return Some((job.feed, reply, stream));
+            }
+            Some(job) => job,
+            None => late.jobs.recv().ok()?,
+        };
+        let ending = Ending {
+            reply_limit: job.reply_limit,
+            ..ending
+        };
+        let (reply, stream) = run_conn(link, job.len, &mut job.feed, ending, data);
+        let feed = job.feed;
+        Some((feed, reply, stream))
+    };
+    (early, run)
 }

@@ -13,7 +13,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::conn::{ask, run_conn, BusyWait, DataConn, Ending, Link};
+use super::conn::{
+    ask, ask_busy, open_early, run_conn, BusyWait, BytesFeed, DataConn, Early, EarlyEnd, Ending,
+    Link,
+};
 use super::readers::{FileFeed, Readers, Shown, Siblings};
 use super::{
     Bound, PlannedFile, Progress, SendConfig, SendError, SendReport, StreamLive, StreamReport,
@@ -43,17 +46,130 @@ pub(super) fn send_session(
     session_out: &mut Option<u64>,
 ) -> Result<SendReport, SendError> {
     let mut session = SendSession::start(sources, config, from, progress)?;
-    let plans = session.plan()?;
-    *session_out = Some(session.id);
-    let readers = Readers::start(config.readers);
-    let mut selection = session.select(&plans, &readers)?;
-    if config.options.dry_run {
-        // The receiver has answered and kept nothing: no data, no finish.
-        return Ok(session.dry_run_report(&plans, &selection.to_send));
+    let opened = EarlyOpened::for_session(&session);
+    let id = session.id;
+    thread::scope(|scope| {
+        let mut early = opened.open(scope, config, progress, id);
+        let finisher = Finisher {
+            scope,
+            link: Link {
+                config,
+                from: None,
+                session: id,
+                stop: progress,
+            },
+            // As the data connections: only on fresh sockets.
+            ahead: from.is_empty(),
+        };
+        let plans = session.plan(&mut early)?;
+        *session_out = Some(session.id);
+        let readers = Readers::start(config.readers);
+        let mut selection = session.select(&plans, &readers)?;
+        if config.options.dry_run {
+            // The receiver has answered and kept nothing: no data, no finish.
+            return Ok(session.dry_run_report(&plans, &selection.to_send));
+        }
+        let to_send = std::mem::take(&mut selection.to_send);
+        let finish = session.send_rounds(to_send, &readers, early, &finisher)?;
+        session.finish(&plans, finish)?;
+        Ok(session.report(&selection))
+    })
+}
+
+/// The data connections of the first round, opened while the plan is in
+/// flight so that their hello (and handshake) round trip overlaps the
+/// plan's: as many as the streams the round can have. Only on fresh
+/// sockets (connections that share a bound socket follow each other),
+/// and not for a dry run, which sends no data.
+struct EarlyOpened {
+    lives: Vec<Arc<StreamLive>>,
+    detail: bool,
+}
+
+impl EarlyOpened {
+    fn for_session(session: &SendSession<'_>) -> EarlyOpened {
+        let config = session.config;
+        let chunks: u64 = session.plan.sizes.iter().map(|&s| chunk_count(s)).sum();
+        let count = if !session.from.is_empty() || config.options.dry_run {
+            0
+        } else {
+            config
+                .streams
+                .min(usize::try_from(chunks).unwrap_or(usize::MAX))
+        };
+        EarlyOpened {
+            lives: (0..count).map(|_| Arc::default()).collect(),
+            detail: session.progress.detail.load(Ordering::Relaxed),
+        }
     }
-    session.send_rounds(std::mem::take(&mut selection.to_send), &readers)?;
-    session.finish(&plans)?;
-    Ok(session.report(&selection))
+
+    /// Opens the connections, each run on a thread of `scope`.
+    fn open<'scope, 'env>(
+        &'env self,
+        scope: &'scope thread::Scope<'scope, 'env>,
+        config: &'env SendConfig,
+        progress: &'env Progress,
+        session: u64,
+    ) -> Vec<EarlyStream<'scope>> {
+        self.lives
+            .iter()
+            .enumerate()
+            .map(|(index, live)| {
+                let link = Link {
+                    config,
+                    from: None,
+                    session,
+                    stop: progress,
+                };
+                let data = DataConn {
+                    round: 1,
+                    stream: index + 1,
+                    live: self.detail.then_some(&**live),
+                };
+                let (early, run) = open_early(link, false, Some(data));
+                EarlyStream {
+                    early,
+                    done: scope.spawn(run),
+                    live: live.clone(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Opens the finish's connection while a round runs, so that it is
+/// welcomed by the time the round's last verdict comes and the finish
+/// costs one round trip, not two.
+struct Finisher<'scope, 'env> {
+    scope: &'scope thread::Scope<'scope, 'env>,
+    link: Link<'env>,
+    ahead: bool,
+}
+
+/// A request's connection opened ahead of it ([`Finisher`]).
+struct EarlyRequest<'scope> {
+    early: Early<BytesFeed>,
+    done: thread::ScopedJoinHandle<'scope, EarlyEnd<BytesFeed>>,
+}
+
+impl<'scope> Finisher<'scope, '_> {
+    fn open(&self) -> Option<EarlyRequest<'scope>> {
+        if !self.ahead {
+            return None;
+        }
+        let (early, run) = open_early(self.link, true, None);
+        Some(EarlyRequest {
+            early,
+            done: self.scope.spawn(run),
+        })
+    }
+}
+
+/// A data connection opened ahead of its round ([`EarlyOpened`]).
+struct EarlyStream<'scope> {
+    early: Early<FileFeed>,
+    done: thread::ScopedJoinHandle<'scope, EarlyEnd<FileFeed>>,
+    live: Arc<StreamLive>,
 }
 
 /// What a session keeps from its walk to its report.
@@ -117,8 +233,10 @@ impl<'a> SendSession<'a> {
     }
 
     /// Asks the receiver what to send of each file, coming back while it
-    /// is busy (within `--wait-busy`).
-    fn plan(&self) -> Result<Vec<FilePlan>, SendError> {
+    /// is busy (within `--wait-busy`); a busy answer, or a plan
+    /// connection turned away busy, closes the `early` connections, so
+    /// that nothing is held at the receiver meanwhile.
+    fn plan(&self, early: &mut Vec<EarlyStream<'_>>) -> Result<Vec<FilePlan>, SendError> {
         self.progress.set_stage(format!(
             "sending the manifest ({} entries)",
             self.plan.entries.len()
@@ -127,11 +245,13 @@ impl<'a> SendSession<'a> {
         let mut busy = BusyWait::default();
         loop {
             let limit = PlanReply::max_len(&self.plan.sizes);
-            let reply = ask(self.link(0), self.request.clone(), limit)?;
+            let request = self.request.clone();
+            let reply = ask_busy(self.link(0), request, limit, &mut || early.clear())?;
             let (retry_after, why) = match plan_answer(host, &reply, &self.plan.sizes)? {
                 PlanAnswer::Accepted(plans) => return Ok(plans),
                 PlanAnswer::Busy { retry_after, why } => (retry_after, why),
             };
+            early.clear();
             if busy.pause(self.config, &self.progress, retry_after, &why) {
                 continue;
             }
@@ -167,15 +287,23 @@ impl<'a> SendSession<'a> {
 
     /// Sends `to_send`, then the chunks the receiver found corrupt again,
     /// round after round, until every chunk passed its check.
-    fn send_rounds(
+    /// The first round's streams go on `early` connections, as many as
+    /// there are; the rest of `early` is closed unused. Returns the
+    /// finish's connection, opened while the last round ran.
+    fn send_rounds<'scope>(
         &mut self,
         mut to_send: Vec<ChunkRef>,
         readers: &Readers,
-    ) -> Result<(), SendError> {
+        mut early: Vec<EarlyStream<'_>>,
+        finisher: &Finisher<'scope, '_>,
+    ) -> Result<Option<EarlyRequest<'scope>>, SendError> {
+        let mut finish = None;
         while !to_send.is_empty() {
-            to_send = self.run_round(&to_send, readers)?;
+            // A round that leaves chunks to repair closes the one before.
+            finish = finisher.open();
+            to_send = self.run_round(&to_send, readers, std::mem::take(&mut early))?;
         }
-        Ok(())
+        Ok(finish)
     }
 
     /// One round: `chunks` shared out over the streams, each stream a
@@ -184,6 +312,7 @@ impl<'a> SendSession<'a> {
         &mut self,
         chunks: &[ChunkRef],
         readers: &Readers,
+        early: Vec<EarlyStream<'_>>,
     ) -> Result<Vec<ChunkRef>, SendError> {
         let round = self
             .tally
@@ -197,7 +326,7 @@ impl<'a> SendSession<'a> {
         let shares = share_out(chunks, &self.plan.sizes, self.config.streams);
         *self.progress.current.lock().expect("progress lock") =
             first_names(&shares, &self.plan.names);
-        let results = self.run_streams(round, &shares, readers);
+        let results = self.run_streams(round, &shares, readers, early);
         self.tally.take(results, &mut self.values)
     }
 
@@ -208,9 +337,28 @@ impl<'a> SendSession<'a> {
         round: usize,
         shares: &[Vec<ChunkRef>],
         readers: &Readers,
+        early: Vec<EarlyStream<'_>>,
     ) -> Vec<StreamResult> {
         let budget = stream_budget(self.config.buffer, shares.len());
-        let lives: Vec<Arc<StreamLive>> = shares.iter().map(|_| Arc::default()).collect();
+        let mut early = early.into_iter();
+        let mut opened = Vec::new();
+        let lives: Vec<Arc<StreamLive>> = shares
+            .iter()
+            .map(|_| match early.next() {
+                Some(e) => {
+                    let live = e.live.clone();
+                    opened.push(e);
+                    live
+                }
+                None => Arc::default(),
+            })
+            .collect();
+        // Connections the round has no stream for close unused.
+        for unused in early {
+            drop(unused.early);
+            let _ = unused.done.join();
+        }
+        let mut opened = opened.into_iter();
         let siblings = Siblings::default();
         let detail = self.progress.detail.load(Ordering::Relaxed);
         if detail {
@@ -231,23 +379,55 @@ impl<'a> SendSession<'a> {
                     let feed =
                         FileFeed::new(share, &self.plan, readers, budget, shown, siblings.clone());
                     let link = self.link(index);
-                    scope.spawn(move || run_stream(link, feed, share, round, index + 1, detail))
+                    if let Some(e) = opened.next() {
+                        let len = feed.stream_len();
+                        let reply_limit = Outcome::max_len(feed.chunks() as u64);
+                        e.early.launch(len, reply_limit, feed);
+                        return Ok(e.done);
+                    }
+                    Err(scope
+                        .spawn(move || run_stream(link, feed, share, round, index + 1, detail)))
                 })
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().expect("a stream thread panicked"))
+                .zip(shares)
+                .map(|(h, share)| match h {
+                    Ok(early) => {
+                        let end = early.join().expect("a stream thread panicked");
+                        early_result(&self.config.host, share, end)
+                    }
+                    Err(h) => h.join().expect("a stream thread panicked"),
+                })
                 .collect()
         })
     }
 
-    /// Sends every file's hash: the receiver checks them and puts the
-    /// files in place.
-    fn finish(&self, plans: &[FilePlan]) -> Result<(), SendError> {
+    /// Sends every file's hash, on `early` if the last round opened it:
+    /// the receiver checks them and puts the files in place.
+    fn finish(&self, plans: &[FilePlan], early: Option<EarlyRequest<'_>>) -> Result<(), SendError> {
         self.progress.set_stage("verifying at the receiver");
         self.progress.current.lock().expect("progress lock").clear();
         let hashes = self.values.file_hashes(&self.plan, plans);
-        let reply = ask(self.link(0), encode_finish(&hashes), Outcome::max_len(0))?;
+        let request = encode_finish(&hashes);
+        let limit = Outcome::max_len(0);
+        let reply = match early {
+            Some(e) => {
+                e.early
+                    .launch(request.len() as u64, limit, BytesFeed(request));
+                match e.done.join().expect("the finish's thread panicked") {
+                    Some((_, reply, _)) => reply?,
+                    // Cannot be: the request was launched while it waited.
+                    None => {
+                        return Err(SendError::Failed {
+                            host: self.config.host.clone(),
+                            why: "the finish's connection ended before its request".into(),
+                        })
+                    }
+                }
+            }
+            None => ask(self.link(0), request, limit)?,
+        };
         outcome(&self.config.host, &reply)?;
         Ok(())
     }
@@ -329,9 +509,40 @@ fn run_stream(
         live: live.as_deref(),
     };
     let (reply, stream) = run_conn(link, len, &mut feed, ending, Some(data));
+    stream_result(&link.config.host, share, feed, reply, stream, sent)
+}
+
+/// What a data stream on a connection opened ahead of it gave back.
+fn early_result(host: &str, share: &[ChunkRef], end: EarlyEnd<FileFeed>) -> StreamResult {
+    match end {
+        Some((feed, reply, stream)) => {
+            let sent = feed.file_bytes();
+            stream_result(host, share, feed, reply, stream, sent)
+        }
+        // Cannot be: the stream was launched while its thread waited.
+        None => StreamResult {
+            bad: Err(SendError::Failed {
+                host: host.to_string(),
+                why: "a data connection ended before its stream".into(),
+            }),
+            cvs: Vec::new(),
+            stream: None,
+            sent: 0,
+        },
+    }
+}
+
+/// What data stream `share` gave back, from its feed and its reply.
+fn stream_result(
+    host: &str,
+    share: &[ChunkRef],
+    mut feed: FileFeed,
+    reply: Result<Vec<u8>, SendError>,
+    stream: Option<StreamReport>,
+    sent: u64,
+) -> StreamResult {
     // Whatever was acknowledged but not yet counted.
     feed.count_rest();
-    let host = &link.config.host;
     StreamResult {
         bad: reply
             .and_then(|r| outcome(host, &r))
