@@ -273,7 +273,8 @@ pub trait StreamFeed: PayloadSource {
         false
     }
     /// For a connection opened before its stream was known
-    /// ([`ProbeConfig::stream_len_later`]): once, what became of it.
+    /// ([`ProbeConfig`] with its stream's length to come later): once, what
+    /// became of it.
     fn launch(&mut self) -> Option<Launch> {
         None
     }
