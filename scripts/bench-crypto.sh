@@ -227,7 +227,7 @@ for l in open(f"{work}/threads"):
     b = next(x[3] for x in by[name]) / 1e9
     for i in range(0, len(pairs) - 1, 2):
         th.setdefault((name, end, pairs[i]), []).append(float(pairs[i + 1]) / b)
-for name in ["plain", "aes", "chacha", "ref-aes"]:
+for name in [n for n in ["plain", "aes", "chacha", "ref-aes"] if n in by]:
     for end in ["probe", "serve"]:
         cells = sorted((k[2], statistics.median(v)) for k, v in th.items() if k[:2] == (name, end))
         print(f"  {name:8} {end}: " + ", ".join(f"{t} {s:.3f}" for t, s in cells if s >= 0.005))

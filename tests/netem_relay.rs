@@ -302,3 +302,43 @@ fn a_relay_stopped_as_soon_as_it_is_ready_reports() {
         assert!(report.get("fwd").is_some(), "round {round}: {report}");
     }
 }
+
+/// The relay's socket asks for a 4 MiB receive buffer (the kernel grants
+/// up to net.core.rmem_max), so a relay descheduled for a moment does not
+/// lose datagrams at its socket, where its counts cannot see them.
+#[test]
+fn the_relay_reads_through_a_large_receive_buffer() {
+    let sysctl = |name: &str| -> u64 {
+        std::fs::read_to_string(format!("/proc/sys/net/core/{name}"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let (max, default) = (sysctl("rmem_max"), sysctl("rmem_default"));
+    if max <= default {
+        eprintln!(
+            "skipped: net.core.rmem_max ({max}) leaves no room above the default ({default})"
+        );
+        return;
+    }
+    let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let relay = Relay::start(sink.local_addr().unwrap(), "delay 1ms", "", 1);
+    let port = relay.addr.port();
+    let ss = std::process::Command::new("ss")
+        .args(["-u", "-a", "-n", "-m", &format!("sport = :{port}")])
+        .output();
+    relay.stop();
+    let Ok(ss) = ss else {
+        eprintln!("skipped: `ss` (iproute2) is not installed");
+        return;
+    };
+    let text = String::from_utf8_lossy(&ss.stdout);
+    let rb: u64 = text
+        .split([',', '('])
+        .find_map(|f| f.strip_prefix("rb"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no rb in `ss -m` for port {port}: {text}"));
+    // Linux reports twice what was set, for its bookkeeping.
+    let granted = (4u64 << 20).min(max);
+    assert!(rb >= granted, "rb {rb} < {granted}: {text}");
+}

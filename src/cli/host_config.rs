@@ -76,10 +76,8 @@ pub(crate) fn default_files() -> Vec<PathBuf> {
 pub(crate) fn settings_for(files: &[PathBuf], host: &str) -> Result<Vec<Setting>> {
     let mut found: Vec<Setting> = Vec::new();
     for file in files {
-        let text = match std::fs::read_to_string(file) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(UsageError(format!("cannot read {}: {e}", file.display())).into()),
+        let Some(text) = read_owned(file)? else {
+            continue;
         };
         for setting in parse(&text, file, host)? {
             if !found.iter().any(|s| s.key == setting.key) {
@@ -88,6 +86,44 @@ pub(crate) fn settings_for(files: &[PathBuf], host: &str) -> Result<Vec<Setting>
         }
     }
     Ok(found)
+}
+
+/// The most a per-host file may hold: far more than any set of flags.
+const MAX_FILE: u64 = 1 << 20;
+
+/// `file`'s text, `None` if there is none; refused, as ssh refuses its
+/// config, if another user could have changed it (sshd's `StrictModes`):
+/// its lines choose the flags atou runs with, `--ssh`'s command among
+/// them.
+fn read_owned(file: &Path) -> Result<Option<String>, UsageError> {
+    use std::io::Read;
+    let cannot = |e: &dyn fmt::Display| UsageError(format!("cannot read {}: {e}", file.display()));
+    let opened = match std::fs::File::open(file) {
+        Ok(opened) => opened,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(cannot(&e)),
+    };
+    let meta = opened.metadata().map_err(|e| cannot(&e))?;
+    let problem = crate::config::keys::strict_problem(file, &meta).map_err(|e| cannot(&e))?;
+    if let Some((problem, fix)) = problem {
+        return Err(UsageError(format!(
+            "{}: {problem}, so another user could choose the flags atou runs with \
+             (the ssh command among them); {fix}",
+            file.display()
+        )));
+    }
+    let mut text = String::new();
+    opened
+        .take(MAX_FILE + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| cannot(&e))?;
+    if text.len() as u64 > MAX_FILE {
+        return Err(UsageError(format!(
+            "{} is over {MAX_FILE} bytes, too large for per-host settings",
+            file.display()
+        )));
+    }
+    Ok(Some(text))
 }
 
 /// The lines of one file that apply to `host`, in order.
@@ -537,6 +573,32 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.ends_with(":1: `overwrite` takes yes or no"), "{err}");
+    }
+
+    /// ssh's rule for its config: a file another user can write is
+    /// refused, since its lines become the flags (and the ssh command)
+    /// atou runs with.
+    #[test]
+    fn a_file_others_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = write(dir.path(), "config", "Host *\nssh evil\n");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let err = settings_for(std::slice::from_ref(&file), "h")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("group or others may write to it (mode 666)"),
+            "{err}"
+        );
+        assert!(err.contains("run `chmod go-w"), "{err}");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(settings_for(&[file], "h").unwrap()[0].value, "evil");
+        let open_dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(open_dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let in_open_dir = write(open_dir.path(), "config", "streams 2\n");
+        let err = settings_for(&[in_open_dir], "h").unwrap_err().to_string();
+        assert!(err.contains("may write to its directory"), "{err}");
     }
 
     #[test]

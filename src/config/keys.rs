@@ -208,66 +208,81 @@ fn open_key_file(path: &Path, strictness: Strictness) -> Result<(File, fs::Metad
     Ok((file, meta))
 }
 
-/// sshd's `StrictModes` for the file opened from `path`, whose `fstat`
-/// is `meta`; then for the directory that holds it, by its real path, so
-/// a symlink from a safe place does not launder a file in an unsafe one.
+/// sshd's `StrictModes` for the key file opened from `path`, whose
+/// `fstat` is `meta` ([`strict_problem`]).
 fn check_strict(path: &Path, meta: &fs::Metadata) -> Result<(), KeyError> {
+    match strict_problem(path, meta)? {
+        None => Ok(()),
+        Some((problem, fix)) => Err(KeyError::Unsafe {
+            path: path.to_path_buf(),
+            problem,
+            fix,
+        }),
+    }
+}
+
+/// What would let another user have changed the file opened from `path`,
+/// whose `fstat` is `meta`, and what fixes it; `None` when nothing would
+/// (sshd's `StrictModes`). The file first; then the directory that holds
+/// it, by its real path, so a symlink from a safe place does not launder
+/// a file in an unsafe one.
+pub(crate) fn strict_problem(
+    path: &Path,
+    meta: &fs::Metadata,
+) -> Result<Option<(String, String)>, KeyError> {
     let euid = rustix::process::geteuid().as_raw();
-    let unsafe_file = |problem: String, fix: String| KeyError::Unsafe {
-        path: path.to_path_buf(),
-        problem,
-        fix,
-    };
     match strict_modes_problem(meta.mode(), meta.uid(), euid, false) {
         None => {}
         Some(StrictProblem::Owner(uid)) => {
-            return Err(unsafe_file(
+            return Ok(Some((
                 format!("it is owned by uid {uid}, not by you (uid {euid}) or root"),
                 format!(
                     "run `chown {euid} {}` as root, or use a copy of your own",
                     path.display()
                 ),
-            ))
+            )))
         }
         Some(StrictProblem::Writable(mode)) => {
-            return Err(unsafe_file(
+            return Ok(Some((
                 format!("group or others may write to it (mode {mode:03o})"),
                 format!("run `chmod go-w {}`", path.display()),
-            ))
+            )))
         }
     }
     let real = fs::canonicalize(path).map_err(io_err(path))?;
     let named = fs::metadata(&real).map_err(io_err(&real))?;
     if (named.dev(), named.ino()) != (meta.dev(), meta.ino()) {
-        return Err(unsafe_file(
+        return Ok(Some((
             format!(
                 "it was replaced while it was being opened (now {})",
                 real.display()
             ),
             "try again".into(),
-        ));
+        )));
     }
     let Some(dir) = real.parent() else {
-        return Ok(());
+        return Ok(None);
     };
     let dmeta = fs::metadata(dir).map_err(io_err(dir))?;
-    match strict_modes_problem(dmeta.mode(), dmeta.uid(), euid, true) {
-        None => Ok(()),
-        Some(StrictProblem::Owner(uid)) => Err(unsafe_file(
-            format!(
-                "its directory {} is owned by uid {uid}, not by you (uid {euid}) or root",
-                dir.display()
-            ),
-            "move it to a directory of your own".into(),
-        )),
-        Some(StrictProblem::Writable(mode)) => Err(unsafe_file(
-            format!(
-                "group or others may write to its directory {} (mode {mode:03o})",
-                dir.display()
-            ),
-            format!("run `chmod go-w {}`", dir.display()),
-        )),
-    }
+    Ok(
+        match strict_modes_problem(dmeta.mode(), dmeta.uid(), euid, true) {
+            None => None,
+            Some(StrictProblem::Owner(uid)) => Some((
+                format!(
+                    "its directory {} is owned by uid {uid}, not by you (uid {euid}) or root",
+                    dir.display()
+                ),
+                "move it to a directory of your own".into(),
+            )),
+            Some(StrictProblem::Writable(mode)) => Some((
+                format!(
+                    "group or others may write to its directory {} (mode {mode:03o})",
+                    dir.display()
+                ),
+                format!("run `chmod go-w {}`", dir.display()),
+            )),
+        },
+    )
 }
 
 /// A file holding a public key to pin (`--server-key FILE`), read as any
