@@ -285,7 +285,7 @@ fn read_exact_at(spec: &SourceSpec, file: &File, buf: &mut [u8], offset: u64) ->
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::transfer::manifest::{walk, EntryKind};
     use std::fs;
@@ -309,8 +309,9 @@ mod tests {
         }
     }
 
-    /// The files of a walk of `src`, as the sender sets them up.
-    fn sources(src: &Path) -> Sources {
+    /// The files of a walk of `src`, as the sender sets them up (the
+    /// readers' tests use it too).
+    pub(crate) fn sources(src: &Path) -> Sources {
         let specs = walk(&[src.to_path_buf()], false, &Default::default())
             .unwrap()
             .into_iter()

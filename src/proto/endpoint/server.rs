@@ -3272,6 +3272,17 @@ mod tests {
         );
     }
 
+    /// Notes when the connection ended, and how.
+    struct Ends(Option<(Time, ConnEnd)>);
+
+    impl SessionApp for Ends {
+        fn on_event(&mut self, now: Time, _: &mut Server, e: SessionEvent) {
+            if let SessionEvent::Ended { end, .. } = e {
+                self.0 = Some((now, end));
+            }
+        }
+    }
+
     /// A connection opened ahead of a stream that never comes (the plan
     /// was refused, or the round has fewer streams) closes without one:
     /// the server forgets it at once, not after its hello time.
@@ -3284,15 +3295,6 @@ mod tests {
         let server = Server::new(open_limits(), 1 << 20, 2 << 20);
         let mut pair = pair(client, server, "delay 50ms");
         pair.set_time_limit(Duration::from_secs(30));
-        /// Notes when the connection ended, and how.
-        struct Ends(Option<(Time, ConnEnd)>);
-        impl SessionApp for Ends {
-            fn on_event(&mut self, now: Time, _: &mut Server, e: SessionEvent) {
-                if let SessionEvent::Ended { end, .. } = e {
-                    self.0 = Some((now, end));
-                }
-            }
-        }
         let mut app = Ends(None);
         pair.run_serving(&mut (), &mut straight, &mut app, |p| p.client.is_held());
         let held = pair.now();
@@ -3323,15 +3325,6 @@ mod tests {
         let server = Server::new(open_limits(), 1 << 20, 2 << 20);
         let mut pair = pair(client, server, "delay 50ms");
         pair.set_time_limit(Duration::from_secs(30));
-        /// Notes when the connection ended, and how.
-        struct Ends(Option<(Time, ConnEnd)>);
-        impl SessionApp for Ends {
-            fn on_event(&mut self, now: Time, _: &mut Server, e: SessionEvent) {
-                if let SessionEvent::Ended { end, .. } = e {
-                    self.0 = Some((now, end));
-                }
-            }
-        }
         let mut app = Ends(None);
         let end = pair.run_past_client(&mut (), &mut straight, &mut app, |_| false);
         assert_eq!(end, RunEnd::Stalled);

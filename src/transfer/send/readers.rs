@@ -421,25 +421,7 @@ impl StreamFeed for FileFeed {
 mod tests {
     use super::*;
     use crate::transfer::hash::CHUNK_SIZE;
-    use crate::transfer::manifest::{walk, EntryKind};
-    use crate::transfer::source::SourceSpec;
-
-    /// The files of a walk of `src`, as the sender sets them up.
-    fn sources(src: &std::path::Path) -> Sources {
-        let specs = walk(&[src.to_path_buf()], false, &Default::default())
-            .unwrap()
-            .into_iter()
-            .filter(|e| matches!(e.entry.kind, EntryKind::File { .. }))
-            .map(|e| SourceSpec {
-                top: e.top.clone(),
-                path: e.entry.path.clone(),
-                shown: e.source.clone(),
-                stamp: e.stamp.unwrap(),
-                follow: false,
-            })
-            .collect();
-        Sources::new(specs)
-    }
+    use crate::transfer::source::tests::sources;
 
     /// A pooled buffer is reused, not zeroed, for a shorter chunk: the
     /// stream gets that chunk's bytes and value, never the bytes the
