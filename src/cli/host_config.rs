@@ -74,12 +74,13 @@ pub(crate) fn default_files() -> Vec<PathBuf> {
 /// The settings that apply to `host` from `files` (missing files skipped),
 /// the first value of each key only.
 pub(crate) fn settings_for(files: &[PathBuf], host: &str) -> Result<Vec<Setting>> {
+    let keys = per_host_keys();
     let mut found: Vec<Setting> = Vec::new();
     for file in files {
         let Some(text) = read_owned(file)? else {
             continue;
         };
-        for setting in parse(&text, file, host)? {
+        for setting in parse(&text, file, host, &keys)? {
             if !found.iter().any(|s| s.key == setting.key) {
                 found.push(setting);
             }
@@ -126,8 +127,27 @@ fn read_owned(file: &Path) -> Result<Option<String>, UsageError> {
     Ok(Some(text))
 }
 
-/// The lines of one file that apply to `host`, in order.
-fn parse(text: &str, file: &Path, host: &str) -> Result<Vec<Setting>, UsageError> {
+/// The long names a per-host line may set: every flag of a per-host
+/// command but those about one command line.
+fn per_host_keys() -> Vec<String> {
+    let root = <super::Cli as clap::CommandFactory>::command();
+    let mut keys: Vec<String> = COMMANDS
+        .iter()
+        .filter_map(|c| root.find_subcommand(c))
+        .flat_map(|sub| sub.get_arguments().filter_map(|a| a.get_long()))
+        .filter(|long| !NOT_PER_HOST.contains(long))
+        .map(str::to_string)
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// The lines of one file that apply to `host`, in order. Every line's key
+/// is checked, in blocks for other hosts too (as ssh checks its config's
+/// every option): a typo is found the first time the file is read, not
+/// the first time its host is used.
+fn parse(text: &str, file: &Path, host: &str, keys: &[String]) -> Result<Vec<Setting>, UsageError> {
     let at = |line: usize, why: String| UsageError(format!("{}:{line}: {why}", file.display()));
     let mut settings = Vec::new();
     let mut block: Option<String> = None;
@@ -150,9 +170,19 @@ fn parse(text: &str, file: &Path, host: &str) -> Result<Vec<Setting>, UsageError
                 format!("`{key}` is ssh's; atou takes Host blocks only"),
             ));
         }
+        let key = key.to_ascii_lowercase().replace('_', "-");
+        if NOT_PER_HOST.contains(&key.as_str()) {
+            return Err(at(i + 1, format!("`{key}` is not a per-host setting")));
+        }
+        if keys.binary_search(&key).is_err() {
+            return Err(at(
+                i + 1,
+                format!("`{key}` is no flag of atou send, copy or probe"),
+            ));
+        }
         if applies {
             settings.push(Setting {
-                key: key.to_ascii_lowercase().replace('_', "-"),
+                key,
                 value: unquote(value).to_string(),
                 file: file.to_path_buf(),
                 line: i + 1,
@@ -291,8 +321,7 @@ pub(crate) fn prepare(
         .clone();
     if let Some(host) = sub.try_get_one::<String>("show_config").ok().flatten() {
         let settings = settings_for(files, host)?;
-        check(&sub_command, &settings)?;
-        return Ok(Prepared::Show(show(host, files, &settings)));
+        return Ok(Prepared::Show(show(&sub_command, host, files, &settings)));
     }
     let Some(host) = host_of(name, sub) else {
         return Ok(Prepared::Args(argv, Vec::new()));
@@ -313,19 +342,6 @@ pub(crate) fn prepare(
     Ok(Prepared::Args(out, used))
 }
 
-/// Every setting names a flag some per-host command takes.
-fn check(command: &Command, settings: &[Setting]) -> Result<(), UsageError> {
-    for s in settings {
-        if NOT_PER_HOST.contains(&s.key.as_str()) {
-            return Err(setting_error(s, "is not a per-host setting"));
-        }
-        if find_long(command, &s.key).is_none() && !any_command_takes(&s.key) {
-            return Err(setting_error(s, "is no flag of atou send, copy or probe"));
-        }
-    }
-    Ok(())
-}
-
 fn setting_error(s: &Setting, why: &str) -> UsageError {
     UsageError(format!(
         "{}:{}: `{}` {why}",
@@ -333,14 +349,6 @@ fn setting_error(s: &Setting, why: &str) -> UsageError {
         s.line,
         s.key
     ))
-}
-
-fn any_command_takes(key: &str) -> bool {
-    let root = <super::Cli as clap::CommandFactory>::command();
-    COMMANDS.iter().any(|c| {
-        root.find_subcommand(c)
-            .is_some_and(|sub| find_long(sub, key).is_some())
-    })
 }
 
 fn find_long<'a>(command: &'a Command, key: &str) -> Option<&'a clap::Arg> {
@@ -354,7 +362,6 @@ fn flags_for(
     matches: &ArgMatches,
     settings: &[Setting],
 ) -> Result<(Vec<String>, Vec<Setting>), UsageError> {
-    check(command, settings)?;
     let mut flags = Vec::new();
     let mut used = Vec::new();
     for s in settings {
@@ -400,8 +407,9 @@ fn yes_no(value: &str) -> Option<bool> {
     }
 }
 
-/// `--show-config HOST`'s listing.
-fn show(host: &str, files: &[PathBuf], settings: &[Setting]) -> String {
+/// `--show-config HOST`'s listing; a setting this command takes no flag
+/// for (`remote-atou` for `atou send`) is listed as not used by it.
+fn show(command: &Command, host: &str, files: &[PathBuf], settings: &[Setting]) -> String {
     let read: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     let mut text = format!(
         "# per-host settings for {host}, from {}\n",
@@ -411,7 +419,10 @@ fn show(host: &str, files: &[PathBuf], settings: &[Setting]) -> String {
         text += "# none apply\n";
     }
     for s in settings {
-        text += &format!("{s}\n");
+        match find_long(command, &s.key) {
+            Some(_) => text += &format!("{s}\n"),
+            None => text += &format!("{s}; not a flag of atou {}: unused\n", command.get_name()),
+        }
     }
     text += "# flags typed on the command line win over these\n";
     text
@@ -564,6 +575,18 @@ mod tests {
                 unknown.display()
             )
         );
+        // As ssh: a typo under another host's block is found too.
+        let elsewhere = write(dir.path(), "elsewhere", "Host other\nstreamz 8\n");
+        let err = settings_for(std::slice::from_ref(&elsewhere), "h")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            format!(
+                "{}:2: `streamz` is no flag of atou send, copy or probe",
+                elsewhere.display()
+            )
+        );
         let bare = write(dir.path(), "bare", "streams\n");
         let err = settings_for(&[bare], "h").unwrap_err().to_string();
         assert!(err.ends_with(":1: `streams` is not KEY VALUE"), "{err}");
@@ -622,5 +645,25 @@ mod tests {
             text.contains(&format!("streams 8\t# {shown}:3 (Host dtn*)")),
             "{text}"
         );
+        let file = write(dir.path(), "remote", "remote-atou /opt/atou\n");
+        let listing = |command: &str| match prepare(
+            root(),
+            argv(&["atou", command, "--show-config", "dtn3"]),
+            std::slice::from_ref(&file),
+        )
+        .unwrap()
+        {
+            Prepared::Show(text) => text,
+            Prepared::Args(..) => panic!("not a listing"),
+        };
+        let shown = file.display();
+        assert!(
+            listing("send").contains(&format!(
+                "remote-atou /opt/atou\t# {shown}:1 (every host); not a flag of atou send: unused"
+            )),
+            "{}",
+            listing("send")
+        );
+        assert!(!listing("copy").contains("unused"), "{}", listing("copy"));
     }
 }
