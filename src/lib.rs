@@ -8,9 +8,13 @@
 //! **The transport, sans I/O.** Nothing here touches a socket, a thread or a
 //! clock: time comes in as an argument ([`Time`]), datagrams as byte slices.
 //! - [`Client`] and [`Server`] (with [`ServerLimits`]): the endpoints,
-//!   handshake and packet protection included; [`ConnError`], [`ConnEnd`],
-//!   [`ConnReport`] say how a connection went; [`InputError`] why a datagram
-//!   was refused.
+//!   handshake and packet protection included; [`Closed`], [`ConnError`]
+//!   (with its [`Stage`]), [`ConnEnd`], [`ConnReport`] say how a connection
+//!   went, with the counters [`SenderStats`], [`SenderSnapshot`] (its
+//!   controller's [`CcReport`]) and [`ReceiverStats`]; [`InputError`] why a
+//!   datagram was refused; [`Notice`] what a server tells its operator;
+//!   [`HandshakeWork`] and [`HandshakeDone`] carry a server's public-key
+//!   work to another thread and back.
 //! - [`PayloadSource`]: what a sending endpoint sends ([`PatternSource`]:
 //!   the test pattern).
 //! - [`Tuning`]: every knob, with its kinds ([`CcKind`], [`RecoveryKind`],
@@ -66,20 +70,25 @@ mod util;
 // Each from where it is defined, not through `proto`'s own re-exports:
 // `unreachable_pub` does not see a chain of re-exports and would narrow the
 // middle link (scripts/dev/narrow-pub.sh).
+pub use proto::congestion::CcReport;
 pub use proto::crypto::authorized::AuthorizedKeys;
 pub use proto::crypto::handshake::{PublicKey, StaticKeypair};
 pub use proto::crypto::protect::Cipher;
 pub use proto::crypto::{ClientAuth, ServerAuth};
-pub use proto::endpoint::client::{Client, ConnError};
-pub use proto::endpoint::server::{ConnEnd, ConnReport, Server, ServerLimits};
+pub use proto::endpoint::client::{Client, Closed, ConnError, Stage};
+pub use proto::endpoint::server::{
+    ConnEnd, ConnReport, HandshakeDone, HandshakeWork, Notice, Server, ServerLimits,
+};
 pub use proto::events::{
     AckRecord, Event, Observer, Recorder, Retransmission, StateRecord, TimedEvent, TraceRecord,
 };
 pub use proto::payload::{PatternSource, PayloadSource};
+pub use proto::stream::sender::{SenderSnapshot, SenderStats};
 pub use proto::time::Time;
 pub use proto::tuning::{
     CcKind, RecoveryKind, ReductionKind, ReorderingKind, SsthreshEstimate, Tuning, TuningError,
 };
+pub use proto::wire::ReceiverStats;
 pub use proto::InputError;
 
 /// The `atou` command line: parses the arguments, runs the subcommand and

@@ -64,10 +64,13 @@ pub(crate) const REPLY_MAX: u32 = 256 << 20;
 /// Where a connection was when it failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
+    /// A plain hello, not yet welcomed.
     Hello,
     /// The authenticated hello (a Noise IK handshake).
     Handshake,
+    /// Welcomed, sending the stream.
     Transfer,
+    /// The stream all acknowledged, waiting for the server's reply.
     Reply,
 }
 

@@ -197,42 +197,60 @@ pub struct ConnReport {
 pub enum Notice {
     /// A hello in a protocol version this server does not speak.
     VersionRejected {
+        /// Where the hello came from.
         peer: SocketAddr,
+        /// The version it spoke.
         theirs: u8,
     },
+    /// A hello that could not be read (too short, malformed, failing its
+    /// handshake).
     BadHello {
+        /// Where it came from.
         peer: SocketAddr,
+        /// What was wrong with it.
         why: String,
     },
     /// A hello refused because the server is at one of its limits.
     Busy {
+        /// Where it came from.
         peer: SocketAddr,
+        /// Which limit.
         why: String,
     },
     /// An authenticated client refused.
     AuthRefused {
+        /// Where it came from.
         peer: SocketAddr,
+        /// The key it proved it holds.
         key: PublicKey,
+        /// Why it was refused (not authorized, a replayed hello, ...).
         why: String,
     },
     /// A plain hello to a server that requires authentication.
     PlainRefused {
+        /// Where it came from.
         peer: SocketAddr,
     },
     /// One hello's copies arrive faster than any client resends it: its
     /// further copies are dropped before they are read, for a while.
     ReplayDropped {
+        /// Where the copies came from.
         peer: SocketAddr,
+        /// The connection id the hello names.
         client_id: u64,
+        /// Copies seen.
         copies: u32,
     },
     /// A connection moved to a new address.
     Migrated {
+        /// Its address before.
         from: SocketAddr,
+        /// Its address now.
         to: SocketAddr,
     },
     /// Refusals not shown in the last second (over `NOTICES_PER_SEC`, 10).
     Suppressed {
+        /// How many.
         count: u64,
     },
 }

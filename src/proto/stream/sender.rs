@@ -90,9 +90,11 @@ const TIMERS: [Timer; 5] = [
 pub struct SenderStats {
     /// Datagrams handed to the network, retransmissions and scripted drops included.
     pub pkts_out: u64,
+    /// Bytes of those datagrams.
     pub bytes_out: u64,
     /// Datagrams received from the peer, undecodable ones included.
     pub pkts_in: u64,
+    /// Segments retransmitted, for any reason.
     pub rxmts: u64,
     /// Transmissions dropped by the droplist.
     pub dropped: u64,
@@ -100,9 +102,12 @@ pub struct SenderStats {
     pub dup3s: u64,
     /// Retransmissions during recovery after the fast retransmit.
     pub packs: u64,
+    /// Retransmission timeouts (RFC 6298 §5).
     pub timeouts: u64,
     /// Duplicate ACKs.
     pub dups: u64,
+    /// ACKs below snd_una or for data never sent (atou's badack): counted, and
+    /// nothing else.
     pub badacks: u64,
     /// Datagrams that failed to decode or belonged to another connection.
     pub bad_packets: u64,
@@ -133,17 +138,29 @@ pub struct SenderStats {
 /// Window values and RTT figures at one instant, for summaries.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SenderSnapshot {
+    /// The oldest unacknowledged sequence number, in segments (RFC 793).
     pub snd_una: u64,
+    /// The next segment to send.
     pub snd_nxt: u64,
+    /// The highest segment sent, plus one.
     pub snd_max: u64,
+    /// The congestion window, in segments.
     pub cwnd: u64,
+    /// The slow-start threshold, in segments.
     pub ssthresh: u64,
+    /// The retransmission timeout (RFC 6298).
     pub rto: Duration,
+    /// The smoothed RTT (RFC 6298).
     pub srtt: Duration,
+    /// The RTT variation (RFC 6298).
     pub rttvar: Duration,
+    /// The least RTT sampled.
     pub minrtt: Duration,
+    /// The greatest RTT sampled.
     pub maxrtt: Duration,
+    /// The mean of the RTT samples.
     pub avgrtt: Duration,
+    /// Payload bytes acknowledged.
     pub good_bytes: u64,
     /// From creation to the last ACK (or now, while running).
     pub elapsed: Duration,

@@ -195,13 +195,14 @@ pub struct Close {
 }
 
 /// atousrv's counters, reported after each connection: the receiver
-/// counts them, a [`CloseAck`] carries them to the client.
+/// counts them, its close acknowledgement carries them to the client.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ReceiverStats {
     /// Data segments accepted (new, in window).
     pub segments: u64,
     /// Payload bytes accepted.
     pub bytes: u64,
+    /// ACKs sent.
     pub acks: u64,
     /// Segments that had arrived before.
     pub duplicates: u64,
