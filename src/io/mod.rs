@@ -931,7 +931,21 @@ impl ClientDriver {
                 }
             }
             if self.client.poll_timeout().is_some_and(|t| t <= now) {
-                self.client.handle_timeout(now);
+                // The ACKs that answer a due timer may be waiting in the
+                // socket: this thread is woken by their arrival, but on a
+                // busy machine runs only later, past a probe timeout of
+                // 2 x SRTT (RFC 8985 §7.2) or even the RTO. A kernel's TCP
+                // takes ACKs in as they arrive; read them before the
+                // timers, so that none fires for data delivered in time
+                // (tests/descheduled.rs).
+                if let Err(e) = self.receive() {
+                    if let Some(err) = self.socket_error(e, false) {
+                        return Err(err);
+                    }
+                }
+                if self.client.poll_timeout().is_some_and(|t| t <= now) {
+                    self.client.handle_timeout(now);
+                }
             }
             let peer = self.peer;
             let mut more = false;
