@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,7 @@ use super::readers::{FileFeed, Readers, Shown, Siblings};
 use super::{
     Bound, PlannedFile, Progress, SendConfig, SendError, SendReport, StreamLive, StreamReport,
 };
-use crate::io::fresh_conn_id;
+use crate::io::{fresh_conn_id, StreamFeed};
 use crate::transfer::hash::{chunk_count, chunk_len, file_hash, part_digest, Cv, CHUNK_SIZE};
 use crate::transfer::layout::CV_LEN;
 use crate::transfer::manifest::{manifest_of, walk, EntryKind, LocalEntry, Manifest};
@@ -70,8 +70,9 @@ pub(super) fn send_session(
             return Ok(session.dry_run_report(&plans, &selection.to_send));
         }
         let to_send = std::mem::take(&mut selection.to_send);
-        let finish = session.send_rounds(to_send, &readers, early, &finisher)?;
+        let (finish, closing) = session.send_rounds(to_send, &readers, early, &finisher)?;
         session.finish(&plans, finish)?;
+        session.closed(closing);
         Ok(session.report(&selection))
     })
 }
@@ -127,10 +128,19 @@ impl EarlyOpened {
                     live: self.detail.then_some(&**live),
                 };
                 let (early, run) = open_early(link, false, Some(data));
+                let (tell, heard) = mpsc::channel();
+                let ended = tell.clone();
+                let done = scope.spawn(move || {
+                    let end = run();
+                    let _ = ended.send(Heard::Ended);
+                    end
+                });
                 EarlyStream {
                     early,
-                    done: scope.spawn(run),
+                    done,
                     live: live.clone(),
+                    tell,
+                    heard,
                 }
             })
             .collect()
@@ -167,9 +177,73 @@ impl<'scope> Finisher<'scope, '_> {
 
 /// A data connection opened ahead of its round ([`EarlyOpened`]).
 struct EarlyStream<'scope> {
-    early: Early<FileFeed>,
-    done: thread::ScopedJoinHandle<'scope, EarlyEnd<FileFeed>>,
+    early: Early<Answered>,
+    done: Closing<'scope>,
     live: Arc<StreamLive>,
+    /// Where its stream's [`Answered`] tells the verdict.
+    tell: mpsc::Sender<Heard>,
+    heard: mpsc::Receiver<Heard>,
+}
+
+/// A data connection whose verdict is in, closing on its thread: joined
+/// for its transport report once the finish is answered.
+type Closing<'scope> = thread::ScopedJoinHandle<'scope, EarlyEnd<Answered>>;
+
+/// What a data connection opened ahead of its round tells the session
+/// first: its stream's verdict, or that it is over without one.
+enum Heard {
+    Verdict(Box<StreamResult>),
+    Ended,
+}
+
+/// A data stream's feed that hands the stream's verdict to the session
+/// as soon as it is in: the round, and the finish after it, need not
+/// wait the round trip of the close's acknowledgement, which the
+/// connection goes on with (its receiver counters are for the report).
+struct Answered {
+    feed: FileFeed,
+    host: String,
+    share: Vec<ChunkRef>,
+    tell: mpsc::Sender<Heard>,
+    /// The verdict was told, with every byte counted into progress: the
+    /// feed is done with.
+    told: bool,
+}
+
+impl crate::proto::PayloadSource for Answered {
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) {
+        self.feed.read_at(offset, buf);
+    }
+}
+
+impl StreamFeed for Answered {
+    fn refill(&mut self, acked: u64) -> Result<Option<u64>, crate::io::FeedError> {
+        if self.told {
+            return Ok(None);
+        }
+        self.feed.refill(acked)
+    }
+
+    fn waker(&self) -> Option<Arc<tokio::sync::Notify>> {
+        self.feed.waker()
+    }
+
+    fn sibling_done(&mut self) -> bool {
+        self.feed.sibling_done()
+    }
+
+    fn on_reply(&mut self, reply: &[u8]) {
+        // Every byte was acknowledged before the reply came.
+        self.feed.count_rest();
+        let result = StreamResult {
+            bad: outcome(&self.host, reply).and_then(|bad| carried(&self.host, &self.share, bad)),
+            cvs: self.feed.take_values(),
+            stream: None,
+            sent: self.feed.file_bytes(),
+        };
+        self.told = true;
+        let _ = self.tell.send(Heard::Verdict(Box::new(result)));
+    }
 }
 
 /// What a session keeps from its walk to its report.
@@ -289,30 +363,46 @@ impl<'a> SendSession<'a> {
     /// round after round, until every chunk passed its check.
     /// The first round's streams go on `early` connections, as many as
     /// there are; the rest of `early` is closed unused. Returns the
-    /// finish's connection, opened while the last round ran.
+    /// finish's connection, opened while the last round ran, and the data
+    /// connections still closing.
     fn send_rounds<'scope>(
         &mut self,
         mut to_send: Vec<ChunkRef>,
         readers: &Readers,
-        mut early: Vec<EarlyStream<'_>>,
+        mut early: Vec<EarlyStream<'scope>>,
         finisher: &Finisher<'scope, '_>,
-    ) -> Result<Option<EarlyRequest<'scope>>, SendError> {
+    ) -> Result<(Option<EarlyRequest<'scope>>, Vec<Closing<'scope>>), SendError> {
         let mut finish = None;
+        let mut closing = Vec::new();
         while !to_send.is_empty() {
             // A round that leaves chunks to repair closes the one before.
             finish = finisher.open();
-            to_send = self.run_round(&to_send, readers, std::mem::take(&mut early))?;
+            let early = std::mem::take(&mut early);
+            to_send = self.run_round(&to_send, readers, early, &mut closing)?;
         }
-        Ok(finish)
+        Ok((finish, closing))
+    }
+
+    /// Takes in the transport reports of the data connections that
+    /// were closing while the finish ran.
+    fn closed(&mut self, closing: Vec<Closing<'_>>) {
+        for c in closing {
+            if let Some((_, _, Some(stream))) = c.join().expect("a stream thread panicked") {
+                self.tally.streams.push(stream);
+            }
+        }
     }
 
     /// One round: `chunks` shared out over the streams, each stream a
     /// connection of its own; returns the chunks that failed their check.
-    fn run_round(
+    /// Connections still closing once their verdict is in go in
+    /// `closing`.
+    fn run_round<'scope>(
         &mut self,
         chunks: &[ChunkRef],
         readers: &Readers,
-        early: Vec<EarlyStream<'_>>,
+        early: Vec<EarlyStream<'scope>>,
+        closing: &mut Vec<Closing<'scope>>,
     ) -> Result<Vec<ChunkRef>, SendError> {
         let round = self
             .tally
@@ -326,18 +416,20 @@ impl<'a> SendSession<'a> {
         let shares = share_out(chunks, &self.plan.sizes, self.config.streams);
         *self.progress.current.lock().expect("progress lock") =
             first_names(&shares, &self.plan.names);
-        let results = self.run_streams(round, &shares, readers, early);
+        let results = self.run_streams(round, &shares, readers, early, closing);
         self.tally.take(results, &mut self.values)
     }
 
     /// Runs one stream per share, each on a thread of its own, and
-    /// gathers what each gives back.
-    fn run_streams(
+    /// gathers what each gives back: on a connection opened ahead, as
+    /// soon as its verdict is in (the connection goes in `closing`).
+    fn run_streams<'scope>(
         &self,
         round: usize,
         shares: &[Vec<ChunkRef>],
         readers: &Readers,
-        early: Vec<EarlyStream<'_>>,
+        early: Vec<EarlyStream<'scope>>,
+        closing: &mut Vec<Closing<'scope>>,
     ) -> Vec<StreamResult> {
         let budget = stream_budget(self.config.buffer, shares.len());
         let mut early = early.into_iter();
@@ -382,8 +474,15 @@ impl<'a> SendSession<'a> {
                     if let Some(e) = opened.next() {
                         let len = feed.stream_len();
                         let reply_limit = Outcome::max_len(feed.chunks() as u64);
+                        let feed = Answered {
+                            feed,
+                            host: self.config.host.clone(),
+                            share: share.clone(),
+                            tell: e.tell,
+                            told: false,
+                        };
                         e.early.launch(len, reply_limit, feed);
-                        return Ok(e.done);
+                        return Ok((e.done, e.heard));
                     }
                     Err(scope
                         .spawn(move || run_stream(link, feed, share, round, index + 1, detail)))
@@ -393,10 +492,16 @@ impl<'a> SendSession<'a> {
                 .into_iter()
                 .zip(shares)
                 .map(|(h, share)| match h {
-                    Ok(early) => {
-                        let end = early.join().expect("a stream thread panicked");
-                        early_result(&self.config.host, share, end)
-                    }
+                    Ok((done, heard)) => match heard.recv() {
+                        Ok(Heard::Verdict(result)) => {
+                            closing.push(done);
+                            *result
+                        }
+                        Ok(Heard::Ended) | Err(_) => {
+                            let end = done.join().expect("a stream thread panicked");
+                            early_result(&self.config.host, share, end)
+                        }
+                    },
                     Err(h) => h.join().expect("a stream thread panicked"),
                 })
                 .collect()
@@ -513,9 +618,9 @@ fn run_stream(
 }
 
 /// What a data stream on a connection opened ahead of it gave back.
-fn early_result(host: &str, share: &[ChunkRef], end: EarlyEnd<FileFeed>) -> StreamResult {
+fn early_result(host: &str, share: &[ChunkRef], end: EarlyEnd<Answered>) -> StreamResult {
     match end {
-        Some((feed, reply, stream)) => {
+        Some((Answered { feed, .. }, reply, stream)) => {
             let sent = feed.file_bytes();
             stream_result(host, share, feed, reply, stream, sent)
         }
