@@ -70,8 +70,7 @@ pub(super) fn send_session(
             return Ok(session.dry_run_report(&plans, &selection.to_send));
         }
         let to_send = std::mem::take(&mut selection.to_send);
-        let (finish, closing) = session.send_rounds(to_send, &readers, early, &finisher)?;
-        session.finish(&plans, finish)?;
+        let closing = session.send_rounds(to_send, &readers, early, &finisher, &plans)?;
         session.closed(closing);
         Ok(session.report(&selection))
     })
@@ -127,7 +126,8 @@ impl EarlyOpened {
                     stream: index + 1,
                     live: self.detail.then_some(&**live),
                 };
-                let (early, run) = open_early(link, false, Some(data));
+                // Its close is not waited for: the finish may be answered by then.
+                let (early, run) = open_early(link, true, Some(data));
                 let (tell, heard) = mpsc::channel();
                 let ended = tell.clone();
                 let done = scope.spawn(move || {
@@ -189,11 +189,21 @@ struct EarlyStream<'scope> {
 /// for its transport report once the finish is answered.
 type Closing<'scope> = thread::ScopedJoinHandle<'scope, EarlyEnd<Answered>>;
 
-/// What a data connection opened ahead of its round tells the session
-/// first: its stream's verdict, or that it is over without one.
+/// What a data connection opened ahead of its round tells the session:
+/// that its stream's last byte went (with the values of its chunks), then
+/// its verdict; or that it is over without them.
 enum Heard {
+    Sent(Vec<(ChunkRef, Cv)>),
     Verdict(Box<StreamResult>),
     Ended,
+}
+
+/// A round's finish: sent on its connection as soon as the round's last
+/// data went, or held for after the round's verdicts (`None`: none was
+/// opened ahead).
+enum RoundFinish<'scope> {
+    Launched(thread::ScopedJoinHandle<'scope, EarlyEnd<BytesFeed>>),
+    Held(Option<EarlyRequest<'scope>>),
 }
 
 /// A data stream's feed that hands the stream's verdict to the session
@@ -208,11 +218,19 @@ struct Answered {
     /// The verdict was told, with every byte counted into progress: the
     /// feed is done with.
     told: bool,
+    /// Its last byte went: the round's finish may go.
+    sent_told: bool,
 }
 
 impl crate::proto::PayloadSource for Answered {
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) {
         self.feed.read_at(offset, buf);
+        // Every chunk was read, and its value known, before its last
+        // byte could go.
+        if !self.sent_told && offset + buf.len() as u64 >= self.feed.stream_len() {
+            self.sent_told = true;
+            let _ = self.tell.send(Heard::Sent(self.feed.values().to_vec()));
+        }
     }
 }
 
@@ -360,27 +378,52 @@ impl<'a> SendSession<'a> {
     }
 
     /// Sends `to_send`, then the chunks the receiver found corrupt again,
-    /// round after round, until every chunk passed its check.
-    /// The first round's streams go on `early` connections, as many as
-    /// there are; the rest of `early` is closed unused. Returns the
-    /// finish's connection, opened while the last round ran, and the data
-    /// connections still closing.
+    /// round after round, until every chunk passed its check and the
+    /// finish is answered. The first round's streams go on `early`
+    /// connections, as many as there are; the rest of `early` is closed
+    /// unused. Each round's finish goes on a connection opened while the
+    /// round runs: as soon as the round's last data went, where every
+    /// stream of the round is on such a connection (the receiver answers
+    /// it once the streams are answered, naming the chunks still
+    /// missing), else once the verdicts are in and clean. Returns the
+    /// data connections still closing.
     fn send_rounds<'scope>(
         &mut self,
         mut to_send: Vec<ChunkRef>,
         readers: &Readers,
         mut early: Vec<EarlyStream<'scope>>,
         finisher: &Finisher<'scope, '_>,
-    ) -> Result<(Option<EarlyRequest<'scope>>, Vec<Closing<'scope>>), SendError> {
-        let mut finish = None;
+        plans: &[FilePlan],
+    ) -> Result<Vec<Closing<'scope>>, SendError> {
         let mut closing = Vec::new();
-        while !to_send.is_empty() {
-            // A round that leaves chunks to repair closes the one before.
-            finish = finisher.open();
-            let early = std::mem::take(&mut early);
-            to_send = self.run_round(&to_send, readers, early, &mut closing)?;
+        if to_send.is_empty() {
+            self.finish(plans, None)?;
+            return Ok(closing);
         }
-        Ok((finish, closing))
+        loop {
+            let ahead = finisher.open();
+            let early = std::mem::take(&mut early);
+            let (mut bad, finish) =
+                self.run_round(&to_send, readers, early, &mut closing, ahead, plans)?;
+            match finish {
+                RoundFinish::Launched(done) => {
+                    self.progress.set_stage("verifying at the receiver");
+                    let host = &self.config.host;
+                    let reply = finish_reply(host, done)?;
+                    let named = outcome(host, &reply).and_then(|b| carried(host, &to_send, b))?;
+                    self.tally.also_bad(&mut bad, named);
+                }
+                // A round that leaves chunks to repair closes its finish's.
+                RoundFinish::Held(ahead) if bad.is_empty() => {
+                    self.finish(plans, ahead)?;
+                }
+                RoundFinish::Held(_) => {}
+            }
+            if bad.is_empty() {
+                return Ok(closing);
+            }
+            to_send = bad;
+        }
     }
 
     /// Takes in the transport reports of the data connections that
@@ -396,14 +439,17 @@ impl<'a> SendSession<'a> {
     /// One round: `chunks` shared out over the streams, each stream a
     /// connection of its own; returns the chunks that failed their check.
     /// Connections still closing once their verdict is in go in
-    /// `closing`.
+    /// `closing`; the round's finish, opened `ahead`, goes as
+    /// [`SendSession::run_streams`] can.
     fn run_round<'scope>(
         &mut self,
         chunks: &[ChunkRef],
         readers: &Readers,
         early: Vec<EarlyStream<'scope>>,
         closing: &mut Vec<Closing<'scope>>,
-    ) -> Result<Vec<ChunkRef>, SendError> {
+        ahead: Option<EarlyRequest<'scope>>,
+        plans: &[FilePlan],
+    ) -> Result<(Vec<ChunkRef>, RoundFinish<'scope>), SendError> {
         let round = self
             .tally
             .next_round(chunks.len() as u64, &self.config.host)?;
@@ -416,13 +462,18 @@ impl<'a> SendSession<'a> {
         let shares = share_out(chunks, &self.plan.sizes, self.config.streams);
         *self.progress.current.lock().expect("progress lock") =
             first_names(&shares, &self.plan.names);
-        let results = self.run_streams(round, &shares, readers, early, closing);
-        self.tally.take(results, &mut self.values)
+        let (results, finish) =
+            self.run_streams(round, &shares, readers, early, closing, ahead, plans);
+        let bad = self.tally.take(results, &mut self.values)?;
+        Ok((bad, finish))
     }
 
     /// Runs one stream per share, each on a thread of its own, and
     /// gathers what each gives back: on a connection opened ahead, as
     /// soon as its verdict is in (the connection goes in `closing`).
+    /// Where every stream is on such a connection, the finish, opened
+    /// `ahead`, goes as soon as every stream's last byte went.
+    #[allow(clippy::too_many_arguments)]
     fn run_streams<'scope>(
         &self,
         round: usize,
@@ -430,7 +481,9 @@ impl<'a> SendSession<'a> {
         readers: &Readers,
         early: Vec<EarlyStream<'scope>>,
         closing: &mut Vec<Closing<'scope>>,
-    ) -> Vec<StreamResult> {
+        ahead: Option<EarlyRequest<'scope>>,
+        plans: &[FilePlan],
+    ) -> (Vec<StreamResult>, RoundFinish<'scope>) {
         let budget = stream_budget(self.config.buffer, shares.len());
         let mut early = early.into_iter();
         let mut opened = Vec::new();
@@ -480,6 +533,7 @@ impl<'a> SendSession<'a> {
                             share: share.clone(),
                             tell: e.tell,
                             told: false,
+                            sent_told: false,
                         };
                         e.early.launch(len, reply_limit, feed);
                         return Ok((e.done, e.heard));
@@ -488,24 +542,74 @@ impl<'a> SendSession<'a> {
                         .spawn(move || run_stream(link, feed, share, round, index + 1, detail)))
                 })
                 .collect();
-            handles
+            let heard: Vec<_> = handles
+                .iter()
+                .map(|h| h.as_ref().ok().map(|(_, heard)| heard))
+                .collect();
+            let (finish, mut firsts) = self.finish_ahead(&heard, shares, ahead, plans);
+            let results = handles
                 .into_iter()
                 .zip(shares)
-                .map(|(h, share)| match h {
-                    Ok((done, heard)) => match heard.recv() {
-                        Ok(Heard::Verdict(result)) => {
+                .zip(&mut firsts)
+                .map(|((h, share), first)| match h {
+                    Ok((done, heard)) => match first.take().or_else(|| told(&heard)) {
+                        Some(Heard::Verdict(result)) => {
                             closing.push(done);
                             *result
                         }
-                        Ok(Heard::Ended) | Err(_) => {
+                        _ => {
                             let end = done.join().expect("a stream thread panicked");
                             early_result(&self.config.host, share, end)
                         }
                     },
                     Err(h) => h.join().expect("a stream thread panicked"),
                 })
-                .collect()
+                .collect();
+            (results, finish)
         })
+    }
+
+    /// Launches the round's finish, opened `ahead`, once every stream's
+    /// last byte went, where every stream of the round is on
+    /// a connection opened ahead and says so. Returns the finish and, per
+    /// stream, what it told instead of that (it ended first).
+    fn finish_ahead<'scope>(
+        &self,
+        heard: &[Option<&mpsc::Receiver<Heard>>],
+        shares: &[Vec<ChunkRef>],
+        ahead: Option<EarlyRequest<'scope>>,
+        plans: &[FilePlan],
+    ) -> (RoundFinish<'scope>, Vec<Option<Heard>>) {
+        let mut firsts: Vec<Option<Heard>> = heard.iter().map(|_| None).collect();
+        let ahead = match ahead {
+            Some(a) if heard.iter().all(Option::is_some) => a,
+            held => return (RoundFinish::Held(held), firsts),
+        };
+        let mut values = self.values.clone();
+        let mut all_sent = true;
+        for (heard, first) in heard.iter().flatten().zip(&mut firsts) {
+            match heard.recv() {
+                Ok(Heard::Sent(cvs)) => {
+                    for (c, cv) in cvs {
+                        values.record(c, cv);
+                    }
+                }
+                told => {
+                    all_sent = false;
+                    *first = told.ok();
+                }
+            }
+        }
+        if !all_sent {
+            return (RoundFinish::Held(Some(ahead)), firsts);
+        }
+        let request = encode_finish(&values.file_hashes(&self.plan, plans));
+        let chunks: usize = shares.iter().map(Vec::len).sum();
+        let limit = Outcome::max_len(chunks as u64);
+        ahead
+            .early
+            .launch(request.len() as u64, limit, BytesFeed(request));
+        (RoundFinish::Launched(ahead.done), firsts)
     }
 
     /// Sends every file's hash, on `early` if the last round opened it:
@@ -520,16 +624,7 @@ impl<'a> SendSession<'a> {
             Some(e) => {
                 e.early
                     .launch(request.len() as u64, limit, BytesFeed(request));
-                match e.done.join().expect("the finish's thread panicked") {
-                    Some((_, reply, _)) => reply?,
-                    // Cannot be: the request was launched while it waited.
-                    None => {
-                        return Err(SendError::Failed {
-                            host: self.config.host.clone(),
-                            why: "the finish's connection ended before its request".into(),
-                        })
-                    }
-                }
+                finish_reply(&self.config.host, e.done)?
             }
             None => ask(self.link(0), request, limit)?,
         };
@@ -590,6 +685,27 @@ impl<'a> SendSession<'a> {
             dry_run: Some(files),
         }
     }
+}
+
+/// The reply to a finish launched on a connection opened ahead of it.
+fn finish_reply(
+    host: &str,
+    done: thread::ScopedJoinHandle<'_, EarlyEnd<BytesFeed>>,
+) -> Result<Vec<u8>, SendError> {
+    match done.join().expect("the finish's thread panicked") {
+        Some((_, reply, _)) => reply,
+        // Cannot be: the request was launched while it waited.
+        None => Err(SendError::Failed {
+            host: host.to_string(),
+            why: "the finish's connection ended before its request".into(),
+        }),
+    }
+}
+
+/// What a data connection opened ahead tells after its stream's last
+/// byte went: its verdict, or that it ended (`None` too).
+fn told(heard: &mpsc::Receiver<Heard>) -> Option<Heard> {
+    heard.iter().find(|h| !matches!(h, Heard::Sent(_)))
 }
 
 /// Runs data stream `stream` (from 1) of round `round` to its end.
@@ -1097,6 +1213,18 @@ impl Tally {
         self.chunks_resent += bad.len() as u64;
         Ok(bad)
     }
+
+    /// Adds to a round's `bad` chunks those the finish `named` missing
+    /// that no stream's answer named.
+    fn also_bad(&mut self, bad: &mut Vec<ChunkRef>, named: Vec<ChunkRef>) {
+        let known: HashSet<ChunkRef> = bad.iter().copied().collect();
+        for c in named {
+            if !known.contains(&c) {
+                bad.push(c);
+                self.chunks_resent += 1;
+            }
+        }
+    }
 }
 
 /// File bytes per second of `secs`, in bits/s.
@@ -1110,6 +1238,7 @@ fn goodput_bps(bytes: u64, secs: f64) -> f64 {
 
 /// Our BLAKE3 value of every chunk, by file then chunk, as each is read
 /// or compared.
+#[derive(Clone)]
 struct ChunkValues(Vec<Vec<Option<Cv>>>);
 
 impl ChunkValues {
