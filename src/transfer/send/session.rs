@@ -275,6 +275,9 @@ pub(super) struct SendSession<'a> {
     plan: Plan,
     /// The plan request, sent again while the receiver is busy.
     request: Vec<u8>,
+    /// The receiver takes a finish sent before the data streams'
+    /// answers: asked in the plan, and so until one predating it refuses.
+    finish_ahead: bool,
     dirs: u64,
     symlinks: u64,
     values: ChunkValues,
@@ -297,7 +300,9 @@ impl<'a> SendSession<'a> {
             dirs,
             symlinks,
         } = Plan::walk(sources, config)?;
-        let request = plan_request(config, &plan, manifest);
+        // As the data connections opened ahead: only on fresh sockets.
+        let finish_ahead = from.is_empty() && !config.options.dry_run;
+        let request = plan_request(config, &plan, manifest, finish_ahead);
         Ok(SendSession {
             config,
             from,
@@ -307,6 +312,7 @@ impl<'a> SendSession<'a> {
             values: ChunkValues::new(&plan.sizes),
             plan,
             request,
+            finish_ahead,
             dirs,
             symlinks,
             tally: Tally::default(),
@@ -328,7 +334,9 @@ impl<'a> SendSession<'a> {
     /// is busy (within `--wait-busy`); a busy answer, or a plan
     /// connection turned away busy, closes the `early` connections, so
     /// that nothing is held at the receiver meanwhile.
-    fn plan(&self, early: &mut Vec<EarlyStream<'_>>) -> Result<Vec<FilePlan>, SendError> {
+    /// A receiver that predates the finish ahead (`Options::finish_ahead`)
+    /// refuses the plan that asks it: it is asked again without.
+    fn plan(&mut self, early: &mut Vec<EarlyStream<'_>>) -> Result<Vec<FilePlan>, SendError> {
         self.progress.set_stage(format!(
             "sending the manifest ({} entries)",
             self.plan.entries.len()
@@ -339,9 +347,16 @@ impl<'a> SendSession<'a> {
             let limit = PlanReply::max_len(&self.plan.sizes);
             let request = self.request.clone();
             let reply = ask_busy(self.link(0), request, limit, &mut || early.clear())?;
-            let (retry_after, why) = match plan_answer(host, &reply, &self.plan.sizes)? {
-                PlanAnswer::Accepted(plans) => return Ok(plans),
-                PlanAnswer::Busy { retry_after, why } => (retry_after, why),
+            let (retry_after, why) = match plan_answer(host, &reply, &self.plan.sizes) {
+                Ok(PlanAnswer::Accepted(plans)) => return Ok(plans),
+                Ok(PlanAnswer::Busy { retry_after, why }) => (retry_after, why),
+                Err(e) if self.finish_ahead && predates_finish_ahead(&e) => {
+                    self.finish_ahead = false;
+                    let manifest = manifest_of(&self.plan.entries);
+                    self.request = plan_request(self.config, &self.plan, manifest, false);
+                    continue;
+                }
+                Err(e) => return Err(e),
             };
             early.clear();
             if busy.pause(self.config, &self.progress, retry_after, &why) {
@@ -582,7 +597,7 @@ impl<'a> SendSession<'a> {
     ) -> (RoundFinish<'scope>, Vec<Option<Heard>>) {
         let mut firsts: Vec<Option<Heard>> = heard.iter().map(|_| None).collect();
         let ahead = match ahead {
-            Some(a) if heard.iter().all(Option::is_some) => a,
+            Some(a) if self.finish_ahead && heard.iter().all(Option::is_some) => a,
             held => return (RoundFinish::Held(held), firsts),
         };
         let mut values = self.values.clone();
@@ -917,11 +932,17 @@ impl Files {
     }
 }
 
-fn plan_request(config: &SendConfig, plan: &Plan, manifest: Manifest) -> Vec<u8> {
+fn plan_request(
+    config: &SendConfig,
+    plan: &Plan,
+    manifest: Manifest,
+    finish_ahead: bool,
+) -> Vec<u8> {
     PlanRequest {
         // The receiver learns it is one shard of several from this bit.
         options: Options {
             shard: config.shard.is_some(),
+            finish_ahead,
             ..config.options
         },
         subdir: config.subdir.clone(),
@@ -1122,6 +1143,12 @@ fn outcome(host: &str, reply: &[u8]) -> Result<Vec<ChunkRef>, SendError> {
             why: e.to_string(),
         }),
     }
+}
+
+/// A plan refused for the finish-ahead bit, by a receiver that predates
+/// it (its refusal names the unknown bits: `MessageError::UnknownOptions`).
+fn predates_finish_ahead(e: &SendError) -> bool {
+    matches!(e, SendError::Refused { why, .. } if why.contains("unknown option bits"))
 }
 
 /// The chunks a data stream's answer names as bad, each checked to be one
@@ -1408,6 +1435,21 @@ mod tests {
         }
         let garbage = plan_answer(HOST, &[0xff, 1, 2], &sizes).unwrap_err();
         assert_eq!(garbage.fault(), Fault::Protocol, "{garbage}");
+    }
+
+    /// An older receiver's refusal of the bit, as it words it, and no
+    /// other refusal, makes the plan go again without it.
+    #[test]
+    fn only_a_refusal_of_unknown_option_bits_drops_the_finish_ahead() {
+        use crate::transfer::messages::MessageError;
+        let old = format!("a malformed plan: {}", MessageError::UnknownOptions(0x80));
+        let refused = |why: &str| SendError::Refused {
+            host: HOST.into(),
+            why: why.into(),
+        };
+        assert!(predates_finish_ahead(&refused(&old)));
+        assert!(!predates_finish_ahead(&refused("a file is in the way")));
+        assert!(!predates_finish_ahead(&failed(&old)));
     }
 
     #[test]
