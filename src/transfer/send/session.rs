@@ -186,7 +186,8 @@ struct EarlyStream<'scope> {
 }
 
 /// A data connection whose verdict is in, closing on its thread: joined
-/// for its transport report once the finish is answered.
+/// for its transport report once the finish is answered (its close is
+/// not waited for, so that is at once).
 type Closing<'scope> = thread::ScopedJoinHandle<'scope, EarlyEnd<Answered>>;
 
 /// What a data connection opened ahead of its round tells the session:
@@ -206,10 +207,9 @@ enum RoundFinish<'scope> {
     Held(Option<EarlyRequest<'scope>>),
 }
 
-/// A data stream's feed that hands the stream's verdict to the session
-/// as soon as it is in: the round, and the finish after it, need not
-/// wait the round trip of the close's acknowledgement, which the
-/// connection goes on with (its receiver counters are for the report).
+/// A data stream's feed that tells the session when the stream's last
+/// byte went (the round's finish may go then) and hands it the stream's
+/// verdict as soon as it is in, while the connection closes.
 struct Answered {
     feed: FileFeed,
     host: String,
