@@ -1439,6 +1439,38 @@ fn corrupted_chunks_are_sent_again() {
     assert!(r["verified"].as_bool().unwrap());
 }
 
+/// The finish goes as soon as the first round's last data went, before
+/// the streams' answers (docs/transfer.md, "The pipeline"): where a chunk
+/// failed its check, the receiver answers it with the chunks missing and
+/// the session goes on, so a repair round follows and the second finish
+/// verifies every file. One stream, so that the round is one connection.
+#[test]
+fn a_finish_sent_with_the_last_data_names_the_corrupted_chunks_for_a_repair_round() {
+    let scratch = TestDir::new("transfer-corrupt-finish");
+    let tree = scratch.dir("src/c");
+    write_random(&tree.join("eight"), 8 * MIB, 93);
+    let dest = scratch.dir("dest");
+    let server = Serve::start_with(&dest, &["--no-auth"]);
+    let relay = Relay::start(server.addr, "corrupt 0.1%", "", 6);
+    let sent = send(
+        &[&tree],
+        &relay.addr.to_string(),
+        &["--no-auth", "--mss", "1472", "--streams", "1"],
+    );
+    let r = sent.report();
+    let counts = relay.stop();
+    assert_same_tree(&tree, &dest.join("c"));
+    let resent = u(&r["chunks_resent"]);
+    say(&format!(
+        "a_finish_sent_with_the_last_data_names_the_corrupted_chunks_for_a_repair_round: \
+         {resent} chunks sent again in {} rounds; relay: {counts}",
+        u(&r["rounds"])
+    ));
+    assert!(resent > 0, "no chunk was corrupted: the test tests nothing");
+    assert!(u(&r["rounds"]) >= 2, "{r}");
+    assert!(r["verified"].as_bool().unwrap());
+}
+
 /// The same corrupting path, authenticated (the default): every corrupted
 /// datagram fails to open and is dropped before the transport, so no
 /// corrupted chunk ever reaches its BLAKE3 check.

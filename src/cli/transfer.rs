@@ -423,6 +423,8 @@ impl TransferArgs {
                 dry_run: self.dry_run,
                 // The plan sets it from SendConfig::shard: one place.
                 shard: false,
+                // The plan sets it where the finish can go ahead.
+                finish_ahead: false,
             },
             follow: self.follow,
             excludes: self.excludes()?,

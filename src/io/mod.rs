@@ -278,6 +278,10 @@ pub trait StreamFeed: PayloadSource {
     fn launch(&mut self) -> Option<Launch> {
         None
     }
+    /// Once, the server's reply to the stream, as soon as it is in: before
+    /// the close and its acknowledgement, which the connection then goes
+    /// on with. A caller that wants only the reply need not wait for them.
+    fn on_reply(&mut self, _reply: &[u8]) {}
 }
 
 /// What a connection opened ahead of its stream learns
@@ -910,8 +914,15 @@ impl ClientDriver {
     ) -> Result<Closed, ProbeError> {
         let max_len = self.client.max_transmit_len();
         tokio::pin!(stop);
+        let mut reply_told = false;
         loop {
             let now = self.clock.now();
+            if !reply_told {
+                if let Some(reply) = self.client.reply() {
+                    feed.on_reply(reply);
+                    reply_told = true;
+                }
+            }
             match feed.launch() {
                 Some(Launch::Stream { len, reply_limit }) => {
                     self.client.set_stream_len(now, len, reply_limit);

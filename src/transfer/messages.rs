@@ -49,13 +49,22 @@ const OPT_SHARD: u8 = 0x20;
 /// chunk ranges). A receiver that predates it refuses the bit rather than
 /// wait for chunks no session of its own will send.
 const OPT_PARTS: u8 = 0x40;
-const OPTS_KNOWN: u8 = OPT_OVERWRITE
+/// The sender sends its finish with its last data, before the streams'
+/// answers (docs/transfer.md, "The pipeline"). A receiver that predates it
+/// refuses the bit rather than check the files before their data is in;
+/// the sender then asks again without it and finishes after the answers.
+const OPT_FINISH_AHEAD: u8 = 0x80;
+const OPTS_KNOWN: u8 = OPT_FINISH_AHEAD
+    | OPT_OVERWRITE
     | OPT_SKIP_EXISTING
     | OPT_FSYNC
     | OPT_CHECKSUM
     | OPT_DRY_RUN
     | OPT_SHARD
     | OPT_PARTS;
+// Every bit is known now: an option more needs a byte more, and
+// SESSION_VERSION bumped.
+const _: () = assert!(OPTS_KNOWN == u8::MAX);
 
 /// Longest message a reply or error carries.
 const MESSAGE_MAX: usize = 4096;
@@ -68,6 +77,8 @@ pub enum MessageError {
     UnknownKind(u8),
     #[error("session protocol version {0}, this atou speaks {SESSION_VERSION}")]
     Version(u8),
+    /// Only from a receiver older than the last option bit (the sender
+    /// knows its refusal by this wording).
     #[error("unknown option bits {0:#04x}")]
     UnknownOptions(u8),
     #[error("{0} unexpected bytes at the end")]
@@ -184,6 +195,9 @@ pub struct Options {
     /// into the same directories, so each directory this session writes
     /// into gets its mtime set at the finish, after the writes.
     pub shard: bool,
+    /// The finish may come before the data streams are answered: the
+    /// receiver answers it once they are, naming chunks still missing.
+    pub finish_ahead: bool,
 }
 
 /// The first request of a session: where, how, and what.
@@ -260,6 +274,7 @@ impl PlanRequest {
                 | if o.checksum { OPT_CHECKSUM } else { 0 }
                 | if o.dry_run { OPT_DRY_RUN } else { 0 }
                 | if o.shard { OPT_SHARD } else { 0 }
+                | if o.finish_ahead { OPT_FINISH_AHEAD } else { 0 }
                 | if self.parts.is_empty() { 0 } else { OPT_PARTS },
         );
         let subdir = self.subdir.as_ref().map_or(&[][..], |s| s.as_bytes());
@@ -411,10 +426,8 @@ impl Request {
                 if version != SESSION_VERSION {
                     return Err(MessageError::Version(version));
                 }
+                // Every bit is known (OPTS_KNOWN).
                 let opts = r.u8()?;
-                if opts & !OPTS_KNOWN != 0 {
-                    return Err(MessageError::UnknownOptions(opts));
-                }
                 let n = usize::from(r.u16()?);
                 let subdir = r.bytes(n)?;
                 let subdir = if subdir.is_empty() {
@@ -445,6 +458,7 @@ impl Request {
                         checksum: opts & OPT_CHECKSUM != 0,
                         dry_run: opts & OPT_DRY_RUN != 0,
                         shard: opts & OPT_SHARD != 0,
+                        finish_ahead: opts & OPT_FINISH_AHEAD != 0,
                     },
                     subdir,
                     manifest,
@@ -722,6 +736,7 @@ mod tests {
                 checksum: true,
                 dry_run: true,
                 shard: true,
+                finish_ahead: true,
             },
             subdir: Some(rel("in/here")),
             manifest: manifest(),

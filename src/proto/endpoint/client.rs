@@ -697,6 +697,12 @@ impl Client {
         self.bad_packets
     }
 
+    /// The server's whole reply to the stream, once it is in and until
+    /// the connection's end hands it over (`Closed::reply`).
+    pub fn reply(&self) -> Option<&[u8]> {
+        self.reply.as_deref()
+    }
+
     /// Bytes held for the server's reply while it is fetched.
     pub fn reply_bytes_held(&self) -> usize {
         match &self.state {

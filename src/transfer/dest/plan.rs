@@ -165,6 +165,7 @@ fn granted(asked: &Options, policy: &ReceivePolicy) -> Options {
         checksum: asked.checksum && asked.skip_existing,
         dry_run: asked.dry_run,
         shard: asked.shard,
+        finish_ahead: asked.finish_ahead,
     }
 }
 

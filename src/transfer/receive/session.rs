@@ -498,6 +498,9 @@ impl<P: PlanView> Sessions<P> {
                        run the same transfer again to resume"
                 .to_string();
             self.fail_session(session, why);
+        } else if unfinished {
+            // A finish may have waited for this stream.
+            self.start_finish(session);
         }
     }
 
@@ -655,6 +658,13 @@ impl<P: PlanView> Sessions<P> {
                 dc.bad.push(info.chunk);
                 if let Some(s) = s {
                     s.chunks_rejected += 1;
+                    // What a partial file held there is not the sender's
+                    // chunk either: the finish names it as missing.
+                    if let Some(v) = s.verified.get_mut(info.chunk.file as usize) {
+                        if let Some(v) = v.get_mut(info.chunk.chunk as usize) {
+                            *v = None;
+                        }
+                    }
                 }
             }
             Err(WriteFailure::Io(why)) => {
@@ -720,6 +730,30 @@ impl<P: PlanView> Session<P> {
             file,
             fsync: plan.options().fsync,
         })
+    }
+
+    /// The chunks the plan expects that hold no verified data: of each
+    /// file not skipped, its part's chunks, or all.
+    fn missing(&self) -> Vec<ChunkRef> {
+        let Some(plan) = self.plan.as_ref() else {
+            return Vec::new();
+        };
+        let mut missing = Vec::new();
+        for (file, cvs) in self.verified.iter().enumerate() {
+            if plan.plans()[file] == FilePlan::Skip {
+                continue;
+            }
+            let chunks = plan.part(file).unwrap_or(0..cvs.len() as u64);
+            for chunk in chunks {
+                if cvs.get(chunk as usize).is_some_and(Option::is_none) {
+                    missing.push(ChunkRef {
+                        file: file as u32,
+                        chunk,
+                    });
+                }
+            }
+        }
+        missing
     }
 
     fn report(&self, now: Instant, f: &Finished) -> TransferReport {
@@ -808,6 +842,7 @@ impl<P: PlanView> Sessions<P> {
         let error: DestError = why.into();
         let reply = error.outcome();
         s.failed = Some(reply.clone());
+        let waiting = s.finish_waiting.take();
         let (peer, plan) = (s.peer, s.plan.clone());
         self.report_failed(peer, plan.as_deref(), error.to_string());
         self.end_once();
@@ -821,6 +856,9 @@ impl<P: PlanView> Sessions<P> {
             .collect();
         for id in ids {
             self.answer(id, reply.encode());
+        }
+        if let Some((finish, _)) = waiting {
+            self.reply(finish, reply.encode());
         }
     }
 
@@ -966,18 +1004,39 @@ impl<P: PlanView> Sessions<P> {
         self.start_finish(session);
     }
 
-    /// Starts a waiting finish once no file is still being made ready.
+    /// Starts a waiting finish once no data stream of the session is
+    /// open (none has bytes in, unanswered) and no file is still being
+    /// made ready. A sender sends its
+    /// finish as soon as its last data is sent, not answered: the finish
+    /// waits for the streams, each held to the idle rules (one gone quiet
+    /// fails the session, and the finish hears why). Chunks still missing
+    /// then (a chunk failed its check) are the answer: the sender sends
+    /// them again, as after a data stream's answer, and finishes again.
     fn start_finish(&mut self, session: SessionKey) {
+        // A connection held with nothing sent (one its sender abandoned,
+        // its close lost) is no stream to wait for.
+        let streaming = self.conns.values().any(|c| {
+            c.session == session
+                && match &c.state {
+                    ConnState::Opening(asm) => asm.bytes() > 0,
+                    ConnState::Data(_) => true,
+                    ConnState::Message(_) | ConnState::Drained => false,
+                }
+        });
         let Some(s) = self.sessions.get_mut(&session) else {
             return;
         };
-        if s.readying > 0 {
+        if s.readying > 0 || streaming {
             return;
         }
         let (Some((conn_id, hashes)), Some(plan)) = (s.finish_waiting.take(), s.plan.clone())
         else {
             return;
         };
+        let missing = s.missing();
+        if !missing.is_empty() {
+            return self.reply(conn_id, Outcome::Done { bad: missing }.encode());
+        }
         let job = PlanJob::Finish {
             session,
             conn_id,
@@ -1251,6 +1310,7 @@ impl<P: PlanView> Sessions<P> {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
+        let session = conn.session;
         let ConnState::Data(dc) = &mut conn.state else {
             return;
         };
@@ -1275,6 +1335,7 @@ impl<P: PlanView> Sessions<P> {
         }
         if let Some(bad) = answer {
             self.answer(conn_id, Outcome::Done { bad }.encode());
+            self.start_finish(session);
         }
     }
 }
@@ -1518,14 +1579,19 @@ mod tests {
     }
 
     #[track_caller]
-    fn reply_to(actions: &[Action<Files>], conn: u64) -> &[u8] {
-        let replies: Vec<&[u8]> = actions
+    fn replies(actions: &[Action<Files>], conn: u64) -> Vec<&[u8]> {
+        actions
             .iter()
             .filter_map(|a| match a {
                 Action::Reply { conn_id, bytes } if *conn_id == conn => Some(&bytes[..]),
                 _ => None,
             })
-            .collect();
+            .collect()
+    }
+
+    #[track_caller]
+    fn reply_to(actions: &[Action<Files>], conn: u64) -> &[u8] {
+        let replies = replies(actions, conn);
         assert_eq!(replies.len(), 1, "one reply to connection {conn}");
         replies[0]
     }
@@ -1836,6 +1902,96 @@ mod tests {
             refused,
             "a later hello is told at once"
         );
+    }
+
+    /// A sender sends its finish as soon as its last data is sent: the
+    /// finish waits for the session's data streams to be answered.
+    #[test]
+    fn a_finish_that_comes_before_the_data_is_written_waits_for_it() {
+        let mut rig = Rig::new(limits(), false);
+        let session = rig.planned(files(&[10]));
+        let (data, actions) = rig.first_chunk_in();
+        let write = writes(&actions)[0].to;
+        let (finish, actions) = rig.request(SID, peer(1), &encode_finish(&[[5; 32]]));
+        assert!(finish_job(&actions).is_none(), "waits for the data");
+        assert!(replies(&actions, finish).is_empty());
+        rig.s.on_written(Written {
+            to: write,
+            result: Ok([9; 32]),
+            buf: ChunkBuf::default(),
+        });
+        let actions = rig.drain();
+        assert_eq!(outcome(&actions, data), Outcome::Done { bad: Vec::new() });
+        assert!(finish_job(&actions).is_none(), "waits for the file");
+        rig.s.on_ready(session, Ok(()));
+        assert_eq!(finish_job(&rig.drain()), Some(vec![[5; 32]]));
+    }
+
+    /// A finish that finds chunks missing once the streams are answered
+    /// sends the sender to another round, as a data stream's answer does;
+    /// the session goes on, and the round's finish is taken.
+    #[test]
+    fn a_finish_with_chunks_missing_names_them_and_the_session_goes_on() {
+        let mut rig = Rig::new(limits(), false);
+        let session = rig.planned(files(&[10]));
+        let (data, actions) = rig.first_chunk_in();
+        let write = writes(&actions)[0].to;
+        let (finish, _) = rig.request(SID, peer(1), &encode_finish(&[[5; 32]]));
+        rig.s.on_written(Written {
+            to: write,
+            result: Err(WriteFailure::Corrupt),
+            buf: ChunkBuf::default(),
+        });
+        let actions = rig.drain();
+        let bad = vec![ChunkRef { file: 0, chunk: 0 }];
+        assert_eq!(outcome(&actions, data), Outcome::Done { bad: bad.clone() });
+        assert_eq!(outcome(&actions, finish), Outcome::Done { bad });
+        assert!(finish_job(&actions).is_none());
+        assert!(failures(&actions).is_empty(), "sent again, not failed");
+        // The repair round, then its finish.
+        let (_, actions) = rig.first_chunk_in();
+        rig.s.on_written(written(writes(&actions)[0], Ok([9; 32])));
+        rig.drain();
+        rig.s.on_ready(session, Ok(()));
+        rig.drain();
+        let (_, actions) = rig.request(SID, peer(1), &encode_finish(&[[5; 32]]));
+        assert_eq!(finish_job(&actions), Some(vec![[5; 32]]));
+    }
+
+    /// A connection of the session with nothing in (held, then abandoned
+    /// by its sender with its close lost) is no stream: the finish does
+    /// not wait for it to go idle, which would fail the session.
+    #[test]
+    fn a_finish_does_not_wait_for_a_connection_with_nothing_in() {
+        let mut rig = Rig::new(limits(), false);
+        let session = rig.planned(files(&[10]));
+        let (_, actions) = rig.first_chunk_in();
+        rig.s.on_written(written(writes(&actions)[0], Ok([9; 32])));
+        rig.drain();
+        rig.s.on_ready(session, Ok(()));
+        rig.open(SID, peer(1));
+        let (_, actions) = rig.request(SID, peer(1), &encode_finish(&[[5; 32]]));
+        assert_eq!(finish_job(&actions), Some(vec![[5; 32]]));
+    }
+
+    /// A finish waits for a data stream no longer than the session's idle
+    /// rules keep it: a stream gone quiet fails the session, and the
+    /// waiting finish hears why.
+    #[test]
+    fn a_finish_waiting_for_a_stream_that_went_quiet_hears_the_failure() {
+        let mut rig = Rig::new(limits(), false);
+        rig.planned(files(&[10, 10]));
+        let (data, _) = rig.first_chunk_in();
+        let (finish, actions) = rig.request(SID, peer(1), &encode_finish(&[[5; 32]; 2]));
+        assert!(replies(&actions, finish).is_empty());
+        rig.s.on_ended(rig.at(30), data, true);
+        let actions = rig.drain();
+        assert!(
+            matches!(outcome(&actions, finish), Outcome::Failed(why) if why.contains("quiet")),
+            "{:?}",
+            outcome(&actions, finish)
+        );
+        assert!(finish_job(&actions).is_none());
     }
 
     #[test]

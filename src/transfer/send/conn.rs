@@ -433,6 +433,12 @@ impl<F: StreamFeed> StreamFeed for LateFeed<F> {
         self.told = true;
         Some(launch)
     }
+
+    fn on_reply(&mut self, reply: &[u8]) {
+        if let Some(j) = self.job.as_mut() {
+            j.feed.on_reply(reply);
+        }
+    }
 }
 
 /// What a connection opened ahead of its stream gave back: the stream's

@@ -275,6 +275,11 @@ impl FileFeed {
         self.counted += rest;
     }
 
+    /// The values of the chunks read so far.
+    pub(super) fn values(&self) -> &[(ChunkRef, Cv)] {
+        &self.cvs
+    }
+
     /// The values of the chunks read so far, taken out.
     pub(super) fn take_values(&mut self) -> Vec<(ChunkRef, Cv)> {
         std::mem::take(&mut self.cvs)

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,7 @@ use super::readers::{FileFeed, Readers, Shown, Siblings};
 use super::{
     Bound, PlannedFile, Progress, SendConfig, SendError, SendReport, StreamLive, StreamReport,
 };
-use crate::io::fresh_conn_id;
+use crate::io::{fresh_conn_id, StreamFeed};
 use crate::transfer::hash::{chunk_count, chunk_len, file_hash, part_digest, Cv, CHUNK_SIZE};
 use crate::transfer::layout::CV_LEN;
 use crate::transfer::manifest::{manifest_of, walk, EntryKind, LocalEntry, Manifest};
@@ -70,8 +70,8 @@ pub(super) fn send_session(
             return Ok(session.dry_run_report(&plans, &selection.to_send));
         }
         let to_send = std::mem::take(&mut selection.to_send);
-        let finish = session.send_rounds(to_send, &readers, early, &finisher)?;
-        session.finish(&plans, finish)?;
+        let closing = session.send_rounds(to_send, &readers, early, &finisher, &plans)?;
+        session.closed(closing);
         Ok(session.report(&selection))
     })
 }
@@ -126,11 +126,21 @@ impl EarlyOpened {
                     stream: index + 1,
                     live: self.detail.then_some(&**live),
                 };
-                let (early, run) = open_early(link, false, Some(data));
+                // Its close is not waited for: the finish may be answered by then.
+                let (early, run) = open_early(link, true, Some(data));
+                let (tell, heard) = mpsc::channel();
+                let ended = tell.clone();
+                let done = scope.spawn(move || {
+                    let end = run();
+                    let _ = ended.send(Heard::Ended);
+                    end
+                });
                 EarlyStream {
                     early,
-                    done: scope.spawn(run),
+                    done,
                     live: live.clone(),
+                    tell,
+                    heard,
                 }
             })
             .collect()
@@ -167,9 +177,91 @@ impl<'scope> Finisher<'scope, '_> {
 
 /// A data connection opened ahead of its round ([`EarlyOpened`]).
 struct EarlyStream<'scope> {
-    early: Early<FileFeed>,
-    done: thread::ScopedJoinHandle<'scope, EarlyEnd<FileFeed>>,
+    early: Early<Answered>,
+    done: Closing<'scope>,
     live: Arc<StreamLive>,
+    /// Where its stream's [`Answered`] tells the verdict.
+    tell: mpsc::Sender<Heard>,
+    heard: mpsc::Receiver<Heard>,
+}
+
+/// A data connection whose verdict is in, closing on its thread: joined
+/// for its transport report once the finish is answered (its close is
+/// not waited for, so that is at once).
+type Closing<'scope> = thread::ScopedJoinHandle<'scope, EarlyEnd<Answered>>;
+
+/// What a data connection opened ahead of its round tells the session:
+/// that its stream's last byte went (with the values of its chunks), then
+/// its verdict; or that it is over without them.
+enum Heard {
+    Sent(Vec<(ChunkRef, Cv)>),
+    Verdict(Box<StreamResult>),
+    Ended,
+}
+
+/// A round's finish: sent on its connection as soon as the round's last
+/// data went, or held for after the round's verdicts (`None`: none was
+/// opened ahead).
+enum RoundFinish<'scope> {
+    Launched(thread::ScopedJoinHandle<'scope, EarlyEnd<BytesFeed>>),
+    Held(Option<EarlyRequest<'scope>>),
+}
+
+/// A data stream's feed that tells the session when the stream's last
+/// byte went (the round's finish may go then) and hands it the stream's
+/// verdict as soon as it is in, while the connection closes.
+struct Answered {
+    feed: FileFeed,
+    host: String,
+    share: Vec<ChunkRef>,
+    tell: mpsc::Sender<Heard>,
+    /// The verdict was told, with every byte counted into progress: the
+    /// feed is done with.
+    told: bool,
+    /// Its last byte went: the round's finish may go.
+    sent_told: bool,
+}
+
+impl crate::proto::PayloadSource for Answered {
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) {
+        self.feed.read_at(offset, buf);
+        // Every chunk was read, and its value known, before its last
+        // byte could go.
+        if !self.sent_told && offset + buf.len() as u64 >= self.feed.stream_len() {
+            self.sent_told = true;
+            let _ = self.tell.send(Heard::Sent(self.feed.values().to_vec()));
+        }
+    }
+}
+
+impl StreamFeed for Answered {
+    fn refill(&mut self, acked: u64) -> Result<Option<u64>, crate::io::FeedError> {
+        if self.told {
+            return Ok(None);
+        }
+        self.feed.refill(acked)
+    }
+
+    fn waker(&self) -> Option<Arc<tokio::sync::Notify>> {
+        self.feed.waker()
+    }
+
+    fn sibling_done(&mut self) -> bool {
+        self.feed.sibling_done()
+    }
+
+    fn on_reply(&mut self, reply: &[u8]) {
+        // Every byte was acknowledged before the reply came.
+        self.feed.count_rest();
+        let result = StreamResult {
+            bad: outcome(&self.host, reply).and_then(|bad| carried(&self.host, &self.share, bad)),
+            cvs: self.feed.take_values(),
+            stream: None,
+            sent: self.feed.file_bytes(),
+        };
+        self.told = true;
+        let _ = self.tell.send(Heard::Verdict(Box::new(result)));
+    }
 }
 
 /// What a session keeps from its walk to its report.
@@ -183,6 +275,9 @@ pub(super) struct SendSession<'a> {
     plan: Plan,
     /// The plan request, sent again while the receiver is busy.
     request: Vec<u8>,
+    /// The receiver takes a finish sent before the data streams'
+    /// answers: asked in the plan, and so until one predating it refuses.
+    finish_ahead: bool,
     dirs: u64,
     symlinks: u64,
     values: ChunkValues,
@@ -205,7 +300,9 @@ impl<'a> SendSession<'a> {
             dirs,
             symlinks,
         } = Plan::walk(sources, config)?;
-        let request = plan_request(config, &plan, manifest);
+        // As the data connections opened ahead: only on fresh sockets.
+        let finish_ahead = from.is_empty() && !config.options.dry_run;
+        let request = plan_request(config, &plan, manifest, finish_ahead);
         Ok(SendSession {
             config,
             from,
@@ -215,6 +312,7 @@ impl<'a> SendSession<'a> {
             values: ChunkValues::new(&plan.sizes),
             plan,
             request,
+            finish_ahead,
             dirs,
             symlinks,
             tally: Tally::default(),
@@ -236,7 +334,9 @@ impl<'a> SendSession<'a> {
     /// is busy (within `--wait-busy`); a busy answer, or a plan
     /// connection turned away busy, closes the `early` connections, so
     /// that nothing is held at the receiver meanwhile.
-    fn plan(&self, early: &mut Vec<EarlyStream<'_>>) -> Result<Vec<FilePlan>, SendError> {
+    /// A receiver that predates the finish ahead (`Options::finish_ahead`)
+    /// refuses the plan that asks it: it is asked again without.
+    fn plan(&mut self, early: &mut Vec<EarlyStream<'_>>) -> Result<Vec<FilePlan>, SendError> {
         self.progress.set_stage(format!(
             "sending the manifest ({} entries)",
             self.plan.entries.len()
@@ -247,9 +347,16 @@ impl<'a> SendSession<'a> {
             let limit = PlanReply::max_len(&self.plan.sizes);
             let request = self.request.clone();
             let reply = ask_busy(self.link(0), request, limit, &mut || early.clear())?;
-            let (retry_after, why) = match plan_answer(host, &reply, &self.plan.sizes)? {
-                PlanAnswer::Accepted(plans) => return Ok(plans),
-                PlanAnswer::Busy { retry_after, why } => (retry_after, why),
+            let (retry_after, why) = match plan_answer(host, &reply, &self.plan.sizes) {
+                Ok(PlanAnswer::Accepted(plans)) => return Ok(plans),
+                Ok(PlanAnswer::Busy { retry_after, why }) => (retry_after, why),
+                Err(e) if self.finish_ahead && predates_finish_ahead(&e) => {
+                    self.finish_ahead = false;
+                    let manifest = manifest_of(&self.plan.entries);
+                    self.request = plan_request(self.config, &self.plan, manifest, false);
+                    continue;
+                }
+                Err(e) => return Err(e),
             };
             early.clear();
             if busy.pause(self.config, &self.progress, retry_after, &why) {
@@ -286,34 +393,78 @@ impl<'a> SendSession<'a> {
     }
 
     /// Sends `to_send`, then the chunks the receiver found corrupt again,
-    /// round after round, until every chunk passed its check.
-    /// The first round's streams go on `early` connections, as many as
-    /// there are; the rest of `early` is closed unused. Returns the
-    /// finish's connection, opened while the last round ran.
+    /// round after round, until every chunk passed its check and the
+    /// finish is answered. The first round's streams go on `early`
+    /// connections, as many as there are; the rest of `early` is closed
+    /// unused. Each round's finish goes on a connection opened while the
+    /// round runs: as soon as the round's last data went, where every
+    /// stream of the round is on such a connection (the receiver answers
+    /// it once the streams are answered, naming the chunks still
+    /// missing), else once the verdicts are in and clean. Returns the
+    /// data connections still closing.
     fn send_rounds<'scope>(
         &mut self,
         mut to_send: Vec<ChunkRef>,
         readers: &Readers,
-        mut early: Vec<EarlyStream<'_>>,
+        mut early: Vec<EarlyStream<'scope>>,
         finisher: &Finisher<'scope, '_>,
-    ) -> Result<Option<EarlyRequest<'scope>>, SendError> {
-        let mut finish = None;
-        while !to_send.is_empty() {
-            // A round that leaves chunks to repair closes the one before.
-            finish = finisher.open();
-            to_send = self.run_round(&to_send, readers, std::mem::take(&mut early))?;
+        plans: &[FilePlan],
+    ) -> Result<Vec<Closing<'scope>>, SendError> {
+        let mut closing = Vec::new();
+        if to_send.is_empty() {
+            self.finish(plans, None)?;
+            return Ok(closing);
         }
-        Ok(finish)
+        loop {
+            let ahead = finisher.open();
+            let early = std::mem::take(&mut early);
+            let (mut bad, finish) =
+                self.run_round(&to_send, readers, early, &mut closing, ahead, plans)?;
+            match finish {
+                RoundFinish::Launched(done) => {
+                    self.progress.set_stage("verifying at the receiver");
+                    let host = &self.config.host;
+                    let reply = finish_reply(host, done)?;
+                    let named = outcome(host, &reply).and_then(|b| carried(host, &to_send, b))?;
+                    self.tally.also_bad(&mut bad, named);
+                }
+                // A round that leaves chunks to repair closes its finish's.
+                RoundFinish::Held(ahead) if bad.is_empty() => {
+                    self.finish(plans, ahead)?;
+                }
+                RoundFinish::Held(_) => {}
+            }
+            if bad.is_empty() {
+                return Ok(closing);
+            }
+            to_send = bad;
+        }
+    }
+
+    /// Takes in the transport reports of the data connections that
+    /// were closing while the finish ran.
+    fn closed(&mut self, closing: Vec<Closing<'_>>) {
+        for c in closing {
+            if let Some((_, _, Some(stream))) = c.join().expect("a stream thread panicked") {
+                self.tally.streams.push(stream);
+            }
+        }
     }
 
     /// One round: `chunks` shared out over the streams, each stream a
     /// connection of its own; returns the chunks that failed their check.
-    fn run_round(
+    /// Connections still closing once their verdict is in go in
+    /// `closing`; the round's finish, opened `ahead`, goes as
+    /// [`SendSession::run_streams`] can.
+    fn run_round<'scope>(
         &mut self,
         chunks: &[ChunkRef],
         readers: &Readers,
-        early: Vec<EarlyStream<'_>>,
-    ) -> Result<Vec<ChunkRef>, SendError> {
+        early: Vec<EarlyStream<'scope>>,
+        closing: &mut Vec<Closing<'scope>>,
+        ahead: Option<EarlyRequest<'scope>>,
+        plans: &[FilePlan],
+    ) -> Result<(Vec<ChunkRef>, RoundFinish<'scope>), SendError> {
         let round = self
             .tally
             .next_round(chunks.len() as u64, &self.config.host)?;
@@ -326,19 +477,28 @@ impl<'a> SendSession<'a> {
         let shares = share_out(chunks, &self.plan.sizes, self.config.streams);
         *self.progress.current.lock().expect("progress lock") =
             first_names(&shares, &self.plan.names);
-        let results = self.run_streams(round, &shares, readers, early);
-        self.tally.take(results, &mut self.values)
+        let (results, finish) =
+            self.run_streams(round, &shares, readers, early, closing, ahead, plans);
+        let bad = self.tally.take(results, &mut self.values)?;
+        Ok((bad, finish))
     }
 
     /// Runs one stream per share, each on a thread of its own, and
-    /// gathers what each gives back.
-    fn run_streams(
+    /// gathers what each gives back: on a connection opened ahead, as
+    /// soon as its verdict is in (the connection goes in `closing`).
+    /// Where every stream is on such a connection, the finish, opened
+    /// `ahead`, goes as soon as every stream's last byte went.
+    #[allow(clippy::too_many_arguments)]
+    fn run_streams<'scope>(
         &self,
         round: usize,
         shares: &[Vec<ChunkRef>],
         readers: &Readers,
-        early: Vec<EarlyStream<'_>>,
-    ) -> Vec<StreamResult> {
+        early: Vec<EarlyStream<'scope>>,
+        closing: &mut Vec<Closing<'scope>>,
+        ahead: Option<EarlyRequest<'scope>>,
+        plans: &[FilePlan],
+    ) -> (Vec<StreamResult>, RoundFinish<'scope>) {
         let budget = stream_budget(self.config.buffer, shares.len());
         let mut early = early.into_iter();
         let mut opened = Vec::new();
@@ -382,25 +542,89 @@ impl<'a> SendSession<'a> {
                     if let Some(e) = opened.next() {
                         let len = feed.stream_len();
                         let reply_limit = Outcome::max_len(feed.chunks() as u64);
+                        let feed = Answered {
+                            feed,
+                            host: self.config.host.clone(),
+                            share: share.clone(),
+                            tell: e.tell,
+                            told: false,
+                            sent_told: false,
+                        };
                         e.early.launch(len, reply_limit, feed);
-                        return Ok(e.done);
+                        return Ok((e.done, e.heard));
                     }
                     Err(scope
                         .spawn(move || run_stream(link, feed, share, round, index + 1, detail)))
                 })
                 .collect();
-            handles
+            let heard: Vec<_> = handles
+                .iter()
+                .map(|h| h.as_ref().ok().map(|(_, heard)| heard))
+                .collect();
+            let (finish, mut firsts) = self.finish_ahead(&heard, shares, ahead, plans);
+            let results = handles
                 .into_iter()
                 .zip(shares)
-                .map(|(h, share)| match h {
-                    Ok(early) => {
-                        let end = early.join().expect("a stream thread panicked");
-                        early_result(&self.config.host, share, end)
-                    }
+                .zip(&mut firsts)
+                .map(|((h, share), first)| match h {
+                    Ok((done, heard)) => match first.take().or_else(|| told(&heard)) {
+                        Some(Heard::Verdict(result)) => {
+                            closing.push(done);
+                            *result
+                        }
+                        _ => {
+                            let end = done.join().expect("a stream thread panicked");
+                            early_result(&self.config.host, share, end)
+                        }
+                    },
                     Err(h) => h.join().expect("a stream thread panicked"),
                 })
-                .collect()
+                .collect();
+            (results, finish)
         })
+    }
+
+    /// Launches the round's finish, opened `ahead`, once every stream's
+    /// last byte went, where every stream of the round is on
+    /// a connection opened ahead and says so. Returns the finish and, per
+    /// stream, what it told instead of that (it ended first).
+    fn finish_ahead<'scope>(
+        &self,
+        heard: &[Option<&mpsc::Receiver<Heard>>],
+        shares: &[Vec<ChunkRef>],
+        ahead: Option<EarlyRequest<'scope>>,
+        plans: &[FilePlan],
+    ) -> (RoundFinish<'scope>, Vec<Option<Heard>>) {
+        let mut firsts: Vec<Option<Heard>> = heard.iter().map(|_| None).collect();
+        let ahead = match ahead {
+            Some(a) if self.finish_ahead && heard.iter().all(Option::is_some) => a,
+            held => return (RoundFinish::Held(held), firsts),
+        };
+        let mut values = self.values.clone();
+        let mut all_sent = true;
+        for (heard, first) in heard.iter().flatten().zip(&mut firsts) {
+            match heard.recv() {
+                Ok(Heard::Sent(cvs)) => {
+                    for (c, cv) in cvs {
+                        values.record(c, cv);
+                    }
+                }
+                told => {
+                    all_sent = false;
+                    *first = told.ok();
+                }
+            }
+        }
+        if !all_sent {
+            return (RoundFinish::Held(Some(ahead)), firsts);
+        }
+        let request = encode_finish(&values.file_hashes(&self.plan, plans));
+        let chunks: usize = shares.iter().map(Vec::len).sum();
+        let limit = Outcome::max_len(chunks as u64);
+        ahead
+            .early
+            .launch(request.len() as u64, limit, BytesFeed(request));
+        (RoundFinish::Launched(ahead.done), firsts)
     }
 
     /// Sends every file's hash, on `early` if the last round opened it:
@@ -415,16 +639,7 @@ impl<'a> SendSession<'a> {
             Some(e) => {
                 e.early
                     .launch(request.len() as u64, limit, BytesFeed(request));
-                match e.done.join().expect("the finish's thread panicked") {
-                    Some((_, reply, _)) => reply?,
-                    // Cannot be: the request was launched while it waited.
-                    None => {
-                        return Err(SendError::Failed {
-                            host: self.config.host.clone(),
-                            why: "the finish's connection ended before its request".into(),
-                        })
-                    }
-                }
+                finish_reply(&self.config.host, e.done)?
             }
             None => ask(self.link(0), request, limit)?,
         };
@@ -487,6 +702,27 @@ impl<'a> SendSession<'a> {
     }
 }
 
+/// The reply to a finish launched on a connection opened ahead of it.
+fn finish_reply(
+    host: &str,
+    done: thread::ScopedJoinHandle<'_, EarlyEnd<BytesFeed>>,
+) -> Result<Vec<u8>, SendError> {
+    match done.join().expect("the finish's thread panicked") {
+        Some((_, reply, _)) => reply,
+        // Cannot be: the request was launched while it waited.
+        None => Err(SendError::Failed {
+            host: host.to_string(),
+            why: "the finish's connection ended before its request".into(),
+        }),
+    }
+}
+
+/// What a data connection opened ahead tells after its stream's last
+/// byte went: its verdict, or that it ended (`None` too).
+fn told(heard: &mpsc::Receiver<Heard>) -> Option<Heard> {
+    heard.iter().find(|h| !matches!(h, Heard::Sent(_)))
+}
+
 /// Runs data stream `stream` (from 1) of round `round` to its end.
 fn run_stream(
     link: Link<'_>,
@@ -513,9 +749,9 @@ fn run_stream(
 }
 
 /// What a data stream on a connection opened ahead of it gave back.
-fn early_result(host: &str, share: &[ChunkRef], end: EarlyEnd<FileFeed>) -> StreamResult {
+fn early_result(host: &str, share: &[ChunkRef], end: EarlyEnd<Answered>) -> StreamResult {
     match end {
-        Some((feed, reply, stream)) => {
+        Some((Answered { feed, .. }, reply, stream)) => {
             let sent = feed.file_bytes();
             stream_result(host, share, feed, reply, stream, sent)
         }
@@ -696,11 +932,17 @@ impl Files {
     }
 }
 
-fn plan_request(config: &SendConfig, plan: &Plan, manifest: Manifest) -> Vec<u8> {
+fn plan_request(
+    config: &SendConfig,
+    plan: &Plan,
+    manifest: Manifest,
+    finish_ahead: bool,
+) -> Vec<u8> {
     PlanRequest {
         // The receiver learns it is one shard of several from this bit.
         options: Options {
             shard: config.shard.is_some(),
+            finish_ahead,
             ..config.options
         },
         subdir: config.subdir.clone(),
@@ -903,6 +1145,12 @@ fn outcome(host: &str, reply: &[u8]) -> Result<Vec<ChunkRef>, SendError> {
     }
 }
 
+/// A plan refused for the finish-ahead bit, by a receiver that predates
+/// it (its refusal names the unknown bits: `MessageError::UnknownOptions`).
+fn predates_finish_ahead(e: &SendError) -> bool {
+    matches!(e, SendError::Refused { why, .. } if why.contains("unknown option bits"))
+}
+
 /// The chunks a data stream's answer names as bad, each checked to be one
 /// the stream carried (the server chose these numbers), once each.
 fn carried(host: &str, share: &[ChunkRef], bad: Vec<ChunkRef>) -> Result<Vec<ChunkRef>, SendError> {
@@ -992,6 +1240,18 @@ impl Tally {
         self.chunks_resent += bad.len() as u64;
         Ok(bad)
     }
+
+    /// Adds to a round's `bad` chunks those the finish `named` missing
+    /// that no stream's answer named.
+    fn also_bad(&mut self, bad: &mut Vec<ChunkRef>, named: Vec<ChunkRef>) {
+        let known: HashSet<ChunkRef> = bad.iter().copied().collect();
+        for c in named {
+            if !known.contains(&c) {
+                bad.push(c);
+                self.chunks_resent += 1;
+            }
+        }
+    }
 }
 
 /// File bytes per second of `secs`, in bits/s.
@@ -1005,6 +1265,7 @@ fn goodput_bps(bytes: u64, secs: f64) -> f64 {
 
 /// Our BLAKE3 value of every chunk, by file then chunk, as each is read
 /// or compared.
+#[derive(Clone)]
 struct ChunkValues(Vec<Vec<Option<Cv>>>);
 
 impl ChunkValues {
@@ -1174,6 +1435,21 @@ mod tests {
         }
         let garbage = plan_answer(HOST, &[0xff, 1, 2], &sizes).unwrap_err();
         assert_eq!(garbage.fault(), Fault::Protocol, "{garbage}");
+    }
+
+    /// An older receiver's refusal of the bit, as it words it, and no
+    /// other refusal, makes the plan go again without it.
+    #[test]
+    fn only_a_refusal_of_unknown_option_bits_drops_the_finish_ahead() {
+        use crate::transfer::messages::MessageError;
+        let old = format!("a malformed plan: {}", MessageError::UnknownOptions(0x80));
+        let refused = |why: &str| SendError::Refused {
+            host: HOST.into(),
+            why: why.into(),
+        };
+        assert!(predates_finish_ahead(&refused(&old)));
+        assert!(!predates_finish_ahead(&refused("a file is in the way")));
+        assert!(!predates_finish_ahead(&failed(&old)));
     }
 
     #[test]
