@@ -360,9 +360,14 @@ pub(super) fn probe(args: ProbeArgs) -> Result<ExitCode> {
     let hint = PathHint::new(args.no_path_cache, peer.ip(), pinned_key);
     config.path_memory = hint.recall();
     let result = runtime()?.block_on(io::probe(config, &mut out, ctrl_c()));
-    let summary = result
-        .report
-        .map(|r| Summary::from_client(&r, &ClientEnd::of(&result.outcome), &args.host, &tuning));
+    let summary = result.report.map(|r| {
+        Summary::from_client(
+            &r,
+            &ClientEnd::of(&result.outcome, true),
+            &args.host,
+            &tuning,
+        )
+    });
     hint.remember(&summary);
     finish_trace(&mut out)?;
     let defaults = Tuning::default();

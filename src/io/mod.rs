@@ -552,6 +552,11 @@ pub enum ClientEnd {
         /// The server's counters, when it acknowledged the close.
         peer: Option<ReceiverStats>,
     },
+    /// The reply came and the close went without waiting for its
+    /// acknowledgement (a transfer's data connection, whose verdict
+    /// already said the data arrived): finished, without the server's
+    /// counters.
+    Answered,
     /// The connection failed, for this reason.
     Failed {
         /// The error, as a person reads it.
@@ -560,9 +565,14 @@ pub enum ClientEnd {
 }
 
 impl ClientEnd {
-    /// How `outcome` ended, without taking it.
-    pub(crate) fn of<E: fmt::Display>(outcome: &Result<Closed, E>) -> ClientEnd {
+    /// How `outcome` ended, without taking it; `close_awaited`: whether
+    /// the connection waited for its close's acknowledgement.
+    pub(crate) fn of<E: fmt::Display>(
+        outcome: &Result<Closed, E>,
+        close_awaited: bool,
+    ) -> ClientEnd {
         match outcome {
+            Ok(closed) if !close_awaited && closed.reply.is_some() => ClientEnd::Answered,
             Ok(closed) => ClientEnd::Closed { peer: closed.peer },
             Err(e) => ClientEnd::Failed { why: e.to_string() },
         }

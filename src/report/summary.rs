@@ -215,7 +215,7 @@ impl Summary {
         tuning: &Tuning,
     ) -> Summary {
         let status = match end {
-            ClientEnd::Closed { peer: Some(_) } => "finished".to_string(),
+            ClientEnd::Closed { peer: Some(_) } | ClientEnd::Answered => "finished".to_string(),
             ClientEnd::Closed { peer: None } => {
                 "finished (all data acknowledged; the close was not)".to_string()
             }

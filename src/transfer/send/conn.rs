@@ -250,6 +250,7 @@ fn attempt<F: StreamFeed>(
     data: Option<&DataConn<'_>>,
 ) -> (Result<Vec<u8>, SendError>, Option<StreamReport>) {
     let Link { config, stop, .. } = link;
+    let close_awaited = !probe.close_unacknowledged;
     let stopped = async {
         while !stop.stop.load(Ordering::Relaxed) {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -270,7 +271,7 @@ fn attempt<F: StreamFeed>(
     drop(watch);
     let stream = result.report.map(|transport| StreamReport {
         transport,
-        end: ClientEnd::of(&result.outcome),
+        end: ClientEnd::of(&result.outcome, close_awaited),
     });
     let reply = match result.outcome {
         Ok(closed) => closed.reply.ok_or_else(|| SendError::Failed {
