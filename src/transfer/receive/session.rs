@@ -1033,9 +1033,14 @@ impl<P: PlanView> Sessions<P> {
         else {
             return;
         };
-        let missing = s.missing();
-        if !missing.is_empty() {
-            return self.reply(conn_id, Outcome::Done { bad: missing }.encode());
+        // Only a sender that asked for the finish ahead reads its answer
+        // as a verdict; an older one takes any `Done` as the end, so its
+        // finish with chunks missing is refused by the planners, as before.
+        if plan.options().finish_ahead {
+            let missing = s.missing();
+            if !missing.is_empty() {
+                return self.reply(conn_id, Outcome::Done { bad: missing }.encode());
+            }
         }
         let job = PlanJob::Finish {
             session,
@@ -1933,7 +1938,9 @@ mod tests {
     #[test]
     fn a_finish_with_chunks_missing_names_them_and_the_session_goes_on() {
         let mut rig = Rig::new(limits(), false);
-        let session = rig.planned(files(&[10]));
+        let mut plan = files(&[10]);
+        plan.options.finish_ahead = true;
+        let session = rig.planned(plan);
         let (data, actions) = rig.first_chunk_in();
         let write = writes(&actions)[0].to;
         let (finish, _) = rig.request(SID, peer(1), &encode_finish(&[[5; 32]]));
@@ -1955,6 +1962,26 @@ mod tests {
         rig.s.on_ready(session, Ok(()));
         rig.drain();
         let (_, actions) = rig.request(SID, peer(1), &encode_finish(&[[5; 32]]));
+        assert_eq!(finish_job(&actions), Some(vec![[5; 32]]));
+    }
+
+    /// To a sender that did not ask for the finish ahead (an older one,
+    /// which takes any answer to its finish as the end) missing chunks
+    /// are no verdict: its finish goes to the planners, which refuse it.
+    #[test]
+    fn a_finish_without_the_ahead_bit_is_never_answered_with_chunks_to_send() {
+        let mut rig = Rig::new(limits(), false);
+        rig.planned(files(&[10]));
+        let (_, actions) = rig.first_chunk_in();
+        let write = writes(&actions)[0].to;
+        rig.s.on_written(Written {
+            to: write,
+            result: Err(WriteFailure::Corrupt),
+            buf: ChunkBuf::default(),
+        });
+        rig.drain();
+        let (finish, actions) = rig.request(SID, peer(1), &encode_finish(&[[5; 32]]));
+        assert!(replies(&actions, finish).is_empty(), "no chunks to send");
         assert_eq!(finish_job(&actions), Some(vec![[5; 32]]));
     }
 
