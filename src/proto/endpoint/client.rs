@@ -1260,6 +1260,16 @@ impl Client {
         }
     }
 
+    /// Whether a due timer is one that the peer's next datagram may
+    /// cancel: any but the data sender's pacer (see
+    /// [`Sender::ack_timer_due`]).
+    pub(crate) fn reply_timer_due(&self, now: Time) -> bool {
+        match (&self.state, &self.sender) {
+            (State::Transfer, Some(sender)) => sender.ack_timer_due(now),
+            _ => self.poll_timeout().is_some_and(|t| t <= now),
+        }
+    }
+
     /// The next of atou's events (`3duprxmit`, `timerxmit`, ...) the
     /// sender recorded, with its time; `None` when none is waiting.
     pub fn poll_event(&mut self) -> Option<TimedEvent> {

@@ -431,6 +431,17 @@ impl Sender {
         self.timers.iter().flatten().min().copied()
     }
 
+    /// Whether a timer that an arriving ACK may cancel or move (every
+    /// timer but the pacer's) is due at `now`: the I/O loop reads the
+    /// socket before handling one of these, and only these, so that a
+    /// pacer release costs no extra read.
+    pub(crate) fn ack_timer_due(&self, now: Time) -> bool {
+        TIMERS
+            .iter()
+            .filter(|&&t| t != Timer::Pacing)
+            .any(|&t| self.timer(t).is_some_and(|at| at <= now))
+    }
+
     pub fn poll_event(&mut self) -> Option<TimedEvent> {
         self.events.pop_front()
     }
@@ -2125,6 +2136,22 @@ mod tests {
         // Without the cap the whole initial window goes at once.
         let mut free = sender(tuning(RecoveryKind::Sack));
         assert_eq!(send(&mut free, at(0)).len(), 4);
+    }
+
+    /// The I/O loop reads the socket before a due timer only when an ACK
+    /// could cancel it: the pacer's release is not one, the RTO is.
+    #[test]
+    fn only_timers_an_ack_may_cancel_ask_for_a_read_first() {
+        let t = Tuning {
+            bwlimit: u64::from(PAYLOAD) * 8 * 1000,
+            ..tuning(RecoveryKind::Sack)
+        };
+        let mut s = sender(t);
+        send(&mut s, at(0));
+        assert_eq!(s.poll_timeout(), Some(at(1)), "the pacer's release");
+        assert!(!s.ack_timer_due(at(1)));
+        let rto = s.timer(Timer::Rto).expect("data in flight");
+        assert!(s.ack_timer_due(rto));
     }
 
     /// A paced controller faster than `bwlimit` paces at the cap; one
