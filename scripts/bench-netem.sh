@@ -62,7 +62,9 @@
 # 3), SMALL_SIZE (default 54K), TREE_FILES (default 3000), TREE_LOSS (in
 # percent, default 0.1), ATOU_BIN (the atou binary run at both ends, default this build's
 # target/release/atou: another build's, for a before and after). An empty
-# PAIR_LOSSES or E2E_LOSSES skips that part.
+# PAIR_LOSSES or E2E_LOSSES skips that part; E2E_ROWS (default "push small
+# tree pull") and E2E_TOOLS (default "atou-send atou-copy scp rsync tar
+# gridftp") keep only those rows and tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -455,6 +457,22 @@ mkdir -p "$e2e/src" "$e2e/warm"
 : >"$e2e_results"
 e2e_push_tools=(atou-send atou-copy scp rsync tar gridftp)
 e2e_pull_tools=(atou-copy scp rsync tar gridftp)
+# E2E_TOOLS and E2E_ROWS narrow a run by hand (the 3,000-file tree without
+# scp -r's half hour); CI runs them all.
+if [ -n "${E2E_TOOLS:-}" ]; then
+    read -r -a wanted <<<"$E2E_TOOLS"
+    for t in "${wanted[@]}"; do
+        [[ " ${e2e_push_tools[*]} " == *" $t "* ]] || die "E2E_TOOLS: unknown tool '$t' (tools: ${e2e_push_tools[*]})"
+    done
+    keep() { local t; for t in "$@"; do [[ " ${wanted[*]} " != *" $t "* ]] || printf '%s\n' "$t"; done; }
+    mapfile -t e2e_push_tools < <(keep "${e2e_push_tools[@]}")
+    mapfile -t e2e_pull_tools < <(keep "${e2e_pull_tools[@]}")
+fi
+read -r -a e2e_wanted_rows <<<"${E2E_ROWS:-push small tree pull}"
+for r in "${e2e_wanted_rows[@]}"; do
+    [[ " push small tree pull " == *" $r "* ]] || die "E2E_ROWS: unknown row '$r' (rows: push small tree pull)"
+done
+e2e_row_wanted() { [[ " ${e2e_wanted_rows[*]} " == *" $1 "* ]]; }
 if [ "${#e2e_losses[@]}" -gt 0 ]; then
     note "end to end: ${#e2e_losses[@]} loss values x $e2e_rounds rounds: a $e2e_size file pushed" \
         "and pulled, a $small_size file, and $tree_files small files at $tree_loss%"
@@ -594,17 +612,22 @@ e2e_rows() {
     pids=()
     sshd_stop
 }
+push_rows=()
+! e2e_row_wanted push || push_rows+=("push:$e2e/src/data")
+! e2e_row_wanted small || push_rows+=("small:$e2e/src/small")
 for loss in "${e2e_losses[@]}"; do
+    [ "${#push_rows[@]}" -gt 0 ] || break
     fwd=$link
     [ "$loss" = 0 ] || fwd="$link loss $loss%"
-    on_fresh_bridge "$loss" "$fwd" "end to end, A to B: a $e2e_size file and a $small_size file" \
-        e2e_rows "$loss" "push:$e2e/src/data" "small:$e2e/src/small"
+    on_fresh_bridge "$loss" "$fwd" "end to end, A to B: ${push_rows[*]##*/}" \
+        e2e_rows "$loss" "${push_rows[@]}"
 done
-if [ "${#e2e_losses[@]}" -gt 0 ]; then
+if [ "${#e2e_losses[@]}" -gt 0 ] && e2e_row_wanted tree; then
     on_fresh_bridge "$tree_loss" "$link loss $tree_loss%" "end to end, A to B: $tree_files small files" \
         e2e_rows "$tree_loss" "tree:$e2e/src/tree"
 fi
 for loss in "${e2e_losses[@]}"; do
+    e2e_row_wanted pull || break
     rev=$link
     [ "$loss" = 0 ] || rev="$link loss $loss%"
     # The loss on the data's way: B -> A, the bridge's reverse.
