@@ -168,7 +168,7 @@ proptest! {
                 Op::Transmit => while s.poll_transmit(now, &mut buf, &mut PatternSource).is_some() {},
                 Op::Ack { cum_delta, sacks, dsack, window } => {
                     let cum = una.saturating_add_signed(cum_delta);
-                    let mut a = Ack::new(1, now.wire_micros(), cum, window);
+                    let mut a = Ack::new(1, (now.as_nanos() / 1_000) as u32, cum, window);
                     for (off, len) in sacks {
                         a.push_sack(SackBlock::new(cum + 1 + off, cum + 1 + off + len).unwrap());
                     }

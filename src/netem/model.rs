@@ -51,7 +51,7 @@ pub struct NetemStats {
 
 impl NetemStats {
     /// Everything dropped, for whatever reason.
-    pub fn dropped(&self) -> u64 {
+    pub(crate) fn dropped(&self) -> u64 {
         self.lost + self.limit_drops
     }
 }

@@ -163,7 +163,7 @@ pub struct Chance {
 
 impl Chance {
     /// True when the event never happens.
-    pub fn is_zero(&self) -> bool {
+    pub(crate) fn is_zero(&self) -> bool {
         self.p.is_zero()
     }
 }

@@ -40,7 +40,7 @@ impl Time {
     /// The low 32 bits of the time in microseconds: what a data segment
     /// carries and an ACK echoes. Wraps every 71 minutes, which is harmless
     /// because only differences shorter than that are ever taken.
-    pub fn wire_micros(self) -> u32 {
+    pub(crate) fn wire_micros(self) -> u32 {
         (self.0 / 1_000) as u32
     }
 

@@ -114,7 +114,7 @@ named_enum! {
 
 impl RecoveryKind {
     /// Whether the receiver must send SACK blocks for this variant.
-    pub fn uses_sack(self) -> bool {
+    pub(crate) fn uses_sack(self) -> bool {
         matches!(
             self,
             RecoveryKind::Sack | RecoveryKind::Fack | RecoveryKind::Rack
@@ -828,7 +828,7 @@ impl Tuning {
     }
 
     /// Initial ssthresh in segments (atou's `thresh_init`, 0 = unlimited).
-    pub fn initial_ssthresh(&self) -> u64 {
+    pub(crate) fn initial_ssthresh(&self) -> u64 {
         if self.thresh_init <= 0.0 {
             u64::MAX
         } else {

@@ -64,12 +64,13 @@ impl AuthorizedKeys {
     }
 
     /// Keys listed (one per line; no key twice).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
     /// No key listed: no authenticated client is accepted.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 }

@@ -86,7 +86,7 @@ impl Cipher {
 
     /// Failed openings after which a connection must close (RFC 9001
     /// §6.6): 2^52 for AES-GCM, 2^36 for ChaCha20-Poly1305.
-    pub fn integrity_limit(self) -> u64 {
+    pub(crate) fn integrity_limit(self) -> u64 {
         match self {
             Cipher::Aes256Gcm => 1 << 52,
             Cipher::ChaCha20Poly1305 => 1 << 36,

@@ -314,6 +314,7 @@ impl Fetching {
     }
 
     /// Bytes held for the reply so far.
+    #[cfg(any(test, fuzzing))]
     fn held(&self) -> usize {
         self.bytes.capacity() + self.early.values().map(Vec::capacity).sum::<usize>()
     }
@@ -542,11 +543,6 @@ impl Client {
         Ok(self)
     }
 
-    /// Whether packets are authenticated and encrypted.
-    pub fn is_secure(&self) -> bool {
-        self.secure.is_some()
-    }
-
     /// The packet cipher, `None` for a plain connection.
     pub(crate) fn cipher(&self) -> Option<crate::proto::crypto::Cipher> {
         self.secure.as_ref().map(|s| s.config.cipher)
@@ -703,7 +699,9 @@ impl Client {
         self.reply.as_deref()
     }
 
-    /// Bytes held for the server's reply while it is fetched.
+    /// Bytes held for the server's reply while it is fetched (the unit
+    /// tests' and the fuzz target's check of the reply's memory).
+    #[cfg(any(test, fuzzing))]
     pub fn reply_bytes_held(&self) -> usize {
         match &self.state {
             State::Fetching(f) => f.held(),
