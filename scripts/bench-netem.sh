@@ -449,7 +449,9 @@ done
 # Tools: atou send to atou serve --dir in B (authenticated and encrypted,
 # the defaults; no pull), atou copy over ssh, scp, rsync -a over ssh,
 # tar | ssh, and GridFTP (globus-url-copy -p 4 to a globus-gridftp-server in
-# B, anonymous, so without GSI's cost: the fastest peer measured).
+# B, anonymous, so without GSI's cost: the fastest peer measured); beside
+# the small file, `ssh B true` (ssh-login): ssh's own set-up, all that
+# atou copy should add to atou send.
 e2e=$work/e2e
 e2e_results=$e2e/results   # lines: row loss tool seconds
 gridftp_port=2811
@@ -459,10 +461,13 @@ e2e_push_tools=(atou-send atou-copy scp rsync tar gridftp)
 e2e_pull_tools=(atou-copy scp rsync tar gridftp)
 # E2E_TOOLS and E2E_ROWS narrow a run by hand (the 3,000-file tree without
 # scp -r's half hour); CI runs them all.
+wanted=("${e2e_push_tools[@]}" ssh-login)
+e2e_tool_wanted() { [[ " ${wanted[*]} " == *" $1 "* ]]; }
 if [ -n "${E2E_TOOLS:-}" ]; then
     read -r -a wanted <<<"$E2E_TOOLS"
     for t in "${wanted[@]}"; do
-        [[ " ${e2e_push_tools[*]} " == *" $t "* ]] || die "E2E_TOOLS: unknown tool '$t' (tools: ${e2e_push_tools[*]})"
+        [[ " ${e2e_push_tools[*]} ssh-login " == *" $t "* ]] ||
+            die "E2E_TOOLS: unknown tool '$t' (tools: ${e2e_push_tools[*]} ssh-login)"
     done
     keep() { local t; for t in "$@"; do [[ " ${wanted[*]} " != *" $t "* ]] || printf '%s\n' "$t"; done; }
     mapfile -t e2e_push_tools < <(keep "${e2e_push_tools[@]}")
@@ -530,6 +535,9 @@ e2e_cmd() {
         atou-send) in_a $t "$atou" send --quiet --identity "$e2e/client" --server-key "$e2e/server.pub" \
                        "$src" "${addrs[1]}:$port" ;;
         atou-copy) in_a $t "$atou" copy --quiet --ssh "$ssh_cmd" --remote-atou "$atou" "$src" "$b:$dst/" ;;
+        # Not a transfer: ssh's own set-up (log-in, a command, exit), what
+        # atou copy may add to atou send.
+        ssh-login) in_a $t "${ssh_words[@]}" "$b" true </dev/null ;;
         scp) in_a $t scp -q "${r[@]}" "${ssh_opts[@]}" -P "$ssh_port" "$src" "$b:$dst/" ;;
         rsync) in_a $t rsync -a -e "$ssh_cmd" "$src" "$b:$dst/" ;;
         tar) $t tar cf - -C "$(dirname "$src")" "$(basename "$src")" |
@@ -557,7 +565,9 @@ e2e_one() {
     e2e_cmd "$row" "$tool" "$src" "$dst" >"$e2e/out" 2>&1 ||
         die "$row, loss $loss%: $tool failed: $(tail -n 2 "$e2e/out" | tr '\n' ' ')$(bridge_note)"
     t1=$(date +%s.%N)
-    if [ -d "$src" ]; then
+    if [ "$tool" = ssh-login ]; then
+        :
+    elif [ -d "$src" ]; then
         diff -r -q "$src" "$dst/$(basename "$src")" >/dev/null ||
             die "$row, loss $loss%: $tool delivered a different tree"
     else
@@ -595,6 +605,9 @@ e2e_rows() {
         row=${spec%%:*}
         src=${spec#*:}
         if [ "$row" = pull ]; then tools=("${e2e_pull_tools[@]}"); else tools=("${e2e_push_tools[@]}"); fi
+        # ssh's log-in alone, beside the one small file: what atou copy
+        # over ssh may add to atou send.
+        [ "$row" != small ] || ! e2e_tool_wanted ssh-login || tools+=(ssh-login)
         for k in "${tools[@]}"; do e2e_one "$row" "$loss" "$k" "$e2e/warm/data" 0; done
         for r in $(seq "$e2e_rounds"); do
             for k in "${!tools[@]}"; do
@@ -772,7 +785,7 @@ e2e = {}
 for line in open(e2e_rows):
     row, loss, tool, s = line.split()
     e2e.setdefault(row, {}).setdefault(loss, {}).setdefault(tool, []).append(float(s))
-tools = ["atou-send", "atou-copy", "scp", "rsync", "tar", "gridftp"]
+tools = ["atou-send", "atou-copy", "scp", "rsync", "tar", "gridftp", "ssh-login"]
 rows_said = {
     "push": (f"a {size} file from A to B", nbytes(size)),
     "small": (f"one {small_size} file from A to B (time to done)", nbytes(small_size)),
@@ -790,8 +803,8 @@ for row, (said, n) in rows_said.items():
         for t in tools:
             if t in by:
                 xs = by[t]
-                print(f"  {loss + '%':>6} {t:>10} {min(xs):7.2f} / {statistics.median(xs):7.2f} / {max(xs):7.2f}"
-                      f"   {n * 8 / statistics.median(xs) / 1e6:7.2f}")
+                rate = f"   {n * 8 / statistics.median(xs) / 1e6:7.2f}" if t != "ssh-login" else "   (no data: ssh's own set-up)"
+                print(f"  {loss + '%':>6} {t:>10} {min(xs):7.2f} / {statistics.median(xs):7.2f} / {max(xs):7.2f}{rate}")
 if e2e:
     print("targets (figures only)")
     verdict = lambda ok: "met" if ok else "NOT met"
@@ -817,6 +830,11 @@ for loss in e2e.get("push", {}):
 a = med("small", "0", "atou-send")
 if a is not None:
     print(f"  small, loss 0%: atou send {a:.2f} s  (target <= 0.45 s with a pinned key): {verdict(a <= 0.45)}")
+for loss in e2e.get("small", {}):
+    a, c, l = med("small", loss, "atou-send"), med("small", loss, "atou-copy"), med("small", loss, "ssh-login")
+    if a and c and l:
+        print(f"  small, loss {loss}%: atou copy over ssh {c:.2f} s - ssh's log-in {l:.2f} s = {c - l:.2f} s"
+              f" against atou send {a:.2f} s  (target: ssh adds only its own set-up): {verdict(c - l <= a * 1.1)}")
 for loss in e2e.get("tree", {}):
     a, r = med("tree", loss, "atou-send"), med("tree", loss, "rsync")
     if a:
