@@ -1402,6 +1402,43 @@ fn a_transfer_through_a_lossy_relay_arrives_identical() {
     );
 }
 
+/// A finish's connection is opened while its round runs and held until
+/// the round's last byte goes; a hold is bounded (half of `--maxidle`
+/// here), so a round longer than that opens the finish's connection
+/// again each time its hold runs out, and the finish still finds one
+/// welcomed (before, it went on a fresh connection: a hello's round trip
+/// more at the end of every transfer longer than 5 s). Counted at the
+/// relay: the plan's, the data's, and a finish's every half second of a
+/// 3-s round, where it was four connections in all.
+#[test]
+fn a_finish_held_longer_than_its_hold_is_opened_again_while_the_round_runs() {
+    let scratch = TestDir::new("transfer-finish-held");
+    let tree = scratch.dir("src/held");
+    write_random(&tree.join("three"), 3 * MIB, 91);
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    let relay = Relay::start(server.addr, "delay 5ms", "delay 5ms", 12);
+    let sent = send(
+        &[&tree],
+        &relay.addr.to_string(),
+        &["--bwlimit", "8mbit", "--maxidle", "1", "--streams", "1"],
+    );
+    sent.report();
+    let counts = relay.stop();
+    assert_same_tree(&tree, &dest.join("held"));
+    let opened = u(&counts["sources"]["opened"]);
+    say(&format!(
+        "a_finish_held_longer_than_its_hold_is_opened_again_while_the_round_runs: \
+         {opened} connections in {:.1} s",
+        sent.secs
+    ));
+    assert!(
+        opened >= 6,
+        "{opened} connections for a {:.1}-s round: the finish's was not held again",
+        sent.secs
+    );
+}
+
 /// A path that corrupts datagrams past the UDP checksum (the relay flips a
 /// bit and re-sends), unauthenticated (`--no-auth`), so that corrupted
 /// datagrams reach the transfer: a corrupted chunk fails its BLAKE3 check

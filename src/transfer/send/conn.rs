@@ -478,21 +478,37 @@ pub(super) fn open_early<'a, F: StreamFeed + 'a>(
             job: None,
             told: false,
         };
-        let probe = ProbeConfig {
-            stream_len_later: true,
-            ..probe_config(link, 0, ending, data.as_ref())
-        };
-        let socket = None;
-        let (reply, stream) = attempt(link, socket, probe, &mut late, data.as_ref());
-        // Opened in vain (it failed, or its hold ran out, before the
-        // stream came; or the receiver turned it away busy, having taken
-        // nothing): the stream goes on a connection of its own.
-        let mut job = match late.job.take() {
-            Some(job) if !matches!(&reply, Err(e) if refused_busy(e)) => {
-                return Some((job.feed, reply, stream));
+        let mut job = loop {
+            let probe = ProbeConfig {
+                stream_len_later: true,
+                ..probe_config(link, 0, ending, data.as_ref())
+            };
+            let socket = None;
+            let (reply, stream) = attempt(link, socket, probe, &mut late, data.as_ref());
+            // Opened in vain (it failed, or its hold ran out, before the
+            // stream came; or the receiver turned it away busy, having
+            // taken nothing): the stream goes on a connection of its own.
+            match late.job.take() {
+                Some(job) if !matches!(&reply, Err(e) if refused_busy(e)) => {
+                    return Some((job.feed, reply, stream));
+                }
+                Some(job) => break job,
+                None => {}
             }
-            Some(job) => job,
-            None => late.jobs.recv().ok()?,
+            // Its hold ran out (closed without a reply, never told a
+            // stream) while the stream is still to come (a round longer
+            // than the hold: a finish waits for the whole round): hold a
+            // fresh one, so that the stream, when it comes, still finds
+            // its connection welcomed and costs no hello's round trip.
+            let held_out = !late.told && matches!(reply, Err(SendError::Failed { .. }));
+            if !held_out || link.stop.stop.load(Ordering::Relaxed) {
+                break late.jobs.recv().ok()?;
+            }
+            match late.jobs.try_recv() {
+                Ok(job) => break job,
+                Err(mpsc::TryRecvError::Disconnected) => return None,
+                Err(mpsc::TryRecvError::Empty) => {}
+            }
         };
         let ending = Ending {
             reply_limit: job.reply_limit,
