@@ -1272,6 +1272,20 @@ pub(crate) async fn serve_from(
 }
 
 /// A serving loop's server, its helper threads, and what it has to send.
+/// The server's session events and early arrivals, in their order, to
+/// the application.
+fn tell_app(server: &mut Server, app: &mut dyn ServeApp) {
+    loop {
+        while let Some(e) = server.poll_session_event() {
+            app.on_event(server, e);
+        }
+        let Some(early) = server.poll_early_arrival() else {
+            break;
+        };
+        app.on_arrival(server, early.as_arrival());
+    }
+}
+
 struct Serving {
     server: Server,
     /// Saves the newest hello timestamp of each key, when kept.
@@ -1341,9 +1355,7 @@ impl Serving {
             server.handle_timeout(now);
         }
         app.poll(server);
-        while let Some(e) = server.poll_session_event() {
-            app.on_event(server, e);
-        }
+        tell_app(server, app);
         // Before any response to the hellos just accepted goes out: once
         // a client has its session, a restart must refuse its hello. One
         // save covers every hello accepted while the last was made.
@@ -1392,9 +1404,7 @@ impl Serving {
         if let Some(worker) = &self.handshakes {
             worker.exchange(server, now);
         }
-        while let Some(e) = server.poll_session_event() {
-            app.on_event(server, e);
-        }
+        tell_app(server, app);
         if let Some(asked) = server.wanted_rcvbuf() {
             let granted = io.set_rcvbuf(asked).unwrap_or(asked);
             server.set_socket_rcvbuf(granted);

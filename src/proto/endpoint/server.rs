@@ -40,9 +40,9 @@ use crate::proto::stream::receiver::{Receiver, ReceiverConfig};
 use crate::proto::time::Time;
 use crate::proto::wire::ReceiverStats;
 use crate::proto::wire::{
-    hello_token, AddressToken, CloseAck, DataSegment, HeaderPeek, Hello, Packet, PathProbe,
-    ReceiverParams, Reject, RejectReason, Reply, Retry, Welcome, CONTROL_MAX_LEN, DATA_HEADER_LEN,
-    REPLY_HEADER_LEN, VERSION,
+    early_segment, hello_token, split_hello_params, AddressToken, CloseAck, DataSegment,
+    HeaderPeek, Hello, Packet, PathProbe, ReceiverParams, Reject, RejectReason, Reply, Retry,
+    Welcome, CONTROL_MAX_LEN, DATA_HEADER_LEN, EARLY_TAKEN, REPLY_HEADER_LEN, VERSION,
 };
 
 /// A client that asked for `maxidle 0` is still forgotten after this long
@@ -340,6 +340,36 @@ pub struct Arrival<'a> {
     pub payload: &'a [u8],
 }
 
+/// Stream bytes that rode an accepted hello (early data), owned: they
+/// come out of [`Server::poll_early_arrival`], in their place among the
+/// session events (after the connection's `Opened`, before its
+/// `Complete`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EarlyArrival {
+    pub conn_id: u64,
+    pub session: u64,
+    pub payload: Vec<u8>,
+}
+
+impl EarlyArrival {
+    /// As an [`Arrival`] at the stream's start, for the application.
+    pub fn as_arrival(&self) -> Arrival<'_> {
+        Arrival {
+            conn_id: self.conn_id,
+            session: self.session,
+            offset: 0,
+            payload: &self.payload,
+        }
+    }
+}
+
+/// What the session application is told, in order.
+#[derive(Debug)]
+enum Queued {
+    Event(SessionEvent),
+    Early(EarlyArrival),
+}
+
 /// What a connection is for: a probe (a sink, its data only counted) or
 /// a file-transfer session (its data handed to the application). On the
 /// wire a hello names it by one id, 0 for a probe; it is decoded once,
@@ -504,6 +534,19 @@ struct ConnSecure {
     largest_pn: Option<u64>,
     /// A new address being validated (RFC 9000 §8.2, §9).
     path: Option<PathCheck>,
+    /// Its hello's early segment was taken.
+    early: Option<EarlyData>,
+}
+
+/// A request that rode an accepted hello.
+struct EarlyData {
+    /// The data packet, until it is placed: once the response goes out
+    /// ([`Server::take_early`]), so never before the table that refuses
+    /// the hello's replay is saved.
+    segment: Option<Vec<u8>>,
+    /// Until the client confirms its keys (RFC 9000 §8.1): what goes to
+    /// it, the response included, is at most 3× its hello.
+    budget: Budget,
 }
 
 struct SessionKeys {
@@ -548,6 +591,8 @@ struct Admission {
 #[derive(Default)]
 struct Verdict {
     admitted: Option<(Hello, Admission)>,
+    /// The hello's early segment, taken (a data packet).
+    early: Option<Vec<u8>>,
     why: String,
 }
 
@@ -1046,7 +1091,11 @@ pub struct Server {
     rejects: VecDeque<(SocketAddr, Reject)>,
     reports: VecDeque<ConnReport>,
     notices: VecDeque<Notice>,
-    session_events: VecDeque<SessionEvent>,
+    session_events: VecDeque<Queued>,
+    /// Behaves as a server from before early data (its hello decoder
+    /// wants a hello's exact length), for the tests of the fallback.
+    #[cfg(test)]
+    without_early: bool,
     stats: ServerStats,
     /// Largest receive buffer set on the socket so far, in the bytes
     /// asked for (the server's own setting, then clients' hellos).
@@ -1153,6 +1202,8 @@ impl Server {
             held_responses: Vec::new(),
             saving: None,
             changed_since_taken: false,
+            #[cfg(test)]
+            without_early: false,
         }
     }
 
@@ -1230,6 +1281,7 @@ impl Server {
         for (to, datagram, conn_id) in held {
             if saved {
                 self.queue_handshake(to, datagram);
+                self.take_early(conn_id);
                 continue;
             }
             let Some(conn) = self.remove_conn(conn_id) else {
@@ -1242,10 +1294,11 @@ impl Server {
                 self.stats,
             ));
             if let Purpose::Session(_) = conn.purpose {
-                self.session_events.push_back(SessionEvent::Ended {
-                    conn_id,
-                    end: ConnEnd::Idle,
-                });
+                self.session_events
+                    .push_back(Queued::Event(SessionEvent::Ended {
+                        conn_id,
+                        end: ConnEnd::Idle,
+                    }));
             }
         }
     }
@@ -1514,7 +1567,7 @@ impl Server {
         if conn.purpose != Purpose::Probe && !conn.complete_told && conn.receiver.is_complete() {
             conn.complete_told = true;
             self.session_events
-                .push_back(SessionEvent::Complete { conn_id });
+                .push_back(Queued::Event(SessionEvent::Complete { conn_id }));
         }
         Ok(arrival)
     }
@@ -1587,10 +1640,11 @@ impl Server {
             *bytes = bytes.saturating_sub(freed);
         }
         if let Purpose::Session(_) = conn.purpose {
-            self.session_events.push_back(SessionEvent::Ended {
-                conn_id,
-                end: ConnEnd::Closed,
-            });
+            self.session_events
+                .push_back(Queued::Event(SessionEvent::Ended {
+                    conn_id,
+                    end: ConnEnd::Closed,
+                }));
         }
         Ok(None)
     }
@@ -1789,28 +1843,68 @@ impl Server {
 
     /// [`answer_hello`](Self::answer_hello), or, `held_for` an accepted
     /// hello's connection, held until the table of hello timestamps that
-    /// refuses its replay is saved.
+    /// refuses its replay is saved. `true` if it goes out now.
     fn answer_hello_held(
         &mut self,
         to: SocketAddr,
         hello_len: usize,
         bytes: Vec<u8>,
         held_for: Option<u64>,
-    ) {
+    ) -> bool {
         let mut budget = Budget::new();
         budget.on_received(hello_len);
         if !budget.may_send(bytes.len()) {
-            return;
+            return false;
         }
         match held_for {
             Some(conn_id) if self.held_responses.len() < FETCH_QUEUE_MAX => {
                 self.held_responses.push((to, bytes, conn_id));
+                false
             }
             // Past the bound, as a lost response: the client times out;
             // the connection expires unconfirmed.
-            Some(_) => {}
-            None => self.queue_handshake(to, bytes),
+            Some(_) => false,
+            None => {
+                self.queue_handshake(to, bytes);
+                true
+            }
         }
+    }
+
+    /// Places the early segment of connection `conn_id`'s hello, as if
+    /// it had arrived with the hello (it did): its bytes go to the
+    /// application ([`Server::poll_early_arrival`]), and its completion
+    /// and acknowledgement follow as for any segment. Called when the
+    /// response goes out, so that a hello whose replay a restart could
+    /// not refuse yet has had no effect.
+    fn take_early(&mut self, conn_id: u64) {
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        let Some(segment) = conn
+            .link
+            .secure_mut()
+            .and_then(|s| s.early.as_mut())
+            .and_then(|e| e.segment.take())
+        else {
+            return;
+        };
+        let Ok(Packet::Data(seg)) = Packet::decode(&segment) else {
+            return;
+        };
+        if matches!(conn.phase, ConnPhase::Hello { .. }) {
+            conn.phase = ConnPhase::Open;
+        }
+        let (now, at) = (conn.last_heard, self.session_events.len());
+        if let Ok(Some(arrival)) = self.on_data(now, conn_id, &seg) {
+            let early = EarlyArrival {
+                conn_id,
+                session: arrival.session,
+                payload: arrival.payload.to_vec(),
+            };
+            self.session_events.insert(at, Queued::Early(early));
+        }
+        self.enqueue(conn_id);
     }
 
     fn take_ticket(&mut self) -> u64 {
@@ -1952,6 +2046,10 @@ impl Server {
                     client_id,
                     largest_pn: None,
                     path: None,
+                    early: verdict.early.take().map(|segment| EarlyData {
+                        segment: Some(segment),
+                        budget: Budget::new(),
+                    }),
                 };
                 self.insert_awaiting(now, from, server_id, &hello, admission, secure);
                 server_id
@@ -1982,6 +2080,7 @@ impl Server {
                 decision,
                 Verdict {
                     admitted: None,
+                    early: None,
                     why,
                 },
             )
@@ -1994,7 +2093,17 @@ impl Server {
                 );
             }
         }
-        let Ok(Packet::Hello(hello)) = Packet::decode(params) else {
+        let split = split_hello_params(params);
+        // A server from before early data decodes the parameters as
+        // exactly a hello.
+        #[cfg(test)]
+        let split = split.and_then(|(hello, early)| match early {
+            Some(extra) if self.without_early => {
+                Err(crate::proto::wire::WireError::TrailingBytes(extra.len()))
+            }
+            _ => Ok((hello, early)),
+        });
+        let Ok((hello, early)) = split else {
             return refused(
                 Decision::Refuse(RefuseReason::ParamsRefused),
                 "its parameters are not a hello",
@@ -2012,8 +2121,18 @@ impl Server {
                 let mut bytes = vec![0u8; CONTROL_MAX_LEN];
                 let n = welcome.emit(&mut bytes).unwrap_or(0);
                 bytes.truncate(n);
+                // Taken only where the connection could have received it
+                // after the welcome: a session's, one whole segment.
+                let early = early
+                    .filter(|_| matches!(Purpose::of_wire(hello.session), Purpose::Session(_)))
+                    .filter(|e| early_segment(&hello, e, payload_size(hello.mss)).is_some())
+                    .map(<[u8]>::to_vec);
+                if early.is_some() {
+                    bytes.push(EARLY_TAKEN);
+                }
                 let verdict = Verdict {
                     admitted: Some((hello, admission)),
+                    early,
                     why: String::new(),
                 };
                 (Decision::Accept(bytes), verdict)
@@ -2028,6 +2147,7 @@ impl Server {
                     Decision::Refuse(reason),
                     Verdict {
                         admitted: None,
+                        early: None,
                         why,
                     },
                 )
@@ -2134,8 +2254,13 @@ impl Server {
                 };
                 let (sealer, opener) = session.into_protection();
                 secure.keys = Keying::Unconfirmed(SessionKeys { sealer, opener });
+                if let Some(early) = secure.early.as_mut() {
+                    early.budget.on_received(hello_len);
+                    early.budget.on_sent(datagram.len());
+                }
                 if let Purpose::Session(session) = c.purpose {
-                    self.session_events.push_back(c.opened_event(id, session));
+                    self.session_events
+                        .push_back(Queued::Event(c.opened_event(id, session)));
                 }
                 // Worth its price: the source's token goes back.
                 self.rate.refund(now, from.ip());
@@ -2147,7 +2272,9 @@ impl Server {
                 self.timestamps_unsaved |= timestamp_advanced;
                 self.changed_since_taken |= timestamp_advanced;
                 let held_for = (self.keeping_timestamps && self.timestamps_unsaved).then_some(id);
-                self.answer_hello_held(from, hello_len, datagram, held_for);
+                if self.answer_hello_held(from, hello_len, datagram, held_for) {
+                    self.take_early(id);
+                }
             }
             handshake::Reply::Cookie(_) | handshake::Reply::Ignored { .. } => {}
         }
@@ -2387,7 +2514,7 @@ impl Server {
         // its keys arrive ([`Server::on_response`]).
         if let (Purpose::Session(session), true) = (conn.purpose, conn.keyed()) {
             self.session_events
-                .push_back(conn.opened_event(key, session));
+                .push_back(Queued::Event(conn.opened_event(key, session)));
         }
         self.conns.insert(key, conn);
         self.windows_held += window_bytes;
@@ -2470,10 +2597,22 @@ impl Server {
                         }
                         return Some((to, n));
                     };
-                    // Nothing goes to an unconfirmed client (its hello's
-                    // response was all), nor past the 3× limit on a new path.
-                    let Keying::Confirmed(keys) = &mut secure.keys else {
-                        continue;
+                    // Nothing goes to an unconfirmed client but its hello's
+                    // response and, for a request that rode the hello, its
+                    // answer within 3× the hello (RFC 9000 §8.1); nothing
+                    // past the 3× limit on a new path.
+                    let keys = match (&mut secure.keys, secure.early.as_mut()) {
+                        (Keying::Confirmed(keys), _) => keys,
+                        (Keying::Unconfirmed(keys), Some(early)) => {
+                            let len = n + frame::overhead(keys.sealer.tag_len());
+                            if !early.budget.may_send(len) {
+                                self.stats.unvalidated_held_back += 1;
+                                continue;
+                            }
+                            early.budget.on_sent(len);
+                            keys
+                        }
+                        _ => continue,
                     };
                     let len = n + frame::overhead(keys.sealer.tag_len());
                     if let Some(check) = secure.path.as_mut() {
@@ -2542,8 +2681,29 @@ impl Server {
 
     /// The next session connection's event (opened, stream complete,
     /// ended), for its application; `None` when none is waiting.
+    /// Stops before an early arrival: take it with
+    /// [`poll_early_arrival`](Self::poll_early_arrival), then go on.
     pub fn poll_session_event(&mut self) -> Option<SessionEvent> {
-        self.session_events.pop_front()
+        match self.session_events.front()? {
+            Queued::Event(_) => match self.session_events.pop_front() {
+                Some(Queued::Event(e)) => Some(e),
+                _ => None,
+            },
+            Queued::Early(_) => None,
+        }
+    }
+
+    /// Stream bytes that rode an accepted hello, when they are next in
+    /// line among the session events (a driver drains both, in turn,
+    /// until neither has more).
+    pub fn poll_early_arrival(&mut self) -> Option<EarlyArrival> {
+        match self.session_events.front()? {
+            Queued::Early(_) => match self.session_events.pop_front() {
+                Some(Queued::Early(a)) => Some(a),
+                _ => None,
+            },
+            Queued::Event(_) => None,
+        }
     }
 
     /// Acts on the timers due by `now`: delayed ACKs, path challenges
@@ -2596,10 +2756,11 @@ impl Server {
                 self.reports
                     .push_back(conn.report(id, ConnEnd::Idle, conn.last_heard, self.stats));
                 if conn.purpose != Purpose::Probe && conn.keyed() {
-                    self.session_events.push_back(SessionEvent::Ended {
-                        conn_id: id,
-                        end: ConnEnd::Idle,
-                    });
+                    self.session_events
+                        .push_back(Queued::Event(SessionEvent::Ended {
+                            conn_id: id,
+                            end: ConnEnd::Idle,
+                        }));
                 }
             }
         }
@@ -3288,6 +3449,224 @@ mod tests {
             took >= rtt && took <= rtt + Duration::from_millis(5),
             "{took:?} from the stream to the reply"
         );
+    }
+
+    /// A server's key, and a session client of a `len`-byte pattern
+    /// stream authenticated to it, its stream offered in its hello.
+    fn early_client(len: usize) -> (crate::proto::crypto::StaticKeypair, Client) {
+        use crate::proto::crypto::{Cipher, ClientAuth, StaticKeypair};
+        let server_key = StaticKeypair::generate().unwrap();
+        let mut request = vec![0u8; len];
+        crate::proto::payload::fill_pattern(0, &mut request);
+        let client = Client::new(&Tuning::default(), 17, Some(len as u64), Time::ZERO)
+            .unwrap()
+            .with_session(31)
+            .with_close_unacknowledged()
+            .with_auth(
+                ClientAuth {
+                    identity: StaticKeypair::generate().unwrap(),
+                    server_key: server_key.public(),
+                    cipher: Cipher::Aes256Gcm,
+                },
+                1_000_000_000,
+            )
+            .unwrap()
+            .with_early_stream(&request);
+        (server_key, client)
+    }
+
+    fn keyed_server(key: &crate::proto::crypto::StaticKeypair) -> Server {
+        Server::new(open_limits(), 1 << 20, 2 << 20)
+            .with_auth(ServerAuth {
+                identity: Some(key.clone()),
+                authorized: None,
+                allow_plain: false,
+            })
+            .unwrap()
+    }
+
+    /// Counts what a session's application is told.
+    #[derive(Default)]
+    struct Told {
+        opened: usize,
+        arrived: u64,
+        completed: usize,
+    }
+
+    impl SessionApp for Told {
+        fn on_arrival(&mut self, _: Time, _: &mut Server, a: Arrival<'_>) {
+            self.arrived += a.payload.len() as u64;
+        }
+        fn on_event(&mut self, _: Time, server: &mut Server, e: SessionEvent) {
+            match e {
+                SessionEvent::Opened { .. } => self.opened += 1,
+                SessionEvent::Complete { conn_id } => {
+                    self.completed += 1;
+                    server.respond(conn_id, b"plan".to_vec());
+                }
+                SessionEvent::Ended { .. } => {}
+            }
+        }
+    }
+
+    /// Runs an authenticated request of `len` bytes over a 100 ms round
+    /// trip to a server of `key` (`without_early`: one from before early
+    /// data); returns when the client had the reply, whether the server
+    /// took the stream from the hello, the longest datagram the client
+    /// sent, and what the application was told.
+    fn early_request(len: usize, without_early: bool) -> (Duration, bool, usize, Told) {
+        let (key, client) = early_client(len);
+        let mut server = keyed_server(&key);
+        server.without_early = without_early;
+        let mut pair = pair(client, server, "delay 50ms");
+        let mut longest = 0;
+        let mut tap = |_: Time, dir: Dir, d: Vec<u8>| {
+            if dir == Dir::ToServer {
+                longest = longest.max(d.len());
+            }
+            vec![(addr(1), d)]
+        };
+        let mut told = Told::default();
+        assert!(serve_one(
+            &mut pair,
+            Duration::from_secs(3),
+            &mut tap,
+            &mut told
+        ));
+        let closed = pair.client.outcome().unwrap().clone().unwrap();
+        assert_eq!(closed.reply.as_deref(), Some(&b"plan"[..]));
+        let took = pair.now().saturating_since(Time::ZERO);
+        (took, pair.client.early_taken(), longest, told)
+    }
+
+    /// A request that fits the hello rides it: the server places it as
+    /// the connection's stream when it accepts the hello and pushes its
+    /// answer after the welcome, so the reply is in one round trip after
+    /// the first hello (two without: see
+    /// `a_request_is_answered_in_two_round_trips_its_reply_pushed`), and
+    /// the hello is still 1200 bytes.
+    #[test]
+    fn a_request_in_the_hello_is_answered_in_one_round_trip() {
+        let rtt = Duration::from_millis(100);
+        let (took, taken, longest, told) = early_request(125, false);
+        assert!(taken);
+        assert!(
+            took >= rtt && took <= rtt + Duration::from_millis(5),
+            "{took:?}"
+        );
+        assert_eq!(longest, handshake::HELLO_MIN_LEN);
+        assert_eq!((told.opened, told.arrived, told.completed), (1, 125, 1));
+    }
+
+    /// A request longer than the hello's room goes after the welcome, as
+    /// before: two round trips, and the hello's size unchanged.
+    #[test]
+    fn a_request_too_long_for_the_hello_goes_after_the_welcome() {
+        let rtt = Duration::from_millis(100);
+        let (took, taken, longest, told) = early_request(1000, false);
+        assert!(!taken);
+        assert!(
+            took >= 2 * rtt && took <= 2 * rtt + Duration::from_millis(5),
+            "{took:?}"
+        );
+        assert!(longest <= handshake::HELLO_MIN_LEN);
+        assert_eq!((told.opened, told.arrived, told.completed), (1, 1000, 1));
+    }
+
+    /// A server from before early data refuses a hello whose parameters
+    /// are longer than a hello: the client says its hello again without
+    /// the request and goes on as before, a round trip later.
+    #[test]
+    fn a_server_without_early_data_gets_the_hello_again_without_the_request() {
+        let rtt = Duration::from_millis(100);
+        let (took, taken, _, told) = early_request(125, true);
+        assert!(!taken);
+        assert!(
+            took >= 3 * rtt && took <= 3 * rtt + Duration::from_millis(5),
+            "{took:?}"
+        );
+        assert_eq!((told.opened, told.arrived, told.completed), (1, 125, 1));
+    }
+
+    /// The first datagram `client` sends: its hello.
+    fn first_hello(client: &mut Client) -> Vec<u8> {
+        let mut buf = vec![0u8; 2048];
+        let n = client
+            .poll_transmit(Time::ZERO, &mut buf, &mut PatternSource)
+            .unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    /// Drains what `server` tells its application into `told`.
+    fn tell(server: &mut Server, told: &mut Told) {
+        loop {
+            while let Some(e) = server.poll_session_event() {
+                told.on_event(Time::ZERO, server, e);
+            }
+            let Some(early) = server.poll_early_arrival() else {
+                break;
+            };
+            told.on_arrival(Time::ZERO, server, early.as_arrival());
+        }
+    }
+
+    /// The attack on early data: a hello carrying a request, captured and
+    /// sent again, to the server that took it or to the same server
+    /// restarted with its table of hello timestamps. Neither copy may
+    /// have any effect: no connection opened, no byte of the request
+    /// placed, nothing answered. And where the server keeps that table,
+    /// the request takes effect only once the table that refuses its
+    /// replay is saved, and never if it is not.
+    #[test]
+    fn a_replayed_hello_with_a_request_does_nothing() {
+        let (key, mut client) = early_client(125);
+        let hello = first_hello(&mut client);
+        let from = addr(1);
+        let mut buf = vec![0u8; 2048];
+        let mut server = keyed_server(&key).keeping_hello_timestamps(Vec::new());
+        let mut told = Told::default();
+        server.handle_datagram(Time::ZERO, from, &mut hello.clone());
+        tell(&mut server, &mut told);
+        assert_eq!(told.arrived, 0, "placed before the table was saved");
+        assert_eq!(told.completed, 0);
+        let table = server.hello_timestamps_to_save().expect("a table to save");
+        server.hello_timestamps_saved(true);
+        tell(&mut server, &mut told);
+        assert_eq!((told.opened, told.arrived, told.completed), (1, 125, 1));
+        while server.poll_transmit(Time::ZERO, &mut buf).is_some() {}
+
+        let at = Time::ZERO + Duration::from_millis(10);
+        server.handle_datagram(at, from, &mut hello.clone());
+        tell(&mut server, &mut told);
+        assert_eq!((told.opened, told.arrived, told.completed), (1, 125, 1));
+        assert!(server.hello_timestamps_to_save().is_none());
+        assert!(
+            server.poll_transmit(at, &mut buf).is_none(),
+            "a copy answered"
+        );
+        assert_eq!(server.open_connections(), 1);
+
+        let mut restarted = keyed_server(&key).keeping_hello_timestamps(table);
+        let mut told = Told::default();
+        restarted.handle_datagram(at, from, &mut hello.clone());
+        tell(&mut restarted, &mut told);
+        assert_eq!((told.opened, told.arrived, told.completed), (0, 0, 0));
+        assert!(restarted.hello_timestamps_to_save().is_none());
+        assert!(restarted.poll_transmit(at, &mut buf).is_none());
+        assert_eq!(restarted.open_connections(), 0);
+
+        // Not saved: the request never takes effect.
+        let (key, mut client) = early_client(125);
+        let hello = first_hello(&mut client);
+        let mut server = keyed_server(&key).keeping_hello_timestamps(Vec::new());
+        let mut told = Told::default();
+        server.handle_datagram(Time::ZERO, from, &mut hello.clone());
+        assert!(server.hello_timestamps_to_save().is_some());
+        server.hello_timestamps_saved(false);
+        tell(&mut server, &mut told);
+        assert_eq!((told.arrived, told.completed), (0, 0));
+        assert_eq!(server.open_connections(), 0);
     }
 
     /// Notes when the connection ended, and how.
