@@ -278,6 +278,12 @@ pub trait StreamFeed: PayloadSource {
     fn launch(&mut self) -> Option<Launch> {
         None
     }
+    /// Whether every byte of the stream can be read now
+    /// ([`PayloadSource::read_at`], without [`StreamFeed::refill`]): then
+    /// a stream short enough rides the hello (`Client::with_early_stream`).
+    fn all_ready(&self) -> bool {
+        false
+    }
     /// Once, the server's reply to the stream, as soon as it is in: before
     /// the close and its acknowledgement, which the connection then goes
     /// on with. A caller that wants only the reply need not wait for them.
@@ -743,6 +749,16 @@ pub(crate) async fn connect_from<F: StreamFeed>(
         Ok(c) => c,
         Err(e) => return fail(e),
     };
+    // A stream no longer than a segment, all in memory (a plan, a finish):
+    // offered in the hello, which takes it if it fits.
+    match config.bytes {
+        Some(len) if feed.all_ready() && len <= u64::from(config.tuning.mss) => {
+            let mut stream = vec![0u8; len as usize];
+            feed.read_at(0, &mut stream);
+            client = client.with_early_stream(&stream);
+        }
+        _ => {}
+    }
     let (io, buffers) = match client_socket(socket, local, peer, &config.tuning).await {
         Ok(opened) => opened,
         Err(e) => return fail(e),
@@ -1363,6 +1379,9 @@ impl Serving {
             if let Err(why) = saver.exchange(server, &kept.path()) {
                 on_event(ServeEvent::HelloTimestampsNotSaved(why));
             }
+            // A save sends the responses it held, and places the requests
+            // that rode their hellos: their application hears of them now.
+            tell_app(server, app);
         }
         while self
             .tx
