@@ -3669,6 +3669,73 @@ mod tests {
         assert_eq!(server.open_connections(), 0);
     }
 
+    /// Until the client's first packet confirms its keys, a connection
+    /// whose request rode the hello is sent at most 3× the hello's bytes
+    /// (RFC 9000 §8.1), the response included, however often its
+    /// application pushes its answer; once confirmed, the rest goes.
+    #[test]
+    fn an_unconfirmed_client_is_sent_at_most_three_times_its_hello() {
+        let (key, mut client) = early_client(125);
+        let hello = first_hello(&mut client);
+        let mut server = keyed_server(&key);
+        let mut told = Told::default();
+        server.handle_datagram(Time::ZERO, addr(1), &mut hello.clone());
+        tell(&mut server, &mut told);
+        assert_eq!(told.completed, 1);
+        let (id, _) = server.conns.iter().next().map(|(&id, c)| (id, c)).unwrap();
+        for _ in 0..8 {
+            server.respond(id, vec![7; 5000]);
+        }
+        let mut buf = vec![0u8; 2048];
+        let (mut sent, mut datagrams) = (0, 0);
+        while let Some((_, n)) = server.poll_transmit(Time::ZERO, &mut buf) {
+            sent += n;
+            datagrams += 1;
+        }
+        assert!(datagrams >= 3, "response, ACK and answer: {datagrams}");
+        assert!(
+            sent <= 3 * hello.len(),
+            "{sent} bytes to an unconfirmed client"
+        );
+        assert!(server.stats().unvalidated_held_back > 0);
+    }
+
+    /// A hello said again after its response was lost carries the request
+    /// again: the server, which cannot tell that the first was placed,
+    /// places it again on the new connection (docs/security.md), and the
+    /// reply comes a round trip after the hello that got through.
+    #[test]
+    fn a_hello_said_again_after_a_lost_response_carries_the_request_again() {
+        let (key, client) = early_client(125);
+        let mut pair = pair(client, keyed_server(&key), "delay 50ms");
+        let mut lost = false;
+        let mut tap = |_: Time, dir: Dir, d: Vec<u8>| {
+            if dir == Dir::ToClient && !lost {
+                lost = true;
+                return Vec::new();
+            }
+            vec![(addr(1), d)]
+        };
+        let mut told = Told::default();
+        assert!(serve_one(
+            &mut pair,
+            Duration::from_secs(3),
+            &mut tap,
+            &mut told
+        ));
+        let closed = pair.client.outcome().unwrap().clone().unwrap();
+        assert_eq!(closed.reply.as_deref(), Some(&b"plan"[..]));
+        assert!(pair.client.early_taken());
+        assert_eq!((told.opened, told.arrived, told.completed), (2, 250, 2));
+        let took = pair.now().saturating_since(Time::ZERO);
+        let again = Duration::from_millis(250);
+        let rtt = Duration::from_millis(100);
+        assert!(
+            took >= again + rtt && took <= again + rtt + Duration::from_millis(5),
+            "{took:?}"
+        );
+    }
+
     /// Notes when the connection ended, and how.
     struct Ends(Option<(Time, ConnEnd)>);
 
