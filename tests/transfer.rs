@@ -1416,7 +1416,6 @@ impl FirstResponseDropper {
 /// second copy of it would fail the session ("a second plan for one
 /// session"). The transfer succeeds and the tree arrives identical.
 #[test]
-#[ignore = "fails on r34-early as it is: the server replaces the connection and its application gets the plan twice"]
 fn a_transfer_whose_hello_responses_are_lost_once_arrives_identical() {
     let scratch = TestDir::new("transfer-rehello");
     let tree = scratch.dir("src/rehello");

@@ -1155,6 +1155,14 @@ impl fmt::Debug for OpenedHello {
     }
 }
 
+impl OpenedHello {
+    /// The client's authenticated key and its id for the connection,
+    /// before the hello is judged.
+    pub(crate) fn client(&self) -> (PublicKey, u64) {
+        (self.client_key, self.client_id)
+    }
+}
+
 /// What [`Responder::judge`] decided.
 #[derive(Debug)]
 pub enum Judged {

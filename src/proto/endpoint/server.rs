@@ -489,8 +489,8 @@ enum Keying {
     /// holds its place in the budgets from the moment it is admitted, so
     /// hellos decided meanwhile cannot oversubscribe them, and accepts no
     /// packet (a plain one never, a protected one has nothing to open
-    /// it). A late response for a connection that was replaced or
-    /// expired meanwhile installs nothing.
+    /// it). A late response for a connection that was replaced, re-keyed
+    /// by its hello said again, or expired meanwhile installs nothing.
     Awaiting { ticket: u64 },
     /// Keys installed, and no packet from the client opened yet: nothing
     /// but the response goes to it.
@@ -536,6 +536,10 @@ struct ConnSecure {
     path: Option<PathCheck>,
     /// Its hello's early segment was taken.
     early: Option<EarlyData>,
+    /// A response was made and its application told `Opened`: until its
+    /// keys are confirmed, its hello said again re-keys it in place
+    /// ([`Server::answered_conn`]); it is never replaced.
+    answered: bool,
 }
 
 /// A request that rode an accepted hello.
@@ -1284,22 +1288,25 @@ impl Server {
                 self.take_early(conn_id);
                 continue;
             }
-            let Some(conn) = self.remove_conn(conn_id) else {
-                continue;
-            };
-            self.reports.push_back(conn.report(
-                conn_id,
-                ConnEnd::Idle,
-                conn.last_heard,
-                self.stats,
-            ));
-            if let Purpose::Session(_) = conn.purpose {
-                self.session_events
-                    .push_back(Queued::Event(SessionEvent::Ended {
-                        conn_id,
-                        end: ConnEnd::Idle,
-                    }));
-            }
+            self.end_unheard(conn_id);
+        }
+    }
+
+    /// Ends connection `conn_id` before its client was heard under its
+    /// keys: reported as idle, and its application, told `Opened`, told
+    /// `Ended`.
+    fn end_unheard(&mut self, conn_id: u64) {
+        let Some(conn) = self.remove_conn(conn_id) else {
+            return;
+        };
+        self.reports
+            .push_back(conn.report(conn_id, ConnEnd::Idle, conn.last_heard, self.stats));
+        if let Purpose::Session(_) = conn.purpose {
+            self.session_events
+                .push_back(Queued::Event(SessionEvent::Ended {
+                    conn_id,
+                    end: ConnEnd::Idle,
+                }));
         }
     }
 
@@ -1969,8 +1976,16 @@ impl Server {
             }
             (waiting, _) => {
                 self.stats.bad_handshakes += 1;
-                if let InFlight::Respond { conn: Some(id), .. } = waiting {
-                    self.remove_conn_awaiting(id, done.ticket);
+                match waiting {
+                    InFlight::Respond { conn: Some(id), .. }
+                        if self.conn_awaits(id, done.ticket) && self.conn_answered(id) =>
+                    {
+                        self.end_unheard(id)
+                    }
+                    InFlight::Respond { conn: Some(id), .. } => {
+                        self.remove_conn_awaiting(id, done.ticket);
+                    }
+                    _ => {}
                 }
             }
         }
@@ -1979,13 +1994,24 @@ impl Server {
         }
     }
 
+    /// Connection `id`'s application was told `Opened`.
+    fn conn_answered(&self, id: u64) -> bool {
+        self.conns
+            .get(&id)
+            .is_some_and(|c| c.link.secure().is_some_and(|s| s.answered))
+    }
+
+    /// Connection `id` waits for the keys of job `ticket`.
+    fn conn_awaits(&self, id: u64, ticket: u64) -> bool {
+        self.conns
+            .get(&id)
+            .is_some_and(|c| c.link.secure().is_some_and(|s| s.keys.awaits(ticket)))
+    }
+
     /// Removes connection `id` if it still waits for the keys of job
     /// `ticket`.
     fn remove_conn_awaiting(&mut self, id: u64, ticket: u64) -> bool {
-        let awaiting = self
-            .conns
-            .get(&id)
-            .is_some_and(|c| c.link.secure().is_some_and(|s| s.keys.awaits(ticket)));
+        let awaiting = self.conn_awaits(id, ticket);
         if awaiting {
             self.remove_conn(id);
         }
@@ -2005,11 +2031,13 @@ impl Server {
         let Some(mut responder) = self.responder.take() else {
             return;
         };
-        let server_id = self.fresh_server_id();
+        let (key, client_id) = opened.client();
+        let said_again = self.answered_conn(from, &key, client_id);
+        let server_id = said_again.unwrap_or_else(|| self.fresh_server_id());
         let mut verdict = Verdict::default();
         let judged = responder.judge(opened, server_id, |key, params| {
             let decision;
-            (decision, verdict) = self.decide_hello(from, key, params);
+            (decision, verdict) = self.decide_hello(from, key, params, said_again);
             decision
         });
         self.responder = Some(responder);
@@ -2035,10 +2063,23 @@ impl Server {
         let ticket = self.take_ticket();
         // A refusal for the clock (the floor) was admitted by the budgets
         // and makes no connection.
-        let conn = verdict
-            .admitted
-            .filter(|_| work.accepts())
-            .map(|(hello, admission)| {
+        let admitted = verdict.admitted.filter(|_| work.accepts());
+        let conn = admitted.map(|(hello, admission)| match said_again {
+            // The hello's timestamp was newer (judged), and only the
+            // key's holder could make it (ss): the connection awaits the
+            // new handshake's keys, and a late response to the old one
+            // installs nothing ([`Keying::awaits`]). Its receiver, reply
+            // and budgets stay as they are.
+            Some(id) => {
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.last_heard = now;
+                    if let Some(secure) = c.link.secure_mut() {
+                        secure.keys = Keying::Awaiting { ticket };
+                    }
+                }
+                id
+            }
+            None => {
                 let (peer_key, client_id) = work.client();
                 let secure = ConnSecure {
                     keys: Keying::Awaiting { ticket },
@@ -2046,6 +2087,7 @@ impl Server {
                     client_id,
                     largest_pn: None,
                     path: None,
+                    answered: false,
                     early: verdict.early.take().map(|segment| EarlyData {
                         segment: Some(segment),
                         budget: Budget::new(),
@@ -2053,7 +2095,8 @@ impl Server {
                 };
                 self.insert_awaiting(now, from, server_id, &hello, admission, secure);
                 server_id
-            });
+            }
+        });
         self.hand_out(
             ticket,
             Job::Respond(work),
@@ -2066,13 +2109,38 @@ impl Server {
         );
     }
 
+    /// The connection a hello from `from` says again, if a response to
+    /// it was made: the same key and client id, its keys not confirmed,
+    /// its application told `Opened` (a request that rode its hello
+    /// placed, or held for the timestamps' save). Such a hello means the
+    /// response was lost; it re-keys that connection in place rather than
+    /// replace it, so the application acts on the request once. One whose
+    /// keys are confirmed is no hello's to touch; one whose first
+    /// response is still being made has told its application nothing and
+    /// may be replaced ([`Server::insert_awaiting`]).
+    fn answered_conn(&self, from: SocketAddr, key: &PublicKey, client_id: u64) -> Option<u64> {
+        self.conns.iter().find_map(|(&id, c)| {
+            let s = c.link.secure()?;
+            (c.peer == from
+                && s.answered
+                && !matches!(s.keys, Keying::Confirmed(_))
+                && s.peer_key == *key
+                && s.client_id == client_id)
+                .then_some(id)
+        })
+    }
+
     /// The server's decision about an authenticated client's key and
     /// hello parameters, for [`Responder::judge`].
+    /// `said_again`: the connection the hello says again
+    /// ([`Server::answered_conn`]), which holds its place in the budgets
+    /// already and keeps what it was granted.
     fn decide_hello(
         &self,
         from: SocketAddr,
         key: &PublicKey,
         params: &[u8],
+        said_again: Option<u64>,
     ) -> (Decision, Verdict) {
         let refused = |decision, why: &str| {
             let why = why.to_string();
@@ -2109,7 +2177,32 @@ impl Server {
                 "its parameters are not a hello",
             );
         };
-        match self.admission(from, &hello) {
+        let admitted = match said_again.and_then(|id| self.conns.get(&id)) {
+            Some(conn) => self.grant(&hello).and_then(|admission| {
+                let same = conn.mss == hello.mss
+                    && conn.purpose == Purpose::of_wire(hello.session)
+                    && conn.params == admission.params
+                    && conn.window_bytes == admission.window_bytes
+                    && conn.maxidle == admission.maxidle;
+                if same {
+                    Ok(admission)
+                } else {
+                    Err((
+                        RejectReason::BadHello,
+                        "a hello said again with other parameters than its connection's"
+                            .to_string(),
+                    ))
+                }
+            }),
+            None => self.admission(from, &hello),
+        };
+        // Said again, the request that rode the hello is its connection's
+        // already (placed, or held for the save): taken iff it was then,
+        // so it is never placed twice, nor lost.
+        let taken_before = said_again
+            .and_then(|id| self.conns.get(&id))
+            .map(|c| c.link.secure().is_some_and(|s| s.early.is_some()));
+        match admitted {
             Ok(admission) => {
                 let welcome = Welcome {
                     conn_id: hello.conn_id,
@@ -2124,10 +2217,11 @@ impl Server {
                 // Taken only where the connection could have received it
                 // after the welcome: a session's, one whole segment.
                 let early = early
+                    .filter(|_| taken_before.is_none())
                     .filter(|_| matches!(Purpose::of_wire(hello.session), Purpose::Session(_)))
                     .filter(|e| early_segment(&hello, e, payload_size(hello.mss)).is_some())
                     .map(<[u8]>::to_vec);
-                if early.is_some() {
+                if early.is_some() || taken_before == Some(true) {
                     bytes.push(EARLY_TAKEN);
                 }
                 let verdict = Verdict {
@@ -2156,8 +2250,10 @@ impl Server {
     }
 
     /// Makes the connection of an accepted authenticated hello, waiting
-    /// for its keys. A hello repeated after a lost response made a
-    /// session the client will never use: the newer one replaces it.
+    /// for its keys. A hello repeated before its first response was made
+    /// (or from another address) made a session the client will never
+    /// use: the newer one replaces it (one answered is re-keyed instead:
+    /// [`Server::answered_conn`]).
     fn insert_awaiting(
         &mut self,
         now: Time,
@@ -2180,7 +2276,13 @@ impl Server {
             .map(|(&id, _)| id)
             .collect();
         for id in stale {
-            self.remove_conn(id);
+            // One answered (from another address: not re-keyed) had its
+            // application told `Opened`: it is told `Ended` too.
+            if self.conn_answered(id) {
+                self.end_unheard(id);
+            } else {
+                self.remove_conn(id);
+            }
         }
         let secure = Some(Box::new(secure));
         self.insert_conn(now, from, server_id, hello, admission, secure);
@@ -2254,13 +2356,22 @@ impl Server {
                 };
                 let (sealer, opener) = session.into_protection();
                 secure.keys = Keying::Unconfirmed(SessionKeys { sealer, opener });
+                // Re-keyed, the budget counts the earlier hellos and
+                // responses too: 3x all its hellos, all its responses in.
                 if let Some(early) = secure.early.as_mut() {
                     early.budget.on_received(hello_len);
                     early.budget.on_sent(datagram.len());
                 }
-                if let Purpose::Session(session) = c.purpose {
-                    self.session_events
-                        .push_back(Queued::Event(c.opened_event(id, session)));
+                let rekeyed = std::mem::replace(&mut secure.answered, true);
+                match (c.purpose, rekeyed) {
+                    (Purpose::Session(session), false) => {
+                        self.session_events
+                            .push_back(Queued::Event(c.opened_event(id, session)));
+                    }
+                    // Told once: what was lost under the old keys (ACKs,
+                    // the reply) goes again under the new.
+                    (_, true) => self.enqueue(id),
+                    (Purpose::Probe, false) => {}
                 }
                 // Worth its price: the source's token goes back.
                 self.rate.refund(now, from.ip());
@@ -2287,6 +2398,15 @@ impl Server {
         from: SocketAddr,
         hello: &Hello,
     ) -> Result<Admission, (RejectReason, String)> {
+        let admission = self.grant(hello)?;
+        match self.busy(from, admission.window_bytes) {
+            Some(why) => Err((RejectReason::Busy, why)),
+            None => Ok(admission),
+        }
+    }
+
+    /// What a hello's parameters would be granted, budgets aside.
+    fn grant(&self, hello: &Hello) -> Result<Admission, (RejectReason, String)> {
         let p = hello.receiver;
         if !(DATA_HEADER_LEN as u32 + 1..=MSS_MAX).contains(&hello.mss) {
             return Err((
@@ -2315,11 +2435,29 @@ impl Server {
             Purpose::Probe => 0,
             Purpose::Session(_) => rcvsegs * payload,
         };
+        let maxidle = match Duration::from_millis(u64::from(hello.maxidle_ms)) {
+            d if d.is_zero() => MAXIDLE_CAP,
+            d => d.min(MAXIDLE_CAP),
+        };
+        Ok(Admission {
+            params: ReceiverParams {
+                rcvsegs: rcvsegs as u32,
+                ..p
+            },
+            window_bytes,
+            maxidle,
+        })
+    }
+
+    /// Which budget a new connection from `from` holding `window_bytes`
+    /// would overrun, if any, for the operator.
+    fn busy(&self, from: SocketAddr, window_bytes: u64) -> Option<String> {
+        let limits = self.limits;
         let (from_ip, ip_window) = self.per_ip.get(&from.ip()).copied().unwrap_or((0, 0));
         // One address may hold half the window budget (at least
         // one connection's worth), so a flood from one cannot starve the rest.
         let ip_window_cap = (limits.total_window_bytes / 2).max(limits.max_window_bytes);
-        let busy = if self.conns.len() >= limits.max_connections {
+        if self.conns.len() >= limits.max_connections {
             Some(format!(
                 "already serving {} connections",
                 limits.max_connections
@@ -2342,22 +2480,7 @@ impl Server {
             ))
         } else {
             None
-        };
-        if let Some(why) = busy {
-            return Err((RejectReason::Busy, why));
         }
-        let maxidle = match Duration::from_millis(u64::from(hello.maxidle_ms)) {
-            d if d.is_zero() => MAXIDLE_CAP,
-            d => d.min(MAXIDLE_CAP),
-        };
-        Ok(Admission {
-            params: ReceiverParams {
-                rcvsegs: rcvsegs as u32,
-                ..p
-            },
-            window_bytes,
-            maxidle,
-        })
     }
 
     /// A plain hello of `len` bytes, with the address token after it if
@@ -3491,20 +3614,27 @@ mod tests {
         opened: usize,
         arrived: u64,
         completed: usize,
+        /// The connection ids of the events told, in order.
+        ids: Vec<u64>,
     }
 
     impl SessionApp for Told {
         fn on_arrival(&mut self, _: Time, _: &mut Server, a: Arrival<'_>) {
             self.arrived += a.payload.len() as u64;
+            self.ids.push(a.conn_id);
         }
         fn on_event(&mut self, _: Time, server: &mut Server, e: SessionEvent) {
             match e {
-                SessionEvent::Opened { .. } => self.opened += 1,
+                SessionEvent::Opened { conn_id, .. } => {
+                    self.opened += 1;
+                    self.ids.push(conn_id);
+                }
                 SessionEvent::Complete { conn_id } => {
                     self.completed += 1;
+                    self.ids.push(conn_id);
                     server.respond(conn_id, b"plan".to_vec());
                 }
-                SessionEvent::Ended { .. } => {}
+                SessionEvent::Ended { conn_id, .. } => self.ids.push(conn_id),
             }
         }
     }
@@ -3700,12 +3830,14 @@ mod tests {
         assert!(server.stats().unvalidated_held_back > 0);
     }
 
-    /// A hello said again after its response was lost carries the request
-    /// again: the server, which cannot tell that the first was placed,
-    /// places it again on the new connection (docs/security.md), and the
-    /// reply comes a round trip after the hello that got through.
+    /// A hello said again after its response was lost (a new Noise
+    /// message, newer timestamp, same key and client id, same request)
+    /// re-keys the connection that response made, in place: its
+    /// application, told `Opened` and given the request once, is told
+    /// nothing again; the one connection keeps its id and budgets, and
+    /// the reply reaches the client under the new keys.
     #[test]
-    fn a_hello_said_again_after_a_lost_response_carries_the_request_again() {
+    fn a_hello_said_again_after_a_lost_response_re_keys_its_connection() {
         let (key, client) = early_client(125);
         let mut pair = pair(client, keyed_server(&key), "delay 50ms");
         let mut lost = false;
@@ -3726,14 +3858,10 @@ mod tests {
         let closed = pair.client.outcome().unwrap().clone().unwrap();
         assert_eq!(closed.reply.as_deref(), Some(&b"plan"[..]));
         assert!(pair.client.early_taken());
-        assert_eq!((told.opened, told.arrived, told.completed), (2, 250, 2));
-        let took = pair.now().saturating_since(Time::ZERO);
-        let again = Duration::from_millis(250);
-        let rtt = Duration::from_millis(100);
-        assert!(
-            took >= again + rtt && took <= again + rtt + Duration::from_millis(5),
-            "{took:?}"
-        );
+        assert_eq!((told.opened, told.arrived, told.completed), (1, 125, 1));
+        assert!(told.ids.windows(2).all(|w| w[0] == w[1]), "{:?}", told.ids);
+        let stats = pair.server.stats();
+        assert_eq!((stats.connections, stats.handshakes), (1, 2));
     }
 
     /// Notes when the connection ended, and how.
