@@ -3864,6 +3864,70 @@ mod tests {
         assert_eq!((stats.connections, stats.handshakes), (1, 2));
     }
 
+    /// The server's jobs waiting, run by hand (an offloading driver).
+    fn run_jobs(server: &mut Server, now: Time) {
+        while let Some(work) = server.poll_handshake_work() {
+            server.handshake_done(now, work.run());
+        }
+    }
+
+    /// The client's next hello, said again once its timer fires.
+    fn hello_again(client: &mut Client, now: &mut Time) -> Vec<u8> {
+        *now = client.poll_timeout().expect("a resend timer");
+        client.handle_timeout(*now);
+        let mut buf = vec![0u8; 2048];
+        let n = client
+            .poll_transmit(*now, &mut buf, &mut PatternSource)
+            .expect("the hello again");
+        buf.truncate(n);
+        buf
+    }
+
+    /// A hello said twice more: the second re-key's keys are the ones
+    /// installed, and the first re-key's response, made late, installs
+    /// nothing and sends nothing; the application was told once.
+    #[test]
+    fn a_late_response_to_a_hello_said_again_installs_nothing() {
+        let (key, mut client) = early_client(125);
+        let mut server = keyed_server(&key).offload_handshakes();
+        let mut told = Told::default();
+        let mut buf = vec![0u8; 2048];
+        let mut now = Time::ZERO;
+        server.handle_datagram(now, addr(1), &mut first_hello(&mut client));
+        run_jobs(&mut server, now);
+        tell(&mut server, &mut told);
+        assert_eq!((told.opened, told.arrived, told.completed), (1, 125, 1));
+        // Its response, ACK and reply are lost.
+        while server.poll_transmit(now, &mut buf).is_some() {}
+
+        let mut second = hello_again(&mut client, &mut now);
+        server.handle_datagram(now, addr(1), &mut second);
+        let open = server.poll_handshake_work().expect("the hello's reading");
+        server.handshake_done(now, open.run());
+        let late = server.poll_handshake_work().expect("the response's making");
+
+        let mut third = hello_again(&mut client, &mut now);
+        server.handle_datagram(now, addr(1), &mut third);
+        run_jobs(&mut server, now);
+        server.handshake_done(now, late.run());
+        tell(&mut server, &mut told);
+        assert_eq!((told.opened, told.arrived, told.completed), (1, 125, 1));
+        assert_eq!(server.open_connections(), 1);
+        assert_eq!(server.stats().handshakes, 2, "the late one counted");
+
+        // What goes out is the third hello's response, which the client
+        // reads (taken), then the reply under its keys.
+        let mut sent = Vec::new();
+        while let Some((_, n)) = server.poll_transmit(now, &mut buf) {
+            sent.push(buf[..n].to_vec());
+        }
+        assert!(!sent.is_empty());
+        for d in &sent {
+            client.handle_datagram(now, d).unwrap();
+        }
+        assert!(client.early_taken());
+    }
+
     /// Notes when the connection ended, and how.
     struct Ends(Option<(Time, ConnEnd)>);
 
