@@ -1342,6 +1342,101 @@ fn a_full_destination_fails_cleanly() {
 // 7. Through a lossy path
 // ---------------------------------------------------------------------------
 
+/// A relay between one `atou send` and its server that drops the first
+/// handshake response to each connection (by the client id every
+/// response carries in the clear after its 4-byte prefix), so every
+/// hello, the one carrying the plan included, is said again. Returns
+/// its address and, once stopped, how many responses it dropped.
+struct FirstResponseDropper {
+    addr: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<usize>>,
+}
+
+impl FirstResponseDropper {
+    /// Handshake response kind (src/proto/crypto/handshake.rs).
+    const KIND_RESPONSE: u8 = 0x21;
+
+    fn start(server: SocketAddr) -> FirstResponseDropper {
+        use std::collections::{HashMap, HashSet};
+        use std::sync::atomic::Ordering;
+        let outer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        outer
+            .set_read_timeout(Some(Duration::from_millis(5)))
+            .unwrap();
+        let addr = outer.local_addr().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut inner: HashMap<SocketAddr, UdpSocket> = HashMap::new();
+            let mut answered: HashSet<[u8; 8]> = HashSet::new();
+            let mut dropped = 0;
+            let mut buf = vec![0u8; 65_536];
+            while !stopping.load(Ordering::Relaxed) {
+                if let Ok((n, client)) = outer.recv_from(&mut buf) {
+                    let up = inner.entry(client).or_insert_with(|| {
+                        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+                        s.connect(server).unwrap();
+                        s.set_nonblocking(true).unwrap();
+                        s
+                    });
+                    let _ = up.send(&buf[..n]);
+                }
+                for (client, up) in &inner {
+                    while let Ok(n) = up.recv(&mut buf) {
+                        if n >= 12 && buf[3] == Self::KIND_RESPONSE {
+                            let id: [u8; 8] = buf[4..12].try_into().unwrap();
+                            if answered.insert(id) {
+                                dropped += 1;
+                                continue;
+                            }
+                        }
+                        let _ = outer.send_to(&buf[..n], client);
+                    }
+                }
+            }
+            dropped
+        });
+        FirstResponseDropper {
+            addr,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn stop(mut self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+/// A hello said again after its response was lost (here: the first
+/// response to every connection, the plan's included) must not make the
+/// receiver act on its request twice: the plan rode the hello, and a
+/// second copy of it would fail the session ("a second plan for one
+/// session"). The transfer succeeds and the tree arrives identical.
+#[test]
+fn a_transfer_whose_hello_responses_are_lost_once_arrives_identical() {
+    let scratch = TestDir::new("transfer-rehello");
+    let tree = scratch.dir("src/rehello");
+    write_random(&tree.join("one"), 300 * KIB, 81);
+    write_random(&tree.join("two"), 40 * KIB, 82);
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    let relay = FirstResponseDropper::start(server.addr);
+    let sent = send(&[&tree], &relay.addr.to_string(), &[]);
+    let dropped = relay.stop();
+    let r = sent.report();
+    assert!(dropped >= 1, "no response dropped");
+    assert_same_tree(&tree, &dest.join("rehello"));
+    say(&format!(
+        "a_transfer_whose_hello_responses_are_lost_once_arrives_identical: {dropped} responses \
+         dropped, {} bytes in {:.2} s",
+        report_u(&r, "bytes_sent"),
+        sent.secs
+    ));
+}
+
 #[test]
 fn a_transfer_through_a_lossy_relay_arrives_identical() {
     let t0 = Instant::now();

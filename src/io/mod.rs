@@ -278,6 +278,12 @@ pub trait StreamFeed: PayloadSource {
     fn launch(&mut self) -> Option<Launch> {
         None
     }
+    /// Whether every byte of the stream can be read now
+    /// ([`PayloadSource::read_at`], without [`StreamFeed::refill`]): then
+    /// a stream short enough rides the hello (`Client::with_early_stream`).
+    fn all_ready(&self) -> bool {
+        false
+    }
     /// Once, the server's reply to the stream, as soon as it is in: before
     /// the close and its acknowledgement, which the connection then goes
     /// on with. A caller that wants only the reply need not wait for them.
@@ -743,6 +749,16 @@ pub(crate) async fn connect_from<F: StreamFeed>(
         Ok(c) => c,
         Err(e) => return fail(e),
     };
+    // A stream no longer than a segment, all in memory (a plan, a finish):
+    // offered in the hello, which takes it if it fits.
+    match config.bytes {
+        Some(len) if feed.all_ready() && len <= u64::from(config.tuning.mss) => {
+            let mut stream = vec![0u8; len as usize];
+            feed.read_at(0, &mut stream);
+            client = client.with_early_stream(&stream);
+        }
+        _ => {}
+    }
     let (io, buffers) = match client_socket(socket, local, peer, &config.tuning).await {
         Ok(opened) => opened,
         Err(e) => return fail(e),
@@ -1272,6 +1288,20 @@ pub(crate) async fn serve_from(
 }
 
 /// A serving loop's server, its helper threads, and what it has to send.
+/// The server's session events and early arrivals, in their order, to
+/// the application.
+fn tell_app(server: &mut Server, app: &mut dyn ServeApp) {
+    loop {
+        while let Some(e) = server.poll_session_event() {
+            app.on_event(server, e);
+        }
+        let Some(early) = server.poll_early_arrival() else {
+            break;
+        };
+        app.on_arrival(server, early.as_arrival());
+    }
+}
+
 struct Serving {
     server: Server,
     /// Saves the newest hello timestamp of each key, when kept.
@@ -1341,9 +1371,7 @@ impl Serving {
             server.handle_timeout(now);
         }
         app.poll(server);
-        while let Some(e) = server.poll_session_event() {
-            app.on_event(server, e);
-        }
+        tell_app(server, app);
         // Before any response to the hellos just accepted goes out: once
         // a client has its session, a restart must refuse its hello. One
         // save covers every hello accepted while the last was made.
@@ -1351,6 +1379,9 @@ impl Serving {
             if let Err(why) = saver.exchange(server, &kept.path()) {
                 on_event(ServeEvent::HelloTimestampsNotSaved(why));
             }
+            // A save sends the responses it held, and places the requests
+            // that rode their hellos: their application hears of them now.
+            tell_app(server, app);
         }
         while self
             .tx
@@ -1392,9 +1423,7 @@ impl Serving {
         if let Some(worker) = &self.handshakes {
             worker.exchange(server, now);
         }
-        while let Some(e) = server.poll_session_event() {
-            app.on_event(server, e);
-        }
+        tell_app(server, app);
         if let Some(asked) = server.wanted_rcvbuf() {
             let granted = io.set_rcvbuf(asked).unwrap_or(asked);
             server.set_socket_rcvbuf(granted);

@@ -360,8 +360,14 @@ impl Pair {
         while let Some(work) = self.server.poll_handshake_work() {
             self.server.handshake_done(now, work.run());
         }
-        while let Some(event) = self.server.poll_session_event() {
-            app.on_event(now, &mut self.server, event);
+        loop {
+            while let Some(event) = self.server.poll_session_event() {
+                app.on_event(now, &mut self.server, event);
+            }
+            let Some(early) = self.server.poll_early_arrival() else {
+                break;
+            };
+            app.on_arrival(now, &mut self.server, early.as_arrival());
         }
         while let Some((to, n)) = self.server.poll_transmit(now, &mut self.buf) {
             if !self.client_addrs.contains(&to) {

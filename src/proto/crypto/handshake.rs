@@ -100,6 +100,24 @@ const PREFIX_LEN: usize = 4;
 const HELLO_NOISE_OVERHEAD: usize = 32 + 48 + 16;
 const RESPONSE_NOISE_OVERHEAD: usize = 32 + 16;
 const HELLO_PAYLOAD_FIXED: usize = 1 + 8 + 8;
+/// Longest parameters whose hello, with a cookie, still fits in
+/// [`HELLO_MIN_LEN`]: the room early data may take without the hello
+/// growing past the padding every hello has anyway.
+pub const HELLO_PARAMS_ROOM: usize = {
+    let room = HELLO_MIN_LEN
+        - PREFIX_LEN
+        - 8
+        - 1
+        - COOKIE_LEN
+        - 2
+        - HELLO_NOISE_OVERHEAD
+        - HELLO_PAYLOAD_FIXED;
+    if room < MAX_PARAMS_LEN {
+        room
+    } else {
+        MAX_PARAMS_LEN
+    }
+};
 const RESPONSE_PAYLOAD_FIXED: usize = 1 + 8 + 8;
 
 fn noise_params() -> NoiseParams {
@@ -1137,6 +1155,14 @@ impl fmt::Debug for OpenedHello {
     }
 }
 
+impl OpenedHello {
+    /// The client's authenticated key and its id for the connection,
+    /// before the hello is judged.
+    pub(crate) fn client(&self) -> (PublicKey, u64) {
+        (self.client_key, self.client_id)
+    }
+}
+
 /// What [`Responder::judge`] decided.
 #[derive(Debug)]
 pub enum Judged {
@@ -1906,6 +1932,28 @@ mod tests {
         kept.sort_by_key(|&(_, t)| t);
         assert_eq!(kept, vec![(keys[4], 14), (keys[0], 99)]);
         assert_eq!(server.max_remembered(), 2);
+    }
+
+    /// Early data fills the hello's padding and no more: with the
+    /// longest parameters it may have, a hello is exactly
+    /// [`HELLO_MIN_LEN`] bytes, with a cookie too.
+    #[test]
+    fn a_hello_with_params_of_the_whole_room_keeps_to_1200_bytes_with_a_cookie() {
+        let mut w = world();
+        let mut cfg = config(&w);
+        cfg.params = vec![7; HELLO_PARAMS_ROOM];
+        let mut client = Initiator::new(&cfg, 8, 1).unwrap();
+        let here = addr("198.51.100.1:7000");
+        let Reply::Cookie(reply) = w
+            .server
+            .on_hello(T0, here, client.hello(), true, 1, |_, _| Decision::Ignore)
+            .unwrap()
+        else {
+            panic!("no cookie reply");
+        };
+        assert!(client.hello().len() <= HELLO_MIN_LEN);
+        client.on_datagram(&reply).unwrap();
+        assert_eq!(client.hello().len(), HELLO_MIN_LEN);
     }
 
     #[test]

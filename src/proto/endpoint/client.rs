@@ -30,8 +30,9 @@ use crate::proto::time::Time;
 use crate::proto::tuning::{Tuning, TuningError};
 use crate::proto::wire::ReceiverStats;
 use crate::proto::wire::{
-    AddressToken, Close, Fetch, Hello, Packet, PathProbe, ReceiverParams, RejectReason, Reply,
-    WireError, CONTROL_MAX_LEN, VERSION,
+    split_welcome_params, AddressToken, Close, DataFlags, DataHeader, Fetch, Hello, Packet,
+    PathProbe, ReceiverParams, RejectReason, Reply, WireError, CONTROL_MAX_LEN, DATA_HEADER_LEN,
+    HELLO_LEN, VERSION,
 };
 use crate::proto::InputError;
 
@@ -176,6 +177,9 @@ struct Secure {
     scratch: Vec<u8>,
     /// When the server's answer established the session.
     established_at: Option<Time>,
+    /// The hello's parameters carry the stream's one segment
+    /// ([`Client::with_early_stream`]).
+    early_offered: bool,
 }
 
 impl std::fmt::Debug for Secure {
@@ -406,6 +410,9 @@ pub struct Client {
     /// Closed without a stream ([`Client::abandon`]): its closes are not
     /// waited for.
     abandoned: bool,
+    /// The server took the stream's segment from the hello: the stream
+    /// is delivered, nothing of it is sent after the welcome.
+    early_taken: bool,
 }
 
 /// How long a connection opened ahead of its stream may hold after its
@@ -475,6 +482,7 @@ impl Client {
             hello_now: false,
             stream_len_later: false,
             abandoned: false,
+            early_taken: false,
         })
     }
 
@@ -539,6 +547,7 @@ impl Client {
             server_id: 0,
             scratch: Vec::new(),
             established_at: None,
+            early_offered: false,
         }));
         Ok(self)
     }
@@ -602,6 +611,56 @@ impl Client {
     pub(crate) fn with_close_unacknowledged(mut self) -> Client {
         self.close_unacknowledged = true;
         self
+    }
+
+    /// Sends `stream`, the connection's whole stream, inside the hello
+    /// when it fits one segment and the hello's room
+    /// (`HELLO_PARAMS_ROOM` in `crypto::handshake`: the hello stays 1200 bytes),
+    /// so that a server that takes it answers a round trip sooner; the
+    /// stream is still given to the [`PayloadSource`] as usual, for a
+    /// server that does not take it (an older one refuses the hello's
+    /// longer parameters: the hello then goes again without it).
+    /// Authenticated session connections only, after
+    /// [`Client::with_auth`] and [`Client::with_session`]: in a plain
+    /// hello it would be neither confidential nor bound to a client.
+    /// Otherwise, or when it does not fit, this changes nothing.
+    pub fn with_early_stream(mut self, stream: &[u8]) -> Client {
+        let Some(secure) = self.secure.as_mut() else {
+            return self;
+        };
+        let payload = segment_payload(&self.tuning, None);
+        let fits = self.purpose != Purpose::Probe
+            && !self.stream_len_later
+            && self.stream_len == Some(stream.len() as u64)
+            && stream.len() as u64 <= payload
+            && secure.config.params.len() + DATA_HEADER_LEN + stream.len()
+                <= handshake::HELLO_PARAMS_ROOM;
+        if !fits || secure.early_offered {
+            return self;
+        }
+        let mut segment = vec![0u8; DATA_HEADER_LEN + stream.len()];
+        let header = DataHeader {
+            conn_id: self.conn_id,
+            seg: 0,
+            timestamp: 0,
+            flags: DataFlags {
+                fin: true,
+                retransmission: false,
+            },
+        };
+        if header.emit(&mut segment).is_err() {
+            return self;
+        }
+        segment[DATA_HEADER_LEN..].copy_from_slice(stream);
+        secure.config.params.extend_from_slice(&segment);
+        secure.early_offered = true;
+        self
+    }
+
+    /// Whether the server took the stream from the hello
+    /// ([`Client::with_early_stream`]).
+    pub fn early_taken(&self) -> bool {
+        self.early_taken
     }
 
     /// Opens the connection before its stream is known: the hello (and
@@ -810,9 +869,13 @@ impl Client {
                 secure.established_at = Some(now);
                 secure.keys = Some(established.into_protection());
                 secure.initiator = None;
-                match Packet::decode(&params) {
-                    Ok(Packet::Welcome(w)) if w.conn_id == self.conn_id => {
+                let offered = secure.early_offered;
+                match split_welcome_params(&params) {
+                    Ok((w, taken)) if w.conn_id == self.conn_id => {
                         self.on_welcome(now, w.receiver);
+                        if taken && offered {
+                            self.on_early_taken(now);
+                        }
                         Ok(())
                     }
                     _ => {
@@ -822,6 +885,15 @@ impl Client {
                         Ok(())
                     }
                 }
+            }
+            // A server without early data refuses parameters longer than
+            // a hello: say the hello again at once, as before early data.
+            Err(HandshakeError::Refused(RefuseReason::ParamsRefused)) if secure.early_offered => {
+                secure.early_offered = false;
+                secure.config.params.truncate(HELLO_LEN);
+                secure.initiator = None;
+                self.retry = Retry::now(now);
+                Ok(())
             }
             Err(HandshakeError::Refused(reason)) => {
                 self.fail(ConnError::AuthRefused(reason));
@@ -913,6 +985,9 @@ impl Client {
                 )));
                 self.on_reply(now, reply);
             }
+            // The server's acknowledgement of the hello's segment: the
+            // sender never sent it.
+            (Packet::Ack(_), _) if self.early_taken => {}
             (Packet::Ack(ack), State::Transfer | State::Fetching(_) | State::Closing { .. }) => {
                 let sender = self
                     .sender
@@ -944,6 +1019,22 @@ impl Client {
             return;
         }
         self.start_sending(now);
+    }
+
+    /// The server took the stream from the hello: it is delivered, so the
+    /// client fetches the reply at once (its first fetch also confirms
+    /// the session to the server, which until then sends no more than 3×
+    /// the hello).
+    fn on_early_taken(&mut self, now: Time) {
+        if !matches!(self.state, State::Transfer) {
+            return;
+        }
+        self.early_taken = true;
+        self.state = State::Fetching(Box::new(Fetching::new(
+            now,
+            self.tuning.mss,
+            self.reply_limit,
+        )));
     }
 
     /// The welcome is in and the stream known: the sender starts.
@@ -1202,10 +1293,14 @@ impl Client {
             }
             State::Closing { .. } if self.retry.due(now) => {
                 // A held connection closes having sent nothing.
-                let (segments, bytes) = self
+                let (mut segments, mut bytes) = self
                     .sender
                     .as_ref()
                     .map_or((0, 0), |s| (s.stats().pkts_out, s.good_bytes()));
+                if self.early_taken {
+                    segments += 1;
+                    bytes += self.stream_len.unwrap_or(0);
+                }
                 let n = Close {
                     conn_id: self.conn_id,
                     segments,

@@ -40,9 +40,9 @@ use crate::proto::stream::receiver::{Receiver, ReceiverConfig};
 use crate::proto::time::Time;
 use crate::proto::wire::ReceiverStats;
 use crate::proto::wire::{
-    hello_token, AddressToken, CloseAck, DataSegment, HeaderPeek, Hello, Packet, PathProbe,
-    ReceiverParams, Reject, RejectReason, Reply, Retry, Welcome, CONTROL_MAX_LEN, DATA_HEADER_LEN,
-    REPLY_HEADER_LEN, VERSION,
+    early_segment, hello_token, split_hello_params, AddressToken, CloseAck, DataSegment,
+    HeaderPeek, Hello, Packet, PathProbe, ReceiverParams, Reject, RejectReason, Reply, Retry,
+    Welcome, CONTROL_MAX_LEN, DATA_HEADER_LEN, EARLY_TAKEN, REPLY_HEADER_LEN, VERSION,
 };
 
 /// A client that asked for `maxidle 0` is still forgotten after this long
@@ -347,6 +347,36 @@ pub struct Arrival<'a> {
     pub payload: &'a [u8],
 }
 
+/// Stream bytes that rode an accepted hello (early data), owned: they
+/// come out of [`Server::poll_early_arrival`], in their place among the
+/// session events (after the connection's `Opened`, before its
+/// `Complete`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EarlyArrival {
+    pub conn_id: u64,
+    pub session: u64,
+    pub payload: Vec<u8>,
+}
+
+impl EarlyArrival {
+    /// As an [`Arrival`] at the stream's start, for the application.
+    pub fn as_arrival(&self) -> Arrival<'_> {
+        Arrival {
+            conn_id: self.conn_id,
+            session: self.session,
+            offset: 0,
+            payload: &self.payload,
+        }
+    }
+}
+
+/// What the session application is told, in order.
+#[derive(Debug)]
+enum Queued {
+    Event(SessionEvent),
+    Early(EarlyArrival),
+}
+
 /// What a connection is for: a probe (a sink, its data only counted) or
 /// a file-transfer session (its data handed to the application). On the
 /// wire a hello names it by one id, 0 for a probe; it is decoded once,
@@ -466,8 +496,8 @@ enum Keying {
     /// holds its place in the budgets from the moment it is admitted, so
     /// hellos decided meanwhile cannot oversubscribe them, and accepts no
     /// packet (a plain one never, a protected one has nothing to open
-    /// it). A late response for a connection that was replaced or
-    /// expired meanwhile installs nothing.
+    /// it). A late response for a connection that was replaced, re-keyed
+    /// by its hello said again, or expired meanwhile installs nothing.
     Awaiting { ticket: u64 },
     /// Keys installed, and no packet from the client opened yet: nothing
     /// but the response goes to it.
@@ -511,6 +541,23 @@ struct ConnSecure {
     largest_pn: Option<u64>,
     /// A new address being validated (RFC 9000 §8.2, §9).
     path: Option<PathCheck>,
+    /// Its hello's early segment was taken.
+    early: Option<EarlyData>,
+    /// A response was made and its application told `Opened`: until its
+    /// keys are confirmed, its hello said again re-keys it in place
+    /// ([`Server::answered_conn`]); it is never replaced.
+    answered: bool,
+}
+
+/// A request that rode an accepted hello.
+struct EarlyData {
+    /// The data packet, until it is placed: once the response goes out
+    /// ([`Server::take_early`]), so never before the table that refuses
+    /// the hello's replay is saved.
+    segment: Option<Vec<u8>>,
+    /// Until the client confirms its keys (RFC 9000 §8.1): what goes to
+    /// it, the response included, is at most 3× its hello.
+    budget: Budget,
 }
 
 struct SessionKeys {
@@ -555,6 +602,8 @@ struct Admission {
 #[derive(Default)]
 struct Verdict {
     admitted: Option<(Hello, Admission)>,
+    /// The hello's early segment, taken (a data packet).
+    early: Option<Vec<u8>>,
     why: String,
 }
 
@@ -1053,7 +1102,11 @@ pub struct Server {
     rejects: VecDeque<(SocketAddr, Reject)>,
     reports: VecDeque<ConnReport>,
     notices: VecDeque<Notice>,
-    session_events: VecDeque<SessionEvent>,
+    session_events: VecDeque<Queued>,
+    /// Behaves as a server from before early data (its hello decoder
+    /// wants a hello's exact length), for the tests of the fallback.
+    #[cfg(test)]
+    without_early: bool,
     stats: ServerStats,
     /// Largest receive buffer set on the socket so far, in the bytes
     /// asked for (the server's own setting, then clients' hellos).
@@ -1160,6 +1213,8 @@ impl Server {
             held_responses: Vec::new(),
             saving: None,
             changed_since_taken: false,
+            #[cfg(test)]
+            without_early: false,
         }
     }
 
@@ -1237,23 +1292,28 @@ impl Server {
         for (to, datagram, conn_id) in held {
             if saved {
                 self.queue_handshake(to, datagram);
+                self.take_early(conn_id);
                 continue;
             }
-            let Some(conn) = self.remove_conn(conn_id) else {
-                continue;
-            };
-            self.reports.push_back(conn.report(
-                conn_id,
-                ConnEnd::Idle,
-                conn.last_heard,
-                self.stats,
-            ));
-            if let Purpose::Session(_) = conn.purpose {
-                self.session_events.push_back(SessionEvent::Ended {
+            self.end_unheard(conn_id);
+        }
+    }
+
+    /// Ends connection `conn_id` before its client was heard under its
+    /// keys: reported as idle, and its application, told `Opened`, told
+    /// `Ended`.
+    fn end_unheard(&mut self, conn_id: u64) {
+        let Some(conn) = self.remove_conn(conn_id) else {
+            return;
+        };
+        self.reports
+            .push_back(conn.report(conn_id, ConnEnd::Idle, conn.last_heard, self.stats));
+        if let Purpose::Session(_) = conn.purpose {
+            self.session_events
+                .push_back(Queued::Event(SessionEvent::Ended {
                     conn_id,
                     end: ConnEnd::Idle,
-                });
-            }
+                }));
         }
     }
 
@@ -1521,7 +1581,7 @@ impl Server {
         if conn.purpose != Purpose::Probe && !conn.complete_told && conn.receiver.is_complete() {
             conn.complete_told = true;
             self.session_events
-                .push_back(SessionEvent::Complete { conn_id });
+                .push_back(Queued::Event(SessionEvent::Complete { conn_id }));
         }
         Ok(arrival)
     }
@@ -1594,10 +1654,11 @@ impl Server {
             *bytes = bytes.saturating_sub(freed);
         }
         if let Purpose::Session(_) = conn.purpose {
-            self.session_events.push_back(SessionEvent::Ended {
-                conn_id,
-                end: ConnEnd::Closed,
-            });
+            self.session_events
+                .push_back(Queued::Event(SessionEvent::Ended {
+                    conn_id,
+                    end: ConnEnd::Closed,
+                }));
         }
         Ok(None)
     }
@@ -1796,28 +1857,68 @@ impl Server {
 
     /// [`answer_hello`](Self::answer_hello), or, `held_for` an accepted
     /// hello's connection, held until the table of hello timestamps that
-    /// refuses its replay is saved.
+    /// refuses its replay is saved. `true` if it goes out now.
     fn answer_hello_held(
         &mut self,
         to: SocketAddr,
         hello_len: usize,
         bytes: Vec<u8>,
         held_for: Option<u64>,
-    ) {
+    ) -> bool {
         let mut budget = Budget::new();
         budget.on_received(hello_len);
         if !budget.may_send(bytes.len()) {
-            return;
+            return false;
         }
         match held_for {
             Some(conn_id) if self.held_responses.len() < FETCH_QUEUE_MAX => {
                 self.held_responses.push((to, bytes, conn_id));
+                false
             }
             // Past the bound, as a lost response: the client times out;
             // the connection expires unconfirmed.
-            Some(_) => {}
-            None => self.queue_handshake(to, bytes),
+            Some(_) => false,
+            None => {
+                self.queue_handshake(to, bytes);
+                true
+            }
         }
+    }
+
+    /// Places the early segment of connection `conn_id`'s hello, as if
+    /// it had arrived with the hello (it did): its bytes go to the
+    /// application ([`Server::poll_early_arrival`]), and its completion
+    /// and acknowledgement follow as for any segment. Called when the
+    /// response goes out, so that a hello whose replay a restart could
+    /// not refuse yet has had no effect.
+    fn take_early(&mut self, conn_id: u64) {
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        let Some(segment) = conn
+            .link
+            .secure_mut()
+            .and_then(|s| s.early.as_mut())
+            .and_then(|e| e.segment.take())
+        else {
+            return;
+        };
+        let Ok(Packet::Data(seg)) = Packet::decode(&segment) else {
+            return;
+        };
+        if matches!(conn.phase, ConnPhase::Hello { .. }) {
+            conn.phase = ConnPhase::Open;
+        }
+        let (now, at) = (conn.last_heard, self.session_events.len());
+        if let Ok(Some(arrival)) = self.on_data(now, conn_id, &seg) {
+            let early = EarlyArrival {
+                conn_id,
+                session: arrival.session,
+                payload: arrival.payload.to_vec(),
+            };
+            self.session_events.insert(at, Queued::Early(early));
+        }
+        self.enqueue(conn_id);
     }
 
     fn take_ticket(&mut self) -> u64 {
@@ -1882,8 +1983,16 @@ impl Server {
             }
             (waiting, _) => {
                 self.stats.bad_handshakes += 1;
-                if let InFlight::Respond { conn: Some(id), .. } = waiting {
-                    self.remove_conn_awaiting(id, done.ticket);
+                match waiting {
+                    InFlight::Respond { conn: Some(id), .. }
+                        if self.conn_awaits(id, done.ticket) && self.conn_answered(id) =>
+                    {
+                        self.end_unheard(id)
+                    }
+                    InFlight::Respond { conn: Some(id), .. } => {
+                        self.remove_conn_awaiting(id, done.ticket);
+                    }
+                    _ => {}
                 }
             }
         }
@@ -1892,13 +2001,24 @@ impl Server {
         }
     }
 
+    /// Connection `id`'s application was told `Opened`.
+    fn conn_answered(&self, id: u64) -> bool {
+        self.conns
+            .get(&id)
+            .is_some_and(|c| c.link.secure().is_some_and(|s| s.answered))
+    }
+
+    /// Connection `id` waits for the keys of job `ticket`.
+    fn conn_awaits(&self, id: u64, ticket: u64) -> bool {
+        self.conns
+            .get(&id)
+            .is_some_and(|c| c.link.secure().is_some_and(|s| s.keys.awaits(ticket)))
+    }
+
     /// Removes connection `id` if it still waits for the keys of job
     /// `ticket`.
     fn remove_conn_awaiting(&mut self, id: u64, ticket: u64) -> bool {
-        let awaiting = self
-            .conns
-            .get(&id)
-            .is_some_and(|c| c.link.secure().is_some_and(|s| s.keys.awaits(ticket)));
+        let awaiting = self.conn_awaits(id, ticket);
         if awaiting {
             self.remove_conn(id);
         }
@@ -1918,11 +2038,13 @@ impl Server {
         let Some(mut responder) = self.responder.take() else {
             return;
         };
-        let server_id = self.fresh_server_id();
+        let (key, client_id) = opened.client();
+        let said_again = self.answered_conn(from, &key, client_id);
+        let server_id = said_again.unwrap_or_else(|| self.fresh_server_id());
         let mut verdict = Verdict::default();
         let judged = responder.judge(opened, server_id, |key, params| {
             let decision;
-            (decision, verdict) = self.decide_hello(from, key, params);
+            (decision, verdict) = self.decide_hello(from, key, params, said_again);
             decision
         });
         self.responder = Some(responder);
@@ -1948,10 +2070,23 @@ impl Server {
         let ticket = self.take_ticket();
         // A refusal for the clock (the floor) was admitted by the budgets
         // and makes no connection.
-        let conn = verdict
-            .admitted
-            .filter(|_| work.accepts())
-            .map(|(hello, admission)| {
+        let admitted = verdict.admitted.filter(|_| work.accepts());
+        let conn = admitted.map(|(hello, admission)| match said_again {
+            // The hello's timestamp was newer (judged), and only the
+            // key's holder could make it (ss): the connection awaits the
+            // new handshake's keys, and a late response to the old one
+            // installs nothing ([`Keying::awaits`]). Its receiver, reply
+            // and budgets stay as they are.
+            Some(id) => {
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.last_heard = now;
+                    if let Some(secure) = c.link.secure_mut() {
+                        secure.keys = Keying::Awaiting { ticket };
+                    }
+                }
+                id
+            }
+            None => {
                 let (peer_key, client_id) = work.client();
                 let secure = ConnSecure {
                     keys: Keying::Awaiting { ticket },
@@ -1959,10 +2094,16 @@ impl Server {
                     client_id,
                     largest_pn: None,
                     path: None,
+                    answered: false,
+                    early: verdict.early.take().map(|segment| EarlyData {
+                        segment: Some(segment),
+                        budget: Budget::new(),
+                    }),
                 };
                 self.insert_awaiting(now, from, server_id, &hello, admission, secure);
                 server_id
-            });
+            }
+        });
         self.hand_out(
             ticket,
             Job::Respond(work),
@@ -1975,13 +2116,38 @@ impl Server {
         );
     }
 
+    /// The connection a hello from `from` says again, if a response to
+    /// it was made: the same key and client id, its keys not confirmed,
+    /// its application told `Opened` (a request that rode its hello
+    /// placed, or held for the timestamps' save). Such a hello means the
+    /// response was lost; it re-keys that connection in place rather than
+    /// replace it, so the application acts on the request once. One whose
+    /// keys are confirmed is no hello's to touch; one whose first
+    /// response is still being made has told its application nothing and
+    /// may be replaced ([`Server::insert_awaiting`]).
+    fn answered_conn(&self, from: SocketAddr, key: &PublicKey, client_id: u64) -> Option<u64> {
+        self.conns.iter().find_map(|(&id, c)| {
+            let s = c.link.secure()?;
+            (c.peer == from
+                && s.answered
+                && !matches!(s.keys, Keying::Confirmed(_))
+                && s.peer_key == *key
+                && s.client_id == client_id)
+                .then_some(id)
+        })
+    }
+
     /// The server's decision about an authenticated client's key and
     /// hello parameters, for [`Responder::judge`].
+    /// `said_again`: the connection the hello says again
+    /// ([`Server::answered_conn`]), which holds its place in the budgets
+    /// already and keeps what it was granted.
     fn decide_hello(
         &self,
         from: SocketAddr,
         key: &PublicKey,
         params: &[u8],
+        said_again: Option<u64>,
     ) -> (Decision, Verdict) {
         let refused = |decision, why: &str| {
             let why = why.to_string();
@@ -1989,6 +2155,7 @@ impl Server {
                 decision,
                 Verdict {
                     admitted: None,
+                    early: None,
                     why,
                 },
             )
@@ -2001,13 +2168,48 @@ impl Server {
                 );
             }
         }
-        let Ok(Packet::Hello(hello)) = Packet::decode(params) else {
+        let split = split_hello_params(params);
+        // A server from before early data decodes the parameters as
+        // exactly a hello.
+        #[cfg(test)]
+        let split = split.and_then(|(hello, early)| match early {
+            Some(extra) if self.without_early => {
+                Err(crate::proto::wire::WireError::TrailingBytes(extra.len()))
+            }
+            _ => Ok((hello, early)),
+        });
+        let Ok((hello, early)) = split else {
             return refused(
                 Decision::Refuse(RefuseReason::ParamsRefused),
                 "its parameters are not a hello",
             );
         };
-        match self.admission(from, &hello) {
+        let admitted = match said_again.and_then(|id| self.conns.get(&id)) {
+            Some(conn) => self.grant(&hello).and_then(|admission| {
+                let same = conn.mss == hello.mss
+                    && conn.purpose == Purpose::of_wire(hello.session)
+                    && conn.params == admission.params
+                    && conn.window_bytes == admission.window_bytes
+                    && conn.maxidle == admission.maxidle;
+                if same {
+                    Ok(admission)
+                } else {
+                    Err((
+                        RejectReason::BadHello,
+                        "a hello said again with other parameters than its connection's"
+                            .to_string(),
+                    ))
+                }
+            }),
+            None => self.admission(from, &hello),
+        };
+        // Said again, the request that rode the hello is its connection's
+        // already (placed, or held for the save): taken iff it was then,
+        // so it is never placed twice, nor lost.
+        let taken_before = said_again
+            .and_then(|id| self.conns.get(&id))
+            .map(|c| c.link.secure().is_some_and(|s| s.early.is_some()));
+        match admitted {
             Ok(admission) => {
                 let welcome = Welcome {
                     conn_id: hello.conn_id,
@@ -2019,8 +2221,19 @@ impl Server {
                 let mut bytes = vec![0u8; CONTROL_MAX_LEN];
                 let n = welcome.emit(&mut bytes).unwrap_or(0);
                 bytes.truncate(n);
+                // Taken only where the connection could have received it
+                // after the welcome: a session's, one whole segment.
+                let early = early
+                    .filter(|_| taken_before.is_none())
+                    .filter(|_| matches!(Purpose::of_wire(hello.session), Purpose::Session(_)))
+                    .filter(|e| early_segment(&hello, e, payload_size(hello.mss)).is_some())
+                    .map(<[u8]>::to_vec);
+                if early.is_some() || taken_before == Some(true) {
+                    bytes.push(EARLY_TAKEN);
+                }
                 let verdict = Verdict {
                     admitted: Some((hello, admission)),
+                    early,
                     why: String::new(),
                 };
                 (Decision::Accept(bytes), verdict)
@@ -2035,6 +2248,7 @@ impl Server {
                     Decision::Refuse(reason),
                     Verdict {
                         admitted: None,
+                        early: None,
                         why,
                     },
                 )
@@ -2043,8 +2257,10 @@ impl Server {
     }
 
     /// Makes the connection of an accepted authenticated hello, waiting
-    /// for its keys. A hello repeated after a lost response made a
-    /// session the client will never use: the newer one replaces it.
+    /// for its keys. A hello repeated before its first response was made
+    /// (or from another address) made a session the client will never
+    /// use: the newer one replaces it (one answered is re-keyed instead:
+    /// [`Server::answered_conn`]).
     fn insert_awaiting(
         &mut self,
         now: Time,
@@ -2067,7 +2283,13 @@ impl Server {
             .map(|(&id, _)| id)
             .collect();
         for id in stale {
-            self.remove_conn(id);
+            // One answered (from another address: not re-keyed) had its
+            // application told `Opened`: it is told `Ended` too.
+            if self.conn_answered(id) {
+                self.end_unheard(id);
+            } else {
+                self.remove_conn(id);
+            }
         }
         let secure = Some(Box::new(secure));
         self.insert_conn(now, from, server_id, hello, admission, secure);
@@ -2141,8 +2363,22 @@ impl Server {
                 };
                 let (sealer, opener) = session.into_protection();
                 secure.keys = Keying::Unconfirmed(SessionKeys { sealer, opener });
-                if let Purpose::Session(session) = c.purpose {
-                    self.session_events.push_back(c.opened_event(id, session));
+                // Re-keyed, the budget counts the earlier hellos and
+                // responses too: 3x all its hellos, all its responses in.
+                if let Some(early) = secure.early.as_mut() {
+                    early.budget.on_received(hello_len);
+                    early.budget.on_sent(datagram.len());
+                }
+                let rekeyed = std::mem::replace(&mut secure.answered, true);
+                match (c.purpose, rekeyed) {
+                    (Purpose::Session(session), false) => {
+                        self.session_events
+                            .push_back(Queued::Event(c.opened_event(id, session)));
+                    }
+                    // Told once: what was lost under the old keys (ACKs,
+                    // the reply) goes again under the new.
+                    (_, true) => self.enqueue(id),
+                    (Purpose::Probe, false) => {}
                 }
                 // Worth its price: the source's token goes back.
                 self.rate.refund(now, from.ip());
@@ -2154,7 +2390,9 @@ impl Server {
                 self.timestamps_unsaved |= timestamp_advanced;
                 self.changed_since_taken |= timestamp_advanced;
                 let held_for = (self.keeping_timestamps && self.timestamps_unsaved).then_some(id);
-                self.answer_hello_held(from, hello_len, datagram, held_for);
+                if self.answer_hello_held(from, hello_len, datagram, held_for) {
+                    self.take_early(id);
+                }
             }
             handshake::Reply::Cookie(_) | handshake::Reply::Ignored { .. } => {}
         }
@@ -2167,6 +2405,15 @@ impl Server {
         from: SocketAddr,
         hello: &Hello,
     ) -> Result<Admission, (RejectReason, String)> {
+        let admission = self.grant(hello)?;
+        match self.busy(from, admission.window_bytes) {
+            Some(why) => Err((RejectReason::Busy, why)),
+            None => Ok(admission),
+        }
+    }
+
+    /// What a hello's parameters would be granted, budgets aside.
+    fn grant(&self, hello: &Hello) -> Result<Admission, (RejectReason, String)> {
         let p = hello.receiver;
         if !(DATA_HEADER_LEN as u32 + 1..=MSS_MAX).contains(&hello.mss) {
             return Err((
@@ -2195,11 +2442,29 @@ impl Server {
             Purpose::Probe => 0,
             Purpose::Session(_) => rcvsegs * payload,
         };
+        let maxidle = match Duration::from_millis(u64::from(hello.maxidle_ms)) {
+            d if d.is_zero() => MAXIDLE_CAP,
+            d => d.min(MAXIDLE_CAP),
+        };
+        Ok(Admission {
+            params: ReceiverParams {
+                rcvsegs: rcvsegs as u32,
+                ..p
+            },
+            window_bytes,
+            maxidle,
+        })
+    }
+
+    /// Which budget a new connection from `from` holding `window_bytes`
+    /// would overrun, if any, for the operator.
+    fn busy(&self, from: SocketAddr, window_bytes: u64) -> Option<String> {
+        let limits = self.limits;
         let (from_ip, ip_window) = self.per_ip.get(&from.ip()).copied().unwrap_or((0, 0));
         // One address may hold half the window budget (at least
         // one connection's worth), so a flood from one cannot starve the rest.
         let ip_window_cap = (limits.total_window_bytes / 2).max(limits.max_window_bytes);
-        let busy = if self.conns.len() >= limits.max_connections {
+        if self.conns.len() >= limits.max_connections {
             Some(format!(
                 "already serving {} connections",
                 limits.max_connections
@@ -2222,22 +2487,7 @@ impl Server {
             ))
         } else {
             None
-        };
-        if let Some(why) = busy {
-            return Err((RejectReason::Busy, why));
         }
-        let maxidle = match Duration::from_millis(u64::from(hello.maxidle_ms)) {
-            d if d.is_zero() => MAXIDLE_CAP,
-            d => d.min(MAXIDLE_CAP),
-        };
-        Ok(Admission {
-            params: ReceiverParams {
-                rcvsegs: rcvsegs as u32,
-                ..p
-            },
-            window_bytes,
-            maxidle,
-        })
     }
 
     /// A plain hello of `len` bytes, with the address token after it if
@@ -2394,7 +2644,7 @@ impl Server {
         // its keys arrive ([`Server::on_response`]).
         if let (Purpose::Session(session), true) = (conn.purpose, conn.keyed()) {
             self.session_events
-                .push_back(conn.opened_event(key, session));
+                .push_back(Queued::Event(conn.opened_event(key, session)));
         }
         self.conns.insert(key, conn);
         self.windows_held += window_bytes;
@@ -2477,10 +2727,22 @@ impl Server {
                         }
                         return Some((to, n));
                     };
-                    // Nothing goes to an unconfirmed client (its hello's
-                    // response was all), nor past the 3× limit on a new path.
-                    let Keying::Confirmed(keys) = &mut secure.keys else {
-                        continue;
+                    // Nothing goes to an unconfirmed client but its hello's
+                    // response and, for a request that rode the hello, its
+                    // answer within 3× the hello (RFC 9000 §8.1); nothing
+                    // past the 3× limit on a new path.
+                    let keys = match (&mut secure.keys, secure.early.as_mut()) {
+                        (Keying::Confirmed(keys), _) => keys,
+                        (Keying::Unconfirmed(keys), Some(early)) => {
+                            let len = n + frame::overhead(keys.sealer.tag_len());
+                            if !early.budget.may_send(len) {
+                                self.stats.unvalidated_held_back += 1;
+                                continue;
+                            }
+                            early.budget.on_sent(len);
+                            keys
+                        }
+                        _ => continue,
                     };
                     let len = n + frame::overhead(keys.sealer.tag_len());
                     if let Some(check) = secure.path.as_mut() {
@@ -2559,8 +2821,29 @@ impl Server {
 
     /// The next session connection's event (opened, stream complete,
     /// ended), for its application; `None` when none is waiting.
+    /// Stops before an early arrival: take it with
+    /// [`poll_early_arrival`](Self::poll_early_arrival), then go on.
     pub fn poll_session_event(&mut self) -> Option<SessionEvent> {
-        self.session_events.pop_front()
+        match self.session_events.front()? {
+            Queued::Event(_) => match self.session_events.pop_front() {
+                Some(Queued::Event(e)) => Some(e),
+                _ => None,
+            },
+            Queued::Early(_) => None,
+        }
+    }
+
+    /// Stream bytes that rode an accepted hello, when they are next in
+    /// line among the session events (a driver drains both, in turn,
+    /// until neither has more).
+    pub fn poll_early_arrival(&mut self) -> Option<EarlyArrival> {
+        match self.session_events.front()? {
+            Queued::Early(_) => match self.session_events.pop_front() {
+                Some(Queued::Early(a)) => Some(a),
+                _ => None,
+            },
+            Queued::Event(_) => None,
+        }
     }
 
     /// Acts on the timers due by `now`: delayed ACKs, path challenges
@@ -2613,10 +2896,11 @@ impl Server {
                 self.reports
                     .push_back(conn.report(id, ConnEnd::Idle, conn.last_heard, self.stats));
                 if conn.purpose != Purpose::Probe && conn.keyed() {
-                    self.session_events.push_back(SessionEvent::Ended {
-                        conn_id: id,
-                        end: ConnEnd::Idle,
-                    });
+                    self.session_events
+                        .push_back(Queued::Event(SessionEvent::Ended {
+                            conn_id: id,
+                            end: ConnEnd::Idle,
+                        }));
                 }
             }
         }
@@ -3331,6 +3615,360 @@ mod tests {
             took >= rtt && took <= rtt + Duration::from_millis(5),
             "{took:?} from the stream to the reply"
         );
+    }
+
+    /// A server's key, and a session client of a `len`-byte pattern
+    /// stream authenticated to it, its stream offered in its hello.
+    fn early_client(len: usize) -> (crate::proto::crypto::StaticKeypair, Client) {
+        use crate::proto::crypto::{Cipher, ClientAuth, StaticKeypair};
+        let server_key = StaticKeypair::generate().unwrap();
+        let mut request = vec![0u8; len];
+        crate::proto::payload::fill_pattern(0, &mut request);
+        let client = Client::new(&Tuning::default(), 17, Some(len as u64), Time::ZERO)
+            .unwrap()
+            .with_session(31)
+            .with_close_unacknowledged()
+            .with_auth(
+                ClientAuth {
+                    identity: StaticKeypair::generate().unwrap(),
+                    server_key: server_key.public(),
+                    cipher: Cipher::Aes256Gcm,
+                },
+                1_000_000_000,
+            )
+            .unwrap()
+            .with_early_stream(&request);
+        (server_key, client)
+    }
+
+    fn keyed_server(key: &crate::proto::crypto::StaticKeypair) -> Server {
+        Server::new(open_limits(), 1 << 20, 2 << 20)
+            .with_auth(ServerAuth {
+                identity: Some(key.clone()),
+                authorized: None,
+                allow_plain: false,
+            })
+            .unwrap()
+    }
+
+    /// Counts what a session's application is told.
+    #[derive(Default)]
+    struct Told {
+        opened: usize,
+        arrived: u64,
+        completed: usize,
+        /// The connection ids of the events told, in order.
+        ids: Vec<u64>,
+    }
+
+    impl SessionApp for Told {
+        fn on_arrival(&mut self, _: Time, _: &mut Server, a: Arrival<'_>) {
+            self.arrived += a.payload.len() as u64;
+            self.ids.push(a.conn_id);
+        }
+        fn on_event(&mut self, _: Time, server: &mut Server, e: SessionEvent) {
+            match e {
+                SessionEvent::Opened { conn_id, .. } => {
+                    self.opened += 1;
+                    self.ids.push(conn_id);
+                }
+                SessionEvent::Complete { conn_id } => {
+                    self.completed += 1;
+                    self.ids.push(conn_id);
+                    server.respond(conn_id, b"plan".to_vec());
+                }
+                SessionEvent::Ended { conn_id, .. } => self.ids.push(conn_id),
+            }
+        }
+    }
+
+    /// Runs an authenticated request of `len` bytes over a 100 ms round
+    /// trip to a server of `key` (`without_early`: one from before early
+    /// data); returns when the client had the reply, whether the server
+    /// took the stream from the hello, the longest datagram the client
+    /// sent, and what the application was told.
+    fn early_request(len: usize, without_early: bool) -> (Duration, bool, usize, Told) {
+        let (key, client) = early_client(len);
+        let mut server = keyed_server(&key);
+        server.without_early = without_early;
+        let mut pair = pair(client, server, "delay 50ms");
+        let mut longest = 0;
+        let mut tap = |_: Time, dir: Dir, d: Vec<u8>| {
+            if dir == Dir::ToServer {
+                longest = longest.max(d.len());
+            }
+            vec![(addr(1), d)]
+        };
+        let mut told = Told::default();
+        assert!(serve_one(
+            &mut pair,
+            Duration::from_secs(3),
+            &mut tap,
+            &mut told
+        ));
+        let closed = pair.client.outcome().unwrap().clone().unwrap();
+        assert_eq!(closed.reply.as_deref(), Some(&b"plan"[..]));
+        let took = pair.now().saturating_since(Time::ZERO);
+        (took, pair.client.early_taken(), longest, told)
+    }
+
+    /// A request that fits the hello rides it: the server places it as
+    /// the connection's stream when it accepts the hello and pushes its
+    /// answer after the welcome, so the reply is in one round trip after
+    /// the first hello (two without: see
+    /// `a_request_is_answered_in_two_round_trips_its_reply_pushed`), and
+    /// the hello is still 1200 bytes.
+    #[test]
+    fn a_request_in_the_hello_is_answered_in_one_round_trip() {
+        let rtt = Duration::from_millis(100);
+        let (took, taken, longest, told) = early_request(125, false);
+        assert!(taken);
+        assert!(
+            took >= rtt && took <= rtt + Duration::from_millis(5),
+            "{took:?}"
+        );
+        assert_eq!(longest, handshake::HELLO_MIN_LEN);
+        assert_eq!((told.opened, told.arrived, told.completed), (1, 125, 1));
+    }
+
+    /// A request longer than the hello's room goes after the welcome, as
+    /// before: two round trips, and the hello's size unchanged.
+    #[test]
+    fn a_request_too_long_for_the_hello_goes_after_the_welcome() {
+        let rtt = Duration::from_millis(100);
+        let (took, taken, longest, told) = early_request(1000, false);
+        assert!(!taken);
+        assert!(
+            took >= 2 * rtt && took <= 2 * rtt + Duration::from_millis(5),
+            "{took:?}"
+        );
+        assert!(longest <= handshake::HELLO_MIN_LEN);
+        assert_eq!((told.opened, told.arrived, told.completed), (1, 1000, 1));
+    }
+
+    /// A server from before early data refuses a hello whose parameters
+    /// are longer than a hello: the client says its hello again without
+    /// the request and goes on as before, a round trip later.
+    #[test]
+    fn a_server_without_early_data_gets_the_hello_again_without_the_request() {
+        let rtt = Duration::from_millis(100);
+        let (took, taken, _, told) = early_request(125, true);
+        assert!(!taken);
+        assert!(
+            took >= 3 * rtt && took <= 3 * rtt + Duration::from_millis(5),
+            "{took:?}"
+        );
+        assert_eq!((told.opened, told.arrived, told.completed), (1, 125, 1));
+    }
+
+    /// The first datagram `client` sends: its hello.
+    fn first_hello(client: &mut Client) -> Vec<u8> {
+        let mut buf = vec![0u8; 2048];
+        let n = client
+            .poll_transmit(Time::ZERO, &mut buf, &mut PatternSource)
+            .unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    /// Drains what `server` tells its application into `told`.
+    fn tell(server: &mut Server, told: &mut Told) {
+        loop {
+            while let Some(e) = server.poll_session_event() {
+                told.on_event(Time::ZERO, server, e);
+            }
+            let Some(early) = server.poll_early_arrival() else {
+                break;
+            };
+            told.on_arrival(Time::ZERO, server, early.as_arrival());
+        }
+    }
+
+    /// The attack on early data: a hello carrying a request, captured and
+    /// sent again, to the server that took it or to the same server
+    /// restarted with its table of hello timestamps. Neither copy may
+    /// have any effect: no connection opened, no byte of the request
+    /// placed, nothing answered. And where the server keeps that table,
+    /// the request takes effect only once the table that refuses its
+    /// replay is saved, and never if it is not.
+    #[test]
+    fn a_replayed_hello_with_a_request_does_nothing() {
+        let (key, mut client) = early_client(125);
+        let hello = first_hello(&mut client);
+        let from = addr(1);
+        let mut buf = vec![0u8; 2048];
+        let mut server = keyed_server(&key).keeping_hello_timestamps(Vec::new());
+        let mut told = Told::default();
+        server.handle_datagram(Time::ZERO, from, &mut hello.clone());
+        tell(&mut server, &mut told);
+        assert_eq!(told.arrived, 0, "placed before the table was saved");
+        assert_eq!(told.completed, 0);
+        let table = server.hello_timestamps_to_save().expect("a table to save");
+        server.hello_timestamps_saved(true);
+        tell(&mut server, &mut told);
+        assert_eq!((told.opened, told.arrived, told.completed), (1, 125, 1));
+        while server.poll_transmit(Time::ZERO, &mut buf).is_some() {}
+
+        let at = Time::ZERO + Duration::from_millis(10);
+        server.handle_datagram(at, from, &mut hello.clone());
+        tell(&mut server, &mut told);
+        assert_eq!((told.opened, told.arrived, told.completed), (1, 125, 1));
+        assert!(server.hello_timestamps_to_save().is_none());
+        assert!(
+            server.poll_transmit(at, &mut buf).is_none(),
+            "a copy answered"
+        );
+        assert_eq!(server.open_connections(), 1);
+
+        let mut restarted = keyed_server(&key).keeping_hello_timestamps(table);
+        let mut told = Told::default();
+        restarted.handle_datagram(at, from, &mut hello.clone());
+        tell(&mut restarted, &mut told);
+        assert_eq!((told.opened, told.arrived, told.completed), (0, 0, 0));
+        assert!(restarted.hello_timestamps_to_save().is_none());
+        assert!(restarted.poll_transmit(at, &mut buf).is_none());
+        assert_eq!(restarted.open_connections(), 0);
+
+        // Not saved: the request never takes effect.
+        let (key, mut client) = early_client(125);
+        let hello = first_hello(&mut client);
+        let mut server = keyed_server(&key).keeping_hello_timestamps(Vec::new());
+        let mut told = Told::default();
+        server.handle_datagram(Time::ZERO, from, &mut hello.clone());
+        assert!(server.hello_timestamps_to_save().is_some());
+        server.hello_timestamps_saved(false);
+        tell(&mut server, &mut told);
+        assert_eq!((told.arrived, told.completed), (0, 0));
+        assert_eq!(server.open_connections(), 0);
+    }
+
+    /// Until the client's first packet confirms its keys, a connection
+    /// whose request rode the hello is sent at most 3× the hello's bytes
+    /// (RFC 9000 §8.1), the response included, however often its
+    /// application pushes its answer; once confirmed, the rest goes.
+    #[test]
+    fn an_unconfirmed_client_is_sent_at_most_three_times_its_hello() {
+        let (key, mut client) = early_client(125);
+        let hello = first_hello(&mut client);
+        let mut server = keyed_server(&key);
+        let mut told = Told::default();
+        server.handle_datagram(Time::ZERO, addr(1), &mut hello.clone());
+        tell(&mut server, &mut told);
+        assert_eq!(told.completed, 1);
+        let (id, _) = server.conns.iter().next().map(|(&id, c)| (id, c)).unwrap();
+        for _ in 0..8 {
+            server.respond(id, vec![7; 5000]);
+        }
+        let mut buf = vec![0u8; 2048];
+        let (mut sent, mut datagrams) = (0, 0);
+        while let Some((_, n)) = server.poll_transmit(Time::ZERO, &mut buf) {
+            sent += n;
+            datagrams += 1;
+        }
+        assert!(datagrams >= 3, "response, ACK and answer: {datagrams}");
+        assert!(
+            sent <= 3 * hello.len(),
+            "{sent} bytes to an unconfirmed client"
+        );
+        assert!(server.stats().unvalidated_held_back > 0);
+    }
+
+    /// A hello said again after its response was lost (a new Noise
+    /// message, newer timestamp, same key and client id, same request)
+    /// re-keys the connection that response made, in place: its
+    /// application, told `Opened` and given the request once, is told
+    /// nothing again; the one connection keeps its id and budgets, and
+    /// the reply reaches the client under the new keys.
+    #[test]
+    fn a_hello_said_again_after_a_lost_response_re_keys_its_connection() {
+        let (key, client) = early_client(125);
+        let mut pair = pair(client, keyed_server(&key), "delay 50ms");
+        let mut lost = false;
+        let mut tap = |_: Time, dir: Dir, d: Vec<u8>| {
+            if dir == Dir::ToClient && !lost {
+                lost = true;
+                return Vec::new();
+            }
+            vec![(addr(1), d)]
+        };
+        let mut told = Told::default();
+        assert!(serve_one(
+            &mut pair,
+            Duration::from_secs(3),
+            &mut tap,
+            &mut told
+        ));
+        let closed = pair.client.outcome().unwrap().clone().unwrap();
+        assert_eq!(closed.reply.as_deref(), Some(&b"plan"[..]));
+        assert!(pair.client.early_taken());
+        assert_eq!((told.opened, told.arrived, told.completed), (1, 125, 1));
+        assert!(told.ids.windows(2).all(|w| w[0] == w[1]), "{:?}", told.ids);
+        let stats = pair.server.stats();
+        assert_eq!((stats.connections, stats.handshakes), (1, 2));
+    }
+
+    /// The server's jobs waiting, run by hand (an offloading driver).
+    fn run_jobs(server: &mut Server, now: Time) {
+        while let Some(work) = server.poll_handshake_work() {
+            server.handshake_done(now, work.run());
+        }
+    }
+
+    /// The client's next hello, said again once its timer fires.
+    fn hello_again(client: &mut Client, now: &mut Time) -> Vec<u8> {
+        *now = client.poll_timeout().expect("a resend timer");
+        client.handle_timeout(*now);
+        let mut buf = vec![0u8; 2048];
+        let n = client
+            .poll_transmit(*now, &mut buf, &mut PatternSource)
+            .expect("the hello again");
+        buf.truncate(n);
+        buf
+    }
+
+    /// A hello said twice more: the second re-key's keys are the ones
+    /// installed, and the first re-key's response, made late, installs
+    /// nothing and sends nothing; the application was told once.
+    #[test]
+    fn a_late_response_to_a_hello_said_again_installs_nothing() {
+        let (key, mut client) = early_client(125);
+        let mut server = keyed_server(&key).offload_handshakes();
+        let mut told = Told::default();
+        let mut buf = vec![0u8; 2048];
+        let mut now = Time::ZERO;
+        server.handle_datagram(now, addr(1), &mut first_hello(&mut client));
+        run_jobs(&mut server, now);
+        tell(&mut server, &mut told);
+        assert_eq!((told.opened, told.arrived, told.completed), (1, 125, 1));
+        // Its response, ACK and reply are lost.
+        while server.poll_transmit(now, &mut buf).is_some() {}
+
+        let mut second = hello_again(&mut client, &mut now);
+        server.handle_datagram(now, addr(1), &mut second);
+        let open = server.poll_handshake_work().expect("the hello's reading");
+        server.handshake_done(now, open.run());
+        let late = server.poll_handshake_work().expect("the response's making");
+
+        let mut third = hello_again(&mut client, &mut now);
+        server.handle_datagram(now, addr(1), &mut third);
+        run_jobs(&mut server, now);
+        server.handshake_done(now, late.run());
+        tell(&mut server, &mut told);
+        assert_eq!((told.opened, told.arrived, told.completed), (1, 125, 1));
+        assert_eq!(server.open_connections(), 1);
+        assert_eq!(server.stats().handshakes, 2, "the late one counted");
+
+        // What goes out is the third hello's response, which the client
+        // reads (taken), then the reply under its keys.
+        let mut sent = Vec::new();
+        while let Some((_, n)) = server.poll_transmit(now, &mut buf) {
+            sent.push(buf[..n].to_vec());
+        }
+        assert!(!sent.is_empty());
+        for d in &sent {
+            client.handle_datagram(now, d).unwrap();
+        }
+        assert!(client.early_taken());
     }
 
     /// Notes when the connection ended, and how.

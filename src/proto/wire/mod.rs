@@ -15,6 +15,7 @@ mod ack;
 pub mod codec;
 mod control;
 mod data;
+mod early;
 mod header;
 
 pub use ack::{Ack, SackBlock, ACK_MAX_LEN, ACK_MIN_LEN, MAX_SACK_BLOCKS};
@@ -25,6 +26,7 @@ pub use control::{
     REPLY_HEADER_LEN, RETRY_LEN, TOKEN_LEN, WELCOME_LEN,
 };
 pub use data::{DataFlags, DataHeader, DataSegment, DATA_HEADER_LEN};
+pub use early::{early_segment, split_hello_params, split_welcome_params, EARLY_TAKEN};
 pub use header::{HeaderPeek, HEADER_LEN, MAGIC, VERSION};
 
 use codec::Truncated;

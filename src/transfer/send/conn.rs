@@ -131,6 +131,10 @@ impl StreamFeed for BytesFeed {
     fn waker(&self) -> Option<Arc<Notify>> {
         None
     }
+
+    fn all_ready(&self) -> bool {
+        true
+    }
 }
 
 /// What a connection's trace records feed: the figures of `--progress
