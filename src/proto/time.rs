@@ -23,7 +23,8 @@ impl Time {
 
     /// `secs` seconds after the epoch, rounded to the nanosecond; a
     /// negative value is the epoch.
-    pub fn from_secs_f64(secs: f64) -> Time {
+    #[cfg(test)]
+    pub(crate) fn from_secs_f64(secs: f64) -> Time {
         Time((secs * 1e9).round().max(0.0) as u64)
     }
 

@@ -225,7 +225,7 @@ fn disk_cause(e: &io::Error) -> String {
 
 impl Error {
     /// "cannot ACTION PATH: CAUSE" at the destination.
-    pub fn disk(action: &'static str, path: &Path, source: io::Error) -> Error {
+    pub(crate) fn disk(action: &'static str, path: &Path, source: io::Error) -> Error {
         Error::Disk {
             action,
             path: path.to_path_buf(),

@@ -659,7 +659,8 @@ impl Client {
 
     /// Whether the server took the stream from the hello
     /// ([`Client::with_early_stream`]).
-    pub fn early_taken(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn early_taken(&self) -> bool {
         self.early_taken
     }
 

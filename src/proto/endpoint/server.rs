@@ -2790,7 +2790,7 @@ impl Server {
     }
 
     /// The application's answer to `conn_id`'s stream. Its first
-    /// fragments ([`REPLY_PUSHED_FRAGMENTS`]) are pushed to the client at
+    /// fragments (ten: RFC 6928's initial window) are pushed to the client at
     /// once, unasked, so that a client that has sent everything has them
     /// with the last acknowledgement instead of a round trip later; the
     /// rest, and anything lost, is sent as the client fetches it. Replies longer than 4 GiB are not
