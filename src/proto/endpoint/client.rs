@@ -30,9 +30,9 @@ use crate::proto::time::Time;
 use crate::proto::tuning::{Tuning, TuningError};
 use crate::proto::wire::ReceiverStats;
 use crate::proto::wire::{
-    split_welcome_params, AddressToken, Close, DataFlags, DataHeader, Fetch, Hello, Packet,
-    PathProbe, ReceiverParams, RejectReason, Reply, WireError, CONTROL_MAX_LEN, DATA_HEADER_LEN,
-    HELLO_LEN, VERSION,
+    split_welcome_params, AddressToken, Close, DataFlags, DataHeader, DataSegment, Fetch, Hello,
+    Packet, PathProbe, ReceiverParams, RejectReason, Reply, WireError, CONTROL_MAX_LEN,
+    DATA_HEADER_LEN, HELLO_LEN, VERSION,
 };
 use crate::proto::InputError;
 
@@ -638,21 +638,19 @@ impl Client {
         if !fits || secure.early_offered {
             return self;
         }
-        let mut segment = vec![0u8; DATA_HEADER_LEN + stream.len()];
-        let header = DataHeader {
-            conn_id: self.conn_id,
-            seg: 0,
-            timestamp: 0,
-            flags: DataFlags {
-                fin: true,
-                retransmission: false,
+        let segment = DataSegment {
+            header: DataHeader {
+                conn_id: self.conn_id,
+                seg: 0,
+                timestamp: 0,
+                flags: DataFlags {
+                    fin: true,
+                    retransmission: false,
+                },
             },
+            payload: stream,
         };
-        if header.emit(&mut segment).is_err() {
-            return self;
-        }
-        segment[DATA_HEADER_LEN..].copy_from_slice(stream);
-        secure.config.params.extend_from_slice(&segment);
+        secure.config.params.extend_from_slice(&segment.to_vec());
         secure.early_offered = true;
         self
     }

@@ -2126,14 +2126,24 @@ impl Server {
     /// response is still being made has told its application nothing and
     /// may be replaced ([`Server::insert_awaiting`]).
     fn answered_conn(&self, from: SocketAddr, key: &PublicKey, client_id: u64) -> Option<u64> {
-        self.conns.iter().find_map(|(&id, c)| {
+        self.unconfirmed_of(key, client_id)
+            .find(|(_, c, s)| c.peer == from && s.answered)
+            .map(|(id, ..)| id)
+    }
+
+    /// The connections of `key`'s client `client_id` whose keys no packet
+    /// has confirmed: what a hello of that client may re-key or replace.
+    fn unconfirmed_of<'a>(
+        &'a self,
+        key: &'a PublicKey,
+        client_id: u64,
+    ) -> impl Iterator<Item = (u64, &'a Conn, &'a ConnSecure)> + 'a {
+        self.conns.iter().filter_map(move |(&id, c)| {
             let s = c.link.secure()?;
-            (c.peer == from
-                && s.answered
-                && !matches!(s.keys, Keying::Confirmed(_))
+            (!matches!(s.keys, Keying::Confirmed(_))
                 && s.peer_key == *key
                 && s.client_id == client_id)
-                .then_some(id)
+                .then_some((id, c, s))
         })
     }
 
@@ -2270,22 +2280,14 @@ impl Server {
         admission: Admission,
         secure: ConnSecure,
     ) {
-        let stale: Vec<u64> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| {
-                c.link.secure().is_some_and(|s| {
-                    !matches!(s.keys, Keying::Confirmed(_))
-                        && s.peer_key == secure.peer_key
-                        && s.client_id == secure.client_id
-                })
-            })
-            .map(|(&id, _)| id)
+        let stale: Vec<(u64, bool)> = self
+            .unconfirmed_of(&secure.peer_key, secure.client_id)
+            .map(|(id, _, s)| (id, s.answered))
             .collect();
-        for id in stale {
+        for (id, answered) in stale {
             // One answered (from another address: not re-keyed) had its
             // application told `Opened`: it is told `Ended` too.
-            if self.conn_answered(id) {
+            if answered {
                 self.end_unheard(id);
             } else {
                 self.remove_conn(id);
@@ -3712,6 +3714,27 @@ mod tests {
         (took, pair.client.early_taken(), longest, told)
     }
 
+    /// A request of `len` bytes to a server with or `without_early`
+    /// data: whether the hello's segment was `taken`, the reply in
+    /// `round_trips` of 100 ms from the first hello, and the application
+    /// told of the whole request once. Returns the longest datagram the
+    /// client sent.
+    #[track_caller]
+    fn check_early(len: usize, without_early: bool, taken: bool, round_trips: u32) -> usize {
+        let rtt = Duration::from_millis(100);
+        let (took, was_taken, longest, told) = early_request(len, without_early);
+        assert_eq!(was_taken, taken);
+        assert!(
+            took >= round_trips * rtt && took <= round_trips * rtt + Duration::from_millis(5),
+            "{took:?}"
+        );
+        assert_eq!(
+            (told.opened, told.arrived, told.completed),
+            (1, len as u64, 1)
+        );
+        longest
+    }
+
     /// A request that fits the hello rides it: the server places it as
     /// the connection's stream when it accepts the hello and pushes its
     /// answer after the welcome, so the reply is in one round trip after
@@ -3720,30 +3743,16 @@ mod tests {
     /// the hello is still 1200 bytes.
     #[test]
     fn a_request_in_the_hello_is_answered_in_one_round_trip() {
-        let rtt = Duration::from_millis(100);
-        let (took, taken, longest, told) = early_request(125, false);
-        assert!(taken);
-        assert!(
-            took >= rtt && took <= rtt + Duration::from_millis(5),
-            "{took:?}"
-        );
+        let longest = check_early(125, false, true, 1);
         assert_eq!(longest, handshake::HELLO_MIN_LEN);
-        assert_eq!((told.opened, told.arrived, told.completed), (1, 125, 1));
     }
 
     /// A request longer than the hello's room goes after the welcome, as
     /// before: two round trips, and the hello's size unchanged.
     #[test]
     fn a_request_too_long_for_the_hello_goes_after_the_welcome() {
-        let rtt = Duration::from_millis(100);
-        let (took, taken, longest, told) = early_request(1000, false);
-        assert!(!taken);
-        assert!(
-            took >= 2 * rtt && took <= 2 * rtt + Duration::from_millis(5),
-            "{took:?}"
-        );
+        let longest = check_early(1000, false, false, 2);
         assert!(longest <= handshake::HELLO_MIN_LEN);
-        assert_eq!((told.opened, told.arrived, told.completed), (1, 1000, 1));
     }
 
     /// A server from before early data refuses a hello whose parameters
@@ -3751,14 +3760,7 @@ mod tests {
     /// the request and goes on as before, a round trip later.
     #[test]
     fn a_server_without_early_data_gets_the_hello_again_without_the_request() {
-        let rtt = Duration::from_millis(100);
-        let (took, taken, _, told) = early_request(125, true);
-        assert!(!taken);
-        assert!(
-            took >= 3 * rtt && took <= 3 * rtt + Duration::from_millis(5),
-            "{took:?}"
-        );
-        assert_eq!((told.opened, told.arrived, told.completed), (1, 125, 1));
+        check_early(125, true, false, 3);
     }
 
     /// The first datagram `client` sends: its hello.

@@ -2116,6 +2116,14 @@ mod tests {
         assert_eq!(s.snapshot(at(1)).pacing_rate, Some(35_000));
     }
 
+    /// A SACK sender capped by `bwlimit` at one 10-byte payload per ms.
+    fn capped_at_a_segment_a_ms() -> Sender {
+        sender(Tuning {
+            bwlimit: u64::from(PAYLOAD) * 8 * 1000,
+            ..tuning(RecoveryKind::Sack)
+        })
+    }
+
     /// `bwlimit` on an unpaced controller (aimd) makes the pacer a token
     /// bucket at the cap: two datagrams at once (its depth), then one per
     /// datagram's worth of time, here 1 ms: the cap is on payload, so a
@@ -2123,11 +2131,7 @@ mod tests {
     /// at 35 kB/s.
     #[test]
     fn bwlimit_makes_an_unpaced_sender_a_token_bucket() {
-        let t = Tuning {
-            bwlimit: u64::from(PAYLOAD) * 8 * 1000,
-            ..tuning(RecoveryKind::Sack)
-        };
-        let mut s = sender(t);
+        let mut s = capped_at_a_segment_a_ms();
         assert_eq!(send(&mut s, at(0)), vec![0, 1], "the bucket's depth");
         assert_eq!(s.poll_timeout(), Some(at(1)));
         s.handle_timeout(at(1));
@@ -2142,11 +2146,7 @@ mod tests {
     /// could cancel it: the pacer's release is not one, the RTO is.
     #[test]
     fn only_timers_an_ack_may_cancel_ask_for_a_read_first() {
-        let t = Tuning {
-            bwlimit: u64::from(PAYLOAD) * 8 * 1000,
-            ..tuning(RecoveryKind::Sack)
-        };
-        let mut s = sender(t);
+        let mut s = capped_at_a_segment_a_ms();
         send(&mut s, at(0));
         assert_eq!(s.poll_timeout(), Some(at(1)), "the pacer's release");
         assert!(!s.ack_timer_due(at(1)));

@@ -82,6 +82,19 @@ pub struct DataSegment<'a> {
     pub payload: &'a [u8],
 }
 
+impl DataSegment<'_> {
+    /// The whole packet, header then payload: for a segment sent outside
+    /// the sender's own buffers (one riding the hello).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut packet = vec![0u8; DATA_HEADER_LEN + self.payload.len()];
+        self.header
+            .emit(&mut packet)
+            .expect("a buffer of the header's length");
+        packet[DATA_HEADER_LEN..].copy_from_slice(self.payload);
+        packet
+    }
+}
+
 pub(super) fn decode_data(buf: &[u8], conn_id: u64) -> Result<DataSegment<'_>, WireError> {
     super::check_len(buf, DATA_HEADER_LEN)?;
     let r = Reader::new(buf);

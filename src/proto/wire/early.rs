@@ -69,7 +69,7 @@ pub fn split_welcome_params(params: &[u8]) -> Result<(Welcome, bool), WireError>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::wire::{DataFlags, DataHeader, ReceiverParams, DATA_HEADER_LEN};
+    use crate::proto::wire::{DataFlags, DataHeader, ReceiverParams};
 
     fn hello() -> Hello {
         Hello {
@@ -88,8 +88,7 @@ mod tests {
     }
 
     fn segment(conn_id: u64, seg: u64, fin: bool, payload: &[u8]) -> Vec<u8> {
-        let mut b = vec![0u8; DATA_HEADER_LEN + payload.len()];
-        DataHeader {
+        let header = DataHeader {
             conn_id,
             seg,
             timestamp: 0,
@@ -97,11 +96,8 @@ mod tests {
                 fin,
                 retransmission: false,
             },
-        }
-        .emit(&mut b)
-        .unwrap();
-        b[DATA_HEADER_LEN..].copy_from_slice(payload);
-        b
+        };
+        DataSegment { header, payload }.to_vec()
     }
 
     #[test]
