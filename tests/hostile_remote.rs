@@ -46,7 +46,8 @@ fn hostile(s: &TestDir, flags: &str, sources: &[&Path]) -> PathBuf {
         s,
         "hostile-atou",
         &format!(
-            "exec {ATOU} __remote send --port 0 --quiet {flags} -- {}",
+            // $1 $2 $3: `__remote --hello HELLO`, passed on as they came.
+            "exec {ATOU} __remote --hello \"$3\" send --port 0 --quiet {flags} -- {}",
             sources.join(" ")
         ),
     )
@@ -63,15 +64,13 @@ fn answering(s: &TestDir, port: u16, addr: Option<std::net::IpAddr>) -> PathBuf 
         ports: vec![port],
         key,
         addr,
+        token: Some([1; 32]),
     }
     .encode();
     script(
         s,
         "answering-atou",
-        &format!(
-            "read hello; printf '%s\\n' '{}'; exec sleep 30",
-            answer.trim_end()
-        ),
+        &format!("printf '%s\\n' '{}'; exec sleep 30", answer.trim_end()),
     )
 }
 
@@ -431,6 +430,28 @@ fn udp_that_never_arrives_is_a_bounded_wait_with_one_reason() {
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
     assert!(!dest.exists());
+}
+
+/// An atou at the far end from before bootstrap 2 refuses `--hello` as
+/// clap refuses any unknown flag (its words, exit status 2): the error
+/// says to run one release at both ends, not just "status 2".
+#[test]
+fn a_remote_atou_older_than_the_bootstrap_is_named_so() {
+    let s = TestDir::new("hostile-remote-older");
+    let src = s.path("a.txt");
+    fs::write(&src, "a").unwrap();
+    let older = script(
+        &s,
+        "older-atou",
+        "echo \"error: unexpected argument '--hello' found\" >&2; exit 2",
+    );
+    let out = pull(&s, &older, &[src.to_str().unwrap(), "127.0.0.1:dest"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("is an older release") && err.contains("same atou release at both ends"),
+        "{err}"
+    );
 }
 
 #[test]

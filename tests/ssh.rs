@@ -13,7 +13,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -655,8 +654,10 @@ fn the_remote_end_takes_only_the_key_named_on_the_ssh_channel() {
     let told_b64 = told.split_whitespace().nth(1).unwrap().to_string();
     let mut far = Command::new(ATOU)
         .env("XDG_CACHE_HOME", TEST_CACHE)
+        .args(["__remote", "--hello"])
+        .arg(format!("ATOU-BOOTSTRAP 2 {told_b64}"))
         .args([
-            "__remote", "receive", "--buffer", "67108864", "--rcvbuf", "4194304", "--",
+            "receive", "--buffer", "67108864", "--rcvbuf", "4194304", "--",
         ])
         .arg(&dest)
         .env_remove("SSH_CONNECTION")
@@ -665,8 +666,9 @@ fn the_remote_end_takes_only_the_key_named_on_the_ssh_channel() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut stdin = far.stdin.take().unwrap();
-    writeln!(stdin, "ATOU-BOOTSTRAP 1 {told_b64}").unwrap();
+    // Held open and never written: the answer must not wait for stdin
+    // (ssh sends stdin only a round trip after the command).
+    let stdin = far.stdin.take().unwrap();
     let mut line = String::new();
     BufReader::new(far.stdout.take().unwrap())
         .read_line(&mut line)

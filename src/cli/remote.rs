@@ -2,7 +2,6 @@
 //! `atou __remote receive|send` that ssh runs at the far end: the flags,
 //! and what is printed. The work is `crate::transfer::remote`'s.
 
-use std::io::BufReader;
 use std::io::Read;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -57,6 +56,9 @@ pub(super) struct SshArgs {
 /// `atou __remote`: what ssh runs at the far end.
 #[derive(Args, Debug)]
 pub(super) struct RemoteArgs {
+    /// The bootstrap hello: `ATOU-BOOTSTRAP VERSION LOCAL-KEY`, one argument
+    #[arg(long, value_name = "LINE")]
+    hello: String,
     #[command(subcommand)]
     role: Role,
 }
@@ -349,8 +351,8 @@ fn received_text(r: &TransferReport, from: &str) -> String {
 // The remote end.
 
 pub(super) fn remote(args: RemoteArgs) -> Result<ExitCode> {
-    let mut stdin = BufReader::new(std::io::stdin());
-    let hello = read_hello(&mut stdin).map_err(cli_error)?;
+    let hello = read_hello(&args.hello).map_err(cli_error)?;
+    let mut stdin = std::io::stdin();
     // Where the ssh client reached us: the address to give back.
     let ip = std::env::var("SSH_CONNECTION")
         .ok()

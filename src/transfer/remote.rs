@@ -225,13 +225,21 @@ impl RemoteEnd {
     pub(crate) fn start(
         ssh: &SshCommand,
         target: &str,
+        hello: &Hello,
         args: &[String],
     ) -> Result<RemoteEnd, RemoteError> {
         let mut words = ssh.ssh.split_ascii_whitespace();
         let program = words
             .next()
             .ok_or_else(|| RemoteError::Usage("--ssh names no command".into()))?;
-        let mut command = vec![shell_quote(&ssh.remote_atou), "__remote".to_string()];
+        // The hello on the command line, not stdin: ssh would send stdin
+        // only once the command has started, a round trip later.
+        let mut command = vec![
+            shell_quote(&ssh.remote_atou),
+            "__remote".to_string(),
+            "--hello".to_string(),
+            shell_quote(&hello.encode()),
+        ];
         command.extend(args.iter().map(|a| shell_quote(a)));
         // `--`: nothing after it is an option of ssh's.
         let mut child = Command::new(program)
@@ -327,19 +335,20 @@ impl RemoteEnd {
                 "`{}` on {host} is not a program it can run (--remote-atou): {tail}",
                 self.remote_atou
             ),
+            // clap's usage error: an atou that predates bootstrap 2.
+            Some(2) if tail.contains("'--hello'") => format!(
+                "atou on {host} (`{}`) is an older release that does not know the bootstrap's \
+                 --hello: run the same atou release at both ends: {tail}",
+                self.remote_atou
+            ),
             Some(code) => format!("atou on {host} exited with status {code} {before}: {tail}"),
             None => format!("ssh to {host} ended {before} (killed by a signal): {tail}"),
         })
     }
 
-    /// Sends the hello, reads the answer.
-    pub(crate) fn bootstrap(&mut self, hello: &Hello) -> Result<Answer, RemoteError> {
-        if let Some(stdin) = self.stdin.as_mut() {
-            // A failed write means ssh is gone; its status says why.
-            let _ = stdin
-                .write_all(hello.encode().as_bytes())
-                .and_then(|()| stdin.flush());
-        }
+    /// Reads the answer to the hello [`RemoteEnd::start`] put on the
+    /// remote's command line.
+    pub(crate) fn bootstrap(&mut self) -> Result<Answer, RemoteError> {
         let Ok(line) = self.lines.recv() else {
             return Err(self.failure("before the bootstrap"));
         };
@@ -534,10 +543,9 @@ impl Push {
         let identity = one_time_key()?;
         let hello = Hello {
             key: identity.public(),
-            token: None,
         };
-        let mut remote = RemoteEnd::start(ssh, target, args)?;
-        let answer = remote.bootstrap(&hello)?;
+        let mut remote = RemoteEnd::start(ssh, target, &hello, args)?;
+        let answer = remote.bootstrap()?;
         let peer = SocketAddr::new(remote.peer_ip(ssh, &answer)?, answer.ports[0]);
         let push = Push {
             host: remote.host().to_string(),
@@ -689,13 +697,17 @@ impl Pull {
         args: &[String],
     ) -> Result<Pull, RemoteError> {
         let identity = one_time_key()?;
-        let token = random_token()?;
         let hello = Hello {
             key: identity.public(),
-            token: Some(token),
         };
-        let mut remote = RemoteEnd::start(ssh, target, args)?;
-        let answer = remote.bootstrap(&hello)?;
+        let mut remote = RemoteEnd::start(ssh, target, &hello, args)?;
+        let answer = remote.bootstrap()?;
+        let Some(token) = answer.token else {
+            return Err(failed(format!(
+                "atou on {} answered a pull without a punch token: is it the same atou release?",
+                remote.host()
+            )));
+        };
         let ip = remote.peer_ip(ssh, &answer)?;
         Ok(Pull {
             remote,
@@ -955,18 +967,26 @@ fn pull_limits(streams: usize, buffer: u64) -> ServerLimits {
 // ---------------------------------------------------------------------
 // The far end: `atou __remote receive|send`, which ssh runs.
 
-/// Reads the bootstrap hello, one line, from the local end.
-pub(crate) fn read_hello(input: &mut impl BufRead) -> Result<Hello, RemoteError> {
-    let mut line = Vec::new();
-    input.take(MAX_LINE as u64).read_until(b'\n', &mut line)?;
-    Hello::decode(&String::from_utf8_lossy(&line))
-        .map_err(|e| failed(format!("the bootstrap hello on stdin: {e}")))
+/// The bootstrap hello, as `--hello` gave it.
+pub(crate) fn read_hello(arg: &str) -> Result<Hello, RemoteError> {
+    Hello::decode(arg).map_err(|e| failed(format!("the bootstrap hello (--hello): {e}")))
 }
 
 /// Prints the bootstrap answer on stdout.
-fn answer(ports: Vec<u16>, key: PublicKey, addr: Option<IpAddr>) -> Result<(), RemoteError> {
+fn answer(
+    ports: Vec<u16>,
+    key: PublicKey,
+    addr: Option<IpAddr>,
+    token: Option<[u8; 32]>,
+) -> Result<(), RemoteError> {
     let mut out = std::io::stdout().lock();
-    out.write_all(Answer { ports, key, addr }.encode().as_bytes())?;
+    let line = Answer {
+        ports,
+        key,
+        addr,
+        token,
+    };
+    out.write_all(line.encode().as_bytes())?;
     out.flush()?;
     Ok(())
 }
@@ -1034,7 +1054,7 @@ pub(crate) fn receive_push(
         },
     )
     .map_err(|e| failed(e.to_string()))?;
-    answer(vec![local.port()], key, ip)?;
+    answer(vec![local.port()], key, ip, None)?;
     thread::spawn(watch);
     runtime()?.block_on(io::serve_from(
         Some(sock),
@@ -1091,11 +1111,6 @@ impl FarSend {
         streams: usize,
         sources: &[PathBuf],
     ) -> Result<FarSend, RemoteError> {
-        let Some(token) = hello.token else {
-            return Err(failed(
-                "the bootstrap hello for a pull carries no punch token",
-            ));
-        };
         for s in sources {
             if let Err(e) = std::fs::symlink_metadata(s) {
                 return Err(failed(format!(
@@ -1110,7 +1125,8 @@ impl FarSend {
             .map(|s| s.local_addr().map(|a| a.port()))
             .collect::<std::io::Result<Vec<u16>>>()?;
         let identity = one_time_key()?;
-        answer(ports, identity.public(), ip)?;
+        let token = random_token()?;
+        answer(ports, identity.public(), ip, Some(token))?;
         Ok(FarSend {
             socks,
             token,
