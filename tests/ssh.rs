@@ -339,6 +339,23 @@ fn udp_ports() -> Vec<u16> {
     ports
 }
 
+/// UDP ports of `ports` still open after `wait`: atou returns once the
+/// transfer is verified, and the remote end exits a round trip later,
+/// when ssh's tear-down reaches it.
+fn still_open_after(ports: &[u16], wait: std::time::Duration) -> Vec<u16> {
+    let until = std::time::Instant::now() + wait;
+    loop {
+        let open: Vec<u16> = udp_ports()
+            .into_iter()
+            .filter(|p| ports.contains(p))
+            .collect();
+        if open.is_empty() || std::time::Instant::now() >= until {
+            return open;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Two free consecutive UDP ports.
 fn free_udp_pair() -> u16 {
     for _ in 0..100 {
@@ -375,9 +392,10 @@ fn push_and_pull_a_tree_and_leave_no_port_open() {
     assert!(err.contains("every file verified"), "{err}");
     assert_same_tree(&src, &dest.join("data"));
     assert!(!dest.join(".atou-staging").exists());
+    let open = still_open_after(&[port], std::time::Duration::from_secs(5));
     assert!(
-        !udp_ports().contains(&port),
-        "UDP port {port} is still open after the push"
+        open.is_empty(),
+        "UDP port {port} still open 5 s after the push"
     );
 
     // Pull it back, two streams on two fixed ports.
@@ -396,10 +414,10 @@ fn push_and_pull_a_tree_and_leave_no_port_open() {
     say(&format!("pull: {}", err.trim()));
     assert!(err.contains("every file verified"), "{err}");
     assert_same_tree(&src, &back.join("data"));
-    let open = udp_ports();
+    let open = still_open_after(&[port, port + 1], std::time::Duration::from_secs(5));
     assert!(
-        !open.contains(&port) && !open.contains(&(port + 1)),
-        "UDP ports {range} are still open after the pull"
+        open.is_empty(),
+        "UDP ports {open:?} still open 5 s after the pull"
     );
 
     // A relative remote path is under the remote user's home, as scp's;

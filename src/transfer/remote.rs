@@ -218,6 +218,8 @@ pub(crate) struct RemoteEnd {
     /// Once set, stderr lines are passed to ours as they come.
     live: Arc<AtomicBool>,
     stderr: Option<thread::JoinHandle<()>>,
+    /// The transfer was verified and ssh was left to end by itself.
+    detached: bool,
 }
 
 impl RemoteEnd {
@@ -271,6 +273,7 @@ impl RemoteEnd {
             tail,
             live,
             stderr: Some(stderr),
+            detached: false,
         })
     }
 
@@ -393,6 +396,17 @@ impl RemoteEnd {
         }
     }
 
+    /// The transfer is verified: closes the remote's stdin, which ends it,
+    /// and leaves ssh to end by itself, without waiting the round trip of
+    /// its tear-down (the stdin's EOF there, the exit status back): the
+    /// remote end's last step, tidying its staging directory, ran before
+    /// its answer left. Its status if it has already exited.
+    pub(crate) fn detach(&mut self) -> Option<ExitStatus> {
+        self.stdin = None;
+        self.detached = true;
+        self.exited()
+    }
+
     /// The transfer is over: closes the remote's stdin and waits for it.
     pub(crate) fn finish(&mut self) -> Option<ExitStatus> {
         self.stdin = None;
@@ -441,6 +455,9 @@ impl Drop for RemoteEnd {
     fn drop(&mut self) {
         // An early return (an error, Ctrl-C): ssh goes, and with it the
         // remote end, which exits when its stdin closes.
+        if self.detached {
+            return;
+        }
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
             let _ = self.child.wait();
@@ -588,15 +605,23 @@ impl Push {
         }
     }
 
-    /// The send is over (`sent`: it succeeded): waits for the remote end,
-    /// whose failure after a verified transfer is an error of its own.
+    /// The send is over (`sent`: it succeeded, every file verified): ssh
+    /// is left to end by itself ([`RemoteEnd::detach`]); a remote end
+    /// that has already failed is an error of its own. Otherwise waits for
+    /// it.
     pub(crate) fn finish(self, sent: bool) -> Result<(), RemoteError> {
         let mut remote = self.remote.into_inner().expect("remote lock");
         if !sent {
             // The reason is said; what the remote adds as it goes is noise.
             remote.quiet();
         }
-        match remote.finish() {
+        // Verified: the remote's answer said every file is in place.
+        let status = if sent {
+            remote.detach()
+        } else {
+            remote.finish()
+        };
+        match status {
             Some(s) if !s.success() && sent => Err(failed(format!(
                 "the transfer was verified, but atou on {} then failed ({s}): {}",
                 self.host,
@@ -775,6 +800,12 @@ impl Pull {
             return Ok(PullOutcome::Interrupted);
         };
         let outcome = receiver.stop();
+        let result = outcome.lock().expect("lock").take();
+        if let Some(Ok(r)) = result {
+            // Verified here: ssh's tear-down is not waited for.
+            self.remote.detach();
+            return Ok(PullOutcome::Received(r));
+        }
         let status = match remote_status {
             Some(s) => {
                 self.remote.finish();
@@ -782,7 +813,6 @@ impl Pull {
             }
             None => self.remote.finish(),
         };
-        let result = outcome.lock().expect("lock").take();
         Ok(match result {
             Some(Ok(r)) => PullOutcome::Received(r),
             Some(Err(why)) => PullOutcome::Failed(why),
