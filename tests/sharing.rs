@@ -7,7 +7,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use atou::sim::{run_flows, FlowConfig, FlowsConfig, FlowsResult, RunEnd};
+use atou::sim::{run_flows, FlowConfig, FlowsConfig, FlowsResult, RunEnd, SimConfig, Simulation};
 use atou::{CcKind, Tuning};
 
 const SECS: u64 = 20;
@@ -77,6 +77,7 @@ fn share(name: &str, other: Tuning, loss: &str) -> FlowsResult {
             s.rxmts,
             f.fwd_dropped
         );
+        assert!(s.spurious_rxmts <= spurious, "flow {i}: {s}");
         assert!(
             spurious * 100 <= s.rxmts.max(100),
             "flow {i}: {spurious} of {} resends had arrived:\n{r}",
@@ -109,4 +110,29 @@ fn beside_bbr_at_one_percent_atou_resends_what_was_dropped() {
 #[test]
 fn beside_bbr_without_loss_atou_resends_what_was_dropped() {
     share("bbr bbr + bbr, 0 %", bbr(), "");
+}
+
+/// The summary's `spurious_rxmts` is what D-SACKs proved (RFC 3708 §3):
+/// over a lossless return path, exactly the resends the receiver already
+/// had. A three-second stall of the forward path (Sarolahti & Kuznetsov
+/// §6) makes the timeouts resend segments held in it.
+#[test]
+fn the_summary_counts_the_resends_dsacks_prove_spurious() {
+    let config = SimConfig::new(
+        bbr(),
+        "rate 10mbit limit 1000 | delay 50ms".parse().unwrap(),
+        "delay 50ms".parse().unwrap(),
+        Some(20_000_000),
+        1,
+    )
+    .fwd_stall(Some((Duration::from_secs(5), Duration::from_secs(3))));
+    let r = Simulation::new(config).unwrap().run(&mut ()).unwrap();
+    let s = &r.summary;
+    say(&format!("a 3 s stall:\n{s}"));
+    assert!(r.delivered_intact(20_000_000), "{s}");
+    let duplicates = s.receiver.unwrap().duplicates;
+    assert!(s.timeouts > 0 && duplicates > 0, "{s}");
+    assert_eq!(s.spurious_rxmts, duplicates, "{s}");
+    let json = serde_json::to_value(s).unwrap();
+    assert_eq!(json["spurious_rxmts"], duplicates, "{json}");
 }
