@@ -137,6 +137,11 @@ fn flows_share_one_forward_queue_and_start_on_time() {
     );
     // Both slow starts overflow the shared queue.
     assert!(r.fwd_stats.limit_drops > 0, "{r}");
+    // Each flow's drops are its own share of the queue's.
+    let dropped: Vec<u64> = r.flows.iter().map(|f| f.fwd_dropped).collect();
+    let queue_dropped = r.fwd_stats.lost + r.fwd_stats.limit_drops;
+    assert_eq!(dropped.iter().sum::<u64>(), queue_dropped, "{r}");
+    assert!(dropped.iter().all(|&d| d > 0), "{r}");
     // The second flow's clock starts at its start: 3 s of its life.
     assert!(r.flows[1].summary.secs <= 3.0, "{}", r.flows[1].summary);
     assert!(r.flows[0].summary.secs > 7.9, "{}", r.flows[0].summary);
@@ -211,6 +216,7 @@ fn the_cli_runs_flows_sharing_a_bottleneck() {
     assert_eq!(v["flows"][0]["summary"]["tuning"]["cc"], "bbr");
     assert_eq!(v["flows"][1]["summary"]["tuning"]["cc"], "aimd");
     assert_eq!(v["flows"][1]["start"], 1.0);
+    assert!(v["flows"][0]["fwd_dropped"].is_u64(), "{v}");
     assert_eq!(v["bottleneck_bps"], 10_000_000);
     let jain = v["jain"].as_f64().unwrap();
     assert!(jain > 0.5 && jain <= 1.0, "{v}");

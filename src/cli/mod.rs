@@ -222,6 +222,7 @@ fn sim_flows(args: SimArgs) -> Result<ExitCode> {
                     "start": f.start.as_secs_f64(),
                     "window_bytes": f.window_bytes,
                     "goodput_bps": f.goodput_bps,
+                    "fwd_dropped": f.fwd_dropped,
                     "summary": f.summary,
                 })
             })

@@ -630,7 +630,7 @@ fn report_text(r: &SendReport, streams: &[Summary]) -> String {
     }
     for (i, t) in streams.iter().enumerate() {
         s += &format!(
-            "stream {}: {} in {:.2} s, {}; segments {} rxmts {} timeouts {} srtt {:.3} ms cwnd {}\n",
+            "stream {}: {} in {:.2} s, {}; segments {} rxmts {} timeouts {} srtt {:.3} ms cwnd {}",
             i + 1,
             format_size(t.bytes),
             t.secs,
@@ -641,6 +641,10 @@ fn report_text(r: &SendReport, streams: &[Summary]) -> String {
             t.srtt.as_secs_f64() * 1e3,
             t.cwnd,
         );
+        if t.spurious_rxmts > 0 {
+            s += &format!(" spurious {}", t.spurious_rxmts);
+        }
+        s += "\n";
     }
     s
 }

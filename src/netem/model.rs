@@ -386,6 +386,12 @@ impl<P: Datagram> Qdisc<P> {
     pub(crate) fn poll(&mut self, now: Time) -> Option<P> {
         self.poll_timed(now).map(|(_, p)| p)
     }
+
+    /// The packets it holds, in no particular order.
+    fn held(&self) -> impl Iterator<Item = &P> {
+        let ahead = self.ahead.iter().map(|(_, p)| p);
+        ahead.chain(self.tfifo.iter().map(|h| &h.0.packet))
+    }
 }
 
 /// A draw for `c`, correlated with the last one; none when `c` is zero, so
@@ -463,6 +469,13 @@ impl<P: Datagram> Netem<P> {
     pub fn poll(&mut self, now: Time) -> Option<P> {
         self.advance(now);
         self.stages.last_mut().and_then(|s| s.poll(now))
+    }
+
+    /// The packets on the path, not yet delivered nor dropped, in no
+    /// particular order: with what was offered and delivered, they tell
+    /// what a path dropped of one kind of packet.
+    pub(crate) fn held(&self) -> impl Iterator<Item = &P> {
+        self.stages.iter().flat_map(Qdisc::held)
     }
 
     /// Totals over the chain: offered to the first stage, delivered by the

@@ -324,8 +324,10 @@ pub struct Tuning {
     /// Fixed retransmission timeout; zero selects the adaptive RTO.
     #[serde(serialize_with = "secs")]
     pub timeout: Duration,
-    /// Lower bound of the adaptive RTO; default 200 ms (Linux's; RFC 6298
-    /// says 1 s).
+    /// Least margin of the adaptive RTO over SRTT (RTO = SRTT +
+    /// max(4·RTTVAR, min_rto), as Linux's rto_min), and the least RTO
+    /// before a sample or with `tick`; default 200 ms (Linux's; RFC 6298's
+    /// lower bound is 1 s).
     #[serde(serialize_with = "secs")]
     pub min_rto: Duration,
     /// Upper bound of the RTO, backoff included; default 60 s.
@@ -638,7 +640,7 @@ knobs! {
     timeout: "SECONDS", Span(TimeUnit::Seconds, HOUR),
         "fixed retransmission timeout in seconds; 0 selects the adaptive RTO of RFC 6298";
     min_rto: "SECONDS", Span(TimeUnit::Seconds, HOUR),
-        "lower bound of the adaptive RTO in seconds (Linux uses 0.2, RFC 6298 says 1)";
+        "least margin of the adaptive RTO over srtt in seconds: RTO = srtt + max(4 rttvar, min_rto), as Linux's rto_min (Linux uses 0.2, RFC 6298's lower bound is 1)";
     max_rto: "SECONDS", Span(TimeUnit::Seconds, HOUR),
         "upper bound of the RTO, backoff included, in seconds";
     tick: "SECONDS", Span(TimeUnit::Seconds, Duration::from_secs(10)),

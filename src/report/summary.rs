@@ -64,6 +64,8 @@ pub struct Summary {
     /// Transmissions dropped by the droplist.
     pub dropped: u64,
     pub dsacks: u64,
+    /// Retransmissions a D-SACK proved unnecessary (RFC 3708 §3).
+    pub spurious_rxmts: u64,
     pub reneges: u64,
     pub bad_packets: u64,
     /// Tail loss probes (RFC 8985 §7).
@@ -176,6 +178,7 @@ impl Summary {
             maxburst: stats.maxburst,
             dropped: stats.dropped,
             dsacks: stats.dsacks,
+            spurious_rxmts: stats.spurious_rxmts,
             reneges: stats.reneges,
             tlps: stats.tlps,
             undos: stats.undos,
@@ -408,8 +411,8 @@ impl Summary {
         if self.dropped > 0 || self.dsacks > 0 || self.bad_packets > 0 || self.reneges > 0 {
             writeln!(
                 f,
-                "droplist drops {} dsacks {} reneges {} bad packets {}",
-                self.dropped, self.dsacks, self.reneges, self.bad_packets
+                "droplist drops {} dsacks {} spurious rxmts {} reneges {} bad packets {}",
+                self.dropped, self.dsacks, self.spurious_rxmts, self.reneges, self.bad_packets
             )?;
         }
         if self.tlps > 0 || self.undos > 0 {

@@ -123,6 +123,9 @@ pub struct FlowResult {
     pub window_bytes: u64,
     /// `window_bytes` over the window, in bits per second.
     pub goodput_bps: f64,
+    /// Its datagrams the shared forward path dropped, randomly or at the
+    /// queue's `limit`, over the whole run.
+    pub fwd_dropped: u64,
 }
 
 /// What flows sharing a bottleneck did, each and together.
@@ -181,12 +184,15 @@ pub(crate) fn jain_index(xs: &[f64]) -> f64 {
     }
 }
 
-/// One line per flow, then the index and the utilisation:
+/// One line per flow (its resends, how many of them the receiver already
+/// had, and how many of its datagrams the path dropped), then the index
+/// and the utilisation:
 ///
 /// ```text
-/// flow 1 bbr start 0 s: 48.07 Mbit/s (50.5 %), 300451688 bytes in 10–60 s, 201 retransmissions, 0 timeouts, stopped: simulation time limit reached
-/// flow 2 bbr start 0 s: 47.06 Mbit/s (49.5 %), 294098503 bytes in 10–60 s, 163 retransmissions, 0 timeouts, stopped: simulation time limit reached
-/// jain 0.9999 utilisation 0.951 of 100 Mbit/s; bottleneck dropped 364 of 493406 datagrams
+/// flow 1 bbr start 0 s: 28.79 Mbit/s (30.4 %), 71983909 bytes in 0–20 s, 487 retransmissions (0 arrived twice) of 509 dropped, 0 timeouts, stopped: simulation time limit reached
+/// flow 2 bbr start 0 s: 35.66 Mbit/s (37.6 %), 89154011 bytes in 0–20 s, 498 retransmissions (0 arrived twice) of 506 dropped, 0 timeouts, stopped: simulation time limit reached
+/// flow 3 cubic start 0 s: 30.30 Mbit/s (32.0 %), 75738874 bytes in 0–20 s, 589 retransmissions (0 arrived twice) of 590 dropped, 0 timeouts, stopped: simulation time limit reached
+/// jain 0.9914 utilisation 0.948 of 100 Mbit/s; bottleneck dropped 1605 of 167462 datagrams
 /// ```
 impl fmt::Display for FlowsResult {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -194,7 +200,7 @@ impl fmt::Display for FlowsResult {
         for (i, flow) in self.flows.iter().enumerate() {
             writeln!(
                 f,
-                "flow {} {} start {} s: {:.2} Mbit/s ({:.1} %), {} bytes in {}–{} s, {} retransmissions, {} timeouts, {}",
+                "flow {} {} start {} s: {:.2} Mbit/s ({:.1} %), {} bytes in {}–{} s, {} retransmissions ({} arrived twice) of {} dropped, {} timeouts, {}",
                 i + 1,
                 flow.summary.tuning.cc.name(),
                 flow.start.as_secs_f64(),
@@ -204,6 +210,8 @@ impl fmt::Display for FlowsResult {
                 from.as_secs_f64(),
                 to.as_secs_f64(),
                 flow.summary.rxmts,
+                flow.summary.receiver.map_or(0, |r| r.duplicates),
+                flow.fwd_dropped,
                 flow.summary.timeouts,
                 flow.summary.status,
             )?;
@@ -275,6 +283,7 @@ pub fn run_flows(
             let at = |marks: &[u64]| marks.get(i).copied().unwrap_or(0);
             let bytes = at(&to).saturating_sub(at(&from));
             FlowResult {
+                fwd_dropped: sim.fwd_dropped(i),
                 outcome,
                 summary,
                 start: flows[i].start,

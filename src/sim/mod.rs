@@ -224,6 +224,8 @@ struct Flow {
     source_bps: Option<u64>,
     /// Bytes the application has produced so far.
     fed: u64,
+    /// Its datagrams the forward path delivered (to its receiver).
+    fwd_arrived: u64,
 }
 
 impl Flow {
@@ -257,6 +259,7 @@ impl Flow {
             started: start == Time::ZERO,
             source_bps,
             fed: 0,
+            fwd_arrived: 0,
         })
     }
 
@@ -380,8 +383,10 @@ impl Simulation {
             match step {
                 Step::Fwd => {
                     if let Some(p) = self.fwd.poll(now) {
+                        let f = &mut self.flows[p.tag];
+                        f.fwd_arrived += 1;
                         // Undecodable or foreign datagrams are counted by the receiver.
-                        let _ = self.flows[p.tag].receiver.handle_datagram(now, &p.bytes);
+                        let _ = f.receiver.handle_datagram(now, &p.bytes);
                     }
                 }
                 Step::Rev(i) => {
@@ -519,6 +524,19 @@ impl Simulation {
             SenderState::Failed => RunEnd::Failed,
             SenderState::Sending => run,
         }
+    }
+
+    /// Flow `i`'s datagrams the shared forward path dropped (lost or
+    /// over its `limit`): those it was offered less those it delivered
+    /// and those it still holds. Copies made by `duplicate` count as
+    /// delivered, so on a path that duplicates this is too low.
+    fn fwd_dropped(&self, i: usize) -> u64 {
+        let f = &self.flows[i];
+        let held = self.fwd.held().filter(|p| p.tag == i).count() as u64;
+        f.sender
+            .stats()
+            .pkts_out
+            .saturating_sub(f.fwd_arrived + held)
     }
 
     fn flow_summary(&mut self, i: usize, outcome: RunEnd) -> Summary {

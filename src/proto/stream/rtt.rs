@@ -146,10 +146,19 @@ impl RttEstimator {
         }
         let rto = match &self.estimator {
             None => self.initial_rto,
-            // RFC 6298 §2.3: RTO = SRTT + max(G, K*RTTVAR)
-            Some(Estimator::Fine { srtt, rttvar }) => {
-                Duration::from_nanos(srtt + (4 * rttvar).max(1_000))
-            }
+            // RFC 6298 §2.3: RTO = SRTT + max(G, K*RTTVAR), with Linux's
+            // floor under the variance term rather than under the sum
+            // (tcp_set_rto: rttvar is at least rto_min), so the RTO stays
+            // min_rto above SRTT. A sample on every ACK shrinks RTTVAR to
+            // the jitter between neighbouring ACKs (Sarolahti & Kuznetsov
+            // §4.1: "the RTT variance can decay to a small value when RTT
+            // samples are taken for every segment"); behind a queue that
+            // grows by more than that within a round trip, a retransmission
+            // of snd_una came back after RFC 6298's RTO, which then resent
+            // the whole flight though it had arrived (issue 29: half the
+            // resends of two bbr streams beside a third flow at 1 % loss).
+            Some(Estimator::Fine { srtt, rttvar }) => Duration::from_nanos(*srtt)
+                .saturating_add(Duration::from_nanos(4 * rttvar).max(self.min_rto)),
             Some(Estimator::Coarse { rto_ticks, .. }) => self.tick * (*rto_ticks as u32),
         };
         rto.clamp(self.min_rto, self.max_rto)
@@ -277,16 +286,35 @@ mod tests {
     fn rto_is_bounded_and_backs_off() {
         let mut e = RttEstimator::new(&Tuning::default());
         e.on_sample(Time::ZERO, Duration::from_millis(10));
-        assert_eq!(e.rto(), Duration::from_millis(200), "min_rto applies");
+        // srtt 10 ms, 4 × rttvar 20 ms: min_rto floors the variance term.
+        assert_eq!(e.rto(), Duration::from_millis(210), "min_rto applies");
         e.back_off();
         e.back_off();
-        assert_eq!(e.rto(), Duration::from_millis(800));
+        assert_eq!(e.rto(), Duration::from_millis(840));
         for _ in 0..30 {
             e.back_off();
         }
         assert_eq!(e.rto(), Duration::from_secs(60), "max_rto caps the backoff");
         e.reset_backoff();
-        assert_eq!(e.rto(), Duration::from_millis(200));
+        assert_eq!(e.rto(), Duration::from_millis(210));
+    }
+
+    /// Samples on every ACK behind a steady queue leave RTTVAR at the
+    /// ACKs' jitter; the RTO must still leave `min_rto` for a queue that
+    /// grows within the round trip (Sarolahti & Kuznetsov §4.1).
+    #[test]
+    fn per_ack_samples_leave_the_rto_min_rto_above_srtt() {
+        let mut e = RttEstimator::new(&Tuning::default());
+        for i in 0..1000u64 {
+            e.on_sample(Time::ZERO, Duration::from_micros(200_000 + i % 2));
+        }
+        assert!(e.rttvar() < Duration::from_millis(1), "{:?}", e.rttvar());
+        assert!(
+            e.rto() >= e.srtt() + Duration::from_millis(200),
+            "rto {:?} srtt {:?}",
+            e.rto(),
+            e.srtt()
+        );
     }
 
     #[test]

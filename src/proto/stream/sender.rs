@@ -113,6 +113,13 @@ pub struct SenderStats {
     pub bad_packets: u64,
     /// ACKs carrying a D-SACK block: a segment arrived twice.
     pub dsacks: u64,
+    /// Retransmissions a D-SACK proved unnecessary (RFC 3708 §3: the
+    /// segment had arrived before): the segments of D-SACK blocks below
+    /// snd_max, never more than `rxmts` in all, so a peer cannot claim
+    /// more than were resent. A network that duplicates datagrams adds
+    /// its copies (with packet protection, the replay window drops them
+    /// first); a lost ACK loses its D-SACK.
+    pub spurious_rxmts: u64,
     /// Times the receiver reneged on a SACK (a cumulative ACK stopped at a
     /// segment it had SACKed); SACK information was discarded.
     pub reneges: u64,
@@ -643,8 +650,12 @@ impl Sender {
                 newly_sacked += self.sb.apply_sack(*block);
             }
         }
-        if ack.dsack.is_some() {
+        if let Some(dsack) = ack.dsack {
             self.stats.dsacks += 1;
+            if dsack.end <= self.sb.max() {
+                self.stats.spurious_rxmts =
+                    (self.stats.spurious_rxmts + dsack.len()).min(self.stats.rxmts);
+            }
         }
         newly_sacked
     }
@@ -1774,11 +1785,43 @@ mod tests {
             },
         );
         assert_eq!(s.stats().undos, 1);
+        assert_eq!(s.stats().spurious_rxmts, 1);
         let snap = s.snapshot(at(101));
         assert_eq!((snap.cwnd, snap.ssthresh), (10, u64::MAX));
         assert!(events(&mut s)
             .iter()
             .any(|e| e.starts_with("undo dsack una 16 cwnd 10")));
+    }
+
+    /// RFC 3708 §3 counts a D-SACK as a spurious retransmission; a peer's
+    /// D-SACKs prove no more than the sender resent, nor anything above
+    /// what it sent.
+    #[test]
+    fn dsacks_count_spurious_retransmissions_up_to_those_sent() {
+        let mut s = sender(tuning(RecoveryKind::Sack));
+        fill(&mut s, 16); // 6..=15 outstanding
+        let dsack = |s: &mut Sender, t, block| {
+            let spec = AckSpec {
+                cum: 6,
+                dsack: Some(block),
+                ..ACK
+            };
+            ack(s, at(t), spec);
+        };
+        dsack(&mut s, 20, (0, 4));
+        assert_eq!(s.stats().spurious_rxmts, 0, "nothing was resent");
+        for (t, top) in [(21, 8), (22, 10), (23, 11)] {
+            ack_with_sacks(&mut s, at(t), 6, &[(7, top)]);
+        }
+        assert_eq!(send(&mut s, at(23)), vec![6]);
+        assert_eq!(s.stats().rxmts, 1);
+        dsack(&mut s, 24, (16, 17));
+        assert_eq!(s.stats().spurious_rxmts, 0, "16 was never sent");
+        dsack(&mut s, 25, (6, 7));
+        dsack(&mut s, 26, (6, 7));
+        dsack(&mut s, 27, (0, 5));
+        assert_eq!(s.stats().spurious_rxmts, 1, "one resend, one proof");
+        assert_eq!(s.stats().dsacks, 5);
     }
 
     /// Sarolahti §5 (Linux's tcp_try_undo_partial): the D-SACK that proves
