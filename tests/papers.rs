@@ -1,10 +1,14 @@
 //! The papers' scenarios, run in the simulator. Each test names its
 //! scenario and cites the section whose figures it checks.
 
+use std::io::Write;
 use std::time::Duration;
 
 use atou::internals::rtt::RttEstimator;
-use atou::internals::sim::scenarios::{displacement, mathis_expected_c, mathis_through, Endpoints};
+use atou::internals::sim::scenarios::{
+    brakmo_sender, brakmo_table_4, displacement, mathis_expected_c, mathis_through, Endpoints,
+    Table4Run, BRAKMO_FWD, BRAKMO_REV,
+};
 use atou::internals::wire::DATA_HEADER_LEN;
 use atou::netem::NetemSpec;
 use atou::sim::{Pair, PairConfig, RunEnd, SimConfig, SimResult, Simulation};
@@ -869,24 +873,9 @@ fn hoe_3_1_estimated_ssthresh_leaves_slow_start_without_loss() {
 #[test]
 fn brakmo_vegas_moves_a_megabyte_in_under_6_5_seconds_where_reno_takes_8() {
     let run = |cc| {
-        let tuning = Tuning {
-            cc,
-            recovery: RecoveryKind::Reno,
-            mss: 1024 + DATA_HEADER_LEN as u32,
-            rcvwin: 50,
-            initsegs: 1,
-            thresh_init: if cc == CcKind::Aimd { 64.0 / 50.0 } else { 0.0 },
-            ..Tuning::default()
-        };
-        simulate(
-            tuning,
-            "rate 1.6mbit limit 10 | delay 50ms",
-            "delay 50ms",
-            1_000_000,
-            1,
-        )
-        .0
-        .summary
+        simulate(brakmo_sender(cc, 50), BRAKMO_FWD, BRAKMO_REV, 1_000_000, 1)
+            .0
+            .summary
     };
     let reno = run(CcKind::Aimd);
     let vegas = run(CcKind::Vegas);
@@ -903,6 +892,86 @@ fn brakmo_vegas_moves_a_megabyte_in_under_6_5_seconds_where_reno_takes_8() {
         "Vegas should not overrun the 10-packet queue"
     );
     assert!(reno.rxmts > 0, "Reno finds the queue's size by losing");
+}
+
+/// Past the test harness's capture, so the figures show in CI's log.
+fn say(line: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+/// Brakmo & Peterson §4, Table 4: 20 runs of a distinguished 20-second
+/// transfer on §2's path sharing the bottleneck with tcplib-like
+/// background traffic over the same TCP (`brakmo_table_4`; the background
+/// alone for 5 s first), offering 60 % of the line on average; the
+/// background then uses 37–80 % of it (the paper: 30–80 %). Paper: Reno
+/// 59.3 KB/s, 4.5 % retransmitted; Vegas 82.8 KB/s, 2.8 %: Vegas/Reno 1.40
+/// in throughput, 0.62 in retransmissions; the bottleneck 82 % used under
+/// Lite, 91 % under Vegas. Measured: Reno 60.5 KB/s, 4.50 %; Vegas 74.5
+/// KB/s, 1.07 %: 1.23 and 0.24; the bottleneck 84 % and 92 % used. Per
+/// run the throughput ratio spreads from 0.92 to 1.51 (sd 0.15, so the
+/// mean of 20 is known to about 0.03): the test asks for 1.15, the
+/// paper's direction with two standard errors below what we measure, and
+/// for retransmissions no more than the paper's 0.62. Vegas gains, as the
+/// paper says, not at the background's expense but by using the line
+/// better.
+#[test]
+fn brakmo_4_table_4_vegas_against_reno_under_tcplib_background() {
+    const SEEDS: u64 = 20;
+    const OFFERED: f64 = 0.6;
+    const WARMUP: Duration = Duration::from_secs(5);
+    let runs = |cc: CcKind, name: &str| -> Vec<Table4Run> {
+        (1..=SEEDS)
+            .map(|seed| {
+                let r = brakmo_table_4(cc, OFFERED, WARMUP, seed).unwrap();
+                say(&format!(
+                    "table 4 {name} seed {seed}: {:.1} KB/s, {:.2} % retransmitted, background {:.0} % of the line ({} conversations), utilisation {:.0} %",
+                    r.throughput / 1e3,
+                    r.retransmitted * 100.0,
+                    r.background * 100.0,
+                    r.conversations,
+                    r.utilisation * 100.0
+                ));
+                assert!(
+                    (0.3..=0.85).contains(&r.background),
+                    "{name} seed {seed}: the background used {:.2} of the line",
+                    r.background
+                );
+                r
+            })
+            .collect()
+    };
+    let mean = |runs: &[Table4Run], of: fn(&Table4Run) -> f64| {
+        runs.iter().map(of).sum::<f64>() / runs.len() as f64
+    };
+    let reno = runs(CcKind::Aimd, "reno");
+    let vegas = runs(CcKind::Vegas, "vegas");
+    let throughput = |r: &Table4Run| r.throughput;
+    let retransmitted = |r: &Table4Run| r.retransmitted;
+    let background = |r: &Table4Run| r.background;
+    let utilisation = |r: &Table4Run| r.utilisation;
+    let ratio = mean(&vegas, throughput) / mean(&reno, throughput);
+    let losses = mean(&vegas, retransmitted) / mean(&reno, retransmitted);
+    say(&format!(
+        "table 4 mean of {SEEDS}: reno {:.1} KB/s, {:.2} %, background {:.0} %, utilisation {:.0} %; vegas {:.1} KB/s, {:.2} %, background {:.0} %, utilisation {:.0} %; vegas/reno throughput {ratio:.2} (paper 1.40), retransmissions {losses:.2} (paper 0.62)",
+        mean(&reno, throughput) / 1e3,
+        mean(&reno, retransmitted) * 100.0,
+        mean(&reno, background) * 100.0,
+        mean(&reno, utilisation) * 100.0,
+        mean(&vegas, throughput) / 1e3,
+        mean(&vegas, retransmitted) * 100.0,
+        mean(&vegas, background) * 100.0,
+        mean(&vegas, utilisation) * 100.0,
+    ));
+    assert!(ratio >= 1.15, "Vegas/Reno throughput {ratio:.2}");
+    assert!(losses <= 0.62, "Vegas/Reno retransmissions {losses:.2}");
+    assert!(
+        mean(&vegas, utilisation) > mean(&reno, utilisation),
+        "Vegas should use the line better"
+    );
+    assert!(
+        mean(&vegas, background) >= 0.95 * mean(&reno, background),
+        "Vegas's gain should not come from the background"
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -306,7 +306,7 @@ pub fn run_flows(
 }
 
 /// The slowest `rate` of a path, in bits per second.
-fn bottleneck(spec: &NetemSpec) -> Option<u64> {
+pub(super) fn bottleneck(spec: &NetemSpec) -> Option<u64> {
     spec.stages
         .iter()
         .filter_map(|s| s.rate)
