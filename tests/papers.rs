@@ -906,10 +906,10 @@ fn say(line: &str) {
 /// background then uses 37–80 % of it (the paper: 30–80 %). Paper: Reno
 /// 59.3 KB/s, 4.5 % retransmitted; Vegas 82.8 KB/s, 2.8 %: Vegas/Reno 1.40
 /// in throughput, 0.62 in retransmissions; the bottleneck 82 % used under
-/// Lite, 91 % under Vegas. Measured: Reno 60.5 KB/s, 4.50 %; Vegas 74.5
-/// KB/s, 1.07 %: 1.23 and 0.24; the bottleneck 84 % and 92 % used. Per
-/// run the throughput ratio spreads from 0.92 to 1.51 (sd 0.15, so the
-/// mean of 20 is known to about 0.03): the test asks for 1.15, the
+/// Lite, 91 % under Vegas. Measured: Reno 60.5 KB/s, 4.50 %; Vegas 74.4
+/// KB/s, 0.97 %: 1.23 and 0.22; the bottleneck 84 % and 91 % used. Per
+/// run the throughput ratio spreads from 0.90 to 1.59 (sd 0.16, so the
+/// mean of 20 is known to about 0.04): the test asks for 1.15, the
 /// paper's direction with two standard errors below what we measure, and
 /// for retransmissions no more than the paper's 0.62. Vegas gains, as the
 /// paper says, not at the background's expense but by using the line
