@@ -402,7 +402,7 @@ pub struct Table4Run {
 /// the clock for every segment to decide on retransmissions). With a
 /// fine-grained clock for both, Reno loses less time to its timeouts and
 /// the Vegas/Reno throughput ratio falls from 1.23 to 1.13 (20 seeds,
-/// `offered` 0.6).
+/// `offered` 0.6; measured before the RTO floor of srtt + min_rto).
 pub fn brakmo_table_4(
     cc: CcKind,
     offered: f64,
