@@ -239,10 +239,6 @@ impl Flow {
         let conn_id = mix_seed(seed, stream);
         let start = Time::ZERO + start;
         let mut sender = Sender::new(tuning, conn_id, bytes, start)?;
-        if let Some(group) = flow.group {
-            // Past the seeds any flow draws (3 per flow).
-            sender = sender.with_group_seed(mix_seed(seed, u64::MAX - group as u64));
-        }
         if let Some(memory) = &config.path_memory {
             sender = sender.with_path_memory(memory);
         }
@@ -470,7 +466,9 @@ impl Simulation {
             }
         }
         let share = 1.0 / f64::from(sending.max(1));
-        self.flows[i].sender.set_group(others, share);
+        // Past the seeds any flow draws (3 per flow).
+        let seed = mix_seed(self.config.seed, u64::MAX - group as u64);
+        self.flows[i].sender.set_group(others, share, seed);
     }
 
     /// Records every flow's acknowledged bytes at the marks before `next`

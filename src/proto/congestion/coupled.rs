@@ -141,6 +141,10 @@ impl Controller for Coupled {
     fn on_sibling_done(&mut self, now: Time) {
         self.inner.on_sibling_done(now);
     }
+
+    fn reseed(&mut self, seed: u64) {
+        self.inner.reseed(seed);
+    }
 }
 
 #[cfg(test)]

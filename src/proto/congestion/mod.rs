@@ -225,6 +225,10 @@ pub(crate) trait Controller: fmt::Debug + Send {
     fn couples(&self) -> bool {
         false
     }
+
+    /// From now on, draw random choices from `seed` (as [`build`]'s);
+    /// the default has none.
+    fn reseed(&mut self, _seed: u64) {}
 }
 
 /// What a reduction multiplies: RFC 5681 eq. (4) FlightSize, but never

@@ -1275,19 +1275,6 @@ impl Sender {
         }
     }
 
-    /// Before anything is sent: this stream is one of a coupled group
-    /// whose controllers draw their random choices (BBR's probe timing)
-    /// from `seed`, the same for every stream of the group, so that they
-    /// probe together, as one flow would: streams probing each at its
-    /// own time probed the group's bandwidth with a fraction of one
-    /// flow's probe each, and N = 2, 4, 8 coupled streams started beside
-    /// one BBR flow got 0.38-0.45 of the path (simulator, seeds 1-4),
-    /// 0.50-0.59 with one seed (tests/fairness.rs).
-    pub fn with_group_seed(mut self, seed: u64) -> Sender {
-        self.cc = Coupled::new(congestion::build(&self.tuning, seed));
-        self
-    }
-
     /// This stream is one of a transfer's streams coupled as one flow
     /// (src/proto/congestion/coupled.rs): the other streams of its group
     /// have delivered `others_delivered` segments so far (the sum of
@@ -1295,8 +1282,19 @@ impl Sender {
     /// group's controller allows, in (0, 1]: the group's flows over its
     /// streams still sending. Call before each event, as the group
     /// changes; a controller that does not couple ignores it.
-    pub fn set_group(&mut self, others_delivered: u64, share: f64) {
+    ///
+    /// At the first call the controller draws its random choices (BBR's
+    /// probe timing) from `seed` from then on, the same for every stream
+    /// of the group, so that they probe together, as one flow would:
+    /// streams probing each at its own time probed the group's bandwidth
+    /// with a fraction of one flow's probe each, and N = 2, 4, 8 coupled
+    /// streams started beside one BBR flow got 0.38-0.45 of the path
+    /// (simulator, seeds 1-4), 0.40-0.55 with one seed (tests/fairness.rs).
+    pub fn set_group(&mut self, others_delivered: u64, share: f64, seed: u64) {
         if self.cc.couples() {
+            if !self.grouped {
+                self.cc.reseed(seed);
+            }
             self.grouped = true;
             self.rate.set_group_others(others_delivered);
             self.cc.set_share(share);

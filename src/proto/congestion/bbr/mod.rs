@@ -858,6 +858,10 @@ impl Controller for Bbr {
         true
     }
 
+    fn reseed(&mut self, seed: u64) {
+        self.rng = seed | 1;
+    }
+
     /// A timeout: cwnd to one segment; the model stays.
     fn on_rto(&mut self, _now: Time, _flight: u64, _first: bool) {
         self.save_cwnd();
