@@ -205,6 +205,7 @@ fn sim_flows(args: SimArgs) -> Result<ExitCode> {
             tuning,
             bytes: f.bytes,
             start: f.start,
+            group: None,
         });
     }
     let duration = args.duration.unwrap_or(std::time::Duration::from_secs(60));

@@ -499,6 +499,8 @@ mod tests {
             "copy",
             "--streams",
             "3",
+            "--flows",
+            "2",
             "--buffer",
             "32MiB",
             "--overwrite",
@@ -527,6 +529,7 @@ mod tests {
         };
         assert_eq!(far.sources, vec!["-odd name".to_string()]);
         assert_eq!(far.transfer.streams(), 3);
+        assert_eq!(far.transfer.flows(), 2);
         assert_eq!(far.transfer.buffer(), 32 << 20);
         assert_eq!(
             far.transfer.shard().map(|s| s.to_string()),
@@ -542,6 +545,7 @@ mod tests {
             .send_config("127.0.0.1:1".parse().unwrap(), "h".into(), None)
             .unwrap();
         assert!(config.options.overwrite && config.follow && !config.options.fsync);
+        assert_eq!(config.flows, 2);
         let here = local
             .transfer
             .send_config("127.0.0.1:1".parse().unwrap(), "h".into(), None)

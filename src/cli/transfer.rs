@@ -50,6 +50,9 @@ pub(super) struct TransferArgs {
     /// Transport connections at once; chunks are shared out over them, largest files first
     #[arg(long, value_name = "N", default_value_t = DEFAULT_STREAMS, value_parser = parse_streams)]
     streams: usize,
+    /// Flows' share the streams take together, beside other traffic on the path: the streams are coupled as N flows (stream i in flow i mod N; N at or above --streams: each stream a flow of its own); bbr only, other --cc are a flow per stream
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_flows)]
+    flows: usize,
     /// Memory for data in flight, in bytes (e.g. 64MiB): the sender's read-ahead and the receive window, shared by the streams; at least 2 MiB per stream
     #[arg(long, value_name = "SIZE", default_value = DEFAULT_BUFFER, value_parser = parse_bytes)]
     buffer: u64,
@@ -257,6 +260,13 @@ fn parse_streams(s: &str) -> Result<usize, String> {
     }
 }
 
+fn parse_flows(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ 1..=64) => Ok(n),
+        _ => Err(format!("`{s}` is not a number of flows from 1 to 64")),
+    }
+}
+
 fn parse_bytes(s: &str) -> Result<u64, crate::util::units::UnitError> {
     parse_size(s)
 }
@@ -430,6 +440,7 @@ impl TransferArgs {
             excludes: self.excludes()?,
             shard: self.shard,
             streams: self.streams,
+            flows: self.flows,
             buffer: self.buffer,
             readers: readers(self.readers),
             auth: None,
@@ -1123,6 +1134,11 @@ impl TransferArgs {
         self.buffer
     }
 
+    #[cfg(test)]
+    pub(super) fn flows(&self) -> usize {
+        self.flows
+    }
+
     pub(super) fn tuning(&self) -> &TuningArgs {
         &self.tuning
     }
@@ -1160,6 +1176,11 @@ impl TransferArgs {
         }
         if let Some(shard) = self.shard {
             a.push(format!("--shard={shard}"));
+        }
+        // Only where asked: a far end that predates --flows refuses it,
+        // and its streams are each a flow anyway.
+        if self.flows != 1 {
+            a.push(format!("--flows={}", self.flows));
         }
         let (tuning, _) = self.tuning.resolve()?;
         let defaults = crate::proto::Tuning::default();

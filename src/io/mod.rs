@@ -17,6 +17,7 @@
 //! timed to leave at the pacing rate, which an fq qdisc honours
 //! (docs/congestion.md, Pacing).
 
+pub(crate) mod coupling;
 pub(crate) mod dest_dir;
 pub(crate) mod hello_timestamps;
 pub(crate) mod netem;
@@ -271,6 +272,14 @@ pub trait StreamFeed: PayloadSource {
     /// sent its last byte since the last call (`Sender::on_sibling_done`).
     fn sibling_done(&mut self) -> bool {
         false
+    }
+    /// For a connection coupled with others of the same transfer as one
+    /// flow (docs/congestion.md, "Coupled streams"), given the segments
+    /// this one has delivered: what the others of its group have
+    /// delivered, its share of the group, and the group's seed
+    /// (`Sender::set_group`); `None` for a connection on its own.
+    fn coupling(&mut self, _delivered: u64) -> Option<(u64, f64, u64)> {
+        None
     }
     /// For a connection opened before its stream was known
     /// ([`ProbeConfig`] with its stream's length to come later): once, what
@@ -965,6 +974,11 @@ impl ClientDriver {
             if feed.sibling_done() {
                 if let Some(sender) = self.client.sender_mut() {
                     sender.on_sibling_done(now);
+                }
+            }
+            if let Some(sender) = self.client.sender_mut() {
+                if let Some((others, share, seed)) = feed.coupling(sender.delivered()) {
+                    sender.set_group(others, share, seed);
                 }
             }
             if self.client.poll_timeout().is_some_and(|t| t <= now) {

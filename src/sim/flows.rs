@@ -33,6 +33,12 @@ pub struct FlowConfig {
     pub bytes: Option<u64>,
     /// When it starts, in virtual time from the start of the run.
     pub start: Duration,
+    /// Flows with the same group are the streams of one transfer coupled
+    /// as one flow (src/proto/congestion/coupled.rs): each is told its
+    /// group's deliveries and uses an equal share, among the group's
+    /// flows still sending, of what its controller allows. `None`: a
+    /// flow on its own.
+    pub group: Option<usize>,
 }
 
 impl FlowConfig {
@@ -42,6 +48,7 @@ impl FlowConfig {
             tuning,
             bytes: None,
             start: Duration::ZERO,
+            group: None,
         }
     }
 

@@ -226,6 +226,8 @@ struct Flow {
     fed: u64,
     /// Its datagrams the forward path delivered (to its receiver).
     fwd_arrived: u64,
+    /// The coupled group it belongs to ([`FlowConfig::group`]).
+    group: Option<usize>,
 }
 
 impl Flow {
@@ -260,6 +262,7 @@ impl Flow {
             source_bps,
             fed: 0,
             fwd_arrived: 0,
+            group: flow.group,
         })
     }
 
@@ -320,6 +323,7 @@ impl Simulation {
             tuning: config.tuning.clone(),
             bytes: config.bytes,
             start: Duration::ZERO,
+            group: None,
         };
         Simulation::with_flows(config, &[only])
     }
@@ -390,12 +394,16 @@ impl Simulation {
                     }
                 }
                 Step::Rev(i) => {
+                    self.couple(i);
                     let f = &mut self.flows[i];
                     if let Some(p) = f.rev.poll(now) {
                         let _ = f.sender.handle_datagram(now, &p);
                     }
                 }
-                Step::Sender(i) => self.flows[i].sender.handle_timeout(now),
+                Step::Sender(i) => {
+                    self.couple(i);
+                    self.flows[i].sender.handle_timeout(now);
+                }
                 Step::Receiver(i) => self.flows[i].receiver.handle_timeout(now),
                 Step::Start(i) => self.flows[i].started = true,
                 Step::Feed(i) => self.flows[i].feed(now),
@@ -443,6 +451,31 @@ impl Simulation {
         best
     }
 
+    /// Tells flow `i`, if it is one of a coupled group's, what the others
+    /// of its group have delivered and its share: an equal part among
+    /// the group's started flows still sending.
+    fn couple(&mut self, i: usize) {
+        let Some(group) = self.flows[i].group else {
+            return;
+        };
+        let (mut others, mut sending) = (0, 0);
+        for (j, f) in self.flows.iter().enumerate() {
+            if f.group != Some(group) || !f.started {
+                continue;
+            }
+            if j != i {
+                others += f.sender.delivered();
+            }
+            if f.sender.state() == SenderState::Sending {
+                sending += 1;
+            }
+        }
+        let share = 1.0 / f64::from(sending.max(1));
+        // Past the seeds any flow draws (3 per flow).
+        let seed = mix_seed(self.config.seed, u64::MAX - group as u64);
+        self.flows[i].sender.set_group(others, share, seed);
+    }
+
     /// Records every flow's acknowledged bytes at the marks before `next`
     /// (all of them when the run is over): nothing changes between events.
     fn take_marks(&mut self, next: Option<Time>) {
@@ -479,10 +512,12 @@ impl Simulation {
         let now = self.now;
         let mut source = PatternSource;
         let many = self.flows.len() > 1;
-        for (i, f) in self.flows.iter_mut().enumerate() {
-            if !f.started {
+        for i in 0..self.flows.len() {
+            if !self.flows[i].started {
                 continue;
             }
+            self.couple(i);
+            let f = &mut self.flows[i];
             f.feed(now);
             while let Some(n) = f.sender.poll_transmit(now, &mut self.buf, &mut source) {
                 let bytes = self.buf[..n].to_vec();

@@ -366,6 +366,7 @@ pub fn tcplib_background(
             tuning: tuning.clone(),
             bytes: Some(sizes.draw(&mut rng).max(1)),
             start: Duration::from_secs_f64(at),
+            group: None,
         };
         flows.push((*kind, flow));
     }

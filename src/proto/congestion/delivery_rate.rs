@@ -97,12 +97,30 @@ pub(crate) struct DeliveryRate {
     window_limited: u64,
     /// The newest segment delivered by the ACK in progress.
     newest: Option<Newest>,
+    /// Segments the other connections of a coupled group have delivered
+    /// ([`DeliveryRate::set_group_others`]); zero for a connection alone.
+    others: u64,
 }
 
 impl DeliveryRate {
     /// Segments delivered so far.
     pub(crate) fn delivered(&self) -> u64 {
         self.delivered
+    }
+
+    /// Segments the whole coupled group has delivered: this connection's
+    /// and the others' ([`DeliveryRate::set_group_others`]). The stamps
+    /// and samples count these, so a coupled connection measures its
+    /// group's delivery rate, as if the group were one connection; the
+    /// application-limited phases count this connection's own.
+    pub(crate) fn group_delivered(&self) -> u64 {
+        self.delivered + self.others
+    }
+
+    /// What the other connections of this one's coupled group have
+    /// delivered so far (never less than last told).
+    pub(crate) fn set_group_others(&mut self, others: u64) {
+        self.others = self.others.max(others);
     }
 
     /// Whether the sender is in an application-limited phase.
@@ -135,7 +153,7 @@ impl DeliveryRate {
         }
         SendStamp {
             sent_time: now,
-            delivered: self.delivered,
+            delivered: self.group_delivered(),
             delivered_time: self.delivered_time,
             first_sent_time: self.first_sent_time,
             tx_in_flight: in_flight,
@@ -214,7 +232,7 @@ impl DeliveryRate {
             return None;
         }
         Some(RateSample {
-            delivered: self.delivered - p.delivered,
+            delivered: self.group_delivered() - p.delivered,
             interval,
             send_elapsed,
             ack_elapsed,
@@ -285,6 +303,28 @@ mod tests {
         let c = r.on_sent(ms(110), 0, 1, 0);
         r.on_delivered(ms(210), &c);
         assert!(!r.sample(0, Duration::ZERO).unwrap().is_app_limited);
+    }
+
+    /// A coupled connection's sample counts what its group delivered
+    /// since the segment left: ten of its own and thirty of the others'
+    /// over 100 ms is the group's 400 segments a second.
+    #[test]
+    fn a_coupled_sample_counts_the_groups_deliveries() {
+        let mut r = DeliveryRate::default();
+        r.set_group_others(5);
+        let stamps: Vec<SendStamp> = (0..10).map(|i| r.on_sent(ms(0), i, i + 1, 0)).collect();
+        assert_eq!(stamps[0].delivered, 5);
+        r.set_group_others(35);
+        for s in &stamps {
+            r.on_delivered(ms(100), s);
+        }
+        let s = r.sample(0, Duration::ZERO).unwrap();
+        assert_eq!(s.delivered, 40);
+        assert_eq!(s.rate(), 400.0);
+        assert_eq!((r.delivered(), r.group_delivered()), (10, 45));
+        // What the others delivered never goes back.
+        r.set_group_others(3);
+        assert_eq!(r.group_delivered(), 45);
     }
 
     /// Losses between a segment's transmission and its delivery are

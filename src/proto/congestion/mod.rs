@@ -10,6 +10,7 @@
 
 mod aimd;
 pub(crate) mod bbr;
+mod coupled;
 mod cubic;
 pub(crate) mod delivery_rate;
 mod hoe;
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 pub(crate) use aimd::Aimd;
 pub(crate) use bbr::Bbr;
+pub(crate) use coupled::Coupled;
 pub(crate) use cubic::Cubic;
 pub(crate) use delivery_rate::{DeliveryRate, RateSample};
 // `CcReport` is defined below.
@@ -216,6 +218,17 @@ pub(crate) trait Controller: fmt::Debug + Send {
     /// The application knows this; the path would tell a controller only
     /// at its next probe. The default ignores it.
     fn on_sibling_done(&mut self, _now: Time) {}
+
+    /// Whether this controller can model a group of connections as one
+    /// flow, given the group's delivery-rate samples and its counts
+    /// scaled to the group's ([`Coupled`]); the default cannot.
+    fn couples(&self) -> bool {
+        false
+    }
+
+    /// From now on, draw random choices from `seed` (as [`build`]'s);
+    /// the default has none.
+    fn reseed(&mut self, _seed: u64) {}
 }
 
 /// What a reduction multiplies: RFC 5681 eq. (4) FlightSize, but never

@@ -419,6 +419,10 @@ impl<F: StreamFeed> StreamFeed for LateFeed<F> {
         self.job.as_mut().is_some_and(|j| j.feed.sibling_done())
     }
 
+    fn coupling(&mut self, delivered: u64) -> Option<(u64, f64, u64)> {
+        self.job.as_mut().and_then(|j| j.feed.coupling(delivered))
+    }
+
     fn launch(&mut self) -> Option<Launch> {
         if self.told {
             return None;

@@ -212,6 +212,9 @@ pub struct SendConfig {
     pub(crate) shard: Option<Shard>,
     /// Transport connections at once.
     pub(crate) streams: usize,
+    /// The flows' share the streams take together: they are coupled as
+    /// this many flows (docs/congestion.md, "Coupled streams"); at least 1.
+    pub(crate) flows: usize,
     /// Bytes read ahead, over all streams.
     pub(crate) buffer: u64,
     /// Threads reading the source files.
@@ -245,6 +248,7 @@ impl SendConfig {
             excludes: Excludes::default(),
             shard: None,
             streams: 1,
+            flows: 1,
             buffer: 0,
             readers: 1,
             auth: None,

@@ -12,6 +12,7 @@ use tokio::sync::Notify;
 
 use super::session::Plan;
 use super::{Progress, StreamLive};
+use crate::io::coupling::GroupMember;
 use crate::io::StreamFeed;
 use crate::proto::PayloadSource;
 use crate::transfer::chunk_buf::ChunkBuf;
@@ -169,6 +170,9 @@ pub(super) struct FileFeed {
     /// Stream bytes of acknowledged data counted into progress so far.
     counted: u64,
     siblings: Siblings,
+    /// Its place among the streams coupled as one flow; `None`: a flow
+    /// of its own.
+    coupled: Option<GroupMember>,
 }
 
 /// Where a data stream's progress shows.
@@ -245,6 +249,16 @@ impl FileFeed {
             shown,
             counted: 0,
             siblings,
+            coupled: None,
+        }
+    }
+
+    /// The same stream, coupled with others of its round as `member`
+    /// of their group (`None`: on its own).
+    pub(super) fn coupled(self, member: Option<GroupMember>) -> FileFeed {
+        FileFeed {
+            coupled: member,
+            ..self
         }
     }
 
@@ -419,6 +433,11 @@ impl StreamFeed for FileFeed {
 
     fn sibling_done(&mut self) -> bool {
         self.siblings.news()
+    }
+
+    fn coupling(&mut self, delivered: u64) -> Option<(u64, f64, u64)> {
+        let finished = self.siblings.done;
+        self.coupled.as_mut().map(|m| m.couple(delivered, finished))
     }
 }
 

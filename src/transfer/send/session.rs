@@ -21,6 +21,7 @@ use super::readers::{FileFeed, Readers, Shown, Siblings};
 use super::{
     Bound, PlannedFile, Progress, SendConfig, SendError, SendReport, StreamLive, StreamReport,
 };
+use crate::io::coupling::GroupMember;
 use crate::io::{fresh_conn_id, StreamFeed};
 use crate::transfer::hash::{chunk_count, chunk_len, file_hash, part_digest, Cv, CHUNK_SIZE};
 use crate::transfer::layout::CV_LEN;
@@ -248,6 +249,10 @@ impl StreamFeed for Answered {
 
     fn sibling_done(&mut self) -> bool {
         self.feed.sibling_done()
+    }
+
+    fn coupling(&mut self, delivered: u64) -> Option<(u64, f64, u64)> {
+        self.feed.coupling(delivered)
     }
 
     fn on_reply(&mut self, reply: &[u8]) {
@@ -520,6 +525,8 @@ impl<'a> SendSession<'a> {
         }
         let mut opened = opened.into_iter();
         let siblings = Siblings::default();
+        let mut members =
+            GroupMember::of_streams(shares.len(), self.config.flows, fresh_conn_id()).into_iter();
         let detail = self.progress.detail.load(Ordering::Relaxed);
         if detail {
             *self.progress.streams.lock().expect("progress lock") = lives.clone();
@@ -537,7 +544,8 @@ impl<'a> SendSession<'a> {
                         live,
                     };
                     let feed =
-                        FileFeed::new(share, &self.plan, readers, budget, shown, siblings.clone());
+                        FileFeed::new(share, &self.plan, readers, budget, shown, siblings.clone())
+                            .coupled(members.next().flatten());
                     let link = self.link(index);
                     if let Some(e) = opened.next() {
                         let len = feed.stream_len();

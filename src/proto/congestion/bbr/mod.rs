@@ -851,6 +851,17 @@ impl Controller for Bbr {
         self.probe_for_a_siblings_share();
     }
 
+    /// Its model is a bandwidth and a round-trip time, both measured
+    /// from rate samples: fed the group's, it is the group's model
+    /// (coupled.rs).
+    fn couples(&self) -> bool {
+        true
+    }
+
+    fn reseed(&mut self, seed: u64) {
+        self.rng = seed | 1;
+    }
+
     /// A timeout: cwnd to one segment; the model stays.
     fn on_rto(&mut self, _now: Time, _flight: u64, _first: bool) {
         self.save_cwnd();
