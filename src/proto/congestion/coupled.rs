@@ -77,6 +77,12 @@ impl Controller for Coupled {
     }
 
     fn on_ack(&mut self, ack: &AckEvent) {
+        // A stream alone (every stream of cubic, aimd, vegas; bbr with
+        // `--flows` at `--streams`): its counts are the group's, with no
+        // per-ACK arithmetic.
+        if self.share == 1.0 {
+            return self.inner.on_ack(ack);
+        }
         let mut group = *ack;
         group.newly_acked = self.to_group(ack.newly_acked);
         group.newly_delivered = self.to_group(ack.newly_delivered);
