@@ -28,7 +28,7 @@ use atou::internals::transfer::messages::{
     PlanRequest,
 };
 use atou::internals::wire::{
-    DataFlags, DataHeader as WireHeader, Hello, ReceiverParams, DATA_HEADER_LEN,
+    DataFlags, DataHeader as WireHeader, DataSegment, Hello, ReceiverParams, DATA_HEADER_LEN,
 };
 use atou::io::{self, ProbeConfig, StreamFeed};
 use atou::Tuning;
@@ -626,8 +626,7 @@ fn expect_welcome(sock: &UdpSocket) {
 }
 
 fn segment(conn_id: u64, seg: u64, payload: &[u8], fin: bool) -> Vec<u8> {
-    let mut b = vec![0u8; DATA_HEADER_LEN + payload.len()];
-    WireHeader {
+    let header = WireHeader {
         conn_id,
         seg,
         timestamp: 0,
@@ -635,11 +634,8 @@ fn segment(conn_id: u64, seg: u64, payload: &[u8], fin: bool) -> Vec<u8> {
             fin,
             retransmission: false,
         },
-    }
-    .emit(&mut b)
-    .unwrap();
-    b[DATA_HEADER_LEN..].copy_from_slice(payload);
-    b
+    };
+    DataSegment { header, payload }.to_vec()
 }
 
 /// 12 KB of UDP used to take the server from 7 MB to 1 GB: a request

@@ -3,7 +3,8 @@
 //! second starts 5 s after the first, and goodput is measured over the
 //! last 50 s of 60, when both run.
 
-use std::io::Write;
+mod common;
+use common::say;
 use std::time::Duration;
 
 use atou::sim::{run_flows, FlowConfig, FlowsConfig, FlowsResult, RunEnd, SimConfig, Simulation};
@@ -18,11 +19,6 @@ const REV: &str = "delay 50ms";
 const SECS: u64 = 60;
 const SECOND_START: Duration = Duration::from_secs(5);
 const MEASURE_FROM: Duration = Duration::from_secs(10);
-
-/// Past the test harness's capture, so the figures show in CI's log.
-fn say(line: &str) {
-    let _ = writeln!(std::io::stderr().lock(), "{line}");
-}
 
 fn bbr() -> Tuning {
     Tuning::command_default()

@@ -53,10 +53,15 @@ fn hostile(s: &TestDir, flags: &str, sources: &[&Path]) -> PathBuf {
     )
 }
 
-/// A remote atou that answers the bootstrap with `port` and `addr`
-/// (an answer built with the crate's own encoder, a key of its own)
-/// and then does nothing.
-fn answering(s: &TestDir, port: u16, addr: Option<std::net::IpAddr>) -> PathBuf {
+/// A remote atou that answers the bootstrap with `port`, `addr` and
+/// `token` (an answer built with the crate's own encoder, a key of its
+/// own) and then does nothing.
+fn answering(
+    s: &TestDir,
+    port: u16,
+    addr: Option<std::net::IpAddr>,
+    token: Option<[u8; 32]>,
+) -> PathBuf {
     let key = atou::internals::crypto::StaticKeypair::generate()
         .unwrap()
         .public();
@@ -64,7 +69,7 @@ fn answering(s: &TestDir, port: u16, addr: Option<std::net::IpAddr>) -> PathBuf 
         ports: vec![port],
         key,
         addr,
-        token: Some([1; 32]),
+        token,
     }
     .encode();
     script(
@@ -370,7 +375,7 @@ fn a_remote_naming_another_address_is_not_sent_punches() {
         .set_read_timeout(Some(std::time::Duration::from_millis(200)))
         .unwrap();
     let port = victim.local_addr().unwrap().port();
-    let remote = answering(&s, port, Some("127.0.0.2".parse().unwrap()));
+    let remote = answering(&s, port, Some("127.0.0.2".parse().unwrap()), Some([1; 32]));
     let heard = std::thread::spawn(move || {
         let mut n = 0;
         let until = std::time::Instant::now() + std::time::Duration::from_secs(4);
@@ -397,6 +402,23 @@ fn a_remote_naming_another_address_is_not_sent_punches() {
     assert!(stderr(&out).contains("blocked?"), "{}", stderr(&out));
 }
 
+/// The punch token is the remote's to draw (bootstrap 2): a pull whose
+/// answer has none is refused before any punch, naming the host.
+#[test]
+fn a_pull_answered_without_a_punch_token_is_refused() {
+    let s = TestDir::new("hostile-remote-no-token");
+    let remote = answering(&s, 9, None, None);
+    let dest = s.path("dest");
+    let out = pull(&s, &remote, &["127.0.0.1:a.txt", dest.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("answered a pull without a punch token"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!dest.exists(), "nothing created before the bootstrap");
+}
+
 #[test]
 fn udp_that_never_arrives_is_a_bounded_wait_with_one_reason() {
     let s = TestDir::new("hostile-remote-blocked");
@@ -408,7 +430,7 @@ fn udp_that_never_arrives_is_a_bounded_wait_with_one_reason() {
         .local_addr()
         .unwrap()
         .port();
-    let remote = answering(&s, closed, None);
+    let remote = answering(&s, closed, None, None);
     let dest = s.path("dest");
     let started = std::time::Instant::now();
     let out = pull(

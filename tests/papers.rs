@@ -1,7 +1,8 @@
 //! The papers' scenarios, run in the simulator. Each test names its
 //! scenario and cites the section whose figures it checks.
 
-use std::io::Write;
+mod common;
+use common::say;
 use std::time::Duration;
 
 use atou::internals::rtt::RttEstimator;
@@ -892,11 +893,6 @@ fn brakmo_vegas_moves_a_megabyte_in_under_6_5_seconds_where_reno_takes_8() {
         "Vegas should not overrun the 10-packet queue"
     );
     assert!(reno.rxmts > 0, "Reno finds the queue's size by losing");
-}
-
-/// Past the test harness's capture, so the figures show in CI's log.
-fn say(line: &str) {
-    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// Brakmo & Peterson §4, Table 4: 20 runs of a distinguished 20-second

@@ -4,7 +4,8 @@
 //! cubic or one bbr flow. Each stream resends no more than the path
 //! dropped of its own datagrams, and next to nothing that had arrived.
 
-use std::io::Write;
+mod common;
+use common::say;
 use std::time::Duration;
 
 use atou::sim::{run_flows, FlowConfig, FlowsConfig, FlowsResult, RunEnd, SimConfig, Simulation};
@@ -14,11 +15,6 @@ const SECS: u64 = 20;
 
 /// The flows that are atou's: a transfer's two streams, first.
 const ATOU_STREAMS: usize = 2;
-
-/// Past the test harness's capture, so the figures show in CI's log.
-fn say(line: &str) {
-    let _ = writeln!(std::io::stderr().lock(), "{line}");
-}
 
 fn bbr() -> Tuning {
     Tuning::command_default()

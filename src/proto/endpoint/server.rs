@@ -2932,7 +2932,7 @@ impl Server {
 mod tests {
     use super::*;
     use crate::netem::NetemSpec;
-    use crate::proto::endpoint::client::{Client, UNACKNOWLEDGED_CLOSES};
+    use crate::proto::endpoint::client::{Client, Closed, UNACKNOWLEDGED_CLOSES};
     use crate::proto::payload::{PatternSource, PayloadSource};
     use crate::proto::wire::{DataFlags, DataHeader};
     use crate::proto::Tuning;
@@ -2986,6 +2986,21 @@ mod tests {
     ) -> bool {
         pair.set_time_limit(limit);
         pair.run_serving(&mut (), tap, app, |_| false) == RunEnd::Finished
+    }
+
+    /// [`serve_one`], which must end within `limit` with the client
+    /// closed and holding `reply`: its close.
+    fn served_reply(
+        pair: &mut Pair,
+        limit: Duration,
+        tap: &mut TapFn<'_>,
+        app: &mut dyn SessionApp,
+        reply: &[u8],
+    ) -> Closed {
+        assert!(serve_one(pair, limit, tap, app), "not done in {limit:?}");
+        let closed = pair.client.outcome().unwrap().clone().unwrap();
+        assert_eq!(closed.reply.as_deref(), Some(reply));
+        closed
     }
 
     /// `client`, its datagrams from `addr(1)`, and `server` back to back
@@ -3530,10 +3545,13 @@ mod tests {
             let server = Server::new(open_limits(), 1 << 20, 2 << 20);
             let mut pair = pair(client, server, "delay 50ms");
             let mut app = Replies(b"plan".to_vec());
-            let done = serve_one(&mut pair, Duration::from_secs(2), &mut straight, &mut app);
-            assert!(done, "not done in 2 s");
-            let closed = pair.client.outcome().unwrap().clone().unwrap();
-            assert_eq!(closed.reply.as_deref(), Some(&b"plan"[..]));
+            let closed = served_reply(
+                &mut pair,
+                Duration::from_secs(2),
+                &mut straight,
+                &mut app,
+                b"plan",
+            );
             assert_eq!(closed.peer.is_none(), close_unacknowledged);
             pair.now()
         };
@@ -3604,14 +3622,13 @@ mod tests {
         );
         assert_eq!(pair.server.open_connections(), 1);
         pair.client.set_stream_len(held, 3000, 64);
-        assert!(serve_one(
+        served_reply(
             &mut pair,
             Duration::from_secs(2),
             &mut straight,
-            &mut app
-        ));
-        let closed = pair.client.outcome().unwrap().clone().unwrap();
-        assert_eq!(closed.reply.as_deref(), Some(&b"verdict"[..]));
+            &mut app,
+            b"verdict",
+        );
         let took = pair.now().saturating_since(held);
         assert!(
             took >= rtt && took <= rtt + Duration::from_millis(5),
@@ -3702,14 +3719,13 @@ mod tests {
             vec![(addr(1), d)]
         };
         let mut told = Told::default();
-        assert!(serve_one(
+        served_reply(
             &mut pair,
             Duration::from_secs(3),
             &mut tap,
-            &mut told
-        ));
-        let closed = pair.client.outcome().unwrap().clone().unwrap();
-        assert_eq!(closed.reply.as_deref(), Some(&b"plan"[..]));
+            &mut told,
+            b"plan",
+        );
         let took = pair.now().saturating_since(Time::ZERO);
         (took, pair.client.early_taken(), longest, told)
     }
@@ -3894,14 +3910,13 @@ mod tests {
             vec![(addr(1), d)]
         };
         let mut told = Told::default();
-        assert!(serve_one(
+        served_reply(
             &mut pair,
             Duration::from_secs(3),
             &mut tap,
-            &mut told
-        ));
-        let closed = pair.client.outcome().unwrap().clone().unwrap();
-        assert_eq!(closed.reply.as_deref(), Some(&b"plan"[..]));
+            &mut told,
+            b"plan",
+        );
         assert!(pair.client.early_taken());
         assert_eq!((told.opened, told.arrived, told.completed), (1, 125, 1));
         assert!(told.ids.windows(2).all(|w| w[0] == w[1]), "{:?}", told.ids);
