@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::TestDir;
-use netem_support::{json_lines, listening_addr, say, u, Daemon, ATOU, TEST_CACHE};
+use common::{noise, TestDir};
+use netem_support::{say, u, Daemon, Server, ATOU, TEST_CACHE};
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
@@ -286,21 +286,11 @@ fn task_report(dir: &Path, job: u64, k: u32) -> Value {
 fn build_tree(root: &Path) {
     fs::create_dir_all(root.join("a/b")).unwrap();
     fs::create_dir_all(root.join("empty")).unwrap();
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut bytes = |n: u64| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    };
-    fs::write(root.join("big.bin"), bytes(64 * MIB)).unwrap();
+    fs::write(root.join("big.bin"), noise(64 * MIB as usize, 1)).unwrap();
     for i in 0..12u64 {
-        fs::write(root.join(format!("a/f{i}")), bytes(1000 * i + 1)).unwrap();
-        fs::write(root.join(format!("a/b/g{i}")), bytes(300 * i)).unwrap();
+        let n = i as usize;
+        fs::write(root.join(format!("a/f{i}")), noise(1000 * n + 1, 2 + i)).unwrap();
+        fs::write(root.join(format!("a/b/g{i}")), noise(300 * n, 100 + i)).unwrap();
     }
     fs::set_permissions(root.join("a/f3"), fs::Permissions::from_mode(0o600)).unwrap();
     symlink("../big.bin", root.join("a/link")).unwrap();
@@ -364,32 +354,42 @@ fn staged_bytes(dest: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-struct Serve {
-    _process: Daemon,
-    _reports: std::sync::mpsc::Receiver<Value>,
-    target: String,
+/// `atou serve --dir DEST` with the test's keys; its address.
+fn serve(dest: &Path, keys: &Path) -> (Server, String) {
+    let flags = [
+        "--dir".into(),
+        dest.as_os_str().to_owned(),
+        "--identity".into(),
+        keys.join("server").into_os_string(),
+        "--authorized-keys".into(),
+        keys.join("authorized_keys").into_os_string(),
+    ];
+    let server: Server = Server::start_with(None, "127.0.0.1:0", &flags);
+    let target = server.addr.to_string();
+    (server, target)
 }
 
-fn serve(dest: &Path, keys: &Path) -> Serve {
-    let mut child = Command::new(ATOU)
+/// A dry run to `target`: first contact records the server's key (trust
+/// on first use), once, before the tasks would race to record it.
+fn first_contact(config: &Path, src: &Path, target: &str) {
+    let first = run(Command::new(ATOU)
+        .env("XDG_CONFIG_HOME", config)
         .env("XDG_CACHE_HOME", TEST_CACHE)
-        .args(["serve", "--bind", "127.0.0.1:0", "--json", "--dir"])
-        .arg(dest)
-        .arg("--identity")
-        .arg(keys.join("server"))
-        .arg("--authorized-keys")
-        .arg(keys.join("authorized_keys"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start atou serve");
-    let addr = listening_addr(&mut child);
-    let reports = json_lines(&mut child, false);
-    Serve {
-        _process: Daemon::new(child),
-        _reports: reports,
-        target: addr.to_string(),
-    }
+        .args(["send", "--quiet", "--dry-run"])
+        .arg(src)
+        .arg(target));
+    assert!(
+        first.status.success(),
+        "first contact with {target}: {first:?}"
+    );
+}
+
+/// The doc's job script, sending `src` to `target`, in `job_dir`.
+fn write_job(job_dir: &Path, script: &str, src: &Path, target: &str) {
+    let job = script
+        .replace(DOC_SOURCE, &src.display().to_string())
+        .replace(DOC_RECEIVER, target);
+    fs::write(job_dir.join("ship.sh"), job).unwrap();
 }
 
 #[test]
@@ -455,21 +455,10 @@ fn the_docs_job_array_delivers_the_tree_and_a_resubmitted_task_resumes() {
     // The doc's DEST is `HOST:PORT:dataset`, SRC `.../dataset`: the tree
     // arrives as DEST/dataset/dataset.
     let dest = scratch.dir("dest");
-    let server = serve(&dest, &keys);
-    // First contact records the server's key (trust on first use), once,
-    // before 4 tasks would race to record it.
-    let first = run(Command::new(ATOU)
-        .env("XDG_CONFIG_HOME", &config)
-        .env("XDG_CACHE_HOME", TEST_CACHE)
-        .args(["send", "--quiet", "--dry-run"])
-        .arg(&src)
-        .arg(&server.target));
-    assert!(first.status.success(), "first contact: {first:?}");
+    let (_server, target) = serve(&dest, &keys);
+    first_contact(&config, &src, &target);
     let job_dir = scratch.dir("job1");
-    let job_script = script
-        .replace(DOC_SOURCE, &src.display().to_string())
-        .replace(DOC_RECEIVER, &server.target);
-    fs::write(job_dir.join("ship.sh"), &job_script).unwrap();
+    write_job(&job_dir, &script, &src, &target);
     let env = [
         ("PATH", fast_path.as_path()),
         ("XDG_CONFIG_HOME", config.as_path()),
@@ -490,28 +479,16 @@ fn the_docs_job_array_delivers_the_tree_and_a_resubmitted_task_resumes() {
     // 2. Task 3 alone, slowed, cancelled half way through its 16 MiB part;
     // resubmitted alone, it resumes; then the other 3 finish the tree.
     let dest2 = scratch.dir("dest2");
-    let server2 = serve(&dest2, &keys);
+    let (_server2, target2) = serve(&dest2, &keys);
     let job_dir2 = scratch.dir("job2");
-    fs::write(
-        job_dir2.join("ship.sh"),
-        script
-            .replace(DOC_SOURCE, &src.display().to_string())
-            .replace(DOC_RECEIVER, &server2.target),
-    )
-    .unwrap();
+    write_job(&job_dir2, &script, &src, &target2);
     let slow_env = [
         ("PATH", slow_path.as_path()),
         ("XDG_CONFIG_HOME", config.as_path()),
         ("XDG_CACHE_HOME", Path::new(TEST_CACHE)),
     ];
     // Its key is recorded for server (1)'s address only.
-    let first = run(Command::new(ATOU)
-        .env("XDG_CONFIG_HOME", &config)
-        .env("XDG_CACHE_HOME", TEST_CACHE)
-        .args(["send", "--quiet", "--dry-run"])
-        .arg(&src)
-        .arg(&server2.target));
-    assert!(first.status.success(), "first contact: {first:?}");
+    first_contact(&config, &src, &target2);
     let cancelled = cluster.submit(&job_dir2, &slow_env, &["--array=3"]);
     let deadline = Instant::now() + Duration::from_secs(60);
     while staged_bytes(&dest2) < 6 * MIB {

@@ -276,7 +276,12 @@ fn answer(mut stream: TcpStream, metrics: &ServeMetrics) -> std::io::Result<()> 
     let deadline = Instant::now() + SCRAPE_TIME;
     let mut request = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
-    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+    // Only the bytes a read added (and the three before them) are
+    // searched for the blank line: a scraper sending a byte at a time does
+    // not make each read scan the whole request again.
+    let mut searched = 0;
+    while !request[searched..].windows(4).any(|w| w == b"\r\n\r\n") {
+        searched = request.len().saturating_sub(3);
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() || request.len() >= MAX_REQUEST {
             return Ok(());

@@ -457,27 +457,19 @@ pub(super) fn serve(args: ServeArgs) -> Result<ExitCode> {
     let auth = args.auth.resolve(args.dir.is_some())?;
     let transfer_failed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let hello_timestamps = hello_timestamps(&args, &auth)?;
-    let metrics = match args.metrics {
-        None => None,
+    let (metrics, metrics_at) = match args.metrics {
+        None => (None, None),
         Some(addr) => {
             let metrics = std::sync::Arc::new(ServeMetrics::new());
             let bound = serve_metrics(addr, metrics.clone())
                 .with_context(|| format!("cannot serve metrics on {addr}"))?;
-            Some((metrics, bound))
+            (Some(metrics), Some(bound))
         }
     };
     let mut app: Box<dyn ServeApp> = match &args.dir {
         None => Box::new(NoFiles),
-        Some(dir) => file_receiver(
-            dir,
-            &args,
-            &auth,
-            transfer_failed.clone(),
-            metrics.as_ref().map(|(m, _)| m.clone()),
-        )?,
+        Some(dir) => file_receiver(dir, &args, &auth, transfer_failed.clone(), metrics.clone())?,
     };
-    let metrics_at = metrics.as_ref().map(|&(_, bound)| bound);
-    let metrics = metrics.map(|(m, _)| m);
     let server_key = auth.identity.as_ref().map(|k| k.public());
     let allow_plain = auth.allow_plain;
     let config = ServeConfig {
@@ -510,16 +502,15 @@ pub(super) fn serve(args: ServeArgs) -> Result<ExitCode> {
                     eprintln!("atou serve: metrics on http://{bound}/metrics");
                 }
             }
-            ServeEvent::Report(r) if r.session != 0 => {
-                totals = r.server;
-                if let Some(m) = &metrics {
-                    m.connection_ended(&r);
-                }
-            }
             ServeEvent::Report(r) => {
                 totals = r.server;
                 if let Some(m) = &metrics {
                     m.connection_ended(&r);
+                }
+                // A transfer's connections are reported by its own lines
+                // (the receiver's events), not one by one.
+                if r.session != 0 {
+                    return;
                 }
                 let line = if json {
                     serde_json::to_string(&r).unwrap_or_default()
