@@ -8,7 +8,10 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 
 use super::plan::DirCache;
-use super::{split_rel, staged_name, to_system_time, DestError, FileTarget, Part, Prepared};
+use super::{
+    pending_dir_record, split_rel, staged_name, to_system_time, DestError, FileTarget, Part,
+    Prepared,
+};
 use crate::io::dest_dir::{self, STAGING_DIR};
 use crate::transfer::hash::{file_hash, part_digest, short_hex, Cv};
 use crate::transfer::manifest::EntryKind;
@@ -240,6 +243,10 @@ impl<'a> Finisher<'a> {
             if whole {
                 dest_dir::set_dir_attrs(fd, prepared.dir_modes[i], mtime)
                     .map_err(|e| Error::disk("set the mode and mtime of", &path, e))?;
+                if prepared.created[i] {
+                    // Gone already when a shard's sibling finished first.
+                    let _ = dest_dir.remove_staged(&pending_dir_record(rel));
+                }
                 self.done.dirs += 1;
             } else {
                 dest_dir::set_dir_mtime(fd, mtime)

@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 
 use super::policy::{link_stays_beneath, ReceivePolicy, SymlinkPolicy};
 use super::{
-    join_rel, split_first, split_rel, staged_name, to_system_time, FileTarget, Part, Prepared,
-    NOT_HELD,
+    join_rel, pending_dir_record, split_first, split_rel, staged_name, to_system_time, FileTarget,
+    Part, Prepared, NOT_HELD,
 };
 use crate::io::dest_dir::{self, DestDir, Found, STAGING_DIR};
 use crate::transfer::hash::{chunk_count, chunk_cv, chunk_len, Cv, CHUNK_SIZE};
@@ -502,7 +502,7 @@ impl<'a> Planner<'a> {
         let mut created = vec![false; entries.len()];
         for (i, entry) in entries.iter().enumerate() {
             if entry.kind == EntryKind::Dir {
-                created[i] = make_dir(dest_dir, &self.rels[i], 0o700)?;
+                created[i] = make_private_dir(dest_dir, &self.rels[i])?;
             }
         }
         for (t, plan) in self.targets.iter().zip(&self.plans) {
@@ -728,6 +728,41 @@ fn dirs_read_link(dirs: &mut DirCache<'_>, rel: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Creates directory `rel` beneath DEST; whether it is new.
+/// Directory `rel`, created private (0700) until the finish gives it its
+/// mode. Its pending record goes into the staging directory first, so a
+/// session cancelled before its finish leaves the record beside the
+/// directory. Returns whether this transfer created the directory: this
+/// session, or one cancelled before it (whose record is still there);
+/// never a directory that was there without a record.
+fn make_private_dir(dest: &DestDir, rel: &[u8]) -> Result<bool, Error> {
+    let record = pending_dir_record(rel);
+    let shown = || dest.shown(rel);
+    let looked = dest
+        .look_staged(&record)
+        .map_err(|e| Error::disk("look for the record of", &shown(), e))?;
+    if matches!(looked, Found::File { .. }) {
+        make_dir(dest, rel, 0o700)?;
+        return Ok(true);
+    }
+    let (dir, name) = split_rel(rel);
+    let there = dest
+        .open_dir(dir)
+        .and_then(|fd| dest_dir::look(&fd, name))
+        .map_err(|e| Error::disk("look at", &shown(), e))?;
+    if there != Found::Nothing {
+        // check_dir has refused anything but a directory.
+        return Ok(false);
+    }
+    dest.open_shared_staged(&record)
+        .map_err(|e| Error::disk("record the new directory", &shown(), e))?;
+    let made = make_dir(dest, rel, 0o700)?;
+    if !made {
+        // Another transfer made it between the look and here: its to mode.
+        let _ = dest.remove_staged(&record);
+    }
+    Ok(made)
+}
+
 fn make_dir(dest: &DestDir, rel: &[u8], mode: u32) -> Result<bool, Error> {
     let (dir, name) = split_rel(rel);
     dest.open_dir(dir)
@@ -825,6 +860,48 @@ mod tests {
         std::fs::write(path, data).unwrap();
         let file = File::options().write(true).open(path).unwrap();
         file.set_modified(to_system_time(mtime, 0)).unwrap();
+    }
+
+    /// A session cancelled between its plan and its finish leaves the
+    /// directories it created private (0700); the session that resumes
+    /// the transfer must give them their mode, though they now exist.
+    #[test]
+    fn directories_a_cancelled_session_created_get_their_mode_from_the_next() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = TempDest::new("dir-resumed");
+        let dirs = || {
+            let mut top = entry("top", EntryKind::Dir);
+            top.mode = 0o755;
+            let mut sub = entry("top/sub", EntryKind::Dir);
+            sub.mode = 0o750;
+            vec![top, sub]
+        };
+        let policy = ReceivePolicy::server();
+        let cancelled = d.plan(&policy, Options::default(), dirs()).unwrap();
+        drop(cancelled);
+        let mode = |rel: &str| {
+            let meta = std::fs::metadata(d.path.join(rel)).unwrap();
+            meta.permissions().mode() & 0o777
+        };
+        assert_eq!(mode("top"), 0o700, "private until a finish");
+        let resumed = d.plan(&policy, Options::default(), dirs()).unwrap();
+        let done = super::super::finish(&resumed, &[], &[]).unwrap();
+        assert_eq!((mode("top"), mode("top/sub")), (0o755, 0o750));
+        assert_eq!(done.dirs, 2);
+        // Directories that were there before any session stay as they were.
+        std::fs::create_dir(d.path.join("theirs")).unwrap();
+        std::fs::set_permissions(d.path.join("theirs"), PermissionsExt::from_mode(0o700)).unwrap();
+        let mut theirs = entry("theirs", EntryKind::Dir);
+        theirs.mode = 0o755;
+        let plan = d.plan(&policy, Options::default(), vec![theirs]).unwrap();
+        super::super::finish(&plan, &[], &[]).unwrap();
+        assert_eq!(
+            mode("theirs"),
+            0o700,
+            "re-moded a directory it did not create"
+        );
+        let staging = std::fs::read_dir(d.path.join(STAGING_DIR)).map_or(0, |r| r.count());
+        assert_eq!(staging, 0, "records left in the staging directory");
     }
 
     #[test]
