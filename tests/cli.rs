@@ -208,8 +208,8 @@ fn mistakes_get_one_line_naming_the_token_and_exit_2() {
         ),
         (vec!["send", "x", "127.0.0.1", "--exclude", "a[bc"], "a[bc"),
         (
-            vec!["send", "x", "127.0.0.1", "--exclude", "+ keep"],
-            "include",
+            vec!["send", "x", "127.0.0.1", "--filter", ". merge-file"],
+            "merge files",
         ),
         (
             vec!["send", "x", "127.0.0.1", "--exclude-from", "/no/such/list"],

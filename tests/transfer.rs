@@ -2551,6 +2551,83 @@ fn excluded_entries_do_not_arrive() {
     assert_eq!(got, ["", "README", "src", "src/main.c"]);
 }
 
+/// `--include`, `--exclude`, `--filter` and the rule files select what
+/// `rsync -a` with the same rules, in the same order, selects from the
+/// same tree: the first rule that matches decides, an excluded directory
+/// is not descended into, `!` clears.
+#[test]
+fn filters_select_what_rsync_selects() {
+    if Command::new("rsync").arg("--version").output().is_err() {
+        eprintln!("SKIPPED filters_select_what_rsync_selects: no rsync on this host");
+        return;
+    }
+    let scratch = TestDir::new("transfer-filters");
+    let tree = scratch.dir("src/tree");
+    for d in ["src/deep", "build", "docs", "cache/x"] {
+        fs::create_dir_all(tree.join(d)).unwrap();
+    }
+    for f in [
+        "src/a.c",
+        "src/a.h",
+        "src/deep/b.c",
+        "src/deep/b.o",
+        "build/c.c",
+        "docs/readme.txt",
+        "cache/x/blob",
+        "top.c",
+        "keep.o",
+    ] {
+        write_random(&tree.join(f), 100, 3);
+    }
+    let rules = scratch.path("rules.txt");
+    fs::write(&rules, "# a comment\n+ keep.o\n*.o\n").unwrap();
+    let rules = rules.to_str().unwrap();
+    let cases: &[&[&str]] = &[
+        &["--include=*/", "--include=*.c", "--exclude=*"],
+        &["--include=*.c", "--exclude=*"],
+        &[
+            "--exclude=build/",
+            "--exclude-from",
+            rules,
+            "--include=src/***",
+        ],
+        &[
+            "--filter=- *.c",
+            "--filter=!",
+            "--filter=+ cache/***",
+            "--exclude=/tree/*",
+        ],
+        &["--exclude=+ top.c", "--exclude=*.c", "--include=- docs/"],
+    ];
+    let listing = |root: &Path| -> Vec<String> {
+        if !root.exists() {
+            return Vec::new();
+        }
+        let mut got: Vec<String> = walk(root).keys().map(|p| p.display().to_string()).collect();
+        got.sort();
+        got
+    };
+    for (i, flags) in cases.iter().enumerate() {
+        let by_rsync = scratch.dir(&format!("rsync{i}"));
+        let out = Command::new("rsync")
+            .arg("-a")
+            .args(*flags)
+            .arg(&tree)
+            .arg(format!("{}/", by_rsync.display()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "rsync {flags:?}: {out:?}");
+        let dest = scratch.dir(&format!("atou{i}"));
+        let server = Serve::start(&dest);
+        send(&[&tree], &server.target(), flags).report();
+        assert_eq!(
+            listing(&dest.join("tree")),
+            listing(&by_rsync.join("tree")),
+            "rules {flags:?}"
+        );
+    }
+}
+
 /// `--bwlimit`: a send of 4 MiB at 16 Mbit/s over loopback (which takes
 /// a fraction of that time without the cap) takes at least size / rate.
 #[test]

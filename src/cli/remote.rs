@@ -511,6 +511,8 @@ mod tests {
             "newreno",
             "--rcvwin",
             "7",
+            "--include",
+            "keep.tmp",
             "--exclude",
             "*.tmp",
             "--exclude=-odd/***",
@@ -550,7 +552,12 @@ mod tests {
             .transfer
             .send_config("127.0.0.1:1".parse().unwrap(), "h".into(), None)
             .unwrap();
-        assert_eq!(config.excludes, here.excludes);
-        assert!(config.excludes.excludes(b"t/-odd/x", false));
+        assert_eq!(config.filters, here.filters);
+        assert!(config.filters.excludes(b"t/-odd/x", false));
+        assert!(
+            !config.filters.excludes(b"t/keep.tmp", false),
+            "an include kept its place"
+        );
+        assert!(config.filters.excludes(b"t/x.tmp", false));
     }
 }

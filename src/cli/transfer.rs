@@ -15,7 +15,7 @@ use clap::Args;
 use crate::io::{self, ServeConfig, DEFAULT_PORT};
 use crate::report::summary::Summary;
 use crate::transfer::dest::{ReceivePolicy, Requested, SymlinkPolicy, UserFlags};
-use crate::transfer::exclude::Excludes;
+use crate::transfer::exclude::Filters;
 use crate::transfer::manifest::RelPath;
 use crate::transfer::messages::Options;
 use crate::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits};
@@ -65,12 +65,21 @@ pub(super) struct TransferArgs {
     /// With --skip-existing: skip files whose BLAKE3 matches at the receiver, comparing existing files of the same size by content instead of mtime (as rsync -c); the receiver reads them whole, and of a file that differs only the chunks that differ are sent
     #[arg(long, short = 'c', requires = "skip_existing")]
     checksum: bool,
-    /// Leave out entries matching PATTERN (repeatable), by rsync's rules: `*` within a name, `**` across `/`, `?`, `[a-z]`; a trailing `/` matches directories only (not descended into); a leading `/` anchors at the transfer root (SRC's own name first: /data/tmp/); otherwise a PATTERN without `/` matches names at any depth, and one with `/` the end of the path
-    #[arg(long, value_name = "PATTERN")]
-    exclude: Vec<String>,
-    /// Read exclude patterns from FILE, one per line; blank lines and lines starting with `#` or `;` are skipped; `-` reads stdin
-    #[arg(long, value_name = "FILE")]
-    exclude_from: Vec<PathBuf>,
+    /// Leave out entries matching PATTERN (repeatable), by rsync's rules: `*` within a name, `**` across `/`, `?`, `[a-z]`; a trailing `/` matches directories only (not descended into); a leading `/` anchors at the transfer root (SRC's own name first: /data/tmp/); otherwise a PATTERN without `/` matches names at any depth, and one with `/` the end of the path. With --include and --filter: the first rule that matches an entry decides, in command-line order, and an entry no rule matches is sent
+    #[arg(long, value_name = "PATTERN", value_parser = in_order)]
+    exclude: Vec<InOrder>,
+    /// Send entries matching PATTERN even where a later --exclude matches them (repeatable; rsync's rules and order, as --exclude). An excluded directory is not descended into, so to send only `*.c` at any depth: --include='*/' --include='*.c' --exclude='*'
+    #[arg(long, value_name = "PATTERN", value_parser = in_order)]
+    include: Vec<InOrder>,
+    /// One filter rule (repeatable, in order with --exclude and --include): `- PATTERN`, `+ PATTERN`, `exclude PATTERN`, `include PATTERN`, or `!` (also `clear`) to drop every rule before it. rsync's merge files, modifiers and receiver-side rules are refused
+    #[arg(long, value_name = "RULE", value_parser = in_order)]
+    filter: Vec<InOrder>,
+    /// Read exclude patterns from FILE, one per line, in order at this flag's place; blank lines and lines starting with `#` or `;` are skipped, a `+ ` prefix makes a line an include, `- ` an exclude, and `!` clears; `-` reads stdin
+    #[arg(long, value_name = "FILE", value_parser = in_order)]
+    exclude_from: Vec<InOrder>,
+    /// Read include patterns from FILE, as --exclude-from reads excludes
+    #[arg(long, value_name = "FILE", value_parser = in_order)]
+    include_from: Vec<InOrder>,
     /// Send only part K of N of the tree (1 <= K <= N <= 1024), so that N runs with the same SRCs and DEST (on N hosts, or the tasks of a Slurm array or a Kubernetes indexed Job) together send it all: every directory is in every part; a file above total/N (and over 1 MiB) is split by 1 MiB chunk ranges, one range per shard, and takes its name at the receiver when every range is in; every other file and symlink is in exactly one part, whole, dealt out largest first to balance bytes. Default: the whole tree. `auto` takes K and N from a Slurm array task (SLURM_ARRAY_TASK_ID of SLURM_ARRAY_TASK_COUNT, an array 1-N); `auto/N` gives N and takes K from SLURM_ARRAY_TASK_ID or a Kubernetes indexed Job's JOB_COMPLETION_INDEX + 1. See docs/scale-out.md
     #[arg(long, value_name = "K/N", value_parser = shard_from_spec)]
     shard: Option<Shard>,
@@ -343,31 +352,77 @@ pub(super) fn readers(n: Option<usize>) -> usize {
     })
 }
 
+/// A value of a flag whose place among other flags matters (the filter
+/// rules): clap parses the command line from left to right, calling the
+/// value parser as it meets each value, so a count taken there is the
+/// value's place on the line.
+#[derive(Debug, Clone)]
+pub(crate) struct InOrder {
+    place: u64,
+    text: String,
+}
+
+fn in_order(text: &str) -> std::result::Result<InOrder, String> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    Ok(InOrder {
+        place: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        text: text.to_string(),
+    })
+}
+
 impl TransferArgs {
-    /// --exclude and --exclude-from, in the order rsync reads them (the
-    /// order does not matter: every rule excludes).
-    fn excludes(&self) -> Result<Excludes> {
-        let mut ex = Excludes::default();
-        for p in &self.exclude {
-            ex.add(p)
-                .map_err(|e| UsageError(format!("--exclude: {e}")))?;
+    /// --exclude, --include, --filter and the rule files, in their order
+    /// on the command line (rsync's: the first rule that matches decides).
+    fn filters(&self) -> Result<Filters> {
+        #[derive(Clone, Copy)]
+        enum Flag {
+            Exclude,
+            Include,
+            Filter,
+            ExcludeFrom,
+            IncludeFrom,
         }
-        for file in &self.exclude_from {
-            let text = if file.as_os_str() == "-" {
-                std::io::read_to_string(std::io::stdin())
-                    .map_err(|e| UsageError(format!("--exclude-from -: cannot read stdin: {e}")))?
-            } else {
-                std::fs::read_to_string(file).map_err(|e| {
-                    UsageError(format!(
-                        "--exclude-from: cannot read {}: {e}",
-                        shown_path(file)
-                    ))
-                })?
+        let mut given: Vec<(Flag, &InOrder)> = [
+            (Flag::Exclude, &self.exclude),
+            (Flag::Include, &self.include),
+            (Flag::Filter, &self.filter),
+            (Flag::ExcludeFrom, &self.exclude_from),
+            (Flag::IncludeFrom, &self.include_from),
+        ]
+        .into_iter()
+        .flat_map(|(flag, values)| values.iter().map(move |v| (flag, v)))
+        .collect();
+        given.sort_by_key(|(_, v)| v.place);
+        let mut filters = Filters::default();
+        for (flag, v) in given {
+            let text = v.text.as_str();
+            let (added, name) = match flag {
+                Flag::Exclude => (filters.add_exclude(text), "--exclude"),
+                Flag::Include => (filters.add_include(text), "--include"),
+                Flag::Filter => (filters.add_rule(text), "--filter"),
+                Flag::ExcludeFrom | Flag::IncludeFrom => {
+                    let include = matches!(flag, Flag::IncludeFrom);
+                    let name = if include {
+                        "--include-from"
+                    } else {
+                        "--exclude-from"
+                    };
+                    let file = Path::new(text);
+                    let lines = if text == "-" {
+                        std::io::read_to_string(std::io::stdin())
+                            .map_err(|e| UsageError(format!("{name} -: cannot read stdin: {e}")))?
+                    } else {
+                        std::fs::read_to_string(file).map_err(|e| {
+                            UsageError(format!("{name}: cannot read {}: {e}", shown_path(file)))
+                        })?
+                    };
+                    let shown = shown_path(file).to_string();
+                    (filters.add_lines(&lines, &shown, include), name)
+                }
             };
-            ex.add_lines(&text, &shown_path(file).to_string())
-                .map_err(|e| UsageError(format!("--exclude-from: {e}")))?;
+            added.map_err(|e| UsageError(format!("{name}: {e}")))?;
         }
-        Ok(ex)
+        Ok(filters)
     }
 
     /// The transfer's settings; the datagram size is [`LOOPBACK_MSS`]
@@ -444,7 +499,7 @@ impl TransferArgs {
                 finish_ahead: false,
             },
             follow: self.follow,
-            excludes: self.excludes()?,
+            filters: self.filters()?,
             shard: self.shard,
             streams: self.streams,
             flows: self.flows,
@@ -1177,9 +1232,9 @@ impl TransferArgs {
                 a.push(flag.to_string());
             }
         }
-        // --exclude-from is read here: the file is on this host.
-        for p in self.excludes()?.patterns() {
-            a.push(format!("--exclude={p}"));
+        // Rule files are read here: they are on this host.
+        for rule in self.filters()?.rules() {
+            a.push(format!("--filter={rule}"));
         }
         if let Some(shard) = self.shard {
             a.push(format!("--shard={shard}"));

@@ -45,7 +45,7 @@ use thiserror::Error;
 
 use crate::proto::wire::codec::{Reader, Truncated, Writer};
 
-use super::exclude::Excludes;
+use super::exclude::Filters;
 use super::source::{self, Stamp};
 
 pub const MAGIC: [u8; 4] = *b"ATMF";
@@ -475,14 +475,14 @@ fn name_err(path: &Path) -> impl FnOnce(NameError) -> WalkError + '_ {
 /// children sorted by name bytes, parents before children. Symlinks are
 /// recorded as symlinks unless `follow`, in which case what they point at is
 /// sent; a directory met again inside itself is an error naming the path.
-/// An entry `excludes` names is left out, and an excluded directory is not
-/// descended into: an excluded file is never opened, and an entry is
-/// looked at (an `O_PATH` open and `fstat`, no read) only when a rule
-/// that applies to directories alone could name it.
+/// An entry `filters` leaves out is not sent, and an excluded directory is
+/// not descended into: an excluded file is never opened, and an entry is
+/// looked at (an `O_PATH` open and `fstat`, no read) only when its kind
+/// could change what the rules decide (a rule for directories alone).
 pub fn walk(
     sources: &[PathBuf],
     follow: bool,
-    excludes: &Excludes,
+    filters: &Filters,
 ) -> Result<Vec<LocalEntry>, WalkError> {
     let mut out = Vec::new();
     let mut names = HashSet::new();
@@ -493,7 +493,7 @@ pub fn walk(
             let name = rel.to_string();
             return Err(WalkError::DuplicateName { name });
         }
-        walk_one(source, rel, follow, excludes, &mut out)?;
+        walk_one(source, rel, follow, filters, &mut out)?;
     }
     Ok(out)
 }
@@ -525,7 +525,7 @@ fn walk_one(
     source: PathBuf,
     rel: RelPath,
     follow: bool,
-    excludes: &Excludes,
+    filters: &Filters,
     out: &mut Vec<LocalEntry>,
 ) -> Result<(), WalkError> {
     let top = Arc::new(source.clone());
@@ -535,7 +535,7 @@ fn walk_one(
     while let Some((parent, source, path, depth)) = stack.pop() {
         ancestors.truncate(depth);
         // Rules that name it whatever it is: not even looked at.
-        if excludes.excludes(path.as_bytes(), false) {
+        if filters.excludes_any_kind(path.as_bytes()) {
             continue;
         }
         let name = source.file_name().map_or(source.as_path(), Path::new);
@@ -544,6 +544,11 @@ fn walk_one(
         drop(parent);
         let md = fd.metadata().map_err(io_err(&source))?;
         let ft = md.file_type();
+        if filters.excludes(path.as_bytes(), ft.is_dir()) {
+            // A `DIR/` rule, or one before it for directories alone: an
+            // excluded directory is neither listed nor descended into.
+            continue;
+        }
         let mut stamp = None;
         let kind = if ft.is_dir() {
             EntryKind::Dir
@@ -563,10 +568,6 @@ fn walk_one(
             };
             return Err(WalkError::Unsupported { path: source, what });
         };
-        if ft.is_dir() && excludes.excludes(path.as_bytes(), true) {
-            // A `DIR/` rule: neither listed nor descended into.
-            continue;
-        }
         if ft.is_dir() {
             let id = (md.dev(), md.ino());
             if ancestors.contains(&id) {
@@ -827,7 +828,7 @@ mod tests {
             ],
         );
         symlink("sub/inner.txt", root.join("link")).unwrap();
-        let walked = walk(std::slice::from_ref(&root), false, &Excludes::default()).unwrap();
+        let walked = walk(std::slice::from_ref(&root), false, &Filters::default()).unwrap();
         let m = manifest_of(&walked);
         m.validate().unwrap();
         let names: Vec<String> = m.entries.iter().map(|e| e.path.to_string()).collect();
@@ -848,18 +849,18 @@ mod tests {
         // A trailing '/' names the directory itself; "/" has no name.
         let slash = PathBuf::from(format!("{}/", root.join("sub").display()));
         assert_eq!(
-            walk(&[slash], false, &Excludes::default()).unwrap()[0]
+            walk(&[slash], false, &Filters::default()).unwrap()[0]
                 .entry
                 .path
                 .as_bytes(),
             b"sub"
         );
-        let root_dir = walk(&[PathBuf::from("/")], false, &Excludes::default());
+        let root_dir = walk(&[PathBuf::from("/")], false, &Filters::default());
         assert!(matches!(root_dir, Err(WalkError::NoName { .. })));
         let twice = walk(
             &[root.join("sub"), tmp.0.join("top/sub")],
             false,
-            &Excludes::default(),
+            &Filters::default(),
         );
         assert!(matches!(twice, Err(WalkError::DuplicateName { .. })));
     }
@@ -881,19 +882,19 @@ mod tests {
         let _in_cache =
             std::os::unix::net::UnixListener::bind(root.join("cache/deep/sock")).unwrap();
         let _top_sock = std::os::unix::net::UnixListener::bind(root.join("x.sock")).unwrap();
-        let everything = walk(std::slice::from_ref(&root), false, &Excludes::default());
+        let everything = walk(std::slice::from_ref(&root), false, &Filters::default());
         assert!(matches!(everything, Err(WalkError::Unsupported { .. })));
-        let mut ex = Excludes::default();
+        let mut ex = Filters::default();
         for p in ["cache/", "*.o", "*.sock"] {
-            ex.add(p).unwrap();
+            ex.add_exclude(p).unwrap();
         }
         let walked = walk(std::slice::from_ref(&root), false, &ex).unwrap();
         let names: Vec<String> = walked.iter().map(|e| e.entry.path.to_string()).collect();
         assert_eq!(names.join(" "), "top top/cache.txt top/src top/src/a.c");
         manifest_of(&walked).validate().unwrap();
         // The top SRC itself can be excluded, as in rsync.
-        let mut all = Excludes::default();
-        all.add("/top").unwrap();
+        let mut all = Filters::default();
+        all.add_exclude("/top").unwrap();
         assert!(walk(&[root], false, &all).unwrap().is_empty());
     }
 
@@ -903,7 +904,7 @@ mod tests {
         fs::write(tmp.0.join("target"), b"abc").unwrap();
         symlink("target", tmp.0.join("link")).unwrap();
         let kind = |follow| {
-            walk(&[tmp.0.join("link")], follow, &Excludes::default()).unwrap()[0]
+            walk(&[tmp.0.join("link")], follow, &Filters::default()).unwrap()[0]
                 .entry
                 .kind
                 .clone()
@@ -913,8 +914,8 @@ mod tests {
         let d = vec![tmp.0.join("d")];
         fs::create_dir(&d[0]).unwrap();
         symlink("..", d[0].join("up")).unwrap();
-        assert!(walk(&d, false, &Excludes::default()).is_ok());
-        let err = walk(&d, true, &Excludes::default()).unwrap_err();
+        assert!(walk(&d, false, &Filters::default()).is_ok());
+        let err = walk(&d, true, &Filters::default()).unwrap_err();
         assert!(matches!(err, WalkError::Loop { .. }), "{err}");
         assert!(
             err.to_string()
@@ -923,7 +924,7 @@ mod tests {
         );
         let sock = tmp.0.join("sock");
         let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-        let err = walk(&[sock], false, &Excludes::default())
+        let err = walk(&[sock], false, &Filters::default())
             .unwrap_err()
             .to_string();
         assert!(err.ends_with("sock is a socket; only files, directories and symlinks are sent"));

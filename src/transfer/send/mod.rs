@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use super::exclude::Excludes;
+use super::exclude::Filters;
 use super::manifest::{RelPath, WalkError};
 use super::messages::{encode_abort, Options, Outcome};
 use super::shard::Shard;
@@ -207,7 +207,7 @@ pub struct SendConfig {
     /// Follow symlinks among the sources instead of sending them as links.
     pub(crate) follow: bool,
     /// Entries the walk leaves out (`--exclude`).
-    pub(crate) excludes: Excludes,
+    pub(crate) filters: Filters,
     /// Send only this shard's part of the tree (`--shard K/N`).
     pub(crate) shard: Option<Shard>,
     /// Transport connections at once.
@@ -245,7 +245,7 @@ impl SendConfig {
             tuning: Tuning::default(),
             options: Options::default(),
             follow: false,
-            excludes: Excludes::default(),
+            filters: Filters::default(),
             shard: None,
             streams: 1,
             flows: 1,

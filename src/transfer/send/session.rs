@@ -832,7 +832,7 @@ struct Walked {
 impl Plan {
     /// Walks `sources` (with `--shard`, this shard's part of them).
     fn walk(sources: &[PathBuf], config: &SendConfig) -> Result<Walked, SendError> {
-        let walked = walk(sources, config.follow, &config.excludes)?;
+        let walked = walk(sources, config.follow, &config.filters)?;
         let selected = match config.shard {
             Some(shard) => shard.select(walked),
             None => walked
