@@ -221,6 +221,21 @@ fn mistakes_get_one_line_naming_the_token_and_exit_2() {
             "--hellos-per-sec-per-source",
         ),
         (vec!["copy", "host:x", "/tmp/d", "-n"], "--dry-run"),
+        (
+            vec!["copy", "host:x", "/tmp/d", "--files-from", "/tmp/list"],
+            "--files-from",
+        ),
+        (
+            vec![
+                "send",
+                "/tmp",
+                "/usr",
+                "127.0.0.1",
+                "--files-from",
+                "/tmp/list",
+            ],
+            "one SRC",
+        ),
         (vec!["send", "x", "127.0.0.1", "-c"], "--skip-existing"),
         // A pull's sender is the far end: no JSON progress here to give.
         (

@@ -2628,6 +2628,91 @@ fn filters_select_what_rsync_selects() {
     }
 }
 
+/// `--files-from`: the listed paths arrive as `rsync -a -r --files-from`
+/// delivers them from the same list (comments, `/./`, a listed directory
+/// whole, the directories on a path's way without their other contents),
+/// with the same bytes; a list naming `..` is refused before anything
+/// is sent.
+#[test]
+fn files_from_sends_what_rsync_sends() {
+    if Command::new("rsync").arg("--version").output().is_err() {
+        eprintln!("SKIPPED files_from_sends_what_rsync_sends: no rsync on this host");
+        return;
+    }
+    let scratch = TestDir::new("transfer-files-from");
+    let tree = scratch.dir("src/tree");
+    for d in ["src/deep", "build", "docs/old", "data"] {
+        fs::create_dir_all(tree.join(d)).unwrap();
+    }
+    for (i, f) in [
+        "src/a.c",
+        "src/deep/b.c",
+        "src/deep/b.o",
+        "build/c.c",
+        "docs/readme.txt",
+        "docs/old/x.txt",
+        "data/big",
+        "top.c",
+    ]
+    .iter()
+    .enumerate()
+    {
+        write_random(&tree.join(f), 1000 + 7 * i as u64, i as u64);
+    }
+    let list = scratch.path("list");
+    fs::write(
+        &list,
+        "# what to send\n; and how\n\nsrc/deep\n/top.c\ndocs/./old/x.txt\ndata/big\nsrc/deep/b.c\n",
+    )
+    .unwrap();
+    let by_rsync = scratch.dir("rsync");
+    let out = Command::new("rsync")
+        .args(["-a", "-r", "--files-from"])
+        .arg(&list)
+        .arg(&tree)
+        .arg(format!("{}/", by_rsync.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "rsync: {out:?}");
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    let r = send(
+        &[&tree],
+        &server.target(),
+        &["--files-from", list.to_str().unwrap()],
+    )
+    .report();
+    assert_eq!(report_u(&r, "files"), 5, "{r}");
+    let listing = |root: &Path| -> Vec<String> {
+        let mut got: Vec<String> = walk(root)
+            .keys()
+            .map(|p| p.display().to_string())
+            .filter(|p| !p.starts_with(STAGING_DIR))
+            .collect();
+        got.sort();
+        got
+    };
+    assert_eq!(listing(&dest), listing(&by_rsync));
+    for f in ["src/deep/b.o", "top.c", "old/x.txt", "data/big"] {
+        assert_eq!(
+            fs::read(dest.join(f)).unwrap(),
+            fs::read(by_rsync.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    fs::write(&list, "src/a.c\nsrc/../../etc/passwd\n").unwrap();
+    let out = Command::new(common::ATOU)
+        .args(["send", "--files-from"])
+        .arg(&list)
+        .arg(&tree)
+        .arg(server.target())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 2"), "{err}");
+}
+
 /// `--bwlimit`: a send of 4 MiB at 16 Mbit/s over loopback (which takes
 /// a fraction of that time without the cap) takes at least size / rate.
 #[test]

@@ -17,6 +17,7 @@ use crate::report::summary::Summary;
 use crate::transfer::dest::{ReceivePolicy, Requested, SymlinkPolicy, UserFlags};
 use crate::transfer::exclude::Filters;
 use crate::transfer::manifest::RelPath;
+use crate::transfer::manifest::{read_files_from, Listed};
 use crate::transfer::messages::Options;
 use crate::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits};
 use crate::transfer::send::{Progress, SendConfig, SendError, SendReport};
@@ -80,6 +81,12 @@ pub(super) struct TransferArgs {
     /// Read include patterns from FILE, as --exclude-from reads excludes
     #[arg(long, value_name = "FILE", value_parser = in_order)]
     include_from: Vec<InOrder>,
+    /// Send the paths listed in FILE, one a line, relative to the one SRC (a directory), as `rsync -a -r --files-from`: each arrives as DEST/PATH, the directories on its way as directories (without their other contents), a listed directory whole; blank lines and lines starting with `#` or `;` are skipped, and `DIR/./PATH` sends PATH from SRC/DIR. `-` reads stdin. Not for a pull
+    #[arg(long, value_name = "FILE")]
+    files_from: Option<PathBuf>,
+    /// The --files-from list as read, once (stdin can be read only once).
+    #[arg(skip)]
+    files_from_text: std::sync::OnceLock<Vec<u8>>,
     /// Send only part K of N of the tree (1 <= K <= N <= 1024), so that N runs with the same SRCs and DEST (on N hosts, or the tasks of a Slurm array or a Kubernetes indexed Job) together send it all: every directory is in every part; a file above total/N (and over 1 MiB) is split by 1 MiB chunk ranges, one range per shard, and takes its name at the receiver when every range is in; every other file and symlink is in exactly one part, whole, dealt out largest first to balance bytes. Default: the whole tree. `auto` takes K and N from a Slurm array task (SLURM_ARRAY_TASK_ID of SLURM_ARRAY_TASK_COUNT, an array 1-N); `auto/N` gives N and takes K from SLURM_ARRAY_TASK_ID or a Kubernetes indexed Job's JOB_COMPLETION_INDEX + 1. See docs/scale-out.md
     #[arg(long, value_name = "K/N", value_parser = shard_from_spec)]
     shard: Option<Shard>,
@@ -371,6 +378,50 @@ fn in_order(text: &str) -> std::result::Result<InOrder, String> {
 }
 
 impl TransferArgs {
+    /// The paths of --files-from, relative to the one SRC; `None` without it.
+    fn listed(&self, sources: &[PathBuf]) -> Result<Option<Vec<Listed>>> {
+        let Some(list) = &self.files_from else {
+            return Ok(None);
+        };
+        let base =
+            match sources {
+                [base] if base.is_dir() => base,
+                _ => return Err(UsageError(
+                    "--files-from: give one SRC, the directory the listed paths are relative to"
+                        .into(),
+                )
+                .into()),
+            };
+        let text = match self.files_from_text.get() {
+            Some(text) => text,
+            None => {
+                let text = if list.as_os_str() == "-" {
+                    let mut text = Vec::new();
+                    std::io::Read::read_to_end(&mut std::io::stdin(), &mut text).map_err(|e| {
+                        UsageError(format!("--files-from -: cannot read stdin: {e}"))
+                    })?;
+                    text
+                } else {
+                    std::fs::read(list).map_err(|e| {
+                        UsageError(format!(
+                            "--files-from: cannot read {}: {e}",
+                            shown_path(list)
+                        ))
+                    })?
+                };
+                self.files_from_text.get_or_init(|| text)
+            }
+        };
+        let listed = read_files_from(text, base, list)
+            .map_err(|e| UsageError(format!("--files-from: {e}")))?;
+        if listed.is_empty() {
+            return Err(
+                UsageError(format!("--files-from: {} lists no path", shown_path(list))).into(),
+            );
+        }
+        Ok(Some(listed))
+    }
+
     /// --exclude, --include, --filter and the rule files, in their order
     /// on the command line (rsync's: the first rule that matches decides).
     fn filters(&self) -> Result<Filters> {
@@ -500,6 +551,8 @@ impl TransferArgs {
             },
             follow: self.follow,
             filters: self.filters()?,
+            // Set with the sources, in run_send_from.
+            files_from: None,
             shard: self.shard,
             streams: self.streams,
             flows: self.flows,
@@ -796,6 +849,7 @@ pub(super) fn run_send_from(
     progress: Arc<Progress>,
     explain: impl Fn(&SendError) -> Option<String>,
 ) -> Result<ExitCode> {
+    config.files_from = args.listed(sources)?;
     let done = Arc::new(Mutex::new(false));
     let started = Instant::now();
     let machine = args.progress == ProgressMode::Json;
@@ -899,6 +953,8 @@ pub(super) fn ctrlc_hook(f: impl FnOnce() + Send + 'static) -> Result<()> {
 
 pub(super) fn send_cmd(args: SendArgs) -> Result<ExitCode> {
     let (host, subdir) = split_remote(&args.dest)?;
+    // A list that does not read is a usage error before any contact.
+    args.transfer.listed(&args.sources)?;
     let peer = resolve(&host)?;
     let mut config = args.transfer.config(peer, host, subdir)?;
     config.auth = args
@@ -923,6 +979,8 @@ pub(super) fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
         .any(|s| s.to_str().is_some_and(is_remote));
     if remote_source {
         refuse_for_a_pull(&args.transfer)?;
+    } else {
+        args.transfer.listed(&args.sources)?;
     }
     if remote_source || is_remote(&args.dest) {
         return super::remote::copy(
@@ -980,6 +1038,14 @@ fn refuse_for_a_pull(transfer: &TransferArgs) -> Result<()> {
     if transfer.dry_run {
         return Err(UsageError(
             "--dry-run is for sends and pushes; a pull (a remote SRC) cannot do one yet".into(),
+        )
+        .into());
+    }
+    if transfer.files_from.is_some() {
+        return Err(UsageError(
+            "--files-from is for a local source (a send, a push or a local copy), not yet a \
+             pull; name the remote paths as SRCs instead"
+                .into(),
         )
         .into());
     }
@@ -1044,7 +1110,7 @@ impl LocalReceiver {
                 policy: args.receiving.policy(
                     args.transfer.overwrite,
                     args.transfer.fsync,
-                    Some(local_requested(&args.sources)?),
+                    Some(local_requested(&args.sources, &args.transfer)?),
                 ),
                 limits: ReceiveLimits::default(),
                 authorized: None,
@@ -1096,7 +1162,12 @@ impl LocalReceiver {
 }
 
 /// The names a local copy's sender gives its SRCs, as its walk will.
-fn local_requested(sources: &[PathBuf]) -> Result<Requested> {
+fn local_requested(sources: &[PathBuf], args: &TransferArgs) -> Result<Requested> {
+    if let Some(listed) = args.listed(sources)? {
+        return Ok(Requested::exactly(&crate::transfer::manifest::listed_tops(
+            &listed,
+        )));
+    }
     let mut names = Vec::with_capacity(sources.len());
     for src in sources {
         names.push(

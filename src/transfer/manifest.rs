@@ -32,7 +32,7 @@
 //! a file or a symlink. Symlink targets are stored as given (they may point
 //! anywhere): the writer creates them last-level only and never follows them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsStr;
 use std::fmt;
 use std::fs;
@@ -450,6 +450,12 @@ pub enum WalkError {
     /// The source is "/".
     #[error("{} has no name to send it under; send what is inside it", shown_path(.path))]
     NoName { path: PathBuf },
+    #[error("{} line {line}: {error}", shown_path(.list))]
+    Listed {
+        list: PathBuf,
+        line: usize,
+        error: NameError,
+    },
     /// A directory inside itself: a symlink loop (with `follow`) or a bind mount.
     #[error("{} leads back to a directory that contains it (a symlink loop)", shown_path(.path))]
     Loop { path: PathBuf },
@@ -493,9 +499,129 @@ pub fn walk(
             let name = rel.to_string();
             return Err(WalkError::DuplicateName { name });
         }
-        walk_one(source, rel, follow, filters, &mut out)?;
+        let top = Arc::new(source.clone());
+        walk_one(source, rel, top, follow, filters, &mut out)?;
     }
     Ok(out)
+}
+
+/// One path of a `--files-from` list: the directory it is relative to
+/// and its path from there, which is also its path in the manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub dir: PathBuf,
+    pub path: RelPath,
+}
+
+/// The paths of a `--files-from` list `text`, relative to `base`, as
+/// rsync reads one: a path a line; blank lines and lines starting with
+/// `#` or `;` skipped; leading `/`, empty and `.` components dropped; a
+/// `/./` marks where the sent path starts (`sub/./a/b` sends `a/b` from
+/// `base/sub`). `list` names the list in errors.
+pub fn read_files_from(text: &[u8], base: &Path, list: &Path) -> Result<Vec<Listed>, WalkError> {
+    let mut out = Vec::new();
+    for (i, line) in text.split(|&b| b == b'\n').enumerate() {
+        if line.is_empty() || line[0] == b'#' || line[0] == b';' {
+            continue;
+        }
+        let (head, tail) = match line.windows(3).position(|w| w == b"/./") {
+            Some(at) => (&line[..at], &line[at + 3..]),
+            None => (&b""[..], line),
+        };
+        let tidy = |part: &[u8]| -> Vec<u8> {
+            let kept: Vec<&[u8]> = part
+                .split(|&b| b == b'/')
+                .filter(|c| !matches!(*c, b"" | b"."))
+                .collect();
+            kept.join(&b'/')
+        };
+        let at_line = |error| WalkError::Listed {
+            list: list.to_path_buf(),
+            line: i + 1,
+            error,
+        };
+        let path = RelPath::new(tidy(tail)).map_err(at_line)?;
+        let head = tidy(head);
+        if !head.is_empty() {
+            // Checked as a path of its own: no `..` to climb out of base.
+            RelPath::new(head.clone()).map_err(at_line)?;
+        }
+        let dir = base.join(OsStr::from_bytes(&head));
+        out.push(Listed { dir, path });
+    }
+    Ok(out)
+}
+
+/// The names the manifest of `listed` starts with, each once.
+pub fn listed_tops(listed: &[Listed]) -> Vec<Vec<u8>> {
+    let mut tops: Vec<Vec<u8>> = Vec::new();
+    for l in listed {
+        let top = l.path.components().next().unwrap_or_default().to_vec();
+        if !tops.contains(&top) {
+            tops.push(top);
+        }
+    }
+    tops
+}
+
+/// Walks the paths of a `--files-from` list (as `rsync -a -r
+/// --files-from`): each path arrives under its own path from its list
+/// directory, the directories on its way are sent as directories (without
+/// their other contents), and a listed directory is walked whole, as
+/// [`walk`] walks a SRC. Entries come once each, parents first, children
+/// sorted by name bytes.
+pub fn walk_listed(
+    listed: &[Listed],
+    follow: bool,
+    filters: &Filters,
+) -> Result<Vec<LocalEntry>, WalkError> {
+    let mut by_path: BTreeMap<Vec<Vec<u8>>, LocalEntry> = BTreeMap::new();
+    let key = |path: &RelPath| -> Vec<Vec<u8>> { path.components().map(<[u8]>::to_vec).collect() };
+    for l in listed {
+        let names: Vec<&[u8]> = l.path.components().collect();
+        let top = Arc::new(l.dir.join(OsStr::from_bytes(names[0])));
+        for depth in 1..names.len() {
+            let path = RelPath::new(names[..depth].join(&b'/')).map_err(name_err(&l.dir))?;
+            if by_path.contains_key(&key(&path)) {
+                continue;
+            }
+            let source = l.dir.join(path.to_path());
+            let md = if follow {
+                fs::metadata(&source)
+            } else {
+                fs::symlink_metadata(&source)
+            }
+            .map_err(io_err(&source))?;
+            if !md.is_dir() {
+                let error = io::Error::from_raw_os_error(libc::ENOTDIR);
+                return Err(WalkError::Io {
+                    path: source,
+                    error,
+                });
+            }
+            let entry = Entry {
+                path: path.clone(),
+                kind: EntryKind::Dir,
+                mode: md.mode() & 0o7777,
+                mtime_sec: md.mtime(),
+                mtime_nsec: md.mtime_nsec().clamp(0, 999_999_999) as u32,
+            };
+            let local = LocalEntry {
+                entry,
+                source,
+                top: top.clone(),
+                stamp: None,
+            };
+            by_path.insert(key(&path), local);
+        }
+        let mut walked = Vec::new();
+        let source = l.dir.join(l.path.to_path());
+        walk_one(source, l.path.clone(), top, follow, filters, &mut walked)?;
+        for e in walked {
+            by_path.entry(key(&e.entry.path)).or_insert(e);
+        }
+    }
+    Ok(by_path.into_values().collect())
 }
 
 /// Where to read SRC from, and the name to send it under.
@@ -524,11 +650,11 @@ pub fn top_name(src: &Path) -> Result<(PathBuf, Vec<u8>), WalkError> {
 fn walk_one(
     source: PathBuf,
     rel: RelPath,
+    top: Arc<PathBuf>,
     follow: bool,
     filters: &Filters,
     out: &mut Vec<LocalEntry>,
 ) -> Result<(), WalkError> {
-    let top = Arc::new(source.clone());
     let mut stack: Vec<(Option<Arc<fs::File>>, PathBuf, RelPath, usize)> =
         vec![(None, source, rel, 0)];
     let mut ancestors: Vec<(u64, u64)> = Vec::new();
@@ -539,8 +665,8 @@ fn walk_one(
             continue;
         }
         let name = source.file_name().map_or(source.as_path(), Path::new);
-        let fd =
-            source::open_entry(parent.as_deref(), &top, name, follow).map_err(io_err(&source))?;
+        let fd = source::open_entry(parent.as_deref(), &source, name, follow)
+            .map_err(io_err(&source))?;
         drop(parent);
         let md = fd.metadata().map_err(io_err(&source))?;
         let ft = md.file_type();

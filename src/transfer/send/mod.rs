@@ -208,6 +208,8 @@ pub struct SendConfig {
     pub(crate) follow: bool,
     /// Entries the walk leaves out (`--exclude`).
     pub(crate) filters: Filters,
+    /// The paths of `--files-from`, sent instead of the sources whole.
+    pub(crate) files_from: Option<Vec<super::manifest::Listed>>,
     /// Send only this shard's part of the tree (`--shard K/N`).
     pub(crate) shard: Option<Shard>,
     /// Transport connections at once.
@@ -246,6 +248,7 @@ impl SendConfig {
             options: Options::default(),
             follow: false,
             filters: Filters::default(),
+            files_from: None,
             shard: None,
             streams: 1,
             flows: 1,

@@ -25,7 +25,7 @@ use crate::io::coupling::GroupMember;
 use crate::io::{fresh_conn_id, StreamFeed};
 use crate::transfer::hash::{chunk_count, chunk_len, file_hash, part_digest, Cv, CHUNK_SIZE};
 use crate::transfer::layout::CV_LEN;
-use crate::transfer::manifest::{manifest_of, walk, EntryKind, LocalEntry, Manifest};
+use crate::transfer::manifest::{manifest_of, walk, walk_listed, EntryKind, LocalEntry, Manifest};
 use crate::transfer::messages::{
     encode_finish, ChunkRef, FilePart, FilePlan, Options, Outcome, PlanReply, PlanRequest,
 };
@@ -832,7 +832,10 @@ struct Walked {
 impl Plan {
     /// Walks `sources` (with `--shard`, this shard's part of them).
     fn walk(sources: &[PathBuf], config: &SendConfig) -> Result<Walked, SendError> {
-        let walked = walk(sources, config.follow, &config.filters)?;
+        let walked = match &config.files_from {
+            Some(listed) => walk_listed(listed, config.follow, &config.filters)?,
+            None => walk(sources, config.follow, &config.filters)?,
+        };
         let selected = match config.shard {
             Some(shard) => shard.select(walked),
             None => walked
