@@ -2713,6 +2713,71 @@ fn files_from_sends_what_rsync_sends() {
     assert!(err.contains("line 2"), "{err}");
 }
 
+/// `-H`: files that are one file at the source arrive as one file with
+/// the same names as `rsync -aH` gives them (compared by inode groups),
+/// their bytes sent once; a link to a file outside the tree arrives as a
+/// copy; a rerun with --skip-existing keeps them.
+#[test]
+fn hard_links_arrive_as_rsync_h_makes_them() {
+    if Command::new("rsync").arg("--version").output().is_err() {
+        eprintln!("SKIPPED hard_links_arrive_as_rsync_h_makes_them: no rsync on this host");
+        return;
+    }
+    let scratch = TestDir::new("transfer-hard-links");
+    let tree = scratch.dir("src/tree");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    write_random(&tree.join("a"), 300_000, 1);
+    write_random(&tree.join("d"), 5000, 2);
+    write_random(&scratch.path("outside"), 4000, 3);
+    fs::hard_link(tree.join("a"), tree.join("b")).unwrap();
+    fs::hard_link(tree.join("a"), tree.join("sub/c")).unwrap();
+    fs::hard_link(tree.join("d"), tree.join("sub/e")).unwrap();
+    fs::hard_link(scratch.path("outside"), tree.join("f")).unwrap();
+    let groups = |root: &Path| -> Vec<Vec<String>> {
+        use std::os::unix::fs::MetadataExt;
+        let mut by_inode: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+        for (rel, md) in walk(root) {
+            let rel = rel.display().to_string();
+            if md.is_file() && !rel.starts_with(STAGING_DIR) {
+                by_inode.entry(md.ino()).or_default().push(rel);
+            }
+        }
+        let mut groups: Vec<Vec<String>> = by_inode
+            .into_values()
+            .map(|mut g| {
+                g.sort();
+                g
+            })
+            .collect();
+        groups.sort();
+        groups
+    };
+    let by_rsync = scratch.dir("rsync");
+    let out = Command::new("rsync")
+        .arg("-aH")
+        .arg(&tree)
+        .arg(format!("{}/", by_rsync.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "rsync: {out:?}");
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    let r = send(&[&tree], &server.target(), &["-H"]).report();
+    assert_eq!(report_u(&r, "files"), 3, "{r}");
+    assert_eq!(report_u(&r, "bytes_sent"), 309_000, "{r}");
+    let want = vec![
+        vec!["tree/a", "tree/b", "tree/sub/c"],
+        vec!["tree/d", "tree/sub/e"],
+        vec!["tree/f"],
+    ];
+    assert_eq!(groups(&by_rsync), want);
+    assert_eq!(groups(&dest), want);
+    assert_same_tree(&tree, &dest.join("tree"));
+    let again = send(&[&tree], &server.target(), &["-H", "--skip-existing"]).report();
+    assert_eq!(report_u(&again, "bytes_sent"), 0, "{again}");
+    assert_eq!(groups(&dest), want);
+}
+
 /// `--bwlimit`: a send of 4 MiB at 16 Mbit/s over loopback (which takes
 /// a fraction of that time without the cap) takes at least size / rate.
 #[test]

@@ -99,6 +99,9 @@ pub(super) struct TransferArgs {
     /// Send what symlinks point to instead of the symlinks
     #[arg(long)]
     follow: bool,
+    /// Keep hard links (as rsync -H): files sent that are one file (same device and inode) arrive as one file with several names, its bytes sent once; links to files outside what is sent are sent as copies. Not with --shard
+    #[arg(long, short = 'H', conflicts_with = "shard")]
+    hard_links: bool,
     /// Reader threads (default: one per core, at least 2)
     #[arg(long, value_name = "N")]
     readers: Option<usize>,
@@ -550,6 +553,7 @@ impl TransferArgs {
                 finish_ahead: false,
             },
             follow: self.follow,
+            hard_links: self.hard_links,
             filters: self.filters()?,
             // Set with the sources, in run_send_from.
             files_from: None,
@@ -1297,6 +1301,7 @@ impl TransferArgs {
             (self.checksum, "--checksum"),
             (self.fsync, "--fsync"),
             (self.follow, "--follow"),
+            (self.hard_links, "--hard-links"),
             (self.no_path_cache, "--no-path-cache"),
         ] {
             if on {

@@ -62,6 +62,7 @@ const MIN_ENTRY_LEN: usize = 1 + 4 + 8 + 4 + 2 + 1;
 const KIND_DIR: u8 = 1;
 const KIND_FILE: u8 = 2;
 const KIND_SYMLINK: u8 = 3;
+const KIND_HARDLINK: u8 = 4;
 
 // One escaping function for every name shown to a person (src/util/text.rs).
 use crate::util::text::{shown, shown_path, Escaped};
@@ -179,8 +180,18 @@ impl fmt::Debug for RelPath {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EntryKind {
     Dir,
-    File { size: u64 },
-    Symlink { target: Vec<u8> },
+    File {
+        size: u64,
+    },
+    Symlink {
+        target: Vec<u8>,
+    },
+    /// Another name of the file at `target`, a file listed earlier in the
+    /// same manifest (`--hard-links`, as rsync -H): made with link(2) at
+    /// the finish, never written.
+    HardLink {
+        target: RelPath,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -231,6 +242,8 @@ pub enum ManifestError {
         path: RelPath,
         problem: &'static str,
     },
+    #[error("`{path}`: a hard link to `{target}`, which is not a file listed before it")]
+    BadLinkTarget { path: RelPath, target: RelPath },
     #[error("`{path}`: mode {mode:#o} has bits beyond 0o7777")]
     BadMode { path: RelPath, mode: u32 },
     #[error("`{path}`: mtime nanoseconds {nsec} not below 1000000000")]
@@ -282,6 +295,7 @@ impl Manifest {
                 EntryKind::Dir => KIND_DIR,
                 EntryKind::File { .. } => KIND_FILE,
                 EntryKind::Symlink { .. } => KIND_SYMLINK,
+                EntryKind::HardLink { .. } => KIND_HARDLINK,
             });
             out.put_u32(e.mode);
             out.put_i64(e.mtime_sec);
@@ -291,6 +305,7 @@ impl Manifest {
                 EntryKind::Dir => {}
                 EntryKind::File { size } => out.put_u64(*size),
                 EntryKind::Symlink { target } => put_bytes(&mut out, target),
+                EntryKind::HardLink { target } => put_bytes(&mut out, target.as_bytes()),
             }
         }
         out
@@ -320,7 +335,7 @@ impl Manifest {
         let mut entries = Vec::with_capacity(count);
         for index in 0..count {
             let kind = r.u8()?;
-            if !(KIND_DIR..=KIND_SYMLINK).contains(&kind) {
+            if !(KIND_DIR..=KIND_HARDLINK).contains(&kind) {
                 return Err(ManifestError::UnknownKind { index, kind });
             }
             let mode = r.u32()?;
@@ -331,8 +346,12 @@ impl Manifest {
             let kind = match kind {
                 KIND_DIR => EntryKind::Dir,
                 KIND_FILE => EntryKind::File { size: r.u64()? },
-                _ => EntryKind::Symlink {
+                KIND_SYMLINK => EntryKind::Symlink {
                     target: length_prefixed(&mut r)?.to_vec(),
+                },
+                _ => EntryKind::HardLink {
+                    target: RelPath::new(length_prefixed(&mut r)?.to_vec())
+                        .map_err(|error| ManifestError::BadName { index, error })?,
                 },
             };
             let entry = Entry {
@@ -379,11 +398,21 @@ impl Manifest {
                     });
                 }
             }
+            if let EntryKind::HardLink { target } = &e.kind {
+                if !matches!(seen.get(target), Some(EntryKind::File { .. })) {
+                    let target = target.clone();
+                    return Err(E::BadLinkTarget {
+                        path: path(),
+                        target,
+                    });
+                }
+            }
             if let Some(parent) = e.path.parent() {
                 let what = match seen.get(&parent) {
                     Some(EntryKind::Dir) => None,
                     Some(EntryKind::File { .. }) => Some("a file"),
                     Some(EntryKind::Symlink { .. }) => Some("a symlink"),
+                    Some(EntryKind::HardLink { .. }) => Some("a hard link"),
                     None => {
                         return Err(E::ParentMissing {
                             path: path(),
@@ -503,6 +532,29 @@ pub fn walk(
         walk_one(source, rel, top, follow, filters, &mut out)?;
     }
     Ok(out)
+}
+
+/// `--hard-links` (rsync -H): of the files in `entries` that are one
+/// file (device and inode, as the walk saw them), the first keeps its
+/// bytes and the others become hard links to it.
+pub fn keep_hard_links(entries: &mut [LocalEntry]) {
+    let mut first: HashMap<(u64, u64), RelPath> = HashMap::new();
+    for e in entries.iter_mut() {
+        let (EntryKind::File { .. }, Some(stamp)) = (&e.entry.kind, e.stamp) else {
+            continue;
+        };
+        match first.get(&(stamp.dev, stamp.ino)) {
+            Some(target) => {
+                e.entry.kind = EntryKind::HardLink {
+                    target: target.clone(),
+                };
+                e.stamp = None;
+            }
+            None => {
+                first.insert((stamp.dev, stamp.ino), e.entry.path.clone());
+            }
+        }
+    }
 }
 
 /// One path of a `--files-from` list: the directory it is relative to
@@ -783,6 +835,32 @@ mod tests {
     fn link(target: &[u8]) -> EntryKind {
         EntryKind::Symlink {
             target: target.to_vec(),
+        }
+    }
+
+    /// A hard link names a file listed before it, nothing else: a
+    /// hostile manifest cannot link to a directory, a symlink, a later
+    /// entry or a path it does not carry.
+    #[test]
+    fn a_hard_link_must_name_an_earlier_file() {
+        let link = |target: &[u8]| {
+            let target = RelPath(target.to_vec());
+            raw(b"t/l", EntryKind::HardLink { target })
+        };
+        let good = vec![dir(b"t"), file(b"t/f"), link(b"t/f")];
+        let m = Manifest { entries: good };
+        assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
+        for entries in [
+            vec![dir(b"t"), link(b"t/f"), file(b"t/f")],
+            vec![dir(b"t"), file(b"t/g"), link(b"t")],
+            vec![dir(b"t"), link(b"../etc/passwd")],
+            vec![dir(b"t"), file(b"t/f"), link(b"t/x")],
+        ] {
+            let err = decode_err(entries);
+            assert!(
+                matches!(err, E::BadLinkTarget { .. } | E::BadName { .. }),
+                "{err}"
+            );
         }
     }
 

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 
-use super::plan::DirCache;
+use super::plan::{link_target_rel, DirCache};
 use super::{
     pending_dir_record, split_rel, staged_name, to_system_time, DestError, FileTarget, Part,
     Prepared,
@@ -27,6 +27,7 @@ pub struct Finished {
     pub waiting: u64,
     pub dirs: u64,
     pub symlinks: u64,
+    pub hard_links: u64,
     pub skipped: u64,
 }
 
@@ -77,6 +78,8 @@ pub fn finish(
             }
         } else if let EntryKind::Symlink { target } = &entry.kind {
             finisher.symlink(rel, target)?;
+        } else if let EntryKind::HardLink { target } = &entry.kind {
+            finisher.hard_link(rel, &link_target_rel(rel, entry, target))?;
         }
         if is_file {
             file_no += 1;
@@ -193,6 +196,31 @@ impl<'a> Finisher<'a> {
             PartFinish::Waits => self.done.waiting += 1,
             PartFinish::PlacedBefore => {}
         }
+        Ok(())
+    }
+
+    /// A hard link to the file at `target` (placed earlier in this
+    /// finish, or kept), made under a staging name and renamed into place.
+    fn hard_link(&mut self, rel: &'a [u8], target: &[u8]) -> Result<(), DestError> {
+        let prepared = self.prepared;
+        let dest_dir = &prepared.dest_dir;
+        let (dir_rel, name) = split_rel(rel);
+        let staged = format!("{}.hlink", &staged_name(rel)[..32]);
+        let shown_path = dest_dir.shown(rel);
+        let (target_dir, target_name) = split_rel(target);
+        let target_fd = self.open_dir(target_dir)?;
+        dest_dir
+            .hard_link_staged(target_fd, target_name, &staged)
+            .map_err(|e| Error::disk("create hard link", &shown_path, e))?;
+        let replace = self.replace;
+        let fd = self.open_dir(dir_rel)?;
+        dest_dir
+            .place(&staged, fd, name, replace)
+            .map_err(|e| Error::disk("rename into place", &shown_path, e))?;
+        // rename(2) onto another name of the same file leaves both.
+        let _ = dest_dir.remove_staged(&staged);
+        self.written_into.insert(dir_rel);
+        self.done.hard_links += 1;
         Ok(())
     }
 

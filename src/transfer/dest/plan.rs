@@ -121,6 +121,7 @@ pub fn prepare(
         skip: vec![false; entries],
         rels: Vec::with_capacity(entries),
         conflicts: Vec::new(),
+        numbers: None,
     };
     for entry in &manifest.entries {
         planner.check_entry(entry, join_rel(&sub, entry.path.as_bytes()))?;
@@ -202,6 +203,13 @@ fn manifest_links(
         .collect()
 }
 
+/// The path beneath DEST of a hard link's target: the link's `rel` is
+/// its manifest path under the subdirectory, and so is the target's.
+pub(super) fn link_target_rel(rel: &[u8], entry: &Entry, target: &RelPath) -> Vec<u8> {
+    let sub = &rel[..rel.len() - entry.path.as_bytes().len()];
+    [sub, target.as_bytes()].concat()
+}
+
 /// A name the manifest may not use: the staging directory's.
 fn reserved(rel: &[u8]) -> bool {
     split_first(rel) == STAGING_DIR.as_bytes()
@@ -271,6 +279,9 @@ struct Planner<'a> {
     rels: Vec<Vec<u8>>,
     /// Entries in the way that may not be replaced.
     conflicts: Vec<String>,
+    /// Entry numbers by their path beneath DEST, made at the first hard
+    /// link (a manifest without one never pays for it).
+    numbers: Option<HashMap<Vec<u8>, usize>>,
 }
 
 impl<'a> Planner<'a> {
@@ -297,6 +308,10 @@ impl<'a> Planner<'a> {
             EntryKind::Symlink { target } => {
                 self.check_symlink(entry, target, &rel, found, &path)?
             }
+            EntryKind::HardLink { target } => {
+                let target = link_target_rel(&rel, entry, target);
+                self.check_hard_link(&rel, &target, found, &path)?
+            }
         };
         // Entries are checked in order, so this one's number is how many
         // were checked before it.
@@ -306,8 +321,58 @@ impl<'a> Planner<'a> {
             Decision::Conflict => self.conflicts.push(entry.path.to_string()),
             Decision::Write | Decision::Compare => {}
         }
+        if let Some(numbers) = &mut self.numbers {
+            numbers.insert(rel.clone(), i);
+        }
         self.rels.push(rel);
         Ok(())
+    }
+
+    /// A hard link at `rel` to the file at `target` (both beneath DEST):
+    /// with --skip-existing, a name that is already that file, which this
+    /// transfer leaves as it is, stays; else as any entry in the way.
+    fn check_hard_link(
+        &mut self,
+        rel: &[u8],
+        target: &[u8],
+        found: Found,
+        path: &Path,
+    ) -> Result<Decision, Error> {
+        let options = self.options;
+        match found {
+            Found::Dir => Err(in_the_way(path, "a directory")),
+            Found::Nothing => Ok(Decision::Write),
+            Found::File { .. } if options.skip_existing && self.is_kept_same_file(rel, target) => {
+                Ok(Decision::Skip)
+            }
+            _ if !options.overwrite => Ok(Decision::Conflict),
+            _ => Ok(Decision::Write),
+        }
+    }
+
+    /// Whether `rel` is the file at `target` (one inode) and this
+    /// transfer skips the entry at `target`.
+    fn is_kept_same_file(&mut self, rel: &[u8], target: &[u8]) -> bool {
+        let rels = &self.rels;
+        let numbers = self.numbers.get_or_insert_with(|| {
+            rels.iter()
+                .enumerate()
+                .map(|(i, r)| (r.clone(), i))
+                .collect()
+        });
+        let Some(&j) = numbers.get(target) else {
+            return false;
+        };
+        if !self.skip[j] {
+            return false;
+        }
+        let mut inode = |rel: &[u8]| {
+            let (dir, name) = split_rel(rel);
+            let fd = self.dirs.get(dir).ok()?;
+            dest_dir::inode(fd, name).ok()
+        };
+        let here = inode(rel);
+        here.is_some() && here == inode(target)
     }
 
     /// A regular file, whole or this session's part of a split one: what
@@ -727,7 +792,6 @@ fn dirs_read_link(dirs: &mut DirCache<'_>, rel: &[u8]) -> Option<Vec<u8>> {
     dest_dir::read_link(dirs.get(dir).ok()?, name).ok()
 }
 
-/// Creates directory `rel` beneath DEST; whether it is new.
 /// Directory `rel`, created private (0700) until the finish gives it its
 /// mode. Its pending record goes into the staging directory first, so a
 /// session cancelled before its finish leaves the record beside the
@@ -763,6 +827,7 @@ fn make_private_dir(dest: &DestDir, rel: &[u8]) -> Result<bool, Error> {
     Ok(made)
 }
 
+/// Creates directory `rel` beneath DEST; whether it is new.
 fn make_dir(dest: &DestDir, rel: &[u8], mode: u32) -> Result<bool, Error> {
     let (dir, name) = split_rel(rel);
     dest.open_dir(dir)

@@ -208,6 +208,8 @@ pub struct SendConfig {
     pub(crate) follow: bool,
     /// Entries the walk leaves out (`--exclude`).
     pub(crate) filters: Filters,
+    /// Files that are one file go as one file and links to it (`-H`).
+    pub(crate) hard_links: bool,
     /// The paths of `--files-from`, sent instead of the sources whole.
     pub(crate) files_from: Option<Vec<super::manifest::Listed>>,
     /// Send only this shard's part of the tree (`--shard K/N`).
@@ -249,6 +251,7 @@ impl SendConfig {
             follow: false,
             filters: Filters::default(),
             files_from: None,
+            hard_links: false,
             shard: None,
             streams: 1,
             flows: 1,
