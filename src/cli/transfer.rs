@@ -447,6 +447,7 @@ impl TransferArgs {
             trace: None,
             path_memory: None,
             wait_busy: self.wait_busy,
+            route: None,
         })
     }
 }
@@ -753,7 +754,10 @@ pub(super) fn run_send_from(
         // Ctrl-C: stop the connections; the partial files stay for a resume.
         let _ = ctrlc_hook(move || p.stop.store(true, Ordering::Relaxed));
     }
-    let hint = PathHint::new(args.no_path_cache, config.peer.ip(), pinned_key);
+    // Through the ssh tunnel the peer is a loopback stand-in: what its
+    // path teaches is the ssh channel's, of no use to the next run.
+    let tunneled = config.route == Some("ssh");
+    let hint = PathHint::new(args.no_path_cache || tunneled, config.peer.ip(), pinned_key);
     config.path_memory = hint.recall();
     let result = crate::transfer::send::send_from(sources, &config, progress.clone(), from);
     // The end-of-run summary of each connection, from what it measured.
@@ -789,15 +793,19 @@ pub(super) fn run_send_from(
     match result {
         Ok(report) => {
             if args.json {
-                print_stdout(&exit::json_text(
-                    &with_streams(exit::json_report(&report, status)?, &streams)?,
-                    machine,
-                ))?;
+                let mut v = with_streams(exit::json_report(&report, status)?, &streams)?;
+                if let (Some(route), Some(m)) = (config.route, v.as_object_mut()) {
+                    m.insert("path".into(), route.into());
+                }
+                print_stdout(&exit::json_text(&v, machine))?;
             } else if !args.quiet {
                 if report.dry_run.is_some() {
                     print_stdout(&dry_run_text(&report))?;
                 } else {
                     eprint!("{}", report_text(&report, &streams));
+                    if let Some(route) = config.route {
+                        eprintln!("atou: path: {}", route_text(route));
+                    }
                 }
             }
         }
@@ -820,6 +828,15 @@ pub(super) fn run_send_from(
         }
     }
     Ok(status.into())
+}
+
+/// A copy over ssh's path, as its report says it.
+pub(super) fn route_text(route: &str) -> &'static str {
+    if route == "ssh" {
+        "ssh (no UDP datagram got through: atou's sealed datagrams went over the ssh connection)"
+    } else {
+        "udp"
+    }
 }
 
 /// Calls `f` on the first Ctrl-C, from a thread of its own.

@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
@@ -40,8 +40,12 @@ use crate::transfer::receive::{
     check_root, FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
 };
 use crate::transfer::send::{Bound, SendError};
+use crate::transfer::tunnel::{self, ClientSide, Tunnel};
 use crate::util::text::escape;
 
+/// How long a copy waits for a UDP answer from the remote before it
+/// carries its datagrams over the ssh connection instead (issue 29).
+const DETECT_UDP: Duration = Duration::from_secs(3);
 /// How often a pull's punch datagrams are sent until the remote has them.
 const PUNCH_EVERY: Duration = Duration::from_millis(200);
 /// How long the remote end waits for its process to be asked to exit
@@ -213,6 +217,8 @@ pub(crate) struct RemoteEnd {
     stdin: Option<ChildStdin>,
     /// Lines the remote printed on stdout.
     lines: mpsc::Receiver<String>,
+    /// The rest of its stdout, once it switched to the tunnel.
+    frames: mpsc::Receiver<BufReader<ChildStdout>>,
     /// The last lines of ssh's stderr (the remote's included), for messages.
     tail: Arc<Mutex<VecDeque<String>>>,
     /// Once set, stderr lines are passed to ours as they come.
@@ -255,7 +261,7 @@ impl RemoteEnd {
             .spawn()
             .map_err(|e| failed(format!("cannot run `{program}` (--ssh): {e}")))?;
         let stdin = child.stdin.take();
-        let lines = read_lines(child.stdout.take().expect("piped"));
+        let (lines, frames) = read_lines(child.stdout.take().expect("piped"));
         let tail = Arc::new(Mutex::new(VecDeque::new()));
         let live = Arc::new(AtomicBool::new(false));
         let stderr = keep_stderr(
@@ -270,6 +276,7 @@ impl RemoteEnd {
             child,
             stdin,
             lines,
+            frames,
             tail,
             live,
             stderr: Some(stderr),
@@ -451,6 +458,52 @@ impl RemoteEnd {
     }
 }
 
+impl RemoteEnd {
+    /// Asks the remote to carry the datagrams over the ssh channel: says
+    /// [`tunnel::SWITCH`] on its stdin and waits for it to say the same on
+    /// its stdout. The two halves of the channel, for the tunnel.
+    fn switch_to_tunnel(&mut self) -> Result<(BufReader<ChildStdout>, ChildStdin), RemoteError> {
+        let mut stdin = self
+            .stdin
+            .take()
+            .ok_or_else(|| failed("ssh's stdin is closed"))?;
+        stdin.write_all(format!("{}\n", tunnel::SWITCH).as_bytes())?;
+        stdin.flush()?;
+        match self.lines.recv_timeout(EXIT_GRACE) {
+            Ok(line) if line == tunnel::SWITCH => {}
+            Ok(line) => {
+                return Err(failed(format!(
+                    "{} said `{}` where the switch to the ssh tunnel expected {}: is atou there \
+                     the same release?",
+                    self.host(),
+                    escape(line.as_bytes()),
+                    tunnel::SWITCH
+                )))
+            }
+            Err(_) => return Err(self.failure("before the switch to the ssh tunnel")),
+        }
+        let frames = self
+            .frames
+            .recv_timeout(EXIT_GRACE)
+            .map_err(|_| failed("ssh's stdout closed at the switch to the tunnel"))?;
+        Ok((frames, stdin))
+    }
+}
+
+/// Whether the atou server at `peer` answers a key query within
+/// [`DETECT_UDP`]: `false` when nothing came back, or only ICMP
+/// unreachable (a firewall's reject).
+fn udp_answers(peer: SocketAddr) -> Result<bool, RemoteError> {
+    Ok(
+        match runtime()?.block_on(io::query_server_key(peer, DETECT_UDP)) {
+            Ok(_) => true,
+            Err(ProbeError::NoKey { .. } | ProbeError::Unreachable { .. }) => false,
+            // Anything else the send itself meets and explains.
+            Err(_) => true,
+        },
+    )
+}
+
 impl Drop for RemoteEnd {
     fn drop(&mut self) {
         // An early return (an error, Ctrl-C): ssh goes, and with it the
@@ -466,9 +519,14 @@ impl Drop for RemoteEnd {
 }
 
 /// The lines the remote prints on stdout, each cut at [`MAX_LINE`], as
-/// they come.
-fn read_lines(stdout: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+/// they come; once the remote says [`tunnel::SWITCH`], the frames that
+/// follow it are the tunnel's: the reader, with what it has buffered,
+/// goes on the second channel, after the line itself on the first.
+fn read_lines<R: Read + Send + 'static>(
+    stdout: R,
+) -> (mpsc::Receiver<String>, mpsc::Receiver<BufReader<R>>) {
     let (tx, lines) = mpsc::channel();
+    let (hand_over, frames) = mpsc::channel();
     thread::spawn(move || {
         let mut r = BufReader::new(stdout);
         loop {
@@ -477,14 +535,19 @@ fn read_lines(stdout: impl Read + Send + 'static) -> mpsc::Receiver<String> {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
                     let text = String::from_utf8_lossy(&line).trim_end().to_string();
+                    let switch = text == tunnel::SWITCH;
                     if tx.send(text).is_err() {
+                        break;
+                    }
+                    if switch {
+                        let _ = hand_over.send(r);
                         break;
                     }
                 }
             }
         }
     });
-    lines
+    (lines, frames)
 }
 
 /// Keeps the last five lines of ssh's stderr in `tail`, escaped, and
@@ -545,8 +608,14 @@ fn ssh_hostname(ssh: &SshCommand, target: &str) -> Option<String> {
 pub(crate) struct Push {
     remote: Mutex<RemoteEnd>,
     host: String,
-    /// Where the remote receives: its port, at the address ssh reached.
+    /// Where to send: the remote's port at the address ssh reached, or
+    /// this end's stand-in for it when UDP does not get through.
     pub peer: SocketAddr,
+    /// `udp`, or `ssh` where the datagrams go through [`Push::tunnel`].
+    pub route: &'static str,
+    /// The relay over the ssh channel, when no UDP got through; dropped
+    /// at the end, which closes the remote's stdin.
+    tunnel: Option<Tunnel>,
 }
 
 impl Push {
@@ -563,11 +632,31 @@ impl Push {
         };
         let mut remote = RemoteEnd::start(ssh, target, &hello, args)?;
         let answer = remote.bootstrap()?;
-        let peer = SocketAddr::new(remote.peer_ip(ssh, &answer)?, answer.ports[0]);
+        let udp = SocketAddr::new(remote.peer_ip(ssh, &answer)?, answer.ports[0]);
+        let host = remote.host().to_string();
+        // The receiver there answers a key query: no answer in time, and
+        // UDP is blocked one way or both. Asked before the send starts, so
+        // the receiver (which serves one transfer) has seen no session.
+        let (peer, route, tunnel) = if udp_answers(udp)? {
+            (udp, "udp", None)
+        } else {
+            eprintln!(
+                "atou: no UDP reply from {} in {:.0} s (a firewall?); the transfer goes \
+                 through the ssh connection",
+                udp_target(&host, udp),
+                DETECT_UDP.as_secs_f64()
+            );
+            let side = ClientSide::bind(1, udp)?;
+            let stand_in = side.addrs()?[0];
+            let (from_remote, to_remote) = remote.switch_to_tunnel()?;
+            (stand_in, "ssh", Some(side.run(from_remote, to_remote)?))
+        };
         let push = Push {
-            host: remote.host().to_string(),
+            host,
             remote: Mutex::new(remote),
             peer,
+            route,
+            tunnel,
         };
         Ok((push, client_auth(identity, answer.key)))
     }
@@ -610,6 +699,9 @@ impl Push {
     /// that has already failed is an error of its own. Otherwise waits for
     /// it.
     pub(crate) fn finish(self, sent: bool) -> Result<(), RemoteError> {
+        // The tunnel's end closes the remote's stdin, as `finish` and
+        // `detach` would have.
+        drop(self.tunnel);
         let mut remote = self.remote.into_inner().expect("remote lock");
         if !sent {
             // The reason is said; what the remote adds as it goes is noise.
@@ -1039,12 +1131,13 @@ pub(crate) struct FarReceiveConfig {
 /// The far end of a push: answers the hello with a port of the range at
 /// `ip` (where ssh reached this host) and serves one transfer from the
 /// hello's key until it is over or `gone` is told. `watch` runs once the
-/// answer is out. `Ok(None)`: the local end went away first.
+/// answer is out, given the receiver's address (for a tunnel to it).
+/// `Ok(None)`: the local end went away first.
 pub(crate) fn receive_push(
     config: FarReceiveConfig,
     hello: &Hello,
     ip: Option<IpAddr>,
-    watch: impl FnOnce() + Send + 'static,
+    watch: impl FnOnce(SocketAddr) + Send + 'static,
     gone: Arc<tokio::sync::Notify>,
 ) -> Result<Option<Result<(), String>>, RemoteError> {
     let sock = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), config.port, 1)?.remove(0);
@@ -1085,7 +1178,7 @@ pub(crate) fn receive_push(
     )
     .map_err(|e| failed(e.to_string()))?;
     answer(vec![local.port()], key, ip, None)?;
-    thread::spawn(watch);
+    thread::spawn(move || watch(local));
     runtime()?.block_on(io::serve_from(
         Some(sock),
         ServeConfig {

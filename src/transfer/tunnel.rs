@@ -33,18 +33,23 @@ use std::thread;
 use std::time::Duration;
 
 /// The line each end says before the frames start.
-pub const SWITCH: &str = "ATOU-TUNNEL";
+pub(crate) const SWITCH: &str = "ATOU-TUNNEL";
 /// Largest datagram a frame carries: UDP's largest payload over IPv4.
-pub const MAX_DATAGRAM: usize = 65_507;
+pub(crate) const MAX_DATAGRAM: usize = 65_507;
 /// Most flows (client sockets) one tunnel carries.
-pub const MAX_FLOWS: usize = 256;
+pub(crate) const MAX_FLOWS: usize = 256;
 /// Bytes before a frame's datagram.
 const HEADER_LEN: usize = 5;
 /// How often a relay socket's reader looks whether the tunnel has ended.
 const POLL: Duration = Duration::from_millis(100);
 
 /// Writes one frame.
-pub fn write_frame(out: &mut impl Write, flow: u16, server: u8, datagram: &[u8]) -> io::Result<()> {
+pub(crate) fn write_frame(
+    out: &mut impl Write,
+    flow: u16,
+    server: u8,
+    datagram: &[u8],
+) -> io::Result<()> {
     let len = u16::try_from(datagram.len())
         .ok()
         .filter(|&l| usize::from(l) <= MAX_DATAGRAM)
@@ -62,7 +67,7 @@ pub fn write_frame(out: &mut impl Write, flow: u16, server: u8, datagram: &[u8])
 /// channel ended between frames. `servers` is how many server ports the
 /// tunnel has; a frame naming another, a flow at or past [`MAX_FLOWS`] or
 /// a length past [`MAX_DATAGRAM`] is an error.
-pub fn read_frame(
+pub(crate) fn read_frame(
     input: &mut impl Read,
     buf: &mut [u8],
     servers: usize,
@@ -126,7 +131,7 @@ fn send_frame(channel: &Channel, flow: u16, server: u8, datagram: &[u8]) -> io::
 }
 
 /// A tunnel at work: its threads, and how it ended.
-pub struct Tunnel {
+pub(crate) struct Tunnel {
     stop: Arc<AtomicBool>,
     /// Reads the channel; ends with it. Taken by [`Tunnel::join`].
     reader: Option<thread::JoinHandle<io::Result<()>>>,
@@ -136,18 +141,11 @@ impl Tunnel {
     /// Waits for the channel to end (the other end closed it): `Ok` at a
     /// clean end, the error that ended it otherwise. The relay sockets'
     /// readers stop within [`POLL`].
-    pub fn join(mut self) -> io::Result<()> {
+    pub(crate) fn join(mut self) -> io::Result<()> {
         let reader = self.reader.take().expect("joined once");
         reader
             .join()
             .unwrap_or_else(|_| Err(io::Error::other("the tunnel's reader panicked")))
-    }
-
-    /// Whether the channel has ended.
-    pub fn is_finished(&self) -> bool {
-        self.reader
-            .as_ref()
-            .is_none_or(thread::JoinHandle::is_finished)
     }
 }
 
@@ -183,13 +181,13 @@ impl Flows {
 
 /// The side where the UDP clients are: one loopback socket per server
 /// port, standing for that server.
-pub struct ClientSide {
+pub(crate) struct ClientSide {
     relays: Vec<UdpSocket>,
 }
 
 impl ClientSide {
     /// Stand-ins for `servers` servers, of `family`'s address family.
-    pub fn bind(servers: usize, family: SocketAddr) -> io::Result<ClientSide> {
+    pub(crate) fn bind(servers: usize, family: SocketAddr) -> io::Result<ClientSide> {
         if servers == 0 || servers > usize::from(u8::MAX) + 1 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -203,13 +201,13 @@ impl ClientSide {
     }
 
     /// Where the clients send to reach each server, in server order.
-    pub fn addrs(&self) -> io::Result<Vec<SocketAddr>> {
+    pub(crate) fn addrs(&self) -> io::Result<Vec<SocketAddr>> {
         self.relays.iter().map(UdpSocket::local_addr).collect()
     }
 
     /// Carries datagrams between the stand-ins and the channel
     /// (`input`, `output`) until the channel ends.
-    pub fn run(
+    pub(crate) fn run(
         self,
         mut input: impl Read + Send + 'static,
         output: impl Write + Send + 'static,
@@ -268,14 +266,14 @@ impl ClientSide {
 
 /// The side where the UDP server is: one loopback socket per flow,
 /// standing for that flow's client.
-pub struct ServerSide {
+pub(crate) struct ServerSide {
     servers: Vec<SocketAddr>,
 }
 
 impl ServerSide {
     /// For the servers bound at `servers`, in the order the client side
     /// numbers them.
-    pub fn new(servers: Vec<SocketAddr>) -> ServerSide {
+    pub(crate) fn new(servers: Vec<SocketAddr>) -> ServerSide {
         ServerSide {
             servers: servers.into_iter().map(reachable).collect(),
         }
@@ -283,7 +281,7 @@ impl ServerSide {
 
     /// Carries datagrams between the channel (`input`, `output`) and the
     /// servers until the channel ends.
-    pub fn run(
+    pub(crate) fn run(
         self,
         mut input: impl Read + Send + 'static,
         output: impl Write + Send + 'static,

@@ -231,6 +231,10 @@ pub struct SendConfig {
     /// receiver that says it is busy, from its first such answer; zero:
     /// give up at once.
     pub(crate) wait_busy: Duration,
+    /// How a copy over ssh carries its datagrams, for its report: `udp`,
+    /// or `ssh` where no UDP got through ([`crate::transfer::tunnel`]);
+    /// `None`: not a copy over ssh.
+    pub(crate) route: Option<&'static str>,
 }
 
 impl SendConfig {
@@ -255,6 +259,7 @@ impl SendConfig {
             trace: None,
             path_memory: None,
             wait_busy: Duration::ZERO,
+            route: None,
         }
     }
 
