@@ -711,6 +711,7 @@ fn run_send(
     args: &TransferArgs,
     pinned_key: Option<[u8; 32]>,
 ) -> Result<ExitCode> {
+    let host = config.host.clone();
     run_send_from(
         sources,
         config,
@@ -718,7 +719,23 @@ fn run_send(
         pinned_key,
         &[],
         Arc::new(Progress::default()),
-        |_| None,
+        |e| silent_from_the_start(e).then(|| format!("{}; {e}", io::no_udp_reply(&host))),
+    )
+}
+
+/// Whether the receiver never answered the hello: not one datagram came
+/// back from it.
+fn silent_from_the_start(e: &SendError) -> bool {
+    use crate::proto::endpoint::client::Stage;
+    matches!(
+        e,
+        SendError::Conn(crate::io::ProbeError::Conn {
+            error: crate::proto::ConnError::Idle {
+                stage: Stage::Hello | Stage::Handshake,
+                ..
+            },
+            ..
+        })
     )
 }
 

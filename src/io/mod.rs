@@ -402,8 +402,9 @@ pub enum ProbeError {
     },
     /// The query for the server's key had no answer: nothing seems to serve there.
     #[error(
-        "no answer from {peer} within {:.1} s (maxidle) to a query for its key, before the \
-         hello: is `atou serve` running there? (or pass the server's key with --server-key)",
+        "{}: no answer within {:.1} s (maxidle) to a query for its key, before the hello; or \
+         is `atou serve` not running there? (or pass the server's key with --server-key)",
+        no_udp_reply(peer),
         wait.as_secs_f64()
     )]
     NoKey {
@@ -626,6 +627,13 @@ mod address_tokens {
             t.insert(server, token);
         }
     }
+}
+
+/// What a client says when not one datagram came back from `server`
+/// (issue 29): UDP may be blocked on the way, and a copy over ssh does not
+/// need it.
+pub(crate) fn no_udp_reply(server: impl std::fmt::Display) -> String {
+    format!("no UDP reply from {server} — a firewall? `atou copy` over ssh can go through TCP")
 }
 
 /// Asks the server at `peer` for its public key (trust on first use: the
