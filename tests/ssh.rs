@@ -976,3 +976,27 @@ fn a_push_goes_through_ssh_when_a_firewall_drops_udp_both_ways() {
     assert_eq!(json_path(&out.stdout), "ssh", "{}", text(&out));
     assert_same_tree(&src, &dest.join("data"));
 }
+
+/// UDP dropped only on its way back (into the local end): the remote's
+/// receiver hears the key query but its answer never arrives; the push
+/// goes through ssh all the same, and the receiver, which serves one
+/// transfer, takes it.
+#[test]
+fn a_push_goes_through_ssh_when_only_the_answers_are_dropped() {
+    let test = "a_push_goes_through_ssh_when_only_the_answers_are_dropped";
+    let Some(net) = Namespaces::new(test, "q") else {
+        return;
+    };
+    net.drop_udp_into(&net.near);
+    let s = dir_for_sshd("tunnel-one-way");
+    let Some(sshd) = Sshd::start_at(s.root(), test, Namespaces::FAR, Some(&net)) else {
+        return;
+    };
+    let src = s.path("data");
+    make_tree(&src);
+    let dest = s.path("pushed");
+    let out = run(&mut sshd.copy(&[src.to_str().unwrap(), &sshd.at(&dest), "--json"]));
+    assert!(out.status.success(), "push: {}", text(&out));
+    assert_eq!(json_path(&out.stdout), "ssh", "{}", text(&out));
+    assert_same_tree(&src, &dest.join("data"));
+}
