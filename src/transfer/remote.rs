@@ -461,15 +461,19 @@ impl RemoteEnd {
 impl RemoteEnd {
     /// Asks the remote to carry the datagrams over the ssh channel: says
     /// [`tunnel::SWITCH`] on its stdin and waits for it to say the same on
-    /// its stdout. The two halves of the channel, for the tunnel.
-    fn switch_to_tunnel(&mut self) -> Result<(BufReader<ChildStdout>, ChildStdin), RemoteError> {
+    /// its stdout. The two halves of the channel, for the tunnel; `None`
+    /// when it did not answer within [`DETECT_UDP`] (an atou there that
+    /// predates the tunnel reads stdin only for its end).
+    fn switch_to_tunnel(
+        &mut self,
+    ) -> Result<Option<(BufReader<ChildStdout>, ChildStdin)>, RemoteError> {
         let mut stdin = self
             .stdin
             .take()
             .ok_or_else(|| failed("ssh's stdin is closed"))?;
         stdin.write_all(format!("{}\n", tunnel::SWITCH).as_bytes())?;
         stdin.flush()?;
-        match self.lines.recv_timeout(EXIT_GRACE) {
+        match self.lines.recv_timeout(DETECT_UDP) {
             Ok(line) if line == tunnel::SWITCH => {}
             Ok(line) => {
                 return Err(failed(format!(
@@ -480,13 +484,16 @@ impl RemoteEnd {
                     tunnel::SWITCH
                 )))
             }
-            Err(_) => return Err(self.failure("before the switch to the ssh tunnel")),
+            Err(mpsc::RecvTimeoutError::Timeout) => return Ok(None),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(self.failure("before the switch to the ssh tunnel"))
+            }
         }
         let frames = self
             .frames
             .recv_timeout(EXIT_GRACE)
             .map_err(|_| failed("ssh's stdout closed at the switch to the tunnel"))?;
-        Ok((frames, stdin))
+        Ok(Some((frames, stdin)))
     }
 }
 
@@ -640,15 +647,23 @@ impl Push {
         let (peer, route, tunnel) = if udp_answers(udp)? {
             (udp, "udp", None)
         } else {
+            let side = ClientSide::bind(1, udp)?;
+            let stand_in = side.addrs()?[0];
+            let Some((from_remote, to_remote)) = remote.switch_to_tunnel()? else {
+                return Err(RemoteError::Network(format!(
+                    "UDP to {} blocked? tried {:.0} s, no datagram arrived, and atou on {host} \
+                     did not take the ssh tunnel (an older release?); open the --port range in \
+                     the firewall, or run this atou release there",
+                    udp_target(&host, udp),
+                    DETECT_UDP.as_secs_f64()
+                )));
+            };
             eprintln!(
                 "atou: no UDP reply from {} in {:.0} s (a firewall?); the transfer goes \
                  through the ssh connection",
                 udp_target(&host, udp),
                 DETECT_UDP.as_secs_f64()
             );
-            let side = ClientSide::bind(1, udp)?;
-            let stand_in = side.addrs()?[0];
-            let (from_remote, to_remote) = remote.switch_to_tunnel()?;
             (stand_in, "ssh", Some(side.run(from_remote, to_remote)?))
         };
         let push = Push {
