@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{say, TestDir, ATOU};
+use common::{noise, say, TestDir, ATOU};
 
 /// The path cache of the atou processes this test starts: its own, so
 /// that neither the user's entries nor another test's hint its runs.
@@ -266,19 +266,6 @@ impl Sshd {
     }
 }
 
-/// Deterministic bytes that do not compress.
-fn bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// A small tree with every kind: files of several sizes (empty, one
 /// byte, over a chunk), odd modes, a subdirectory, an empty directory,
 /// a symlink, a name with a space.
@@ -287,7 +274,7 @@ fn make_tree(root: &Path) {
     fs::create_dir_all(root.join("empty dir")).unwrap();
     fs::write(root.join("empty"), b"").unwrap();
     fs::write(root.join("one"), b"1").unwrap();
-    fs::write(root.join("sub/big.bin"), bytes(2 * MIB + 12345, 1)).unwrap();
+    fs::write(root.join("sub/big.bin"), noise(2 * MIB + 12345, 1)).unwrap();
     fs::write(root.join("sub/deeper/with space.txt"), b"hello over ssh\n").unwrap();
     fs::write(root.join("run.sh"), b"#!/bin/sh\necho hi\n").unwrap();
     fs::set_permissions(root.join("run.sh"), fs::Permissions::from_mode(0o750)).unwrap();
@@ -601,7 +588,7 @@ fn a_transfer_killed_at_either_end_completes_when_run_again() {
     };
     let src = s.path("data");
     fs::create_dir_all(&src).unwrap();
-    fs::write(src.join("big.bin"), bytes(6 * MIB, 7)).unwrap();
+    fs::write(src.join("big.bin"), noise(6 * MIB, 7)).unwrap();
     // One segment in flight, each ACK delayed: about half a MiB a second.
     let slow = [
         "--streams",

@@ -3167,3 +3167,83 @@ fn a_hello_whose_timestamp_cannot_be_saved_is_not_answered() {
     ));
     assert!(table.is_file());
 }
+
+// ---------------------------------------------------------------------------
+// `atou serve --metrics`
+// ---------------------------------------------------------------------------
+
+/// `GET /metrics` from `addr`: the body of a 200 answer.
+fn scrape(addr: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to --metrics");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: atou\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    body.to_string()
+}
+
+/// The value of the sample `name` (with its labels) in a scrape; 0 if absent.
+fn sample(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap_or_else(|e| panic!("{name} {v}: {e}")))
+        .next()
+        .unwrap_or(0)
+}
+
+#[test]
+fn metrics_count_a_real_transfer() {
+    let scratch = TestDir::new("transfer-metrics");
+    let f = scratch.dir("src").join("f");
+    let size = 24 * MIB + 5;
+    write_random(&f, size, 30);
+    let dest = scratch.dir("dest");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics = format!("127.0.0.1:{port}");
+    let server = Serve::start_with(&dest, &["--metrics", &metrics]);
+    let before = scrape(&metrics);
+    assert_eq!(sample(&before, "atou_serve_transfers_done_total"), 0);
+    let sending = spawn_send(&[&f], &server.target(), &[]);
+    // Scraped while the transfer runs (or just after, on a fast machine):
+    // it answers all the same.
+    let during = scrape(&metrics);
+    assert!(during.ends_with("# EOF\n"), "{during}");
+    sending.finish(Duration::from_secs(120)).report();
+    assert_eq!(server.report()["transfer"]["bytes_written"], size);
+    // The connection's counters arrive with its report, as it closes.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        let text = scrape(&metrics);
+        if sample(&text, "atou_serve_handshakes_total") >= 1 || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    say(&after);
+    assert_eq!(sample(&after, "atou_serve_transfers_done_total"), 1);
+    assert_eq!(sample(&after, "atou_serve_transfers_failed_total"), 0);
+    assert_eq!(sample(&after, "atou_serve_files_written_total"), 1);
+    assert_eq!(sample(&after, "atou_serve_written_bytes_total"), size);
+    assert!(
+        sample(&after, "atou_serve_handshakes_total") >= 1,
+        "{after}"
+    );
+    assert!(
+        sample(&after, "atou_serve_hellos_total{fate=\"worked\"}") >= 1,
+        "{after}"
+    );
+    assert_eq!(
+        sample(&after, "atou_serve_hellos_total{fate=\"rate_limited\"}"),
+        0
+    );
+    assert!(
+        sample(&after, "atou_serve_connection_seconds_count") >= 1,
+        "{after}"
+    );
+}

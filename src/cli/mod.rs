@@ -11,6 +11,7 @@ mod docs;
 mod exit;
 mod host_config;
 mod keygen;
+mod metrics;
 mod net;
 mod netem;
 mod path_hint;

@@ -24,6 +24,7 @@ use crate::util::text::shown_path;
 use crate::util::units::{format_size, parse_duration, parse_size, TimeUnit};
 
 use super::exit::Exit;
+use super::metrics::{serve_metrics, ServeMetrics};
 use super::path_hint::PathHint;
 use super::{finish_trace, print_stdout, Output, OutputArgs, TuningArgs, UsageError};
 
@@ -86,6 +87,9 @@ pub(super) struct ServeArgs {
     /// UDP socket receive buffer in bytes (SO_RCVBUF, atousrv -b); never grown past this, whatever a client asks
     #[arg(long, value_name = "BYTES", default_value = "4MiB", value_parser = parse_sockbuf)]
     rcvbuf: u32,
+    /// Serve Prometheus metrics (transfers, bytes and files written, refusals by reason, hellos answered and rate-limited, per-connection summaries) over HTTP at http://ADDR:PORT/metrics; off by default. Bind it to loopback or a management network: it must not face the internet (docs/security.md)
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<SocketAddr>,
     #[command(flatten)]
     receiver: ReceiverArgs,
     #[command(flatten)]
@@ -453,9 +457,18 @@ pub(super) fn serve(args: ServeArgs) -> Result<ExitCode> {
     let auth = args.auth.resolve(args.dir.is_some())?;
     let transfer_failed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let hello_timestamps = hello_timestamps(&args, &auth)?;
+    let (metrics, metrics_at) = match args.metrics {
+        None => (None, None),
+        Some(addr) => {
+            let metrics = std::sync::Arc::new(ServeMetrics::new());
+            let bound = serve_metrics(addr, metrics.clone())
+                .with_context(|| format!("cannot serve metrics on {addr}"))?;
+            (Some(metrics), Some(bound))
+        }
+    };
     let mut app: Box<dyn ServeApp> = match &args.dir {
         None => Box::new(NoFiles),
-        Some(dir) => file_receiver(dir, &args, &auth, transfer_failed.clone())?,
+        Some(dir) => file_receiver(dir, &args, &auth, transfer_failed.clone(), metrics.clone())?,
     };
     let server_key = auth.identity.as_ref().map(|k| k.public());
     let allow_plain = auth.allow_plain;
@@ -483,11 +496,22 @@ pub(super) fn serve(args: ServeArgs) -> Result<ExitCode> {
         app.as_mut(),
         |event| match event {
             ServeEvent::Listening { addr, buffers } => {
-                print_listening(addr, buffers, server_key.as_ref(), allow_plain, &args)
+                print_listening(addr, buffers, server_key.as_ref(), allow_plain, &args);
+                // After the listening line, which scripts read first.
+                if let Some(bound) = metrics_at {
+                    eprintln!("atou serve: metrics on http://{bound}/metrics");
+                }
             }
-            ServeEvent::Report(r) if r.session != 0 => totals = r.server,
             ServeEvent::Report(r) => {
                 totals = r.server;
+                if let Some(m) = &metrics {
+                    m.connection_ended(&r);
+                }
+                // A transfer's connections are reported by its own lines
+                // (the receiver's events), not one by one.
+                if r.session != 0 {
+                    return;
+                }
                 let line = if json {
                     serde_json::to_string(&r).unwrap_or_default()
                 } else {
@@ -551,6 +575,7 @@ fn file_receiver(
     args: &ServeArgs,
     auth: &ServerAuth,
     failed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    metrics: Option<std::sync::Arc<ServeMetrics>>,
 ) -> Result<Box<dyn ServeApp>> {
     let json = args.json;
     let root = check_root(dir).map_err(|e| UsageError(e.to_string()))?;
@@ -571,6 +596,9 @@ fn file_receiver(
         move |event| {
             if let ReceiveEvent::Failed { .. } = event {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            if let Some(m) = &metrics {
+                m.receive_event(&event);
             }
             let line = receive_event_line(&event, json, &staging);
             let _ = print_stdout(&(line + "\n"));

@@ -71,8 +71,8 @@ pub(super) struct TransferArgs {
     /// Read exclude patterns from FILE, one per line; blank lines and lines starting with `#` or `;` are skipped; `-` reads stdin
     #[arg(long, value_name = "FILE")]
     exclude_from: Vec<PathBuf>,
-    /// Send only part K of N of the tree (1 <= K <= N <= 1024), so that N runs with the same SRCs and DEST (on N hosts, or the tasks of a Slurm array or a Kubernetes indexed Job) together send it all: every directory is in every part; a file above total/N (and over 1 MiB) is split by 1 MiB chunk ranges, one range per shard, and takes its name at the receiver when every range is in; every other file and symlink is in exactly one part, whole, dealt out largest first to balance bytes. Default: the whole tree. See docs/scale-out.md
-    #[arg(long, value_name = "K/N")]
+    /// Send only part K of N of the tree (1 <= K <= N <= 1024), so that N runs with the same SRCs and DEST (on N hosts, or the tasks of a Slurm array or a Kubernetes indexed Job) together send it all: every directory is in every part; a file above total/N (and over 1 MiB) is split by 1 MiB chunk ranges, one range per shard, and takes its name at the receiver when every range is in; every other file and symlink is in exactly one part, whole, dealt out largest first to balance bytes. Default: the whole tree. `auto` takes K and N from a Slurm array task (SLURM_ARRAY_TASK_ID of SLURM_ARRAY_TASK_COUNT, an array 1-N); `auto/N` gives N and takes K from SLURM_ARRAY_TASK_ID or a Kubernetes indexed Job's JOB_COMPLETION_INDEX + 1. See docs/scale-out.md
+    #[arg(long, value_name = "K/N", value_parser = shard_from_spec)]
     shard: Option<Shard>,
     /// Ask the receiver what it would do and print it (what would be sent, skipped or refused, and the bytes), then stop: no file data is sent and nothing changes at the destination. The exit status is the real run's (5 if refused); with --json, a list
     #[arg(long, short = 'n')]
@@ -251,6 +251,13 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
 
 fn parse_wait(s: &str) -> Result<Duration, crate::util::units::UnitError> {
     crate::util::units::parse_duration(s, crate::util::units::TimeUnit::Seconds)
+}
+
+/// `--shard`: K/N, or `auto` read from this process's scheduler
+/// ([`Shard::from_spec`]), when the command line is parsed, so that a bad
+/// variable is a usage error (exit 2) before anything is walked.
+fn shard_from_spec(s: &str) -> Result<Shard, String> {
+    Shard::from_spec(s, |name| std::env::var(name).ok())
 }
 
 fn parse_streams(s: &str) -> Result<usize, String> {

@@ -122,13 +122,115 @@ impl FromStr for Shard {
         let usage = || {
             format!(
                 "`{s}`: give K/N, shard K of N, with 1 <= K <= N <= {MAX_SHARDS} \
-                 (e.g. 1/4; from a Slurm array, $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)"
+                 (e.g. 1/4), or auto or auto/N in a Slurm array or a Kubernetes indexed Job"
             )
         };
         let (k, n) = s.split_once('/').ok_or_else(usage)?;
         let k: u32 = k.trim().parse().map_err(|_| usage())?;
         let n: u32 = n.trim().parse().map_err(|_| usage())?;
         Shard::new(k, n).ok_or_else(usage)
+    }
+}
+
+impl Shard {
+    /// Parses `--shard`'s value: `K/N`, or `auto` and `auto/N`, which take
+    /// K (and N) from the scheduler that started this process, reading
+    /// its variables through `var` (the environment, or a test's table):
+    ///
+    /// - a Slurm array task: K is `SLURM_ARRAY_TASK_ID`, so the array's
+    ///   ids are the shard numbers, 1 to N. Bare `auto` takes N from
+    ///   `SLURM_ARRAY_TASK_COUNT` and refuses an array that is not `1-N`
+    ///   (`SLURM_ARRAY_TASK_MIN`, `_MAX`, `_STEP`): a task resubmitted alone
+    ///   (`sbatch --array=3`) is an array of one, so a script meant to be
+    ///   rerun that way gives N (`auto/8`).
+    /// - a Kubernetes indexed Job: K is `JOB_COMPLETION_INDEX` + 1 (it is
+    ///   0-based); Kubernetes gives a pod no count, so N must be given,
+    ///   equal to the Job's `completions`.
+    ///
+    /// The variables are the operator's, yet each is checked, and an
+    /// error names the one that is missing, unparsable or out of range.
+    pub(crate) fn from_spec(
+        spec: &str,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Shard, String> {
+        let Some(rest) = spec.trim().strip_prefix("auto") else {
+            return spec.parse();
+        };
+        let count = match rest.strip_prefix('/') {
+            None if rest.is_empty() => None,
+            Some(n) => match n.trim().parse::<u32>() {
+                Ok(n) if (1..=MAX_SHARDS).contains(&n) => Some(n),
+                _ => return Err(format!("`{spec}`: give auto/N with 1 <= N <= {MAX_SHARDS}")),
+            },
+            None => return Err(format!("`{spec}`: give K/N, auto or auto/N")),
+        };
+        let number = |name: &str| -> Result<Option<u32>, String> {
+            var(name)
+                .map(|v| {
+                    v.trim()
+                        .parse::<u32>()
+                        .map_err(|_| format!("--shard {spec}: {name}={v:?} is not a whole number"))
+                })
+                .transpose()
+        };
+        let in_range = |k: u32, n: u32, from: &str| {
+            Shard::new(k, n).ok_or_else(|| {
+                format!(
+                    "--shard {spec}: {from} makes shard {k} of {n}, \
+                     outside 1 <= K <= N <= {MAX_SHARDS}"
+                )
+            })
+        };
+        if let Some(id) = number("SLURM_ARRAY_TASK_ID")? {
+            if let Some(n) = count {
+                return in_range(id, n, &format!("SLURM_ARRAY_TASK_ID={id}"));
+            }
+            let Some(n) = number("SLURM_ARRAY_TASK_COUNT")? else {
+                return Err("--shard auto: SLURM_ARRAY_TASK_ID is set but not \
+                     SLURM_ARRAY_TASK_COUNT; give N (--shard auto/N)"
+                    .to_string());
+            };
+            let min = number("SLURM_ARRAY_TASK_MIN")?;
+            let max = number("SLURM_ARRAY_TASK_MAX")?;
+            let step = number("SLURM_ARRAY_TASK_STEP")?;
+            if min.is_some_and(|m| m != 1)
+                || max.is_some_and(|m| m != n)
+                || step.is_some_and(|s| s != 1)
+            {
+                let shown = |v: Option<u32>| v.map_or("unset".to_string(), |v| v.to_string());
+                return Err(format!(
+                    "--shard auto: this array is not 1-{n} (SLURM_ARRAY_TASK_MIN={}, \
+                     SLURM_ARRAY_TASK_MAX={}, SLURM_ARRAY_TASK_STEP={}), so its count \
+                     is not the number of shards: a task resubmitted alone, or an \
+                     array of other ids; give N (--shard auto/N) or K/N",
+                    shown(min),
+                    shown(max),
+                    shown(step)
+                ));
+            }
+            return in_range(
+                id,
+                n,
+                &format!("SLURM_ARRAY_TASK_ID={id} of SLURM_ARRAY_TASK_COUNT={n}"),
+            );
+        }
+        if let Some(index) = number("JOB_COMPLETION_INDEX")? {
+            let Some(n) = count else {
+                return Err(format!(
+                    "--shard auto: JOB_COMPLETION_INDEX={index} is set but Kubernetes \
+                     gives no count; give N, the Job's completions (--shard auto/N)"
+                ));
+            };
+            return in_range(
+                index.saturating_add(1),
+                n,
+                &format!("JOB_COMPLETION_INDEX={index} (+1)"),
+            );
+        }
+        Err(format!(
+            "--shard {spec}: neither SLURM_ARRAY_TASK_ID (a Slurm array task) nor \
+             JOB_COMPLETION_INDEX (a Kubernetes indexed Job) is set; give K/N"
+        ))
     }
 }
 
@@ -242,6 +344,75 @@ mod tests {
         ] {
             let e = bad.parse::<Shard>().unwrap_err();
             assert!(e.contains("1 <= K <= N"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn auto_takes_k_and_n_from_the_scheduler_and_names_a_bad_variable() {
+        let from = |spec: &str, vars: &[(&str, &str)]| {
+            let vars: Vec<(String, String)> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            Shard::from_spec(spec, |name| {
+                vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+            })
+        };
+        let array = [
+            ("SLURM_ARRAY_TASK_ID", "3"),
+            ("SLURM_ARRAY_TASK_MIN", "1"),
+            ("SLURM_ARRAY_TASK_MAX", "4"),
+            ("SLURM_ARRAY_TASK_STEP", "1"),
+            ("SLURM_ARRAY_TASK_COUNT", "4"),
+        ];
+        assert_eq!(from("auto", &array), Ok(Shard { index: 3, count: 4 }));
+        assert_eq!(from("auto/8", &array), Ok(Shard { index: 3, count: 8 }));
+        // K/N ignores the environment.
+        assert_eq!(from("2/4", &array), Ok(Shard { index: 2, count: 4 }));
+        // Task 3 resubmitted alone (sbatch --array=3): an array of one.
+        let alone = [
+            ("SLURM_ARRAY_TASK_ID", "3"),
+            ("SLURM_ARRAY_TASK_MIN", "3"),
+            ("SLURM_ARRAY_TASK_MAX", "3"),
+            ("SLURM_ARRAY_TASK_COUNT", "1"),
+        ];
+        let e = from("auto", &alone).unwrap_err();
+        assert!(
+            e.contains("SLURM_ARRAY_TASK_MIN=3") && e.contains("auto/N"),
+            "{e}"
+        );
+        assert_eq!(from("auto/4", &alone), Ok(Shard { index: 3, count: 4 }));
+        let e = from("auto/2", &alone).unwrap_err();
+        assert!(
+            e.contains("SLURM_ARRAY_TASK_ID=3") && e.contains("shard 3 of 2"),
+            "{e}"
+        );
+        // 0-based and stepped arrays are refused, not shifted.
+        let zero = [
+            ("SLURM_ARRAY_TASK_ID", "0"),
+            ("SLURM_ARRAY_TASK_MIN", "0"),
+            ("SLURM_ARRAY_TASK_MAX", "3"),
+            ("SLURM_ARRAY_TASK_COUNT", "4"),
+        ];
+        assert!(from("auto", &zero).unwrap_err().contains("not 1-4"));
+        assert!(from("auto/4", &zero).unwrap_err().contains("shard 0 of 4"));
+        let e = from("auto", &[("SLURM_ARRAY_TASK_ID", "x1")]).unwrap_err();
+        assert!(e.contains("SLURM_ARRAY_TASK_ID=\"x1\""), "{e}");
+        let e = from("auto", &[("SLURM_ARRAY_TASK_ID", "1")]).unwrap_err();
+        assert!(e.contains("not SLURM_ARRAY_TASK_COUNT"), "{e}");
+        // Kubernetes: 0-based index, N given.
+        let pod = [("JOB_COMPLETION_INDEX", "7")];
+        assert_eq!(from("auto/8", &pod), Ok(Shard { index: 8, count: 8 }));
+        assert!(from("auto/7", &pod).unwrap_err().contains("shard 8 of 7"));
+        assert!(from("auto", &pod).unwrap_err().contains("completions"));
+        let e = from("auto/8", &[("JOB_COMPLETION_INDEX", "-1")]).unwrap_err();
+        assert!(e.contains("JOB_COMPLETION_INDEX"), "{e}");
+        let huge = [("JOB_COMPLETION_INDEX", "4294967295")];
+        assert!(from("auto/8", &huge).is_err());
+        // Neither scheduler, or a malformed spec.
+        assert!(from("auto", &[]).unwrap_err().contains("neither"));
+        for bad in ["auto/0", "auto/1025", "auto/x", "autox", "auto/"] {
+            assert!(from(bad, &pod).is_err(), "{bad}");
         }
     }
 

@@ -84,3 +84,17 @@ impl Drop for TestDir {
         }
     }
 }
+
+/// Deterministic bytes that do not compress (xorshift64), a stream per
+/// `seed`.
+pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}

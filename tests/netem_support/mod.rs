@@ -173,8 +173,18 @@ pub struct Server {
 
 impl Server {
     pub fn start(netns: Option<&str>, bind: &str) -> Server {
+        Server::start_with(netns, bind, &[] as &[&str])
+    }
+
+    /// As `start`, with more of `atou serve`'s flags.
+    pub fn start_with(
+        netns: Option<&str>,
+        bind: &str,
+        extra: &[impl AsRef<std::ffi::OsStr>],
+    ) -> Server {
         let mut cmd = in_host(netns, &["serve", "--bind", bind, "--json"]);
         let mut child = cmd
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
