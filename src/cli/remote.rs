@@ -18,8 +18,8 @@ use crate::transfer::bootstrap::{split_ssh_target, ssh_server_ip, Hello, PortRan
 use crate::transfer::dest::Requested;
 use crate::transfer::receive::{check_root, TransferReport};
 use crate::transfer::remote::{
-    check_target, read_hello, receive_push, remote_path, tidy, FarReceiveConfig, FarSend, Pull,
-    PullConfig, PullOutcome, Punched, Push, RemoteError, SshCommand,
+    check_target, read_hello, receive_push, remote_path, tidy, FarReceiveConfig, FarSend,
+    FirstContact, Pull, PullConfig, PullOutcome, Punched, Push, RemoteError, SshCommand,
 };
 use crate::transfer::send::Progress;
 use crate::transfer::tunnel::{self, ServerSide};
@@ -27,7 +27,9 @@ use crate::util::text::{escape, shown_path};
 use crate::util::units::{format_rate, format_size, parse_size};
 
 use super::exit::{self, Exit};
-use super::transfer::{ctrlc_hook, is_remote, readers, run_send_from, ReceivingArgs, TransferArgs};
+use super::transfer::{
+    ctrlc_hook, is_remote, readers, run_send_from, OnFailure, ReceivingArgs, TransferArgs,
+};
 use super::UsageError;
 
 /// A library error as the CLI reports it: its kind picks the exit status.
@@ -227,15 +229,17 @@ fn push(sources: &[PathBuf], target: &str, path: &str, flags: CopyFlags<'_>) -> 
     let shown = format!("{target}:{path}");
     let mut config = transfer.send_config(push.peer, shown, None)?;
     config.auth = Some(auth);
-    config.route = Some(push.route);
+    config.route = Some("udp");
+    let progress = Arc::new(Progress::default());
+    let first_contact = FirstContact::watch(progress.clone());
     let code = run_send_from(
         sources,
         config,
         transfer,
         None,
         &[],
-        Arc::new(Progress::default()),
-        |e| push.explain(e),
+        progress,
+        OnFailure::explain(|e| push.explain(e)).detour(|e| push.detour(e, first_contact.end())),
     )?;
     push.finish(code == ExitCode::SUCCESS).map_err(cli_error)?;
     Ok(code)
@@ -499,7 +503,7 @@ fn remote_send(
         None,
         &from,
         progress,
-        |_| None,
+        OnFailure::explain(|_| None),
     )
 }
 

@@ -726,7 +726,9 @@ fn run_send(
         pinned_key,
         &[],
         Arc::new(Progress::default()),
-        |e| silent_from_the_start(e).then(|| format!("{}; {e}", io::no_udp_reply(&host))),
+        OnFailure::explain(|e| {
+            silent_from_the_start(e).then(|| format!("{}; {e}", io::no_udp_reply(&host)))
+        }),
     )
 }
 
@@ -746,8 +748,38 @@ fn silent_from_the_start(e: &SendError) -> bool {
     )
 }
 
+/// What a caller of [`run_send_from`] makes of a failure.
+pub(super) struct OnFailure<'a> {
+    /// A better message than the error's own, if it has one.
+    explain: Explain<'a>,
+    /// Given a failure before any datagram from the receiver: where to
+    /// send again (the ssh tunnel's stand-in for the receiver, issue 29),
+    /// or the error to report instead.
+    detour: Detour<'a>,
+}
+
+type Explain<'a> = Box<dyn Fn(&SendError) -> Option<String> + 'a>;
+type Detour<'a> = Box<dyn FnOnce(&SendError) -> Option<Result<SocketAddr, SendError>> + 'a>;
+
+impl<'a> OnFailure<'a> {
+    pub(super) fn explain(explain: impl Fn(&SendError) -> Option<String> + 'a) -> OnFailure<'a> {
+        OnFailure {
+            explain: Box::new(explain),
+            detour: Box::new(|_| None),
+        }
+    }
+
+    pub(super) fn detour(
+        mut self,
+        detour: impl FnOnce(&SendError) -> Option<Result<SocketAddr, SendError>> + 'a,
+    ) -> OnFailure<'a> {
+        self.detour = Box::new(detour);
+        self
+    }
+}
+
 /// [`run_send`] from sockets already bound (`from`, see
-/// [`crate::transfer::send::send_from`]); `explain` may replace an
+/// [`crate::transfer::send::send_from`]); `on_failure` may replace an
 /// error's message with a better one. `pinned_key`: the server's key if
 /// it is the one known for it (not a one-time key), for the path cache.
 pub(super) fn run_send_from(
@@ -757,8 +789,9 @@ pub(super) fn run_send_from(
     pinned_key: Option<[u8; 32]>,
     from: &[crate::transfer::send::Bound],
     progress: Arc<Progress>,
-    explain: impl Fn(&SendError) -> Option<String>,
+    on_failure: OnFailure<'_>,
 ) -> Result<ExitCode> {
+    let OnFailure { explain, detour } = on_failure;
     let done = Arc::new(Mutex::new(false));
     let started = Instant::now();
     let machine = args.progress == ProgressMode::Json;
@@ -780,10 +813,25 @@ pub(super) fn run_send_from(
     }
     // Through the ssh tunnel the peer is a loopback stand-in: what its
     // path teaches is the ssh channel's, of no use to the next run.
-    let tunneled = config.route == Some("ssh");
-    let hint = PathHint::new(args.no_path_cache || tunneled, config.peer.ip(), pinned_key);
+    let mut hint = PathHint::new(args.no_path_cache, config.peer.ip(), pinned_key);
     config.path_memory = hint.recall();
-    let result = crate::transfer::send::send_from(sources, &config, progress.clone(), from);
+    let mut result = crate::transfer::send::send_from(sources, &config, progress.clone(), from);
+    let unheard = !progress.heard.load(Ordering::Relaxed);
+    match result.as_ref().err().filter(|_| unheard).and_then(detour) {
+        Some(Ok(stand_in)) => {
+            // Through the ssh tunnel the peer is a loopback stand-in: what
+            // its path teaches is the ssh channel's, of no use to the next
+            // run.
+            hint = PathHint::new(true, stand_in.ip(), None);
+            config.path_memory = None;
+            config.peer = stand_in;
+            config.route = Some("ssh");
+            progress.stop.store(false, Ordering::Relaxed);
+            result = crate::transfer::send::send_from(sources, &config, progress.clone(), from);
+        }
+        Some(Err(e)) => result = Err(e),
+        None => {}
+    }
     // The end-of-run summary of each connection, from what it measured.
     let streams: Vec<Summary> = result.as_ref().map_or_else(
         |_| Vec::new(),

@@ -79,6 +79,9 @@ pub struct DestDir {
     /// file system.
     shown_as: Option<PathBuf>,
     resolve: Resolve,
+    /// With [`DestDir::remembering_made_dirs`]: the directories made here
+    /// (private until a finish gives them their mode).
+    made_private: Option<std::sync::Mutex<std::collections::HashSet<Vec<u8>>>>,
 }
 
 fn to_io(e: rustix::io::Errno) -> io::Error {
@@ -158,6 +161,7 @@ impl DestDir {
                 staging: None,
                 path: path.to_path_buf(),
                 shown_as: None,
+                made_private: None,
                 resolve,
             });
         }
@@ -179,6 +183,7 @@ impl DestDir {
             staging: Some(staging),
             path: path.to_path_buf(),
             shown_as: None,
+            made_private: None,
             resolve,
         })
     }
@@ -195,6 +200,29 @@ impl DestDir {
     pub fn shown_as(mut self, name: impl Into<PathBuf>) -> DestDir {
         self.shown_as = Some(name.into());
         self
+    }
+
+    /// Remembers the directories this DEST made, so that a later session
+    /// counts them as made for it ([`DestDir::made_for_this`]): a receiver
+    /// of one transfer whose sender came back, in a new session, through
+    /// the ssh tunnel (issue 29) after UDP dropped its first session's
+    /// answers, with its plan's directories already made private.
+    pub fn remembering_made_dirs(mut self) -> DestDir {
+        self.made_private = Some(Default::default());
+        self
+    }
+
+    /// Whether directory `rel` is the transfer's to give its mode: `new`
+    /// (just made), or, remembering, made here by an earlier session.
+    pub fn made_for_this(&self, rel: &[u8], new: bool) -> bool {
+        let Some(made) = &self.made_private else {
+            return new;
+        };
+        let mut made = made.lock().expect("made dirs lock");
+        if new {
+            made.insert(rel.to_vec());
+        }
+        new || made.contains(rel)
     }
 
     /// `rel` under DEST, for messages.

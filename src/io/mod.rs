@@ -452,6 +452,9 @@ pub struct ProbeConfig {
     /// Open the connection now, its stream's length to come from
     /// [`StreamFeed::launch`] (`bytes` is ignored).
     pub(crate) stream_len_later: bool,
+    /// Set when a datagram from the peer arrives: UDP gets through both
+    /// ways (a copy over ssh goes through its tunnel otherwise).
+    pub(crate) heard: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl ProbeConfig {
@@ -470,6 +473,7 @@ impl ProbeConfig {
             close_unacknowledged: false,
             path_memory: None,
             stream_len_later: false,
+            heard: None,
         }
     }
 
@@ -792,6 +796,7 @@ pub(crate) async fn connect_from<F: StreamFeed>(
         tx: TxBatch::new(),
         rx: RecvBatch::new(),
         unreachable: 0,
+        heard: config.heard.clone(),
     };
     let outcome = driver.run(feed, observer, stop).await;
     let txtime = driver.io.txtime();
@@ -896,6 +901,8 @@ struct ClientDriver {
     rx: RecvBatch,
     /// ICMP unreachable errors seen.
     unreachable: u64,
+    /// [`ProbeConfig::heard`].
+    heard: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl ClientDriver {
@@ -1076,8 +1083,12 @@ impl ClientDriver {
         let now = self.clock.now();
         let client = &mut self.client;
         let peer = self.peer;
+        let heard = self.heard.as_deref();
         self.io.try_recv(&mut self.rx, |from, datagram| {
             if from == peer {
+                if let Some(heard) = heard {
+                    heard.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
                 // Undecodable or stray datagrams are counted by the client.
                 let _ = client.handle_datagram(now, datagram);
             }

@@ -39,7 +39,7 @@ use crate::transfer::dest::ReceivePolicy;
 use crate::transfer::receive::{
     check_root, FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
 };
-use crate::transfer::send::{Bound, SendError};
+use crate::transfer::send::{Bound, Progress, SendError};
 use crate::transfer::tunnel::{self, ClientSide, Tunnel};
 use crate::util::text::escape;
 
@@ -497,20 +497,6 @@ impl RemoteEnd {
     }
 }
 
-/// Whether the atou server at `peer` answers a key query within
-/// [`DETECT_UDP`]: `false` when nothing came back, or only ICMP
-/// unreachable (a firewall's reject).
-fn udp_answers(peer: SocketAddr) -> Result<bool, RemoteError> {
-    Ok(
-        match runtime()?.block_on(io::query_server_key(peer, DETECT_UDP)) {
-            Ok(_) => true,
-            Err(ProbeError::NoKey { .. } | ProbeError::Unreachable { .. }) => false,
-            // Anything else the send itself meets and explains.
-            Err(_) => true,
-        },
-    )
-}
-
 impl Drop for RemoteEnd {
     fn drop(&mut self) {
         // An early return (an error, Ctrl-C): ssh goes, and with it the
@@ -615,14 +601,59 @@ fn ssh_hostname(ssh: &SshCommand, target: &str) -> Option<String> {
 pub(crate) struct Push {
     remote: Mutex<RemoteEnd>,
     host: String,
-    /// Where to send: the remote's port at the address ssh reached, or
-    /// this end's stand-in for it when UDP does not get through.
+    /// Where the remote receives: its port at the address ssh reached.
     pub peer: SocketAddr,
-    /// `udp`, or `ssh` where the datagrams go through [`Push::tunnel`].
-    pub route: &'static str,
-    /// The relay over the ssh channel, when no UDP got through; dropped
-    /// at the end, which closes the remote's stdin.
-    tunnel: Option<Tunnel>,
+    /// The relay over the ssh channel, once no UDP got through
+    /// ([`Push::detour`]); dropped at the end, which closes the remote's
+    /// stdin.
+    tunnel: Mutex<Option<Tunnel>>,
+    /// No UDP got through and the remote did not take the tunnel.
+    no_tunnel: AtomicBool,
+}
+
+/// Watches a send for its first datagram from the receiver: none within
+/// [`DETECT_UDP`], and it stops the send, which goes again through the
+/// ssh tunnel ([`Push::detour`]). Beside the send, not before it: a push
+/// over open UDP costs no round trip more (issue 28 point 1).
+pub(crate) struct FirstContact {
+    silent: Arc<AtomicBool>,
+    over: Arc<AtomicBool>,
+    thread: thread::JoinHandle<()>,
+}
+
+impl FirstContact {
+    pub(crate) fn watch(progress: Arc<Progress>) -> FirstContact {
+        let silent = Arc::new(AtomicBool::new(false));
+        let over = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (silent, over) = (silent.clone(), over.clone());
+            thread::spawn(move || {
+                let until = Instant::now() + DETECT_UDP;
+                while Instant::now() < until {
+                    if progress.heard.load(Ordering::Relaxed) || over.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    thread::sleep(Duration::from_millis(20));
+                }
+                if !progress.heard.load(Ordering::Relaxed) && !over.load(Ordering::Relaxed) {
+                    silent.store(true, Ordering::Relaxed);
+                    progress.stop.store(true, Ordering::Relaxed);
+                }
+            })
+        };
+        FirstContact {
+            silent,
+            over,
+            thread,
+        }
+    }
+
+    /// Ends the watch: whether it stopped the send.
+    pub(crate) fn end(self) -> bool {
+        self.over.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+        self.silent.load(Ordering::Relaxed)
+    }
 }
 
 impl Push {
@@ -639,41 +670,85 @@ impl Push {
         };
         let mut remote = RemoteEnd::start(ssh, target, &hello, args)?;
         let answer = remote.bootstrap()?;
-        let udp = SocketAddr::new(remote.peer_ip(ssh, &answer)?, answer.ports[0]);
-        let host = remote.host().to_string();
-        // The receiver there answers a key query: no answer in time, and
-        // UDP is blocked one way or both. Asked before the send starts, so
-        // the receiver (which serves one transfer) has seen no session.
-        let (peer, route, tunnel) = if udp_answers(udp)? {
-            (udp, "udp", None)
-        } else {
-            let side = ClientSide::bind(1, udp)?;
-            let stand_in = side.addrs()?[0];
-            let Some((from_remote, to_remote)) = remote.switch_to_tunnel()? else {
-                return Err(RemoteError::Network(format!(
-                    "UDP to {} blocked? tried {:.0} s, no datagram arrived, and atou on {host} \
-                     did not take the ssh tunnel (an older release?); open the --port range in \
-                     the firewall, or run this atou release there",
-                    udp_target(&host, udp),
-                    DETECT_UDP.as_secs_f64()
-                )));
-            };
-            eprintln!(
-                "atou: no UDP reply from {} in {:.0} s (a firewall?); the transfer goes \
-                 through the ssh connection",
-                udp_target(&host, udp),
-                DETECT_UDP.as_secs_f64()
-            );
-            (stand_in, "ssh", Some(side.run(from_remote, to_remote)?))
-        };
+        let peer = SocketAddr::new(remote.peer_ip(ssh, &answer)?, answer.ports[0]);
         let push = Push {
-            host,
+            host: remote.host().to_string(),
             remote: Mutex::new(remote),
             peer,
-            route,
-            tunnel,
+            tunnel: Mutex::new(None),
+            no_tunnel: AtomicBool::new(false),
         };
         Ok((push, client_auth(identity, answer.key)))
+    }
+
+    /// Where a send that failed (`e`) without one datagram from the
+    /// receiver goes again: this end's stand-in for the receiver, through
+    /// the ssh connection. `silent`: [`FirstContact`] stopped it. `None`:
+    /// the failure is not UDP's silence. An error: the remote did not take
+    /// the tunnel, or it could not start.
+    pub(crate) fn detour(
+        &self,
+        e: &SendError,
+        silent: bool,
+    ) -> Option<Result<SocketAddr, SendError>> {
+        let unanswered = matches!(
+            e,
+            SendError::Conn(
+                ProbeError::Unreachable { .. }
+                    | ProbeError::Conn {
+                        error: ConnError::Idle {
+                            stage: Stage::Hello | Stage::Handshake,
+                            ..
+                        },
+                        ..
+                    }
+            )
+        );
+        if !(unanswered || silent && matches!(e, SendError::Interrupted)) {
+            return None;
+        }
+        let failed = |e: RemoteError| SendError::Failed {
+            host: self.host.clone(),
+            why: format!("the switch to the ssh tunnel: {e}"),
+        };
+        let side = match ClientSide::bind(1, self.peer) {
+            Ok(side) => side,
+            Err(e) => return Some(Err(failed(e.into()))),
+        };
+        let mut remote = self.remote.lock().expect("remote lock");
+        let switched = side
+            .addrs()
+            .map_err(RemoteError::from)
+            .and_then(|addrs| Ok((addrs[0], remote.switch_to_tunnel()?)));
+        Some(match switched {
+            Err(e) => Err(failed(e)),
+            Ok((_, None)) => {
+                self.no_tunnel.store(true, Ordering::Relaxed);
+                Err(SendError::Conn(ProbeError::Conn {
+                    peer: self.peer,
+                    error: ConnError::Idle {
+                        stage: Stage::Hello,
+                        idle: DETECT_UDP,
+                    },
+                    hint: String::new(),
+                }))
+            }
+            Ok((stand_in, Some((from_remote, to_remote)))) => {
+                eprintln!(
+                    "atou: no UDP reply from {} in {:.0} s (a firewall?); the transfer goes \
+                     through the ssh connection",
+                    udp_target(&self.host, self.peer),
+                    DETECT_UDP.as_secs_f64()
+                );
+                match side.run(from_remote, to_remote) {
+                    Ok(tunnel) => {
+                        *self.tunnel.lock().expect("tunnel lock") = Some(tunnel);
+                        Ok(stand_in)
+                    }
+                    Err(e) => Err(failed(e.into())),
+                }
+            }
+        })
     }
 
     /// What a send error means for a push, where it says more than the
@@ -699,6 +774,20 @@ impl Push {
                         idle,
                     },
                 ..
+            }) if self.no_tunnel.load(Ordering::Relaxed) => Some(format!(
+                "UDP to {} blocked? tried {:.0} s, no datagram arrived, and atou on {host} did \
+                 not take the ssh tunnel (an older release?); open the --port range in the \
+                 firewall, or run this atou release there",
+                udp_target(host, peer),
+                idle.as_secs_f64()
+            )),
+            SendError::Conn(ProbeError::Conn {
+                error:
+                    ConnError::Idle {
+                        stage: Stage::Hello,
+                        idle,
+                    },
+                ..
             }) => Some(udp_blocked(host, peer, idle.as_secs_f64())),
             SendError::Conn(ProbeError::Unreachable { .. }) => Some(format!(
                 "UDP to {} was refused: the host or a firewall answered ICMP unreachable; \
@@ -716,7 +805,7 @@ impl Push {
     pub(crate) fn finish(self, sent: bool) -> Result<(), RemoteError> {
         // The tunnel's end closes the remote's stdin, as `finish` and
         // `detach` would have.
-        drop(self.tunnel);
+        drop(self.tunnel.into_inner().expect("tunnel lock"));
         let mut remote = self.remote.into_inner().expect("remote lock");
         if !sent {
             // The reason is said; what the remote adds as it goes is noise.

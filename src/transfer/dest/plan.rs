@@ -502,7 +502,8 @@ impl<'a> Planner<'a> {
         let mut created = vec![false; entries.len()];
         for (i, entry) in entries.iter().enumerate() {
             if entry.kind == EntryKind::Dir {
-                created[i] = make_dir(dest_dir, &self.rels[i], 0o700)?;
+                let new = make_dir(dest_dir, &self.rels[i], 0o700)?;
+                created[i] = dest_dir.made_for_this(&self.rels[i], new);
             }
         }
         for (t, plan) in self.targets.iter().zip(&self.plans) {

@@ -269,6 +269,11 @@ impl FileReceiver {
         let dest = open.map_err(|e| Error::disk("use destination", &config.root, e))?;
         // A server's refusals go to its peers: they name paths from DEST,
         // not where DEST is on this host.
+        let dest = if config.once {
+            dest.remembering_made_dirs()
+        } else {
+            dest
+        };
         let dest = Arc::new(if config.policy.users_own {
             dest
         } else {
@@ -379,9 +384,13 @@ impl ServeApp for FileReceiver {
                 self.sessions.on_opened(now, conn_id, session, peer, who);
             }
             SessionEvent::Complete { conn_id } => self.sessions.on_complete(now, conn_id),
-            SessionEvent::Ended { conn_id, end } => {
-                self.sessions.on_ended(now, conn_id, end == ConnEnd::Idle)
-            }
+            SessionEvent::Ended {
+                conn_id,
+                end,
+                confirmed,
+            } => self
+                .sessions
+                .on_ended(now, conn_id, end == ConnEnd::Idle, confirmed),
         }
         self.carry_out(server);
     }

@@ -24,7 +24,7 @@ mod session;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -358,6 +358,9 @@ pub struct Progress {
     pub detail: AtomicBool,
     /// The data streams of the current round, with `detail`.
     pub streams: Mutex<Vec<Arc<StreamLive>>>,
+    /// Set by the first datagram from the receiver: UDP gets through
+    /// both ways.
+    pub heard: Arc<AtomicBool>,
 }
 
 impl Progress {
@@ -501,7 +504,10 @@ pub fn send_from(
 ) -> Result<SendReport, SendError> {
     let mut session = None;
     let result = session::send_session(sources, config, from, &progress, &mut session);
-    if let (Err(e), Some(id)) = (&result, session) {
+    // A receiver never heard from cannot be told either: an abort to it
+    // would only wait out its maxidle.
+    let heard = progress.heard.load(Ordering::Relaxed);
+    if let (Err(e), Some(id), true) = (&result, session, heard) {
         let mut quick = config.clone();
         quick.tuning.maxidle = Duration::from_secs(2);
         let link = conn::Link {
