@@ -962,6 +962,47 @@ fn a_push_goes_through_ssh_when_a_firewall_drops_udp_both_ways() {
     assert!(out.status.success(), "push --json: {}", text(&out));
     assert_eq!(json_path(&out.stdout), "ssh", "{}", text(&out));
     assert_same_tree(&src, &dest.join("data"));
+
+    // The ssh connection stalls mid-transfer (its client stopped): the
+    // reason names the ssh tunnel, not a blocked UDP.
+    let slow = s.path("slow.bin");
+    fs::write(&slow, noise(4 * MIB, 3)).unwrap();
+    let dest = s.path("stalled");
+    let mut copy = sshd.copy(&[
+        slow.to_str().unwrap(),
+        &sshd.at(&dest),
+        "--bwlimit",
+        "8mbit",
+        "--maxidle",
+        "2",
+    ]);
+    let mut child = copy.stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut err = String::new();
+    while !err.contains("goes through the ssh connection") {
+        let read = std::io::BufRead::read_line(&mut lines, &mut err).unwrap();
+        assert!(read > 0, "no switch to the tunnel: {err}");
+    }
+    // The local atou's children: its ssh client.
+    let ssh = Command::new("pgrep")
+        .args(["-P", &child.id().to_string()])
+        .output()
+        .unwrap();
+    let ssh = String::from_utf8_lossy(&ssh.stdout).trim().to_string();
+    assert!(!ssh.is_empty(), "no ssh client under atou");
+    for pid in ssh.lines() {
+        Command::new("kill").args(["-STOP", pid]).status().unwrap();
+    }
+    std::io::Read::read_to_string(&mut lines, &mut err).unwrap();
+    let status = child.wait().unwrap();
+    for pid in ssh.lines() {
+        let _ = Command::new("kill").args(["-CONT", pid]).status();
+    }
+    say(&format!("stalled tunnel: {}", err.trim()));
+    assert!(!status.success(), "{err}");
+    let last = err.trim().lines().last().unwrap_or_default();
+    assert!(last.contains("through the ssh tunnel"), "{err}");
+    assert!(!last.contains("blocked?"), "{err}");
 }
 
 /// UDP dropped only on its way back (into the local end): the remote's

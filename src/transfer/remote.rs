@@ -766,7 +766,19 @@ impl Push {
                 ));
             }
         }
+        let tunneled = self.tunnel.lock().expect("tunnel lock").is_some();
         match e {
+            // Through the tunnel UDP is not on the way: what went quiet is
+            // the ssh connection, or the relay at either end.
+            SendError::Conn(ProbeError::Conn {
+                error: ConnError::Idle { idle, .. },
+                ..
+            }) if tunneled => Some(format!(
+                "nothing came back through the ssh tunnel to {host} for {:.1} s (maxidle): the \
+                 ssh connection stalled, or atou there stopped relaying; run the same command \
+                 again to resume",
+                idle.as_secs_f64()
+            )),
             SendError::Conn(ProbeError::Conn {
                 error:
                     ConnError::Idle {
