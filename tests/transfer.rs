@@ -2195,6 +2195,33 @@ fn exit_statuses_tell_a_script_what_failed() {
     let why = send(&[&src], &dead.to_string(), &[]).failed_as(NETWORK, "network");
     assert!(why.contains("no atou server"), "{why}");
 
+    // A port where nothing ever answers, as behind a firewall that drops
+    // UDP (issue 29): the same family, and the way round it named, with
+    // a pinned key, without authentication, and before a key query's
+    // answer (trust on first use).
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let target = silent.local_addr().unwrap().to_string();
+    let known = scratch.path("known_hosts");
+    for args in [
+        &["--maxidle", "1"][..],
+        &["--maxidle", "1", "--no-auth"],
+        &["--maxidle", "1", "--known-hosts", known.to_str().unwrap()],
+    ] {
+        let sent = send(&[&src], &target, args);
+        // The key query fails before the send, with no --json report.
+        let why = if args.contains(&"--known-hosts") {
+            sent.failure(NETWORK)
+        } else {
+            sent.failed_as(NETWORK, "network")
+        };
+        assert!(
+            why.contains(&format!(
+                "no UDP reply from {target} — a firewall? `atou copy` over ssh can go through TCP"
+            )),
+            "{args:?}: {why}"
+        );
+    }
+
     // A source that is not there: a local I/O error, before any packet.
     let missing = scratch.path("src/missing");
     let why = send(&[&missing], &dead.to_string(), &[]).failed_as(LOCAL_IO, "io");

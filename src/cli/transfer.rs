@@ -566,6 +566,7 @@ impl TransferArgs {
             trace: None,
             path_memory: None,
             wait_busy: self.wait_busy,
+            route: None,
         })
     }
 }
@@ -829,6 +830,7 @@ fn run_send(
     args: &TransferArgs,
     pinned_key: Option<[u8; 32]>,
 ) -> Result<ExitCode> {
+    let host = config.host.clone();
     run_send_from(
         sources,
         config,
@@ -836,12 +838,60 @@ fn run_send(
         pinned_key,
         &[],
         Arc::new(Progress::default()),
-        |_| None,
+        OnFailure::explain(|e| {
+            silent_from_the_start(e).then(|| format!("{}; {e}", io::no_udp_reply(&host)))
+        }),
     )
 }
 
+/// Whether the receiver never answered the hello: not one datagram came
+/// back from it.
+fn silent_from_the_start(e: &SendError) -> bool {
+    use crate::proto::endpoint::client::Stage;
+    matches!(
+        e,
+        SendError::Conn(crate::io::ProbeError::Conn {
+            error: crate::proto::ConnError::Idle {
+                stage: Stage::Hello | Stage::Handshake,
+                ..
+            },
+            ..
+        })
+    )
+}
+
+/// What a caller of [`run_send_from`] makes of a failure.
+pub(super) struct OnFailure<'a> {
+    /// A better message than the error's own, if it has one.
+    explain: Explain<'a>,
+    /// Given a failure before any datagram from the receiver: where to
+    /// send again (the ssh tunnel's stand-in for the receiver, issue 29),
+    /// or the error to report instead.
+    detour: Detour<'a>,
+}
+
+type Explain<'a> = Box<dyn Fn(&SendError) -> Option<String> + 'a>;
+type Detour<'a> = Box<dyn FnOnce(&SendError) -> Option<Result<SocketAddr, SendError>> + 'a>;
+
+impl<'a> OnFailure<'a> {
+    pub(super) fn explain(explain: impl Fn(&SendError) -> Option<String> + 'a) -> OnFailure<'a> {
+        OnFailure {
+            explain: Box::new(explain),
+            detour: Box::new(|_| None),
+        }
+    }
+
+    pub(super) fn detour(
+        mut self,
+        detour: impl FnOnce(&SendError) -> Option<Result<SocketAddr, SendError>> + 'a,
+    ) -> OnFailure<'a> {
+        self.detour = Box::new(detour);
+        self
+    }
+}
+
 /// [`run_send`] from sockets already bound (`from`, see
-/// [`crate::transfer::send::send_from`]); `explain` may replace an
+/// [`crate::transfer::send::send_from`]); `on_failure` may replace an
 /// error's message with a better one. `pinned_key`: the server's key if
 /// it is the one known for it (not a one-time key), for the path cache.
 pub(super) fn run_send_from(
@@ -851,9 +901,10 @@ pub(super) fn run_send_from(
     pinned_key: Option<[u8; 32]>,
     from: &[crate::transfer::send::Bound],
     progress: Arc<Progress>,
-    explain: impl Fn(&SendError) -> Option<String>,
+    on_failure: OnFailure<'_>,
 ) -> Result<ExitCode> {
     config.files_from = args.listed(sources)?;
+    let OnFailure { explain, detour } = on_failure;
     let done = Arc::new(Mutex::new(false));
     let started = Instant::now();
     let machine = args.progress == ProgressMode::Json;
@@ -873,9 +924,27 @@ pub(super) fn run_send_from(
         // Ctrl-C: stop the connections; the partial files stay for a resume.
         let _ = ctrlc_hook(move || p.stop.store(true, Ordering::Relaxed));
     }
-    let hint = PathHint::new(args.no_path_cache, config.peer.ip(), pinned_key);
+    // Through the ssh tunnel the peer is a loopback stand-in: what its
+    // path teaches is the ssh channel's, of no use to the next run.
+    let mut hint = PathHint::new(args.no_path_cache, config.peer.ip(), pinned_key);
     config.path_memory = hint.recall();
-    let result = crate::transfer::send::send_from(sources, &config, progress.clone(), from);
+    let mut result = crate::transfer::send::send_from(sources, &config, progress.clone(), from);
+    let unheard = !progress.heard.load(Ordering::Relaxed);
+    match result.as_ref().err().filter(|_| unheard).and_then(detour) {
+        Some(Ok(stand_in)) => {
+            // Through the ssh tunnel the peer is a loopback stand-in: what
+            // its path teaches is the ssh channel's, of no use to the next
+            // run.
+            hint = PathHint::new(true, stand_in.ip(), None);
+            config.path_memory = None;
+            config.peer = stand_in;
+            config.route = Some("ssh");
+            progress.stop.store(false, Ordering::Relaxed);
+            result = crate::transfer::send::send_from(sources, &config, progress.clone(), from);
+        }
+        Some(Err(e)) => result = Err(e),
+        None => {}
+    }
     // The end-of-run summary of each connection, from what it measured.
     let streams: Vec<Summary> = result.as_ref().map_or_else(
         |_| Vec::new(),
@@ -909,15 +978,19 @@ pub(super) fn run_send_from(
     match result {
         Ok(report) => {
             if args.json {
-                print_stdout(&exit::json_text(
-                    &with_streams(exit::json_report(&report, status)?, &streams)?,
-                    machine,
-                ))?;
+                let mut v = with_streams(exit::json_report(&report, status)?, &streams)?;
+                if let (Some(route), Some(m)) = (config.route, v.as_object_mut()) {
+                    m.insert("path".into(), route.into());
+                }
+                print_stdout(&exit::json_text(&v, machine))?;
             } else if !args.quiet {
                 if report.dry_run.is_some() {
                     print_stdout(&dry_run_text(&report))?;
                 } else {
                     eprint!("{}", report_text(&report, &streams));
+                    if let Some(route) = config.route {
+                        eprintln!("atou: path: {}", route_text(route));
+                    }
                 }
             }
         }
@@ -940,6 +1013,15 @@ pub(super) fn run_send_from(
         }
     }
     Ok(status.into())
+}
+
+/// A copy over ssh's path, as its report says it.
+pub(super) fn route_text(route: &str) -> &'static str {
+    if route == "ssh" {
+        "ssh (no UDP datagram got through: atou's sealed datagrams went over the ssh connection)"
+    } else {
+        "udp"
+    }
 }
 
 /// Calls `f` on the first Ctrl-C, from a thread of its own.

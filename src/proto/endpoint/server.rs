@@ -335,7 +335,15 @@ pub enum SessionEvent {
     /// waits for the reply ([`Server::respond`]).
     Complete { conn_id: u64 },
     /// The connection is gone: closed after its reply, or idle.
-    Ended { conn_id: u64, end: ConnEnd },
+    /// `confirmed`: a packet from the client opened under its keys, so
+    /// it had the server's response (RFC 9000 §8.1); an unconfirmed one
+    /// may have sent its hello (and its early data) over a path whose
+    /// answers never reached it. A plain connection counts as confirmed.
+    Ended {
+        conn_id: u64,
+        end: ConnEnd,
+        confirmed: bool,
+    },
 }
 
 /// New stream bytes of a session connection, for its application to place.
@@ -721,6 +729,14 @@ impl Conn {
     }
 
     /// Plain, or authenticated with its keys installed.
+    /// Whether a packet from the client opened under its keys (a plain
+    /// connection has none: counted as confirmed).
+    fn confirmed(&self) -> bool {
+        self.link
+            .secure()
+            .is_none_or(|s| matches!(s.keys, Keying::Confirmed(_)))
+    }
+
     fn keyed(&self) -> bool {
         self.link
             .secure()
@@ -1313,6 +1329,7 @@ impl Server {
                 .push_back(Queued::Event(SessionEvent::Ended {
                     conn_id,
                     end: ConnEnd::Idle,
+                    confirmed: false,
                 }));
         }
     }
@@ -1658,6 +1675,7 @@ impl Server {
                 .push_back(Queued::Event(SessionEvent::Ended {
                     conn_id,
                     end: ConnEnd::Closed,
+                    confirmed: true,
                 }));
         }
         Ok(None)
@@ -2902,6 +2920,7 @@ impl Server {
                         .push_back(Queued::Event(SessionEvent::Ended {
                             conn_id: id,
                             end: ConnEnd::Idle,
+                            confirmed: conn.confirmed(),
                         }));
                 }
             }

@@ -24,7 +24,7 @@ mod session;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -235,6 +235,10 @@ pub struct SendConfig {
     /// receiver that says it is busy, from its first such answer; zero:
     /// give up at once.
     pub(crate) wait_busy: Duration,
+    /// How a copy over ssh carries its datagrams, for its report: `udp`,
+    /// or `ssh` where no UDP got through ([`crate::transfer::tunnel`]);
+    /// `None`: not a copy over ssh.
+    pub(crate) route: Option<&'static str>,
 }
 
 impl SendConfig {
@@ -261,6 +265,7 @@ impl SendConfig {
             trace: None,
             path_memory: None,
             wait_busy: Duration::ZERO,
+            route: None,
         }
     }
 
@@ -359,6 +364,9 @@ pub struct Progress {
     pub detail: AtomicBool,
     /// The data streams of the current round, with `detail`.
     pub streams: Mutex<Vec<Arc<StreamLive>>>,
+    /// Set by the first datagram from the receiver: UDP gets through
+    /// both ways.
+    pub heard: Arc<AtomicBool>,
 }
 
 impl Progress {
@@ -502,7 +510,10 @@ pub fn send_from(
 ) -> Result<SendReport, SendError> {
     let mut session = None;
     let result = session::send_session(sources, config, from, &progress, &mut session);
-    if let (Err(e), Some(id)) = (&result, session) {
+    // A receiver never heard from cannot be told either: an abort to it
+    // would only wait out its maxidle.
+    let heard = progress.heard.load(Ordering::Relaxed);
+    if let (Err(e), Some(id), true) = (&result, session, heard) {
         let mut quick = config.clone();
         quick.tuning.maxidle = Duration::from_secs(2);
         let link = conn::Link {
