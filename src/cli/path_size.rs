@@ -60,7 +60,7 @@ impl PathSize {
     }
 
     /// What the path cache keeps: a size a search vouched for.
-    pub(super) fn to_remember(&self) -> Option<u32> {
+    pub(super) fn to_remember(self) -> Option<u32> {
         matches!(self.from, SizeFrom::Found | SizeFrom::Cached).then_some(self.datagram)
     }
 }

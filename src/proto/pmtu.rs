@@ -68,7 +68,7 @@ impl SizeSearch {
             .filter(|size| **size > base && **size >= BASE_PAYLOAD_V4)
             .map(|size| (*size, false))
             .collect();
-        probes.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        probes.sort_unstable_by_key(|p| std::cmp::Reverse(p.0));
         probes.dedup_by_key(|p| p.0);
         SizeSearch {
             conn_id,
