@@ -28,6 +28,7 @@ use crate::util::units::{format_rate, format_size, parse_size};
 use super::exit::{self, Exit};
 use super::net::{resolve, runtime};
 use super::path_hint::PathHint;
+use super::path_size::{self, PathSize, SizeFrom};
 use super::{print_stdout, TuningArgs, UsageError};
 
 /// Read-ahead (sender) and window (receiver) per transfer, over all streams.
@@ -718,7 +719,16 @@ fn with_streams(mut report: serde_json::Value, streams: &[Summary]) -> Result<se
     Ok(report)
 }
 
-fn report_text(r: &SendReport, streams: &[Summary]) -> String {
+/// The `--json` report's `path_mtu`: the size the transfer used, and how
+/// it was chosen.
+fn with_path(mut report: serde_json::Value, path: &PathSize) -> Result<serde_json::Value> {
+    if let Some(m) = report.as_object_mut() {
+        m.insert("path_mtu".into(), serde_json::to_value(path)?);
+    }
+    Ok(report)
+}
+
+fn report_text(r: &SendReport, streams: &[Summary], path: &PathSize) -> String {
     let mut s = format!(
         "atou: sent {} file{}{} ({} dir{}, {} symlink{}) to {}: {} in {:.2} s, {}",
         r.files,
@@ -759,6 +769,7 @@ fn report_text(r: &SendReport, streams: &[Summary]) -> String {
     } else {
         s += "\natou: every file verified at the receiver (BLAKE3 per chunk and per file)\n";
     }
+    s += &format!("atou: {}\n", path.text());
     for (i, t) in streams.iter().enumerate() {
         s += &format!(
             "stream {}: {} in {:.2} s, {}; segments {} rxmts {} timeouts {} srtt {:.3} ms cwnd {}",
@@ -928,6 +939,18 @@ pub(super) fn run_send_from(
     // path teaches is the ssh channel's, of no use to the next run.
     let mut hint = PathHint::new(args.no_path_cache, config.peer.ip(), pinned_key);
     config.path_memory = hint.recall();
+    let fixed = if args.tuning.sets("mss") {
+        Some(SizeFrom::Forced)
+    } else {
+        this_host_mss(config.peer).map(|_| SizeFrom::ThisHost)
+    };
+    let path = path_size::choose(
+        &mut config.tuning,
+        config.peer,
+        fixed,
+        config.path_memory.as_ref(),
+        from.is_empty(),
+    );
     let mut result = crate::transfer::send::send_from(sources, &config, progress.clone(), from);
     let unheard = !progress.heard.load(Ordering::Relaxed);
     match result.as_ref().err().filter(|_| unheard).and_then(detour) {
@@ -946,7 +969,7 @@ pub(super) fn run_send_from(
         None => {}
     }
     // The end-of-run summary of each connection, from what it measured.
-    let streams: Vec<Summary> = result.as_ref().map_or_else(
+    let mut streams: Vec<Summary> = result.as_ref().map_or_else(
         |_| Vec::new(),
         |report| {
             report
@@ -956,6 +979,11 @@ pub(super) fn run_send_from(
                 .collect()
         },
     );
+    for s in &mut streams {
+        if let Some(m) = s.path_memory.as_mut() {
+            m.datagram_size = path.to_remember();
+        }
+    }
     hint.remember(&streams);
     let status = match &result {
         Ok(_) => Exit::Ok,
@@ -978,7 +1006,10 @@ pub(super) fn run_send_from(
     match result {
         Ok(report) => {
             if args.json {
-                let mut v = with_streams(exit::json_report(&report, status)?, &streams)?;
+                let mut v = with_path(
+                    with_streams(exit::json_report(&report, status)?, &streams)?,
+                    &path,
+                )?;
                 if let (Some(route), Some(m)) = (config.route, v.as_object_mut()) {
                     m.insert("path".into(), route.into());
                 }
@@ -987,7 +1018,7 @@ pub(super) fn run_send_from(
                 if report.dry_run.is_some() {
                     print_stdout(&dry_run_text(&report))?;
                 } else {
-                    eprint!("{}", report_text(&report, &streams));
+                    eprint!("{}", report_text(&report, &streams, &path));
                     if let Some(route) = config.route {
                         eprintln!("atou: path: {}", route_text(route));
                     }

@@ -21,6 +21,7 @@ pub(crate) mod coupling;
 pub(crate) mod dest_dir;
 pub(crate) mod hello_timestamps;
 pub(crate) mod netem;
+pub(crate) mod pmtu;
 pub(crate) mod socket;
 pub(crate) mod tun;
 
@@ -34,7 +35,7 @@ use thiserror::Error;
 use tokio::sync::Notify;
 
 pub use socket::SocketBuffers;
-pub(crate) use socket::{this_host_mtu, RecvBatch, TxBatch, UdpIo};
+pub(crate) use socket::{route_mtu, this_host_mtu, RecvBatch, TxBatch, UdpIo};
 
 use crate::io::hello_timestamps::SaveError;
 use crate::proto::crypto::{Cipher, DropCounters, HandshakeError};
