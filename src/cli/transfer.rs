@@ -38,8 +38,8 @@ pub(super) const DEFAULT_BUFFER: &str = "64MiB";
 /// unless --mss says otherwise: a jumbo frame's, as kernel TCP sizes its
 /// MSS from lo's 64 KiB MTU, so that the per-datagram costs (system
 /// calls, ACKs, and each seal and open) are paid a sixth as often as at
-/// 1472 bytes. Elsewhere the default stays 1472: the first link's MTU
-/// says nothing of the path's.
+/// 1472 bytes. Elsewhere the first link's MTU says nothing of the
+/// path's: the path is searched for its size (src/cli/path_size.rs).
 pub(super) const LOOPBACK_MSS: u32 = 8972;
 /// Transport connections per transfer; see docs/transfer.md for how it was chosen.
 pub(super) const DEFAULT_STREAMS: usize = 2;
