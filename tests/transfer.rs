@@ -2578,14 +2578,37 @@ fn excluded_entries_do_not_arrive() {
     assert_eq!(got, ["", "README", "src", "src/main.c"]);
 }
 
+/// Whether rsync is here to compare with; says why `test` skips if not.
+fn have_rsync(test: &str) -> bool {
+    let here = Command::new("rsync").arg("--version").output().is_ok();
+    if !here {
+        eprintln!("SKIPPED {test}: no rsync on this host");
+    }
+    here
+}
+
+/// The paths beneath `root` (none if it is not there), sorted, the
+/// receiver's staging directory left out.
+fn listing(root: &Path) -> Vec<String> {
+    if !root.exists() {
+        return Vec::new();
+    }
+    let mut got: Vec<String> = walk(root)
+        .keys()
+        .map(|p| p.display().to_string())
+        .filter(|p| !p.starts_with(STAGING_DIR))
+        .collect();
+    got.sort();
+    got
+}
+
 /// `--include`, `--exclude`, `--filter` and the rule files select what
 /// `rsync -a` with the same rules, in the same order, selects from the
 /// same tree: the first rule that matches decides, an excluded directory
 /// is not descended into, `!` clears.
 #[test]
 fn filters_select_what_rsync_selects() {
-    if Command::new("rsync").arg("--version").output().is_err() {
-        eprintln!("SKIPPED filters_select_what_rsync_selects: no rsync on this host");
+    if !have_rsync("filters_select_what_rsync_selects") {
         return;
     }
     let scratch = TestDir::new("transfer-filters");
@@ -2626,14 +2649,6 @@ fn filters_select_what_rsync_selects() {
         ],
         &["--exclude=+ top.c", "--exclude=*.c", "--include=- docs/"],
     ];
-    let listing = |root: &Path| -> Vec<String> {
-        if !root.exists() {
-            return Vec::new();
-        }
-        let mut got: Vec<String> = walk(root).keys().map(|p| p.display().to_string()).collect();
-        got.sort();
-        got
-    };
     for (i, flags) in cases.iter().enumerate() {
         let by_rsync = scratch.dir(&format!("rsync{i}"));
         let out = Command::new("rsync")
@@ -2662,8 +2677,7 @@ fn filters_select_what_rsync_selects() {
 /// is sent.
 #[test]
 fn files_from_sends_what_rsync_sends() {
-    if Command::new("rsync").arg("--version").output().is_err() {
-        eprintln!("SKIPPED files_from_sends_what_rsync_sends: no rsync on this host");
+    if !have_rsync("files_from_sends_what_rsync_sends") {
         return;
     }
     let scratch = TestDir::new("transfer-files-from");
@@ -2710,15 +2724,6 @@ fn files_from_sends_what_rsync_sends() {
     )
     .report();
     assert_eq!(report_u(&r, "files"), 5, "{r}");
-    let listing = |root: &Path| -> Vec<String> {
-        let mut got: Vec<String> = walk(root)
-            .keys()
-            .map(|p| p.display().to_string())
-            .filter(|p| !p.starts_with(STAGING_DIR))
-            .collect();
-        got.sort();
-        got
-    };
     assert_eq!(listing(&dest), listing(&by_rsync));
     for f in ["src/deep/b.o", "top.c", "old/x.txt", "data/big"] {
         assert_eq!(
@@ -2746,8 +2751,7 @@ fn files_from_sends_what_rsync_sends() {
 /// copy; a rerun with --skip-existing keeps them.
 #[test]
 fn hard_links_arrive_as_rsync_h_makes_them() {
-    if Command::new("rsync").arg("--version").output().is_err() {
-        eprintln!("SKIPPED hard_links_arrive_as_rsync_h_makes_them: no rsync on this host");
+    if !have_rsync("hard_links_arrive_as_rsync_h_makes_them") {
         return;
     }
     let scratch = TestDir::new("transfer-hard-links");

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 use super::plan::{link_target_rel, DirCache};
 use super::{
-    pending_dir_record, split_rel, staged_name, to_system_time, DestError, FileTarget, Part,
+    pending_dir_record, split_rel, staging_key, to_system_time, DestError, FileTarget, Part,
     Prepared,
 };
 use crate::io::dest_dir::{self, STAGING_DIR};
@@ -202,44 +202,42 @@ impl<'a> Finisher<'a> {
     /// A hard link to the file at `target` (placed earlier in this
     /// finish, or kept), made under a staging name and renamed into place.
     fn hard_link(&mut self, rel: &'a [u8], target: &[u8]) -> Result<(), DestError> {
-        let prepared = self.prepared;
-        let dest_dir = &prepared.dest_dir;
-        let (dir_rel, name) = split_rel(rel);
-        let staged = format!("{}.hlink", &staged_name(rel)[..32]);
+        let dest_dir = &self.prepared.dest_dir;
+        let staged = format!("{}.hlink", staging_key(rel));
         let shown_path = dest_dir.shown(rel);
         let (target_dir, target_name) = split_rel(target);
         let target_fd = self.open_dir(target_dir)?;
         dest_dir
             .hard_link_staged(target_fd, target_name, &staged)
             .map_err(|e| Error::disk("create hard link", &shown_path, e))?;
+        self.place_staged(rel, &staged)?;
+        // rename(2) onto another name of the same file leaves both.
+        let _ = dest_dir.remove_staged(&staged);
+        self.done.hard_links += 1;
+        Ok(())
+    }
+
+    /// Renames `staged` to `rel`, replacing only when allowed.
+    fn place_staged(&mut self, rel: &'a [u8], staged: &str) -> Result<(), DestError> {
+        let dest_dir = &self.prepared.dest_dir;
+        let (dir_rel, name) = split_rel(rel);
         let replace = self.replace;
         let fd = self.open_dir(dir_rel)?;
         dest_dir
-            .place(&staged, fd, name, replace)
-            .map_err(|e| Error::disk("rename into place", &shown_path, e))?;
-        // rename(2) onto another name of the same file leaves both.
-        let _ = dest_dir.remove_staged(&staged);
+            .place(staged, fd, name, replace)
+            .map_err(|e| Error::disk("rename into place", &dest_dir.shown(rel), e))?;
         self.written_into.insert(dir_rel);
-        self.done.hard_links += 1;
         Ok(())
     }
 
     /// A symlink, made under a staging name and renamed into place.
     fn symlink(&mut self, rel: &'a [u8], target: &[u8]) -> Result<(), DestError> {
-        let prepared = self.prepared;
-        let dest_dir = &prepared.dest_dir;
-        let (dir_rel, name) = split_rel(rel);
-        let staged = format!("{}.link", &staged_name(rel)[..32]);
-        let shown_path = dest_dir.shown(rel);
+        let dest_dir = &self.prepared.dest_dir;
+        let staged = format!("{}.link", staging_key(rel));
         dest_dir
             .symlink_staged(target, &staged)
-            .map_err(|e| Error::disk("create symlink", &shown_path, e))?;
-        let replace = self.replace;
-        let fd = self.open_dir(dir_rel)?;
-        dest_dir
-            .place(&staged, fd, name, replace)
-            .map_err(|e| Error::disk("rename into place", &shown_path, e))?;
-        self.written_into.insert(dir_rel);
+            .map_err(|e| Error::disk("create symlink", &dest_dir.shown(rel), e))?;
+        self.place_staged(rel, &staged)?;
         self.done.symlinks += 1;
         Ok(())
     }
