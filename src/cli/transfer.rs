@@ -61,6 +61,9 @@ pub(super) struct TransferArgs {
     /// Replace files that already exist at the destination (default: refuse the transfer)
     #[arg(long)]
     overwrite: bool,
+    /// Make each directory sent a mirror (rsync's --delete): at the end, once every file is in place, remove from the destination's copy of each directory sent whatever the sender does not send, except what --exclude/--filter rules exclude (protected, as rsync protects it). Only within the directories sent, never DEST itself; nothing is removed if the transfer fails. With -n, lists what it would remove. A server must allow it (`atou serve --allow-delete`, and `delete` on the key's line). Not with --shard or --files-from
+    #[arg(long, conflicts_with_all = ["shard", "files_from"])]
+    delete: bool,
     /// Leave alone existing files of the same size and modification time (and identical symlinks)
     #[arg(long)]
     skip_existing: bool,
@@ -217,10 +220,12 @@ pub(super) struct ReceivingArgs {
 
 impl ReceivingArgs {
     /// The receiving end's policy, from its own flags alone: these, and
-    /// whether it lets files be replaced (`--overwrite`) and syncs them.
+    /// whether it lets files be replaced (`--overwrite`) or removed
+    /// (`--delete`) and syncs them.
     pub(super) fn policy(
         &self,
         overwrite: bool,
+        delete: bool,
         fsync: bool,
         requested: Option<Requested>,
     ) -> ReceivePolicy {
@@ -230,6 +235,7 @@ impl ReceivingArgs {
                 special_bits: self.perms,
                 symlinks: self.symlinks,
                 fsync,
+                delete,
             },
             requested,
         )
@@ -552,6 +558,7 @@ impl TransferArgs {
                 shard: false,
                 // The plan sets it where the finish can go ahead.
                 finish_ahead: false,
+                delete: self.delete,
             },
             follow: self.follow,
             hard_links: self.hard_links,
@@ -769,6 +776,13 @@ fn report_text(r: &SendReport, streams: &[Summary], path: &PathSize) -> String {
     } else {
         s += "\natou: every file verified at the receiver (BLAKE3 per chunk and per file)\n";
     }
+    if let Some(d) = &r.deleted {
+        s += &format!(
+            "atou: deleted {} entr{} at the destination that the sender does not have (--delete)\n",
+            d.total,
+            if d.total == 1 { "y" } else { "ies" }
+        );
+    }
     s += &format!("atou: {}\n", path.text());
     for (i, t) in streams.iter().enumerate() {
         s += &format!(
@@ -811,13 +825,29 @@ fn dry_run_text(r: &SendReport) -> String {
         });
         s += &format!("{:<5} {:>22}  {}{part}\n", f.action, how, f.path);
     }
+    let mut deleting = String::new();
+    if let Some(d) = &r.deleted {
+        // rsync -n --delete's words, before the summary.
+        for path in &d.listed {
+            s += &format!("deleting {path}\n");
+        }
+        let more = d.total.saturating_sub(d.listed.len() as u64);
+        if more > 0 {
+            s += &format!("deleting … and {more} more\n");
+        }
+        deleting = format!(
+            ", delete {} entr{} the sender does not have",
+            d.total,
+            if d.total == 1 { "y" } else { "ies" }
+        );
+    }
     let sent = files.iter().filter(|f| f.action == "send").count();
     let part = r.shard.as_ref().map_or(String::new(), |k| {
         format!(" (shard {k}, its part of the tree)")
     });
     s += &format!(
         "dry run{part}: would send {} of {} file{} ({} of {}), skip {} ({} already there), \
-         with {} dir{} and {} symlink{}, to {}; nothing was sent\n",
+         with {} dir{} and {} symlink{}, to {}{deleting}; nothing was sent\n",
         sent,
         files.len(),
         if files.len() == 1 { "" } else { "s" },
@@ -1226,6 +1256,7 @@ impl LocalReceiver {
                 // manifest may hold only the SRCs named.
                 policy: args.receiving.policy(
                     args.transfer.overwrite,
+                    args.transfer.delete,
                     args.transfer.fsync,
                     Some(local_requested(&args.sources, &args.transfer)?),
                 ),
@@ -1376,6 +1407,10 @@ impl TransferArgs {
         self.overwrite
     }
 
+    pub(super) fn delete(&self) -> bool {
+        self.delete
+    }
+
     pub(super) fn fsync(&self) -> bool {
         self.fsync
     }
@@ -1410,6 +1445,7 @@ impl TransferArgs {
         ];
         for (on, flag) in [
             (self.overwrite, "--overwrite"),
+            (self.delete, "--delete"),
             (self.skip_existing, "--skip-existing"),
             (self.checksum, "--checksum"),
             (self.fsync, "--fsync"),

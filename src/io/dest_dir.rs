@@ -521,6 +521,39 @@ pub fn look(dir: &impl AsFd, name: &[u8]) -> io::Result<Found> {
     }
 }
 
+/// The names in directory `dir` (not `.` and `..`), each with what it is,
+/// looked at without following it; a name gone meanwhile is left out.
+pub fn entries(dir: &OwnedFd) -> io::Result<Vec<(Vec<u8>, Found)>> {
+    let mut names = Vec::new();
+    for entry in rfs::Dir::read_from(dir).map_err(to_io)? {
+        let entry = entry.map_err(to_io)?;
+        let name = entry.file_name().to_bytes();
+        if matches!(name, b"." | b"..") {
+            continue;
+        }
+        match look(dir, name)? {
+            Found::Nothing => {}
+            found => names.push((name.to_vec(), found)),
+        }
+    }
+    Ok(names)
+}
+
+/// Removes `name` from `dir`, never following it: an empty directory with
+/// `is_dir`, anything else but a directory without. A name already gone
+/// is `Ok`.
+pub fn remove(dir: &OwnedFd, name: &[u8], is_dir: bool) -> io::Result<()> {
+    let flags = if is_dir {
+        AtFlags::REMOVEDIR
+    } else {
+        AtFlags::empty()
+    };
+    match rfs::unlinkat(dir, name, flags) {
+        Err(e) if e == rustix::io::Errno::NOENT => Ok(()),
+        r => r.map_err(to_io),
+    }
+}
+
 /// The (device, inode) of `name` in `dir`, not following it.
 pub fn inode(dir: &impl AsFd, name: &[u8]) -> io::Result<(u64, u64)> {
     let st = rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(to_io)?;

@@ -29,6 +29,8 @@ pub struct Finished {
     pub symlinks: u64,
     pub hard_links: u64,
     pub skipped: u64,
+    /// Entries `--delete` removed.
+    pub deleted: u64,
 }
 
 /// What a session's part did to its split file.
@@ -85,6 +87,12 @@ pub fn finish(
             file_no += 1;
         }
     }
+    if let Some(extraneous) = &prepared.extraneous {
+        let mut changed = Vec::new();
+        let removed = super::delete::remove(&prepared.dest_dir, extraneous, &mut changed);
+        finisher.done.deleted = removed?;
+        finisher.deleted_in.extend(changed);
+    }
     finisher.directories()?;
     finisher.sync_placed_dirs()?;
     Ok(finisher.done)
@@ -101,6 +109,8 @@ struct Finisher<'a> {
     /// Directories whose mtime this session's own writes moved: the
     /// parents of what it placed and of the directories it created.
     written_into: HashSet<&'a [u8]>,
+    /// Directories `--delete` removed something from.
+    deleted_in: HashSet<Vec<u8>>,
     done: Finished,
 }
 
@@ -119,6 +129,7 @@ impl<'a> Finisher<'a> {
             replace: prepared.options.overwrite,
             to_sync: Vec::new(),
             written_into,
+            deleted_in: HashSet::new(),
             done: Finished::default(),
         }
     }
@@ -253,7 +264,11 @@ impl<'a> Finisher<'a> {
             // created, after it may have set their mtimes; so whichever
             // session writes into a directory last sets its mtime again,
             // after its writes, and the last one standing is the sender's.
-            let mtime_only = prepared.options.shard && self.written_into.contains(rel.as_slice());
+            // A mirror (`--delete`) likewise: its removals and writes moved
+            // the mtimes of directories that were there before.
+            let written = self.written_into.contains(rel.as_slice());
+            let mtime_only = ((prepared.options.shard || prepared.options.delete) && written)
+                || self.deleted_in.contains(rel.as_slice());
             if entry.kind != EntryKind::Dir || !(whole || mtime_only) {
                 continue;
             }

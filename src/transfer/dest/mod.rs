@@ -15,6 +15,7 @@
 //! What is allowed (replacing files, modes, symlinks, syncing) is the
 //! receiver's [`ReceivePolicy`]; the sender's [`Options`] only ask.
 
+mod delete;
 mod finish;
 mod plan;
 pub(crate) mod policy;
@@ -375,6 +376,8 @@ pub struct Prepared {
     /// (src/transfer/staged.rs): set by the receiver that admitted it,
     /// released at the finish.
     pub claim: Option<ClaimId>,
+    /// What `--delete` removes at the finish; `None` without it.
+    pub extraneous: Option<Box<delete::Extraneous>>,
 }
 
 impl Prepared {

@@ -23,6 +23,7 @@ use super::{
     Part, Prepared, NOT_HELD,
 };
 use crate::io::dest_dir::{self, DestDir, Found, STAGING_DIR};
+use crate::transfer::exclude::Filters;
 use crate::transfer::hash::{chunk_count, chunk_cv, chunk_len, Cv, CHUNK_SIZE};
 use crate::transfer::manifest::{Entry, EntryKind, Manifest, RelPath};
 use crate::transfer::messages::{FilePart, FilePlan, Options, PlanRequest};
@@ -88,7 +89,9 @@ pub fn prepare(
         subdir,
         manifest,
         parts: sent_in_part,
+        protect,
     } = request;
+    super::delete::check_allowed(&asked, policy)?;
     let options = granted(&asked, policy);
     let sub: Vec<u8> = subdir
         .as_ref()
@@ -132,6 +135,19 @@ pub fn prepare(
         return Err(Error::Refused { why });
     }
     admit(&planner.to_stage())?;
+    let extraneous = if options.delete {
+        let mut rules = Filters::default();
+        for rule in &protect {
+            rules.add_rule(rule).map_err(|e| Error::Refused {
+                why: format!("--delete's filter rule {rule:?}: {e}"),
+            })?;
+        }
+        Some(Box::new(super::delete::find(
+            dest_dir, &sub, &manifest, rules,
+        )?))
+    } else {
+        None
+    };
     // A dry run ends here: the answer is made, nothing is created.
     let created = if options.dry_run {
         Vec::new()
@@ -152,6 +168,7 @@ pub fn prepare(
         dest_dir: dest_dir.clone(),
         rels: planner.rels,
         claim: None,
+        extraneous,
     })
 }
 
@@ -167,6 +184,8 @@ fn granted(asked: &Options, policy: &ReceivePolicy) -> Options {
         dry_run: asked.dry_run,
         shard: asked.shard,
         finish_ahead: asked.finish_ahead,
+        // Refused before this unless the policy allows it.
+        delete: asked.delete,
     }
 }
 
@@ -881,6 +900,7 @@ mod tests {
                 subdir: None,
                 manifest: Manifest { entries },
                 parts,
+                protect: Vec::new(),
             };
             prepare(&self.dest, policy, request, checksum_budget, |_| Ok(()))
                 .map_err(|e| e.to_string())
@@ -1026,6 +1046,7 @@ mod tests {
             special_bits: false,
             symlinks,
             fsync: false,
+            delete: false,
         };
         let all = ReceivePolicy::user(flags(SymlinkPolicy::All), None);
         d.plan(&all, Options::default(), out()).unwrap();

@@ -449,6 +449,34 @@ pub struct SendReport {
     /// real run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<Vec<PlannedFile>>,
+    /// What `--delete` removed at the receiver (in a dry run: would
+    /// remove); `None` without `--delete`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deleted: Option<Deleted>,
+}
+
+/// What `--delete` removed (or, in a dry run, would): the receiver's list,
+/// for the user.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Deleted {
+    /// Entries removed, each named once (a directory with what it held).
+    pub total: u64,
+    /// The first of them as the receiver listed them, escaped for a
+    /// terminal, a directory's with a trailing `/`; the rest only counted.
+    pub listed: Vec<String>,
+}
+
+impl From<&crate::transfer::messages::Deletions> for Deleted {
+    fn from(d: &crate::transfer::messages::Deletions) -> Deleted {
+        Deleted {
+            total: d.total,
+            listed: d
+                .listed
+                .iter()
+                .map(|(path, is_dir)| format!("{path}{}", if *is_dir { "/" } else { "" }))
+                .collect(),
+        }
+    }
 }
 
 /// One data connection's transport figures and how it ended: what the
