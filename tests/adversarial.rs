@@ -187,6 +187,7 @@ fn plan(entries: Vec<Entry>, options: Options, parts: Vec<FilePart>) -> Vec<u8> 
         manifest: Manifest { entries },
         parts,
         protect: Vec::new(),
+        owners: None,
     }
     .encode()
 }

@@ -248,6 +248,23 @@ fn a_remote_cannot_delete_here_without_the_local_delete() {
     assert!(dest.join(".ssh/authorized_keys").exists());
 }
 
+/// A remote that sends with `-o -g` (its files would be root's, say) on a
+/// pull this end was not given `-o`/`-g`: refused, nothing written.
+#[test]
+fn a_remote_cannot_choose_owners_here_without_the_local_owner_flags() {
+    let s = TestDir::new("hostile-remote-owners");
+    let theirs = s.path("evil/data");
+    fs::create_dir_all(&theirs).unwrap();
+    fs::write(theirs.join("f"), "theirs\n").unwrap();
+    let dest = home(&s);
+    let remote = hostile(&s, "-o -g --numeric-ids", &[&theirs]);
+    let out = pull(&s, &remote, &["127.0.0.1:data", dest.to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(err.contains("not given -o or -g"), "{err}");
+    assert!(!dest.join("data").exists());
+}
+
 #[test]
 fn a_remote_cannot_re_mode_a_directory_that_was_there() {
     let s = TestDir::new("hostile-remote-remode");

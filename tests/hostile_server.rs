@@ -282,6 +282,7 @@ fn racing_receiver(dest: &Path, hook: impl FnOnce() + Send + 'static) -> Running
                 symlinks: SymlinkPolicy::All,
                 fsync: false,
                 delete: false,
+                owners: false,
             },
             None,
         )),

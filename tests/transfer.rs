@@ -3602,3 +3602,68 @@ fn delete_mirrors_as_rsync_delete_does() {
     );
     assert!(dest.join("beside").exists());
 }
+
+/// `-o -g` (and `--numeric-ids`) give each file, directory and symlink
+/// the owner and group `rsync -a -o -g --numeric-ids` gives it from the
+/// same tree, where the receiver runs as root and allows it; a server
+/// that does not allow it refuses the transfer and writes nothing.
+#[test]
+fn owners_and_groups_arrive_as_rsync_gives_them() {
+    if !is_root() {
+        eprintln!("SKIPPED owners_and_groups_arrive_as_rsync_gives_them: needs root to chown");
+        return;
+    }
+    if !have_rsync("owners_and_groups_arrive_as_rsync_gives_them") {
+        return;
+    }
+    use std::os::unix::fs::{chown, lchown};
+    let scratch = TestDir::new("transfer-owners");
+    let tree = scratch.dir("src/tree");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    write_random(&tree.join("a"), 3000, 1);
+    write_random(&tree.join("sub/b"), 2000, 2);
+    symlink("a", tree.join("l")).unwrap();
+    chown(tree.join("a"), Some(1234), Some(5678)).unwrap();
+    chown(tree.join("sub"), Some(4321), Some(8765)).unwrap();
+    chown(tree.join("sub/b"), Some(0), Some(65534)).unwrap();
+    // After its chown, which clears it.
+    set_mode(&tree.join("sub/b"), 0o2755);
+    lchown(tree.join("l"), Some(1111), Some(2222)).unwrap();
+    let ids = |root: &Path| -> Vec<(String, u32, u32)> {
+        walk(root)
+            .into_iter()
+            .map(|(rel, md)| (rel.display().to_string(), md.uid(), md.gid()))
+            .filter(|(rel, _, _)| !rel.starts_with(STAGING_DIR))
+            .collect()
+    };
+    let by_rsync = scratch.dir("rsync");
+    let out = Command::new("rsync")
+        .args(["-a", "-o", "-g", "--numeric-ids"])
+        .arg(&tree)
+        .arg(format!("{}/", by_rsync.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "rsync: {out:?}");
+    let dest = scratch.dir("dest");
+    {
+        let server = Serve::start(&dest);
+        let why = send(&[&tree], &server.target(), &["-o", "-g"]).failure(REFUSED);
+        assert!(why.contains("--allow-owners"), "{why}");
+        assert!(!dest.join("tree").exists(), "{:?}", listing(&dest));
+    }
+    let server = Serve::start_with(&dest, &["--allow-owners", "--allow-special-bits"]);
+    send(&[&tree], &server.target(), &["-o", "-g", "--numeric-ids"]).report();
+    assert_eq!(ids(&dest), ids(&by_rsync));
+    assert_eq!(ids(&dest.join("tree")), ids(&tree));
+    // The owner is set before the mode, which a change of owner would
+    // otherwise strip of its setgid bit.
+    assert_eq!(
+        fs::metadata(dest.join("tree/sub/b")).unwrap().mode() & 0o7777,
+        0o2755
+    );
+    // By name: the same host, so the same ids.
+    let named = scratch.dir("named");
+    let server = Serve::start_with(&named, &["--allow-owners", "--allow-special-bits"]);
+    send(&[&tree], &server.target(), &["-o", "-g"]).report();
+    assert_eq!(ids(&named.join("tree")), ids(&tree));
+}

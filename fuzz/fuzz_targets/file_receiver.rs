@@ -218,6 +218,7 @@ fuzz_target!(|data: &[u8]| {
                     } else {
                         Vec::new()
                     },
+                    owners: None,
                     subdir: None,
                     manifest: manifest(body, outside),
                     // A part of the first file, which may or may not

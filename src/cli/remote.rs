@@ -272,6 +272,7 @@ fn pull(target: &str, paths: &[String], dest: &str, flags: CopyFlags<'_>) -> Res
         policy: receiving.policy(
             transfer.overwrite(),
             transfer.delete(),
+            transfer.keeps_owners(),
             transfer.fsync(),
             Some(Requested::from_paths(paths)),
         ),
@@ -446,7 +447,7 @@ fn remote_receive(
         rcvbuf: args.rcvbuf,
         dry_run: args.dry_run,
         // The sender is this user's own command: its flags decide.
-        policy: args.receiving.policy(true, true, false, None),
+        policy: args.receiving.policy(true, true, true, false, None),
         writers: readers(None),
     };
     let received = receive_push(config, &hello, ip, watch, gone).map_err(cli_error);

@@ -106,6 +106,15 @@ pub(super) struct TransferArgs {
     /// Keep hard links (as rsync -H): files sent that are one file (same device and inode) arrive as one file with several names, its bytes sent once; links to files outside what is sent are sent as copies. Not with --shard
     #[arg(long, short = 'H', conflicts_with = "shard")]
     hard_links: bool,
+    /// Give each file, directory and symlink its owner at the receiver (as rsync -o): by user name where the receiving host knows the name, by number otherwise. The receiving end must run as root and allow it (`atou serve --allow-owners`; the receiving end of a copy, its own -o). Directories get it where they get their mode: where the transfer creates them, or with --overwrite
+    #[arg(long, short = 'o')]
+    owner: bool,
+    /// Give each entry its group at the receiver (as rsync -g), by name as -o; needs what -o needs
+    #[arg(long, short = 'g')]
+    group: bool,
+    /// With -o / -g: owners and groups by number, never mapped by name (as rsync --numeric-ids)
+    #[arg(long)]
+    numeric_ids: bool,
     /// Reader threads (default: one per core, at least 2)
     #[arg(long, value_name = "N")]
     readers: Option<usize>,
@@ -226,6 +235,7 @@ impl ReceivingArgs {
         &self,
         overwrite: bool,
         delete: bool,
+        owners: bool,
         fsync: bool,
         requested: Option<Requested>,
     ) -> ReceivePolicy {
@@ -236,6 +246,7 @@ impl ReceivingArgs {
                 symlinks: self.symlinks,
                 fsync,
                 delete,
+                owners,
             },
             requested,
         )
@@ -562,6 +573,11 @@ impl TransferArgs {
             },
             follow: self.follow,
             hard_links: self.hard_links,
+            keep_owners: crate::transfer::send::KeepOwners {
+                user: self.owner,
+                group: self.group,
+                numeric: self.numeric_ids,
+            },
             filters: self.filters()?,
             // Set with the sources, in run_send_from.
             files_from: None,
@@ -1257,6 +1273,7 @@ impl LocalReceiver {
                 policy: args.receiving.policy(
                     args.transfer.overwrite,
                     args.transfer.delete,
+                    args.transfer.keeps_owners(),
                     args.transfer.fsync,
                     Some(local_requested(&args.sources, &args.transfer)?),
                 ),
@@ -1411,6 +1428,11 @@ impl TransferArgs {
         self.delete
     }
 
+    /// `-o` or `-g`: the receiving end may give entries owners or groups.
+    pub(super) fn keeps_owners(&self) -> bool {
+        self.owner || self.group
+    }
+
     pub(super) fn fsync(&self) -> bool {
         self.fsync
     }
@@ -1446,6 +1468,9 @@ impl TransferArgs {
         for (on, flag) in [
             (self.overwrite, "--overwrite"),
             (self.delete, "--delete"),
+            (self.owner, "--owner"),
+            (self.group, "--group"),
+            (self.numeric_ids, "--numeric-ids"),
             (self.skip_existing, "--skip-existing"),
             (self.checksum, "--checksum"),
             (self.fsync, "--fsync"),

@@ -77,7 +77,19 @@ const _: () = assert!(OPTS_KNOWN == u8::MAX);
 /// predates it refuses the plan's version rather than leave a mirror
 /// half made.
 const OPT2_DELETE: u8 = 0x01;
-const OPTS2_KNOWN: u8 = OPT2_DELETE;
+/// `-o` / `-g`: each entry's owner and group follow the rules (the ids, and
+/// unless `--numeric-ids` the names of those ids here). A receiver that
+/// predates it refuses the plan's version rather than leave every file
+/// its own.
+const OPT2_OWNERS: u8 = 0x02;
+const OPTS2_KNOWN: u8 = OPT2_DELETE | OPT2_OWNERS;
+
+/// Which of an entry's ids a plan sends ([`Ownership`]).
+const OWN_USER: u8 = 0x01;
+const OWN_GROUP: u8 = 0x02;
+const OWN_NUMERIC: u8 = 0x04;
+/// Longest user or group name a plan carries (Linux allows 32).
+pub const ID_NAME_MAX: usize = 255;
 
 /// Bytes of the filter rules a `--delete` plan carries, at most.
 pub const PROTECT_RULES_MAX: usize = 64 * 1024;
@@ -243,6 +255,27 @@ pub struct PlanRequest {
     /// (`- P`, `+ P`), in order. What they exclude is protected from
     /// deletion, as rsync protects it; empty without `delete`.
     pub protect: Vec<String>,
+    /// `-o` / `-g`: whose each entry is; `None` without either.
+    pub owners: Option<Ownership>,
+}
+
+/// Who owns each entry of a manifest at the sender (rsync's `-o`, `-g`,
+/// `--numeric-ids`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ownership {
+    /// `-o`: files get their owner.
+    pub user: bool,
+    /// `-g`: files get their group.
+    pub group: bool,
+    /// `--numeric-ids`: by number; otherwise by name where the receiver
+    /// knows the name, by number where it does not (rsync's rule).
+    pub numeric: bool,
+    /// Per manifest entry, in order: (uid, gid) at the sender.
+    pub ids: Vec<(u32, u32)>,
+    /// The names of the uids and gids in `ids` at the sender, where they
+    /// have one; empty with `numeric`.
+    pub user_names: Vec<(u32, String)>,
+    pub group_names: Vec<(u32, String)>,
 }
 
 /// A file a session sends in part: chunks `chunks` of file `file`.
@@ -295,7 +328,12 @@ impl PlanRequest {
         let mut out = Vec::with_capacity(manifest.len() + 64);
         out.push(KIND_PLAN);
         let o = &self.options;
-        let opts2 = if o.delete { OPT2_DELETE } else { 0 };
+        let opts2 = if o.delete { OPT2_DELETE } else { 0 }
+            | if self.owners.is_some() {
+                OPT2_OWNERS
+            } else {
+                0
+            };
         out.push(if opts2 == 0 {
             SESSION_VERSION_FIRST
         } else {
@@ -333,6 +371,9 @@ impl PlanRequest {
             let rules = self.protect.join("\n");
             out.put_u32(rules.len() as u32);
             out.extend_from_slice(rules.as_bytes());
+        }
+        if let Some(own) = &self.owners {
+            own.encode(&mut out);
         }
         out.extend_from_slice(&manifest);
         seal(out)
@@ -414,6 +455,63 @@ impl DataHeader {
 /// Each part names a file of the manifest once, in ascending order, and
 /// a non-empty range of its chunks that is not all of them: a receiver
 /// then never waits on, or records, a chunk that does not exist.
+impl Ownership {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.push(
+            if self.user { OWN_USER } else { 0 }
+                | if self.group { OWN_GROUP } else { 0 }
+                | if self.numeric { OWN_NUMERIC } else { 0 },
+        );
+        out.put_u32(self.ids.len() as u32);
+        for &(uid, gid) in &self.ids {
+            out.put_u32(uid);
+            out.put_u32(gid);
+        }
+        for names in [&self.user_names, &self.group_names] {
+            out.put_u32(names.len() as u32);
+            for (id, name) in names {
+                let name = &name.as_bytes()[..name.len().min(ID_NAME_MAX)];
+                out.put_u32(*id);
+                out.push(name.len() as u8);
+                out.extend_from_slice(name);
+            }
+        }
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Ownership, MessageError> {
+        let what = r.u8()?;
+        if what & !(OWN_USER | OWN_GROUP | OWN_NUMERIC) != 0 {
+            return Err(MessageError::UnknownOptions(what));
+        }
+        let n = count(r, 8)?;
+        let ids = (0..n)
+            .map(|_| Ok((r.u32()?, r.u32()?)))
+            .collect::<Result<Vec<_>, MessageError>>()?;
+        let mut names = || -> Result<Vec<(u32, String)>, MessageError> {
+            let n = count(r, 4 + 1)?;
+            (0..n)
+                .map(|_| {
+                    let id = r.u32()?;
+                    let len = usize::from(r.u8()?);
+                    let name =
+                        std::str::from_utf8(r.bytes(len)?).map_err(|_| MessageError::NotUtf8)?;
+                    Ok((id, name.to_string()))
+                })
+                .collect()
+        };
+        let user_names = names()?;
+        let group_names = names()?;
+        Ok(Ownership {
+            user: what & OWN_USER != 0,
+            group: what & OWN_GROUP != 0,
+            numeric: what & OWN_NUMERIC != 0,
+            ids,
+            user_names,
+            group_names,
+        })
+    }
+}
+
 /// A plan reply's list of what `--delete` removes.
 fn read_deletions(r: &mut Reader<'_>) -> Result<Deletions, MessageError> {
     let total = r.u64()?;
@@ -549,8 +647,21 @@ impl Request {
                 } else {
                     Vec::new()
                 };
+                let owners = if opts2 & OPT2_OWNERS != 0 {
+                    Some(Ownership::decode(&mut r)?)
+                } else {
+                    None
+                };
                 let manifest = Manifest::decode(r.rest())?;
                 check_parts(&parts, &super::file_sizes(&manifest))?;
+                if let Some(own) = &owners {
+                    if own.ids.len() != manifest.entries.len() {
+                        return Err(MessageError::WrongCount {
+                            got: own.ids.len() as u64,
+                            want: manifest.entries.len() as u64,
+                        });
+                    }
+                }
                 Ok(Request::Plan(PlanRequest {
                     options: Options {
                         overwrite: opts & OPT_OVERWRITE != 0,
@@ -566,6 +677,7 @@ impl Request {
                     manifest,
                     parts,
                     protect,
+                    owners,
                 }))
             }
             KIND_ABORT => {
@@ -908,6 +1020,7 @@ mod tests {
                 chunks: 1..3,
             }],
             protect: Vec::new(),
+            owners: None,
         };
         let mirror = PlanRequest {
             options: Options {
@@ -918,6 +1031,14 @@ mod tests {
             manifest: manifest(),
             parts: Vec::new(),
             protect: vec!["- *.o".into(), "+ keep/".into()],
+            owners: Some(Ownership {
+                user: true,
+                group: true,
+                numeric: false,
+                ids: vec![(1000, 100), (0, 0), (1000, 65534)],
+                user_names: vec![(0, "root".into()), (1000, "alice".into())],
+                group_names: vec![(0, "root".into())],
+            }),
         };
         let header = DataHeader {
             ranges: vec![ChunkRange {
@@ -963,6 +1084,7 @@ mod tests {
                     .map(|(file, chunks)| FilePart { file, chunks })
                     .collect(),
                 protect: Vec::new(),
+                owners: None,
             }
             .encode()
         };
@@ -989,6 +1111,7 @@ mod tests {
             manifest: manifest(),
             parts: Vec::new(),
             protect: Vec::new(),
+            owners: None,
         }
         .encode();
         for i in 0..bytes.len() {
@@ -1009,6 +1132,7 @@ mod tests {
             manifest: manifest(),
             parts: Vec::new(),
             protect: Vec::new(),
+            owners: None,
         }
         .encode();
         bytes[5..7].copy_from_slice(b"..");
@@ -1192,6 +1316,7 @@ mod tests {
                 manifest: manifest(),
                 parts: Vec::new(),
                 protect,
+                owners: None,
             }
             .encode()
         };
@@ -1204,5 +1329,19 @@ mod tests {
         body.truncate(body.len() - SEAL_LEN);
         body[3] |= 0x80;
         assert!(refused(seal(body)).contains("unknown option bits 0x80"));
+        // Owners for fewer entries than the manifest has.
+        let short = PlanRequest {
+            options: Options::default(),
+            subdir: None,
+            manifest: manifest(),
+            parts: Vec::new(),
+            protect: Vec::new(),
+            owners: Some(Ownership {
+                user: true,
+                ids: vec![(1, 1); 2],
+                ..Ownership::default()
+            }),
+        };
+        assert!(refused(short.encode()).contains("2 values for 3 items"));
     }
 }

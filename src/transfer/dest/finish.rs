@@ -79,7 +79,7 @@ pub fn finish(
                 None => finisher.whole_file(t, dir_rel, &verified[n], &sender_hashes[n])?,
             }
         } else if let EntryKind::Symlink { target } = &entry.kind {
-            finisher.symlink(rel, target)?;
+            finisher.symlink(rel, target, prepared.owners.get(i).copied())?;
         } else if let EntryKind::HardLink { target } = &entry.kind {
             finisher.hard_link(rel, &link_target_rel(rel, entry, target))?;
         }
@@ -242,12 +242,22 @@ impl<'a> Finisher<'a> {
     }
 
     /// A symlink, made under a staging name and renamed into place.
-    fn symlink(&mut self, rel: &'a [u8], target: &[u8]) -> Result<(), DestError> {
+    fn symlink(
+        &mut self,
+        rel: &'a [u8],
+        target: &[u8],
+        owner: Option<dest_dir::Ids>,
+    ) -> Result<(), DestError> {
         let dest_dir = &self.prepared.dest_dir;
         let staged = format!("{}.link", staging_key(rel));
         dest_dir
             .symlink_staged(target, &staged)
             .map_err(|e| Error::disk("create symlink", &dest_dir.shown(rel), e))?;
+        if let Some(ids) = owner {
+            dest_dir
+                .set_staged_owner(&staged, ids)
+                .map_err(|e| Error::disk("set the owner and group of", &dest_dir.shown(rel), e))?;
+        }
         self.place_staged(rel, &staged)?;
         self.done.symlinks += 1;
         Ok(())
@@ -282,6 +292,10 @@ impl<'a> Finisher<'a> {
             }
             let mtime = to_system_time(entry.mtime_sec, entry.mtime_nsec);
             if whole {
+                if let Some(&ids) = prepared.owners.get(i) {
+                    dest_dir::set_owner(&fd, ids)
+                        .map_err(|e| Error::disk("set the owner and group of", &path, e))?;
+                }
                 dest_dir::set_dir_attrs(fd, prepared.dir_modes[i], mtime)
                     .map_err(|e| Error::disk("set the mode and mtime of", &path, e))?;
                 if prepared.created[i] {

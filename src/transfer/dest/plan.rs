@@ -90,8 +90,13 @@ pub fn prepare(
         manifest,
         parts: sent_in_part,
         protect,
+        owners,
     } = request;
     super::delete::check_allowed(&asked, policy)?;
+    if let Some(own) = &owners {
+        super::owners::check_allowed(own, policy)?;
+    }
+    let owners = owners.as_ref().map_or(Vec::new(), super::owners::resolve);
     let options = granted(&asked, policy);
     let sub: Vec<u8> = subdir
         .as_ref()
@@ -125,8 +130,10 @@ pub fn prepare(
         rels: Vec::with_capacity(entries),
         conflicts: Vec::new(),
         numbers: None,
+        owner: None,
     };
-    for entry in &manifest.entries {
+    for (i, entry) in manifest.entries.iter().enumerate() {
+        planner.owner = owners.get(i).copied();
         planner.check_entry(entry, join_rel(&sub, entry.path.as_bytes()))?;
     }
     if !planner.conflicts.is_empty() {
@@ -169,6 +176,7 @@ pub fn prepare(
         rels: planner.rels,
         claim: None,
         extraneous,
+        owners,
     })
 }
 
@@ -301,6 +309,8 @@ struct Planner<'a> {
     /// Entry numbers by their path beneath DEST, made at the first hard
     /// link (a manifest without one never pays for it).
     numbers: Option<HashMap<Vec<u8>, usize>>,
+    /// `-o` / `-g`: the owner and group of the entry being checked.
+    owner: Option<dest_dir::Ids>,
 }
 
 impl<'a> Planner<'a> {
@@ -456,6 +466,7 @@ impl<'a> Planner<'a> {
                 chunks,
                 header: parts::header(size, entry.mtime_sec, entry.mtime_nsec),
             }),
+            owner: self.owner,
             handle: Mutex::new(None),
         }));
         Ok(decision)
@@ -901,6 +912,7 @@ mod tests {
                 manifest: Manifest { entries },
                 parts,
                 protect: Vec::new(),
+                owners: None,
             };
             prepare(&self.dest, policy, request, checksum_budget, |_| Ok(()))
                 .map_err(|e| e.to_string())
@@ -1047,6 +1059,7 @@ mod tests {
             symlinks,
             fsync: false,
             delete: false,
+            owners: false,
         };
         let all = ReceivePolicy::user(flags(SymlinkPolicy::All), None);
         d.plan(&all, Options::default(), out()).unwrap();

@@ -53,6 +53,9 @@ pub struct ReceivePolicy {
     /// The sender's key may not delete, whatever `allow_delete` says (its
     /// authorized_keys line has no `delete`).
     pub key_forbids_delete: bool,
+    /// A sender that asks (`-o`, `-g`) may give what it sends its owners and
+    /// groups, where this receiver runs as root.
+    pub allow_owners: bool,
     /// What this receiver asked for, when it asked (a pull, a local
     /// copy): the manifest may hold nothing else. `None`: a server, which
     /// takes whatever names its senders choose beneath DEST.
@@ -86,6 +89,8 @@ pub struct UserFlags {
     /// `--delete`: what the sending end does not send may be removed from
     /// the directories it sends.
     pub delete: bool,
+    /// `-o` / `-g`: entries may get the sending end's owners and groups.
+    pub owners: bool,
 }
 
 impl ReceivePolicy {
@@ -100,6 +105,7 @@ impl ReceivePolicy {
             key_forbids_overwrite: false,
             allow_delete: false,
             key_forbids_delete: false,
+            allow_owners: false,
             requested: None,
             users_own: false,
             confined_to: None,
@@ -119,6 +125,7 @@ impl ReceivePolicy {
             key_forbids_overwrite: false,
             allow_delete: flags.delete,
             key_forbids_delete: false,
+            allow_owners: flags.owners,
             requested,
             users_own: true,
             confined_to: None,
@@ -439,6 +446,7 @@ mod tests {
             symlinks: SymlinkPolicy::Safe,
             fsync: false,
             delete: false,
+            owners: false,
         };
         assert_eq!(ReceivePolicy::user(flags, None).mode(0o4755), 0o755);
         assert_eq!(ReceivePolicy::user(flags, None).mode(0o777), 0o777);
@@ -470,6 +478,7 @@ mod tests {
             manifest: Manifest { entries },
             parts: Vec::new(),
             protect: Vec::new(),
+            owners: None,
         }
     }
 

@@ -1520,6 +1520,7 @@ mod tests {
             manifest: Manifest { entries },
             parts: Vec::new(),
             protect: Vec::new(),
+            owners: None,
         }
         .encode()
     }

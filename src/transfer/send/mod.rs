@@ -210,6 +210,8 @@ pub struct SendConfig {
     pub(crate) filters: Filters,
     /// Files that are one file go as one file and links to it (`-H`).
     pub(crate) hard_links: bool,
+    /// `-o` / `-g` / `--numeric-ids`: whose each entry is goes with the plan.
+    pub(crate) keep_owners: KeepOwners,
     /// The paths of `--files-from`, sent instead of the sources whole.
     pub(crate) files_from: Option<Vec<super::manifest::Listed>>,
     /// Send only this shard's part of the tree (`--shard K/N`).
@@ -256,6 +258,7 @@ impl SendConfig {
             filters: Filters::default(),
             files_from: None,
             hard_links: false,
+            keep_owners: KeepOwners::default(),
             shard: None,
             streams: 1,
             flows: 1,
@@ -453,6 +456,14 @@ pub struct SendReport {
     /// remove); `None` without `--delete`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deleted: Option<Deleted>,
+}
+
+/// rsync's `-o`, `-g` and `--numeric-ids`, as the sender asks them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeepOwners {
+    pub user: bool,
+    pub group: bool,
+    pub numeric: bool,
 }
 
 /// What `--delete` removed (or, in a dry run, would): the receiver's list,

@@ -993,6 +993,13 @@ fn plan_request(
         } else {
             Vec::new()
         },
+        owners: {
+            let keep = config.keep_owners;
+            (keep.user || keep.group).then(|| {
+                let ids = plan.entries.iter().map(|e| e.owner).collect();
+                crate::transfer::dest::owners::ownership(ids, keep.user, keep.group, keep.numeric)
+            })
+        },
         parts: plan
             .parts
             .iter()
