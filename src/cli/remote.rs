@@ -543,9 +543,12 @@ fn remote_send(
         thread::spawn(move || watch(switch));
     }
     let wait = tuning.maxidle + Duration::from_secs(5);
-    let (from, auth) = match far.await_punches(wait, &gone, &switch).map_err(cli_error)? {
-        Punched::Ready(from, auth) => (from, auth),
-        Punched::Switched(auth) => (tunnel_sending(streams, gone.clone())?, auth),
+    // `tunneled`: the switch came before the send, which starts through
+    // the tunnel; otherwise a switch stops the send, unheard, and it goes
+    // again through the tunnel.
+    let (from, auth, tunneled) = match far.await_punches(wait, &gone, &switch).map_err(cli_error)? {
+        Punched::Ready(from, auth) => (from, auth, false),
+        Punched::Switched(auth) => (tunnel_sending(streams, gone.clone())?, auth, true),
         Punched::Gone => return Ok(ExitCode::from(1)),
         Punched::TimedOut(wait) => {
             eprintln!(
@@ -564,8 +567,7 @@ fn remote_send(
     let progress = Arc::new(Progress::default());
     {
         let (p, gone, switch) = (progress.clone(), gone.clone(), switch.clone());
-        // Already switched: the send starts through the tunnel.
-        let mut switched = switch.load(Ordering::Relaxed);
+        let mut switched = tunneled;
         thread::spawn(move || {
             while !gone.load(Ordering::Relaxed) {
                 // Switched mid-send: the local end heard none of it; the
@@ -581,7 +583,6 @@ fn remote_send(
             p.stop.store(true, Ordering::Relaxed);
         });
     }
-    let tunneled = switch.load(Ordering::Relaxed);
     run_send_from(
         &sources,
         config,
