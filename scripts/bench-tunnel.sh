@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# `atou copy` push over ssh with UDP open, then with UDP dropped (the ssh
-# tunnel, issue 29): two network namespaces (atou-tun-n, atou-tun-f)
-# joined by a veth, a private sshd in the far one (scripts/lib/ssh.sh),
-# 64 MiB of random bytes pushed 3 times each way; nft drops UDP coming in
-# from the veth at both ends for the second set. Prints one line per run:
-# the path the report names, wall time of the command, the send's own
-# seconds and goodput. Needs root, ip and nft; ATOU (default
+# `atou copy` push and pull over ssh with UDP open, then with UDP dropped
+# (the ssh tunnel, issue 29): two network namespaces (atou-tun-n,
+# atou-tun-f) joined by a veth, a private sshd in the far one
+# (scripts/lib/ssh.sh), 64 MiB of random bytes pushed 3 times and pulled
+# 3 times each way; nft drops UDP coming in from the veth at both ends for
+# the second set. Prints one line per run: push or pull, the path the
+# report names, wall time of the command, the transfer's own seconds and
+# goodput (a pull's: bytes written over its seconds). Needs root, ip and nft; ATOU (default
 # target/release/atou) is both ends' binary. Figures for docs/transfer.md
 # ("Over ssh", step 5).
 set -euo pipefail
@@ -44,20 +45,28 @@ for mode in udp ssh; do
       ip netns exec $ns nft add rule inet f input iifname != lo meta l4proto udp drop
     done
   fi
-  for _ in 1 2 3; do
-    rm -rf "$D/out"
-    start=$(date +%s.%N)
-    ip netns exec $N "$ATOU" copy "$D/big" "$ssh_user@10.78.0.2:$D/out" --ssh "$ssh_cmd" \
-      --remote-atou "$ATOU" --no-path-cache --json >"$D/report" 2>"$D/err" ||
-      die "copy failed: $(tail -n 2 "$D/err")"
-    end=$(date +%s.%N)
-    cmp -s "$D/big" "$D/out/big" || die "the copy differs"
-    python3 - "$D/report" "$mode" "$start" "$end" <<'PY'
+  for dir in push pull; do
+    for _ in 1 2 3; do
+      rm -rf "$D/out"
+      if [ $dir = push ]; then
+        what=("$D/big" "$ssh_user@10.78.0.2:$D/out")
+      else
+        what=("$ssh_user@10.78.0.2:$D/big" "$D/out")
+      fi
+      start=$(date +%s.%N)
+      ip netns exec $N "$ATOU" copy "${what[@]}" --ssh "$ssh_cmd" \
+        --remote-atou "$ATOU" --no-path-cache --json >"$D/report" 2>"$D/err" ||
+        die "$dir failed: $(tail -n 2 "$D/err")"
+      end=$(date +%s.%N)
+      cmp -s "$D/big" "$D/out/big" || die "the $dir's copy differs"
+      python3 - "$D/report" "$mode" "$start" "$end" "$dir" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 wall = float(sys.argv[4]) - float(sys.argv[3])
-print(f"blocked udp: {sys.argv[2] == 'ssh'}  path {r.get('path')}  wall {wall:.2f} s  "
-      f"send {r['secs']:.2f} s  {r['goodput_bps'] / 1e6:.0f} Mbit/s")
+bps = r.get('goodput_bps') or r['bytes_written'] * 8 / r['secs']
+print(f"{sys.argv[5]}  blocked udp: {sys.argv[2] == 'ssh'}  path {r.get('path')}  "
+      f"wall {wall:.2f} s  transfer {r['secs']:.2f} s  {bps / 1e6:.0f} Mbit/s")
 PY
+    done
   done
 done

@@ -194,6 +194,62 @@ fn a_client_pinning_the_wrong_server_key_gets_no_session() {
     assert!(server.stats().bad_handshakes > 0);
 }
 
+/// Issue 29: what comes from the server's address but does not open
+/// under the pinned key is not an answer (a copy over ssh would stay off
+/// its tunnel for a forged datagram); the server's authenticated answer,
+/// or its refusal, is.
+#[test]
+fn only_the_servers_own_words_count_as_its_answer() {
+    let (server_key, impostor, client_key) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let keyed = || {
+        server_with(ServerAuth {
+            identity: Some(server_key.clone()),
+            authorized: None,
+            allow_plain: false,
+        })
+    };
+    let mut first_answer = Vec::new();
+    let client = secure_client(14, &client_key, &server_key);
+    let (client, _) = run(client, keyed(), Duration::from_secs(30), |_, dir, d| {
+        if dir == Dir::ToClient && first_answer.is_empty() {
+            first_answer = d.clone();
+        }
+        vec![(addr(1), d)]
+    });
+    assert!(client.answered());
+    // The same answer, as from the server's address, to another client
+    // of the same id and keys (its own ephemeral key): it does not open,
+    // and is no answer. Any datagram from the address counted before.
+    let mut other = secure_client(14, &client_key, &server_key);
+    let _ = other.handle_datagram(Time::ZERO, &first_answer);
+    assert!(!other.answered());
+    // Nor is a server that cannot read the hello, pinned under another
+    // key: it says nothing.
+    let client = secure_client(13, &client_key, &impostor);
+    let (client, _) = run(client, keyed(), Duration::from_secs(3), straight(addr(1)));
+    assert!(!client.answered());
+
+    // A refusal is the server's answer too: it has no key.
+    let client = secure_client(15, &client_key, &server_key);
+    let plain_only = server_with(ServerAuth::plain());
+    let (client, _) = run(
+        client,
+        plain_only,
+        Duration::from_secs(3),
+        straight(addr(1)),
+    );
+    assert!(
+        matches!(client.outcome(), Some(Err(ConnError::NoIdentity))),
+        "{:?}",
+        client.outcome()
+    );
+    assert!(client.answered());
+}
+
 #[test]
 fn a_plain_hello_to_a_server_that_requires_keys_is_told_so() {
     let server_key = StaticKeypair::generate().unwrap();

@@ -62,6 +62,17 @@ fn answering(
     addr: Option<std::net::IpAddr>,
     token: Option<[u8; 32]>,
 ) -> PathBuf {
+    answering_then(s, port, addr, token, "exec sleep 30")
+}
+
+/// [`answering`], and then runs the shell words `then`.
+fn answering_then(
+    s: &TestDir,
+    port: u16,
+    addr: Option<std::net::IpAddr>,
+    token: Option<[u8; 32]>,
+    then: &str,
+) -> PathBuf {
     let key = atou::internals::crypto::StaticKeypair::generate()
         .unwrap()
         .public();
@@ -75,7 +86,7 @@ fn answering(
     script(
         s,
         "answering-atou",
-        &format!("printf '%s\\n' '{}'; exec sleep 30", answer.trim_end()),
+        &format!("printf '%s\\n' '{}'; {then}", answer.trim_end()),
     )
 }
 
@@ -455,6 +466,12 @@ fn a_remote_naming_another_address_is_not_sent_punches() {
     // a bounded wait, and one reason.
     assert_eq!(out.status.code(), Some(10), "{}", stderr(&out));
     assert!(stderr(&out).contains("blocked?"), "{}", stderr(&out));
+    // An atou from before the tunnel does not answer the switch to it.
+    assert!(
+        stderr(&out).contains("did not take the ssh tunnel"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// The punch token is the remote's to draw (bootstrap 2): a pull whose
@@ -618,4 +635,170 @@ fn option_like_remote_atou_user_and_host_are_refused() {
     }
     assert!(!marker.exists());
     assert!(!dest.exists());
+}
+
+/// `remote`, its bootstrap answer's ports all turned to `sink`'s, where
+/// nothing answers: no punch reaches it, and the pull carries what it
+/// sends over the ssh channel (issue 29), the way a firewall that drops
+/// UDP would make it.
+fn behind_a_firewall(s: &TestDir, remote: &Path, sink: &std::net::UdpSocket) -> PathBuf {
+    let port = sink.local_addr().unwrap().port();
+    script(
+        s,
+        "firewalled-atou",
+        &format!(
+            "'{}' \"$@\" | {{ IFS= read -r a; set -f; set -- $a; m=$1 v=$2 \
+             p=$(printf %s \"$3\" | sed 's/[0-9][0-9]*/{port}/g'); shift 3; \
+             printf '%s %s %s %s\\n' \"$m\" \"$v\" \"$p\" \"$*\"; exec cat; }}",
+            remote.display()
+        ),
+    )
+}
+
+/// Every pull safety rule holds through the ssh tunnel: the names not
+/// asked for, an overwrite, a link out of DEST are refused there as over
+/// UDP (the relay only carries the sealed datagrams to the same receiver).
+#[test]
+fn a_hostile_remote_through_the_ssh_tunnel_meets_the_same_rules() {
+    let s = TestDir::new("hostile-remote-tunnel");
+    let sink = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let sent = evil_tree(&s);
+    let sent: Vec<&Path> = sent.iter().map(PathBuf::as_path).collect();
+    let remote = behind_a_firewall(&s, &hostile(&s, "--overwrite", &sent), &sink);
+    let dest = home(&s);
+    let out = pull(
+        &s,
+        &remote,
+        &["127.0.0.1:report.txt", dest.to_str().unwrap()],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(err.contains("goes through the ssh connection"), "{err}");
+    assert!(err.contains("which was not asked for"), "{err}");
+    assert_eq!(fs::read_to_string(dest.join(".bashrc")).unwrap(), "mine\n");
+    assert_eq!(
+        fs::read_to_string(dest.join(".ssh/authorized_keys")).unwrap(),
+        "ssh-ed25519 MINE\n"
+    );
+    assert_eq!(mode(&dest.join(".ssh")), 0o700);
+    assert!(!dest.join("sh").exists());
+    assert!(fs::symlink_metadata(dest.join("etc")).is_err());
+
+    let theirs = s.path("evil2/data");
+    fs::create_dir_all(&theirs).unwrap();
+    std::os::unix::fs::symlink("/etc", theirs.join("etc")).unwrap();
+    fs::write(theirs.join("report.txt"), "theirs\n").unwrap();
+    let remote = behind_a_firewall(&s, &hostile(&s, "--overwrite", &[&theirs]), &sink);
+    let dest = s.path("dest");
+    fs::create_dir_all(dest.join("data")).unwrap();
+    fs::write(dest.join("data/report.txt"), "mine\n").unwrap();
+    let out = pull(&s, &remote, &["127.0.0.1:data", dest.to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(err.contains("goes through the ssh connection"), "{err}");
+    assert!(
+        err.contains("--symlinks all") || err.contains("not given --overwrite"),
+        "{err}"
+    );
+    assert!(fs::symlink_metadata(dest.join("data/etc")).is_err());
+    assert_eq!(
+        fs::read_to_string(dest.join("data/report.txt")).unwrap(),
+        "mine\n"
+    );
+
+    // What it may send, it sends through the tunnel, and the report says so.
+    let fine = s.path("fine/report.txt");
+    fs::create_dir_all(fine.parent().unwrap()).unwrap();
+    fs::write(&fine, "fine\n").unwrap();
+    let remote = behind_a_firewall(&s, &hostile(&s, "", &[&fine]), &sink);
+    let dest = s.path("fine-dest");
+    let out = pull(
+        &s,
+        &remote,
+        &["127.0.0.1:report.txt", dest.to_str().unwrap(), "--json"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["path"], "ssh", "{v}");
+    assert_eq!(
+        fs::read_to_string(dest.join("report.txt")).unwrap(),
+        "fine\n"
+    );
+}
+
+/// A remote that takes the tunnel and then sends nothing through it, or
+/// a frame out of range, cannot hold the local end: a bounded wait, one
+/// reason, nothing written.
+#[test]
+fn a_remote_silent_or_lying_in_the_tunnel_is_a_bounded_wait() {
+    let s = TestDir::new("hostile-remote-tunnel-silent");
+    let sink = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = sink.local_addr().unwrap().port();
+    for (name, then, says) in [
+        (
+            "silent",
+            "read line; echo ATOU-TUNNEL; exec sleep 30",
+            "sent nothing through it",
+        ),
+        (
+            "lying",
+            "read line; printf 'ATOU-TUNNEL\\n\\377\\377\\0\\0\\0'; exec sleep 30",
+            "the ssh tunnel from 127.0.0.1 failed",
+        ),
+    ] {
+        let remote = answering_then(&s, port, None, Some([1; 32]), then);
+        let dest = s.path(name);
+        let started = std::time::Instant::now();
+        let out = pull(
+            &s,
+            &remote,
+            &["127.0.0.1:a.txt", dest.to_str().unwrap(), "--maxidle", "2"],
+        );
+        assert!(!out.status.success(), "{name}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains(says), "{name}: {err}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{name}: {:?}",
+            started.elapsed()
+        );
+        assert!(!dest.exists(), "{name}: DEST left behind");
+    }
+}
+
+/// Issue 28 point 1 for a pull: over open UDP the look for UDP's silence
+/// costs nothing. The local end says not one byte on the remote's stdin
+/// before the end (no switch asked for, nothing waited on), and the
+/// report says the path was UDP.
+#[test]
+fn a_pull_over_open_udp_asks_the_remote_nothing_more() {
+    let s = TestDir::new("hostile-remote-pull-open");
+    let src = s.path("far/a.txt");
+    fs::create_dir_all(src.parent().unwrap()).unwrap();
+    fs::write(&src, "a").unwrap();
+    let stdin_log = s.path("stdin.log");
+    let remote = script(
+        &s,
+        "logging-atou",
+        &format!("tee '{}' | {ATOU} \"$@\"", stdin_log.display()),
+    );
+    let dest = s.path("dest");
+    let out = pull(
+        &s,
+        &remote,
+        &[
+            &format!("127.0.0.1:{}", src.display()),
+            dest.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["path"], "udp", "{v}");
+    assert_eq!(fs::read_to_string(dest.join("a.txt")).unwrap(), "a");
+    assert_eq!(
+        fs::read(&stdin_log).unwrap(),
+        b"",
+        "the remote was told more"
+    );
 }

@@ -431,6 +431,7 @@ fn push_and_pull_a_tree_and_leave_no_port_open() {
     let err = String::from_utf8_lossy(&out.stderr);
     say(&format!("pull: {}", err.trim()));
     assert!(err.contains("every file verified"), "{err}");
+    assert!(err.contains("path: udp"), "{err}");
     assert_same_tree(&src, &back.join("data"));
     let open = still_open_after(&[port, port + 1], std::time::Duration::from_secs(5));
     assert!(
@@ -1027,4 +1028,47 @@ fn a_push_goes_through_ssh_when_only_the_answers_are_dropped() {
     assert!(out.status.success(), "push: {}", text(&out));
     assert_eq!(json_path(&out.stdout), "ssh", "{}", text(&out));
     assert_same_tree(&src, &dest.join("data"));
+}
+
+/// A pull (the remote sends) through a firewall that drops UDP: both
+/// ways, only into the local end (the punches get through, the remote's
+/// datagrams do not), only into the remote (no punch gets through). Each
+/// time the tree arrives whole through the ssh connection and the report
+/// says so, on stderr and in --json.
+#[test]
+fn a_pull_goes_through_ssh_when_a_firewall_drops_udp_either_way() {
+    let test = "a_pull_goes_through_ssh_when_a_firewall_drops_udp_either_way";
+    for (tag, into_near, into_far) in [("b", true, true), ("n", true, false), ("f", false, true)] {
+        let Some(net) = Namespaces::new(test, tag) else {
+            return;
+        };
+        if into_near {
+            net.drop_udp_into(&net.near);
+        }
+        if into_far {
+            net.drop_udp_into(&net.far);
+        }
+        let s = dir_for_sshd(&format!("tunnel-pull-{tag}"));
+        let Some(sshd) = Sshd::start_at(s.root(), test, Namespaces::FAR, Some(&net)) else {
+            return;
+        };
+        let src = s.path("data");
+        make_tree(&src);
+        let dest = s.path("pulled");
+        let out = run(&mut sshd.copy(&[&sshd.at(&src), dest.to_str().unwrap(), "--streams", "2"]));
+        assert!(out.status.success(), "pull ({tag}): {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        say(&format!("pull through ssh ({tag}): {}", err.trim()));
+        assert!(err.contains("no UDP reply from"), "{err}");
+        assert!(err.contains("every file verified"), "{err}");
+        assert!(err.contains("path: ssh"), "{err}");
+        assert_same_tree(&src, &dest.join("data"));
+        assert!(!dest.join(".atou-staging").exists());
+
+        let dest = s.path("pulled-json");
+        let out = run(&mut sshd.copy(&[&sshd.at(&src), dest.to_str().unwrap(), "--json"]));
+        assert!(out.status.success(), "pull --json ({tag}): {}", text(&out));
+        assert_eq!(json_path(&out.stdout), "ssh", "{}", text(&out));
+        assert_same_tree(&src, &dest.join("data"));
+    }
 }

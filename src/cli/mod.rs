@@ -434,7 +434,17 @@ pub(crate) fn finish_trace(out: &mut Output) -> Result<()> {
 }
 
 /// Writes to stdout; a reader that went away (`atou sim | head`) is not an error.
+/// Set once this process's stdout carries the ssh tunnel's frames (the
+/// far end of a copy that switched): nothing else may be written there.
+pub(crate) static STDOUT_CARRIES_TUNNEL: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 pub(crate) fn print_stdout(text: &str) -> Result<()> {
+    // The far end's report is not shown there anyway: the local end
+    // reports what it received.
+    if STDOUT_CARRIES_TUNNEL.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(());
+    }
     let mut out = io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e).context("cannot write to stdout"),

@@ -18,11 +18,12 @@ use crate::transfer::bootstrap::{split_ssh_target, ssh_server_ip, Hello, PortRan
 use crate::transfer::dest::Requested;
 use crate::transfer::receive::{check_root, TransferReport};
 use crate::transfer::remote::{
-    check_target, read_hello, receive_push, remote_path, tidy, FarReceiveConfig, FarSend,
+    check_target, read_hello, receive_push, remote_path, tidy, Detoured, FarReceiveConfig, FarSend,
     FirstContact, Pull, PullConfig, PullOutcome, Punched, Push, RemoteError, SshCommand,
 };
+use crate::transfer::send::Bound;
 use crate::transfer::send::Progress;
-use crate::transfer::tunnel::{self, ServerSide};
+use crate::transfer::tunnel::{self, ClientSide, ServerSide};
 use crate::util::text::{escape, shown_path};
 use crate::util::units::{format_rate, format_size, parse_size};
 
@@ -299,11 +300,16 @@ fn report_pull(
     transfer: &TransferArgs,
 ) -> Result<ExitCode> {
     let why = match outcome {
-        PullOutcome::Received(r) => {
+        PullOutcome::Received { report: r, route } => {
             if transfer.json() {
-                super::print_stdout(&exit::json_text(&exit::json_report(&r, Exit::Ok)?, false))?;
+                let mut v = exit::json_report(&r, Exit::Ok)?;
+                if let Some(m) = v.as_object_mut() {
+                    m.insert("path".into(), route.into());
+                }
+                super::print_stdout(&exit::json_text(&v, false))?;
             } else if !transfer.quiet() {
                 eprint!("{}", received_text(&r, target));
+                eprintln!("atou: path: {}", super::transfer::route_text(route));
             }
             return Ok(Exit::Ok.into());
         }
@@ -377,13 +383,26 @@ pub(super) fn remote(args: RemoteArgs) -> Result<ExitCode> {
     // The local end gone (ssh closed, Ctrl-C there): stop.
     let gone = Arc::new(tokio::sync::Notify::new());
     let gone_flag = Arc::new(AtomicBool::new(false));
-    // `receiver`: where this end's receiver is, for a tunnel to it.
+    // The local end's first words on stdin may ask for the ssh tunnel;
+    // then nothing until it goes.
     let watch = {
         let (gone, flag) = (gone.clone(), gone_flag.clone());
-        move |receiver: Option<SocketAddr>| {
+        move |then: OnSwitch| {
             let mut stdin = stdin;
-            if let Some(Err(e)) = receiver.map(|r| serve_tunnel(&mut stdin, r)) {
-                eprintln!("atou: the tunnel over ssh ended: {e}");
+            if asked_to_switch(&mut stdin) {
+                match then {
+                    OnSwitch::Relay(receiver) => {
+                        if let Err(e) = serve_tunnel(receiver) {
+                            eprintln!("atou: the tunnel over ssh ended: {e}");
+                        }
+                    }
+                    // The sender relays its own datagrams, and sees the
+                    // channel end.
+                    OnSwitch::Tell(switch) => {
+                        switch.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                }
             }
             let mut sink = [0u8; 256];
             while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
@@ -392,29 +411,78 @@ pub(super) fn remote(args: RemoteArgs) -> Result<ExitCode> {
         }
     };
     match args.role {
-        Role::Receive(a) => remote_receive(a, hello, ip, move |r| watch(Some(r)), gone),
-        Role::Send(a) => remote_send(a, hello, ip, move || watch(None), gone_flag),
+        Role::Receive(a) => remote_receive(a, hello, ip, move |r| watch(OnSwitch::Relay(r)), gone),
+        Role::Send(a) => remote_send(
+            a,
+            hello,
+            ip,
+            move |switch| watch(OnSwitch::Tell(switch)),
+            gone_flag,
+        ),
     }
 }
 
-/// The local end's first words on stdin, if it found that no UDP gets
-/// through: [`tunnel::SWITCH`]. Then says it back and relays the frames
-/// that follow to `receiver` until the local end closes the channel.
-/// Anything else on stdin is not a switch: the caller reads on to the end.
-fn serve_tunnel(stdin: &mut std::io::Stdin, receiver: SocketAddr) -> std::io::Result<()> {
+/// What the far end does when the local end asks for the ssh tunnel.
+enum OnSwitch {
+    /// A push's: relay the frames to this end's receiver.
+    Relay(SocketAddr),
+    /// A pull's: tell the sender, which sends through the tunnel.
+    Tell(Arc<AtomicBool>),
+}
+
+/// Whether the local end's first words on stdin are [`tunnel::SWITCH`],
+/// which it says if it found that no UDP gets through. Anything else is
+/// not a switch: the caller reads on to the end.
+fn asked_to_switch(stdin: &mut std::io::Stdin) -> bool {
     let mut first = vec![0u8; tunnel::SWITCH.len() + 1];
-    if stdin.read_exact(&mut first).is_err() || first != format!("{}\n", tunnel::SWITCH).as_bytes()
-    {
-        return Ok(());
-    }
-    {
-        let mut out = std::io::stdout().lock();
-        out.write_all(&first)?;
-        out.flush()?;
-    }
+    stdin.read_exact(&mut first).is_ok() && first == format!("{}\n", tunnel::SWITCH).as_bytes()
+}
+
+/// Says [`tunnel::SWITCH`] back: from here on stdout carries the
+/// tunnel's frames and nothing else.
+fn say_switch() -> std::io::Result<()> {
+    super::STDOUT_CARRIES_TUNNEL.store(true, Ordering::Relaxed);
+    let mut out = std::io::stdout().lock();
+    out.write_all(format!("{}\n", tunnel::SWITCH).as_bytes())?;
+    out.flush()
+}
+
+/// Relays the frames that follow the switch to `receiver` until the
+/// local end closes the channel.
+fn serve_tunnel(receiver: SocketAddr) -> std::io::Result<()> {
+    say_switch()?;
     ServerSide::new(vec![receiver])
         .run(std::io::stdin(), std::io::stdout())?
         .join()
+}
+
+/// The far end of a pull, switched: stands in for the local receiver on
+/// loopback and relays between it and the channel until the local end
+/// closes it, then sets `gone`. Sockets to send from, one per stream,
+/// each to the stand-in.
+fn tunnel_sending(streams: usize, gone: Arc<AtomicBool>) -> std::io::Result<Vec<Bound>> {
+    let localhost = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0));
+    let side = ClientSide::bind(1, localhost)?;
+    let stand_in = side.addrs()?[0];
+    let from = (0..streams.max(1))
+        .map(|_| {
+            let socket = std::net::UdpSocket::bind(localhost)?;
+            socket.set_nonblocking(true)?;
+            Ok(Bound {
+                socket,
+                peer: stand_in,
+            })
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
+    say_switch()?;
+    let tunnel = side.run(std::io::stdin(), std::io::stdout())?;
+    thread::spawn(move || {
+        if let Err(e) = tunnel.join() {
+            eprintln!("atou: the tunnel over ssh ended: {e}");
+        }
+        gone.store(true, Ordering::Relaxed);
+    });
+    Ok(from)
 }
 
 fn remote_receive(
@@ -472,17 +540,27 @@ fn remote_send(
     args: RemoteSendArgs,
     hello: Hello,
     ip: Option<IpAddr>,
-    watch: impl FnOnce() + Send + 'static,
+    watch: impl FnOnce(Arc<AtomicBool>) + Send + 'static,
     gone: Arc<AtomicBool>,
 ) -> Result<ExitCode> {
     let (tuning, _) = args.transfer.tuning().resolve()?;
     let sources: Vec<PathBuf> = args.sources.iter().map(|s| remote_path(s)).collect();
     let streams = args.transfer.streams();
     let far = FarSend::answer(&hello, ip, args.port, streams, &sources).map_err(cli_error)?;
-    thread::spawn(watch);
+    // Set when the local end, having heard nothing over UDP, asks for the
+    // ssh tunnel (issue 29).
+    let switch = Arc::new(AtomicBool::new(false));
+    {
+        let switch = switch.clone();
+        thread::spawn(move || watch(switch));
+    }
     let wait = tuning.maxidle + Duration::from_secs(5);
-    let (from, auth) = match far.await_punches(wait, &gone).map_err(cli_error)? {
-        Punched::Ready(from, auth) => (from, auth),
+    // `tunneled`: the switch came before the send, which starts through
+    // the tunnel; otherwise a switch stops the send, unheard, and it goes
+    // again through the tunnel.
+    let (from, auth, tunneled) = match far.await_punches(wait, &gone, &switch).map_err(cli_error)? {
+        Punched::Ready(from, auth) => (from, auth, false),
+        Punched::Switched(auth) => (tunnel_sending(streams, gone.clone())?, auth, true),
         Punched::Gone => return Ok(ExitCode::from(1)),
         Punched::TimedOut(wait) => {
             eprintln!(
@@ -500,9 +578,18 @@ fn remote_send(
     config.auth = Some(auth);
     let progress = Arc::new(Progress::default());
     {
-        let p = progress.clone();
+        let (p, gone, switch) = (progress.clone(), gone.clone(), switch.clone());
+        let mut switched = tunneled;
         thread::spawn(move || {
             while !gone.load(Ordering::Relaxed) {
+                // Switched mid-send: the local end heard none of it; the
+                // send stops and goes again through the tunnel.
+                if !switched && switch.load(Ordering::Relaxed) {
+                    switched = true;
+                    if !p.heard.load(Ordering::Relaxed) {
+                        p.stop.store(true, Ordering::Relaxed);
+                    }
+                }
                 thread::sleep(Duration::from_millis(50));
             }
             p.stop.store(true, Ordering::Relaxed);
@@ -515,7 +602,25 @@ fn remote_send(
         None,
         &from,
         progress,
-        OnFailure::explain(|_| None),
+        OnFailure::explain(|_| None).detour(|e| {
+            if tunneled
+                || !switch.load(Ordering::Relaxed)
+                || !matches!(e, crate::transfer::send::SendError::Interrupted)
+            {
+                return None;
+            }
+            Some(
+                tunnel_sending(streams, gone.clone())
+                    .map(|from| Detoured {
+                        peer: from[0].peer,
+                        from,
+                    })
+                    .map_err(|e| crate::transfer::send::SendError::Failed {
+                        host: "the local end".to_string(),
+                        why: format!("the switch to the ssh tunnel: {e}"),
+                    }),
+            )
+        }),
     )
 }
 

@@ -20,6 +20,7 @@ use crate::transfer::manifest::RelPath;
 use crate::transfer::manifest::{read_files_from, Listed};
 use crate::transfer::messages::Options;
 use crate::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits};
+use crate::transfer::remote::Detoured;
 use crate::transfer::send::{Progress, SendConfig, SendError, SendReport};
 use crate::transfer::shard::Shard;
 use crate::util::text::shown_path;
@@ -928,7 +929,7 @@ pub(super) struct OnFailure<'a> {
 }
 
 type Explain<'a> = Box<dyn Fn(&SendError) -> Option<String> + 'a>;
-type Detour<'a> = Box<dyn FnOnce(&SendError) -> Option<Result<SocketAddr, SendError>> + 'a>;
+type Detour<'a> = Box<dyn FnOnce(&SendError) -> Option<Result<Detoured, SendError>> + 'a>;
 
 impl<'a> OnFailure<'a> {
     pub(super) fn explain(explain: impl Fn(&SendError) -> Option<String> + 'a) -> OnFailure<'a> {
@@ -940,7 +941,7 @@ impl<'a> OnFailure<'a> {
 
     pub(super) fn detour(
         mut self,
-        detour: impl FnOnce(&SendError) -> Option<Result<SocketAddr, SendError>> + 'a,
+        detour: impl FnOnce(&SendError) -> Option<Result<Detoured, SendError>> + 'a,
     ) -> OnFailure<'a> {
         self.detour = Box::new(detour);
         self
@@ -999,8 +1000,12 @@ pub(super) fn run_send_from(
     );
     let mut result = crate::transfer::send::send_from(sources, &config, progress.clone(), from);
     let unheard = !progress.heard.load(Ordering::Relaxed);
+    let tunneled_from: Vec<crate::transfer::send::Bound>;
     match result.as_ref().err().filter(|_| unheard).and_then(detour) {
-        Some(Ok(stand_in)) => {
+        Some(Ok(Detoured {
+            peer: stand_in,
+            from: tunnel_sockets,
+        })) => {
             // Through the ssh tunnel the peer is a loopback stand-in: what
             // its path teaches is the ssh channel's, of no use to the next
             // run.
@@ -1009,6 +1014,12 @@ pub(super) fn run_send_from(
             config.peer = stand_in;
             config.route = Some("ssh");
             progress.stop.store(false, Ordering::Relaxed);
+            tunneled_from = tunnel_sockets;
+            let from = if tunneled_from.is_empty() {
+                from
+            } else {
+                &tunneled_from
+            };
             result = crate::transfer::send::send_from(sources, &config, progress.clone(), from);
         }
         Some(Err(e)) => result = Err(e),

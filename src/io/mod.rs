@@ -453,8 +453,9 @@ pub struct ProbeConfig {
     /// Open the connection now, its stream's length to come from
     /// [`StreamFeed::launch`] (`bytes` is ignored).
     pub(crate) stream_len_later: bool,
-    /// Set when a datagram from the peer arrives: UDP gets through both
-    /// ways (a copy over ssh goes through its tunnel otherwise).
+    /// Set once the peer answered in its own words ([`Client::answered`]):
+    /// UDP gets through both ways (a copy over ssh goes through its
+    /// tunnel otherwise).
     pub(crate) heard: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
@@ -1087,11 +1088,11 @@ impl ClientDriver {
         let heard = self.heard.as_deref();
         self.io.try_recv(&mut self.rx, |from, datagram| {
             if from == peer {
-                if let Some(heard) = heard {
-                    heard.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
                 // Undecodable or stray datagrams are counted by the client.
                 let _ = client.handle_datagram(now, datagram);
+                if let Some(heard) = heard.filter(|_| client.answered()) {
+                    heard.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
             }
         })
     }

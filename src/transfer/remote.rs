@@ -25,12 +25,13 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::io::{self, ProbeError, ServeConfig, ServeError};
+use crate::io::{self, ProbeError, ServeApp, ServeConfig, ServeError};
 use crate::proto::crypto::{
     format_public_key, AuthorizedKeys, Cipher, ClientAuth, PublicKey, ServerAuth, StaticKeypair,
 };
 use crate::proto::endpoint::client::Stage;
-use crate::proto::{ConnError, ServerLimits};
+use crate::proto::endpoint::server::{Arrival, SessionEvent};
+use crate::proto::{ConnError, Server, ServerLimits};
 use crate::transfer::bootstrap::{
     bind_in_range, is_punch, punch, random_token, shell_quote, Answer, Hello, PortRange, MAX_LINE,
     PUNCH_LEN, READY,
@@ -40,7 +41,7 @@ use crate::transfer::receive::{
     check_root, FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
 };
 use crate::transfer::send::{Bound, Progress, SendError};
-use crate::transfer::tunnel::{self, ClientSide, Tunnel};
+use crate::transfer::tunnel::{self, ClientSide, ServerSide, Tunnel};
 use crate::util::text::escape;
 
 /// How long a copy waits for a UDP answer from the remote before it
@@ -213,6 +214,29 @@ fn udp_blocked(host: &str, peer: SocketAddr, secs: f64) -> String {
          open the --port range in the firewall",
         udp_target(host, peer)
     )
+}
+
+/// No UDP got through and the remote did not answer the switch to the
+/// ssh tunnel: an atou there from before the tunnel reads stdin only for
+/// its end.
+fn no_tunnel(host: &str, peer: SocketAddr, tried: Duration) -> String {
+    format!(
+        "UDP to {} blocked? tried {:.0} s, no datagram arrived, and atou on {host} did not take \
+         the ssh tunnel (an older release?); open the --port range in the firewall, or run this \
+         atou release there",
+        udp_target(host, peer),
+        tried.as_secs_f64()
+    )
+}
+
+/// Says, on one line, that the transfer goes through the ssh connection.
+fn say_detour(host: &str, peer: SocketAddr) {
+    eprintln!(
+        "atou: no UDP reply from {} in {:.0} s (a firewall?); the transfer goes through the ssh \
+         connection",
+        udp_target(host, peer),
+        DETECT_UDP.as_secs_f64()
+    );
 }
 
 // ---------------------------------------------------------------------
@@ -484,7 +508,12 @@ impl RemoteEnd {
             .ok_or_else(|| failed("ssh's stdin is closed"))?;
         stdin.write_all(format!("{}\n", tunnel::SWITCH).as_bytes())?;
         stdin.flush()?;
-        match self.lines.recv_timeout(DETECT_UDP) {
+        let mut answer = self.lines.recv_timeout(DETECT_UDP);
+        // A pull's remote may have heard a late punch as the switch left.
+        if matches!(&answer, Ok(line) if line == READY) {
+            answer = self.lines.recv_timeout(DETECT_UDP);
+        }
+        match answer {
             Ok(line) if line == tunnel::SWITCH => {}
             Ok(line) => {
                 return Err(failed(format!(
@@ -622,6 +651,14 @@ pub(crate) struct Push {
     no_tunnel: AtomicBool,
 }
 
+/// Where a send that heard nothing over UDP goes again: a stand-in for
+/// its receiver at this end of the ssh tunnel, and the sockets to send
+/// from (none: a fresh one).
+pub(crate) struct Detoured {
+    pub peer: SocketAddr,
+    pub from: Vec<Bound>,
+}
+
 /// Watches a send for its first datagram from the receiver: none within
 /// [`DETECT_UDP`], and it stops the send, which goes again through the
 /// ssh tunnel ([`Push::detour`]). Beside the send, not before it: a push
@@ -701,7 +738,7 @@ impl Push {
         &self,
         e: &SendError,
         silent: bool,
-    ) -> Option<Result<SocketAddr, SendError>> {
+    ) -> Option<Result<Detoured, SendError>> {
         let unanswered = matches!(
             e,
             SendError::Conn(
@@ -745,16 +782,14 @@ impl Push {
                 }))
             }
             Ok((stand_in, Some((from_remote, to_remote)))) => {
-                eprintln!(
-                    "atou: no UDP reply from {} in {:.0} s (a firewall?); the transfer goes \
-                     through the ssh connection",
-                    udp_target(&self.host, self.peer),
-                    DETECT_UDP.as_secs_f64()
-                );
+                say_detour(&self.host, self.peer);
                 match side.run(from_remote, to_remote) {
                     Ok(tunnel) => {
                         *self.tunnel.lock().expect("tunnel lock") = Some(tunnel);
-                        Ok(stand_in)
+                        Ok(Detoured {
+                            peer: stand_in,
+                            from: Vec::new(),
+                        })
                     }
                     Err(e) => Err(failed(e.into())),
                 }
@@ -797,13 +832,7 @@ impl Push {
                         idle,
                     },
                 ..
-            }) if self.no_tunnel.load(Ordering::Relaxed) => Some(format!(
-                "UDP to {} blocked? tried {:.0} s, no datagram arrived, and atou on {host} did \
-                 not take the ssh tunnel (an older release?); open the --port range in the \
-                 firewall, or run this atou release there",
-                udp_target(host, peer),
-                idle.as_secs_f64()
-            )),
+            }) if self.no_tunnel.load(Ordering::Relaxed) => Some(no_tunnel(host, peer, *idle)),
             SendError::Conn(ProbeError::Conn {
                 error:
                     ConnError::Idle {
@@ -871,7 +900,7 @@ pub(crate) struct PullConfig {
     /// The largest window a stream may hold, bytes.
     pub buffer: u64,
     pub rcvbuf: u32,
-    /// How long the punches go on without an answer.
+    /// How long a remote that took the ssh tunnel may stay silent in it.
     pub maxidle: Duration,
     pub writers: usize,
     /// Set (by a Ctrl-C handler) to give up, leaving the partial files.
@@ -881,8 +910,12 @@ pub(crate) struct PullConfig {
 /// How a pull ended, when nothing failed before its transfer started.
 #[derive(Debug)]
 pub(crate) enum PullOutcome {
-    /// Every file arrived and was verified.
-    Received(TransferReport),
+    /// Every file arrived and was verified, over `route`: `"udp"`, or
+    /// `"ssh"` through the tunnel.
+    Received {
+        report: TransferReport,
+        route: &'static str,
+    },
     /// The receiver failed, for this reason (the remote's words, as
     /// they came: escape them before printing).
     Failed(String),
@@ -896,12 +929,17 @@ pub(crate) enum PullOutcome {
     Interrupted,
 }
 
-/// How a pull's punching ended, short of an error.
-enum Punches {
-    /// The remote said [`READY`]: every one of its sockets heard one.
-    Heard,
+/// How a pull's first contact over UDP ended, short of an error.
+enum Contact {
+    /// The receiver heard the remote's authenticated hello, or the
+    /// remote or the receiver ended first: the transfer goes on (or ends)
+    /// over UDP, as it began.
+    Udp,
+    /// No datagram crossed one way or the other within [`DETECT_UDP`].
+    Silent,
     Interrupted,
-    /// ssh closed the remote's stdout: its status says why.
+    /// ssh closed the remote's stdout before it said [`READY`]: its
+    /// status says why.
     RemoteGone,
 }
 
@@ -921,6 +959,10 @@ type Outcome<T> = Arc<Mutex<Option<Result<T, String>>>>;
 /// The pull's receiver, serving on the socket the punches leave from.
 struct LocalReceiver {
     sock: UdpSocket,
+    /// The remote's one-time key opened a connection: an authenticated
+    /// hello got through (a datagram that merely claims the remote's
+    /// address does not count).
+    heard: Arc<AtomicBool>,
     server: thread::JoinHandle<()>,
     stop: Arc<tokio::sync::Notify>,
     outcome: Outcome<TransferReport>,
@@ -931,6 +973,45 @@ impl LocalReceiver {
         self.stop.notify_one();
         let _ = self.server.join();
         self.outcome
+    }
+}
+
+/// A server app that notes the first session connection an authorized
+/// key opened: the one-time key's hello, authenticated (Noise IK's first
+/// message), not any datagram from the remote's address.
+struct Heard<A> {
+    app: A,
+    heard: Arc<AtomicBool>,
+}
+
+impl<A: ServeApp> ServeApp for Heard<A> {
+    fn on_arrival(&mut self, server: &mut Server, arrival: Arrival<'_>) {
+        self.app.on_arrival(server, arrival);
+    }
+
+    fn on_event(&mut self, server: &mut Server, event: SessionEvent) {
+        if matches!(
+            event,
+            SessionEvent::Opened {
+                peer_key: Some(_),
+                ..
+            }
+        ) {
+            self.heard.store(true, Ordering::Relaxed);
+        }
+        self.app.on_event(server, event);
+    }
+
+    fn poll(&mut self, server: &mut Server) {
+        self.app.poll(server);
+    }
+
+    fn waker(&self) -> Option<Arc<tokio::sync::Notify>> {
+        self.app.waker()
+    }
+
+    fn finished(&self) -> bool {
+        self.app.finished()
     }
 }
 
@@ -998,14 +1079,25 @@ impl Pull {
     ) -> Result<PullOutcome, RemoteError> {
         let receiver = self.start_receiver(root, &config)?;
         let interrupted = config.interrupted;
-        let heard = self.punch_until_ready(&receiver.sock, config.maxidle, &interrupted);
-        match heard {
-            Ok(Punches::Heard) => {}
-            Ok(Punches::Interrupted) => {
+        let contact = self.first_contact(&receiver, &interrupted);
+        let tunnel = match contact {
+            Ok(Contact::Udp) => None,
+            Ok(Contact::Silent) => match self.tunnel_to(&receiver, config.maxidle, &interrupted) {
+                Ok(Some(tunnel)) => Some(tunnel),
+                Ok(None) => {
+                    receiver.stop();
+                    return Ok(PullOutcome::Interrupted);
+                }
+                Err(e) => {
+                    receiver.stop();
+                    return Err(e);
+                }
+            },
+            Ok(Contact::Interrupted) => {
                 receiver.stop();
                 return Ok(PullOutcome::Interrupted);
             }
-            Ok(Punches::RemoteGone) => {
+            Ok(Contact::RemoteGone) => {
                 receiver.stop();
                 return Err(self.remote.failure("before the transfer"));
             }
@@ -1013,19 +1105,30 @@ impl Pull {
                 receiver.stop();
                 return Err(e);
             }
-        }
+        };
+        let route = if tunnel.is_some() { "ssh" } else { "udp" };
         // The remote sends; wait for the receiver to finish, or the
-        // remote to fail, or Ctrl-C.
-        let Some(remote_status) = self.await_transfer(&receiver.server, &interrupted) else {
+        // remote (or the tunnel) to end, or Ctrl-C.
+        let Some(remote_status) =
+            self.await_transfer(&receiver.server, tunnel.as_ref(), &interrupted)
+        else {
             receiver.stop();
             return Ok(PullOutcome::Interrupted);
         };
         let outcome = receiver.stop();
         let result = outcome.lock().expect("lock").take();
-        if let Some(Ok(r)) = result {
+        if let Some(Ok(report)) = result {
             // Verified here: ssh's tear-down is not waited for.
             self.remote.detach();
-            return Ok(PullOutcome::Received(r));
+            return Ok(PullOutcome::Received { report, route });
+        }
+        // A tunnel that ended on a frame out of range: that is the news.
+        if let Some(Err(e)) = tunnel.filter(Tunnel::is_finished).map(Tunnel::join) {
+            self.remote.quiet();
+            return Err(failed(format!(
+                "the ssh tunnel from {} failed: {e}",
+                self.host()
+            )));
         }
         let status = match remote_status {
             Some(s) => {
@@ -1035,7 +1138,7 @@ impl Pull {
             None => self.remote.finish(),
         };
         Ok(match result {
-            Some(Ok(r)) => PullOutcome::Received(r),
+            Some(Ok(report)) => PullOutcome::Received { report, route },
             Some(Err(why)) => PullOutcome::Failed(why),
             None => PullOutcome::Unfinished {
                 status,
@@ -1058,7 +1161,7 @@ impl Pull {
         let sock = UdpSocket::bind(SocketAddr::new(any, 0))?;
         let local = sock.local_addr()?;
         let outcome: Outcome<TransferReport> = Arc::new(Mutex::new(None));
-        let mut receiver = FileReceiver::new(
+        let receiver = FileReceiver::new(
             ReceiveConfig {
                 root,
                 writers: config.writers,
@@ -1090,6 +1193,11 @@ impl Pull {
             },
         )
         .map_err(usage)?;
+        let heard = Arc::new(AtomicBool::new(false));
+        let mut receiver = Heard {
+            app: receiver,
+            heard: heard.clone(),
+        };
         let stop = Arc::new(tokio::sync::Notify::new());
         let serve = ServeConfig {
             bind: local,
@@ -1122,29 +1230,56 @@ impl Pull {
         };
         Ok(LocalReceiver {
             sock,
+            heard,
             server,
             stop,
             outcome,
         })
     }
 
-    /// Punches until the remote says it has heard from us on every port.
-    fn punch_until_ready(
+    /// Punches until the remote says it has heard from us on every port,
+    /// then waits for its first authenticated hello at the receiver:
+    /// beside the transfer, not before it, so a pull over open UDP costs
+    /// no round trip more (issue 28 point 1). [`Contact::Silent`] if
+    /// either step takes [`DETECT_UDP`]: UDP is blocked one way or both.
+    fn first_contact(
         &mut self,
-        sock: &UdpSocket,
-        wait: Duration,
+        receiver: &LocalReceiver,
         interrupted: &AtomicBool,
-    ) -> Result<Punches, RemoteError> {
-        let started = Instant::now();
+    ) -> Result<Contact, RemoteError> {
+        let mut since = Instant::now();
+        let mut ready = false;
         let datagram = punch(&self.token);
         loop {
+            if receiver.heard.load(Ordering::Relaxed) || receiver.server.is_finished() {
+                return Ok(Contact::Udp);
+            }
+            if interrupted.load(Ordering::Relaxed) {
+                return Ok(Contact::Interrupted);
+            }
+            if since.elapsed() >= DETECT_UDP {
+                return Ok(Contact::Silent);
+            }
+            if ready {
+                // The remote ended before it sent: its status says why.
+                if self.remote.exited().is_some() {
+                    return Ok(Contact::Udp);
+                }
+                thread::sleep(Duration::from_millis(20));
+                continue;
+            }
             for &p in &self.answer.ports {
                 // A send error (no route) is as good as a lost punch: the
                 // deadline decides.
-                let _ = sock.send_to(&datagram, SocketAddr::new(self.ip, p));
+                let _ = receiver
+                    .sock
+                    .send_to(&datagram, SocketAddr::new(self.ip, p));
             }
             match self.remote.lines.recv_timeout(PUNCH_EVERY) {
-                Ok(line) if line == READY => return Ok(Punches::Heard),
+                Ok(line) if line == READY => {
+                    ready = true;
+                    since = Instant::now();
+                }
                 Ok(line) => {
                     return Err(failed(format!(
                         "{} said `{}` where the bootstrap expected {READY}",
@@ -1152,21 +1287,56 @@ impl Pull {
                         escape(line.as_bytes())
                     )))
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if interrupted.load(Ordering::Relaxed) {
-                        return Ok(Punches::Interrupted);
-                    }
-                    if started.elapsed() >= wait {
-                        return Err(RemoteError::Network(udp_blocked(
-                            self.host(),
-                            SocketAddr::new(self.ip, self.answer.ports[0]),
-                            started.elapsed().as_secs_f64(),
-                        )));
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(Punches::RemoteGone),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(Contact::RemoteGone),
             }
         }
+    }
+
+    /// No UDP got through: asks the remote to send through the ssh
+    /// connection instead, relays what comes to the receiver, and waits
+    /// for the remote's first authenticated hello through it, at most
+    /// `wait`. `None`: interrupted.
+    fn tunnel_to(
+        &mut self,
+        receiver: &LocalReceiver,
+        wait: Duration,
+        interrupted: &AtomicBool,
+    ) -> Result<Option<Tunnel>, RemoteError> {
+        let peer = SocketAddr::new(self.ip, self.answer.ports[0]);
+        let Some((from_remote, to_remote)) = self.remote.switch_to_tunnel()? else {
+            self.remote.quiet();
+            return Err(RemoteError::Network(no_tunnel(
+                self.host(),
+                peer,
+                DETECT_UDP,
+            )));
+        };
+        say_detour(self.host(), peer);
+        let tunnel =
+            ServerSide::new(vec![receiver.sock.local_addr()?]).run(from_remote, to_remote)?;
+        // A remote that took the tunnel and sends nothing through it must
+        // not hold this end: the receiver has no connection to time out.
+        let since = Instant::now();
+        while !receiver.heard.load(Ordering::Relaxed) && !receiver.server.is_finished() {
+            if interrupted.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            if tunnel.is_finished() || self.remote.exited().is_some() {
+                break;
+            }
+            if since.elapsed() >= wait {
+                self.remote.quiet();
+                return Err(failed(format!(
+                    "atou on {} took the ssh tunnel but sent nothing through it in {:.0} s \
+                     (--maxidle)",
+                    self.host(),
+                    wait.as_secs_f64()
+                )));
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Some(tunnel))
     }
 
     /// Waits for the receiver to finish, or the remote to end and the
@@ -1175,6 +1345,7 @@ impl Pull {
     fn await_transfer(
         &mut self,
         server: &thread::JoinHandle<()>,
+        tunnel: Option<&Tunnel>,
         interrupted: &AtomicBool,
     ) -> Option<Option<ExitStatus>> {
         let mut remote_status = None;
@@ -1192,6 +1363,10 @@ impl Pull {
                     let grace = if s.success() { 10 } else { 2 };
                     until = Some(Instant::now() + Duration::from_secs(grace));
                 }
+            }
+            // Through an ended tunnel nothing more can come.
+            if until.is_none() && tunnel.is_some_and(Tunnel::is_finished) {
+                until = Some(Instant::now() + Duration::from_secs(2));
             }
             if until.is_some_and(|t| Instant::now() >= t) {
                 break;
@@ -1356,6 +1531,8 @@ pub(crate) enum Punched {
     Gone,
     /// No punch arrived on some socket in this long.
     TimedOut(Duration),
+    /// The local end asked for the ssh tunnel first: send through it.
+    Switched(ClientAuth),
 }
 
 impl FarSend {
@@ -1394,11 +1571,13 @@ impl FarSend {
     }
 
     /// Each socket waits for its punch; where it came from is the peer.
-    /// Once all have one, says [`READY`] on stdout.
+    /// Once all have one, says [`READY`] on stdout. `switch`: the local
+    /// end heard nothing and asked for the ssh tunnel.
     pub(crate) fn await_punches(
         self,
         wait: Duration,
         gone: &AtomicBool,
+        switch: &AtomicBool,
     ) -> Result<Punched, RemoteError> {
         for s in &self.socks {
             s.set_nonblocking(true)?;
@@ -1409,6 +1588,9 @@ impl FarSend {
         while peers.iter().any(Option::is_none) {
             if gone.load(Ordering::Relaxed) {
                 return Ok(Punched::Gone);
+            }
+            if switch.load(Ordering::Relaxed) {
+                return Ok(Punched::Switched(client_auth(self.identity, self.peer_key)));
             }
             if Instant::now() >= deadline {
                 return Ok(Punched::TimedOut(wait));

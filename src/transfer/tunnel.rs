@@ -138,6 +138,13 @@ pub(crate) struct Tunnel {
 }
 
 impl Tunnel {
+    /// Whether the channel has ended (see [`Tunnel::join`] for how).
+    pub(crate) fn is_finished(&self) -> bool {
+        self.reader
+            .as_ref()
+            .is_none_or(thread::JoinHandle::is_finished)
+    }
+
     /// Waits for the channel to end (the other end closed it): `Ok` at a
     /// clean end, the error that ended it otherwise. The relay sockets'
     /// readers stop within [`POLL`].

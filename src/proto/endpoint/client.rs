@@ -733,6 +733,29 @@ impl Client {
         }
     }
 
+    /// Whether the server has answered in its own words: the handshake's
+    /// answer opened under the pinned key (plain: its welcome), or a
+    /// refusal that ended the connection. A datagram that only comes from
+    /// the server's address, which anyone on the path can forge, does not
+    /// count: a copy over ssh that hears nothing else goes through its
+    /// tunnel (issue 29).
+    pub fn answered(&self) -> bool {
+        let welcomed = match &self.secure {
+            Some(s) => s.keys.is_some(),
+            None => self.sender.is_some(),
+        };
+        welcomed
+            || matches!(
+                self.state,
+                State::Done(Err(ConnError::VersionMismatch { .. }
+                    | ConnError::NoIdentity
+                    | ConnError::AuthRefused(_)
+                    | ConnError::AuthRequired
+                    | ConnError::Busy
+                    | ConnError::Refused))
+            )
+    }
+
     /// The sender, once the server has answered.
     pub fn sender(&self) -> Option<&Sender> {
         self.sender.as_ref()

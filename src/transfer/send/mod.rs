@@ -367,7 +367,8 @@ pub struct Progress {
     pub detail: AtomicBool,
     /// The data streams of the current round, with `detail`.
     pub streams: Mutex<Vec<Arc<StreamLive>>>,
-    /// Set by the first datagram from the receiver: UDP gets through
+    /// Set by the receiver's first answer in its own words (its
+    /// authenticated handshake answer, or a refusal): UDP gets through
     /// both ways.
     pub heard: Arc<AtomicBool>,
 }
