@@ -208,8 +208,8 @@ fn mistakes_get_one_line_naming_the_token_and_exit_2() {
         ),
         (vec!["send", "x", "127.0.0.1", "--exclude", "a[bc"], "a[bc"),
         (
-            vec!["send", "x", "127.0.0.1", "--exclude", "+ keep"],
-            "include",
+            vec!["send", "x", "127.0.0.1", "--filter", ". merge-file"],
+            "merge files",
         ),
         (
             vec!["send", "x", "127.0.0.1", "--exclude-from", "/no/such/list"],
@@ -221,6 +221,21 @@ fn mistakes_get_one_line_naming_the_token_and_exit_2() {
             "--hellos-per-sec-per-source",
         ),
         (vec!["copy", "host:x", "/tmp/d", "-n"], "--dry-run"),
+        (
+            vec!["copy", "host:x", "/tmp/d", "--files-from", "/tmp/list"],
+            "--files-from",
+        ),
+        (
+            vec![
+                "send",
+                "/tmp",
+                "/usr",
+                "127.0.0.1",
+                "--files-from",
+                "/tmp/list",
+            ],
+            "one SRC",
+        ),
         (vec!["send", "x", "127.0.0.1", "-c"], "--skip-existing"),
         // A pull's sender is the far end: no JSON progress here to give.
         (
@@ -274,7 +289,9 @@ fn help_explains_every_knob_with_unit_and_default() {
             k.name
         );
     }
-    assert!(help.contains("[default: 1472]"));
+    // Read as words: clap wraps its lines wherever the width falls.
+    let words = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(words.contains("[default: 1472]"));
     assert!(help.contains("--rcvrwin"), "atou's alias is shown");
 }
 

@@ -424,7 +424,8 @@ fn udp_that_never_arrives_is_a_bounded_wait_with_one_reason() {
     let s = TestDir::new("hostile-remote-blocked");
     let src = s.path("a.txt");
     fs::write(&src, "a").unwrap();
-    // A push to a remote whose port nothing listens on (closed again).
+    // A push to a remote whose port nothing listens on (closed again),
+    // and which knows no ssh tunnel.
     let closed = std::net::UdpSocket::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -445,12 +446,56 @@ fn udp_that_never_arrives_is_a_bounded_wait_with_one_reason() {
         err.starts_with(&format!("atou: UDP to 127.0.0.1:{closed}")),
         "{err}"
     );
+    // The push found no UDP answer in 3 s and asked for the ssh tunnel,
+    // which this remote (as an atou before the tunnel) does not answer.
     assert!(
-        err.contains("blocked? tried 2 s") || err.contains("was refused"),
+        err.contains("blocked? tried 3 s") && err.contains("did not take the ssh tunnel"),
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    assert!(!dest.exists());
+}
+
+/// Issue 28 point 1 beside issue 29's tunnel: a push looks for UDP's
+/// silence beside its send, not before it. The first datagram at the
+/// remote's port is the push's hello, and no key query (a round trip
+/// more on every push) ever comes. This remote never answers: the push
+/// then asks for the ssh tunnel, which it does not take either.
+#[test]
+fn a_push_opens_with_its_hello_and_sends_no_key_query() {
+    use atou::internals::crypto::handshake::{KIND_HELLO, KIND_KEY_QUERY};
+    use atou::internals::wire::HeaderPeek;
+    let s = TestDir::new("hostile-remote-first-datagram");
+    let src = s.path("a.txt");
+    fs::write(&src, "a").unwrap();
+    let receiver = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    receiver
+        .set_read_timeout(Some(std::time::Duration::from_millis(500)))
+        .unwrap();
+    let port = receiver.local_addr().unwrap().port();
+    let remote = answering(&s, port, None, None);
+    let dest = s.path("dest");
+    let mut kinds = Vec::new();
+    let out = std::thread::scope(|scope| {
+        let push = scope.spawn(|| pull(&s, &remote, &[src.to_str().unwrap(), "127.0.0.1:dest"]));
+        let mut buf = [0u8; 2048];
+        while !push.is_finished() {
+            if let Ok(n) = receiver.recv(&mut buf) {
+                kinds.push(HeaderPeek::read(&buf[..n]).map(|p| p.kind));
+            }
+        }
+        push.join().unwrap()
+    });
+    assert_eq!(out.status.code(), Some(10), "{}", stderr(&out));
+    assert_eq!(kinds.first(), Some(&Some(KIND_HELLO)), "{kinds:?}");
+    let queries = kinds.iter().filter(|k| **k == Some(KIND_KEY_QUERY)).count();
+    assert_eq!(queries, 0, "{kinds:?}");
+    assert!(
+        stderr(&out).contains("did not take the ssh tunnel"),
+        "{}",
+        stderr(&out)
+    );
     assert!(!dest.exists());
 }
 

@@ -9,7 +9,9 @@ mod netem_support;
 use std::process::Command;
 use std::sync::Mutex;
 
-use netem_support::{probe, record, say, skip_bridge, u, Bridge, Server};
+use netem_support::{
+    ip, probe, record, remove_netns, say, skip_bridge, u, Bridge, Server, VethPair,
+};
 use serde_json::{json, Value};
 
 /// The path cache of the atou processes this test starts: its own, so
@@ -334,63 +336,6 @@ fn a_bridge_stopped_as_soon_as_it_is_ready_removes_its_hosts() {
     ));
 }
 
-/// `ip ARGS`, which must succeed.
-fn ip(args: &[&str]) {
-    let st = Command::new("ip").args(args).status().expect("run ip");
-    assert!(st.success(), "ip {args:?}");
-}
-
-/// Deletes these namespaces if they exist.
-fn remove_netns(names: &[&str]) {
-    for ns in names {
-        let _ = Command::new("ip")
-            .args(["netns", "del", ns])
-            .stderr(std::process::Stdio::null())
-            .status();
-    }
-}
-
-/// Two namespaces joined by a veth pair, removed when dropped.
-struct VethPair {
-    a: &'static str,
-    b: &'static str,
-}
-
-impl VethPair {
-    fn start(a: &'static str, b: &'static str, net: &str) -> VethPair {
-        remove_netns(&[a, b]);
-        let pair = VethPair { a, b };
-        ip(&["netns", "add", a]);
-        ip(&["netns", "add", b]);
-        let peer = ["peer", "name", "atou-cwr2", "netns", b];
-        ip(&[
-            &["-n", a, "link", "add", "atou-cwr1", "type", "veth"][..],
-            &peer,
-        ]
-        .concat());
-        for (ns, dev, host) in [(a, "atou-cwr1", 1), (b, "atou-cwr2", 2)] {
-            ip(&[
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{net}.{host}/24"),
-                "dev",
-                dev,
-            ]);
-            ip(&["-n", ns, "link", "set", dev, "up"]);
-            ip(&["-n", ns, "link", "set", "lo", "up"]);
-        }
-        pair
-    }
-}
-
-impl Drop for VethPair {
-    fn drop(&mut self) {
-        remove_netns(&[self.a, self.b]);
-    }
-}
-
 /// Sarolahti §3, CWR on local congestion: when the sender's own qdisc
 /// refuses datagrams (a token bucket at 20 Mbit/s with a 30 kB queue, on
 /// a link that would take 10 Gbit/s), Linux says ENOBUFS only to a socket
@@ -405,7 +350,7 @@ fn a_qdisc_that_refuses_datagrams_puts_the_sender_in_cwr() {
         return;
     }
     let _g = serial();
-    let hosts = VethPair::start("atou-cwr-a", "atou-cwr-b", "10.78.0");
+    let hosts = VethPair::start("atou-cwr-a", "atou-cwr-b", "atou-cwr", "10.78.0");
     let tbf = Command::new("ip")
         .args([
             "netns",

@@ -117,6 +117,7 @@ fn the_first_rto_comes_from_the_memory() {
         ssthresh_bytes: None,
         btl_bw_bps: None,
         min_rtt: None,
+        datagram_size: None,
     };
     let t = Tuning {
         recovery: RecoveryKind::Sack,

@@ -516,16 +516,16 @@ fn the_docs_job_array_delivers_the_tree_and_a_resubmitted_task_resumes() {
         let r = task_report(&job_dir2, rest, k);
         assert_eq!(r["shard"], format!("{k}/4"), "task {k}: {r}");
     }
-    // Files and symlinks as the source's. Directories not: the cancelled
-    // session created them (mode 0700 until its finish, which never came),
-    // and no later session re-modes a directory it did not create
-    // (docs/scale-out.md, "A Slurm job array").
+    // Every entry as the source's, directories included: the cancelled
+    // session created them (mode 0700 until a finish) and left their
+    // pending records, so its rerun gave them their modes.
     let tree2 = dest2.join("dataset/dataset");
-    assert_same_tree(&src, &tree2, false);
     let private_dirs = ["", "a", "a/b", "empty"]
         .iter()
         .filter(|d| fs::metadata(tree2.join(d)).unwrap().mode() & 0o777 == 0o700)
         .count();
+    assert_eq!(private_dirs, 0, "directories left private after the rerun");
+    assert_same_tree(&src, &tree2, true);
     say(&format!(
         "{name}: Slurm up in {:.1} s; the array of 4 delivered {entries} entries \
          ({sent} bytes) in {:.1} s; task 3 cancelled with {at_cancel} bytes of the \

@@ -100,12 +100,17 @@ fn have_openssh() -> Result<(), String> {
     }
 }
 
-/// A private sshd on 127.0.0.1 with its own host key and one client key.
+/// A private sshd on 127.0.0.1 with its own host key and one client key,
+/// or in a namespace of [`Namespaces`].
 struct Sshd {
     child: Child,
     port: u16,
     user: String,
     key: PathBuf,
+    /// Where it listens.
+    addr: String,
+    /// The namespace atou and ssh run in, when sshd runs in another.
+    near: Option<String>,
 }
 
 impl Drop for Sshd {
@@ -126,6 +131,12 @@ fn free_tcp_port() -> u16 {
 impl Sshd {
     /// Started in `dir`, or `None` (said why) when this host cannot.
     fn start(dir: &Path, test: &str) -> Option<Sshd> {
+        Sshd::start_at(dir, test, "127.0.0.1", None)
+    }
+
+    /// Started in `dir` on `addr`, in the far namespace of `net` if any
+    /// (atou and ssh then run in its near one).
+    fn start_at(dir: &Path, test: &str, addr: &str, net: Option<&Namespaces>) -> Option<Sshd> {
         if let Err(why) = have_openssh() {
             common::cannot_run(test, &why);
             return None;
@@ -153,7 +164,7 @@ impl Sshd {
             fs::write(
                 &config,
                 format!(
-                    "Port {port}\nListenAddress 127.0.0.1\nHostKey {s}/host_key\n\
+                    "Port {port}\nListenAddress {addr}\nHostKey {s}/host_key\n\
                      PidFile {s}/sshd.pid\nAuthorizedKeysFile {s}/authorized_keys\n\
                      PermitRootLogin yes\nPubkeyAuthentication yes\nPasswordAuthentication no\n\
                      KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nUseDNS no\n\
@@ -162,7 +173,11 @@ impl Sshd {
                 ),
             )
             .unwrap();
-            let child = Command::new("/usr/sbin/sshd")
+            let mut sshd = Command::new("/usr/sbin/sshd");
+            if let Some(net) = net {
+                sshd = net.exec(&net.far, "/usr/sbin/sshd");
+            }
+            let child = sshd
                 .args(["-D", "-f"])
                 .arg(&config)
                 .arg("-E")
@@ -175,11 +190,14 @@ impl Sshd {
                 port,
                 user: user.clone(),
                 key: ssh.join("client_key"),
+                addr: addr.to_string(),
+                near: net.map(|n| n.near.clone()),
             };
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {
-                let ok = Command::new("sh")
-                    .args(["-c", &format!("{} {}@127.0.0.1 true", sshd.ssh(), user)])
+                let ok = sshd
+                    .here("sh")
+                    .args(["-c", &format!("{} {}@{addr} true", sshd.ssh(), user)])
                     .stdin(Stdio::null())
                     .stderr(Stdio::null())
                     .status()
@@ -215,9 +233,21 @@ impl Sshd {
         )
     }
 
-    /// `USER@127.0.0.1:PATH`.
+    /// `USER@ADDR:PATH`.
     fn at(&self, path: &Path) -> String {
-        format!("{}@127.0.0.1:{}", self.user, path.display())
+        format!("{}@{}:{}", self.user, self.addr, path.display())
+    }
+
+    /// `program`, run where ssh runs.
+    fn here(&self, program: &str) -> Command {
+        match &self.near {
+            Some(near) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", near, program]);
+                c
+            }
+            None => Command::new(program),
+        }
     }
 
     /// `atou copy ARGS... --ssh ... --remote-atou THIS-BUILD`.
@@ -227,7 +257,7 @@ impl Sshd {
 
     /// `atou copy ARGS... --ssh ... --remote-atou REMOTE_ATOU`.
     fn copy_with(&self, remote_atou: &str, args: &[&str]) -> Command {
-        let mut c = Command::new(ATOU);
+        let mut c = self.here(ATOU);
         c.env("XDG_CACHE_HOME", TEST_CACHE);
         c.arg("copy")
             .args(args)
@@ -377,6 +407,7 @@ fn push_and_pull_a_tree_and_leave_no_port_open() {
     let err = String::from_utf8_lossy(&out.stderr);
     say(&format!("push: {}", err.trim()));
     assert!(err.contains("every file verified"), "{err}");
+    assert!(err.contains("path: udp"), "{err}");
     assert_same_tree(&src, &dest.join("data"));
     assert!(!dest.join(".atou-staging").exists());
     let open = still_open_after(&[port], std::time::Duration::from_secs(5));
@@ -806,4 +837,194 @@ fn shards_push_and_pull_at_once_into_one_directory() {
     let pulled = s.path("pulled");
     at_once(sshd.at(&pushed.join("data")), pulled.display().to_string());
     assert_same_tree(&src, &pulled.join("data"));
+}
+
+/// Two network namespaces joined by a veth pair: `near` (10.77.0.1, where
+/// atou copy and ssh run) and `far` (10.77.0.2, the private sshd's and
+/// the remote atou's). Removed, with the pair, when dropped.
+struct Namespaces {
+    near: String,
+    far: String,
+}
+
+impl Namespaces {
+    const NEAR: &'static str = "10.77.0.1";
+    const FAR: &'static str = "10.77.0.2";
+
+    /// Made for `test`, or `None` (said why) where this host cannot: not
+    /// root, or no `ip` or `nft`.
+    fn new(test: &str, tag: &str) -> Option<Namespaces> {
+        if !is_root() {
+            common::cannot_run(test, "not root: network namespaces need it");
+            return None;
+        }
+        for tool in ["ip", "nft"] {
+            let there = Command::new(tool)
+                .arg("-V")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !there {
+                common::cannot_run(test, &format!("no `{tool}` here (.ci/run installs it)"));
+                return None;
+            }
+        }
+        let id = format!("{}{tag}", std::process::id());
+        let net = Namespaces {
+            near: format!("atou-ssh-{id}-n"),
+            far: format!("atou-ssh-{id}-f"),
+        };
+        let (veth_near, veth_far) = (format!("a{id}n"), format!("a{id}f"));
+        let ip = |args: &[&str]| {
+            let out = run(Command::new("ip").args(args));
+            assert!(out.status.success(), "ip {args:?}: {}", text(&out));
+        };
+        ip(&["netns", "add", &net.near]);
+        ip(&["netns", "add", &net.far]);
+        ip(&[
+            "link", "add", &veth_near, "type", "veth", "peer", "name", &veth_far,
+        ]);
+        for (ns, veth, addr) in [
+            (&net.near, &veth_near, Self::NEAR),
+            (&net.far, &veth_far, Self::FAR),
+        ] {
+            ip(&["link", "set", veth, "netns", ns]);
+            ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", veth]);
+            ip(&["-n", ns, "link", "set", veth, "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        Some(net)
+    }
+
+    /// `program` run in namespace `ns`.
+    fn exec(&self, ns: &str, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns, program]);
+        c
+    }
+
+    /// A firewall in `ns` that drops every UDP datagram coming in from
+    /// the veth (loopback, as on a real host, passes).
+    fn drop_udp_into(&self, ns: &str) {
+        for rule in [
+            "add table inet f",
+            "add chain inet f input { type filter hook input priority 0; }",
+            "add rule inet f input iifname != \"lo\" meta l4proto udp drop",
+        ] {
+            let out = run(self.exec(ns, "nft").args(rule.split(' ')));
+            assert!(out.status.success(), "nft {rule}: {}", text(&out));
+        }
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for ns in [&self.near, &self.far] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// The field `"path"` of a `--json` report, as text.
+fn json_path(stdout: &[u8]) -> String {
+    let v: serde_json::Value = serde_json::from_slice(stdout).expect("a --json report");
+    v["path"].as_str().unwrap_or("(none)").to_string()
+}
+
+#[test]
+fn a_push_goes_through_ssh_when_a_firewall_drops_udp_both_ways() {
+    let test = "a_push_goes_through_ssh_when_a_firewall_drops_udp_both_ways";
+    let Some(net) = Namespaces::new(test, "p") else {
+        return;
+    };
+    net.drop_udp_into(&net.near);
+    net.drop_udp_into(&net.far);
+    let s = dir_for_sshd("tunnel-push");
+    let Some(sshd) = Sshd::start_at(s.root(), test, Namespaces::FAR, Some(&net)) else {
+        return;
+    };
+    let src = s.path("data");
+    make_tree(&src);
+    let dest = s.path("pushed");
+    let out = run(&mut sshd.copy(&[src.to_str().unwrap(), &sshd.at(&dest)]));
+    assert!(out.status.success(), "push: {}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    say(&format!("push through ssh: {}", err.trim()));
+    assert!(err.contains("no UDP reply from"), "{err}");
+    assert!(err.contains("every file verified"), "{err}");
+    assert!(err.contains("path: ssh"), "{err}");
+    assert_same_tree(&src, &dest.join("data"));
+
+    // --json says it too.
+    let dest = s.path("pushed-json");
+    let out = run(&mut sshd.copy(&[src.to_str().unwrap(), &sshd.at(&dest), "--json"]));
+    assert!(out.status.success(), "push --json: {}", text(&out));
+    assert_eq!(json_path(&out.stdout), "ssh", "{}", text(&out));
+    assert_same_tree(&src, &dest.join("data"));
+
+    // The ssh connection stalls mid-transfer (its client stopped): the
+    // reason names the ssh tunnel, not a blocked UDP.
+    let slow = s.path("slow.bin");
+    fs::write(&slow, noise(4 * MIB, 3)).unwrap();
+    let dest = s.path("stalled");
+    let mut copy = sshd.copy(&[
+        slow.to_str().unwrap(),
+        &sshd.at(&dest),
+        "--bwlimit",
+        "8mbit",
+        "--maxidle",
+        "2",
+    ]);
+    let mut child = copy.stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut err = String::new();
+    while !err.contains("goes through the ssh connection") {
+        let read = std::io::BufRead::read_line(&mut lines, &mut err).unwrap();
+        assert!(read > 0, "no switch to the tunnel: {err}");
+    }
+    // The local atou's children: its ssh client.
+    let ssh = Command::new("pgrep")
+        .args(["-P", &child.id().to_string()])
+        .output()
+        .unwrap();
+    let ssh = String::from_utf8_lossy(&ssh.stdout).trim().to_string();
+    assert!(!ssh.is_empty(), "no ssh client under atou");
+    for pid in ssh.lines() {
+        Command::new("kill").args(["-STOP", pid]).status().unwrap();
+    }
+    std::io::Read::read_to_string(&mut lines, &mut err).unwrap();
+    let status = child.wait().unwrap();
+    for pid in ssh.lines() {
+        let _ = Command::new("kill").args(["-CONT", pid]).status();
+    }
+    say(&format!("stalled tunnel: {}", err.trim()));
+    assert!(!status.success(), "{err}");
+    let last = err.trim().lines().last().unwrap_or_default();
+    assert!(last.contains("through the ssh tunnel"), "{err}");
+    assert!(!last.contains("blocked?"), "{err}");
+}
+
+/// UDP dropped only on its way back (into the local end): the remote's
+/// receiver hears the key query but its answer never arrives; the push
+/// goes through ssh all the same, and the receiver, which serves one
+/// transfer, takes it.
+#[test]
+fn a_push_goes_through_ssh_when_only_the_answers_are_dropped() {
+    let test = "a_push_goes_through_ssh_when_only_the_answers_are_dropped";
+    let Some(net) = Namespaces::new(test, "q") else {
+        return;
+    };
+    net.drop_udp_into(&net.near);
+    let s = dir_for_sshd("tunnel-one-way");
+    let Some(sshd) = Sshd::start_at(s.root(), test, Namespaces::FAR, Some(&net)) else {
+        return;
+    };
+    let src = s.path("data");
+    make_tree(&src);
+    let dest = s.path("pushed");
+    let out = run(&mut sshd.copy(&[src.to_str().unwrap(), &sshd.at(&dest), "--json"]));
+    assert!(out.status.success(), "push: {}", text(&out));
+    assert_eq!(json_path(&out.stdout), "ssh", "{}", text(&out));
+    assert_same_tree(&src, &dest.join("data"));
 }

@@ -2195,6 +2195,33 @@ fn exit_statuses_tell_a_script_what_failed() {
     let why = send(&[&src], &dead.to_string(), &[]).failed_as(NETWORK, "network");
     assert!(why.contains("no atou server"), "{why}");
 
+    // A port where nothing ever answers, as behind a firewall that drops
+    // UDP (issue 29): the same family, and the way round it named, with
+    // a pinned key, without authentication, and before a key query's
+    // answer (trust on first use).
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let target = silent.local_addr().unwrap().to_string();
+    let known = scratch.path("known_hosts");
+    for args in [
+        &["--maxidle", "1"][..],
+        &["--maxidle", "1", "--no-auth"],
+        &["--maxidle", "1", "--known-hosts", known.to_str().unwrap()],
+    ] {
+        let sent = send(&[&src], &target, args);
+        // The key query fails before the send, with no --json report.
+        let why = if args.contains(&"--known-hosts") {
+            sent.failure(NETWORK)
+        } else {
+            sent.failed_as(NETWORK, "network")
+        };
+        assert!(
+            why.contains(&format!(
+                "no UDP reply from {target} — a firewall? `atou copy` over ssh can go through TCP"
+            )),
+            "{args:?}: {why}"
+        );
+    }
+
     // A source that is not there: a local I/O error, before any packet.
     let missing = scratch.path("src/missing");
     let why = send(&[&missing], &dead.to_string(), &[]).failed_as(LOCAL_IO, "io");
@@ -2549,6 +2576,237 @@ fn excluded_entries_do_not_arrive() {
         .collect();
     got.sort();
     assert_eq!(got, ["", "README", "src", "src/main.c"]);
+}
+
+/// Whether rsync is here to compare with; says why `test` skips if not.
+fn have_rsync(test: &str) -> bool {
+    let here = Command::new("rsync").arg("--version").output().is_ok();
+    if !here {
+        eprintln!("SKIPPED {test}: no rsync on this host");
+    }
+    here
+}
+
+/// The paths beneath `root` (none if it is not there), sorted, the
+/// receiver's staging directory left out.
+fn listing(root: &Path) -> Vec<String> {
+    if !root.exists() {
+        return Vec::new();
+    }
+    let mut got: Vec<String> = walk(root)
+        .keys()
+        .map(|p| p.display().to_string())
+        .filter(|p| !p.starts_with(STAGING_DIR))
+        .collect();
+    got.sort();
+    got
+}
+
+/// `--include`, `--exclude`, `--filter` and the rule files select what
+/// `rsync -a` with the same rules, in the same order, selects from the
+/// same tree: the first rule that matches decides, an excluded directory
+/// is not descended into, `!` clears.
+#[test]
+fn filters_select_what_rsync_selects() {
+    if !have_rsync("filters_select_what_rsync_selects") {
+        return;
+    }
+    let scratch = TestDir::new("transfer-filters");
+    let tree = scratch.dir("src/tree");
+    for d in ["src/deep", "build", "docs", "cache/x"] {
+        fs::create_dir_all(tree.join(d)).unwrap();
+    }
+    for f in [
+        "src/a.c",
+        "src/a.h",
+        "src/deep/b.c",
+        "src/deep/b.o",
+        "build/c.c",
+        "docs/readme.txt",
+        "cache/x/blob",
+        "top.c",
+        "keep.o",
+    ] {
+        write_random(&tree.join(f), 100, 3);
+    }
+    let rules = scratch.path("rules.txt");
+    fs::write(&rules, "# a comment\n+ keep.o\n*.o\n").unwrap();
+    let rules = rules.to_str().unwrap();
+    let cases: &[&[&str]] = &[
+        &["--include=*/", "--include=*.c", "--exclude=*"],
+        &["--include=*.c", "--exclude=*"],
+        &[
+            "--exclude=build/",
+            "--exclude-from",
+            rules,
+            "--include=src/***",
+        ],
+        &[
+            "--filter=- *.c",
+            "--filter=!",
+            "--filter=+ cache/***",
+            "--exclude=/tree/*",
+        ],
+        &["--exclude=+ top.c", "--exclude=*.c", "--include=- docs/"],
+    ];
+    for (i, flags) in cases.iter().enumerate() {
+        let by_rsync = scratch.dir(&format!("rsync{i}"));
+        let out = Command::new("rsync")
+            .arg("-a")
+            .args(*flags)
+            .arg(&tree)
+            .arg(format!("{}/", by_rsync.display()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "rsync {flags:?}: {out:?}");
+        let dest = scratch.dir(&format!("atou{i}"));
+        let server = Serve::start(&dest);
+        send(&[&tree], &server.target(), flags).report();
+        assert_eq!(
+            listing(&dest.join("tree")),
+            listing(&by_rsync.join("tree")),
+            "rules {flags:?}"
+        );
+    }
+}
+
+/// `--files-from`: the listed paths arrive as `rsync -a -r --files-from`
+/// delivers them from the same list (comments, `/./`, a listed directory
+/// whole, the directories on a path's way without their other contents),
+/// with the same bytes; a list naming `..` is refused before anything
+/// is sent.
+#[test]
+fn files_from_sends_what_rsync_sends() {
+    if !have_rsync("files_from_sends_what_rsync_sends") {
+        return;
+    }
+    let scratch = TestDir::new("transfer-files-from");
+    let tree = scratch.dir("src/tree");
+    for d in ["src/deep", "build", "docs/old", "data"] {
+        fs::create_dir_all(tree.join(d)).unwrap();
+    }
+    for (i, f) in [
+        "src/a.c",
+        "src/deep/b.c",
+        "src/deep/b.o",
+        "build/c.c",
+        "docs/readme.txt",
+        "docs/old/x.txt",
+        "data/big",
+        "top.c",
+    ]
+    .iter()
+    .enumerate()
+    {
+        write_random(&tree.join(f), 1000 + 7 * i as u64, i as u64);
+    }
+    let list = scratch.path("list");
+    fs::write(
+        &list,
+        "# what to send\n; and how\n\nsrc/deep\n/top.c\ndocs/./old/x.txt\ndata/big\nsrc/deep/b.c\n",
+    )
+    .unwrap();
+    let by_rsync = scratch.dir("rsync");
+    let out = Command::new("rsync")
+        .args(["-a", "-r", "--files-from"])
+        .arg(&list)
+        .arg(&tree)
+        .arg(format!("{}/", by_rsync.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "rsync: {out:?}");
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    let r = send(
+        &[&tree],
+        &server.target(),
+        &["--files-from", list.to_str().unwrap()],
+    )
+    .report();
+    assert_eq!(report_u(&r, "files"), 5, "{r}");
+    assert_eq!(listing(&dest), listing(&by_rsync));
+    for f in ["src/deep/b.o", "top.c", "old/x.txt", "data/big"] {
+        assert_eq!(
+            fs::read(dest.join(f)).unwrap(),
+            fs::read(by_rsync.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    fs::write(&list, "src/a.c\nsrc/../../etc/passwd\n").unwrap();
+    let out = Command::new(common::ATOU)
+        .args(["send", "--files-from"])
+        .arg(&list)
+        .arg(&tree)
+        .arg(server.target())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 2"), "{err}");
+}
+
+/// `-H`: files that are one file at the source arrive as one file with
+/// the same names as `rsync -aH` gives them (compared by inode groups),
+/// their bytes sent once; a link to a file outside the tree arrives as a
+/// copy; a rerun with --skip-existing keeps them.
+#[test]
+fn hard_links_arrive_as_rsync_h_makes_them() {
+    if !have_rsync("hard_links_arrive_as_rsync_h_makes_them") {
+        return;
+    }
+    let scratch = TestDir::new("transfer-hard-links");
+    let tree = scratch.dir("src/tree");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    write_random(&tree.join("a"), 300_000, 1);
+    write_random(&tree.join("d"), 5000, 2);
+    write_random(&scratch.path("outside"), 4000, 3);
+    fs::hard_link(tree.join("a"), tree.join("b")).unwrap();
+    fs::hard_link(tree.join("a"), tree.join("sub/c")).unwrap();
+    fs::hard_link(tree.join("d"), tree.join("sub/e")).unwrap();
+    fs::hard_link(scratch.path("outside"), tree.join("f")).unwrap();
+    let groups = |root: &Path| -> Vec<Vec<String>> {
+        use std::os::unix::fs::MetadataExt;
+        let mut by_inode: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+        for (rel, md) in walk(root) {
+            let rel = rel.display().to_string();
+            if md.is_file() && !rel.starts_with(STAGING_DIR) {
+                by_inode.entry(md.ino()).or_default().push(rel);
+            }
+        }
+        let mut groups: Vec<Vec<String>> = by_inode
+            .into_values()
+            .map(|mut g| {
+                g.sort();
+                g
+            })
+            .collect();
+        groups.sort();
+        groups
+    };
+    let by_rsync = scratch.dir("rsync");
+    let out = Command::new("rsync")
+        .arg("-aH")
+        .arg(&tree)
+        .arg(format!("{}/", by_rsync.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "rsync: {out:?}");
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    let r = send(&[&tree], &server.target(), &["-H"]).report();
+    assert_eq!(report_u(&r, "files"), 3, "{r}");
+    assert_eq!(report_u(&r, "bytes_sent"), 309_000, "{r}");
+    let want = vec![
+        vec!["tree/a", "tree/b", "tree/sub/c"],
+        vec!["tree/d", "tree/sub/e"],
+        vec!["tree/f"],
+    ];
+    assert_eq!(groups(&by_rsync), want);
+    assert_eq!(groups(&dest), want);
+    assert_same_tree(&tree, &dest.join("tree"));
+    let again = send(&[&tree], &server.target(), &["-H", "--skip-existing"]).report();
+    assert_eq!(report_u(&again, "bytes_sent"), 0, "{again}");
+    assert_eq!(groups(&dest), want);
 }
 
 /// `--bwlimit`: a send of 4 MiB at 16 Mbit/s over loopback (which takes

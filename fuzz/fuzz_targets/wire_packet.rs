@@ -22,6 +22,12 @@ fuzz_target!(|data: &[u8]| {
             buf[n..].copy_from_slice(seg.payload);
             assert_eq!(buf, data);
         }
+        Ok(Packet::SizeProbe(probe)) => {
+            // Padded to the size it tests: longer than any control packet.
+            let mut buf = vec![0u8; data.len()];
+            let n = probe.emit(&mut buf).expect("fits");
+            assert_eq!(&buf[..n], data);
+        }
         Ok(control) => {
             let mut buf = [0u8; CONTROL_MAX_LEN];
             let n = match control {
@@ -35,7 +41,10 @@ fuzz_target!(|data: &[u8]| {
                 Packet::PathChallenge(p) => p.emit_challenge(&mut buf),
                 Packet::PathResponse(p) => p.emit_response(&mut buf),
                 Packet::Retry(p) => p.emit(&mut buf),
-                Packet::Ack(_) | Packet::Data(_) | Packet::Reply(_) => unreachable!(),
+                Packet::SizeAck(p) => p.emit(&mut buf),
+                Packet::Ack(_) | Packet::Data(_) | Packet::Reply(_) | Packet::SizeProbe(_) => {
+                    unreachable!()
+                }
             }
             .expect("fits");
             assert_eq!(&buf[..n], data);

@@ -15,6 +15,7 @@ mod metrics;
 mod net;
 mod netem;
 mod path_hint;
+mod path_size;
 mod plot;
 mod remote;
 mod transfer;

@@ -359,6 +359,7 @@ pub(super) fn probe(args: ProbeArgs) -> Result<ExitCode> {
         close_unacknowledged: false,
         path_memory: None,
         stream_len_later: false,
+        heard: None,
     };
     let pinned_key = config.auth.as_ref().map(|a| a.server_key.0);
     let hint = PathHint::new(args.no_path_cache, peer.ip(), pinned_key);

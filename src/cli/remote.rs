@@ -2,8 +2,8 @@
 //! `atou __remote receive|send` that ssh runs at the far end: the flags,
 //! and what is printed. The work is `crate::transfer::remote`'s.
 
-use std::io::Read;
-use std::net::IpAddr;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,15 +18,18 @@ use crate::transfer::bootstrap::{split_ssh_target, ssh_server_ip, Hello, PortRan
 use crate::transfer::dest::Requested;
 use crate::transfer::receive::{check_root, TransferReport};
 use crate::transfer::remote::{
-    check_target, read_hello, receive_push, remote_path, tidy, FarReceiveConfig, FarSend, Pull,
-    PullConfig, PullOutcome, Punched, Push, RemoteError, SshCommand,
+    check_target, read_hello, receive_push, remote_path, tidy, FarReceiveConfig, FarSend,
+    FirstContact, Pull, PullConfig, PullOutcome, Punched, Push, RemoteError, SshCommand,
 };
 use crate::transfer::send::Progress;
+use crate::transfer::tunnel::{self, ServerSide};
 use crate::util::text::{escape, shown_path};
 use crate::util::units::{format_rate, format_size, parse_size};
 
 use super::exit::{self, Exit};
-use super::transfer::{ctrlc_hook, is_remote, readers, run_send_from, ReceivingArgs, TransferArgs};
+use super::transfer::{
+    ctrlc_hook, is_remote, readers, run_send_from, OnFailure, ReceivingArgs, TransferArgs,
+};
 use super::UsageError;
 
 /// A library error as the CLI reports it: its kind picks the exit status.
@@ -226,14 +229,17 @@ fn push(sources: &[PathBuf], target: &str, path: &str, flags: CopyFlags<'_>) -> 
     let shown = format!("{target}:{path}");
     let mut config = transfer.send_config(push.peer, shown, None)?;
     config.auth = Some(auth);
+    config.route = Some("udp");
+    let progress = Arc::new(Progress::default());
+    let first_contact = FirstContact::watch(progress.clone());
     let code = run_send_from(
         sources,
         config,
         transfer,
         None,
         &[],
-        Arc::new(Progress::default()),
-        |e| push.explain(e),
+        progress,
+        OnFailure::explain(|e| push.explain(e)).detour(|e| push.detour(e, first_contact.end())),
     )?;
     push.finish(code == ExitCode::SUCCESS).map_err(cli_error)?;
     Ok(code)
@@ -352,7 +358,7 @@ fn received_text(r: &TransferReport, from: &str) -> String {
 
 pub(super) fn remote(args: RemoteArgs) -> Result<ExitCode> {
     let hello = read_hello(&args.hello).map_err(cli_error)?;
-    let mut stdin = std::io::stdin();
+    let stdin = std::io::stdin();
     // Where the ssh client reached us: the address to give back.
     let ip = std::env::var("SSH_CONNECTION")
         .ok()
@@ -360,9 +366,14 @@ pub(super) fn remote(args: RemoteArgs) -> Result<ExitCode> {
     // The local end gone (ssh closed, Ctrl-C there): stop.
     let gone = Arc::new(tokio::sync::Notify::new());
     let gone_flag = Arc::new(AtomicBool::new(false));
+    // `receiver`: where this end's receiver is, for a tunnel to it.
     let watch = {
         let (gone, flag) = (gone.clone(), gone_flag.clone());
-        move || {
+        move |receiver: Option<SocketAddr>| {
+            let mut stdin = stdin;
+            if let Some(Err(e)) = receiver.map(|r| serve_tunnel(&mut stdin, r)) {
+                eprintln!("atou: the tunnel over ssh ended: {e}");
+            }
             let mut sink = [0u8; 256];
             while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
             flag.store(true, Ordering::Relaxed);
@@ -370,16 +381,36 @@ pub(super) fn remote(args: RemoteArgs) -> Result<ExitCode> {
         }
     };
     match args.role {
-        Role::Receive(a) => remote_receive(a, hello, ip, watch, gone),
-        Role::Send(a) => remote_send(a, hello, ip, watch, gone_flag),
+        Role::Receive(a) => remote_receive(a, hello, ip, move |r| watch(Some(r)), gone),
+        Role::Send(a) => remote_send(a, hello, ip, move || watch(None), gone_flag),
     }
+}
+
+/// The local end's first words on stdin, if it found that no UDP gets
+/// through: [`tunnel::SWITCH`]. Then says it back and relays the frames
+/// that follow to `receiver` until the local end closes the channel.
+/// Anything else on stdin is not a switch: the caller reads on to the end.
+fn serve_tunnel(stdin: &mut std::io::Stdin, receiver: SocketAddr) -> std::io::Result<()> {
+    let mut first = vec![0u8; tunnel::SWITCH.len() + 1];
+    if stdin.read_exact(&mut first).is_err() || first != format!("{}\n", tunnel::SWITCH).as_bytes()
+    {
+        return Ok(());
+    }
+    {
+        let mut out = std::io::stdout().lock();
+        out.write_all(&first)?;
+        out.flush()?;
+    }
+    ServerSide::new(vec![receiver])
+        .run(std::io::stdin(), std::io::stdout())?
+        .join()
 }
 
 fn remote_receive(
     args: RemoteReceiveArgs,
     hello: Hello,
     ip: Option<IpAddr>,
-    watch: impl FnOnce() + Send + 'static,
+    watch: impl FnOnce(SocketAddr) + Send + 'static,
     gone: Arc<tokio::sync::Notify>,
 ) -> Result<ExitCode> {
     let path = remote_path(&args.path);
@@ -472,7 +503,7 @@ fn remote_send(
         None,
         &from,
         progress,
-        |_| None,
+        OnFailure::explain(|_| None),
     )
 }
 
@@ -511,6 +542,8 @@ mod tests {
             "newreno",
             "--rcvwin",
             "7",
+            "--include",
+            "keep.tmp",
             "--exclude",
             "*.tmp",
             "--exclude=-odd/***",
@@ -550,7 +583,12 @@ mod tests {
             .transfer
             .send_config("127.0.0.1:1".parse().unwrap(), "h".into(), None)
             .unwrap();
-        assert_eq!(config.excludes, here.excludes);
-        assert!(config.excludes.excludes(b"t/-odd/x", false));
+        assert_eq!(config.filters, here.filters);
+        assert!(config.filters.excludes(b"t/-odd/x", false));
+        assert!(
+            !config.filters.excludes(b"t/keep.tmp", false),
+            "an include kept its place"
+        );
+        assert!(config.filters.excludes(b"t/x.tmp", false));
     }
 }

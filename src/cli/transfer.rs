@@ -15,8 +15,9 @@ use clap::Args;
 use crate::io::{self, ServeConfig, DEFAULT_PORT};
 use crate::report::summary::Summary;
 use crate::transfer::dest::{ReceivePolicy, Requested, SymlinkPolicy, UserFlags};
-use crate::transfer::exclude::Excludes;
+use crate::transfer::exclude::Filters;
 use crate::transfer::manifest::RelPath;
+use crate::transfer::manifest::{read_files_from, Listed};
 use crate::transfer::messages::Options;
 use crate::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits};
 use crate::transfer::send::{Progress, SendConfig, SendError, SendReport};
@@ -27,6 +28,7 @@ use crate::util::units::{format_rate, format_size, parse_size};
 use super::exit::{self, Exit};
 use super::net::{resolve, runtime};
 use super::path_hint::PathHint;
+use super::path_size::{self, PathSize, SizeFrom};
 use super::{print_stdout, TuningArgs, UsageError};
 
 /// Read-ahead (sender) and window (receiver) per transfer, over all streams.
@@ -36,8 +38,8 @@ pub(super) const DEFAULT_BUFFER: &str = "64MiB";
 /// unless --mss says otherwise: a jumbo frame's, as kernel TCP sizes its
 /// MSS from lo's 64 KiB MTU, so that the per-datagram costs (system
 /// calls, ACKs, and each seal and open) are paid a sixth as often as at
-/// 1472 bytes. Elsewhere the default stays 1472: the first link's MTU
-/// says nothing of the path's.
+/// 1472 bytes. Elsewhere the first link's MTU says nothing of the
+/// path's: the path is searched for its size (src/cli/path_size.rs).
 pub(super) const LOOPBACK_MSS: u32 = 8972;
 /// Transport connections per transfer; see docs/transfer.md for how it was chosen.
 pub(super) const DEFAULT_STREAMS: usize = 2;
@@ -65,12 +67,27 @@ pub(super) struct TransferArgs {
     /// With --skip-existing: skip files whose BLAKE3 matches at the receiver, comparing existing files of the same size by content instead of mtime (as rsync -c); the receiver reads them whole, and of a file that differs only the chunks that differ are sent
     #[arg(long, short = 'c', requires = "skip_existing")]
     checksum: bool,
-    /// Leave out entries matching PATTERN (repeatable), by rsync's rules: `*` within a name, `**` across `/`, `?`, `[a-z]`; a trailing `/` matches directories only (not descended into); a leading `/` anchors at the transfer root (SRC's own name first: /data/tmp/); otherwise a PATTERN without `/` matches names at any depth, and one with `/` the end of the path
-    #[arg(long, value_name = "PATTERN")]
-    exclude: Vec<String>,
-    /// Read exclude patterns from FILE, one per line; blank lines and lines starting with `#` or `;` are skipped; `-` reads stdin
+    /// Leave out entries matching PATTERN (repeatable), by rsync's rules: `*` within a name, `**` across `/`, `?`, `[a-z]`; a trailing `/` matches directories only (not descended into); a leading `/` anchors at the transfer root (SRC's own name first: /data/tmp/); otherwise a PATTERN without `/` matches names at any depth, and one with `/` the end of the path. With --include and --filter: the first rule that matches an entry decides, in command-line order, and an entry no rule matches is sent
+    #[arg(long, value_name = "PATTERN", value_parser = in_order)]
+    exclude: Vec<InOrder>,
+    /// Send entries matching PATTERN even where a later --exclude matches them (repeatable; rsync's rules and order, as --exclude). An excluded directory is not descended into, so to send only `*.c` at any depth: --include='*/' --include='*.c' --exclude='*'
+    #[arg(long, value_name = "PATTERN", value_parser = in_order)]
+    include: Vec<InOrder>,
+    /// One filter rule (repeatable, in order with --exclude and --include): `- PATTERN`, `+ PATTERN`, `exclude PATTERN`, `include PATTERN`, or `!` (also `clear`) to drop every rule before it. rsync's merge files, modifiers and receiver-side rules are refused
+    #[arg(long, value_name = "RULE", value_parser = in_order)]
+    filter: Vec<InOrder>,
+    /// Read exclude patterns from FILE, one per line, in order at this flag's place; blank lines and lines starting with `#` or `;` are skipped, a `+ ` prefix makes a line an include, `- ` an exclude, and `!` clears; `-` reads stdin
+    #[arg(long, value_name = "FILE", value_parser = in_order)]
+    exclude_from: Vec<InOrder>,
+    /// Read include patterns from FILE, as --exclude-from reads excludes
+    #[arg(long, value_name = "FILE", value_parser = in_order)]
+    include_from: Vec<InOrder>,
+    /// Send the paths listed in FILE, one a line, relative to the one SRC (a directory), as `rsync -a -r --files-from`: each arrives as DEST/PATH, the directories on its way as directories (without their other contents), a listed directory whole; blank lines and lines starting with `#` or `;` are skipped, and `DIR/./PATH` sends PATH from SRC/DIR. `-` reads stdin. Not for a pull
     #[arg(long, value_name = "FILE")]
-    exclude_from: Vec<PathBuf>,
+    files_from: Option<PathBuf>,
+    /// The --files-from list as read, once (stdin can be read only once).
+    #[arg(skip)]
+    files_from_text: std::sync::OnceLock<Vec<u8>>,
     /// Send only part K of N of the tree (1 <= K <= N <= 1024), so that N runs with the same SRCs and DEST (on N hosts, or the tasks of a Slurm array or a Kubernetes indexed Job) together send it all: every directory is in every part; a file above total/N (and over 1 MiB) is split by 1 MiB chunk ranges, one range per shard, and takes its name at the receiver when every range is in; every other file and symlink is in exactly one part, whole, dealt out largest first to balance bytes. Default: the whole tree. `auto` takes K and N from a Slurm array task (SLURM_ARRAY_TASK_ID of SLURM_ARRAY_TASK_COUNT, an array 1-N); `auto/N` gives N and takes K from SLURM_ARRAY_TASK_ID or a Kubernetes indexed Job's JOB_COMPLETION_INDEX + 1. See docs/scale-out.md
     #[arg(long, value_name = "K/N", value_parser = shard_from_spec)]
     shard: Option<Shard>,
@@ -83,6 +100,9 @@ pub(super) struct TransferArgs {
     /// Send what symlinks point to instead of the symlinks
     #[arg(long)]
     follow: bool,
+    /// Keep hard links (as rsync -H): files sent that are one file (same device and inode) arrive as one file with several names, its bytes sent once; links to files outside what is sent are sent as copies. Not with --shard
+    #[arg(long, short = 'H', conflicts_with = "shard")]
+    hard_links: bool,
     /// Reader threads (default: one per core, at least 2)
     #[arg(long, value_name = "N")]
     readers: Option<usize>,
@@ -343,31 +363,121 @@ pub(super) fn readers(n: Option<usize>) -> usize {
     })
 }
 
+/// A value of a flag whose place among other flags matters (the filter
+/// rules): clap parses the command line from left to right, calling the
+/// value parser as it meets each value, so a count taken there is the
+/// value's place on the line.
+#[derive(Debug, Clone)]
+pub(crate) struct InOrder {
+    place: u64,
+    text: String,
+}
+
+fn in_order(text: &str) -> std::result::Result<InOrder, String> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    Ok(InOrder {
+        place: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        text: text.to_string(),
+    })
+}
+
 impl TransferArgs {
-    /// --exclude and --exclude-from, in the order rsync reads them (the
-    /// order does not matter: every rule excludes).
-    fn excludes(&self) -> Result<Excludes> {
-        let mut ex = Excludes::default();
-        for p in &self.exclude {
-            ex.add(p)
-                .map_err(|e| UsageError(format!("--exclude: {e}")))?;
-        }
-        for file in &self.exclude_from {
-            let text = if file.as_os_str() == "-" {
-                std::io::read_to_string(std::io::stdin())
-                    .map_err(|e| UsageError(format!("--exclude-from -: cannot read stdin: {e}")))?
-            } else {
-                std::fs::read_to_string(file).map_err(|e| {
-                    UsageError(format!(
-                        "--exclude-from: cannot read {}: {e}",
-                        shown_path(file)
-                    ))
-                })?
+    /// The paths of --files-from, relative to the one SRC; `None` without it.
+    fn listed(&self, sources: &[PathBuf]) -> Result<Option<Vec<Listed>>> {
+        let Some(list) = &self.files_from else {
+            return Ok(None);
+        };
+        let base =
+            match sources {
+                [base] if base.is_dir() => base,
+                _ => return Err(UsageError(
+                    "--files-from: give one SRC, the directory the listed paths are relative to"
+                        .into(),
+                )
+                .into()),
             };
-            ex.add_lines(&text, &shown_path(file).to_string())
-                .map_err(|e| UsageError(format!("--exclude-from: {e}")))?;
+        let text = match self.files_from_text.get() {
+            Some(text) => text,
+            None => {
+                let text = if list.as_os_str() == "-" {
+                    let mut text = Vec::new();
+                    std::io::Read::read_to_end(&mut std::io::stdin(), &mut text).map_err(|e| {
+                        UsageError(format!("--files-from -: cannot read stdin: {e}"))
+                    })?;
+                    text
+                } else {
+                    std::fs::read(list).map_err(|e| {
+                        UsageError(format!(
+                            "--files-from: cannot read {}: {e}",
+                            shown_path(list)
+                        ))
+                    })?
+                };
+                self.files_from_text.get_or_init(|| text)
+            }
+        };
+        let listed = read_files_from(text, base, list)
+            .map_err(|e| UsageError(format!("--files-from: {e}")))?;
+        if listed.is_empty() {
+            return Err(
+                UsageError(format!("--files-from: {} lists no path", shown_path(list))).into(),
+            );
         }
-        Ok(ex)
+        Ok(Some(listed))
+    }
+
+    /// --exclude, --include, --filter and the rule files, in their order
+    /// on the command line (rsync's: the first rule that matches decides).
+    fn filters(&self) -> Result<Filters> {
+        #[derive(Clone, Copy)]
+        enum Flag {
+            Exclude,
+            Include,
+            Filter,
+            ExcludeFrom,
+            IncludeFrom,
+        }
+        let mut given: Vec<(Flag, &InOrder)> = [
+            (Flag::Exclude, &self.exclude),
+            (Flag::Include, &self.include),
+            (Flag::Filter, &self.filter),
+            (Flag::ExcludeFrom, &self.exclude_from),
+            (Flag::IncludeFrom, &self.include_from),
+        ]
+        .into_iter()
+        .flat_map(|(flag, values)| values.iter().map(move |v| (flag, v)))
+        .collect();
+        given.sort_by_key(|(_, v)| v.place);
+        let mut filters = Filters::default();
+        for (flag, v) in given {
+            let text = v.text.as_str();
+            let (added, name) = match flag {
+                Flag::Exclude => (filters.add_exclude(text), "--exclude"),
+                Flag::Include => (filters.add_include(text), "--include"),
+                Flag::Filter => (filters.add_rule(text), "--filter"),
+                Flag::ExcludeFrom | Flag::IncludeFrom => {
+                    let include = matches!(flag, Flag::IncludeFrom);
+                    let name = if include {
+                        "--include-from"
+                    } else {
+                        "--exclude-from"
+                    };
+                    let file = Path::new(text);
+                    let lines = if text == "-" {
+                        std::io::read_to_string(std::io::stdin())
+                            .map_err(|e| UsageError(format!("{name} -: cannot read stdin: {e}")))?
+                    } else {
+                        std::fs::read_to_string(file).map_err(|e| {
+                            UsageError(format!("{name}: cannot read {}: {e}", shown_path(file)))
+                        })?
+                    };
+                    let shown = shown_path(file).to_string();
+                    (filters.add_lines(&lines, &shown, include), name)
+                }
+            };
+            added.map_err(|e| UsageError(format!("{name}: {e}")))?;
+        }
+        Ok(filters)
     }
 
     /// The transfer's settings; the datagram size is [`LOOPBACK_MSS`]
@@ -444,7 +554,10 @@ impl TransferArgs {
                 finish_ahead: false,
             },
             follow: self.follow,
-            excludes: self.excludes()?,
+            hard_links: self.hard_links,
+            filters: self.filters()?,
+            // Set with the sources, in run_send_from.
+            files_from: None,
             shard: self.shard,
             streams: self.streams,
             flows: self.flows,
@@ -454,6 +567,7 @@ impl TransferArgs {
             trace: None,
             path_memory: None,
             wait_busy: self.wait_busy,
+            route: None,
         })
     }
 }
@@ -605,7 +719,16 @@ fn with_streams(mut report: serde_json::Value, streams: &[Summary]) -> Result<se
     Ok(report)
 }
 
-fn report_text(r: &SendReport, streams: &[Summary]) -> String {
+/// The `--json` report's `path_mtu`: the size the transfer used, and how
+/// it was chosen.
+fn with_path(mut report: serde_json::Value, path: &PathSize) -> Result<serde_json::Value> {
+    if let Some(m) = report.as_object_mut() {
+        m.insert("path_mtu".into(), serde_json::to_value(path)?);
+    }
+    Ok(report)
+}
+
+fn report_text(r: &SendReport, streams: &[Summary], path: &PathSize) -> String {
     let mut s = format!(
         "atou: sent {} file{}{} ({} dir{}, {} symlink{}) to {}: {} in {:.2} s, {}",
         r.files,
@@ -646,6 +769,7 @@ fn report_text(r: &SendReport, streams: &[Summary]) -> String {
     } else {
         s += "\natou: every file verified at the receiver (BLAKE3 per chunk and per file)\n";
     }
+    s += &format!("atou: {}\n", path.text());
     for (i, t) in streams.iter().enumerate() {
         s += &format!(
             "stream {}: {} in {:.2} s, {}; segments {} rxmts {} timeouts {} srtt {:.3} ms cwnd {}",
@@ -717,6 +841,7 @@ fn run_send(
     args: &TransferArgs,
     pinned_key: Option<[u8; 32]>,
 ) -> Result<ExitCode> {
+    let host = config.host.clone();
     run_send_from(
         sources,
         config,
@@ -724,12 +849,60 @@ fn run_send(
         pinned_key,
         &[],
         Arc::new(Progress::default()),
-        |_| None,
+        OnFailure::explain(|e| {
+            silent_from_the_start(e).then(|| format!("{}; {e}", io::no_udp_reply(&host)))
+        }),
     )
 }
 
+/// Whether the receiver never answered the hello: not one datagram came
+/// back from it.
+fn silent_from_the_start(e: &SendError) -> bool {
+    use crate::proto::endpoint::client::Stage;
+    matches!(
+        e,
+        SendError::Conn(crate::io::ProbeError::Conn {
+            error: crate::proto::ConnError::Idle {
+                stage: Stage::Hello | Stage::Handshake,
+                ..
+            },
+            ..
+        })
+    )
+}
+
+/// What a caller of [`run_send_from`] makes of a failure.
+pub(super) struct OnFailure<'a> {
+    /// A better message than the error's own, if it has one.
+    explain: Explain<'a>,
+    /// Given a failure before any datagram from the receiver: where to
+    /// send again (the ssh tunnel's stand-in for the receiver, issue 29),
+    /// or the error to report instead.
+    detour: Detour<'a>,
+}
+
+type Explain<'a> = Box<dyn Fn(&SendError) -> Option<String> + 'a>;
+type Detour<'a> = Box<dyn FnOnce(&SendError) -> Option<Result<SocketAddr, SendError>> + 'a>;
+
+impl<'a> OnFailure<'a> {
+    pub(super) fn explain(explain: impl Fn(&SendError) -> Option<String> + 'a) -> OnFailure<'a> {
+        OnFailure {
+            explain: Box::new(explain),
+            detour: Box::new(|_| None),
+        }
+    }
+
+    pub(super) fn detour(
+        mut self,
+        detour: impl FnOnce(&SendError) -> Option<Result<SocketAddr, SendError>> + 'a,
+    ) -> OnFailure<'a> {
+        self.detour = Box::new(detour);
+        self
+    }
+}
+
 /// [`run_send`] from sockets already bound (`from`, see
-/// [`crate::transfer::send::send_from`]); `explain` may replace an
+/// [`crate::transfer::send::send_from`]); `on_failure` may replace an
 /// error's message with a better one. `pinned_key`: the server's key if
 /// it is the one known for it (not a one-time key), for the path cache.
 pub(super) fn run_send_from(
@@ -739,8 +912,10 @@ pub(super) fn run_send_from(
     pinned_key: Option<[u8; 32]>,
     from: &[crate::transfer::send::Bound],
     progress: Arc<Progress>,
-    explain: impl Fn(&SendError) -> Option<String>,
+    on_failure: OnFailure<'_>,
 ) -> Result<ExitCode> {
+    config.files_from = args.listed(sources)?;
+    let OnFailure { explain, detour } = on_failure;
     let done = Arc::new(Mutex::new(false));
     let started = Instant::now();
     let machine = args.progress == ProgressMode::Json;
@@ -760,11 +935,41 @@ pub(super) fn run_send_from(
         // Ctrl-C: stop the connections; the partial files stay for a resume.
         let _ = ctrlc_hook(move || p.stop.store(true, Ordering::Relaxed));
     }
-    let hint = PathHint::new(args.no_path_cache, config.peer.ip(), pinned_key);
+    // Through the ssh tunnel the peer is a loopback stand-in: what its
+    // path teaches is the ssh channel's, of no use to the next run.
+    let mut hint = PathHint::new(args.no_path_cache, config.peer.ip(), pinned_key);
     config.path_memory = hint.recall();
-    let result = crate::transfer::send::send_from(sources, &config, progress.clone(), from);
+    let fixed = if args.tuning.sets("mss") {
+        Some(SizeFrom::Forced)
+    } else {
+        this_host_mss(config.peer).map(|_| SizeFrom::ThisHost)
+    };
+    let path = path_size::choose(
+        &mut config.tuning,
+        config.peer,
+        fixed,
+        config.path_memory.as_ref(),
+        from.is_empty(),
+    );
+    let mut result = crate::transfer::send::send_from(sources, &config, progress.clone(), from);
+    let unheard = !progress.heard.load(Ordering::Relaxed);
+    match result.as_ref().err().filter(|_| unheard).and_then(detour) {
+        Some(Ok(stand_in)) => {
+            // Through the ssh tunnel the peer is a loopback stand-in: what
+            // its path teaches is the ssh channel's, of no use to the next
+            // run.
+            hint = PathHint::new(true, stand_in.ip(), None);
+            config.path_memory = None;
+            config.peer = stand_in;
+            config.route = Some("ssh");
+            progress.stop.store(false, Ordering::Relaxed);
+            result = crate::transfer::send::send_from(sources, &config, progress.clone(), from);
+        }
+        Some(Err(e)) => result = Err(e),
+        None => {}
+    }
     // The end-of-run summary of each connection, from what it measured.
-    let streams: Vec<Summary> = result.as_ref().map_or_else(
+    let mut streams: Vec<Summary> = result.as_ref().map_or_else(
         |_| Vec::new(),
         |report| {
             report
@@ -774,6 +979,11 @@ pub(super) fn run_send_from(
                 .collect()
         },
     );
+    for s in &mut streams {
+        if let Some(m) = s.path_memory.as_mut() {
+            m.datagram_size = path.to_remember();
+        }
+    }
     hint.remember(&streams);
     let status = match &result {
         Ok(_) => Exit::Ok,
@@ -796,15 +1006,22 @@ pub(super) fn run_send_from(
     match result {
         Ok(report) => {
             if args.json {
-                print_stdout(&exit::json_text(
-                    &with_streams(exit::json_report(&report, status)?, &streams)?,
-                    machine,
-                ))?;
+                let mut v = with_path(
+                    with_streams(exit::json_report(&report, status)?, &streams)?,
+                    &path,
+                )?;
+                if let (Some(route), Some(m)) = (config.route, v.as_object_mut()) {
+                    m.insert("path".into(), route.into());
+                }
+                print_stdout(&exit::json_text(&v, machine))?;
             } else if !args.quiet {
                 if report.dry_run.is_some() {
                     print_stdout(&dry_run_text(&report))?;
                 } else {
-                    eprint!("{}", report_text(&report, &streams));
+                    eprint!("{}", report_text(&report, &streams, &path));
+                    if let Some(route) = config.route {
+                        eprintln!("atou: path: {}", route_text(route));
+                    }
                 }
             }
         }
@@ -829,6 +1046,15 @@ pub(super) fn run_send_from(
     Ok(status.into())
 }
 
+/// A copy over ssh's path, as its report says it.
+pub(super) fn route_text(route: &str) -> &'static str {
+    if route == "ssh" {
+        "ssh (no UDP datagram got through: atou's sealed datagrams went over the ssh connection)"
+    } else {
+        "udp"
+    }
+}
+
 /// Calls `f` on the first Ctrl-C, from a thread of its own.
 pub(super) fn ctrlc_hook(f: impl FnOnce() + Send + 'static) -> Result<()> {
     let rt = runtime()?;
@@ -844,6 +1070,8 @@ pub(super) fn ctrlc_hook(f: impl FnOnce() + Send + 'static) -> Result<()> {
 
 pub(super) fn send_cmd(args: SendArgs) -> Result<ExitCode> {
     let (host, subdir) = split_remote(&args.dest)?;
+    // A list that does not read is a usage error before any contact.
+    args.transfer.listed(&args.sources)?;
     let peer = resolve(&host)?;
     let mut config = args.transfer.config(peer, host, subdir)?;
     config.auth = args
@@ -868,6 +1096,8 @@ pub(super) fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
         .any(|s| s.to_str().is_some_and(is_remote));
     if remote_source {
         refuse_for_a_pull(&args.transfer)?;
+    } else {
+        args.transfer.listed(&args.sources)?;
     }
     if remote_source || is_remote(&args.dest) {
         return super::remote::copy(
@@ -925,6 +1155,14 @@ fn refuse_for_a_pull(transfer: &TransferArgs) -> Result<()> {
     if transfer.dry_run {
         return Err(UsageError(
             "--dry-run is for sends and pushes; a pull (a remote SRC) cannot do one yet".into(),
+        )
+        .into());
+    }
+    if transfer.files_from.is_some() {
+        return Err(UsageError(
+            "--files-from is for a local source (a send, a push or a local copy), not yet a \
+             pull; name the remote paths as SRCs instead"
+                .into(),
         )
         .into());
     }
@@ -989,7 +1227,7 @@ impl LocalReceiver {
                 policy: args.receiving.policy(
                     args.transfer.overwrite,
                     args.transfer.fsync,
-                    Some(local_requested(&args.sources)?),
+                    Some(local_requested(&args.sources, &args.transfer)?),
                 ),
                 limits: ReceiveLimits::default(),
                 authorized: None,
@@ -1041,7 +1279,12 @@ impl LocalReceiver {
 }
 
 /// The names a local copy's sender gives its SRCs, as its walk will.
-fn local_requested(sources: &[PathBuf]) -> Result<Requested> {
+fn local_requested(sources: &[PathBuf], args: &TransferArgs) -> Result<Requested> {
+    if let Some(listed) = args.listed(sources)? {
+        return Ok(Requested::exactly(&crate::transfer::manifest::listed_tops(
+            &listed,
+        )));
+    }
     let mut names = Vec::with_capacity(sources.len());
     for src in sources {
         names.push(
@@ -1171,15 +1414,16 @@ impl TransferArgs {
             (self.checksum, "--checksum"),
             (self.fsync, "--fsync"),
             (self.follow, "--follow"),
+            (self.hard_links, "--hard-links"),
             (self.no_path_cache, "--no-path-cache"),
         ] {
             if on {
                 a.push(flag.to_string());
             }
         }
-        // --exclude-from is read here: the file is on this host.
-        for p in self.excludes()?.patterns() {
-            a.push(format!("--exclude={p}"));
+        // Rule files are read here: they are on this host.
+        for rule in self.filters()?.rules() {
+            a.push(format!("--filter={rule}"));
         }
         if let Some(shard) = self.shard {
             a.push(format!("--shard={shard}"));

@@ -324,6 +324,9 @@ fn format(saved_at: u64, m: &PathMemory) -> String {
     if let (Some(bw), Some(rtt)) = (m.btl_bw_bps, m.min_rtt) {
         s += &format!("btl_bw_bps {bw}\nmin_rtt_us {}\n", rtt.as_micros());
     }
+    if let Some(d) = m.datagram_size {
+        s += &format!("datagram_size {d}\n");
+    }
     s
 }
 
@@ -335,14 +338,15 @@ fn parse(text: &str) -> Result<(u64, PathMemory), EntryError> {
     if lines.next() != Some(MAGIC) {
         return Err(EntryError::NoMagic);
     }
-    let mut fields: [Option<u64>; 6] = [None; 6];
-    const NAMES: [&str; 6] = [
+    let mut fields: [Option<u64>; 7] = [None; 7];
+    const NAMES: [&str; 7] = [
         "saved_at",
         "srtt_us",
         "rttvar_us",
         "ssthresh_bytes",
         "btl_bw_bps",
         "min_rtt_us",
+        "datagram_size",
     ];
     for line in lines {
         let (name, value) = line
@@ -367,6 +371,10 @@ fn parse(text: &str) -> Result<(u64, PathMemory), EntryError> {
         ssthresh_bytes: fields[3],
         btl_bw_bps: fields[4],
         min_rtt: fields[5].map(micros),
+        datagram_size: match fields[6] {
+            Some(d) => Some(u32::try_from(d).map_err(|_| EntryError::Implausible)?),
+            None => None,
+        },
     }
     .checked()
     .ok_or(EntryError::Implausible)?;
@@ -395,6 +403,7 @@ mod tests {
             ssthresh_bytes: Some(1_794_368),
             btl_bw_bps: Some(95_123_456),
             min_rtt: Some(Duration::from_micros(100_012)),
+            datagram_size: Some(1372),
         }
     }
 
@@ -433,6 +442,7 @@ mod tests {
             btl_bw_bps: None,
             min_rtt: None,
             ssthresh_bytes: None,
+            datagram_size: None,
             ..memory()
         };
         cache.save(&dest(), &model_free, t(1_000_000)).unwrap();

@@ -405,6 +405,25 @@ impl DestDir {
         rfs::symlinkat(target, self.staging()?, name).map_err(to_io)
     }
 
+    /// Makes `staged` in the staging directory another name of the
+    /// regular file `name` in `dir` (link(2), never following a symlink);
+    /// anything else there is refused, the staged name removed.
+    pub fn hard_link_staged(&self, dir: &OwnedFd, name: &[u8], staged: &str) -> io::Result<()> {
+        let staging = self.staging()?;
+        match rfs::unlinkat(staging, staged, AtFlags::empty()) {
+            Ok(()) => {}
+            Err(e) if e == rustix::io::Errno::NOENT => {}
+            Err(e) => return Err(to_io(e)),
+        }
+        rfs::linkat(dir, name, staging, staged, AtFlags::empty()).map_err(to_io)?;
+        let st = rfs::statat(staging, staged, AtFlags::SYMLINK_NOFOLLOW).map_err(to_io)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            let _ = rfs::unlinkat(staging, staged, AtFlags::empty());
+            return Err(io::Error::other("not a regular file"));
+        }
+        Ok(())
+    }
+
     /// Moves a staged file or symlink to `name` in `dir`. Without
     /// `replace`, an entry already there is never replaced
     /// (`RENAME_NOREPLACE`: no check-then-rename race). A symlink already at
@@ -500,6 +519,12 @@ pub fn look(dir: &impl AsFd, name: &[u8]) -> io::Result<Found> {
         Err(e) if e == rustix::io::Errno::NOENT => Ok(Found::Nothing),
         Err(e) => Err(to_io(e)),
     }
+}
+
+/// The (device, inode) of `name` in `dir`, not following it.
+pub fn inode(dir: &impl AsFd, name: &[u8]) -> io::Result<(u64, u64)> {
+    let st = rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(to_io)?;
+    Ok((st.st_dev, st.st_ino))
 }
 
 /// The target of symlink `name` in `dir`.

@@ -21,6 +21,7 @@ pub(crate) mod coupling;
 pub(crate) mod dest_dir;
 pub(crate) mod hello_timestamps;
 pub(crate) mod netem;
+pub(crate) mod pmtu;
 pub(crate) mod socket;
 pub(crate) mod tun;
 
@@ -34,7 +35,7 @@ use thiserror::Error;
 use tokio::sync::Notify;
 
 pub use socket::SocketBuffers;
-pub(crate) use socket::{this_host_mtu, RecvBatch, TxBatch, UdpIo};
+pub(crate) use socket::{route_mtu, this_host_mtu, RecvBatch, TxBatch, UdpIo};
 
 use crate::io::hello_timestamps::SaveError;
 use crate::proto::crypto::{Cipher, DropCounters, HandshakeError};
@@ -402,8 +403,9 @@ pub enum ProbeError {
     },
     /// The query for the server's key had no answer: nothing seems to serve there.
     #[error(
-        "no answer from {peer} within {:.1} s (maxidle) to a query for its key, before the \
-         hello: is `atou serve` running there? (or pass the server's key with --server-key)",
+        "{}: no answer within {:.1} s (maxidle) to a query for its key, before the hello; or \
+         is `atou serve` not running there? (or pass the server's key with --server-key)",
+        no_udp_reply(peer),
         wait.as_secs_f64()
     )]
     NoKey {
@@ -451,6 +453,9 @@ pub struct ProbeConfig {
     /// Open the connection now, its stream's length to come from
     /// [`StreamFeed::launch`] (`bytes` is ignored).
     pub(crate) stream_len_later: bool,
+    /// Set when a datagram from the peer arrives: UDP gets through both
+    /// ways (a copy over ssh goes through its tunnel otherwise).
+    pub(crate) heard: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl ProbeConfig {
@@ -469,6 +474,7 @@ impl ProbeConfig {
             close_unacknowledged: false,
             path_memory: None,
             stream_len_later: false,
+            heard: None,
         }
     }
 
@@ -628,6 +634,13 @@ mod address_tokens {
     }
 }
 
+/// What a client says when not one datagram came back from `server`
+/// (issue 29): UDP may be blocked on the way, and a copy over ssh does not
+/// need it.
+pub(crate) fn no_udp_reply(server: impl std::fmt::Display) -> String {
+    format!("no UDP reply from {server} — a firewall? `atou copy` over ssh can go through TCP")
+}
+
 /// Asks the server at `peer` for its public key (trust on first use: the
 /// answer is not authenticated; the caller records it and says so).
 /// Asks every 250 ms for `wait`.
@@ -784,6 +797,7 @@ pub(crate) async fn connect_from<F: StreamFeed>(
         tx: TxBatch::new(),
         rx: RecvBatch::new(),
         unreachable: 0,
+        heard: config.heard.clone(),
     };
     let outcome = driver.run(feed, observer, stop).await;
     let txtime = driver.io.txtime();
@@ -888,6 +902,8 @@ struct ClientDriver {
     rx: RecvBatch,
     /// ICMP unreachable errors seen.
     unreachable: u64,
+    /// [`ProbeConfig::heard`].
+    heard: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl ClientDriver {
@@ -1068,8 +1084,12 @@ impl ClientDriver {
         let now = self.clock.now();
         let client = &mut self.client;
         let peer = self.peer;
+        let heard = self.heard.as_deref();
         self.io.try_recv(&mut self.rx, |from, datagram| {
             if from == peer {
+                if let Some(heard) = heard {
+                    heard.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
                 // Undecodable or stray datagrams are counted by the client.
                 let _ = client.handle_datagram(now, datagram);
             }

@@ -588,6 +588,13 @@ pub(crate) fn this_host_mtu(peer: SocketAddr) -> Option<u32> {
     if !ip.is_loopback() && std::net::UdpSocket::bind((ip, 0)).is_err() {
         return None;
     }
+    route_mtu(peer)
+}
+
+/// The MTU of the route to `peer` as this host's kernel knows it (the
+/// first hop's, or a smaller one ICMP taught it): the largest IP packet
+/// worth a path-MTU probe.
+pub(crate) fn route_mtu(peer: SocketAddr) -> Option<u32> {
     let unspecified: SocketAddr = if peer.is_ipv6() {
         (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
     } else {

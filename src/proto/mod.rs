@@ -16,6 +16,7 @@ pub(crate) mod events;
 pub(crate) mod loss;
 pub mod path_memory;
 pub mod payload;
+pub(crate) mod pmtu;
 pub(crate) mod stream;
 pub(crate) mod time;
 pub mod tuning;

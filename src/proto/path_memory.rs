@@ -22,6 +22,11 @@ pub const MAX_HINT_BPS: u64 = 10_000_000_000_000;
 /// The largest slow-start threshold a hint may claim: 1 TiB.
 pub const MAX_HINT_SSTHRESH_BYTES: u64 = 1 << 40;
 
+/// The datagram sizes a hint may claim: from the base every path carries
+/// (RFC 8899's BASE_PLPMTU) to the largest UDP payload IPv4 allows.
+pub const MIN_HINT_DATAGRAM: u32 = super::pmtu::BASE_PAYLOAD_V4;
+pub const MAX_HINT_DATAGRAM: u32 = 65_507;
+
 /// A path's metrics at the end of a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PathMemory {
@@ -36,6 +41,9 @@ pub struct PathMemory {
     /// and minimum RTT (BBR's BBR.max_bw and BBR.min_rtt).
     pub btl_bw_bps: Option<u64>,
     pub min_rtt: Option<Duration>,
+    /// The largest UDP payload a path-MTU search saw acked on the path
+    /// (`crate::proto::pmtu`), for the next transfer to use without one.
+    pub datagram_size: Option<u32>,
 }
 
 impl PathMemory {
@@ -56,6 +64,8 @@ impl PathMemory {
             ssthresh_bytes: ssthresh.map(|segs| segs.saturating_mul(u64::from(mss))),
             btl_bw_bps: model.map(|cc| cc.bw_bps),
             min_rtt: model.map(|cc| cc.min_rtt),
+            // A connection's size is the caller's to vouch for.
+            datagram_size: None,
         }
         .checked()
     }
@@ -71,6 +81,12 @@ impl PathMemory {
         if self
             .ssthresh_bytes
             .is_some_and(|b| b == 0 || b > MAX_HINT_SSTHRESH_BYTES)
+        {
+            return None;
+        }
+        if self
+            .datagram_size
+            .is_some_and(|d| !(MIN_HINT_DATAGRAM..=MAX_HINT_DATAGRAM).contains(&d))
         {
             return None;
         }
@@ -108,6 +124,7 @@ mod tests {
             ssthresh_bytes: Some(1_000_000),
             btl_bw_bps: Some(100_000_000),
             min_rtt: Some(Duration::from_millis(100)),
+            datagram_size: Some(1472),
         }
     }
 
@@ -141,6 +158,14 @@ mod tests {
             },
             PathMemory {
                 min_rtt: Some(Duration::ZERO),
+                ..memory()
+            },
+            PathMemory {
+                datagram_size: Some(1199),
+                ..memory()
+            },
+            PathMemory {
+                datagram_size: Some(65_508),
                 ..memory()
             },
         ];

@@ -20,9 +20,16 @@
 //!   final component, at any depth.
 //! - `DIR/***` matches DIR (a directory) and everything in it.
 //!
-//! A `- ` prefix (rsync's exclude rule) is accepted and dropped; includes
-//! (`+ `) and list clearing (`!`) are not supported and are refused rather
-//! than read as names. Matching works on bytes: names need not be UTF-8.
+//! Rules are exclude (`--exclude`, `- PATTERN`) or include (`--include`,
+//! `+ PATTERN`); the first rule whose pattern matches an entry decides, and
+//! an entry no rule matches is sent. An excluded directory is not
+//! descended into, so an include below it never applies: as in rsync,
+//! `--include='*.c' --exclude='*'` sends only the `.c` files at SRC's top
+//! unless `--include='*/'` comes first. `!` (or `clear`) drops every rule
+//! before it. `--filter` takes the rule forms `- P`, `+ P`, `exclude P`,
+//! `include P`, `!` and `clear`; merge files, modifiers and the
+//! receiver-side rules (protect, risk, hide, show) are refused rather than
+//! read as names. Matching works on bytes: names need not be UTF-8.
 
 use std::fmt;
 
@@ -33,18 +40,18 @@ const MAX_PATTERN: usize = super::manifest::MAX_PATH_LEN;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum PatternError {
-    #[error("an empty exclude pattern")]
+    #[error("an empty pattern")]
     Empty,
-    #[error("`{0}`: an exclude pattern is at most 4096 bytes")]
+    #[error("`{0}`: a pattern is at most 4096 bytes")]
     TooLong(String),
     #[error("`{0}`: a `[` without its closing `]`")]
     UnclosedClass(String),
     #[error("`{pattern}`: unknown character class `[:{class}:]`")]
     UnknownClass { pattern: String, class: String },
     #[error(
-        "`{0}`: include rules (`+ `) and list clearing (`!`) are not supported; give only what to exclude"
+        "`{0}`: not a rule atou reads: give `- PATTERN`, `+ PATTERN`, `exclude PATTERN`, `include PATTERN`, `!` or `clear` (merge files, modifiers and the receiver's rules are not supported)"
     )]
-    NotAnExclude(String),
+    UnknownRule(String),
     #[error("{file} line {line}: {error}")]
     InFile {
         file: String,
@@ -74,6 +81,8 @@ enum Tok {
 struct Rule {
     /// As the user wrote it, for messages.
     text: String,
+    /// An include (`+`) rule: a match sends the entry.
+    include: bool,
     dir_only: bool,
     /// Matched at the root only (leading `/`).
     anchored: bool,
@@ -82,9 +91,9 @@ struct Rule {
     toks: Vec<Tok>,
 }
 
-/// The exclude rules of one transfer; empty excludes nothing.
+/// The filter rules of one transfer, in order; empty excludes nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Excludes {
+pub struct Filters {
     rules: Vec<Rule>,
 }
 
@@ -191,7 +200,7 @@ fn tokens(p: &[u8], text: &str) -> Result<Vec<Tok>, PatternError> {
 }
 
 impl Rule {
-    fn parse(text: &str) -> Result<Rule, PatternError> {
+    fn parse(text: &str, include: bool) -> Result<Rule, PatternError> {
         let mut p = text.as_bytes();
         let anchored = p.first() == Some(&b'/');
         if anchored {
@@ -207,6 +216,7 @@ impl Rule {
         let whole_path = anchored || p.contains(&b'/') || p.windows(2).any(|w| w == b"**");
         Ok(Rule {
             text: text.to_string(),
+            include,
             dir_only,
             anchored,
             whole_path,
@@ -274,49 +284,95 @@ impl Rule {
     }
 }
 
-impl Excludes {
-    /// Adds one `--exclude` pattern.
-    pub fn add(&mut self, pattern: &str) -> Result<(), PatternError> {
+impl Filters {
+    /// Adds one `--exclude` pattern. As in rsync, a `+ ` prefix makes it
+    /// an include, a `- ` prefix is dropped, and `!` clears.
+    pub fn add_exclude(&mut self, pattern: &str) -> Result<(), PatternError> {
+        self.add_prefixed(pattern, false)
+    }
+
+    /// Adds one `--include` pattern (prefixes as for [`Self::add_exclude`]).
+    pub fn add_include(&mut self, pattern: &str) -> Result<(), PatternError> {
+        self.add_prefixed(pattern, true)
+    }
+
+    /// rsync's "old prefixes", read in `--include`, `--exclude` and
+    /// their files: `- ` and `+ ` say the rule, a lone `!` clears, and
+    /// anything else is a pattern of the flag's own kind.
+    fn add_prefixed(&mut self, pattern: &str, include: bool) -> Result<(), PatternError> {
+        if pattern == "!" || pattern.starts_with("- ") || pattern.starts_with("+ ") {
+            self.add_rule(pattern)
+        } else {
+            self.push(pattern, include)
+        }
+    }
+
+    /// Adds one `--filter` rule: `- P`, `+ P`, `exclude P`, `include P`,
+    /// `!` or `clear` (man rsync, "FILTER RULES"; a rule's name and its
+    /// pattern are separated by one space; modifiers are refused).
+    pub fn add_rule(&mut self, rule: &str) -> Result<(), PatternError> {
+        if matches!(rule, "!" | "clear") {
+            self.rules.clear();
+            return Ok(());
+        }
+        let (name, pattern) = rule.split_once(' ').unwrap_or((rule, ""));
+        match name {
+            "-" | "exclude" => self.push(pattern, false),
+            "+" | "include" => self.push(pattern, true),
+            _ => Err(PatternError::UnknownRule(rule.to_string())),
+        }
+    }
+
+    fn push(&mut self, pattern: &str, include: bool) -> Result<(), PatternError> {
         if pattern.len() > MAX_PATTERN {
             let head: String = pattern.chars().take(48).collect();
             return Err(PatternError::TooLong(format!("{head}…")));
         }
-        if pattern.starts_with("+ ") || pattern == "!" {
-            return Err(PatternError::NotAnExclude(pattern.to_string()));
-        }
-        let pattern = pattern.strip_prefix("- ").unwrap_or(pattern);
         // rsync's `DIR/***`: the directory and everything below it.
         if let Some(dir) = pattern.strip_suffix("/***").filter(|d| !d.is_empty()) {
-            self.rules.push(Rule::parse(&format!("{dir}/"))?);
-            self.rules.push(Rule::parse(&format!("{dir}/**"))?);
+            let mut whole = Rule::parse(&format!("{dir}/"), include)?;
+            let below = Rule::parse(&format!("{dir}/**"), include)?;
+            // Read back as written, once (the second half says nothing).
+            whole.text = pattern.to_string();
+            self.rules.push(whole);
+            self.rules.push(Rule {
+                text: String::new(),
+                ..below
+            });
             return Ok(());
         }
-        self.rules.push(Rule::parse(pattern)?);
+        self.rules.push(Rule::parse(pattern, include)?);
         Ok(())
     }
 
-    /// Adds the patterns of an `--exclude-from` file's `text`, one per
-    /// line; blank lines and lines starting with `#` or `;` are skipped
-    /// (rsync's rules). `file` names it in errors.
-    pub fn add_lines(&mut self, text: &str, file: &str) -> Result<(), PatternError> {
+    /// Adds the rules of an `--exclude-from` (`include` false) or
+    /// `--include-from` file's `text`, one per line; blank lines and lines
+    /// starting with `#` or `;` are skipped, `- ` and `+ ` prefixes say
+    /// the rule and a lone `!` clears (rsync's rules for these files).
+    /// `file` names it in errors.
+    pub fn add_lines(&mut self, text: &str, file: &str, include: bool) -> Result<(), PatternError> {
         for (i, line) in text.lines().enumerate() {
             let line = line.strip_suffix('\r').unwrap_or(line);
             if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
                 continue;
             }
-            self.add(line).map_err(|e| PatternError::InFile {
-                file: file.to_string(),
-                line: i + 1,
-                error: Box::new(e),
-            })?;
+            self.add_prefixed(line, include)
+                .map_err(|e| PatternError::InFile {
+                    file: file.to_string(),
+                    line: i + 1,
+                    error: Box::new(e),
+                })?;
         }
         Ok(())
     }
 
-    /// Each rule's pattern, as `--exclude` reads it back (a pull passes
+    /// Each rule as `--filter` reads it back, in order (a pull passes
     /// them to the remote sender this way).
-    pub fn patterns(&self) -> impl Iterator<Item = &str> {
-        self.rules.iter().map(|r| r.text.as_str())
+    pub fn rules(&self) -> impl Iterator<Item = String> + '_ {
+        self.rules
+            .iter()
+            .filter(|r| !r.text.is_empty())
+            .map(|r| format!("{} {}", if r.include { '+' } else { '-' }, r.text))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -324,20 +380,26 @@ impl Excludes {
     }
 
     /// Whether the entry at `path` (relative to the transfer root,
-    /// `/`-separated) is excluded. With `is_dir` false only the rules
-    /// that do not need a directory answer, so a `false` here that says
-    /// yes holds for any kind of entry: the walk asks it before it looks
-    /// at the entry at all.
+    /// `/`-separated) is left out: the first rule that matches decides.
     pub fn excludes(&self, path: &[u8], is_dir: bool) -> bool {
-        self.rules.iter().any(|r| r.matches(path, is_dir))
+        self.rules
+            .iter()
+            .find(|r| r.matches(path, is_dir))
+            .is_some_and(|r| !r.include)
+    }
+
+    /// Whether the entry at `path` is left out whatever kind of entry it
+    /// is, so the walk need not look at it at all.
+    pub fn excludes_any_kind(&self, path: &[u8]) -> bool {
+        self.excludes(path, false) && self.excludes(path, true)
     }
 }
 
-impl fmt::Display for Excludes {
-    /// The patterns, space-separated, as given.
+impl fmt::Display for Filters {
+    /// The rules, `, `-separated, as `--filter` reads them.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let texts: Vec<&str> = self.rules.iter().map(|r| r.text.as_str()).collect();
-        f.write_str(&texts.join(" "))
+        let rules: Vec<String> = self.rules().collect();
+        f.write_str(&rules.join(", "))
     }
 }
 
@@ -346,10 +408,10 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn ex(patterns: &[&str]) -> Excludes {
-        let mut e = Excludes::default();
+    fn ex(patterns: &[&str]) -> Filters {
+        let mut e = Filters::default();
         for p in patterns {
-            e.add(p).unwrap();
+            e.add_exclude(p).unwrap();
         }
         e
     }
@@ -434,28 +496,42 @@ mod tests {
 
     #[test]
     fn bad_patterns_are_refused_with_a_reason() {
-        let mut e = Excludes::default();
-        assert_eq!(e.add(""), Err(PatternError::Empty));
-        assert_eq!(e.add("/"), Err(PatternError::Empty));
-        assert!(matches!(e.add("a[bc"), Err(PatternError::UnclosedClass(_))));
+        let mut e = Filters::default();
+        assert_eq!(e.add_exclude(""), Err(PatternError::Empty));
+        assert_eq!(e.add_exclude("/"), Err(PatternError::Empty));
         assert!(matches!(
-            e.add("[[:nope:]]"),
+            e.add_exclude("a[bc"),
+            Err(PatternError::UnclosedClass(_))
+        ));
+        assert!(matches!(
+            e.add_exclude("[[:nope:]]"),
             Err(PatternError::UnknownClass { .. })
         ));
-        assert!(matches!(
-            e.add("+ keep"),
-            Err(PatternError::NotAnExclude(_))
-        ));
-        assert!(e.add(&"a".repeat(5000)).is_err());
+        for rule in [
+            ". merge-file",
+            ": .rsync-filter",
+            "-! x",
+            "P keep",
+            "hide x",
+            "x",
+        ] {
+            assert!(
+                matches!(e.add_rule(rule), Err(PatternError::UnknownRule(_))),
+                "{rule}"
+            );
+        }
+        assert_eq!(e.add_rule("- "), Err(PatternError::Empty));
+        assert!(e.add_exclude(&"a".repeat(5000)).is_err());
         assert!(e.is_empty(), "nothing added by a refused pattern");
     }
 
     #[test]
     fn exclude_from_skips_comments_and_blank_lines() {
-        let mut e = Excludes::default();
+        let mut e = Filters::default();
         e.add_lines(
-            "# build output\n*.o\n\n; editor files\n*~\r\n- /t/tmp/\n",
+            "# build output\n*.o\n\n; editor files\n*~\r\n- /t/tmp/\n+ keep.o\n",
             "list",
+            false,
         )
         .unwrap();
         assert!(e.excludes(b"t/x.o", FILE));
@@ -463,8 +539,48 @@ mod tests {
         assert!(e.excludes(b"t/tmp", DIR));
         assert!(!e.excludes(b"t/# build output", FILE));
         assert!(!e.excludes(b"t/x.c", FILE));
-        let err = e.add_lines("ok\n+ in\n", "list").unwrap_err();
+        // `+ keep.o` comes after `*.o`: the first match decides.
+        assert!(e.excludes(b"t/keep.o", FILE));
+        let err = e.add_lines("ok\n+ \n", "list", false).unwrap_err();
         assert!(err.to_string().starts_with("list line 2:"), "{err}");
+    }
+
+    /// rsync's order: the first rule that matches decides, `!` clears,
+    /// and prefixes in --include/--exclude say the rule.
+    #[test]
+    fn the_first_matching_rule_decides() {
+        let mut f = Filters::default();
+        f.add_include("*/").unwrap();
+        f.add_include("*.c").unwrap();
+        f.add_exclude("*").unwrap();
+        assert!(!f.excludes(b"t", DIR));
+        assert!(!f.excludes(b"t/deep/a.c", FILE));
+        assert!(f.excludes(b"t/deep/a.h", FILE));
+        assert!(
+            !f.excludes_any_kind(b"t/deep/a.h"),
+            "a directory would be kept"
+        );
+        assert!(f.excludes_any_kind(b"t/never") == f.excludes(b"t/never", DIR));
+        f.add_exclude("!").unwrap();
+        assert!(f.is_empty());
+        f.add_exclude("+ keep").unwrap();
+        f.add_include("- drop").unwrap();
+        f.add_rule("exclude *").unwrap();
+        assert!(!f.excludes(b"t/keep", FILE));
+        assert!(f.excludes(b"t/drop", FILE));
+        assert!(f.excludes(b"t/other", FILE));
+        // Read back as --filter rules, they make the same filters.
+        let mut again = Filters::default();
+        for rule in f.rules() {
+            again.add_rule(&rule).unwrap();
+        }
+        assert_eq!(again, f);
+        let mut dirs = Filters::default();
+        dirs.add_include("cache/***").unwrap();
+        dirs.add_exclude("*").unwrap();
+        let back: Vec<String> = dirs.rules().collect();
+        assert_eq!(back, ["+ cache/***", "- *"]);
+        assert!(!dirs.excludes(b"cache/x/y", FILE));
     }
 
     /// A reference matcher, written the slow way: every split of the
@@ -493,7 +609,7 @@ mod tests {
         ) {
             let pattern = format!("/{pat}");
             prop_assume!(!pattern.ends_with('/'));
-            let rule = Rule::parse(&pattern).unwrap();
+            let rule = Rule::parse(&pattern, false).unwrap();
             prop_assert_eq!(
                 rule.matches(path.as_bytes(), false),
                 slow(&rule.toks, path.as_bytes())

@@ -32,7 +32,7 @@
 //! a file or a symlink. Symlink targets are stored as given (they may point
 //! anywhere): the writer creates them last-level only and never follows them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsStr;
 use std::fmt;
 use std::fs;
@@ -45,7 +45,7 @@ use thiserror::Error;
 
 use crate::proto::wire::codec::{Reader, Truncated, Writer};
 
-use super::exclude::Excludes;
+use super::exclude::Filters;
 use super::source::{self, Stamp};
 
 pub const MAGIC: [u8; 4] = *b"ATMF";
@@ -62,6 +62,7 @@ const MIN_ENTRY_LEN: usize = 1 + 4 + 8 + 4 + 2 + 1;
 const KIND_DIR: u8 = 1;
 const KIND_FILE: u8 = 2;
 const KIND_SYMLINK: u8 = 3;
+const KIND_HARDLINK: u8 = 4;
 
 // One escaping function for every name shown to a person (src/util/text.rs).
 use crate::util::text::{shown, shown_path, Escaped};
@@ -179,8 +180,18 @@ impl fmt::Debug for RelPath {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EntryKind {
     Dir,
-    File { size: u64 },
-    Symlink { target: Vec<u8> },
+    File {
+        size: u64,
+    },
+    Symlink {
+        target: Vec<u8>,
+    },
+    /// Another name of the file at `target`, a file listed earlier in the
+    /// same manifest (`--hard-links`, as rsync -H): made with link(2) at
+    /// the finish, never written.
+    HardLink {
+        target: RelPath,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -231,6 +242,8 @@ pub enum ManifestError {
         path: RelPath,
         problem: &'static str,
     },
+    #[error("`{path}`: a hard link to `{target}`, which is not a file listed before it")]
+    BadLinkTarget { path: RelPath, target: RelPath },
     #[error("`{path}`: mode {mode:#o} has bits beyond 0o7777")]
     BadMode { path: RelPath, mode: u32 },
     #[error("`{path}`: mtime nanoseconds {nsec} not below 1000000000")]
@@ -282,6 +295,7 @@ impl Manifest {
                 EntryKind::Dir => KIND_DIR,
                 EntryKind::File { .. } => KIND_FILE,
                 EntryKind::Symlink { .. } => KIND_SYMLINK,
+                EntryKind::HardLink { .. } => KIND_HARDLINK,
             });
             out.put_u32(e.mode);
             out.put_i64(e.mtime_sec);
@@ -291,6 +305,7 @@ impl Manifest {
                 EntryKind::Dir => {}
                 EntryKind::File { size } => out.put_u64(*size),
                 EntryKind::Symlink { target } => put_bytes(&mut out, target),
+                EntryKind::HardLink { target } => put_bytes(&mut out, target.as_bytes()),
             }
         }
         out
@@ -320,7 +335,7 @@ impl Manifest {
         let mut entries = Vec::with_capacity(count);
         for index in 0..count {
             let kind = r.u8()?;
-            if !(KIND_DIR..=KIND_SYMLINK).contains(&kind) {
+            if !(KIND_DIR..=KIND_HARDLINK).contains(&kind) {
                 return Err(ManifestError::UnknownKind { index, kind });
             }
             let mode = r.u32()?;
@@ -331,8 +346,12 @@ impl Manifest {
             let kind = match kind {
                 KIND_DIR => EntryKind::Dir,
                 KIND_FILE => EntryKind::File { size: r.u64()? },
-                _ => EntryKind::Symlink {
+                KIND_SYMLINK => EntryKind::Symlink {
                     target: length_prefixed(&mut r)?.to_vec(),
+                },
+                _ => EntryKind::HardLink {
+                    target: RelPath::new(length_prefixed(&mut r)?.to_vec())
+                        .map_err(|error| ManifestError::BadName { index, error })?,
                 },
             };
             let entry = Entry {
@@ -379,11 +398,21 @@ impl Manifest {
                     });
                 }
             }
+            if let EntryKind::HardLink { target } = &e.kind {
+                if !matches!(seen.get(target), Some(EntryKind::File { .. })) {
+                    let target = target.clone();
+                    return Err(E::BadLinkTarget {
+                        path: path(),
+                        target,
+                    });
+                }
+            }
             if let Some(parent) = e.path.parent() {
                 let what = match seen.get(&parent) {
                     Some(EntryKind::Dir) => None,
                     Some(EntryKind::File { .. }) => Some("a file"),
                     Some(EntryKind::Symlink { .. }) => Some("a symlink"),
+                    Some(EntryKind::HardLink { .. }) => Some("a hard link"),
                     None => {
                         return Err(E::ParentMissing {
                             path: path(),
@@ -450,6 +479,12 @@ pub enum WalkError {
     /// The source is "/".
     #[error("{} has no name to send it under; send what is inside it", shown_path(.path))]
     NoName { path: PathBuf },
+    #[error("{} line {line}: {error}", shown_path(.list))]
+    Listed {
+        list: PathBuf,
+        line: usize,
+        error: NameError,
+    },
     /// A directory inside itself: a symlink loop (with `follow`) or a bind mount.
     #[error("{} leads back to a directory that contains it (a symlink loop)", shown_path(.path))]
     Loop { path: PathBuf },
@@ -475,14 +510,14 @@ fn name_err(path: &Path) -> impl FnOnce(NameError) -> WalkError + '_ {
 /// children sorted by name bytes, parents before children. Symlinks are
 /// recorded as symlinks unless `follow`, in which case what they point at is
 /// sent; a directory met again inside itself is an error naming the path.
-/// An entry `excludes` names is left out, and an excluded directory is not
-/// descended into: an excluded file is never opened, and an entry is
-/// looked at (an `O_PATH` open and `fstat`, no read) only when a rule
-/// that applies to directories alone could name it.
+/// An entry `filters` leaves out is not sent, and an excluded directory is
+/// not descended into: an excluded file is never opened, and an entry is
+/// looked at (an `O_PATH` open and `fstat`, no read) only when its kind
+/// could change what the rules decide (a rule for directories alone).
 pub fn walk(
     sources: &[PathBuf],
     follow: bool,
-    excludes: &Excludes,
+    filters: &Filters,
 ) -> Result<Vec<LocalEntry>, WalkError> {
     let mut out = Vec::new();
     let mut names = HashSet::new();
@@ -493,9 +528,152 @@ pub fn walk(
             let name = rel.to_string();
             return Err(WalkError::DuplicateName { name });
         }
-        walk_one(source, rel, follow, excludes, &mut out)?;
+        let top = Arc::new(source.clone());
+        walk_one(source, rel, top, follow, filters, &mut out)?;
     }
     Ok(out)
+}
+
+/// `--hard-links` (rsync -H): of the files in `entries` that are one
+/// file (device and inode, as the walk saw them), the first keeps its
+/// bytes and the others become hard links to it.
+pub fn keep_hard_links(entries: &mut [LocalEntry]) {
+    let mut first: HashMap<(u64, u64), RelPath> = HashMap::new();
+    for e in entries.iter_mut() {
+        let (EntryKind::File { .. }, Some(stamp)) = (&e.entry.kind, e.stamp) else {
+            continue;
+        };
+        match first.get(&(stamp.dev, stamp.ino)) {
+            Some(target) => {
+                e.entry.kind = EntryKind::HardLink {
+                    target: target.clone(),
+                };
+                e.stamp = None;
+            }
+            None => {
+                first.insert((stamp.dev, stamp.ino), e.entry.path.clone());
+            }
+        }
+    }
+}
+
+/// One path of a `--files-from` list: the directory it is relative to
+/// and its path from there, which is also its path in the manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub dir: PathBuf,
+    pub path: RelPath,
+}
+
+/// The paths of a `--files-from` list `text`, relative to `base`, as
+/// rsync reads one: a path a line; blank lines and lines starting with
+/// `#` or `;` skipped; leading `/`, empty and `.` components dropped; a
+/// `/./` marks where the sent path starts (`sub/./a/b` sends `a/b` from
+/// `base/sub`). `list` names the list in errors.
+pub fn read_files_from(text: &[u8], base: &Path, list: &Path) -> Result<Vec<Listed>, WalkError> {
+    let mut out = Vec::new();
+    for (i, line) in text.split(|&b| b == b'\n').enumerate() {
+        if line.is_empty() || line[0] == b'#' || line[0] == b';' {
+            continue;
+        }
+        let (head, tail) = match line.windows(3).position(|w| w == b"/./") {
+            Some(at) => (&line[..at], &line[at + 3..]),
+            None => (&b""[..], line),
+        };
+        let tidy = |part: &[u8]| -> Vec<u8> {
+            let kept: Vec<&[u8]> = part
+                .split(|&b| b == b'/')
+                .filter(|c| !matches!(*c, b"" | b"."))
+                .collect();
+            kept.join(&b'/')
+        };
+        let at_line = |error| WalkError::Listed {
+            list: list.to_path_buf(),
+            line: i + 1,
+            error,
+        };
+        let path = RelPath::new(tidy(tail)).map_err(at_line)?;
+        let head = tidy(head);
+        if !head.is_empty() {
+            // Checked as a path of its own: no `..` to climb out of base.
+            RelPath::new(head.clone()).map_err(at_line)?;
+        }
+        let dir = base.join(OsStr::from_bytes(&head));
+        out.push(Listed { dir, path });
+    }
+    Ok(out)
+}
+
+/// The names the manifest of `listed` starts with, each once.
+pub fn listed_tops(listed: &[Listed]) -> Vec<Vec<u8>> {
+    let mut tops: Vec<Vec<u8>> = Vec::new();
+    for l in listed {
+        let top = l.path.components().next().unwrap_or_default().to_vec();
+        if !tops.contains(&top) {
+            tops.push(top);
+        }
+    }
+    tops
+}
+
+/// Walks the paths of a `--files-from` list (as `rsync -a -r
+/// --files-from`): each path arrives under its own path from its list
+/// directory, the directories on its way are sent as directories (without
+/// their other contents), and a listed directory is walked whole, as
+/// [`walk`] walks a SRC. Entries come once each, parents first, children
+/// sorted by name bytes.
+pub fn walk_listed(
+    listed: &[Listed],
+    follow: bool,
+    filters: &Filters,
+) -> Result<Vec<LocalEntry>, WalkError> {
+    let mut by_path: BTreeMap<Vec<Vec<u8>>, LocalEntry> = BTreeMap::new();
+    let key = |path: &RelPath| -> Vec<Vec<u8>> { path.components().map(<[u8]>::to_vec).collect() };
+    for l in listed {
+        let names: Vec<&[u8]> = l.path.components().collect();
+        let top = Arc::new(l.dir.join(OsStr::from_bytes(names[0])));
+        for depth in 1..names.len() {
+            let path = RelPath::new(names[..depth].join(&b'/')).map_err(name_err(&l.dir))?;
+            if by_path.contains_key(&key(&path)) {
+                continue;
+            }
+            let source = l.dir.join(path.to_path());
+            let md = if follow {
+                fs::metadata(&source)
+            } else {
+                fs::symlink_metadata(&source)
+            }
+            .map_err(io_err(&source))?;
+            if !md.is_dir() {
+                let error = io::Error::from_raw_os_error(libc::ENOTDIR);
+                return Err(WalkError::Io {
+                    path: source,
+                    error,
+                });
+            }
+            let entry = Entry {
+                path: path.clone(),
+                kind: EntryKind::Dir,
+                mode: md.mode() & 0o7777,
+                mtime_sec: md.mtime(),
+                mtime_nsec: md.mtime_nsec().clamp(0, 999_999_999) as u32,
+            };
+            let local = LocalEntry {
+                entry,
+                source,
+                top: top.clone(),
+                stamp: None,
+            };
+            by_path.insert(key(&path), local);
+        }
+        let mut walked = Vec::new();
+        let source = l.dir.join(l.path.to_path());
+        walk_one(source, l.path.clone(), top, follow, filters, &mut walked)?;
+        for e in walked {
+            by_path.entry(key(&e.entry.path)).or_insert(e);
+        }
+    }
+    Ok(by_path.into_values().collect())
 }
 
 /// Where to read SRC from, and the name to send it under.
@@ -524,26 +702,31 @@ pub fn top_name(src: &Path) -> Result<(PathBuf, Vec<u8>), WalkError> {
 fn walk_one(
     source: PathBuf,
     rel: RelPath,
+    top: Arc<PathBuf>,
     follow: bool,
-    excludes: &Excludes,
+    filters: &Filters,
     out: &mut Vec<LocalEntry>,
 ) -> Result<(), WalkError> {
-    let top = Arc::new(source.clone());
     let mut stack: Vec<(Option<Arc<fs::File>>, PathBuf, RelPath, usize)> =
         vec![(None, source, rel, 0)];
     let mut ancestors: Vec<(u64, u64)> = Vec::new();
     while let Some((parent, source, path, depth)) = stack.pop() {
         ancestors.truncate(depth);
         // Rules that name it whatever it is: not even looked at.
-        if excludes.excludes(path.as_bytes(), false) {
+        if filters.excludes_any_kind(path.as_bytes()) {
             continue;
         }
         let name = source.file_name().map_or(source.as_path(), Path::new);
-        let fd =
-            source::open_entry(parent.as_deref(), &top, name, follow).map_err(io_err(&source))?;
+        let fd = source::open_entry(parent.as_deref(), &source, name, follow)
+            .map_err(io_err(&source))?;
         drop(parent);
         let md = fd.metadata().map_err(io_err(&source))?;
         let ft = md.file_type();
+        if filters.excludes(path.as_bytes(), ft.is_dir()) {
+            // A `DIR/` rule, or one before it for directories alone: an
+            // excluded directory is neither listed nor descended into.
+            continue;
+        }
         let mut stamp = None;
         let kind = if ft.is_dir() {
             EntryKind::Dir
@@ -563,10 +746,6 @@ fn walk_one(
             };
             return Err(WalkError::Unsupported { path: source, what });
         };
-        if ft.is_dir() && excludes.excludes(path.as_bytes(), true) {
-            // A `DIR/` rule: neither listed nor descended into.
-            continue;
-        }
         if ft.is_dir() {
             let id = (md.dev(), md.ino());
             if ancestors.contains(&id) {
@@ -656,6 +835,32 @@ mod tests {
     fn link(target: &[u8]) -> EntryKind {
         EntryKind::Symlink {
             target: target.to_vec(),
+        }
+    }
+
+    /// A hard link names a file listed before it, nothing else: a
+    /// hostile manifest cannot link to a directory, a symlink, a later
+    /// entry or a path it does not carry.
+    #[test]
+    fn a_hard_link_must_name_an_earlier_file() {
+        let link = |target: &[u8]| {
+            let target = RelPath(target.to_vec());
+            raw(b"t/l", EntryKind::HardLink { target })
+        };
+        let good = vec![dir(b"t"), file(b"t/f"), link(b"t/f")];
+        let m = Manifest { entries: good };
+        assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
+        for entries in [
+            vec![dir(b"t"), link(b"t/f"), file(b"t/f")],
+            vec![dir(b"t"), file(b"t/g"), link(b"t")],
+            vec![dir(b"t"), link(b"../etc/passwd")],
+            vec![dir(b"t"), file(b"t/f"), link(b"t/x")],
+        ] {
+            let err = decode_err(entries);
+            assert!(
+                matches!(err, E::BadLinkTarget { .. } | E::BadName { .. }),
+                "{err}"
+            );
         }
     }
 
@@ -827,7 +1032,7 @@ mod tests {
             ],
         );
         symlink("sub/inner.txt", root.join("link")).unwrap();
-        let walked = walk(std::slice::from_ref(&root), false, &Excludes::default()).unwrap();
+        let walked = walk(std::slice::from_ref(&root), false, &Filters::default()).unwrap();
         let m = manifest_of(&walked);
         m.validate().unwrap();
         let names: Vec<String> = m.entries.iter().map(|e| e.path.to_string()).collect();
@@ -848,18 +1053,18 @@ mod tests {
         // A trailing '/' names the directory itself; "/" has no name.
         let slash = PathBuf::from(format!("{}/", root.join("sub").display()));
         assert_eq!(
-            walk(&[slash], false, &Excludes::default()).unwrap()[0]
+            walk(&[slash], false, &Filters::default()).unwrap()[0]
                 .entry
                 .path
                 .as_bytes(),
             b"sub"
         );
-        let root_dir = walk(&[PathBuf::from("/")], false, &Excludes::default());
+        let root_dir = walk(&[PathBuf::from("/")], false, &Filters::default());
         assert!(matches!(root_dir, Err(WalkError::NoName { .. })));
         let twice = walk(
             &[root.join("sub"), tmp.0.join("top/sub")],
             false,
-            &Excludes::default(),
+            &Filters::default(),
         );
         assert!(matches!(twice, Err(WalkError::DuplicateName { .. })));
     }
@@ -881,19 +1086,19 @@ mod tests {
         let _in_cache =
             std::os::unix::net::UnixListener::bind(root.join("cache/deep/sock")).unwrap();
         let _top_sock = std::os::unix::net::UnixListener::bind(root.join("x.sock")).unwrap();
-        let everything = walk(std::slice::from_ref(&root), false, &Excludes::default());
+        let everything = walk(std::slice::from_ref(&root), false, &Filters::default());
         assert!(matches!(everything, Err(WalkError::Unsupported { .. })));
-        let mut ex = Excludes::default();
+        let mut ex = Filters::default();
         for p in ["cache/", "*.o", "*.sock"] {
-            ex.add(p).unwrap();
+            ex.add_exclude(p).unwrap();
         }
         let walked = walk(std::slice::from_ref(&root), false, &ex).unwrap();
         let names: Vec<String> = walked.iter().map(|e| e.entry.path.to_string()).collect();
         assert_eq!(names.join(" "), "top top/cache.txt top/src top/src/a.c");
         manifest_of(&walked).validate().unwrap();
         // The top SRC itself can be excluded, as in rsync.
-        let mut all = Excludes::default();
-        all.add("/top").unwrap();
+        let mut all = Filters::default();
+        all.add_exclude("/top").unwrap();
         assert!(walk(&[root], false, &all).unwrap().is_empty());
     }
 
@@ -903,7 +1108,7 @@ mod tests {
         fs::write(tmp.0.join("target"), b"abc").unwrap();
         symlink("target", tmp.0.join("link")).unwrap();
         let kind = |follow| {
-            walk(&[tmp.0.join("link")], follow, &Excludes::default()).unwrap()[0]
+            walk(&[tmp.0.join("link")], follow, &Filters::default()).unwrap()[0]
                 .entry
                 .kind
                 .clone()
@@ -913,8 +1118,8 @@ mod tests {
         let d = vec![tmp.0.join("d")];
         fs::create_dir(&d[0]).unwrap();
         symlink("..", d[0].join("up")).unwrap();
-        assert!(walk(&d, false, &Excludes::default()).is_ok());
-        let err = walk(&d, true, &Excludes::default()).unwrap_err();
+        assert!(walk(&d, false, &Filters::default()).is_ok());
+        let err = walk(&d, true, &Filters::default()).unwrap_err();
         assert!(matches!(err, WalkError::Loop { .. }), "{err}");
         assert!(
             err.to_string()
@@ -923,7 +1128,7 @@ mod tests {
         );
         let sock = tmp.0.join("sock");
         let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-        let err = walk(&[sock], false, &Excludes::default())
+        let err = walk(&[sock], false, &Filters::default())
             .unwrap_err()
             .to_string();
         assert!(err.ends_with("sock is a socket; only files, directories and symlinks are sent"));

@@ -28,6 +28,7 @@ pub(crate) mod send;
 pub(crate) mod shard;
 pub(crate) mod source;
 pub(crate) mod staged;
+pub(crate) mod tunnel;
 
 pub use dest::policy::{ReceivePolicy, SymlinkPolicy, UserFlags};
 pub use receive::{FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport};

@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
@@ -39,9 +39,13 @@ use crate::transfer::dest::ReceivePolicy;
 use crate::transfer::receive::{
     check_root, FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
 };
-use crate::transfer::send::{Bound, SendError};
+use crate::transfer::send::{Bound, Progress, SendError};
+use crate::transfer::tunnel::{self, ClientSide, Tunnel};
 use crate::util::text::escape;
 
+/// How long a copy waits for a UDP answer from the remote before it
+/// carries its datagrams over the ssh connection instead (issue 29).
+const DETECT_UDP: Duration = Duration::from_secs(3);
 /// How often a pull's punch datagrams are sent until the remote has them.
 const PUNCH_EVERY: Duration = Duration::from_millis(200);
 /// How long the remote end waits for its process to be asked to exit
@@ -213,6 +217,8 @@ pub(crate) struct RemoteEnd {
     stdin: Option<ChildStdin>,
     /// Lines the remote printed on stdout.
     lines: mpsc::Receiver<String>,
+    /// The rest of its stdout, once it switched to the tunnel.
+    frames: mpsc::Receiver<BufReader<ChildStdout>>,
     /// The last lines of ssh's stderr (the remote's included), for messages.
     tail: Arc<Mutex<VecDeque<String>>>,
     /// Once set, stderr lines are passed to ours as they come.
@@ -255,7 +261,7 @@ impl RemoteEnd {
             .spawn()
             .map_err(|e| failed(format!("cannot run `{program}` (--ssh): {e}")))?;
         let stdin = child.stdin.take();
-        let lines = read_lines(child.stdout.take().expect("piped"));
+        let (lines, frames) = read_lines(child.stdout.take().expect("piped"));
         let tail = Arc::new(Mutex::new(VecDeque::new()));
         let live = Arc::new(AtomicBool::new(false));
         let stderr = keep_stderr(
@@ -270,6 +276,7 @@ impl RemoteEnd {
             child,
             stdin,
             lines,
+            frames,
             tail,
             live,
             stderr: Some(stderr),
@@ -451,6 +458,45 @@ impl RemoteEnd {
     }
 }
 
+impl RemoteEnd {
+    /// Asks the remote to carry the datagrams over the ssh channel: says
+    /// [`tunnel::SWITCH`] on its stdin and waits for it to say the same on
+    /// its stdout. The two halves of the channel, for the tunnel; `None`
+    /// when it did not answer within [`DETECT_UDP`] (an atou there that
+    /// predates the tunnel reads stdin only for its end).
+    fn switch_to_tunnel(
+        &mut self,
+    ) -> Result<Option<(BufReader<ChildStdout>, ChildStdin)>, RemoteError> {
+        let mut stdin = self
+            .stdin
+            .take()
+            .ok_or_else(|| failed("ssh's stdin is closed"))?;
+        stdin.write_all(format!("{}\n", tunnel::SWITCH).as_bytes())?;
+        stdin.flush()?;
+        match self.lines.recv_timeout(DETECT_UDP) {
+            Ok(line) if line == tunnel::SWITCH => {}
+            Ok(line) => {
+                return Err(failed(format!(
+                    "{} said `{}` where the switch to the ssh tunnel expected {}: is atou there \
+                     the same release?",
+                    self.host(),
+                    escape(line.as_bytes()),
+                    tunnel::SWITCH
+                )))
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => return Ok(None),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(self.failure("before the switch to the ssh tunnel"))
+            }
+        }
+        let frames = self
+            .frames
+            .recv_timeout(EXIT_GRACE)
+            .map_err(|_| failed("ssh's stdout closed at the switch to the tunnel"))?;
+        Ok(Some((frames, stdin)))
+    }
+}
+
 impl Drop for RemoteEnd {
     fn drop(&mut self) {
         // An early return (an error, Ctrl-C): ssh goes, and with it the
@@ -466,9 +512,14 @@ impl Drop for RemoteEnd {
 }
 
 /// The lines the remote prints on stdout, each cut at [`MAX_LINE`], as
-/// they come.
-fn read_lines(stdout: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+/// they come; once the remote says [`tunnel::SWITCH`], the frames that
+/// follow it are the tunnel's: the reader, with what it has buffered,
+/// goes on the second channel, after the line itself on the first.
+fn read_lines<R: Read + Send + 'static>(
+    stdout: R,
+) -> (mpsc::Receiver<String>, mpsc::Receiver<BufReader<R>>) {
     let (tx, lines) = mpsc::channel();
+    let (hand_over, frames) = mpsc::channel();
     thread::spawn(move || {
         let mut r = BufReader::new(stdout);
         loop {
@@ -477,14 +528,19 @@ fn read_lines(stdout: impl Read + Send + 'static) -> mpsc::Receiver<String> {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
                     let text = String::from_utf8_lossy(&line).trim_end().to_string();
+                    let switch = text == tunnel::SWITCH;
                     if tx.send(text).is_err() {
+                        break;
+                    }
+                    if switch {
+                        let _ = hand_over.send(r);
                         break;
                     }
                 }
             }
         }
     });
-    lines
+    (lines, frames)
 }
 
 /// Keeps the last five lines of ssh's stderr in `tail`, escaped, and
@@ -545,8 +601,59 @@ fn ssh_hostname(ssh: &SshCommand, target: &str) -> Option<String> {
 pub(crate) struct Push {
     remote: Mutex<RemoteEnd>,
     host: String,
-    /// Where the remote receives: its port, at the address ssh reached.
+    /// Where the remote receives: its port at the address ssh reached.
     pub peer: SocketAddr,
+    /// The relay over the ssh channel, once no UDP got through
+    /// ([`Push::detour`]); dropped at the end, which closes the remote's
+    /// stdin.
+    tunnel: Mutex<Option<Tunnel>>,
+    /// No UDP got through and the remote did not take the tunnel.
+    no_tunnel: AtomicBool,
+}
+
+/// Watches a send for its first datagram from the receiver: none within
+/// [`DETECT_UDP`], and it stops the send, which goes again through the
+/// ssh tunnel ([`Push::detour`]). Beside the send, not before it: a push
+/// over open UDP costs no round trip more (issue 28 point 1).
+pub(crate) struct FirstContact {
+    silent: Arc<AtomicBool>,
+    over: Arc<AtomicBool>,
+    thread: thread::JoinHandle<()>,
+}
+
+impl FirstContact {
+    pub(crate) fn watch(progress: Arc<Progress>) -> FirstContact {
+        let silent = Arc::new(AtomicBool::new(false));
+        let over = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (silent, over) = (silent.clone(), over.clone());
+            thread::spawn(move || {
+                let until = Instant::now() + DETECT_UDP;
+                while Instant::now() < until {
+                    if progress.heard.load(Ordering::Relaxed) || over.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    thread::sleep(Duration::from_millis(20));
+                }
+                if !progress.heard.load(Ordering::Relaxed) && !over.load(Ordering::Relaxed) {
+                    silent.store(true, Ordering::Relaxed);
+                    progress.stop.store(true, Ordering::Relaxed);
+                }
+            })
+        };
+        FirstContact {
+            silent,
+            over,
+            thread,
+        }
+    }
+
+    /// Ends the watch: whether it stopped the send.
+    pub(crate) fn end(self) -> bool {
+        self.over.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+        self.silent.load(Ordering::Relaxed)
+    }
 }
 
 impl Push {
@@ -568,8 +675,80 @@ impl Push {
             host: remote.host().to_string(),
             remote: Mutex::new(remote),
             peer,
+            tunnel: Mutex::new(None),
+            no_tunnel: AtomicBool::new(false),
         };
         Ok((push, client_auth(identity, answer.key)))
+    }
+
+    /// Where a send that failed (`e`) without one datagram from the
+    /// receiver goes again: this end's stand-in for the receiver, through
+    /// the ssh connection. `silent`: [`FirstContact`] stopped it. `None`:
+    /// the failure is not UDP's silence. An error: the remote did not take
+    /// the tunnel, or it could not start.
+    pub(crate) fn detour(
+        &self,
+        e: &SendError,
+        silent: bool,
+    ) -> Option<Result<SocketAddr, SendError>> {
+        let unanswered = matches!(
+            e,
+            SendError::Conn(
+                ProbeError::Unreachable { .. }
+                    | ProbeError::Conn {
+                        error: ConnError::Idle {
+                            stage: Stage::Hello | Stage::Handshake,
+                            ..
+                        },
+                        ..
+                    }
+            )
+        );
+        if !(unanswered || silent && matches!(e, SendError::Interrupted)) {
+            return None;
+        }
+        let failed = |e: RemoteError| SendError::Failed {
+            host: self.host.clone(),
+            why: format!("the switch to the ssh tunnel: {e}"),
+        };
+        let side = match ClientSide::bind(1, self.peer) {
+            Ok(side) => side,
+            Err(e) => return Some(Err(failed(e.into()))),
+        };
+        let mut remote = self.remote.lock().expect("remote lock");
+        let switched = side
+            .addrs()
+            .map_err(RemoteError::from)
+            .and_then(|addrs| Ok((addrs[0], remote.switch_to_tunnel()?)));
+        Some(match switched {
+            Err(e) => Err(failed(e)),
+            Ok((_, None)) => {
+                self.no_tunnel.store(true, Ordering::Relaxed);
+                Err(SendError::Conn(ProbeError::Conn {
+                    peer: self.peer,
+                    error: ConnError::Idle {
+                        stage: Stage::Hello,
+                        idle: DETECT_UDP,
+                    },
+                    hint: String::new(),
+                }))
+            }
+            Ok((stand_in, Some((from_remote, to_remote)))) => {
+                eprintln!(
+                    "atou: no UDP reply from {} in {:.0} s (a firewall?); the transfer goes \
+                     through the ssh connection",
+                    udp_target(&self.host, self.peer),
+                    DETECT_UDP.as_secs_f64()
+                );
+                match side.run(from_remote, to_remote) {
+                    Ok(tunnel) => {
+                        *self.tunnel.lock().expect("tunnel lock") = Some(tunnel);
+                        Ok(stand_in)
+                    }
+                    Err(e) => Err(failed(e.into())),
+                }
+            }
+        })
     }
 
     /// What a send error means for a push, where it says more than the
@@ -587,7 +766,33 @@ impl Push {
                 ));
             }
         }
+        let tunneled = self.tunnel.lock().expect("tunnel lock").is_some();
         match e {
+            // Through the tunnel UDP is not on the way: what went quiet is
+            // the ssh connection, or the relay at either end.
+            SendError::Conn(ProbeError::Conn {
+                error: ConnError::Idle { idle, .. },
+                ..
+            }) if tunneled => Some(format!(
+                "nothing came back through the ssh tunnel to {host} for {:.1} s (maxidle): the \
+                 ssh connection stalled, or atou there stopped relaying; run the same command \
+                 again to resume",
+                idle.as_secs_f64()
+            )),
+            SendError::Conn(ProbeError::Conn {
+                error:
+                    ConnError::Idle {
+                        stage: Stage::Hello,
+                        idle,
+                    },
+                ..
+            }) if self.no_tunnel.load(Ordering::Relaxed) => Some(format!(
+                "UDP to {} blocked? tried {:.0} s, no datagram arrived, and atou on {host} did \
+                 not take the ssh tunnel (an older release?); open the --port range in the \
+                 firewall, or run this atou release there",
+                udp_target(host, peer),
+                idle.as_secs_f64()
+            )),
             SendError::Conn(ProbeError::Conn {
                 error:
                     ConnError::Idle {
@@ -610,6 +815,9 @@ impl Push {
     /// that has already failed is an error of its own. Otherwise waits for
     /// it.
     pub(crate) fn finish(self, sent: bool) -> Result<(), RemoteError> {
+        // The tunnel's end closes the remote's stdin, as `finish` and
+        // `detach` would have.
+        drop(self.tunnel.into_inner().expect("tunnel lock"));
         let mut remote = self.remote.into_inner().expect("remote lock");
         if !sent {
             // The reason is said; what the remote adds as it goes is noise.
@@ -1039,12 +1247,13 @@ pub(crate) struct FarReceiveConfig {
 /// The far end of a push: answers the hello with a port of the range at
 /// `ip` (where ssh reached this host) and serves one transfer from the
 /// hello's key until it is over or `gone` is told. `watch` runs once the
-/// answer is out. `Ok(None)`: the local end went away first.
+/// answer is out, given the receiver's address (for a tunnel to it).
+/// `Ok(None)`: the local end went away first.
 pub(crate) fn receive_push(
     config: FarReceiveConfig,
     hello: &Hello,
     ip: Option<IpAddr>,
-    watch: impl FnOnce() + Send + 'static,
+    watch: impl FnOnce(SocketAddr) + Send + 'static,
     gone: Arc<tokio::sync::Notify>,
 ) -> Result<Option<Result<(), String>>, RemoteError> {
     let sock = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), config.port, 1)?.remove(0);
@@ -1085,7 +1294,7 @@ pub(crate) fn receive_push(
     )
     .map_err(|e| failed(e.to_string()))?;
     answer(vec![local.port()], key, ip, None)?;
-    thread::spawn(watch);
+    thread::spawn(move || watch(local));
     runtime()?.block_on(io::serve_from(
         Some(sock),
         ServeConfig {

@@ -250,7 +250,9 @@ impl<'a> Item<'a> {
         match e.entry.kind {
             EntryKind::Dir => Item::Everywhere,
             EntryKind::File { size } => Item::Once { path, size },
-            EntryKind::Symlink { .. } => Item::Once { path, size: 0 },
+            // --hard-links is refused with --shard: a link's target
+            // could be in another part.
+            EntryKind::Symlink { .. } | EntryKind::HardLink { .. } => Item::Once { path, size: 0 },
         }
     }
 }

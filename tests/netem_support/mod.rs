@@ -401,3 +401,63 @@ impl Bridge {
 pub fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
 }
+
+/// `ip ARGS`, which must succeed.
+pub fn ip(args: &[&str]) {
+    let st = Command::new("ip").args(args).status().expect("run ip");
+    assert!(st.success(), "ip {args:?}");
+}
+
+/// Deletes these namespaces if they exist.
+pub fn remove_netns(names: &[&str]) {
+    for ns in names {
+        let _ = Command::new("ip")
+            .args(["netns", "del", ns])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+/// Two namespaces joined by a veth pair, removed when dropped.
+pub struct VethPair {
+    pub a: &'static str,
+    pub b: &'static str,
+}
+
+impl VethPair {
+    /// Hosts `a` (`{net}.1`, device `{dev}1`) and `b` (`{net}.2`,
+    /// `{dev}2`).
+    pub fn start(a: &'static str, b: &'static str, dev: &str, net: &str) -> VethPair {
+        let (dev_a, dev_b) = (format!("{dev}1"), format!("{dev}2"));
+        remove_netns(&[a, b]);
+        let pair = VethPair { a, b };
+        ip(&["netns", "add", a]);
+        ip(&["netns", "add", b]);
+        let peer = ["peer", "name", dev_b.as_str(), "netns", b];
+        ip(&[
+            &["-n", a, "link", "add", dev_a.as_str(), "type", "veth"][..],
+            &peer,
+        ]
+        .concat());
+        for (ns, dev, host) in [(a, dev_a.as_str(), 1), (b, dev_b.as_str(), 2)] {
+            ip(&[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{net}.{host}/24"),
+                "dev",
+                dev,
+            ]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        pair
+    }
+}
+
+impl Drop for VethPair {
+    fn drop(&mut self) {
+        remove_netns(&[self.a, self.b]);
+    }
+}

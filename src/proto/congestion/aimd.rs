@@ -225,6 +225,7 @@ mod tests {
             ssthresh_bytes: Some(300 * 1000),
             btl_bw_bps: None,
             min_rtt: None,
+            datagram_size: None,
         };
         let mut unset = aimd(Tuning {
             mss: 1000,

@@ -42,7 +42,8 @@ use crate::proto::wire::ReceiverStats;
 use crate::proto::wire::{
     early_segment, hello_token, split_hello_params, AddressToken, CloseAck, DataSegment,
     HeaderPeek, Hello, Packet, PathProbe, ReceiverParams, Reject, RejectReason, Reply, Retry,
-    Welcome, CONTROL_MAX_LEN, DATA_HEADER_LEN, EARLY_TAKEN, REPLY_HEADER_LEN, VERSION,
+    SizeAck, SizeProbe, Welcome, CONTROL_MAX_LEN, DATA_HEADER_LEN, EARLY_TAKEN, REPLY_HEADER_LEN,
+    VERSION,
 };
 
 /// A client that asked for `maxidle 0` is still forgotten after this long
@@ -146,6 +147,9 @@ pub struct ServerStats {
     /// Plain hellos without a valid address token answered with a retry
     /// (a token to send the hello again with), nothing kept.
     pub retries_sent: u64,
+    /// Path-MTU probes answered with a 24-byte ack (docs/security.md: a
+    /// fiftieth of the probe, no state kept).
+    pub size_probes_acked: u64,
     /// Datagrams not sent to an address that has not proved it receives:
     /// they would have passed 3× what came from it.
     pub unvalidated_held_back: u64,
@@ -335,7 +339,15 @@ pub enum SessionEvent {
     /// waits for the reply ([`Server::respond`]).
     Complete { conn_id: u64 },
     /// The connection is gone: closed after its reply, or idle.
-    Ended { conn_id: u64, end: ConnEnd },
+    /// `confirmed`: a packet from the client opened under its keys, so
+    /// it had the server's response (RFC 9000 §8.1); an unconfirmed one
+    /// may have sent its hello (and its early data) over a path whose
+    /// answers never reached it. A plain connection counts as confirmed.
+    Ended {
+        conn_id: u64,
+        end: ConnEnd,
+        confirmed: bool,
+    },
 }
 
 /// New stream bytes of a session connection, for its application to place.
@@ -721,6 +733,14 @@ impl Conn {
     }
 
     /// Plain, or authenticated with its keys installed.
+    /// Whether a packet from the client opened under its keys (a plain
+    /// connection has none: counted as confirmed).
+    fn confirmed(&self) -> bool {
+        self.link
+            .secure()
+            .is_none_or(|s| matches!(s.keys, Keying::Confirmed(_)))
+    }
+
     fn keyed(&self) -> bool {
         self.link
             .secure()
@@ -1094,6 +1114,8 @@ pub struct Server {
     tokens_rotated: Time,
     /// Retries to send: bounded like the rejects.
     retries: VecDeque<(SocketAddr, Retry)>,
+    /// Acks owed to path-MTU probes, bounded as the rejects are.
+    size_acks: VecDeque<(SocketAddr, SizeAck)>,
     /// Plain connections open without an address token.
     unvalidated: usize,
     cookie_rotated: Time,
@@ -1190,6 +1212,7 @@ impl Server {
             tokens: None,
             tokens_rotated: Time::ZERO,
             retries: VecDeque::new(),
+            size_acks: VecDeque::new(),
             unvalidated: 0,
             cookie_rotated: Time::ZERO,
             conns: HashMap::new(),
@@ -1313,6 +1336,7 @@ impl Server {
                 .push_back(Queued::Event(SessionEvent::Ended {
                     conn_id,
                     end: ConnEnd::Idle,
+                    confirmed: false,
                 }));
         }
     }
@@ -1504,6 +1528,14 @@ impl Server {
             }
             return None;
         }
+        if let Packet::SizeProbe(probe) = packet {
+            if protected {
+                self.stats.unexpected += 1;
+            } else {
+                self.on_size_probe(from, &probe);
+            }
+            return None;
+        }
         // A plain packet never belongs to an authenticated connection,
         // whatever id it names: only what opened may reach it.
         let Some(conn) = self
@@ -1658,6 +1690,7 @@ impl Server {
                 .push_back(Queued::Event(SessionEvent::Ended {
                     conn_id,
                     end: ConnEnd::Closed,
+                    confirmed: true,
                 }));
         }
         Ok(None)
@@ -2656,6 +2689,17 @@ impl Server {
         self.enqueue(key);
     }
 
+    /// RFC 8899 §4.1: a probe that arrived is acked, whoever sent it. The
+    /// ack is 24 bytes for a probe of at least 1,200 (decoding refuses
+    /// shorter ones) and nothing is kept, so a spoofed source gains a
+    /// fiftieth of what it sent; the queue is bounded by what arrived.
+    fn on_size_probe(&mut self, from: SocketAddr, probe: &SizeProbe) {
+        if self.size_acks.len() < FETCH_QUEUE_MAX {
+            self.stats.size_probes_acked += 1;
+            self.size_acks.push_back((from, probe.ack()));
+        }
+    }
+
     fn reject(&mut self, to: SocketAddr, conn_id: u64, reason: RejectReason) {
         // Rejects are sent once per hello and are no longer than it: no
         // amplification, and a queue bounded by what arrived.
@@ -2686,6 +2730,9 @@ impl Server {
         }
         if let Some((to, retry)) = self.retries.pop_front() {
             return retry.emit(buf).ok().map(|n| (to, n));
+        }
+        if let Some((to, ack)) = self.size_acks.pop_front() {
+            return ack.emit(buf).ok().map(|n| (to, n));
         }
         while let Some(conn_id) = self.ready.front() {
             let granted_rcvbuf = self.granted_rcvbuf;
@@ -2902,6 +2949,7 @@ impl Server {
                         .push_back(Queued::Event(SessionEvent::Ended {
                             conn_id: id,
                             end: ConnEnd::Idle,
+                            confirmed: conn.confirmed(),
                         }));
                 }
             }
@@ -3161,6 +3209,45 @@ mod tests {
         };
         assert_eq!(retry_from([7; 32]), retry_from([7; 32]));
         assert_ne!(retry_from([7; 32]), retry_from([8; 32]));
+    }
+
+    /// RFC 8899 §4.1: a path-MTU probe from anyone gets one 24-byte ack
+    /// of the size that arrived, and nothing is kept; a probe shorter
+    /// than 1,200 bytes, or a flood past the queue, gets nothing: a
+    /// hostile client's probes are never amplified.
+    #[test]
+    fn a_size_probe_gets_one_small_ack_and_nothing_is_kept() {
+        let mut server = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
+        let probe = SizeProbe {
+            conn_id: 9,
+            nonce: 0xabc,
+            size: 1372,
+        };
+        let mut datagram = vec![0u8; 1372];
+        probe.emit(&mut datagram).unwrap();
+        server.handle_datagram(Time::ZERO, addr(1), &mut datagram.clone());
+        let mut out = [0u8; 128];
+        let (to, n) = server.poll_transmit(Time::ZERO, &mut out).unwrap();
+        assert_eq!(to, addr(1));
+        assert_eq!(Packet::decode(&out[..n]), Ok(Packet::SizeAck(probe.ack())));
+        assert_eq!(n, 24);
+        assert!(server.poll_transmit(Time::ZERO, &mut out).is_none());
+        assert_eq!(server.open_connections(), 0);
+        assert_eq!(server.rate_sources_tracked(), 0);
+        // Cut to 1,199 bytes it is no probe, and nothing answers it.
+        server.handle_datagram(Time::ZERO, addr(1), &mut datagram[..1199].to_vec());
+        assert!(server.poll_transmit(Time::ZERO, &mut out).is_none());
+        // A flood: at most one bounded queue of acks, each a fiftieth of
+        // its probe.
+        for _ in 0..FETCH_QUEUE_MAX + 100 {
+            server.handle_datagram(Time::ZERO, addr(2), &mut datagram.clone());
+        }
+        let mut sent = 0;
+        while let Some((_, n)) = server.poll_transmit(Time::ZERO, &mut out) {
+            sent += n;
+        }
+        assert_eq!(sent, FETCH_QUEUE_MAX * 24);
+        assert_eq!(server.stats().size_probes_acked, 1 + FETCH_QUEUE_MAX as u64);
     }
 
     #[test]

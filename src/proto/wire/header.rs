@@ -36,6 +36,10 @@ pub(super) const KIND_PATH_CHALLENGE: u8 = 10;
 pub(super) const KIND_PATH_RESPONSE: u8 = 11;
 /// Address validation for plain hellos (RFC 9000 §8.1.2's Retry).
 pub(super) const KIND_RETRY: u8 = 12;
+/// Path-MTU probes and their acks (RFC 8899), plain and before any
+/// handshake: what they test is the path, not the peer.
+pub(super) const KIND_SIZE_PROBE: u8 = 13;
+pub(super) const KIND_SIZE_ACK: u8 = 14;
 
 /// Checks that `buf` holds a `len`-byte packet, writes its header, and
 /// returns a writer over the packet for the fields after it.

@@ -17,6 +17,7 @@ mod control;
 mod data;
 mod early;
 mod header;
+mod size_probe;
 
 pub use ack::{Ack, SackBlock, ACK_MAX_LEN, ACK_MIN_LEN, MAX_SACK_BLOCKS};
 pub use control::{
@@ -28,11 +29,13 @@ pub use control::{
 pub use data::{DataFlags, DataHeader, DataSegment, DATA_HEADER_LEN};
 pub use early::{early_segment, split_hello_params, split_welcome_params, EARLY_TAKEN};
 pub use header::{HeaderPeek, HEADER_LEN, MAGIC, VERSION};
+pub use size_probe::{SizeAck, SizeProbe, SIZE_ACK_LEN, SIZE_PROBE_MIN_LEN};
 
 use codec::Truncated;
 use header::{
     KIND_ACK, KIND_CLOSE, KIND_CLOSE_ACK, KIND_DATA, KIND_FETCH, KIND_HELLO, KIND_PATH_CHALLENGE,
-    KIND_PATH_RESPONSE, KIND_REJECT, KIND_REPLY, KIND_RETRY, KIND_WELCOME,
+    KIND_PATH_RESPONSE, KIND_REJECT, KIND_REPLY, KIND_RETRY, KIND_SIZE_ACK, KIND_SIZE_PROBE,
+    KIND_WELCOME,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -91,6 +94,10 @@ pub enum Packet<'a> {
     /// Client to server: the token of a challenge (RFC 9000 §8.2.2).
     PathResponse(PathProbe),
     Retry(Retry),
+    /// Client to server, padded: does a datagram this large arrive?
+    SizeProbe(SizeProbe),
+    /// Server to client: it did.
+    SizeAck(SizeAck),
 }
 
 impl<'a> Packet<'a> {
@@ -109,6 +116,8 @@ impl<'a> Packet<'a> {
             Packet::PathChallenge(_) => "path-challenge",
             Packet::PathResponse(_) => "path-response",
             Packet::Retry(_) => "retry",
+            Packet::SizeProbe(_) => "size-probe",
+            Packet::SizeAck(_) => "size-ack",
         }
     }
 
@@ -132,6 +141,8 @@ impl<'a> Packet<'a> {
             KIND_PATH_RESPONSE => {
                 control::decode_path_probe(buf, conn_id).map(Packet::PathResponse)
             }
+            KIND_SIZE_PROBE => size_probe::decode_size_probe(buf, conn_id).map(Packet::SizeProbe),
+            KIND_SIZE_ACK => size_probe::decode_size_ack(buf, conn_id).map(Packet::SizeAck),
             other => Err(WireError::UnknownKind(other)),
         }
     }

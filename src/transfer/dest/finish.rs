@@ -7,8 +7,11 @@ use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 
-use super::plan::DirCache;
-use super::{split_rel, staged_name, to_system_time, DestError, FileTarget, Part, Prepared};
+use super::plan::{link_target_rel, DirCache};
+use super::{
+    pending_dir_record, split_rel, staging_key, to_system_time, DestError, FileTarget, Part,
+    Prepared,
+};
 use crate::io::dest_dir::{self, STAGING_DIR};
 use crate::transfer::hash::{file_hash, part_digest, short_hex, Cv};
 use crate::transfer::manifest::EntryKind;
@@ -24,6 +27,7 @@ pub struct Finished {
     pub waiting: u64,
     pub dirs: u64,
     pub symlinks: u64,
+    pub hard_links: u64,
     pub skipped: u64,
 }
 
@@ -74,6 +78,8 @@ pub fn finish(
             }
         } else if let EntryKind::Symlink { target } = &entry.kind {
             finisher.symlink(rel, target)?;
+        } else if let EntryKind::HardLink { target } = &entry.kind {
+            finisher.hard_link(rel, &link_target_rel(rel, entry, target))?;
         }
         if is_file {
             file_no += 1;
@@ -193,22 +199,45 @@ impl<'a> Finisher<'a> {
         Ok(())
     }
 
-    /// A symlink, made under a staging name and renamed into place.
-    fn symlink(&mut self, rel: &'a [u8], target: &[u8]) -> Result<(), DestError> {
-        let prepared = self.prepared;
-        let dest_dir = &prepared.dest_dir;
-        let (dir_rel, name) = split_rel(rel);
-        let staged = format!("{}.link", &staged_name(rel)[..32]);
+    /// A hard link to the file at `target` (placed earlier in this
+    /// finish, or kept), made under a staging name and renamed into place.
+    fn hard_link(&mut self, rel: &'a [u8], target: &[u8]) -> Result<(), DestError> {
+        let dest_dir = &self.prepared.dest_dir;
+        let staged = format!("{}.hlink", staging_key(rel));
         let shown_path = dest_dir.shown(rel);
+        let (target_dir, target_name) = split_rel(target);
+        let target_fd = self.open_dir(target_dir)?;
         dest_dir
-            .symlink_staged(target, &staged)
-            .map_err(|e| Error::disk("create symlink", &shown_path, e))?;
+            .hard_link_staged(target_fd, target_name, &staged)
+            .map_err(|e| Error::disk("create hard link", &shown_path, e))?;
+        self.place_staged(rel, &staged)?;
+        // rename(2) onto another name of the same file leaves both.
+        let _ = dest_dir.remove_staged(&staged);
+        self.done.hard_links += 1;
+        Ok(())
+    }
+
+    /// Renames `staged` to `rel`, replacing only when allowed.
+    fn place_staged(&mut self, rel: &'a [u8], staged: &str) -> Result<(), DestError> {
+        let dest_dir = &self.prepared.dest_dir;
+        let (dir_rel, name) = split_rel(rel);
         let replace = self.replace;
         let fd = self.open_dir(dir_rel)?;
         dest_dir
-            .place(&staged, fd, name, replace)
-            .map_err(|e| Error::disk("rename into place", &shown_path, e))?;
+            .place(staged, fd, name, replace)
+            .map_err(|e| Error::disk("rename into place", &dest_dir.shown(rel), e))?;
         self.written_into.insert(dir_rel);
+        Ok(())
+    }
+
+    /// A symlink, made under a staging name and renamed into place.
+    fn symlink(&mut self, rel: &'a [u8], target: &[u8]) -> Result<(), DestError> {
+        let dest_dir = &self.prepared.dest_dir;
+        let staged = format!("{}.link", staging_key(rel));
+        dest_dir
+            .symlink_staged(target, &staged)
+            .map_err(|e| Error::disk("create symlink", &dest_dir.shown(rel), e))?;
+        self.place_staged(rel, &staged)?;
         self.done.symlinks += 1;
         Ok(())
     }
@@ -240,6 +269,10 @@ impl<'a> Finisher<'a> {
             if whole {
                 dest_dir::set_dir_attrs(fd, prepared.dir_modes[i], mtime)
                     .map_err(|e| Error::disk("set the mode and mtime of", &path, e))?;
+                if prepared.created[i] {
+                    // Gone already when a shard's sibling finished first.
+                    let _ = dest_dir.remove_staged(&pending_dir_record(rel));
+                }
                 self.done.dirs += 1;
             } else {
                 dest_dir::set_dir_mtime(fd, mtime)

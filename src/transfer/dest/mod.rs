@@ -148,11 +148,25 @@ pub struct Part {
 /// The staging name of whatever goes to `rel` (relative to DEST): derived
 /// from the path, so a rerun finds it, and not nameable by a manifest.
 fn staged_name(rel: &[u8]) -> String {
+    format!("{}.part", staging_key(rel))
+}
+
+/// The record, in the staging directory, of directory `rel` while the
+/// transfer that created it has not yet given it its mode: a session
+/// cancelled between its plan and its finish leaves the directory private
+/// (0700), and the record tells the session that resumes that it may give
+/// the directory its mode, though it now exists. `--staging-ttl` sweeps
+/// records as it sweeps partial files.
+fn pending_dir_record(rel: &[u8]) -> String {
+    format!("{}.dir", staging_key(rel))
+}
+
+fn staging_key(rel: &[u8]) -> String {
     let mut h = blake3::Hasher::new();
     h.update(b"atou staging v1\0");
     h.update(rel);
     let hex = h.finalize().to_hex();
-    format!("{}.part", &hex[..32])
+    hex[..32].to_string()
 }
 
 fn join_rel(dir: &[u8], name: &[u8]) -> Vec<u8> {

@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 
 use super::policy::{link_stays_beneath, ReceivePolicy, SymlinkPolicy};
 use super::{
-    join_rel, split_first, split_rel, staged_name, to_system_time, FileTarget, Part, Prepared,
-    NOT_HELD,
+    join_rel, pending_dir_record, split_first, split_rel, staged_name, to_system_time, FileTarget,
+    Part, Prepared, NOT_HELD,
 };
 use crate::io::dest_dir::{self, DestDir, Found, STAGING_DIR};
 use crate::transfer::hash::{chunk_count, chunk_cv, chunk_len, Cv, CHUNK_SIZE};
@@ -121,6 +121,7 @@ pub fn prepare(
         skip: vec![false; entries],
         rels: Vec::with_capacity(entries),
         conflicts: Vec::new(),
+        numbers: None,
     };
     for entry in &manifest.entries {
         planner.check_entry(entry, join_rel(&sub, entry.path.as_bytes()))?;
@@ -202,6 +203,13 @@ fn manifest_links(
         .collect()
 }
 
+/// The path beneath DEST of a hard link's target: the link's `rel` is
+/// its manifest path under the subdirectory, and so is the target's.
+pub(super) fn link_target_rel(rel: &[u8], entry: &Entry, target: &RelPath) -> Vec<u8> {
+    let sub = &rel[..rel.len() - entry.path.as_bytes().len()];
+    [sub, target.as_bytes()].concat()
+}
+
 /// A name the manifest may not use: the staging directory's.
 fn reserved(rel: &[u8]) -> bool {
     split_first(rel) == STAGING_DIR.as_bytes()
@@ -271,6 +279,9 @@ struct Planner<'a> {
     rels: Vec<Vec<u8>>,
     /// Entries in the way that may not be replaced.
     conflicts: Vec<String>,
+    /// Entry numbers by their path beneath DEST, made at the first hard
+    /// link (a manifest without one never pays for it).
+    numbers: Option<HashMap<Vec<u8>, usize>>,
 }
 
 impl<'a> Planner<'a> {
@@ -297,6 +308,10 @@ impl<'a> Planner<'a> {
             EntryKind::Symlink { target } => {
                 self.check_symlink(entry, target, &rel, found, &path)?
             }
+            EntryKind::HardLink { target } => {
+                let target = link_target_rel(&rel, entry, target);
+                self.check_hard_link(&rel, &target, found, &path)?
+            }
         };
         // Entries are checked in order, so this one's number is how many
         // were checked before it.
@@ -306,8 +321,58 @@ impl<'a> Planner<'a> {
             Decision::Conflict => self.conflicts.push(entry.path.to_string()),
             Decision::Write | Decision::Compare => {}
         }
+        if let Some(numbers) = &mut self.numbers {
+            numbers.insert(rel.clone(), i);
+        }
         self.rels.push(rel);
         Ok(())
+    }
+
+    /// A hard link at `rel` to the file at `target` (both beneath DEST):
+    /// with --skip-existing, a name that is already that file, which this
+    /// transfer leaves as it is, stays; else as any entry in the way.
+    fn check_hard_link(
+        &mut self,
+        rel: &[u8],
+        target: &[u8],
+        found: Found,
+        path: &Path,
+    ) -> Result<Decision, Error> {
+        let options = self.options;
+        match found {
+            Found::Dir => Err(in_the_way(path, "a directory")),
+            Found::Nothing => Ok(Decision::Write),
+            Found::File { .. } if options.skip_existing && self.is_kept_same_file(rel, target) => {
+                Ok(Decision::Skip)
+            }
+            _ if !options.overwrite => Ok(Decision::Conflict),
+            _ => Ok(Decision::Write),
+        }
+    }
+
+    /// Whether `rel` is the file at `target` (one inode) and this
+    /// transfer skips the entry at `target`.
+    fn is_kept_same_file(&mut self, rel: &[u8], target: &[u8]) -> bool {
+        let rels = &self.rels;
+        let numbers = self.numbers.get_or_insert_with(|| {
+            rels.iter()
+                .enumerate()
+                .map(|(i, r)| (r.clone(), i))
+                .collect()
+        });
+        let Some(&j) = numbers.get(target) else {
+            return false;
+        };
+        if !self.skip[j] {
+            return false;
+        }
+        let mut inode = |rel: &[u8]| {
+            let (dir, name) = split_rel(rel);
+            let fd = self.dirs.get(dir).ok()?;
+            dest_dir::inode(fd, name).ok()
+        };
+        let here = inode(rel);
+        here.is_some() && here == inode(target)
     }
 
     /// A regular file, whole or this session's part of a split one: what
@@ -502,7 +567,7 @@ impl<'a> Planner<'a> {
         let mut created = vec![false; entries.len()];
         for (i, entry) in entries.iter().enumerate() {
             if entry.kind == EntryKind::Dir {
-                created[i] = make_dir(dest_dir, &self.rels[i], 0o700)?;
+                created[i] = make_private_dir(dest_dir, &self.rels[i])?;
             }
         }
         for (t, plan) in self.targets.iter().zip(&self.plans) {
@@ -727,6 +792,41 @@ fn dirs_read_link(dirs: &mut DirCache<'_>, rel: &[u8]) -> Option<Vec<u8>> {
     dest_dir::read_link(dirs.get(dir).ok()?, name).ok()
 }
 
+/// Directory `rel`, created private (0700) until the finish gives it its
+/// mode. Its pending record goes into the staging directory first, so a
+/// session cancelled before its finish leaves the record beside the
+/// directory. Returns whether this transfer created the directory: this
+/// session, or one cancelled before it (whose record is still there);
+/// never a directory that was there without a record.
+fn make_private_dir(dest: &DestDir, rel: &[u8]) -> Result<bool, Error> {
+    let record = pending_dir_record(rel);
+    let shown = || dest.shown(rel);
+    let looked = dest
+        .look_staged(&record)
+        .map_err(|e| Error::disk("look for the record of", &shown(), e))?;
+    if matches!(looked, Found::File { .. }) {
+        make_dir(dest, rel, 0o700)?;
+        return Ok(true);
+    }
+    let (dir, name) = split_rel(rel);
+    let there = dest
+        .open_dir(dir)
+        .and_then(|fd| dest_dir::look(&fd, name))
+        .map_err(|e| Error::disk("look at", &shown(), e))?;
+    if there != Found::Nothing {
+        // check_dir has refused anything but a directory.
+        return Ok(false);
+    }
+    dest.open_shared_staged(&record)
+        .map_err(|e| Error::disk("record the new directory", &shown(), e))?;
+    let made = make_dir(dest, rel, 0o700)?;
+    if !made {
+        // Another transfer made it between the look and here: its to mode.
+        let _ = dest.remove_staged(&record);
+    }
+    Ok(made)
+}
+
 /// Creates directory `rel` beneath DEST; whether it is new.
 fn make_dir(dest: &DestDir, rel: &[u8], mode: u32) -> Result<bool, Error> {
     let (dir, name) = split_rel(rel);
@@ -825,6 +925,48 @@ mod tests {
         std::fs::write(path, data).unwrap();
         let file = File::options().write(true).open(path).unwrap();
         file.set_modified(to_system_time(mtime, 0)).unwrap();
+    }
+
+    /// A session cancelled between its plan and its finish leaves the
+    /// directories it created private (0700); the session that resumes
+    /// the transfer must give them their mode, though they now exist.
+    #[test]
+    fn directories_a_cancelled_session_created_get_their_mode_from_the_next() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = TempDest::new("dir-resumed");
+        let dirs = || {
+            let mut top = entry("top", EntryKind::Dir);
+            top.mode = 0o755;
+            let mut sub = entry("top/sub", EntryKind::Dir);
+            sub.mode = 0o750;
+            vec![top, sub]
+        };
+        let policy = ReceivePolicy::server();
+        let cancelled = d.plan(&policy, Options::default(), dirs()).unwrap();
+        drop(cancelled);
+        let mode = |rel: &str| {
+            let meta = std::fs::metadata(d.path.join(rel)).unwrap();
+            meta.permissions().mode() & 0o777
+        };
+        assert_eq!(mode("top"), 0o700, "private until a finish");
+        let resumed = d.plan(&policy, Options::default(), dirs()).unwrap();
+        let done = super::super::finish(&resumed, &[], &[]).unwrap();
+        assert_eq!((mode("top"), mode("top/sub")), (0o755, 0o750));
+        assert_eq!(done.dirs, 2);
+        // Directories that were there before any session stay as they were.
+        std::fs::create_dir(d.path.join("theirs")).unwrap();
+        std::fs::set_permissions(d.path.join("theirs"), PermissionsExt::from_mode(0o700)).unwrap();
+        let mut theirs = entry("theirs", EntryKind::Dir);
+        theirs.mode = 0o755;
+        let plan = d.plan(&policy, Options::default(), vec![theirs]).unwrap();
+        super::super::finish(&plan, &[], &[]).unwrap();
+        assert_eq!(
+            mode("theirs"),
+            0o700,
+            "re-moded a directory it did not create"
+        );
+        let staging = std::fs::read_dir(d.path.join(STAGING_DIR)).map_or(0, |r| r.count());
+        assert_eq!(staging, 0, "records left in the staging directory");
     }
 
     #[test]

@@ -379,9 +379,13 @@ impl ServeApp for FileReceiver {
                 self.sessions.on_opened(now, conn_id, session, peer, who);
             }
             SessionEvent::Complete { conn_id } => self.sessions.on_complete(now, conn_id),
-            SessionEvent::Ended { conn_id, end } => {
-                self.sessions.on_ended(now, conn_id, end == ConnEnd::Idle)
-            }
+            SessionEvent::Ended {
+                conn_id,
+                end,
+                confirmed,
+            } => self
+                .sessions
+                .on_ended(now, conn_id, end == ConnEnd::Idle, confirmed),
         }
         self.carry_out(server);
     }

@@ -311,6 +311,8 @@ struct Session<P> {
     started: Instant,
     open_conns: usize,
     last_active: Instant,
+    /// A connection of it ended confirmed: its sender heard this end.
+    confirmed: bool,
     bytes_written: u64,
     chunks_rejected: u64,
 }
@@ -331,6 +333,7 @@ impl<P> Session<P> {
             started: now,
             open_conns: 1,
             last_active: now,
+            confirmed: false,
             bytes_written: 0,
             chunks_rejected: 0,
         }
@@ -478,8 +481,9 @@ impl<P: PlanView> Sessions<P> {
         }
     }
 
-    /// The connection is gone; `idle`: it went quiet rather than closed.
-    pub(super) fn on_ended(&mut self, now: Instant, conn_id: u64, idle: bool) {
+    /// The connection is gone; `idle`: it went quiet rather than closed;
+    /// `confirmed`: its sender had this end's answers.
+    pub(super) fn on_ended(&mut self, now: Instant, conn_id: u64, idle: bool, confirmed: bool) {
         let Some(conn) = self.conns.remove(&conn_id) else {
             return;
         };
@@ -488,12 +492,25 @@ impl<P: PlanView> Sessions<P> {
         if let Some(s) = self.sessions.get_mut(&session) {
             s.open_conns = s.open_conns.saturating_sub(1);
             s.last_active = now;
+            s.confirmed |= confirmed;
         }
         self.forget_session_id(session, conn.who, conn.session_id);
         if self.over && self.conns.is_empty() {
             self.finished = true;
         }
-        if idle && unfinished {
+        if self.unheard_once(session) {
+            // Its sender never heard this end (UDP dropped on the way
+            // back): it comes again as a new session, through the ssh
+            // tunnel (issue 29), and this one must neither end the one
+            // transfer nor be its outcome.
+            if self
+                .sessions
+                .get(&session)
+                .is_some_and(|s| s.open_conns == 0)
+            {
+                self.remove_session(session);
+            }
+        } else if idle && unfinished {
             let why = "the sender went quiet (killed, or the path failed); \
                        run the same transfer again to resume"
                 .to_string();
@@ -529,10 +546,11 @@ impl<P: PlanView> Sessions<P> {
             .map(|(&id, _)| id)
             .collect();
         for id in stale {
+            let unheard = self.unheard_once(id);
             let Some(s) = self.remove_session(id) else {
                 continue;
             };
-            if s.failed.is_none() {
+            if s.failed.is_none() && !unheard {
                 let why = "the sender stopped before finishing; run the same transfer again to \
                            resume";
                 self.report_failed(s.peer, s.plan.as_deref(), why.to_string());
@@ -819,6 +837,12 @@ impl<P: PlanView> Sessions<P> {
             c.state = ConnState::Drained;
         }
         self.open_window(conn_id, u64::MAX);
+    }
+
+    /// With `once`: a session none of whose connections ended confirmed
+    /// (see [`Sessions::on_ended`]), so not the one transfer's.
+    fn unheard_once(&self, session: SessionKey) -> bool {
+        self.once && self.sessions.get(&session).is_some_and(|s| !s.confirmed)
     }
 
     /// With `once`, the one transfer is over: serving stops once its
@@ -1563,7 +1587,7 @@ mod tests {
             self.s.on_planned(session, conn, Ok(plan));
             let accepted = plan_reply(&self.drain(), conn, &sizes);
             assert_eq!(accepted, PlanReply::Accepted(plans));
-            self.s.on_ended(self.t0, conn, false);
+            self.s.on_ended(self.t0, conn, false, true);
             self.drain();
             session
         }
@@ -2011,7 +2035,7 @@ mod tests {
         let (data, _) = rig.first_chunk_in();
         let (finish, actions) = rig.request(SID, peer(1), &encode_finish(&[[5; 32]; 2]));
         assert!(replies(&actions, finish).is_empty());
-        rig.s.on_ended(rig.at(30), data, true);
+        rig.s.on_ended(rig.at(30), data, true, true);
         let actions = rig.drain();
         assert!(
             matches!(outcome(&actions, finish), Outcome::Failed(why) if why.contains("quiet")),
@@ -2105,7 +2129,7 @@ mod tests {
         rig.s.on_tick(rig.at(SESSION_IDLE.as_secs() * 10), false);
         assert!(rig.drain().is_empty());
         // It went quiet without a word: the session fails.
-        rig.s.on_ended(rig.at(1000), conn, true);
+        rig.s.on_ended(rig.at(1000), conn, true, true);
         let why = failures(&rig.drain());
         assert!(why.len() == 1 && why[0].contains("went quiet"), "{why:?}");
     }
@@ -2179,7 +2203,31 @@ mod tests {
         assert_eq!(outcome(&actions, conn), Outcome::Done { bad: Vec::new() });
         assert_eq!(failures(&actions), ["the sender gave up: disk full"]);
         assert!(!rig.s.is_finished(), "its connection is still open");
-        rig.s.on_ended(rig.t0, conn, false);
+        rig.s.on_ended(rig.t0, conn, false, true);
+        assert!(rig.s.is_finished(), "once: the one transfer is over");
+    }
+
+    /// The `once` trap of issue 29: UDP dropped only on its way back, the
+    /// receiver took a session's plan from its hello, but the sender never
+    /// heard it and came again through the ssh tunnel. The first session
+    /// going quiet neither ends the one transfer nor is its outcome.
+    #[test]
+    fn once_a_session_whose_sender_never_heard_this_end_is_forgotten_quietly() {
+        let mut rig = Rig::new(limits(), true);
+        let (unheard, actions) = rig.request(SID, peer(1), &plan_bytes(&[10]));
+        let session = plan_job(&actions).expect("a plan for the planners");
+        rig.s.on_planned(session, unheard, Ok(files(&[10])));
+        rig.drain();
+        rig.s.on_ended(rig.at(10), unheard, true, false);
+        rig.s
+            .on_tick(rig.at(10 + SESSION_IDLE.as_secs() + 1), false);
+        assert!(failures(&rig.drain()).is_empty(), "no outcome from it");
+        assert!(!rig.s.is_finished(), "the one transfer is still to come");
+        // The same sender's session through the tunnel ends the transfer.
+        rig.planned(files(&[10]));
+        let (conn, actions) = rig.request(SID, peer(1), &encode_abort("stop"));
+        assert_eq!(failures(&actions), ["the sender gave up: stop"]);
+        rig.s.on_ended(rig.t0, conn, false, true);
         assert!(rig.s.is_finished(), "once: the one transfer is over");
     }
 

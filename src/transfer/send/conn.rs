@@ -308,6 +308,7 @@ fn probe_config(
         close_unacknowledged: ending.close_unacknowledged,
         path_memory: config.path_memory,
         stream_len_later: false,
+        heard: Some(link.stop.heard.clone()),
     }
 }
 

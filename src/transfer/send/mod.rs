@@ -24,13 +24,13 @@ mod session;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use thiserror::Error;
 
-use super::exclude::Excludes;
+use super::exclude::Filters;
 use super::manifest::{RelPath, WalkError};
 use super::messages::{encode_abort, Options, Outcome};
 use super::shard::Shard;
@@ -207,7 +207,11 @@ pub struct SendConfig {
     /// Follow symlinks among the sources instead of sending them as links.
     pub(crate) follow: bool,
     /// Entries the walk leaves out (`--exclude`).
-    pub(crate) excludes: Excludes,
+    pub(crate) filters: Filters,
+    /// Files that are one file go as one file and links to it (`-H`).
+    pub(crate) hard_links: bool,
+    /// The paths of `--files-from`, sent instead of the sources whole.
+    pub(crate) files_from: Option<Vec<super::manifest::Listed>>,
     /// Send only this shard's part of the tree (`--shard K/N`).
     pub(crate) shard: Option<Shard>,
     /// Transport connections at once.
@@ -231,6 +235,10 @@ pub struct SendConfig {
     /// receiver that says it is busy, from its first such answer; zero:
     /// give up at once.
     pub(crate) wait_busy: Duration,
+    /// How a copy over ssh carries its datagrams, for its report: `udp`,
+    /// or `ssh` where no UDP got through ([`crate::transfer::tunnel`]);
+    /// `None`: not a copy over ssh.
+    pub(crate) route: Option<&'static str>,
 }
 
 impl SendConfig {
@@ -245,7 +253,9 @@ impl SendConfig {
             tuning: Tuning::default(),
             options: Options::default(),
             follow: false,
-            excludes: Excludes::default(),
+            filters: Filters::default(),
+            files_from: None,
+            hard_links: false,
             shard: None,
             streams: 1,
             flows: 1,
@@ -255,6 +265,7 @@ impl SendConfig {
             trace: None,
             path_memory: None,
             wait_busy: Duration::ZERO,
+            route: None,
         }
     }
 
@@ -353,6 +364,9 @@ pub struct Progress {
     pub detail: AtomicBool,
     /// The data streams of the current round, with `detail`.
     pub streams: Mutex<Vec<Arc<StreamLive>>>,
+    /// Set by the first datagram from the receiver: UDP gets through
+    /// both ways.
+    pub heard: Arc<AtomicBool>,
 }
 
 impl Progress {
@@ -496,7 +510,10 @@ pub fn send_from(
 ) -> Result<SendReport, SendError> {
     let mut session = None;
     let result = session::send_session(sources, config, from, &progress, &mut session);
-    if let (Err(e), Some(id)) = (&result, session) {
+    // A receiver never heard from cannot be told either: an abort to it
+    // would only wait out its maxidle.
+    let heard = progress.heard.load(Ordering::Relaxed);
+    if let (Err(e), Some(id), true) = (&result, session, heard) {
         let mut quick = config.clone();
         quick.tuning.maxidle = Duration::from_secs(2);
         let link = conn::Link {

@@ -25,7 +25,9 @@ use crate::io::coupling::GroupMember;
 use crate::io::{fresh_conn_id, StreamFeed};
 use crate::transfer::hash::{chunk_count, chunk_len, file_hash, part_digest, Cv, CHUNK_SIZE};
 use crate::transfer::layout::CV_LEN;
-use crate::transfer::manifest::{manifest_of, walk, EntryKind, LocalEntry, Manifest};
+use crate::transfer::manifest::{
+    keep_hard_links, manifest_of, walk, walk_listed, EntryKind, LocalEntry, Manifest,
+};
 use crate::transfer::messages::{
     encode_finish, ChunkRef, FilePart, FilePlan, Options, Outcome, PlanReply, PlanRequest,
 };
@@ -832,7 +834,13 @@ struct Walked {
 impl Plan {
     /// Walks `sources` (with `--shard`, this shard's part of them).
     fn walk(sources: &[PathBuf], config: &SendConfig) -> Result<Walked, SendError> {
-        let walked = walk(sources, config.follow, &config.excludes)?;
+        let mut walked = match &config.files_from {
+            Some(listed) => walk_listed(listed, config.follow, &config.filters)?,
+            None => walk(sources, config.follow, &config.filters)?,
+        };
+        if config.hard_links {
+            keep_hard_links(&mut walked);
+        }
         let selected = match config.shard {
             Some(shard) => shard.select(walked),
             None => walked
@@ -934,6 +942,8 @@ impl Files {
                 }
                 EntryKind::Dir => files.dirs += 1,
                 EntryKind::Symlink { .. } => files.symlinks += 1,
+                // Made at the receiver from a file sent: nothing to read.
+                EntryKind::HardLink { .. } => {}
             }
         }
         Ok(files)

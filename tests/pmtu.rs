@@ -1,0 +1,135 @@
+//! Path-MTU discovery (docs/transfer.md, "Datagram size") across a hop
+//! that silently drops IP packets over 1,400 bytes, as VPNs, tunnels and
+//! PPPoE links do: two network namespaces, an nftables rule at the
+//! receiver. Needs root and nft; elsewhere it prints why it is skipped.
+
+mod common;
+mod netem_support;
+
+use std::process::Command;
+
+use common::TestDir;
+use netem_support::{ip, say, skip_bridge, u, Server, VethPair};
+use serde_json::Value;
+
+const SIZE: usize = 20_000_000;
+
+/// `atou send --json` of `src` from host `ns` to `target`, killed after
+/// two minutes (a datagram size the path drops stalls it); its report.
+fn send(ns: &str, src: &std::path::Path, target: &str) -> Value {
+    let out = Command::new("timeout")
+        .args(["120", "ip", "netns", "exec", ns, common::ATOU])
+        .env(
+            "XDG_CACHE_HOME",
+            concat!(env!("CARGO_TARGET_TMPDIR"), "/path-cache-pmtu"),
+        )
+        .args([
+            "send",
+            "--quiet",
+            "--json",
+            "--no-auth",
+            "--no-path-cache",
+            src.to_str().unwrap(),
+            target,
+        ])
+        .output()
+        .expect("run atou send");
+    assert!(
+        out.status.success(),
+        "send failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("a JSON report")
+}
+
+/// The nft rule of the black hole, at the receiver's input.
+fn drop_over_1400(ns: &str) -> bool {
+    let nft = |rule: &str| {
+        Command::new("ip")
+            .args(["netns", "exec", ns, "nft"])
+            .args(rule.split(' '))
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    nft("add table inet blackhole")
+        && Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                ns,
+                "nft",
+                "add",
+                "chain",
+                "inet",
+                "blackhole",
+            ])
+            .args(["in", "{ type filter hook input priority 0 ; }"])
+            .status()
+            .is_ok_and(|s| s.success())
+        && nft("add rule inet blackhole in ip length gt 1400 drop")
+}
+
+/// A 20 MB send finds the veth's 1,500 bytes on a clean path; through a
+/// hop that drops packets over 1,400 bytes it finds 1,400 and completes
+/// intact (before the search it failed after 10 s, exit 30).
+#[test]
+fn a_send_through_a_1400_byte_black_hole_finds_the_size_and_completes() {
+    let name = "a_send_through_a_1400_byte_black_hole_finds_the_size_and_completes";
+    if skip_bridge(name) {
+        return;
+    }
+    if Command::new("nft").arg("--version").output().is_err() {
+        common::cannot_run(name, "nft (nftables) is not installed");
+        return;
+    }
+    let hosts = VethPair::start("atou-pm-a", "atou-pm-b", "atou-pm", "10.79.0");
+    // A veth hands UDP GSO batches across whole, and a rule on IP length
+    // would see (and drop) the batch: one datagram per packet, as on a wire.
+    ip(&[
+        "-n",
+        hosts.a,
+        "link",
+        "set",
+        "atou-pm1",
+        "gso_max_segs",
+        "1",
+    ]);
+    let dir = TestDir::new(name);
+    let dest = dir.dir("dest");
+    let data = common::noise(SIZE, 37);
+    for f in ["clean", "holed"] {
+        std::fs::write(dir.path(f), &data).unwrap();
+    }
+    let _server = Server::start_with(
+        Some(hosts.b),
+        "10.79.0.2:7890",
+        &["--dir", dest.to_str().unwrap(), "--no-auth"],
+    );
+    let clean = send(hosts.a, &dir.path("clean"), "10.79.0.2:7890");
+    assert!(
+        drop_over_1400(hosts.b),
+        "nft could not add the black hole's rule"
+    );
+    let holed = send(hosts.a, &dir.path("holed"), "10.79.0.2:7890");
+    let rate = |r: &Value| r["goodput_bps"].as_f64().unwrap_or(0.0) / 1e6;
+    say(&format!(
+        "{name}: clean {} ({}) {:.0} Mbit/s; black hole {} ({}) {:.0} Mbit/s",
+        clean["path_mtu"]["path_mtu"],
+        clean["path_mtu"]["from"],
+        rate(&clean),
+        holed["path_mtu"]["path_mtu"],
+        holed["path_mtu"]["from"],
+        rate(&holed),
+    ));
+    assert_eq!(clean["path_mtu"]["from"], "found", "{clean}");
+    assert_eq!(u(&clean["path_mtu"]["path_mtu"]), 1500, "{clean}");
+    assert_eq!(holed["path_mtu"]["from"], "found", "{holed}");
+    assert_eq!(u(&holed["path_mtu"]["path_mtu"]), 1400, "{holed}");
+    assert_eq!(u(&holed["path_mtu"]["datagram"]), 1372, "{holed}");
+    for f in ["clean", "holed"] {
+        assert!(
+            std::fs::read(dest.join(f)).unwrap() == data,
+            "{f} did not arrive intact"
+        );
+    }
+}
