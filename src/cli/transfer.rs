@@ -552,6 +552,8 @@ impl TransferArgs {
                 shard: false,
                 // The plan sets it where the finish can go ahead.
                 finish_ahead: false,
+                // Not wired to the data streams yet.
+                compress: false,
             },
             follow: self.follow,
             hard_links: self.hard_links,

@@ -3,8 +3,8 @@
 //! reader threads, and goes raw, flagged, when that does not save at
 //! least a twentieth of it; the receiver expands it into a buffer of the
 //! chunk's planned raw length and no more, then checks BLAKE3 over the
-//! raw bytes as for any chunk. A chunk on the wire is a *frame*: one
-//! byte of encoding, its wire length (big-endian `u32`), then its bytes.
+//! raw bytes as for any chunk. Each chunk's *frame header* is one byte of
+//! encoding and its wire length (big-endian `u32`).
 //!
 //! Every frame header is attacker-chosen: [`FrameHeader::parse`] refuses a
 //! raw frame whose length is not the chunk's and a zstd frame not shorter
@@ -14,8 +14,10 @@
 //! expands beyond it is refused, not allocated), and refuses one that
 //! comes out short.
 //!
-//! The codec only, so far: no data stream carries frames yet, and no
-//! flag asks for them (issue 30, point 4).
+//! The frame headers of a stream's chunks travel together in its framed
+//! data header (`messages::DataHeader::encode_framed`), so both ends know
+//! where every chunk sits before its bytes come (docs/transfer.md,
+//! "Compression").
 
 use super::hash::CHUNK_SIZE;
 
@@ -42,6 +44,8 @@ pub enum FrameError {
     NotSmaller { wire: u32, raw: u32 },
     #[error("a compressed chunk that does not expand to its {raw} bytes: {why}")]
     Corrupt { raw: u32, why: String },
+    #[error("a framed data header whose frames are not one per chunk")]
+    Missing,
 }
 
 /// A frame's header: how its chunk is encoded and how many bytes follow.
