@@ -217,7 +217,6 @@ impl Readers {
         );
     }
 
-
     /// Reads and hashes `chunks` of `sources`; their values, in the order
     /// the reads finish, or the first read that failed.
     pub(super) fn values(

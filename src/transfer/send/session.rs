@@ -1825,7 +1825,10 @@ mod tests {
         assert_eq!(w[2], vec![a[4..].to_vec()]);
         let one = waves(std::slice::from_ref(&a), &sizes, 1);
         assert_eq!(one.len(), 5, "a chunk a wave at least");
-        assert_eq!(waves(std::slice::from_ref(&a), &sizes, 5 * full), vec![vec![a]]);
+        assert_eq!(
+            waves(std::slice::from_ref(&a), &sizes, 5 * full),
+            vec![vec![a]]
+        );
     }
 
     #[test]
