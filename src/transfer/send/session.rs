@@ -1076,12 +1076,24 @@ fn plan_answer(host: &str, reply: &[u8], sizes: &[u64]) -> Result<PlanAnswer, Se
         Ok(PlanReply::Busy { retry_after, why }) => Ok(PlanAnswer::Busy { retry_after, why }),
         Ok(PlanReply::Refused(why)) => Err(SendError::Refused {
             host: host.to_string(),
-            why,
+            why: predates_compress(why),
         }),
         Err(e) => Err(SendError::BadReply {
             host: host.to_string(),
             why: e.to_string(),
         }),
+    }
+}
+
+/// A receiver that predates `--compress` refuses the plan's version 2 (the
+/// version only a plan with it takes) by number: say what that means.
+fn predates_compress(why: String) -> String {
+    if why.contains("session protocol version 2,") {
+        format!(
+            "{why} (its atou predates --compress: upgrade it there, or send without --compress)"
+        )
+    } else {
+        why
     }
 }
 
@@ -1569,6 +1581,22 @@ mod tests {
 
     /// An older receiver's refusal of the bit, as it words it, and no
     /// other refusal, makes the plan go again without it.
+    #[test]
+    fn a_receiver_that_predates_compress_is_named_as_such() {
+        let old = PlanReply::Refused(
+            "a malformed plan: session protocol version 2, this atou speaks 1".into(),
+        );
+        let Err(SendError::Refused { why, .. }) = plan_answer(HOST, &old.encode(), &[]) else {
+            panic!()
+        };
+        assert!(why.ends_with("or send without --compress)"), "{why}");
+        let other = PlanReply::Refused("no room".into());
+        let Err(SendError::Refused { why, .. }) = plan_answer(HOST, &other.encode(), &[]) else {
+            panic!()
+        };
+        assert_eq!(why, "no room");
+    }
+
     #[test]
     fn only_a_refusal_of_unknown_option_bits_drops_the_finish_ahead() {
         use crate::transfer::messages::MessageError;
