@@ -186,6 +186,8 @@ fn plan(entries: Vec<Entry>, options: Options, parts: Vec<FilePart>) -> Vec<u8> 
         subdir: None,
         manifest: Manifest { entries },
         parts,
+        protect: Vec::new(),
+        owners: None,
     }
     .encode()
 }
@@ -211,8 +213,8 @@ fn send_plan_in_part(
         })
         .collect();
     let reply = stream(s.addr, session, plan(entries, options, parts))?;
-    match PlanReply::decode(&reply, &sizes) {
-        Ok(PlanReply::Accepted(_)) => Ok(()),
+    match PlanReply::decode(&reply, &sizes, false) {
+        Ok(PlanReply::Accepted { .. }) => Ok(()),
         Ok(PlanReply::Refused(why)) => Err(why),
         Ok(PlanReply::Busy { why, .. }) => Err(why),
         Err(_) => match Outcome::decode(&reply) {

@@ -210,6 +210,61 @@ fn a_remote_cannot_replace_what_is_there_without_the_local_overwrite() {
     );
 }
 
+/// A remote that asks `--delete` on a pull this end was not given
+/// `--delete`: refused before anything is removed; with this end's
+/// `--delete` it mirrors, and only beneath the name asked for.
+#[test]
+fn a_remote_cannot_delete_here_without_the_local_delete() {
+    let s = TestDir::new("hostile-remote-delete");
+    let theirs = s.path("evil/data");
+    fs::create_dir_all(&theirs).unwrap();
+    fs::write(theirs.join("new"), "theirs\n").unwrap();
+    let dest = home(&s);
+    fs::create_dir_all(dest.join("data")).unwrap();
+    fs::write(dest.join("data/mine"), "mine\n").unwrap();
+    let remote = hostile(&s, "--delete --skip-existing", &[&theirs]);
+    let out = pull(&s, &remote, &["127.0.0.1:data", dest.to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(err.contains("not given --delete"), "{err}");
+    assert_eq!(
+        fs::read_to_string(dest.join("data/mine")).unwrap(),
+        "mine\n"
+    );
+    assert!(!dest.join("data/new").exists());
+    let out = pull(
+        &s,
+        &remote,
+        &["127.0.0.1:data", dest.to_str().unwrap(), "--delete"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!dest.join("data/mine").exists(), "not mirrored");
+    assert_eq!(
+        fs::read_to_string(dest.join("data/new")).unwrap(),
+        "theirs\n"
+    );
+    // Beside the name asked for, nothing was touched.
+    assert_eq!(fs::read_to_string(dest.join(".bashrc")).unwrap(), "mine\n");
+    assert!(dest.join(".ssh/authorized_keys").exists());
+}
+
+/// A remote that sends with `-o -g` (its files would be root's, say) on a
+/// pull this end was not given `-o`/`-g`: refused, nothing written.
+#[test]
+fn a_remote_cannot_choose_owners_here_without_the_local_owner_flags() {
+    let s = TestDir::new("hostile-remote-owners");
+    let theirs = s.path("evil/data");
+    fs::create_dir_all(&theirs).unwrap();
+    fs::write(theirs.join("f"), "theirs\n").unwrap();
+    let dest = home(&s);
+    let remote = hostile(&s, "-o -g --numeric-ids", &[&theirs]);
+    let out = pull(&s, &remote, &["127.0.0.1:data", dest.to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(err.contains("not given -o or -g"), "{err}");
+    assert!(!dest.join("data").exists());
+}
+
 #[test]
 fn a_remote_cannot_re_mode_a_directory_that_was_there() {
     let s = TestDir::new("hostile-remote-remode");

@@ -153,7 +153,11 @@ fn answer_with(request: &[u8], data: impl FnOnce(&DataHeader) -> Vec<u8>) -> Vec
             let Ok(Request::Plan(p)) = Request::decode(request) else {
                 panic!("the sender's plan does not decode")
             };
-            PlanReply::Accepted(vec![FilePlan::SendAll; p.manifest.file_count()]).encode()
+            PlanReply::Accepted {
+                plans: vec![FilePlan::SendAll; p.manifest.file_count()],
+                deletions: None,
+            }
+            .encode()
         }
         Some(b'D') => {
             let (header, _) = DataHeader::parse(request).unwrap().unwrap();
@@ -277,6 +281,8 @@ fn racing_receiver(dest: &Path, hook: impl FnOnce() + Send + 'static) -> Running
                 special_bits: true,
                 symlinks: SymlinkPolicy::All,
                 fsync: false,
+                delete: false,
+                owners: false,
             },
             None,
         )),

@@ -3581,3 +3581,192 @@ fn metrics_count_a_real_transfer() {
         "{after}"
     );
 }
+
+/// `--delete` leaves each directory sent as `rsync -a --delete` leaves it
+/// from the same tree onto the same destination: what the sender does not
+/// have goes, what the filter rules exclude stays (and the directory
+/// holding it), a symlink is removed as a link and never followed, and
+/// nothing outside the directories sent is touched. The server must allow
+/// it and the key's line must say `delete`; `-n` lists it and removes
+/// nothing.
+#[test]
+fn delete_mirrors_as_rsync_delete_does() {
+    if !have_rsync("delete_mirrors_as_rsync_delete_does") {
+        return;
+    }
+    let scratch = TestDir::new("transfer-delete");
+    let tree = scratch.dir("src/tree");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    write_random(&tree.join("a"), 3000, 1);
+    write_random(&tree.join("sub/b"), 2000, 2);
+    write_random(&tree.join("sub/keep.o"), 100, 3);
+    let outside = scratch.dir("outside");
+    fs::write(outside.join("precious"), "mine\n").unwrap();
+    // The same stale destination for both tools: an earlier copy plus
+    // what the source no longer has.
+    let stale = |root: &Path| {
+        fs::create_dir_all(root.join("tree/old/deep")).unwrap();
+        fs::create_dir_all(root.join("tree/sub/gone")).unwrap();
+        fs::write(root.join("tree/old/deep/f"), "x").unwrap();
+        fs::write(root.join("tree/old/kept.o"), "o").unwrap();
+        fs::write(root.join("tree/sub/gone/g"), "g").unwrap();
+        fs::write(root.join("tree/stale"), "s").unwrap();
+        fs::write(root.join("tree/p.o"), "p").unwrap();
+        symlink(&outside, root.join("tree/sub/link")).unwrap();
+        fs::write(root.join("beside"), "b").unwrap();
+    };
+    let rules = ["--exclude=*.o"];
+    let by_rsync = scratch.dir("rsync");
+    let rsync = |extra: &[&str]| {
+        let out = Command::new("rsync")
+            .arg("-a")
+            .args(extra)
+            .args(rules)
+            .arg(&tree)
+            .arg(format!("{}/", by_rsync.display()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "rsync: {out:?}");
+    };
+    rsync(&[]);
+    stale(&by_rsync);
+    rsync(&["--delete"]);
+
+    let dest = scratch.dir("dest");
+    let (key, line) = common::keygen(scratch.root(), "deleter", TEST_CACHE);
+    let authorized = scratch.path("authorized_keys");
+    fs::write(&authorized, &line).unwrap();
+    let identity = ["--identity", key.to_str().unwrap()];
+    let args = |more: &[&'static str]| -> Vec<&str> {
+        let mut a: Vec<&str> = identity.to_vec();
+        a.extend(rules);
+        a.extend(more);
+        a
+    };
+    {
+        let server = Serve::start_keyed(&dest, &authorized, &[]);
+        send(&[&tree], &server.target(), &args(&[])).report();
+    }
+    stale(&dest);
+    let before = listing(&dest);
+    // Neither the server nor the key allows it yet.
+    {
+        let server = Serve::start_keyed(&dest, &authorized, &[]);
+        let why = send(
+            &[&tree],
+            &server.target(),
+            &args(&["--delete", "--skip-existing"]),
+        )
+        .failure(REFUSED);
+        assert!(why.contains("--allow-delete"), "{why}");
+        let server = Serve::start_keyed(&dest, &authorized, &["--allow-delete"]);
+        let why = send(
+            &[&tree],
+            &server.target(),
+            &args(&["--delete", "--skip-existing"]),
+        )
+        .failure(REFUSED);
+        assert!(why.contains("`delete`"), "{why}");
+    }
+    assert_eq!(listing(&dest), before);
+    fs::write(&authorized, format!("delete {line}")).unwrap();
+    let server = Serve::start_keyed(&dest, &authorized, &["--allow-delete"]);
+    let dry = send(
+        &[&tree],
+        &server.target(),
+        &args(&["--delete", "--skip-existing", "-n"]),
+    );
+    assert_eq!(dry.code(), Some(0), "{}", dry.stderr);
+    let dry: Value = serde_json::from_str(dry.stdout.trim()).unwrap();
+    let listed: Vec<&str> = dry["deleted"]["listed"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no deletions listed: {dry}"))
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        ["tree/old/", "tree/stale", "tree/sub/gone/", "tree/sub/link"],
+        "{dry}"
+    );
+    assert_eq!(listing(&dest), before, "a dry run removed something");
+    let r = send(
+        &[&tree],
+        &server.target(),
+        &args(&["--delete", "--skip-existing"]),
+    )
+    .report();
+    assert_eq!(report_u(&r["deleted"], "total"), 4, "{r}");
+    assert_eq!(listing(&dest), listing(&by_rsync));
+    assert!(listing(&dest).contains(&"tree/old/kept.o".to_string()));
+    assert_eq!(
+        fs::read_to_string(outside.join("precious")).unwrap(),
+        "mine\n"
+    );
+    assert!(dest.join("beside").exists());
+}
+
+/// `-o -g` (and `--numeric-ids`) give each file, directory and symlink
+/// the owner and group `rsync -a -o -g --numeric-ids` gives it from the
+/// same tree, where the receiver runs as root and allows it; a server
+/// that does not allow it refuses the transfer and writes nothing.
+#[test]
+fn owners_and_groups_arrive_as_rsync_gives_them() {
+    if !is_root() {
+        eprintln!("SKIPPED owners_and_groups_arrive_as_rsync_gives_them: needs root to chown");
+        return;
+    }
+    if !have_rsync("owners_and_groups_arrive_as_rsync_gives_them") {
+        return;
+    }
+    use std::os::unix::fs::{chown, lchown};
+    let scratch = TestDir::new("transfer-owners");
+    let tree = scratch.dir("src/tree");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    write_random(&tree.join("a"), 3000, 1);
+    write_random(&tree.join("sub/b"), 2000, 2);
+    symlink("a", tree.join("l")).unwrap();
+    chown(tree.join("a"), Some(1234), Some(5678)).unwrap();
+    chown(tree.join("sub"), Some(4321), Some(8765)).unwrap();
+    chown(tree.join("sub/b"), Some(0), Some(65534)).unwrap();
+    // After its chown, which clears it.
+    set_mode(&tree.join("sub/b"), 0o2755);
+    lchown(tree.join("l"), Some(1111), Some(2222)).unwrap();
+    let ids = |root: &Path| -> Vec<(String, u32, u32)> {
+        walk(root)
+            .into_iter()
+            .map(|(rel, md)| (rel.display().to_string(), md.uid(), md.gid()))
+            .filter(|(rel, _, _)| !rel.starts_with(STAGING_DIR))
+            .collect()
+    };
+    let by_rsync = scratch.dir("rsync");
+    let out = Command::new("rsync")
+        .args(["-a", "-o", "-g", "--numeric-ids"])
+        .arg(&tree)
+        .arg(format!("{}/", by_rsync.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "rsync: {out:?}");
+    let dest = scratch.dir("dest");
+    {
+        let server = Serve::start(&dest);
+        let why = send(&[&tree], &server.target(), &["-o", "-g"]).failure(REFUSED);
+        assert!(why.contains("--allow-owners"), "{why}");
+        assert!(!dest.join("tree").exists(), "{:?}", listing(&dest));
+    }
+    let server = Serve::start_with(&dest, &["--allow-owners", "--allow-special-bits"]);
+    send(&[&tree], &server.target(), &["-o", "-g", "--numeric-ids"]).report();
+    assert_eq!(ids(&dest), ids(&by_rsync));
+    assert_eq!(ids(&dest.join("tree")), ids(&tree));
+    // The owner is set before the mode, which a change of owner would
+    // otherwise strip of its setgid bit.
+    assert_eq!(
+        fs::metadata(dest.join("tree/sub/b")).unwrap().mode() & 0o7777,
+        0o2755
+    );
+    // By name: the same host, so the same ids.
+    let named = scratch.dir("named");
+    let server = Serve::start_with(&named, &["--allow-owners", "--allow-special-bits"]);
+    send(&[&tree], &server.target(), &["-o", "-g"]).report();
+    assert_eq!(ids(&named.join("tree")), ids(&tree));
+}

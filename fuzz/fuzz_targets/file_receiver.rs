@@ -209,8 +209,17 @@ fuzz_target!(|data: &[u8]| {
                         dry_run: body.first().is_some_and(|b| b % 16 >= 8),
                         shard: body.first().is_some_and(|b| b % 32 >= 16),
                         finish_ahead: body.first().is_some_and(|b| b % 64 >= 32),
-                        compress: body.first().is_some_and(|b| b % 128 >= 64),
+                        compress: body.first().is_some_and(|b| b % 256 >= 128),
+                        delete: body.first().is_some_and(|b| b % 128 >= 64),
                     },
+                    // Under --delete, a rule the fuzzer may make anything
+                    // of: the receiver's decode checks it.
+                    protect: if body.first().is_some_and(|b| b % 128 >= 64) {
+                        vec![format!("- {}", String::from_utf8_lossy(&body[1..body.len().min(9)]))]
+                    } else {
+                        Vec::new()
+                    },
+                    owners: None,
                     subdir: None,
                     manifest: manifest(body, outside),
                     // A part of the first file, which may or may not

@@ -29,8 +29,11 @@ fuzz_target!(|data: &[u8]| {
             // Sizes from the first bytes, a plan reply from the rest.
             let sizes: Vec<u64> = rest.iter().take(3).map(|&b| u64::from(b) << 18).collect();
             let body = rest.get(3..).unwrap_or_default();
-            if let Ok(r) = PlanReply::decode(body, &sizes) {
-                assert_eq!(PlanReply::decode(&r.encode(), &sizes).unwrap(), r);
+            // Whether the plan asked for --delete (a list of deletions
+            // follows) from the parity of the first byte.
+            let delete = rest.first().is_some_and(|b| b & 1 == 1);
+            if let Ok(r) = PlanReply::decode(body, &sizes, delete) {
+                assert_eq!(PlanReply::decode(&r.encode(), &sizes, delete).unwrap(), r);
             }
         }
         2 => {

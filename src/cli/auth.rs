@@ -240,7 +240,7 @@ pub(super) struct ServeAuthArgs {
     /// The server's private key (default: $XDG_CONFIG_HOME/atou/id_x25519 or ~/.config/atou/id_x25519; make one with `atou keygen`); its public key is printed at start for clients to pin
     #[arg(long, value_name = "FILE")]
     identity: Option<PathBuf>,
-    /// Client keys allowed, one `[OPTIONS] atou-x25519 BASE64 [COMMENT]` per line; OPTIONS `subdir=PATH` (the key writes only beneath PATH in DEST) and `overwrite` (default: $XDG_CONFIG_HOME/atou/authorized_keys or ~/.config/atou/authorized_keys). Required with --dir unless --no-auth
+    /// Client keys allowed, one `[OPTIONS] atou-x25519 BASE64 [COMMENT]` per line; OPTIONS `subdir=PATH` (the key writes only beneath PATH in DEST), `overwrite` and `delete` (the key may ask --overwrite or --delete where the server allows it) (default: $XDG_CONFIG_HOME/atou/authorized_keys or ~/.config/atou/authorized_keys). Required with --dir unless --no-auth
     #[arg(long, value_name = "FILE")]
     authorized_keys: Option<PathBuf>,
     /// Serve unauthenticated, unencrypted clients too: anyone who can send UDP here may write into --dir. Only on a network you trust

@@ -103,6 +103,12 @@ pub(super) struct ReceiverArgs {
     /// Let a sender that asks (`--overwrite`) replace existing files and re-mode existing directories (default: refuse)
     #[arg(long)]
     allow_overwrite: bool,
+    /// Let a sender that asks (`--delete`) remove, in the directories it sends, what it does not send (default: refuse the transfer). With --authorized-keys, a key needs `delete` on its line too
+    #[arg(long)]
+    allow_delete: bool,
+    /// Give what a sender sends with -o / -g its sender's owner and group (by name where this host knows it, as rsync); needs the server to run as root (default: refuse such a transfer)
+    #[arg(long)]
+    allow_owners: bool,
     /// Permission bits cleared from every mode that arrives, in octal
     #[arg(long, value_name = "OCTAL", default_value = "022", value_parser = parse_umask)]
     umask: u32,
@@ -200,6 +206,8 @@ impl ReceiverArgs {
     fn policy(&self) -> ReceivePolicy {
         ReceivePolicy {
             allow_overwrite: self.allow_overwrite,
+            allow_delete: self.allow_delete,
+            allow_owners: self.allow_owners,
             umask: self.umask,
             special_bits: self.allow_special_bits,
             fsync: !self.no_fsync,

@@ -271,10 +271,13 @@ fn pull(target: &str, paths: &[String], dest: &str, flags: CopyFlags<'_>) -> Res
         // This end's rules, from its own flags: the remote only asks.
         policy: receiving.policy(
             transfer.overwrite(),
+            transfer.delete(),
+            transfer.keeps_owners(),
             transfer.fsync(),
             Some(Requested::from_paths(paths)),
         ),
         overwrite: transfer.overwrite(),
+        delete: transfer.delete(),
         shard: transfer.shard().is_some(),
         streams: transfer.streams(),
         buffer: transfer.buffer(),
@@ -350,7 +353,15 @@ fn received_text(r: &TransferReport, from: &str) -> String {
         format_rate(rate),
     );
     s += &super::transfer::not_sent_and_resent(r.bytes_resumed, r.skipped, r.chunks_rejected);
-    s + "\natou: every file verified here (BLAKE3 per chunk and per file)\n"
+    s += "\natou: every file verified here (BLAKE3 per chunk and per file)\n";
+    if r.deleted > 0 {
+        s += &format!(
+            "atou: deleted {} entr{} here that {from} does not have (--delete)\n",
+            r.deleted,
+            if r.deleted == 1 { "y" } else { "ies" }
+        );
+    }
+    s
 }
 
 // ---------------------------------------------------------------------
@@ -435,7 +446,8 @@ fn remote_receive(
         buffer: args.buffer,
         rcvbuf: args.rcvbuf,
         dry_run: args.dry_run,
-        policy: args.receiving.policy(true, false, None),
+        // The sender is this user's own command: its flags decide.
+        policy: args.receiving.policy(true, true, true, false, None),
         writers: readers(None),
     };
     let received = receive_push(config, &hello, ip, watch, gone).map_err(cli_error);

@@ -61,6 +61,9 @@ pub(super) struct TransferArgs {
     /// Replace files that already exist at the destination (default: refuse the transfer)
     #[arg(long)]
     overwrite: bool,
+    /// Make each directory sent a mirror (rsync's --delete): at the end, once every file is in place, remove from the destination's copy of each directory sent whatever the sender does not send, except what --exclude/--filter rules exclude (protected, as rsync protects it). Only within the directories sent, never DEST itself; nothing is removed if the transfer fails. With -n, lists what it would remove. A server must allow it (`atou serve --allow-delete`, and `delete` on the key's line). Not with --shard or --files-from
+    #[arg(long, conflicts_with_all = ["shard", "files_from"])]
+    delete: bool,
     /// Leave alone existing files of the same size and modification time (and identical symlinks)
     #[arg(long)]
     skip_existing: bool,
@@ -106,6 +109,15 @@ pub(super) struct TransferArgs {
     /// Keep hard links (as rsync -H): files sent that are one file (same device and inode) arrive as one file with several names, its bytes sent once; links to files outside what is sent are sent as copies. Not with --shard
     #[arg(long, short = 'H', conflicts_with = "shard")]
     hard_links: bool,
+    /// Give each file, directory and symlink its owner at the receiver (as rsync -o): by user name where the receiving host knows the name, by number otherwise. The receiving end must run as root and allow it (`atou serve --allow-owners`; the receiving end of a copy, its own -o). Directories get it where they get their mode: where the transfer creates them, or with --overwrite
+    #[arg(long, short = 'o')]
+    owner: bool,
+    /// Give each entry its group at the receiver (as rsync -g), by name as -o; needs what -o needs
+    #[arg(long, short = 'g')]
+    group: bool,
+    /// With -o / -g: owners and groups by number, never mapped by name (as rsync --numeric-ids)
+    #[arg(long)]
+    numeric_ids: bool,
     /// Reader threads (default: one per core, at least 2)
     #[arg(long, value_name = "N")]
     readers: Option<usize>,
@@ -220,10 +232,13 @@ pub(super) struct ReceivingArgs {
 
 impl ReceivingArgs {
     /// The receiving end's policy, from its own flags alone: these, and
-    /// whether it lets files be replaced (`--overwrite`) and syncs them.
+    /// whether it lets files be replaced (`--overwrite`) or removed
+    /// (`--delete`) and syncs them.
     pub(super) fn policy(
         &self,
         overwrite: bool,
+        delete: bool,
+        owners: bool,
         fsync: bool,
         requested: Option<Requested>,
     ) -> ReceivePolicy {
@@ -233,6 +248,8 @@ impl ReceivingArgs {
                 special_bits: self.perms,
                 symlinks: self.symlinks,
                 fsync,
+                delete,
+                owners,
             },
             requested,
         )
@@ -556,9 +573,15 @@ impl TransferArgs {
                 // The plan sets it where the finish can go ahead.
                 finish_ahead: false,
                 compress: self.compress,
+                delete: self.delete,
             },
             follow: self.follow,
             hard_links: self.hard_links,
+            keep_owners: crate::transfer::send::KeepOwners {
+                user: self.owner,
+                group: self.group,
+                numeric: self.numeric_ids,
+            },
             filters: self.filters()?,
             // Set with the sources, in run_send_from.
             files_from: None,
@@ -780,6 +803,13 @@ fn report_text(r: &SendReport, streams: &[Summary], path: &PathSize) -> String {
     } else {
         s += "\natou: every file verified at the receiver (BLAKE3 per chunk and per file)\n";
     }
+    if let Some(d) = &r.deleted {
+        s += &format!(
+            "atou: deleted {} entr{} at the destination that the sender does not have (--delete)\n",
+            d.total,
+            if d.total == 1 { "y" } else { "ies" }
+        );
+    }
     s += &format!("atou: {}\n", path.text());
     for (i, t) in streams.iter().enumerate() {
         s += &format!(
@@ -822,13 +852,29 @@ fn dry_run_text(r: &SendReport) -> String {
         });
         s += &format!("{:<5} {:>22}  {}{part}\n", f.action, how, f.path);
     }
+    let mut deleting = String::new();
+    if let Some(d) = &r.deleted {
+        // rsync -n --delete's words, before the summary.
+        for path in &d.listed {
+            s += &format!("deleting {path}\n");
+        }
+        let more = d.total.saturating_sub(d.listed.len() as u64);
+        if more > 0 {
+            s += &format!("deleting … and {more} more\n");
+        }
+        deleting = format!(
+            ", delete {} entr{} the sender does not have",
+            d.total,
+            if d.total == 1 { "y" } else { "ies" }
+        );
+    }
     let sent = files.iter().filter(|f| f.action == "send").count();
     let part = r.shard.as_ref().map_or(String::new(), |k| {
         format!(" (shard {k}, its part of the tree)")
     });
     s += &format!(
         "dry run{part}: would send {} of {} file{} ({} of {}), skip {} ({} already there), \
-         with {} dir{} and {} symlink{}, to {}; nothing was sent\n",
+         with {} dir{} and {} symlink{}, to {}{deleting}; nothing was sent\n",
         sent,
         files.len(),
         if files.len() == 1 { "" } else { "s" },
@@ -1237,6 +1283,8 @@ impl LocalReceiver {
                 // manifest may hold only the SRCs named.
                 policy: args.receiving.policy(
                     args.transfer.overwrite,
+                    args.transfer.delete,
+                    args.transfer.keeps_owners(),
                     args.transfer.fsync,
                     Some(local_requested(&args.sources, &args.transfer)?),
                 ),
@@ -1387,6 +1435,15 @@ impl TransferArgs {
         self.overwrite
     }
 
+    pub(super) fn delete(&self) -> bool {
+        self.delete
+    }
+
+    /// `-o` or `-g`: the receiving end may give entries owners or groups.
+    pub(super) fn keeps_owners(&self) -> bool {
+        self.owner || self.group
+    }
+
     pub(super) fn fsync(&self) -> bool {
         self.fsync
     }
@@ -1421,6 +1478,10 @@ impl TransferArgs {
         ];
         for (on, flag) in [
             (self.overwrite, "--overwrite"),
+            (self.delete, "--delete"),
+            (self.owner, "--owner"),
+            (self.group, "--group"),
+            (self.numeric_ids, "--numeric-ids"),
             (self.skip_existing, "--skip-existing"),
             (self.checksum, "--checksum"),
             (self.fsync, "--fsync"),

@@ -437,6 +437,14 @@ impl DestDir {
         rfs::renameat_with(self.staging()?, staged, dir, name, flags).map_err(to_io)
     }
 
+    /// Gives the staged entry `name` (a symlink, before it takes its
+    /// name) its owner and group, not following it: in the private staging
+    /// directory no one else can swap it meanwhile.
+    pub fn set_staged_owner(&self, name: &str, ids: Ids) -> io::Result<()> {
+        let (uid, gid) = ids.rustix();
+        rfs::chownat(self.staging()?, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW).map_err(to_io)
+    }
+
     /// The regular files in the staging directory whose names end in
     /// `suffix`, with their mtimes (seconds since the epoch); nothing is
     /// followed, and names that are not UTF-8 (none of atou's) are left
@@ -521,6 +529,39 @@ pub fn look(dir: &impl AsFd, name: &[u8]) -> io::Result<Found> {
     }
 }
 
+/// The names in directory `dir` (not `.` and `..`), each with what it is,
+/// looked at without following it; a name gone meanwhile is left out.
+pub fn entries(dir: &OwnedFd) -> io::Result<Vec<(Vec<u8>, Found)>> {
+    let mut names = Vec::new();
+    for entry in rfs::Dir::read_from(dir).map_err(to_io)? {
+        let entry = entry.map_err(to_io)?;
+        let name = entry.file_name().to_bytes();
+        if matches!(name, b"." | b"..") {
+            continue;
+        }
+        match look(dir, name)? {
+            Found::Nothing => {}
+            found => names.push((name.to_vec(), found)),
+        }
+    }
+    Ok(names)
+}
+
+/// Removes `name` from `dir`, never following it: an empty directory with
+/// `is_dir`, anything else but a directory without. A name already gone
+/// is `Ok`.
+pub fn remove(dir: &OwnedFd, name: &[u8], is_dir: bool) -> io::Result<()> {
+    let flags = if is_dir {
+        AtFlags::REMOVEDIR
+    } else {
+        AtFlags::empty()
+    };
+    match rfs::unlinkat(dir, name, flags) {
+        Err(e) if e == rustix::io::Errno::NOENT => Ok(()),
+        r => r.map_err(to_io),
+    }
+}
+
 /// The (device, inode) of `name` in `dir`, not following it.
 pub fn inode(dir: &impl AsFd, name: &[u8]) -> io::Result<(u64, u64)> {
     let st = rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(to_io)?;
@@ -550,6 +591,30 @@ pub fn open_file(dir: &impl AsFd, name: &[u8]) -> io::Result<File> {
 pub fn set_dir_attrs(dir: OwnedFd, mode: u32, mtime: SystemTime) -> io::Result<()> {
     rfs::fchmod(&dir, Mode::from_raw_mode(mode)).map_err(to_io)?;
     set_dir_mtime(dir, mtime)
+}
+
+/// The owner and group an entry gets (`-o`, `-g`); `None`: left as
+/// created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ids {
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+impl Ids {
+    fn rustix(self) -> (Option<rfs::Uid>, Option<rfs::Gid>) {
+        (
+            self.uid.map(rfs::Uid::from_raw),
+            self.gid.map(rfs::Gid::from_raw),
+        )
+    }
+}
+
+/// Gives the open file or directory `fd` its owner and group; before its
+/// mode, since a change of owner clears setuid and setgid bits.
+pub fn set_owner(fd: &impl AsFd, ids: Ids) -> io::Result<()> {
+    let (uid, gid) = ids.rustix();
+    rfs::fchown(fd, uid, gid).map_err(to_io)
 }
 
 /// Sets a directory's mtime alone: its mode is not ours to change.

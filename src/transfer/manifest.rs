@@ -463,6 +463,8 @@ pub struct LocalEntry {
     pub top: Arc<PathBuf>,
     /// For a file: what the walk saw, checked again when it is read.
     pub stamp: Option<Stamp>,
+    /// Its owner and group here, (uid, gid): sent with `-o` / `-g`.
+    pub owner: (u32, u32),
 }
 
 #[derive(Debug, Error)]
@@ -663,6 +665,7 @@ pub fn walk_listed(
                 source,
                 top: top.clone(),
                 stamp: None,
+                owner: (md.uid(), md.gid()),
             };
             by_path.insert(key(&path), local);
         }
@@ -774,6 +777,7 @@ fn walk_one(
             source,
             top: top.clone(),
             stamp,
+            owner: (md.uid(), md.gid()),
         });
     }
     Ok(())

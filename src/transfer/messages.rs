@@ -34,17 +34,16 @@ const KIND_DATA: u8 = b'D';
 const KIND_DATA_FRAMED: u8 = b'Z';
 const KIND_FINISH: u8 = b'F';
 const KIND_ABORT: u8 = b'A';
-/// Bumped on any incompatible change below.
-const SESSION_VERSION: u8 = 1;
-/// A plan with a second byte of options after the first: sent only when
-/// one of them is set, so a plan without them still goes to any receiver,
-/// and a receiver that predates them refuses the version, by number,
-/// rather than skip an option it cannot see.
-const SESSION_VERSION_MORE_OPTIONS: u8 = 2;
+/// Bumped on any incompatible change below. A plan is written in the
+/// oldest version that can say what it asks ([`SESSION_VERSION_FIRST`]
+/// when no option of the second byte is set), so a receiver that
+/// predates an option refuses only the plans that use it.
+const SESSION_VERSION: u8 = 2;
+/// The plan without the second option byte.
+const SESSION_VERSION_FIRST: u8 = 1;
 /// Second byte: chunks may travel compressed (`--compress`, framed data
 /// streams, [`KIND_DATA_FRAMED`]).
-const OPT2_COMPRESS: u8 = 0x01;
-const OPTS2_KNOWN: u8 = OPT2_COMPRESS;
+const OPT2_COMPRESS: u8 = 0x04;
 
 const OPT_OVERWRITE: u8 = 0x01;
 const OPT_SKIP_EXISTING: u8 = 0x02;
@@ -75,9 +74,36 @@ const OPTS_KNOWN: u8 = OPT_FINISH_AHEAD
     | OPT_DRY_RUN
     | OPT_SHARD
     | OPT_PARTS;
-// Every bit is known now: an option more needs a byte more, and
-// SESSION_VERSION bumped.
+// Every bit of the first byte is known: the options after these are in
+// the second byte, which only SESSION_VERSION 2 has.
 const _: () = assert!(OPTS_KNOWN == u8::MAX);
+
+/// `--delete`: the receiver removes, in each directory the manifest
+/// lists, what the manifest does not list and the sender's filter rules
+/// do not protect (the rules follow the subdirectory). A receiver that
+/// predates it refuses the plan's version rather than leave a mirror
+/// half made.
+const OPT2_DELETE: u8 = 0x01;
+/// `-o` / `-g`: each entry's owner and group follow the rules (the ids, and
+/// unless `--numeric-ids` the names of those ids here). A receiver that
+/// predates it refuses the plan's version rather than leave every file
+/// its own.
+const OPT2_OWNERS: u8 = 0x02;
+const OPTS2_KNOWN: u8 = OPT2_DELETE | OPT2_OWNERS | OPT2_COMPRESS;
+
+/// Which of an entry's ids a plan sends ([`Ownership`]).
+const OWN_USER: u8 = 0x01;
+const OWN_GROUP: u8 = 0x02;
+const OWN_NUMERIC: u8 = 0x04;
+/// Longest user or group name a plan carries (Linux allows 32).
+pub const ID_NAME_MAX: usize = 255;
+
+/// Bytes of the filter rules a `--delete` plan carries, at most.
+pub const PROTECT_RULES_MAX: usize = 64 * 1024;
+/// Names a plan reply lists of what `--delete` removes, and their bytes
+/// at most; the rest are counted.
+pub const DELETIONS_LISTED_MAX: usize = 10_000;
+pub const DELETIONS_LISTED_BYTES: usize = 1 << 20;
 
 /// Longest message a reply or error carries.
 const MESSAGE_MAX: usize = 4096;
@@ -88,14 +114,18 @@ pub enum MessageError {
     Truncated,
     #[error("unknown request kind {0:#04x}")]
     UnknownKind(u8),
-    #[error(
-        "session protocol version {0}, this atou speaks {SESSION_VERSION} to {SESSION_VERSION_MORE_OPTIONS}"
-    )]
+    #[error("session protocol version {0}, this atou speaks {SESSION_VERSION}")]
     Version(u8),
     /// Only from a receiver older than the last option bit (the sender
     /// knows its refusal by this wording).
     #[error("unknown option bits {0:#04x}")]
     UnknownOptions(u8),
+    #[error("filter rules of {0} bytes (at most {PROTECT_RULES_MAX})")]
+    RulesTooLong(usize),
+    #[error("filter rule {0:?}: {1}")]
+    BadRule(String, String),
+    #[error("a deleted entry's path: {0}")]
+    DeletedPath(NameError),
     #[error("{0} unexpected bytes at the end")]
     TrailingBytes(usize),
     #[error("destination subdirectory: {0}")]
@@ -216,6 +246,9 @@ pub struct Options {
     /// Data streams are framed: each chunk raw or zstd
     /// ([`DataHeader::encode_framed`]).
     pub compress: bool,
+    /// `--delete`: remove from each directory the manifest lists what the
+    /// manifest does not list (rsync's `--delete`), at the finish.
+    pub delete: bool,
 }
 
 /// The first request of a session: where, how, and what.
@@ -228,6 +261,31 @@ pub struct PlanRequest {
     /// Files this session sends only part of, by file number, ascending;
     /// other sessions (shards) send the rest.
     pub parts: Vec<FilePart>,
+    /// With `delete`: the sender's filter rules, as `--filter` reads them
+    /// (`- P`, `+ P`), in order. What they exclude is protected from
+    /// deletion, as rsync protects it; empty without `delete`.
+    pub protect: Vec<String>,
+    /// `-o` / `-g`: whose each entry is; `None` without either.
+    pub owners: Option<Ownership>,
+}
+
+/// Who owns each entry of a manifest at the sender (rsync's `-o`, `-g`,
+/// `--numeric-ids`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ownership {
+    /// `-o`: files get their owner.
+    pub user: bool,
+    /// `-g`: files get their group.
+    pub group: bool,
+    /// `--numeric-ids`: by number; otherwise by name where the receiver
+    /// knows the name, by number where it does not (rsync's rule).
+    pub numeric: bool,
+    /// Per manifest entry, in order: (uid, gid) at the sender.
+    pub ids: Vec<(u32, u32)>,
+    /// The names of the uids and gids in `ids` at the sender, where they
+    /// have one; empty with `numeric`.
+    pub user_names: Vec<(u32, String)>,
+    pub group_names: Vec<(u32, String)>,
 }
 
 /// A file a session sends in part: chunks `chunks` of file `file`.
@@ -313,8 +371,15 @@ impl PlanRequest {
         let mut out = Vec::with_capacity(manifest.len() + 64);
         out.push(KIND_PLAN);
         let o = &self.options;
-        out.push(if o.compress {
-            SESSION_VERSION_MORE_OPTIONS
+        let opts2 = if o.delete { OPT2_DELETE } else { 0 }
+            | if self.owners.is_some() {
+                OPT2_OWNERS
+            } else {
+                0
+            }
+            | if o.compress { OPT2_COMPRESS } else { 0 };
+        out.push(if opts2 == 0 {
+            SESSION_VERSION_FIRST
         } else {
             SESSION_VERSION
         });
@@ -332,8 +397,8 @@ impl PlanRequest {
                 | if o.finish_ahead { OPT_FINISH_AHEAD } else { 0 }
                 | if self.parts.is_empty() { 0 } else { OPT_PARTS },
         );
-        if o.compress {
-            out.push(OPT2_COMPRESS);
+        if opts2 != 0 {
+            out.push(opts2);
         }
         let subdir = self.subdir.as_ref().map_or(&[][..], |s| s.as_bytes());
         out.put_u16(subdir.len() as u16);
@@ -345,6 +410,14 @@ impl PlanRequest {
                 out.put_u64(p.chunks.start);
                 out.put_u64(p.chunks.end);
             }
+        }
+        if o.delete {
+            let rules = self.protect.join("\n");
+            out.put_u32(rules.len() as u32);
+            out.extend_from_slice(rules.as_bytes());
+        }
+        if let Some(own) = &self.owners {
+            own.encode(&mut out);
         }
         out.extend_from_slice(&manifest);
         seal(out)
@@ -476,6 +549,109 @@ impl DataHeader {
 /// Each part names a file of the manifest once, in ascending order, and
 /// a non-empty range of its chunks that is not all of them: a receiver
 /// then never waits on, or records, a chunk that does not exist.
+impl Ownership {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.push(
+            if self.user { OWN_USER } else { 0 }
+                | if self.group { OWN_GROUP } else { 0 }
+                | if self.numeric { OWN_NUMERIC } else { 0 },
+        );
+        out.put_u32(self.ids.len() as u32);
+        for &(uid, gid) in &self.ids {
+            out.put_u32(uid);
+            out.put_u32(gid);
+        }
+        for names in [&self.user_names, &self.group_names] {
+            out.put_u32(names.len() as u32);
+            for (id, name) in names {
+                let name = &name.as_bytes()[..name.len().min(ID_NAME_MAX)];
+                out.put_u32(*id);
+                out.push(name.len() as u8);
+                out.extend_from_slice(name);
+            }
+        }
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Ownership, MessageError> {
+        let what = r.u8()?;
+        if what & !(OWN_USER | OWN_GROUP | OWN_NUMERIC) != 0 {
+            return Err(MessageError::UnknownOptions(what));
+        }
+        let n = count(r, 8)?;
+        let ids = (0..n)
+            .map(|_| Ok((r.u32()?, r.u32()?)))
+            .collect::<Result<Vec<_>, MessageError>>()?;
+        let mut names = || -> Result<Vec<(u32, String)>, MessageError> {
+            let n = count(r, 4 + 1)?;
+            (0..n)
+                .map(|_| {
+                    let id = r.u32()?;
+                    let len = usize::from(r.u8()?);
+                    let name =
+                        std::str::from_utf8(r.bytes(len)?).map_err(|_| MessageError::NotUtf8)?;
+                    Ok((id, name.to_string()))
+                })
+                .collect()
+        };
+        let user_names = names()?;
+        let group_names = names()?;
+        Ok(Ownership {
+            user: what & OWN_USER != 0,
+            group: what & OWN_GROUP != 0,
+            numeric: what & OWN_NUMERIC != 0,
+            ids,
+            user_names,
+            group_names,
+        })
+    }
+}
+
+/// A plan reply's list of what `--delete` removes.
+fn read_deletions(r: &mut Reader<'_>) -> Result<Deletions, MessageError> {
+    let total = r.u64()?;
+    let n = count(r, DELETION_LEN)?;
+    if n > DELETIONS_LISTED_MAX || n as u64 > total {
+        return Err(MessageError::WrongCount {
+            got: n as u64,
+            want: total.min(DELETIONS_LISTED_MAX as u64),
+        });
+    }
+    let mut listed = Vec::with_capacity(n);
+    for _ in 0..n {
+        let is_dir = match r.u8()? {
+            0 => false,
+            1 => true,
+            other => return Err(MessageError::UnknownStatus(other)),
+        };
+        let len = usize::from(r.u16()?);
+        let path = RelPath::new(r.bytes(len)?.to_vec()).map_err(MessageError::DeletedPath)?;
+        listed.push((path, is_dir));
+    }
+    Ok(Deletions { listed, total })
+}
+
+/// A `--delete` plan's filter rules: one per line, each one `--filter`
+/// reads, within [`PROTECT_RULES_MAX`] bytes.
+fn protect_rules(r: &mut Reader<'_>) -> Result<Vec<String>, MessageError> {
+    let n = r.u32()? as usize;
+    if n > PROTECT_RULES_MAX {
+        return Err(MessageError::RulesTooLong(n));
+    }
+    let text = std::str::from_utf8(r.bytes(n)?).map_err(|_| MessageError::NotUtf8)?;
+    if text.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut check = super::exclude::Filters::default();
+    text.split('\n')
+        .map(|rule| {
+            check
+                .add_rule(rule)
+                .map_err(|e| MessageError::BadRule(rule.to_string(), e.to_string()))?;
+            Ok(rule.to_string())
+        })
+        .collect()
+}
+
 fn check_parts(parts: &[FilePart], file_sizes: &[u64]) -> Result<(), MessageError> {
     let mut last = None;
     for (index, p) in parts.iter().enumerate() {
@@ -531,16 +707,12 @@ impl Request {
         match r.u8()? {
             KIND_PLAN => {
                 let version = r.u8()?;
-                if version != SESSION_VERSION && version != SESSION_VERSION_MORE_OPTIONS {
+                if !(SESSION_VERSION_FIRST..=SESSION_VERSION).contains(&version) {
                     return Err(MessageError::Version(version));
                 }
                 // Every bit is known (OPTS_KNOWN).
                 let opts = r.u8()?;
-                let opts2 = if version == SESSION_VERSION_MORE_OPTIONS {
-                    r.u8()?
-                } else {
-                    0
-                };
+                let opts2 = if version >= 2 { r.u8()? } else { 0 };
                 if opts2 & !OPTS2_KNOWN != 0 {
                     return Err(MessageError::UnknownOptions(opts2 & !OPTS2_KNOWN));
                 }
@@ -564,8 +736,26 @@ impl Request {
                         });
                     }
                 }
+                let protect = if opts2 & OPT2_DELETE != 0 {
+                    protect_rules(&mut r)?
+                } else {
+                    Vec::new()
+                };
+                let owners = if opts2 & OPT2_OWNERS != 0 {
+                    Some(Ownership::decode(&mut r)?)
+                } else {
+                    None
+                };
                 let manifest = Manifest::decode(r.rest())?;
                 check_parts(&parts, &super::file_sizes(&manifest))?;
+                if let Some(own) = &owners {
+                    if own.ids.len() != manifest.entries.len() {
+                        return Err(MessageError::WrongCount {
+                            got: own.ids.len() as u64,
+                            want: manifest.entries.len() as u64,
+                        });
+                    }
+                }
                 Ok(Request::Plan(PlanRequest {
                     options: Options {
                         overwrite: opts & OPT_OVERWRITE != 0,
@@ -576,10 +766,13 @@ impl Request {
                         shard: opts & OPT_SHARD != 0,
                         finish_ahead: opts & OPT_FINISH_AHEAD != 0,
                         compress: opts2 & OPT2_COMPRESS != 0,
+                        delete: opts2 & OPT2_DELETE != 0,
                     },
                     subdir,
                     manifest,
                     parts,
+                    protect,
+                    owners,
                 }))
             }
             KIND_ABORT => {
@@ -620,9 +813,29 @@ pub enum PlanReply {
         retry_after: std::time::Duration,
         why: String,
     },
-    /// One plan per file, in file order.
-    Accepted(Vec<FilePlan>),
+    Accepted {
+        /// One plan per file, in file order.
+        plans: Vec<FilePlan>,
+        /// What `--delete` removes at the finish (or, in a dry run, would);
+        /// `None` when the plan did not ask.
+        deletions: Option<Deletions>,
+    },
 }
+
+/// What `--delete` removes: the entries in the manifest's directories that
+/// the manifest does not list, each named once (a directory stands for
+/// what it holds).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Deletions {
+    /// The first [`DELETIONS_LISTED_MAX`] of them, paths relative to
+    /// DEST/SUBDIR as the manifest's are, and whether each is a directory.
+    pub listed: Vec<(RelPath, bool)>,
+    /// How many in all.
+    pub total: u64,
+}
+
+/// Bytes of a listed deletion besides its path: the kind and the length.
+const DELETION_LEN: usize = 1 + 2;
 
 const STATUS_OK: u8 = 0;
 const STATUS_FAILED: u8 = 1;
@@ -655,10 +868,10 @@ impl PlanReply {
                 out.put_u32(ms);
                 put_text(&mut out, why);
             }
-            PlanReply::Accepted(files) => {
+            PlanReply::Accepted { plans, deletions } => {
                 out.push(STATUS_OK);
-                out.put_u32(files.len() as u32);
-                for f in files {
+                out.put_u32(plans.len() as u32);
+                for f in plans {
                     match f {
                         FilePlan::SendAll => out.push(PLAN_SEND_ALL),
                         FilePlan::Skip => out.push(PLAN_SKIP),
@@ -671,6 +884,25 @@ impl PlanReply {
                         }
                     }
                 }
+                if let Some(d) = deletions {
+                    let mut bytes = 0;
+                    let fits = d
+                        .listed
+                        .iter()
+                        .take(DELETIONS_LISTED_MAX)
+                        .take_while(|(p, _)| {
+                            bytes += p.as_bytes().len();
+                            bytes <= DELETIONS_LISTED_BYTES
+                        });
+                    let listed = &d.listed[..fits.count()];
+                    out.put_u64(d.total.max(listed.len() as u64));
+                    out.put_u32(listed.len() as u32);
+                    for (path, is_dir) in listed {
+                        out.push(u8::from(*is_dir));
+                        out.put_u16(path.as_bytes().len() as u16);
+                        out.extend_from_slice(path.as_bytes());
+                    }
+                }
             }
         }
         seal(out)
@@ -678,18 +910,30 @@ impl PlanReply {
 
     /// The longest plan reply a manifest whose files have these sizes can
     /// get: every file held in part (a status, a count and a value per
-    /// chunk), or a refusal; so the client never accepts more.
-    pub fn max_len(file_sizes: &[u64]) -> u64 {
+    /// chunk), or a refusal, and with `deletions` the longest list of them;
+    /// so the client never accepts more.
+    pub fn max_len(file_sizes: &[u64], deletions: bool) -> u64 {
         let held = file_sizes
             .iter()
             .fold(1 + 4 + SEAL_LEN as u64, |sum, &size| {
                 sum.saturating_add(chunk_count(size).saturating_mul(32).saturating_add(1 + 4))
             });
-        held.max(failed_max_len() + 4)
+        let listed = if deletions {
+            (8 + 4 + DELETIONS_LISTED_MAX * DELETION_LEN + DELETIONS_LISTED_BYTES) as u64
+        } else {
+            0
+        };
+        held.saturating_add(listed).max(failed_max_len() + 4)
     }
 
-    /// Decodes a plan reply for a manifest whose files have these sizes.
-    pub fn decode(bytes: &[u8], file_sizes: &[u64]) -> Result<PlanReply, MessageError> {
+    /// Decodes a plan reply for a manifest whose files have these sizes;
+    /// `deletions`: the plan asked for `--delete`, so a list of them ends
+    /// the answer.
+    pub fn decode(
+        bytes: &[u8],
+        file_sizes: &[u64],
+        deletions: bool,
+    ) -> Result<PlanReply, MessageError> {
         let mut r = Reader::new(open(bytes)?);
         let reply = match r.u8()? {
             STATUS_FAILED => PlanReply::Refused(text(&mut r)?),
@@ -723,7 +967,15 @@ impl PlanReply {
                         other => return Err(MessageError::UnknownStatus(other)),
                     });
                 }
-                PlanReply::Accepted(files)
+                let deletions = if deletions {
+                    Some(read_deletions(&mut r)?)
+                } else {
+                    None
+                };
+                PlanReply::Accepted {
+                    plans: files,
+                    deletions,
+                }
             }
             other => return Err(MessageError::UnknownStatus(other)),
         };
@@ -854,7 +1106,8 @@ mod tests {
                 dry_run: true,
                 shard: true,
                 finish_ahead: true,
-                compress: true,
+                delete: false,
+                compress: false,
             },
             subdir: Some(rel("in/here")),
             manifest: manifest(),
@@ -862,6 +1115,26 @@ mod tests {
                 file: 0,
                 chunks: 1..3,
             }],
+            protect: Vec::new(),
+            owners: None,
+        };
+        let mirror = PlanRequest {
+            options: Options {
+                delete: true,
+                ..Options::default()
+            },
+            subdir: None,
+            manifest: manifest(),
+            parts: Vec::new(),
+            protect: vec!["- *.o".into(), "+ keep/".into()],
+            owners: Some(Ownership {
+                user: true,
+                group: true,
+                numeric: false,
+                ids: vec![(1000, 100), (0, 0), (1000, 65534)],
+                user_names: vec![(0, "root".into()), (1000, "alice".into())],
+                group_names: vec![(0, "root".into())],
+            }),
         };
         let header = DataHeader {
             ranges: vec![ChunkRange {
@@ -870,8 +1143,14 @@ mod tests {
                 count: 2,
             }],
         };
+        // Only a plan that asks for something of the second option byte
+        // is written in the version that has it: older receivers still
+        // take the rest.
+        assert_eq!(plan.encode()[1], SESSION_VERSION_FIRST);
+        assert_eq!(mirror.encode()[1], SESSION_VERSION);
         let cases = [
             (plan.encode(), Request::Plan(plan)),
+            (mirror.encode(), Request::Plan(mirror)),
             (header.encode(), Request::Data(header)),
             (
                 encode_finish(&[[7; 32], [9; 32]]),
@@ -900,6 +1179,8 @@ mod tests {
                     .into_iter()
                     .map(|(file, chunks)| FilePart { file, chunks })
                     .collect(),
+                protect: Vec::new(),
+                owners: None,
             }
             .encode()
         };
@@ -925,6 +1206,8 @@ mod tests {
             subdir: None,
             manifest: manifest(),
             parts: Vec::new(),
+            protect: Vec::new(),
+            owners: None,
         }
         .encode();
         for i in 0..bytes.len() {
@@ -944,6 +1227,8 @@ mod tests {
             subdir: Some(rel("ab")),
             manifest: manifest(),
             parts: Vec::new(),
+            protect: Vec::new(),
+            owners: None,
         }
         .encode();
         bytes[5..7].copy_from_slice(b"..");
@@ -1058,11 +1343,14 @@ mod tests {
             subdir: None,
             manifest: manifest(),
             parts: Vec::new(),
+            protect: Vec::new(),
+            owners: None,
         };
         let plain = plan(false).encode();
         let compressed = plan(true).encode();
-        assert_eq!(plain[1], SESSION_VERSION);
-        assert_eq!(compressed[1], SESSION_VERSION_MORE_OPTIONS);
+        assert_eq!(plain[1], SESSION_VERSION_FIRST);
+        assert_eq!(compressed[1], SESSION_VERSION);
+        assert_eq!(compressed[3], OPT2_COMPRESS);
         assert_eq!(compressed.len(), plain.len() + 1);
         for (bytes, compress) in [(plain, false), (compressed, true)] {
             let Request::Plan(p) = Request::decode(&bytes).unwrap() else {
@@ -1073,34 +1361,56 @@ mod tests {
         // A second byte with a bit this build does not know is refused.
         let mut unknown = plan(true).encode();
         unknown.truncate(unknown.len() - SEAL_LEN);
-        unknown[3] |= 0x02;
+        unknown[3] |= 0x80;
         assert_eq!(
             Request::decode(&seal(unknown)),
-            Err(MessageError::UnknownOptions(0x02))
+            Err(MessageError::UnknownOptions(0x80))
         );
     }
 
     #[test]
     fn replies_round_trip() {
         let sizes = [3 << 20, 0, 5];
-        let plan = PlanReply::Accepted(vec![
+        let plans = vec![
             FilePlan::Held(vec![[1; 32], [2; 32], [3; 32]]),
             FilePlan::SendAll,
             FilePlan::Skip,
-        ]);
-        assert_eq!(PlanReply::decode(&plan.encode(), &sizes).unwrap(), plan);
-        let wrong = PlanReply::Accepted(vec![FilePlan::Held(vec![[1; 32]])]);
-        assert!(PlanReply::decode(&wrong.encode(), &sizes[..1]).is_err());
+        ];
+        let plan = accepted(plans.clone());
+        assert_eq!(
+            PlanReply::decode(&plan.encode(), &sizes, false).unwrap(),
+            plan
+        );
+        let mirror = PlanReply::Accepted {
+            plans,
+            deletions: Some(Deletions {
+                listed: vec![(rel("d/old"), true), (rel("d/x"), false)],
+                total: 7,
+            }),
+        };
+        assert_eq!(
+            PlanReply::decode(&mirror.encode(), &sizes, true).unwrap(),
+            mirror
+        );
+        // Each side knows whether the plan asked: a list where none was
+        // asked for, or none where one was, does not decode.
+        assert!(PlanReply::decode(&mirror.encode(), &sizes, false).is_err());
+        assert!(PlanReply::decode(&plan.encode(), &sizes, true).is_err());
+        let wrong = accepted(vec![FilePlan::Held(vec![[1; 32]])]);
+        assert!(PlanReply::decode(&wrong.encode(), &sizes[..1], false).is_err());
         let refused = PlanReply::Refused("no room".into());
         assert_eq!(
-            PlanReply::decode(&refused.encode(), &sizes).unwrap(),
+            PlanReply::decode(&refused.encode(), &sizes, false).unwrap(),
             refused
         );
         let busy = PlanReply::Busy {
             retry_after: std::time::Duration::from_millis(1500),
             why: "x".repeat(MESSAGE_MAX),
         };
-        assert_eq!(PlanReply::decode(&busy.encode(), &sizes).unwrap(), busy);
+        assert_eq!(
+            PlanReply::decode(&busy.encode(), &sizes, false).unwrap(),
+            busy
+        );
         for o in [
             Outcome::Done {
                 bad: vec![ChunkRef { file: 3, chunk: 9 }],
@@ -1125,26 +1435,99 @@ mod tests {
     #[test]
     fn reply_limits_hold_the_longest_honest_replies() {
         let sizes = [200 << 20, 0, 5];
-        let held = PlanReply::Accepted(vec![
+        let held = vec![
             FilePlan::Held(vec![[1; 32]; 200]),
             FilePlan::Held(vec![]),
             FilePlan::Held(vec![[2; 32]]),
-        ]);
-        assert_eq!(held.encode().len() as u64, PlanReply::max_len(&sizes));
+        ];
+        let len = accepted(held.clone()).encode().len() as u64;
+        assert_eq!(len, PlanReply::max_len(&sizes, false));
+        // The longest list of deletions: as many names as are listed,
+        // their bytes up to the limit.
+        let name = |i: usize| rel(&format!("{i:0>199}"));
+        let most = DELETIONS_LISTED_BYTES / 199;
+        let mirror = PlanReply::Accepted {
+            plans: held,
+            deletions: Some(Deletions {
+                listed: (0..most + 5).map(|i| (name(i), false)).collect(),
+                total: 1 << 40,
+            }),
+        };
+        let bytes = mirror.encode();
+        assert!(bytes.len() as u64 <= PlanReply::max_len(&sizes, true));
+        let PlanReply::Accepted {
+            deletions: Some(back),
+            ..
+        } = PlanReply::decode(&bytes, &sizes, true).unwrap()
+        else {
+            panic!("not accepted")
+        };
+        assert_eq!((back.listed.len(), back.total), (most, 1 << 40));
         let refused = PlanReply::Refused("x".repeat(5000)).encode();
         let busy = PlanReply::Busy {
             retry_after: std::time::Duration::from_secs(1),
             why: "x".repeat(5000),
         }
         .encode();
-        assert_eq!(refused.len() as u64 + 4, PlanReply::max_len(&[]));
-        assert_eq!(busy.len() as u64, PlanReply::max_len(&[]));
+        assert_eq!(refused.len() as u64 + 4, PlanReply::max_len(&[], false));
+        assert_eq!(busy.len() as u64, PlanReply::max_len(&[], false));
         let bad = vec![ChunkRef { file: 1, chunk: 2 }; 1000];
         let done = Outcome::Done { bad }.encode();
         assert_eq!(done.len() as u64, Outcome::max_len(1000));
         let failed = Outcome::Failed("y".repeat(5000)).encode();
         assert_eq!(failed.len() as u64, Outcome::max_len(0));
         // A manifest's worth of huge files saturates instead of wrapping.
-        assert_eq!(PlanReply::max_len(&vec![u64::MAX; 1 << 16]), u64::MAX);
+        assert_eq!(PlanReply::max_len(&vec![u64::MAX; 1 << 16], true), u64::MAX);
+    }
+
+    fn accepted(plans: Vec<FilePlan>) -> PlanReply {
+        PlanReply::Accepted {
+            plans,
+            deletions: None,
+        }
+    }
+
+    /// A `--delete` plan's rules are the sender's to choose: each must be
+    /// one `--filter` reads, within the budget; an option bit of the
+    /// second byte that this receiver does not know refuses the plan.
+    #[test]
+    fn a_mirrors_rules_and_unknown_second_options_are_checked() {
+        let mirror = |protect: Vec<String>| {
+            PlanRequest {
+                options: Options {
+                    delete: true,
+                    ..Options::default()
+                },
+                subdir: None,
+                manifest: manifest(),
+                parts: Vec::new(),
+                protect,
+                owners: None,
+            }
+            .encode()
+        };
+        let refused = |bytes: Vec<u8>| Request::decode(&bytes).unwrap_err().to_string();
+        assert!(refused(mirror(vec!["merge .rules".into()])).contains("merge .rules"));
+        let long = vec![format!("- {}", "x".repeat(1000)); 70];
+        assert!(refused(mirror(long)).contains("filter rules of"));
+        // The option byte after the first, with a bit no receiver knows.
+        let mut body = mirror(Vec::new());
+        body.truncate(body.len() - SEAL_LEN);
+        body[3] |= 0x80;
+        assert!(refused(seal(body)).contains("unknown option bits 0x80"));
+        // Owners for fewer entries than the manifest has.
+        let short = PlanRequest {
+            options: Options::default(),
+            subdir: None,
+            manifest: manifest(),
+            parts: Vec::new(),
+            protect: Vec::new(),
+            owners: Some(Ownership {
+                user: true,
+                ids: vec![(1, 1); 2],
+                ..Ownership::default()
+            }),
+        };
+        assert!(refused(short.encode()).contains("2 values for 3 items"));
     }
 }

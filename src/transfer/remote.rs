@@ -152,12 +152,22 @@ fn one_time_key() -> Result<StaticKeypair, RemoteError> {
     StaticKeypair::generate().map_err(|e| failed(format!("cannot make a one-time key: {e}")))
 }
 
-/// An `authorized_keys` holding exactly `key`, with `overwrite` when the
-/// receiving end's own flags allow replacing files.
-fn only(key: &PublicKey, overwrite: bool) -> Result<Arc<AuthorizedKeys>, RemoteError> {
+/// An `authorized_keys` holding exactly `key`, with `overwrite` and
+/// `delete` where the receiving end's own flags allow replacing files and
+/// deleting.
+fn only(
+    key: &PublicKey,
+    overwrite: bool,
+    delete: bool,
+) -> Result<Arc<AuthorizedKeys>, RemoteError> {
+    let options: Vec<&str> = [(overwrite, "overwrite"), (delete, "delete")]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
     let line = format!(
-        "{}{}\n",
-        if overwrite { "overwrite " } else { "" },
+        "{}{}{}\n",
+        options.join(","),
+        if options.is_empty() { "" } else { " " },
         format_public_key(key, "atou-copy-over-ssh")
     );
     AuthorizedKeys::parse(line.as_bytes())
@@ -171,10 +181,11 @@ fn server_auth(
     identity: StaticKeypair,
     peer: &PublicKey,
     overwrite: bool,
+    delete: bool,
 ) -> Result<ServerAuth, RemoteError> {
     Ok(ServerAuth {
         identity: Some(identity),
-        authorized: Some(only(peer, overwrite)?),
+        authorized: Some(only(peer, overwrite, delete)?),
         allow_plain: false,
     })
 }
@@ -851,6 +862,8 @@ pub(crate) struct PullConfig {
     pub policy: ReceivePolicy,
     /// Whether the remote's one-time key may replace files.
     pub overwrite: bool,
+    /// `--delete` was given here: the remote sender may ask it.
+    pub delete: bool,
     /// One of several shards receiving into `dest` at once: leave the
     /// staging directory and `dest` for the others.
     pub shard: bool,
@@ -1058,7 +1071,7 @@ impl Pull {
                 },
                 // The other end's one-time key, which may replace files
                 // only if this end was given --overwrite.
-                authorized: Some(only(&self.answer.key, config.overwrite)?),
+                authorized: Some(only(&self.answer.key, config.overwrite, config.delete)?),
             },
             {
                 let outcome = outcome.clone();
@@ -1084,7 +1097,12 @@ impl Pull {
             sndbuf: 4 << 20,
             rcvbuf: config.rcvbuf,
             limits: pull_limits(config.streams, config.buffer),
-            auth: server_auth(self.identity.clone(), &self.answer.key, config.overwrite)?,
+            auth: server_auth(
+                self.identity.clone(),
+                &self.answer.key,
+                config.overwrite,
+                config.delete,
+            )?,
             // One-time keys: no hello outlives this run.
             hello_timestamps: None,
         };
@@ -1262,7 +1280,7 @@ pub(crate) fn receive_push(
     let key = identity.public();
     // The far end of a push takes the local user's own rules, passed on
     // its command line; the one sender is that user.
-    let auth = server_auth(identity, &hello.key, true)?;
+    let auth = server_auth(identity, &hello.key, true, true)?;
     let outcome: Outcome<()> = Arc::new(Mutex::new(None));
     let new_receiver = if config.dry_run {
         FileReceiver::dry_run
@@ -1276,8 +1294,9 @@ pub(crate) fn receive_push(
             once: true,
             policy: config.policy,
             limits: ReceiveLimits::default(),
-            // The other end's one-time key: its --overwrite decides.
-            authorized: Some(only(&hello.key, true)?),
+            // The other end's one-time key: its --overwrite and --delete
+            // decide.
+            authorized: Some(only(&hello.key, true, true)?),
         },
         {
             let outcome = outcome.clone();

@@ -3,8 +3,9 @@
 //!
 //! One key a line, `[OPTIONS] atou-x25519 BASE64 [COMMENT]`, OPTIONS a
 //! comma-separated list of `subdir=PATH` (the key may write only beneath
-//! PATH, relative to `--dir`) and `overwrite` (the key may replace files,
-//! if the server allows it at all). Blank lines and `#` comments are
+//! PATH, relative to `--dir`), `overwrite` (the key may replace files,
+//! if the server allows it at all) and `delete` (the key may ask
+//! `--delete`, if the server allows it at all). Blank lines and `#` comments are
 //! skipped; any malformed line refuses the whole file, naming the line.
 //! Reading the file (and refusing one others could change) is
 //! `src/config/keys.rs`'s; this is the pure part the handshake consults.
@@ -22,6 +23,9 @@ pub struct KeyOptions {
     pub subdir: Option<PathBuf>,
     /// `overwrite`: may replace files, where the server allows it.
     pub overwrite: bool,
+    /// `delete`: may remove what it does not send (`--delete`), where the
+    /// server allows it.
+    pub delete: bool,
 }
 
 /// One line of `authorized_keys`.
@@ -106,6 +110,11 @@ fn parse_options(s: &str) -> Result<KeyOptions, KeyTextError> {
                 return Err(KeyTextError::OptionTwice("overwrite"));
             }
             o.overwrite = true;
+        } else if opt == "delete" {
+            if o.delete {
+                return Err(KeyTextError::OptionTwice("delete"));
+            }
+            o.delete = true;
         } else if let Some(dir) = opt.strip_prefix("subdir=") {
             if o.subdir.is_some() {
                 return Err(KeyTextError::OptionTwice("subdir="));
@@ -161,7 +170,7 @@ mod tests {
     fn authorized_keys_with_options_comments_and_blank_lines() {
         let (a, b, c) = (key(1), key(2), key(3));
         let text = format!(
-            "# the team\n\n{} alice@laptop\nsubdir=projects/x,overwrite {} bob\r\noverwrite {}\n",
+            "# the team\n\n{} alice@laptop\nsubdir=projects/x,overwrite {} bob\r\ndelete,overwrite {}\n",
             line_of(&a),
             line_of(&b),
             line_of(&c)
@@ -175,9 +184,10 @@ mod tests {
         );
         let kb = keys.find(&b).unwrap();
         assert_eq!(kb.options.subdir.as_deref(), Some(Path::new("projects/x")));
-        assert!(kb.options.overwrite);
+        assert!(kb.options.overwrite && !kb.options.delete);
         assert_eq!(kb.comment, "bob");
-        assert!(keys.find(&c).unwrap().options.overwrite);
+        let kc = &keys.find(&c).unwrap().options;
+        assert!(kc.overwrite && kc.delete);
         assert!(keys.find(&key(4)).is_none());
     }
 
@@ -192,6 +202,7 @@ mod tests {
             (format!("subdir=/etc {good}"), "relative"),
             (format!("subdir= {good}"), "relative"),
             (format!("overwrite,overwrite {good}"), "twice"),
+            (format!("delete,overwrite,delete {good}"), "twice"),
             (format!("command=\"rm -rf\" {good}"), "unknown option"),
             (
                 "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA x".into(),

@@ -29,6 +29,8 @@ pub struct Finished {
     pub symlinks: u64,
     pub hard_links: u64,
     pub skipped: u64,
+    /// Entries `--delete` removed.
+    pub deleted: u64,
 }
 
 /// What a session's part did to its split file.
@@ -77,13 +79,19 @@ pub fn finish(
                 None => finisher.whole_file(t, dir_rel, &verified[n], &sender_hashes[n])?,
             }
         } else if let EntryKind::Symlink { target } = &entry.kind {
-            finisher.symlink(rel, target)?;
+            finisher.symlink(rel, target, prepared.owners.get(i).copied())?;
         } else if let EntryKind::HardLink { target } = &entry.kind {
             finisher.hard_link(rel, &link_target_rel(rel, entry, target))?;
         }
         if is_file {
             file_no += 1;
         }
+    }
+    if let Some(extraneous) = &prepared.extraneous {
+        let mut changed = Vec::new();
+        let removed = super::delete::remove(&prepared.dest_dir, extraneous, &mut changed);
+        finisher.done.deleted = removed?;
+        finisher.deleted_in.extend(changed);
     }
     finisher.directories()?;
     finisher.sync_placed_dirs()?;
@@ -101,6 +109,8 @@ struct Finisher<'a> {
     /// Directories whose mtime this session's own writes moved: the
     /// parents of what it placed and of the directories it created.
     written_into: HashSet<&'a [u8]>,
+    /// Directories `--delete` removed something from.
+    deleted_in: HashSet<Vec<u8>>,
     done: Finished,
 }
 
@@ -119,6 +129,7 @@ impl<'a> Finisher<'a> {
             replace: prepared.options.overwrite,
             to_sync: Vec::new(),
             written_into,
+            deleted_in: HashSet::new(),
             done: Finished::default(),
         }
     }
@@ -231,12 +242,22 @@ impl<'a> Finisher<'a> {
     }
 
     /// A symlink, made under a staging name and renamed into place.
-    fn symlink(&mut self, rel: &'a [u8], target: &[u8]) -> Result<(), DestError> {
+    fn symlink(
+        &mut self,
+        rel: &'a [u8],
+        target: &[u8],
+        owner: Option<dest_dir::Ids>,
+    ) -> Result<(), DestError> {
         let dest_dir = &self.prepared.dest_dir;
         let staged = format!("{}.link", staging_key(rel));
         dest_dir
             .symlink_staged(target, &staged)
             .map_err(|e| Error::disk("create symlink", &dest_dir.shown(rel), e))?;
+        if let Some(ids) = owner {
+            dest_dir
+                .set_staged_owner(&staged, ids)
+                .map_err(|e| Error::disk("set the owner and group of", &dest_dir.shown(rel), e))?;
+        }
         self.place_staged(rel, &staged)?;
         self.done.symlinks += 1;
         Ok(())
@@ -253,7 +274,11 @@ impl<'a> Finisher<'a> {
             // created, after it may have set their mtimes; so whichever
             // session writes into a directory last sets its mtime again,
             // after its writes, and the last one standing is the sender's.
-            let mtime_only = prepared.options.shard && self.written_into.contains(rel.as_slice());
+            // A mirror (`--delete`) likewise: its removals and writes moved
+            // the mtimes of directories that were there before.
+            let written = self.written_into.contains(rel.as_slice());
+            let mtime_only = ((prepared.options.shard || prepared.options.delete) && written)
+                || self.deleted_in.contains(rel.as_slice());
             if entry.kind != EntryKind::Dir || !(whole || mtime_only) {
                 continue;
             }
@@ -267,6 +292,10 @@ impl<'a> Finisher<'a> {
             }
             let mtime = to_system_time(entry.mtime_sec, entry.mtime_nsec);
             if whole {
+                if let Some(&ids) = prepared.owners.get(i) {
+                    dest_dir::set_owner(&fd, ids)
+                        .map_err(|e| Error::disk("set the owner and group of", &path, e))?;
+                }
                 dest_dir::set_dir_attrs(fd, prepared.dir_modes[i], mtime)
                     .map_err(|e| Error::disk("set the mode and mtime of", &path, e))?;
                 if prepared.created[i] {

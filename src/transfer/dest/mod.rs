@@ -15,7 +15,9 @@
 //! What is allowed (replacing files, modes, symlinks, syncing) is the
 //! receiver's [`ReceivePolicy`]; the sender's [`Options`] only ask.
 
+mod delete;
 mod finish;
+pub mod owners;
 mod plan;
 pub(crate) mod policy;
 
@@ -134,6 +136,8 @@ pub struct FileTarget {
     existing: Option<Existing>,
     /// Of a file split across shards, the part this session sends.
     pub part: Option<Part>,
+    /// `-o` / `-g`: the owner and group it gets.
+    owner: Option<dest_dir::Ids>,
     handle: Mutex<Option<File>>,
 }
 
@@ -329,6 +333,10 @@ impl FileTarget {
             file.set_len(self.size)
                 .map_err(|e| Error::disk("size", &at, e))?;
         }
+        if let Some(ids) = self.owner {
+            dest_dir::set_owner(file, ids)
+                .map_err(|e| Error::disk("set the owner and group of", &at, e))?;
+        }
         dest_dir::set_mode(file, self.mode).map_err(|e| Error::disk("set the mode of", &at, e))?;
         file.set_times(std::fs::FileTimes::new().set_modified(self.mtime))
             .map_err(|e| Error::disk("set the mtime of", &at, e))?;
@@ -375,6 +383,10 @@ pub struct Prepared {
     /// (src/transfer/staged.rs): set by the receiver that admitted it,
     /// released at the finish.
     pub claim: Option<ClaimId>,
+    /// What `--delete` removes at the finish; `None` without it.
+    pub extraneous: Option<Box<delete::Extraneous>>,
+    /// `-o` / `-g`: per entry, the owner and group it gets; empty without.
+    owners: Vec<dest_dir::Ids>,
 }
 
 impl Prepared {
@@ -447,6 +459,7 @@ mod tests {
             created: AtomicBool::new(false),
             existing: None,
             part: None,
+            owner: None,
             handle: Mutex::new(None),
         }
     }

@@ -23,6 +23,7 @@ use super::{
     Part, Prepared, NOT_HELD,
 };
 use crate::io::dest_dir::{self, DestDir, Found, STAGING_DIR};
+use crate::transfer::exclude::Filters;
 use crate::transfer::hash::{chunk_count, chunk_cv, chunk_len, Cv, CHUNK_SIZE};
 use crate::transfer::manifest::{Entry, EntryKind, Manifest, RelPath};
 use crate::transfer::messages::{FilePart, FilePlan, Options, PlanRequest};
@@ -88,7 +89,14 @@ pub fn prepare(
         subdir,
         manifest,
         parts: sent_in_part,
+        protect,
+        owners,
     } = request;
+    super::delete::check_allowed(&asked, policy)?;
+    if let Some(own) = &owners {
+        super::owners::check_allowed(own, policy)?;
+    }
+    let owners = owners.as_ref().map_or(Vec::new(), super::owners::resolve);
     let options = granted(&asked, policy);
     let sub: Vec<u8> = subdir
         .as_ref()
@@ -122,8 +130,10 @@ pub fn prepare(
         rels: Vec::with_capacity(entries),
         conflicts: Vec::new(),
         numbers: None,
+        owner: None,
     };
-    for entry in &manifest.entries {
+    for (i, entry) in manifest.entries.iter().enumerate() {
+        planner.owner = owners.get(i).copied();
         planner.check_entry(entry, join_rel(&sub, entry.path.as_bytes()))?;
     }
     if !planner.conflicts.is_empty() {
@@ -132,6 +142,19 @@ pub fn prepare(
         return Err(Error::Refused { why });
     }
     admit(&planner.to_stage())?;
+    let extraneous = if options.delete {
+        let mut rules = Filters::default();
+        for rule in &protect {
+            rules.add_rule(rule).map_err(|e| Error::Refused {
+                why: format!("--delete's filter rule {rule:?}: {e}"),
+            })?;
+        }
+        Some(Box::new(super::delete::find(
+            dest_dir, &sub, &manifest, rules,
+        )?))
+    } else {
+        None
+    };
     // A dry run ends here: the answer is made, nothing is created.
     let created = if options.dry_run {
         Vec::new()
@@ -152,6 +175,8 @@ pub fn prepare(
         dest_dir: dest_dir.clone(),
         rels: planner.rels,
         claim: None,
+        extraneous,
+        owners,
     })
 }
 
@@ -168,6 +193,8 @@ fn granted(asked: &Options, policy: &ReceivePolicy) -> Options {
         shard: asked.shard,
         finish_ahead: asked.finish_ahead,
         compress: asked.compress,
+        // Refused before this unless the policy allows it.
+        delete: asked.delete,
     }
 }
 
@@ -283,6 +310,8 @@ struct Planner<'a> {
     /// Entry numbers by their path beneath DEST, made at the first hard
     /// link (a manifest without one never pays for it).
     numbers: Option<HashMap<Vec<u8>, usize>>,
+    /// `-o` / `-g`: the owner and group of the entry being checked.
+    owner: Option<dest_dir::Ids>,
 }
 
 impl<'a> Planner<'a> {
@@ -438,6 +467,7 @@ impl<'a> Planner<'a> {
                 chunks,
                 header: parts::header(size, entry.mtime_sec, entry.mtime_nsec),
             }),
+            owner: self.owner,
             handle: Mutex::new(None),
         }));
         Ok(decision)
@@ -882,6 +912,8 @@ mod tests {
                 subdir: None,
                 manifest: Manifest { entries },
                 parts,
+                protect: Vec::new(),
+                owners: None,
             };
             prepare(&self.dest, policy, request, checksum_budget, |_| Ok(()))
                 .map_err(|e| e.to_string())
@@ -1027,6 +1059,8 @@ mod tests {
             special_bits: false,
             symlinks,
             fsync: false,
+            delete: false,
+            owners: false,
         };
         let all = ReceivePolicy::user(flags(SymlinkPolicy::All), None);
         d.plan(&all, Options::default(), out()).unwrap();

@@ -47,6 +47,15 @@ pub struct ReceivePolicy {
     /// The sender's key may not replace files, whatever `allow_overwrite`
     /// says (its authorized_keys line has no `overwrite`).
     pub key_forbids_overwrite: bool,
+    /// A sender that asks (`--delete`) may remove, in the directories it
+    /// sends, what it does not send.
+    pub allow_delete: bool,
+    /// The sender's key may not delete, whatever `allow_delete` says (its
+    /// authorized_keys line has no `delete`).
+    pub key_forbids_delete: bool,
+    /// A sender that asks (`-o`, `-g`) may give what it sends its owners and
+    /// groups, where this receiver runs as root.
+    pub allow_owners: bool,
     /// What this receiver asked for, when it asked (a pull, a local
     /// copy): the manifest may hold nothing else. `None`: a server, which
     /// takes whatever names its senders choose beneath DEST.
@@ -77,6 +86,11 @@ pub struct UserFlags {
     /// `--fsync`: every file and directory is synced before the transfer
     /// is reported verified.
     pub fsync: bool,
+    /// `--delete`: what the sending end does not send may be removed from
+    /// the directories it sends.
+    pub delete: bool,
+    /// `-o` / `-g`: entries may get the sending end's owners and groups.
+    pub owners: bool,
 }
 
 impl ReceivePolicy {
@@ -89,6 +103,9 @@ impl ReceivePolicy {
             fsync: true,
             symlinks: SymlinkPolicy::Safe,
             key_forbids_overwrite: false,
+            allow_delete: false,
+            key_forbids_delete: false,
+            allow_owners: false,
             requested: None,
             users_own: false,
             confined_to: None,
@@ -106,6 +123,9 @@ impl ReceivePolicy {
             fsync: flags.fsync,
             symlinks: flags.symlinks,
             key_forbids_overwrite: false,
+            allow_delete: flags.delete,
+            key_forbids_delete: false,
+            allow_owners: flags.owners,
             requested,
             users_own: true,
             confined_to: None,
@@ -425,6 +445,8 @@ mod tests {
             special_bits: false,
             symlinks: SymlinkPolicy::Safe,
             fsync: false,
+            delete: false,
+            owners: false,
         };
         assert_eq!(ReceivePolicy::user(flags, None).mode(0o4755), 0o755);
         assert_eq!(ReceivePolicy::user(flags, None).mode(0o777), 0o777);
@@ -455,6 +477,8 @@ mod tests {
             subdir: subdir.map(|s| RelPath::new(s.as_bytes().to_vec()).unwrap()),
             manifest: Manifest { entries },
             parts: Vec::new(),
+            protect: Vec::new(),
+            owners: None,
         }
     }
 

@@ -102,6 +102,8 @@ pub struct TransferReport {
     pub bytes_resumed: u64,
     /// Chunks that failed their check and were sent again.
     pub chunks_rejected: u64,
+    /// Entries `--delete` removed.
+    pub deleted: u64,
     /// Wall time of the transfer's session at the receiver, in seconds.
     pub secs: f64,
 }

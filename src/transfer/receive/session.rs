@@ -27,8 +27,8 @@ use crate::transfer::hash::{chunk_count, Cv};
 use crate::transfer::layout::Layout;
 use crate::transfer::manifest::RelPath;
 use crate::transfer::messages::{
-    data_header_len_of, is_data_kind, ChunkRef, DataHeader, FilePlan, MessageError, Options,
-    Outcome, PlanReply, PlanRequest, Request,
+    data_header_len_of, is_data_kind, ChunkRef, DataHeader, Deletions, FilePlan, MessageError,
+    Options, Outcome, PlanReply, PlanRequest, Request,
 };
 use crate::transfer::shard::part_bytes;
 use crate::transfer::staged::Owner;
@@ -69,6 +69,15 @@ impl From<Who> for Owner {
     }
 }
 
+/// The plan reply that accepts `plan`.
+fn accepted(plan: &impl PlanView) -> Vec<u8> {
+    PlanReply::Accepted {
+        plans: plan.plans().to_vec(),
+        deletions: plan.deletions(),
+    }
+    .encode()
+}
+
 /// What an authorized key's options allow its transfers.
 #[derive(Debug, Clone)]
 pub(super) struct Grant {
@@ -76,6 +85,8 @@ pub(super) struct Grant {
     pub(super) subdir: Option<Vec<u8>>,
     /// The key may replace files (where the server allows replacing).
     pub(super) overwrite: bool,
+    /// The key may ask `--delete` (where the server allows deleting).
+    pub(super) delete: bool,
 }
 
 /// A plan as its key's grant allows it: beneath the key's subdirectory,
@@ -90,6 +101,7 @@ pub(super) fn granted(
     };
     let mut policy = policy.clone();
     policy.key_forbids_overwrite |= !grant.overwrite;
+    policy.key_forbids_delete |= !grant.delete;
     if let Some(base) = grant.subdir {
         policy.confined_to = Some(base.clone());
         let mut path = base;
@@ -110,6 +122,8 @@ pub(super) trait PlanView {
     /// One per file, in file order.
     fn plans(&self) -> &[FilePlan];
     fn options(&self) -> Options;
+    /// What `--delete` removes at the finish; `None` without it.
+    fn deletions(&self) -> Option<Deletions>;
     /// Per file, per chunk: the value of what its partial file already
     /// holds, [`NOT_HELD`] where it holds nothing.
     fn held(&self) -> &[Vec<Cv>];
@@ -610,7 +624,7 @@ impl<P: PlanView> Sessions<P> {
             Ok(plan) if plan.options().dry_run => {
                 // The answer is all a dry run asks for: no data follows,
                 // so the session ends with it.
-                self.reply(conn_id, PlanReply::Accepted(plan.plans().to_vec()).encode());
+                self.reply(conn_id, accepted(&plan));
                 if let Some(s) = self.remove_session(session) {
                     let skipped = plan.plans().iter().filter(|p| **p == FilePlan::Skip);
                     let skipped = skipped.count() as u64;
@@ -809,6 +823,7 @@ impl<P: PlanView> Session<P> {
             bytes_written: self.bytes_written,
             bytes_resumed: resumed,
             chunks_rejected: self.chunks_rejected,
+            deleted: f.deleted,
             secs: now.saturating_duration_since(self.started).as_secs_f64(),
         }
     }
@@ -926,6 +941,7 @@ impl<P: PlanView> Sessions<P> {
                 .as_ref()
                 .map(|p| p.as_os_str().as_encoded_bytes().to_vec()),
             overwrite: entry.options.overwrite,
+            delete: entry.options.delete,
         }))
     }
 
@@ -1109,7 +1125,7 @@ impl<P: PlanView> Sessions<P> {
                 }
             }
         }
-        let reply = PlanReply::Accepted(plan.plans().to_vec()).encode();
+        let reply = accepted(&plan);
         s.plan = Some(Arc::new(plan));
         self.reply(conn_id, reply);
     }
@@ -1478,6 +1494,9 @@ mod tests {
         fn options(&self) -> Options {
             self.options
         }
+        fn deletions(&self) -> Option<Deletions> {
+            None
+        }
         fn held(&self) -> &[Vec<Cv>] {
             &self.held
         }
@@ -1524,6 +1543,8 @@ mod tests {
             subdir: None,
             manifest: Manifest { entries },
             parts: Vec::new(),
+            protect: Vec::new(),
+            owners: None,
         }
         .encode()
     }
@@ -1610,7 +1631,8 @@ mod tests {
             let session = plan_job(&actions).expect("a plan for the planners");
             self.s.on_planned(session, conn, Ok(plan));
             let accepted = plan_reply(&self.drain(), conn, &sizes);
-            assert_eq!(accepted, PlanReply::Accepted(plans));
+            let deletions = None;
+            assert_eq!(accepted, PlanReply::Accepted { plans, deletions });
             self.s.on_ended(self.t0, conn, false, true);
             self.drain();
             session
@@ -1656,7 +1678,7 @@ mod tests {
 
     #[track_caller]
     fn plan_reply(actions: &[Action<Files>], conn: u64, sizes: &[u64]) -> PlanReply {
-        PlanReply::decode(reply_to(actions, conn), sizes).unwrap()
+        PlanReply::decode(reply_to(actions, conn), sizes, false).unwrap()
     }
 
     fn writes(actions: &[Action<Files>]) -> Vec<&WriteJob<Files>> {
@@ -2328,6 +2350,7 @@ mod tests {
         let grant = Grant {
             subdir: Some(b"keys/alice".to_vec()),
             overwrite: false,
+            delete: false,
         };
         let (plan, policy) = granted(plan, &ReceivePolicy::server(), Some(grant)).unwrap();
         assert_eq!(plan.subdir.unwrap().as_bytes(), b"keys/alice/inner");

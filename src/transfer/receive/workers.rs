@@ -24,7 +24,7 @@ use crate::transfer::compress::{ChunkDecompressor, Encoding, FrameError};
 use crate::transfer::dest::{self, DestError, Finished, Prepared, ReceivePolicy};
 use crate::transfer::hash::{chunk_cv, Cv};
 use crate::transfer::layout::CV_LEN;
-use crate::transfer::messages::{FilePlan, Options, PlanRequest, Request};
+use crate::transfer::messages::{Deletions, FilePlan, Options, PlanRequest, Request};
 use crate::transfer::staged::{Owner, StagedQuota, ToStage};
 use crate::transfer::Error;
 
@@ -39,6 +39,10 @@ impl PlanView for Prepared {
 
     fn options(&self) -> Options {
         self.options
+    }
+
+    fn deletions(&self) -> Option<Deletions> {
+        self.extraneous.as_ref().map(|e| e.deletions())
     }
 
     fn held(&self) -> &[Vec<Cv>] {

@@ -210,6 +210,8 @@ pub struct SendConfig {
     pub(crate) filters: Filters,
     /// Files that are one file go as one file and links to it (`-H`).
     pub(crate) hard_links: bool,
+    /// `-o` / `-g` / `--numeric-ids`: whose each entry is goes with the plan.
+    pub(crate) keep_owners: KeepOwners,
     /// The paths of `--files-from`, sent instead of the sources whole.
     pub(crate) files_from: Option<Vec<super::manifest::Listed>>,
     /// Send only this shard's part of the tree (`--shard K/N`).
@@ -256,6 +258,7 @@ impl SendConfig {
             filters: Filters::default(),
             files_from: None,
             hard_links: false,
+            keep_owners: KeepOwners::default(),
             shard: None,
             streams: 1,
             flows: 1,
@@ -453,6 +456,10 @@ pub struct SendReport {
     /// wire.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compress: Option<CompressReport>,
+    /// What `--delete` removed at the receiver (in a dry run: would
+    /// remove); `None` without `--delete`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deleted: Option<Deleted>,
 }
 
 /// What `--compress` made of the file bytes sent.
@@ -465,6 +472,38 @@ pub struct CompressReport {
     pub wire_bytes: u64,
     /// `raw_bytes / wire_bytes`.
     pub ratio: f64,
+}
+
+/// rsync's `-o`, `-g` and `--numeric-ids`, as the sender asks them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeepOwners {
+    pub user: bool,
+    pub group: bool,
+    pub numeric: bool,
+}
+
+/// What `--delete` removed (or, in a dry run, would): the receiver's list,
+/// for the user.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Deleted {
+    /// Entries removed, each named once (a directory with what it held).
+    pub total: u64,
+    /// The first of them as the receiver listed them, escaped for a
+    /// terminal, a directory's with a trailing `/`; the rest only counted.
+    pub listed: Vec<String>,
+}
+
+impl From<&crate::transfer::messages::Deletions> for Deleted {
+    fn from(d: &crate::transfer::messages::Deletions) -> Deleted {
+        Deleted {
+            total: d.total,
+            listed: d
+                .listed
+                .iter()
+                .map(|(path, is_dir)| format!("{path}{}", if *is_dir { "/" } else { "" }))
+                .collect(),
+        }
+    }
 }
 
 /// One data connection's transport figures and how it ended: what the

@@ -19,8 +19,8 @@ use super::conn::{
 };
 use super::readers::{FileFeed, Readers, Shown, Siblings};
 use super::{
-    Bound, CompressReport, PlannedFile, Progress, SendConfig, SendError, SendReport, StreamLive,
-    StreamReport,
+    Bound, CompressReport, Deleted, PlannedFile, Progress, SendConfig, SendError, SendReport,
+    StreamLive, StreamReport,
 };
 use crate::io::coupling::GroupMember;
 use crate::io::{fresh_conn_id, StreamFeed};
@@ -30,7 +30,8 @@ use crate::transfer::manifest::{
     keep_hard_links, manifest_of, walk, walk_listed, EntryKind, LocalEntry, Manifest,
 };
 use crate::transfer::messages::{
-    encode_finish, ChunkRef, FilePart, FilePlan, Options, Outcome, PlanReply, PlanRequest,
+    encode_finish, ChunkRef, Deletions, FilePart, FilePlan, Options, Outcome, PlanReply,
+    PlanRequest,
 };
 use crate::transfer::shard::{part_bytes, Selected};
 use crate::transfer::source::{SourceSpec, Sources};
@@ -65,7 +66,8 @@ pub(super) fn send_session(
             // As the data connections: only on fresh sockets.
             ahead: from.is_empty(),
         };
-        let plans = session.plan(&mut early)?;
+        let (plans, deletions) = session.plan(&mut early)?;
+        session.deletions = deletions.map(|d| Deleted::from(&d));
         *session_out = Some(session.id);
         let readers = Readers::start(config.readers);
         let mut selection = session.select(&plans, &readers)?;
@@ -291,6 +293,8 @@ pub(super) struct SendSession<'a> {
     symlinks: u64,
     values: ChunkValues,
     tally: Tally,
+    /// What the receiver's plan said `--delete` removes.
+    deletions: Option<Deleted>,
 }
 
 impl<'a> SendSession<'a> {
@@ -325,6 +329,7 @@ impl<'a> SendSession<'a> {
             dirs,
             symlinks,
             tally: Tally::default(),
+            deletions: None,
         })
     }
 
@@ -345,7 +350,10 @@ impl<'a> SendSession<'a> {
     /// that nothing is held at the receiver meanwhile.
     /// A receiver that predates the finish ahead (`Options::finish_ahead`)
     /// refuses the plan that asks it: it is asked again without.
-    fn plan(&mut self, early: &mut Vec<EarlyStream<'_>>) -> Result<Vec<FilePlan>, SendError> {
+    fn plan(
+        &mut self,
+        early: &mut Vec<EarlyStream<'_>>,
+    ) -> Result<(Vec<FilePlan>, Option<Deletions>), SendError> {
         self.progress.set_stage(format!(
             "sending the manifest ({} entries)",
             self.plan.entries.len()
@@ -353,12 +361,35 @@ impl<'a> SendSession<'a> {
         let host = &self.config.host;
         let mut busy = BusyWait::default();
         loop {
-            let limit = PlanReply::max_len(&self.plan.sizes);
+            let delete = self.config.options.delete;
+            let limit = PlanReply::max_len(&self.plan.sizes, delete);
             let request = self.request.clone();
             let reply = ask_busy(self.link(0), request, limit, &mut || early.clear())?;
-            let (retry_after, why) = match plan_answer(host, &reply, &self.plan.sizes) {
-                Ok(PlanAnswer::Accepted(plans)) => return Ok(plans),
+            let (retry_after, why) = match plan_answer(host, &reply, &self.plan.sizes, delete) {
+                Ok(PlanAnswer::Accepted { plans, deletions }) => return Ok((plans, deletions)),
                 Ok(PlanAnswer::Busy { retry_after, why }) => (retry_after, why),
+                Err(SendError::Refused { host, why })
+                    if delete && why.contains("session protocol version") =>
+                {
+                    return Err(SendError::Refused {
+                        host,
+                        why: format!(
+                            "{why} (its atou predates --delete: run the same release at both \
+                             ends, or leave --delete out)"
+                        ),
+                    });
+                }
+                Err(SendError::Refused { host, why })
+                    if self.config.options.compress && predates_compress(&why) =>
+                {
+                    return Err(SendError::Refused {
+                        host,
+                        why: format!(
+                            "{why} (its atou predates --compress: upgrade it there, or send \
+                             without --compress)"
+                        ),
+                    });
+                }
                 Err(e) if self.finish_ahead && predates_finish_ahead(&e) => {
                     self.finish_ahead = false;
                     let manifest = manifest_of(&self.plan.entries);
@@ -751,6 +782,7 @@ impl<'a> SendSession<'a> {
                 wire_bytes: wire,
                 ratio: tally.bytes_sent as f64 / wire.max(1) as f64,
             }),
+            deleted: self.deletions,
         }
     }
 
@@ -781,6 +813,7 @@ impl<'a> SendSession<'a> {
             streams: Vec::new(),
             dry_run: Some(files),
             compress: None,
+            deleted: self.deletions.clone(),
         }
     }
 }
@@ -1043,6 +1076,18 @@ fn plan_request(
         },
         subdir: config.subdir.clone(),
         manifest,
+        protect: if config.options.delete {
+            config.filters.rules().collect()
+        } else {
+            Vec::new()
+        },
+        owners: {
+            let keep = config.keep_owners;
+            (keep.user || keep.group).then(|| {
+                let ids = plan.entries.iter().map(|e| e.owner).collect();
+                crate::transfer::dest::owners::ownership(ids, keep.user, keep.group, keep.numeric)
+            })
+        },
         parts: plan
             .parts
             .iter()
@@ -1062,21 +1107,32 @@ fn plan_request(
 /// that does not decode are errors.
 #[derive(Debug, PartialEq)]
 enum PlanAnswer {
-    /// One plan per file, in file order.
-    Accepted(Vec<FilePlan>),
+    Accepted {
+        /// One plan per file, in file order.
+        plans: Vec<FilePlan>,
+        /// What `--delete` removes, when it was asked.
+        deletions: Option<Deletions>,
+    },
     Busy {
         retry_after: Duration,
         why: String,
     },
 }
 
-fn plan_answer(host: &str, reply: &[u8], sizes: &[u64]) -> Result<PlanAnswer, SendError> {
-    match PlanReply::decode(reply, sizes) {
-        Ok(PlanReply::Accepted(plans)) => Ok(PlanAnswer::Accepted(plans)),
+fn plan_answer(
+    host: &str,
+    reply: &[u8],
+    sizes: &[u64],
+    delete: bool,
+) -> Result<PlanAnswer, SendError> {
+    match PlanReply::decode(reply, sizes, delete) {
+        Ok(PlanReply::Accepted { plans, deletions }) => {
+            Ok(PlanAnswer::Accepted { plans, deletions })
+        }
         Ok(PlanReply::Busy { retry_after, why }) => Ok(PlanAnswer::Busy { retry_after, why }),
         Ok(PlanReply::Refused(why)) => Err(SendError::Refused {
             host: host.to_string(),
-            why: predates_compress(why),
+            why,
         }),
         Err(e) => Err(SendError::BadReply {
             host: host.to_string(),
@@ -1085,16 +1141,11 @@ fn plan_answer(host: &str, reply: &[u8], sizes: &[u64]) -> Result<PlanAnswer, Se
     }
 }
 
-/// A receiver that predates `--compress` refuses the plan's version 2 (the
-/// version only a plan with it takes) by number: say what that means.
-fn predates_compress(why: String) -> String {
-    if why.contains("session protocol version 2,") {
-        format!(
-            "{why} (its atou predates --compress: upgrade it there, or send without --compress)"
-        )
-    } else {
-        why
-    }
+/// A refusal of a plan with `--compress` by a receiver that predates it:
+/// one from before the second options byte refuses the version, one from
+/// after it the bit (`OPT2_COMPRESS`, 0x04).
+fn predates_compress(why: &str) -> bool {
+    why.contains("session protocol version 2,") || why.contains("unknown option bits 0x04")
 }
 
 /// What the receiver's plan leaves to send.
@@ -1554,47 +1605,48 @@ mod tests {
     #[test]
     fn a_plan_reply_that_refuses_or_does_not_decode_is_an_error() {
         let sizes = [10];
-        let accepted = PlanReply::Accepted(vec![FilePlan::SendAll]).encode();
+        let plans = vec![FilePlan::SendAll];
+        let deletions = None;
+        let accepted = PlanReply::Accepted { plans, deletions }.encode();
         assert_eq!(
-            plan_answer(HOST, &accepted, &sizes).unwrap(),
-            PlanAnswer::Accepted(vec![FilePlan::SendAll])
+            plan_answer(HOST, &accepted, &sizes, false).unwrap(),
+            PlanAnswer::Accepted {
+                plans: vec![FilePlan::SendAll],
+                deletions: None
+            }
         );
         let busy = PlanReply::Busy {
             retry_after: Duration::from_secs(3),
             why: "full".into(),
         };
         assert_eq!(
-            plan_answer(HOST, &busy.encode(), &sizes).unwrap(),
+            plan_answer(HOST, &busy.encode(), &sizes, false).unwrap(),
             PlanAnswer::Busy {
                 retry_after: Duration::from_secs(3),
                 why: "full".into()
             }
         );
         let refused = PlanReply::Refused("no".into()).encode();
-        match plan_answer(HOST, &refused, &sizes) {
+        match plan_answer(HOST, &refused, &sizes, false) {
             Err(SendError::Refused { host, why }) => assert_eq!((&*host, &*why), (HOST, "no")),
             other => panic!("{other:?}"),
         }
-        let garbage = plan_answer(HOST, &[0xff, 1, 2], &sizes).unwrap_err();
+        let garbage = plan_answer(HOST, &[0xff, 1, 2], &sizes, false).unwrap_err();
         assert_eq!(garbage.fault(), Fault::Protocol, "{garbage}");
     }
 
     /// An older receiver's refusal of the bit, as it words it, and no
     /// other refusal, makes the plan go again without it.
     #[test]
-    fn a_receiver_that_predates_compress_is_named_as_such() {
-        let old = PlanReply::Refused(
-            "a malformed plan: session protocol version 2, this atou speaks 1".into(),
-        );
-        let Err(SendError::Refused { why, .. }) = plan_answer(HOST, &old.encode(), &[]) else {
-            panic!()
-        };
-        assert!(why.ends_with("or send without --compress)"), "{why}");
-        let other = PlanReply::Refused("no room".into());
-        let Err(SendError::Refused { why, .. }) = plan_answer(HOST, &other.encode(), &[]) else {
-            panic!()
-        };
-        assert_eq!(why, "no room");
+    fn a_receiver_that_predates_compress_is_told_by_its_refusal() {
+        for why in [
+            "a malformed plan: session protocol version 2, this atou speaks 1",
+            "a malformed plan: unknown option bits 0x04",
+        ] {
+            assert!(predates_compress(why), "{why}");
+        }
+        assert!(!predates_compress("unknown option bits 0x80"));
+        assert!(!predates_compress("no room"));
     }
 
     #[test]
