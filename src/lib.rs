@@ -149,6 +149,10 @@ pub mod internals {
         pub mod bootstrap {
             pub use crate::transfer::bootstrap::*;
         }
+        /// `crate::transfer::compress`: hostile senders' chunk frames.
+        pub mod compress {
+            pub use crate::transfer::compress::*;
+        }
         /// `crate::transfer::dest`.
         pub mod dest {
             pub use crate::transfer::dest::*;

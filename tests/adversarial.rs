@@ -508,6 +508,90 @@ fn a_file_takes_its_final_name_only_after_its_hash_matches_at_the_finish() {
     );
 }
 
+/// A hostile `--compress` sender, its frames made with the crate's own
+/// encoders: a zstd chunk that expands past its raw length (64 MiB of a
+/// byte in 2 KiB: a bomb), garbage, and a frame that comes out a byte
+/// short are each named bad in the stream's answer and never written; a
+/// frame that claims as many bytes as its chunk fails the session. The
+/// file never appears in DEST; an honest frame of the same chunk, in a
+/// session of its own, is written and verified.
+#[test]
+fn hostile_compressed_chunks_are_refused_and_nothing_reaches_dest() {
+    use atou::internals::transfer::compress::{Encoding, FrameHeader};
+    use atou::internals::transfer::messages::ChunkRef;
+    let scratch = dest_and_outside("compress-hostile");
+    let dest = scratch.path("dest");
+    let s = Serve::start(&dest, &[]);
+    let size = CHUNK_SIZE;
+    let data: Vec<u8> = b"an honest line of text\n"
+        .iter()
+        .copied()
+        .cycle()
+        .take(size as usize)
+        .collect();
+    let compress = Options {
+        compress: true,
+        ..own(false)
+    };
+    let framed = |wire: &[u8], encoding, wire_len: u32| {
+        let header = DataHeader {
+            ranges: vec![ChunkRange {
+                file: 0,
+                first: 0,
+                count: 1,
+            }],
+        };
+        let frame = FrameHeader { encoding, wire_len }.encode();
+        let mut bytes = header.encode_framed(&[frame]);
+        bytes.extend_from_slice(wire);
+        bytes.extend_from_slice(&chunk_cv(size, 0, &data));
+        bytes
+    };
+    let session = session_id();
+    let file = || vec![entry("f", EntryKind::File { size }, 0o644)];
+    send_plan(&s, session, file(), compress).unwrap();
+    let bomb = zstd::bulk::compress(&vec![b'a'; 64 << 20], 3).unwrap();
+    let garbage: Vec<u8> = (0..3000u32).map(|i| (i * 7919 % 251) as u8).collect();
+    let short = zstd::bulk::compress(&data[..data.len() - 1], 3).unwrap();
+    for (wire, what) in [(bomb, "a bomb"), (garbage, "garbage"), (short, "short")] {
+        let reply = stream(
+            s.addr,
+            session,
+            framed(&wire, Encoding::Zstd, wire.len() as u32),
+        );
+        match Outcome::decode(&reply.unwrap()) {
+            Ok(Outcome::Done { bad }) => {
+                assert_eq!(bad, vec![ChunkRef { file: 0, chunk: 0 }], "{what}")
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+        assert!(!dest.join("f").exists(), "{what}");
+    }
+    let claims_all = framed(&vec![0; size as usize], Encoding::Zstd, size as u32);
+    let reply = stream(s.addr, session, claims_all).unwrap();
+    match Outcome::decode(&reply) {
+        Ok(Outcome::Failed(why)) => assert!(why.contains("not smaller"), "{why}"),
+        other => panic!("a frame as long as its chunk: {other:?}"),
+    }
+    assert!(send_finish(&s, session, &[hash_of(&data)]).is_err());
+    assert!(!dest.join("f").exists());
+
+    let session = session_id();
+    send_plan(&s, session, file(), compress).unwrap();
+    let honest = zstd::bulk::compress(&data, 3).unwrap();
+    let reply = stream(
+        s.addr,
+        session,
+        framed(&honest, Encoding::Zstd, honest.len() as u32),
+    );
+    assert_eq!(
+        Outcome::decode(&reply.unwrap()),
+        Ok(Outcome::Done { bad: Vec::new() })
+    );
+    send_finish(&s, session, &[hash_of(&data)]).unwrap();
+    assert_eq!(std::fs::read(dest.join("f")).unwrap(), data);
+}
+
 /// A session that sends part of a file (chunks 0..1 of 2, as a shard
 /// does) may write only that part: a data stream carrying a chunk of the
 /// other part is refused and nothing of it is written. Its own part,

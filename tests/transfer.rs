@@ -1196,6 +1196,109 @@ fn a_killed_transfer_resumes_and_resends_under_60_percent() {
     ));
 }
 
+/// A file of `size` bytes whose every 1 MiB chunk is half random, half
+/// a repeated line: zstd makes each about half its size.
+fn write_half_compressible(path: &Path, size: u64, seed: u64) {
+    let mut rng = XorShift::new(seed);
+    let mut f = File::create(path).unwrap();
+    let line = b"let chunk = frame.expand(raw_len)?; // half of every MiB is this\n";
+    let mut buf = vec![0u8; MIB as usize];
+    for (i, b) in buf[MIB as usize / 2..].iter_mut().enumerate() {
+        *b = line[i % line.len()];
+    }
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(MIB) as usize;
+        rng.fill(&mut buf[..MIB as usize / 2]);
+        f.write_all(&buf[..n]).unwrap();
+        left -= n as u64;
+    }
+}
+
+fn compress_report(r: &Value) -> (u64, u64) {
+    let c = &r["compress"];
+    assert!(c.is_object(), "no compress figures: {r}");
+    (u(&c["raw_bytes"]), u(&c["wire_bytes"]))
+}
+
+/// `--compress`: a tree of text arrives identical in well under half its
+/// bytes on the wire; random data goes raw, every chunk of it, so the
+/// wire carries exactly its bytes.
+#[test]
+fn compress_shrinks_text_and_sends_random_data_raw() {
+    let scratch = TestDir::new("transfer-compress");
+    let src = scratch.dir("src");
+    let text = src.join("text");
+    fs::create_dir_all(text.join("sub")).unwrap();
+    let mut raw_text = 0;
+    for i in 0..40u64 {
+        let line = format!("fn item_{i}(x: u64) -> u64 {{ x * {i} + {} }}\n", i * 7);
+        let body = line.repeat(200 + 3000 * (i as usize % 5));
+        raw_text += body.len() as u64;
+        let dir = if i % 2 == 0 {
+            text.clone()
+        } else {
+            text.join("sub")
+        };
+        fs::write(dir.join(format!("f{i}.rs")), body).unwrap();
+    }
+    let random = src.join("random.bin");
+    write_random(&random, 5 * MIB + 123, 9);
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+
+    let r = send(&[&text], &server.target(), &["--compress"]).report();
+    let (raw, wire) = compress_report(&r);
+    say(&format!("compress: text {raw} bytes went as {wire}"));
+    assert_eq!((raw, report_u(&r, "bytes_sent")), (raw_text, raw_text));
+    assert!(wire * 4 < raw, "text: {wire} of {raw} bytes on the wire");
+    assert_same_tree(&text, &dest.join("text"));
+
+    let r = send(&[&random], &server.target(), &["--compress"]).report();
+    assert_eq!(compress_report(&r), (5 * MIB + 123, 5 * MIB + 123), "{r}");
+    assert!(first_difference(&random, &dest.join("random.bin")).is_none());
+
+    // Without the flag there are no such figures.
+    let plain = format!("{}:plain", server.target());
+    let r = send(&[&random], &plain, &[]).report();
+    assert!(r.get("compress").is_none(), "{r}");
+}
+
+/// A `--compress` transfer killed half way resumes: the rerun sends only
+/// the chunks the receiver does not hold (offsets and values are of the
+/// raw bytes, whatever went on the wire), and the file arrives whole.
+#[test]
+fn a_killed_compressed_transfer_resumes() {
+    const SIZE: u64 = 96 * MIB;
+    let scratch = TestDir::new("transfer-compress-resume");
+    let src = scratch.dir("src").join("big.bin");
+    write_half_compressible(&src, SIZE, 11);
+    let args = ["--compress", "--streams", "1", "--maxidle", "3"];
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+    let relay = Relay::start(server.addr, "rate 100mbit", "", 7);
+    let mut sending = spawn_send(&[&src], &relay.addr.to_string(), &args);
+    let part = staged_part(&dest);
+    let at_kill = wait_for_half(&part, SIZE, &mut sending);
+    sending.kill();
+    assert!(!dest.join("big.bin").exists());
+    let r = send(&[&src], &server.target(), &args).report();
+    let (sent, skipped) = (report_u(&r, "bytes_sent"), report_u(&r, "bytes_skipped"));
+    say(&format!(
+        "a_killed_compressed_transfer_resumes: killed with {} MiB on disk; the rerun sent {sent}, skipped {skipped}, {:?}",
+        at_kill / MIB,
+        compress_report(&r)
+    ));
+    assert!(first_difference(&src, &dest.join("big.bin")).is_none());
+    assert!(skipped > 0, "nothing was resumed: {r}");
+    assert_eq!(sent + skipped, SIZE, "{r}");
+    let (raw, wire) = compress_report(&r);
+    assert_eq!(raw, sent);
+    assert!(wire < raw * 3 / 4, "{wire} of {raw} on the wire");
+    assert!(left_in_staging(&dest).is_empty());
+    drop(relay);
+}
+
 // ---------------------------------------------------------------------------
 // 6. A full destination
 // ---------------------------------------------------------------------------

@@ -209,6 +209,7 @@ fuzz_target!(|data: &[u8]| {
                         dry_run: body.first().is_some_and(|b| b % 16 >= 8),
                         shard: body.first().is_some_and(|b| b % 32 >= 16),
                         finish_ahead: body.first().is_some_and(|b| b % 64 >= 32),
+                        compress: body.first().is_some_and(|b| *b >= 128),
                         delete: body.first().is_some_and(|b| b % 128 >= 64),
                     },
                     // Under --delete, a rule the fuzzer may make anything

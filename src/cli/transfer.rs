@@ -101,6 +101,9 @@ pub(super) struct TransferArgs {
     /// Sync each file to disk at the receiver before renaming it into place
     #[arg(long)]
     fsync: bool,
+    /// Compress each 1 MiB chunk with zstd on the reader threads, at a level from 1 to 9 stepped by the measured send rate against the compressors' own; a chunk that does not shrink by a twentieth goes as it is, flagged. BLAKE3 still checks the raw bytes. The receiver's atou must know it, else it refuses the transfer (nothing written). Default: off
+    #[arg(long)]
+    compress: bool,
     /// Send what symlinks point to instead of the symlinks
     #[arg(long)]
     follow: bool,
@@ -570,6 +573,7 @@ impl TransferArgs {
                 shard: false,
                 // The plan sets it where the finish can go ahead.
                 finish_ahead: false,
+                compress: self.compress,
                 delete: self.delete,
             },
             follow: self.follow,
@@ -770,6 +774,13 @@ fn report_text(r: &SendReport, streams: &[Summary], path: &PathSize) -> String {
         format_rate(r.goodput_bps),
     );
     s += &not_sent_and_resent(r.bytes_skipped, r.skipped_files, r.chunks_resent);
+    if let Some(c) = &r.compress {
+        s += &format!(
+            "; compressed to {} on the wire ({:.2}x)",
+            format_size(c.wire_bytes),
+            c.ratio
+        );
+    }
     if r.files_in_part > 0 {
         s += &format!(
             "; {} of them in part (split across the shards: {} takes its name when every \
@@ -1485,6 +1496,7 @@ impl TransferArgs {
             (self.skip_existing, "--skip-existing"),
             (self.checksum, "--checksum"),
             (self.fsync, "--fsync"),
+            (self.compress, "--compress"),
             (self.follow, "--follow"),
             (self.hard_links, "--hard-links"),
             (self.no_path_cache, "--no-path-cache"),

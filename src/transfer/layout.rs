@@ -3,8 +3,9 @@
 //! offset alone says which file and which bytes it carries; the receiver
 //! can place data that arrives out of order.
 
+use super::compress::{Encoding, FrameError, FrameHeader, FRAME_HEADER_LEN};
 use super::hash::{chunk_len, CHUNK_SIZE};
-use super::messages::{data_header_len, ChunkRef, DataHeader};
+use super::messages::{data_header_len, framed_header_len, ChunkRef, DataHeader};
 
 /// Bytes of the BLAKE3 value that follows each chunk's data.
 pub const CV_LEN: u64 = 32;
@@ -15,14 +16,24 @@ pub struct Slot {
     pub chunk: ChunkRef,
     /// Stream offset of the chunk's first byte.
     pub offset: u64,
-    /// Bytes of data (the value follows).
+    /// Bytes of the chunk's data, raw: what is hashed and written.
     pub len: u32,
+    /// How it travels: raw, or compressed (framed streams only).
+    pub encoding: Encoding,
+    /// Bytes of it in the stream (the value follows): `len` for a raw
+    /// chunk, less for a compressed one.
+    pub wire_len: u32,
 }
 
 impl Slot {
     /// Stream offset just past the chunk's value.
     pub fn end(&self) -> u64 {
-        self.offset + u64::from(self.len) + CV_LEN
+        self.offset + self.wire_bytes()
+    }
+
+    /// Bytes of the stream it takes: its data as sent and its value.
+    pub fn wire_bytes(&self) -> u64 {
+        u64::from(self.wire_len) + CV_LEN
     }
 
     /// Where the chunk's data goes in its file.
@@ -41,24 +52,66 @@ impl Layout {
     /// The layout of a stream with this (checked) header.
     pub fn new(header: &DataHeader, file_sizes: &[u64]) -> Layout {
         let header_len = data_header_len(header.ranges.len()) as u64;
+        Layout::with_frames(header_len, header, file_sizes, |_, len| {
+            Ok(FrameHeader {
+                encoding: Encoding::Raw,
+                wire_len: len,
+            })
+        })
+        .expect("every chunk raw")
+    }
+
+    /// The layout of a framed stream (`--compress`) with this (checked)
+    /// header and these frame headers, one per chunk: each is checked
+    /// against its chunk's raw length ([`FrameHeader::parse`]), so no
+    /// chunk takes more of the stream than it would raw.
+    pub fn framed(
+        header: &DataHeader,
+        frames: &[[u8; FRAME_HEADER_LEN]],
+        file_sizes: &[u64],
+    ) -> Result<Layout, FrameError> {
+        let chunks = frames.len() as u64;
+        let header_len = framed_header_len(header.ranges.len(), chunks);
+        let mut frames = frames.iter();
+        let layout = Layout::with_frames(header_len, header, file_sizes, |_, len| {
+            let frame = frames.next().ok_or(FrameError::Missing)?;
+            FrameHeader::parse(frame, len)
+        })?;
+        match frames.next() {
+            Some(_) => Err(FrameError::Missing),
+            None => Ok(layout),
+        }
+    }
+
+    fn with_frames(
+        header_len: u64,
+        header: &DataHeader,
+        file_sizes: &[u64],
+        mut frame: impl FnMut(ChunkRef, u32) -> Result<FrameHeader, FrameError>,
+    ) -> Result<Layout, FrameError> {
         let mut offset = header_len;
         let mut slots = Vec::new();
         for r in &header.ranges {
             let size = file_sizes[r.file as usize];
             for chunk in r.first..r.first + r.count {
                 let len = chunk_len(size, chunk) as u32;
-                slots.push(Slot {
-                    chunk: ChunkRef {
-                        file: r.file,
-                        chunk,
-                    },
+                let chunk = ChunkRef {
+                    file: r.file,
+                    chunk,
+                };
+                let FrameHeader { encoding, wire_len } = frame(chunk, len)?;
+                let slot = Slot {
+                    chunk,
                     offset,
                     len,
-                });
-                offset += u64::from(len) + CV_LEN;
+                    encoding,
+                    wire_len,
+                };
+                offset = slot.end();
+                slots.push(slot);
             }
         }
-        Layout { header_len, slots }
+        Ok(Layout { header_len, slots })
     }
 
     /// The stream's length.
@@ -122,5 +175,49 @@ mod tests {
         assert_eq!(layout.slot_at(layout.total_len()), None);
         let got: Vec<ChunkRef> = s.iter().map(|s| s.chunk).collect();
         assert_eq!(got, chunks);
+    }
+
+    /// A framed stream's chunks take their wire lengths; a frame that
+    /// claims more than its chunk, or a frame too many or too few, is
+    /// refused.
+    #[test]
+    fn a_framed_layout_places_chunks_by_their_wire_lengths() {
+        let sizes = [CHUNK_SIZE + 10];
+        let header = header_for(&[
+            ChunkRef { file: 0, chunk: 0 },
+            ChunkRef { file: 0, chunk: 1 },
+        ]);
+        let zstd = |n: u32| {
+            FrameHeader {
+                encoding: Encoding::Zstd,
+                wire_len: n,
+            }
+            .encode()
+        };
+        let raw = |n: u32| {
+            FrameHeader {
+                encoding: Encoding::Raw,
+                wire_len: n,
+            }
+            .encode()
+        };
+        let layout = Layout::framed(&header, &[zstd(1000), raw(10)], &sizes).unwrap();
+        let h = framed_header_len(1, 2);
+        let s = &layout.slots;
+        assert_eq!(
+            (s[0].offset, s[0].len, s[0].wire_len),
+            (h, CHUNK_SIZE as u32, 1000)
+        );
+        assert_eq!(s[1].offset, h + 1000 + CV_LEN);
+        assert_eq!(layout.total_len(), s[1].offset + 10 + CV_LEN);
+        assert_eq!(layout.slot_at(h + 1000 + CV_LEN - 1), Some(0));
+        for bad in [
+            vec![zstd(CHUNK_SIZE as u32), raw(10)],
+            vec![raw(CHUNK_SIZE as u32 - 1), raw(10)],
+            vec![zstd(1000)],
+            vec![zstd(1000), raw(10), raw(10)],
+        ] {
+            assert!(Layout::framed(&header, &bad, &sizes).is_err(), "{bad:?}");
+        }
     }
 }

@@ -23,11 +23,15 @@ use thiserror::Error;
 
 use crate::proto::wire::codec::{Reader, Truncated, Writer};
 
+use super::compress::FRAME_HEADER_LEN;
 use super::hash::{chunk_count, Cv};
 use super::manifest::{Manifest, ManifestError, NameError, RelPath};
 
 const KIND_PLAN: u8 = b'P';
 const KIND_DATA: u8 = b'D';
+/// A data stream of a `--compress` session: the header also lists each
+/// chunk's frame (encoding and wire length, [`FrameHeader`]).
+const KIND_DATA_FRAMED: u8 = b'Z';
 const KIND_FINISH: u8 = b'F';
 const KIND_ABORT: u8 = b'A';
 /// Bumped on any incompatible change below. A plan is written in the
@@ -37,6 +41,9 @@ const KIND_ABORT: u8 = b'A';
 const SESSION_VERSION: u8 = 2;
 /// The plan without the second option byte.
 const SESSION_VERSION_FIRST: u8 = 1;
+/// Second byte: chunks may travel compressed (`--compress`, framed data
+/// streams, [`KIND_DATA_FRAMED`]).
+const OPT2_COMPRESS: u8 = 0x04;
 
 const OPT_OVERWRITE: u8 = 0x01;
 const OPT_SKIP_EXISTING: u8 = 0x02;
@@ -82,7 +89,7 @@ const OPT2_DELETE: u8 = 0x01;
 /// predates it refuses the plan's version rather than leave every file
 /// its own.
 const OPT2_OWNERS: u8 = 0x02;
-const OPTS2_KNOWN: u8 = OPT2_DELETE | OPT2_OWNERS;
+const OPTS2_KNOWN: u8 = OPT2_DELETE | OPT2_OWNERS | OPT2_COMPRESS;
 
 /// Which of an entry's ids a plan sends ([`Ownership`]).
 const OWN_USER: u8 = 0x01;
@@ -236,6 +243,9 @@ pub struct Options {
     /// The finish may come before the data streams are answered: the
     /// receiver answers it once they are, naming chunks still missing.
     pub finish_ahead: bool,
+    /// Data streams are framed: each chunk raw or zstd
+    /// ([`DataHeader::encode_framed`]).
+    pub compress: bool,
     /// `--delete`: remove from each directory the manifest lists what the
     /// manifest does not list (rsync's `--delete`), at the finish.
     pub delete: bool,
@@ -322,6 +332,39 @@ pub fn data_header_len(ranges: usize) -> usize {
     1 + 4 + ranges.saturating_mul(12).saturating_add(SEAL_LEN)
 }
 
+/// Bytes of a framed data header (kind `Z`) with `ranges` ranges and
+/// `chunks` chunks in them, its hash included: the plain header's, and
+/// one frame header per chunk.
+pub fn framed_header_len(ranges: usize, chunks: u64) -> u64 {
+    (data_header_len(ranges) as u64).saturating_add(chunks.saturating_mul(FRAME_HEADER_LEN as u64))
+}
+
+/// The length of the data header (either kind) at the start of a stream,
+/// as soon as the bytes in say it: after five for a plain header, after
+/// its ranges for a framed one (their counts say how many frames follow).
+/// `None` until then, or when the stream is not data.
+pub fn data_header_len_of(prefix: &[u8]) -> Option<u64> {
+    let kind = *prefix.first()?;
+    let n = u32::from_be_bytes(prefix.get(1..5)?.try_into().expect("4 bytes")) as usize;
+    match kind {
+        KIND_DATA => Some(data_header_len(n) as u64),
+        KIND_DATA_FRAMED => {
+            let ranges = prefix.get(5..5usize.saturating_add(n.saturating_mul(12)))?;
+            let chunks = ranges
+                .chunks_exact(12)
+                .map(|r| u64::from(u32::from_be_bytes(r[8..].try_into().expect("4 bytes"))))
+                .fold(0u64, u64::saturating_add);
+            Some(framed_header_len(n, chunks))
+        }
+        _ => None,
+    }
+}
+
+/// Whether a stream that starts with this byte is data (either kind).
+pub fn is_data_kind(first: u8) -> bool {
+    first == KIND_DATA || first == KIND_DATA_FRAMED
+}
+
 impl PlanRequest {
     pub fn encode(&self) -> Vec<u8> {
         let manifest = self.manifest.encode();
@@ -333,7 +376,8 @@ impl PlanRequest {
                 OPT2_OWNERS
             } else {
                 0
-            };
+            }
+            | if o.compress { OPT2_COMPRESS } else { 0 };
         out.push(if opts2 == 0 {
             SESSION_VERSION_FIRST
         } else {
@@ -391,6 +435,56 @@ impl DataHeader {
             out.put_u32(r.count as u32);
         }
         seal(out)
+    }
+
+    /// The framed header (kind `Z`) of a stream whose chunks travel as
+    /// `frames`, one per chunk in stream order.
+    pub fn encode_framed(&self, frames: &[[u8; FRAME_HEADER_LEN]]) -> Vec<u8> {
+        let mut out = self.encode();
+        out.truncate(out.len() - SEAL_LEN);
+        out[0] = KIND_DATA_FRAMED;
+        for f in frames {
+            out.extend_from_slice(f);
+        }
+        seal(out)
+    }
+
+    /// Reads a framed data header (kind `Z`) from the start of a stream;
+    /// `Ok(None)` when more bytes are needed. Returns the header, each
+    /// chunk's frame header as sent (checked against the chunk by
+    /// [`crate::transfer::layout::Layout::framed`]), and its length.
+    #[allow(clippy::type_complexity)]
+    pub fn parse_framed(
+        prefix: &[u8],
+    ) -> Result<Option<(DataHeader, Vec<[u8; FRAME_HEADER_LEN]>, usize)>, MessageError> {
+        match prefix.first() {
+            None => return Ok(None),
+            Some(&KIND_DATA_FRAMED) => {}
+            Some(&other) => return Err(MessageError::UnknownKind(other)),
+        }
+        let Some(len) = data_header_len_of(prefix) else {
+            return Ok(None);
+        };
+        if (prefix.len() as u64) < len {
+            return Ok(None);
+        }
+        let len = len as usize;
+        let mut r = Reader::new(open(&prefix[..len])?);
+        r.u8()?;
+        let ranges: Vec<ChunkRange> = (0..r.u32()?)
+            .map(|_| {
+                Ok(ChunkRange {
+                    file: r.u32()?,
+                    first: u64::from(r.u32()?),
+                    count: u64::from(r.u32()?),
+                })
+            })
+            .collect::<Result<_, MessageError>>()?;
+        let frames = (0..r.remaining() / FRAME_HEADER_LEN)
+            .map(|_| r.array())
+            .collect::<Result<_, _>>()?;
+        end(&r)?;
+        Ok(Some((DataHeader { ranges }, frames, len)))
     }
 
     /// Reads a data header from the start of a stream; `Ok(None)` when
@@ -671,6 +765,7 @@ impl Request {
                         dry_run: opts & OPT_DRY_RUN != 0,
                         shard: opts & OPT_SHARD != 0,
                         finish_ahead: opts & OPT_FINISH_AHEAD != 0,
+                        compress: opts2 & OPT2_COMPRESS != 0,
                         delete: opts2 & OPT2_DELETE != 0,
                     },
                     subdir,
@@ -1012,6 +1107,7 @@ mod tests {
                 shard: true,
                 finish_ahead: true,
                 delete: false,
+                compress: false,
             },
             subdir: Some(rel("in/here")),
             manifest: manifest(),
@@ -1179,6 +1275,96 @@ mod tests {
         assert_eq!(
             DataHeader::parse(&bytes).unwrap(),
             Some((h(0, 0, 3), bytes.len()))
+        );
+    }
+
+    /// A framed header carries a frame header per chunk; its length is
+    /// known once its ranges are in; a flipped bit or a cut is refused.
+    #[test]
+    fn framed_headers_round_trip_and_say_their_length_early() {
+        use crate::transfer::compress::{Encoding, FrameHeader};
+        let header = DataHeader {
+            ranges: vec![
+                ChunkRange {
+                    file: 0,
+                    first: 1,
+                    count: 2,
+                },
+                ChunkRange {
+                    file: 2,
+                    first: 0,
+                    count: 1,
+                },
+            ],
+        };
+        let frame = |encoding, wire_len| FrameHeader { encoding, wire_len }.encode();
+        let frames = [
+            frame(Encoding::Zstd, 7),
+            frame(Encoding::Raw, 9),
+            frame(Encoding::Zstd, 3),
+        ];
+        let bytes = header.encode_framed(&frames);
+        assert_eq!(bytes.len() as u64, framed_header_len(2, 3));
+        assert!(is_data_kind(bytes[0]));
+        assert_eq!(data_header_len_of(&bytes[..5 + 23]), None, "ranges not in");
+        assert_eq!(
+            data_header_len_of(&bytes[..5 + 24]),
+            Some(bytes.len() as u64)
+        );
+        let mut longer = bytes.clone();
+        longer.extend_from_slice(b"chunk bytes");
+        assert_eq!(
+            DataHeader::parse_framed(&longer).unwrap(),
+            Some((header.clone(), frames.to_vec(), bytes.len()))
+        );
+        for cut in 0..bytes.len() {
+            assert_eq!(DataHeader::parse_framed(&bytes[..cut]).unwrap(), None);
+        }
+        let mut bad = bytes.clone();
+        bad[bytes.len() - 40] ^= 1;
+        assert_eq!(
+            DataHeader::parse_framed(&bad),
+            Err(MessageError::Corrupt),
+            "a frame's length changed"
+        );
+        assert!(DataHeader::parse(&bytes).is_err(), "not a plain header");
+        assert!(DataHeader::parse_framed(&header.encode()).is_err());
+    }
+
+    /// `--compress` goes as a second byte of options under version 2, and
+    /// only then: a plan without it is what any receiver reads.
+    #[test]
+    fn only_a_compressed_plan_takes_the_second_options_byte() {
+        let plan = |compress| PlanRequest {
+            options: Options {
+                compress,
+                ..Options::default()
+            },
+            subdir: None,
+            manifest: manifest(),
+            parts: Vec::new(),
+            protect: Vec::new(),
+            owners: None,
+        };
+        let plain = plan(false).encode();
+        let compressed = plan(true).encode();
+        assert_eq!(plain[1], SESSION_VERSION_FIRST);
+        assert_eq!(compressed[1], SESSION_VERSION);
+        assert_eq!(compressed[3], OPT2_COMPRESS);
+        assert_eq!(compressed.len(), plain.len() + 1);
+        for (bytes, compress) in [(plain, false), (compressed, true)] {
+            let Request::Plan(p) = Request::decode(&bytes).unwrap() else {
+                panic!()
+            };
+            assert_eq!(p.options.compress, compress);
+        }
+        // A second byte with a bit this build does not know is refused.
+        let mut unknown = plan(true).encode();
+        unknown.truncate(unknown.len() - SEAL_LEN);
+        unknown[3] |= 0x80;
+        assert_eq!(
+            Request::decode(&seal(unknown)),
+            Err(MessageError::UnknownOptions(0x80))
         );
     }
 

@@ -13,6 +13,7 @@
 
 pub(crate) mod bootstrap;
 pub(crate) mod chunk_buf;
+pub(crate) mod compress;
 pub(crate) mod dest;
 mod error;
 pub(crate) mod exclude;

@@ -192,6 +192,7 @@ fn granted(asked: &Options, policy: &ReceivePolicy) -> Options {
         dry_run: asked.dry_run,
         shard: asked.shard,
         finish_ahead: asked.finish_ahead,
+        compress: asked.compress,
         // Refused before this unless the policy allows it.
         delete: asked.delete,
     }

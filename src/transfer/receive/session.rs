@@ -21,13 +21,14 @@ use std::time::{Duration, Instant};
 use super::{ReceiveEvent, ReceiveLimits, TransferReport};
 use crate::proto::crypto::AuthorizedKeys;
 use crate::transfer::chunk_buf::ChunkBuf;
+use crate::transfer::compress::Encoding;
 use crate::transfer::dest::{DestError, Finished, ReceivePolicy, NOT_HELD};
 use crate::transfer::hash::{chunk_count, Cv};
-use crate::transfer::layout::{Layout, CV_LEN};
+use crate::transfer::layout::Layout;
 use crate::transfer::manifest::RelPath;
 use crate::transfer::messages::{
-    data_header_len, ChunkRef, DataHeader, Deletions, FilePlan, MessageError, Options, Outcome,
-    PlanReply, PlanRequest, Request,
+    data_header_len_of, is_data_kind, ChunkRef, DataHeader, Deletions, FilePlan, MessageError,
+    Options, Outcome, PlanReply, PlanRequest, Request,
 };
 use crate::transfer::shard::part_bytes;
 use crate::transfer::staged::Owner;
@@ -156,8 +157,12 @@ pub(super) struct WriteJob<P> {
     pub(super) plan: Arc<P>,
     pub(super) file: usize,
     pub(super) chunk: u64,
-    /// Data then the sender's 32-byte value.
+    /// Data as sent then the sender's 32-byte value.
     pub(super) buf: ChunkBuf,
+    /// How the data was sent: compressed data is expanded to `raw_len`
+    /// bytes before its value is checked.
+    pub(super) encoding: Encoding,
+    pub(super) raw_len: u32,
     pub(super) fsync: bool,
     /// The file's only chunk, of a file sent whole: put it in place too.
     pub(super) whole: bool,
@@ -1179,19 +1184,18 @@ impl<P: PlanView> Sessions<P> {
         let Some(&first) = asm.prefix.first() else {
             return;
         };
-        if first != b'D' {
+        if !is_data_kind(first) {
             let asm = std::mem::take(asm);
             conn.state = ConnState::Message(asm);
             self.on_message_bytes(conn_id, budget);
             return;
         }
-        // The header's length is in its first five bytes: parse it once,
-        // when all of it is in, not on every arrival.
-        let Some(count) = asm.prefix.get(1..5) else {
+        // The header's length is in its first bytes (its first five, or
+        // a framed header's ranges): parse it once, when all of it is in,
+        // not on every arrival.
+        let Some(header_len) = data_header_len_of(&asm.prefix) else {
             return;
         };
-        let count = u32::from_be_bytes(count.try_into().expect("4 bytes")) as usize;
-        let header_len = data_header_len(count) as u64;
         let session = conn.session;
         if header_len > self.limits.max_request {
             let why = format!(
@@ -1216,8 +1220,13 @@ impl<P: PlanView> Sessions<P> {
             return;
         };
         let session = conn.session;
-        let header = match DataHeader::parse(&asm.prefix) {
-            Ok(Some((h, _))) => h,
+        let parsed = if asm.prefix.first() == Some(&b'D') {
+            DataHeader::parse(&asm.prefix).map(|h| h.map(|(h, _)| (h, None)))
+        } else {
+            DataHeader::parse_framed(&asm.prefix).map(|h| h.map(|(h, f, _)| (h, Some(f))))
+        };
+        let (header, frames) = match parsed {
+            Ok(Some(h)) => h,
             Ok(None) => return,
             Err(e) => return self.fail_session(session, format!("a malformed data stream: {e}")),
         };
@@ -1233,7 +1242,18 @@ impl<P: PlanView> Sessions<P> {
         if let Some(why) = outside_parts(&*plan, &header) {
             return self.fail_session(session, why);
         }
-        let layout = Layout::new(&header, &s.file_sizes);
+        let layout = match frames {
+            None => Layout::new(&header, &s.file_sizes),
+            Some(_) if !plan.options().compress => return self.fail_session(
+                session,
+                "a bad data stream: compressed chunks in a session that did not ask for --compress"
+                    .to_string(),
+            ),
+            Some(frames) => match Layout::framed(&header, &frames, &s.file_sizes) {
+                Ok(layout) => layout,
+                Err(e) => return self.fail_session(session, format!("a bad data stream: {e}")),
+            },
+        };
         for slot in &layout.slots {
             plan.start_writing(slot.chunk.file as usize);
         }
@@ -1312,7 +1332,7 @@ impl<P: PlanView> Sessions<P> {
                 continue;
             };
             let slot = dc.layout.slots[i];
-            let slot_len = u64::from(slot.len) + CV_LEN;
+            let slot_len = slot.wire_bytes();
             if matches!(dc.slots[i], SlotState::Empty) {
                 // A spare's old bytes are overwritten by this chunk's
                 // before the chunk is complete (`got`) and goes anywhere.
@@ -1398,6 +1418,8 @@ impl<P: PlanView> DataConn<P> {
             file,
             chunk: slot.chunk.chunk,
             buf,
+            encoding: slot.encoding,
+            raw_len: slot.len,
             fsync: self.plan.options().fsync,
             whole,
         }
@@ -1427,7 +1449,9 @@ mod tests {
     //! bytes keep every chunk one small buffer.
     use super::*;
     use crate::transfer::manifest::{Entry, EntryKind, Manifest};
-    use crate::transfer::messages::{encode_abort, encode_finish, ChunkRange, Options};
+    use crate::transfer::messages::{
+        data_header_len, encode_abort, encode_finish, ChunkRange, Options,
+    };
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
     const SID: u64 = 77;
@@ -1844,6 +1868,69 @@ mod tests {
             assert_eq!((w[0].file, w[0].chunk, w[0].to.slot), (0, 0, 0));
             assert!(w[0].whole, "the only chunk of a file sent whole");
         }
+    }
+
+    /// A framed stream (`--compress`) places each chunk by its wire
+    /// length and hands the writers its bytes as sent, with how to expand
+    /// them; in a session that did not ask for it, it fails the session.
+    #[test]
+    fn a_framed_stream_hands_the_writers_each_chunk_as_sent() {
+        use crate::transfer::compress::FrameHeader;
+        let framed = || {
+            let header = DataHeader {
+                ranges: vec![ChunkRange {
+                    file: 0,
+                    first: 0,
+                    count: 2,
+                }],
+            };
+            let frames = [
+                FrameHeader {
+                    encoding: Encoding::Zstd,
+                    wire_len: 6,
+                }
+                .encode(),
+                FrameHeader {
+                    encoding: Encoding::Raw,
+                    wire_len: 10,
+                }
+                .encode(),
+            ];
+            let mut out = header.encode_framed(&frames);
+            for data in [&b"zstd.."[..], b"0123456789"] {
+                out.extend_from_slice(data);
+                out.extend_from_slice(&[0xcc; 32]);
+            }
+            out
+        };
+        let size = crate::transfer::hash::CHUNK_SIZE + 10;
+        let mut rig = Rig::new(limits(), false);
+        rig.planned(Files {
+            options: Options {
+                compress: true,
+                ..Options::default()
+            },
+            ..files(&[size])
+        });
+        let conn = rig.open(SID, peer(1));
+        rig.s.on_bytes(conn, 0, &framed());
+        let actions = rig.drain();
+        let w = writes(&actions);
+        assert_eq!(w.len(), 2, "two chunks of {} stream bytes", framed().len());
+        assert_eq!((w[0].encoding, w[0].raw_len), (Encoding::Zstd, 1 << 20));
+        assert_eq!(&w[0].buf[..6], b"zstd..");
+        assert_eq!(w[0].buf.len(), 6 + 32);
+        assert_eq!((w[1].encoding, w[1].raw_len), (Encoding::Raw, 10));
+        assert_eq!(&w[1].buf[..10], b"0123456789");
+
+        let mut rig = Rig::new(limits(), false);
+        rig.planned(files(&[size]));
+        let conn = rig.open(SID, peer(1));
+        rig.s.on_bytes(conn, 0, &framed());
+        let actions = rig.drain();
+        assert!(writes(&actions).is_empty());
+        let why = failures(&actions).join("; ");
+        assert!(why.contains("did not ask for --compress"), "{why}");
     }
 
     /// A chunk buffer comes back from the writers and is reused, not

@@ -19,6 +19,8 @@ use super::session::{
 };
 use super::ReceiveConfig;
 use crate::io::dest_dir::DestDir;
+use crate::transfer::chunk_buf::ChunkBuf;
+use crate::transfer::compress::{ChunkDecompressor, Encoding, FrameError};
 use crate::transfer::dest::{self, DestError, Finished, Prepared, ReceivePolicy};
 use crate::transfer::hash::{chunk_cv, Cv};
 use crate::transfer::layout::CV_LEN;
@@ -205,12 +207,13 @@ fn writer(
     done: mpsc::Sender<Done>,
     notify: Arc<Notify>,
 ) {
+    let mut expander = Expander::default();
     loop {
         // The queue's lock is let go before the work: writers write at
         // the same time, each taking the next job when it is done.
         let job = jobs.lock().expect("a writer panicked").recv();
         let result = match job {
-            Ok(Job::Write(job)) => Done::Write(write_chunk(job)),
+            Ok(Job::Write(job)) => Done::Write(write_chunk(job, &mut expander)),
             Ok(Job::MakeReady {
                 session,
                 plan,
@@ -227,21 +230,57 @@ fn writer(
     }
 }
 
-/// Checks a chunk against the value its sender gave and writes it.
-fn write_chunk(job: WriteJob<Prepared>) -> Written {
+/// A writer's means to expand compressed chunks (`--compress`): its
+/// decompressor, made at the first such chunk, and one chunk's buffer,
+/// reused. Each writer holds at most a chunk more than it would without.
+#[derive(Default)]
+pub(super) struct Expander {
+    zstd: Option<ChunkDecompressor>,
+    raw: ChunkBuf,
+}
+
+impl Expander {
+    /// The chunk's raw bytes from its bytes as sent: `raw_len` of them
+    /// exactly, never more (docs/security.md, "Compressed chunks").
+    pub(super) fn expand(&mut self, wire: &[u8], raw_len: u32) -> Result<&[u8], FrameError> {
+        let zstd = match &mut self.zstd {
+            Some(z) => z,
+            None => {
+                self.zstd
+                    .insert(ChunkDecompressor::new().map_err(|e| FrameError::Corrupt {
+                        raw: raw_len,
+                        why: e.to_string(),
+                    })?)
+            }
+        };
+        self.raw.set_len(raw_len as usize);
+        zstd.decompress(wire, &mut self.raw)?;
+        Ok(&self.raw)
+    }
+}
+
+/// Checks a chunk against the value its sender gave and writes it. A
+/// compressed chunk that does not expand to exactly its length fails as
+/// one whose value does not match: named in the answer, sent again.
+fn write_chunk(job: WriteJob<Prepared>, expander: &mut Expander) -> Written {
     let t = &job.plan.files[job.file];
     let len = job.buf.len() - CV_LEN as usize;
-    let (data, sent_cv) = job.buf.split_at(len);
-    let result = if chunk_cv(t.size, job.chunk, data)[..] != *sent_cv {
-        Err(WriteFailure::Corrupt)
-    } else {
-        let cv: Cv = sent_cv.try_into().expect("32 bytes");
-        let written = if job.whole {
-            t.write_whole(data, job.fsync)
-        } else {
-            t.write_chunk(job.chunk, data)
-        };
-        written.map(|()| cv).map_err(WriteFailure::Io)
+    let (wire, sent_cv) = job.buf.split_at(len);
+    let data = match job.encoding {
+        Encoding::Raw => Some(wire),
+        Encoding::Zstd => expander.expand(wire, job.raw_len).ok(),
+    };
+    let result = match data {
+        Some(data) if chunk_cv(t.size, job.chunk, data)[..] == *sent_cv => {
+            let cv: Cv = sent_cv.try_into().expect("32 bytes");
+            let written = if job.whole {
+                t.write_whole(data, job.fsync)
+            } else {
+                t.write_chunk(job.chunk, data)
+            };
+            written.map(|()| cv).map_err(WriteFailure::Io)
+        }
+        _ => Err(WriteFailure::Corrupt),
     };
     // Every outcome hands the chunk back, so the last one closes the file.
     let closed = t.chunk_done(job.fsync);
@@ -501,6 +540,27 @@ fn fits(dest: &DestDir, plan: &PlanRequest) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A compressed chunk expands to its length or is refused: a bomb
+    /// (64 MiB of zeros in a frame of a few KiB) stops at the chunk's
+    /// buffer, and garbage fails; the expander works on after both.
+    #[test]
+    fn an_expander_gives_exactly_the_chunks_length_or_nothing() {
+        let mut expander = Expander::default();
+        let text: Vec<u8> = b"fn main() { let x = 1; }\n".repeat(400);
+        let frame = zstd::bulk::compress(&text, 3).unwrap();
+        let bomb = zstd::bulk::compress(&vec![0u8; 64 << 20], 3).unwrap();
+        assert!(expander.expand(&bomb, 1 << 20).is_err(), "the bomb");
+        assert!(expander.expand(&text[..300], 1 << 20).is_err(), "garbage");
+        assert!(
+            expander.expand(&frame, text.len() as u32 + 1).is_err(),
+            "short"
+        );
+        assert_eq!(
+            expander.expand(&frame, text.len() as u32).unwrap(),
+            &text[..]
+        );
+    }
 
     #[test]
     fn checksum_plans_share_their_places_and_give_them_back() {

@@ -453,10 +453,26 @@ pub struct SendReport {
     /// real run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<Vec<PlannedFile>>,
+    /// With `--compress`: the file bytes sent and what they took on the
+    /// wire.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compress: Option<CompressReport>,
     /// What `--delete` removed at the receiver (in a dry run: would
     /// remove); `None` without `--delete`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deleted: Option<Deleted>,
+}
+
+/// What `--compress` made of the file bytes sent.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CompressReport {
+    /// File bytes sent, as in `bytes_sent`.
+    pub raw_bytes: u64,
+    /// What they took in the data streams: compressed chunks' frames,
+    /// and the bytes of chunks that went raw.
+    pub wire_bytes: u64,
+    /// `raw_bytes / wire_bytes`.
+    pub ratio: f64,
 }
 
 /// rsync's `-o`, `-g` and `--numeric-ids`, as the sender asks them.

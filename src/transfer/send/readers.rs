@@ -4,7 +4,7 @@
 //! which reads ahead within its budget and frees what is acknowledged.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 
@@ -16,16 +16,20 @@ use crate::io::coupling::GroupMember;
 use crate::io::StreamFeed;
 use crate::proto::PayloadSource;
 use crate::transfer::chunk_buf::ChunkBuf;
+use crate::transfer::compress::{next_level, ChunkCompressor, Encoding, FrameHeader};
 use crate::transfer::hash::{chunk_cv, chunk_len, Cv};
 use crate::transfer::layout::{header_for, Layout, CV_LEN};
 use crate::transfer::messages::ChunkRef;
+use crate::transfer::messages::DataHeader;
 use crate::transfer::source::Sources;
 use crate::transfer::Error;
 
-/// A chunk read from disk: its data followed by its BLAKE3 value.
+/// A chunk read from disk: its data as it is to be sent (raw, or
+/// compressed) followed by its BLAKE3 value (of the raw data).
 struct ReadDone {
     slot: usize,
     result: Result<ChunkBuf, Error>,
+    encoding: Encoding,
 }
 
 struct ReadJob {
@@ -33,8 +37,76 @@ struct ReadJob {
     file: usize,
     chunk: u64,
     slot: usize,
+    /// Compress it if that pays (`--compress`).
+    compress: bool,
     done: mpsc::Sender<ReadDone>,
     notify: Arc<Notify>,
+}
+
+/// What the readers share for `--compress`: the level they compress at,
+/// and what they compressed and how long it took, for
+/// [`Readers::step_level`].
+struct Compression {
+    level: AtomicI32,
+    raw_bytes: AtomicU64,
+    nanos: AtomicU64,
+}
+
+impl Default for Compression {
+    fn default() -> Compression {
+        Compression {
+            // zstd's own default, in the middle of compress::LEVELS.
+            level: AtomicI32::new(3),
+            raw_bytes: AtomicU64::new(0),
+            nanos: AtomicU64::new(0),
+        }
+    }
+}
+
+/// A reader thread's compressor (made at its first chunk to compress)
+/// and the buffer it compresses into, reused.
+#[derive(Default)]
+struct ReaderZstd {
+    compressor: Option<ChunkCompressor>,
+    out: Vec<u8>,
+}
+
+/// Compresses a chunk just read (`buf`: data then value) if that pays:
+/// the frame goes into a buffer of its own length from the pool, and the
+/// raw one back to it.
+fn compress_chunk(
+    buf: ChunkBuf,
+    zstd: &mut ReaderZstd,
+    shared: &Compression,
+    pool: &ChunkPool,
+) -> (ChunkBuf, Encoding) {
+    let level = shared.level.load(Ordering::Relaxed);
+    let compressor = match &mut zstd.compressor {
+        Some(c) => c,
+        None => match ChunkCompressor::new(level) {
+            Ok(c) => zstd.compressor.insert(c),
+            Err(_) => return (buf, Encoding::Raw),
+        },
+    };
+    if compressor.set_level(level).is_err() {
+        return (buf, Encoding::Raw);
+    }
+    let len = buf.len() - CV_LEN as usize;
+    let started = std::time::Instant::now();
+    let encoding = compressor.compress(&buf[..len], &mut zstd.out);
+    shared
+        .nanos
+        .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    shared.raw_bytes.fetch_add(len as u64, Ordering::Relaxed);
+    if encoding == Encoding::Raw {
+        return (buf, encoding);
+    }
+    let wire = zstd.out.len();
+    let mut framed = pool.take(wire + CV_LEN as usize);
+    framed[..wire].copy_from_slice(&zstd.out);
+    framed[wire..].copy_from_slice(&buf[len..]);
+    pool.give(buf);
+    (framed, encoding)
 }
 
 /// Chunk buffers handed back once the receiver has acknowledged them, so
@@ -81,6 +153,8 @@ fn read_chunk(job: &ReadJob, pool: &ChunkPool) -> Result<ChunkBuf, Error> {
 pub(super) struct Readers {
     jobs: mpsc::Sender<ReadJob>,
     pool: Arc<ChunkPool>,
+    compression: Arc<Compression>,
+    threads: usize,
 }
 
 impl Readers {
@@ -88,9 +162,12 @@ impl Readers {
         let (jobs, rx) = mpsc::channel::<ReadJob>();
         let rx = Arc::new(Mutex::new(rx));
         let pool = Arc::new(ChunkPool::default());
+        let compression = Arc::new(Compression::default());
         for i in 0..n.max(1) {
             let rx = rx.clone();
             let pool = pool.clone();
+            let shared = compression.clone();
+            let mut zstd = ReaderZstd::default();
             thread::Builder::new()
                 .name(format!("atou-reader-{i}"))
                 .spawn(move || loop {
@@ -98,16 +175,46 @@ impl Readers {
                         Ok(j) => j,
                         Err(_) => return,
                     };
-                    let result = read_chunk(&job, &pool);
+                    let (result, encoding) = match read_chunk(&job, &pool) {
+                        Ok(buf) if job.compress => {
+                            let (buf, encoding) = compress_chunk(buf, &mut zstd, &shared, &pool);
+                            (Ok(buf), encoding)
+                        }
+                        other => (other, Encoding::Raw),
+                    };
                     let _ = job.done.send(ReadDone {
                         slot: job.slot,
                         result,
+                        encoding,
                     });
                     job.notify.notify_one();
                 })
                 .expect("cannot start a reader thread");
         }
-        Readers { jobs, pool }
+        Readers {
+            jobs,
+            pool,
+            compression,
+            threads: n.max(1),
+        }
+    }
+
+    /// Steps the compression level (`compress::next_level`) from what the
+    /// readers compressed since the last step, all of them together, and
+    /// `link_rate`: the raw bytes per second the receiver acknowledged.
+    pub(super) fn step_level(&self, link_rate: f64) {
+        let c = &self.compression;
+        let raw = c.raw_bytes.swap(0, Ordering::Relaxed);
+        let nanos = c.nanos.swap(0, Ordering::Relaxed);
+        if raw == 0 || nanos == 0 || link_rate <= 0.0 {
+            return;
+        }
+        let compress_rate = raw as f64 * 1e9 / nanos as f64 * self.threads as f64;
+        let level = c.level.load(Ordering::Relaxed);
+        c.level.store(
+            next_level(level, compress_rate, link_rate),
+            Ordering::Relaxed,
+        );
     }
 
     /// Reads and hashes `chunks` of `sources`; their values, in the order
@@ -128,6 +235,7 @@ impl Readers {
                 file: c.file as usize,
                 chunk: c.chunk,
                 slot,
+                compress: false,
                 done: tx.clone(),
                 notify: notify.clone(),
             });
@@ -173,6 +281,8 @@ pub(super) struct FileFeed {
     /// Its place among the streams coupled as one flow; `None`: a flow
     /// of its own.
     coupled: Option<GroupMember>,
+    /// Of a framed stream (`--compress`): the bytes its chunks take in it.
+    wire_bytes: Option<u64>,
 }
 
 /// Where a data stream's progress shows.
@@ -232,6 +342,7 @@ impl FileFeed {
         let (done_tx, done_rx) = mpsc::channel();
         FileFeed {
             header: header.encode(),
+            wire_bytes: None,
             layout,
             sources: plan.sources.clone(),
             jobs: readers.jobs.clone(),
@@ -251,6 +362,96 @@ impl FileFeed {
             siblings,
             coupled: None,
         }
+    }
+
+    /// Stream `shown.index` of a round of a `--compress` session: every
+    /// chunk of `share` (at most `budget` bytes of them, raw) is read and
+    /// compressed where that pays before the stream can start, for its
+    /// framed header lists each chunk's length as sent
+    /// (docs/transfer.md, "Compression"). Blocks until they are.
+    pub(super) fn framed(
+        share: &[ChunkRef],
+        plan: &Plan,
+        readers: &Readers,
+        shown: Shown,
+        siblings: Siblings,
+    ) -> Result<FileFeed, Error> {
+        let header = header_for(share);
+        let raw = Layout::new(&header, &plan.sizes);
+        let (done_tx, done_rx) = mpsc::channel();
+        let notify = Arc::new(Notify::new());
+        for (i, slot) in raw.slots.iter().enumerate() {
+            let _ = readers.jobs.send(ReadJob {
+                sources: plan.sources.clone(),
+                file: slot.chunk.file as usize,
+                chunk: slot.chunk.chunk,
+                slot: i,
+                compress: true,
+                done: done_tx.clone(),
+                notify: notify.clone(),
+            });
+        }
+        let mut ready = BTreeMap::new();
+        let mut frames = vec![[0; crate::transfer::compress::FRAME_HEADER_LEN]; raw.slots.len()];
+        let mut cvs = Vec::with_capacity(raw.slots.len());
+        let mut first_error = None;
+        for _ in 0..raw.slots.len() {
+            let done = done_rx.recv().expect("the readers outlive the feed");
+            let buf = match done.result {
+                Ok(buf) => buf,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    continue;
+                }
+            };
+            let wire_len = buf.len() - CV_LEN as usize;
+            cvs.push((
+                raw.slots[done.slot].chunk,
+                buf[wire_len..].try_into().expect("32 bytes"),
+            ));
+            frames[done.slot] = FrameHeader {
+                encoding: done.encoding,
+                wire_len: wire_len as u32,
+            }
+            .encode();
+            ready.insert(done.slot, buf);
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        let layout = Layout::framed(&header, &frames, &plan.sizes)
+            .expect("frames made by compress::ChunkCompressor fit their chunks");
+        let held: u64 = layout.slots.iter().map(|s| s.wire_bytes()).sum();
+        let count = layout.slots.len();
+        let contiguous = layout.total_len();
+        Ok(FileFeed {
+            header: DataHeader::encode_framed(&header, &frames),
+            wire_bytes: Some(held - count as u64 * CV_LEN),
+            layout,
+            sources: plan.sources.clone(),
+            jobs: readers.jobs.clone(),
+            pool: readers.pool.clone(),
+            done_tx,
+            done_rx,
+            notify,
+            ready,
+            next_request: count,
+            held_bytes: held,
+            budget: held,
+            first_held: 0,
+            contiguous,
+            cvs,
+            shown,
+            counted: 0,
+            siblings,
+            coupled: None,
+        })
+    }
+
+    /// Of a framed stream, the bytes its chunks took as sent (their
+    /// values not counted); `None` for a plain one.
+    pub(super) fn wire_bytes(&self) -> Option<u64> {
+        self.wire_bytes
     }
 
     /// The same stream, coupled with others of its round as `member`
@@ -300,7 +501,7 @@ impl FileFeed {
     }
 
     fn slot_bytes(&self, i: usize) -> u64 {
-        u64::from(self.layout.slots[i].len) + CV_LEN
+        self.layout.slots[i].wire_bytes()
     }
 
     /// Takes in the chunks the readers have finished.
@@ -308,7 +509,7 @@ impl FileFeed {
         while let Ok(done) = self.done_rx.try_recv() {
             let buf = done.result?;
             let slot = self.layout.slots[done.slot];
-            let len = slot.len as usize;
+            let len = slot.wire_len as usize;
             let cv: Cv = buf[len..].try_into().expect("32 bytes");
             self.cvs.push((slot.chunk, cv));
             self.ready.insert(done.slot, buf);
@@ -370,6 +571,7 @@ impl FileFeed {
                 file: slot.chunk.file as usize,
                 chunk: slot.chunk.chunk,
                 slot: i,
+                compress: false,
                 done: self.done_tx.clone(),
                 notify: self.notify.clone(),
             });
@@ -470,6 +672,7 @@ mod tests {
             file: 0,
             chunk: 1,
             slot: 0,
+            compress: false,
             done: mpsc::channel().0,
             notify: Arc::new(Notify::new()),
         };

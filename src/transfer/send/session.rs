@@ -19,8 +19,8 @@ use super::conn::{
 };
 use super::readers::{FileFeed, Readers, Shown, Siblings};
 use super::{
-    Bound, Deleted, PlannedFile, Progress, SendConfig, SendError, SendReport, StreamLive,
-    StreamReport,
+    Bound, CompressReport, Deleted, PlannedFile, Progress, SendConfig, SendError, SendReport,
+    StreamLive, StreamReport,
 };
 use crate::io::coupling::GroupMember;
 use crate::io::{fresh_conn_id, StreamFeed};
@@ -268,6 +268,7 @@ impl StreamFeed for Answered {
             cvs: self.feed.take_values(),
             stream: None,
             sent: self.feed.file_bytes(),
+            wire: self.feed.wire_bytes(),
         };
         self.told = true;
         let _ = self.tell.send(Heard::Verdict(Box::new(result)));
@@ -375,6 +376,17 @@ impl<'a> SendSession<'a> {
                         why: format!(
                             "{why} (its atou predates --delete: run the same release at both \
                              ends, or leave --delete out)"
+                        ),
+                    });
+                }
+                Err(SendError::Refused { host, why })
+                    if self.config.options.compress && predates_compress(&why) =>
+                {
+                    return Err(SendError::Refused {
+                        host,
+                        why: format!(
+                            "{why} (its atou predates --compress: upgrade it there, or send \
+                             without --compress)"
                         ),
                     });
                 }
@@ -505,8 +517,44 @@ impl<'a> SendSession<'a> {
         let shares = share_out(chunks, &self.plan.sizes, self.config.streams);
         *self.progress.current.lock().expect("progress lock") =
             first_names(&shares, &self.plan.names);
-        let (results, finish) =
-            self.run_streams(round, &shares, readers, early, closing, ahead, plans);
+        if !self.config.options.compress {
+            let (results, finish) =
+                self.run_streams(round, &shares, readers, early, closing, ahead, plans);
+            let bad = self.tally.take(results, &mut self.values)?;
+            return Ok((bad, finish));
+        }
+        // Framed streams: each wave's streams carry at most their share of
+        // --buffer, compressed before their header goes; the finish opened
+        // ahead goes after the last (docs/transfer.md, "Compression").
+        let budget = stream_budget(self.config.buffer, shares.len());
+        let waves = waves(&shares, &self.plan.sizes, budget);
+        let mut early = Some(early);
+        let mut ahead = ahead;
+        let mut results = Vec::new();
+        let mut finish = RoundFinish::Held(None);
+        let count = waves.len();
+        for (k, wave) in waves.iter().enumerate() {
+            let started = Instant::now();
+            let done_before = self.progress.done.load(Ordering::Relaxed);
+            let last = k + 1 == count;
+            let wave_ahead = if last { ahead.take() } else { None };
+            let (r, f) = self.run_streams(
+                round,
+                wave,
+                readers,
+                early.take().unwrap_or_default(),
+                closing,
+                wave_ahead,
+                plans,
+            );
+            results.extend(r);
+            finish = f;
+            let acked = self.progress.done.load(Ordering::Relaxed) - done_before;
+            readers.step_level(acked as f64 / started.elapsed().as_secs_f64());
+            if results.iter().any(|r: &StreamResult| r.bad.is_err()) {
+                break;
+            }
+        }
         let bad = self.tally.take(results, &mut self.values)?;
         Ok((bad, finish))
     }
@@ -566,9 +614,38 @@ impl<'a> SendSession<'a> {
                         names: self.plan.names.clone(),
                         live,
                     };
-                    let feed =
-                        FileFeed::new(share, &self.plan, readers, budget, shown, siblings.clone())
-                            .coupled(members.next().flatten());
+                    let member = members.next().flatten();
+                    let feed = if self.config.options.compress {
+                        FileFeed::framed(share, &self.plan, readers, shown, siblings.clone())
+                    } else {
+                        Ok(FileFeed::new(
+                            share,
+                            &self.plan,
+                            readers,
+                            budget,
+                            shown,
+                            siblings.clone(),
+                        ))
+                    };
+                    let feed = match feed {
+                        Ok(feed) => feed.coupled(member),
+                        Err(e) => {
+                            let early = opened.next();
+                            return Err(scope.spawn(move || {
+                                if let Some(e) = early {
+                                    drop(e.early);
+                                    let _ = e.done.join();
+                                }
+                                StreamResult {
+                                    bad: Err(SendError::Read(e)),
+                                    cvs: Vec::new(),
+                                    stream: None,
+                                    sent: 0,
+                                    wire: None,
+                                }
+                            }));
+                        }
+                    };
                     let link = self.link(index);
                     if let Some(e) = opened.next() {
                         let len = feed.stream_len();
@@ -700,6 +777,11 @@ impl<'a> SendSession<'a> {
             verified: true,
             streams: tally.streams,
             dry_run: None,
+            compress: tally.bytes_wire.map(|wire| CompressReport {
+                raw_bytes: tally.bytes_sent,
+                wire_bytes: wire,
+                ratio: tally.bytes_sent as f64 / wire.max(1) as f64,
+            }),
             deleted: self.deletions,
         }
     }
@@ -730,6 +812,7 @@ impl<'a> SendSession<'a> {
             verified: false,
             streams: Vec::new(),
             dry_run: Some(files),
+            compress: None,
             deleted: self.deletions.clone(),
         }
     }
@@ -797,6 +880,7 @@ fn early_result(host: &str, share: &[ChunkRef], end: EarlyEnd<Answered>) -> Stre
             cvs: Vec::new(),
             stream: None,
             sent: 0,
+            wire: None,
         },
     }
 }
@@ -816,6 +900,7 @@ fn stream_result(
         bad: reply
             .and_then(|r| outcome(host, &r))
             .and_then(|bad| carried(host, share, bad)),
+        wire: feed.wire_bytes(),
         cvs: feed.take_values(),
         stream,
         sent,
@@ -831,6 +916,9 @@ struct StreamResult {
     stream: Option<StreamReport>,
     /// File bytes the stream carried.
     sent: u64,
+    /// Of a framed stream, what they took in it (compressed chunks'
+    /// frames, raw chunks' bytes).
+    wire: Option<u64>,
 }
 
 /// The files this session sends, in manifest order.
@@ -1053,6 +1141,13 @@ fn plan_answer(
     }
 }
 
+/// A refusal of a plan with `--compress` by a receiver that predates it:
+/// one from before the second options byte refuses the version, one from
+/// after it the bit (`OPT2_COMPRESS`, 0x04).
+fn predates_compress(why: &str) -> bool {
+    why.contains("session protocol version 2,") || why.contains("unknown option bits 0x04")
+}
+
 /// What the receiver's plan leaves to send.
 #[derive(Debug, Default, PartialEq)]
 struct Selection {
@@ -1170,6 +1265,34 @@ fn share_out(chunks: &[ChunkRef], sizes: &[u64], n: usize) -> Vec<Vec<ChunkRef>>
         .collect()
 }
 
+/// The shares of a round of framed streams (`--compress`) cut into
+/// waves: wave k holds the k-th run of each share's chunks of at most
+/// `budget` raw bytes (one chunk at least), so the chunks a wave's
+/// streams compress before they start stay within `--buffer`.
+fn waves(shares: &[Vec<ChunkRef>], sizes: &[u64], budget: u64) -> Vec<Vec<Vec<ChunkRef>>> {
+    let mut waves: Vec<Vec<Vec<ChunkRef>>> = Vec::new();
+    for share in shares {
+        let mut k = 0;
+        let mut bytes = 0;
+        for &c in share {
+            let len = chunk_len(sizes[c.file as usize], c.chunk) as u64 + CV_LEN;
+            if bytes > 0 && bytes + len > budget {
+                k += 1;
+                bytes = 0;
+            }
+            if waves.len() <= k {
+                waves.push(Vec::new());
+            }
+            if bytes == 0 {
+                waves[k].push(Vec::new());
+            }
+            waves[k].last_mut().expect("pushed above").push(c);
+            bytes += len;
+        }
+    }
+    waves
+}
+
 /// Each stream's share of `--buffer`, and never less than two chunks with
 /// their values, so that one is read while the other is sent.
 fn stream_budget(buffer: u64, streams: usize) -> u64 {
@@ -1245,6 +1368,8 @@ struct Tally {
     repaired: Option<u64>,
     /// File bytes sent (a chunk sent twice counts twice).
     bytes_sent: u64,
+    /// What they took on the wire, of sessions with `--compress`.
+    bytes_wire: Option<u64>,
     chunks_resent: u64,
     /// One transport report per connection that carried data.
     streams: Vec<StreamReport>,
@@ -1288,6 +1413,9 @@ impl Tally {
         for r in results {
             self.streams.extend(r.stream);
             self.bytes_sent += r.sent;
+            if let Some(wire) = r.wire {
+                *self.bytes_wire.get_or_insert(0) += wire;
+            }
             for (c, cv) in r.cvs {
                 values.record(c, cv);
             }
@@ -1433,6 +1561,7 @@ mod tests {
             cvs,
             stream: None,
             sent: 1000,
+            wire: None,
         }
     }
 
@@ -1508,6 +1637,18 @@ mod tests {
 
     /// An older receiver's refusal of the bit, as it words it, and no
     /// other refusal, makes the plan go again without it.
+    #[test]
+    fn a_receiver_that_predates_compress_is_told_by_its_refusal() {
+        for why in [
+            "a malformed plan: session protocol version 2, this atou speaks 1",
+            "a malformed plan: unknown option bits 0x04",
+        ] {
+            assert!(predates_compress(why), "{why}");
+        }
+        assert!(!predates_compress("unknown option bits 0x80"));
+        assert!(!predates_compress("no room"));
+    }
+
     #[test]
     fn only_a_refusal_of_unknown_option_bits_drops_the_finish_ahead() {
         use crate::transfer::messages::MessageError;
@@ -1747,6 +1888,27 @@ mod tests {
         );
         assert_eq!(files[4].part, Some([1, 2]));
         assert_eq!(files[2].path, "f2");
+    }
+
+    /// Each wave takes at most the budget of each share, in order, and
+    /// every chunk goes in exactly one wave.
+    #[test]
+    fn framed_streams_go_in_waves_within_the_budget() {
+        let sizes = [5 * CHUNK_SIZE, 10];
+        let a: Vec<ChunkRef> = (0..5).map(|i| chunk(0, i)).collect();
+        let b = vec![chunk(1, 0)];
+        let full = CHUNK_SIZE + CV_LEN;
+        let w = waves(&[a.clone(), b.clone()], &sizes, 2 * full);
+        assert_eq!(w.len(), 3);
+        assert_eq!(w[0], vec![a[0..2].to_vec(), b.clone()]);
+        assert_eq!(w[1], vec![a[2..4].to_vec()]);
+        assert_eq!(w[2], vec![a[4..].to_vec()]);
+        let one = waves(std::slice::from_ref(&a), &sizes, 1);
+        assert_eq!(one.len(), 5, "a chunk a wave at least");
+        assert_eq!(
+            waves(std::slice::from_ref(&a), &sizes, 5 * full),
+            vec![vec![a]]
+        );
     }
 
     #[test]
