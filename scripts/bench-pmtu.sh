@@ -3,7 +3,9 @@
 # hop that drops IP packets over 1,400 bytes (nft at the receiver's
 # input; the sender's veth segments GSO batches, as a wire would), RUNS
 # times each: the path MTU each run found, its goodput and its wall time
-# (the search included). Needs root, ip and nft.
+# (the search included); then through the same hop with the path cache
+# holding the clean path's size, as when the hop appears after a search:
+# the send steps down during the transfer. Needs root, ip and nft.
 #   scripts/bench-pmtu.sh [ATOU] [RUNS]
 set -euo pipefail
 atou=${1:-target/release/atou}
@@ -32,12 +34,18 @@ ip netns exec "$b" "$atou" serve --bind 10.80.0.2:7890 --dir "$work/dest" --no-a
 serve=$!
 sleep 1
 run() {
-    local label=$1 i
+    local label=$1 i cache=${2:-}
     for i in $(seq "$runs"); do
         rm -f "$work/dest/f"
         local t0 t1 out
-        t0=$(date +%s.%N)
-        out=$(ip netns exec "$a" "$atou" send --quiet --json --no-auth --no-path-cache "$work/f" 10.80.0.2:7890)
+        if [ -n "$cache" ]; then
+            rm -rf "$work/cache" && cp -r "$cache" "$work/cache"
+            t0=$(date +%s.%N)
+            out=$(XDG_CACHE_HOME="$work/cache" ip netns exec "$a" "$atou" send --quiet --json --no-auth "$work/f" 10.80.0.2:7890)
+        else
+            t0=$(date +%s.%N)
+            out=$(ip netns exec "$a" "$atou" send --quiet --json --no-auth --no-path-cache "$work/f" 10.80.0.2:7890)
+        fi
         t1=$(date +%s.%N)
         echo "$out" | python3 -c "
 import json, sys
@@ -48,7 +56,12 @@ print('$label run $i: path MTU %d (%s) goodput %.0f Mbit/s, wall %.3f s' % (
     done
 }
 run clean
+# The path cache learns the clean path's size.
+rm -f "$work/dest/f"
+XDG_CACHE_HOME="$work/seed" ip netns exec "$a" "$atou" send --quiet --no-auth "$work/f" 10.80.0.2:7890
+rm -f "$work/dest/f"
 ip netns exec "$b" nft add table inet bh
 ip netns exec "$b" nft add chain inet bh in '{ type filter hook input priority 0 ; }'
 ip netns exec "$b" nft add rule inet bh in ip length gt 1400 drop
 run blackhole
+run stepped-down "$work/seed"

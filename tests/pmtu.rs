@@ -17,29 +17,38 @@ const SIZE: usize = 20_000_000;
 /// `atou send --json` of `src` from host `ns` to `target`, killed after
 /// two minutes (a datagram size the path drops stalls it); its report.
 fn send(ns: &str, src: &std::path::Path, target: &str) -> Value {
-    let out = Command::new("timeout")
-        .args(["120", "ip", "netns", "exec", ns, common::ATOU])
+    send_with(ns, src, target, None).0
+}
+
+/// [`send`], with the path cache in `cache` (`None`: `--no-path-cache`);
+/// its report and what it said on stderr.
+fn send_with(
+    ns: &str,
+    src: &std::path::Path,
+    target: &str,
+    cache: Option<&std::path::Path>,
+) -> (Value, String) {
+    let mut cmd = Command::new("timeout");
+    cmd.args(["120", "ip", "netns", "exec", ns, common::ATOU])
         .env(
             "XDG_CACHE_HOME",
             concat!(env!("CARGO_TARGET_TMPDIR"), "/path-cache-pmtu"),
         )
-        .args([
-            "send",
-            "--quiet",
-            "--json",
-            "--no-auth",
-            "--no-path-cache",
-            src.to_str().unwrap(),
-            target,
-        ])
+        .args(["send", "--json", "--no-auth"]);
+    match cache {
+        Some(dir) => cmd.env("XDG_CACHE_HOME", dir),
+        None => cmd.args(["--quiet", "--no-path-cache"]),
+    };
+    let out = cmd
+        .args([src.to_str().unwrap(), target])
         .output()
         .expect("run atou send");
-    assert!(
-        out.status.success(),
-        "send failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("a JSON report")
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "send failed: {stderr}");
+    (
+        serde_json::from_slice(&out.stdout).expect("a JSON report"),
+        stderr,
+    )
 }
 
 /// The nft rule of the black hole, at the receiver's input.
@@ -127,6 +136,75 @@ fn a_send_through_a_1400_byte_black_hole_finds_the_size_and_completes() {
     assert_eq!(u(&holed["path_mtu"]["path_mtu"]), 1400, "{holed}");
     assert_eq!(u(&holed["path_mtu"]["datagram"]), 1372, "{holed}");
     for f in ["clean", "holed"] {
+        assert!(
+            std::fs::read(dest.join(f)).unwrap() == data,
+            "{f} did not arrive intact"
+        );
+    }
+}
+
+/// A black hole that opens after the size was learnt: the path cache
+/// holds the clean path's 1,500, then a hop starts dropping packets over
+/// 1,400 bytes. The send starts at the cached size, finds its full-size
+/// datagrams lost while smaller probes pass, and goes on at 1,400 on a
+/// new connection, the resume keeping what arrived; the cache learns
+/// 1,400 (before: every data segment lost, the send failed after
+/// `maxidle`, exit 30).
+#[test]
+fn a_black_hole_after_the_cached_size_steps_the_send_down_and_it_completes() {
+    let name = "a_black_hole_after_the_cached_size_steps_the_send_down_and_it_completes";
+    if skip_bridge(name) {
+        return;
+    }
+    if Command::new("nft").arg("--version").output().is_err() {
+        common::cannot_run(name, "nft (nftables) is not installed");
+        return;
+    }
+    let hosts = VethPair::start("atou-ps-a", "atou-ps-b", "atou-ps", "10.79.1");
+    ip(&[
+        "-n",
+        hosts.a,
+        "link",
+        "set",
+        "atou-ps1",
+        "gso_max_segs",
+        "1",
+    ]);
+    let dir = TestDir::new(name);
+    let dest = dir.dir("dest");
+    let cache = dir.dir("cache");
+    let data = common::noise(SIZE, 41);
+    for f in ["before", "during", "after"] {
+        std::fs::write(dir.path(f), &data).unwrap();
+    }
+    let _server = Server::start_with(
+        Some(hosts.b),
+        "10.79.1.2:7890",
+        &["--dir", dest.to_str().unwrap(), "--no-auth"],
+    );
+    let target = "10.79.1.2:7890";
+    let (before, _) = send_with(hosts.a, &dir.path("before"), target, Some(&cache));
+    assert_eq!(before["path_mtu"]["from"], "found", "{before}");
+    assert_eq!(u(&before["path_mtu"]["path_mtu"]), 1500, "{before}");
+    assert!(
+        drop_over_1400(hosts.b),
+        "nft could not add the black hole's rule"
+    );
+    let (during, said) = send_with(hosts.a, &dir.path("during"), target, Some(&cache));
+    say(&format!("{name}: {}; {said}", during["path_mtu"]));
+    assert_eq!(during["path_mtu"]["from"], "stepped_down", "{during}");
+    assert_eq!(u(&during["path_mtu"]["path_mtu"]), 1400, "{during}");
+    assert_eq!(u(&during["path_mtu"]["datagram"]), 1372, "{during}");
+    assert_eq!(
+        said.matches("the path stopped carrying 1500-byte datagrams; going on at 1400")
+            .count(),
+        1,
+        "{said}"
+    );
+    let (after, _) = send_with(hosts.a, &dir.path("after"), target, Some(&cache));
+    assert_eq!(after["path_mtu"]["from"], "cached", "{after}");
+    assert_eq!(u(&after["path_mtu"]["path_mtu"]), 1400, "{after}");
+    for f in ["before", "during", "after"] {
         assert!(
             std::fs::read(dest.join(f)).unwrap() == data,
             "{f} did not arrive intact"

@@ -22,6 +22,10 @@ pub(super) enum SizeFrom {
     Found,
     /// No probe above the base was acked (or none could be sent).
     Base,
+    /// The path stopped carrying the size in use during the transfer (a
+    /// black hole: [`crate::proto::pmtu::BlackHoleWatch`]); the rest went
+    /// at the largest size its probes found.
+    SteppedDown,
     /// The sockets were handed over already bound (through a NAT): they
     /// keep the default size, unprobed.
     Unprobed,
@@ -54,6 +58,7 @@ impl PathSize {
             SizeFrom::Cached => "path cache",
             SizeFrom::Found => "found",
             SizeFrom::Base => "no probe answered: the base size",
+            SizeFrom::SteppedDown => "stepped down during the transfer",
             SizeFrom::Unprobed => "not probed",
         };
         format!("path MTU {} ({how})", self.path_mtu)
@@ -61,7 +66,28 @@ impl PathSize {
 
     /// What the path cache keeps: a size a search vouched for.
     pub(super) fn to_remember(self) -> Option<u32> {
-        matches!(self.from, SizeFrom::Found | SizeFrom::Cached).then_some(self.datagram)
+        matches!(
+            self.from,
+            SizeFrom::Found | SizeFrom::Cached | SizeFrom::SteppedDown
+        )
+        .then_some(self.datagram)
+    }
+
+    /// The size to go on at after the path stopped carrying this one and
+    /// probes of `carried` bytes passed; `None` where `--mss` forced it
+    /// (the user's size is not second-guessed: the error says what to
+    /// try) or `carried` is no smaller.
+    pub(super) fn step_down(
+        self,
+        tuning: &mut Tuning,
+        peer: SocketAddr,
+        carried: u32,
+    ) -> Option<PathSize> {
+        if self.from == SizeFrom::Forced || carried >= tuning.mss {
+            return None;
+        }
+        set_mss(tuning, carried);
+        Some(PathSize::of(peer, carried, SizeFrom::SteppedDown))
     }
 }
 
@@ -179,5 +205,29 @@ mod tests {
         assert_eq!(cached.text(), "path MTU 1400 (path cache)");
         let unprobed = choose(&mut t, peer, None, Some(&memory(Some(1252))), false);
         assert_eq!((unprobed.from, t.mss), (SizeFrom::Unprobed, 1372));
+    }
+
+    #[test]
+    fn a_black_hole_steps_a_found_size_down_but_never_a_forced_one() {
+        let peer: SocketAddr = "192.0.2.1:7890".parse().unwrap();
+        let mut t = Tuning {
+            mss: 1472,
+            rcvsegs: 1000,
+            ..Tuning::default()
+        };
+        let cached = PathSize::of(peer, 1472, SizeFrom::Cached);
+        let down = cached
+            .step_down(&mut t, peer, 1372)
+            .expect("a smaller size");
+        assert_eq!((down.path_mtu, down.datagram, t.mss), (1400, 1372, 1372));
+        assert_eq!(down.to_remember(), Some(1372));
+        assert_eq!(
+            down.text(),
+            "path MTU 1400 (stepped down during the transfer)"
+        );
+        assert_eq!(down.step_down(&mut t, peer, 1372), None);
+        let forced = PathSize::of(peer, 1372, SizeFrom::Forced);
+        assert_eq!(forced.step_down(&mut t, peer, 1252), None);
+        assert_eq!(t.mss, 1372);
     }
 }

@@ -919,7 +919,7 @@ fn silent_from_the_start(e: &SendError) -> bool {
     use crate::proto::endpoint::client::Stage;
     matches!(
         e,
-        SendError::Conn(crate::io::ProbeError::Conn {
+        SendError::Conn(io::ProbeError::Conn {
             error: crate::proto::ConnError::Idle {
                 stage: Stage::Hello | Stage::Handshake,
                 ..
@@ -1002,7 +1002,7 @@ pub(super) fn run_send_from(
     } else {
         this_host_mss(config.peer).map(|_| SizeFrom::ThisHost)
     };
-    let path = path_size::choose(
+    let mut path = path_size::choose(
         &mut config.tuning,
         config.peer,
         fixed,
@@ -1035,6 +1035,23 @@ pub(super) fn run_send_from(
         }
         Some(Err(e)) => result = Err(e),
         None => {}
+    }
+    // A black hole opened during the transfer (RFC 8899 §4.3): the
+    // connection ended with the size its probes found, and the rest goes
+    // at it, resumed. Each step is smaller, so this ends.
+    while let Some(next) = shrank_to(&result)
+        .and_then(|carried| path.step_down(&mut config.tuning, config.peer, carried))
+    {
+        if !args.quiet {
+            eprintln!(
+                "atou: the path stopped carrying {}-byte datagrams; going on at {}",
+                path.path_mtu, next.path_mtu
+            );
+        }
+        path = next;
+        progress.total.store(0, Ordering::Relaxed);
+        progress.done.store(0, Ordering::Relaxed);
+        result = crate::transfer::send::send_from(sources, &config, progress.clone(), from);
     }
     // The end-of-run summary of each connection, from what it measured.
     let mut streams: Vec<Summary> = result.as_ref().map_or_else(
@@ -1112,6 +1129,18 @@ pub(super) fn run_send_from(
         }
     }
     Ok(status.into())
+}
+
+/// The size a connection's probes still found carried, where the send
+/// failed because the path stopped carrying its datagrams.
+fn shrank_to(result: &Result<SendReport, SendError>) -> Option<u32> {
+    match result {
+        Err(SendError::Conn(io::ProbeError::Conn {
+            error: crate::proto::ConnError::PathShrank { carried, .. },
+            ..
+        })) => Some(*carried),
+        _ => None,
+    }
 }
 
 /// A copy over ssh's path, as its report says it.

@@ -842,6 +842,8 @@ fn new_client(config: &ProbeConfig, now: Time) -> Result<Client, ProbeError> {
     if config.stream_len_later {
         client = client.with_stream_len_later();
     }
+    let ip_udp_header = if peer.is_ipv6() { 48 } else { 28 };
+    client = client.with_size_watch(fresh_conn_id(), ip_udp_header);
     if config.auth.is_none() {
         client = client.with_address_token(address_tokens::get(peer));
     }

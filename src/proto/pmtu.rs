@@ -7,7 +7,11 @@
 //!
 //! A connection's segments have one payload size for its life, so the
 //! search is made where it is cheap, before the data, and not continued
-//! during it (RFC 8899 §5.2's SEARCH_COMPLETE from the start).
+//! during it (RFC 8899 §5.2's SEARCH_COMPLETE from the start). A path
+//! that stops carrying that size later (a route change, a size the path
+//! cache remembered) is caught by [`BlackHoleWatch`]: the connection ends
+//! with the size its probes found, and the transfer goes on, resumed, on
+//! a new connection of that size.
 
 use super::wire::{SizeAck, SizeProbe, SIZE_PROBE_MIN_LEN};
 
@@ -146,6 +150,152 @@ impl SizeSearch {
     }
 }
 
+/// RTOs in a row with nothing newly delivered before a connection doubts
+/// its datagram size and probes: the full-size probe, unacked, is then the
+/// third full-size loss in a row, RFC 8899 §5.1.2's MAX_PROBES (3). One
+/// lost segment is congestion; timeouts of the same data with nothing
+/// getting through are a path that stopped carrying them, or no path.
+/// Two, not three: before the first RTT sample the RTO is 1 s, and the
+/// verdict (at the third timeout, 7 s in) must come before `maxidle`'s
+/// default 10 s ends the connection.
+pub(crate) const QUIET_RTOS: u64 = 2;
+
+/// What [`BlackHoleWatch`] concluded: full-size datagrams of `stopped`
+/// bytes are lost while probes of `carried` bytes pass (UDP payloads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StepDown {
+    pub(crate) stopped: u32,
+    pub(crate) carried: u32,
+}
+
+/// Black hole detection during a connection (RFC 8899 §4.3 and §5.2):
+/// after [`QUIET_RTOS`] timeouts in a row with nothing newly delivered,
+/// one padded probe of the full size and of each usual size below it,
+/// down to the base, goes out (the server acks probes whoever sends
+/// them); at the next timeout, still with nothing delivered, an ack for
+/// a smaller probe while the full-size one stayed unacked is the verdict.
+/// The connection cannot cut its segments smaller (segment `n` carries
+/// bytes from `n × payload`), so the verdict ends it and the caller
+/// redoes the rest at the size found.
+///
+/// Only acks to this connection's probes count (its id and a nonce the
+/// caller drew from a CSPRNG), never ICMP or any other report: an
+/// off-path host cannot make a connection step down.
+#[derive(Debug, Clone)]
+pub(crate) struct BlackHoleWatch {
+    conn_id: u64,
+    nonce: u64,
+    /// IP and UDP header bytes: 28 on IPv4, 48 on IPv6.
+    ip_udp_header: u32,
+    /// The sender's delivered bytes and timeout count when it last made
+    /// progress.
+    delivered: u64,
+    timeouts_at_progress: u64,
+    timeouts_seen: u64,
+    search: Option<SizeSearch>,
+    /// The full size the probes went out against.
+    probed_from: u32,
+}
+
+impl BlackHoleWatch {
+    pub(crate) fn new(conn_id: u64, nonce: u64, ip_udp_header: u32) -> BlackHoleWatch {
+        BlackHoleWatch {
+            conn_id,
+            nonce,
+            ip_udp_header,
+            delivered: 0,
+            timeouts_at_progress: 0,
+            timeouts_seen: 0,
+            search: None,
+            probed_from: 0,
+        }
+    }
+
+    fn base(&self) -> u32 {
+        if self.ip_udp_header > 28 {
+            BASE_PAYLOAD_V6
+        } else {
+            BASE_PAYLOAD_V4
+        }
+    }
+
+    /// After the sender took an ack or its timers: `delivered` its bytes
+    /// acknowledged, `timeouts` its RTO count, `largest` the largest
+    /// datagram the connection sent. The verdict, if this is it.
+    pub(crate) fn on_sender(
+        &mut self,
+        delivered: u64,
+        timeouts: u64,
+        largest: u32,
+    ) -> Option<StepDown> {
+        if delivered > self.delivered {
+            self.delivered = delivered;
+            self.timeouts_at_progress = timeouts;
+            self.timeouts_seen = timeouts;
+            self.search = None;
+            return None;
+        }
+        if timeouts == self.timeouts_seen {
+            return None;
+        }
+        self.timeouts_seen = timeouts;
+        if timeouts - self.timeouts_at_progress < QUIET_RTOS || largest <= self.base() {
+            return None;
+        }
+        if let Some(search) = &self.search {
+            let carried = search.found().then(|| search.size());
+            match carried {
+                Some(carried) if carried < self.probed_from => {
+                    return Some(StepDown {
+                        stopped: self.probed_from,
+                        carried,
+                    });
+                }
+                // The full size passed: congestion or a stalled peer, not
+                // the size; nothing to learn until the data moves.
+                Some(_) => return None,
+                // Nothing acked, not even the base: no path at all, which
+                // maxidle ends. Probe again meanwhile.
+                None => {}
+            }
+        }
+        self.probed_from = largest;
+        let candidates: Vec<u32> = std::iter::once(largest)
+            .chain(candidate_payloads(
+                largest + self.ip_udp_header,
+                self.ip_udp_header,
+                self.base(),
+            ))
+            .chain(std::iter::once(self.base()))
+            .collect();
+        // The base itself is probed too: `new` keeps sizes above its floor.
+        self.search = Some(SizeSearch::new(
+            self.conn_id,
+            self.nonce,
+            self.base() - 1,
+            &candidates,
+        ));
+        None
+    }
+
+    /// Writes the next probe due into `buf` (at least the largest
+    /// datagram sent); `None` when none is.
+    pub(crate) fn poll_probe(&mut self, buf: &mut [u8]) -> Option<usize> {
+        let search = self.search.as_mut()?;
+        if buf.len() < search.largest_probe() {
+            return None;
+        }
+        search.poll_probe(buf)
+    }
+
+    /// An ack from the peer to one of the probes; others change nothing.
+    pub(crate) fn on_ack(&mut self, ack: &SizeAck) {
+        if let Some(search) = self.search.as_mut() {
+            search.on_ack(ack);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,5 +420,100 @@ mod tests {
             b'A', b'T', 6, 13, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1,
         ];
         assert!(Packet::decode(&short).is_err());
+    }
+
+    fn watch_probes(watch: &mut BlackHoleWatch, largest: u32) -> Vec<SizeProbe> {
+        let mut buf = vec![0u8; largest as usize];
+        let mut out = Vec::new();
+        while let Some(n) = watch.poll_probe(&mut buf) {
+            let Ok(Packet::SizeProbe(p)) = Packet::decode(&buf[..n]) else {
+                panic!("not a probe");
+            };
+            out.push(p);
+        }
+        out
+    }
+
+    #[test]
+    fn quiet_rtos_probe_below_the_full_size_and_a_smaller_ack_is_the_verdict() {
+        let mut watch = BlackHoleWatch::new(CONN, NONCE, 28);
+        assert_eq!(watch.on_sender(5_000_000, 0, 1472), None);
+        // Fewer timeouts with nothing delivered: no probe yet.
+        for t in 1..QUIET_RTOS {
+            assert_eq!(watch.on_sender(5_000_000, t, 1472), None);
+            assert!(watch_probes(&mut watch, 1472).is_empty());
+        }
+        assert_eq!(watch.on_sender(5_000_000, QUIET_RTOS, 1472), None);
+        let sent = watch_probes(&mut watch, 1472);
+        assert_eq!(
+            sent.iter().map(|p| p.size).collect::<Vec<_>>(),
+            [1472, 1464, 1392, 1372, 1252, 1200]
+        );
+        // The hop drops packets over 1,400 bytes: 1372 and below pass.
+        for p in &sent[3..] {
+            watch.on_ack(&p.ack());
+        }
+        // Acks alone are no verdict; the next timeout is.
+        assert_eq!(watch.on_sender(5_000_000, QUIET_RTOS, 1472), None);
+        assert_eq!(
+            watch.on_sender(5_000_000, QUIET_RTOS + 1, 1472),
+            Some(StepDown {
+                stopped: 1472,
+                carried: 1372
+            })
+        );
+    }
+
+    #[test]
+    fn progress_a_full_size_ack_or_a_forged_ack_is_no_verdict() {
+        let mut watch = BlackHoleWatch::new(CONN, NONCE, 28);
+        for t in 1..=QUIET_RTOS {
+            watch.on_sender(0, t, 1472);
+        }
+        let sent = watch_probes(&mut watch, 1472);
+        // Data moved: the probes are forgotten, their acks ignored.
+        assert_eq!(watch.on_sender(1, QUIET_RTOS, 1472), None);
+        watch.on_ack(&sent[3].ack());
+        for t in QUIET_RTOS + 1..2 * QUIET_RTOS + 2 {
+            assert_eq!(watch.on_sender(1, t, 1472), None);
+        }
+        // Stalled again, probed again: the full size is acked, so the
+        // losses are not the size's.
+        let sent = watch_probes(&mut watch, 1472);
+        assert_eq!(sent.len(), 6);
+        for p in &sent {
+            watch.on_ack(&p.ack());
+        }
+        assert_eq!(watch.on_sender(1, 2 * QUIET_RTOS + 2, 1472), None);
+        // Acks for another connection, nonce or an unprobed size prove
+        // nothing; nothing acked means no path, and probes go again.
+        let mut watch = BlackHoleWatch::new(CONN, NONCE, 28);
+        for t in 1..=QUIET_RTOS {
+            watch.on_sender(0, t, 1472);
+        }
+        let sent = watch_probes(&mut watch, 1472);
+        watch.on_ack(&SizeAck {
+            nonce: NONCE ^ 1,
+            ..sent[3].ack()
+        });
+        watch.on_ack(&SizeAck {
+            conn_id: CONN ^ 1,
+            ..sent[3].ack()
+        });
+        watch.on_ack(&SizeAck {
+            size: 1300,
+            ..sent[3].ack()
+        });
+        assert_eq!(watch.on_sender(0, QUIET_RTOS + 1, 1472), None);
+        assert_eq!(watch_probes(&mut watch, 1472).len(), 6);
+    }
+
+    #[test]
+    fn a_connection_at_the_base_size_is_not_watched() {
+        let mut watch = BlackHoleWatch::new(CONN, NONCE, 48);
+        for t in 1..=QUIET_RTOS + 2 {
+            assert_eq!(watch.on_sender(0, t, BASE_PAYLOAD_V6), None);
+        }
+        assert!(watch_probes(&mut watch, BASE_PAYLOAD_V6).is_empty());
     }
 }

@@ -630,7 +630,7 @@ macro_rules! knobs {
 
 knobs! {
     mss: "BYTES", Int((DATA_HEADER_LEN + 1) as u32, 65_507),
-        "UDP datagram size in bytes, headers included (25 bytes, 49 authenticated; atou Table 1: 1472); send and copy search the path for it unless this is set (8972 to this host)";
+        "UDP datagram size in bytes, headers included (25 bytes, 49 authenticated; atou Table 1: 1472); send and copy search the path for it unless this is set (8972 to this host), and step down during a transfer if the path stops carrying it";
     rcvwin | "rcvrwin": "SEGMENTS", Int(1, 1 << 24),
         "sender window limit in segments (atou Table 1)";
     recovery: "VARIANT", Name,

@@ -25,6 +25,7 @@ use crate::proto::endpoint::server::{reply_fragment_len, Purpose};
 use crate::proto::events::{TimedEvent, TraceRecord};
 use crate::proto::path_memory::PathMemory;
 use crate::proto::payload::PayloadSource;
+use crate::proto::pmtu::BlackHoleWatch;
 use crate::proto::stream::sender::{Sender, SenderState};
 use crate::proto::time::Time;
 use crate::proto::tuning::{Tuning, TuningError};
@@ -32,7 +33,7 @@ use crate::proto::wire::ReceiverStats;
 use crate::proto::wire::{
     split_welcome_params, AddressToken, Close, DataFlags, DataHeader, DataSegment, Fetch, Hello,
     Packet, PathProbe, ReceiverParams, RejectReason, Reply, WireError, CONTROL_MAX_LEN,
-    DATA_HEADER_LEN, HELLO_LEN, VERSION,
+    DATA_HEADER_LEN, HELLO_LEN, SIZE_ACK_LEN, VERSION,
 };
 use crate::proto::InputError;
 
@@ -156,6 +157,22 @@ pub enum ConnError {
         total: u32,
         /// The longest reply this client takes, in bytes.
         limit: u32,
+    },
+    /// A black hole opened during the transfer (RFC 8899 §4.3): the
+    /// connection's full-size datagrams were lost, timeout after timeout,
+    /// while smaller size probes were acked (`src/proto/pmtu.rs`,
+    /// `BlackHoleWatch`). Its segments cannot be cut smaller: the caller
+    /// goes on at `carried` on a new connection, or, with the size
+    /// forced, says so.
+    #[error(
+        "the path stopped carrying {stopped}-byte datagrams (UDP payload) during the transfer; \
+         {carried}-byte ones still get through: try --mss {carried}"
+    )]
+    PathShrank {
+        /// The UDP payload of the datagrams lost.
+        stopped: u32,
+        /// The largest probe's UDP payload the server acked.
+        carried: u32,
     },
 }
 
@@ -413,6 +430,11 @@ pub struct Client {
     /// The server took the stream's segment from the hello: the stream
     /// is delivered, nothing of it is sent after the welcome.
     early_taken: bool,
+    /// Black hole detection during the transfer
+    /// ([`Client::with_size_watch`]).
+    size_watch: Option<BlackHoleWatch>,
+    /// The largest datagram sent: the size a black hole would swallow.
+    largest_sent: u32,
 }
 
 /// How long a connection opened ahead of its stream may hold after its
@@ -483,7 +505,18 @@ impl Client {
             stream_len_later: false,
             abandoned: false,
             early_taken: false,
+            size_watch: None,
+            largest_sent: 0,
         })
+    }
+
+    /// Watches the transfer for a black hole (`src/proto/pmtu.rs`,
+    /// `BlackHoleWatch`): full-size datagrams lost while smaller probes
+    /// pass end the connection with [`ConnError::PathShrank`]. `nonce`
+    /// from a CSPRNG; `ip_udp_header` 28 on IPv4, 48 on IPv6.
+    pub(crate) fn with_size_watch(mut self, nonce: u64, ip_udp_header: u32) -> Client {
+        self.size_watch = Some(BlackHoleWatch::new(self.conn_id, nonce, ip_udp_header));
+        self
     }
 
     /// Starts a plain connection with the address token an earlier one to
@@ -821,6 +854,19 @@ impl Client {
 
     /// Handles one datagram from the server.
     pub fn handle_datagram(&mut self, now: Time, datagram: &[u8]) -> Result<(), InputError> {
+        // A size ack is plain even on an authenticated connection (the
+        // server acks probes without a connection); its nonce is what
+        // makes it ours.
+        if let Some(watch) = self
+            .size_watch
+            .as_mut()
+            .filter(|_| datagram.len() == SIZE_ACK_LEN)
+        {
+            if let Ok(Packet::SizeAck(ack)) = Packet::decode(datagram) {
+                watch.on_ack(&ack);
+                return Ok(());
+            }
+        }
         let Some(secure) = self.secure.as_mut() else {
             return self.handle_plain(now, datagram);
         };
@@ -1119,6 +1165,23 @@ impl Client {
         }
     }
 
+    /// After the sender's timers: whether a black hole swallows the
+    /// full-size datagrams (RFC 8899 §4.3).
+    fn watch_size(&mut self) {
+        let (Some(watch), Some(sender), State::Transfer) =
+            (self.size_watch.as_mut(), self.sender.as_ref(), &self.state)
+        else {
+            return;
+        };
+        let stats = sender.stats();
+        if let Some(step) = watch.on_sender(stats.good_bytes, stats.timeouts, self.largest_sent) {
+            self.fail(ConnError::PathShrank {
+                stopped: step.stopped,
+                carried: step.carried,
+            });
+        }
+    }
+
     /// How long a fetched fragment may take before it is asked for again.
     fn fetch_timeout(&self) -> Duration {
         self.sender
@@ -1187,6 +1250,7 @@ impl Client {
                     s.handle_timeout(now);
                 }
                 self.after_sender(now);
+                self.watch_size();
             }
             State::Fetching(ref mut f) => {
                 let idle = now.saturating_since(f.last_heard);
@@ -1235,6 +1299,24 @@ impl Client {
         source: &mut dyn PayloadSource,
     ) -> Option<usize> {
         debug_assert!(buf.len() >= CONTROL_MAX_LEN);
+        if let (Some(watch), State::Transfer) = (self.size_watch.as_mut(), &self.state) {
+            // Plain, as the server answers probes outside any connection.
+            if let Some(n) = watch.poll_probe(buf) {
+                return Some(n);
+            }
+        }
+        let n = self.poll_sealed(now, buf, source)?;
+        self.largest_sent = self.largest_sent.max(n as u32);
+        Some(n)
+    }
+
+    /// [`Client::poll_transmit`]'s datagrams other than size probes.
+    fn poll_sealed(
+        &mut self,
+        now: Time,
+        buf: &mut [u8],
+        source: &mut dyn PayloadSource,
+    ) -> Option<usize> {
         let Some(secure) = self.secure.as_mut() else {
             return self.poll_inner(now, buf, source);
         };

@@ -179,6 +179,7 @@ pub fn probe_fault(e: &ProbeError) -> Fault {
             } => Fault::Network,
             C::Idle { .. } => Fault::Timeout,
             C::Busy
+            | C::PathShrank { .. }
             | C::AuthRefused(RefuseReason::Busy)
             | C::Handshake(H::Refused(RefuseReason::Busy)) => Fault::Network,
             C::Refused | C::AuthRefused(_) | C::AuthRequired | C::NoIdentity => Fault::Refused,
