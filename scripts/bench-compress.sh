@@ -31,6 +31,8 @@ note() { echo "bench-compress: note: $*" >&2; }
 . scripts/lib/ssh.sh
 # shellcheck source=scripts/lib/serve.sh
 . scripts/lib/serve.sh
+# shellcheck source=scripts/lib/bridge.sh
+. scripts/lib/bridge.sh
 
 [ "$(id -u)" -eq 0 ] || die "run as root (network namespaces)"
 rounds=${ROUNDS:-3}
@@ -62,21 +64,7 @@ work=$(mktemp -d)
 chmod 755 "$work"
 pids=()
 bridge_pid=
-stop_bridge() {
-    [ -n "$bridge_pid" ] || return 0
-    kill -TERM "$bridge_pid" 2>/dev/null || true
-    for _ in $(seq 100); do
-        kill -0 "$bridge_pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    kill -KILL "$bridge_pid" 2>/dev/null || true
-    wait "$bridge_pid" 2>/dev/null || true
-    bridge_pid=
-    for _ in $(seq 100); do
-        [ -e "/run/netns/${hosts[0]}" ] || [ -e "/run/netns/${hosts[1]}" ] || return 0
-        sleep 0.1
-    done
-}
+bridge_who=bench-compress
 cleanup() {
     for p in "${pids[@]}"; do kill_tree "$p"; done
     sshd_stop

@@ -95,6 +95,8 @@ die() { echo "bench-netem: $*" >&2; exit 1; }
 note() { echo "bench-netem: $*" >&2; }
 # shellcheck source=scripts/lib/ssh.sh
 . scripts/lib/ssh.sh
+# shellcheck source=scripts/lib/bridge.sh
+. scripts/lib/bridge.sh
 
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces); run: sudo $0"
 [[ "$secs" =~ ^[0-9]+$ ]] && [ "$secs" -ge 1 ] || die "T must be a whole number of seconds, got '$secs'"
@@ -104,27 +106,7 @@ total=$((warm + secs))
 work=$(mktemp -d)
 pids=()
 bridge_pid=
-stop_bridge() {
-    [ -n "$bridge_pid" ] || return 0
-    kill -TERM "$bridge_pid" 2>/dev/null || true
-    for _ in $(seq 100); do
-        kill -0 "$bridge_pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$bridge_pid" 2>/dev/null; then
-        echo "bench-netem: note: the bridge did not stop within 10 s; killed" >&2
-        kill -KILL "$bridge_pid" 2>/dev/null || true
-    fi
-    wait "$bridge_pid" 2>/dev/null || true
-    bridge_pid=
-    # The hosts are gone before the next bridge makes them again (a host
-    # that vanished under a transfer once ended a run).
-    for _ in $(seq 100); do
-        [ -e "/run/netns/${hosts[0]}" ] || [ -e "/run/netns/${hosts[1]}" ] || return 0
-        sleep 0.1
-    done
-    echo "bench-netem: note: the hosts outlived their bridge; the next bridge removes them" >&2
-}
+bridge_who=bench-netem
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     sshd_stop

@@ -154,6 +154,19 @@ fn home(s: &TestDir) -> PathBuf {
     dest
 }
 
+/// `home`'s own files as they were, and nothing of `evil_tree` in it.
+#[track_caller]
+fn assert_home_untouched(dest: &Path) {
+    assert_eq!(fs::read_to_string(dest.join(".bashrc")).unwrap(), "mine\n");
+    assert_eq!(
+        fs::read_to_string(dest.join(".ssh/authorized_keys")).unwrap(),
+        "ssh-ed25519 MINE\n"
+    );
+    assert_eq!(mode(&dest.join(".ssh")), 0o700);
+    assert!(!dest.join("sh").exists());
+    assert!(fs::symlink_metadata(dest.join("etc")).is_err());
+}
+
 #[test]
 fn a_pull_takes_only_the_names_it_asked_for() {
     let s = TestDir::new("hostile-remote-names");
@@ -170,14 +183,7 @@ fn a_pull_takes_only_the_names_it_asked_for() {
     let err = stderr(&out);
     assert!(err.contains("which was not asked for"), "{err}");
     assert!(err.contains("report.txt"), "{err}");
-    assert_eq!(fs::read_to_string(dest.join(".bashrc")).unwrap(), "mine\n");
-    assert_eq!(
-        fs::read_to_string(dest.join(".ssh/authorized_keys")).unwrap(),
-        "ssh-ed25519 MINE\n"
-    );
-    assert_eq!(mode(&dest.join(".ssh")), 0o700);
-    assert!(!dest.join("sh").exists());
-    assert!(fs::symlink_metadata(dest.join("etc")).is_err());
+    assert_home_untouched(&dest);
 }
 
 #[test]
@@ -675,14 +681,7 @@ fn a_hostile_remote_through_the_ssh_tunnel_meets_the_same_rules() {
     let err = stderr(&out);
     assert!(err.contains("goes through the ssh connection"), "{err}");
     assert!(err.contains("which was not asked for"), "{err}");
-    assert_eq!(fs::read_to_string(dest.join(".bashrc")).unwrap(), "mine\n");
-    assert_eq!(
-        fs::read_to_string(dest.join(".ssh/authorized_keys")).unwrap(),
-        "ssh-ed25519 MINE\n"
-    );
-    assert_eq!(mode(&dest.join(".ssh")), 0o700);
-    assert!(!dest.join("sh").exists());
-    assert!(fs::symlink_metadata(dest.join("etc")).is_err());
+    assert_home_untouched(&dest);
 
     let theirs = s.path("evil2/data");
     fs::create_dir_all(&theirs).unwrap();

@@ -2690,6 +2690,18 @@ fn have_rsync(test: &str) -> bool {
     here
 }
 
+/// `rsync ARGS SRC DEST/`: SRC arrives as DEST/NAME, as atou sends it.
+#[track_caller]
+fn rsync_into(args: &[&str], src: &Path, dest: &Path) {
+    let out = Command::new("rsync")
+        .args(args)
+        .arg(src)
+        .arg(format!("{}/", dest.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "rsync {args:?}: {out:?}");
+}
+
 /// The paths beneath `root` (none if it is not there), sorted, the
 /// receiver's staging directory left out.
 fn listing(root: &Path) -> Vec<String> {
@@ -2754,14 +2766,9 @@ fn filters_select_what_rsync_selects() {
     ];
     for (i, flags) in cases.iter().enumerate() {
         let by_rsync = scratch.dir(&format!("rsync{i}"));
-        let out = Command::new("rsync")
-            .arg("-a")
-            .args(*flags)
-            .arg(&tree)
-            .arg(format!("{}/", by_rsync.display()))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "rsync {flags:?}: {out:?}");
+        let mut args = vec!["-a"];
+        args.extend(*flags);
+        rsync_into(&args, &tree, &by_rsync);
         let dest = scratch.dir(&format!("atou{i}"));
         let server = Serve::start(&dest);
         send(&[&tree], &server.target(), flags).report();
@@ -2810,14 +2817,8 @@ fn files_from_sends_what_rsync_sends() {
     )
     .unwrap();
     let by_rsync = scratch.dir("rsync");
-    let out = Command::new("rsync")
-        .args(["-a", "-r", "--files-from"])
-        .arg(&list)
-        .arg(&tree)
-        .arg(format!("{}/", by_rsync.display()))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "rsync: {out:?}");
+    let list_arg = format!("--files-from={}", list.display());
+    rsync_into(&["-a", "-r", &list_arg], &tree, &by_rsync);
     let dest = scratch.dir("dest");
     let server = Serve::start(&dest);
     let r = send(
@@ -2887,13 +2888,7 @@ fn hard_links_arrive_as_rsync_h_makes_them() {
         groups
     };
     let by_rsync = scratch.dir("rsync");
-    let out = Command::new("rsync")
-        .arg("-aH")
-        .arg(&tree)
-        .arg(format!("{}/", by_rsync.display()))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "rsync: {out:?}");
+    rsync_into(&["-aH"], &tree, &by_rsync);
     let dest = scratch.dir("dest");
     let server = Serve::start(&dest);
     let r = send(&[&tree], &server.target(), &["-H"]).report();
@@ -3618,15 +3613,10 @@ fn delete_mirrors_as_rsync_delete_does() {
     let rules = ["--exclude=*.o"];
     let by_rsync = scratch.dir("rsync");
     let rsync = |extra: &[&str]| {
-        let out = Command::new("rsync")
-            .arg("-a")
-            .args(extra)
-            .args(rules)
-            .arg(&tree)
-            .arg(format!("{}/", by_rsync.display()))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "rsync: {out:?}");
+        let mut args = vec!["-a"];
+        args.extend(extra);
+        args.extend(rules);
+        rsync_into(&args, &tree, &by_rsync);
     };
     rsync(&[]);
     stale(&by_rsync);
@@ -3740,13 +3730,7 @@ fn owners_and_groups_arrive_as_rsync_gives_them() {
             .collect()
     };
     let by_rsync = scratch.dir("rsync");
-    let out = Command::new("rsync")
-        .args(["-a", "-o", "-g", "--numeric-ids"])
-        .arg(&tree)
-        .arg(format!("{}/", by_rsync.display()))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "rsync: {out:?}");
+    rsync_into(&["-a", "-o", "-g", "--numeric-ids"], &tree, &by_rsync);
     let dest = scratch.dir("dest");
     {
         let server = Serve::start(&dest);

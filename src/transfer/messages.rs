@@ -471,15 +471,7 @@ impl DataHeader {
         let len = len as usize;
         let mut r = Reader::new(open(&prefix[..len])?);
         r.u8()?;
-        let ranges: Vec<ChunkRange> = (0..r.u32()?)
-            .map(|_| {
-                Ok(ChunkRange {
-                    file: r.u32()?,
-                    first: u64::from(r.u32()?),
-                    count: u64::from(r.u32()?),
-                })
-            })
-            .collect::<Result<_, MessageError>>()?;
+        let ranges = read_ranges(&mut r)?;
         let frames = (0..r.remaining() / FRAME_HEADER_LEN)
             .map(|_| r.array())
             .collect::<Result<_, _>>()?;
@@ -504,15 +496,7 @@ impl DataHeader {
         // The hash checked, the kind and count read again from what it covers.
         let mut r = Reader::new(open(&prefix[..len])?);
         r.u8()?;
-        let ranges = (0..r.u32()?)
-            .map(|_| {
-                Ok(ChunkRange {
-                    file: r.u32()?,
-                    first: u64::from(r.u32()?),
-                    count: u64::from(r.u32()?),
-                })
-            })
-            .collect::<Result<_, MessageError>>()?;
+        let ranges = read_ranges(&mut r)?;
         Ok(Some((DataHeader { ranges }, len)))
     }
 
@@ -604,6 +588,21 @@ impl Ownership {
             group_names,
         })
     }
+}
+
+/// A data header's ranges, after its kind: a count, then each range (the
+/// caller has checked the header's length against the bytes in).
+fn read_ranges(r: &mut Reader<'_>) -> Result<Vec<ChunkRange>, MessageError> {
+    let n = count(r, 12)?;
+    (0..n)
+        .map(|_| {
+            Ok(ChunkRange {
+                file: r.u32()?,
+                first: u64::from(r.u32()?),
+                count: u64::from(r.u32()?),
+            })
+        })
+        .collect()
 }
 
 /// A plan reply's list of what `--delete` removes.

@@ -16,6 +16,7 @@ use std::collections::HashSet;
 use std::io;
 use std::os::fd::OwnedFd;
 
+use super::plan::DirCache;
 use super::{join_rel, split_rel, ReceivePolicy};
 use crate::io::dest_dir::{self, DestDir, Found};
 use crate::transfer::exclude::Filters;
@@ -98,8 +99,11 @@ pub(super) fn find(
             Ok(None) => continue,
             Err(e) => return Err(Error::disk("open", &dest_dir.shown(&at), e)),
         };
-        let names =
+        let mut names =
             dest_dir::entries(&dir).map_err(|e| Error::disk("list", &dest_dir.shown(&at), e))?;
+        // By directory, each in name order: the listing reads as rsync's,
+        // and the removal opens each directory once.
+        names.sort_by(|a, b| a.0.cmp(&b.0));
         for (name, what) in names {
             let path = join_rel(rel, &name);
             let is_dir = what == Found::Dir;
@@ -109,7 +113,6 @@ pub(super) fn find(
             found.push((path, is_dir));
         }
     }
-    found.sort();
     Ok(Extraneous {
         found,
         protect,
@@ -122,16 +125,17 @@ pub(super) fn find(
 fn open_existing_dir(dest_dir: &DestDir, rel: &[u8]) -> io::Result<Option<OwnedFd>> {
     match dest_dir.open_dir(rel) {
         Ok(dir) => Ok(Some(dir)),
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)
-            ) =>
-        {
-            Ok(None)
-        }
+        Err(e) if gone_or_not_a_dir(&e) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// Nothing there, or not a directory (a symlink on the way included).
+fn gone_or_not_a_dir(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)
+    )
 }
 
 /// Removes what [`find`] found; returns the entries removed
@@ -143,17 +147,19 @@ pub(super) fn remove(
     written_into: &mut Vec<Vec<u8>>,
 ) -> Result<u64, Error> {
     let mut removed = 0;
+    // `found` is by directory: each is opened once.
+    let mut dirs = DirCache::new(dest_dir);
     for (rel, _) in &extraneous.found {
         let at = join_rel(&extraneous.sub, rel);
         let (parent, name) = split_rel(&at);
-        let dir = match open_existing_dir(dest_dir, parent) {
-            Ok(Some(dir)) => dir,
-            Ok(None) => continue,
+        let dir = match dirs.get(parent) {
+            Ok(dir) => dir,
+            Err(e) if gone_or_not_a_dir(&e) => continue,
             Err(e) => return Err(Error::disk("open", &dest_dir.shown(parent), e)),
         };
         let gone = remove_entry(
             dest_dir,
-            &dir,
+            dir,
             &at,
             name,
             rel,
