@@ -1221,9 +1221,14 @@ fn compress_report(r: &Value) -> (u64, u64) {
     (u(&c["raw_bytes"]), u(&c["wire_bytes"]))
 }
 
+fn sent_plain(r: &Value) -> u64 {
+    u(&r["compress"]["sent_plain"])
+}
+
 /// `--compress`: a tree of text arrives identical in well under half its
 /// bytes on the wire; random data goes raw, every chunk of it, so the
-/// wire carries exactly its bytes.
+/// wire carries exactly its bytes: alone, plain (its sample did not
+/// shrink), and beside the text, framed, each of its chunks flagged raw.
 #[test]
 fn compress_shrinks_text_and_sends_random_data_raw() {
     let scratch = TestDir::new("transfer-compress");
@@ -1252,11 +1257,27 @@ fn compress_shrinks_text_and_sends_random_data_raw() {
     say(&format!("compress: text {raw} bytes went as {wire}"));
     assert_eq!((raw, report_u(&r, "bytes_sent")), (raw_text, raw_text));
     assert!(wire * 4 < raw, "text: {wire} of {raw} bytes on the wire");
+    assert_eq!(sent_plain(&r), 0, "{r}");
     assert_same_tree(&text, &dest.join("text"));
 
     let r = send(&[&random], &server.target(), &["--compress"]).report();
     assert_eq!(compress_report(&r), (5 * MIB + 123, 5 * MIB + 123), "{r}");
+    assert_eq!(sent_plain(&r), 5 * MIB + 123, "{r}");
     assert!(first_difference(&random, &dest.join("random.bin")).is_none());
+
+    // Text is most of these bytes: framed, the random file's chunks raw.
+    let both = scratch.dir("both");
+    let server_both = Serve::start(&both);
+    let r = send(&[&text, &random], &server_both.target(), &["--compress"]).report();
+    let (raw, wire) = compress_report(&r);
+    say(&format!(
+        "compress: text and random {raw} bytes went as {wire}"
+    ));
+    assert_eq!(raw, raw_text + 5 * MIB + 123);
+    assert_eq!(sent_plain(&r), 0, "{r}");
+    assert!(wire > 5 * MIB + 123 && wire < raw, "{wire} of {raw}");
+    assert_same_tree(&text, &both.join("text"));
+    assert!(first_difference(&random, &both.join("random.bin")).is_none());
 
     // Without the flag there are no such figures.
     let plain = format!("{}:plain", server.target());

@@ -780,6 +780,12 @@ fn report_text(r: &SendReport, streams: &[Summary], path: &PathSize) -> String {
             format_size(c.wire_bytes),
             c.ratio
         );
+        if c.sent_plain > 0 {
+            s += &format!(
+                ", {} of it sent as it is (a sample did not shrink)",
+                format_size(c.sent_plain)
+            );
+        }
     }
     if r.files_in_part > 0 {
         s += &format!(

@@ -234,9 +234,15 @@ impl Sources {
     /// Reads chunk `chunk` of `file` into `buf` (its length), from the
     /// file's one descriptor, and checks it did not change meanwhile.
     pub(crate) fn read_chunk(&self, file: usize, chunk: u64, buf: &mut [u8]) -> Result<(), Error> {
+        self.read_at(file, chunk * CHUNK_SIZE, buf)
+    }
+
+    /// Reads `buf`'s length of `file` from `offset`, as
+    /// [`Sources::read_chunk`] does a chunk: one read scheduled.
+    pub(crate) fn read_at(&self, file: usize, offset: u64, buf: &mut [u8]) -> Result<(), Error> {
         let spec = &self.specs[file];
         let result = self.with_file(file).and_then(|f| {
-            read_exact_at(spec, &f, buf, chunk * CHUNK_SIZE)?;
+            read_exact_at(spec, &f, buf, offset)?;
             spec.unchanged(spec.stamp_of(&f)?)
         });
         let mut open = self.lock();

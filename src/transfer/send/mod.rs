@@ -474,6 +474,9 @@ pub struct CompressReport {
     pub wire_bytes: u64,
     /// `raw_bytes / wire_bytes`.
     pub ratio: f64,
+    /// Of `raw_bytes`, those sent plain, unframed: rounds whose samples
+    /// did not shrink by a twentieth (random or already compressed data).
+    pub sent_plain: u64,
 }
 
 /// rsync's `-o`, `-g` and `--numeric-ids`, as the sender asks them.

@@ -24,6 +24,7 @@ use super::{
 };
 use crate::io::coupling::GroupMember;
 use crate::io::{fresh_conn_id, StreamFeed};
+use crate::transfer::compress;
 use crate::transfer::hash::{chunk_count, chunk_len, file_hash, part_digest, Cv, CHUNK_SIZE};
 use crate::transfer::layout::CV_LEN;
 use crate::transfer::manifest::{
@@ -517,9 +518,16 @@ impl<'a> SendSession<'a> {
         let shares = share_out(chunks, &self.plan.sizes, self.config.streams);
         *self.progress.current.lock().expect("progress lock") =
             first_names(&shares, &self.plan.names);
-        if !self.config.options.compress {
-            let (results, finish) =
-                self.run_streams(round, &shares, readers, early, closing, ahead, plans);
+        let framed = self.config.options.compress && self.framing_pays(chunks);
+        if !framed {
+            let (mut results, finish) =
+                self.run_streams(round, &shares, readers, early, closing, ahead, plans, false);
+            if self.config.options.compress {
+                for r in &mut results {
+                    self.tally.bytes_plain += r.sent;
+                    r.wire.get_or_insert(r.sent);
+                }
+            }
             let bad = self.tally.take(results, &mut self.values)?;
             return Ok((bad, finish));
         }
@@ -546,6 +554,7 @@ impl<'a> SendSession<'a> {
                 closing,
                 wave_ahead,
                 plans,
+                true,
             );
             results.extend(r);
             finish = f;
@@ -557,6 +566,50 @@ impl<'a> SendSession<'a> {
         }
         let bad = self.tally.take(results, &mut self.values)?;
         Ok((bad, finish))
+    }
+
+    /// Whether a round of `chunks` goes framed (`--compress`): whether
+    /// pieces read at evenly spaced byte positions of them shrink
+    /// ([`compress::samples_pay`]), so that a tree weighs by its bytes,
+    /// not its file count. A piece that cannot be read says nothing;
+    /// its stream will say why.
+    fn framing_pays(&self, chunks: &[ChunkRef]) -> bool {
+        let total: u64 = chunks.iter().map(|&c| self.plan.chunk_bytes(c)).sum();
+        let mut samples = Vec::new();
+        let mut chunks_in = chunks.iter().map(|&c| (c, self.plan.chunk_bytes(c)));
+        let (mut current, mut end) = (None, 0u64);
+        let mut taken_to = 0;
+        for k in 0..compress::SAMPLES as u64 {
+            let at = total * (2 * k + 1) / (2 * compress::SAMPLES as u64);
+            while end <= at {
+                let Some((c, len)) = chunks_in.next() else {
+                    break;
+                };
+                current = Some((c, len));
+                end += len;
+            }
+            let Some((c, len)) = current else {
+                break;
+            };
+            // The piece around `at` within its chunk, not overlapping the
+            // last one: a chunk's start is no better a sample than its
+            // middle (file headers, half-random chunks).
+            let piece_len = len.min(compress::SAMPLE_BYTES as u64);
+            let chunk_start = end - len;
+            let start = at.max(taken_to).min(end - piece_len).max(chunk_start);
+            if start < taken_to || end <= at {
+                continue;
+            }
+            taken_to = start + piece_len;
+            let mut piece = vec![0; piece_len as usize];
+            let offset = c.chunk * CHUNK_SIZE + (start - chunk_start);
+            let sources = &self.plan.sources;
+            sources.expect(c.file as usize, 1);
+            if sources.read_at(c.file as usize, offset, &mut piece).is_ok() {
+                samples.push(piece);
+            }
+        }
+        samples.is_empty() || compress::samples_pay(&samples)
     }
 
     /// Runs one stream per share, each on a thread of its own, and
@@ -574,6 +627,7 @@ impl<'a> SendSession<'a> {
         closing: &mut Vec<Closing<'scope>>,
         ahead: Option<EarlyRequest<'scope>>,
         plans: &[FilePlan],
+        framed: bool,
     ) -> (Vec<StreamResult>, RoundFinish<'scope>) {
         let budget = stream_budget(self.config.buffer, shares.len());
         let mut early = early.into_iter();
@@ -615,7 +669,7 @@ impl<'a> SendSession<'a> {
                         live,
                     };
                     let member = members.next().flatten();
-                    let feed = if self.config.options.compress {
+                    let feed = if framed {
                         FileFeed::framed(share, &self.plan, readers, shown, siblings.clone())
                     } else {
                         Ok(FileFeed::new(
@@ -781,6 +835,7 @@ impl<'a> SendSession<'a> {
                 raw_bytes: tally.bytes_sent,
                 wire_bytes: wire,
                 ratio: tally.bytes_sent as f64 / wire.max(1) as f64,
+                sent_plain: tally.bytes_plain,
             }),
             deleted: self.deletions,
         }
@@ -1370,6 +1425,8 @@ struct Tally {
     bytes_sent: u64,
     /// What they took on the wire, of sessions with `--compress`.
     bytes_wire: Option<u64>,
+    /// Of those, sent plain: rounds whose samples did not shrink.
+    bytes_plain: u64,
     chunks_resent: u64,
     /// One transport report per connection that carried data.
     streams: Vec<StreamReport>,
