@@ -1,7 +1,8 @@
 //! Any bytes as a session request, a plan reply, or a data or finish
 //! answer: decoding never panics, and what decodes re-encodes to the same
 //! bytes' meaning. A data header that decodes is checked against file
-//! sizes taken from the input and, if it passes, laid out.
+//! sizes taken from the input and, if it passes, laid out (a framed one
+//! with its frames).
 #![no_main]
 use atou::fuzzing::transfer::layout::Layout;
 use atou::fuzzing::transfer::messages::{encode_abort, DataHeader, Outcome, PlanReply, Request};
@@ -44,9 +45,22 @@ fuzz_target!(|data: &[u8]| {
         _ => {
             let sizes: Vec<u64> = rest.iter().take(4).map(|&b| u64::from(b) << 19).collect();
             let body = rest.get(4..).unwrap_or_default();
-            if let Ok(Some((h, _))) = DataHeader::parse(body) {
+            // A framed header (`--compress`, kind `Z`) as the receiver
+            // reads one: its frames checked against the chunks' lengths.
+            let parsed = if body.first() == Some(&b'Z') {
+                DataHeader::parse_framed(body).map(|h| h.map(|(h, f, _)| (h, Some(f))))
+            } else {
+                DataHeader::parse(body).map(|h| h.map(|(h, _)| (h, None)))
+            };
+            if let Ok(Some((h, frames))) = parsed {
                 if h.check(&sizes).is_ok() {
-                    let layout = Layout::new(&h, &sizes);
+                    let layout = match frames {
+                        None => Layout::new(&h, &sizes),
+                        Some(f) => match Layout::framed(&h, &f, &sizes) {
+                            Ok(layout) => layout,
+                            Err(_) => return,
+                        },
+                    };
                     if let Some(last) = layout.slots.last() {
                         assert_eq!(layout.slot_at(last.offset), Some(layout.slots.len() - 1));
                     }
