@@ -101,7 +101,7 @@ pub(super) struct TransferArgs {
     /// Sync each file to disk at the receiver before renaming it into place
     #[arg(long)]
     fsync: bool,
-    /// Compress each 1 MiB chunk with zstd on the reader threads, at a level from 1 to 9 stepped by the measured send rate against the compressors' own; a chunk that does not shrink by a twentieth goes as it is, flagged. BLAKE3 still checks the raw bytes. The receiver's atou must know it, else it refuses the transfer (nothing written). Default: off
+    /// Compress each 1 MiB chunk with zstd on the reader threads, at a level from 1 to 9 stepped by the measured send rate against the compressors' own; a chunk that does not shrink by a twentieth goes as it is, flagged, and a round whose sample (16 pieces of 32 KiB spread over its bytes) does not shrink by a twentieth goes plain, unframed. BLAKE3 still checks the raw bytes. The receiver's atou must know it, else it refuses the transfer (nothing written). Default: off
     #[arg(long)]
     compress: bool,
     /// Send what symlinks point to instead of the symlinks
