@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 
+use crate::io::xattr::Wanted;
 use crate::transfer::bootstrap::{split_ssh_target, ssh_server_ip, Hello, PortRange};
 use crate::transfer::dest::Requested;
 use crate::transfer::receive::{check_root, TransferReport};
@@ -274,6 +275,7 @@ fn pull(target: &str, paths: &[String], dest: &str, flags: CopyFlags<'_>) -> Res
             transfer.overwrite(),
             transfer.delete(),
             transfer.keeps_owners(),
+            transfer.keeps_xattrs(),
             transfer.fsync(),
             Some(Requested::from_paths(paths)),
         ),
@@ -515,7 +517,18 @@ fn remote_receive(
         rcvbuf: args.rcvbuf,
         dry_run: args.dry_run,
         // The sender is this user's own command: its flags decide.
-        policy: args.receiving.policy(true, true, true, false, None),
+        policy: args.receiving.policy(
+            true,
+            true,
+            true,
+            Wanted {
+                xattrs: true,
+                acls: true,
+                root: true,
+            },
+            false,
+            None,
+        ),
         writers: readers(None),
     };
     let received = receive_push(config, &hello, ip, watch, gone).map_err(cli_error);

@@ -1545,6 +1545,7 @@ mod tests {
             parts: Vec::new(),
             protect: Vec::new(),
             owners: None,
+            xattrs: None,
         }
         .encode()
     }
