@@ -3811,6 +3811,7 @@ fn xattrs_and_acls_arrive_as_rsync_gives_them() {
         &["setfattr", "-x", "user.probe", "a"][..],
         &["setfattr", "-n", "user.colour", "-v", "red", "a"],
         &["setfattr", "-n", "user.big", "-v", &big, "a"],
+        &["setfattr", "-n", "trusted.t", "-v", "root's", "a"],
         &["setfattr", "-n", "user.dir", "-v", "0x00ff01", "sub"],
         &["setfacl", "-m", "u:4321:r-x,g:5678:rwx", "sub"],
         &["setfacl", "-d", "-m", "u:1234:r-x,g:8765:r--", "sub"],
@@ -3832,8 +3833,16 @@ fn xattrs_and_acls_arrive_as_rsync_gives_them() {
         assert!(!dest.join("tree").exists(), "{:?}", listing(&dest));
     }
     // The modes as rsync -a keeps them: the group bits are the ACLs' masks.
-    let server = Serve::start_with(&dest, &["--allow-xattrs", "--allow-acls", "--umask", "000"]);
+    let server = Serve::start_with(
+        &dest,
+        &["--allow-xattrs=all", "--allow-acls", "--umask", "000"],
+    );
     send(&[&tree], &server.target(), &["-A", "-X"]).report();
+    // a: two user.*, a trusted.* and an ACL; sub: user.dir, its ACL and
+    // default ACL; sub/b: its ACL. The symlink has none (Linux allows no user.* there).
+    let report = &server.report()["transfer"];
+    assert_eq!(report["xattrs_set"], 8, "{report}");
+    assert_eq!(report["xattrs_not_set"], 0, "{report}");
     for (cmd, args, shows) in [
         (
             "getfacl",
@@ -3850,4 +3859,16 @@ fn xattrs_and_acls_arrive_as_rsync_gives_them() {
         assert_eq!(ours, output_in(&by_rsync, cmd, args).unwrap(), "{cmd}");
         assert!(ours.contains(shows), "{ours}");
     }
+    // A server that sets user.* alone leaves trusted.* out, counted.
+    let user_only = scratch.dir("user-only");
+    let server = Serve::start_with(&user_only, &["--allow-xattrs", "--allow-acls"]);
+    send(&[&tree], &server.target(), &["-A", "-X"]).report();
+    let report = &server.report()["transfer"];
+    assert_eq!(report["xattrs_set"], 7, "{report}");
+    assert_eq!(report["xattrs_not_set"], 1, "{report}");
+    let attrs = output_in(&user_only, "getfattr", &["-d", "-m", "-", "tree/a"]).unwrap();
+    assert!(
+        attrs.contains("user.colour") && !attrs.contains("trusted"),
+        "{attrs}"
+    );
 }

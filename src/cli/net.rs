@@ -779,5 +779,12 @@ fn transfer_line(r: &TransferReport) -> String {
         format_size(r.bytes_resumed),
         r.chunks_rejected,
         r.secs
-    )
+    ) + &if r.xattrs_set + r.xattrs_not_set > 0 {
+        format!(
+            "; {} xattrs set, {} not set",
+            r.xattrs_set, r.xattrs_not_set
+        )
+    } else {
+        String::new()
+    }
 }

@@ -369,7 +369,22 @@ fn received_text(r: &TransferReport, from: &str) -> String {
             if r.deleted == 1 { "y" } else { "ies" }
         );
     }
+    s += &xattrs_text(r);
     s
+}
+
+/// `-X` / `-A`: the attributes set, and those not set, when any.
+fn xattrs_text(r: &TransferReport) -> String {
+    if r.xattrs_set + r.xattrs_not_set == 0 {
+        return String::new();
+    }
+    format!(
+        "atou: {} extended attribute{} (ACLs among them) set here, {} not set (refused by \
+         the file system, or a namespace this end may not set)\n",
+        r.xattrs_set,
+        if r.xattrs_set == 1 { "" } else { "s" },
+        r.xattrs_not_set
+    )
 }
 
 // ---------------------------------------------------------------------
