@@ -3871,4 +3871,10 @@ fn xattrs_and_acls_arrive_as_rsync_gives_them() {
         attrs.contains("user.colour") && !attrs.contains("trusted"),
         "{attrs}"
     );
+    // --follow sends what a link points to: its attributes too.
+    let links = scratch.dir("src/links");
+    symlink(tree.join("a"), links.join("to-a")).unwrap();
+    send(&[&links], &server.target(), &["-X", "--follow"]).report();
+    let attrs = output_in(&user_only, "getfattr", &["-d", "links/to-a"]).unwrap();
+    assert!(attrs.contains("user.colour"), "{attrs}");
 }

@@ -46,13 +46,19 @@ impl Wanted {
     }
 }
 
-/// The attributes of `path` that `wanted` names, not following a
-/// symlink; none where the file system has none (EOPNOTSUPP).
-pub(crate) fn read(path: &Path, wanted: Wanted) -> io::Result<Vec<Xattr>> {
+/// The attributes of `path` that `wanted` names, following a symlink
+/// only with `follow` (`--follow` sends what links point to); none where
+/// the file system has none (EOPNOTSUPP).
+pub(crate) fn read(path: &Path, wanted: Wanted, follow: bool) -> io::Result<Vec<Xattr>> {
     // Linux lists at most 64 KiB of names and holds values of at most
     // XATTR_SIZE_MAX: one buffer of each size always suffices.
     let mut names = vec![0u8; 64 * 1024];
-    let len = match rfs::llistxattr(path, &mut names[..]) {
+    let listed = if follow {
+        rfs::listxattr(path, &mut names[..])
+    } else {
+        rfs::llistxattr(path, &mut names[..])
+    };
+    let len = match listed {
         Ok(len) => len,
         Err(rustix::io::Errno::OPNOTSUPP) => return Ok(Vec::new()),
         Err(e) => return Err(e.into()),
@@ -63,7 +69,12 @@ pub(crate) fn read(path: &Path, wanted: Wanted) -> io::Result<Vec<Xattr>> {
         if !wanted.wants(name) {
             continue;
         }
-        let n = match rfs::lgetxattr(path, name, &mut value[..]) {
+        let got = if follow {
+            rfs::getxattr(path, name, &mut value[..])
+        } else {
+            rfs::lgetxattr(path, name, &mut value[..])
+        };
+        let n = match got {
             Ok(n) => n,
             // Removed since it was listed.
             Err(rustix::io::Errno::NODATA) => continue,

@@ -972,7 +972,7 @@ impl Plan {
         }
         let manifest = manifest_of(&entries);
         let files = Files::of(&entries, config.follow)?;
-        let xattrs = read_xattrs(&entries, config.keep_xattrs)?;
+        let xattrs = read_xattrs(&entries, config.keep_xattrs, config.follow)?;
         let plan = Plan {
             entries,
             parts,
@@ -1069,7 +1069,11 @@ impl Files {
 /// With `-X` / `-A`, the attributes of `entries` (hard links: their file
 /// carries them), each entry's and the plan's within the caps a receiver
 /// checks.
-fn read_xattrs(entries: &[LocalEntry], wanted: Wanted) -> Result<Option<Xattrs>, SendError> {
+fn read_xattrs(
+    entries: &[LocalEntry],
+    wanted: Wanted,
+    follow: bool,
+) -> Result<Option<Xattrs>, SendError> {
     if !wanted.xattrs && !wanted.acls {
         return Ok(None);
     }
@@ -1083,7 +1087,7 @@ fn read_xattrs(entries: &[LocalEntry], wanted: Wanted) -> Result<Option<Xattrs>,
         if matches!(e.entry.kind, EntryKind::HardLink { .. }) {
             continue;
         }
-        let attrs = crate::io::xattr::read(&e.source, wanted).map_err(|err| {
+        let attrs = crate::io::xattr::read(&e.source, wanted, follow).map_err(|err| {
             SendError::Source(format!(
                 "{}: reading its extended attributes: {err}",
                 e.source.display()
