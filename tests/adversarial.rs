@@ -188,6 +188,7 @@ fn plan(entries: Vec<Entry>, options: Options, parts: Vec<FilePart>) -> Vec<u8> 
         parts,
         protect: Vec::new(),
         owners: None,
+        xattrs: None,
     }
     .encode()
 }

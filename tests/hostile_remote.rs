@@ -282,6 +282,35 @@ fn a_remote_cannot_choose_owners_here_without_the_local_owner_flags() {
     assert!(!dest.join("data").exists());
 }
 
+/// A remote that sends with `-X -A` (attributes and ACLs this end's user
+/// never asked for: an ACL could open a file to others) on a pull this end
+/// was not given `-X`/`-A`: refused, nothing written.
+#[test]
+fn a_remote_cannot_set_xattrs_or_acls_here_without_the_local_flags() {
+    let s = TestDir::new("hostile-remote-xattrs");
+    let theirs = s.path("evil/data");
+    fs::create_dir_all(&theirs).unwrap();
+    fs::write(theirs.join("f"), "theirs\n").unwrap();
+    // Where setfattr or user xattrs are missing, the plan still says -X.
+    let _ = std::process::Command::new("setfattr")
+        .args(["-n", "user.evil", "-v", "1"])
+        .arg(theirs.join("f"))
+        .status();
+    let dest = home(&s);
+    let remote = hostile(&s, "-X", &[&theirs]);
+    let out = pull(&s, &remote, &["127.0.0.1:data", dest.to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(err.contains("not given -X"), "{err}");
+    assert!(!dest.join("data").exists());
+    let remote = hostile(&s, "-A", &[&theirs]);
+    let out = pull(&s, &remote, &["127.0.0.1:data", dest.to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(err.contains("not given -A"), "{err}");
+    assert!(!dest.join("data").exists());
+}
+
 #[test]
 fn a_remote_cannot_re_mode_a_directory_that_was_there() {
     let s = TestDir::new("hostile-remote-remode");

@@ -283,6 +283,8 @@ fn racing_receiver(dest: &Path, hook: impl FnOnce() + Send + 'static) -> Running
                 fsync: false,
                 delete: false,
                 owners: false,
+                xattrs: false,
+                acls: false,
             },
             None,
         )),

@@ -3775,3 +3775,127 @@ fn owners_and_groups_arrive_as_rsync_gives_them() {
     send(&[&tree], &server.target(), &["-o", "-g"]).report();
     assert_eq!(ids(&named.join("tree")), ids(&tree));
 }
+
+/// `cmd ARGS` run in `dir`, its stdout; `None` where it is not installed.
+fn output_in(dir: &Path, cmd: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(cmd)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .ok()?;
+    assert!(out.status.success(), "{cmd} {args:?} in {dir:?}: {out:?}");
+    Some(String::from_utf8(out.stdout).unwrap())
+}
+
+/// `-X -A` give each file and directory the extended attributes and POSIX
+/// ACLs (a named user, a named group, a directory's default ACL) that
+/// `rsync -aAX` gives it from the same tree: `getfacl -R -p` and
+/// `getfattr -dR -m -` print the same; a server that does not allow them
+/// refuses the transfer and writes nothing.
+#[test]
+fn xattrs_and_acls_arrive_as_rsync_gives_them() {
+    const TEST: &str = "xattrs_and_acls_arrive_as_rsync_gives_them";
+    if !is_root() {
+        eprintln!(
+            "SKIPPED {TEST}: needs root (rsync sets security.* as root; ACLs name other users)"
+        );
+        return;
+    }
+    if !have_rsync(TEST) {
+        return;
+    }
+    let scratch = TestDir::new("transfer-xattrs");
+    let tree = scratch.dir("src/tree");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    write_random(&tree.join("a"), 3000, 1);
+    write_random(&tree.join("sub/b"), 2000, 2);
+    symlink("a", tree.join("l")).unwrap();
+    let set = |args: &[&str]| -> bool {
+        Command::new(args[0])
+            .args(&args[1..])
+            .current_dir(&tree)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !set(&["setfattr", "-n", "user.probe", "-v", "1", "a"])
+        || !set(&["setfacl", "-m", "u:1234:rwx", "a"])
+    {
+        eprintln!(
+            "SKIPPED {TEST}: no setfattr/setfacl (apt-get install acl attr), or the file \
+             system of {} takes no user xattrs or ACLs",
+            tree.display()
+        );
+        return;
+    }
+    let big = "v".repeat(3000);
+    for args in [
+        &["setfattr", "-x", "user.probe", "a"][..],
+        &["setfattr", "-n", "user.colour", "-v", "red", "a"],
+        &["setfattr", "-n", "user.big", "-v", &big, "a"],
+        &["setfattr", "-n", "trusted.t", "-v", "root's", "a"],
+        &["setfattr", "-n", "user.dir", "-v", "0x00ff01", "sub"],
+        &["setfacl", "-m", "u:4321:r-x,g:5678:rwx", "sub"],
+        &["setfacl", "-d", "-m", "u:1234:r-x,g:8765:r--", "sub"],
+        &["setfacl", "-m", "g:5678:rw-", "sub/b"],
+    ] {
+        assert!(set(args), "{args:?}");
+    }
+    let by_rsync = scratch.dir("rsync");
+    rsync_into(&["-aAX"], &tree, &by_rsync);
+    let dest = scratch.dir("dest");
+    {
+        let server = Serve::start_with(&dest, &["--allow-acls"]);
+        let why = send(&[&tree], &server.target(), &["-A", "-X"]).failure(REFUSED);
+        assert!(why.contains("--allow-xattrs"), "{why}");
+        assert!(!dest.join("tree").exists(), "{:?}", listing(&dest));
+        let server = Serve::start_with(&dest, &["--allow-xattrs"]);
+        let why = send(&[&tree], &server.target(), &["-A"]).failure(REFUSED);
+        assert!(why.contains("--allow-acls"), "{why}");
+        assert!(!dest.join("tree").exists(), "{:?}", listing(&dest));
+    }
+    // The modes as rsync -a keeps them: the group bits are the ACLs' masks.
+    let server = Serve::start_with(
+        &dest,
+        &["--allow-xattrs=all", "--allow-acls", "--umask", "000"],
+    );
+    send(&[&tree], &server.target(), &["-A", "-X"]).report();
+    // a: two user.*, a trusted.* and an ACL; sub: user.dir, its ACL and
+    // default ACL; sub/b: its ACL. The symlink has none (Linux allows no user.* there).
+    let report = &server.report()["transfer"];
+    assert_eq!(report["xattrs_set"], 8, "{report}");
+    assert_eq!(report["xattrs_not_set"], 0, "{report}");
+    for (cmd, args, shows) in [
+        (
+            "getfacl",
+            &["-R", "-p", "tree"][..],
+            "default:user:1234:r-x",
+        ),
+        (
+            "getfattr",
+            &["-dR", "-m", "-", "--absolute-names", "tree"],
+            "user.big",
+        ),
+    ] {
+        let ours = output_in(&dest, cmd, args).unwrap();
+        assert_eq!(ours, output_in(&by_rsync, cmd, args).unwrap(), "{cmd}");
+        assert!(ours.contains(shows), "{ours}");
+    }
+    // A server that sets user.* alone leaves trusted.* out, counted.
+    let user_only = scratch.dir("user-only");
+    let server = Serve::start_with(&user_only, &["--allow-xattrs", "--allow-acls"]);
+    send(&[&tree], &server.target(), &["-A", "-X"]).report();
+    let report = &server.report()["transfer"];
+    assert_eq!(report["xattrs_set"], 7, "{report}");
+    assert_eq!(report["xattrs_not_set"], 1, "{report}");
+    let attrs = output_in(&user_only, "getfattr", &["-d", "-m", "-", "tree/a"]).unwrap();
+    assert!(
+        attrs.contains("user.colour") && !attrs.contains("trusted"),
+        "{attrs}"
+    );
+    // --follow sends what a link points to: its attributes too.
+    let links = scratch.dir("src/links");
+    symlink(tree.join("a"), links.join("to-a")).unwrap();
+    send(&[&links], &server.target(), &["-X", "--follow"]).report();
+    let attrs = output_in(&user_only, "getfattr", &["-d", "links/to-a"]).unwrap();
+    assert!(attrs.contains("user.colour"), "{attrs}");
+}

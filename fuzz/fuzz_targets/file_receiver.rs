@@ -220,6 +220,7 @@ fuzz_target!(|data: &[u8]| {
                         Vec::new()
                     },
                     owners: None,
+                    xattrs: None,
                     subdir: None,
                     manifest: manifest(body, outside),
                     // A part of the first file, which may or may not

@@ -15,6 +15,7 @@ use crate::proto::crypto::{PublicKey, ServerAuth};
 use crate::proto::ServerLimits;
 use crate::proto::{ConnEnd, ConnReport, ServerStats, Tuning};
 use crate::report::summary::{SocketReport, Summary};
+use crate::transfer::dest::policy::XattrGrant;
 use crate::transfer::dest::{ReceivePolicy, SymlinkPolicy};
 use crate::transfer::receive::{
     check_root, FileReceiver, NoFiles, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
@@ -109,6 +110,12 @@ pub(super) struct ReceiverArgs {
     /// Give what a sender sends with -o / -g its sender's owner and group (by name where this host knows it, as rsync); needs the server to run as root (default: refuse such a transfer)
     #[arg(long)]
     allow_owners: bool,
+    /// Set the extended attributes a sender sends with -X: `user` (also the value without `=`), `user.*` alone; `all`, also `security.*` and `trusted.*`, as root only (`security.capability` gives a program privileges: as --allow-special-bits). Default: refuse such a transfer. Other namespaces are always refused
+    #[arg(long, value_name = "NAMESPACES", value_enum, num_args = 0..=1, require_equals = true, default_missing_value = "user", default_value = "none")]
+    allow_xattrs: XattrGrant,
+    /// Set the POSIX ACLs a sender sends with -A (named users and groups by number; the mode's group bits, after --umask, cap the ACL's mask). Default: refuse such a transfer
+    #[arg(long)]
+    allow_acls: bool,
     /// Permission bits cleared from every mode that arrives, in octal
     #[arg(long, value_name = "OCTAL", default_value = "022", value_parser = parse_umask)]
     umask: u32,
@@ -208,6 +215,8 @@ impl ReceiverArgs {
             allow_overwrite: self.allow_overwrite,
             allow_delete: self.allow_delete,
             allow_owners: self.allow_owners,
+            allow_xattrs: self.allow_xattrs,
+            allow_acls: self.allow_acls,
             umask: self.umask,
             special_bits: self.allow_special_bits,
             fsync: !self.no_fsync,
@@ -770,5 +779,12 @@ fn transfer_line(r: &TransferReport) -> String {
         format_size(r.bytes_resumed),
         r.chunks_rejected,
         r.secs
-    )
+    ) + &if r.xattrs_set + r.xattrs_not_set > 0 {
+        format!(
+            "; {} xattrs set, {} not set",
+            r.xattrs_set, r.xattrs_not_set
+        )
+    } else {
+        String::new()
+    }
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 
+use crate::io::xattr::Wanted;
 use crate::transfer::bootstrap::{split_ssh_target, ssh_server_ip, Hello, PortRange};
 use crate::transfer::dest::Requested;
 use crate::transfer::receive::{check_root, TransferReport};
@@ -274,6 +275,7 @@ fn pull(target: &str, paths: &[String], dest: &str, flags: CopyFlags<'_>) -> Res
             transfer.overwrite(),
             transfer.delete(),
             transfer.keeps_owners(),
+            transfer.keeps_xattrs(),
             transfer.fsync(),
             Some(Requested::from_paths(paths)),
         ),
@@ -367,7 +369,22 @@ fn received_text(r: &TransferReport, from: &str) -> String {
             if r.deleted == 1 { "y" } else { "ies" }
         );
     }
+    s += &xattrs_text(r);
     s
+}
+
+/// `-X` / `-A`: the attributes set, and those not set, when any.
+fn xattrs_text(r: &TransferReport) -> String {
+    if r.xattrs_set + r.xattrs_not_set == 0 {
+        return String::new();
+    }
+    format!(
+        "atou: {} extended attribute{} (ACLs among them) set here, {} not set (refused by \
+         the file system, or a namespace this end may not set)\n",
+        r.xattrs_set,
+        if r.xattrs_set == 1 { "" } else { "s" },
+        r.xattrs_not_set
+    )
 }
 
 // ---------------------------------------------------------------------
@@ -515,7 +532,18 @@ fn remote_receive(
         rcvbuf: args.rcvbuf,
         dry_run: args.dry_run,
         // The sender is this user's own command: its flags decide.
-        policy: args.receiving.policy(true, true, true, false, None),
+        policy: args.receiving.policy(
+            true,
+            true,
+            true,
+            Wanted {
+                xattrs: true,
+                acls: true,
+                root: true,
+            },
+            false,
+            None,
+        ),
         writers: readers(None),
     };
     let received = receive_push(config, &hello, ip, watch, gone).map_err(cli_error);

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use clap::Args;
 
+use crate::io::xattr::Wanted;
 use crate::io::{self, ServeConfig, DEFAULT_PORT};
 use crate::report::summary::Summary;
 use crate::transfer::dest::{ReceivePolicy, Requested, SymlinkPolicy, UserFlags};
@@ -119,6 +120,12 @@ pub(super) struct TransferArgs {
     /// With -o / -g: owners and groups by number, never mapped by name (as rsync --numeric-ids)
     #[arg(long)]
     numeric_ids: bool,
+    /// Keep extended attributes (as rsync -X): `user.*` always, and `security.*` and `trusted.*` where this end runs as root; set at the receiver on each file, directory and symlink before it takes its name (Linux refuses `user.*` on a symlink: a warning). An attribute the receiving file system refuses is a warning, counted, not a failed transfer. The receiving end must allow it (`atou serve --allow-xattrs`; the receiving end of a copy, its own -X). At most 64 KiB a value, 1 MiB an entry, 16 MiB a transfer
+    #[arg(long, short = 'X')]
+    xattrs: bool,
+    /// Keep POSIX ACLs (as rsync -A), access and default, as their binary attributes: named users and groups by number (as --numeric-ids; rsync maps them by name). An ACL of only owner, group and other is the mode and carries nothing. The receiving end must allow it (`atou serve --allow-acls`; the receiving end of a copy, its own -A)
+    #[arg(long, short = 'A')]
+    acls: bool,
     /// Reader threads (default: one per core, at least 2)
     #[arg(long, value_name = "N")]
     readers: Option<usize>,
@@ -240,6 +247,7 @@ impl ReceivingArgs {
         overwrite: bool,
         delete: bool,
         owners: bool,
+        xattrs: Wanted,
         fsync: bool,
         requested: Option<Requested>,
     ) -> ReceivePolicy {
@@ -251,6 +259,8 @@ impl ReceivingArgs {
                 fsync,
                 delete,
                 owners,
+                xattrs: xattrs.xattrs,
+                acls: xattrs.acls,
             },
             requested,
         )
@@ -583,6 +593,7 @@ impl TransferArgs {
                 group: self.group,
                 numeric: self.numeric_ids,
             },
+            keep_xattrs: self.keeps_xattrs(),
             filters: self.filters()?,
             // Set with the sources, in run_send_from.
             files_from: None,
@@ -1331,6 +1342,7 @@ impl LocalReceiver {
                     args.transfer.overwrite,
                     args.transfer.delete,
                     args.transfer.keeps_owners(),
+                    args.transfer.keeps_xattrs(),
                     args.transfer.fsync,
                     Some(local_requested(&args.sources, &args.transfer)?),
                 ),
@@ -1490,6 +1502,16 @@ impl TransferArgs {
         self.owner || self.group
     }
 
+    /// `-X` / `-A`: which attributes the sending end reads, and the
+    /// receiving end may set.
+    pub(super) fn keeps_xattrs(&self) -> Wanted {
+        Wanted {
+            xattrs: self.xattrs,
+            acls: self.acls,
+            root: rustix::process::geteuid().is_root(),
+        }
+    }
+
     pub(super) fn fsync(&self) -> bool {
         self.fsync
     }
@@ -1528,6 +1550,8 @@ impl TransferArgs {
             (self.owner, "--owner"),
             (self.group, "--group"),
             (self.numeric_ids, "--numeric-ids"),
+            (self.xattrs, "--xattrs"),
+            (self.acls, "--acls"),
             (self.skip_existing, "--skip-existing"),
             (self.checksum, "--checksum"),
             (self.fsync, "--fsync"),

@@ -445,6 +445,12 @@ impl DestDir {
         rfs::chownat(self.staging()?, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW).map_err(to_io)
     }
 
+    /// Sets an extended attribute of the staged entry `name` (a symlink,
+    /// before it takes its name), not following it.
+    pub fn set_staged_xattr(&self, name: &str, attr: &[u8], value: &[u8]) -> io::Result<()> {
+        super::xattr::set_at(self.staging()?, name, attr, value)
+    }
+
     /// The regular files in the staging directory whose names end in
     /// `suffix`, with their mtimes (seconds since the epoch); nothing is
     /// followed, and names that are not UTF-8 (none of atou's) are left

@@ -24,6 +24,7 @@ pub(crate) mod netem;
 pub(crate) mod pmtu;
 pub(crate) mod socket;
 pub(crate) mod tun;
+pub(crate) mod xattr;
 
 use std::fmt;
 use std::io;

@@ -89,7 +89,25 @@ const OPT2_DELETE: u8 = 0x01;
 /// predates it refuses the plan's version rather than leave every file
 /// its own.
 const OPT2_OWNERS: u8 = 0x02;
-const OPTS2_KNOWN: u8 = OPT2_DELETE | OPT2_OWNERS | OPT2_COMPRESS;
+/// `-X` / `-A`: entries' extended attributes and POSIX ACLs follow the
+/// rules ([`Xattrs`]). A receiver that predates it refuses the plan's
+/// version rather than drop them.
+const OPT2_XATTRS: u8 = 0x08;
+const OPTS2_KNOWN: u8 = OPT2_DELETE | OPT2_OWNERS | OPT2_COMPRESS | OPT2_XATTRS;
+
+/// What an [`Xattrs`] section holds.
+const XA_XATTRS: u8 = 0x01;
+const XA_ACLS: u8 = 0x02;
+/// Longest extended attribute name (Linux's XATTR_NAME_MAX).
+pub const XATTR_NAME_MAX: usize = 255;
+/// Largest extended attribute value (Linux's XATTR_SIZE_MAX).
+pub const XATTR_VALUE_MAX: usize = 64 * 1024;
+/// Bytes of names and values one entry may carry: Linux lists at most
+/// 64 KiB of names, and no file system this side of XFS holds more than
+/// a few values of 64 KiB.
+pub const XATTR_ENTRY_BYTES_MAX: usize = 1 << 20;
+/// Bytes of names and values a whole plan may carry.
+pub const XATTR_PLAN_BYTES_MAX: usize = 16 << 20;
 
 /// Which of an entry's ids a plan sends ([`Ownership`]).
 const OWN_USER: u8 = 0x01;
@@ -140,6 +158,8 @@ pub enum MessageError {
     RepeatedChunk { file: u32, chunk: u64 },
     #[error("{got} values for {want} items")]
     WrongCount { got: u64, want: u64 },
+    #[error("extended attributes: {0}")]
+    BadXattr(&'static str),
     #[error("unknown status {0}")]
     UnknownStatus(u8),
     #[error("a message that is not UTF-8")]
@@ -267,6 +287,25 @@ pub struct PlanRequest {
     pub protect: Vec<String>,
     /// `-o` / `-g`: whose each entry is; `None` without either.
     pub owners: Option<Ownership>,
+    /// `-X` / `-A`: each entry's extended attributes; `None` without
+    /// either.
+    pub xattrs: Option<Xattrs>,
+}
+
+/// One extended attribute: its full name (`user.x`,
+/// `system.posix_acl_access`) and its value, as the kernel gives them.
+pub type Xattr = (Vec<u8>, Vec<u8>);
+
+/// The extended attributes of a manifest's entries at the sender (rsync's
+/// `-X`, and `-A` as the ACLs' `system.posix_acl_*` attributes).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Xattrs {
+    /// `-X`: attributes other than the ACLs.
+    pub xattrs: bool,
+    /// `-A`: POSIX ACLs.
+    pub acls: bool,
+    /// The entries that have any, by manifest entry number, ascending.
+    pub entries: Vec<(u32, Vec<Xattr>)>,
 }
 
 /// Who owns each entry of a manifest at the sender (rsync's `-o`, `-g`,
@@ -377,7 +416,12 @@ impl PlanRequest {
             } else {
                 0
             }
-            | if o.compress { OPT2_COMPRESS } else { 0 };
+            | if o.compress { OPT2_COMPRESS } else { 0 }
+            | if self.xattrs.is_some() {
+                OPT2_XATTRS
+            } else {
+                0
+            };
         out.push(if opts2 == 0 {
             SESSION_VERSION_FIRST
         } else {
@@ -418,6 +462,9 @@ impl PlanRequest {
         }
         if let Some(own) = &self.owners {
             own.encode(&mut out);
+        }
+        if let Some(xattrs) = &self.xattrs {
+            xattrs.encode(&mut out);
         }
         out.extend_from_slice(&manifest);
         seal(out)
@@ -605,6 +652,79 @@ fn read_ranges(r: &mut Reader<'_>) -> Result<Vec<ChunkRange>, MessageError> {
         .collect()
 }
 
+impl Xattrs {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.push(if self.xattrs { XA_XATTRS } else { 0 } | if self.acls { XA_ACLS } else { 0 });
+        out.put_u32(self.entries.len() as u32);
+        for (entry, attrs) in &self.entries {
+            out.put_u32(*entry);
+            out.put_u16(attrs.len() as u16);
+            for (name, value) in attrs {
+                out.push(name.len() as u8);
+                out.extend_from_slice(name);
+                out.put_u32(value.len() as u32);
+                out.extend_from_slice(value);
+            }
+        }
+    }
+
+    /// Every length is checked against its cap before anything is copied:
+    /// names of 1 to [`XATTR_NAME_MAX`] bytes, values of at most
+    /// [`XATTR_VALUE_MAX`], [`XATTR_ENTRY_BYTES_MAX`] an entry and
+    /// [`XATTR_PLAN_BYTES_MAX`] a plan; entries ascending, each named once.
+    fn decode(r: &mut Reader<'_>) -> Result<Xattrs, MessageError> {
+        let what = r.u8()?;
+        if what & !(XA_XATTRS | XA_ACLS) != 0 {
+            return Err(MessageError::UnknownOptions(what));
+        }
+        let n = count(r, 4 + 2)?;
+        let mut entries: Vec<(u32, Vec<Xattr>)> = Vec::with_capacity(n);
+        let mut plan_bytes = 0usize;
+        for _ in 0..n {
+            let entry = r.u32()?;
+            if entries.last().is_some_and(|(last, _)| *last >= entry) {
+                return Err(MessageError::BadXattr("entries out of order"));
+            }
+            let attrs = count_u16(r, 1 + 1 + 4)?;
+            let mut entry_bytes = 0usize;
+            let mut list = Vec::with_capacity(attrs);
+            for _ in 0..attrs {
+                let name_len = usize::from(r.u8()?);
+                if name_len == 0 {
+                    return Err(MessageError::BadXattr("an empty name"));
+                }
+                let name = r.bytes(name_len)?;
+                let value_len = r.u32()? as usize;
+                if value_len > XATTR_VALUE_MAX {
+                    return Err(MessageError::BadXattr("a value over 64 KiB"));
+                }
+                entry_bytes += name_len + value_len;
+                plan_bytes += name_len + value_len;
+                if entry_bytes > XATTR_ENTRY_BYTES_MAX || plan_bytes > XATTR_PLAN_BYTES_MAX {
+                    return Err(MessageError::BadXattr("over the size caps"));
+                }
+                let value = r.bytes(value_len)?;
+                list.push((name.to_vec(), value.to_vec()));
+            }
+            entries.push((entry, list));
+        }
+        Ok(Xattrs {
+            xattrs: what & XA_XATTRS != 0,
+            acls: what & XA_ACLS != 0,
+            entries,
+        })
+    }
+}
+
+/// A count of items of at least `item_len` bytes each, in two bytes.
+fn count_u16(r: &mut Reader<'_>, item_len: usize) -> Result<usize, MessageError> {
+    let n = usize::from(r.u16()?);
+    if n.saturating_mul(item_len) > r.remaining() {
+        return Err(MessageError::Truncated);
+    }
+    Ok(n)
+}
+
 /// A plan reply's list of what `--delete` removes.
 fn read_deletions(r: &mut Reader<'_>) -> Result<Deletions, MessageError> {
     let total = r.u64()?;
@@ -745,8 +865,18 @@ impl Request {
                 } else {
                     None
                 };
+                let xattrs = if opts2 & OPT2_XATTRS != 0 {
+                    Some(Xattrs::decode(&mut r)?)
+                } else {
+                    None
+                };
                 let manifest = Manifest::decode(r.rest())?;
                 check_parts(&parts, &super::file_sizes(&manifest))?;
+                if let Some((last, _)) = xattrs.as_ref().and_then(|x| x.entries.last()) {
+                    if *last as usize >= manifest.entries.len() {
+                        return Err(MessageError::NoSuchFile(*last));
+                    }
+                }
                 if let Some(own) = &owners {
                     if own.ids.len() != manifest.entries.len() {
                         return Err(MessageError::WrongCount {
@@ -772,6 +902,7 @@ impl Request {
                     parts,
                     protect,
                     owners,
+                    xattrs,
                 }))
             }
             KIND_ABORT => {
@@ -1116,6 +1247,7 @@ mod tests {
             }],
             protect: Vec::new(),
             owners: None,
+            xattrs: None,
         };
         let mirror = PlanRequest {
             options: Options {
@@ -1133,6 +1265,20 @@ mod tests {
                 ids: vec![(1000, 100), (0, 0), (1000, 65534)],
                 user_names: vec![(0, "root".into()), (1000, "alice".into())],
                 group_names: vec![(0, "root".into())],
+            }),
+            xattrs: Some(Xattrs {
+                xattrs: true,
+                acls: true,
+                entries: vec![
+                    (0, vec![(b"user.a".to_vec(), vec![0; XATTR_VALUE_MAX])]),
+                    (
+                        2,
+                        vec![
+                            (b"user.b".to_vec(), Vec::new()),
+                            (b"user.c".to_vec(), b"x".to_vec()),
+                        ],
+                    ),
+                ],
             }),
         };
         let header = DataHeader {
@@ -1180,6 +1326,7 @@ mod tests {
                     .collect(),
                 protect: Vec::new(),
                 owners: None,
+                xattrs: None,
             }
             .encode()
         };
@@ -1207,6 +1354,7 @@ mod tests {
             parts: Vec::new(),
             protect: Vec::new(),
             owners: None,
+            xattrs: None,
         }
         .encode();
         for i in 0..bytes.len() {
@@ -1228,6 +1376,7 @@ mod tests {
             parts: Vec::new(),
             protect: Vec::new(),
             owners: None,
+            xattrs: None,
         }
         .encode();
         bytes[5..7].copy_from_slice(b"..");
@@ -1344,6 +1493,7 @@ mod tests {
             parts: Vec::new(),
             protect: Vec::new(),
             owners: None,
+            xattrs: None,
         };
         let plain = plan(false).encode();
         let compressed = plan(true).encode();
@@ -1502,6 +1652,7 @@ mod tests {
                 parts: Vec::new(),
                 protect,
                 owners: None,
+                xattrs: None,
             }
             .encode()
         };
@@ -1526,7 +1677,43 @@ mod tests {
                 ids: vec![(1, 1); 2],
                 ..Ownership::default()
             }),
+            xattrs: None,
         };
         assert!(refused(short.encode()).contains("2 values for 3 items"));
+        // Attributes: each cap and rule a hostile sender could break.
+        let with = |entries: Vec<(u32, Vec<Xattr>)>| {
+            PlanRequest {
+                options: Options::default(),
+                subdir: None,
+                manifest: manifest(),
+                parts: Vec::new(),
+                protect: Vec::new(),
+                owners: None,
+                xattrs: Some(Xattrs {
+                    xattrs: true,
+                    acls: false,
+                    entries,
+                }),
+            }
+            .encode()
+        };
+        let attr = |len: usize| vec![(b"user.x".to_vec(), vec![7; len])];
+        assert!(refused(with(vec![(0, attr(XATTR_VALUE_MAX + 1))])).contains("over 64 KiB"));
+        assert!(refused(with(vec![(3, attr(1))])).contains("file number 3"));
+        assert!(refused(with(vec![(1, attr(1)), (1, attr(1))])).contains("out of order"));
+        assert!(refused(with(vec![(0, vec![(Vec::new(), Vec::new())])])).contains("empty name"));
+        let many = (0..XATTR_ENTRY_BYTES_MAX / XATTR_VALUE_MAX + 1)
+            .map(|i| (format!("user.{i}").into_bytes(), vec![0; XATTR_VALUE_MAX]))
+            .collect();
+        assert!(refused(with(vec![(0, many)])).contains("over the size caps"));
+        // A value longer than what is left: truncated, nothing allocated.
+        let mut body = with(vec![(0, attr(1000))]);
+        body.truncate(body.len() - SEAL_LEN);
+        let at = body
+            .windows(4)
+            .position(|w| w == 1000u32.to_be_bytes())
+            .unwrap();
+        body[at..at + 4].copy_from_slice(&60_000u32.to_be_bytes());
+        assert!(refused(seal(body)).contains("truncated"));
     }
 }

@@ -31,6 +31,10 @@ pub struct Finished {
     pub skipped: u64,
     /// Entries `--delete` removed.
     pub deleted: u64,
+    /// `-X` / `-A`: attributes set, and those not set (refused by the
+    /// file system, or left out by this receiver's policy).
+    pub xattrs_set: u64,
+    pub xattrs_not_set: u64,
 }
 
 /// What a session's part did to its split file.
@@ -79,7 +83,7 @@ pub fn finish(
                 None => finisher.whole_file(t, dir_rel, &verified[n], &sender_hashes[n])?,
             }
         } else if let EntryKind::Symlink { target } = &entry.kind {
-            finisher.symlink(rel, target, prepared.owners.get(i).copied())?;
+            finisher.symlink(rel, target, prepared.owners.get(i).copied(), i)?;
         } else if let EntryKind::HardLink { target } = &entry.kind {
             finisher.hard_link(rel, &link_target_rel(rel, entry, target))?;
         }
@@ -95,6 +99,8 @@ pub fn finish(
     }
     finisher.directories()?;
     finisher.sync_placed_dirs()?;
+    finisher.done.xattrs_set = prepared.xattrs.tally.set.load(Ordering::Relaxed);
+    finisher.done.xattrs_not_set = prepared.xattrs.tally.refused.load(Ordering::Relaxed);
     Ok(finisher.done)
 }
 
@@ -247,6 +253,7 @@ impl<'a> Finisher<'a> {
         rel: &'a [u8],
         target: &[u8],
         owner: Option<dest_dir::Ids>,
+        entry: usize,
     ) -> Result<(), DestError> {
         let dest_dir = &self.prepared.dest_dir;
         let staged = format!("{}.link", staging_key(rel));
@@ -257,6 +264,16 @@ impl<'a> Finisher<'a> {
             dest_dir
                 .set_staged_owner(&staged, ids)
                 .map_err(|e| Error::disk("set the owner and group of", &dest_dir.shown(rel), e))?;
+        }
+        if let Some(attrs) = self.prepared.xattrs.per_entry.get(entry) {
+            // Linux refuses user.* on a symlink (EPERM): a warning, as for
+            // any attribute a file system refuses.
+            self.prepared
+                .xattrs
+                .tally
+                .set_all(&dest_dir.shown(rel), attrs, |name, value| {
+                    dest_dir.set_staged_xattr(&staged, name, value)
+                });
         }
         self.place_staged(rel, &staged)?;
         self.done.symlinks += 1;
@@ -295,6 +312,11 @@ impl<'a> Finisher<'a> {
                 if let Some(&ids) = prepared.owners.get(i) {
                     dest_dir::set_owner(&fd, ids)
                         .map_err(|e| Error::disk("set the owner and group of", &path, e))?;
+                }
+                if let Some(attrs) = prepared.xattrs.per_entry.get(i) {
+                    prepared.xattrs.tally.set_all(&path, attrs, |name, value| {
+                        crate::io::xattr::set(&fd, name, value)
+                    });
                 }
                 dest_dir::set_dir_attrs(fd, prepared.dir_modes[i], mtime)
                     .map_err(|e| Error::disk("set the mode and mtime of", &path, e))?;

@@ -20,6 +20,7 @@ mod finish;
 pub mod owners;
 mod plan;
 pub(crate) mod policy;
+pub mod xattrs;
 
 use std::fs::File;
 use std::io;
@@ -33,7 +34,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::hash::{Cv, CHUNK_SIZE};
 use super::manifest::{Entry, RelPath};
-use super::messages::{FilePlan, Options, Outcome};
+use super::messages::{FilePlan, Options, Outcome, Xattr};
 use super::parts;
 use super::staged::ClaimId;
 use super::Error;
@@ -138,6 +139,9 @@ pub struct FileTarget {
     pub part: Option<Part>,
     /// `-o` / `-g`: the owner and group it gets.
     owner: Option<dest_dir::Ids>,
+    /// `-X` / `-A`: the attributes it gets.
+    xattrs: Vec<Xattr>,
+    xattr_tally: Arc<xattrs::Tally>,
     handle: Mutex<Option<File>>,
 }
 
@@ -337,6 +341,11 @@ impl FileTarget {
             dest_dir::set_owner(file, ids)
                 .map_err(|e| Error::disk("set the owner and group of", &at, e))?;
         }
+        // Before the mode: the mode's group bits then cap the ACL's mask,
+        // as the receiver's umask caps every mode.
+        self.xattr_tally.set_all(&at, &self.xattrs, |name, value| {
+            crate::io::xattr::set(file, name, value)
+        });
         dest_dir::set_mode(file, self.mode).map_err(|e| Error::disk("set the mode of", &at, e))?;
         file.set_times(std::fs::FileTimes::new().set_modified(self.mtime))
             .map_err(|e| Error::disk("set the mtime of", &at, e))?;
@@ -387,6 +396,9 @@ pub struct Prepared {
     pub extraneous: Option<Box<delete::Extraneous>>,
     /// `-o` / `-g`: per entry, the owner and group it gets; empty without.
     owners: Vec<dest_dir::Ids>,
+    /// `-X` / `-A`: per entry, the attributes it gets (boxed: a plan's
+    /// result waits in a queue beside smaller messages).
+    xattrs: Box<xattrs::PlanXattrs>,
 }
 
 impl Prepared {
@@ -460,6 +472,8 @@ mod tests {
             existing: None,
             part: None,
             owner: None,
+            xattrs: Vec::new(),
+            xattr_tally: Default::default(),
             handle: Mutex::new(None),
         }
     }

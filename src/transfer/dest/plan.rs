@@ -14,7 +14,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::policy::{link_stays_beneath, ReceivePolicy, SymlinkPolicy};
@@ -26,7 +26,7 @@ use crate::io::dest_dir::{self, DestDir, Found, STAGING_DIR};
 use crate::transfer::exclude::Filters;
 use crate::transfer::hash::{chunk_count, chunk_cv, chunk_len, Cv, CHUNK_SIZE};
 use crate::transfer::manifest::{Entry, EntryKind, Manifest, RelPath};
-use crate::transfer::messages::{FilePart, FilePlan, Options, PlanRequest};
+use crate::transfer::messages::{FilePart, FilePlan, Options, PlanRequest, Xattr};
 use crate::transfer::parts;
 use crate::transfer::staged::ToStage;
 use crate::transfer::Error;
@@ -91,12 +91,24 @@ pub fn prepare(
         parts: sent_in_part,
         protect,
         owners,
+        xattrs,
     } = request;
     super::delete::check_allowed(&asked, policy)?;
     if let Some(own) = &owners {
         super::owners::check_allowed(own, policy)?;
     }
     let owners = owners.as_ref().map_or(Vec::new(), super::owners::resolve);
+    let xattr_tally = Arc::new(super::xattrs::Tally::default());
+    let xattrs = match &xattrs {
+        Some(x) => {
+            super::xattrs::check_allowed(x, policy)?;
+            let mut left_out = 0;
+            let resolved = super::xattrs::resolve(x, policy, manifest.entries.len(), &mut left_out);
+            xattr_tally.refused.fetch_add(left_out, Ordering::Relaxed);
+            resolved
+        }
+        None => Vec::new(),
+    };
     let options = granted(&asked, policy);
     let sub: Vec<u8> = subdir
         .as_ref()
@@ -131,9 +143,12 @@ pub fn prepare(
         conflicts: Vec::new(),
         numbers: None,
         owner: None,
+        xattrs: Vec::new(),
+        xattr_tally: xattr_tally.clone(),
     };
     for (i, entry) in manifest.entries.iter().enumerate() {
         planner.owner = owners.get(i).copied();
+        planner.xattrs = xattrs.get(i).cloned().unwrap_or_default();
         planner.check_entry(entry, join_rel(&sub, entry.path.as_bytes()))?;
     }
     if !planner.conflicts.is_empty() {
@@ -177,6 +192,10 @@ pub fn prepare(
         claim: None,
         extraneous,
         owners,
+        xattrs: Box::new(super::xattrs::PlanXattrs {
+            per_entry: xattrs,
+            tally: xattr_tally,
+        }),
     })
 }
 
@@ -312,6 +331,9 @@ struct Planner<'a> {
     numbers: Option<HashMap<Vec<u8>, usize>>,
     /// `-o` / `-g`: the owner and group of the entry being checked.
     owner: Option<dest_dir::Ids>,
+    /// `-X` / `-A`: the attributes of the entry being checked.
+    xattrs: Vec<Xattr>,
+    xattr_tally: Arc<super::xattrs::Tally>,
 }
 
 impl<'a> Planner<'a> {
@@ -468,6 +490,8 @@ impl<'a> Planner<'a> {
                 header: parts::header(size, entry.mtime_sec, entry.mtime_nsec),
             }),
             owner: self.owner,
+            xattrs: std::mem::take(&mut self.xattrs),
+            xattr_tally: self.xattr_tally.clone(),
             handle: Mutex::new(None),
         }));
         Ok(decision)
@@ -914,6 +938,7 @@ mod tests {
                 parts,
                 protect: Vec::new(),
                 owners: None,
+                xattrs: None,
             };
             prepare(&self.dest, policy, request, checksum_budget, |_| Ok(()))
                 .map_err(|e| e.to_string())
@@ -1061,6 +1086,8 @@ mod tests {
             fsync: false,
             delete: false,
             owners: false,
+            xattrs: false,
+            acls: false,
         };
         let all = ReceivePolicy::user(flags(SymlinkPolicy::All), None);
         d.plan(&all, Options::default(), out()).unwrap();

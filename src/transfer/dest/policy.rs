@@ -56,6 +56,10 @@ pub struct ReceivePolicy {
     /// A sender that asks (`-o`, `-g`) may give what it sends its owners and
     /// groups, where this receiver runs as root.
     pub allow_owners: bool,
+    /// Which extended attributes a sender that asks (`-X`) may set.
+    pub allow_xattrs: XattrGrant,
+    /// A sender that asks (`-A`) may set POSIX ACLs.
+    pub allow_acls: bool,
     /// What this receiver asked for, when it asked (a pull, a local
     /// copy): the manifest may hold nothing else. `None`: a server, which
     /// takes whatever names its senders choose beneath DEST.
@@ -91,6 +95,25 @@ pub struct UserFlags {
     pub delete: bool,
     /// `-o` / `-g`: entries may get the sending end's owners and groups.
     pub owners: bool,
+    /// `-X`: entries may get the sending end's extended attributes, in
+    /// every namespace this user may set.
+    pub xattrs: bool,
+    /// `-A`: entries may get the sending end's POSIX ACLs.
+    pub acls: bool,
+}
+
+/// The extended attributes (`-X`) a receiver sets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum XattrGrant {
+    /// None: a plan that asks is refused.
+    #[default]
+    None,
+    /// `user.*` alone; the other namespaces a sender sends are left out.
+    User,
+    /// `user.*`, and `security.*` and `trusted.*` where the receiver runs
+    /// as root (`security.capability` gives a program privileges).
+    All,
 }
 
 impl ReceivePolicy {
@@ -106,6 +129,8 @@ impl ReceivePolicy {
             allow_delete: false,
             key_forbids_delete: false,
             allow_owners: false,
+            allow_xattrs: XattrGrant::None,
+            allow_acls: false,
             requested: None,
             users_own: false,
             confined_to: None,
@@ -126,6 +151,12 @@ impl ReceivePolicy {
             allow_delete: flags.delete,
             key_forbids_delete: false,
             allow_owners: flags.owners,
+            allow_xattrs: if flags.xattrs {
+                XattrGrant::All
+            } else {
+                XattrGrant::None
+            },
+            allow_acls: flags.acls,
             requested,
             users_own: true,
             confined_to: None,
@@ -447,6 +478,8 @@ mod tests {
             fsync: false,
             delete: false,
             owners: false,
+            xattrs: false,
+            acls: false,
         };
         assert_eq!(ReceivePolicy::user(flags, None).mode(0o4755), 0o755);
         assert_eq!(ReceivePolicy::user(flags, None).mode(0o777), 0o777);
@@ -479,6 +512,7 @@ mod tests {
             parts: Vec::new(),
             protect: Vec::new(),
             owners: None,
+            xattrs: None,
         }
     }
 

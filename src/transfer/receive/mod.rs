@@ -104,6 +104,11 @@ pub struct TransferReport {
     pub chunks_rejected: u64,
     /// Entries `--delete` removed.
     pub deleted: u64,
+    /// `-X` / `-A`: extended attributes (ACLs included) set.
+    pub xattrs_set: u64,
+    /// `-X` / `-A`: attributes not set: refused by the file system (each
+    /// a warning) or left out by this receiver's policy.
+    pub xattrs_not_set: u64,
     /// Wall time of the transfer's session at the receiver, in seconds.
     pub secs: f64,
 }

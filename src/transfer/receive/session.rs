@@ -824,6 +824,8 @@ impl<P: PlanView> Session<P> {
             bytes_resumed: resumed,
             chunks_rejected: self.chunks_rejected,
             deleted: f.deleted,
+            xattrs_set: f.xattrs_set,
+            xattrs_not_set: f.xattrs_not_set,
             secs: now.saturating_duration_since(self.started).as_secs_f64(),
         }
     }
@@ -1545,6 +1547,7 @@ mod tests {
             parts: Vec::new(),
             protect: Vec::new(),
             owners: None,
+            xattrs: None,
         }
         .encode()
     }

@@ -213,6 +213,8 @@ pub struct SendConfig {
     pub(crate) hard_links: bool,
     /// `-o` / `-g` / `--numeric-ids`: whose each entry is goes with the plan.
     pub(crate) keep_owners: KeepOwners,
+    /// `-X` / `-A`: which extended attributes go with the plan.
+    pub(crate) keep_xattrs: crate::io::xattr::Wanted,
     /// The paths of `--files-from`, sent instead of the sources whole.
     pub(crate) files_from: Option<Vec<super::manifest::Listed>>,
     /// Send only this shard's part of the tree (`--shard K/N`).
@@ -260,6 +262,7 @@ impl SendConfig {
             files_from: None,
             hard_links: false,
             keep_owners: KeepOwners::default(),
+            keep_xattrs: Default::default(),
             shard: None,
             streams: 1,
             flows: 1,

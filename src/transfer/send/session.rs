@@ -23,6 +23,7 @@ use super::{
     StreamLive, StreamReport,
 };
 use crate::io::coupling::GroupMember;
+use crate::io::xattr::Wanted;
 use crate::io::{fresh_conn_id, StreamFeed};
 use crate::transfer::compress;
 use crate::transfer::hash::{chunk_count, chunk_len, file_hash, part_digest, Cv, CHUNK_SIZE};
@@ -32,7 +33,7 @@ use crate::transfer::manifest::{
 };
 use crate::transfer::messages::{
     encode_finish, ChunkRef, Deletions, FilePart, FilePlan, Options, Outcome, PlanReply,
-    PlanRequest,
+    PlanRequest, Xattrs, XATTR_ENTRY_BYTES_MAX, XATTR_PLAN_BYTES_MAX,
 };
 use crate::transfer::shard::{part_bytes, Selected};
 use crate::transfer::source::{SourceSpec, Sources};
@@ -986,6 +987,8 @@ pub(super) struct Plan {
     pub(super) sources: Arc<Sources>,
     pub(super) sizes: Arc<Vec<u64>>,
     names: Arc<Vec<String>>,
+    /// `-X` / `-A`: the entries' attributes, read at the walk.
+    xattrs: Option<Xattrs>,
 }
 
 /// The sources walked: the plan, the manifest that names every entry,
@@ -1024,12 +1027,14 @@ impl Plan {
         }
         let manifest = manifest_of(&entries);
         let files = Files::of(&entries, config.follow)?;
+        let xattrs = read_xattrs(&entries, config.keep_xattrs, config.follow)?;
         let plan = Plan {
             entries,
             parts,
             sources: Arc::new(Sources::new(files.specs)),
             sizes: Arc::new(files.sizes),
             names: Arc::new(files.names),
+            xattrs,
         };
         Ok(Walked {
             plan,
@@ -1116,6 +1121,49 @@ impl Files {
     }
 }
 
+/// With `-X` / `-A`, the attributes of `entries` (hard links: their file
+/// carries them), each entry's and the plan's within the caps a receiver
+/// checks.
+fn read_xattrs(
+    entries: &[LocalEntry],
+    wanted: Wanted,
+    follow: bool,
+) -> Result<Option<Xattrs>, SendError> {
+    if !wanted.xattrs && !wanted.acls {
+        return Ok(None);
+    }
+    let mut out = Xattrs {
+        xattrs: wanted.xattrs,
+        acls: wanted.acls,
+        entries: Vec::new(),
+    };
+    let mut plan_bytes = 0;
+    for (i, e) in entries.iter().enumerate() {
+        if matches!(e.entry.kind, EntryKind::HardLink { .. }) {
+            continue;
+        }
+        let attrs = crate::io::xattr::read(&e.source, wanted, follow).map_err(|err| {
+            SendError::Source(format!(
+                "{}: reading its extended attributes: {err}",
+                e.source.display()
+            ))
+        })?;
+        let bytes: usize = attrs.iter().map(|(n, v)| n.len() + v.len()).sum();
+        plan_bytes += bytes;
+        if bytes > XATTR_ENTRY_BYTES_MAX || plan_bytes > XATTR_PLAN_BYTES_MAX {
+            return Err(SendError::Source(format!(
+                "{}: its extended attributes pass the caps a receiver takes \
+                 ({XATTR_ENTRY_BYTES_MAX} bytes an entry, {XATTR_PLAN_BYTES_MAX} a transfer)",
+                e.source.display()
+            )));
+        }
+        if !attrs.is_empty() {
+            out.entries.push((i as u32, attrs));
+        }
+    }
+    Ok(Some(out))
+}
+
 fn plan_request(
     config: &SendConfig,
     plan: &Plan,
@@ -1136,6 +1184,7 @@ fn plan_request(
         } else {
             Vec::new()
         },
+        xattrs: plan.xattrs.clone(),
         owners: {
             let keep = config.keep_owners;
             (keep.user || keep.group).then(|| {
@@ -1606,6 +1655,7 @@ mod tests {
             sources: Arc::new(Sources::new(Vec::new())),
             sizes: Arc::new(sizes.to_vec()),
             names: Arc::new((0..sizes.len()).map(|f| format!("f{f}")).collect()),
+            xattrs: None,
         }
     }
 
