@@ -311,6 +311,66 @@ fn a_remote_cannot_set_xattrs_or_acls_here_without_the_local_flags() {
     assert!(!dest.join("data").exists());
 }
 
+/// The value of `name` on `path`, by getfattr; `None` where it has none.
+fn xattr_of(path: &Path, name: &str) -> Option<String> {
+    let out = std::process::Command::new("getfattr")
+        .args(["--only-values", "-n", name])
+        .arg(path)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `security.*` and `trusted.*` (`security.capability` gives a program
+/// privileges, as a setuid bit does) from a pull's remote only with this
+/// end's `-p` beside `-X`: with `-X` alone they are left out, counted.
+#[test]
+fn a_remote_sets_no_privileged_attributes_here_without_the_local_perms() {
+    let name = "a_remote_sets_no_privileged_attributes_here_without_the_local_perms";
+    if !rustix::process::geteuid().is_root() {
+        common::cannot_run(name, "trusted.* attributes need root");
+        return;
+    }
+    let s = TestDir::new("hostile-remote-trusted");
+    let theirs = s.path("evil/data");
+    fs::create_dir_all(&theirs).unwrap();
+    fs::write(theirs.join("tool"), "#!/bin/sh\n").unwrap();
+    let set = std::process::Command::new("setfattr")
+        .args(["-n", "trusted.evil", "-v", "granted"])
+        .arg(theirs.join("tool"))
+        .status();
+    if !set.is_ok_and(|s| s.success()) {
+        common::cannot_run(
+            name,
+            "no setfattr here, or no trusted.* on this file system",
+        );
+        return;
+    }
+    let remote = hostile(&s, "-X", &[&theirs]);
+    let dest = s.path("dest");
+    let out = pull(
+        &s,
+        &remote,
+        &["127.0.0.1:data", dest.to_str().unwrap(), "-X"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(dest.join("data/tool").exists());
+    assert_eq!(xattr_of(&dest.join("data/tool"), "trusted.evil"), None);
+    let kept = s.path("kept");
+    let out = pull(
+        &s,
+        &remote,
+        &["127.0.0.1:data", kept.to_str().unwrap(), "-X", "--perms"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        xattr_of(&kept.join("data/tool"), "trusted.evil").as_deref(),
+        Some("granted")
+    );
+}
+
 #[test]
 fn a_remote_cannot_re_mode_a_directory_that_was_there() {
     let s = TestDir::new("hostile-remote-remode");

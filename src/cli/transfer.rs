@@ -120,7 +120,7 @@ pub(super) struct TransferArgs {
     /// With -o / -g: owners and groups by number, never mapped by name (as rsync --numeric-ids)
     #[arg(long)]
     numeric_ids: bool,
-    /// Keep extended attributes (as rsync -X): `user.*` always, and `security.*` and `trusted.*` where this end runs as root; set at the receiver on each file, directory and symlink before it takes its name (Linux refuses `user.*` on a symlink: a warning). An attribute the receiving file system refuses is a warning, counted, not a failed transfer. The receiving end must allow it (`atou serve --allow-xattrs`; the receiving end of a copy, its own -X). At most 64 KiB a value, 1 MiB an entry, 16 MiB a transfer
+    /// Keep extended attributes (as rsync -X): `user.*` always, and `security.*` and `trusted.*` where this end runs as root; set at the receiver on each file, directory and symlink before it takes its name (Linux refuses `user.*` on a symlink: a warning). An attribute the receiving file system refuses is a warning, counted, not a failed transfer. The receiving end must allow it (`atou serve --allow-xattrs`; the receiving end of a copy, its own -X, and -p too for `security.*` and `trusted.*`: `security.capability` grants privileges as a setuid bit does). At most 64 KiB a value, 1 MiB an entry, 16 MiB a transfer
     #[arg(long, short = 'X')]
     xattrs: bool,
     /// Keep POSIX ACLs (as rsync -A), access and default, as their binary attributes: named users and groups by number (as --numeric-ids; rsync maps them by name). An ACL of only owner, group and other is the mode and carries nothing. The receiving end must allow it (`atou serve --allow-acls`; the receiving end of a copy, its own -A)

@@ -151,10 +151,13 @@ impl ReceivePolicy {
             allow_delete: flags.delete,
             key_forbids_delete: false,
             allow_owners: flags.owners,
-            allow_xattrs: if flags.xattrs {
-                XattrGrant::All
-            } else {
-                XattrGrant::None
+            // security.capability grants a program privileges as a
+            // setuid bit does: the namespaces past user.* go with the
+            // special bits (-p), whatever the other end sends.
+            allow_xattrs: match (flags.xattrs, flags.special_bits) {
+                (false, _) => XattrGrant::None,
+                (true, false) => XattrGrant::User,
+                (true, true) => XattrGrant::All,
             },
             allow_acls: flags.acls,
             requested,

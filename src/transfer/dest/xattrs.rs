@@ -2,7 +2,7 @@
 //! and POSIX ACLs each entry gets. Only where the policy allows (`atou
 //! serve --allow-xattrs` / `--allow-acls`, or the receiving end's own
 //! `-X` / `-A`); `user.*` always, `security.*` and `trusted.*` only with
-//! `--allow-xattrs=all` (or a copy's own `-X`) and as root, as a non-root
+//! `--allow-xattrs=all` (or a copy's own `-X` with `-p`) and as root, as a non-root
 //! rsync receiver sets `user.*` alone. An ACL's binary form names users
 //! and groups by number: they are kept by number (`--numeric-ids`).
 
