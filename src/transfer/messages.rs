@@ -577,9 +577,6 @@ impl DataHeader {
     }
 }
 
-/// Each part names a file of the manifest once, in ascending order, and
-/// a non-empty range of its chunks that is not all of them: a receiver
-/// then never waits on, or records, a chunk that does not exist.
 impl Ownership {
     fn encode(&self, out: &mut Vec<u8>) {
         out.push(
@@ -771,6 +768,9 @@ fn protect_rules(r: &mut Reader<'_>) -> Result<Vec<String>, MessageError> {
         .collect()
 }
 
+/// Each part names a file of the manifest once, in ascending order, and
+/// a non-empty range of its chunks that is not all of them: a receiver
+/// then never waits on, or records, a chunk that does not exist.
 fn check_parts(parts: &[FilePart], file_sizes: &[u64]) -> Result<(), MessageError> {
     let mut last = None;
     for (index, p) in parts.iter().enumerate() {
