@@ -46,46 +46,68 @@ impl Wanted {
     }
 }
 
-/// The attributes of `path` that `wanted` names, following a symlink
-/// only with `follow` (`--follow` sends what links point to); none where
-/// the file system has none (EOPNOTSUPP).
-pub(crate) fn read(path: &Path, wanted: Wanted, follow: bool) -> io::Result<Vec<Xattr>> {
-    // Linux lists at most 64 KiB of names and holds values of at most
-    // XATTR_SIZE_MAX: one buffer of each size always suffices.
-    let mut names = vec![0u8; 64 * 1024];
-    let listed = if follow {
-        rfs::listxattr(path, &mut names[..])
-    } else {
-        rfs::llistxattr(path, &mut names[..])
-    };
-    let len = match listed {
-        Ok(len) => len,
-        Err(rustix::io::Errno::OPNOTSUPP) => return Ok(Vec::new()),
-        Err(e) => return Err(e.into()),
-    };
-    let mut value = vec![0u8; XATTR_VALUE_MAX];
-    let mut out = Vec::new();
-    for name in names[..len].split(|&b| b == 0).filter(|n| !n.is_empty()) {
-        if !wanted.wants(name) {
-            continue;
+/// Reads the attributes `wanted` names, following a symlink only with
+/// `follow` (`--follow` sends what links point to), into buffers kept from
+/// entry to entry: a tree of a million files would otherwise zero 128 KiB
+/// for each.
+pub(crate) struct Reader {
+    wanted: Wanted,
+    follow: bool,
+    names: Vec<u8>,
+    value: Vec<u8>,
+}
+
+impl Reader {
+    pub(crate) fn new(wanted: Wanted, follow: bool) -> Reader {
+        // Linux lists at most 64 KiB of names and holds values of at most
+        // XATTR_SIZE_MAX: one buffer of each size always suffices.
+        Reader {
+            wanted,
+            follow,
+            names: vec![0u8; 64 * 1024],
+            value: vec![0u8; XATTR_VALUE_MAX],
         }
-        let got = if follow {
-            rfs::getxattr(path, name, &mut value[..])
+    }
+
+    /// The attributes of `path`; none where the file system has none
+    /// (EOPNOTSUPP).
+    pub(crate) fn read(&mut self, path: &Path) -> io::Result<Vec<Xattr>> {
+        let listed = if self.follow {
+            rfs::listxattr(path, &mut self.names[..])
         } else {
-            rfs::lgetxattr(path, name, &mut value[..])
+            rfs::llistxattr(path, &mut self.names[..])
         };
-        let n = match got {
-            Ok(n) => n,
-            // Removed since it was listed.
-            Err(rustix::io::Errno::NODATA) => continue,
+        let len = match listed {
+            Ok(len) => len,
+            Err(rustix::io::Errno::OPNOTSUPP) => return Ok(Vec::new()),
             Err(e) => return Err(e.into()),
         };
-        if name == ACL_ACCESS && n <= ACL_BASE_LEN {
-            continue;
+        let mut out = Vec::new();
+        for name in self.names[..len]
+            .split(|&b| b == 0)
+            .filter(|n| !n.is_empty())
+        {
+            if !self.wanted.wants(name) {
+                continue;
+            }
+            let got = if self.follow {
+                rfs::getxattr(path, name, &mut self.value[..])
+            } else {
+                rfs::lgetxattr(path, name, &mut self.value[..])
+            };
+            let n = match got {
+                Ok(n) => n,
+                // Removed since it was listed.
+                Err(rustix::io::Errno::NODATA) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            if name == ACL_ACCESS && n <= ACL_BASE_LEN {
+                continue;
+            }
+            out.push((name.to_vec(), self.value[..n].to_vec()));
         }
-        out.push((name.to_vec(), value[..n].to_vec()));
+        Ok(out)
     }
-    Ok(out)
 }
 
 /// Sets one attribute on the open file or directory `fd`.

@@ -1138,11 +1138,12 @@ fn read_xattrs(
         entries: Vec::new(),
     };
     let mut plan_bytes = 0;
+    let mut reader = crate::io::xattr::Reader::new(wanted, follow);
     for (i, e) in entries.iter().enumerate() {
         if matches!(e.entry.kind, EntryKind::HardLink { .. }) {
             continue;
         }
-        let attrs = crate::io::xattr::read(&e.source, wanted, follow).map_err(|err| {
+        let attrs = reader.read(&e.source).map_err(|err| {
             SendError::Source(format!(
                 "{}: reading its extended attributes: {err}",
                 e.source.display()
