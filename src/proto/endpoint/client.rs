@@ -1181,6 +1181,21 @@ impl Client {
         }
     }
 
+    /// An ICMP "too big" naming `next_hop_mtu`, taken as a hint only
+    /// ([`BlackHoleWatch::on_too_big`]); whether the size watch took it
+    /// (false: no watch, no transfer, or the report is not valid for this
+    /// connection). The I/O layer cannot read the quoted datagram (the
+    /// kernel matched it to the connected socket's addresses and ports),
+    /// so the quote is taken to be the full size.
+    pub(crate) fn size_hint(&mut self, next_hop_mtu: u32) -> bool {
+        match (self.size_watch.as_mut(), &self.state) {
+            (Some(watch), State::Transfer) => {
+                watch.on_too_big(next_hop_mtu, self.largest_sent, self.largest_sent)
+            }
+            _ => false,
+        }
+    }
+
     /// After the sender's timers: whether a black hole swallows the
     /// full-size datagrams (RFC 8899 §4.3).
     fn watch_size(&mut self) {
