@@ -936,10 +936,22 @@ impl ClientDriver {
     /// maxidle decides (a server restart is not fatal until then). So does
     /// any other ICMP report (IP_RECVERR passes on soft ones too) but
     /// "too big": anyone can forge one, and one must not end a transfer.
+    /// During a transfer an ICMP "too big" is a hint only (RFC 8899
+    /// §4.6): a valid one starts the size probes, whose acks decide.
     fn socket_error(&mut self, e: io::Error, sending: bool) -> Option<ProbeError> {
         // An ICMP report that raised this error also sits in the queue.
-        let from_icmp = self.io.drain_errors() > 0;
+        let (drained, too_big_mtu) = self.io.drain_errors();
+        let from_icmp = drained > 0;
         let too_big = quinn_udp::is_msg_size_err(&e);
+        if from_icmp && too_big && !self.in_hello() {
+            // Never the end of a transfer: one not valid for this
+            // connection changes nothing, and the data's own losses and
+            // the probes' acks (or maxidle and stall) decide.
+            if let Some(mtu) = too_big_mtu {
+                self.client.size_hint(mtu);
+            }
+            return None;
+        }
         if is_unreachable(&e) || (from_icmp && !too_big) {
             self.unreachable += 1;
             return self.in_hello().then_some(ProbeError::Unreachable {

@@ -78,7 +78,7 @@ pub(crate) async fn search_path_size(peer: SocketAddr, mut search: SizeSearch) -
         // The socket's error queue holds what ICMP said ("too big" among
         // it): a hint RFC 8899 §4.6 lets a search use, not proof; the
         // acks decide, so it is only emptied.
-        io.drain_errors();
+        let _ = io.drain_errors();
     }
 }
 

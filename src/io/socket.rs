@@ -117,20 +117,27 @@ impl UdpIo {
     }
 
     /// Empties the socket's error queue (ICMP reports IP_RECVERR keeps,
-    /// charged to the receive buffer until read); returns how many.
-    pub(crate) fn drain_errors(&self) -> u64 {
+    /// charged to the receive buffer until read); returns how many, and
+    /// the smallest next-hop MTU a "too big" among them named.
+    pub(crate) fn drain_errors(&self) -> (u64, Option<u32>) {
         let mut drained = 0;
+        let mut too_big: Option<u32> = None;
         // Bounded: a peer flooding ICMP cannot hold the driver here.
         while drained < 256 {
             match self
                 .state
                 .recv_transport_error(UdpSockRef::from(&self.sock))
             {
-                Ok(Some(_)) => drained += 1,
+                Ok(Some(report)) => {
+                    drained += 1;
+                    if let Some(mtu) = report.mtu() {
+                        too_big = Some(too_big.map_or(mtu, |m| m.min(mtu)));
+                    }
+                }
                 Ok(None) | Err(_) => break,
             }
         }
-        drained
+        (drained, too_big)
     }
 
     pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {

@@ -179,8 +179,9 @@ pub(crate) struct StepDown {
 /// redoes the rest at the size found.
 ///
 /// Only acks to this connection's probes count (its id and a nonce the
-/// caller drew from a CSPRNG), never ICMP or any other report: an
-/// off-path host cannot make a connection step down.
+/// caller drew from a CSPRNG); an ICMP "too big" may start the probes
+/// early ([`BlackHoleWatch::on_too_big`]) but never decides: an off-path
+/// host cannot make a connection step down.
 #[derive(Debug, Clone)]
 pub(crate) struct BlackHoleWatch {
     conn_id: u64,
@@ -259,6 +260,32 @@ impl BlackHoleWatch {
                 None => {}
             }
         }
+        self.start_search(largest);
+        None
+    }
+
+    /// An ICMP "too big" taken as a hint only (RFC 8899 §4.6): anyone on
+    /// or off the path can forge one, so it never steps the size down; a
+    /// valid one only starts the probes now, rather than after
+    /// [`QUIET_RTOS`], and the verdict still needs a smaller probe acked
+    /// while the full size is not, with nothing delivered. Valid
+    /// (§4.6.1): the quoted datagram is `quoted_len` bytes, the full size
+    /// this connection sends (`largest`), and the next-hop MTU it names
+    /// is below that datagram's IP size and not below the base; the
+    /// kernel matched its addresses and ports to the connected socket.
+    /// Whether it started the probes.
+    pub(crate) fn on_too_big(&mut self, next_hop_mtu: u32, quoted_len: u32, largest: u32) -> bool {
+        let named = next_hop_mtu.saturating_sub(self.ip_udp_header);
+        let valid = quoted_len == largest && named < largest && named >= self.base();
+        if !valid || largest <= self.base() || self.search.is_some() {
+            return false;
+        }
+        self.start_search(largest);
+        true
+    }
+
+    /// Probes `largest` and each usual size below it, down to the base.
+    fn start_search(&mut self, largest: u32) {
         self.probed_from = largest;
         let candidates: Vec<u32> = std::iter::once(largest)
             .chain(candidate_payloads(
@@ -275,7 +302,6 @@ impl BlackHoleWatch {
             self.base() - 1,
             &candidates,
         ));
-        None
     }
 
     /// Writes the next probe due into `buf` (at least the largest
@@ -515,5 +541,70 @@ mod tests {
             assert_eq!(watch.on_sender(0, t, BASE_PAYLOAD_V6), None);
         }
         assert!(watch_probes(&mut watch, BASE_PAYLOAD_V6).is_empty());
+    }
+
+    #[test]
+    fn a_valid_too_big_starts_the_probes_and_only_their_evidence_steps_down() {
+        let mut watch = BlackHoleWatch::new(CONN, NONCE, 28);
+        assert_eq!(watch.on_sender(1_000, 0, 1472), None);
+        // A hop of 1,400 bytes quoting one of the connection's 1472s.
+        assert!(watch.on_too_big(1400, 1472, 1472));
+        let sent = watch_probes(&mut watch, 1472);
+        assert_eq!(
+            sent.iter().map(|p| p.size).collect::<Vec<_>>(),
+            [1472, 1464, 1392, 1372, 1252, 1200]
+        );
+        for p in &sent[3..] {
+            watch.on_ack(&p.ack());
+        }
+        // The hint and the acks are no verdict while data still moves.
+        assert_eq!(watch.on_sender(2_000, 1, 1472), None);
+        assert!(watch_probes(&mut watch, 1472).is_empty());
+        // Hinted again, and now nothing is delivered: the verdict comes
+        // with the quiet timeouts, as without the hint.
+        assert!(watch.on_too_big(1400, 1472, 1472));
+        let sent = watch_probes(&mut watch, 1472);
+        for p in &sent[3..] {
+            watch.on_ack(&p.ack());
+        }
+        assert_eq!(watch.on_sender(2_000, 2, 1472), None);
+        assert_eq!(
+            watch.on_sender(2_000, 3, 1472),
+            Some(StepDown {
+                stopped: 1472,
+                carried: 1372
+            })
+        );
+        // The full size acked: the hint was wrong, no step-down.
+        let mut watch = BlackHoleWatch::new(CONN, NONCE, 28);
+        assert!(watch.on_too_big(1400, 1472, 1472));
+        for p in &watch_probes(&mut watch, 1472) {
+            watch.on_ack(&p.ack());
+        }
+        for t in 1..=QUIET_RTOS + 2 {
+            assert_eq!(watch.on_sender(0, t, 1472), None);
+        }
+    }
+
+    #[test]
+    fn a_forged_or_unmatched_too_big_changes_nothing() {
+        let mut watch = BlackHoleWatch::new(CONN, NONCE, 28);
+        for (mtu, quoted) in [
+            (1400, 1372),     // quotes a size the connection does not send
+            (1400, 9000),     // nor this one
+            (1500, 1472),     // names an MTU the datagram fits
+            (9000, 1472),     // larger still
+            (1000, 1472),     // below every path's base
+            (0, 1472),        // nonsense
+            (u32::MAX, 1472), // nonsense
+        ] {
+            assert!(!watch.on_too_big(mtu, quoted, 1472), "{mtu} {quoted}");
+            assert!(watch_probes(&mut watch, 1472).is_empty());
+        }
+        assert_eq!(watch.on_sender(0, 1, 1472), None);
+        // At the base size there is nothing smaller to try.
+        let mut watch = BlackHoleWatch::new(CONN, NONCE, 28);
+        assert!(!watch.on_too_big(1228, 1200, 1200));
+        assert!(watch_probes(&mut watch, 1200).is_empty());
     }
 }

@@ -166,6 +166,12 @@ named_enum! {
 /// Linux's TCP_MAX_QUICKACKS: the commands' `quickack`.
 pub const LINUX_QUICKACKS: u32 = 16;
 
+/// `stall`'s default: three of `maxidle`'s default 10 s, so that a peer
+/// slow to open its window is waited for well past an idle path, and
+/// longer than the black hole watch's verdict (`src/proto/pmtu.rs`, some
+/// 7 s before the first RTT sample), which ends a stall it can explain.
+pub const STALL_DEFAULT: Duration = Duration::from_secs(30);
+
 named_enum! {
     /// Where AIMD's initial ssthresh comes from, besides `thresh_init`.
     pub enum SsthreshEstimate: "an ssthresh estimate" {
@@ -340,6 +346,10 @@ pub struct Tuning {
     /// Give up after this long without an ACK; zero never gives up.
     #[serde(serialize_with = "secs")]
     pub maxidle: Duration,
+    /// Give up after this long without a byte delivered, however many
+    /// ACKs come; zero never gives up.
+    #[serde(serialize_with = "secs")]
+    pub stall: Duration,
     /// Initial window, in virtual segments (`vmss`).
     pub initsegs: u32,
     /// ssthresh = multiplier × flight on loss.
@@ -426,6 +436,7 @@ impl Default for Tuning {
             max_rto: Duration::from_secs(60),
             tick: Duration::ZERO,
             maxidle: Duration::from_secs(10),
+            stall: STALL_DEFAULT,
             initsegs: 10,
             multiplier: 0.5,
             increment: 1,
@@ -647,6 +658,8 @@ knobs! {
         "timer granularity in seconds; 0 is fine-grained, >0 runs Brakmo's coarse-clock RTO estimator (§3.2)";
     maxidle: "SECONDS", Span(TimeUnit::Seconds, DAY),
         "give up after this many seconds without an ACK; 0 never gives up";
+    stall: "SECONDS", Span(TimeUnit::Seconds, DAY),
+        "give up after this many seconds with no byte delivered, even while ACKs come (a path that carries the acks and small datagrams but not the data's size); 0 never gives up";
     initsegs: "SEGMENTS", Int(1, 1 << 20),
         "initial congestion window in (virtual) segments";
     multiplier: "FACTOR", Real(|x| x > 0.0 && x < 1.0, "between 0 and 1 (exclusive)"),

@@ -556,7 +556,7 @@ impl Simulation {
     fn flow_outcome(&self, i: usize, run: RunEnd) -> RunEnd {
         match self.flows[i].sender.state() {
             SenderState::Finished => RunEnd::Finished,
-            SenderState::Failed => RunEnd::Failed,
+            SenderState::Failed | SenderState::Stalled => RunEnd::Failed,
             SenderState::Sending => run,
         }
     }

@@ -174,6 +174,22 @@ pub enum ConnError {
         /// The largest probe's UDP payload the server acked.
         carried: u32,
     },
+    /// The peer kept answering, but no byte was delivered for the
+    /// `stall` knob's time: a path that carries acks and small datagrams
+    /// but not the data's size where no smaller probe got through either,
+    /// or a peer that never opens its window.
+    #[error(
+        "no byte delivered for {:.1} s while the peer still answered (stall; {delivered} bytes \
+         delivered before); if the path drops large datagrams, try a smaller --mss (1252 \
+         passes every IPv4 path), or wait longer with --stall",
+        stall.as_secs_f64()
+    )]
+    Stalled {
+        /// The `stall` knob: how long nothing was delivered.
+        stall: Duration,
+        /// The bytes delivered before the stall.
+        delivered: u64,
+    },
 }
 
 /// The handshake and packet protection of an authenticated client
@@ -1165,6 +1181,21 @@ impl Client {
         }
     }
 
+    /// An ICMP "too big" naming `next_hop_mtu`, taken as a hint only
+    /// ([`BlackHoleWatch::on_too_big`]); whether the size watch took it
+    /// (false: no watch, no transfer, or the report is not valid for this
+    /// connection). The I/O layer cannot read the quoted datagram (the
+    /// kernel matched it to the connected socket's addresses and ports),
+    /// so the quote is taken to be the full size.
+    pub(crate) fn size_hint(&mut self, next_hop_mtu: u32) -> bool {
+        match (self.size_watch.as_mut(), &self.state) {
+            (Some(watch), State::Transfer) => {
+                watch.on_too_big(next_hop_mtu, self.largest_sent, self.largest_sent)
+            }
+            _ => false,
+        }
+    }
+
     /// After the sender's timers: whether a black hole swallows the
     /// full-size datagrams (RFC 8899 §4.3).
     fn watch_size(&mut self) {
@@ -1214,6 +1245,11 @@ impl Client {
                 )));
             }
             (SenderState::Finished, State::Transfer) => self.start_closing(now),
+            (SenderState::Stalled, State::Transfer) => {
+                let delivered = sender.good_bytes();
+                let stall = self.tuning.stall;
+                self.fail(ConnError::Stalled { stall, delivered });
+            }
             (SenderState::Failed, State::Transfer) => {
                 let idle = self.tuning.maxidle;
                 self.fail(ConnError::Idle {

@@ -59,6 +59,8 @@ pub enum SenderState {
     Finished,
     /// No ACK for `maxidle`.
     Failed,
+    /// ACKs came, but no byte was delivered for `stall`.
+    Stalled,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +69,8 @@ enum Timer {
     Rto,
     /// `maxidle` without an ACK.
     Idle,
+    /// `stall` without a byte delivered, ACKs or not.
+    Stall,
     /// Zero-window probe.
     Persist,
     /// The pacer lets the next datagram go.
@@ -78,10 +82,11 @@ enum Timer {
 
 /// In the order they are handled when several expire at once: a probe
 /// timeout capped at the RTO goes first and defers it (RFC 8985 §7.3).
-const TIMERS: [Timer; 5] = [
+const TIMERS: [Timer; 6] = [
     Timer::Recovery,
     Timer::Rto,
     Timer::Idle,
+    Timer::Stall,
     Timer::Persist,
     Timer::Pacing,
 ];
@@ -260,6 +265,8 @@ pub struct Sender {
     /// `cum_ack + window` of the latest ACK: new data must stay below it.
     peer_right_edge: u64,
     last_ack_at: Time,
+    /// When a byte was last delivered (acked or SACKed), or sending began.
+    last_delivery_at: Time,
     /// Segments sent since the last ACK or timer.
     burst: u64,
     state: SenderState,
@@ -321,6 +328,7 @@ impl Sender {
             cwr_until: 0,
             peer_right_edge: u64::from(tuning.rcvsegs),
             last_ack_at: now,
+            last_delivery_at: now,
             burst: 0,
             state: SenderState::Sending,
             finished_at: None,
@@ -329,6 +337,7 @@ impl Sender {
             window_violations: 0,
         };
         s.arm_idle();
+        s.arm_stall();
         s.update_state(now);
         Ok(s)
     }
@@ -501,6 +510,15 @@ impl Sender {
         self.set_timer(Timer::Idle, at);
     }
 
+    /// `maxidle` ends a sender the peer stopped answering; acks that come
+    /// but deliver nothing (a path that drops only the data's size, a peer
+    /// whose window never opens) hold it off for ever, so a second
+    /// deadline counts from the last byte delivered.
+    fn arm_stall(&mut self) {
+        let at = (!self.tuning.stall.is_zero()).then(|| self.last_delivery_at + self.tuning.stall);
+        self.set_timer(Timer::Stall, at);
+    }
+
     /// Handles one datagram from the peer.
     pub fn handle_datagram(&mut self, now: Time, datagram: &[u8]) -> Result<(), InputError> {
         let result = match Packet::decode(datagram) {
@@ -550,6 +568,10 @@ impl Sender {
         let fack_before = self.sb.highest_sacked();
         let newly_sacked = self.process_sack_blocks(ack);
         let (newly_acked, newly_delivered) = self.account_new_data(ack.cum_ack, fack_before);
+        if newly_acked > 0 || newly_sacked > 0 {
+            self.last_delivery_at = self.now;
+            self.arm_stall();
+        }
         let is_dupack = self.classify_duplicate(
             &DupEvidence {
                 newly_sacked,
@@ -1044,6 +1066,11 @@ impl Sender {
                         self.timers = [None; TIMERS.len()];
                         return;
                     }
+                    Timer::Stall => {
+                        self.state = SenderState::Stalled;
+                        self.timers = [None; TIMERS.len()];
+                        return;
+                    }
                     Timer::Persist => self.persist_probe = true,
                     Timer::Recovery => self.on_recovery_timer(),
                     // poll_transmit, called next, sends what the pacer allows.
@@ -1451,6 +1478,7 @@ impl Sender {
         if self.sb.outstanding() == 0 && !self.data_ready(self.sb.max()) {
             self.app_limited = true;
             self.set_timer(Timer::Idle, None);
+            self.set_timer(Timer::Stall, None);
             self.set_timer(Timer::Persist, None);
             return;
         }
@@ -1459,6 +1487,8 @@ impl Sender {
             self.app_limited = false;
             self.last_ack_at = self.last_ack_at.max(now);
             self.arm_idle();
+            self.last_delivery_at = self.last_delivery_at.max(now);
+            self.arm_stall();
         }
         // Persist: nothing in flight, data to send, but the peer's window is
         // shut. Probe after an RTO so a lost window update cannot deadlock.
@@ -1540,6 +1570,7 @@ mod tests {
         segs
     }
 
+    #[derive(Clone, Copy)]
     struct AckSpec<'a> {
         cum: u64,
         sack: &'a [(u64, u64)],
@@ -2332,5 +2363,54 @@ mod tests {
         assert_eq!(s.timer(Timer::Idle), Some(at(62_000)));
         s.handle_timeout(at(62_000));
         assert_eq!(s.state(), SenderState::Failed);
+    }
+
+    /// A peer that answers every 500 ms with the same cumulative ack and
+    /// a shut window, for at most 120 s: the sender's state at the end,
+    /// when that was (ms), and the acks it took.
+    fn against_a_shut_window(stall: Duration) -> (Sender, u64, u32) {
+        let t = Tuning {
+            maxidle: Duration::from_secs(2),
+            stall,
+            ..tuning(RecoveryKind::Sack)
+        };
+        let mut s = sender(t);
+        let shut = AckSpec {
+            cum: 2,
+            window: 0,
+            ..ACK
+        };
+        send(&mut s, at(0));
+        ack(&mut s, at(50), shut);
+        let mut acks = 1;
+        let mut ms = 50;
+        while s.state() == SenderState::Sending && ms < 120_000 {
+            ms += 500;
+            s.handle_timeout(at(ms));
+            send(&mut s, at(ms));
+            if s.state() == SenderState::Sending {
+                ack(&mut s, at(ms), shut);
+                acks += 1;
+            }
+        }
+        (s, ms, acks)
+    }
+
+    /// A peer that keeps answering but never takes a byte (its window
+    /// shut for good, or acks for data it never keeps) holds off
+    /// `maxidle`; the `stall` deadline ends the sender, counted from the
+    /// last byte delivered, not from the last ack.
+    #[test]
+    fn acks_without_a_byte_delivered_end_the_sender_at_the_stall_deadline() {
+        // Without the deadline (as before it existed), the acks hold
+        // the sender for as long as the peer likes.
+        let (s, ms, _) = against_a_shut_window(Duration::ZERO);
+        assert_eq!((s.state(), ms), (SenderState::Sending, 120_050));
+        let (s, ms, acks) = against_a_shut_window(Duration::from_secs(30));
+        assert_eq!(s.state(), SenderState::Stalled);
+        // The first timer call at or after 30 s past the last delivery (50 ms).
+        assert_eq!(ms, 30_050);
+        assert_eq!(acks, 60);
+        assert_eq!(s.good_bytes(), 2 * u64::from(PAYLOAD));
     }
 }

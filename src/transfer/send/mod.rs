@@ -177,7 +177,7 @@ pub fn probe_fault(e: &ProbeError) -> Fault {
                 stage: Stage::Hello | Stage::Handshake,
                 ..
             } => Fault::Network,
-            C::Idle { .. } => Fault::Timeout,
+            C::Idle { .. } | C::Stalled { .. } => Fault::Timeout,
             C::Busy
             | C::PathShrank { .. }
             | C::AuthRefused(RefuseReason::Busy)
