@@ -180,8 +180,8 @@ pub enum ConnError {
     /// or a peer that never opens its window.
     #[error(
         "no byte delivered for {:.1} s while the peer still answered (stall; {delivered} bytes \
-         delivered before); if the path drops large datagrams, try a smaller --mss (1252 \
-         passes every IPv4 path), or wait longer with --stall",
+         delivered before); if the path drops large datagrams, try a smaller --mss (1200, \
+         the size every path is expected to carry), or wait longer with --stall",
         stall.as_secs_f64()
     )]
     Stalled {
