@@ -3717,6 +3717,17 @@ fn delete_mirrors_as_rsync_delete_does() {
     assert!(dest.join("beside").exists());
 }
 
+/// scratch/src/tree: a file, one in a subdirectory, a symlink to the
+/// first; what the rsync comparisons of owners and attributes send.
+fn small_tree(scratch: &TestDir) -> PathBuf {
+    let tree = scratch.dir("src/tree");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    write_random(&tree.join("a"), 3000, 1);
+    write_random(&tree.join("sub/b"), 2000, 2);
+    symlink("a", tree.join("l")).unwrap();
+    tree
+}
+
 /// `-o -g` (and `--numeric-ids`) give each file, directory and symlink
 /// the owner and group `rsync -a -o -g --numeric-ids` gives it from the
 /// same tree, where the receiver runs as root and allows it; a server
@@ -3732,11 +3743,7 @@ fn owners_and_groups_arrive_as_rsync_gives_them() {
     }
     use std::os::unix::fs::{chown, lchown};
     let scratch = TestDir::new("transfer-owners");
-    let tree = scratch.dir("src/tree");
-    fs::create_dir_all(tree.join("sub")).unwrap();
-    write_random(&tree.join("a"), 3000, 1);
-    write_random(&tree.join("sub/b"), 2000, 2);
-    symlink("a", tree.join("l")).unwrap();
+    let tree = small_tree(&scratch);
     chown(tree.join("a"), Some(1234), Some(5678)).unwrap();
     chown(tree.join("sub"), Some(4321), Some(8765)).unwrap();
     chown(tree.join("sub/b"), Some(0), Some(65534)).unwrap();
@@ -3805,11 +3812,7 @@ fn xattrs_and_acls_arrive_as_rsync_gives_them() {
         return;
     }
     let scratch = TestDir::new("transfer-xattrs");
-    let tree = scratch.dir("src/tree");
-    fs::create_dir_all(tree.join("sub")).unwrap();
-    write_random(&tree.join("a"), 3000, 1);
-    write_random(&tree.join("sub/b"), 2000, 2);
-    symlink("a", tree.join("l")).unwrap();
+    let tree = small_tree(&scratch);
     let set = |args: &[&str]| -> bool {
         Command::new(args[0])
             .args(&args[1..])

@@ -460,6 +460,20 @@ mod tests {
         out
     }
 
+    /// Polls the watch's probes, checks they are the full size and every
+    /// usual size below it, and acks those a hop dropping packets over
+    /// 1,400 bytes lets through (1372 and below).
+    fn probe_a_1400_hole(watch: &mut BlackHoleWatch) {
+        let sent = watch_probes(watch, 1472);
+        assert_eq!(
+            sent.iter().map(|p| p.size).collect::<Vec<_>>(),
+            [1472, 1464, 1392, 1372, 1252, 1200]
+        );
+        for p in &sent[3..] {
+            watch.on_ack(&p.ack());
+        }
+    }
+
     #[test]
     fn quiet_rtos_probe_below_the_full_size_and_a_smaller_ack_is_the_verdict() {
         let mut watch = BlackHoleWatch::new(CONN, NONCE, 28);
@@ -470,15 +484,7 @@ mod tests {
             assert!(watch_probes(&mut watch, 1472).is_empty());
         }
         assert_eq!(watch.on_sender(5_000_000, QUIET_RTOS, 1472), None);
-        let sent = watch_probes(&mut watch, 1472);
-        assert_eq!(
-            sent.iter().map(|p| p.size).collect::<Vec<_>>(),
-            [1472, 1464, 1392, 1372, 1252, 1200]
-        );
-        // The hop drops packets over 1,400 bytes: 1372 and below pass.
-        for p in &sent[3..] {
-            watch.on_ack(&p.ack());
-        }
+        probe_a_1400_hole(&mut watch);
         // Acks alone are no verdict; the next timeout is.
         assert_eq!(watch.on_sender(5_000_000, QUIET_RTOS, 1472), None);
         assert_eq!(
@@ -549,24 +555,14 @@ mod tests {
         assert_eq!(watch.on_sender(1_000, 0, 1472), None);
         // A hop of 1,400 bytes quoting one of the connection's 1472s.
         assert!(watch.on_too_big(1400, 1472, 1472));
-        let sent = watch_probes(&mut watch, 1472);
-        assert_eq!(
-            sent.iter().map(|p| p.size).collect::<Vec<_>>(),
-            [1472, 1464, 1392, 1372, 1252, 1200]
-        );
-        for p in &sent[3..] {
-            watch.on_ack(&p.ack());
-        }
+        probe_a_1400_hole(&mut watch);
         // The hint and the acks are no verdict while data still moves.
         assert_eq!(watch.on_sender(2_000, 1, 1472), None);
         assert!(watch_probes(&mut watch, 1472).is_empty());
         // Hinted again, and now nothing is delivered: the verdict comes
         // with the quiet timeouts, as without the hint.
         assert!(watch.on_too_big(1400, 1472, 1472));
-        let sent = watch_probes(&mut watch, 1472);
-        for p in &sent[3..] {
-            watch.on_ack(&p.ack());
-        }
+        probe_a_1400_hole(&mut watch);
         assert_eq!(watch.on_sender(2_000, 2, 1472), None);
         assert_eq!(
             watch.on_sender(2_000, 3, 1472),

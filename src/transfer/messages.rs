@@ -1317,16 +1317,11 @@ mod tests {
         // manifest(): file 0 has 3 chunks, file 1 none.
         let plan = |parts: Vec<(u32, std::ops::Range<u64>)>| {
             PlanRequest {
-                options: Options::default(),
-                subdir: None,
-                manifest: manifest(),
                 parts: parts
                     .into_iter()
                     .map(|(file, chunks)| FilePart { file, chunks })
                     .collect(),
-                protect: Vec::new(),
-                owners: None,
-                xattrs: None,
+                ..bare_plan()
             }
             .encode()
         };
@@ -1345,9 +1340,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_flipped_bit_anywhere_is_caught() {
-        let bytes = PlanRequest {
+    /// A plan of `manifest()` asking nothing more.
+    fn bare_plan() -> PlanRequest {
+        PlanRequest {
             options: Options::default(),
             subdir: None,
             manifest: manifest(),
@@ -1356,7 +1351,11 @@ mod tests {
             owners: None,
             xattrs: None,
         }
-        .encode();
+    }
+
+    #[test]
+    fn a_flipped_bit_anywhere_is_caught() {
+        let bytes = bare_plan().encode();
         for i in 0..bytes.len() {
             let mut bad = bytes.clone();
             bad[i] ^= 0x10;
@@ -1370,13 +1369,8 @@ mod tests {
     #[test]
     fn a_subdir_that_climbs_out_is_refused() {
         let mut bytes = PlanRequest {
-            options: Options::default(),
             subdir: Some(rel("ab")),
-            manifest: manifest(),
-            parts: Vec::new(),
-            protect: Vec::new(),
-            owners: None,
-            xattrs: None,
+            ..bare_plan()
         }
         .encode();
         bytes[5..7].copy_from_slice(b"..");
@@ -1488,12 +1482,7 @@ mod tests {
                 compress,
                 ..Options::default()
             },
-            subdir: None,
-            manifest: manifest(),
-            parts: Vec::new(),
-            protect: Vec::new(),
-            owners: None,
-            xattrs: None,
+            ..bare_plan()
         };
         let plain = plan(false).encode();
         let compressed = plan(true).encode();
@@ -1647,12 +1636,8 @@ mod tests {
                     delete: true,
                     ..Options::default()
                 },
-                subdir: None,
-                manifest: manifest(),
-                parts: Vec::new(),
                 protect,
-                owners: None,
-                xattrs: None,
+                ..bare_plan()
             }
             .encode()
         };
@@ -1667,33 +1652,23 @@ mod tests {
         assert!(refused(seal(body)).contains("unknown option bits 0x80"));
         // Owners for fewer entries than the manifest has.
         let short = PlanRequest {
-            options: Options::default(),
-            subdir: None,
-            manifest: manifest(),
-            parts: Vec::new(),
-            protect: Vec::new(),
             owners: Some(Ownership {
                 user: true,
                 ids: vec![(1, 1); 2],
                 ..Ownership::default()
             }),
-            xattrs: None,
+            ..bare_plan()
         };
         assert!(refused(short.encode()).contains("2 values for 3 items"));
         // Attributes: each cap and rule a hostile sender could break.
         let with = |entries: Vec<(u32, Vec<Xattr>)>| {
             PlanRequest {
-                options: Options::default(),
-                subdir: None,
-                manifest: manifest(),
-                parts: Vec::new(),
-                protect: Vec::new(),
-                owners: None,
                 xattrs: Some(Xattrs {
                     xattrs: true,
                     acls: false,
                     entries,
                 }),
+                ..bare_plan()
             }
             .encode()
         };
