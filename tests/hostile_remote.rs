@@ -890,3 +890,161 @@ fn a_pull_over_open_udp_asks_the_remote_nothing_more() {
         "the remote was told more"
     );
 }
+
+// ---------------------------------------------------------------------
+// Third-party copies (`atou copy HOST:SRC HOST:DEST`): a hostile source
+// meets the destination's rules, which are this user's flags; a hostile
+// destination cannot point the source elsewhere.
+
+/// A remote atou that is a hostile *source* of a third-party copy: asked
+/// to `send-to`, it sends `sources` with `flags`, whatever it was asked;
+/// as the destination it is this build's own, as it was asked.
+fn hostile_source(s: &TestDir, flags: &str, sources: &[&Path]) -> PathBuf {
+    let sources: Vec<String> = sources
+        .iter()
+        .map(|s| format!("'{}'", s.display()))
+        .collect();
+    script(
+        s,
+        "hostile-source-atou",
+        &format!(
+            // $1 $2 $3: `__remote --hello HELLO`; $4 the role.
+            "if [ \"$4\" = send-to ]; then\n\
+             exec {ATOU} __remote --hello \"$3\" send-to --port 0 --quiet {flags} -- {}\n\
+             fi\nexec {ATOU} \"$@\"",
+            sources.join(" ")
+        ),
+    )
+}
+
+#[test]
+fn a_third_party_source_gets_only_what_the_user_allowed_at_the_destination() {
+    let s = TestDir::new("hostile-third-party-source");
+    let dest = home(&s);
+    let at_dest = format!("127.0.0.1:{}", dest.display());
+
+    // Names not asked for: refused, nothing of them written.
+    let sent = evil_tree(&s);
+    let sent: Vec<&Path> = sent.iter().map(PathBuf::as_path).collect();
+    let remote = hostile_source(&s, "--overwrite", &sent);
+    let out = pull(&s, &remote, &["127.0.0.1:report.txt", &at_dest]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(err.contains("which was not asked for"), "{err}");
+    assert_home_untouched(&dest);
+
+    // Replacing a file: only with the user's --overwrite.
+    let theirs = s.path("evil2/.bashrc");
+    fs::create_dir_all(theirs.parent().unwrap()).unwrap();
+    fs::write(&theirs, "theirs\n").unwrap();
+    let remote = hostile_source(&s, "--overwrite", &[&theirs]);
+    let out = pull(&s, &remote, &["127.0.0.1:.bashrc", &at_dest]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        stderr(&out).contains("not given --overwrite"),
+        "{}",
+        stderr(&out)
+    );
+    assert_home_untouched(&dest);
+    let out = pull(&s, &remote, &["127.0.0.1:.bashrc", &at_dest, "--overwrite"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        fs::read_to_string(dest.join(".bashrc")).unwrap(),
+        "theirs\n"
+    );
+    fs::write(dest.join(".bashrc"), "mine\n").unwrap();
+
+    // Deleting, owners, attributes: only with the user's flags.
+    let data = s.path("evil3/.ssh");
+    fs::create_dir_all(&data).unwrap();
+    fs::write(data.join("new"), "theirs\n").unwrap();
+    for (flags, refusal) in [
+        ("--delete --skip-existing", "not given --delete"),
+        ("-o -g --numeric-ids --skip-existing", "not given -o or -g"),
+        ("-X -A --skip-existing", "not given"),
+    ] {
+        let remote = hostile_source(&s, flags, &[&data]);
+        let out = pull(&s, &remote, &["127.0.0.1:.ssh", &at_dest]);
+        assert_ne!(out.status.code(), Some(0), "{flags}");
+        assert!(stderr(&out).contains(refusal), "{flags}: {}", stderr(&out));
+        assert_home_untouched(&dest);
+        assert!(!dest.join(".ssh/new").exists(), "{flags}");
+    }
+}
+
+/// A remote atou that is a hostile *destination*: asked to `receive`, it
+/// runs `then` (an answer of its choosing, say); as the source it is this
+/// build's own.
+fn hostile_dest(s: &TestDir, then: &Path) -> PathBuf {
+    script(
+        s,
+        "hostile-dest-atou",
+        &format!(
+            "if [ \"$4\" = receive ]; then exec '{}'; fi\nexec {ATOU} \"$@\"",
+            then.display()
+        ),
+    )
+}
+
+#[test]
+fn a_third_party_destination_cannot_send_the_source_elsewhere() {
+    let s = TestDir::new("hostile-third-party-dest");
+    let src = s.path("far/a.txt");
+    fs::create_dir_all(src.parent().unwrap()).unwrap();
+    fs::write(&src, "a").unwrap();
+    // A victim at 127.0.0.2, which the destination names as its own.
+    let victim = std::net::UdpSocket::bind("127.0.0.2:0").unwrap();
+    victim
+        .set_read_timeout(Some(std::time::Duration::from_millis(200)))
+        .unwrap();
+    let port = victim.local_addr().unwrap().port();
+    let answers = answering(&s, port, Some("127.0.0.2".parse().unwrap()), None);
+    let remote = hostile_dest(&s, &answers);
+    let heard = std::thread::spawn(move || {
+        let mut n = 0;
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(4);
+        let mut buf = [0u8; 2048];
+        while std::time::Instant::now() < until {
+            if victim.recv(&mut buf).is_ok() {
+                n += 1;
+            }
+        }
+        n
+    });
+    let started = std::time::Instant::now();
+    let out = pull(
+        &s,
+        &remote,
+        &[
+            &format!("127.0.0.1:{}", src.display()),
+            "127.0.0.1:dest",
+            "--maxidle",
+            "2",
+        ],
+    );
+    let heard = heard.join().unwrap();
+    eprintln!("the victim heard {heard} datagrams");
+    assert_eq!(heard, 0, "the source sent where the destination said");
+    // It sent to 127.0.0.1, the host ssh reached, where nothing answers:
+    // a bounded wait, one reason, and the way around it.
+    assert!(!out.status.success());
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    let err = stderr(&out);
+    assert!(err.contains("--via-local"), "{err}");
+    assert!(err.contains("the copy from 127.0.0.1:"), "{err}");
+
+    // A destination that answers nonsense: refused, naming it.
+    let nonsense = script(&s, "nonsense", "echo 'Welcome to host B!'; exec sleep 30");
+    let remote = hostile_dest(&s, &nonsense);
+    let started = std::time::Instant::now();
+    let out = pull(
+        &s,
+        &remote,
+        &[&format!("127.0.0.1:{}", src.display()), "127.0.0.1:dest"],
+    );
+    assert!(!out.status.success());
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    let err = stderr(&out);
+    assert!(err.contains("did not answer the bootstrap"), "{err}");
+    assert!(err.contains("Welcome to host B!"), "{err}");
+}

@@ -20,7 +20,8 @@ use crate::transfer::dest::Requested;
 use crate::transfer::receive::{check_root, TransferReport};
 use crate::transfer::remote::{
     check_target, read_hello, receive_push, remote_path, tidy, Detoured, FarReceiveConfig, FarSend,
-    FirstContact, Pull, PullConfig, PullOutcome, Punched, Push, RemoteError, SshCommand,
+    FarSendTo, FirstContact, Ordered, Pull, PullConfig, PullOutcome, Punched, Push, RemoteError,
+    SshCommand, ThirdParty, ThirdPartyOutcome,
 };
 use crate::transfer::send::Bound;
 use crate::transfer::send::Progress;
@@ -56,6 +57,9 @@ pub(super) struct SshArgs {
     /// UDP ports the remote end binds, LOW-HIGH or one port (one port for a push, one per stream for a pull); 0: any port. Open these in a firewall in front of the remote host
     #[arg(long, value_name = "LOW[-HIGH]", default_value = "0")]
     port: PortRange,
+    /// Third-party copy (both SRC and DEST remote): carry the data through this host, over the two ssh connections, instead of from the source host straight to the destination over UDP (as scp -3; for a source that cannot reach the destination)
+    #[arg(long)]
+    via_local: bool,
 }
 
 /// `atou __remote`: what ssh runs at the far end.
@@ -76,6 +80,20 @@ enum Role {
     Receive(RemoteReceiveArgs),
     /// Send SRC... (a pull)
     Send(RemoteSendArgs),
+    /// Send SRC... where the local end says, once it knows (the source of
+    /// a third-party copy)
+    SendTo(RemoteSendArgs),
+}
+
+/// What the sender of a third-party copy may do at the destination: what
+/// the user's flags asked for, no more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SenderMay {
+    Overwrite,
+    Delete,
+    Owners,
+    Xattrs,
+    Acls,
 }
 
 #[derive(Args, Debug)]
@@ -95,6 +113,20 @@ struct RemoteReceiveArgs {
     /// directory (and a PATH this run created) for the others, even empty
     #[arg(long)]
     shard: bool,
+    /// The sender is another host (a third-party copy), not the local
+    /// user's own command: it may do only what --sender-may says, and
+    /// send only the roots --requested names
+    #[arg(long)]
+    third_party: bool,
+    /// With --third-party: what the sender may do
+    #[arg(long, value_enum, value_delimiter = ',', requires = "third_party")]
+    sender_may: Vec<SenderMay>,
+    /// With --third-party: a SRC as the local user named it at the source
+    #[arg(long, value_name = "PATH", requires = "third_party")]
+    requested: Vec<String>,
+    /// With --third-party: say nothing when the transfer is in place
+    #[arg(long, requires = "third_party")]
+    quiet: bool,
     /// Where the files go, relative to the home directory unless absolute
     #[arg(value_name = "PATH")]
     path: String,
@@ -132,15 +164,15 @@ pub(super) fn copy(
         .collect();
     let pulls = remote.iter().filter(|r| r.is_some()).count();
     if pulls == 0 {
+        if ssh.via_local {
+            return Err(UsageError(
+                "--via-local is for a third-party copy, where SRC and DEST are both remote".into(),
+            )
+            .into());
+        }
         let (target, path) = split_ssh_target(dest).map_err(cli_error)?;
         check_target(&target).map_err(cli_error)?;
         return push(sources, &target, &path, flags);
-    }
-    if is_remote(dest) {
-        return Err(UsageError(format!(
-            "both SRC and DEST are remote (`{dest}`); copy through this host in two steps"
-        ))
-        .into());
     }
     if pulls < sources.len() {
         return Err(UsageError(
@@ -152,6 +184,17 @@ pub(super) fn copy(
     }
     let (target, paths) = one_host(remote.into_iter().flatten())?;
     check_target(&target).map_err(cli_error)?;
+    if is_remote(dest) {
+        let (dest_target, dest_path) = split_ssh_target(dest).map_err(cli_error)?;
+        check_target(&dest_target).map_err(cli_error)?;
+        return third_party(&target, &paths, &dest_target, &dest_path, flags);
+    }
+    if ssh.via_local {
+        return Err(UsageError(
+            "--via-local is for a third-party copy, where SRC and DEST are both remote".into(),
+        )
+        .into());
+    }
     pull(&target, &paths, dest, flags)
 }
 
@@ -293,6 +336,175 @@ fn pull(target: &str, paths: &[String], dest: &str, flags: CopyFlags<'_>) -> Res
     report_pull(outcome, &host, &target, Path::new(dest), transfer)
 }
 
+/// `atou copy [USER@]A:PATH... [USER@]B:PATH`: A sends to B, both started
+/// from here over ssh; here sees both ends' messages and moves no data
+/// (but with --via-local). `crate::transfer::remote`'s `third_party`
+/// says how, step by step.
+fn third_party(
+    source: &str,
+    paths: &[String],
+    dest_target: &str,
+    dest_path: &str,
+    flags: CopyFlags<'_>,
+) -> Result<ExitCode> {
+    let (transfer, receiving, ssh) = (flags.transfer, flags.receiving, flags.ssh);
+    let (tuning, notes) = transfer.tuning().resolve()?;
+    for note in notes {
+        eprintln!("atou: {note}");
+    }
+    let mut source_args = vec![
+        "send-to".to_string(),
+        "--port".to_string(),
+        ssh.port.to_string(),
+    ];
+    // Its report is the copy's: on its stderr, or as --json on its stdout
+    // for this end to pass on.
+    if transfer.json() {
+        source_args.push("--json".to_string());
+    } else if transfer.quiet() {
+        source_args.push("--quiet".to_string());
+    }
+    source_args.extend(transfer.sender_args()?);
+    if transfer.dry_run() {
+        source_args.push("--dry-run".to_string());
+    }
+    source_args.push("--".to_string());
+    source_args.extend(paths.iter().cloned());
+    let mut dest_args = push_args(dest_path, transfer, receiving, ssh.port, tuning.rcvbuf);
+    let path_at_end = dest_args.split_off(dest_args.len() - 2);
+    dest_args.push("--third-party".to_string());
+    let xattrs = transfer.keeps_xattrs();
+    let may: Vec<&str> = [
+        (transfer.overwrite(), "overwrite"),
+        (transfer.delete(), "delete"),
+        (transfer.keeps_owners(), "owners"),
+        (xattrs.xattrs, "xattrs"),
+        (xattrs.acls, "acls"),
+    ]
+    .into_iter()
+    .filter_map(|(on, word)| on.then_some(word))
+    .collect();
+    if !may.is_empty() {
+        dest_args.push(format!("--sender-may={}", may.join(",")));
+    }
+    for p in paths {
+        dest_args.push(format!("--requested={p}"));
+    }
+    if transfer.json() || transfer.quiet() {
+        dest_args.push("--quiet".to_string());
+    }
+    dest_args.extend(path_at_end);
+    let copy = ThirdParty::start(
+        &ssh.command(),
+        source,
+        &source_args,
+        dest_target,
+        &dest_args,
+    )
+    .map_err(cli_error)?;
+    let (from, to) = copy.targets();
+    let (from, to) = (from.to_string(), to.to_string());
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let i = interrupted.clone();
+        let _ = ctrlc_hook(move || i.store(true, Ordering::Relaxed));
+    }
+    let outcome = copy.run(ssh.via_local, &interrupted).map_err(cli_error)?;
+    let shown = |target: &str, path: &str| format!("{target}:{}", escape(path.as_bytes()));
+    let (from_shown, to_shown) = (shown(&from, &paths.join(" ")), shown(&to, dest_path));
+    report_third_party(
+        outcome,
+        &from_shown,
+        &to_shown,
+        interrupted.load(Ordering::Relaxed),
+        transfer,
+    )
+}
+
+/// Says how a third-party copy ended: the source's own report came
+/// through its stderr (or is passed on here as `--json`), the
+/// destination's too; this adds the route, or which end failed.
+fn report_third_party(
+    outcome: ThirdPartyOutcome,
+    from: &str,
+    to: &str,
+    interrupted: bool,
+    transfer: &TransferArgs,
+) -> Result<ExitCode> {
+    let sent = outcome.source.is_some_and(|s| s.success());
+    let placed = outcome.dest.is_some_and(|s| s.success());
+    let (status, why) = if interrupted {
+        (
+            Exit::Interrupted,
+            Some("interrupted; run the same command again to resume".to_string()),
+        )
+    } else if !sent {
+        // The sender's own status: its exit codes are ours (255: ssh).
+        let code = outcome.source.and_then(|s| s.code());
+        let status = Exit::ALL
+            .iter()
+            .copied()
+            .find(|e| Some(i32::from(e.code())) == code)
+            .filter(|e| *e != Exit::Ok)
+            .unwrap_or(Exit::Partial);
+        let how = code.map_or("was killed by a signal".to_string(), |c| {
+            format!("exited with status {c}")
+        });
+        (
+            status,
+            Some(format!(
+                "the copy from {from} to {to} failed: atou at the source {how}{}; run the same                  command again to resume",
+                outcome.source_words
+            )),
+        )
+    } else if !placed {
+        (
+            Exit::Partial,
+            Some(format!(
+                "the source verified every file, but atou at the destination {to} then failed{}",
+                outcome.dest_words
+            )),
+        )
+    } else {
+        (Exit::Ok, None)
+    };
+    if let Some(why) = &why {
+        eprintln!("atou: {why}");
+    } else if !transfer.quiet() && !transfer.json() {
+        eprintln!(
+            "atou: path: {}",
+            if outcome.route == "ssh" {
+                "ssh, through this host (--via-local)"
+            } else {
+                "UDP, from the source straight to the destination"
+            }
+        );
+    }
+    if transfer.json() {
+        // The source's report, checked as JSON (it is the remote's word),
+        // with the two ends and the route.
+        let said = outcome.said.join("\n");
+        let mut v = serde_json::from_str::<serde_json::Value>(&said)
+            .ok()
+            .filter(serde_json::Value::is_object)
+            .unwrap_or_else(|| {
+                exit::json_failure(status, from, why.as_deref().unwrap_or("no report"))
+            });
+        if let Some(m) = v.as_object_mut() {
+            m.insert("status".into(), status.word().into());
+            m.insert("exit".into(), status.code().into());
+            m.insert("from".into(), from.into());
+            m.insert("to".into(), to.into());
+            m.insert("path".into(), outcome.route.into());
+            if let Some(why) = &why {
+                m.insert("error".into(), why.as_str().into());
+            }
+        }
+        super::print_stdout(&exit::json_text(&v, false))?;
+    }
+    Ok(status.into())
+}
+
 /// Says how a pull ended, on stderr or as `--json` on stdout.
 fn report_pull(
     outcome: PullOutcome,
@@ -397,6 +609,10 @@ pub(super) fn remote(args: RemoteArgs) -> Result<ExitCode> {
     let ip = std::env::var("SSH_CONNECTION")
         .ok()
         .and_then(|c| ssh_server_ip(&c));
+    let role = match args.role {
+        Role::SendTo(a) => return remote_send_to(a, ip),
+        role => role,
+    };
     // The local end gone (ssh closed, Ctrl-C there): stop.
     let gone = Arc::new(tokio::sync::Notify::new());
     let gone_flag = Arc::new(AtomicBool::new(false));
@@ -427,7 +643,7 @@ pub(super) fn remote(args: RemoteArgs) -> Result<ExitCode> {
             gone.notify_one();
         }
     };
-    match args.role {
+    match role {
         Role::Receive(a) => remote_receive(a, hello, ip, move |r| watch(OnSwitch::Relay(r)), gone),
         Role::Send(a) => remote_send(
             a,
@@ -436,6 +652,7 @@ pub(super) fn remote(args: RemoteArgs) -> Result<ExitCode> {
             move |switch| watch(OnSwitch::Tell(switch)),
             gone_flag,
         ),
+        Role::SendTo(a) => remote_send_to(a, ip),
     }
 }
 
@@ -525,25 +742,32 @@ fn remote_receive(
             check_root(&path)?
         }
     };
+    // A push's sender is this user's own command: its flags decide. A
+    // third-party copy's is another host: it may do what this user's
+    // flags said, and send only the roots the user named.
+    let may = |what: SenderMay| !args.third_party || args.sender_may.contains(&what);
+    let policy = args.receiving.policy(
+        may(SenderMay::Overwrite),
+        may(SenderMay::Delete),
+        may(SenderMay::Owners),
+        Wanted {
+            xattrs: may(SenderMay::Xattrs),
+            acls: may(SenderMay::Acls),
+            root: true,
+        },
+        false,
+        args.third_party
+            .then(|| Requested::from_paths(&args.requested)),
+    );
     let config = FarReceiveConfig {
         root: root.clone(),
         port: args.port,
         buffer: args.buffer,
         rcvbuf: args.rcvbuf,
         dry_run: args.dry_run,
-        // The sender is this user's own command: its flags decide.
-        policy: args.receiving.policy(
-            true,
-            true,
-            true,
-            Wanted {
-                xattrs: true,
-                acls: true,
-                root: true,
-            },
-            false,
-            None,
-        ),
+        policy,
+        sender_may_overwrite: may(SenderMay::Overwrite),
+        sender_may_delete: may(SenderMay::Delete),
         writers: readers(None),
     };
     let received = receive_push(config, &hello, ip, watch, gone).map_err(cli_error);
@@ -551,7 +775,14 @@ fn remote_receive(
         tidy(&root, created);
     }
     match received? {
-        Some(Ok(())) => Ok(ExitCode::SUCCESS),
+        Some(Ok(report)) => {
+            // A third-party copy's destination says what it received:
+            // its report reaches the user only through this stderr.
+            if let (true, false, Some(r)) = (args.third_party, args.quiet, report) {
+                eprint!("{}", received_text(&r, "the source host"));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         // The sender has the reason too, in its answer.
         Some(Err(why)) => {
             eprintln!("atou: receiving failed: {}", escape(why.as_bytes()));
@@ -562,6 +793,81 @@ fn remote_receive(
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// The source of a third-party copy: answers, waits for the local end to
+/// say where the destination is (on stdin), and sends there.
+fn remote_send_to(args: RemoteSendArgs, ip: Option<IpAddr>) -> Result<ExitCode> {
+    let sources: Vec<PathBuf> = args.sources.iter().map(|s| remote_path(s)).collect();
+    let streams = args.transfer.streams();
+    let far = FarSendTo::answer(ip, args.port, streams, &sources).map_err(cli_error)?;
+    let mut stdin = std::io::stdin();
+    let Some(order) = far.order(&mut stdin).map_err(cli_error)? else {
+        eprintln!("atou: the local end went away before it said where to send");
+        return Ok(ExitCode::from(1));
+    };
+    let progress = Arc::new(Progress::default());
+    let (from, auth, route) = match order {
+        Ordered::Udp(from, auth) => {
+            // The rest of stdin is nothing until the local end goes
+            // (Ctrl-C there, ssh closed): then stop.
+            let p = progress.clone();
+            thread::spawn(move || {
+                let mut sink = [0u8; 256];
+                while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+                p.stop.store(true, Ordering::Relaxed);
+            });
+            (from, auth, "udp")
+        }
+        Ordered::Ssh(auth) => {
+            let gone = Arc::new(AtomicBool::new(false));
+            let from = tunnel_sending(streams, gone.clone())?;
+            let p = progress.clone();
+            thread::spawn(move || {
+                while !gone.load(Ordering::Relaxed) {
+                    thread::sleep(Duration::from_millis(50));
+                }
+                p.stop.store(true, Ordering::Relaxed);
+            });
+            (from, auth, "via-local")
+        }
+    };
+    let peer = from[0].peer;
+    let shown = if route == "via-local" {
+        "the destination (through the ssh tunnel)".to_string()
+    } else {
+        format!("the destination ({peer})")
+    };
+    let mut config = args.transfer.send_config(peer, shown, None)?;
+    config.auth = Some(auth);
+    config.route = Some(route);
+    run_send_from(
+        &sources,
+        config,
+        &args.transfer,
+        None,
+        &from,
+        progress,
+        OnFailure::explain(move |e| {
+            let unanswered = matches!(
+                e,
+                crate::transfer::send::SendError::Conn(crate::io::ProbeError::Conn {
+                    error: crate::proto::ConnError::Idle {
+                        stage: crate::proto::endpoint::client::Stage::Hello,
+                        ..
+                    },
+                    ..
+                }) | crate::transfer::send::SendError::Conn(
+                    crate::io::ProbeError::Unreachable { .. }
+                )
+            );
+            (unanswered && route == "udp").then(|| {
+                format!(
+                    "no UDP from here reached the destination ({peer}) or came back: a                      firewall between the two hosts? open the destination's --port range to                      this host, or run the copy with --via-local to carry the data through the                      host that runs it"
+                )
+            })
+        }),
+    )
 }
 
 fn remote_send(

@@ -1162,10 +1162,12 @@ fn shrank_to(result: &Result<SendReport, SendError>) -> Option<u32> {
 
 /// A copy over ssh's path, as its report says it.
 pub(super) fn route_text(route: &str) -> &'static str {
-    if route == "ssh" {
-        "ssh (no UDP datagram got through: atou's sealed datagrams went over the ssh connection)"
-    } else {
-        "udp"
+    match route {
+        "ssh" => {
+            "ssh (no UDP datagram got through: atou's sealed datagrams went over the ssh connection)"
+        }
+        "via-local" => "ssh, through the host that runs the copy (--via-local)",
+        _ => "udp",
     }
 }
 
@@ -1534,11 +1536,18 @@ impl TransferArgs {
     /// it shows progress, and every knob (from flags or --config) that is
     /// not at its default.
     pub(super) fn remote_send_args(&self) -> Result<Vec<String>> {
+        // Its progress lines come through ssh's stderr; its report (JSON,
+        // on the channel's stdout) is not shown: the local end reports
+        // what it received.
+        let mut a = vec![if self.quiet { "--quiet" } else { "--json" }.to_string()];
+        a.extend(self.sender_args()?);
+        Ok(a)
+    }
+
+    /// The flags that make a far sender send as this one would, but for
+    /// how it reports.
+    pub(super) fn sender_args(&self) -> Result<Vec<String>> {
         let mut a = vec![
-            // Its progress lines come through ssh's stderr; its report
-            // (JSON, on the channel's stdout) is not shown: the local end
-            // reports what it received.
-            if self.quiet { "--quiet" } else { "--json" }.to_string(),
             "--streams".to_string(),
             self.streams.to_string(),
             "--buffer".to_string(),

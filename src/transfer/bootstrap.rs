@@ -8,6 +8,8 @@
 //! local  -> remote   ATOU-BOOTSTRAP 2 <local public key>     (the argument of --hello)
 //! remote -> local    ATOU-BOOTSTRAP 2 <udp port>[,<port>...] <remote public key> <server ip|-> [<punch token>]
 //! remote -> local    ATOU-READY                      (pull: every port was punched)
+//! local  -> remote   ATOU-BOOTSTRAP 2 send-to <ip:port|ssh> <receiver's public key>
+//!                                                    (third-party copy: where the source sends)
 //! ```
 //!
 //! The hello rides the command line rather than stdin: ssh sends a
@@ -71,6 +73,29 @@ pub struct Answer {
     /// remote end (the sender, whose sockets the punches open).
     pub token: Option<[u8; 32]>,
 }
+
+/// Where the source host of a third-party copy sends, said on its stdin
+/// by the host that runs `atou copy` once the destination has answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendTo {
+    pub route: SendRoute,
+    /// The receiver's one-time key, pinned: the source talks to nothing
+    /// else.
+    pub key: PublicKey,
+}
+
+/// The way a third-party copy's data goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendRoute {
+    /// Over UDP, straight to the receiver at this address.
+    Udp(SocketAddr),
+    /// Through the source's ssh channel, relayed by the host that runs
+    /// `atou copy` (`--via-local`).
+    Ssh,
+}
+
+/// The word before [`SendTo`]'s fields.
+const SEND_TO_WORD: &str = "send-to";
 
 fn b64(bytes: &[u8; 32]) -> String {
     STANDARD.encode(bytes)
@@ -171,6 +196,41 @@ impl Answer {
             key: PublicKey(unb64("public key", key)?),
             addr,
             token,
+        })
+    }
+}
+
+impl SendTo {
+    pub fn encode(&self) -> String {
+        let route = match self.route {
+            SendRoute::Udp(addr) => addr.to_string(),
+            SendRoute::Ssh => "ssh".to_string(),
+        };
+        format!(
+            "{MAGIC} {VERSION} {SEND_TO_WORD} {route} {}\n",
+            b64(&self.key.0)
+        )
+    }
+
+    pub fn decode(line: &str) -> Result<SendTo, Error> {
+        let w = words(line)?;
+        let [_, _, SEND_TO_WORD, route, key] = w.as_slice() else {
+            return Err(bad(
+                "a send-to line has `send-to`, an address or `ssh`, and a key",
+            ));
+        };
+        let route = match *route {
+            "ssh" => SendRoute::Ssh,
+            a => SendRoute::Udp(a.parse().map_err(|_| {
+                bad(format!(
+                    "`{}` is not an IP address and port",
+                    escape(a.as_bytes())
+                ))
+            })?),
+        };
+        Ok(SendTo {
+            route,
+            key: PublicKey(unb64("public key", key)?),
         })
     }
 }
@@ -382,6 +442,37 @@ mod tests {
         ] {
             assert_eq!(Answer::decode(&a.encode()).unwrap(), a);
         }
+    }
+
+    #[test]
+    fn send_to_lines_round_trip_and_refuse_what_is_not_one() {
+        for route in [
+            SendRoute::Udp("192.0.2.7:40000".parse().unwrap()),
+            SendRoute::Udp("[2001:db8::2]:9".parse().unwrap()),
+            SendRoute::Ssh,
+        ] {
+            let s = SendTo { route, key: key(6) };
+            assert!(s.encode().ends_with('\n') && s.encode().matches('\n').count() == 1);
+            assert_eq!(SendTo::decode(&s.encode()).unwrap(), s);
+        }
+        let good = SendTo {
+            route: SendRoute::Ssh,
+            key: key(6),
+        }
+        .encode();
+        assert!(SendTo::decode(&good.replace("send-to", "sendto")).is_err());
+        assert!(SendTo::decode(&good.replace(" ssh ", " host:1 ")).is_err());
+        assert!(SendTo::decode(&good.replace(" ssh ", " 192.0.2.7 ")).is_err());
+        assert!(SendTo::decode(&good.replace(" ssh ", " ")).is_err());
+        assert!(SendTo::decode(&format!("{} x", good.trim_end())).is_err());
+        // An answer is not an order.
+        let answer = Answer {
+            ports: vec![5],
+            key: key(1),
+            addr: None,
+            token: None,
+        };
+        assert!(SendTo::decode(&answer.encode()).is_err());
     }
 
     #[test]

@@ -12,6 +12,9 @@
 //! way in through a NAT or firewall at the local end; each remote socket
 //! then connects back from itself to where its punch came from.
 //!
+//! Third-party (`atou copy [USER@]A:PATH... [USER@]B:PATH`): both ends
+//! are remote; [`third_party`] starts them and the data goes from A to B.
+//!
 //! The line protocol is [`super::bootstrap`]; docs/security.md,
 //! "The ssh bootstrap, step by step", says why it is safe.
 
@@ -44,6 +47,12 @@ use crate::transfer::send::{Bound, Progress, SendError};
 use crate::transfer::tunnel::{self, ClientSide, ServerSide, Tunnel};
 use crate::util::text::escape;
 
+mod third_party;
+pub(crate) use third_party::{FarSendTo, Ordered, ThirdParty, ThirdPartyOutcome};
+
+/// Most bytes of the remote's stdout lines kept for this end to read;
+/// the rest are read and dropped.
+const MAX_KEPT: usize = 1 << 20;
 /// How long a copy waits for a UDP answer from the remote before it
 /// carries its datagrams over the ssh connection instead (issue 29).
 const DETECT_UDP: Duration = Duration::from_secs(3);
@@ -423,6 +432,39 @@ impl RemoteEnd {
         }
     }
 
+    /// Writes `line` on the remote's stdin.
+    fn say(&mut self, line: &str) -> Result<(), RemoteError> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| failed("ssh's stdin is closed"))?;
+        stdin.write_all(line.as_bytes())?;
+        stdin.flush()?;
+        Ok(())
+    }
+
+    /// Waits for ssh to exit however long it takes, unless `interrupted`
+    /// is set (then kills it), and for its stderr to be read.
+    fn wait_for_exit(&mut self, interrupted: &AtomicBool) -> Option<ExitStatus> {
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) => {
+                    if let Some(h) = self.stderr.take() {
+                        let _ = h.join();
+                    }
+                    return Some(s);
+                }
+                Ok(None) if !interrupted.load(Ordering::Relaxed) => {
+                    thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = self.child.kill();
+                    return self.child.wait().ok();
+                }
+            }
+        }
+    }
+
     /// Waits up to `grace` for ssh to exit, then kills it.
     fn wait_for(&mut self, grace: Duration) -> Option<ExitStatus> {
         let until = Instant::now() + grace;
@@ -562,6 +604,9 @@ fn read_lines<R: Read + Send + 'static>(
     let (hand_over, frames) = mpsc::channel();
     thread::spawn(move || {
         let mut r = BufReader::new(stdout);
+        // What waits in the channel unread is bounded: a remote that
+        // prints without end costs this end no more than this.
+        let mut kept = 0;
         loop {
             let mut line = Vec::new();
             match (&mut r).take(MAX_LINE as u64).read_until(b'\n', &mut line) {
@@ -569,6 +614,10 @@ fn read_lines<R: Read + Send + 'static>(
                 Ok(_) => {
                     let text = String::from_utf8_lossy(&line).trim_end().to_string();
                     let switch = text == tunnel::SWITCH;
+                    kept += line.len();
+                    if kept > MAX_KEPT && !switch {
+                        continue;
+                    }
                     if tx.send(text).is_err() {
                         break;
                     }
@@ -1434,6 +1483,12 @@ pub(crate) struct FarReceiveConfig {
     pub dry_run: bool,
     /// The local user's own rules, passed on its command line.
     pub policy: ReceivePolicy,
+    /// Whether the sender's key may replace files and delete: in a push
+    /// the sender is the user's own command (yes: its flags decide); in a
+    /// third-party copy another host, which gets what the user's flags
+    /// said.
+    pub sender_may_overwrite: bool,
+    pub sender_may_delete: bool,
     pub writers: usize,
 }
 
@@ -1441,22 +1496,24 @@ pub(crate) struct FarReceiveConfig {
 /// `ip` (where ssh reached this host) and serves one transfer from the
 /// hello's key until it is over or `gone` is told. `watch` runs once the
 /// answer is out, given the receiver's address (for a tunnel to it).
-/// `Ok(None)`: the local end went away first.
+/// `Ok(None)`: the local end went away first. `Ok(Some(Ok(report)))`:
+/// the transfer is in place (no report for a dry run).
 pub(crate) fn receive_push(
     config: FarReceiveConfig,
     hello: &Hello,
     ip: Option<IpAddr>,
     watch: impl FnOnce(SocketAddr) + Send + 'static,
     gone: Arc<tokio::sync::Notify>,
-) -> Result<Option<Result<(), String>>, RemoteError> {
+) -> Result<Option<Result<Option<TransferReport>, String>>, RemoteError> {
     let sock = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), config.port, 1)?.remove(0);
     let local = sock.local_addr()?;
     let identity = one_time_key()?;
     let key = identity.public();
-    // The far end of a push takes the local user's own rules, passed on
-    // its command line; the one sender is that user.
-    let auth = server_auth(identity, &hello.key, true, true)?;
-    let outcome: Outcome<()> = Arc::new(Mutex::new(None));
+    // The far end takes the local user's own rules, passed on its command
+    // line.
+    let (may_overwrite, may_delete) = (config.sender_may_overwrite, config.sender_may_delete);
+    let auth = server_auth(identity, &hello.key, may_overwrite, may_delete)?;
+    let outcome: Outcome<Option<TransferReport>> = Arc::new(Mutex::new(None));
     let new_receiver = if config.dry_run {
         FileReceiver::dry_run
     } else {
@@ -1469,20 +1526,27 @@ pub(crate) fn receive_push(
             once: true,
             policy: config.policy,
             limits: ReceiveLimits::default(),
-            // The other end's one-time key: its --overwrite and --delete
-            // decide.
-            authorized: Some(only(&hello.key, true, true)?),
+            // The other end's one-time key.
+            authorized: Some(only(&hello.key, may_overwrite, may_delete)?),
         },
         {
             let outcome = outcome.clone();
             move |e| {
-                let r = match e {
-                    ReceiveEvent::Done(_)
-                    | ReceiveEvent::Planned { .. }
-                    | ReceiveEvent::StagingCleaned { .. } => Ok(()),
-                    ReceiveEvent::Failed { why, .. } => Err(why),
-                };
-                outcome.lock().expect("lock").get_or_insert(r);
+                let mut o = outcome.lock().expect("lock");
+                // The first transfer's end; a tidying of abandoned
+                // partial files says nothing of it.
+                match e {
+                    ReceiveEvent::Done(report) => {
+                        o.get_or_insert(Ok(Some(report)));
+                    }
+                    ReceiveEvent::Planned { .. } => {
+                        o.get_or_insert(Ok(None));
+                    }
+                    ReceiveEvent::Failed { why, .. } => {
+                        o.get_or_insert(Err(why));
+                    }
+                    ReceiveEvent::StagingCleaned { .. } => {}
+                }
             }
         },
     )
@@ -1513,6 +1577,19 @@ pub(crate) fn receive_push(
     ))?;
     let result = outcome.lock().expect("lock").take();
     Ok(result)
+}
+
+/// Every SRC of a sending far end is there, or the reason one is not.
+fn check_sources(sources: &[PathBuf]) -> Result<(), RemoteError> {
+    for s in sources {
+        if let Err(e) = std::fs::symlink_metadata(s) {
+            return Err(failed(format!(
+                "cannot read {}: {e}",
+                crate::util::text::shown_path(s)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The far end of a pull, bound and answered, waiting for its punches.
@@ -1546,14 +1623,7 @@ impl FarSend {
         streams: usize,
         sources: &[PathBuf],
     ) -> Result<FarSend, RemoteError> {
-        for s in sources {
-            if let Err(e) = std::fs::symlink_metadata(s) {
-                return Err(failed(format!(
-                    "cannot read {}: {e}",
-                    crate::util::text::shown_path(s)
-                )));
-            }
-        }
+        check_sources(sources)?;
         let socks = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), port, streams)?;
         let ports = socks
             .iter()

@@ -1,0 +1,270 @@
+//! A third-party copy: `atou copy [USER@]A:PATH... [USER@]B:PATH` run on
+//! a third host, here, which starts both ends over ssh and moves no data
+//! itself (issue 30 point 1):
+//!
+//! 1. Here runs `atou __remote send-to` at A, which binds one UDP socket
+//!    per stream in `--port` and answers with their ports and its
+//!    one-time key `K_A`.
+//! 2. Here runs `atou __remote receive --third-party` at B with `K_A` in
+//!    its hello: B's receiver takes that key and no other, with only the
+//!    rights this user's flags give (no overwrite, delete, owners or
+//!    attributes unless asked here, only the names asked for here). B
+//!    answers with its port and its one-time key `K_B`.
+//! 3. Here tells A, on A's stdin, where B is — the address *this* host
+//!    resolved for B, B's word only picking among them — and `K_B`: A's
+//!    send is pinned to `K_B`, and goes nowhere B chose.
+//! 4. A sends to B over UDP. A's and B's messages reach here on their
+//!    ssh channels. With `--via-local` A's datagrams go instead through
+//!    A's ssh channel to here, and from here through B's channel to B
+//!    (as `scp -3`), for an A that cannot reach B.
+//!
+//! Neither end trusts the other more than a pull's or a push's would: the
+//! keys and the address came over the two ssh channels, which ssh has
+//! authenticated, and the receiving end's policy is what this user said.
+
+use std::io::Read;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use super::{
+    answer, check_sources, client_auth, failed, one_time_key, RemoteEnd, RemoteError, SshCommand,
+    EXIT_GRACE,
+};
+use crate::proto::crypto::{ClientAuth, PublicKey, StaticKeypair};
+use crate::transfer::bootstrap::{bind_in_range, Hello, PortRange, SendRoute, SendTo, MAX_LINE};
+use crate::transfer::send::Bound;
+use crate::transfer::tunnel::{self, ClientSide, ServerSide};
+use crate::util::text::escape;
+
+/// A third-party copy whose two ends have answered.
+pub(crate) struct ThirdParty {
+    source: RemoteEnd,
+    dest: RemoteEnd,
+    /// Where the source sends: the destination's port, at the address of
+    /// the destination host as this host resolved it.
+    pub peer: SocketAddr,
+    dest_key: PublicKey,
+}
+
+/// How a third-party copy ended, once its order was given.
+pub(crate) struct ThirdPartyOutcome {
+    /// The source's exit status (its send's: success once the destination
+    /// verified every file); `None` if it could not be had.
+    pub source: Option<ExitStatus>,
+    /// The destination's.
+    pub dest: Option<ExitStatus>,
+    /// `"udp"` (A to B directly) or `"ssh"` (through here).
+    pub route: &'static str,
+    /// What the source printed on stdout after its answer (its `--json`
+    /// report), unescaped: the caller checks it.
+    pub said: Vec<String>,
+    /// Each end's last words on stderr, escaped.
+    pub source_words: String,
+    pub dest_words: String,
+}
+
+impl ThirdParty {
+    /// Runs both ends, the source first: the destination's hello carries
+    /// the source's key, which it authorizes for this transfer only.
+    pub(crate) fn start(
+        ssh: &SshCommand,
+        source_target: &str,
+        source_args: &[String],
+        dest_target: &str,
+        dest_args: &[String],
+    ) -> Result<ThirdParty, RemoteError> {
+        // The source is a client of the destination, with a key of its
+        // own; the key in its hello is this end's and is not used.
+        let unused = Hello {
+            key: one_time_key()?.public(),
+        };
+        let mut source = RemoteEnd::start(ssh, source_target, &unused, source_args)?;
+        let from = source.bootstrap()?;
+        let mut dest = RemoteEnd::start(ssh, dest_target, &Hello { key: from.key }, dest_args)?;
+        let to = dest.bootstrap()?;
+        let peer = SocketAddr::new(dest.peer_ip(ssh, &to)?, to.ports[0]);
+        Ok(ThirdParty {
+            source,
+            dest,
+            peer,
+            dest_key: to.key,
+        })
+    }
+
+    /// `[USER@]HOST` of the source and of the destination.
+    pub(crate) fn targets(&self) -> (&str, &str) {
+        (self.source.target(), self.dest.target())
+    }
+
+    /// Tells the source where to send and waits for it to end, then for
+    /// the destination. `interrupted` (Ctrl-C here) ends both.
+    pub(crate) fn run(
+        mut self,
+        via_local: bool,
+        interrupted: &AtomicBool,
+    ) -> Result<ThirdPartyOutcome, RemoteError> {
+        let key = self.dest_key;
+        // Held until the source has ended: dropping one stops its relay.
+        let mut tunnels = Vec::new();
+        if via_local {
+            let Some((from_dest, to_dest)) = self.dest.switch_to_tunnel()? else {
+                return Err(failed(format!(
+                    "atou on {} did not take the ssh tunnel (an older release?): run this atou \
+                     release there, or copy without --via-local",
+                    self.dest.host()
+                )));
+            };
+            let side = ClientSide::bind(1, self.peer)?;
+            let stand_in = side.addrs()?[0];
+            tunnels.push(side.run(from_dest, to_dest)?);
+            self.source.say(
+                &SendTo {
+                    route: SendRoute::Ssh,
+                    key,
+                }
+                .encode(),
+            )?;
+            match self.source.lines.recv_timeout(EXIT_GRACE) {
+                Ok(line) if line == tunnel::SWITCH => {}
+                Ok(line) => {
+                    return Err(failed(format!(
+                        "{} said `{}` where the switch to the ssh tunnel expected {}: is atou \
+                         there the same release?",
+                        self.source.host(),
+                        escape(line.as_bytes()),
+                        tunnel::SWITCH
+                    )))
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(failed(format!(
+                        "atou on {} did not switch to the ssh tunnel in {:.0} s",
+                        self.source.host(),
+                        EXIT_GRACE.as_secs_f64()
+                    )))
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(self.source.failure("before the switch to the ssh tunnel"))
+                }
+            }
+            let frames = self
+                .source
+                .frames
+                .recv_timeout(EXIT_GRACE)
+                .map_err(|_| failed("ssh's stdout closed at the switch to the tunnel"))?;
+            let to_source = self
+                .source
+                .stdin
+                .take()
+                .ok_or_else(|| failed("ssh's stdin is closed"))?;
+            tunnels.push(ServerSide::new(vec![stand_in]).run(frames, to_source)?);
+        } else {
+            self.source.say(
+                &SendTo {
+                    route: SendRoute::Udp(self.peer),
+                    key,
+                }
+                .encode(),
+            )?;
+        }
+        let source = self.source.wait_for_exit(interrupted);
+        drop(tunnels);
+        let said = self.source.lines.try_iter().collect();
+        let sent = source.is_some_and(|s| s.success());
+        let dest = if sent {
+            // Its receiver served one transfer: it ends by itself once
+            // that is over.
+            self.dest.finish()
+        } else {
+            // The source said why; what the destination adds is noise,
+            // and it is not waited for.
+            self.dest.quiet();
+            self.dest.stdin = None;
+            self.dest.wait_for(Duration::from_millis(500))
+        };
+        Ok(ThirdPartyOutcome {
+            source,
+            dest,
+            route: if via_local { "ssh" } else { "udp" },
+            said,
+            source_words: self.source.last_words(),
+            dest_words: self.dest.last_words(),
+        })
+    }
+}
+
+/// The source end of a third-party copy, bound and answered, waiting to
+/// be told where to send.
+pub(crate) struct FarSendTo {
+    socks: Vec<UdpSocket>,
+    identity: StaticKeypair,
+}
+
+/// Where the source of a third-party copy was told to send.
+pub(crate) enum Ordered {
+    /// Straight to the destination over UDP, from these sockets.
+    Udp(Vec<Bound>, ClientAuth),
+    /// Through the ssh channel (`--via-local`): the caller stands in for
+    /// the destination at this end of it.
+    Ssh(ClientAuth),
+}
+
+impl FarSendTo {
+    /// Binds one socket per stream in the range at `ip` (where ssh reached
+    /// this host) and answers with their ports and a one-time key. Every
+    /// SRC must be there.
+    pub(crate) fn answer(
+        ip: Option<IpAddr>,
+        port: PortRange,
+        streams: usize,
+        sources: &[PathBuf],
+    ) -> Result<FarSendTo, RemoteError> {
+        check_sources(sources)?;
+        let socks = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), port, streams)?;
+        let ports = socks
+            .iter()
+            .map(|s| s.local_addr().map(|a| a.port()))
+            .collect::<std::io::Result<Vec<u16>>>()?;
+        let identity = one_time_key()?;
+        answer(ports, identity.public(), ip, None)?;
+        Ok(FarSendTo { socks, identity })
+    }
+
+    /// Reads the order on `input` (one line, a byte at a time: what
+    /// follows it, the tunnel's frames, stays there) and says where to
+    /// send and with which pinned key. `None`: the input ended first.
+    pub(crate) fn order(self, input: &mut impl Read) -> Result<Option<Ordered>, RemoteError> {
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        loop {
+            match input.read(&mut byte) {
+                Ok(0) => return Ok(None),
+                Ok(_) if byte[0] == b'\n' => break,
+                Ok(_) if line.len() < MAX_LINE => line.push(byte[0]),
+                Ok(_) => return Err(failed("the send-to order is longer than a bootstrap line")),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let order = SendTo::decode(&String::from_utf8_lossy(&line))
+            .map_err(|e| failed(format!("the send-to order: {e}")))?;
+        let auth = client_auth(self.identity, order.key);
+        Ok(Some(match order.route {
+            SendRoute::Ssh => Ordered::Ssh(auth),
+            SendRoute::Udp(peer) => {
+                let from = self
+                    .socks
+                    .into_iter()
+                    .map(|socket| {
+                        socket.set_nonblocking(true)?;
+                        Ok(Bound { socket, peer })
+                    })
+                    .collect::<std::io::Result<Vec<_>>>()?;
+                Ordered::Udp(from, auth)
+            }
+        }))
+    }
+}
