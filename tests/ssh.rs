@@ -100,8 +100,16 @@ fn have_openssh() -> Result<(), String> {
     }
 }
 
+/// Where a private sshd runs (`far`) and where ssh and atou copy run
+/// (`near`): two network namespaces.
+#[derive(Clone, Copy)]
+struct Placed<'a> {
+    far: &'a str,
+    near: &'a str,
+}
+
 /// A private sshd on 127.0.0.1 with its own host key and one client key,
-/// or in a namespace of [`Namespaces`].
+/// or in a namespace of [`Namespaces`] or [`ThreeHosts`].
 struct Sshd {
     child: Child,
     port: u16,
@@ -136,7 +144,7 @@ impl Sshd {
 
     /// Started in `dir` on `addr`, in the far namespace of `net` if any
     /// (atou and ssh then run in its near one).
-    fn start_at(dir: &Path, test: &str, addr: &str, net: Option<&Namespaces>) -> Option<Sshd> {
+    fn start_at(dir: &Path, test: &str, addr: &str, net: Option<Placed<'_>>) -> Option<Sshd> {
         if let Err(why) = have_openssh() {
             common::cannot_run(test, &why);
             return None;
@@ -175,7 +183,8 @@ impl Sshd {
             .unwrap();
             let mut sshd = Command::new("/usr/sbin/sshd");
             if let Some(net) = net {
-                sshd = net.exec(&net.far, "/usr/sbin/sshd");
+                sshd = Command::new("ip");
+                sshd.args(["netns", "exec", net.far, "/usr/sbin/sshd"]);
             }
             let child = sshd
                 .args(["-D", "-f"])
@@ -191,7 +200,7 @@ impl Sshd {
                 user: user.clone(),
                 key: ssh.join("client_key"),
                 addr: addr.to_string(),
-                near: net.map(|n| n.near.clone()),
+                near: net.map(|n| n.near.to_string()),
             };
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {
@@ -898,6 +907,13 @@ impl Namespaces {
         Some(net)
     }
 
+    fn placed(&self) -> Placed<'_> {
+        Placed {
+            far: &self.far,
+            near: &self.near,
+        }
+    }
+
     /// `program` run in namespace `ns`.
     fn exec(&self, ns: &str, program: &str) -> Command {
         let mut c = Command::new("ip");
@@ -942,7 +958,7 @@ fn a_push_goes_through_ssh_when_a_firewall_drops_udp_both_ways() {
     net.drop_udp_into(&net.near);
     net.drop_udp_into(&net.far);
     let s = dir_for_sshd("tunnel-push");
-    let Some(sshd) = Sshd::start_at(s.root(), test, Namespaces::FAR, Some(&net)) else {
+    let Some(sshd) = Sshd::start_at(s.root(), test, Namespaces::FAR, Some(net.placed())) else {
         return;
     };
     let src = s.path("data");
@@ -1018,7 +1034,7 @@ fn a_push_goes_through_ssh_when_only_the_answers_are_dropped() {
     };
     net.drop_udp_into(&net.near);
     let s = dir_for_sshd("tunnel-one-way");
-    let Some(sshd) = Sshd::start_at(s.root(), test, Namespaces::FAR, Some(&net)) else {
+    let Some(sshd) = Sshd::start_at(s.root(), test, Namespaces::FAR, Some(net.placed())) else {
         return;
     };
     let src = s.path("data");
@@ -1049,7 +1065,7 @@ fn a_pull_goes_through_ssh_when_a_firewall_drops_udp_either_way() {
             net.drop_udp_into(&net.far);
         }
         let s = dir_for_sshd(&format!("tunnel-pull-{tag}"));
-        let Some(sshd) = Sshd::start_at(s.root(), test, Namespaces::FAR, Some(&net)) else {
+        let Some(sshd) = Sshd::start_at(s.root(), test, Namespaces::FAR, Some(net.placed())) else {
             return;
         };
         let src = s.path("data");
@@ -1071,4 +1087,227 @@ fn a_pull_goes_through_ssh_when_a_firewall_drops_udp_either_way() {
         assert_eq!(json_path(&out.stdout), "ssh", "{}", text(&out));
         assert_same_tree(&src, &dest.join("data"));
     }
+}
+
+/// Three hosts on one LAN, each a network namespace with a veth to a
+/// bridge in a fourth: `here` (where `atou copy` and ssh run), `a` and
+/// `b`, each of the last two with a private sshd. Removed when dropped.
+struct ThreeHosts {
+    here: String,
+    a: String,
+    b: String,
+    lan: String,
+    /// here's end of its veth, whose counters say what crossed here.
+    here_if: String,
+}
+
+impl ThreeHosts {
+    const HERE: &'static str = "10.78.0.1";
+    const A: &'static str = "10.78.0.2";
+    const B: &'static str = "10.78.0.3";
+
+    fn new(test: &str) -> Option<ThreeHosts> {
+        // Namespaces::new checks what is needed; its pair is not used.
+        let _ = Namespaces::new(test, "c")?;
+        let id = std::process::id();
+        let ns = |n: &str| format!("atou-3p-{id}-{n}");
+        let hosts = ThreeHosts {
+            here: ns("here"),
+            a: ns("a"),
+            b: ns("b"),
+            lan: ns("lan"),
+            here_if: format!("t{id}h"),
+        };
+        let ip = |args: &[&str]| {
+            let out = run(Command::new("ip").args(args));
+            assert!(out.status.success(), "ip {args:?}: {}", text(&out));
+        };
+        for n in [&hosts.lan, &hosts.here, &hosts.a, &hosts.b] {
+            ip(&["netns", "add", n]);
+        }
+        ip(&["-n", &hosts.lan, "link", "add", "br0", "type", "bridge"]);
+        ip(&["-n", &hosts.lan, "link", "set", "br0", "up"]);
+        for (n, tag, addr) in [
+            (&hosts.here, "h", Self::HERE),
+            (&hosts.a, "a", Self::A),
+            (&hosts.b, "b", Self::B),
+        ] {
+            let (host_if, lan_if) = (format!("t{id}{tag}"), format!("t{id}{tag}l"));
+            ip(&[
+                "link", "add", &host_if, "type", "veth", "peer", "name", &lan_if,
+            ]);
+            ip(&["link", "set", &host_if, "netns", n]);
+            ip(&["link", "set", &lan_if, "netns", &hosts.lan]);
+            ip(&[
+                "-n", &hosts.lan, "link", "set", &lan_if, "master", "br0", "up",
+            ]);
+            ip(&[
+                "-n",
+                n,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                &host_if,
+            ]);
+            ip(&["-n", n, "link", "set", &host_if, "up"]);
+            ip(&["-n", n, "link", "set", "lo", "up"]);
+        }
+        Some(hosts)
+    }
+
+    /// Bytes in and out of here's interface so far.
+    fn bytes_here(&self) -> u64 {
+        ["rx_bytes", "tx_bytes"]
+            .iter()
+            .map(|c| {
+                let out = run(Command::new("ip").args([
+                    "netns",
+                    "exec",
+                    &self.here,
+                    "cat",
+                    &format!("/sys/class/net/{}/statistics/{c}", self.here_if),
+                ]));
+                String::from_utf8_lossy(&out.stdout)
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap()
+            })
+            .sum()
+    }
+
+    /// A firewall at `b` that drops UDP from `a` (ssh from here passes).
+    fn b_drops_udp_from_a(&self) {
+        for rule in [
+            "add table inet f".to_string(),
+            "add chain inet f input { type filter hook input priority 0; }".to_string(),
+            format!(
+                "add rule inet f input ip saddr {} meta l4proto udp drop",
+                Self::A
+            ),
+        ] {
+            let out = run(Command::new("ip")
+                .args(["netns", "exec", &self.b, "nft"])
+                .args(rule.split(' ')));
+            assert!(out.status.success(), "nft {rule}: {}", text(&out));
+        }
+    }
+}
+
+impl Drop for ThreeHosts {
+    fn drop(&mut self) {
+        for ns in [&self.here, &self.a, &self.b, &self.lan] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// Issue 30 point 1: `atou copy a:SRC b:DEST` run at a third host moves
+/// the data from a to b directly (here's interface carries only the two
+/// ssh connections), or, with `--via-local`, through here; where b drops
+/// UDP from a, the direct copy says so and names --via-local, which then
+/// goes through.
+#[test]
+fn a_third_party_copy_goes_from_host_to_host_and_only_control_crosses_here() {
+    let test = "a_third_party_copy_goes_from_host_to_host_and_only_control_crosses_here";
+    let Some(hosts) = ThreeHosts::new(test) else {
+        return;
+    };
+    let s = dir_for_sshd("third-party");
+    let mut sshds = Vec::new();
+    for (name, ns, addr) in [
+        ("a", &hosts.a, ThreeHosts::A),
+        ("b", &hosts.b, ThreeHosts::B),
+    ] {
+        let dir = s.path(name);
+        fs::create_dir_all(&dir).unwrap();
+        let placed = Placed {
+            far: ns,
+            near: &hosts.here,
+        };
+        let Some(sshd) = Sshd::start_at(&dir, test, addr, Some(placed)) else {
+            return;
+        };
+        sshds.push((name, sshd));
+    }
+    // One --ssh for both hosts: a config with a Host block each (so the
+    // address atou sends to comes from `ssh -G`, as for a user's aliases).
+    let config = s.path("ssh_config");
+    let mut text_of_config = String::new();
+    for (name, sshd) in &sshds {
+        text_of_config += &format!(
+            "Host {name}\n  HostName {}\n  Port {}\n  IdentityFile {}\n  User {}\n",
+            sshd.addr,
+            sshd.port,
+            sshd.key.display(),
+            sshd.user
+        );
+    }
+    text_of_config += "Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  \
+                       BatchMode yes\n  LogLevel ERROR\n";
+    fs::write(&config, text_of_config).unwrap();
+    let ssh = format!("ssh -F {}", config.display());
+    let copy = |args: &[&str]| {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &hosts.here, ATOU])
+            .env("XDG_CACHE_HOME", TEST_CACHE)
+            .arg("copy")
+            .args(args)
+            .args(["--ssh", &ssh, "--remote-atou", ATOU]);
+        run(&mut c)
+    };
+    let src = s.path("a/data");
+    make_tree(&src);
+    let big = 16 * MIB;
+    fs::write(src.join("big.bin"), noise(big, 30)).unwrap();
+    let at_a = format!("a:{}", src.display());
+
+    // Straight from a to b.
+    let dest = s.path("b/direct");
+    let before = hosts.bytes_here();
+    let out = copy(&[&at_a, &format!("b:{}", dest.display())]);
+    let crossed = hosts.bytes_here() - before;
+    say(&format!(
+        "third-party, direct: {crossed} bytes crossed here for {big} of data: {}",
+        text(&out)
+    ));
+    assert!(out.status.success(), "direct: {}", text(&out));
+    assert_same_tree(&src, &dest.join("data"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("straight to the destination"), "{err}");
+    assert!(err.contains("every file verified"), "{err}");
+    // Two ssh log-ins and a few lines each way; none of the data.
+    assert!(crossed < (big / 8) as u64, "{crossed} bytes crossed here");
+
+    // Through here.
+    let dest = s.path("b/relayed");
+    let before = hosts.bytes_here();
+    let out = copy(&[&at_a, &format!("b:{}", dest.display()), "--via-local"]);
+    let crossed = hosts.bytes_here() - before;
+    say(&format!(
+        "third-party, --via-local: {crossed} bytes crossed here"
+    ));
+    assert!(out.status.success(), "--via-local: {}", text(&out));
+    assert_same_tree(&src, &dest.join("data"));
+    assert!(crossed > 2 * big as u64, "{crossed} bytes crossed here");
+
+    // b drops UDP from a: the direct copy says so and how around it;
+    // --via-local goes through.
+    hosts.b_drops_udp_from_a();
+    let dest = s.path("b/blocked");
+    let out = copy(&[&at_a, &format!("b:{}", dest.display()), "--maxidle", "3"]);
+    say(&format!("third-party, UDP blocked: {}", text(&out)));
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--via-local"),
+        "{}",
+        text(&out)
+    );
+    let out = copy(&[&at_a, &format!("b:{}", dest.display()), "--via-local"]);
+    assert!(
+        out.status.success(),
+        "--via-local, UDP blocked: {}",
+        text(&out)
+    );
+    assert_same_tree(&src, &dest.join("data"));
 }

@@ -56,7 +56,7 @@ struct Cli {
 enum Command {
     /// Send files and directory trees to an `atou serve --dir` (resumable, every file verified)
     Send(transfer::SendArgs),
-    /// Copy files and trees: locally (through atou over loopback), or to or from [USER@]HOST:PATH, running the other end over ssh
+    /// Copy files and trees: locally (through atou over loopback), to or from [USER@]HOST:PATH, or between two hosts, running the remote ends over ssh
     Copy(transfer::CopyArgs),
     /// Simulate a transfer in virtual time over modelled links, reproducibly from a seed
     Sim(SimArgs),

@@ -54,7 +54,7 @@ pub(super) struct SshArgs {
     /// atou on the remote host: a command looked up in its PATH, or a path there
     #[arg(long, value_name = "PATH", default_value = "atou")]
     remote_atou: String,
-    /// UDP ports the remote end binds, LOW-HIGH or one port (one port for a push, one per stream for a pull); 0: any port. Open these in a firewall in front of the remote host
+    /// UDP ports the remote end binds, LOW-HIGH or one port (one port for a push, one per stream for a pull; both ends of a third-party copy bind in it); 0: any port. Open these in a firewall in front of the remote host
     #[arg(long, value_name = "LOW[-HIGH]", default_value = "0")]
     port: PortRange,
     /// Third-party copy (both SRC and DEST remote): carry the data through this host, over the two ssh connections, instead of from the source host straight to the destination over UDP (as scp -3; for a source that cannot reach the destination)
@@ -453,16 +453,19 @@ fn report_third_party(
         (
             status,
             Some(format!(
-                "the copy from {from} to {to} failed: atou at the source {how}{}; run the same                  command again to resume",
-                outcome.source_words
+                "the copy from {from} to {to} failed: atou at the source {how} (its reason \
+                 is above); run the same command again to resume"
             )),
         )
     } else if !placed {
         (
             Exit::Partial,
             Some(format!(
-                "the source verified every file, but atou at the destination {to} then failed{}",
-                outcome.dest_words
+                "the source verified every file, but atou at the destination {to} then failed \
+                 ({})",
+                outcome
+                    .dest
+                    .map_or("killed by a signal".to_string(), |s| s.to_string())
             )),
         )
     } else {
@@ -853,7 +856,8 @@ fn remote_send_to(args: RemoteSendArgs, ip: Option<IpAddr>) -> Result<ExitCode> 
                 e,
                 crate::transfer::send::SendError::Conn(crate::io::ProbeError::Conn {
                     error: crate::proto::ConnError::Idle {
-                        stage: crate::proto::endpoint::client::Stage::Hello,
+                        stage: crate::proto::endpoint::client::Stage::Hello
+                            | crate::proto::endpoint::client::Stage::Handshake,
                         ..
                     },
                     ..
@@ -863,7 +867,10 @@ fn remote_send_to(args: RemoteSendArgs, ip: Option<IpAddr>) -> Result<ExitCode> 
             );
             (unanswered && route == "udp").then(|| {
                 format!(
-                    "no UDP from here reached the destination ({peer}) or came back: a                      firewall between the two hosts? open the destination's --port range to                      this host, or run the copy with --via-local to carry the data through the                      host that runs it"
+                    "no UDP from here reached the destination ({peer}) or came back: a \
+                 firewall between the two hosts? open the destination's --port range to \
+                 this host, or run the copy with --via-local to carry the data through the \
+                 host that runs it"
                 )
             })
         }),

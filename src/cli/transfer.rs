@@ -194,21 +194,24 @@ pub(super) struct SendArgs {
     atou copy dataset/ /mnt/scratch\n  \
     atou copy a.bin b.bin alice@server.example.org:incoming      # push over ssh\n  \
     atou copy server.example.org:results/run7 ./runs             # pull over ssh\n  \
+    atou copy dtn1:/data/run7 dtn2:/archive                      # third-party: dtn1 to dtn2\n  \
     atou copy tree/ gpu1:/scratch --ssh 'ssh -p 2222' --port 7000-7010\n\n\
     A SRC or DEST with a colon before any slash is remote, as in scp: [USER@]HOST:PATH, PATH \
     relative to the remote user's home (`./a:b` is a local name). atou runs the other end \
     with ssh (`--ssh`; ~/.ssh/config, agents, ProxyJump and known_hosts apply), which needs \
     atou installed there (`--remote-atou`); the two ends trade one-time keys over ssh and \
     move the data over UDP (`--port`), each end pinning the other's key. Every SRC of a \
-    pull is on one host. Anything else is a local directory (created if missing): atou \
+    pull is on one host. With SRC and DEST both remote it is a third-party copy: the source \
+    host sends straight to the destination over UDP, started and watched from here (or \
+    through here: --via-local). Anything else is a local directory (created if missing): atou \
     runs the receiver itself over loopback UDP. Each SRC arrives as DEST/NAME. Flags as for \
     `atou send`, per-host settings too (--show-config HOST); to send to a running \
     `atou serve --dir`, use `atou send`.\n\n{}", Exit::table()))]
 pub(super) struct CopyArgs {
-    /// Files and directories to copy: local paths, or [USER@]HOST:PATH on one host (a pull)
+    /// Files and directories to copy: local paths, or [USER@]HOST:PATH on one host (a pull, or a third-party copy when DEST is remote too)
     #[arg(value_name = "SRC", required = true, num_args = 1..)]
     sources: Vec<PathBuf>,
-    /// A local directory, or [USER@]HOST:PATH (a push)
+    /// A local directory, or [USER@]HOST:PATH (a push, or a third-party copy)
     #[arg(value_name = "DEST")]
     dest: String,
     /// Print the per-host settings that apply to HOST (`Host` blocks of

@@ -62,9 +62,6 @@ pub(crate) struct ThirdPartyOutcome {
     /// What the source printed on stdout after its answer (its `--json`
     /// report), unescaped: the caller checks it.
     pub said: Vec<String>,
-    /// Each end's last words on stderr, escaped.
-    pub source_words: String,
-    pub dest_words: String,
 }
 
 impl ThirdParty {
@@ -190,8 +187,6 @@ impl ThirdParty {
             dest,
             route: if via_local { "ssh" } else { "udp" },
             said,
-            source_words: self.source.last_words(),
-            dest_words: self.dest.last_words(),
         })
     }
 }
