@@ -58,6 +58,12 @@ fn drop_over_1400(ns: &str) -> bool {
     drop_at_input(ns, "ip length gt 1400 drop")
 }
 
+/// The same hole for IPv6: `meta length` is the whole IP packet (the
+/// 40-byte header in), where `ip6 length` would be the payload alone.
+fn drop_v6_over_1400(ns: &str) -> bool {
+    drop_at_input(ns, "meta nfproto ipv6 meta length gt 1400 drop")
+}
+
 /// `rule` in a chain at the input hook of host `ns`.
 fn drop_at_input(ns: &str, rule: &str) -> bool {
     let nft = |rule: &str| {
@@ -321,4 +327,78 @@ fn a_black_hole_that_opens_mid_send_steps_it_down_and_it_completes() {
         std::fs::read(dest.join("f")).unwrap() == data,
         "the file did not arrive intact"
     );
+}
+
+/// The search and the black-hole watch over IPv6, whose base is 1,280
+/// bytes (RFC 8200 §5) and whose headers take 48 bytes, not 28: a clean
+/// send finds the veth's 1,500 and the path cache keeps it; then a hop
+/// drops IPv6 packets over 1,400 bytes. A send from the cache steps down
+/// to 1,400 (1,352 bytes of UDP payload) and completes; a send with no
+/// cache finds 1,400 by its search.
+#[test]
+fn over_ipv6_the_search_and_the_black_hole_watch_find_1400_and_the_sends_complete() {
+    let name = "over_ipv6_the_search_and_the_black_hole_watch_find_1400_and_the_sends_complete";
+    if skip_bridge(name) {
+        return;
+    }
+    if Command::new("nft").arg("--version").output().is_err() {
+        common::cannot_run(name, "nft (nftables) is not installed");
+        return;
+    }
+    let hosts = VethPair::start("atou-p6-a", "atou-p6-b", "atou-p6", "10.79.3")
+        .with_v6("atou-p6", "fd00:79");
+    ip(&[
+        "-n",
+        hosts.a,
+        "link",
+        "set",
+        "atou-p61",
+        "gso_max_segs",
+        "1",
+    ]);
+    let dir = TestDir::new(name);
+    let dest = dir.dir("dest");
+    let cache = dir.dir("cache");
+    let data = common::noise(SIZE, 47);
+    for f in ["clean", "stepped", "searched"] {
+        std::fs::write(dir.path(f), &data).unwrap();
+    }
+    let target = "[fd00:79::2]:7890";
+    let _server = Server::start_with(
+        Some(hosts.b),
+        target,
+        &["--dir", dest.to_str().unwrap(), "--no-auth"],
+    );
+    let (clean, _) = send_with(hosts.a, &dir.path("clean"), target, Some(&cache));
+    assert_eq!(clean["path_mtu"]["from"], "found", "{clean}");
+    assert_eq!(u(&clean["path_mtu"]["path_mtu"]), 1500, "{clean}");
+    assert_eq!(u(&clean["path_mtu"]["datagram"]), 1452, "{clean}");
+    assert!(
+        drop_v6_over_1400(hosts.b),
+        "nft could not add the black hole's rule"
+    );
+    let (stepped, said) = send_with(hosts.a, &dir.path("stepped"), target, Some(&cache));
+    let searched = send(hosts.a, &dir.path("searched"), target);
+    say(&format!(
+        "{name}: clean {}; stepped {}; searched {}; {said}",
+        clean["path_mtu"], stepped["path_mtu"], searched["path_mtu"]
+    ));
+    assert_eq!(stepped["path_mtu"]["from"], "stepped_down", "{stepped}");
+    assert_eq!(u(&stepped["path_mtu"]["path_mtu"]), 1400, "{stepped}");
+    assert_eq!(u(&stepped["path_mtu"]["datagram"]), 1352, "{stepped}");
+    assert_eq!(
+        said.matches("the path stopped carrying 1500-byte datagrams; going on at 1400")
+            .count(),
+        1,
+        "{said}"
+    );
+    assert_eq!(searched["path_mtu"]["from"], "found", "{searched}");
+    assert_eq!(u(&searched["path_mtu"]["path_mtu"]), 1400, "{searched}");
+    assert_eq!(u(&searched["path_mtu"]["datagram"]), 1352, "{searched}");
+    for f in ["clean", "stepped", "searched"] {
+        assert!(
+            std::fs::read(dest.join(f)).unwrap() == data,
+            "{f} did not arrive intact"
+        );
+    }
 }
