@@ -5,7 +5,10 @@
 # times each: the path MTU each run found, its goodput and its wall time
 # (the search included); then through the same hop with the path cache
 # holding the clean path's size, as when the hop appears after a search:
-# the send steps down during the transfer. Needs root, ip and nft.
+# the send steps down during the transfer; last, through the same hop
+# with `--mss 1472` forced, which is not stepped down: each such send
+# must fail with exit 10 and the message naming `--mss 1372`, and its
+# time to failure is printed. Needs root, ip and nft.
 #   scripts/bench-pmtu.sh [ATOU] [RUNS]
 set -euo pipefail
 atou=${1:-target/release/atou}
@@ -65,3 +68,16 @@ ip netns exec "$b" nft add chain inet bh in '{ type filter hook input priority 0
 ip netns exec "$b" nft add rule inet bh in ip length gt 1400 drop
 run blackhole
 run stepped-down "$work/seed"
+# A forced size is the user's: the send fails, saying what to try.
+for i in $(seq "$runs"); do
+    rm -f "$work/dest/f"
+    t0=$(date +%s.%N)
+    status=0
+    said=$(ip netns exec "$a" timeout 120 "$atou" send --quiet --no-auth --no-path-cache --mss 1472 \
+        "$work/f" 10.80.0.2:7890 2>&1) || status=$?
+    t1=$(date +%s.%N)
+    want="the path stopped carrying 1472-byte datagrams (UDP payload) during the transfer; 1372-byte ones still get through: try --mss 1372"
+    case "$said" in *"$want"*) ;; *) echo "forced run $i: exit $status, not the message: $said"; exit 1 ;; esac
+    [ "$status" = 10 ] || { echo "forced run $i: exit $status, not 10: $said"; exit 1; }
+    python3 -c "print('forced --mss 1472 run $i: exit $status after %.3f s' % ($t1 - $t0))"
+done

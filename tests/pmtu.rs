@@ -6,7 +6,8 @@
 mod common;
 mod netem_support;
 
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 
 use common::TestDir;
 use netem_support::{ip, say, skip_bridge, u, Server, VethPair};
@@ -51,8 +52,20 @@ fn send_with(
     )
 }
 
-/// The nft rule of the black hole, at the receiver's input.
+/// The nft rule of the black hole, at the receiver's input: IPv4
+/// packets over 1,400 bytes dropped.
 fn drop_over_1400(ns: &str) -> bool {
+    drop_at_input(ns, "ip length gt 1400 drop")
+}
+
+/// The same hole for IPv6: `meta length` is the whole IP packet (the
+/// 40-byte header in), where `ip6 length` would be the payload alone.
+fn drop_v6_over_1400(ns: &str) -> bool {
+    drop_at_input(ns, "meta nfproto ipv6 meta length gt 1400 drop")
+}
+
+/// `rule` in a chain at the input hook of host `ns`.
+fn drop_at_input(ns: &str, rule: &str) -> bool {
     let nft = |rule: &str| {
         Command::new("ip")
             .args(["netns", "exec", ns, "nft"])
@@ -75,7 +88,7 @@ fn drop_over_1400(ns: &str) -> bool {
             .args(["in", "{ type filter hook input priority 0 ; }"])
             .status()
             .is_ok_and(|s| s.success())
-        && nft("add rule inet blackhole in ip length gt 1400 drop")
+        && nft(&format!("add rule inet blackhole in {rule}"))
 }
 
 /// A 20 MB send finds the veth's 1,500 bytes on a clean path; through a
@@ -205,6 +218,184 @@ fn a_black_hole_after_the_cached_size_steps_the_send_down_and_it_completes() {
     assert_eq!(after["path_mtu"]["from"], "cached", "{after}");
     assert_eq!(u(&after["path_mtu"]["path_mtu"]), 1400, "{after}");
     for f in ["before", "during", "after"] {
+        assert!(
+            std::fs::read(dest.join(f)).unwrap() == data,
+            "{f} did not arrive intact"
+        );
+    }
+}
+
+/// A black hole that opens while the data flows: the search finds the
+/// clean path's 1,500, the send runs at it (capped by `--bwlimit` so that
+/// it lasts some seconds), and once the progress shows bytes acknowledged
+/// a hop starts dropping packets over 1,400 bytes. The send steps down to
+/// 1,400, says so once, resumes keeping what arrived, and completes
+/// intact; its progress goes on from the bytes already acknowledged,
+/// never back (before: it restarted from 0, and the failed connection's
+/// whole share was counted as done).
+#[test]
+fn a_black_hole_that_opens_mid_send_steps_it_down_and_it_completes() {
+    let name = "a_black_hole_that_opens_mid_send_steps_it_down_and_it_completes";
+    if skip_bridge(name) {
+        return;
+    }
+    if Command::new("nft").arg("--version").output().is_err() {
+        common::cannot_run(name, "nft (nftables) is not installed");
+        return;
+    }
+    let hosts = VethPair::start("atou-pd-a", "atou-pd-b", "atou-pd", "10.79.2");
+    ip(&[
+        "-n",
+        hosts.a,
+        "link",
+        "set",
+        "atou-pd1",
+        "gso_max_segs",
+        "1",
+    ]);
+    let dir = TestDir::new(name);
+    let dest = dir.dir("dest");
+    let data = common::noise(SIZE, 43);
+    std::fs::write(dir.path("f"), &data).unwrap();
+    let _server = Server::start_with(
+        Some(hosts.b),
+        "10.79.2.2:7890",
+        &["--dir", dest.to_str().unwrap(), "--no-auth"],
+    );
+    // 20 MB at 40 Mbit/s: some 4 s of data, the hole opening early in it.
+    let mut sender = Command::new("timeout")
+        .args(["120", "ip", "netns", "exec", hosts.a, common::ATOU])
+        .env("XDG_CACHE_HOME", dir.dir("cache"))
+        .args(["send", "--json", "--no-auth", "--bwlimit", "40mbit"])
+        .args(["--progress", "json", "--progress-interval", "0.2"])
+        .args([dir.path("f").to_str().unwrap(), "10.79.2.2:7890"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run atou send");
+    let stderr = sender.stderr.take().expect("piped stderr");
+    let said = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    let mut lines = Vec::new();
+    let mut holed_at = None;
+    for line in BufReader::new(sender.stdout.take().expect("piped stdout")).lines() {
+        let v: Value = serde_json::from_str(&line.expect("a line")).expect("JSON lines");
+        if holed_at.is_none() && v["event"] == "interval" && u(&v["bytes"]) >= 2_000_000 {
+            assert!(
+                drop_over_1400(hosts.b),
+                "nft could not add the black hole's rule"
+            );
+            holed_at = Some(u(&v["bytes"]));
+        }
+        lines.push(v);
+    }
+    let status = sender.wait().expect("wait for atou send");
+    let said = said.join().expect("stderr reader");
+    assert!(status.success(), "send failed ({status}): {said}");
+    let holed_at = holed_at.expect("no progress line showed 2 MB acknowledged");
+    let (report, progress) = lines.split_last().expect("a report");
+    let end = progress.last().expect("an end line");
+    say(&format!(
+        "{name}: hole opened at {holed_at} bytes; {}; end {} of {}; {} bytes kept by the resume; {said}",
+        report["path_mtu"],
+        end["bytes"],
+        end["total"],
+        report["bytes_skipped"],
+    ));
+    assert!(holed_at < SIZE as u64, "the hole opened after the send");
+    assert_eq!(report["path_mtu"]["from"], "stepped_down", "{report}");
+    assert_eq!(u(&report["path_mtu"]["path_mtu"]), 1400, "{report}");
+    assert_eq!(u(&report["path_mtu"]["datagram"]), 1372, "{report}");
+    assert_eq!(
+        said.matches("the path stopped carrying 1500-byte datagrams; going on at 1400")
+            .count(),
+        1,
+        "{said}"
+    );
+    // What arrived before the hole stayed: the resumed send skipped it.
+    assert!(u(&report["bytes_skipped"]) >= holed_at, "{report}");
+    // The progress never went back, and ended with every byte counted
+    // once: what the first connections had acknowledged, then the rest.
+    let bytes: Vec<u64> = progress.iter().map(|p| u(&p["bytes"])).collect();
+    assert!(
+        bytes.windows(2).all(|w| w[0] <= w[1]),
+        "progress went back: {bytes:?}"
+    );
+    assert_eq!(end["event"], "end", "{end}");
+    assert_eq!(u(&end["bytes"]), u(&end["total"]), "{end}");
+    assert_eq!(u(&end["total"]), SIZE as u64, "{end}");
+    assert!(
+        std::fs::read(dest.join("f")).unwrap() == data,
+        "the file did not arrive intact"
+    );
+}
+
+/// The search and the black-hole watch over IPv6, whose base is 1,280
+/// bytes (RFC 8200 §5) and whose headers take 48 bytes, not 28: a clean
+/// send finds the veth's 1,500 and the path cache keeps it; then a hop
+/// drops IPv6 packets over 1,400 bytes. A send from the cache steps down
+/// to 1,400 (1,352 bytes of UDP payload) and completes; a send with no
+/// cache finds 1,400 by its search.
+#[test]
+fn over_ipv6_the_search_and_the_black_hole_watch_find_1400_and_the_sends_complete() {
+    let name = "over_ipv6_the_search_and_the_black_hole_watch_find_1400_and_the_sends_complete";
+    if skip_bridge(name) {
+        return;
+    }
+    if Command::new("nft").arg("--version").output().is_err() {
+        common::cannot_run(name, "nft (nftables) is not installed");
+        return;
+    }
+    let hosts = VethPair::start("atou-p6-a", "atou-p6-b", "atou-p6", "10.79.3")
+        .with_v6("atou-p6", "fd00:79");
+    ip(&[
+        "-n",
+        hosts.a,
+        "link",
+        "set",
+        "atou-p61",
+        "gso_max_segs",
+        "1",
+    ]);
+    let dir = TestDir::new(name);
+    let dest = dir.dir("dest");
+    let cache = dir.dir("cache");
+    let data = common::noise(SIZE, 47);
+    for f in ["clean", "stepped", "searched"] {
+        std::fs::write(dir.path(f), &data).unwrap();
+    }
+    let target = "[fd00:79::2]:7890";
+    let _server = Server::start_with(
+        Some(hosts.b),
+        target,
+        &["--dir", dest.to_str().unwrap(), "--no-auth"],
+    );
+    let (clean, _) = send_with(hosts.a, &dir.path("clean"), target, Some(&cache));
+    assert_eq!(clean["path_mtu"]["from"], "found", "{clean}");
+    assert_eq!(u(&clean["path_mtu"]["path_mtu"]), 1500, "{clean}");
+    assert_eq!(u(&clean["path_mtu"]["datagram"]), 1452, "{clean}");
+    assert!(
+        drop_v6_over_1400(hosts.b),
+        "nft could not add the black hole's rule"
+    );
+    let (stepped, said) = send_with(hosts.a, &dir.path("stepped"), target, Some(&cache));
+    let searched = send(hosts.a, &dir.path("searched"), target);
+    say(&format!(
+        "{name}: clean {}; stepped {}; searched {}; {said}",
+        clean["path_mtu"], stepped["path_mtu"], searched["path_mtu"]
+    ));
+    assert_eq!(stepped["path_mtu"]["from"], "stepped_down", "{stepped}");
+    assert_eq!(u(&stepped["path_mtu"]["path_mtu"]), 1400, "{stepped}");
+    assert_eq!(u(&stepped["path_mtu"]["datagram"]), 1352, "{stepped}");
+    assert_eq!(
+        said.matches("the path stopped carrying 1500-byte datagrams; going on at 1400")
+            .count(),
+        1,
+        "{said}"
+    );
+    assert_eq!(searched["path_mtu"]["from"], "found", "{searched}");
+    assert_eq!(u(&searched["path_mtu"]["path_mtu"]), 1400, "{searched}");
+    assert_eq!(u(&searched["path_mtu"]["datagram"]), 1352, "{searched}");
+    for f in ["clean", "stepped", "searched"] {
         assert!(
             std::fs::read(dest.join(f)).unwrap() == data,
             "{f} did not arrive intact"

@@ -1069,8 +1069,14 @@ pub(super) fn run_send_from(
             );
         }
         path = next;
-        progress.total.store(0, Ordering::Relaxed);
-        progress.done.store(0, Ordering::Relaxed);
+        // The bytes acknowledged so far stay counted, and the total
+        // becomes them plus what the resumed send finds left to send
+        // (its rounds add that), so the display goes on from where it
+        // was rather than from 0; the aborted round's unsent rest is
+        // dropped from the total, not counted twice.
+        progress
+            .total
+            .store(progress.done.load(Ordering::Relaxed), Ordering::Relaxed);
         result = crate::transfer::send::send_from(sources, &config, progress.clone(), from);
     }
     // The end-of-run summary of each connection, from what it measured.

@@ -454,6 +454,26 @@ impl VethPair {
         }
         pair
     }
+
+    /// Gives the pair IPv6 addresses too: `{prefix}::1/64` on `{dev}1`
+    /// in `a`, `{prefix}::2/64` on `{dev}2` in `b`, usable at once
+    /// (`nodad`: no duplicate address detection to wait for).
+    pub fn with_v6(self, dev: &str, prefix: &str) -> VethPair {
+        for (ns, host) in [(self.a, 1), (self.b, 2)] {
+            ip(&[
+                "-n",
+                ns,
+                "-6",
+                "addr",
+                "add",
+                &format!("{prefix}::{host}/64"),
+                "dev",
+                &format!("{dev}{host}"),
+                "nodad",
+            ]);
+        }
+        self
+    }
 }
 
 impl Drop for VethPair {

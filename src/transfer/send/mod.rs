@@ -355,7 +355,10 @@ impl std::fmt::Debug for TraceSink {
 /// Counters a progress display reads while the transfer runs.
 #[derive(Debug, Default)]
 pub struct Progress {
-    /// File bytes to send in this round (after skips and resume).
+    /// File bytes to send (after skips and resume): each round adds its
+    /// own. A caller that goes on with a resumed send (a step down of the
+    /// datagram size) may set it to `done` first, for that send to add
+    /// what it has left.
     pub total: AtomicU64,
     /// File bytes acknowledged by the receiver.
     pub done: AtomicU64,

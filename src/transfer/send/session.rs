@@ -950,8 +950,13 @@ fn stream_result(
     stream: Option<StreamReport>,
     sent: u64,
 ) -> StreamResult {
-    // Whatever was acknowledged but not yet counted.
-    feed.count_rest();
+    // A reply means every byte was acknowledged: whatever was not yet
+    // counted is. A stream that failed (a black hole's step-down among
+    // such failures, whose send goes on resumed) counts only what its
+    // acks said, so the progress shown then is not its whole share.
+    if reply.is_ok() {
+        feed.count_rest();
+    }
     StreamResult {
         bad: reply
             .and_then(|r| outcome(host, &r))
