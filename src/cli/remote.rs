@@ -504,6 +504,11 @@ fn report_third_party(
             }
         }
         super::print_stdout(&exit::json_text(&v, false))?;
+    } else if !outcome.said.is_empty() {
+        // What the source printed on stdout (a dry run's plan), escaped:
+        // it is the remote's word.
+        let said: Vec<String> = outcome.said.iter().map(|l| escape(l.as_bytes())).collect();
+        super::print_stdout(&format!("{}\n", said.join("\n")))?;
     }
     Ok(status.into())
 }
