@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -121,13 +121,57 @@ fn reachable(addr: SocketAddr) -> SocketAddr {
     }
 }
 
-/// The writing half of the channel, shared by the relay sockets' readers.
-type Channel = Arc<Mutex<Box<dyn Write + Send>>>;
+/// Frames waiting for the channel's writer: past this many a relay waits,
+/// as it waited on a full channel when it wrote itself.
+const QUEUED_FRAMES: usize = 256;
+/// Most bytes the writer puts in one write.
+const BATCH_BYTES: usize = 256 << 10;
 
-fn send_frame(channel: &Channel, flow: u16, server: u8, datagram: &[u8]) -> io::Result<()> {
-    let mut out = channel.lock().expect("tunnel channel lock");
-    write_frame(&mut *out, flow, server, datagram)?;
-    out.flush()
+/// The writing half of the channel, shared by the relay sockets' readers:
+/// they queue frames and one thread writes them, as many as are waiting in
+/// one write, where a relay that wrote its own made two writes of the
+/// pipe to ssh per datagram (a third-party copy `--via-local` of 512 MiB:
+/// 8.88 s against 9.77 s median of 3, interleaved, on a loaded 2-core
+/// host).
+#[derive(Clone)]
+struct Channel {
+    frames: mpsc::SyncSender<Vec<u8>>,
+}
+
+impl Channel {
+    /// Its writer ends, dropping `output` (which closes it), when every
+    /// clone is dropped or a write fails.
+    fn new(mut output: impl Write + Send + 'static) -> Channel {
+        let (frames, queued) = mpsc::sync_channel::<Vec<u8>>(QUEUED_FRAMES);
+        thread::spawn(move || {
+            let mut batch = Vec::with_capacity(BATCH_BYTES + HEADER_LEN + MAX_DATAGRAM);
+            while let Ok(frame) = queued.recv() {
+                batch.clear();
+                batch.extend_from_slice(&frame);
+                while batch.len() < BATCH_BYTES {
+                    let Ok(frame) = queued.try_recv() else { break };
+                    batch.extend_from_slice(&frame);
+                }
+                if output
+                    .write_all(&batch)
+                    .and_then(|()| output.flush())
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        Channel { frames }
+    }
+
+    /// Queues one frame; an error once the writer has ended.
+    fn send(&self, flow: u16, server: u8, datagram: &[u8]) -> io::Result<()> {
+        let mut frame = Vec::with_capacity(HEADER_LEN + datagram.len());
+        write_frame(&mut frame, flow, server, datagram)?;
+        self.frames
+            .send(frame)
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the tunnel's channel closed"))
+    }
 }
 
 /// A tunnel at work: its threads, and how it ended.
@@ -220,7 +264,7 @@ impl ClientSide {
         output: impl Write + Send + 'static,
     ) -> io::Result<Tunnel> {
         let stop = Arc::new(AtomicBool::new(false));
-        let channel: Channel = Arc::new(Mutex::new(Box::new(output)));
+        let channel = Channel::new(output);
         let flows = Arc::new(Mutex::new(Flows::default()));
         let servers = self.relays.len();
         let mut senders = Vec::with_capacity(servers);
@@ -240,7 +284,7 @@ impl ClientSide {
                     }
                     let flow = flows.lock().expect("tunnel flows lock").of(client, server);
                     let Some(flow) = flow else { continue };
-                    if send_frame(&channel, flow, server, &buf[..n]).is_err() {
+                    if channel.send(flow, server, &buf[..n]).is_err() {
                         return;
                     }
                 }
@@ -294,7 +338,7 @@ impl ServerSide {
         output: impl Write + Send + 'static,
     ) -> io::Result<Tunnel> {
         let stop = Arc::new(AtomicBool::new(false));
-        let channel: Channel = Arc::new(Mutex::new(Box::new(output)));
+        let channel = Channel::new(output);
         let servers = self.servers;
         let reader = {
             let stop = stop.clone();
@@ -322,7 +366,7 @@ impl ServerSide {
                                     if from != to {
                                         continue;
                                     }
-                                    if send_frame(&channel, flow, server, &buf[..n]).is_err() {
+                                    if channel.send(flow, server, &buf[..n]).is_err() {
                                         return;
                                     }
                                 }
