@@ -302,8 +302,9 @@ fn keys() -> &'static Keys {
         let (server, _) = common::keygen(&dir, "server", TEST_CACHE);
         let (client, line) = common::keygen(&dir, "client", TEST_CACHE);
         let authorized = dir.join("authorized_keys");
-        // `overwrite`: tests that replace files need it, as a user would.
-        fs::write(&authorized, format!("overwrite {line}")).unwrap();
+        // `overwrite`: tests that replace files need it, as a user would;
+        // `owners`, `xattrs`, `acls`: those that keep them.
+        fs::write(&authorized, format!("overwrite,owners,xattrs,acls {line}")).unwrap();
         Keys {
             server_pub: dir.join("server.pub"),
             server,
@@ -3901,4 +3902,44 @@ fn xattrs_and_acls_arrive_as_rsync_gives_them() {
     send(&[&links], &server.target(), &["-X", "--follow"]).report();
     let attrs = output_in(&user_only, "getfattr", &["-d", "links/to-a"]).unwrap();
     assert!(attrs.contains("user.colour"), "{attrs}");
+}
+
+/// A server that allows owners, attributes and ACLs gives them only to a
+/// key whose authorized_keys line says so (`owners`, `xattrs`, `acls`), as
+/// `overwrite` and `delete`: an operator can let one key keep ownership
+/// and keep every other from it.
+#[test]
+fn owners_xattrs_and_acls_need_the_keys_own_options() {
+    let scratch = TestDir::new("transfer-key-options");
+    let tree = scratch.dir("src/tree");
+    write_random(&tree.join("a"), 1000, 94);
+    let dest = scratch.dir("dest");
+    let (key, line) = common::keygen(scratch.root(), "plain", TEST_CACHE);
+    let authorized = scratch.path("authorized_keys");
+    fs::write(&authorized, format!("{line}\n")).unwrap();
+    let allow = ["--allow-owners", "--allow-xattrs", "--allow-acls"];
+    let identity = key.to_str().unwrap();
+    {
+        let server = Serve::start_keyed(&dest, &authorized, &allow);
+        for (flag, option) in [("-o", "owners"), ("-X", "xattrs"), ("-A", "acls")] {
+            let why =
+                send(&[&tree], &server.target(), &["--identity", identity, flag]).failure(REFUSED);
+            assert!(
+                why.contains(&format!("no `{option}` option")),
+                "{flag}: {why}"
+            );
+            assert!(!dest.join("tree").exists(), "{:?}", listing(&dest));
+        }
+    }
+    // With the options, -X and -A go through (-o needs this end to be
+    // root; owners_and_groups_arrive_as_rsync_gives_them covers it).
+    fs::write(&authorized, format!("xattrs,acls {line}\n")).unwrap();
+    let server = Serve::start_keyed(&dest, &authorized, &allow);
+    send(
+        &[&tree],
+        &server.target(),
+        &["--identity", identity, "-X", "-A"],
+    )
+    .report();
+    assert!(dest.join("tree/a").exists(), "{:?}", listing(&dest));
 }

@@ -107,13 +107,13 @@ pub(super) struct ReceiverArgs {
     /// Let a sender that asks (`--delete`) remove, in the directories it sends, what it does not send (default: refuse the transfer). With --authorized-keys, a key needs `delete` on its line too
     #[arg(long)]
     allow_delete: bool,
-    /// Give what a sender sends with -o / -g its sender's owner and group (by name where this host knows it, as rsync); needs the server to run as root (default: refuse such a transfer)
+    /// Give what a sender sends with -o / -g its sender's owner and group (by name where this host knows it, as rsync); needs the server to run as root (default: refuse such a transfer). With --authorized-keys, a key needs `owners` on its line too
     #[arg(long)]
     allow_owners: bool,
-    /// Set the extended attributes a sender sends with -X: `user` (also the value without `=`), `user.*` alone; `all`, also `security.*` and `trusted.*`, as root only (`security.capability` gives a program privileges: as --allow-special-bits). Default: refuse such a transfer. Other namespaces are always refused
+    /// Set the extended attributes a sender sends with -X: `user` (also the value without `=`), `user.*` alone; `all`, also `security.*` and `trusted.*`, as root only (`security.capability` gives a program privileges: as --allow-special-bits). Default: refuse such a transfer. Other namespaces are always refused. With --authorized-keys, a key needs `xattrs` on its line too
     #[arg(long, value_name = "NAMESPACES", value_enum, num_args = 0..=1, require_equals = true, default_missing_value = "user", default_value = "none")]
     allow_xattrs: XattrGrant,
-    /// Set the POSIX ACLs a sender sends with -A (named users and groups by number; the mode's group bits, after --umask, cap the ACL's mask). Default: refuse such a transfer
+    /// Set the POSIX ACLs a sender sends with -A (named users and groups by number; the mode's group bits, after --umask, cap the ACL's mask). Default: refuse such a transfer. With --authorized-keys, a key needs `acls` on its line too
     #[arg(long)]
     allow_acls: bool,
     /// Permission bits cleared from every mode that arrives, in octal

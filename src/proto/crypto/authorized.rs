@@ -4,8 +4,10 @@
 //! One key a line, `[OPTIONS] atou-x25519 BASE64 [COMMENT]`, OPTIONS a
 //! comma-separated list of `subdir=PATH` (the key may write only beneath
 //! PATH, relative to `--dir`), `overwrite` (the key may replace files,
-//! if the server allows it at all) and `delete` (the key may ask
-//! `--delete`, if the server allows it at all). Blank lines and `#` comments are
+//! if the server allows it at all), `delete` (the key may ask
+//! `--delete`, if the server allows it at all), and `owners`, `xattrs`
+//! and `acls` (the key may ask `-o`/`-g`, `-X`, `-A`, where the server
+//! allows them: `--allow-owners`, `--allow-xattrs`, `--allow-acls`). Blank lines and `#` comments are
 //! skipped; any malformed line refuses the whole file, naming the line.
 //! Reading the file (and refusing one others could change) is
 //! `src/config/keys.rs`'s; this is the pure part the handshake consults.
@@ -26,6 +28,14 @@ pub struct KeyOptions {
     /// `delete`: may remove what it does not send (`--delete`), where the
     /// server allows it.
     pub delete: bool,
+    /// `owners`: may give what it sends owners and groups (`-o`/`-g`),
+    /// where the server allows it.
+    pub owners: bool,
+    /// `xattrs`: may set extended attributes (`-X`), where the server
+    /// allows it.
+    pub xattrs: bool,
+    /// `acls`: may set POSIX ACLs (`-A`), where the server allows it.
+    pub acls: bool,
 }
 
 /// One line of `authorized_keys`.
@@ -105,16 +115,19 @@ fn parse_authorized_line(text: &str, line: usize) -> Result<AuthorizedKey, KeyTe
 fn parse_options(s: &str) -> Result<KeyOptions, KeyTextError> {
     let mut o = KeyOptions::default();
     for opt in s.split(',') {
-        if opt == "overwrite" {
-            if o.overwrite {
-                return Err(KeyTextError::OptionTwice("overwrite"));
+        let flag = match opt {
+            "overwrite" => Some(("overwrite", &mut o.overwrite)),
+            "delete" => Some(("delete", &mut o.delete)),
+            "owners" => Some(("owners", &mut o.owners)),
+            "xattrs" => Some(("xattrs", &mut o.xattrs)),
+            "acls" => Some(("acls", &mut o.acls)),
+            _ => None,
+        };
+        if let Some((name, flag)) = flag {
+            if *flag {
+                return Err(KeyTextError::OptionTwice(name));
             }
-            o.overwrite = true;
-        } else if opt == "delete" {
-            if o.delete {
-                return Err(KeyTextError::OptionTwice("delete"));
-            }
-            o.delete = true;
+            *flag = true;
         } else if let Some(dir) = opt.strip_prefix("subdir=") {
             if o.subdir.is_some() {
                 return Err(KeyTextError::OptionTwice("subdir="));
@@ -170,7 +183,7 @@ mod tests {
     fn authorized_keys_with_options_comments_and_blank_lines() {
         let (a, b, c) = (key(1), key(2), key(3));
         let text = format!(
-            "# the team\n\n{} alice@laptop\nsubdir=projects/x,overwrite {} bob\r\ndelete,overwrite {}\n",
+            "# the team\n\n{} alice@laptop\nsubdir=projects/x,overwrite {} bob\r\ndelete,overwrite,owners,xattrs,acls {}\n",
             line_of(&a),
             line_of(&b),
             line_of(&c)
@@ -187,7 +200,8 @@ mod tests {
         assert!(kb.options.overwrite && !kb.options.delete);
         assert_eq!(kb.comment, "bob");
         let kc = &keys.find(&c).unwrap().options;
-        assert!(kc.overwrite && kc.delete);
+        assert!(kc.overwrite && kc.delete && kc.owners && kc.xattrs && kc.acls);
+        assert!(!kb.options.owners && !kb.options.xattrs && !kb.options.acls);
         assert!(keys.find(&key(4)).is_none());
     }
 
@@ -202,6 +216,7 @@ mod tests {
             (format!("subdir=/etc {good}"), "relative"),
             (format!("subdir= {good}"), "relative"),
             (format!("overwrite,overwrite {good}"), "twice"),
+            (format!("xattrs,acls,xattrs {good}"), "`xattrs` given twice"),
             (format!("delete,overwrite,delete {good}"), "twice"),
             (format!("command=\"rm -rf\" {good}"), "unknown option"),
             (

@@ -40,12 +40,12 @@ pub enum KeyTextError {
     ControlCharacter,
     #[error("expected `[OPTIONS] {KEY_TYPE} BASE64 [COMMENT]`")]
     NotAuthorizedLine,
-    /// An option given twice: `overwrite` or `subdir=`.
+    /// An option given twice.
     #[error("`{0}` given twice")]
     OptionTwice(&'static str),
     /// Held escaped: it is a peer's, or a stranger's, text.
     #[error(
-        "unknown option `{0}` (known: subdir=PATH, overwrite), or a key type other than {KEY_TYPE}"
+        "unknown option `{0}` (known: subdir=PATH, overwrite, delete, owners, xattrs, acls), or a key type other than {KEY_TYPE}"
     )]
     UnknownOption(String),
     #[error("subdir= needs a relative path beneath --dir")]

@@ -32,6 +32,10 @@ pub(super) fn check_allowed(own: &Ownership, policy: &ReceivePolicy) -> Result<(
              can start it, as root, with --allow-owners)"
                 .to_string()
         }
+    } else if policy.key_forbids_owners {
+        "this client's key may not give files their owners and groups here (its line in the \
+         server's authorized keys has no `owners` option)"
+            .to_string()
     } else if !Uid::effective().is_root() {
         format!(
             "the receiving end runs as uid {}, not root, so it cannot give files their owners \

@@ -53,6 +53,13 @@ pub struct ReceivePolicy {
     /// The sender's key may not delete, whatever `allow_delete` says (its
     /// authorized_keys line has no `delete`).
     pub key_forbids_delete: bool,
+    /// The sender's key may not ask `-o`/`-g`, whatever `allow_owners`
+    /// says (its authorized_keys line has no `owners`).
+    pub key_forbids_owners: bool,
+    /// The sender's key may not ask `-X` (no `xattrs` on its line).
+    pub key_forbids_xattrs: bool,
+    /// The sender's key may not ask `-A` (no `acls` on its line).
+    pub key_forbids_acls: bool,
     /// A sender that asks (`-o`, `-g`) may give what it sends its owners and
     /// groups, where this receiver runs as root.
     pub allow_owners: bool,
@@ -128,6 +135,9 @@ impl ReceivePolicy {
             key_forbids_overwrite: false,
             allow_delete: false,
             key_forbids_delete: false,
+            key_forbids_owners: false,
+            key_forbids_xattrs: false,
+            key_forbids_acls: false,
             allow_owners: false,
             allow_xattrs: XattrGrant::None,
             allow_acls: false,
@@ -150,6 +160,9 @@ impl ReceivePolicy {
             key_forbids_overwrite: false,
             allow_delete: flags.delete,
             key_forbids_delete: false,
+            key_forbids_owners: false,
+            key_forbids_xattrs: false,
+            key_forbids_acls: false,
             allow_owners: flags.owners,
             // security.capability grants a program privileges as a
             // setuid bit does: the namespaces past user.* go with the

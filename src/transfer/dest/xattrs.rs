@@ -31,6 +31,13 @@ pub(super) fn check_allowed(x: &Xattrs, policy: &ReceivePolicy) -> Result<(), Er
                 .into()
         });
     }
+    if x.xattrs && policy.key_forbids_xattrs {
+        return refuse(
+            "this client's key may not set extended attributes here (its line in the server's \
+             authorized keys has no `xattrs` option)"
+                .into(),
+        );
+    }
     if x.acls && !policy.allow_acls {
         return refuse(if policy.users_own {
             "the sending end asked to keep ACLs (-A), but this copy was not given -A".into()
@@ -39,6 +46,13 @@ pub(super) fn check_allowed(x: &Xattrs, policy: &ReceivePolicy) -> Result<(), Er
              --allow-acls)"
                 .into()
         });
+    }
+    if x.acls && policy.key_forbids_acls {
+        return refuse(
+            "this client's key may not set ACLs here (its line in the server's authorized keys \
+             has no `acls` option)"
+                .into(),
+        );
     }
     for (_, attrs) in &x.entries {
         for (name, _) in attrs {

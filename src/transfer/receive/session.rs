@@ -87,6 +87,10 @@ pub(super) struct Grant {
     pub(super) overwrite: bool,
     /// The key may ask `--delete` (where the server allows deleting).
     pub(super) delete: bool,
+    /// The key may ask `-o`/`-g`, `-X`, `-A` (where the server allows).
+    pub(super) owners: bool,
+    pub(super) xattrs: bool,
+    pub(super) acls: bool,
 }
 
 /// A plan as its key's grant allows it: beneath the key's subdirectory,
@@ -102,6 +106,9 @@ pub(super) fn granted(
     let mut policy = policy.clone();
     policy.key_forbids_overwrite |= !grant.overwrite;
     policy.key_forbids_delete |= !grant.delete;
+    policy.key_forbids_owners |= !grant.owners;
+    policy.key_forbids_xattrs |= !grant.xattrs;
+    policy.key_forbids_acls |= !grant.acls;
     if let Some(base) = grant.subdir {
         policy.confined_to = Some(base.clone());
         let mut path = base;
@@ -944,6 +951,9 @@ impl<P: PlanView> Sessions<P> {
                 .map(|p| p.as_os_str().as_encoded_bytes().to_vec()),
             overwrite: entry.options.overwrite,
             delete: entry.options.delete,
+            owners: entry.options.owners,
+            xattrs: entry.options.xattrs,
+            acls: entry.options.acls,
         }))
     }
 
@@ -2354,10 +2364,15 @@ mod tests {
             subdir: Some(b"keys/alice".to_vec()),
             overwrite: false,
             delete: false,
+            owners: false,
+            xattrs: true,
+            acls: false,
         };
         let (plan, policy) = granted(plan, &ReceivePolicy::server(), Some(grant)).unwrap();
         assert_eq!(plan.subdir.unwrap().as_bytes(), b"keys/alice/inner");
         assert_eq!(policy.confined_to.as_deref(), Some(&b"keys/alice"[..]));
         assert!(policy.key_forbids_overwrite);
+        assert!(policy.key_forbids_owners && policy.key_forbids_acls);
+        assert!(!policy.key_forbids_xattrs);
     }
 }

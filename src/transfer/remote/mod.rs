@@ -170,10 +170,18 @@ fn only(
     overwrite: bool,
     delete: bool,
 ) -> Result<Arc<AuthorizedKeys>, RemoteError> {
-    let options: Vec<&str> = [(overwrite, "overwrite"), (delete, "delete")]
-        .into_iter()
-        .filter_map(|(on, name)| on.then_some(name))
-        .collect();
+    // Owners and attributes: the receiving end's policy, built from its
+    // user's flags, says whether; the one-time key does not forbid them.
+    let options: Vec<&str> = [
+        (overwrite, "overwrite"),
+        (delete, "delete"),
+        (true, "owners"),
+        (true, "xattrs"),
+        (true, "acls"),
+    ]
+    .into_iter()
+    .filter_map(|(on, name)| on.then_some(name))
+    .collect();
     let line = format!(
         "{}{}{}\n",
         options.join(","),
