@@ -848,7 +848,8 @@ fn remote_send_to(args: RemoteSendArgs, ip: Option<IpAddr>) -> Result<ExitCode> 
     };
     let mut config = args.transfer.send_config(peer, shown, None)?;
     config.auth = Some(auth);
-    config.route = Some(route);
+    // No route line here: the host that runs the copy says which way the
+    // data went, in its own words.
     run_send_from(
         &sources,
         config,
