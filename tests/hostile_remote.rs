@@ -35,20 +35,22 @@ fn fake_ssh(s: &TestDir) -> PathBuf {
     )
 }
 
+/// `paths` as words of a shell command, each quoted.
+fn quoted(paths: &[&Path]) -> String {
+    let words: Vec<String> = paths.iter().map(|p| format!("'{}'", p.display())).collect();
+    words.join(" ")
+}
+
 /// A remote atou that sends `sources` with `flags`, whatever the pull
 /// asked for.
 fn hostile(s: &TestDir, flags: &str, sources: &[&Path]) -> PathBuf {
-    let sources: Vec<String> = sources
-        .iter()
-        .map(|s| format!("'{}'", s.display()))
-        .collect();
     script(
         s,
         "hostile-atou",
         &format!(
             // $1 $2 $3: `__remote --hello HELLO`, passed on as they came.
             "exec {ATOU} __remote --hello \"$3\" send --port 0 --quiet {flags} -- {}",
-            sources.join(" ")
+            quoted(sources)
         ),
     )
 }
@@ -900,10 +902,6 @@ fn a_pull_over_open_udp_asks_the_remote_nothing_more() {
 /// to `send-to`, it sends `sources` with `flags`, whatever it was asked;
 /// as the destination it is this build's own, as it was asked.
 fn hostile_source(s: &TestDir, flags: &str, sources: &[&Path]) -> PathBuf {
-    let sources: Vec<String> = sources
-        .iter()
-        .map(|s| format!("'{}'", s.display()))
-        .collect();
     script(
         s,
         "hostile-source-atou",
@@ -912,7 +910,7 @@ fn hostile_source(s: &TestDir, flags: &str, sources: &[&Path]) -> PathBuf {
             "if [ \"$4\" = send-to ]; then\n\
              exec {ATOU} __remote --hello \"$3\" send-to --port 0 --quiet {flags} -- {}\n\
              fi\nexec {ATOU} \"$@\"",
-            sources.join(" ")
+            quoted(sources)
         ),
     )
 }

@@ -1587,8 +1587,18 @@ pub(crate) fn receive_push(
     Ok(result)
 }
 
-/// Every SRC of a sending far end is there, or the reason one is not.
-fn check_sources(sources: &[PathBuf]) -> Result<(), RemoteError> {
+/// A sending far end's start (a pull's, a third-party copy's source):
+/// every SRC must be there (one that is not fails the bootstrap, with its
+/// reason); binds one socket per stream in the range at `ip` (where ssh
+/// reached this host) and answers with their ports, a one-time key and
+/// `token`.
+fn bind_and_answer(
+    ip: Option<IpAddr>,
+    port: PortRange,
+    streams: usize,
+    sources: &[PathBuf],
+    token: Option<[u8; 32]>,
+) -> Result<(Vec<UdpSocket>, StaticKeypair), RemoteError> {
     for s in sources {
         if let Err(e) = std::fs::symlink_metadata(s) {
             return Err(failed(format!(
@@ -1597,7 +1607,14 @@ fn check_sources(sources: &[PathBuf]) -> Result<(), RemoteError> {
             )));
         }
     }
-    Ok(())
+    let socks = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), port, streams)?;
+    let ports = socks
+        .iter()
+        .map(|s| s.local_addr().map(|a| a.port()))
+        .collect::<std::io::Result<Vec<u16>>>()?;
+    let identity = one_time_key()?;
+    answer(ports, identity.public(), ip, token)?;
+    Ok((socks, identity))
 }
 
 /// The far end of a pull, bound and answered, waiting for its punches.
@@ -1631,15 +1648,8 @@ impl FarSend {
         streams: usize,
         sources: &[PathBuf],
     ) -> Result<FarSend, RemoteError> {
-        check_sources(sources)?;
-        let socks = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), port, streams)?;
-        let ports = socks
-            .iter()
-            .map(|s| s.local_addr().map(|a| a.port()))
-            .collect::<std::io::Result<Vec<u16>>>()?;
-        let identity = one_time_key()?;
         let token = random_token()?;
-        answer(ports, identity.public(), ip, Some(token))?;
+        let (socks, identity) = bind_and_answer(ip, port, streams, sources, Some(token))?;
         Ok(FarSend {
             socks,
             token,

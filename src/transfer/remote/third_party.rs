@@ -23,7 +23,7 @@
 //! authenticated, and the receiving end's policy is what this user said.
 
 use std::io::Read;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::sync::atomic::AtomicBool;
@@ -31,11 +31,11 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use super::{
-    answer, check_sources, client_auth, failed, one_time_key, RemoteEnd, RemoteError, SshCommand,
+    bind_and_answer, client_auth, failed, one_time_key, RemoteEnd, RemoteError, SshCommand,
     EXIT_GRACE,
 };
 use crate::proto::crypto::{ClientAuth, PublicKey, StaticKeypair};
-use crate::transfer::bootstrap::{bind_in_range, Hello, PortRange, SendRoute, SendTo, MAX_LINE};
+use crate::transfer::bootstrap::{Hello, PortRange, SendRoute, SendTo, MAX_LINE};
 use crate::transfer::send::Bound;
 use crate::transfer::tunnel::{self, ClientSide, ServerSide};
 use crate::util::text::escape;
@@ -208,23 +208,15 @@ pub(crate) enum Ordered {
 }
 
 impl FarSendTo {
-    /// Binds one socket per stream in the range at `ip` (where ssh reached
-    /// this host) and answers with their ports and a one-time key. Every
-    /// SRC must be there.
+    /// Binds and answers as a pull's source does, without a punch token
+    /// (the destination is a server, reached without one).
     pub(crate) fn answer(
         ip: Option<IpAddr>,
         port: PortRange,
         streams: usize,
         sources: &[PathBuf],
     ) -> Result<FarSendTo, RemoteError> {
-        check_sources(sources)?;
-        let socks = bind_in_range(ip.unwrap_or(Ipv4Addr::UNSPECIFIED.into()), port, streams)?;
-        let ports = socks
-            .iter()
-            .map(|s| s.local_addr().map(|a| a.port()))
-            .collect::<std::io::Result<Vec<u16>>>()?;
-        let identity = one_time_key()?;
-        answer(ports, identity.public(), ip, None)?;
+        let (socks, identity) = bind_and_answer(ip, port, streams, sources, None)?;
         Ok(FarSendTo { socks, identity })
     }
 
