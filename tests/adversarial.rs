@@ -189,6 +189,7 @@ fn plan(entries: Vec<Entry>, options: Options, parts: Vec<FilePart>) -> Vec<u8> 
         protect: Vec::new(),
         owners: None,
         xattrs: None,
+        same: Vec::new(),
     }
     .encode()
 }

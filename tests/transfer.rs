@@ -1286,6 +1286,77 @@ fn compress_shrinks_text_and_sends_random_data_raw() {
     assert!(r.get("compress").is_none(), "{r}");
 }
 
+/// `--compress` sends a file whose bytes another file of the transfer
+/// has only once: the receiver writes the others from its chunks, each
+/// with its own mode and mtime, and the tree arrives identical. Where the
+/// original is already there and skipped, its copy is sent as any file.
+#[test]
+fn compress_sends_identical_files_once() {
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = TestDir::new("transfer-compress-same");
+    let tree = scratch.dir("src").join("tree");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    let big = 3 * MIB + 17;
+    write_random(&tree.join("a.bin"), big, 3);
+    write_random(&tree.join("b.bin"), big, 4);
+    for copy in ["sub/a2.bin", "z.bin"] {
+        fs::copy(tree.join("a.bin"), tree.join(copy)).unwrap();
+    }
+    fs::set_permissions(tree.join("z.bin"), fs::Permissions::from_mode(0o600)).unwrap();
+    let text = "the same licence, word for word\n".repeat(500);
+    fs::write(tree.join("COPYING"), &text).unwrap();
+    fs::write(tree.join("sub/COPYING"), &text).unwrap();
+    let dest = scratch.dir("dest");
+    let server = Serve::start(&dest);
+
+    let r = send(&[&tree], &server.target(), &["--compress"]).report();
+    assert_eq!(report_u(&r, "copied_files"), 3, "{r}");
+    assert_eq!(
+        report_u(&r, "bytes_copied"),
+        2 * big + text.len() as u64,
+        "{r}"
+    );
+    assert_eq!(
+        report_u(&r, "bytes_sent"),
+        2 * big + text.len() as u64,
+        "{r}"
+    );
+    assert_same_tree(&tree, &dest.join("tree"));
+
+    // The original there already, the copies gone: they are sent.
+    fs::remove_file(dest.join("tree/z.bin")).unwrap();
+    fs::remove_file(dest.join("tree/sub/COPYING")).unwrap();
+    let args = ["--compress", "--skip-existing"];
+    let r = send(&[&tree], &server.target(), &args).report();
+    assert_eq!(report_u(&r, "copied_files"), 0, "{r}");
+    assert_eq!(report_u(&r, "bytes_sent"), big + text.len() as u64, "{r}");
+    // (The directories' mtimes are this host's now: the removals moved
+    // them, and --skip-existing sets only those of directories it makes.)
+    for f in ["z.bin", "sub/COPYING"] {
+        assert!(
+            first_difference(&tree.join(f), &dest.join("tree").join(f)).is_none(),
+            "{f}"
+        );
+    }
+    let mode = fs::metadata(dest.join("tree/z.bin"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    // Without --compress every file is sent.
+    let plain = scratch.dir("plain");
+    let server_plain = Serve::start(&plain);
+    let r = send(&[&tree], &server_plain.target(), &[]).report();
+    assert_eq!(report_u(&r, "copied_files"), 0, "{r}");
+    assert_eq!(
+        report_u(&r, "bytes_sent"),
+        4 * big + 2 * text.len() as u64,
+        "{r}"
+    );
+    assert_same_tree(&tree, &plain.join("tree"));
+}
+
 /// A `--compress` transfer killed half way resumes: the rerun sends only
 /// the chunks the receiver does not hold (offsets and values are of the
 /// raw bytes, whatever went on the wire), and the file arrives whole.

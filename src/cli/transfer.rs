@@ -102,7 +102,7 @@ pub(super) struct TransferArgs {
     /// Sync each file to disk at the receiver before renaming it into place
     #[arg(long)]
     fsync: bool,
-    /// Compress each 1 MiB chunk with zstd on the reader threads, at a level from 1 to 9 stepped by the measured send rate against the compressors' own; a chunk that does not shrink by a twentieth goes as it is, flagged, and a round whose sample (16 pieces of 32 KiB spread over its bytes) does not shrink by a twentieth goes plain, unframed. BLAKE3 still checks the raw bytes. The receiver's atou must know it, else it refuses the transfer (nothing written). Default: off
+    /// Compress each 1 MiB chunk with zstd on the reader threads, at a level from 1 to 9 stepped by the measured send rate against the compressors' own; a chunk that does not shrink by a twentieth goes as it is, flagged, and a round whose sample (16 pieces of 32 KiB spread over its bytes) does not shrink by a twentieth goes plain, unframed. BLAKE3 still checks the raw bytes. Files whose bytes are another's of the transfer (same size, then sampled, then hashed whole before sending) are sent once: the receiver writes the others from those chunks, each with its own name, mode and mtime. The receiver's atou must know it, else it refuses the transfer (nothing written). Default: off
     #[arg(long)]
     compress: bool,
     /// Send what symlinks point to instead of the symlinks
@@ -801,6 +801,14 @@ fn report_text(r: &SendReport, streams: &[Summary], path: &PathSize) -> String {
             );
         }
     }
+    if r.copied_files > 0 {
+        s += &format!(
+            "; {} file{} ({}) the same as another sent once, written there from it",
+            r.copied_files,
+            if r.copied_files == 1 { "" } else { "s" },
+            format_size(r.bytes_copied)
+        );
+    }
     if r.files_in_part > 0 {
         s += &format!(
             "; {} of them in part (split across the shards: {} takes its name when every \
@@ -893,15 +901,24 @@ fn dry_run_text(r: &SendReport) -> String {
     let part = r.shard.as_ref().map_or(String::new(), |k| {
         format!(" (shard {k}, its part of the tree)")
     });
+    let copying = if r.copied_files > 0 {
+        format!(
+            ", write {} from the same bytes sent for another ({})",
+            r.copied_files,
+            format_size(r.bytes_copied)
+        )
+    } else {
+        String::new()
+    };
     s += &format!(
-        "dry run{part}: would send {} of {} file{} ({} of {}), skip {} ({} already there), \
-         with {} dir{} and {} symlink{}, to {}{deleting}; nothing was sent\n",
+        "dry run{part}: would send {} of {} file{} ({} of {}){copying}, skip {} ({} already \
+         there), with {} dir{} and {} symlink{}, to {}{deleting}; nothing was sent\n",
         sent,
         files.len(),
         if files.len() == 1 { "" } else { "s" },
         format_size(r.bytes_sent),
         format_size(r.bytes_total),
-        files.len() - sent,
+        files.len() - sent - r.copied_files as usize,
         format_size(r.bytes_skipped),
         r.dirs,
         if r.dirs == 1 { "" } else { "s" },

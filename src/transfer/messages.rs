@@ -93,7 +93,13 @@ const OPT2_OWNERS: u8 = 0x02;
 /// rules ([`Xattrs`]). A receiver that predates it refuses the plan's
 /// version rather than drop them.
 const OPT2_XATTRS: u8 = 0x08;
-const OPTS2_KNOWN: u8 = OPT2_DELETE | OPT2_OWNERS | OPT2_COMPRESS | OPT2_XATTRS;
+/// Files the sender read as byte for byte another file of the plan
+/// ([`SameFile`], `--compress`): the receiver may write them from that
+/// file's chunks ([`FilePlan::Copy`]) and none of theirs is sent. A
+/// receiver that predates it refuses the bit, and the sender asks again
+/// without it.
+pub const OPT2_SAME: u8 = 0x10;
+const OPTS2_KNOWN: u8 = OPT2_DELETE | OPT2_OWNERS | OPT2_COMPRESS | OPT2_XATTRS | OPT2_SAME;
 
 /// What an [`Xattrs`] section holds.
 const XA_XATTRS: u8 = 0x01;
@@ -166,6 +172,8 @@ pub enum MessageError {
     NotUtf8,
     #[error("a message of {0} bytes (at most {MESSAGE_MAX})")]
     TextTooLong(usize),
+    #[error("same-file pair {index}: {why}")]
+    BadSame { index: usize, why: &'static str },
     #[error("file part {index}: {why}")]
     BadPart { index: usize, why: &'static str },
     #[error(
@@ -290,7 +298,22 @@ pub struct PlanRequest {
     /// `-X` / `-A`: each entry's extended attributes; `None` without
     /// either.
     pub xattrs: Option<Xattrs>,
+    /// Files whose bytes are another file's ([`OPT2_SAME`]), ascending by
+    /// file; empty when none are.
+    pub same: Vec<SameFile>,
 }
+
+/// File `file` holds the same bytes as the earlier file `of` (file
+/// numbers; equal sizes, neither sent in part, `of` not itself one of
+/// these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SameFile {
+    pub file: u32,
+    pub of: u32,
+}
+
+/// Bytes of one [`SameFile`] on the wire.
+const SAME_LEN: usize = 4 + 4;
 
 /// One extended attribute: its full name (`user.x`,
 /// `system.posix_acl_access`) and its value, as the kernel gives them.
@@ -356,7 +379,8 @@ pub struct DataHeader {
 /// A request, as the receiver reads it from a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
-    Plan(PlanRequest),
+    /// Boxed: a plan is ten times the size of the other requests.
+    Plan(Box<PlanRequest>),
     /// The header; the chunks follow it in the stream.
     Data(DataHeader),
     /// Every file's BLAKE3 hash, in file order.
@@ -421,7 +445,8 @@ impl PlanRequest {
                 OPT2_XATTRS
             } else {
                 0
-            };
+            }
+            | if self.same.is_empty() { 0 } else { OPT2_SAME };
         out.push(if opts2 == 0 {
             SESSION_VERSION_FIRST
         } else {
@@ -465,6 +490,13 @@ impl PlanRequest {
         }
         if let Some(xattrs) = &self.xattrs {
             xattrs.encode(&mut out);
+        }
+        if !self.same.is_empty() {
+            out.put_u32(self.same.len() as u32);
+            for s in &self.same {
+                out.put_u32(s.file);
+                out.put_u32(s.of);
+            }
         }
         out.extend_from_slice(&manifest);
         seal(out)
@@ -793,6 +825,43 @@ fn check_parts(parts: &[FilePart], file_sizes: &[u64]) -> Result<(), MessageErro
     Ok(())
 }
 
+/// Each same-file pair names two files of the manifest of one size, not
+/// empty and neither sent in part, the copy after its original, copies
+/// ascending and each named once, and no original a copy itself: the
+/// receiver then writes a copy only from chunks it is sent.
+fn check_same(
+    same: &[SameFile],
+    parts: &[FilePart],
+    file_sizes: &[u64],
+) -> Result<(), MessageError> {
+    let copies: std::collections::HashSet<u32> = same.iter().map(|s| s.file).collect();
+    let in_part = |f: u32| parts.binary_search_by_key(&f, |p| p.file).is_ok();
+    let mut last = None;
+    for (index, s) in same.iter().enumerate() {
+        let bad = |why| Err(MessageError::BadSame { index, why });
+        let (Some(&size), Some(&of_size)) = (
+            file_sizes.get(s.file as usize),
+            file_sizes.get(s.of as usize),
+        ) else {
+            return bad("no such file in the manifest");
+        };
+        if last.is_some_and(|l| s.file <= l) {
+            return bad("files out of order, or named twice");
+        }
+        last = Some(s.file);
+        if s.of >= s.file || copies.contains(&s.of) {
+            return bad("an original after its copy, or one that is a copy itself");
+        }
+        if size != of_size || size == 0 {
+            return bad("files of different sizes, or empty");
+        }
+        if in_part(s.file) || in_part(s.of) {
+            return bad("a file sent in part");
+        }
+    }
+    Ok(())
+}
+
 /// Encodes a finish request.
 pub fn encode_finish(hashes: &[Cv]) -> Vec<u8> {
     let mut out = Vec::with_capacity(5 + hashes.len() * 32);
@@ -870,8 +939,23 @@ impl Request {
                 } else {
                     None
                 };
+                let same = if opts2 & OPT2_SAME != 0 {
+                    let n = count(&mut r, SAME_LEN)?;
+                    (0..n)
+                        .map(|_| {
+                            Ok(SameFile {
+                                file: r.u32()?,
+                                of: r.u32()?,
+                            })
+                        })
+                        .collect::<Result<Vec<_>, MessageError>>()?
+                } else {
+                    Vec::new()
+                };
                 let manifest = Manifest::decode(r.rest())?;
-                check_parts(&parts, &super::file_sizes(&manifest))?;
+                let sizes = super::file_sizes(&manifest);
+                check_parts(&parts, &sizes)?;
+                check_same(&same, &parts, &sizes)?;
                 if let Some((last, _)) = xattrs.as_ref().and_then(|x| x.entries.last()) {
                     if *last as usize >= manifest.entries.len() {
                         return Err(MessageError::NoSuchFile(*last));
@@ -885,7 +969,7 @@ impl Request {
                         });
                     }
                 }
-                Ok(Request::Plan(PlanRequest {
+                Ok(Request::Plan(Box::new(PlanRequest {
                     options: Options {
                         overwrite: opts & OPT_OVERWRITE != 0,
                         skip_existing: opts & OPT_SKIP_EXISTING != 0,
@@ -903,7 +987,8 @@ impl Request {
                     protect,
                     owners,
                     xattrs,
-                }))
+                    same,
+                })))
             }
             KIND_ABORT => {
                 let why = text(&mut r)?;
@@ -932,6 +1017,10 @@ pub enum FilePlan {
     /// its chunks as it stands. Chunks whose value matches the sender's are
     /// not sent again.
     Held(Vec<Cv>),
+    /// Written from the chunks of the file the plan named it the same as
+    /// ([`SameFile`]), as they are written: none of its own is sent. Only
+    /// ever the answer for a file the plan so named.
+    Copy,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -983,6 +1072,7 @@ fn failed_max_len() -> u64 {
 const PLAN_SEND_ALL: u8 = 0;
 const PLAN_SKIP: u8 = 1;
 const PLAN_HELD: u8 = 2;
+const PLAN_COPY: u8 = 3;
 
 impl PlanReply {
     pub fn encode(&self) -> Vec<u8> {
@@ -1005,6 +1095,7 @@ impl PlanReply {
                     match f {
                         FilePlan::SendAll => out.push(PLAN_SEND_ALL),
                         FilePlan::Skip => out.push(PLAN_SKIP),
+                        FilePlan::Copy => out.push(PLAN_COPY),
                         FilePlan::Held(cvs) => {
                             out.push(PLAN_HELD);
                             out.put_u32(cvs.len() as u32);
@@ -1084,6 +1175,7 @@ impl PlanReply {
                     files.push(match r.u8()? {
                         PLAN_SEND_ALL => FilePlan::SendAll,
                         PLAN_SKIP => FilePlan::Skip,
+                        PLAN_COPY => FilePlan::Copy,
                         PLAN_HELD => {
                             let k = count(&mut r, 32)?;
                             if k as u64 != chunk_count(size) {
@@ -1248,6 +1340,7 @@ mod tests {
             protect: Vec::new(),
             owners: None,
             xattrs: None,
+            same: Vec::new(),
         };
         let mirror = PlanRequest {
             options: Options {
@@ -1280,6 +1373,7 @@ mod tests {
                     ),
                 ],
             }),
+            same: Vec::new(),
         };
         let header = DataHeader {
             ranges: vec![ChunkRange {
@@ -1294,8 +1388,8 @@ mod tests {
         assert_eq!(plan.encode()[1], SESSION_VERSION_FIRST);
         assert_eq!(mirror.encode()[1], SESSION_VERSION);
         let cases = [
-            (plan.encode(), Request::Plan(plan)),
-            (mirror.encode(), Request::Plan(mirror)),
+            (plan.encode(), Request::Plan(Box::new(plan))),
+            (mirror.encode(), Request::Plan(Box::new(mirror))),
             (header.encode(), Request::Data(header)),
             (
                 encode_finish(&[[7; 32], [9; 32]]),
@@ -1340,6 +1434,85 @@ mod tests {
         }
     }
 
+    /// A hostile plan's same-file pairs: each must name two files of the
+    /// manifest of one size, not empty, the original first and not itself
+    /// a copy, neither sent in part, copies ascending and once each; a
+    /// good one goes and comes back as it was.
+    #[test]
+    fn same_file_pairs_that_could_copy_what_was_not_sent_are_refused() {
+        let file = |path: &str, size| Entry {
+            path: rel(path),
+            kind: EntryKind::File { size },
+            mode: 0o644,
+            mtime_sec: 0,
+            mtime_nsec: 0,
+        };
+        // Files 0, 1, 2 and 4 of 5 MiB, 3 of 7 bytes, 5 and 6 empty.
+        let manifest = Manifest {
+            entries: vec![
+                file("a", 5 << 20),
+                file("b", 5 << 20),
+                file("c", 5 << 20),
+                file("d", 7),
+                file("e", 5 << 20),
+                file("f", 0),
+                file("g", 0),
+            ],
+        };
+        let plan = |same: &[(u32, u32)], parts: Vec<FilePart>| {
+            PlanRequest {
+                manifest: manifest.clone(),
+                same: same
+                    .iter()
+                    .map(|&(file, of)| SameFile { file, of })
+                    .collect(),
+                parts,
+                ..bare_plan()
+            }
+            .encode()
+        };
+        let ok = plan(&[(1, 0), (2, 0), (4, 0)], Vec::new());
+        let Ok(Request::Plan(p)) = Request::decode(&ok) else {
+            panic!("a good plan refused");
+        };
+        let pairs: Vec<(u32, u32)> = p.same.iter().map(|s| (s.file, s.of)).collect();
+        assert_eq!(pairs, [(1, 0), (2, 0), (4, 0)]);
+        for cut in 0..ok.len() {
+            assert!(Request::decode(&ok[..cut]).is_err(), "cut {cut}");
+        }
+        let part = || {
+            vec![FilePart {
+                file: 2,
+                chunks: 0..1,
+            }]
+        };
+        for (same, parts, why) in [
+            (vec![(7, 0)], Vec::new(), "no such file"),
+            (vec![(1, 9)], Vec::new(), "no such file"),
+            (vec![(3, 0)], Vec::new(), "different sizes"),
+            (vec![(6, 5)], Vec::new(), "empty"),
+            (vec![(0, 1)], Vec::new(), "an original after its copy"),
+            (vec![(1, 1)], Vec::new(), "an original after its copy"),
+            (vec![(1, 0), (2, 1)], Vec::new(), "a copy itself"),
+            (vec![(2, 0), (1, 0)], Vec::new(), "out of order"),
+            (vec![(2, 0), (2, 1)], Vec::new(), "named twice"),
+            (vec![(2, 0)], part(), "in part"),
+            (vec![(4, 2)], part(), "in part"),
+        ] {
+            let e = Request::decode(&plan(&same, parts)).unwrap_err();
+            assert!(e.to_string().contains(why), "{same:?}: {e}");
+        }
+        // Without any, the plan is what it was before the bit.
+        assert_eq!(
+            plan(&[], Vec::new()),
+            PlanRequest {
+                manifest: manifest.clone(),
+                ..bare_plan()
+            }
+            .encode()
+        );
+    }
+
     /// A plan of `manifest()` asking nothing more.
     fn bare_plan() -> PlanRequest {
         PlanRequest {
@@ -1350,6 +1523,7 @@ mod tests {
             protect: Vec::new(),
             owners: None,
             xattrs: None,
+            same: Vec::new(),
         }
     }
 

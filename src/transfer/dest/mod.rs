@@ -394,6 +394,9 @@ pub struct Prepared {
     pub claim: Option<ClaimId>,
     /// What `--delete` removes at the finish; `None` without it.
     pub extraneous: Option<Box<delete::Extraneous>>,
+    /// Per file, the files written from its chunks ([`FilePlan::Copy`]);
+    /// empty when none are.
+    pub copies: Vec<Vec<u32>>,
     /// `-o` / `-g`: per entry, the owner and group it gets; empty without.
     owners: Vec<dest_dir::Ids>,
     /// `-X` / `-A`: per entry, the attributes it gets (boxed: a plan's

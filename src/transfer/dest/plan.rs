@@ -26,7 +26,7 @@ use crate::io::dest_dir::{self, DestDir, Found, STAGING_DIR};
 use crate::transfer::exclude::Filters;
 use crate::transfer::hash::{chunk_count, chunk_cv, chunk_len, Cv, CHUNK_SIZE};
 use crate::transfer::manifest::{Entry, EntryKind, Manifest, RelPath};
-use crate::transfer::messages::{FilePart, FilePlan, Options, PlanRequest, Xattr};
+use crate::transfer::messages::{FilePart, FilePlan, Options, PlanRequest, SameFile, Xattr};
 use crate::transfer::parts;
 use crate::transfer::staged::ToStage;
 use crate::transfer::Error;
@@ -92,6 +92,7 @@ pub fn prepare(
         protect,
         owners,
         xattrs,
+        same,
     } = request;
     super::delete::check_allowed(&asked, policy)?;
     if let Some(own) = &owners {
@@ -157,6 +158,7 @@ pub fn prepare(
         return Err(Error::Refused { why });
     }
     admit(&planner.to_stage())?;
+    let copies = take_copies(&same, &mut planner.plans);
     let extraneous = if options.delete {
         let mut rules = Filters::default();
         for rule in &protect {
@@ -191,12 +193,34 @@ pub fn prepare(
         rels: planner.rels,
         claim: None,
         extraneous,
+        copies,
         owners,
         xattrs: Box::new(super::xattrs::PlanXattrs {
             per_entry: xattrs,
             tally: xattr_tally,
         }),
     })
+}
+
+/// Of the files the sender read as another's bytes, those this receiver
+/// writes from that file's chunks: both sent whole and fresh (nothing of
+/// either is here, in place or staged), so no chunk of the copy is sent.
+/// Any other (its original skipped or held in part, say) is sent as
+/// planned. Returns, per file, the files written from its chunks.
+fn take_copies(same: &[SameFile], plans: &mut [FilePlan]) -> Vec<Vec<u32>> {
+    let mut copies = Vec::new();
+    for s in same {
+        let (file, of) = (s.file as usize, s.of as usize);
+        if plans.get(file) == Some(&FilePlan::SendAll) && plans.get(of) == Some(&FilePlan::SendAll)
+        {
+            plans[file] = FilePlan::Copy;
+            if copies.is_empty() {
+                copies = vec![Vec::new(); plans.len()];
+            }
+            copies[of].push(s.file);
+        }
+    }
+    copies
 }
 
 /// What this session may do: the sender's asks, as the policy allows.
@@ -939,6 +963,7 @@ mod tests {
                 protect: Vec::new(),
                 owners: None,
                 xattrs: None,
+                same: Vec::new(),
             };
             prepare(&self.dest, policy, request, checksum_budget, |_| Ok(()))
                 .map_err(|e| e.to_string())
@@ -988,6 +1013,41 @@ mod tests {
     /// A session cancelled between its plan and its finish leaves the
     /// directories it created private (0700); the session that resumes
     /// the transfer must give them their mode, though they now exist.
+    /// A file is written from its original's chunks only where both are
+    /// sent whole and fresh: under a skipped or partly held original, or
+    /// held itself, it is sent as planned.
+    #[test]
+    fn a_copy_is_taken_only_where_both_files_are_sent_whole() {
+        use FilePlan::{Copy, Held, SendAll, Skip};
+        let mut plans = vec![
+            SendAll,
+            SendAll,
+            Skip,
+            SendAll,
+            Held(Vec::new()),
+            SendAll,
+            Held(Vec::new()),
+        ];
+        let same = [(1, 0), (3, 2), (4, 0), (5, 0), (6, 0)].map(|(file, of)| SameFile { file, of });
+        let copies = take_copies(&same, &mut plans);
+        assert_eq!(
+            plans,
+            [
+                SendAll,
+                Copy,
+                Skip,
+                SendAll,
+                Held(Vec::new()),
+                Copy,
+                Held(Vec::new())
+            ]
+        );
+        assert_eq!(copies[0], [1, 5]);
+        assert!(copies[1..].iter().all(Vec::is_empty));
+        let mut none = vec![SendAll; 2];
+        assert!(take_copies(&[], &mut none).is_empty());
+    }
+
     #[test]
     fn directories_a_cancelled_session_created_get_their_mode_from_the_next() {
         use std::os::unix::fs::PermissionsExt;

@@ -529,6 +529,7 @@ mod tests {
             protect: Vec::new(),
             owners: None,
             xattrs: None,
+            same: Vec::new(),
         }
     }
 

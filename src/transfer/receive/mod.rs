@@ -321,7 +321,7 @@ impl FileReceiver {
                 session,
                 conn_id,
                 result,
-            } => sessions.on_planned(session, conn_id, result),
+            } => sessions.on_planned(session, conn_id, *result),
             Done::PlanBusy {
                 session,
                 conn_id,

@@ -137,6 +137,8 @@ pub(super) trait PlanView {
     fn size(&self, file: usize) -> u64;
     /// Of a file split across shards, the chunks this session sends.
     fn part(&self, file: usize) -> Option<Range<u64>>;
+    /// The files written from this one's chunks ([`FilePlan::Copy`]).
+    fn copies(&self, file: usize) -> &[u32];
     /// The file's path, for messages.
     fn rel(&self, file: usize) -> String;
     /// A writer gave the file its length, mode and mtime.
@@ -692,8 +694,12 @@ impl<P: PlanView> Sessions<P> {
         match result {
             Ok(cv) => {
                 if let Some(s) = s {
-                    s.bytes_written += u64::from(info.len);
-                    if let Some(job) = s.verify(to.session, info.chunk, cv) {
+                    let copies = s
+                        .plan
+                        .as_ref()
+                        .map_or(0, |p| p.copies(info.chunk.file as usize).len());
+                    s.bytes_written += u64::from(info.len) * (1 + copies as u64);
+                    for job in s.verify(to.session, info.chunk, cv) {
                         self.actions.push_back(Action::Write(job));
                     }
                 }
@@ -754,26 +760,40 @@ impl<P: PlanView> Sessions<P> {
 }
 
 impl<P: PlanView> Session<P> {
-    /// Records the value of a chunk now in place. When that completes a
-    /// file sent whole, a writer is to make it ready.
-    fn verify(&mut self, session: SessionKey, chunk: ChunkRef, cv: Cv) -> Option<Job<P>> {
+    /// Records the value of a chunk now in place, in its file and in each
+    /// file written from it (the writer wrote them all). Each file sent
+    /// whole that this completes is for a writer to make ready.
+    fn verify(&mut self, session: SessionKey, chunk: ChunkRef, cv: Cv) -> Vec<Job<P>> {
+        let Some(plan) = self.plan.clone() else {
+            return Vec::new();
+        };
         let file = chunk.file as usize;
-        let was = self.verified[file][chunk.chunk as usize].replace(cv);
-        if was.is_some() || self.unverified[file] == 0 {
-            return None;
+        let mut jobs = Vec::new();
+        for f in std::iter::once(file).chain(plan.copies(file).iter().map(|&c| c as usize)) {
+            let Some(slot) = self
+                .verified
+                .get_mut(f)
+                .and_then(|v| v.get_mut(chunk.chunk as usize))
+            else {
+                continue;
+            };
+            let was = slot.replace(cv);
+            if was.is_some() || self.unverified[f] == 0 {
+                continue;
+            }
+            self.unverified[f] -= 1;
+            if self.unverified[f] > 0 || plan.is_ready(f) {
+                continue;
+            }
+            self.readying += 1;
+            jobs.push(Job::MakeReady {
+                session,
+                plan: plan.clone(),
+                file: f,
+                fsync: plan.options().fsync,
+            });
         }
-        self.unverified[file] -= 1;
-        let plan = self.plan.as_ref()?;
-        if self.unverified[file] > 0 || plan.is_ready(file) {
-            return None;
-        }
-        self.readying += 1;
-        Some(Job::MakeReady {
-            session,
-            plan: plan.clone(),
-            file,
-            fsync: plan.options().fsync,
-        })
+        jobs
     }
 
     /// The chunks the plan expects that hold no verified data: of each
@@ -784,7 +804,8 @@ impl<P: PlanView> Session<P> {
         };
         let mut missing = Vec::new();
         for (file, cvs) in self.verified.iter().enumerate() {
-            if plan.plans()[file] == FilePlan::Skip {
+            // A copy's chunks come with its original's, named missing there.
+            if matches!(plan.plans()[file], FilePlan::Skip | FilePlan::Copy) {
                 continue;
             }
             let chunks = plan.part(file).unwrap_or(0..cvs.len() as u64);
@@ -1125,7 +1146,9 @@ impl<P: PlanView> Sessions<P> {
         // it, at its finish (src/transfer/parts.rs).
         s.unverified = (0..files)
             .map(|n| match plan.plans()[n] {
-                FilePlan::SendAll if plan.part(n).is_none() => chunk_count(plan.size(n)),
+                FilePlan::SendAll | FilePlan::Copy if plan.part(n).is_none() => {
+                    chunk_count(plan.size(n))
+                }
                 _ => 0,
             })
             .collect();
@@ -1482,6 +1505,7 @@ mod tests {
         options: Options,
         ready: Vec<AtomicBool>,
         writing: Vec<AtomicU64>,
+        copies: Vec<Vec<u32>>,
     }
 
     fn files(sizes: &[u64]) -> Files {
@@ -1489,6 +1513,7 @@ mod tests {
             sizes: sizes.to_vec(),
             plans: vec![FilePlan::SendAll; sizes.len()],
             parts: vec![None; sizes.len()],
+            copies: vec![Vec::new(); sizes.len()],
             held: Vec::new(),
             options: Options::default(),
             ready: sizes.iter().map(|_| AtomicBool::new(false)).collect(),
@@ -1517,6 +1542,9 @@ mod tests {
         }
         fn part(&self, file: usize) -> Option<Range<u64>> {
             self.parts[file].clone()
+        }
+        fn copies(&self, file: usize) -> &[u32] {
+            &self.copies[file]
         }
         fn rel(&self, file: usize) -> String {
             format!("f{file}")
@@ -1558,6 +1586,7 @@ mod tests {
             protect: Vec::new(),
             owners: None,
             xattrs: None,
+            same: Vec::new(),
         }
         .encode()
     }
@@ -2134,6 +2163,71 @@ mod tests {
     /// A connection of the session with nothing in (held, then abandoned
     /// by its sender with its close lost) is no stream: the finish does
     /// not wait for it to go idle, which would fail the session.
+    /// A file written from another's chunks (FilePlan::Copy): each chunk
+    /// of the original verified is the copy's too, which is then made
+    /// ready and counted written; while the original's chunk fails, the
+    /// finish names it there alone, never the copy's (no chunk of it is
+    /// sent).
+    #[test]
+    fn a_copy_is_verified_with_its_originals_chunks_and_never_named_missing() {
+        let mut rig = Rig::new(limits(), false);
+        let mut plan = files(&[10, 10]);
+        plan.plans = vec![FilePlan::SendAll, FilePlan::Copy];
+        plan.copies = vec![vec![1], Vec::new()];
+        plan.options.finish_ahead = true;
+        let session = rig.planned(plan);
+        let (_, actions) = rig.first_chunk_in();
+        rig.s
+            .on_written(written(writes(&actions)[0], Err(WriteFailure::Corrupt)));
+        rig.drain();
+        let (_, actions) = rig.request(SID, peer(1), &encode_finish(&[[5; 32]; 2]));
+        let bad = actions.iter().find_map(|a| match a {
+            Action::Reply { bytes, .. } => Outcome::decode(bytes).ok(),
+            _ => None,
+        });
+        let missing = vec![ChunkRef { file: 0, chunk: 0 }];
+        assert_eq!(bad, Some(Outcome::Done { bad: missing }));
+
+        let (_, actions) = rig.first_chunk_in();
+        rig.s.on_written(written(writes(&actions)[0], Ok([9; 32])));
+        let actions = rig.drain();
+        let mut ready: Vec<usize> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Write(Job::MakeReady { file, .. }) => Some(*file),
+                _ => None,
+            })
+            .collect();
+        ready.sort_unstable();
+        assert_eq!(ready, [0, 1], "the original and its copy are made ready");
+        let (finish, actions) = rig.request(SID, peer(1), &encode_finish(&[[5; 32]; 2]));
+        assert!(finish_job(&actions).is_none(), "waits for both");
+        rig.s.on_ready(session, Ok(()));
+        assert!(finish_job(&rig.drain()).is_none(), "waits for the copy");
+        rig.s.on_ready(session, Ok(()));
+        let actions = rig.drain();
+        let verified = actions.iter().find_map(|a| match a {
+            Action::Plan(PlanJob::Finish { verified, .. }) => Some(verified.clone()),
+            _ => None,
+        });
+        assert_eq!(verified, Some(vec![vec![Some([9; 32])]; 2]));
+        rig.s.on_finished(
+            rig.at(1),
+            session,
+            finish,
+            Ok(Finished {
+                files: 2,
+                ..Finished::default()
+            }),
+        );
+        let report = rig.drain().into_iter().find_map(|a| match a {
+            Action::Report(ReceiveEvent::Done(r)) => Some(r),
+            _ => None,
+        });
+        let report = report.expect("a report");
+        assert_eq!((report.bytes_written, report.bytes_resumed), (20, 0));
+    }
+
     #[test]
     fn a_finish_does_not_wait_for_a_connection_with_nothing_in() {
         let mut rig = Rig::new(limits(), false);
@@ -2368,7 +2462,7 @@ mod tests {
             xattrs: true,
             acls: false,
         };
-        let (plan, policy) = granted(plan, &ReceivePolicy::server(), Some(grant)).unwrap();
+        let (plan, policy) = granted(*plan, &ReceivePolicy::server(), Some(grant)).unwrap();
         assert_eq!(plan.subdir.unwrap().as_bytes(), b"keys/alice/inner");
         assert_eq!(policy.confined_to.as_deref(), Some(&b"keys/alice"[..]));
         assert!(policy.key_forbids_overwrite);

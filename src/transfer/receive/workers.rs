@@ -57,6 +57,10 @@ impl PlanView for Prepared {
         self.files[file].part.as_ref().map(|p| p.chunks.clone())
     }
 
+    fn copies(&self, file: usize) -> &[u32] {
+        self.copies.get(file).map_or(&[], Vec::as_slice)
+    }
+
     fn rel(&self, file: usize) -> String {
         self.files[file].rel.to_string()
     }
@@ -76,7 +80,8 @@ pub(super) enum Done {
     Plan {
         session: SessionKey,
         conn_id: u64,
-        result: Result<Prepared, Error>,
+        /// Boxed: a plan's result waits in a queue beside smaller messages.
+        result: Box<Result<Prepared, Error>>,
     },
     /// A plan that must wait for a place (a `--checksum` plan while
     /// others take their share of the planners).
@@ -273,12 +278,30 @@ fn write_chunk(job: WriteJob<Prepared>, expander: &mut Expander) -> Written {
     let result = match data {
         Some(data) if chunk_cv(t.size, job.chunk, data)[..] == *sent_cv => {
             let cv: Cv = sent_cv.try_into().expect("32 bytes");
-            let written = if job.whole {
-                t.write_whole(data, job.fsync)
-            } else {
-                t.write_chunk(job.chunk, data)
+            let write = |t: &dest::FileTarget| {
+                if job.whole {
+                    t.write_whole(data, job.fsync)
+                } else {
+                    t.write_chunk(job.chunk, data)
+                }
             };
-            written.map(|()| cv).map_err(WriteFailure::Io)
+            // The files the sender read as this one's bytes get the same
+            // verified chunk (FilePlan::Copy), each opened for it alone.
+            let copied = || {
+                for &c in job.plan.copies(job.file) {
+                    let copy = &job.plan.files[c as usize];
+                    copy.writing.fetch_add(1, Ordering::AcqRel);
+                    let written = write(copy);
+                    let closed = copy.chunk_done(job.fsync);
+                    written?;
+                    closed?;
+                }
+                Ok(())
+            };
+            write(t)
+                .and_then(|()| copied())
+                .map(|()| cv)
+                .map_err(WriteFailure::Io)
         }
         _ => Err(WriteFailure::Corrupt),
     };
@@ -372,7 +395,7 @@ fn planner(
                 Planned::Ready(result) => Done::Plan {
                     session,
                     conn_id,
-                    result,
+                    result: Box::new(result),
                 },
                 Planned::Busy(why) => Done::PlanBusy {
                     session,
@@ -455,7 +478,7 @@ fn plan_one(
     } else {
         None
     };
-    Planned::Ready(prepare(dest, rules, plan, grant, owner))
+    Planned::Ready(prepare(dest, rules, *plan, grant, owner))
 }
 
 /// Checks a decoded plan against the disk, counting what it stages

@@ -20,6 +20,7 @@
 
 mod conn;
 mod readers;
+mod same;
 mod session;
 
 use std::net::SocketAddr;
@@ -436,12 +437,17 @@ pub struct SendReport {
     pub symlinks: u64,
     /// Files the receiver already had (`--skip-existing`).
     pub skipped_files: u64,
+    /// Files the receiver wrote from another file's chunks, their bytes
+    /// being that file's (`--compress`): none of theirs was sent.
+    pub copied_files: u64,
     /// File bytes in the manifest (of a file sent in part, the part's).
     pub bytes_total: u64,
     /// File bytes sent (chunks; a chunk sent twice counts twice).
     pub bytes_sent: u64,
     /// File bytes not sent: skipped files and chunks the receiver held.
     pub bytes_skipped: u64,
+    /// File bytes of `copied_files`, not sent either.
+    pub bytes_copied: u64,
     /// Chunks sent again after failing the receiver's check.
     pub chunks_resent: u64,
     /// Wall time of the whole run, in seconds.

@@ -33,7 +33,7 @@ use crate::transfer::manifest::{
 };
 use crate::transfer::messages::{
     encode_finish, ChunkRef, Deletions, FilePart, FilePlan, Options, Outcome, PlanReply,
-    PlanRequest, Xattrs, XATTR_ENTRY_BYTES_MAX, XATTR_PLAN_BYTES_MAX,
+    PlanRequest, SameFile, Xattrs, OPT2_SAME, XATTR_ENTRY_BYTES_MAX, XATTR_PLAN_BYTES_MAX,
 };
 use crate::transfer::shard::{part_bytes, Selected};
 use crate::transfer::source::{SourceSpec, Sources};
@@ -291,6 +291,9 @@ pub(super) struct SendSession<'a> {
     /// The receiver takes a finish sent before the data streams'
     /// answers: asked in the plan, and so until one predating it refuses.
     finish_ahead: bool,
+    /// The plan names the files whose bytes are another's, until a
+    /// receiver predating that refuses it.
+    same_asked: bool,
     dirs: u64,
     symlinks: u64,
     values: ChunkValues,
@@ -317,7 +320,7 @@ impl<'a> SendSession<'a> {
         } = Plan::walk(sources, config)?;
         // As the data connections opened ahead: only on fresh sockets.
         let finish_ahead = from.is_empty() && !config.options.dry_run;
-        let request = plan_request(config, &plan, manifest, finish_ahead);
+        let request = plan_request(config, &plan, manifest, finish_ahead, true);
         Ok(SendSession {
             config,
             from,
@@ -328,6 +331,7 @@ impl<'a> SendSession<'a> {
             plan,
             request,
             finish_ahead,
+            same_asked: true,
             dirs,
             symlinks,
             tally: Tally::default(),
@@ -368,7 +372,17 @@ impl<'a> SendSession<'a> {
             let request = self.request.clone();
             let reply = ask_busy(self.link(0), request, limit, &mut || early.clear())?;
             let (retry_after, why) = match plan_answer(host, &reply, &self.plan.sizes, delete) {
-                Ok(PlanAnswer::Accepted { plans, deletions }) => return Ok((plans, deletions)),
+                Ok(PlanAnswer::Accepted { plans, deletions }) => {
+                    self.check_copies(&plans)?;
+                    return Ok((plans, deletions));
+                }
+                Err(SendError::Refused { why, .. })
+                    if self.same_asked && !self.plan.same.is_empty() && predates_same(&why) =>
+                {
+                    self.same_asked = false;
+                    self.request = self.request_again();
+                    continue;
+                }
                 Ok(PlanAnswer::Busy { retry_after, why }) => (retry_after, why),
                 Err(SendError::Refused { host, why })
                     if delete && why.contains("session protocol version") =>
@@ -394,8 +408,7 @@ impl<'a> SendSession<'a> {
                 }
                 Err(e) if self.finish_ahead && predates_finish_ahead(&e) => {
                     self.finish_ahead = false;
-                    let manifest = manifest_of(&self.plan.entries);
-                    self.request = plan_request(self.config, &self.plan, manifest, false);
+                    self.request = self.request_again();
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -412,6 +425,38 @@ impl<'a> SendSession<'a> {
                 why,
                 waited: busy.waited(),
             });
+        }
+    }
+
+    /// The plan request again, as `finish_ahead` and `same_asked` now say.
+    fn request_again(&self) -> Vec<u8> {
+        let manifest = manifest_of(&self.plan.entries);
+        plan_request(
+            self.config,
+            &self.plan,
+            manifest,
+            self.finish_ahead,
+            self.same_asked,
+        )
+    }
+
+    /// A receiver writes a file from another's chunks only where the plan
+    /// said their bytes are the same: any other such answer is refused.
+    fn check_copies(&self, plans: &[FilePlan]) -> Result<(), SendError> {
+        let offered: &[SameFile] = if self.same_asked {
+            &self.plan.same
+        } else {
+            &[]
+        };
+        match unoffered_copy(plans, offered) {
+            Some(f) => Err(SendError::BadReply {
+                host: self.config.host.clone(),
+                why: format!(
+                    "it would write {} from another file, which this plan did not offer",
+                    self.plan.names[f]
+                ),
+            }),
+            None => Ok(()),
         }
     }
 
@@ -822,9 +867,11 @@ impl<'a> SendSession<'a> {
             dirs: self.dirs,
             symlinks: self.symlinks,
             skipped_files: selection.skipped_files,
+            copied_files: selection.copied_files,
             bytes_total: self.plan.bytes_total(),
             bytes_sent: tally.bytes_sent,
             bytes_skipped: selection.bytes_skipped,
+            bytes_copied: selection.bytes_copied,
             chunks_resent: tally.chunks_resent,
             secs,
             goodput_bps: goodput_bps(tally.bytes_sent, secs),
@@ -850,6 +897,8 @@ impl<'a> SendSession<'a> {
         let bytes_total = self.plan.bytes_total();
         let bytes_sent: u64 = files.iter().map(|f| f.send_bytes).sum();
         let skipped = files.iter().filter(|f| f.action == "skip").count() as u64;
+        let copied = files.iter().filter(|f| f.action == "copy");
+        let (copied_files, bytes_copied) = copied.fold((0, 0), |(n, b), f| (n + 1, b + f.size));
         SendReport {
             host: self.config.host.clone(),
             shard: self.config.shard.map(|s| s.to_string()),
@@ -858,9 +907,11 @@ impl<'a> SendSession<'a> {
             dirs: self.dirs,
             symlinks: self.symlinks,
             skipped_files: skipped,
+            copied_files,
             bytes_total,
             bytes_sent,
-            bytes_skipped: bytes_total - bytes_sent.min(bytes_total),
+            bytes_skipped: (bytes_total - bytes_sent.min(bytes_total)).saturating_sub(bytes_copied),
+            bytes_copied,
             chunks_resent: 0,
             secs: self.started.elapsed().as_secs_f64(),
             goodput_bps: 0.0,
@@ -994,6 +1045,9 @@ pub(super) struct Plan {
     names: Arc<Vec<String>>,
     /// `-X` / `-A`: the entries' attributes, read at the walk.
     xattrs: Option<Xattrs>,
+    /// `--compress`: the files whose bytes are an earlier file's, by
+    /// file, ascending (src/transfer/send/same.rs).
+    same: Vec<SameFile>,
 }
 
 /// The sources walked: the plan, the manifest that names every entry,
@@ -1033,13 +1087,20 @@ impl Plan {
         let manifest = manifest_of(&entries);
         let files = Files::of(&entries, config.follow)?;
         let xattrs = read_xattrs(&entries, config.keep_xattrs, config.follow)?;
+        let sources = Arc::new(Sources::new(files.specs));
+        let same = if config.options.compress {
+            super::same::find(&sources, &files.sizes, &parts)?
+        } else {
+            Vec::new()
+        };
         let plan = Plan {
             entries,
             parts,
-            sources: Arc::new(Sources::new(files.specs)),
+            sources,
             sizes: Arc::new(files.sizes),
             names: Arc::new(files.names),
             xattrs,
+            same,
         };
         Ok(Walked {
             plan,
@@ -1054,6 +1115,15 @@ impl Plan {
         self.parts[f]
             .clone()
             .unwrap_or(0..chunk_count(self.sizes[f]))
+    }
+
+    /// The file whose bytes file `f` has, if the walk found one.
+    fn same_as(&self, f: usize) -> Option<usize> {
+        let i = self
+            .same
+            .binary_search_by_key(&(f as u32), |s| s.file)
+            .ok()?;
+        Some(self.same[i].of as usize)
     }
 
     /// The bytes of file `f` this session sends: its size, or its part's.
@@ -1175,6 +1245,7 @@ fn plan_request(
     plan: &Plan,
     manifest: Manifest,
     finish_ahead: bool,
+    same: bool,
 ) -> Vec<u8> {
     PlanRequest {
         // The receiver learns it is one shard of several from this bit.
@@ -1191,6 +1262,7 @@ fn plan_request(
             Vec::new()
         },
         xattrs: plan.xattrs.clone(),
+        same: if same { plan.same.clone() } else { Vec::new() },
         owners: {
             let keep = config.keep_owners;
             (keep.user || keep.group).then(|| {
@@ -1268,6 +1340,9 @@ struct Selection {
     skipped_files: u64,
     /// File bytes not sent: skipped files and chunks the receiver holds.
     bytes_skipped: u64,
+    /// Files the receiver writes from another file's chunks, and their bytes.
+    copied_files: u64,
+    bytes_copied: u64,
 }
 
 impl Selection {
@@ -1288,6 +1363,10 @@ impl Selection {
                     selection.bytes_skipped += plan.bytes(f);
                 }
                 FilePlan::Held(theirs) => selection.held.push((f, theirs.clone())),
+                FilePlan::Copy => {
+                    selection.copied_files += 1;
+                    selection.bytes_copied += plan.bytes(f);
+                }
             }
         }
         selection
@@ -1440,6 +1519,26 @@ fn outcome(host: &str, reply: &[u8]) -> Result<Vec<ChunkRef>, SendError> {
             why: e.to_string(),
         }),
     }
+}
+
+/// The first file a reply would write from another's chunks that the plan
+/// did not name as another's bytes (`offered`, ascending by file).
+fn unoffered_copy(plans: &[FilePlan], offered: &[SameFile]) -> Option<usize> {
+    plans.iter().enumerate().position(|(f, p)| {
+        *p == FilePlan::Copy
+            && offered
+                .binary_search_by_key(&(f as u32), |s| s.file)
+                .is_err()
+    })
+}
+
+/// A plan refused for naming files sent once ([`OPT2_SAME`]), by a
+/// receiver that predates it: the unknown bits it names include it.
+fn predates_same(why: &str) -> bool {
+    why.split("unknown option bits 0x")
+        .nth(1)
+        .and_then(|rest| u8::from_str_radix(rest.get(..2)?, 16).ok())
+        .is_some_and(|bits| bits & OPT2_SAME != 0)
 }
 
 /// A plan refused for the finish-ahead bit, by a receiver that predates
@@ -1595,6 +1694,11 @@ impl ChunkValues {
                 hashes.push([0; 32]);
                 continue;
             }
+            // Read as its original's bytes, it has their values.
+            let file_cvs = match (&plans[f], plan.same_as(f)) {
+                (FilePlan::Copy, Some(of)) => &self.0[of],
+                _ => file_cvs,
+            };
             let range = plan.chunks(f);
             let first = range.start;
             let ours: Option<Vec<Cv>> = file_cvs[range.start as usize..range.end as usize]
@@ -1632,10 +1736,11 @@ fn planned_files(plan: &Plan, plans: &[FilePlan], to_send: &[ChunkRef]) -> Vec<P
             size,
             part: plan.parts[f].clone().map(|r| [r.start, r.end]),
             // An empty file is sent (created) unless the plan skips it.
-            action: if *p == FilePlan::Skip || (bytes == 0 && matches!(p, FilePlan::Held(_))) {
-                "skip"
-            } else {
-                "send"
+            action: match p {
+                FilePlan::Copy => "copy",
+                FilePlan::Skip => "skip",
+                FilePlan::Held(_) if bytes == 0 => "skip",
+                _ => "send",
             },
             send_bytes: bytes,
         })
@@ -1662,6 +1767,7 @@ mod tests {
             sizes: Arc::new(sizes.to_vec()),
             names: Arc::new((0..sizes.len()).map(|f| format!("f{f}")).collect()),
             xattrs: None,
+            same: Vec::new(),
         }
     }
 
@@ -1760,6 +1866,41 @@ mod tests {
         }
         assert!(!predates_compress("unknown option bits 0x80"));
         assert!(!predates_compress("no room"));
+    }
+
+    /// A hostile receiver's answer that would write a file from another's
+    /// chunks where the plan named no such file is caught; a receiver that
+    /// predates the bit is told by its refusal naming it.
+    #[test]
+    fn a_copy_the_plan_did_not_offer_is_refused_and_an_old_receiver_is_asked_without() {
+        let offered = [SameFile { file: 2, of: 0 }];
+        let plans = |p: [FilePlan; 3]| p.to_vec();
+        use FilePlan::{Copy, SendAll};
+        assert_eq!(
+            unoffered_copy(&plans([SendAll, SendAll, Copy]), &offered),
+            None
+        );
+        assert_eq!(
+            unoffered_copy(&plans([SendAll, SendAll, SendAll]), &offered),
+            None
+        );
+        assert_eq!(
+            unoffered_copy(&plans([SendAll, Copy, Copy]), &offered),
+            Some(1)
+        );
+        assert_eq!(
+            unoffered_copy(&plans([Copy, SendAll, SendAll]), &offered),
+            Some(0)
+        );
+        assert_eq!(
+            unoffered_copy(&plans([SendAll, SendAll, Copy]), &[]),
+            Some(2)
+        );
+        assert!(predates_same("a malformed plan: unknown option bits 0x10"));
+        assert!(predates_same("a malformed plan: unknown option bits 0x14"));
+        assert!(!predates_same("a malformed plan: unknown option bits 0x04"));
+        assert!(!predates_same("unknown option bits 0x80"));
+        assert!(!predates_same("no room"));
     }
 
     #[test]
