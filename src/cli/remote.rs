@@ -57,7 +57,7 @@ pub(super) struct SshArgs {
     /// UDP ports the remote end binds, LOW-HIGH or one port (one port for a push, one per stream for a pull; both ends of a third-party copy bind in it); 0: any port. Open these in a firewall in front of the remote host
     #[arg(long, value_name = "LOW[-HIGH]", default_value = "0")]
     port: PortRange,
-    /// Third-party copy (both SRC and DEST remote): carry the data through this host, over the two ssh connections, instead of from the source host straight to the destination over UDP (as scp -3; for a source that cannot reach the destination)
+    /// Third-party copy (both SRC and DEST remote): carry the data through this host, over the two ssh connections, instead of from the source host straight to the destination over UDP (as scp -3; for a source that cannot reach the destination). Without it, a copy whose source gets no UDP through to the destination in --maxidle goes this way by itself
     #[arg(long)]
     via_local: bool,
 }
@@ -394,14 +394,17 @@ fn third_party(
         dest_args.push("--quiet".to_string());
     }
     dest_args.extend(path_at_end);
-    let copy = ThirdParty::start(
-        &ssh.command(),
-        source,
-        &source_args,
-        dest_target,
-        &dest_args,
-    )
-    .map_err(cli_error)?;
+    let start = || {
+        ThirdParty::start(
+            &ssh.command(),
+            source,
+            &source_args,
+            dest_target,
+            &dest_args,
+        )
+        .map_err(cli_error)
+    };
+    let copy = start()?;
     let (from, to) = copy.targets();
     let (from, to) = (from.to_string(), to.to_string());
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -409,7 +412,16 @@ fn third_party(
         let i = interrupted.clone();
         let _ = ctrlc_hook(move || i.store(true, Ordering::Relaxed));
     }
-    let outcome = copy.run(ssh.via_local, &interrupted).map_err(cli_error)?;
+    let mut outcome = copy.run(ssh.via_local, &interrupted).map_err(cli_error)?;
+    if outcome.unreached && !ssh.via_local && !interrupted.load(Ordering::Relaxed) {
+        // Nothing reached the destination, so nothing is half written
+        // there: both ends start again, the data through this host.
+        eprintln!(
+            "atou: no UDP from {from} reached {to}: copying through this host instead, as \
+             --via-local (give --via-local to go this way at once)"
+        );
+        outcome = start()?.run(true, &interrupted).map_err(cli_error)?;
+    }
     let shown = |target: &str, path: &str| format!("{target}:{}", escape(path.as_bytes()));
     let (from_shown, to_shown) = (shown(&from, &paths.join(" ")), shown(&to, dest_path));
     report_third_party(
@@ -872,11 +884,14 @@ fn remote_send_to(args: RemoteSendArgs, ip: Option<IpAddr>) -> Result<ExitCode> 
                 )
             );
             (unanswered && route == "udp").then(|| {
+                // For the host running the copy, which then goes through
+                // itself (its ssh channel reads our stdout by lines).
+                println!("{}", crate::transfer::remote::UNREACHED);
+                let _ = std::io::Write::flush(&mut std::io::stdout());
                 format!(
                     "no UDP from here reached the destination ({peer}) or came back: a \
-                 firewall between the two hosts? open the destination's --port range to \
-                 this host, or run the copy with --via-local to carry the data through the \
-                 host that runs it"
+                 firewall between the two hosts? (open the destination's --port range to \
+                 this host to copy directly)"
                 )
             })
         }),

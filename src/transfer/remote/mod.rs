@@ -48,7 +48,7 @@ use crate::transfer::tunnel::{self, ClientSide, ServerSide, Tunnel};
 use crate::util::text::escape;
 
 mod third_party;
-pub(crate) use third_party::{FarSendTo, Ordered, ThirdParty, ThirdPartyOutcome};
+pub(crate) use third_party::{FarSendTo, Ordered, ThirdParty, ThirdPartyOutcome, UNREACHED};
 
 /// Most bytes of the remote's stdout lines kept for this end to read;
 /// the rest are read and dropped.

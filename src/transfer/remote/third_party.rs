@@ -40,6 +40,11 @@ use crate::transfer::send::Bound;
 use crate::transfer::tunnel::{self, ClientSide, ServerSide};
 use crate::util::text::escape;
 
+/// What the source prints on stdout, before it exits, when no UDP of its
+/// reached the destination or came back: the host running the copy then
+/// goes through itself instead (as `--via-local`).
+pub(crate) const UNREACHED: &str = "ATOU-UNREACHED";
+
 /// A third-party copy whose two ends have answered.
 pub(crate) struct ThirdParty {
     source: RemoteEnd,
@@ -62,6 +67,9 @@ pub(crate) struct ThirdPartyOutcome {
     /// What the source printed on stdout after its answer (its `--json`
     /// report), unescaped: the caller checks it.
     pub said: Vec<String>,
+    /// The source said [`UNREACHED`]: nothing it sent over UDP reached
+    /// the destination, or nothing came back.
+    pub unreached: bool,
 }
 
 impl ThirdParty {
@@ -169,7 +177,8 @@ impl ThirdParty {
         }
         let source = self.source.wait_for_exit(interrupted);
         drop(tunnels);
-        let said = self.source.lines.try_iter().collect();
+        let (marks, said): (Vec<String>, Vec<String>) =
+            self.source.lines.try_iter().partition(|l| l == UNREACHED);
         let sent = source.is_some_and(|s| s.success());
         let dest = if sent {
             // Its receiver served one transfer: it ends by itself once
@@ -187,6 +196,7 @@ impl ThirdParty {
             dest,
             route: if via_local { "ssh" } else { "udp" },
             said,
+            unreached: !sent && !marks.is_empty(),
         })
     }
 }
