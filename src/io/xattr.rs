@@ -46,37 +46,36 @@ impl Wanted {
     }
 }
 
-/// Reads the attributes `wanted` names, following a symlink only with
-/// `follow` (`--follow` sends what links point to), into buffers kept from
-/// entry to entry: a tree of a million files would otherwise zero 128 KiB
-/// for each.
+/// Reads the attributes `wanted` names of open entries (whether a symlink
+/// is followed was decided when it was opened: `--follow` sends what
+/// links point to), into buffers kept from entry to entry: a tree of a
+/// million files would otherwise zero 128 KiB for each.
 pub(crate) struct Reader {
     wanted: Wanted,
-    follow: bool,
     names: Vec<u8>,
     value: Vec<u8>,
 }
 
 impl Reader {
-    pub(crate) fn new(wanted: Wanted, follow: bool) -> Reader {
+    pub(crate) fn new(wanted: Wanted) -> Reader {
         // Linux lists at most 64 KiB of names and holds values of at most
         // XATTR_SIZE_MAX: one buffer of each size always suffices.
         Reader {
             wanted,
-            follow,
             names: vec![0u8; 64 * 1024],
             value: vec![0u8; XATTR_VALUE_MAX],
         }
     }
 
-    /// The attributes of `path`; none where the file system has none
-    /// (EOPNOTSUPP).
-    pub(crate) fn read(&mut self, path: &Path) -> io::Result<Vec<Xattr>> {
-        let listed = if self.follow {
-            rfs::listxattr(path, &mut self.names[..])
-        } else {
-            rfs::llistxattr(path, &mut self.names[..])
-        };
+    /// The attributes of what `fd` (an `O_PATH` descriptor, or any) is
+    /// open on, through /proc's link to it, which leads to that inode
+    /// whatever is at its path now (a symlink's own, for a descriptor of
+    /// the link): there is no `flistxattr` for an `O_PATH` descriptor.
+    pub(crate) fn read_fd(&mut self, fd: &impl AsRawFd) -> io::Result<Vec<Xattr>> {
+        // None where the file system has none (EOPNOTSUPP).
+        let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        let path = Path::new(&path);
+        let listed = rfs::listxattr(path, &mut self.names[..]);
         let len = match listed {
             Ok(len) => len,
             Err(rustix::io::Errno::OPNOTSUPP) => return Ok(Vec::new()),
@@ -90,11 +89,7 @@ impl Reader {
             if !self.wanted.wants(name) {
                 continue;
             }
-            let got = if self.follow {
-                rfs::getxattr(path, name, &mut self.value[..])
-            } else {
-                rfs::lgetxattr(path, name, &mut self.value[..])
-            };
+            let got = rfs::getxattr(path, name, &mut self.value[..]);
             let n = match got {
                 Ok(n) => n,
                 // Removed since it was listed.

@@ -465,6 +465,9 @@ pub struct LocalEntry {
     pub stamp: Option<Stamp>,
     /// Its owner and group here, (uid, gid): sent with `-o` / `-g`.
     pub owner: (u32, u32),
+    /// Its device and inode as the walk saw them: what is opened again
+    /// to read it (its attributes, `-X` / `-A`) must be it.
+    pub id: (u64, u64),
 }
 
 #[derive(Debug, Error)]
@@ -666,6 +669,7 @@ pub fn walk_listed(
                 top: top.clone(),
                 stamp: None,
                 owner: (md.uid(), md.gid()),
+                id: (md.dev(), md.ino()),
             };
             by_path.insert(key(&path), local);
         }
@@ -778,6 +782,7 @@ fn walk_one(
             top: top.clone(),
             stamp,
             owner: (md.uid(), md.gid()),
+            id: (md.dev(), md.ino()),
         });
     }
     Ok(())

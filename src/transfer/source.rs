@@ -121,29 +121,11 @@ impl SourceSpec {
     /// directory and none a symlink (unless `follow`), and checks that it
     /// is the file the walk saw, unchanged.
     fn open(&self) -> Result<File, Error> {
-        let below: Vec<&[u8]> = self.path.components().skip(1).collect();
-        let how = flags(self.follow);
-        let opened: io::Result<OwnedFd> = (|| {
-            let Some((last, dirs)) = below.split_last() else {
-                return Ok(rustix::fs::open(
-                    self.top.as_path(),
-                    how | OFlags::RDONLY | OFlags::NONBLOCK,
-                    Mode::empty(),
-                )?);
-            };
-            let dir_how = how | OFlags::PATH | OFlags::DIRECTORY;
-            let mut dir = rustix::fs::open(self.top.as_path(), dir_how, Mode::empty())?;
-            for name in dirs {
-                dir = rustix::fs::openat(&dir, as_path(name), dir_how, Mode::empty())?;
-            }
-            let file_how = how | OFlags::RDONLY | OFlags::NONBLOCK;
-            Ok(rustix::fs::openat(
-                &dir,
-                as_path(last),
-                file_how,
-                Mode::empty(),
-            )?)
-        })();
+        let opened = open_beneath(
+            &self.top,
+            &self.path,
+            flags(self.follow) | OFlags::RDONLY | OFlags::NONBLOCK,
+        );
         let fd = opened.map_err(|e| match e.raw_os_error() {
             Some(libc::ELOOP) | Some(libc::ENOTDIR) => self.changed(Change::Symlinked),
             Some(libc::ENOENT) => self.changed(Change::Removed),
@@ -187,6 +169,37 @@ impl SourceSpec {
             source,
         }
     }
+}
+
+/// Opens `path` (a manifest path, whose first component is the top's)
+/// beneath `top`, one component at a time, each a directory and none a
+/// symlink unless `how` follows, the last with `how`.
+fn open_beneath(top: &Path, path: &RelPath, how: OFlags) -> io::Result<OwnedFd> {
+    let below: Vec<&[u8]> = path.components().skip(1).collect();
+    let Some((last, dirs)) = below.split_last() else {
+        return Ok(rustix::fs::open(top, how, Mode::empty())?);
+    };
+    let follow = !how.contains(OFlags::NOFOLLOW);
+    let dir_how = flags(follow) | OFlags::PATH | OFlags::DIRECTORY;
+    let mut dir = rustix::fs::open(top, dir_how, Mode::empty())?;
+    for name in dirs {
+        dir = rustix::fs::openat(&dir, as_path(name), dir_how, Mode::empty())?;
+    }
+    Ok(rustix::fs::openat(&dir, as_path(last), how, Mode::empty())?)
+}
+
+/// An `O_PATH` descriptor of the entry the walk saw at `path` beneath
+/// `top` (its device and inode `id`), opened as [`SourceSpec`] opens a
+/// file: `None` if something else is there now.
+pub(crate) fn open_walked(
+    top: &Path,
+    path: &RelPath,
+    follow: bool,
+    id: (u64, u64),
+) -> io::Result<Option<File>> {
+    let file = File::from(open_beneath(top, path, flags(follow) | OFlags::PATH)?);
+    let md = file.metadata()?;
+    Ok(((md.dev(), md.ino()) == id).then_some(file))
 }
 
 fn as_path(name: &[u8]) -> &Path {

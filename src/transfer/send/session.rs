@@ -1213,17 +1213,24 @@ fn read_xattrs(
         entries: Vec::new(),
     };
     let mut plan_bytes = 0;
-    let mut reader = crate::io::xattr::Reader::new(wanted, follow);
+    let mut reader = crate::io::xattr::Reader::new(wanted);
     for (i, e) in entries.iter().enumerate() {
         if matches!(e.entry.kind, EntryKind::HardLink { .. }) {
             continue;
         }
-        let attrs = reader.read(&e.source).map_err(|err| {
+        // Read on the entry the walk saw, opened beneath its source one
+        // component at a time: never on whatever its path leads to now.
+        let reading = |err: &dyn std::fmt::Display| {
             SendError::Source(format!(
                 "{}: reading its extended attributes: {err}",
                 e.source.display()
             ))
-        })?;
+        };
+        let opened = crate::transfer::source::open_walked(&e.top, &e.entry.path, follow, e.id);
+        let fd = opened
+            .map_err(|err| reading(&err))?
+            .ok_or_else(|| reading(&"it was replaced since the walk (send it again)"))?;
+        let attrs = reader.read_fd(&fd).map_err(|err| reading(&err))?;
         let bytes: usize = attrs.iter().map(|(n, v)| n.len() + v.len()).sum();
         plan_bytes += bytes;
         if bytes > XATTR_ENTRY_BYTES_MAX || plan_bytes > XATTR_PLAN_BYTES_MAX {
@@ -1756,6 +1763,50 @@ mod tests {
 
     fn chunk(file: u32, chunk: u64) -> ChunkRef {
         ChunkRef { file, chunk }
+    }
+
+    /// `-X` reads the attributes of the entry the walk saw, never of what
+    /// its path leads to later: a directory on its way swapped for a
+    /// symlink to another tree (a local user racing the sender) fails the
+    /// send, naming the entry, where reading by path gave the other
+    /// tree's file's attributes.
+    #[test]
+    fn attributes_are_read_on_the_entry_the_walk_saw() {
+        let dir = tempfile::tempdir().unwrap();
+        let top = dir.path().join("top");
+        let other = dir.path().join("other");
+        for d in [top.join("d"), other.clone()] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(top.join("d/f"), "mine").unwrap();
+        std::fs::write(other.join("f"), "theirs").unwrap();
+        let set = |path: &std::path::Path, value: &[u8]| {
+            rustix::fs::setxattr(path, "user.who", value, rustix::fs::XattrFlags::empty())
+        };
+        if set(&top.join("d/f"), b"mine").is_err() || set(&other.join("f"), b"theirs").is_err() {
+            eprintln!("skipped: the temporary directory's file system takes no user.* attributes");
+            return;
+        }
+        let wanted = Wanted {
+            xattrs: true,
+            ..Wanted::default()
+        };
+        let walked =
+            crate::transfer::manifest::walk(std::slice::from_ref(&top), false, &Default::default())
+                .unwrap();
+        let read = read_xattrs(&walked, wanted, false).unwrap().unwrap();
+        let f = walked
+            .iter()
+            .position(|e| e.entry.path.to_string() == "top/d/f")
+            .unwrap();
+        let want = vec![(b"user.who".to_vec(), b"mine".to_vec())];
+        assert_eq!(read.entries, [(f as u32, want)]);
+
+        std::fs::rename(top.join("d"), dir.path().join("d.old")).unwrap();
+        std::os::unix::fs::symlink(&other, top.join("d")).unwrap();
+        let err = read_xattrs(&walked, wanted, false).unwrap_err().to_string();
+        assert!(err.contains("reading its extended attributes"), "{err}");
+        assert!(!err.contains("theirs"));
     }
 
     /// A plan of files of `sizes`, never opened.
