@@ -3933,9 +3933,12 @@ fn xattrs_and_acls_arrive_as_rsync_gives_them() {
         &dest,
         &["--allow-xattrs=all", "--allow-acls", "--umask", "000"],
     );
-    send(&[&tree], &server.target(), &["-A", "-X"]).report();
+    let sent = send(&[&tree], &server.target(), &["-A", "-X"]).report();
     // a: two user.*, a trusted.* and an ACL; sub: user.dir, its ACL and
     // default ACL; sub/b: its ACL. The symlink has none (Linux allows no user.* there).
+    // The sender counts what its plan carried: the receiver set them all.
+    assert_eq!(report_u(&sent, "xattrs_sent"), 8, "{sent}");
+    assert_eq!(report_u(&sent, "xattr_entries"), 3, "{sent}");
     let report = &server.report()["transfer"];
     assert_eq!(report["xattrs_set"], 8, "{report}");
     assert_eq!(report["xattrs_not_set"], 0, "{report}");

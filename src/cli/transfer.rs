@@ -801,6 +801,7 @@ fn report_text(r: &SendReport, streams: &[Summary], path: &PathSize) -> String {
             );
         }
     }
+    s += &xattrs_sent(r, "; ");
     if r.copied_files > 0 {
         s += &format!(
             "; {} file{} ({}) the same as another sent once, written there from it",
@@ -910,6 +911,7 @@ fn dry_run_text(r: &SendReport) -> String {
     } else {
         String::new()
     };
+    let copying = copying + &xattrs_sent(r, ", ");
     s += &format!(
         "dry run{part}: would send {} of {} file{} ({} of {}){copying}, skip {} ({} already \
          there), with {} dir{} and {} symlink{}, to {}{deleting}; nothing was sent\n",
@@ -927,6 +929,22 @@ fn dry_run_text(r: &SendReport) -> String {
         crate::util::text::escape(r.host.as_bytes()),
     );
     s
+}
+
+/// `-X` / `-A`: what the plan carried, for the summary (the receiver
+/// says what it set).
+fn xattrs_sent(r: &SendReport, sep: &str) -> String {
+    if r.xattrs_sent == 0 {
+        return String::new();
+    }
+    format!(
+        "{sep}with {} extended attribute{} or ACL{} of {} entr{}",
+        r.xattrs_sent,
+        if r.xattrs_sent == 1 { "" } else { "s" },
+        if r.xattrs_sent == 1 { "" } else { "s" },
+        r.xattr_entries,
+        if r.xattr_entries == 1 { "y" } else { "ies" },
+    )
 }
 
 /// Runs a send and reports it; the exit code.

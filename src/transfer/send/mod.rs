@@ -448,6 +448,11 @@ pub struct SendReport {
     pub bytes_skipped: u64,
     /// File bytes of `copied_files`, not sent either.
     pub bytes_copied: u64,
+    /// `-X` / `-A`: the attributes the plan carried (an ACL counts as
+    /// one); the receiver's policy decides which it sets.
+    pub xattrs_sent: u64,
+    /// `-X` / `-A`: the entries that had any.
+    pub xattr_entries: u64,
     /// Chunks sent again after failing the receiver's check.
     pub chunks_resent: u64,
     /// Wall time of the whole run, in seconds.

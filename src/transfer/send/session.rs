@@ -872,6 +872,8 @@ impl<'a> SendSession<'a> {
             bytes_sent: tally.bytes_sent,
             bytes_skipped: selection.bytes_skipped,
             bytes_copied: selection.bytes_copied,
+            xattrs_sent: self.plan.xattrs_sent(),
+            xattr_entries: self.plan.xattr_entries(),
             chunks_resent: tally.chunks_resent,
             secs,
             goodput_bps: goodput_bps(tally.bytes_sent, secs),
@@ -912,6 +914,8 @@ impl<'a> SendSession<'a> {
             bytes_sent,
             bytes_skipped: (bytes_total - bytes_sent.min(bytes_total)).saturating_sub(bytes_copied),
             bytes_copied,
+            xattrs_sent: self.plan.xattrs_sent(),
+            xattr_entries: self.plan.xattr_entries(),
             chunks_resent: 0,
             secs: self.started.elapsed().as_secs_f64(),
             goodput_bps: 0.0,
@@ -1115,6 +1119,17 @@ impl Plan {
         self.parts[f]
             .clone()
             .unwrap_or(0..chunk_count(self.sizes[f]))
+    }
+
+    /// `-X` / `-A`: the attributes the plan carries.
+    fn xattrs_sent(&self) -> u64 {
+        let entries = self.xattrs.as_ref().map_or(&[][..], |x| &x.entries[..]);
+        entries.iter().map(|(_, a)| a.len() as u64).sum()
+    }
+
+    /// `-X` / `-A`: the entries that have any.
+    fn xattr_entries(&self) -> u64 {
+        self.xattrs.as_ref().map_or(0, |x| x.entries.len() as u64)
     }
 
     /// The file whose bytes file `f` has, if the walk found one.
