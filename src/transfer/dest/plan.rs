@@ -1010,9 +1010,6 @@ mod tests {
         file.set_modified(to_system_time(mtime, 0)).unwrap();
     }
 
-    /// A session cancelled between its plan and its finish leaves the
-    /// directories it created private (0700); the session that resumes
-    /// the transfer must give them their mode, though they now exist.
     /// A file is written from its original's chunks only where both are
     /// sent whole and fresh: under a skipped or partly held original, or
     /// held itself, it is sent as planned.
@@ -1048,6 +1045,9 @@ mod tests {
         assert!(take_copies(&[], &mut none).is_empty());
     }
 
+    /// A session cancelled between its plan and its finish leaves the
+    /// directories it created private (0700); the session that resumes
+    /// the transfer must give them their mode, though they now exist.
     #[test]
     fn directories_a_cancelled_session_created_get_their_mode_from_the_next() {
         use std::os::unix::fs::PermissionsExt;
