@@ -2160,9 +2160,6 @@ mod tests {
         assert_eq!(finish_job(&actions), Some(vec![[5; 32]]));
     }
 
-    /// A connection of the session with nothing in (held, then abandoned
-    /// by its sender with its close lost) is no stream: the finish does
-    /// not wait for it to go idle, which would fail the session.
     /// A file written from another's chunks (FilePlan::Copy): each chunk
     /// of the original verified is the copy's too, which is then made
     /// ready and counted written; while the original's chunk fails, the
@@ -2228,6 +2225,9 @@ mod tests {
         assert_eq!((report.bytes_written, report.bytes_resumed), (20, 0));
     }
 
+    /// A connection of the session with nothing in (held, then abandoned
+    /// by its sender with its close lost) is no stream: the finish does
+    /// not wait for it to go idle, which would fail the session.
     #[test]
     fn a_finish_does_not_wait_for_a_connection_with_nothing_in() {
         let mut rig = Rig::new(limits(), false);
