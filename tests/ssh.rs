@@ -1261,8 +1261,16 @@ fn a_third_party_copy_goes_from_host_to_host_and_only_control_crosses_here() {
     fs::write(src.join("big.bin"), noise(big, 30)).unwrap();
     let at_a = format!("a:{}", src.display());
 
-    // Straight from a to b.
+    // A dry run: the source's plan, answered by b, which makes nothing.
     let dest = s.path("b/direct");
+    let out = copy(&["-n", &at_a, &format!("b:{}", dest.display())]);
+    assert!(out.status.success(), "-n: {}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("dry run: would send"), "{}", text(&out));
+    assert!(said.contains("big.bin"), "{}", text(&out));
+    assert!(!dest.exists(), "a dry run made {}", dest.display());
+
+    // Straight from a to b.
     let before = hosts.bytes_here();
     let out = copy(&[&at_a, &format!("b:{}", dest.display())]);
     let crossed = hosts.bytes_here() - before;

@@ -96,7 +96,7 @@ pub(super) struct TransferArgs {
     /// Send only part K of N of the tree (1 <= K <= N <= 1024), so that N runs with the same SRCs and DEST (on N hosts, or the tasks of a Slurm array or a Kubernetes indexed Job) together send it all: every directory is in every part; a file above total/N (and over 1 MiB) is split by 1 MiB chunk ranges, one range per shard, and takes its name at the receiver when every range is in; every other file and symlink is in exactly one part, whole, dealt out largest first to balance bytes. Default: the whole tree. `auto` takes K and N from a Slurm array task (SLURM_ARRAY_TASK_ID of SLURM_ARRAY_TASK_COUNT, an array 1-N); `auto/N` gives N and takes K from SLURM_ARRAY_TASK_ID or a Kubernetes indexed Job's JOB_COMPLETION_INDEX + 1. See docs/scale-out.md
     #[arg(long, value_name = "K/N", value_parser = shard_from_spec)]
     shard: Option<Shard>,
-    /// Ask the receiver what it would do and print it (what would be sent, skipped or refused, and the bytes), then stop: no file data is sent and nothing changes at the destination. The exit status is the real run's (5 if refused); with --json, a list
+    /// Ask the receiver what it would do and print it (what would be sent, skipped or refused, and the bytes), then stop: no file data is sent and nothing changes at the destination. The exit status is the real run's (5 if refused); with --json, a list. For sends, pushes and third-party copies (the source's plan, answered by the destination), not yet a pull
     #[arg(long, short = 'n')]
     dry_run: bool,
     /// Sync each file to disk at the receiver before renaming it into place
@@ -1253,7 +1253,8 @@ pub(super) fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
         .iter()
         .any(|s| s.to_str().is_some_and(is_remote));
     if remote_source {
-        refuse_for_a_pull(&args.transfer)?;
+        let dest_remote = is_remote(&args.dest);
+        refuse_for_a_pull(&args.transfer, dest_remote)?;
     } else {
         args.transfer.listed(&args.sources)?;
     }
@@ -1299,8 +1300,9 @@ fn usage(e: crate::transfer::Error) -> UsageError {
     UsageError(e.to_string())
 }
 
-/// What a pull over ssh (a remote SRC) cannot do.
-fn refuse_for_a_pull(transfer: &TransferArgs) -> Result<()> {
+/// What a pull over ssh (a remote SRC) cannot do; a third-party copy
+/// (`third_party`: DEST remote too) can do a dry run, its source's.
+fn refuse_for_a_pull(transfer: &TransferArgs, third_party: bool) -> Result<()> {
     if transfer.progress == ProgressMode::Json {
         // The sender of a pull is the remote end; its progress is ssh's stderr.
         return Err(UsageError(
@@ -1310,9 +1312,11 @@ fn refuse_for_a_pull(transfer: &TransferArgs) -> Result<()> {
         )
         .into());
     }
-    if transfer.dry_run {
+    if transfer.dry_run && !third_party {
         return Err(UsageError(
-            "--dry-run is for sends and pushes; a pull (a remote SRC) cannot do one yet".into(),
+            "--dry-run is for sends, pushes and third-party copies; a pull (a remote SRC to \
+             a local DEST) cannot do one yet"
+                .into(),
         )
         .into());
     }
