@@ -28,7 +28,7 @@ use atou::fuzzing::transfer::dest::{ReceivePolicy, SymlinkPolicy};
 use atou::fuzzing::transfer::hash::chunk_cv;
 use atou::fuzzing::transfer::manifest::{Entry, EntryKind, Manifest, RelPath};
 use atou::fuzzing::transfer::messages::{
-    encode_abort, encode_finish, ChunkRange, DataHeader, FilePart, Options, PlanRequest,
+    encode_abort, encode_finish, ChunkRange, DataHeader, FilePart, Options, PlanRequest, SameFile,
 };
 use atou::fuzzing::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveLimits};
 use libfuzzer_sys::fuzz_target;
@@ -221,6 +221,15 @@ fuzz_target!(|data: &[u8]| {
                     },
                     owners: None,
                     xattrs: None,
+                    // A file the same as another, which the manifest may
+                    // or may not allow (sizes, order): the decode decides.
+                    same: match body.get(3) {
+                        Some(&b) if b % 4 != 0 => vec![SameFile {
+                            file: u32::from(b % 4),
+                            of: u32::from(b / 4 % 4),
+                        }],
+                        _ => Vec::new(),
+                    },
                     subdir: None,
                     manifest: manifest(body, outside),
                     // A part of the first file, which may or may not
