@@ -1238,7 +1238,7 @@ fn read_xattrs(
         let reading = |err: &dyn std::fmt::Display| {
             SendError::Source(format!(
                 "{}: reading its extended attributes: {err}",
-                e.source.display()
+                shown_path(&e.source)
             ))
         };
         let opened = crate::transfer::source::open_walked(&e.top, &e.entry.path, follow, e.id);
@@ -1252,7 +1252,7 @@ fn read_xattrs(
             return Err(SendError::Source(format!(
                 "{}: its extended attributes pass the caps a receiver takes \
                  ({XATTR_ENTRY_BYTES_MAX} bytes an entry, {XATTR_PLAN_BYTES_MAX} a transfer)",
-                e.source.display()
+                shown_path(&e.source)
             )));
         }
         if !attrs.is_empty() {
