@@ -179,6 +179,39 @@ fn read_full(f: &mut File, buf: &mut [u8]) -> usize {
 
 /// `None` if the two files hold the same bytes, else where they first
 /// differ. Streams both 1 MiB at a time, so a 2 GiB file costs 2 MiB.
+/// A new client key and the authorized_keys file in its scratch that
+/// lists it alone.
+struct KeyFile {
+    key: PathBuf,
+    authorized: PathBuf,
+    line: String,
+}
+
+impl KeyFile {
+    /// Key `name`, listed after `options` (an authorized_keys option list,
+    /// or nothing).
+    fn new(scratch: &TestDir, name: &str, options: &str) -> KeyFile {
+        let (key, line) = common::keygen(scratch.root(), name, TEST_CACHE);
+        let file = KeyFile {
+            key,
+            authorized: scratch.path("authorized_keys"),
+            line,
+        };
+        file.list_with(options);
+        file
+    }
+
+    /// Lists the key again, after `options` now.
+    fn list_with(&self, options: &str) {
+        let line = if options.is_empty() {
+            self.line.clone()
+        } else {
+            format!("{options} {}", self.line)
+        };
+        fs::write(&self.authorized, format!("{line}\n")).unwrap();
+    }
+}
+
 fn first_difference(a: &Path, b: &Path) -> Option<u64> {
     let (mut fa, mut fb) = (File::open(a).unwrap(), File::open(b).unwrap());
     let (mut ba, mut bb) = (vec![0u8; MIB as usize], vec![0u8; MIB as usize]);
@@ -1840,9 +1873,9 @@ fn an_authorized_keys_subdir_confines_its_key() {
     let tree = scratch.dir("src/tree");
     write_random(&tree.join("a"), 1000, 93);
     let dest = scratch.dir("dest");
-    let (key, line) = common::keygen(scratch.root(), "confined", TEST_CACHE);
-    let authorized = scratch.path("authorized_keys");
-    fs::write(&authorized, format!("subdir=jail {line}")).unwrap();
+    let KeyFile {
+        key, authorized, ..
+    } = KeyFile::new(&scratch, "confined", "subdir=jail");
     let server = Serve::start_keyed(&dest, &authorized, &["--allow-overwrite"]);
     let identity = key.to_str().unwrap();
     let target = format!("{}:sub", server.target());
@@ -3716,9 +3749,8 @@ fn delete_mirrors_as_rsync_delete_does() {
     rsync(&["--delete"]);
 
     let dest = scratch.dir("dest");
-    let (key, line) = common::keygen(scratch.root(), "deleter", TEST_CACHE);
-    let authorized = scratch.path("authorized_keys");
-    fs::write(&authorized, &line).unwrap();
+    let keys = KeyFile::new(&scratch, "deleter", "");
+    let (key, authorized) = (keys.key.clone(), keys.authorized.clone());
     let identity = ["--identity", key.to_str().unwrap()];
     let args = |more: &[&'static str]| -> Vec<&str> {
         let mut a: Vec<&str> = identity.to_vec();
@@ -3752,7 +3784,7 @@ fn delete_mirrors_as_rsync_delete_does() {
         assert!(why.contains("`delete`"), "{why}");
     }
     assert_eq!(listing(&dest), before);
-    fs::write(&authorized, format!("delete {line}")).unwrap();
+    keys.list_with("delete");
     let server = Serve::start_keyed(&dest, &authorized, &["--allow-delete"]);
     let dry = send(
         &[&tree],
@@ -3988,9 +4020,8 @@ fn owners_xattrs_and_acls_need_the_keys_own_options() {
     let tree = scratch.dir("src/tree");
     write_random(&tree.join("a"), 1000, 94);
     let dest = scratch.dir("dest");
-    let (key, line) = common::keygen(scratch.root(), "plain", TEST_CACHE);
-    let authorized = scratch.path("authorized_keys");
-    fs::write(&authorized, format!("{line}\n")).unwrap();
+    let keys = KeyFile::new(&scratch, "plain", "");
+    let (key, authorized) = (keys.key.clone(), keys.authorized.clone());
     let allow = ["--allow-owners", "--allow-xattrs", "--allow-acls"];
     let identity = key.to_str().unwrap();
     {
@@ -4007,7 +4038,7 @@ fn owners_xattrs_and_acls_need_the_keys_own_options() {
     }
     // With the options, -X and -A go through (-o needs this end to be
     // root; owners_and_groups_arrive_as_rsync_gives_them covers it).
-    fs::write(&authorized, format!("xattrs,acls {line}\n")).unwrap();
+    keys.list_with("xattrs,acls");
     let server = Serve::start_keyed(&dest, &authorized, &allow);
     send(
         &[&tree],

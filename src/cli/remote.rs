@@ -862,7 +862,9 @@ fn remote_send_to(args: RemoteSendArgs, ip: Option<IpAddr>) -> Result<ExitCode> 
     config.auth = Some(auth);
     // No route line here: the host that runs the copy says which way the
     // data went, in its own words.
-    run_send_from(
+    let unreached = Arc::new(AtomicBool::new(false));
+    let seen = unreached.clone();
+    let code = run_send_from(
         &sources,
         config,
         &args.transfer,
@@ -884,10 +886,7 @@ fn remote_send_to(args: RemoteSendArgs, ip: Option<IpAddr>) -> Result<ExitCode> 
                 )
             );
             (unanswered && route == "udp").then(|| {
-                // For the host running the copy, which then goes through
-                // itself (its ssh channel reads our stdout by lines).
-                println!("{}", crate::transfer::remote::UNREACHED);
-                let _ = std::io::Write::flush(&mut std::io::stdout());
+                seen.store(true, Ordering::Relaxed);
                 format!(
                     "no UDP from here reached the destination ({peer}) or came back: a \
                  firewall between the two hosts? (open the destination's --port range to \
@@ -895,7 +894,13 @@ fn remote_send_to(args: RemoteSendArgs, ip: Option<IpAddr>) -> Result<ExitCode> 
                 )
             })
         }),
-    )
+    );
+    if unreached.load(Ordering::Relaxed) {
+        // For the host running the copy, which then goes through itself
+        // (its ssh channel reads our stdout by lines).
+        super::print_stdout(&format!("{}\n", crate::transfer::remote::UNREACHED))?;
+    }
+    code
 }
 
 fn remote_send(

@@ -267,6 +267,14 @@ impl Sources {
         result
     }
 
+    /// Reads `buf`'s length of `file` from `offset` outside any round's
+    /// schedule (a sample, a compare): the read is scheduled and done, so
+    /// the file is closed after it unless a round's reads keep it open.
+    pub(crate) fn read_once(&self, file: usize, offset: u64, buf: &mut [u8]) -> Result<(), Error> {
+        self.expect(file, 1);
+        self.read_at(file, offset, buf)
+    }
+
     /// The file's descriptor, opened now if no reader has it open. The
     /// open runs outside the lock, so readers of different files do not
     /// wait for each other's opens; of two readers that open one file at

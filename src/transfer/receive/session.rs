@@ -764,7 +764,7 @@ impl<P: PlanView> Session<P> {
     /// file written from it (the writer wrote them all). Each file sent
     /// whole that this completes is for a writer to make ready.
     fn verify(&mut self, session: SessionKey, chunk: ChunkRef, cv: Cv) -> Vec<Job<P>> {
-        let Some(plan) = self.plan.clone() else {
+        let Some(plan) = self.plan.as_ref() else {
             return Vec::new();
         };
         let file = chunk.file as usize;

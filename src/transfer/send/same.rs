@@ -105,8 +105,7 @@ fn whole(sources: &Sources, f: usize, size: u64, buf: &mut Vec<u8>) -> Result<bl
 
 fn read(sources: &Sources, f: usize, at: u64, len: u64, buf: &mut Vec<u8>) -> Result<(), Error> {
     buf.resize(len as usize, 0);
-    sources.expect(f, 1);
-    sources.read_at(f, at, buf)
+    sources.read_once(f, at, buf)
 }
 
 #[cfg(test)]

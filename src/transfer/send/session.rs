@@ -649,9 +649,12 @@ impl<'a> SendSession<'a> {
             taken_to = start + piece_len;
             let mut piece = vec![0; piece_len as usize];
             let offset = c.chunk * CHUNK_SIZE + (start - chunk_start);
-            let sources = &self.plan.sources;
-            sources.expect(c.file as usize, 1);
-            if sources.read_at(c.file as usize, offset, &mut piece).is_ok() {
+            if self
+                .plan
+                .sources
+                .read_once(c.file as usize, offset, &mut piece)
+                .is_ok()
+            {
                 samples.push(piece);
             }
         }
