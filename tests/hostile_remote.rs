@@ -893,6 +893,95 @@ fn a_pull_over_open_udp_asks_the_remote_nothing_more() {
     );
 }
 
+/// `atou copy -n HOST:SRC DEST`: the remote sender lists what it would
+/// send, as this end answered; DEST is neither created nor written.
+#[test]
+fn a_pull_dry_run_lists_what_would_come_and_writes_nothing() {
+    let s = TestDir::new("hostile-remote-pull-dry");
+    let src = s.path("far/data");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("one"), "one").unwrap();
+    fs::write(src.join("sub/two"), vec![7u8; 3 * MIB as usize]).unwrap();
+    let at = format!("127.0.0.1:{}", src.display());
+    let remote = Path::new(ATOU);
+
+    let missing = s.path("nowhere/dest");
+    let out = pull(&s, remote, &["-n", &at, missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listed.contains("data/sub/two") && listed.contains("dry run: would send 2 of 2 files"),
+        "{listed}"
+    );
+    assert!(
+        stderr(&out).contains("dry run answered here: 2 files would come"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!s.path("nowhere").exists(), "the dry run created DEST");
+
+    // An existing DEST holding one of the files: it is skipped, and DEST
+    // gains nothing (no staging directory either).
+    let dest = s.path("dest");
+    fs::create_dir_all(dest.join("data")).unwrap();
+    fs::write(dest.join("data/one"), "one").unwrap();
+    let out = pull(
+        &s,
+        remote,
+        &[
+            "-n",
+            "--skip-existing",
+            "--json",
+            &at,
+            dest.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["answered_here"]["files"], 1, "{v}");
+    assert_eq!(v["answered_here"]["skipped"], 1, "{v}");
+    let actions: Vec<&str> = v["dry_run"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["skip", "send"], "{v}");
+    let mut left: Vec<String> = fs::read_dir(&dest)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["data"], "the dry run wrote into DEST");
+    assert_eq!(fs::read_dir(dest.join("data")).unwrap().count(), 1);
+}
+
+/// A remote asked for a dry run that sends for real is refused by this
+/// end's receiver, which answers dry runs only: nothing is written.
+#[test]
+fn a_remote_that_ignores_a_dry_run_writes_nothing_here() {
+    let s = TestDir::new("hostile-remote-pull-dry-ignored");
+    let report = s.path("far/report.txt");
+    fs::create_dir_all(report.parent().unwrap()).unwrap();
+    fs::write(&report, "not asked to be sent").unwrap();
+    let remote = hostile(&s, "", &[&report]);
+    let dest = s.path("dest");
+    fs::create_dir_all(&dest).unwrap();
+    let out = pull(
+        &s,
+        &remote,
+        &["-n", "127.0.0.1:report.txt", dest.to_str().unwrap()],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(err.contains("answers dry runs only"), "{err}");
+    assert_eq!(
+        fs::read_dir(&dest).unwrap().count(),
+        0,
+        "the remote wrote into DEST"
+    );
+}
+
 // ---------------------------------------------------------------------
 // Third-party copies (`atou copy HOST:SRC HOST:DEST`): a hostile source
 // meets the destination's rules, which are this user's flags; a hostile

@@ -302,6 +302,11 @@ fn pull(target: &str, paths: &[String], dest: &str, flags: CopyFlags<'_>) -> Res
         ssh.port.to_string(),
     ];
     args.extend(transfer.remote_send_args()?);
+    if transfer.dry_run() {
+        // An atou there that predates a pull's --dry-run would send for
+        // real: the receiver here, answering dry runs only, refuses that.
+        args.push("--dry-run".to_string());
+    }
     args.push("--".to_string());
     args.extend(paths.iter().cloned());
     let pull = Pull::start(&ssh.command(), target, &args).map_err(cli_error)?;
@@ -331,6 +336,7 @@ fn pull(target: &str, paths: &[String], dest: &str, flags: CopyFlags<'_>) -> Res
         maxidle: tuning.maxidle,
         writers: readers(None),
         interrupted,
+        dry_run: transfer.dry_run(),
     };
     let outcome = pull.receive(config).map_err(cli_error)?;
     report_pull(outcome, &host, &target, Path::new(dest), transfer)
@@ -498,13 +504,9 @@ fn report_third_party(
     if transfer.json() {
         // The source's report, checked as JSON (it is the remote's word),
         // with the two ends and the route.
-        let said = outcome.said.join("\n");
-        let mut v = serde_json::from_str::<serde_json::Value>(&said)
-            .ok()
-            .filter(serde_json::Value::is_object)
-            .unwrap_or_else(|| {
-                exit::json_failure(status, from, why.as_deref().unwrap_or("no report"))
-            });
+        let mut v = said_json(&outcome.said).unwrap_or_else(|| {
+            exit::json_failure(status, from, why.as_deref().unwrap_or("no report"))
+        });
         if let Some(m) = v.as_object_mut() {
             m.insert("status".into(), status.word().into());
             m.insert("exit".into(), status.code().into());
@@ -516,13 +518,28 @@ fn report_third_party(
             }
         }
         super::print_stdout(&exit::json_text(&v, false))?;
-    } else if !outcome.said.is_empty() {
-        // What the source printed on stdout (a dry run's plan), escaped:
-        // it is the remote's word.
-        let said: Vec<String> = outcome.said.iter().map(|l| escape(l.as_bytes())).collect();
-        super::print_stdout(&format!("{}\n", said.join("\n")))?;
+    } else {
+        print_said(&outcome.said)?;
     }
     Ok(status.into())
+}
+
+/// A remote sender's `--json` report, as it printed it on stdout: its
+/// word, so only a JSON object is taken.
+fn said_json(said: &[String]) -> Option<serde_json::Value> {
+    serde_json::from_str::<serde_json::Value>(&said.join("\n"))
+        .ok()
+        .filter(serde_json::Value::is_object)
+}
+
+/// What a remote sender printed on stdout (a dry run's listing), escaped:
+/// it is the remote's word.
+fn print_said(said: &[String]) -> Result<()> {
+    if said.is_empty() {
+        return Ok(());
+    }
+    let said: Vec<String> = said.iter().map(|l| escape(l.as_bytes())).collect();
+    super::print_stdout(&format!("{}\n", said.join("\n")))
 }
 
 /// Says how a pull ended, on stderr or as `--json` on stdout.
@@ -544,6 +561,43 @@ fn report_pull(
             } else if !transfer.quiet() {
                 eprint!("{}", received_text(&r, target));
                 eprintln!("atou: path: {}", super::transfer::route_text(route));
+            }
+            return Ok(Exit::Ok.into());
+        }
+        PullOutcome::Planned {
+            files,
+            skipped,
+            said,
+            route,
+        } => {
+            if transfer.json() {
+                // The remote's listing with this end's own count.
+                let mut v = said_json(&said).unwrap_or_else(|| serde_json::json!({}));
+                if let Some(m) = v.as_object_mut() {
+                    m.insert("status".into(), Exit::Ok.word().into());
+                    m.insert("exit".into(), Exit::Ok.code().into());
+                    m.insert("from".into(), target.into());
+                    m.insert("path".into(), route.into());
+                    m.insert(
+                        "answered_here".into(),
+                        serde_json::json!({"files": files, "skipped": skipped}),
+                    );
+                }
+                super::print_stdout(&exit::json_text(&v, false))?;
+            } else if !transfer.quiet() {
+                print_said(&said)?;
+                let listed = if said.is_empty() && route == "ssh" {
+                    " (the remote's list does not come through the ssh tunnel)"
+                } else {
+                    ""
+                };
+                eprintln!(
+                    "atou: dry run answered here: {files} file{} would come from {target}, \
+                     {skipped} {} here already{listed}; nothing was written into {}",
+                    if files == 1 { "" } else { "s" },
+                    if skipped == 1 { "is" } else { "are" },
+                    shown_path(dest),
+                );
             }
             return Ok(Exit::Ok.into());
         }
@@ -753,7 +807,7 @@ fn remote_receive(
     let created = !path.exists();
     let dry = args
         .dry_run
-        .then(|| super::transfer::DryRunRoot::new(&path))
+        .then(|| crate::transfer::dest::DryRunRoot::new(&path))
         .transpose()?;
     let root = match &dry {
         Some(dry) => check_root(dry.path())?,

@@ -15,7 +15,7 @@ use clap::Args;
 use crate::io::xattr::Wanted;
 use crate::io::{self, ServeConfig, DEFAULT_PORT};
 use crate::report::summary::Summary;
-use crate::transfer::dest::{ReceivePolicy, Requested, SymlinkPolicy, UserFlags};
+use crate::transfer::dest::{DryRunRoot, ReceivePolicy, Requested, SymlinkPolicy, UserFlags};
 use crate::transfer::exclude::Filters;
 use crate::transfer::manifest::RelPath;
 use crate::transfer::manifest::{read_files_from, Listed};
@@ -96,7 +96,7 @@ pub(super) struct TransferArgs {
     /// Send only part K of N of the tree (1 <= K <= N <= 1024), so that N runs with the same SRCs and DEST (on N hosts, or the tasks of a Slurm array or a Kubernetes indexed Job) together send it all: every directory is in every part; a file above total/N (and over 1 MiB) is split by 1 MiB chunk ranges, one range per shard, and takes its name at the receiver when every range is in; every other file and symlink is in exactly one part, whole, dealt out largest first to balance bytes. Default: the whole tree. `auto` takes K and N from a Slurm array task (SLURM_ARRAY_TASK_ID of SLURM_ARRAY_TASK_COUNT, an array 1-N); `auto/N` gives N and takes K from SLURM_ARRAY_TASK_ID or a Kubernetes indexed Job's JOB_COMPLETION_INDEX + 1. See docs/scale-out.md
     #[arg(long, value_name = "K/N", value_parser = shard_from_spec)]
     shard: Option<Shard>,
-    /// Ask the receiver what it would do and print it (what would be sent, skipped or refused, and the bytes), then stop: no file data is sent and nothing changes at the destination. The exit status is the real run's (5 if refused); with --json, a list. For sends, pushes and third-party copies (the source's plan, answered by the destination), not yet a pull
+    /// Ask the receiver what it would do and print it (what would be sent, skipped or refused, and the bytes), then stop: no file data is sent and nothing changes at the destination. The exit status is the real run's (5 if refused); with --json, a list. For sends, pushes, pulls and third-party copies: the source's plan, answered by the destination (in a pull, this end answers and the remote lists)
     #[arg(long, short = 'n')]
     dry_run: bool,
     /// Sync each file to disk at the receiver before renaming it into place
@@ -1253,8 +1253,7 @@ pub(super) fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
         .iter()
         .any(|s| s.to_str().is_some_and(is_remote));
     if remote_source {
-        let dest_remote = is_remote(&args.dest);
-        refuse_for_a_pull(&args.transfer, dest_remote)?;
+        refuse_for_a_pull(&args.transfer)?;
     } else {
         args.transfer.listed(&args.sources)?;
     }
@@ -1269,7 +1268,7 @@ pub(super) fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
     }
     let root = Path::new(&args.dest);
     let dry = if args.transfer.dry_run {
-        Some(DryRunRoot::new(root)?)
+        Some(DryRunRoot::new(root).map_err(usage)?)
     } else {
         crate::transfer::dest::create_destination(root).map_err(usage)?;
         None
@@ -1300,22 +1299,13 @@ fn usage(e: crate::transfer::Error) -> UsageError {
     UsageError(e.to_string())
 }
 
-/// What a pull over ssh (a remote SRC) cannot do; a third-party copy
-/// (`third_party`: DEST remote too) can do a dry run, its source's.
-fn refuse_for_a_pull(transfer: &TransferArgs, third_party: bool) -> Result<()> {
+/// What a copy from a remote SRC (a pull, a third-party copy) cannot do.
+fn refuse_for_a_pull(transfer: &TransferArgs) -> Result<()> {
     if transfer.progress == ProgressMode::Json {
         // The sender of a pull is the remote end; its progress is ssh's stderr.
         return Err(UsageError(
             "--progress json is for sends; a pull over ssh (a remote SRC) shows the remote \
              sender's progress on stderr: leave --progress out"
-                .into(),
-        )
-        .into());
-    }
-    if transfer.dry_run && !third_party {
-        return Err(UsageError(
-            "--dry-run is for sends, pushes and third-party copies; a pull (a remote SRC to \
-             a local DEST) cannot do one yet"
                 .into(),
         )
         .into());
@@ -1461,51 +1451,6 @@ fn local_requested(sources: &[PathBuf], args: &TransferArgs) -> Result<Requested
     Ok(Requested::exactly(&names))
 }
 
-/// Where a dry run's receiver plans, leaving DEST as it is: DEST itself
-/// if it exists (the dry-run receiver creates nothing in it), else an
-/// empty directory of our own, removed when done, so that DEST is not
-/// created just to find that everything would be sent.
-pub(super) struct DryRunRoot {
-    dest: PathBuf,
-    temp: Option<PathBuf>,
-}
-
-impl DryRunRoot {
-    pub(super) fn new(dest: &Path) -> Result<DryRunRoot> {
-        if std::fs::symlink_metadata(dest).is_ok() {
-            return Ok(DryRunRoot {
-                dest: dest.to_path_buf(),
-                temp: None,
-            });
-        }
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let temp =
-            std::env::temp_dir().join(format!("atou-dry-run-{}-{nanos:09}", std::process::id()));
-        std::fs::create_dir(&temp).map_err(|e| {
-            let why = "create an empty directory for the dry run";
-            UsageError(crate::transfer::Error::disk(why, &temp, e).to_string())
-        })?;
-        Ok(DryRunRoot {
-            dest: dest.to_path_buf(),
-            temp: Some(temp),
-        })
-    }
-
-    pub(super) fn path(&self) -> &Path {
-        self.temp.as_deref().unwrap_or(&self.dest)
-    }
-}
-
-impl Drop for DryRunRoot {
-    fn drop(&mut self) {
-        if let Some(t) = &self.temp {
-            let _ = std::fs::remove_dir(t);
-        }
-    }
-}
-
 /// What a copy over ssh (`cli/remote.rs`) needs of the transfer flags.
 impl TransferArgs {
     pub(super) fn send_config(
@@ -1584,8 +1529,16 @@ impl TransferArgs {
     pub(super) fn remote_send_args(&self) -> Result<Vec<String>> {
         // Its progress lines come through ssh's stderr; its report (JSON,
         // on the channel's stdout) is not shown: the local end reports
-        // what it received.
-        let mut a = vec![if self.quiet { "--quiet" } else { "--json" }.to_string()];
+        // what it received. A dry run's listing is shown, as it printed
+        // it: JSON for --json, its words otherwise.
+        let report = if self.quiet {
+            Some("--quiet")
+        } else if self.json || !self.dry_run {
+            Some("--json")
+        } else {
+            None
+        };
+        let mut a: Vec<String> = report.into_iter().map(str::to_string).collect();
         a.extend(self.sender_args()?);
         Ok(a)
     }

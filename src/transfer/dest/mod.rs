@@ -51,6 +51,50 @@ use plan::Existing;
 /// BLAKE3 value is all zeros, so the sender sends it.
 pub const NOT_HELD: Cv = [0; 32];
 
+/// Where a dry run's receiver plans, leaving DEST as it is: DEST itself
+/// if it exists (the dry-run receiver creates nothing in it), else an
+/// empty directory of our own, removed when dropped, so that DEST is not
+/// created just to find that everything would be sent.
+pub(crate) struct DryRunRoot {
+    pub(crate) dest: PathBuf,
+    temp: Option<PathBuf>,
+}
+
+impl DryRunRoot {
+    pub(crate) fn new(dest: &Path) -> Result<DryRunRoot, Error> {
+        if std::fs::symlink_metadata(dest).is_ok() {
+            return Ok(DryRunRoot {
+                dest: dest.to_path_buf(),
+                temp: None,
+            });
+        }
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let temp =
+            std::env::temp_dir().join(format!("atou-dry-run-{}-{nanos:09}", std::process::id()));
+        std::fs::create_dir(&temp)
+            .map_err(|e| Error::disk("create an empty directory for the dry run", &temp, e))?;
+        Ok(DryRunRoot {
+            dest: dest.to_path_buf(),
+            temp: Some(temp),
+        })
+    }
+
+    /// Where the receiver plans.
+    pub(crate) fn path(&self) -> &Path {
+        self.temp.as_deref().unwrap_or(&self.dest)
+    }
+}
+
+impl Drop for DryRunRoot {
+    fn drop(&mut self) {
+        if let Some(t) = &self.temp {
+            let _ = std::fs::remove_dir(t);
+        }
+    }
+}
+
 /// Creates DEST and its parents where a command was told to write
 /// (`atou copy`'s local end, the far end of an ssh push); the error
 /// names the path and the cause.

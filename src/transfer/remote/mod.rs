@@ -39,7 +39,7 @@ use crate::transfer::bootstrap::{
     bind_in_range, is_punch, punch, random_token, shell_quote, Answer, Hello, PortRange, MAX_LINE,
     PUNCH_LEN, READY,
 };
-use crate::transfer::dest::ReceivePolicy;
+use crate::transfer::dest::{DryRunRoot, ReceivePolicy};
 use crate::transfer::receive::{
     check_root, FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits, TransferReport,
 };
@@ -962,6 +962,9 @@ pub(crate) struct PullConfig {
     pub writers: usize,
     /// Set (by a Ctrl-C handler) to give up, leaving the partial files.
     pub interrupted: Arc<AtomicBool>,
+    /// `--dry-run`: the receiver answers a dry run's plan only and
+    /// writes nothing; `dest` is neither created nor changed.
+    pub dry_run: bool,
 }
 
 /// How a pull ended, when nothing failed before its transfer started.
@@ -984,6 +987,26 @@ pub(crate) enum PullOutcome {
     },
     /// Interrupted (`PullConfig::interrupted`); the partial files stay.
     Interrupted,
+    /// A dry run was answered here: `files` would come (whole or in
+    /// part), `skipped` are here already. `said`: what the remote printed
+    /// on stdout after it (its listing, or its `--json` report), as it
+    /// came: the remote's word, to be escaped or checked. Nothing of it
+    /// comes through the ssh tunnel (`route` "ssh"), whose stdout the
+    /// frames hold.
+    Planned {
+        files: u64,
+        skipped: u64,
+        said: Vec<String>,
+        route: &'static str,
+    },
+}
+
+/// What a pull's receiver ended with, short of a failure.
+#[derive(Debug)]
+enum Received {
+    Done(TransferReport),
+    /// A dry run's plan was answered: files that would come, and skipped.
+    Planned(u64, u64),
 }
 
 /// How a pull's first contact over UDP ended, short of an error.
@@ -1022,11 +1045,11 @@ struct LocalReceiver {
     heard: Arc<AtomicBool>,
     server: thread::JoinHandle<()>,
     stop: Arc<tokio::sync::Notify>,
-    outcome: Outcome<TransferReport>,
+    outcome: Outcome<Received>,
 }
 
 impl LocalReceiver {
-    fn stop(self) -> Outcome<TransferReport> {
+    fn stop(self) -> Outcome<Received> {
         self.stop.notify_one();
         let _ = self.server.join();
         self.outcome
@@ -1116,6 +1139,11 @@ impl Pull {
     /// leaves nothing behind, and a failed transfer nothing but partial
     /// files.
     pub(crate) fn receive(self, config: PullConfig) -> Result<PullOutcome, RemoteError> {
+        if config.dry_run {
+            let dry = DryRunRoot::new(&config.dest).map_err(usage)?;
+            let root = check_root(dry.path()).map_err(usage)?;
+            return self.receive_into(root, config);
+        }
         let dest = config.dest.as_path();
         let created = !dest.exists();
         crate::transfer::dest::create_destination(dest).map_err(usage)?;
@@ -1174,11 +1202,40 @@ impl Pull {
         };
         let outcome = receiver.stop();
         let result = outcome.lock().expect("lock").take();
-        if let Some(Ok(report)) = result {
-            // Verified here: ssh's tear-down is not waited for.
-            self.remote.detach();
-            return Ok(PullOutcome::Received { report, route });
-        }
+        let failure = match result {
+            Some(Ok(Received::Done(report))) => {
+                // Verified here: ssh's tear-down is not waited for.
+                self.remote.detach();
+                return Ok(PullOutcome::Received { report, route });
+            }
+            Some(Ok(Received::Planned(files, skipped))) => {
+                // The remote prints its listing once it has the answer,
+                // then exits: its stdout is read to the end.
+                let status = remote_status.or_else(|| self.remote.wait_for(EXIT_GRACE));
+                if let Some(h) = self.remote.stderr.take() {
+                    let _ = h.join();
+                }
+                let said = if tunnel.is_some() {
+                    Vec::new()
+                } else {
+                    self.remote.lines.try_iter().collect()
+                };
+                if status.is_some_and(|s| !s.success()) {
+                    return Ok(PullOutcome::Unfinished {
+                        status,
+                        last_words: self.remote.last_words(),
+                    });
+                }
+                return Ok(PullOutcome::Planned {
+                    files,
+                    skipped,
+                    said,
+                    route,
+                });
+            }
+            Some(Err(why)) => Some(why),
+            None => None,
+        };
         // A tunnel that ended on a frame out of range: that is the news.
         if let Some(Err(e)) = tunnel.filter(Tunnel::is_finished).map(Tunnel::join) {
             self.remote.quiet();
@@ -1194,9 +1251,8 @@ impl Pull {
             }
             None => self.remote.finish(),
         };
-        Ok(match result {
-            Some(Ok(report)) => PullOutcome::Received { report, route },
-            Some(Err(why)) => PullOutcome::Failed(why),
+        Ok(match failure {
+            Some(why) => PullOutcome::Failed(why),
             None => PullOutcome::Unfinished {
                 status,
                 last_words: self.remote.last_words(),
@@ -1217,8 +1273,15 @@ impl Pull {
         };
         let sock = UdpSocket::bind(SocketAddr::new(any, 0))?;
         let local = sock.local_addr()?;
-        let outcome: Outcome<TransferReport> = Arc::new(Mutex::new(None));
-        let receiver = FileReceiver::new(
+        let outcome: Outcome<Received> = Arc::new(Mutex::new(None));
+        // A dry run's receiver refuses any plan but a dry run's: a remote
+        // that ignores --dry-run writes nothing here.
+        let new_receiver = if config.dry_run {
+            FileReceiver::dry_run
+        } else {
+            FileReceiver::new
+        };
+        let receiver = new_receiver(
             ReceiveConfig {
                 root,
                 writers: config.writers,
@@ -1237,13 +1300,13 @@ impl Pull {
                 let outcome = outcome.clone();
                 move |e| {
                     let r = match e {
-                        ReceiveEvent::Done(r) => Ok(r),
-                        ReceiveEvent::Failed { why, .. } => Err(why),
-                        // A pull's dry run is refused before it starts; a
-                        // copy's receiver keeps its staging directory.
-                        ReceiveEvent::Planned { .. } | ReceiveEvent::StagingCleaned { .. } => {
-                            return
+                        ReceiveEvent::Done(r) => Ok(Received::Done(r)),
+                        ReceiveEvent::Planned { files, skipped, .. } => {
+                            Ok(Received::Planned(files, skipped))
                         }
+                        ReceiveEvent::Failed { why, .. } => Err(why),
+                        // A copy's receiver keeps its staging directory.
+                        ReceiveEvent::StagingCleaned { .. } => return,
                     };
                     outcome.lock().expect("lock").get_or_insert(r);
                 }
