@@ -220,10 +220,20 @@ fn mistakes_get_one_line_naming_the_token_and_exit_2() {
             vec!["serve", "--hellos-per-sec-per-source", "0"],
             "--hellos-per-sec-per-source",
         ),
-        (vec!["copy", "host:x", "/tmp/d", "-n"], "--dry-run"),
         (
-            vec!["copy", "host:x", "/tmp/d", "--files-from", "/tmp/list"],
-            "--files-from",
+            vec!["copy", "host:x", "b:/tmp/d", "--files-from", "/tmp/list"],
+            "not yet a third-party",
+        ),
+        (
+            vec![
+                "copy",
+                "host:x",
+                "host:y",
+                "/tmp/d",
+                "--files-from",
+                "/tmp/list",
+            ],
+            "one remote SRC",
         ),
         (
             vec![

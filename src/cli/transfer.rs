@@ -87,7 +87,7 @@ pub(super) struct TransferArgs {
     /// Read include patterns from FILE, as --exclude-from reads excludes
     #[arg(long, value_name = "FILE", value_parser = in_order)]
     include_from: Vec<InOrder>,
-    /// Send the paths listed in FILE, one a line, relative to the one SRC (a directory), as `rsync -a -r --files-from`: each arrives as DEST/PATH, the directories on its way as directories (without their other contents), a listed directory whole; blank lines and lines starting with `#` or `;` are skipped, and `DIR/./PATH` sends PATH from SRC/DIR. `-` reads stdin. Not for a pull
+    /// Send the paths listed in FILE, one a line, relative to the one SRC (a directory), as `rsync -a -r --files-from`: each arrives as DEST/PATH, the directories on its way as directories (without their other contents), a listed directory whole; blank lines and lines starting with `#` or `;` are skipped, and `DIR/./PATH` sends PATH from SRC/DIR. `-` reads stdin. In a pull (`HOST:DIR`) the list is read here and sent to the remote sender; not yet for a third-party copy
     #[arg(long, value_name = "FILE")]
     files_from: Option<PathBuf>,
     /// The --files-from list as read, once (stdin can be read only once).
@@ -430,26 +430,7 @@ impl TransferArgs {
                 )
                 .into()),
             };
-        let text = match self.files_from_text.get() {
-            Some(text) => text,
-            None => {
-                let text = if list.as_os_str() == "-" {
-                    let mut text = Vec::new();
-                    std::io::Read::read_to_end(&mut std::io::stdin(), &mut text).map_err(|e| {
-                        UsageError(format!("--files-from -: cannot read stdin: {e}"))
-                    })?;
-                    text
-                } else {
-                    std::fs::read(list).map_err(|e| {
-                        UsageError(format!(
-                            "--files-from: cannot read {}: {e}",
-                            shown_path(list)
-                        ))
-                    })?
-                };
-                self.files_from_text.get_or_init(|| text)
-            }
-        };
+        let text = self.files_from_text(list)?;
         let listed = read_files_from(text, base, list)
             .map_err(|e| UsageError(format!("--files-from: {e}")))?;
         if listed.is_empty() {
@@ -458,6 +439,65 @@ impl TransferArgs {
             );
         }
         Ok(Some(listed))
+    }
+
+    /// The --files-from list `list` as read, read once (stdin can be read
+    /// only once).
+    fn files_from_text(&self, list: &Path) -> Result<&[u8]> {
+        if let Some(text) = self.files_from_text.get() {
+            return Ok(text);
+        }
+        let text = if list.as_os_str() == "-" {
+            let mut text = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut text)
+                .map_err(|e| UsageError(format!("--files-from -: cannot read stdin: {e}")))?;
+            text
+        } else {
+            std::fs::read(list).map_err(|e| {
+                UsageError(format!(
+                    "--files-from: cannot read {}: {e}",
+                    shown_path(list)
+                ))
+            })?
+        };
+        Ok(self.files_from_text.get_or_init(|| text))
+    }
+
+    /// A pull's --files-from: the list's text, for the remote sender, and
+    /// the names it may send here (the list's first components, as the
+    /// remote's walk gives them); `None` without --files-from. `paths`:
+    /// the remote SRCs, of which there must be one, the directory the
+    /// list is relative to.
+    pub(super) fn pull_list(&self, paths: &[String]) -> Result<Option<(Vec<u8>, Requested)>> {
+        let Some(list) = &self.files_from else {
+            return Ok(None);
+        };
+        let [base] = paths else {
+            return Err(UsageError(
+                "--files-from: give one remote SRC, the directory the listed paths are relative to"
+                    .into(),
+            )
+            .into());
+        };
+        let text = self.files_from_text(list)?;
+        let listed = read_files_from(text, Path::new(base), list)
+            .map_err(|e| UsageError(format!("--files-from: {e}")))?;
+        if listed.is_empty() {
+            return Err(
+                UsageError(format!("--files-from: {} lists no path", shown_path(list))).into(),
+            );
+        }
+        let tops = crate::transfer::manifest::listed_tops(&listed);
+        Ok(Some((text.to_vec(), Requested::exactly(&tops))))
+    }
+
+    /// The far end of a pull: the --files-from list the local end sent
+    /// on stdin, in place of a file here.
+    pub(super) fn set_files_from_sent(&mut self, text: Vec<u8>) {
+        self.files_from = Some(PathBuf::from(
+            "(the --files-from list sent by the local end)",
+        ));
+        self.files_from_text = std::sync::OnceLock::from(text);
     }
 
     /// --exclude, --include, --filter and the rule files, in their order
@@ -1253,7 +1293,7 @@ pub(super) fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
         .iter()
         .any(|s| s.to_str().is_some_and(is_remote));
     if remote_source {
-        refuse_for_a_pull(&args.transfer)?;
+        refuse_for_a_pull(&args.transfer, is_remote(&args.dest))?;
     } else {
         args.transfer.listed(&args.sources)?;
     }
@@ -1299,8 +1339,9 @@ fn usage(e: crate::transfer::Error) -> UsageError {
     UsageError(e.to_string())
 }
 
-/// What a copy from a remote SRC (a pull, a third-party copy) cannot do.
-fn refuse_for_a_pull(transfer: &TransferArgs) -> Result<()> {
+/// What a copy from a remote SRC (a pull, or with `third_party` a
+/// third-party copy) cannot do.
+fn refuse_for_a_pull(transfer: &TransferArgs, third_party: bool) -> Result<()> {
     if transfer.progress == ProgressMode::Json {
         // The sender of a pull is the remote end; its progress is ssh's stderr.
         return Err(UsageError(
@@ -1310,10 +1351,10 @@ fn refuse_for_a_pull(transfer: &TransferArgs) -> Result<()> {
         )
         .into());
     }
-    if transfer.files_from.is_some() {
+    if transfer.files_from.is_some() && third_party {
         return Err(UsageError(
-            "--files-from is for a local source (a send, a push or a local copy), not yet a \
-             pull; name the remote paths as SRCs instead"
+            "--files-from is for a send, a push, a local copy or a pull, not yet a third-party \
+             copy; name the paths as SRCs on the source host instead"
                 .into(),
         )
         .into());

@@ -442,11 +442,15 @@ impl RemoteEnd {
 
     /// Writes `line` on the remote's stdin.
     fn say(&mut self, line: &str) -> Result<(), RemoteError> {
+        self.say_bytes(line.as_bytes())
+    }
+
+    fn say_bytes(&mut self, bytes: &[u8]) -> Result<(), RemoteError> {
         let stdin = self
             .stdin
             .as_mut()
             .ok_or_else(|| failed("ssh's stdin is closed"))?;
-        stdin.write_all(line.as_bytes())?;
+        stdin.write_all(bytes)?;
         stdin.flush()?;
         Ok(())
     }
@@ -1096,18 +1100,26 @@ impl<A: ServeApp> ServeApp for Heard<A> {
 }
 
 impl Pull {
-    /// Runs `atou __remote send ARGS...` on `target` and exchanges the
-    /// bootstrap lines: one-time keys both ways, and the punch token.
+    /// Runs `atou __remote send ARGS...` on `target`, writes `preamble`
+    /// on its stdin (a --files-from list, which ARGS announce), and
+    /// exchanges the bootstrap lines: one-time keys both ways, and the
+    /// punch token.
     pub(crate) fn start(
         ssh: &SshCommand,
         target: &str,
         args: &[String],
+        preamble: &[u8],
     ) -> Result<Pull, RemoteError> {
         let identity = one_time_key()?;
         let hello = Hello {
             key: identity.public(),
         };
         let mut remote = RemoteEnd::start(ssh, target, &hello, args)?;
+        if !preamble.is_empty() {
+            // A remote that refused its arguments has closed its stdin:
+            // the bootstrap then says why.
+            let _ = remote.say_bytes(preamble);
+        }
         let answer = remote.bootstrap()?;
         let Some(token) = answer.token else {
             return Err(failed(format!(
