@@ -2906,6 +2906,45 @@ fn filters_select_what_rsync_selects() {
     }
 }
 
+/// The hidden `--progress-lines` (what a third-party copy's source runs
+/// with, for the host running the copy to draw a bar): progress as
+/// `ATOU-PROGRESS DONE TOTAL STAGE` lines on stdout, bytes, done never
+/// past total, and the report still on stderr.
+#[test]
+fn progress_lines_count_bytes_on_stdout() {
+    let scratch = TestDir::new("transfer-progress-lines");
+    let src = scratch.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), common::noise(2 << 20, 5)).unwrap();
+    let out = Command::new(ATOU)
+        .args(["copy", "--progress-lines", "--bwlimit", "20mbit"])
+        .arg(&src)
+        .arg(scratch.path("dest"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let counts: Vec<(u64, u64)> = stdout
+        .lines()
+        .map(|l| {
+            let w: Vec<&str> = l.split(' ').collect();
+            assert_eq!(w[0], "ATOU-PROGRESS", "{l}");
+            (w[1].parse().unwrap(), w[2].parse().unwrap())
+        })
+        .collect();
+    assert!(counts.len() >= 2, "{stdout}");
+    assert!(counts.iter().all(|(d, t)| d <= t), "{stdout}");
+    assert!(
+        counts.iter().any(|(d, t)| *t == 2 << 20 && *d > 0),
+        "{stdout}"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("atou: sent 1 file"));
+}
+
 /// `--files-from`: the listed paths arrive as `rsync -a -r --files-from`
 /// delivers them from the same list (comments, `/./`, a listed directory
 /// whole, the directories on a path's way without their other contents),

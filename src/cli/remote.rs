@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -388,8 +388,19 @@ fn third_party(
     if transfer.dry_run() {
         source_args.push("--dry-run".to_string());
     }
-    source_args.push("--".to_string());
-    source_args.extend(paths.iter().cloned());
+    // A bar here on a terminal, drawn from the source's progress lines on
+    // its stdout; through this host (--via-local) its stdout carries the
+    // data, and its progress comes as lines on stderr.
+    let bar = transfer.shows_a_bar() && !transfer.dry_run();
+    let source_args_for = |via_local: bool| {
+        let mut a = source_args.clone();
+        if bar && !via_local {
+            a.push("--progress-lines".to_string());
+        }
+        a.push("--".to_string());
+        a.extend(paths.iter().cloned());
+        a
+    };
     let mut dest_args = push_args(dest_path, transfer, receiving, ssh.port, tuning.rcvbuf);
     let path_at_end = dest_args.split_off(dest_args.len() - 2);
     dest_args.push("--third-party".to_string());
@@ -414,17 +425,17 @@ fn third_party(
         dest_args.push("--quiet".to_string());
     }
     dest_args.extend(path_at_end);
-    let start = || {
+    let start = |via_local: bool| {
         ThirdParty::start(
             &ssh.command(),
             source,
-            &source_args,
+            &source_args_for(via_local),
             dest_target,
             &dest_args,
         )
         .map_err(cli_error)
     };
-    let copy = start()?;
+    let copy = start(ssh.via_local)?;
     let (from, to) = copy.targets();
     let (from, to) = (from.to_string(), to.to_string());
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -432,7 +443,18 @@ fn third_party(
         let i = interrupted.clone();
         let _ = ctrlc_hook(move || i.store(true, Ordering::Relaxed));
     }
-    let mut outcome = copy.run(ssh.via_local, &interrupted).map_err(cli_error)?;
+    let progress = Arc::new(Progress::default());
+    let done = Arc::new(Mutex::new(false));
+    let shower = (bar && !ssh.via_local).then(|| {
+        let (p, d) = (progress.clone(), done.clone());
+        thread::spawn(move || super::transfer::show_progress(p, d, true))
+    });
+    let outcome = copy.run(ssh.via_local, &interrupted, &progress);
+    *done.lock().expect("progress lock") = true;
+    if let Some(h) = shower {
+        let _ = h.join();
+    }
+    let mut outcome = outcome.map_err(cli_error)?;
     if outcome.unreached && !ssh.via_local && !interrupted.load(Ordering::Relaxed) {
         // Nothing reached the destination, so nothing is half written
         // there: both ends start again, the data through this host.
@@ -440,7 +462,9 @@ fn third_party(
             "atou: no UDP from {from} reached {to}: copying through this host instead, as \
              --via-local (give --via-local to go this way at once)"
         );
-        outcome = start()?.run(true, &interrupted).map_err(cli_error)?;
+        outcome = start(true)?
+            .run(true, &interrupted, &progress)
+            .map_err(cli_error)?;
     }
     let shown = |target: &str, path: &str| format!("{target}:{}", escape(path.as_bytes()));
     let (from_shown, to_shown) = (shown(&from, &paths.join(" ")), shown(&to, dest_path));

@@ -21,7 +21,7 @@ use crate::transfer::manifest::RelPath;
 use crate::transfer::manifest::{read_files_from, Listed};
 use crate::transfer::messages::Options;
 use crate::transfer::receive::{FileReceiver, ReceiveConfig, ReceiveEvent, ReceiveLimits};
-use crate::transfer::remote::Detoured;
+use crate::transfer::remote::{Detoured, PROGRESS_LINE};
 use crate::transfer::send::{Progress, SendConfig, SendError, SendReport};
 use crate::transfer::shard::Shard;
 use crate::util::text::shown_path;
@@ -139,6 +139,10 @@ pub(super) struct TransferArgs {
     /// Time between --progress json lines (bare number = seconds; e.g. 0.5 or 500ms)
     #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_interval)]
     progress_interval: Duration,
+    /// A third-party copy's source: progress as `ATOU-PROGRESS DONE TOTAL
+    /// STAGE` lines on stdout, for the host running the copy to draw
+    #[arg(long, hide = true)]
+    progress_lines: bool,
     /// How long to keep trying, in seconds (or with a unit: 5min), while the receiver says it is busy (at its limit of transfers or connections), with pauses of 0.5 s growing to 8 s, jittered; progress shows "waiting for the server"; then exit 10. 0: give up at once
     #[arg(long, value_name = "SECS", default_value = "300", value_parser = parse_wait)]
     wait_busy: Duration,
@@ -654,9 +658,25 @@ impl TransferArgs {
     }
 }
 
+/// `--progress-lines`: a [`PROGRESS_LINE`] line on stdout every 250 ms
+/// until `done` is set.
+fn progress_lines(progress: Arc<Progress>, done: Arc<Mutex<bool>>) {
+    while !*done.lock().expect("progress lock") {
+        thread::sleep(Duration::from_millis(250));
+        let line = format!(
+            "{PROGRESS_LINE} {} {} {}\n",
+            progress.done.load(Ordering::Relaxed),
+            progress.total.load(Ordering::Relaxed),
+            progress.stage.lock().expect("progress lock"),
+        );
+        // A reader that went away does not stop the transfer.
+        let _ = print_stdout(&line);
+    }
+}
+
 /// Shows progress on stderr until `done` is set: bars on a terminal, a
 /// line every few seconds otherwise.
-fn show_progress(progress: Arc<Progress>, done: Arc<Mutex<bool>>, tty: bool) {
+pub(super) fn show_progress(progress: Arc<Progress>, done: Arc<Mutex<bool>>, tty: bool) {
     let started = Instant::now();
     if tty {
         use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
@@ -1076,6 +1096,9 @@ pub(super) fn run_send_from(
     let shower = if machine {
         let (p, d, every) = (progress.clone(), done.clone(), args.progress_interval);
         Some(thread::spawn(move || json_progress(p, d, started, every)))
+    } else if args.progress_lines {
+        let (p, d) = (progress.clone(), done.clone());
+        Some(thread::spawn(move || progress_lines(p, d)))
     } else {
         (!args.quiet).then(|| {
             let (p, d) = (progress.clone(), done.clone());
@@ -1509,6 +1532,14 @@ impl TransferArgs {
 
     pub(super) fn quiet(&self) -> bool {
         self.quiet
+    }
+
+    /// Progress for people, on this end's terminal.
+    pub(super) fn shows_a_bar(&self) -> bool {
+        !self.quiet
+            && !self.json
+            && self.progress == ProgressMode::Auto
+            && std::io::stderr().is_terminal()
     }
 
     pub(super) fn json(&self) -> bool {

@@ -48,7 +48,9 @@ use crate::transfer::tunnel::{self, ClientSide, ServerSide, Tunnel};
 use crate::util::text::escape;
 
 mod third_party;
-pub(crate) use third_party::{FarSendTo, Ordered, ThirdParty, ThirdPartyOutcome, UNREACHED};
+pub(crate) use third_party::{
+    FarSendTo, Ordered, ThirdParty, ThirdPartyOutcome, PROGRESS_LINE, UNREACHED,
+};
 
 /// Most bytes of the remote's stdout lines kept for this end to read;
 /// the rest are read and dropped.
@@ -456,9 +458,15 @@ impl RemoteEnd {
     }
 
     /// Waits for ssh to exit however long it takes, unless `interrupted`
-    /// is set (then kills it), and for its stderr to be read.
-    fn wait_for_exit(&mut self, interrupted: &AtomicBool) -> Option<ExitStatus> {
+    /// is set (then kills it), and for its stderr to be read; gives
+    /// `each` the stdout lines' channel every 20 ms meanwhile.
+    fn wait_for_exit_with(
+        &mut self,
+        interrupted: &AtomicBool,
+        mut each: impl FnMut(&mpsc::Receiver<String>),
+    ) -> Option<ExitStatus> {
         loop {
+            each(&self.lines);
             match self.child.try_wait() {
                 Ok(Some(s)) => {
                     if let Some(h) = self.stderr.take() {

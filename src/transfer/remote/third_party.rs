@@ -26,7 +26,7 @@ use std::io::Read;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::process::ExitStatus;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -36,7 +36,7 @@ use super::{
 };
 use crate::proto::crypto::{ClientAuth, PublicKey, StaticKeypair};
 use crate::transfer::bootstrap::{Hello, PortRange, SendRoute, SendTo, MAX_LINE};
-use crate::transfer::send::Bound;
+use crate::transfer::send::{Bound, Progress};
 use crate::transfer::tunnel::{self, ClientSide, ServerSide};
 use crate::util::text::escape;
 
@@ -44,6 +44,23 @@ use crate::util::text::escape;
 /// reached the destination or came back: the host running the copy then
 /// goes through itself instead (as `--via-local`).
 pub(crate) const UNREACHED: &str = "ATOU-UNREACHED";
+
+/// What starts a line of the source's progress on its stdout
+/// (`--progress-lines`): `ATOU-PROGRESS DONE TOTAL STAGE`, bytes.
+pub(crate) const PROGRESS_LINE: &str = "ATOU-PROGRESS";
+
+/// A [`PROGRESS_LINE`] line's bytes done, bytes in all and stage (the
+/// source's word, escaped here); `None` for any other line.
+fn progress_of(line: &str) -> Option<(u64, u64, String)> {
+    let mut words = line
+        .strip_prefix(PROGRESS_LINE)?
+        .strip_prefix(' ')?
+        .splitn(3, ' ');
+    let done = words.next()?.parse().ok()?;
+    let total = words.next()?.parse().ok()?;
+    let stage = escape(words.next().unwrap_or_default().as_bytes());
+    Some((done, total, stage))
+}
 
 /// A third-party copy whose two ends have answered.
 pub(crate) struct ThirdParty {
@@ -106,11 +123,13 @@ impl ThirdParty {
     }
 
     /// Tells the source where to send and waits for it to end, then for
-    /// the destination. `interrupted` (Ctrl-C here) ends both.
+    /// the destination. `interrupted` (Ctrl-C here) ends both. The
+    /// source's progress lines, as they come, go into `progress`.
     pub(crate) fn run(
         mut self,
         via_local: bool,
         interrupted: &AtomicBool,
+        progress: &Progress,
     ) -> Result<ThirdPartyOutcome, RemoteError> {
         let key = self.dest_key;
         // Held until the source has ended: dropping one stops its relay.
@@ -175,10 +194,24 @@ impl ThirdParty {
                 .encode(),
             )?;
         }
-        let source = self.source.wait_for_exit(interrupted);
+        let mut printed = Vec::new();
+        let mut take = |lines: &mpsc::Receiver<String>| {
+            for line in lines.try_iter() {
+                match progress_of(&line) {
+                    Some((done, total, stage)) => {
+                        progress.total.store(total, Ordering::Relaxed);
+                        progress.done.store(done.min(total), Ordering::Relaxed);
+                        *progress.stage.lock().expect("progress lock") = stage;
+                    }
+                    None => printed.push(line),
+                }
+            }
+        };
+        let source = self.source.wait_for_exit_with(interrupted, &mut take);
+        take(&self.source.lines);
         drop(tunnels);
         let (marks, said): (Vec<String>, Vec<String>) =
-            self.source.lines.try_iter().partition(|l| l == UNREACHED);
+            printed.into_iter().partition(|l| l == UNREACHED);
         let sent = source.is_some_and(|s| s.success());
         let dest = if sent {
             // Its receiver served one transfer: it ends by itself once
@@ -263,5 +296,36 @@ impl FarSendTo {
                 Ordered::Udp(from, auth)
             }
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_progress_line_is_read_and_anything_else_is_the_sources_word() {
+        assert_eq!(
+            progress_of("ATOU-PROGRESS 1024 4096 sending"),
+            Some((1024, 4096, "sending".to_string()))
+        );
+        assert_eq!(
+            progress_of("ATOU-PROGRESS 0 0 "),
+            Some((0, 0, String::new()))
+        );
+        // A stage that would drive the terminal arrives escaped.
+        let (_, _, stage) = progress_of("ATOU-PROGRESS 1 2 \u{1b}[2Jgone").unwrap();
+        assert!(!stage.contains('\u{1b}'), "{stage}");
+        for other in [
+            "ATOU-PROGRESS",
+            "ATOU-PROGRESS 1",
+            "ATOU-PROGRESS -1 2 x",
+            "ATOU-PROGRESSX 1 2 x",
+            "ATOU-PROGRESS 1 99999999999999999999999 x",
+            "send   1.00 MiB  a.bin",
+            UNREACHED,
+        ] {
+            assert_eq!(progress_of(other), None, "{other}");
+        }
     }
 }
