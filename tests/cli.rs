@@ -221,10 +221,6 @@ fn mistakes_get_one_line_naming_the_token_and_exit_2() {
             "--hellos-per-sec-per-source",
         ),
         (
-            vec!["copy", "host:x", "b:/tmp/d", "--files-from", "/tmp/list"],
-            "not yet a third-party",
-        ),
-        (
             vec![
                 "copy",
                 "host:x",

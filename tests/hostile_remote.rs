@@ -1156,6 +1156,76 @@ fn a_third_party_source_gets_only_what_the_user_allowed_at_the_destination() {
     }
 }
 
+/// `atou copy --files-from LIST A:DIR B:PATH`: the list read here goes
+/// to the source and the names it starts to the destination, which takes
+/// only those: an honest source's listed paths arrive, and a source that
+/// sends the SRC directory itself instead is refused.
+#[test]
+fn a_third_party_copy_takes_a_files_from_list_and_only_its_names() {
+    let s = TestDir::new("hostile-third-party-list");
+    let src = s.path("far/data");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    for (name, text) in [
+        ("a", "a"),
+        ("other", "other"),
+        ("sub/b", "b"),
+        ("sub/c", "c"),
+    ] {
+        fs::write(src.join(name), text).unwrap();
+    }
+    let list = s.path("list");
+    fs::write(&list, "a\nsub/b\n").unwrap();
+    let dest = s.path("dest");
+    let out = pull(
+        &s,
+        Path::new(ATOU),
+        &[
+            "--files-from",
+            list.to_str().unwrap(),
+            &format!("127.0.0.1:{}", src.display()),
+            &format!("127.0.0.1:{}", dest.display()),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(fs::read_to_string(dest.join("a")).unwrap(), "a");
+    assert_eq!(fs::read_to_string(dest.join("sub/b")).unwrap(), "b");
+    assert!(!dest.join("other").exists() && !dest.join("sub/c").exists());
+
+    // The hostile source reads the list (its bytes announced on its
+    // command line) and sends the SRC directory whole instead.
+    let remote = script(
+        &s,
+        "list-ignoring-source",
+        &format!(
+            "if [ \"$4\" = send-to ]; then\n\
+             dd bs=1 count={} of=/dev/null status=none\n\
+             exec {ATOU} __remote --hello \"$3\" send-to --port 0 --quiet -- '{}'\n\
+             fi\nexec {ATOU} \"$@\"",
+            fs::metadata(&list).unwrap().len(),
+            src.display()
+        ),
+    );
+    let home = home(&s);
+    let out = pull(
+        &s,
+        &remote,
+        &[
+            "--files-from",
+            list.to_str().unwrap(),
+            "127.0.0.1:data",
+            &format!("127.0.0.1:{}", home.display()),
+        ],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        stderr(&out).contains("which was not asked for"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!home.join("data").exists(), "the source wrote its tree");
+    assert_home_untouched(&home);
+}
+
 /// A remote atou that is a hostile *destination*: asked to `receive`, it
 /// runs `then` (an answer of its choosing, say); as the source it is this
 /// build's own.

@@ -124,6 +124,13 @@ struct RemoteReceiveArgs {
     /// With --third-party: a SRC as the local user named it at the source
     #[arg(long, value_name = "PATH", requires = "third_party")]
     requested: Vec<String>,
+    /// With --third-party, in place of --requested: the names a
+    /// --files-from list starts, NUL-separated, its BYTES first on stdin
+    #[arg(long, hide = true, value_name = "BYTES", requires = "third_party")]
+    requested_stdin: Option<u64>,
+    /// What --requested-stdin's bytes named.
+    #[arg(skip)]
+    requested_names: Vec<Vec<u8>>,
     /// With --third-party: say nothing when the transfer is in place
     #[arg(long, requires = "third_party")]
     quiet: bool,
@@ -147,9 +154,24 @@ struct RemoteSendArgs {
     transfer: TransferArgs,
 }
 
-/// The most a pull's --files-from list may hold, bytes (some ten million
-/// paths): what the far end reads from its stdin before anything else.
-const MAX_FILES_FROM_SENT: u64 = 1 << 30;
+/// The most a --files-from list (or the names it starts) the local end
+/// sends may hold, bytes (some ten million paths): what the far end reads
+/// from its stdin before anything else.
+const MAX_SENT: u64 = 1 << 30;
+
+/// The `n` bytes the local end announced, read first from stdin; `None`
+/// if it went away before they were all in.
+fn read_sent(stdin: &std::io::Stdin, n: u64) -> Result<Option<Vec<u8>>> {
+    if n > MAX_SENT {
+        return Err(UsageError(format!(
+            "{n} bytes announced on stdin: more than {MAX_SENT}"
+        ))
+        .into());
+    }
+    let mut bytes = Vec::new();
+    stdin.take(n).read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 == n).then_some(bytes))
+}
 
 /// `atou copy` with a remote SRC or DEST.
 pub(super) fn copy(
@@ -309,10 +331,10 @@ fn pull(target: &str, paths: &[String], dest: &str, flags: CopyFlags<'_>) -> Res
         ssh.port.to_string(),
     ];
     args.extend(transfer.remote_send_args()?);
-    let list = transfer.pull_list(paths)?;
-    if let Some((text, _)) = &list {
+    let list = transfer.remote_list(paths)?;
+    if let Some(list) = &list {
         // Read here, where the user named it; the remote reads it first.
-        args.push(format!("--files-from-stdin={}", text.len()));
+        args.push(format!("--files-from-stdin={}", list.text.len()));
     }
     if transfer.dry_run() {
         // An atou there that predates a pull's --dry-run would send for
@@ -321,7 +343,7 @@ fn pull(target: &str, paths: &[String], dest: &str, flags: CopyFlags<'_>) -> Res
     }
     args.push("--".to_string());
     args.extend(paths.iter().cloned());
-    let preamble = list.as_ref().map_or(&[][..], |(text, _)| text.as_slice());
+    let preamble = list.as_ref().map_or(&[][..], |l| l.text.as_slice());
     let pull = Pull::start(&ssh.command(), target, &args, preamble).map_err(cli_error)?;
     let (host, target) = (pull.host().to_string(), pull.target().to_string());
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -339,7 +361,10 @@ fn pull(target: &str, paths: &[String], dest: &str, flags: CopyFlags<'_>) -> Res
             transfer.keeps_xattrs(),
             transfer.fsync(),
             // With --files-from, the list's names, not the SRC's.
-            Some(list.map_or_else(|| Requested::from_paths(paths), |(_, names)| names)),
+            Some(list.map_or_else(
+                || Requested::from_paths(paths),
+                |l| Requested::exactly(&l.names),
+            )),
         ),
         overwrite: transfer.overwrite(),
         delete: transfer.delete(),
@@ -388,6 +413,16 @@ fn third_party(
     if transfer.dry_run() {
         source_args.push("--dry-run".to_string());
     }
+    // --files-from: the list goes to the source, the names it starts to
+    // the destination, each first on its stdin.
+    let list = transfer.remote_list(paths)?;
+    let (source_preamble, dest_preamble) = match &list {
+        Some(l) => {
+            source_args.push(format!("--files-from-stdin={}", l.text.len()));
+            (l.text.clone(), l.names.join(&0u8))
+        }
+        None => (Vec::new(), Vec::new()),
+    };
     // A bar here on a terminal, drawn from the source's progress lines on
     // its stdout; through this host (--via-local) its stdout carries the
     // data, and its progress comes as lines on stderr.
@@ -418,8 +453,12 @@ fn third_party(
     if !may.is_empty() {
         dest_args.push(format!("--sender-may={}", may.join(",")));
     }
-    for p in paths {
-        dest_args.push(format!("--requested={p}"));
+    if list.is_some() {
+        dest_args.push(format!("--requested-stdin={}", dest_preamble.len()));
+    } else {
+        for p in paths {
+            dest_args.push(format!("--requested={p}"));
+        }
     }
     if transfer.json() || transfer.quiet() {
         dest_args.push("--quiet".to_string());
@@ -428,10 +467,8 @@ fn third_party(
     let start = |via_local: bool| {
         ThirdParty::start(
             &ssh.command(),
-            source,
-            &source_args_for(via_local),
-            dest_target,
-            &dest_args,
+            (source, &source_args_for(via_local), &source_preamble),
+            (dest_target, &dest_args, &dest_preamble),
         )
         .map_err(cli_error)
     };
@@ -721,27 +758,41 @@ pub(super) fn remote(args: RemoteArgs) -> Result<ExitCode> {
     let ip = std::env::var("SSH_CONNECTION")
         .ok()
         .and_then(|c| ssh_server_ip(&c));
-    let role = match args.role {
-        Role::SendTo(a) => return remote_send_to(a, ip),
-        Role::Send(mut a) => {
-            if let Some(n) = a.files_from_stdin {
-                if n > MAX_FILES_FROM_SENT {
-                    return Err(UsageError(format!(
-                        "--files-from-stdin {n}: a list over {MAX_FILES_FROM_SENT} bytes"
-                    ))
-                    .into());
-                }
-                let mut text = Vec::new();
-                (&stdin).take(n).read_to_end(&mut text)?;
-                if text.len() as u64 != n {
-                    eprintln!("atou: the local end went away before its --files-from list was in");
-                    return Ok(ExitCode::from(1));
-                }
+    // What the local end sends first on stdin, before anything else.
+    let sent = match &args.role {
+        Role::Send(a) | Role::SendTo(a) => a.files_from_stdin,
+        Role::Receive(a) => a.requested_stdin,
+    };
+    let sent = match sent {
+        Some(n) => match read_sent(&stdin, n)? {
+            Some(bytes) => Some(bytes),
+            None => {
+                eprintln!("atou: the local end went away before it sent what it announced");
+                return Ok(ExitCode::from(1));
+            }
+        },
+        None => None,
+    };
+    let role = match (args.role, sent) {
+        (Role::SendTo(mut a), sent) => {
+            if let Some(text) = sent {
                 a.transfer.set_files_from_sent(text);
             }
+            return remote_send_to(a, ip);
+        }
+        (Role::Send(mut a), Some(text)) => {
+            a.transfer.set_files_from_sent(text);
             Role::Send(a)
         }
-        role => role,
+        (Role::Receive(mut a), Some(names)) => {
+            a.requested_names = names
+                .split(|&b| b == 0)
+                .filter(|n| !n.is_empty())
+                .map(<[u8]>::to_vec)
+                .collect();
+            Role::Receive(a)
+        }
+        (role, None) => role,
     };
     // The local end gone (ssh closed, Ctrl-C there): stop.
     let gone = Arc::new(tokio::sync::Notify::new());
@@ -886,8 +937,10 @@ fn remote_receive(
             root: true,
         },
         false,
-        args.third_party
-            .then(|| Requested::from_paths(&args.requested)),
+        args.third_party.then(|| match args.requested_stdin {
+            Some(_) => Requested::exactly(&args.requested_names),
+            None => Requested::from_paths(&args.requested),
+        }),
     );
     let config = FarReceiveConfig {
         root: root.clone(),

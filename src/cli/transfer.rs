@@ -87,7 +87,7 @@ pub(super) struct TransferArgs {
     /// Read include patterns from FILE, as --exclude-from reads excludes
     #[arg(long, value_name = "FILE", value_parser = in_order)]
     include_from: Vec<InOrder>,
-    /// Send the paths listed in FILE, one a line, relative to the one SRC (a directory), as `rsync -a -r --files-from`: each arrives as DEST/PATH, the directories on its way as directories (without their other contents), a listed directory whole; blank lines and lines starting with `#` or `;` are skipped, and `DIR/./PATH` sends PATH from SRC/DIR. `-` reads stdin. In a pull (`HOST:DIR`) the list is read here and sent to the remote sender; not yet for a third-party copy
+    /// Send the paths listed in FILE, one a line, relative to the one SRC (a directory), as `rsync -a -r --files-from`: each arrives as DEST/PATH, the directories on its way as directories (without their other contents), a listed directory whole; blank lines and lines starting with `#` or `;` are skipped, and `DIR/./PATH` sends PATH from SRC/DIR. `-` reads stdin. In a pull or a third-party copy (`HOST:DIR`) the list is read here and sent to the remote sender
     #[arg(long, value_name = "FILE")]
     files_from: Option<PathBuf>,
     /// The --files-from list as read, once (stdin can be read only once).
@@ -419,6 +419,14 @@ fn in_order(text: &str) -> std::result::Result<InOrder, String> {
     })
 }
 
+/// A --files-from list for a remote sender ([`TransferArgs::remote_list`]).
+pub(super) struct RemoteList {
+    /// The list as read here.
+    pub text: Vec<u8>,
+    /// The names the sender may send: the list's first components.
+    pub names: Vec<Vec<u8>>,
+}
+
 impl TransferArgs {
     /// The paths of --files-from, relative to the one SRC; `None` without it.
     fn listed(&self, sources: &[PathBuf]) -> Result<Option<Vec<Listed>>> {
@@ -467,12 +475,12 @@ impl TransferArgs {
         Ok(self.files_from_text.get_or_init(|| text))
     }
 
-    /// A pull's --files-from: the list's text, for the remote sender, and
-    /// the names it may send here (the list's first components, as the
-    /// remote's walk gives them); `None` without --files-from. `paths`:
-    /// the remote SRCs, of which there must be one, the directory the
-    /// list is relative to.
-    pub(super) fn pull_list(&self, paths: &[String]) -> Result<Option<(Vec<u8>, Requested)>> {
+    /// --files-from with a remote SRC (a pull, a third-party copy): the
+    /// list's text, for the remote sender, and the names it may send (the
+    /// list's first components, as the remote's walk gives them); `None`
+    /// without --files-from. `paths`: the remote SRCs, of which there
+    /// must be one, the directory the list is relative to.
+    pub(super) fn remote_list(&self, paths: &[String]) -> Result<Option<RemoteList>> {
         let Some(list) = &self.files_from else {
             return Ok(None);
         };
@@ -492,7 +500,10 @@ impl TransferArgs {
             );
         }
         let tops = crate::transfer::manifest::listed_tops(&listed);
-        Ok(Some((text.to_vec(), Requested::exactly(&tops))))
+        Ok(Some(RemoteList {
+            text: text.to_vec(),
+            names: tops,
+        }))
     }
 
     /// The far end of a pull: the --files-from list the local end sent
@@ -1316,7 +1327,7 @@ pub(super) fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
         .iter()
         .any(|s| s.to_str().is_some_and(is_remote));
     if remote_source {
-        refuse_for_a_pull(&args.transfer, is_remote(&args.dest))?;
+        refuse_for_a_pull(&args.transfer)?;
     } else {
         args.transfer.listed(&args.sources)?;
     }
@@ -1362,22 +1373,13 @@ fn usage(e: crate::transfer::Error) -> UsageError {
     UsageError(e.to_string())
 }
 
-/// What a copy from a remote SRC (a pull, or with `third_party` a
-/// third-party copy) cannot do.
-fn refuse_for_a_pull(transfer: &TransferArgs, third_party: bool) -> Result<()> {
+/// What a copy from a remote SRC (a pull, a third-party copy) cannot do.
+fn refuse_for_a_pull(transfer: &TransferArgs) -> Result<()> {
     if transfer.progress == ProgressMode::Json {
         // The sender of a pull is the remote end; its progress is ssh's stderr.
         return Err(UsageError(
             "--progress json is for sends; a pull over ssh (a remote SRC) shows the remote \
              sender's progress on stderr: leave --progress out"
-                .into(),
-        )
-        .into());
-    }
-    if transfer.files_from.is_some() && third_party {
-        return Err(UsageError(
-            "--files-from is for a send, a push, a local copy or a pull, not yet a third-party \
-             copy; name the paths as SRCs on the source host instead"
                 .into(),
         )
         .into());

@@ -447,6 +447,29 @@ impl RemoteEnd {
         self.say_bytes(line.as_bytes())
     }
 
+    /// Writes what the remote's arguments announced on its stdin, before
+    /// the bootstrap, from a thread of its own: a remote that does not
+    /// read it cannot hold this end here (the bootstrap's own wait
+    /// decides), and one that refused its arguments has closed its
+    /// stdin, which the bootstrap then explains. The remote answers the
+    /// bootstrap only once it has read all of it, so nothing this end
+    /// says after the bootstrap can come between.
+    fn say_first(&mut self, preamble: &[u8]) {
+        use std::os::fd::AsFd;
+        let Some(stdin) = &self.stdin else { return };
+        if preamble.is_empty() {
+            return;
+        }
+        let Ok(fd) = stdin.as_fd().try_clone_to_owned() else {
+            return;
+        };
+        let mut to_remote = std::fs::File::from(fd);
+        let preamble = preamble.to_vec();
+        thread::spawn(move || {
+            let _ = to_remote.write_all(&preamble);
+        });
+    }
+
     fn say_bytes(&mut self, bytes: &[u8]) -> Result<(), RemoteError> {
         let stdin = self
             .stdin
@@ -1123,11 +1146,7 @@ impl Pull {
             key: identity.public(),
         };
         let mut remote = RemoteEnd::start(ssh, target, &hello, args)?;
-        if !preamble.is_empty() {
-            // A remote that refused its arguments has closed its stdin:
-            // the bootstrap then says why.
-            let _ = remote.say_bytes(preamble);
-        }
+        remote.say_first(preamble);
         let answer = remote.bootstrap()?;
         let Some(token) = answer.token else {
             return Err(failed(format!(

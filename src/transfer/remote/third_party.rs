@@ -91,27 +91,29 @@ pub(crate) struct ThirdPartyOutcome {
 
 impl ThirdParty {
     /// Runs both ends, the source first: the destination's hello carries
-    /// the source's key, which it authorizes for this transfer only.
+    /// the source's key, which it authorizes for this transfer only. Each
+    /// end is `(TARGET, ARGS, PREAMBLE)`: PREAMBLE goes first on its stdin
+    /// (what ARGS announce: a --files-from list, the names it starts).
     pub(crate) fn start(
         ssh: &SshCommand,
-        source_target: &str,
-        source_args: &[String],
-        dest_target: &str,
-        dest_args: &[String],
+        source: (&str, &[String], &[u8]),
+        dest: (&str, &[String], &[u8]),
     ) -> Result<ThirdParty, RemoteError> {
         // The source is a client of the destination, with a key of its
         // own; the key in its hello is this end's and is not used.
         let unused = Hello {
             key: one_time_key()?.public(),
         };
-        let mut source = RemoteEnd::start(ssh, source_target, &unused, source_args)?;
-        let from = source.bootstrap()?;
-        let mut dest = RemoteEnd::start(ssh, dest_target, &Hello { key: from.key }, dest_args)?;
-        let to = dest.bootstrap()?;
-        let peer = SocketAddr::new(dest.peer_ip(ssh, &to)?, to.ports[0]);
+        let mut source_end = RemoteEnd::start(ssh, source.0, &unused, source.1)?;
+        source_end.say_first(source.2);
+        let from = source_end.bootstrap()?;
+        let mut dest_end = RemoteEnd::start(ssh, dest.0, &Hello { key: from.key }, dest.1)?;
+        dest_end.say_first(dest.2);
+        let to = dest_end.bootstrap()?;
+        let peer = SocketAddr::new(dest_end.peer_ip(ssh, &to)?, to.ports[0]);
         Ok(ThirdParty {
-            source,
-            dest,
+            source: source_end,
+            dest: dest_end,
             peer,
             dest_key: to.key,
         })
