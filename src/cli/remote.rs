@@ -147,7 +147,8 @@ struct RemoteSendArgs {
     port: PortRange,
     #[arg(value_name = "SRC", required = true, num_args = 1..)]
     sources: Vec<String>,
-    /// A pull's --files-from: the list's BYTES come first on stdin
+    /// --files-from (a pull's, a third-party copy's): the list's BYTES
+    /// come first on stdin
     #[arg(long, hide = true, value_name = "BYTES")]
     files_from_stdin: Option<u64>,
     #[command(flatten)]

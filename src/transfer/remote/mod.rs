@@ -444,7 +444,13 @@ impl RemoteEnd {
 
     /// Writes `line` on the remote's stdin.
     fn say(&mut self, line: &str) -> Result<(), RemoteError> {
-        self.say_bytes(line.as_bytes())
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| failed("ssh's stdin is closed"))?;
+        stdin.write_all(line.as_bytes())?;
+        stdin.flush()?;
+        Ok(())
     }
 
     /// Writes what the remote's arguments announced on its stdin, before
@@ -468,16 +474,6 @@ impl RemoteEnd {
         thread::spawn(move || {
             let _ = to_remote.write_all(&preamble);
         });
-    }
-
-    fn say_bytes(&mut self, bytes: &[u8]) -> Result<(), RemoteError> {
-        let stdin = self
-            .stdin
-            .as_mut()
-            .ok_or_else(|| failed("ssh's stdin is closed"))?;
-        stdin.write_all(bytes)?;
-        stdin.flush()?;
-        Ok(())
     }
 
     /// Waits for ssh to exit however long it takes, unless `interrupted`
