@@ -982,6 +982,56 @@ fn a_pull_with_a_list_takes_only_the_names_it_lists() {
     assert_home_untouched(&dest);
 }
 
+/// A pull, a push and a third-party copy with the hosts named by IPv6
+/// address (`[::1]:PATH`): ssh's stand-in says the connection came over
+/// IPv6, as sshd would, and every datagram goes over IPv6 loopback.
+#[test]
+fn copies_over_ipv6_go_each_way() {
+    if std::net::UdpSocket::bind("[::1]:0").is_err() {
+        eprintln!("skipped: no IPv6 loopback on this host");
+        return;
+    }
+    let s = TestDir::new("hostile-remote-ipv6");
+    let src = s.path("far/data");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("sub/f"), vec![3u8; 2 * MIB as usize]).unwrap();
+    let ssh6 = script(
+        &s,
+        "fake-ssh6",
+        "if [ \"$1\" = -- ]; then shift; fi; shift\n\
+         SSH_CONNECTION='::1 1 ::1 22' exec sh -c \"exec $*\"",
+    );
+    let copy = |args: &[&str]| {
+        let out = Command::new(ATOU)
+            .env("XDG_CACHE_HOME", s.path("cache"))
+            .arg("copy")
+            .args(args)
+            .args(["--ssh", ssh6.to_str().unwrap(), "--remote-atou", ATOU])
+            .args(["--maxidle", "10", "--json"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["path"], "udp", "{args:?}: {v}");
+    };
+    let at = |p: &Path| format!("[::1]:{}", p.display());
+    let pulled = s.path("pulled");
+    copy(&[&at(&src), pulled.to_str().unwrap()]);
+    let pushed = s.path("pushed");
+    copy(&[src.to_str().unwrap(), &at(&pushed)]);
+    let third = s.path("third");
+    copy(&[&at(&src), &at(&third)]);
+    for dest in [pulled, pushed, third] {
+        assert_eq!(
+            fs::read(dest.join("data/sub/f")).unwrap(),
+            vec![3u8; 2 * MIB as usize],
+            "{}",
+            dest.display()
+        );
+    }
+}
+
 /// `atou copy -n HOST:SRC DEST`: the remote sender lists what it would
 /// send, as this end answered; DEST is neither created nor written.
 #[test]
