@@ -893,23 +893,34 @@ fn a_pull_over_open_udp_asks_the_remote_nothing_more() {
     );
 }
 
+/// The remote's tree, `far/data`, holding `files` (paths beneath it,
+/// their parents made).
+fn far_tree(s: &TestDir, files: &[(&str, &[u8])]) -> PathBuf {
+    let src = s.path("far/data");
+    for (name, bytes) in files {
+        let path = src.join(name);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, bytes).unwrap();
+    }
+    src
+}
+
 /// `atou copy --files-from LIST HOST:DIR DEST`, as rsync's: the list is
 /// read here and sent to the remote sender; each listed path arrives as
 /// DEST/PATH, with the directories on its way, and nothing else.
 #[test]
 fn a_pull_sends_the_files_from_list_read_here() {
     let s = TestDir::new("hostile-remote-pull-list");
-    let src = s.path("far/data");
-    fs::create_dir_all(src.join("sub/deeper")).unwrap();
-    for (name, text) in [
-        ("a", "a"),
-        ("other", "other"),
-        ("sub/b", "b"),
-        ("sub/c", "c"),
-        ("sub/deeper/d", "d"),
-    ] {
-        fs::write(src.join(name), text).unwrap();
-    }
+    let src = far_tree(
+        &s,
+        &[
+            ("a", b"a"),
+            ("other", b"other"),
+            ("sub/b", b"b"),
+            ("sub/c", b"c"),
+            ("sub/deeper/d", b"d"),
+        ],
+    );
     let list = s.path("list");
     fs::write(&list, "# wanted\na\nsub/b\nsub/./deeper\n").unwrap();
     let dest = s.path("dest");
@@ -992,9 +1003,7 @@ fn copies_over_ipv6_go_each_way() {
         return;
     }
     let s = TestDir::new("hostile-remote-ipv6");
-    let src = s.path("far/data");
-    fs::create_dir_all(src.join("sub")).unwrap();
-    fs::write(src.join("sub/f"), vec![3u8; 2 * MIB as usize]).unwrap();
+    let src = far_tree(&s, &[("sub/f", &[3u8; 2 * MIB as usize])]);
     let ssh6 = script(
         &s,
         "fake-ssh6",
@@ -1037,10 +1046,10 @@ fn copies_over_ipv6_go_each_way() {
 #[test]
 fn a_pull_dry_run_lists_what_would_come_and_writes_nothing() {
     let s = TestDir::new("hostile-remote-pull-dry");
-    let src = s.path("far/data");
-    fs::create_dir_all(src.join("sub")).unwrap();
-    fs::write(src.join("one"), "one").unwrap();
-    fs::write(src.join("sub/two"), vec![7u8; 3 * MIB as usize]).unwrap();
+    let src = far_tree(
+        &s,
+        &[("one", b"one"), ("sub/two", &[7u8; 3 * MIB as usize])],
+    );
     let at = format!("127.0.0.1:{}", src.display());
     let remote = Path::new(ATOU);
 
@@ -1213,16 +1222,15 @@ fn a_third_party_source_gets_only_what_the_user_allowed_at_the_destination() {
 #[test]
 fn a_third_party_copy_takes_a_files_from_list_and_only_its_names() {
     let s = TestDir::new("hostile-third-party-list");
-    let src = s.path("far/data");
-    fs::create_dir_all(src.join("sub")).unwrap();
-    for (name, text) in [
-        ("a", "a"),
-        ("other", "other"),
-        ("sub/b", "b"),
-        ("sub/c", "c"),
-    ] {
-        fs::write(src.join(name), text).unwrap();
-    }
+    let src = far_tree(
+        &s,
+        &[
+            ("a", b"a"),
+            ("other", b"other"),
+            ("sub/b", b"b"),
+            ("sub/c", b"c"),
+        ],
+    );
     let list = s.path("list");
     fs::write(&list, "a\nsub/b\n").unwrap();
     let dest = s.path("dest");

@@ -23,7 +23,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -270,7 +270,7 @@ pub(crate) struct RemoteEnd {
     child: Child,
     stdin: Option<ChildStdin>,
     /// Lines the remote printed on stdout.
-    lines: mpsc::Receiver<String>,
+    lines: Lines,
     /// The rest of its stdout, once it switched to the tunnel.
     frames: mpsc::Receiver<BufReader<ChildStdout>>,
     /// The last lines of ssh's stderr (the remote's included), for messages.
@@ -482,7 +482,7 @@ impl RemoteEnd {
     fn wait_for_exit_with(
         &mut self,
         interrupted: &AtomicBool,
-        mut each: impl FnMut(&mpsc::Receiver<String>),
+        mut each: impl FnMut(&Lines),
     ) -> Option<ExitStatus> {
         loop {
             each(&self.lines);
@@ -632,20 +632,49 @@ impl Drop for RemoteEnd {
     }
 }
 
+/// The remote's stdout lines as [`read_lines`] passes them on. What waits
+/// unread is bounded ([`MAX_KEPT`] bytes; lines past it are dropped): a
+/// remote that prints without end costs this end no more than that,
+/// while one whose lines are read as they come (a third-party source's
+/// progress, hours of it) loses none.
+pub(crate) struct Lines {
+    rx: mpsc::Receiver<String>,
+    unread: Arc<AtomicUsize>,
+}
+
+impl Lines {
+    fn taken(&self, line: String) -> String {
+        self.unread.fetch_sub(line.len(), Ordering::Relaxed);
+        line
+    }
+
+    fn recv(&self) -> Result<String, mpsc::RecvError> {
+        self.rx.recv().map(|l| self.taken(l))
+    }
+
+    fn recv_timeout(&self, wait: Duration) -> Result<String, mpsc::RecvTimeoutError> {
+        self.rx.recv_timeout(wait).map(|l| self.taken(l))
+    }
+
+    fn try_iter(&self) -> impl Iterator<Item = String> + '_ {
+        self.rx.try_iter().map(|l| self.taken(l))
+    }
+}
+
 /// The lines the remote prints on stdout, each cut at [`MAX_LINE`], as
 /// they come; once the remote says [`tunnel::SWITCH`], the frames that
 /// follow it are the tunnel's: the reader, with what it has buffered,
 /// goes on the second channel, after the line itself on the first.
-fn read_lines<R: Read + Send + 'static>(
-    stdout: R,
-) -> (mpsc::Receiver<String>, mpsc::Receiver<BufReader<R>>) {
-    let (tx, lines) = mpsc::channel();
+fn read_lines<R: Read + Send + 'static>(stdout: R) -> (Lines, mpsc::Receiver<BufReader<R>>) {
+    let (tx, rx) = mpsc::channel();
     let (hand_over, frames) = mpsc::channel();
+    let unread = Arc::new(AtomicUsize::new(0));
+    let lines = Lines {
+        rx,
+        unread: unread.clone(),
+    };
     thread::spawn(move || {
         let mut r = BufReader::new(stdout);
-        // What waits in the channel unread is bounded: a remote that
-        // prints without end costs this end no more than this.
-        let mut kept = 0;
         loop {
             let mut line = Vec::new();
             match (&mut r).take(MAX_LINE as u64).read_until(b'\n', &mut line) {
@@ -653,10 +682,10 @@ fn read_lines<R: Read + Send + 'static>(
                 Ok(_) => {
                     let text = String::from_utf8_lossy(&line).trim_end().to_string();
                     let switch = text == tunnel::SWITCH;
-                    kept += line.len();
-                    if kept > MAX_KEPT && !switch {
+                    if unread.load(Ordering::Relaxed) + text.len() > MAX_KEPT && !switch {
                         continue;
                     }
+                    unread.fetch_add(text.len(), Ordering::Relaxed);
                     if tx.send(text).is_err() {
                         break;
                     }
@@ -1820,6 +1849,56 @@ impl FarSend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Lines read as they come are never dropped, however many in all (a
+    /// third-party source's progress for hours); lines left unread are
+    /// kept up to MAX_KEPT bytes, the rest dropped.
+    #[test]
+    fn only_lines_left_unread_count_against_the_budget() {
+        use std::io::Write;
+        let line = format!("{} 1 2 {}\n", PROGRESS_LINE, "x".repeat(90));
+        let per_batch = (100 << 10) / line.len();
+        let batches = 3 * MAX_KEPT / (100 << 10);
+        let (mut to, from) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (lines, _) = read_lines(from);
+        let (drained_tx, drained) = mpsc::channel::<()>();
+        let writer = thread::spawn(move || {
+            for _ in 0..batches {
+                to.write_all(line.repeat(per_batch).as_bytes()).unwrap();
+                drained.recv().unwrap();
+            }
+        });
+        let mut got = 0;
+        for _ in 0..batches {
+            for _ in 0..per_batch {
+                lines.recv_timeout(Duration::from_secs(10)).unwrap();
+                got += 1;
+            }
+            drained_tx.send(()).unwrap();
+        }
+        writer.join().unwrap();
+        assert_eq!(got, batches * per_batch);
+
+        // Nobody reading: the first MAX_KEPT bytes' lines wait, the rest
+        // are dropped.
+        let text = "y".repeat(99) + "\n";
+        let (lines, _) = read_lines(std::io::Cursor::new(text.repeat(3 * MAX_KEPT / 100)));
+        // Until the reader is through (what waits has stopped growing).
+        let mut waiting = 0;
+        loop {
+            thread::sleep(Duration::from_millis(200));
+            let now = lines.unread.load(Ordering::Relaxed);
+            if now == waiting && now > 0 {
+                break;
+            }
+            waiting = now;
+        }
+        let mut kept = 0;
+        while let Ok(l) = lines.recv_timeout(Duration::from_secs(10)) {
+            kept += l.len();
+        }
+        assert!(kept <= MAX_KEPT && kept > MAX_KEPT - 100, "{kept}");
+    }
 
     #[test]
     fn remote_paths_are_relative_to_home() {

@@ -197,7 +197,7 @@ impl ThirdParty {
             )?;
         }
         let mut printed = Vec::new();
-        let mut take = |lines: &mpsc::Receiver<String>| {
+        let mut take = |lines: &super::Lines| {
             for line in lines.try_iter() {
                 match progress_of(&line) {
                     Some((done, total, stage)) => {
