@@ -19,6 +19,7 @@
 
 pub(crate) mod coupling;
 pub(crate) mod dest_dir;
+pub(crate) mod error_queue;
 pub(crate) mod hello_timestamps;
 pub(crate) mod netem;
 pub(crate) mod pmtu;
@@ -940,15 +941,17 @@ impl ClientDriver {
     /// §4.6): a valid one starts the size probes, whose acks decide.
     fn socket_error(&mut self, e: io::Error, sending: bool) -> Option<ProbeError> {
         // An ICMP report that raised this error also sits in the queue.
-        let (drained, too_big_mtu) = self.io.drain_errors();
-        let from_icmp = drained > 0;
+        let drained = self.io.drain_errors();
+        let from_icmp = drained.count > 0;
         let too_big = quinn_udp::is_msg_size_err(&e);
         if from_icmp && too_big && !self.in_hello() {
             // Never the end of a transfer: one not valid for this
             // connection changes nothing, and the data's own losses and
             // the probes' acks (or maxidle and stall) decide.
-            if let Some(mtu) = too_big_mtu {
-                self.client.size_hint(mtu);
+            for report in &drained.too_big {
+                if let Some(mtu) = report.too_big {
+                    self.client.size_hint(mtu, report.quote());
+                }
             }
             return None;
         }

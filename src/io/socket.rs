@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::error_queue::{self, ErrorReport};
 use quinn_udp::{RecvMeta, Transmit, UdpSockRef, UdpSocketState, BATCH_SIZE};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::Interest;
@@ -18,6 +19,15 @@ const GSO_MAX_BYTES: usize = 65_000;
 /// How far ahead of now a paced run may be scheduled: two of the
 /// pacer's millisecond quanta.
 const TXTIME_HORIZON_NS: u64 = 2_000_000;
+
+/// What [`UdpIo::drain_errors`] found in the error queue.
+#[derive(Debug, Default)]
+pub(crate) struct Drained {
+    /// Reports read.
+    pub(crate) count: u64,
+    /// The first few "too big" reports among them.
+    pub(crate) too_big: Vec<ErrorReport>,
+}
 
 /// Socket buffer sizes the kernel reports after setting them (Linux
 /// reports twice the value set, for its bookkeeping).
@@ -117,27 +127,24 @@ impl UdpIo {
     }
 
     /// Empties the socket's error queue (ICMP reports IP_RECVERR keeps,
-    /// charged to the receive buffer until read); returns how many, and
-    /// the smallest next-hop MTU a "too big" among them named.
-    pub(crate) fn drain_errors(&self) -> (u64, Option<u32>) {
-        let mut drained = 0;
-        let mut too_big: Option<u32> = None;
+    /// charged to the receive buffer until read): how many reports there
+    /// were, and the "too big" ones among them, each with the datagram it
+    /// quoted (the first [`error_queue::QUOTE_LEN`] bytes).
+    pub(crate) fn drain_errors(&self) -> Drained {
+        let mut drained = Drained::default();
         // Bounded: a peer flooding ICMP cannot hold the driver here.
-        while drained < 256 {
-            match self
-                .state
-                .recv_transport_error(UdpSockRef::from(&self.sock))
-            {
+        while drained.count < 256 {
+            match error_queue::recv(self.sock.as_fd()) {
                 Ok(Some(report)) => {
-                    drained += 1;
-                    if let Some(mtu) = report.mtu() {
-                        too_big = Some(too_big.map_or(mtu, |m| m.min(mtu)));
+                    drained.count += 1;
+                    if report.too_big.is_some() && drained.too_big.len() < 8 {
+                        drained.too_big.push(report);
                     }
                 }
                 Ok(None) | Err(_) => break,
             }
         }
-        (drained, too_big)
+        drained
     }
 
     pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {

@@ -434,6 +434,12 @@ impl Sealer {
         })
     }
 
+    /// The packet number the next datagram will take: every one below it
+    /// has been handed out.
+    pub fn next_pn(&self) -> u64 {
+        self.next_pn
+    }
+
     /// The next slot with the key it must be sealed under: sealing it
     /// needs nothing more from the sealer, so it may happen on another
     /// thread while the sealer hands out the next slots.

@@ -31,9 +31,9 @@ use crate::proto::time::Time;
 use crate::proto::tuning::{Tuning, TuningError};
 use crate::proto::wire::ReceiverStats;
 use crate::proto::wire::{
-    split_welcome_params, AddressToken, Close, DataFlags, DataHeader, DataSegment, Fetch, Hello,
-    Packet, PathProbe, ReceiverParams, RejectReason, Reply, WireError, CONTROL_MAX_LEN,
-    DATA_HEADER_LEN, HELLO_LEN, SIZE_ACK_LEN, VERSION,
+    split_welcome_params, AddressToken, Close, DataFlags, DataHeader, DataSegment, Fetch,
+    HeaderPeek, Hello, Packet, PathProbe, ReceiverParams, RejectReason, Reply, WireError,
+    CONTROL_MAX_LEN, DATA_HEADER_LEN, HELLO_LEN, SIZE_ACK_LEN, VERSION,
 };
 use crate::proto::InputError;
 
@@ -1182,18 +1182,46 @@ impl Client {
     }
 
     /// An ICMP "too big" naming `next_hop_mtu`, taken as a hint only
-    /// ([`BlackHoleWatch::on_too_big`]); whether the size watch took it
-    /// (false: no watch, no transfer, or the report is not valid for this
-    /// connection). The I/O layer cannot read the quoted datagram (the
-    /// kernel matched it to the connected socket's addresses and ports),
-    /// so the quote is taken to be the full size.
-    pub(crate) fn size_hint(&mut self, next_hop_mtu: u32) -> bool {
+    /// ([`BlackHoleWatch::on_too_big`]), `quote` the start of the datagram
+    /// it is about; whether the size watch took it (false: no watch, no
+    /// transfer, or the report is not valid for this connection). Valid
+    /// (RFC 8899 §4.6.1): the kernel matched the quoted addresses and
+    /// ports to the connected socket, and the quote is a datagram this
+    /// connection sent ([`Client::sent_this`]). The kernel does not pass
+    /// on the quoted datagram's length, so that is taken to be the full
+    /// size.
+    pub(crate) fn size_hint(&mut self, next_hop_mtu: u32, quote: &[u8]) -> bool {
+        if !self.sent_this(quote) {
+            return false;
+        }
         match (self.size_watch.as_mut(), &self.state) {
             (Some(watch), State::Transfer) => {
                 watch.on_too_big(next_hop_mtu, self.largest_sent, self.largest_sent)
             }
             _ => false,
         }
+    }
+
+    /// Whether `quote` starts as a datagram this connection sent: a
+    /// protected one naming the server's id for it and a packet number
+    /// already sealed, or a plain one (a size probe, or any datagram of a
+    /// connection without keys) naming this connection's id. A forger off
+    /// the path knows neither id (64 random bits each).
+    fn sent_this(&self, quote: &[u8]) -> bool {
+        if frame::is_protected(quote) {
+            return match self.secure.as_deref() {
+                Some(Secure {
+                    keys: Some((sealer, _)),
+                    server_id,
+                    ..
+                }) => {
+                    frame::recipient_id(quote) == *server_id
+                        && frame::packet_number(quote) < sealer.next_pn()
+                }
+                _ => false,
+            };
+        }
+        HeaderPeek::read(quote).is_some_and(|h| h.version == VERSION && h.conn_id == self.conn_id)
     }
 
     /// After the sender's timers: whether a black hole swallows the

@@ -3757,6 +3757,74 @@ mod tests {
             .unwrap()
     }
 
+    /// RFC 8899 §4.6.1: an ICMP "too big" starts the size probes only
+    /// when the datagram it quotes is one this connection sent. The kernel
+    /// checks the quoted addresses and ports; a forger who knows those
+    /// but not what the connection wrote (the server's id for it and a
+    /// packet number already used, in a protected datagram; this
+    /// connection's id in a plain one) starts nothing.
+    #[test]
+    fn a_too_big_is_a_hint_only_when_it_quotes_a_datagram_of_this_connection() {
+        use crate::proto::crypto::frame::{AAD_LEN, PROTECTED};
+        use crate::proto::crypto::{Cipher, ClientAuth, StaticKeypair};
+        use std::cell::RefCell;
+        for keyed in [true, false] {
+            let server_key = StaticKeypair::generate().unwrap();
+            let mut client = Client::new(&Tuning::default(), 17, Some(100 << 20), Time::ZERO)
+                .unwrap()
+                .with_size_watch(5, 28);
+            let server = if keyed {
+                client = client
+                    .with_auth(
+                        ClientAuth {
+                            identity: StaticKeypair::generate().unwrap(),
+                            server_key: server_key.public(),
+                            cipher: Cipher::Aes256Gcm,
+                        },
+                        1_000_000_000,
+                    )
+                    .unwrap();
+                keyed_server(&server_key)
+            } else {
+                Server::new(open_limits(), 1 << 20, 2 << 20)
+            };
+            let mut pair = pair(client, server, "delay 5ms");
+            let sent: RefCell<Vec<Vec<u8>>> = RefCell::new(Vec::new());
+            let mut tap = |_: Time, dir: Dir, d: Vec<u8>| {
+                if dir == Dir::ToServer && d.len() > 1000 {
+                    sent.borrow_mut().push(d.clone());
+                }
+                vec![(addr(1), d)]
+            };
+            pair.set_time_limit(Duration::from_millis(300));
+            pair.run_until(&mut (), &mut tap, |_| false);
+            let full = sent.borrow().last().expect("full-size data sent").clone();
+            assert_eq!(full[3] & PROTECTED != 0, keyed);
+            let quote = &full[..32];
+            let altered = |at: usize| {
+                let mut q = quote.to_vec();
+                q[at] ^= 1;
+                q
+            };
+            let c = &mut pair.client;
+            // The recipient id (a protected datagram's) or the connection
+            // id (a plain one's), wrong by one bit; a quote too short to
+            // hold a header; what no datagram of atou starts with.
+            assert!(!c.size_hint(1400, &altered(11)), "keyed {keyed}");
+            assert!(!c.size_hint(1400, &quote[..8]), "keyed {keyed}");
+            assert!(!c.size_hint(1400, &altered(0)), "keyed {keyed}");
+            if keyed {
+                // A packet number not yet sealed.
+                let mut ahead = quote.to_vec();
+                ahead[12..AAD_LEN].copy_from_slice(&(1u64 << 40).to_be_bytes());
+                assert!(!c.size_hint(1400, &ahead));
+            }
+            // The datagram as it was sent: the probes start, once.
+            assert!(c.size_hint(1400, quote), "keyed {keyed}");
+            assert!(!c.size_hint(1400, quote), "keyed {keyed}");
+        }
+    }
+
     /// Counts what a session's application is told.
     #[derive(Default)]
     struct Told {
