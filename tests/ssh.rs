@@ -973,11 +973,16 @@ fn a_push_goes_through_ssh_when_a_firewall_drops_udp_both_ways() {
     assert!(err.contains("path: ssh"), "{err}");
     assert_same_tree(&src, &dest.join("data"));
 
-    // --json says it too.
+    // --json says it too. Through the tunnel the datagrams go at lo's
+    // size, not at the base size of the UDP attempt before it: the
+    // relays' cost is per frame.
     let dest = s.path("pushed-json");
     let out = run(&mut sshd.copy(&[src.to_str().unwrap(), &sshd.at(&dest), "--json"]));
     assert!(out.status.success(), "push --json: {}", text(&out));
     assert_eq!(json_path(&out.stdout), "ssh", "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["path_mtu"]["from"], "tunnel", "{v}");
+    assert_eq!(v["path_mtu"]["datagram"], 8972, "{v}");
     assert_same_tree(&src, &dest.join("data"));
 
     // The ssh connection stalls mid-transfer (its client stopped): the

@@ -29,6 +29,9 @@ pub(super) enum SizeFrom {
     /// The sockets were handed over already bound (through a NAT): they
     /// keep the default size, unprobed.
     Unprobed,
+    /// Through the ssh tunnel: the datagrams cross no network, only
+    /// loopback to the relays and ssh's channel between them.
+    Tunnel,
 }
 
 /// The datagram size a transfer uses, and how it was chosen.
@@ -60,6 +63,7 @@ impl PathSize {
             SizeFrom::Base => "no probe answered: the base size",
             SizeFrom::SteppedDown => "stepped down during the transfer",
             SizeFrom::Unprobed => "not probed",
+            SizeFrom::Tunnel => "loopback to the ssh tunnel",
         };
         format!("path MTU {} ({how})", self.path_mtu)
     }
@@ -121,6 +125,17 @@ pub(super) fn choose(
     };
     set_mss(tuning, size);
     PathSize::of(peer, size, from)
+}
+
+/// The size for a transfer that goes on through the ssh tunnel, its peer
+/// now `stand_in`, a loopback stand-in for the receiver: `mss`, lo's size,
+/// as to this host. The tunnel carries each datagram as one frame, and
+/// its relays' cost is per frame: at the base size of the UDP attempt
+/// before it (1,200 bytes) a push through it moved 130 to 500 Mbit/s
+/// where a pull, at lo's size, moved 600 to 880.
+pub(super) fn through_tunnel(tuning: &mut Tuning, stand_in: SocketAddr, mss: u32) -> PathSize {
+    set_mss(tuning, mss);
+    PathSize::of(stand_in, mss, SizeFrom::Tunnel)
 }
 
 /// Probes the path to `peer`: the route's MTU and the usual sizes below it.

@@ -1153,6 +1153,11 @@ pub(super) fn run_send_from(
             config.path_memory = None;
             config.peer = stand_in;
             config.route = Some("ssh");
+            if fixed.is_none() {
+                if let Some(mss) = this_host_mss(stand_in) {
+                    path = path_size::through_tunnel(&mut config.tuning, stand_in, mss);
+                }
+            }
             progress.stop.store(false, Ordering::Relaxed);
             tunneled_from = tunnel_sockets;
             let from = if tunneled_from.is_empty() {
