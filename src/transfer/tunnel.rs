@@ -397,6 +397,45 @@ impl ServerSide {
     }
 }
 
+/// Carries frames between two channels as they come, for a relay that is
+/// neither end (a third-party copy `--via-local`, here between the source
+/// and the destination): the source's frames go to the destination's
+/// channel and the destination's back, their flows numbered by the
+/// source's client side and answered by the destination's server side,
+/// as if the two were joined. Each frame is checked as an end checks it
+/// (flow, server below `servers` and length in range; one that is not
+/// ends that direction), and none goes through a datagram socket here:
+/// the stand-ins this replaced (a server side from the source, a client
+/// side to the destination) cost two more system calls and a copy into
+/// the kernel and out per datagram. Ends when the source's channel does;
+/// the answers' direction, when the destination's does.
+pub(crate) fn splice(
+    source_in: impl Read + Send + 'static,
+    source_out: impl Write + Send + 'static,
+    dest_in: impl Read + Send + 'static,
+    dest_out: impl Write + Send + 'static,
+    servers: usize,
+) -> Tunnel {
+    fn carry(
+        mut input: impl Read + Send + 'static,
+        output: Channel,
+        servers: usize,
+    ) -> thread::JoinHandle<io::Result<()>> {
+        thread::spawn(move || -> io::Result<()> {
+            let mut buf = vec![0u8; MAX_DATAGRAM];
+            while let Some((flow, server, len)) = read_frame(&mut input, &mut buf, servers)? {
+                output.send(flow, server, &buf[..len])?;
+            }
+            Ok(())
+        })
+    }
+    carry(dest_in, Channel::new(source_out), servers);
+    Tunnel {
+        stop: Arc::new(AtomicBool::new(false)),
+        reader: Some(carry(source_in, Channel::new(dest_out), servers)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -499,6 +538,71 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A relay between the two (a third-party copy `--via-local`) carries
+    /// the frames as they are: two clients reach their server through a
+    /// client side, the splice and a server side, and the answers come
+    /// back; a frame out of range from the source ends the splice with
+    /// an error, and the source's clean end ends it cleanly.
+    #[test]
+    fn a_splice_joins_a_client_side_to_a_server_side_and_checks_each_frame() {
+        let server = echo(b's');
+        let (near, source) = UnixStream::pair().unwrap();
+        let (dest, far) = UnixStream::pair().unwrap();
+        let client = ClientSide::bind(1, server).unwrap();
+        let stand_in = client.addrs().unwrap()[0];
+        let _near = client
+            .run(near.try_clone().unwrap(), near.try_clone().unwrap())
+            .unwrap();
+        let _far = ServerSide::new(vec![server])
+            .run(far.try_clone().unwrap(), far.try_clone().unwrap())
+            .unwrap();
+        let spliced = splice(
+            source.try_clone().unwrap(),
+            source.try_clone().unwrap(),
+            dest.try_clone().unwrap(),
+            dest.try_clone().unwrap(),
+            1,
+        );
+        let clients: Vec<UdpSocket> = (0..2)
+            .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+            .collect();
+        for round in 0..3u8 {
+            for (c, client) in clients.iter().enumerate() {
+                let what = [round, c as u8];
+                let (answer, from) = ask(client, stand_in, &what);
+                assert_eq!(from, stand_in);
+                assert_eq!(answer, [b's', round, c as u8]);
+            }
+        }
+        // The source's channel, as a hostile source would write it: a
+        // frame naming a server the tunnel does not have.
+        let (hostile, source) = UnixStream::pair().unwrap();
+        let (dest, _far) = UnixStream::pair().unwrap();
+        let spliced_bad = splice(
+            source.try_clone().unwrap(),
+            source,
+            dest.try_clone().unwrap(),
+            dest,
+            1,
+        );
+        write_frame(&mut &hostile, 0, 1, b"x").unwrap();
+        let err = spliced_bad.join().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(!spliced.is_finished());
+        // The source's channel closing between frames ends it cleanly.
+        let (quiet, source) = UnixStream::pair().unwrap();
+        let (dest, _far) = UnixStream::pair().unwrap();
+        let ended = splice(
+            source.try_clone().unwrap(),
+            source,
+            dest.try_clone().unwrap(),
+            dest,
+            1,
+        );
+        drop(quiet);
+        ended.join().unwrap();
     }
 
     /// What a stranger sends to a flow's socket on the server side is not

@@ -37,7 +37,7 @@ use super::{
 use crate::proto::crypto::{ClientAuth, PublicKey, StaticKeypair};
 use crate::transfer::bootstrap::{Hello, PortRange, SendRoute, SendTo, MAX_LINE};
 use crate::transfer::send::{Bound, Progress};
-use crate::transfer::tunnel::{self, ClientSide, ServerSide};
+use crate::transfer::tunnel;
 use crate::util::text::escape;
 
 /// What the source prints on stdout, before it exits, when no UDP of its
@@ -144,9 +144,6 @@ impl ThirdParty {
                     self.dest.host()
                 )));
             };
-            let side = ClientSide::bind(1, self.peer)?;
-            let stand_in = side.addrs()?[0];
-            tunnels.push(side.run(from_dest, to_dest)?);
             self.source.say(
                 &SendTo {
                     route: SendRoute::Ssh,
@@ -186,7 +183,9 @@ impl ThirdParty {
                 .stdin
                 .take()
                 .ok_or_else(|| failed("ssh's stdin is closed"))?;
-            tunnels.push(ServerSide::new(vec![stand_in]).run(frames, to_source)?);
+            // The destination serves one port through its tunnel, the
+            // source sends to one.
+            tunnels.push(tunnel::splice(frames, to_source, from_dest, to_dest, 1));
         } else {
             self.source.say(
                 &SendTo {
