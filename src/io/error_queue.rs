@@ -226,7 +226,8 @@ mod tests {
 
     /// The kernel's path: a forged "too big" about a datagram a connected
     /// socket sent reaches its error queue with the MTU it named and the
-    /// datagram's start, for IPv4 and IPv6 alike (what the client then
+    /// datagram's start, for IPv4 and IPv6 alike, and twenty forged ones
+    /// before it do not push it out of what the drain hands on (what the client then
     /// checks the quote against is its own test:
     /// `a_too_big_is_a_hint_only_when_it_quotes_a_datagram_of_this_connection`).
     /// In a network namespace of its own, so the route MTU the report
@@ -271,19 +272,30 @@ mod tests {
                     };
                     let raw =
                         socket2::Socket::new(domain, socket2::Type::RAW, Some(protocol)).unwrap();
-                    let icmp = forged_too_big(from, peer, &payload[..400], 1300);
                     let to = std::net::SocketAddr::new(from.ip(), 0);
+                    // Twenty forged with a quote of nothing this socket
+                    // sent, then one quoting what it sent: all of them
+                    // reach the client, the real one last.
+                    let garbage = [0xeeu8; 400];
+                    for _ in 0..20 {
+                        let icmp = forged_too_big(from, peer, &garbage, 1280);
+                        raw.send_to(&icmp, &to.into()).unwrap();
+                    }
+                    let icmp = forged_too_big(from, peer, &payload[..400], 1300);
                     raw.send_to(&icmp, &to.into()).unwrap();
-                    let mut drained = io.drain_errors();
+                    let mut reports = Vec::new();
                     for _ in 0..100 {
-                        if drained.count > 0 {
+                        reports.extend(io.drain_errors().too_big);
+                        if reports.len() >= 21 {
                             break;
                         }
                         std::thread::sleep(std::time::Duration::from_millis(10));
-                        drained = io.drain_errors();
                     }
-                    assert_eq!(drained.count, 1, "{local}: {drained:?}");
-                    let report = &drained.too_big[0];
+                    assert_eq!(reports.len(), 21, "{local}: {reports:?}");
+                    assert!(reports[..20]
+                        .iter()
+                        .all(|r| r.too_big == Some(1280) && r.quote() == &garbage[..QUOTE_LEN]));
+                    let report = &reports[20];
                     assert_eq!(report.too_big, Some(1300), "{local}");
                     assert_eq!(report.quote(), &payload[..QUOTE_LEN], "{local}");
                 }

@@ -25,7 +25,7 @@ const TXTIME_HORIZON_NS: u64 = 2_000_000;
 pub(crate) struct Drained {
     /// Reports read.
     pub(crate) count: u64,
-    /// The first few "too big" reports among them.
+    /// The "too big" reports among them.
     pub(crate) too_big: Vec<ErrorReport>,
 }
 
@@ -137,7 +137,10 @@ impl UdpIo {
             match error_queue::recv(self.sock.as_fd()) {
                 Ok(Some(report)) => {
                     drained.count += 1;
-                    if report.too_big.is_some() && drained.too_big.len() < 8 {
+                    // All of them: a flood of forged ones must not push
+                    // a router's real one out before the client checks
+                    // their quotes.
+                    if report.too_big.is_some() {
                         drained.too_big.push(report);
                     }
                 }
