@@ -540,6 +540,21 @@ mod tests {
         }
     }
 
+    /// A splice between two socket pairs with nobody behind them: the
+    /// source's far end, the splice, and the destination's far end.
+    fn lone_splice() -> (UnixStream, Tunnel, UnixStream) {
+        let (source_far, source) = UnixStream::pair().unwrap();
+        let (dest, dest_far) = UnixStream::pair().unwrap();
+        let spliced = splice(
+            source.try_clone().unwrap(),
+            source,
+            dest.try_clone().unwrap(),
+            dest,
+            1,
+        );
+        (source_far, spliced, dest_far)
+    }
+
     /// A relay between the two (a third-party copy `--via-local`) carries
     /// the frames as they are: two clients reach their server through a
     /// client side, the splice and a server side, and the answers come
@@ -578,29 +593,13 @@ mod tests {
         }
         // The source's channel, as a hostile source would write it: a
         // frame naming a server the tunnel does not have.
-        let (hostile, source) = UnixStream::pair().unwrap();
-        let (dest, _far) = UnixStream::pair().unwrap();
-        let spliced_bad = splice(
-            source.try_clone().unwrap(),
-            source,
-            dest.try_clone().unwrap(),
-            dest,
-            1,
-        );
+        let (hostile, spliced_bad, _far) = lone_splice();
         write_frame(&mut &hostile, 0, 1, b"x").unwrap();
         let err = spliced_bad.join().unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
         assert!(!spliced.is_finished());
         // The source's channel closing between frames ends it cleanly.
-        let (quiet, source) = UnixStream::pair().unwrap();
-        let (dest, _far) = UnixStream::pair().unwrap();
-        let ended = splice(
-            source.try_clone().unwrap(),
-            source,
-            dest.try_clone().unwrap(),
-            dest,
-            1,
-        );
+        let (quiet, ended, _far) = lone_splice();
         drop(quiet);
         ended.join().unwrap();
     }

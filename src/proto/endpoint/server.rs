@@ -3734,17 +3734,22 @@ mod tests {
             .unwrap()
             .with_session(31)
             .with_close_unacknowledged()
-            .with_auth(
-                ClientAuth {
-                    identity: StaticKeypair::generate().unwrap(),
-                    server_key: server_key.public(),
-                    cipher: Cipher::Aes256Gcm,
-                },
-                1_000_000_000,
-            )
+            .with_auth(client_auth(&server_key), 1_000_000_000)
             .unwrap()
             .with_early_stream(&request);
         (server_key, client)
+    }
+
+    /// A fresh client identity, pinning `server_key` (AES-256-GCM).
+    fn client_auth(
+        server_key: &crate::proto::crypto::StaticKeypair,
+    ) -> crate::proto::crypto::ClientAuth {
+        use crate::proto::crypto::{Cipher, ClientAuth, StaticKeypair};
+        ClientAuth {
+            identity: StaticKeypair::generate().unwrap(),
+            server_key: server_key.public(),
+            cipher: Cipher::Aes256Gcm,
+        }
     }
 
     fn keyed_server(key: &crate::proto::crypto::StaticKeypair) -> Server {
@@ -3766,7 +3771,7 @@ mod tests {
     #[test]
     fn a_too_big_is_a_hint_only_when_it_quotes_a_datagram_of_this_connection() {
         use crate::proto::crypto::frame::{AAD_LEN, PROTECTED};
-        use crate::proto::crypto::{Cipher, ClientAuth, StaticKeypair};
+        use crate::proto::crypto::StaticKeypair;
         use std::cell::RefCell;
         for keyed in [true, false] {
             let server_key = StaticKeypair::generate().unwrap();
@@ -3775,14 +3780,7 @@ mod tests {
                 .with_size_watch(5, 28);
             let server = if keyed {
                 client = client
-                    .with_auth(
-                        ClientAuth {
-                            identity: StaticKeypair::generate().unwrap(),
-                            server_key: server_key.public(),
-                            cipher: Cipher::Aes256Gcm,
-                        },
-                        1_000_000_000,
-                    )
+                    .with_auth(client_auth(&server_key), 1_000_000_000)
                     .unwrap();
                 keyed_server(&server_key)
             } else {
