@@ -3726,7 +3726,7 @@ mod tests {
     /// A server's key, and a session client of a `len`-byte pattern
     /// stream authenticated to it, its stream offered in its hello.
     fn early_client(len: usize) -> (crate::proto::crypto::StaticKeypair, Client) {
-        use crate::proto::crypto::{Cipher, ClientAuth, StaticKeypair};
+        use crate::proto::crypto::StaticKeypair;
         let server_key = StaticKeypair::generate().unwrap();
         let mut request = vec![0u8; len];
         crate::proto::payload::fill_pattern(0, &mut request);
