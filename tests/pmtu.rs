@@ -402,3 +402,158 @@ fn over_ipv6_the_search_and_the_black_hole_watch_find_1400_and_the_sends_complet
         );
     }
 }
+
+/// Hosts `a` and `b` on two links joined by router `r`, which forwards
+/// between them and answers a packet too big for its next hop with ICMP
+/// "fragmentation needed", as a router on a real path does: a on
+/// `{net}.4.1/24`, r on `{net}.4.2` and `{net}.5.1`, b on `{net}.5.2/24`.
+struct Routed {
+    a: &'static str,
+    r: &'static str,
+    b: &'static str,
+}
+
+impl Routed {
+    fn start(a: &'static str, r: &'static str, b: &'static str, net: &str) -> Routed {
+        netem_support::remove_netns(&[a, r, b]);
+        let routed = Routed { a, r, b };
+        for ns in [a, r, b] {
+            ip(&["netns", "add", ns]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        ip(&[
+            "-n", a, "link", "add", "rt-a", "type", "veth", "peer", "name", "rt-ra", "netns", r,
+        ]);
+        ip(&[
+            "-n", r, "link", "add", "rt-rb", "type", "veth", "peer", "name", "rt-b", "netns", b,
+        ]);
+        for (ns, dev, addr) in [
+            (a, "rt-a", format!("{net}.4.1/24")),
+            (r, "rt-ra", format!("{net}.4.2/24")),
+            (r, "rt-rb", format!("{net}.5.1/24")),
+            (b, "rt-b", format!("{net}.5.2/24")),
+        ] {
+            ip(&["-n", ns, "addr", "add", &addr, "dev", dev]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+        }
+        ip(&[
+            "-n",
+            a,
+            "route",
+            "add",
+            "default",
+            "via",
+            &format!("{net}.4.2"),
+        ]);
+        ip(&[
+            "-n",
+            b,
+            "route",
+            "add",
+            "default",
+            "via",
+            &format!("{net}.5.1"),
+        ]);
+        let forwarding = Command::new("ip")
+            .args(["netns", "exec", r, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
+            .status()
+            .expect("run sysctl");
+        assert!(forwarding.success(), "the router would not forward");
+        routed
+    }
+
+    /// The MTU of the router's link to b, at both its ends.
+    fn next_hop_mtu(&self, mtu: u32) {
+        let mtu = mtu.to_string();
+        ip(&["-n", self.r, "link", "set", "rt-rb", "mtu", &mtu]);
+        ip(&["-n", self.b, "link", "set", "rt-b", "mtu", &mtu]);
+    }
+
+    /// "Destination unreachable" messages the router has sent
+    /// (`/proc/net/snmp`'s Icmp OutDestUnreachs).
+    fn unreachables_sent(&self) -> u64 {
+        let out = Command::new("ip")
+            .args(["netns", "exec", self.r, "cat", "/proc/net/snmp"])
+            .output()
+            .expect("read the router's counters");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut icmp = text.lines().filter(|l| l.starts_with("Icmp:"));
+        let (names, values) = (icmp.next().unwrap_or(""), icmp.next().unwrap_or(""));
+        names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .find(|(name, _)| *name == "OutDestUnreachs")
+            .and_then(|(_, v)| v.parse().ok())
+            .expect("an OutDestUnreachs counter")
+    }
+}
+
+impl Drop for Routed {
+    fn drop(&mut self) {
+        netem_support::remove_netns(&[self.a, self.r, self.b]);
+    }
+}
+
+/// A router whose next hop takes 1,400-byte packets answers each larger
+/// one with "fragmentation needed" (no nft: the kernel's own forwarding),
+/// and the sender's GSO runs reach it unsegmented, as a VM's or a
+/// container's do. A send from the path cache's 1,500 steps down to 1,400
+/// and completes intact; a search without the cache finds 1,400.
+/// Before: each "too big" left an error pending on the connected socket
+/// that failed the next send, which was always the size probes', and the
+/// send failed after `maxidle` (exit 30, no byte delivered); and a probe
+/// sent in the GSO run of a larger one was dropped with it (1,280 found).
+#[test]
+fn behind_a_router_that_answers_too_big_a_send_steps_down_and_completes() {
+    let name = "behind_a_router_that_answers_too_big_a_send_steps_down_and_completes";
+    if skip_bridge(name) {
+        return;
+    }
+    let net = Routed::start("atou-pr-a", "atou-pr-r", "atou-pr-b", "10.80");
+    let dir = TestDir::new(name);
+    let dest = dir.dir("dest");
+    let cache = dir.dir("cache");
+    let data = common::noise(SIZE, 53);
+    for f in ["clean", "stepped", "searched"] {
+        std::fs::write(dir.path(f), &data).unwrap();
+    }
+    let target = "10.80.5.2:7890";
+    let _server = Server::start_with(
+        Some(net.b),
+        target,
+        &["--dir", dest.to_str().unwrap(), "--no-auth"],
+    );
+    let (clean, _) = send_with(net.a, &dir.path("clean"), target, Some(&cache));
+    assert_eq!(clean["path_mtu"]["from"], "found", "{clean}");
+    assert_eq!(u(&clean["path_mtu"]["path_mtu"]), 1500, "{clean}");
+    net.next_hop_mtu(1400);
+    let before = net.unreachables_sent();
+    let (stepped, said) = send_with(net.a, &dir.path("stepped"), target, Some(&cache));
+    let searched = send(net.a, &dir.path("searched"), target);
+    let answered = net.unreachables_sent() - before;
+    say(&format!(
+        "{name}: clean {}; stepped {} ({} s); searched {}; the router sent {answered} ICMP unreachables; {said}",
+        clean["path_mtu"], stepped["path_mtu"], stepped["secs"], searched["path_mtu"]
+    ));
+    assert!(
+        answered > 0,
+        "the router sent no ICMP: the test proves nothing"
+    );
+    assert_eq!(stepped["path_mtu"]["from"], "stepped_down", "{stepped}");
+    assert_eq!(u(&stepped["path_mtu"]["path_mtu"]), 1400, "{stepped}");
+    assert_eq!(u(&stepped["path_mtu"]["datagram"]), 1372, "{stepped}");
+    assert_eq!(
+        said.matches("the path stopped carrying 1500-byte datagrams; going on at 1400")
+            .count(),
+        1,
+        "{said}"
+    );
+    assert_eq!(searched["path_mtu"]["from"], "found", "{searched}");
+    assert_eq!(u(&searched["path_mtu"]["path_mtu"]), 1400, "{searched}");
+    for f in ["clean", "stepped", "searched"] {
+        assert!(
+            std::fs::read(dest.join(f)).unwrap() == data,
+            "{f} did not arrive intact"
+        );
+    }
+}

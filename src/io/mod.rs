@@ -1044,9 +1044,14 @@ impl ClientDriver {
                     break;
                 }
                 let client = &mut self.client;
-                if !self.tx.push_with(max_len, |b| {
-                    client.poll_transmit(now, b, feed).map(|n| (peer, n))
-                }) {
+                let alone = client.size_probe_due();
+                let fill = |b: &mut [u8]| client.poll_transmit(now, b, feed).map(|n| (peer, n));
+                let pushed = if alone {
+                    self.tx.push_alone_with(max_len, fill)
+                } else {
+                    self.tx.push_with(max_len, fill)
+                };
+                if !pushed {
                     break;
                 }
             }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::proto::pmtu::SizeSearch;
 use crate::proto::wire::Packet;
 
+use super::socket::SENDS_PER_RUN;
 use super::{RecvBatch, UdpIo};
 
 /// No ack in this long: the probes go once more (RFC 8899 §5.1.1's
@@ -85,7 +86,15 @@ pub(crate) async fn search_path_size(peer: SocketAddr, mut search: SizeSearch) -
 async fn send_probes(io: &UdpIo, peer: SocketAddr, search: &mut SizeSearch, buf: &mut [u8]) {
     while let Some(n) = search.poll_probe(buf) {
         // A probe the kernel refuses (EMSGSIZE: larger than the route
-        // takes) is one that is not acked.
-        let _ = io.send(peer, &buf[..n], None).await;
+        // takes) is one that is not acked. A refusal may also be the
+        // pending error of a router's "too big" about the probe before
+        // (the socket reports it on its next call, sending nothing; a
+        // search behind a 1,400-byte hop lost its 1,400-byte probe so and
+        // found 1,280): so each goes again, up to SENDS_PER_RUN times.
+        for _ in 0..SENDS_PER_RUN {
+            if io.send(peer, &buf[..n], None).await.is_ok() {
+                break;
+            }
+        }
     }
 }

@@ -317,6 +317,21 @@ impl UdpIo {
         }
     }
 
+    /// One run of [`TxBatch::flush`]: at departure time `at` where it is
+    /// paced, at once otherwise.
+    async fn send_run(
+        &self,
+        to: SocketAddr,
+        run: &[u8],
+        segment_size: Option<usize>,
+        at: Option<u64>,
+    ) -> io::Result<()> {
+        match at {
+            Some(at) => self.send_at(to, run, segment_size, at).await,
+            None => self.send(to, run, segment_size).await,
+        }
+    }
+
     async fn send_once(
         &self,
         to: SocketAddr,
@@ -346,14 +361,19 @@ impl UdpIo {
     }
 }
 
+/// Tries of one run in [`TxBatch::flush`] when a send fails: each may
+/// meet an ICMP report's pending error, not a fault of the run's own.
+pub(crate) const SENDS_PER_RUN: usize = 4;
+
 /// Datagrams waiting to be sent, packed back to back, sent as GSO runs.
 pub(crate) struct TxBatch {
     /// Only grows: datagrams are written in place, never zeroed first.
     buf: Vec<u8>,
     /// Bytes of `buf` in use.
     used: usize,
-    /// (destination, start, length) of each datagram.
-    items: Vec<(SocketAddr, usize, usize)>,
+    /// (destination, start, length, alone) of each datagram; one `alone`
+    /// goes in a send of its own, never in a GSO run.
+    items: Vec<(SocketAddr, usize, usize, bool)>,
     /// Datagrams refused with ENOBUFS (atou's `enobufs`): lost.
     pub enobufs: u64,
     /// When the last paced run was to leave, CLOCK_MONOTONIC ns.
@@ -386,6 +406,29 @@ impl TxBatch {
         max_len: usize,
         fill: impl FnOnce(&mut [u8]) -> Option<(SocketAddr, usize)>,
     ) -> bool {
+        self.push(max_len, false, fill)
+    }
+
+    /// [`Self::push_with`] for a datagram that must travel alone: a size
+    /// probe. A Linux router forwards a GSO run (a VM's or a container's,
+    /// handed over unsegmented) as one packet and drops it whole, with
+    /// one "too big", if its segment size is over the next hop's MTU: a
+    /// probe riding at the end of a larger probe's run is lost with it
+    /// (a search behind a 1,400-byte hop found 1,280).
+    pub(crate) fn push_alone_with(
+        &mut self,
+        max_len: usize,
+        fill: impl FnOnce(&mut [u8]) -> Option<(SocketAddr, usize)>,
+    ) -> bool {
+        self.push(max_len, true, fill)
+    }
+
+    fn push(
+        &mut self,
+        max_len: usize,
+        alone: bool,
+        fill: impl FnOnce(&mut [u8]) -> Option<(SocketAddr, usize)>,
+    ) -> bool {
         let start = self.used;
         if self.buf.len() < start + max_len {
             self.buf.resize(start + max_len, 0);
@@ -394,7 +437,7 @@ impl TxBatch {
             Some((to, n)) => {
                 debug_assert!(n <= max_len);
                 self.used = start + n;
-                self.items.push((to, start, n));
+                self.items.push((to, start, n, alone));
                 true
             }
             None => false,
@@ -416,9 +459,21 @@ impl TxBatch {
             let now = monotonic_nanos();
             (rate, self.departure.clamp(now, now + TXTIME_HORIZON_NS))
         });
+        // A connected socket with IP_RECVERR holds an ICMP report's error
+        // (sk_err) for the next call, and a send that meets it fails
+        // without sending: "too big" from a router on every datagram over
+        // its MTU, each eating the run after it (the size probes that
+        // would have stepped down: the send stalled to maxidle behind a
+        // real router, tests/pmtu.rs). The kernel clears the error as it
+        // reports it, so a failed run is sent again, up to
+        // SENDS_PER_RUN times in all (the report of an oversized run sent
+        // just before may land between two tries); the first error still
+        // goes to the caller, whose error-queue drain reads the reports.
+        // A run that fails every time fails the flush, as before.
+        let mut reported = None;
         let mut i = 0;
         while i < self.items.len() {
-            let (to, start, size) = self.items[i];
+            let (to, start, size, alone) = self.items[i];
             let quantum = paced.map_or(usize::MAX, |(rate, _)| {
                 usize::try_from(rate / 4_000 / size.max(1) as u64).unwrap_or(usize::MAX)
             });
@@ -429,9 +484,9 @@ impl TxBatch {
                 .max(1);
             let mut j = i + 1;
             let mut end = start + size;
-            while j < self.items.len() && j - i < max_segments {
-                let (t, s, n) = self.items[j];
-                if t != to || s != end || n > size {
+            while !alone && j < self.items.len() && j - i < max_segments {
+                let (t, s, n, single) = self.items[j];
+                if single || t != to || s != end || n > size {
                     break;
                 }
                 end = s + n;
@@ -443,19 +498,26 @@ impl TxBatch {
             }
             let segment_size = (j - i > 1).then_some(size);
             let run = &self.buf[start..end];
-            let sent = match &mut paced {
-                Some((rate, departure)) => {
-                    let at = *departure;
-                    *departure += (run.len() as u64).saturating_mul(1_000_000_000) / *rate;
-                    io.send_at(to, run, segment_size, at).await
+            let at = paced.as_mut().map(|(rate, departure)| {
+                let at = *departure;
+                *departure += (run.len() as u64).saturating_mul(1_000_000_000) / *rate;
+                at
+            });
+            let mut sent = io.send_run(to, run, segment_size, at).await;
+            for _ in 1..SENDS_PER_RUN {
+                match sent {
+                    Err(e) if e.raw_os_error() != Some(libc::ENOBUFS) => {
+                        reported.get_or_insert(e);
+                        sent = io.send_run(to, run, segment_size, at).await;
+                    }
+                    _ => break,
                 }
-                None => io.send(to, run, segment_size).await,
-            };
+            }
             match sent {
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => self.enobufs += (j - i) as u64,
                 Err(e) => {
                     self.clear();
-                    return Err(e);
+                    return Err(reported.unwrap_or(e));
                 }
                 Ok(()) => {}
             }
@@ -465,7 +527,7 @@ impl TxBatch {
             self.departure = departure;
         }
         self.clear();
-        Ok(())
+        reported.map_or(Ok(()), Err)
     }
 
     fn clear(&mut self) {
@@ -762,6 +824,46 @@ mod tests {
         let tx = UdpIo::bind("127.0.0.1:0".parse().unwrap()).unwrap();
         tx.connect(rx.local_addr().unwrap()).await.unwrap();
         (tx, rx)
+    }
+
+    /// An ICMP report (here port unreachable; behind a router, "too
+    /// big") leaves an error pending on a connected socket, and the next
+    /// send fails with it, sending nothing. The flush sends the run again:
+    /// every datagram arrives, and the error still reaches the caller,
+    /// whose error-queue drain reads the report. Before, the flush gave
+    /// up the whole batch (behind a real router, the size probes every
+    /// time: tests/pmtu.rs).
+    #[cfg(target_os = "linux")]
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_pending_icmp_error_fails_one_try_not_the_batch() {
+        let (tx, rx) = pair().await;
+        let to = rx.local_addr().unwrap();
+        drop(rx);
+        tx.send(to, b"to nobody", None).await.unwrap();
+        // Loopback's "port unreachable" comes back within the send; the
+        // wait only makes sure.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let rx = std::net::UdpSocket::bind(to).unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .unwrap();
+        let mut batch = TxBatch::new();
+        for i in 0..3u8 {
+            assert!(batch.push_with(100, |b| {
+                b[..100].fill(i);
+                Some((to, 100))
+            }));
+        }
+        let flushed = batch.flush(&tx, None).await;
+        assert_eq!(
+            flushed.map_err(|e| e.raw_os_error()),
+            Err(Some(libc::ECONNREFUSED))
+        );
+        let mut buf = [0u8; 200];
+        for i in 0..3u8 {
+            let n = rx.recv(&mut buf).expect("a datagram of the batch");
+            assert_eq!(&buf[..n], &[i; 100][..]);
+        }
+        assert_eq!(tx.drain_errors().count, 1);
     }
 
     /// The SO_TXTIME send builds both control messages right: Linux takes

@@ -88,6 +88,14 @@ impl SizeSearch {
         self.probes.first().map_or(0, |p| p.0 as usize)
     }
 
+    /// Whether [`poll_probe`](Self::poll_probe) has a probe to write.
+    pub(crate) fn has_probe_due(&self) -> bool {
+        let confirmed = self.confirmed.unwrap_or(0);
+        self.probes
+            .iter()
+            .any(|(size, sent)| !*sent && *size > confirmed)
+    }
+
     /// Writes the next probe not yet sent into `buf`; `None` when all went
     /// out, or none is larger than a size already confirmed.
     pub(crate) fn poll_probe(&mut self, buf: &mut [u8]) -> Option<usize> {
@@ -312,6 +320,11 @@ impl BlackHoleWatch {
             return None;
         }
         search.poll_probe(buf)
+    }
+
+    /// Whether [`poll_probe`](Self::poll_probe) has a probe to write.
+    pub(crate) fn has_probe_due(&self) -> bool {
+        self.search.as_ref().is_some_and(SizeSearch::has_probe_due)
     }
 
     /// An ack from the peer to one of the probes; others change nothing.

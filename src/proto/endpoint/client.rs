@@ -1352,6 +1352,15 @@ impl Client {
         }
     }
 
+    /// Whether the next datagram [`Client::poll_transmit`] writes is a
+    /// size probe, which the I/O sends alone (never in a GSO run).
+    pub(crate) fn size_probe_due(&self) -> bool {
+        matches!(
+            (self.size_watch.as_ref(), &self.state),
+            (Some(watch), State::Transfer) if watch.has_probe_due()
+        )
+    }
+
     /// Writes the next datagram into `buf` and returns its length; `None`:
     /// nothing to send now. `buf` holds at least `mss` plus protection's
     /// 24 bytes, and at least a padded hello (the crate's
