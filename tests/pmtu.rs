@@ -405,8 +405,10 @@ fn over_ipv6_the_search_and_the_black_hole_watch_find_1400_and_the_sends_complet
 
 /// Hosts `a` and `b` on two links joined by router `r`, which forwards
 /// between them and answers a packet too big for its next hop with ICMP
-/// "fragmentation needed", as a router on a real path does: a on
-/// `{net}.4.1/24`, r on `{net}.4.2` and `{net}.5.1`, b on `{net}.5.2/24`.
+/// "fragmentation needed" (ICMPv6 "packet too big"), as a router on a
+/// real path does: a on `{net}.4.1/24` and `fd00:{v6}:4::1/64`, r on
+/// `.4.2`, `::2` and `{net}.5.1`, `fd00:{v6}:5::1`, b on `{net}.5.2/24`
+/// and `fd00:{v6}:5::2/64`.
 struct Routed {
     a: &'static str,
     r: &'static str,
@@ -414,10 +416,11 @@ struct Routed {
 }
 
 impl Routed {
-    fn start(a: &'static str, r: &'static str, b: &'static str, net: &str) -> Routed {
-        netem_support::remove_netns(&[a, r, b]);
+    fn start(ns: [&'static str; 3], net: &str, v6: &str) -> Routed {
+        let [a, r, b] = ns;
+        netem_support::remove_netns(&ns);
         let routed = Routed { a, r, b };
-        for ns in [a, r, b] {
+        for ns in ns {
             ip(&["netns", "add", ns]);
             ip(&["-n", ns, "link", "set", "lo", "up"]);
         }
@@ -427,38 +430,63 @@ impl Routed {
         ip(&[
             "-n", r, "link", "add", "rt-rb", "type", "veth", "peer", "name", "rt-b", "netns", b,
         ]);
-        for (ns, dev, addr) in [
-            (a, "rt-a", format!("{net}.4.1/24")),
-            (r, "rt-ra", format!("{net}.4.2/24")),
-            (r, "rt-rb", format!("{net}.5.1/24")),
-            (b, "rt-b", format!("{net}.5.2/24")),
+        for (ns, dev, v4, v6) in [
+            (
+                a,
+                "rt-a",
+                format!("{net}.4.1/24"),
+                format!("fd00:{v6}:4::1/64"),
+            ),
+            (
+                r,
+                "rt-ra",
+                format!("{net}.4.2/24"),
+                format!("fd00:{v6}:4::2/64"),
+            ),
+            (
+                r,
+                "rt-rb",
+                format!("{net}.5.1/24"),
+                format!("fd00:{v6}:5::1/64"),
+            ),
+            (
+                b,
+                "rt-b",
+                format!("{net}.5.2/24"),
+                format!("fd00:{v6}:5::2/64"),
+            ),
         ] {
-            ip(&["-n", ns, "addr", "add", &addr, "dev", dev]);
+            ip(&["-n", ns, "addr", "add", &v4, "dev", dev]);
+            ip(&["-n", ns, "-6", "addr", "add", &v6, "dev", dev, "nodad"]);
             ip(&["-n", ns, "link", "set", dev, "up"]);
         }
-        ip(&[
-            "-n",
-            a,
-            "route",
-            "add",
-            "default",
-            "via",
-            &format!("{net}.4.2"),
-        ]);
-        ip(&[
-            "-n",
-            b,
-            "route",
-            "add",
-            "default",
-            "via",
-            &format!("{net}.5.1"),
-        ]);
-        let forwarding = Command::new("ip")
-            .args(["netns", "exec", r, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
-            .status()
-            .expect("run sysctl");
-        assert!(forwarding.success(), "the router would not forward");
+        for (ns, v4, v6) in [
+            (a, format!("{net}.4.2"), format!("fd00:{v6}:4::2")),
+            (b, format!("{net}.5.1"), format!("fd00:{v6}:5::1")),
+        ] {
+            ip(&["-n", ns, "route", "add", "default", "via", &v4]);
+            ip(&["-n", ns, "-6", "route", "add", "default", "via", &v6]);
+        }
+        for knob in ["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"] {
+            let set = Command::new("ip")
+                .args(["netns", "exec", r, "sysctl", "-qw", knob])
+                .status()
+                .expect("run sysctl");
+            assert!(set.success(), "the router would not forward: {knob}");
+        }
+        // Until b answers through r: IPv6's neighbour discovery (and the
+        // link-local addresses it waits for) can hold the first packets,
+        // the search's probes among them, for a second or more.
+        for to in [format!("{net}.5.2"), format!("fd00:{v6}:5::2")] {
+            let answered = (0..20).any(|_| {
+                Command::new("ip")
+                    .args(["netns", "exec", a, "ping", "-c1", "-W1", &to])
+                    .stdout(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            });
+            assert!(answered, "{to} does not answer through the router");
+        }
         routed
     }
 
@@ -469,22 +497,43 @@ impl Routed {
         ip(&["-n", self.b, "link", "set", "rt-b", "mtu", &mtu]);
     }
 
-    /// "Destination unreachable" messages the router has sent
-    /// (`/proc/net/snmp`'s Icmp OutDestUnreachs).
-    fn unreachables_sent(&self) -> u64 {
+    /// The router's count of `counter` in its `/proc/net/` table `table`
+    /// (`snmp`'s "Icmp:" lines, or `snmp6`'s one-per-line form).
+    fn router_count(&self, table: &str, counter: &str) -> u64 {
         let out = Command::new("ip")
-            .args(["netns", "exec", self.r, "cat", "/proc/net/snmp"])
+            .args(["netns", "exec", self.r, "cat"])
+            .arg(format!("/proc/net/{table}"))
             .output()
             .expect("read the router's counters");
         let text = String::from_utf8_lossy(&out.stdout);
         let mut icmp = text.lines().filter(|l| l.starts_with("Icmp:"));
         let (names, values) = (icmp.next().unwrap_or(""), icmp.next().unwrap_or(""));
-        names
-            .split_whitespace()
-            .zip(values.split_whitespace())
-            .find(|(name, _)| *name == "OutDestUnreachs")
+        let pairs: Vec<(&str, &str)> = if table == "snmp6" {
+            text.lines()
+                .filter_map(|l| l.split_once(char::is_whitespace))
+                .map(|(k, v)| (k, v.trim()))
+                .collect()
+        } else {
+            names
+                .split_whitespace()
+                .zip(values.split_whitespace())
+                .collect()
+        };
+        pairs
+            .into_iter()
+            .find(|(name, _)| *name == counter)
             .and_then(|(_, v)| v.parse().ok())
-            .expect("an OutDestUnreachs counter")
+            .unwrap_or_else(|| panic!("no {counter} in /proc/net/{table}"))
+    }
+
+    /// The "too big" messages the router has sent for `v6` or IPv4.
+    fn too_bigs_sent(&self, v6: bool) -> u64 {
+        if v6 {
+            self.router_count("snmp6", "Icmp6OutPktTooBigs")
+        } else {
+            // Fragmentation needed is a destination unreachable.
+            self.router_count("snmp", "OutDestUnreachs")
+        }
     }
 }
 
@@ -495,21 +544,19 @@ impl Drop for Routed {
 }
 
 /// A router whose next hop takes 1,400-byte packets answers each larger
-/// one with "fragmentation needed" (no nft: the kernel's own forwarding),
-/// and the sender's GSO runs reach it unsegmented, as a VM's or a
-/// container's do. A send from the path cache's 1,500 steps down to 1,400
-/// and completes intact; a search without the cache finds 1,400.
-/// Before: each "too big" left an error pending on the connected socket
-/// that failed the next send, which was always the size probes', and the
-/// send failed after `maxidle` (exit 30, no byte delivered); and a probe
-/// sent in the GSO run of a larger one was dropped with it (1,280 found).
-#[test]
-fn behind_a_router_that_answers_too_big_a_send_steps_down_and_completes() {
-    let name = "behind_a_router_that_answers_too_big_a_send_steps_down_and_completes";
+/// one with "too big" (no nft: the kernel's own forwarding), and the
+/// sender's GSO runs reach it unsegmented, as a VM's or a container's
+/// do. A send from the path cache's 1,500 steps down to 1,400 and
+/// completes intact; a search without the cache finds 1,400. Before:
+/// each "too big" left an error pending on the connected socket that
+/// failed the next send, which was always the size probes', and the send
+/// failed after `maxidle` (exit 30, no byte delivered); and a probe sent
+/// in the GSO run of a larger one was dropped with it (1,280 found).
+fn behind_a_router(name: &str, ns: [&'static str; 3], net: &str, v6: bool) {
     if skip_bridge(name) {
         return;
     }
-    let net = Routed::start("atou-pr-a", "atou-pr-r", "atou-pr-b", "10.80");
+    let routed = Routed::start(ns, net, &net.replace('.', ""));
     let dir = TestDir::new(name);
     let dest = dir.dir("dest");
     let cache = dir.dir("cache");
@@ -517,22 +564,27 @@ fn behind_a_router_that_answers_too_big_a_send_steps_down_and_completes() {
     for f in ["clean", "stepped", "searched"] {
         std::fs::write(dir.path(f), &data).unwrap();
     }
-    let target = "10.80.5.2:7890";
+    let target = if v6 {
+        format!("[fd00:{}:5::2]:7890", net.replace('.', ""))
+    } else {
+        format!("{net}.5.2:7890")
+    };
+    let (header, base) = if v6 { (48, 1232) } else { (28, 1200) };
     let _server = Server::start_with(
-        Some(net.b),
-        target,
+        Some(routed.b),
+        &target,
         &["--dir", dest.to_str().unwrap(), "--no-auth"],
     );
-    let (clean, _) = send_with(net.a, &dir.path("clean"), target, Some(&cache));
+    let (clean, _) = send_with(routed.a, &dir.path("clean"), &target, Some(&cache));
     assert_eq!(clean["path_mtu"]["from"], "found", "{clean}");
     assert_eq!(u(&clean["path_mtu"]["path_mtu"]), 1500, "{clean}");
-    net.next_hop_mtu(1400);
-    let before = net.unreachables_sent();
-    let (stepped, said) = send_with(net.a, &dir.path("stepped"), target, Some(&cache));
-    let searched = send(net.a, &dir.path("searched"), target);
-    let answered = net.unreachables_sent() - before;
+    routed.next_hop_mtu(1400);
+    let before = routed.too_bigs_sent(v6);
+    let (stepped, said) = send_with(routed.a, &dir.path("stepped"), &target, Some(&cache));
+    let searched = send(routed.a, &dir.path("searched"), &target);
+    let answered = routed.too_bigs_sent(v6) - before;
     say(&format!(
-        "{name}: clean {}; stepped {} ({} s); searched {}; the router sent {answered} ICMP unreachables; {said}",
+        "{name}: clean {}; stepped {} ({} s); searched {}; the router said \"too big\" {answered} times; {said}",
         clean["path_mtu"], stepped["path_mtu"], stepped["secs"], searched["path_mtu"]
     ));
     assert!(
@@ -541,7 +593,12 @@ fn behind_a_router_that_answers_too_big_a_send_steps_down_and_completes() {
     );
     assert_eq!(stepped["path_mtu"]["from"], "stepped_down", "{stepped}");
     assert_eq!(u(&stepped["path_mtu"]["path_mtu"]), 1400, "{stepped}");
-    assert_eq!(u(&stepped["path_mtu"]["datagram"]), 1372, "{stepped}");
+    assert_eq!(
+        u(&stepped["path_mtu"]["datagram"]),
+        1400 - header,
+        "{stepped}"
+    );
+    assert!(1400 - header > base);
     assert_eq!(
         said.matches("the path stopped carrying 1500-byte datagrams; going on at 1400")
             .count(),
@@ -556,4 +613,25 @@ fn behind_a_router_that_answers_too_big_a_send_steps_down_and_completes() {
             "{f} did not arrive intact"
         );
     }
+}
+
+#[test]
+fn behind_a_router_that_answers_too_big_a_send_steps_down_and_completes() {
+    behind_a_router(
+        "behind_a_router_that_answers_too_big_a_send_steps_down_and_completes",
+        ["atou-pr-a", "atou-pr-r", "atou-pr-b"],
+        "10.80",
+        false,
+    );
+}
+
+/// The same over IPv6: the router's ICMPv6 "packet too big".
+#[test]
+fn behind_an_ipv6_router_that_answers_too_big_a_send_steps_down_and_completes() {
+    behind_a_router(
+        "behind_an_ipv6_router_that_answers_too_big_a_send_steps_down_and_completes",
+        ["atou-p6r-a", "atou-p6r-r", "atou-p6r-b"],
+        "10.81",
+        true,
+    );
 }
