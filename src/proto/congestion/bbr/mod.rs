@@ -82,10 +82,6 @@ const PROBE_RTT_CWND_GAIN: f64 = 0.5;
 /// one that holds a standing queue still probes every five seconds
 /// (tests/congestion.rs).
 const PROBE_RTT_SIMILAR: f64 = 0.01;
-/// Deviation: Startup's pacing on a path the path cache knows, at most
-/// this much above the bandwidth remembered (ProbeBW_UP's gain), not
-/// 2.77x the estimate (`set_pacing_rate`, `check_startup_known_path`).
-const KNOWN_PATH_PACING_GAIN: f64 = 1.25;
 /// "Exiting Startup Based on Bandwidth Plateau": 25 % more, or three rounds.
 const STARTUP_FULL_BW_THRESH: f64 = 1.25;
 const STARTUP_FULL_BW_COUNT: u32 = 3;
@@ -153,10 +149,6 @@ pub(crate) struct Bbr {
     initial_cwnd: u64,
     /// The sender window: cwnd never exceeds it.
     cap: u64,
-    /// The bottleneck bandwidth the path cache remembered for this path,
-    /// segments per second (`use_path_memory`); Startup may end on it
-    /// (`check_startup_known_path`).
-    known_bw: Option<f64>,
 
     // Round counting ("Round Counting").
     next_round_delivered: u64,
@@ -286,7 +278,6 @@ impl Bbr {
             mss: u64::from(t.mss),
             initial_cwnd,
             cap: u64::from(t.rcvwin),
-            known_bw: None,
             next_round_delivered: 0,
             round_count: 0,
             round_start: false,
@@ -652,7 +643,6 @@ impl Bbr {
     /// until the pipe is full.
     fn set_pacing_rate(&mut self) {
         let rate = self.pacing_gain * self.bw * (1.0 - PACING_MARGIN) * self.mss as f64;
-        let rate = self.known_path_cap(rate);
         if self.filled_pipe || rate > self.pacing_rate {
             self.pacing_rate = rate;
         }
@@ -666,19 +656,7 @@ impl Bbr {
             srtt.as_secs_f64()
         };
         let nominal = self.initial_cwnd as f64 / rtt;
-        self.pacing_rate = self.known_path_cap(STARTUP_PACING_GAIN * nominal * self.mss as f64);
-    }
-
-    /// Startup's pacing `rate` (bytes per second), at most
-    /// [`KNOWN_PATH_PACING_GAIN`] times the bandwidth the path cache
-    /// remembered, where it did.
-    fn known_path_cap(&self, rate: f64) -> f64 {
-        match (self.state, self.known_bw) {
-            (State::Startup, Some(known)) => {
-                rate.min(KNOWN_PATH_PACING_GAIN * known * self.mss as f64)
-            }
-            _ => rate,
-        }
+        self.pacing_rate = STARTUP_PACING_GAIN * nominal * self.mss as f64;
     }
 
     /// "BBRSetCwnd".
@@ -860,9 +838,6 @@ impl Controller for Bbr {
         else {
             return;
         };
-        if let Some(bps) = memory.btl_bw_bps {
-            self.known_bw = Some(bps as f64 / 8.0 / self.mss as f64);
-        }
         let jump = (bdp / 2).min(self.cap);
         if jump <= self.initial_cwnd {
             return;
@@ -1031,51 +1006,6 @@ mod tests {
         // Paced at the estimate (Down's 0.9 or Cruise's 1.0, less 1 %).
         let paced = b.pacing_rate().unwrap() as f64 / 1472.0;
         assert!(paced >= 0.89 * 0.99 * rate && paced <= rate, "{paced}");
-    }
-
-    /// On a path the path cache knows, Startup paces at most 1.25x the
-    /// bandwidth remembered, and ends once the estimate has reached 0.9
-    /// of it and an RTT sample shows a queue; at that rate without a queue
-    /// it goes on (the path may be faster now). Without the memory the
-    /// same rounds leave it in Startup, short of a plateau.
-    #[test]
-    fn a_known_path_caps_startup_and_ends_it_at_the_remembered_rate_on_a_queue() {
-        let known = 6400.0;
-        let run = |memory: bool| {
-            let mut b = bbr();
-            if memory {
-                b.use_path_memory(&crate::proto::PathMemory {
-                    srtt: Duration::from_millis(100),
-                    rttvar: Duration::ZERO,
-                    ssthresh_bytes: None,
-                    btl_bw_bps: Some((known * b.mss as f64 * 8.0) as u64),
-                    min_rtt: Some(Duration::from_millis(100)),
-                    datagram_size: None,
-                });
-            }
-            let mut states = Vec::new();
-            let mut fastest = 0.0f64;
-            for (t, rate, rtt) in [
-                (100, 1600.0, 100),
-                (200, 3200.0, 100),
-                (300, 6000.0, 100),
-                (400, 6000.0, 111),
-            ] {
-                round_at_rtt(&mut b, t, rate, false, 0, Duration::from_millis(rtt));
-                states.push(b.state());
-                let paced = b.pacing_rate().unwrap() as f64 / b.mss as f64;
-                fastest = fastest.max(paced);
-            }
-            (states, fastest)
-        };
-        let (states, fastest) = run(true);
-        assert_eq!(states[..3], [State::Startup; 3]);
-        // Drained at once: the samples' in-flight is under the BDP.
-        assert_ne!(states[3], State::Startup);
-        assert!(fastest <= KNOWN_PATH_PACING_GAIN * known + 1.0, "{fastest}");
-        let (states, fastest) = run(false);
-        assert!(states.iter().all(|s| *s == State::Startup), "{states:?}");
-        assert!(fastest > 2.0 * 6000.0, "{fastest}");
     }
 
     /// "BBR.max_bw": an application-limited sample below the estimate does

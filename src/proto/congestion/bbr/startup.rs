@@ -6,11 +6,6 @@ use super::{
     STARTUP_FULL_LOSS_COUNT, STARTUP_PACING_GAIN,
 };
 
-/// `check_startup_known_path`: the share of the remembered bandwidth the
-/// estimate must reach, and the RTT, in min_rtts, that shows a queue.
-const KNOWN_PATH_REACHED: f64 = 0.9;
-const KNOWN_PATH_QUEUE: f64 = 1.1;
-
 impl Bbr {
     /// "BBREnterStartup".
     pub(super) fn enter_startup(&mut self) {
@@ -80,35 +75,12 @@ impl Bbr {
         }
     }
 
-    /// Deviation (not in the draft): on a path the path cache knows,
-    /// Startup ends once the estimate has reached 0.9 of the bandwidth it
-    /// remembered and an RTT sample shows a queue (a tenth of min_rtt):
-    /// the pipe is full, and the plateau's three rounds would only fill
-    /// the buffer (on a 100 Mbit/s, 100 ms bridge with 0.66 BDP of queue,
-    /// 288-366 datagrams of each 30 MB send were dropped at the end of
-    /// Startup; none since, docs/congestion.md). Both together: a path
-    /// that is faster now shows no queue at the old rate, and a queue
-    /// alone may be someone else's. Startup's pacing on such a path is
-    /// capped too (`known_path_cap`).
-    fn check_startup_known_path(&mut self, s: &Sample) {
-        let (Some(known), Some(min_rtt), Some(rtt)) = (self.known_bw, self.min_rtt, s.rtt) else {
-            return;
-        };
-        if !self.filled_pipe
-            && self.max_bw >= KNOWN_PATH_REACHED * known
-            && rtt > min_rtt.mul_f64(KNOWN_PATH_QUEUE)
-        {
-            self.filled_pipe = true;
-        }
-    }
-
     /// "BBRCheckStartupDone".
     pub(super) fn check_startup_done(&mut self, s: &Sample) {
         if self.state != State::Startup {
             return;
         }
         self.check_startup_high_loss(s);
-        self.check_startup_known_path(s);
         if self.filled_pipe {
             self.enter_drain();
         }
