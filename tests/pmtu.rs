@@ -52,6 +52,26 @@ fn send_with(
     )
 }
 
+/// The send said once that it stepped down from 1,500 to 1,400.
+fn said_once_it_stepped_down(said: &str) {
+    assert_eq!(
+        said.matches("the path stopped carrying 1500-byte datagrams; going on at 1400")
+            .count(),
+        1,
+        "{said}"
+    );
+}
+
+/// Each of `names` in `dest` holds `data`.
+fn arrived_intact(dest: &std::path::Path, names: &[&str], data: &[u8]) {
+    for f in names {
+        assert!(
+            std::fs::read(dest.join(f)).unwrap() == data,
+            "{f} did not arrive intact"
+        );
+    }
+}
+
 /// The nft rule of the black hole, at the receiver's input: IPv4
 /// packets over 1,400 bytes dropped.
 fn drop_over_1400(ns: &str) -> bool {
@@ -148,12 +168,7 @@ fn a_send_through_a_1400_byte_black_hole_finds_the_size_and_completes() {
     assert_eq!(holed["path_mtu"]["from"], "found", "{holed}");
     assert_eq!(u(&holed["path_mtu"]["path_mtu"]), 1400, "{holed}");
     assert_eq!(u(&holed["path_mtu"]["datagram"]), 1372, "{holed}");
-    for f in ["clean", "holed"] {
-        assert!(
-            std::fs::read(dest.join(f)).unwrap() == data,
-            "{f} did not arrive intact"
-        );
-    }
+    arrived_intact(&dest, &["clean", "holed"], &data);
 }
 
 /// A black hole that opens after the size was learnt: the path cache
@@ -208,21 +223,11 @@ fn a_black_hole_after_the_cached_size_steps_the_send_down_and_it_completes() {
     assert_eq!(during["path_mtu"]["from"], "stepped_down", "{during}");
     assert_eq!(u(&during["path_mtu"]["path_mtu"]), 1400, "{during}");
     assert_eq!(u(&during["path_mtu"]["datagram"]), 1372, "{during}");
-    assert_eq!(
-        said.matches("the path stopped carrying 1500-byte datagrams; going on at 1400")
-            .count(),
-        1,
-        "{said}"
-    );
+    said_once_it_stepped_down(&said);
     let (after, _) = send_with(hosts.a, &dir.path("after"), target, Some(&cache));
     assert_eq!(after["path_mtu"]["from"], "cached", "{after}");
     assert_eq!(u(&after["path_mtu"]["path_mtu"]), 1400, "{after}");
-    for f in ["before", "during", "after"] {
-        assert!(
-            std::fs::read(dest.join(f)).unwrap() == data,
-            "{f} did not arrive intact"
-        );
-    }
+    arrived_intact(&dest, &["before", "during", "after"], &data);
 }
 
 /// A black hole that opens while the data flows: the search finds the
@@ -305,12 +310,7 @@ fn a_black_hole_that_opens_mid_send_steps_it_down_and_it_completes() {
     assert_eq!(report["path_mtu"]["from"], "stepped_down", "{report}");
     assert_eq!(u(&report["path_mtu"]["path_mtu"]), 1400, "{report}");
     assert_eq!(u(&report["path_mtu"]["datagram"]), 1372, "{report}");
-    assert_eq!(
-        said.matches("the path stopped carrying 1500-byte datagrams; going on at 1400")
-            .count(),
-        1,
-        "{said}"
-    );
+    said_once_it_stepped_down(&said);
     // What arrived before the hole stayed: the resumed send skipped it.
     assert!(u(&report["bytes_skipped"]) >= holed_at, "{report}");
     // The progress never went back, and ended with every byte counted
@@ -386,21 +386,11 @@ fn over_ipv6_the_search_and_the_black_hole_watch_find_1400_and_the_sends_complet
     assert_eq!(stepped["path_mtu"]["from"], "stepped_down", "{stepped}");
     assert_eq!(u(&stepped["path_mtu"]["path_mtu"]), 1400, "{stepped}");
     assert_eq!(u(&stepped["path_mtu"]["datagram"]), 1352, "{stepped}");
-    assert_eq!(
-        said.matches("the path stopped carrying 1500-byte datagrams; going on at 1400")
-            .count(),
-        1,
-        "{said}"
-    );
+    said_once_it_stepped_down(&said);
     assert_eq!(searched["path_mtu"]["from"], "found", "{searched}");
     assert_eq!(u(&searched["path_mtu"]["path_mtu"]), 1400, "{searched}");
     assert_eq!(u(&searched["path_mtu"]["datagram"]), 1352, "{searched}");
-    for f in ["clean", "stepped", "searched"] {
-        assert!(
-            std::fs::read(dest.join(f)).unwrap() == data,
-            "{f} did not arrive intact"
-        );
-    }
+    arrived_intact(&dest, &["clean", "stepped", "searched"], &data);
 }
 
 /// Hosts `a` and `b` on two links joined by router `r`, which forwards
@@ -497,8 +487,9 @@ impl Routed {
         ip(&["-n", self.b, "link", "set", "rt-b", "mtu", &mtu]);
     }
 
-    /// The router's count of `counter` in its `/proc/net/` table `table`
-    /// (`snmp`'s "Icmp:" lines, or `snmp6`'s one-per-line form).
+    /// The router's count of `counter` in `/proc/net/{table}`: `snmp6`
+    /// has a name and a value per line, `snmp` a line of "Icmp:" names
+    /// and one of their values.
     fn router_count(&self, table: &str, counter: &str) -> u64 {
         let out = Command::new("ip")
             .args(["netns", "exec", self.r, "cat"])
@@ -506,23 +497,22 @@ impl Routed {
             .output()
             .expect("read the router's counters");
         let text = String::from_utf8_lossy(&out.stdout);
-        let mut icmp = text.lines().filter(|l| l.starts_with("Icmp:"));
-        let (names, values) = (icmp.next().unwrap_or(""), icmp.next().unwrap_or(""));
-        let pairs: Vec<(&str, &str)> = if table == "snmp6" {
+        let value = if table == "snmp6" {
             text.lines()
                 .filter_map(|l| l.split_once(char::is_whitespace))
-                .map(|(k, v)| (k, v.trim()))
-                .collect()
+                .find(|(name, _)| *name == counter)
+                .map(|(_, v)| v.trim().to_owned())
         } else {
+            let mut icmp = text.lines().filter(|l| l.starts_with("Icmp:"));
+            let (names, values) = (icmp.next().unwrap_or(""), icmp.next().unwrap_or(""));
             names
                 .split_whitespace()
                 .zip(values.split_whitespace())
-                .collect()
+                .find(|(name, _)| *name == counter)
+                .map(|(_, v)| v.to_owned())
         };
-        pairs
-            .into_iter()
-            .find(|(name, _)| *name == counter)
-            .and_then(|(_, v)| v.parse().ok())
+        value
+            .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no {counter} in /proc/net/{table}"))
     }
 
@@ -599,20 +589,10 @@ fn behind_a_router(name: &str, ns: [&'static str; 3], net: &str, v6: bool) {
         "{stepped}"
     );
     assert!(1400 - header > base);
-    assert_eq!(
-        said.matches("the path stopped carrying 1500-byte datagrams; going on at 1400")
-            .count(),
-        1,
-        "{said}"
-    );
+    said_once_it_stepped_down(&said);
     assert_eq!(searched["path_mtu"]["from"], "found", "{searched}");
     assert_eq!(u(&searched["path_mtu"]["path_mtu"]), 1400, "{searched}");
-    for f in ["clean", "stepped", "searched"] {
-        assert!(
-            std::fs::read(dest.join(f)).unwrap() == data,
-            "{f} did not arrive intact"
-        );
-    }
+    arrived_intact(&dest, &["clean", "stepped", "searched"], &data);
 }
 
 #[test]

@@ -88,22 +88,25 @@ impl SizeSearch {
         self.probes.first().map_or(0, |p| p.0 as usize)
     }
 
-    /// Whether [`poll_probe`](Self::poll_probe) has a probe to write.
-    pub(crate) fn has_probe_due(&self) -> bool {
+    /// The next probe [`poll_probe`](Self::poll_probe) writes: not yet
+    /// sent, and larger than a size already confirmed.
+    fn next_due(&self) -> Option<usize> {
         let confirmed = self.confirmed.unwrap_or(0);
         self.probes
             .iter()
-            .any(|(size, sent)| !*sent && *size > confirmed)
+            .position(|(size, sent)| !*sent && *size > confirmed)
+    }
+
+    /// Whether [`poll_probe`](Self::poll_probe) has a probe to write.
+    pub(crate) fn has_probe_due(&self) -> bool {
+        self.next_due().is_some()
     }
 
     /// Writes the next probe not yet sent into `buf`; `None` when all went
     /// out, or none is larger than a size already confirmed.
     pub(crate) fn poll_probe(&mut self, buf: &mut [u8]) -> Option<usize> {
-        let confirmed = self.confirmed.unwrap_or(0);
-        let next = self
-            .probes
-            .iter_mut()
-            .find(|(size, sent)| !*sent && *size > confirmed)?;
+        let due = self.next_due()?;
+        let next = &mut self.probes[due];
         next.1 = true;
         let probe = SizeProbe {
             conn_id: self.conn_id,
