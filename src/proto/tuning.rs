@@ -659,7 +659,7 @@ knobs! {
     maxidle: "SECONDS", Span(TimeUnit::Seconds, DAY),
         "give up after this many seconds without an ACK; 0 never gives up";
     stall: "SECONDS", Span(TimeUnit::Seconds, DAY),
-        "give up after this many seconds with no byte delivered, even while ACKs come (a path that carries the acks and small datagrams but not the data's size); 0 never gives up";
+        "give up after this many seconds of ACKs that deliver no byte, counted from the first such ACK (a path that carries the acks and small datagrams but not the data's size, a window that never opens); silence is maxidle's; 0 never gives up";
     initsegs: "SEGMENTS", Int(1, 1 << 20),
         "initial congestion window in (virtual) segments";
     multiplier: "FACTOR", Real(|x| x > 0.0 && x < 1.0, "between 0 and 1 (exclusive)"),

@@ -580,6 +580,10 @@ impl Simulation {
         let f = &mut self.flows[i];
         let status = match outcome {
             RunEnd::Finished => "finished".to_string(),
+            RunEnd::Failed if f.sender.state() == SenderState::Stalled => format!(
+                "failed: acks for {} s that delivered nothing (stall)",
+                f.tuning.stall.as_secs_f64()
+            ),
             RunEnd::Failed => format!(
                 "failed: no ACK for {} s (maxidle)",
                 f.tuning.maxidle.as_secs_f64()

@@ -265,8 +265,11 @@ pub struct Sender {
     /// `cum_ack + window` of the latest ACK: new data must stay below it.
     peer_right_edge: u64,
     last_ack_at: Time,
-    /// When a byte was last delivered (acked or SACKed), or sending began.
-    last_delivery_at: Time,
+    /// The first ACK since the last byte delivered (acked or SACKed) that
+    /// delivered nothing: from then the peer is known alive and taking
+    /// nothing, which `stall` bounds. `None` while bytes flow, and while
+    /// the peer is silent (a silent peer is `maxidle`'s).
+    answered_without_delivery: Option<Time>,
     /// Segments sent since the last ACK or timer.
     burst: u64,
     state: SenderState,
@@ -328,7 +331,7 @@ impl Sender {
             cwr_until: 0,
             peer_right_edge: u64::from(tuning.rcvsegs),
             last_ack_at: now,
-            last_delivery_at: now,
+            answered_without_delivery: None,
             burst: 0,
             state: SenderState::Sending,
             finished_at: None,
@@ -337,7 +340,6 @@ impl Sender {
             window_violations: 0,
         };
         s.arm_idle();
-        s.arm_stall();
         s.update_state(now);
         Ok(s)
     }
@@ -513,9 +515,15 @@ impl Sender {
     /// `maxidle` ends a sender the peer stopped answering; acks that come
     /// but deliver nothing (a path that drops only the data's size, a peer
     /// whose window never opens) hold it off for ever, so a second
-    /// deadline counts from the last byte delivered.
+    /// deadline counts from the first such ack after the last byte
+    /// delivered. Not from the last byte itself: then a silent spell of
+    /// `stall` (acks lost while the RTO backs off) would end a sender that
+    /// `maxidle` still allows.
     fn arm_stall(&mut self) {
-        let at = (!self.tuning.stall.is_zero()).then(|| self.last_delivery_at + self.tuning.stall);
+        let at = self
+            .answered_without_delivery
+            .filter(|_| !self.tuning.stall.is_zero())
+            .map(|since| since + self.tuning.stall);
         self.set_timer(Timer::Stall, at);
     }
 
@@ -569,7 +577,10 @@ impl Sender {
         let newly_sacked = self.process_sack_blocks(ack);
         let (newly_acked, newly_delivered) = self.account_new_data(ack.cum_ack, fack_before);
         if newly_acked > 0 || newly_sacked > 0 {
-            self.last_delivery_at = self.now;
+            self.answered_without_delivery = None;
+            self.arm_stall();
+        } else if self.answered_without_delivery.is_none() {
+            self.answered_without_delivery = Some(self.now);
             self.arm_stall();
         }
         let is_dupack = self.classify_duplicate(
@@ -1487,7 +1498,7 @@ impl Sender {
             self.app_limited = false;
             self.last_ack_at = self.last_ack_at.max(now);
             self.arm_idle();
-            self.last_delivery_at = self.last_delivery_at.max(now);
+            self.answered_without_delivery = None;
             self.arm_stall();
         }
         // Persist: nothing in flight, data to send, but the peer's window is
@@ -2365,6 +2376,34 @@ mod tests {
         assert_eq!(s.state(), SenderState::Failed);
     }
 
+    /// A path that carries nothing back for longer than `stall` (here
+    /// 40 s of lost acks, `maxidle` set long for it) is `maxidle`'s
+    /// to judge, not `stall`'s: the sender keeps retrying on its backed-off
+    /// RTO and finishes once an ack gets through. `stall` is for a peer
+    /// that answers and takes nothing (the proptest case in
+    /// tests/properties.proptest-regressions, `cc 29a4975a`: five acks of
+    /// the last segment lost in a row, stalled at 39.7 s).
+    #[test]
+    fn a_silent_path_is_for_maxidle_and_stall_waits_for_an_answer() {
+        let t = Tuning {
+            maxidle: Duration::from_secs(900),
+            stall: Duration::from_secs(30),
+            ..tuning(RecoveryKind::Sack)
+        };
+        let mut s = Sender::new(&t, CONN, Some(u64::from(PAYLOAD) * 3), Time::ZERO).unwrap();
+        send(&mut s, at(0));
+        ack(&mut s, at(50), AckSpec { cum: 2, ..ACK });
+        let mut resends = 0;
+        while let Some(due) = s.poll_timeout().filter(|&t| t <= at(40_000)) {
+            s.handle_timeout(due);
+            resends += send(&mut s, due).len();
+            assert_eq!(s.state(), SenderState::Sending, "at {due:?}");
+        }
+        assert!(resends >= 5, "{resends} resends in 40 s");
+        ack(&mut s, at(40_000), AckSpec { cum: 3, ..ACK });
+        assert_eq!(s.state(), SenderState::Finished);
+    }
+
     /// A peer that answers every 500 ms with the same cumulative ack and
     /// a shut window, for at most 120 s: the sender's state at the end,
     /// when that was (ms), and the acks it took.
@@ -2399,7 +2438,7 @@ mod tests {
     /// A peer that keeps answering but never takes a byte (its window
     /// shut for good, or acks for data it never keeps) holds off
     /// `maxidle`; the `stall` deadline ends the sender, counted from the
-    /// last byte delivered, not from the last ack.
+    /// first ack that took nothing, not from the last ack.
     #[test]
     fn acks_without_a_byte_delivered_end_the_sender_at_the_stall_deadline() {
         // Without the deadline (as before it existed), the acks hold
@@ -2408,9 +2447,10 @@ mod tests {
         assert_eq!((s.state(), ms), (SenderState::Sending, 120_050));
         let (s, ms, acks) = against_a_shut_window(Duration::from_secs(30));
         assert_eq!(s.state(), SenderState::Stalled);
-        // The first timer call at or after 30 s past the last delivery (50 ms).
-        assert_eq!(ms, 30_050);
-        assert_eq!(acks, 60);
+        // The first timer call at or after 30 s past the first ack that
+        // took nothing (550 ms; the one at 50 ms delivered two segments).
+        assert_eq!(ms, 30_550);
+        assert_eq!(acks, 61);
         assert_eq!(s.good_bytes(), 2 * u64::from(PAYLOAD));
     }
 }
