@@ -80,3 +80,36 @@ fn no_path_cache_neither_writes_nor_reads_the_cache() {
         "replaced by a good entry: {text}"
     );
 }
+
+/// A 300 KB copy never leaves BBR's Startup: the bandwidth it reached is
+/// a lower bound (on loopback, sometimes no model at all), and it does not
+/// replace the larger one a big transfer saved (planted here, saved a
+/// moment ago); the rest of the entry is the new connection's. Before, the small copy's rate replaced it, and the
+/// next large transfer started from a small jump (tests/path_memory.rs).
+#[test]
+fn a_small_copy_keeps_the_larger_bandwidth_saved() {
+    let tmp = with_a_file_to_copy("lower-bound");
+    let dir = tmp.root();
+    copy(dir, &[]);
+    let saved = entries(dir);
+    assert_eq!(saved.len(), 1, "{saved:?}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let planted = format!(
+        "atou-path-memory 1\nsaved_at {now}\nsrtt_us 777777\nrttvar_us 1000\n\
+         btl_bw_bps 9000000000000\nmin_rtt_us 20\n"
+    );
+    fs::write(&saved[0], &planted).unwrap();
+    copy(dir, &[]);
+    let after = fs::read_to_string(&saved[0]).unwrap();
+    assert!(
+        after.contains("btl_bw_bps 9000000000000\n"),
+        "the larger bandwidth kept: {after}"
+    );
+    assert!(
+        !after.contains("srtt_us 777777\n"),
+        "the rest replaced: {after}"
+    );
+}

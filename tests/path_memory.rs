@@ -65,6 +65,48 @@ fn a_second_bbr_transfer_on_a_long_path_finishes_sooner() {
     assert!(b < a - 0.2, "first {a:.3} s, second {b:.3} s");
 }
 
+/// A 54 KB file between two large transfers: it never leaves Startup,
+/// so the bandwidth it reached is a lower bound, and saved over the large
+/// transfer's memory it keeps the larger one (`PathMemory::over`): the
+/// next large transfer jumps as it would have straight after the first.
+/// Saved as measured (as before), it cost that transfer its jump.
+#[test]
+fn a_small_transfer_does_not_lower_the_bandwidth_remembered() {
+    const BYTES: u64 = 16_000_000;
+    let first = run(CcKind::Bbr, FWD, BYTES, None)
+        .summary
+        .path_memory
+        .unwrap();
+    let small = run(CcKind::Bbr, FWD, 54_000, Some(first))
+        .summary
+        .path_memory
+        .unwrap();
+    assert!(small.btl_bw_is_lower_bound, "{small:?}");
+    assert!(
+        !first.btl_bw_is_lower_bound,
+        "16 MB fills a 100 Mbit/s pipe"
+    );
+    let (bw, small_bw) = (first.btl_bw_bps.unwrap(), small.btl_bw_bps.unwrap());
+    assert!(
+        small_bw < bw,
+        "the small file reached {small_bw}, the large {bw}"
+    );
+    let kept = small.over(Some(&first));
+    assert_eq!(kept.btl_bw_bps, Some(bw));
+    let after_kept = run(CcKind::Bbr, FWD, BYTES, Some(kept));
+    let after_measured = run(CcKind::Bbr, FWD, BYTES, Some(small));
+    let after_first = run(CcKind::Bbr, FWD, BYTES, Some(first));
+    let (k, m, f) = (secs(&after_kept), secs(&after_measured), secs(&after_first));
+    println!(
+        "BBR 16 MB after a 54 KB file that reached {:.1} Mbit/s (the first {:.1}): \
+         memory kept {k:.3} s, replaced {m:.3} s, straight after the first {f:.3} s",
+        small_bw as f64 / 1e6,
+        bw as f64 / 1e6
+    );
+    assert!(k < m - 0.1, "kept {k:.3} s, replaced {m:.3} s");
+    assert!(k <= f + 0.05, "kept {k:.3} s, straight after {f:.3} s");
+}
+
 /// A memory from a path ten times as fast as this one: the seeded run
 /// overshoots once, and is no more than a few round trips slower.
 #[test]
@@ -118,6 +160,7 @@ fn the_first_rto_comes_from_the_memory() {
         btl_bw_bps: None,
         min_rtt: None,
         datagram_size: None,
+        btl_bw_is_lower_bound: false,
     };
     let t = Tuning {
         recovery: RecoveryKind::Sack,

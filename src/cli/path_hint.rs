@@ -51,7 +51,9 @@ impl PathHint {
     }
 
     /// Saves what the connections learnt: the one that carried the most
-    /// data, whose estimates rest on the most samples.
+    /// data, whose estimates rest on the most samples; over the entry
+    /// there, a bandwidth that is only a lower bound keeps a larger one
+    /// ([`PathMemory::over`]).
     pub(super) fn remember<'a>(&self, streams: impl IntoIterator<Item = &'a Summary>) {
         let Some(cache) = &self.cache else {
             return;
@@ -63,6 +65,11 @@ impl PathHint {
         let Some(memory) = best.and_then(|s| s.path_memory) else {
             return;
         };
+        let older = cache
+            .load(&self.destination(), SystemTime::now())
+            .ok()
+            .flatten();
+        let memory = memory.over(older.as_ref());
         if let Err(e) = cache.save(&self.destination(), &memory, SystemTime::now()) {
             eprintln!(
                 "atou: warning: cannot save the path cache in {}: {e}",

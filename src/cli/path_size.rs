@@ -189,6 +189,7 @@ mod tests {
             btl_bw_bps: None,
             min_rtt: None,
             datagram_size,
+            btl_bw_is_lower_bound: false,
         }
     }
 

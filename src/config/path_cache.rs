@@ -375,6 +375,8 @@ fn parse(text: &str) -> Result<(u64, PathMemory), EntryError> {
             Some(d) => Some(u32::try_from(d).map_err(|_| EntryError::Implausible)?),
             None => None,
         },
+        // Saved only over what it may replace (PathMemory::over).
+        btl_bw_is_lower_bound: false,
     }
     .checked()
     .ok_or(EntryError::Implausible)?;
@@ -404,6 +406,7 @@ mod tests {
             btl_bw_bps: Some(95_123_456),
             min_rtt: Some(Duration::from_micros(100_012)),
             datagram_size: Some(1372),
+            btl_bw_is_lower_bound: false,
         }
     }
 

@@ -44,6 +44,11 @@ pub struct PathMemory {
     /// The largest UDP payload a path-MTU search saw acked on the path
     /// (`crate::proto::pmtu`), for the next transfer to use without one.
     pub datagram_size: Option<u32>,
+    /// The connection ended before its model saw the path full (a
+    /// transfer too small to leave Startup): `btl_bw_bps` is what it
+    /// reached, not what the path carries. Never saved: see
+    /// [`PathMemory::over`].
+    pub btl_bw_is_lower_bound: bool,
 }
 
 impl PathMemory {
@@ -66,8 +71,37 @@ impl PathMemory {
             min_rtt: model.map(|cc| cc.min_rtt),
             // A connection's size is the caller's to vouch for.
             datagram_size: None,
+            btl_bw_is_lower_bound: model.is_some_and(|cc| !cc.filled_pipe),
         }
         .checked()
+    }
+
+    /// This memory, to be saved over `older` (the entry for the same
+    /// destination, if a fresh one is there). A bandwidth that is only a
+    /// lower bound does not replace a larger one: a 54 KB file never
+    /// leaves Startup, and saving the rate its one flight reached would
+    /// start the next large transfer from a small jump. Its minimum RTT
+    /// still counts (the smaller of the two). A connection with no model
+    /// at all (too short for a rate sample, or not bbr) keeps the old one
+    /// as it is. A bandwidth from a connection that filled the pipe
+    /// replaces the old one, larger or smaller: the path may have slowed.
+    pub fn over(self, older: Option<&PathMemory>) -> PathMemory {
+        let older_model = older.and_then(|o| Some((o.btl_bw_bps?, o.min_rtt?)));
+        let model = match (self.btl_bw_bps.zip(self.min_rtt), older_model) {
+            (None, Some(old)) => old,
+            (Some((bw, rtt)), Some((old_bw, old_rtt)))
+                if self.btl_bw_is_lower_bound && old_bw > bw =>
+            {
+                (old_bw, rtt.min(old_rtt))
+            }
+            _ => return self,
+        };
+        PathMemory {
+            btl_bw_bps: Some(model.0),
+            min_rtt: Some(model.1),
+            btl_bw_is_lower_bound: false,
+            ..self
+        }
     }
 
     /// The memory if every value is one a path can have, else `None`: what
@@ -125,7 +159,51 @@ mod tests {
             btl_bw_bps: Some(100_000_000),
             min_rtt: Some(Duration::from_millis(100)),
             datagram_size: Some(1472),
+            btl_bw_is_lower_bound: false,
         }
+    }
+
+    /// A small transfer's bandwidth (a lower bound) keeps a larger one
+    /// saved before, with the smaller minimum RTT; a full one replaces
+    /// it, a lower bound is saved where nothing larger is known, and a
+    /// connection without a model keeps the old one.
+    #[test]
+    fn a_lower_bound_never_lowers_a_saved_bandwidth() {
+        let small = PathMemory {
+            btl_bw_bps: Some(23_000_000),
+            min_rtt: Some(Duration::from_millis(99)),
+            srtt: Duration::from_millis(110),
+            btl_bw_is_lower_bound: true,
+            ..memory()
+        };
+        let kept = small.over(Some(&memory()));
+        assert_eq!(kept.btl_bw_bps, Some(100_000_000));
+        assert_eq!(kept.min_rtt, Some(Duration::from_millis(99)));
+        // The rest is the newer connection's.
+        assert_eq!(kept.srtt, Duration::from_millis(110));
+        assert_eq!(small.over(None), small);
+        let slower = PathMemory {
+            btl_bw_is_lower_bound: false,
+            ..small
+        };
+        assert_eq!(slower.over(Some(&memory())), slower);
+        let faster_bound = PathMemory {
+            btl_bw_bps: Some(200_000_000),
+            ..small
+        };
+        assert_eq!(faster_bound.over(Some(&memory())), faster_bound);
+        let no_model = PathMemory {
+            btl_bw_bps: None,
+            min_rtt: None,
+            btl_bw_is_lower_bound: false,
+            ..small
+        };
+        let kept = no_model.over(Some(&memory()));
+        assert_eq!(
+            (kept.btl_bw_bps, kept.min_rtt),
+            (memory().btl_bw_bps, memory().min_rtt)
+        );
+        assert_eq!(no_model.over(None), no_model);
     }
 
     #[test]

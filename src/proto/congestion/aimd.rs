@@ -226,6 +226,7 @@ mod tests {
             btl_bw_bps: None,
             min_rtt: None,
             datagram_size: None,
+            btl_bw_is_lower_bound: false,
         };
         let mut unset = aimd(Tuning {
             mss: 1000,

@@ -150,6 +150,11 @@ pub struct CcReport {
     /// The minimum-RTT estimate.
     #[serde(serialize_with = "secs")]
     pub min_rtt: Duration,
+    /// BBR.filled_pipe: the model has seen the path full, so `bw_bps` is
+    /// the path's; before, it is what the connection reached (a lower
+    /// bound).
+    #[serde(skip)]
+    pub filled_pipe: bool,
 }
 
 fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {

@@ -886,6 +886,7 @@ impl Controller for Bbr {
             state: self.state.name(),
             bw_bps: (self.max_bw * self.mss as f64 * 8.0) as u64,
             min_rtt: self.min_rtt.unwrap_or_default(),
+            filled_pipe: self.filled_pipe,
         })
     }
 }
