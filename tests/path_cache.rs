@@ -84,8 +84,9 @@ fn no_path_cache_neither_writes_nor_reads_the_cache() {
 /// A 300 KB copy never leaves BBR's Startup: the bandwidth it reached is
 /// a lower bound (on loopback, sometimes no model at all), and it does not
 /// replace the larger one a big transfer saved (planted here, saved a
-/// moment ago); the rest of the entry is the new connection's. Before, the small copy's rate replaced it, and the
-/// next large transfer started from a small jump (tests/path_memory.rs).
+/// moment ago); the rest of the entry is the new connection's. Before,
+/// the small copy's rate replaced it, and the next large transfer started
+/// from a small jump (tests/path_memory.rs).
 #[test]
 fn a_small_copy_keeps_the_larger_bandwidth_saved() {
     let tmp = with_a_file_to_copy("lower-bound");

@@ -175,9 +175,10 @@ pub enum ConnError {
         carried: u32,
     },
     /// The peer kept answering, but no byte was delivered for the
-    /// `stall` knob's time from its first answer that took nothing: a path that carries acks and small datagrams
-    /// but not the data's size where no smaller probe got through either,
-    /// or a peer that never opens its window.
+    /// `stall` knob's time from its first answer that took nothing: a
+    /// path that carries acks and small datagrams but not the data's size
+    /// where no smaller probe got through either, or a peer that never
+    /// opens its window.
     #[error(
         "the peer kept answering for {:.1} s without taking a byte (stall; {delivered} bytes \
          delivered before); if the path drops large datagrams, try a smaller --mss (1200, \

@@ -59,7 +59,8 @@ pub enum SenderState {
     Finished,
     /// No ACK for `maxidle`.
     Failed,
-    /// ACKs came, but no byte was delivered for `stall`.
+    /// ACKs came for `stall`, from the first that delivered nothing,
+    /// and no byte was delivered.
     Stalled,
 }
 
@@ -69,7 +70,7 @@ enum Timer {
     Rto,
     /// `maxidle` without an ACK.
     Idle,
-    /// `stall` without a byte delivered, ACKs or not.
+    /// `stall` since the first ACK that delivered nothing.
     Stall,
     /// Zero-window probe.
     Persist,
