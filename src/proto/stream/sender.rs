@@ -10,7 +10,7 @@
 //! Segments are numbered from 0. Segment `n` carries stream bytes from
 //! `n * payload_size`. cwnd and ssthresh are in segments.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use crate::proto::congestion::{
@@ -31,7 +31,7 @@ use crate::proto::stream::scoreboard::{Scoreboard, ScoreboardInvariant};
 use crate::proto::time::{wire_elapsed, Time};
 use crate::proto::tuning::{CcKind, RecoveryKind};
 use crate::proto::tuning::{DropList, Tuning, TuningError};
-use crate::proto::wire::{Ack, DataFlags, DataHeader, Packet, DATA_HEADER_LEN};
+use crate::proto::wire::{Ack, DataFlags, DataHeader, Packet, SackBlock, DATA_HEADER_LEN};
 use crate::proto::InputError;
 
 use thiserror::Error;
@@ -121,11 +121,10 @@ pub struct SenderStats {
     /// ACKs carrying a D-SACK block: a segment arrived twice.
     pub dsacks: u64,
     /// Retransmissions a D-SACK proved unnecessary (RFC 3708 §3: the
-    /// segment had arrived before): the segments of D-SACK blocks below
-    /// snd_max, never more than `rxmts` in all, so a peer cannot claim
-    /// more than were resent. A network that duplicates datagrams adds
-    /// its copies (with packet protection, the replay window drops them
-    /// first); a lost ACK loses its D-SACK.
+    /// segment had arrived before): a D-SACK block's segments that were
+    /// resent, one per resend, so neither a peer nor a network that
+    /// duplicates datagrams can claim more than was resent, or a resend
+    /// of a segment it was not. A lost ACK loses its D-SACK.
     pub spurious_rxmts: u64,
     /// Times the receiver reneged on a SACK (a cumulative ACK stopped at a
     /// segment it had SACKed); SACK information was discarded.
@@ -192,7 +191,7 @@ struct UndoEpisode {
     /// snd_una and snd_max when it began: the D-SACKs that count lie between.
     una: u64,
     max: u64,
-    /// Retransmissions sent during it, and D-SACKs that proved one unnecessary.
+    /// Retransmissions sent during it, and those D-SACKs proved unnecessary.
     retransmitted: u64,
     dsacked: u64,
     /// When its first retransmission left, and which segment it was
@@ -241,6 +240,10 @@ pub struct Sender {
     cc_logged: Option<CcReport>,
     /// The last reduction, while it may be undone (`undo`).
     undo: Option<UndoEpisode>,
+    /// Resends no D-SACK has yet proved unnecessary, by segment
+    /// ([`Sender::take_proven_resends`]); forgotten two windows below
+    /// snd_una.
+    unproven_resends: BTreeMap<u64, u32>,
     stats: SenderStats,
     events: VecDeque<TimedEvent>,
     /// The latest time the sender was given.
@@ -312,6 +315,7 @@ impl Sender {
             pacer: Pacer::new(u64::from(tuning.mss), now),
             cc_logged: None,
             undo: None,
+            unproven_resends: BTreeMap::new(),
             stats: SenderStats {
                 dup_thresh: u64::from(tuning.dup_thresh),
                 ..SenderStats::default()
@@ -691,12 +695,55 @@ impl Sender {
         }
         if let Some(dsack) = ack.dsack {
             self.stats.dsacks += 1;
-            if dsack.end <= self.sb.max() {
-                self.stats.spurious_rxmts =
-                    (self.stats.spurious_rxmts + dsack.len()).min(self.stats.rxmts);
-            }
+            self.take_proven_resends(dsack);
         }
         newly_sacked
+    }
+
+    /// RFC 3708 §3, as Linux counts `undo_retrans` (a D-SACK proves a
+    /// retransmission unnecessary only for a segment that was
+    /// retransmitted): each segment of the D-SACK block with a resend not
+    /// yet proven counts one, for the spurious count and for the undo
+    /// episode it lies in. A copy the network made of a segment sent once
+    /// proves nothing (a path that duplicates datagrams, `--no-auth`
+    /// without the replay window), nor does a peer's D-SACK for what was
+    /// never resent.
+    fn take_proven_resends(&mut self, dsack: SackBlock) {
+        let segs: Vec<u64> = self
+            .unproven_resends
+            .range(dsack.start..dsack.end)
+            .map(|(&seg, _)| seg)
+            .collect();
+        for seg in segs {
+            if let Some(left) = self.unproven_resends.get_mut(&seg) {
+                *left -= 1;
+                if *left == 0 {
+                    self.unproven_resends.remove(&seg);
+                }
+            }
+            self.stats.spurious_rxmts += 1;
+            if let Some(ep) = &mut self.undo {
+                if (ep.una..ep.max).contains(&seg) {
+                    ep.dsacked += 1;
+                }
+            }
+        }
+    }
+
+    /// Forgets resends two windows below snd_una: their D-SACKs, if any,
+    /// would have come by now (cwnd never exceeds `rcvwin`), and the
+    /// record stays bounded.
+    fn forget_old_resends(&mut self) {
+        let keep_from = self
+            .sb
+            .una()
+            .saturating_sub(2 * u64::from(self.tuning.rcvwin));
+        while let Some(entry) = self.unproven_resends.first_entry() {
+            if *entry.key() >= keep_from {
+                break;
+            }
+            entry.remove();
+        }
     }
 
     /// Moves snd_una to `cum_ack` and hands the deliveries to the rate
@@ -705,6 +752,9 @@ impl Sender {
     /// SACKed segment before this ACK's blocks.
     fn account_new_data(&mut self, cum_ack: u64, fack_before: Option<u64>) -> (u64, u64) {
         let newly_acked = self.sb.ack_through(cum_ack);
+        if newly_acked > 0 {
+            self.forget_old_resends();
+        }
         self.measure_reordering(fack_before);
         let mut newly_delivered = 0;
         for stamp in self.sb.take_delivered() {
@@ -957,13 +1007,8 @@ impl Sender {
                 }
             }
         }
-        if let Some(d) = ack.dsack {
-            if d.start >= ep.una && d.start < ep.max {
-                ep.dsacked += 1;
-                if ep.retransmitted > 0 && ep.dsacked >= ep.retransmitted {
-                    how = how.or(Some("dsack"));
-                }
-            }
+        if ack.dsack.is_some() && ep.retransmitted > 0 && ep.dsacked >= ep.retransmitted {
+            how = how.or(Some("dsack"));
         }
         self.undo = Some(ep);
         if let Some(how) = how {
@@ -1416,6 +1461,7 @@ impl Sender {
     fn record_retransmission(&mut self, seg: u64, forced: Option<Forced>) {
         self.sb.on_retransmit(seg);
         self.stats.rxmts += 1;
+        *self.unproven_resends.entry(seg).or_default() += 1;
         if let Some(ep) = &mut self.undo {
             ep.retransmitted += 1;
             ep.first_retx.get_or_insert((self.now, seg));
@@ -1907,6 +1953,40 @@ mod tests {
         dsack(&mut s, 27, (0, 5));
         assert_eq!(s.stats().spurious_rxmts, 1, "one resend, one proof");
         assert_eq!(s.stats().dsacks, 5);
+    }
+
+    /// A copy the network made proves nothing (Linux counts a D-SACK
+    /// against `undo_retrans` only for a retransmitted segment): in a
+    /// fast recovery that resent 6, a D-SACK for 9, sent once and
+    /// duplicated on the path, is neither a spurious resend nor grounds to
+    /// undo; the D-SACK for 6 then is both.
+    #[test]
+    fn a_dsack_for_a_segment_sent_once_proves_nothing() {
+        let mut s = sender(Tuning {
+            undo: true,
+            ..tuning(RecoveryKind::Sack)
+        });
+        fill(&mut s, 16); // 6..=15 outstanding, cwnd 10
+        for (t, top) in [(20, 8), (21, 10), (22, 11)] {
+            ack_with_sacks(&mut s, at(t), 6, &[(7, top)]);
+        }
+        assert_eq!(send(&mut s, at(22)), vec![6]);
+        ack(&mut s, at(100), AckSpec { cum: 16, ..ACK });
+        send(&mut s, at(100));
+        let dsack = |s: &mut Sender, t, block| {
+            let spec = AckSpec {
+                cum: 16,
+                dsack: Some(block),
+                ..ACK
+            };
+            ack(s, at(t), spec);
+        };
+        dsack(&mut s, 101, (9, 10));
+        assert_eq!(s.stats().undos, 0, "9 was sent once");
+        assert_eq!(s.stats().spurious_rxmts, 0);
+        dsack(&mut s, 102, (6, 7));
+        assert_eq!(s.stats().undos, 1);
+        assert_eq!(s.stats().spurious_rxmts, 1);
     }
 
     /// Sarolahti §5 (Linux's tcp_try_undo_partial): the D-SACK that proves
