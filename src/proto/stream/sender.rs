@@ -1885,13 +1885,9 @@ mod tests {
         );
     }
 
-    /// Sarolahti §6, RFC 2883: a fast retransmit whose segment was only
-    /// reordered. The first ACK after it echoes the retransmission, so the
-    /// timestamps cannot tell; the D-SACK for the retransmission, the only
-    /// one of the episode, proves it spurious and the window before the
-    /// recovery comes back.
-    #[test]
-    fn a_dsack_for_every_retransmission_undoes_the_reduction() {
+    /// A sender with undo on whose fast recovery (6..=15 outstanding,
+    /// cwnd 10, 7..=10 SACKed) has just resent 6.
+    fn resent_6_in_fast_recovery() -> Sender {
         let mut s = sender(Tuning {
             undo: true,
             ..tuning(RecoveryKind::Sack)
@@ -1901,6 +1897,17 @@ mod tests {
             ack_with_sacks(&mut s, at(t), 6, &[(7, top)]);
         }
         assert_eq!(send(&mut s, at(22)), vec![6]);
+        s
+    }
+
+    /// Sarolahti §6, RFC 2883: a fast retransmit whose segment was only
+    /// reordered. The first ACK after it echoes the retransmission, so the
+    /// timestamps cannot tell; the D-SACK for the retransmission, the only
+    /// one of the episode, proves it spurious and the window before the
+    /// recovery comes back.
+    #[test]
+    fn a_dsack_for_every_retransmission_undoes_the_reduction() {
+        let mut s = resent_6_in_fast_recovery();
         let snap = s.snapshot(at(22));
         assert_eq!((snap.cwnd, snap.ssthresh), (5, 5));
         ack(&mut s, at(100), AckSpec { cum: 16, ..ACK });
@@ -1962,15 +1969,7 @@ mod tests {
     /// undo; the D-SACK for 6 then is both.
     #[test]
     fn a_dsack_for_a_segment_sent_once_proves_nothing() {
-        let mut s = sender(Tuning {
-            undo: true,
-            ..tuning(RecoveryKind::Sack)
-        });
-        fill(&mut s, 16); // 6..=15 outstanding, cwnd 10
-        for (t, top) in [(20, 8), (21, 10), (22, 11)] {
-            ack_with_sacks(&mut s, at(t), 6, &[(7, top)]);
-        }
-        assert_eq!(send(&mut s, at(22)), vec![6]);
+        let mut s = resent_6_in_fast_recovery();
         ack(&mut s, at(100), AckSpec { cum: 16, ..ACK });
         send(&mut s, at(100));
         let dsack = |s: &mut Sender, t, block| {
