@@ -344,7 +344,10 @@ fn bbr_alone_sees_its_min_rtt_every_cycle_and_skips_probe_rtt() {
 /// loss sets inflight_hi there, so ProbeBW_UP ends once a min_rtt has
 /// passed with 1.25 BDP in flight (bbr/probe_bw.rs `is_only_queueing`);
 /// waiting for the draft's plateau, three rounds, it queued a BDP every
-/// cycle: 119.2 ms.
+/// cycle: 119.2 ms. On the bench bridge's queue (568 packets, 0.66 BDP)
+/// Startup's overflow sets inflight_hi, and the probe, begun with no
+/// queue standing, ends so too: within 1.08 × the base RTT (112.0-112.4
+/// ms while the plateau rule ran there).
 #[test]
 fn bbr_keeps_a_deep_buffer_short_without_losing_goodput() {
     let tuning = Tuning {
@@ -352,29 +355,33 @@ fn bbr_keeps_a_deep_buffer_short_without_losing_goodput() {
         ..Tuning::command_default()
     };
     let payload_rate = 100e6 * tuning.payload_size() as f64 / f64::from(tuning.mss);
-    for seed in 1..=3 {
-        let config = SimConfig::new(
-            tuning.clone(),
-            BOTTLENECK.parse().unwrap(),
-            RETURN.parse().unwrap(),
-            None,
-            seed,
-        )
-        .time_limit(Duration::from_secs(31));
-        let r = Simulation::new(config).unwrap().run(&mut ()).unwrap();
-        let avg = r.summary.avgrtt.as_secs_f64();
-        let goodput = r.summary.goodput_bps;
-        println!(
-            "seed {seed}: mean RTT {:.1} ms, goodput {:.2} Mbit/s",
-            avg * 1e3,
-            goodput / 1e6
-        );
-        assert!(r.summary.secs >= 30.0, "seed {seed}: {}", r.summary);
-        assert!(avg <= 1.15 * BASE_RTT, "seed {seed}: mean RTT {avg}");
-        assert!(
-            goodput >= 0.95 * payload_rate,
-            "seed {seed}: {goodput} of {payload_rate}"
-        );
+    let bridge = "rate 100mbit limit 568 | delay 50ms";
+    for (path, most_rtt) in [(BOTTLENECK, 1.15), (bridge, 1.08)] {
+        for seed in 1..=3 {
+            let config = SimConfig::new(
+                tuning.clone(),
+                path.parse().unwrap(),
+                RETURN.parse().unwrap(),
+                None,
+                seed,
+            )
+            .time_limit(Duration::from_secs(31));
+            let r = Simulation::new(config).unwrap().run(&mut ()).unwrap();
+            let avg = r.summary.avgrtt.as_secs_f64();
+            let goodput = r.summary.goodput_bps;
+            let case = format!("{path}, seed {seed}");
+            println!(
+                "{case}: mean RTT {:.1} ms, goodput {:.2} Mbit/s",
+                avg * 1e3,
+                goodput / 1e6
+            );
+            assert!(r.summary.secs >= 30.0, "{case}: {}", r.summary);
+            assert!(avg <= most_rtt * BASE_RTT, "{case}: mean RTT {avg}");
+            assert!(
+                goodput >= 0.95 * payload_rate,
+                "{case}: {goodput} of {payload_rate}"
+            );
+        }
     }
 }
 
@@ -865,9 +872,12 @@ fn bbr_with_rack_keeps_85_percent_of_the_rate_at_two_percent_loss() {
 /// must not mean ignoring congestion. With a 100-packet queue (under 1.25
 /// BDP, so every ProbeBW_UP overflows it) and no random loss, the loss of
 /// each probe cuts inflight_hi and ends it: over 300 MB the queue drops
-/// fewer than 0.6 times the segments that a BBRv1-like run
+/// fewer than 0.85 times the segments that a BBRv1-like run
 /// (`bbr_loss_thresh` 20 %) has it drop, fewer than 1 % of those sent,
-/// and the mean RTT stays within 5 % of the base RTT.
+/// and the mean RTT stays within 5 % of the base RTT. (1,556 against
+/// 1,957; the BBRv1-like run's probes also end at 1.25 BDP in flight,
+/// `is_only_queueing`, where before they overflowed the queue for three
+/// rounds: 2,076 against 5,461.)
 #[test]
 fn bbr_queue_overflow_still_cuts_inflight() {
     let drops = |thresh: f64| {
@@ -894,7 +904,7 @@ fn bbr_queue_overflow_still_cuts_inflight() {
     let (v3, offered, r) = drops(2.0);
     let (v1, _, _) = drops(20.0);
     assert!(
-        (v3 as f64) < 0.6 * v1 as f64,
+        (v3 as f64) < 0.85 * v1 as f64,
         "drops {v3} vs BBRv1-like {v1}"
     );
     assert!((v3 as f64) < 0.01 * offered as f64, "{}", r.summary);

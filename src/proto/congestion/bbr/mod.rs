@@ -28,9 +28,10 @@
 //! does not end every probe. `--bbr-loss-thresh 20%` is BBRv1-like. In
 //! Startup, fast recovery conserves packets only once the round's loss
 //! is too high for random loss (`needs_packet_conservation`). While no
-//! loss has set inflight_hi, ProbeBW_UP also ends once a min_rtt has
-//! passed with 1.25 BDP in flight, as earlier drafts and Linux's bbr3
-//! end it, so a deep buffer's queue stays short (`is_only_queueing`).
+//! loss has set inflight_hi, or when no queue stood as it began,
+//! ProbeBW_UP also ends once a min_rtt has passed with 1.25 BDP in
+//! flight, as earlier drafts and Linux's bbr3 end it, so a deep buffer's
+//! queue stays short (`is_only_queueing`).
 //!
 //! Not (yet) done: marking the connection application-limited during
 //! ProbeRTT.
@@ -218,6 +219,11 @@ pub(crate) struct Bbr {
     bw_probe_up_cnt: f64,
     bw_probe_up_acks: f64,
     rng: u64,
+    /// The smallest RTT sample of the last ProbeBW_REFILL.
+    refill_min_rtt: Option<Duration>,
+    /// The current ProbeBW_UP began with no queue standing: Refill's
+    /// samples came within `EMPTY_QUEUE_RTT` of min_rtt.
+    probe_began_without_queue: bool,
 
     // ProbeRTT.
     probe_rtt_done_stamp: Option<Time>,
@@ -322,6 +328,8 @@ impl Bbr {
             bw_probe_up_cnt: f64::INFINITY,
             bw_probe_up_acks: 0.0,
             rng: seed | 1,
+            refill_min_rtt: None,
+            probe_began_without_queue: false,
             probe_rtt_done_stamp: None,
             idle_restart: false,
             probe_rtt_round_done: false,
@@ -1359,25 +1367,43 @@ mod tests {
     }
 
     /// draft-cardwell-iccrg-bbr-congestion-control-02 §4.3.3.6 and Linux
-    /// bbr3's `is_queuing`: a probe that no loss has bounded (a deep
-    /// buffer) ends once a min_rtt has passed with more than 1.25 BDP in
-    /// flight and the rate flat; not before the min_rtt. Once loss has
-    /// set inflight_hi the same rounds go on to the draft's plateau
-    /// (§5.3.3.6), as flows sharing a queue need.
+    /// bbr3's `is_queuing`: a probe that only builds a queue ends once a
+    /// min_rtt has passed with more than 1.25 BDP in flight and the rate
+    /// flat; not before the min_rtt. It does so while no loss has bounded
+    /// the flow (a deep buffer), and, once loss has set inflight_hi, when
+    /// Refill's RTT samples showed no queue before the probe (the flow
+    /// alone on a buffer its Startup overflowed). Where a queue stood
+    /// through Refill (another flow's) and loss has set inflight_hi, the
+    /// same rounds go on to the draft's plateau (§5.3.3.6), as flows
+    /// sharing a queue need.
     #[test]
-    fn a_probe_that_only_builds_a_queue_ends_after_a_min_rtt_until_loss_bounds_it() {
-        for bounded in [false, true] {
+    fn a_probe_that_only_builds_a_queue_ends_after_a_min_rtt() {
+        for (bounded, queue_before) in [(false, false), (true, false), (false, true), (true, true)]
+        {
+            let case = format!("bounded {bounded}, queue before {queue_before}");
             let mut b = bbr();
-            let t = rounds_until(&mut b, 0, 1600.0, State::ProbeBwUp);
+            let mut t = rounds_until(&mut b, 0, 1600.0, State::ProbeBwRefill);
+            // Refill's round: at the base RTT, or 30 ms of someone's queue.
+            let refill_rtt = if queue_before { 130 } else { 100 };
+            t += 100;
+            round_at_rtt(
+                &mut b,
+                t,
+                1600.0,
+                false,
+                0,
+                Duration::from_millis(refill_rtt),
+            );
+            assert_eq!(b.state(), State::ProbeBwUp, "{case}");
             if bounded {
                 b.inflight_hi = 1000.0;
             }
             // The BDP is 160 segments: 60 queued.
             queued_round(&mut b, t + 50, 1600.0, 220);
-            assert_eq!(b.state(), State::ProbeBwUp, "bounded {bounded}");
+            assert_eq!(b.state(), State::ProbeBwUp, "{case}");
             queued_round(&mut b, t + 110, 1600.0, 220);
             let down = b.state() == State::ProbeBwDown;
-            assert_eq!(down, !bounded, "bounded {bounded}: {:?}", b.state());
+            assert_eq!(down, !(bounded && queue_before), "{case}: {:?}", b.state());
         }
         // Less than 1.25 BDP in flight after the min_rtt: still probing.
         let mut b = bbr();
