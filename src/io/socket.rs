@@ -840,9 +840,17 @@ mod tests {
         let to = rx.local_addr().unwrap();
         drop(rx);
         tx.send(to, b"to nobody", None).await.unwrap();
-        // Loopback's "port unreachable" comes back within the send; the
-        // wait only makes sure.
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        // Loopback's "port unreachable" comes back in a softirq, which a
+        // loaded machine may run late (a fixed 50 ms wait failed once in
+        // CI: the report came after the flush's first try). The socket
+        // turns error-ready when it lands; waiting so reads nothing.
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            tx.sock.ready(tokio::io::Interest::ERROR),
+        )
+        .await
+        .expect("loopback's port unreachable within 5 s")
+        .unwrap();
         let rx = std::net::UdpSocket::bind(to).unwrap();
         rx.set_read_timeout(Some(std::time::Duration::from_secs(2)))
             .unwrap();
