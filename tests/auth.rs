@@ -711,7 +711,8 @@ fn a_captured_hello_of_an_unknown_key_replayed_10000_times_is_worked_once_and_ne
 
 /// Distinct hellos from one address (each a new Noise message, so no
 /// lookup finds it): the source gets WireGuard's budget, a burst of 5
-/// then 20 a second, and the rest are dropped unread.
+/// then 20 a second (and once asked for a cookie, a burst more), and the
+/// rest are dropped unread.
 #[test]
 fn distinct_hellos_from_one_source_get_its_budget_and_no_more() {
     let (mut server, _, _) = keyed_server();
@@ -732,9 +733,16 @@ fn distinct_hellos_from_one_source_get_its_budget_and_no_more() {
         }
     }
     let s = *server.stats();
-    assert!(s.hellos_worked <= 5 + 20, "{s:?}");
+    // Its burst without a cookie, then, asked for one, its burst with
+    // one, then 20 a second.
+    assert!(s.hellos_worked <= 5 + 5 + 20, "{s:?}");
     assert_eq!(s.bad_handshakes, s.hellos_worked, "{s:?}");
-    assert_eq!(s.hellos_limited, 2000 - s.hellos_worked, "{s:?}");
+    assert_eq!(s.cookies_sent, 1, "{s:?}");
+    assert_eq!(
+        s.hellos_limited,
+        2000 - s.hellos_worked - s.cookies_sent,
+        "{s:?}"
+    );
 }
 
 /// 1,000 sources (real ones: each gets its cookie and splices it in)
@@ -1183,4 +1191,62 @@ fn hellos_in_flight_cannot_oversubscribe_the_connection_budget() {
         .filter(|c| matches!(c.outcome(), Some(Err(ConnError::AuthRefused(_)))))
         .count();
     assert_eq!((keyed, busy), (2, 3));
+}
+
+/// An off-path spoofer sends garbage hellos with its victim's address
+/// (another port: it cannot see the answers) at 1,000 a second, past
+/// the per-source budget of 20. The victim, an authorized client at that
+/// address, must still get its session within a few round trips: a
+/// hello that has not proved its address (no valid cookie) must not be
+/// able to spend the budget of the hellos that have.
+#[test]
+fn a_spoofer_using_a_victims_address_cannot_spend_its_handshake_budget() {
+    let (mut server, server_key, client_key) = keyed_server();
+    let spoofed = SocketAddr::from((addr(1).ip(), 40_000));
+    let mut client = secure_client(31, &client_key, &server_key);
+    let client_start = Time::ZERO + Duration::from_millis(1_000);
+    let one_way = Duration::from_millis(50);
+    let (mut to_server, mut to_client) = (Vec::new(), Vec::new());
+    let mut established = None;
+    let mut buf = vec![0u8; 65536];
+    let step = Duration::from_millis(1);
+    let mut now = Time::ZERO;
+    for i in 0..6_000u64 {
+        server.handle_timeout(now);
+        server.handle_datagram(now, spoofed, &mut garbage_hello(i));
+        if now >= client_start && established.is_none() {
+            client.handle_timeout(now);
+            while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
+                to_server.push((now + one_way, buf[..n].to_vec()));
+            }
+        }
+        for (_, mut d) in take_due(&mut to_server, now) {
+            server.handle_datagram(now, addr(1), &mut d);
+        }
+        while let Some((to, n)) = server.poll_transmit(now, &mut buf) {
+            // What goes to the spoofed port is lost to the spoofer.
+            if to == addr(1) {
+                to_client.push((now + one_way, buf[..n].to_vec()));
+            }
+        }
+        for (_, d) in take_due(&mut to_client, now) {
+            let _ = client.handle_datagram(now, &d);
+        }
+        if established.is_none() && client.sender().is_some() {
+            established = Some(now);
+        }
+        now += step;
+    }
+    let s = *server.stats();
+    let took = established
+        .unwrap_or_else(|| panic!("the victim got no session in 5 s: {s:?}"))
+        .saturating_since(client_start);
+    // Two round trips: the first hello is answered with a cookie.
+    assert!(took <= Duration::from_millis(202), "{took:?} {s:?}");
+    assert_eq!(s.handshakes, 1, "{s:?}");
+    // What the spoofed address was sent: its share of cookies (64 at
+    // once, 64 a second), not one for each of 6,000 hellos; the rest
+    // were dropped unanswered.
+    assert!(s.cookies_sent <= 64 + 64 * 6 + 1, "{s:?}");
+    assert!(s.cookies_limited >= 5_000, "{s:?}");
 }

@@ -132,7 +132,8 @@ impl ServeMetrics {
             "hellos",
             "Hellos by what became of them: worked (public-key work done), rate_limited \
              (over --hellos-per-sec or its per-source budget), queue_full, replayed, \
-             dropped_unread, cookie (answered with a cookie under load)",
+             dropped_unread, cookie (answered with a cookie under load), cookie_limited (needed a \
+             cookie, its address sent its share that second)",
             m.hellos.clone(),
         );
         registry.register("datagrams", "Datagrams received", m.datagrams.clone());
@@ -213,6 +214,7 @@ impl ServeMetrics {
                 last.hellos_dropped_unread,
             ),
             ("cookie", now.cookies_sent, last.cookies_sent),
+            ("cookie_limited", now.cookies_limited, last.cookies_limited),
         ] {
             self.hellos
                 .get_or_create(&[("fate", fate)])

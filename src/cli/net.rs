@@ -164,7 +164,7 @@ pub(super) struct ReceiverArgs {
     /// Hellos worked through with public-key operations (five X25519 each) per second, from all sources together, up to a quarter of it at once; past it a hello is dropped before any, and clients resend
     #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     hellos_per_sec: u32,
-    /// The same from one source (an IPv4 address or an IPv6 /64), up to 5 at once (WireGuard's budget)
+    /// The same from one source (an IPv4 address or an IPv6 /64), up to 5 at once (WireGuard's budget). Counted twice over: once the hellos without a cookie have spent it, the source is sent a cookie (at most 64 a second to one address and port) and its hellos that carry it get the same budget again, which a spoofer sending in the source's name cannot spend
     #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     hellos_per_sec_per_source: u32,
     /// Most bytes of partial files one client key's unfinished transfers may hold in DEST's staging directory at once, abandoned ones included until resumed or removed by --staging-ttl; counted at the sizes their plans announce (a sparse file at its full size), a resumed file once; a plan that would go over it is refused. A size: 1TiB, 500GiB, 64MiB; 0 or none: no quota. Clients without a key (--no-auth) are counted by address
@@ -731,7 +731,7 @@ fn stopped_line(stats: &ServerStats) -> String {
     format!(
         "atou serve: stopped after {} connections; datagrams {} undecodable {} unknown-connection {} \
          unexpected {} refused hellos {}; handshakes {} refused keys {} unopened {} cookies {} \
-         replays {} (dropped unread: {} hellos) over the work queue {} moves {}",
+         (not sent, over an address's share: {}) replays {} (dropped unread: {} hellos) over the work queue {} moves {}",
         stats.connections,
         stats.datagrams,
         stats.undecodable,
@@ -742,6 +742,7 @@ fn stopped_line(stats: &ServerStats) -> String {
         stats.auth_refused,
         stats.crypto_dropped + stats.bad_handshakes,
         stats.cookies_sent,
+        stats.cookies_limited,
         stats.hellos_seen,
         stats.hellos_dropped_unread,
         stats.hellos_queue_full,

@@ -697,9 +697,10 @@ pub enum Reply {
 /// A hello before any public-key operation ([`Responder::screen`]).
 #[derive(Debug)]
 pub enum Screened<'a> {
-    /// Under load and no valid cookie: send this cookie reply; nothing is
-    /// kept.
-    Cookie(Vec<u8>),
+    /// Under load and no valid cookie: send a cookie reply
+    /// ([`Responder::cookie_reply`]) if the caller's budget for them
+    /// allows it; nothing is kept.
+    NeedsCookie { client_id: u64 },
     /// A copy of a hello already worked on (a replay, or the network's
     /// duplicate): drop it, answer nothing. A lookup, no Diffie-Hellman.
     /// `client_id` names it in clear, for
@@ -916,7 +917,9 @@ impl Responder {
         decide: impl FnOnce(&PublicKey, &[u8]) -> Decision,
     ) -> Result<Reply, HandshakeError> {
         match self.screen(now, peer, datagram, under_load)? {
-            Screened::Cookie(reply) => Ok(Reply::Cookie(reply)),
+            Screened::NeedsCookie { client_id } => {
+                Ok(Reply::Cookie(self.cookie_reply(now, peer, client_id)))
+            }
             Screened::Seen { .. } => Err(HandshakeError::Replayed),
             Screened::Fresh(hello) => self.answer(hello, server_id, decide),
         }
@@ -945,14 +948,22 @@ impl Responder {
             .cookie
             .is_some_and(|c| self.cookies.verify(&c, &peer, now));
         if under_load && !address_validated {
-            let cookie = self.cookies.issue(&peer, now);
-            return Ok(Screened::Cookie(cookie_reply(frame.client_id, &cookie)));
+            return Ok(Screened::NeedsCookie {
+                client_id: frame.client_id,
+            });
         }
         Ok(Screened::Fresh(FreshHello {
             frame,
             digest,
             address_validated,
         }))
+    }
+
+    /// The cookie reply to the hello of `client_id` from `peer`
+    /// ([`Screened::NeedsCookie`]): a MAC of the address, made only when
+    /// it is sent.
+    pub fn cookie_reply(&self, now: Time, peer: SocketAddr, client_id: u64) -> Vec<u8> {
+        cookie_reply(client_id, &self.cookies.issue(&peer, now))
     }
 
     /// Works through a screened hello at once: [`work_on`](Self::work_on),

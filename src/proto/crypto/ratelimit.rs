@@ -12,9 +12,17 @@
 //! refused (WireGuard refuses it, which lets a table filled by a flood
 //! lock out every new source until the sweep).
 //!
+//! Unlike ratelimiter.c, which only runs under load, once every packet
+//! must carry a cookie, this one runs always, so a source's budget is
+//! split by proof: hellos that carried a valid cookie have a bucket of
+//! their own, which a spoofer sending in the source's name cannot spend
+//! ([`RateLimiter::unvalidated_spent`] tells the server when to ask a
+//! source for its cookie).
+//!
 //! Nothing here reads a clock: every call takes `now`.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -110,18 +118,117 @@ pub enum Limited {
 
 /// How often idle entries are swept (ratelimiter.c's `gc_entries`, every
 /// second), and how long an entry must have been idle to go: by then its
-/// bucket is full, so forgetting it gives its source nothing.
+/// bucket is full, so forgetting it gives its key nothing.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Token buckets of one rate, one per key, at most `capacity` of them:
+/// entries idle for a second are swept once a second, and a new key in a
+/// full table takes the place of the fullest bucket. Forgetting a key
+/// only ever fills its bucket, so an attacker who churns the table can
+/// give budget away, never take it from anyone.
+#[derive(Debug)]
+pub struct Buckets<K> {
+    rate: Rate,
+    map: HashMap<K, Bucket>,
+    capacity: usize,
+    swept: Time,
+}
+
+impl<K: Copy + Eq + Hash> Buckets<K> {
+    /// `rate` for each key, at most `capacity` keys (at least 1).
+    pub fn new(rate: Rate, capacity: usize) -> Buckets<K> {
+        Buckets {
+            rate,
+            map: HashMap::new(),
+            capacity: capacity.max(1),
+            swept: Time::ZERO,
+        }
+    }
+
+    /// Takes one event's tokens from `key`'s bucket if it has them.
+    pub fn take(&mut self, now: Time, key: K) -> bool {
+        self.sweep(now);
+        if !self.map.contains_key(&key) && self.map.len() >= self.capacity {
+            self.evict_fullest(now);
+        }
+        let rate = self.rate;
+        let bucket = self.map.entry(key).or_insert_with(|| rate.full(now));
+        rate.take(bucket, now)
+    }
+
+    /// Whether `key`'s bucket lacks one event's tokens at `now`. Changes
+    /// nothing.
+    pub fn is_spent(&self, now: Time, key: K) -> bool {
+        self.map
+            .get(&key)
+            .is_some_and(|b| self.rate.refilled(b, now) < self.rate.cost)
+    }
+
+    /// Gives one event's tokens back to `key` (never past the burst).
+    pub fn refund(&mut self, now: Time, key: K) {
+        let rate = self.rate;
+        if let Some(b) = self.map.get_mut(&key) {
+            b.tokens = rate
+                .refilled(b, now)
+                .saturating_add(rate.cost)
+                .min(rate.max);
+            b.last = b.last.max(now);
+        }
+    }
+
+    /// Keys tracked now (at most the capacity).
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// No key tracked.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Forgets, once a second, the keys idle for a second.
+    fn sweep(&mut self, now: Time) {
+        if now.saturating_since(self.swept) < SWEEP_EVERY {
+            return;
+        }
+        self.swept = now;
+        self.map
+            .retain(|_, b| now.saturating_since(b.last) < SWEEP_EVERY);
+    }
+
+    /// Makes room for a new key: the one whose bucket is fullest now
+    /// (the least active) goes.
+    fn evict_fullest(&mut self, now: Time) {
+        let rate = self.rate;
+        if let Some(fullest) = self
+            .map
+            .iter()
+            .max_by_key(|(_, b)| rate.refilled(b, now))
+            .map(|(k, _)| *k)
+        {
+            self.map.remove(&fullest);
+        }
+    }
+}
+
+/// A source's budget is two buckets: one for the hellos that carried a
+/// valid cookie (which only the address's owner receives) and one for
+/// the rest. An off-path spoofer can send hellos in any address's name,
+/// so it can spend that address's second bucket, never its first: the
+/// owner, turned away there, is answered with a cookie
+/// ([`RateLimiter::unvalidated_spent`]) and gets in on its own budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Charged {
+    source: Source,
+    address_validated: bool,
+}
 
 /// Per-source buckets and one for everyone, with a bounded table.
 #[derive(Debug)]
 pub struct RateLimiter {
-    per_source: Rate,
     global_rate: Rate,
     global: Bucket,
-    sources: HashMap<Source, Bucket>,
-    capacity: usize,
-    swept: Time,
+    sources: Buckets<Charged>,
     /// Sources where an authorized key made a session lately, and until
     /// when that counts ([`RateLimiter::prove`]).
     proven: HashMap<Source, Time>,
@@ -134,16 +241,13 @@ pub const PROVEN_FOR: Duration = Duration::from_secs(600);
 const PROVEN_MAX: usize = 4096;
 
 impl RateLimiter {
-    /// `per_source` for each source; `global` for all together; at most
-    /// `capacity` sources tracked (at least 1).
+    /// `per_source` for each source (each of its two buckets); `global`
+    /// for all together; at most `capacity` buckets tracked (at least 1).
     pub fn new(per_source: Rate, global: Rate, capacity: usize) -> RateLimiter {
         RateLimiter {
-            per_source,
             global_rate: global,
             global: global.full(Time::ZERO),
-            sources: HashMap::new(),
-            capacity: capacity.max(1),
-            swept: Time::ZERO,
+            sources: Buckets::new(per_source, capacity),
             proven: HashMap::new(),
         }
     }
@@ -178,35 +282,54 @@ impl RateLimiter {
         self.proven.get(source).is_some_and(|until| *until > now)
     }
 
-    /// Sources tracked now (at most the capacity).
+    /// Buckets tracked now (at most the capacity).
     pub fn tracked(&self) -> usize {
         self.sources.len()
     }
 
-    /// Whether one hello from `ip` may cost a public-key operation at
-    /// `now`; if so, its tokens are taken from both buckets. The source's
-    /// bucket is checked first, so a source over its budget takes nothing
-    /// from everyone else's.
-    pub fn allow(&mut self, now: Time, ip: IpAddr) -> Result<(), Limited> {
-        self.sweep(now);
+    /// Whether `ip`'s bucket for hellos without a valid cookie is spent:
+    /// its next such hello would be dropped, so the server asks it for a
+    /// cookie instead, as it does everyone's under load. Changes nothing.
+    pub fn unvalidated_spent(&self, now: Time, ip: IpAddr) -> bool {
+        self.sources.is_spent(
+            now,
+            Charged {
+                source: Source::of(ip),
+                address_validated: false,
+            },
+        )
+    }
+
+    /// Whether one hello from `ip` (`address_validated`: it carried a
+    /// valid cookie) may cost a public-key operation at `now`; if so, its
+    /// tokens are taken from its source's bucket of that kind and from
+    /// everyone's. The source's bucket is checked first, so a source over
+    /// its budget takes nothing from everyone else's.
+    pub fn allow(&mut self, now: Time, ip: IpAddr, address_validated: bool) -> Result<(), Limited> {
         let source = Source::of(ip);
-        let rate = self.per_source;
-        if !self.sources.contains_key(&source) && self.sources.len() >= self.capacity {
-            self.evict_fullest(now);
-        }
-        let bucket = self.sources.entry(source).or_insert_with(|| rate.full(now));
-        let before = *bucket;
-        if !rate.take(bucket, now) {
+        let charged = Charged {
+            source,
+            address_validated,
+        };
+        if !self.sources.take(now, charged) {
             return Err(Limited::Source);
+        }
+        if address_validated {
+            // What it may spend without a cookie is spent too, if it is
+            // there, so that the two buckets together allow one rate, not
+            // two, to a source that mixes its hellos.
+            let unvalidated = Charged {
+                address_validated: false,
+                ..charged
+            };
+            let _ = self.sources.take(now, unvalidated);
         }
         if self.is_proven(now, &source) {
             return Ok(());
         }
         if !self.global_rate.take(&mut self.global, now) {
             // Not spent after all: the source keeps its tokens.
-            if let Some(b) = self.sources.get_mut(&source) {
-                *b = before;
-            }
+            self.sources.refund(now, charged);
             return Err(Limited::Global);
         }
         Ok(())
@@ -216,39 +339,14 @@ impl RateLimiter {
     /// worth its price (it made a session): the streams of one transfer,
     /// which start together, are not held back by their own bucket. The
     /// global budget is not refunded: the work was done.
-    pub fn refund(&mut self, now: Time, ip: IpAddr) {
-        let rate = self.per_source;
-        if let Some(b) = self.sources.get_mut(&Source::of(ip)) {
-            b.tokens = rate
-                .refilled(b, now)
-                .saturating_add(rate.cost)
-                .min(rate.max);
-            b.last = b.last.max(now);
-        }
-    }
-
-    /// Forgets, once a second, the sources idle for a second.
-    fn sweep(&mut self, now: Time) {
-        if now.saturating_since(self.swept) < SWEEP_EVERY {
-            return;
-        }
-        self.swept = now;
-        self.sources
-            .retain(|_, b| now.saturating_since(b.last) < SWEEP_EVERY);
-    }
-
-    /// Makes room for a new source: the one whose bucket is fullest now
-    /// (the least active) goes.
-    fn evict_fullest(&mut self, now: Time) {
-        let rate = self.per_source;
-        if let Some(fullest) = self
-            .sources
-            .iter()
-            .max_by_key(|(_, b)| rate.refilled(b, now))
-            .map(|(s, _)| *s)
-        {
-            self.sources.remove(&fullest);
-        }
+    pub fn refund(&mut self, now: Time, ip: IpAddr, address_validated: bool) {
+        self.sources.refund(
+            now,
+            Charged {
+                source: Source::of(ip),
+                address_validated,
+            },
+        );
     }
 }
 
@@ -265,6 +363,15 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// A hello without a cookie.
+    fn allow(r: &mut RateLimiter, now: Time, ip: IpAddr) -> Result<(), Limited> {
+        r.allow(now, ip, false)
+    }
+
+    fn refund(r: &mut RateLimiter, now: Time, ip: IpAddr) {
+        r.refund(now, ip, false)
+    }
+
     fn wireguard(capacity: usize) -> RateLimiter {
         RateLimiter::new(Rate::new(20, 5), Rate::new(1_000_000, 1_000_000), capacity)
     }
@@ -276,21 +383,25 @@ mod tests {
         let mut r = wireguard(16);
         let a = ip("192.0.2.1");
         for _ in 0..5 {
-            assert_eq!(r.allow(ms(0), a), Ok(()));
+            assert_eq!(allow(&mut r, ms(0), a), Ok(()));
         }
-        assert_eq!(r.allow(ms(0), a), Err(Limited::Source));
-        assert_eq!(r.allow(ms(49), a), Err(Limited::Source));
-        assert_eq!(r.allow(ms(50), a), Ok(()));
-        assert_eq!(r.allow(ms(50), a), Err(Limited::Source));
+        assert_eq!(allow(&mut r, ms(0), a), Err(Limited::Source));
+        assert_eq!(allow(&mut r, ms(49), a), Err(Limited::Source));
+        assert_eq!(allow(&mut r, ms(50), a), Ok(()));
+        assert_eq!(allow(&mut r, ms(50), a), Err(Limited::Source));
         // Over a second from empty: 20 more, and never more than the burst.
-        let allowed = (51..1051).filter(|&t| r.allow(ms(t), a).is_ok()).count();
+        let allowed = (51..1051)
+            .filter(|&t| allow(&mut r, ms(t), a).is_ok())
+            .count();
         assert_eq!(allowed, 20);
         assert_eq!(
-            (0..10).filter(|_| r.allow(ms(10_000), a).is_ok()).count(),
+            (0..10)
+                .filter(|_| allow(&mut r, ms(10_000), a).is_ok())
+                .count(),
             5
         );
         // Another source has its own bucket.
-        assert_eq!(r.allow(ms(50), ip("192.0.2.2")), Ok(()));
+        assert_eq!(allow(&mut r, ms(50), ip("192.0.2.2")), Ok(()));
     }
 
     #[test]
@@ -298,13 +409,13 @@ mod tests {
         let mut r = wireguard(16);
         for i in 0..5u16 {
             let a = Ipv6Addr::new(0x2001, 0xdb8, 0, 1, i, i, i, i);
-            assert_eq!(r.allow(ms(0), IpAddr::V6(a)), Ok(()));
+            assert_eq!(allow(&mut r, ms(0), IpAddr::V6(a)), Ok(()));
         }
         assert_eq!(
-            r.allow(ms(0), ip("2001:db8:0:1:ffff::1")),
+            allow(&mut r, ms(0), ip("2001:db8:0:1:ffff::1")),
             Err(Limited::Source)
         );
-        assert_eq!(r.allow(ms(0), ip("2001:db8:0:2::1")), Ok(()));
+        assert_eq!(allow(&mut r, ms(0), ip("2001:db8:0:2::1")), Ok(()));
         assert_eq!(
             Source::of(ip("::ffff:192.0.2.9")),
             Source::of(ip("192.0.2.9"))
@@ -317,18 +428,18 @@ mod tests {
         let allowed = (0..1000u32)
             .filter(|i| {
                 let a = IpAddr::from([10, 0, (i >> 8) as u8, *i as u8]);
-                r.allow(ms(u64::from(*i)), a).is_ok()
+                allow(&mut r, ms(u64::from(*i)), a).is_ok()
             })
             .count();
         // 25 at once, then 100 a second over the 999 ms.
         assert!((25..=25 + 100).contains(&allowed), "{allowed}");
         // A source turned away by the global budget kept its own tokens.
         let mut r = RateLimiter::new(Rate::new(20, 5), Rate::new(1, 1), 16);
-        assert_eq!(r.allow(ms(0), ip("192.0.2.1")), Ok(()));
+        assert_eq!(allow(&mut r, ms(0), ip("192.0.2.1")), Ok(()));
         for _ in 0..10 {
-            assert_eq!(r.allow(ms(0), ip("192.0.2.2")), Err(Limited::Global));
+            assert_eq!(allow(&mut r, ms(0), ip("192.0.2.2")), Err(Limited::Global));
         }
-        assert_eq!(r.allow(ms(1000), ip("192.0.2.2")), Ok(()));
+        assert_eq!(allow(&mut r, ms(1000), ip("192.0.2.2")), Ok(()));
     }
 
     /// A flood that spends the global budget does not lock out a source
@@ -337,24 +448,27 @@ mod tests {
     #[test]
     fn a_proven_source_is_held_to_its_own_budget_only() {
         let mut r = RateLimiter::new(Rate::new(20, 5), Rate::new(1, 1), 16);
-        assert_eq!(r.allow(ms(0), ip("192.0.2.1")), Ok(()));
+        assert_eq!(allow(&mut r, ms(0), ip("192.0.2.1")), Ok(()));
         // The global budget is spent.
-        assert_eq!(r.allow(ms(1), ip("192.0.2.2")), Err(Limited::Global));
+        assert_eq!(allow(&mut r, ms(1), ip("192.0.2.2")), Err(Limited::Global));
         r.prove(ms(1), ip("192.0.2.2"));
         for i in 0..5 {
-            assert_eq!(r.allow(ms(2), ip("192.0.2.2")), Ok(()), "hello {i}");
+            assert_eq!(allow(&mut r, ms(2), ip("192.0.2.2")), Ok(()), "hello {i}");
         }
         // Its own bucket still holds it.
-        assert_eq!(r.allow(ms(2), ip("192.0.2.2")), Err(Limited::Source));
+        assert_eq!(allow(&mut r, ms(2), ip("192.0.2.2")), Err(Limited::Source));
         // Another address of the same IPv6 /64 counts as the same source;
         // one outside it does not.
         r.prove(ms(2), ip("2001:db8::1"));
-        assert_eq!(r.allow(ms(3), ip("2001:db8::2")), Ok(()));
-        assert_eq!(r.allow(ms(3), ip("2001:db8:1::2")), Err(Limited::Global));
+        assert_eq!(allow(&mut r, ms(3), ip("2001:db8::2")), Ok(()));
+        assert_eq!(
+            allow(&mut r, ms(3), ip("2001:db8:1::2")),
+            Err(Limited::Global)
+        );
         // Past PROVEN_FOR, the global budget again (spent by others).
         let later = ms(2) + PROVEN_FOR;
-        assert_eq!(r.allow(later, ip("192.0.2.9")), Ok(()));
-        assert_eq!(r.allow(later, ip("192.0.2.2")), Err(Limited::Global));
+        assert_eq!(allow(&mut r, later, ip("192.0.2.9")), Ok(()));
+        assert_eq!(allow(&mut r, later, ip("192.0.2.2")), Err(Limited::Global));
     }
 
     #[test]
@@ -362,26 +476,26 @@ mod tests {
         let mut r = wireguard(8);
         let busy = ip("192.0.2.200");
         for _ in 0..5 {
-            r.allow(ms(0), busy).unwrap();
+            allow(&mut r, ms(0), busy).unwrap();
         }
         for i in 0..1000u32 {
             let a = IpAddr::from([10, 0, (i >> 8) as u8, i as u8]);
-            let _ = r.allow(ms(1), a);
+            let _ = allow(&mut r, ms(1), a);
             assert!(r.tracked() <= 8);
         }
         // The busy source, its bucket empty, was never the one forgotten.
-        assert_eq!(r.allow(ms(1), busy), Err(Limited::Source));
+        assert_eq!(allow(&mut r, ms(1), busy), Err(Limited::Source));
     }
 
     #[test]
     fn idle_sources_are_swept_once_a_second() {
         let mut r = wireguard(64);
         for i in 0..50u8 {
-            r.allow(ms(0), IpAddr::from([10, 0, 0, i])).unwrap();
+            allow(&mut r, ms(0), IpAddr::from([10, 0, 0, i])).unwrap();
         }
         assert_eq!(r.tracked(), 50);
-        r.allow(ms(999), ip("192.0.2.1")).unwrap();
-        r.allow(ms(1000), ip("192.0.2.2")).unwrap();
+        allow(&mut r, ms(999), ip("192.0.2.1")).unwrap();
+        allow(&mut r, ms(1000), ip("192.0.2.2")).unwrap();
         assert_eq!(r.tracked(), 2, "the 50 idle for a second went");
     }
 
@@ -390,12 +504,67 @@ mod tests {
         let mut r = wireguard(16);
         let a = ip("192.0.2.1");
         for _ in 0..100 {
-            r.allow(ms(0), a).unwrap();
-            r.refund(ms(0), a);
+            allow(&mut r, ms(0), a).unwrap();
+            refund(&mut r, ms(0), a);
         }
         for _ in 0..5 {
-            r.allow(ms(0), a).unwrap();
+            allow(&mut r, ms(0), a).unwrap();
         }
-        assert_eq!(r.allow(ms(0), a), Err(Limited::Source));
+        assert_eq!(allow(&mut r, ms(0), a), Err(Limited::Source));
+    }
+
+    /// Hellos in an address's name without a cookie (what an off-path
+    /// spoofer can send) spend that source's bucket for them, not the
+    /// one of the hellos that proved the address; and the server can see
+    /// the first is spent without spending anything.
+    #[test]
+    fn hellos_without_a_cookie_cannot_spend_the_budget_of_those_with_one() {
+        let mut r = wireguard(16);
+        let a = ip("192.0.2.1");
+        assert!(!r.unvalidated_spent(ms(0), a));
+        for _ in 0..5 {
+            assert_eq!(r.allow(ms(0), a, false), Ok(()));
+        }
+        assert_eq!(r.allow(ms(0), a, false), Err(Limited::Source));
+        assert!(r.unvalidated_spent(ms(0), a));
+        assert!(r.unvalidated_spent(ms(0), a), "looking took nothing");
+        assert!(!r.unvalidated_spent(ms(50), a), "refilled");
+        for i in 0..5 {
+            assert_eq!(r.allow(ms(0), a, true), Ok(()), "hello {i} with a cookie");
+        }
+        assert_eq!(r.allow(ms(0), a, true), Err(Limited::Source));
+        // A refund goes to the bucket that was charged.
+        r.refund(ms(0), a, true);
+        assert_eq!(r.allow(ms(0), a, false), Err(Limited::Source));
+        assert_eq!(r.allow(ms(0), a, true), Ok(()));
+        // Hellos with a cookie spend what the source may spend without
+        // one, while there is any: mixing the two buys no second rate.
+        let mut r = wireguard(16);
+        let mixed = (0..1000)
+            .filter(|&t| r.allow(ms(t), a, t % 2 == 0).is_ok())
+            .count();
+        assert!(mixed <= 5 + 5 + 20, "{mixed}");
+        // An IPv6 /64 is one source for both.
+        let mut r = wireguard(16);
+        for _ in 0..5 {
+            r.allow(ms(0), ip("2001:db8::1"), false).unwrap();
+        }
+        assert!(r.unvalidated_spent(ms(0), ip("2001:db8::2")));
+        assert!(!r.unvalidated_spent(ms(0), ip("2001:db8:1::2")));
+    }
+
+    #[test]
+    fn buckets_keyed_by_address_hold_each_to_its_rate() {
+        let mut b = Buckets::new(Rate::new(20, 2), 2);
+        let (x, y, z) = ("192.0.2.1:1", "192.0.2.1:2", "192.0.2.1:3");
+        let k = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        assert!(b.take(ms(0), k(x)) && b.take(ms(0), k(x)));
+        assert!(!b.take(ms(0), k(x)));
+        assert!(b.is_spent(ms(0), k(x)) && !b.is_spent(ms(0), k(y)));
+        assert!(b.take(ms(0), k(y)));
+        // A third key in a table of two: the fullest (y) goes, x stays spent.
+        assert!(b.take(ms(0), k(z)));
+        assert_eq!(b.len(), 2);
+        assert!(b.is_spent(ms(0), k(x)));
     }
 }

@@ -29,7 +29,7 @@ use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::proto::crypto::amplification::Budget;
-use crate::proto::crypto::ratelimit::{Rate, RateLimiter};
+use crate::proto::crypto::ratelimit::{Buckets, Rate, RateLimiter};
 use crate::proto::crypto::replayed::{self, ReplayedHellos};
 use crate::proto::crypto::{
     frame, handshake, CookieSecret, Decision, HandshakeError, Opener, PublicKey, RefuseReason,
@@ -75,6 +75,14 @@ const HANDSHAKES_PER_SEC: u32 = 200;
 /// WireGuard's ratelimiter.c: PACKETS_PER_SECOND, PACKETS_BURSTABLE.
 const HELLOS_PER_SEC_PER_SOURCE: u32 = 20;
 const HELLO_BURST_PER_SOURCE: u32 = 5;
+/// Cookie replies to one address (IP and port: a cookie is bound to
+/// both) a second, and at once: one for each hello a client sends, all
+/// of a 64-stream transfer's at once. Past this its hellos without a
+/// cookie are dropped. Keyed by port too, so that a spoofer who sends in
+/// a victim's IP, but cannot know the port it sends from, cannot spend
+/// the victim's.
+const COOKIES_PER_SEC_PER_ADDRESS: u32 = 64;
+const COOKIE_BURST_PER_ADDRESS: u32 = 64;
 /// Hellos in, or waiting for, their public-key work at once. At the
 /// default 1,000 worked a second, 64 is 64 ms of work: more would only
 /// answer hellos later than their clients' first resend.
@@ -118,8 +126,12 @@ pub struct ServerStats {
     pub connections: u64,
     /// Authenticated handshakes completed (sessions made).
     pub handshakes: u64,
-    /// Hellos answered with a cookie (under load).
+    /// Hellos answered with a cookie (under load, or their source's
+    /// budget for hellos without one spent).
     pub cookies_sent: u64,
+    /// Hellos that needed a cookie dropped unanswered: their address had
+    /// been sent its share of cookies that second.
+    pub cookies_limited: u64,
     /// Hellos worked through with public-key operations (two X25519 to
     /// read one, three more to answer it): at most the per-source and
     /// global budgets ([`ServerLimits::hellos_per_sec`]).
@@ -1088,6 +1100,8 @@ pub struct Server {
     hellos_this_second: u32,
     /// The price of public-key operations, per source and in all.
     rate: RateLimiter,
+    /// Cookie replies each address may still be sent.
+    cookie_replies: Buckets<SocketAddr>,
     /// Hellos replayed in bulk, whose copies the driver drops unread.
     replayed: ReplayedHellos,
     /// The driver runs the handshakes' public-key work
@@ -1201,6 +1215,10 @@ impl Server {
                     limits.hello_burst_per_source,
                 ),
                 Rate::new(limits.hellos_per_sec, (limits.hellos_per_sec / 4).max(1)),
+                limits.max_rate_sources,
+            ),
+            cookie_replies: Buckets::new(
+                Rate::new(COOKIES_PER_SEC_PER_ADDRESS, COOKIE_BURST_PER_ADDRESS),
                 limits.max_rate_sources,
             ),
             replayed: ReplayedHellos::new(limits.replayed_copies_before_drop),
@@ -1817,7 +1835,13 @@ impl Server {
             self.hello_second = now;
             self.hellos_this_second = 0;
         }
+        // Under load for everyone, or for this source: its budget for
+        // hellos without a cookie spent (by it, or by a spoofer sending
+        // in its name), it is asked to prove its address and is then
+        // held to the budget for hellos with one, which no spoofer can
+        // spend.
         let under_load = self.hellos_this_second >= HANDSHAKES_PER_SEC
+            || self.rate.unvalidated_spent(now, from.ip())
             || self.conns.len() >= self.limits.max_connections * 3 / 4
             || self
                 .per_ip
@@ -1827,7 +1851,12 @@ impl Server {
         // a lookup for a copy, the cookie under load, then the price.
         let hello = match responder.screen(now, from, datagram, under_load) {
             Ok(Screened::Fresh(hello)) => hello,
-            Ok(Screened::Cookie(bytes)) => {
+            Ok(Screened::NeedsCookie { client_id }) => {
+                if !self.cookie_replies.take(now, from) {
+                    self.stats.cookies_limited += 1;
+                    return;
+                }
+                let bytes = responder.cookie_reply(now, from, client_id);
                 self.stats.cookies_sent += 1;
                 self.answer_hello(from, datagram.len(), bytes);
                 return;
@@ -1861,7 +1890,11 @@ impl Server {
         }
         // WireGuard's ratelimiter.c, before any public-key operation
         // (whitepaper §5.3: under load, the cookie first, then the rate).
-        if self.rate.allow(now, from.ip()).is_err() {
+        if self
+            .rate
+            .allow(now, from.ip(), hello.address_validated())
+            .is_err()
+        {
             self.stats.hellos_limited += 1;
             return;
         }
@@ -2385,7 +2418,7 @@ impl Server {
                 datagram,
                 session,
                 timestamp_advanced,
-                ..
+                address_validated,
             } => {
                 let Some(id) = conn else {
                     return;
@@ -2416,7 +2449,7 @@ impl Server {
                     (Purpose::Probe, false) => {}
                 }
                 // Worth its price: the source's token goes back.
-                self.rate.refund(now, from.ip());
+                self.rate.refund(now, from.ip(), address_validated);
                 self.rate.prove(now, from.ip());
                 self.stats.handshakes += 1;
                 // Held while the table is unsaved, advanced by this hello
