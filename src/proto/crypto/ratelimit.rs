@@ -8,9 +8,10 @@
 //! Spoofed sources are unlimited, so the table is bounded: entries idle
 //! for a second (their bucket full again, as good as absent) are swept
 //! once a second, as WireGuard's garbage collector does, and a new source
-//! in a full table takes the place of the fullest bucket instead of being
-//! refused (WireGuard refuses it, which lets a table filled by a flood
-//! lock out every new source until the sweep).
+//! in a full table takes the place of the fullest buckets (a quarter of
+//! the table at once) instead of being refused (WireGuard refuses it,
+//! which lets a table filled by a flood lock out every new source until
+//! the sweep).
 //!
 //! Unlike ratelimiter.c, which only runs under load, once every packet
 //! must carry a cookie, this one runs always, so a source's budget is
@@ -123,7 +124,7 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Token buckets of one rate, one per key, at most `capacity` of them:
 /// entries idle for a second are swept once a second, and a new key in a
-/// full table takes the place of the fullest bucket. Forgetting a key
+/// full table takes the place of the fullest buckets. Forgetting a key
 /// only ever fills its bucket, so an attacker who churns the table can
 /// give budget away, never take it from anyone.
 #[derive(Debug)]
@@ -149,7 +150,7 @@ impl<K: Copy + Eq + Hash> Buckets<K> {
     pub fn take(&mut self, now: Time, key: K) -> bool {
         self.sweep(now);
         if !self.map.contains_key(&key) && self.map.len() >= self.capacity {
-            self.evict_fullest(now);
+            self.make_room(now);
         }
         let rate = self.rate;
         let bucket = self.map.entry(key).or_insert_with(|| rate.full(now));
@@ -196,17 +197,22 @@ impl<K: Copy + Eq + Hash> Buckets<K> {
             .retain(|_, b| now.saturating_since(b.last) < SWEEP_EVERY);
     }
 
-    /// Makes room for a new key: the one whose bucket is fullest now
-    /// (the least active) goes.
-    fn evict_fullest(&mut self, now: Time) {
+    /// Makes room for new keys: the fullest quarter of the buckets now
+    /// (the least active) go at once. A flood of new keys (spoofed
+    /// addresses, a new one each datagram) then costs one pass over the
+    /// table per quarter of it, where taking out the single fullest cost
+    /// one pass per key.
+    fn make_room(&mut self, now: Time) {
         let rate = self.rate;
-        if let Some(fullest) = self
+        let mut by_fill: Vec<(u64, K)> = self
             .map
             .iter()
-            .max_by_key(|(_, b)| rate.refilled(b, now))
-            .map(|(k, _)| *k)
-        {
-            self.map.remove(&fullest);
+            .map(|(k, b)| (rate.refilled(b, now), *k))
+            .collect();
+        let first_out = by_fill.len() - (by_fill.len() / 4).max(1);
+        by_fill.select_nth_unstable_by_key(first_out, |&(tokens, _)| tokens);
+        for (_, key) in &by_fill[first_out..] {
+            self.map.remove(key);
         }
     }
 }
@@ -485,6 +491,14 @@ mod tests {
         }
         // The busy source, its bucket empty, was never the one forgotten.
         assert_eq!(allow(&mut r, ms(1), busy), Err(Limited::Source));
+        // Room is made a quarter of the table at a time: 8 full, one
+        // more key, 8 - 2 + 1.
+        let mut b = Buckets::new(Rate::new(20, 5), 8);
+        for i in 0..8u8 {
+            assert!(b.take(ms(2), i));
+        }
+        assert!(b.take(ms(2), 100));
+        assert_eq!(b.len(), 7);
     }
 
     #[test]
