@@ -1248,5 +1248,90 @@ fn a_spoofer_using_a_victims_address_cannot_spend_its_handshake_budget() {
     // once, 64 a second), not one for each of 6,000 hellos; the rest
     // were dropped unanswered.
     assert!(s.cookies_sent <= 64 + 64 * 6 + 1, "{s:?}");
-    assert!(s.cookies_limited >= 5_000, "{s:?}");
+    assert!(s.answers_limited >= 5_000, "{s:?}");
+}
+
+/// An off-path spoofer sends, in a victim's address, every kind of
+/// datagram the server answers before anyone has proved anything: key
+/// queries, hellos of another version, plain hellos to a server that
+/// requires keys, and path-MTU probes, 10,000 in a second. Each answer is
+/// no larger than what came, but one answer for every datagram makes the
+/// server a reflector at the spoofer's packet rate. The victim's address
+/// gets its share (64 at once, 64 a second) and no more; another address
+/// still gets its answer.
+#[test]
+fn answers_before_any_proof_are_priced_per_address() {
+    let (mut server, _, _) = keyed_server();
+    let victim = SocketAddr::from(([192, 0, 2, 70], 4000));
+    let bystander = SocketAddr::from(([192, 0, 2, 71], 4000));
+    let mut buf = vec![0u8; 65536];
+    let mut to_victim = 0u64;
+    let mut kinds_answered = std::collections::BTreeSet::new();
+    for i in 0..10_000u64 {
+        let now = Time::ZERO + Duration::from_micros(i * 100);
+        let mut datagram = match i % 4 {
+            0 => atou::internals::crypto::handshake::key_query(i),
+            1 => {
+                let mut h = garbage_hello(i);
+                h[2] = atou::internals::wire::VERSION.wrapping_add(1);
+                h
+            }
+            2 => plain_hello(i),
+            _ => {
+                let mut p = vec![0u8; 1200];
+                let n = atou::internals::wire::SizeProbe {
+                    conn_id: i,
+                    nonce: i,
+                    size: 1200,
+                }
+                .emit(&mut p)
+                .unwrap();
+                p.truncate(n);
+                p
+            }
+        };
+        server.handle_datagram(now, victim, &mut datagram);
+        while let Some((to, _)) = server.poll_transmit(now, &mut buf) {
+            if to == victim {
+                to_victim += 1;
+                kinds_answered.insert(i % 4);
+            }
+        }
+    }
+    let s = *server.stats();
+    assert_eq!(kinds_answered.len(), 4, "each kind is answered: {s:?}");
+    assert!(to_victim <= 64 + 64, "{to_victim} answers: {s:?}");
+    assert_eq!(s.answers_limited, 10_000 - to_victim, "{s:?}");
+    let now = Time::ZERO + Duration::from_secs(1);
+    server.handle_datagram(
+        now,
+        bystander,
+        &mut atou::internals::crypto::handshake::key_query(1),
+    );
+    let answered = std::iter::from_fn(|| server.poll_transmit(now, &mut buf))
+        .filter(|(to, _)| *to == bystander)
+        .count();
+    assert_eq!(answered, 1);
+}
+
+/// A plain hello, as a `--no-auth` client sends it.
+fn plain_hello(conn_id: u64) -> Vec<u8> {
+    let mut b = vec![0u8; 128];
+    let n = Hello {
+        conn_id,
+        mss: 1200,
+        maxidle_ms: 600_000,
+        session: 0,
+        receiver: ReceiverParams {
+            rcvsegs: 64,
+            rcvbuf: 0,
+            delack_us: 0,
+            quickack: 0,
+            sack: true,
+        },
+    }
+    .emit(&mut b)
+    .unwrap();
+    b.truncate(n);
+    b
 }

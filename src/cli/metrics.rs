@@ -132,8 +132,9 @@ impl ServeMetrics {
             "hellos",
             "Hellos by what became of them: worked (public-key work done), rate_limited \
              (over --hellos-per-sec or its per-source budget), queue_full, replayed, \
-             dropped_unread, cookie (answered with a cookie under load), cookie_limited (needed a \
-             cookie, its address sent its share that second)",
+             dropped_unread, cookie (answered with a cookie under load), answer_limited (a hello, \
+             key query or size probe left unanswered: its address, not yet proved, had been sent \
+             its share of answers that second)",
             m.hellos.clone(),
         );
         registry.register("datagrams", "Datagrams received", m.datagrams.clone());
@@ -214,7 +215,7 @@ impl ServeMetrics {
                 last.hellos_dropped_unread,
             ),
             ("cookie", now.cookies_sent, last.cookies_sent),
-            ("cookie_limited", now.cookies_limited, last.cookies_limited),
+            ("answer_limited", now.answers_limited, last.answers_limited),
         ] {
             self.hellos
                 .get_or_create(&[("fate", fate)])

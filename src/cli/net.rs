@@ -731,7 +731,7 @@ fn stopped_line(stats: &ServerStats) -> String {
     format!(
         "atou serve: stopped after {} connections; datagrams {} undecodable {} unknown-connection {} \
          unexpected {} refused hellos {}; handshakes {} refused keys {} unopened {} cookies {} \
-         (not sent, over an address's share: {}) replays {} (dropped unread: {} hellos) over the work queue {} moves {}",
+         (answers not sent, over an address's share: {}) replays {} (dropped unread: {} hellos) over the work queue {} moves {}",
         stats.connections,
         stats.datagrams,
         stats.undecodable,
@@ -742,7 +742,7 @@ fn stopped_line(stats: &ServerStats) -> String {
         stats.auth_refused,
         stats.crypto_dropped + stats.bad_handshakes,
         stats.cookies_sent,
-        stats.cookies_limited,
+        stats.answers_limited,
         stats.hellos_seen,
         stats.hellos_dropped_unread,
         stats.hellos_queue_full,

@@ -75,14 +75,16 @@ const HANDSHAKES_PER_SEC: u32 = 200;
 /// WireGuard's ratelimiter.c: PACKETS_PER_SECOND, PACKETS_BURSTABLE.
 const HELLOS_PER_SEC_PER_SOURCE: u32 = 20;
 const HELLO_BURST_PER_SOURCE: u32 = 5;
-/// Cookie replies to one address (IP and port: a cookie is bound to
-/// both) a second, and at once: one for each hello a client sends, all
-/// of a 64-stream transfer's at once. Past this its hellos without a
-/// cookie are dropped. Keyed by port too, so that a spoofer who sends in
-/// a victim's IP, but cannot know the port it sends from, cannot spend
-/// the victim's.
-const COOKIES_PER_SEC_PER_ADDRESS: u32 = 64;
-const COOKIE_BURST_PER_ADDRESS: u32 = 64;
+/// Answers sent before anyone proved anything (cookie replies, rejects,
+/// retries, key answers, size-probe acks) to one address (IP and port) a
+/// second, and at once. None is larger than what it answers, but one for
+/// every datagram would make the server a reflector at a spoofer's packet
+/// rate. A client's connection needs a few (its key, a cookie, its size
+/// probes' acks). Keyed by port too, so that a spoofer who sends in a
+/// victim's IP, but cannot know the port the victim sends from, cannot
+/// spend the victim's share.
+const UNPROVEN_ANSWERS_PER_SEC: u32 = 64;
+const UNPROVEN_ANSWERS_BURST: u32 = 64;
 /// Hellos in, or waiting for, their public-key work at once. At the
 /// default 1,000 worked a second, 64 is 64 ms of work: more would only
 /// answer hellos later than their clients' first resend.
@@ -129,9 +131,11 @@ pub struct ServerStats {
     /// Hellos answered with a cookie (under load, or their source's
     /// budget for hellos without one spent).
     pub cookies_sent: u64,
-    /// Hellos that needed a cookie dropped unanswered: their address had
-    /// been sent its share of cookies that second.
-    pub cookies_limited: u64,
+    /// Datagrams that would have been answered before anyone proved
+    /// anything (with a cookie, a reject, a retry, the server's key, a
+    /// size-probe ack), left unanswered: their address had been sent its
+    /// share that second.
+    pub answers_limited: u64,
     /// Hellos worked through with public-key operations (two X25519 to
     /// read one, three more to answer it): at most the per-source and
     /// global budgets ([`ServerLimits::hellos_per_sec`]).
@@ -1100,8 +1104,9 @@ pub struct Server {
     hellos_this_second: u32,
     /// The price of public-key operations, per source and in all.
     rate: RateLimiter,
-    /// Cookie replies each address may still be sent.
-    cookie_replies: Buckets<SocketAddr>,
+    /// Answers before any proof each address may still be sent
+    /// ([`Server::may_answer_unproven`]).
+    unproven_answers: Buckets<SocketAddr>,
     /// Hellos replayed in bulk, whose copies the driver drops unread.
     replayed: ReplayedHellos,
     /// The driver runs the handshakes' public-key work
@@ -1217,8 +1222,8 @@ impl Server {
                 Rate::new(limits.hellos_per_sec, (limits.hellos_per_sec / 4).max(1)),
                 limits.max_rate_sources,
             ),
-            cookie_replies: Buckets::new(
-                Rate::new(COOKIES_PER_SEC_PER_ADDRESS, COOKIE_BURST_PER_ADDRESS),
+            unproven_answers: Buckets::new(
+                Rate::new(UNPROVEN_ANSWERS_PER_SEC, UNPROVEN_ANSWERS_BURST),
                 limits.max_rate_sources,
             ),
             replayed: ReplayedHellos::new(limits.replayed_copies_before_drop),
@@ -1479,7 +1484,7 @@ impl Server {
             Route::Undecodable => self.stats.undecodable += 1,
             Route::ForeignVersion => self.on_foreign_version(now, from, &peek),
             Route::SecureHello => self.on_secure_hello(now, from, datagram),
-            Route::KeyQuery => self.on_key_query(from, peek.conn_id, datagram),
+            Route::KeyQuery => self.on_key_query(now, from, peek.conn_id, datagram),
             Route::Packet => return self.on_packet(now, from, peek.conn_id, datagram),
         }
         None
@@ -1495,19 +1500,23 @@ impl Server {
                 theirs: peek.version,
             },
         );
-        self.reject(from, peek.conn_id, RejectReason::UnsupportedVersion);
+        self.reject(now, from, peek.conn_id, RejectReason::UnsupportedVersion);
     }
 
-    fn on_key_query(&mut self, from: SocketAddr, client_id: u64, datagram: &[u8]) {
+    fn on_key_query(&mut self, now: Time, from: SocketAddr, client_id: u64, datagram: &[u8]) {
         match self
             .public_key()
             .and_then(|key| handshake::answer_key_query(datagram, &key))
         {
-            Some(answer) => self.queue_handshake(from, answer),
+            Some(answer) => {
+                if self.may_answer_unproven(now, from) {
+                    self.queue_handshake(from, answer);
+                }
+            }
             // No key to tell: say so (a reject is shorter than the
             // padded query), so the client need not wait.
             None if self.responder.is_none() && datagram.len() >= handshake::HELLO_MIN_LEN => {
-                self.reject(from, client_id, RejectReason::NoIdentity);
+                self.reject(now, from, client_id, RejectReason::NoIdentity);
             }
             None => self.stats.bad_handshakes += 1,
         }
@@ -1540,7 +1549,7 @@ impl Server {
             } else if !self.auth.allow_plain {
                 self.stats.plain_refused += 1;
                 self.notice(now, Notice::PlainRefused { peer: from });
-                self.reject(from, hello.conn_id, RejectReason::AuthRequired);
+                self.reject(now, from, hello.conn_id, RejectReason::AuthRequired);
             } else {
                 self.on_hello(now, from, &hello, hello_token(datagram), len);
             }
@@ -1550,7 +1559,7 @@ impl Server {
             if protected {
                 self.stats.unexpected += 1;
             } else {
-                self.on_size_probe(from, &probe);
+                self.on_size_probe(now, from, &probe);
             }
             return None;
         }
@@ -1819,7 +1828,7 @@ impl Server {
             // No key to answer with: say so, in no more than arrived.
             if datagram.len() >= handshake::HELLO_MIN_LEN {
                 let client_id = HeaderPeek::read(datagram).map_or(0, |p| p.conn_id);
-                self.reject(from, client_id, RejectReason::NoIdentity);
+                self.reject(now, from, client_id, RejectReason::NoIdentity);
             } else {
                 self.stats.bad_handshakes += 1;
             }
@@ -1852,10 +1861,12 @@ impl Server {
         let hello = match responder.screen(now, from, datagram, under_load) {
             Ok(Screened::Fresh(hello)) => hello,
             Ok(Screened::NeedsCookie { client_id }) => {
-                if !self.cookie_replies.take(now, from) {
-                    self.stats.cookies_limited += 1;
+                if !self.may_answer_unproven(now, from) {
                     return;
                 }
+                let Some(responder) = self.responder.as_ref() else {
+                    return;
+                };
                 let bytes = responder.cookie_reply(now, from, client_id);
                 self.stats.cookies_sent += 1;
                 self.answer_hello(from, datagram.len(), bytes);
@@ -2614,7 +2625,7 @@ impl Server {
                     conn_id: hello.conn_id,
                     token: secret.issue_token(from.ip(), now),
                 };
-                if self.retries.len() < FETCH_QUEUE_MAX {
+                if self.retries.len() < FETCH_QUEUE_MAX && self.may_answer_unproven(now, from) {
                     self.stats.retries_sent += 1;
                     self.retries.push_back((from, retry));
                 }
@@ -2636,12 +2647,12 @@ impl Server {
             Err((RejectReason::Busy, why)) => {
                 self.stats.busy_rejects += 1;
                 self.notice(now, Notice::Busy { peer: from, why });
-                self.reject(from, hello.conn_id, RejectReason::Busy);
+                self.reject(now, from, hello.conn_id, RejectReason::Busy);
             }
             Err((reason, why)) => {
                 self.stats.bad_hellos += 1;
                 self.notice(now, Notice::BadHello { peer: from, why });
-                self.reject(from, hello.conn_id, reason);
+                self.reject(now, from, hello.conn_id, reason);
             }
         }
     }
@@ -2726,17 +2737,29 @@ impl Server {
     /// ack is 24 bytes for a probe of at least 1,200 (decoding refuses
     /// shorter ones) and nothing is kept, so a spoofed source gains a
     /// fiftieth of what it sent; the queue is bounded by what arrived.
-    fn on_size_probe(&mut self, from: SocketAddr, probe: &SizeProbe) {
-        if self.size_acks.len() < FETCH_QUEUE_MAX {
+    fn on_size_probe(&mut self, now: Time, from: SocketAddr, probe: &SizeProbe) {
+        if self.size_acks.len() < FETCH_QUEUE_MAX && self.may_answer_unproven(now, from) {
             self.stats.size_probes_acked += 1;
             self.size_acks.push_back((from, probe.ack()));
         }
     }
 
-    fn reject(&mut self, to: SocketAddr, conn_id: u64, reason: RejectReason) {
+    /// Whether `to` may be sent one more answer before it has proved
+    /// anything: its share is [`UNPROVEN_ANSWERS_PER_SEC`]; past it the
+    /// datagram goes unanswered and counted.
+    fn may_answer_unproven(&mut self, now: Time, to: SocketAddr) -> bool {
+        if self.unproven_answers.take(now, to) {
+            return true;
+        }
+        self.stats.answers_limited += 1;
+        false
+    }
+
+    fn reject(&mut self, now: Time, to: SocketAddr, conn_id: u64, reason: RejectReason) {
         // Rejects are sent once per hello and are no longer than it: no
-        // amplification, and a queue bounded by what arrived.
-        if self.rejects.len() < FETCH_QUEUE_MAX {
+        // amplification, and a queue bounded by what arrived; and no
+        // more than the address's share.
+        if self.rejects.len() < FETCH_QUEUE_MAX && self.may_answer_unproven(now, to) {
             self.rejects.push_back((
                 to,
                 Reject {
@@ -3270,8 +3293,9 @@ mod tests {
         // Cut to 1,199 bytes it is no probe, and nothing answers it.
         server.handle_datagram(Time::ZERO, addr(1), &mut datagram[..1199].to_vec());
         assert!(server.poll_transmit(Time::ZERO, &mut out).is_none());
-        // A flood: at most one bounded queue of acks, each a fiftieth of
-        // its probe.
+        // A flood from one address: its share of answers, each a
+        // fiftieth of its probe (the share's bucket is all that is kept
+        // for it, in a bounded table).
         for _ in 0..FETCH_QUEUE_MAX + 100 {
             server.handle_datagram(Time::ZERO, addr(2), &mut datagram.clone());
         }
@@ -3279,8 +3303,13 @@ mod tests {
         while let Some((_, n)) = server.poll_transmit(Time::ZERO, &mut out) {
             sent += n;
         }
-        assert_eq!(sent, FETCH_QUEUE_MAX * 24);
-        assert_eq!(server.stats().size_probes_acked, 1 + FETCH_QUEUE_MAX as u64);
+        let share = UNPROVEN_ANSWERS_BURST as usize;
+        assert_eq!(sent, share * 24);
+        assert_eq!(server.stats().size_probes_acked, 1 + share as u64);
+        assert_eq!(
+            server.stats().answers_limited,
+            (FETCH_QUEUE_MAX + 100 - share) as u64
+        );
     }
 
     #[test]
