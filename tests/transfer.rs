@@ -2057,6 +2057,65 @@ fn a_sender_that_will_not_wait_for_a_busy_server_exits_10() {
     first.kill();
 }
 
+/// An off-path spoofer floods `atou serve` with garbage hellos in the
+/// client's address (127.0.0.1, another port: it cannot see the answers),
+/// 2,000 a second, a new client id each, past that address's handshake
+/// budget of 20 a second. That kept the budget empty and every hello of
+/// the authorized client was dropped: its send timed out. Its hello is
+/// now answered with a cookie, and with it the client is held to a budget
+/// no spoofer can spend.
+#[test]
+fn a_spoofer_flooding_in_the_clients_address_does_not_lock_it_out() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let scratch = TestDir::new("transfer-spoofed-source");
+    let dest = scratch.dir("dest");
+    let src = scratch.dir("src").join("small.bin");
+    fs::write(&src, vec![7u8; 100_000]).unwrap();
+    let server = Serve::start(&dest);
+    let to = server.addr;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooding = Arc::clone(&stop);
+    let flood = std::thread::spawn(move || {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut sent = 0u64;
+        while !flooding.load(Ordering::Relaxed) {
+            for _ in 0..20 {
+                // A hello's frame around noise: it opens nothing, and each
+                // is new to the server's lookup of copies.
+                let mut h = vec![b'A', b'T', atou::internals::wire::VERSION, 0x20];
+                h.extend_from_slice(&(0x5eed_0000_0000_0000 ^ sent).to_be_bytes());
+                h.push(0);
+                h.extend_from_slice(&128u16.to_be_bytes());
+                h.extend((0..128u64).map(|i| (i * 31 + sent) as u8));
+                h.resize(1200, 0);
+                if sock.send_to(&h, to).is_ok() {
+                    sent += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        sent
+    });
+    // The address's budget is spent before the client starts.
+    std::thread::sleep(Duration::from_millis(500));
+    let sent = send(&[&src], &server.target(), &[]);
+    stop.store(true, Ordering::Relaxed);
+    let flooded = flood.join().unwrap();
+    say(&format!(
+        "  {flooded} spoofed hellos; the send took {:.2} s",
+        sent.secs
+    ));
+    assert!(flooded >= 500, "{flooded}");
+    let r = sent.report();
+    assert_eq!(report_u(&r, "files"), 1);
+    assert_eq!(
+        fs::read(dest.join("small.bin")).unwrap(),
+        vec![7u8; 100_000]
+    );
+}
+
 /// One hello replayed far faster than any client resends one (the price
 /// of a hello): once the server has seen it 64 times in a second, it asks the
 /// kernel to drop its further copies (a socket filter on its client id),
