@@ -320,6 +320,11 @@ impl RateLimiter {
         if !self.sources.take(now, charged) {
             return Err(Limited::Source);
         }
+        if !self.is_proven(now, &source) && !self.global_rate.take(&mut self.global, now) {
+            // Not spent after all: the source keeps its tokens.
+            self.sources.refund(now, charged);
+            return Err(Limited::Global);
+        }
         if address_validated {
             // What it may spend without a cookie is spent too, if it is
             // there, so that the two buckets together allow one rate, not
@@ -329,14 +334,6 @@ impl RateLimiter {
                 ..charged
             };
             let _ = self.sources.take(now, unvalidated);
-        }
-        if self.is_proven(now, &source) {
-            return Ok(());
-        }
-        if !self.global_rate.take(&mut self.global, now) {
-            // Not spent after all: the source keeps its tokens.
-            self.sources.refund(now, charged);
-            return Err(Limited::Global);
         }
         Ok(())
     }
@@ -551,6 +548,17 @@ mod tests {
         r.refund(ms(0), a, true);
         assert_eq!(r.allow(ms(0), a, false), Err(Limited::Source));
         assert_eq!(r.allow(ms(0), a, true), Ok(()));
+        // A hello with a cookie turned away by the global budget takes
+        // nothing from either of its source's buckets.
+        let mut r = RateLimiter::new(Rate::new(20, 5), Rate::new(1, 1), 16);
+        assert_eq!(r.allow(ms(0), ip("192.0.2.9"), false), Ok(()));
+        for _ in 0..10 {
+            assert_eq!(r.allow(ms(0), a, true), Err(Limited::Global));
+        }
+        r.prove(ms(0), a);
+        for _ in 0..5 {
+            assert_eq!(r.allow(ms(0), a, false), Ok(()));
+        }
         // Hellos with a cookie spend what the source may spend without
         // one, while there is any: mixing the two buys no second rate.
         let mut r = wireguard(16);
