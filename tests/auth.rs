@@ -2,6 +2,8 @@
 //! and a server wired back to back in virtual time, and hostile peers
 //! built from the crate's own encoders in between.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +16,7 @@ use atou::internals::sim::pair::{Dir, Pair};
 use atou::internals::wire::{Close, DataFlags, DataHeader, Hello, ReceiverParams};
 use atou::netem::NetemSpec;
 use atou::{Client, ConnError, PatternSource, Server, ServerLimits, Time, Tuning};
+use common::{garbage_hello, plain_hello};
 
 const BYTES: u64 = 300_000;
 
@@ -593,6 +596,77 @@ fn take_due(queue: &mut Vec<(Time, Vec<u8>)>, now: Time) -> Vec<(Time, Vec<u8>)>
     due
 }
 
+/// An authorized client at `addr(1)`, 50 ms from the server each way,
+/// that starts at `start`: stepped beside whatever else a test sends the
+/// server.
+struct ClientOnPath {
+    client: Client,
+    start: Time,
+    to_server: Vec<(Time, Vec<u8>)>,
+    to_client: Vec<(Time, Vec<u8>)>,
+    established: Option<Time>,
+    buf: Vec<u8>,
+}
+
+impl ClientOnPath {
+    const ONE_WAY: Duration = Duration::from_millis(50);
+
+    fn new(client: Client, start: Time) -> ClientOnPath {
+        ClientOnPath {
+            client,
+            start,
+            to_server: Vec::new(),
+            to_client: Vec::new(),
+            established: None,
+            buf: vec![0u8; 65536],
+        }
+    }
+
+    /// One step at `now`: until it has its session the client sends, and
+    /// what it sent reaches the server a one-way delay later; what the
+    /// server sends `addr(1)` reaches the client likewise, and what it
+    /// sends anyone else goes to `elsewhere` at once.
+    fn step(
+        &mut self,
+        now: Time,
+        server: &mut Server,
+        mut elsewhere: impl FnMut(SocketAddr, &[u8]),
+    ) {
+        if now >= self.start && self.established.is_none() {
+            self.client.handle_timeout(now);
+            while let Some(n) = self
+                .client
+                .poll_transmit(now, &mut self.buf, &mut PatternSource)
+            {
+                self.to_server
+                    .push((now + Self::ONE_WAY, self.buf[..n].to_vec()));
+            }
+            for (_, mut d) in take_due(&mut self.to_server, now) {
+                server.handle_datagram(now, addr(1), &mut d);
+            }
+        }
+        while let Some((to, n)) = server.poll_transmit(now, &mut self.buf) {
+            if to == addr(1) {
+                self.to_client
+                    .push((now + Self::ONE_WAY, self.buf[..n].to_vec()));
+            } else {
+                elsewhere(to, &self.buf[..n]);
+            }
+        }
+        for (_, d) in take_due(&mut self.to_client, now) {
+            let _ = self.client.handle_datagram(now, &d);
+        }
+        if self.established.is_none() && self.client.sender().is_some() {
+            self.established = Some(now);
+        }
+    }
+
+    /// How long after its start the client had its session.
+    fn took(&self) -> Option<Duration> {
+        self.established.map(|at| at.saturating_since(self.start))
+    }
+}
+
 /// A hello as an attacker holds it, with the cookie of a cookie reply
 /// spliced in (the cookie is bound to the address, not to the hello, so
 /// an attacker at a real address gets one and reuses it).
@@ -610,24 +684,6 @@ fn with_cookie(hello: &[u8], cookie_reply: &[u8]) -> Vec<u8> {
     out.extend_from_slice(cookie);
     out.extend_from_slice(rest);
     out
-}
-
-/// A hello whose Noise message is noise: the server spends one X25519
-/// operation (`es`) before it fails to open. `seed` makes it distinct.
-fn garbage_hello(seed: u64) -> Vec<u8> {
-    let mut noise = Vec::new();
-    for i in 0..4u64 {
-        noise.extend_from_slice(
-            blake3::hash(&[seed.to_be_bytes(), i.to_be_bytes()].concat()).as_bytes(),
-        );
-    }
-    let mut h = vec![b'A', b'T', atou::internals::wire::VERSION, 0x20];
-    h.extend_from_slice(&seed.to_be_bytes());
-    h.push(0);
-    h.extend_from_slice(&(noise.len() as u16).to_be_bytes());
-    h.extend_from_slice(&noise);
-    h.resize(1200, 0);
-    h
 }
 
 /// The review's attack in virtual time: one captured hello of a key the
@@ -648,43 +704,24 @@ fn a_captured_hello_of_an_unknown_key_replayed_10000_times_is_worked_once_and_ne
         .unwrap();
     captured.truncate(n);
     let attacker = SocketAddr::from(([192, 0, 2, 66], 4000));
-    let mut client = secure_client(31, &client_key, &server_key);
-    let client_start = Time::ZERO + Duration::from_millis(300);
-    let one_way = Duration::from_millis(50);
-    let (mut to_server, mut to_client) = (Vec::new(), Vec::new());
+    let mut client = ClientOnPath::new(
+        secure_client(31, &client_key, &server_key),
+        Time::ZERO + Duration::from_millis(300),
+    );
     let mut responses_to_attacker = 0u64;
-    let mut established = None;
-    let mut buf = vec![0u8; 65536];
     let step = Duration::from_micros(100);
     let mut now = Time::ZERO;
     for _ in 0..10_000 {
         server.handle_timeout(now);
         server.handle_datagram(now, attacker, &mut captured.clone());
-        if now >= client_start && established.is_none() {
-            client.handle_timeout(now);
-            while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
-                to_server.push((now + one_way, buf[..n].to_vec()));
-            }
-            for (_, mut d) in take_due(&mut to_server, now) {
-                server.handle_datagram(now, addr(1), &mut d);
-            }
-        }
-        while let Some((to, n)) = server.poll_transmit(now, &mut buf) {
+        client.step(now, &mut server, |to, d| {
             if to == attacker {
-                match buf[3] {
-                    0x22 => captured = with_cookie(&captured, &buf[..n]),
+                match d[3] {
+                    0x22 => captured = with_cookie(&captured, d),
                     _ => responses_to_attacker += 1,
                 }
-            } else if to == addr(1) {
-                to_client.push((now + one_way, buf[..n].to_vec()));
             }
-        }
-        for (_, d) in take_due(&mut to_client, now) {
-            let _ = client.handle_datagram(now, &d);
-        }
-        if established.is_none() && client.sender().is_some() {
-            established = Some(now);
-        }
+        });
         now += step;
     }
     let s = *server.stats();
@@ -702,9 +739,9 @@ fn a_captured_hello_of_an_unknown_key_replayed_10000_times_is_worked_once_and_ne
     let replayed_id = u64::from_be_bytes(captured[4..12].try_into().unwrap());
     assert_eq!(server.poll_dropped_hellos(now), Some(vec![replayed_id]));
     assert_eq!(server.poll_dropped_hellos(now), None);
-    let took = established
-        .expect("the authorized client got no session during the flood")
-        .saturating_since(client_start);
+    let took = client
+        .took()
+        .expect("the authorized client got no session during the flood");
     assert!(took <= Duration::from_millis(101), "{took:?}");
     assert_eq!(s.handshakes, 1);
 }
@@ -1203,44 +1240,23 @@ fn hellos_in_flight_cannot_oversubscribe_the_connection_budget() {
 fn a_spoofer_using_a_victims_address_cannot_spend_its_handshake_budget() {
     let (mut server, server_key, client_key) = keyed_server();
     let spoofed = SocketAddr::from((addr(1).ip(), 40_000));
-    let mut client = secure_client(31, &client_key, &server_key);
-    let client_start = Time::ZERO + Duration::from_millis(1_000);
-    let one_way = Duration::from_millis(50);
-    let (mut to_server, mut to_client) = (Vec::new(), Vec::new());
-    let mut established = None;
-    let mut buf = vec![0u8; 65536];
+    let mut client = ClientOnPath::new(
+        secure_client(31, &client_key, &server_key),
+        Time::ZERO + Duration::from_millis(1_000),
+    );
     let step = Duration::from_millis(1);
     let mut now = Time::ZERO;
     for i in 0..6_000u64 {
         server.handle_timeout(now);
         server.handle_datagram(now, spoofed, &mut garbage_hello(i));
-        if now >= client_start && established.is_none() {
-            client.handle_timeout(now);
-            while let Some(n) = client.poll_transmit(now, &mut buf, &mut PatternSource) {
-                to_server.push((now + one_way, buf[..n].to_vec()));
-            }
-        }
-        for (_, mut d) in take_due(&mut to_server, now) {
-            server.handle_datagram(now, addr(1), &mut d);
-        }
-        while let Some((to, n)) = server.poll_transmit(now, &mut buf) {
-            // What goes to the spoofed port is lost to the spoofer.
-            if to == addr(1) {
-                to_client.push((now + one_way, buf[..n].to_vec()));
-            }
-        }
-        for (_, d) in take_due(&mut to_client, now) {
-            let _ = client.handle_datagram(now, &d);
-        }
-        if established.is_none() && client.sender().is_some() {
-            established = Some(now);
-        }
+        // What goes to the spoofed port is lost to the spoofer.
+        client.step(now, &mut server, |_, _| {});
         now += step;
     }
     let s = *server.stats();
-    let took = established
-        .unwrap_or_else(|| panic!("the victim got no session in 5 s: {s:?}"))
-        .saturating_since(client_start);
+    let took = client
+        .took()
+        .unwrap_or_else(|| panic!("the victim got no session in 5 s: {s:?}"));
     // Two round trips: the first hello is answered with a cookie.
     assert!(took <= Duration::from_millis(202), "{took:?} {s:?}");
     assert_eq!(s.handshakes, 1, "{s:?}");
@@ -1276,7 +1292,7 @@ fn answers_before_any_proof_are_priced_per_address() {
                 h[2] = atou::internals::wire::VERSION.wrapping_add(1);
                 h
             }
-            2 => plain_hello(i),
+            2 => plain_hello(i, 0, 1200, 64),
             _ => {
                 let mut p = vec![0u8; 1200];
                 let n = atou::internals::wire::SizeProbe {
@@ -1312,26 +1328,4 @@ fn answers_before_any_proof_are_priced_per_address() {
         .filter(|(to, _)| *to == bystander)
         .count();
     assert_eq!(answered, 1);
-}
-
-/// A plain hello, as a `--no-auth` client sends it.
-fn plain_hello(conn_id: u64) -> Vec<u8> {
-    let mut b = vec![0u8; 128];
-    let n = Hello {
-        conn_id,
-        mss: 1200,
-        maxidle_ms: 600_000,
-        session: 0,
-        receiver: ReceiverParams {
-            rcvsegs: 64,
-            rcvbuf: 0,
-            delack_us: 0,
-            quickack: 0,
-            sack: true,
-        },
-    }
-    .emit(&mut b)
-    .unwrap();
-    b.truncate(n);
-    b
 }

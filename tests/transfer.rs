@@ -2082,14 +2082,7 @@ fn a_spoofer_flooding_in_the_clients_address_does_not_lock_it_out() {
         let mut sent = 0u64;
         while !flooding.load(Ordering::Relaxed) {
             for _ in 0..20 {
-                // A hello's frame around noise: it opens nothing, and each
-                // is new to the server's lookup of copies.
-                let mut h = vec![b'A', b'T', atou::internals::wire::VERSION, 0x20];
-                h.extend_from_slice(&(0x5eed_0000_0000_0000 ^ sent).to_be_bytes());
-                h.push(0);
-                h.extend_from_slice(&128u16.to_be_bytes());
-                h.extend((0..128u64).map(|i| (i * 31 + sent) as u8));
-                h.resize(1200, 0);
+                let h = common::garbage_hello(0x5eed_0000_0000_0000 ^ sent);
                 if sock.send_to(&h, to).is_ok() {
                     sent += 1;
                 }

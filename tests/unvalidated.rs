@@ -4,17 +4,18 @@
 //! hostile datagrams built with the crate's own encoders, from spoofed
 //! sources that never see an answer.
 
+mod common;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use atou::internals::server::SessionEvent;
 use atou::internals::sim::pair::Pair;
-use atou::internals::wire::{
-    Close, DataFlags, DataHeader, Fetch, Hello, ReceiverParams, DATA_HEADER_LEN,
-};
+use atou::internals::wire::{Close, DataFlags, DataHeader, Fetch, DATA_HEADER_LEN};
 use atou::netem::NetemSpec;
 use atou::{Client, Server, ServerLimits, Time, Tuning};
+use common::plain_hello;
 
 /// A plain server that lets `unvalidated` connections open without an
 /// address token ([`ServerLimits::unvalidated_plain`]).
@@ -32,27 +33,6 @@ fn both_ways() -> [usize; 2] {
 
 fn spoofed(i: u32) -> SocketAddr {
     SocketAddr::from(([198, 18, (i >> 8) as u8, i as u8], 40_000))
-}
-
-fn hello(conn_id: u64, session: u64, mss: u32, rcvsegs: u32) -> Vec<u8> {
-    let mut b = vec![0u8; 128];
-    let n = Hello {
-        conn_id,
-        mss,
-        maxidle_ms: 600_000,
-        session,
-        receiver: ReceiverParams {
-            rcvsegs,
-            rcvbuf: 0,
-            delack_us: 0,
-            quickack: 0,
-            sack: true,
-        },
-    }
-    .emit(&mut b)
-    .unwrap();
-    b.truncate(n);
-    b
 }
 
 fn segment(conn_id: u64, seg: u64, payload: &[u8], fin: bool) -> Vec<u8> {
@@ -150,7 +130,7 @@ fn lockout(unvalidated: usize) {
     let mut server = plain_server(unvalidated);
     let mut ledger = Ledger::new(vec![0x5a; 64 << 10]);
     for i in 0..1024u32 {
-        let h = hello(1 + u64::from(i), 0, 1472, 1 << 10);
+        let h = plain_hello(1 + u64::from(i), 0, 1472, 1 << 10);
         ledger.deliver(&mut server, Time::ZERO, spoofed(i), h);
     }
     let client_addr = SocketAddr::from(([10, 0, 0, 1], 5000));
@@ -191,7 +171,7 @@ fn fetch_flood(unvalidated: usize) {
     let mss = 1472;
     let payload = (mss as usize) - DATA_HEADER_LEN;
     let now = Time::ZERO;
-    ledger.deliver(&mut server, now, victim, hello(conn, 5, mss, 64));
+    ledger.deliver(&mut server, now, victim, plain_hello(conn, 5, mss, 64));
     ledger.deliver(
         &mut server,
         now,
@@ -233,7 +213,12 @@ fn probe_floods(unvalidated: usize) {
     let victim = spoofed(2);
     let now = Time::ZERO;
     let session_conn = 0x5e55;
-    ledger.deliver(&mut server, now, victim, hello(session_conn, 9, 1472, 64));
+    ledger.deliver(
+        &mut server,
+        now,
+        victim,
+        plain_hello(session_conn, 9, 1472, 64),
+    );
     ledger.deliver(
         &mut server,
         now,
@@ -255,7 +240,7 @@ fn probe_floods(unvalidated: usize) {
         &mut server,
         now,
         victim,
-        hello(conn, 0, DATA_HEADER_LEN as u32 + 1, 1 << 16),
+        plain_hello(conn, 0, DATA_HEADER_LEN as u32 + 1, 1 << 16),
     );
     for seg in (1..2000u64).step_by(2) {
         ledger.deliver(&mut server, now, victim, segment(conn, seg, &[0], false));

@@ -98,3 +98,45 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
         })
         .collect()
 }
+
+/// A plain hello as a `--no-auth` client sends it (600 s idle), from the
+/// crate's own encoder.
+pub fn plain_hello(conn_id: u64, session: u64, mss: u32, rcvsegs: u32) -> Vec<u8> {
+    let mut b = vec![0u8; 128];
+    let n = atou::internals::wire::Hello {
+        conn_id,
+        mss,
+        maxidle_ms: 600_000,
+        session,
+        receiver: atou::internals::wire::ReceiverParams {
+            rcvsegs,
+            rcvbuf: 0,
+            delack_us: 0,
+            quickack: 0,
+            sack: true,
+        },
+    }
+    .emit(&mut b)
+    .unwrap();
+    b.truncate(n);
+    b
+}
+
+/// A Noise hello whose message is noise, 1,200 bytes: the server spends
+/// one X25519 operation (`es`) before it fails to open. `seed` makes it
+/// distinct (its client id, and its noise).
+pub fn garbage_hello(seed: u64) -> Vec<u8> {
+    let mut noise = Vec::new();
+    for i in 0..4u64 {
+        noise.extend_from_slice(
+            blake3::hash(&[seed.to_be_bytes(), i.to_be_bytes()].concat()).as_bytes(),
+        );
+    }
+    let mut h = vec![b'A', b'T', atou::internals::wire::VERSION, 0x20];
+    h.extend_from_slice(&seed.to_be_bytes());
+    h.push(0);
+    h.extend_from_slice(&(noise.len() as u16).to_be_bytes());
+    h.extend_from_slice(&noise);
+    h.resize(1200, 0);
+    h
+}
