@@ -731,7 +731,7 @@ fn stopped_line(stats: &ServerStats) -> String {
     format!(
         "atou serve: stopped after {} connections; datagrams {} undecodable {} unknown-connection {} \
          unexpected {} refused hellos {}; handshakes {} refused keys {} unopened {} cookies {} \
-         (answers not sent, over an address's share: {}) replays {} (dropped unread: {} hellos) over the work queue {} moves {}",
+         unanswered (over an address's share) {} replays {} (dropped unread: {} hellos) over the work queue {} moves {}",
         stats.connections,
         stats.datagrams,
         stats.undecodable,
