@@ -438,3 +438,53 @@ fn a_probe_takes_its_hosts_settings_and_typed_flags_win() {
     assert_eq!(s["bytes"], 200_000, "the typed flag wins");
     server.report();
 }
+
+/// `--seal-thread on` seals the data on a thread beside the protocol's
+/// (issue 28, point 4): every byte arrives and matches the test pattern,
+/// and the summary counts the datagrams sealed there; `off` seals every
+/// one on the protocol's thread.
+#[test]
+fn data_sealed_on_a_thread_of_its_own_arrives_whole() {
+    let dir = common::TestDir::new("loopback-seal-thread");
+    let key = |name: &str| dir.path(name).to_str().unwrap().to_owned();
+    for name in ["server", "client"] {
+        let made = Command::new(env!("CARGO_BIN_EXE_atou"))
+            .args(["keygen", "-f", &key(name)])
+            .output()
+            .unwrap();
+        assert!(made.status.success(), "{made:?}");
+    }
+    let mut server = Server::start(&["--identity", &key("server")]);
+    for (mode, aside) in [("on", true), ("off", false)] {
+        let out = probe(
+            server.addr,
+            &[
+                "--bytes",
+                "8MB",
+                "--server-key",
+                &key("server.pub"),
+                "--identity",
+                &key("client"),
+                "--cipher",
+                "aes-256-gcm",
+                "--seal-thread",
+                mode,
+            ],
+        );
+        let s = summary(&out);
+        assert_eq!(s["security"]["cipher"], "aes-256-gcm", "{s}");
+        let sealed = s["security"]["sealed_aside"].as_u64().unwrap();
+        if aside {
+            // Slow start alone sends batches past the 64 KiB threshold.
+            assert!(sealed > 100, "{mode}: {sealed} sealed aside: {s}");
+        } else {
+            assert_eq!(sealed, 0, "{mode}: {s}");
+        }
+        assert_eq!(s["security"]["dropped"], 0, "{s}");
+        let r = server.report();
+        assert_eq!(r["stats"]["bytes"], 8_000_000, "{mode}: {r}");
+        assert_eq!(r["corrupt_bytes"], 0, "{mode}: {r}");
+        assert_eq!(r["server"]["crypto_dropped"], 0, "{mode}: {r}");
+    }
+    server.kill();
+}

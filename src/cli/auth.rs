@@ -38,6 +38,9 @@ pub(super) struct ClientAuthArgs {
     /// Packet cipher: aes-256-gcm, chacha20-poly1305, or auto (AES-256-GCM where the CPU has AES instructions, else ChaCha20-Poly1305)
     #[arg(long, value_name = "CIPHER", default_value = "auto", value_parser = parse_cipher)]
     cipher: Cipher,
+    /// Where the data sent is sealed: off (on the protocol's thread) or on (on a thread of its own, a batch at a time, so the protocol's thread does no AEAD work for it; experimental: not faster on the machines measured, see docs/security.md)
+    #[arg(long, value_name = "WHERE", default_value = "off", value_enum)]
+    seal_thread: crate::io::SealAside,
     /// No authentication and no encryption, for a server run with --no-auth on a network you trust
     #[arg(long, conflicts_with_all = ["identity", "server_key", "known_hosts"])]
     no_auth: bool,
@@ -62,6 +65,11 @@ fn parse_cipher(s: &str) -> Result<Cipher, crate::proto::crypto::protect::Unknow
 impl ClientAuthArgs {
     pub(super) fn no_auth(&self) -> bool {
         self.no_auth
+    }
+
+    /// Sets `--seal-thread` for this process's connections.
+    pub(super) fn choose_threads(&self) {
+        self.seal_thread.choose();
     }
 
     /// Fresh keys for both ends of a transfer this process runs itself

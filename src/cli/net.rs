@@ -346,6 +346,7 @@ pub(super) fn probe(args: ProbeArgs) -> Result<ExitCode> {
         // atou's client default.
         tuning.maxtime = parse_duration("10", TimeUnit::Seconds).expect("a valid duration");
     }
+    args.auth.choose_threads();
     let auth = args.auth.resolve(&args.host, peer, tuning.maxidle, true)?;
     let payload =
         crate::proto::endpoint::client::segment_payload(&tuning, auth.as_ref().map(|a| a.cipher));

@@ -1306,6 +1306,7 @@ pub(super) fn ctrlc_hook(f: impl FnOnce() + Send + 'static) -> Result<()> {
 }
 
 pub(super) fn send_cmd(args: SendArgs) -> Result<ExitCode> {
+    args.transfer.auth.choose_threads();
     let (host, subdir) = split_remote(&args.dest)?;
     // A list that does not read is a usage error before any contact.
     args.transfer.listed(&args.sources)?;
@@ -1326,6 +1327,7 @@ pub(super) fn send_cmd(args: SendArgs) -> Result<ExitCode> {
 }
 
 pub(super) fn copy_cmd(args: CopyArgs) -> Result<ExitCode> {
+    args.transfer.auth.choose_threads();
     // A remote SRC or DEST: the other end is run over ssh.
     let remote_source = args
         .sources

@@ -7,6 +7,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::error_queue::{self, ErrorReport};
+use crate::proto::crypto::frame::SealJob;
 use quinn_udp::{RecvMeta, Transmit, UdpSockRef, UdpSocketState, BATCH_SIZE};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::Interest;
@@ -365,8 +366,10 @@ impl UdpIo {
 /// meet an ICMP report's pending error, not a fault of the run's own.
 pub(crate) const SENDS_PER_RUN: usize = 4;
 
-/// Datagrams waiting to be sent, packed back to back, sent as GSO runs.
-pub(crate) struct TxBatch {
+/// Datagrams waiting to be sent, packed back to back: what a [`TxBatch`]
+/// fills and sends, and what a sealing thread takes and gives back.
+#[derive(Default)]
+pub(crate) struct TxQueue {
     /// Only grows: datagrams are written in place, never zeroed first.
     buf: Vec<u8>,
     /// Bytes of `buf` in use.
@@ -374,6 +377,82 @@ pub(crate) struct TxBatch {
     /// (destination, start, length, alone) of each datagram; one `alone`
     /// goes in a send of its own, never in a GSO run.
     items: Vec<(SocketAddr, usize, usize, bool)>,
+    /// (start, job) of each datagram prepared and not yet sealed
+    /// ([`prepare`](crate::proto::crypto::frame::prepare)): none of them may leave until [`Self::seal`].
+    unsealed: Vec<(usize, SealJob)>,
+}
+
+impl TxQueue {
+    pub(crate) fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Bytes of the datagrams still to be sealed: the AEAD work waiting.
+    pub(crate) fn unsealed_bytes(&self) -> usize {
+        self.unsealed.iter().map(|(_, job)| job.len()).sum()
+    }
+
+    /// Seals every datagram prepared and not yet sealed, in place. One
+    /// whose seal fails is taken out of the queue, so that it never leaves
+    /// in clear; returns how many were. (A job carries its key, so a key
+    /// update since it was prepared does not fail it.)
+    pub(crate) fn seal(&mut self) -> usize {
+        let mut failed = Vec::new();
+        for (start, job) in self.unsealed.drain(..) {
+            let len = job.len();
+            if job.seal(&mut self.buf[start..start + len]).is_err() {
+                failed.push(start);
+            }
+        }
+        if !failed.is_empty() {
+            self.items
+                .retain(|(_, start, _, _)| !failed.contains(start));
+        }
+        failed.len()
+    }
+
+    fn push(
+        &mut self,
+        max_len: usize,
+        alone: bool,
+        fill: impl FnOnce(&mut [u8]) -> Option<(SocketAddr, usize, Option<SealJob>)>,
+    ) -> bool {
+        let start = self.used;
+        if self.buf.len() < start + max_len {
+            self.buf.resize(start + max_len, 0);
+        }
+        match fill(&mut self.buf[start..start + max_len]) {
+            Some((to, n, job)) => {
+                debug_assert!(n <= max_len);
+                self.used = start + n;
+                self.items.push((to, start, n, alone));
+                if let Some(job) = job {
+                    debug_assert_eq!(job.len(), n);
+                    self.unsealed.push((start, job));
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn clear(&mut self) {
+        self.used = 0;
+        self.items.clear();
+        // Dropped unsealed only when a flush failed: they never leave.
+        self.unsealed.clear();
+    }
+}
+
+/// Datagrams waiting to be sent, sent as GSO runs, and the sending
+/// state that outlives a batch: the pacing schedule and the count of
+/// datagrams the kernel refused.
+pub(crate) struct TxBatch {
+    queue: TxQueue,
     /// Datagrams refused with ENOBUFS (atou's `enobufs`): lost.
     pub enobufs: u64,
     /// When the last paced run was to leave, CLOCK_MONOTONIC ns.
@@ -383,20 +462,30 @@ pub(crate) struct TxBatch {
 impl TxBatch {
     pub(crate) fn new() -> TxBatch {
         TxBatch {
-            buf: Vec::new(),
-            used: 0,
-            items: Vec::new(),
+            queue: TxQueue::default(),
             enobufs: 0,
             departure: 0,
         }
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.items.len()
+        self.queue.len()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.items.is_empty()
+        self.queue.is_empty()
+    }
+
+    /// The datagrams being filled, for a look at what they hold.
+    pub(crate) fn queue(&self) -> &TxQueue {
+        &self.queue
+    }
+
+    /// Puts `other` in the place of the datagrams being filled: to hand
+    /// a filled queue to a sealing thread (an empty one in its place), or
+    /// to take a sealed one back to send.
+    pub(crate) fn swap_queue(&mut self, other: &mut TxQueue) {
+        std::mem::swap(&mut self.queue, other);
     }
 
     /// Writes one datagram of at most `max_len` bytes with `fill`, which
@@ -406,7 +495,8 @@ impl TxBatch {
         max_len: usize,
         fill: impl FnOnce(&mut [u8]) -> Option<(SocketAddr, usize)>,
     ) -> bool {
-        self.push(max_len, false, fill)
+        self.queue
+            .push(max_len, false, |b| fill(b).map(|(to, n)| (to, n, None)))
     }
 
     /// [`Self::push_with`] for a datagram that must travel alone: a size
@@ -420,28 +510,18 @@ impl TxBatch {
         max_len: usize,
         fill: impl FnOnce(&mut [u8]) -> Option<(SocketAddr, usize)>,
     ) -> bool {
-        self.push(max_len, true, fill)
+        self.queue
+            .push(max_len, true, |b| fill(b).map(|(to, n)| (to, n, None)))
     }
 
-    fn push(
+    /// [`Self::push_with`] for a datagram that may come prepared and not
+    /// yet sealed, with the job that seals it (sealed before it is sent).
+    pub(crate) fn push_unsealed_with(
         &mut self,
         max_len: usize,
-        alone: bool,
-        fill: impl FnOnce(&mut [u8]) -> Option<(SocketAddr, usize)>,
+        fill: impl FnOnce(&mut [u8]) -> Option<(SocketAddr, usize, Option<SealJob>)>,
     ) -> bool {
-        let start = self.used;
-        if self.buf.len() < start + max_len {
-            self.buf.resize(start + max_len, 0);
-        }
-        match fill(&mut self.buf[start..start + max_len]) {
-            Some((to, n)) => {
-                debug_assert!(n <= max_len);
-                self.used = start + n;
-                self.items.push((to, start, n, alone));
-                true
-            }
-            None => false,
-        }
+        self.queue.push(max_len, false, fill)
     }
 
     /// Sends everything: each run of datagrams to one destination, all of
@@ -451,6 +531,9 @@ impl TxBatch {
     /// other at that rate (SO_TXTIME), instead of the pacer's whole burst
     /// at once.
     pub(crate) async fn flush(&mut self, io: &UdpIo, pacing: Option<u64>) -> io::Result<()> {
+        // What was prepared and not handed to a sealing thread is sealed
+        // here: nothing leaves in clear.
+        self.queue.seal();
         // (rate, when the next run leaves). The schedule goes on where the
         // last burst's ended, so bursts do not overlap; but never more than
         // TXTIME_HORIZON_NS ahead, so a fast pacer cannot queue the future
@@ -472,8 +555,8 @@ impl TxBatch {
         // A run that fails every time fails the flush, as before.
         let mut reported = None;
         let mut i = 0;
-        while i < self.items.len() {
-            let (to, start, size, alone) = self.items[i];
+        while i < self.queue.items.len() {
+            let (to, start, size, alone) = self.queue.items[i];
             let quantum = paced.map_or(usize::MAX, |(rate, _)| {
                 usize::try_from(rate / 4_000 / size.max(1) as u64).unwrap_or(usize::MAX)
             });
@@ -484,8 +567,8 @@ impl TxBatch {
                 .max(1);
             let mut j = i + 1;
             let mut end = start + size;
-            while !alone && j < self.items.len() && j - i < max_segments {
-                let (t, s, n, single) = self.items[j];
+            while !alone && j < self.queue.items.len() && j - i < max_segments {
+                let (t, s, n, single) = self.queue.items[j];
                 if single || t != to || s != end || n > size {
                     break;
                 }
@@ -497,7 +580,7 @@ impl TxBatch {
                 }
             }
             let segment_size = (j - i > 1).then_some(size);
-            let run = &self.buf[start..end];
+            let run = &self.queue.buf[start..end];
             let at = paced.as_mut().map(|(rate, departure)| {
                 let at = *departure;
                 *departure += (run.len() as u64).saturating_mul(1_000_000_000) / *rate;
@@ -531,8 +614,7 @@ impl TxBatch {
     }
 
     fn clear(&mut self) {
-        self.used = 0;
-        self.items.clear();
+        self.queue.clear();
     }
 }
 
@@ -951,6 +1033,58 @@ mod tests {
         let mut buf = [0u8; 2048];
         for _ in 0..12 {
             assert_eq!(rx.recv(&mut buf).unwrap(), 1000);
+        }
+    }
+
+    /// A datagram prepared and not sealed never leaves in clear: a flush
+    /// seals what was not sealed aside, and a queue sealed aside (handed
+    /// out and back with `swap_queue`) leaves as it was sealed; both open
+    /// at the peer, in order.
+    #[tokio::test]
+    async fn prepared_datagrams_leave_sealed_whether_sealed_here_or_aside() {
+        use crate::proto::crypto::{frame, Cipher, Opener, Sealer, TrafficSecret};
+        let receiver = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        receiver
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let peer = receiver.local_addr().unwrap();
+        let io = UdpIo::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let secret = TrafficSecret::new([3; 32]);
+        let mut sealer = Sealer::new(Cipher::Aes256Gcm, secret.clone());
+        let mut opener = Opener::new(Cipher::Aes256Gcm, secret);
+        let body = [0x5a_u8; 1000];
+        let mut prepare = |b: &mut [u8]| {
+            // An inner packet: a 12-byte header of this version, then a body.
+            b[frame::PN_LEN..frame::PN_LEN + 2].copy_from_slice(&crate::proto::wire::MAGIC);
+            b[frame::PN_LEN + 2] = crate::proto::wire::VERSION;
+            b[frame::PN_LEN + 3] = 1;
+            let inner = crate::proto::wire::HEADER_LEN + body.len();
+            b[frame::PN_LEN + crate::proto::wire::HEADER_LEN..frame::PN_LEN + inner]
+                .copy_from_slice(&body);
+            let job = frame::prepare(&mut sealer, 7, b, inner).unwrap();
+            Some((peer, job.len(), Some(job)))
+        };
+        let mut tx = TxBatch::new();
+        assert!(tx.push_unsealed_with(2048, &mut prepare));
+        assert_eq!(tx.queue().unsealed_bytes(), 1000 + 12 + 24);
+        // Aside: the queue goes out, is sealed there, comes back.
+        let mut aside = TxQueue::default();
+        tx.swap_queue(&mut aside);
+        assert_eq!(aside.seal(), 0);
+        assert_eq!(aside.unsealed_bytes(), 0);
+        tx.swap_queue(&mut aside);
+        tx.flush(&io, None).await.unwrap();
+        // Here: flush seals it.
+        assert!(tx.push_unsealed_with(2048, &mut prepare));
+        tx.flush(&io, None).await.unwrap();
+        for pn in 0..2 {
+            let mut buf = [0u8; 2048];
+            let (n, _) = receiver.recv_from(&mut buf).unwrap();
+            let d = &mut buf[..n];
+            assert_eq!(frame::packet_number(d), pn);
+            assert!(!d.windows(body.len()).any(|w| w == body), "sent in clear");
+            let inner = frame::open(&mut opener, 9, d).expect("opens");
+            assert_eq!(&d[inner][crate::proto::wire::HEADER_LEN..], &body[..]);
         }
     }
 }

@@ -130,6 +130,9 @@ pub struct SecurityReport {
     /// Datagrams that failed to open (forged, corrupted, replayed),
     /// dropped unanswered.
     pub dropped: u64,
+    /// Datagrams sealed on a thread beside the protocol's
+    /// (`--seal-thread`); 0 where all were sealed on it.
+    pub sealed_aside: u64,
 }
 
 /// What a real-socket run adds: the buffers the kernels granted.
@@ -239,6 +242,7 @@ impl Summary {
                 .map_or("none".to_string(), |c| c.name().to_string()),
             handshake_secs: report.handshake.map(|d| d.as_secs_f64()),
             dropped: report.crypto_drops.total(),
+            sealed_aside: report.sealed_aside,
         });
         if let ClientEnd::Closed { peer: Some(p) } = end {
             s.receiver = Some(*p);

@@ -1372,27 +1372,55 @@ impl Client {
         buf: &mut [u8],
         source: &mut dyn PayloadSource,
     ) -> Option<usize> {
-        debug_assert!(buf.len() >= CONTROL_MAX_LEN);
-        if let (Some(watch), State::Transfer) = (self.size_watch.as_mut(), &self.state) {
-            // Plain, as the server answers probes outside any connection.
-            if let Some(n) = watch.poll_probe(buf) {
-                return Some(n);
-            }
-        }
-        let n = self.poll_sealed(now, buf, source)?;
-        self.largest_sent = self.largest_sent.max(n as u32);
+        let (n, job) = self.poll_any(now, buf, source, false)?;
+        debug_assert!(job.is_none());
         Some(n)
     }
 
-    /// [`Client::poll_transmit`]'s datagrams other than size probes.
-    fn poll_sealed(
+    /// As [`Client::poll_transmit`], but a protected datagram comes back
+    /// prepared and not yet sealed, with the [`frame::SealJob`] that seals
+    /// it: the packet number is taken here, in order, and the AEAD work
+    /// may be done on another thread. The datagram must not leave before
+    /// its job has sealed `buf[..n]`. Datagrams without a job (hellos,
+    /// size probes, a plain client's) go as they are.
+    pub fn poll_transmit_unsealed(
         &mut self,
         now: Time,
         buf: &mut [u8],
         source: &mut dyn PayloadSource,
-    ) -> Option<usize> {
+    ) -> Option<(usize, Option<frame::SealJob>)> {
+        self.poll_any(now, buf, source, true)
+    }
+
+    fn poll_any(
+        &mut self,
+        now: Time,
+        buf: &mut [u8],
+        source: &mut dyn PayloadSource,
+        defer_seal: bool,
+    ) -> Option<(usize, Option<frame::SealJob>)> {
+        debug_assert!(buf.len() >= CONTROL_MAX_LEN);
+        if let (Some(watch), State::Transfer) = (self.size_watch.as_mut(), &self.state) {
+            // Plain, as the server answers probes outside any connection.
+            if let Some(n) = watch.poll_probe(buf) {
+                return Some((n, None));
+            }
+        }
+        let (n, job) = self.poll_protected(now, buf, source, defer_seal)?;
+        self.largest_sent = self.largest_sent.max(n as u32);
+        Some((n, job))
+    }
+
+    /// [`Client::poll_transmit`]'s datagrams other than size probes.
+    fn poll_protected(
+        &mut self,
+        now: Time,
+        buf: &mut [u8],
+        source: &mut dyn PayloadSource,
+        defer_seal: bool,
+    ) -> Option<(usize, Option<frame::SealJob>)> {
         let Some(secure) = self.secure.as_mut() else {
-            return self.poll_inner(now, buf, source);
+            return self.poll_inner(now, buf, source).map(|n| (n, None));
         };
         if secure.keys.is_none() {
             if !matches!(self.state, State::Hello) {
@@ -1420,14 +1448,19 @@ impl Client {
             let hello = secure.initiator.as_ref()?.hello();
             let n = hello.len().min(buf.len());
             buf[..n].copy_from_slice(&hello[..n]);
-            return Some(n);
+            return Some((n, None));
         }
         let n = self.poll_inner(now, &mut buf[frame::PN_LEN..], source)?;
         let secure = self.secure.as_mut().expect("secure");
         let server_id = secure.server_id;
         let (sealer, _) = secure.keys.as_mut().expect("established");
-        match frame::seal(sealer, server_id, buf, n) {
-            Ok(len) => Some(len),
+        let sealed = if defer_seal {
+            frame::prepare(sealer, server_id, buf, n).map(|job| (job.len(), Some(job)))
+        } else {
+            frame::seal(sealer, server_id, buf, n).map(|len| (len, None))
+        };
+        match sealed {
+            Ok(done) => Some(done),
             Err(e) => {
                 self.fail(ConnError::Handshake(HandshakeError::Noise(e.to_string())));
                 None
