@@ -219,7 +219,7 @@ for name in ["plain", "aes", "aes-aside", "chacha", "ref-aes"]:
     cp = statistics.median(x[1] / (x[3] / 1e9) for x in r)
     cs = statistics.median(x[2] / (x[3] / 1e9) for x in r)
     label = {"plain": "--no-auth", "aes": "aes-256-gcm", "chacha": "chacha20-poly1305", "ref-aes": "REF_ATOU aes-256-gcm", "aes-aside": "aes-256-gcm, --seal-thread on"}[name]
-    print(f"  {label:28} {mmm(g):>24}  {cp:15.3f} {cs:15.3f}   (cipher as reported: {r[0][4]})")
+    print(f"  {label:30} {mmm(g):>22}  {cp:15.3f} {cs:15.3f}   (cipher as reported: {r[0][4]})")
 med = {n: statistics.median(x[0] for x in by[n]) for n in by}
 print(f"  aes-256-gcm / plain: {med['aes']/med['plain']:.2f}x   chacha20-poly1305 / plain: {med['chacha']/med['plain']:.2f}x   (target >= 0.8x)")
 print(f"  aes-256-gcm sealed on a thread of its own / sealed inline: {med['aes-aside']/med['aes']:.2f}x (the pipeline, off by default)")
