@@ -457,3 +457,34 @@ fn no_auth_with_authorized_keys_is_refused() {
     assert!(err.contains("would not apply"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `atou __cipher-cost` (bench-crypto's yardstick): seals and opens, with
+/// the crate's own keys, the datagrams that carry --bytes of a
+/// connection's data at --mss, and says what each cost per GB.
+#[test]
+fn the_cipher_cost_counts_the_datagrams_a_connection_would_send() {
+    for (cipher, mss, data) in [
+        ("aes-256-gcm", "1472", 1423),
+        ("chacha20-poly1305", "8972", 8923),
+    ] {
+        let out = atou(&[
+            "__cipher-cost",
+            "--bytes",
+            "1MB",
+            "--mss",
+            mss,
+            "--cipher",
+            cipher,
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["cipher"], cipher, "{v}");
+        assert_eq!(v["data_per_datagram"], data, "{v}");
+        assert_eq!(v["datagrams"], 1_000_000_u64.div_ceil(data), "{v}");
+        for k in ["seal_cpu_s_per_gb", "open_cpu_s_per_gb"] {
+            assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {v}");
+        }
+    }
+    let out = atou(&["__cipher-cost", "--mss", "40"]);
+    assert!(!out.status.success());
+}

@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 mod auth;
+mod cipher_cost;
 mod docs;
 mod exit;
 mod host_config;
@@ -78,6 +79,9 @@ enum Command {
     /// The far end of `atou copy` over ssh (run by ssh, not by people)
     #[command(name = "__remote", hide = true)]
     Remote(remote::RemoteArgs),
+    /// The packet cipher's own cost per GB of data (scripts/bench-crypto.sh)
+    #[command(name = "__cipher-cost", hide = true)]
+    CipherCost(cipher_cost::CipherCostArgs),
 }
 
 #[derive(Args, Debug)]
@@ -506,6 +510,7 @@ pub(crate) fn main() -> ExitCode {
         Command::Completions(args) => docs::completions(args),
         Command::Man(args) => docs::man(args),
         Command::Remote(args) => remote::remote(args),
+        Command::CipherCost(args) => cipher_cost::cipher_cost(args),
     };
     match result {
         Ok(code) => code,

@@ -547,13 +547,16 @@ impl Keying {
         }
     }
 
-    /// A packet from the client opened under the keys.
+    /// A packet from the client opened under the keys. Called for every
+    /// packet opened: the keys move only the first time (moving them out
+    /// and back each time copied the whole `SessionKeys` twice a datagram).
     fn confirm(&mut self) {
-        let keying = std::mem::replace(self, Keying::Awaiting { ticket: 0 });
-        *self = match keying {
-            Keying::Unconfirmed(keys) => Keying::Confirmed(keys),
-            other => other,
-        };
+        if !matches!(self, Keying::Unconfirmed(_)) {
+            return;
+        }
+        if let Keying::Unconfirmed(keys) = std::mem::replace(self, Keying::Awaiting { ticket: 0 }) {
+            *self = Keying::Confirmed(keys);
+        }
     }
 }
 
