@@ -6,9 +6,11 @@
 #      interleaved, ROUNDS rounds after a warm-up; goodput min/median/max
 #      and CPU seconds per GB at each end (target: encrypted >= 0.8x plain);
 #      and the cipher alone in the same rounds (hidden `atou __cipher-cost`:
-#      the crate's own packet keys seal and open the probes' datagrams),
-#      against which encryption's extra CPU per GB at each end is set
-#      (issue 28 point 4's target on this 2-core VM: <= 1.2x);
+#      the crate's own packet keys seal and open the probes' datagrams and
+#      as many clean-path ACKs), against which encryption's extra CPU per
+#      GB at each end is set: the data's seal and the ACKs' opens (as many
+#      as the probe counted) at the probe, the data's open and the ACKs'
+#      seals at serve (issue 28 point 4's target on this 2-core VM: <= 1.2x);
 #   2. atou copy of a BIG file into a local directory: the default
 #      (keys made in the process, AES-256-GCM) against --no-auth
 #      (target >= 0.85x), and against REF_ATOU's copy if given (an older
@@ -130,7 +132,7 @@ work, name = sys.argv[1], sys.argv[2]
 p = json.load(open(f"{work}/probe.json"))
 assert p["status"] == "finished", p["status"]
 cpu = lambda f: sum(map(float, open(f"{work}/{f}").read().split()[-2:]))
-print(name, p["goodput_bps"], cpu("probe.time"), cpu("serve.time"), p["bytes"], (p.get("security") or {}).get("cipher", "none"))
+print(name, p["goodput_bps"], cpu("probe.time"), cpu("serve.time"), p["bytes"], (p.get("security") or {}).get("cipher", "none"), p["pkts_in"])
 PY
 }
 
@@ -217,8 +219,8 @@ def mmm(xs):
     return f"{min(xs):.3f} / {statistics.median(xs):.3f} / {max(xs):.3f}"
 rows = [l.split() for l in open(f"{work}/probes")]
 by = {}
-for name, bps, cpu_p, cpu_s, b, cipher in rows:
-    by.setdefault(name, []).append((float(bps), float(cpu_p), float(cpu_s), int(b), cipher))
+for name, bps, cpu_p, cpu_s, b, cipher, acks in rows:
+    by.setdefault(name, []).append((float(bps), float(cpu_p), float(cpu_s), int(b), cipher, int(acks)))
 print(f"loopback probes of {nbytes}, {rounds} rounds after a warm-up, interleaved: min / median / max")
 print(f"  {'':28} {'Gbit/s':>24}  {'CPU s/GB probe':>15} {'CPU s/GB serve':>15}")
 for name in ["plain", "aes", "aes-aside", "chacha", "ref-aes"]:
@@ -239,17 +241,23 @@ cpu_med = {n: (statistics.median(x[1] / (x[3] / 1e9) for x in by[n]),
 cost = {}
 for l in open(f"{work}/cipher"):
     c = json.loads(l)
-    cost.setdefault(c["cipher"], []).append((c["seal_cpu_s_per_gb"], c["open_cpu_s_per_gb"]))
-print("the cipher alone (atou __cipher-cost: ring, 1472-byte datagrams, a batch sealed then opened; CPU s per GB of data, median over rounds):")
+    cost.setdefault(c["cipher"], []).append(
+        (c["seal_cpu_s_per_gb"], c["open_cpu_s_per_gb"], c["ack_seal_ns"], c["ack_open_ns"]))
+print("the cipher alone (atou __cipher-cost: ring, 1472-byte datagrams and clean-path ACKs, a batch sealed then opened; median over rounds),")
+print("  and encryption's extra CPU per GB at each end over --no-auth against it: the probe seals the data and opens the ACKs,")
+print("  serve opens the data and seals the ACKs (the ACKs the probe counted per GB; every segment is ACKed by default)")
 for name, cipher in [("aes", "aes-256-gcm"), ("chacha", "chacha20-poly1305")]:
     if cipher not in cost or name not in cpu_med or "plain" not in cpu_med:
         continue
-    seal = statistics.median(x[0] for x in cost[cipher])
-    opn = statistics.median(x[1] for x in cost[cipher])
+    seal, opn, ack_seal, ack_open = (statistics.median(x[i] for x in cost[cipher]) for i in range(4))
+    acks_per_gb = statistics.median(x[5] / (x[3] / 1e9) for x in by[name])
+    own_p = seal + acks_per_gb * ack_open / 1e9
+    own_s = opn + acks_per_gb * ack_seal / 1e9
     xp = cpu_med[name][0] - cpu_med["plain"][0]
     xs = cpu_med[name][1] - cpu_med["plain"][1]
-    print(f"  {cipher:20} seal {seal:.3f}  open {opn:.3f};  encryption's extra CPU per GB over --no-auth: "
-          f"probe {xp:.3f} = {xp / seal:.2f}x the seal, serve {xs:.3f} = {xs / opn:.2f}x the open (target <= 1.2x)")
+    print(f"  {cipher:20} data: seal {seal:.3f} open {opn:.3f} s/GB; an ACK: seal {ack_seal:.0f} open {ack_open:.0f} ns, {acks_per_gb:,.0f} ACKs/GB")
+    print(f"  {'':20} probe: extra {xp:.3f} s/GB = {xp / own_p:.2f}x the cipher's {own_p:.3f} ({xp / seal:.2f}x the data's seal alone);"
+          f" serve: extra {xs:.3f} = {xs / own_s:.2f}x its {own_s:.3f} ({xs / opn:.2f}x the open alone)  (target <= 1.2x)")
 print("CPU s/GB by thread (median over rounds), each end: a rate held by one thread is what more cores cannot raise")
 th = {}
 for l in open(f"{work}/threads"):

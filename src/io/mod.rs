@@ -1000,18 +1000,32 @@ impl SealThread {
 
     /// The batch away, once sealed; `wait`: blocks until it is.
     fn take_back(&mut self, wait: bool) -> Option<TxQueue> {
+        use std::sync::mpsc::TryRecvError;
         if !self.away {
             return None;
         }
         let back = if wait {
-            self.side.done.recv().ok()
+            self.side
+                .done
+                .recv()
+                .map_err(|_| TryRecvError::Disconnected)
         } else {
-            self.side.done.try_recv().ok()
+            self.side.done.try_recv()
         };
-        if back.is_some() {
-            self.away = false;
+        match back {
+            Ok(queue) => {
+                self.away = false;
+                Some(queue)
+            }
+            Err(TryRecvError::Empty) => None,
+            // The thread is gone (only by a panic) with the batch: its
+            // datagrams never left, and loss recovery sends them again;
+            // what comes next is sealed here (`hand_over` finds it gone).
+            Err(TryRecvError::Disconnected) => {
+                self.away = false;
+                None
+            }
         }
-        back
     }
 }
 

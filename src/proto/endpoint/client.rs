@@ -1383,7 +1383,7 @@ impl Client {
     /// may be done on another thread. The datagram must not leave before
     /// its job has sealed `buf[..n]`. Datagrams without a job (hellos,
     /// size probes, a plain client's) go as they are.
-    pub fn poll_transmit_unsealed(
+    pub(crate) fn poll_transmit_unsealed(
         &mut self,
         now: Time,
         buf: &mut [u8],
