@@ -38,8 +38,14 @@ pub(super) struct ClientAuthArgs {
     /// Packet cipher: aes-256-gcm, chacha20-poly1305, or auto (AES-256-GCM where the CPU has AES instructions, else ChaCha20-Poly1305)
     #[arg(long, value_name = "CIPHER", default_value = "auto", value_parser = parse_cipher)]
     cipher: Cipher,
-    /// Where the data sent is sealed: off (on the protocol's thread) or on (on a thread of its own, a batch at a time, so the protocol's thread does no AEAD work for it; experimental: not faster on the machines measured, see docs/security.md)
-    #[arg(long, value_name = "WHERE", default_value = "off", value_enum)]
+    /// Where the data sent is sealed and sent from: off (the protocol's thread) or on (a thread of its own, a batch at a time, so that the protocol's thread does neither the AEAD work nor the send's copy; experimental: slower where two cores run both ends, see docs/security.md)
+    #[arg(
+        long,
+        value_name = "WHERE",
+        default_value = "off",
+        value_enum,
+        hide_possible_values = true
+    )]
     seal_thread: crate::io::SealAside,
     /// No authentication and no encryption, for a server run with --no-auth on a network you trust
     #[arg(long, conflicts_with_all = ["identity", "server_key", "known_hosts"])]

@@ -793,14 +793,15 @@ pub(crate) async fn connect_from<F: StreamFeed>(
     if config.trace {
         client.enable_trace();
     }
+    let io = Arc::new(io);
     let mut driver = ClientDriver {
+        seal: SealThread::start(&io),
         io,
         clock,
         peer,
         mss: config.tuning.mss,
         client,
         tx: TxBatch::new(),
-        seal: SealThread::start(),
         rx: RecvBatch::new(),
         unreachable: 0,
         heard: config.heard.clone(),
@@ -908,34 +909,55 @@ fn client_report(
     })
 }
 
-/// Seals a client's data on a thread of its own, so that the thread that
-/// runs the protocol does no AEAD work for it (issue 28, point 4): the
-/// protocol thread prepares a batch (packet numbers taken in order,
-/// [`Client::poll_transmit_unsealed`]), hands it here, and fills the next
-/// while this one is sealed; it sends the batch when it comes back, in
-/// the order the batches went. One batch at a time is away, so a batch
-/// waits at most one sealing.
+/// Seals a client's data and sends it on a thread of its own, so that
+/// the thread that runs the protocol does neither the AEAD work nor the
+/// `sendmsg` copy for it (issue 28, point 4): the protocol thread prepares
+/// a batch (packet numbers taken in order,
+/// [`Client::poll_transmit_unsealed`]) and hands it here with the pacing
+/// rate and schedule, and fills the next while this one is sealed and
+/// sent by the core that just wrote its bytes (a Xeon run of a thread
+/// that only sealed found the hand-back to the protocol thread's send
+/// cost as much as the sealing saved: docs/security.md). One batch at a
+/// time is away, so batches leave in the order they were filled and
+/// nothing is sent from the protocol thread meanwhile.
 struct SealThread {
-    side: SideThread<TxQueue, TxQueue>,
+    side: SideThread<SendJob, SendDone>,
     /// A batch is at the thread.
     away: bool,
     /// The last batch that came back, emptied, to fill next.
     spare: Option<TxQueue>,
-    /// Datagrams sealed on the thread.
+    /// Datagrams sealed (and sent) on the thread.
     sealed: u64,
 }
 
-/// Where a client seals its outgoing datagrams (`--seal-thread`): chosen
-/// once for the process, as a thread pool's size is. Off by default: on
-/// the machines measured the pipeline was not faster (docs/security.md,
-/// "Sealing off the protocol's thread"); `scripts/bench-crypto.sh`
-/// measures it beside the inline sealing on every run.
+/// A batch for the sealing thread: the datagrams, the pacing rate, and
+/// where the pacing schedule stands.
+struct SendJob {
+    queue: TxQueue,
+    pacing: Option<u64>,
+    departure: u64,
+}
+
+/// What the sealing thread gives back: the batch emptied, where the
+/// schedule ended, the datagrams the kernel refused, and the send's error.
+struct SendDone {
+    queue: TxQueue,
+    departure: u64,
+    enobufs: u64,
+    sent: io::Result<()>,
+}
+
+/// Where a client seals and sends its data (`--seal-thread`): chosen once
+/// for the process, as a thread pool's size is. Off by default: where two
+/// cores run both ends it is slower, and no machine with more has measured
+/// it yet (docs/security.md, "Sealing off the protocol's thread");
+/// `scripts/bench-crypto.sh` measures it beside inline sealing every run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub(crate) enum SealAside {
     /// On the protocol's thread.
     #[default]
     Off,
-    /// On a thread of its own, a batch at a time.
+    /// On a thread of its own, a batch at a time ([`SealThread`]).
     On,
 }
 
@@ -961,14 +983,25 @@ impl SealAside {
 const SEAL_ASIDE_MIN_BYTES: usize = 64 * 1024;
 
 impl SealThread {
-    /// A sealing thread, where [`SealAside`] says so.
-    fn start() -> Option<SealThread> {
+    /// A sealing thread sending on `io`, where [`SealAside`] says so.
+    fn start(io: &Arc<UdpIo>) -> Option<SealThread> {
         if SealAside::chosen() == SealAside::Off {
             return None;
         }
-        let side = SideThread::start("atou-seal", 1, |mut queue: TxQueue| {
-            queue.seal();
-            queue
+        let io = Arc::clone(io);
+        let side = SideThread::start("atou-seal", 1, move |job: SendJob| {
+            let SendJob {
+                mut queue,
+                pacing,
+                mut departure,
+            } = job;
+            let (enobufs, sent) = queue.send_blocking(&io, pacing, &mut departure);
+            SendDone {
+                queue,
+                departure,
+                enobufs,
+                sent,
+            }
         })
         .ok()?;
         Some(SealThread {
@@ -979,27 +1012,34 @@ impl SealThread {
         })
     }
 
-    /// Hands `tx`'s batch over when it has enough to seal and none is
-    /// away; `tx` goes on with an empty one.
-    fn hand_over(&mut self, tx: &mut TxBatch) {
+    /// Hands `tx`'s batch over, to be sealed and sent, when it has enough
+    /// to seal and none is away; `tx` goes on with an empty one.
+    fn hand_over(&mut self, tx: &mut TxBatch, pacing: Option<u64>) {
         if self.away || tx.queue().unsealed_bytes() < SEAL_ASIDE_MIN_BYTES {
             return;
         }
         let mut queue = self.spare.take().unwrap_or_default();
         tx.swap_queue(&mut queue);
         let datagrams = queue.len() as u64;
-        match self.side.send(queue) {
+        let job = SendJob {
+            queue,
+            pacing,
+            departure: tx.departure(),
+        };
+        match self.side.send(job) {
             Ok(()) => {
                 self.away = true;
                 self.sealed += datagrams;
             }
-            // Gone only by a panic: seal here instead.
-            Err(mut queue) => tx.swap_queue(&mut queue),
+            // Gone only by a panic: sealed and sent here instead.
+            Err(mut job) => tx.swap_queue(&mut job.queue),
         }
     }
 
-    /// The batch away, once sealed; `wait`: blocks until it is.
-    fn take_back(&mut self, wait: bool) -> Option<TxQueue> {
+    /// The batch away, once sent: its schedule and refusals go back into
+    /// `tx`, and the send's outcome comes out. `wait`: blocks until then.
+    /// `None` while it is away.
+    fn take_back(&mut self, tx: &mut TxBatch, wait: bool) -> Option<io::Result<()>> {
         use std::sync::mpsc::TryRecvError;
         if !self.away {
             return None;
@@ -1013,24 +1053,26 @@ impl SealThread {
             self.side.done.try_recv()
         };
         match back {
-            Ok(queue) => {
+            Ok(done) => {
                 self.away = false;
-                Some(queue)
+                tx.sent_elsewhere(done.departure, done.enobufs);
+                self.spare = Some(done.queue);
+                Some(done.sent)
             }
             Err(TryRecvError::Empty) => None,
             // The thread is gone (only by a panic) with the batch: its
             // datagrams never left, and loss recovery sends them again;
-            // what comes next is sealed here (`hand_over` finds it gone).
+            // what comes next is sent from here (`hand_over` finds it gone).
             Err(TryRecvError::Disconnected) => {
                 self.away = false;
-                None
+                Some(Ok(()))
             }
         }
     }
 }
 
 struct ClientDriver {
-    io: UdpIo,
+    io: Arc<UdpIo>,
     clock: Clock,
     peer: SocketAddr,
     mss: u32,
@@ -1255,29 +1297,23 @@ impl ClientDriver {
         }
     }
 
-    /// Sends what is ready, in the order it was filled: the batch back
-    /// from the sealing thread first, then what was filled meanwhile,
-    /// handed to the thread when it is enough to seal (and none is away),
-    /// else sealed and sent here. `finishing`: the connection is over;
-    /// the batch away is waited for and everything goes now.
+    /// Sends what is ready, in the order it was filled: once the batch at
+    /// the sealing thread is sent, what was filled meanwhile, handed to the
+    /// thread when it is enough to seal (and none is away), else sealed
+    /// and sent here. `finishing`: the connection is over; the batch away
+    /// is waited for and everything goes now.
     async fn send(&mut self, pacing: Option<u64>, finishing: bool) -> io::Result<()> {
         let Some(seal) = self.seal.as_mut() else {
             return self.tx.flush(&self.io, pacing).await;
         };
-        if let Some(mut back) = seal.take_back(finishing) {
-            self.tx.swap_queue(&mut back);
-            let flushed = self.tx.flush(&self.io, pacing).await;
-            // `back` holds what was filled meanwhile; the sealed batch,
-            // sent and emptied, is the next to fill.
-            self.tx.swap_queue(&mut back);
-            seal.spare = Some(back);
-            flushed?;
+        if let Some(sent) = seal.take_back(&mut self.tx, finishing) {
+            sent?;
         }
         if seal.away {
             return Ok(());
         }
         if !finishing {
-            seal.hand_over(&mut self.tx);
+            seal.hand_over(&mut self.tx, pacing);
         }
         if self.tx.is_empty() {
             return Ok(());

@@ -333,6 +333,69 @@ impl UdpIo {
         }
     }
 
+    /// [`Self::send_run`] from a thread outside the runtime: waits in
+    /// poll(2) while the socket buffer is full, and goes datagram by
+    /// datagram where the kernel refuses segmentation offload, as
+    /// [`Self::send`] does.
+    pub(crate) fn send_run_blocking(
+        &self,
+        to: SocketAddr,
+        run: &[u8],
+        segment_size: Option<usize>,
+        at: Option<u64>,
+    ) -> io::Result<()> {
+        if let Some(at) = at.filter(|_| self.txtime()) {
+            match self.until_sent(|| txtime::send(&self.sock, run, segment_size, at)) {
+                Err(e) if txtime::refused(&e) => self.txtime.store(false, Ordering::Relaxed),
+                sent => return sent,
+            }
+        }
+        let once = |contents: &[u8], segment_size: Option<usize>| {
+            let transmit = Transmit {
+                destination: to,
+                ecn: None,
+                contents,
+                segment_size,
+                src_ip: None,
+            };
+            self.until_sent(|| self.state.try_send(UdpSockRef::from(&self.sock), &transmit))
+        };
+        match (once(run, segment_size), segment_size) {
+            (Err(_), Some(size)) if size < run.len() && self.max_gso_segments() == 1 => {
+                for chunk in run.chunks(size) {
+                    once(chunk, None)?;
+                }
+                Ok(())
+            }
+            (r, _) => r,
+        }
+    }
+
+    /// Runs `send` until the socket takes it: on EWOULDBLOCK, waits in
+    /// poll(2) for room (outside tokio, whose readiness this leaves
+    /// alone: its own sends still find out for themselves).
+    fn until_sent(&self, mut send: impl FnMut() -> io::Result<()>) -> io::Result<()> {
+        loop {
+            match send() {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let mut fds = [rustix::event::PollFd::new(
+                        &self.sock,
+                        rustix::event::PollFlags::OUT,
+                    )];
+                    let wait = rustix::time::Timespec {
+                        tv_sec: 0,
+                        tv_nsec: 50_000_000,
+                    };
+                    match rustix::event::poll(&mut fds, Some(&wait)) {
+                        Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                sent => return sent,
+            }
+        }
+    }
+
     async fn send_once(
         &self,
         to: SocketAddr,
@@ -446,6 +509,164 @@ impl TxQueue {
         // Dropped unsealed only when a flush failed: they never leave.
         self.unsealed.clear();
     }
+
+    /// The GSO runs the queue goes in, each with its departure time where
+    /// it is paced: each run of datagrams to one destination, all of one
+    /// size but the last; with a pacing rate and a socket that takes
+    /// departure times, at most a quarter millisecond's worth, leaving one
+    /// after the other at that rate from `departure` (where the last
+    /// burst's schedule ended, but never more than TXTIME_HORIZON_NS
+    /// ahead, so a fast pacer cannot queue the future: fq drops what lies
+    /// beyond its horizon), which is moved on.
+    fn runs(&self, io: &UdpIo, pacing: Option<u64>, departure: &mut u64) -> Vec<Run> {
+        let mut paced = pacing.filter(|&r| r > 0 && io.txtime()).map(|rate| {
+            let now = monotonic_nanos();
+            (rate, (*departure).clamp(now, now + TXTIME_HORIZON_NS))
+        });
+        let mut runs = Vec::new();
+        let mut i = 0;
+        while i < self.items.len() {
+            let (to, start, size, alone) = self.items[i];
+            let quantum = paced.map_or(usize::MAX, |(rate, _)| {
+                usize::try_from(rate / 4_000 / size.max(1) as u64).unwrap_or(usize::MAX)
+            });
+            let max_segments = io
+                .max_gso_segments()
+                .min(GSO_MAX_BYTES / size.max(1))
+                .min(quantum)
+                .max(1);
+            let mut j = i + 1;
+            let mut end = start + size;
+            while !alone && j < self.items.len() && j - i < max_segments {
+                let (t, s, n, single) = self.items[j];
+                if single || t != to || s != end || n > size {
+                    break;
+                }
+                end = s + n;
+                j += 1;
+                if n < size {
+                    // A shorter datagram ends a GSO run.
+                    break;
+                }
+            }
+            let at = paced.as_mut().map(|(rate, departure)| {
+                let at = *departure;
+                *departure += ((end - start) as u64).saturating_mul(1_000_000_000) / *rate;
+                at
+            });
+            runs.push(Run {
+                to,
+                start,
+                end,
+                segment_size: (j - i > 1).then_some(size),
+                at,
+                datagrams: (j - i) as u64,
+            });
+            i = j;
+        }
+        if let Some((_, d)) = paced {
+            *departure = d;
+        }
+        runs
+    }
+
+    /// [`TxBatch::flush`] from a thread outside the runtime (a sealing
+    /// thread): seals what is not sealed yet, sends every run, waiting in
+    /// poll(2) while the socket buffer is full, and empties the queue.
+    /// Returns the datagrams the kernel refused (ENOBUFS) and the first
+    /// error; `departure` is the pacing schedule, moved on.
+    pub(crate) fn send_blocking(
+        &mut self,
+        io: &UdpIo,
+        pacing: Option<u64>,
+        departure: &mut u64,
+    ) -> (u64, io::Result<()>) {
+        self.seal();
+        let runs = self.runs(io, pacing, departure);
+        let mut tries = RunTries::default();
+        let mut result = Ok(());
+        for run in &runs {
+            let bytes = &self.buf[run.start..run.end];
+            let mut sent = io.send_run_blocking(run.to, bytes, run.segment_size, run.at);
+            let ended = loop {
+                match tries.after(sent) {
+                    Some(ended) => break ended,
+                    None => sent = io.send_run_blocking(run.to, bytes, run.segment_size, run.at),
+                }
+            };
+            if let Err(e) = tries.settle(ended, run) {
+                result = Err(e);
+                break;
+            }
+        }
+        self.clear();
+        let enobufs = tries.enobufs;
+        match (result, tries.reported) {
+            (Err(e), _) | (Ok(()), Some(e)) => (enobufs, Err(e)),
+            (Ok(()), None) => (enobufs, Ok(())),
+        }
+    }
+}
+
+/// One GSO send of a [`TxQueue`]: `buf[start..end]` to `to`.
+struct Run {
+    to: SocketAddr,
+    start: usize,
+    end: usize,
+    segment_size: Option<usize>,
+    /// Departure time (CLOCK_MONOTONIC ns) where paced.
+    at: Option<u64>,
+    datagrams: u64,
+}
+
+/// The tries of a flush's runs. A connected socket with IP_RECVERR holds
+/// an ICMP report's error (sk_err) for the next call, and a send that
+/// meets it fails without sending: "too big" from a router on every
+/// datagram over its MTU, each eating the run after it (the size probes
+/// that would have stepped down: the send stalled to maxidle behind a
+/// real router, tests/pmtu.rs). The kernel clears the error as it reports
+/// it, so a failed run is sent again, up to SENDS_PER_RUN times in all
+/// (the report of an oversized run sent just before may land between two
+/// tries); the first error still goes to the caller, whose error-queue
+/// drain reads the reports. A run that fails every time fails the flush.
+#[derive(Default)]
+struct RunTries {
+    /// Tries of the current run so far.
+    tries: usize,
+    /// The first error a try met.
+    reported: Option<io::Error>,
+    /// Datagrams refused with ENOBUFS: lost, not retried.
+    enobufs: u64,
+}
+
+impl RunTries {
+    /// After a try of the run: `None` to send it again, or how it ended.
+    fn after(&mut self, sent: io::Result<()>) -> Option<io::Result<()>> {
+        self.tries += 1;
+        match sent {
+            Err(e) if e.raw_os_error() != Some(libc::ENOBUFS) && self.tries < SENDS_PER_RUN => {
+                self.reported.get_or_insert(e);
+                None
+            }
+            ended => {
+                self.tries = 0;
+                Some(ended)
+            }
+        }
+    }
+
+    /// The run's last try: ENOBUFS counts its datagrams lost; another
+    /// error fails the flush (the first one reported goes back).
+    fn settle(&mut self, sent: io::Result<()>, run: &Run) -> io::Result<()> {
+        match sent {
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                self.enobufs += run.datagrams;
+                Ok(())
+            }
+            Err(e) => Err(self.reported.take().unwrap_or(e)),
+            Ok(()) => Ok(()),
+        }
+    }
 }
 
 /// Datagrams waiting to be sent, sent as GSO runs, and the sending
@@ -534,83 +755,40 @@ impl TxBatch {
         // What was prepared and not handed to a sealing thread is sealed
         // here: nothing leaves in clear.
         self.queue.seal();
-        // (rate, when the next run leaves). The schedule goes on where the
-        // last burst's ended, so bursts do not overlap; but never more than
-        // TXTIME_HORIZON_NS ahead, so a fast pacer cannot queue the future
-        // (fq drops what lies beyond its horizon).
-        let mut paced = pacing.filter(|&r| r > 0 && io.txtime()).map(|rate| {
-            let now = monotonic_nanos();
-            (rate, self.departure.clamp(now, now + TXTIME_HORIZON_NS))
-        });
-        // A connected socket with IP_RECVERR holds an ICMP report's error
-        // (sk_err) for the next call, and a send that meets it fails
-        // without sending: "too big" from a router on every datagram over
-        // its MTU, each eating the run after it (the size probes that
-        // would have stepped down: the send stalled to maxidle behind a
-        // real router, tests/pmtu.rs). The kernel clears the error as it
-        // reports it, so a failed run is sent again, up to
-        // SENDS_PER_RUN times in all (the report of an oversized run sent
-        // just before may land between two tries); the first error still
-        // goes to the caller, whose error-queue drain reads the reports.
-        // A run that fails every time fails the flush, as before.
-        let mut reported = None;
-        let mut i = 0;
-        while i < self.queue.items.len() {
-            let (to, start, size, alone) = self.queue.items[i];
-            let quantum = paced.map_or(usize::MAX, |(rate, _)| {
-                usize::try_from(rate / 4_000 / size.max(1) as u64).unwrap_or(usize::MAX)
-            });
-            let max_segments = io
-                .max_gso_segments()
-                .min(GSO_MAX_BYTES / size.max(1))
-                .min(quantum)
-                .max(1);
-            let mut j = i + 1;
-            let mut end = start + size;
-            while !alone && j < self.queue.items.len() && j - i < max_segments {
-                let (t, s, n, single) = self.queue.items[j];
-                if single || t != to || s != end || n > size {
-                    break;
+        let runs = self.queue.runs(io, pacing, &mut self.departure);
+        let mut tries = RunTries::default();
+        for run in &runs {
+            let bytes = &self.queue.buf[run.start..run.end];
+            let mut sent = io.send_run(run.to, bytes, run.segment_size, run.at).await;
+            let ended = loop {
+                match tries.after(sent) {
+                    Some(ended) => break ended,
+                    None => sent = io.send_run(run.to, bytes, run.segment_size, run.at).await,
                 }
-                end = s + n;
-                j += 1;
-                if n < size {
-                    // A shorter datagram ends a GSO run.
-                    break;
-                }
+            };
+            if let Err(e) = tries.settle(ended, run) {
+                self.enobufs += tries.enobufs;
+                self.clear();
+                return Err(e);
             }
-            let segment_size = (j - i > 1).then_some(size);
-            let run = &self.queue.buf[start..end];
-            let at = paced.as_mut().map(|(rate, departure)| {
-                let at = *departure;
-                *departure += (run.len() as u64).saturating_mul(1_000_000_000) / *rate;
-                at
-            });
-            let mut sent = io.send_run(to, run, segment_size, at).await;
-            for _ in 1..SENDS_PER_RUN {
-                match sent {
-                    Err(e) if e.raw_os_error() != Some(libc::ENOBUFS) => {
-                        reported.get_or_insert(e);
-                        sent = io.send_run(to, run, segment_size, at).await;
-                    }
-                    _ => break,
-                }
-            }
-            match sent {
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => self.enobufs += (j - i) as u64,
-                Err(e) => {
-                    self.clear();
-                    return Err(reported.unwrap_or(e));
-                }
-                Ok(()) => {}
-            }
-            i = j;
         }
-        if let Some((_, departure)) = paced {
-            self.departure = departure;
-        }
+        self.enobufs += tries.enobufs;
         self.clear();
-        reported.map_or(Ok(()), Err)
+        tries.reported.map_or(Ok(()), Err)
+    }
+
+    /// The pacing schedule and the datagrams refused so far, for a send
+    /// done elsewhere ([`TxQueue::send_blocking`]): one at a time, and
+    /// none from here meanwhile, so the schedule goes on where it was.
+    pub(crate) fn departure(&self) -> u64 {
+        self.departure
+    }
+
+    /// What a send done elsewhere left: where its schedule ended and how
+    /// many datagrams the kernel refused.
+    pub(crate) fn sent_elsewhere(&mut self, departure: u64, enobufs: u64) {
+        self.departure = departure;
+        self.enobufs += enobufs;
     }
 
     fn clear(&mut self) {
@@ -1036,10 +1214,10 @@ mod tests {
         }
     }
 
-    /// A datagram prepared and not sealed never leaves in clear: a flush
-    /// seals what was not sealed aside, and a queue sealed aside (handed
-    /// out and back with `swap_queue`) leaves as it was sealed; both open
-    /// at the peer, in order.
+    /// A datagram prepared and not sealed never leaves in clear: a queue
+    /// handed to another thread is sealed and sent there
+    /// (`send_blocking`, outside the runtime), and a flush seals what was
+    /// not sealed aside; both open at the peer, in order.
     #[tokio::test]
     async fn prepared_datagrams_leave_sealed_whether_sealed_here_or_aside() {
         use crate::proto::crypto::{frame, Cipher, Opener, Sealer, TrafficSecret};
@@ -1067,13 +1245,19 @@ mod tests {
         let mut tx = TxBatch::new();
         assert!(tx.push_unsealed_with(2048, &mut prepare));
         assert_eq!(tx.queue().unsealed_bytes(), 1000 + 12 + 24);
-        // Aside: the queue goes out, is sealed there, comes back.
+        // Aside: the queue goes to another thread, which seals and sends
+        // it outside the runtime.
         let mut aside = TxQueue::default();
         tx.swap_queue(&mut aside);
-        assert_eq!(aside.seal(), 0);
-        assert_eq!(aside.unsealed_bytes(), 0);
-        tx.swap_queue(&mut aside);
-        tx.flush(&io, None).await.unwrap();
+        assert!(tx.is_empty());
+        let mut departure = 0;
+        let (refused, sent) = std::thread::scope(|s| {
+            s.spawn(|| aside.send_blocking(&io, None, &mut departure))
+                .join()
+                .unwrap()
+        });
+        assert_eq!((refused, sent.unwrap()), (0, ()));
+        assert!(aside.is_empty());
         // Here: flush seals it.
         assert!(tx.push_unsealed_with(2048, &mut prepare));
         tx.flush(&io, None).await.unwrap();
