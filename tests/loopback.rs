@@ -439,12 +439,13 @@ fn a_probe_takes_its_hosts_settings_and_typed_flags_win() {
     server.report();
 }
 
-/// `--seal-thread on` seals the data on a thread beside the protocol's
-/// (issue 28, point 4): every byte arrives and matches the test pattern,
-/// and the summary counts the datagrams sealed there; `off` seals every
-/// one on the protocol's thread.
+/// `--seal-thread on` seals and sends the data on a thread beside the
+/// protocol's, and `atou serve --open-thread on` opens it on one (issue
+/// 28, point 4): every byte arrives and matches the test pattern, and
+/// each end counts the datagrams it did so; `off` does all of it on the
+/// protocol's threads.
 #[test]
-fn data_sealed_on_a_thread_of_its_own_arrives_whole() {
+fn data_sealed_and_opened_on_threads_of_their_own_arrives_whole() {
     let dir = common::TestDir::new("loopback-seal-thread");
     let key = |name: &str| dir.path(name).to_str().unwrap().to_owned();
     for name in ["server", "client"] {
@@ -454,8 +455,8 @@ fn data_sealed_on_a_thread_of_its_own_arrives_whole() {
             .unwrap();
         assert!(made.status.success(), "{made:?}");
     }
-    let mut server = Server::start(&["--identity", &key("server")]);
     for (mode, aside) in [("on", true), ("off", false)] {
+        let mut server = Server::start(&["--identity", &key("server"), "--open-thread", mode]);
         let out = probe(
             server.addr,
             &[
@@ -485,6 +486,12 @@ fn data_sealed_on_a_thread_of_its_own_arrives_whole() {
         assert_eq!(r["stats"]["bytes"], 8_000_000, "{mode}: {r}");
         assert_eq!(r["corrupt_bytes"], 0, "{mode}: {r}");
         assert_eq!(r["server"]["crypto_dropped"], 0, "{mode}: {r}");
+        let opened = r["server"]["opened_aside"].as_u64().unwrap();
+        if aside {
+            assert!(opened > 100, "{mode}: {opened} opened aside: {r}");
+        } else {
+            assert_eq!(opened, 0, "{mode}: {r}");
+        }
+        server.kill();
     }
-    server.kill();
 }

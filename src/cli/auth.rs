@@ -38,7 +38,7 @@ pub(super) struct ClientAuthArgs {
     /// Packet cipher: aes-256-gcm, chacha20-poly1305, or auto (AES-256-GCM where the CPU has AES instructions, else ChaCha20-Poly1305)
     #[arg(long, value_name = "CIPHER", default_value = "auto", value_parser = parse_cipher)]
     cipher: Cipher,
-    /// Where the data sent is sealed and sent from: off (the protocol's thread) or on (a thread of its own, a batch at a time, so that the protocol's thread does neither the AEAD work nor the send's copy; experimental: slower where two cores run both ends, see docs/security.md)
+    /// Where the data sent is sealed and sent from: off (the protocol's thread) or on (a thread of its own, a batch at a time, so that the protocol's thread does neither the AEAD work nor the send's copy; a copy to a local directory opens it on one too; experimental: slower where two cores run both ends, see docs/security.md)
     #[arg(
         long,
         value_name = "WHERE",

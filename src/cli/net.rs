@@ -82,6 +82,15 @@ pub(super) struct ServeArgs {
     /// Print every report, transfer, failure and notice as one JSON object per line on stdout
     #[arg(long)]
     json: bool,
+    /// Where the data received is opened: off (the protocol's thread) or on (a thread of its own, a batch at a time, so that the protocol's thread does no AEAD work for it; experimental: slower where two cores run both ends, see docs/security.md)
+    #[arg(
+        long,
+        value_name = "WHERE",
+        default_value = "off",
+        value_enum,
+        hide_possible_values = true
+    )]
+    open_thread: crate::io::SealAside,
     /// UDP socket send buffer in bytes (SO_SNDBUF), e.g. 4MiB
     #[arg(long, value_name = "BYTES", default_value = "4MiB", value_parser = parse_sockbuf)]
     sndbuf: u32,
@@ -472,6 +481,7 @@ fn report_line(r: &ConnReport, server: &ServerStats) -> String {
 }
 
 pub(super) fn serve(args: ServeArgs) -> Result<ExitCode> {
+    args.open_thread.choose();
     let json = args.json;
     let auth = args.auth.resolve(args.dir.is_some())?;
     let transfer_failed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -40,8 +40,11 @@ pub use socket::SocketBuffers;
 pub(crate) use socket::{route_mtu, this_host_mtu, RecvBatch, TxBatch, TxQueue, UdpIo};
 
 use crate::io::hello_timestamps::SaveError;
+use crate::proto::crypto::protect::BadTag;
 use crate::proto::crypto::{Cipher, DropCounters, HandshakeError};
-use crate::proto::endpoint::server::{Arrival, HandshakeDone, HandshakeWork, SessionEvent};
+use crate::proto::endpoint::server::{
+    Arrival, HandshakeDone, HandshakeWork, OpenJob, Opening, SessionEvent,
+};
 use crate::proto::wire::{ReceiverParams, RejectReason, ACK_MAX_LEN, CONTROL_MAX_LEN};
 use crate::proto::{
     Client, Closed, ConnError, ConnReport, Notice, PatternSource, PayloadSource, Server,
@@ -947,8 +950,9 @@ struct SendDone {
     sent: io::Result<()>,
 }
 
-/// Where a client seals and sends its data (`--seal-thread`): chosen once
-/// for the process, as a thread pool's size is. Off by default: where two
+/// Where a client seals and sends its data (`--seal-thread`) and a server
+/// opens what it receives (`--open-thread`): chosen once for the process,
+/// as a thread pool's size is. Off by default: where two
 /// cores run both ends it is slower, and no machine with more has measured
 /// it yet (docs/security.md, "Sealing off the protocol's thread");
 /// `scripts/bench-crypto.sh` measures it beside inline sealing every run.
@@ -1531,6 +1535,7 @@ pub(crate) async fn serve_from(
     let clock = Clock::new();
     let mut serving = Serving::start(&config, buffers)?;
     let mut rx = RecvBatch::new();
+    let mut opening = OpenThread::start();
     let waker = app.waker();
     tokio::pin!(stop);
     loop {
@@ -1541,17 +1546,24 @@ pub(crate) async fn serve_from(
         if done || app.finished() {
             return Ok(*serving.server.stats());
         }
-        let received = io
-            .try_recv(&mut rx, |from, datagram| {
+        let received = match opening.as_mut() {
+            Some(opening) => opening.receive(&io, &mut serving, clock, app, &mut on_event),
+            None => io.try_recv(&mut rx, |from, datagram| {
                 serving.on_datagram(clock.now(), from, datagram, app, &io, &mut on_event);
-            })
-            .or_else(|e| if is_unreachable(&e) { Ok(0) } else { Err(e) })
-            .map_err(sock_err)?;
+            }),
+        }
+        .or_else(|e| if is_unreachable(&e) { Ok(0) } else { Err(e) })
+        .map_err(sock_err)?;
         if received > 0 || !serving.tx.is_empty() {
             continue;
         }
         let deadline = serving.server.poll_timeout();
+        let opened = opening
+            .as_ref()
+            .filter(|o| o.away)
+            .map(|o| Arc::clone(&o.side.ready));
         tokio::select! {
+            () = notified(opened.as_deref()) => {}
             r = io.readable() => r.map_err(sock_err)?,
             () = sleep_until(clock, deadline) => {}
             () = notified(waker.as_deref()) => {}
@@ -1574,6 +1586,196 @@ fn tell_app(server: &mut Server, app: &mut dyn ServeApp) {
             break;
         };
         app.on_arrival(server, early.as_arrival());
+    }
+}
+
+/// Opens a server's protected datagrams on a thread of its own
+/// (`--open-thread on`; issue 28 point 4), so that the thread that runs
+/// the protocol does not do the AEAD work for the data it receives. The
+/// protocol thread reads a batch and takes each protected datagram's
+/// ticket in arrival order ([`Server::open_job`]: keys, replay window,
+/// key phase), hands the batch here, reads the next while this one is
+/// opened, and handles each datagram of the batch when it comes back, in
+/// order ([`Server::handle_opened`]: the opener settles, the window
+/// moves). A batch with little to open is opened and handled at once.
+/// One batch at a time is away, and handled before any later one.
+struct OpenThread {
+    side: SideThread<OpenBatch, OpenBatch>,
+    /// A batch is at the thread.
+    away: bool,
+    /// A batch back and emptied, to read into next.
+    spare: Option<RecvBatch>,
+}
+
+/// A batch read, what the server made of each datagram, and, once at the
+/// thread, how each job's opening went.
+struct OpenBatch {
+    batch: RecvBatch,
+    openings: Vec<Opening>,
+    results: Vec<Option<Result<std::ops::Range<usize>, BadTag>>>,
+}
+
+impl OpenBatch {
+    /// Opens each job's datagram in place: the AEAD, and nothing else.
+    fn open(&mut self) {
+        self.results.clear();
+        for ((_, datagram), opening) in self.batch.datagrams_mut().zip(&self.openings) {
+            self.results.push(match opening {
+                Opening::Job(job) => Some(job.open(datagram)),
+                Opening::Dropped | Opening::Whole => None,
+            });
+        }
+    }
+}
+
+/// Less than this much opening in a batch is done on the protocol
+/// thread: the hand-over would cost more than it saves.
+const OPEN_ASIDE_MIN_BYTES: usize = 64 * 1024;
+
+impl OpenThread {
+    /// An opening thread, where `--open-thread` says so.
+    fn start() -> Option<OpenThread> {
+        if SealAside::chosen() == SealAside::Off {
+            return None;
+        }
+        let side = SideThread::start("atou-open", 1, |mut batch: OpenBatch| {
+            batch.open();
+            batch
+        })
+        .ok()?;
+        Some(OpenThread {
+            side,
+            away: false,
+            spare: None,
+        })
+    }
+
+    /// [`UdpIo::try_recv`] for a server whose opening goes aside: reads a
+    /// batch and takes its tickets; handles the batch away first (waiting
+    /// for it); then hands the new batch over if it has enough to open,
+    /// else opens and handles it here. Returns the datagrams handled.
+    fn receive(
+        &mut self,
+        io: &UdpIo,
+        serving: &mut Serving,
+        clock: Clock,
+        app: &mut dyn ServeApp,
+        on_event: &mut impl FnMut(ServeEvent),
+    ) -> io::Result<usize> {
+        let mut batch = self.spare.take().unwrap_or_default();
+        let read = io.try_recv_batch(&mut batch);
+        let read = match read {
+            Ok(n) => n,
+            Err(e) => {
+                self.spare = Some(batch);
+                return Err(e);
+            }
+        };
+        let mut openings = Vec::new();
+        let mut work = 0;
+        for (_, datagram) in batch.datagrams_mut() {
+            let opening = serving.server.open_job(datagram);
+            if matches!(opening, Opening::Job(_)) {
+                work += datagram.len();
+            }
+            openings.push(opening);
+        }
+        // The batch away goes first; waited for only when there is a new
+        // one behind it.
+        let back = self.take_back(read > 0);
+        let mut fresh = OpenBatch {
+            batch,
+            openings,
+            results: Vec::new(),
+        };
+        let mut handled = 0;
+        if read > 0 && work >= OPEN_ASIDE_MIN_BYTES && !self.away {
+            let datagrams = fresh.openings.len() as u64;
+            match self.side.send(fresh) {
+                Ok(()) => {
+                    self.away = true;
+                    serving.server.opened_aside(datagrams);
+                    if let Some(back) = back {
+                        handled += self.handle(back, serving, clock, app, io, on_event);
+                    }
+                    return Ok(handled);
+                }
+                // Gone only by a panic: opened here instead.
+                Err(refused) => fresh = refused,
+            }
+        }
+        if let Some(back) = back {
+            handled += self.handle(back, serving, clock, app, io, on_event);
+        }
+        if read > 0 {
+            fresh.open();
+            handled += self.handle(fresh, serving, clock, app, io, on_event);
+        } else {
+            self.spare = Some(fresh.batch);
+        }
+        Ok(handled)
+    }
+
+    /// The batch away, once opened; `wait`: blocks until it is.
+    fn take_back(&mut self, wait: bool) -> Option<OpenBatch> {
+        use std::sync::mpsc::TryRecvError;
+        if !self.away {
+            return None;
+        }
+        let back = if wait {
+            self.side
+                .done
+                .recv()
+                .map_err(|_| TryRecvError::Disconnected)
+        } else {
+            self.side.done.try_recv()
+        };
+        match back {
+            Ok(batch) => {
+                self.away = false;
+                Some(batch)
+            }
+            Err(TryRecvError::Empty) => None,
+            // Gone (only by a panic) with the batch: its datagrams are
+            // lost, as on a full socket buffer; the next are opened here.
+            Err(TryRecvError::Disconnected) => {
+                self.away = false;
+                None
+            }
+        }
+    }
+
+    /// Each datagram of an opened batch to the server, in order; the
+    /// batch's buffers become the next read's. Returns how many.
+    fn handle(
+        &mut self,
+        mut done: OpenBatch,
+        serving: &mut Serving,
+        clock: Clock,
+        app: &mut dyn ServeApp,
+        io: &UdpIo,
+        on_event: &mut impl FnMut(ServeEvent),
+    ) -> usize {
+        let mut count = 0;
+        let mut openings = done.openings.drain(..);
+        let mut results = done.results.drain(..);
+        for (from, datagram) in done.batch.datagrams_mut() {
+            let (Some(opening), Some(result)) = (openings.next(), results.next()) else {
+                break;
+            };
+            count += 1;
+            let now = clock.now();
+            match (opening, result) {
+                (Opening::Job(job), Some(opened)) => {
+                    serving.on_opened(now, from, datagram, job, opened, app, io, on_event);
+                }
+                (Opening::Whole, _) => serving.on_datagram(now, from, datagram, app, io, on_event),
+                (Opening::Dropped, _) | (Opening::Job(_), None) => {}
+            }
+        }
+        drop((openings, results));
+        self.spare = Some(done.batch);
+        count
     }
 }
 
@@ -1695,6 +1897,40 @@ impl Serving {
         if let Some(arrival) = server.handle_datagram(now, from, datagram) {
             app.on_arrival(server, arrival);
         }
+        self.answer(now, app, io, on_event);
+    }
+
+    /// One datagram opened elsewhere ([`OpenThread`]), in its turn: to the
+    /// server, then whatever it answers.
+    #[allow(clippy::too_many_arguments)]
+    fn on_opened(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        datagram: &mut [u8],
+        job: OpenJob,
+        opened: Result<std::ops::Range<usize>, BadTag>,
+        app: &mut dyn ServeApp,
+        io: &UdpIo,
+        on_event: &mut impl FnMut(ServeEvent),
+    ) {
+        let server = &mut self.server;
+        if let Some(arrival) = server.handle_opened(now, from, datagram, job, opened) {
+            app.on_arrival(server, arrival);
+        }
+        self.answer(now, app, io, on_event);
+    }
+
+    /// After a datagram: the handshake worker's results, the app's
+    /// events, the socket's buffer, and what the server answers.
+    fn answer(
+        &mut self,
+        now: Time,
+        app: &mut dyn ServeApp,
+        io: &UdpIo,
+        on_event: &mut impl FnMut(ServeEvent),
+    ) {
+        let server = &mut self.server;
         if let Some(worker) = &self.handshakes {
             worker.exchange(server, now);
         }

@@ -52,6 +52,8 @@ pub(crate) struct UdpIo {
 pub(crate) struct RecvBatch {
     bufs: Vec<Vec<u8>>,
     metas: Vec<RecvMeta>,
+    /// Messages the last [`UdpIo::try_recv_batch`] read.
+    filled: usize,
 }
 
 impl RecvBatch {
@@ -59,7 +61,28 @@ impl RecvBatch {
         RecvBatch {
             bufs: (0..BATCH_SIZE).map(|_| vec![0; RECV_BUF_LEN]).collect(),
             metas: vec![RecvMeta::default(); BATCH_SIZE],
+            filled: 0,
         }
+    }
+
+    /// Each datagram the last [`UdpIo::try_recv_batch`] read, GRO
+    /// batches split by their stride, with its source; the same datagrams
+    /// in the same order each time.
+    pub(crate) fn datagrams_mut(&mut self) -> impl Iterator<Item = (SocketAddr, &mut [u8])> {
+        self.metas
+            .iter()
+            .zip(self.bufs.iter_mut())
+            .take(self.filled)
+            .flat_map(|(meta, buf)| {
+                let stride = if meta.stride == 0 {
+                    meta.len
+                } else {
+                    meta.stride
+                };
+                buf[..meta.len]
+                    .chunks_mut(stride.max(1))
+                    .map(move |d| (meta.addr, d))
+            })
     }
 }
 
@@ -239,30 +262,35 @@ impl UdpIo {
         batch: &mut RecvBatch,
         mut f: impl FnMut(SocketAddr, &mut [u8]),
     ) -> io::Result<usize> {
-        let RecvBatch { bufs, metas } = batch;
+        self.try_recv_batch(batch)?;
+        let mut count = 0;
+        for (from, datagram) in batch.datagrams_mut() {
+            f(from, datagram);
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    /// Reads what is waiting (one recvmmsg) into `batch` without blocking,
+    /// for [`RecvBatch::datagrams_mut`]; returns the messages read (a GRO
+    /// message holds several datagrams), 0 when nothing was waiting.
+    pub(crate) fn try_recv_batch(&self, batch: &mut RecvBatch) -> io::Result<usize> {
+        let RecvBatch {
+            bufs,
+            metas,
+            filled,
+        } = batch;
+        *filled = 0;
         let mut slices: Vec<IoSliceMut<'_>> = bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
-        let msgs = match self.sock.try_io(Interest::READABLE, || {
+        *filled = match self.sock.try_io(Interest::READABLE, || {
             self.state
                 .recv(UdpSockRef::from(&self.sock), &mut slices, metas)
         }) {
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
             Err(e) => return Err(e),
         };
-        let mut count = 0;
-        for (meta, buf) in metas.iter().zip(slices.iter_mut()).take(msgs) {
-            let data = &mut buf[..meta.len];
-            let stride = if meta.stride == 0 {
-                meta.len
-            } else {
-                meta.stride
-            };
-            for datagram in data.chunks_mut(stride.max(1)) {
-                f(meta.addr, datagram);
-                count += 1;
-            }
-        }
-        Ok(count)
+        Ok(*filled)
     }
 
     /// Sends `contents` to `to`, as GSO segments of `segment_size` when

@@ -29,6 +29,7 @@ use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::proto::crypto::amplification::Budget;
+use crate::proto::crypto::protect::{BadTag, OpenTicket};
 use crate::proto::crypto::ratelimit::{Buckets, Rate, RateLimiter};
 use crate::proto::crypto::replayed::{self, ReplayedHellos};
 use crate::proto::crypto::{
@@ -136,6 +137,9 @@ pub struct ServerStats {
     /// size-probe ack), left unanswered: their address had been sent its
     /// share that second.
     pub answers_limited: u64,
+    /// Protected datagrams opened on a thread beside the protocol's
+    /// (`atou serve --open-thread on`), as the I/O layer counts them.
+    pub opened_aside: u64,
     /// Hellos worked through with public-key operations (two X25519 to
     /// read one, three more to answer it): at most the per-source and
     /// global budgets ([`ServerLimits::hellos_per_sec`]).
@@ -558,6 +562,39 @@ impl Keying {
             *self = Keying::Confirmed(keys);
         }
     }
+}
+
+/// A protected datagram of a keyed connection that passed the checks
+/// before opening ([`Server::open_job`]): opening it needs nothing more
+/// from the server, so the I/O layer may do it on another thread; then
+/// [`Server::handle_opened`] takes it back, in arrival order.
+pub(crate) struct OpenJob {
+    /// The server's id of the connection (the datagram's recipient id).
+    conn_id: u64,
+    /// The client's id, which the opened inner packet carries.
+    inner_id: u64,
+    /// Its packet number, read before opening rewrites the header.
+    pn: u64,
+    ticket: OpenTicket,
+}
+
+impl OpenJob {
+    /// Opens the datagram in place (the AEAD): where its inner packet now
+    /// is, or the failed tag. Pure: the server learns the outcome in
+    /// [`Server::handle_opened`].
+    pub(crate) fn open(&self, datagram: &mut [u8]) -> Result<std::ops::Range<usize>, BadTag> {
+        frame::open_with(&self.ticket, self.inner_id, datagram)
+    }
+}
+
+/// What [`Server::open_job`] made of a datagram.
+pub(crate) enum Opening {
+    /// Open it (anywhere), then hand it to [`Server::handle_opened`].
+    Job(OpenJob),
+    /// Refused before opening, and counted: nothing more to do.
+    Dropped,
+    /// Not one to open elsewhere: [`Server::handle_datagram`] it.
+    Whole,
 }
 
 /// An authenticated connection's keys and peer.
@@ -1493,6 +1530,47 @@ impl Server {
         None
     }
 
+    /// Counts `datagrams` handed to another thread to be opened.
+    pub(crate) fn opened_aside(&mut self, datagrams: u64) {
+        self.stats.opened_aside += datagrams;
+    }
+
+    /// The first half of [`Server::handle_datagram`] for a batch opened
+    /// elsewhere: a protected datagram of a keyed connection gets its
+    /// checks before opening here (in arrival order) and comes back as a
+    /// job; one refused there is counted and dropped; anything else is to
+    /// be handled whole, in its turn.
+    pub(crate) fn open_job(&mut self, datagram: &[u8]) -> Opening {
+        let Some(peek) = HeaderPeek::read(datagram) else {
+            return Opening::Whole;
+        };
+        if !matches!(route(&peek), Route::Packet) || !frame::is_protected(datagram) {
+            return Opening::Whole;
+        }
+        self.stats.datagrams += 1;
+        match self.open_ticket(peek.conn_id, datagram) {
+            Some(job) => Opening::Job(job),
+            None => Opening::Dropped,
+        }
+    }
+
+    /// The second half: `job`'s datagram from `from`, `opened` (or not)
+    /// in place, handled as [`Server::handle_datagram`] would have.
+    pub(crate) fn handle_opened<'a>(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        datagram: &'a mut [u8],
+        job: OpenJob,
+        opened: Result<std::ops::Range<usize>, BadTag>,
+    ) -> Option<Arrival<'a>> {
+        let conn_id = job.conn_id;
+        let len = datagram.len();
+        let inner = self.settle_open(now, from, job, opened, len)?;
+        let datagram: &'a [u8] = datagram;
+        self.on_inner(now, from, conn_id, &datagram[inner], true, len)
+    }
+
     /// A hello or key query of another version: answered with ours.
     fn on_foreign_version(&mut self, now: Time, from: SocketAddr, peek: &HeaderPeek) {
         self.stats.version_rejects += 1;
@@ -1541,6 +1619,20 @@ impl Server {
         } else {
             datagram
         };
+        self.on_inner(now, from, conn_id, datagram, protected, len)
+    }
+
+    /// A packet, opened if it came protected (`len` bytes as it came),
+    /// handled by its kind.
+    fn on_inner<'a>(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        conn_id: u64,
+        datagram: &'a [u8],
+        protected: bool,
+        len: usize,
+    ) -> Option<Arrival<'a>> {
         let Ok(packet) = Packet::decode(datagram) else {
             self.stats.undecodable += 1;
             return None;
@@ -1728,9 +1820,7 @@ impl Server {
 
     /// Opens a protected datagram for connection `conn_id` in place and
     /// returns its inner packet; `None` (counted) if it does not open.
-    /// An authenticated packet from a new address moves the connection
-    /// there (WireGuard's roaming), under the 3× limit until the new path
-    /// has proved itself.
+    /// [`Server::open_job`]'s three steps at once, on this thread.
     fn open<'a>(
         &mut self,
         now: Time,
@@ -1738,7 +1828,17 @@ impl Server {
         conn_id: u64,
         datagram: &'a mut [u8],
     ) -> Option<&'a [u8]> {
-        let len = datagram.len();
+        let job = self.open_ticket(conn_id, datagram)?;
+        let opened = job.open(datagram);
+        let inner = self.settle_open(now, from, job, opened, datagram.len())?;
+        let datagram: &'a [u8] = datagram;
+        Some(&datagram[inner])
+    }
+
+    /// The checks before a protected datagram of connection `conn_id` is
+    /// opened (its keys, the replay window, which key by its phase bit):
+    /// the job that opens it, or `None`, counted.
+    fn open_ticket(&mut self, conn_id: u64, datagram: &[u8]) -> Option<OpenJob> {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             self.stats.unknown_connection += 1;
             return None;
@@ -1753,10 +1853,60 @@ impl Server {
             return None;
         };
         let pn = frame::packet_number(datagram);
-        let Ok(inner) = frame::open(&mut keys.opener, secure.client_id, datagram) else {
+        let Ok(ticket) = frame::open_ticket(&mut keys.opener, datagram) else {
             self.stats.crypto_dropped += 1;
             return None;
         };
+        Some(OpenJob {
+            conn_id,
+            inner_id: secure.client_id,
+            pn,
+            ticket,
+        })
+    }
+
+    /// After `job` opened its datagram (`opened`; `len` bytes as it came)
+    /// or failed to: the opener learns the outcome (a failure is counted
+    /// and dropped), and an authenticated packet from a new address moves
+    /// the connection there (WireGuard's roaming), under the 3x limit
+    /// until the new path has proved itself. The inner packet's range, or
+    /// `None`.
+    fn settle_open(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        job: OpenJob,
+        opened: Result<std::ops::Range<usize>, BadTag>,
+        len: usize,
+    ) -> Option<std::ops::Range<usize>> {
+        let OpenJob {
+            conn_id,
+            pn,
+            ticket,
+            ..
+        } = job;
+        // Gone since the ticket (closed by a packet before it in a batch).
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            self.stats.unknown_connection += 1;
+            return None;
+        };
+        let Some(keys) = conn
+            .link
+            .secure_mut()
+            .and_then(|secure| secure.keys.keys_mut())
+        else {
+            self.stats.unknown_connection += 1;
+            return None;
+        };
+        if keys.opener.settle(ticket, opened.is_ok()).is_err() {
+            self.stats.crypto_dropped += 1;
+            return None;
+        }
+        let Ok(inner) = opened else {
+            self.stats.crypto_dropped += 1;
+            return None;
+        };
+        let secure = conn.link.secure_mut().expect("keyed above");
         secure.keys.confirm();
         let newest = secure.largest_pn.is_none_or(|l| pn > l);
         if newest {
@@ -1801,8 +1951,7 @@ impl Server {
                 },
             );
         }
-        let datagram: &'a [u8] = datagram;
-        Some(&datagram[inner])
+        Some(inner)
     }
 
     /// A connection moved from `old` to `new`: its count and window go
@@ -3886,6 +4035,73 @@ mod tests {
             assert!(c.size_hint(1400, quote), "keyed {keyed}");
             assert!(!c.size_hint(1400, quote), "keyed {keyed}");
         }
+    }
+
+    /// Opening a batch elsewhere ([`Server::open_job`], then
+    /// [`Server::handle_opened`] in arrival order) keeps the replay rule:
+    /// two copies of one datagram in a batch both get a ticket (the window
+    /// moves only when one settles), and the second is dropped when it
+    /// settles; a copy of a datagram already handled is refused at its
+    /// ticket; a forged one fails its tag. Each is counted once.
+    #[test]
+    fn a_batch_opened_elsewhere_drops_its_replays_and_forgeries_once_each() {
+        use crate::proto::crypto::StaticKeypair;
+        use std::cell::RefCell;
+        let server_key = StaticKeypair::generate().unwrap();
+        let client = Client::new(&Tuning::default(), 17, Some(1 << 20), Time::ZERO)
+            .unwrap()
+            .with_auth(client_auth(&server_key), 1_000_000_000)
+            .unwrap();
+        let mut pair = pair(client, keyed_server(&server_key), "delay 5ms");
+        // The client's protected data past the first few is held back.
+        let held: RefCell<Vec<Vec<u8>>> = RefCell::new(Vec::new());
+        let mut delivered = 0;
+        let mut tap = |_: Time, dir: Dir, d: Vec<u8>| {
+            if dir == Dir::ToServer && frame::is_protected(&d) && d.len() > 1000 {
+                delivered += 1;
+                if delivered > 4 {
+                    held.borrow_mut().push(d);
+                    return vec![];
+                }
+            }
+            vec![(addr(1), d)]
+        };
+        pair.set_time_limit(Duration::from_millis(200));
+        pair.run_until(&mut (), &mut tap, |_| false);
+        let held = held.into_inner();
+        assert!(held.len() >= 2, "{} held back", held.len());
+        let server = &mut pair.server;
+        let before = *server.stats();
+        let now = Time::ZERO + Duration::from_millis(200);
+        let mut forged = held[1].clone();
+        let last = forged.len() - 1;
+        forged[last] ^= 1;
+        let mut batch = [held[0].clone(), held[0].clone(), forged];
+        let jobs: Vec<Opening> = batch.iter().map(|d| server.open_job(d)).collect();
+        assert!(jobs.iter().all(|j| matches!(j, Opening::Job(_))));
+        for (d, job) in batch.iter_mut().zip(jobs) {
+            let Opening::Job(job) = job else {
+                unreachable!()
+            };
+            let opened = job.open(d);
+            server.handle_opened(now, addr(1), d, job, opened);
+        }
+        let after = *server.stats();
+        assert_eq!(after.datagrams - before.datagrams, 3);
+        // The second copy at its settle, the forgery at its tag.
+        assert_eq!(after.crypto_dropped - before.crypto_dropped, 2);
+        // The first copy again, in a later batch: refused at its ticket.
+        assert!(matches!(server.open_job(&held[0]), Opening::Dropped));
+        assert_eq!(server.stats().crypto_dropped - before.crypto_dropped, 3);
+        // The real one the forgery stood for still opens.
+        let mut real = held[1].clone();
+        let Opening::Job(job) = server.open_job(&real) else {
+            panic!("the real datagram was refused")
+        };
+        let opened = job.open(&mut real);
+        assert!(opened.is_ok());
+        server.handle_opened(now, addr(1), &mut real, job, opened);
+        assert_eq!(server.stats().crypto_dropped - before.crypto_dropped, 3);
     }
 
     /// Counts what a session's application is told.
