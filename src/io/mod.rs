@@ -954,7 +954,7 @@ struct SendDone {
 /// opens what it receives (`--open-thread`): chosen once for the process,
 /// as a thread pool's size is. Off by default: where two
 /// cores run both ends it is slower, and no machine with more has measured
-/// it yet (docs/security.md, "Sealing off the protocol's thread");
+/// it yet (docs/security.md, "Sealing and opening off the protocol's thread");
 /// `scripts/bench-crypto.sh` measures it beside inline sealing every run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub(crate) enum SealAside {
@@ -1603,8 +1603,9 @@ struct OpenThread {
     side: SideThread<OpenBatch, OpenBatch>,
     /// A batch is at the thread.
     away: bool,
-    /// A batch back and emptied, to read into next.
-    spare: Option<RecvBatch>,
+    /// Batches back and emptied, to read into next (two at most: one
+    /// being read while the other is away). A fresh one is 4 MiB zeroed.
+    spares: Vec<RecvBatch>,
 }
 
 /// A batch read, what the server made of each datagram, and, once at the
@@ -1646,7 +1647,7 @@ impl OpenThread {
         Some(OpenThread {
             side,
             away: false,
-            spare: None,
+            spares: Vec::new(),
         })
     }
 
@@ -1662,12 +1663,11 @@ impl OpenThread {
         app: &mut dyn ServeApp,
         on_event: &mut impl FnMut(ServeEvent),
     ) -> io::Result<usize> {
-        let mut batch = self.spare.take().unwrap_or_default();
-        let read = io.try_recv_batch(&mut batch);
-        let read = match read {
+        let mut batch = self.spares.pop().unwrap_or_default();
+        let read = match io.try_recv_batch(&mut batch) {
             Ok(n) => n,
             Err(e) => {
-                self.spare = Some(batch);
+                self.spare(batch);
                 return Err(e);
             }
         };
@@ -1711,9 +1711,16 @@ impl OpenThread {
             fresh.open();
             handled += self.handle(fresh, serving, clock, app, io, on_event);
         } else {
-            self.spare = Some(fresh.batch);
+            self.spare(fresh.batch);
         }
         Ok(handled)
+    }
+
+    /// Keeps `batch` to read into later.
+    fn spare(&mut self, batch: RecvBatch) {
+        if self.spares.len() < 2 {
+            self.spares.push(batch);
+        }
     }
 
     /// The batch away, once opened; `wait`: blocks until it is.
@@ -1774,7 +1781,7 @@ impl OpenThread {
             }
         }
         drop((openings, results));
-        self.spare = Some(done.batch);
+        self.spare(done.batch);
         count
     }
 }
