@@ -176,6 +176,20 @@ impl<In: Send + 'static, Out: Send + 'static> SideThread<In, Out> {
     }
 }
 
+impl<In, Out> SideThread<In, Out> {
+    /// The next result; `wait`: blocks until there is one. Disconnected
+    /// only when the thread is gone (by a panic).
+    fn result(&self, wait: bool) -> Result<Out, std::sync::mpsc::TryRecvError> {
+        if wait {
+            self.done
+                .recv()
+                .map_err(|_| std::sync::mpsc::TryRecvError::Disconnected)
+        } else {
+            self.done.try_recv()
+        }
+    }
+}
+
 impl<In, Out> Drop for SideThread<In, Out> {
     fn drop(&mut self) {
         // Closing the channel ends the thread's loop.
@@ -1048,14 +1062,7 @@ impl SealThread {
         if !self.away {
             return None;
         }
-        let back = if wait {
-            self.side
-                .done
-                .recv()
-                .map_err(|_| TryRecvError::Disconnected)
-        } else {
-            self.side.done.try_recv()
-        };
+        let back = self.side.result(wait);
         match back {
             Ok(done) => {
                 self.away = false;
@@ -1729,14 +1736,7 @@ impl OpenThread {
         if !self.away {
             return None;
         }
-        let back = if wait {
-            self.side
-                .done
-                .recv()
-                .map_err(|_| TryRecvError::Disconnected)
-        } else {
-            self.side.done.try_recv()
-        };
+        let back = self.side.result(wait);
         match back {
             Ok(batch) => {
                 self.away = false;
