@@ -45,8 +45,11 @@
 #   end to end (the whole command's wall clock, authenticated and encrypted
 #   as users run them, tools rotated each round after an uncounted warm-up,
 #   min / median / max): a E2E_SIZE file pushed A to B and pulled by A from
-#   B, one SMALL_SIZE file, and TREE_FILES files of 1-64 KB at TREE_LOSS
-#   (scp -r's tree once, not E2E_ROUNDS times: minutes per run);
+#   B, one SMALL_SIZE file, TREE_FILES files of 1-64 KB at TREE_LOSS
+#   (scp -r's tree once, not E2E_ROUNDS times: minutes per run), and the
+#   E2E_SIZE file copied from A to B by a third party (atou copy A:F B:D,
+#   with --via-local, and scp -3; here is A's namespace, so the relay's
+#   long leg is here to B);
 #   `atou send` to `atou serve --dir`, `atou copy` over ssh, scp, rsync -a
 #   over ssh, tar | ssh (a private sshd in B, scripts/lib/ssh.sh) and
 #   GridFTP (globus-url-copy -p 4, installed if missing); targets: atou send
@@ -69,8 +72,8 @@
 # directory: each atou probe's --trace and --json are kept there as
 # KIND-LOSS.trace / .json, for `atou plot`). An empty
 # PAIR_LOSSES or E2E_LOSSES skips that part; E2E_ROWS (default "push small
-# tree pull") and E2E_TOOLS (default "atou-send atou-copy scp rsync tar
-# gridftp") keep only those rows and tools.
+# tree pull third") and E2E_TOOLS (default "atou-send atou-copy atou-relay
+# scp rsync tar gridftp") keep only those rows and tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -436,7 +439,9 @@ done
 #   small  one SMALL_SIZE file from A to B (time to done), same bridges;
 #   tree   TREE_FILES files of 1-64 KB from A to B, at TREE_LOSS;
 #   pull   the E2E_SIZE file from B to A, pulled by A, at each of
-#          E2E_LOSSES on B -> A (the data's direction; ACKs on A -> B).
+#          E2E_LOSSES on B -> A (the data's direction; ACKs on A -> B);
+#   third  the E2E_SIZE file from A to B by a third-party copy run from
+#          here, at each of E2E_LOSSES (the push rows' bridges).
 # Tools: atou send to atou serve --dir in B (authenticated and encrypted,
 # the defaults; no pull), atou copy over ssh, scp, rsync -a over ssh,
 # tar | ssh, and GridFTP (globus-url-copy -p 4 to a globus-gridftp-server in
@@ -450,23 +455,29 @@ mkdir -p "$e2e/src" "$e2e/warm"
 : >"$e2e_results"
 e2e_push_tools=(atou-send atou-copy scp rsync tar gridftp)
 e2e_pull_tools=(atou-copy scp rsync tar gridftp)
+# A third-party copy, A to B run from here: atou copy (A sends straight to
+# B over UDP), atou copy --via-local (through here, in ssh, as scp -3)
+# and scp -3.
+e2e_third_tools=(atou-copy atou-relay scp)
 # E2E_TOOLS and E2E_ROWS narrow a run by hand (the 3,000-file tree without
 # scp -r's half hour); CI runs them all.
-wanted=("${e2e_push_tools[@]}" ssh-login)
+wanted=("${e2e_push_tools[@]}" atou-relay ssh-login)
 e2e_tool_wanted() { [[ " ${wanted[*]} " == *" $1 "* ]]; }
 if [ -n "${E2E_TOOLS:-}" ]; then
     read -r -a wanted <<<"$E2E_TOOLS"
     for t in "${wanted[@]}"; do
-        [[ " ${e2e_push_tools[*]} ssh-login " == *" $t "* ]] ||
-            die "E2E_TOOLS: unknown tool '$t' (tools: ${e2e_push_tools[*]} ssh-login)"
+        [[ " ${e2e_push_tools[*]} atou-relay ssh-login " == *" $t "* ]] ||
+            die "E2E_TOOLS: unknown tool '$t' (tools: ${e2e_push_tools[*]} atou-relay ssh-login)"
     done
     keep() { local t; for t in "$@"; do [[ " ${wanted[*]} " != *" $t "* ]] || printf '%s\n' "$t"; done; }
     mapfile -t e2e_push_tools < <(keep "${e2e_push_tools[@]}")
     mapfile -t e2e_pull_tools < <(keep "${e2e_pull_tools[@]}")
+    mapfile -t e2e_third_tools < <(keep "${e2e_third_tools[@]}")
 fi
-read -r -a e2e_wanted_rows <<<"${E2E_ROWS:-push small tree pull}"
+read -r -a e2e_wanted_rows <<<"${E2E_ROWS:-push small tree pull third}"
 for r in "${e2e_wanted_rows[@]}"; do
-    [[ " push small tree pull " == *" $r "* ]] || die "E2E_ROWS: unknown row '$r' (rows: push small tree pull)"
+    [[ " push small tree pull third " == *" $r "* ]] ||
+        die "E2E_ROWS: unknown row '$r' (rows: push small tree pull third)"
 done
 e2e_row_wanted() { [[ " ${e2e_wanted_rows[*]} " == *" $1 "* ]]; }
 if [ "${#e2e_losses[@]}" -gt 0 ]; then
@@ -522,6 +533,18 @@ e2e_cmd() {
         esac
         return
     fi
+    if [ "$row" = third ]; then
+        # Here is A's namespace, and A is its sshd on 127.0.0.1: the
+        # relay's long leg (and scp -3's) is here to B, over the bridge.
+        local a="$ssh_user@127.0.0.1"
+        case $tool in
+            atou-copy) in_a $t "$atou" copy --quiet --ssh "$ssh_cmd" --remote-atou "$atou" "$a:$src" "$b:$dst/" ;;
+            atou-relay) in_a $t "$atou" copy --quiet --via-local --ssh "$ssh_cmd" --remote-atou "$atou" \
+                            "$a:$src" "$b:$dst/" ;;
+            scp) in_a $t scp -3 -q "${ssh_opts[@]}" -P "$ssh_port" "$a:$src" "$b:$dst/" ;;
+        esac
+        return
+    fi
     case $tool in
         atou-send) in_a $t "$atou" send --quiet --identity "$e2e/client" --server-key "$e2e/server.pub" \
                        "$src" "${addrs[1]}:$port" ;;
@@ -548,6 +571,7 @@ e2e_cmd() {
 e2e_one() {
     local row=$1 loss=$2 tool=$3 src=$4 counted=$5 dst=$e2e/dst-$3 t0 t1
     [ "$row" != pull ] || dst=$e2e/pulled-$tool
+    [ "$row" != third ] || dst=$e2e/third-$tool
     # Emptied, not removed: atou serve holds it and its staging directory open.
     mkdir -p "$dst"
     chmod 777 "$dst"
@@ -571,10 +595,24 @@ e2e_one() {
 # GridFTP), a warm-up per tool, then E2E_ROUNDS rounds of each ROW with the
 # tools rotated.
 e2e_rows() {
-    local loss=$1 spec row src tools r k gridftp serve
+    local loss=$1 spec row src tools r k gridftp serve sshd_a=
     shift
     sshd_start "$e2e/ssh" "${addrs[1]}" 2222 ip netns exec "${hosts[1]}"
     sshd_wait "${addrs[1]}" in_a
+    if [[ " $* " == *" third:"* ]]; then
+        # A third-party copy's A: a second sshd, in A on 127.0.0.1, with
+        # B's keys and port.
+        sed -e "s|^ListenAddress .*|ListenAddress 127.0.0.1|" -e "s|^PidFile .*|PidFile $e2e/ssh/sshd-a.pid|" \
+            "$e2e/ssh/sshd_config" >"$e2e/ssh/sshd_config_a"
+        in_a /usr/sbin/sshd -D -f "$e2e/ssh/sshd_config_a" -E "$e2e/ssh/sshd-a.log" &
+        sshd_a=$!
+        pids+=("$sshd_a")
+        for _ in $(seq 50); do
+            in_a ssh "${ssh_opts[@]}" -p "$ssh_port" "$ssh_user@127.0.0.1" true </dev/null 2>/dev/null && break
+            kill -0 "$sshd_a" 2>/dev/null || die "sshd in A exited: $(tail -n 1 "$e2e/ssh/sshd-a.log")"
+            sleep 0.1
+        done
+    fi
     mkdir -p "$e2e/dst-atou-send"
     serve_in_b "loss $loss%, end to end" "$e2e/serve.out" "$e2e/serve.err" --dir "$e2e/dst-atou-send" \
         --identity "$e2e/server" --authorized-keys "$e2e/authorized_keys" ||
@@ -595,7 +633,11 @@ e2e_rows() {
     for spec in "$@"; do
         row=${spec%%:*}
         src=${spec#*:}
-        if [ "$row" = pull ]; then tools=("${e2e_pull_tools[@]}"); else tools=("${e2e_push_tools[@]}"); fi
+        case $row in
+            pull) tools=("${e2e_pull_tools[@]}") ;;
+            third) tools=("${e2e_third_tools[@]}") ;;
+            *) tools=("${e2e_push_tools[@]}") ;;
+        esac
         # ssh's log-in alone, beside the one small file: what atou copy
         # over ssh may add to atou send.
         [ "$row" != small ] || ! e2e_tool_wanted ssh-login || tools+=(ssh-login)
@@ -611,14 +653,15 @@ e2e_rows() {
         done
     done
     pkill -P "$gridftp" 2>/dev/null || true
-    kill "$serve" "$gridftp" 2>/dev/null || true
-    wait "$serve" "$gridftp" 2>/dev/null || true
+    kill "$serve" "$gridftp" $sshd_a 2>/dev/null || true
+    wait "$serve" "$gridftp" $sshd_a 2>/dev/null || true
     pids=()
     sshd_stop
 }
 push_rows=()
 ! e2e_row_wanted push || push_rows+=("push:$e2e/src/data")
 ! e2e_row_wanted small || push_rows+=("small:$e2e/src/small")
+! e2e_row_wanted third || push_rows+=("third:$e2e/src/data")
 for loss in "${e2e_losses[@]}"; do
     [ "${#push_rows[@]}" -gt 0 ] || break
     fwd=$link
@@ -801,12 +844,15 @@ e2e = {}
 for line in open(e2e_rows):
     row, loss, tool, s = line.split()
     e2e.setdefault(row, {}).setdefault(loss, {}).setdefault(tool, []).append(float(s))
-tools = ["atou-send", "atou-copy", "scp", "rsync", "tar", "gridftp", "ssh-login"]
+tools = ["atou-send", "atou-copy", "atou-relay", "scp", "rsync", "tar", "gridftp", "ssh-login"]
 rows_said = {
     "push": (f"a {size} file from A to B", nbytes(size)),
     "small": (f"one {small_size} file from A to B (time to done)", nbytes(small_size)),
     "tree": (f"{tree_files} files of 1-64 KB ({int(tree_bytes) / 2**20:.1f} MiB) from A to B", int(tree_bytes)),
     "pull": (f"a {size} file pulled by A from B (loss on B -> A)", nbytes(size)),
+    "third": (f"a {size} file from A to B, a third-party copy run from here (A's namespace, A's sshd on "
+              "127.0.0.1: the relay's long leg is here to B); atou-copy = A straight to B over UDP, "
+              "atou-relay = --via-local, scp = scp -3", nbytes(size)),
 }
 med = lambda row, loss, tool: statistics.median(e2e[row][loss][tool]) if tool in e2e.get(row, {}).get(loss, {}) else None
 for row, (said, n) in rows_said.items():
@@ -858,6 +904,13 @@ for loss in e2e.get("tree", {}):
         print(f"  tree, loss {loss}%: atou send {mbps:.2f} Mbit/s  (target >= 84): {verdict(mbps >= 84)}")
         if r:
             print(f"  tree, loss {loss}%: atou send speed / rsync -a speed = {r / a:.2f}  (target >= 1.5): {verdict(r / a >= 1.5)}")
+for loss in e2e.get("third", {}):
+    d, v, s = med("third", loss, "atou-copy"), med("third", loss, "atou-relay"), med("third", loss, "scp")
+    if d and s:
+        print(f"  third-party, loss {loss}%: atou copy A to B speed / scp -3 speed = {s / d:.2f}")
+    if v and s:
+        print(f"  third-party, loss {loss}%: atou copy --via-local speed / scp -3 speed = {s / v:.2f}"
+              f"  (both carried by two ssh connections through here: about 1)")
 for loss in e2e.get("pull", {}):
     p, q, s = med("pull", loss, "atou-copy"), med("push", loss, "atou-copy"), med("pull", loss, "scp")
     if p and q:

@@ -1127,18 +1127,35 @@ mod tests {
         let (tx, rx) = pair().await;
         let to = rx.local_addr().unwrap();
         drop(rx);
-        tx.send(to, b"to nobody", None).await.unwrap();
         // Loopback's "port unreachable" comes back in a softirq, which a
         // loaded machine may run late (a fixed 50 ms wait failed once in
-        // CI: the report came after the flush's first try). The socket
-        // turns error-ready when it lands; waiting so reads nothing.
-        tokio::time::timeout(
-            std::time::Duration::from_secs(5),
-            tx.sock.ready(tokio::io::Interest::ERROR),
-        )
-        .await
-        .expect("loopback's port unreachable within 5 s")
-        .unwrap();
+        // CI: the report came after the flush's first try), and the
+        // kernel's global ICMP budget (`icmp_msgs_per_sec`) may drop it
+        // while other tests spray closed ports: sent again until one
+        // lands. The socket turns error-ready then; waiting so reads
+        // nothing.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no port unreachable from loopback in 10 s"
+            );
+            // A report that lands between a wait and this send fails the
+            // send and is gone: send again, and wait for the next one.
+            if let Err(e) = tx.send(to, b"to nobody", None).await {
+                assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED), "{e}");
+                continue;
+            }
+            let ready = tokio::time::timeout(
+                std::time::Duration::from_millis(250),
+                tx.sock.ready(tokio::io::Interest::ERROR),
+            )
+            .await;
+            if let Ok(ready) = ready {
+                ready.unwrap();
+                break;
+            }
+        }
         let rx = std::net::UdpSocket::bind(to).unwrap();
         rx.set_read_timeout(Some(std::time::Duration::from_secs(2)))
             .unwrap();
