@@ -31,13 +31,18 @@ impl Server {
     /// The same, with `XDG_CONFIG_HOME` at `config` (where an empty one
     /// makes a server without a key).
     fn start_with_config(extra: &[&str], config: Option<&std::path::Path>) -> Server {
+        Server::start_at("127.0.0.1:0", extra, config)
+    }
+
+    /// The same, bound to `bind`.
+    fn start_at(bind: &str, extra: &[&str], config: Option<&std::path::Path>) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_atou"));
         if let Some(c) = config {
             command.env("XDG_CONFIG_HOME", c);
         }
         let mut child = command
             .env("XDG_CACHE_HOME", TEST_CACHE)
-            .args(["serve", "--bind", "127.0.0.1:0", "--json"])
+            .args(["serve", "--bind", bind, "--json"])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -493,5 +498,56 @@ fn data_sealed_and_opened_on_threads_of_their_own_arrives_whole() {
             assert_eq!(opened, 0, "{mode}: {r}");
         }
         server.kill();
+    }
+}
+
+/// A server bound to every address of this host answers each client from
+/// the address the client sent to. A probe to 127.0.0.2, a second address
+/// of this host as an alias or another interface would be, completes,
+/// plain and keyed (its datagrams opened on the protocol's thread and
+/// aside), though the kernel's route back starts at 127.0.0.1, a source
+/// the probe's connected socket drops: before, every such probe failed
+/// after its maxidle with "no UDP reply". Bound to `[::]`, the same for
+/// IPv4 clients (where this host has IPv6).
+#[test]
+fn a_server_bound_to_every_address_answers_from_the_one_each_client_reached() {
+    let dir = common::TestDir::new("loopback-every-address");
+    let key = |name: &str| dir.path(name).to_str().unwrap().to_owned();
+    for name in ["server", "client"] {
+        let made = Command::new(env!("CARGO_BIN_EXE_atou"))
+            .args(["keygen", "-f", &key(name)])
+            .output()
+            .unwrap();
+        assert!(made.status.success(), "{made:?}");
+    }
+    let binds: &[&str] = if UdpSocket::bind("[::]:0").is_ok() {
+        &["0.0.0.0:0", "[::]:0"]
+    } else {
+        eprintln!("no IPv6 on this host: the [::] half of this test is skipped");
+        &["0.0.0.0:0"]
+    };
+    for bind in binds {
+        for open_thread in ["off", "on"] {
+            let mut server = Server::start_at(
+                bind,
+                &["--identity", &key("server"), "--open-thread", open_thread],
+                None,
+            );
+            let reached = SocketAddr::from(([127, 0, 0, 2], server.addr.port()));
+            let keyed = [
+                "--server-key",
+                &key("server.pub"),
+                "--identity",
+                &key("client"),
+            ];
+            for (what, args) in [("plain", &["--no-auth"][..]), ("keyed", &keyed[..])] {
+                let out = probe(reached, &[&["--bytes", "4MB"][..], args].concat());
+                let s = summary(&out);
+                assert_eq!(s["bytes"], 4_000_000, "{bind}, {what}: {s}");
+                let r = server.report();
+                assert_eq!(r["stats"]["bytes"], 4_000_000, "{bind}, {what}: {r}");
+            }
+            server.kill();
+        }
     }
 }

@@ -67,7 +67,7 @@ pub(super) struct ProbeArgs {
     written stays for its resume. `atou --help` lists every status."
 )]
 pub(super) struct ServeArgs {
-    /// Address to listen on: ADDR, ADDR:PORT, :PORT or [IPV6]:PORT
+    /// Address to listen on: ADDR, ADDR:PORT, :PORT or [IPV6]:PORT. On 0.0.0.0 or [::] (every address of this host; [::] takes IPv4 clients too), each client is answered from the address it sent to
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:7890", value_parser = parse_bind)]
     bind: SocketAddr,
     /// Receive files into DEST (an existing directory): what `atou send` sends

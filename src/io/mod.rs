@@ -29,7 +29,7 @@ pub(crate) mod xattr;
 
 use std::fmt;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -1555,8 +1555,15 @@ pub(crate) async fn serve_from(
         }
         let received = match opening.as_mut() {
             Some(opening) => opening.receive(&io, &mut serving, clock, app, &mut on_event),
-            None => io.try_recv(&mut rx, |from, datagram| {
-                serving.on_datagram(clock.now(), from, datagram, app, &io, &mut on_event);
+            None => io.try_recv_at(&mut rx, |from, local, datagram| {
+                serving.on_datagram(
+                    clock.now(),
+                    (from, local),
+                    datagram,
+                    app,
+                    &io,
+                    &mut on_event,
+                );
             }),
         }
         .or_else(|e| if is_unreachable(&e) { Ok(0) } else { Err(e) })
@@ -1766,17 +1773,18 @@ impl OpenThread {
         let mut count = 0;
         let mut openings = done.openings.drain(..);
         let mut results = done.results.drain(..);
-        for (from, datagram) in done.batch.datagrams_mut() {
+        for (from, local, datagram) in done.batch.datagrams_at_mut() {
             let (Some(opening), Some(result)) = (openings.next(), results.next()) else {
                 break;
             };
             count += 1;
             let now = clock.now();
+            let at = (from, io.answer_from(local));
             match (opening, result) {
                 (Opening::Job(job), Some(opened)) => {
-                    serving.on_opened(now, from, datagram, job, opened, app, io, on_event);
+                    serving.on_opened(now, at, datagram, job, opened, app, io, on_event);
                 }
-                (Opening::Whole, _) => serving.on_datagram(now, from, datagram, app, io, on_event),
+                (Opening::Whole, _) => serving.on_datagram(now, at, datagram, app, io, on_event),
                 (Opening::Dropped, _) | (Opening::Job(_), None) => {}
             }
         }
@@ -1869,7 +1877,7 @@ impl Serving {
         }
         while self
             .tx
-            .push_with(self.max_len, |b| server.poll_transmit(now, b))
+            .push_from_with(self.max_len, |b| server.poll_transmit_from(now, b))
         {}
         while let Some(n) = server.poll_notice() {
             on_event(ServeEvent::Notice(n));
@@ -1890,18 +1898,19 @@ impl Serving {
         done
     }
 
-    /// One datagram in: to the server, then whatever it answers.
+    /// One datagram in, from a peer and at the local address its answers
+    /// leave from: to the server, then whatever it answers.
     fn on_datagram(
         &mut self,
         now: Time,
-        from: SocketAddr,
+        (from, local): (SocketAddr, Option<IpAddr>),
         datagram: &mut [u8],
         app: &mut dyn ServeApp,
         io: &UdpIo,
         on_event: &mut impl FnMut(ServeEvent),
     ) {
         let server = &mut self.server;
-        if let Some(arrival) = server.handle_datagram(now, from, datagram) {
+        if let Some(arrival) = server.handle_datagram_at(now, from, local, datagram) {
             app.on_arrival(server, arrival);
         }
         self.answer(now, app, io, on_event);
@@ -1913,7 +1922,7 @@ impl Serving {
     fn on_opened(
         &mut self,
         now: Time,
-        from: SocketAddr,
+        (from, local): (SocketAddr, Option<IpAddr>),
         datagram: &mut [u8],
         job: OpenJob,
         opened: Result<std::ops::Range<usize>, BadTag>,
@@ -1922,7 +1931,7 @@ impl Serving {
         on_event: &mut impl FnMut(ServeEvent),
     ) {
         let server = &mut self.server;
-        if let Some(arrival) = server.handle_opened(now, from, datagram, job, opened) {
+        if let Some(arrival) = server.handle_opened(now, from, local, datagram, job, opened) {
             app.on_arrival(server, arrival);
         }
         self.answer(now, app, io, on_event);
@@ -1949,7 +1958,7 @@ impl Serving {
         }
         while self
             .tx
-            .push_with(self.max_len, |b| server.poll_transmit(now, b))
+            .push_from_with(self.max_len, |b| server.poll_transmit_from(now, b))
         {}
     }
 }

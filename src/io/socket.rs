@@ -2,7 +2,7 @@
 //! on the way out (through quinn-udp), socket buffers as asked.
 
 use std::io::{self, IoSliceMut};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -46,6 +46,10 @@ pub(crate) struct UdpIo {
     /// The socket takes a departure time with each send (SO_TXTIME);
     /// cleared for good the first time such a send fails.
     txtime: AtomicBool,
+    /// Bound to a wildcard address (0.0.0.0, [::]): a datagram may arrive
+    /// at any address of this host, and an answer must leave from the
+    /// one it arrived at ([`UdpIo::answer_from`]).
+    wildcard: bool,
 }
 
 /// Buffers for one recvmmsg.
@@ -69,6 +73,14 @@ impl RecvBatch {
     /// batches split by their stride, with its source; the same datagrams
     /// in the same order each time.
     pub(crate) fn datagrams_mut(&mut self) -> impl Iterator<Item = (SocketAddr, &mut [u8])> {
+        self.datagrams_at_mut().map(|(from, _, d)| (from, d))
+    }
+
+    /// [`Self::datagrams_mut`] with each datagram's destination, the
+    /// address of this host it arrived at, where the kernel said.
+    pub(crate) fn datagrams_at_mut(
+        &mut self,
+    ) -> impl Iterator<Item = (SocketAddr, Option<IpAddr>, &mut [u8])> {
         self.metas
             .iter()
             .zip(self.bufs.iter_mut())
@@ -81,7 +93,7 @@ impl RecvBatch {
                 };
                 buf[..meta.len]
                     .chunks_mut(stride.max(1))
-                    .map(move |d| (meta.addr, d))
+                    .map(move |d| (meta.addr, meta.dst_ip, d))
             })
     }
 }
@@ -118,12 +130,33 @@ impl UdpIo {
     pub(crate) fn from_std(std_sock: std::net::UdpSocket) -> io::Result<UdpIo> {
         std_sock.set_nonblocking(true)?;
         let state = UdpSocketState::new(UdpSockRef::from(&std_sock))?;
+        let wildcard = std_sock.local_addr()?.ip().is_unspecified();
         let sock = UdpSocket::from_std(std_sock)?;
         Ok(UdpIo {
             sock,
             state,
             txtime: AtomicBool::new(false),
+            wildcard,
         })
+    }
+
+    /// The source an answer to a datagram that arrived at `local` (its
+    /// destination, IP_PKTINFO; quinn-udp asks for it on every socket)
+    /// must leave from, so that a client that sent to a second address of
+    /// this host (an alias, another interface), whose socket is connected
+    /// to that address, takes it: `None` where the kernel's choice is
+    /// right (a socket bound to one address) or cannot be overridden (a
+    /// broadcast or multicast destination; an IPv6 link-local one, which
+    /// would need its interface too).
+    pub(crate) fn answer_from(&self, local: Option<IpAddr>) -> Option<IpAddr> {
+        let ip = local.filter(|_| self.wildcard)?;
+        let usable = match ip {
+            IpAddr::V4(v4) => !(v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast()),
+            IpAddr::V6(v6) => {
+                !(v6.is_unspecified() || v6.is_multicast() || v6.is_unicast_link_local())
+            }
+        };
+        usable.then_some(ip)
     }
 
     /// Fixes the peer: the kernel then reports ICMP errors from it
@@ -262,10 +295,20 @@ impl UdpIo {
         batch: &mut RecvBatch,
         mut f: impl FnMut(SocketAddr, &mut [u8]),
     ) -> io::Result<usize> {
+        self.try_recv_at(batch, |from, _, datagram| f(from, datagram))
+    }
+
+    /// [`Self::try_recv`], with the source an answer to each datagram
+    /// leaves from ([`Self::answer_from`]).
+    pub(crate) fn try_recv_at(
+        &self,
+        batch: &mut RecvBatch,
+        mut f: impl FnMut(SocketAddr, Option<IpAddr>, &mut [u8]),
+    ) -> io::Result<usize> {
         self.try_recv_batch(batch)?;
         let mut count = 0;
-        for (from, datagram) in batch.datagrams_mut() {
-            f(from, datagram);
+        for (from, local, datagram) in batch.datagrams_at_mut() {
+            f(from, self.answer_from(local), datagram);
             count += 1;
         }
         Ok(count)
@@ -303,11 +346,29 @@ impl UdpIo {
         contents: &[u8],
         segment_size: Option<usize>,
     ) -> io::Result<()> {
-        let result = self.send_once(to, contents, segment_size).await;
+        self.send_from(to, None, contents, segment_size).await
+    }
+
+    /// [`Self::send`] from source address `src` where given (an answer,
+    /// [`Self::answer_from`]). Should the kernel refuse that source (the
+    /// address went away), the datagrams go from its choice instead.
+    async fn send_from(
+        &self,
+        to: SocketAddr,
+        src: Option<IpAddr>,
+        contents: &[u8],
+        segment_size: Option<usize>,
+    ) -> io::Result<()> {
+        let result = match self.send_once(to, src, contents, segment_size).await {
+            Err(e) if src.is_some() && source_refused(&e) => {
+                self.send_once(to, None, contents, segment_size).await
+            }
+            sent => sent,
+        };
         match (result, segment_size) {
             (Err(_), Some(size)) if size < contents.len() && self.max_gso_segments() == 1 => {
                 for chunk in contents.chunks(size) {
-                    self.send_once(to, chunk, None).await?;
+                    self.send_once(to, None, chunk, None).await?;
                 }
                 Ok(())
             }
@@ -351,13 +412,15 @@ impl UdpIo {
     async fn send_run(
         &self,
         to: SocketAddr,
+        src: Option<IpAddr>,
         run: &[u8],
         segment_size: Option<usize>,
         at: Option<u64>,
     ) -> io::Result<()> {
+        // Departure times are a connected socket's, whose source is fixed.
         match at {
             Some(at) => self.send_at(to, run, segment_size, at).await,
-            None => self.send(to, run, segment_size).await,
+            None => self.send_from(to, src, run, segment_size).await,
         }
     }
 
@@ -368,6 +431,7 @@ impl UdpIo {
     pub(crate) fn send_run_blocking(
         &self,
         to: SocketAddr,
+        src: Option<IpAddr>,
         run: &[u8],
         segment_size: Option<usize>,
         at: Option<u64>,
@@ -378,20 +442,24 @@ impl UdpIo {
                 sent => return sent,
             }
         }
-        let once = |contents: &[u8], segment_size: Option<usize>| {
+        let once = |contents: &[u8], segment_size: Option<usize>, src_ip: Option<IpAddr>| {
             let transmit = Transmit {
                 destination: to,
                 ecn: None,
                 contents,
                 segment_size,
-                src_ip: None,
+                src_ip,
             };
             self.until_sent(|| self.state.try_send(UdpSockRef::from(&self.sock), &transmit))
         };
-        match (once(run, segment_size), segment_size) {
+        let first = match once(run, segment_size, src) {
+            Err(e) if src.is_some() && source_refused(&e) => once(run, segment_size, None),
+            sent => sent,
+        };
+        match (first, segment_size) {
             (Err(_), Some(size)) if size < run.len() && self.max_gso_segments() == 1 => {
                 for chunk in run.chunks(size) {
-                    once(chunk, None)?;
+                    once(chunk, None, None)?;
                 }
                 Ok(())
             }
@@ -427,6 +495,7 @@ impl UdpIo {
     async fn send_once(
         &self,
         to: SocketAddr,
+        src_ip: Option<IpAddr>,
         contents: &[u8],
         segment_size: Option<usize>,
     ) -> io::Result<()> {
@@ -435,7 +504,7 @@ impl UdpIo {
             ecn: None,
             contents,
             segment_size,
-            src_ip: None,
+            src_ip,
         };
         loop {
             match self.sock.try_io(Interest::WRITABLE, || {
@@ -453,9 +522,20 @@ impl UdpIo {
     }
 }
 
+/// The kernel will not send from the source address asked for: it is no
+/// longer this host's (an alias removed), or not one to send from.
+fn source_refused(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EADDRNOTAVAIL))
+}
+
 /// Tries of one run in [`TxBatch::flush`] when a send fails: each may
 /// meet an ICMP report's pending error, not a fault of the run's own.
 pub(crate) const SENDS_PER_RUN: usize = 4;
+
+/// A datagram written into a [`TxQueue`]: where it goes, where from
+/// (`None`: the kernel's choice), its length, and the job that seals it
+/// where it is not sealed yet.
+type Filled = (SocketAddr, Option<IpAddr>, usize, Option<SealJob>);
 
 /// Datagrams waiting to be sent, packed back to back: what a [`TxBatch`]
 /// fills and sends, and what a sealing thread takes and gives back.
@@ -465,9 +545,11 @@ pub(crate) struct TxQueue {
     buf: Vec<u8>,
     /// Bytes of `buf` in use.
     used: usize,
-    /// (destination, start, length, alone) of each datagram; one `alone`
-    /// goes in a send of its own, never in a GSO run.
-    items: Vec<(SocketAddr, usize, usize, bool)>,
+    /// (destination, source, start, length, alone) of each datagram: the
+    /// source where it must leave from a given address of this host (a
+    /// server's answer, [`UdpIo::answer_from`]); one `alone` goes in a
+    /// send of its own, never in a GSO run.
+    items: Vec<(SocketAddr, Option<IpAddr>, usize, usize, bool)>,
     /// (start, job) of each datagram prepared and not yet sealed
     /// ([`prepare`](crate::proto::crypto::frame::prepare)): none of them may leave until [`Self::seal`].
     unsealed: Vec<(usize, SealJob)>,
@@ -501,26 +583,28 @@ impl TxQueue {
         }
         if !failed.is_empty() {
             self.items
-                .retain(|(_, start, _, _)| !failed.contains(start));
+                .retain(|(_, _, start, _, _)| !failed.contains(start));
         }
         failed.len()
     }
 
+    /// Writes one datagram with `fill`, which returns what
+    /// [`Filled`] says, or `None`: nothing to send.
     fn push(
         &mut self,
         max_len: usize,
         alone: bool,
-        fill: impl FnOnce(&mut [u8]) -> Option<(SocketAddr, usize, Option<SealJob>)>,
+        fill: impl FnOnce(&mut [u8]) -> Option<Filled>,
     ) -> bool {
         let start = self.used;
         if self.buf.len() < start + max_len {
             self.buf.resize(start + max_len, 0);
         }
         match fill(&mut self.buf[start..start + max_len]) {
-            Some((to, n, job)) => {
+            Some((to, src, n, job)) => {
                 debug_assert!(n <= max_len);
                 self.used = start + n;
-                self.items.push((to, start, n, alone));
+                self.items.push((to, src, start, n, alone));
                 if let Some(job) = job {
                     debug_assert_eq!(job.len(), n);
                     self.unsealed.push((start, job));
@@ -554,7 +638,7 @@ impl TxQueue {
         let mut runs = Vec::new();
         let mut i = 0;
         while i < self.items.len() {
-            let (to, start, size, alone) = self.items[i];
+            let (to, src, start, size, alone) = self.items[i];
             let quantum = paced.map_or(usize::MAX, |(rate, _)| {
                 usize::try_from(rate / 4_000 / size.max(1) as u64).unwrap_or(usize::MAX)
             });
@@ -566,8 +650,8 @@ impl TxQueue {
             let mut j = i + 1;
             let mut end = start + size;
             while !alone && j < self.items.len() && j - i < max_segments {
-                let (t, s, n, single) = self.items[j];
-                if single || t != to || s != end || n > size {
+                let (t, from, s, n, single) = self.items[j];
+                if single || t != to || from != src || s != end || n > size {
                     break;
                 }
                 end = s + n;
@@ -584,6 +668,7 @@ impl TxQueue {
             });
             runs.push(Run {
                 to,
+                src,
                 start,
                 end,
                 segment_size: (j - i > 1).then_some(size),
@@ -615,11 +700,12 @@ impl TxQueue {
         let mut result = Ok(());
         for run in &runs {
             let bytes = &self.buf[run.start..run.end];
-            let mut sent = io.send_run_blocking(run.to, bytes, run.segment_size, run.at);
+            let send = || io.send_run_blocking(run.to, run.src, bytes, run.segment_size, run.at);
+            let mut sent = send();
             let ended = loop {
                 match tries.after(sent) {
                     Some(ended) => break ended,
-                    None => sent = io.send_run_blocking(run.to, bytes, run.segment_size, run.at),
+                    None => sent = send(),
                 }
             };
             if let Err(e) = tries.settle(ended, run) {
@@ -636,9 +722,11 @@ impl TxQueue {
     }
 }
 
-/// One GSO send of a [`TxQueue`]: `buf[start..end]` to `to`.
+/// One GSO send of a [`TxQueue`]: `buf[start..end]` to `to`, from `src`
+/// where given.
 struct Run {
     to: SocketAddr,
+    src: Option<IpAddr>,
     start: usize,
     end: usize,
     segment_size: Option<usize>,
@@ -744,8 +832,21 @@ impl TxBatch {
         max_len: usize,
         fill: impl FnOnce(&mut [u8]) -> Option<(SocketAddr, usize)>,
     ) -> bool {
-        self.queue
-            .push(max_len, false, |b| fill(b).map(|(to, n)| (to, n, None)))
+        self.queue.push(max_len, false, |b| {
+            fill(b).map(|(to, n)| (to, None, n, None))
+        })
+    }
+
+    /// [`Self::push_with`] for a datagram that must leave from a given
+    /// address of this host where `fill` names one (a server's answer).
+    pub(crate) fn push_from_with(
+        &mut self,
+        max_len: usize,
+        fill: impl FnOnce(&mut [u8]) -> Option<(SocketAddr, Option<IpAddr>, usize)>,
+    ) -> bool {
+        self.queue.push(max_len, false, |b| {
+            fill(b).map(|(to, src, n)| (to, src, n, None))
+        })
     }
 
     /// [`Self::push_with`] for a datagram that must travel alone: a size
@@ -759,8 +860,9 @@ impl TxBatch {
         max_len: usize,
         fill: impl FnOnce(&mut [u8]) -> Option<(SocketAddr, usize)>,
     ) -> bool {
-        self.queue
-            .push(max_len, true, |b| fill(b).map(|(to, n)| (to, n, None)))
+        self.queue.push(max_len, true, |b| {
+            fill(b).map(|(to, n)| (to, None, n, None))
+        })
     }
 
     /// [`Self::push_with`] for a datagram that may come prepared and not
@@ -770,7 +872,9 @@ impl TxBatch {
         max_len: usize,
         fill: impl FnOnce(&mut [u8]) -> Option<(SocketAddr, usize, Option<SealJob>)>,
     ) -> bool {
-        self.queue.push(max_len, false, fill)
+        self.queue.push(max_len, false, |b| {
+            fill(b).map(|(to, n, job)| (to, None, n, job))
+        })
     }
 
     /// Sends everything: each run of datagrams to one destination, all of
@@ -787,11 +891,12 @@ impl TxBatch {
         let mut tries = RunTries::default();
         for run in &runs {
             let bytes = &self.queue.buf[run.start..run.end];
-            let mut sent = io.send_run(run.to, bytes, run.segment_size, run.at).await;
+            let send = || io.send_run(run.to, run.src, bytes, run.segment_size, run.at);
+            let mut sent = send().await;
             let ended = loop {
                 match tries.after(sent) {
                     Some(ended) => break ended,
-                    None => sent = io.send_run(run.to, bytes, run.segment_size, run.at).await,
+                    None => sent = send().await,
                 }
             };
             if let Err(e) = tries.settle(ended, run) {

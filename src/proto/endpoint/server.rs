@@ -20,7 +20,7 @@
 //! session whose hello a restart would accept again.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU64;
 use std::time::Duration;
 
@@ -437,6 +437,10 @@ impl Purpose {
 #[derive(Debug)]
 struct Conn {
     peer: SocketAddr,
+    /// The local address the peer's datagrams arrive at, which answers
+    /// leave from ([`Server::handle_datagram_at`]); `None`: the kernel's
+    /// choice.
+    local: Option<IpAddr>,
     purpose: Purpose,
     mss: u32,
     /// The application's answer to the stream, once given.
@@ -639,8 +643,9 @@ struct PathCheck {
     token: u64,
     budget: Budget,
     /// The last address that was validated, to return to if this one
-    /// never answers.
+    /// never answers, and the local address it reached this server at.
     fallback: SocketAddr,
+    fallback_local: Option<IpAddr>,
     started: Time,
     /// When to send the challenge (again).
     challenge_at: Time,
@@ -726,10 +731,12 @@ enum Outcome {
 enum InFlight {
     Open {
         from: SocketAddr,
+        local: Option<IpAddr>,
         hello_len: usize,
     },
     Respond {
         from: SocketAddr,
+        local: Option<IpAddr>,
         hello_len: usize,
         /// The connection waiting for the keys, if the hello was accepted.
         conn: Option<u64>,
@@ -1129,6 +1136,11 @@ impl Default for ServerLimits {
     }
 }
 
+/// An accepted hello's response held until the table of hello timestamps
+/// is saved: to whom, from which local address, the datagram, and the
+/// connection it opens.
+type HeldResponse = (SocketAddr, Option<IpAddr>, Vec<u8>, u64);
+
 /// The listening endpoint, sans I/O: address validation, handshakes and
 /// every connection's receiving stream, within its [`ServerLimits`].
 #[derive(Debug)]
@@ -1138,7 +1150,7 @@ pub struct Server {
     /// The handshake's server side, when the server has a key.
     responder: Option<Responder>,
     /// Handshake answers (responses, cookie replies) to send.
-    handshake_out: VecDeque<(SocketAddr, Vec<u8>)>,
+    handshake_out: VecDeque<(SocketAddr, Option<IpAddr>, Vec<u8>)>,
     /// Authenticated hellos worked through in the current second.
     hello_second: Time,
     hellos_this_second: u32,
@@ -1172,15 +1184,23 @@ pub struct Server {
     tokens: Option<CookieSecret>,
     tokens_rotated: Time,
     /// Retries to send: bounded like the rejects.
-    retries: VecDeque<(SocketAddr, Retry)>,
+    retries: VecDeque<(SocketAddr, Option<IpAddr>, Retry)>,
     /// Acks owed to path-MTU probes, bounded as the rejects are.
-    size_acks: VecDeque<(SocketAddr, SizeAck)>,
+    size_acks: VecDeque<(SocketAddr, Option<IpAddr>, SizeAck)>,
     /// Plain connections open without an address token.
     unvalidated: usize,
     cookie_rotated: Time,
     conns: HashMap<u64, Conn>,
     ready: ReadyQueue,
-    rejects: VecDeque<(SocketAddr, Reject)>,
+    rejects: VecDeque<(SocketAddr, Option<IpAddr>, Reject)>,
+    /// The local address the datagram being handled arrived at (or the
+    /// hello whose handshake result is being handled): where every
+    /// answer queued meanwhile, and a connection opened or moved, leaves
+    /// from. On a host with several addresses the kernel would pick the
+    /// source by route, and a client that sent to another address of this
+    /// host (an alias, a second interface) drops what comes from the
+    /// wrong one: its socket is connected.
+    answering_at: Option<IpAddr>,
     reports: VecDeque<ConnReport>,
     notices: VecDeque<Notice>,
     session_events: VecDeque<Queued>,
@@ -1213,10 +1233,10 @@ pub struct Server {
     timestamps_unsaved: bool,
     /// Responses to accepted hellos (to, datagram, connection) held until
     /// the table that refuses their replay is saved.
-    held_responses: Vec<(SocketAddr, Vec<u8>, u64)>,
+    held_responses: Vec<HeldResponse>,
     /// Responses waiting for the save in progress (the driver's), taken
     /// from `held_responses` when its table was.
-    saving: Option<Vec<(SocketAddr, Vec<u8>, u64)>>,
+    saving: Option<Vec<HeldResponse>>,
     /// The table changed since the save in progress took it.
     changed_since_taken: bool,
 }
@@ -1281,6 +1301,7 @@ impl Server {
             conns: HashMap::new(),
             ready: ReadyQueue::default(),
             rejects: VecDeque::new(),
+            answering_at: None,
             reports: VecDeque::new(),
             notices: VecDeque::new(),
             session_events: VecDeque::new(),
@@ -1375,8 +1396,9 @@ impl Server {
     pub fn hello_timestamps_saved(&mut self, saved: bool) {
         let held = self.saving.take().unwrap_or_default();
         self.timestamps_unsaved = !saved || self.changed_since_taken;
-        for (to, datagram, conn_id) in held {
+        for (to, local, datagram, conn_id) in held {
             if saved {
+                self.answering_at = local;
                 self.queue_handshake(to, datagram);
                 self.take_early(conn_id);
                 continue;
@@ -1408,7 +1430,7 @@ impl Server {
     /// arrived since the last drain.
     fn queue_handshake(&mut self, to: SocketAddr, bytes: Vec<u8>) {
         if self.handshake_out.len() < FETCH_QUEUE_MAX {
-            self.handshake_out.push_back((to, bytes));
+            self.handshake_out.push_back((to, self.answering_at, bytes));
         }
     }
 
@@ -1515,6 +1537,21 @@ impl Server {
         from: SocketAddr,
         datagram: &'a mut [u8],
     ) -> Option<Arrival<'a>> {
+        self.handle_datagram_at(now, from, None, datagram)
+    }
+
+    /// [`Server::handle_datagram`] for a datagram that arrived at `local`,
+    /// an address of this host (IP_PKTINFO on a socket bound to a
+    /// wildcard): the answers to it, and a connection it opens or moves,
+    /// leave from there ([`Server::poll_transmit_from`]).
+    pub(crate) fn handle_datagram_at<'a>(
+        &mut self,
+        now: Time,
+        from: SocketAddr,
+        local: Option<IpAddr>,
+        datagram: &'a mut [u8],
+    ) -> Option<Arrival<'a>> {
+        self.answering_at = local;
         self.stats.datagrams += 1;
         let Some(peek) = HeaderPeek::read(datagram) else {
             self.stats.undecodable += 1;
@@ -1560,10 +1597,12 @@ impl Server {
         &mut self,
         now: Time,
         from: SocketAddr,
+        local: Option<IpAddr>,
         datagram: &'a mut [u8],
         job: OpenJob,
         opened: Result<std::ops::Range<usize>, BadTag>,
     ) -> Option<Arrival<'a>> {
+        self.answering_at = local;
         let conn_id = job.conn_id;
         let len = datagram.len();
         let inner = self.settle_open(now, from, job, opened, len)?;
@@ -1918,21 +1957,29 @@ impl Server {
             if let Some(check) = secure.path.as_mut() {
                 check.budget.on_received(len);
             }
+            if newest {
+                conn.local = self.answering_at;
+            }
         } else if newest {
             // RFC 9000 §9.3: send to the new address at once, under the
             // 3× limit, and validate it; a path already being validated
             // keeps its fallback (the last validated address).
             let mut budget = Budget::new();
             budget.on_received(len);
-            let fallback = secure.path.as_ref().map_or(conn.peer, |c| c.fallback);
+            let (fallback, fallback_local) = secure
+                .path
+                .as_ref()
+                .map_or((conn.peer, conn.local), |c| (c.fallback, c.fallback_local));
             secure.path = Some(PathCheck {
                 token: self.random.as_mut().map_or(pn ^ 0x5bd1_e995, Rng::next_u64),
                 budget,
                 fallback,
+                fallback_local,
                 started: now,
                 challenge_at: now,
             });
             moved = Some(std::mem::replace(&mut conn.peer, from));
+            conn.local = self.answering_at;
         }
         let window = conn.window_bytes;
         if late {
@@ -2070,6 +2117,7 @@ impl Server {
             Job::Open(work),
             InFlight::Open {
                 from,
+                local: self.answering_at,
                 hello_len: datagram.len(),
             },
         );
@@ -2101,7 +2149,8 @@ impl Server {
         }
         match held_for {
             Some(conn_id) if self.held_responses.len() < FETCH_QUEUE_MAX => {
-                self.held_responses.push((to, bytes, conn_id));
+                self.held_responses
+                    .push((to, self.answering_at, bytes, conn_id));
                 false
             }
             // Past the bound, as a lost response: the client times out;
@@ -2203,8 +2252,17 @@ impl Server {
         let Some(waiting) = self.in_flight.remove(&done.ticket) else {
             return;
         };
+        // Its answers leave from where its hello arrived.
+        self.answering_at = match &waiting {
+            InFlight::Open { local, .. } | InFlight::Respond { local, .. } => *local,
+        };
         match (waiting, done.outcome) {
-            (InFlight::Open { from, hello_len }, Outcome::Opened(Ok(opened))) => {
+            (
+                InFlight::Open {
+                    from, hello_len, ..
+                },
+                Outcome::Opened(Ok(opened)),
+            ) => {
                 self.judge_hello(now, from, hello_len, opened);
             }
             (waiting, Outcome::Responded(Ok(reply))) => {
@@ -2338,6 +2396,7 @@ impl Server {
             Job::Respond(work),
             InFlight::Respond {
                 from,
+                local: self.answering_at,
                 hello_len,
                 conn,
                 why: verdict.why,
@@ -2545,6 +2604,7 @@ impl Server {
             hello_len,
             conn,
             why,
+            ..
         } = waiting
         else {
             self.stats.bad_handshakes += 1;
@@ -2779,7 +2839,7 @@ impl Server {
                 };
                 if self.retries.len() < FETCH_QUEUE_MAX && self.may_answer_unproven(now, from) {
                     self.stats.retries_sent += 1;
-                    self.retries.push_back((from, retry));
+                    self.retries.push_back((from, self.answering_at, retry));
                 }
             }
             return;
@@ -2853,6 +2913,7 @@ impl Server {
         };
         let conn = Conn {
             peer: from,
+            local: self.answering_at,
             purpose,
             mss: hello.mss,
             reply: None,
@@ -2892,7 +2953,8 @@ impl Server {
     fn on_size_probe(&mut self, now: Time, from: SocketAddr, probe: &SizeProbe) {
         if self.size_acks.len() < FETCH_QUEUE_MAX && self.may_answer_unproven(now, from) {
             self.stats.size_probes_acked += 1;
-            self.size_acks.push_back((from, probe.ack()));
+            self.size_acks
+                .push_back((from, self.answering_at, probe.ack()));
         }
     }
 
@@ -2914,6 +2976,7 @@ impl Server {
         if self.rejects.len() < FETCH_QUEUE_MAX && self.may_answer_unproven(now, to) {
             self.rejects.push_back((
                 to,
+                self.answering_at,
                 Reject {
                     conn_id,
                     reason,
@@ -2928,19 +2991,30 @@ impl Server {
     /// [`Server::MAX_TRANSMIT_LEN`]); returns where to send it and its
     /// length.
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(SocketAddr, usize)> {
-        if let Some((to, bytes)) = self.handshake_out.pop_front() {
+        self.poll_transmit_from(now, buf).map(|(to, _, n)| (to, n))
+    }
+
+    /// [`Server::poll_transmit`], with the local address the datagram is
+    /// to leave from: the one its peer's datagrams arrive at, as
+    /// [`Server::handle_datagram_at`] was told (`None`: any).
+    pub(crate) fn poll_transmit_from(
+        &mut self,
+        now: Time,
+        buf: &mut [u8],
+    ) -> Option<(SocketAddr, Option<IpAddr>, usize)> {
+        if let Some((to, local, bytes)) = self.handshake_out.pop_front() {
             let n = bytes.len().min(buf.len());
             buf[..n].copy_from_slice(&bytes[..n]);
-            return Some((to, n));
+            return Some((to, local, n));
         }
-        if let Some((to, reject)) = self.rejects.pop_front() {
-            return reject.emit(buf).ok().map(|n| (to, n));
+        if let Some((to, local, reject)) = self.rejects.pop_front() {
+            return reject.emit(buf).ok().map(|n| (to, local, n));
         }
-        if let Some((to, retry)) = self.retries.pop_front() {
-            return retry.emit(buf).ok().map(|n| (to, n));
+        if let Some((to, local, retry)) = self.retries.pop_front() {
+            return retry.emit(buf).ok().map(|n| (to, local, n));
         }
-        if let Some((to, ack)) = self.size_acks.pop_front() {
-            return ack.emit(buf).ok().map(|n| (to, n));
+        if let Some((to, local, ack)) = self.size_acks.pop_front() {
+            return ack.emit(buf).ok().map(|n| (to, local, n));
         }
         while let Some(conn_id) = self.ready.front() {
             let granted_rcvbuf = self.granted_rcvbuf;
@@ -2970,7 +3044,7 @@ impl Server {
             };
             match next {
                 Next::Packet(n) => {
-                    let to = conn.peer;
+                    let (to, local) = (conn.peer, conn.local);
                     let Some(secure) = conn.link.secure_mut() else {
                         // RFC 9000 §8.1: at most 3× what the address sent
                         // until it proves it receives (a plain connection
@@ -2982,7 +3056,7 @@ impl Server {
                             }
                             budget.on_sent(n);
                         }
-                        return Some((to, n));
+                        return Some((to, local, n));
                     };
                     // Nothing goes to an unconfirmed client but its hello's
                     // response and, for a request that rode the hello, its
@@ -3009,7 +3083,7 @@ impl Server {
                         check.budget.on_sent(len);
                     }
                     match frame::seal(&mut keys.sealer, secure.client_id, buf, n) {
-                        Ok(len) => return Some((to, len)),
+                        Ok(len) => return Some((to, local, len)),
                         // Packet numbers exhausted (2^62): the connection
                         // cannot go on; the client's maxidle ends it.
                         Err(_) => continue,
@@ -3116,9 +3190,10 @@ impl Server {
                     // RFC 9000 §9.3.2: a new path that never answered is
                     // left for the last one validated.
                     Some(c) if now >= c.started + PATH_GIVE_UP => {
-                        let fallback = c.fallback;
+                        let (fallback, fallback_local) = (c.fallback, c.fallback_local);
                         secure.path = None;
                         let gone = std::mem::replace(&mut conn.peer, fallback);
+                        conn.local = fallback_local;
                         abandoned.push((gone, fallback, conn.window_bytes));
                     }
                     Some(c) if now >= c.challenge_at => woken.push(id),
@@ -4084,7 +4159,7 @@ mod tests {
                 unreachable!()
             };
             let opened = job.open(d);
-            server.handle_opened(now, addr(1), d, job, opened);
+            server.handle_opened(now, addr(1), None, d, job, opened);
         }
         let after = *server.stats();
         assert_eq!(after.datagrams - before.datagrams, 3);
@@ -4100,8 +4175,85 @@ mod tests {
         };
         let opened = job.open(&mut real);
         assert!(opened.is_ok());
-        server.handle_opened(now, addr(1), &mut real, job, opened);
+        server.handle_opened(now, addr(1), None, &mut real, job, opened);
         assert_eq!(server.stats().crypto_dropped - before.crypto_dropped, 3);
+    }
+
+    /// Answers leave from the address of this host their datagrams
+    /// arrived at: a retry from the one its hello reached; a plain
+    /// connection's welcome from the one its hello reached; an
+    /// authenticated one's from the one its client's datagrams reach, and
+    /// once it moved, from the one its new address reaches (its path
+    /// challenge too), and from the old one again with the old address
+    /// when the new path never answers (RFC 9000 §9.3.2).
+    #[test]
+    fn answers_leave_from_the_address_their_datagrams_arrived_at() {
+        use crate::proto::crypto::StaticKeypair;
+        use std::cell::RefCell;
+        let here = |last: u8| Some(IpAddr::from([127, 0, 0, last]));
+        let mut out = [0u8; 2048];
+        let mut strict = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
+        strict.handle_datagram_at(Time::ZERO, addr(1), here(2), &mut hello(5, 1472, 0, 1024));
+        let (to, local, n) = strict.poll_transmit_from(Time::ZERO, &mut out).unwrap();
+        assert_eq!((to, local), (addr(1), here(2)));
+        assert!(matches!(Packet::decode(&out[..n]), Ok(Packet::Retry(_))));
+        let mut open = Server::new(open_limits(), 1 << 20, 2 << 20);
+        open.handle_datagram_at(Time::ZERO, addr(1), here(3), &mut hello(5, 1472, 0, 1024));
+        let (to, local, n) = open.poll_transmit_from(Time::ZERO, &mut out).unwrap();
+        assert_eq!((to, local), (addr(1), here(3)));
+        assert!(matches!(Packet::decode(&out[..n]), Ok(Packet::Welcome(_))));
+
+        let server_key = StaticKeypair::generate().unwrap();
+        let client = Client::new(&Tuning::default(), 17, Some(1 << 20), Time::ZERO)
+            .unwrap()
+            .with_auth(client_auth(&server_key), 1_000_000_000)
+            .unwrap();
+        let mut pair = pair(client, keyed_server(&server_key), "delay 5ms");
+        // The client's protected data past the first few is held back.
+        let held: RefCell<Vec<Vec<u8>>> = RefCell::new(Vec::new());
+        let mut delivered = 0;
+        let mut tap = |_: Time, dir: Dir, d: Vec<u8>| {
+            if dir == Dir::ToServer && frame::is_protected(&d) && d.len() > 1000 {
+                delivered += 1;
+                if delivered > 4 {
+                    held.borrow_mut().push(d);
+                    return vec![];
+                }
+            }
+            vec![(addr(1), d)]
+        };
+        pair.set_time_limit(Duration::from_millis(200));
+        pair.run_until(&mut (), &mut tap, |_| false);
+        let held = held.into_inner();
+        assert!(held.len() >= 2, "{} held back", held.len());
+        let server = &mut pair.server;
+        let now = Time::ZERO + Duration::from_millis(200);
+        let local_of = |server: &Server| {
+            let conn = server.conns.values().next().expect("the connection");
+            (conn.peer, conn.local)
+        };
+        assert_eq!(local_of(server), (addr(1), None));
+        // The same address, arriving at another of this host's: answers
+        // follow it (its ACK says so).
+        server.handle_datagram_at(now, addr(1), here(2), &mut held[0].clone());
+        assert_eq!(local_of(server), (addr(1), here(2)));
+        let (to, local, _) = server.poll_transmit_from(now, &mut out).expect("an ACK");
+        assert_eq!((to, local), (addr(1), here(2)));
+        while server.poll_transmit_from(now, &mut out).is_some() {}
+        // A move to another address, at a third address of this host.
+        server.handle_datagram_at(now, addr(7), here(4), &mut held[1].clone());
+        assert_eq!(server.stats().migrations, 1);
+        assert_eq!(local_of(server), (addr(7), here(4)));
+        let mut sent = Vec::new();
+        while let Some((to, local, _)) = server.poll_transmit_from(now, &mut out) {
+            sent.push((to, local));
+        }
+        assert!(!sent.is_empty());
+        assert!(sent.iter().all(|&s| s == (addr(7), here(4))), "{sent:?}");
+        // The new path never answers: back to the last one validated,
+        // and the address it reached.
+        server.handle_timeout(now + PATH_GIVE_UP + Duration::from_millis(1));
+        assert_eq!(local_of(server), (addr(1), here(2)));
     }
 
     /// Counts what a session's application is told.
