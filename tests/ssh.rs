@@ -1098,6 +1098,8 @@ fn a_pull_goes_through_ssh_when_a_firewall_drops_udp_either_way() {
 /// bridge in a fourth: `here` (where `atou copy` and ssh run), `a` and
 /// `b`, each of the last two with a private sshd. Removed when dropped.
 struct ThreeHosts {
+    /// What this instance's namespace and interface names carry.
+    id: String,
     here: String,
     a: String,
     b: String,
@@ -1112,11 +1114,15 @@ impl ThreeHosts {
     const B: &'static str = "10.78.0.3";
 
     fn new(test: &str) -> Option<ThreeHosts> {
+        // Each its own names: tests run side by side in one process.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Namespaces::new checks what is needed; its pair is not used.
-        let _ = Namespaces::new(test, "c")?;
-        let id = std::process::id();
+        let _ = Namespaces::new(test, &format!("c{n}"))?;
+        let id = format!("{}x{n}", std::process::id());
         let ns = |n: &str| format!("atou-3p-{id}-{n}");
         let hosts = ThreeHosts {
+            id: id.clone(),
             here: ns("here"),
             a: ns("a"),
             b: ns("b"),
@@ -1181,6 +1187,27 @@ impl ThreeHosts {
             .sum()
     }
 
+    /// Gives host `a` or `b` a second address, `addr`, in the LAN's
+    /// subnet: an alias, which the kernel never picks as a source (the
+    /// first address of the subnet's route is preferred).
+    fn alias(&self, host: &str, addr: &str) {
+        let (ns, tag) = match host {
+            "a" => (&self.a, "a"),
+            _ => (&self.b, "b"),
+        };
+        let dev = format!("t{}{tag}", self.id);
+        let out = run(Command::new("ip").args([
+            "-n",
+            ns,
+            "addr",
+            "add",
+            &format!("{addr}/24"),
+            "dev",
+            &dev,
+        ]));
+        assert!(out.status.success(), "ip addr add {addr}: {}", text(&out));
+    }
+
     /// A firewall at `b` that drops UDP from `a` (ssh from here passes).
     fn b_drops_udp_from_a(&self) {
         for rule in [
@@ -1207,6 +1234,42 @@ impl Drop for ThreeHosts {
     }
 }
 
+/// An sshd in `a` and one in `b`, at the addresses given, and the `--ssh`
+/// that reaches both as `a` and `b`: a config with a `Host` block each
+/// (so the address atou sends to comes from `ssh -G`, as for a user's
+/// aliases). `None` where sshd cannot run here.
+fn three_host_ssh(
+    hosts: &ThreeHosts,
+    s: &TestDir,
+    test: &str,
+    (at_a, at_b): (&str, &str),
+) -> Option<(Vec<Sshd>, String)> {
+    let mut sshds = Vec::new();
+    let mut text_of_config = String::new();
+    for (name, ns, addr) in [("a", &hosts.a, at_a), ("b", &hosts.b, at_b)] {
+        let dir = s.path(name);
+        fs::create_dir_all(&dir).unwrap();
+        let placed = Placed {
+            far: ns,
+            near: &hosts.here,
+        };
+        let sshd = Sshd::start_at(&dir, test, addr, Some(placed))?;
+        text_of_config += &format!(
+            "Host {name}\n  HostName {}\n  Port {}\n  IdentityFile {}\n  User {}\n",
+            sshd.addr,
+            sshd.port,
+            sshd.key.display(),
+            sshd.user
+        );
+        sshds.push(sshd);
+    }
+    text_of_config += "Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  \
+                       BatchMode yes\n  LogLevel ERROR\n";
+    let config = s.path("ssh_config");
+    fs::write(&config, text_of_config).unwrap();
+    Some((sshds, format!("ssh -F {}", config.display())))
+}
+
 /// Issue 30 point 1: `atou copy a:SRC b:DEST` run at a third host moves
 /// the data from a to b directly (here's interface carries only the two
 /// ssh connections), or, with `--via-local`, through here; where b drops
@@ -1218,39 +1281,10 @@ fn a_third_party_copy_goes_from_host_to_host_and_only_control_crosses_here() {
         return;
     };
     let s = dir_for_sshd("third-party");
-    let mut sshds = Vec::new();
-    for (name, ns, addr) in [
-        ("a", &hosts.a, ThreeHosts::A),
-        ("b", &hosts.b, ThreeHosts::B),
-    ] {
-        let dir = s.path(name);
-        fs::create_dir_all(&dir).unwrap();
-        let placed = Placed {
-            far: ns,
-            near: &hosts.here,
-        };
-        let Some(sshd) = Sshd::start_at(&dir, test, addr, Some(placed)) else {
-            return;
-        };
-        sshds.push((name, sshd));
-    }
-    // One --ssh for both hosts: a config with a Host block each (so the
-    // address atou sends to comes from `ssh -G`, as for a user's aliases).
-    let config = s.path("ssh_config");
-    let mut text_of_config = String::new();
-    for (name, sshd) in &sshds {
-        text_of_config += &format!(
-            "Host {name}\n  HostName {}\n  Port {}\n  IdentityFile {}\n  User {}\n",
-            sshd.addr,
-            sshd.port,
-            sshd.key.display(),
-            sshd.user
-        );
-    }
-    text_of_config += "Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  \
-                       BatchMode yes\n  LogLevel ERROR\n";
-    fs::write(&config, text_of_config).unwrap();
-    let ssh = format!("ssh -F {}", config.display());
+    let Some((_sshds, ssh)) = three_host_ssh(&hosts, &s, test, (ThreeHosts::A, ThreeHosts::B))
+    else {
+        return;
+    };
     let copy = |args: &[&str]| {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &hosts.here, ATOU])
@@ -1316,4 +1350,51 @@ fn a_third_party_copy_goes_from_host_to_host_and_only_control_crosses_here() {
         text(&out)
     );
     assert_same_tree(&src, &dest.join("data"));
+}
+
+/// Two hosts with a second address each, an alias in the LAN's subnet,
+/// at which ssh reaches them: A sends to B's second address, and B's
+/// receiver, bound to every address, answers from that one, so the copy
+/// goes straight from A to B (only control crosses here). Before, B
+/// answered from its first address (the kernel's choice by route), A's
+/// connected socket dropped every answer, and after `--maxidle` the copy
+/// went through here instead.
+#[test]
+fn a_third_party_copy_between_hosts_reached_at_their_second_address_goes_straight() {
+    let test = "a_third_party_copy_between_hosts_reached_at_their_second_address_goes_straight";
+    let Some(hosts) = ThreeHosts::new(test) else {
+        return;
+    };
+    let (second_a, second_b) = ("10.78.0.12", "10.78.0.13");
+    hosts.alias("a", second_a);
+    hosts.alias("b", second_b);
+    let s = dir_for_sshd("third-party-aliases");
+    let Some((_sshds, ssh)) = three_host_ssh(&hosts, &s, test, (second_a, second_b)) else {
+        return;
+    };
+    let src = s.path("a/data");
+    fs::create_dir_all(&src).unwrap();
+    let size = 4 * MIB;
+    fs::write(src.join("big.bin"), noise(size, 31)).unwrap();
+    let dest = s.path("b/direct");
+    let before = hosts.bytes_here();
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", &hosts.here, ATOU])
+        .env("XDG_CACHE_HOME", TEST_CACHE)
+        .arg("copy")
+        .arg(format!("a:{}", src.display()))
+        .arg(format!("b:{}", dest.display()))
+        .args(["--maxidle", "3", "--ssh", &ssh, "--remote-atou", ATOU]);
+    let out = run(&mut c);
+    let crossed = hosts.bytes_here() - before;
+    say(&format!(
+        "third-party between second addresses: {crossed} bytes crossed here: {}",
+        text(&out)
+    ));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_same_tree(&src, &dest.join("data"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("copying through this host instead"), "{err}");
+    assert!(err.contains("straight to the destination"), "{err}");
+    assert!(crossed < (size / 4) as u64, "{crossed} bytes crossed here");
 }
