@@ -1215,6 +1215,54 @@ fn a_third_party_source_gets_only_what_the_user_allowed_at_the_destination() {
     }
 }
 
+/// A third-party copy logs in at both ends at once: the destination's
+/// hello, which carries the source's key, goes on its stdin once the
+/// source answered, so its ssh need not wait for that. An ssh stand-in
+/// that takes a second to log in writes down when each log-in starts and
+/// ends: both start before either ends (one after the other before:
+/// the copy paid both log-ins in turn), and the file arrives.
+#[test]
+fn a_third_party_copy_logs_in_at_both_ends_at_once() {
+    let s = TestDir::new("third-party-both-log-ins");
+    let src = far_tree(&s, &[("a", b"a")]);
+    let dest = s.path("dest");
+    let log = s.path("log-ins");
+    let slow_ssh = script(
+        &s,
+        "slow-ssh",
+        &format!(
+            "if [ \"$1\" = -- ]; then shift; fi; shift\n\
+             case \"$*\" in *__remote*send-to*) end=source ;; *__remote*) end=dest ;; *) end= ;; esac\n\
+             if [ -n \"$end\" ]; then echo \"start $end\" >>'{log}'; sleep 1; echo \"in $end\" >>'{log}'; fi\n\
+             SSH_CONNECTION='127.0.0.1 1 127.0.0.1 22' exec sh -c \"exec $*\"",
+            log = log.display()
+        ),
+    );
+    let out = Command::new(ATOU)
+        .env("XDG_CACHE_HOME", s.path("cache"))
+        .arg("copy")
+        .arg(format!("127.0.0.1:{}", src.display()))
+        .arg(format!("127.0.0.1:{}", dest.display()))
+        .args(["--ssh", slow_ssh.to_str().unwrap(), "--remote-atou", ATOU])
+        .args(["--maxidle", "10"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(fs::read_to_string(dest.join("data/a")).unwrap(), "a");
+    let lines: Vec<String> = fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let first_in = lines.iter().position(|l| l.starts_with("in ")).unwrap();
+    let starts: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].starts_with("start "))
+        .collect();
+    assert_eq!(starts.len(), 2, "{lines:?}");
+    assert!(starts.iter().all(|&i| i < first_in), "{lines:?}");
+}
+
 /// `atou copy --files-from LIST A:DIR B:PATH`: the list read here goes
 /// to the source and the names it starts to the destination, which takes
 /// only those: an honest source's listed paths arrive, and a source that
@@ -1286,13 +1334,14 @@ fn a_third_party_copy_takes_a_files_from_list_and_only_its_names() {
 
 /// A remote atou that is a hostile *destination*: asked to `receive`, it
 /// runs `then` (an answer of its choosing, say); as the source it is this
-/// build's own.
+/// build's own. (`__remote --hello-stdin receive`: a third-party copy's
+/// destination takes its hello on stdin, and `then` need not read it.)
 fn hostile_dest(s: &TestDir, then: &Path) -> PathBuf {
     script(
         s,
         "hostile-dest-atou",
         &format!(
-            "if [ \"$4\" = receive ]; then exec '{}'; fi\nexec {ATOU} \"$@\"",
+            "if [ \"$3\" = receive ]; then exec '{}'; fi\nexec {ATOU} \"$@\"",
             then.display()
         ),
     )

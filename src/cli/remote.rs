@@ -19,9 +19,9 @@ use crate::transfer::bootstrap::{split_ssh_target, ssh_server_ip, Hello, PortRan
 use crate::transfer::dest::Requested;
 use crate::transfer::receive::{check_root, TransferReport};
 use crate::transfer::remote::{
-    check_target, read_hello, receive_push, remote_path, tidy, Detoured, FarReceiveConfig, FarSend,
-    FarSendTo, FirstContact, Ordered, Pull, PullConfig, PullOutcome, Punched, Push, RemoteError,
-    SshCommand, ThirdParty, ThirdPartyOutcome,
+    check_target, read_hello, read_hello_line, receive_push, remote_path, tidy, Detoured,
+    FarReceiveConfig, FarSend, FarSendTo, FirstContact, Ordered, Pull, PullConfig, PullOutcome,
+    Punched, Push, RemoteError, SshCommand, ThirdParty, ThirdPartyOutcome,
 };
 use crate::transfer::send::Bound;
 use crate::transfer::send::Progress;
@@ -66,8 +66,12 @@ pub(super) struct SshArgs {
 #[derive(Args, Debug)]
 pub(super) struct RemoteArgs {
     /// The bootstrap hello: `ATOU-BOOTSTRAP VERSION LOCAL-KEY`, one argument
-    #[arg(long, value_name = "LINE")]
-    hello: String,
+    #[arg(long, value_name = "LINE", required_unless_present = "hello_stdin")]
+    hello: Option<String>,
+    /// The hello comes as the first line on stdin instead (a third-party
+    /// copy's destination, started while its source logs in)
+    #[arg(long, conflicts_with = "hello")]
+    hello_stdin: bool,
     #[command(subcommand)]
     role: Role,
 }
@@ -753,8 +757,17 @@ fn xattrs_text(r: &TransferReport) -> String {
 // The remote end.
 
 pub(super) fn remote(args: RemoteArgs) -> Result<ExitCode> {
-    let hello = read_hello(&args.hello).map_err(cli_error)?;
     let stdin = std::io::stdin();
+    let hello = match &args.hello {
+        Some(line) => read_hello(line).map_err(cli_error)?,
+        None => match read_hello_line(&mut stdin.lock()).map_err(cli_error)? {
+            Some(hello) => hello,
+            None => {
+                eprintln!("atou: the local end went away before it sent its hello");
+                return Ok(ExitCode::from(1));
+            }
+        },
+    };
     // Where the ssh client reached us: the address to give back.
     let ip = std::env::var("SSH_CONNECTION")
         .ok()

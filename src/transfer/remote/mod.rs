@@ -290,18 +290,40 @@ impl RemoteEnd {
         hello: &Hello,
         args: &[String],
     ) -> Result<RemoteEnd, RemoteError> {
+        // The hello on the command line, not stdin: ssh would send stdin
+        // only once the command has started, a round trip later.
+        RemoteEnd::spawn(ssh, target, Some(hello), args)
+    }
+
+    /// [`RemoteEnd::start`] before the hello is known: ssh logs in
+    /// meanwhile, and the remote waits for the hello as the first line
+    /// on its stdin ([`RemoteEnd::say_hello_first`]).
+    pub(crate) fn start_hello_later(
+        ssh: &SshCommand,
+        target: &str,
+        args: &[String],
+    ) -> Result<RemoteEnd, RemoteError> {
+        RemoteEnd::spawn(ssh, target, None, args)
+    }
+
+    fn spawn(
+        ssh: &SshCommand,
+        target: &str,
+        hello: Option<&Hello>,
+        args: &[String],
+    ) -> Result<RemoteEnd, RemoteError> {
         let mut words = ssh.ssh.split_ascii_whitespace();
         let program = words
             .next()
             .ok_or_else(|| RemoteError::Usage("--ssh names no command".into()))?;
-        // The hello on the command line, not stdin: ssh would send stdin
-        // only once the command has started, a round trip later.
-        let mut command = vec![
-            shell_quote(&ssh.remote_atou),
-            "__remote".to_string(),
-            "--hello".to_string(),
-            shell_quote(&hello.encode()),
-        ];
+        let mut command = vec![shell_quote(&ssh.remote_atou), "__remote".to_string()];
+        match hello {
+            Some(hello) => {
+                command.push("--hello".to_string());
+                command.push(shell_quote(&hello.encode()));
+            }
+            None => command.push("--hello-stdin".to_string()),
+        }
         command.extend(args.iter().map(|a| shell_quote(a)));
         // `--`: nothing after it is an option of ssh's.
         let mut child = Command::new(program)
@@ -474,6 +496,18 @@ impl RemoteEnd {
         thread::spawn(move || {
             let _ = to_remote.write_all(&preamble);
         });
+    }
+
+    /// For a remote started by [`RemoteEnd::start_hello_later`]: the hello
+    /// as the first line on its stdin, then `preamble` (as
+    /// [`Self::say_first`]).
+    pub(crate) fn say_hello_first(&mut self, hello: &Hello, preamble: &[u8]) {
+        let mut first = hello.encode().into_bytes();
+        if first.last() != Some(&b'\n') {
+            first.push(b'\n');
+        }
+        first.extend_from_slice(preamble);
+        self.say_first(&first);
     }
 
     /// Waits for ssh to exit however long it takes, unless `interrupted`
@@ -1585,6 +1619,29 @@ fn pull_limits(streams: usize, buffer: u64) -> ServerLimits {
 /// The bootstrap hello, as `--hello` gave it.
 pub(crate) fn read_hello(arg: &str) -> Result<Hello, RemoteError> {
     Hello::decode(arg).map_err(|e| failed(format!("the bootstrap hello (--hello): {e}")))
+}
+
+/// The bootstrap hello as the first line on `input` (`--hello-stdin`),
+/// read a byte at a time so that nothing after it is taken; `None`: the
+/// input ended first.
+pub(crate) fn read_hello_line(
+    input: &mut impl std::io::Read,
+) -> Result<Option<Hello>, RemoteError> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        match input.read(&mut byte) {
+            Ok(0) => return Ok(None),
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) if line.len() < MAX_LINE => line.push(byte[0]),
+            Ok(_) => return Err(failed("the bootstrap hello on stdin is longer than a line")),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Hello::decode(&String::from_utf8_lossy(&line))
+        .map(Some)
+        .map_err(|e| failed(format!("the bootstrap hello (stdin): {e}")))
 }
 
 /// Prints the bootstrap answer on stdout.

@@ -5,8 +5,10 @@
 //! 1. Here runs `atou __remote send-to` at A, which binds one UDP socket
 //!    per stream in `--port` and answers with their ports and its
 //!    one-time key `K_A`.
-//! 2. Here runs `atou __remote receive --third-party` at B with `K_A` in
-//!    its hello: B's receiver takes that key and no other, with only the
+//! 2. Here runs `atou __remote receive --third-party` at B, started with
+//!    step 1 (`--hello-stdin`: both log in at once), with `K_A` in its
+//!    hello, the first line on its stdin once A answered: B's receiver
+//!    takes that key and no other, with only the
 //!    rights this user's flags give (no overwrite, delete, owners or
 //!    attributes unless asked here, only the names asked for here). B
 //!    answers with its port and its one-time key `K_B`.
@@ -90,10 +92,14 @@ pub(crate) struct ThirdPartyOutcome {
 }
 
 impl ThirdParty {
-    /// Runs both ends, the source first: the destination's hello carries
-    /// the source's key, which it authorizes for this transfer only. Each
-    /// end is `(TARGET, ARGS, PREAMBLE)`: PREAMBLE goes first on its stdin
-    /// (what ARGS announce: a --files-from list, the names it starts).
+    /// Runs both ends: the destination's hello carries the source's key,
+    /// which it authorizes for this transfer only, so the destination
+    /// answers after the source; but both ssh log-ins run at once (the
+    /// destination's hello goes on its stdin once the source answered,
+    /// `--hello-stdin`), so the copy waits for the slower log-in, not for
+    /// both one after the other. Each end is `(TARGET, ARGS, PREAMBLE)`:
+    /// PREAMBLE goes first on its stdin (after the destination's hello:
+    /// what ARGS announce, a --files-from list, the names it starts).
     pub(crate) fn start(
         ssh: &SshCommand,
         source: (&str, &[String], &[u8]),
@@ -105,10 +111,11 @@ impl ThirdParty {
             key: one_time_key()?.public(),
         };
         let mut source_end = RemoteEnd::start(ssh, source.0, &unused, source.1)?;
+        let mut dest_end = RemoteEnd::start_hello_later(ssh, dest.0, dest.1)?;
         source_end.say_first(source.2);
+        // Dropped on an error, each end's ssh is ended with it.
         let from = source_end.bootstrap()?;
-        let mut dest_end = RemoteEnd::start(ssh, dest.0, &Hello { key: from.key }, dest.1)?;
-        dest_end.say_first(dest.2);
+        dest_end.say_hello_first(&Hello { key: from.key }, dest.2);
         let to = dest_end.bootstrap()?;
         let peer = SocketAddr::new(dest_end.peer_ip(ssh, &to)?, to.ports[0]);
         Ok(ThirdParty {
