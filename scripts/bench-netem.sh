@@ -65,7 +65,8 @@
 # Environment: T (seconds measured per transfer, default 60), WARM (seconds
 # before that, left out, default 10), SEED (bridge seed, default 1), LOSSES
 # (loss values in percent, default "0 0.1 1 2"), PAIR_LOSSES (default "0 1"),
-# E2E_LOSSES (default "0 1"), E2E_SIZE (default 100M), E2E_ROUNDS (default
+# E2E_LOSSES (default "0 1"), THIRD_LOSSES (the third-party row's, those of
+# E2E_LOSSES by default), E2E_SIZE (default 100M), E2E_ROUNDS (default
 # 3), SMALL_SIZE (default 54K), TREE_FILES (default 3000), TREE_LOSS (in
 # percent, default 0.1), ATOU_BIN (the atou binary run at both ends, default this build's
 # target/release/atou: another build's, for a before and after), KEEP (a
@@ -87,6 +88,8 @@ iperf_port=5201
 read -r -a losses <<<"${LOSSES-0 0.1 1 2}"
 read -r -a pair_losses <<<"${PAIR_LOSSES-0 1}"
 read -r -a e2e_losses <<<"${E2E_LOSSES-0 1}"
+# The third-party row's loss values: those of E2E_LOSSES it is run at.
+read -r -a third_losses <<<"${THIRD_LOSSES-${e2e_losses[*]}}"
 e2e_size=${E2E_SIZE:-100M}
 e2e_rounds=${E2E_ROUNDS:-3}
 small_size=${SMALL_SIZE:-54K}
@@ -661,13 +664,14 @@ e2e_rows() {
 push_rows=()
 ! e2e_row_wanted push || push_rows+=("push:$e2e/src/data")
 ! e2e_row_wanted small || push_rows+=("small:$e2e/src/small")
-! e2e_row_wanted third || push_rows+=("third:$e2e/src/data")
 for loss in "${e2e_losses[@]}"; do
-    [ "${#push_rows[@]}" -gt 0 ] || break
+    rows=("${push_rows[@]}")
+    ! e2e_row_wanted third || [[ " ${third_losses[*]} " != *" $loss "* ]] || rows+=("third:$e2e/src/data")
+    [ "${#rows[@]}" -gt 0 ] || continue
     fwd=$link
     [ "$loss" = 0 ] || fwd="$link loss $loss%"
-    on_fresh_bridge "$loss" "$fwd" "end to end, A to B: ${push_rows[*]##*/}" \
-        e2e_rows "$loss" "${push_rows[@]}"
+    on_fresh_bridge "$loss" "$fwd" "end to end, A to B: ${rows[*]##*/}" \
+        e2e_rows "$loss" "${rows[@]}"
 done
 if [ "${#e2e_losses[@]}" -gt 0 ] && e2e_row_wanted tree; then
     on_fresh_bridge "$tree_loss" "$link loss $tree_loss%" "end to end, A to B: $tree_files small files" \
