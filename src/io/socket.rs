@@ -350,8 +350,7 @@ impl UdpIo {
     }
 
     /// [`Self::send`] from source address `src` where given (an answer,
-    /// [`Self::answer_from`]). Should the kernel refuse that source (the
-    /// address went away), the datagrams go from its choice instead.
+    /// [`Self::answer_from`]).
     async fn send_from(
         &self,
         to: SocketAddr,
@@ -359,20 +358,32 @@ impl UdpIo {
         contents: &[u8],
         segment_size: Option<usize>,
     ) -> io::Result<()> {
-        let result = match self.send_once(to, src, contents, segment_size).await {
-            Err(e) if src.is_some() && source_refused(&e) => {
-                self.send_once(to, None, contents, segment_size).await
-            }
-            sent => sent,
-        };
+        let result = self.send_once_from(to, src, contents, segment_size).await;
         match (result, segment_size) {
             (Err(_), Some(size)) if size < contents.len() && self.max_gso_segments() == 1 => {
                 for chunk in contents.chunks(size) {
-                    self.send_once(to, None, chunk, None).await?;
+                    self.send_once_from(to, src, chunk, None).await?;
                 }
                 Ok(())
             }
             (r, _) => r,
+        }
+    }
+
+    /// [`Self::send_once`] from `src`; should the kernel refuse that
+    /// source (the address went away), from its own choice instead.
+    async fn send_once_from(
+        &self,
+        to: SocketAddr,
+        src: Option<IpAddr>,
+        contents: &[u8],
+        segment_size: Option<usize>,
+    ) -> io::Result<()> {
+        match self.send_once(to, src, contents, segment_size).await {
+            Err(e) if src.is_some() && source_refused(&e) => {
+                self.send_once(to, None, contents, segment_size).await
+            }
+            sent => sent,
         }
     }
 
@@ -442,7 +453,7 @@ impl UdpIo {
                 sent => return sent,
             }
         }
-        let once = |contents: &[u8], segment_size: Option<usize>, src_ip: Option<IpAddr>| {
+        let try_once = |contents: &[u8], segment_size: Option<usize>, src_ip: Option<IpAddr>| {
             let transmit = Transmit {
                 destination: to,
                 ecn: None,
@@ -452,14 +463,20 @@ impl UdpIo {
             };
             self.until_sent(|| self.state.try_send(UdpSockRef::from(&self.sock), &transmit))
         };
-        let first = match once(run, segment_size, src) {
-            Err(e) if src.is_some() && source_refused(&e) => once(run, segment_size, None),
+        // From `src`, or, should the kernel refuse that source, from its
+        // own choice.
+        let once = |contents: &[u8], segment_size: Option<usize>| match try_once(
+            contents,
+            segment_size,
+            src,
+        ) {
+            Err(e) if src.is_some() && source_refused(&e) => try_once(contents, segment_size, None),
             sent => sent,
         };
-        match (first, segment_size) {
+        match (once(run, segment_size), segment_size) {
             (Err(_), Some(size)) if size < run.len() && self.max_gso_segments() == 1 => {
                 for chunk in run.chunks(size) {
-                    once(chunk, None, None)?;
+                    once(chunk, None)?;
                 }
                 Ok(())
             }
@@ -522,10 +539,16 @@ impl UdpIo {
     }
 }
 
-/// The kernel will not send from the source address asked for: it is no
-/// longer this host's (an alias removed), or not one to send from.
+/// The kernel may have refused the source address asked for: it is no
+/// longer this host's (an alias removed), or not one to send from, or no
+/// route leaves from it (Linux says EINVAL, EADDRNOTAVAIL or ENETUNREACH).
+/// The send is tried once more from the kernel's choice: where the error
+/// was the peer's, it comes again.
 fn source_refused(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EADDRNOTAVAIL))
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINVAL | libc::EADDRNOTAVAIL | libc::ENETUNREACH)
+    )
 }
 
 /// Tries of one run in [`TxBatch::flush`] when a send fails: each may
@@ -1217,6 +1240,59 @@ mod tests {
         let tx = UdpIo::bind("127.0.0.1:0".parse().unwrap()).unwrap();
         tx.connect(rx.local_addr().unwrap()).await.unwrap();
         (tx, rx)
+    }
+
+    /// A socket on every address sends each answer from the source it
+    /// is given, batched or sent from another thread: one to 127.0.0.2
+    /// leaves from 127.0.0.2 (the kernel would pick 127.0.0.1); one whose
+    /// source is not this host's (the kernel refuses it) leaves from the
+    /// kernel's choice instead of being lost.
+    #[cfg(target_os = "linux")]
+    #[tokio::test(flavor = "current_thread")]
+    async fn answers_leave_from_the_source_asked_for_or_the_kernels_if_refused() {
+        let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .unwrap();
+        let to = rx.local_addr().unwrap();
+        let tx = UdpIo::bind("0.0.0.0:0".parse().unwrap()).unwrap();
+        let second = "127.0.0.2".parse::<IpAddr>().unwrap();
+        assert_eq!(tx.answer_from(Some(second)), Some(second));
+        assert_eq!(
+            tx.answer_from(Some("255.255.255.255".parse().unwrap())),
+            None
+        );
+        let not_ours = "192.0.2.1".parse::<IpAddr>().unwrap();
+        let mut batch = TxBatch::new();
+        for (i, src) in [Some(second), Some(not_ours), None].into_iter().enumerate() {
+            assert!(batch.push_from_with(100, |b| {
+                b[..100].fill(i as u8);
+                Some((to, src, 100))
+            }));
+        }
+        batch.flush(&tx, None).await.unwrap();
+        let mut queue = TxQueue::default();
+        queue.push(100, false, |b| {
+            b[..100].fill(9);
+            Some((to, Some(second), 100, None))
+        });
+        let (_, sent) = queue.send_blocking(&tx, None, &mut 0);
+        sent.unwrap();
+        let mut buf = [0u8; 200];
+        let mut from = Vec::new();
+        for _ in 0..4 {
+            let (n, f) = rx.recv_from(&mut buf).expect("every datagram arrives");
+            assert_eq!(n, 100);
+            from.push((buf[0], f.ip()));
+        }
+        let local: IpAddr = "127.0.0.1".parse().unwrap();
+        assert_eq!(
+            from,
+            [(0, second), (1, local), (2, local), (9, second)],
+            "(datagram, source)"
+        );
+        // Bound to one address, the kernel's choice stands.
+        let one = UdpIo::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        assert_eq!(one.answer_from(Some(second)), None);
     }
 
     /// An ICMP report (here port unreachable; behind a router, "too
