@@ -444,14 +444,9 @@ fn a_probe_takes_its_hosts_settings_and_typed_flags_win() {
     server.report();
 }
 
-/// `--seal-thread on` seals and sends the data on a thread beside the
-/// protocol's, and `atou serve --open-thread on` opens it on one (issue
-/// 28, point 4): every byte arrives and matches the test pattern, and
-/// each end counts the datagrams it did so; `off` does all of it on the
-/// protocol's threads.
-#[test]
-fn data_sealed_and_opened_on_threads_of_their_own_arrives_whole() {
-    let dir = common::TestDir::new("loopback-seal-thread");
+/// `atou keygen` of a "server" and a "client" key in `dir`: the path of
+/// each file by name ("server", "server.pub", ...).
+fn server_and_client_keys(dir: &common::TestDir) -> impl Fn(&str) -> String + '_ {
     let key = |name: &str| dir.path(name).to_str().unwrap().to_owned();
     for name in ["server", "client"] {
         let made = Command::new(env!("CARGO_BIN_EXE_atou"))
@@ -460,6 +455,18 @@ fn data_sealed_and_opened_on_threads_of_their_own_arrives_whole() {
             .unwrap();
         assert!(made.status.success(), "{made:?}");
     }
+    key
+}
+
+/// `--seal-thread on` seals and sends the data on a thread beside the
+/// protocol's, and `atou serve --open-thread on` opens it on one (issue
+/// 28, point 4): every byte arrives and matches the test pattern, and
+/// each end counts the datagrams it did so; `off` does all of it on the
+/// protocol's threads.
+#[test]
+fn data_sealed_and_opened_on_threads_of_their_own_arrives_whole() {
+    let dir = common::TestDir::new("loopback-seal-thread");
+    let key = server_and_client_keys(&dir);
     for (mode, aside) in [("on", true), ("off", false)] {
         let mut server = Server::start(&["--identity", &key("server"), "--open-thread", mode]);
         let out = probe(
@@ -512,14 +519,7 @@ fn data_sealed_and_opened_on_threads_of_their_own_arrives_whole() {
 #[test]
 fn a_server_bound_to_every_address_answers_from_the_one_each_client_reached() {
     let dir = common::TestDir::new("loopback-every-address");
-    let key = |name: &str| dir.path(name).to_str().unwrap().to_owned();
-    for name in ["server", "client"] {
-        let made = Command::new(env!("CARGO_BIN_EXE_atou"))
-            .args(["keygen", "-f", &key(name)])
-            .output()
-            .unwrap();
-        assert!(made.status.success(), "{made:?}");
-    }
+    let key = server_and_client_keys(&dir);
     let binds: &[&str] = if UdpSocket::bind("[::]:0").is_ok() {
         &["0.0.0.0:0", "[::]:0"]
     } else {

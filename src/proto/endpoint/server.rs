@@ -4121,30 +4121,8 @@ mod tests {
     #[test]
     fn a_batch_opened_elsewhere_drops_its_replays_and_forgeries_once_each() {
         use crate::proto::crypto::StaticKeypair;
-        use std::cell::RefCell;
         let server_key = StaticKeypair::generate().unwrap();
-        let client = Client::new(&Tuning::default(), 17, Some(1 << 20), Time::ZERO)
-            .unwrap()
-            .with_auth(client_auth(&server_key), 1_000_000_000)
-            .unwrap();
-        let mut pair = pair(client, keyed_server(&server_key), "delay 5ms");
-        // The client's protected data past the first few is held back.
-        let held: RefCell<Vec<Vec<u8>>> = RefCell::new(Vec::new());
-        let mut delivered = 0;
-        let mut tap = |_: Time, dir: Dir, d: Vec<u8>| {
-            if dir == Dir::ToServer && frame::is_protected(&d) && d.len() > 1000 {
-                delivered += 1;
-                if delivered > 4 {
-                    held.borrow_mut().push(d);
-                    return vec![];
-                }
-            }
-            vec![(addr(1), d)]
-        };
-        pair.set_time_limit(Duration::from_millis(200));
-        pair.run_until(&mut (), &mut tap, |_| false);
-        let held = held.into_inner();
-        assert!(held.len() >= 2, "{} held back", held.len());
+        let (mut pair, held) = held_back_after_four(&server_key);
         let server = &mut pair.server;
         let before = *server.stats();
         let now = Time::ZERO + Duration::from_millis(200);
@@ -4179,37 +4157,19 @@ mod tests {
         assert_eq!(server.stats().crypto_dropped - before.crypto_dropped, 3);
     }
 
-    /// Answers leave from the address of this host their datagrams
-    /// arrived at: a retry from the one its hello reached; a plain
-    /// connection's welcome from the one its hello reached; an
-    /// authenticated one's from the one its client's datagrams reach, and
-    /// once it moved, from the one its new address reaches (its path
-    /// challenge too), and from the old one again with the old address
-    /// when the new path never answers (RFC 9000 §9.3.2).
-    #[test]
-    fn answers_leave_from_the_address_their_datagrams_arrived_at() {
-        use crate::proto::crypto::StaticKeypair;
+    /// A keyed client and server 5 ms apart for 200 ms, the client's
+    /// protected data past its first four datagrams held back (at least
+    /// two): the pair, and those datagrams, to be handed to the server by
+    /// hand.
+    fn held_back_after_four(
+        server_key: &crate::proto::crypto::StaticKeypair,
+    ) -> (Pair, Vec<Vec<u8>>) {
         use std::cell::RefCell;
-        let here = |last: u8| Some(IpAddr::from([127, 0, 0, last]));
-        let mut out = [0u8; 2048];
-        let mut strict = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
-        strict.handle_datagram_at(Time::ZERO, addr(1), here(2), &mut hello(5, 1472, 0, 1024));
-        let (to, local, n) = strict.poll_transmit_from(Time::ZERO, &mut out).unwrap();
-        assert_eq!((to, local), (addr(1), here(2)));
-        assert!(matches!(Packet::decode(&out[..n]), Ok(Packet::Retry(_))));
-        let mut open = Server::new(open_limits(), 1 << 20, 2 << 20);
-        open.handle_datagram_at(Time::ZERO, addr(1), here(3), &mut hello(5, 1472, 0, 1024));
-        let (to, local, n) = open.poll_transmit_from(Time::ZERO, &mut out).unwrap();
-        assert_eq!((to, local), (addr(1), here(3)));
-        assert!(matches!(Packet::decode(&out[..n]), Ok(Packet::Welcome(_))));
-
-        let server_key = StaticKeypair::generate().unwrap();
         let client = Client::new(&Tuning::default(), 17, Some(1 << 20), Time::ZERO)
             .unwrap()
-            .with_auth(client_auth(&server_key), 1_000_000_000)
+            .with_auth(client_auth(server_key), 1_000_000_000)
             .unwrap();
-        let mut pair = pair(client, keyed_server(&server_key), "delay 5ms");
-        // The client's protected data past the first few is held back.
+        let mut pair = pair(client, keyed_server(server_key), "delay 5ms");
         let held: RefCell<Vec<Vec<u8>>> = RefCell::new(Vec::new());
         let mut delivered = 0;
         let mut tap = |_: Time, dir: Dir, d: Vec<u8>| {
@@ -4226,6 +4186,34 @@ mod tests {
         pair.run_until(&mut (), &mut tap, |_| false);
         let held = held.into_inner();
         assert!(held.len() >= 2, "{} held back", held.len());
+        (pair, held)
+    }
+
+    /// Answers leave from the address of this host their datagrams
+    /// arrived at: a retry from the one its hello reached; a plain
+    /// connection's welcome from the one its hello reached; an
+    /// authenticated one's from the one its client's datagrams reach, and
+    /// once it moved, from the one its new address reaches (its path
+    /// challenge too), and from the old one again with the old address
+    /// when the new path never answers (RFC 9000 §9.3.2).
+    #[test]
+    fn answers_leave_from_the_address_their_datagrams_arrived_at() {
+        use crate::proto::crypto::StaticKeypair;
+        let here = |last: u8| Some(IpAddr::from([127, 0, 0, last]));
+        let mut out = [0u8; 2048];
+        let mut strict = Server::new(ServerLimits::default(), 1 << 20, 2 << 20);
+        strict.handle_datagram_at(Time::ZERO, addr(1), here(2), &mut hello(5, 1472, 0, 1024));
+        let (to, local, n) = strict.poll_transmit_from(Time::ZERO, &mut out).unwrap();
+        assert_eq!((to, local), (addr(1), here(2)));
+        assert!(matches!(Packet::decode(&out[..n]), Ok(Packet::Retry(_))));
+        let mut open = Server::new(open_limits(), 1 << 20, 2 << 20);
+        open.handle_datagram_at(Time::ZERO, addr(1), here(3), &mut hello(5, 1472, 0, 1024));
+        let (to, local, n) = open.poll_transmit_from(Time::ZERO, &mut out).unwrap();
+        assert_eq!((to, local), (addr(1), here(3)));
+        assert!(matches!(Packet::decode(&out[..n]), Ok(Packet::Welcome(_))));
+
+        let server_key = StaticKeypair::generate().unwrap();
+        let (mut pair, held) = held_back_after_four(&server_key);
         let server = &mut pair.server;
         let now = Time::ZERO + Duration::from_millis(200);
         let local_of = |server: &Server| {

@@ -1621,12 +1621,14 @@ pub(crate) fn read_hello(arg: &str) -> Result<Hello, RemoteError> {
     Hello::decode(arg).map_err(|e| failed(format!("the bootstrap hello (--hello): {e}")))
 }
 
-/// The bootstrap hello as the first line on `input` (`--hello-stdin`),
-/// read a byte at a time so that nothing after it is taken; `None`: the
-/// input ended first.
-pub(crate) fn read_hello_line(
+/// One line of the local end's on `input`, at most [`MAX_LINE`] bytes,
+/// read a byte at a time so that nothing after it is taken (what follows
+/// stays there: a preamble, the tunnel's frames); `what` names it in the
+/// error for a longer one. `None`: the input ended first.
+pub(crate) fn read_bootstrap_line(
     input: &mut impl std::io::Read,
-) -> Result<Option<Hello>, RemoteError> {
+    what: &str,
+) -> Result<Option<String>, RemoteError> {
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     loop {
@@ -1634,12 +1636,23 @@ pub(crate) fn read_hello_line(
             Ok(0) => return Ok(None),
             Ok(_) if byte[0] == b'\n' => break,
             Ok(_) if line.len() < MAX_LINE => line.push(byte[0]),
-            Ok(_) => return Err(failed("the bootstrap hello on stdin is longer than a line")),
+            Ok(_) => return Err(failed(format!("{what} is longer than a bootstrap line"))),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.into()),
         }
     }
-    Hello::decode(&String::from_utf8_lossy(&line))
+    Ok(Some(String::from_utf8_lossy(&line).into_owned()))
+}
+
+/// The bootstrap hello as the first line on `input` (`--hello-stdin`);
+/// `None`: the input ended first.
+pub(crate) fn read_hello_line(
+    input: &mut impl std::io::Read,
+) -> Result<Option<Hello>, RemoteError> {
+    let Some(line) = read_bootstrap_line(input, "the bootstrap hello on stdin")? else {
+        return Ok(None);
+    };
+    Hello::decode(&line)
         .map(Some)
         .map_err(|e| failed(format!("the bootstrap hello (stdin): {e}")))
 }

@@ -33,11 +33,11 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use super::{
-    bind_and_answer, client_auth, failed, one_time_key, RemoteEnd, RemoteError, SshCommand,
-    EXIT_GRACE,
+    bind_and_answer, client_auth, failed, one_time_key, read_bootstrap_line, RemoteEnd,
+    RemoteError, SshCommand, EXIT_GRACE,
 };
 use crate::proto::crypto::{ClientAuth, PublicKey, StaticKeypair};
-use crate::transfer::bootstrap::{Hello, PortRange, SendRoute, SendTo, MAX_LINE};
+use crate::transfer::bootstrap::{Hello, PortRange, SendRoute, SendTo};
 use crate::transfer::send::{Bound, Progress};
 use crate::transfer::tunnel;
 use crate::util::text::escape;
@@ -275,20 +275,10 @@ impl FarSendTo {
     /// follows it, the tunnel's frames, stays there) and says where to
     /// send and with which pinned key. `None`: the input ended first.
     pub(crate) fn order(self, input: &mut impl Read) -> Result<Option<Ordered>, RemoteError> {
-        let mut line = Vec::new();
-        let mut byte = [0u8; 1];
-        loop {
-            match input.read(&mut byte) {
-                Ok(0) => return Ok(None),
-                Ok(_) if byte[0] == b'\n' => break,
-                Ok(_) if line.len() < MAX_LINE => line.push(byte[0]),
-                Ok(_) => return Err(failed("the send-to order is longer than a bootstrap line")),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let order = SendTo::decode(&String::from_utf8_lossy(&line))
-            .map_err(|e| failed(format!("the send-to order: {e}")))?;
+        let Some(line) = read_bootstrap_line(input, "the send-to order")? else {
+            return Ok(None);
+        };
+        let order = SendTo::decode(&line).map_err(|e| failed(format!("the send-to order: {e}")))?;
         let auth = client_auth(self.identity, order.key);
         Ok(Some(match order.route {
             SendRoute::Ssh => Ordered::Ssh(auth),
